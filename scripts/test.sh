@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what the tests need when it is missing, then runs every test.
+# Used by developers and by CI (.ci/run) alike.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+log() { printf '==> %s\n' "$*"; }
+
+# --- Rust checks -------------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --all-targets -- -D warnings
+log "cargo test"
+cargo test --all-targets
+
+log "done in $(( $(date +%s) - start ))s"

@@ -1,0 +1,17 @@
+//! fixed_window (placeholder until implemented).
+
+use super::{Limit, Micros, Step, Verdict};
+
+/// Stored state of one fixed_window counter.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct State {}
+
+/// Decides one request.
+pub fn decide(_limit: &Limit, _state: Option<&State>, _now: Micros, _hits: u64) -> Step<State> {
+    Step { verdict: Verdict::default(), next: None }
+}
+
+/// When the state can be dropped.
+pub fn expires_at(_limit: &Limit, _state: &State) -> Micros {
+    0
+}

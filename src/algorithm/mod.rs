@@ -1,0 +1,184 @@
+//! Rate-limit algorithms as pure functions of (limit, state, now, hits).
+//!
+//! Each algorithm lives in its own file and exposes one `decide` function. Nothing here
+//! knows about stores, gRPC or clocks: the memory store calls these directly with its
+//! clock, and the Redis Lua scripts mirror them with Redis `TIME`. A decision never
+//! mutates its input; it returns the next state, which the caller commits only when
+//! every limit of the request admitted it (all-or-nothing).
+
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod token_bucket;
+
+/// Microseconds since the Unix epoch. Redis `TIME` has the same resolution, so the
+/// Lua scripts and these functions agree to the microsecond.
+pub type Micros = u64;
+
+/// Microseconds in one second.
+pub const SECOND: Micros = 1_000_000;
+
+/// Which algorithm a limit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// A counter per window aligned to the Unix epoch.
+    FixedWindow,
+    /// Every admitted hit's timestamp, kept for one window. Exact.
+    SlidingWindowLog,
+    /// Weighted previous window plus the current one. The default.
+    #[default]
+    SlidingWindowCounter,
+    /// Capacity `burst`, refilled continuously at the rate.
+    TokenBucket,
+    /// A queue of `burst` that drains at the rate; admitted requests wait their turn.
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// The name used in policies (`fixed_window`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    /// Parses a policy name; `None` for an unknown one.
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Some(match name {
+            "fixed_window" => Algorithm::FixedWindow,
+            "sliding_window_log" => Algorithm::SlidingWindowLog,
+            "sliding_window_counter" => Algorithm::SlidingWindowCounter,
+            "token_bucket" => Algorithm::TokenBucket,
+            "leaky_bucket" => Algorithm::LeakyBucket,
+            _ => return None,
+        })
+    }
+}
+
+/// A limit as the algorithms see it: `requests` per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    /// Requests admitted per window. May be 0 (everything denied).
+    pub requests: u64,
+    /// Window length, always > 0.
+    pub window: Micros,
+    /// token_bucket: capacity; leaky_bucket: queue length. Equals `requests` when the
+    /// policy does not set it. Ignored by the window algorithms.
+    pub burst: u64,
+}
+
+/// The stored state of one counter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    FixedWindow(fixed_window::State),
+    SlidingWindowLog(sliding_window_log::State),
+    SlidingWindowCounter(sliding_window_counter::State),
+    TokenBucket(token_bucket::State),
+    LeakyBucket(leaky_bucket::State),
+}
+
+/// What one limit says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    pub admitted: bool,
+    /// Hits still admissible after this decision (after consuming, when admitted).
+    pub remaining: u64,
+    /// Time until the counter is back to its full allowance if no more hits arrive
+    /// (fixed windows: until the window ends). Reported as `duration_until_reset`.
+    pub reset: Micros,
+    /// When denied: the shortest wait after which the same request would be admitted,
+    /// never shorter than the truth (`u64::MAX` if it never can be, e.g. hits > limit).
+    /// 0 when admitted.
+    pub retry_after: Micros,
+    /// leaky_bucket only: how long the OK answer is held so the request leaves the
+    /// queue in its turn. 0 for every other algorithm.
+    pub delay: Micros,
+}
+
+/// A verdict and the state to store if the request goes through.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// The state after consuming `hits`. `None` when nothing changes (denied, or
+    /// `hits == 0`): the caller then keeps the old state.
+    pub next: Option<State>,
+}
+
+/// Decides one request of `hits` against `limit` at `now`.
+///
+/// `state` is `None` for a counter never seen (or expired). A state of another
+/// algorithm (the policy changed) is treated as `None`.
+pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
+    match limit.algorithm {
+        Algorithm::FixedWindow => {
+            let s = match state {
+                Some(State::FixedWindow(s)) => Some(s),
+                _ => None,
+            };
+            fixed_window::decide(limit, s, now, hits).map_state(State::FixedWindow)
+        }
+        Algorithm::SlidingWindowLog => {
+            let s = match state {
+                Some(State::SlidingWindowLog(s)) => Some(s),
+                _ => None,
+            };
+            sliding_window_log::decide(limit, s, now, hits).map_state(State::SlidingWindowLog)
+        }
+        Algorithm::SlidingWindowCounter => {
+            let s = match state {
+                Some(State::SlidingWindowCounter(s)) => Some(s),
+                _ => None,
+            };
+            sliding_window_counter::decide(limit, s, now, hits)
+                .map_state(State::SlidingWindowCounter)
+        }
+        Algorithm::TokenBucket => {
+            let s = match state {
+                Some(State::TokenBucket(s)) => Some(s),
+                _ => None,
+            };
+            token_bucket::decide(limit, s, now, hits).map_state(State::TokenBucket)
+        }
+        Algorithm::LeakyBucket => {
+            let s = match state {
+                Some(State::LeakyBucket(s)) => Some(s),
+                _ => None,
+            };
+            leaky_bucket::decide(limit, s, now, hits).map_state(State::LeakyBucket)
+        }
+    }
+}
+
+/// The time after which `state` carries no information (it would decide exactly like a
+/// fresh counter), so a store may drop it.
+pub fn expires_at(limit: &Limit, state: &State) -> Micros {
+    match state {
+        State::FixedWindow(s) => fixed_window::expires_at(limit, s),
+        State::SlidingWindowLog(s) => sliding_window_log::expires_at(limit, s),
+        State::SlidingWindowCounter(s) => sliding_window_counter::expires_at(limit, s),
+        State::TokenBucket(s) => token_bucket::expires_at(limit, s),
+        State::LeakyBucket(s) => leaky_bucket::expires_at(limit, s),
+    }
+}
+
+/// An algorithm's own decision, before its state is wrapped in [`State`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step<S> {
+    pub verdict: Verdict,
+    pub next: Option<S>,
+}
+
+impl<S> Step<S> {
+    fn map_state(self, f: impl FnOnce(S) -> State) -> Decision {
+        Decision {
+            verdict: self.verdict,
+            next: self.next.map(f),
+        }
+    }
+}

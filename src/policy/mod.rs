@@ -1,0 +1,205 @@
+//! The policy model: what limits apply to which descriptors.
+//!
+//! Policies come from files (envoyproxy/ratelimit documents or RateLimitPolicy
+//! manifests) and from Kubernetes. Every source produces [`Document`]s; [`compile`]
+//! merges them into one immutable [`Policy`] that the request path reads through an
+//! atomic swap. Lookups follow envoyproxy/ratelimit's matching exactly.
+//!
+//! The interface in this file is what the service and the sources rely on.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::algorithm::{Limit, Micros};
+
+mod compile;
+mod model;
+mod parse;
+
+pub use compile::compile;
+pub use parse::{load_paths, parse_str};
+
+/// Where a policy problem was found: `FILE:LINE: message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// The file (or `namespace/name` of a Kubernetes object).
+    pub file: String,
+    /// 1-based line, when it can be known.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file, line, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// A layer of limits. Sluice decides edge, then service, then tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Layer {
+    Edge,
+    #[default]
+    Service,
+    Tenant,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Edge => "edge",
+            Layer::Service => "service",
+            Layer::Tenant => "tenant",
+        }
+    }
+}
+
+/// What to answer when the counter store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureMode {
+    #[default]
+    Open,
+    Closed,
+}
+
+/// envoyproxy/ratelimit's units. `Unknown` is reported for a `window` that is not
+/// exactly one unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Unknown,
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// The unit's length; `None` for `Unknown`.
+    pub fn micros(self) -> Option<Micros> {
+        const S: Micros = crate::algorithm::SECOND;
+        Some(match self {
+            Unit::Unknown => return None,
+            Unit::Second => S,
+            Unit::Minute => 60 * S,
+            Unit::Hour => 3600 * S,
+            Unit::Day => 86_400 * S,
+            Unit::Week => 7 * 86_400 * S,
+            Unit::Month => 30 * 86_400 * S,
+            Unit::Year => 365 * 86_400 * S,
+        })
+    }
+}
+
+/// A penalty: a key denied `violations` times within `within` is denied for `ban`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Penalty {
+    pub violations: u64,
+    pub within: Micros,
+    pub ban: Micros,
+}
+
+/// A compiled limit at one node of the descriptor tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Index of this rule in [`Policy::rules`]; stable for one compiled policy.
+    pub id: usize,
+    /// The keys from the root to this node joined by `/` (`tenant/path`): the metrics
+    /// label, never a request value.
+    pub path: String,
+    /// `rate_limit.name`, if given.
+    pub name: Option<String>,
+    /// The limit, or `None` for `unlimited: true`.
+    pub limit: Option<Limit>,
+    /// `requests_per_unit` and `unit` as reported in `current_limit`.
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// Names of limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub layer: Layer,
+    pub penalty: Option<Penalty>,
+    /// Metadata merged into the response's `dynamic_metadata` when this rule matches.
+    pub metadata: Option<serde_json::Value>,
+    /// For each level from the root: `Some(pattern)` when that level matched through a
+    /// `share_threshold` wildcard, so the counter key carries the pattern instead of
+    /// the request's value (one counter shared by every value the pattern matches).
+    pub shared: Vec<Option<String>>,
+}
+
+/// One domain's compiled descriptor tree.
+#[derive(Debug, Clone, Default)]
+pub struct Domain {
+    pub name: String,
+    pub failure_mode: Option<FailureMode>,
+    pub shard_by: Option<String>,
+    pub(crate) root: compile::Node,
+}
+
+/// A request entry as the matcher sees it; implemented by the service for Envoy's
+/// protobuf entries so matching needs no copies.
+pub trait Entry {
+    fn key(&self) -> &str;
+    fn value(&self) -> &str;
+}
+
+impl Entry for (&str, &str) {
+    fn key(&self) -> &str {
+        self.0
+    }
+    fn value(&self) -> &str {
+        self.1
+    }
+}
+
+impl Entry for (String, String) {
+    fn key(&self) -> &str {
+        &self.0
+    }
+    fn value(&self) -> &str {
+        &self.1
+    }
+}
+
+/// Where a compiled policy's documents came from, for `/debug/policies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceInfo {
+    /// File path, or `namespace/name` of a Kubernetes object.
+    pub source: String,
+    pub domain: String,
+}
+
+/// Every domain's compiled tree. Immutable once built; swapped whole on reload.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub domains: HashMap<String, Domain>,
+    /// All rules of all domains, indexed by [`Rule::id`].
+    pub rules: Vec<Rule>,
+    pub sources: Vec<SourceInfo>,
+}
+
+impl Policy {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    pub fn rule(&self, id: usize) -> &Rule {
+        &self.rules[id]
+    }
+}
+
+impl Domain {
+    /// The rule that applies to a request descriptor, following envoyproxy/ratelimit:
+    /// per level exact `key`+`value` first, then wildcard values in file order, then
+    /// `key` alone; a limit applies only when the descriptor has exactly as many
+    /// entries as the matched depth. Returns the rule's id.
+    pub fn find<E: Entry>(&self, entries: &[E]) -> Option<usize> {
+        self.root.find(entries)
+    }
+}

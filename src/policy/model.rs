@@ -1,0 +1,1 @@
+//! Uncompiled policy documents, as parsed from either YAML form (placeholder).
