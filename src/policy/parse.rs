@@ -1,6 +1,6 @@
 //! YAML parsing for both policy forms (placeholder).
-use std::path::PathBuf;
 use super::{Policy, PolicyError};
+use std::path::PathBuf;
 
 /// Loads files and directories of policies and compiles them.
 pub fn load_paths(_paths: &[PathBuf]) -> Result<Policy, Vec<PolicyError>> {
