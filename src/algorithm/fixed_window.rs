@@ -1,17 +1,300 @@
-//! fixed_window (placeholder until implemented).
+//! fixed_window: one counter per window aligned to the Unix epoch.
+//!
+//! window_start = now - now % window. A request of `hits` is admitted when
+//! count + hits <= requests, where count is the stored count if the stored window is
+//! the current one and 0 otherwise. A denied request can only go through once the
+//! window ends, so retry_after = window_start + window - now (exact), or `u64::MAX`
+//! when hits > requests.
 
 use super::{Limit, Micros, Step, Verdict};
 
 /// Stored state of one fixed_window counter.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct State {}
-
-/// Decides one request.
-pub fn decide(_limit: &Limit, _state: Option<&State>, _now: Micros, _hits: u64) -> Step<State> {
-    Step { verdict: Verdict::default(), next: None }
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct State {
+    /// Start of the window the count belongs to (a multiple of the window length).
+    pub window_start: Micros,
+    /// Hits admitted in that window.
+    pub count: u64,
 }
 
-/// When the state can be dropped.
-pub fn expires_at(_limit: &Limit, _state: &State) -> Micros {
-    0
+/// Decides one request of `hits` at `now`.
+pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
+    let window = limit.window.max(1);
+    let current = now - now % window;
+    // A stored window later than `now` means the clock stepped back: keep counting in
+    // it rather than forget hits already admitted.
+    let (start, count) = match state {
+        Some(s) if s.window_start >= current => (s.window_start, s.count),
+        _ => (current, 0),
+    };
+    let end = start.saturating_add(window);
+    let reset = end.saturating_sub(now);
+    let used = u128::from(count) + u128::from(hits);
+    if used <= u128::from(limit.requests) {
+        // `used` fits in u64 here because it is at most `requests`.
+        let used = used as u64;
+        let next = (hits > 0).then_some(State {
+            window_start: start,
+            count: used,
+        });
+        return Step {
+            verdict: Verdict {
+                admitted: true,
+                remaining: limit.requests - used,
+                reset,
+                ..Verdict::default()
+            },
+            next,
+        };
+    }
+    // Denied: the next window starts empty, so any request of at most `requests` hits
+    // goes through there and nothing earlier changes the count.
+    // (`reset` is 0 only when the window end saturated at the end of time.)
+    let retry_after = if hits > limit.requests || reset == 0 {
+        u64::MAX
+    } else {
+        reset
+    };
+    Step {
+        verdict: Verdict {
+            admitted: false,
+            remaining: limit.requests.saturating_sub(count),
+            reset,
+            retry_after,
+            delay: 0,
+        },
+        next: None,
+    }
+}
+
+/// When the state can be dropped: once its window has ended, the count no longer
+/// applies.
+pub fn expires_at(limit: &Limit, state: &State) -> Micros {
+    state.window_start.saturating_add(limit.window.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, SECOND};
+    use proptest::prelude::*;
+
+    fn limit(requests: u64, window: Micros) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow,
+            requests,
+            window,
+            burst: requests,
+        }
+    }
+
+    /// Decides and commits the next state, as a store would.
+    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
+        let step = decide(l, s.as_ref(), now, hits);
+        if let Some(n) = step.next {
+            *s = Some(n);
+        }
+        step.verdict
+    }
+
+    const T0: Micros = 1_700_000_000 * SECOND;
+
+    #[test]
+    fn admits_up_to_the_limit_then_denies_until_the_window_ends() {
+        let l = limit(3, 10 * SECOND);
+        let mut s = None;
+        let now = T0 + 4 * SECOND;
+        for left in (0..3).rev() {
+            let v = hit(&l, &mut s, now, 1);
+            assert!(v.admitted);
+            assert_eq!(v.remaining, left);
+            assert_eq!(v.reset, 6 * SECOND);
+            assert_eq!(v.retry_after, 0);
+            assert_eq!(v.delay, 0);
+        }
+        let v = hit(&l, &mut s, now, 1);
+        assert!(!v.admitted);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.retry_after, 6 * SECOND);
+        // Last microsecond of the window: still denied; first of the next: admitted.
+        assert!(!hit(&l, &mut s, T0 + 10 * SECOND - 1, 1).admitted);
+        let v = hit(&l, &mut s, T0 + 10 * SECOND, 1);
+        assert!(v.admitted);
+        assert_eq!(v.remaining, 2);
+        assert_eq!(v.reset, 10 * SECOND);
+    }
+
+    #[test]
+    fn multiple_hits_and_checks() {
+        let l = limit(5, SECOND);
+        let mut s = None;
+        assert!(hit(&l, &mut s, T0, 3).admitted);
+        let v = hit(&l, &mut s, T0, 3);
+        assert!(!v.admitted);
+        assert_eq!(v.remaining, 2);
+        assert_eq!(v.retry_after, SECOND);
+        // A check neither counts nor is denied at exactly the limit.
+        let step = decide(&l, s.as_ref(), T0, 0);
+        assert!(step.verdict.admitted);
+        assert_eq!(step.verdict.remaining, 2);
+        assert_eq!(step.next, None);
+        assert!(hit(&l, &mut s, T0, 2).admitted);
+        assert!(decide(&l, s.as_ref(), T0, 0).verdict.admitted);
+        // More than the limit can never go through.
+        assert_eq!(hit(&l, &mut s, T0, 6).retry_after, u64::MAX);
+    }
+
+    #[test]
+    fn check_is_denied_when_already_over_a_lowered_limit() {
+        let s = State {
+            window_start: T0,
+            count: 5,
+        };
+        let v = decide(&limit(3, SECOND), Some(&s), T0 + 10, 0).verdict;
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after, SECOND - 10);
+    }
+
+    #[test]
+    fn zero_requests_denies_everything() {
+        let l = limit(0, SECOND);
+        let v = decide(&l, None, T0, 1);
+        assert!(!v.verdict.admitted);
+        assert_eq!(v.verdict.retry_after, u64::MAX);
+        assert_eq!(v.next, None);
+        let v = decide(&l, None, T0, 0).verdict;
+        assert!(v.admitted);
+        assert_eq!(v.remaining, 0);
+    }
+
+    #[test]
+    fn tiny_window_and_extreme_times_do_not_panic() {
+        let l = limit(1, 1);
+        let mut s = None;
+        assert!(hit(&l, &mut s, 0, 1).admitted);
+        let v = hit(&l, &mut s, 0, 1);
+        assert_eq!(v.retry_after, 1);
+        assert!(hit(&l, &mut s, 1, 1).admitted);
+        let big = limit(u64::MAX, u64::MAX);
+        let mut s = None;
+        assert!(hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
+        assert!(!hit(&big, &mut s, u64::MAX, 1).admitted);
+    }
+
+    #[test]
+    fn clock_stepping_back_keeps_the_newer_window() {
+        let l = limit(1, SECOND);
+        let mut s = None;
+        assert!(hit(&l, &mut s, T0 + SECOND, 1).admitted);
+        assert!(!hit(&l, &mut s, T0 + SECOND - 1, 1).admitted);
+    }
+
+    fn limits() -> impl Strategy<Value = Limit> {
+        (0u64..8, prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)]).prop_map(|(r, w)| limit(r, w))
+    }
+
+    /// (limit, start time, steps of (time advance, hits)).
+    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
+        limits().prop_flat_map(|l| {
+            let w = l.window;
+            (
+                Just(l),
+                T0..T0 + 10 * w,
+                prop::collection::vec((0..=w + w / 2, 0u64..=l.requests + 1), 1..60),
+            )
+        })
+    }
+
+    /// Runs a scenario; returns admitted (time, hits) and the final state and time.
+    fn run(
+        l: &Limit,
+        start: Micros,
+        steps: &[(u64, u64)],
+    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
+        let mut s = None;
+        let mut now = start;
+        let mut admitted = Vec::new();
+        for &(dt, h) in steps {
+            now += dt;
+            if hit(l, &mut s, now, h).admitted && h > 0 {
+                admitted.push((now, h));
+            }
+        }
+        (admitted, s, now)
+    }
+
+    /// Any u64, with the edges (0, 1, u64::MAX) often.
+    fn edgy() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0),
+            Just(1),
+            Just(u64::MAX - 1),
+            Just(u64::MAX),
+            any::<u64>()
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn never_more_than_requests_per_aligned_window((l, start, steps) in scenarios()) {
+            let (admitted, _, _) = run(&l, start, &steps);
+            for &(t, _) in &admitted {
+                let w0 = t - t % l.window;
+                let sum: u64 = admitted
+                    .iter()
+                    .filter(|(u, _)| *u >= w0 && *u < w0 + l.window)
+                    .map(|(_, h)| h)
+                    .sum();
+                prop_assert!(sum <= l.requests);
+            }
+        }
+
+        #[test]
+        fn expired_state_decides_like_none(
+            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
+        ) {
+            let (_, s, _) = run(&l, start, &steps);
+            if let Some(s) = s {
+                let t = expires_at(&l, &s) + later;
+                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
+            }
+        }
+
+        #[test]
+        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
+            let (_, s, now) = run(&l, start, &steps);
+            let step = decide(&l, s.as_ref(), now, hits);
+            let v = step.verdict;
+            let after = step.next.or(s.clone());
+            if v.admitted {
+                prop_assert_eq!(v.retry_after, 0);
+                // `remaining` more fit right now, one more does not.
+                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
+                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
+            } else if v.retry_after == u64::MAX {
+                prop_assert!(hits > l.requests);
+            } else {
+                prop_assert!(v.retry_after > 0);
+                let at = now + v.retry_after;
+                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
+                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
+            }
+            // Back to the full allowance once `reset` has passed.
+            let full = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
+            prop_assert_eq!(full.remaining, l.requests);
+        }
+
+        #[test]
+        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), ws in edgy(), c in edgy(), now in edgy(), hits in edgy()) {
+            let l = Limit { algorithm: Algorithm::FixedWindow, requests: r, window: w, burst: r };
+            let s = State { window_start: ws, count: c };
+            let step = decide(&l, Some(&s), now, hits);
+            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
+            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
+            let _ = decide(&l, None, now, hits);
+            let _ = expires_at(&l, &s);
+        }
+    }
 }

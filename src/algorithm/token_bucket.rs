@@ -1,17 +1,376 @@
-//! token_bucket (placeholder until implemented).
+//! token_bucket: capacity `burst`, refilled continuously at `requests` per `window`.
+//!
+//! Stored as GCRA: `tat`, the theoretical arrival time at which the bucket is full
+//! again. Each hit costs window / requests of time (the emission interval), so at
+//! `now` the bucket holds burst - (max(tat, now) - now) * requests / window tokens.
+//! With base = max(tat, now), a request of `hits` is admitted when
+//!
+//!   hits <= burst  and  (base - now) * requests <= (burst - hits) * window
+//!
+//! (exact: base - now <= floor((burst - hits) * window / requests)), and then
+//! tat = base + ceil(hits * window / requests). Rounding the stored cost up only ever
+//! takes tokens away, so over any span T admitted hits stay <= burst + requests * T /
+//! window. A check (`hits == 0`) is refused only when the bucket owes more than the
+//! rounding allows: base - now > ceil(burst * window / requests). `requests == 0`
+//! admits nothing.
+//!
+//! The same arithmetic serves leaky_bucket, where `tat` is when the queue drains.
 
 use super::{Limit, Micros, Step, Verdict};
 
 /// Stored state of one token_bucket counter.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct State {}
-
-/// Decides one request.
-pub fn decide(_limit: &Limit, _state: Option<&State>, _now: Micros, _hits: u64) -> Step<State> {
-    Step { verdict: Verdict::default(), next: None }
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct State {
+    /// Theoretical arrival time: when the bucket is full again (microseconds).
+    pub tat: Micros,
 }
 
-/// When the state can be dropped.
-pub fn expires_at(_limit: &Limit, _state: &State) -> Micros {
-    0
+/// Admission arithmetic shared with leaky_bucket. `requests > 0` everywhere.
+pub(super) struct Gcra {
+    requests: u128,
+    window: u128,
+    burst: u64,
+}
+
+impl Gcra {
+    /// `None` when `requests == 0` (nothing is ever admitted).
+    pub(super) fn new(limit: &Limit) -> Option<Gcra> {
+        (limit.requests > 0).then(|| Gcra {
+            requests: u128::from(limit.requests),
+            window: u128::from(limit.window.max(1)),
+            burst: limit.burst,
+        })
+    }
+
+    /// The largest backlog (max(tat, now) - now) at which `hits` still fit:
+    /// floor((burst - hits) * window / requests), `None` when hits > burst. A check
+    /// (`hits == 0`) is only refused once the bucket owes more than its capacity beyond
+    /// the rounding of stored costs: ceil(burst * window / requests).
+    pub(super) fn slack(&self, hits: u64) -> Option<u128> {
+        let room = u128::from(self.burst.checked_sub(hits)?) * self.window;
+        Some(if hits == 0 {
+            room.div_ceil(self.requests)
+        } else {
+            room / self.requests
+        })
+    }
+
+    /// Whether `hits` fit with `backlog` already owed.
+    pub(super) fn fits(&self, backlog: Micros, hits: u64) -> bool {
+        self.slack(hits)
+            .is_some_and(|slack| u128::from(backlog) <= slack)
+    }
+
+    /// The time `hits` add to the backlog: ceil(hits * window / requests). `None` if
+    /// `base` plus that does not fit in Micros.
+    pub(super) fn next_tat(&self, base: Micros, hits: u64) -> Option<Micros> {
+        let cost = (u128::from(hits) * self.window).div_ceil(self.requests);
+        u64::try_from(u128::from(base) + cost).ok()
+    }
+
+    /// Hits that still fit with `backlog` owed: burst - ceil(backlog * requests /
+    /// window), at least 0.
+    pub(super) fn remaining(&self, backlog: Micros) -> u64 {
+        let owed = (u128::from(backlog) * self.requests).div_ceil(self.window);
+        // At most `burst`, so it fits in u64.
+        u128::from(self.burst).saturating_sub(owed) as u64
+    }
+
+    /// For a denied request: the wait until the backlog has shrunk to the slack,
+    /// i.e. until tat - slack. `u64::MAX` when hits > burst.
+    pub(super) fn retry_after(&self, tat: Micros, now: Micros, hits: u64) -> Micros {
+        self.slack(hits).map_or(u64::MAX, |slack| {
+            let at = u128::from(tat).saturating_sub(slack);
+            // `at <= tat`, so the difference fits.
+            at.saturating_sub(u128::from(now)) as Micros
+        })
+    }
+}
+
+/// Decides one request of `hits` at `now`.
+pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
+    let Some(g) = Gcra::new(limit) else {
+        return never(hits);
+    };
+    let tat = state.map_or(now, |s| s.tat);
+    let base = tat.max(now);
+    let backlog = base - now;
+    if g.fits(backlog, hits) {
+        if hits == 0 {
+            return admit(g.remaining(backlog), backlog, None);
+        }
+        if let Some(tat) = g.next_tat(base, hits) {
+            return admit(g.remaining(tat - now), tat - now, Some(State { tat }));
+        }
+    }
+    // Waiting never shrinks base + cost below its value now, so a cost that runs past
+    // the end of time never fits.
+    let retry_after = if g.next_tat(base, hits).is_none() {
+        u64::MAX
+    } else {
+        g.retry_after(tat, now, hits)
+    };
+    Step {
+        verdict: Verdict {
+            admitted: false,
+            remaining: g.remaining(backlog),
+            reset: backlog,
+            retry_after,
+            delay: 0,
+        },
+        next: None,
+    }
+}
+
+fn admit(remaining: u64, reset: Micros, next: Option<State>) -> Step<State> {
+    Step {
+        verdict: Verdict {
+            admitted: true,
+            remaining,
+            reset,
+            ..Verdict::default()
+        },
+        next,
+    }
+}
+
+/// `requests == 0`: checks pass, every hit is denied for good.
+fn never(hits: u64) -> Step<State> {
+    Step {
+        verdict: Verdict {
+            admitted: hits == 0,
+            retry_after: if hits == 0 { 0 } else { u64::MAX },
+            ..Verdict::default()
+        },
+        next: None,
+    }
+}
+
+/// When the state can be dropped: once the bucket is full again.
+pub fn expires_at(_limit: &Limit, state: &State) -> Micros {
+    state.tat
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, SECOND};
+    use proptest::prelude::*;
+
+    fn limit(requests: u64, window: Micros, burst: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::TokenBucket,
+            requests,
+            window,
+            burst,
+        }
+    }
+
+    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
+        let step = decide(l, s.as_ref(), now, hits);
+        if let Some(n) = step.next {
+            *s = Some(n);
+        }
+        step.verdict
+    }
+
+    const T0: Micros = 1_700_000_000 * SECOND + 777;
+
+    #[test]
+    fn burst_then_refill_at_the_rate() {
+        // 10 per second (one per 100 ms), capacity 3.
+        let l = limit(10, SECOND, 3);
+        let mut s = None;
+        for left in (0..3).rev() {
+            let v = hit(&l, &mut s, T0, 1);
+            assert!(v.admitted);
+            assert_eq!(v.remaining, left);
+        }
+        let v = hit(&l, &mut s, T0, 1);
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after, 100_000);
+        assert_eq!(v.reset, 300_000);
+        assert!(!hit(&l, &mut s, T0 + 99_999, 1).admitted);
+        assert!(hit(&l, &mut s, T0 + 100_000, 1).admitted);
+        // Two tokens take 200 ms to come back.
+        let v = hit(&l, &mut s, T0 + 100_000, 2);
+        assert_eq!(v.retry_after, 200_000);
+        // Full after a long pause, never more than the capacity.
+        let v = hit(&l, &mut s, T0 + 10 * SECOND, 0);
+        assert_eq!(v.remaining, 3);
+        assert_eq!(v.reset, 0);
+    }
+
+    #[test]
+    fn uneven_interval_is_exact_in_the_admission_and_rounded_up_in_the_state() {
+        // 3 per 10 µs: an interval of 10/3 µs, burst 1.
+        let l = limit(3, 10, 1);
+        let mut s = None;
+        assert!(hit(&l, &mut s, 100, 1).admitted);
+        assert_eq!(s, Some(State { tat: 104 }));
+        let v = hit(&l, &mut s, 100, 1);
+        assert_eq!(v.retry_after, 4);
+        assert!(hit(&l, &mut s, 104, 1).admitted);
+    }
+
+    #[test]
+    fn hits_above_burst_never_fit_and_zero_limits() {
+        let l = limit(10, SECOND, 3);
+        assert_eq!(decide(&l, None, T0, 4).verdict.retry_after, u64::MAX);
+        let zero = limit(0, SECOND, 3);
+        assert_eq!(decide(&zero, None, T0, 1).verdict.retry_after, u64::MAX);
+        assert!(decide(&zero, None, T0, 0).verdict.admitted);
+        let no_burst = limit(10, SECOND, 0);
+        assert_eq!(decide(&no_burst, None, T0, 1).verdict.retry_after, u64::MAX);
+        assert!(decide(&no_burst, None, T0, 0).verdict.admitted);
+    }
+
+    #[test]
+    fn checks_do_not_consume() {
+        let l = limit(1, SECOND, 1);
+        let mut s = None;
+        assert!(hit(&l, &mut s, T0, 1).admitted);
+        let step = decide(&l, s.as_ref(), T0, 0);
+        assert!(step.verdict.admitted);
+        assert_eq!(step.verdict.remaining, 0);
+        assert_eq!(step.next, None);
+    }
+
+    #[test]
+    fn extremes_do_not_panic_or_over_admit() {
+        let l = limit(1, u64::MAX / 2, 2);
+        let mut s = None;
+        assert!(hit(&l, &mut s, T0, 1).admitted);
+        // The second hit's cost would run past the end of time.
+        let v = hit(&l, &mut s, T0, 1);
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after, u64::MAX);
+        let endless = limit(1, u64::MAX, 2);
+        assert_eq!(decide(&endless, None, T0, 1).verdict.retry_after, u64::MAX);
+        let big = limit(u64::MAX, 1, u64::MAX);
+        let mut s = None;
+        assert!(hit(&big, &mut s, u64::MAX - 1, u64::MAX).admitted);
+        assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
+    }
+
+    fn limits() -> impl Strategy<Value = Limit> {
+        (
+            0u64..8,
+            prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)],
+            0u64..10,
+        )
+            .prop_map(|(r, w, b)| limit(r, w, b))
+    }
+
+    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
+        limits().prop_flat_map(|l| {
+            let w = l.window;
+            (
+                Just(l),
+                T0..T0 + 10 * w,
+                prop::collection::vec((0..=w / 2 + 1, 0u64..=l.burst + 1), 1..60),
+            )
+        })
+    }
+
+    fn run(
+        l: &Limit,
+        start: Micros,
+        steps: &[(u64, u64)],
+    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
+        let mut s = None;
+        let mut now = start;
+        let mut admitted = Vec::new();
+        for &(dt, h) in steps {
+            now += dt;
+            if hit(l, &mut s, now, h).admitted && h > 0 {
+                admitted.push((now, h));
+            }
+        }
+        (admitted, s, now)
+    }
+
+    /// Any u64, with the edges (0, 1, u64::MAX) often.
+    fn edgy() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0),
+            Just(1),
+            Just(u64::MAX - 1),
+            Just(u64::MAX),
+            any::<u64>()
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn never_more_than_burst_plus_rate_times_span((l, start, steps) in scenarios()) {
+            let (admitted, _, _) = run(&l, start, &steps);
+            // Times are non-decreasing, so every span [t_i, t_j] is covered by i..=j
+            // with i the first of its timestamp.
+            for i in 0..admitted.len() {
+                let mut sum = 0u128;
+                for j in i..admitted.len() {
+                    sum += u128::from(admitted[j].1);
+                    let span = u128::from(admitted[j].0 - admitted[i].0);
+                    let w = u128::from(l.window);
+                    prop_assert!(
+                        sum * w <= u128::from(l.burst) * w + u128::from(l.requests) * span,
+                        "{} hits over {} us", sum, span,
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn expired_state_decides_like_none(
+            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
+        ) {
+            let (_, s, _) = run(&l, start, &steps);
+            if let Some(s) = s {
+                let t = expires_at(&l, &s) + later;
+                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
+            }
+        }
+
+        #[test]
+        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
+            let (_, s, now) = run(&l, start, &steps);
+            let step = decide(&l, s.as_ref(), now, hits);
+            let v = step.verdict;
+            let after = step.next.or(s.clone());
+            let full = if l.requests == 0 { 0 } else { l.burst };
+            if v.admitted {
+                prop_assert_eq!(v.retry_after, 0);
+                prop_assert!(v.remaining <= full);
+                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
+                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
+            } else if v.retry_after == u64::MAX {
+                prop_assert!(hits > l.burst || l.requests == 0);
+            } else {
+                prop_assert!(v.retry_after > 0);
+                let at = now + v.retry_after;
+                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
+                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
+            }
+            let at_reset = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
+            prop_assert_eq!(at_reset.remaining, full);
+            if v.reset > 0 {
+                let before = decide(&l, after.as_ref(), now + v.reset - 1, 0).verdict;
+                prop_assert!(before.remaining < full);
+            }
+        }
+
+        #[test]
+        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), b in edgy(), tat in edgy(), now in edgy(), hits in edgy()) {
+            let l = Limit { algorithm: Algorithm::TokenBucket, requests: r, window: w, burst: b };
+            let s = State { tat };
+            let step = decide(&l, Some(&s), now, hits);
+            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
+            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
+            let _ = decide(&l, None, now, hits);
+            let _ = expires_at(&l, &s);
+        }
+    }
 }
