@@ -2,4 +2,13 @@
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod limiter;
 pub mod policy;
+pub mod server;
+pub mod service;
+pub mod source;
+pub mod store;
+pub mod telemetry;

@@ -1,1 +1,65 @@
-fn main() {}
+//! The `sluice` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::config::{Cli, Command, LogFormat};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { paths } => validate(&paths),
+        Command::Crd => {
+            eprintln!("sluice crd: the RateLimitPolicy CRD is not built yet");
+            ExitCode::from(2)
+        }
+        Command::Serve(cfg) => {
+            init_logging(cfg.log_format);
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("sluice: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(sluice::server::run(*cfg, sluice::server::shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sluice: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
+    match sluice::policy::load_paths(paths) {
+        Ok(policy) => {
+            println!(
+                "ok: {} domain(s), {} rule(s)",
+                policy.domains.len(),
+                policy.rules.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in errors {
+                eprintln!("{e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

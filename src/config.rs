@@ -1,0 +1,164 @@
+//! The command line, parsed once into typed settings (every `serve` flag also reads
+//! `SLUICE_<FLAG>`). Nothing reads the environment after this.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::policy::FailureMode;
+use crate::service::HeaderStyle;
+
+/// An external rate-limit service for Envoy.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service.
+    Serve(Box<Serve>),
+    /// Check policy files; exit 0 if all load, 1 otherwise.
+    Validate {
+        /// Policy files or directories of *.yaml / *.yml.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Print the RateLimitPolicy CustomResourceDefinition.
+    Crd,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `sluice serve` settings.
+#[derive(Debug, Clone, Args)]
+pub struct Serve {
+    /// A policy file or a directory of *.yaml/*.yml; repeatable. Reloaded on change.
+    #[arg(long, env = "SLUICE_CONFIG", value_delimiter = ',')]
+    pub config: Vec<PathBuf>,
+    /// Also watch RateLimitPolicy resources in the cluster.
+    #[arg(long, env = "SLUICE_KUBE")]
+    pub kube: bool,
+    /// Watch one namespace only (default: all).
+    #[arg(long, env = "SLUICE_KUBE_NAMESPACE")]
+    pub kube_namespace: Option<String>,
+    /// Domains that policies in several namespaces may share.
+    #[arg(long, env = "SLUICE_SHARED_DOMAINS", value_delimiter = ',')]
+    pub shared_domains: Vec<String>,
+    /// Standalone Redis shards (URL,URL,...). Without it counters live in memory.
+    #[arg(long, env = "SLUICE_REDIS", value_delimiter = ',')]
+    pub redis: Vec<String>,
+    /// A Redis Cluster's seed nodes, instead of standalone shards.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_CLUSTER",
+        value_delimiter = ',',
+        conflicts_with = "redis"
+    )]
+    pub redis_cluster: Vec<String>,
+    /// Address of the RateLimitService (and gRPC health).
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+    /// Address of /healthz, /readyz, /metrics, /json and /debug/*.
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Longest wait for the counter store before the failure mode decides.
+    #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+    /// What to answer when the counter store cannot be reached.
+    #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
+    pub failure_mode: FailureMode,
+    /// Which rate-limit headers to ask Envoy to add.
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderStyle::Draft03)]
+    pub response_headers: HeaderStyle,
+    /// Log line format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Most counters the in-memory store holds.
+    #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 1_000_000)]
+    pub max_keys: usize,
+    /// Hash every descriptor value in counter keys and in the top-offenders view.
+    #[arg(long, env = "SLUICE_HASH_KEYS")]
+    pub hash_keys: bool,
+    /// How often policy files are checked for changes.
+    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    pub reload_interval: Duration,
+    /// Longest wait for in-flight calls after SIGTERM.
+    #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
+    match s {
+        "open" => Ok(FailureMode::Open),
+        "closed" => Ok(FailureMode::Closed),
+        _ => Err(format!("expected open or closed, got {s:?}")),
+    }
+}
+
+/// Parses `250ms`, `10s`, `5m`, `1h` and sums such as `1m30s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let err = || format!("invalid duration {s:?} (use e.g. 250ms, 10s, 5m, 1h)");
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(err());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+        let n: u64 = rest[..digits].parse().map_err(|_| err())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let part = match &rest[..unit_len] {
+            "us" | "µs" => Duration::from_micros(n),
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(err)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(err)?),
+            _ => return Err(err()),
+        };
+        total = total.checked_add(part).ok_or_else(err)?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15ms"), Ok(Duration::from_millis(15)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("15").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("5x").is_err());
+    }
+
+    #[test]
+    fn serve_flags_have_spec_defaults() {
+        let cli = Cli::try_parse_from(["sluice", "serve", "--config", "a.yaml"]).unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(s.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(s.http_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(s.store_timeout, Duration::from_millis(15));
+        assert_eq!(s.failure_mode, FailureMode::Open);
+        assert_eq!(s.response_headers, HeaderStyle::Draft03);
+        assert_eq!(s.max_keys, 1_000_000);
+    }
+}

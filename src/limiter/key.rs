@@ -1,0 +1,132 @@
+//! Counter keys: which counter a matched descriptor touches.
+//!
+//! A key is `domain|key=value|key=value`, with the wildcard pattern in place of the
+//! value at levels matched through `share_threshold`. Keys never carry unbounded
+//! request data: a value longer than 64 bytes (or holding a separator) is replaced by
+//! a stable hash, and with `--hash-keys` every value is, so client addresses and API
+//! keys are neither stored nor shown raw.
+
+use std::fmt::Write;
+
+use crate::policy::{Entry, Rule};
+
+/// Longest value kept verbatim in a key.
+pub const MAX_RAW_VALUE: usize = 64;
+
+/// FNV-1a, 64 bits: stable across processes, versions and machines, which a key
+/// shared through Redis by several replicas needs (std's hasher promises none of it).
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Writes the counter key of `rule` matched by `entries` into `out`.
+pub fn counter_key<E: Entry>(
+    domain: &str,
+    rule: &Rule,
+    entries: &[E],
+    hash_all: bool,
+    out: &mut String,
+) {
+    out.clear();
+    out.push_str(domain);
+    for (i, entry) in entries.iter().enumerate() {
+        out.push('|');
+        out.push_str(entry.key());
+        out.push('=');
+        match rule.shared.get(i).and_then(|s| s.as_deref()) {
+            Some(pattern) => push_value(out, pattern, hash_all),
+            None => push_value(out, entry.value(), hash_all),
+        }
+    }
+}
+
+/// The display form of a value for keys and the top-offenders view.
+pub fn push_value(out: &mut String, value: &str, hash_all: bool) {
+    let unsafe_chars = value.contains(['|', '=']);
+    if hash_all || unsafe_chars || value.len() > MAX_RAW_VALUE {
+        let _ = write!(out, "#{:016x}", stable_hash(value.as_bytes()));
+    } else {
+        out.push_str(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Layer, Unit};
+
+    fn rule(shared: Vec<Option<String>>) -> Rule {
+        Rule {
+            id: 0,
+            path: "a/b".into(),
+            name: None,
+            limit: None,
+            requests_per_unit: 1,
+            unit: Unit::Second,
+            replaces: vec![],
+            shadow_mode: false,
+            quota_mode: false,
+            layer: Layer::Service,
+            penalty: None,
+            metadata: None,
+            shared,
+        }
+    }
+
+    #[test]
+    fn key_names_domain_keys_and_values() {
+        let mut k = String::new();
+        counter_key(
+            "edge",
+            &rule(vec![None, None]),
+            &[("a", "1"), ("b", "2")],
+            false,
+            &mut k,
+        );
+        assert_eq!(k, "edge|a=1|b=2");
+    }
+
+    #[test]
+    fn shared_levels_use_the_pattern() {
+        let mut k = String::new();
+        let r = rule(vec![Some("files/*".into())]);
+        counter_key("d", &r, &[("a", "files/x")], false, &mut k);
+        let mut k2 = String::new();
+        counter_key("d", &r, &[("a", "files/y")], false, &mut k2);
+        assert_eq!(k, "d|a=files/*");
+        assert_eq!(k, k2);
+    }
+
+    #[test]
+    fn long_and_separator_values_are_hashed() {
+        let long = "x".repeat(65);
+        let mut k = String::new();
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("a", long.as_str())],
+            false,
+            &mut k,
+        );
+        assert!(!k.contains(&long));
+        assert!(k.len() < 40, "{k}");
+        counter_key("d", &rule(vec![None]), &[("a", "p|b=c")], false, &mut k);
+        assert!(!k.contains("p|b"), "{k}");
+    }
+
+    #[test]
+    fn hash_all_hides_every_value_but_stays_stable() {
+        let mut k = String::new();
+        counter_key("d", &rule(vec![None]), &[("ip", "10.0.0.1")], true, &mut k);
+        assert!(!k.contains("10.0.0.1"));
+        let mut k2 = String::new();
+        counter_key("d", &rule(vec![None]), &[("ip", "10.0.0.1")], true, &mut k2);
+        assert_eq!(k, k2);
+        assert_eq!(stable_hash(b"abc"), 0xe71fa2190541574b);
+    }
+}

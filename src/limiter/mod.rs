@@ -1,0 +1,269 @@
+//! The decision path: a request's descriptors become rule hits, the store decides
+//! them in one batch, and the verdicts become an [`Outcome`].
+//!
+//! Nothing here knows about gRPC or HTTP; `service/` adapts the wire formats to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::algorithm::{Micros, Verdict};
+use crate::policy::{Entry, FailureMode, Policy};
+use crate::store::{Hit, Mode, Store, StoreError};
+
+pub mod key;
+
+/// Settings of the decision path, from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Failure mode of domains that do not set their own.
+    pub failure_mode: FailureMode,
+    /// Longest wait for the store before the failure mode decides.
+    pub store_timeout: Duration,
+    /// Hash every descriptor value in counter keys (`--hash-keys`).
+    pub hash_keys: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            failure_mode: FailureMode::Open,
+            store_timeout: Duration::from_millis(15),
+            hash_keys: false,
+        }
+    }
+}
+
+/// One request descriptor as the limiter sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Descriptor<'a, E> {
+    pub entries: &'a [E],
+    /// Hits to add; 0 checks without counting.
+    pub hits: u64,
+}
+
+/// What happened to one descriptor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Status {
+    /// The matched rule (after `replaces`), if any.
+    pub rule: Option<usize>,
+    /// Whether this descriptor reports OVER_LIMIT.
+    pub over_limit: bool,
+    /// The store's verdict, for limited rules that were decided.
+    pub verdict: Option<Verdict>,
+}
+
+/// Why the store's answer was not used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreFailure {
+    pub error: String,
+    pub mode: FailureMode,
+}
+
+/// The limiter's answer to one request.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The policy the request was decided with; statuses refer to its rules.
+    pub policy: Arc<Policy>,
+    pub domain_known: bool,
+    pub over_limit: bool,
+    pub statuses: Vec<Status>,
+    /// How long to hold an OK answer (leaky_bucket queues).
+    pub delay: Micros,
+    /// Set when the store failed and the failure mode answered.
+    pub failure: Option<StoreFailure>,
+}
+
+/// Decides requests against the current policy and a store.
+#[derive(Debug)]
+pub struct Limiter<S> {
+    policy: Arc<ArcSwap<Policy>>,
+    store: S,
+    settings: Settings,
+}
+
+impl<S: Store> Limiter<S> {
+    pub fn new(policy: Arc<ArcSwap<Policy>>, store: S, settings: Settings) -> Self {
+        Limiter {
+            policy,
+            store,
+            settings,
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
+
+    /// Decides one request. The descriptors are already validated by the caller.
+    pub async fn decide<E: Entry>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+    ) -> Outcome {
+        let policy = self.policy.load_full();
+        let mut statuses = vec![
+            Status {
+                rule: None,
+                over_limit: false,
+                verdict: None,
+            };
+            descriptors.len()
+        ];
+        let Some(dom) = policy.domain(domain) else {
+            return Outcome {
+                policy,
+                domain_known: false,
+                over_limit: false,
+                statuses,
+                delay: 0,
+                failure: None,
+            };
+        };
+
+        for (status, d) in statuses.iter_mut().zip(descriptors) {
+            status.rule = dom.find(d.entries);
+        }
+        drop_replaced(&policy, &mut statuses);
+
+        // Limited rules become hits, edge first, then service, then tenant.
+        let mut order: Vec<usize> = (0..descriptors.len())
+            .filter(|&i| {
+                statuses[i]
+                    .rule
+                    .is_some_and(|r| policy.rule(r).limit.is_some())
+            })
+            .collect();
+        order.sort_by_key(|&i| statuses[i].rule.map(|r| policy.rule(r).layer));
+        let mut hits = Vec::with_capacity(order.len());
+        for &i in &order {
+            let Some(rule_id) = statuses[i].rule else {
+                continue;
+            };
+            let rule = policy.rule(rule_id);
+            let Some(limit) = rule.limit else { continue };
+            let mut key = String::with_capacity(64);
+            key::counter_key(
+                domain,
+                rule,
+                descriptors[i].entries,
+                self.settings.hash_keys,
+                &mut key,
+            );
+            let placement = placement(dom.shard_by.as_deref(), descriptors[i].entries, &key);
+            let mode = if rule.shadow_mode {
+                Mode::Shadow
+            } else if rule.quota_mode {
+                Mode::Quota
+            } else {
+                Mode::Enforce
+            };
+            hits.push(Hit {
+                key,
+                placement,
+                limit,
+                hits: descriptors[i].hits,
+                mode,
+            });
+        }
+
+        let mut outcome = Outcome {
+            policy: policy.clone(),
+            domain_known: true,
+            over_limit: false,
+            statuses,
+            delay: 0,
+            failure: None,
+        };
+        if hits.is_empty() {
+            return outcome;
+        }
+
+        match self.ask_store(&hits).await {
+            Ok(decided) => {
+                outcome.over_limit = !decided.admitted;
+                for ((&i, hit), verdict) in order.iter().zip(&hits).zip(&decided.verdicts) {
+                    let status = &mut outcome.statuses[i];
+                    let mut verdict = *verdict;
+                    if verdict.admitted && !decided.admitted {
+                        // Admitted by this limit but not consumed: the request was denied.
+                        verdict.remaining = verdict.remaining.saturating_add(hit.hits);
+                    }
+                    status.verdict = Some(verdict);
+                    // Shadow limits never deny; quota limits report OVER_LIMIT only when
+                    // they deny the request.
+                    status.over_limit = !verdict.admitted
+                        && match hit.mode {
+                            Mode::Enforce => true,
+                            Mode::Shadow => false,
+                            Mode::Quota => !decided.admitted,
+                        };
+                    if decided.admitted {
+                        outcome.delay = outcome.delay.max(verdict.delay);
+                    }
+                }
+            }
+            Err(error) => {
+                let mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
+                outcome.over_limit = mode == FailureMode::Closed;
+                for (&i, hit) in order.iter().zip(&hits) {
+                    outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;
+                }
+                outcome.failure = Some(StoreFailure {
+                    error: error.to_string(),
+                    mode,
+                });
+            }
+        }
+        outcome
+    }
+
+    async fn ask_store(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+        match tokio::time::timeout(self.settings.store_timeout, self.store.decide(hits)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's `replaces`: a matched limit whose name another matched
+/// limit replaces does not apply to this request.
+fn drop_replaced(policy: &Policy, statuses: &mut [Status]) {
+    let any_replaces = statuses
+        .iter()
+        .filter_map(|s| s.rule)
+        .any(|r| !policy.rule(r).replaces.is_empty());
+    if !any_replaces {
+        return;
+    }
+    let replaced: Vec<&str> = statuses
+        .iter()
+        .filter_map(|s| s.rule)
+        .flat_map(|r| policy.rule(r).replaces.iter().map(String::as_str))
+        .collect();
+    for status in statuses.iter_mut() {
+        if let Some(r) = status.rule {
+            if let Some(name) = &policy.rule(r).name {
+                if replaced.contains(&name.as_str()) {
+                    status.rule = None;
+                }
+            }
+        }
+    }
+}
+
+/// The hash that places a counter: the `shard_by` entry's value when the descriptor
+/// carries it, else the counter key itself.
+fn placement<E: Entry>(shard_by: Option<&str>, entries: &[E], key: &str) -> u64 {
+    if let Some(shard_key) = shard_by {
+        if let Some(e) = entries.iter().find(|e| e.key() == shard_key) {
+            return key::stable_hash(e.value().as_bytes());
+        }
+    }
+    key::stable_hash(key.as_bytes())
+}

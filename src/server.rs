@@ -1,0 +1,180 @@
+//! `sluice serve`: wires the sources, the store, the limiter and both servers, and
+//! shuts them down together.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::clock::SystemClock;
+use crate::config::Serve;
+use crate::http::{router, Admin};
+use crate::limiter::{Limiter, Settings};
+use crate::service::grpc::Grpc;
+use crate::service::Service;
+use crate::source::file::FileSource;
+use crate::store::{MemoryStore, Store};
+use crate::telemetry::Metrics;
+
+/// Runs the service until `shutdown` resolves, then drains in-flight calls.
+pub async fn run(
+    cfg: Serve,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    if cfg.config.is_empty() && !cfg.kube {
+        bail!(
+            "no policies to serve: pass --config FILE (a policy file or a directory of *.yaml), \
+             or --kube to watch RateLimitPolicy resources"
+        );
+    }
+    if cfg.kube {
+        bail!("--kube is not available in this build yet");
+    }
+    if !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() {
+        bail!("--redis and --redis-cluster are not available in this build yet");
+    }
+    let metrics = Arc::new(Metrics::new());
+    let (files, policy) =
+        FileSource::load(cfg.config.clone(), cfg.reload_interval, metrics.clone()).map_err(
+            |errors| {
+                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
+            },
+        )?;
+
+    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
+    let settings = Settings {
+        failure_mode: cfg.failure_mode,
+        store_timeout: cfg.store_timeout,
+        hash_keys: cfg.hash_keys,
+    };
+    let limiter = Limiter::new(policy, store.clone(), settings);
+    let service = Arc::new(Service {
+        limiter,
+        headers: cfg.response_headers,
+        metrics,
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(files.run(stopped()));
+    {
+        let store = store.clone();
+        let stop = stopped();
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tick.tick() => { store.sweep(); }
+                }
+            }
+        });
+    }
+
+    serve(service, &cfg, stop_tx, stopped, shutdown).await
+}
+
+/// Binds both listeners, serves, and on `shutdown` turns readiness off, stops
+/// accepting, and waits (at most the grace period) for in-flight calls.
+async fn serve<S, F, Fut>(
+    service: Arc<Service<S>>,
+    cfg: &Serve,
+    stop_tx: watch::Sender<bool>,
+    stopped: F,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    S: Store,
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let grpc_listener = bind(cfg.grpc_addr).await?;
+    let http_listener = bind(cfg.http_addr).await?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+
+    let ready = Arc::new(AtomicBool::new(false));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<Grpc<S>>>()
+        .await;
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            stopped(),
+        );
+    let admin = Arc::new(Admin {
+        service: service.clone(),
+        ready: ready.clone(),
+    });
+    let http = axum::serve(http_listener, router(admin)).with_graceful_shutdown(stopped());
+    let grpc_task = tokio::spawn(grpc);
+    let http_task = tokio::spawn(async move { http.await });
+
+    ready.store(true, Ordering::SeqCst);
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice listening");
+
+    shutdown.await;
+    tracing::info!("shutting down: readiness off, draining in-flight calls");
+    ready.store(false, Ordering::SeqCst);
+    health
+        .set_not_serving::<RateLimitServiceServer<Grpc<S>>>()
+        .await;
+    let _ = stop_tx.send(true);
+    let drained = async {
+        let _ = grpc_task.await;
+        let _ = http_task.await;
+    };
+    if tokio::time::timeout(cfg.shutdown_grace, drained)
+        .await
+        .is_err()
+    {
+        tracing::warn!("grace period over; exiting with calls still in flight");
+    }
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

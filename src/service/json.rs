@@ -1,0 +1,141 @@
+//! `POST /json`: a RateLimitRequest in JSON, answered with the RateLimitResponse in
+//! JSON (protobuf's JSON mapping, as envoyproxy/ratelimit's `/json` does).
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry as ProtoEntry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as ProtoUnit, Code,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::BadRequest;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+/// Parses the JSON body into the protobuf request.
+pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
+    let req: JsonRequest = serde_json::from_slice(body)
+        .map_err(|e| BadRequest(format!("invalid JSON request: {e}")))?;
+    Ok(RateLimitRequest {
+        domain: req.domain,
+        hits_addend: req.hits_addend,
+        descriptors: req
+            .descriptors
+            .into_iter()
+            .map(|d| RateLimitDescriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| ProtoEntry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect(),
+                hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                ..Default::default()
+            })
+            .collect(),
+    })
+}
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code).unwrap_or(Code::Unknown).as_str_name()
+}
+
+/// Renders the response in protobuf's JSON mapping.
+pub fn render_response(resp: &RateLimitResponse) -> Value {
+    let statuses: Vec<Value> = resp
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut m = Map::new();
+            m.insert("code".into(), json!(code_name(s.code)));
+            if let Some(l) = &s.current_limit {
+                let mut limit = Map::new();
+                if !l.name.is_empty() {
+                    limit.insert("name".into(), json!(l.name));
+                }
+                limit.insert("requestsPerUnit".into(), json!(l.requests_per_unit));
+                let unit = ProtoUnit::try_from(l.unit).unwrap_or(ProtoUnit::Unknown);
+                limit.insert("unit".into(), json!(unit.as_str_name()));
+                m.insert("currentLimit".into(), Value::Object(limit));
+            }
+            m.insert("limitRemaining".into(), json!(s.limit_remaining));
+            if let Some(d) = &s.duration_until_reset {
+                let secs = d.seconds as f64 + f64::from(d.nanos) / 1e9;
+                m.insert("durationUntilReset".into(), json!(format!("{secs}s")));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    let headers: Vec<Value> = resp
+        .response_headers_to_add
+        .iter()
+        .map(|h| json!({"key": h.key, "value": h.value}))
+        .collect();
+    let mut out = Map::new();
+    out.insert("overallCode".into(), json!(code_name(resp.overall_code)));
+    out.insert("statuses".into(), Value::Array(statuses));
+    if !headers.is_empty() {
+        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_snake_and_camel_case() {
+        let r = parse_request(
+            br#"{"domain":"d","hitsAddend":2,"descriptors":[{"entries":[{"key":"k","value":"v"}],"hits_addend":0}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.domain, "d");
+        assert_eq!(r.hits_addend, 2);
+        assert_eq!(r.descriptors[0].entries[0].value, "v");
+        assert_eq!(
+            r.descriptors[0].hits_addend.as_ref().map(|h| h.value),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn refuses_malformed_json_and_unknown_fields() {
+        assert!(parse_request(b"{").is_err());
+        assert!(parse_request(br#"{"domain":"d","bogus":1}"#).is_err());
+        assert!(parse_request(br#"{"domain":5}"#).is_err());
+    }
+}

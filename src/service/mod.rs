@@ -1,0 +1,114 @@
+//! The wire side: Envoy's RateLimitService over gRPC and the same request as JSON.
+//!
+//! This module only converts: protobuf (or JSON) in, [`limiter`](crate::limiter)
+//! types through, protobuf (or JSON) out.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as ProtoEntry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+use crate::limiter::{Descriptor, Limiter, Outcome};
+use crate::policy::Entry;
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+pub mod grpc;
+pub mod headers;
+pub mod json;
+pub mod response;
+
+pub use headers::HeaderStyle;
+
+/// Most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 32;
+
+impl Entry for ProtoEntry {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+/// A request that cannot be decided, with the reason sent back to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// Checks a request the way SPEC.md section 4 says and turns it into limiter input.
+pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEntry>>, BadRequest> {
+    if req.domain.is_empty() {
+        return Err(BadRequest("domain must not be empty".into()));
+    }
+    if req.descriptors.is_empty() {
+        return Err(BadRequest(
+            "request must carry at least one descriptor".into(),
+        ));
+    }
+    // hits_addend: the descriptor's own value wins (0 checks without counting);
+    // otherwise the request's, where 0 means 1.
+    let request_hits = u64::from(req.hits_addend.max(1));
+    req.descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if d.entries.is_empty() {
+                return Err(BadRequest(format!("descriptor {i} has no entries")));
+            }
+            if d.entries.len() > MAX_ENTRIES {
+                return Err(BadRequest(format!(
+                    "descriptor {i} has {} entries; at most {MAX_ENTRIES} are allowed",
+                    d.entries.len()
+                )));
+            }
+            if let Some(j) = d.entries.iter().position(|e| e.key.is_empty()) {
+                return Err(BadRequest(format!(
+                    "descriptor {i} entry {j} has an empty key"
+                )));
+            }
+            if d.is_negative_hits {
+                return Err(BadRequest(format!(
+                    "descriptor {i}: is_negative_hits is not supported"
+                )));
+            }
+            let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
+            Ok(Descriptor {
+                entries: &d.entries,
+                hits,
+            })
+        })
+        .collect()
+}
+
+/// Everything a request handler needs, shared by the gRPC and HTTP servers.
+#[derive(Debug)]
+pub struct Service<S> {
+    pub limiter: Limiter<S>,
+    pub headers: HeaderStyle,
+    pub metrics: Arc<Metrics>,
+}
+
+impl<S: Store> Service<S> {
+    /// Validates, decides and holds a leaky-bucket OK until the request's turn.
+    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<Outcome, BadRequest> {
+        let started = std::time::Instant::now();
+        let descriptors = match descriptors(req) {
+            Ok(d) => d,
+            Err(e) => {
+                self.metrics.bad_request();
+                return Err(e);
+            }
+        };
+        let outcome = self.limiter.decide(&req.domain, &descriptors).await;
+        self.metrics
+            .record(&req.domain, &outcome, started.elapsed());
+        if !outcome.over_limit && outcome.delay > 0 {
+            // The queue position is taken; the answer waits for its turn without
+            // holding a thread.
+            tokio::time::sleep(std::time::Duration::from_micros(outcome.delay)).await;
+        }
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,120 @@
+//! The file source: `--config` files and directories, polled for changes.
+//!
+//! Polling the contents (rather than inotify) sees every kind of update the same way,
+//! including a mounted ConfigMap's, where Kubernetes swaps the `..data` symlink and no
+//! event fires on the file the user named. Policy files are small; reading them every
+//! half second costs nothing next to a missed update.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::policy::{self, Policy, PolicyError};
+use crate::telemetry::Metrics;
+
+/// Watches policy files and swaps in each good version.
+#[derive(Debug)]
+pub struct FileSource {
+    paths: Vec<PathBuf>,
+    interval: Duration,
+    policy: Arc<ArcSwap<Policy>>,
+    metrics: Arc<Metrics>,
+    last: u64,
+}
+
+impl FileSource {
+    /// Loads the files once. Fails with every error found if they do not load.
+    pub fn load(
+        paths: Vec<PathBuf>,
+        interval: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<(FileSource, Arc<ArcSwap<Policy>>), Vec<PolicyError>> {
+        let last = fingerprint(&paths);
+        let loaded = policy::load_paths(&paths)?;
+        metrics.policy_reload("file", true);
+        let policy = Arc::new(ArcSwap::from_pointee(loaded));
+        let source = FileSource {
+            paths,
+            interval,
+            policy: policy.clone(),
+            metrics,
+            last,
+        };
+        Ok((source, policy))
+    }
+
+    /// Polls until `shutdown` resolves.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tick.tick() => { self.check(); }
+            }
+        }
+    }
+
+    /// Reloads if anything changed; returns whether a new policy was swapped in.
+    pub fn check(&mut self) -> bool {
+        let now = fingerprint(&self.paths);
+        if now == self.last {
+            return false;
+        }
+        self.last = now;
+        match policy::load_paths(&self.paths) {
+            Ok(p) => {
+                tracing::info!(
+                    domains = p.domains.len(),
+                    rules = p.rules.len(),
+                    "policy reloaded from files"
+                );
+                self.policy.store(Arc::new(p));
+                self.metrics.policy_reload("file", true);
+                true
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::error!(error = %e, "policy refused; the last good policy keeps serving");
+                }
+                self.metrics.policy_reload("file", false);
+                false
+            }
+        }
+    }
+}
+
+/// A hash of every candidate file's name and contents (missing files count too).
+fn fingerprint(paths: &[PathBuf]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for path in paths {
+        for file in candidates(path) {
+            file.hash(&mut h);
+            std::fs::read(&file).ok().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// The files a `--config` path stands for: itself, or its `*.yaml`/`*.yml` entries.
+fn candidates(path: &Path) -> Vec<PathBuf> {
+    if !path.is_dir() {
+        return vec![path.to_path_buf()];
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
+        })
+        .collect();
+    files.sort();
+    files
+}

@@ -1,0 +1,135 @@
+//! One set of test bodies that every store must pass. `store_contract!` expands them
+//! for a store constructor; the memory store runs them here, the Redis store in its
+//! integration tests.
+
+use crate::algorithm::{Algorithm, Limit, SECOND};
+
+use super::{Hit, Mode};
+
+/// A hit on `key` with a per-minute limit of `requests`.
+pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
+    Hit {
+        key: key.to_string(),
+        placement: crate::limiter::key::stable_hash(key.as_bytes()),
+        limit: Limit {
+            algorithm,
+            requests,
+            window: 60 * SECOND,
+            burst: requests,
+        },
+        hits,
+        mode: Mode::Enforce,
+    }
+}
+
+/// Every algorithm, for tests that must hold for all of them.
+pub const ALL: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+];
+
+/// Expands the contract tests for `$make`, an async expression giving a fresh store
+/// whose keys do not collide with other tests (`$prefix` is prepended to keys).
+#[macro_export]
+macro_rules! store_contract {
+    ($make:expr) => {
+        use $crate::algorithm::Algorithm;
+        use $crate::store::contract::{hit, ALL};
+        use $crate::store::{Mode, Store};
+
+        #[tokio::test]
+        async fn admits_up_to_the_limit_then_denies() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-limit-{}", alg.as_str());
+                for i in 0..5 {
+                    let v = store.decide(&[hit(&key, alg, 5, 1)]).await.unwrap();
+                    assert!(v.admitted, "{alg:?} request {i}");
+                }
+                let v = store.decide(&[hit(&key, alg, 5, 1)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?} sixth request");
+                assert!(!v.verdicts[0].admitted);
+                assert!(v.verdicts[0].retry_after > 0);
+            }
+        }
+
+        #[tokio::test]
+        async fn a_denied_batch_consumes_nothing() {
+            for alg in ALL {
+                let store = $make;
+                let a = format!("contract-a-{}", alg.as_str());
+                let b = format!("contract-b-{}", alg.as_str());
+                // b has room for 1; a batch of (a, b x2) is denied and spends nothing.
+                let v = store
+                    .decide(&[hit(&a, alg, 10, 1), hit(&b, alg, 1, 2)])
+                    .await
+                    .unwrap();
+                assert!(!v.admitted, "{alg:?}");
+                assert!(v.verdicts[0].admitted && !v.verdicts[1].admitted);
+                let check = store
+                    .decide(&[hit(&a, alg, 10, 0), hit(&b, alg, 1, 0)])
+                    .await
+                    .unwrap();
+                assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
+                assert_eq!(check.verdicts[1].remaining, 1, "{alg:?}: b was charged");
+            }
+        }
+
+        #[tokio::test]
+        async fn the_same_key_twice_in_a_batch_counts_twice() {
+            let store = $make;
+            let v = store
+                .decide(&[
+                    hit("contract-twice", Algorithm::FixedWindow, 3, 2),
+                    hit("contract-twice", Algorithm::FixedWindow, 3, 2),
+                ])
+                .await
+                .unwrap();
+            assert!(!v.admitted, "4 hits on a limit of 3");
+            let v = store
+                .decide(&[hit("contract-twice", Algorithm::FixedWindow, 3, 3)])
+                .await
+                .unwrap();
+            assert!(v.admitted, "nothing was spent by the denied batch");
+        }
+
+        #[tokio::test]
+        async fn shadow_and_quota_modes() {
+            let store = $make;
+            let mut shadow = hit("contract-shadow", Algorithm::FixedWindow, 0, 1);
+            shadow.mode = Mode::Shadow;
+            let v = store
+                .decide(&[shadow, hit("contract-enf", Algorithm::FixedWindow, 5, 1)])
+                .await
+                .unwrap();
+            assert!(v.admitted, "shadow denial does not deny");
+            assert!(!v.verdicts[0].admitted);
+            assert_eq!(v.verdicts[1].remaining, 4, "the enforced counter was consumed");
+
+            let mut qa = hit("contract-qa", Algorithm::FixedWindow, 0, 1);
+            qa.mode = Mode::Quota;
+            let mut qb = hit("contract-qb", Algorithm::FixedWindow, 1, 1);
+            qb.mode = Mode::Quota;
+            let v = store.decide(&[qa.clone(), qb.clone()]).await.unwrap();
+            assert!(v.admitted, "one quota still has room");
+            let v = store.decide(&[qa, qb]).await.unwrap();
+            assert!(!v.admitted, "every quota is spent");
+        }
+
+        #[tokio::test]
+        async fn zero_hits_check_without_counting() {
+            let store = $make;
+            for _ in 0..3 {
+                let v = store
+                    .decide(&[hit("contract-zero", Algorithm::SlidingWindowCounter, 2, 0)])
+                    .await
+                    .unwrap();
+                assert!(v.admitted);
+                assert_eq!(v.verdicts[0].remaining, 2);
+            }
+        }
+    };
+}

@@ -1,0 +1,209 @@
+//! The in-memory store: counters in this process, decided by the algorithms directly.
+//!
+//! Counters are spread over many small `std::sync::Mutex`-guarded maps rather than one
+//! global lock: a decision holds only the shards of its own keys, for a few hundred
+//! nanoseconds, and never across an `.await`, so a blocking mutex is cheaper than an
+//! async one. A request's shards are locked in ascending order, which keeps
+//! multi-key decisions atomic without deadlock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::algorithm::{self, Micros, State};
+use crate::clock::Clock;
+
+use super::{admitted, Hit, Store, StoreError, Verdicts};
+
+/// Shards of the key space; a power of two well above the core count keeps
+/// contention low without wasting memory on empty maps.
+const SHARDS: usize = 64;
+
+#[derive(Debug)]
+struct Entry {
+    state: State,
+    expires_at: Micros,
+}
+
+type Shard = HashMap<String, Entry, ahash::RandomState>;
+
+/// Counters kept in this process.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Vec<Mutex<Shard>>,
+    hasher: ahash::RandomState,
+    /// Most keys one shard may hold (`--max-keys` spread over the shards).
+    shard_cap: usize,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+}
+
+impl MemoryStore {
+    /// A store holding at most about `max_keys` counters.
+    pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+        MemoryStore {
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::with_hasher(ahash::RandomState::new())))
+                .collect(),
+            hasher: ahash::RandomState::new(),
+            shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            clock,
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops every counter that has expired; returns how many. The server calls this
+    /// periodically so idle keys do not pile up.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now();
+        let mut removed = 0;
+        for shard in &self.shards {
+            let mut map = lock(shard);
+            let before = map.len();
+            map.retain(|_, e| e.expires_at > now);
+            removed += before - map.len();
+        }
+        removed
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    /// Decides a batch under the locks of its shards.
+    fn decide_now(&self, hits: &[Hit]) -> Verdicts {
+        let now = self.clock.now();
+        let shard_ids: Vec<usize> = hits.iter().map(|h| self.shard_of(&h.key)).collect();
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+
+        // Check every hit first. A key that appears twice in one batch sees the state
+        // its earlier hit would leave, as if the two were sent one after the other.
+        let mut verdicts = Vec::with_capacity(hits.len());
+        let mut next: Vec<Option<State>> = Vec::with_capacity(hits.len());
+        for (i, hit) in hits.iter().enumerate() {
+            let earlier = (0..i)
+                .rev()
+                .find(|&j| hits[j].key == hit.key && next[j].is_some());
+            let decision = match earlier {
+                Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
+                None => {
+                    let map = &guards[guard_of(shard_ids[i])].1;
+                    let state = map
+                        .get(&hit.key)
+                        .filter(|e| e.expires_at > now)
+                        .map(|e| &e.state);
+                    algorithm::decide(&hit.limit, state, now, hit.hits)
+                }
+            };
+            verdicts.push(decision.verdict);
+            next.push(decision.next);
+        }
+
+        let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
+        if admitted {
+            for (i, state) in next.into_iter().enumerate() {
+                let Some(state) = state else { continue };
+                let expires_at = algorithm::expires_at(&hits[i].limit, &state);
+                let map = &mut guards[guard_of(shard_ids[i])].1;
+                self.insert(map, &hits[i].key, Entry { state, expires_at });
+            }
+        }
+        Verdicts { admitted, verdicts }
+    }
+
+    fn insert(&self, map: &mut Shard, key: &str, entry: Entry) {
+        if let Some(slot) = map.get_mut(key) {
+            *slot = entry;
+            return;
+        }
+        if map.len() >= self.shard_cap {
+            // Full of live keys: drop an arbitrary one. Its owner gets a fresh counter,
+            // which is the price of a memory bound under a flood of distinct keys.
+            if let Some(victim) = map.keys().next().cloned() {
+                map.remove(&victim);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        map.insert(key.to_owned(), entry);
+    }
+}
+
+/// Locks a shard even if a previous holder panicked: the maps hold plain data that a
+/// panic cannot leave half-written in a way that matters for rate limiting.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Store for MemoryStore {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        Ok(self.decide_now(hits))
+    }
+
+    fn active_keys(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::algorithm::{Limit, SECOND};
+    use crate::clock::ManualClock;
+
+    crate::store_contract!(MemoryStore::new(Arc::new(ManualClock::new(1_000 * SECOND)), 1000));
+
+    fn fixed(requests: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow,
+            requests,
+            window: SECOND,
+            burst: requests,
+        }
+    }
+
+    #[test]
+    fn idle_keys_expire_and_are_swept() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        let mut h = hit("k", Algorithm::FixedWindow, 1, 1);
+        h.limit = fixed(1);
+        assert!(store.decide_now(std::slice::from_ref(&h)).admitted);
+        assert!(!store.decide_now(std::slice::from_ref(&h)).admitted);
+        assert_eq!(store.active_keys(), 1);
+        clock.advance(SECOND);
+        assert!(store.decide_now(std::slice::from_ref(&h)).admitted, "new window");
+        clock.advance(5 * SECOND);
+        assert_eq!(store.sweep(), 1);
+        assert_eq!(store.active_keys(), 0);
+    }
+
+    #[test]
+    fn a_flood_of_distinct_keys_stays_under_max_keys() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock), 640);
+        for i in 0..10_000 {
+            let mut h = hit(&format!("flood-{i}"), Algorithm::FixedWindow, 5, 1);
+            h.limit = fixed(5);
+            assert!(store.decide_now(&[h]).admitted);
+        }
+        assert!(store.active_keys() <= 640, "{}", store.active_keys());
+        assert!(store.evictions() >= 10_000 - 640);
+    }
+}

@@ -1,0 +1,157 @@
+//! Counter stores: where the state of every counter lives.
+//!
+//! A store takes one request's batch of hits and decides them together: every limit
+//! is checked, and the new states are committed only if the request as a whole is
+//! admitted ([`admitted`]). A request denied by one limit spends nothing of the
+//! others. The memory store runs the algorithms directly; the Redis store runs Lua
+//! scripts that mirror them.
+
+use std::future::Future;
+
+use crate::algorithm::{Limit, Verdict};
+
+#[doc(hidden)]
+pub mod contract;
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// How a hit's verdict counts towards the request's fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Denial denies the request.
+    Enforce,
+    /// Reported, never denies (`shadow_mode`).
+    Shadow,
+    /// Denies only when every quota hit of the request is denied (`quota_mode`).
+    Quota,
+}
+
+/// One counter touched by a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    /// The counter's key: domain, rule path and values (long values hashed).
+    pub key: String,
+    /// The value that places the key on a shard: the key itself, or the `shard_by`
+    /// entry's value so one tenant's counters live together.
+    pub placement: u64,
+    pub limit: Limit,
+    /// Hits to add; 0 checks without counting.
+    pub hits: u64,
+    pub mode: Mode,
+}
+
+/// A batch's outcome: one verdict per hit, in order, and the request's fate.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Verdicts {
+    pub admitted: bool,
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out")]
+    Timeout,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store backing off after repeated failures")]
+    BackingOff,
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed (as opposed to a bug or bad reply).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, StoreError::Protocol(_))
+    }
+}
+
+/// Decides batches of hits. One call per request; implementations make at most one
+/// round trip per shard.
+pub trait Store: Send + Sync + 'static {
+    /// Decides `hits` together: all checked, all consumed only if [`admitted`].
+    fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
+
+    /// Number of live counters, for metrics.
+    fn active_keys(&self) -> usize;
+
+    /// A short name for metrics and logs (`memory`, `redis`).
+    fn name(&self) -> &'static str;
+
+    /// Live counters dropped to keep memory bounded.
+    fn evictions(&self) -> u64 {
+        0
+    }
+}
+
+/// A shared store is a store: the server keeps a handle for housekeeping.
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
+        (**self).decide(hits)
+    }
+
+    fn active_keys(&self) -> usize {
+        (**self).active_keys()
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn evictions(&self) -> u64 {
+        (**self).evictions()
+    }
+}
+
+/// Whether a request is admitted given each hit's verdict: no enforced limit denies
+/// it, and not every quota limit denies it. Both stores (and the Lua scripts) use
+/// exactly this rule.
+pub fn admitted(modes: impl Iterator<Item = Mode>, verdicts: &[Verdict]) -> bool {
+    let mut quota_seen = false;
+    let mut quota_ok = false;
+    for (mode, v) in modes.zip(verdicts) {
+        match mode {
+            Mode::Enforce if !v.admitted => return false,
+            Mode::Quota => {
+                quota_seen = true;
+                quota_ok |= v.admitted;
+            }
+            _ => {}
+        }
+    }
+    !quota_seen || quota_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(admitted: bool) -> Verdict {
+        Verdict {
+            admitted,
+            ..Verdict::default()
+        }
+    }
+
+    #[test]
+    fn one_enforced_denial_denies_the_request() {
+        let modes = [Mode::Enforce, Mode::Enforce];
+        assert!(!admitted(modes.into_iter(), &[v(true), v(false)]));
+        assert!(admitted(modes.into_iter(), &[v(true), v(true)]));
+    }
+
+    #[test]
+    fn shadow_denial_never_denies() {
+        let modes = [Mode::Shadow, Mode::Enforce];
+        assert!(admitted(modes.into_iter(), &[v(false), v(true)]));
+    }
+
+    #[test]
+    fn quota_denies_only_when_every_quota_limit_is_over() {
+        let modes = [Mode::Quota, Mode::Quota];
+        assert!(admitted(modes.into_iter(), &[v(false), v(true)]));
+        assert!(!admitted(modes.into_iter(), &[v(false), v(false)]));
+    }
+}
