@@ -8,7 +8,10 @@ pub struct State {}
 
 /// Decides one request.
 pub fn decide(_limit: &Limit, _state: Option<&State>, _now: Micros, _hits: u64) -> Step<State> {
-    Step { verdict: Verdict::default(), next: None }
+    Step {
+        verdict: Verdict::default(),
+        next: None,
+    }
 }
 
 /// When the state can be dropped.
