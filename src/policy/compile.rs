@@ -1,16 +1,318 @@
-//! Merging documents into the compiled matcher (placeholder).
-use super::{Entry, Policy, PolicyError};
+//! Merging documents into one [`Policy`]: documents naming the same domain merge
+//! their trees, a key/value path defined twice is refused naming both places, and
+//! each `rate_limit` becomes a [`Rule`] in the matcher tree.
 
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Node {}
+use std::collections::HashMap;
 
-impl Node {
-    pub(crate) fn find<E: Entry>(&self, _entries: &[E]) -> Option<usize> {
-        None
+use crate::algorithm::Limit;
+
+use super::descriptor::describe_path;
+use super::matcher::{self, Pattern};
+use super::model::{Descriptor, Document};
+use super::{Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
+
+/// Where something was defined, for messages naming both places of a conflict.
+#[derive(Debug, Clone)]
+struct Origin {
+    source: String,
+    line: Option<usize>,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}", self.source, line),
+            None => write!(f, "{}", self.source),
+        }
     }
 }
 
-/// Compiles documents into one policy.
-pub fn compile() -> Result<Policy, Vec<PolicyError>> {
-    Ok(Policy::default())
+type Path = Vec<(String, Option<String>)>;
+
+#[derive(Default)]
+struct DomainBuild {
+    domain: Domain,
+    failure_mode_at: Option<Origin>,
+    shard_by_at: Option<Origin>,
+    /// Every key/value path of the domain and where it was defined.
+    defined: HashMap<Path, Origin>,
+}
+
+/// What the recursive insertion writes to besides the tree.
+struct Out<'a> {
+    doc: &'a Document,
+    defined: &'a mut HashMap<Path, Origin>,
+    rules: &'a mut Vec<Rule>,
+    errors: &'a mut Vec<PolicyError>,
+}
+
+/// Compiles documents into one policy, in order: rule ids follow the documents and
+/// their descriptors. Fails with every conflict found.
+pub fn compile(docs: Vec<Document>) -> Result<Policy, Vec<PolicyError>> {
+    let mut domains: HashMap<String, DomainBuild> = HashMap::new();
+    let mut rules = Vec::new();
+    let mut errors = Vec::new();
+    let mut sources = Vec::with_capacity(docs.len());
+    for doc in &docs {
+        sources.push(SourceInfo {
+            source: doc.source.clone(),
+            domain: doc.domain.clone(),
+            line: doc.line,
+            resource: doc.resource_name(),
+        });
+        let build = domains.entry(doc.domain.clone()).or_default();
+        build.domain.name = doc.domain.clone();
+        settings(build, doc, &mut errors);
+        let mut out = Out {
+            doc,
+            defined: &mut build.defined,
+            rules: &mut rules,
+            errors: &mut errors,
+        };
+        let mut trail = Trail::default();
+        for d in &doc.descriptors {
+            insert(&mut out, &mut build.domain.root, d, &mut trail);
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Policy {
+        domains: domains
+            .into_iter()
+            .map(|(name, b)| (name, b.domain))
+            .collect(),
+        rules,
+        sources,
+    })
+}
+
+/// `failure_mode` and `shard_by`: documents of one domain may repeat them but not
+/// disagree.
+fn settings(build: &mut DomainBuild, doc: &Document, errors: &mut Vec<PolicyError>) {
+    let here = Origin {
+        source: doc.source.clone(),
+        line: doc.line,
+    };
+    if let Some(mode) = doc.failure_mode {
+        match (build.domain.failure_mode, &build.failure_mode_at) {
+            (Some(prev), Some(at)) if prev != mode => errors.push(conflict(
+                &here,
+                format!(
+                    "domain '{}': failure mode {} conflicts with {} set at {at}",
+                    doc.domain,
+                    mode_name(mode),
+                    mode_name(prev)
+                ),
+            )),
+            (Some(_), _) => {}
+            (None, _) => {
+                build.domain.failure_mode = Some(mode);
+                build.failure_mode_at = Some(here.clone());
+            }
+        }
+    }
+    if let Some(key) = &doc.shard_by {
+        match (&build.domain.shard_by, &build.shard_by_at) {
+            (Some(prev), Some(at)) if prev != key => errors.push(conflict(
+                &here,
+                format!(
+                    "domain '{}': shard_by '{key}' conflicts with '{prev}' set at {at}",
+                    doc.domain
+                ),
+            )),
+            (Some(_), _) => {}
+            (None, _) => {
+                build.domain.shard_by = Some(key.clone());
+                build.shard_by_at = Some(here);
+            }
+        }
+    }
+}
+
+fn mode_name(mode: super::FailureMode) -> &'static str {
+    match mode {
+        super::FailureMode::Open => "open",
+        super::FailureMode::Closed => "closed",
+    }
+}
+
+fn conflict(at: &Origin, message: String) -> PolicyError {
+    PolicyError {
+        file: at.source.clone(),
+        line: at.line,
+        message,
+    }
+}
+
+/// The way from the root to the current descriptor.
+#[derive(Default)]
+struct Trail {
+    path: Path,
+    keys: Vec<String>,
+    shared: Vec<Option<String>>,
+}
+
+fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &Descriptor, trail: &mut Trail) {
+    trail.path.push((d.key.clone(), d.value.clone()));
+    let here = Origin {
+        source: out.doc.source.clone(),
+        line: d.line,
+    };
+    if let Some(first) = out.defined.get(&trail.path) {
+        let message = format!(
+            "duplicate descriptor {} in domain '{}': already defined at {first}",
+            describe_path(&d.key, d.value.as_deref()),
+            out.doc.domain
+        );
+        out.errors.push(conflict(&here, message));
+        trail.path.pop();
+        return;
+    }
+    out.defined.insert(trail.path.clone(), here);
+    trail.keys.push(d.key.clone());
+    trail.shared.push(match &d.value {
+        Some(v) if d.share_threshold && d.is_wildcard() => Some(v.clone()),
+        _ => None,
+    });
+
+    let level = parent.children.entry(d.key.clone()).or_default();
+    let node = match &d.value {
+        None => &mut **level.any.get_or_insert_with(Box::default),
+        Some(v) if d.is_wildcard() => {
+            level
+                .wildcards
+                .push((Pattern::new(v), matcher::Node::default()));
+            let last = level.wildcards.len() - 1;
+            &mut level.wildcards[last].1
+        }
+        Some(v) => level.exact.entry(v.clone()).or_default(),
+    };
+    if let Some(rule) = rule(out, d, trail) {
+        node.rule = Some(rule.id);
+        out.rules.push(rule);
+    }
+    for child in &d.descriptors {
+        insert(out, node, child, trail);
+    }
+
+    trail.path.pop();
+    trail.keys.pop();
+    trail.shared.pop();
+}
+
+fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
+    let rl = d.rate_limit.as_ref()?;
+    let limit = if rl.unlimited {
+        None
+    } else {
+        let Some(window) = rl.window_micros().filter(|w| *w > 0) else {
+            let here = Origin {
+                source: out.doc.source.clone(),
+                line: rl.line.or(d.line),
+            };
+            out.errors.push(conflict(
+                &here,
+                "rate_limit needs 'unit' or 'window'".into(),
+            ));
+            return None;
+        };
+        let requests = u64::from(rl.requests_per_unit);
+        Some(Limit {
+            algorithm: rl.algorithm,
+            requests,
+            window,
+            burst: rl.burst.unwrap_or(requests),
+        })
+    };
+    Some(Rule {
+        id: out.rules.len(),
+        path: trail.keys.join("/"),
+        name: rl.name.clone(),
+        limit,
+        requests_per_unit: rl.requests_per_unit,
+        unit: if rl.unlimited {
+            Unit::Unknown
+        } else {
+            rl.report_unit()
+        },
+        replaces: rl.replaces.clone(),
+        shadow_mode: d.shadow_mode,
+        quota_mode: d.quota_mode,
+        layer: d.layer,
+        penalty: rl.penalty,
+        metadata: d.metadata.clone(),
+        shared: trail.shared.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_str;
+    use super::*;
+
+    fn docs(text: &str) -> Vec<Document> {
+        parse_str("c.yaml", text).unwrap_or_else(|e| panic!("{e:#?}"))
+    }
+
+    #[test]
+    fn duplicates_across_documents_of_one_file_name_both_lines() {
+        let d = docs(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n---\ndomain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+        );
+        let e = compile(d).unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            e[0].to_string(),
+            "c.yaml:8: duplicate descriptor key 'k' with no value in domain 'd': already defined at c.yaml:3"
+        );
+    }
+
+    #[test]
+    fn different_domains_do_not_clash() {
+        let d = docs(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n---\ndomain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+        );
+        let p = compile(d).unwrap();
+        assert_eq!(p.domains.len(), 2);
+        assert_eq!(p.rules.len(), 2);
+        let b = p.domain("b").unwrap().find(&[("k", "v")]).unwrap();
+        assert_eq!(p.rule(b).requests_per_unit, 2);
+        assert!(p.rules.iter().enumerate().all(|(i, r)| r.id == i));
+    }
+
+    #[test]
+    fn shard_by_conflict_names_both() {
+        let d = docs("domain: d\nshard_by: tenant\n---\ndomain: d\nshard_by: user\n---\ndomain: d\nshard_by: tenant\n");
+        let e = compile(d).unwrap_err();
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert_eq!(e[0].line, Some(4));
+        assert!(e[0]
+            .message
+            .contains("shard_by 'user' conflicts with 'tenant' set at c.yaml:1"));
+    }
+
+    #[test]
+    fn windows_report_their_unit_when_exact() {
+        let d = docs(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {window: 1h, requests_per_unit: 1}\n  - key: b\n    rate_limit: {window: 61m, requests_per_unit: 1}\n  - key: c\n    rate_limit: {window: 7d, requests_per_unit: 1}\n",
+        );
+        let p = compile(d).unwrap();
+        let units: Vec<Unit> = p.rules.iter().map(|r| r.unit).collect();
+        assert_eq!(units, vec![Unit::Hour, Unit::Unknown, Unit::Week]);
+        assert_eq!(
+            p.rules[1].limit.unwrap().window,
+            61 * 60 * crate::algorithm::SECOND
+        );
+    }
+
+    #[test]
+    fn sources_list_every_document() {
+        let d = docs("domain: a\n---\napiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p, namespace: n}\nspec: {domain: b}\n");
+        let p = compile(d).unwrap();
+        assert_eq!(p.sources.len(), 2);
+        assert_eq!(p.sources[0].resource, None);
+        assert_eq!(p.sources[1].resource.as_deref(), Some("n/p"));
+        assert_eq!(p.sources[1].line, Some(3));
+    }
 }

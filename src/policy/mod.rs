@@ -6,6 +6,16 @@
 //! atomic swap. Lookups follow envoyproxy/ratelimit's matching exactly.
 //!
 //! The interface in this file is what the service and the sources rely on.
+//!
+//! How a policy is read, innermost first:
+//! - `yaml.rs`: YAML text to positioned nodes (`node.rs`), one per document;
+//!   Kubernetes JSON converts to the same nodes, so both share every check.
+//! - `fields.rs`: reading a mapping with precise errors (types, duplicate and unknown
+//!   keys); `parse.rs` (documents, both forms) and `descriptor.rs` (descriptor trees
+//!   and `rate_limit`s, `duration.rs` for durations) build the [`Document`] model
+//!   (`model.rs`).
+//! - `compile.rs` merges documents into a [`Policy`] whose trees (`matcher.rs`)
+//!   answer [`Domain::find`]; `load.rs` reads `--config` files and directories.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,11 +23,20 @@ use std::fmt;
 use crate::algorithm::{Limit, Micros};
 
 mod compile;
+mod descriptor;
+mod duration;
+mod fields;
+mod load;
+mod matcher;
 mod model;
+mod node;
 mod parse;
+mod yaml;
 
 pub use compile::compile;
-pub use parse::{load_paths, parse_str};
+pub use load::{load_paths, read_paths};
+pub use model::{Descriptor, Document, DocumentKind, RateLimit};
+pub use parse::{parse_resource_spec, parse_str, API_VERSION, KIND};
 
 /// Where a policy problem was found: `FILE:LINE: message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +45,7 @@ pub struct PolicyError {
     pub file: String,
     /// 1-based line, when it can be known.
     pub line: Option<usize>,
+    /// What is wrong, for a person.
     pub message: String,
 }
 
@@ -41,13 +61,17 @@ impl fmt::Display for PolicyError {
 /// A layer of limits. Sluice decides edge, then service, then tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum Layer {
+    /// Per client or network, decided first.
     Edge,
+    /// Per route or service; the default.
     #[default]
     Service,
+    /// Per customer, decided last.
     Tenant,
 }
 
 impl Layer {
+    /// The name used in policies and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Layer::Edge => "edge",
@@ -60,8 +84,10 @@ impl Layer {
 /// What to answer when the counter store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum FailureMode {
+    /// Answer OK.
     #[default]
     Open,
+    /// Answer OVER_LIMIT.
     Closed,
 }
 
@@ -99,8 +125,11 @@ impl Unit {
 /// A penalty: a key denied `violations` times within `within` is denied for `ban`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Penalty {
+    /// Denials that trigger the ban (at least 1).
     pub violations: u64,
+    /// The span over which denials are counted.
     pub within: Micros,
+    /// How long the key is then denied outright.
     pub ban: Micros,
 }
 
@@ -118,12 +147,17 @@ pub struct Rule {
     pub limit: Option<Limit>,
     /// `requests_per_unit` and `unit` as reported in `current_limit`.
     pub requests_per_unit: u32,
+    /// See `requests_per_unit`; [`Unit::Unknown`] for a `window` that is no unit.
     pub unit: Unit,
     /// Names of limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// Counted and reported but never denies.
     pub shadow_mode: bool,
+    /// Denies only when every quota-mode descriptor of the request is over limit.
     pub quota_mode: bool,
+    /// The descriptor's layer (inherited from its parents when not written).
     pub layer: Layer,
+    /// `rate_limit.penalty`, if given.
     pub penalty: Option<Penalty>,
     /// Metadata merged into the response's `dynamic_metadata` when this rule matches.
     pub metadata: Option<serde_json::Value>,
@@ -136,16 +170,21 @@ pub struct Rule {
 /// One domain's compiled descriptor tree.
 #[derive(Debug, Clone, Default)]
 pub struct Domain {
+    /// The domain requests name.
     pub name: String,
+    /// The domain's own failure mode, when a document sets one.
     pub failure_mode: Option<FailureMode>,
+    /// The entry key whose value places this domain's counters, when set.
     pub shard_by: Option<String>,
-    pub(crate) root: compile::Node,
+    pub(crate) root: matcher::Node,
 }
 
 /// A request entry as the matcher sees it; implemented by the service for Envoy's
 /// protobuf entries so matching needs no copies.
 pub trait Entry {
+    /// The entry's key.
     fn key(&self) -> &str;
+    /// The entry's value.
     fn value(&self) -> &str;
 }
 
@@ -172,23 +211,32 @@ impl Entry for (String, String) {
 pub struct SourceInfo {
     /// File path, or `namespace/name` of a Kubernetes object.
     pub source: String,
+    /// The domain the document names.
     pub domain: String,
+    /// 1-based line where the document starts, when known.
+    pub line: Option<usize>,
+    /// `namespace/name` when the document is a RateLimitPolicy resource.
+    pub resource: Option<String>,
 }
 
 /// Every domain's compiled tree. Immutable once built; swapped whole on reload.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
+    /// Compiled trees by domain name.
     pub domains: HashMap<String, Domain>,
     /// All rules of all domains, indexed by [`Rule::id`].
     pub rules: Vec<Rule>,
+    /// Every document compiled into this policy, in order.
     pub sources: Vec<SourceInfo>,
 }
 
 impl Policy {
+    /// A domain's tree, if any document names it.
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
     }
 
+    /// The rule with this id; ids come from [`Domain::find`] on this policy.
     pub fn rule(&self, id: usize) -> &Rule {
         &self.rules[id]
     }

@@ -1,0 +1,346 @@
+//! Converting descriptor trees and their `rate_limit`s (both spellings) into the
+//! model, with envoyproxy/ratelimit's checks and Sluice's own.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+use crate::algorithm::Algorithm;
+
+use super::duration;
+use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
+use super::model::{Descriptor, RateLimit};
+use super::node::{shorten, Value};
+use super::{Layer, Penalty, Unit};
+
+/// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
+/// out after their errors are recorded.
+pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<Descriptor> {
+    let Some(items) = list(ctx, field) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Descriptor> = Vec::with_capacity(items.len());
+    // Where each key/value was first defined at this level.
+    let mut seen: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
+    for item in items {
+        let Some(d) = descriptor(ctx, item, layer) else {
+            continue;
+        };
+        match seen.entry((d.key.clone(), d.value.clone())) {
+            Entry::Occupied(first) => ctx.error(
+                d.line,
+                format!(
+                    "duplicate descriptor {}{}",
+                    describe_path(&d.key, d.value.as_deref()),
+                    at_line(*first.get(), "first defined at")
+                ),
+            ),
+            Entry::Vacant(slot) => {
+                slot.insert(d.line);
+                out.push(d);
+            }
+        }
+    }
+    out
+}
+
+/// `key 'k' value 'v'` or `key 'k' with no value`, for messages.
+pub(crate) fn describe_path(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(v) => format!("key '{}' value '{}'", shorten(key), shorten(v)),
+        None => format!("key '{}' with no value", shorten(key)),
+    }
+}
+
+fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<Descriptor> {
+    let mut f = Fields::open(ctx, node, "descriptor")?;
+    let key = f.get(ctx, "key").and_then(|k| string(ctx, k));
+    let value = f
+        .get(ctx, "value")
+        .and_then(|v| string(ctx, v))
+        .filter(|v| !v.is_empty());
+    let layer = match f.get(ctx, "layer") {
+        Some(field) => string(ctx, field).and_then(|s| {
+            let layer = parse_layer(&s);
+            if layer.is_none() {
+                ctx.error(
+                    field.line(),
+                    format!(
+                        "unknown layer '{}' (expected edge, service or tenant)",
+                        shorten(&s)
+                    ),
+                );
+            }
+            layer
+        }),
+        None => None,
+    }
+    .unwrap_or(parent);
+    let rate_limit = f.get(ctx, "rate_limit").and_then(|r| rate_limit(ctx, r));
+    let children = match f.get(ctx, "descriptors") {
+        Some(field) => descriptors(ctx, field, layer),
+        None => Vec::new(),
+    };
+    let shadow_mode = flag(ctx, &mut f, "shadow_mode");
+    let detailed_metric = flag(ctx, &mut f, "detailed_metric");
+    let share_threshold = flag(ctx, &mut f, "share_threshold");
+    let quota_mode = flag(ctx, &mut f, "quota_mode");
+    let value_to_metric = flag(ctx, &mut f, "value_to_metric");
+    let metadata = match f.get(ctx, "metadata") {
+        Some(field) if matches!(field.node.value, Value::Map(_)) => match field.node.to_json() {
+            Ok(json) => Some(json),
+            Err((line, message)) => {
+                ctx.error(line, format!("in '{}': {message}", field.name));
+                None
+            }
+        },
+        Some(field) => {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be a mapping, found {}",
+                    field.name,
+                    field.node.describe()
+                ),
+            );
+            None
+        }
+        None => None,
+    };
+    let line = f.line;
+    f.finish(ctx, "descriptor");
+    let key = match key {
+        Some(k) if !k.is_empty() => k,
+        _ => {
+            ctx.error(line, "descriptor has an empty or missing 'key'");
+            return None;
+        }
+    };
+    Some(Descriptor {
+        line,
+        key,
+        value,
+        rate_limit,
+        descriptors: children,
+        shadow_mode,
+        detailed_metric,
+        share_threshold,
+        quota_mode,
+        value_to_metric,
+        metadata,
+        layer,
+    })
+}
+
+fn parse_layer(s: &str) -> Option<Layer> {
+    match s {
+        "edge" => Some(Layer::Edge),
+        "service" => Some(Layer::Service),
+        "tenant" => Some(Layer::Tenant),
+        _ => None,
+    }
+}
+
+/// envoyproxy/ratelimit's units, case-insensitive as there.
+fn parse_unit(s: &str) -> Option<Unit> {
+    Some(match s.to_ascii_lowercase().as_str() {
+        "second" => Unit::Second,
+        "minute" => Unit::Minute,
+        "hour" => Unit::Hour,
+        "day" => Unit::Day,
+        "week" => Unit::Week,
+        "month" => Unit::Month,
+        "year" => Unit::Year,
+        _ => return None,
+    })
+}
+
+fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
+    let what = field.name;
+    let errors_before = ctx.errors.len();
+    let mut f = Fields::open_field(ctx, field, what)?;
+    let unit_field = f.get(ctx, "unit");
+    let unit = unit_field.and_then(|u| string(ctx, u)).and_then(|s| {
+        let unit = parse_unit(&s);
+        if unit.is_none() {
+            ctx.error(
+                unit_field.and_then(|u| u.line()),
+                format!(
+                    "invalid rate limit unit '{}' (expected second, minute, hour, day, week, month or year)",
+                    shorten(&s)
+                ),
+            );
+        }
+        unit
+    });
+    let rpu_field = f.get(ctx, "requests_per_unit");
+    let requests_per_unit = rpu_field
+        .and_then(|r| integer(ctx, r, 0, i128::from(u32::MAX)))
+        .and_then(|r| u32::try_from(r).ok());
+    let unlimited_field = f.get(ctx, "unlimited");
+    let unlimited = unlimited_field
+        .and_then(|u| boolean(ctx, u))
+        .unwrap_or(false);
+    let name = f
+        .get(ctx, "name")
+        .and_then(|n| string(ctx, n))
+        .filter(|n| !n.is_empty());
+    let replaces = match f.get(ctx, "replaces") {
+        Some(r) => replaces(ctx, r, name.as_deref()),
+        None => Vec::new(),
+    };
+    let algorithm_field = f.get(ctx, "algorithm");
+    let algorithm = algorithm_field.and_then(|a| string(ctx, a)).and_then(|s| {
+        let algorithm = Algorithm::parse(&s);
+        if algorithm.is_none() {
+            ctx.error(
+                algorithm_field.and_then(|a| a.line()),
+                format!(
+                    "unknown algorithm '{}' (expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket)",
+                    shorten(&s)
+                ),
+            );
+        }
+        algorithm
+    });
+    let window_field = f.get(ctx, "window");
+    let window = window_field.and_then(|w| duration_field(ctx, w));
+    let burst_field = f.get(ctx, "burst");
+    let burst = burst_field
+        .and_then(|b| integer(ctx, b, 1, i128::from(u64::MAX)))
+        .and_then(|b| u64::try_from(b).ok());
+    let penalty_field = f.get(ctx, "penalty");
+    let penalty = penalty_field.and_then(|p| penalty(ctx, p));
+    let line = f.line;
+    f.finish(ctx, what);
+
+    if unlimited {
+        for (extra, name) in [
+            (unit_field, "unit"),
+            (window_field, "window"),
+            (algorithm_field, "algorithm"),
+            (burst_field, "burst"),
+            (penalty_field, "penalty"),
+        ] {
+            if let Some(extra) = extra {
+                ctx.error(
+                    extra.key_line,
+                    format!(
+                        "should not specify '{}' when 'unlimited' is true",
+                        ctx.form.spell(name)
+                    ),
+                );
+            }
+        }
+    } else {
+        match (unit_field, window_field) {
+            (None, None) => ctx.error(
+                line,
+                format!("'{what}' needs 'unit' or 'window' (or 'unlimited: true')"),
+            ),
+            (Some(_), Some(w)) => ctx.error(
+                w.key_line,
+                format!("'{what}' takes either 'unit' or 'window', not both"),
+            ),
+            _ => {}
+        }
+        if rpu_field.is_none() {
+            ctx.error(
+                line,
+                format!("'{what}' needs '{}'", ctx.form.spell("requests_per_unit")),
+            );
+        }
+    }
+    let algorithm = algorithm.unwrap_or_default();
+    if let Some(b) = burst_field {
+        if !matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) && !unlimited {
+            ctx.error(
+                b.key_line,
+                format!(
+                    "'burst' only applies to token_bucket and leaky_bucket, not {}",
+                    algorithm.as_str()
+                ),
+            );
+        }
+    }
+    if ctx.errors.len() > errors_before {
+        return None;
+    }
+    Some(RateLimit {
+        line,
+        name,
+        unlimited,
+        unit,
+        window,
+        requests_per_unit: requests_per_unit.unwrap_or(0),
+        algorithm,
+        burst,
+        replaces,
+        penalty,
+    })
+}
+
+fn duration_field(ctx: &mut Ctx, field: Field<'_>) -> Option<u64> {
+    let text = string(ctx, field)?;
+    match duration::parse(&text) {
+        Ok(d) => Some(d),
+        Err(message) => {
+            ctx.error(field.line(), format!("'{}': {message}", field.name));
+            None
+        }
+    }
+}
+
+fn replaces(ctx: &mut Ctx, field: Field<'_>, own: Option<&str>) -> Vec<String> {
+    let Some(items) = list(ctx, field) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(mut f) = Fields::open(ctx, item, "replaces entry") else {
+            continue;
+        };
+        let name = f.get(ctx, "name").and_then(|n| string(ctx, n));
+        f.finish(ctx, "replaces entry");
+        match name {
+            Some(n) if !n.is_empty() => {
+                if Some(n.as_str()) == own {
+                    ctx.error(
+                        item.line,
+                        format!(
+                            "'replaces' names this limit itself ('{}'); a limit cannot replace itself",
+                            shorten(&n)
+                        ),
+                    );
+                } else {
+                    out.push(n);
+                }
+            }
+            _ => ctx.error(item.line, "'replaces' entry has an empty or missing 'name'"),
+        }
+    }
+    out
+}
+
+fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
+    let mut f = Fields::open_field(ctx, field, "penalty")?;
+    let violations = f.get(ctx, "violations");
+    let within = f.get(ctx, "within");
+    let ban = f.get(ctx, "ban");
+    let line = f.line;
+    f.finish(ctx, "penalty");
+    for (present, name) in [(violations, "violations"), (within, "within"), (ban, "ban")] {
+        if present.is_none() {
+            ctx.error(line, format!("'penalty' needs '{name}'"));
+        }
+    }
+    let violations = violations
+        .and_then(|v| integer(ctx, v, 1, i128::from(u64::MAX)))
+        .and_then(|v| u64::try_from(v).ok());
+    let within = within.and_then(|w| duration_field(ctx, w));
+    let ban = ban.and_then(|b| duration_field(ctx, b));
+    Some(Penalty {
+        violations: violations?,
+        within: within?,
+        ban: ban?,
+    })
+}

@@ -1,0 +1,323 @@
+//! Reading mappings field by field with precise errors: wrong types, duplicate and
+//! non-string keys, and unknown fields (with a "did you mean" hint). Field names are
+//! given in snake_case and spelled in camelCase for resources.
+
+use std::collections::HashMap;
+
+use super::node::{shorten, Node, Value};
+use super::PolicyError;
+
+/// The spelling of field names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// envoyproxy/ratelimit files: snake_case.
+    File,
+    /// RateLimitPolicy `spec`: camelCase.
+    Resource,
+}
+
+impl Form {
+    /// `snake` as spelled in this form.
+    pub(crate) fn spell(self, snake: &str) -> String {
+        match self {
+            Form::File => snake.to_string(),
+            Form::Resource => {
+                let mut out = String::with_capacity(snake.len());
+                let mut upper = false;
+                for c in snake.chars() {
+                    if c == '_' {
+                        upper = true;
+                    } else if upper {
+                        out.extend(c.to_uppercase());
+                        upper = false;
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+/// Errors found so far in one source.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub source: String,
+    pub form: Form,
+    pub errors: Vec<PolicyError>,
+}
+
+impl Ctx {
+    pub(crate) fn new(source: &str, form: Form) -> Ctx {
+        Ctx {
+            source: source.to_string(),
+            form,
+            errors: Vec::new(),
+        }
+    }
+
+    pub(crate) fn error(&mut self, line: Option<usize>, message: impl Into<String>) {
+        self.errors.push(PolicyError {
+            file: self.source.clone(),
+            line,
+            message: message.into(),
+        });
+    }
+}
+
+/// A field that was present (and not null).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Field<'n> {
+    /// The name as written in the document.
+    pub name: &'n str,
+    /// Line of the key.
+    pub key_line: Option<usize>,
+    pub node: &'n Node,
+}
+
+impl Field<'_> {
+    /// Line of the value, falling back to the key's.
+    pub(crate) fn line(&self) -> Option<usize> {
+        self.node.line.or(self.key_line)
+    }
+}
+
+/// A mapping being read. Every field read is remembered; [`Fields::finish`] reports
+/// the others as unknown.
+pub(crate) struct Fields<'n> {
+    pub line: Option<usize>,
+    entries: Vec<(Field<'n>, bool)>,
+    asked: Vec<String>,
+}
+
+impl<'n> Fields<'n> {
+    /// Opens `node` as the mapping `what` (for messages); `None` after an error when
+    /// it is not a mapping.
+    pub(crate) fn open(ctx: &mut Ctx, node: &'n Node, what: &str) -> Option<Fields<'n>> {
+        let Value::Map(map) = &node.value else {
+            ctx.error(
+                node.line,
+                format!("{what} must be a mapping, found {}", node.describe()),
+            );
+            return None;
+        };
+        let mut entries: Vec<(Field<'n>, bool)> = Vec::with_capacity(map.len());
+        let mut seen: HashMap<&'n str, Option<usize>> = HashMap::with_capacity(map.len());
+        for (key, value) in map {
+            let Value::Str(name) = &key.value else {
+                ctx.error(
+                    key.line,
+                    format!("key {} in {what} is not a string", key_text(key)),
+                );
+                continue;
+            };
+            if let Some(first) = seen.get(name.as_str()) {
+                ctx.error(
+                    key.line,
+                    format!(
+                        "duplicate key '{}' in {what}{}",
+                        shorten(name),
+                        at_line(*first, "first at")
+                    ),
+                );
+                continue;
+            }
+            seen.insert(name, key.line);
+            let field = Field {
+                name,
+                key_line: key.line,
+                node: value,
+            };
+            entries.push((field, false));
+        }
+        Some(Fields {
+            line: node.line,
+            entries,
+            asked: Vec::new(),
+        })
+    }
+
+    /// Opens a field's value as the mapping `what`; problems with the mapping as a
+    /// whole (missing fields) are then reported at the field's key.
+    pub(crate) fn open_field(ctx: &mut Ctx, field: Field<'n>, what: &str) -> Option<Fields<'n>> {
+        let mut fields = Fields::open(ctx, field.node, what)?;
+        fields.line = field.key_line.or(fields.line);
+        Some(fields)
+    }
+
+    /// The field `snake` (spelled for the form); `None` when absent or null.
+    pub(crate) fn get(&mut self, ctx: &Ctx, snake: &str) -> Option<Field<'n>> {
+        let name = ctx.form.spell(snake);
+        let found = self.entries.iter_mut().find(|(f, _)| f.name == name);
+        self.asked.push(name);
+        let (field, used) = found?;
+        *used = true;
+        if field.node.value == Value::Null {
+            return None;
+        }
+        Some(*field)
+    }
+
+    /// Accepts a field without reading it.
+    pub(crate) fn ignore(&mut self, ctx: &Ctx, snake: &str) {
+        let _ = self.get(ctx, snake);
+    }
+
+    /// Reports every field not read as unknown.
+    pub(crate) fn finish(self, ctx: &mut Ctx, what: &str) {
+        for (field, used) in &self.entries {
+            if *used {
+                continue;
+            }
+            let hint = self
+                .asked
+                .iter()
+                .find(|known| normalize(known) == normalize(field.name))
+                .map(|known| format!(" (did you mean '{known}'?)"))
+                .unwrap_or_default();
+            ctx.error(
+                field.key_line,
+                format!("unknown field '{}' in {what}{hint}", shorten(field.name)),
+            );
+        }
+    }
+}
+
+fn normalize(name: &str) -> String {
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+fn key_text(key: &Node) -> String {
+    match key.scalar_text() {
+        Some(t) => format!("'{}'", shorten(t)),
+        None => key.describe(),
+    }
+}
+
+/// " (first at line N)" or nothing when the line is unknown.
+pub(crate) fn at_line(line: Option<usize>, words: &str) -> String {
+    match line {
+        Some(l) => format!(" ({words} line {l})"),
+        None => String::new(),
+    }
+}
+
+/// A string field: any scalar, as written. Empty strings come back empty.
+pub(crate) fn string(ctx: &mut Ctx, field: Field<'_>) -> Option<String> {
+    match field.node.scalar_text() {
+        Some(text) => Some(text.to_string()),
+        None => {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be a string, found {}",
+                    field.name,
+                    field.node.describe()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A boolean field.
+pub(crate) fn boolean(ctx: &mut Ctx, field: Field<'_>) -> Option<bool> {
+    match field.node.value {
+        Value::Bool(b, _) => Some(b),
+        _ => {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be true or false, found {}",
+                    field.name,
+                    field.node.describe()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A boolean field that defaults to false.
+pub(crate) fn flag(ctx: &mut Ctx, fields: &mut Fields<'_>, snake: &str) -> bool {
+    fields
+        .get(ctx, snake)
+        .and_then(|f| boolean(ctx, f))
+        .unwrap_or(false)
+}
+
+/// An integer field within `min..=max`.
+pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> Option<i128> {
+    let Value::Int(value, _) = field.node.value else {
+        ctx.error(
+            field.line(),
+            format!(
+                "'{}' must be an integer, found {}",
+                field.name,
+                field.node.describe()
+            ),
+        );
+        return None;
+    };
+    if value < min {
+        let what = if min == 0 { "negative" } else { "below" };
+        let bound = if min == 0 {
+            String::new()
+        } else {
+            format!(" {min}")
+        };
+        ctx.error(
+            field.line(),
+            format!("'{}' must not be {what}{bound}, found {value}", field.name),
+        );
+        return None;
+    }
+    if value > max {
+        ctx.error(
+            field.line(),
+            format!("'{}' must be at most {max}, found {value}", field.name),
+        );
+        return None;
+    }
+    Some(value)
+}
+
+/// A list field.
+pub(crate) fn list<'n>(ctx: &mut Ctx, field: Field<'n>) -> Option<&'n [Node]> {
+    match &field.node.value {
+        Value::Seq(items) => Some(items),
+        _ => {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be a list, found {}",
+                    field.name,
+                    field.node.describe()
+                ),
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn camel_case_spelling() {
+        assert_eq!(Form::Resource.spell("requests_per_unit"), "requestsPerUnit");
+        assert_eq!(Form::Resource.spell("key"), "key");
+        assert_eq!(Form::File.spell("rate_limit"), "rate_limit");
+    }
+
+    #[test]
+    fn normalize_ignores_case_and_separators() {
+        assert_eq!(normalize("requestsperunit"), normalize("requests_per_unit"));
+        assert_eq!(normalize("rateLimit"), normalize("rate_limit"));
+    }
+}

@@ -1,0 +1,139 @@
+//! The compiled descriptor tree and envoyproxy/ratelimit's lookup over it. Lookups
+//! borrow the request's strings and never allocate.
+
+use std::collections::HashMap;
+
+use super::Entry;
+
+type Map<V> = HashMap<String, V, ahash::RandomState>;
+
+/// One node of a domain's tree: the rule it carries and its children by entry key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Node {
+    pub rule: Option<usize>,
+    pub children: Map<KeyLevel>,
+}
+
+/// Every child of one node that has the same key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyLevel {
+    pub exact: Map<Node>,
+    /// Wildcard values in file order.
+    pub wildcards: Vec<(Pattern, Node)>,
+    /// The child without a value.
+    pub any: Option<Box<Node>>,
+}
+
+/// A value with `*` wildcards, each matching any run of characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pattern {
+    pub text: String,
+    /// The literal pieces between the stars (first and last may be empty).
+    parts: Vec<String>,
+}
+
+impl Pattern {
+    pub(crate) fn new(text: &str) -> Pattern {
+        Pattern {
+            text: text.to_string(),
+            parts: text.split('*').map(str::to_string).collect(),
+        }
+    }
+
+    /// Whether the whole of `value` matches. Taking each middle piece at its
+    /// leftmost place is enough: it leaves the most room for the rest.
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(split) => split,
+            None => return value.is_empty(),
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return value == first;
+        };
+        let Some(mut remaining) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        for part in middle {
+            match remaining.find(part.as_str()) {
+                Some(at) => remaining = &remaining[at + part.len()..],
+                None => return false,
+            }
+        }
+        remaining.len() >= last.len() && remaining.ends_with(last.as_str())
+    }
+}
+
+impl KeyLevel {
+    /// Exact value first (a request value that spells a pattern exactly is an exact
+    /// hit, as in envoyproxy/ratelimit's map lookup), then wildcards in file order,
+    /// then the key alone.
+    fn lookup(&self, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(value) {
+            return Some(node);
+        }
+        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.text == value) {
+            return Some(node);
+        }
+        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some(node);
+        }
+        self.any.as_deref()
+    }
+}
+
+impl Node {
+    /// envoyproxy/ratelimit's GetLimit: walk the entries level by level; the rule of
+    /// the node matched by the last entry applies; the walk stops at a node without
+    /// children, so a longer descriptor matches nothing.
+    pub(crate) fn find<E: Entry>(&self, entries: &[E]) -> Option<usize> {
+        let mut node = self;
+        let last = entries.len().checked_sub(1)?;
+        for (i, entry) in entries.iter().enumerate() {
+            let next = node.children.get(entry.key())?.lookup(entry.value())?;
+            if i == last {
+                return next.rule;
+            }
+            if next.children.is_empty() {
+                return None;
+            }
+            node = next;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matching() {
+        let cases = [
+            ("foo*", "foo", true),
+            ("foo*", "foobar", true),
+            ("foo*", "fo", false),
+            ("bar*b", "barb", true),
+            ("bar*b", "bar-xyz-b", true),
+            ("bar*b", "bar-xyz-c", false),
+            ("foo*bar*baz", "foo1bar2baz", true),
+            ("foo*bar*baz", "foobarbaz", true),
+            ("foo*bar*baz", "foobazbar", false),
+            ("*", "", true),
+            ("*", "anything", true),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+            ("*x*", "abxcd", true),
+            ("*x*", "abcd", false),
+            ("ab*ba", "aba", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ];
+        for (pattern, value, want) in cases {
+            assert_eq!(
+                Pattern::new(pattern).matches(value),
+                want,
+                "{pattern} vs {value}"
+            );
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Reading YAML text into positioned [`Node`]s, one per document, from yaml-rust2's
+//! marked event stream. Building the tree by hand keeps duplicate mapping keys (the
+//! crate's own loader silently drops them) and the line of every key and value.
+
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, Parser, Tag};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+use super::node::{Node, Value, MAX_DEPTH};
+
+/// Alias expansion may copy at most this many nodes per file, so a "billion laughs"
+/// document is refused instead of exhausting memory.
+const MAX_NODES: usize = 1_000_000;
+
+/// A YAML syntax problem at a 1-based line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct YamlError {
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+/// Parses every document of `text`. Empty documents (nothing but comments, or a
+/// trailing `---`) come back as [`Value::Null`] nodes.
+pub(crate) fn load(text: &str) -> Result<Vec<Node>, YamlError> {
+    // Editors on Windows may start a file with a byte-order mark; YAML allows it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut loader = Loader {
+        parser: Parser::new_from_str(text),
+        anchors: HashMap::new(),
+        nodes: 0,
+    };
+    let mut docs = Vec::new();
+    loop {
+        let (event, mark) = loader.next()?;
+        match event {
+            Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
+            Event::StreamEnd => return Ok(docs),
+            Event::DocumentStart => {
+                loader.anchors.clear();
+                let (event, mark) = loader.next()?;
+                docs.push(loader.node(event, mark, 0)?);
+            }
+            _ => return Err(error(mark, "unexpected YAML event outside a document")),
+        }
+    }
+}
+
+struct Loader<'a> {
+    parser: Parser<std::str::Chars<'a>>,
+    /// Anchored nodes of the current document with their size in nodes.
+    anchors: HashMap<usize, (Node, usize)>,
+    nodes: usize,
+}
+
+impl Loader<'_> {
+    fn next(&mut self) -> Result<(Event, Marker), YamlError> {
+        self.parser.next_token().map_err(|e| YamlError {
+            line: Some(e.marker().line().max(1)),
+            message: format!("invalid YAML: {}", e.info()),
+        })
+    }
+
+    fn count(&mut self, n: usize, mark: Marker) -> Result<(), YamlError> {
+        self.nodes = self.nodes.saturating_add(n);
+        if self.nodes > MAX_NODES {
+            return Err(error(
+                mark,
+                "document too large (aliases expand past 1000000 nodes)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Builds the node that starts with `event`, consuming its whole subtree.
+    fn node(&mut self, event: Event, mark: Marker, depth: usize) -> Result<Node, YamlError> {
+        if depth > MAX_DEPTH {
+            return Err(error(mark, "YAML nested too deeply"));
+        }
+        let line = Some(mark.line().max(1));
+        let before = self.nodes;
+        self.count(1, mark)?;
+        let (node, anchor) = match event {
+            Event::Scalar(text, style, anchor, tag) => {
+                let value = scalar(text, style, tag.as_ref()).map_err(|m| error(mark, &m))?;
+                (Node::new(line, value), anchor)
+            }
+            Event::SequenceStart(anchor, _) => {
+                let mut items = Vec::new();
+                loop {
+                    let (event, mark) = self.next()?;
+                    if event == Event::SequenceEnd {
+                        break;
+                    }
+                    items.push(self.node(event, mark, depth + 1)?);
+                }
+                (Node::new(line, Value::Seq(items)), anchor)
+            }
+            Event::MappingStart(anchor, _) => {
+                let mut entries = Vec::new();
+                loop {
+                    let (event, mark) = self.next()?;
+                    if event == Event::MappingEnd {
+                        break;
+                    }
+                    let key = self.node(event, mark, depth + 1)?;
+                    let (event, mark) = self.next()?;
+                    let value = self.node(event, mark, depth + 1)?;
+                    entries.push((key, value));
+                }
+                (Node::new(line, Value::Map(entries)), anchor)
+            }
+            Event::Alias(id) => {
+                let (node, size) = match self.anchors.get(&id) {
+                    Some((node, size)) => (node.clone(), *size),
+                    None => return Err(error(mark, "unknown alias")),
+                };
+                self.count(size, mark)?;
+                // The copy is reported where the alias is used.
+                return Ok(Node { line, ..node });
+            }
+            _ => return Err(error(mark, "unexpected YAML event")),
+        };
+        if anchor > 0 {
+            self.anchors
+                .insert(anchor, (node.clone(), self.nodes - before));
+        }
+        Ok(node)
+    }
+}
+
+fn error(mark: Marker, message: &str) -> YamlError {
+    YamlError {
+        line: Some(mark.line().max(1)),
+        message: message.to_string(),
+    }
+}
+
+/// Resolves a scalar's type. Quoted and block scalars are strings; plain ones follow
+/// the YAML core schema, plus `yes`/`no`/`on`/`off` as booleans like the YAML 1.1
+/// readers of envoyproxy/ratelimit and kubectl.
+fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
+    if let Some(tag) = tag {
+        if tag.handle == "tag:yaml.org,2002:" || tag.handle == "!!" {
+            let resolved = match tag.suffix.as_str() {
+                "str" => return Ok(Value::Str(text)),
+                "null" => Some(Value::Null),
+                "bool" => parse_bool(&text).map(|b| Value::Bool(b, text.clone())),
+                "int" => parse_int(&text).map(|i| Value::Int(i, text.clone())),
+                "float" => parse_float(&text)
+                    .or_else(|| parse_int(&text).map(|i| i as f64))
+                    .map(|f| Value::Float(f, text.clone())),
+                _ => None,
+            };
+            return match resolved {
+                Some(v) => Ok(v),
+                None if matches!(tag.suffix.as_str(), "map" | "seq" | "binary" | "timestamp") => {
+                    Ok(Value::Str(text))
+                }
+                None => Err(format!("'{}' is not a valid !!{}", text, tag.suffix)),
+            };
+        }
+    }
+    if style != TScalarStyle::Plain {
+        return Ok(Value::Str(text));
+    }
+    if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") {
+        return Ok(Value::Null);
+    }
+    if let Some(b) = parse_bool(&text) {
+        return Ok(Value::Bool(b, text));
+    }
+    if let Some(i) = parse_int(&text) {
+        return Ok(Value::Int(i, text));
+    }
+    if let Some(f) = parse_float(&text) {
+        return Ok(Value::Float(f, text));
+    }
+    Ok(Value::Str(text))
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
+        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_int(text: &str) -> Option<i128> {
+    let (negative, digits) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (radix, digits) = if let Some(hex) = digits.strip_prefix("0x") {
+        (16, hex)
+    } else if let Some(oct) = digits.strip_prefix("0o") {
+        (8, oct)
+    } else {
+        (10, digits)
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let value = i128::from_str_radix(digits, radix).ok()?;
+    Some(if negative { -value } else { value })
+}
+
+fn parse_float(text: &str) -> Option<f64> {
+    match text {
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Some(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => return Some(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Some(f64::NAN),
+        _ => {}
+    }
+    // The core schema's float pattern; Rust's parser alone would also take "inf".
+    let body = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let mantissa = body.split(['e', 'E']).next().unwrap_or("");
+    let ok_chars = body
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
+    if !ok_chars || !mantissa.chars().any(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(text: &str) -> Node {
+        let mut docs = load(text).unwrap();
+        assert_eq!(docs.len(), 1);
+        docs.remove(0)
+    }
+
+    #[test]
+    fn scalars_resolve_like_the_core_schema() {
+        let node = one("[1, -2, 0x10, 1.5, true, off, ~, '', \"7\", !!str 8, abc, 1e3]");
+        let Value::Seq(items) = node.value else {
+            panic!("not a list")
+        };
+        let values: Vec<Value> = items.into_iter().map(|n| n.value).collect();
+        assert_eq!(values[0], Value::Int(1, "1".into()));
+        assert_eq!(values[1], Value::Int(-2, "-2".into()));
+        assert_eq!(values[2], Value::Int(16, "0x10".into()));
+        assert_eq!(values[3], Value::Float(1.5, "1.5".into()));
+        assert_eq!(values[4], Value::Bool(true, "true".into()));
+        assert_eq!(values[5], Value::Bool(false, "off".into()));
+        assert_eq!(values[6], Value::Null);
+        assert_eq!(values[7], Value::Str(String::new()));
+        assert_eq!(values[8], Value::Str("7".into()));
+        assert_eq!(values[9], Value::Str("8".into()));
+        assert_eq!(values[10], Value::Str("abc".into()));
+        assert_eq!(values[11], Value::Float(1000.0, "1e3".into()));
+    }
+
+    #[test]
+    fn lines_are_one_based_and_duplicates_are_kept() {
+        let node = one("# c\na: 1\nb:\n  c: 2\na: 3\n");
+        let Value::Map(entries) = node.value else {
+            panic!("not a map")
+        };
+        let lines: Vec<_> = entries.iter().map(|(k, _)| k.line).collect();
+        assert_eq!(lines, vec![Some(2), Some(3), Some(5)]);
+        let Value::Map(inner) = &entries[1].1.value else {
+            panic!("not a map")
+        };
+        assert_eq!(inner[0].0.line, Some(4));
+    }
+
+    #[test]
+    fn several_documents_and_empty_ones() {
+        let docs = load("a: 1\n---\n# nothing\n---\nb: 2\n").unwrap();
+        assert_eq!(docs.len(), 3);
+        assert_eq!(docs[1].value, Value::Null);
+        assert_eq!(docs[2].line, Some(5));
+        assert!(load("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn syntax_errors_carry_a_line() {
+        let err = load("'''").unwrap_err();
+        assert!(err.line.is_some());
+        let err = load("a: 1\nb: [\n").unwrap_err();
+        assert!(err.line.unwrap() >= 2, "{err:?}");
+    }
+
+    #[test]
+    fn aliases_are_copied_and_bombs_refused() {
+        let node = one("a: &x {k: v}\nb: *x\n");
+        let Value::Map(entries) = node.value else {
+            panic!("not a map")
+        };
+        assert_eq!(entries[1].1.line, Some(2));
+        let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let p = i - 1;
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        assert!(load(&bomb).is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let text = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        assert!(load(&text).is_err());
+    }
+}
