@@ -35,7 +35,7 @@ fn main() -> ExitCode {
 
 fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
     match sluice::policy::load_paths(paths) {
-        Ok(policy) => {
+        Ok((policy, _docs)) => {
             println!(
                 "ok: {} domain(s), {} rule(s)",
                 policy.domains.len(),

@@ -33,7 +33,7 @@ impl FileSource {
         metrics: Arc<Metrics>,
     ) -> Result<(FileSource, Arc<ArcSwap<Policy>>), Vec<PolicyError>> {
         let last = fingerprint(&paths);
-        let loaded = policy::load_paths(&paths)?;
+        let (loaded, _docs) = policy::load_paths(&paths)?;
         metrics.policy_reload("file", true);
         let policy = Arc::new(ArcSwap::from_pointee(loaded));
         let source = FileSource {
@@ -67,7 +67,7 @@ impl FileSource {
         }
         self.last = now;
         match policy::load_paths(&self.paths) {
-            Ok(p) => {
+            Ok((p, _docs)) => {
                 tracing::info!(
                     domains = p.domains.len(),
                     rules = p.rules.len(),

@@ -107,7 +107,10 @@ macro_rules! store_contract {
                 .unwrap();
             assert!(v.admitted, "shadow denial does not deny");
             assert!(!v.verdicts[0].admitted);
-            assert_eq!(v.verdicts[1].remaining, 4, "the enforced counter was consumed");
+            assert_eq!(
+                v.verdicts[1].remaining, 4,
+                "the enforced counter was consumed"
+            );
 
             let mut qa = hit("contract-qa", Algorithm::FixedWindow, 0, 1);
             qa.mode = Mode::Quota;

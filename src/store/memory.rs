@@ -167,7 +167,10 @@ mod tests {
     use crate::algorithm::{Limit, SECOND};
     use crate::clock::ManualClock;
 
-    crate::store_contract!(MemoryStore::new(Arc::new(ManualClock::new(1_000 * SECOND)), 1000));
+    crate::store_contract!(MemoryStore::new(
+        Arc::new(ManualClock::new(1_000 * SECOND)),
+        1000
+    ));
 
     fn fixed(requests: u64) -> Limit {
         Limit {
@@ -188,7 +191,10 @@ mod tests {
         assert!(!store.decide_now(std::slice::from_ref(&h)).admitted);
         assert_eq!(store.active_keys(), 1);
         clock.advance(SECOND);
-        assert!(store.decide_now(std::slice::from_ref(&h)).admitted, "new window");
+        assert!(
+            store.decide_now(std::slice::from_ref(&h)).admitted,
+            "new window"
+        );
         clock.advance(5 * SECOND);
         assert_eq!(store.sweep(), 1);
         assert_eq!(store.active_keys(), 0);

@@ -1,0 +1,67 @@
+//! The `sluice` command line: validate, serve's refusals.
+
+use std::process::Command;
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+#[test]
+fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let out = sluice().arg("validate").arg(&good).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    let out = sluice()
+        .arg("validate")
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:4:", bad.display())), "{err}");
+    assert!(err.contains("fortnight"), "{err}");
+}
+
+#[test]
+fn serve_without_policies_says_how_to_give_them() {
+    let out = sluice()
+        .arg("serve")
+        .env_remove("SLUICE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--config") && err.contains("--kube"), "{err}");
+}
+
+#[test]
+fn serve_refuses_to_start_on_a_bad_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "descriptors: []\n").unwrap();
+    let out = sluice()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml"), "{err}");
+}

@@ -1,0 +1,230 @@
+//! Test harness: starts the real `sluice` binary on loopback ports and talks to it
+//! through Envoy's own gRPC client stubs (from `envoy-types`) and plain HTTP.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
+
+pub const OK: i32 = 1;
+pub const OVER_LIMIT: i32 = 2;
+
+/// A running `sluice serve`, killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub grpc: String,
+    pub http: String,
+    pub dir: tempfile::TempDir,
+    pub lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts sluice with `policy` written to `policy.yaml` in a fresh directory.
+    pub fn start(policy: &str, extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("policy.yaml"), policy).expect("write policy");
+        let path = dir.path().join("policy.yaml");
+        Self::start_with(dir, &[path], extra)
+    }
+
+    pub fn start_with(dir: tempfile::TempDir, configs: &[PathBuf], extra: &[&str]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve")
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--reload-interval", "100ms"]);
+        for c in configs {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.args(extra)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn sluice");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("sluice did not start listening");
+                }
+            };
+            if line.contains("sluice listening") {
+                let grpc = field(&line, "grpc=");
+                let http = field(&line, "http=");
+                return Server {
+                    child,
+                    grpc,
+                    http,
+                    dir,
+                    lines: rx,
+                };
+            }
+        }
+    }
+
+    pub fn policy_path(&self) -> PathBuf {
+        self.dir.path().join("policy.yaml")
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        let url = format!("http://{}", self.grpc);
+        RateLimitServiceClient::connect(url).await.expect("connect")
+    }
+
+    /// Log lines printed so far.
+    pub fn drain_lines(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field(line: &str, name: &str) -> String {
+    let start = line.find(name).expect("field") + name.len();
+    line[start..]
+        .split_whitespace()
+        .next()
+        .expect("value")
+        .to_string()
+}
+
+/// Builds a descriptor from (key, value) pairs.
+pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A descriptor with its own hits_addend.
+pub fn desc_hits(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..desc(entries)
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+pub async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(req)
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner()
+}
+
+pub fn header<'a>(resp: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    resp.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+/// Minimal HTTP/1.1 client over a TCP stream: (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    let body = if out
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(&body)
+    } else {
+        body
+    };
+    (status, body)
+}
+
+fn dechunk(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(pos) = rest.find("\r\n") {
+        let size = usize::from_str_radix(rest[..pos].trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = pos + 2;
+        out.push_str(&rest[start..(start + size).min(rest.len())]);
+        rest = rest.get(start + size + 2..).unwrap_or("");
+    }
+    out
+}
+
+/// Waits until `f` holds, polling; panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// Writes a file atomically (rename), as editors and ConfigMap updates do.
+pub fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp-write");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}

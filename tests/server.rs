@@ -1,0 +1,524 @@
+//! The running server through a real gRPC client: matching, layers, responses,
+//! headers, bad requests, leaky-bucket pacing, HTTP endpoints and hot reload.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const POLICY: &str = r#"
+domain: shop
+descriptors:
+  - key: remote_address
+    layer: edge
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, name: per_ip}
+  - key: service
+    value: checkout
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: tenant
+    layer: tenant
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket}
+  - key: path
+    value: /exact
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: path
+    value: /wild*
+    rate_limit: {unit: minute, requests_per_unit: 6}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    descriptors:
+      - key: action
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: plan
+    value: gold
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+      name: gold
+      replaces: [{name: per_ip}]
+    metadata: {tier: gold}
+  - key: queue
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: leaky_bucket, burst: 3}
+  - key: svc
+    value: a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: svc
+    value: b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+fn remaining(
+    resp: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+    i: usize,
+) -> u32 {
+    resp.statuses[i].limit_remaining
+}
+
+#[tokio::test]
+async fn counts_down_then_denies_with_limit_and_headers() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    for expected in (0..10).rev() {
+        let r = call(
+            &mut c,
+            request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(remaining(&r, 0), expected);
+        let limit = r.statuses[0].current_limit.as_ref().expect("current_limit");
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+            (10, 2, "per_ip")
+        );
+        let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
+        assert!(reset.seconds <= 60);
+        assert_eq!(
+            header(&r, "x-ratelimit-remaining"),
+            Some(expected.to_string().as_str())
+        );
+        assert_eq!(
+            header(&r, "x-ratelimit-limit"),
+            Some("10, 10;w=60;name=\"per_ip\"")
+        );
+        assert!(header(&r, "retry-after").is_none());
+    }
+    let r = call(
+        &mut c,
+        request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert_eq!(r.statuses[0].code, OVER_LIMIT);
+    let retry: u64 = header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as u64;
+    // Never earlier than the true wait (the window's end), at most 10 % later.
+    assert!(
+        retry >= reset.max(1) && retry <= (reset + 1) * 11 / 10 + 1,
+        "retry {retry} reset {reset}"
+    );
+    // Another address has its own counter.
+    let r = call(
+        &mut c,
+        request("shop", vec![desc(&[("remote_address", "10.0.0.2")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn a_denied_request_spends_nothing_of_its_other_layers() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let layered = || {
+        request(
+            "shop",
+            vec![
+                desc(&[("remote_address", "10.1.1.1")]),
+                desc(&[("service", "checkout")]),
+                desc(&[("tenant", "acme")]),
+            ],
+        )
+    };
+    for _ in 0..2 {
+        assert_eq!(call(&mut c, layered()).await.overall_code, OK);
+    }
+    // The tenant allows 2 per minute: the next three are denied by the tenant layer.
+    for _ in 0..3 {
+        let r = call(&mut c, layered()).await;
+        assert_eq!(r.overall_code, OVER_LIMIT);
+        assert_eq!(r.statuses[0].code, OK);
+        assert_eq!(r.statuses[1].code, OK);
+        assert_eq!(r.statuses[2].code, OVER_LIMIT);
+    }
+    // Edge and service counters still show only the two admitted requests.
+    let check = request(
+        "shop",
+        vec![
+            desc_hits(&[("remote_address", "10.1.1.1")], 0),
+            desc_hits(&[("service", "checkout")], 0),
+        ],
+    );
+    let r = call(&mut c, check).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        remaining(&r, 0),
+        8,
+        "edge counter was charged by denied requests"
+    );
+    assert_eq!(
+        remaining(&r, 1),
+        8,
+        "service counter was charged by denied requests"
+    );
+}
+
+#[tokio::test]
+async fn matching_prefers_exact_then_wildcard_then_key_and_respects_depth() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let r = call(
+        &mut c,
+        request(
+            "shop",
+            vec![
+                desc(&[("path", "/exact")]),
+                desc(&[("path", "/wildcard")]),
+                desc(&[("path", "/other")]),
+                desc(&[("user", "u1")]),
+                desc(&[("user", "u1"), ("action", "buy")]),
+                desc(&[("path", "/exact"), ("extra", "x")]),
+                desc(&[("nothing", "here")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    let rpu = |i: usize| {
+        r.statuses[i]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(rpu(0), Some(7), "exact value");
+    assert_eq!(rpu(1), Some(6), "wildcard value");
+    assert_eq!(rpu(2), Some(5), "key only");
+    assert_eq!(rpu(3), None, "user alone has no limit at depth 1");
+    assert_eq!(rpu(4), Some(3), "nested limit at depth 2");
+    assert_eq!(rpu(5), None, "longer descriptor than the matched depth");
+    assert_eq!(rpu(6), None, "unknown key");
+}
+
+#[tokio::test]
+async fn unlimited_shadow_share_threshold_and_replaces() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    for _ in 0..5 {
+        let r = call(&mut c, request("shop", vec![desc(&[("free", "x")])])).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    }
+    // Shadow mode: over its limit, reported OK and never denies.
+    for _ in 0..3 {
+        let r = call(&mut c, request("shop", vec![desc(&[("shadow", "s")])])).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0].code, OK);
+    }
+    // share_threshold: every value under files/* shares one counter of 2.
+    let f = |v: &str| request("shop", vec![desc(&[("files", v)])]);
+    assert_eq!(call(&mut c, f("files/a")).await.overall_code, OK);
+    assert_eq!(call(&mut c, f("files/b")).await.overall_code, OK);
+    assert_eq!(call(&mut c, f("files/c")).await.overall_code, OVER_LIMIT);
+    // replaces: the gold plan's limit replaces per_ip for requests carrying both.
+    for _ in 0..10 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("remote_address", "10.9.9.9")])]),
+        )
+        .await;
+    }
+    let both = request(
+        "shop",
+        vec![
+            desc(&[("remote_address", "10.9.9.9")]),
+            desc(&[("plan", "gold")]),
+        ],
+    );
+    let r = call(&mut c, both).await;
+    assert_eq!(r.overall_code, OK, "per_ip is replaced by gold");
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(
+        r.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+    // metadata of the matched rule is merged into dynamic_metadata.
+    let md = r.dynamic_metadata.expect("dynamic_metadata");
+    assert!(md.fields.contains_key("tier"));
+}
+
+#[tokio::test]
+async fn hits_addend_counts_and_zero_only_checks() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let mut req = request("shop", vec![desc(&[("service", "checkout")])]);
+    req.hits_addend = 4;
+    let r = call(&mut c, req).await;
+    assert_eq!(remaining(&r, 0), 6);
+    let r = call(
+        &mut c,
+        request("shop", vec![desc_hits(&[("service", "checkout")], 0)]),
+    )
+    .await;
+    assert_eq!(remaining(&r, 0), 6, "hits_addend 0 checks without counting");
+    let r = call(
+        &mut c,
+        request("shop", vec![desc_hits(&[("service", "checkout")], 7)]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "7 more do not fit in 6");
+    let r = call(
+        &mut c,
+        request("shop", vec![desc_hits(&[("service", "checkout")], 6)]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(remaining(&r, 0), 0);
+}
+
+#[tokio::test]
+async fn quota_mode_denies_only_when_every_quota_is_spent() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let q = || request("shop", vec![desc(&[("svc", "a")]), desc(&[("svc", "b")])]);
+    assert_eq!(call(&mut c, q()).await.overall_code, OK); // a 1/1, b 1/2
+    assert_eq!(
+        call(&mut c, q()).await.overall_code,
+        OK,
+        "b still has quota"
+    ); // b 2/2
+    assert_eq!(
+        call(&mut c, q()).await.overall_code,
+        OVER_LIMIT,
+        "both spent"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_invalid_argument() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let too_many: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+    let too_many: Vec<(&str, &str)> = too_many
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let cases = vec![
+        (
+            "empty domain",
+            request("", vec![desc(&[("a", "b")])]),
+            "domain",
+        ),
+        ("no descriptors", request("shop", vec![]), "descriptor"),
+        ("no entries", request("shop", vec![desc(&[])]), "no entries"),
+        (
+            "empty key",
+            request("shop", vec![desc(&[("", "v")])]),
+            "empty key",
+        ),
+        (
+            "33 entries",
+            request("shop", vec![desc(&too_many)]),
+            "at most 32",
+        ),
+    ];
+    for (what, req, msg) in cases {
+        let err = c.should_rate_limit(req).await.expect_err(what);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}");
+        assert!(err.message().contains(msg), "{what}: {}", err.message());
+    }
+    // The server is still fine.
+    let r = call(&mut c, request("shop", vec![desc(&[("path", "/x")])])).await;
+    assert_eq!(r.overall_code, OK);
+    // Unknown domains are allowed.
+    let r = call(&mut c, request("nope", vec![desc(&[("path", "/x")])])).await;
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn leaky_bucket_holds_oks_in_turn_and_denies_a_full_queue_at_once() {
+    let server = Server::start(POLICY, &[]);
+    let c = server.client().await;
+    let start = Instant::now();
+    // 5 per second with a queue of 3: four requests at once; three are admitted at
+    // 0, 200 and 400 ms, the fourth finds the queue full.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = call(&mut c, request("shop", vec![desc(&[("queue", "q")])])).await;
+            (r.overall_code, start.elapsed())
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    results.sort_by_key(|r| r.1);
+    let oks: Vec<Duration> = results.iter().filter(|r| r.0 == OK).map(|r| r.1).collect();
+    let denied: Vec<Duration> = results
+        .iter()
+        .filter(|r| r.0 == OVER_LIMIT)
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(oks.len(), 3, "{results:?}");
+    assert_eq!(denied.len(), 1, "{results:?}");
+    // The OKs leave in turn, at the rate (lower bounds only: never early).
+    assert!(oks[1] >= Duration::from_millis(190), "{oks:?}");
+    assert!(oks[2] >= Duration::from_millis(390), "{oks:?}");
+    // The full-queue answer is not held.
+    assert!(denied[0] < oks[2], "{results:?}");
+}
+
+#[tokio::test]
+async fn http_endpoints_and_grpc_health() {
+    let server = Server::start(POLICY, &[]);
+    assert_eq!(http(&server.http, "GET", "/healthz", "").0, 200);
+    assert_eq!(http(&server.http, "GET", "/readyz", "").0, 200);
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"t1"}]}]}"#;
+    let (s, b) = http(&server.http, "POST", "/json", body);
+    assert_eq!(s, 200, "{b}");
+    assert!(b.contains("\"overallCode\":\"OK\""), "{b}");
+    assert_eq!(http(&server.http, "POST", "/json", body).0, 200);
+    let (s, b) = http(&server.http, "POST", "/json", body);
+    assert_eq!(s, 429, "{b}");
+    assert!(b.contains("OVER_LIMIT"), "{b}");
+    let (s, b) = http(&server.http, "POST", "/json", "{not json");
+    assert_eq!(s, 400, "{b}");
+    let (s, _) = http(
+        &server.http,
+        "POST",
+        "/json",
+        r#"{"domain":"","descriptors":[]}"#,
+    );
+    assert_eq!(s, 400);
+    let (s, m) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(s, 200);
+    assert!(m.contains("sluice_requests_total{"), "{m}");
+    assert!(m.contains("outcome=\"over_limit\""), "{m}");
+
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(channel);
+    let r = h
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, 1, "SERVING");
+}
+
+#[tokio::test]
+async fn ietf_and_off_header_styles() {
+    let server = Server::start(POLICY, &["--response-headers", "ietf"]);
+    let mut c = server.client().await;
+    let r = call(
+        &mut c,
+        request("shop", vec![desc(&[("service", "checkout")])]),
+    )
+    .await;
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"service\";q=10;w=60")
+    );
+    assert_eq!(
+        header(&r, "ratelimit").map(|v| v.starts_with("\"service\";r=9;t=")),
+        Some(true)
+    );
+    assert!(header(&r, "x-ratelimit-limit").is_none());
+
+    let server = Server::start(POLICY, &["--response-headers", "off"]);
+    let mut c = server.client().await;
+    let r = call(
+        &mut c,
+        request("shop", vec![desc(&[("service", "checkout")])]),
+    )
+    .await;
+    assert!(r.response_headers_to_add.is_empty());
+    assert_eq!(remaining(&r, 0), 9, "statuses still carry the numbers");
+}
+
+#[tokio::test]
+async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let c = server.client().await;
+    // Keep calls flowing during every reload: none may fail.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let mut c = c.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                c.should_rate_limit(request("shop", vec![desc(&[("path", "/p")])]))
+                    .await
+                    .expect("no failed call during reload");
+                n += 1;
+            }
+            n
+        })
+    };
+    let edited = POLICY.replace("requests_per_unit: 7}", "requests_per_unit: 70}");
+    write_atomic(&server.policy_path(), &edited);
+    let started = Instant::now();
+    let mut c2 = c.clone();
+    eventually(Duration::from_secs(2), "edited limit is served", || {
+        let mut c = c2.clone();
+        async move {
+            let r = call(
+                &mut c,
+                request("shop", vec![desc_hits(&[("path", "/exact")], 0)]),
+            )
+            .await;
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit)
+                == Some(70)
+        }
+    })
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    write_atomic(
+        &server.policy_path(),
+        "domain: shop\ndescriptors:\n  - key: path\n    ratelimit: {}\n",
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let r = call(
+        &mut c2,
+        request("shop", vec![desc_hits(&[("path", "/exact")], 0)]),
+    )
+    .await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(70),
+        "the last good policy keeps serving"
+    );
+    let logs = server.drain_lines().join("\n");
+    assert!(
+        logs.contains("policy.yaml:4"),
+        "the refusal names file and line:\n{logs}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(load.await.unwrap() > 0);
+}
