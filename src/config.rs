@@ -93,6 +93,10 @@ pub struct Serve {
     /// How often policy files are checked for changes.
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
     pub reload_interval: Duration,
+    /// After SIGTERM, how long to keep serving with readiness off before refusing new
+    /// connections, so Kubernetes removes the pod from its endpoints first.
+    #[arg(long, env = "SLUICE_DRAIN_DELAY", default_value = "2s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
     /// Longest wait for in-flight calls after SIGTERM.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,

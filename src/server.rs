@@ -54,11 +54,7 @@ pub async fn run(
         hash_keys: cfg.hash_keys,
     };
     let limiter = Limiter::new(policy, store.clone(), settings);
-    let service = Arc::new(Service {
-        limiter,
-        headers: cfg.response_headers,
-        metrics,
-    });
+    let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -135,10 +131,16 @@ where
     health
         .set_not_serving::<RateLimitServiceServer<Grpc<S>>>()
         .await;
+    tokio::time::sleep(cfg.drain_delay).await;
     let _ = stop_tx.send(true);
+    // Wait for the calls in flight, not for idle connections: a client may keep an
+    // HTTP/2 connection open after GOAWAY, and nothing is owed to it.
     let drained = async {
-        let _ = grpc_task.await;
-        let _ = http_task.await;
+        while service.in_flight() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        grpc_task.abort();
+        http_task.abort();
     };
     if tokio::time::timeout(cfg.shutdown_grace, drained)
         .await

@@ -3,6 +3,7 @@
 //! This module only converts: protobuf (or JSON) in, [`limiter`](crate::limiter)
 //! types through, protobuf (or JSON) out.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as ProtoEntry;
@@ -88,11 +89,45 @@ pub struct Service<S> {
     pub limiter: Limiter<S>,
     pub headers: HeaderStyle,
     pub metrics: Arc<Metrics>,
+    /// Calls being decided or held right now; shutdown waits for it to reach zero.
+    pub in_flight: AtomicUsize,
+}
+
+/// Counts a call as in flight until dropped, however the call ends.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl<S: Store> Service<S> {
+    /// A service with no calls in flight.
+    pub fn new(limiter: Limiter<S>, headers: HeaderStyle, metrics: Arc<Metrics>) -> Self {
+        Service {
+            limiter,
+            headers,
+            metrics,
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Calls in flight right now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// Validates, decides and holds a leaky-bucket OK until the request's turn.
     pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<Outcome, BadRequest> {
+        let _in_flight = InFlight::enter(&self.in_flight);
         let started = std::time::Instant::now();
         let descriptors = match descriptors(req) {
             Ok(d) => d,

@@ -1,0 +1,102 @@
+//! Process lifecycle: ConfigMap-style reloads and graceful SIGTERM.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn policy(rpu: u32) -> String {
+    format!(
+        "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n  - key: q\n    rate_limit: {{unit: second, requests_per_unit: 2, algorithm: leaky_bucket, burst: 4}}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
+    // Kubernetes mounts a ConfigMap as `policy.yaml -> ..data/policy.yaml` with
+    // `..data -> ..<timestamp>`, and updates it by swapping the `..data` link.
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("mount");
+    std::fs::create_dir_all(mount.join("..v1")).unwrap();
+    std::fs::write(mount.join("..v1/policy.yaml"), policy(5)).unwrap();
+    symlink("..v1", mount.join("..data")).unwrap();
+    symlink("..data/policy.yaml", mount.join("policy.yaml")).unwrap();
+
+    let server = Server::start_with(dir, &[mount.clone()], &[]);
+    let mut c = server.client().await;
+    let limit = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let r = call(&mut c, request("cm", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(limit(&r), Some(5));
+
+    std::fs::create_dir_all(mount.join("..v2")).unwrap();
+    std::fs::write(mount.join("..v2/policy.yaml"), policy(50)).unwrap();
+    symlink("..v2", mount.join("..data_tmp")).unwrap();
+    std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+    let started = Instant::now();
+    eventually(
+        Duration::from_secs(2),
+        "the swapped ConfigMap is served",
+        || {
+            let mut c = c.clone();
+            async move {
+                let r = call(&mut c, request("cm", vec![desc_hits(&[("k", "v")], 0)])).await;
+                r.statuses[0]
+                    .current_limit
+                    .as_ref()
+                    .map(|l| l.requests_per_unit)
+                    == Some(50)
+            }
+        },
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
+    let server = Server::start(&policy(5), &[]);
+    let c = server.client().await;
+    // Fill the leaky queue: the later answers are held for up to 1.5 s.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = c.clone();
+        held.push(tokio::spawn(async move {
+            c.should_rate_limit(request("cm", vec![desc(&[("q", "x")])]))
+                .await
+                .map(|r| r.into_inner().overall_code)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pid = server.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (code, _) = http(&server.http, "GET", "/readyz", "");
+    assert_eq!(code, 503, "readiness goes false on SIGTERM");
+    for h in held {
+        assert_eq!(h.await.unwrap().expect("in-flight call finished"), OK);
+    }
+    let mut server = server;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
