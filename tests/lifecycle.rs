@@ -24,7 +24,7 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
     symlink("..v1", mount.join("..data")).unwrap();
     symlink("..data/policy.yaml", mount.join("policy.yaml")).unwrap();
 
-    let server = Server::start_with(dir, &[mount.clone()], &[]);
+    let server = Server::start_with(dir, std::slice::from_ref(&mount), &[]);
     let mut c = server.client().await;
     let limit = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         r.statuses[0]
