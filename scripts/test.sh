@@ -19,5 +19,7 @@ cargo test --all-targets
 # (each script installs what it needs when missing; see their headers)
 log "scripts/helm-test.sh"
 bash scripts/helm-test.sh
+log "tests/e2e/envoy.sh"
+bash tests/e2e/envoy.sh
 
 log "done in $(( $(date +%s) - start ))s"
