@@ -72,10 +72,10 @@ fi
 [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
 
 # Free loopback ports, chosen by the kernel.
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS < <(python3 - <<'PY'
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(6):
+for _ in range(8):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
@@ -290,7 +290,36 @@ else
     fi
 fi
 
-# --- 7. Redis ----------------------------------------------------------------------------
+# --- 7. the Istio EnvoyFilter's patches, applied to a second Envoy ---------------------
+if python3 tests/e2e/envoyfilter-bootstrap.py deploy/istio/envoyfilter.yaml "$W/istio.yaml" \
+        "$P_ISTIO" "$P_ISTIO_ADMIN" "$P_GRPC" "$P_UP" 2>"$W/istio-bootstrap.err"; then
+    "$ENVOY" -c "$W/istio.yaml" --disable-hot-restart --log-level warn \
+        --base-id "$((RANDOM + 40000))" >"$W/envoy-istio.log" 2>&1 &
+    pids+=($!)
+    if wait_for "istio-patched envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ISTIO_ADMIN/ready"; then
+        IURL="http://127.0.0.1:$P_ISTIO"
+        codes=""
+        for i in 1 2 3; do codes+="$(req istio$i -H 'x-tenant: e2e-istio' "$IURL/items") "; done
+        if [ "$codes" = "200 200 429 " ] && over_limit_headers istio3 && [ -n "$(hdr istio1 x-ratelimit-remaining)" ]; then
+            ok "Istio EnvoyFilter (deploy/istio/envoyfilter.yaml) patched into Envoy: x-tenant limit gives $codes with headers"
+        else
+            bad "Istio EnvoyFilter: want '200 200 429' for tenant e2e-istio, got '$codes'"; show istio3
+        fi
+        codes=""
+        for i in 1 2 3 4 5; do codes+="$(req istiobot$i --interface 127.0.0.9 "$IURL/") "; done
+        if [[ "$codes" == *429* ]]; then
+            ok "Istio EnvoyFilter: remote_address descriptor reaches sluice (127.0.0.9 over its limit: $codes)"
+        else
+            bad "Istio EnvoyFilter: 127.0.0.9 is over its limit, want a 429, got '$codes'"
+        fi
+    else
+        bad "Istio EnvoyFilter: the patched Envoy did not become ready"; tail -n 10 "$W/envoy-istio.log"
+    fi
+else
+    bad "Istio EnvoyFilter: could not apply its patches"; cat "$W/istio-bootstrap.err"
+fi
+
+# --- 8. Redis ----------------------------------------------------------------------------
 redis_part() {
     local REDIS
     REDIS=$(command -v redis-server || true)
