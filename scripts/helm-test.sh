@@ -243,7 +243,7 @@ if [ -x scripts/kube-apiserver.sh ] || [ -f scripts/kube-apiserver.sh ]; then
             "$KUBECTL" create namespace shop --dry-run=client -o yaml >/dev/null 2>&1
             # The API server has no namespaces API: custom resources are dry-run in a
             # namespace it does not check. Core and apps kinds are not served there.
-            python3 - examples/policy.yaml deploy/kubernetes/*.yaml >"$work/rlp.yaml" <<'PY'
+            python3 - examples/policy.yaml deploy/kubernetes/*.yaml deploy/envoy-gateway/sluice-policy.yaml >"$work/rlp.yaml" <<'PY'
 import sys, yaml
 out = []
 for f in sys.argv[1:]:
@@ -252,7 +252,7 @@ for f in sys.argv[1:]:
             out.append(d)
 print(yaml.safe_dump_all(out))
 PY
-            check "kubectl apply --dry-run=server: RateLimitPolicy resources of examples/ and deploy/kubernetes/" \
+            check "kubectl apply --dry-run=server: RateLimitPolicy resources of examples/ and deploy/" \
                 "$KUBECTL" apply --dry-run=server -f "$work/rlp.yaml"
             refuse "API server refuses a RateLimitPolicy with a bad spec" bash -c "cat <<'YAML' | '$KUBECTL' apply --dry-run=server -f -
 apiVersion: sluice.dev/v1alpha1

@@ -72,10 +72,10 @@ fi
 [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
 
 # Free loopback ports, chosen by the kernel.
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN < <(python3 - <<'PY'
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(8):
+for _ in range(12):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
@@ -123,6 +123,7 @@ wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream d
 mkdir -p "$W/policies"
 cp examples/policy.yaml "$W/policies/policy.yaml"
 cp tests/e2e/policy-e2e.yaml "$W/policies/e2e.yaml"
+cp deploy/envoy-gateway/sluice-policy.yaml "$W/policies/envoy-gateway.yaml"
 
 SLUICE_PID=""
 # start_sluice LOGNAME EXTRA_ARGS...: starts sluice in the background, waits for /readyz.
@@ -319,7 +320,48 @@ else
     bad "Istio EnvoyFilter: could not apply its patches"; cat "$W/istio-bootstrap.err"
 fi
 
-# --- 8. Redis ----------------------------------------------------------------------------
+# --- 8. Envoy Gateway: EnvoyPatchPolicy (option A) and BackendTrafficPolicy (option B) ---
+# start_envoy NAME BOOTSTRAP ADMIN_PORT: a further Envoy; true once ready.
+start_envoy() {
+    "$ENVOY" -c "$2" --disable-hot-restart --log-level warn \
+        --base-id "$((RANDOM + 40000))" >"$W/envoy-$1.log" 2>&1 &
+    pids+=($!)
+    wait_for "envoy $1 /ready" 30 curl -fsS "http://127.0.0.1:$3/ready" || { tail -n 10 "$W/envoy-$1.log"; return 1; }
+}
+if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-a.yaml" "$P_EGA" "$P_EGA_ADMIN" "$P_GRPC" "$P_UP" \
+        --patch deploy/envoy-gateway/envoypatchpolicy-sluice.yaml 2>"$W/eg-a.err" &&
+        start_envoy eg-a "$W/eg-a.yaml" "$P_EGA_ADMIN"; then
+    codes=""
+    for i in 1 2 3; do codes+="$(req ega$i -H 'x-tenant: e2e-eg' "http://127.0.0.1:$P_EGA/items") "; done
+    if [ "$codes" = "200 200 429 " ] && over_limit_headers ega3; then
+        ok "Envoy Gateway option A (envoypatchpolicy-sluice.yaml on an Envoy Gateway-shaped config): x-tenant limit gives $codes with headers"
+    else
+        bad "Envoy Gateway option A: want '200 200 429' for tenant e2e-eg, got '$codes'"; show ega3
+    fi
+else
+    bad "Envoy Gateway option A: could not build or start the patched Envoy"; cat "$W/eg-a.err"
+fi
+if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_ADMIN" "$P_GRPC" "$P_UP" \
+        --btp deploy/envoy-gateway/backendtrafficpolicy.yaml \
+        --patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-cluster.yaml 2>"$W/eg-b.err" &&
+        start_envoy eg-b "$W/eg-b.yaml" "$P_EGB_ADMIN"; then
+    code=$(req egb0 -A 'curl/8' "http://127.0.0.1:$P_EGB/")
+    codes=""
+    n429=0
+    for i in 1 2 3 4 5 6; do
+        c=$(req egb$i -A 'e2e-crawler-Bot/1.0' "http://127.0.0.1:$P_EGB/"); codes+="$c "
+        [ "$c" = 429 ] && { n429=$((n429 + 1)); last=egb$i; }
+    done
+    if [ "$code" = 200 ] && [ "$n429" -ge 1 ] && over_limit_headers "$last"; then
+        ok "Envoy Gateway option B (BackendTrafficPolicy descriptors, ratelimit_cluster patched to sluice, sluice-policy.yaml): bot rule gives $codes"
+    else
+        bad "Envoy Gateway option B: want 200 for a browser and a 429 among 6 bot requests, got $code / '$codes'"
+    fi
+else
+    bad "Envoy Gateway option B: could not build or start the patched Envoy"; cat "$W/eg-b.err"
+fi
+
+# --- 9. Redis ----------------------------------------------------------------------------
 redis_part() {
     local REDIS
     REDIS=$(command -v redis-server || true)
