@@ -88,7 +88,7 @@ render_and_check() { # NAME VALUES...
     local out="$work/render-$name.yaml" args=()
     for v in "$@"; do args+=(-f "$v"); done
     check "helm lint ($name)" "$HELM" lint --strict "$CHART" "${args[@]}" --kube-version "$K8S_VERSION"
-    if ! "$HELM" template "rel-$name" "$CHART" "${args[@]}" --namespace sluice \
+    if ! "$HELM" template "rel-$name" "$CHART" "${args[@]}" --namespace sluice --include-crds \
             --kube-version "$K8S_VERSION" --api-versions monitoring.coreos.com/v1 >"$out" 2>"$work/err"; then
         bad "helm template ($name)"; sed 's/^/    /' "$work/err"; return
     fi
