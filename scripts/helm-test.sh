@@ -9,6 +9,8 @@
 #     sidecar-mode Envoy bootstrap passes `envoy --mode validate`
 #   - the "sluice.container" helper included from a parent chart
 #   - values that must be refused are refused (schema and template checks)
+#   - deploy/kubernetes/*.yaml and tests/e2e/kind/ manifests validated the same way;
+#     tests/e2e/kind.sh parses and its chart values render
 #   - with scripts/kube-apiserver.sh (a CRD-only API server: it serves
 #     apiextensions.k8s.io and custom resources, not the core or apps groups),
 #     `kubectl apply --dry-run=server` of the CRD and of RateLimitPolicy resources
@@ -227,6 +229,18 @@ if [ -d deploy/kubernetes ]; then
     fi
 fi
 
+# --- tests/e2e/kind.sh (not run here: it needs a container engine) ------------------
+check "tests/e2e/kind.sh parses (bash -n)" bash -n tests/e2e/kind.sh
+check "tests/e2e/kind.sh's helm values render and validate" bash -c "
+    '$HELM' template sluice '$CHART' --namespace sluice --kube-version '$K8S_VERSION' --include-crds \
+        --set image.repository=sluice --set image.tag=e2e --set image.pullPolicy=Never \
+        --set replicaCount=2 --set redis.bundled.enabled=true --set logFormat=text >'$work/kind-chart.yaml' &&
+    grep -q 'name: sluice-headless' '$work/kind-chart.yaml' &&
+    python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/kind-chart.yaml'"
+check "tests/e2e/kind/ manifests valid; its policy loads with sluice validate" bash -c "
+    python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' --external-configmap envoy \
+        tests/e2e/kind/echo.yaml tests/e2e/kind/envoy.yaml && '$SLUICE' validate tests/e2e/kind/policy.yaml"
+
 # --- a real (CRD-only) API server ----------------------------------------------------
 if [ -x scripts/kube-apiserver.sh ] || [ -f scripts/kube-apiserver.sh ]; then
     crd=$CHART/crds/ratelimitpolicies.yaml
@@ -243,7 +257,7 @@ if [ -x scripts/kube-apiserver.sh ] || [ -f scripts/kube-apiserver.sh ]; then
             "$KUBECTL" create namespace shop --dry-run=client -o yaml >/dev/null 2>&1
             # The API server has no namespaces API: custom resources are dry-run in a
             # namespace it does not check. Core and apps kinds are not served there.
-            python3 - examples/policy.yaml deploy/kubernetes/*.yaml deploy/envoy-gateway/sluice-policy.yaml >"$work/rlp.yaml" <<'PY'
+            python3 - examples/policy.yaml deploy/kubernetes/*.yaml deploy/envoy-gateway/sluice-policy.yaml tests/e2e/kind/policy.yaml >"$work/rlp.yaml" <<'PY'
 import sys, yaml
 out = []
 for f in sys.argv[1:]:
