@@ -73,10 +73,10 @@ fi
 [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
 
 # Free loopback ports, chosen by the kernel.
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN < <(python3 - <<'PY'
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(12):
+for _ in range(14):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
@@ -362,7 +362,34 @@ else
     bad "Envoy Gateway option B: could not build or start the patched Envoy"; cat "$W/eg-b.err"
 fi
 
-# --- 9. Redis ----------------------------------------------------------------------------
+# --- 9. the Helm chart's sidecar mode: its rendered Envoy config ----------------------
+HELM=$(command -v helm || true)
+[ -n "$HELM" ] || { [ -x "$HOME/go/bin/helm" ] && HELM=$HOME/go/bin/helm; }
+if [ -z "$HELM" ]; then
+    skipped "Helm sidecar mode: helm is not installed"
+elif "$HELM" template e2e charts/sluice -f charts/sluice/examples/sidecar.yaml --kube-version 1.33.0 \
+        --set ports.grpc="$P_GRPC" --set sidecar.envoy.listenerPort="$P_SC" --set sidecar.envoy.adminPort="$P_SC_ADMIN" \
+        --set sidecar.envoy.upstream.host=127.0.0.1 --set sidecar.envoy.upstream.port="$P_UP" 2>"$W/sidecar.err" |
+        python3 -c '
+import sys, yaml
+cm = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "ConfigMap" and "envoy.yaml" in d.get("data", {})][0]
+c = yaml.safe_load(cm["data"]["envoy.yaml"])
+for l in c["static_resources"]["listeners"]:
+    l["address"]["socket_address"]["address"] = "127.0.0.1"   # the pod listens on all addresses; here loopback only
+yaml.safe_dump(c, open(sys.argv[1], "w"))
+' "$W/sidecar-envoy.yaml" && start_envoy sidecar "$W/sidecar-envoy.yaml" "$P_SC_ADMIN"; then
+    codes=""
+    for i in 1 2 3; do codes+="$(req sc$i -H 'x-tenant: e2e-sidecar' "http://127.0.0.1:$P_SC/items") "; done
+    if [ "$codes" = "200 200 429 " ] && over_limit_headers sc3; then
+        ok "Helm sidecar mode (examples/sidecar.yaml): the chart's Envoy config calls sluice on loopback; x-tenant limit gives $codes"
+    else
+        bad "Helm sidecar mode: want '200 200 429' for tenant e2e-sidecar, got '$codes'"; show sc3
+    fi
+else
+    bad "Helm sidecar mode: could not render or start the chart's Envoy config"; cat "$W/sidecar.err"
+fi
+
+# --- 10. Redis ----------------------------------------------------------------------------
 redis_part() {
     # Does this build's `serve` take --redis? Ask it with a port where nothing listens.
     local probe_out
