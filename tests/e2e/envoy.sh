@@ -12,6 +12,9 @@
 #     with x-ratelimit-* and retry-after, and other addresses / tenants still pass
 #   - a leaky_bucket rule spreads 20 parallel requests: the upstream sees them spaced
 #   - an edited policy file is seen through Envoy within 2 s
+#   - deploy/istio/envoyfilter.yaml's patches, both deploy/envoy-gateway/ options (on an
+#     Envoy Gateway-shaped config) and the Helm chart's sidecar-mode Envoy config, each
+#     in its own Envoy against the same sluice
 #   - with --redis (when this build supports it): the same limits through Redis, then
 #     with Redis killed the domain fails open, and closed once its policy says so
 # Everything listens on 127.0.0.1 (free ports); every process started here is killed on
