@@ -15,4 +15,11 @@ cargo clippy --all-targets -- -D warnings
 log "cargo test"
 cargo test --all-targets
 
+# --- Deployment: Helm chart and manifests, then Envoy end to end --------------------
+# (each script installs what it needs when missing; see their headers)
+log "scripts/helm-test.sh"
+bash scripts/helm-test.sh
+log "tests/e2e/envoy.sh"
+bash tests/e2e/envoy.sh
+
 log "done in $(( $(date +%s) - start ))s"

@@ -1,0 +1,237 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object, without a component. */}}
+{{- define "sluice.commonLabels" -}}
+helm.sh/chart: {{ include "sluice.chart" . }}
+{{ include "sluice.baseSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels of Sluice's own objects. */}}
+{{- define "sluice.labels" -}}
+{{ include "sluice.commonLabels" . }}
+app.kubernetes.io/component: ratelimit
+{{- end }}
+
+{{- define "sluice.baseSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selects Sluice pods only (not the bundled Redis). */}}
+{{- define "sluice.selectorLabels" -}}
+{{ include "sluice.baseSelectorLabels" . }}
+app.kubernetes.io/component: ratelimit
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fully qualified name computed from (dict "root" CONTEXT "values" SLUICE_VALUES), so
+that a parent chart including the helpers names things as this chart does.
+*/}}
+{{- define "sluice.fullnameFor" -}}
+{{- if .values.fullnameOverride }}
+{{- .values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default "sluice" .values.nameOverride }}
+{{- if contains $name .root.Release.Name }}
+{{- .root.Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .root.Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Redis URLs sluice is given, from (dict "root" . "values" V): explicit ones, or the bundled Redis. */}}
+{{- define "sluice.redisUrls" -}}
+{{- if .values.redis.bundled.enabled -}}
+redis://{{ include "sluice.fullnameFor" . }}-redis:6379
+{{- else -}}
+{{- join "," .values.redis.urls -}}
+{{- end -}}
+{{- end }}
+
+{{/* Checks that settings fit together; fails the render with a message otherwise. */}}
+{{- define "sluice.validate" -}}
+{{- $redisSources := 0 }}
+{{- if .Values.redis.urls }}{{ $redisSources = add1 $redisSources }}{{ end }}
+{{- if .Values.redis.clusterUrls }}{{ $redisSources = add1 $redisSources }}{{ end }}
+{{- if .Values.redis.existingSecret }}{{ $redisSources = add1 $redisSources }}{{ end }}
+{{- if .Values.redis.bundled.enabled }}{{ $redisSources = add1 $redisSources }}{{ end }}
+{{- if gt $redisSources 1 }}
+{{- fail "sluice: set only one of redis.urls, redis.clusterUrls, redis.existingSecret and redis.bundled.enabled" }}
+{{- end }}
+{{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) }}
+{{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, or existingPolicyConfigMaps" }}
+{{- end }}
+{{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
+{{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The `sluice serve` arguments for the values in `.values` and the release in `.root`.
+In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod.
+*/}}
+{{- define "sluice.args" -}}
+{{- $v := .values -}}
+- serve
+- --grpc-addr={{ if eq $v.mode "deployment" }}0.0.0.0{{ else }}127.0.0.1{{ end }}:{{ $v.ports.grpc }}
+- --http-addr=0.0.0.0:{{ $v.ports.http }}
+{{- if $v.policies }}
+- --config=/etc/sluice/policies
+{{- end }}
+{{- range $v.existingPolicyConfigMaps }}
+- --config=/etc/sluice/extra/{{ . }}
+{{- end }}
+{{- if $v.kube.enabled }}
+- --kube
+{{- with $v.kube.namespace }}
+- --kube-namespace={{ . }}
+{{- end }}
+{{- with $v.kube.sharedDomains }}
+- --shared-domains={{ join "," . }}
+{{- end }}
+{{- end }}
+{{- if or $v.redis.urls $v.redis.bundled.enabled }}
+- --redis={{ include "sluice.redisUrls" . }}
+{{- end }}
+{{- with $v.redis.clusterUrls }}
+- --redis-cluster={{ join "," . }}
+{{- end }}
+- --failure-mode={{ $v.failureMode }}
+- --store-timeout={{ $v.storeTimeout }}
+- --response-headers={{ $v.responseHeaders }}
+- --log-format={{ $v.logFormat }}
+- --max-keys={{ int64 $v.maxKeys }}
+- --reload-interval={{ $v.reloadInterval }}
+- --shutdown-grace={{ $v.shutdownGraceSeconds }}s
+{{- if $v.hashKeys }}
+- --hash-keys
+{{- end }}
+{{- range $v.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sluice container. Other charts can run Sluice as a sidecar by depending on this
+chart and including it in their own pod spec:
+
+  containers:
+    - name: envoy
+      ...
+    {{- include "sluice.container" (dict "root" . "values" .Values.sluice) | nindent 4 }}
+  volumes:
+    {{- include "sluice.volumes" (dict "root" . "values" .Values.sluice) | nindent 4 }}
+
+`values` is this chart's values (a parent chart's `.Values.sluice` carries them
+merged with these defaults); `root` is the including chart's top-level context.
+Set the dependency's `mode: helpers` so that this chart renders no Deployment of its
+own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
+`deployment` Sluice listens for gRPC on 127.0.0.1 only, for Envoy in the same pod.
+*/}}
+{{- define "sluice.container" -}}
+{{- $v := .values -}}
+- name: sluice
+  image: "{{ $v.image.repository }}:{{ $v.image.tag | default .root.Chart.AppVersion }}"
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  args:
+    {{- include "sluice.args" . | nindent 4 }}
+  env:
+    - name: RUST_LOG
+      value: info
+    {{- if $v.redis.existingSecret }}
+    - name: SLUICE_REDIS
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.redis.existingSecret }}
+          key: {{ $v.redis.existingSecretKey }}
+    {{- end }}
+    {{- with $v.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: grpc
+      containerPort: {{ $v.ports.grpc }}
+      protocol: TCP
+    - name: http
+      containerPort: {{ $v.ports.http }}
+      protocol: TCP
+  livenessProbe:
+    {{- toYaml $v.livenessProbe | nindent 4 }}
+  readinessProbe:
+    {{- toYaml $v.readinessProbe | nindent 4 }}
+  {{- if gt (int $v.preStopSleepSeconds) 0 }}
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: {{ $v.preStopSleepSeconds }}
+  {{- end }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  {{- if or $v.policies $v.existingPolicyConfigMaps }}
+  volumeMounts:
+    {{- if $v.policies }}
+    - name: sluice-policies
+      mountPath: /etc/sluice/policies
+      readOnly: true
+    {{- end }}
+    {{- range $v.existingPolicyConfigMaps }}
+    - name: sluice-extra-{{ . }}
+      mountPath: /etc/sluice/extra/{{ . }}
+      readOnly: true
+    {{- end }}
+  {{- end }}
+{{- end }}
+
+{{/* The volumes "sluice.container" mounts (same arguments). */}}
+{{- define "sluice.volumes" -}}
+{{- $v := .values -}}
+{{- if $v.policies }}
+- name: sluice-policies
+  configMap:
+    name: {{ include "sluice.policiesConfigMapName" . }}
+{{- end }}
+{{- range $v.existingPolicyConfigMaps }}
+- name: sluice-extra-{{ . }}
+  configMap:
+    name: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the inline policies' ConfigMap (same arguments). */}}
+{{- define "sluice.policiesConfigMapName" -}}
+{{ include "sluice.fullnameFor" . }}-policies
+{{- end }}

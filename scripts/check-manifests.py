@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Checks rendered Kubernetes manifests (used by scripts/helm-test.sh).
+
+    check-manifests.py [--k8s-version 1.33.0] [--extract-policies DIR]
+                       [--extract-envoy FILE] MANIFEST.yaml...
+
+1. Every document parses as YAML and has apiVersion, kind and metadata.name.
+2. Built-in kinds are validated against the Kubernetes OpenAPI schemas bundled with
+   the `kubernetes-validate` package, strictly (unknown fields are errors).
+3. Prometheus Operator kinds (no bundled schema) get a structural check; other
+   custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
+   server test) are listed as not checked here.
+4. Cross-object checks: a Service selects the pods of a Deployment and its
+   targetPorts name container ports; probes name container ports; the pod's
+   ServiceAccount, ConfigMaps and (Cluster)Role bindings exist in the render or are
+   declared external; the sluice container's --config paths are mounted.
+5. --extract-policies writes every policy file of ConfigMaps named *-policies to DIR
+   (for `sluice validate`); --extract-envoy writes a ConfigMap's envoy.yaml to FILE
+   (for `envoy --mode validate`).
+Exit status 1 on any error, each printed as `FILE: kind/name: message`.
+"""
+import argparse
+import os
+import sys
+
+import yaml
+
+try:
+    import kubernetes_validate as kv
+except ImportError:  # pragma: no cover - reported below
+    kv = None
+
+PROM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+errors = []
+
+
+def err(src, doc, msg):
+    name = f"{doc.get('kind', '?')}/{(doc.get('metadata') or {}).get('name', '?')}" if isinstance(doc, dict) else "?"
+    errors.append(f"{src}: {name}: {msg}")
+
+
+def check_prom(src, d):
+    spec = d.get("spec")
+    if not isinstance(spec, dict):
+        return err(src, d, "spec missing")
+    if d["kind"] == "ServiceMonitor":
+        if not isinstance(spec.get("selector"), dict):
+            err(src, d, "spec.selector missing")
+        eps = spec.get("endpoints")
+        if not isinstance(eps, list) or not eps:
+            err(src, d, "spec.endpoints missing")
+        for ep in eps or []:
+            if not (ep.get("port") or ep.get("targetPort")):
+                err(src, d, "endpoint without port")
+    else:
+        groups = spec.get("groups")
+        if not isinstance(groups, list) or not groups:
+            return err(src, d, "spec.groups missing")
+        for g in groups:
+            if not g.get("name"):
+                err(src, d, "rule group without name")
+            for r in g.get("rules", []):
+                if not (("alert" in r) ^ ("record" in r)):
+                    err(src, d, f"rule needs exactly one of alert/record: {r}")
+                if not isinstance(r.get("expr"), str) or not r["expr"].strip():
+                    err(src, d, f"rule without expr: {r}")
+                if r.get("expr", "").count("(") != r.get("expr", "").count(")"):
+                    err(src, d, f"unbalanced parentheses in expr: {r['expr']}")
+                extra = set(r) - {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+                if extra:
+                    err(src, d, f"unknown rule fields {sorted(extra)}")
+
+
+def pod_spec(d):
+    if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+        return ((d.get("spec") or {}).get("template") or {}).get("spec") or {}, (
+            ((d.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        ).get("labels") or {}
+    if d["kind"] == "Pod":
+        return d.get("spec") or {}, (d.get("metadata") or {}).get("labels") or {}
+    return None, None
+
+
+def cross_checks(src, docs, external_configmaps):
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    workloads = [d for d in docs if pod_spec(d)[0] is not None]
+    for w in workloads:
+        spec, labels = pod_spec(w)
+        sel = ((w.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if w["kind"] != "Pod" and any(labels.get(k) != v for k, v in sel.items()):
+            err(src, w, f"selector {sel} does not match pod labels {labels}")
+        sa = spec.get("serviceAccountName")
+        if sa and sa != "default" and sa not in by_kind.get("ServiceAccount", {}):
+            err(src, w, f"serviceAccountName {sa} is not in the render")
+        vols = {v["name"]: v for v in spec.get("volumes") or []}
+        for v in vols.values():
+            cm = (v.get("configMap") or {}).get("name")
+            if cm and cm not in by_kind.get("ConfigMap", {}) and cm not in external_configmaps:
+                err(src, w, f"volume {v['name']} uses ConfigMap {cm}, which is neither rendered nor declared external")
+        for c in spec.get("containers") or []:
+            ports = {p.get("name") for p in c.get("ports") or [] if p.get("name")}
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                pr = c.get(probe) or {}
+                for h in ("httpGet", "tcpSocket", "grpc"):
+                    port = (pr.get(h) or {}).get("port")
+                    if isinstance(port, str) and port not in ports:
+                        err(src, w, f"{c['name']}.{probe} names port {port!r}, not a container port")
+            mounts = {m["mountPath"]: m for m in c.get("volumeMounts") or []}
+            for m in mounts.values():
+                if m["name"] not in vols:
+                    err(src, w, f"{c['name']} mounts volume {m['name']}, not in the pod")
+            args = c.get("args") or []
+            for a in args:
+                if isinstance(a, str) and a.startswith("--config="):
+                    path = a.split("=", 1)[1]
+                    if not any(path == mp or path.startswith(mp.rstrip("/") + "/") for mp in mounts):
+                        err(src, w, f"{c['name']}: {a} is not under any volumeMount")
+        for svc in by_kind.get("Service", {}).values():
+            ssel = (svc.get("spec") or {}).get("selector") or {}
+            if not ssel or any(labels.get(k) != v for k, v in ssel.items()):
+                continue
+            all_ports = {p.get("name") for c in spec.get("containers") or [] for p in c.get("ports") or []}
+            for p in (svc.get("spec") or {}).get("ports") or []:
+                tp = p.get("targetPort")
+                if isinstance(tp, str) and tp not in all_ports:
+                    err(src, svc, f"targetPort {tp!r} is not a port of the pods of {w['metadata']['name']}")
+    pod_labels = [pod_spec(w)[1] for w in workloads]
+    for svc in by_kind.get("Service", {}).values():
+        ssel = (svc.get("spec") or {}).get("selector") or {}
+        if ssel and not any(all(l.get(k) == v for k, v in ssel.items()) for l in pod_labels):
+            err(src, svc, f"selector {ssel} selects no rendered pod")
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        for b in by_kind.get(kind, {}).values():
+            ref = b.get("roleRef") or {}
+            if ref.get("name") not in by_kind.get(ref.get("kind"), {}):
+                err(src, b, f"roleRef {ref} is not in the render")
+            for s in b.get("subjects") or []:
+                if s.get("kind") == "ServiceAccount" and s.get("name") not in by_kind.get("ServiceAccount", {}) and s.get("name") != "default":
+                    err(src, b, f"subject ServiceAccount {s.get('name')} is not in the render")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--k8s-version", default="1.33.0")
+    ap.add_argument("--extract-policies")
+    ap.add_argument("--extract-envoy")
+    ap.add_argument("--external-configmap", action="append", default=[])
+    ap.add_argument("--allow-kind", action="append", default=[], help="custom kinds that are expected (not checked here)")
+    ap.add_argument("files", nargs="+")
+    a = ap.parse_args()
+    if kv is None:
+        print("check-manifests: the kubernetes-validate package is missing (pip install kubernetes-validate)", file=sys.stderr)
+        return 2
+    counts = {}
+    for src in a.files:
+        try:
+            with open(src) as f:
+                docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        except yaml.YAMLError as e:
+            errors.append(f"{src}: YAML does not parse: {e}")
+            continue
+        good = []
+        for d in docs:
+            if not isinstance(d, dict) or not d.get("apiVersion") or not d.get("kind") or not (d.get("metadata") or {}).get("name"):
+                err(src, d if isinstance(d, dict) else {}, "not an object with apiVersion, kind and metadata.name")
+                continue
+            good.append(d)
+            kind = d["kind"]
+            if kind in PROM_KINDS:
+                check_prom(src, d)
+                counts[kind + " (structural)"] = counts.get(kind + " (structural)", 0) + 1
+                continue
+            try:
+                kv.validate(d, a.k8s_version, strict=True)
+                counts[kind] = counts.get(kind, 0) + 1
+            except kv.SchemaNotFoundError:
+                if kind in a.allow_kind:
+                    counts[kind + " (not checked here)"] = counts.get(kind + " (not checked here)", 0) + 1
+                else:
+                    err(src, d, f"no schema for {d['apiVersion']} {kind} in Kubernetes {a.k8s_version}")
+            except kv.ValidationError as e:
+                path = ".".join(str(p) for p in getattr(e, "path", []) or [])
+                err(src, d, f"{path}: {getattr(e, 'message', e)}")
+        cross_checks(src, good, set(a.external_configmap))
+        for d in good:
+            if d["kind"] != "ConfigMap":
+                continue
+            data = d.get("data") or {}
+            if a.extract_policies and d["metadata"]["name"].endswith("-policies"):
+                os.makedirs(a.extract_policies, exist_ok=True)
+                for name, text in data.items():
+                    with open(os.path.join(a.extract_policies, name), "w") as f:
+                        f.write(text)
+            if a.extract_envoy and "envoy.yaml" in data:
+                with open(a.extract_envoy, "w") as f:
+                    f.write(data["envoy.yaml"])
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if errors:
+        for e in errors:
+            print("  " + e, file=sys.stderr)
+        print(f"check-manifests: {len(errors)} error(s); checked {summary}", file=sys.stderr)
+        return 1
+    print(f"check-manifests: OK ({summary})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
