@@ -32,7 +32,12 @@ die() { printf '[kube-apiserver] ERROR: %s\n' "$*" >&2; exit 1; }
 usage() { die "usage: $0 start|stop|status DIR"; }
 [ $# -eq 2 ] || usage
 cmd=$1
-mkdir -p "$2"
+case "$cmd" in
+    start) mkdir -p "$2" ;;
+    stop|status)
+        if [ ! -d "$2" ]; then log "$2 does not exist: nothing to $cmd"; [ "$cmd" = stop ]; exit; fi ;;
+    *) usage ;;
+esac
 DIR=$(cd "$2" && pwd -P)
 
 START_TIMEOUT=${KUBE_START_TIMEOUT:-60}
@@ -177,6 +182,117 @@ show_log_tail() {
     log "---- end of $1 ----"
 }
 
+# listening_pid PORT: pid of the process listening on 127.0.0.1:PORT ("" if none).
+listening_pid() {
+    ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2
+}
+
+# start_etcd BIN CLIENT_PORT PEER_PORT: 0 = healthy, 2 = a port was taken (retry),
+# 1 = other failure (log shown).
+start_etcd() {
+    local bin=$1 port=$2 peer=$3 pid deadline
+    if port_in_use "$port" || port_in_use "$peer"; then return 2; fi
+    mkdir -p "$DIR/etcd-data"
+    log "starting etcd ($bin) on 127.0.0.1:$port (peer $peer), data in $DIR/etcd-data"
+    setsid "$bin" \
+        --name sluice-test \
+        --data-dir "$DIR/etcd-data" \
+        --listen-client-urls "http://127.0.0.1:$port" \
+        --advertise-client-urls "http://127.0.0.1:$port" \
+        --listen-peer-urls "http://127.0.0.1:$peer" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "sluice-test=http://127.0.0.1:$peer" \
+        --initial-cluster-state new \
+        --logger zap --log-outputs stderr \
+        --quota-backend-bytes 1073741824 \
+        </dev/null >"$DIR/etcd.log" 2>&1 &
+    pid=$!
+    echo "$pid" >"$DIR/etcd.pid"
+    deadline=$(( $(date +%s) + START_TIMEOUT ))
+    # Healthy, and the listener is ours (not another test's etcd on the same port).
+    until [ "$(listening_pid "$port")" = "$pid" ] \
+        && curl -fsS --max-time 2 "http://127.0.0.1:$port/health" 2>/dev/null | grep -q '"health":"true"'; do
+        if ! pid_alive "$DIR/etcd.pid"; then
+            if grep -q 'address already in use' "$DIR/etcd.log"; then return 2; fi
+            show_log_tail "$DIR/etcd.log"
+            log "etcd exited during start-up"
+            return 1
+        fi
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            show_log_tail "$DIR/etcd.log"
+            stop_pidfile "$DIR/etcd.pid" etcd
+            log "etcd not healthy after ${START_TIMEOUT}s"
+            return 1
+        fi
+        sleep 0.2
+    done
+    log "etcd healthy (pid $pid)"
+}
+
+# fake.kubeconfig points where nothing listens: the server needs some kubeconfig for
+# its delegated authn/authz and its informers; it must not fall back to in-cluster
+# config. (The informer's "connection refused" errors in apiserver.log are expected.)
+write_fake_kubeconfig() {
+    cat >"$DIR/fake.kubeconfig" <<'EOF2'
+apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster:
+    server: http://127.1.2.3:12345
+contexts:
+- name: fake
+  context:
+    cluster: fake
+    user: fake
+current-context: fake
+users:
+- name: fake
+  user: {}
+EOF2
+}
+
+# start_apiserver BIN PORT ETCD_PORT: 0 = /healthz OK, 2 = port taken (retry), 1 = failure.
+start_apiserver() {
+    local bin=$1 port=$2 etcd_port=$3 pid deadline
+    if port_in_use "$port"; then return 2; fi
+    log "starting API server ($bin) on https://127.0.0.1:$port"
+    # shellcheck disable=SC2086  # KUBE_APISERVER_EXTRA_ARGS is split on purpose
+    setsid "$bin" \
+        --etcd-servers "http://127.0.0.1:$etcd_port" \
+        --secure-port "$port" --bind-address 127.0.0.1 \
+        --cert-dir "$DIR/pki" \
+        --tls-cert-file "$DIR/pki/server.crt" --tls-private-key-file "$DIR/pki/server.key" \
+        --client-ca-file "$DIR/pki/ca.crt" \
+        --authentication-skip-lookup \
+        --authentication-kubeconfig "$DIR/fake.kubeconfig" \
+        --authorization-kubeconfig "$DIR/fake.kubeconfig" \
+        --kubeconfig "$DIR/fake.kubeconfig" \
+        --enable-priority-and-fairness=false \
+        --disable-admission-plugins NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy \
+        ${KUBE_APISERVER_EXTRA_ARGS:-} \
+        </dev/null >"$DIR/apiserver.log" 2>&1 &
+    pid=$!
+    echo "$pid" >"$DIR/apiserver.pid"
+    deadline=$(( $(date +%s) + START_TIMEOUT ))
+    until [ "$(listening_pid "$port")" = "$pid" ] && healthz "$port"; do
+        if ! pid_alive "$DIR/apiserver.pid"; then
+            if grep -q 'address already in use' "$DIR/apiserver.log"; then return 2; fi
+            show_log_tail "$DIR/apiserver.log" 60
+            log "API server exited during start-up"
+            return 1
+        fi
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            show_log_tail "$DIR/apiserver.log" 60
+            show_log_tail "$DIR/etcd.log" 20
+            log "API server: /healthz not OK after ${START_TIMEOUT}s"
+            return 1
+        fi
+        sleep 0.3
+    done
+    log "API server healthy (pid $pid)"
+}
+
 # --- commands ------------------------------------------------------------------------
 
 do_stop() {
@@ -219,98 +335,36 @@ do_start() {
 
     make_certs
 
-    local etcd_port=${SLUICE_ETCD_CLIENT_PORT:-} peer_port=${SLUICE_ETCD_PEER_PORT:-} api_port=${SLUICE_KUBE_APISERVER_PORT:-}
-    pick_port etcd_port
-    pick_port peer_port
-    pick_port api_port
-    for p in "$etcd_port" "$peer_port" "$api_port"; do
-        port_in_use "$p" && die "port $p is already in use"
+    # Ports are picked at random, so another process may take one between our check
+    # and the bind: such a start is retried with new ports (up to 3 times).
+    local etcd_port peer_port api_port attempt rc
+    for attempt in 1 2 3; do
+        etcd_port=${SLUICE_ETCD_CLIENT_PORT:-} peer_port=${SLUICE_ETCD_PEER_PORT:-}
+        handed_out=" "
+        pick_port etcd_port
+        pick_port peer_port
+        rc=0
+        start_etcd "$etcd_bin" "$etcd_port" "$peer_port" || rc=$?
+        [ "$rc" -eq 0 ] && break
+        [ "$rc" -eq 2 ] && [ "$attempt" -lt 3 ] && [ -z "${SLUICE_ETCD_CLIENT_PORT:-}${SLUICE_ETCD_PEER_PORT:-}" ] \
+            || { [ "$rc" -eq 2 ] && die "etcd: port $etcd_port or $peer_port is already in use"; die "etcd did not start (see $DIR/etcd.log)"; }
+        log "etcd: port taken meanwhile; retrying with other ports"
     done
-
-    # --- etcd ---
-    mkdir -p "$DIR/etcd-data"
-    log "starting etcd ($etcd_bin) on 127.0.0.1:$etcd_port (peer $peer_port), data in $DIR/etcd-data"
-    setsid "$etcd_bin" \
-        --name sluice-test \
-        --data-dir "$DIR/etcd-data" \
-        --listen-client-urls "http://127.0.0.1:$etcd_port" \
-        --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-        --listen-peer-urls "http://127.0.0.1:$peer_port" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-        --initial-cluster "sluice-test=http://127.0.0.1:$peer_port" \
-        --initial-cluster-state new \
-        --logger zap --log-outputs stderr \
-        --quota-backend-bytes 1073741824 \
-        </dev/null >"$DIR/etcd.log" 2>&1 &
-    echo $! >"$DIR/etcd.pid"
-
-    local deadline=$(( $(date +%s) + START_TIMEOUT ))
-    until curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; do
-        if ! pid_alive "$DIR/etcd.pid"; then
-            show_log_tail "$DIR/etcd.log"
-            die "etcd exited during start-up (see $DIR/etcd.log)"
+    write_fake_kubeconfig
+    for attempt in 1 2 3; do
+        api_port=${SLUICE_KUBE_APISERVER_PORT:-}
+        handed_out=" $etcd_port $peer_port "
+        pick_port api_port
+        rc=0
+        start_apiserver "$apiext_bin" "$api_port" "$etcd_port" || rc=$?
+        [ "$rc" -eq 0 ] && break
+        if [ "$rc" -eq 2 ] && [ "$attempt" -lt 3 ] && [ -z "${SLUICE_KUBE_APISERVER_PORT:-}" ]; then
+            log "apiserver: port taken meanwhile; retrying with another port"
+            continue
         fi
-        if [ "$(date +%s)" -ge "$deadline" ]; then
-            show_log_tail "$DIR/etcd.log"
-            do_stop
-            die "etcd not healthy after ${START_TIMEOUT}s"
-        fi
-        sleep 0.2
-    done
-    log "etcd healthy"
-
-    # --- apiextensions-apiserver ---
-    # fake.kubeconfig points where nothing listens: the server needs some kubeconfig for
-    # its delegated authn/authz and for its own loopback-less informers; it must not
-    # fall back to in-cluster config.
-    cat >"$DIR/fake.kubeconfig" <<'EOF'
-apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster:
-    server: http://127.1.2.3:12345
-contexts:
-- name: fake
-  context:
-    cluster: fake
-    user: fake
-current-context: fake
-users:
-- name: fake
-  user: {}
-EOF
-    log "starting apiextensions-apiserver ($apiext_bin) on https://127.0.0.1:$api_port"
-    setsid "$apiext_bin" \
-        --etcd-servers "http://127.0.0.1:$etcd_port" \
-        --secure-port "$api_port" --bind-address 127.0.0.1 \
-        --cert-dir "$DIR/pki" \
-        --tls-cert-file "$DIR/pki/server.crt" --tls-private-key-file "$DIR/pki/server.key" \
-        --client-ca-file "$DIR/pki/ca.crt" \
-        --authentication-skip-lookup \
-        --authentication-kubeconfig "$DIR/fake.kubeconfig" \
-        --authorization-kubeconfig "$DIR/fake.kubeconfig" \
-        --kubeconfig "$DIR/fake.kubeconfig" \
-        --enable-priority-and-fairness=false \
-        --disable-admission-plugins NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,MutatingAdmissionPolicy \
-        ${KUBE_APISERVER_EXTRA_ARGS:-} \
-        </dev/null >"$DIR/apiserver.log" 2>&1 &
-    echo $! >"$DIR/apiserver.pid"
-
-    deadline=$(( $(date +%s) + START_TIMEOUT ))
-    until healthz "$api_port"; do
-        if ! pid_alive "$DIR/apiserver.pid"; then
-            show_log_tail "$DIR/apiserver.log" 60
-            do_stop
-            die "apiextensions-apiserver exited during start-up (see $DIR/apiserver.log)"
-        fi
-        if [ "$(date +%s)" -ge "$deadline" ]; then
-            show_log_tail "$DIR/apiserver.log" 60
-            show_log_tail "$DIR/etcd.log" 20
-            do_stop
-            die "apiextensions-apiserver: /healthz not OK after ${START_TIMEOUT}s"
-        fi
-        sleep 0.3
+        do_stop
+        [ "$rc" -eq 2 ] && die "API server: port $api_port is already in use"
+        die "API server did not start (see $DIR/apiserver.log)"
     done
 
     # --- client files ---

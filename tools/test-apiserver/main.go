@@ -2,9 +2,11 @@
 // server backed by etcd) plus the two things the stock binary lacks for tests that use
 // kubectl, helm or kube-rs discovery:
 //
-//   - root discovery: GET /apis (plain APIGroupList and aggregated discovery v2) and an
-//     empty GET /api. The stock binary leaves /apis to kube-aggregator, so it answers
-//     404 there and every kubectl command that needs discovery fails.
+//   - root discovery: GET /apis (plain APIGroupList and aggregated discovery v2), and a
+//     core group with no resources (GET /api lists v1, GET /api/v1 lists nothing). The
+//     stock binary leaves /apis to kube-aggregator, so it answers 404 there and every
+//     kubectl command that needs discovery fails; kube-rs's Discovery::run() fails on
+//     a missing or empty /api.
 //   - OpenAPI v2 (and the CRD OpenAPI controllers that publish the CRDs' schemas), as
 //     upstream's own test server sets it, so `kubectl explain` and client-side
 //     validation know the custom kinds.
@@ -111,16 +113,21 @@ func (d *rootDiscovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		d.apis.ServeHTTP(w, r)
 	case "/api", "/api/":
 		d.api.ServeHTTP(w, r)
+	case "/api/v1", "/api/v1/":
+		responsewriters.WriteObjectNegotiated(apiserver.Codecs, negotiation.DefaultEndpointRestrictions, schema.GroupVersion{}, w, r, http.StatusOK,
+			&metav1.APIResourceList{GroupVersion: "v1", APIResources: []metav1.APIResource{}}, false)
 	default:
 		http.NotFound(w, r)
 	}
 }
 
-// serveAPIVersions: no core group here; an empty list (rather than 404) lets clients
-// that always read /api (kube-rs Discovery, older kubectl) go on.
+// serveAPIVersions: there are no core resources here, but clients that always read
+// /api (kube-rs Discovery::run, kubectl without aggregated discovery) need a 200 with
+// at least one version, so core v1 is listed and /api/v1 holds no resources. (The
+// aggregated form, asked for by kubectl >= 1.30, is an empty list.)
 func (d *rootDiscovery) serveAPIVersions(w http.ResponseWriter, r *http.Request) {
 	responsewriters.WriteObjectNegotiated(apiserver.Codecs, negotiation.DefaultEndpointRestrictions, schema.GroupVersion{}, w, r, http.StatusOK,
-		&metav1.APIVersions{Versions: []string{}, ServerAddressByClientCIDRs: []metav1.ServerAddressByClientCIDR{{ClientCIDR: "0.0.0.0/0", ServerAddress: r.Host}}}, false)
+		&metav1.APIVersions{Versions: []string{"v1"}, ServerAddressByClientCIDRs: []metav1.ServerAddressByClientCIDR{{ClientCIDR: "0.0.0.0/0", ServerAddress: r.Host}}}, false)
 }
 
 // serveAPIGroupList: apiextensions.k8s.io plus the groups of all established CRDs,
