@@ -110,6 +110,7 @@ build_tool() {
         return 0
     fi
     log "building $name from $dir (log: $LOGDIR/$name.log) ..."
+    # shellcheck disable=SC2016  # $1.. expand in the inner bash
     run_timed "$name" "$LOGDIR/$name.log" \
         bash -c 'cd "$1" && go build -ldflags "$2" -o "$3.tmp" "$4" && mv -f "$3.tmp" "$3"' _ \
         "$dir" "$ldflags" "$out" "$pkg" \

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `a && b || c` is used where b cannot fail
 # A real (CRD-only) Kubernetes API server for tests: etcd + apiextensions-apiserver,
 # bound to 127.0.0.1 on free ports, client-certificate auth (O=system:masters).
 #
@@ -56,7 +57,7 @@ pid_alive() {
 }
 
 stop_pidfile() {
-    local f=$1 name=$2 pid i
+    local f=$1 name=$2 pid
     if ! pid_alive "$f"; then
         rm -f "$f"
         return 0
@@ -64,7 +65,7 @@ stop_pidfile() {
     pid=$(cat "$f")
     log "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do
+    for _ in $(seq 1 100); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
@@ -86,9 +87,9 @@ port_in_use() {
 # environment) is kept.
 handed_out=" "
 pick_port() {
-    local var=$1 p i
+    local var=$1 p
     if [ -n "${!var:-}" ]; then handed_out+="${!var} "; return 0; fi
-    for i in $(seq 1 200); do
+    for _ in $(seq 1 200); do
         p=$(( 20000 + RANDOM % 10000 ))
         port_in_use "$p" && continue
         [[ "$handed_out" == *" $p "* ]] && continue

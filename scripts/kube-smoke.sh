@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2015  # `a && b || c` is used where b cannot fail
 # Smoke test of the Kubernetes test infrastructure: starts etcd + the CRD-only API
 # server in a temp dir (scripts/kube-apiserver.sh), exercises the test CRD
 # (tests/kube/crd-ratelimitpolicy.yaml) with kubectl, checks helm, then stops it all.
