@@ -1,21 +1,107 @@
-//! Metrics in the Prometheus text format.
+//! Metrics in the Prometheus text format, and the top-offenders view.
 //!
 //! One [`Metrics`] value is built at start-up and passed around in an `Arc`, never a
 //! global, so each test builds its own. Label sets are bounded by the policies: the
-//! `rule` label is the matched path of keys, never a request value.
+//! `rule` label is the matched path of keys, never a request value. The one exception
+//! is `sluice_top_offenders`' `key`, at most [`top::TOP`] per rule.
+//!
+//! **Recording is cheap and takes no global lock.** Looking a labelled counter up by
+//! its label values (`with_label_values`) hashes the labels and takes the vector's
+//! lock on every call; sluice does that once per rule per compiled policy instead.
+//! [`PolicyHandles`] holds, for one compiled [`Policy`] (recognised by pointer), a
+//! lazily filled slot per rule id with that rule's counters already resolved and its
+//! [`RuleWindow`]. The current `PolicyHandles` is read through an `ArcSwap` (no lock,
+//! no shared reference count touched), so a decision costs a few relaxed atomic
+//! increments per descriptor: the outcome counter, and one compare-and-swap on the
+//! rule's current second of the deny-ratio ring ([`ratio`]). Only denials touch the
+//! top-offenders sketch ([`top`]), whose locks are per rule, per 10 s sub-window and
+//! per shard of the key space. Windows are kept by (domain, rule path) so a policy
+//! reload does not reset them; they are few (bounded by the rules ever loaded).
+//!
+//! The ratio and the top offenders are computed at scrape time (`render`).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
-use crate::limiter::Outcome;
+use crate::algorithm::{Micros, SECOND};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::{Ban, Outcome};
+use crate::policy::{FailureMode, Policy, Rule};
+
+pub mod ratio;
+pub mod top;
+
+use ratio::DenyWindow;
+use top::TopOffenders;
+
+/// The `outcome` label values of `sluice_requests_total`.
+pub const OUTCOMES: [&str; 6] = [
+    "ok",
+    "over_limit",
+    "shadow_over_limit",
+    "failed_open",
+    "failed_closed",
+    "banned",
+];
+const OK: usize = 0;
+const OVER_LIMIT: usize = 1;
+const SHADOW_OVER_LIMIT: usize = 2;
+const FAILED_OPEN: usize = 3;
+const FAILED_CLOSED: usize = 4;
+const BANNED: usize = 5;
+
+/// Denials and decisions of one (domain, rule) over the last minute.
+#[derive(Debug, Default)]
+pub struct RuleWindow {
+    pub domain: String,
+    pub rule: String,
+    pub ratio: DenyWindow,
+    pub top: TopOffenders,
+}
+
+/// One rule's resolved metric handles.
+#[derive(Debug)]
+struct RuleHandles {
+    outcomes: [IntCounter; OUTCOMES.len()],
+    bans: IntCounter,
+    window: Arc<RuleWindow>,
+}
+
+/// The handles of one compiled policy, by rule id.
+#[derive(Debug)]
+struct PolicyHandles {
+    /// Keeps the policy's allocation (not the policy) alive, so a new policy never
+    /// gets the same address while this cache entry exists.
+    policy: Weak<Policy>,
+    rules: Box<[OnceLock<RuleHandles>]>,
+}
+
+/// One rule's view for `/debug/top`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleTop {
+    pub domain: String,
+    pub rule: String,
+    /// Limited descriptors decided over the last minute.
+    pub decided: u64,
+    /// Of those, denied (over limit or banned).
+    pub denied: u64,
+    /// The worst keys, most denials first.
+    pub top: Vec<(String, u64)>,
+}
 
 /// Every metric sluice exports.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Metrics {
+    enabled: bool,
+    clock: Arc<dyn Clock>,
     registry: Registry,
     requests: IntCounterVec,
     unknown_domain: IntCounter,
@@ -25,6 +111,20 @@ pub struct Metrics {
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
+    penalty_bans: IntCounterVec,
+    active_bans: IntGauge,
+    deny_ratio: GaugeVec,
+    recent_denials: IntGaugeVec,
+    top_offenders: IntGaugeVec,
+    handles: ArcSwapOption<PolicyHandles>,
+    /// Windows by (domain, rule path); locked only when a policy's rule is first seen
+    /// and at scrape time.
+    windows: Mutex<HashMap<(String, String), Arc<RuleWindow>>>,
+    /// Serialises scrapes, which reset and refill the computed gauges.
+    scrape: Mutex<()>,
+    store_failing: AtomicBool,
+    failures_in_outage: AtomicU64,
+    evicting: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -33,17 +133,31 @@ impl Default for Metrics {
     }
 }
 
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
 impl Metrics {
     pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// Metrics that record nothing (for measuring their cost); `/metrics` still renders.
+    pub fn disabled() -> Self {
+        Metrics {
+            enabled: false,
+            ..Self::new()
+        }
+    }
+
+    /// Metrics whose windows read `clock`; tests inject a manual one.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "sluice_requests_total",
-                "Descriptors decided, by matched rule and outcome.",
-            ),
+        let requests = counter_vec(
+            "sluice_requests_total",
+            "Descriptors decided, by matched rule and outcome.",
             &["domain", "layer", "rule", "outcome"],
-        )
-        .expect("static metric definition");
+        );
         let unknown_domain = IntCounter::new(
             "sluice_unknown_domain_requests_total",
             "Requests naming a domain no policy defines (answered OK).",
@@ -65,22 +179,16 @@ impl Metrics {
             ]),
         )
         .expect("static metric definition");
-        let store_errors = IntCounterVec::new(
-            Opts::new(
-                "sluice_store_errors_total",
-                "Store calls that failed or timed out.",
-            ),
+        let store_errors = counter_vec(
+            "sluice_store_errors_total",
+            "Store calls that failed or timed out.",
             &["store", "shard"],
-        )
-        .expect("static metric definition");
-        let policy_reloads = IntCounterVec::new(
-            Opts::new(
-                "sluice_policy_reloads_total",
-                "Policy reloads by source and result.",
-            ),
+        );
+        let policy_reloads = counter_vec(
+            "sluice_policy_reloads_total",
+            "Policy reloads by source and result (ok, error).",
             &["source", "result"],
-        )
-        .expect("static metric definition");
+        );
         let active_keys = IntGaugeVec::new(
             Opts::new(
                 "sluice_active_keys",
@@ -94,6 +202,40 @@ impl Metrics {
             "Live counters dropped because the memory store reached --max-keys.",
         )
         .expect("static metric definition");
+        let penalty_bans = counter_vec(
+            "sluice_penalty_bans_total",
+            "Bans started by a rule's penalty.",
+            &["domain", "rule"],
+        );
+        let active_bans = IntGauge::new(
+            "sluice_penalty_active_bans",
+            "Keys serving a penalty ban in this process.",
+        )
+        .expect("static metric definition");
+        let deny_ratio = GaugeVec::new(
+            Opts::new(
+                "sluice_deny_ratio",
+                "Denied / decided descriptors of a rule over the last 60 s.",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
+        let recent_denials = IntGaugeVec::new(
+            Opts::new(
+                "sluice_recent_denials",
+                "Denied descriptors of a rule over the last 60 s (the deny ratio's numerator).",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
+        let top_offenders = IntGaugeVec::new(
+            Opts::new(
+                "sluice_top_offenders",
+                "Denials over the last 60 s of the 10 keys a rule denied most (rank 1 = most).",
+            ),
+            &["domain", "rule", "key", "rank"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(unknown_domain.clone()),
@@ -103,10 +245,21 @@ impl Metrics {
             Box::new(policy_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
+            Box::new(penalty_bans.clone()),
+            Box::new(active_bans.clone()),
+            Box::new(deny_ratio.clone()),
+            Box::new(recent_denials.clone()),
+            Box::new(top_offenders.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        // Series that dashboards and alerts read exist (at 0) from the start.
+        for result in ["ok", "error"] {
+            policy_reloads.with_label_values(&["file", result]);
+        }
         Metrics {
+            enabled: true,
+            clock,
             registry,
             requests,
             unknown_domain,
@@ -116,34 +269,142 @@ impl Metrics {
             policy_reloads,
             active_keys,
             evictions,
+            penalty_bans,
+            active_bans,
+            deny_ratio,
+            recent_denials,
+            top_offenders,
+            handles: ArcSwapOption::empty(),
+            windows: Mutex::new(HashMap::new()),
+            scrape: Mutex::new(()),
+            store_failing: AtomicBool::new(false),
+            failures_in_outage: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
         }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// Counts one decided request.
     pub fn record(&self, domain: &str, outcome: &Outcome, took: Duration) {
+        if !self.enabled {
+            return;
+        }
         self.decision_seconds.observe(took.as_secs_f64());
         if !outcome.domain_known {
             self.unknown_domain.inc();
             return;
         }
-        if outcome.failure.is_some() {
-            self.store_errors.with_label_values(&["store", "all"]).inc();
-        }
-        for s in &outcome.statuses {
-            let Some(rule) = s.rule.map(|r| outcome.policy.rule(r)) else {
+        self.store_health(outcome);
+        let guard = self.handles.load();
+        let fresh;
+        let handles: &PolicyHandles = match guard.as_deref() {
+            Some(h) if std::ptr::eq(h.policy.as_ptr(), Arc::as_ptr(&outcome.policy)) => h,
+            _ => {
+                fresh = Arc::new(PolicyHandles {
+                    policy: Arc::downgrade(&outcome.policy),
+                    rules: (0..outcome.policy.rules.len())
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                });
+                self.handles.store(Some(fresh.clone()));
+                &fresh
+            }
+        };
+        let mut now = None;
+        for (i, s) in outcome.statuses.iter().enumerate() {
+            let Some(rule_id) = s.rule else {
                 continue;
             };
-            let result = match (&outcome.failure, s.verdict) {
-                (Some(f), _) if f.mode == crate::policy::FailureMode::Open => "failed_open",
-                (Some(_), _) => "failed_closed",
-                (None, Some(v)) if !v.admitted && rule.shadow_mode => "shadow_over_limit",
-                (None, _) if s.over_limit => "over_limit",
-                _ => "ok",
+            let rule = outcome.policy.rule(rule_id);
+            let h = handles.rules[rule_id].get_or_init(|| self.rule_handles(domain, rule));
+            let label = match (&outcome.failure, s.verdict) {
+                _ if s.ban == Ban::Active => BANNED,
+                (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
+                (Some(_), _) => FAILED_CLOSED,
+                (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
+                (None, _) if s.over_limit => OVER_LIMIT,
+                _ => OK,
             };
-            self.requests
-                .with_label_values(&[domain, rule.layer.as_str(), &rule.path, result])
-                .inc();
+            h.outcomes[label].inc();
+            if s.ban == Ban::Started {
+                h.bans.inc();
+            }
+            let decided = rule.limit.is_some()
+                && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
+            if decided {
+                let now = *now.get_or_insert_with(|| self.clock.now());
+                let denied = label == OVER_LIMIT || label == BANNED;
+                h.window.ratio.record(now, denied);
+                if denied {
+                    if let Some(key) = outcome.offender(i) {
+                        h.window.top.add(now, key);
+                    }
+                }
+            }
         }
+    }
+
+    fn rule_handles(&self, domain: &str, rule: &Rule) -> RuleHandles {
+        let layer = rule.layer.as_str();
+        let window = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((domain.to_string(), rule.path.clone()))
+            .or_insert_with(|| {
+                Arc::new(RuleWindow {
+                    domain: domain.to_string(),
+                    rule: rule.path.clone(),
+                    ..RuleWindow::default()
+                })
+            })
+            .clone();
+        RuleHandles {
+            outcomes: OUTCOMES.map(|o| {
+                self.requests
+                    .with_label_values(&[domain, layer, &rule.path, o])
+            }),
+            bans: self.penalty_bans.with_label_values(&[domain, &rule.path]),
+            window,
+        }
+    }
+
+    /// Logs the store's state changes (failing, answering again), never per request.
+    fn store_health(&self, outcome: &Outcome) {
+        match &outcome.failure {
+            Some(f) => {
+                self.store_errors.with_label_values(&[f.store, "all"]).inc();
+                self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
+                if !self.store_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        store = f.store,
+                        error = %f.error,
+                        failure_mode = ?f.mode,
+                        "store failing; answering by the failure mode"
+                    );
+                }
+            }
+            None => {
+                let decided = outcome.statuses.iter().any(|s| s.verdict.is_some());
+                if decided
+                    && self.store_failing.load(Ordering::Relaxed)
+                    && self.store_failing.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!(
+                        failed_calls = self.failures_in_outage.swap(0, Ordering::Relaxed),
+                        "store answering again"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Counts a store error seen by a store itself (per shard).
+    pub fn store_error(&self, store: &str, shard: &str) {
+        self.store_errors.with_label_values(&[store, shard]).inc();
     }
 
     pub fn bad_request(&self) {
@@ -156,20 +417,99 @@ impl Metrics {
             .inc();
     }
 
+    /// The store's gauges, set at scrape time. Logs when the memory store starts (and
+    /// stops) evicting live counters.
     pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: u64) {
         self.active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
+        self.store_errors.with_label_values(&[store, "all"]);
         let seen = self.evictions.get();
-        if evictions > seen {
+        let evicting = evictions > seen;
+        if evicting {
             self.evictions.inc_by(evictions - seen);
+        }
+        if self.evicting.swap(evicting, Ordering::Relaxed) != evicting {
+            if evicting {
+                tracing::warn!(
+                    store,
+                    active_keys,
+                    "store full (--max-keys): evicting live counters"
+                );
+            } else {
+                tracing::info!(store, active_keys, "store no longer evicting");
+            }
+        }
+    }
+
+    /// Bans in force, set at scrape time.
+    pub fn set_active_bans(&self, n: usize) {
+        self.active_bans.set(n as i64);
+    }
+
+    /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
+    pub fn top_offenders(&self) -> Vec<RuleTop> {
+        let now = self.clock.now();
+        let windows: Vec<Arc<RuleWindow>> = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut out: Vec<RuleTop> = windows
+            .iter()
+            .map(|w| {
+                let (decided, denied) = w.ratio.totals(now);
+                RuleTop {
+                    domain: w.domain.clone(),
+                    rule: w.rule.clone(),
+                    decided,
+                    denied,
+                    top: w.top.top(now, top::TOP),
+                }
+            })
+            .filter(|t| t.decided > 0 || !t.top.is_empty())
+            .collect();
+        out.sort_by(|a, b| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)));
+        out
+    }
+
+    /// Refills the gauges computed at scrape time.
+    fn refresh(&self) {
+        self.deny_ratio.reset();
+        self.recent_denials.reset();
+        self.top_offenders.reset();
+        for t in self.top_offenders() {
+            let labels = [t.domain.as_str(), t.rule.as_str()];
+            if t.decided > 0 {
+                self.deny_ratio
+                    .with_label_values(&labels)
+                    .set(t.denied as f64 / t.decided as f64);
+                self.recent_denials
+                    .with_label_values(&labels)
+                    .set(t.denied as i64);
+            }
+            for (rank, (key, denials)) in t.top.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_offenders
+                    .with_label_values(&[&t.domain, &t.rule, key, &rank])
+                    .set(*denials as i64);
+            }
         }
     }
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// Seconds of a micros duration, for JSON.
+pub fn secs(us: Micros) -> f64 {
+    us as f64 / SECOND as f64
 }
