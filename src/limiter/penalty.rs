@@ -404,3 +404,95 @@ mod tests {
         assert_eq!(p.tracked(), 0);
     }
 }
+
+#[cfg(test)]
+mod limiter_tests {
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::algorithm::SECOND;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Descriptor, Limiter, Settings};
+    use crate::store::{MemoryStore, Store};
+
+    const T0: Micros = 1_700_000_000 * SECOND;
+
+    const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      algorithm: fixed_window
+      penalty: {violations: 2, within: 10s, ban: 5m}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+    fn limiter(clock: &ManualClock) -> Limiter<MemoryStore> {
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(policy)),
+            store,
+            Settings::default(),
+        )
+        .with_clock(Arc::new(clock.clone()))
+    }
+
+    async fn ask(l: &Limiter<MemoryStore>, ip: &str) -> Outcome {
+        let ip_entries = [("ip", ip)];
+        let user = [("user", "u")];
+        l.decide(
+            "d",
+            &[
+                Descriptor {
+                    entries: &ip_entries[..],
+                    hits: 1,
+                },
+                Descriptor {
+                    entries: &user[..],
+                    hits: 1,
+                },
+            ],
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_key_denied_n_times_is_banned_without_store_calls() {
+        let clock = ManualClock::new(T0);
+        let l = limiter(&clock);
+        assert!(!ask(&l, "1.1.1.1").await.over_limit);
+        let first = ask(&l, "1.1.1.1").await;
+        assert!(first.over_limit);
+        assert_eq!(first.statuses[0].ban, Ban::None);
+        assert_eq!(first.offender(0), Some("1.1.1.1"));
+        let second = ask(&l, "1.1.1.1").await;
+        assert_eq!(second.statuses[0].ban, Ban::Started);
+        assert!(second.statuses[0].verdict.unwrap().retry_after >= 300 * SECOND);
+
+        // A minute later the limit would admit again, but the ban holds.
+        clock.advance(61 * SECOND);
+        let keys_before = l.store().active_keys();
+        let banned = ask(&l, "1.1.1.1").await;
+        assert!(banned.over_limit);
+        assert_eq!(banned.statuses[0].ban, Ban::Active);
+        assert_eq!(
+            banned.statuses[0].verdict.unwrap().retry_after,
+            239 * SECOND
+        );
+        // The user counter was not spent: no store call was made.
+        assert_eq!(banned.statuses[1].verdict, None);
+        assert_eq!(l.store().active_keys(), keys_before);
+        assert_eq!(l.penalties().active().len(), 1);
+        assert_eq!(l.penalties().active()[0].info.key, "1.1.1.1");
+
+        // Other keys are unaffected; the ban ends.
+        assert!(!ask(&l, "2.2.2.2").await.over_limit);
+        clock.advance(240 * SECOND);
+        assert!(!ask(&l, "1.1.1.1").await.over_limit);
+    }
+}

@@ -513,3 +513,115 @@ impl Metrics {
 pub fn secs(us: Micros) -> f64 {
     us as f64 / SECOND as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Descriptor, Limiter, Settings};
+    use crate::store::MemoryStore;
+
+    const T0: Micros = 1_700_000_000 * SECOND;
+
+    const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      algorithm: fixed_window
+      penalty: {violations: 3, within: 10s, ban: 1m}
+"#;
+
+    fn setup(clock: &ManualClock, hash_keys: bool) -> (Limiter<MemoryStore>, Metrics) {
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        let limiter = Limiter::new(
+            Arc::new(ArcSwap::from_pointee(policy)),
+            store,
+            Settings {
+                hash_keys,
+                ..Settings::default()
+            },
+        )
+        .with_clock(Arc::new(clock.clone()));
+        (limiter, Metrics::with_clock(Arc::new(clock.clone())))
+    }
+
+    async fn ask(l: &Limiter<MemoryStore>, m: &Metrics, ip: &str) {
+        let entries = [("ip", ip)];
+        let outcome = l
+            .decide(
+                "d",
+                &[Descriptor {
+                    entries: &entries[..],
+                    hits: 1,
+                }],
+            )
+            .await;
+        m.record("d", &outcome, Duration::from_micros(10));
+    }
+
+    #[tokio::test]
+    async fn ratio_top_offenders_and_bans_are_exported() {
+        let clock = ManualClock::new(T0);
+        let (l, m) = setup(&clock, false);
+        for _ in 0..10 {
+            ask(&l, &m, "6.6.6.6").await;
+        }
+        for i in 0..10 {
+            ask(&l, &m, &format!("10.0.0.{i}")).await;
+        }
+        let text = m.render();
+        // 20 decisions: 6.6.6.6 admitted twice, denied 3 times, then banned 5 times.
+        assert!(
+            text.contains(r#"sluice_deny_ratio{domain="d",rule="ip"} 0.4"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"sluice_recent_denials{domain="d",rule="ip"} 8"#));
+        assert!(
+            text.contains(r#"sluice_top_offenders{domain="d",key="6.6.6.6",rank="1",rule="ip"} 8"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"sluice_penalty_bans_total{domain="d",rule="ip"} 1"#));
+        assert!(text.contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="banned",rule="ip"} 5"#
+        ));
+        assert!(text.contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 3"#
+        ));
+        // A minute and a quarter later the window is empty and the series are gone.
+        clock.advance(75 * SECOND);
+        let text = m.render();
+        assert!(!text.contains("sluice_deny_ratio{"), "{text}");
+        assert!(!text.contains("sluice_top_offenders{"), "{text}");
+        assert!(m.top_offenders().is_empty());
+    }
+
+    #[tokio::test]
+    async fn hash_keys_shows_hashes_in_the_top_offenders() {
+        let clock = ManualClock::new(T0);
+        let (l, m) = setup(&clock, true);
+        for _ in 0..5 {
+            ask(&l, &m, "6.6.6.6").await;
+        }
+        let top = m.top_offenders();
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].top.len(), 1);
+        assert!(top[0].top[0].0.starts_with('#'));
+        assert!(!m.render().contains("6.6.6.6"));
+    }
+
+    #[tokio::test]
+    async fn disabled_metrics_record_nothing() {
+        let clock = ManualClock::new(T0);
+        let (l, _) = setup(&clock, false);
+        let m = Metrics::disabled();
+        ask(&l, &m, "1.1.1.1").await;
+        assert!(!m.render().contains("sluice_requests_total{"));
+    }
+}
