@@ -356,3 +356,104 @@ fn log_format_json_prints_json_lines() {
     assert_eq!(after.len(), 1, "{after:?}");
     assert_eq!(after[0]["fields"]["message"], "policy reloaded from files");
 }
+
+/// Every `expr` string anywhere in a JSON document.
+fn json_exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", Value::String(s)) => out.push(s.clone()),
+                    _ => json_exprs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| json_exprs(i, out)),
+        _ => {}
+    }
+}
+
+/// The `sluice_*` metric names a PromQL expression reads.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("sluice_") {
+        let start = i + at;
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        if boundary {
+            names.insert(expr[start..end].to_string());
+        }
+        i = end;
+    }
+    names
+}
+
+#[tokio::test]
+async fn dashboard_and_alerts_use_only_exported_metrics() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/sluice-dashboard.json")).unwrap(),
+    )
+    .expect("dashboard is JSON");
+    let mut exprs = Vec::new();
+    json_exprs(&dashboard["panels"], &mut exprs);
+    let dashboard_names: BTreeSet<String> = exprs.iter().flat_map(|e| metric_names(e)).collect();
+    for needed in [
+        "sluice_deny_ratio",
+        "sluice_top_offenders",
+        "sluice_decision_seconds_bucket",
+        "sluice_store_errors_total",
+        "sluice_policy_reloads_total",
+    ] {
+        assert!(dashboard_names.contains(needed), "dashboard lacks {needed}");
+    }
+
+    let rules_text =
+        std::fs::read_to_string(root.join("deploy/prometheus/sluice-rules.yaml")).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&rules_text).expect("rules are YAML");
+    let doc = &docs[0];
+    assert_eq!(doc["kind"].as_str(), Some("PrometheusRule"));
+    assert_eq!(doc["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    let mut alert_names = BTreeSet::new();
+    let mut alert_exprs = Vec::new();
+    for group in doc["spec"]["groups"].as_vec().expect("groups") {
+        assert!(group["name"].as_str().is_some());
+        for rule in group["rules"].as_vec().expect("rules") {
+            let alert = rule["alert"].as_str().expect("alert name");
+            assert!(rule["labels"]["severity"].as_str().is_some(), "{alert}");
+            assert!(rule["annotations"]["summary"].as_str().is_some(), "{alert}");
+            alert_names.insert(alert.to_string());
+            alert_exprs.push(rule["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    for needed in [
+        "SluiceSystemicDenials",
+        "SluiceStoreErrors",
+        "SluicePolicyReloadRefused",
+    ] {
+        assert!(alert_names.contains(needed), "missing alert {needed}");
+    }
+    // The denial alert looks at many keys, never at one: it needs the top offender's
+    // share to be small and several distinct offenders.
+    let systemic = &alert_exprs[0];
+    assert!(systemic.contains("rank=\"1\"") && systemic.contains("count without"));
+    let alert_metric_names: BTreeSet<String> =
+        alert_exprs.iter().flat_map(|e| metric_names(e)).collect();
+
+    // Every name both files use is exported by the real server once it has traffic.
+    let server = Server::start(POLICY, &[]);
+    hammer(&server, "6.6.6.6", 8).await;
+    let exported = exported_names(&metrics(&server));
+    for name in dashboard_names.iter().chain(&alert_metric_names) {
+        assert!(
+            exported.contains(name),
+            "{name} is not exported; exported: {exported:?}"
+        );
+    }
+}
