@@ -122,6 +122,9 @@ pub struct Metrics {
     windows: Mutex<HashMap<(String, String), Arc<RuleWindow>>>,
     /// Serialises scrapes, which reset and refill the computed gauges.
     scrape: Mutex<()>,
+    /// `sluice_store_errors_total{store, shard="all"}` of the (one) store, resolved on
+    /// the first failure so an outage does not look labels up per request.
+    store_failures: OnceLock<IntCounter>,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
     evicting: AtomicBool,
@@ -277,6 +280,7 @@ impl Metrics {
             handles: ArcSwapOption::empty(),
             windows: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
+            store_failures: OnceLock::new(),
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
@@ -376,7 +380,9 @@ impl Metrics {
     fn store_health(&self, outcome: &Outcome) {
         match &outcome.failure {
             Some(f) => {
-                self.store_errors.with_label_values(&[f.store, "all"]).inc();
+                self.store_failures
+                    .get_or_init(|| self.store_errors.with_label_values(&[f.store, "all"]))
+                    .inc();
                 self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
                 if !self.store_failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -388,9 +394,8 @@ impl Metrics {
                 }
             }
             None => {
-                let decided = outcome.statuses.iter().any(|s| s.verdict.is_some());
-                if decided
-                    && self.store_failing.load(Ordering::Relaxed)
+                if self.store_failing.load(Ordering::Relaxed)
+                    && outcome.statuses.iter().any(|s| s.verdict.is_some())
                     && self.store_failing.swap(false, Ordering::Relaxed)
                 {
                     tracing::info!(
@@ -614,6 +619,74 @@ descriptors:
         assert_eq!(top[0].top.len(), 1);
         assert!(top[0].top[0].0.starts_with('#'));
         assert!(!m.render().contains("6.6.6.6"));
+    }
+
+    /// Captures what a tracing subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn store_state_changes_are_logged_once_each() {
+        use crate::limiter::{Status, StoreFailure};
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = Arc::new(crate::policy::compile(docs).expect("compiles"));
+        let outcome = |failed: bool| Outcome {
+            policy: policy.clone(),
+            domain_known: true,
+            over_limit: false,
+            statuses: vec![Status {
+                rule: Some(0),
+                over_limit: false,
+                verdict: (!failed).then(crate::algorithm::Verdict::default),
+                ban: Ban::None,
+            }],
+            delay: 0,
+            failure: failed.then(|| StoreFailure {
+                error: "store timed out".into(),
+                mode: FailureMode::Open,
+                store: "redis",
+            }),
+            offenders: Vec::new(),
+        };
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let m = Metrics::new();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                m.record("d", &outcome(false), Duration::ZERO);
+            }
+            for _ in 0..5 {
+                m.record("d", &outcome(true), Duration::ZERO);
+            }
+            for _ in 0..3 {
+                m.record("d", &outcome(false), Duration::ZERO);
+            }
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
+        assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
+        assert!(m
+            .render()
+            .contains(r#"sluice_store_errors_total{shard="all",store="redis"} 5"#));
+        assert!(m.render().contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 5"#
+        ));
     }
 
     #[tokio::test]
