@@ -5,18 +5,24 @@
 //! `rule` label is the matched path of keys, never a request value. The one exception
 //! is `sluice_top_offenders`' `key`, at most [`top::TOP`] per rule.
 //!
-//! **Recording is cheap and takes no global lock.** Looking a labelled counter up by
-//! its label values (`with_label_values`) hashes the labels and takes the vector's
-//! lock on every call; sluice does that once per rule per compiled policy instead.
-//! [`PolicyHandles`] holds, for one compiled [`Policy`] (recognised by pointer), a
-//! lazily filled slot per rule id with that rule's counters already resolved and its
-//! [`RuleWindow`]. The current `PolicyHandles` is read through an `ArcSwap` (no lock,
-//! no shared reference count touched), so a decision costs a few relaxed atomic
-//! increments per descriptor: the outcome counter, and one compare-and-swap on the
-//! rule's current second of the deny-ratio ring ([`ratio`]). Only denials touch the
-//! top-offenders sketch ([`top`]), whose locks are per rule, per 10 s sub-window and
-//! per shard of the key space. Windows are kept by (domain, rule path) so a policy
-//! reload does not reset them; they are few (bounded by the rules ever loaded).
+//! **Recording is cheap and takes no lock and no shared cache line.** Looking a
+//! labelled counter up by its label values (`with_label_values`) hashes the labels
+//! and takes the vector's lock on every call, and a `prometheus` counter or histogram
+//! is one atomic that every core writes. Sluice does neither on the request path:
+//! - [`PolicyHandles`] holds, for one compiled [`Policy`] (recognised by pointer), a
+//!   lazily filled slot per rule id pointing at that rule's [`RuleStats`]. The current
+//!   `PolicyHandles` is read through an `ArcSwap` (no lock, no shared reference count
+//!   touched), so finding a rule's counters is an index, not a lookup.
+//! - The per-rule outcome and ban counts, the deny-ratio rings ([`ratio`]) and the
+//!   decision-time histogram are striped ([`striped`]): each thread adds to its own
+//!   cache-line-aligned copy; a scrape adds the copies up and writes the text format
+//!   for these families itself.
+//! - Only denials touch the top-offenders sketch ([`top`]), whose locks are per rule,
+//!   per 10 s sub-window and per shard of the key space.
+//!
+//! `RuleStats` are kept by (domain, rule path, layer), so counters stay monotonic and
+//! windows survive a policy reload; they are few (bounded by the rules ever loaded).
+//! `benches/metrics.rs` measures the cost (BENCHMARKS.md).
 //!
 //! The ratio and the top offenders are computed at scrape time (`render`).
 
@@ -27,8 +33,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::algorithm::{Micros, SECOND};
@@ -37,9 +43,11 @@ use crate::limiter::{Ban, Outcome};
 use crate::policy::{FailureMode, Policy, Rule};
 
 pub mod ratio;
+pub mod striped;
 pub mod top;
 
 use ratio::DenyWindow;
+use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
 /// The `outcome` label values of `sluice_requests_total`.
@@ -58,21 +66,49 @@ const FAILED_OPEN: usize = 3;
 const FAILED_CLOSED: usize = 4;
 const BANNED: usize = 5;
 
-/// Denials and decisions of one (domain, rule) over the last minute.
+/// (domain, rule path, layer).
+type StatsKey = (String, String, &'static str);
+
+/// One stripe of a rule's counts.
 #[derive(Debug, Default)]
-pub struct RuleWindow {
+struct RuleCounts {
+    outcomes: [AtomicU64; OUTCOMES.len()],
+    bans: AtomicU64,
+}
+
+/// Everything counted for one (domain, rule path, layer).
+#[derive(Debug)]
+pub struct RuleStats {
     pub domain: String,
     pub rule: String,
-    pub ratio: DenyWindow,
+    pub layer: &'static str,
+    counts: Stripes<RuleCounts>,
+    ratio: Stripes<DenyWindow>,
     pub top: TopOffenders,
 }
 
-/// One rule's resolved metric handles.
-#[derive(Debug)]
-struct RuleHandles {
-    outcomes: [IntCounter; OUTCOMES.len()],
-    bans: IntCounter,
-    window: Arc<RuleWindow>,
+impl RuleStats {
+    /// (decided, denied) over the last minute.
+    pub fn window_totals(&self, now: Micros) -> (u64, u64) {
+        self.ratio.iter().fold((0, 0), |(c, d), w| {
+            let (c2, d2) = w.totals(now);
+            (c + c2, d + d2)
+        })
+    }
+
+    fn outcome(&self, i: usize) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.outcomes[i].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn bans(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.bans.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// The handles of one compiled policy, by rule id.
@@ -81,7 +117,7 @@ struct PolicyHandles {
     /// Keeps the policy's allocation (not the policy) alive, so a new policy never
     /// gets the same address while this cache entry exists.
     policy: Weak<Policy>,
-    rules: Box<[OnceLock<RuleHandles>]>,
+    rules: Box<[OnceLock<Arc<RuleStats>>]>,
 }
 
 /// One rule's view for `/debug/top`.
@@ -103,7 +139,6 @@ pub struct Metrics {
     enabled: bool,
     clock: Arc<dyn Clock>,
     registry: Registry,
-    requests: IntCounterVec,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
     decision_seconds: Histogram,
@@ -111,15 +146,14 @@ pub struct Metrics {
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
-    penalty_bans: IntCounterVec,
     active_bans: IntGauge,
     deny_ratio: GaugeVec,
     recent_denials: IntGaugeVec,
     top_offenders: IntGaugeVec,
     handles: ArcSwapOption<PolicyHandles>,
-    /// Windows by (domain, rule path); locked only when a policy's rule is first seen
-    /// and at scrape time.
-    windows: Mutex<HashMap<(String, String), Arc<RuleWindow>>>,
+    /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
+    /// first seen and at scrape time.
+    stats: Mutex<HashMap<StatsKey, Arc<RuleStats>>>,
     /// Serialises scrapes, which reset and refill the computed gauges.
     scrape: Mutex<()>,
     /// `sluice_store_errors_total{store, shard="all"}` of the (one) store, resolved on
@@ -156,11 +190,6 @@ impl Metrics {
     /// Metrics whose windows read `clock`; tests inject a manual one.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let registry = Registry::new();
-        let requests = counter_vec(
-            "sluice_requests_total",
-            "Descriptors decided, by matched rule and outcome.",
-            &["domain", "layer", "rule", "outcome"],
-        );
         let unknown_domain = IntCounter::new(
             "sluice_unknown_domain_requests_total",
             "Requests naming a domain no policy defines (answered OK).",
@@ -169,17 +198,6 @@ impl Metrics {
         let bad_requests = IntCounter::new(
             "sluice_invalid_requests_total",
             "Requests refused with INVALID_ARGUMENT.",
-        )
-        .expect("static metric definition");
-        let decision_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_decision_seconds",
-                "Time spent inside sluice per call.",
-            )
-            .buckets(vec![
-                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05,
-                0.1,
-            ]),
         )
         .expect("static metric definition");
         let store_errors = counter_vec(
@@ -205,11 +223,6 @@ impl Metrics {
             "Live counters dropped because the memory store reached --max-keys.",
         )
         .expect("static metric definition");
-        let penalty_bans = counter_vec(
-            "sluice_penalty_bans_total",
-            "Bans started by a rule's penalty.",
-            &["domain", "rule"],
-        );
         let active_bans = IntGauge::new(
             "sluice_penalty_active_bans",
             "Keys serving a penalty ban in this process.",
@@ -240,15 +253,12 @@ impl Metrics {
         )
         .expect("static metric definition");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(unknown_domain.clone()),
+            Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bad_requests.clone()),
-            Box::new(decision_seconds.clone()),
             Box::new(store_errors.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
-            Box::new(penalty_bans.clone()),
             Box::new(active_bans.clone()),
             Box::new(deny_ratio.clone()),
             Box::new(recent_denials.clone()),
@@ -264,21 +274,19 @@ impl Metrics {
             enabled: true,
             clock,
             registry,
-            requests,
             unknown_domain,
             bad_requests,
-            decision_seconds,
+            decision_seconds: Histogram::default(),
             store_errors,
             policy_reloads,
             active_keys,
             evictions,
-            penalty_bans,
             active_bans,
             deny_ratio,
             recent_denials,
             top_offenders,
             handles: ArcSwapOption::empty(),
-            windows: Mutex::new(HashMap::new()),
+            stats: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
             store_failing: AtomicBool::new(false),
@@ -323,7 +331,7 @@ impl Metrics {
                 continue;
             };
             let rule = outcome.policy.rule(rule_id);
-            let h = handles.rules[rule_id].get_or_init(|| self.rule_handles(domain, rule));
+            let st = handles.rules[rule_id].get_or_init(|| self.rule_stats(domain, rule));
             let label = match (&outcome.failure, s.verdict) {
                 _ if s.ban == Ban::Active => BANNED,
                 (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
@@ -332,48 +340,56 @@ impl Metrics {
                 (None, _) if s.over_limit => OVER_LIMIT,
                 _ => OK,
             };
-            h.outcomes[label].inc();
+            let counts = st.counts.local();
+            counts.outcomes[label].fetch_add(1, Ordering::Relaxed);
             if s.ban == Ban::Started {
-                h.bans.inc();
+                counts.bans.fetch_add(1, Ordering::Relaxed);
             }
             let decided = rule.limit.is_some()
                 && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
             if decided {
                 let now = *now.get_or_insert_with(|| self.clock.now());
                 let denied = label == OVER_LIMIT || label == BANNED;
-                h.window.ratio.record(now, denied);
+                st.ratio.local().record(now, denied);
                 if denied {
                     if let Some(key) = outcome.offender(i) {
-                        h.window.top.add(now, key);
+                        st.top.add(now, key);
                     }
                 }
             }
         }
     }
 
-    fn rule_handles(&self, domain: &str, rule: &Rule) -> RuleHandles {
+    fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
         let layer = rule.layer.as_str();
-        let window = self
-            .windows
+        self.stats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry((domain.to_string(), rule.path.clone()))
+            .entry((domain.to_string(), rule.path.clone(), layer))
             .or_insert_with(|| {
-                Arc::new(RuleWindow {
+                Arc::new(RuleStats {
                     domain: domain.to_string(),
                     rule: rule.path.clone(),
-                    ..RuleWindow::default()
+                    layer,
+                    counts: Stripes::default(),
+                    ratio: Stripes::default(),
+                    top: TopOffenders::default(),
                 })
             })
-            .clone();
-        RuleHandles {
-            outcomes: OUTCOMES.map(|o| {
-                self.requests
-                    .with_label_values(&[domain, layer, &rule.path, o])
-            }),
-            bans: self.penalty_bans.with_label_values(&[domain, &rule.path]),
-            window,
-        }
+            .clone()
+    }
+
+    /// Every rule's stats, sorted by domain, rule and layer.
+    fn all_stats(&self) -> Vec<Arc<RuleStats>> {
+        let mut all: Vec<Arc<RuleStats>> = self
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| (&a.domain, &a.rule, a.layer).cmp(&(&b.domain, &b.rule, b.layer)));
+        all
     }
 
     /// Logs the store's state changes (failing, answering again), never per request.
@@ -455,29 +471,85 @@ impl Metrics {
     /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
     pub fn top_offenders(&self) -> Vec<RuleTop> {
         let now = self.clock.now();
-        let windows: Vec<Arc<RuleWindow>> = self
-            .windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        let mut out: Vec<RuleTop> = windows
-            .iter()
-            .map(|w| {
-                let (decided, denied) = w.ratio.totals(now);
-                RuleTop {
-                    domain: w.domain.clone(),
-                    rule: w.rule.clone(),
+        let mut out: Vec<RuleTop> = Vec::new();
+        for st in self.all_stats() {
+            let (decided, denied) = st.window_totals(now);
+            let top = st.top.top(now, top::TOP);
+            if decided == 0 && top.is_empty() {
+                continue;
+            }
+            match out.last_mut() {
+                // The same path under two layers: one view.
+                Some(last) if last.domain == st.domain && last.rule == st.rule => {
+                    last.decided += decided;
+                    last.denied += denied;
+                    let mut merged: HashMap<String, u64> = last.top.drain(..).collect();
+                    for (k, n) in top {
+                        *merged.entry(k).or_default() += n;
+                    }
+                    let mut merged: Vec<(String, u64)> = merged.into_iter().collect();
+                    merged.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                    merged.truncate(top::TOP);
+                    last.top = merged;
+                }
+                _ => out.push(RuleTop {
+                    domain: st.domain.clone(),
+                    rule: st.rule.clone(),
                     decided,
                     denied,
-                    top: w.top.top(now, top::TOP),
-                }
-            })
-            .filter(|t| t.decided > 0 || !t.top.is_empty())
-            .collect();
-        out.sort_by(|a, b| (&a.domain, &a.rule).cmp(&(&b.domain, &b.rule)));
+                    top,
+                }),
+            }
+        }
         out
+    }
+
+    /// Writes the striped families in the text format.
+    fn render_striped(&self, out: &mut String) {
+        use std::fmt::Write;
+        let stats = self.all_stats();
+        if !stats.is_empty() {
+            out.push_str(
+                "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome.\n\
+                 # TYPE sluice_requests_total counter\n",
+            );
+            for st in &stats {
+                for (i, o) in OUTCOMES.iter().enumerate() {
+                    out.push_str("sluice_requests_total{domain=\"");
+                    escape_label(&st.domain, out);
+                    let _ = write!(out, "\",layer=\"{}\",outcome=\"{o}\",rule=\"", st.layer);
+                    escape_label(&st.rule, out);
+                    let _ = writeln!(out, "\"}} {}", st.outcome(i));
+                }
+            }
+            out.push_str(
+                "# HELP sluice_penalty_bans_total Bans started by a rule's penalty.\n\
+                 # TYPE sluice_penalty_bans_total counter\n",
+            );
+            let mut bans: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+            for st in &stats {
+                *bans.entry((&st.domain, &st.rule)).or_default() += st.bans();
+            }
+            for ((domain, rule), n) in bans {
+                out.push_str("sluice_penalty_bans_total{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+        }
+        let h = self.decision_seconds.totals();
+        out.push_str(
+            "# HELP sluice_decision_seconds Time spent inside sluice per call.\n\
+             # TYPE sluice_decision_seconds histogram\n",
+        );
+        for (bound, n) in LATENCY_BOUNDS.iter().zip(&h.cumulative) {
+            let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let count = h.cumulative.last().copied().unwrap_or(0);
+        let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "sluice_decision_seconds_sum {}", h.sum_seconds);
+        let _ = writeln!(out, "sluice_decision_seconds_count {count}");
     }
 
     /// Refills the gauges computed at scrape time.
@@ -510,7 +582,9 @@ impl Metrics {
         self.refresh();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        let mut text = String::from_utf8(buf).unwrap_or_default();
+        self.render_striped(&mut text);
+        text
     }
 }
 
