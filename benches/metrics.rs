@@ -8,13 +8,16 @@
 //! limit), 10 % are denied (1,000 users over a limit of 5 per minute), so the deny
 //! ratio ring and the top-offenders sketch both work.
 //!
+//! Criterion reports on-CPU time per decision (so other processes on a busy machine
+//! do not count); an interleaved A/B run at the end prints CPU and wall time.
+//!
 //! Run: `cargo bench --bench metrics`
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use sluice::clock::SystemClock;
 use sluice::limiter::{Descriptor, Limiter, Settings};
 use sluice::store::MemoryStore;
@@ -81,9 +84,42 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// `iters` decisions on each of `threads` threads at once; the time for one thread's.
-fn concurrent(path: &Path, threads: usize, iters: u64) -> Duration {
-    let barrier = Barrier::new(threads + 1);
+/// Time this thread has spent on a CPU, so that other processes on a busy machine do
+/// not count (`CLOCK_THREAD_CPUTIME_ID`).
+fn cpu_time() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// Runs `iters` decisions on this thread; (on-CPU time, wall time).
+fn run(
+    path: &Path,
+    rt: &tokio::runtime::Runtime,
+    iters: u64,
+    offset: usize,
+    step: usize,
+) -> (Duration, Duration) {
+    let cpu = cpu_time();
+    let wall = Instant::now();
+    for i in 0..iters as usize {
+        std::hint::black_box(path.one(rt, i * step + offset));
+    }
+    let wall = wall.elapsed();
+    let cpu = match (cpu, cpu_time()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => wall,
+    };
+    (cpu, wall)
+}
+
+/// `iters` decisions on each of `threads` threads at once; per thread (cpu, wall).
+fn concurrent(path: &Path, threads: usize, iters: u64) -> Vec<(Duration, Duration)> {
+    let barrier = Barrier::new(threads);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -91,51 +127,84 @@ fn concurrent(path: &Path, threads: usize, iters: u64) -> Duration {
                 s.spawn(move || {
                     let rt = runtime();
                     barrier.wait();
-                    let start = Instant::now();
-                    for i in 0..iters as usize {
-                        std::hint::black_box(path.one(&rt, i * threads + t));
-                    }
-                    start.elapsed()
+                    run(path, &rt, iters, t, threads)
                 })
             })
             .collect();
-        barrier.wait();
         handles
             .into_iter()
             .map(|h| h.join().expect("bench thread"))
-            .max()
-            .unwrap_or_default()
+            .collect()
     })
 }
 
+/// Criterion measures the on-CPU time per decision of one thread, alone or while a
+/// second thread decides on the same limiter, store and metrics at the same time.
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision");
     group
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4))
-        .sample_size(30);
+        .sample_size(30)
+        .throughput(Throughput::Elements(1));
     for (name, make) in [
         ("metrics_off", Metrics::disabled as fn() -> Metrics),
         ("metrics_on", Metrics::new as fn() -> Metrics),
     ] {
-        let path = Path::new(make());
-        let rt = runtime();
-        let mut i = 0usize;
-        group.throughput(Throughput::Elements(1));
-        group.bench_function(format!("1_thread/{name}"), |b| {
-            b.iter(|| {
-                i += 1;
-                path.one(&rt, i)
-            })
-        });
-        let path = Path::new(make());
-        group.throughput(Throughput::Elements(2));
-        group.bench_function(format!("2_threads/{name}"), |b| {
-            b.iter_custom(|iters| concurrent(&path, 2, iters))
-        });
+        for threads in [1, 2] {
+            let path = Path::new(make());
+            group.bench_function(format!("{threads}_thread/{name}"), |b| {
+                b.iter_custom(|iters| {
+                    let per_thread = concurrent(&path, threads, iters);
+                    per_thread.iter().map(|(cpu, _)| *cpu).sum::<Duration>() / threads as u32
+                })
+            });
+        }
     }
     group.finish();
 }
 
+/// On a shared machine the load changes while criterion measures one variant after
+/// the other; this runs them interleaved (off, on, off, on, ...) in short rounds and
+/// prints the totals, which is the fairer comparison.
+fn interleaved() {
+    const ROUNDS: usize = 40;
+    const OPS: u64 = 20_000;
+    println!("\ninterleaved A/B, {ROUNDS} rounds of {OPS} decisions per thread per variant:");
+    for threads in [1, 2] {
+        let paths = [Path::new(Metrics::disabled()), Path::new(Metrics::new())];
+        let mut cpu = [Duration::ZERO; 2];
+        let mut wall = [Duration::ZERO; 2];
+        for _ in 0..ROUNDS {
+            for (v, path) in paths.iter().enumerate() {
+                for (c, w) in concurrent(path, threads, OPS) {
+                    cpu[v] += c;
+                    wall[v] += w;
+                }
+            }
+        }
+        let ops = (ROUNDS as u64 * OPS * threads as u64) as f64;
+        let ns = |d: Duration| d.as_nanos() as f64 / ops;
+        println!(
+            "  {threads} thread(s): cpu/decision off {:.0} ns, on {:.0} ns ({:+.1} %); \
+             wall/decision off {:.0} ns, on {:.0} ns ({:+.1} %)",
+            ns(cpu[0]),
+            ns(cpu[1]),
+            (ns(cpu[1]) / ns(cpu[0]) - 1.0) * 100.0,
+            ns(wall[0]),
+            ns(wall[1]),
+            (ns(wall[1]) / ns(wall[0]) - 1.0) * 100.0,
+        );
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    // Only under `cargo bench` (which passes --bench), not under `cargo test`.
+    if std::env::args().any(|a| a == "--bench") {
+        interleaved();
+    }
+    Criterion::default().configure_from_args().final_summary();
+}
