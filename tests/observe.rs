@@ -457,3 +457,34 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_full_memory_store_is_logged_once_as_a_state_change() {
+    let server = Server::start(POLICY, &["--max-keys", "64"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.drain_lines();
+    let mut c = server.client().await;
+    for i in 0..500 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("tenant", &format!("t{i}"))])]),
+        )
+        .await;
+    }
+    let text = metrics(&server);
+    assert!(!text.contains("sluice_evictions_total 0"), "{text}");
+    // A second scrape while still evicting logs nothing new.
+    for i in 500..600 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("tenant", &format!("t{i}"))])]),
+        )
+        .await;
+    }
+    metrics(&server);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = server.drain_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("evicting live counters"), "{lines:?}");
+    assert!(lines[0].contains("WARN"), "{lines:?}");
+}

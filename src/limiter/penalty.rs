@@ -4,7 +4,10 @@
 //! Kept in the decision path rather than in a store, so it works with every store:
 //! [`Penalties`] is consulted before the store (a banned key is OVER_LIMIT at once,
 //! with no store call, and `retry-after` is the rest of the ban) and fed after each
-//! decision with the denials of rules that carry a penalty.
+//! decision with the denials of rules that carry a penalty. Only enforced limits
+//! count and ban: a `shadow_mode` limit never denies, so it never bans, and a
+//! `quota_mode` limit is left to its quota rule. A banned request spends nothing of
+//! its other limits, like any denied request.
 //!
 //! Denials are counted per counter key with the same estimate as the default
 //! algorithm (sliding window counter: the previous span's count weighted by how much
