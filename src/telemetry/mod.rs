@@ -510,7 +510,8 @@ impl Metrics {
         let stats = self.all_stats();
         if !stats.is_empty() {
             out.push_str(
-                "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome.\n\
+                "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome \
+                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned).\n\
                  # TYPE sluice_requests_total counter\n",
             );
             for st in &stats {

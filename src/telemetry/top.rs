@@ -52,8 +52,10 @@ impl SpaceSaving {
         let capacity = capacity.max(1);
         SpaceSaving {
             capacity,
-            index: HashMap::with_capacity_and_hasher(capacity, ahash::RandomState::new()),
-            counters: Vec::with_capacity(capacity),
+            // Nothing is allocated until the first denial: a rule that never denies
+            // costs a few words per sketch.
+            index: HashMap::with_hasher(ahash::RandomState::new()),
+            counters: Vec::new(),
         }
     }
 
@@ -173,7 +175,8 @@ impl TopOffenders {
         let mut slot = lock(&self.slots[(epoch % SUB_WINDOWS as u64) as usize][shard]);
         if slot.epoch != epoch {
             slot.epoch = epoch;
-            slot.sketch.clear();
+            // A fresh sketch rather than `clear`: memory of a burst is given back.
+            slot.sketch = SpaceSaving::new(CAPACITY);
         }
         slot.sketch.add(key, 1);
     }
@@ -184,8 +187,13 @@ impl TopOffenders {
         let mut merged: HashMap<String, u64, ahash::RandomState> = HashMap::default();
         for shards in &self.slots {
             for m in shards {
-                let slot = lock(m);
+                let mut slot = lock(m);
                 if slot.epoch > epoch || epoch - slot.epoch >= SUB_WINDOWS as u64 {
+                    if slot.epoch != u64::MAX && slot.epoch < epoch {
+                        // Out of the window: free it now rather than at its next use.
+                        slot.epoch = u64::MAX;
+                        slot.sketch = SpaceSaving::new(CAPACITY);
+                    }
                     continue;
                 }
                 for (k, c, _) in slot.sketch.iter() {
