@@ -50,10 +50,13 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .service
         .metrics
         .set_store_state(store.name(), store.active_keys(), store.evictions());
+    // Scrapes also drop expired penalty records (the map is bounded regardless).
+    let penalties = admin.service.limiter.penalties();
+    penalties.sweep();
     admin
         .service
         .metrics
-        .set_active_bans(admin.service.limiter.penalties().active().len());
+        .set_active_bans(penalties.active_count());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         admin.service.metrics.render(),

@@ -194,6 +194,15 @@ impl Penalties {
         out
     }
 
+    /// Keys serving a ban now.
+    pub fn active_count(&self) -> usize {
+        let now = self.clock.now();
+        self.shards
+            .iter()
+            .map(|m| lock(m).values().filter(|r| r.banned_until > now).count())
+            .sum()
+    }
+
     /// Bans started since the process began.
     pub fn bans_started(&self) -> u64 {
         self.bans_started.load(Ordering::Relaxed)
@@ -346,6 +355,7 @@ mod tests {
         );
         assert_eq!(p.banned("k", clock.now()), Some(60 * SECOND));
         assert_eq!(p.bans_started(), 1);
+        assert_eq!(p.active_count(), 1);
         let active = p.active();
         assert_eq!(active.len(), 1);
         assert_eq!(active[0].info, info());
