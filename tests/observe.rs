@@ -488,3 +488,34 @@ async fn a_full_memory_store_is_logged_once_as_a_state_change() {
     assert!(lines[0].contains("evicting live counters"), "{lines:?}");
     assert!(lines[0].contains("WARN"), "{lines:?}");
 }
+
+#[tokio::test]
+async fn a_flood_of_distinct_denied_keys_keeps_label_sets_bounded() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    for i in 0..300 {
+        let t = format!("tenant-{i}");
+        for _ in 0..2 {
+            call(&mut c, request("shop", vec![desc(&[("tenant", &t)])])).await;
+        }
+    }
+    let text = metrics(&server);
+    let offenders = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_top_offenders{"))
+        .count();
+    assert_eq!(offenders, 10, "{text}");
+    // No other series carries a request value.
+    assert_eq!(
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("tenant-"))
+            .count(),
+        10
+    );
+    assert!(
+        text.contains(r#"sluice_deny_ratio{domain="shop",rule="tenant"} 0.5"#),
+        "{text}"
+    );
+    let top = json_get(&server, "/debug/top");
+    assert_eq!(top["rules"][0]["top"].as_array().unwrap().len(), 10);
+}
