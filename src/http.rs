@@ -120,7 +120,8 @@ async fn policies<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
                 .unwrap_or_default();
             json!({
                 "source": s.source,
-                "kind": if s.resource.is_some() { "kubernetes" } else { "file" },
+                "origin": origin(s),
+                "form": if s.resource.is_some() { "RateLimitPolicy" } else { "envoy" },
                 "resource": s.resource,
                 "line": s.line,
                 "domain": s.domain,
@@ -147,9 +148,19 @@ async fn policies<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 /// hand it over (for instance a map `namespace/name -> condition` read here) when
 /// it lands. Until then a resource in the serving policy reports `Accepted`.
 fn source_status(source: &crate::policy::SourceInfo) -> serde_json::Value {
-    match &source.resource {
-        None => json!({"state": "loaded"}),
-        Some(_) => json!({"state": "loaded", "accepted": true, "reason": "Accepted"}),
+    match origin(source) {
+        "kubernetes" => json!({"state": "loaded", "accepted": true, "reason": "Accepted"}),
+        _ => json!({"state": "loaded"}),
+    }
+}
+
+/// `kubernetes` for an object read from the API server (its source is its
+/// `namespace/name`), `file` otherwise (a file may hold RateLimitPolicy manifests too).
+fn origin(source: &crate::policy::SourceInfo) -> &'static str {
+    if source.resource.as_deref() == Some(source.source.as_str()) {
+        "kubernetes"
+    } else {
+        "file"
     }
 }
 

@@ -225,7 +225,8 @@ async fn debug_policies_shows_sources_rules_and_status() {
     assert_eq!(policies.len(), 1);
     let one = &policies[0];
     assert!(one["source"].as_str().unwrap().ends_with("policy.yaml"));
-    assert_eq!(one["kind"], "file");
+    assert_eq!(one["origin"], "file");
+    assert_eq!(one["form"], "envoy");
     assert_eq!(one["domain"], "shop");
     assert_eq!(one["status"]["state"], "loaded");
     let rules: Vec<&str> = one["rules"]
@@ -235,6 +236,34 @@ async fn debug_policies_shows_sources_rules_and_status() {
         .map(|r| r.as_str().unwrap())
         .collect();
     assert_eq!(rules, vec!["remote_address", "tenant", "free"]);
+}
+
+#[tokio::test]
+async fn debug_policies_tells_resources_in_files_from_plain_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.yaml");
+    let resource = dir.path().join("resource.yaml");
+    std::fs::write(&plain, POLICY).unwrap();
+    std::fs::write(
+        &resource,
+        "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\n\
+         metadata: {name: checkout, namespace: shop}\n\
+         spec:\n  domain: edge\n  descriptors:\n\
+         \x20   - key: user\n      rateLimit: {unit: minute, requestsPerUnit: 5}\n",
+    )
+    .unwrap();
+    let server = Server::start_with(dir, &[plain, resource], &[]);
+    let p = json_get(&server, "/debug/policies");
+    let policies = p["policies"].as_array().unwrap();
+    let edge = policies
+        .iter()
+        .find(|p| p["domain"] == "edge")
+        .unwrap_or_else(|| panic!("{p}"));
+    assert_eq!(edge["form"], "RateLimitPolicy");
+    assert_eq!(edge["origin"], "file");
+    assert_eq!(edge["resource"], "shop/checkout");
+    assert_eq!(edge["rules"], serde_json::json!(["user"]));
+    assert_eq!(edge["status"]["state"], "loaded");
 }
 
 #[tokio::test]
