@@ -32,6 +32,7 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/metrics", get(metrics::<S>))
         .route("/json", post(json_request::<S>))
         .route("/debug/policies", get(policies::<S>))
+        .route("/debug/top", get(top::<S>))
         .with_state(admin)
 }
 
@@ -49,6 +50,13 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .service
         .metrics
         .set_store_state(store.name(), store.active_keys(), store.evictions());
+    // Scrapes also drop expired penalty records (the map is bounded regardless).
+    let penalties = admin.service.limiter.penalties();
+    penalties.sweep();
+    admin
+        .service
+        .metrics
+        .set_active_bans(penalties.active_count());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         admin.service.metrics.render(),
@@ -96,10 +104,134 @@ async fn policies<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
             })
         })
         .collect();
+    // Each loaded document: where it came from, its domain's rules and its status.
+    let policies: Vec<_> = policy
+        .sources
+        .iter()
+        .map(|s| {
+            let rules: Vec<&str> = policy
+                .domain(&s.domain)
+                .map(|d| {
+                    rule_ids(d)
+                        .into_iter()
+                        .map(|r| policy.rule(r).path.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "source": s.source,
+                "origin": origin(s),
+                "form": if s.resource.is_some() { "RateLimitPolicy" } else { "envoy" },
+                "resource": s.resource,
+                "line": s.line,
+                "domain": s.domain,
+                "rules": rules,
+                "status": source_status(s),
+            })
+        })
+        .collect();
     Json(json!({
         "domains": domains.iter().map(|d| &d.name).collect::<Vec<_>>(),
         "sources": policy.sources.iter().map(|s| json!({"source": s.source, "domain": s.domain})).collect::<Vec<_>>(),
         "rules": rules,
+        "policies": policies,
+    }))
+    .into_response()
+}
+
+/// The status `/debug/policies` shows for one document of the serving policy.
+///
+/// A file document in the serving policy is loaded: a refused edit never replaces it
+/// (it is logged and counted in `sluice_policy_reloads_total{result="error"}`).
+/// Kubernetes: the RateLimitPolicy's own status (condition `Accepted`, reason
+/// `Invalid`/`Conflicted`, `observedGeneration`) belongs here; the kube source should
+/// hand it over (for instance a map `namespace/name -> condition` read here) when
+/// it lands. Until then a resource in the serving policy reports `Accepted`.
+fn source_status(source: &crate::policy::SourceInfo) -> serde_json::Value {
+    match origin(source) {
+        "kubernetes" => json!({"state": "loaded", "accepted": true, "reason": "Accepted"}),
+        _ => json!({"state": "loaded"}),
+    }
+}
+
+/// `kubernetes` for an object read from the API server (its source is its
+/// `namespace/name`), `file` otherwise (a file may hold RateLimitPolicy manifests too).
+fn origin(source: &crate::policy::SourceInfo) -> &'static str {
+    if source.resource.as_deref() == Some(source.source.as_str()) {
+        "kubernetes"
+    } else {
+        "file"
+    }
+}
+
+/// Ids of every rule in a domain's tree, in id order.
+fn rule_ids(domain: &crate::policy::Domain) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut stack = vec![&domain.root];
+    while let Some(node) = stack.pop() {
+        out.extend(node.rule);
+        for level in node.children.values() {
+            stack.extend(level.exact.values());
+            stack.extend(level.wildcards.iter().map(|(_, n)| n));
+            stack.extend(level.any.as_deref());
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// `/debug/top`: per domain and rule, the deny ratio and the keys denied most over
+/// the last minute, and the keys serving a penalty ban.
+async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    use crate::telemetry::secs;
+    let bans = admin.service.limiter.penalties().active();
+    let mut rules: Vec<serde_json::Value> = Vec::new();
+    let tops = admin.service.metrics.top_offenders();
+    let mut seen = std::collections::HashSet::new();
+    for t in &tops {
+        seen.insert((t.domain.as_str(), t.rule.as_str()));
+    }
+    let ban_json = |b: &crate::limiter::penalty::ActiveBan| json!({"key": b.info.key, "remaining_seconds": secs(b.remaining)});
+    for t in &tops {
+        rules.push(json!({
+            "domain": t.domain,
+            "rule": t.rule,
+            "decided": t.decided,
+            "denied": t.denied,
+            "deny_ratio": if t.decided > 0 { t.denied as f64 / t.decided as f64 } else { 0.0 },
+            "top": t.top.iter().enumerate().map(|(i, (key, n))| json!({"rank": i + 1, "key": key, "denials": n})).collect::<Vec<_>>(),
+            "banned": bans.iter().filter(|b| b.info.domain == t.domain && b.info.rule == t.rule).map(ban_json).collect::<Vec<_>>(),
+        }));
+    }
+    // Bans of rules with no denial in the window (the ban outlasts it).
+    let mut rest: std::collections::BTreeMap<(&str, &str), Vec<serde_json::Value>> =
+        Default::default();
+    for b in &bans {
+        let at = (b.info.domain.as_str(), b.info.rule.as_str());
+        if !seen.contains(&at) {
+            rest.entry(at).or_default().push(ban_json(b));
+        }
+    }
+    for ((domain, rule), banned) in rest {
+        rules.push(json!({
+            "domain": domain,
+            "rule": rule,
+            "decided": 0,
+            "denied": 0,
+            "deny_ratio": 0.0,
+            "top": [],
+            "banned": banned,
+        }));
+    }
+    Json(json!({
+        "window_seconds": crate::telemetry::ratio::WINDOW_SECS,
+        "rules": rules,
+        "bans": bans.iter().map(|b| json!({
+            "domain": b.info.domain,
+            "rule": b.info.rule,
+            "key": b.info.key,
+            "remaining_seconds": secs(b.remaining),
+        })).collect::<Vec<_>>(),
     }))
     .into_response()
 }

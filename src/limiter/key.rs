@@ -45,6 +45,22 @@ pub fn counter_key<E: Entry>(
     }
 }
 
+/// The key the top-offenders view and penalty bans show for a matched descriptor:
+/// its values joined by `|` (the pattern at `share_threshold` levels), each written
+/// by [`push_value`], so `--hash-keys` shows hashes and long values are hashed.
+pub fn offender<E: Entry>(rule: &Rule, entries: &[E], hash_all: bool, out: &mut String) {
+    out.clear();
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        match rule.shared.get(i).and_then(|s| s.as_deref()) {
+            Some(pattern) => push_value(out, pattern, hash_all),
+            None => push_value(out, entry.value(), hash_all),
+        }
+    }
+}
+
 /// The display form of a value for keys and the top-offenders view.
 pub fn push_value(out: &mut String, value: &str, hash_all: bool) {
     let unsafe_chars = value.contains(['|', '=']);
@@ -117,6 +133,17 @@ mod tests {
         assert!(k.len() < 40, "{k}");
         counter_key("d", &rule(vec![None]), &[("a", "p|b=c")], false, &mut k);
         assert!(!k.contains("p|b"), "{k}");
+    }
+
+    #[test]
+    fn offender_shows_values_or_their_hashes() {
+        let mut k = String::new();
+        let r = rule(vec![None, Some("files/*".into())]);
+        offender(&r, &[("ip", "10.0.0.1"), ("f", "files/x")], false, &mut k);
+        assert_eq!(k, "10.0.0.1|files/*");
+        offender(&r, &[("ip", "10.0.0.1"), ("f", "files/x")], true, &mut k);
+        assert!(!k.contains("10.0.0.1"), "{k}");
+        assert!(k.starts_with('#'), "{k}");
     }
 
     #[test]

@@ -9,10 +9,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::algorithm::{Micros, Verdict};
+use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Policy};
 use crate::store::{Hit, Mode, Store, StoreError};
 
 pub mod key;
+pub mod penalty;
+
+use penalty::Penalties;
 
 /// Settings of the decision path, from the command line.
 #[derive(Debug, Clone)]
@@ -52,6 +56,19 @@ pub struct Status {
     pub over_limit: bool,
     /// The store's verdict, for limited rules that were decided.
     pub verdict: Option<Verdict>,
+    /// Whether a `penalty` ban denied this descriptor or started with it.
+    pub ban: Ban,
+}
+
+/// A descriptor's part in a `penalty` (see [`penalty`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ban {
+    #[default]
+    None,
+    /// Denied without a store call: the key is serving a ban.
+    Active,
+    /// Denied by its limit, and this denial started a ban.
+    Started,
 }
 
 /// Why the store's answer was not used.
@@ -59,6 +76,8 @@ pub struct Status {
 pub struct StoreFailure {
     pub error: String,
     pub mode: FailureMode,
+    /// The store's name, for metrics and logs.
+    pub store: &'static str,
 }
 
 /// The limiter's answer to one request.
@@ -73,6 +92,19 @@ pub struct Outcome {
     pub delay: Micros,
     /// Set when the store failed and the failure mode answered.
     pub failure: Option<StoreFailure>,
+    /// (status index, key) of each denied descriptor, the key being its values as the
+    /// top-offenders view shows them ([`key::offender`]). Empty when nothing is denied.
+    pub offenders: Vec<(usize, String)>,
+}
+
+impl Outcome {
+    /// The top-offenders key of the denied descriptor at `status`.
+    pub fn offender(&self, status: usize) -> Option<&str> {
+        self.offenders
+            .iter()
+            .find(|(i, _)| *i == status)
+            .map(|(_, k)| k.as_str())
+    }
 }
 
 /// Decides requests against the current policy and a store.
@@ -81,6 +113,7 @@ pub struct Limiter<S> {
     policy: Arc<ArcSwap<Policy>>,
     store: S,
     settings: Settings,
+    penalties: Penalties,
 }
 
 impl<S: Store> Limiter<S> {
@@ -89,7 +122,19 @@ impl<S: Store> Limiter<S> {
             policy,
             store,
             settings,
+            penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
         }
+    }
+
+    /// Uses `clock` for penalties (the store keeps its own clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.penalties = Penalties::new(clock, penalty::DEFAULT_MAX_TRACKED);
+        self
+    }
+
+    /// Denial counts and bans of rules with a `penalty`.
+    pub fn penalties(&self) -> &Penalties {
+        &self.penalties
     }
 
     pub fn store(&self) -> &S {
@@ -112,6 +157,7 @@ impl<S: Store> Limiter<S> {
                 rule: None,
                 over_limit: false,
                 verdict: None,
+                ban: Ban::None,
             };
             descriptors.len()
         ];
@@ -123,6 +169,7 @@ impl<S: Store> Limiter<S> {
                 statuses,
                 delay: 0,
                 failure: None,
+                offenders: Vec::new(),
             };
         };
 
@@ -179,8 +226,14 @@ impl<S: Store> Limiter<S> {
             statuses,
             delay: 0,
             failure: None,
+            offenders: Vec::new(),
         };
         if hits.is_empty() {
+            return outcome;
+        }
+        // A key serving a penalty ban is denied at once, without asking the store.
+        if penalty::apply_bans(&self.penalties, &policy, &order, &hits, &mut outcome) {
+            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
             return outcome;
         }
 
@@ -217,10 +270,47 @@ impl<S: Store> Limiter<S> {
                 outcome.failure = Some(StoreFailure {
                     error: error.to_string(),
                     mode,
+                    store: self.store.name(),
                 });
             }
         }
+        if outcome.over_limit && outcome.failure.is_none() {
+            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
+        }
         outcome
+    }
+
+    /// Fills `outcome.offenders` for denied descriptors and counts their denials
+    /// towards penalties. Runs only when the request is denied.
+    fn note_offenders<E: Entry>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+        outcome: &mut Outcome,
+        order: &[usize],
+        hits: &[Hit],
+    ) {
+        let policy = outcome.policy.clone();
+        for (&i, hit) in order.iter().zip(hits) {
+            let status = &mut outcome.statuses[i];
+            let Some(rule) = status.rule.map(|r| policy.rule(r)) else {
+                continue;
+            };
+            if !status.over_limit {
+                continue;
+            }
+            let mut shown = String::new();
+            key::offender(
+                rule,
+                descriptors[i].entries,
+                self.settings.hash_keys,
+                &mut shown,
+            );
+            if status.ban == Ban::None && hit.mode == Mode::Enforce {
+                penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown);
+            }
+            outcome.offenders.push((i, shown));
+        }
     }
 
     async fn ask_store(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {

@@ -1,23 +1,144 @@
-//! Metrics in the Prometheus text format.
+//! Metrics in the Prometheus text format, and the top-offenders view.
 //!
 //! One [`Metrics`] value is built at start-up and passed around in an `Arc`, never a
 //! global, so each test builds its own. Label sets are bounded by the policies: the
-//! `rule` label is the matched path of keys, never a request value.
+//! `rule` label is the matched path of keys, never a request value. The one exception
+//! is `sluice_top_offenders`' `key`, at most [`top::TOP`] per rule.
+//!
+//! **Recording is cheap and takes no lock and no shared cache line.** Looking a
+//! labelled counter up by its label values (`with_label_values`) hashes the labels
+//! and takes the vector's lock on every call, and a `prometheus` counter or histogram
+//! is one atomic that every core writes. Sluice does neither on the request path:
+//! - [`PolicyHandles`] holds, for one compiled [`Policy`] (recognised by pointer), a
+//!   lazily filled slot per rule id pointing at that rule's [`RuleStats`]. The current
+//!   `PolicyHandles` is read through an `ArcSwap` (no lock, no shared reference count
+//!   touched), so finding a rule's counters is an index, not a lookup.
+//! - The per-rule outcome and ban counts, the deny-ratio rings ([`ratio`]) and the
+//!   decision-time histogram are striped ([`striped`]): each thread adds to its own
+//!   cache-line-aligned copy; a scrape adds the copies up and writes the text format
+//!   for these families itself.
+//! - Only denials touch the top-offenders sketch ([`top`]), whose locks are per rule,
+//!   per 10 s sub-window and per shard of the key space.
+//!
+//! `RuleStats` are kept by (domain, rule path, layer), so counters stay monotonic and
+//! windows survive a policy reload; they are few (bounded by the rules ever loaded).
+//! `benches/metrics.rs` measures the cost (BENCHMARKS.md).
+//!
+//! The ratio and the top offenders are computed at scrape time (`render`).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
-use crate::limiter::Outcome;
+use crate::algorithm::{Micros, SECOND};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::{Ban, Outcome};
+use crate::policy::{FailureMode, Policy, Rule};
+
+pub mod ratio;
+pub mod striped;
+pub mod top;
+
+use ratio::DenyWindow;
+use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
+use top::TopOffenders;
+
+/// The `outcome` label values of `sluice_requests_total`.
+pub const OUTCOMES: [&str; 6] = [
+    "ok",
+    "over_limit",
+    "shadow_over_limit",
+    "failed_open",
+    "failed_closed",
+    "banned",
+];
+const OK: usize = 0;
+const OVER_LIMIT: usize = 1;
+const SHADOW_OVER_LIMIT: usize = 2;
+const FAILED_OPEN: usize = 3;
+const FAILED_CLOSED: usize = 4;
+const BANNED: usize = 5;
+
+/// (domain, rule path, layer).
+type StatsKey = (String, String, &'static str);
+
+/// One stripe of a rule's counts.
+#[derive(Debug, Default)]
+struct RuleCounts {
+    outcomes: [AtomicU64; OUTCOMES.len()],
+    bans: AtomicU64,
+}
+
+/// Everything counted for one (domain, rule path, layer).
+#[derive(Debug)]
+pub struct RuleStats {
+    pub domain: String,
+    pub rule: String,
+    pub layer: &'static str,
+    counts: Stripes<RuleCounts>,
+    ratio: Stripes<DenyWindow>,
+    pub top: TopOffenders,
+}
+
+impl RuleStats {
+    /// (decided, denied) over the last minute.
+    pub fn window_totals(&self, now: Micros) -> (u64, u64) {
+        self.ratio.iter().fold((0, 0), |(c, d), w| {
+            let (c2, d2) = w.totals(now);
+            (c + c2, d + d2)
+        })
+    }
+
+    fn outcome(&self, i: usize) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.outcomes[i].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn bans(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.bans.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// The handles of one compiled policy, by rule id.
+#[derive(Debug)]
+struct PolicyHandles {
+    /// Keeps the policy's allocation (not the policy) alive, so a new policy never
+    /// gets the same address while this cache entry exists.
+    policy: Weak<Policy>,
+    rules: Box<[OnceLock<Arc<RuleStats>>]>,
+}
+
+/// One rule's view for `/debug/top`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleTop {
+    pub domain: String,
+    pub rule: String,
+    /// Limited descriptors decided over the last minute.
+    pub decided: u64,
+    /// Of those, denied (over limit or banned).
+    pub denied: u64,
+    /// The worst keys, most denials first.
+    pub top: Vec<(String, u64)>,
+}
 
 /// Every metric sluice exports.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Metrics {
+    enabled: bool,
+    clock: Arc<dyn Clock>,
     registry: Registry,
-    requests: IntCounterVec,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
     decision_seconds: Histogram,
@@ -25,6 +146,22 @@ pub struct Metrics {
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
+    active_bans: IntGauge,
+    deny_ratio: GaugeVec,
+    recent_denials: IntGaugeVec,
+    top_offenders: IntGaugeVec,
+    handles: ArcSwapOption<PolicyHandles>,
+    /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
+    /// first seen and at scrape time.
+    stats: Mutex<HashMap<StatsKey, Arc<RuleStats>>>,
+    /// Serialises scrapes, which reset and refill the computed gauges.
+    scrape: Mutex<()>,
+    /// `sluice_store_errors_total{store, shard="all"}` of the (one) store, resolved on
+    /// the first failure so an outage does not look labels up per request.
+    store_failures: OnceLock<IntCounter>,
+    store_failing: AtomicBool,
+    failures_in_outage: AtomicU64,
+    evicting: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -33,17 +170,26 @@ impl Default for Metrics {
     }
 }
 
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
 impl Metrics {
     pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// Metrics that record nothing (for measuring their cost); `/metrics` still renders.
+    pub fn disabled() -> Self {
+        Metrics {
+            enabled: false,
+            ..Self::new()
+        }
+    }
+
+    /// Metrics whose windows read `clock`; tests inject a manual one.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "sluice_requests_total",
-                "Descriptors decided, by matched rule and outcome.",
-            ),
-            &["domain", "layer", "rule", "outcome"],
-        )
-        .expect("static metric definition");
         let unknown_domain = IntCounter::new(
             "sluice_unknown_domain_requests_total",
             "Requests naming a domain no policy defines (answered OK).",
@@ -54,33 +200,16 @@ impl Metrics {
             "Requests refused with INVALID_ARGUMENT.",
         )
         .expect("static metric definition");
-        let decision_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "sluice_decision_seconds",
-                "Time spent inside sluice per call.",
-            )
-            .buckets(vec![
-                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05,
-                0.1,
-            ]),
-        )
-        .expect("static metric definition");
-        let store_errors = IntCounterVec::new(
-            Opts::new(
-                "sluice_store_errors_total",
-                "Store calls that failed or timed out.",
-            ),
+        let store_errors = counter_vec(
+            "sluice_store_errors_total",
+            "Store calls that failed or timed out.",
             &["store", "shard"],
-        )
-        .expect("static metric definition");
-        let policy_reloads = IntCounterVec::new(
-            Opts::new(
-                "sluice_policy_reloads_total",
-                "Policy reloads by source and result.",
-            ),
+        );
+        let policy_reloads = counter_vec(
+            "sluice_policy_reloads_total",
+            "Policy reloads by source and result (ok, error).",
             &["source", "result"],
-        )
-        .expect("static metric definition");
+        );
         let active_keys = IntGaugeVec::new(
             Opts::new(
                 "sluice_active_keys",
@@ -94,56 +223,209 @@ impl Metrics {
             "Live counters dropped because the memory store reached --max-keys.",
         )
         .expect("static metric definition");
+        let active_bans = IntGauge::new(
+            "sluice_penalty_active_bans",
+            "Keys serving a penalty ban in this process.",
+        )
+        .expect("static metric definition");
+        let deny_ratio = GaugeVec::new(
+            Opts::new(
+                "sluice_deny_ratio",
+                "Denied / decided descriptors of a rule over the last 60 s.",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
+        let recent_denials = IntGaugeVec::new(
+            Opts::new(
+                "sluice_recent_denials",
+                "Denied descriptors of a rule over the last 60 s (the deny ratio's numerator).",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
+        let top_offenders = IntGaugeVec::new(
+            Opts::new(
+                "sluice_top_offenders",
+                "Denials over the last 60 s of the 10 keys a rule denied most (rank 1 = most).",
+            ),
+            &["domain", "rule", "key", "rank"],
+        )
+        .expect("static metric definition");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(unknown_domain.clone()),
+            Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bad_requests.clone()),
-            Box::new(decision_seconds.clone()),
             Box::new(store_errors.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
+            Box::new(active_bans.clone()),
+            Box::new(deny_ratio.clone()),
+            Box::new(recent_denials.clone()),
+            Box::new(top_offenders.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        // Series that dashboards and alerts read exist (at 0) from the start.
+        for result in ["ok", "error"] {
+            policy_reloads.with_label_values(&["file", result]);
+        }
         Metrics {
+            enabled: true,
+            clock,
             registry,
-            requests,
             unknown_domain,
             bad_requests,
-            decision_seconds,
+            decision_seconds: Histogram::default(),
             store_errors,
             policy_reloads,
             active_keys,
             evictions,
+            active_bans,
+            deny_ratio,
+            recent_denials,
+            top_offenders,
+            handles: ArcSwapOption::empty(),
+            stats: Mutex::new(HashMap::new()),
+            scrape: Mutex::new(()),
+            store_failures: OnceLock::new(),
+            store_failing: AtomicBool::new(false),
+            failures_in_outage: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
         }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// Counts one decided request.
     pub fn record(&self, domain: &str, outcome: &Outcome, took: Duration) {
+        if !self.enabled {
+            return;
+        }
         self.decision_seconds.observe(took.as_secs_f64());
         if !outcome.domain_known {
             self.unknown_domain.inc();
             return;
         }
-        if outcome.failure.is_some() {
-            self.store_errors.with_label_values(&["store", "all"]).inc();
-        }
-        for s in &outcome.statuses {
-            let Some(rule) = s.rule.map(|r| outcome.policy.rule(r)) else {
+        self.store_health(outcome);
+        let guard = self.handles.load();
+        let fresh;
+        let handles: &PolicyHandles = match guard.as_deref() {
+            Some(h) if std::ptr::eq(h.policy.as_ptr(), Arc::as_ptr(&outcome.policy)) => h,
+            _ => {
+                fresh = Arc::new(PolicyHandles {
+                    policy: Arc::downgrade(&outcome.policy),
+                    rules: (0..outcome.policy.rules.len())
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                });
+                self.handles.store(Some(fresh.clone()));
+                &fresh
+            }
+        };
+        let mut now = None;
+        for (i, s) in outcome.statuses.iter().enumerate() {
+            let Some(rule_id) = s.rule else {
                 continue;
             };
-            let result = match (&outcome.failure, s.verdict) {
-                (Some(f), _) if f.mode == crate::policy::FailureMode::Open => "failed_open",
-                (Some(_), _) => "failed_closed",
-                (None, Some(v)) if !v.admitted && rule.shadow_mode => "shadow_over_limit",
-                (None, _) if s.over_limit => "over_limit",
-                _ => "ok",
+            let rule = outcome.policy.rule(rule_id);
+            let st = handles.rules[rule_id].get_or_init(|| self.rule_stats(domain, rule));
+            let label = match (&outcome.failure, s.verdict) {
+                _ if s.ban == Ban::Active => BANNED,
+                (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
+                (Some(_), _) => FAILED_CLOSED,
+                (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
+                (None, _) if s.over_limit => OVER_LIMIT,
+                _ => OK,
             };
-            self.requests
-                .with_label_values(&[domain, rule.layer.as_str(), &rule.path, result])
-                .inc();
+            let counts = st.counts.local();
+            counts.outcomes[label].fetch_add(1, Ordering::Relaxed);
+            if s.ban == Ban::Started {
+                counts.bans.fetch_add(1, Ordering::Relaxed);
+            }
+            let decided = rule.limit.is_some()
+                && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
+            if decided {
+                let now = *now.get_or_insert_with(|| self.clock.now());
+                let denied = label == OVER_LIMIT || label == BANNED;
+                st.ratio.local().record(now, denied);
+                if denied {
+                    if let Some(key) = outcome.offender(i) {
+                        st.top.add(now, key);
+                    }
+                }
+            }
         }
+    }
+
+    fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
+        let layer = rule.layer.as_str();
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((domain.to_string(), rule.path.clone(), layer))
+            .or_insert_with(|| {
+                Arc::new(RuleStats {
+                    domain: domain.to_string(),
+                    rule: rule.path.clone(),
+                    layer,
+                    counts: Stripes::default(),
+                    ratio: Stripes::default(),
+                    top: TopOffenders::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// Every rule's stats, sorted by domain, rule and layer.
+    fn all_stats(&self) -> Vec<Arc<RuleStats>> {
+        let mut all: Vec<Arc<RuleStats>> = self
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| (&a.domain, &a.rule, a.layer).cmp(&(&b.domain, &b.rule, b.layer)));
+        all
+    }
+
+    /// Logs the store's state changes (failing, answering again), never per request.
+    fn store_health(&self, outcome: &Outcome) {
+        match &outcome.failure {
+            Some(f) => {
+                self.store_failures
+                    .get_or_init(|| self.store_errors.with_label_values(&[f.store, "all"]))
+                    .inc();
+                self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
+                if !self.store_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        store = f.store,
+                        error = %f.error,
+                        failure_mode = ?f.mode,
+                        "store failing; answering by the failure mode"
+                    );
+                }
+            }
+            None => {
+                if self.store_failing.load(Ordering::Relaxed)
+                    && outcome.statuses.iter().any(|s| s.verdict.is_some())
+                    && self.store_failing.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!(
+                        failed_calls = self.failures_in_outage.swap(0, Ordering::Relaxed),
+                        "store answering again"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Counts a store error seen by a store itself (per shard).
+    pub fn store_error(&self, store: &str, shard: &str) {
+        self.store_errors.with_label_values(&[store, shard]).inc();
     }
 
     pub fn bad_request(&self) {
@@ -156,20 +438,338 @@ impl Metrics {
             .inc();
     }
 
+    /// The store's gauges, set at scrape time. Logs when the memory store starts (and
+    /// stops) evicting live counters.
     pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: u64) {
         self.active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
+        self.store_errors.with_label_values(&[store, "all"]);
         let seen = self.evictions.get();
-        if evictions > seen {
+        let evicting = evictions > seen;
+        if evicting {
             self.evictions.inc_by(evictions - seen);
+        }
+        if self.evicting.swap(evicting, Ordering::Relaxed) != evicting {
+            if evicting {
+                tracing::warn!(
+                    store,
+                    active_keys,
+                    "store full (--max-keys): evicting live counters"
+                );
+            } else {
+                tracing::info!(store, active_keys, "store no longer evicting");
+            }
+        }
+    }
+
+    /// Bans in force, set at scrape time.
+    pub fn set_active_bans(&self, n: usize) {
+        self.active_bans.set(n as i64);
+    }
+
+    /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
+    pub fn top_offenders(&self) -> Vec<RuleTop> {
+        let now = self.clock.now();
+        let mut out: Vec<RuleTop> = Vec::new();
+        for st in self.all_stats() {
+            let (decided, denied) = st.window_totals(now);
+            let top = st.top.top(now, top::TOP);
+            if decided == 0 && top.is_empty() {
+                continue;
+            }
+            match out.last_mut() {
+                // The same path under two layers: one view.
+                Some(last) if last.domain == st.domain && last.rule == st.rule => {
+                    last.decided += decided;
+                    last.denied += denied;
+                    let mut merged: HashMap<String, u64> = last.top.drain(..).collect();
+                    for (k, n) in top {
+                        *merged.entry(k).or_default() += n;
+                    }
+                    let mut merged: Vec<(String, u64)> = merged.into_iter().collect();
+                    merged.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                    merged.truncate(top::TOP);
+                    last.top = merged;
+                }
+                _ => out.push(RuleTop {
+                    domain: st.domain.clone(),
+                    rule: st.rule.clone(),
+                    decided,
+                    denied,
+                    top,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Writes the striped families in the text format.
+    fn render_striped(&self, out: &mut String) {
+        use std::fmt::Write;
+        let stats = self.all_stats();
+        if !stats.is_empty() {
+            out.push_str(
+                "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome \
+                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned).\n\
+                 # TYPE sluice_requests_total counter\n",
+            );
+            for st in &stats {
+                for (i, o) in OUTCOMES.iter().enumerate() {
+                    out.push_str("sluice_requests_total{domain=\"");
+                    escape_label(&st.domain, out);
+                    let _ = write!(out, "\",layer=\"{}\",outcome=\"{o}\",rule=\"", st.layer);
+                    escape_label(&st.rule, out);
+                    let _ = writeln!(out, "\"}} {}", st.outcome(i));
+                }
+            }
+            out.push_str(
+                "# HELP sluice_penalty_bans_total Bans started by a rule's penalty.\n\
+                 # TYPE sluice_penalty_bans_total counter\n",
+            );
+            let mut bans: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+            for st in &stats {
+                *bans.entry((&st.domain, &st.rule)).or_default() += st.bans();
+            }
+            for ((domain, rule), n) in bans {
+                out.push_str("sluice_penalty_bans_total{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+        }
+        let h = self.decision_seconds.totals();
+        out.push_str(
+            "# HELP sluice_decision_seconds Time spent inside sluice per call.\n\
+             # TYPE sluice_decision_seconds histogram\n",
+        );
+        for (bound, n) in LATENCY_BOUNDS.iter().zip(&h.cumulative) {
+            let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let count = h.cumulative.last().copied().unwrap_or(0);
+        let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "sluice_decision_seconds_sum {}", h.sum_seconds);
+        let _ = writeln!(out, "sluice_decision_seconds_count {count}");
+    }
+
+    /// Refills the gauges computed at scrape time.
+    fn refresh(&self) {
+        self.deny_ratio.reset();
+        self.recent_denials.reset();
+        self.top_offenders.reset();
+        for t in self.top_offenders() {
+            let labels = [t.domain.as_str(), t.rule.as_str()];
+            if t.decided > 0 {
+                self.deny_ratio
+                    .with_label_values(&labels)
+                    .set(t.denied as f64 / t.decided as f64);
+                self.recent_denials
+                    .with_label_values(&labels)
+                    .set(t.denied as i64);
+            }
+            for (rank, (key, denials)) in t.top.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_offenders
+                    .with_label_values(&[&t.domain, &t.rule, key, &rank])
+                    .set(*denials as i64);
+            }
         }
     }
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        let mut text = String::from_utf8(buf).unwrap_or_default();
+        self.render_striped(&mut text);
+        text
+    }
+}
+
+/// Seconds of a micros duration, for JSON.
+pub fn secs(us: Micros) -> f64 {
+    us as f64 / SECOND as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Descriptor, Limiter, Settings};
+    use crate::store::MemoryStore;
+
+    const T0: Micros = 1_700_000_000 * SECOND;
+
+    const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      algorithm: fixed_window
+      penalty: {violations: 3, within: 10s, ban: 1m}
+"#;
+
+    fn setup(clock: &ManualClock, hash_keys: bool) -> (Limiter<MemoryStore>, Metrics) {
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        let limiter = Limiter::new(
+            Arc::new(ArcSwap::from_pointee(policy)),
+            store,
+            Settings {
+                hash_keys,
+                ..Settings::default()
+            },
+        )
+        .with_clock(Arc::new(clock.clone()));
+        (limiter, Metrics::with_clock(Arc::new(clock.clone())))
+    }
+
+    async fn ask(l: &Limiter<MemoryStore>, m: &Metrics, ip: &str) {
+        let entries = [("ip", ip)];
+        let outcome = l
+            .decide(
+                "d",
+                &[Descriptor {
+                    entries: &entries[..],
+                    hits: 1,
+                }],
+            )
+            .await;
+        m.record("d", &outcome, Duration::from_micros(10));
+    }
+
+    #[tokio::test]
+    async fn ratio_top_offenders_and_bans_are_exported() {
+        let clock = ManualClock::new(T0);
+        let (l, m) = setup(&clock, false);
+        for _ in 0..10 {
+            ask(&l, &m, "6.6.6.6").await;
+        }
+        for i in 0..10 {
+            ask(&l, &m, &format!("10.0.0.{i}")).await;
+        }
+        let text = m.render();
+        // 20 decisions: 6.6.6.6 admitted twice, denied 3 times, then banned 5 times.
+        assert!(
+            text.contains(r#"sluice_deny_ratio{domain="d",rule="ip"} 0.4"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"sluice_recent_denials{domain="d",rule="ip"} 8"#));
+        assert!(
+            text.contains(r#"sluice_top_offenders{domain="d",key="6.6.6.6",rank="1",rule="ip"} 8"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"sluice_penalty_bans_total{domain="d",rule="ip"} 1"#));
+        assert!(text.contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="banned",rule="ip"} 5"#
+        ));
+        assert!(text.contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 3"#
+        ));
+        // A minute and a quarter later the window is empty and the series are gone.
+        clock.advance(75 * SECOND);
+        let text = m.render();
+        assert!(!text.contains("sluice_deny_ratio{"), "{text}");
+        assert!(!text.contains("sluice_top_offenders{"), "{text}");
+        assert!(m.top_offenders().is_empty());
+    }
+
+    #[tokio::test]
+    async fn hash_keys_shows_hashes_in_the_top_offenders() {
+        let clock = ManualClock::new(T0);
+        let (l, m) = setup(&clock, true);
+        for _ in 0..5 {
+            ask(&l, &m, "6.6.6.6").await;
+        }
+        let top = m.top_offenders();
+        assert_eq!(top.len(), 1);
+        assert_eq!(top[0].top.len(), 1);
+        assert!(top[0].top[0].0.starts_with('#'));
+        assert!(!m.render().contains("6.6.6.6"));
+    }
+
+    /// Captures what a tracing subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn store_state_changes_are_logged_once_each() {
+        use crate::limiter::{Status, StoreFailure};
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = Arc::new(crate::policy::compile(docs).expect("compiles"));
+        let outcome = |failed: bool| Outcome {
+            policy: policy.clone(),
+            domain_known: true,
+            over_limit: false,
+            statuses: vec![Status {
+                rule: Some(0),
+                over_limit: false,
+                verdict: (!failed).then(crate::algorithm::Verdict::default),
+                ban: Ban::None,
+            }],
+            delay: 0,
+            failure: failed.then(|| StoreFailure {
+                error: "store timed out".into(),
+                mode: FailureMode::Open,
+                store: "redis",
+            }),
+            offenders: Vec::new(),
+        };
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let m = Metrics::new();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                m.record("d", &outcome(false), Duration::ZERO);
+            }
+            for _ in 0..5 {
+                m.record("d", &outcome(true), Duration::ZERO);
+            }
+            for _ in 0..3 {
+                m.record("d", &outcome(false), Duration::ZERO);
+            }
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
+        assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
+        assert!(m
+            .render()
+            .contains(r#"sluice_store_errors_total{shard="all",store="redis"} 5"#));
+        assert!(m.render().contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 5"#
+        ));
+    }
+
+    #[tokio::test]
+    async fn disabled_metrics_record_nothing() {
+        let clock = ManualClock::new(T0);
+        let (l, _) = setup(&clock, false);
+        let m = Metrics::disabled();
+        ask(&l, &m, "1.1.1.1").await;
+        assert!(!m.render().contains("sluice_requests_total{"));
     }
 }

@@ -1,0 +1,143 @@
+//! Decided and denied counts of one rule over the last 60 seconds, for
+//! `sluice_deny_ratio`.
+//!
+//! A ring of 60 per-second buckets, each one `AtomicU64` packing the bucket's second
+//! (16 low bits) with the decided and denied counts (24 bits each). Recording is one
+//! compare-and-swap on the current second's bucket: no lock, and a bucket from an old
+//! second is reset by the same swap that first counts into it, so no count is ever
+//! lost or mixed between seconds. Reads (at scrape time) add the buckets whose second
+//! lies in the window. Counts saturate at 2^24 - 1 per rule per second per process,
+//! far above what one process decides.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::algorithm::{Micros, SECOND};
+
+/// Length of the window in seconds.
+pub const WINDOW_SECS: u64 = 60;
+
+const SEC_BITS: u32 = 16;
+const COUNT_BITS: u32 = 24;
+const SEC_MASK: u64 = (1 << SEC_BITS) - 1;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+
+fn pack(sec: u64, decided: u64, denied: u64) -> u64 {
+    (sec & SEC_MASK) | (decided.min(COUNT_MAX) << SEC_BITS) | (denied.min(COUNT_MAX) << 40)
+}
+
+fn unpack(word: u64) -> (u64, u64, u64) {
+    (
+        word & SEC_MASK,
+        (word >> SEC_BITS) & COUNT_MAX,
+        (word >> 40) & COUNT_MAX,
+    )
+}
+
+/// Per-second decided/denied counts over the last [`WINDOW_SECS`] seconds.
+#[derive(Debug)]
+pub struct DenyWindow {
+    buckets: [AtomicU64; WINDOW_SECS as usize],
+}
+
+impl Default for DenyWindow {
+    fn default() -> Self {
+        DenyWindow {
+            // Second 0 with zero counts: never read as live unless `now` is second 0.
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl DenyWindow {
+    /// Counts one decision at `now`.
+    pub fn record(&self, now: Micros, denied: bool) {
+        let sec = now / SECOND;
+        let bucket = &self.buckets[(sec % WINDOW_SECS) as usize];
+        let mut old = bucket.load(Ordering::Relaxed);
+        loop {
+            let (s, decided, d) = unpack(old);
+            let (decided, d) = if s == sec & SEC_MASK {
+                (decided, d)
+            } else {
+                (0, 0)
+            };
+            let new = pack(sec, decided + 1, d + u64::from(denied));
+            match bucket.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    /// (decided, denied) over the window ending at `now`.
+    pub fn totals(&self, now: Micros) -> (u64, u64) {
+        let sec = now / SECOND;
+        let mut decided = 0;
+        let mut denied = 0;
+        for bucket in &self.buckets {
+            let (s, c, d) = unpack(bucket.load(Ordering::Relaxed));
+            // Age of the bucket in seconds, modulo the 16-bit second tag.
+            let age = (sec & SEC_MASK).wrapping_sub(s) & SEC_MASK;
+            if age < WINDOW_SECS && (c > 0 || d > 0) {
+                decided += c;
+                denied += d;
+            }
+        }
+        (decided, denied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Micros = 1_700_000_000 * SECOND;
+
+    #[test]
+    fn ratio_over_the_last_minute() {
+        let w = DenyWindow::default();
+        for i in 0..100 {
+            w.record(T0 + i * 10_000, i % 4 == 0);
+        }
+        assert_eq!(w.totals(T0), (100, 25));
+        // Still inside the window 59 s later, gone after 60 s.
+        assert_eq!(w.totals(T0 + 59 * SECOND), (100, 25));
+        assert_eq!(w.totals(T0 + 60 * SECOND), (0, 0));
+    }
+
+    #[test]
+    fn old_buckets_are_reset_by_the_next_second_that_uses_them() {
+        let w = DenyWindow::default();
+        w.record(T0, true);
+        w.record(T0 + 30 * SECOND, false);
+        // Same bucket as T0, one minute later.
+        w.record(T0 + 60 * SECOND, false);
+        assert_eq!(w.totals(T0 + 60 * SECOND), (2, 0));
+        assert_eq!(w.totals(T0 + 95 * SECOND), (1, 0));
+        assert_eq!(w.totals(T0 + 120 * SECOND), (0, 0));
+    }
+
+    #[test]
+    fn concurrent_records_are_all_counted() {
+        let w = std::sync::Arc::new(DenyWindow::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let w = w.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10_000 {
+                        w.record(T0 + (i % 3) * SECOND, i % 2 == 0);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(w.totals(T0 + 2 * SECOND), (40_000, 20_000));
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_spilling() {
+        assert_eq!(unpack(pack(5, COUNT_MAX + 10, 3)), (5, COUNT_MAX, 3));
+    }
+}

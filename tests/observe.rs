@@ -1,0 +1,550 @@
+//! Observability through the real binary: `/metrics` families, `/debug/top`,
+//! `/debug/policies`, penalties, `--hash-keys`, quiet logs and JSON logs, and the
+//! Grafana dashboard and Prometheus rules in `deploy/` against what `/metrics` exports.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const POLICY: &str = r#"
+domain: shop
+descriptors:
+  - key: remote_address
+    layer: edge
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      algorithm: fixed_window
+      penalty: {violations: 3, within: 1m, ban: 10m}
+  - key: tenant
+    layer: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+fn metrics(server: &Server) -> String {
+    let (status, body) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    body
+}
+
+fn json_get(server: &Server, path: &str) -> Value {
+    let (status, body) = http(&server.http, "GET", path, "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("JSON body")
+}
+
+/// Sends `n` requests for one remote address; returns how many were OVER_LIMIT.
+async fn hammer(server: &Server, ip: &str, n: usize) -> usize {
+    let mut c = server.client().await;
+    let mut denied = 0;
+    for _ in 0..n {
+        let r = call(
+            &mut c,
+            request("shop", vec![desc(&[("remote_address", ip)])]),
+        )
+        .await;
+        if r.overall_code == OVER_LIMIT {
+            denied += 1;
+        }
+    }
+    denied
+}
+
+/// The metric names a text exposition carries (`# TYPE` lines and samples).
+fn exported_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let name = if let Some(rest) = line.strip_prefix("# TYPE ") {
+            rest.split_whitespace().next()
+        } else if line.starts_with('#') {
+            None
+        } else {
+            line.split(['{', ' ']).next()
+        };
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            names.insert(n.to_string());
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn metrics_export_every_family_of_the_spec() {
+    let server = Server::start(POLICY, &[]);
+    assert_eq!(hammer(&server, "6.6.6.6", 8).await, 6);
+    assert_eq!(hammer(&server, "10.0.0.1", 1).await, 0);
+    let mut c = server.client().await;
+    call(&mut c, request("nowhere", vec![desc(&[("a", "b")])])).await;
+    call(&mut c, request("shop", vec![desc(&[("free", "x")])])).await;
+
+    let text = metrics(&server);
+    let names = exported_names(&text);
+    for family in [
+        "sluice_requests_total",
+        "sluice_deny_ratio",
+        "sluice_top_offenders",
+        "sluice_recent_denials",
+        "sluice_decision_seconds_bucket",
+        "sluice_store_errors_total",
+        "sluice_policy_reloads_total",
+        "sluice_active_keys",
+        "sluice_evictions_total",
+        "sluice_penalty_bans_total",
+        "sluice_penalty_active_bans",
+        "sluice_unknown_domain_requests_total",
+    ] {
+        assert!(names.contains(family), "{family} missing from\n{text}");
+    }
+    // 9 decisions of remote_address, 6 denied (3 over the limit, then 3 banned).
+    assert!(
+        text.contains(r#"sluice_deny_ratio{domain="shop",rule="remote_address"} 0.666"#),
+        "{text}"
+    );
+    assert!(text.contains(
+        r#"sluice_top_offenders{domain="shop",key="6.6.6.6",rank="1",rule="remote_address"} 6"#
+    ));
+    assert!(text.contains(
+        r#"sluice_requests_total{domain="shop",layer="edge",outcome="banned",rule="remote_address"} 3"#
+    ));
+    assert!(text.contains(
+        r#"sluice_requests_total{domain="shop",layer="edge",outcome="over_limit",rule="remote_address"} 3"#
+    ));
+    assert!(text.contains(r#"sluice_penalty_bans_total{domain="shop",rule="remote_address"} 1"#));
+    assert!(text.contains("sluice_penalty_active_bans 1"));
+    assert!(text.contains(r#"sluice_store_errors_total{shard="all",store="memory"} 0"#));
+    assert!(text.contains(r#"sluice_policy_reloads_total{result="ok",source="file"} 1"#));
+    // Label sets are bounded: no value appears outside the top-offenders key.
+    for line in text.lines().filter(|l| l.contains("10.0.0.1")) {
+        assert!(line.starts_with("sluice_top_offenders"), "{line}");
+    }
+
+    // A refused reload is counted.
+    write_atomic(
+        &server.policy_path(),
+        "domain: shop\ndescriptors: [{key: a, oops: 1}]\n",
+    );
+    eventually(Duration::from_secs(5), "refused reload counted", || async {
+        metrics(&server).contains(r#"sluice_policy_reloads_total{result="error",source="file"} 1"#)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn banned_keys_are_denied_with_the_ban_as_retry_after() {
+    let server = Server::start(POLICY, &["--response-headers", "draft03"]);
+    let mut c = server.client().await;
+    let mut last = None;
+    for _ in 0..6 {
+        last = Some(
+            call(
+                &mut c,
+                request("shop", vec![desc(&[("remote_address", "6.6.6.6")])]),
+            )
+            .await,
+        );
+    }
+    let r = last.unwrap();
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    // The ban is 10 minutes, far longer than the one-minute window.
+    assert!(retry >= 590, "{retry}");
+    // Another key is not banned.
+    let other = call(
+        &mut c,
+        request("shop", vec![desc(&[("remote_address", "7.7.7.7")])]),
+    )
+    .await;
+    assert_eq!(other.overall_code, OK);
+}
+
+#[tokio::test]
+async fn debug_top_ranks_offenders_and_lists_bans() {
+    let server = Server::start(POLICY, &[]);
+    hammer(&server, "6.6.6.6", 10).await;
+    hammer(&server, "5.5.5.5", 3).await;
+    let mut c = server.client().await;
+    for t in ["a", "a", "a", "b"] {
+        call(&mut c, request("shop", vec![desc(&[("tenant", t)])])).await;
+    }
+
+    let top = json_get(&server, "/debug/top");
+    assert_eq!(top["window_seconds"], 60);
+    let rules = top["rules"].as_array().unwrap();
+    let edge = rules
+        .iter()
+        .find(|r| r["rule"] == "remote_address")
+        .expect("remote_address");
+    assert_eq!(edge["domain"], "shop");
+    assert_eq!(edge["top"][0]["rank"], 1);
+    assert_eq!(edge["top"][0]["key"], "6.6.6.6");
+    assert_eq!(edge["top"][0]["denials"], 8);
+    assert_eq!(edge["top"][1]["key"], "5.5.5.5");
+    assert_eq!(edge["top"][1]["denials"], 1);
+    assert_eq!(edge["denied"], 9);
+    assert_eq!(edge["decided"], 13);
+    assert_eq!(edge["banned"][0]["key"], "6.6.6.6");
+    assert!(edge["banned"][0]["remaining_seconds"].as_f64().unwrap() > 500.0);
+    let tenant = rules.iter().find(|r| r["rule"] == "tenant").unwrap();
+    assert_eq!(tenant["top"][0]["key"], "a");
+    assert_eq!(tenant["top"][0]["denials"], 2);
+    assert_eq!(top["bans"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn hash_keys_hides_raw_values_in_top_offenders() {
+    let server = Server::start(POLICY, &["--hash-keys"]);
+    hammer(&server, "6.6.6.6", 5).await;
+    let top = json_get(&server, "/debug/top");
+    let key = top["rules"][0]["top"][0]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(key.starts_with('#'), "{key}");
+    assert_eq!(top["bans"][0]["key"], key.as_str());
+    let text = metrics(&server);
+    assert!(!text.contains("6.6.6.6"));
+    assert!(text.contains(&format!("key=\"{key}\"")));
+    let (_, body) = http(&server.http, "GET", "/debug/top", "");
+    assert!(!body.contains("6.6.6.6"));
+}
+
+#[tokio::test]
+async fn debug_policies_shows_sources_rules_and_status() {
+    let server = Server::start(POLICY, &[]);
+    let p = json_get(&server, "/debug/policies");
+    let policies = p["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 1);
+    let one = &policies[0];
+    assert!(one["source"].as_str().unwrap().ends_with("policy.yaml"));
+    assert_eq!(one["origin"], "file");
+    assert_eq!(one["form"], "envoy");
+    assert_eq!(one["domain"], "shop");
+    assert_eq!(one["status"]["state"], "loaded");
+    let rules: Vec<&str> = one["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(rules, vec!["remote_address", "tenant", "free"]);
+}
+
+#[tokio::test]
+async fn debug_policies_tells_resources_in_files_from_plain_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.yaml");
+    let resource = dir.path().join("resource.yaml");
+    std::fs::write(&plain, POLICY).unwrap();
+    std::fs::write(
+        &resource,
+        "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\n\
+         metadata: {name: checkout, namespace: shop}\n\
+         spec:\n  domain: edge\n  descriptors:\n\
+         \x20   - key: user\n      rateLimit: {unit: minute, requestsPerUnit: 5}\n",
+    )
+    .unwrap();
+    let server = Server::start_with(dir, &[plain, resource], &[]);
+    let p = json_get(&server, "/debug/policies");
+    let policies = p["policies"].as_array().unwrap();
+    let edge = policies
+        .iter()
+        .find(|p| p["domain"] == "edge")
+        .unwrap_or_else(|| panic!("{p}"));
+    assert_eq!(edge["form"], "RateLimitPolicy");
+    assert_eq!(edge["origin"], "file");
+    assert_eq!(edge["resource"], "shop/checkout");
+    assert_eq!(edge["rules"], serde_json::json!(["user"]));
+    assert_eq!(edge["status"]["state"], "loaded");
+}
+
+#[tokio::test]
+async fn a_burst_of_requests_logs_nothing_at_info() {
+    let server = Server::start(POLICY, &[]);
+    // Let start-up lines arrive, then drop them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.drain_lines();
+    hammer(&server, "6.6.6.6", 200).await;
+    hammer(&server, "10.9.8.7", 50).await;
+    let mut c = server.client().await;
+    for i in 0..50 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("tenant", &format!("t{i}"))])]),
+        )
+        .await;
+    }
+    http(
+        &server.http,
+        "POST",
+        "/json",
+        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"x"}]}]}"#,
+    );
+    metrics(&server);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lines = server.drain_lines();
+    assert!(lines.is_empty(), "log lines during a burst: {lines:?}");
+
+    // A policy change is logged.
+    write_atomic(
+        &server.policy_path(),
+        &POLICY.replace("requests_per_unit: 1}", "requests_per_unit: 5}"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("policy reloaded"))
+    {
+        if let Ok(l) = server.lines.recv_timeout(Duration::from_millis(100)) {
+            seen.push(l);
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.contains("policy reloaded")),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn log_format_json_prints_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--reload-interval", "100ms", "--log-format", "json"])
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut http_addr = None;
+    while Instant::now() < deadline && http_addr.is_none() {
+        let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
+        let v: Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["fields"]["message"] == "sluice listening" {
+            http_addr = v["fields"]["http"].as_str().map(str::to_string);
+        }
+        lines.push(v);
+    }
+    let http_addr = http_addr.expect("listening line");
+    assert!(lines
+        .iter()
+        .all(|v| v["level"].is_string() && v["timestamp"].is_string()));
+
+    // A policy change: one JSON line; requests: none.
+    write_atomic(
+        &path,
+        &POLICY.replace("requests_per_unit: 1}", "requests_per_unit: 3}"),
+    );
+    for _ in 0..20 {
+        http(
+            &http_addr,
+            "POST",
+            "/json",
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"x"}]}]}"#,
+        );
+    }
+    let mut after = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+            let v: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let reloaded = v["fields"]["message"] == "policy reloaded from files";
+            after.push(v);
+            if reloaded {
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0]["fields"]["message"], "policy reloaded from files");
+}
+
+/// Every `expr` string anywhere in a JSON document.
+fn json_exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", Value::String(s)) => out.push(s.clone()),
+                    _ => json_exprs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| json_exprs(i, out)),
+        _ => {}
+    }
+}
+
+/// The `sluice_*` metric names a PromQL expression reads.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("sluice_") {
+        let start = i + at;
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        if boundary {
+            names.insert(expr[start..end].to_string());
+        }
+        i = end;
+    }
+    names
+}
+
+#[tokio::test]
+async fn dashboard_and_alerts_use_only_exported_metrics() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/sluice-dashboard.json")).unwrap(),
+    )
+    .expect("dashboard is JSON");
+    let mut exprs = Vec::new();
+    json_exprs(&dashboard["panels"], &mut exprs);
+    let dashboard_names: BTreeSet<String> = exprs.iter().flat_map(|e| metric_names(e)).collect();
+    for needed in [
+        "sluice_deny_ratio",
+        "sluice_top_offenders",
+        "sluice_decision_seconds_bucket",
+        "sluice_store_errors_total",
+        "sluice_policy_reloads_total",
+    ] {
+        assert!(dashboard_names.contains(needed), "dashboard lacks {needed}");
+    }
+
+    let rules_text =
+        std::fs::read_to_string(root.join("deploy/prometheus/sluice-rules.yaml")).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&rules_text).expect("rules are YAML");
+    let doc = &docs[0];
+    assert_eq!(doc["kind"].as_str(), Some("PrometheusRule"));
+    assert_eq!(doc["apiVersion"].as_str(), Some("monitoring.coreos.com/v1"));
+    let mut alert_names = BTreeSet::new();
+    let mut alert_exprs = Vec::new();
+    for group in doc["spec"]["groups"].as_vec().expect("groups") {
+        assert!(group["name"].as_str().is_some());
+        for rule in group["rules"].as_vec().expect("rules") {
+            let alert = rule["alert"].as_str().expect("alert name");
+            assert!(rule["labels"]["severity"].as_str().is_some(), "{alert}");
+            assert!(rule["annotations"]["summary"].as_str().is_some(), "{alert}");
+            alert_names.insert(alert.to_string());
+            alert_exprs.push(rule["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    for needed in [
+        "SluiceSystemicDenials",
+        "SluiceStoreErrors",
+        "SluicePolicyReloadRefused",
+    ] {
+        assert!(alert_names.contains(needed), "missing alert {needed}");
+    }
+    // The denial alert looks at many keys, never at one: it needs the top offender's
+    // share to be small and several distinct offenders.
+    let systemic = &alert_exprs[0];
+    assert!(systemic.contains("rank=\"1\"") && systemic.contains("count without"));
+    let alert_metric_names: BTreeSet<String> =
+        alert_exprs.iter().flat_map(|e| metric_names(e)).collect();
+
+    // Every name both files use is exported by the real server once it has traffic.
+    let server = Server::start(POLICY, &[]);
+    hammer(&server, "6.6.6.6", 8).await;
+    let exported = exported_names(&metrics(&server));
+    for name in dashboard_names.iter().chain(&alert_metric_names) {
+        assert!(
+            exported.contains(name),
+            "{name} is not exported; exported: {exported:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_full_memory_store_is_logged_once_as_a_state_change() {
+    let server = Server::start(POLICY, &["--max-keys", "64"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.drain_lines();
+    let mut c = server.client().await;
+    for i in 0..500 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("tenant", &format!("t{i}"))])]),
+        )
+        .await;
+    }
+    let text = metrics(&server);
+    assert!(!text.contains("sluice_evictions_total 0"), "{text}");
+    // A second scrape while still evicting logs nothing new.
+    for i in 500..600 {
+        call(
+            &mut c,
+            request("shop", vec![desc(&[("tenant", &format!("t{i}"))])]),
+        )
+        .await;
+    }
+    metrics(&server);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = server.drain_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("evicting live counters"), "{lines:?}");
+    assert!(lines[0].contains("WARN"), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_flood_of_distinct_denied_keys_keeps_label_sets_bounded() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    for i in 0..300 {
+        let t = format!("tenant-{i}");
+        for _ in 0..2 {
+            call(&mut c, request("shop", vec![desc(&[("tenant", &t)])])).await;
+        }
+    }
+    let text = metrics(&server);
+    let offenders = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_top_offenders{"))
+        .count();
+    assert_eq!(offenders, 10, "{text}");
+    // No other series carries a request value.
+    assert_eq!(
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("tenant-"))
+            .count(),
+        10
+    );
+    assert!(
+        text.contains(r#"sluice_deny_ratio{domain="shop",rule="tenant"} 0.5"#),
+        "{text}"
+    );
+    let top = json_get(&server, "/debug/top");
+    assert_eq!(top["rules"][0]["top"].as_array().unwrap().len(), 10);
+}
