@@ -146,6 +146,11 @@ impl Metrics {
         }
     }
 
+    /// Counts one failed call to one shard of a store.
+    pub fn store_error(&self, store: &str, shard: &str) {
+        self.store_errors.with_label_values(&[store, shard]).inc();
+    }
+
     pub fn bad_request(&self) {
         self.bad_requests.inc();
     }

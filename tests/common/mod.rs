@@ -2,6 +2,8 @@
 //! through Envoy's own gRPC client stubs (from `envoy-types`) and plain HTTP.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

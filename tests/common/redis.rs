@@ -1,0 +1,157 @@
+//! Real `redis-server` processes for the Redis store's tests: each on a free loopback
+//! port, in its own temporary directory, with persistence off, killed on drop.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `redis-server` can be run. Tests that need it return early, loudly, when
+/// it cannot (scripts/test.sh installs it).
+pub fn available() -> bool {
+    let ok = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "\n*** SKIPPED: redis-server is not on PATH; install it (apt-get install redis-server) \
+             or run scripts/test.sh ***\n"
+        );
+    }
+    ok
+}
+
+/// A free loopback port (bound then released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A running redis-server.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `redis-server` arguments (e.g. `--requirepass x`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut s = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut buf = [0u8; 64];
+                // Any reply (+PONG, or -NOAUTH with requirepass) means it serves.
+                if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| n > 0) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// An async connection for inspecting the server.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.conn_as(&self.url()).await
+    }
+
+    pub async fn conn_as(&self, url: &str) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(url)
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Calls of `command` (e.g. `evalsha`) the server has answered, from
+/// `INFO commandstats`.
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every key on the server.
+pub async fn keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}

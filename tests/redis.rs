@@ -1,0 +1,398 @@
+//! The Redis store against real redis-server processes: the store contract, Lua
+//! against Rust, placement, passwords, the local denial cache, failure and recovery,
+//! and exactness across replicas of the real binary.
+//!
+//! Every test returns early with a loud message when redis-server is not installed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{available, command_calls, keys, RedisServer};
+use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
+use sluice::clock::ManualClock;
+use sluice::store::redis::{shard, Options, RedisStore};
+use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
+
+/// A Redis store with the servers it runs on, which live as long as it does.
+struct TestStore {
+    store: RedisStore,
+    servers: Vec<RedisServer>,
+}
+
+impl TestStore {
+    fn start(shards: usize) -> TestStore {
+        let servers: Vec<RedisServer> = (0..shards).map(|_| RedisServer::start()).collect();
+        let urls = servers.iter().map(RedisServer::url).collect();
+        let store = RedisStore::new(Options::new(urls, false), None).expect("store");
+        TestStore { store, servers }
+    }
+}
+
+impl Store for TestStore {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        self.store.decide(hits).await
+    }
+
+    fn active_keys(&self) -> usize {
+        0
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// `None` (and a loud message) when redis-server is missing.
+fn start(shards: usize) -> Option<TestStore> {
+    available().then(|| TestStore::start(shards))
+}
+
+mod contract_one_shard {
+    use super::*;
+    sluice::store_contract!(match start(1) {
+        Some(s) => s,
+        None => return,
+    });
+}
+
+mod contract_two_shards {
+    use super::*;
+    // Two-key batches usually span both shards: what one consumed is given back.
+    sluice::store_contract!(match start(2) {
+        Some(s) => s,
+        None => return,
+    });
+}
+
+fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64) -> Hit {
+    Hit {
+        key: key.to_string(),
+        placement: sluice::limiter::key::stable_hash(key.as_bytes()),
+        limit: Limit {
+            algorithm,
+            requests,
+            window,
+            burst: requests,
+        },
+        hits,
+        mode: Mode::Enforce,
+    }
+}
+
+/// A small deterministic generator, so a failure replays.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[tokio::test]
+async fn lua_decides_exactly_like_the_rust_algorithms() {
+    if !available() {
+        return;
+    }
+    let servers = [RedisServer::start(), RedisServer::start()];
+    let clock = ManualClock::new(1_764_000_000 * SECOND + 123_457);
+    let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
+    opts.fixed_clock = Some(Arc::new(clock.clone()));
+    opts.cache_capacity = 0;
+    let redis = RedisStore::new(opts, None).expect("store");
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 100_000);
+
+    const DAY: Micros = 86_400 * SECOND;
+    // (requests, window, burst): small and realistic limits, including ones whose
+    // requests * window is far beyond 2^53 (a million per day, 2^40 per hour).
+    let limits: [(u64, Micros, u64); 8] = [
+        (5, SECOND, 5),
+        (3, 10, 1),
+        (7, 1_000, 3),
+        (1_000, 60 * SECOND, 1_000),
+        (1_000_000, DAY, 50_000),
+        (1 << 40, 3_600 * SECOND, 1 << 40),
+        (10, 7 * DAY, 4),
+        (0, SECOND, 3),
+    ];
+    let algorithms = sluice::store::contract::ALL;
+    let mut rng = Lcg(7);
+    let mut compared = 0;
+    for step in 0..1_500 {
+        let n = 1 + rng.next(3) as usize;
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            let (r, w, b) = limits[rng.next(limits.len() as u64) as usize];
+            let alg = algorithms[rng.next(5) as usize];
+            let key = format!("eq-{}-{}-{}", alg.as_str(), r, rng.next(3));
+            let hits = match rng.next(10) {
+                0 => 0,
+                1 => r.saturating_add(1).min(1 << 41),
+                2 => 1 + rng.next(5),
+                _ => 1,
+            };
+            let mut h = hit(&key, alg, r, w, hits);
+            h.limit.burst = b;
+            h.mode = match rng.next(12) {
+                0 => Mode::Shadow,
+                1 => Mode::Quota,
+                _ => Mode::Enforce,
+            };
+            batch.push(h);
+        }
+        let want = memory.decide(&batch).await.expect("memory");
+        let got = redis.decide(&batch).await.expect("redis");
+        assert_eq!(got, want, "step {step}: {batch:#?}");
+        compared += batch.len();
+        // Mostly small steps (within windows), sometimes a jump over them.
+        let dt = match rng.next(20) {
+            0 => rng.next(3 * DAY),
+            1..=3 => rng.next(2 * 60 * SECOND),
+            _ => rng.next(300_000),
+        };
+        clock.advance(dt);
+    }
+    assert!(compared > 2_000);
+}
+
+#[tokio::test]
+async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
+    let Some(t) = start(3) else { return };
+    let n = 300;
+    for i in 0..n {
+        let h = hit(
+            &format!("placed-{i}"),
+            Algorithm::FixedWindow,
+            10,
+            60 * SECOND,
+            1,
+        );
+        assert!(t.store.decide(&[h]).await.expect("decide").admitted);
+    }
+    let mut total = 0;
+    for (index, server) in t.servers.iter().enumerate() {
+        let mut conn = server.conn().await;
+        let ks = keys(&mut conn).await;
+        total += ks.len();
+        assert!(ks.len() > n / 6, "shard {index} holds only {}", ks.len());
+        for k in ks {
+            let counter = k
+                .split_once("}:")
+                .and_then(|(_, rest)| rest.strip_suffix(":fw"))
+                .expect("key format");
+            let placement = sluice::limiter::key::stable_hash(counter.as_bytes());
+            assert_eq!(shard::jump_hash(placement, 3), index, "{k}");
+        }
+    }
+    assert_eq!(total, n, "every key on exactly one shard");
+}
+
+#[tokio::test]
+async fn keys_expire_when_idle() {
+    let Some(t) = start(1) else { return };
+    for alg in sluice::store::contract::ALL {
+        let h = hit(&format!("ttl-{}", alg.as_str()), alg, 5, 60 * SECOND, 1);
+        assert!(t.store.decide(&[h]).await.expect("decide").admitted);
+    }
+    let mut conn = t.servers[0].conn().await;
+    for k in keys(&mut conn).await {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        // Fixed windows end sooner; everything else within two windows.
+        assert!(ttl > 0 && ttl <= 120_000, "{k}: {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn passwords_in_urls_work() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}", server.port);
+    let store = RedisStore::new(Options::new(vec![url], false), None).expect("store");
+    let h = hit("auth", Algorithm::TokenBucket, 2, SECOND, 1);
+    assert!(store.decide(&[h]).await.expect("decide").admitted);
+
+    let bad = format!("redis://:wrong@127.0.0.1:{}", server.port);
+    let store = RedisStore::new(Options::new(vec![bad], false), None).expect("store");
+    let h = hit("auth", Algorithm::TokenBucket, 2, SECOND, 1);
+    assert!(store.decide(&[h]).await.is_err());
+    assert_eq!(store.shard_names(), vec![server.addr()]);
+}
+
+#[tokio::test]
+async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
+    let Some(t) = start(1) else { return };
+    let mut conn = t.servers[0].conn().await;
+    let h = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
+    for _ in 0..3 {
+        assert!(
+            t.store
+                .decide(std::slice::from_ref(&h))
+                .await
+                .unwrap()
+                .admitted
+        );
+    }
+    let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(!v.admitted);
+    let before = command_calls(&mut conn, "evalsha").await;
+    for _ in 0..200 {
+        let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+        assert!(!v.admitted);
+        assert!(v.verdicts[0].retry_after > 0);
+    }
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        before,
+        "no Redis call"
+    );
+    assert_eq!(t.store.cached_denials(), 1);
+
+    // A check (0 hits) and another key still go to Redis.
+    let check = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 0);
+    t.store.decide(&[check]).await.unwrap();
+    assert_eq!(command_calls(&mut conn, "evalsha").await, before + 1);
+
+    // A short denial expires and Redis is asked again.
+    let short = hit("short", Algorithm::TokenBucket, 10, SECOND, 1);
+    let mut short = short;
+    short.limit.burst = 1;
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&short))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let v = t.store.decide(std::slice::from_ref(&short)).await.unwrap();
+    assert!(!v.admitted);
+    tokio::time::sleep(Duration::from_micros(v.verdicts[0].retry_after + 5_000)).await;
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&short))
+            .await
+            .unwrap()
+            .admitted
+    );
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_restart() {
+    let Some(mut t) = start(1) else { return };
+    let h = hit("reload", Algorithm::SlidingWindowLog, 100, 60 * SECOND, 1);
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let mut conn = t.servers[0].conn().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    t.servers[0].restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match t.store.decide(std::slice::from_ref(&h)).await {
+            Ok(v) => {
+                assert!(v.admitted);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
+    let Some(mut t) = start(1) else { return };
+    let timeout = Duration::from_millis(100);
+    let store = Arc::new(t.store.clone());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Load: 8 callers, each call bounded by the limiter-style timeout.
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        let store = store.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed, mut slowest) = (0u64, 0u64, Duration::ZERO);
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let h = hit(
+                    &format!("load-{c}-{}", i % 50),
+                    Algorithm::SlidingWindowCounter,
+                    1_000_000,
+                    60 * SECOND,
+                    1,
+                );
+                i += 1;
+                let started = Instant::now();
+                match tokio::time::timeout(timeout, store.decide(&[h])).await {
+                    Ok(Ok(_)) => ok += 1,
+                    Ok(Err(_)) | Err(_) => failed += 1, // the failure mode answers
+                }
+                slowest = slowest.max(started.elapsed());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (ok, failed, slowest)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.servers[0].kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(t.store.shard_down(0), "the shard is backed off");
+    let started = Instant::now();
+    let err = t
+        .store
+        .decide(&[hit("probe", Algorithm::FixedWindow, 1, SECOND, 1)])
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(50), "{err}");
+    t.servers[0].restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while t.store.shard_down(0) {
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for task in tasks {
+        let (o, f, slowest) = task.await.unwrap();
+        ok += o;
+        failed += f;
+        // Every call answered within the timeout (plus scheduling slack).
+        assert!(
+            slowest < timeout + Duration::from_millis(150),
+            "{slowest:?}"
+        );
+    }
+    assert!(ok > 0 && failed > 0, "ok {ok} failed {failed}");
+    let v = t
+        .store
+        .decide(&[hit("after", Algorithm::FixedWindow, 1, SECOND, 1)])
+        .await
+        .expect("recovered");
+    assert!(v.admitted);
+}
