@@ -7,6 +7,13 @@ start=$(date +%s)
 
 log() { printf '==> %s\n' "$*"; }
 
+# --- Test dependencies ----------------------------------------------------------
+# tests/redis.rs starts real redis-server processes (and skips loudly without one).
+if ! command -v redis-server >/dev/null; then
+  log "installing redis-server"
+  apt-get update && apt-get install -y redis-server
+fi
+
 # --- Rust checks -------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
