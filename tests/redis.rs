@@ -538,3 +538,93 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
         "layered counters per shard: {on:?}"
     );
 }
+
+#[tokio::test]
+async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3);
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    for alg in sluice::store::contract::ALL {
+        let key = format!("cluster-{}", alg.as_str());
+        for i in 0..5 {
+            let v = store.decide(&[hit(&key, alg, 5, 60 * SECOND, 1)]).await;
+            assert!(v.expect("decide").admitted, "{alg:?} request {i}");
+        }
+        let v = store
+            .decide(&[hit(&key, alg, 5, 60 * SECOND, 1)])
+            .await
+            .unwrap();
+        assert!(!v.admitted, "{alg:?} sixth request");
+
+        // Two keys in different slots: the admitted one is given back.
+        let (a, b) = (
+            format!("cl-a-{}", alg.as_str()),
+            format!("cl-b-{}", alg.as_str()),
+        );
+        let v = store
+            .decide(&[
+                hit(&a, alg, 10, 60 * SECOND, 1),
+                hit(&b, alg, 1, 60 * SECOND, 2),
+            ])
+            .await
+            .unwrap();
+        assert!(!v.admitted && v.verdicts[0].admitted, "{alg:?}");
+        let check = store
+            .decide(&[
+                hit(&a, alg, 10, 60 * SECOND, 0),
+                hit(&b, alg, 1, 60 * SECOND, 0),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
+    }
+    // Counters spread over every master.
+    for i in 0..60 {
+        let h = hit(
+            &format!("spread-{i}"),
+            Algorithm::FixedWindow,
+            5,
+            60 * SECOND,
+            1,
+        );
+        assert!(store.decide(&[h]).await.unwrap().admitted);
+    }
+    for node in &cluster.nodes {
+        let size: u64 = redis::cmd("DBSIZE")
+            .query_async(&mut node.conn().await)
+            .await
+            .unwrap();
+        assert!(size > 5, "node {} holds {size} keys", node.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_one_pipelined_connection() {
+    let Some(t) = start(1) else { return };
+    let store = Arc::new(t.store.clone());
+    let calls = (0..64).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let h = hit(&format!("mux-{i}"), Algorithm::TokenBucket, 10, SECOND, 1);
+            store.decide(&[h]).await.expect("decide").admitted
+        })
+    });
+    for c in futures::future::join_all(calls).await {
+        assert!(c.expect("task"));
+    }
+    let mut conn = t.servers[0].conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let clients: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients");
+    // The store's one connection, plus this inspecting one.
+    assert_eq!(clients, 2, "{info}");
+}

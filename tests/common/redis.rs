@@ -25,12 +25,19 @@ pub fn available() -> bool {
     ok
 }
 
-/// A free loopback port (bound then released; good enough for tests).
+/// A free loopback port (bound then released; good enough for tests) whose cluster
+/// bus port (port + 10000) is free too.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    for _ in 0..200 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair");
 }
 
 /// A running redis-server.
@@ -154,4 +161,60 @@ pub async fn keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
         .query_async(conn)
         .await
         .expect("KEYS")
+}
+
+/// A Redis Cluster of `masters` nodes (no replicas), every slot assigned.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(RedisServer::addr))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok`.
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &self.nodes {
+            loop {
+                let out = Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli cluster info");
+                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
 }

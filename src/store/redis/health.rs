@@ -146,6 +146,19 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_counted_per_shard() {
+        let metrics = Arc::new(Metrics::new());
+        let h = Health::new("10.0.0.1:6379".into(), Some(metrics.clone()));
+        h.failure("x");
+        h.failure("x");
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"sluice_store_errors_total{shard="10.0.0.1:6379",store="redis"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn failed_trials_grow_the_backoff_and_dropped_calls_count() {
         let h = Health::new("s".into(), None);
         for _ in 0..3 {
