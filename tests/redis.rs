@@ -628,3 +628,45 @@ async fn concurrent_callers_share_one_pipelined_connection() {
     // The store's one connection, plus this inspecting one.
     assert_eq!(clients, 2, "{info}");
 }
+
+#[tokio::test]
+async fn the_binary_reaches_redis_over_tls() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_tls();
+    let ca = server.dir.path().join("ca.crt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policy.yaml"), REPLICA_POLICY).expect("policy");
+    let configs = [dir.path().join("policy.yaml")];
+    let url = format!("rediss://localhost:{}", server.port);
+    // rustls trusts the system roots; SSL_CERT_FILE points them at the test CA.
+    let sluice = common::Server::start_env(
+        dir,
+        &configs,
+        &[
+            "--redis",
+            &url,
+            "--store-timeout",
+            "5s",
+            "--failure-mode",
+            "closed",
+        ],
+        &[("SSL_CERT_FILE", ca.to_str().expect("utf-8 path"))],
+    );
+    let mut client = sluice.client().await;
+    let req = || common::request("exact", vec![common::desc(&[("tenant", "tls")])]);
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    // Closed failure mode: OVER_LIMIT here means Redis answered "over limit".
+    let r = common::call(&mut client, req()).await;
+    assert_eq!(r.overall_code, common::OVER_LIMIT);
+    let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
+    assert!(!metrics.contains("sluice_store_errors_total{"), "{metrics}");
+}

@@ -46,6 +46,8 @@ pub struct RedisServer {
     pub port: u16,
     pub dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// Serves TLS only (on `port`).
+    tls: bool,
 }
 
 impl RedisServer {
@@ -60,6 +62,113 @@ impl RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: false,
+        };
+        s.spawn();
+        s
+    }
+
+    /// Starts a TLS-only server with a fresh CA and a certificate for localhost and
+    /// 127.0.0.1; the CA is `ca.crt` in [`RedisServer::dir`].
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "openssl {args:?} failed");
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=sluice test CA",
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign,cRLSign",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                    "-subj",
+                    "/CN=localhost",
+                ],
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .expect("ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+        let path = |f: &str| d.join(f).to_string_lossy().into_owned();
+        let port = free_port();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            extra: vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path("server.crt"),
+                "--tls-key-file".into(),
+                path("server.key"),
+                "--tls-ca-cert-file".into(),
+                path("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            dir,
+            tls: true,
         };
         s.spawn();
         s
@@ -84,6 +193,9 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                if self.tls {
+                    return; // listening; a plain PING would not be understood
+                }
                 let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
                 let mut buf = [0u8; 64];
                 // Any reply (+PONG, or -NOAUTH with requirepass) means it serves.
