@@ -598,6 +598,44 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
             .unwrap();
         assert!(size > 5, "node {} holds {size} keys", node.port);
     }
+
+    // The binary with --redis-cluster: layered counters on different slots.
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &[
+            "--redis-cluster",
+            &cluster.urls().join(","),
+            "--store-timeout",
+            "5s",
+            "--failure-mode",
+            "closed",
+        ],
+    );
+    let mut client = sluice.client().await;
+    let layered = || {
+        common::request(
+            "exact",
+            vec![
+                common::desc(&[("remote_address", "10.9.9.9")]),
+                common::desc(&[("tenant", "cluster")]),
+            ],
+        )
+    };
+    for i in 0..4 {
+        let r = common::call(&mut client, layered()).await;
+        let expected = if i < 2 {
+            common::OK
+        } else {
+            common::OVER_LIMIT
+        };
+        assert_eq!(r.overall_code, expected, "request {i}");
+    }
+    let check = common::request(
+        "exact",
+        vec![common::desc_hits(&[("remote_address", "10.9.9.9")], 0)],
+    );
+    let r = common::call(&mut client, check).await;
+    assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,4 +707,92 @@ async fn the_binary_reaches_redis_over_tls() {
     assert_eq!(r.overall_code, common::OVER_LIMIT);
     let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
     assert!(!metrics.contains("sluice_store_errors_total{"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
+    if !available() {
+        return;
+    }
+    let mut redis_server = RedisServer::start();
+    let url = redis_server.url();
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &[
+            "--redis",
+            &url,
+            "--store-timeout",
+            "100ms",
+            "--failure-mode",
+            "open",
+        ],
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for c in 0..4 {
+        let mut client = sluice.client().await;
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let mut answered = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let req = common::request(
+                    "exact",
+                    vec![common::desc(&[("service", &format!("svc-{c}"))])],
+                );
+                let started = Instant::now();
+                // Any gRPC error fails the test: the failure mode must answer.
+                let r = client.should_rate_limit(req).await.expect("answered");
+                assert_eq!(r.into_inner().overall_code, common::OK, "open");
+                slowest = slowest.max(started.elapsed());
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (answered, slowest)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis_server.kill();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis_server.restart();
+    // Recovered once the limit is enforced again (2 per hour for a tenant).
+    let mut client = sluice.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = common::call(
+            &mut client,
+            common::request("exact", vec![common::desc(&[("tenant", "after")])]),
+        )
+        .await;
+        if r.overall_code == common::OVER_LIMIT {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never enforced again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in load {
+        let (answered, slowest) = task.await.expect("load task");
+        assert!(answered > 10);
+        assert!(
+            slowest < Duration::from_millis(400),
+            "slowest call {slowest:?}"
+        );
+    }
+    let lines = sluice.drain_lines();
+    let down = lines
+        .iter()
+        .filter(|l| l.contains("redis shard down"))
+        .count();
+    let up = lines
+        .iter()
+        .filter(|l| l.contains("redis shard up"))
+        .count();
+    assert_eq!((down, up), (1, 1), "one line per state change: {lines:#?}");
+    let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
+    let shard_errors = format!(
+        "sluice_store_errors_total{{shard=\"{}\",store=\"redis\"}}",
+        redis_server.addr()
+    );
+    assert!(metrics.contains(&shard_errors), "{metrics}");
 }
