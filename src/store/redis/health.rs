@@ -85,6 +85,12 @@ impl Health {
                 "redis shard down: backing off"
             );
         } else {
+            // Many calls may fail at once (a burst in flight, or the trials let
+            // through when a back-off ends): grow the back-off once per round, not
+            // once per call.
+            if s.down_until.is_some_and(|until| Instant::now() < until) {
+                return;
+            }
             s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
         }
         s.down_until = Some(Instant::now() + s.backoff);
@@ -165,11 +171,19 @@ mod tests {
             drop(h.guard());
         }
         assert!(h.is_down());
-        h.failure("trial");
-        assert_eq!(h.lock().backoff, FIRST_BACKOFF * 2);
-        for _ in 0..10 {
-            h.failure("trial");
+        // Failures while backing off (calls already in flight) change nothing.
+        for _ in 0..5 {
+            h.failure("in flight");
         }
-        assert_eq!(h.lock().backoff, MAX_BACKOFF);
+        assert_eq!(h.lock().backoff, FIRST_BACKOFF);
+        // Each failed round after a back-off doubles it, up to the maximum.
+        for round in 1..=10u32 {
+            h.lock().down_until = Some(Instant::now() - Duration::from_millis(1));
+            assert!(h.check().is_ok(), "trial allowed");
+            h.failure("trial");
+            h.failure("trial");
+            let want = (FIRST_BACKOFF * 2u32.pow(round)).min(MAX_BACKOFF);
+            assert_eq!(h.lock().backoff, want, "round {round}");
+        }
     }
 }
