@@ -134,6 +134,9 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
                 0 => 0,
                 1 => r.saturating_add(1).min(1 << 41),
                 2 => 1 + rng.next(5),
+                // A large share of the limit: counts whose products with windows
+                // pass 2^53 (the scripts' slow, exact path).
+                3 => rng.next(r / 2 + 2),
                 _ => 1,
             };
             let mut h = hit(&key, alg, r, w, hits);
@@ -795,4 +798,63 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
         redis_server.addr()
     );
     assert!(metrics.contains(&shard_errors), "{metrics}");
+}
+
+#[tokio::test]
+async fn lua_muldiv_is_exact_beyond_2_pow_53() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(concat!(
+        include_str!("../src/store/redis/common.lua"),
+        "local q, r = muldiv(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))\n",
+        "return {fmt(q), fmt(r)}\n"
+    ));
+    let mut rng = Lcg(11);
+    let max = 1u64 << 52;
+    let mut slow = 0;
+    for i in 0..400 {
+        // 1 + a random value of up to `bits` bits (Lcg draws 31 bits at a time).
+        let pick = |rng: &mut Lcg, bits: u64| {
+            let wide = (rng.next(1 << 31) << 31) | rng.next(1 << 31);
+            1 + (wide & ((1u64 << bits.min(52)) - 1))
+        };
+        let (ba, bb, bc) = (20 + rng.next(33), 20 + rng.next(33), 1 + rng.next(52));
+        let a = pick(&mut rng, ba);
+        let b = pick(&mut rng, bb);
+        let c = pick(&mut rng, bc).min(max);
+        let (q, r) = (
+            u128::from(a) * u128::from(b) / u128::from(c),
+            u128::from(a) * u128::from(b) % u128::from(c),
+        );
+        let got: (String, String) = script
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .invoke_async(&mut conn)
+            .await
+            .expect("eval");
+        if q < 1 << 53 {
+            if u128::from(a) * u128::from(b) >= 1 << 53 {
+                slow += 1;
+            }
+            assert_eq!(
+                got,
+                (q.to_string(), r.to_string()),
+                "case {i}: {a} * {b} / {c}"
+            );
+        } else {
+            assert_eq!(
+                got.0,
+                (1u64 << 53).to_string(),
+                "case {i}: overflow is HUGE"
+            );
+        }
+    }
+    assert!(
+        slow > 50,
+        "only {slow} products past 2^53 with exact quotients"
+    );
 }
