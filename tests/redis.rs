@@ -858,3 +858,26 @@ async fn lua_muldiv_is_exact_beyond_2_pow_53() {
         "only {slow} products past 2^53 with exact quotients"
     );
 }
+
+#[test]
+fn a_bad_redis_url_is_refused_at_start_without_showing_the_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, REPLICA_POLICY).expect("policy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&policy)
+        .args([
+            "--redis",
+            "redis://:s3cret@127.0.0.1:notaport",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--http-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run sluice");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid Redis URL"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}

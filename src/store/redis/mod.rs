@@ -9,6 +9,10 @@
 //! one pipelined connection per node, so round trips do not grow with callers.
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
 //! failing are backed off ([`health`]).
+//!
+//! Needs Redis 6.0 or later (scripts read `TIME` and write, which relies on effect
+//! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
+//! for `rediss://` are trusted through `SSL_CERT_FILE` / `SSL_CERT_DIR`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
