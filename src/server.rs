@@ -18,7 +18,8 @@ use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::Service;
 use crate::source::file::FileSource;
-use crate::store::{MemoryStore, Store};
+use crate::store::redis::Options as RedisOptions;
+use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
 
 /// Runs the service until `shutdown` resolves, then drains in-flight calls.
@@ -35,9 +36,6 @@ pub async fn run(
     if cfg.kube {
         bail!("--kube is not available in this build yet");
     }
-    if !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() {
-        bail!("--redis and --redis-cluster are not available in this build yet");
-    }
     let metrics = Arc::new(Metrics::new());
     let (files, policy) =
         FileSource::load(cfg.config.clone(), cfg.reload_interval, metrics.clone()).map_err(
@@ -46,15 +44,11 @@ pub async fn run(
                 anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
             },
         )?;
-
-    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
     let settings = Settings {
         failure_mode: cfg.failure_mode,
         store_timeout: cfg.store_timeout,
         hash_keys: cfg.hash_keys,
     };
-    let limiter = Limiter::new(policy, store.clone(), settings);
-    let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -64,6 +58,28 @@ pub async fn run(
         }
     };
     tokio::spawn(files.run(stopped()));
+
+    let cluster = !cfg.redis_cluster.is_empty();
+    if cluster || !cfg.redis.is_empty() {
+        let urls = if cluster {
+            cfg.redis_cluster.clone()
+        } else {
+            cfg.redis.clone()
+        };
+        let mut opts = RedisOptions::new(urls, cluster);
+        opts.call_timeout = cfg.store_timeout;
+        let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
+        tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
+        let limiter = Limiter::new(policy, store, settings);
+        let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
+        return serve(service, &cfg, stop_tx, stopped, shutdown).await;
+    }
+
+    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
+    // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
+    metrics.declare_store_shard("memory", "local");
+    let limiter = Limiter::new(policy, store.clone(), settings);
+    let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
     {
         let store = store.clone();
         let stop = stopped();

@@ -94,7 +94,7 @@ async fn metrics_export_every_family_of_the_spec() {
         "sluice_top_offenders",
         "sluice_recent_denials",
         "sluice_decision_seconds_bucket",
-        "sluice_store_errors_total",
+        "sluice_store_failures_total",
         "sluice_policy_reloads_total",
         "sluice_active_keys",
         "sluice_evictions_total",
@@ -120,7 +120,7 @@ async fn metrics_export_every_family_of_the_spec() {
     ));
     assert!(text.contains(r#"sluice_penalty_bans_total{domain="shop",rule="remote_address"} 1"#));
     assert!(text.contains("sluice_penalty_active_bans 1"));
-    assert!(text.contains(r#"sluice_store_errors_total{shard="all",store="memory"} 0"#));
+    assert!(text.contains(r#"sluice_store_failures_total{store="memory"} 0"#));
     assert!(text.contains(r#"sluice_policy_reloads_total{result="ok",source="file"} 1"#));
     // Label sets are bounded: no value appears outside the top-offenders key.
     for line in text.lines().filter(|l| l.contains("10.0.0.1")) {

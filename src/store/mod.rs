@@ -13,7 +13,9 @@ use crate::algorithm::{Limit, Verdict};
 #[doc(hidden)]
 pub mod contract;
 pub mod memory;
+pub mod redis;
 
+pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 
 /// How a hit's verdict counts towards the request's fate.

@@ -156,9 +156,12 @@ pub struct Metrics {
     stats: Mutex<HashMap<StatsKey, Arc<RuleStats>>>,
     /// Serialises scrapes, which reset and refill the computed gauges.
     scrape: Mutex<()>,
-    /// `sluice_store_errors_total{store, shard="all"}` of the (one) store, resolved on
-    /// the first failure so an outage does not look labels up per request.
+    /// `sluice_store_failures_total{store}`: calls the failure mode answered (store
+    /// errors, timeouts, back-off), resolved on the first failure so an outage does
+    /// not look labels up per request. Per-shard errors are the stores' own count in
+    /// `sluice_store_errors_total`; keeping the two apart means neither double counts.
     store_failures: OnceLock<IntCounter>,
+    store_failures_vec: IntCounterVec,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
     evicting: AtomicBool,
@@ -204,6 +207,11 @@ impl Metrics {
             "sluice_store_errors_total",
             "Store calls that failed or timed out.",
             &["store", "shard"],
+        );
+        let store_failures_vec = counter_vec(
+            "sluice_store_failures_total",
+            "Calls answered by the failure mode because the store failed, timed out or was backing off.",
+            &["store"],
         );
         let policy_reloads = counter_vec(
             "sluice_policy_reloads_total",
@@ -256,6 +264,7 @@ impl Metrics {
             Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bad_requests.clone()),
             Box::new(store_errors.clone()),
+            Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
@@ -289,6 +298,7 @@ impl Metrics {
             stats: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
+            store_failures_vec,
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
             evicting: AtomicBool::new(false),
@@ -397,7 +407,7 @@ impl Metrics {
         match &outcome.failure {
             Some(f) => {
                 self.store_failures
-                    .get_or_init(|| self.store_errors.with_label_values(&[f.store, "all"]))
+                    .get_or_init(|| self.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
                 self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
                 if !self.store_failing.swap(true, Ordering::Relaxed) {
@@ -423,6 +433,11 @@ impl Metrics {
         }
     }
 
+    /// Exports a store shard's error counter at 0 before its first error.
+    pub fn declare_store_shard(&self, store: &str, shard: &str) {
+        self.store_errors.with_label_values(&[store, shard]);
+    }
+
     /// Counts a store error seen by a store itself (per shard).
     pub fn store_error(&self, store: &str, shard: &str) {
         self.store_errors.with_label_values(&[store, shard]).inc();
@@ -444,7 +459,7 @@ impl Metrics {
         self.active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
-        self.store_errors.with_label_values(&[store, "all"]);
+        self.store_failures_vec.with_label_values(&[store]);
         let seen = self.evictions.get();
         let evicting = evictions > seen;
         if evicting {
@@ -758,7 +773,7 @@ descriptors:
         assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
         assert!(m
             .render()
-            .contains(r#"sluice_store_errors_total{shard="all",store="redis"} 5"#));
+            .contains(r#"sluice_store_failures_total{store="redis"} 5"#));
         assert!(m.render().contains(
             r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 5"#
         ));

@@ -2,6 +2,8 @@
 //! through Envoy's own gRPC client stubs (from `envoy-types`) and plain HTTP.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,7 +40,18 @@ impl Server {
     }
 
     pub fn start_with(dir: tempfile::TempDir, configs: &[PathBuf], extra: &[&str]) -> Server {
+        Self::start_env(dir, configs, extra, &[])
+    }
+
+    /// As [`Server::start_with`], with extra environment variables.
+    pub fn start_env(
+        dir: tempfile::TempDir,
+        configs: &[PathBuf],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"]);

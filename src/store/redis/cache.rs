@@ -1,0 +1,181 @@
+//! A local cache of over-limit decisions: once Redis says a key is over its limit
+//! for a request of `hits` until T, a request of at least as many hits on that key
+//! with the same limit is denied from memory until T, with no Redis call.
+//!
+//! T is the time the call was *sent* plus retry_after: the script ran after that, so
+//! T is never later than the truth and no request is denied that Redis would admit.
+//! Other replicas' hits can only push the true time later. The map is bounded: when
+//! full, expired entries go, and if none had expired, everything does.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::algorithm::{Limit, Micros, Verdict};
+use crate::store::{Hit, Mode, Verdicts};
+
+#[derive(Debug, Clone)]
+struct Denied {
+    until: Micros,
+    limit: Limit,
+    hits: u64,
+    verdict: Verdict,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct DenialCache {
+    map: Mutex<HashMap<String, Denied, ahash::RandomState>>,
+    capacity: usize,
+}
+
+impl DenialCache {
+    pub fn new(capacity: usize) -> Self {
+        DenialCache {
+            map: Mutex::new(HashMap::default()),
+            capacity,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Denied, ahash::RandomState>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The request's answer if one of its enforced hits is known to be over limit at
+    /// `now`. The other hits were not asked about: they are reported admitted with
+    /// nothing remaining, since nothing is known of them.
+    pub fn lookup(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
+        if self.capacity == 0 {
+            return None;
+        }
+        let map = self.lock();
+        if map.is_empty() {
+            return None;
+        }
+        let (at, denied) = hits.iter().enumerate().find_map(|(i, h)| {
+            let d = map.get(&h.key)?;
+            (h.mode == Mode::Enforce && h.hits >= d.hits && h.limit == d.limit && d.until > now)
+                .then(|| (i, d.clone()))
+        })?;
+        drop(map);
+        let verdicts = hits
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                if i == at {
+                    Verdict {
+                        admitted: false,
+                        retry_after: denied.until - now,
+                        reset: denied.verdict.reset.max(denied.until - now),
+                        ..denied.verdict
+                    }
+                } else {
+                    Verdict {
+                        admitted: true,
+                        ..Verdict::default()
+                    }
+                }
+            })
+            .collect();
+        Some(Verdicts {
+            admitted: false,
+            verdicts,
+        })
+    }
+
+    /// Remembers the enforced denials of a decided request, sent at `sent`.
+    pub fn remember(&self, hits: &[Hit], verdicts: &[Verdict], sent: Micros) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut map = None;
+        for (i, (h, v)) in hits.iter().zip(verdicts).enumerate() {
+            if v.admitted || h.mode != Mode::Enforce || h.hits == 0 || v.retry_after == u64::MAX {
+                continue;
+            }
+            // A key's second hit in a batch was judged with the first one's hits
+            // added, which the denied request never spent: not a fact about the key.
+            if hits[..i].iter().any(|e| e.key == h.key) {
+                continue;
+            }
+            let map = map.get_or_insert_with(|| self.lock());
+            if map.len() >= self.capacity {
+                map.retain(|_, d| d.until > sent);
+                if map.len() >= self.capacity {
+                    map.clear();
+                }
+            }
+            map.insert(
+                h.key.clone(),
+                Denied {
+                    until: sent.saturating_add(v.retry_after),
+                    limit: h.limit,
+                    hits: h.hits,
+                    verdict: *v,
+                },
+            );
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::store::contract::hit;
+
+    fn denied(retry_after: Micros) -> Verdict {
+        Verdict {
+            admitted: false,
+            retry_after,
+            reset: retry_after,
+            ..Verdict::default()
+        }
+    }
+
+    #[test]
+    fn denies_from_memory_until_retry_after_and_only_bigger_requests() {
+        let c = DenialCache::new(10);
+        let h = hit("k", Algorithm::FixedWindow, 5, 2);
+        c.remember(std::slice::from_ref(&h), &[denied(100)], 1_000);
+        let v = c.lookup(std::slice::from_ref(&h), 1_050).expect("cached");
+        assert!(!v.admitted);
+        assert_eq!(v.verdicts[0].retry_after, 50);
+        assert!(
+            c.lookup(std::slice::from_ref(&h), 1_100).is_none(),
+            "expired"
+        );
+        let smaller = hit("k", Algorithm::FixedWindow, 5, 1);
+        assert!(c.lookup(&[smaller], 1_050).is_none());
+        let other_limit = hit("k", Algorithm::FixedWindow, 6, 2);
+        assert!(c.lookup(&[other_limit], 1_050).is_none());
+        let mut shadow = h.clone();
+        shadow.mode = Mode::Shadow;
+        assert!(c.lookup(&[shadow], 1_050).is_none());
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let c = DenialCache::new(4);
+        for i in 0..10 {
+            let h = hit(&format!("k{i}"), Algorithm::FixedWindow, 5, 1);
+            c.remember(&[h], &[denied(100)], 1_000);
+        }
+        assert!(c.len() <= 4);
+        c.remember(
+            &[hit("never", Algorithm::FixedWindow, 5, 9)],
+            &[denied(u64::MAX)],
+            0,
+        );
+        assert!(c
+            .lookup(&[hit("never", Algorithm::FixedWindow, 5, 9)], 1)
+            .is_none());
+    }
+}

@@ -1,0 +1,430 @@
+//! The Redis counter store: counters on standalone Redis shards or a Redis Cluster,
+//! decided by Lua scripts that mirror `src/algorithm`.
+//!
+//! One request costs one script call per shard it touches (usually one): the script
+//! checks every hit on that shard and consumes only if the request passes the shared
+//! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
+//! that consumed get their hits back through a refund script. Connections are
+//! multiplexed (`ConnectionManager`, `ClusterConnection`): concurrent requests share
+//! one pipelined connection per node, so round trips do not grow with callers.
+//! Denials are cached locally until their retry time ([`cache`]); shards that keep
+//! failing are backed off ([`health`]).
+//!
+//! Needs Redis 6.0 or later (scripts read `TIME` and write, which relies on effect
+//! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
+//! for `rediss://` are trusted through `SSL_CERT_FILE` / `SSL_CERT_DIR`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::algorithm::{Micros, Verdict};
+use crate::clock::Clock;
+use crate::telemetry::Metrics;
+
+use super::{admitted, Hit, Mode, Store, StoreError, Verdicts};
+
+pub mod cache;
+pub mod health;
+pub mod scripts;
+pub mod shard;
+
+use cache::DenialCache;
+use health::Health;
+use scripts::{Reply, Scripts};
+
+/// How to reach Redis and how the store behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `redis://[:password@]host:port[/db]` or `rediss://` (TLS) URLs.
+    pub urls: Vec<String>,
+    /// The URLs are seed nodes of one Redis Cluster rather than standalone shards.
+    pub cluster: bool,
+    /// Connect and response timeout of the connections. The limiter's store timeout
+    /// bounds each request anyway; this bounds how long a dead connection lingers.
+    pub timeout: Duration,
+    /// Longest wait for one script call before it counts as a shard failure; the
+    /// server sets it to `--store-timeout`, so a hung shard is backed off as soon as
+    /// the limiter gives up on it.
+    pub call_timeout: Duration,
+    /// Prepended to every key (no `{`: the placement is the key's hash tag).
+    pub prefix: String,
+    /// Most over-limit decisions remembered locally; 0 turns the cache off.
+    pub cache_capacity: usize,
+    /// Tests only: decide at this clock's time instead of Redis `TIME`.
+    pub fixed_clock: Option<Arc<dyn Clock>>,
+}
+
+impl Options {
+    pub fn new(urls: Vec<String>, cluster: bool) -> Self {
+        Options {
+            urls,
+            cluster,
+            timeout: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(1),
+            prefix: "sluice:".to_string(),
+            cache_capacity: 100_000,
+            fixed_clock: None,
+        }
+    }
+}
+
+/// Why the store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no Redis URL given")]
+    NoUrl,
+    #[error("invalid Redis URL {url}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("the key prefix must not contain '{{' (the placement is the hash tag)")]
+    Prefix,
+}
+
+struct Shard {
+    conn: ConnectionManager,
+    health: Health,
+}
+
+struct Cluster {
+    client: ClusterClient,
+    /// Connected on first use, so sluice starts while the cluster is down.
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+    health: Health,
+}
+
+enum Backend {
+    Shards(Vec<Shard>),
+    Cluster(Box<Cluster>),
+}
+
+struct Inner {
+    backend: Backend,
+    scripts: Scripts,
+    cache: DenialCache,
+    prefix: String,
+    fixed_clock: Option<Arc<dyn Clock>>,
+    call_timeout: Duration,
+    /// Origin of the local monotonic clock the cache runs on.
+    epoch: Instant,
+}
+
+/// Counters in Redis. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("shards", &self.shard_names())
+            .finish()
+    }
+}
+
+/// `host:port` of a URL, without credentials, for logs and metric labels.
+pub fn shard_name(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or(rest).to_string()
+}
+
+fn bad_url(url: &str, e: &RedisError) -> ConfigError {
+    ConfigError::Url {
+        url: shard_name(url),
+        reason: e.to_string(),
+    }
+}
+
+impl RedisStore {
+    /// Sets up the connections. They connect lazily, so this succeeds while Redis is
+    /// down (requests then take the failure mode). Must run inside a Tokio runtime.
+    pub fn new(opts: Options, metrics: Option<Arc<Metrics>>) -> Result<Self, ConfigError> {
+        if opts.urls.is_empty() {
+            return Err(ConfigError::NoUrl);
+        }
+        if opts.prefix.contains('{') {
+            return Err(ConfigError::Prefix);
+        }
+        // rediss:// needs a process-wide rustls provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let backend = if opts.cluster {
+            let client = ClusterClient::builder(opts.urls.iter().map(String::as_str))
+                .connection_timeout(opts.timeout)
+                .response_timeout(opts.timeout)
+                .retries(1)
+                .build()
+                .map_err(|e| bad_url(&opts.urls.join(","), &e))?;
+            Backend::Cluster(Box::new(Cluster {
+                client,
+                conn: tokio::sync::OnceCell::new(),
+                health: Health::new("cluster".to_string(), metrics),
+            }))
+        } else {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(opts.timeout))
+                .set_response_timeout(Some(opts.timeout))
+                // Reconnect attempts are paced by the shard back-off, not here.
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(100));
+            let mut shards = Vec::with_capacity(opts.urls.len());
+            for url in &opts.urls {
+                let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
+                let conn = ConnectionManager::new_lazy_with_config(client, config.clone())
+                    .map_err(|e| bad_url(url, &e))?;
+                shards.push(Shard {
+                    conn,
+                    health: Health::new(shard_name(url), metrics.clone()),
+                });
+            }
+            Backend::Shards(shards)
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                scripts: Scripts::default(),
+                cache: DenialCache::new(opts.cache_capacity),
+                prefix: opts.prefix,
+                fixed_clock: opts.fixed_clock,
+                call_timeout: opts.call_timeout,
+                epoch: Instant::now(),
+            }),
+        })
+    }
+
+    /// The shards' names (host:port), or `cluster`.
+    pub fn shard_names(&self) -> Vec<String> {
+        match &self.inner.backend {
+            Backend::Shards(s) => s.iter().map(|s| s.health.name.clone()).collect(),
+            Backend::Cluster(c) => vec![c.health.name.clone()],
+        }
+    }
+
+    /// Over-limit decisions currently cached.
+    pub fn cached_denials(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    /// Whether the shard at `index` is backing off.
+    pub fn shard_down(&self, index: usize) -> bool {
+        self.inner.health(index).is_down()
+    }
+}
+
+impl Inner {
+    /// Time for the local cache: the test clock, or microseconds on a monotonic clock.
+    fn local_now(&self) -> Micros {
+        match &self.fixed_clock {
+            Some(c) => c.now(),
+            None => self.epoch.elapsed().as_micros() as Micros,
+        }
+    }
+
+    /// The shard (standalone) or slot (cluster) a key belongs to.
+    fn target(&self, hit: &Hit, key: &str) -> usize {
+        match &self.backend {
+            Backend::Shards(s) => shard::jump_hash(hit.placement, s.len()),
+            Backend::Cluster(_) => usize::from(shard::slot(key.as_bytes())),
+        }
+    }
+
+    fn health(&self, target: usize) -> &Health {
+        match &self.backend {
+            Backend::Shards(s) => &s[target.min(s.len() - 1)].health,
+            Backend::Cluster(c) => &c.health,
+        }
+    }
+
+    async fn invoke(
+        &self,
+        target: usize,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        match &self.backend {
+            Backend::Shards(s) => {
+                let mut conn = s[target].conn.clone();
+                call.invoke_async(&mut conn).await.map_err(store_error)
+            }
+            Backend::Cluster(c) => {
+                let conn = c
+                    .conn
+                    .get_or_try_init(|| c.client.get_async_connection())
+                    .await
+                    .map_err(store_error)?;
+                let mut conn = conn.clone();
+                call.invoke_async(&mut conn).await.map_err(store_error)
+            }
+        }
+    }
+
+    async fn decide_group(
+        &self,
+        target: usize,
+        keys: &[String],
+        hits: &[Hit],
+        indexes: &[usize],
+        fixed_now: Option<Micros>,
+        quota_elsewhere: bool,
+    ) -> Result<Reply, StoreError> {
+        let guard = self.health(target).guard();
+        let call = scripts::decide_call(
+            &self.scripts,
+            keys,
+            hits,
+            indexes,
+            fixed_now,
+            quota_elsewhere,
+        );
+        let result = match tokio::time::timeout(self.call_timeout, self.invoke(target, &call)).await
+        {
+            Ok(Ok(values)) => scripts::parse_reply(&values, indexes.len()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Timeout),
+        };
+        guard.finish(&result);
+        result
+    }
+
+    /// Gives back what the listed groups consumed. Failures are logged and counted:
+    /// those hits stay spent until their counters expire.
+    async fn refund(&self, keys: &[String], hits: &[Hit], groups: &[(usize, Vec<(usize, i64)>)]) {
+        let calls = groups.iter().map(|(target, consumed)| async move {
+            let call = scripts::refund_call(&self.scripts, keys, hits, consumed);
+            let result: Result<Vec<i64>, StoreError> = match &self.backend {
+                Backend::Shards(s) => {
+                    let mut conn = s[*target].conn.clone();
+                    call.invoke_async::<i64>(&mut conn)
+                        .await
+                        .map(|_| Vec::new())
+                        .map_err(store_error)
+                }
+                Backend::Cluster(c) => match c.conn.get() {
+                    Some(conn) => call
+                        .invoke_async::<i64>(&mut conn.clone())
+                        .await
+                        .map(|_| Vec::new())
+                        .map_err(store_error),
+                    None => Err(StoreError::Unavailable("not connected".into())),
+                },
+            };
+            if let Err(e) = result {
+                let health = self.health(*target);
+                tracing::debug!(shard = %health.name, error = %e, "refund failed");
+                health.failure(&e.to_string());
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    async fn decide(self: Arc<Self>, hits: Vec<Hit>) -> Result<Verdicts, StoreError> {
+        let sent = self.local_now();
+        if let Some(v) = self.cache.lookup(&hits, sent) {
+            return Ok(v);
+        }
+        let keys: Vec<String> = hits
+            .iter()
+            .map(|h| shard::redis_key(&self.prefix, h))
+            .collect();
+        // Group the hits by shard (or slot), keeping each group's hits in order.
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, (h, k)) in hits.iter().zip(&keys).enumerate() {
+            let target = self.target(h, k);
+            match groups.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((target, vec![i])),
+            }
+        }
+        for (target, _) in &groups {
+            self.health(*target).check()?;
+        }
+        let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
+        let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
+        let replies = futures::future::join_all(groups.iter().map(|(target, indexes)| {
+            let quota_elsewhere = groups.iter().any(|(t, g)| t != target && has_quota(g));
+            self.decide_group(*target, &keys, &hits, indexes, fixed_now, quota_elsewhere)
+        }))
+        .await;
+
+        let mut verdicts = vec![Verdict::default(); hits.len()];
+        let mut consumed: Vec<(usize, Vec<(usize, i64)>)> = Vec::new();
+        let mut failed = None;
+        for ((target, indexes), reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
+                    let mut spent = Vec::new();
+                    for (&i, &(v, token)) in indexes.iter().zip(&reply.verdicts) {
+                        verdicts[i] = v;
+                        if reply.consumed && v.admitted && hits[i].hits > 0 {
+                            spent.push((i, token));
+                        }
+                    }
+                    if !spent.is_empty() {
+                        consumed.push((*target, spent));
+                    }
+                }
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
+        if !admitted && !consumed.is_empty() {
+            self.refund(&keys, &hits, &consumed).await;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.cache.remember(&hits, &verdicts, sent);
+        Ok(Verdicts { admitted, verdicts })
+    }
+}
+
+fn store_error(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) {
+        StoreError::Protocol(e.to_string())
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        let inner = self.inner.clone();
+        let hits = hits.to_vec();
+        // A task of its own: a refund, once started, finishes even when the limiter
+        // stops waiting; dropping the handle does not cancel it.
+        let task = tokio::spawn(inner.decide(hits));
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Unavailable(format!("store task failed: {e}"))),
+        }
+    }
+
+    fn active_keys(&self) -> usize {
+        // Counting would cost a DBSIZE per shard per scrape; Redis reports it itself.
+        0
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_hide_passwords() {
+        assert_eq!(
+            shard_name("redis://:secret@10.0.0.1:6379/0"),
+            "10.0.0.1:6379"
+        );
+        assert_eq!(shard_name("rediss://user:pw@host:6380"), "host:6380");
+        assert_eq!(shard_name("host:1"), "host:1");
+    }
+}

@@ -1,0 +1,168 @@
+//! The Lua scripts and their calling convention: arguments out, verdicts back.
+//!
+//! Scripts run with EVALSHA through `redis::Script`, which loads them again when a
+//! server answers NOSCRIPT (after a restart or `SCRIPT FLUSH`).
+//!
+//! Exactness: Lua numbers are doubles, exact for integers below 2^53. The scripts
+//! never form a product directly (see `muldiv` in common.lua), so they agree with the
+//! Rust algorithms whenever every time, count and quotient stays below 2^53: true for
+//! any limit of at most 2^50 requests/burst/hits over a window of at most 2^50 µs
+//! (35 years) whose burst * window / requests is below 2^53 µs (285 years). Larger
+//! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
+
+use redis::Script;
+
+use crate::algorithm::{Micros, Verdict};
+use crate::store::{Hit, Mode, StoreError};
+
+use super::shard;
+
+/// Lua helpers, algorithms and the decision itself, as one script.
+const DECIDE_LUA: &str = concat!(
+    include_str!("common.lua"),
+    include_str!("algorithms.lua"),
+    include_str!("decide.lua")
+);
+
+/// Lua helpers and the give-back.
+const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
+
+/// Largest value passed to the scripts (see the module doc).
+pub const MAX_ARG: u64 = 1 << 50;
+
+/// Values per hit in the decide reply.
+const REPLY_STRIDE: usize = 6;
+
+/// Both scripts, hashed once.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    pub decide: Script,
+    pub refund: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            decide: Script::new(DECIDE_LUA),
+            refund: Script::new(REFUND_LUA),
+        }
+    }
+}
+
+/// One shard's (or slot's) share of a request: the hits' indexes in the request.
+#[derive(Debug, Clone, Default)]
+pub struct Group {
+    pub indexes: Vec<usize>,
+}
+
+/// What one decide call answered.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Whether the shard consumed (its hits passed the shared rule).
+    pub consumed: bool,
+    /// Verdicts and refund tokens, in the group's order.
+    pub verdicts: Vec<(Verdict, i64)>,
+}
+
+fn clamp(v: u64) -> u64 {
+    v.min(MAX_ARG)
+}
+
+fn mode_code(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Enforce => "e",
+        Mode::Shadow => "s",
+        Mode::Quota => "q",
+    }
+}
+
+/// Builds the decide invocation for `indexes` of `hits`.
+pub fn decide_call<'a>(
+    scripts: &'a Scripts,
+    keys: &[String],
+    hits: &[Hit],
+    indexes: &[usize],
+    fixed_now: Option<Micros>,
+    quota_elsewhere: bool,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = scripts.decide.prepare_invoke();
+    call.arg(fixed_now.map(|n| n.to_string()).unwrap_or_default());
+    call.arg(if quota_elsewhere { "1" } else { "0" });
+    for &i in indexes {
+        let h = &hits[i];
+        call.key(&keys[i]);
+        call.arg(shard::code(h.limit.algorithm))
+            .arg(clamp(h.limit.requests))
+            .arg(clamp(h.limit.window.max(1)))
+            .arg(clamp(h.limit.burst))
+            .arg(clamp(h.hits))
+            .arg(mode_code(h.mode));
+    }
+    call
+}
+
+/// Builds the refund invocation for the consumed hits of a group.
+pub fn refund_call<'a>(
+    scripts: &'a Scripts,
+    keys: &[String],
+    hits: &[Hit],
+    consumed: &[(usize, i64)],
+) -> redis::ScriptInvocation<'a> {
+    let mut call = scripts.refund.prepare_invoke();
+    for &(i, token) in consumed {
+        let h = &hits[i];
+        call.key(&keys[i]);
+        call.arg(shard::code(h.limit.algorithm))
+            .arg(clamp(h.limit.window.max(1)))
+            .arg(clamp(h.hits))
+            .arg(token);
+    }
+    call
+}
+
+/// Reads a decide reply for a group of `n` hits.
+pub fn parse_reply(values: &[i64], n: usize) -> Result<Reply, StoreError> {
+    if values.len() != 1 + n * REPLY_STRIDE {
+        return Err(StoreError::Protocol(format!(
+            "decide script answered {} values for {n} hits",
+            values.len()
+        )));
+    }
+    let micros = |v: i64| -> Micros {
+        // The scripts send -1 for "never".
+        u64::try_from(v).unwrap_or(u64::MAX)
+    };
+    let verdicts = values[1..]
+        .chunks_exact(REPLY_STRIDE)
+        .map(|c| {
+            (
+                Verdict {
+                    admitted: c[0] == 1,
+                    remaining: u64::try_from(c[1]).unwrap_or(0),
+                    reset: micros(c[2]),
+                    retry_after: micros(c[3]),
+                    delay: micros(c[4]),
+                },
+                c[5],
+            )
+        })
+        .collect();
+    Ok(Reply {
+        consumed: values[0] == 1,
+        verdicts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_checked_and_never_maps_to_max() {
+        assert!(parse_reply(&[1, 1, 2], 1).is_err());
+        let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0], 1).unwrap();
+        assert!(!r.consumed);
+        assert_eq!(r.verdicts[0].0.retry_after, u64::MAX);
+        assert_eq!(r.verdicts[0].0.remaining, 3);
+    }
+}

@@ -1,0 +1,131 @@
+//! Placement: which shard (standalone) or hash slot (cluster) holds a counter, and
+//! the Redis key it is stored under.
+//!
+//! Standalone shards use jump consistent hash (Lamping and Veach, 2014) of
+//! `Hit::placement`: stable across processes, and growing from n to n + 1 shards
+//! moves only about 1/(n + 1) of the keys. In a cluster every key carries the
+//! placement as a `{hash tag}`, so counters placed together (one `shard_by` tenant)
+//! share a slot and are decided by one script; other keys are grouped by slot.
+
+use crate::algorithm::Algorithm;
+use crate::store::Hit;
+
+/// Jump consistent hash: the bucket in `0..buckets` for `key`. `buckets` must be > 0.
+pub fn jump_hash(mut key: u64, buckets: usize) -> usize {
+    let (mut b, mut j) = (-1i64, 0i64);
+    let n = buckets.max(1) as i64;
+    while j < n {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b.wrapping_add(1) as f64) * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
+/// Number of hash slots in a Redis Cluster.
+pub const SLOTS: u16 = 16384;
+
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text between
+/// the first `{` and the next `}`, when not empty) or of the whole key.
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&c| c == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&c| c == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(tagged) % SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The short code the scripts know an algorithm by. It also ends the Redis key, so a
+/// policy that changes a rule's algorithm starts a fresh counter instead of reading
+/// another algorithm's state (or a sorted set as a string).
+pub fn code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingWindowLog => "sl",
+        Algorithm::SlidingWindowCounter => "sc",
+        Algorithm::TokenBucket => "tb",
+        Algorithm::LeakyBucket => "lb",
+    }
+}
+
+/// The Redis key of a hit's counter: `PREFIX{placement}:key:code`. The prefix must
+/// not contain `{`, so the placement is the hash tag.
+pub fn redis_key(prefix: &str, hit: &Hit) -> String {
+    format!(
+        "{prefix}{{{:016x}}}:{}:{}",
+        hit.placement,
+        hit.key,
+        code(hit.limit.algorithm)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growing_from_three_to_four_shards_moves_about_a_quarter() {
+        let n = 100_000u64;
+        let mut moved = 0;
+        for i in 0..n {
+            let key = crate::limiter::key::stable_hash(format!("key-{i}").as_bytes());
+            let (before, after) = (jump_hash(key, 3), jump_hash(key, 4));
+            assert!(before < 3 && after < 4);
+            if before != after {
+                // A moved key only ever moves to the new shard.
+                assert_eq!(after, 3);
+                moved += 1;
+            }
+        }
+        let share = moved as f64 / n as f64;
+        assert!((0.23..0.27).contains(&share), "moved {share}");
+    }
+
+    #[test]
+    fn placement_is_stable_and_spread() {
+        let mut counts = [0usize; 4];
+        for i in 0..40_000u64 {
+            let key = crate::limiter::key::stable_hash(&i.to_le_bytes());
+            let shard = jump_hash(key, 4);
+            assert_eq!(shard, jump_hash(key, 4));
+            counts[shard] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (9_000..11_000).contains(&c)),
+            "{counts:?}"
+        );
+        assert_eq!(jump_hash(42, 1), 0);
+    }
+
+    #[test]
+    fn slots_follow_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+    }
+}

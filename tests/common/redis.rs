@@ -1,0 +1,332 @@
+//! Real `redis-server` processes for the Redis store's tests: each on a free loopback
+//! port, in its own temporary directory, with persistence off, killed on drop.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `redis-server` can be run. Tests that need it return early, loudly, when
+/// it cannot (scripts/test.sh installs it).
+pub fn available() -> bool {
+    let ok = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "\n*** SKIPPED: redis-server is not on PATH; install it (apt-get install redis-server) \
+             or run scripts/test.sh ***\n"
+        );
+    }
+    ok
+}
+
+/// A free loopback port (bound then released; good enough for tests) whose cluster
+/// bus port (port + 10000) is free too.
+pub fn free_port() -> u16 {
+    for _ in 0..200 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair");
+}
+
+/// A running redis-server.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    extra: Vec<String>,
+    /// Serves TLS only (on `port`).
+    tls: bool,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `redis-server` arguments (e.g. `--requirepass x`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut s = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: false,
+        };
+        s.spawn();
+        s
+    }
+
+    /// Starts a TLS-only server with a fresh CA and a certificate for localhost and
+    /// 127.0.0.1; the CA is `ca.crt` in [`RedisServer::dir`].
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "openssl {args:?} failed");
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=sluice test CA",
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign,cRLSign",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                    "-subj",
+                    "/CN=localhost",
+                ],
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .expect("ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+        let path = |f: &str| d.join(f).to_string_lossy().into_owned();
+        let port = free_port();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            extra: vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path("server.crt"),
+                "--tls-key-file".into(),
+                path("server.key"),
+                "--tls-ca-cert-file".into(),
+                path("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            dir,
+            tls: true,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                if self.tls {
+                    return; // listening; a plain PING would not be understood
+                }
+                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut buf = [0u8; 64];
+                // Any reply (+PONG, or -NOAUTH with requirepass) means it serves.
+                if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| n > 0) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to clients).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// An async connection for inspecting the server.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.conn_as(&self.url()).await
+    }
+
+    pub async fn conn_as(&self, url: &str) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(url)
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Calls of `command` (e.g. `evalsha`) the server has answered, from
+/// `INFO commandstats`.
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every key on the server.
+pub async fn keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*")
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}
+
+/// A Redis Cluster of `masters` nodes (no replicas), every slot assigned.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(RedisServer::addr))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok`.
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &self.nodes {
+            loop {
+                let out = Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli cluster info");
+                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}

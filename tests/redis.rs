@@ -1,0 +1,891 @@
+//! The Redis store against real redis-server processes: the store contract, Lua
+//! against Rust, placement, passwords, the local denial cache, failure and recovery,
+//! and exactness across replicas of the real binary.
+//!
+//! Every test returns early with a loud message when redis-server is not installed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{available, command_calls, keys, RedisServer};
+use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
+use sluice::clock::ManualClock;
+use sluice::store::redis::{shard, Options, RedisStore};
+use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
+
+/// A Redis store with the servers it runs on, which live as long as it does.
+struct TestStore {
+    store: RedisStore,
+    servers: Vec<RedisServer>,
+}
+
+impl TestStore {
+    fn start(shards: usize) -> TestStore {
+        let servers: Vec<RedisServer> = (0..shards).map(|_| RedisServer::start()).collect();
+        let urls = servers.iter().map(RedisServer::url).collect();
+        let store = RedisStore::new(Options::new(urls, false), None).expect("store");
+        TestStore { store, servers }
+    }
+}
+
+impl Store for TestStore {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        self.store.decide(hits).await
+    }
+
+    fn active_keys(&self) -> usize {
+        0
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// `None` (and a loud message) when redis-server is missing.
+fn start(shards: usize) -> Option<TestStore> {
+    available().then(|| TestStore::start(shards))
+}
+
+mod contract_one_shard {
+    use super::*;
+    sluice::store_contract!(match start(1) {
+        Some(s) => s,
+        None => return,
+    });
+}
+
+mod contract_two_shards {
+    use super::*;
+    // Two-key batches usually span both shards: what one consumed is given back.
+    sluice::store_contract!(match start(2) {
+        Some(s) => s,
+        None => return,
+    });
+}
+
+fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64) -> Hit {
+    Hit {
+        key: key.to_string(),
+        placement: sluice::limiter::key::stable_hash(key.as_bytes()),
+        limit: Limit {
+            algorithm,
+            requests,
+            window,
+            burst: requests,
+        },
+        hits,
+        mode: Mode::Enforce,
+    }
+}
+
+/// A small deterministic generator, so a failure replays.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[tokio::test]
+async fn lua_decides_exactly_like_the_rust_algorithms() {
+    if !available() {
+        return;
+    }
+    let servers = [RedisServer::start(), RedisServer::start()];
+    let clock = ManualClock::new(1_764_000_000 * SECOND + 123_457);
+    let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
+    opts.fixed_clock = Some(Arc::new(clock.clone()));
+    opts.cache_capacity = 0;
+    let redis = RedisStore::new(opts, None).expect("store");
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 100_000);
+
+    const DAY: Micros = 86_400 * SECOND;
+    // (requests, window, burst): small and realistic limits, including ones whose
+    // requests * window is far beyond 2^53 (a million per day, 2^40 per hour).
+    let limits: [(u64, Micros, u64); 8] = [
+        (5, SECOND, 5),
+        (3, 10, 1),
+        (7, 1_000, 3),
+        (1_000, 60 * SECOND, 1_000),
+        (1_000_000, DAY, 50_000),
+        (1 << 40, 3_600 * SECOND, 1 << 40),
+        (10, 7 * DAY, 4),
+        (0, SECOND, 3),
+    ];
+    let algorithms = sluice::store::contract::ALL;
+    let mut rng = Lcg(7);
+    let mut compared = 0;
+    for step in 0..1_500 {
+        let n = 1 + rng.next(3) as usize;
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            let (r, w, b) = limits[rng.next(limits.len() as u64) as usize];
+            let alg = algorithms[rng.next(5) as usize];
+            let key = format!("eq-{}-{}-{}", alg.as_str(), r, rng.next(3));
+            let hits = match rng.next(10) {
+                0 => 0,
+                1 => r.saturating_add(1).min(1 << 41),
+                2 => 1 + rng.next(5),
+                // A large share of the limit: counts whose products with windows
+                // pass 2^53 (the scripts' slow, exact path).
+                3 => rng.next(r / 2 + 2),
+                _ => 1,
+            };
+            let mut h = hit(&key, alg, r, w, hits);
+            h.limit.burst = b;
+            h.mode = match rng.next(12) {
+                0 => Mode::Shadow,
+                1 => Mode::Quota,
+                _ => Mode::Enforce,
+            };
+            batch.push(h);
+        }
+        let want = memory.decide(&batch).await.expect("memory");
+        let got = redis.decide(&batch).await.expect("redis");
+        assert_eq!(got, want, "step {step}: {batch:#?}");
+        compared += batch.len();
+        // Mostly small steps (within windows), sometimes a jump over them.
+        let dt = match rng.next(20) {
+            0 => rng.next(3 * DAY),
+            1..=3 => rng.next(2 * 60 * SECOND),
+            _ => rng.next(300_000),
+        };
+        clock.advance(dt);
+    }
+    assert!(compared > 2_000);
+}
+
+#[tokio::test]
+async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
+    let Some(t) = start(3) else { return };
+    let n = 300;
+    for i in 0..n {
+        let h = hit(
+            &format!("placed-{i}"),
+            Algorithm::FixedWindow,
+            10,
+            60 * SECOND,
+            1,
+        );
+        assert!(t.store.decide(&[h]).await.expect("decide").admitted);
+    }
+    let mut total = 0;
+    for (index, server) in t.servers.iter().enumerate() {
+        let mut conn = server.conn().await;
+        let ks = keys(&mut conn).await;
+        total += ks.len();
+        assert!(ks.len() > n / 6, "shard {index} holds only {}", ks.len());
+        for k in ks {
+            let counter = k
+                .split_once("}:")
+                .and_then(|(_, rest)| rest.strip_suffix(":fw"))
+                .expect("key format");
+            let placement = sluice::limiter::key::stable_hash(counter.as_bytes());
+            assert_eq!(shard::jump_hash(placement, 3), index, "{k}");
+        }
+    }
+    assert_eq!(total, n, "every key on exactly one shard");
+}
+
+#[tokio::test]
+async fn keys_expire_when_idle() {
+    let Some(t) = start(1) else { return };
+    for alg in sluice::store::contract::ALL {
+        let h = hit(&format!("ttl-{}", alg.as_str()), alg, 5, 60 * SECOND, 1);
+        assert!(t.store.decide(&[h]).await.expect("decide").admitted);
+    }
+    let mut conn = t.servers[0].conn().await;
+    for k in keys(&mut conn).await {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        // Fixed windows end sooner; everything else within two windows.
+        assert!(ttl > 0 && ttl <= 120_000, "{k}: {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn passwords_in_urls_work() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}", server.port);
+    let store = RedisStore::new(Options::new(vec![url], false), None).expect("store");
+    let h = hit("auth", Algorithm::TokenBucket, 2, SECOND, 1);
+    assert!(store.decide(&[h]).await.expect("decide").admitted);
+
+    let bad = format!("redis://:wrong@127.0.0.1:{}", server.port);
+    let store = RedisStore::new(Options::new(vec![bad], false), None).expect("store");
+    let h = hit("auth", Algorithm::TokenBucket, 2, SECOND, 1);
+    assert!(store.decide(&[h]).await.is_err());
+    assert_eq!(store.shard_names(), vec![server.addr()]);
+}
+
+#[tokio::test]
+async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
+    let Some(t) = start(1) else { return };
+    let mut conn = t.servers[0].conn().await;
+    let h = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
+    for _ in 0..3 {
+        assert!(
+            t.store
+                .decide(std::slice::from_ref(&h))
+                .await
+                .unwrap()
+                .admitted
+        );
+    }
+    let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(!v.admitted);
+    let before = command_calls(&mut conn, "evalsha").await;
+    for _ in 0..200 {
+        let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+        assert!(!v.admitted);
+        assert!(v.verdicts[0].retry_after > 0);
+    }
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        before,
+        "no Redis call"
+    );
+    assert_eq!(t.store.cached_denials(), 1);
+
+    // A check (0 hits) and another key still go to Redis.
+    let check = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 0);
+    t.store.decide(&[check]).await.unwrap();
+    assert_eq!(command_calls(&mut conn, "evalsha").await, before + 1);
+
+    // A short denial expires and Redis is asked again.
+    let short = hit("short", Algorithm::TokenBucket, 10, SECOND, 1);
+    let mut short = short;
+    short.limit.burst = 1;
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&short))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let v = t.store.decide(std::slice::from_ref(&short)).await.unwrap();
+    assert!(!v.admitted);
+    tokio::time::sleep(Duration::from_micros(v.verdicts[0].retry_after + 5_000)).await;
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&short))
+            .await
+            .unwrap()
+            .admitted
+    );
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_restart() {
+    let Some(mut t) = start(1) else { return };
+    let h = hit("reload", Algorithm::SlidingWindowLog, 100, 60 * SECOND, 1);
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let mut conn = t.servers[0].conn().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        t.store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    t.servers[0].restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match t.store.decide(std::slice::from_ref(&h)).await {
+            Ok(v) => {
+                assert!(v.admitted);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
+    let Some(mut t) = start(1) else { return };
+    let timeout = Duration::from_millis(100);
+    let store = Arc::new(t.store.clone());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Load: 8 callers, each call bounded by the limiter-style timeout.
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        let store = store.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed, mut slowest) = (0u64, 0u64, Duration::ZERO);
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let h = hit(
+                    &format!("load-{c}-{}", i % 50),
+                    Algorithm::SlidingWindowCounter,
+                    1_000_000,
+                    60 * SECOND,
+                    1,
+                );
+                i += 1;
+                let started = Instant::now();
+                match tokio::time::timeout(timeout, store.decide(&[h])).await {
+                    Ok(Ok(_)) => ok += 1,
+                    Ok(Err(_)) | Err(_) => failed += 1, // the failure mode answers
+                }
+                slowest = slowest.max(started.elapsed());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (ok, failed, slowest)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    t.servers[0].kill();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(t.store.shard_down(0), "the shard is backed off");
+    let started = Instant::now();
+    let err = t
+        .store
+        .decide(&[hit("probe", Algorithm::FixedWindow, 1, SECOND, 1)])
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(100), "{err}");
+    t.servers[0].restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while t.store.shard_down(0) {
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for task in tasks {
+        let (o, f, slowest) = task.await.unwrap();
+        ok += o;
+        failed += f;
+        // Every call answered within the timeout (plus scheduling slack).
+        assert!(
+            slowest < timeout + Duration::from_millis(400),
+            "{slowest:?}"
+        );
+    }
+    assert!(ok > 0 && failed > 0, "ok {ok} failed {failed}");
+    let v = t
+        .store
+        .decide(&[hit("after", Algorithm::FixedWindow, 1, SECOND, 1)])
+        .await
+        .expect("recovered");
+    assert!(v.admitted);
+}
+
+const REPLICA_POLICY: &str = r#"
+domain: exact
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 1000, algorithm: fixed_window}
+  - key: sliding_window_log
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window_log}
+  - key: sliding_window_counter
+    rate_limit: {unit: day, requests_per_unit: 1000, algorithm: sliding_window_counter}
+  - key: token_bucket
+    rate_limit: {unit: day, requests_per_unit: 1000, algorithm: token_bucket, burst: 1000}
+  - key: remote_address
+    layer: edge
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
+  - key: service
+    layer: service
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window_log}
+  - key: tenant
+    layer: tenant
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
+"#;
+
+/// Three replicas of the real binary sharing two shards.
+fn replicas(shards: &[RedisServer]) -> Vec<common::Server> {
+    let urls: Vec<String> = shards.iter().map(RedisServer::url).collect();
+    let urls = urls.join(",");
+    (0..3)
+        .map(|_| {
+            common::Server::start(
+                REPLICA_POLICY,
+                // Closed: a store failure would show up as a missing admission.
+                &[
+                    "--redis",
+                    &urls,
+                    "--store-timeout",
+                    "5s",
+                    "--failure-mode",
+                    "closed",
+                ],
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_shards_admit_exactly_the_limit() {
+    if !available() {
+        return;
+    }
+    // Windows of a day (a minute for the log, which is exact in any window) keep the
+    // count free of window boundaries and refills during the run.
+    let shards = [RedisServer::start(), RedisServer::start()];
+    let servers = replicas(&shards);
+    for alg in [
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+    ] {
+        let started = Instant::now();
+        let mut clients = Vec::new();
+        for c in 0..16 {
+            let mut client = servers[c % 3].client().await;
+            clients.push(tokio::spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..5_000 / 16 + usize::from(c < 5_000 % 16) {
+                    let r = common::call(
+                        &mut client,
+                        common::request("exact", vec![common::desc(&[(alg, "one")])]),
+                    )
+                    .await;
+                    if r.overall_code == common::OK {
+                        ok += 1;
+                    }
+                }
+                ok
+            }));
+        }
+        let mut admitted = 0;
+        for c in clients {
+            admitted += c.await.expect("client");
+        }
+        assert_eq!(admitted, 1_000, "{alg}");
+        eprintln!("{alg}: 5000 requests in {:?}", started.elapsed());
+    }
+
+    // Layers: the tenant denies; edge and service keep only the admitted requests,
+    // wherever their counters live.
+    let layered = || {
+        common::request(
+            "exact",
+            vec![
+                common::desc(&[("remote_address", "10.1.1.1")]),
+                common::desc(&[("service", "checkout")]),
+                common::desc(&[("tenant", "acme")]),
+            ],
+        )
+    };
+    let mut clients = Vec::new();
+    for s in &servers {
+        clients.push(s.client().await);
+    }
+    for i in 0..8 {
+        let r = common::call(&mut clients[i % 3], layered()).await;
+        let expected = if i < 2 {
+            common::OK
+        } else {
+            common::OVER_LIMIT
+        };
+        assert_eq!(r.overall_code, expected, "request {i}");
+    }
+    let check = common::request(
+        "exact",
+        vec![
+            common::desc_hits(&[("remote_address", "10.1.1.1")], 0),
+            common::desc_hits(&[("service", "checkout")], 0),
+        ],
+    );
+    let r = common::call(&mut clients[1], check).await;
+    assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
+    assert_eq!(
+        r.statuses[1].limit_remaining, 98,
+        "service charged by denials"
+    );
+    let mut on = Vec::new();
+    for s in &shards {
+        let ks = keys(&mut s.conn().await).await;
+        on.push(
+            ks.iter()
+                .filter(|k| {
+                    k.contains("remote_address") || k.contains("service") || k.contains("tenant")
+                })
+                .count(),
+        );
+    }
+    // The three counters are spread over both shards, so the give-back crossed shards.
+    assert!(
+        on.iter().all(|&n| n > 0),
+        "layered counters per shard: {on:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3);
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    for alg in sluice::store::contract::ALL {
+        let key = format!("cluster-{}", alg.as_str());
+        for i in 0..5 {
+            let v = store.decide(&[hit(&key, alg, 5, 60 * SECOND, 1)]).await;
+            assert!(v.expect("decide").admitted, "{alg:?} request {i}");
+        }
+        let v = store
+            .decide(&[hit(&key, alg, 5, 60 * SECOND, 1)])
+            .await
+            .unwrap();
+        assert!(!v.admitted, "{alg:?} sixth request");
+
+        // Two keys in different slots: the admitted one is given back.
+        let (a, b) = (
+            format!("cl-a-{}", alg.as_str()),
+            format!("cl-b-{}", alg.as_str()),
+        );
+        let v = store
+            .decide(&[
+                hit(&a, alg, 10, 60 * SECOND, 1),
+                hit(&b, alg, 1, 60 * SECOND, 2),
+            ])
+            .await
+            .unwrap();
+        assert!(!v.admitted && v.verdicts[0].admitted, "{alg:?}");
+        let check = store
+            .decide(&[
+                hit(&a, alg, 10, 60 * SECOND, 0),
+                hit(&b, alg, 1, 60 * SECOND, 0),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
+    }
+    // Counters spread over every master.
+    for i in 0..60 {
+        let h = hit(
+            &format!("spread-{i}"),
+            Algorithm::FixedWindow,
+            5,
+            60 * SECOND,
+            1,
+        );
+        assert!(store.decide(&[h]).await.unwrap().admitted);
+    }
+    for node in &cluster.nodes {
+        let size: u64 = redis::cmd("DBSIZE")
+            .query_async(&mut node.conn().await)
+            .await
+            .unwrap();
+        assert!(size > 5, "node {} holds {size} keys", node.port);
+    }
+
+    // The binary with --redis-cluster: layered counters on different slots.
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &[
+            "--redis-cluster",
+            &cluster.urls().join(","),
+            "--store-timeout",
+            "5s",
+            "--failure-mode",
+            "closed",
+        ],
+    );
+    let mut client = sluice.client().await;
+    let layered = || {
+        common::request(
+            "exact",
+            vec![
+                common::desc(&[("remote_address", "10.9.9.9")]),
+                common::desc(&[("tenant", "cluster")]),
+            ],
+        )
+    };
+    for i in 0..4 {
+        let r = common::call(&mut client, layered()).await;
+        let expected = if i < 2 {
+            common::OK
+        } else {
+            common::OVER_LIMIT
+        };
+        assert_eq!(r.overall_code, expected, "request {i}");
+    }
+    let check = common::request(
+        "exact",
+        vec![common::desc_hits(&[("remote_address", "10.9.9.9")], 0)],
+    );
+    let r = common::call(&mut client, check).await;
+    assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_share_one_pipelined_connection() {
+    let Some(t) = start(1) else { return };
+    let store = Arc::new(t.store.clone());
+    let calls = (0..64).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let h = hit(&format!("mux-{i}"), Algorithm::TokenBucket, 10, SECOND, 1);
+            store.decide(&[h]).await.expect("decide").admitted
+        })
+    });
+    for c in futures::future::join_all(calls).await {
+        assert!(c.expect("task"));
+    }
+    let mut conn = t.servers[0].conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let clients: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients");
+    // The store's one connection, plus this inspecting one.
+    assert_eq!(clients, 2, "{info}");
+}
+
+#[tokio::test]
+async fn the_binary_reaches_redis_over_tls() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_tls();
+    let ca = server.dir.path().join("ca.crt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policy.yaml"), REPLICA_POLICY).expect("policy");
+    let configs = [dir.path().join("policy.yaml")];
+    let url = format!("rediss://localhost:{}", server.port);
+    // rustls trusts the system roots; SSL_CERT_FILE points them at the test CA.
+    let sluice = common::Server::start_env(
+        dir,
+        &configs,
+        &[
+            "--redis",
+            &url,
+            "--store-timeout",
+            "5s",
+            "--failure-mode",
+            "closed",
+        ],
+        &[("SSL_CERT_FILE", ca.to_str().expect("utf-8 path"))],
+    );
+    let mut client = sluice.client().await;
+    let req = || common::request("exact", vec![common::desc(&[("tenant", "tls")])]);
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    // Closed failure mode: OVER_LIMIT here means Redis answered "over limit".
+    let r = common::call(&mut client, req()).await;
+    assert_eq!(r.overall_code, common::OVER_LIMIT);
+    let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
+    let errors: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_store_errors_total{"))
+        .collect();
+    assert!(
+        !errors.is_empty(),
+        "every shard's error counter is exported"
+    );
+    assert!(errors.iter().all(|l| l.ends_with(" 0")), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
+    if !available() {
+        return;
+    }
+    let mut redis_server = RedisServer::start();
+    let url = redis_server.url();
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &[
+            "--redis",
+            &url,
+            "--store-timeout",
+            "100ms",
+            "--failure-mode",
+            "open",
+        ],
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for c in 0..4 {
+        let mut client = sluice.client().await;
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let mut answered = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let req = common::request(
+                    "exact",
+                    vec![common::desc(&[("fixed_window", &format!("load-{c}"))])],
+                );
+                let started = Instant::now();
+                // Any gRPC error fails the test: the failure mode must answer.
+                let r = client.should_rate_limit(req).await.expect("answered");
+                assert_eq!(r.into_inner().overall_code, common::OK, "open");
+                slowest = slowest.max(started.elapsed());
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (answered, slowest)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis_server.kill();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    redis_server.restart();
+    // Recovered once the limit is enforced again (2 per hour for a tenant).
+    let mut client = sluice.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = common::call(
+            &mut client,
+            common::request("exact", vec![common::desc(&[("tenant", "after")])]),
+        )
+        .await;
+        if r.overall_code == common::OVER_LIMIT {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never enforced again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in load {
+        let (answered, slowest) = task.await.expect("load task");
+        assert!(answered > 10);
+        assert!(
+            slowest < Duration::from_millis(600),
+            "slowest call {slowest:?}"
+        );
+    }
+    let lines = sluice.drain_lines();
+    let down = lines
+        .iter()
+        .filter(|l| l.contains("redis shard down"))
+        .count();
+    let up = lines
+        .iter()
+        .filter(|l| l.contains("redis shard up"))
+        .count();
+    assert_eq!((down, up), (1, 1), "one line per state change: {lines:#?}");
+    let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
+    let shard_errors = format!(
+        "sluice_store_errors_total{{shard=\"{}\",store=\"redis\"}}",
+        redis_server.addr()
+    );
+    assert!(metrics.contains(&shard_errors), "{metrics}");
+}
+
+#[tokio::test]
+async fn lua_muldiv_is_exact_beyond_2_pow_53() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let script = redis::Script::new(concat!(
+        include_str!("../src/store/redis/common.lua"),
+        "local q, r = muldiv(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))\n",
+        "return {fmt(q), fmt(r)}\n"
+    ));
+    let mut rng = Lcg(11);
+    let max = 1u64 << 52;
+    let mut slow = 0;
+    for i in 0..400 {
+        // 1 + a random value of up to `bits` bits (Lcg draws 31 bits at a time).
+        let pick = |rng: &mut Lcg, bits: u64| {
+            let wide = (rng.next(1 << 31) << 31) | rng.next(1 << 31);
+            1 + (wide & ((1u64 << bits.min(52)) - 1))
+        };
+        let (ba, bb, bc) = (20 + rng.next(33), 20 + rng.next(33), 1 + rng.next(52));
+        let a = pick(&mut rng, ba);
+        let b = pick(&mut rng, bb);
+        let c = pick(&mut rng, bc).min(max);
+        let (q, r) = (
+            u128::from(a) * u128::from(b) / u128::from(c),
+            u128::from(a) * u128::from(b) % u128::from(c),
+        );
+        let got: (String, String) = script
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .invoke_async(&mut conn)
+            .await
+            .expect("eval");
+        if q < 1 << 53 {
+            if u128::from(a) * u128::from(b) >= 1 << 53 {
+                slow += 1;
+            }
+            assert_eq!(
+                got,
+                (q.to_string(), r.to_string()),
+                "case {i}: {a} * {b} / {c}"
+            );
+        } else {
+            assert_eq!(
+                got.0,
+                (1u64 << 53).to_string(),
+                "case {i}: overflow is HUGE"
+            );
+        }
+    }
+    assert!(
+        slow > 50,
+        "only {slow} products past 2^53 with exact quotients"
+    );
+}
+
+#[test]
+fn a_bad_redis_url_is_refused_at_start_without_showing_the_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, REPLICA_POLICY).expect("policy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&policy)
+        .args([
+            "--redis",
+            "redis://:s3cret@127.0.0.1:notaport",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--http-addr", "127.0.0.1:0"])
+        .output()
+        .expect("run sluice");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid Redis URL"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
