@@ -17,7 +17,6 @@ use crate::http::{router, Admin};
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::Service;
-use crate::source::file::FileSource;
 use crate::store::{MemoryStore, Store};
 use crate::telemetry::Metrics;
 
@@ -39,13 +38,6 @@ pub async fn run(
         bail!("--redis and --redis-cluster are not available in this build yet");
     }
     let metrics = Arc::new(Metrics::new());
-    let (files, policy) =
-        FileSource::load(cfg.config.clone(), cfg.reload_interval, metrics.clone()).map_err(
-            |errors| {
-                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
-            },
-        )?;
 
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
     let settings = Settings {
@@ -53,13 +45,7 @@ pub async fn run(
         store_timeout: cfg.store_timeout,
         hash_keys: cfg.hash_keys,
     };
-    let limiter = Limiter::new(policy, store.clone(), settings);
-    let service = Arc::new(Service {
-        limiter,
-        headers: cfg.response_headers,
-        metrics,
-    });
-
+    // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -67,7 +53,14 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    tokio::spawn(files.run(stopped()));
+    let policy = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let limiter = Limiter::new(policy, store.clone(), settings);
+    let service = Arc::new(Service {
+        limiter,
+        headers: cfg.response_headers,
+        metrics,
+    });
+
     {
         let store = store.clone();
         let stop = stopped();
