@@ -31,9 +31,6 @@ pub async fn run(
              or --kube to watch RateLimitPolicy resources"
         );
     }
-    if cfg.kube {
-        bail!("--kube is not available in this build yet");
-    }
     if !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() {
         bail!("--redis and --redis-cluster are not available in this build yet");
     }

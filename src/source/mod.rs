@@ -13,8 +13,10 @@ use crate::telemetry::Metrics;
 
 pub mod file;
 pub mod hub;
+pub mod kube;
 
-/// Loads the `--config` files and spawns the file source; each stops when a future made by `stopped` resolves. Returns the
+/// Loads the `--config` files, connects to Kubernetes with `--kube`, and spawns
+/// both sources; each stops when a future made by `stopped` resolves. Returns the
 /// policy the request path reads. Fails when the files do not load or no
 /// Kubernetes client can be configured.
 pub async fn start<F, Fut>(
@@ -39,6 +41,10 @@ where
             anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
         })?;
         tokio::spawn(files.run(stopped()));
+    }
+    if cfg.kube {
+        let kube = kube::KubeSource::connect(cfg.kube_namespace.clone(), hub.clone()).await?;
+        tokio::spawn(kube.run(stopped()));
     }
     Ok(hub.policy())
 }
