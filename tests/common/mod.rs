@@ -38,7 +38,18 @@ impl Server {
     }
 
     pub fn start_with(dir: tempfile::TempDir, configs: &[PathBuf], extra: &[&str]) -> Server {
+        Self::start_env(dir, configs, extra, &[])
+    }
+
+    /// [`Server::start_with`] with extra environment variables (e.g. `KUBECONFIG`).
+    pub fn start_env(
+        dir: tempfile::TempDir,
+        configs: &[PathBuf],
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.envs(envs.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"]);
