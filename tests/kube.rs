@@ -294,7 +294,14 @@ async fn wait_limit(
     panic!("{domain}/{key}: wanted limit {want:?} within {within:?}, still {last:?}\nsluice log:\n{logs}");
 }
 
+/// The policy file a server was started with.
+fn repo_file(server: &Server) -> PathBuf {
+    server.dir.path().join("mixed.yaml")
+}
+
 const TWO_S: Duration = Duration::from_secs(2);
+/// For status conditions, read with several kubectl calls per poll.
+const STATUS: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_policies_from_a_real_api_server() {
@@ -385,18 +392,18 @@ async fn rate_limit_policies_from_a_real_api_server() {
     let dup = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: a, namespace: team-a}\n\
                spec:\n  domain: shop\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 9}}\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 8}}\n";
     k.apply(dup).unwrap();
-    let cond = k.wait_accepted("team-a", "a", "False/Invalid", TWO_S);
+    let cond = k.wait_accepted("team-a", "a", "False/Invalid", STATUS);
     assert!(cond.contains("duplicate descriptor"), "{cond}");
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
     k.apply(&per_minute("team-a", "a", "shop", "user", 7))
         .unwrap();
     wait_limit(&all, "shop", "user", Some(7), TWO_S).await;
-    k.wait_accepted("team-a", "a", "True/Accepted", TWO_S);
+    k.wait_accepted("team-a", "a", "True/Accepted", STATUS);
 
     // Another namespace naming the same domain: Conflicted.
     k.apply(&per_minute("team-b", "b", "shop", "other", 11))
         .unwrap();
-    let cond = k.wait_accepted("team-b", "b", "False/Conflicted", TWO_S);
+    let cond = k.wait_accepted("team-b", "b", "False/Conflicted", STATUS);
     assert!(cond.contains("belongs to namespace 'team-a'"), "{cond}");
     assert_eq!(limit(&all, "shop", "other").await, None);
 
@@ -406,10 +413,10 @@ async fn rate_limit_policies_from_a_real_api_server() {
         .unwrap();
     wait_limit(&all, "mixed", "polkey", Some(4), TWO_S).await;
     assert_eq!(limit(&all, "mixed", "filekey").await, Some(3));
-    k.wait_accepted("team-a", "m", "True/Accepted", TWO_S);
+    k.wait_accepted("team-a", "m", "True/Accepted", STATUS);
     k.apply(&per_minute("team-a", "clash", "mixed", "filekey", 9))
         .unwrap();
-    let cond = k.wait_accepted("team-a", "clash", "False/Conflicted", TWO_S);
+    let cond = k.wait_accepted("team-a", "clash", "False/Conflicted", STATUS);
     assert!(cond.contains("mixed.yaml"), "{cond}");
     assert_eq!(limit(&all, "mixed", "filekey").await, Some(3));
 
@@ -417,7 +424,7 @@ async fn rate_limit_policies_from_a_real_api_server() {
     k.must(&["delete", "rlp", "a", "-n", "team-a"]);
     wait_limit(&all, "shop", "user", None, TWO_S).await;
     wait_limit(&all, "shop", "other", Some(11), TWO_S).await;
-    k.wait_accepted("team-b", "b", "True/Accepted", TWO_S);
+    k.wait_accepted("team-b", "b", "True/Accepted", STATUS);
 
     // --kube-namespace sees its namespace only.
     let only_b = Server::start_env(
@@ -437,6 +444,36 @@ async fn rate_limit_policies_from_a_real_api_server() {
         k.wait_accepted("shop", name, "True/Accepted", Duration::from_secs(3));
     }
     wait_limit(&all, "api", "remote_address", Some(600), TWO_S).await;
+
+    // A second replica (same flags and files) agrees on every status: nothing is
+    // rewritten back and forth.
+    // (The same file path, as in a Deployment: a Conflicted message names it.)
+    let replica = Server::start_env(
+        tempfile::tempdir().unwrap(),
+        &[repo_file(&all)],
+        &["--kube"],
+        &env,
+    );
+    wait_limit(
+        &replica,
+        "api",
+        "remote_address",
+        Some(600),
+        Duration::from_secs(5),
+    )
+    .await;
+    let versions = || {
+        ["shop edge", "team-a clash", "team-b b", "team-a m"]
+            .map(|p| {
+                let (ns, name) = p.split_once(' ').unwrap();
+                k.jsonpath(ns, name, "{.metadata.resourceVersion}")
+            })
+            .join(",")
+    };
+    let before = versions();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(versions(), before, "replicas rewrote a status");
+    drop(replica);
 
     // The API server restarts (same ports): limits keep serving meanwhile, and
     // sluice's watch comes back by itself.

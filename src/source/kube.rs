@@ -160,7 +160,7 @@ impl KubeSource {
     /// A failed patch is retried on the next event or every 5 s.
     ///
     /// This holds for replicas of one Deployment, which share their flags and
-    /// files. Two differently configured instances watching the same objects (say,
+    /// files (at the same paths: a `Conflicted` message may name a file). Two differently configured instances watching the same objects (say,
     /// one with `--kube-namespace` and one without, or different `--shared-domains`)
     /// can reach different verdicts and would overwrite each other's status: give
     /// such instances disjoint namespaces.
