@@ -25,6 +25,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::hub::{Candidate, Hub, Outcomes, Verdict};
 use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
@@ -70,8 +71,12 @@ impl KubeSource {
         }
     }
 
-    /// Watches until `shutdown` resolves.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+    /// Watches until `shutdown` resolves. `first` is told when the first list is in
+    /// the hub, or when the first attempt failed (CRD missing, API server away), so
+    /// start-up can wait for the cluster's policies without hanging on a broken
+    /// cluster.
+    pub async fn run(self, shutdown: impl Future<Output = ()>, first: oneshot::Sender<()>) {
+        let mut first = Some(first);
         tokio::pin!(shutdown);
         let scope = self
             .namespace
@@ -91,6 +96,7 @@ impl KubeSource {
         let mut objects: BTreeMap<String, Tracked> = BTreeMap::new();
         let mut listing: Option<BTreeMap<String, Tracked>> = None;
         let mut failing = false;
+        let mut listed = false;
         loop {
             let mut changed = false;
             tokio::select! {
@@ -103,6 +109,9 @@ impl KubeSource {
                     Some(Err(e)) => {
                         log_watch_error(&e, &scope, failing);
                         failing = true;
+                        if let Some(tx) = first.take() {
+                            let _ = tx.send(());
+                        }
                     }
                     Some(Ok(event)) => {
                         if failing {
@@ -120,6 +129,7 @@ impl KubeSource {
                                 tracing::info!(policies = list.len(), scope = %scope, "RateLimitPolicy objects listed");
                                 changed = differs(&objects, &list) || objects.is_empty();
                                 objects = list;
+                                listed = true;
                             }
                             Event::Apply(obj) => {
                                 let (key, t) = track(obj, &objects);
@@ -140,6 +150,11 @@ impl KubeSource {
             if changed {
                 let candidates = objects.values().map(|t| t.candidate.clone()).collect();
                 self.hub.set_policies(candidates);
+            }
+            if listed {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
             }
             let latest = outcomes.borrow_and_update().clone();
             self.write_statuses(&mut objects, &latest).await;

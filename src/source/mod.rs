@@ -11,6 +11,9 @@ use crate::config::Serve;
 use crate::policy::Policy;
 use crate::telemetry::Metrics;
 
+/// Longest start-up wait for the first RateLimitPolicy list.
+const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub mod file;
 pub mod hub;
 pub mod kube;
@@ -44,7 +47,19 @@ where
     }
     if cfg.kube {
         let kube = kube::KubeSource::connect(cfg.kube_namespace.clone(), hub.clone()).await?;
-        tokio::spawn(kube.run(stopped()));
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(kube.run(stopped(), first_tx));
+        // Serve the cluster's policies from the first request: wait for the first
+        // list (normally milliseconds). A failing first attempt (CRD not installed,
+        // API server away) ends the wait at once; the watch keeps retrying.
+        if tokio::time::timeout(FIRST_LIST_WAIT, first_rx)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "no RateLimitPolicy list after {FIRST_LIST_WAIT:?}; starting without them, the watch keeps trying"
+            );
+        }
     }
     Ok(hub.policy())
 }
