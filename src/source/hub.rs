@@ -134,7 +134,7 @@ pub fn resolve(
         };
         match fits(doc, c, &owner, shared, &by_domain) {
             Ok(()) => {
-                tracing::info!(policy = %c.key(), "invalid update: the last good version keeps serving");
+                tracing::debug!(policy = %c.key(), "invalid update: the last good version keeps serving");
                 by_domain
                     .entry(doc.domain.clone())
                     .or_default()
