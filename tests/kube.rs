@@ -327,12 +327,25 @@ async fn rate_limit_policies_from_a_real_api_server() {
     // The CRD, from the committed YAML (the same `sluice crd` prints).
     let crd = repo().join("crds/ratelimitpolicies.yaml");
     k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    k.must(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/ratelimitpolicies.sluice.dev",
-        "--timeout=30s",
-    ]);
+    // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let established = k.must(&[
+            "get",
+            "crd",
+            "ratelimitpolicies.sluice.dev",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ]);
+        if established == "True" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the CRD never became Established"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let names = k.must(&[
         "get",
         "crd",
