@@ -356,8 +356,13 @@ async fn rate_limit_policies_from_a_real_api_server() {
     assert!(names.contains("rlp"), "{names}");
 
     // A policy: seen once the watch finds the CRD (back-off at most 5 s).
-    k.apply(&per_minute("team-a", "a", "shop", "user", 2))
-        .unwrap();
+    // (Retried while kubectl's discovery does not know the new kind yet.)
+    let first = per_minute("team-a", "a", "shop", "user", 2);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while let Err(e) = k.apply(&first) {
+        assert!(Instant::now() < deadline, "first policy not applied: {e}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     wait_limit(&all, "shop", "user", Some(2), Duration::from_secs(15)).await;
     k.wait_accepted("team-a", "a", "True/Accepted", Duration::from_secs(5));
     let table = k.must(&["get", "rlp", "-n", "team-a"]);
