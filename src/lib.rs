@@ -4,6 +4,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod config;
+pub mod crd;
 pub mod http;
 pub mod limiter;
 pub mod policy;

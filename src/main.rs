@@ -10,8 +10,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { paths } => validate(&paths),
         Command::Crd => {
-            eprintln!("sluice crd: the RateLimitPolicy CRD is not built yet");
-            ExitCode::from(2)
+            print!("{}", sluice::crd::crd_yaml());
+            ExitCode::SUCCESS
         }
         Command::Serve(cfg) => {
             init_logging(cfg.log_format);

@@ -17,7 +17,6 @@ use crate::http::{router, Admin};
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::Service;
-use crate::source::file::FileSource;
 use crate::store::redis::Options as RedisOptions;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
@@ -33,23 +32,13 @@ pub async fn run(
              or --kube to watch RateLimitPolicy resources"
         );
     }
-    if cfg.kube {
-        bail!("--kube is not available in this build yet");
-    }
     let metrics = Arc::new(Metrics::new());
-    let (files, policy) =
-        FileSource::load(cfg.config.clone(), cfg.reload_interval, metrics.clone()).map_err(
-            |errors| {
-                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
-            },
-        )?;
     let settings = Settings {
         failure_mode: cfg.failure_mode,
         store_timeout: cfg.store_timeout,
         hash_keys: cfg.hash_keys,
     };
-
+    // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -57,7 +46,7 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    tokio::spawn(files.run(stopped()));
+    let policy = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
 
     let cluster = !cfg.redis_cluster.is_empty();
     if cluster || !cfg.redis.is_empty() {

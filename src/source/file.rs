@@ -10,40 +10,41 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-
-use crate::policy::{self, Policy, PolicyError};
+use super::hub::Hub;
+use crate::policy::{self, PolicyError};
 use crate::telemetry::Metrics;
 
-/// Watches policy files and swaps in each good version.
+/// Watches policy files and hands each good version to the [`Hub`], which compiles
+/// it together with the other sources' documents and swaps the result in.
 #[derive(Debug)]
 pub struct FileSource {
     paths: Vec<PathBuf>,
     interval: Duration,
-    policy: Arc<ArcSwap<Policy>>,
+    hub: Arc<Hub>,
     metrics: Arc<Metrics>,
     last: u64,
 }
 
 impl FileSource {
-    /// Loads the files once. Fails with every error found if they do not load.
+    /// Loads the files once into `hub`. Fails with every error found if they do not
+    /// load.
     pub fn load(
         paths: Vec<PathBuf>,
         interval: Duration,
         metrics: Arc<Metrics>,
-    ) -> Result<(FileSource, Arc<ArcSwap<Policy>>), Vec<PolicyError>> {
+        hub: Arc<Hub>,
+    ) -> Result<FileSource, Vec<PolicyError>> {
         let last = fingerprint(&paths);
-        let (loaded, _docs) = policy::load_paths(&paths)?;
+        let (_compiled, docs) = policy::load_paths(&paths)?;
+        hub.set_files(docs);
         metrics.policy_reload("file", true);
-        let policy = Arc::new(ArcSwap::from_pointee(loaded));
-        let source = FileSource {
+        Ok(FileSource {
             paths,
             interval,
-            policy: policy.clone(),
+            hub,
             metrics,
             last,
-        };
-        Ok((source, policy))
+        })
     }
 
     /// Polls until `shutdown` resolves.
@@ -67,13 +68,13 @@ impl FileSource {
         }
         self.last = now;
         match policy::load_paths(&self.paths) {
-            Ok((p, _docs)) => {
+            Ok((p, docs)) => {
                 tracing::info!(
                     domains = p.domains.len(),
                     rules = p.rules.len(),
                     "policy reloaded from files"
                 );
-                self.policy.store(Arc::new(p));
+                self.hub.set_files(docs);
                 self.metrics.policy_reload("file", true);
                 true
             }

@@ -1,4 +1,65 @@
-//! Policy sources. Each builds a complete compiled policy and swaps it in whole; the
-//! request path only ever loads the current `Arc<Policy>` (no lock).
+//! Policy sources. The file source and the Kubernetes source hand their documents
+//! to the [`hub::Hub`], which compiles all of them into one policy and swaps it in
+//! whole; the request path only ever loads the current `Arc<Policy>` (no lock).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Serve;
+use crate::policy::Policy;
+use crate::telemetry::Metrics;
+
+/// Longest start-up wait for the first RateLimitPolicy list.
+const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub mod file;
+pub mod hub;
+pub mod kube;
+
+/// Loads the `--config` files, connects to Kubernetes with `--kube`, and spawns
+/// both sources; each stops when a future made by `stopped` resolves. Returns the
+/// policy the request path reads. Fails when the files do not load or no
+/// Kubernetes client can be configured.
+pub async fn start<F, Fut>(
+    cfg: &Serve,
+    metrics: Arc<Metrics>,
+    stopped: F,
+) -> anyhow::Result<Arc<ArcSwap<Policy>>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let hub = hub::Hub::new(&cfg.shared_domains, metrics.clone());
+    if !cfg.config.is_empty() {
+        let files = file::FileSource::load(
+            cfg.config.clone(),
+            cfg.reload_interval,
+            metrics,
+            hub.clone(),
+        )
+        .map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
+        })?;
+        tokio::spawn(files.run(stopped()));
+    }
+    if cfg.kube {
+        let kube = kube::KubeSource::connect(cfg.kube_namespace.clone(), hub.clone()).await?;
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(kube.run(stopped(), first_tx));
+        // Serve the cluster's policies from the first request: wait for the first
+        // list (normally milliseconds). A failing first attempt (CRD not installed,
+        // API server away) ends the wait at once; the watch keeps retrying.
+        if tokio::time::timeout(FIRST_LIST_WAIT, first_rx)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "no RateLimitPolicy list after {FIRST_LIST_WAIT:?}; starting without them, the watch keeps trying"
+            );
+        }
+    }
+    Ok(hub.policy())
+}

@@ -434,7 +434,7 @@ redis_part() {
     fi
     kill "$redis_pid" 2>/dev/null
     wait "$redis_pid" 2>/dev/null
-    # Domain api is failure_mode: open (examples/policy.yaml): a tenant whose counter
+    # Domain api is failureMode: open (examples/policy.yaml): a tenant whose counter
     # cannot be read passes. (e2e-small stays denied: its denial is cached until its
     # window frees up, and needs no Redis.)
     local code
@@ -442,7 +442,8 @@ redis_part() {
     [ "$code" = 200 ] && ok "redis killed: domain api (failure_mode: open) fails open: 200" ||
         bad "redis killed: failure_mode open, want 200, got $code"
     # Now the policy says closed: the same request is denied (policy files reload without Redis).
-    sed 's/^failure_mode: open/failure_mode: closed/' examples/policy.yaml >"$W/policy.yaml.new"
+    sed 's/^  failureMode: open/  failureMode: closed/' examples/policy.yaml >"$W/policy.yaml.new"
+    grep -q '^  failureMode: closed' "$W/policy.yaml.new" || bad "examples/policy.yaml no longer sets failureMode: open"
     mv "$W/policy.yaml.new" "$W/policies/policy.yaml"
     local seen=""
     for ((i = 0; i < 40; i++)); do

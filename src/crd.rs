@@ -1,0 +1,406 @@
+//! The `RateLimitPolicy` custom resource (`sluice.dev/v1alpha1`) and its
+//! CustomResourceDefinition, as printed by `sluice crd` and committed in
+//! `crds/ratelimitpolicies.yaml` (a test fails if the two differ).
+//!
+//! The spec types mirror the resource form of a policy (camelCase). The watcher does
+//! not deserialize into them: it hands each object's raw `spec` to
+//! [`crate::policy::parse_resource_spec`], so one odd object can never break the
+//! watch of all the others, and every check lives in one place (the parser).
+//!
+//! **Why the schema is written by hand.** A descriptor holds `descriptors`, a tree.
+//! Kubernetes requires *structural* schemas, which cannot refer to themselves, so a
+//! derived recursive schema is refused. The schema below spells the descriptor out
+//! [`SCHEMA_DEPTH`] levels deep (with every check: enums for unit, algorithm, layer
+//! and failure mode, a pattern for durations, bounds for numbers, and CEL rules for
+//! combinations, the latter on the first [`CEL_DEPTH`] levels). Below that depth a descriptor is an object with
+//! `x-kubernetes-preserve-unknown-fields: true`: the API server accepts it as is and
+//! sluice's parser checks it, marking the policy `Invalid` if it is wrong. Real
+//! envoyproxy/ratelimit trees rarely go past three or four levels.
+
+// `printcolumn(...)` repeats `type_ = "string"`, which this lint mistakes for a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use std::borrow::Cow;
+
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// Descriptor levels the CRD's schema checks; deeper levels are checked by sluice.
+pub const SCHEMA_DEPTH: usize = 8;
+
+/// Descriptor levels whose `rateLimit` carries CEL rules for field combinations.
+/// The API server estimates the cost of every rule times the most objects a request
+/// could hold and refuses the CRD when the sum passes its budget; rules at all
+/// [`SCHEMA_DEPTH`] levels cost 2.3 times that budget. Deeper combinations are
+/// checked by sluice (the policy is then `Invalid`).
+pub const CEL_DEPTH: usize = 4;
+
+/// The condition type sluice reports.
+pub const ACCEPTED: &str = "Accepted";
+
+/// A policy: a domain and its descriptor tree, as in envoyproxy/ratelimit's files.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "sluice.dev",
+    version = "v1alpha1",
+    kind = "RateLimitPolicy",
+    plural = "ratelimitpolicies",
+    singular = "ratelimitpolicy",
+    namespaced,
+    shortname = "rlp",
+    status = "RateLimitPolicyStatus",
+    doc = "Rate limits for one domain, served by sluice to Envoy's rate limit filter.",
+    printcolumn(name = "Domain", type_ = "string", json_path = ".spec.domain"),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[kube(schema = "derived")]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitPolicySpec {
+    /// The domain Envoy's rate limit filter names.
+    pub domain: String,
+    /// `open` or `closed`: what to answer for this domain when the counter store
+    /// cannot be reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_mode: Option<String>,
+    /// An entry key whose value places all of a descriptor's counters on one shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_by: Option<String>,
+    /// The descriptor tree.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<DescriptorSpec>,
+}
+
+/// One node of the descriptor tree.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DescriptorSpec {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<DescriptorSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_mode: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detailed_metric: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_threshold: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_mode: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_to_metric: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+/// A descriptor's `rateLimit`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_unit: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlimited: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<ReplacesSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<PenaltySpec>,
+}
+
+/// An entry of `replaces`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ReplacesSpec {
+    pub name: String,
+}
+
+/// `penalty`: denied `violations` times within `within` -> denied for `ban`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct PenaltySpec {
+    pub violations: i64,
+    pub within: String,
+    pub ban: String,
+}
+
+/// What sluice reports about a policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitPolicyStatus {
+    /// The `metadata.generation` the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Accepted`: True when the policy serves; False with reason `Invalid` or
+    /// `Conflicted` and a message saying what to change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A standard Kubernetes condition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition's type (`Accepted`).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason: `Accepted`, `Invalid` or `Conflicted`.
+    #[serde(default)]
+    pub reason: String,
+    /// What happened, for a person.
+    #[serde(default)]
+    pub message: String,
+    /// The `metadata.generation` this condition describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// When `status` last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+impl JsonSchema for RateLimitPolicySpec {
+    fn schema_name() -> Cow<'static, str> {
+        "RateLimitPolicySpec".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        Schema::try_from(spec_schema()).expect("the spec schema is an object")
+    }
+}
+
+/// The structural OpenAPI schema of `spec` (see the module docs for its depth).
+pub fn spec_schema() -> Value {
+    json!({
+        "description": "A policy in the resource form: envoyproxy/ratelimit's document with camelCase fields.",
+        "type": "object",
+        "required": ["domain"],
+        "properties": {
+            "domain": {
+                "description": "The domain Envoy's rate limit filter names.",
+                "type": "string",
+                "minLength": 1
+            },
+            "failureMode": {
+                "description": "What to answer for this domain when the counter store cannot be reached.",
+                "type": "string",
+                "enum": ["open", "closed"]
+            },
+            "shardBy": {
+                "description": "An entry key (e.g. tenant) whose value places all counters of a descriptor carrying it on one shard.",
+                "type": "string",
+                "minLength": 1
+            },
+            "descriptors": descriptors_schema(1)
+        }
+    })
+}
+
+fn descriptors_schema(depth: usize) -> Value {
+    if depth > SCHEMA_DEPTH {
+        return json!({
+            "description": format!(
+                "Descriptors nested deeper than {SCHEMA_DEPTH} levels: not checked by the API server, checked by sluice."
+            ),
+            "type": "array",
+            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+        });
+    }
+    json!({
+        "description": "Descriptors: matched against the entries of a request's descriptor, level by level.",
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["key"],
+            "properties": {
+                "key": {"description": "The entry key to match.", "type": "string", "minLength": 1},
+                "value": {
+                    "description": "The entry value to match; '*' is a wildcard. Absent: any value.",
+                    "type": "string"
+                },
+                "layer": {
+                    "description": "edge, service (default) or tenant; inherited by nested descriptors.",
+                    "type": "string",
+                    "enum": ["edge", "service", "tenant"]
+                },
+                "rateLimit": rate_limit_schema(depth),
+                "descriptors": descriptors_schema(depth + 1),
+                "shadowMode": {"description": "Count and report, never deny.", "type": "boolean"},
+                "detailedMetric": {"description": "Metrics carry the full descriptor value.", "type": "boolean"},
+                "shareThreshold": {"description": "With a wildcard value: one counter shared by every matching value.", "type": "boolean"},
+                "quotaMode": {"description": "Deny only when every quota-mode descriptor is over its limit.", "type": "boolean"},
+                "valueToMetric": {"description": "Use the descriptor value in the metric name.", "type": "boolean"},
+                "metadata": {
+                    "description": "Returned in the response's dynamic metadata when this descriptor matches.",
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true
+                }
+            }
+        }
+    })
+}
+
+fn duration_schema(what: &str) -> Value {
+    json!({
+        "description": format!("{what}: a duration such as 250ms, 10s, 5m, 1h or 1m30s."),
+        "type": "string",
+        "pattern": "^([0-9]+(\\.[0-9]+)?(us|µs|ms|s|m|h|d))+$"
+    })
+}
+
+fn rate_limit_schema(depth: usize) -> Value {
+    const UNITS: [&str; 14] = [
+        "second", "minute", "hour", "day", "week", "month", "year", "SECOND", "MINUTE", "HOUR",
+        "DAY", "WEEK", "MONTH", "YEAR",
+    ];
+    let mut schema = json!({
+        "description": "The limit at this node. Needs requestsPerUnit and one of unit or window, or unlimited: true alone.",
+        "type": "object",
+        "properties": {
+            "unit": {"description": "The window: one unit.", "type": "string", "enum": UNITS},
+            "requestsPerUnit": {
+                "description": "Requests allowed per unit (or window).",
+                "type": "integer",
+                "format": "int64",
+                "minimum": 0,
+                "maximum": 4_294_967_295u64
+            },
+            "unlimited": {"description": "No limit: matches, and stops less specific limits.", "type": "boolean"},
+            "name": {"description": "A name other limits can replace.", "type": "string"},
+            "replaces": {
+                "description": "Limits (by name) this one replaces when both match.",
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string", "minLength": 1}}
+                }
+            },
+            "algorithm": {
+                "description": "How requests are counted (default sliding_window_counter).",
+                "type": "string",
+                "enum": ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket"]
+            },
+            "window": duration_schema("The window, instead of unit"),
+            "burst": {
+                "description": "token_bucket: capacity; leaky_bucket: queue length (default requestsPerUnit).",
+                "type": "integer",
+                "format": "int64",
+                "minimum": 1
+            },
+            "penalty": {
+                "description": "A key denied `violations` times within `within` is denied outright for `ban`.",
+                "type": "object",
+                "required": ["violations", "within", "ban"],
+                "properties": {
+                    "violations": {"type": "integer", "format": "int64", "minimum": 1},
+                    "within": duration_schema("The span over which denials count"),
+                    "ban": duration_schema("How long the key is denied")
+                }
+            }
+        },
+    });
+    if depth <= CEL_DEPTH {
+        schema["x-kubernetes-validations"] = json!([
+            {
+                "rule": "!has(self.unlimited) || !self.unlimited || (!has(self.unit) && !has(self.window))",
+                "message": "unit and window cannot be set when unlimited is true"
+            },
+            {
+                "rule": "(has(self.unlimited) && self.unlimited) || has(self.requestsPerUnit)",
+                "message": "requestsPerUnit is required unless unlimited is true"
+            },
+            {
+                "rule": "(has(self.unlimited) && self.unlimited) || has(self.unit) != has(self.window)",
+                "message": "set exactly one of unit or window (or unlimited: true)"
+            }
+        ]);
+    }
+    schema
+}
+
+/// The CustomResourceDefinition as YAML, exactly as committed in
+/// `crds/ratelimitpolicies.yaml`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = RateLimitPolicy::crd();
+    let body = serde_yaml::to_string(&crd).expect("the CRD serializes");
+    format!("# Generated by `sluice crd` from src/crd.rs; do not edit by hand.\n{body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_crd_matches_the_types() {
+        let committed = include_str!("../crds/ratelimitpolicies.yaml");
+        assert!(
+            committed == crd_yaml(),
+            "crds/ratelimitpolicies.yaml is out of date: run `cargo run -q -- crd > crds/ratelimitpolicies.yaml`"
+        );
+    }
+
+    #[test]
+    fn schema_nests_to_the_fixed_depth_then_preserves_unknown_fields() {
+        let schema = spec_schema();
+        let mut level = &schema["properties"]["descriptors"];
+        for _ in 0..SCHEMA_DEPTH {
+            assert_eq!(level["items"]["required"], json!(["key"]));
+            level = &level["items"]["properties"]["descriptors"];
+        }
+        assert_eq!(
+            level["items"]["x-kubernetes-preserve-unknown-fields"],
+            json!(true)
+        );
+    }
+
+    #[test]
+    fn typed_spec_round_trips_through_the_parser() {
+        let spec = RateLimitPolicySpec {
+            domain: "edge".into(),
+            descriptors: vec![DescriptorSpec {
+                key: "tenant".into(),
+                rate_limit: Some(RateLimitSpec {
+                    unit: Some("minute".into()),
+                    requests_per_unit: Some(10),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&spec).unwrap();
+        let doc = crate::policy::parse_resource_spec("ns", "p", &json).unwrap();
+        assert_eq!(doc.domain, "edge");
+        assert_eq!(doc.descriptors[0].key, "tenant");
+    }
+}

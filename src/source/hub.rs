@@ -1,0 +1,412 @@
+//! Where the sources meet: the latest documents of the file source and the latest
+//! `RateLimitPolicy` objects of the Kubernetes source are compiled together into ONE
+//! policy, swapped whole into the `Arc<ArcSwap<Policy>>` the request path reads.
+//!
+//! Rules, in the order they are applied ([`resolve`]):
+//! - File documents always serve (the file source only hands over sets that compile;
+//!   a broken edit keeps the last good files, as before).
+//! - Policies are considered oldest first (`creationTimestamp`, then
+//!   `namespace/name`).
+//! - A domain belongs to the namespace of its oldest policy (valid or not: the
+//!   domain is read from the raw spec). A policy of another namespace naming it is
+//!   `Conflicted`, unless the domain is in `--shared-domains`.
+//! - A policy whose spec does not parse is `Invalid`; it never affects the others.
+//! - A valid policy is added to its domain's documents when they still compile with
+//!   it (files first, then older policies); otherwise, for instance when it defines a
+//!   descriptor path already defined by a file or an older policy, or disagrees on
+//!   `failureMode`/`shardBy`, it is `Conflicted` and contributes nothing. So a file
+//!   and a policy naming one domain merge, and on a clash the file keeps serving.
+//! - Last, an `Invalid` policy keeps serving its last good version (seen by this
+//!   process) when that still fits. This step runs after every verdict is known, so
+//!   the verdicts depend only on the objects and the files, never on what one
+//!   replica happened to see earlier: every replica computes the same statuses.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::policy::{compile, Document, Policy, PolicyError};
+use crate::telemetry::Metrics;
+
+/// A `RateLimitPolicy` object as the hub needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub namespace: String,
+    pub name: String,
+    /// `metadata.creationTimestamp` in RFC 3339 (UTC, `Z`), so text order is age
+    /// order.
+    pub created: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `spec.domain` as written, even when the spec is otherwise invalid.
+    pub domain: Option<String>,
+    /// The current spec, parsed.
+    pub current: Result<Document, Vec<PolicyError>>,
+    /// The last version of this object (same uid) that parsed, if any.
+    pub last_good: Option<Document>,
+}
+
+impl Candidate {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The result for one policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    Invalid(String),
+    Conflicted(String),
+}
+
+/// A verdict and the generation it was computed for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub generation: i64,
+    pub verdict: Verdict,
+}
+
+/// Verdicts by `namespace/name`.
+pub type Outcomes = BTreeMap<String, Outcome>;
+
+/// Decides which documents serve; see the module docs. Returns the documents to
+/// compile (files first, then policies oldest first) and every policy's verdict.
+pub fn resolve(
+    files: &[Document],
+    candidates: &[Candidate],
+    shared: &HashSet<String>,
+) -> (Vec<Document>, Outcomes) {
+    let mut order: Vec<&Candidate> = candidates.iter().collect();
+    order.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+
+    // The owner of each domain: the namespace of its oldest policy.
+    let mut owner: HashMap<&str, &Candidate> = HashMap::new();
+    for c in &order {
+        if let Some(domain) = c.domain.as_deref() {
+            owner.entry(domain).or_insert(c);
+        }
+    }
+
+    let mut by_domain: HashMap<String, Vec<Document>> = HashMap::new();
+    for doc in files {
+        by_domain
+            .entry(doc.domain.clone())
+            .or_default()
+            .push(doc.clone());
+    }
+    let mut serving: Vec<Document> = Vec::new();
+    let mut outcomes = Outcomes::new();
+
+    for c in &order {
+        let verdict = match &c.current {
+            Err(errors) => Verdict::Invalid(invalid_message(errors)),
+            Ok(doc) => match fits(doc, c, &owner, shared, &by_domain) {
+                Ok(()) => {
+                    by_domain
+                        .entry(doc.domain.clone())
+                        .or_default()
+                        .push(doc.clone());
+                    serving.push(doc.clone());
+                    Verdict::Accepted
+                }
+                Err(message) => Verdict::Conflicted(message),
+            },
+        };
+        outcomes.insert(
+            c.key(),
+            Outcome {
+                generation: c.generation,
+                verdict,
+            },
+        );
+    }
+
+    // Invalid policies keep their last good version where it still fits.
+    for c in &order {
+        let (Err(_), Some(doc)) = (&c.current, &c.last_good) else {
+            continue;
+        };
+        match fits(doc, c, &owner, shared, &by_domain) {
+            Ok(()) => {
+                tracing::debug!(policy = %c.key(), "invalid update: the last good version keeps serving");
+                by_domain
+                    .entry(doc.domain.clone())
+                    .or_default()
+                    .push(doc.clone());
+                serving.push(doc.clone());
+            }
+            Err(message) => tracing::warn!(
+                policy = %c.key(),
+                "invalid update, and the last good version no longer fits: {message}"
+            ),
+        }
+    }
+
+    let mut docs = files.to_vec();
+    docs.extend(serving);
+    (docs, outcomes)
+}
+
+/// Whether `doc` (of candidate `c`) may join its domain: the domain's owner allows
+/// it and the domain's documents still compile with it. `Err` says why not.
+fn fits(
+    doc: &Document,
+    c: &Candidate,
+    owner: &HashMap<&str, &Candidate>,
+    shared: &HashSet<String>,
+    by_domain: &HashMap<String, Vec<Document>>,
+) -> Result<(), String> {
+    if !shared.contains(&doc.domain) {
+        if let Some(first) = owner.get(doc.domain.as_str()) {
+            if first.namespace != c.namespace {
+                return Err(format!(
+                    "domain '{}' belongs to namespace '{}' (its oldest policy is {}); \
+                     use another domain, or list '{}' in sluice's --shared-domains to let namespaces share it",
+                    doc.domain,
+                    first.namespace,
+                    first.key(),
+                    doc.domain
+                ));
+            }
+        }
+    }
+    let mut trial = by_domain.get(&doc.domain).cloned().unwrap_or_default();
+    trial.push(doc.clone());
+    match compile(trial) {
+        Ok(_) => Ok(()),
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
+            Err(format!(
+                "conflicts with an older policy or a policy file of domain '{}' (the older one keeps serving): {}",
+                doc.domain,
+                lines.join("; ")
+            ))
+        }
+    }
+}
+
+fn invalid_message(errors: &[PolicyError]) -> String {
+    let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
+    format!("spec is invalid: {}", lines.join("; "))
+}
+
+/// The latest documents of every source, and the one policy compiled from them.
+#[derive(Debug)]
+pub struct Hub {
+    policy: Arc<ArcSwap<Policy>>,
+    shared: HashSet<String>,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+    outcomes: watch::Sender<Arc<Outcomes>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    files: Vec<Document>,
+    policies: Vec<Candidate>,
+}
+
+impl Hub {
+    /// An empty hub (no documents, an empty policy).
+    pub fn new(shared_domains: &[String], metrics: Arc<Metrics>) -> Arc<Hub> {
+        Arc::new(Hub {
+            policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
+            shared: shared_domains.iter().cloned().collect(),
+            metrics,
+            state: Mutex::new(State::default()),
+            outcomes: watch::channel(Arc::new(Outcomes::new())).0,
+        })
+    }
+
+    /// The policy the request path reads.
+    pub fn policy(&self) -> Arc<ArcSwap<Policy>> {
+        self.policy.clone()
+    }
+
+    /// The verdicts of the latest policy, updated after each swap.
+    pub fn outcomes(&self) -> watch::Receiver<Arc<Outcomes>> {
+        self.outcomes.subscribe()
+    }
+
+    /// Replaces the file documents (a set that compiles on its own) and rebuilds.
+    pub fn set_files(&self, docs: Vec<Document>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.files = docs;
+        self.rebuild(&state, "file");
+    }
+
+    /// Replaces the RateLimitPolicy objects and rebuilds.
+    pub fn set_policies(&self, policies: Vec<Candidate>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.policies = policies;
+        self.rebuild(&state, "kube");
+    }
+
+    fn rebuild(&self, state: &State, source: &str) {
+        let (docs, outcomes) = resolve(&state.files, &state.policies, &self.shared);
+        match compile(docs) {
+            Ok(policy) => {
+                tracing::debug!(
+                    source,
+                    domains = policy.domains.len(),
+                    rules = policy.rules.len(),
+                    "policy compiled"
+                );
+                self.policy.store(Arc::new(policy));
+                if source == "kube" {
+                    self.metrics.policy_reload(source, true);
+                }
+            }
+            Err(errors) => {
+                // resolve() only passes documents that compile together; this is a
+                // bug, and the last policy keeps serving.
+                for e in &errors {
+                    tracing::error!(error = %e, "combined policy does not compile; the last good policy keeps serving");
+                }
+                self.metrics.policy_reload(source, false);
+            }
+        }
+        self.outcomes.send_replace(Arc::new(outcomes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::parse_str;
+
+    fn file(text: &str) -> Vec<Document> {
+        parse_str("file.yaml", text).unwrap()
+    }
+
+    fn cand(ns: &str, name: &str, created: &str, spec: serde_json::Value) -> Candidate {
+        let current = crate::policy::parse_resource_spec(ns, name, &spec);
+        Candidate {
+            namespace: ns.into(),
+            name: name.into(),
+            created: created.into(),
+            generation: 1,
+            domain: spec["domain"].as_str().map(String::from),
+            last_good: current.as_ref().ok().cloned(),
+            current,
+        }
+    }
+
+    fn spec(domain: &str, key: &str) -> serde_json::Value {
+        serde_json::json!({
+            "domain": domain,
+            "descriptors": [{"key": key, "rateLimit": {"unit": "second", "requestsPerUnit": 1}}]
+        })
+    }
+
+    fn verdict(o: &Outcomes, key: &str) -> Verdict {
+        o[key].verdict.clone()
+    }
+
+    #[test]
+    fn same_path_older_wins_whatever_the_input_order() {
+        let a = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
+        let b = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k"));
+        let (docs, o) = resolve(&[], &[b.clone(), a.clone()], &HashSet::new());
+        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
+        assert!(
+            matches!(verdict(&o, "ns/b"), Verdict::Conflicted(m) if m.contains("already defined at ns/a"))
+        );
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0].source, "ns/a");
+    }
+
+    #[test]
+    fn same_timestamp_orders_by_name_and_different_paths_merge() {
+        let a = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
+        let b = cand("ns", "b", "2024-01-01T00:00:00Z", spec("d", "k"));
+        let c = cand("ns", "c", "2024-01-01T00:00:00Z", spec("d", "other"));
+        let (docs, o) = resolve(&[], &[c, b, a], &HashSet::new());
+        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
+        assert!(matches!(verdict(&o, "ns/b"), Verdict::Conflicted(_)));
+        assert_eq!(verdict(&o, "ns/c"), Verdict::Accepted);
+        assert_eq!(docs.len(), 2);
+        compile(docs).unwrap();
+    }
+
+    #[test]
+    fn domain_belongs_to_the_oldest_namespace_unless_shared() {
+        let a = cand("one", "a", "2024-01-01T00:00:00Z", spec("d", "k1"));
+        let b = cand("two", "b", "2024-01-02T00:00:00Z", spec("d", "k2"));
+        let (_, o) = resolve(&[], &[a.clone(), b.clone()], &HashSet::new());
+        assert_eq!(verdict(&o, "one/a"), Verdict::Accepted);
+        assert!(
+            matches!(verdict(&o, "two/b"), Verdict::Conflicted(m) if m.contains("belongs to namespace 'one'") && m.contains("--shared-domains"))
+        );
+        let shared: HashSet<String> = ["d".to_string()].into();
+        let (docs, o) = resolve(&[], &[a, b], &shared);
+        assert_eq!(verdict(&o, "two/b"), Verdict::Accepted);
+        assert_eq!(docs.len(), 2);
+    }
+
+    #[test]
+    fn invalid_policy_keeps_its_last_good_version_and_never_harms_others() {
+        let good = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
+        let mut bad = cand(
+            "ns",
+            "a",
+            "2024-01-01T00:00:00Z",
+            serde_json::json!({"domain": "d", "descriptors": [{"key": "k"}, {"key": "k"}]}),
+        );
+        assert!(bad.current.is_err());
+        bad.last_good = good.current.clone().ok();
+        bad.generation = 2;
+        let other = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k2"));
+        let (docs, o) = resolve(&[], &[bad.clone(), other.clone()], &HashSet::new());
+        assert!(
+            matches!(verdict(&o, "ns/a"), Verdict::Invalid(m) if m.contains("duplicate descriptor"))
+        );
+        assert_eq!(o["ns/a"].generation, 2);
+        assert_eq!(verdict(&o, "ns/b"), Verdict::Accepted);
+        assert_eq!(docs.len(), 2, "the last good version and the other policy");
+
+        // Without a last good version (another replica, just started) the verdicts
+        // are the same.
+        bad.last_good = None;
+        let (docs2, o2) = resolve(&[], &[bad, other], &HashSet::new());
+        assert_eq!(o, o2);
+        assert_eq!(docs2.len(), 1);
+    }
+
+    #[test]
+    fn a_file_and_a_policy_merge_and_on_a_clash_the_file_wins() {
+        let files = file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n");
+        let merging = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k2"));
+        let clashing = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k"));
+        let (docs, o) = resolve(&files, &[merging, clashing], &HashSet::new());
+        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
+        assert!(matches!(verdict(&o, "ns/b"), Verdict::Conflicted(m) if m.contains("file.yaml")));
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0].source, "file.yaml");
+    }
+
+    #[test]
+    fn hub_swaps_and_publishes() {
+        let hub = Hub::new(&[], Arc::new(Metrics::new()));
+        let rx = hub.outcomes();
+        hub.set_files(file("domain: f\ndescriptors:\n  - key: k\n"));
+        hub.set_policies(vec![cand(
+            "ns",
+            "a",
+            "2024-01-01T00:00:00Z",
+            spec("d", "k"),
+        )]);
+        let policy = hub.policy().load_full();
+        assert!(policy.domain("f").is_some());
+        assert!(policy.domain("d").is_some());
+        assert_eq!(rx.borrow()["ns/a"].verdict, Verdict::Accepted);
+        hub.set_policies(Vec::new());
+        assert!(hub.policy().load().domain("d").is_none());
+    }
+}

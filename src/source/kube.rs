@@ -1,0 +1,441 @@
+//! The Kubernetes source: watches `RateLimitPolicy` objects (all namespaces, or the
+//! one of `--kube-namespace`), hands them to the [`Hub`], and writes each object's
+//! `Accepted` condition through the status subresource.
+//!
+//! The watch survives anything: a failed list or watch (API server restarting,
+//! network gone, the CRD not installed yet) is logged and retried with a back-off of
+//! 0.5 s doubling to 5 s (shorter than kube-runtime's default 30 s, so a restarted API
+//! server or a freshly installed CRD is picked up within seconds). After a re-list,
+//! the known objects are replaced only once the list is complete, so limits never
+//! vanish while the API server is away.
+//!
+//! Objects are read as raw JSON ([`DynamicObject`]), not deserialized into
+//! [`crate::crd::RateLimitPolicySpec`]: every spec goes through
+//! [`policy::parse_resource_spec`], and an odd object only makes itself `Invalid`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::hub::{Candidate, Hub, Outcomes, Verdict};
+use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
+use crate::policy::{self, Document, PolicyError};
+
+/// Watches RateLimitPolicy objects and feeds the hub.
+pub struct KubeSource {
+    client: Client,
+    resource: ApiResource,
+    namespace: Option<String>,
+    hub: Arc<Hub>,
+}
+
+/// What is known about one object.
+#[derive(Debug, Clone)]
+struct Tracked {
+    uid: Option<String>,
+    candidate: Candidate,
+    /// The `Accepted` condition stored in the object, as last seen.
+    stored: Option<Condition>,
+}
+
+impl KubeSource {
+    /// Connects with in-cluster config or `KUBECONFIG`.
+    pub async fn connect(namespace: Option<String>, hub: Arc<Hub>) -> anyhow::Result<KubeSource> {
+        let client = Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!(
+                "--kube: cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG): {e}"
+            )
+        })?;
+        Ok(KubeSource {
+            client,
+            resource: ApiResource::erase::<RateLimitPolicy>(&()),
+            namespace,
+            hub,
+        })
+    }
+
+    fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &self.resource),
+            None => Api::all_with(self.client.clone(), &self.resource),
+        }
+    }
+
+    /// Watches until `shutdown` resolves. `first` is told when the first list is in
+    /// the hub, or when the first attempt failed (CRD missing, API server away), so
+    /// start-up can wait for the cluster's policies without hanging on a broken
+    /// cluster.
+    pub async fn run(self, shutdown: impl Future<Output = ()>, first: oneshot::Sender<()>) {
+        let mut first = Some(first);
+        tokio::pin!(shutdown);
+        let scope = self
+            .namespace
+            .as_deref()
+            .map_or("all namespaces".to_string(), |ns| format!("namespace {ns}"));
+        tracing::info!(scope = %scope, "watching RateLimitPolicy objects");
+        let stream = watcher::watcher(
+            self.api(self.namespace.as_deref()),
+            watcher::Config::default(),
+        )
+        .backoff(QuickBackoff::default());
+        tokio::pin!(stream);
+        let mut outcomes = self.hub.outcomes();
+        let mut retry = tokio::time::interval(Duration::from_secs(5));
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        let mut objects: BTreeMap<String, Tracked> = BTreeMap::new();
+        let mut listing: Option<BTreeMap<String, Tracked>> = None;
+        let mut failing = false;
+        let mut listed = false;
+        loop {
+            let mut changed = false;
+            tokio::select! {
+                _ = &mut shutdown => return,
+                event = stream.next() => match event {
+                    None => {
+                        tracing::error!("the RateLimitPolicy watch ended; Kubernetes policies are no longer updated");
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        log_watch_error(&e, &scope, failing);
+                        failing = true;
+                        if let Some(tx) = first.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Some(Ok(event)) => {
+                        if failing {
+                            tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
+                            failing = false;
+                        }
+                        match event {
+                            Event::Init => listing = Some(BTreeMap::new()),
+                            Event::InitApply(obj) => {
+                                let (key, t) = track(obj, &objects);
+                                listing.get_or_insert_with(BTreeMap::new).insert(key, t);
+                            }
+                            Event::InitDone => {
+                                let list = listing.take().unwrap_or_default();
+                                tracing::info!(policies = list.len(), scope = %scope, "RateLimitPolicy objects listed");
+                                changed = differs(&objects, &list) || objects.is_empty();
+                                objects = list;
+                                listed = true;
+                            }
+                            Event::Apply(obj) => {
+                                let (key, t) = track(obj, &objects);
+                                changed = objects.get(&key).is_none_or(|old| old.candidate != t.candidate);
+                                objects.insert(key, t);
+                            }
+                            Event::Delete(obj) => {
+                                let key = key_of(&obj);
+                                tracing::info!(policy = %key, "RateLimitPolicy deleted");
+                                changed = objects.remove(&key).is_some();
+                            }
+                        }
+                    }
+                },
+                Ok(()) = outcomes.changed() => {}
+                _ = retry.tick() => {}
+            }
+            if changed {
+                let candidates = objects.values().map(|t| t.candidate.clone()).collect();
+                self.hub.set_policies(candidates);
+            }
+            if listed {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
+            }
+            let latest = outcomes.borrow_and_update().clone();
+            self.write_statuses(&mut objects, &latest).await;
+        }
+    }
+
+    /// Patches every object whose stored `Accepted` condition differs from the
+    /// computed one.
+    ///
+    /// Several replicas must not fight over the status. Each replica computes the
+    /// verdicts from the same objects (and the same policy files), ordered only by
+    /// data in the objects (see [`super::hub`]), so all reach the same condition; and
+    /// a replica patches only when the stored condition (status, reason, message,
+    /// observedGeneration) differs from it. The first replica's patch makes the
+    /// others' comparisons equal, so a status is written once per change, not once
+    /// per replica, and never flips back and forth. `lastTransitionTime` is kept when
+    /// the status (True/False) does not change, and is left out of the comparison.
+    /// A failed patch is retried on the next event or every 5 s.
+    ///
+    /// This holds for replicas of one Deployment, which share their flags and
+    /// files (at the same paths: a `Conflicted` message may name a file). Two differently configured instances watching the same objects (say,
+    /// one with `--kube-namespace` and one without, or different `--shared-domains`)
+    /// can reach different verdicts and would overwrite each other's status: give
+    /// such instances disjoint namespaces.
+    async fn write_statuses(&self, objects: &mut BTreeMap<String, Tracked>, outcomes: &Outcomes) {
+        for (key, t) in objects.iter_mut() {
+            let Some(outcome) = outcomes.get(key) else {
+                continue;
+            };
+            if outcome.generation != t.candidate.generation {
+                continue;
+            }
+            let wanted = condition(&outcome.verdict, outcome.generation);
+            if t.stored.as_ref().is_some_and(|s| same(s, &wanted)) {
+                continue;
+            }
+            let mut patch_cond = wanted.clone();
+            patch_cond.last_transition_time = match &t.stored {
+                Some(s) if s.status == wanted.status && s.last_transition_time.is_some() => {
+                    s.last_transition_time.clone()
+                }
+                _ => Some(now_rfc3339()),
+            };
+            let patch = json!({
+                "status": RateLimitPolicyStatus {
+                    observed_generation: Some(outcome.generation),
+                    conditions: vec![patch_cond.clone()],
+                }
+            });
+            let api = self.api(Some(&t.candidate.namespace));
+            let params = PatchParams::default();
+            let patch = Patch::Merge(&patch);
+            let call = api.patch_status(&t.candidate.name, &params, &patch);
+            match tokio::time::timeout(Duration::from_secs(10), call).await {
+                Ok(Ok(_)) => {
+                    match &outcome.verdict {
+                        Verdict::Accepted => {
+                            tracing::info!(policy = %key, "RateLimitPolicy accepted")
+                        }
+                        _ => tracing::warn!(
+                            policy = %key,
+                            reason = %wanted.reason,
+                            "RateLimitPolicy not accepted: {}",
+                            wanted.message
+                        ),
+                    }
+                    t.stored = Some(patch_cond);
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
+                }
+                Err(_) => tracing::warn!(policy = %key, "writing status timed out; will retry"),
+            }
+        }
+    }
+}
+
+/// The condition for a verdict.
+pub fn condition(verdict: &Verdict, generation: i64) -> Condition {
+    let (status, reason, message) = match verdict {
+        Verdict::Accepted => ("True", "Accepted", "the policy is serving".to_string()),
+        Verdict::Invalid(m) => ("False", "Invalid", m.clone()),
+        Verdict::Conflicted(m) => ("False", "Conflicted", m.clone()),
+    };
+    Condition {
+        type_: ACCEPTED.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: Some(generation),
+        last_transition_time: None,
+    }
+}
+
+/// Equal but for `lastTransitionTime`.
+fn same(a: &Condition, b: &Condition) -> bool {
+    a.type_ == b.type_
+        && a.status == b.status
+        && a.reason == b.reason
+        && a.message == b.message
+        && a.observed_generation == b.observed_generation
+}
+
+fn key_of(obj: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or(""),
+        obj.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Converts an object, re-using the parse of an unchanged generation and carrying
+/// the last good version of the same object (same uid).
+fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Tracked) {
+    let key = key_of(&obj);
+    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let uid = obj.metadata.uid.clone();
+    let created = obj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let stored = obj
+        .data
+        .get("status")
+        .and_then(|s| serde_json::from_value::<RateLimitPolicyStatus>(s.clone()).ok())
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == ACCEPTED));
+    let previous = known.get(&key).filter(|old| old.uid == uid);
+
+    let current = match previous {
+        Some(old) if old.candidate.generation == generation => old.candidate.current.clone(),
+        _ => parse(&namespace, &name, &spec),
+    };
+    let last_good = match &current {
+        Ok(doc) => Some(doc.clone()),
+        Err(_) => previous.and_then(|old| old.candidate.last_good.clone()),
+    };
+    if previous.is_none_or(|old| old.candidate.generation != generation) {
+        match &current {
+            Ok(doc) => {
+                tracing::info!(policy = %key, generation, domain = %doc.domain, "RateLimitPolicy read")
+            }
+            Err(errors) => tracing::warn!(
+                policy = %key,
+                generation,
+                "RateLimitPolicy is invalid: {}",
+                errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+            ),
+        }
+    }
+    let candidate = Candidate {
+        namespace,
+        name,
+        created,
+        generation,
+        domain: spec
+            .get("domain")
+            .and_then(|d| d.as_str())
+            .map(String::from),
+        current,
+        last_good,
+    };
+    (
+        key,
+        Tracked {
+            uid,
+            candidate,
+            stored,
+        },
+    )
+}
+
+fn parse(
+    namespace: &str,
+    name: &str,
+    spec: &serde_json::Value,
+) -> Result<Document, Vec<PolicyError>> {
+    if spec.is_null() {
+        return Err(vec![PolicyError {
+            file: format!("{namespace}/{name}"),
+            line: None,
+            message: "RateLimitPolicy has no 'spec'".to_string(),
+        }]);
+    }
+    policy::parse_resource_spec(namespace, name, spec)
+}
+
+fn differs(a: &BTreeMap<String, Tracked>, b: &BTreeMap<String, Tracked>) -> bool {
+    a.len() != b.len()
+        || a.iter()
+            .zip(b.iter())
+            .any(|((ka, ta), (kb, tb))| ka != kb || ta.candidate != tb.candidate)
+}
+
+fn log_watch_error(e: &watcher::Error, scope: &str, repeated: bool) {
+    let not_found = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    };
+    if not_found {
+        if !repeated {
+            tracing::warn!(
+                scope,
+                "the RateLimitPolicy CRD is not installed (install it with `sluice crd | kubectl apply -f -`); waiting for it"
+            );
+        }
+    } else if repeated {
+        tracing::debug!(scope, error = %e, "RateLimitPolicy watch still failing; retrying");
+    } else {
+        tracing::warn!(scope, error = %e, "RateLimitPolicy watch failed; retrying with back-off (the current policies keep serving)");
+    }
+}
+
+/// 0.5 s doubling to 5 s, reset after a success.
+#[derive(Debug, Clone)]
+struct QuickBackoff {
+    next: Duration,
+}
+
+impl Default for QuickBackoff {
+    fn default() -> Self {
+        QuickBackoff {
+            next: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Iterator for QuickBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(5));
+        Some(now)
+    }
+}
+
+impl Backoff for QuickBackoff {
+    fn reset(&mut self) {
+        *self = QuickBackoff::default();
+    }
+}
+
+/// The current time as RFC 3339 with seconds (what Kubernetes stores).
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let secs = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+    secs.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_compare_without_transition_time() {
+        let a = condition(&Verdict::Invalid("x".into()), 3);
+        let mut b = a.clone();
+        b.last_transition_time = Some(now_rfc3339());
+        assert!(same(&a, &b));
+        assert!(!same(&a, &condition(&Verdict::Invalid("x".into()), 4)));
+        assert!(!same(&a, &condition(&Verdict::Accepted, 3)));
+        assert!(now_rfc3339().ends_with('Z'));
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_seconds_and_resets() {
+        let mut b = QuickBackoff::default();
+        let seen: Vec<u128> = (0..6).map(|_| b.next().unwrap().as_millis()).collect();
+        assert_eq!(seen, [500, 1000, 2000, 4000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(500)));
+    }
+}
