@@ -47,7 +47,11 @@ fn load(port: u16, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn bench_policies_load() {
-    for file in ["benches/policy.yaml", "benches/reference/config/bench.yaml"] {
+    for file in [
+        "benches/policy.yaml",
+        "benches/memory-policy.yaml",
+        "benches/reference/config/bench.yaml",
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["validate", file])
             .output()

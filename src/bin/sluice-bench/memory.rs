@@ -106,9 +106,9 @@ pub fn run(m: Memory) -> anyhow::Result<()> {
                 println!(
                     "{:<24} {:>12} {:>12} {:>10}",
                     a.as_str(),
-                    v["bytes_per_key"],
-                    v["rss_growth_bytes"],
-                    v["fill_seconds"]
+                    v["bytes_per_key"].to_string(),
+                    v["rss_growth_bytes"].to_string(),
+                    v["fill_seconds"].to_string()
                 );
             }
             Ok(())
@@ -134,7 +134,7 @@ impl Measurement {
             "hits_per_key": self.hits,
             "active_keys": self.active_keys,
             "rss_growth_bytes": self.growth,
-            "bytes_per_key": (self.growth as f64 / self.keys as f64).round(),
+            "bytes_per_key": (self.growth as f64 / self.keys as f64).round() as u64,
             "fill_seconds": (self.seconds * 100.0).round() / 100.0,
         })
     }
