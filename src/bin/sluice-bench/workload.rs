@@ -1,7 +1,7 @@
 //! What the generator sends: one scenario's requests, encoded before the run.
 //!
 //! Every distinct request (one per key, up to [`TABLE_MAX`] keys) is encoded once into
-//! a table; picking a request is then a random index and a reference-count bump. Above
+//! a table; picking a request is then a random index and a copy of a static slice. Above
 //! the table's size requests are encoded as they are sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,15 +99,28 @@ impl Workload {
             next: AtomicU64::new(0),
             spec,
         };
-        w.attacker = Bytes::from(
-            w.request_with(vec![descriptor(&w.spec.key, ATTACKER.to_string())])
-                .encode_to_vec(),
-        );
+        // All templates live in one buffer that lives as long as the process, so a
+        // template is a `'static` slice: handing one out copies two words and touches
+        // no reference count that the generator's threads would fight over.
+        let mut buf = w
+            .request_with(vec![descriptor(&w.spec.key, ATTACKER.to_string())])
+            .encode_to_vec();
+        let mut ends = vec![buf.len()];
         if distinct <= TABLE_MAX {
-            w.table = (0..distinct)
-                .map(|i| Bytes::from(w.request(i).encode_to_vec()))
-                .collect();
+            for i in 0..distinct {
+                w.request(i).encode(&mut buf)?;
+                ends.push(buf.len());
+            }
         }
+        let buf: &'static [u8] = Vec::leak(buf);
+        let mut start = 0;
+        let mut slices = ends.into_iter().map(|end| {
+            let b = Bytes::from_static(&buf[start..end]);
+            start = end;
+            b
+        });
+        w.attacker = slices.next().unwrap_or_default();
+        w.table = slices.collect();
         Ok(w)
     }
 
