@@ -55,11 +55,11 @@ pids+=($!)
 wait_port "$port" $! || { echo "redis-server did not start"; cat "$out/redis.log"; exit 1; }
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 
-"$bin/sluice" serve --config benches/memory-policy.yaml --grpc-addr 127.0.0.1:18091 \
-  --http-addr 127.0.0.1:18092 --redis "redis://127.0.0.1:$port" >"$out/sluice.log" 2>&1 &
+"$bin/sluice" serve --config benches/memory-policy.yaml --grpc-addr 127.0.0.1:18093 \
+  --http-addr 127.0.0.1:18094 --redis "redis://127.0.0.1:$port" >"$out/sluice.log" 2>&1 &
 pid=$!
 pids+=("$pid")
-if ! wait_port 18091 "$pid"; then
+if ! wait_port 18093 "$pid"; then
   echo "pending: this build of sluice does not serve with --redis yet:"
   echo "  $(grep -v '^\s*$' "$out/sluice.log" | tail -1)"
   echo "  run scripts/memory.sh again once the Redis store is merged."
@@ -73,7 +73,7 @@ for algorithm in $algorithms; do
   cli FLUSHALL >/dev/null
   before=$(used)
   for _ in $(seq 1 "$hits"); do
-    "$bin/sluice-bench" load --addr 127.0.0.1:18091 --scenario uniform --sequential \
+    "$bin/sluice-bench" load --addr 127.0.0.1:18093 --scenario uniform --sequential \
       --key "$algorithm" --keys "$redis_keys" --requests "$redis_keys" --warmup 0s \
       --duration 120s --concurrency 32 --json >"$out/load.json"
     errors=$(jq .errors "$out/load.json")
