@@ -5,16 +5,16 @@
 //! `--algorithm`), because an allocator keeps freed memory and would make the second
 //! measurement in one process look free. The process fills a `MemoryStore` with
 //! `--keys` counters shaped like the service's (`bench|client=k123`), each hit
-//! `--hits` times, and reports the growth of its resident set (`/proc/self/statm`)
-//! divided by the number of keys: the counter state, the key string, the map slot and
-//! the allocator's overhead, at the map's real load factor.
+//! `--hits` times (1 us apart), and reports the growth of its resident set
+//! (`/proc/self/statm`) divided by the number of keys: the counter state, the key
+//! string, the map slot and the allocator's overhead, at the map's real load factor.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
 use sluice::algorithm::{Algorithm, Limit, SECOND};
-use sluice::clock::SystemClock;
+use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::store::{Hit, MemoryStore, Mode, Store};
 
 const ALGORITHMS: [Algorithm; 5] = [
@@ -151,7 +151,10 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
         window: 3600 * SECOND,
         burst: 1_000_000_000,
     };
-    let store = MemoryStore::new(Arc::new(SystemClock), (keys as usize).saturating_mul(2));
+    // Time moves 1 us per hit, so every hit has its own timestamp: sliding_window_log
+    // keeps one entry per hit (hits in the same microsecond would share one).
+    let clock = ManualClock::new(SystemClock.now());
+    let store = MemoryStore::new(Arc::new(clock.clone()), (keys as usize).saturating_mul(2));
     let before = rss_bytes()?;
     let started = Instant::now();
     rt.block_on(async {
@@ -164,6 +167,7 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
                 mode: Mode::Enforce,
             };
             for _ in 0..hits.max(1) {
+                clock.advance(1);
                 let v = store.decide(std::slice::from_ref(&hit)).await?;
                 anyhow::ensure!(v.admitted, "fill denied at key {i}");
             }
