@@ -376,9 +376,8 @@ async fn fixed_rate_worker(
         let res = codec::should_rate_limit(&mut grpc, body).await;
         let done = Instant::now();
         if phase == MEASURING && shared.phase() == MEASURING && shared.claim() {
-            let _ = stats
-                .latency
-                .record(micros(done.saturating_duration_since(due)));
+            // From the due time, or from the send when released early (see LEAD).
+            let _ = stats.latency.record(micros(done - due.min(sent)));
             let _ = stats.service.record(micros(done - sent));
             shared.outcome(&mut stats, class, &res);
         }
@@ -386,16 +385,23 @@ async fn fixed_rate_worker(
     stats
 }
 
+/// How far ahead of its due time the pacer releases a request: about the time the
+/// sleeping pacer and then a parked worker take to wake up, so that the request leaves
+/// on time rather than that much late.
+const LEAD: Duration = Duration::from_micros(100);
+
 /// Releases requests as they fall due, from a plain thread: the runtime's timer ticks
 /// in milliseconds, far coarser than the gaps between requests at high rates, while a
-/// thread's sleep wakes within tens of microseconds. Whatever wake-up delay remains is
-/// charged to the requests it delays, as it should be.
+/// thread's sleep wakes within tens of microseconds. Requests are released [`LEAD`]
+/// early, and a worker that gets one early measures from when it actually sends it;
+/// any wake-up delay beyond the lead is charged to the requests it delays, as it
+/// should be.
 fn pace(schedule: &Schedule, stop: &AtomicBool) {
     let mut released: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
+        let now = Instant::now() + LEAD;
         let elapsed = now.saturating_duration_since(schedule.start).as_secs_f64();
-        // Request i is due at i / rate: those with i <= elapsed * rate are due now.
+        // Request i is due at i / rate: those with i <= elapsed * rate are due by now.
         let due = (elapsed * schedule.rate).floor() as u64 + 1;
         if due > released {
             schedule.permits.add_permits((due - released) as usize);
@@ -403,7 +409,7 @@ fn pace(schedule: &Schedule, stop: &AtomicBool) {
         }
         let next = schedule.due(released);
         let wait = next
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(Instant::now() + LEAD)
             .min(Duration::from_millis(50));
         if !wait.is_zero() {
             std::thread::sleep(wait);
