@@ -65,6 +65,19 @@ wait_port() {
 
 wants() { [[ " $targets " == *" $1 "* ]]; }
 
+# Refuses to measure whatever a previous run may have left listening on our ports.
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for port in 18081 18082 18084 18086 18088 18089 18090 18091 16379 16380 16381 16382; do
+  if in_use "$port"; then
+    echo "bench: 127.0.0.1:$port is already in use (a previous run?); stop it first" >&2
+    exit 1
+  fi
+done
+load1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$load1" 'BEGIN { exit !(l > 1.0) }'; then
+  note "load average $load1 at start: figures from this run are not representative"
+fi
+
 declare -A addr
 start_redis() {
   local port=$1
