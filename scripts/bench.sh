@@ -15,7 +15,8 @@
 # (64), BENCH_CONNECTIONS (4), BENCH_KEYS (100000), BENCH_ZIPF_S (1.1),
 # BENCH_ATTACK_RATE (10000 req/s: 10 % on the attacker = 1000/s, 10x its 100/s limit),
 # BENCH_SCENARIOS, BENCH_TARGETS (space-separated subsets), BENCH_REFERENCE=0 (skip
-# building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory).
+# building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
+# BENCH_SLUICE (another sluice binary to measure, e.g. an older build).
 # Defaults take about 3 minutes (25 runs of warm-up + duration).
 #
 # Traffic stays on 127.0.0.1. Not part of scripts/test.sh or CI (timing is not a test).
@@ -44,6 +45,7 @@ note() { notes+=("$*"); echo "bench: $*" >&2; }
 echo "bench: building release binaries" >&2
 cargo build --release --bins >&2
 bin=target/release
+sluice=${BENCH_SLUICE:-$bin/sluice}
 
 pids=()
 cleanup() {
@@ -91,7 +93,7 @@ start_redis() {
 start_sluice() {
   local name=$1 grpc=$2 http=$3
   shift 3
-  "$bin/sluice" serve --config benches/policy.yaml --grpc-addr "127.0.0.1:$grpc" \
+  "$sluice" serve --config benches/policy.yaml --grpc-addr "127.0.0.1:$grpc" \
     --http-addr "127.0.0.1:$http" "$@" >"$out/$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
@@ -153,7 +155,8 @@ if [ "$need_redis" = 1 ]; then
 fi
 
 sleep 1
-echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), sluice $(git describe --always --dirty)"
+echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), sluice $(git describe --always --dirty)" \
+  "${BENCH_SLUICE:+(measuring $BENCH_SLUICE)}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# per run: warm-up $warmup + $duration; closed loop: $connections connections," \
   "$concurrency in flight; keys $keys; zipf s $zipf_s; attack: $attack_rate req/s," \

@@ -132,8 +132,9 @@ fn micros(d: Duration) -> u64 {
 struct Shared {
     workload: Workload,
     phase: AtomicU8,
-    /// Measured requests, counted only with `--requests`.
-    measured: AtomicU64,
+    /// Measured requests sent and answered, counted only with `--requests`.
+    claimed: AtomicU64,
+    completed: AtomicU64,
     limit: u64,
     done: Notify,
     first_error: std::sync::Mutex<Option<String>>,
@@ -144,19 +145,34 @@ impl Shared {
         self.phase.load(Ordering::Relaxed)
     }
 
-    /// Claims a slot for one measured request under `--requests`: false when the limit
-    /// is already reached (the request is not recorded). Claiming the last slot stops
-    /// the run.
-    fn claim(&self) -> bool {
-        if self.limit == 0 {
-            return true;
+    /// Before sending: whether this request is measured. With `--requests N`, only the
+    /// first N requests sent while measuring are (and none is sent after them: `None`
+    /// tells the worker to stop), so exactly N measured requests reach the service.
+    fn before_send(&self, phase: u8) -> Option<bool> {
+        if phase != MEASURING {
+            return Some(false);
         }
-        let n = self.measured.fetch_add(1, Ordering::Relaxed) + 1;
-        if n == self.limit {
+        if self.limit == 0 {
+            return Some(true);
+        }
+        (self.claimed.fetch_add(1, Ordering::Relaxed) < self.limit).then_some(true)
+    }
+
+    /// After the answer: whether to record it. Without `--requests`, a request is
+    /// recorded only if measuring is still on (the span is the duration); with it,
+    /// every claimed request is, and the last answer ends the run.
+    fn after_answer(&self, measured: bool) -> bool {
+        if !measured {
+            return false;
+        }
+        if self.limit == 0 {
+            return self.phase() == MEASURING;
+        }
+        if self.completed.fetch_add(1, Ordering::Relaxed) + 1 == self.limit {
             self.phase.store(STOPPED, Ordering::Relaxed);
             self.done.notify_one();
         }
-        n <= self.limit
+        true
     }
 
     fn error(&self, e: &tonic::Status) {
@@ -227,7 +243,8 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         workload,
         phase: AtomicU8::new(if load.warmup.is_zero() { MEASURING } else { 0 }),
-        measured: AtomicU64::new(0),
+        claimed: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
         limit: load.requests,
         done: Notify::new(),
         first_error: std::sync::Mutex::new(None),
@@ -339,12 +356,14 @@ async fn closed_loop_worker(
         if phase == STOPPED {
             break;
         }
+        let Some(measured) = shared.before_send(phase) else {
+            break;
+        };
         let (body, class) = shared.workload.pick(&mut rng);
         let sent = Instant::now();
         let res = codec::should_rate_limit(&mut grpc, body).await;
         let took = sent.elapsed();
-        // A request counts if measuring was on when it was sent and still is.
-        if phase == MEASURING && shared.phase() == MEASURING && shared.claim() {
+        if shared.after_answer(measured) {
             let _ = stats.latency.record(micros(took));
             shared.outcome(&mut stats, class, &res);
         }
@@ -369,13 +388,16 @@ async fn fixed_rate_worker(
         if phase == STOPPED {
             break;
         }
+        let Some(measured) = shared.before_send(phase) else {
+            break;
+        };
         let i = schedule.taken.fetch_add(1, Ordering::Relaxed);
         let due = schedule.due(i);
         let (body, class) = shared.workload.pick(&mut rng);
         let sent = Instant::now();
         let res = codec::should_rate_limit(&mut grpc, body).await;
         let done = Instant::now();
-        if phase == MEASURING && shared.phase() == MEASURING && shared.claim() {
+        if shared.after_answer(measured) {
             // From the due time, or from the send when released early (see LEAD).
             let _ = stats.latency.record(micros(done - due.min(sent)));
             let _ = stats.service.record(micros(done - sent));
