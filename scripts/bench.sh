@@ -80,7 +80,7 @@ if awk -v l="$load1" 'BEGIN { exit !(l > 1.0) }'; then
   note "load average $load1 at start: figures from this run are not representative"
 fi
 
-declare -A addr
+declare -A addr metrics_at
 start_redis() {
   local port=$1
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
@@ -99,6 +99,7 @@ start_sluice() {
   pids+=("$pid")
   if wait_port "$grpc" "$pid"; then
     addr[$name]=127.0.0.1:$grpc
+    metrics_at[$name]=127.0.0.1:$http
   else
     note "$name skipped: $(grep -v '^\s*$' "$out/$name.log" | tail -1)"
   fi
@@ -161,6 +162,16 @@ echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# per run: warm-up $warmup + $duration; closed loop: $connections connections," \
   "$concurrency in flight; keys $keys; zipf s $zipf_s; attack: $attack_rate req/s," \
   "10 % on one key limited to 100/s"
+# Decisions a sluice target answered by its failure mode (store slow or unreachable)
+# rather than by its counters, from its /metrics: a fast answer that skipped Redis must
+# not pass for throughput.
+failed_open() {
+  local a=${metrics_at[$1]:-}
+  if [ -z "$a" ] || ! command -v curl >/dev/null; then echo 0; return; fi
+  curl -s "http://$a/metrics" |
+    awk '/^sluice_requests_total/ && /outcome="failed_(open|closed)"/ { s += $NF } END { print s + 0 }'
+}
+
 for scenario in $scenarios; do
   for target in $targets; do
     [ -n "${addr[$target]:-}" ] || continue
@@ -171,8 +182,18 @@ for scenario in $scenarios; do
       args+=(--key user --rate "$attack_rate" --attack-share 0.1)
     fi
     echo "bench: $target $scenario" >&2
-    "$bin/sluice-bench" load "${args[@]}" >>"$results" ||
+    before=$(failed_open "$target")
+    if "$bin/sluice-bench" load "${args[@]}" >"$out/run.json"; then
+      failed=$(( $(failed_open "$target") - before ))
+      if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
+        jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$results"
+      else
+        cat "$out/run.json" >>"$results"
+      fi
+      [ "$failed" -gt 0 ] && note "$target/$scenario: $failed decisions by failure mode (store too slow)"
+    else
       note "$target/$scenario: load generator failed"
+    fi
   done
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -89,6 +89,9 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
                     notes.push(format!("normal over {}", n["over_limit"]));
                 }
             }
+            if f(r, "failed_open") > 0.0 {
+                notes.push(format!("{} decisions by failure mode", f(r, "failed_open")));
+            }
             if f(r, "behind") > 0.0 {
                 notes.push(format!("behind {}", f(r, "behind")));
             }
