@@ -298,9 +298,11 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
     if let Some(p) = pacer {
         let _ = p.join();
     }
-    // Requests due by now that no worker could send yet: the service fell behind.
+    // Requests due by now that no worker had taken yet: the service fell behind. (Not
+    // the permits left: the pacer releases a little ahead of time.)
     let behind = if open {
-        schedule.permits.available_permits() as u64
+        let due = (schedule.start.elapsed().as_secs_f64() * schedule.rate).floor() as u64 + 1;
+        due.saturating_sub(schedule.taken.load(Ordering::Relaxed))
     } else {
         0
     };
