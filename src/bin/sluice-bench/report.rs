@@ -92,7 +92,9 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
             if f(r, "failed_open") > 0.0 {
                 notes.push(format!("{} decisions by failure mode", f(r, "failed_open")));
             }
-            if f(r, "behind") > 0.0 {
+            // A few requests are always in the pacer's hands; flag a backlog of more
+            // than 10 ms of the schedule.
+            if f(r, "behind") > (f(r, "rate") / 100.0).max(10.0) {
                 notes.push(format!("behind {}", f(r, "behind")));
             }
             if let Some(e) = r.get("first_error").and_then(Value::as_str) {
