@@ -1,26 +1,202 @@
 #!/usr/bin/env bash
-# Throughput and latency of sluice (memory store) beside a do-nothing server that
-# always answers OK (the ceiling), same machine, same load generator, one run.
-#   scripts/bench.sh [duration] [concurrency]
-# Traffic stays on 127.0.0.1. Not part of scripts/test.sh (timing is not a test).
+# One command for the whole comparison, same run, same machine, same load generator:
+#   ceiling         sluice-bench noop: a server that answers OK and does nothing
+#   sluice-memory   sluice, counters in memory
+#   sluice-redis1   sluice --redis on 1 local redis-server     (skipped, with a note,
+#   sluice-redis3   sluice --redis on 3 local redis-servers     when this build refuses --redis)
+#   reference       envoyproxy/ratelimit on 1 local redis-server (built by
+#                   scripts/build-reference.sh from the Go module proxy; skipped without go)
+# for each scenario (closed loop: hot, uniform, zipf, layered; fixed rate: attack), then
+# prints one table: rps, p50, p99 and ratios to the ceiling.
+#
+#   scripts/bench.sh [DURATION] [CONCURRENCY]
+#
+# Knobs (environment): BENCH_DURATION (5s per run), BENCH_WARMUP (1s), BENCH_CONCURRENCY
+# (64), BENCH_CONNECTIONS (4), BENCH_KEYS (100000), BENCH_ZIPF_S (1.1),
+# BENCH_ATTACK_RATE (10000 req/s: 10 % on the attacker = 1000/s, 10x its 100/s limit),
+# BENCH_SCENARIOS, BENCH_TARGETS (space-separated subsets), BENCH_REFERENCE=0 (skip
+# building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
+# BENCH_SLUICE (another sluice binary to measure, e.g. an older build).
+# Defaults take about 3 minutes (25 runs of warm-up + duration).
+#
+# Traffic stays on 127.0.0.1. Not part of scripts/test.sh or CI (timing is not a test).
+# Figures are only worth keeping from a quiet machine: the script prints the load
+# average before and after; the generator shares the machine's cores with the target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-duration=${1:-10s}
-concurrency=${2:-64}
-cargo build --release --bins >/dev/null
+
+duration=${1:-${BENCH_DURATION:-5s}}
+concurrency=${2:-${BENCH_CONCURRENCY:-64}}
+warmup=${BENCH_WARMUP:-1s}
+connections=${BENCH_CONNECTIONS:-4}
+keys=${BENCH_KEYS:-100000}
+zipf_s=${BENCH_ZIPF_S:-1.1}
+attack_rate=${BENCH_ATTACK_RATE:-10000}
+scenarios=${BENCH_SCENARIOS:-hot uniform zipf layered attack}
+targets=${BENCH_TARGETS:-ceiling sluice-memory sluice-redis1 sluice-redis3 reference}
+out=${BENCH_OUT:-target/bench/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+results=$out/results.jsonl
+: >"$results"
+notes=()
+note() { notes+=("$*"); echo "bench: $*" >&2; }
+
+echo "bench: building release binaries" >&2
+cargo build --release --bins >&2
 bin=target/release
+sluice=${BENCH_SLUICE:-$bin/sluice}
+
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 
-"$bin/sluice-bench" noop --addr 127.0.0.1:18081 2>/dev/null & pids+=($!)
-"$bin/sluice" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18082 \
-  --http-addr 127.0.0.1:18083 2>/dev/null & pids+=($!)
-sleep 1
+# wait_port PORT PID: until something listens on PORT; fails if PID dies first.
+wait_port() {
+  local port=$1 pid=$2
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
 
-load() { "$bin/sluice-bench" load --duration "$duration" --concurrency "$concurrency" "$@"; }
-echo "# $(date -u +%FT%TZ) $(nproc) cores, duration $duration, concurrency $concurrency"
-for scenario in hot uniform layered; do
-  load --addr 127.0.0.1:18081 --scenario "$scenario" --label "ceiling/$scenario"
-  load --addr 127.0.0.1:18082 --scenario "$scenario" --label "sluice-memory/$scenario"
+wants() { [[ " $targets " == *" $1 "* ]]; }
+
+# Refuses to measure whatever a previous run may have left listening on our ports.
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for port in 18081 18082 18084 18086 18088 18089 18090 18091 16379 16380 16381 16382; do
+  if in_use "$port"; then
+    echo "bench: 127.0.0.1:$port is already in use (a previous run?); stop it first" >&2
+    exit 1
+  fi
 done
+load1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$load1" 'BEGIN { exit !(l > 1.0) }'; then
+  note "load average $load1 at start: figures from this run are not representative"
+fi
+
+declare -A addr metrics_at
+start_redis() {
+  local port=$1
+  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    --dir "$out" --loglevel warning >"$out/redis-$port.log" 2>&1 &
+  pids+=($!)
+  wait_port "$port" $! || { note "redis-server on $port did not start"; return 1; }
+}
+
+# start_sluice NAME GRPC_PORT HTTP_PORT [serve flags...]
+start_sluice() {
+  local name=$1 grpc=$2 http=$3
+  shift 3
+  "$sluice" serve --config benches/policy.yaml --grpc-addr "127.0.0.1:$grpc" \
+    --http-addr "127.0.0.1:$http" "$@" >"$out/$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  if wait_port "$grpc" "$pid"; then
+    addr[$name]=127.0.0.1:$grpc
+    metrics_at[$name]=127.0.0.1:$http
+  else
+    note "$name skipped: $(grep -v '^\s*$' "$out/$name.log" | tail -1)"
+  fi
+}
+
+if wants ceiling; then
+  "$bin/sluice-bench" noop --addr 127.0.0.1:18081 >"$out/ceiling.log" 2>&1 &
+  pids+=($!)
+  wait_port 18081 $! && addr[ceiling]=127.0.0.1:18081
+fi
+wants sluice-memory && start_sluice sluice-memory 18082 18083
+
+need_redis=0
+for t in sluice-redis1 sluice-redis3 reference; do wants "$t" && need_redis=1; done
+if [ "$need_redis" = 1 ] && ! command -v redis-server >/dev/null; then
+  note "redis-server not found: Redis targets skipped (apt-get install redis-server)"
+  need_redis=0
+fi
+if [ "$need_redis" = 1 ]; then
+  if wants sluice-redis1 || wants sluice-redis3; then
+    start_redis 16379 && start_redis 16380 && start_redis 16381
+    wants sluice-redis1 && start_sluice sluice-redis1 18084 18085 \
+      --redis redis://127.0.0.1:16379
+    wants sluice-redis3 && start_sluice sluice-redis3 18086 18087 \
+      --redis redis://127.0.0.1:16379,redis://127.0.0.1:16380,redis://127.0.0.1:16381
+  fi
+  if wants reference; then
+    if [ "${BENCH_REFERENCE:-1}" = 0 ]; then
+      note "reference skipped: BENCH_REFERENCE=0"
+    elif ! ref=$(scripts/build-reference.sh 2>"$out/reference-build.log"); then
+      note "reference skipped: build failed, see $out/reference-build.log"
+    elif start_redis 16382; then
+      rt=$out/reference-runtime
+      mkdir -p "$rt/ratelimit/config"
+      cp benches/reference/config/bench.yaml "$rt/ratelimit/config/"
+      # Stats go to a Prometheus endpoint, like sluice's /metrics: with USE_STATSD=false
+      # alone the reference logs every timer sample to stdout, which would slow it.
+      env RUNTIME_ROOT="$rt" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
+        RUNTIME_IGNOREDOTFILES=true USE_STATSD=false LOG_LEVEL=warn \
+        USE_PROMETHEUS=true PROMETHEUS_ADDR=127.0.0.1:18091 \
+        REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:16382 \
+        HOST=127.0.0.1 PORT=18089 GRPC_HOST=127.0.0.1 GRPC_PORT=18088 \
+        DEBUG_HOST=127.0.0.1 DEBUG_PORT=18090 \
+        "$ref" >"$out/reference.log" 2>&1 &
+      pids+=($!)
+      if wait_port 18088 $!; then
+        addr[reference]=127.0.0.1:18088
+        echo "bench: reference: $(basename "$ref")" >&2
+      else
+        note "reference skipped: did not start, see $out/reference.log"
+      fi
+    fi
+  fi
+fi
+
+sleep 1
+echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), sluice $(git describe --always --dirty)" \
+  "${BENCH_SLUICE:+(measuring $BENCH_SLUICE)}"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# per run: warm-up $warmup + $duration; closed loop: $connections connections," \
+  "$concurrency in flight; keys $keys; zipf s $zipf_s; attack: $attack_rate req/s," \
+  "10 % on one key limited to 100/s"
+# Decisions a sluice target answered by its failure mode (store slow or unreachable)
+# rather than by its counters, from its /metrics: a fast answer that skipped Redis must
+# not pass for throughput.
+failed_open() {
+  local a=${metrics_at[$1]:-}
+  if [ -z "$a" ] || ! command -v curl >/dev/null; then echo 0; return; fi
+  curl -s "http://$a/metrics" |
+    awk '/^sluice_requests_total/ && /outcome="failed_(open|closed)"/ { s += $NF } END { print s + 0 }'
+}
+
+for scenario in $scenarios; do
+  for target in $targets; do
+    [ -n "${addr[$target]:-}" ] || continue
+    args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
+      --duration "$duration" --warmup "$warmup" --connections "$connections"
+      --concurrency "$concurrency" --keys "$keys" --zipf-s "$zipf_s")
+    if [ "$scenario" = attack ]; then
+      args+=(--key user --rate "$attack_rate" --attack-share 0.1)
+    fi
+    echo "bench: $target $scenario" >&2
+    before=$(failed_open "$target")
+    if "$bin/sluice-bench" load "${args[@]}" >"$out/run.json"; then
+      failed=$(( $(failed_open "$target") - before ))
+      if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
+        jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$results"
+      else
+        cat "$out/run.json" >>"$results"
+      fi
+      [ "$failed" -gt 0 ] && note "$target/$scenario: $failed decisions by failure mode (store too slow)"
+    else
+      note "$target/$scenario: load generator failed"
+    fi
+  done
+done
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$bin/sluice-bench" report "$results" | tee "$out/table.txt"
+for n in "${notes[@]}"; do echo "# note: $n"; done
+echo "# results: $results"

@@ -1,0 +1,99 @@
+//! `sluice-bench`: a load generator that speaks Envoy's RateLimitService over gRPC, a
+//! do-nothing server that always answers OK (the ceiling to compare against), a
+//! memory meter for the in-memory store and a report table.
+//!
+//! ```text
+//! sluice-bench noop --addr 127.0.0.1:18081
+//! sluice-bench load --addr 127.0.0.1:8081 --scenario zipf --keys 100000 --duration 10s
+//! sluice-bench load --addr 127.0.0.1:8081 --scenario attack --rate 10000 --json
+//! sluice-bench report results.jsonl
+//! sluice-bench memory --keys 1000000
+//! ```
+
+mod codec;
+mod load;
+mod memory;
+mod report;
+mod workload;
+mod zipf;
+
+use std::net::SocketAddr;
+
+use clap::{Parser, Subcommand};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    about = "Load generator and meters for Envoy rate-limit services"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve a RateLimitService that always answers OK: the ceiling.
+    Noop {
+        #[arg(long, default_value = "127.0.0.1:18081")]
+        addr: SocketAddr,
+    },
+    /// Send load and report throughput, latency percentiles and outcomes.
+    Load(load::Load),
+    /// Print one table from `load --json` lines, with ratios to the ceiling.
+    Report(report::Report),
+    /// Resident memory per active key of the in-memory store, per algorithm.
+    Memory(memory::Memory),
+}
+
+#[derive(Debug, Default)]
+struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        _req: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: codec::OK,
+            ..Default::default()
+        }))
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Noop { addr } => tokio::runtime::Runtime::new()?.block_on(async move {
+            eprintln!("noop RateLimitService on {addr}");
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(Noop))
+                .serve_with_shutdown(addr, async {
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .expect("SIGTERM handler");
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                })
+                .await?;
+            Ok(())
+        }),
+        Cmd::Load(l) => {
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            rt.enable_all();
+            if l.threads > 0 {
+                rt.worker_threads(l.threads);
+            }
+            rt.build()?.block_on(load::run(l))
+        }
+        Cmd::Report(r) => report::run(r),
+        Cmd::Memory(m) => memory::run(m),
+    }
+}
