@@ -314,7 +314,13 @@ impl<S: Store> Limiter<S> {
     }
 
     async fn ask_store(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
-        match tokio::time::timeout(self.settings.store_timeout, self.store.decide(hits)).await {
+        // A store that answers on the first poll (the memory store always does) needs
+        // no timer; only a pending call is raced against --store-timeout.
+        let mut call = std::pin::pin!(self.store.decide(hits));
+        if let Some(result) = futures::FutureExt::now_or_never(&mut call) {
+            return result;
+        }
+        match tokio::time::timeout(self.settings.store_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout),
         }
