@@ -889,3 +889,59 @@ fn a_bad_redis_url_is_refused_at_start_without_showing_the_password() {
     assert!(stderr.contains("invalid Redis URL"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_bans_a_repeat_offender_with_the_redis_store() {
+    if !available() {
+        return;
+    }
+    let redis_server = RedisServer::start();
+    let url = redis_server.url();
+    let policy = r#"
+domain: pen
+descriptors:
+  - key: client
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      algorithm: sliding_window_log
+      penalty: {violations: 2, within: 1m, ban: 10m}
+"#;
+    let sluice = common::Server::start(policy, &["--redis", &url, "--store-timeout", "200ms"]);
+    let mut client = sluice.client().await;
+    let req = |who: &str| common::request("pen", vec![common::desc(&[("client", who)])]);
+    assert_eq!(
+        common::call(&mut client, req("mallory")).await.overall_code,
+        common::OK
+    );
+    // Two denials within the span start a ten-minute ban.
+    for _ in 0..2 {
+        let r = common::call(&mut client, req("mallory")).await;
+        assert_eq!(r.overall_code, common::OVER_LIMIT);
+    }
+    let r = common::call(&mut client, req("mallory")).await;
+    assert_eq!(r.overall_code, common::OVER_LIMIT);
+    let retry: u64 = common::header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    // The window alone would free up within a minute; the ban lasts ten.
+    assert!(
+        retry >= 540,
+        "retry-after {retry} is the ban, not the window"
+    );
+    // Other clients are untouched, and the ban shows in the metrics.
+    assert_eq!(
+        common::call(&mut client, req("alice")).await.overall_code,
+        common::OK
+    );
+    let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
+    assert!(
+        metrics.contains("sluice_penalty_active_bans 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"sluice_penalty_bans_total{domain="pen",rule="client"} 1"#),
+        "{metrics}"
+    );
+}
