@@ -75,29 +75,15 @@ pub fn expires_at(limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties, T0};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
+    const A: Algorithm = Algorithm::FixedWindow;
+
     fn limit(requests: u64, window: Micros) -> Limit {
-        Limit {
-            algorithm: Algorithm::FixedWindow,
-            requests,
-            window,
-            burst: requests,
-        }
+        testkit::limit(A, requests, window, requests)
     }
-
-    /// Decides and commits the next state, as a store would.
-    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
-        let step = decide(l, s.as_ref(), now, hits);
-        if let Some(n) = step.next {
-            *s = Some(n);
-        }
-        step.verdict
-    }
-
-    const T0: Micros = 1_700_000_000 * SECOND;
 
     #[test]
     fn admits_up_to_the_limit_then_denies_until_the_window_ends() {
@@ -146,10 +132,10 @@ mod tests {
 
     #[test]
     fn check_is_denied_when_already_over_a_lowered_limit() {
-        let s = State {
+        let s = State::FixedWindow(super::State {
             window_start: T0,
             count: 5,
-        };
+        });
         let v = decide(&limit(3, SECOND), Some(&s), T0 + 10, 0).verdict;
         assert!(!v.admitted);
         assert_eq!(v.retry_after, SECOND - 10);
@@ -189,112 +175,23 @@ mod tests {
         assert!(!hit(&l, &mut s, T0 + SECOND - 1, 1).admitted);
     }
 
-    fn limits() -> impl Strategy<Value = Limit> {
-        (0u64..8, prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)]).prop_map(|(r, w)| limit(r, w))
-    }
-
-    /// (limit, start time, steps of (time advance, hits)).
-    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
-        limits().prop_flat_map(|l| {
-            let w = l.window;
-            (
-                Just(l),
-                T0..T0 + 10 * w,
-                prop::collection::vec((0..=w + w / 2, 0u64..=l.requests + 1), 1..60),
-            )
-        })
-    }
-
-    /// Runs a scenario; returns admitted (time, hits) and the final state and time.
-    fn run(
-        l: &Limit,
-        start: Micros,
-        steps: &[(u64, u64)],
-    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
-        let mut s = None;
-        let mut now = start;
-        let mut admitted = Vec::new();
-        for &(dt, h) in steps {
-            now += dt;
-            if hit(l, &mut s, now, h).admitted && h > 0 {
-                admitted.push((now, h));
-            }
-        }
-        (admitted, s, now)
-    }
-
-    /// Any u64, with the edges (0, 1, u64::MAX) often.
-    fn edgy() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(0),
-            Just(1),
-            Just(u64::MAX - 1),
-            Just(u64::MAX),
-            any::<u64>()
-        ]
-    }
+    shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
-        fn never_more_than_requests_per_aligned_window((l, start, steps) in scenarios()) {
+        fn never_more_than_requests_per_aligned_window((l, start, steps) in scenarios(A)) {
             let (admitted, _, _) = run(&l, start, &steps);
-            for &(t, _) in &admitted {
-                let w0 = t - t % l.window;
+            for a in &admitted {
+                let w0 = a.at - a.at % l.window;
                 let sum: u64 = admitted
                     .iter()
-                    .filter(|(u, _)| *u >= w0 && *u < w0 + l.window)
-                    .map(|(_, h)| h)
+                    .filter(|b| b.at >= w0 && b.at < w0 + l.window)
+                    .map(|b| b.hits)
                     .sum();
                 prop_assert!(sum <= l.requests);
             }
-        }
-
-        #[test]
-        fn expired_state_decides_like_none(
-            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
-        ) {
-            let (_, s, _) = run(&l, start, &steps);
-            if let Some(s) = s {
-                let t = expires_at(&l, &s) + later;
-                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
-            }
-        }
-
-        #[test]
-        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
-            let (_, s, now) = run(&l, start, &steps);
-            let step = decide(&l, s.as_ref(), now, hits);
-            let v = step.verdict;
-            let after = step.next.or(s.clone());
-            if v.admitted {
-                prop_assert_eq!(v.retry_after, 0);
-                // `remaining` more fit right now, one more does not.
-                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
-                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
-            } else if v.retry_after == u64::MAX {
-                prop_assert!(hits > l.requests);
-            } else {
-                prop_assert!(v.retry_after > 0);
-                let at = now + v.retry_after;
-                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
-                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
-            }
-            // Back to the full allowance once `reset` has passed.
-            let full = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
-            prop_assert_eq!(full.remaining, l.requests);
-        }
-
-        #[test]
-        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), ws in edgy(), c in edgy(), now in edgy(), hits in edgy()) {
-            let l = Limit { algorithm: Algorithm::FixedWindow, requests: r, window: w, burst: r };
-            let s = State { window_start: ws, count: c };
-            let step = decide(&l, Some(&s), now, hits);
-            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
-            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
-            let _ = decide(&l, None, now, hits);
-            let _ = expires_at(&l, &s);
         }
     }
 }

@@ -94,28 +94,18 @@ pub fn expires_at(_limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
+    const A: Algorithm = Algorithm::LeakyBucket;
+
+    /// Off any window boundary: nothing here may depend on alignment.
+    const T0: Micros = testkit::T0 + 4_321;
+
     fn limit(requests: u64, window: Micros, burst: u64) -> Limit {
-        Limit {
-            algorithm: Algorithm::LeakyBucket,
-            requests,
-            window,
-            burst,
-        }
+        testkit::limit(A, requests, window, burst)
     }
-
-    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
-        let step = decide(l, s.as_ref(), now, hits);
-        if let Some(n) = step.next {
-            *s = Some(n);
-        }
-        step.verdict
-    }
-
-    const T0: Micros = 1_700_000_000 * SECOND + 4_321;
 
     #[test]
     fn queued_requests_wait_their_turn() {
@@ -183,138 +173,48 @@ mod tests {
         assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
     }
 
-    fn limits() -> impl Strategy<Value = Limit> {
-        (
-            0u64..8,
-            prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)],
-            0u64..10,
-        )
-            .prop_map(|(r, w, b)| limit(r, w, b))
-    }
-
-    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
-        limits().prop_flat_map(|l| {
-            let w = l.window;
-            (
-                Just(l),
-                T0..T0 + 10 * w,
-                prop::collection::vec((0..=w / 2 + 1, 0u64..=l.burst + 1), 1..60),
-            )
-        })
-    }
-
-    /// An admitted request: (decided at, released at, hits).
-    type Admitted = (Micros, Micros, u64);
-
-    fn run(
-        l: &Limit,
-        start: Micros,
-        steps: &[(u64, u64)],
-    ) -> (Vec<Admitted>, Option<State>, Micros) {
-        let mut s = None;
-        let mut now = start;
-        let mut admitted = Vec::new();
-        for &(dt, h) in steps {
-            now += dt;
-            let fresh = s.is_none();
-            let v = hit(l, &mut s, now, h);
-            if v.admitted && h > 0 {
-                assert!(!fresh || v.delay == 0, "first request waited");
-                admitted.push((now, now + v.delay, h));
-            }
-        }
-        (admitted, s, now)
-    }
-
-    /// Any u64, with the edges (0, 1, u64::MAX) often.
-    fn edgy() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(0),
-            Just(1),
-            Just(u64::MAX - 1),
-            Just(u64::MAX),
-            any::<u64>()
-        ]
-    }
+    // Also: `testkit::run` checks that a fresh counter's first request is not held,
+    // and the shared `verdict_fields_are_exact` that a denial is never held.
+    shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
         fn releases_are_spaced_and_the_queue_holds_at_most_burst(
-            (l, start, steps) in scenarios(),
+            (l, start, steps) in scenarios(A),
         ) {
             let (admitted, _, _) = run(&l, start, &steps);
+            let release = |i: usize| admitted[i].at + admitted[i].delay;
             let (r, w) = (u128::from(l.requests), u128::from(l.window));
-            for pair in admitted.windows(2) {
-                let ((_, r0, h0), (_, r1, _)) = (pair[0], pair[1]);
+            for i in 1..admitted.len() {
+                let (r0, h0, r1) = (release(i - 1), admitted[i - 1].hits, release(i));
                 prop_assert!(r1 >= r0);
                 prop_assert!(u128::from(r1 - r0) * r >= u128::from(h0) * w);
             }
-            for (i, &(now, _, _)) in admitted.iter().enumerate() {
-                let queued: u64 = admitted[..=i]
-                    .iter()
-                    .filter(|(_, release, _)| *release >= now)
-                    .map(|(_, _, h)| h)
+            for (i, now) in admitted.iter().map(|a| a.at).enumerate() {
+                let queued: u64 = (0..=i)
+                    .filter(|&k| release(k) >= now)
+                    .map(|k| admitted[k].hits)
                     .sum();
                 prop_assert!(queued <= l.burst, "{} queued at {}", queued, now);
             }
         }
 
         #[test]
-        fn expired_state_decides_like_none(
-            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
+        fn admitted_requests_are_held_until_the_queue_ahead_drains(
+            (l, start, steps) in scenarios(A), hits in 0u64..10,
         ) {
-            let (_, s, _) = run(&l, start, &steps);
-            if let Some(s) = s {
-                let t = expires_at(&l, &s) + later;
-                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
-            }
-        }
-
-        #[test]
-        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
             let (_, s, now) = run(&l, start, &steps);
-            let step = decide(&l, s.as_ref(), now, hits);
-            let v = step.verdict;
-            let after = step.next.clone().or(s.clone());
-            let full = if l.requests == 0 { 0 } else { l.burst };
+            let v = decide(&l, s.as_ref(), now, hits).verdict;
             if v.admitted {
-                prop_assert_eq!(v.retry_after, 0);
-                // Released when the queue ahead of it has drained.
-                let queue_empty = s.as_ref().map_or(now, |s| s.tat).max(now);
-                let expected_delay = if hits == 0 { 0 } else { queue_empty - now };
+                let tat = match s {
+                    Some(State::LeakyBucket(s)) => s.tat,
+                    _ => now,
+                };
+                let expected_delay = if hits == 0 { 0 } else { tat.max(now) - now };
                 prop_assert_eq!(v.delay, expected_delay);
-                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
-                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
-            } else {
-                prop_assert_eq!(v.delay, 0);
-                if v.retry_after == u64::MAX {
-                    prop_assert!(hits > l.burst || l.requests == 0);
-                } else {
-                    prop_assert!(v.retry_after > 0);
-                    let at = now + v.retry_after;
-                    prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
-                    prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
-                }
             }
-            let at_reset = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
-            prop_assert_eq!(at_reset.remaining, full);
-            if v.reset > 0 {
-                let before = decide(&l, after.as_ref(), now + v.reset - 1, 0).verdict;
-                prop_assert!(before.remaining < full);
-            }
-        }
-
-        #[test]
-        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), b in edgy(), tat in edgy(), now in edgy(), hits in edgy()) {
-            let l = Limit { algorithm: Algorithm::LeakyBucket, requests: r, window: w, burst: b };
-            let s = State { tat };
-            let step = decide(&l, Some(&s), now, hits);
-            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
-            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
-            let _ = decide(&l, None, now, hits);
-            let _ = expires_at(&l, &s);
         }
     }
 }

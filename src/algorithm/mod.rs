@@ -12,6 +12,9 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
+#[cfg(test)]
+pub(crate) mod testkit;
+
 /// Microseconds since the Unix epoch. Redis `TIME` has the same resolution, so the
 /// Lua scripts and these functions agree to the microsecond.
 pub type Micros = u64;

@@ -167,29 +167,22 @@ pub fn expires_at(limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties, Admitted, T0};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
+    const A: Algorithm = Algorithm::SlidingWindowCounter;
+
     fn limit(requests: u64, window: Micros) -> Limit {
-        Limit {
-            algorithm: Algorithm::SlidingWindowCounter,
-            requests,
-            window,
-            burst: requests,
-        }
+        testkit::limit(A, requests, window, requests)
     }
 
-    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
-        let step = decide(l, s.as_ref(), now, hits);
-        if let Some(n) = step.next {
-            *s = Some(n);
-        }
-        step.verdict
+    fn own(s: Option<State>) -> Option<super::State> {
+        s.map(|s| match s {
+            State::SlidingWindowCounter(s) => s,
+            other => panic!("not a sliding_window_counter state: {other:?}"),
+        })
     }
-
-    /// Aligned to 10 s windows.
-    const T0: Micros = 1_700_000_000 * SECOND;
 
     #[test]
     fn previous_window_is_weighted_by_what_is_left_of_it() {
@@ -210,8 +203,8 @@ mod tests {
         // The 4 stop weighing at the end of the window after this one.
         assert_eq!(v.reset, T0 + 30 * SECOND - now);
         assert_eq!(
-            s,
-            Some(State {
+            own(s),
+            Some(super::State {
                 window_start: T0 + 10 * SECOND,
                 previous: 8,
                 current: 4
@@ -227,7 +220,7 @@ mod tests {
         assert!(!hit(&l, &mut s, T0 + SECOND, 1).admitted);
         let v = hit(&l, &mut s, T0 + 2 * SECOND, 3);
         assert!(v.admitted);
-        assert_eq!(s.map(|s| (s.previous, s.current)), Some((0, 3)));
+        assert_eq!(own(s).map(|s| (s.previous, s.current)), Some((0, 3)));
     }
 
     #[test]
@@ -276,115 +269,26 @@ mod tests {
         assert!(hit(&tiny, &mut s, 7, 1).admitted);
     }
 
-    fn limits() -> impl Strategy<Value = Limit> {
-        (0u64..8, prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)]).prop_map(|(r, w)| limit(r, w))
-    }
-
-    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
-        limits().prop_flat_map(|l| {
-            let w = l.window;
-            (
-                Just(l),
-                T0..T0 + 10 * w,
-                prop::collection::vec((0..=w / 2 + 1, 0u64..=l.requests + 1), 1..60),
-            )
-        })
-    }
-
-    fn run(
-        l: &Limit,
-        start: Micros,
-        steps: &[(u64, u64)],
-    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
-        let mut s = None;
-        let mut now = start;
-        let mut admitted = Vec::new();
-        for &(dt, h) in steps {
-            now += dt;
-            if hit(l, &mut s, now, h).admitted && h > 0 {
-                admitted.push((now, h));
-            }
-        }
-        (admitted, s, now)
-    }
-
-    fn sum_in(admitted: &[(Micros, u64)], from: Micros, len: Micros) -> u64 {
+    fn sum_in(admitted: &[Admitted], from: Micros, len: Micros) -> u64 {
         admitted
             .iter()
-            .filter(|(t, _)| *t >= from && *t < from + len)
-            .map(|(_, h)| h)
+            .filter(|a| a.at >= from && a.at < from + len)
+            .map(|a| a.hits)
             .sum()
     }
 
-    /// Any u64, with the edges (0, 1, u64::MAX) often.
-    fn edgy() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(0),
-            Just(1),
-            Just(u64::MAX - 1),
-            Just(u64::MAX),
-            any::<u64>()
-        ]
-    }
+    shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
-        fn bounded_per_aligned_window_and_any_interval((l, start, steps) in scenarios()) {
+        fn bounded_per_aligned_window_and_any_interval((l, start, steps) in scenarios(A)) {
             let (admitted, _, _) = run(&l, start, &steps);
-            for &(a, _) in &admitted {
+            for a in admitted.iter().map(|a| a.at) {
                 prop_assert!(sum_in(&admitted, a - a % l.window, l.window) <= l.requests);
                 prop_assert!(sum_in(&admitted, a, l.window) <= 2 * l.requests);
             }
-        }
-
-        #[test]
-        fn expired_state_decides_like_none(
-            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
-        ) {
-            let (_, s, _) = run(&l, start, &steps);
-            if let Some(s) = s {
-                let t = expires_at(&l, &s) + later;
-                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
-            }
-        }
-
-        #[test]
-        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
-            let (_, s, now) = run(&l, start, &steps);
-            let step = decide(&l, s.as_ref(), now, hits);
-            let v = step.verdict;
-            let after = step.next.or(s.clone());
-            if v.admitted {
-                prop_assert_eq!(v.retry_after, 0);
-                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
-                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
-            } else if v.retry_after == u64::MAX {
-                prop_assert!(hits > l.requests);
-            } else {
-                prop_assert!(v.retry_after > 0);
-                let at = now + v.retry_after;
-                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
-                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
-            }
-            let at_reset = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
-            prop_assert_eq!(at_reset.remaining, l.requests);
-            if v.reset > 0 {
-                let before = decide(&l, after.as_ref(), now + v.reset - 1, 0).verdict;
-                prop_assert!(before.remaining < l.requests);
-            }
-        }
-
-        #[test]
-        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), ws in edgy(), p in edgy(), c in edgy(), now in edgy(), hits in edgy()) {
-            let l = Limit { algorithm: Algorithm::SlidingWindowCounter, requests: r, window: w, burst: r };
-            let s = State { window_start: ws, previous: p, current: c };
-            let step = decide(&l, Some(&s), now, hits);
-            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
-            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
-            let _ = decide(&l, None, now, hits);
-            let _ = expires_at(&l, &s);
         }
     }
 }

@@ -110,28 +110,25 @@ pub fn expires_at(limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
+    const A: Algorithm = Algorithm::SlidingWindowLog;
+
+    /// Off any window boundary: nothing here may depend on alignment.
+    const T0: Micros = testkit::T0 + 123_456;
+
     fn limit(requests: u64, window: Micros) -> Limit {
-        Limit {
-            algorithm: Algorithm::SlidingWindowLog,
-            requests,
-            window,
-            burst: requests,
-        }
+        testkit::limit(A, requests, window, requests)
     }
 
-    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
-        let step = decide(l, s.as_ref(), now, hits);
-        if let Some(n) = step.next {
-            *s = Some(n);
-        }
-        step.verdict
+    fn own(s: Option<State>) -> Option<super::State> {
+        s.map(|s| match s {
+            State::SlidingWindowLog(s) => s,
+            other => panic!("not a sliding_window_log state: {other:?}"),
+        })
     }
-
-    const T0: Micros = 1_700_000_000 * SECOND + 123_456;
 
     #[test]
     fn entries_expire_exactly_one_window_later() {
@@ -151,7 +148,7 @@ mod tests {
         assert!(v.admitted);
         assert_eq!(v.remaining, 0);
         // The first entry was pruned.
-        assert_eq!(s.as_ref().map(|s| s.entries.len()), Some(2));
+        assert_eq!(own(s).map(|s| s.entries.len()), Some(2));
     }
 
     #[test]
@@ -180,7 +177,7 @@ mod tests {
         let mut s = None;
         hit(&l, &mut s, T0, 2);
         hit(&l, &mut s, T0, 3);
-        assert_eq!(s.map(|s| s.entries), Some(vec![(T0, 5)]));
+        assert_eq!(own(s).map(|s| s.entries), Some(vec![(T0, 5)]));
     }
 
     #[test]
@@ -189,7 +186,7 @@ mod tests {
         let mut s = None;
         hit(&l, &mut s, T0, 2);
         hit(&l, &mut s, T0 - 100, 1);
-        assert_eq!(s.map(|s| s.entries), Some(vec![(T0, 3)]));
+        assert_eq!(own(s).map(|s| s.entries), Some(vec![(T0, 3)]));
     }
 
     #[test]
@@ -205,121 +202,29 @@ mod tests {
         assert_eq!(v.retry_after, u64::MAX);
     }
 
-    fn limits() -> impl Strategy<Value = Limit> {
-        (0u64..8, prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)]).prop_map(|(r, w)| limit(r, w))
-    }
-
-    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
-        limits().prop_flat_map(|l| {
-            let w = l.window;
-            (
-                Just(l),
-                T0..T0 + 10 * w,
-                prop::collection::vec((0..=w / 2 + 1, 0u64..=l.requests + 1), 1..60),
-            )
-        })
-    }
-
-    fn run(
-        l: &Limit,
-        start: Micros,
-        steps: &[(u64, u64)],
-    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
-        let mut s = None;
-        let mut now = start;
-        let mut admitted = Vec::new();
-        for &(dt, h) in steps {
-            now += dt;
-            if hit(l, &mut s, now, h).admitted && h > 0 {
-                admitted.push((now, h));
-            }
-        }
-        (admitted, s, now)
-    }
-
-    /// Any u64, with the edges (0, 1, u64::MAX) often.
-    fn edgy() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(0),
-            Just(1),
-            Just(u64::MAX - 1),
-            Just(u64::MAX),
-            any::<u64>()
-        ]
-    }
+    shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
         fn never_more_than_requests_in_any_window_interval(
-            (l, start, steps) in scenarios(),
+            (l, start, steps) in scenarios(A),
         ) {
             let (admitted, s, _) = run(&l, start, &steps);
             // The busiest interval [a, a + window) starts at an admitted timestamp.
-            for &(a, _) in &admitted {
+            for a in admitted.iter().map(|a| a.at) {
                 let sum: u64 = admitted
                     .iter()
-                    .filter(|(t, _)| *t >= a && *t < a + l.window)
-                    .map(|(_, h)| h)
+                    .filter(|b| b.at >= a && b.at < a + l.window)
+                    .map(|b| b.hits)
                     .sum();
                 prop_assert!(sum <= l.requests, "{} hits in [{}, +{})", sum, a, l.window);
             }
-            if let Some(s) = s {
+            if let Some(s) = own(s) {
                 prop_assert!(s.entries.len() as u64 <= l.requests);
                 prop_assert!(s.entries.windows(2).all(|p| p[0].0 < p[1].0));
             }
-        }
-
-        #[test]
-        fn expired_state_decides_like_none(
-            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
-        ) {
-            let (_, s, _) = run(&l, start, &steps);
-            if let Some(s) = s {
-                let t = expires_at(&l, &s) + later;
-                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
-            }
-        }
-
-        #[test]
-        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
-            let (_, s, now) = run(&l, start, &steps);
-            let step = decide(&l, s.as_ref(), now, hits);
-            let v = step.verdict;
-            let after = step.next.or(s.clone());
-            if v.admitted {
-                prop_assert_eq!(v.retry_after, 0);
-                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
-                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
-            } else if v.retry_after == u64::MAX {
-                prop_assert!(hits > l.requests);
-            } else {
-                prop_assert!(v.retry_after > 0);
-                let at = now + v.retry_after;
-                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
-                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
-            }
-            // Full allowance exactly when `reset` has passed.
-            let at_reset = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
-            prop_assert_eq!(at_reset.remaining, l.requests);
-            if v.reset > 0 {
-                let before = decide(&l, after.as_ref(), now + v.reset - 1, 0).verdict;
-                prop_assert!(before.remaining < l.requests);
-            }
-        }
-
-        #[test]
-        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), mut entries in prop::collection::vec((edgy(), edgy()), 0..5), now in edgy(), hits in edgy()) {
-            let l = Limit { algorithm: Algorithm::SlidingWindowLog, requests: r, window: w, burst: r };
-            entries.sort_unstable();
-            entries.dedup_by_key(|e| e.0);
-            let s = State { entries };
-            let step = decide(&l, Some(&s), now, hits);
-            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
-            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
-            let _ = decide(&l, None, now, hits);
-            let _ = expires_at(&l, &s);
         }
     }
 }

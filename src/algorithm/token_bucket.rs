@@ -153,28 +153,18 @@ pub fn expires_at(_limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
+    const A: Algorithm = Algorithm::TokenBucket;
+
+    /// Off any window boundary: nothing here may depend on alignment.
+    const T0: Micros = testkit::T0 + 777;
+
     fn limit(requests: u64, window: Micros, burst: u64) -> Limit {
-        Limit {
-            algorithm: Algorithm::TokenBucket,
-            requests,
-            window,
-            burst,
-        }
+        testkit::limit(A, requests, window, burst)
     }
-
-    fn hit(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> Verdict {
-        let step = decide(l, s.as_ref(), now, hits);
-        if let Some(n) = step.next {
-            *s = Some(n);
-        }
-        step.verdict
-    }
-
-    const T0: Micros = 1_700_000_000 * SECOND + 777;
 
     #[test]
     fn burst_then_refill_at_the_rate() {
@@ -207,7 +197,7 @@ mod tests {
         let l = limit(3, 10, 1);
         let mut s = None;
         assert!(hit(&l, &mut s, 100, 1).admitted);
-        assert_eq!(s, Some(State { tat: 104 }));
+        assert_eq!(s, Some(State::TokenBucket(super::State { tat: 104 })));
         let v = hit(&l, &mut s, 100, 1);
         assert_eq!(v.retry_after, 4);
         assert!(hit(&l, &mut s, 104, 1).admitted);
@@ -253,67 +243,21 @@ mod tests {
         assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
     }
 
-    fn limits() -> impl Strategy<Value = Limit> {
-        (
-            0u64..8,
-            prop_oneof![1u64..4, 4u64..2_000, Just(SECOND)],
-            0u64..10,
-        )
-            .prop_map(|(r, w, b)| limit(r, w, b))
-    }
-
-    fn scenarios() -> impl Strategy<Value = (Limit, Micros, Vec<(u64, u64)>)> {
-        limits().prop_flat_map(|l| {
-            let w = l.window;
-            (
-                Just(l),
-                T0..T0 + 10 * w,
-                prop::collection::vec((0..=w / 2 + 1, 0u64..=l.burst + 1), 1..60),
-            )
-        })
-    }
-
-    fn run(
-        l: &Limit,
-        start: Micros,
-        steps: &[(u64, u64)],
-    ) -> (Vec<(Micros, u64)>, Option<State>, Micros) {
-        let mut s = None;
-        let mut now = start;
-        let mut admitted = Vec::new();
-        for &(dt, h) in steps {
-            now += dt;
-            if hit(l, &mut s, now, h).admitted && h > 0 {
-                admitted.push((now, h));
-            }
-        }
-        (admitted, s, now)
-    }
-
-    /// Any u64, with the edges (0, 1, u64::MAX) often.
-    fn edgy() -> impl Strategy<Value = u64> {
-        prop_oneof![
-            Just(0),
-            Just(1),
-            Just(u64::MAX - 1),
-            Just(u64::MAX),
-            any::<u64>()
-        ]
-    }
+    shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
-        fn never_more_than_burst_plus_rate_times_span((l, start, steps) in scenarios()) {
+        fn never_more_than_burst_plus_rate_times_span((l, start, steps) in scenarios(A)) {
             let (admitted, _, _) = run(&l, start, &steps);
             // Times are non-decreasing, so every span [t_i, t_j] is covered by i..=j
             // with i the first of its timestamp.
             for i in 0..admitted.len() {
                 let mut sum = 0u128;
                 for j in i..admitted.len() {
-                    sum += u128::from(admitted[j].1);
-                    let span = u128::from(admitted[j].0 - admitted[i].0);
+                    sum += u128::from(admitted[j].hits);
+                    let span = u128::from(admitted[j].at - admitted[i].at);
                     let w = u128::from(l.window);
                     prop_assert!(
                         sum * w <= u128::from(l.burst) * w + u128::from(l.requests) * span,
@@ -321,56 +265,6 @@ mod tests {
                     );
                 }
             }
-        }
-
-        #[test]
-        fn expired_state_decides_like_none(
-            (l, start, steps) in scenarios(), later in 0u64..3_000, hits in 0u64..10,
-        ) {
-            let (_, s, _) = run(&l, start, &steps);
-            if let Some(s) = s {
-                let t = expires_at(&l, &s) + later;
-                prop_assert_eq!(decide(&l, Some(&s), t, hits), decide(&l, None, t, hits));
-            }
-        }
-
-        #[test]
-        fn verdict_fields_are_exact((l, start, steps) in scenarios(), hits in 0u64..10) {
-            let (_, s, now) = run(&l, start, &steps);
-            let step = decide(&l, s.as_ref(), now, hits);
-            let v = step.verdict;
-            let after = step.next.or(s.clone());
-            let full = if l.requests == 0 { 0 } else { l.burst };
-            if v.admitted {
-                prop_assert_eq!(v.retry_after, 0);
-                prop_assert!(v.remaining <= full);
-                prop_assert!(decide(&l, after.as_ref(), now, v.remaining).verdict.admitted);
-                prop_assert!(!decide(&l, after.as_ref(), now, v.remaining + 1).verdict.admitted);
-            } else if v.retry_after == u64::MAX {
-                prop_assert!(hits > l.burst || l.requests == 0);
-            } else {
-                prop_assert!(v.retry_after > 0);
-                let at = now + v.retry_after;
-                prop_assert!(decide(&l, s.as_ref(), at, hits).verdict.admitted);
-                prop_assert!(!decide(&l, s.as_ref(), at - 1, hits).verdict.admitted);
-            }
-            let at_reset = decide(&l, after.as_ref(), now + v.reset, 0).verdict;
-            prop_assert_eq!(at_reset.remaining, full);
-            if v.reset > 0 {
-                let before = decide(&l, after.as_ref(), now + v.reset - 1, 0).verdict;
-                prop_assert!(before.remaining < full);
-            }
-        }
-
-        #[test]
-        fn arbitrary_inputs_do_not_panic(r in edgy(), w in edgy(), b in edgy(), tat in edgy(), now in edgy(), hits in edgy()) {
-            let l = Limit { algorithm: Algorithm::TokenBucket, requests: r, window: w, burst: b };
-            let s = State { tat };
-            let step = decide(&l, Some(&s), now, hits);
-            prop_assert_eq!(step.next.is_some(), step.verdict.admitted && hits > 0);
-            prop_assert!(step.verdict.admitted || step.verdict.retry_after > 0);
-            let _ = decide(&l, None, now, hits);
-            let _ = expires_at(&l, &s);
         }
     }
 }
