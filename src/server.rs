@@ -116,7 +116,17 @@ where
         .add_service(health_service)
         .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // Small gRPC frames must not wait on Nagle's algorithm (Envoy's filter
+            // timeout is 20 ms by default; a delayed ACK alone can cost 40 ms).
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                |conn| {
+                    if let Ok(stream) = &conn {
+                        let _ = stream.set_nodelay(true);
+                    }
+                    conn
+                },
+            ),
             stopped(),
         );
     let admin = Arc::new(Admin {
