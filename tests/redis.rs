@@ -22,6 +22,14 @@ struct TestStore {
 }
 
 impl TestStore {
+    /// Decides a batch of one hit.
+    async fn one(&self, h: &Hit) -> Verdicts {
+        self.store
+            .decide(std::slice::from_ref(h))
+            .await
+            .expect("decided")
+    }
+
     fn start(shards: usize) -> TestStore {
         let servers: Vec<RedisServer> = (0..shards).map(|_| RedisServer::start()).collect();
         let urls = servers.iter().map(RedisServer::url).collect();
@@ -238,19 +246,13 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     let mut conn = t.servers[0].conn().await;
     let h = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
     for _ in 0..3 {
-        assert!(
-            t.store
-                .decide(std::slice::from_ref(&h))
-                .await
-                .unwrap()
-                .admitted
-        );
+        assert!(t.one(&h).await.admitted);
     }
-    let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = t.one(&h).await;
     assert!(!v.admitted);
     let before = command_calls(&mut conn, "evalsha").await;
     for _ in 0..200 {
-        let v = t.store.decide(std::slice::from_ref(&h)).await.unwrap();
+        let v = t.one(&h).await;
         assert!(!v.admitted);
         assert!(v.verdicts[0].retry_after > 0);
     }
@@ -270,49 +272,25 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     let short = hit("short", Algorithm::TokenBucket, 10, SECOND, 1);
     let mut short = short;
     short.limit.burst = 1;
-    assert!(
-        t.store
-            .decide(std::slice::from_ref(&short))
-            .await
-            .unwrap()
-            .admitted
-    );
-    let v = t.store.decide(std::slice::from_ref(&short)).await.unwrap();
+    assert!(t.one(&short).await.admitted);
+    let v = t.one(&short).await;
     assert!(!v.admitted);
     tokio::time::sleep(Duration::from_micros(v.verdicts[0].retry_after + 5_000)).await;
-    assert!(
-        t.store
-            .decide(std::slice::from_ref(&short))
-            .await
-            .unwrap()
-            .admitted
-    );
+    assert!(t.one(&short).await.admitted);
 }
 
 #[tokio::test]
 async fn scripts_are_reloaded_after_a_restart() {
     let Some(mut t) = start(1) else { return };
     let h = hit("reload", Algorithm::SlidingWindowLog, 100, 60 * SECOND, 1);
-    assert!(
-        t.store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .unwrap()
-            .admitted
-    );
+    assert!(t.one(&h).await.admitted);
     let mut conn = t.servers[0].conn().await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(
-        t.store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .unwrap()
-            .admitted
-    );
+    assert!(t.one(&h).await.admitted);
     t.servers[0].restart();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
