@@ -1,6 +1,8 @@
 //! A local cache of over-limit decisions: once Redis says a key is over its limit
 //! for a request of `hits` until T, a request of at least as many hits on that key
-//! with the same limit is denied from memory until T, with no Redis call.
+//! with the same limit is denied from memory until T, with no Redis call. An
+//! admission that leaves a fixed window or a bucket with no room is remembered the
+//! same way, until the time its next hit fits.
 //!
 //! T is the time the call was *sent* plus retry_after: the script ran after that, so
 //! T is never later than the truth and no request is denied that Redis would admit.
@@ -10,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::algorithm::{Limit, Micros, Verdict};
+use crate::algorithm::{Algorithm, Limit, Micros, Verdict};
 use crate::store::{Hit, Mode, Verdicts};
 
 #[derive(Debug, Clone)]
@@ -82,14 +84,17 @@ impl DenialCache {
         })
     }
 
-    /// Remembers the enforced denials of a decided request, sent at `sent`.
-    pub fn remember(&self, hits: &[Hit], verdicts: &[Verdict], sent: Micros) {
+    /// Remembers the enforced denials of a decided request, sent at `sent`, and the
+    /// admissions (of a request that was `admitted`, so they were spent) that left a
+    /// key with no room: an attacker's next request is then denied without a round
+    /// trip too.
+    pub fn remember(&self, hits: &[Hit], verdicts: &[Verdict], admitted: bool, sent: Micros) {
         if self.capacity == 0 {
             return;
         }
         let mut map = None;
         for (i, (h, v)) in hits.iter().zip(verdicts).enumerate() {
-            if v.admitted || h.mode != Mode::Enforce || h.hits == 0 || v.retry_after == u64::MAX {
+            if h.mode != Mode::Enforce || h.hits == 0 {
                 continue;
             }
             // A key's second hit in a batch was judged with the first one's hits
@@ -97,6 +102,26 @@ impl DenialCache {
             if hits[..i].iter().any(|e| e.key == h.key) {
                 continue;
             }
+            let (wait, min_hits, verdict) = if v.admitted {
+                let full =
+                    admitted && v.remaining == 0 && !hits[i + 1..].iter().any(|e| e.key == h.key);
+                match full.then(|| next_room(&h.limit, v)).flatten() {
+                    Some(wait) => (
+                        wait,
+                        1,
+                        Verdict {
+                            admitted: false,
+                            delay: 0,
+                            ..*v
+                        },
+                    ),
+                    None => continue,
+                }
+            } else if v.retry_after == u64::MAX {
+                continue;
+            } else {
+                (v.retry_after, h.hits, *v)
+            };
             let map = map.get_or_insert_with(|| self.lock());
             if map.len() >= self.capacity {
                 map.retain(|_, d| d.until > sent);
@@ -107,10 +132,10 @@ impl DenialCache {
             map.insert(
                 h.key.clone(),
                 Denied {
-                    until: sent.saturating_add(v.retry_after),
+                    until: sent.saturating_add(wait),
                     limit: h.limit,
-                    hits: h.hits,
-                    verdict: *v,
+                    hits: min_hits,
+                    verdict,
                 },
             );
         }
@@ -122,6 +147,26 @@ impl DenialCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// After an admission that left no room, how long until a one-hit request could pass,
+/// where the algorithm makes that exact: the window's end for fixed windows, and for
+/// the GCRA buckets the time the backlog shrinks to one hit's slack. Measured from the
+/// time the call was sent, this is never later than the truth. `None` for the sliding
+/// algorithms, whose room depends on more than the verdict says.
+fn next_room(limit: &Limit, v: &Verdict) -> Option<Micros> {
+    match limit.algorithm {
+        Algorithm::FixedWindow => Some(v.reset).filter(|&t| t > 0),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+            if limit.requests > 0 && limit.burst > 0 =>
+        {
+            let slack = u128::from(limit.burst - 1) * u128::from(limit.window.max(1))
+                / u128::from(limit.requests);
+            let slack = u64::try_from(slack).unwrap_or(u64::MAX);
+            v.reset.checked_sub(slack).filter(|&t| t > 0)
+        }
+        _ => None,
     }
 }
 
@@ -144,7 +189,7 @@ mod tests {
     fn denies_from_memory_until_retry_after_and_only_bigger_requests() {
         let c = DenialCache::new(10);
         let h = hit("k", Algorithm::FixedWindow, 5, 2);
-        c.remember(std::slice::from_ref(&h), &[denied(100)], 1_000);
+        c.remember(std::slice::from_ref(&h), &[denied(100)], false, 1_000);
         let v = c.lookup(std::slice::from_ref(&h), 1_050).expect("cached");
         assert!(!v.admitted);
         assert_eq!(v.verdicts[0].retry_after, 50);
@@ -166,16 +211,85 @@ mod tests {
         let c = DenialCache::new(4);
         for i in 0..10 {
             let h = hit(&format!("k{i}"), Algorithm::FixedWindow, 5, 1);
-            c.remember(&[h], &[denied(100)], 1_000);
+            c.remember(&[h], &[denied(100)], false, 1_000);
         }
         assert!(c.len() <= 4);
         c.remember(
             &[hit("never", Algorithm::FixedWindow, 5, 9)],
             &[denied(u64::MAX)],
+            false,
             0,
         );
         assert!(c
             .lookup(&[hit("never", Algorithm::FixedWindow, 5, 9)], 1)
             .is_none());
+    }
+
+    /// An admission that leaves no room is remembered exactly as long as the
+    /// algorithm itself would deny a one-hit request: checked against the algorithms.
+    #[test]
+    fn a_full_admission_is_remembered_exactly_as_long_as_it_denies() {
+        use crate::algorithm::{decide, SECOND};
+        for (alg, requests, burst) in [
+            (Algorithm::FixedWindow, 3, 3),
+            (Algorithm::TokenBucket, 7, 3),
+            (Algorithm::LeakyBucket, 5, 2),
+        ] {
+            let limit = Limit {
+                algorithm: alg,
+                requests,
+                window: SECOND,
+                burst,
+            };
+            let now = 1_700_000_000 * SECOND + 123_457;
+            let mut state = None;
+            let mut last = None;
+            while let Some(v) = {
+                let d = decide(&limit, state.as_ref(), now, 1);
+                d.verdict.admitted.then(|| {
+                    state = d.next;
+                    d.verdict
+                })
+            } {
+                last = Some(v);
+            }
+            let v = last.expect("admitted at least once");
+            assert_eq!(v.remaining, 0, "{alg:?}");
+            let mut h = hit("k", alg, requests, 1);
+            h.limit = limit;
+            let c = DenialCache::new(10);
+            c.remember(std::slice::from_ref(&h), &[v], false, now);
+            assert!(
+                c.lookup(std::slice::from_ref(&h), now).is_none(),
+                "{alg:?}: not spent"
+            );
+            c.remember(std::slice::from_ref(&h), &[v], true, now);
+            let cached = c.lookup(std::slice::from_ref(&h), now).expect("remembered");
+            let until = now + cached.verdicts[0].retry_after;
+            assert!(
+                !decide(&limit, state.as_ref(), until - 1, 1)
+                    .verdict
+                    .admitted,
+                "{alg:?}"
+            );
+            assert!(
+                decide(&limit, state.as_ref(), until, 1).verdict.admitted,
+                "{alg:?}"
+            );
+            assert!(
+                c.lookup(std::slice::from_ref(&h), until).is_none(),
+                "{alg:?}"
+            );
+        }
+        // The sliding algorithms are not primed.
+        let c = DenialCache::new(10);
+        let h = hit("s", Algorithm::SlidingWindowCounter, 1, 1);
+        let full = Verdict {
+            admitted: true,
+            reset: crate::algorithm::SECOND,
+            ..Verdict::default()
+        };
+        c.remember(std::slice::from_ref(&h), &[full], true, 0);
+        assert!(c.lookup(std::slice::from_ref(&h), 1).is_none());
     }
 }

@@ -376,7 +376,7 @@ impl Inner {
         if let Some(e) = failed {
             return Err(e);
         }
-        self.cache.remember(&hits, &verdicts, sent);
+        self.cache.remember(&hits, &verdicts, admitted, sent);
         Ok(Verdicts { admitted, verdicts })
     }
 }
