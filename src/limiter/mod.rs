@@ -363,3 +363,18 @@ fn placement<E: Entry>(shard_by: Option<&str>, entries: &[E], key: &str) -> u64 
     }
     key::stable_hash(key.as_bytes())
 }
+
+/// A limiter over a memory store for unit tests: `policy` is file-form YAML, and the
+/// store, penalties and windows all read `clock`.
+#[cfg(test)]
+pub(crate) fn test_limiter(
+    policy: &str,
+    clock: &crate::clock::ManualClock,
+    settings: Settings,
+) -> Limiter<crate::store::MemoryStore> {
+    let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
+    let policy = crate::policy::compile(docs).expect("compiles");
+    let store = crate::store::MemoryStore::new(Arc::new(clock.clone()), 1000);
+    Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+        .with_clock(Arc::new(clock.clone()))
+}

@@ -420,7 +420,6 @@ mod tests {
 
 #[cfg(test)]
 mod limiter_tests {
-    use arc_swap::ArcSwap;
 
     use super::*;
     use crate::algorithm::SECOND;
@@ -444,15 +443,7 @@ descriptors:
 "#;
 
     fn limiter(clock: &ManualClock) -> Limiter<MemoryStore> {
-        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
-        let policy = crate::policy::compile(docs).expect("compiles");
-        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
-        Limiter::new(
-            Arc::new(ArcSwap::from_pointee(policy)),
-            store,
-            Settings::default(),
-        )
-        .with_clock(Arc::new(clock.clone()))
+        crate::limiter::test_limiter(POLICY, clock, Settings::default())
     }
 
     async fn ask(l: &Limiter<MemoryStore>, ip: &str) -> Outcome {

@@ -66,6 +66,10 @@ impl MemoryStore {
         removed
     }
 
+    /// A key's lock shard, from a per-process random hash rather than the stable
+    /// placement hash: each shard holds `--max-keys / SHARDS` keys, and a predictable
+    /// hash would let a client aim a flood of keys at one shard and evict its
+    /// neighbours' counters with a sixty-fourth of the keys.
     fn shard_of(&self, key: &str) -> usize {
         (self.hasher.hash_one(key) as usize) % SHARDS
     }
@@ -77,8 +81,8 @@ impl MemoryStore {
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         // Check every hit first. A key that appears twice in one batch sees the state
@@ -92,7 +96,7 @@ impl MemoryStore {
             let decision = match earlier {
                 Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
                 None => {
-                    let map = &guards[guard_of(shard_ids[i])].1;
+                    let map = &guards[guard_of(shard_ids[i])];
                     let state = map
                         .get(&hit.key)
                         .filter(|e| e.expires_at > now)
@@ -109,7 +113,7 @@ impl MemoryStore {
             for (i, state) in next.into_iter().enumerate() {
                 let Some(state) = state else { continue };
                 let expires_at = algorithm::expires_at(&hits[i].limit, &state);
-                let map = &mut guards[guard_of(shard_ids[i])].1;
+                let map = &mut guards[guard_of(shard_ids[i])];
                 self.insert(map, &hits[i].key, Entry { state, expires_at });
             }
         }

@@ -611,7 +611,6 @@ pub fn secs(us: Micros) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use arc_swap::ArcSwap;
 
     use super::*;
     use crate::clock::ManualClock;
@@ -632,18 +631,11 @@ descriptors:
 "#;
 
     fn setup(clock: &ManualClock, hash_keys: bool) -> (Limiter<MemoryStore>, Metrics) {
-        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
-        let policy = crate::policy::compile(docs).expect("compiles");
-        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
-        let limiter = Limiter::new(
-            Arc::new(ArcSwap::from_pointee(policy)),
-            store,
-            Settings {
-                hash_keys,
-                ..Settings::default()
-            },
-        )
-        .with_clock(Arc::new(clock.clone()));
+        let settings = Settings {
+            hash_keys,
+            ..Settings::default()
+        };
+        let limiter = crate::limiter::test_limiter(POLICY, clock, settings);
         (limiter, Metrics::with_clock(Arc::new(clock.clone())))
     }
 
