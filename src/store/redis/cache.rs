@@ -10,6 +10,7 @@
 //! full, expired entries go, and if none had expired, everything does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::algorithm::{Algorithm, Limit, Micros, Verdict};
@@ -27,6 +28,8 @@ struct Denied {
 #[derive(Debug)]
 pub struct DenialCache {
     map: Mutex<HashMap<String, Denied, ahash::RandomState>>,
+    /// The map's length, readable without the lock: most requests find it empty.
+    len: AtomicUsize,
     capacity: usize,
 }
 
@@ -34,6 +37,7 @@ impl DenialCache {
     pub fn new(capacity: usize) -> Self {
         DenialCache {
             map: Mutex::new(HashMap::default()),
+            len: AtomicUsize::new(0),
             capacity,
         }
     }
@@ -46,13 +50,10 @@ impl DenialCache {
     /// `now`. The other hits were not asked about: they are reported admitted with
     /// nothing remaining, since nothing is known of them.
     pub fn lookup(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
-        if self.capacity == 0 {
+        if self.capacity == 0 || self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let map = self.lock();
-        if map.is_empty() {
-            return None;
-        }
         let (at, denied) = hits.iter().enumerate().find_map(|(i, h)| {
             let d = map.get(&h.key)?;
             (h.mode == Mode::Enforce && h.hits >= d.hits && h.limit == d.limit && d.until > now)
@@ -138,11 +139,12 @@ impl DenialCache {
                     verdict,
                 },
             );
+            self.len.store(map.len(), Ordering::Relaxed);
         }
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.len.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {

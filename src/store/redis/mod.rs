@@ -232,6 +232,26 @@ impl Inner {
         }
     }
 
+    /// Whether every hit is decided by one script call: then no refund can be needed.
+    fn one_target(&self, hits: &[Hit]) -> bool {
+        let Some(first) = hits.first() else {
+            return true;
+        };
+        let same_placement = hits.iter().all(|h| h.placement == first.placement);
+        match &self.backend {
+            Backend::Shards(s) if s.len() == 1 => true,
+            Backend::Shards(s) => {
+                same_placement || {
+                    let t = shard::jump_hash(first.placement, s.len());
+                    hits.iter()
+                        .all(|h| shard::jump_hash(h.placement, s.len()) == t)
+                }
+            }
+            // The slot follows from the placement (the hash tag) alone.
+            Backend::Cluster(_) => same_placement,
+        }
+    }
+
     fn health(&self, target: usize) -> &Health {
         match &self.backend {
             Backend::Shards(s) => &s[target.min(s.len() - 1)].health,
@@ -320,9 +340,9 @@ impl Inner {
         futures::future::join_all(calls).await;
     }
 
-    async fn decide(self: Arc<Self>, hits: Vec<Hit>) -> Result<Verdicts, StoreError> {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
-        if let Some(v) = self.cache.lookup(&hits, sent) {
+        if let Some(v) = self.cache.lookup(hits, sent) {
             return Ok(v);
         }
         let keys: Vec<String> = hits
@@ -345,7 +365,7 @@ impl Inner {
         let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
         let replies = futures::future::join_all(groups.iter().map(|(target, indexes)| {
             let quota_elsewhere = groups.iter().any(|(t, g)| t != target && has_quota(g));
-            self.decide_group(*target, &keys, &hits, indexes, fixed_now, quota_elsewhere)
+            self.decide_group(*target, &keys, hits, indexes, fixed_now, quota_elsewhere)
         }))
         .await;
 
@@ -371,12 +391,12 @@ impl Inner {
         }
         let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
         if !admitted && !consumed.is_empty() {
-            self.refund(&keys, &hits, &consumed).await;
+            self.refund(&keys, hits, &consumed).await;
         }
         if let Some(e) = failed {
             return Err(e);
         }
-        self.cache.remember(&hits, &verdicts, admitted, sent);
+        self.cache.remember(hits, &verdicts, admitted, sent);
         Ok(Verdicts { admitted, verdicts })
     }
 }
@@ -393,11 +413,16 @@ fn store_error(e: RedisError) -> StoreError {
 
 impl Store for RedisStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        if self.inner.one_target(hits) {
+            // One script call, all or nothing on the server: nothing to give back if
+            // the limiter stops waiting, so no task of its own.
+            return self.inner.decide(hits).await;
+        }
         let inner = self.inner.clone();
         let hits = hits.to_vec();
         // A task of its own: a refund, once started, finishes even when the limiter
         // stops waiting; dropping the handle does not cancel it.
-        let task = tokio::spawn(inner.decide(hits));
+        let task = tokio::spawn(async move { inner.decide(&hits).await });
         match task.await {
             Ok(result) => result,
             Err(e) => Err(StoreError::Unavailable(format!("store task failed: {e}"))),

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Before/after of two sluice builds on one Redis, interleaved so both see the same
+# machine load:
+#
+#   scripts/ab.sh OLD_BINARY NEW_BINARY [SCENARIO] [ROUNDS] [DURATION]
+#
+# Starts one redis-server and both builds (`--redis`, benches/policy.yaml), then runs
+# `sluice-bench load --scenario SCENARIO` (default hot) against old, new, old, new, ...
+# for ROUNDS rounds (default 3) of DURATION (default 4s) each, and prints each run and
+# the median req/s, p99 and CPU time per request of each build (sluice's own user +
+# system time from /proc, which a busy machine disturbs far less than throughput).
+# Set AB_STORE=memory to compare without Redis. Traffic stays on 127.0.0.1. Not part
+# of scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+old=${1:?old binary}
+new=${2:?new binary}
+scenario=${3:-hot}
+rounds=${4:-3}
+duration=${5:-4s}
+store=${AB_STORE:-redis}
+cargo build --release --bin sluice-bench >&2
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "ab: nothing listens on $1" >&2
+  return 1
+}
+
+flags=()
+if [ "$store" = redis ]; then
+  redis-server --bind 127.0.0.1 --port 26392 --save '' --appendonly no \
+    --loglevel warning >/dev/null 2>&1 &
+  pids+=($!)
+  wait_port 26392
+  flags=(--redis redis://127.0.0.1:26392)
+fi
+"$old" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18196 \
+  --http-addr 127.0.0.1:18197 "${flags[@]}" >/dev/null 2>&1 &
+pids+=($!)
+declare -A pid
+pid[old]=$!
+"$new" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18198 \
+  --http-addr 127.0.0.1:18199 "${flags[@]}" >/dev/null 2>&1 &
+pids+=($!)
+pid[new]=$!
+# CPU ticks (user + system) a process has used so far.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+wait_port 18196
+wait_port 18198
+
+echo "# $(date -u +%FT%TZ) $store/$scenario, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
+declare -A rps p99 cpu
+for r in $(seq 1 "$rounds"); do
+  for t in old:18196 new:18198; do
+    name=${t%%:*}
+    before=$(ticks "${pid[$name]}")
+    line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" \
+      --scenario "$scenario" --duration "$duration" --warmup 0s)
+    used=$(($(ticks "${pid[$name]}") - before))
+    done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")
+    per=$(awk -v t="$used" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+    echo "$name $line cpu ${per}us/req"
+    rps[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="req/s") print $(i-1)}' <<<"$line") "
+    p99[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="p99") print $(i+1)}' <<<"$line") "
+    cpu[$name]+="$per "
+  done
+done
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+for name in old new; do
+  echo "median $name: $(median <<<"${rps[$name]}") req/s, p99 $(median <<<"${p99[$name]}") us," \
+    "sluice CPU $(median <<<"${cpu[$name]}") us/request"
+done

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# CPU profile of sluice under load, as a flamegraph (SVG) and a flat perf report.
+#
+#   scripts/profile.sh [memory|redis] [SCENARIO] [OUT_PREFIX]
+#
+# Starts sluice (in memory, or on one local redis-server), drives it with
+# `sluice-bench load --scenario SCENARIO` (default hot) for 12 s, samples sluice with
+# `perf record --call-graph dwarf` for 5 s of it, and writes OUT_PREFIX.svg (needs
+# `inferno-flamegraph`: `cargo install inferno`) and OUT_PREFIX.txt (top symbols,
+# self time). Needs perf and kernel.perf_event_paranoid <= 2. Traffic stays on
+# 127.0.0.1. Not part of scripts/test.sh (a profile is not a test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+store=${1:-redis}
+scenario=${2:-hot}
+prefix=${3:-target/profile/$store-$scenario}
+mkdir -p "$(dirname "$prefix")"
+command -v perf >/dev/null || { echo "profile: perf not found" >&2; exit 1; }
+
+cargo build --release --bins >&2
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+wait_port() {
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "profile: nothing listens on $1" >&2
+  return 1
+}
+
+flags=()
+if [ "$store" = redis ]; then
+  redis-server --bind 127.0.0.1 --port 26391 --save '' --appendonly no \
+    --loglevel warning >/dev/null 2>&1 &
+  pids+=($!)
+  wait_port 26391
+  flags=(--redis redis://127.0.0.1:26391)
+fi
+target/release/sluice serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18194 \
+  --http-addr 127.0.0.1:18195 "${flags[@]}" >"$prefix.log" 2>&1 &
+sluice_pid=$!
+pids+=("$sluice_pid")
+wait_port 18194
+
+target/release/sluice-bench load --addr 127.0.0.1:18194 --scenario "$scenario" \
+  --duration 10s --warmup 2s >"$prefix.load.txt" &
+pids+=($!)
+sleep 4
+perf record -F 499 --call-graph dwarf,16384 -p "$sluice_pid" -o "$prefix.perf.data" \
+  -- sleep 5 >/dev/null 2>&1
+perf report -i "$prefix.perf.data" --no-children --sort symbol --stdio 2>/dev/null |
+  grep -E '^ +[0-9.]+%' | head -60 >"$prefix.txt" || true
+if command -v inferno-collapse-perf >/dev/null; then
+  perf script -i "$prefix.perf.data" 2>/dev/null | inferno-collapse-perf |
+    inferno-flamegraph --minwidth 0.2 --title "sluice $store $scenario" >"$prefix.svg"
+  echo "profile: $prefix.svg" >&2
+fi
+wait "${pids[-1]}" || true
+cat "$prefix.load.txt" >&2
+echo "profile: $prefix.txt" >&2
