@@ -7,7 +7,8 @@
 #   reference       envoyproxy/ratelimit on 1 local redis-server (built by
 #                   scripts/build-reference.sh from the Go module proxy; skipped without go)
 # for each scenario (closed loop: hot, uniform, zipf, layered; fixed rate: attack), then
-# prints one table: rps, p50, p99 and ratios to the ceiling.
+# prints one table: rps, p50, p99, ratios to the ceiling, and CPU time per request of
+# the target, of its Redis and of the load generator.
 #
 #   scripts/bench.sh [DURATION] [CONCURRENCY]
 #
@@ -80,12 +81,13 @@ if awk -v l="$load1" 'BEGIN { exit !(l > 1.0) }'; then
   note "load average $load1 at start: figures from this run are not representative"
 fi
 
-declare -A addr metrics_at
+declare -A addr metrics_at target_pid redis_pid
 start_redis() {
   local port=$1
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
     --dir "$out" --loglevel warning >"$out/redis-$port.log" 2>&1 &
   pids+=($!)
+  redis_pid[$port]=$!
   wait_port "$port" $! || { note "redis-server on $port did not start"; return 1; }
 }
 
@@ -99,6 +101,7 @@ start_sluice() {
   pids+=("$pid")
   if wait_port "$grpc" "$pid"; then
     addr[$name]=127.0.0.1:$grpc
+    target_pid[$name]=$pid
     metrics_at[$name]=127.0.0.1:$http
   else
     note "$name skipped: $(grep -v '^\s*$' "$out/$name.log" | tail -1)"
@@ -108,7 +111,7 @@ start_sluice() {
 if wants ceiling; then
   "$bin/sluice-bench" noop --addr 127.0.0.1:18081 >"$out/ceiling.log" 2>&1 &
   pids+=($!)
-  wait_port 18081 $! && addr[ceiling]=127.0.0.1:18081
+  wait_port 18081 $! && addr[ceiling]=127.0.0.1:18081 && target_pid[ceiling]=$!
 fi
 wants sluice-memory && start_sluice sluice-memory 18082 18083
 
@@ -147,6 +150,7 @@ if [ "$need_redis" = 1 ]; then
       pids+=($!)
       if wait_port 18088 $!; then
         addr[reference]=127.0.0.1:18088
+        target_pid[reference]=$!
         echo "bench: reference: $(basename "$ref")" >&2
       else
         note "reference skipped: did not start, see $out/reference.log"
@@ -172,6 +176,24 @@ failed_open() {
     awk '/^sluice_requests_total/ && /outcome="failed_(open|closed)"/ { s += $NF } END { print s + 0 }'
 }
 
+# CPU ticks (user + system) used so far by the given processes.
+ticks() {
+  local t=0 p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$t"
+}
+hz=$(getconf CLK_TCK)
+# The redis-server processes a target's counters live in.
+redis_of() {
+  case $1 in
+    sluice-redis1) echo "${redis_pid[16379]:-}" ;;
+    sluice-redis3) echo "${redis_pid[16379]:-} ${redis_pid[16380]:-} ${redis_pid[16381]:-}" ;;
+    reference) echo "${redis_pid[16382]:-}" ;;
+  esac
+}
+
 for scenario in $scenarios; do
   for target in $targets; do
     [ -n "${addr[$target]:-}" ] || continue
@@ -183,7 +205,23 @@ for scenario in $scenarios; do
     fi
     echo "bench: $target $scenario" >&2
     before=$(failed_open "$target")
-    if "$bin/sluice-bench" load "${args[@]}" >"$out/run.json"; then
+    "$bin/sluice-bench" load "${args[@]}" >"$out/run.json" &
+    load_pid=$!
+    # CPU time of the target and of its Redis per measured request, sampled from the
+    # end of the warm-up to the end of the run: a busy machine disturbs it far less
+    # than throughput, and it is what a dedicated machine would spend per decision.
+    sleep "$warmup"
+    # shellcheck disable=SC2046 # redis_of lists pids, split on purpose
+    cpu0=$(ticks "${target_pid[$target]:-}") rcpu0=$(ticks $(redis_of "$target"))
+    if wait "$load_pid"; then
+      # shellcheck disable=SC2046
+      cpu=$(($(ticks "${target_pid[$target]:-}") - cpu0)) rcpu=$(($(ticks $(redis_of "$target")) - rcpu0))
+      if command -v jq >/dev/null; then
+        jq -c --argjson c "$cpu" --argjson r "$rcpu" --argjson hz "$hz" \
+          '(.requests // 0) as $n | if $n > 0 then . + {cpu_us: ($c / $hz * 1e6 / $n),
+            redis_cpu_us: ($r / $hz * 1e6 / $n)} else . end' "$out/run.json" >"$out/run2.json"
+        mv "$out/run2.json" "$out/run.json"
+      fi
       failed=$(( $(failed_open "$target") - before ))
       if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
         jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$results"

@@ -287,6 +287,7 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         .phase
         .compare_exchange(0, MEASURING, Ordering::Relaxed, Ordering::Relaxed);
     let started = Instant::now();
+    let cpu_at_start = own_cpu();
     let released_at_start = schedule.taken.load(Ordering::Relaxed);
     tokio::select! {
         _ = tokio::time::sleep(load.duration) => {}
@@ -294,6 +295,7 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
     }
     shared.phase.store(STOPPED, Ordering::Relaxed);
     let elapsed = started.elapsed();
+    let cpu = own_cpu().zip(cpu_at_start).map(|(end, start)| end - start);
     pacer_stop.store(true, Ordering::Relaxed);
     if let Some(p) = pacer {
         let _ = p.join();
@@ -330,6 +332,7 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         &total,
         elapsed,
         Extra {
+            cpu,
             behind,
             scheduled,
             unfinished,
@@ -340,6 +343,8 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
 }
 
 struct Extra {
+    /// The generator's own CPU time over the measured phase (Linux only).
+    cpu: Option<Duration>,
     behind: u64,
     scheduled: u64,
     unfinished: usize,
@@ -441,6 +446,18 @@ fn pace(schedule: &Schedule, stop: &AtomicBool) {
     }
 }
 
+/// This process's CPU time so far (user + system), from /proc; `None` elsewhere.
+fn own_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ').skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(Duration::from_millis((user + system) * 10))
+}
+
 fn quantile(h: &Histogram<u64>, q: f64) -> u64 {
     if h.is_empty() {
         0
@@ -487,6 +504,9 @@ fn report(load: &Load, s: &Stats, elapsed: Duration, extra: Extra) {
         }
         if extra.unfinished > 0 {
             j["unfinished_workers"] = extra.unfinished.into();
+        }
+        if let Some(cpu) = extra.cpu.filter(|_| done > 0) {
+            j["generator_cpu_us"] = (cpu.as_secs_f64() * 1e6 / done as f64).into();
         }
         if let Some(e) = &extra.first_error {
             j["first_error"] = e.clone().into();

@@ -46,8 +46,19 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<10} {:<7} {:<22} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9}  notes",
-        "scenario", "mode", "target", "rps", "p50_us", "p99_us", "rps/ceil", "p50/ceil", "p99/ceil"
+        "{:<10} {:<7} {:<22} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  notes",
+        "scenario",
+        "mode",
+        "target",
+        "rps",
+        "p50_us",
+        "p99_us",
+        "rps/ceil",
+        "p50/ceil",
+        "p99/ceil",
+        "cpu_us",
+        "redis_us",
+        "gen_us"
     );
     let mut scenarios: Vec<(String, String)> = Vec::new();
     for r in rows {
@@ -100,9 +111,15 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
             if let Some(e) = r.get("first_error").and_then(Value::as_str) {
                 notes.push(format!("first error: {e}"));
             }
+            // CPU per request of the target, of its Redis and of the generator, when
+            // measured.
+            let cpu = |k: &str| match r.get(k).and_then(Value::as_f64) {
+                Some(v) => format!("{v:.1}"),
+                None => "-".into(),
+            };
             let _ = writeln!(
                 out,
-                "{:<10} {:<7} {:<22} {:>9.0} {:>8} {:>8} {:>9} {:>9} {:>9}  {}",
+                "{:<10} {:<7} {:<22} {:>9.0} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  {}",
                 scenario,
                 mode_label,
                 s(r, "target"),
@@ -112,6 +129,9 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
                 ratio("rps"),
                 ratio("p50_us"),
                 ratio("p99_us"),
+                cpu("cpu_us"),
+                cpu("redis_cpu_us"),
+                cpu("generator_cpu_us"),
                 notes.join("; ")
             );
         }
@@ -127,7 +147,8 @@ mod tests {
     fn ratios_are_against_the_ceiling_of_the_same_scenario() {
         let rows: Vec<Value> = [
             r#"{"target":"ceiling","scenario":"hot","mode":"closed","rps":1000,"p50_us":100,"p99_us":200}"#,
-            r#"{"target":"sluice","scenario":"hot","mode":"closed","rps":500,"p50_us":150,"p99_us":500}"#,
+            r#"{"target":"sluice","scenario":"hot","mode":"closed","rps":500,"p50_us":150,"p99_us":500,
+               "cpu_us":12.34,"redis_cpu_us":0}"#,
             r#"{"target":"ceiling","scenario":"attack","mode":"rate","rate":100,"rps":100,"p50_us":50,"p99_us":90}"#,
             r#"{"target":"sluice","scenario":"attack","mode":"rate","rate":100,"rps":100,"p50_us":60,"p99_us":99,
                "attacker":{"admitted_per_s":10,"ok":50,"over_limit":450},"normal":{"over_limit":0}}"#,
@@ -142,6 +163,12 @@ mod tests {
             lines[2].contains("0.50") && lines[2].contains("2.50"),
             "{t}"
         );
+        // CPU per request when measured, "-" when not.
+        assert!(
+            lines[2].contains("12.3") && lines[2].contains(" 0.0 "),
+            "{t}"
+        );
+        assert!(lines[1].contains(" - "), "{t}");
         assert!(
             lines[4].contains("100/s") && lines[4].contains("1.10"),
             "{t}"
