@@ -131,6 +131,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
     let algorithms = sluice::store::contract::ALL;
     let mut rng = Lcg(7);
     let mut compared = 0;
+    let mut full = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let mut batch = Vec::new();
@@ -160,6 +161,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         let got = redis.decide(&batch).await.expect("redis");
         assert_eq!(got, want, "step {step}: {batch:#?}");
         compared += batch.len();
+        full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         // Mostly small steps (within windows), sometimes a jump over them.
         let dt = match rng.next(20) {
             0 => rng.next(3 * DAY),
@@ -169,6 +171,8 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         clock.advance(dt);
     }
     assert!(compared > 2_000);
+    // Enough admissions that left no room, so next_room was compared too.
+    assert!(full > 100, "{full} full admissions");
 }
 
 #[tokio::test]

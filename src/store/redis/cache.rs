@@ -112,6 +112,7 @@ impl DenialCache {
                         Verdict {
                             admitted: false,
                             delay: 0,
+                            next_room: 0,
                             ..*v
                         },
                     ),
