@@ -272,6 +272,24 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     t.store.decide(&[check]).await.unwrap();
     assert_eq!(command_calls(&mut conn, "evalsha").await, before + 1);
 
+    // An admission that fills a sliding key primes the cache too: the next request
+    // is denied from memory.
+    for alg in [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog] {
+        let h = hit(&format!("full-{}", alg.as_str()), alg, 3, 3_600 * SECOND, 1);
+        for _ in 0..3 {
+            assert!(t.one(&h).await.admitted);
+        }
+        let before = command_calls(&mut conn, "evalsha").await;
+        let v = t.one(&h).await;
+        assert!(!v.admitted, "{alg:?}");
+        assert!(v.verdicts[0].retry_after > 0, "{alg:?}");
+        assert_eq!(
+            command_calls(&mut conn, "evalsha").await,
+            before,
+            "{alg:?}: no Redis call"
+        );
+    }
+
     // A short denial expires and Redis is asked again.
     let short = hit("short", Algorithm::TokenBucket, 10, SECOND, 1);
     let mut short = short;
