@@ -131,6 +131,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
     let algorithms = sluice::store::contract::ALL;
     let mut rng = Lcg(7);
     let mut compared = 0;
+    let mut full = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let mut batch = Vec::new();
@@ -160,6 +161,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         let got = redis.decide(&batch).await.expect("redis");
         assert_eq!(got, want, "step {step}: {batch:#?}");
         compared += batch.len();
+        full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         // Mostly small steps (within windows), sometimes a jump over them.
         let dt = match rng.next(20) {
             0 => rng.next(3 * DAY),
@@ -169,6 +171,8 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         clock.advance(dt);
     }
     assert!(compared > 2_000);
+    // Enough admissions that left no room, so next_room was compared too.
+    assert!(full > 100, "{full} full admissions");
 }
 
 #[tokio::test]
@@ -267,6 +271,24 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     let check = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 0);
     t.store.decide(&[check]).await.unwrap();
     assert_eq!(command_calls(&mut conn, "evalsha").await, before + 1);
+
+    // An admission that fills a sliding key primes the cache too: the next request
+    // is denied from memory.
+    for alg in [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog] {
+        let h = hit(&format!("full-{}", alg.as_str()), alg, 3, 3_600 * SECOND, 1);
+        for _ in 0..3 {
+            assert!(t.one(&h).await.admitted);
+        }
+        let before = command_calls(&mut conn, "evalsha").await;
+        let v = t.one(&h).await;
+        assert!(!v.admitted, "{alg:?}");
+        assert!(v.verdicts[0].retry_after > 0, "{alg:?}");
+        assert_eq!(
+            command_calls(&mut conn, "evalsha").await,
+            before,
+            "{alg:?}: no Redis call"
+        );
+    }
 
     // A short denial expires and Redis is asked again.
     let short = hit("short", Algorithm::TokenBucket, 10, SECOND, 1);

@@ -62,6 +62,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             reset,
             retry_after,
             delay: 0,
+            next_room: 0,
         },
         next: None,
     }

@@ -65,6 +65,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
                     reset: tat - now,
                     retry_after: 0,
                     delay: backlog,
+                    next_room: 0,
                 },
                 next: Some(State { tat }),
             };
@@ -82,6 +83,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
                 None => u64::MAX,
             },
             delay: 0,
+            next_room: 0,
         },
         next: None,
     }

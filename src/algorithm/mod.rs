@@ -102,6 +102,10 @@ pub struct Verdict {
     /// leaky_bucket only: how long the OK answer is held so the request leaves the
     /// queue in its turn. 0 for every other algorithm.
     pub delay: Micros,
+    /// When admitted with nothing left (`remaining == 0`, hits > 0): the wait until a
+    /// one-hit request fits on the new state, exact like `retry_after` (`u64::MAX` if
+    /// never). 0 otherwise. Informational: lets a cache deny without asking again.
+    pub next_room: Micros,
 }
 
 /// A verdict and the state to store if the request goes through.
@@ -118,6 +122,18 @@ pub struct Decision {
 /// `state` is `None` for a counter never seen (or expired). A state of another
 /// algorithm (the policy changed) is treated as `None`.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
+    let mut d = decide_alone(limit, state, now, hits);
+    let v = &mut d.verdict;
+    if v.admitted && v.remaining == 0 && hits > 0 {
+        // A hypothetical one-hit request on the new state, at the same time.
+        let after = d.next.as_ref().or(state);
+        v.next_room = decide_alone(limit, after, now, 1).verdict.retry_after;
+    }
+    d
+}
+
+/// [`decide`] without `next_room`.
+fn decide_alone(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
     match limit.algorithm {
         Algorithm::FixedWindow => {
             let s = match state {

@@ -144,6 +144,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             reset,
             retry_after: retry_at.map_or(u64::MAX, |at| until(at, now)),
             delay: 0,
+            next_room: 0,
         },
         next: None,
     }

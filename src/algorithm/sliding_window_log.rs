@@ -95,6 +95,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
                 .map_or(0, |&(t, _)| until_expiry(t, window, now)),
             retry_after,
             delay: 0,
+            next_room: 0,
         },
         next: None,
     }

@@ -191,7 +191,7 @@ pub(crate) fn expired_state_decides_like_none(
     Ok(())
 }
 
-/// `remaining`, `retry_after` and `reset` are exact, not just safe bounds.
+/// `remaining`, `retry_after`, `next_room` and `reset` are exact, not just safe bounds.
 pub(crate) fn verdict_fields_are_exact(
     (l, start, steps): &Scenario,
     hits: u64,
@@ -222,6 +222,19 @@ pub(crate) fn verdict_fields_are_exact(
             prop_assert!(decide(l, s.as_ref(), at, hits).verdict.admitted);
             prop_assert!(!decide(l, s.as_ref(), at - 1, hits).verdict.admitted);
         }
+    }
+    // `next_room`: after a full admission, exactly when one more hit fits.
+    if v.admitted && v.remaining == 0 && hits > 0 {
+        if v.next_room == u64::MAX {
+            prop_assert!(never_fits(l, 1));
+        } else {
+            prop_assert!(v.next_room > 0);
+            let at = now + v.next_room;
+            prop_assert!(decide(l, after.as_ref(), at, 1).verdict.admitted);
+            prop_assert!(!decide(l, after.as_ref(), at - 1, 1).verdict.admitted);
+        }
+    } else {
+        prop_assert_eq!(v.next_room, 0);
     }
     // Back to the full allowance once `reset` has passed...
     let at_reset = decide(l, after.as_ref(), now + v.reset, 0).verdict;

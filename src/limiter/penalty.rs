@@ -257,6 +257,7 @@ pub fn apply_bans(
                 reset: left,
                 retry_after: left,
                 delay: 0,
+                next_room: 0,
             });
             any = true;
         }

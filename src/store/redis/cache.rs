@@ -1,8 +1,8 @@
 //! A local cache of over-limit decisions: once Redis says a key is over its limit
 //! for a request of `hits` until T, a request of at least as many hits on that key
 //! with the same limit is denied from memory until T, with no Redis call. An
-//! admission that leaves a fixed window or a bucket with no room is remembered the
-//! same way, until the time its next hit fits.
+//! admission that leaves a key with no room is remembered the same way, until the
+//! time its next hit fits (the script's `next_room`).
 //!
 //! T is the time the call was *sent* plus retry_after: the script ran after that, so
 //! T is never later than the truth and no request is denied that Redis would admit.
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::algorithm::{Algorithm, Limit, Micros, Verdict};
+use crate::algorithm::{Limit, Micros, Verdict};
 use crate::store::{Hit, Mode, Verdicts};
 
 #[derive(Debug, Clone)]
@@ -106,13 +106,14 @@ impl DenialCache {
             let (wait, min_hits, verdict) = if v.admitted {
                 let full =
                     admitted && v.remaining == 0 && !hits[i + 1..].iter().any(|e| e.key == h.key);
-                match full.then(|| next_room(&h.limit, v)).flatten() {
+                match full.then(|| next_room(v)).flatten() {
                     Some(wait) => (
                         wait,
                         1,
                         Verdict {
                             admitted: false,
                             delay: 0,
+                            next_room: 0,
                             ..*v
                         },
                     ),
@@ -152,24 +153,12 @@ impl DenialCache {
     }
 }
 
-/// After an admission that left no room, how long until a one-hit request could pass,
-/// where the algorithm makes that exact: the window's end for fixed windows, and for
-/// the GCRA buckets the time the backlog shrinks to one hit's slack. Measured from the
-/// time the call was sent, this is never later than the truth. `None` for the sliding
-/// algorithms, whose room depends on more than the verdict says.
-fn next_room(limit: &Limit, v: &Verdict) -> Option<Micros> {
-    match limit.algorithm {
-        Algorithm::FixedWindow => Some(v.reset).filter(|&t| t > 0),
-        Algorithm::TokenBucket | Algorithm::LeakyBucket
-            if limit.requests > 0 && limit.burst > 0 =>
-        {
-            let slack = u128::from(limit.burst - 1) * u128::from(limit.window.max(1))
-                / u128::from(limit.requests);
-            let slack = u64::try_from(slack).unwrap_or(u64::MAX);
-            v.reset.checked_sub(slack).filter(|&t| t > 0)
-        }
-        _ => None,
-    }
+/// After an admission that left no room, how long until a one-hit request could pass:
+/// the script's `next_room`, exact like a denial's retry_after, so measured from the
+/// time the call was sent it is never later than the truth. `None` when there is
+/// nothing to remember (no wait, or never).
+fn next_room(v: &Verdict) -> Option<Micros> {
+    Some(v.next_room).filter(|&t| t > 0 && t != u64::MAX)
 }
 
 #[cfg(test)]
@@ -228,14 +217,26 @@ mod tests {
     }
 
     /// An admission that leaves no room is remembered exactly as long as the
-    /// algorithm itself would deny a one-hit request: checked against the algorithms.
+    /// algorithm itself would deny a one-hit request: checked against the algorithms,
+    /// the sliding ones with earlier hits still weighing (the previous window, older
+    /// log entries), so the room comes back part-way through a window.
     #[test]
     fn a_full_admission_is_remembered_exactly_as_long_as_it_denies() {
         use crate::algorithm::{decide, SECOND};
-        for (alg, requests, burst) in [
-            (Algorithm::FixedWindow, 3, 3),
-            (Algorithm::TokenBucket, 7, 3),
-            (Algorithm::LeakyBucket, 5, 2),
+        let now = 1_700_000_000 * SECOND + 123_457;
+        for (alg, requests, burst, earlier) in [
+            (Algorithm::FixedWindow, 3, 3, None),
+            (Algorithm::TokenBucket, 7, 3, None),
+            (Algorithm::LeakyBucket, 5, 2, None),
+            (Algorithm::SlidingWindowCounter, 4, 4, None),
+            (
+                Algorithm::SlidingWindowCounter,
+                4,
+                4,
+                Some((now - 700_000, 3)),
+            ),
+            (Algorithm::SlidingWindowLog, 4, 4, None),
+            (Algorithm::SlidingWindowLog, 4, 4, Some((now - 700_000, 2))),
         ] {
             let limit = Limit {
                 algorithm: alg,
@@ -243,8 +244,12 @@ mod tests {
                 window: SECOND,
                 burst,
             };
-            let now = 1_700_000_000 * SECOND + 123_457;
             let mut state = None;
+            if let Some((at, hits)) = earlier {
+                let d = decide(&limit, None, at, hits);
+                assert!(d.verdict.admitted, "{alg:?}");
+                state = d.next;
+            }
             let mut last = None;
             while let Some(v) = {
                 let d = decide(&limit, state.as_ref(), now, 1);
@@ -267,6 +272,7 @@ mod tests {
             );
             c.remember(std::slice::from_ref(&h), &[v], true, now);
             let cached = c.lookup(std::slice::from_ref(&h), now).expect("remembered");
+            assert_eq!(cached.verdicts[0].next_room, 0, "{alg:?}");
             let until = now + cached.verdicts[0].retry_after;
             assert!(
                 !decide(&limit, state.as_ref(), until - 1, 1)
@@ -283,15 +289,18 @@ mod tests {
                 "{alg:?}"
             );
         }
-        // The sliding algorithms are not primed.
+        // A full admission without a finite next_room is not remembered.
         let c = DenialCache::new(10);
         let h = hit("s", Algorithm::SlidingWindowCounter, 1, 1);
-        let full = Verdict {
-            admitted: true,
-            reset: crate::algorithm::SECOND,
-            ..Verdict::default()
-        };
-        c.remember(std::slice::from_ref(&h), &[full], true, 0);
-        assert!(c.lookup(std::slice::from_ref(&h), 1).is_none());
+        for next_room in [0, u64::MAX] {
+            let full = Verdict {
+                admitted: true,
+                reset: SECOND,
+                next_room,
+                ..Verdict::default()
+            };
+            c.remember(std::slice::from_ref(&h), &[full], true, 0);
+            assert!(c.lookup(std::slice::from_ref(&h), 1).is_none());
+        }
     }
 }

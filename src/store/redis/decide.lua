@@ -13,7 +13,9 @@
 -- window, burst, hits, mode ('e' enforce, 's' shadow, 'q' quota).
 --
 -- Returns {consumed 0/1, then per hit: admitted, remaining, reset, retry_after,
--- delay, refund token}.
+-- delay, refund token, next_room}. next_room: after an admission that leaves no room
+-- (remaining 0, hits > 0), the retry_after of a one-hit request on the new state (so
+-- the caller can cache the denial it implies); 0 otherwise.
 
 local now = clock(ARGV[1])
 local quota_elsewhere = ARGV[2] == '1'
@@ -75,6 +77,12 @@ for i = 1, #KEYS do
   end
   for j = 1, 5 do out[#out + 1] = v[j] end
   out[#out + 1] = token
+  local room = 0
+  if admitted and v[2] == 0 and hits > 0 then
+    -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
+    room = alg.decide(l, states[key], now, 1)[4]
+  end
+  out[#out + 1] = room
 end
 
 -- The shared admitted() rule of src/store/mod.rs.

@@ -31,7 +31,7 @@ const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refun
 pub const MAX_ARG: u64 = 1 << 50;
 
 /// Values per hit in the decide reply.
-const REPLY_STRIDE: usize = 6;
+const REPLY_STRIDE: usize = 7;
 
 /// Both scripts, hashed once.
 #[derive(Debug, Clone)]
@@ -142,6 +142,7 @@ pub fn parse_reply(values: &[i64], n: usize) -> Result<Reply, StoreError> {
                     reset: micros(c[2]),
                     retry_after: micros(c[3]),
                     delay: micros(c[4]),
+                    next_room: micros(c[6]),
                 },
                 c[5],
             )
@@ -160,9 +161,14 @@ mod tests {
     #[test]
     fn replies_are_checked_and_never_maps_to_max() {
         assert!(parse_reply(&[1, 1, 2], 1).is_err());
-        let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0], 1).unwrap();
+        assert!(parse_reply(&[0, 0, 3, 10, -1, 0, 0], 1).is_err());
+        let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0, 0], 1).unwrap();
         assert!(!r.consumed);
         assert_eq!(r.verdicts[0].0.retry_after, u64::MAX);
         assert_eq!(r.verdicts[0].0.remaining, 3);
+        let r = parse_reply(&[1, 1, 0, 10, 0, 0, 42, 7, 1, 0, 10, 0, 0, 43, -1], 2).unwrap();
+        assert_eq!(r.verdicts[0].0.next_room, 7);
+        assert_eq!(r.verdicts[0].1, 42);
+        assert_eq!(r.verdicts[1].0.next_room, u64::MAX);
     }
 }
