@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -325,6 +326,139 @@ async fn scripts_are_reloaded_after_a_restart() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Calls a store from 8 callers until stopped, counting how each call ended.
+struct Load {
+    counts: Arc<Counts>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    ok: AtomicU64,
+    /// Answered at once because the shard was backing off.
+    backing_off: AtomicU64,
+    /// Any other store error (timeouts, connection errors).
+    failed: AtomicU64,
+}
+
+impl Load {
+    fn start(store: Arc<RedisStore>) -> Load {
+        let counts = Arc::new(Counts::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..8)
+            .map(|c| {
+                let (store, stop, counts) = (store.clone(), stop.clone(), counts.clone());
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while !stop.load(Relaxed) {
+                        let key = format!("load-{c}-{}", i % 50);
+                        i += 1;
+                        let h = hit(&key, Algorithm::FixedWindow, 1_000_000, 60 * SECOND, 1);
+                        let counter = match store.decide(&[h]).await {
+                            Ok(_) => &counts.ok,
+                            Err(StoreError::BackingOff) => &counts.backing_off,
+                            Err(_) => &counts.failed,
+                        };
+                        counter.fetch_add(1, Relaxed);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            counts,
+            stop,
+            tasks,
+        }
+    }
+
+    async fn stop(self) -> Arc<Counts> {
+        self.stop.store(true, Relaxed);
+        for t in self.tasks {
+            t.await.expect("load task");
+        }
+        self.counts
+    }
+}
+
+/// A one-shard store whose calls give up after `call_timeout`, as `--store-timeout`.
+fn store_with_timeout(server: &RedisServer, call_timeout: Duration) -> Arc<RedisStore> {
+    let mut opts = Options::new(vec![server.url()], false);
+    opts.call_timeout = call_timeout;
+    Arc::new(RedisStore::new(opts, None).expect("store"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = store_with_timeout(&server, Duration::from_millis(15));
+    let load = Load::start(store.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every call in flight passes the store timeout together, then Redis answers
+    // again. On a busy machine few calls may be in flight: stall until at least three
+    // time out together (enough to back off by count alone).
+    let mut burst = 0;
+    for _ in 0..10 {
+        let before = load.counts.failed.load(Relaxed);
+        tokio::task::block_in_place(|| server.stall(Duration::from_millis(25)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        burst = load.counts.failed.load(Relaxed) - before;
+        if burst >= 3 {
+            break;
+        }
+    }
+    let counts = load.stop().await;
+    assert!(burst >= 3, "no stall timed three calls out: {counts:?}");
+    assert_eq!(counts.backing_off.load(Relaxed), 0, "{counts:?}");
+    assert!(!store.shard_down(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = store_with_timeout(&server, Duration::from_millis(15));
+    let load = Load::start(store.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.freeze();
+    let frozen = Instant::now();
+    while !store.shard_down(0) {
+        // About the store timeout plus health::MIN_FAILING (65 ms); slack for a busy CI.
+        assert!(
+            frozen.elapsed() < Duration::from_millis(600),
+            "not backed off"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let took = frozen.elapsed();
+    // Answered at once, without waiting out the store timeout.
+    let err = store
+        .decide(&[hit("probe", Algorithm::FixedWindow, 1, SECOND, 1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::BackingOff), "{err}");
+    // Still hung for a while: the load is answered by the back-off too.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.thaw();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while store.shard_down(0) {
+        assert!(Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let counts = load.stop().await;
+    assert!(
+        counts.backing_off.load(Relaxed) > 0 && counts.ok.load(Relaxed) > 0,
+        "{counts:?}"
+    );
+    eprintln!("backed off {took:?} after the freeze: {counts:?}");
 }
 
 #[tokio::test]

@@ -229,6 +229,30 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (`SIGSTOP`) for `d`, then lets it go on: a stall in which
+    /// it holds its connections but answers nothing. Blocks the calling thread.
+    pub fn stall(&self, d: Duration) {
+        self.freeze();
+        std::thread::sleep(d);
+        self.thaw();
+    }
+
+    /// Freezes the server (`SIGSTOP`) until [`RedisServer::thaw`]: a hung Redis.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.as_ref().expect("running").id();
+        // SAFETY: kill(2) on our own child's pid, no memory involved.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal})");
+    }
+
     /// Starts it again on the same port (empty: no persistence).
     pub fn restart(&mut self) {
         self.kill();

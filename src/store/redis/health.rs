@@ -1,34 +1,61 @@
-//! Per-shard health: after repeated failures a shard is left alone for a short,
-//! growing back-off, and calls to it fail at once with `StoreError::BackingOff`
-//! instead of each waiting out the store timeout. The first call after the back-off
-//! is a trial: success brings the shard back, failure doubles the back-off.
+//! Per-shard health: a shard that keeps failing is left alone for a short, growing
+//! back-off, and calls to it fail at once with `StoreError::BackingOff` instead of
+//! each waiting out the store timeout. The first call after the back-off is a trial:
+//! success brings the shard back, failure doubles the back-off.
+//!
+//! "Keeps failing" means at least [`FAILURES_TO_BACK_OFF`] failures with no success in
+//! between, the streak lasting at least [`MIN_FAILING`]. A count alone is not enough:
+//! one scheduling stall (a busy CPU) makes every call in flight time out at once, and
+//! that burst, followed by successes, says nothing about the shard. A dead or hung
+//! shard under load still fails continuously and is backed off about [`MIN_FAILING`]
+//! after its first failure.
 //!
 //! Logs one line per state change (down, up), never one per request.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
-/// Consecutive failures that take a shard down.
+/// Consecutive failures (no success between) that can take a shard down.
 pub const FAILURES_TO_BACK_OFF: u32 = 3;
+/// How long such a streak must last, first failure to latest, to take a shard down.
+/// Longer than one stall's burst of timeouts (they land within a few milliseconds),
+/// short enough that a dead shard is left alone within a tenth of a second.
+pub const MIN_FAILING: Duration = Duration::from_millis(50);
 /// First back-off; doubled by each failed trial up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The failing streak and back-off; only touched on failures and on the first
+/// success after one.
 #[derive(Debug, Default)]
 struct State {
     failures: u32,
-    down_until: Option<Instant>,
+    /// First failure of the current streak.
+    since: Option<Instant>,
     backoff: Duration,
 }
 
 /// The health of one shard (or of the whole cluster).
+///
+/// `check` runs on every request and `success` on nearly every call, so neither takes
+/// the lock while the shard is healthy: `check` reads `down_until`, `success` returns
+/// at once unless `failing` is set. A success racing a failure may be ordered either
+/// way, as if it had come just before or just after.
 #[derive(Debug)]
 pub struct Health {
     /// The shard as logs and metrics name it (host:port, no password).
     pub name: String,
+    /// Origin of `down_until`.
+    base: Instant,
+    /// End of the back-off in nanoseconds since `base`; 0 while up. Stays set after
+    /// the back-off ends (trials) until a success, so it also says "down".
+    down_until: AtomicU64,
+    /// A failure has been seen since the last success.
+    failing: AtomicBool,
     state: Mutex<State>,
     metrics: Option<Arc<Metrics>>,
 }
@@ -42,6 +69,9 @@ impl Health {
         }
         Health {
             name,
+            base: Instant::now(),
+            down_until: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             metrics,
         }
@@ -51,54 +81,85 @@ impl Health {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `at` as nanoseconds since `base`.
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
     /// `Err(BackingOff)` while the shard is backing off.
     pub fn check(&self) -> Result<(), StoreError> {
-        match self.lock().down_until {
-            Some(until) if Instant::now() < until => Err(StoreError::BackingOff),
-            _ => Ok(()),
+        // Healthy: no clock read either.
+        if self.down_until.load(Relaxed) == 0 {
+            return Ok(());
+        }
+        self.check_at(Instant::now())
+    }
+
+    fn check_at(&self, now: Instant) -> Result<(), StoreError> {
+        let until = self.down_until.load(Relaxed);
+        if until != 0 && self.nanos(now) < until {
+            Err(StoreError::BackingOff)
+        } else {
+            Ok(())
         }
     }
 
-    /// Whether the shard is currently considered down.
+    /// Whether the shard is currently considered down (backing off, or its trials
+    /// have not succeeded yet).
     pub fn is_down(&self) -> bool {
-        self.lock().failures >= FAILURES_TO_BACK_OFF
+        self.down_until.load(Relaxed) != 0
     }
 
     pub fn success(&self) {
+        if !self.failing.load(Relaxed) {
+            return;
+        }
         let mut s = self.lock();
-        if s.failures >= FAILURES_TO_BACK_OFF {
+        if self.down_until.load(Relaxed) != 0 {
             tracing::info!(shard = %self.name, "redis shard up");
         }
         *s = State::default();
+        self.down_until.store(0, Relaxed);
+        self.failing.store(false, Relaxed);
     }
 
     pub fn failure(&self, error: &str) {
+        self.failure_at(error, Instant::now());
+    }
+
+    fn failure_at(&self, error: &str, now: Instant) {
         if let Some(m) = &self.metrics {
             m.store_error("redis", &self.name);
         }
         let mut s = self.lock();
+        self.failing.store(true, Relaxed);
         s.failures = s.failures.saturating_add(1);
-        if s.failures < FAILURES_TO_BACK_OFF {
-            return;
-        }
-        if s.failures == FAILURES_TO_BACK_OFF {
+        let since = *s.since.get_or_insert(now);
+        let until = self.down_until.load(Relaxed);
+        if until == 0 {
+            let failing_for = now.saturating_duration_since(since);
+            if s.failures < FAILURES_TO_BACK_OFF || failing_for < MIN_FAILING {
+                return;
+            }
             s.backoff = FIRST_BACKOFF;
             tracing::warn!(
                 shard = %self.name,
                 error,
+                failures = s.failures,
+                failing_ms = failing_for.as_millis() as u64,
                 backoff_ms = s.backoff.as_millis() as u64,
                 "redis shard down: backing off"
             );
         } else {
-            // Many calls may fail at once (a burst in flight, or the trials let
-            // through when a back-off ends): grow the back-off once per round, not
-            // once per call.
-            if s.down_until.is_some_and(|until| Instant::now() < until) {
+            // Many calls may fail at once (those in flight when the shard went down,
+            // or the trials let through when a back-off ends): grow the back-off once
+            // per round, not once per call.
+            if self.nanos(now) < until {
                 return;
             }
             s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
         }
-        s.down_until = Some(Instant::now() + s.backoff);
+        self.down_until.store(self.nanos(now + s.backoff), Relaxed);
     }
 
     /// Records the outcome of a call when dropped; a call dropped before it finished
@@ -141,19 +202,85 @@ impl Drop for CallGuard<'_> {
 mod tests {
     use super::*;
 
+    const MS: Duration = Duration::from_millis(1);
+
+    fn backing_off(h: &Health, now: Instant) -> bool {
+        matches!(h.check_at(now), Err(StoreError::BackingOff))
+    }
+
     #[test]
-    fn three_failures_back_off_and_success_recovers() {
+    fn failures_lasting_the_span_back_off_and_success_recovers() {
         let h = Health::new("s".into(), None);
-        for _ in 0..2 {
-            h.failure("x");
-            assert!(h.check().is_ok());
+        let t0 = Instant::now();
+        // A dead shard under load: a failure every millisecond.
+        for i in 0..MIN_FAILING.as_millis() as u32 {
+            h.failure_at("x", t0 + MS * i);
+            assert!(!h.is_down(), "{i} ms");
+            assert!(h.check_at(t0 + MS * i).is_ok());
         }
-        h.failure("x");
-        assert!(matches!(h.check(), Err(StoreError::BackingOff)));
+        let down_at = t0 + MIN_FAILING;
+        h.failure_at("x", down_at);
         assert!(h.is_down());
+        assert!(backing_off(&h, down_at));
+        assert!(backing_off(&h, down_at + FIRST_BACKOFF - MS));
+        assert!(h.check_at(down_at + FIRST_BACKOFF).is_ok(), "trial");
         h.success();
-        assert!(h.check().is_ok());
         assert!(!h.is_down());
+        assert!(h.check().is_ok());
+        // The streak starts over after the success.
+        h.failure_at("x", down_at + FIRST_BACKOFF);
+        assert!(!h.is_down());
+    }
+
+    #[test]
+    fn a_burst_of_timeouts_then_a_success_does_not_back_off() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        // One stall: every call in flight times out together, then calls succeed.
+        for round in 0..3u32 {
+            let stall = t0 + MIN_FAILING * round;
+            for _ in 0..64 {
+                h.failure_at("timed out", stall);
+            }
+            assert!(!h.is_down(), "round {round}");
+            h.success();
+        }
+        assert!(h.check_at(t0 + MIN_FAILING * 3).is_ok());
+        // The same burst with no success after it and failures continuing past the
+        // span is an outage.
+        for _ in 0..64 {
+            h.failure_at("timed out", t0 + MIN_FAILING * 3);
+        }
+        assert!(!h.is_down());
+        h.failure_at("timed out", t0 + MIN_FAILING * 4);
+        assert!(h.is_down());
+    }
+
+    #[test]
+    fn a_success_resets_the_streak() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        h.failure_at("x", t0);
+        h.failure_at("x", t0 + MIN_FAILING - MS);
+        h.success();
+        // Failing since t0 would be long enough now, but the streak began again.
+        h.failure_at("x", t0 + MIN_FAILING);
+        h.failure_at("x", t0 + MIN_FAILING + MS);
+        h.failure_at("x", t0 + MIN_FAILING * 2 - MS);
+        assert!(!h.is_down());
+        h.failure_at("x", t0 + MIN_FAILING * 2);
+        assert!(h.is_down());
+    }
+
+    #[test]
+    fn a_long_streak_needs_enough_failures() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        h.failure_at("x", t0);
+        h.failure_at("x", t0 + MIN_FAILING * 10);
+        assert!(!h.is_down(), "two failures are not an outage");
+        h.failure_at("x", t0 + MIN_FAILING * 11);
+        assert!(h.is_down());
     }
 
     #[test]
@@ -170,25 +297,50 @@ mod tests {
     }
 
     #[test]
-    fn failed_trials_grow_the_backoff_and_dropped_calls_count() {
+    fn dropped_calls_count_as_failures() {
         let h = Health::new("s".into(), None);
         for _ in 0..3 {
             drop(h.guard());
         }
+        assert_eq!(h.lock().failures, 3);
+        h.guard()
+            .finish(&Err::<(), _>(StoreError::Protocol("bad reply".into())));
+        assert_eq!(h.lock().failures, 3, "a bad reply is not an outage");
+        h.guard().finish(&Ok(()));
+        assert_eq!(h.lock().failures, 0);
+        assert!(!h.failing.load(Relaxed));
+    }
+
+    #[test]
+    fn failed_trials_grow_the_backoff() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        h.failure_at("x", t0);
+        h.failure_at("x", t0);
+        h.failure_at("x", t0 + MIN_FAILING);
         assert!(h.is_down());
         // Failures while backing off (calls already in flight) change nothing.
         for _ in 0..5 {
-            h.failure("in flight");
+            h.failure_at("in flight", t0 + MIN_FAILING + MS);
         }
         assert_eq!(h.lock().backoff, FIRST_BACKOFF);
         // Each failed round after a back-off doubles it, up to the maximum.
+        let mut now = t0 + MIN_FAILING;
         for round in 1..=10u32 {
-            h.lock().down_until = Some(Instant::now() - Duration::from_millis(1));
-            assert!(h.check().is_ok(), "trial allowed");
-            h.failure("trial");
-            h.failure("trial");
+            now += h.lock().backoff;
+            assert!(backing_off(&h, now - MS), "round {round}");
+            assert!(h.check_at(now).is_ok(), "trial allowed");
+            h.failure_at("trial", now);
+            h.failure_at("trial", now);
             let want = (FIRST_BACKOFF * 2u32.pow(round)).min(MAX_BACKOFF);
             assert_eq!(h.lock().backoff, want, "round {round}");
+            assert!(h.is_down());
         }
+        // A successful trial brings it back.
+        now += h.lock().backoff;
+        assert!(h.check_at(now).is_ok());
+        h.success();
+        assert!(!h.is_down());
+        assert!(h.check_at(now).is_ok());
     }
 }
