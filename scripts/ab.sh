@@ -7,7 +7,7 @@
 # Starts one redis-server and both builds (`--redis`, benches/policy.yaml), then runs
 # `sluice-bench load --scenario SCENARIO` (default hot) against old, new, old, new, ...
 # for ROUNDS rounds (default 3) of DURATION (default 4s) each, and prints each run and
-# the median req/s, p99 and CPU time per request of each build (sluice's own user +
+# the median req/s, p99 and CPU time per request of each build and of Redis (user +
 # system time from /proc, which a busy machine disturbs far less than throughput).
 # Set AB_STORE=memory to compare without Redis. Traffic stays on 127.0.0.1. Not part
 # of scripts/test.sh.
@@ -44,6 +44,7 @@ if [ "$store" = redis ]; then
   pids+=($!)
   wait_port 26392
   flags=(--redis redis://127.0.0.1:26392)
+  redis=$!
 fi
 "$old" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18196 \
   --http-addr 127.0.0.1:18197 "${flags[@]}" >/dev/null 2>&1 &
@@ -61,24 +62,28 @@ wait_port 18196
 wait_port 18198
 
 echo "# $(date -u +%FT%TZ) $store/$scenario, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
-declare -A rps p99 cpu
+declare -A rps p99 cpu rcpu
 for r in $(seq 1 "$rounds"); do
   for t in old:18196 new:18198; do
     name=${t%%:*}
     before=$(ticks "${pid[$name]}")
+    rbefore=$( [ -n "${redis:-}" ] && ticks "$redis" || echo 0)
     line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s)
     used=$(($(ticks "${pid[$name]}") - before))
+    rused=$(( $( [ -n "${redis:-}" ] && ticks "$redis" || echo 0) - rbefore))
     done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")
     per=$(awk -v t="$used" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
-    echo "$name $line cpu ${per}us/req"
+    rper=$(awk -v t="$rused" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
+    echo "$name $line cpu ${per}us/req redis ${rper}us/req"
     rps[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="req/s") print $(i-1)}' <<<"$line") "
     p99[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="p99") print $(i+1)}' <<<"$line") "
     cpu[$name]+="$per "
+    rcpu[$name]+="$rper "
   done
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for name in old new; do
   echo "median $name: $(median <<<"${rps[$name]}") req/s, p99 $(median <<<"${p99[$name]}") us," \
-    "sluice CPU $(median <<<"${cpu[$name]}") us/request"
+    "sluice CPU $(median <<<"${cpu[$name]}") us/request, redis CPU $(median <<<"${rcpu[$name]}") us/request"
 done
