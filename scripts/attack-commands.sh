@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Redis commands per denied request when one key is attacked at 10x its limit:
+#
+#   scripts/attack-commands.sh [ALGORITHM...]     (default: all five)
+#
+# For each algorithm: one redis-server, sluice `--redis` with benches/policy.yaml
+# whose `user` limit (100/s) uses that algorithm, and
+# `sluice-bench load --scenario attack --key user --rate 1000 --attack-share 1.0`
+# for 10 s (no warm-up, so every request is counted). Redis's own counts come from
+# `INFO commandstats` reset just before the load: script calls that did not admit
+# anything (all EVALSHA calls minus one per admitted request) per denied request.
+# leaky_bucket holds requests (up to its burst) instead of denying them, so with the
+# generator's 64 requests in flight the attacker is slowed, not denied: "no denials".
+# Traffic stays on 127.0.0.1. Not part of scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+algorithms=("$@")
+[ ${#algorithms[@]} -gt 0 ] ||
+  algorithms=(fixed_window sliding_window_log sliding_window_counter token_bucket leaky_bucket)
+cargo build --release --bins >&2
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+wait_port() {
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "attack-commands: nothing listens on $1" >&2
+  return 1
+}
+stat_of() { # stat_of COMMAND FIELD
+  redis-cli -p 26393 INFO commandstats |
+    awk -F'[:,=]' -v c="cmdstat_$1" -v f="$2" '$1 == c { for (i = 2; i < NF; i += 2) if ($i == f) print $(i + 1) }'
+}
+
+redis-server --bind 127.0.0.1 --port 26393 --save '' --appendonly no --loglevel warning \
+  >/dev/null 2>&1 &
+pids+=($!)
+wait_port 26393
+echo "# $(date -u +%FT%TZ) sluice $(git describe --always --dirty), load $(cut -d' ' -f1 /proc/loadavg)"
+printf '%-24s %9s %9s %9s %13s\n' algorithm admitted denied evalsha "cmds/denial"
+for alg in "${algorithms[@]}"; do
+  sed "s/rate_limit: {unit: second, requests_per_unit: 100}/rate_limit: {unit: second, requests_per_unit: 100, algorithm: $alg}/" \
+    benches/policy.yaml >"$work/policy.yaml"
+  grep -q "algorithm: $alg}" "$work/policy.yaml" || { echo "policy edit failed" >&2; exit 1; }
+  redis-cli -p 26393 FLUSHALL >/dev/null
+  target/release/sluice serve --config "$work/policy.yaml" --grpc-addr 127.0.0.1:18200 \
+    --http-addr 127.0.0.1:18201 --redis redis://127.0.0.1:26393 >"$work/sluice.log" 2>&1 &
+  sluice=$!
+  pids+=("$sluice")
+  wait_port 18200
+  # Load the script before counting, so NOSCRIPT retries are not counted.
+  target/release/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
+    --rate 10 --attack-share 1.0 --duration 1s --warmup 0s >/dev/null
+  sleep 1.1 # the warm-up hits leave the 1 s windows
+  redis-cli -p 26393 CONFIG RESETSTAT >/dev/null
+  line=$(target/release/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
+    --rate 1000 --attack-share 1.0 --duration 10s --warmup 0s --json)
+  kill "$sluice"
+  wait "$sluice" 2>/dev/null || true
+  admitted=$(jq '.attacker.ok' <<<"$line")
+  denied=$(jq '.attacker.over_limit' <<<"$line")
+  evalsha=$(stat_of evalsha calls)
+  printf '%-24s %9s %9s %9s %13s\n' "$alg" "$admitted" "$denied" "${evalsha:-0}" \
+    "$(awk -v e="${evalsha:-0}" -v a="$admitted" -v d="$denied" \
+      'BEGIN { if (d > 0) printf "%.4f", (e - a) / d; else print "no denials" }')"
+done
