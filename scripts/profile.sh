@@ -55,7 +55,7 @@ pids+=($!)
 sleep 4
 perf record -F 499 --call-graph dwarf,16384 -p "$sluice_pid" -o "$prefix.perf.data" \
   -- sleep 5 >/dev/null 2>&1
-perf report -i "$prefix.perf.data" --no-children --sort symbol --stdio 2>/dev/null |
+perf report -i "$prefix.perf.data" --no-children -g none --sort symbol --stdio 2>/dev/null |
   grep -E '^ +[0-9.]+%' | head -60 >"$prefix.txt" || true
 if command -v inferno-collapse-perf >/dev/null; then
   perf script -i "$prefix.perf.data" 2>/dev/null | inferno-collapse-perf |

@@ -100,6 +100,11 @@ pub struct Serve {
     /// Longest wait for in-flight calls after SIGTERM.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Threads answering requests; 0 means one per CPU available to the process (its
+    /// cgroup quota included). 1 spends about a fifth less CPU per Redis decision when
+    /// sluice shares its cores (no wake-ups across threads; see BENCHMARKS.md).
+    #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
 }
 
 fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {

@@ -20,7 +20,11 @@ fn main() -> ExitCode {
         }
         Command::Serve(cfg) => {
             init_logging(cfg.log_format);
-            let runtime = match tokio::runtime::Runtime::new() {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if cfg.worker_threads > 0 {
+                builder.worker_threads(cfg.worker_threads);
+            }
+            let runtime = match builder.enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("sluice: cannot start the runtime: {e}");

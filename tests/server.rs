@@ -541,3 +541,35 @@ async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(load.await.unwrap() > 0);
 }
+
+/// Tokio's threads of a running process, by name (sluice starts no blocking ones
+/// without Redis, so these are the workers).
+fn worker_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with("tokio-r"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn one_worker_thread_serves_and_limits_the_same() {
+    let server = Server::start(POLICY, &["--worker-threads", "1"]);
+    if std::path::Path::new("/proc/self/task").exists() {
+        assert_eq!(worker_threads(server.child.id()), 1);
+    }
+    let mut c = server.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let r = call(
+            &mut c,
+            request("shop", vec![desc(&[("user", "u1"), ("action", "buy")])]),
+        )
+        .await;
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OK, OVER_LIMIT]);
+}
