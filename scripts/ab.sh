@@ -22,29 +22,14 @@ duration=${5:-4s}
 store=${AB_STORE:-redis}
 cargo build --release --bin sluice-bench >&2
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "ab: nothing listens on $1" >&2
-  return 1
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 flags=()
 if [ "$store" = redis ]; then
-  redis-server --bind 127.0.0.1 --port 26392 --save '' --appendonly no \
-    --loglevel warning >/dev/null 2>&1 &
-  pids+=($!)
-  wait_port 26392
+  start_redis 26392
   flags=(--redis redis://127.0.0.1:26392)
-  redis=$!
+  redis=$started_pid
 fi
 "$old" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18196 \
   --http-addr 127.0.0.1:18197 "${flags[@]}" >/dev/null 2>&1 &
@@ -55,8 +40,6 @@ pid[old]=$!
   --http-addr 127.0.0.1:18199 "${flags[@]}" >/dev/null 2>&1 &
 pids+=($!)
 pid[new]=$!
-# CPU ticks (user + system) a process has used so far.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 wait_port 18196
 wait_port 18198

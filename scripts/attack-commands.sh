@@ -19,31 +19,16 @@ algorithms=("$@")
 [ ${#algorithms[@]} -gt 0 ] ||
   algorithms=(fixed_window sliding_window_log sliding_window_counter token_bucket leaky_bucket)
 cargo build --release --bins >&2
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "attack-commands: nothing listens on $1" >&2
-  return 1
-}
+scratch+=("$work")
 stat_of() { # stat_of COMMAND FIELD
   redis-cli -p 26393 INFO commandstats |
     awk -F'[:,=]' -v c="cmdstat_$1" -v f="$2" '$1 == c { for (i = 2; i < NF; i += 2) if ($i == f) print $(i + 1) }'
 }
 
-redis-server --bind 127.0.0.1 --port 26393 --save '' --appendonly no --loglevel warning \
-  >/dev/null 2>&1 &
-pids+=($!)
-wait_port 26393
+start_redis 26393
 echo "# $(date -u +%FT%TZ) sluice $(git describe --always --dirty), load $(cut -d' ' -f1 /proc/loadavg)"
 printf '%-24s %9s %9s %9s %13s\n' algorithm admitted denied evalsha "cmds/denial"
 for alg in "${algorithms[@]}"; do

@@ -48,23 +48,9 @@ cargo build --release --bins >&2
 bin=target/release
 sluice=${BENCH_SLUICE:-$bin/sluice}
 
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
-# wait_port PORT PID: until something listens on PORT; fails if PID dies first.
-wait_port() {
-  local port=$1 pid=$2
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
 
 wants() { [[ " $targets " == *" $1 "* ]]; }
 
@@ -82,13 +68,10 @@ if awk -v l="$load1" 'BEGIN { exit !(l > 1.0) }'; then
 fi
 
 declare -A addr metrics_at target_pid redis_pid
-start_redis() {
+bench_redis() {
   local port=$1
-  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-    --dir "$out" --loglevel warning >"$out/redis-$port.log" 2>&1 &
-  pids+=($!)
-  redis_pid[$port]=$!
-  wait_port "$port" $! || { note "redis-server on $port did not start"; return 1; }
+  start_redis "$port" "$out/redis-$port.log" || { note "redis-server on $port did not start"; return 1; }
+  redis_pid[$port]=$started_pid
 }
 
 # start_sluice NAME GRPC_PORT HTTP_PORT [serve flags...]
@@ -123,7 +106,7 @@ if [ "$need_redis" = 1 ] && ! command -v redis-server >/dev/null; then
 fi
 if [ "$need_redis" = 1 ]; then
   if wants sluice-redis1 || wants sluice-redis3; then
-    start_redis 16379 && start_redis 16380 && start_redis 16381
+    bench_redis 16379 && bench_redis 16380 && bench_redis 16381
     wants sluice-redis1 && start_sluice sluice-redis1 18084 18085 \
       --redis redis://127.0.0.1:16379
     wants sluice-redis3 && start_sluice sluice-redis3 18086 18087 \
@@ -134,7 +117,7 @@ if [ "$need_redis" = 1 ]; then
       note "reference skipped: BENCH_REFERENCE=0"
     elif ! ref=$(scripts/build-reference.sh 2>"$out/reference-build.log"); then
       note "reference skipped: build failed, see $out/reference-build.log"
-    elif start_redis 16382; then
+    elif bench_redis 16382; then
       rt=$out/reference-runtime
       mkdir -p "$rt/ratelimit/config"
       cp benches/reference/config/bench.yaml "$rt/ratelimit/config/"
@@ -176,14 +159,6 @@ failed_open() {
     awk '/^sluice_requests_total/ && /outcome="failed_(open|closed)"/ { s += $NF } END { print s + 0 }'
 }
 
-# CPU ticks (user + system) used so far by the given processes.
-ticks() {
-  local t=0 p
-  for p in "$@"; do
-    [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
-  done
-  echo "$t"
-}
 hz=$(getconf CLK_TCK)
 # The redis-server processes a target's counters live in.
 redis_of() {

@@ -22,24 +22,10 @@ algorithms="fixed_window sliding_window_counter sliding_window_log token_bucket 
 cargo build --release --bins >&2
 bin=target/release
 sluice=${MEMORY_SLUICE:-$bin/sluice}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 out=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$out"
-}
-trap cleanup EXIT
-
-wait_port() {
-  local port=$1 pid=$2
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+scratch+=("$out")
 
 echo "## In memory"
 "$bin/sluice-bench" memory --keys "${keys:-1000000}" --hits "$hits"

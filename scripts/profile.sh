@@ -19,28 +19,12 @@ mkdir -p "$(dirname "$prefix")"
 command -v perf >/dev/null || { echo "profile: perf not found" >&2; exit 1; }
 
 cargo build --release --bins >&2
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "profile: nothing listens on $1" >&2
-  return 1
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 flags=()
 if [ "$store" = redis ]; then
-  redis-server --bind 127.0.0.1 --port 26391 --save '' --appendonly no \
-    --loglevel warning >/dev/null 2>&1 &
-  pids+=($!)
-  wait_port 26391
+  start_redis 26391
   flags=(--redis redis://127.0.0.1:26391)
 fi
 target/release/sluice serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18194 \

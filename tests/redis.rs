@@ -384,11 +384,16 @@ impl Load {
     }
 }
 
-/// A one-shard store whose calls give up after `call_timeout`, as `--store-timeout`.
-fn store_with_timeout(server: &RedisServer, call_timeout: Duration) -> Arc<RedisStore> {
+/// One shard whose calls give up after 15 ms (the default `--store-timeout`), under a
+/// steady load for 300 ms already.
+async fn loaded_shard() -> (RedisServer, Arc<RedisStore>, Load) {
+    let server = RedisServer::start();
     let mut opts = Options::new(vec![server.url()], false);
-    opts.call_timeout = call_timeout;
-    Arc::new(RedisStore::new(opts, None).expect("store"))
+    opts.call_timeout = Duration::from_millis(15);
+    let store = Arc::new(RedisStore::new(opts, None).expect("store"));
+    let load = Load::start(store.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (server, store, load)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,10 +401,7 @@ async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
     if !available() {
         return;
     }
-    let server = RedisServer::start();
-    let store = store_with_timeout(&server, Duration::from_millis(15));
-    let load = Load::start(store.clone());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (server, store, load) = loaded_shard().await;
     // Every call in flight passes the store timeout together, then Redis answers
     // again. On a busy machine few calls may be in flight: stall until at least three
     // time out together (enough to back off by count alone).
@@ -424,10 +426,7 @@ async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
     if !available() {
         return;
     }
-    let server = RedisServer::start();
-    let store = store_with_timeout(&server, Duration::from_millis(15));
-    let load = Load::start(store.clone());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (server, store, load) = loaded_shard().await;
     server.freeze();
     let frozen = Instant::now();
     while !store.shard_down(0) {

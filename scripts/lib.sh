@@ -1,0 +1,46 @@
+# Shared by the bench and profiling scripts (sourced, not run): processes started in
+# the background are killed on exit, temporary directories removed, and ports waited
+# for. Everything listens on 127.0.0.1.
+
+pids=()     # background processes to stop on exit
+scratch=()  # directories to remove on exit
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for p in "${scratch[@]}"; do rm -rf "$p"; done
+}
+trap cleanup EXIT
+
+# wait_port PORT [PID]: until something listens on 127.0.0.1:PORT (10 s at most);
+# fails sooner if PID exits first.
+wait_port() {
+  local port=$1 pid=${2:-}
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+    sleep 0.1
+  done
+  echo "$(basename "$0"): nothing listens on 127.0.0.1:$port" >&2
+  return 1
+}
+
+# start_redis PORT [LOG]: a redis-server without persistence on 127.0.0.1:PORT,
+# stopped on exit; its pid in $started_pid.
+start_redis() {
+  local port=$1 log=${2:-/dev/null}
+  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    --dir "${TMPDIR:-/tmp}" --loglevel warning >"$log" 2>&1 &
+  started_pid=$!
+  pids+=("$started_pid")
+  wait_port "$port" "$started_pid"
+}
+
+# ticks PID...: CPU ticks (user + system, CLK_TCK per second) the processes used so far.
+ticks() {
+  local t=0 p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$t"
+}
