@@ -681,7 +681,9 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         return;
     }
     let cluster = common::redis::RedisCluster::start(3);
-    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    let mut opts = Options::new(cluster.urls(), true);
+    opts.key_count_interval = Duration::from_millis(50);
+    let store = RedisStore::new(opts, None).expect("store");
     for alg in sluice::store::contract::ALL {
         let key = format!("cluster-{}", alg.as_str());
         for i in 0..5 {
@@ -727,12 +729,24 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         );
         assert!(store.decide(&[h]).await.unwrap().admitted);
     }
+    let mut total = 0;
     for node in &cluster.nodes {
         let size: u64 = redis::cmd("DBSIZE")
             .query_async(&mut node.conn().await)
             .await
             .unwrap();
         assert!(size > 5, "node {} holds {size} keys", node.port);
+        total += size as usize;
+    }
+    // sluice_active_keys counts the keys of every master.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.active_keys() != total {
+        assert!(
+            Instant::now() < deadline,
+            "active keys {} of {total}",
+            store.active_keys()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     // The binary with --redis-cluster: layered counters on different slots.
@@ -1077,4 +1091,52 @@ descriptors:
         metrics.contains(r#"sluice_penalty_bans_total{domain="pen",rule="client"} 1"#),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn active_keys_follow_the_counters_on_every_shard() {
+    if !available() {
+        return;
+    }
+    let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
+    opts.key_count_interval = Duration::from_millis(50);
+    let store = RedisStore::new(opts, None).expect("store");
+    let wait_for = |want: usize| {
+        let store = &store;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while store.active_keys() != want {
+                assert!(
+                    Instant::now() < deadline,
+                    "active keys {} instead of {want}",
+                    store.active_keys()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    for i in 0..40 {
+        let h = hit(
+            &format!("k{i}"),
+            Algorithm::FixedWindow,
+            5,
+            3600 * SECOND,
+            1,
+        );
+        assert!(store.decide(&[h]).await.unwrap().admitted);
+    }
+    wait_for(40).await;
+    // Both shards hold some: the count is their sum.
+    for server in &servers {
+        assert!(!keys(&mut server.conn().await).await.is_empty());
+    }
+    // Counters gone (expired, or flushed as here): the count follows.
+    for server in &servers {
+        let () = redis::cmd("FLUSHALL")
+            .query_async(&mut server.conn().await)
+            .await
+            .unwrap();
+    }
+    wait_for(0).await;
 }

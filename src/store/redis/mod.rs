@@ -14,7 +14,8 @@
 //! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
 //! for `rediss://` are trusted through `SSL_CERT_FILE` / `SSL_CERT_DIR`.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -57,6 +58,8 @@ pub struct Options {
     pub cache_capacity: usize,
     /// Tests only: decide at this clock's time instead of Redis `TIME`.
     pub fixed_clock: Option<Arc<dyn Clock>>,
+    /// How often the key count (`sluice_active_keys`) is read from the shards.
+    pub key_count_interval: Duration,
 }
 
 impl Options {
@@ -69,6 +72,7 @@ impl Options {
             prefix: "sluice:".to_string(),
             cache_capacity: 100_000,
             fixed_clock: None,
+            key_count_interval: Duration::from_secs(10),
         }
     }
 }
@@ -110,6 +114,8 @@ struct Inner {
     call_timeout: Duration,
     /// Origin of the local monotonic clock the cache runs on.
     epoch: Instant,
+    /// Keys on all shards at the last count (DBSIZE), for `sluice_active_keys`.
+    keys: AtomicUsize,
 }
 
 /// Counters in Redis. Cheap to clone.
@@ -183,17 +189,18 @@ impl RedisStore {
             }
             Backend::Shards(shards)
         };
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                backend,
-                scripts: Scripts::default(),
-                cache: DenialCache::new(opts.cache_capacity),
-                prefix: opts.prefix,
-                fixed_clock: opts.fixed_clock,
-                call_timeout: opts.call_timeout,
-                epoch: Instant::now(),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            backend,
+            scripts: Scripts::default(),
+            cache: DenialCache::new(opts.cache_capacity),
+            prefix: opts.prefix,
+            fixed_clock: opts.fixed_clock,
+            call_timeout: opts.call_timeout,
+            epoch: Instant::now(),
+            keys: AtomicUsize::new(0),
+        });
+        tokio::spawn(count_keys(Arc::downgrade(&inner), opts.key_count_interval));
+        Ok(RedisStore { inner })
     }
 
     /// The shards' names (host:port), or `cluster`.
@@ -401,6 +408,50 @@ impl Inner {
     }
 }
 
+/// Keeps `Inner::keys` at the shards' DBSIZE sum (in a cluster, DBSIZE is summed over
+/// the masters), read every `every` off the request path, until the store is dropped.
+/// DBSIZE counts every key of the database, so it is sluice's own counters when Redis
+/// is given to sluice alone; a shard that does not answer keeps its last count.
+async fn count_keys(inner: Weak<Inner>, every: Duration) {
+    let mut last: Vec<usize> = Vec::new();
+    loop {
+        let Some(inner) = inner.upgrade() else { return };
+        let counts: Vec<Option<usize>> = match &inner.backend {
+            Backend::Shards(shards) => {
+                futures::future::join_all(shards.iter().map(|s| async move {
+                    let (mut conn, cmd) = (s.conn.clone(), redis::cmd("DBSIZE"));
+                    let n = cmd.query_async::<usize>(&mut conn);
+                    tokio::time::timeout(Duration::from_secs(1), n)
+                        .await
+                        .ok()?
+                        .ok()
+                }))
+                .await
+            }
+            Backend::Cluster(c) => {
+                let n = async {
+                    let (mut conn, cmd) = (c.conn.get()?.clone(), redis::cmd("DBSIZE"));
+                    let n = cmd.query_async::<usize>(&mut conn);
+                    tokio::time::timeout(Duration::from_secs(1), n)
+                        .await
+                        .ok()?
+                        .ok()
+                };
+                vec![n.await]
+            }
+        };
+        last.resize(counts.len(), 0);
+        for (l, n) in last.iter_mut().zip(counts) {
+            if let Some(n) = n {
+                *l = n;
+            }
+        }
+        inner.keys.store(last.iter().sum(), Ordering::Relaxed);
+        drop(inner);
+        tokio::time::sleep(every).await;
+    }
+}
+
 fn store_error(e: RedisError) -> StoreError {
     if e.is_timeout() {
         StoreError::Timeout
@@ -430,8 +481,7 @@ impl Store for RedisStore {
     }
 
     fn active_keys(&self) -> usize {
-        // Counting would cost a DBSIZE per shard per scrape; Redis reports it itself.
-        0
+        self.inner.keys.load(Ordering::Relaxed)
     }
 
     fn name(&self) -> &'static str {
