@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::policy::FailureMode;
 use crate::service::json::{parse_request, render_response};
 use crate::service::response::response;
 use crate::service::Service;
@@ -36,8 +37,12 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .with_state(admin)
 }
 
+/// Ready once serving, and, when the failure mode is closed, while the store answers:
+/// a replica that would deny everything is better out of the endpoints.
 async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    if admin.ready.load(Ordering::SeqCst) {
+    let limiter = &admin.service.limiter;
+    let store_ok = limiter.failure_mode() == FailureMode::Open || limiter.store().available();
+    if admin.ready.load(Ordering::SeqCst) && store_ok {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()

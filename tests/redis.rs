@@ -912,6 +912,8 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis_server.kill();
     tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Failing open, the replica answers: it stays in the endpoints.
+    assert_eq!(common::http(&sluice.http, "GET", "/readyz", "").0, 200);
     redis_server.restart();
     // Recovered once the limit is enforced again (2 per hour for a tenant).
     let mut client = sluice.client().await;
@@ -1139,4 +1141,43 @@ async fn active_keys_follow_the_counters_on_every_shard() {
             .unwrap();
     }
     wait_for(0).await;
+}
+
+#[tokio::test]
+async fn failing_closed_a_replica_without_redis_is_not_ready_until_redis_is_back() {
+    if !available() {
+        return;
+    }
+    let mut redis_server = RedisServer::start();
+    let url = redis_server.url();
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &["--redis", &url, "--failure-mode", "closed"],
+    );
+    let readyz = || common::http(&sluice.http, "GET", "/readyz", "").0;
+    assert_eq!(readyz(), 200);
+    redis_server.kill();
+    // Requests find the shard down, each denied by the closed failure mode.
+    let mut client = sluice.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while readyz() != 503 {
+        assert!(Instant::now() < deadline, "still ready without Redis");
+        let r = common::call(
+            &mut client,
+            common::request("exact", vec![common::desc(&[("tenant", "t")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, common::OVER_LIMIT, "closed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Out of the endpoints it gets no traffic: Redis answering again is enough.
+    redis_server.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while readyz() != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "not ready again after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -141,6 +141,11 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// What to answer when the store cannot (a domain may override it).
+    pub fn failure_mode(&self) -> FailureMode {
+        self.settings.failure_mode
+    }
+
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.load_full()
     }

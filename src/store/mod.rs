@@ -86,6 +86,12 @@ pub trait Store: Send + Sync + 'static {
     fn evictions(&self) -> u64 {
         0
     }
+
+    /// Whether the store answers: false while a shard is known to be down. `/readyz`
+    /// follows it when the failure mode is closed.
+    fn available(&self) -> bool {
+        true
+    }
 }
 
 /// A shared store is a store: the server keeps a handle for housekeeping.
@@ -104,6 +110,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn evictions(&self) -> u64 {
         (**self).evictions()
+    }
+
+    fn available(&self) -> bool {
+        (**self).available()
     }
 }
 

@@ -418,27 +418,13 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
         let Some(inner) = inner.upgrade() else { return };
         let counts: Vec<Option<usize>> = match &inner.backend {
             Backend::Shards(shards) => {
-                futures::future::join_all(shards.iter().map(|s| async move {
-                    let (mut conn, cmd) = (s.conn.clone(), redis::cmd("DBSIZE"));
-                    let n = cmd.query_async::<usize>(&mut conn);
-                    tokio::time::timeout(Duration::from_secs(1), n)
-                        .await
-                        .ok()?
-                        .ok()
-                }))
-                .await
+                futures::future::join_all(shards.iter().map(|s| dbsize(s.conn.clone(), &s.health)))
+                    .await
             }
-            Backend::Cluster(c) => {
-                let n = async {
-                    let (mut conn, cmd) = (c.conn.get()?.clone(), redis::cmd("DBSIZE"));
-                    let n = cmd.query_async::<usize>(&mut conn);
-                    tokio::time::timeout(Duration::from_secs(1), n)
-                        .await
-                        .ok()?
-                        .ok()
-                };
-                vec![n.await]
-            }
+            Backend::Cluster(c) => match c.conn.get() {
+                Some(conn) => vec![dbsize(conn.clone(), &c.health).await],
+                None => vec![None],
+            },
         };
         last.resize(counts.len(), 0);
         for (l, n) in last.iter_mut().zip(counts) {
@@ -450,6 +436,21 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
         drop(inner);
         tokio::time::sleep(every).await;
     }
+}
+
+/// One shard's DBSIZE. A shard that answers is marked up: a replica taken out of the
+/// endpoints (closed failure mode, see `Store::available`) gets no requests to try
+/// the shard with, so this is its way back.
+async fn dbsize(mut conn: impl redis::aio::ConnectionLike, health: &Health) -> Option<usize> {
+    let cmd = redis::cmd("DBSIZE");
+    let n = tokio::time::timeout(Duration::from_secs(1), cmd.query_async::<usize>(&mut conn))
+        .await
+        .ok()?
+        .ok()?;
+    if health.is_down() {
+        health.success();
+    }
+    Some(n)
 }
 
 fn store_error(e: RedisError) -> StoreError {
@@ -482,6 +483,13 @@ impl Store for RedisStore {
 
     fn active_keys(&self) -> usize {
         self.inner.keys.load(Ordering::Relaxed)
+    }
+
+    fn available(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Shards(s) => s.iter().all(|s| !s.health.is_down()),
+            Backend::Cluster(c) => !c.health.is_down(),
+        }
     }
 
     fn name(&self) -> &'static str {
