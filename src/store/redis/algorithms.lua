@@ -1,13 +1,10 @@
 -- Sluice: the five algorithms, mirroring src/algorithm/*.rs line for line.
 --
--- Each takes (limit, state or nil, now, hits) and returns a verdict
--- {admitted 0/1, remaining, reset, retry_after (NEVER = never), delay}, the next
--- state (nil when nothing changes) and a refund token: what refund.lua needs to give
--- the hits back exactly. Limits are {r = requests, w = window >= 1, b = burst}.
-
-local function verdict(admitted, remaining, reset, retry, delay)
-  return { admitted and 1 or 0, remaining, reset, retry, delay }
-end
+-- Each takes (requests, window >= 1, burst, state or nil, now, hits, leaky) and
+-- returns the verdict as five values: admitted 0/1, remaining, reset, retry_after
+-- (NEVER = never), delay; then the next state (nil when nothing changes), a refund
+-- token (what refund.lua needs to give the hits back exactly) and, with a next state,
+-- when that state may expire. Values, not tables: this runs on every hit.
 
 -- max(at - now, 0), as Rust's saturating `until`.
 local function until_(at, now)
@@ -16,42 +13,35 @@ local function until_(at, now)
 end
 
 -- fixed_window: state {window_start, count}.
-local function fixed_window(l, st, now, hits)
-  local w = l.w
+local function fixed_window(r, w, _, st, now, hits)
   local _, off = idiv(now, w)
   local start, count = now - off, 0
   if st ~= nil and st[1] >= start then start, count = st[1], st[2] end
   local reset = until_(start + w, now)
   local used = count + hits
-  if used <= l.r then
-    local nxt = nil
-    if hits > 0 then nxt = { start, used } end
-    return verdict(true, l.r - used, reset, 0, 0), nxt, start
+  if used <= r then
+    if hits > 0 then return 1, r - used, reset, 0, 0, { start, used }, start, start + w end
+    return 1, r - used, reset, 0, 0, nil, start
   end
   local retry = reset
-  if hits > l.r or reset == 0 then retry = NEVER end
-  local remaining = l.r - count
+  if hits > r or reset == 0 then retry = NEVER end
+  local remaining = r - count
   if remaining < 0 then remaining = 0 end
-  return verdict(false, remaining, reset, retry, 0), nil, 0
-end
-
-local function fixed_window_expires(l, st)
-  return st[1] + l.w
+  return 0, remaining, reset, retry, 0, nil, 0
 end
 
 -- sliding_window_log: state {{t, h}, ...} live entries in increasing t.
-local function sliding_window_log(l, st, now, hits)
-  local w = l.w
+local function sliding_window_log(r, w, _, st, now, hits)
   local entries = st or {}
   local used = 0
   for i = 1, #entries do used = used + entries[i][2] end
   local last = entries[#entries]
-  if used + hits <= l.r then
-    local remaining = l.r - used - hits
+  if used + hits <= r then
+    local remaining = r - used - hits
     if hits == 0 then
       local reset = 0
       if last ~= nil then reset = until_(last[1] + w, now) end
-      return verdict(true, remaining, reset, 0, 0), nil, 0
+      return 1, remaining, reset, 0, 0, nil, 0
     end
     local kept = {}
     for i = 1, #entries do kept[i] = { entries[i][1], entries[i][2] } end
@@ -63,11 +53,11 @@ local function sliding_window_log(l, st, now, hits)
       kept[#kept + 1] = { now, hits }
       at = now
     end
-    return verdict(true, remaining, until_(at + w, now), 0, 0), kept, at
+    return 1, remaining, until_(at + w, now), 0, 0, kept, at, at + w
   end
   local retry = NEVER
-  if hits <= l.r then
-    local excess = used + hits - l.r
+  if hits <= r then
+    local excess = used + hits - r
     local freed = 0
     for i = 1, #entries do
       freed = freed + entries[i][2]
@@ -77,17 +67,11 @@ local function sliding_window_log(l, st, now, hits)
       end
     end
   end
-  local remaining = l.r - used
+  local remaining = r - used
   if remaining < 0 then remaining = 0 end
   local reset = 0
   if last ~= nil then reset = until_(last[1] + w, now) end
-  return verdict(false, remaining, reset, retry, 0), nil, 0
-end
-
-local function sliding_window_log_expires(l, st)
-  local last = st[#st]
-  if last == nil then return 0 end
-  return last[1] + l.w
+  return 0, remaining, reset, retry, 0, nil, 0
 end
 
 -- sliding_window_counter: state {window_start, previous, current}.
@@ -102,8 +86,7 @@ local function first_elapsed(need, previous, w)
   return nil
 end
 
-local function sliding_window_counter(l, st, now, hits)
-  local w, r = l.w, l.r
+local function sliding_window_counter(r, w, _, st, now, hits)
   local _, off = idiv(now, w)
   local start, previous, current = now - off, 0, 0
   if st ~= nil and st[1] >= start then
@@ -129,9 +112,11 @@ local function sliding_window_counter(l, st, now, hits)
     reset = until_(start + w, now)
   end
   if admitted then
-    local nxt = nil
-    if hits > 0 then nxt = { start, previous, counted } end
-    return verdict(true, remaining, reset, 0, 0), nxt, start
+    -- counted > 0 with hits > 0: the state lives two windows.
+    if hits > 0 then
+      return 1, remaining, reset, 0, 0, { start, previous, counted }, start, start + 2 * w
+    end
+    return 1, remaining, reset, 0, 0, nil, start
   end
   local retry = NEVER
   if hits <= r then
@@ -147,55 +132,48 @@ local function sliding_window_counter(l, st, now, hits)
     if at == nil then at = start + 2 * w end
     retry = until_(at, now)
   end
-  return verdict(false, remaining, reset, retry, 0), nil, 0
-end
-
-local function sliding_window_counter_expires(l, st)
-  local windows = 0
-  if st[3] > 0 then windows = 2 elseif st[2] > 0 then windows = 1 end
-  return st[1] + l.w * windows
+  return 0, remaining, reset, retry, 0, nil, 0
 end
 
 -- token_bucket and leaky_bucket (GCRA): state {tat}.
 
 -- Largest backlog at which `hits` still fit, nil when hits > burst.
-local function slack(l, hits)
-  if hits > l.b then return nil end
-  if hits == 0 then return muldiv_ceil(l.b, l.w, l.r) end
-  return (muldiv(l.b - hits, l.w, l.r))
+local function slack(r, w, b, hits)
+  if hits > b then return nil end
+  if hits == 0 then return muldiv_ceil(b, w, r) end
+  return (muldiv(b - hits, w, r))
 end
 
 -- burst - ceil(backlog * requests / window), at least 0.
-local function gcra_remaining(l, backlog)
-  local owed = muldiv_ceil(backlog, l.r, l.w)
-  if owed >= l.b then return 0 end
-  return l.b - owed
+local function gcra_remaining(r, w, b, backlog)
+  local owed = muldiv_ceil(backlog, r, w)
+  if owed >= b then return 0 end
+  return b - owed
 end
 
-local function gcra(l, st, now, hits, leaky)
-  if l.r == 0 then
-    local retry = NEVER
-    if hits == 0 then retry = 0 end
-    return verdict(hits == 0, 0, 0, retry, 0), nil, 0
+local function gcra(r, w, b, st, now, hits, leaky)
+  if r == 0 then
+    if hits == 0 then return 1, 0, 0, 0, 0, nil, 0 end
+    return 0, 0, 0, NEVER, 0, nil, 0
   end
   local tat = now
   if st ~= nil then tat = st[1] end
   local base = tat
   if now > base then base = now end
   local backlog = base - now
-  local room = slack(l, hits)
-  local cost = muldiv_ceil(hits, l.w, l.r)
+  local room = slack(r, w, b, hits)
+  local cost = muldiv_ceil(hits, w, r)
   local next_tat = nil
   if cost < HUGE and base + cost < HUGE then next_tat = base + cost end
   if room ~= nil and backlog <= room then
     if hits == 0 then
-      return verdict(true, gcra_remaining(l, backlog), backlog, 0, 0), nil, 0
+      return 1, gcra_remaining(r, w, b, backlog), backlog, 0, 0, nil, 0
     end
     if next_tat ~= nil then
       local delay = 0
       if leaky then delay = backlog end
-      return verdict(true, gcra_remaining(l, next_tat - now), next_tat - now, 0, delay),
-        { next_tat }, cost
+      return 1, gcra_remaining(r, w, b, next_tat - now), next_tat - now, 0, delay,
+        { next_tat }, cost, next_tat
     end
   end
   local retry = NEVER
@@ -204,18 +182,15 @@ local function gcra(l, st, now, hits, leaky)
     if at < 0 then at = 0 end
     retry = until_(at, now)
   end
-  return verdict(false, gcra_remaining(l, backlog), backlog, retry, 0), nil, 0
+  return 0, gcra_remaining(r, w, b, backlog), backlog, retry, 0, nil, 0
 end
 
-local function token_bucket(l, st, now, hits) return gcra(l, st, now, hits, false) end
-local function leaky_bucket(l, st, now, hits) return gcra(l, st, now, hits, true) end
-local function gcra_expires(_, st) return st[1] end
-
--- Algorithm codes as sent by scripts.rs.
-local ALGORITHMS = {
-  fw = { decide = fixed_window, expires = fixed_window_expires },
-  sl = { decide = sliding_window_log, expires = sliding_window_log_expires, log = true },
-  sc = { decide = sliding_window_counter, expires = sliding_window_counter_expires },
-  tb = { decide = token_bucket, expires = gcra_expires },
-  lb = { decide = leaky_bucket, expires = gcra_expires },
-}
+-- The algorithm of a code as sent by scripts.rs (the caller passes leaky = code ==
+-- 'lb'), nil if unknown. Not a table: its constructor would run on every call.
+local function algorithm(code)
+  if code == 'sc' then return sliding_window_counter end
+  if code == 'fw' then return fixed_window end
+  if code == 'tb' or code == 'lb' then return gcra end
+  if code == 'sl' then return sliding_window_log end
+  return nil
+end

@@ -70,37 +70,46 @@ end
 local function ttl_ms(at, now)
   local ms = math.ceil((at - now) / 1000)
   if ms < 1 then ms = 1 end
-  return fmt(ms)
+  return string.format('%d', ms)
 end
 
--- Non-log states are stored as space-separated integers ("window_start count").
-local function decode(s)
-  local out = {}
-  for part in string.gmatch(s, '%S+') do
-    out[#out + 1] = tonumber(part)
+-- Non-log states are stored as space-separated integers ("window_start count"),
+-- decoded with one fixed pattern per algorithm code (its state's shape) and encoded
+-- with one format: gmatch and a format per field cost more, on every hit. Chains of
+-- ifs, not tables of patterns: a table constructor would run on every call.
+local function decode(s, code)
+  local a, b, c
+  if code == 'sc' then
+    a, b, c = string.match(s, '^(%d+) (%d+) (%d+)$')
+  elseif code == 'fw' then
+    a, b = string.match(s, '^(%d+) (%d+)$')
+  elseif code == 'tb' or code == 'lb' then
+    a = string.match(s, '^(%d+)$')
   end
+  if c ~= nil then return { tonumber(a), tonumber(b), tonumber(c) } end
+  if b ~= nil then return { tonumber(a), tonumber(b) } end
+  if a ~= nil then return { tonumber(a) } end
+  -- Not the expected shape: read whatever integers are there.
+  local out = {}
+  for part in string.gmatch(s, '%S+') do out[#out + 1] = tonumber(part) end
   return out
 end
 
 local function encode(st)
+  local k = #st
+  if k == 3 then return string.format('%d %d %d', st[1], st[2], st[3]) end
+  if k == 2 then return string.format('%d %d', st[1], st[2]) end
+  if k == 1 then return string.format('%d', st[1]) end
   local parts = {}
-  for i = 1, #st do parts[i] = fmt(st[i]) end
+  for i = 1, k do parts[i] = fmt(st[i]) end
   return table.concat(parts, ' ')
 end
 
 -- sliding_window_log members are "timestamp:hits" scored by timestamp.
 local function log_member(t, h)
-  return fmt(t) .. ':' .. fmt(h)
+  return string.format('%d:%d', t, h)
 end
 
 local function log_hits(member)
   return tonumber(string.match(member, ':(%d+)$'))
-end
-
--- Now: the test hook's fixed time when given, else the Redis server's clock, so every
--- replica of sluice decides with one clock per counter.
-local function clock(arg)
-  if arg ~= nil and arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

@@ -17,72 +17,94 @@
 -- (remaining 0, hits > 0), the retry_after of a one-hit request on the new state (so
 -- the caller can cache the denial it implies); 0 otherwise.
 
-local now = clock(ARGV[1])
+-- Now: the test hook's fixed time when given, else the Redis server's clock, so every
+-- replica of sluice decides with one clock per counter.
+local now
+if ARGV[1] ~= nil and ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local quota_elsewhere = ARGV[2] == '1'
 
-local states = {}   -- key -> state as the next hit sees it
-local seen = {}     -- key -> true once loaded
+local states = {}   -- key -> state as the next hit sees it, false if none once loaded
 local changed = {}  -- keys with a state to write, in first-change order
-local change = {}   -- key -> {alg, limit, dirty log timestamps}
-local out = { 0 }
+local expires = {}  -- key -> when its state may expire, from its last change
+local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
+-- Presized for the common single hit: growing { 0 } to 8 values reallocates 3 times.
+local out, n = { 0 }, 1
+if #KEYS == 1 then out = { 0, 0, 0, 0, 0, 0, 0, 0 } end
 local enforce_denied, quota_seen, quota_ok = false, false, false
-
-local function load(alg, key, w)
-  if alg.log then
-    -- Only entries still in the window: t + w > now.
-    local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
-    local entries = {}
-    for i = 1, #raw do
-      entries[i] = { tonumber(string.match(raw[i], '^(%d+):')), log_hits(raw[i]) }
-    end
-    if #entries == 0 then return nil end
-    return entries
-  end
-  local s = redis.call('GET', key)
-  if not s then return nil end
-  return decode(s)
-end
 
 for i = 1, #KEYS do
   local at = 2 + (i - 1) * 6
-  local alg = ALGORITHMS[ARGV[at + 1]]
-  if alg == nil then return redis.error_reply('sluice: unknown algorithm ' .. ARGV[at + 1]) end
+  local code = ARGV[at + 1]
+  local decide = algorithm(code)
+  if decide == nil then return redis.error_reply('sluice: unknown algorithm ' .. code) end
+  local log, leaky = code == 'sl', code == 'lb'
+  local r = tonumber(ARGV[at + 2])
   local w = tonumber(ARGV[at + 3])
   if w < 1 then w = 1 end
-  local l = { r = tonumber(ARGV[at + 2]), w = w, b = tonumber(ARGV[at + 4]) }
+  local b = tonumber(ARGV[at + 4])
   local hits = tonumber(ARGV[at + 5])
   local mode = ARGV[at + 6]
   local key = KEYS[i]
-  if not seen[key] then
-    states[key] = load(alg, key, w)
-    seen[key] = true
-  end
-  local v, nxt, token = alg.decide(l, states[key], now, hits)
-  if nxt ~= nil then
-    states[key] = nxt
-    local c = change[key]
-    if c == nil then
-      c = { alg = alg, dirty = {} }
-      change[key] = c
-      changed[#changed + 1] = key
+  local st = states[key]
+  if st == nil then
+    if log then
+      -- Only entries still in the window: t + w > now.
+      local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
+      if #raw > 0 then
+        st = {}
+        for j = 1, #raw do
+          st[j] = { tonumber(string.match(raw[j], '^(%d+):')), log_hits(raw[j]) }
+        end
+      end
+    else
+      local s = redis.call('GET', key)
+      if s then st = decode(s, code) end
     end
-    c.limit = l
-    if alg.log then c.dirty[token] = true end
+    states[key] = st or false
   end
-  local admitted = v[1] == 1
-  if mode == 'e' and not admitted then enforce_denied = true end
+  st = st or nil
+  local admitted, remaining, reset, retry, delay, nxt, token, expiry =
+    decide(r, w, b, st, now, hits, leaky)
+  if nxt ~= nil then
+    st = nxt
+    states[key] = nxt
+    if expires[key] == nil then changed[#changed + 1] = key end
+    expires[key] = expiry
+    if log then
+      if logs == nil then logs = {} end
+      local c = logs[key]
+      if c == nil then
+        c = { dirty = {} }
+        logs[key] = c
+      end
+      c.w = w
+      c.dirty[token] = true
+    end
+  end
+  if mode == 'e' and admitted == 0 then enforce_denied = true end
   if mode == 'q' then
     quota_seen = true
-    if admitted then quota_ok = true end
+    if admitted == 1 then quota_ok = true end
   end
-  for j = 1, 5 do out[#out + 1] = v[j] end
-  out[#out + 1] = token
   local room = 0
-  if admitted and v[2] == 0 and hits > 0 then
+  if admitted == 1 and remaining == 0 and hits > 0 then
     -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
-    room = alg.decide(l, states[key], now, 1)[4]
+    room = (select(4, decide(r, w, b, st, now, 1, leaky)))
   end
-  out[#out + 1] = room
+  -- One at a time: a multiple assignment stores right to left, out of array order.
+  out[n + 1] = admitted
+  out[n + 2] = remaining
+  out[n + 3] = reset
+  out[n + 4] = retry
+  out[n + 5] = delay
+  out[n + 6] = token
+  out[n + 7] = room
+  n = n + 7
 end
 
 -- The shared admitted() rule of src/store/mod.rs.
@@ -91,20 +113,19 @@ if enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere) then
 end
 
 for _, key in ipairs(changed) do
-  local c = change[key]
   local st = states[key]
-  local expires = c.alg.expires(c.limit, st)
-  if c.alg.log then
+  local c = logs and logs[key]
+  if c then
     for _, e in ipairs(st) do
       if c.dirty[e[1]] then
         redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
         redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
       end
     end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.limit.w))
-    redis.call('PEXPIRE', key, ttl_ms(expires, now))
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
+    redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
   else
-    redis.call('SET', key, encode(st), 'PX', ttl_ms(expires, now))
+    redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
   end
 end
 out[1] = 1

@@ -24,7 +24,7 @@ for i = 1, #KEYS do
   else
     local s = redis.call('GET', key)
     if s then
-      local st = decode(s)
+      local st = decode(s, code)
       if code == 'fw' then
         if st[1] == token then st[2] = math.max(st[2] - hits, 0) end
       elseif code == 'sc' then

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Redis CPU per decide-script call, for the working tree and/or git revisions:
+#
+#   scripts/lua-cost.sh [REV ...]        (REV "." = working tree; default ".")
+#
+# Starts a private redis-server on a free loopback port (PORT to choose one), loads
+# each revision's decide script (common.lua + algorithms.lua + decide.lua, as
+# scripts.rs concatenates them), and for each case runs N (default 50000) EVALSHA
+# calls with redis-benchmark (-P 16 -c 2) while `perf stat -e task-clock` (or, without
+# perf, /proc CPU ticks) counts redis-server's CPU time. CPU time, not throughput, so
+# a busy machine disturbs it little. ROUNDS (default 3) rounds, revisions interleaved
+# within each round; prints the median µs per call. Not part of scripts/test.sh.
+#
+# Cases (ARGV as scripts.rs sends them; 10^9 requests per 1 s window, burst 10^9, so
+# every call admits and writes, except sc-deny): one hit of each algorithm with the
+# server clock, sl with a fixed now (so the log stays one entry instead of growing by
+# one per call), three sc hits on three keys, and one denied sc hit (requests 0:
+# nothing written).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+revs=("$@")
+[ ${#revs[@]} -eq 0 ] && revs=(.)
+n=${N:-50000}
+rounds=${ROUNDS:-3}
+
+port=${PORT:-}
+if [ -z "$port" ]; then
+  for p in $(seq 26900 26990); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then port=$p; break; fi
+  done
+fi
+[ -n "$port" ] || { echo "lua-cost: no free port" >&2; exit 1; }
+
+redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+  --loglevel warning >/dev/null 2>&1 &
+rpid=$!
+trap 'kill $rpid 2>/dev/null || true; wait $rpid 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+cli() { redis-cli -p "$port" "$@"; }
+
+source_of() {
+  local f
+  for f in common algorithms decide; do
+    if [ "$1" = . ]; then cat "src/store/redis/$f.lua"; else git show "$1:src/store/redis/$f.lua"; fi
+  done
+}
+declare -A sha
+for r in "${revs[@]}"; do sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")"); done
+
+hit() { echo "$1" 1000000000 1000000 1000000000 1 e; }
+cases=(fw sc tb lb sl sc3 sc-deny)
+args_of() {
+  case $1 in
+    fw | sc | tb | lb) echo "1 k1 '' 0 $(hit "$1")" ;;
+    sl) echo "1 k1 1700000000000000 0 $(hit sl)" ;;
+    sc3) echo "3 k1 k2 k3 '' 0 $(hit sc) $(hit sc) $(hit sc)" ;;
+    sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
+  esac
+}
+
+# µs of redis-server CPU per call of script $1 with args $2.
+measure() {
+  local a
+  eval "a=($2)"
+  cli FLUSHALL >/dev/null
+  if cli EVALSHA "$1" "${a[@]}" | grep -q ERR; then
+    echo "lua-cost: $(cli EVALSHA "$1" "${a[@]}")" >&2
+    exit 1
+  fi
+  if command -v perf >/dev/null && perf stat -x, -e task-clock -p "$rpid" -o /tmp/lua-cost.$$ \
+    -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1; then
+    awk -F, -v n="$n" '/task-clock/ {printf "%.2f", $1 * 1000 / n}' /tmp/lua-cost.$$
+    rm -f /tmp/lua-cost.$$
+  else
+    local hz t0 t1
+    hz=$(getconf CLK_TCK)
+    t0=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
+    redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1
+    t1=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
+    awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN {printf "%.2f", d * 1e6 / hz / n}'
+  fi
+}
+
+declare -A runs
+for _ in $(seq 1 "$rounds"); do
+  for c in "${cases[@]}"; do
+    for r in "${revs[@]}"; do
+      runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c")") "
+    done
+  done
+done
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+printf '%-8s' case
+for r in "${revs[@]}"; do printf ' %12s' "$r"; done
+printf '   (µs of redis-server CPU per call, median of %s x %s calls)\n' "$rounds" "$n"
+for c in "${cases[@]}"; do
+  printf '%-8s' "$c"
+  for r in "${revs[@]}"; do printf ' %12s' "$(echo "${runs[$c/$r]}" | median)"; done
+  echo
+done
