@@ -4,7 +4,8 @@
 //! success brings the shard back, failure doubles the back-off.
 //!
 //! "Keeps failing" means at least [`FAILURES_TO_BACK_OFF`] failures with no success in
-//! between, the streak lasting at least [`MIN_FAILING`]. A count alone is not enough:
+//! between and no gap of [`STALE_FAILURE`] between two of them, the streak lasting at
+//! least [`MIN_FAILING`]. A count alone is not enough:
 //! one scheduling stall (a busy CPU) makes every call in flight time out at once, and
 //! that burst, followed by successes, says nothing about the shard. A dead or hung
 //! shard under load still fails continuously and is backed off about [`MIN_FAILING`]
@@ -25,6 +26,9 @@ pub const FAILURES_TO_BACK_OFF: u32 = 3;
 /// Longer than one stall's burst of timeouts (they land within a few milliseconds),
 /// short enough that a dead shard is left alone within a tenth of a second.
 pub const MIN_FAILING: Duration = Duration::from_millis(50);
+/// A failure this long after the previous one starts a new streak: nobody asked the
+/// shard in between, so the old failure says nothing about it now.
+pub const STALE_FAILURE: Duration = Duration::from_secs(1);
 /// First back-off; doubled by each failed trial up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -36,6 +40,8 @@ struct State {
     failures: u32,
     /// First failure of the current streak.
     since: Option<Instant>,
+    /// Latest failure of the current streak.
+    last: Option<Instant>,
     backoff: Duration,
 }
 
@@ -133,9 +139,17 @@ impl Health {
         }
         let mut s = self.lock();
         self.failing.store(true, Relaxed);
+        let until = self.down_until.load(Relaxed);
+        let stale = s
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) >= STALE_FAILURE);
+        if until == 0 && stale {
+            s.failures = 0;
+            s.since = None;
+        }
+        s.last = Some(now);
         s.failures = s.failures.saturating_add(1);
         let since = *s.since.get_or_insert(now);
-        let until = self.down_until.load(Relaxed);
         if until == 0 {
             let failing_for = now.saturating_duration_since(since);
             if s.failures < FAILURES_TO_BACK_OFF || failing_for < MIN_FAILING {
@@ -280,6 +294,22 @@ mod tests {
         h.failure_at("x", t0 + MIN_FAILING * 10);
         assert!(!h.is_down(), "two failures are not an outage");
         h.failure_at("x", t0 + MIN_FAILING * 11);
+        assert!(h.is_down());
+    }
+
+    #[test]
+    fn an_old_failure_does_not_start_an_outage_later() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        // One timeout, then no calls at all for a while, then one stall's burst.
+        h.failure_at("timed out", t0);
+        let later = t0 + STALE_FAILURE + MIN_FAILING;
+        for _ in 0..64 {
+            h.failure_at("timed out", later);
+        }
+        assert!(!h.is_down(), "the old failure made the burst look long");
+        // Failures continuing past the span from the burst still back off.
+        h.failure_at("timed out", later + MIN_FAILING);
         assert!(h.is_down());
     }
 
