@@ -719,16 +719,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
     }
     // Counters spread over every master.
-    for i in 0..60 {
-        let h = hit(
-            &format!("spread-{i}"),
-            Algorithm::FixedWindow,
-            5,
-            60 * SECOND,
-            1,
-        );
-        assert!(store.decide(&[h]).await.unwrap().admitted);
-    }
+    admit_distinct_keys(&store, "spread", 60).await;
     let mut total = 0;
     for node in &cluster.nodes {
         let size: u64 = redis::cmd("DBSIZE")
@@ -739,15 +730,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         total += size as usize;
     }
     // sluice_active_keys counts the keys of every master.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while store.active_keys() != total {
-        assert!(
-            Instant::now() < deadline,
-            "active keys {} of {total}",
-            store.active_keys()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_active_keys(&store, total).await;
 
     // The binary with --redis-cluster: layered counters on different slots.
     let sluice = common::Server::start(
@@ -867,24 +850,27 @@ async fn the_binary_reaches_redis_over_tls() {
     assert!(errors.iter().all(|l| l.ends_with(" 0")), "{metrics}");
 }
 
+/// The binary on one fresh redis-server with `REPLICA_POLICY` and `extra` flags;
+/// `None` without redis-server.
+fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> {
+    if !available() {
+        return None;
+    }
+    let redis_server = RedisServer::start();
+    let url = redis_server.url();
+    let mut args = vec!["--redis", url.as_str()];
+    args.extend_from_slice(extra);
+    let sluice = common::Server::start(REPLICA_POLICY, &args);
+    Some((redis_server, sluice))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
-    if !available() {
+    let Some((mut redis_server, sluice)) =
+        sluice_on_one_shard(&["--store-timeout", "100ms", "--failure-mode", "open"])
+    else {
         return;
-    }
-    let mut redis_server = RedisServer::start();
-    let url = redis_server.url();
-    let sluice = common::Server::start(
-        REPLICA_POLICY,
-        &[
-            "--redis",
-            &url,
-            "--store-timeout",
-            "100ms",
-            "--failure-mode",
-            "open",
-        ],
-    );
+    };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut load = Vec::new();
     for c in 0..4 {
@@ -1104,31 +1090,8 @@ async fn active_keys_follow_the_counters_on_every_shard() {
     let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
     opts.key_count_interval = Duration::from_millis(50);
     let store = RedisStore::new(opts, None).expect("store");
-    let wait_for = |want: usize| {
-        let store = &store;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while store.active_keys() != want {
-                assert!(
-                    Instant::now() < deadline,
-                    "active keys {} instead of {want}",
-                    store.active_keys()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    for i in 0..40 {
-        let h = hit(
-            &format!("k{i}"),
-            Algorithm::FixedWindow,
-            5,
-            3600 * SECOND,
-            1,
-        );
-        assert!(store.decide(&[h]).await.unwrap().admitted);
-    }
-    wait_for(40).await;
+    admit_distinct_keys(&store, "k", 40).await;
+    wait_for_active_keys(&store, 40).await;
     // Both shards hold some: the count is their sum.
     for server in &servers {
         assert!(!keys(&mut server.conn().await).await.is_empty());
@@ -1140,20 +1103,43 @@ async fn active_keys_follow_the_counters_on_every_shard() {
             .await
             .unwrap();
     }
-    wait_for(0).await;
+    wait_for_active_keys(&store, 0).await;
+}
+
+/// Admits one hit on each of `n` fresh fixed-window keys (hour windows, so none
+/// expires during a test).
+async fn admit_distinct_keys(store: &RedisStore, prefix: &str, n: usize) {
+    for i in 0..n {
+        let h = hit(
+            &format!("{prefix}-{i}"),
+            Algorithm::FixedWindow,
+            5,
+            3600 * SECOND,
+            1,
+        );
+        assert!(store.decide(&[h]).await.unwrap().admitted);
+    }
+}
+
+/// Until `sluice_active_keys` reads `want` (5 s at most).
+async fn wait_for_active_keys(store: &RedisStore, want: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.active_keys() != want {
+        assert!(
+            Instant::now() < deadline,
+            "active keys {} instead of {want}",
+            store.active_keys()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
 async fn failing_closed_a_replica_without_redis_is_not_ready_until_redis_is_back() {
-    if !available() {
+    let Some((mut redis_server, sluice)) = sluice_on_one_shard(&["--failure-mode", "closed"])
+    else {
         return;
-    }
-    let mut redis_server = RedisServer::start();
-    let url = redis_server.url();
-    let sluice = common::Server::start(
-        REPLICA_POLICY,
-        &["--redis", &url, "--failure-mode", "closed"],
-    );
+    };
     let readyz = || common::http(&sluice.http, "GET", "/readyz", "").0;
     assert_eq!(readyz(), 200);
     redis_server.kill();
