@@ -771,6 +771,77 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
 }
 
+/// Sends `n` concurrent requests (request `i` is `hits(i)`), returns how many passed.
+async fn flood(store: &Arc<RedisStore>, n: usize, hits: impl Fn(usize) -> Vec<Hit>) -> usize {
+    let calls = (0..n).map(|i| {
+        let (store, hits) = (store.clone(), hits(i));
+        tokio::spawn(async move { store.decide(&hits).await.expect("decide").admitted })
+    });
+    futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().expect("task"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_script_calls_and_stay_exact() {
+    let Some(t) = start(1) else { return };
+    let store = Arc::new(t.store.clone());
+    let mut conn = t.servers[0].conn().await;
+    const N: usize = 2_000;
+    const DAY: Micros = 86_400 * SECOND;
+
+    // All admitted (no denial cache in play): far fewer calls than requests.
+    let before = command_calls(&mut conn, "evalsha").await;
+    let admitted = flood(&store, N, |i| {
+        vec![hit(
+            &format!("co-{}", i % 100),
+            Algorithm::TokenBucket,
+            1 << 30,
+            DAY,
+            1,
+        )]
+    })
+    .await;
+    assert_eq!(admitted, N);
+    let evalsha = command_calls(&mut conn, "evalsha").await - before;
+    eprintln!("{evalsha} EVALSHA calls for {N} concurrent requests");
+    assert!(
+        evalsha < N as u64 / 4,
+        "{evalsha} EVALSHA calls for {N} requests"
+    );
+
+    // Every request hits "co-a" (limit 500) and "co-b" (limit 300): 300 pass, and the
+    // 1,700 denied by "co-b" must not spend "co-a", though they share calls with
+    // admitted ones.
+    let admitted = flood(&store, N, |_| {
+        vec![
+            hit("co-a", Algorithm::TokenBucket, 500, DAY, 1),
+            hit("co-b", Algorithm::TokenBucket, 300, DAY, 1),
+        ]
+    })
+    .await;
+    assert_eq!(admitted, 300);
+    let admitted = flood(&store, N, |_| {
+        vec![hit("co-a", Algorithm::TokenBucket, 500, DAY, 1)]
+    })
+    .await;
+    assert_eq!(admitted, 200, "co-a had 200 left");
+
+    // One key per algorithm, hit concurrently: exactly its limit passes.
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+    ] {
+        let key = format!("co-one-{}", alg.as_str());
+        let admitted = flood(&store, 500, |_| vec![hit(&key, alg, 37, DAY, 1)]).await;
+        assert_eq!(admitted, 37, "{alg:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_share_one_pipelined_connection() {
     let Some(t) = start(1) else { return };

@@ -1,4 +1,4 @@
--- Sluice: decide one request's hits on this shard, atomically.
+-- Sluice: decide the hits of one or more requests on this shard, atomically.
 --
 -- Why Lua and not MULTI/EXEC: the decision is check-then-consume across several keys
 -- (consume only if every limit admits), which MULTI/EXEC cannot express without
@@ -6,16 +6,23 @@
 -- and reads the clock (TIME) on the server, so every sluice replica decides with the
 -- same clock.
 --
--- KEYS[i]: the counter of hit i (a key may repeat: the later hit sees the earlier
--- one's state). ARGV[1]: fixed now in microseconds (tests only) or ''. ARGV[2]: '1'
--- when quota-mode hits of this request live on other shards (so an all-denied quota
--- here does not deny on its own). Then per hit 6 values: algorithm code, requests,
--- window, burst, hits, mode ('e' enforce, 's' shadow, 'q' quota).
+-- One call decides one group of hits (one request's share of this shard) or several
+-- (the store coalesces the requests queued for a shard). Groups are decided one
+-- after another, each all-or-nothing, a group's writes made before the next group
+-- loads: the outcome equals the requests arriving back to back at one instant.
 --
--- Returns {consumed 0/1, then per hit: admitted, remaining, reset, retry_after,
--- delay, refund token, next_room}. next_room: after an admission that leaves no room
--- (remaining 0, hits > 0), the retry_after of a one-hit request on the new state (so
--- the caller can cache the denial it implies); 0 otherwise.
+-- KEYS: the counters of every hit, group after group (a key may repeat: the later
+-- hit sees the earlier one's state). ARGV[1]: fixed now in microseconds (tests only)
+-- or ''. ARGV[2]: for one group, '1' when quota-mode hits of this request live on
+-- other shards (so an all-denied quota here does not deny on its own) else '0', then
+-- per hit 6 values: algorithm code, requests, window, burst, hits, mode ('e'
+-- enforce, 's' shadow, 'q' quota). For several groups ARGV[2] is 'g', then per
+-- group: its number of hits, its quota flag ('1'/'0'), then its hits' 6 values each.
+--
+-- Returns, group after group: {consumed 0/1, then per hit: admitted, remaining,
+-- reset, retry_after, delay, refund token, next_room}. next_room: after an admission
+-- that leaves no room (remaining 0, hits > 0), the retry_after of a one-hit request
+-- on the new state (so the caller can cache the denial it implies); 0 otherwise.
 
 -- Now: the test hook's fixed time when given, else the Redis server's clock, so every
 -- replica of sluice decides with one clock per counter.
@@ -26,107 +33,142 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local quota_elsewhere = ARGV[2] == '1'
-
-local states = {}   -- key -> state as the next hit sees it, false if none once loaded
-local changed = {}  -- keys with a state to write, in first-change order
-local expires = {}  -- key -> when its state may expire, from its last change
-local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
 -- Presized for the common single hit: growing { 0 } to 8 values reallocates 3 times.
-local out, n = { 0 }, 1
+local out, n = {}, 0
 if #KEYS == 1 then out = { 0, 0, 0, 0, 0, 0, 0, 0 } end
-local enforce_denied, quota_seen, quota_ok = false, false, false
 
-for i = 1, #KEYS do
-  local at = 2 + (i - 1) * 6
-  local code = ARGV[at + 1]
-  local decide = algorithm(code)
-  if decide == nil then return redis.error_reply('sluice: unknown algorithm ' .. code) end
-  local log, leaky = code == 'sl', code == 'lb'
-  local r = tonumber(ARGV[at + 2])
-  local w = tonumber(ARGV[at + 3])
-  if w < 1 then w = 1 end
-  local b = tonumber(ARGV[at + 4])
-  local hits = tonumber(ARGV[at + 5])
-  local mode = ARGV[at + 6]
-  local key = KEYS[i]
-  local st = states[key]
-  if st == nil then
-    if log then
-      -- Only entries still in the window: t + w > now.
-      local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
-      if #raw > 0 then
-        st = {}
-        for j = 1, #raw do
-          st[j] = { tonumber(string.match(raw[j], '^(%d+):')), log_hits(raw[j]) }
+-- Decides one group: its m hits are KEYS[k0 + 1 ..] and their arguments start at
+-- ARGV[at]. Appends its consumed flag and verdicts to out; returns an error reply
+-- for an unknown algorithm, nothing otherwise.
+local function decide_group(k0, m, at, quota_elsewhere)
+  local states = {}   -- key -> state as the next hit sees it, false if none once loaded
+  local changed = {}  -- keys with a state to write, in first-change order
+  local expires = {}  -- key -> when its state may expire, from its last change
+  local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
+  local head = n + 1
+  out[head] = 0
+  local o = head
+  local enforce_denied, quota_seen, quota_ok = false, false, false
+
+  for i = 1, m do
+    local a = at + (i - 1) * 6 - 1
+    local code = ARGV[a + 1]
+    local decide = algorithm(code)
+    if decide == nil then return redis.error_reply('sluice: unknown algorithm ' .. code) end
+    local log, leaky = code == 'sl', code == 'lb'
+    local r = tonumber(ARGV[a + 2])
+    local w = tonumber(ARGV[a + 3])
+    if w < 1 then w = 1 end
+    local b = tonumber(ARGV[a + 4])
+    local hits = tonumber(ARGV[a + 5])
+    local mode = ARGV[a + 6]
+    local key = KEYS[k0 + i]
+    local st = states[key]
+    if st == nil then
+      if log then
+        -- Only entries still in the window: t + w > now.
+        local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
+        if #raw > 0 then
+          st = {}
+          for j = 1, #raw do
+            st[j] = { tonumber(string.match(raw[j], '^(%d+):')), log_hits(raw[j]) }
+          end
+        end
+      else
+        local s = redis.call('GET', key)
+        if s then st = decode(s, code) end
+      end
+      states[key] = st or false
+    end
+    st = st or nil
+    local admitted, remaining, reset, retry, delay, nxt, token, expiry =
+      decide(r, w, b, st, now, hits, leaky)
+    if nxt ~= nil then
+      st = nxt
+      states[key] = nxt
+      if expires[key] == nil then changed[#changed + 1] = key end
+      expires[key] = expiry
+      if log then
+        if logs == nil then logs = {} end
+        local c = logs[key]
+        if c == nil then
+          c = { dirty = {} }
+          logs[key] = c
+        end
+        c.w = w
+        c.dirty[token] = true
+      end
+    end
+    if mode == 'e' and admitted == 0 then enforce_denied = true end
+    if mode == 'q' then
+      quota_seen = true
+      if admitted == 1 then quota_ok = true end
+    end
+    local room = 0
+    if admitted == 1 and remaining == 0 and hits > 0 then
+      -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
+      room = (select(4, decide(r, w, b, st, now, 1, leaky)))
+    end
+    -- One at a time: a multiple assignment stores right to left, out of array order.
+    out[o + 1] = admitted
+    out[o + 2] = remaining
+    out[o + 3] = reset
+    out[o + 4] = retry
+    out[o + 5] = delay
+    out[o + 6] = token
+    out[o + 7] = room
+    o = o + 7
+  end
+  n = o
+
+  -- The shared admitted() rule of src/store/mod.rs.
+  if enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere) then
+    return
+  end
+
+  for _, key in ipairs(changed) do
+    local st = states[key]
+    local c = logs and logs[key]
+    if c then
+      for _, e in ipairs(st) do
+        if c.dirty[e[1]] then
+          redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
+          redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
         end
       end
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
+      redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
     else
-      local s = redis.call('GET', key)
-      if s then st = decode(s, code) end
-    end
-    states[key] = st or false
-  end
-  st = st or nil
-  local admitted, remaining, reset, retry, delay, nxt, token, expiry =
-    decide(r, w, b, st, now, hits, leaky)
-  if nxt ~= nil then
-    st = nxt
-    states[key] = nxt
-    if expires[key] == nil then changed[#changed + 1] = key end
-    expires[key] = expiry
-    if log then
-      if logs == nil then logs = {} end
-      local c = logs[key]
-      if c == nil then
-        c = { dirty = {} }
-        logs[key] = c
-      end
-      c.w = w
-      c.dirty[token] = true
+      redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
     end
   end
-  if mode == 'e' and admitted == 0 then enforce_denied = true end
-  if mode == 'q' then
-    quota_seen = true
-    if admitted == 1 then quota_ok = true end
-  end
-  local room = 0
-  if admitted == 1 and remaining == 0 and hits > 0 then
-    -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
-    room = (select(4, decide(r, w, b, st, now, 1, leaky)))
-  end
-  -- One at a time: a multiple assignment stores right to left, out of array order.
-  out[n + 1] = admitted
-  out[n + 2] = remaining
-  out[n + 3] = reset
-  out[n + 4] = retry
-  out[n + 5] = delay
-  out[n + 6] = token
-  out[n + 7] = room
-  n = n + 7
+  out[head] = 1
 end
 
--- The shared admitted() rule of src/store/mod.rs.
-if enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere) then
-  return out
+if ARGV[2] ~= 'g' then
+  local err = decide_group(0, #KEYS, 3, ARGV[2] == '1')
+  return err or out
 end
 
-for _, key in ipairs(changed) do
-  local st = states[key]
-  local c = logs and logs[key]
-  if c then
-    for _, e in ipairs(st) do
-      if c.dirty[e[1]] then
-        redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
-        redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
-      end
+-- Several groups. Check every group's algorithm codes before deciding any: an error
+-- must not leave earlier groups consumed.
+local at = 3
+while at <= #ARGV do
+  local m = tonumber(ARGV[at])
+  for i = 1, m do
+    local code = ARGV[at + 2 + (i - 1) * 6]
+    if algorithm(code) == nil then
+      return redis.error_reply('sluice: unknown algorithm ' .. tostring(code))
     end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
-    redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
-  else
-    redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
   end
+  at = at + 2 + m * 6
 end
-out[1] = 1
+local k0
+at, k0 = 3, 0
+while at <= #ARGV do
+  local m = tonumber(ARGV[at])
+  decide_group(k0, m, at + 2, ARGV[at + 1] == '1')
+  k0 = k0 + m
+  at = at + 2 + m * 6
+end
 return out

@@ -1,12 +1,22 @@
 //! The Redis counter store: counters on standalone Redis shards or a Redis Cluster,
 //! decided by Lua scripts that mirror `src/algorithm`.
 //!
-//! One request costs one script call per shard it touches (usually one): the script
+//! A request's hits are decided per shard it touches (usually one) by a script that
 //! checks every hit on that shard and consumes only if the request passes the shared
 //! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
 //! that consumed get their hits back through a refund script. Connections are
 //! multiplexed (`ConnectionManager`, `ClusterConnection`): concurrent requests share
 //! one pipelined connection per node, so round trips do not grow with callers.
+//!
+//! On standalone shards concurrent requests are also coalesced ([`coalesce`]): each
+//! shard has at most one decide call in flight, and the requests that queue up
+//! meanwhile go together in the next call, which decides them one after another
+//! (each all-or-nothing, as if they had arrived back to back). Redis pays a fixed
+//! cost per call (dispatch, the script's setup, `TIME`) on top of the cost per hit,
+//! so under load this cuts its CPU per decision (BENCHMARKS.md, "Coalesced script
+//! calls"); an idle shard still gets a lone request at once. One call counts as one
+//! success or failure for the shard's health. In a cluster each request makes its
+//! own call per slot.
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
 //! failing are backed off ([`health`]).
 //!
@@ -30,13 +40,15 @@ use crate::telemetry::Metrics;
 use super::{admitted, Hit, Mode, Store, StoreError, Verdicts};
 
 pub mod cache;
+pub mod coalesce;
 pub mod health;
 pub mod scripts;
 pub mod shard;
 
 use cache::DenialCache;
+use coalesce::Coalescer;
 use health::Health;
-use scripts::{Reply, Scripts};
+use scripts::{Group, HitArgs, Reply, Scripts};
 
 /// How to reach Redis and how the store behaves.
 #[derive(Debug, Clone)]
@@ -89,8 +101,10 @@ pub enum ConfigError {
 }
 
 struct Shard {
+    /// For refunds and key counts; decide calls go through the coalescer.
     conn: ConnectionManager,
-    health: Health,
+    health: Arc<Health>,
+    coalescer: Coalescer,
 }
 
 struct Cluster {
@@ -158,6 +172,7 @@ impl RedisStore {
         }
         // rediss:// needs a process-wide rustls provider; a second install is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let scripts = Scripts::default();
         let backend = if opts.cluster {
             let client = ClusterClient::builder(opts.urls.iter().map(String::as_str))
                 .connection_timeout(opts.timeout)
@@ -182,16 +197,24 @@ impl RedisStore {
                 let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
                 let conn = ConnectionManager::new_lazy_with_config(client, config.clone())
                     .map_err(|e| bad_url(url, &e))?;
+                let health = Arc::new(Health::new(shard_name(url), metrics.clone()));
+                let coalescer = Coalescer::spawn(
+                    conn.clone(),
+                    scripts.clone(),
+                    health.clone(),
+                    opts.call_timeout,
+                );
                 shards.push(Shard {
                     conn,
-                    health: Health::new(shard_name(url), metrics.clone()),
+                    health,
+                    coalescer,
                 });
             }
             Backend::Shards(shards)
         };
         let inner = Arc::new(Inner {
             backend,
-            scripts: Scripts::default(),
+            scripts,
             cache: DenialCache::new(opts.cache_capacity),
             prefix: opts.prefix,
             fixed_clock: opts.fixed_clock,
@@ -266,49 +289,37 @@ impl Inner {
         }
     }
 
-    async fn invoke(
-        &self,
-        target: usize,
+    /// One script call in the cluster: keys of different slots cannot share a call.
+    async fn invoke_cluster(
+        cluster: &Cluster,
         call: &redis::ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, StoreError> {
-        match &self.backend {
-            Backend::Shards(s) => {
-                let mut conn = s[target].conn.clone();
-                call.invoke_async(&mut conn).await.map_err(store_error)
-            }
-            Backend::Cluster(c) => {
-                let conn = c
-                    .conn
-                    .get_or_try_init(|| c.client.get_async_connection())
-                    .await
-                    .map_err(store_error)?;
-                let mut conn = conn.clone();
-                call.invoke_async(&mut conn).await.map_err(store_error)
-            }
-        }
+        let conn = cluster
+            .conn
+            .get_or_try_init(|| cluster.client.get_async_connection())
+            .await
+            .map_err(store_error)?;
+        let mut conn = conn.clone();
+        call.invoke_async(&mut conn).await.map_err(store_error)
     }
 
     async fn decide_group(
         &self,
         target: usize,
-        keys: &[String],
-        hits: &[Hit],
-        indexes: &[usize],
+        group: Group,
         fixed_now: Option<Micros>,
-        quota_elsewhere: bool,
     ) -> Result<Reply, StoreError> {
-        let guard = self.health(target).guard();
-        let call = scripts::decide_call(
-            &self.scripts,
-            keys,
-            hits,
-            indexes,
-            fixed_now,
-            quota_elsewhere,
-        );
-        let result = match tokio::time::timeout(self.call_timeout, self.invoke(target, &call)).await
-        {
-            Ok(Ok(values)) => scripts::parse_reply(&values, indexes.len()),
+        let cluster = match &self.backend {
+            Backend::Shards(s) => return s[target].coalescer.decide(group, fixed_now).await,
+            Backend::Cluster(c) => c,
+        };
+        let guard = cluster.health.guard();
+        let call = scripts::decide_call(&self.scripts, &[&group], fixed_now);
+        let sent = Self::invoke_cluster(cluster, &call);
+        let result = match tokio::time::timeout(self.call_timeout, sent).await {
+            Ok(Ok(values)) => {
+                scripts::parse_replies(&values, &[group.hits.len()]).map(|mut r| r.remove(0))
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Timeout),
         };
@@ -371,8 +382,12 @@ impl Inner {
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
         let replies = futures::future::join_all(groups.iter().map(|(target, indexes)| {
-            let quota_elsewhere = groups.iter().any(|(t, g)| t != target && has_quota(g));
-            self.decide_group(*target, &keys, hits, indexes, fixed_now, quota_elsewhere)
+            let group = Group {
+                keys: indexes.iter().map(|&i| keys[i].clone()).collect(),
+                hits: indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
+                quota_elsewhere: groups.iter().any(|(t, g)| t != target && has_quota(g)),
+            };
+            self.decide_group(*target, group, fixed_now)
         }))
         .await;
 
@@ -466,8 +481,9 @@ fn store_error(e: RedisError) -> StoreError {
 impl Store for RedisStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
         if self.inner.one_target(hits) {
-            // One script call, all or nothing on the server: nothing to give back if
-            // the limiter stops waiting, so no task of its own.
+            // One script call (maybe shared with other requests, each decided all or
+            // nothing): nothing to give back if the limiter stops waiting, so no task
+            // of its own.
             return self.inner.decide(hits).await;
         }
         let inner = self.inner.clone();

@@ -49,16 +49,44 @@ impl Default for Scripts {
     }
 }
 
-/// One shard's (or slot's) share of a request: the hits' indexes in the request.
+/// One request's share of a decide call: its hits on one shard (or slot), with
+/// their Redis keys, in the request's order, owned so a shard's task can send it.
 #[derive(Debug, Clone, Default)]
 pub struct Group {
-    pub indexes: Vec<usize>,
+    pub keys: Vec<String>,
+    pub hits: Vec<HitArgs>,
+    /// Quota-mode hits of the request live on other shards too.
+    pub quota_elsewhere: bool,
 }
 
-/// What one decide call answered.
+/// A hit's script arguments (clamped, see the module doc).
+#[derive(Debug, Clone)]
+pub struct HitArgs {
+    code: &'static str,
+    requests: u64,
+    window: u64,
+    burst: u64,
+    hits: u64,
+    mode: &'static str,
+}
+
+impl HitArgs {
+    pub fn new(h: &Hit) -> Self {
+        HitArgs {
+            code: shard::code(h.limit.algorithm),
+            requests: clamp(h.limit.requests),
+            window: clamp(h.limit.window.max(1)),
+            burst: clamp(h.limit.burst),
+            hits: clamp(h.hits),
+            mode: mode_code(h.mode),
+        }
+    }
+}
+
+/// What one decide call answered for one group.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    /// Whether the shard consumed (its hits passed the shared rule).
+    /// Whether the shard consumed (the group's hits passed the shared rule).
     pub consumed: bool,
     /// Verdicts and refund tokens, in the group's order.
     pub verdicts: Vec<(Verdict, i64)>,
@@ -76,27 +104,33 @@ fn mode_code(mode: Mode) -> &'static str {
     }
 }
 
-/// Builds the decide invocation for `indexes` of `hits`.
+/// Builds one decide invocation deciding `groups` one after another (see
+/// decide.lua for the two argument layouts: one group, or several).
 pub fn decide_call<'a>(
     scripts: &'a Scripts,
-    keys: &[String],
-    hits: &[Hit],
-    indexes: &[usize],
+    groups: &[&Group],
     fixed_now: Option<Micros>,
-    quota_elsewhere: bool,
 ) -> redis::ScriptInvocation<'a> {
     let mut call = scripts.decide.prepare_invoke();
     call.arg(fixed_now.map(|n| n.to_string()).unwrap_or_default());
-    call.arg(if quota_elsewhere { "1" } else { "0" });
-    for &i in indexes {
-        let h = &hits[i];
-        call.key(&keys[i]);
-        call.arg(shard::code(h.limit.algorithm))
-            .arg(clamp(h.limit.requests))
-            .arg(clamp(h.limit.window.max(1)))
-            .arg(clamp(h.limit.burst))
-            .arg(clamp(h.hits))
-            .arg(mode_code(h.mode));
+    let several = groups.len() > 1;
+    if several {
+        call.arg("g");
+    }
+    for g in groups {
+        if several {
+            call.arg(g.hits.len());
+        }
+        call.arg(if g.quota_elsewhere { "1" } else { "0" });
+        for (h, key) in g.hits.iter().zip(&g.keys) {
+            call.key(key);
+            call.arg(h.code)
+                .arg(h.requests)
+                .arg(h.window)
+                .arg(h.burst)
+                .arg(h.hits)
+                .arg(h.mode);
+        }
     }
     call
 }
@@ -120,11 +154,12 @@ pub fn refund_call<'a>(
     call
 }
 
-/// Reads a decide reply for a group of `n` hits.
-pub fn parse_reply(values: &[i64], n: usize) -> Result<Reply, StoreError> {
-    if values.len() != 1 + n * REPLY_STRIDE {
+/// Reads a decide reply for groups of `sizes` hits each.
+pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, StoreError> {
+    let want: usize = sizes.iter().map(|n| 1 + n * REPLY_STRIDE).sum();
+    if values.len() != want {
         return Err(StoreError::Protocol(format!(
-            "decide script answered {} values for {n} hits",
+            "decide script answered {} values, expected {want}",
             values.len()
         )));
     }
@@ -132,26 +167,33 @@ pub fn parse_reply(values: &[i64], n: usize) -> Result<Reply, StoreError> {
         // The scripts send -1 for "never".
         u64::try_from(v).unwrap_or(u64::MAX)
     };
-    let verdicts = values[1..]
-        .chunks_exact(REPLY_STRIDE)
-        .map(|c| {
-            (
-                Verdict {
-                    admitted: c[0] == 1,
-                    remaining: u64::try_from(c[1]).unwrap_or(0),
-                    reset: micros(c[2]),
-                    retry_after: micros(c[3]),
-                    delay: micros(c[4]),
-                    next_room: micros(c[6]),
-                },
-                c[5],
-            )
-        })
-        .collect();
-    Ok(Reply {
-        consumed: values[0] == 1,
-        verdicts,
-    })
+    let mut rest = values;
+    let mut replies = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let (group, tail) = rest.split_at(1 + n * REPLY_STRIDE);
+        rest = tail;
+        let verdicts = group[1..]
+            .chunks_exact(REPLY_STRIDE)
+            .map(|c| {
+                (
+                    Verdict {
+                        admitted: c[0] == 1,
+                        remaining: u64::try_from(c[1]).unwrap_or(0),
+                        reset: micros(c[2]),
+                        retry_after: micros(c[3]),
+                        delay: micros(c[4]),
+                        next_room: micros(c[6]),
+                    },
+                    c[5],
+                )
+            })
+            .collect();
+        replies.push(Reply {
+            consumed: group[0] == 1,
+            verdicts,
+        });
+    }
+    Ok(replies)
 }
 
 #[cfg(test)]
@@ -160,6 +202,7 @@ mod tests {
 
     #[test]
     fn replies_are_checked_and_never_maps_to_max() {
+        let parse_reply = |v: &[i64], n: usize| parse_replies(v, &[n]).map(|mut r| r.remove(0));
         assert!(parse_reply(&[1, 1, 2], 1).is_err());
         assert!(parse_reply(&[0, 0, 3, 10, -1, 0, 0], 1).is_err());
         let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0, 0], 1).unwrap();
@@ -170,5 +213,22 @@ mod tests {
         assert_eq!(r.verdicts[0].0.next_room, 7);
         assert_eq!(r.verdicts[0].1, 42);
         assert_eq!(r.verdicts[1].0.next_room, u64::MAX);
+    }
+
+    #[test]
+    fn replies_are_split_by_group() {
+        let values = [
+            1, 1, 4, 5, 0, 0, 7, 0, 0, 0, 9, -1, 0, 0, 1, 2, 3, 4, 5, 6, 7,
+        ];
+        assert!(parse_replies(&values, &[1, 1]).is_err());
+        assert!(parse_replies(&values, &[2, 1]).is_err());
+        let r = parse_replies(&values, &[1, 1, 0]).unwrap_err();
+        assert!(matches!(r, StoreError::Protocol(_)));
+        let r = parse_replies(&values[..16], &[1, 1]).unwrap();
+        assert!(r[0].consumed && !r[1].consumed);
+        assert_eq!(r[0].verdicts[0].1, 7);
+        assert_eq!(r[0].verdicts[0].0.remaining, 4);
+        assert_eq!(r[1].verdicts[0].0.reset, u64::MAX);
+        assert_eq!((r[1].verdicts[0].1, r[1].verdicts[0].0.next_room), (1, 2));
     }
 }

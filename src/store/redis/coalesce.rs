@@ -1,0 +1,164 @@
+//! Coalescing: at most one decide call in flight per standalone shard, carrying every
+//! request queued for that shard.
+//!
+//! Each shard has a task and a bounded queue. A request's share of hits on the shard
+//! (a [`Group`]) is queued; the task takes everything queued (up to [`MAX_REQUESTS`]
+//! requests or [`MAX_KEYS`] keys), sends one EVALSHA deciding the groups one after
+//! another (each all-or-nothing, as if the requests had arrived back to back), and
+//! answers each request with its group's verdicts. While that call is in flight the
+//! next requests queue up, so under load one round trip and one script call serve
+//! many requests; an idle shard sends a lone request at once (no timer, no waiting
+//! for a batch to fill).
+//!
+//! The call keeps the shard's timeout and health accounting: it is bounded by the
+//! call timeout, counts as one success or one failure, and its failure fails every
+//! request in it. A request whose caller stopped waiting (the limiter's store
+//! timeout) before its call was sent is dropped unsent, so it consumes nothing. A
+//! full queue makes callers wait (the limiter's store timeout bounds the wait), so
+//! overload never grows memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::algorithm::Micros;
+use crate::store::StoreError;
+
+use super::health::Health;
+use super::scripts::{self, Group, Reply, Scripts};
+use super::store_error;
+
+/// Most requests decided by one call.
+pub const MAX_REQUESTS: usize = 64;
+/// Most keys in one call; a request with more keys is sent alone.
+pub const MAX_KEYS: usize = 512;
+/// Requests that may wait for a shard; further callers wait to be queued.
+const QUEUE: usize = 4096;
+
+struct Job {
+    group: Group,
+    fixed_now: Option<Micros>,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
+}
+
+/// The queue of one shard. Dropping it ends the shard's task once the queue drains.
+pub struct Coalescer {
+    tx: mpsc::Sender<Job>,
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable("shard queue closed".to_string())
+}
+
+impl Coalescer {
+    /// Starts the shard's task. Must run inside a Tokio runtime.
+    pub fn spawn(
+        conn: ConnectionManager,
+        scripts: Scripts,
+        health: Arc<Health>,
+        call_timeout: Duration,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let task = ShardTask {
+            conn,
+            scripts,
+            health,
+            call_timeout,
+        };
+        tokio::spawn(task.run(rx));
+        Coalescer { tx }
+    }
+
+    /// Decides `group` in the shard's next call.
+    pub async fn decide(
+        &self,
+        group: Group,
+        fixed_now: Option<Micros>,
+    ) -> Result<Reply, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            group,
+            fixed_now,
+            reply,
+        };
+        self.tx.send(job).await.map_err(|_| closed())?;
+        answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+}
+
+struct ShardTask {
+    conn: ConnectionManager,
+    scripts: Scripts,
+    health: Arc<Health>,
+    call_timeout: Duration,
+}
+
+impl ShardTask {
+    async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        // A job taken from the queue that did not fit the previous call.
+        let mut next: Option<Job> = None;
+        let mut batch: Vec<Job> = Vec::new();
+        loop {
+            let first = match next.take() {
+                Some(job) => job,
+                None => match rx.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+            };
+            let fixed_now = first.fixed_now;
+            let mut keys = first.group.keys.len();
+            batch.push(first);
+            while batch.len() < MAX_REQUESTS {
+                let Ok(job) = rx.try_recv() else { break };
+                // Tests only: one call decides at one fixed time.
+                if job.fixed_now != fixed_now || keys + job.group.keys.len() > MAX_KEYS {
+                    next = Some(job);
+                    break;
+                }
+                keys += job.group.keys.len();
+                batch.push(job);
+            }
+            // Nobody waits for these any more: deciding them would spend for nothing.
+            batch.retain(|job| !job.reply.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            match self.call(&batch, fixed_now).await {
+                Ok(replies) => {
+                    for (job, reply) in batch.drain(..).zip(replies) {
+                        let _ = job.reply.send(Ok(reply));
+                    }
+                }
+                Err(e) => {
+                    for job in batch.drain(..) {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn call(
+        &mut self,
+        batch: &[Job],
+        fixed_now: Option<Micros>,
+    ) -> Result<Vec<Reply>, StoreError> {
+        // Requests queued before the shard went down fail at once, as new ones do.
+        self.health.check()?;
+        let guard = self.health.guard();
+        let groups: Vec<&Group> = batch.iter().map(|j| &j.group).collect();
+        let sizes: Vec<usize> = groups.iter().map(|g| g.hits.len()).collect();
+        let call = scripts::decide_call(&self.scripts, &groups, fixed_now);
+        let sent = call.invoke_async::<Vec<i64>>(&mut self.conn);
+        let result = match tokio::time::timeout(self.call_timeout, sent).await {
+            Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
+            Ok(Err(e)) => Err(store_error(e)),
+            Err(_) => Err(StoreError::Timeout),
+        };
+        guard.finish(&result);
+        result
+    }
+}
