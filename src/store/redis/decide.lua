@@ -37,10 +37,36 @@ end
 local out, n = {}, 0
 if #KEYS == 1 then out = { 0, 0, 0, 0, 0, 0, 0, 0 } end
 
--- Decides one group: its m hits are KEYS[k0 + 1 ..] and their arguments start at
--- ARGV[at]. Appends its consumed flag and verdicts to out; returns an error reply
--- for an unknown algorithm, nothing otherwise.
-local function decide_group(k0, m, at, quota_elsewhere)
+-- One group (ARGV[2] '0'/'1') or several ('g'). Top-level loops rather than a
+-- function per group: the common one-group call then pays no closure and keeps
+-- every variable in a register.
+local several = ARGV[2] == 'g'
+local at, k0 = 3, 0
+if several then
+  -- Check every group's algorithm codes before deciding any: an error must not
+  -- leave earlier groups consumed.
+  while at <= #ARGV do
+    local m = tonumber(ARGV[at])
+    for i = 1, m do
+      local code = ARGV[at + 2 + (i - 1) * 6]
+      if algorithm(code) == nil then
+        return redis.error_reply('sluice: unknown algorithm ' .. tostring(code))
+      end
+    end
+    at = at + 2 + m * 6
+  end
+  at = 3
+end
+
+-- Decides one group per round: its m hits are KEYS[k0 + 1 ..], their arguments start
+-- at ARGV[first]; appends its consumed flag and verdicts to out.
+repeat
+  local m, first, quota_elsewhere
+  if several then
+    m, first, quota_elsewhere = tonumber(ARGV[at]), at + 2, ARGV[at + 1] == '1'
+  else
+    m, first, quota_elsewhere = #KEYS, 3, ARGV[2] == '1'
+  end
   local states = {}   -- key -> state as the next hit sees it, false if none once loaded
   local changed = {}  -- keys with a state to write, in first-change order
   local expires = {}  -- key -> when its state may expire, from its last change
@@ -51,7 +77,7 @@ local function decide_group(k0, m, at, quota_elsewhere)
   local enforce_denied, quota_seen, quota_ok = false, false, false
 
   for i = 1, m do
-    local a = at + (i - 1) * 6 - 1
+    local a = first + (i - 1) * 6 - 1
     local code = ARGV[a + 1]
     local decide = algorithm(code)
     if decide == nil then return redis.error_reply('sluice: unknown algorithm ' .. code) end
@@ -121,54 +147,27 @@ local function decide_group(k0, m, at, quota_elsewhere)
   end
   n = o
 
-  -- The shared admitted() rule of src/store/mod.rs.
-  if enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere) then
-    return
-  end
-
-  for _, key in ipairs(changed) do
-    local st = states[key]
-    local c = logs and logs[key]
-    if c then
-      for _, e in ipairs(st) do
-        if c.dirty[e[1]] then
-          redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
-          redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
+  -- The shared admitted() rule of src/store/mod.rs; a denied group writes nothing.
+  if not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
+    for _, key in ipairs(changed) do
+      local st = states[key]
+      local c = logs and logs[key]
+      if c then
+        for _, e in ipairs(st) do
+          if c.dirty[e[1]] then
+            redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
+            redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
+          end
         end
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
+        redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
+      else
+        redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
       end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
-      redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
-    else
-      redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
     end
+    out[head] = 1
   end
-  out[head] = 1
-end
-
-if ARGV[2] ~= 'g' then
-  local err = decide_group(0, #KEYS, 3, ARGV[2] == '1')
-  return err or out
-end
-
--- Several groups. Check every group's algorithm codes before deciding any: an error
--- must not leave earlier groups consumed.
-local at = 3
-while at <= #ARGV do
-  local m = tonumber(ARGV[at])
-  for i = 1, m do
-    local code = ARGV[at + 2 + (i - 1) * 6]
-    if algorithm(code) == nil then
-      return redis.error_reply('sluice: unknown algorithm ' .. tostring(code))
-    end
-  end
-  at = at + 2 + m * 6
-end
-local k0
-at, k0 = 3, 0
-while at <= #ARGV do
-  local m = tonumber(ARGV[at])
-  decide_group(k0, m, at + 2, ARGV[at + 1] == '1')
   k0 = k0 + m
-  at = at + 2 + m * 6
-end
+  at = first + m * 6
+until not several or at > #ARGV
 return out
