@@ -402,13 +402,16 @@ async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
         return;
     }
     let (server, store, load) = loaded_shard().await;
-    // Every call in flight passes the store timeout together, then Redis answers
-    // again. On a busy machine few calls may be in flight: stall until at least three
-    // time out together (enough to back off by count alone).
+    // The call in flight passes the store timeout (15 ms), then the next one, which
+    // carries the requests queued meanwhile, and the next: three failed calls
+    // (enough to back off by count alone) about 30 ms apart, first to last, less
+    // than health::MIN_FAILING; then Redis answers again. Calls are coalesced, so
+    // one stall of 25 ms would fail a single call. Stall until at least three
+    // requests fail.
     let mut burst = 0;
     for _ in 0..10 {
         let before = load.counts.failed.load(Relaxed);
-        tokio::task::block_in_place(|| server.stall(Duration::from_millis(25)));
+        tokio::task::block_in_place(|| server.stall(Duration::from_millis(50)));
         tokio::time::sleep(Duration::from_millis(200)).await;
         burst = load.counts.failed.load(Relaxed) - before;
         if burst >= 3 {
@@ -769,6 +772,94 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     );
     let r = common::call(&mut client, check).await;
     assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
+}
+
+/// What a key holds: its string or its sorted set with scores, for comparisons.
+async fn dump(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
+    match kind.as_str() {
+        "string" => vec![redis::cmd("GET").arg(key).query_async(conn).await.unwrap()],
+        "zset" => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await
+            .unwrap(),
+        _ => vec![kind],
+    }
+}
+
+#[tokio::test]
+async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
+    use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut conn = server.conn().await;
+    let scripts = Scripts::default();
+    let algorithms = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+    let modes = [Mode::Enforce, Mode::Enforce, Mode::Shadow, Mode::Quota];
+    let mut rng = Lcg(11);
+    let mut now: Micros = 1_000 * SECOND;
+    for round in 0..300 {
+        now += rng.next(2 * SECOND);
+        // The same groups on two key spaces: "a:" in one call, "b:" one call each.
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for _ in 0..1 + rng.next(6) {
+            let hits: Vec<Hit> = (0..1 + rng.next(3))
+                .map(|_| {
+                    let alg = algorithms[rng.next(5) as usize];
+                    let key = format!("k{}", rng.next(3));
+                    let window = (1 + rng.next(4)) * SECOND;
+                    let mut h = hit(&key, alg, 1 + rng.next(5), window, rng.next(3));
+                    h.mode = modes[rng.next(4) as usize];
+                    h
+                })
+                .collect();
+            let quota_elsewhere = rng.next(4) == 0;
+            for (prefix, side) in [("a:", &mut a), ("b:", &mut b)] {
+                side.push(Group {
+                    keys: hits.iter().map(|h| shard::redis_key(prefix, h)).collect(),
+                    hits: hits.iter().map(HitArgs::new).collect(),
+                    quota_elsewhere,
+                });
+            }
+        }
+        let together: Vec<i64> =
+            scripts::decide_call(&scripts, &a.iter().collect::<Vec<_>>(), Some(now))
+                .invoke_async(&mut conn)
+                .await
+                .expect("several groups");
+        let mut one_by_one = Vec::new();
+        for g in &b {
+            let r: Vec<i64> = scripts::decide_call(&scripts, &[g], Some(now))
+                .invoke_async(&mut conn)
+                .await
+                .expect("one group");
+            one_by_one.extend(r);
+        }
+        assert_eq!(together, one_by_one, "round {round}");
+        for g in &a {
+            for key in &g.keys {
+                let other = key.replacen("a:", "b:", 1);
+                assert_eq!(
+                    dump(&mut conn, key).await,
+                    dump(&mut conn, &other).await,
+                    "round {round}: {key}"
+                );
+            }
+        }
+    }
 }
 
 /// Sends `n` concurrent requests (request `i` is `hits(i)`), returns how many passed.
