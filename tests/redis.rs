@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::{available, command_calls, keys, RedisServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::ManualClock;
 use sluice::store::redis::{shard, Options, RedisStore};
 use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
+use tonic::transport::Channel;
 
 /// A Redis store with the servers it runs on, which live as long as it does.
 struct TestStore {
@@ -638,15 +641,7 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     for s in &servers {
         clients.push(s.client().await);
     }
-    for i in 0..8 {
-        let r = common::call(&mut clients[i % 3], layered()).await;
-        let expected = if i < 2 {
-            common::OK
-        } else {
-            common::OVER_LIMIT
-        };
-        assert_eq!(r.overall_code, expected, "request {i}");
-    }
+    two_then_denied(&mut clients, layered, 8).await;
     let check = common::request(
         "exact",
         vec![
@@ -747,7 +742,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
             "closed",
         ],
     );
-    let mut client = sluice.client().await;
+    let mut clients = [sluice.client().await];
     let layered = || {
         common::request(
             "exact",
@@ -757,8 +752,25 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
             ],
         )
     };
-    for i in 0..4 {
-        let r = common::call(&mut client, layered()).await;
+    two_then_denied(&mut clients, layered, 4).await;
+    let check = common::request(
+        "exact",
+        vec![common::desc_hits(&[("remote_address", "10.9.9.9")], 0)],
+    );
+    let r = common::call(&mut clients[0], check).await;
+    assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
+}
+
+/// Sends `n` requests made by `request`, in turn through `clients`: the tenant's
+/// limit of 2 (REPLICA_POLICY) admits the first two and denies the rest.
+async fn two_then_denied(
+    clients: &mut [RateLimitServiceClient<Channel>],
+    request: impl Fn() -> RateLimitRequest,
+    n: usize,
+) {
+    for i in 0..n {
+        let client = &mut clients[i % clients.len()];
+        let r = common::call(client, request()).await;
         let expected = if i < 2 {
             common::OK
         } else {
@@ -766,12 +778,6 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         };
         assert_eq!(r.overall_code, expected, "request {i}");
     }
-    let check = common::request(
-        "exact",
-        vec![common::desc_hits(&[("remote_address", "10.9.9.9")], 0)],
-    );
-    let r = common::call(&mut client, check).await;
-    assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
 }
 
 /// What a key holds: its string or its sorted set with scores, for comparisons.

@@ -81,16 +81,7 @@ else
     bad "RateLimitPolicy kind-e2e not Accepted within 30 s: $(kubectl get rlp kind-e2e -o jsonpath='{.status}' 2>&1)"
 fi
 # A bad spec is refused by the API server (the CRD's schema).
-if kubectl apply --dry-run=server -f - >/dev/null 2>&1 <<'YAML'; then
-apiVersion: sluice.dev/v1alpha1
-kind: RateLimitPolicy
-metadata: {name: bad, namespace: default}
-spec:
-  domain: api
-  descriptors:
-    - key: tenant
-      rateLimit: {requestsPerUnit: many}
-YAML
+if kubectl apply --dry-run=server -f tests/e2e/bad-policy.yaml >/dev/null 2>&1; then
     bad "the API server accepted a RateLimitPolicy with requestsPerUnit: many"
 else
     ok "the API server refuses a RateLimitPolicy with a bad spec"

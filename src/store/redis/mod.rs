@@ -267,18 +267,14 @@ impl Inner {
         let Some(first) = hits.first() else {
             return true;
         };
-        let same_placement = hits.iter().all(|h| h.placement == first.placement);
         match &self.backend {
-            Backend::Shards(s) if s.len() == 1 => true,
             Backend::Shards(s) => {
-                same_placement || {
-                    let t = shard::jump_hash(first.placement, s.len());
-                    hits.iter()
-                        .all(|h| shard::jump_hash(h.placement, s.len()) == t)
-                }
+                let t = shard::jump_hash(first.placement, s.len());
+                hits.iter()
+                    .all(|h| shard::jump_hash(h.placement, s.len()) == t)
             }
             // The slot follows from the placement (the hash tag) alone.
-            Backend::Cluster(_) => same_placement,
+            Backend::Cluster(_) => hits.iter().all(|h| h.placement == first.placement),
         }
     }
 
@@ -363,7 +359,7 @@ impl Inner {
         if let Some(v) = self.cache.lookup(hits, sent) {
             return Ok(v);
         }
-        let keys: Vec<String> = hits
+        let mut keys: Vec<String> = hits
             .iter()
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
@@ -381,15 +377,28 @@ impl Inner {
         }
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
-        let replies = futures::future::join_all(groups.iter().map(|(target, indexes)| {
+        // One group consumes all or nothing and never needs a refund, so its keys move
+        // into the call; several keep theirs for a possible refund.
+        let single = groups.len() == 1;
+        let mut calls = Vec::with_capacity(groups.len());
+        for (target, indexes) in &groups {
             let group = Group {
-                keys: indexes.iter().map(|&i| keys[i].clone()).collect(),
+                keys: indexes
+                    .iter()
+                    .map(|&i| {
+                        if single {
+                            std::mem::take(&mut keys[i])
+                        } else {
+                            keys[i].clone()
+                        }
+                    })
+                    .collect(),
                 hits: indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
                 quota_elsewhere: groups.iter().any(|(t, g)| t != target && has_quota(g)),
             };
-            self.decide_group(*target, group, fixed_now)
-        }))
-        .await;
+            calls.push(self.decide_group(*target, group, fixed_now));
+        }
+        let replies = futures::future::join_all(calls).await;
 
         let mut verdicts = vec![Verdict::default(); hits.len()];
         let mut consumed: Vec<(usize, Vec<(usize, i64)>)> = Vec::new();
@@ -462,9 +471,7 @@ async fn dbsize(mut conn: impl redis::aio::ConnectionLike, health: &Health) -> O
         .await
         .ok()?
         .ok()?;
-    if health.is_down() {
-        health.success();
-    }
+    health.success();
     Some(n)
 }
 
