@@ -8,8 +8,9 @@
 --
 -- One call decides one group of hits (one request's share of this shard) or several
 -- (the store coalesces the requests queued for a shard). Groups are decided one
--- after another, each all-or-nothing, a group's writes made before the next group
--- loads: the outcome equals the requests arriving back to back at one instant.
+-- after another, each all-or-nothing, each seeing what the earlier groups committed
+-- (counters are written once at the end of the call, logs as each group commits):
+-- the outcome equals the requests arriving back to back at one instant.
 --
 -- KEYS: the counters of every hit, group after group (a key may repeat: the later
 -- hit sees the earlier one's state). ARGV[1]: fixed now in microseconds (tests only)
@@ -58,6 +59,12 @@ if several then
   at = 3
 end
 
+-- Counter states (not logs) committed by earlier groups of this call, written once
+-- at the end: a hot key shared by many coalesced requests is read and written once
+-- per call instead of once per request. key -> state (false: none), and the keys to
+-- write in first-commit order with the expiry of their last change.
+local committed, pending, pending_expiry = {}, {}, {}
+
 -- Decides one group per round: its m hits are KEYS[k0 + 1 ..], their arguments start
 -- at ARGV[first]; appends its consumed flag and verdicts to out.
 repeat
@@ -101,8 +108,11 @@ repeat
           end
         end
       else
-        local s = redis.call('GET', key)
-        if s then st = decode(s, code) end
+        st = committed[key]
+        if st == nil then
+          local s = redis.call('GET', key)
+          if s then st = decode(s, code) end
+        end
       end
       states[key] = st or false
     end
@@ -162,7 +172,9 @@ repeat
         redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
         redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
       else
-        redis.call('SET', key, encode(st), 'PX', ttl_ms(expires[key], now))
+        committed[key] = st
+        if pending_expiry[key] == nil then pending[#pending + 1] = key end
+        pending_expiry[key] = expires[key]
       end
     end
     out[head] = 1
@@ -170,4 +182,7 @@ repeat
   k0 = k0 + m
   at = first + m * 6
 until not several or at > #ARGV
+for _, key in ipairs(pending) do
+  redis.call('SET', key, encode(committed[key]), 'PX', ttl_ms(pending_expiry[key], now))
+end
 return out
