@@ -63,7 +63,7 @@ if command -v inferno-collapse-perf >/dev/null; then
     cat[c] += n
   } END { for (c in cat) printf "%5.1f%%  %s\n", 100 * cat[c] / total, c }' "$prefix.folded" |
     sort -rn >"$prefix.summary.txt"
-  rm -f "$prefix.folded"
+  [ -n "${PROFILE_KEEP:-}" ] || rm -f "$prefix.folded"
   echo "profile: $prefix.svg, $prefix.summary.txt" >&2
 fi
 rm -f "$prefix.perf.data"

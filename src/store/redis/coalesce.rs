@@ -27,8 +27,9 @@ use crate::algorithm::Micros;
 use crate::store::StoreError;
 
 use super::health::Health;
-use super::scripts::{self, Group, Reply, Scripts};
+use super::scripts::{self, Group, Reply, Script, Scripts};
 use super::store_error;
+use super::wire::{Answer, Request, Target, Wire};
 
 /// Most requests decided by one call.
 pub const MAX_REQUESTS: usize = 64;
@@ -43,6 +44,32 @@ struct Job {
     reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
+/// How a shard's task reaches its Redis.
+pub enum Link {
+    /// Its own connection (plain `redis://`), connected on first use and again after
+    /// an error.
+    Wire {
+        target: Target,
+        conn: Option<Wire>,
+        req: Request,
+    },
+    /// A redis-rs connection (TLS, Unix sockets).
+    Managed(ConnectionManager),
+}
+
+impl Link {
+    pub fn new(target: Option<Target>, managed: ConnectionManager) -> Link {
+        match target {
+            Some(target) => Link::Wire {
+                target,
+                conn: None,
+                req: Request::default(),
+            },
+            None => Link::Managed(managed),
+        }
+    }
+}
+
 /// The queue of one shard. Dropping it ends the shard's task once the queue drains.
 pub struct Coalescer {
     tx: mpsc::Sender<Job>,
@@ -55,14 +82,14 @@ fn closed() -> StoreError {
 impl Coalescer {
     /// Starts the shard's task. Must run inside a Tokio runtime.
     pub fn spawn(
-        conn: ConnectionManager,
+        link: Link,
         scripts: Scripts,
         health: Arc<Health>,
         call_timeout: Duration,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         let task = ShardTask {
-            conn,
+            link,
             scripts,
             health,
             call_timeout,
@@ -89,7 +116,7 @@ impl Coalescer {
 }
 
 struct ShardTask {
-    conn: ConnectionManager,
+    link: Link,
     scripts: Scripts,
     health: Arc<Health>,
     call_timeout: Duration,
@@ -151,14 +178,58 @@ impl ShardTask {
         let guard = self.health.guard();
         let groups: Vec<&Group> = batch.iter().map(|j| &j.group).collect();
         let sizes: Vec<usize> = groups.iter().map(|g| g.hits.len()).collect();
-        let call = scripts::decide_call(&self.scripts, &groups, fixed_now);
-        let sent = call.invoke_async::<Vec<i64>>(&mut self.conn);
+        let sent = send(&mut self.link, &self.scripts, &groups, fixed_now);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
             Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
-            Ok(Err(e)) => Err(store_error(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Timeout),
         };
         guard.finish(&result);
         result
+    }
+}
+
+/// Sends one decide call and returns the script's reply values.
+async fn send(
+    link: &mut Link,
+    scripts: &Scripts,
+    groups: &[&Group],
+    fixed_now: Option<Micros>,
+) -> Result<Vec<i64>, StoreError> {
+    let (target, conn, req) = match link {
+        Link::Managed(conn) => {
+            let call = scripts::decide_call(scripts, groups, fixed_now);
+            return call
+                .invoke_async::<Vec<i64>>(conn)
+                .await
+                .map_err(store_error);
+        }
+        Link::Wire { target, conn, req } => (target, conn, req),
+    };
+    // Out of its slot while in use: a call abandoned half way (the timeout drops this
+    // future) or failed leaves no connection behind with a reply still to come.
+    let mut wire = match conn.take() {
+        Some(wire) => wire,
+        None => Wire::connect(target).await?,
+    };
+    scripts::write_decide(
+        req,
+        Script::Hash(scripts.decide.get_hash()),
+        groups,
+        fixed_now,
+    );
+    let mut answer = wire.call(req).await?;
+    if matches!(&answer, Answer::Error(e) if e.starts_with("NOSCRIPT")) {
+        // Redis lost its scripts (restart, SCRIPT FLUSH): EVAL caches it again.
+        scripts::write_decide(req, Script::Text, groups, fixed_now);
+        answer = wire.call(req).await?;
+    }
+    *conn = Some(wire);
+    match answer {
+        Answer::Integers(values) => Ok(values),
+        Answer::Error(e) => Err(StoreError::Protocol(e)),
+        Answer::Status => Err(StoreError::Protocol(
+            "decide script answered no array".to_string(),
+        )),
     }
 }

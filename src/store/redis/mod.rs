@@ -44,6 +44,7 @@ pub mod coalesce;
 pub mod health;
 pub mod scripts;
 pub mod shard;
+pub mod wire;
 
 use cache::DenialCache;
 use coalesce::Coalescer;
@@ -195,11 +196,12 @@ impl RedisStore {
             let mut shards = Vec::with_capacity(opts.urls.len());
             for url in &opts.urls {
                 let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
-                let conn = ConnectionManager::new_lazy_with_config(client, config.clone())
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                     .map_err(|e| bad_url(url, &e))?;
                 let health = Arc::new(Health::new(shard_name(url), metrics.clone()));
+                let target = wire::Target::new(client.get_connection_info(), opts.timeout);
                 let coalescer = Coalescer::spawn(
-                    conn.clone(),
+                    coalesce::Link::new(target, conn.clone()),
                     scripts.clone(),
                     health.clone(),
                     opts.call_timeout,

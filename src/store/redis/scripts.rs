@@ -10,12 +10,13 @@
 //! (35 years) whose burst * window / requests is below 2^53 µs (285 years). Larger
 //! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
 
-use redis::Script;
+use redis::Script as RedisScript;
 
 use crate::algorithm::{Micros, Verdict};
 use crate::store::{Hit, Mode, StoreError};
 
 use super::shard;
+use super::wire::Request;
 
 /// Lua helpers, algorithms and the decision itself, as one script.
 const DECIDE_LUA: &str = concat!(
@@ -36,15 +37,15 @@ const REPLY_STRIDE: usize = 7;
 /// Both scripts, hashed once.
 #[derive(Debug, Clone)]
 pub struct Scripts {
-    pub decide: Script,
-    pub refund: Script,
+    pub decide: RedisScript,
+    pub refund: RedisScript,
 }
 
 impl Default for Scripts {
     fn default() -> Self {
         Scripts {
-            decide: Script::new(DECIDE_LUA),
-            refund: Script::new(REFUND_LUA),
+            decide: RedisScript::new(DECIDE_LUA),
+            refund: RedisScript::new(REFUND_LUA),
         }
     }
 }
@@ -104,35 +105,128 @@ fn mode_code(mode: Mode) -> &'static str {
     }
 }
 
-/// Builds one decide invocation deciding `groups` one after another (see
-/// decide.lua for the two argument layouts: one group, or several).
+/// One argument of a script call.
+enum Arg<'a> {
+    Text(&'a str),
+    Number(u64),
+}
+
+/// Receives a decide call's keys and arguments, each kind in call order.
+trait Sink {
+    fn key(&mut self, key: &str);
+    fn arg(&mut self, arg: Arg<'_>);
+}
+
+impl Sink for redis::ScriptInvocation<'_> {
+    fn key(&mut self, key: &str) {
+        redis::ScriptInvocation::key(self, key);
+    }
+    fn arg(&mut self, arg: Arg<'_>) {
+        match arg {
+            Arg::Text(t) => redis::ScriptInvocation::arg(self, t),
+            Arg::Number(n) => redis::ScriptInvocation::arg(self, n),
+        };
+    }
+}
+
+/// The keys and arguments deciding `groups` one after another (see decide.lua for
+/// the two layouts: one group, or several).
+fn decide_args(groups: &[&Group], fixed_now: Option<Micros>, sink: &mut impl Sink) {
+    sink.arg(match fixed_now {
+        Some(n) => Arg::Number(n),
+        None => Arg::Text(""),
+    });
+    let several = groups.len() > 1;
+    if several {
+        sink.arg(Arg::Text("g"));
+    }
+    for g in groups {
+        if several {
+            sink.arg(Arg::Number(g.hits.len() as u64));
+        }
+        sink.arg(Arg::Text(if g.quota_elsewhere { "1" } else { "0" }));
+        for (h, key) in g.hits.iter().zip(&g.keys) {
+            sink.key(key);
+            sink.arg(Arg::Text(h.code));
+            sink.arg(Arg::Number(h.requests));
+            sink.arg(Arg::Number(h.window));
+            sink.arg(Arg::Number(h.burst));
+            sink.arg(Arg::Number(h.hits));
+            sink.arg(Arg::Text(h.mode));
+        }
+    }
+}
+
+/// Builds one decide invocation deciding `groups` one after another.
 pub fn decide_call<'a>(
     scripts: &'a Scripts,
     groups: &[&Group],
     fixed_now: Option<Micros>,
 ) -> redis::ScriptInvocation<'a> {
     let mut call = scripts.decide.prepare_invoke();
-    call.arg(fixed_now.map(|n| n.to_string()).unwrap_or_default());
-    let several = groups.len() > 1;
-    if several {
-        call.arg("g");
-    }
-    for g in groups {
-        if several {
-            call.arg(g.hits.len());
-        }
-        call.arg(if g.quota_elsewhere { "1" } else { "0" });
-        for (h, key) in g.hits.iter().zip(&g.keys) {
-            call.key(key);
-            call.arg(h.code)
-                .arg(h.requests)
-                .arg(h.window)
-                .arg(h.burst)
-                .arg(h.hits)
-                .arg(h.mode);
-        }
-    }
+    decide_args(groups, fixed_now, &mut call);
     call
+}
+
+/// How [`write_decide`] names the script.
+#[derive(Debug, Clone, Copy)]
+pub enum Script<'a> {
+    /// `EVALSHA` with the script's hash (the usual case).
+    Hash(&'a str),
+    /// `EVAL` with the script's text (after a NOSCRIPT answer; Redis caches it again).
+    Text,
+}
+
+/// Writes the decide call for `groups` as one RESP command into `req`, the same
+/// call [`decide_call`] builds, without an allocation per argument.
+pub fn write_decide(
+    req: &mut Request,
+    script: Script<'_>,
+    groups: &[&Group],
+    fixed_now: Option<Micros>,
+) {
+    struct Count(usize, usize);
+    impl Sink for Count {
+        fn key(&mut self, _: &str) {
+            self.0 += 1;
+        }
+        fn arg(&mut self, _: Arg<'_>) {
+            self.1 += 1;
+        }
+    }
+    struct Keys<'r>(&'r mut Request);
+    impl Sink for Keys<'_> {
+        fn key(&mut self, key: &str) {
+            self.0.arg(key.as_bytes());
+        }
+        fn arg(&mut self, _: Arg<'_>) {}
+    }
+    struct Args<'r>(&'r mut Request);
+    impl Sink for Args<'_> {
+        fn key(&mut self, _: &str) {}
+        fn arg(&mut self, arg: Arg<'_>) {
+            match arg {
+                Arg::Text(t) => self.0.arg(t.as_bytes()),
+                Arg::Number(n) => self.0.arg_u64(n),
+            }
+        }
+    }
+    let mut count = Count(0, 0);
+    decide_args(groups, fixed_now, &mut count);
+    req.start(3 + count.0 + count.1);
+    match script {
+        Script::Hash(sha) => {
+            req.arg(b"EVALSHA");
+            req.arg(sha.as_bytes());
+        }
+        Script::Text => {
+            req.arg(b"EVAL");
+            req.arg(DECIDE_LUA.as_bytes());
+        }
+    }
+    req.arg_u64(count.0 as u64);
+    decide_args(groups, fixed_now, &mut Keys(req));
+    decide_args(groups, fixed_now, &mut Args(req));
 }
 
 /// Builds the refund invocation for the consumed hits of a group.

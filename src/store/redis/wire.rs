@@ -1,0 +1,348 @@
+//! The decide calls of a standalone shard, written and read by the shard's own task.
+//!
+//! A shard has at most one decide call in flight ([`super::coalesce`]), so it needs no
+//! multiplexing: its task writes the call into one reused buffer, sends it, and parses
+//! the reply (a flat array of integers) straight into numbers. Against a multiplexed
+//! redis-rs connection this saves a task hop each way and an allocation per argument
+//! and per reply value (BENCHMARKS.md, "Decide calls on the shard's own connection").
+//!
+//! Plain `redis://` only (with AUTH and SELECT from the URL); TLS and Unix sockets go
+//! through redis-rs. Any I/O or protocol error drops the connection, so a reply can
+//! never be matched to the wrong call; the next call connects again.
+
+use std::time::Duration;
+
+use redis::{ConnectionAddr, ConnectionInfo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::store::StoreError;
+
+/// Where and how to connect, from the shard's URL. `None` when the URL needs redis-rs
+/// (TLS, Unix socket, RESP3).
+#[derive(Debug, Clone)]
+pub struct Target {
+    host: String,
+    port: u16,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    timeout: Duration,
+}
+
+impl Target {
+    pub fn new(info: &ConnectionInfo, timeout: Duration) -> Option<Target> {
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let redis = info.redis_settings();
+        Some(Target {
+            host: host.clone(),
+            port: *port,
+            username: redis.username().map(str::to_string),
+            password: redis.password().map(str::to_string),
+            db: redis.db(),
+            timeout,
+        })
+    }
+}
+
+/// A RESP2 request being built: `*N` then each argument as a bulk string.
+#[derive(Debug, Default)]
+pub struct Request {
+    buf: Vec<u8>,
+}
+
+impl Request {
+    /// Starts a command of `args` arguments (the command name included).
+    pub fn start(&mut self, args: usize) {
+        self.buf.clear();
+        self.buf.push(b'*');
+        push_decimal(&mut self.buf, args as u64);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
+    pub fn arg(&mut self, value: &[u8]) {
+        self.buf.push(b'$');
+        push_decimal(&mut self.buf, value.len() as u64);
+        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
+    pub fn arg_u64(&mut self, value: u64) {
+        let mut digits = itoa_buf(value);
+        let (len, text) = digits.text();
+        self.buf.push(b'$');
+        push_decimal(&mut self.buf, len as u64);
+        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(text);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// A value's decimal digits, without allocating.
+struct Digits {
+    buf: [u8; 20],
+    at: usize,
+}
+
+impl Digits {
+    fn text(&mut self) -> (usize, &[u8]) {
+        (20 - self.at, &self.buf[self.at..])
+    }
+}
+
+fn itoa_buf(mut v: u64) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        at: 20,
+    };
+    loop {
+        d.at -= 1;
+        d.buf[d.at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return d;
+        }
+    }
+}
+
+fn push_decimal(buf: &mut Vec<u8>, v: u64) {
+    let mut d = itoa_buf(v);
+    buf.extend_from_slice(d.text().1);
+}
+
+/// What Redis answered to one command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// An array of integers (the decide script's reply).
+    Integers(Vec<i64>),
+    /// A status (`+OK`) or an integer alone.
+    Status,
+    /// An error reply (`-NOSCRIPT ...`, `-ERR ...`), without the dash.
+    Error(String),
+}
+
+/// One connection to a shard.
+pub struct Wire {
+    stream: TcpStream,
+    read: Vec<u8>,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("{what}: {e}"))
+}
+
+impl Wire {
+    /// Connects, authenticates and selects the database, within the target's timeout.
+    pub async fn connect(target: &Target) -> Result<Wire, StoreError> {
+        let connect = TcpStream::connect((target.host.as_str(), target.port));
+        let stream = match tokio::time::timeout(target.timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(unavailable("connect", e)),
+            Err(_) => return Err(StoreError::Timeout),
+        };
+        // One small request at a time: Nagle's algorithm would hold it for an ACK.
+        let _ = stream.set_nodelay(true);
+        let mut wire = Wire {
+            stream,
+            read: Vec::with_capacity(4096),
+        };
+        let mut req = Request::default();
+        if let Some(password) = &target.password {
+            match &target.username {
+                Some(user) => {
+                    req.start(3);
+                    req.arg(b"AUTH");
+                    req.arg(user.as_bytes());
+                }
+                None => {
+                    req.start(2);
+                    req.arg(b"AUTH");
+                }
+            }
+            req.arg(password.as_bytes());
+            wire.expect_ok(&req, "AUTH").await?;
+        }
+        if target.db != 0 {
+            req.start(2);
+            req.arg(b"SELECT");
+            req.arg_u64(target.db as u64);
+            wire.expect_ok(&req, "SELECT").await?;
+        }
+        Ok(wire)
+    }
+
+    async fn expect_ok(&mut self, req: &Request, what: &str) -> Result<(), StoreError> {
+        match self.call(req).await? {
+            Answer::Status => Ok(()),
+            Answer::Error(e) => Err(StoreError::Unavailable(format!("{what}: {e}"))),
+            Answer::Integers(_) => Err(StoreError::Protocol(format!("{what}: unexpected reply"))),
+        }
+    }
+
+    /// Sends one command and reads its answer. An `Err` leaves the connection unusable.
+    pub async fn call(&mut self, req: &Request) -> Result<Answer, StoreError> {
+        self.stream
+            .write_all(req.bytes())
+            .await
+            .map_err(|e| unavailable("write", e))?;
+        self.read.clear();
+        loop {
+            match parse(&self.read)? {
+                Some(answer) => return Ok(answer),
+                None => {
+                    if self.read.len() > MAX_REPLY {
+                        return Err(StoreError::Protocol("reply too large".to_string()));
+                    }
+                    let n = self
+                        .stream
+                        .read_buf(&mut self.read)
+                        .await
+                        .map_err(|e| unavailable("read", e))?;
+                    if n == 0 {
+                        return Err(StoreError::Unavailable(
+                            "connection closed by Redis".to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A decide reply is at most 64 requests' worth of 512 keys of 7 integers: far below.
+const MAX_REPLY: usize = 64 << 20;
+
+fn protocol(what: &str) -> StoreError {
+    StoreError::Protocol(format!("unexpected Redis reply: {what}"))
+}
+
+/// The line starting at `at` (without CRLF) and where the next one starts; `None`
+/// until the CRLF has arrived.
+fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let rest = buf.get(at..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((&rest[..end], at + end + 2))
+}
+
+fn integer(text: &[u8]) -> Result<i64, StoreError> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', d)) => (true, d),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(protocol("bad integer"));
+    }
+    let mut v: i64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return Err(protocol("bad integer"));
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(c - b'0')))
+            .ok_or_else(|| protocol("integer out of range"))?;
+    }
+    Ok(if negative { -v } else { v })
+}
+
+/// Parses one complete answer from the start of `buf`; `Ok(None)` while incomplete.
+/// Only what the scripts, AUTH and SELECT answer is accepted.
+pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
+    let Some((first, mut at)) = line(buf, 0) else {
+        return Ok(None);
+    };
+    let Some((&kind, text)) = first.split_first() else {
+        return Err(protocol("empty line"));
+    };
+    match kind {
+        b'+' | b':' => Ok(Some(Answer::Status)),
+        b'-' => Ok(Some(Answer::Error(
+            String::from_utf8_lossy(text).into_owned(),
+        ))),
+        b'*' => {
+            let n = integer(text)?;
+            // *-1 (a null array) is not something the scripts send.
+            let n = usize::try_from(n).map_err(|_| protocol("null array"))?;
+            if n > MAX_REPLY / 4 {
+                return Err(protocol("array too long"));
+            }
+            let mut values = Vec::with_capacity(n);
+            for _ in 0..n {
+                let Some((item, next)) = line(buf, at) else {
+                    return Ok(None);
+                };
+                match item.split_first() {
+                    Some((b':', digits)) => values.push(integer(digits)?),
+                    _ => return Err(protocol("array item is not an integer")),
+                }
+                at = next;
+            }
+            Ok(Some(Answer::Integers(values)))
+        }
+        _ => Err(protocol("unknown reply type")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_resp_bulk_strings() {
+        let mut r = Request::default();
+        r.start(3);
+        r.arg(b"SET");
+        r.arg(b"k");
+        r.arg_u64(1_234_567_890_123);
+        assert_eq!(
+            r.bytes(),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$13\r\n1234567890123\r\n"
+        );
+        r.start(2);
+        r.arg(b"X");
+        r.arg_u64(0);
+        assert_eq!(r.bytes(), b"*2\r\n$1\r\nX\r\n$1\r\n0\r\n");
+    }
+
+    #[test]
+    fn replies_parse_only_when_complete() {
+        let full = b"*3\r\n:1\r\n:-1\r\n:9007199254740993\r\n";
+        for cut in 0..full.len() {
+            assert_eq!(parse(&full[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        assert_eq!(
+            parse(full).unwrap(),
+            Some(Answer::Integers(vec![1, -1, 9_007_199_254_740_993]))
+        );
+        assert_eq!(parse(b"*0\r\n").unwrap(), Some(Answer::Integers(vec![])));
+        assert_eq!(parse(b"+OK\r\n").unwrap(), Some(Answer::Status));
+        assert_eq!(
+            parse(b"-NOSCRIPT No matching script\r\n").unwrap(),
+            Some(Answer::Error("NOSCRIPT No matching script".to_string()))
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        for bad in [
+            &b"*2\r\n$1\r\nx\r\n"[..],
+            b"*-1\r\n",
+            b"*x\r\n",
+            b"?\r\n",
+            b"\r\n",
+            b"*1\r\n:99999999999999999999\r\n",
+            b"*1\r\n:\r\n",
+            b"*1\r\n:1a\r\n",
+            b"*999999999999\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
