@@ -4,9 +4,11 @@
 //! A request's hits are decided per shard it touches (usually one) by a script that
 //! checks every hit on that shard and consumes only if the request passes the shared
 //! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
-//! that consumed get their hits back through a refund script. Connections are
-//! multiplexed (`ConnectionManager`, `ClusterConnection`): concurrent requests share
-//! one pipelined connection per node, so round trips do not grow with callers.
+//! that consumed get their hits back through a refund script. A standalone shard's
+//! decide calls go over the shard task's own connection ([`wire`]); its refunds and
+//! key counts, and every call to a cluster, over multiplexed redis-rs connections
+//! (`ConnectionManager`, `ClusterConnection`), so round trips and connections do not
+//! grow with callers.
 //!
 //! On standalone shards concurrent requests are also coalesced ([`coalesce`]): each
 //! shard has at most one decide call in flight, and the requests that queue up
