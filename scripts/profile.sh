@@ -7,7 +7,8 @@
 # `sluice-bench load --scenario SCENARIO` (default hot) for 12 s, samples sluice with
 # `perf record --call-graph dwarf` for 5 s of it, and writes OUT_PREFIX.svg (needs
 # `inferno-flamegraph`: `cargo install inferno`) and OUT_PREFIX.txt (top symbols,
-# self time). PROFILE_FLAGS adds sluice flags (e.g. "--worker-threads 1"). Needs perf and kernel.perf_event_paranoid <= 2. Traffic stays on
+# self time). PROFILE_FLAGS adds sluice flags (e.g. "--worker-threads 1"); PROFILE_KEEP=1
+# keeps the folded stacks (OUT_PREFIX.folded) for other cuts of the samples. Needs perf and kernel.perf_event_paranoid <= 2. Traffic stays on
 # 127.0.0.1. Not part of scripts/test.sh (a profile is not a test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
