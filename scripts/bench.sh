@@ -17,7 +17,9 @@
 # BENCH_ATTACK_RATE (10000 req/s: 10 % on the attacker = 1000/s, 10x its 100/s limit),
 # BENCH_SCENARIOS, BENCH_TARGETS (space-separated subsets), BENCH_REFERENCE=0 (skip
 # building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
-# BENCH_SLUICE (another sluice binary to measure, e.g. an older build).
+# BENCH_SLUICE (another sluice binary to measure, e.g. an older build), BENCH_CLIENT
+# (the generator's client, `h2` by default; `tonic` as for the tables taken before
+# "Lean load generator" in BENCHMARKS.md).
 # Defaults take about 3 minutes (25 runs of warm-up + duration).
 #
 # Traffic stays on 127.0.0.1. Not part of scripts/test.sh or CI (timing is not a test).
@@ -30,6 +32,7 @@ duration=${1:-${BENCH_DURATION:-5s}}
 concurrency=${2:-${BENCH_CONCURRENCY:-64}}
 warmup=${BENCH_WARMUP:-1s}
 connections=${BENCH_CONNECTIONS:-4}
+client=${BENCH_CLIENT:-}
 keys=${BENCH_KEYS:-100000}
 zipf_s=${BENCH_ZIPF_S:-1.1}
 attack_rate=${BENCH_ATTACK_RATE:-10000}
@@ -175,6 +178,7 @@ for scenario in $scenarios; do
     args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
       --duration "$duration" --warmup "$warmup" --connections "$connections"
       --concurrency "$concurrency" --keys "$keys" --zipf-s "$zipf_s")
+    if [ -n "$client" ]; then args+=(--client "$client"); fi
     if [ "$scenario" = attack ]; then
       args+=(--key user --rate "$attack_rate" --attack-share 0.1)
     fi

@@ -103,6 +103,31 @@ fn load_generator_drives_sluice_in_every_scenario() {
     assert_eq!(r["normal"]["over_limit"], 0, "{r}");
     assert!(r["attacker"]["over_limit"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["errors"], 0, "{r}");
+
+    // A request sluice refuses (INVALID_ARGUMENT, in a trailers-only response) counts
+    // as an error and its message is reported, with either client.
+    for client in ["h2", "tonic"] {
+        let r = load(
+            grpc,
+            &["--client", client, "--domain", "", "--requests", "50"],
+        );
+        assert_eq!(
+            (r["errors"].as_u64(), r["ok"].as_u64()),
+            (Some(50), Some(0)),
+            "{r}"
+        );
+        assert_eq!(
+            r["first_error"], "InvalidArgument: domain must not be empty",
+            "{r}"
+        );
+    }
+    // The tonic client, kept for comparison, still counts outcomes.
+    let r = load(grpc, &["--client", "tonic", "--requests", "200"]);
+    assert_eq!(
+        (r["client"].as_str(), r["ok"].as_u64()),
+        (Some("tonic"), Some(200)),
+        "{r}"
+    );
 }
 
 #[test]

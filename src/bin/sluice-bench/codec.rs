@@ -1,10 +1,11 @@
 //! The generator's side of the wire: requests go out as bytes encoded once, before the
-//! run, and only `overall_code` is read from each response. The generator then spends
+//! run, with their gRPC frame prefix, and only `overall_code` is read from each response. The generator then spends
 //! its time on HTTP/2, not on building and parsing protobuf, so more of the machine
 //! is left to the service under test.
 
-use prost::bytes::{Buf, BufMut, Bytes};
+use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+use prost::Message;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
@@ -15,7 +16,33 @@ use tonic::Status;
 pub const OK: i32 = 1;
 pub const OVER_LIMIT: i32 = 2;
 
-const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Length of a gRPC message's frame prefix: a compression flag and a big-endian u32
+/// length.
+pub const PREFIX: usize = 5;
+
+/// Appends `msg` to `buf` as one uncompressed gRPC frame.
+pub fn frame(msg: &impl Message, buf: &mut Vec<u8>) {
+    buf.push(0);
+    buf.extend_from_slice(&(msg.encoded_len() as u32).to_be_bytes());
+    // Cannot fail: a Vec grows as needed.
+    let _ = msg.encode(buf);
+}
+
+/// `overall_code` of a gRPC-framed RateLimitResponse.
+pub fn unframe_code(frame: &[u8]) -> Result<i32, Status> {
+    let bad = |what: &str| Status::internal(format!("bad RateLimitResponse frame: {what}"));
+    let Some((&[flag, a, b, c, d], rest)) = frame.split_first_chunk::<PREFIX>() else {
+        return Err(bad("no message"));
+    };
+    if flag != 0 {
+        return Err(bad("compressed"));
+    }
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    let mut msg = rest.get(..len).ok_or_else(|| bad("truncated"))?;
+    overall_code(&mut msg).map_err(|e| Status::internal(format!("bad RateLimitResponse: {e}")))
+}
 
 /// Sends pre-encoded `RateLimitRequest` bytes; decodes `overall_code` only.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,7 +104,8 @@ pub fn overall_code(buf: &mut impl Buf) -> Result<i32, prost::DecodeError> {
     Ok(code)
 }
 
-/// One ShouldRateLimit call with an encoded request; returns `overall_code`.
+/// One ShouldRateLimit call through tonic with an encoded (unframed) request; returns
+/// `overall_code`.
 pub async fn should_rate_limit(grpc: &mut Grpc<Channel>, body: Bytes) -> Result<i32, Status> {
     grpc.ready()
         .await
@@ -94,12 +122,10 @@ pub async fn should_rate_limit(grpc: &mut Grpc<Channel>, body: Bytes) -> Result<
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use envoy_types::pb::envoy::config::core::v3::HeaderValue;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-    use prost::Message;
-
-    use super::*;
 
     #[test]
     fn reads_overall_code_past_other_fields() {
@@ -124,5 +150,21 @@ mod tests {
             overall_code(&mut &[0x0a, 0x05, 0x01][..]).is_err(),
             "truncated"
         );
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let res = RateLimitResponse {
+            overall_code: OVER_LIMIT,
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        frame(&res, &mut buf);
+        assert_eq!(buf[..PREFIX], [0, 0, 0, 0, 2]);
+        assert_eq!(unframe_code(&buf).unwrap(), OVER_LIMIT);
+        assert!(unframe_code(&buf[..PREFIX + 1]).is_err(), "truncated");
+        assert!(unframe_code(&[]).is_err(), "no message");
+        buf[0] = 1;
+        assert!(unframe_code(&buf).is_err(), "compressed");
     }
 }

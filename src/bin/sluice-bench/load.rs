@@ -23,7 +23,8 @@ use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::codec::{self, OVER_LIMIT};
+use crate::client::{self, Client};
+use crate::codec::OVER_LIMIT;
 use crate::workload::{Class, Scenario, Spec, Workload};
 
 #[derive(Parser, Clone, Debug)]
@@ -53,6 +54,9 @@ pub struct Load {
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
+    /// HTTP/2 client: `h2` (lean) or `tonic` (its `Channel`, for comparison).
+    #[arg(long, value_enum, default_value_t = client::Kind::H2)]
+    pub client: client::Kind,
     /// Requests in flight at once, spread over the connections. With `--rate`, the
     /// most in flight.
     #[arg(long, default_value_t = 64)]
@@ -228,16 +232,9 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         sequential: load.sequential,
     })?;
 
-    let mut channels = Vec::new();
+    let mut connections = Vec::new();
     for _ in 0..load.connections.max(1) {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", load.addr))?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5));
-        let ch = endpoint
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", load.addr))?;
-        channels.push(tonic::client::Grpc::new(ch));
+        connections.push(Client::connect(load.client, &load.addr).await?);
     }
 
     let shared = Arc::new(Shared {
@@ -259,18 +256,18 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
 
     let mut tasks = Vec::new();
     for i in 0..load.concurrency.max(1) {
-        let grpc = channels[i % channels.len()].clone();
+        let client = connections[i % connections.len()].clone();
         let shared = shared.clone();
         let seed = i as u64;
         if open {
             tasks.push(tokio::spawn(fixed_rate_worker(
-                grpc,
+                client,
                 shared,
                 schedule.clone(),
                 seed,
             )));
         } else {
-            tasks.push(tokio::spawn(closed_loop_worker(grpc, shared, seed)));
+            tasks.push(tokio::spawn(closed_loop_worker(client, shared, seed)));
         }
     }
     let pacer_stop = Arc::new(AtomicBool::new(false));
@@ -351,11 +348,7 @@ struct Extra {
     first_error: Option<String>,
 }
 
-async fn closed_loop_worker(
-    mut grpc: tonic::client::Grpc<tonic::transport::Channel>,
-    shared: Arc<Shared>,
-    seed: u64,
-) -> Stats {
+async fn closed_loop_worker(mut client: Client, shared: Arc<Shared>, seed: u64) -> Stats {
     let mut stats = Stats::new();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random::<u64>() ^ seed);
     loop {
@@ -368,7 +361,7 @@ async fn closed_loop_worker(
         };
         let (body, class) = shared.workload.pick(&mut rng);
         let sent = Instant::now();
-        let res = codec::should_rate_limit(&mut grpc, body).await;
+        let res = client.call(body).await;
         let took = sent.elapsed();
         if shared.after_answer(measured) {
             let _ = stats.latency.record(micros(took));
@@ -379,7 +372,7 @@ async fn closed_loop_worker(
 }
 
 async fn fixed_rate_worker(
-    mut grpc: tonic::client::Grpc<tonic::transport::Channel>,
+    mut client: Client,
     shared: Arc<Shared>,
     schedule: Arc<Schedule>,
     seed: u64,
@@ -402,7 +395,7 @@ async fn fixed_rate_worker(
         let due = schedule.due(i);
         let (body, class) = shared.workload.pick(&mut rng);
         let sent = Instant::now();
-        let res = codec::should_rate_limit(&mut grpc, body).await;
+        let res = client.call(body).await;
         let done = Instant::now();
         if shared.after_answer(measured) {
             // From the due time, or from the send when released early (see LEAD).
@@ -485,7 +478,7 @@ fn report(load: &Load, s: &Stats, elapsed: Duration, extra: Extra) {
     if load.json {
         let mut j = serde_json::json!({
             "target": load.target, "label": load.label, "scenario": scenario, "mode": mode,
-            "rate": load.rate, "connections": load.connections,
+            "rate": load.rate, "connections": load.connections, "client": load.client.name(),
             "concurrency": load.concurrency, "seconds": secs,
             "rps": rps.round(), "requests": done,
             "p50_us": p50, "p90_us": p90, "p99_us": p99, "p999_us": p999, "max_us": max,

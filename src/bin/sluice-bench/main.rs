@@ -10,6 +10,7 @@
 //! sluice-bench memory --keys 1000000
 //! ```
 
+mod client;
 mod codec;
 mod load;
 mod memory;

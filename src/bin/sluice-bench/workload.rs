@@ -1,20 +1,21 @@
 //! What the generator sends: one scenario's requests, encoded before the run.
 //!
 //! Every distinct request (one per key, up to [`TABLE_MAX`] keys) is encoded once into
-//! a table; picking a request is then a random index and a copy of a static slice. Above
-//! the table's size requests are encoded as they are sent.
+//! a table, as a gRPC frame ready to send; picking a request is then a random index and
+//! a copy of a static slice. Above the table's size requests are encoded as they are
+//! sent.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use clap::ValueEnum;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use prost::bytes::Bytes;
-use prost::Message;
 use rand::Rng;
 
+use crate::codec::frame;
 use crate::zipf::Zipf;
 
 /// Most requests encoded ahead of the run (about 60 MB at this size).
@@ -102,13 +103,15 @@ impl Workload {
         // All templates live in one buffer that lives as long as the process, so a
         // template is a `'static` slice: handing one out copies two words and touches
         // no reference count that the generator's threads would fight over.
-        let mut buf = w
-            .request_with(vec![descriptor(&w.spec.key, ATTACKER.to_string())])
-            .encode_to_vec();
+        let mut buf = Vec::new();
+        frame(
+            &w.request_with(vec![descriptor(&w.spec.key, ATTACKER.to_string())]),
+            &mut buf,
+        );
         let mut ends = vec![buf.len()];
         if distinct <= TABLE_MAX {
             for i in 0..distinct {
-                w.request(i).encode(&mut buf)?;
+                frame(&w.request(i), &mut buf);
                 ends.push(buf.len());
             }
         }
@@ -124,7 +127,7 @@ impl Workload {
         Ok(w)
     }
 
-    /// The next request to send and its class.
+    /// The next request to send, gRPC-framed, and its class.
     #[inline]
     pub fn pick(&self, rng: &mut impl Rng) -> (Bytes, Class) {
         let s = &self.spec;
@@ -139,7 +142,11 @@ impl Workload {
         };
         let body = match self.table.get(index as usize) {
             Some(b) => b.clone(),
-            None => Bytes::from(self.request(index).encode_to_vec()),
+            None => {
+                let mut buf = Vec::new();
+                frame(&self.request(index), &mut buf);
+                Bytes::from(buf)
+            }
         };
         (body, Class::Normal)
     }
@@ -190,9 +197,11 @@ fn descriptor(key: &str, value: String) -> RateLimitDescriptor {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
     use rand::SeedableRng;
 
     use super::*;
+    use crate::codec::PREFIX;
 
     fn spec(scenario: Scenario) -> Spec {
         Spec {
@@ -207,7 +216,9 @@ mod tests {
     }
 
     fn decode(b: &Bytes) -> RateLimitRequest {
-        RateLimitRequest::decode(b.clone()).unwrap()
+        let len = u32::from_be_bytes(b[1..PREFIX].try_into().unwrap()) as usize;
+        assert_eq!((b[0], len), (0, b.len() - PREFIX), "frame prefix");
+        RateLimitRequest::decode(&b[PREFIX..]).unwrap()
     }
 
     fn value(r: &RateLimitRequest, i: usize) -> &str {
