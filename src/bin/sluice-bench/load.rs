@@ -254,21 +254,35 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         taken: AtomicU64::new(0),
     });
 
+    // The workers of one connection share one task: when one read brings several
+    // answers, one wake lets their workers record them and send the next requests,
+    // which the connection then writes together. (A task per worker cost a wake per
+    // answer, often across threads.) Each worker leaves its stats in `finished`, so
+    // a worker still waiting at the end loses only its own.
+    let finished: Arc<std::sync::Mutex<Vec<Stats>>> = Arc::default();
+    let workers = load.concurrency.max(1);
     let mut tasks = Vec::new();
-    for i in 0..load.concurrency.max(1) {
-        let client = connections[i % connections.len()].clone();
-        let shared = shared.clone();
-        let seed = i as u64;
-        if open {
-            tasks.push(tokio::spawn(fixed_rate_worker(
-                client,
-                shared,
-                schedule.clone(),
-                seed,
-            )));
-        } else {
-            tasks.push(tokio::spawn(closed_loop_worker(client, shared, seed)));
-        }
+    for (c, client) in connections.iter().enumerate() {
+        let group: Vec<_> = (c..workers)
+            .step_by(connections.len())
+            .map(|i| {
+                let (client, shared, finished) = (client.clone(), shared.clone(), finished.clone());
+                let schedule = schedule.clone();
+                let seed = i as u64;
+                async move {
+                    let stats = if open {
+                        fixed_rate_worker(client, shared, schedule, seed).await
+                    } else {
+                        closed_loop_worker(client, shared, seed).await
+                    };
+                    finished
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(stats);
+                }
+            })
+            .collect();
+        tasks.push(tokio::spawn(futures::future::join_all(group)));
     }
     let pacer_stop = Arc::new(AtomicBool::new(false));
     let pacer = open.then(|| {
@@ -308,16 +322,17 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
     let scheduled = schedule.taken.load(Ordering::Relaxed) - released_at_start;
     schedule.permits.close();
 
-    let mut total = Stats::new();
-    let mut unfinished = 0;
     let deadline = tokio::time::Instant::now() + load.drain;
     for t in tasks {
-        match tokio::time::timeout_at(deadline, t).await {
-            Ok(Ok(stats)) => total.add(&stats),
-            Ok(Err(_)) => unfinished += 1,
-            Err(_) => unfinished += 1,
-        }
+        let _ = tokio::time::timeout_at(deadline, t).await;
     }
+    let mut total = Stats::new();
+    let done = finished.lock().unwrap_or_else(|p| p.into_inner());
+    for stats in done.iter() {
+        total.add(stats);
+    }
+    let unfinished = workers - done.len();
+    drop(done);
 
     let first_error = shared
         .first_error
