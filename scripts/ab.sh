@@ -9,7 +9,8 @@
 # for ROUNDS rounds (default 3) of DURATION (default 4s) each, and prints each run and
 # the median req/s, p99 and CPU time per request of each build and of Redis (user +
 # system time from /proc, which a busy machine disturbs far less than throughput).
-# Set AB_STORE=memory to compare without Redis. Traffic stays on 127.0.0.1. Not part
+# Set AB_STORE=memory to compare without Redis; AB_GEN_THREADS sets the generator's
+# threads (1, as scripts/bench.sh). Traffic stays on 127.0.0.1. Not part
 # of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,7 @@ for r in $(seq 1 "$rounds"); do
     name=${t%%:*}
     before=$(ticks "${pid[$name]}")
     rbefore=$( [ -n "${redis:-}" ] && ticks "$redis" || echo 0)
-    line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" \
+    line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s)
     used=$(($(ticks "${pid[$name]}") - before))
     rused=$(( $( [ -n "${redis:-}" ] && ticks "$redis" || echo 0) - rbefore))

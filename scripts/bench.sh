@@ -19,7 +19,9 @@
 # building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
 # BENCH_SLUICE (another sluice binary to measure, e.g. an older build), BENCH_CLIENT
 # (the generator's client, `h2` by default; `tonic` as for the tables taken before
-# "Lean load generator" in BENCHMARKS.md).
+# "Lean load generator" in BENCHMARKS.md), BENCH_GEN_THREADS (the generator's runtime
+# threads, 1 by default: on 2 shared cores one thread spends about a third less CPU per
+# request than one per core, and is far from its limit at these rates; 0 = one per core).
 # Defaults take about 3 minutes (25 runs of warm-up + duration).
 #
 # Traffic stays on 127.0.0.1. Not part of scripts/test.sh or CI (timing is not a test).
@@ -33,6 +35,7 @@ concurrency=${2:-${BENCH_CONCURRENCY:-64}}
 warmup=${BENCH_WARMUP:-1s}
 connections=${BENCH_CONNECTIONS:-4}
 client=${BENCH_CLIENT:-}
+gen_threads=${BENCH_GEN_THREADS:-1}
 keys=${BENCH_KEYS:-100000}
 zipf_s=${BENCH_ZIPF_S:-1.1}
 attack_rate=${BENCH_ATTACK_RATE:-10000}
@@ -177,7 +180,7 @@ for scenario in $scenarios; do
     [ -n "${addr[$target]:-}" ] || continue
     args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
       --duration "$duration" --warmup "$warmup" --connections "$connections"
-      --concurrency "$concurrency" --keys "$keys" --zipf-s "$zipf_s")
+      --concurrency "$concurrency" --keys "$keys" --zipf-s "$zipf_s" --threads "$gen_threads")
     if [ -n "$client" ]; then args+=(--client "$client"); fi
     if [ "$scenario" = attack ]; then
       args+=(--key user --rate "$attack_rate" --attack-share 0.1)
