@@ -84,7 +84,8 @@ pub trait Handler: Send + Sync + 'static {
 
 /// Serves `handler` on every connection `listener` accepts until `stop` resolves;
 /// then stops accepting, sends GOAWAY on every connection and returns once the
-/// calls in flight have been answered and the connections closed.
+/// calls in flight have been answered and the connections closed (streaming calls
+/// end at the stop).
 pub async fn serve<H: Handler>(listener: TcpListener, handler: H, stop: impl Future<Output = ()>) {
     let handler = Arc::new(handler);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -143,6 +144,7 @@ async fn connection<H: Handler>(io: TcpStream, handler: Arc<H>, mut stop: watch:
     let for_calls = stop.clone();
     let mut stopped = pin!(stop.wait_for(|s| *s));
     let mut stopping = false;
+    let mut closing = false;
     let mut calls = FuturesUnordered::new();
     // One poll serves everything that is ready: new streams are accepted, calls
     // are driven, and the connection is polled again to write what they sent.
@@ -168,6 +170,16 @@ async fn connection<H: Handler>(io: TcpStream, handler: Arc<H>, mut stop: watch:
             }
         }
         while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
+            progress = true;
+        }
+        if stopping && !closing && calls.is_empty() && !conn.has_streams() {
+            // Every call is answered and its last frame is out of the stream queues:
+            // close now rather than wait for the client to acknowledge GOAWAY (a
+            // client that never does would hold shutdown up). Streams it opened
+            // meanwhile are beyond GOAWAY's last stream id, which tells the client
+            // they were not processed and may be retried.
+            closing = true;
+            conn.abrupt_shutdown(h2::Reason::NO_ERROR);
             progress = true;
         }
         if !progress {
