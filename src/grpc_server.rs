@@ -134,7 +134,12 @@ fn builder() -> h2::server::Builder {
 
 /// One connection: accepts streams and drives their calls, all in this task.
 async fn connection<H: Handler>(io: TcpStream, handler: Arc<H>, mut stop: watch::Receiver<bool>) {
-    let mut conn = match builder().handshake::<_, Bytes>(io).await {
+    // A client that connects and stays silent must not hold shutdown up.
+    let handshake = tokio::select! {
+        h = builder().handshake::<_, Bytes>(io) => h,
+        _ = stop.wait_for(|s| *s) => return,
+    };
+    let mut conn = match handshake {
         Ok(conn) => conn,
         Err(e) => {
             tracing::debug!(error = %e, "HTTP/2 handshake failed");

@@ -193,3 +193,68 @@ async fn health_check_and_watch_follow_shutdown() {
         Ok(Some(m)) => panic!("unexpected message {m:?}"),
     }
 }
+
+#[tokio::test]
+async fn bytes_that_are_not_http2_close_only_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(POLICY, &[]);
+    let mut tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x00\xff")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut sink)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn a_silent_connection_does_not_hold_shutdown_up() {
+    let mut server = Server::start(POLICY, &["--drain-delay", "0s"]);
+    // Connected, and never a byte of HTTP/2.
+    let _silent = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "sluice did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_get_or_a_non_grpc_body_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let url = format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc);
+    let get = http::Request::get(&url)
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let json = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    for (req, want) in [(get, 405), (json, 415)] {
+        let (resp, _) = h2.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), want);
+        assert_eq!(resp.headers()["grpc-status"], "12");
+    }
+}
