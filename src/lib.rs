@@ -5,6 +5,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod config;
 pub mod crd;
+pub mod grpc_server;
 pub mod http;
 pub mod limiter;
 pub mod policy;

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config::Serve;
+use crate::grpc_server;
 use crate::http::{router, Admin};
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
@@ -107,28 +107,15 @@ where
     let http_addr = http_listener.local_addr()?;
 
     let ready = Arc::new(AtomicBool::new(false));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<Grpc<S>>>()
-        .await;
-
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(Grpc(service.clone())))
-        .serve_with_incoming_shutdown(
-            // Small gRPC frames must not wait on Nagle's algorithm (Envoy's filter
-            // timeout is 20 ms by default; a delayed ACK alone can cost 40 ms).
-            tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
-                |conn| {
-                    if let Ok(stream) = &conn {
-                        let _ = stream.set_nodelay(true);
-                    }
-                    conn
-                },
-            ),
-            stopped(),
-        );
+    let (serving, serving_rx) = watch::channel(true);
+    let grpc = grpc_server::serve(
+        grpc_listener,
+        Grpc {
+            service: service.clone(),
+            serving: serving_rx,
+        },
+        stopped(),
+    );
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
@@ -143,18 +130,17 @@ where
     shutdown.await;
     tracing::info!("shutting down: readiness off, draining in-flight calls");
     ready.store(false, Ordering::SeqCst);
-    health
-        .set_not_serving::<RateLimitServiceServer<Grpc<S>>>()
-        .await;
+    serving.send_replace(false);
     tokio::time::sleep(cfg.drain_delay).await;
     let _ = stop_tx.send(true);
-    // Wait for the calls in flight, not for idle connections: a client may keep an
-    // HTTP/2 connection open after GOAWAY, and nothing is owed to it.
+    // The gRPC server returns once every stream open at GOAWAY has been answered
+    // (health Watch streams end at the stop) and its connections are closed. Then
+    // wait for the HTTP calls in flight, not for idle HTTP connections.
     let drained = async {
+        let _ = grpc_task.await;
         while service.in_flight() > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        grpc_task.abort();
         http_task.abort();
     };
     if tokio::time::timeout(cfg.shutdown_grace, drained)

@@ -25,6 +25,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::bytes::Bytes;
+use prost::Message;
+use sluice::grpc_server::{self, Code, GrpcError, Handler, Reply};
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +45,9 @@ enum Cmd {
     Noop {
         #[arg(long, default_value = "127.0.0.1:18081")]
         addr: SocketAddr,
+        /// Serve through tonic instead of sluice's own gRPC server.
+        #[arg(long)]
+        tonic: bool,
     },
     /// Send load and report throughput, latency percentiles and outcomes.
     Load(load::Load),
@@ -53,6 +59,23 @@ enum Cmd {
 
 #[derive(Debug, Default)]
 struct Noop;
+
+/// Decodes the request and encodes the answer, as the tonic noop does, so that the
+/// two differ only in the server around them.
+impl Handler for Noop {
+    async fn call(&self, path: &str, message: Bytes) -> Result<Reply, GrpcError> {
+        if path != "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
+            return Err(GrpcError::unimplemented(path));
+        }
+        RateLimitRequest::decode(message)
+            .map_err(|e| GrpcError::new(Code::InvalidArgument, e.to_string()))?;
+        let r = RateLimitResponse {
+            overall_code: codec::OK,
+            ..Default::default()
+        };
+        Ok(Reply::One(r.encode_to_vec().into()))
+    }
+}
 
 #[tonic::async_trait]
 impl RateLimitService for Noop {
@@ -70,20 +93,27 @@ impl RateLimitService for Noop {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Noop { addr } => tokio::runtime::Runtime::new()?.block_on(async move {
-            eprintln!("noop RateLimitService on {addr}");
-            tonic::transport::Server::builder()
-                .add_service(RateLimitServiceServer::new(Noop))
-                .serve_with_shutdown(addr, async {
-                    let mut term =
-                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                            .expect("SIGTERM handler");
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                })
-                .await?;
+        Cmd::Noop { addr, tonic } => tokio::runtime::Runtime::new()?.block_on(async move {
+            let stop = async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            };
+            if tonic {
+                eprintln!("noop RateLimitService (tonic) on {addr}");
+                tonic::transport::Server::builder()
+                    .add_service(RateLimitServiceServer::new(Noop))
+                    .serve_with_shutdown(addr, stop)
+                    .await?;
+            } else {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                eprintln!("noop RateLimitService on {addr}");
+                grpc_server::serve(listener, Noop, stop).await;
+            }
             Ok(())
         }),
         Cmd::Load(l) => {

@@ -1,0 +1,260 @@
+//! The gRPC port's own server on the wire: refusals a client can see (compressed,
+//! undecodable, too large, unknown method) and the health service through shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes};
+use common::*;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const POLICY: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+const SERVING: i32 = 1;
+const NOT_SERVING: i32 = 2;
+
+/// Sends message bytes as they are and returns the answer's bytes.
+#[derive(Clone, Copy)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+async fn raw_call(server: &Server, path: &'static str, body: Bytes) -> Result<Bytes, Status> {
+    let channel = Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(
+        tonic::Request::new(body),
+        PathAndQuery::from_static(path),
+        Raw,
+    )
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn an_undecodable_message_gets_invalid_argument() {
+    let server = Server::start(POLICY, &[]);
+    // Field 1 (domain, a string) sent as a varint.
+    let err = raw_call(
+        &server,
+        SHOULD_RATE_LIMIT,
+        Bytes::from_static(&[0x08, 0x05]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // A well-formed but invalid request keeps its own message.
+    let err = raw_call(&server, SHOULD_RATE_LIMIT, Bytes::new())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(err.message(), "domain must not be empty");
+}
+
+#[tokio::test]
+async fn an_unknown_method_is_unimplemented() {
+    let server = Server::start(POLICY, &[]);
+    for path in [
+        "/envoy.service.ratelimit.v3.RateLimitService/Nope",
+        "/pb.Other/ShouldRateLimit",
+    ] {
+        let err = raw_call(&server, path, Bytes::new()).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented, "{path}: {err:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_message_over_4_mib_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let big = Bytes::from(vec![0u8; 5 * 1024 * 1024]);
+    let err = raw_call(&server, SHOULD_RATE_LIMIT, big).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    // The connection and the server are still fine.
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+}
+
+/// tonic cannot send a compressed message without a compression feature, so this
+/// one speaks HTTP/2 itself: a message with the compressed flag set.
+#[tokio::test]
+async fn a_compressed_message_is_refused_with_unimplemented() {
+    let server = Server::start(POLICY, &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-encoding", "gzip")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(Bytes::from_static(&[1, 0, 0, 0, 2, 0x1f, 0x8b]), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let h = resp.headers();
+    assert_eq!(h["grpc-status"], "12", "{h:?}");
+    assert_eq!(h["grpc-message"], "compressed messages are not supported");
+    assert!(resp.body().is_end_stream(), "trailers-only");
+}
+
+#[tokio::test]
+async fn health_check_and_watch_follow_shutdown() {
+    let server = Server::start(POLICY, &["--drain-delay", "1s"]);
+    let channel = Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(channel);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    for s in ["", RLS] {
+        let r = h.check(check(s)).await.unwrap().into_inner();
+        assert_eq!(r.status, SERVING, "{s:?}");
+    }
+    let err = h.check(check("other")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = h.watch(check("other")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    let mut watch = h.watch(check("")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, SERVING);
+
+    let pid = server.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let next = tokio::time::timeout(Duration::from_secs(1), watch.message())
+        .await
+        .expect("a change within a second")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status, NOT_SERVING);
+    // During the drain delay, Check says so too.
+    for s in ["", RLS] {
+        let r = h.check(check(s)).await.unwrap().into_inner();
+        assert_eq!(r.status, NOT_SERVING, "{s:?}");
+    }
+    // Once the server stops, the watch ends rather than holding shutdown up.
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("the watch ends when the server stops");
+    match end {
+        Ok(None) => {}
+        Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e:?}"),
+        Ok(Some(m)) => panic!("unexpected message {m:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_http2_close_only_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(POLICY, &[]);
+    let mut tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x00\xff")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut sink)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn a_silent_connection_does_not_hold_shutdown_up() {
+    let mut server = Server::start(POLICY, &["--drain-delay", "0s"]);
+    // Connected, and never a byte of HTTP/2.
+    let _silent = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "sluice did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_get_or_a_non_grpc_body_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let url = format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc);
+    let get = http::Request::get(&url)
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let json = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    for (req, want) in [(get, 405), (json, 415)] {
+        let (resp, _) = h2.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), want);
+        assert_eq!(resp.headers()["grpc-status"], "12");
+    }
+}
