@@ -23,6 +23,7 @@ use tonic::transport::Channel;
 struct TestStore {
     store: RedisStore,
     servers: Vec<RedisServer>,
+    metrics: Arc<sluice::telemetry::Metrics>,
 }
 
 impl TestStore {
@@ -37,8 +38,14 @@ impl TestStore {
     fn start(shards: usize) -> TestStore {
         let servers: Vec<RedisServer> = (0..shards).map(|_| RedisServer::start()).collect();
         let urls = servers.iter().map(RedisServer::url).collect();
-        let store = RedisStore::new(Options::new(urls, false), None).expect("store");
-        TestStore { store, servers }
+        let metrics = Arc::new(sluice::telemetry::Metrics::new());
+        let store =
+            RedisStore::new(Options::new(urls, false), Some(metrics.clone())).expect("store");
+        TestStore {
+            store,
+            servers,
+            metrics,
+        }
     }
 }
 
@@ -298,6 +305,15 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
         "no Redis call"
     );
     assert_eq!(t.store.cached_denials(), 1);
+    // Operators see what the cache saved: the 200, and the first denial (the third
+    // admission filled the key and primed the cache).
+    assert!(
+        t.metrics
+            .render()
+            .contains("sluice_denial_cache_answers_total 201\n"),
+        "{}",
+        t.metrics.render()
+    );
 
     // A check (0 hits) and another key still go to Redis.
     let check = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 0);

@@ -146,6 +146,7 @@ pub struct Metrics {
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
+    cache_answers: IntCounter,
     active_bans: IntGauge,
     deny_ratio: GaugeVec,
     recent_denials: IntGaugeVec,
@@ -231,6 +232,11 @@ impl Metrics {
             "Live counters dropped because the memory store reached --max-keys.",
         )
         .expect("static metric definition");
+        let cache_answers = IntCounter::new(
+            "sluice_denial_cache_answers_total",
+            "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
+        )
+        .expect("static metric definition");
         let active_bans = IntGauge::new(
             "sluice_penalty_active_bans",
             "Keys serving a penalty ban in this process.",
@@ -268,6 +274,7 @@ impl Metrics {
             Box::new(policy_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
+            Box::new(cache_answers.clone()),
             Box::new(active_bans.clone()),
             Box::new(deny_ratio.clone()),
             Box::new(recent_denials.clone()),
@@ -290,6 +297,7 @@ impl Metrics {
             policy_reloads,
             active_keys,
             evictions,
+            cache_answers,
             active_bans,
             deny_ratio,
             recent_denials,
@@ -445,6 +453,11 @@ impl Metrics {
 
     pub fn bad_request(&self) {
         self.bad_requests.inc();
+    }
+
+    /// A request denied from the Redis store's over-limit cache.
+    pub fn denial_cache_answer(&self) {
+        self.cache_answers.inc();
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {

@@ -133,6 +133,7 @@ struct Inner {
     epoch: Instant,
     /// Keys on all shards at the last count (DBSIZE), for `sluice_active_keys`.
     keys: AtomicUsize,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Counters in Redis. Cheap to clone.
@@ -186,7 +187,7 @@ impl RedisStore {
             Backend::Cluster(Box::new(Cluster {
                 client,
                 conn: tokio::sync::OnceCell::new(),
-                health: Health::new("cluster".to_string(), metrics),
+                health: Health::new("cluster".to_string(), metrics.clone()),
             }))
         } else {
             let config = ConnectionManagerConfig::new()
@@ -225,6 +226,7 @@ impl RedisStore {
             call_timeout: opts.call_timeout,
             epoch: Instant::now(),
             keys: AtomicUsize::new(0),
+            metrics,
         });
         tokio::spawn(count_keys(Arc::downgrade(&inner), opts.key_count_interval));
         Ok(RedisStore { inner })
@@ -361,6 +363,9 @@ impl Inner {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
         if let Some(v) = self.cache.lookup(hits, sent) {
+            if let Some(m) = &self.metrics {
+                m.denial_cache_answer();
+            }
             return Ok(v);
         }
         let mut keys: Vec<String> = hits
