@@ -891,14 +891,17 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
                 .invoke_async(&mut conn)
                 .await
                 .expect("several groups");
+        // Each reply ends with the call's time: one for the call, one per group.
         let mut one_by_one = Vec::new();
         for g in &b {
-            let r: Vec<i64> = scripts::decide_call(&scripts, &[g], Some(now))
+            let mut r: Vec<i64> = scripts::decide_call(&scripts, &[g], Some(now))
                 .invoke_async(&mut conn)
                 .await
                 .expect("one group");
+            assert_eq!(r.pop(), Some(now as i64));
             one_by_one.extend(r);
         }
+        one_by_one.push(now as i64);
         assert_eq!(together, one_by_one, "round {round}");
         for g in &a {
             for key in &g.keys {

@@ -21,7 +21,7 @@
 -- group: its number of hits, its quota flag ('1'/'0'), then its hits' 6 values each.
 --
 -- Returns, group after group: {consumed 0/1, then per hit: admitted, remaining,
--- reset, retry_after, delay, refund token, next_room}. next_room: after an admission
+-- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at. next_room: after an admission
 -- that leaves no room (remaining 0, hits > 0), the retry_after of a one-hit request
 -- on the new state (so the caller can cache the denial it implies); 0 otherwise.
 
@@ -185,4 +185,6 @@ until not several or at > #ARGV
 for _, key in ipairs(pending) do
   redis.call('SET', key, encode(committed[key]), 'PX', ttl_ms(pending_expiry[key], now))
 end
+-- Last, the time the call decided at: the caller bounds its shard's clock offset.
+out[n + 1] = now
 return out

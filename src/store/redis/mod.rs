@@ -44,6 +44,7 @@ use super::{admitted, Hit, Mode, Store, StoreError, Verdicts};
 pub mod cache;
 pub mod coalesce;
 pub mod health;
+pub mod offset;
 pub mod scripts;
 pub mod shard;
 pub mod wire;
@@ -108,6 +109,7 @@ struct Shard {
     conn: ConnectionManager,
     health: Arc<Health>,
     coalescer: Coalescer,
+    offset: offset::Offset,
 }
 
 struct Cluster {
@@ -213,6 +215,7 @@ impl RedisStore {
                     conn,
                     health,
                     coalescer,
+                    offset: offset::Offset::default(),
                 });
             }
             Backend::Shards(shards)
@@ -412,9 +415,16 @@ impl Inner {
         let mut verdicts = vec![Verdict::default(); hits.len()];
         let mut consumed: Vec<(usize, Vec<(usize, i64)>)> = Vec::new();
         let mut failed = None;
+        // Waits are counted from the earliest of the shards' decisions on the local
+        // clock (see `offset`); a cluster's are counted from the send.
+        let mut decided = Micros::MAX;
         for ((target, indexes), reply) in groups.iter().zip(replies) {
             match reply {
                 Ok(reply) => {
+                    decided = decided.min(match &self.backend {
+                        Backend::Shards(s) => s[*target].offset.decided_at(sent, reply.now),
+                        Backend::Cluster(_) => sent,
+                    });
                     let mut spent = Vec::new();
                     for (&i, &(v, token)) in indexes.iter().zip(&reply.verdicts) {
                         verdicts[i] = v;
@@ -436,7 +446,8 @@ impl Inner {
         if let Some(e) = failed {
             return Err(e);
         }
-        self.cache.remember(hits, &verdicts, admitted, sent);
+        self.cache
+            .remember(hits, &verdicts, admitted, decided.min(self.local_now()));
         Ok(Verdicts { admitted, verdicts })
     }
 }

@@ -91,6 +91,8 @@ pub struct Reply {
     pub consumed: bool,
     /// Verdicts and refund tokens, in the group's order.
     pub verdicts: Vec<(Verdict, i64)>,
+    /// The shard's clock (µs) when the call decided.
+    pub now: Micros,
 }
 
 fn clamp(v: u64) -> u64 {
@@ -248,9 +250,9 @@ pub fn refund_call<'a>(
     call
 }
 
-/// Reads a decide reply for groups of `sizes` hits each.
+/// Reads a decide reply for groups of `sizes` hits each (and the call's time, last).
 pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, StoreError> {
-    let want: usize = sizes.iter().map(|n| 1 + n * REPLY_STRIDE).sum();
+    let want: usize = 1 + sizes.iter().map(|n| 1 + n * REPLY_STRIDE).sum::<usize>();
     if values.len() != want {
         return Err(StoreError::Protocol(format!(
             "decide script answered {} values, expected {want}",
@@ -261,7 +263,8 @@ pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, Stor
         // The scripts send -1 for "never".
         u64::try_from(v).unwrap_or(u64::MAX)
     };
-    let mut rest = values;
+    let (&now, mut rest) = values.split_last().expect("at least the time");
+    let now = u64::try_from(now).unwrap_or(0);
     let mut replies = Vec::with_capacity(sizes.len());
     for &n in sizes {
         let (group, tail) = rest.split_at(1 + n * REPLY_STRIDE);
@@ -285,6 +288,7 @@ pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, Stor
         replies.push(Reply {
             consumed: group[0] == 1,
             verdicts,
+            now,
         });
     }
     Ok(replies)
@@ -298,12 +302,16 @@ mod tests {
     fn replies_are_checked_and_never_maps_to_max() {
         let parse_reply = |v: &[i64], n: usize| parse_replies(v, &[n]).map(|mut r| r.remove(0));
         assert!(parse_reply(&[1, 1, 2], 1).is_err());
-        assert!(parse_reply(&[0, 0, 3, 10, -1, 0, 0], 1).is_err());
-        let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0, 0], 1).unwrap();
+        assert!(
+            parse_reply(&[0, 0, 3, 10, -1, 0, 0, 0], 1).is_err(),
+            "no time"
+        );
+        let r = parse_reply(&[0, 0, 3, 10, -1, 0, 0, 0, 555], 1).unwrap();
         assert!(!r.consumed);
+        assert_eq!(r.now, 555);
         assert_eq!(r.verdicts[0].0.retry_after, u64::MAX);
         assert_eq!(r.verdicts[0].0.remaining, 3);
-        let r = parse_reply(&[1, 1, 0, 10, 0, 0, 42, 7, 1, 0, 10, 0, 0, 43, -1], 2).unwrap();
+        let r = parse_reply(&[1, 1, 0, 10, 0, 0, 42, 7, 1, 0, 10, 0, 0, 43, -1, 9], 2).unwrap();
         assert_eq!(r.verdicts[0].0.next_room, 7);
         assert_eq!(r.verdicts[0].1, 42);
         assert_eq!(r.verdicts[1].0.next_room, u64::MAX);
@@ -318,8 +326,9 @@ mod tests {
         assert!(parse_replies(&values, &[2, 1]).is_err());
         let r = parse_replies(&values, &[1, 1, 0]).unwrap_err();
         assert!(matches!(r, StoreError::Protocol(_)));
-        let r = parse_replies(&values[..16], &[1, 1]).unwrap();
+        let r = parse_replies(&values[..17], &[1, 1]).unwrap();
         assert!(r[0].consumed && !r[1].consumed);
+        assert_eq!((r[0].now, r[1].now), (3, 3));
         assert_eq!(r[0].verdicts[0].1, 7);
         assert_eq!(r[0].verdicts[0].0.remaining, 4);
         assert_eq!(r[1].verdicts[0].0.reset, u64::MAX);
