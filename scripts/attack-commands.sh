@@ -14,7 +14,8 @@
 # requests may share one call, and one call reads a key shared by its requests once.)
 # leaky_bucket holds requests (up to its burst) instead of denying them, so with the
 # generator's 64 requests in flight the attacker is slowed, not denied: "no denials".
-# Traffic stays on 127.0.0.1. Not part of scripts/test.sh.
+# ATTACK_SLUICE=PATH measures another sluice binary (it must export
+# sluice_denial_cache_answers_total). Traffic stays on 127.0.0.1. Not part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +47,7 @@ for alg in "${algorithms[@]}"; do
     benches/policy.yaml >"$work/policy.yaml"
   grep -q "algorithm: $alg}" "$work/policy.yaml" || { echo "policy edit failed" >&2; exit 1; }
   redis-cli -p 26393 FLUSHALL >/dev/null
-  target/release/sluice serve --config "$work/policy.yaml" --grpc-addr 127.0.0.1:18200 \
+  "${ATTACK_SLUICE:-target/release/sluice}" serve --config "$work/policy.yaml" --grpc-addr 127.0.0.1:18200 \
     --http-addr 127.0.0.1:18201 --redis redis://127.0.0.1:26393 >"$work/sluice.log" 2>&1 &
   sluice=$!
   pids+=("$sluice")
