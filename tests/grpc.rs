@@ -166,12 +166,7 @@ async fn health_check_and_watch_follow_shutdown() {
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status, SERVING);
 
-    let pid = server.child.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    server.terminate();
     let next = tokio::time::timeout(Duration::from_secs(1), watch.message())
         .await
         .expect("a change within a second")
@@ -217,12 +212,7 @@ async fn a_silent_connection_does_not_hold_shutdown_up() {
     let _silent = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
-    let pid = server.child.id().to_string();
-    assert!(std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    server.terminate();
     loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             assert!(status.success(), "{status:?}");

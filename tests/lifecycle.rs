@@ -74,12 +74,7 @@ async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = server.child.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    server.terminate();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (code, _) = http(&server.http, "GET", "/readyz", "");
     assert_eq!(code, 503, "readiness goes false on SIGTERM");

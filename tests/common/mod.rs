@@ -31,6 +31,15 @@ pub struct Server {
 }
 
 impl Server {
+    /// Sends SIGTERM, as Kubernetes does to stop a pod.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
     /// Starts sluice with `policy` written to `policy.yaml` in a fresh directory.
     pub fn start(policy: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
