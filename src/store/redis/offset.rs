@@ -64,8 +64,13 @@ impl Offset {
             let kept = if epoch == seen + 1 { last } else { i64::MAX };
             self.previous.store(kept, Relaxed);
         }
-        self.current.fetch_min(sample, Relaxed);
-        let bound = self.current.load(Relaxed).min(self.previous.load(Relaxed));
+        // Read first: most samples are not a new minimum, and a load leaves the cache
+        // line shared between the threads where a read-modify-write would move it.
+        let mut current = self.current.load(Relaxed);
+        if sample < current {
+            current = self.current.fetch_min(sample, Relaxed).min(sample);
+        }
+        let bound = current.min(self.previous.load(Relaxed));
         // bound <= this call's own sample, so the result is >= sent.
         u64::try_from(r - bound.min(sample))
             .unwrap_or(sent)
