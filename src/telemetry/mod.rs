@@ -146,7 +146,10 @@ pub struct Metrics {
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
+    /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
+    /// per-request counter) and carried into the registry at scrape time.
     cache_answers: IntCounter,
+    cache_answer_stripes: Stripes<AtomicU64>,
     active_bans: IntGauge,
     deny_ratio: GaugeVec,
     recent_denials: IntGaugeVec,
@@ -298,6 +301,7 @@ impl Metrics {
             active_keys,
             evictions,
             cache_answers,
+            cache_answer_stripes: Default::default(),
             active_bans,
             deny_ratio,
             recent_denials,
@@ -457,7 +461,9 @@ impl Metrics {
 
     /// A request denied from the Redis store's over-limit cache.
     pub fn denial_cache_answer(&self) {
-        self.cache_answers.inc();
+        self.cache_answer_stripes
+            .local()
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {
@@ -609,6 +615,13 @@ impl Metrics {
     pub fn render(&self) -> String {
         let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.refresh();
+        let answers: u64 = self
+            .cache_answer_stripes
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum();
+        self.cache_answers
+            .inc_by(answers.saturating_sub(self.cache_answers.get()));
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         let mut text = String::from_utf8(buf).unwrap_or_default();
