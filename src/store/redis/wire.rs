@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use crate::store::StoreError;
 
 /// Where and how to connect, from the shard's URL. `None` when the URL needs redis-rs
-/// (TLS, Unix socket, RESP3).
+/// (TLS, Unix socket, `?protocol=resp3`).
 #[derive(Debug, Clone)]
 pub struct Target {
     host: String,
@@ -36,6 +36,9 @@ impl Target {
             return None;
         };
         let redis = info.redis_settings();
+        if redis.protocol() != redis::ProtocolVersion::RESP2 {
+            return None;
+        }
         Some(Target {
             host: host.clone(),
             port: *port,
@@ -293,6 +296,23 @@ pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_tcp_urls_get_their_own_connection_others_keep_redis_rs() {
+        let target = |url: &str| {
+            let client = redis::Client::open(url).unwrap();
+            Target::new(client.get_connection_info(), Duration::from_secs(1))
+        };
+        let t = target("redis://user:pw@10.0.0.1:6380/2").expect("plain tcp");
+        assert_eq!((t.host.as_str(), t.port, t.db), ("10.0.0.1", 6380, 2));
+        assert_eq!(
+            (t.username.as_deref(), t.password.as_deref()),
+            (Some("user"), Some("pw"))
+        );
+        assert!(target("rediss://10.0.0.1:6380").is_none());
+        assert!(target("redis://10.0.0.1:6380?protocol=resp3").is_none());
+        assert!(target("unix:///tmp/redis.sock").is_none());
+    }
 
     #[test]
     fn requests_are_resp_bulk_strings() {
