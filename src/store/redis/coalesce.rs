@@ -1,14 +1,17 @@
-//! Coalescing: at most one decide call in flight per standalone shard, carrying every
-//! request queued for that shard.
+//! Coalescing: at most [`CALLS_IN_FLIGHT`] decide calls in flight per standalone
+//! shard, each carrying every request queued for that shard when it was sent.
 //!
-//! Each shard has a task and a bounded queue. A request's share of hits on the shard
-//! (a [`Group`]) is queued; the task takes everything queued (up to [`MAX_REQUESTS`]
+//! Each shard has a bounded queue and [`CALLS_IN_FLIGHT`] tasks, each with its own
+//! connection, which take the queue in turns. A request's share of hits on the shard
+//! (a [`Group`]) is queued; a task takes everything queued (up to [`MAX_REQUESTS`]
 //! requests or [`MAX_KEYS`] keys), sends one EVALSHA deciding the groups one after
 //! another (each all-or-nothing, as if the requests had arrived back to back), and
-//! answers each request with its group's verdicts. While that call is in flight the
-//! next requests queue up, so under load one round trip and one script call serve
-//! many requests; an idle shard sends a lone request at once (no timer, no waiting
-//! for a batch to fill).
+//! answers each request with its group's verdicts. While its call is in flight the
+//! other task collects and sends the next one, so Redis works on one call while the
+//! answers of the previous one go out (one call in flight left the machine idle
+//! during every round trip: BENCHMARKS.md), and under load one round trip and one
+//! script call serve many requests; an idle shard sends a lone request at once (no
+//! timer, no waiting for a batch to fill).
 //!
 //! The call keeps the shard's timeout and health accounting: it is bounded by the
 //! call timeout, counts as one success or one failure, and its failure fails every
@@ -35,6 +38,8 @@ use super::wire::{Answer, Request, Target, Wire};
 pub const MAX_REQUESTS: usize = 64;
 /// Most keys in one call; a request with more keys is sent alone.
 pub const MAX_KEYS: usize = 512;
+/// Decide calls a shard may have in flight, each on its own connection.
+pub const CALLS_IN_FLIGHT: usize = 2;
 /// Requests that may wait for a shard; further callers wait to be queued.
 const QUEUE: usize = 4096;
 
@@ -82,19 +87,22 @@ fn closed() -> StoreError {
 impl Coalescer {
     /// Starts the shard's task. Must run inside a Tokio runtime.
     pub fn spawn(
-        link: Link,
+        links: Vec<Link>,
         scripts: Scripts,
         health: Arc<Health>,
         call_timeout: Duration,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = ShardTask {
-            link,
-            scripts,
-            health,
-            call_timeout,
-        };
-        tokio::spawn(task.run(rx));
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        for link in links {
+            let task = ShardTask {
+                link,
+                scripts: scripts.clone(),
+                health: health.clone(),
+                call_timeout,
+            };
+            tokio::spawn(task.run(rx.clone()));
+        }
         Coalescer { tx }
     }
 
@@ -123,14 +131,17 @@ struct ShardTask {
 }
 
 impl ShardTask {
-    async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+    async fn run(mut self, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
         // A job taken from the queue that did not fit the previous call.
         let mut next: Option<Job> = None;
         let mut batch: Vec<Job> = Vec::new();
         loop {
+            // The queue is taken in turns: while one task's call is in flight, the
+            // other collects the next one.
+            let mut queue = rx.lock().await;
             let first = match next.take() {
                 Some(job) => job,
-                None => match rx.recv().await {
+                None => match queue.recv().await {
                     Some(job) => job,
                     None => return,
                 },
@@ -139,7 +150,7 @@ impl ShardTask {
             let mut keys = first.group.keys.len();
             batch.push(first);
             while batch.len() < MAX_REQUESTS {
-                let Ok(job) = rx.try_recv() else { break };
+                let Ok(job) = queue.try_recv() else { break };
                 // Tests only: one call decides at one fixed time.
                 if job.fixed_now != fixed_now || keys + job.group.keys.len() > MAX_KEYS {
                     next = Some(job);
@@ -148,6 +159,7 @@ impl ShardTask {
                 keys += job.group.keys.len();
                 batch.push(job);
             }
+            drop(queue);
             // Nobody waits for these any more: deciding them would spend for nothing.
             batch.retain(|job| !job.reply.is_closed());
             if batch.is_empty() {

@@ -5,13 +5,13 @@
 //! checks every hit on that shard and consumes only if the request passes the shared
 //! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
 //! that consumed get their hits back through a refund script. A standalone shard's
-//! decide calls go over the shard task's own connection ([`wire`]); its refunds and
+//! decide calls go over its tasks' own connections ([`wire`]); its refunds and
 //! key counts, and every call to a cluster, over multiplexed redis-rs connections
 //! (`ConnectionManager`, `ClusterConnection`), so round trips and connections do not
 //! grow with callers.
 //!
 //! On standalone shards concurrent requests are also coalesced ([`coalesce`]): each
-//! shard has at most one decide call in flight, and the requests that queue up
+//! shard has at most two decide calls in flight, and the requests that queue up
 //! meanwhile go together in the next call, which decides them one after another
 //! (each all-or-nothing, as if they had arrived back to back). Redis pays a fixed
 //! cost per call (dispatch, the script's setup, `TIME`) on top of the cost per hit,
@@ -205,12 +205,11 @@ impl RedisStore {
                     .map_err(|e| bad_url(url, &e))?;
                 let health = Arc::new(Health::new(shard_name(url), metrics.clone()));
                 let target = wire::Target::new(client.get_connection_info(), opts.timeout);
-                let coalescer = Coalescer::spawn(
-                    coalesce::Link::new(target, conn.clone()),
-                    scripts.clone(),
-                    health.clone(),
-                    opts.call_timeout,
-                );
+                let links = (0..coalesce::CALLS_IN_FLIGHT)
+                    .map(|_| coalesce::Link::new(target.clone(), conn.clone()))
+                    .collect();
+                let coalescer =
+                    Coalescer::spawn(links, scripts.clone(), health.clone(), opts.call_timeout);
                 shards.push(Shard {
                     conn,
                     health,

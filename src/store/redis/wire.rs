@@ -1,8 +1,9 @@
 //! The decide calls of a standalone shard, written and read by the shard's own task.
 //!
-//! A shard has at most one decide call in flight ([`super::coalesce`]), so it needs no
-//! multiplexing: its task writes the call into one reused buffer, sends it, and parses
-//! the reply (a flat array of integers) straight into numbers. Against a multiplexed
+//! Each of a shard's tasks has at most one decide call in flight
+//! ([`super::coalesce`]), so its connection needs no multiplexing: the task writes the
+//! call into one reused buffer, sends it, and parses the reply (a flat array of
+//! integers) straight into numbers. Against a multiplexed
 //! redis-rs connection this saves a task hop each way and an allocation per argument
 //! and per reply value (BENCHMARKS.md, "Decide calls on the shard's own connection").
 //!
