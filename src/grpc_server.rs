@@ -63,7 +63,7 @@ impl GrpcError {
     }
 }
 
-/// A successful call's messages.
+/// A successful call's messages, each framed by [`frame`].
 pub enum Reply {
     /// Exactly one message (unary).
     One(Bytes),
@@ -243,7 +243,7 @@ async fn call<H: Handler>(
             let Ok(mut send) = respond.send_response(ok_headers(), false) else {
                 return;
             };
-            if send.send_data(framed(&m), false).is_ok() {
+            if send.send_data(m, false).is_ok() {
                 let _ = send.send_trailers(status(Code::Ok, ""));
             }
         }
@@ -281,7 +281,7 @@ async fn stream(
         .await;
         let trailers = match next {
             Next::Item(Some(Ok(m))) => {
-                if send.send_data(framed(&m), false).is_err() {
+                if send.send_data(m, false).is_err() {
                     return;
                 }
                 continue;
@@ -368,12 +368,15 @@ fn too_large(len: usize) -> GrpcError {
     )
 }
 
-/// `message` with its 5-byte prefix (not compressed, big-endian length).
-fn framed(message: &[u8]) -> Bytes {
-    let mut buf = BytesMut::with_capacity(5 + message.len());
+/// `message` encoded behind its 5-byte gRPC prefix (not compressed, big-endian
+/// length), in one buffer: an answer is encoded once and never copied.
+pub fn frame(message: &impl prost::Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
     buf.put_u8(0);
-    buf.put_u32(message.len() as u32);
-    buf.extend_from_slice(message);
+    buf.put_u32(len as u32);
+    // Cannot fail: the buffer has room for the whole message.
+    let _ = message.encode(&mut buf);
     buf.freeze()
 }
 
@@ -425,10 +428,14 @@ mod tests {
 
     #[test]
     fn frames_round_trip() {
-        let f = framed(b"abc");
-        assert_eq!(&f[..], &[0, 0, 0, 0, 3, b'a', b'b', b'c']);
-        assert_eq!(unframe(f).unwrap(), Bytes::from_static(b"abc"));
-        assert_eq!(unframe(framed(b"")).unwrap(), Bytes::new());
+        // prost encodes a String as google.protobuf.StringValue: field 1.
+        let f = frame(&"abc".to_string());
+        assert_eq!(&f[..], &[0, 0, 0, 0, 5, 0x0a, 3, b'a', b'b', b'c']);
+        assert_eq!(
+            unframe(f).unwrap(),
+            Bytes::from_static(&[0x0a, 3, b'a', b'b', b'c'])
+        );
+        assert_eq!(unframe(frame(&String::new())).unwrap(), Bytes::new());
     }
 
     #[test]

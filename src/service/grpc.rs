@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::grpc_server::{Code, GrpcError, Handler, Reply};
+use crate::grpc_server::{frame, Code, GrpcError, Handler, Reply};
 use crate::store::Store;
 
 use super::response::response;
@@ -43,11 +43,7 @@ impl<S: Store> Handler for Grpc<S> {
                     )
                 })?;
                 match self.service.should_rate_limit(&req).await {
-                    Ok(outcome) => Ok(Reply::One(
-                        response(&outcome, self.service.headers)
-                            .encode_to_vec()
-                            .into(),
-                    )),
+                    Ok(outcome) => Ok(Reply::One(frame(&response(&outcome, self.service.headers)))),
                     Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
                 }
             }
@@ -96,9 +92,7 @@ fn health(serving: bool) -> Bytes {
     } else {
         ServingStatus::NotServing
     };
-    HealthCheckResponse {
+    frame(&HealthCheckResponse {
         status: status as i32,
-    }
-    .encode_to_vec()
-    .into()
+    })
 }

@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::bytes::Bytes;
 use prost::Message;
-use sluice::grpc_server::{self, Code, GrpcError, Handler, Reply};
+use sluice::grpc_server::{self, frame, Code, GrpcError, Handler, Reply};
 
 #[derive(Parser)]
 #[command(
@@ -73,7 +73,7 @@ impl Handler for Noop {
             overall_code: codec::OK,
             ..Default::default()
         };
-        Ok(Reply::One(r.encode_to_vec().into()))
+        Ok(Reply::One(frame(&r)))
     }
 }
 
