@@ -368,16 +368,21 @@ fn too_large(len: usize) -> GrpcError {
     )
 }
 
-/// `message` encoded behind its 5-byte gRPC prefix (not compressed, big-endian
-/// length), in one buffer: an answer is encoded once and never copied.
+/// `message` encoded behind its 5-byte gRPC prefix, in one buffer: an answer is
+/// encoded once and never copied.
 pub fn frame(message: &impl prost::Message) -> Bytes {
+    let mut buf = BytesMut::with_capacity(5 + message.encoded_len());
+    frame_into(message, &mut buf);
+    buf.freeze()
+}
+
+/// Appends `message` to `buf` as one gRPC frame: not compressed, big-endian length.
+pub fn frame_into(message: &impl prost::Message, buf: &mut impl BufMut) {
     let len = message.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
     buf.put_u8(0);
     buf.put_u32(len as u32);
-    // Cannot fail: the buffer has room for the whole message.
-    let _ = message.encode(&mut buf);
-    buf.freeze()
+    // Cannot fail on a buffer that grows (Vec, BytesMut).
+    let _ = message.encode(buf);
 }
 
 fn ok_headers() -> Response<()> {

@@ -5,7 +5,6 @@
 
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
-use prost::Message;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
@@ -21,14 +20,6 @@ pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateL
 /// Length of a gRPC message's frame prefix: a compression flag and a big-endian u32
 /// length.
 pub const PREFIX: usize = 5;
-
-/// Appends `msg` to `buf` as one uncompressed gRPC frame.
-pub fn frame(msg: &impl Message, buf: &mut Vec<u8>) {
-    buf.push(0);
-    buf.extend_from_slice(&(msg.encoded_len() as u32).to_be_bytes());
-    // Cannot fail: a Vec grows as needed.
-    let _ = msg.encode(buf);
-}
 
 /// `overall_code` of a gRPC-framed RateLimitResponse.
 pub fn unframe_code(frame: &[u8]) -> Result<i32, Status> {
@@ -126,6 +117,7 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::HeaderValue;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    use prost::Message;
 
     #[test]
     fn reads_overall_code_past_other_fields() {
@@ -159,7 +151,7 @@ mod tests {
             ..Default::default()
         };
         let mut buf = Vec::new();
-        frame(&res, &mut buf);
+        sluice::grpc_server::frame_into(&res, &mut buf);
         assert_eq!(buf[..PREFIX], [0, 0, 0, 0, 2]);
         assert_eq!(unframe_code(&buf).unwrap(), OVER_LIMIT);
         assert!(unframe_code(&buf[..PREFIX + 1]).is_err(), "truncated");
