@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Redis CPU per decide-script call, for the working tree and/or git revisions:
 #
-#   scripts/lua-cost.sh [REV ...]        (REV "." = working tree; default ".")
+#   scripts/lua-cost.sh [REV ...]        (REV "." = working tree, a directory = its
+#                                         *.lua files; default ".")
 #
 # Starts a private redis-server on a free loopback port (PORT to choose one), loads
 # each revision's decide script (common.lua + algorithms.lua + decide.lua, as
@@ -45,20 +46,28 @@ cli() { redis-cli -p "$port" "$@"; }
 source_of() {
   local f
   for f in common algorithms decide; do
-    if [ "$1" = . ]; then cat "src/store/redis/$f.lua"; else git show "$1:src/store/redis/$f.lua"; fi
+    if [ "$1" = . ]; then cat "src/store/redis/$f.lua"
+    elif [ -d "$1" ]; then cat "$1/$f.lua"
+    else git show "$1:src/store/redis/$f.lua"; fi
   done
 }
 declare -A sha
 for r in "${revs[@]}"; do sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")"); done
 
 hit() { echo "$1" 1000000000 1000000 1000000000 1 e; }
-cases=(fw sc tb lb sl sc3 sc-deny)
+# Coalesced calls as the store sends them under load: u10, ten requests of one sc hit
+# on random keys (uniform); l10, ten layered requests (fw on a random key, tb on one
+# hot key, sc on a random key). Random keys are redis-benchmark's __rand_int__ (-r).
+group_keys() { local i; for i in $(seq 1 10); do echo -n "$1 "; done; }
+cases=(fw sc tb lb sl sc3 sc-deny u10 l10)
 args_of() {
   case $1 in
     fw | sc | tb | lb) echo "1 k1 '' 0 $(hit "$1")" ;;
     sl) echo "1 k1 1700000000000000 0 $(hit sl)" ;;
     sc3) echo "3 k1 k2 k3 '' 0 $(hit sc) $(hit sc) $(hit sc)" ;;
     sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
+    u10) echo "10 $(group_keys 'u:__rand_int__') '' g $(for _ in $(seq 1 10); do echo -n "1 0 $(hit sc) "; done)" ;;
+    l10) echo "30 $(group_keys 'a:__rand_int__ hot t:__rand_int__') '' g $(for _ in $(seq 1 10); do echo -n "3 0 $(hit fw) $(hit tb) $(hit sc) "; done)" ;;
   esac
 }
 
@@ -72,14 +81,14 @@ measure() {
     exit 1
   fi
   if command -v perf >/dev/null && perf stat -x, -e task-clock -p "$rpid" -o /tmp/lua-cost.$$ \
-    -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1; then
+    XX "$1" "${a[@]}" >/dev/null 2>&1; then
     awk -F, -v n="$n" '/task-clock/ {printf "%.2f", $1 * 1000 / n}' /tmp/lua-cost.$$
     rm -f /tmp/lua-cost.$$
   else
     local hz t0 t1
     hz=$(getconf CLK_TCK)
     t0=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
-    redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1
+    redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1
     t1=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
     awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN {printf "%.2f", d * 1e6 / hz / n}'
   fi
