@@ -51,23 +51,41 @@ source_of() {
     else git show "$1:src/store/redis/$f.lua"; fi
   done
 }
-declare -A sha
-for r in "${revs[@]}"; do sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")"); done
+declare -A sha layout
+for r in "${revs[@]}"; do
+  sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")")
+  layout[$r]=hits
+  if source_of "$r" | grep -q 'distinct limits'; then layout[$r]=limits; fi
+done
 
+# Arguments in the layout of each revision's decide.lua: limits once per call (since
+# the per-call limit table), or all six values per hit (before).
+limit() { echo "$1" 1000000000 1000000 1000000000 e; }
 hit() { echo "$1" 1000000000 1000000 1000000000 1 e; }
+times() { local i; for i in $(seq 1 "$1"); do echo -n "$2 "; done; }
 # Coalesced calls as the store sends them under load: u10, ten requests of one sc hit
 # on random keys (uniform); l10, ten layered requests (fw on a random key, tb on one
 # hot key, sc on a random key). Random keys are redis-benchmark's __rand_int__ (-r).
-group_keys() { local i; for i in $(seq 1 10); do echo -n "$1 "; done; }
 cases=(fw sc tb lb sl sc3 sc-deny u10 l10)
 args_of() {
+  if [ "$2" = limits ]; then
+    case $1 in
+      fw | sc | tb | lb) echo "1 k1 '' 1 $(limit "$1") 1 1" ;;
+      sl) echo "1 k1 1700000000000000 1 $(limit sl) 1 1" ;;
+      sc3) echo "3 k1 k2 k3 '' 1 $(limit sc) 3 1 1 1" ;;
+      sc-deny) echo "1 k1 '' 1 sc 0 1000000 0 e 1 1" ;;
+      u10) echo "10 $(times 10 'u:__rand_int__') '' 1 $(limit sc) $(times 10 '1 1')" ;;
+      l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' 3 $(limit fw) $(limit tb) $(limit sc) $(times 10 '3 1 2 3')" ;;
+    esac
+    return
+  fi
   case $1 in
     fw | sc | tb | lb) echo "1 k1 '' 0 $(hit "$1")" ;;
     sl) echo "1 k1 1700000000000000 0 $(hit sl)" ;;
     sc3) echo "3 k1 k2 k3 '' 0 $(hit sc) $(hit sc) $(hit sc)" ;;
     sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
-    u10) echo "10 $(group_keys 'u:__rand_int__') '' g $(for _ in $(seq 1 10); do echo -n "1 0 $(hit sc) "; done)" ;;
-    l10) echo "30 $(group_keys 'a:__rand_int__ hot t:__rand_int__') '' g $(for _ in $(seq 1 10); do echo -n "3 0 $(hit fw) $(hit tb) $(hit sc) "; done)" ;;
+    u10) echo "10 $(times 10 'u:__rand_int__') '' g $(times 10 "1 0 $(hit sc)")" ;;
+    l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' g $(times 10 "3 0 $(hit fw) $(hit tb) $(hit sc)")" ;;
   esac
 }
 
@@ -98,7 +116,7 @@ declare -A runs
 for _ in $(seq 1 "$rounds"); do
   for c in "${cases[@]}"; do
     for r in "${revs[@]}"; do
-      runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c")") "
+      runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c" "${layout[$r]}")") "
     done
   done
 done

@@ -14,16 +14,20 @@
 --
 -- KEYS: the counters of every hit, group after group (a key may repeat: the later
 -- hit sees the earlier one's state). ARGV[1]: fixed now in microseconds (tests only)
--- or ''. ARGV[2]: for one group, '1' when quota-mode hits of this request live on
--- other shards (so an all-denied quota here does not deny on its own) else '0', then
--- per hit 6 values: algorithm code, requests, window, burst, hits, mode ('e'
--- enforce, 's' shadow, 'q' quota). For several groups ARGV[2] is 'g', then per
--- group: its number of hits, its quota flag ('1'/'0'), then its hits' 6 values each.
+-- or ''. ARGV[2]: the number L of distinct limits in the call, then per limit 5
+-- values: algorithm code, requests, window, burst, mode ('e' enforce, 's' shadow,
+-- 'q' quota). Then per group: its number of hits m, negated (-m) when quota-mode
+-- hits of this request live on other shards (so an all-denied quota here does not
+-- deny on its own); then per hit its limit's number j (1..L) for one hit, or -j
+-- followed by its hits. Limits are sent once per call and a one-hit hit is one
+-- value: a coalesced call's hits share a few limits, and every argument costs Redis
+-- a parse.
 --
 -- Returns, group after group: {consumed 0/1, then per hit: admitted, remaining,
--- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at. next_room: after an admission
--- that leaves no room (remaining 0, hits > 0), the retry_after of a one-hit request
--- on the new state (so the caller can cache the denial it implies); 0 otherwise.
+-- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at.
+-- next_room: after an admission that leaves no room (remaining 0, hits > 0), the
+-- retry_after of a one-hit request on the new state (so the caller can cache the
+-- denial it implies); 0 otherwise.
 
 -- Now: the test hook's fixed time when given, else the Redis server's clock, so every
 -- replica of sluice decides with one clock per counter.
@@ -38,26 +42,29 @@ end
 local out, n = {}, 0
 if #KEYS == 1 then out = { 0, 0, 0, 0, 0, 0, 0, 0 } end
 
--- One group (ARGV[2] '0'/'1') or several ('g'). Top-level loops rather than a
--- function per group: the common one-group call then pays no closure and keeps
--- every variable in a register.
-local several = ARGV[2] == 'g'
-local at, k0 = 3, 0
-if several then
-  -- Check every group's algorithm codes before deciding any: an error must not
-  -- leave earlier groups consumed.
-  while at <= #ARGV do
-    local m = tonumber(ARGV[at])
-    for i = 1, m do
-      local code = ARGV[at + 2 + (i - 1) * 6]
-      if algorithm(code) == nil then
-        return redis.error_reply('sluice: unknown algorithm ' .. tostring(code))
-      end
-    end
-    at = at + 2 + m * 6
+-- The call's limits, each argument parsed once. An unknown code fails the call
+-- before any group is decided: an error must not leave earlier groups consumed.
+-- One flat table, 6 slots per limit (code, algorithm, requests, window, burst, mode):
+-- one allocation per call, however many limits.
+local nlimits = tonumber(ARGV[2])
+local lim = { nil, nil, nil, nil, nil, nil }
+for j = 1, nlimits do
+  local a, l = 2 + (j - 1) * 5, (j - 1) * 6
+  local code = ARGV[a + 1]
+  local fn = algorithm(code)
+  if fn == nil then
+    return redis.error_reply('sluice: unknown algorithm ' .. tostring(code))
   end
-  at = 3
+  local w = tonumber(ARGV[a + 3])
+  if w < 1 then w = 1 end
+  lim[l + 1] = code
+  lim[l + 2] = fn
+  lim[l + 3] = tonumber(ARGV[a + 2])
+  lim[l + 4] = w
+  lim[l + 5] = tonumber(ARGV[a + 4])
+  lim[l + 6] = ARGV[a + 5]
 end
+local at, k0 = 3 + nlimits * 5, 0
 
 -- Counter states (not logs) committed by earlier groups of this call, written once
 -- at the end: a hot key shared by many coalesced requests is read and written once
@@ -66,14 +73,12 @@ end
 local committed, pending, pending_expiry = {}, {}, {}
 
 -- Decides one group per round: its m hits are KEYS[k0 + 1 ..], their arguments start
--- at ARGV[first]; appends its consumed flag and verdicts to out.
-repeat
-  local m, first, quota_elsewhere
-  if several then
-    m, first, quota_elsewhere = tonumber(ARGV[at]), at + 2, ARGV[at + 1] == '1'
-  else
-    m, first, quota_elsewhere = #KEYS, 3, ARGV[2] == '1'
-  end
+-- at ARGV[at]; appends its consumed flag and verdicts to out.
+while at <= #ARGV do
+  local m = tonumber(ARGV[at])
+  local quota_elsewhere = m < 0
+  if quota_elsewhere then m = -m end
+  at = at + 1
   local states = {}   -- key -> state as the next hit sees it, false if none once loaded
   local changed = {}  -- keys with a state to write, in first-change order
   local expires = {}  -- key -> when its state may expire, from its last change
@@ -84,17 +89,16 @@ repeat
   local enforce_denied, quota_seen, quota_ok = false, false, false
 
   for i = 1, m do
-    local a = first + (i - 1) * 6 - 1
-    local code = ARGV[a + 1]
-    local decide = algorithm(code)
-    if decide == nil then return redis.error_reply('sluice: unknown algorithm ' .. code) end
+    local j, hits = tonumber(ARGV[at]), 1
+    if j < 0 then
+      j, hits = -j, tonumber(ARGV[at + 1])
+      at = at + 1
+    end
+    at = at + 1
+    local l = (j - 1) * 6
+    local code, decide = lim[l + 1], lim[l + 2]
     local log, leaky = code == 'sl', code == 'lb'
-    local r = tonumber(ARGV[a + 2])
-    local w = tonumber(ARGV[a + 3])
-    if w < 1 then w = 1 end
-    local b = tonumber(ARGV[a + 4])
-    local hits = tonumber(ARGV[a + 5])
-    local mode = ARGV[a + 6]
+    local r, w, b, mode = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6]
     local key = KEYS[k0 + i]
     local st = states[key]
     if st == nil then
@@ -103,8 +107,8 @@ repeat
         local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
         if #raw > 0 then
           st = {}
-          for j = 1, #raw do
-            st[j] = { tonumber(string.match(raw[j], '^(%d+):')), log_hits(raw[j]) }
+          for x = 1, #raw do
+            st[x] = { tonumber(string.match(raw[x], '^(%d+):')), log_hits(raw[x]) }
           end
         end
       else
@@ -180,10 +184,10 @@ repeat
     out[head] = 1
   end
   k0 = k0 + m
-  at = first + m * 6
-until not several or at > #ARGV
+end
 for _, key in ipairs(pending) do
-  redis.call('SET', key, encode(committed[key]), 'PX', ttl_ms(pending_expiry[key], now))
+  -- PSETEX rather than SET .. PX: Redis parses no options.
+  redis.call('PSETEX', key, ttl_ms(pending_expiry[key], now), encode(committed[key]))
 end
 -- Last, the time the call decided at: the caller bounds its shard's clock offset.
 out[n + 1] = now

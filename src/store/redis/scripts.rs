@@ -63,23 +63,31 @@ pub struct Group {
 /// A hit's script arguments (clamped, see the module doc).
 #[derive(Debug, Clone)]
 pub struct HitArgs {
+    limit: LimitArgs,
+    hits: u64,
+}
+
+/// A limit as the decide script takes it, sent once per call for all its hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LimitArgs {
     code: &'static str,
     requests: u64,
     window: u64,
     burst: u64,
-    hits: u64,
     mode: &'static str,
 }
 
 impl HitArgs {
     pub fn new(h: &Hit) -> Self {
         HitArgs {
-            code: shard::code(h.limit.algorithm),
-            requests: clamp(h.limit.requests),
-            window: clamp(h.limit.window.max(1)),
-            burst: clamp(h.limit.burst),
+            limit: LimitArgs {
+                code: shard::code(h.limit.algorithm),
+                requests: clamp(h.limit.requests),
+                window: clamp(h.limit.window.max(1)),
+                burst: clamp(h.limit.burst),
+                mode: mode_code(h.mode),
+            },
             hits: clamp(h.hits),
-            mode: mode_code(h.mode),
         }
     }
 }
@@ -111,6 +119,7 @@ fn mode_code(mode: Mode) -> &'static str {
 enum Arg<'a> {
     Text(&'a str),
     Number(u64),
+    Signed(i64),
 }
 
 /// Receives a decide call's keys and arguments, each kind in call order.
@@ -127,34 +136,80 @@ impl Sink for redis::ScriptInvocation<'_> {
         match arg {
             Arg::Text(t) => redis::ScriptInvocation::arg(self, t),
             Arg::Number(n) => redis::ScriptInvocation::arg(self, n),
+            Arg::Signed(n) => redis::ScriptInvocation::arg(self, n),
         };
     }
 }
 
-/// The keys and arguments deciding `groups` one after another (see decide.lua for
-/// the two layouts: one group, or several).
-fn decide_args(groups: &[&Group], fixed_now: Option<Micros>, sink: &mut impl Sink) {
+/// How many limits a hit's limit is looked for among before it is sent as a new one:
+/// bounds the search in a call with many distinct limits (a repeat costs only bytes).
+const LIMIT_SEARCH: usize = 32;
+
+/// A decide call's distinct limits, in first-use order, and the number (1-based) of
+/// each hit's limit, hit after hit, group after group.
+struct Layout<'g> {
+    limits: Vec<&'g LimitArgs>,
+    numbers: Vec<u64>,
+}
+
+impl<'g> Layout<'g> {
+    fn new(groups: &[&'g Group]) -> Self {
+        let hits = groups.iter().map(|g| g.hits.len()).sum();
+        let mut layout = Layout {
+            limits: Vec::new(),
+            numbers: Vec::with_capacity(hits),
+        };
+        for h in groups.iter().flat_map(|g| &g.hits) {
+            let found = layout
+                .limits
+                .iter()
+                .take(LIMIT_SEARCH)
+                .position(|l| **l == h.limit);
+            let i = found.unwrap_or_else(|| {
+                layout.limits.push(&h.limit);
+                layout.limits.len() - 1
+            });
+            layout.numbers.push(i as u64 + 1);
+        }
+        layout
+    }
+}
+
+/// The keys and arguments deciding `groups` one after another, in the layout
+/// decide.lua documents: the call's limits once, then per group its size (negated
+/// when quota hits live elsewhere) and per hit its limit's number (negated and
+/// followed by the hits unless they are 1).
+fn decide_args(
+    groups: &[&Group],
+    layout: &Layout<'_>,
+    fixed_now: Option<Micros>,
+    sink: &mut impl Sink,
+) {
     sink.arg(match fixed_now {
         Some(n) => Arg::Number(n),
         None => Arg::Text(""),
     });
-    let several = groups.len() > 1;
-    if several {
-        sink.arg(Arg::Text("g"));
+    sink.arg(Arg::Number(layout.limits.len() as u64));
+    for l in &layout.limits {
+        sink.arg(Arg::Text(l.code));
+        sink.arg(Arg::Number(l.requests));
+        sink.arg(Arg::Number(l.window));
+        sink.arg(Arg::Number(l.burst));
+        sink.arg(Arg::Text(l.mode));
     }
+    let mut numbers = layout.numbers.iter();
     for g in groups {
-        if several {
-            sink.arg(Arg::Number(g.hits.len() as u64));
-        }
-        sink.arg(Arg::Text(if g.quota_elsewhere { "1" } else { "0" }));
+        let m = g.hits.len() as i64;
+        sink.arg(Arg::Signed(if g.quota_elsewhere { -m } else { m }));
         for (h, key) in g.hits.iter().zip(&g.keys) {
             sink.key(key);
-            sink.arg(Arg::Text(h.code));
-            sink.arg(Arg::Number(h.requests));
-            sink.arg(Arg::Number(h.window));
-            sink.arg(Arg::Number(h.burst));
-            sink.arg(Arg::Number(h.hits));
-            sink.arg(Arg::Text(h.mode));
+            let j = *numbers.next().expect("a number per hit") as i64;
+            if h.hits == 1 {
+                sink.arg(Arg::Signed(j));
+            } else {
+                sink.arg(Arg::Signed(-j));
+                sink.arg(Arg::Number(h.hits));
+            }
         }
     }
 }
@@ -166,7 +221,7 @@ pub fn decide_call<'a>(
     fixed_now: Option<Micros>,
 ) -> redis::ScriptInvocation<'a> {
     let mut call = scripts.decide.prepare_invoke();
-    decide_args(groups, fixed_now, &mut call);
+    decide_args(groups, &Layout::new(groups), fixed_now, &mut call);
     call
 }
 
@@ -210,11 +265,13 @@ pub fn write_decide(
             match arg {
                 Arg::Text(t) => self.0.arg(t.as_bytes()),
                 Arg::Number(n) => self.0.arg_u64(n),
+                Arg::Signed(n) => self.0.arg_i64(n),
             }
         }
     }
+    let layout = Layout::new(groups);
     let mut count = Count(0, 0);
-    decide_args(groups, fixed_now, &mut count);
+    decide_args(groups, &layout, fixed_now, &mut count);
     req.start(3 + count.0 + count.1);
     match script {
         Script::Hash(sha) => {
@@ -227,8 +284,8 @@ pub fn write_decide(
         }
     }
     req.arg_u64(count.0 as u64);
-    decide_args(groups, fixed_now, &mut Keys(req));
-    decide_args(groups, fixed_now, &mut Args(req));
+    decide_args(groups, &layout, fixed_now, &mut Keys(req));
+    decide_args(groups, &layout, fixed_now, &mut Args(req));
 }
 
 /// Builds the refund invocation for the consumed hits of a group.
@@ -297,6 +354,71 @@ pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::store::Limit;
+
+    /// The arguments a call sends, as text, and its keys.
+    fn sent(groups: &[&Group]) -> (Vec<String>, Vec<String>) {
+        struct Texts(Vec<String>, Vec<String>);
+        impl Sink for Texts {
+            fn key(&mut self, key: &str) {
+                self.1.push(key.to_string());
+            }
+            fn arg(&mut self, arg: Arg<'_>) {
+                self.0.push(match arg {
+                    Arg::Text(t) => t.to_string(),
+                    Arg::Number(n) => n.to_string(),
+                    Arg::Signed(n) => n.to_string(),
+                });
+            }
+        }
+        let mut t = Texts(Vec::new(), Vec::new());
+        decide_args(groups, &Layout::new(groups), None, &mut t);
+        (t.0, t.1)
+    }
+
+    fn group(hits: &[(&str, Algorithm, u64, u64)], quota_elsewhere: bool) -> Group {
+        let hits: Vec<Hit> = hits
+            .iter()
+            .map(|&(key, algorithm, requests, hits)| Hit {
+                key: key.into(),
+                placement: 0,
+                limit: Limit {
+                    algorithm,
+                    requests,
+                    window: 1_000_000,
+                    burst: requests,
+                },
+                hits,
+                mode: Mode::Enforce,
+            })
+            .collect();
+        Group {
+            keys: hits.iter().map(|h| h.key.clone()).collect(),
+            hits: hits.iter().map(HitArgs::new).collect(),
+            quota_elsewhere,
+        }
+    }
+
+    #[test]
+    fn a_call_sends_each_limit_once_and_one_hit_as_one_value() {
+        use Algorithm::{FixedWindow as Fw, TokenBucket as Tb};
+        let a = group(&[("ip1", Fw, 10, 1), ("svc", Tb, 50, 1)], false);
+        let b = group(&[("ip2", Fw, 10, 3), ("svc", Tb, 50, 0)], true);
+        let c = group(&[("ip3", Fw, 20, 1)], false);
+        let (args, keys) = sent(&[&a, &b, &c]);
+        assert_eq!(keys, ["ip1", "svc", "ip2", "svc", "ip3"]);
+        let want = [
+            "", "3", // no fixed time; three distinct limits
+            "fw", "10", "1000000", "10", "e", //
+            "tb", "50", "1000000", "50", "e", //
+            "fw", "20", "1000000", "20", "e", //
+            "2", "1", "2", // a: two hits, one each
+            "-2", "-1", "3", "-2", "0", // b: quota elsewhere; hits 3 and 0
+            "1", "3", // c: the third limit
+        ];
+        assert_eq!(args, want);
+    }
 
     #[test]
     fn replies_are_checked_and_never_maps_to_max() {

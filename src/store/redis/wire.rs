@@ -84,6 +84,20 @@ impl Request {
         self.buf.extend_from_slice(b"\r\n");
     }
 
+    /// A signed integer argument, in decimal.
+    pub fn arg_i64(&mut self, value: i64) {
+        if value >= 0 {
+            return self.arg_u64(value as u64);
+        }
+        let mut digits = itoa_buf(value.unsigned_abs());
+        let (len, text) = digits.text();
+        self.buf.push(b'$');
+        push_decimal(&mut self.buf, len as u64 + 1);
+        self.buf.extend_from_slice(b"\r\n-");
+        self.buf.extend_from_slice(text);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
@@ -330,6 +344,14 @@ mod tests {
         r.arg(b"X");
         r.arg_u64(0);
         assert_eq!(r.bytes(), b"*2\r\n$1\r\nX\r\n$1\r\n0\r\n");
+        r.start(3);
+        r.arg_i64(-12);
+        r.arg_i64(7);
+        r.arg_i64(i64::MIN);
+        assert_eq!(
+            r.bytes(),
+            &b"*3\r\n$3\r\n-12\r\n$1\r\n7\r\n$20\r\n-9223372036854775808\r\n"[..]
+        );
     }
 
     #[test]
