@@ -421,6 +421,28 @@ mod tests {
     }
 
     #[test]
+    fn past_the_search_bound_a_limit_is_sent_again_and_still_named_right() {
+        // Limits 1..=40 in turn, then the first and the last again: the first is
+        // found among the first LIMIT_SEARCH, the last is past them and sent anew.
+        let mut hits: Vec<(&str, Algorithm, u64, u64)> = (1..=40)
+            .map(|r| ("k", Algorithm::FixedWindow, r, 1))
+            .collect();
+        hits.push(("k", Algorithm::FixedWindow, 1, 1));
+        hits.push(("k", Algorithm::FixedWindow, 40, 1));
+        let g = group(&hits, false);
+        let (args, _) = sent(&[&g]);
+        assert_eq!(args[1], "41", "40 distinct limits and one repeat");
+        let limit = |j: usize| &args[2 + (j - 1) * 5..2 + j * 5];
+        let numbers = &args[2 + 41 * 5 + 1..];
+        assert_eq!(numbers.len(), 42);
+        for (i, n) in numbers.iter().enumerate() {
+            let requests = hits[i].2.to_string();
+            assert_eq!(limit(n.parse().unwrap())[1], requests, "hit {i}");
+        }
+        assert_eq!((numbers[40].as_str(), numbers[41].as_str()), ("1", "41"));
+    }
+
+    #[test]
     fn replies_are_checked_and_never_maps_to_max() {
         let parse_reply = |v: &[i64], n: usize| parse_replies(v, &[n]).map(|mut r| r.remove(0));
         assert!(parse_reply(&[1, 1, 2], 1).is_err());
