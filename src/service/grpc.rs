@@ -15,7 +15,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use crate::grpc_server::{frame, Code, GrpcError, Handler, Reply};
 use crate::store::Store;
 
-use super::response::response;
+use super::response::framed_response;
 use super::Service;
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -43,7 +43,7 @@ impl<S: Store> Handler for Grpc<S> {
                     )
                 })?;
                 match self.service.should_rate_limit(&req).await {
-                    Ok(outcome) => Ok(Reply::One(frame(&response(&outcome, self.service.headers)))),
+                    Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
                     Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
                 }
             }
