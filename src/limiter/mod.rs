@@ -196,6 +196,7 @@ impl<S: Store> Limiter<S> {
             .collect();
         order.sort_by_key(|&i| statuses[i].rule.map(|r| policy.rule(r).layer));
         let mut hits = Vec::with_capacity(order.len());
+        let places_keys = self.store.places_keys();
         for &i in &order {
             let Some(rule_id) = statuses[i].rule else {
                 continue;
@@ -210,7 +211,11 @@ impl<S: Store> Limiter<S> {
                 self.settings.hash_keys,
                 &mut key,
             );
-            let placement = placement(dom.shard_by.as_deref(), descriptors[i].entries, &key);
+            let placement = if places_keys {
+                placement(dom.shard_by.as_deref(), descriptors[i].entries, &key)
+            } else {
+                0
+            };
             let mode = if rule.shadow_mode {
                 Mode::Shadow
             } else if rule.quota_mode {

@@ -265,6 +265,11 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    /// Its shards follow a per-process hash of the key instead.
+    fn places_keys(&self) -> bool {
+        false
+    }
+
     fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
