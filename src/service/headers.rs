@@ -129,9 +129,7 @@ fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
-    }
+    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
 }
 
 /// The wait before the request could pass: the longest wait of the limits that

@@ -90,7 +90,8 @@ pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
     for s in &outcome.statuses {
         put_status(&mut buf, outcome, s);
     }
-    let mut scratch = String::new();
+    // Room for the usual values, so writing them does not grow it step by step.
+    let mut scratch = String::with_capacity(64);
     each_header(outcome, style, &mut scratch, |name, value| {
         let len = string_field_len(name) + string_field_len(value);
         put_len_key(&mut buf, 3, len);
