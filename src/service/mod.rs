@@ -6,15 +6,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as ProtoEntry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
 use crate::limiter::{Descriptor, Limiter, Outcome};
-use crate::policy::Entry;
 use crate::store::Store;
 use crate::telemetry::striped::Stripes;
 use crate::telemetry::Metrics;
 
+pub mod decode;
 pub mod grpc;
 pub mod headers;
 pub mod json;
@@ -25,22 +22,15 @@ pub use headers::HeaderStyle;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
-impl Entry for ProtoEntry {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn value(&self) -> &str {
-        &self.value
-    }
-}
-
 /// A request that cannot be decided, with the reason sent back to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
 /// Checks a request the way SPEC.md section 4 says and turns it into limiter input.
-pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEntry>>, BadRequest> {
+pub fn descriptors<'r>(
+    req: &'r decode::Request<'_>,
+) -> Result<Vec<Descriptor<'r, (&'r str, &'r str)>>, BadRequest> {
     if req.domain.is_empty() {
         return Err(BadRequest("domain must not be empty".into()));
     }
@@ -60,13 +50,14 @@ pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEnt
             // asked for INVALID_ARGUMENT, but Envoy sends such descriptors when a
             // `skip_if_absent` action finds no header, and refusing the whole call
             // would make Envoy fail open on every other limit of the request.
-            if d.entries.len() > MAX_ENTRIES {
+            let entries = &req.entries[d.entries.clone()];
+            if entries.len() > MAX_ENTRIES {
                 return Err(BadRequest(format!(
                     "descriptor {i} has {} entries; at most {MAX_ENTRIES} are allowed",
-                    d.entries.len()
+                    entries.len()
                 )));
             }
-            if let Some(j) = d.entries.iter().position(|e| e.key.is_empty()) {
+            if let Some(j) = entries.iter().position(|e| e.0.is_empty()) {
                 return Err(BadRequest(format!(
                     "descriptor {i} entry {j} has an empty key"
                 )));
@@ -76,11 +67,8 @@ pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEnt
                     "descriptor {i}: is_negative_hits is not supported"
                 )));
             }
-            let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
-            Ok(Descriptor {
-                entries: &d.entries,
-                hits,
-            })
+            let hits = d.hits_addend.unwrap_or(request_hits);
+            Ok(Descriptor { entries, hits })
         })
         .collect()
 }
@@ -136,7 +124,10 @@ impl<S: Store> Service<S> {
     }
 
     /// Validates, decides and holds a leaky-bucket OK until the request's turn.
-    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<Outcome, BadRequest> {
+    pub async fn should_rate_limit(
+        &self,
+        req: &decode::Request<'_>,
+    ) -> Result<Outcome, BadRequest> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let started = std::time::Instant::now();
         let descriptors = match descriptors(req) {
@@ -146,9 +137,8 @@ impl<S: Store> Service<S> {
                 return Err(e);
             }
         };
-        let outcome = self.limiter.decide(&req.domain, &descriptors).await;
-        self.metrics
-            .record(&req.domain, &outcome, started.elapsed());
+        let outcome = self.limiter.decide(req.domain, &descriptors).await;
+        self.metrics.record(req.domain, &outcome, started.elapsed());
         if !outcome.over_limit && outcome.delay > 0 {
             // The queue position is taken; the answer waits for its turn without
             // holding a thread.
