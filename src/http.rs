@@ -12,6 +12,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::policy::FailureMode;
+use crate::service::decode::Request;
 use crate::service::json::{parse_request, render_response};
 use crate::service::response::response;
 use crate::service::Service;
@@ -74,7 +75,7 @@ async fn json_request<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes)
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),
     };
-    match admin.service.should_rate_limit(&req).await {
+    match admin.service.should_rate_limit(&Request::of(&req)).await {
         Ok(outcome) => {
             let status = if outcome.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::{Clock, SystemClock};
@@ -156,7 +156,10 @@ impl<S: Store> Limiter<S> {
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
     ) -> Outcome {
-        let policy = self.policy.load_full();
+        // A guard, not a clone: the one reference count the outcome needs is taken
+        // once, below, on a count every core's requests write.
+        let guard = self.policy.load();
+        let policy: &Policy = &guard;
         let mut statuses = vec![
             Status {
                 rule: None,
@@ -168,7 +171,7 @@ impl<S: Store> Limiter<S> {
         ];
         let Some(dom) = policy.domain(domain) else {
             return Outcome {
-                policy,
+                policy: Guard::into_inner(guard),
                 domain_known: false,
                 over_limit: false,
                 statuses,
@@ -181,7 +184,7 @@ impl<S: Store> Limiter<S> {
         for (status, d) in statuses.iter_mut().zip(descriptors) {
             status.rule = dom.find(d.entries);
         }
-        drop_replaced(&policy, &mut statuses);
+        drop_replaced(policy, &mut statuses);
 
         // Limited rules become hits, edge first, then service, then tenant.
         let mut order: Vec<usize> = (0..descriptors.len())
@@ -193,6 +196,7 @@ impl<S: Store> Limiter<S> {
             .collect();
         order.sort_by_key(|&i| statuses[i].rule.map(|r| policy.rule(r).layer));
         let mut hits = Vec::with_capacity(order.len());
+        let places_keys = self.store.places_keys();
         for &i in &order {
             let Some(rule_id) = statuses[i].rule else {
                 continue;
@@ -207,7 +211,11 @@ impl<S: Store> Limiter<S> {
                 self.settings.hash_keys,
                 &mut key,
             );
-            let placement = placement(dom.shard_by.as_deref(), descriptors[i].entries, &key);
+            let placement = if places_keys {
+                placement(dom.shard_by.as_deref(), descriptors[i].entries, &key)
+            } else {
+                0
+            };
             let mode = if rule.shadow_mode {
                 Mode::Shadow
             } else if rule.quota_mode {
@@ -224,8 +232,9 @@ impl<S: Store> Limiter<S> {
             });
         }
 
+        let failure_mode = dom.failure_mode;
         let mut outcome = Outcome {
-            policy: policy.clone(),
+            policy: Guard::into_inner(guard),
             domain_known: true,
             over_limit: false,
             statuses,
@@ -237,7 +246,7 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
         // A key serving a penalty ban is denied at once, without asking the store.
-        if penalty::apply_bans(&self.penalties, &policy, &order, &hits, &mut outcome) {
+        if penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
             self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
             return outcome;
         }
@@ -267,7 +276,7 @@ impl<S: Store> Limiter<S> {
                 }
             }
             Err(error) => {
-                let mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
+                let mode = failure_mode.unwrap_or(self.settings.failure_mode);
                 outcome.over_limit = mode == FailureMode::Closed;
                 for (&i, hit) in order.iter().zip(&hits) {
                     outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;

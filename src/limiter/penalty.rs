@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::{Ban, Outcome, Status};
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
-use crate::policy::{Penalty, Policy, Rule};
+use crate::policy::{Penalty, Rule};
 use crate::store::{Hit, Mode};
 
 /// Keys tracked at most, over all shards.
@@ -232,11 +232,11 @@ impl Penalties {
 /// and the store is not asked).
 pub fn apply_bans(
     penalties: &Penalties,
-    policy: &Policy,
     order: &[usize],
     hits: &[Hit],
     outcome: &mut Outcome,
 ) -> bool {
+    let policy = &*outcome.policy;
     let mut now = None;
     let mut any = false;
     for (&i, hit) in order.iter().zip(hits) {

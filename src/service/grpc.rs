@@ -15,7 +15,8 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use crate::grpc_server::{frame, Code, GrpcError, Handler, Reply};
 use crate::store::Store;
 
-use super::response::response;
+use super::decode::Request;
+use super::response::framed_response;
 use super::Service;
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -36,14 +37,22 @@ impl<S: Store> Handler for Grpc<S> {
     async fn call(&self, path: &str, message: Bytes) -> Result<Reply, GrpcError> {
         match path {
             SHOULD_RATE_LIMIT => {
-                let req = RateLimitRequest::decode(message).map_err(|e| {
-                    GrpcError::new(
-                        Code::InvalidArgument,
-                        format!("undecodable RateLimitRequest: {e}"),
-                    )
-                })?;
+                // Read in place; prost decodes what the fast reader leaves to it.
+                let decoded;
+                let req = match Request::decode(&message) {
+                    Some(req) => req,
+                    None => {
+                        decoded = RateLimitRequest::decode(&message[..]).map_err(|e| {
+                            GrpcError::new(
+                                Code::InvalidArgument,
+                                format!("undecodable RateLimitRequest: {e}"),
+                            )
+                        })?;
+                        Request::of(&decoded)
+                    }
+                };
                 match self.service.should_rate_limit(&req).await {
-                    Ok(outcome) => Ok(Reply::One(frame(&response(&outcome, self.service.headers)))),
+                    Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
                     Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
                 }
             }

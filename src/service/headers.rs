@@ -29,8 +29,22 @@ fn ceil_secs(us: Micros) -> u64 {
 /// The headers for one outcome, as (name, value) pairs.
 pub fn headers(outcome: &Outcome, style: HeaderStyle) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
+    each_header(outcome, style, &mut String::new(), |name, value| {
+        out.push((name, value.to_string()));
+    });
+    out
+}
+
+/// Calls `emit` with each header of [`headers`], in order, each value written into
+/// `scratch`: the gRPC answer is encoded from these without a String per header.
+pub fn each_header(
+    outcome: &Outcome,
+    style: HeaderStyle,
+    scratch: &mut String,
+    mut emit: impl FnMut(&'static str, &str),
+) {
     if style == HeaderStyle::Off {
-        return out;
+        return;
     }
     let policy = &outcome.policy;
     // The closest descriptor: the one with the least remaining; among denied ones, the
@@ -48,38 +62,74 @@ pub fn headers(outcome: &Outcome, style: HeaderStyle) -> Vec<(&'static str, Stri
     if let Some((_, rule, limit, v)) = closest {
         let window = ceil_secs(limit.window);
         let remaining = if outcome.over_limit { 0 } else { v.remaining };
+        let rpu = u64::from(rule.requests_per_unit);
+        let s = &mut *scratch;
         match style {
             HeaderStyle::Draft03 => {
-                let mut l = format!(
-                    "{}, {};w={}",
-                    rule.requests_per_unit, rule.requests_per_unit, window
-                );
+                // "{rpu}, {rpu};w={window}" then ";name=\"{name}\"" when named.
+                s.clear();
+                push_u64(s, rpu);
+                s.push_str(", ");
+                push_u64(s, rpu);
+                s.push_str(";w=");
+                push_u64(s, window);
                 if let Some(name) = &rule.name {
-                    l.push_str(&format!(";name=\"{}\"", sf_escape(name)));
+                    s.push_str(";name=\"");
+                    push_sf_escaped(s, name);
+                    s.push('"');
                 }
-                out.push(("x-ratelimit-limit", l));
-                out.push(("x-ratelimit-remaining", remaining.to_string()));
-                out.push(("x-ratelimit-reset", ceil_secs(v.reset).to_string()));
+                emit("x-ratelimit-limit", s);
+                s.clear();
+                push_u64(s, remaining);
+                emit("x-ratelimit-remaining", s);
+                s.clear();
+                push_u64(s, ceil_secs(v.reset));
+                emit("x-ratelimit-reset", s);
             }
             HeaderStyle::Ietf => {
-                let name = sf_escape(rule.name.as_deref().unwrap_or(&rule.path));
-                out.push((
-                    "ratelimit-policy",
-                    format!("\"{name}\";q={};w={window}", rule.requests_per_unit),
-                ));
-                out.push((
-                    "ratelimit",
-                    format!("\"{name}\";r={remaining};t={}", ceil_secs(v.reset)),
-                ));
+                let name = rule.name.as_deref().unwrap_or(&rule.path);
+                // "\"{name}\";q={rpu};w={window}" and "\"{name}\";r={remaining};t={reset}".
+                s.clear();
+                s.push('"');
+                push_sf_escaped(s, name);
+                s.push_str("\";q=");
+                push_u64(s, rpu);
+                s.push_str(";w=");
+                push_u64(s, window);
+                emit("ratelimit-policy", s);
+                s.clear();
+                s.push('"');
+                push_sf_escaped(s, name);
+                s.push_str("\";r=");
+                push_u64(s, remaining);
+                s.push_str(";t=");
+                push_u64(s, ceil_secs(v.reset));
+                emit("ratelimit", s);
             }
             HeaderStyle::Off => {}
         }
     }
 
     if outcome.over_limit {
-        out.push(("retry-after", retry_after_secs(outcome).to_string()));
+        scratch.clear();
+        push_u64(scratch, retry_after_secs(outcome));
+        emit("retry-after", scratch);
     }
-    out
+}
+
+/// `n` in decimal, as `to_string` writes it, without the formatting machinery.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
 }
 
 /// The wait before the request could pass: the longest wait of the limits that
@@ -112,8 +162,13 @@ pub fn jittered(wait: Micros, jitter: f64) -> u64 {
 }
 
 /// Structured-field strings may not hold `"` or `\` unescaped.
-fn sf_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+fn push_sf_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
 }
 
 #[cfg(test)]
@@ -129,6 +184,20 @@ mod tests {
         for j in [0.0, 0.05, 0.1] {
             let s = jittered(59 * SECOND + 500_000, j);
             assert!((60..=66).contains(&s), "{s}");
+        }
+    }
+
+    #[test]
+    fn numbers_and_escapes_are_written_as_before() {
+        for n in [0, 7, 10, 99, 1_000_000_000, u64::from(u32::MAX), u64::MAX] {
+            let mut s = String::from("x");
+            push_u64(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+        for name in ["", "plain", "a\"b", "back\\slash", "\"\\\"", "é\""] {
+            let mut s = String::new();
+            push_sf_escaped(&mut s, name);
+            assert_eq!(s, name.replace('\\', "\\\\").replace('"', "\\\""));
         }
     }
 }

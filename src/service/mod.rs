@@ -6,14 +6,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as ProtoEntry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
 use crate::limiter::{Descriptor, Limiter, Outcome};
-use crate::policy::Entry;
 use crate::store::Store;
+use crate::telemetry::striped::Stripes;
 use crate::telemetry::Metrics;
 
+pub mod decode;
 pub mod grpc;
 pub mod headers;
 pub mod json;
@@ -24,22 +22,15 @@ pub use headers::HeaderStyle;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
-impl Entry for ProtoEntry {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn value(&self) -> &str {
-        &self.value
-    }
-}
-
 /// A request that cannot be decided, with the reason sent back to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
 /// Checks a request the way SPEC.md section 4 says and turns it into limiter input.
-pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEntry>>, BadRequest> {
+pub fn descriptors<'r>(
+    req: &'r decode::Request<'_>,
+) -> Result<Vec<Descriptor<'r, (&'r str, &'r str)>>, BadRequest> {
     if req.domain.is_empty() {
         return Err(BadRequest("domain must not be empty".into()));
     }
@@ -59,13 +50,14 @@ pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEnt
             // asked for INVALID_ARGUMENT, but Envoy sends such descriptors when a
             // `skip_if_absent` action finds no header, and refusing the whole call
             // would make Envoy fail open on every other limit of the request.
-            if d.entries.len() > MAX_ENTRIES {
+            let entries = &req.entries[d.entries.clone()];
+            if entries.len() > MAX_ENTRIES {
                 return Err(BadRequest(format!(
                     "descriptor {i} has {} entries; at most {MAX_ENTRIES} are allowed",
-                    d.entries.len()
+                    entries.len()
                 )));
             }
-            if let Some(j) = d.entries.iter().position(|e| e.key.is_empty()) {
+            if let Some(j) = entries.iter().position(|e| e.0.is_empty()) {
                 return Err(BadRequest(format!(
                     "descriptor {i} entry {j} has an empty key"
                 )));
@@ -75,11 +67,8 @@ pub fn descriptors(req: &RateLimitRequest) -> Result<Vec<Descriptor<'_, ProtoEnt
                     "descriptor {i}: is_negative_hits is not supported"
                 )));
             }
-            let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
-            Ok(Descriptor {
-                entries: &d.entries,
-                hits,
-            })
+            let hits = d.hits_addend.unwrap_or(request_hits);
+            Ok(Descriptor { entries, hits })
         })
         .collect()
 }
@@ -90,17 +79,22 @@ pub struct Service<S> {
     pub limiter: Limiter<S>,
     pub headers: HeaderStyle,
     pub metrics: Arc<Metrics>,
-    /// Calls being decided or held right now; shutdown waits for it to reach zero.
-    pub in_flight: AtomicUsize,
+    /// Calls being decided or held right now, counted per thread stripe (one shared
+    /// count is a cache line both cores write twice per request); shutdown waits for
+    /// the sum to reach zero.
+    pub in_flight: Stripes<AtomicUsize>,
 }
 
 /// Counts a call as in flight until dropped, however the call ends.
 struct InFlight<'a>(&'a AtomicUsize);
 
 impl<'a> InFlight<'a> {
-    fn enter(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        InFlight(counter)
+    /// Counts on this thread's stripe; the call leaves from the same one, wherever
+    /// it is polled last.
+    fn enter(counter: &'a Stripes<AtomicUsize>) -> Self {
+        let stripe = counter.local();
+        stripe.fetch_add(1, Ordering::SeqCst);
+        InFlight(stripe)
     }
 }
 
@@ -117,17 +111,23 @@ impl<S: Store> Service<S> {
             limiter,
             headers,
             metrics,
-            in_flight: AtomicUsize::new(0),
+            in_flight: Stripes::default(),
         }
     }
 
     /// Calls in flight right now.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
+        self.in_flight
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum()
     }
 
     /// Validates, decides and holds a leaky-bucket OK until the request's turn.
-    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<Outcome, BadRequest> {
+    pub async fn should_rate_limit(
+        &self,
+        req: &decode::Request<'_>,
+    ) -> Result<Outcome, BadRequest> {
         let _in_flight = InFlight::enter(&self.in_flight);
         let started = std::time::Instant::now();
         let descriptors = match descriptors(req) {
@@ -137,9 +137,8 @@ impl<S: Store> Service<S> {
                 return Err(e);
             }
         };
-        let outcome = self.limiter.decide(&req.domain, &descriptors).await;
-        self.metrics
-            .record(&req.domain, &outcome, started.elapsed());
+        let outcome = self.limiter.decide(req.domain, &descriptors).await;
+        self.metrics.record(req.domain, &outcome, started.elapsed());
         if !outcome.over_limit && outcome.delay > 0 {
             // The queue position is taken; the answer waits for its turn without
             // holding a thread.

@@ -19,6 +19,9 @@ use super::{admitted, Hit, Store, StoreError, Verdicts};
 /// contention low without wasting memory on empty maps.
 const SHARDS: usize = 64;
 
+/// Hits a batch may carry with its scratch on the stack.
+const SMALL: usize = 8;
+
 #[derive(Debug)]
 struct Entry {
     state: State,
@@ -134,26 +137,59 @@ impl MemoryStore {
     /// Decides a batch under the locks of its shards.
     fn decide_now(&self, hits: &[Hit]) -> Verdicts {
         let now = self.clock.now();
-        let shard_ids: Vec<usize> = hits.iter().map(|h| self.shard_of(&h.key)).collect();
-        let mut order = shard_ids.clone();
+        let n = hits.len();
+        // Requests carry a few descriptors: their scratch stays on the stack.
+        let mut small_ids = [0usize; 2 * SMALL];
+        let mut heap_ids;
+        let ids: &mut [usize] = if n <= SMALL {
+            &mut small_ids[..2 * n]
+        } else {
+            heap_ids = vec![0; 2 * n];
+            &mut heap_ids
+        };
+        let (shard_ids, order) = ids.split_at_mut(n);
+        for (id, hit) in shard_ids.iter_mut().zip(hits) {
+            *id = self.shard_of(&hit.key);
+        }
+        order.copy_from_slice(shard_ids);
         order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let locked = dedup(order);
+        let order = &order[..locked];
+        let mut small_guards: [Option<MutexGuard<'_, Shard>>; SMALL] = Default::default();
+        let mut heap_guards;
+        let guards: &mut [Option<MutexGuard<'_, Shard>>] = if locked <= SMALL {
+            &mut small_guards[..locked]
+        } else {
+            heap_guards = (0..locked).map(|_| None).collect::<Vec<_>>();
+            &mut heap_guards
+        };
+        for (guard, &i) in guards.iter_mut().zip(order) {
+            *guard = Some(lock(&self.shards[i]));
+        }
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         // Check every hit first. A key that appears twice in one batch sees the state
         // its earlier hit would leave, as if the two were sent one after the other.
-        let mut verdicts = Vec::with_capacity(hits.len());
-        let mut next: Vec<Option<State>> = Vec::with_capacity(hits.len());
+        let mut verdicts = Vec::with_capacity(n);
+        let mut small_next: [Option<State>; SMALL] = Default::default();
+        let mut heap_next;
+        let next: &mut [Option<State>] = if n <= SMALL {
+            &mut small_next[..n]
+        } else {
+            heap_next = (0..n).map(|_| None).collect::<Vec<_>>();
+            &mut heap_next
+        };
         for (i, hit) in hits.iter().enumerate() {
-            let earlier = (0..i)
-                .rev()
-                .find(|&j| hits[j].key == hit.key && next[j].is_some());
+            // Equal keys have equal shards; the shard is the cheaper comparison.
+            let earlier = (0..i).rev().find(|&j| {
+                shard_ids[j] == shard_ids[i] && hits[j].key == hit.key && next[j].is_some()
+            });
             let decision = match earlier {
                 Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
                 None => {
-                    let map = &guards[guard_of(shard_ids[i])];
+                    let map = guards[guard_of(shard_ids[i])]
+                        .as_deref()
+                        .expect("every shard of the batch is locked");
                     let state = map
                         .get(hit.key.as_bytes())
                         .filter(|e| e.expires_at > now)
@@ -162,15 +198,17 @@ impl MemoryStore {
                 }
             };
             verdicts.push(decision.verdict);
-            next.push(decision.next);
+            next[i] = decision.next;
         }
 
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
         if admitted {
-            for (i, state) in next.into_iter().enumerate() {
-                let Some(state) = state else { continue };
+            for (i, state) in next.iter_mut().enumerate() {
+                let Some(state) = state.take() else { continue };
                 let expires_at = algorithm::expires_at(&hits[i].limit, &state);
-                let map = &mut guards[guard_of(shard_ids[i])];
+                let map = guards[guard_of(shard_ids[i])]
+                    .as_deref_mut()
+                    .expect("every shard of the batch is locked");
                 self.insert(map, &hits[i].key, Entry { state, expires_at });
             }
         }
@@ -194,6 +232,18 @@ impl MemoryStore {
     }
 }
 
+/// Removes repeats from sorted `ids`, in place; returns how many distinct ones lead.
+fn dedup(ids: &mut [usize]) -> usize {
+    let mut kept = 0;
+    for i in 0..ids.len() {
+        if kept == 0 || ids[i] != ids[kept - 1] {
+            ids[kept] = ids[i];
+            kept += 1;
+        }
+    }
+    kept
+}
+
 /// Locks a shard even if a previous holder panicked: the maps hold plain data that a
 /// panic cannot leave half-written in a way that matters for rate limiting.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -213,6 +263,11 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    /// Its shards follow a per-process hash of the key instead.
+    fn places_keys(&self) -> bool {
+        false
     }
 
     fn evictions(&self) -> u64 {
@@ -264,6 +319,29 @@ mod tests {
             assert!(!store.decide_now(one).admitted, "{key}");
         }
         assert_eq!(store.active_keys(), keys.len());
+    }
+
+    #[test]
+    fn batches_beyond_the_stack_scratch_decide_alike() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(1_000 * SECOND)), 1000);
+        // 3 * SMALL hits on SMALL keys, each key three times: the heap path, with
+        // repeats that see their earlier hits' states.
+        let hits: Vec<Hit> = (0..3 * SMALL)
+            .map(|i| {
+                let mut h = hit(&format!("k{}", i % SMALL), Algorithm::FixedWindow, 3, 1);
+                h.limit = fixed(3);
+                h
+            })
+            .collect();
+        let first = store.decide_now(&hits);
+        assert!(first.admitted);
+        let remaining: Vec<u64> = first.verdicts.iter().map(|v| v.remaining).collect();
+        let want: Vec<u64> = (0..3 * SMALL).map(|i| 2 - (i / SMALL) as u64).collect();
+        assert_eq!(remaining, want);
+        assert_eq!(store.active_keys(), SMALL);
+        let second = store.decide_now(&hits);
+        assert!(!second.admitted);
+        assert!(second.verdicts.iter().all(|v| !v.admitted));
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub struct Hit {
     /// The counter's key: domain, rule path and values (long values hashed).
     pub key: String,
     /// The value that places the key on a shard: the key itself, or the `shard_by`
-    /// entry's value so one tenant's counters live together.
+    /// entry's value so one tenant's counters live together. 0 for a store that
+    /// does not place keys ([`Store::places_keys`]).
     pub placement: u64,
     pub limit: Limit,
     /// Hits to add; 0 checks without counting.
@@ -82,6 +83,12 @@ pub trait Store: Send + Sync + 'static {
     /// A short name for metrics and logs (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
+    /// Whether the store reads [`Hit::placement`]; when not, the limiter does not
+    /// compute it.
+    fn places_keys(&self) -> bool {
+        true
+    }
+
     /// Live counters dropped to keep memory bounded.
     fn evictions(&self) -> u64 {
         0
@@ -106,6 +113,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+
+    fn places_keys(&self) -> bool {
+        (**self).places_keys()
     }
 
     fn evictions(&self) -> u64 {

@@ -1,0 +1,310 @@
+//! A `RateLimitRequest` as the limiter reads it, with its strings borrowed.
+//!
+//! prost decodes every entry into two `String`s and every descriptor into its own
+//! `Vec`, about a dozen allocations for a three-descriptor request. [`Request::decode`]
+//! reads the usual message in place instead: the fields sluice uses, each string
+//! checked as UTF-8 as prost checks it. Anything else (a descriptor's `limit`, an
+//! unknown field, a repeated `hits_addend` message, a malformed byte) makes it give up,
+//! and the caller decodes with prost, so the outcome and every error stay prost's.
+
+use std::ops::Range;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+/// The request's fields that sluice reads.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Request<'a> {
+    pub domain: &'a str,
+    pub hits_addend: u32,
+    pub descriptors: Vec<Descriptor>,
+    /// Every descriptor's (key, value) entries, one after the other.
+    pub entries: Vec<(&'a str, &'a str)>,
+}
+
+/// One descriptor: its entries are `Request::entries[entries]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Descriptor {
+    pub entries: Range<usize>,
+    /// `hits_addend`'s value when the field is present.
+    pub hits_addend: Option<u64>,
+    pub is_negative_hits: bool,
+}
+
+impl<'a> Request<'a> {
+    /// The view of a request prost decoded (or the JSON endpoint built).
+    pub fn of(req: &'a RateLimitRequest) -> Self {
+        let mut entries = Vec::new();
+        let descriptors = req
+            .descriptors
+            .iter()
+            .map(|d| {
+                let start = entries.len();
+                entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+                Descriptor {
+                    entries: start..entries.len(),
+                    hits_addend: d.hits_addend.as_ref().map(|h| h.value),
+                    is_negative_hits: d.is_negative_hits,
+                }
+            })
+            .collect();
+        Request {
+            domain: &req.domain,
+            hits_addend: req.hits_addend,
+            descriptors,
+            entries,
+        }
+    }
+
+    /// Reads an encoded request in place; `None` when prost must decide (see the
+    /// module's documentation). When it answers, the answer equals `Request::of` of
+    /// prost's decoding.
+    pub fn decode(message: &'a [u8]) -> Option<Self> {
+        let mut req = Request {
+            domain: "",
+            hits_addend: 0,
+            descriptors: Vec::with_capacity(4),
+            entries: Vec::with_capacity(8),
+        };
+        let mut r = Reader(message);
+        while !r.0.is_empty() {
+            match r.key()? {
+                (1, LEN) => req.domain = r.string()?,
+                (2, LEN) => {
+                    let d = descriptor(r.bytes()?, &mut req.entries)?;
+                    req.descriptors.push(d);
+                }
+                // prost keeps the low 32 bits of a longer varint.
+                (3, VARINT) => req.hits_addend = r.varint()? as u32,
+                _ => return None,
+            }
+        }
+        Some(req)
+    }
+}
+
+const VARINT: u8 = 0;
+const LEN: u8 = 2;
+
+fn descriptor<'a>(message: &'a [u8], entries: &mut Vec<(&'a str, &'a str)>) -> Option<Descriptor> {
+    let mut d = Descriptor {
+        entries: entries.len()..entries.len(),
+        hits_addend: None,
+        is_negative_hits: false,
+    };
+    let mut r = Reader(message);
+    while !r.0.is_empty() {
+        match r.key()? {
+            (1, LEN) => entries.push(entry(r.bytes()?)?),
+            // A second one would be merged into the first: prost's business.
+            (3, LEN) if d.hits_addend.is_none() => {
+                let mut value = 0;
+                let mut w = Reader(r.bytes()?);
+                while !w.0.is_empty() {
+                    match w.key()? {
+                        (1, VARINT) => value = w.varint()?,
+                        _ => return None,
+                    }
+                }
+                d.hits_addend = Some(value);
+            }
+            (4, VARINT) => d.is_negative_hits = r.varint()? != 0,
+            _ => return None,
+        }
+    }
+    d.entries.end = entries.len();
+    Some(d)
+}
+
+fn entry(message: &[u8]) -> Option<(&str, &str)> {
+    let (mut key, mut value) = ("", "");
+    let mut r = Reader(message);
+    while !r.0.is_empty() {
+        match r.key()? {
+            (1, LEN) => key = r.string()?,
+            (2, LEN) => value = r.string()?,
+            _ => return None,
+        }
+    }
+    Some((key, value))
+}
+
+/// The bytes not read yet.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    /// A varint of at most 10 bytes that fits in 64 bits, as prost accepts.
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for (i, &b) in self.0.iter().enumerate().take(10) {
+            if i == 9 && b > 1 {
+                return None;
+            }
+            value |= u64::from(b & 0x7f) << (7 * i);
+            if b < 0x80 {
+                self.0 = &self.0[i + 1..];
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// A field's (tag, wire type), for the one-byte keys of tags below 16.
+    fn key(&mut self) -> Option<(u8, u8)> {
+        let (&b, rest) = self.0.split_first()?;
+        if b >= 0x80 {
+            return None;
+        }
+        self.0 = rest;
+        Some((b >> 3, b & 7))
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.varint()?).ok()?;
+        if len > self.0.len() {
+            return None;
+        }
+        let (field, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Some(field)
+    }
+
+    fn string(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes()?).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+    use prost::Message;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn random_string(rng: &mut StdRng) -> String {
+        const PARTS: [&str; 8] = [
+            "",
+            "a",
+            "remote_address",
+            "10.0.0.1",
+            "é",
+            "|=",
+            "\u{1F600}",
+            "x",
+        ];
+        (0..rng.random_range(0..4))
+            .map(|_| PARTS[rng.random_range(0..PARTS.len())])
+            .collect()
+    }
+
+    fn random_request(rng: &mut StdRng) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: random_string(rng),
+            hits_addend: if rng.random_bool(0.5) {
+                0
+            } else {
+                rng.random()
+            },
+            descriptors: (0..rng.random_range(0..5))
+                .map(|_| RateLimitDescriptor {
+                    entries: (0..rng.random_range(0..4))
+                        .map(|_| Entry {
+                            key: random_string(rng),
+                            value: random_string(rng),
+                        })
+                        .collect(),
+                    hits_addend: rng.random_bool(0.3).then(|| UInt64Value {
+                        value: if rng.random_bool(0.3) {
+                            0
+                        } else {
+                            rng.random()
+                        },
+                    }),
+                    is_negative_hits: rng.random_bool(0.1),
+                    limit: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn reads_what_prost_encodes_as_prost_decodes_it() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..5_000 {
+            let req = random_request(&mut rng);
+            let bytes = req.encode_to_vec();
+            let decoded = RateLimitRequest::decode(bytes.as_slice()).expect("prost decodes");
+            assert_eq!(
+                Request::decode(&bytes),
+                Some(Request::of(&decoded)),
+                "{req:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn damaged_messages_are_read_as_prost_reads_them_or_left_to_prost() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut read = 0;
+        for _ in 0..20_000 {
+            let mut bytes = random_request(&mut rng).encode_to_vec();
+            if bytes.is_empty() {
+                continue;
+            }
+            match rng.random_range(0..3) {
+                0 => {
+                    let i = rng.random_range(0..bytes.len());
+                    bytes[i] = rng.random();
+                }
+                1 => bytes.truncate(rng.random_range(0..bytes.len())),
+                _ => {
+                    let i = rng.random_range(0..=bytes.len());
+                    bytes.insert(i, rng.random());
+                }
+            }
+            if let Some(view) = Request::decode(&bytes) {
+                let decoded = RateLimitRequest::decode(bytes.as_slice())
+                    .expect("prost decodes what the fast reader reads");
+                assert_eq!(view, Request::of(&decoded), "{bytes:?}");
+                read += 1;
+            }
+        }
+        assert!(read > 1_000, "{read}");
+    }
+
+    #[test]
+    fn unusual_fields_are_left_to_prost() {
+        let mut req = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 5,
+                    unit: 1,
+                }),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        assert_eq!(Request::decode(&req.encode_to_vec()), None);
+        req.descriptors[0].limit = None;
+        let mut bytes = req.encode_to_vec();
+        assert!(Request::decode(&bytes).is_some());
+        // An unknown field (15, varint): prost skips it.
+        bytes.extend_from_slice(&[15 << 3, 1]);
+        assert_eq!(Request::decode(&bytes), None);
+        assert!(RateLimitRequest::decode(bytes.as_slice()).is_ok());
+        // Invalid UTF-8 in the domain: prost refuses it.
+        let bad = [0x0a, 1, 0xff];
+        assert_eq!(Request::decode(&bad), None);
+        assert!(RateLimitRequest::decode(&bad[..]).is_err());
+    }
+}
