@@ -149,3 +149,50 @@ fn fixed_rate_mode_keeps_its_schedule_against_the_ceiling() {
     assert!((300..=610).contains(&done), "{r}");
     assert!(r["service_p50_us"].as_u64().unwrap() <= r["p99_us"].as_u64().unwrap());
 }
+
+#[test]
+fn a_run_ends_on_time_when_its_server_goes_away() {
+    // The server dies a second into a 3 s run: every call then fails at once, and the
+    // generator must still stop at the end of its duration and report the errors
+    // (it used to spin forever on one thread).
+    for threads in ["1", "2"] {
+        let port = free_port();
+        let mut noop = Kill(
+            Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+                .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        wait_for(port);
+        let mut gen = Kill(
+            Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+                .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
+                .args(["--warmup", "0s", "--duration", "3s", "--threads", threads])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let _ = noop.0.kill();
+        let _ = noop.0.wait();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = gen.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{threads} thread(s): the generator is still running 29 s after its run's end"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(status.success(), "{threads} thread(s): {status}");
+        let mut out = String::new();
+        std::io::Read::read_to_string(gen.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(r["ok"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["errors"].as_u64().unwrap() > 0, "{r}");
+    }
+}

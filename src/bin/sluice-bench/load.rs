@@ -378,9 +378,15 @@ async fn closed_loop_worker(mut client: Client, shared: Arc<Shared>, seed: u64) 
         let sent = Instant::now();
         let res = client.call(body).await;
         let took = sent.elapsed();
+        let failed = res.is_err();
         if shared.after_answer(measured) {
             let _ = stats.latency.record(micros(took));
             shared.outcome(&mut stats, class, &res);
+        }
+        if failed {
+            // A closed connection fails every call at once, without waiting: without
+            // a yield this loop would never let the timer that ends the run fire.
+            tokio::task::yield_now().await;
         }
     }
     stats
@@ -412,11 +418,17 @@ async fn fixed_rate_worker(
         let sent = Instant::now();
         let res = client.call(body).await;
         let done = Instant::now();
+        let failed = res.is_err();
         if shared.after_answer(measured) {
             // From the due time, or from the send when released early (see LEAD).
             let _ = stats.latency.record(micros(done - due.min(sent)));
             let _ = stats.service.record(micros(done - sent));
             shared.outcome(&mut stats, class, &res);
+        }
+        if failed {
+            // As in the closed loop: a permit ready at once and a call failing at once
+            // must not keep the run's timer from firing.
+            tokio::task::yield_now().await;
         }
     }
     stats
