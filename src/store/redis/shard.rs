@@ -73,17 +73,54 @@ pub fn code(algorithm: Algorithm) -> &'static str {
 /// The Redis key of a hit's counter: `PREFIX{placement}:key:code`. The prefix must
 /// not contain `{`, so the placement is the hash tag.
 pub fn redis_key(prefix: &str, hit: &Hit) -> String {
-    format!(
-        "{prefix}{{{:016x}}}:{}:{}",
-        hit.placement,
-        hit.key,
-        code(hit.limit.algorithm)
-    )
+    // By hand rather than format!: this runs for every hit of every request.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let code = code(hit.limit.algorithm);
+    let mut key = String::with_capacity(prefix.len() + 20 + hit.key.len() + code.len());
+    key.push_str(prefix);
+    key.push('{');
+    for i in (0..16).rev() {
+        key.push(char::from(HEX[(hit.placement >> (i * 4)) as usize & 15]));
+    }
+    key.push_str("}:");
+    key.push_str(&hit.key);
+    key.push(':');
+    key.push_str(code);
+    key
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_keys_are_prefix_placement_in_hex_key_and_code() {
+        use crate::algorithm::Limit;
+        use crate::store::Mode;
+        for (placement, key, algorithm) in [
+            (0, "", Algorithm::FixedWindow),
+            (0xab, "d|client=a", Algorithm::SlidingWindowCounter),
+            (u64::MAX, "é:{x}", Algorithm::LeakyBucket),
+            (0x0123_4567_89ab_cdef, "k", Algorithm::TokenBucket),
+        ] {
+            let hit = Hit {
+                key: key.into(),
+                placement,
+                limit: Limit {
+                    algorithm,
+                    requests: 1,
+                    window: 1,
+                    burst: 1,
+                },
+                hits: 1,
+                mode: Mode::Enforce,
+            };
+            assert_eq!(
+                redis_key("sluice:", &hit),
+                format!("sluice:{{{placement:016x}}}:{key}:{}", code(algorithm))
+            );
+        }
+    }
 
     #[test]
     fn growing_from_three_to_four_shards_moves_about_a_quarter() {
