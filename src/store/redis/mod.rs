@@ -307,6 +307,34 @@ impl Inner {
         call.invoke_async(&mut conn).await.map_err(store_error)
     }
 
+    /// `decide` when every hit is on one shard (or slot), the usual case: one call
+    /// that consumes all or nothing, so no grouping and nothing to give back.
+    async fn decide_one_target(
+        &self,
+        hits: &[Hit],
+        keys: Vec<String>,
+        sent: Micros,
+    ) -> Result<Verdicts, StoreError> {
+        let target = self.target(&hits[0], &keys[0]);
+        self.health(target).check()?;
+        let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
+        let group = Group {
+            keys,
+            hits: hits.iter().map(HitArgs::new).collect(),
+            quota_elsewhere: false,
+        };
+        let reply = self.decide_group(target, group, fixed_now).await?;
+        let decided = match &self.backend {
+            Backend::Shards(s) => s[target].offset.decided_at(sent, reply.now),
+            Backend::Cluster(_) => sent,
+        };
+        let verdicts: Vec<Verdict> = reply.verdicts.iter().map(|&(v, _)| v).collect();
+        let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
+        self.cache
+            .remember(hits, &verdicts, admitted, decided.min(self.local_now()));
+        Ok(Verdicts { admitted, verdicts })
+    }
+
     async fn decide_group(
         &self,
         target: usize,
@@ -374,6 +402,9 @@ impl Inner {
             .iter()
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
+        if !hits.is_empty() && self.one_target(hits) {
+            return self.decide_one_target(hits, keys, sent).await;
+        }
         // Group the hits by shard (or slot), keeping each group's hits in order.
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, (h, k)) in hits.iter().zip(&keys).enumerate() {
