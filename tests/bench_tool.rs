@@ -30,6 +30,19 @@ fn wait_for(port: u16) {
     }
 }
 
+/// The do-nothing server on `port`, listening.
+fn noop(port: u16) -> Kill {
+    let server = Kill(
+        Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+            .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(port);
+    server
+}
+
 fn load(port: u16, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
@@ -133,14 +146,7 @@ fn load_generator_drives_sluice_in_every_scenario() {
 #[test]
 fn fixed_rate_mode_keeps_its_schedule_against_the_ceiling() {
     let port = free_port();
-    let _noop = Kill(
-        Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-            .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(port);
+    let _noop = noop(port);
     let r = load(port, &["--scenario", "uniform", "--rate", "200"]);
     assert_eq!(r["mode"], "rate");
     assert_eq!(r["errors"], 0, "{r}");
@@ -157,14 +163,7 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
     // (it used to spin forever on one thread).
     for threads in ["1", "2"] {
         let port = free_port();
-        let mut noop = Kill(
-            Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-                .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        wait_for(port);
+        let mut noop = noop(port);
         let mut gen = Kill(
             Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
                 .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
