@@ -307,6 +307,15 @@ impl Inner {
         call.invoke_async(&mut conn).await.map_err(store_error)
     }
 
+    /// When a call sent at `sent` (local clock) was decided, from the time its shard
+    /// answered with (see `offset`); a cluster's calls count from the send.
+    fn decided_at(&self, target: usize, sent: Micros, shard_now: Micros) -> Micros {
+        match &self.backend {
+            Backend::Shards(s) => s[target].offset.decided_at(sent, shard_now),
+            Backend::Cluster(_) => sent,
+        }
+    }
+
     /// `decide` when every hit is on one shard (or slot), the usual case: one call
     /// that consumes all or nothing, so no grouping and nothing to give back.
     async fn decide_one_target(
@@ -324,10 +333,7 @@ impl Inner {
             quota_elsewhere: false,
         };
         let reply = self.decide_group(target, group, fixed_now).await?;
-        let decided = match &self.backend {
-            Backend::Shards(s) => s[target].offset.decided_at(sent, reply.now),
-            Backend::Cluster(_) => sent,
-        };
+        let decided = self.decided_at(target, sent, reply.now);
         let verdicts: Vec<Verdict> = reply.verdicts.iter().map(|&(v, _)| v).collect();
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
         self.cache
@@ -398,7 +404,7 @@ impl Inner {
             }
             return Ok(v);
         }
-        let mut keys: Vec<String> = hits
+        let keys: Vec<String> = hits
             .iter()
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
@@ -419,22 +425,12 @@ impl Inner {
         }
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
-        // One group consumes all or nothing and never needs a refund, so its keys move
-        // into the call; several keep theirs for a possible refund.
-        let single = groups.len() == 1;
+        // Several groups (one is `decide_one_target`): the keys stay here for a
+        // possible refund.
         let mut calls = Vec::with_capacity(groups.len());
         for (target, indexes) in &groups {
             let group = Group {
-                keys: indexes
-                    .iter()
-                    .map(|&i| {
-                        if single {
-                            std::mem::take(&mut keys[i])
-                        } else {
-                            keys[i].clone()
-                        }
-                    })
-                    .collect(),
+                keys: indexes.iter().map(|&i| keys[i].clone()).collect(),
                 hits: indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
                 quota_elsewhere: groups.iter().any(|(t, g)| t != target && has_quota(g)),
             };
@@ -451,10 +447,7 @@ impl Inner {
         for ((target, indexes), reply) in groups.iter().zip(replies) {
             match reply {
                 Ok(reply) => {
-                    decided = decided.min(match &self.backend {
-                        Backend::Shards(s) => s[*target].offset.decided_at(sent, reply.now),
-                        Backend::Cluster(_) => sent,
-                    });
+                    decided = decided.min(self.decided_at(*target, sent, reply.now));
                     let mut spent = Vec::new();
                     for (&i, &(v, token)) in indexes.iter().zip(&reply.verdicts) {
                         verdicts[i] = v;
