@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use smallvec::SmallVec;
+
 use crate::algorithm::{self, Micros, State};
 use crate::clock::Clock;
 
@@ -137,48 +139,20 @@ impl MemoryStore {
     /// Decides a batch under the locks of its shards.
     fn decide_now(&self, hits: &[Hit]) -> Verdicts {
         let now = self.clock.now();
-        let n = hits.len();
         // Requests carry a few descriptors: their scratch stays on the stack.
-        let mut small_ids = [0usize; 2 * SMALL];
-        let mut heap_ids;
-        let ids: &mut [usize] = if n <= SMALL {
-            &mut small_ids[..2 * n]
-        } else {
-            heap_ids = vec![0; 2 * n];
-            &mut heap_ids
-        };
-        let (shard_ids, order) = ids.split_at_mut(n);
-        for (id, hit) in shard_ids.iter_mut().zip(hits) {
-            *id = self.shard_of(&hit.key);
-        }
-        order.copy_from_slice(shard_ids);
+        let shard_ids: SmallVec<[usize; SMALL]> =
+            hits.iter().map(|h| self.shard_of(&h.key)).collect();
+        let mut order = shard_ids.clone();
         order.sort_unstable();
-        let locked = dedup(order);
-        let order = &order[..locked];
-        let mut small_guards: [Option<MutexGuard<'_, Shard>>; SMALL] = Default::default();
-        let mut heap_guards;
-        let guards: &mut [Option<MutexGuard<'_, Shard>>] = if locked <= SMALL {
-            &mut small_guards[..locked]
-        } else {
-            heap_guards = (0..locked).map(|_| None).collect::<Vec<_>>();
-            &mut heap_guards
-        };
-        for (guard, &i) in guards.iter_mut().zip(order) {
-            *guard = Some(lock(&self.shards[i]));
-        }
+        order.dedup();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; SMALL]> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         // Check every hit first. A key that appears twice in one batch sees the state
         // its earlier hit would leave, as if the two were sent one after the other.
-        let mut verdicts = Vec::with_capacity(n);
-        let mut small_next: [Option<State>; SMALL] = Default::default();
-        let mut heap_next;
-        let next: &mut [Option<State>] = if n <= SMALL {
-            &mut small_next[..n]
-        } else {
-            heap_next = (0..n).map(|_| None).collect::<Vec<_>>();
-            &mut heap_next
-        };
+        let mut verdicts = Vec::with_capacity(hits.len());
+        let mut next: SmallVec<[Option<State>; SMALL]> = SmallVec::with_capacity(hits.len());
         for (i, hit) in hits.iter().enumerate() {
             // Equal keys have equal shards; the shard is the cheaper comparison.
             let earlier = (0..i).rev().find(|&j| {
@@ -187,9 +161,7 @@ impl MemoryStore {
             let decision = match earlier {
                 Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
                 None => {
-                    let map = guards[guard_of(shard_ids[i])]
-                        .as_deref()
-                        .expect("every shard of the batch is locked");
+                    let map = &guards[guard_of(shard_ids[i])];
                     let state = map
                         .get(hit.key.as_bytes())
                         .filter(|e| e.expires_at > now)
@@ -198,17 +170,15 @@ impl MemoryStore {
                 }
             };
             verdicts.push(decision.verdict);
-            next[i] = decision.next;
+            next.push(decision.next);
         }
 
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
         if admitted {
-            for (i, state) in next.iter_mut().enumerate() {
-                let Some(state) = state.take() else { continue };
+            for (i, state) in next.into_iter().enumerate() {
+                let Some(state) = state else { continue };
                 let expires_at = algorithm::expires_at(&hits[i].limit, &state);
-                let map = guards[guard_of(shard_ids[i])]
-                    .as_deref_mut()
-                    .expect("every shard of the batch is locked");
+                let map = &mut guards[guard_of(shard_ids[i])];
                 self.insert(map, &hits[i].key, Entry { state, expires_at });
             }
         }
@@ -230,18 +200,6 @@ impl MemoryStore {
         }
         map.insert(Key::new(key), entry);
     }
-}
-
-/// Removes repeats from sorted `ids`, in place; returns how many distinct ones lead.
-fn dedup(ids: &mut [usize]) -> usize {
-    let mut kept = 0;
-    for i in 0..ids.len() {
-        if kept == 0 || ids[i] != ids[kept - 1] {
-            ids[kept] = ids[i];
-            kept += 1;
-        }
-    }
-    kept
 }
 
 /// Locks a shard even if a previous holder panicked: the maps hold plain data that a
