@@ -75,27 +75,12 @@ impl Request {
     }
 
     pub fn arg_u64(&mut self, value: u64) {
-        let mut digits = itoa_buf(value);
-        let (len, text) = digits.text();
-        self.buf.push(b'$');
-        push_decimal(&mut self.buf, len as u64);
-        self.buf.extend_from_slice(b"\r\n");
-        self.buf.extend_from_slice(text);
-        self.buf.extend_from_slice(b"\r\n");
+        self.arg(itoa::Buffer::new().format(value).as_bytes());
     }
 
     /// A signed integer argument, in decimal.
     pub fn arg_i64(&mut self, value: i64) {
-        if value >= 0 {
-            return self.arg_u64(value as u64);
-        }
-        let mut digits = itoa_buf(value.unsigned_abs());
-        let (len, text) = digits.text();
-        self.buf.push(b'$');
-        push_decimal(&mut self.buf, len as u64 + 1);
-        self.buf.extend_from_slice(b"\r\n-");
-        self.buf.extend_from_slice(text);
-        self.buf.extend_from_slice(b"\r\n");
+        self.arg(itoa::Buffer::new().format(value).as_bytes());
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -103,36 +88,8 @@ impl Request {
     }
 }
 
-/// A value's decimal digits, without allocating.
-struct Digits {
-    buf: [u8; 20],
-    at: usize,
-}
-
-impl Digits {
-    fn text(&mut self) -> (usize, &[u8]) {
-        (20 - self.at, &self.buf[self.at..])
-    }
-}
-
-fn itoa_buf(mut v: u64) -> Digits {
-    let mut d = Digits {
-        buf: [0; 20],
-        at: 20,
-    };
-    loop {
-        d.at -= 1;
-        d.buf[d.at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return d;
-        }
-    }
-}
-
 fn push_decimal(buf: &mut Vec<u8>, v: u64) {
-    let mut d = itoa_buf(v);
-    buf.extend_from_slice(d.text().1);
+    buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// What Redis answered to one command.
