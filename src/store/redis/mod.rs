@@ -396,7 +396,9 @@ impl Inner {
         futures::future::join_all(calls).await;
     }
 
-    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+    /// Decides `hits`; `one_target` is [`Inner::one_target`] of them, which the
+    /// caller has already worked out.
+    async fn decide(&self, hits: &[Hit], one_target: bool) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
         if let Some(v) = self.cache.lookup(hits, sent) {
             if let Some(m) = &self.metrics {
@@ -408,7 +410,7 @@ impl Inner {
             .iter()
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
-        if !hits.is_empty() && self.one_target(hits) {
+        if one_target && !hits.is_empty() {
             return self.decide_one_target(hits, keys, sent).await;
         }
         // Group the hits by shard (or slot), keeping each group's hits in order.
@@ -534,13 +536,13 @@ impl Store for RedisStore {
             // One script call (maybe shared with other requests, each decided all or
             // nothing): nothing to give back if the limiter stops waiting, so no task
             // of its own.
-            return self.inner.decide(hits).await;
+            return self.inner.decide(hits, true).await;
         }
         let inner = self.inner.clone();
         let hits = hits.to_vec();
         // A task of its own: a refund, once started, finishes even when the limiter
         // stops waiting; dropping the handle does not cancel it.
-        let task = tokio::spawn(async move { inner.decide(&hits).await });
+        let task = tokio::spawn(async move { inner.decide(&hits, false).await });
         match task.await {
             Ok(result) => result,
             Err(e) => Err(StoreError::Unavailable(format!("store task failed: {e}"))),
