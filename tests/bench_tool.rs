@@ -43,6 +43,20 @@ fn noop(port: u16) -> Kill {
     server
 }
 
+/// Established TCP connections from this machine to 127.0.0.1:`port`, as Linux lists
+/// them in /proc/net/tcp (state 01; addresses in hex).
+fn connections_to(port: u16) -> usize {
+    let remote = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[2] == remote && f[3] == "01"
+        })
+        .count()
+}
+
 fn load(port: u16, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
@@ -169,11 +183,21 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
                 .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
                 .args(["--warmup", "0s", "--duration", "3s", "--threads", threads])
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap(),
         );
-        std::thread::sleep(Duration::from_secs(1));
+        // Kill the server once the generator is connected and sending (its start can
+        // take more than a second on a busy machine), not after a fixed time.
+        let connected = Instant::now() + Duration::from_secs(20);
+        while connections_to(port) == 0 {
+            assert!(
+                Instant::now() < connected,
+                "{threads} thread(s): never connected"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
         let _ = noop.0.kill();
         let _ = noop.0.wait();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -187,7 +211,9 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
             );
             std::thread::sleep(Duration::from_millis(100));
         };
-        assert!(status.success(), "{threads} thread(s): {status}");
+        let mut err = String::new();
+        std::io::Read::read_to_string(gen.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "{threads} thread(s): {status}: {err}");
         let mut out = String::new();
         std::io::Read::read_to_string(gen.0.stdout.as_mut().unwrap(), &mut out).unwrap();
         let r: serde_json::Value = serde_json::from_str(&out).unwrap();
