@@ -60,7 +60,12 @@ fn connections_to(port: u16) -> usize {
 fn load(port: u16, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
-        .args(["--warmup", "0s", "--duration", "3s", "--concurrency", "4"])
+        .args(["--warmup", "0s", "--duration", "3s"])
+        .args(if args.contains(&"--concurrency") {
+            &[][..]
+        } else {
+            &["--concurrency", "4"][..]
+        })
         .args(args)
         .output()
         .unwrap();
@@ -155,6 +160,44 @@ fn load_generator_drives_sluice_in_every_scenario() {
         (Some("tonic"), Some(200)),
         "{r}"
     );
+}
+
+/// Far more calls in flight than a server takes streams per connection (200 for
+/// sluice), from the first instant: the generator waits for room instead of failing
+/// calls. Before, calls sent ahead of the server's SETTINGS were refused and counted
+/// as errors, and late-read answers could exhaust h2's budget for small DATA frames,
+/// which closed the connection ("too_many_data_frames").
+#[test]
+fn many_calls_in_flight_on_two_connections_all_succeed() {
+    let (grpc, http) = (free_port(), free_port());
+    let _sluice = Kill(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config", "benches/policy.yaml"])
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(grpc);
+    for _ in 0..3 {
+        let r = load(
+            grpc,
+            &[
+                "--connections",
+                "2",
+                "--concurrency",
+                "1024",
+                "--requests",
+                "20000",
+            ],
+        );
+        assert_eq!(
+            (r["ok"].as_u64(), r["errors"].as_u64()),
+            (Some(20000), Some(0)),
+            "{r}"
+        );
+    }
 }
 
 #[test]

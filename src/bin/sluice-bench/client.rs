@@ -93,7 +93,15 @@ impl Client {
 async fn handshake(addr: &str) -> anyhow::Result<h2::client::SendRequest<Bytes>> {
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
-    let (send, conn) = h2::client::handshake(tcp).await?;
+    // A 1 MiB connection window, as sluice's server and gRPC clients use. With h2's
+    // default 64 KiB, its budget for small DATA frames read late (half the window) is
+    // about 150 answers: past some 600 calls in flight on 4 connections the client
+    // closed its own connections with ENHANCE_YOUR_CALM ("too_many_data_frames").
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(1024 * 1024)
+        .initial_connection_window_size(1024 * 1024)
+        .handshake(tcp)
+        .await?;
     // The connection's driver. Its error, if any, also fails every stream on it, and
     // those failures are what the workers report.
     tokio::spawn(async move {
@@ -120,23 +128,63 @@ async fn call_h2(
     head: &Request<()>,
     body: Bytes,
 ) -> Result<i32, Status> {
+    // A stream the server refused before doing anything (REFUSED_STREAM) is sent again,
+    // as gRPC clients do: the first calls on a connection can go out before the
+    // server's SETTINGS with its stream limit arrive.
+    let mut refused = 0;
+    loop {
+        match call_h2_once(send, head, body.clone()).await {
+            Err(Failed::H2(e)) if e.reason() == Some(h2::Reason::REFUSED_STREAM) && refused < 3 => {
+                refused += 1
+            }
+            Err(Failed::H2(e)) => return Err(h2_error(e)),
+            Err(Failed::Status(s)) => return Err(s),
+            Ok(code) => return Ok(code),
+        }
+    }
+}
+
+/// Why one attempt of a call failed.
+enum Failed {
+    H2(h2::Error),
+    Status(Status),
+}
+
+impl From<h2::Error> for Failed {
+    fn from(e: h2::Error) -> Self {
+        Failed::H2(e)
+    }
+}
+
+impl From<Status> for Failed {
+    fn from(s: Status) -> Self {
+        Failed::Status(s)
+    }
+}
+
+async fn call_h2_once(
+    send: &mut h2::client::SendRequest<Bytes>,
+    head: &Request<()>,
+    body: Bytes,
+) -> Result<i32, Failed> {
     // Waits while the connection is at the peer's limit of concurrent streams.
-    poll_fn(|cx| send.poll_ready(cx)).await.map_err(h2_error)?;
-    let (response, mut stream) = send.send_request(head.clone(), false).map_err(h2_error)?;
-    stream.send_data(body, true).map_err(h2_error)?;
-    let (parts, mut body) = response.await.map_err(h2_error)?.into_parts();
+    poll_fn(|cx| send.poll_ready(cx)).await?;
+    let (response, mut stream) = send.send_request(head.clone(), false)?;
+    stream.send_data(body, true)?;
+    let (parts, mut body) = response.await?.into_parts();
     if parts.status != StatusCode::OK {
-        return Err(Status::unknown(format!("HTTP status {}", parts.status)));
+        return Err(Status::unknown(format!("HTTP status {}", parts.status)).into());
     }
     // Trailers-only: an error comes in the headers, with no body.
     if let Some(status) = grpc_status(&parts.headers) {
         return Err(status
             .err()
-            .unwrap_or_else(|| Status::internal("no response message")));
+            .unwrap_or_else(|| Status::internal("no response message"))
+            .into());
     }
     let mut message = Bytes::new();
     while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(h2_error)?;
+        let chunk = chunk?;
         let _ = body.flow_control().release_capacity(chunk.len());
         // One DATA frame almost always holds the whole (small) message.
         message = if message.is_empty() {
@@ -145,11 +193,11 @@ async fn call_h2(
             Bytes::from([&message[..], &chunk[..]].concat())
         };
     }
-    let trailers = body.trailers().await.map_err(h2_error)?;
+    let trailers = body.trailers().await?;
     match trailers.as_ref().and_then(grpc_status) {
-        Some(Ok(())) => codec::unframe_code(&message),
-        Some(Err(status)) => Err(status),
-        None => Err(Status::internal("response without grpc-status")),
+        Some(Ok(())) => Ok(codec::unframe_code(&message)?),
+        Some(Err(status)) => Err(status.into()),
+        None => Err(Status::internal("response without grpc-status").into()),
     }
 }
 
