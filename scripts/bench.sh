@@ -15,7 +15,9 @@
 # Knobs (environment): BENCH_DURATION (5s per run), BENCH_WARMUP (1s), BENCH_CONCURRENCY
 # (64), BENCH_CONNECTIONS (4), BENCH_KEYS (100000), BENCH_ZIPF_S (1.1),
 # BENCH_ATTACK_RATE (10000 req/s: 10 % on the attacker = 1000/s, 10x its 100/s limit),
-# BENCH_SCENARIOS, BENCH_TARGETS (space-separated subsets), BENCH_REFERENCE=0 (skip
+# BENCH_SCENARIOS, BENCH_TARGETS (space-separated subsets), BENCH_SWEEP (concurrencies,
+# e.g. "16 32 64 128 256 512": the Redis targets and the reference run again at each,
+# and a second table compares throughput at equal or lower p99), BENCH_REFERENCE=0 (skip
 # building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
 # BENCH_SLUICE (another sluice binary to measure, e.g. an older build), BENCH_CLIENT
 # (the generator's client, `h2` by default; `tonic` as for the tables taken before
@@ -175,48 +177,77 @@ redis_of() {
   esac
 }
 
+# run_one SCENARIO TARGET CONCURRENCY FILE: one load run, its JSON line appended to FILE.
+run_one() {
+  local scenario=$1 target=$2 conc=$3 into=$4 before load_pid cpu0 rcpu0 cpu rcpu failed
+  local -a args
+  [ -n "${addr[$target]:-}" ] || return 0
+  args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
+    --duration "$duration" --warmup "$warmup" --connections "$connections"
+    --concurrency "$conc" --keys "$keys" --zipf-s "$zipf_s" --threads "$gen_threads")
+  if [ -n "$client" ]; then args+=(--client "$client"); fi
+  if [ "$scenario" = attack ]; then
+    args+=(--key user --rate "$attack_rate" --attack-share 0.1)
+  fi
+  echo "bench: $target $scenario ($conc in flight)" >&2
+  before=$(failed_open "$target")
+  "$bin/sluice-bench" load "${args[@]}" >"$out/run.json" &
+  load_pid=$!
+  # CPU time of the target and of its Redis per measured request, sampled from the
+  # end of the warm-up to the end of the run: a busy machine disturbs it far less
+  # than throughput, and it is what a dedicated machine would spend per decision.
+  sleep "$warmup"
+  # shellcheck disable=SC2046 # redis_of lists pids, split on purpose
+  cpu0=$(ticks "${target_pid[$target]:-}") rcpu0=$(ticks $(redis_of "$target"))
+  if wait "$load_pid"; then
+    # shellcheck disable=SC2046
+    cpu=$(($(ticks "${target_pid[$target]:-}") - cpu0)) rcpu=$(($(ticks $(redis_of "$target")) - rcpu0))
+    if command -v jq >/dev/null; then
+      jq -c --argjson c "$cpu" --argjson r "$rcpu" --argjson hz "$hz" \
+        '(.requests // 0) as $n | if $n > 0 then . + {cpu_us: ($c / $hz * 1e6 / $n),
+          redis_cpu_us: ($r / $hz * 1e6 / $n)} else . end' "$out/run.json" >"$out/run2.json"
+      mv "$out/run2.json" "$out/run.json"
+    fi
+    failed=$(( $(failed_open "$target") - before ))
+    if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
+      jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$into"
+    else
+      cat "$out/run.json" >>"$into"
+    fi
+    if [ "$failed" -gt 0 ]; then
+      note "$target/$scenario: $failed decisions by failure mode (store too slow)"
+    fi
+  else
+    note "$target/$scenario: load generator failed"
+  fi
+}
+
 for scenario in $scenarios; do
   for target in $targets; do
-    [ -n "${addr[$target]:-}" ] || continue
-    args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
-      --duration "$duration" --warmup "$warmup" --connections "$connections"
-      --concurrency "$concurrency" --keys "$keys" --zipf-s "$zipf_s" --threads "$gen_threads")
-    if [ -n "$client" ]; then args+=(--client "$client"); fi
-    if [ "$scenario" = attack ]; then
-      args+=(--key user --rate "$attack_rate" --attack-share 0.1)
-    fi
-    echo "bench: $target $scenario" >&2
-    before=$(failed_open "$target")
-    "$bin/sluice-bench" load "${args[@]}" >"$out/run.json" &
-    load_pid=$!
-    # CPU time of the target and of its Redis per measured request, sampled from the
-    # end of the warm-up to the end of the run: a busy machine disturbs it far less
-    # than throughput, and it is what a dedicated machine would spend per decision.
-    sleep "$warmup"
-    # shellcheck disable=SC2046 # redis_of lists pids, split on purpose
-    cpu0=$(ticks "${target_pid[$target]:-}") rcpu0=$(ticks $(redis_of "$target"))
-    if wait "$load_pid"; then
-      # shellcheck disable=SC2046
-      cpu=$(($(ticks "${target_pid[$target]:-}") - cpu0)) rcpu=$(($(ticks $(redis_of "$target")) - rcpu0))
-      if command -v jq >/dev/null; then
-        jq -c --argjson c "$cpu" --argjson r "$rcpu" --argjson hz "$hz" \
-          '(.requests // 0) as $n | if $n > 0 then . + {cpu_us: ($c / $hz * 1e6 / $n),
-            redis_cpu_us: ($r / $hz * 1e6 / $n)} else . end' "$out/run.json" >"$out/run2.json"
-        mv "$out/run2.json" "$out/run.json"
-      fi
-      failed=$(( $(failed_open "$target") - before ))
-      if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
-        jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$results"
-      else
-        cat "$out/run.json" >>"$results"
-      fi
-      [ "$failed" -gt 0 ] && note "$target/$scenario: $failed decisions by failure mode (store too slow)"
-    else
-      note "$target/$scenario: load generator failed"
-    fi
+    run_one "$scenario" "$target" "$concurrency" "$results"
   done
 done
+
+# Equal or lower p99 (BENCH_SWEEP): the Redis targets and the reference again at each
+# of these concurrencies, targets interleaved; the report sets each reference point
+# beside the most each sluice target did at a p99 no higher.
+sweep=${BENCH_SWEEP:-}
+if [ -n "$sweep" ]; then
+  : >"$out/sweep.jsonl"
+  for scenario in $scenarios; do
+    [ "$scenario" = attack ] && continue
+    for c in $sweep; do
+      for target in sluice-redis1 sluice-redis3 reference; do
+        if wants "$target"; then run_one "$scenario" "$target" "$c" "$out/sweep.jsonl"; fi
+      done
+    done
+  done
+fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$bin/sluice-bench" report "$results" | tee "$out/table.txt"
+if [ -n "$sweep" ]; then
+  echo "# equal or lower p99: $sweep in flight"
+  "$bin/sluice-bench" report --against reference "$out/sweep.jsonl" | tee "$out/matched.txt"
+fi
 for n in "${notes[@]}"; do echo "# note: $n"; done
 echo "# results: $results"

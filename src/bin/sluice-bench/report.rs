@@ -1,6 +1,9 @@
 //! `sluice-bench report FILE...`: one table from the JSON lines of `load --json`, with
 //! each target's throughput and latency against the `ceiling` target of the same
-//! scenario and mode (the do-nothing server, same run, same machine).
+//! scenario and mode (the do-nothing server, same run, same machine). With
+//! `--against TARGET` it compares at equal or lower p99 instead: runs of each target at
+//! several concurrencies, each point of TARGET against the most another target did at
+//! a p99 no higher.
 
 use std::fmt::Write;
 
@@ -15,6 +18,9 @@ pub struct Report {
     /// The target the ratios are taken against.
     #[arg(long, default_value = "ceiling")]
     pub ceiling: String,
+    /// Compare at equal or lower p99 against this target (closed-loop runs only).
+    #[arg(long)]
+    pub against: Option<String>,
 }
 
 pub fn run(r: Report) -> anyhow::Result<()> {
@@ -29,7 +35,10 @@ pub fn run(r: Report) -> anyhow::Result<()> {
             rows.push(serde_json::from_str::<Value>(line)?);
         }
     }
-    print!("{}", table(&rows, &r.ceiling));
+    match &r.against {
+        Some(against) => print!("{}", matched(&rows, against)),
+        None => print!("{}", table(&rows, &r.ceiling)),
+    }
     Ok(())
 }
 
@@ -139,6 +148,104 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
     out
 }
 
+/// Throughput at equal or lower p99: per scenario, each closed-loop point of
+/// `against` (one concurrency) beside the highest req/s each other target reached in a
+/// run whose p99 was no higher (and at most 0.1 % of whose decisions the failure mode
+/// made), and the ratio; then per target the lowest ratio over
+/// the points, and the ratio at the point where `against` had its most req/s.
+pub fn matched(rows: &[Value], against: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<10} {:<22} {:>6} {:>9} {:>8}   {:>6} {:>9} {:>8} {:>6}",
+        "scenario", "target", "c", "rps", "p99_us", "ref_c", "ref_rps", "ref_p99", "ratio"
+    );
+    let closed: Vec<&Value> = rows.iter().filter(|r| s(r, "mode") == "closed").collect();
+    let mut scenarios: Vec<String> = Vec::new();
+    let mut targets: Vec<String> = Vec::new();
+    for r in &closed {
+        let (sc, t) = (s(r, "scenario"), s(r, "target"));
+        if !scenarios.contains(&sc) {
+            scenarios.push(sc);
+        }
+        if t != against && !targets.contains(&t) {
+            targets.push(t);
+        }
+    }
+    let mut summary = String::new();
+    for scenario in &scenarios {
+        let of = |t: &str| -> Vec<&Value> {
+            let mut v: Vec<&Value> = closed
+                .iter()
+                .copied()
+                .filter(|r| &s(r, "scenario") == scenario && s(r, "target") == t)
+                .collect();
+            v.sort_by(|a, b| f(a, "concurrency").total_cmp(&f(b, "concurrency")));
+            v
+        };
+        let refs = of(against);
+        let Some(peak) = refs
+            .iter()
+            .max_by(|a, b| f(a, "rps").total_cmp(&f(b, "rps")))
+        else {
+            continue;
+        };
+        for t in &targets {
+            let points = of(t);
+            if points.is_empty() {
+                continue;
+            }
+            let mut lowest: Option<f64> = None;
+            let mut at_peak = None;
+            for r in &refs {
+                // A run with more than 0.1 % of its decisions by the failure mode (the
+                // store too slow) counted less than it answered: it does not count.
+                let best = points
+                    .iter()
+                    .filter(|p| f(p, "p99_us") <= f(r, "p99_us"))
+                    .filter(|p| f(p, "failed_open") <= f(p, "requests") / 1000.0)
+                    .max_by(|a, b| f(a, "rps").total_cmp(&f(b, "rps")));
+                let ratio = best.map(|b| f(b, "rps") / f(r, "rps").max(1.0));
+                let cell = |k: &str, v: Option<&&Value>| match v {
+                    Some(v) => format!("{:.0}", f(v, k)),
+                    None => "-".into(),
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<10} {:<22} {:>6} {:>9} {:>8}   {:>6.0} {:>9.0} {:>8.0} {:>6}",
+                    scenario,
+                    t,
+                    cell("concurrency", best),
+                    cell("rps", best),
+                    cell("p99_us", best),
+                    f(r, "concurrency"),
+                    f(r, "rps"),
+                    f(r, "p99_us"),
+                    ratio.map_or("-".into(), |x| format!("{x:.2}"))
+                );
+                // A point the target never got under counts as ratio 0.
+                let x = ratio.unwrap_or(0.0);
+                lowest = Some(lowest.map_or(x, |l: f64| l.min(x)));
+                if std::ptr::eq(*r, *peak) {
+                    at_peak = Some(x);
+                }
+            }
+            let _ = writeln!(
+                summary,
+                "# {scenario} {t}: lowest ratio {:.2} over {} points of {against}; \
+                 {:.2} at its most req/s ({:.0} at {:.0} in flight)",
+                lowest.unwrap_or(0.0),
+                refs.len(),
+                at_peak.unwrap_or(0.0),
+                f(peak, "rps"),
+                f(peak, "concurrency"),
+            );
+        }
+    }
+    out.push_str(&summary);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +281,57 @@ mod tests {
             "{t}"
         );
         assert!(lines[4].contains("attacker admitted 10/s"), "{t}");
+    }
+
+    #[test]
+    fn matched_takes_the_most_a_target_did_at_a_p99_no_higher() {
+        let failed = |mut r: Value| {
+            r["requests"] = 10000.into();
+            r["failed_open"] = 11.into();
+            r
+        };
+        let row = |t: &str, c: u32, rps: u32, p99: u32| -> Value {
+            serde_json::from_str(&format!(
+                r#"{{"target":"{t}","scenario":"layered","mode":"closed","concurrency":{c},"rps":{rps},"p99_us":{p99}}}"#
+            ))
+            .unwrap()
+        };
+        let rows = vec![
+            row("reference", 64, 1000, 8000),
+            row("reference", 256, 1200, 30000),
+            row("sluice", 64, 2500, 3000),
+            row("sluice", 256, 3300, 8100),
+            row("sluice", 512, 3700, 15000),
+            // Most of its answers by the failure mode: not a point at all.
+            failed(row("sluice", 1024, 9000, 20000)),
+            // Another scenario's points never count.
+            row("reference", 16, 10, 100),
+            row("sluice", 16, 50, 500),
+        ]
+        .into_iter()
+        .map(|mut r| {
+            if r["concurrency"] == 16 {
+                r["scenario"] = "hot".into();
+            }
+            r
+        })
+        .collect::<Vec<_>>();
+        let t = matched(&rows, "reference");
+        let lines: Vec<&str> = t.lines().collect();
+        // Reference at 64 (p99 8000): sluice's 256 run (p99 8100) is over, so 64's 2500.
+        let at64 = lines
+            .iter()
+            .find(|l| l.contains("layered") && l.contains(" 8000 "))
+            .unwrap();
+        assert!(at64.contains(" 2500 ") && at64.ends_with(" 2.50"), "{t}");
+        // Reference at 256 (p99 30000): sluice's best under it is 3700.
+        let at256 = lines.iter().find(|l| l.contains(" 30000 ")).unwrap();
+        assert!(at256.contains(" 3700 ") && at256.ends_with(" 3.08"), "{t}");
+        assert!(
+            t.contains("# layered sluice: lowest ratio 2.50 over 2 points of reference; 3.08 at its most req/s (1200 at 256 in flight)"),
+            "{t}"
+        );
+        // No sluice point under the hot reference's p99: no ratio, lowest 0.
+        assert!(t.contains("# hot sluice: lowest ratio 0.00"), "{t}");
     }
 }
