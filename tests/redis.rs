@@ -237,6 +237,93 @@ async fn keys_expire_when_idle() {
     }
 }
 
+/// A fixed window or sliding counter written again in its window keeps the expiry it
+/// has (its window's end: decide.lua rewrites it with KEEPTTL), while a state left
+/// from an earlier window, however long its TTL, gets the new window's expiry.
+#[tokio::test]
+async fn counters_expire_at_the_end_of_the_window_they_count() {
+    let Some(t) = start(1) else { return };
+    let mut conn = t.servers[0].conn().await;
+    let probe = conn.clone();
+    let pttl = |k: String| {
+        let mut c = probe.clone();
+        async move {
+            let v: i64 = redis::cmd("PTTL")
+                .arg(&k)
+                .query_async(&mut c)
+                .await
+                .expect("PTTL");
+            v
+        }
+    };
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let name = format!("window-{}", alg.as_str());
+        let h = hit(&name, alg, 100, 3_600 * SECOND, 1);
+        assert!(
+            t.store
+                .decide(std::slice::from_ref(&h))
+                .await
+                .expect("decide")
+                .admitted
+        );
+        let key = keys(&mut conn)
+            .await
+            .into_iter()
+            .find(|k| k.contains(&name))
+            .expect("key written");
+        let first = pttl(key.clone()).await;
+        assert!(first > 0 && first <= 3_600_000 * 2, "{alg:?}: {first}");
+
+        // Again in the same window: counted, and the expiry did not move later.
+        let r = t
+            .store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decide");
+        assert_eq!(r.verdicts[0].remaining, 98, "{alg:?}");
+        let second = pttl(key.clone()).await;
+        assert!(
+            second > 0 && second <= first,
+            "{alg:?}: {first} then {second}"
+        );
+
+        // A state from two windows ago with a TTL far past this window's end: the
+        // next write counts from zero and ends with this window.
+        let value: String = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let start: i64 = value.split(' ').next().unwrap().parse().unwrap();
+        let stale = match alg {
+            Algorithm::FixedWindow => format!("{} 50", start - 2 * 3_600_000_000),
+            _ => format!("{} 0 50", start - 2 * 3_600_000_000),
+        };
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(stale)
+            .arg("PX")
+            .arg(10 * 3_600_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let r = t
+            .store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decide");
+        assert_eq!(
+            r.verdicts[0].remaining, 99,
+            "{alg:?}: the stale count is gone"
+        );
+        let third = pttl(key.clone()).await;
+        assert!(
+            third > 0 && third <= second,
+            "{alg:?}: {second} then {third}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn passwords_in_urls_work() {
     if !available() {

@@ -31,10 +31,11 @@
 
 -- Now: the test hook's fixed time when given, else the Redis server's clock, so every
 -- replica of sluice decides with one clock per counter.
-local now
+local now, server_clock = nil, false
 if ARGV[1] ~= nil and ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
 else
+  server_clock = true
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -71,6 +72,12 @@ local at, k0 = 3 + nlimits * 5, 0
 -- per call instead of once per request. key -> state (false: none), and the keys to
 -- write in first-commit order with the expiry of their last change.
 local committed, pending, pending_expiry = {}, {}, {}
+-- Window start of a fixed_window or sliding_window_counter state as read from Redis:
+-- written back in the same window, its expiry (the window's end) is the one the key
+-- already has, so SET .. KEEPTTL spares Redis removing and re-adding it (about 6 % of
+-- its CPU on layered requests). Server clock only: under the tests' fixed time the
+-- key's TTL was set against another clock.
+local read_start = {}
 
 -- Decides one group per round: its m hits are KEYS[k0 + 1 ..], their arguments start
 -- at ARGV[at]; appends its consumed flag and verdicts to out.
@@ -115,7 +122,10 @@ while at <= #ARGV do
         st = committed[key]
         if st == nil then
           local s = redis.call('GET', key)
-          if s then st = decode(s, code) end
+          if s then
+            st = decode(s, code)
+            if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
+          end
         end
       end
       states[key] = st or false
@@ -186,8 +196,13 @@ while at <= #ARGV do
   k0 = k0 + m
 end
 for _, key in ipairs(pending) do
-  -- PSETEX rather than SET .. PX: Redis parses no options.
-  redis.call('PSETEX', key, ttl_ms(pending_expiry[key], now), encode(committed[key]))
+  local st = committed[key]
+  if read_start[key] ~= nil and read_start[key] == st[1] then
+    redis.call('SET', key, encode(st), 'KEEPTTL')
+  else
+    -- PSETEX rather than SET .. PX: Redis parses no options.
+    redis.call('PSETEX', key, ttl_ms(pending_expiry[key], now), encode(st))
+  end
 end
 -- Last, the time the call decided at: the caller bounds its shard's clock offset.
 out[n + 1] = now
