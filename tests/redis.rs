@@ -1473,3 +1473,148 @@ async fn failing_closed_a_replica_without_redis_is_not_ready_until_redis_is_back
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `CONFIG GET` calls a server has answered.
+async fn config_gets(server: &RedisServer) -> u64 {
+    command_calls(&mut server.conn().await, "config|get").await
+}
+
+#[tokio::test]
+async fn the_expire_cycle_check_reads_hz_from_the_server() {
+    if !available() {
+        return;
+    }
+    use sluice::store::redis::expire;
+    let timeout = Duration::from_millis(15);
+    let slow = RedisServer::start_with(&["--hz", "10"]);
+    let warning = expire::check(&mut slow.conn().await, &slow.addr(), timeout).await;
+    let warning = warning.expect("hz 10: a 25 ms cycle outlasts 15 ms");
+    assert!(
+        warning.starts_with(&format!("redis {} has hz 10:", slow.addr())),
+        "{warning}"
+    );
+    assert!(warning.contains("up to 25ms"), "{warning}");
+    assert!(warning.contains("Set `hz 100`"), "{warning}");
+    // A longer store timeout is enough for it.
+    let longer = Duration::from_millis(30);
+    assert_eq!(
+        expire::check(&mut slow.conn().await, &slow.addr(), longer).await,
+        None
+    );
+
+    let fast = RedisServer::start_with(&["--hz", "100"]);
+    assert_eq!(
+        expire::check(&mut fast.conn().await, &fast.addr(), timeout).await,
+        None
+    );
+
+    // active-expire-effort is read too: 43 % of a tick at hz 20 is 21.5 ms.
+    let effort = RedisServer::start_with(&["--hz", "20", "--active-expire-effort", "10"]);
+    let warning = expire::check(&mut effort.conn().await, &effort.addr(), timeout).await;
+    let warning = warning.expect("21.5 ms outlasts 15 ms");
+    assert!(
+        warning.contains("hz 20 and active-expire-effort 10"),
+        "{warning}"
+    );
+    assert!(warning.contains("up to 21.5ms"), "{warning}");
+
+    // CONFIG renamed away, as managed Redis does: nothing to say, no error.
+    let managed = RedisServer::start_with(&["--hz", "10", "--rename-command", "CONFIG", "HIDDEN"]);
+    assert_eq!(
+        expire::check(&mut managed.conn().await, &managed.addr(), timeout).await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn the_store_checks_each_shards_expire_cycle_once() {
+    if !available() {
+        return;
+    }
+    let servers: Vec<RedisServer> = (0..2)
+        .map(|_| RedisServer::start_with(&["--hz", "10"]))
+        .collect();
+    let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
+    opts.key_count_interval = Duration::from_millis(20);
+    opts.call_timeout = Duration::from_millis(15);
+    let store = RedisStore::new(opts, None).expect("store");
+    // Key counts come and go; the check stays at one CONFIG GET hz and one of
+    // active-expire-effort per shard.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for server in &servers {
+        assert_eq!(config_gets(server).await, 2);
+    }
+    // Nor do requests ask.
+    admit_distinct_keys(&store, "hz", 20).await;
+    for server in &servers {
+        assert_eq!(config_gets(server).await, 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_timeout() {
+    if !available() {
+        return;
+    }
+    let slow = RedisServer::start_with(&["--hz", "10"]);
+    let fast = RedisServer::start_with(&["--hz", "100"]);
+    let urls = format!("{},{}", slow.url(), fast.url());
+    // The default --store-timeout, 15 ms.
+    let sluice = common::Server::start(REPLICA_POLICY, &["--redis", &urls]);
+    let is_warning = |l: &String| l.contains("expire cycle");
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lines.iter().any(is_warning) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match sluice.lines.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no expire cycle warning: {lines:#?}"),
+        }
+    }
+    // Both shards are checked together; give the other one time to say something.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lines.extend(sluice.drain_lines());
+    let warnings: Vec<&String> = lines.iter().filter(|l| is_warning(l)).collect();
+    assert_eq!(warnings.len(), 1, "{lines:#?}");
+    let w = warnings[0];
+    assert!(w.contains("WARN"), "{w}");
+    assert!(
+        w.contains(&format!("redis {} has hz 10:", slow.addr())),
+        "{w}"
+    );
+    assert!(w.contains("--store-timeout is 15ms"), "{w}");
+    assert!(!w.contains(&fast.addr()), "{w}");
+    assert_eq!(config_gets(&slow).await, 2);
+    assert_eq!(config_gets(&fast).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expire_cycle_is_checked_on_every_cluster_master() {
+    if !available() {
+        return;
+    }
+    use sluice::store::redis::expire;
+    let cluster = common::redis::RedisCluster::start(3);
+    // Nodes start with Redis's default hz 10; one is raised to 100.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hz")
+        .arg("100")
+        .query_async(&mut cluster.nodes[0].conn().await)
+        .await
+        .unwrap();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
+    let mut conn = client.get_async_connection().await.expect("connect");
+    let warnings = expire::check_cluster(&mut conn, Duration::from_millis(15)).await;
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    for node in &cluster.nodes[1..] {
+        let want = format!("redis {} has hz 10:", node.addr());
+        assert!(
+            warnings.iter().any(|w| w.starts_with(&want)),
+            "{warnings:#?}"
+        );
+    }
+    assert!(expire::check_cluster(&mut conn, Duration::from_millis(30))
+        .await
+        .is_empty());
+}

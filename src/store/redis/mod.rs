@@ -20,7 +20,8 @@
 //! success or failure for the shard's health. In a cluster each request makes its
 //! own call per slot.
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
-//! failing are backed off ([`health`]).
+//! failing are backed off ([`health`]). When a shard first answers, its expire cycle
+//! is checked against the store timeout once ([`expire`]).
 //!
 //! Needs Redis 6.0 or later (scripts read `TIME` and write, which relies on effect
 //! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
@@ -43,6 +44,7 @@ use super::{admitted, Hit, Mode, Store, StoreError, Verdicts};
 
 pub mod cache;
 pub mod coalesce;
+pub mod expire;
 pub mod health;
 pub mod offset;
 pub mod scripts;
@@ -481,17 +483,47 @@ impl Inner {
 /// the masters), read every `every` off the request path, until the store is dropped.
 /// DBSIZE counts every key of the database, so it is sluice's own counters when Redis
 /// is given to sluice alone; a shard that does not answer keeps its last count.
+///
+/// The first time a shard (or the cluster) answers, its expire cycle is also checked
+/// against the store timeout, once ([`expire`]).
 async fn count_keys(inner: Weak<Inner>, every: Duration) {
     let mut last: Vec<usize> = Vec::new();
+    let mut checked: Vec<bool> = Vec::new();
     loop {
         let Some(inner) = inner.upgrade() else { return };
+        let timeout = inner.call_timeout;
         let counts: Vec<Option<usize>> = match &inner.backend {
             Backend::Shards(shards) => {
-                futures::future::join_all(shards.iter().map(|s| dbsize(s.conn.clone(), &s.health)))
-                    .await
+                checked.resize(shards.len(), false);
+                let counts = shards
+                    .iter()
+                    .zip(checked.iter_mut())
+                    .map(|(s, checked)| async move {
+                        let n = dbsize(s.conn.clone(), &s.health).await;
+                        if n.is_some() && !*checked {
+                            *checked = true;
+                            let mut conn = s.conn.clone();
+                            let warning = expire::check(&mut conn, &s.health.name, timeout).await;
+                            if let Some(warning) = warning {
+                                tracing::warn!(shard = %s.health.name, "{warning}");
+                            }
+                        }
+                        n
+                    });
+                futures::future::join_all(counts).await
             }
             Backend::Cluster(c) => match c.conn.get() {
-                Some(conn) => vec![dbsize(conn.clone(), &c.health).await],
+                Some(conn) => {
+                    let n = dbsize(conn.clone(), &c.health).await;
+                    checked.resize(1, false);
+                    if n.is_some() && !checked[0] {
+                        checked[0] = true;
+                        for warning in expire::check_cluster(&mut conn.clone(), timeout).await {
+                            tracing::warn!(shard = %c.health.name, "{warning}");
+                        }
+                    }
+                    vec![n]
+                }
                 None => vec![None],
             },
         };
