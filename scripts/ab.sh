@@ -10,7 +10,7 @@
 # the median req/s, p99 and CPU time per request of each build and of Redis (user +
 # system time from /proc, which a busy machine disturbs far less than throughput).
 # Set AB_STORE=memory to compare without Redis; AB_GEN_THREADS sets the generator's
-# threads (1, as scripts/bench.sh). Traffic stays on 127.0.0.1. Not part
+# threads (1, as scripts/bench.sh), AB_CONCURRENCY its calls in flight (64). Traffic stays on 127.0.0.1. Not part
 # of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ for r in $(seq 1 "$rounds"); do
     before=$(ticks "${pid[$name]}")
     rbefore=$( [ -n "${redis:-}" ] && ticks "$redis" || echo 0)
     line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
-      --scenario "$scenario" --duration "$duration" --warmup 0s)
+      --scenario "$scenario" --duration "$duration" --warmup 0s --concurrency "${AB_CONCURRENCY:-64}")
     used=$(($(ticks "${pid[$name]}") - before))
     rused=$(( $( [ -n "${redis:-}" ] && ticks "$redis" || echo 0) - rbefore))
     done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")

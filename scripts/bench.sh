@@ -15,7 +15,11 @@
 # Knobs (environment): BENCH_DURATION (5s per run), BENCH_WARMUP (1s), BENCH_CONCURRENCY
 # (64), BENCH_CONNECTIONS (4), BENCH_KEYS (100000), BENCH_ZIPF_S (1.1),
 # BENCH_ATTACK_RATE (10000 req/s: 10 % on the attacker = 1000/s, 10x its 100/s limit),
-# REDIS_HZ (every redis-server's hz, 100 as the README recommends; 10 is Redis's
+# BENCH_WORKERS (sluice's and the ceiling's --worker-threads, 1 by default: on these
+# 2 cores the generator and Redis need the other one, and one worker gave the ceiling
+# +35 %, sluice +6-34 % and the reference nothing (GOMAXPROCS=1); 0 = one per CPU, as
+# `sluice serve` defaults to), BENCH_GOMAXPROCS (the reference's GOMAXPROCS; Go's default, one per CPU,
+# when unset), REDIS_HZ (every redis-server's hz, 100 as the README recommends; 10 is Redis's
 # default, with which uniform keys see some store timeouts), BENCH_SCENARIOS,
 # BENCH_TARGETS (space-separated subsets), BENCH_SWEEP (concurrencies,
 # e.g. "16 32 64 128 256 512": the Redis targets and the reference run again at each,
@@ -40,6 +44,8 @@ warmup=${BENCH_WARMUP:-1s}
 connections=${BENCH_CONNECTIONS:-4}
 client=${BENCH_CLIENT:-}
 gen_threads=${BENCH_GEN_THREADS:-1}
+workers=${BENCH_WORKERS:-1}
+gomaxprocs=${BENCH_GOMAXPROCS:-}
 keys=${BENCH_KEYS:-100000}
 zipf_s=${BENCH_ZIPF_S:-1.1}
 attack_rate=${BENCH_ATTACK_RATE:-10000}
@@ -89,7 +95,7 @@ start_sluice() {
   local name=$1 grpc=$2 http=$3
   shift 3
   "$sluice" serve --config benches/policy.yaml --grpc-addr "127.0.0.1:$grpc" \
-    --http-addr "127.0.0.1:$http" "$@" >"$out/$name.log" 2>&1 &
+    --http-addr "127.0.0.1:$http" --worker-threads "$workers" "$@" >"$out/$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
   if wait_port "$grpc" "$pid"; then
@@ -102,7 +108,8 @@ start_sluice() {
 }
 
 if wants ceiling; then
-  "$bin/sluice-bench" noop --addr 127.0.0.1:18081 >"$out/ceiling.log" 2>&1 &
+  "$bin/sluice-bench" noop --addr 127.0.0.1:18081 --worker-threads "$workers" \
+    >"$out/ceiling.log" 2>&1 &
   pids+=($!)
   wait_port 18081 $! && addr[ceiling]=127.0.0.1:18081 && target_pid[ceiling]=$!
 fi
@@ -133,7 +140,7 @@ if [ "$need_redis" = 1 ]; then
       cp benches/reference/config/bench.yaml "$rt/ratelimit/config/"
       # Stats go to a Prometheus endpoint, like sluice's /metrics: with USE_STATSD=false
       # alone the reference logs every timer sample to stdout, which would slow it.
-      env RUNTIME_ROOT="$rt" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
+      env ${gomaxprocs:+GOMAXPROCS=$gomaxprocs} RUNTIME_ROOT="$rt" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
         RUNTIME_IGNOREDOTFILES=true USE_STATSD=false LOG_LEVEL=warn \
         USE_PROMETHEUS=true PROMETHEUS_ADDR=127.0.0.1:18091 \
         REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:16382 \
@@ -158,7 +165,8 @@ echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), sluice $(git describe -
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# per run: warm-up $warmup + $duration; closed loop: $connections connections," \
   "$concurrency in flight; keys $keys; zipf s $zipf_s; attack: $attack_rate req/s," \
-  "10 % on one key limited to 100/s; redis hz ${REDIS_HZ:-100}"
+  "10 % on one key limited to 100/s; redis hz ${REDIS_HZ:-100};" \
+  "sluice and ceiling worker threads $workers (0: one per CPU); reference GOMAXPROCS ${gomaxprocs:-default}"
 # Decisions a sluice target answered by its failure mode (store slow or unreachable)
 # rather than by its counters, from its /metrics: a fast answer that skipped Redis must
 # not pass for throughput.

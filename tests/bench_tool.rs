@@ -5,12 +5,22 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A port nothing listens on, never handed to another test of this process: tests run
+/// in parallel threads, and the kernel may hand a just-released port out again.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 struct Kill(Child);
@@ -32,9 +42,14 @@ fn wait_for(port: u16) {
 
 /// The do-nothing server on `port`, listening.
 fn noop(port: u16) -> Kill {
+    noop_with(port, &[])
+}
+
+fn noop_with(port: u16, args: &[&str]) -> Kill {
     let server = Kill(
         Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
             .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
+            .args(args)
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
@@ -196,6 +211,35 @@ fn many_calls_in_flight_on_two_connections_all_succeed() {
             (r["ok"].as_u64(), r["errors"].as_u64()),
             (Some(20000), Some(0)),
             "{r}"
+        );
+    }
+}
+
+/// Threads of process `pid` whose name starts with `prefix` (Linux /proc).
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The ceiling takes `--worker-threads` as `sluice serve` does, so a benchmark can run
+/// both with the same number of workers.
+#[test]
+fn the_ceiling_runs_with_the_worker_threads_it_is_given() {
+    for (workers, expected) in [("1", 1), ("3", 3)] {
+        let port = free_port();
+        let server = noop_with(port, &["--worker-threads", workers]);
+        let r = load(port, &["--requests", "100"]);
+        assert_eq!(r["ok"], 100, "{r}");
+        assert_eq!(
+            threads_named(server.0.id(), "tokio-rt-worker"),
+            expected,
+            "--worker-threads {workers}"
         );
     }
 }

@@ -48,6 +48,10 @@ enum Cmd {
         /// Serve through tonic instead of sluice's own gRPC server.
         #[arg(long)]
         tonic: bool,
+        /// Runtime threads, as `sluice serve --worker-threads` (0: one per CPU), so that
+        /// the ceiling runs as the server it is compared with.
+        #[arg(long, default_value_t = 0)]
+        worker_threads: usize,
     },
     /// Send load and report throughput, latency percentiles and outcomes.
     Load(load::Load),
@@ -93,7 +97,11 @@ impl RateLimitService for Noop {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Noop { addr, tonic } => tokio::runtime::Runtime::new()?.block_on(async move {
+        Cmd::Noop {
+            addr,
+            tonic,
+            worker_threads,
+        } => runtime(worker_threads)?.block_on(async move {
             let stop = async {
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -116,15 +124,18 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }),
-        Cmd::Load(l) => {
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
-            rt.enable_all();
-            if l.threads > 0 {
-                rt.worker_threads(l.threads);
-            }
-            rt.build()?.block_on(load::run(l))
-        }
+        Cmd::Load(l) => runtime(l.threads)?.block_on(load::run(l)),
         Cmd::Report(r) => report::run(r),
         Cmd::Memory(m) => memory::run(m),
     }
+}
+
+/// A multi-thread runtime with `threads` workers (0: Tokio's default, one per CPU).
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if threads > 0 {
+        rt.worker_threads(threads);
+    }
+    rt.build()
 }
