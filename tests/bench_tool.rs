@@ -113,17 +113,7 @@ fn bench_policies_load() {
 
 #[test]
 fn load_generator_drives_sluice_in_every_scenario() {
-    let (grpc, http) = (free_port(), free_port());
-    let _sluice = Kill(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", "benches/policy.yaml"])
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(grpc);
+    let (_sluice, grpc) = sluice_memory();
     for scenario in ["hot", "uniform", "zipf", "layered"] {
         let r = load(grpc, &["--scenario", scenario, "--requests", "200"]);
         assert_eq!(r["scenario"], scenario);
@@ -184,17 +174,7 @@ fn load_generator_drives_sluice_in_every_scenario() {
 /// which closed the connection ("too_many_data_frames").
 #[test]
 fn many_calls_in_flight_on_two_connections_all_succeed() {
-    let (grpc, http) = (free_port(), free_port());
-    let _sluice = Kill(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", "benches/policy.yaml"])
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(grpc);
+    let (_sluice, grpc) = sluice_memory();
     for _ in 0..3 {
         let r = load(
             grpc,
@@ -213,6 +193,22 @@ fn many_calls_in_flight_on_two_connections_all_succeed() {
             "{r}"
         );
     }
+}
+
+/// sluice with the benchmark policy and counters in memory, listening; its gRPC port.
+fn sluice_memory() -> (Kill, u16) {
+    let (grpc, http) = (free_port(), free_port());
+    let server = Kill(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config", "benches/policy.yaml"])
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--http-addr", &format!("127.0.0.1:{http}")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(grpc);
+    (server, grpc)
 }
 
 /// Threads of process `pid` whose name starts with `prefix` (Linux /proc).
