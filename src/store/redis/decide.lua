@@ -86,16 +86,16 @@ while at <= #ARGV do
   local quota_elsewhere = m < 0
   if quota_elsewhere then m = -m end
   at = at + 1
-  local states = {}   -- key -> state as the next hit sees it, false if none once loaded
-  local changed = {}  -- keys with a state to write, in first-change order
-  local expires = {}  -- key -> when its state may expire, from its last change
-  local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
-  local head = n + 1
-  out[head] = 0
-  local o = head
-  local enforce_denied, quota_seen, quota_ok = false, false, false
-
-  for i = 1, m do
+  -- One counter hit (uniform keys; a shard's share of a spread request): decided
+  -- without the tables of states and changes a group needs, which cost Redis more
+  -- than the hit. Logs (sl) take the general path.
+  local one = false
+  if m == 1 then
+    local j1 = tonumber(ARGV[at])
+    if j1 < 0 then j1 = -j1 end
+    one = lim[(j1 - 1) * 6 + 1] ~= 'sl'
+  end
+  if one then
     local j, hits = tonumber(ARGV[at]), 1
     if j < 0 then
       j, hits = -j, tonumber(ARGV[at + 1])
@@ -104,94 +104,151 @@ while at <= #ARGV do
     at = at + 1
     local l = (j - 1) * 6
     local code, decide = lim[l + 1], lim[l + 2]
-    local log, leaky = code == 'sl', code == 'lb'
+    local leaky = code == 'lb'
     local r, w, b, mode = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6]
-    local key = KEYS[k0 + i]
-    local st = states[key]
+    local key = KEYS[k0 + 1]
+    local st = committed[key]
     if st == nil then
-      if log then
-        -- Only entries still in the window: t + w > now.
-        local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
-        if #raw > 0 then
-          st = {}
-          for x = 1, #raw do
-            st[x] = { tonumber(string.match(raw[x], '^(%d+):')), log_hits(raw[x]) }
-          end
-        end
-      else
-        st = committed[key]
-        if st == nil then
-          local s = redis.call('GET', key)
-          if s then
-            st = decode(s, code)
-            if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
-          end
-        end
+      local s = redis.call('GET', key)
+      if s then
+        st = decode(s, code)
+        if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
       end
-      states[key] = st or false
     end
-    st = st or nil
     local admitted, remaining, reset, retry, delay, nxt, token, expiry =
       decide(r, w, b, st, now, hits, leaky)
-    if nxt ~= nil then
-      st = nxt
-      states[key] = nxt
-      if expires[key] == nil then changed[#changed + 1] = key end
-      expires[key] = expiry
-      if log then
-        if logs == nil then logs = {} end
-        local c = logs[key]
-        if c == nil then
-          c = { dirty = {} }
-          logs[key] = c
-        end
-        c.w = w
-        c.dirty[token] = true
-      end
-    end
-    if mode == 'e' and admitted == 0 then enforce_denied = true end
-    if mode == 'q' then
-      quota_seen = true
-      if admitted == 1 then quota_ok = true end
-    end
+    if nxt ~= nil then st = nxt end
     local room = 0
     if admitted == 1 and remaining == 0 and hits > 0 then
-      -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
       room = (select(4, decide(r, w, b, st, now, 1, leaky)))
     end
-    -- One at a time: a multiple assignment stores right to left, out of array order.
-    out[o + 1] = admitted
-    out[o + 2] = remaining
-    out[o + 3] = reset
-    out[o + 4] = retry
-    out[o + 5] = delay
-    out[o + 6] = token
-    out[o + 7] = room
-    o = o + 7
-  end
-  n = o
+    -- The admitted() rule for one hit: a denied enforced hit, or a denied quota hit
+    -- with no quota elsewhere, consumes nothing.
+    local consumed = 1
+    if admitted == 0 and (mode == 'e' or (mode == 'q' and not quota_elsewhere)) then
+      consumed = 0
+    elseif nxt ~= nil then
+      committed[key] = nxt
+      if pending_expiry[key] == nil then pending[#pending + 1] = key end
+      pending_expiry[key] = expiry
+    end
+    out[n + 1] = consumed
+    out[n + 2] = admitted
+    out[n + 3] = remaining
+    out[n + 4] = reset
+    out[n + 5] = retry
+    out[n + 6] = delay
+    out[n + 7] = token
+    out[n + 8] = room
+    n = n + 8
+  else
+    local states = {}   -- key -> state as the next hit sees it, false if none once loaded
+    local changed = {}  -- keys with a state to write, in first-change order
+    local expires = {}  -- key -> when its state may expire, from its last change
+    local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
+    local head = n + 1
+    out[head] = 0
+    local o = head
+    local enforce_denied, quota_seen, quota_ok = false, false, false
 
-  -- The shared admitted() rule of src/store/mod.rs; a denied group writes nothing.
-  if not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
-    for _, key in ipairs(changed) do
+    for i = 1, m do
+      local j, hits = tonumber(ARGV[at]), 1
+      if j < 0 then
+        j, hits = -j, tonumber(ARGV[at + 1])
+        at = at + 1
+      end
+      at = at + 1
+      local l = (j - 1) * 6
+      local code, decide = lim[l + 1], lim[l + 2]
+      local log, leaky = code == 'sl', code == 'lb'
+      local r, w, b, mode = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6]
+      local key = KEYS[k0 + i]
       local st = states[key]
-      local c = logs and logs[key]
-      if c then
-        for _, e in ipairs(st) do
-          if c.dirty[e[1]] then
-            redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
-            redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
+      if st == nil then
+        if log then
+          -- Only entries still in the window: t + w > now.
+          local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
+          if #raw > 0 then
+            st = {}
+            for x = 1, #raw do
+              st[x] = { tonumber(string.match(raw[x], '^(%d+):')), log_hits(raw[x]) }
+            end
+          end
+        else
+          st = committed[key]
+          if st == nil then
+            local s = redis.call('GET', key)
+            if s then
+              st = decode(s, code)
+              if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
+            end
           end
         end
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
-        redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
-      else
-        committed[key] = st
-        if pending_expiry[key] == nil then pending[#pending + 1] = key end
-        pending_expiry[key] = expires[key]
+        states[key] = st or false
       end
+      st = st or nil
+      local admitted, remaining, reset, retry, delay, nxt, token, expiry =
+        decide(r, w, b, st, now, hits, leaky)
+      if nxt ~= nil then
+        st = nxt
+        states[key] = nxt
+        if expires[key] == nil then changed[#changed + 1] = key end
+        expires[key] = expiry
+        if log then
+          if logs == nil then logs = {} end
+          local c = logs[key]
+          if c == nil then
+            c = { dirty = {} }
+            logs[key] = c
+          end
+          c.w = w
+          c.dirty[token] = true
+        end
+      end
+      if mode == 'e' and admitted == 0 then enforce_denied = true end
+      if mode == 'q' then
+        quota_seen = true
+        if admitted == 1 then quota_ok = true end
+      end
+      local room = 0
+      if admitted == 1 and remaining == 0 and hits > 0 then
+        -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
+        room = (select(4, decide(r, w, b, st, now, 1, leaky)))
+      end
+      -- One at a time: a multiple assignment stores right to left, out of array order.
+      out[o + 1] = admitted
+      out[o + 2] = remaining
+      out[o + 3] = reset
+      out[o + 4] = retry
+      out[o + 5] = delay
+      out[o + 6] = token
+      out[o + 7] = room
+      o = o + 7
     end
-    out[head] = 1
+    n = o
+
+    -- The shared admitted() rule of src/store/mod.rs; a denied group writes nothing.
+    if not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
+      for _, key in ipairs(changed) do
+        local st = states[key]
+        local c = logs and logs[key]
+        if c then
+          for _, e in ipairs(st) do
+            if c.dirty[e[1]] then
+              redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
+              redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
+            end
+          end
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
+          redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
+        else
+          committed[key] = st
+          if pending_expiry[key] == nil then pending[#pending + 1] = key end
+          pending_expiry[key] = expires[key]
+        end
+      end
+      out[head] = 1
+    end
   end
   k0 = k0 + m
 end
