@@ -9,7 +9,7 @@
 //! labelled counter up by its label values (`with_label_values`) hashes the labels
 //! and takes the vector's lock on every call, and a `prometheus` counter or histogram
 //! is one atomic that every core writes. Sluice does neither on the request path:
-//! - [`PolicyHandles`] holds, for one compiled [`Policy`] (recognised by pointer), a
+//! - `PolicyHandles` holds, for one compiled [`Policy`] (recognised by pointer), a
 //!   lazily filled slot per rule id pointing at that rule's [`RuleStats`]. The current
 //!   `PolicyHandles` is read through an `ArcSwap` (no lock, no shared reference count
 //!   touched), so finding a rule's counters is an index, not a lookup.
