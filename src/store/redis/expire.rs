@@ -30,13 +30,16 @@ const SUGGESTED_HZ: u64 = 100;
 /// Longest wait for each `CONFIG GET`.
 const CONFIG_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The share of a tick, in percent, a slow cycle may take at this (clamped)
+/// `active-expire-effort`.
+fn cycle_percent(effort: u64) -> u64 {
+    25 + 2 * (effort.clamp(EFFORT.0, EFFORT.1) - 1)
+}
+
 /// The longest a slow expire cycle may block Redis at this `hz` and
 /// `active-expire-effort` (both clamped to what Redis accepts).
 pub fn expire_cycle_limit(hz: u64, effort: u64) -> Duration {
-    let hz = hz.clamp(HZ.0, HZ.1);
-    let effort = effort.clamp(EFFORT.0, EFFORT.1);
-    let perc = 25 + 2 * (effort - 1);
-    Duration::from_micros(1_000_000 * perc / hz / 100)
+    Duration::from_micros(1_000_000 * cycle_percent(effort) / hz.clamp(HZ.0, HZ.1) / 100)
 }
 
 /// The warning for shard `shard` when its expire cycle can last as long as
@@ -59,9 +62,8 @@ pub fn expire_cycle_warning(
         format!("hz {hz} and active-expire-effort {effort}")
     };
     // The smallest hz whose cycle ends within half the timeout, at least 100.
-    let perc = 25 + 2 * (effort - 1);
     let half_us = (store_timeout.as_micros() as u64 / 2).max(1);
-    let needed = (1_000_000 * perc / 100).div_ceil(half_us);
+    let needed = (1_000_000 * cycle_percent(effort) / 100).div_ceil(half_us);
     let suggested = needed.max(SUGGESTED_HZ).min(HZ.1);
     Some(format!(
         "redis {shard} has {settings}: its expire cycle can block it for up to {limit:?} \
