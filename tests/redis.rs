@@ -928,6 +928,69 @@ async fn dump(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<St
     }
 }
 
+/// Of `n` shards, a key that lives on shard `index`.
+fn key_on(prefix: &str, index: usize, n: usize) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|k| shard::jump_hash(sluice::limiter::key::stable_hash(k.as_bytes()), n) == index)
+        .expect("some key lands on every shard")
+}
+
+#[tokio::test]
+async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up() {
+    let Some(t) = start(2) else { return };
+    // `a` admits once an hour, on shard 0; `b` admits nothing, on shard 1.
+    let a = hit(
+        &key_on("gave-up", 0, 2),
+        Algorithm::FixedWindow,
+        1,
+        3_600 * SECOND,
+        1,
+    );
+    let b = hit(
+        &key_on("gave-up", 1, 2),
+        Algorithm::FixedWindow,
+        0,
+        3_600 * SECOND,
+        1,
+    );
+    let peek = Hit {
+        hits: 0,
+        ..a.clone()
+    };
+    // Connections and scripts in place on both shards before one is frozen.
+    let both = [
+        peek.clone(),
+        Hit {
+            hits: 0,
+            ..b.clone()
+        },
+    ];
+    t.store.decide(&both).await.expect("decided");
+
+    t.servers[1].freeze();
+    // The limiter's store timeout: the caller stops waiting while shard 1 hangs.
+    let gave_up = tokio::time::timeout(Duration::from_millis(200), t.store.decide(&[a, b])).await;
+    let left = t.one(&peek).await.verdicts[0].remaining;
+    t.servers[1].thaw();
+    assert!(
+        gave_up.is_err(),
+        "shard 1 was frozen, yet the request was decided"
+    );
+    assert_eq!(left, 0, "shard 0 consumed a's hit while shard 1 hung");
+
+    // Shard 1 then denies the request: what shard 0 consumed comes back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = t.one(&peek).await.verdicts[0].remaining;
+        if left == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a's hit was never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
@@ -1562,7 +1625,8 @@ async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_tim
     // The default --store-timeout, 15 ms.
     let sluice = common::Server::start(REPLICA_POLICY, &["--redis", &urls]);
     let is_warning = |l: &String| l.contains("expire cycle");
-    let mut lines = Vec::new();
+    // The check can finish before sluice says it listens.
+    let mut lines = sluice.startup.clone();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !lines.iter().any(is_warning) {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -27,6 +27,9 @@ pub struct Server {
     pub grpc: String,
     pub http: String,
     pub dir: tempfile::TempDir,
+    /// Log lines printed before it listened (a store can log while it starts).
+    pub startup: Vec<String>,
+    /// Log lines printed since.
     pub lines: mpsc::Receiver<String>,
 }
 
@@ -81,6 +84,7 @@ impl Server {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut startup = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match rx.recv_timeout(left) {
@@ -99,9 +103,11 @@ impl Server {
                     grpc,
                     http,
                     dir,
+                    startup,
                     lines: rx,
                 };
             }
+            startup.push(line);
         }
     }
 

@@ -80,7 +80,7 @@ pub struct Coalescer {
     tx: mpsc::Sender<Job>,
 }
 
-fn closed() -> StoreError {
+pub(super) fn closed() -> StoreError {
     StoreError::Unavailable("shard queue closed".to_string())
 }
 
@@ -112,6 +112,16 @@ impl Coalescer {
         group: Group,
         fixed_now: Option<Micros>,
     ) -> Result<Reply, StoreError> {
+        outcome(self.enqueue(group, fixed_now).await?).await
+    }
+
+    /// Queues `group` for the shard's next call; the answer comes on the receiver.
+    /// Dropping the receiver before the call is sent leaves the group unsent.
+    pub async fn enqueue(
+        &self,
+        group: Group,
+        fixed_now: Option<Micros>,
+    ) -> Result<Pending, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             group,
@@ -119,8 +129,17 @@ impl Coalescer {
             reply,
         };
         self.tx.send(job).await.map_err(|_| closed())?;
-        answer.await.unwrap_or_else(|_| Err(closed()))
+        Ok(answer)
     }
+}
+
+/// Where a queued group's outcome arrives.
+pub type Pending = oneshot::Receiver<Result<Reply, StoreError>>;
+
+/// The outcome of a queued group; a shard task that ended without answering is an
+/// unavailable shard.
+pub async fn outcome(pending: Pending) -> Result<Reply, StoreError> {
+    pending.await.unwrap_or_else(|_| Err(closed()))
 }
 
 struct ShardTask {

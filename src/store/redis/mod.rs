@@ -49,6 +49,7 @@ pub mod health;
 pub mod offset;
 pub mod scripts;
 pub mod shard;
+mod spread;
 pub mod wire;
 
 use cache::DenialCache;
@@ -105,6 +106,9 @@ pub enum ConfigError {
     #[error("the key prefix must not contain '{{' (the placement is the hash tag)")]
     Prefix,
 }
+
+/// A shard (or slot) and the hits of a request it consumed, with their refund tokens.
+type Spent = (usize, Vec<(usize, i64)>);
 
 struct Shard {
     /// For refunds and key counts; decide calls go through the coalescer.
@@ -369,9 +373,9 @@ impl Inner {
 
     /// Gives back what the listed groups consumed. Failures are logged and counted:
     /// those hits stay spent until their counters expire.
-    async fn refund(&self, keys: &[String], hits: &[Hit], groups: &[(usize, Vec<(usize, i64)>)]) {
+    async fn refund(&self, hits: &[Hit], groups: &[Spent]) {
         let calls = groups.iter().map(|(target, consumed)| async move {
-            let call = scripts::refund_call(&self.scripts, keys, hits, consumed);
+            let call = scripts::refund_call(&self.scripts, &self.prefix, hits, consumed);
             let result: Result<Vec<i64>, StoreError> = match &self.backend {
                 Backend::Shards(s) => {
                     let mut conn = s[*target].conn.clone();
@@ -398,14 +402,21 @@ impl Inner {
         futures::future::join_all(calls).await;
     }
 
+    /// The cached denial of `hits`, if one still holds.
+    fn cached(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
+        let v = self.cache.lookup(hits, now)?;
+        if let Some(m) = &self.metrics {
+            m.denial_cache_answer();
+        }
+        Some(v)
+    }
+
     /// Decides `hits`; `one_target` is [`Inner::one_target`] of them, which the
-    /// caller has already worked out.
+    /// caller has already worked out. A request over several standalone shards goes
+    /// to [`spread`] instead.
     async fn decide(&self, hits: &[Hit], one_target: bool) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
-        if let Some(v) = self.cache.lookup(hits, sent) {
-            if let Some(m) = &self.metrics {
-                m.denial_cache_answer();
-            }
+        if let Some(v) = self.cached(hits, sent) {
             return Ok(v);
         }
         let keys: Vec<String> = hits
@@ -443,7 +454,7 @@ impl Inner {
         let replies = futures::future::join_all(calls).await;
 
         let mut verdicts = vec![Verdict::default(); hits.len()];
-        let mut consumed: Vec<(usize, Vec<(usize, i64)>)> = Vec::new();
+        let mut consumed: Vec<Spent> = Vec::new();
         let mut failed = None;
         // Waits are counted from the earliest of the shards' decisions on the local
         // clock (see `offset`); a cluster's are counted from the send.
@@ -468,7 +479,7 @@ impl Inner {
         }
         let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
         if !admitted && !consumed.is_empty() {
-            self.refund(&keys, hits, &consumed).await;
+            self.refund(hits, &consumed).await;
         }
         if let Some(e) = failed {
             return Err(e);
@@ -569,6 +580,9 @@ impl Store for RedisStore {
             // nothing): nothing to give back if the limiter stops waiting, so no task
             // of its own.
             return self.inner.decide(hits, true).await;
+        }
+        if let Backend::Shards(_) = &self.inner.backend {
+            return spread::decide(&self.inner, hits).await;
         }
         let inner = self.inner.clone();
         let hits = hits.to_vec();

@@ -291,14 +291,14 @@ pub fn write_decide(
 /// Builds the refund invocation for the consumed hits of a group.
 pub fn refund_call<'a>(
     scripts: &'a Scripts,
-    keys: &[String],
+    prefix: &str,
     hits: &[Hit],
     consumed: &[(usize, i64)],
 ) -> redis::ScriptInvocation<'a> {
     let mut call = scripts.refund.prepare_invoke();
     for &(i, token) in consumed {
         let h = &hits[i];
-        call.key(&keys[i]);
+        call.key(shard::redis_key(prefix, h));
         call.arg(shard::code(h.limit.algorithm))
             .arg(clamp(h.limit.window.max(1)))
             .arg(clamp(h.hits))
