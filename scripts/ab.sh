@@ -10,8 +10,10 @@
 # the median req/s, p99 and CPU time per request of each build and of Redis (user +
 # system time from /proc, which a busy machine disturbs far less than throughput).
 # Set AB_STORE=memory to compare without Redis; AB_GEN_THREADS sets the generator's
-# threads (1, as scripts/bench.sh), AB_CONCURRENCY its calls in flight (64). Traffic stays on 127.0.0.1. Not part
-# of scripts/test.sh.
+# threads (1, as scripts/bench.sh), AB_CONCURRENCY its calls in flight (64), AB_SHARDS
+# the redis-servers both builds shard over (1; Redis CPU is their sum). Traffic stays
+# on 127.0.0.1. AB_WORKERS sets both builds' --worker-threads (scripts/bench.sh uses 1).
+# Not part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,11 +29,17 @@ cargo build --release --bin sluice-bench >&2
 . scripts/lib.sh
 
 flags=()
+redis=()
 if [ "$store" = redis ]; then
-  start_redis 26392
-  flags=(--redis redis://127.0.0.1:26392)
-  redis=$started_pid
+  urls=()
+  for i in $(seq 0 $((${AB_SHARDS:-1} - 1))); do
+    start_redis $((26392 + i))
+    urls+=("redis://127.0.0.1:$((26392 + i))")
+    redis+=("$started_pid")
+  done
+  flags=(--redis "$(IFS=,; echo "${urls[*]}")")
 fi
+[ -n "${AB_WORKERS:-}" ] && flags+=(--worker-threads "$AB_WORKERS")
 "$old" serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18196 \
   --http-addr 127.0.0.1:18197 "${flags[@]}" >/dev/null 2>&1 &
 pids+=($!)
@@ -45,17 +53,17 @@ hz=$(getconf CLK_TCK)
 wait_port 18196
 wait_port 18198
 
-echo "# $(date -u +%FT%TZ) $store/$scenario, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
+echo "# $(date -u +%FT%TZ) $store/$scenario, shards ${AB_SHARDS:-1}, workers ${AB_WORKERS:-default}, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
 declare -A rps p99 cpu rcpu
 for r in $(seq 1 "$rounds"); do
   for t in old:18196 new:18198; do
     name=${t%%:*}
     before=$(ticks "${pid[$name]}")
-    rbefore=$( [ -n "${redis:-}" ] && ticks "$redis" || echo 0)
+    rbefore=$(ticks "${redis[@]}")
     line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s --concurrency "${AB_CONCURRENCY:-64}")
     used=$(($(ticks "${pid[$name]}") - before))
-    rused=$(( $( [ -n "${redis:-}" ] && ticks "$redis" || echo 0) - rbefore))
+    rused=$(($(ticks "${redis[@]}") - rbefore))
     done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")
     per=$(awk -v t="$used" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
     rper=$(awk -v t="$rused" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
