@@ -582,12 +582,14 @@ impl Store for RedisStore {
             return self.inner.decide(hits, true).await;
         }
         if let Backend::Shards(_) = &self.inner.backend {
+            // In this task; see `spread` for how a refund outlives the caller.
             return spread::decide(&self.inner, hits).await;
         }
         let inner = self.inner.clone();
         let hits = hits.to_vec();
-        // A task of its own: a refund, once started, finishes even when the limiter
-        // stops waiting; dropping the handle does not cancel it.
+        // Several slots of a cluster: a task of its own, so a refund, once started,
+        // finishes even when the limiter stops waiting (dropping the handle does not
+        // cancel it).
         let task = tokio::spawn(async move { inner.decide(&hits, false).await });
         match task.await {
             Ok(result) => result,
