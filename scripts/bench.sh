@@ -29,7 +29,10 @@
 # (the generator's client, `h2` by default; `tonic` as for the tables taken before
 # "Lean load generator" in BENCHMARKS.md), BENCH_GEN_THREADS (the generator's runtime
 # threads, 1 by default: on 2 shared cores one thread spends about a third less CPU per
-# request than one per core, and is far from its limit at these rates; 0 = one per core).
+# request than one per core, and is far from its limit at these rates; 0 = one per core),
+# BENCH_ROUNDS (1: run every scenario and target this many times over, in turn; the
+# report then takes each ratio within its round and prints the median over the rounds,
+# against the ceiling and against the reference; needs jq).
 # Defaults take about 3 minutes (25 runs of warm-up + duration).
 #
 # Traffic stays on 127.0.0.1. Not part of scripts/test.sh or CI (timing is not a test).
@@ -44,6 +47,7 @@ warmup=${BENCH_WARMUP:-1s}
 connections=${BENCH_CONNECTIONS:-4}
 client=${BENCH_CLIENT:-}
 gen_threads=${BENCH_GEN_THREADS:-1}
+rounds=${BENCH_ROUNDS:-1}
 workers=${BENCH_WORKERS:-1}
 gomaxprocs=${BENCH_GOMAXPROCS:-}
 keys=${BENCH_KEYS:-100000}
@@ -163,7 +167,7 @@ sleep 1
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), sluice $(git describe --always --dirty)" \
   "${BENCH_SLUICE:+(measuring $BENCH_SLUICE)}"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# per run: warm-up $warmup + $duration; closed loop: $connections connections," \
+echo "# per run: warm-up $warmup + $duration; rounds $rounds; closed loop: $connections connections," \
   "$concurrency in flight; keys $keys; zipf s $zipf_s; attack: $attack_rate req/s," \
   "10 % on one key limited to 100/s; redis hz ${REDIS_HZ:-100};" \
   "sluice and ceiling worker threads $workers (0: one per CPU); reference GOMAXPROCS ${gomaxprocs:-default}"
@@ -187,9 +191,10 @@ redis_of() {
   esac
 }
 
-# run_one SCENARIO TARGET CONCURRENCY FILE: one load run, its JSON line appended to FILE.
+# run_one SCENARIO TARGET CONCURRENCY FILE [ROUND]: one load run, its JSON line
+# (with "round" when given) appended to FILE.
 run_one() {
-  local scenario=$1 target=$2 conc=$3 into=$4 before load_pid cpu0 rcpu0 cpu rcpu failed
+  local scenario=$1 target=$2 conc=$3 into=$4 round=${5:-} before load_pid cpu0 rcpu0 cpu rcpu failed
   local -a args
   [ -n "${addr[$target]:-}" ] || return 0
   args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
@@ -218,6 +223,10 @@ run_one() {
           redis_cpu_us: ($r / $hz * 1e6 / $n)} else . end' "$out/run.json" >"$out/run2.json"
       mv "$out/run2.json" "$out/run.json"
     fi
+    if [ -n "$round" ] && command -v jq >/dev/null; then
+      jq -c --argjson n "$round" '. + {round: $n}' "$out/run.json" >"$out/run2.json"
+      mv "$out/run2.json" "$out/run.json"
+    fi
     failed=$(( $(failed_open "$target") - before ))
     if [ "$failed" -gt 0 ] && command -v jq >/dev/null; then
       jq -c --argjson f "$failed" '. + {failed_open: $f}' "$out/run.json" >>"$into"
@@ -232,9 +241,14 @@ run_one() {
   fi
 }
 
-for scenario in $scenarios; do
-  for target in $targets; do
-    run_one "$scenario" "$target" "$concurrency" "$results"
+# Rounds: the whole set again, so each ratio is also taken within each round and the
+# report adds the median over the rounds.
+for r in $(seq 1 "$rounds"); do
+  [ "$rounds" -gt 1 ] && echo "bench: round $r of $rounds" >&2
+  for scenario in $scenarios; do
+    for target in $targets; do
+      run_one "$scenario" "$target" "$concurrency" "$results" "$([ "$rounds" -gt 1 ] && echo "$r")"
+    done
   done
 done
 

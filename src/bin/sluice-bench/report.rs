@@ -81,8 +81,11 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
             .iter()
             .filter(|r| &s(r, "scenario") == scenario && &s(r, "mode") == mode)
             .collect();
-        let base = group.iter().find(|r| s(r, "target") == ceiling);
         for r in &group {
+            // Against the ceiling of the same round (runs of one round are adjacent).
+            let base = group
+                .iter()
+                .find(|b| s(b, "target") == ceiling && round(b) == round(r));
             let ratio = |k: &str| match base {
                 Some(b) if f(b, k) > 0.0 => format!("{:.2}", f(r, k) / f(b, k)),
                 _ => "-".into(),
@@ -126,12 +129,16 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
                 Some(v) => format!("{v:.1}"),
                 None => "-".into(),
             };
+            let target = match r.get("round") {
+                Some(n) => format!("{} #{n}", s(r, "target")),
+                None => s(r, "target"),
+            };
             let _ = writeln!(
                 out,
                 "{:<10} {:<7} {:<22} {:>9.0} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  {}",
                 scenario,
                 mode_label,
-                s(r, "target"),
+                target,
                 f(r, "rps"),
                 f(r, "p50_us"),
                 f(r, "p99_us"),
@@ -142,6 +149,77 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
                 cpu("redis_cpu_us"),
                 cpu("generator_cpu_us"),
                 notes.join("; ")
+            );
+        }
+    }
+    out.push_str(&medians(rows, &scenarios, ceiling));
+    // And against the reference service, the goal's yardstick, when it ran.
+    if ceiling != REFERENCE && rows.iter().any(|r| s(r, "target") == REFERENCE) {
+        out.push_str(&medians(rows, &scenarios, REFERENCE));
+    }
+    out
+}
+
+/// The target `scripts/bench.sh` names envoyproxy/ratelimit.
+const REFERENCE: &str = "reference";
+
+/// The round a row was measured in (`scripts/bench.sh` with `BENCH_ROUNDS`); 0 for a
+/// single round.
+fn round(r: &Value) -> u64 {
+    r["round"].as_u64().unwrap_or(0)
+}
+
+/// With several rounds: per scenario and target, the median over the rounds of the
+/// req/s ratio to that round's ceiling, with its lowest and highest, so that one
+/// round disturbed by the machine does not stand for the whole run.
+fn medians(rows: &[Value], scenarios: &[(String, String)], ceiling: &str) -> String {
+    let mut out = String::new();
+    let mut rounds: Vec<u64> = rows.iter().map(round).collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    if rounds.len() < 2 {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "# req/s against the same round's {ceiling}, over {} rounds: median (lowest-highest)",
+        rounds.len()
+    );
+    for (scenario, mode) in scenarios {
+        let group: Vec<&Value> = rows
+            .iter()
+            .filter(|r| &s(r, "scenario") == scenario && &s(r, "mode") == mode)
+            .collect();
+        let mut targets: Vec<String> = Vec::new();
+        for r in &group {
+            let t = s(r, "target");
+            if t != ceiling && t != "ceiling" && !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+        for t in &targets {
+            let mut ratios: Vec<f64> = group
+                .iter()
+                .filter(|r| &s(r, "target") == t)
+                .filter_map(|r| {
+                    let base = group
+                        .iter()
+                        .find(|b| s(b, "target") == ceiling && round(b) == round(r))?;
+                    (f(base, "rps") > 0.0).then(|| f(r, "rps") / f(base, "rps"))
+                })
+                .collect();
+            if ratios.is_empty() {
+                continue;
+            }
+            ratios.sort_by(f64::total_cmp);
+            let n = ratios.len();
+            // The lower middle of an even count: never flatters.
+            let median = ratios[(n - 1) / 2];
+            let _ = writeln!(
+                out,
+                "# {scenario:<10} {t:<22} {median:.2} ({:.2}-{:.2}) over {n} rounds",
+                ratios[0],
+                ratios[n - 1]
             );
         }
     }
@@ -291,6 +369,46 @@ mod tests {
             "{t}"
         );
         assert!(lines[4].contains("attacker admitted 10/s"), "{t}");
+    }
+
+    #[test]
+    fn rounds_are_taken_against_their_own_ceiling_and_summed_up_by_the_median() {
+        let row = |t: &str, round: u32, rps: u32| -> Value {
+            serde_json::from_str(&format!(
+                r#"{{"target":"{t}","scenario":"layered","mode":"closed","round":{round},"rps":{rps},"p50_us":1,"p99_us":1}}"#
+            ))
+            .unwrap()
+        };
+        let rows = vec![
+            row("ceiling", 1, 1000),
+            row("memory", 1, 900),
+            row("ceiling", 2, 2000),
+            row("memory", 2, 1000),
+            row("ceiling", 3, 1000),
+            row("memory", 3, 950),
+        ];
+        let t = table(&rows, "ceiling");
+        // Round 2's ratio is against round 2's ceiling (2000), not round 1's.
+        let r2 = t.lines().find(|l| l.contains("memory #2")).unwrap();
+        assert!(r2.contains(" 0.50 "), "{t}");
+        // 0.50, 0.90 and 0.95: the median is 0.90, not the mean (0.78).
+        assert!(
+            t.contains("# layered    memory                 0.90 (0.50-0.95) over 3 rounds"),
+            "{t}"
+        );
+        // Against the reference too, when it ran.
+        let mut with_ref = rows.clone();
+        for (round, rps) in [(1, 300), (2, 250), (3, 400)] {
+            with_ref.push(row("reference", round, rps));
+        }
+        let t = table(&with_ref, "ceiling");
+        assert!(
+            t.contains("# layered    memory                 3.00 (2.38-4.00) over 3 rounds"),
+            "{t}"
+        );
+        // One round: no summary.
+        let one = table(&rows[..2], "ceiling");
+        assert!(!one.contains("rounds"), "{one}");
     }
 
     #[test]
