@@ -992,6 +992,45 @@ async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up()
 }
 
 #[tokio::test]
+async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other() {
+    let Some(mut t) = start(2) else { return };
+    // `a` admits once an hour, on shard 0; `b` has room, on shard 1.
+    let a = hit(
+        &key_on("dead", 0, 2),
+        Algorithm::TokenBucket,
+        1,
+        3_600 * SECOND,
+        1,
+    );
+    let b = hit(
+        &key_on("dead", 1, 2),
+        Algorithm::FixedWindow,
+        100,
+        3_600 * SECOND,
+        1,
+    );
+    let peek = Hit {
+        hits: 0,
+        ..a.clone()
+    };
+    let both = [
+        peek.clone(),
+        Hit {
+            hits: 0,
+            ..b.clone()
+        },
+    ];
+    t.store.decide(&both).await.expect("decided");
+
+    t.servers[1].kill();
+    // Shard 0 admits and consumes; shard 1 fails: the request is not decided and
+    // shard 0's hit comes back before the caller has its answer.
+    t.store.decide(&[a, b]).await.expect_err("shard 1 is dead");
+    let left = t.one(&peek).await.verdicts[0].remaining;
+    assert_eq!(left, 1, "shard 0 kept a's hit of an undecided request");
+}
+
+#[tokio::test]
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
     if !available() {
