@@ -936,37 +936,44 @@ fn key_on(prefix: &str, index: usize, n: usize) -> String {
         .expect("some key lands on every shard")
 }
 
-#[tokio::test]
-async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up() {
-    let Some(t) = start(2) else { return };
-    // `a` admits once an hour, on shard 0; `b` admits nothing, on shard 1.
-    let a = hit(
-        &key_on("gave-up", 0, 2),
-        Algorithm::FixedWindow,
-        1,
-        3_600 * SECOND,
-        1,
-    );
+/// A request over both shards of `t`: `a` on shard 0 (`algorithm`, one hit an hour),
+/// `b` on shard 1 (a fixed window of `b_requests` an hour); and `a` with no hits, to
+/// read its room. Both shards have their connections and scripts in place.
+async fn over_two_shards(
+    t: &TestStore,
+    prefix: &str,
+    algorithm: Algorithm,
+    b_requests: u64,
+) -> (Hit, Hit, Hit) {
+    const HOUR: Micros = 3_600 * SECOND;
+    let a = hit(&key_on(prefix, 0, 2), algorithm, 1, HOUR, 1);
     let b = hit(
-        &key_on("gave-up", 1, 2),
+        &key_on(prefix, 1, 2),
         Algorithm::FixedWindow,
-        0,
-        3_600 * SECOND,
+        b_requests,
+        HOUR,
         1,
     );
     let peek = Hit {
         hits: 0,
         ..a.clone()
     };
-    // Connections and scripts in place on both shards before one is frozen.
-    let both = [
-        peek.clone(),
-        Hit {
-            hits: 0,
-            ..b.clone()
-        },
-    ];
-    t.store.decide(&both).await.expect("decided");
+    let b_peek = Hit {
+        hits: 0,
+        ..b.clone()
+    };
+    t.store
+        .decide(&[peek.clone(), b_peek])
+        .await
+        .expect("decided");
+    (a, b, peek)
+}
+
+#[tokio::test]
+async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up() {
+    let Some(t) = start(2) else { return };
+    // `b` admits nothing.
+    let (a, b, peek) = over_two_shards(&t, "gave-up", Algorithm::FixedWindow, 0).await;
 
     t.servers[1].freeze();
     // The limiter's store timeout: the caller stops waiting while shard 1 hangs.
@@ -994,33 +1001,8 @@ async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up()
 #[tokio::test]
 async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other() {
     let Some(mut t) = start(2) else { return };
-    // `a` admits once an hour, on shard 0; `b` has room, on shard 1.
-    let a = hit(
-        &key_on("dead", 0, 2),
-        Algorithm::TokenBucket,
-        1,
-        3_600 * SECOND,
-        1,
-    );
-    let b = hit(
-        &key_on("dead", 1, 2),
-        Algorithm::FixedWindow,
-        100,
-        3_600 * SECOND,
-        1,
-    );
-    let peek = Hit {
-        hits: 0,
-        ..a.clone()
-    };
-    let both = [
-        peek.clone(),
-        Hit {
-            hits: 0,
-            ..b.clone()
-        },
-    ];
-    t.store.decide(&both).await.expect("decided");
+    // `b` has room.
+    let (a, b, peek) = over_two_shards(&t, "dead", Algorithm::TokenBucket, 100).await;
 
     t.servers[1].kill();
     // Shard 0 admits and consumes; shard 1 fails: the request is not decided and
