@@ -413,7 +413,8 @@ impl Inner {
 
     /// Decides `hits`; `one_target` is [`Inner::one_target`] of them, which the
     /// caller has already worked out. A request over several standalone shards goes
-    /// to [`spread`] instead.
+    /// to [`spread`] instead; one over several slots of a cluster comes here, in a task
+    /// of its own.
     async fn decide(&self, hits: &[Hit], one_target: bool) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
         if let Some(v) = self.cached(hits, sent) {
@@ -440,53 +441,31 @@ impl Inner {
         }
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
-        // Several groups (one is `decide_one_target`): the keys stay here for a
-        // possible refund.
+        let mut keys = keys;
         let mut calls = Vec::with_capacity(groups.len());
         for (target, indexes) in &groups {
             let group = Group {
-                keys: indexes.iter().map(|&i| keys[i].clone()).collect(),
+                // A refund builds its own keys.
+                keys: indexes
+                    .iter()
+                    .map(|&i| std::mem::take(&mut keys[i]))
+                    .collect(),
                 hits: indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
                 quota_elsewhere: groups.iter().any(|(t, g)| t != target && has_quota(g)),
             };
             calls.push(self.decide_group(*target, group, fixed_now));
         }
         let replies = futures::future::join_all(calls).await;
-
-        let mut verdicts = vec![Verdict::default(); hits.len()];
-        let mut consumed: Vec<Spent> = Vec::new();
-        let mut failed = None;
-        // Waits are counted from the earliest of the shards' decisions on the local
-        // clock (see `offset`); a cluster's are counted from the send.
-        let mut decided = Micros::MAX;
-        for ((target, indexes), reply) in groups.iter().zip(replies) {
-            match reply {
-                Ok(reply) => {
-                    decided = decided.min(self.decided_at(*target, sent, reply.now));
-                    let mut spent = Vec::new();
-                    for (&i, &(v, token)) in indexes.iter().zip(&reply.verdicts) {
-                        verdicts[i] = v;
-                        if reply.consumed && v.admitted && hits[i].hits > 0 {
-                            spent.push((i, token));
-                        }
-                    }
-                    if !spent.is_empty() {
-                        consumed.push((*target, spent));
-                    }
-                }
-                Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
-        if !admitted && !consumed.is_empty() {
+        let outs: Vec<spread::Out> = groups
+            .into_iter()
+            .zip(replies)
+            .map(|((target, indexes), reply)| spread::Out::answered(target, &indexes, reply))
+            .collect();
+        let tally = spread::tally(self, hits, sent, &outs);
+        if let Some(consumed) = tally.to_refund() {
             self.refund(hits, &consumed).await;
         }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        self.cache
-            .remember(hits, &verdicts, admitted, decided.min(self.local_now()));
-        Ok(Verdicts { admitted, verdicts })
+        tally.finish(self, hits)
     }
 }
 

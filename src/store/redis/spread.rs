@@ -8,6 +8,9 @@
 //! [`Spread`] then hands the groups still out to a task, which waits for them and
 //! gives back what was consumed should the request turn out denied. A refund that
 //! has started runs in a task too, so dropping the caller does not cut it short.
+//!
+//! The tally of the answers ([`tally`]) also serves a cluster's request over several
+//! slots, which `Inner::decide` runs in a task of its own.
 
 use std::sync::Arc;
 
@@ -23,12 +26,27 @@ use super::{Backend, Inner, Spent};
 /// Groups a request makes at most without allocating (a request spans few shards).
 const FEW: usize = 4;
 
-/// One shard's share of the request.
-struct Out {
+/// One shard's (or, for a cluster, one slot's) share of the request.
+pub(super) struct Out {
     target: usize,
     /// The request's hits in this group, in order.
     indexes: SmallVec<[usize; FEW]>,
     state: State,
+}
+
+impl Out {
+    /// A share already answered (a cluster's calls, awaited together).
+    pub(super) fn answered(
+        target: usize,
+        indexes: &[usize],
+        reply: Result<Reply, StoreError>,
+    ) -> Out {
+        Out {
+            target,
+            indexes: SmallVec::from_slice(indexes),
+            state: State::Answered(reply),
+        }
+    }
 }
 
 enum State {
@@ -146,17 +164,18 @@ impl Drop for Spread<'_> {
 }
 
 /// What the groups' answers add up to.
-struct Tally {
+pub(super) struct Tally {
     verdicts: Vec<Verdict>,
     /// Per shard that consumed: its consumed hits and their refund tokens.
     consumed: Vec<Spent>,
     failed: Option<StoreError>,
     admitted: bool,
-    /// The earliest of the shards' decisions, on the local clock (see `offset`).
+    /// The earliest of the shards' decisions, on the local clock (see `offset`); a
+    /// cluster's count from the send.
     decided: Micros,
 }
 
-fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> Tally {
+pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> Tally {
     let mut verdicts = vec![Verdict::default(); hits.len()];
     let mut consumed = Vec::new();
     let mut failed = None;
@@ -194,11 +213,12 @@ fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> Tally {
 
 impl Tally {
     /// What to give back: everything consumed, when the request is not admitted.
-    fn to_refund(&self) -> Option<Vec<Spent>> {
+    pub(super) fn to_refund(&self) -> Option<Vec<Spent>> {
         (!self.admitted && !self.consumed.is_empty()).then(|| self.consumed.clone())
     }
 
-    fn finish(self, inner: &Inner, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+    /// The request's verdicts (remembered by the denial cache), or the first error.
+    pub(super) fn finish(self, inner: &Inner, hits: &[Hit]) -> Result<Verdicts, StoreError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
