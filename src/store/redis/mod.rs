@@ -40,7 +40,7 @@ use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 use crate::telemetry::Metrics;
 
-use super::{admitted, Hit, Mode, Store, StoreError, Verdicts};
+use super::{admitted, Hit, Store, StoreError, Verdicts};
 
 pub mod cache;
 pub mod coalesce;
@@ -420,49 +420,31 @@ impl Inner {
         if let Some(v) = self.cached(hits, sent) {
             return Ok(v);
         }
-        let keys: Vec<String> = hits
+        let mut keys: Vec<String> = hits
             .iter()
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
         if one_target && !hits.is_empty() {
             return self.decide_one_target(hits, keys, sent).await;
         }
-        // Group the hits by shard (or slot), keeping each group's hits in order.
-        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (i, (h, k)) in hits.iter().zip(&keys).enumerate() {
-            let target = self.target(h, k);
-            match groups.iter_mut().find(|(t, _)| *t == target) {
-                Some((_, g)) => g.push(i),
-                None => groups.push((target, vec![i])),
-            }
-        }
-        for (target, _) in &groups {
-            self.health(*target).check()?;
+        let mut outs = spread::group(hits, |i, h| self.target(h, &keys[i]));
+        for o in &outs {
+            self.health(o.target()).check()?;
         }
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
-        let has_quota = |g: &[usize]| g.iter().any(|&i| hits[i].mode == Mode::Quota);
-        let mut keys = keys;
-        let mut calls = Vec::with_capacity(groups.len());
-        for (target, indexes) in &groups {
-            let group = Group {
-                // A refund builds its own keys.
-                keys: indexes
-                    .iter()
-                    .map(|&i| std::mem::take(&mut keys[i]))
-                    .collect(),
-                hits: indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
-                quota_elsewhere: groups.iter().any(|(t, g)| t != target && has_quota(g)),
-            };
-            calls.push(self.decide_group(*target, group, fixed_now));
-        }
-        let replies = futures::future::join_all(calls).await;
-        let outs: Vec<spread::Out> = groups
-            .into_iter()
-            .zip(replies)
-            .map(|((target, indexes), reply)| spread::Out::answered(target, &indexes, reply))
+        // A refund builds its own keys: these move into the groups.
+        let calls: Vec<_> = outs
+            .iter()
+            .map(|o| {
+                let group = o.group(hits, &outs, |i| std::mem::take(&mut keys[i]));
+                self.decide_group(o.target(), group, fixed_now)
+            })
             .collect();
-        let tally = spread::tally(self, hits, sent, &outs);
-        if let Some(consumed) = tally.to_refund() {
+        for (o, reply) in outs.iter_mut().zip(futures::future::join_all(calls).await) {
+            o.answer(reply);
+        }
+        let mut tally = spread::tally(self, hits, sent, &outs);
+        if let Some(consumed) = tally.take_refund() {
             self.refund(hits, &consumed).await;
         }
         tally.finish(self, hits)

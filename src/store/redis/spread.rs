@@ -35,18 +35,52 @@ pub(super) struct Out {
 }
 
 impl Out {
-    /// A share already answered (a cluster's calls, awaited together).
-    pub(super) fn answered(
-        target: usize,
-        indexes: &[usize],
-        reply: Result<Reply, StoreError>,
-    ) -> Out {
-        Out {
-            target,
-            indexes: SmallVec::from_slice(indexes),
-            state: State::Answered(reply),
+    /// The shard (or slot) of this share.
+    pub(super) fn target(&self) -> usize {
+        self.target
+    }
+
+    /// This share as a script group, with its keys from `key` (by hit index).
+    pub(super) fn group(
+        &self,
+        hits: &[Hit],
+        outs: &[Out],
+        key: impl FnMut(usize) -> String,
+    ) -> Group {
+        let quota = |o: &Out| o.indexes.iter().any(|&i| hits[i].mode == Mode::Quota);
+        Group {
+            keys: self.indexes.iter().copied().map(key).collect(),
+            hits: self
+                .indexes
+                .iter()
+                .map(|&i| HitArgs::new(&hits[i]))
+                .collect(),
+            quota_elsewhere: outs.iter().filter(|&o| quota(o)).count() > usize::from(quota(self)),
         }
     }
+
+    /// Records this share's answer (a cluster's calls, awaited together).
+    pub(super) fn answer(&mut self, reply: Result<Reply, StoreError>) {
+        self.state = State::Answered(reply);
+    }
+}
+
+/// The request's hits grouped by `target` (shard or slot, from a hit's index and
+/// itself), each group's hits in the request's order.
+pub(super) fn group(hits: &[Hit], target: impl Fn(usize, &Hit) -> usize) -> SmallVec<[Out; FEW]> {
+    let mut outs: SmallVec<[Out; FEW]> = SmallVec::new();
+    for (i, h) in hits.iter().enumerate() {
+        let target = target(i, h);
+        match outs.iter_mut().find(|o| o.target == target) {
+            Some(o) => o.indexes.push(i),
+            None => outs.push(Out {
+                target,
+                indexes: SmallVec::from_slice(&[i]),
+                state: State::Unsent,
+            }),
+        }
+    }
+    outs
 }
 
 enum State {
@@ -74,23 +108,12 @@ pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts,
     if let Some(v) = inner.cached(hits, sent) {
         return Ok(v);
     }
-    let mut outs: SmallVec<[Out; FEW]> = SmallVec::new();
-    for (i, h) in hits.iter().enumerate() {
-        let target = super::shard::jump_hash(h.placement, shards.len());
-        match outs.iter_mut().find(|o| o.target == target) {
-            Some(o) => o.indexes.push(i),
-            None => outs.push(Out {
-                target,
-                indexes: SmallVec::from_slice(&[i]),
-                state: State::Unsent,
-            }),
-        }
-    }
+    let outs = group(hits, |_, h| {
+        super::shard::jump_hash(h.placement, shards.len())
+    });
     for o in &outs {
         inner.health(o.target).check()?;
     }
-    let quota = |o: &Out| o.indexes.iter().any(|&i| hits[i].mode == Mode::Quota);
-    let quota_groups = outs.iter().filter(|o| quota(o)).count();
     let fixed_now = inner.fixed_clock.as_ref().map(|c| c.now());
     let mut spread = Spread {
         inner,
@@ -99,25 +122,20 @@ pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts,
         outs,
         settled: false,
     };
-    for o in spread.outs.iter_mut() {
-        let group = Group {
-            keys: o
-                .indexes
-                .iter()
-                .map(|&i| super::shard::redis_key(&inner.prefix, &hits[i]))
-                .collect(),
-            hits: o.indexes.iter().map(|&i| HitArgs::new(&hits[i])).collect(),
-            quota_elsewhere: quota_groups > usize::from(quota(o)),
-        };
-        o.state = match shards[o.target].coalescer.enqueue(group, fixed_now).await {
+    for k in 0..spread.outs.len() {
+        let o = &spread.outs[k];
+        let key = |i| super::shard::redis_key(&inner.prefix, &hits[i]);
+        let group = o.group(hits, &spread.outs, key);
+        let queued = shards[o.target].coalescer.enqueue(group, fixed_now).await;
+        spread.outs[k].state = match queued {
             Ok(pending) => State::Waiting(pending),
             Err(e) => State::Answered(Err(e)),
         };
     }
     answers(&mut spread.outs).await;
     spread.settled = true;
-    let tally = tally(inner, hits, sent, &spread.outs);
-    if let Some(consumed) = tally.to_refund() {
+    let mut tally = tally(inner, hits, sent, &spread.outs);
+    if let Some(consumed) = tally.take_refund() {
         // In a task: once started, the refund finishes even if the caller gives up.
         let (inner, hits) = (inner.clone(), hits.to_vec());
         let _ = tokio::spawn(async move { inner.refund(&hits, &consumed).await }).await;
@@ -156,7 +174,7 @@ impl Drop for Spread<'_> {
         let mut outs = std::mem::take(&mut self.outs);
         runtime.spawn(async move {
             answers(&mut outs).await;
-            if let Some(consumed) = tally(&inner, &hits, sent, &outs).to_refund() {
+            if let Some(consumed) = tally(&inner, &hits, sent, &outs).take_refund() {
                 inner.refund(&hits, &consumed).await;
             }
         });
@@ -166,8 +184,9 @@ impl Drop for Spread<'_> {
 /// What the groups' answers add up to.
 pub(super) struct Tally {
     verdicts: Vec<Verdict>,
-    /// Per shard that consumed: its consumed hits and their refund tokens.
-    consumed: Vec<Spent>,
+    /// When the request is not admitted: per shard that consumed, its consumed hits
+    /// and their refund tokens.
+    refund: Vec<Spent>,
     failed: Option<StoreError>,
     admitted: bool,
     /// The earliest of the shards' decisions, on the local clock (see `offset`); a
@@ -177,22 +196,14 @@ pub(super) struct Tally {
 
 pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> Tally {
     let mut verdicts = vec![Verdict::default(); hits.len()];
-    let mut consumed = Vec::new();
     let mut failed = None;
     let mut decided = Micros::MAX;
     for o in outs {
         match &o.state {
             State::Answered(Ok(reply)) => {
                 decided = decided.min(inner.decided_at(o.target, sent, reply.now));
-                let mut spent = Vec::new();
-                for (&i, &(v, token)) in o.indexes.iter().zip(&reply.verdicts) {
+                for (&i, &(v, _)) in o.indexes.iter().zip(&reply.verdicts) {
                     verdicts[i] = v;
-                    if reply.consumed && v.admitted && hits[i].hits > 0 {
-                        spent.push((i, token));
-                    }
-                }
-                if !spent.is_empty() {
-                    consumed.push((o.target, spent));
                 }
             }
             State::Answered(Err(e)) => failed = failed.or(Some(e.clone())),
@@ -202,9 +213,29 @@ pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> 
         }
     }
     let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
+    // Only a request not admitted gives anything back: an admitted one (the usual
+    // case) lists nothing.
+    let mut refund = Vec::new();
+    if !admitted {
+        for o in outs {
+            let State::Answered(Ok(reply)) = &o.state else {
+                continue;
+            };
+            let spent: Vec<(usize, i64)> = o
+                .indexes
+                .iter()
+                .zip(&reply.verdicts)
+                .filter(|&(&i, &(v, _))| reply.consumed && v.admitted && hits[i].hits > 0)
+                .map(|(&i, &(_, token))| (i, token))
+                .collect();
+            if !spent.is_empty() {
+                refund.push((o.target, spent));
+            }
+        }
+    }
     Tally {
         verdicts,
-        consumed,
+        refund,
         failed,
         admitted,
         decided,
@@ -212,9 +243,10 @@ pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> 
 }
 
 impl Tally {
-    /// What to give back: everything consumed, when the request is not admitted.
-    pub(super) fn to_refund(&self) -> Option<Vec<Spent>> {
-        (!self.admitted && !self.consumed.is_empty()).then(|| self.consumed.clone())
+    /// What to give back, if anything: what the shards consumed of a request that is
+    /// not admitted.
+    pub(super) fn take_refund(&mut self) -> Option<Vec<Spent>> {
+        (!self.refund.is_empty()).then(|| std::mem::take(&mut self.refund))
     }
 
     /// The request's verdicts (remembered by the denial cache), or the first error.
