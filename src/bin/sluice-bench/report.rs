@@ -82,10 +82,7 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
             .filter(|r| &s(r, "scenario") == scenario && &s(r, "mode") == mode)
             .collect();
         for r in &group {
-            // Against the ceiling of the same round (runs of one round are adjacent).
-            let base = group
-                .iter()
-                .find(|b| s(b, "target") == ceiling && round(b) == round(r));
+            let base = base_of(&group, ceiling, r);
             let ratio = |k: &str| match base {
                 Some(b) if f(b, k) > 0.0 => format!("{:.2}", f(r, k) / f(b, k)),
                 _ => "-".into(),
@@ -163,6 +160,14 @@ pub fn table(rows: &[Value], ceiling: &str) -> String {
 /// The target `scripts/bench.sh` names envoyproxy/ratelimit.
 const REFERENCE: &str = "reference";
 
+/// The `ceiling` row of `r`'s round among `group` (one scenario and mode).
+fn base_of<'a>(group: &[&'a Value], ceiling: &str, r: &Value) -> Option<&'a Value> {
+    group
+        .iter()
+        .copied()
+        .find(|b| s(b, "target") == ceiling && round(b) == round(r))
+}
+
 /// The round a row was measured in (`scripts/bench.sh` with `BENCH_ROUNDS`); 0 for a
 /// single round.
 fn round(r: &Value) -> u64 {
@@ -202,9 +207,7 @@ fn medians(rows: &[Value], scenarios: &[(String, String)], ceiling: &str) -> Str
                 .iter()
                 .filter(|r| &s(r, "target") == t)
                 .filter_map(|r| {
-                    let base = group
-                        .iter()
-                        .find(|b| s(b, "target") == ceiling && round(b) == round(r))?;
+                    let base = base_of(&group, ceiling, r)?;
                     (f(base, "rps") > 0.0).then(|| f(r, "rps") / f(base, "rps"))
                 })
                 .collect();
@@ -231,8 +234,8 @@ fn medians(rows: &[Value], scenarios: &[(String, String)], ceiling: &str) -> Str
 /// run whose p99 was no higher (and at most 0.1 % of whose decisions the failure mode
 /// made), and the ratio; then per target the lowest ratio over all the points and over
 /// those whose p99 is within Envoy's default 20 ms timeout for rate-limit calls (past
-/// it Envoy stops waiting for answers), and the ratio at
-/// the points, and the ratio at the point where `against` had its most req/s.
+/// it Envoy stops waiting for answers), and the ratio at the point where `against` had
+/// its most req/s.
 pub fn matched(rows: &[Value], against: &str) -> String {
     // Envoy's rate-limit filter waits 20 ms for an answer unless told otherwise.
     const ENVOY_TIMEOUT_US: f64 = 20_000.0;
