@@ -11,8 +11,12 @@
 # system time from /proc, which a busy machine disturbs far less than throughput).
 # Set AB_STORE=memory to compare without Redis; AB_GEN_THREADS sets the generator's
 # threads (1, as scripts/bench.sh), AB_CONCURRENCY its calls in flight (64), AB_SHARDS
-# the redis-servers both builds shard over (1; Redis CPU is their sum). Traffic stays
+# the redis-servers both builds shard over (1; Redis CPU is their sum; with
+# AB_ONE_SERVER=1 the shards are databases of one redis-server). Traffic stays
 # on 127.0.0.1. AB_WORKERS sets both builds' --worker-threads (scripts/bench.sh uses 1).
+# Each Redis run also prints, from the shards' INFO commandstats, the time Redis spent
+# inside the decide script per request (wall time of the calls, so a descheduled
+# redis-server inflates it) and script calls per request (how full calls were).
 # Not part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,11 +34,20 @@ cargo build --release --bin sluice-bench >&2
 
 flags=()
 redis=()
+ports=()
 if [ "$store" = redis ]; then
   urls=()
   for i in $(seq 0 $((${AB_SHARDS:-1} - 1))); do
+    if [ -n "${AB_ONE_SERVER:-}" ]; then
+      # Every shard on one redis-server (database i): the calls of N shards, the
+      # cost of one process.
+      [ "$i" = 0 ] && start_redis 26392 && ports+=(26392) && redis+=("$started_pid")
+      urls+=("redis://127.0.0.1:26392/$i")
+      continue
+    fi
     start_redis $((26392 + i))
     urls+=("redis://127.0.0.1:$((26392 + i))")
+    ports+=($((26392 + i)))
     redis+=("$started_pid")
   done
   flags=(--redis "$(IFS=,; echo "${urls[*]}")")
@@ -54,20 +67,37 @@ wait_port 18196
 wait_port 18198
 
 echo "# $(date -u +%FT%TZ) $store/$scenario, shards ${AB_SHARDS:-1}, workers ${AB_WORKERS:-default}, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
+# Script calls (EVALSHA and EVAL) so far and the microseconds Redis spent inside
+# them, summed over the shards.
+calls() {
+  local n=0 us=0 port c u
+  for port in "${ports[@]}"; do
+    read -r c u < <(redis-cli -p "$port" info commandstats | tr -d '\r' |
+      awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {c += $3; u += $5} END {print c + 0, u + 0}')
+    n=$((n + c))
+    us=$((us + u))
+  done
+  echo "$n $us"
+}
 declare -A rps p99 cpu rcpu
 for r in $(seq 1 "$rounds"); do
   for t in old:18196 new:18198; do
     name=${t%%:*}
     before=$(ticks "${pid[$name]}")
     rbefore=$(ticks "${redis[@]}")
+    read -r cbefore ubefore < <(calls)
     line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s --concurrency "${AB_CONCURRENCY:-64}")
     used=$(($(ticks "${pid[$name]}") - before))
     rused=$(($(ticks "${redis[@]}") - rbefore))
+    read -r cafter uafter < <(calls)
     done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")
     per=$(awk -v t="$used" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
     rper=$(awk -v t="$rused" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
-    echo "$name $line cpu ${per}us/req redis ${rper}us/req"
+    extra=
+    [ "$store" = redis ] && extra=" redis ${rper}us/req$(awk -v c=$((cafter - cbefore)) \
+      -v u=$((uafter - ubefore)) -v n="$done_" 'BEGIN {printf " (in scripts %.1fus) calls %.3f/req", u / n, c / n}')"
+    echo "$name $line cpu ${per}us/req$extra"
     rps[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="req/s") print $(i-1)}' <<<"$line") "
     p99[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="p99") print $(i+1)}' <<<"$line") "
     cpu[$name]+="$per "

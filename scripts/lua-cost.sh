@@ -99,7 +99,7 @@ measure() {
     exit 1
   fi
   if command -v perf >/dev/null && perf stat -x, -e task-clock -p "$rpid" -o /tmp/lua-cost.$$ \
-    XX "$1" "${a[@]}" >/dev/null 2>&1; then
+    -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1; then
     awk -F, -v n="$n" '/task-clock/ {printf "%.2f", $1 * 1000 / n}' /tmp/lua-cost.$$
     rm -f /tmp/lua-cost.$$
   else
