@@ -274,6 +274,11 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
         // take more than a second on a busy machine), not after a fixed time.
         let connected = Instant::now() + Duration::from_secs(20);
         while connections_to(port) == 0 {
+            if let Some(status) = gen.0.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(gen.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+                panic!("{threads} thread(s): the generator ended ({status}) before it was seen connected: {err}");
+            }
             assert!(
                 Instant::now() < connected,
                 "{threads} thread(s): never connected"
