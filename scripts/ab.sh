@@ -41,7 +41,11 @@ if [ "$store" = redis ]; then
     if [ -n "${AB_ONE_SERVER:-}" ]; then
       # Every shard on one redis-server (database i): the calls of N shards, the
       # cost of one process.
-      [ "$i" = 0 ] && start_redis 26392 && ports+=(26392) && redis+=("$started_pid")
+      if [ "$i" = 0 ]; then
+        start_redis 26392
+        ports+=(26392)
+        redis+=("$started_pid")
+      fi
       urls+=("redis://127.0.0.1:26392/$i")
       continue
     fi
