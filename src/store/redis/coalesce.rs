@@ -80,7 +80,7 @@ pub struct Coalescer {
     tx: mpsc::Sender<Job>,
 }
 
-pub(super) fn closed() -> StoreError {
+fn closed() -> StoreError {
     StoreError::Unavailable("shard queue closed".to_string())
 }
 
@@ -112,7 +112,7 @@ impl Coalescer {
         group: Group,
         fixed_now: Option<Micros>,
     ) -> Result<Reply, StoreError> {
-        outcome(self.enqueue(group, fixed_now).await?).await
+        outcome(&mut self.enqueue(group, fixed_now).await?).await
     }
 
     /// Queues `group` for the shard's next call; the answer comes on the receiver.
@@ -137,8 +137,9 @@ impl Coalescer {
 pub type Pending = oneshot::Receiver<Result<Reply, StoreError>>;
 
 /// The outcome of a queued group; a shard task that ended without answering is an
-/// unavailable shard.
-pub async fn outcome(pending: Pending) -> Result<Reply, StoreError> {
+/// unavailable shard. Borrowed, so that a caller dropped while waiting still holds the
+/// receiver (and can hand it on).
+pub async fn outcome(pending: &mut Pending) -> Result<Reply, StoreError> {
     pending.await.unwrap_or_else(|_| Err(closed()))
 }
 

@@ -147,8 +147,7 @@ pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts,
 async fn answers(outs: &mut [Out]) {
     for o in outs {
         if let State::Waiting(pending) = &mut o.state {
-            let reply = pending.await.unwrap_or_else(|_| Err(coalesce::closed()));
-            o.state = State::Answered(reply);
+            o.state = State::Answered(coalesce::outcome(pending).await);
         }
     }
 }
