@@ -16,7 +16,8 @@
 # on 127.0.0.1. AB_WORKERS sets both builds' --worker-threads (scripts/bench.sh uses 1).
 # Each Redis run also prints, from the shards' INFO commandstats, the time Redis spent
 # inside the decide script per request (wall time of the calls, so a descheduled
-# redis-server inflates it) and script calls per request (how full calls were).
+# redis-server inflates it) and script calls per request (how full calls were), and
+# the decisions a build answered by its failure mode (store timeouts), when any.
 # Not part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +84,11 @@ calls() {
   done
   echo "$n $us"
 }
+# Decisions a build answered by its failure mode (store too slow or down) so far.
+failed() {
+  curl -s "http://127.0.0.1:$1/metrics" |
+    awk '/^sluice_requests_total/ && /outcome="failed_(open|closed)"/ { s += $NF } END { print s + 0 }'
+}
 declare -A rps p99 cpu rcpu
 for r in $(seq 1 "$rounds"); do
   for t in old:18196 new:18198; do
@@ -90,17 +96,20 @@ for r in $(seq 1 "$rounds"); do
     before=$(ticks "${pid[$name]}")
     rbefore=$(ticks "${redis[@]}")
     read -r cbefore ubefore < <(calls)
+    fbefore=$(failed $((${t##*:} + 1)))
     line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s --concurrency "${AB_CONCURRENCY:-64}")
     used=$(($(ticks "${pid[$name]}") - before))
     rused=$(($(ticks "${redis[@]}") - rbefore))
     read -r cafter uafter < <(calls)
+    fmode=$(($(failed $((${t##*:} + 1))) - fbefore))
     done_=$(awk '{for (i=1;i<=NF;i++) if ($i=="ok" || $i=="over") s += $(i+1)} END {print s}' <<<"$line")
     per=$(awk -v t="$used" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
     rper=$(awk -v t="$rused" -v hz="$hz" -v n="$done_" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
     extra=
     [ "$store" = redis ] && extra=" redis ${rper}us/req$(awk -v c=$((cafter - cbefore)) \
       -v u=$((uafter - ubefore)) -v n="$done_" 'BEGIN {printf " (in scripts %.1fus) calls %.3f/req", u / n, c / n}')"
+    [ "$fmode" -gt 0 ] && extra+=" failure-mode $fmode"
     echo "$name $line cpu ${per}us/req$extra"
     rps[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="req/s") print $(i-1)}' <<<"$line") "
     p99[$name]+="$(awk '{for (i=1;i<=NF;i++) if ($i=="p99") print $(i+1)}' <<<"$line") "
