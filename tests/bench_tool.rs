@@ -1,27 +1,10 @@
 //! The benchmark tooling works end to end: its policies load, and the load generator
 //! drives a server in every mode and reports sane numbers. Timing is not tested.
 
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// A port nothing listens on, never handed to another test of this process: tests run
-/// in parallel threads, and the kernel may hand a just-released port out again.
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
 
 struct Kill(Child);
 
@@ -32,30 +15,50 @@ impl Drop for Kill {
     }
 }
 
-fn wait_for(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listening on {port}");
-        std::thread::sleep(Duration::from_millis(50));
+/// Spawns a server told to listen on port 0 and returns it with the port it reports
+/// on stderr (`port` picks it out of a line), once it is listening. The kernel picks
+/// the port at bind time, so no other process can take it between choosing and
+/// binding, as it could with a port chosen by the test.
+fn listening(mut cmd: Command, port: fn(&str) -> Option<u16>) -> (Kill, u16) {
+    let mut child = Kill(cmd.stderr(Stdio::piped()).spawn().unwrap());
+    let stderr = child.0.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    // Reads stderr to its end, so a chatty server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => match port(&line) {
+                Some(p) => return (child, p),
+                None => seen.push(line),
+            },
+            Err(_) => panic!("{cmd:?} did not report listening: {seen:?}"),
+        }
     }
 }
 
-/// The do-nothing server on `port`, listening.
-fn noop(port: u16) -> Kill {
-    noop_with(port, &[])
+/// The port of `host:port` following `marker` in `line`.
+fn port_after(line: &str, marker: &str) -> Option<u16> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    let addr = rest.split_whitespace().next()?;
+    addr.rsplit(':').next()?.parse().ok()
 }
 
-fn noop_with(port: u16, args: &[&str]) -> Kill {
-    let server = Kill(
-        Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-            .args(["noop", "--addr", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(port);
-    server
+/// The do-nothing server, listening; its port.
+fn noop() -> (Kill, u16) {
+    noop_with(&[])
+}
+
+fn noop_with(args: &[&str]) -> (Kill, u16) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice-bench"));
+    cmd.args(["noop", "--addr", "127.0.0.1:0"]).args(args);
+    listening(cmd, |line| port_after(line, "RateLimitService on "))
 }
 
 /// Established TCP connections from this machine to 127.0.0.1:`port`, as Linux lists
@@ -197,18 +200,16 @@ fn many_calls_in_flight_on_two_connections_all_succeed() {
 
 /// sluice with the benchmark policy and counters in memory, listening; its gRPC port.
 fn sluice_memory() -> (Kill, u16) {
-    let (grpc, http) = (free_port(), free_port());
-    let server = Kill(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config", "benches/policy.yaml"])
-            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-            .args(["--http-addr", &format!("127.0.0.1:{http}")])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(grpc);
-    (server, grpc)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(["serve", "--config", "benches/policy.yaml"])
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1");
+    listening(cmd, |line| {
+        line.contains("sluice listening")
+            .then(|| port_after(line, "grpc="))
+            .flatten()
+    })
 }
 
 /// Threads of process `pid` whose name starts with `prefix` (Linux /proc).
@@ -228,8 +229,7 @@ fn threads_named(pid: u32, prefix: &str) -> usize {
 #[test]
 fn the_ceiling_runs_with_the_worker_threads_it_is_given() {
     for (workers, expected) in [("1", 1), ("3", 3)] {
-        let port = free_port();
-        let server = noop_with(port, &["--worker-threads", workers]);
+        let (server, port) = noop_with(&["--worker-threads", workers]);
         let r = load(port, &["--requests", "100"]);
         assert_eq!(r["ok"], 100, "{r}");
         assert_eq!(
@@ -242,8 +242,7 @@ fn the_ceiling_runs_with_the_worker_threads_it_is_given() {
 
 #[test]
 fn fixed_rate_mode_keeps_its_schedule_against_the_ceiling() {
-    let port = free_port();
-    let _noop = noop(port);
+    let (_noop, port) = noop();
     let r = load(port, &["--scenario", "uniform", "--rate", "200"]);
     assert_eq!(r["mode"], "rate");
     assert_eq!(r["errors"], 0, "{r}");
@@ -259,8 +258,7 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
     // generator must still stop at the end of its duration and report the errors
     // (it used to spin forever on one thread).
     for threads in ["1", "2"] {
-        let port = free_port();
-        let mut noop = noop(port);
+        let (mut server, port) = noop();
         let mut gen = Kill(
             Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
                 .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
@@ -286,8 +284,8 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(500));
-        let _ = noop.0.kill();
-        let _ = noop.0.wait();
+        let _ = server.0.kill();
+        let _ = server.0.wait();
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = gen.0.try_wait().unwrap() {

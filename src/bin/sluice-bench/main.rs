@@ -111,15 +111,23 @@ fn main() -> anyhow::Result<()> {
                     _ = term.recv() => {}
                 }
             };
+            // The bound address is printed, so `--addr 127.0.0.1:0` lets the caller
+            // learn a port no other process can take first.
             if tonic {
-                eprintln!("noop RateLimitService (tonic) on {addr}");
+                // TCP_NODELAY as tonic sets it when it binds the address itself.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::bind(addr)?.with_nodelay(Some(true));
+                eprintln!(
+                    "noop RateLimitService (tonic) on {}",
+                    incoming.local_addr()?
+                );
                 tonic::transport::Server::builder()
                     .add_service(RateLimitServiceServer::new(Noop))
-                    .serve_with_shutdown(addr, stop)
+                    .serve_with_incoming_shutdown(incoming, stop)
                     .await?;
             } else {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
-                eprintln!("noop RateLimitService on {addr}");
+                eprintln!("noop RateLimitService on {}", listener.local_addr()?);
                 grpc_server::serve(listener, Noop, stop).await;
             }
             Ok(())
