@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Whether `redis-server` can be run. Tests that need it return early, loudly, when
@@ -30,15 +31,24 @@ pub fn available() -> bool {
     ok
 }
 
-/// A free loopback port (bound then released; good enough for tests) whose cluster
-/// bus port (port + 10000) is free too.
+/// A free loopback port whose cluster bus port (port + 10000) is free too, never
+/// handed out before by this process (tests run in parallel threads, and the kernel
+/// may give a just-released port to the next bind). Bound then released, so another
+/// process may still take it first: [`RedisServer`] checks that the server answering
+/// on it is its own.
 pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..200 {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("free port");
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+        if port < 55_000
+            && !given.contains(&port)
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            given.push(port);
             return port;
         }
     }
@@ -64,13 +74,24 @@ impl RedisServer {
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let mut s = RedisServer {
             child: None,
-            port: free_port(),
+            port: 0,
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             tls: false,
         };
-        s.spawn();
+        s.spawn_on_free_port();
         s
+    }
+
+    /// Spawns on a fresh free port, again on another if someone else took it first.
+    fn spawn_on_free_port(&mut self) {
+        for _ in 0..5 {
+            self.port = free_port();
+            if self.spawn() {
+                return;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
     }
 
     /// Starts a TLS-only server with a fresh CA and a certificate for localhost and
@@ -154,15 +175,10 @@ impl RedisServer {
             "ext.cnf",
         ]);
         let path = |f: &str| d.join(f).to_string_lossy().into_owned();
-        let port = free_port();
         let mut s = RedisServer {
             child: None,
-            port,
+            port: 0,
             extra: vec![
-                "--port".into(),
-                "0".into(),
-                "--tls-port".into(),
-                port.to_string(),
                 "--tls-cert-file".into(),
                 path("server.crt"),
                 "--tls-key-file".into(),
@@ -175,13 +191,22 @@ impl RedisServer {
             dir,
             tls: true,
         };
-        s.spawn();
+        s.spawn_on_free_port();
         s
     }
 
-    fn spawn(&mut self) {
+    /// Spawns redis-server on `self.port`; false if it did not come to serve there
+    /// (it exited, typically because another process holds the port).
+    fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let listen: &[&str] = if self.tls {
+            &["--port", "0", "--tls-port", &port]
+        } else {
+            &["--port", &port]
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(listen)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -191,26 +216,68 @@ impl RedisServer {
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
-        self.wait_ready();
+        let ready = self.wait_ready();
+        if !ready {
+            self.kill();
+        }
+        ready
     }
 
-    fn wait_ready(&self) {
+    /// Waits until our redis-server serves on the port: true once it does, false if
+    /// it exits first. A listener on the port may be another process's: a plain
+    /// server must name our pid in `INFO server`; one that answers without it
+    /// (TLS, or -NOAUTH under requirepass) must still be running a while later,
+    /// past the moment a failed bind would have ended it.
+    fn wait_ready(&mut self) -> bool {
+        let pid = self.child.as_ref().expect("spawned").id();
+        let ours = format!("process_id:{pid}\r\n");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
+            if !self.running() {
+                return false;
+            }
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                if self.tls {
-                    return; // listening; a plain PING would not be understood
+                if !self.tls {
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                    let mut reply = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let _ = s.write_all(b"INFO server\r\n");
+                    // INFO's bulk reply may come in several reads; -ERR in one line.
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        reply.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&reply);
+                        if text.contains(&ours) || text.starts_with('-') {
+                            break;
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&reply);
+                    if text.contains(&ours) {
+                        return true;
+                    }
+                    if text.contains("process_id:") {
+                        return false; // another redis-server holds the port
+                    }
+                    if !text.starts_with('-') {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
                 }
-                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-                let mut buf = [0u8; 64];
-                // Any reply (+PONG, or -NOAUTH with requirepass) means it serves.
-                if s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| n > 0) {
-                    return;
-                }
+                std::thread::sleep(Duration::from_millis(200));
+                return self.running();
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("redis-server on port {} did not start", self.port);
+    }
+
+    /// Whether our redis-server process is still alive.
+    fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().map(|s| s.is_none()).unwrap_or(false))
     }
 
     pub fn url(&self) -> String {
@@ -253,10 +320,17 @@ impl RedisServer {
         assert_eq!(rc, 0, "kill({pid}, {signal})");
     }
 
-    /// Starts it again on the same port (empty: no persistence).
+    /// Starts it again on the same port (empty: no persistence), retrying for a while
+    /// if another process took the port meanwhile.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        for _ in 0..20 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("redis-server could not restart on port {}", self.port);
     }
 
     /// An async connection for inspecting the server.
