@@ -1,9 +1,9 @@
 //! The benchmark tooling works end to end: its policies load, and the load generator
 //! drives a server in every mode and reports sane numbers. Timing is not tested.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 struct Kill(Child);
@@ -21,14 +21,7 @@ impl Drop for Kill {
 /// binding, as it could with a port chosen by the test.
 fn listening(mut cmd: Command, port: fn(&str) -> Option<u16>) -> (Kill, u16) {
     let mut child = Kill(cmd.stderr(Stdio::piped()).spawn().unwrap());
-    let stderr = child.0.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    // Reads stderr to its end, so a chatty server never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = common::stderr_lines(&mut child.0);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = Vec::new();
     loop {

@@ -21,6 +21,19 @@ use tonic::transport::Channel;
 pub const OK: i32 = 1;
 pub const OVER_LIMIT: i32 = 2;
 
+/// The lines `child` writes to its (piped) stderr, read to the end by a thread of
+/// their own, so a chatty child never blocks on a full pipe.
+pub fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 /// A running `sluice serve`, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -76,13 +89,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn sluice");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = stderr_lines(&mut child);
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut startup = Vec::new();
         loop {
