@@ -94,7 +94,7 @@ pub struct Load {
 const MEASURING: u8 = 1;
 const STOPPED: u8 = 2;
 
-/// What one worker saw while measuring.
+/// What the workers of one connection saw while measuring.
 struct Stats {
     /// Closed loop: send to answer. Fixed rate: intended send time to answer.
     latency: Histogram<u64>,
