@@ -236,35 +236,23 @@ impl RedisServer {
             if !self.running() {
                 return false;
             }
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                if !self.tls {
-                    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-                    let mut reply = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    let _ = s.write_all(b"INFO server\r\n");
-                    // INFO's bulk reply may come in several reads; -ERR in one line.
-                    while let Ok(n) = s.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        reply.extend_from_slice(&buf[..n]);
-                        let text = String::from_utf8_lossy(&reply);
-                        if text.contains(&ours) || text.starts_with('-') {
-                            break;
-                        }
-                    }
-                    let text = String::from_utf8_lossy(&reply);
-                    if text.contains(&ours) {
-                        return true;
-                    }
-                    if text.contains("process_id:") {
-                        return false; // another redis-server holds the port
-                    }
-                    if !text.starts_with('-') {
-                        std::thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                }
+            let Ok(s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            // A plain INFO would not be understood over TLS.
+            let reply = if self.tls {
+                String::new()
+            } else {
+                info_server(s, &ours)
+            };
+            if reply.contains(&ours) {
+                return true;
+            }
+            if reply.contains("process_id:") {
+                return false; // another redis-server holds the port
+            }
+            if self.tls || reply.starts_with('-') {
                 std::thread::sleep(Duration::from_millis(200));
                 return self.running();
             }
@@ -345,6 +333,26 @@ impl RedisServer {
             .await
             .expect("connect to redis")
     }
+}
+
+/// `INFO server`'s reply on `s`, read until it names `ours`, is an error (one line),
+/// or stops coming (the bulk reply may take several reads).
+fn info_server(mut s: TcpStream, ours: &str) -> String {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = s.write_all(b"INFO server\r\n");
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        if text.contains(ours) || text.starts_with('-') {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&reply).into_owned()
 }
 
 impl Drop for RedisServer {
