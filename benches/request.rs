@@ -1,0 +1,129 @@
+//! Sluice's own work on one request, without the network: the encoded
+//! `RateLimitRequest` is read in place, decided on a `MemoryStore` (metrics on) and
+//! the answer encoded as the gRPC frame, as `service::grpc` does for every call. The
+//! policy and traffic are `scripts/bench.sh`'s (`benches/policy.yaml`): `hot` (one
+//! key), `uniform` (100,000 client keys) and `layered` (an address out of 100,000, a
+//! service and a tenant out of 100, one request).
+//!
+//! Criterion reports on-CPU time per request of one thread, so a busy machine
+//! disturbs it less than the end-to-end load runs; the h2 and Tokio costs those runs
+//! add are the same for any handler, and the ceiling pays them too.
+//!
+//! Run: `cargo bench --bench request`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use futures::FutureExt;
+use prost::Message;
+use sluice::clock::SystemClock;
+use sluice::limiter::{Limiter, Settings};
+use sluice::service::decode::Request;
+use sluice::service::response::framed_response;
+use sluice::service::{HeaderStyle, Service};
+use sluice::store::MemoryStore;
+use sluice::telemetry::Metrics;
+
+const KEYS: usize = 100_000;
+
+// The allocator sluice runs on.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn service() -> Service<MemoryStore> {
+    let text = include_str!("policy.yaml");
+    let docs = sluice::policy::parse_str("policy.yaml", text).expect("parses");
+    let policy = sluice::policy::compile(docs).expect("compiles");
+    let store = MemoryStore::new(Arc::new(SystemClock), 1_000_000);
+    let limiter = Limiter::new(
+        Arc::new(ArcSwap::from_pointee(policy)),
+        store,
+        Settings::default(),
+    );
+    Service::new(limiter, HeaderStyle::Draft03, Arc::new(Metrics::new()))
+}
+
+fn descriptor(key: &str, value: String) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value,
+        }],
+        ..Default::default()
+    }
+}
+
+/// The encoded requests of a scenario, as the load generator sends them.
+fn requests(scenario: &str) -> Vec<Vec<u8>> {
+    let one = |i: usize| -> Vec<RateLimitDescriptor> {
+        match scenario {
+            "hot" => vec![descriptor("client", "c0".into())],
+            "uniform" => vec![descriptor("client", format!("c{i}"))],
+            _ => vec![
+                descriptor(
+                    "remote_address",
+                    format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+                ),
+                descriptor("service", "checkout".into()),
+                descriptor("tenant", format!("t{}", i % 100)),
+            ],
+        }
+    };
+    // A fixed shuffle, so consecutive requests do not touch neighbouring keys.
+    (0..KEYS)
+        .map(|i| (i * 7919) % KEYS)
+        .map(|i| {
+            RateLimitRequest {
+                domain: "bench".into(),
+                descriptors: one(i),
+                hits_addend: 0,
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
+/// Decodes, decides and encodes one request; the answer's length.
+fn one(service: &Service<MemoryStore>, message: &[u8]) -> usize {
+    let req = Request::decode(message).expect("the fast reader reads it");
+    let outcome = service
+        .should_rate_limit(&req)
+        .now_or_never()
+        .expect("the memory store answers at once")
+        .expect("valid");
+    framed_response(&outcome, service.headers).len()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("request");
+    group
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(5))
+        .sample_size(30)
+        .throughput(Throughput::Elements(1));
+    for scenario in ["hot", "uniform", "layered"] {
+        let service = service();
+        let requests = requests(scenario);
+        // Every key exists before measuring, as in a long run.
+        for r in &requests {
+            one(&service, r);
+        }
+        let mut i = 0;
+        group.bench_function(scenario, |b| {
+            b.iter(|| {
+                i = (i + 1) % requests.len();
+                std::hint::black_box(one(&service, &requests[i]))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
