@@ -91,6 +91,7 @@ mod tests {
             penalty: None,
             metadata: None,
             shared,
+            rendered: Default::default(),
         }
     }
 

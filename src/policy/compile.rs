@@ -225,7 +225,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
             burst: rl.burst.unwrap_or(requests),
         })
     };
-    Some(Rule {
+    let mut rule = Rule {
         id: out.rules.len(),
         path: trail.keys.join("/"),
         name: rl.name.clone(),
@@ -243,7 +243,10 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         penalty: rl.penalty,
         metadata: d.metadata.clone(),
         shared: trail.shared.clone(),
-    })
+        rendered: Default::default(),
+    };
+    rule.rendered = crate::service::rendered::render(&rule);
+    Some(rule)
 }
 
 #[cfg(test)]

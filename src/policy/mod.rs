@@ -165,6 +165,8 @@ pub struct Rule {
     /// `share_threshold` wildcard, so the counter key carries the pattern instead of
     /// the request's value (one counter shared by every value the pattern matches).
     pub shared: Vec<Option<String>>,
+    /// What every answer says about this rule, written once here (set by `compile`).
+    pub rendered: crate::service::rendered::Rendered,
 }
 
 /// One domain's compiled descriptor tree.

@@ -6,8 +6,9 @@
 
 use rand::Rng;
 
-use crate::algorithm::{Micros, SECOND};
+use crate::algorithm::{Limit, Micros, SECOND};
 use crate::limiter::Outcome;
+use crate::policy::Rule;
 
 /// Which header set to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -59,26 +60,12 @@ pub fn each_header(
         })
         .min_by_key(|(s, _, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
 
-    if let Some((_, rule, limit, v)) = closest {
-        let window = ceil_secs(limit.window);
+    if let Some((_, rule, _, v)) = closest {
         let remaining = if outcome.over_limit { 0 } else { v.remaining };
-        let rpu = u64::from(rule.requests_per_unit);
         let s = &mut *scratch;
         match style {
             HeaderStyle::Draft03 => {
-                // "{rpu}, {rpu};w={window}" then ";name=\"{name}\"" when named.
-                s.clear();
-                push_u64(s, rpu);
-                s.push_str(", ");
-                push_u64(s, rpu);
-                s.push_str(";w=");
-                push_u64(s, window);
-                if let Some(name) = &rule.name {
-                    s.push_str(";name=\"");
-                    push_sf_escaped(s, name);
-                    s.push('"');
-                }
-                emit("x-ratelimit-limit", s);
+                emit("x-ratelimit-limit", &rule.rendered.draft03_limit);
                 s.clear();
                 push_u64(s, remaining);
                 emit("x-ratelimit-remaining", s);
@@ -87,20 +74,11 @@ pub fn each_header(
                 emit("x-ratelimit-reset", s);
             }
             HeaderStyle::Ietf => {
-                let name = rule.name.as_deref().unwrap_or(&rule.path);
-                // "\"{name}\";q={rpu};w={window}" and "\"{name}\";r={remaining};t={reset}".
+                emit("ratelimit-policy", &rule.rendered.ietf_policy);
+                // "\"{name}\";r={remaining};t={reset}".
                 s.clear();
-                s.push('"');
-                push_sf_escaped(s, name);
-                s.push_str("\";q=");
-                push_u64(s, rpu);
-                s.push_str(";w=");
-                push_u64(s, window);
-                emit("ratelimit-policy", s);
-                s.clear();
-                s.push('"');
-                push_sf_escaped(s, name);
-                s.push_str("\";r=");
+                s.push_str(&rule.rendered.ietf_name);
+                s.push_str(";r=");
                 push_u64(s, remaining);
                 s.push_str(";t=");
                 push_u64(s, ceil_secs(v.reset));
@@ -115,6 +93,42 @@ pub fn each_header(
         push_u64(scratch, retry_after_secs(outcome));
         emit("retry-after", scratch);
     }
+}
+
+/// `x-ratelimit-limit`'s value for `rule`: "{rpu}, {rpu};w={window}", then
+/// ";name=\"{name}\"" when the rule is named.
+pub fn draft03_limit(rule: &Rule, limit: &Limit) -> String {
+    let rpu = u64::from(rule.requests_per_unit);
+    let mut s = String::new();
+    push_u64(&mut s, rpu);
+    s.push_str(", ");
+    push_u64(&mut s, rpu);
+    s.push_str(";w=");
+    push_u64(&mut s, ceil_secs(limit.window));
+    if let Some(name) = &rule.name {
+        s.push_str(";name=\"");
+        push_sf_escaped(&mut s, name);
+        s.push('"');
+    }
+    s
+}
+
+/// The name IETF headers give `rule` (its `name`, else its path), quoted.
+pub fn ietf_name(rule: &Rule) -> String {
+    let mut s = String::from('"');
+    push_sf_escaped(&mut s, rule.name.as_deref().unwrap_or(&rule.path));
+    s.push('"');
+    s
+}
+
+/// `ratelimit-policy`'s value for `rule`: "{ietf_name};q={rpu};w={window}".
+pub fn ietf_policy(ietf_name: &str, rule: &Rule, limit: &Limit) -> String {
+    let mut s = String::from(ietf_name);
+    s.push_str(";q=");
+    push_u64(&mut s, u64::from(rule.requests_per_unit));
+    s.push_str(";w=");
+    push_u64(&mut s, ceil_secs(limit.window));
+    s
 }
 
 /// `n` in decimal, as `to_string` writes it, without the formatting machinery.

@@ -127,7 +127,7 @@ fn put_status(buf: &mut BytesMut, outcome: &Outcome, s: &crate::limiter::Status)
             )
         }
     };
-    let limit_len = rule.map(rate_limit_len);
+    let limit = rule.map(|r| &*r.rendered.current_limit);
     let reset = reset.map(|us| {
         let seconds = us / 1_000_000;
         let nanos = (us % 1_000_000) * 1000;
@@ -135,16 +135,14 @@ fn put_status(buf: &mut BytesMut, outcome: &Outcome, s: &crate::limiter::Status)
     });
     let duration_len = reset.map(|(s, n)| varint_field_len(s) + varint_field_len(n));
     let len = varint_field_len(code)
-        + limit_len.map_or(0, nested_len)
+        + limit.map_or(0, |l| nested_len(l.len()))
         + varint_field_len(u64::from(remaining))
         + duration_len.map_or(0, nested_len);
     put_len_key(buf, 2, len);
     put_varint_field(buf, 1, code);
-    if let (Some(rule), Some(limit_len)) = (rule, limit_len) {
-        put_len_key(buf, 2, limit_len);
-        put_varint_field(buf, 1, u64::from(rule.requests_per_unit));
-        put_varint_field(buf, 2, proto_unit(rule.unit) as u64);
-        put_string_field(buf, 3, rule.name.as_deref().unwrap_or(""));
+    if let Some(limit) = limit {
+        put_len_key(buf, 2, limit.len());
+        buf.put_slice(limit);
     }
     put_varint_field(buf, 3, u64::from(remaining));
     if let (Some((seconds, nanos)), Some(duration_len)) = (reset, duration_len) {
@@ -154,11 +152,14 @@ fn put_status(buf: &mut BytesMut, outcome: &Outcome, s: &crate::limiter::Status)
     }
 }
 
-/// The length of a rule's `RateLimit` message.
-fn rate_limit_len(rule: &Rule) -> usize {
-    varint_field_len(u64::from(rule.requests_per_unit))
-        + varint_field_len(proto_unit(rule.unit) as u64)
-        + string_field_len(rule.name.as_deref().unwrap_or(""))
+/// The fields of `rule`'s `current_limit` message, encoded as prost encodes them
+/// (see [`super::rendered`]).
+pub fn current_limit_fields(rule: &Rule) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    put_varint_field(&mut buf, 1, u64::from(rule.requests_per_unit));
+    put_varint_field(&mut buf, 2, proto_unit(rule.unit) as u64);
+    put_string_field(&mut buf, 3, rule.name.as_deref().unwrap_or(""));
+    buf.to_vec()
 }
 
 fn varint_len(v: u64) -> usize {
