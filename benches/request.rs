@@ -5,9 +5,10 @@
 //! key), `uniform` (100,000 client keys) and `layered` (an address out of 100,000, a
 //! service and a tenant out of 100, one request).
 //!
-//! Criterion reports on-CPU time per request of one thread, so a busy machine
-//! disturbs it less than the end-to-end load runs; the h2 and Tokio costs those runs
-//! add are the same for any handler, and the ceiling pays them too.
+//! Criterion reports the (wall) time per request on one thread. The machine's load
+//! still moves it by a few per cent, so compare two builds in interleaved runs. The
+//! h2 and Tokio costs that end-to-end runs add are the same for any handler (the
+//! ceiling pays them too), so they are left out.
 //!
 //! Run: `cargo bench --bench request`
 
