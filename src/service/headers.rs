@@ -55,12 +55,12 @@ pub fn each_header(
         .iter()
         .filter_map(|s| {
             let rule = policy.rule(s.rule?);
-            let limit = rule.limit?;
-            Some((s, rule, limit, s.verdict?))
+            rule.limit?; // an unlimited rule has no limit to describe
+            Some((s, rule, s.verdict?))
         })
-        .min_by_key(|(s, _, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
+        .min_by_key(|(s, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
 
-    if let Some((_, rule, _, v)) = closest {
+    if let Some((_, rule, v)) = closest {
         let remaining = if outcome.over_limit { 0 } else { v.remaining };
         let s = &mut *scratch;
         match style {
