@@ -33,3 +33,73 @@ pub fn render(rule: &Rule) -> Rendered {
         ietf_name: ietf_name.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
+    use prost::Message;
+
+    use crate::policy::Policy;
+
+    const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: named
+    rate_limit: {unit: hour, requests_per_unit: 300, name: "a \"quoted\" \\ name"}
+  - key: tenant
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 7}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+    fn rule<'p>(policy: &'p Policy, path: &str) -> &'p crate::policy::Rule {
+        policy
+            .rules
+            .iter()
+            .find(|r| r.path == path)
+            .unwrap_or_else(|| panic!("no rule {path}"))
+    }
+
+    #[test]
+    fn each_rule_is_rendered_as_its_answers_report_it() {
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+
+        let named = &rule(&policy, "named").rendered;
+        assert_eq!(
+            RateLimit::decode(&named.current_limit[..]).expect("decodes"),
+            RateLimit {
+                name: "a \"quoted\" \\ name".into(),
+                requests_per_unit: 300,
+                unit: 3, // HOUR
+            }
+        );
+        assert_eq!(
+            &*named.draft03_limit,
+            r#"300, 300;w=3600;name="a \"quoted\" \\ name""#
+        );
+        assert_eq!(&*named.ietf_name, r#""a \"quoted\" \\ name""#);
+        assert_eq!(
+            &*named.ietf_policy,
+            r#""a \"quoted\" \\ name";q=300;w=3600"#
+        );
+
+        // Unnamed: no name in current_limit or x-ratelimit-limit; IETF names it by path.
+        let nested = &rule(&policy, "tenant/path").rendered;
+        assert_eq!(
+            RateLimit::decode(&nested.current_limit[..]).expect("decodes"),
+            RateLimit {
+                name: String::new(),
+                requests_per_unit: 7,
+                unit: 1, // SECOND
+            }
+        );
+        assert_eq!(&*nested.draft03_limit, "7, 7;w=1");
+        assert_eq!(&*nested.ietf_policy, r#""tenant/path";q=7;w=1"#);
+
+        // Unlimited rules report no limit, so nothing is rendered.
+        assert_eq!(rule(&policy, "free").rendered, Default::default());
+    }
+}
