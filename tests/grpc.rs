@@ -92,6 +92,26 @@ async fn an_undecodable_message_gets_invalid_argument() {
     assert_eq!(err.message(), "domain must not be empty");
 }
 
+/// Busy connections hold their answers back until the other connections have had
+/// their turn (`grpc_server::Deferred`): every call must still be answered, and
+/// counted once.
+#[tokio::test]
+async fn bursts_of_calls_on_several_connections_are_all_answered() {
+    let server = Server::start(POLICY, &[]);
+    let clients = [server.client().await, server.client().await];
+    let burst = (0..64)
+        .flat_map(|_| clients.iter().cloned())
+        .map(
+            |mut c| async move { call(&mut c, request("d", vec![desc(&[("k", "burst")])])).await },
+        );
+    let answers = tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(burst))
+        .await
+        .expect("every call of the burst is answered");
+    assert_eq!(answers.len(), 128);
+    let admitted = answers.iter().filter(|a| a.overall_code == 1).count();
+    assert_eq!(admitted, 5, "exactly the limit is admitted");
+}
+
 #[tokio::test]
 async fn an_unknown_method_is_unimplemented() {
     let server = Server::start(POLICY, &[]);
