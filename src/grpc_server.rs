@@ -157,9 +157,9 @@ async fn connection<H: Handler>(io: TcpStream, handler: Arc<H>, mut stop: watch:
     // are driven, and the connection is polled again to write what they sent.
     poll_fn(|cx| loop {
         if let Some(d) = &deferred {
-            // Woken early (h2 wakes the task as answers are queued, the socket as
-            // requests arrive): wait for the deferred wake-up, which comes once
-            // the worker has polled for I/O.
+            // Woken before the deferred wake-up (by h2, the socket or the stop
+            // signal): keep waiting. It comes once the worker has polled for I/O,
+            // and the full poll that follows looks at all of them again.
             if !d.fired.load(Ordering::Acquire) {
                 return Poll::Pending;
             }
