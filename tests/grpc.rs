@@ -108,8 +108,16 @@ async fn bursts_of_calls_on_several_connections_are_all_answered() {
         .await
         .expect("every call of the burst is answered");
     assert_eq!(answers.len(), 128);
-    let admitted = answers.iter().filter(|a| a.overall_code == 1).count();
-    assert_eq!(admitted, 5, "exactly the limit is admitted");
+    let admitted = answers.iter().filter(|a| a.overall_code == OK).count();
+    let denied = answers
+        .iter()
+        .filter(|a| a.overall_code == OVER_LIMIT)
+        .count();
+    assert_eq!(
+        (admitted, denied),
+        (5, 123),
+        "exactly the limit is admitted"
+    );
 }
 
 #[tokio::test]
