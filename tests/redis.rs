@@ -170,7 +170,12 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         }
         let want = memory.decide(&batch).await.expect("memory");
         let got = redis.decide(&batch).await.expect("redis");
-        assert_eq!(got, want, "step {step}: {batch:#?}");
+        // `now` aside: only the memory store decides on the process clock.
+        assert_eq!(
+            (got.admitted, &got.verdicts),
+            (want.admitted, &want.verdicts),
+            "step {step}: {batch:#?}"
+        );
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         // Mostly small steps (within windows), sometimes a jump over them.

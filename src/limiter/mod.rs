@@ -95,6 +95,10 @@ pub struct Outcome {
     /// (status index, key) of each denied descriptor, the key being its values as the
     /// top-offenders view shows them ([`key::offender`]). Empty when nothing is denied.
     pub offenders: Vec<(usize, String)>,
+    /// When the store decided, if it read the process clock ([`Verdicts::now`]).
+    ///
+    /// [`Verdicts::now`]: crate::store::Verdicts::now
+    pub now: Option<Micros>,
 }
 
 impl Outcome {
@@ -178,6 +182,7 @@ impl<S: Store> Limiter<S> {
                 delay: 0,
                 failure: None,
                 offenders: Vec::new(),
+                now: None,
             };
         };
 
@@ -241,6 +246,7 @@ impl<S: Store> Limiter<S> {
             delay: 0,
             failure: None,
             offenders: Vec::new(),
+            now: None,
         };
         if hits.is_empty() {
             return outcome;
@@ -254,6 +260,7 @@ impl<S: Store> Limiter<S> {
         match self.ask_store(&hits).await {
             Ok(decided) => {
                 outcome.over_limit = !decided.admitted;
+                outcome.now = decided.now;
                 for ((&i, hit), verdict) in order.iter().zip(&hits).zip(&decided.verdicts) {
                     let status = &mut outcome.statuses[i];
                     let mut verdict = *verdict;

@@ -421,6 +421,7 @@ descriptors:
                 delay: 0,
                 failure: None,
                 offenders: Vec::new(),
+                now: None,
             };
             for style in [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf] {
                 let want = frame(&response(&outcome, style));

@@ -182,7 +182,11 @@ impl MemoryStore {
                 self.insert(map, &hits[i].key, Entry { state, expires_at });
             }
         }
-        Verdicts { admitted, verdicts }
+        Verdicts {
+            admitted,
+            verdicts,
+            now: Some(now),
+        }
     }
 
     fn insert(&self, map: &mut Shard, key: &str, entry: Entry) {

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use crate::algorithm::{Limit, Verdict};
+use crate::algorithm::{Limit, Micros, Verdict};
 
 #[doc(hidden)]
 pub mod contract;
@@ -49,6 +49,10 @@ pub struct Hit {
 pub struct Verdicts {
     pub admitted: bool,
     pub verdicts: Vec<Verdict>,
+    /// The time the store decided at, on the process clock, when it read one (the
+    /// memory store does; Redis decides on Redis's clock). Metrics reuse it rather
+    /// than read the clock again.
+    pub now: Option<Micros>,
 }
 
 /// Why a store could not decide.

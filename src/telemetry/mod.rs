@@ -326,7 +326,7 @@ impl Metrics {
         if !self.enabled {
             return;
         }
-        self.decision_seconds.observe(took.as_secs_f64());
+        self.decision_seconds.observe(took);
         if !outcome.domain_known {
             self.unknown_domain.inc();
             return;
@@ -362,17 +362,19 @@ impl Metrics {
                 (None, _) if s.over_limit => OVER_LIMIT,
                 _ => OK,
             };
-            let counts = st.counts.local();
-            counts.outcomes[label].fetch_add(1, Ordering::Relaxed);
+            let (counts, owned) = st.counts.local();
+            striped::add(&counts.outcomes[label], owned, 1);
             if s.ban == Ban::Started {
-                counts.bans.fetch_add(1, Ordering::Relaxed);
+                striped::add(&counts.bans, owned, 1);
             }
             let decided = rule.limit.is_some()
                 && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
             if decided {
-                let now = *now.get_or_insert_with(|| self.clock.now());
+                let now =
+                    *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
                 let denied = label == OVER_LIMIT || label == BANNED;
-                st.ratio.local().record(now, denied);
+                let (ratio, owned) = st.ratio.local();
+                ratio.record(now, denied, owned);
                 if denied {
                     if let Some(key) = outcome.offender(i) {
                         st.top.add(now, key);
@@ -461,9 +463,8 @@ impl Metrics {
 
     /// A request denied from the Redis store's over-limit cache.
     pub fn denial_cache_answer(&self) {
-        self.cache_answer_stripes
-            .local()
-            .fetch_add(1, Ordering::Relaxed);
+        let (count, owned) = self.cache_answer_stripes.local();
+        striped::add(count, owned, 1);
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {
@@ -765,6 +766,7 @@ descriptors:
                 store: "redis",
             }),
             offenders: Vec::new(),
+            now: None,
         };
         let captured = Captured::default();
         let writer = captured.clone();

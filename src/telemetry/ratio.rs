@@ -49,8 +49,9 @@ impl Default for DenyWindow {
 }
 
 impl DenyWindow {
-    /// Counts one decision at `now`.
-    pub fn record(&self, now: Micros, denied: bool) {
+    /// Counts one decision at `now`. `owned`: the caller is the window's only
+    /// writer (see [`super::striped::stripe`]), so a plain store does.
+    pub fn record(&self, now: Micros, denied: bool, owned: bool) {
         let sec = now / SECOND;
         let bucket = &self.buckets[(sec % WINDOW_SECS) as usize];
         let mut old = bucket.load(Ordering::Relaxed);
@@ -62,6 +63,10 @@ impl DenyWindow {
                 (0, 0)
             };
             let new = pack(sec, decided + 1, d + u64::from(denied));
+            if owned {
+                bucket.store(new, Ordering::Relaxed);
+                return;
+            }
             match bucket.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(actual) => old = actual,
@@ -97,7 +102,7 @@ mod tests {
     fn ratio_over_the_last_minute() {
         let w = DenyWindow::default();
         for i in 0..100 {
-            w.record(T0 + i * 10_000, i % 4 == 0);
+            w.record(T0 + i * 10_000, i % 4 == 0, true);
         }
         assert_eq!(w.totals(T0), (100, 25));
         // Still inside the window 59 s later, gone after 60 s.
@@ -108,10 +113,10 @@ mod tests {
     #[test]
     fn old_buckets_are_reset_by_the_next_second_that_uses_them() {
         let w = DenyWindow::default();
-        w.record(T0, true);
-        w.record(T0 + 30 * SECOND, false);
+        w.record(T0, true, true);
+        w.record(T0 + 30 * SECOND, false, true);
         // Same bucket as T0, one minute later.
-        w.record(T0 + 60 * SECOND, false);
+        w.record(T0 + 60 * SECOND, false, true);
         assert_eq!(w.totals(T0 + 60 * SECOND), (2, 0));
         assert_eq!(w.totals(T0 + 95 * SECOND), (1, 0));
         assert_eq!(w.totals(T0 + 120 * SECOND), (0, 0));
@@ -125,7 +130,7 @@ mod tests {
                 let w = w.clone();
                 std::thread::spawn(move || {
                     for i in 0..10_000 {
-                        w.record(T0 + (i % 3) * SECOND, i % 2 == 0);
+                        w.record(T0 + (i % 3) * SECOND, i % 2 == 0, false);
                     }
                 })
             })

@@ -4,10 +4,14 @@
 //! plain atomics) is one cache line written by every core: two threads counting the
 //! same rule bounce that line between them on every request. Here every counter has
 //! [`STRIPES`] copies, each on its own cache line; a thread always writes the stripe
-//! it was given on first use, and a scrape adds the stripes up. Writes stay relaxed
-//! atomic additions, reads are rare.
+//! it was given on first use, and a scrape adds the stripes up. The first
+//! [`OWNED`] threads (the runtime's workers, in practice) each own a stripe that no
+//! other thread writes, so they count with a plain load and store instead of a
+//! locked read-modify-write; later threads share the other stripes and add
+//! atomically.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// Copies of each counter; more than the cores sluice is usually given.
 pub const STRIPES: usize = 8;
@@ -18,13 +22,46 @@ pub const STRIPES: usize = 8;
 #[repr(align(128))]
 pub struct Padded<T>(pub T);
 
-/// This thread's stripe, assigned round-robin on first use.
-pub fn stripe() -> usize {
+/// Stripes owned by one thread each; the rest are shared.
+pub const OWNED: usize = STRIPES / 2;
+
+/// This thread's stripe, given on first use, and whether the thread owns it (no
+/// other thread ever writes it). An owned stripe is never handed on, not even when
+/// its thread ends: its owner's load and store would lose another writer's
+/// additions.
+pub fn stripe() -> Stripe {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        static STRIPE: Stripe = {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            if n < OWNED {
+                Stripe { index: n, owned: true }
+            } else {
+                Stripe { index: OWNED + (n - OWNED) % (STRIPES - OWNED), owned: false }
+            }
+        };
     }
     STRIPE.with(|s| *s)
+}
+
+/// A thread's stripe (see [`stripe`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Stripe {
+    pub index: usize,
+    pub owned: bool,
+}
+
+/// Adds `n` to this thread's copy of a counter.
+pub fn add(counter: &AtomicU64, owned: bool, n: u64) {
+    if owned {
+        // The only writer: a plain read and write, which readers see whole.
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    } else {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// One value per stripe.
@@ -38,9 +75,10 @@ impl<T: Default> Default for Stripes<T> {
 }
 
 impl<T> Stripes<T> {
-    /// This thread's copy.
-    pub fn local(&self) -> &T {
-        &self.0[stripe()].0
+    /// This thread's copy, and whether the thread owns it (see [`stripe`]).
+    pub fn local(&self) -> (&T, bool) {
+        let s = stripe();
+        (&self.0[s.index].0, s.owned)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &T> {
@@ -51,6 +89,22 @@ impl<T> Stripes<T> {
 /// Upper bounds of `sluice_decision_seconds`' buckets.
 pub const LATENCY_BOUNDS: [f64; 12] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1,
+];
+
+/// [`LATENCY_BOUNDS`] in nanoseconds, so that observing needs no floating point.
+const BOUNDS_NANOS: [u64; LATENCY_BOUNDS.len()] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    15_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
 ];
 
 /// One stripe of a latency histogram: a count per bucket (the last is `+Inf`), the
@@ -74,15 +128,15 @@ pub struct HistogramTotals {
 }
 
 impl Histogram {
-    pub fn observe(&self, seconds: f64) {
-        let slot = self.0.local();
-        let i = LATENCY_BOUNDS
+    pub fn observe(&self, took: Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let (slot, owned) = self.0.local();
+        let i = BOUNDS_NANOS
             .iter()
-            .position(|b| seconds <= *b)
-            .unwrap_or(LATENCY_BOUNDS.len());
-        slot.buckets[i].fetch_add(1, Ordering::Relaxed);
-        slot.sum_nanos
-            .fetch_add((seconds * 1e9) as u64, Ordering::Relaxed);
+            .position(|b| nanos <= *b)
+            .unwrap_or(BOUNDS_NANOS.len());
+        add(&slot.buckets[i], owned, 1);
+        add(&slot.sum_nanos, owned, nanos);
     }
 
     pub fn totals(&self) -> HistogramTotals {
@@ -130,9 +184,9 @@ mod tests {
                 let h = h.clone();
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        h.observe(0.0002);
+                        h.observe(Duration::from_micros(200));
                     }
-                    h.observe(1.0);
+                    h.observe(Duration::from_secs(1));
                 })
             })
             .collect();
@@ -144,6 +198,42 @@ mod tests {
         assert_eq!(t.cumulative[2], 4000);
         assert_eq!(*t.cumulative.last().unwrap(), 4004);
         assert!((t.sum_seconds - 4.8).abs() < 1e-6, "{}", t.sum_seconds);
+    }
+
+    #[test]
+    fn bounds_in_nanoseconds_match_the_exported_bounds() {
+        for (nanos, seconds) in BOUNDS_NANOS.iter().zip(LATENCY_BOUNDS) {
+            assert_eq!(*nanos, (seconds * 1e9).round() as u64);
+        }
+        // `le`: a duration equal to a bound counts in that bound's bucket.
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(50));
+        h.observe(Duration::from_nanos(50_001));
+        let t = h.totals();
+        assert_eq!(&t.cumulative[..2], &[1, 2]);
+    }
+
+    #[test]
+    fn more_threads_than_stripes_lose_no_count() {
+        // The first threads own their stripes and write them without a locked add;
+        // the rest share one. Every addition must show in the sum either way.
+        let counter = std::sync::Arc::new(Stripes::<AtomicU64>::default());
+        let threads: Vec<_> = (0..2 * STRIPES)
+            .map(|_| {
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        let (c, owned) = counter.local();
+                        add(c, owned, 1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let sum: u64 = counter.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        assert_eq!(sum, 2 * STRIPES as u64 * 10_000);
     }
 
     #[test]

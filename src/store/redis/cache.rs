@@ -82,6 +82,7 @@ impl DenialCache {
         Some(Verdicts {
             admitted: false,
             verdicts,
+            now: None,
         })
     }
 

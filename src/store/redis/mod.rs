@@ -344,7 +344,11 @@ impl Inner {
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
         self.cache
             .remember(hits, &verdicts, admitted, decided.min(self.local_now()));
-        Ok(Verdicts { admitted, verdicts })
+        Ok(Verdicts {
+            admitted,
+            verdicts,
+            now: None,
+        })
     }
 
     async fn decide_group(

@@ -260,6 +260,7 @@ impl Tally {
         Ok(Verdicts {
             admitted: self.admitted,
             verdicts: self.verdicts,
+            now: None,
         })
     }
 }
