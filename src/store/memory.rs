@@ -138,6 +138,9 @@ impl MemoryStore {
 
     /// Decides a batch under the locks of its shards.
     fn decide_now(&self, hits: &[Hit]) -> Verdicts {
+        if let [hit] = hits {
+            return self.decide_one(hit);
+        }
         let now = self.clock.now();
         // Requests carry a few descriptors: their scratch stays on the stack.
         let shard_ids: SmallVec<[usize; SMALL]> =
@@ -180,6 +183,34 @@ impl MemoryStore {
                 let expires_at = algorithm::expires_at(&hits[i].limit, &state);
                 let map = &mut guards[guard_of(shard_ids[i])];
                 self.insert(map, &hits[i].key, Entry { state, expires_at });
+            }
+        }
+        Verdicts {
+            admitted,
+            verdicts,
+            now: Some(now),
+        }
+    }
+
+    /// A batch of one hit, the commonest: one lock, one lookup for a key that
+    /// exists, and none of the batch's scratch (whose inline arrays are copied
+    /// whole when made).
+    fn decide_one(&self, hit: &Hit) -> Verdicts {
+        let now = self.clock.now();
+        let mut map = lock(&self.shards[self.shard_of(&hit.key)]);
+        let mut slot = map
+            .get_mut(hit.key.as_bytes())
+            .filter(|e| e.expires_at > now);
+        let decision =
+            algorithm::decide(&hit.limit, slot.as_deref().map(|e| &e.state), now, hit.hits);
+        let verdicts = vec![decision.verdict];
+        let admitted = admitted(std::iter::once(hit.mode), &verdicts);
+        if let (true, Some(state)) = (admitted, decision.next) {
+            let expires_at = algorithm::expires_at(&hit.limit, &state);
+            let entry = Entry { state, expires_at };
+            match slot.take() {
+                Some(e) => *e = entry,
+                None => self.insert(&mut map, &hit.key, entry),
             }
         }
         Verdicts {
