@@ -1,6 +1,8 @@
 //! Limiter outcomes as Envoy's `RateLimitResponse`.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use std::cell::RefCell;
+
+use bytes::{BufMut, Bytes};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as ProtoUnit, Code, DescriptorStatus, RateLimit,
@@ -77,8 +79,40 @@ pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
 /// `grpc_server::frame(&response(outcome, style))` gives, written straight from the
 /// outcome: building the message first costs a Vec, Strings and a second walk per
 /// answer. Fields go in tag order and zero values are left out, as prost does.
+///
+/// The answer is written into this thread's scratch buffers and copied out at its
+/// exact size: a growable buffer frozen into `Bytes` costs a second allocation
+/// (`Bytes` adds a shared header unless length and capacity agree).
 pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
-    let mut buf = BytesMut::with_capacity(192 + 48 * outcome.statuses.len());
+    thread_local! {
+        static SCRATCH: RefCell<(Vec<u8>, String)> = const { RefCell::new((Vec::new(), String::new())) };
+    }
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let (buf, text) = &mut *scratch;
+            buf.clear();
+            encode_framed(outcome, style, buf, text);
+            let answer = Bytes::copy_from_slice(buf);
+            if buf.capacity() > MAX_SCRATCH {
+                // An answer with large metadata: do not keep its buffer for ever.
+                *buf = Vec::new();
+            }
+            answer
+        }
+        // Not reached (encoding does not call itself); kept safe all the same.
+        Err(_) => {
+            let mut buf = Vec::new();
+            encode_framed(outcome, style, &mut buf, &mut String::new());
+            Bytes::from(buf)
+        }
+    })
+}
+
+/// Largest scratch buffer a thread keeps between answers.
+const MAX_SCRATCH: usize = 64 * 1024;
+
+/// Writes the framed answer into `buf` (empty), with `text` as scratch.
+fn encode_framed(outcome: &Outcome, style: HeaderStyle, buf: &mut Vec<u8>, text: &mut String) {
     // The gRPC prefix: not compressed, then the length, filled in at the end.
     buf.put_bytes(0, 5);
     let overall = if outcome.over_limit {
@@ -86,30 +120,27 @@ pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
     } else {
         Code::Ok
     };
-    put_varint_field(&mut buf, 1, overall as u64);
+    put_varint_field(buf, 1, overall as u64);
     for s in &outcome.statuses {
-        put_status(&mut buf, outcome, s);
+        put_status(buf, outcome, s);
     }
-    // Room for the usual values, so writing them does not grow it step by step.
-    let mut scratch = String::with_capacity(64);
-    each_header(outcome, style, &mut scratch, |name, value| {
+    each_header(outcome, style, text, |name, value| {
         let len = string_field_len(name) + string_field_len(value);
-        put_len_key(&mut buf, 3, len);
-        put_string_field(&mut buf, 1, name);
-        put_string_field(&mut buf, 2, value);
+        put_len_key(buf, 3, len);
+        put_string_field(buf, 1, name);
+        put_string_field(buf, 2, value);
     });
     if let Some(m) = metadata(outcome) {
-        put_len_key(&mut buf, 6, prost::Message::encoded_len(&m));
+        put_len_key(buf, 6, prost::Message::encoded_len(&m));
         // Cannot fail on a buffer that grows.
-        let _ = prost::Message::encode(&m, &mut buf);
+        let _ = prost::Message::encode(&m, buf);
     }
     let len = (buf.len() - 5) as u32;
     buf[1..5].copy_from_slice(&len.to_be_bytes());
-    buf.freeze()
 }
 
 /// One `DescriptorStatus` (field 2), in the three shapes [`response`] builds.
-fn put_status(buf: &mut BytesMut, outcome: &Outcome, s: &crate::limiter::Status) {
+fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) {
     let code = if s.over_limit {
         Code::OverLimit
     } else {
@@ -155,11 +186,11 @@ fn put_status(buf: &mut BytesMut, outcome: &Outcome, s: &crate::limiter::Status)
 /// The fields of `rule`'s `current_limit` message, encoded as prost encodes them
 /// (see [`super::rendered`]).
 pub fn current_limit_fields(rule: &Rule) -> Vec<u8> {
-    let mut buf = BytesMut::new();
+    let mut buf = Vec::new();
     put_varint_field(&mut buf, 1, u64::from(rule.requests_per_unit));
     put_varint_field(&mut buf, 2, proto_unit(rule.unit) as u64);
     put_string_field(&mut buf, 3, rule.name.as_deref().unwrap_or(""));
-    buf.to_vec()
+    buf
 }
 
 fn varint_len(v: u64) -> usize {
@@ -167,7 +198,7 @@ fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-fn put_varint(buf: &mut BytesMut, mut v: u64) {
+fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         buf.put_u8((v as u8) | 0x80);
         v >>= 7;
@@ -176,7 +207,7 @@ fn put_varint(buf: &mut BytesMut, mut v: u64) {
 }
 
 /// The key of field `tag` (below 16, so one byte).
-fn put_key(buf: &mut BytesMut, tag: u8, wire_type: u8) {
+fn put_key(buf: &mut Vec<u8>, tag: u8, wire_type: u8) {
     debug_assert!(tag < 16);
     buf.put_u8(tag << 3 | wire_type);
 }
@@ -190,7 +221,7 @@ fn varint_field_len(v: u64) -> usize {
     }
 }
 
-fn put_varint_field(buf: &mut BytesMut, tag: u8, v: u64) {
+fn put_varint_field(buf: &mut Vec<u8>, tag: u8, v: u64) {
     if v != 0 {
         put_key(buf, tag, 0);
         put_varint(buf, v);
@@ -206,7 +237,7 @@ fn string_field_len(s: &str) -> usize {
     }
 }
 
-fn put_string_field(buf: &mut BytesMut, tag: u8, s: &str) {
+fn put_string_field(buf: &mut Vec<u8>, tag: u8, s: &str) {
     if !s.is_empty() {
         put_len_key(buf, tag, s.len());
         buf.put_slice(s.as_bytes());
@@ -219,7 +250,7 @@ fn nested_len(len: usize) -> usize {
     1 + varint_len(len as u64) + len
 }
 
-fn put_len_key(buf: &mut BytesMut, tag: u8, len: usize) {
+fn put_len_key(buf: &mut Vec<u8>, tag: u8, len: usize) {
     put_key(buf, tag, 2);
     put_varint(buf, len as u64);
 }
@@ -443,7 +474,7 @@ descriptors:
             u64::from(u32::MAX),
             u64::MAX,
         ] {
-            let mut buf = BytesMut::new();
+            let mut buf = Vec::new();
             put_varint(&mut buf, v);
             assert_eq!(buf.len(), varint_len(v), "{v}");
             assert_eq!(varint_len(v), prost::encoding::encoded_len_varint(v), "{v}");
