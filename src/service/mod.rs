@@ -85,8 +85,8 @@ pub struct Service<S> {
     /// the sum to reach zero.
     pub in_flight: Stripes<AtomicUsize>,
     /// Times each decision for `sluice_decision_seconds`: the CPU's time-stamp
-    /// counter where it is steady, which reads in a few nanoseconds where
-    /// `clock_gettime` takes 15-30.
+    /// counter where it is steady, which reads in under 10 ns where `clock_gettime`
+    /// took 30-45 on the request path (BENCHMARKS.md, "Twelfth session").
     latency: quanta::Clock,
 }
 
