@@ -87,24 +87,16 @@ pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
     thread_local! {
         static SCRATCH: RefCell<(Vec<u8>, String)> = const { RefCell::new((Vec::new(), String::new())) };
     }
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => {
-            let (buf, text) = &mut *scratch;
-            buf.clear();
-            encode_framed(outcome, style, buf, text);
-            let answer = Bytes::copy_from_slice(buf);
-            if buf.capacity() > MAX_SCRATCH {
-                // An answer with large metadata: do not keep its buffer for ever.
-                *buf = Vec::new();
-            }
-            answer
+    // Encoding never calls back into this function, so the borrow is never taken twice.
+    SCRATCH.with_borrow_mut(|(buf, text)| {
+        buf.clear();
+        encode_framed(outcome, style, buf, text);
+        let answer = Bytes::copy_from_slice(buf);
+        if buf.capacity() > MAX_SCRATCH {
+            // An answer with large metadata: do not keep its buffer for ever.
+            *buf = Vec::new();
         }
-        // Not reached (encoding does not call itself); kept safe all the same.
-        Err(_) => {
-            let mut buf = Vec::new();
-            encode_framed(outcome, style, &mut buf, &mut String::new());
-            Bytes::from(buf)
-        }
+        answer
     })
 }
 

@@ -32,16 +32,25 @@ pub const OWNED: usize = STRIPES / 2;
 pub fn stripe() -> Stripe {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: Stripe = {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            if n < OWNED {
-                Stripe { index: n, owned: true }
-            } else {
-                Stripe { index: OWNED + (n - OWNED) % (STRIPES - OWNED), owned: false }
-            }
-        };
+        static STRIPE: Stripe = assign(NEXT.fetch_add(1, Ordering::Relaxed));
     }
     STRIPE.with(|s| *s)
+}
+
+/// The stripe of the `n`th thread to count: its own for the first [`OWNED`], then
+/// the shared ones in turn.
+fn assign(n: usize) -> Stripe {
+    if n < OWNED {
+        Stripe {
+            index: n,
+            owned: true,
+        }
+    } else {
+        Stripe {
+            index: OWNED + (n - OWNED) % (STRIPES - OWNED),
+            owned: false,
+        }
+    }
 }
 
 /// A thread's stripe (see [`stripe`]).
@@ -214,9 +223,26 @@ mod tests {
     }
 
     #[test]
+    fn an_owned_stripe_is_never_given_to_another_thread() {
+        let given: Vec<Stripe> = (0..10 * STRIPES).map(assign).collect();
+        for (n, s) in given.iter().enumerate() {
+            assert!(s.index < STRIPES, "thread {n}: stripe {}", s.index);
+            assert_eq!(s.owned, n < OWNED, "thread {n}");
+            if s.owned {
+                let holders = given.iter().filter(|t| t.index == s.index).count();
+                assert_eq!(holders, 1, "owned stripe {} given {holders} times", s.index);
+            }
+        }
+        // The shared stripes are all used, in turn.
+        let shared: std::collections::BTreeSet<usize> =
+            given.iter().filter(|s| !s.owned).map(|s| s.index).collect();
+        assert_eq!(shared, (OWNED..STRIPES).collect());
+    }
+
+    #[test]
     fn more_threads_than_stripes_lose_no_count() {
-        // The first threads own their stripes and write them without a locked add;
-        // the rest share one. Every addition must show in the sum either way.
+        // Whichever stripes these threads get (the test binary's other threads may
+        // have taken the owned ones), every addition must show in the sum.
         let counter = std::sync::Arc::new(Stripes::<AtomicU64>::default());
         let threads: Vec<_> = (0..2 * STRIPES)
             .map(|_| {
