@@ -71,6 +71,7 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 }
 
 async fn json_request<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes) -> Response {
+    let _in_flight = admin.service.enter();
     let req = match parse_request(&body) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),

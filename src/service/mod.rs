@@ -80,9 +80,10 @@ pub struct Service<S> {
     pub limiter: Limiter<S>,
     pub headers: HeaderStyle,
     pub metrics: Arc<Metrics>,
-    /// Calls being decided or held right now, counted per thread stripe (one shared
-    /// count is a cache line both cores write twice per request); shutdown waits for
-    /// the sum to reach zero.
+    /// HTTP `/json` calls being decided or held right now, counted per thread stripe
+    /// (one shared count is a cache line both cores write twice per request);
+    /// shutdown waits for the sum to reach zero. gRPC calls are not counted: the
+    /// gRPC server returns only once every call it took is answered.
     pub in_flight: Stripes<AtomicUsize>,
     /// Times each decision for `sluice_decision_seconds`: the CPU's time-stamp
     /// counter where it is steady, which reads in under 10 ns where `clock_gettime`
@@ -91,7 +92,7 @@ pub struct Service<S> {
 }
 
 /// Counts a call as in flight until dropped, however the call ends.
-struct InFlight<'a>(&'a AtomicUsize);
+pub struct InFlight<'a>(&'a AtomicUsize);
 
 impl<'a> InFlight<'a> {
     /// Counts on this thread's stripe; the call leaves from the same one, wherever
@@ -122,7 +123,12 @@ impl<S: Store> Service<S> {
         }
     }
 
-    /// Calls in flight right now.
+    /// Counts an HTTP call as in flight until the guard is dropped.
+    pub fn enter(&self) -> InFlight<'_> {
+        InFlight::enter(&self.in_flight)
+    }
+
+    /// HTTP calls in flight right now.
     pub fn in_flight(&self) -> usize {
         self.in_flight
             .iter()
@@ -135,7 +141,6 @@ impl<S: Store> Service<S> {
         &self,
         req: &decode::Request<'_>,
     ) -> Result<Outcome, BadRequest> {
-        let _in_flight = InFlight::enter(&self.in_flight);
         let started = self.latency.raw();
         let descriptors = match descriptors(req) {
             Ok(d) => d,
