@@ -159,7 +159,11 @@ impl MemoryStore {
                 .rev()
                 .find(|&j| hashes[j] == hashes[i] && hits[j].key == hit.key && next[j].is_some());
             let map = &guards[guard_of(shard_ids[i])];
-            let slot = map.find_bucket_index(hashes[i], |s| s.holds(&hit.key));
+            // A repeated key has the slot its earlier hit found: nothing moves yet.
+            let slot = match earlier {
+                Some(j) => slots[j],
+                None => map.find_bucket_index(hashes[i], |s| s.holds(&hit.key)),
+            };
             let decision = match earlier {
                 Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
                 None => {
@@ -186,11 +190,12 @@ impl MemoryStore {
                 };
                 let map = &mut guards[guard_of(shard_ids[i])];
                 // A slot found above may have moved since, if an earlier hit's new key
-                // grew the table: it is used only while it still holds the key.
-                let found = slots[i]
-                    .and_then(|b| map.get_bucket_mut(b))
-                    .filter(|s| s.holds(&hit.key));
-                match found {
+                // grew the table: it is used only while it still holds the key. A key
+                // found nowhere above may since have been added by its earlier hit.
+                let slot = slots[i]
+                    .filter(|&b| map.get_bucket(b).is_some_and(|s| s.holds(&hit.key)))
+                    .or_else(|| map.find_bucket_index(hashes[i], |s| s.holds(&hit.key)));
+                match slot.and_then(|b| map.get_bucket_mut(b)) {
                     Some(slot) => slot.entry = entry,
                     None => self.insert(map, hashes[i], &hit.key, entry),
                 }
@@ -233,12 +238,8 @@ impl MemoryStore {
         }
     }
 
-    /// Stores a counter under `key`, whose hash is `hash`.
+    /// Adds a counter for `key`, whose hash is `hash` and which `map` does not hold.
     fn insert(&self, map: &mut Shard, hash: u64, key: &str, entry: Entry) {
-        if let Some(slot) = map.find_mut(hash, |s| s.holds(key)) {
-            slot.entry = entry;
-            return;
-        }
         if map.len() >= self.shard_cap {
             // Full of live keys: drop an arbitrary one. Its owner gets a fresh counter,
             // which is the price of a memory bound under a flood of distinct keys.
