@@ -69,9 +69,16 @@ fn connections_to(port: u16) -> usize {
 }
 
 fn load(port: u16, args: &[&str]) -> serde_json::Value {
+    // A run of `--requests N` ends at its count; its duration is only a bound, wide
+    // enough for a debug build on a slow machine (20,000 calls took 5 s on one).
+    let duration = if args.contains(&"--requests") {
+        "60s"
+    } else {
+        "3s"
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
-        .args(["--warmup", "0s", "--duration", "3s"])
+        .args(["--warmup", "0s", "--duration", duration])
         .args(if args.contains(&"--concurrency") {
             &[][..]
         } else {
