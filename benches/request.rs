@@ -26,8 +26,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Thro
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::FutureExt;
 use prost::Message;
 use sluice::clock::SystemClock;
@@ -113,7 +113,7 @@ fn one(service: &Service<MemoryStore>, message: &[u8]) -> usize {
 fn noop(message: &[u8]) -> usize {
     RateLimitRequest::decode(message).expect("decodes");
     frame(&RateLimitResponse {
-        overall_code: 1,
+        overall_code: Code::Ok as i32,
         ..Default::default()
     })
     .len()
