@@ -95,13 +95,9 @@ impl<T> Stripes<T> {
     }
 }
 
-/// Upper bounds of `sluice_decision_seconds`' buckets.
-pub const LATENCY_BOUNDS: [f64; 12] = [
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.025, 0.05, 0.1,
-];
-
-/// [`LATENCY_BOUNDS`] in nanoseconds, so that observing needs no floating point.
-const BOUNDS_NANOS: [u64; LATENCY_BOUNDS.len()] = [
+/// Upper bounds of `sluice_decision_seconds`' buckets in nanoseconds, so that
+/// observing needs no floating point.
+const BOUNDS_NANOS: [u64; 12] = [
     50_000,
     100_000,
     250_000,
@@ -115,6 +111,18 @@ const BOUNDS_NANOS: [u64; LATENCY_BOUNDS.len()] = [
     50_000_000,
     100_000_000,
 ];
+
+/// The same bounds in seconds, as exported. A division of two exact integers rounds
+/// once, so each is the very `f64` its decimal (0.00005, ...) reads as.
+pub const LATENCY_BOUNDS: [f64; BOUNDS_NANOS.len()] = {
+    let mut seconds = [0.0; BOUNDS_NANOS.len()];
+    let mut i = 0;
+    while i < seconds.len() {
+        seconds[i] = BOUNDS_NANOS[i] as f64 / 1e9;
+        i += 1;
+    }
+    seconds
+};
 
 /// One stripe of a latency histogram: a count per bucket (the last is `+Inf`), the
 /// total count and the sum in nanoseconds.
@@ -210,10 +218,16 @@ mod tests {
     }
 
     #[test]
-    fn bounds_in_nanoseconds_match_the_exported_bounds() {
-        for (nanos, seconds) in BOUNDS_NANOS.iter().zip(LATENCY_BOUNDS) {
-            assert_eq!(*nanos, (seconds * 1e9).round() as u64);
-        }
+    fn bounds_are_exported_as_decimal_seconds() {
+        // The `le` labels scrapers and dashboards read.
+        let shown: Vec<String> = LATENCY_BOUNDS.iter().map(|b| b.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "0.00005", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+                "0.015", "0.025", "0.05", "0.1"
+            ]
+        );
         // `le`: a duration equal to a bound counts in that bound's bucket.
         let h = Histogram::default();
         h.observe(Duration::from_micros(50));
