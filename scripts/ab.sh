@@ -28,7 +28,7 @@ scenario=${3:-hot}
 rounds=${4:-3}
 duration=${5:-4s}
 store=${AB_STORE:-redis}
-cargo build --release --bin sluice-bench >&2
+cargo build --release -p sluice-bench >&2
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh

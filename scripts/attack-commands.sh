@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 algorithms=("$@")
 [ ${#algorithms[@]} -gt 0 ] ||
   algorithms=(fixed_window sliding_window_log sliding_window_counter token_bucket leaky_bucket)
-cargo build --release --bins >&2
+cargo build --release --workspace --bins >&2
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 work=$(mktemp -d)

@@ -64,7 +64,7 @@ notes=()
 note() { notes+=("$*"); echo "bench: $*" >&2; }
 
 echo "bench: building release binaries" >&2
-cargo build --release --bins >&2
+cargo build --release --workspace --bins >&2
 bin=target/release
 sluice=${BENCH_SLUICE:-$bin/sluice}
 

@@ -19,7 +19,7 @@ keys=${1:-${MEMORY_KEYS:-}}
 hits=${MEMORY_HITS:-1}
 algorithms="fixed_window sliding_window_counter sliding_window_log token_bucket leaky_bucket"
 
-cargo build --release --bins >&2
+cargo build --release --workspace --bins >&2
 bin=target/release
 sluice=${MEMORY_SLUICE:-$bin/sluice}
 # shellcheck source=scripts/lib.sh

@@ -19,7 +19,7 @@ prefix=${3:-target/profile/$store-$scenario}
 mkdir -p "$(dirname "$prefix")"
 command -v perf >/dev/null || { echo "profile: perf not found" >&2; exit 1; }
 
-cargo build --release --bins >&2
+cargo build --release --workspace --bins >&2
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 

@@ -37,9 +37,12 @@ export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 log "cargo test"
-cargo test --all-targets
+cargo test --workspace --all-targets
+# No container engine runs here: the image is checked by what can run.
+log "scripts/check-image.py (Dockerfile stubs and Rust version)"
+python3 scripts/check-image.py
 
 # --- Deployment: Helm chart and manifests, then Envoy end to end --------------------
 # (each script installs what it needs when missing; see their headers)

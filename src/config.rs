@@ -79,7 +79,7 @@ pub struct Serve {
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
     /// Which rate-limit headers to ask Envoy to add.
-    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderStyle::Draft03)]
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "draft03", value_parser = parse_header_style)]
     pub response_headers: HeaderStyle,
     /// Log line format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -112,6 +112,15 @@ fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
         _ => Err(format!("expected open or closed, got {s:?}")),
+    }
+}
+
+fn parse_header_style(s: &str) -> Result<HeaderStyle, String> {
+    match s {
+        "off" => Ok(HeaderStyle::Off),
+        "draft03" => Ok(HeaderStyle::Draft03),
+        "ietf" => Ok(HeaderStyle::Ietf),
+        _ => Err(format!("expected off, draft03 or ietf, got {s:?}")),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod config;
 pub mod crd;
 pub mod grpc_server;
+pub mod hash;
 pub mod http;
 pub mod limiter;
 pub mod policy;

@@ -1,5 +1,6 @@
 //! The `sluice` binary: parses the command line and hands over to the library.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 /// mimalloc's per-thread free lists suit many short-lived request allocations across
@@ -64,8 +65,12 @@ fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: escapes in a file, a pipe or a log
+    // collector are noise. NO_COLOR (no-color.org) turns it off there too.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -65,3 +65,75 @@ fn serve_refuses_to_start_on_a_bad_policy() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml"), "{err}");
 }
+
+#[test]
+fn bench_policies_load() {
+    for file in [
+        "benches/policy.yaml",
+        "benches/memory-policy.yaml",
+        "benches/reference/config/bench.yaml",
+    ] {
+        let out = sluice().args(["validate", file]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_escapes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(&policy, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let mut child = sluice()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&policy)
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // The reader ends when the child's stderr closes, so a hung start fails the test
+    // by the kill below rather than hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.contains("sluice listening"))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        lines.iter().any(|l| l.contains("sluice listening")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains('\x1b')),
+        "colour escapes in piped logs: {lines:?}"
+    );
+}

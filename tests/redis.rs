@@ -70,7 +70,7 @@ fn start(shards: usize) -> Option<TestStore> {
 
 mod contract_one_shard {
     use super::*;
-    sluice::store_contract!(match start(1) {
+    crate::common::contract::store_contract!(match start(1) {
         Some(s) => s,
         None => return,
     });
@@ -79,7 +79,7 @@ mod contract_one_shard {
 mod contract_two_shards {
     use super::*;
     // Two-key batches usually span both shards: what one consumed is given back.
-    sluice::store_contract!(match start(2) {
+    crate::common::contract::store_contract!(match start(2) {
         Some(s) => s,
         None => return,
     });
@@ -88,7 +88,7 @@ mod contract_two_shards {
 fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64) -> Hit {
     Hit {
         key: key.to_string(),
-        placement: sluice::limiter::key::stable_hash(key.as_bytes()),
+        placement: sluice::hash::stable_hash(key.as_bytes()),
         limit: Limit {
             algorithm,
             requests,
@@ -139,7 +139,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         (10, 7 * DAY, 4),
         (0, SECOND, 3),
     ];
-    let algorithms = sluice::store::contract::ALL;
+    let algorithms = common::contract::ALL;
     let mut rng = Lcg(7);
     let mut compared = 0;
     let mut full = 0;
@@ -216,7 +216,7 @@ async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
                 .split_once("}:")
                 .and_then(|(_, rest)| rest.strip_suffix(":fw"))
                 .expect("key format");
-            let placement = sluice::limiter::key::stable_hash(counter.as_bytes());
+            let placement = sluice::hash::stable_hash(counter.as_bytes());
             assert_eq!(shard::jump_hash(placement, 3), index, "{k}");
         }
     }
@@ -226,7 +226,7 @@ async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
 #[tokio::test]
 async fn keys_expire_when_idle() {
     let Some(t) = start(1) else { return };
-    for alg in sluice::store::contract::ALL {
+    for alg in common::contract::ALL {
         let h = hit(&format!("ttl-{}", alg.as_str()), alg, 5, 60 * SECOND, 1);
         assert!(t.store.decide(&[h]).await.expect("decide").admitted);
     }
@@ -818,7 +818,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     let mut opts = Options::new(cluster.urls(), true);
     opts.key_count_interval = Duration::from_millis(50);
     let store = RedisStore::new(opts, None).expect("store");
-    for alg in sluice::store::contract::ALL {
+    for alg in common::contract::ALL {
         let key = format!("cluster-{}", alg.as_str());
         for i in 0..5 {
             let v = store.decide(&[hit(&key, alg, 5, 60 * SECOND, 1)]).await;
@@ -937,7 +937,7 @@ async fn dump(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<St
 fn key_on(prefix: &str, index: usize, n: usize) -> String {
     (0..)
         .map(|i| format!("{prefix}-{i}"))
-        .find(|k| shard::jump_hash(sluice::limiter::key::stable_hash(k.as_bytes()), n) == index)
+        .find(|k| shard::jump_hash(sluice::hash::stable_hash(k.as_bytes()), n) == index)
         .expect("some key lands on every shard")
 }
 

@@ -379,10 +379,10 @@ fn drop_replaced(policy: &Policy, statuses: &mut [Status]) {
 fn placement<E: Entry>(shard_by: Option<&str>, entries: &[E], key: &str) -> u64 {
     if let Some(shard_key) = shard_by {
         if let Some(e) = entries.iter().find(|e| e.key() == shard_key) {
-            return key::stable_hash(e.value().as_bytes());
+            return crate::hash::stable_hash(e.value().as_bytes());
         }
     }
-    key::stable_hash(key.as_bytes())
+    crate::hash::stable_hash(key.as_bytes())
 }
 
 /// A limiter over a memory store for unit tests: `policy` is file-form YAML, and the

@@ -245,7 +245,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         shared: trail.shared.clone(),
         rendered: Default::default(),
     };
-    rule.rendered = crate::service::rendered::render(&rule);
+    rule.rendered = super::answer::render(&rule);
     Some(rule)
 }
 

@@ -22,6 +22,7 @@ use std::fmt;
 
 use crate::algorithm::{Limit, Micros};
 
+pub mod answer;
 mod compile;
 mod descriptor;
 mod duration;
@@ -166,7 +167,7 @@ pub struct Rule {
     /// the request's value (one counter shared by every value the pattern matches).
     pub shared: Vec<Option<String>>,
     /// What every answer says about this rule, written once here (set by `compile`).
-    pub rendered: crate::service::rendered::Rendered,
+    pub rendered: answer::Rendered,
 }
 
 /// One domain's compiled descriptor tree.

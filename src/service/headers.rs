@@ -6,12 +6,11 @@
 
 use rand::Rng;
 
-use crate::algorithm::{Limit, Micros, SECOND};
+use crate::algorithm::{Micros, SECOND};
 use crate::limiter::Outcome;
-use crate::policy::Rule;
 
 /// Which header set to emit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderStyle {
     /// None; Envoy's own `enable_x_ratelimit_headers` can read the statuses instead.
     Off,
@@ -95,42 +94,6 @@ pub fn each_header(
     }
 }
 
-/// `x-ratelimit-limit`'s value for `rule`: "{rpu}, {rpu};w={window}", then
-/// ";name=\"{name}\"" when the rule is named.
-pub fn draft03_limit(rule: &Rule, limit: &Limit) -> String {
-    let rpu = u64::from(rule.requests_per_unit);
-    let mut s = String::new();
-    push_u64(&mut s, rpu);
-    s.push_str(", ");
-    push_u64(&mut s, rpu);
-    s.push_str(";w=");
-    push_u64(&mut s, ceil_secs(limit.window));
-    if let Some(name) = &rule.name {
-        s.push_str(";name=\"");
-        push_sf_escaped(&mut s, name);
-        s.push('"');
-    }
-    s
-}
-
-/// The name IETF headers give `rule` (its `name`, else its path), quoted.
-pub fn ietf_name(rule: &Rule) -> String {
-    let mut s = String::from('"');
-    push_sf_escaped(&mut s, rule.name.as_deref().unwrap_or(&rule.path));
-    s.push('"');
-    s
-}
-
-/// `ratelimit-policy`'s value for `rule`: "{ietf_name};q={rpu};w={window}".
-pub fn ietf_policy(ietf_name: &str, rule: &Rule, limit: &Limit) -> String {
-    let mut s = String::from(ietf_name);
-    s.push_str(";q=");
-    push_u64(&mut s, u64::from(rule.requests_per_unit));
-    s.push_str(";w=");
-    push_u64(&mut s, ceil_secs(limit.window));
-    s
-}
-
 /// `n` in decimal, as `to_string` writes it, without the formatting machinery.
 fn push_u64(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
@@ -165,16 +128,6 @@ pub fn jittered(wait: Micros, jitter: f64) -> u64 {
     base + extra
 }
 
-/// Structured-field strings may not hold `"` or `\` unescaped.
-fn push_sf_escaped(out: &mut String, s: &str) {
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,16 +145,11 @@ mod tests {
     }
 
     #[test]
-    fn numbers_and_escapes_are_written_as_before() {
+    fn numbers_are_written_as_before() {
         for n in [0, 7, 10, 99, 1_000_000_000, u64::from(u32::MAX), u64::MAX] {
             let mut s = String::from("x");
             push_u64(&mut s, n);
             assert_eq!(s, format!("x{n}"));
-        }
-        for name in ["", "plain", "a\"b", "back\\slash", "\"\\\"", "é\""] {
-            let mut s = String::new();
-            push_sf_escaped(&mut s, name);
-            assert_eq!(s, name.replace('\\', "\\\\").replace('"', "\\\""));
         }
     }
 }

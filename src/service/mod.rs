@@ -15,7 +15,6 @@ pub mod decode;
 pub mod grpc;
 pub mod headers;
 pub mod json;
-pub mod rendered;
 pub mod response;
 
 pub use headers::HeaderStyle;

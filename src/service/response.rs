@@ -4,15 +4,13 @@ use std::cell::RefCell;
 
 use bytes::{BufMut, Bytes};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as ProtoUnit, Code, DescriptorStatus, RateLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
 
 use crate::algorithm::Micros;
 use crate::limiter::Outcome;
-use crate::policy::{Rule, Unit};
+use crate::policy::answer::current_limit;
 
 use super::headers::{each_header, headers, HeaderStyle};
 
@@ -175,16 +173,6 @@ fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) 
     }
 }
 
-/// The fields of `rule`'s `current_limit` message, encoded as prost encodes them
-/// (see [`super::rendered`]).
-pub fn current_limit_fields(rule: &Rule) -> Vec<u8> {
-    let mut buf = Vec::new();
-    put_varint_field(&mut buf, 1, u64::from(rule.requests_per_unit));
-    put_varint_field(&mut buf, 2, proto_unit(rule.unit) as u64);
-    put_string_field(&mut buf, 3, rule.name.as_deref().unwrap_or(""));
-    buf
-}
-
 fn varint_len(v: u64) -> usize {
     // 7 bits a byte; 0 still takes one.
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
@@ -245,27 +233,6 @@ fn nested_len(len: usize) -> usize {
 fn put_len_key(buf: &mut Vec<u8>, tag: u8, len: usize) {
     put_key(buf, tag, 2);
     put_varint(buf, len as u64);
-}
-
-fn current_limit(rule: &Rule) -> RateLimit {
-    RateLimit {
-        name: rule.name.clone().unwrap_or_default(),
-        requests_per_unit: rule.requests_per_unit,
-        unit: proto_unit(rule.unit) as i32,
-    }
-}
-
-fn proto_unit(unit: Unit) -> ProtoUnit {
-    match unit {
-        Unit::Unknown => ProtoUnit::Unknown,
-        Unit::Second => ProtoUnit::Second,
-        Unit::Minute => ProtoUnit::Minute,
-        Unit::Hour => ProtoUnit::Hour,
-        Unit::Day => ProtoUnit::Day,
-        Unit::Week => ProtoUnit::Week,
-        Unit::Month => ProtoUnit::Month,
-        Unit::Year => ProtoUnit::Year,
-    }
 }
 
 fn duration(us: Micros) -> pbuf::Duration {

@@ -307,13 +307,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::algorithm::{Limit, SECOND};
+    use crate::algorithm::{Algorithm, Limit, SECOND};
     use crate::clock::ManualClock;
-
-    crate::store_contract!(MemoryStore::new(
-        Arc::new(ManualClock::new(1_000 * SECOND)),
-        1000
-    ));
+    use crate::store::testkit::hit;
 
     fn fixed(requests: u64) -> Limit {
         Limit {

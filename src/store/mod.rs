@@ -10,10 +10,10 @@ use std::future::Future;
 
 use crate::algorithm::{Limit, Micros, Verdict};
 
-#[doc(hidden)]
-pub mod contract;
 pub mod memory;
 pub mod redis;
+#[cfg(test)]
+mod testkit;
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;

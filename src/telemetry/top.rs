@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::algorithm::{Micros, SECOND};
-use crate::limiter::key::stable_hash;
+use crate::hash::stable_hash;
 
 /// Counters per sketch.
 pub const CAPACITY: usize = 64;

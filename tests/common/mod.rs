@@ -2,6 +2,7 @@
 //! through Envoy's own gRPC client stubs (from `envoy-types`) and plain HTTP.
 #![allow(dead_code)]
 
+pub mod contract;
 pub mod redis;
 
 use std::io::{BufRead, BufReader};

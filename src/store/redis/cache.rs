@@ -166,7 +166,7 @@ fn next_room(v: &Verdict) -> Option<Micros> {
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::store::contract::hit;
+    use crate::store::testkit::hit;
 
     fn denied(retry_after: Micros) -> Verdict {
         Verdict {

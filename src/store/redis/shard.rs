@@ -127,7 +127,7 @@ mod tests {
         let n = 100_000u64;
         let mut moved = 0;
         for i in 0..n {
-            let key = crate::limiter::key::stable_hash(format!("key-{i}").as_bytes());
+            let key = crate::hash::stable_hash(format!("key-{i}").as_bytes());
             let (before, after) = (jump_hash(key, 3), jump_hash(key, 4));
             assert!(before < 3 && after < 4);
             if before != after {
@@ -144,7 +144,7 @@ mod tests {
     fn placement_is_stable_and_spread() {
         let mut counts = [0usize; 4];
         for i in 0..40_000u64 {
-            let key = crate::limiter::key::stable_hash(&i.to_le_bytes());
+            let key = crate::hash::stable_hash(&i.to_le_bytes());
             let shard = jump_hash(key, 4);
             assert_eq!(shard, jump_hash(key, 4));
             counts[shard] += 1;

@@ -1,10 +1,16 @@
 //! The parts of an answer that depend on the rule alone, written once when a policy
 //! is compiled: each answer then copies them instead of encoding and formatting them
-//! again (a layered request's three statuses and its headers did so on every call).
+//! again (a layered request's three statuses and its headers would otherwise do so on
+//! every call). The service reads them; it writes the per-request parts itself.
 
-use crate::policy::Rule;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as ProtoUnit, RateLimit,
+};
+use prost::Message;
 
-use super::{headers, response};
+use crate::algorithm::{Limit, SECOND};
+
+use super::{Rule, Unit};
 
 /// A rule's constant answer parts; empty for a rule without a limit, which reports
 /// neither.
@@ -25,12 +31,79 @@ pub fn render(rule: &Rule) -> Rendered {
     let Some(limit) = rule.limit else {
         return Rendered::default();
     };
-    let ietf_name = headers::ietf_name(rule);
+    let ietf_name = ietf_name(rule);
     Rendered {
-        current_limit: response::current_limit_fields(rule).into(),
-        draft03_limit: headers::draft03_limit(rule, &limit).into(),
-        ietf_policy: headers::ietf_policy(&ietf_name, rule, &limit).into(),
+        current_limit: current_limit(rule).encode_to_vec().into(),
+        draft03_limit: draft03_limit(rule, &limit).into(),
+        ietf_policy: ietf_policy(&ietf_name, rule, &limit).into(),
         ietf_name: ietf_name.into(),
+    }
+}
+
+/// `rule`'s `current_limit` as Envoy's message.
+pub fn current_limit(rule: &Rule) -> RateLimit {
+    RateLimit {
+        name: rule.name.clone().unwrap_or_default(),
+        requests_per_unit: rule.requests_per_unit,
+        unit: proto_unit(rule.unit) as i32,
+    }
+}
+
+fn proto_unit(unit: Unit) -> ProtoUnit {
+    match unit {
+        Unit::Unknown => ProtoUnit::Unknown,
+        Unit::Second => ProtoUnit::Second,
+        Unit::Minute => ProtoUnit::Minute,
+        Unit::Hour => ProtoUnit::Hour,
+        Unit::Day => ProtoUnit::Day,
+        Unit::Week => ProtoUnit::Week,
+        Unit::Month => ProtoUnit::Month,
+        Unit::Year => ProtoUnit::Year,
+    }
+}
+
+/// The window in whole seconds, rounded up, as the headers state it.
+fn window_secs(limit: &Limit) -> u64 {
+    limit.window.div_ceil(SECOND)
+}
+
+/// `x-ratelimit-limit`'s value for `rule`: "{rpu}, {rpu};w={window}", then
+/// ";name=\"{name}\"" when the rule is named.
+fn draft03_limit(rule: &Rule, limit: &Limit) -> String {
+    let rpu = rule.requests_per_unit;
+    let mut s = format!("{rpu}, {rpu};w={}", window_secs(limit));
+    if let Some(name) = &rule.name {
+        s.push_str(";name=\"");
+        push_sf_escaped(&mut s, name);
+        s.push('"');
+    }
+    s
+}
+
+/// The name IETF headers give `rule` (its `name`, else its path), quoted.
+fn ietf_name(rule: &Rule) -> String {
+    let mut s = String::from('"');
+    push_sf_escaped(&mut s, rule.name.as_deref().unwrap_or(&rule.path));
+    s.push('"');
+    s
+}
+
+/// `ratelimit-policy`'s value for `rule`: "{ietf_name};q={rpu};w={window}".
+fn ietf_policy(ietf_name: &str, rule: &Rule, limit: &Limit) -> String {
+    format!(
+        "{ietf_name};q={};w={}",
+        rule.requests_per_unit,
+        window_secs(limit)
+    )
+}
+
+/// Structured-field strings may not hold `"` or `\` unescaped.
+fn push_sf_escaped(out: &mut String, s: &str) {
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
     }
 }
 
@@ -101,5 +174,14 @@ descriptors:
 
         // Unlimited rules report no limit, so nothing is rendered.
         assert_eq!(rule(&policy, "free").rendered, Default::default());
+    }
+
+    #[test]
+    fn quotes_and_backslashes_are_escaped() {
+        for name in ["", "plain", "a\"b", "back\\slash", "\"\\\"", "é\""] {
+            let mut s = String::new();
+            super::push_sf_escaped(&mut s, name);
+            assert_eq!(s, name.replace('\\', "\\\\").replace('"', "\\\""));
+        }
     }
 }

@@ -1,16 +1,15 @@
 //! One set of test bodies that every store must pass. `store_contract!` expands them
-//! for a store constructor; the memory store runs them here, the Redis store in its
-//! integration tests.
+//! for a store constructor: `tests/store_memory.rs` runs them on the memory store,
+//! `tests/redis.rs` on the Redis store.
 
-use crate::algorithm::{Algorithm, Limit, SECOND};
-
-use super::{Hit, Mode};
+use sluice::algorithm::{Algorithm, Limit, SECOND};
+use sluice::store::{Hit, Mode};
 
 /// A hit on `key` with a per-minute limit of `requests`.
 pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
     Hit {
         key: key.to_string(),
-        placement: crate::limiter::key::stable_hash(key.as_bytes()),
+        placement: sluice::hash::stable_hash(key.as_bytes()),
         limit: Limit {
             algorithm,
             requests,
@@ -33,12 +32,13 @@ pub const ALL: [Algorithm; 5] = [
 
 /// Expands the contract tests for `$make`, an async expression giving a fresh store
 /// whose keys do not collide with other tests (`$prefix` is prepended to keys).
-#[macro_export]
+// Each test binary includes `common`; only the store tests expand the suite.
+#[allow(unused_macros)]
 macro_rules! store_contract {
     ($make:expr) => {
-        use $crate::algorithm::Algorithm;
-        use $crate::store::contract::{hit, ALL};
-        use $crate::store::{Mode, Store};
+        use sluice::algorithm::Algorithm;
+        use sluice::store::{Mode, Store};
+        use $crate::common::contract::{hit, ALL};
 
         #[tokio::test]
         async fn admits_up_to_the_limit_then_denies() {
@@ -136,3 +136,5 @@ macro_rules! store_contract {
         }
     };
 }
+#[allow(unused_imports)]
+pub(crate) use store_contract;
