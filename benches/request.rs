@@ -32,6 +32,8 @@ use futures::FutureExt;
 use prost::Message;
 use sluice::clock::SystemClock;
 use sluice::grpc_server::frame;
+use sluice::hash::{stable_hash, ValueHash};
+use sluice::limiter::key::Hashing;
 use sluice::limiter::{Limiter, Settings};
 use sluice::service::decode::Request;
 use sluice::service::response::framed_response;
@@ -45,16 +47,12 @@ const KEYS: usize = 100_000;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn service() -> Service<MemoryStore> {
+fn service(settings: Settings) -> Service<MemoryStore> {
     let text = include_str!("policy.yaml");
     let docs = sluice::policy::parse_str("policy.yaml", text).expect("parses");
     let policy = sluice::policy::compile(docs).expect("compiles");
     let store = MemoryStore::new(Arc::new(SystemClock), 1_000_000);
-    let limiter = Limiter::new(
-        Arc::new(ArcSwap::from_pointee(policy)),
-        store,
-        Settings::default(),
-    );
+    let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings);
     Service::new(limiter, HeaderStyle::Draft03, Arc::new(Metrics::new()))
 }
 
@@ -130,9 +128,21 @@ fn settings(group: &mut BenchmarkGroup<'_, WallTime>) {
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("request");
     settings(&mut group);
-    for scenario in ["hot", "uniform", "layered"] {
-        let service = service();
-        let requests = requests(scenario);
+    // `layered-hashed`: the layered requests under `--hash-keys`, every value hashed
+    // with the keyed hash.
+    for scenario in ["hot", "uniform", "layered", "layered-hashed"] {
+        let settings = match scenario {
+            "layered-hashed" => Settings {
+                hashing: Hashing {
+                    all: true,
+                    hash: ValueHash::from_secret(b"a benchmark's secret").expect("long enough"),
+                },
+                ..Settings::default()
+            },
+            _ => Settings::default(),
+        };
+        let service = service(settings);
+        let requests = requests(scenario.trim_end_matches("-hashed"));
         // Every key exists before measuring, as in a long run.
         for r in &requests {
             one(&service, r);
@@ -145,6 +155,30 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+
+    // One value hashed, as the counter key writes it: the unkeyed FNV-1a that keys
+    // used before, against the keyed SipHash they use now.
+    let mut group = c.benchmark_group("hash");
+    settings(&mut group);
+    let value = b"10.123.45.67";
+    let mut out = String::with_capacity(64);
+    group.bench_function("fnv1a", |b| {
+        b.iter(|| {
+            use std::fmt::Write;
+            out.clear();
+            let _ = write!(out, "#{:016x}", stable_hash(std::hint::black_box(value)));
+            std::hint::black_box(out.len())
+        })
+    });
+    let keyed = ValueHash::from_secret(b"a benchmark's secret").expect("long enough");
+    group.bench_function("siphash", |b| {
+        b.iter(|| {
+            out.clear();
+            keyed.push_hex(&mut out, std::hint::black_box(value));
+            std::hint::black_box(out.len())
+        })
+    });
     group.finish();
 
     let mut group = c.benchmark_group("ceiling");

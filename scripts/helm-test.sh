@@ -141,6 +141,17 @@ r = [x for x in ds if x[\"kind\"] == \"Role\"][0]
 assert r[\"metadata\"][\"namespace\"] == \"shop\"
 assert {\"apiGroups\": [\"sluice.dev\"], \"resources\": [\"ratelimitpolicies/status\"], \"verbs\": [\"patch\", \"update\"]} in r[\"rules\"]
 '"
+check "hashKeys with hashSecret: --hash-keys, SLUICE_HASH_SECRET from the Secret" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true --set hashSecret.existingSecret=sluice-hash | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+assert \"--hash-keys\" in c[\"args\"], c[\"args\"]
+env = {e[\"name\"]: e for e in c[\"env\"]}
+assert env[\"SLUICE_HASH_SECRET\"][\"valueFrom\"] == {\"secretKeyRef\": {\"name\": \"sluice-hash\", \"key\": \"secret\"}}, env
+'"
+refuse "hashKeys without hashSecret.existingSecret is refused at render" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set redis.bundled.enabled=true | grep -q -- '--redis=redis://r-sluice-redis:6379'"
 check "sidecar: sluice gRPC on loopback, Service exposes Envoy" \

@@ -87,9 +87,19 @@ pub struct Serve {
     /// Most counters the in-memory store holds.
     #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 1_000_000)]
     pub max_keys: usize,
-    /// Hash every descriptor value in counter keys and in the top-offenders view.
+    /// Hash every descriptor value in counter keys and in the top-offenders view,
+    /// keyed by the hash secret (required with this flag).
     #[arg(long, env = "SLUICE_HASH_KEYS")]
     pub hash_keys: bool,
+    /// A file holding the secret that keys the hash of values in counter keys (with
+    /// `--hash-keys`, and values over 64 bytes always): the same on every replica.
+    /// Trailing white space is ignored; at least 16 bytes.
+    #[arg(long, env = "SLUICE_HASH_SECRET_FILE")]
+    pub hash_secret_file: Option<PathBuf>,
+    /// The hash secret itself. Prefer `SLUICE_HASH_SECRET` or the file: a command
+    /// line is visible to every user of the host.
+    #[arg(long, env = "SLUICE_HASH_SECRET", hide_env_values = true, conflicts_with = "hash_secret_file", value_parser = parse_secret)]
+    pub hash_secret: Option<Secret>,
     /// How often policy files are checked for changes.
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
     pub reload_interval: Duration,
@@ -105,6 +115,20 @@ pub struct Serve {
     /// sluice shares its cores (no wake-ups across threads; see BENCHMARKS.md).
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+}
+
+/// A secret given on the command line or in the environment; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+fn parse_secret(s: &str) -> Result<Secret, String> {
+    Ok(Secret(s.to_string()))
 }
 
 fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {

@@ -13,7 +13,9 @@ use tokio::sync::watch;
 use crate::clock::SystemClock;
 use crate::config::Serve;
 use crate::grpc_server;
+use crate::hash::ValueHash;
 use crate::http::{router, Admin};
+use crate::limiter::key::Hashing;
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::Service;
@@ -22,6 +24,44 @@ use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
 
 /// Runs the service until `shutdown` resolves, then drains in-flight calls.
+/// How values are hashed in counter keys: under the operator's secret when one is
+/// given. `--hash-keys` promises values that cannot be recovered, so it needs one.
+/// Without a secret, long values are hashed under a key of this process for the
+/// memory store, or under a public key for Redis, where every replica must agree.
+fn hashing(cfg: &Serve, shared: bool) -> anyhow::Result<Hashing> {
+    let secret = match (&cfg.hash_secret_file, &cfg.hash_secret) {
+        (Some(path), _) => {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("--hash-secret-file {}", path.display()))?;
+            Some(bytes.trim_ascii_end().to_vec())
+        }
+        (None, Some(secret)) => Some(secret.0.as_bytes().to_vec()),
+        (None, None) => None,
+    };
+    let hash = match secret {
+        Some(secret) => {
+            ValueHash::from_secret(&secret).context("--hash-secret-file or SLUICE_HASH_SECRET")?
+        }
+        None if cfg.hash_keys => bail!(
+            "--hash-keys needs a secret: --hash-secret-file PATH or SLUICE_HASH_SECRET, the same \
+             on every replica (without one, anyone who reads the counter keys could recover \
+             client addresses from their hashes)"
+        ),
+        None if shared => {
+            tracing::warn!(
+                "no hash secret: values over 64 bytes are hashed in Redis keys under a public \
+                 key; set --hash-secret-file so that they cannot be aimed at other counters"
+            );
+            ValueHash::public()
+        }
+        None => ValueHash::random(),
+    };
+    Ok(Hashing {
+        all: cfg.hash_keys,
+        hash,
+    })
+}
+
 pub async fn run(
     cfg: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -32,11 +72,13 @@ pub async fn run(
              or --kube to watch RateLimitPolicy resources"
         );
     }
+    let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
+    let hashing = hashing(&cfg, shared)?;
     let metrics = Arc::new(Metrics::new());
     let settings = Settings {
         failure_mode: cfg.failure_mode,
         store_timeout: cfg.store_timeout,
-        hash_keys: cfg.hash_keys,
+        hashing,
     };
     // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);

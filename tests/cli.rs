@@ -137,3 +137,45 @@ fn logs_to_a_pipe_carry_no_colour_escapes() {
         "colour escapes in piped logs: {lines:?}"
     );
 }
+
+/// `serve` with `args` on a valid policy, expected to refuse to start: its stderr.
+fn serve_refusal(args: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(&policy, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    let out = sluice()
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&policy)
+        .args(args)
+        .env_remove("SLUICE_HASH_SECRET")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn hash_keys_without_a_secret_refuses_to_start_and_says_why() {
+    let err = serve_refusal(&["--hash-keys"], &[]);
+    assert!(
+        err.contains("--hash-keys needs a secret") && err.contains("--hash-secret-file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_short_or_unreadable_hash_secret_is_refused() {
+    let err = serve_refusal(&["--hash-keys"], &[("SLUICE_HASH_SECRET", "short")]);
+    assert!(err.contains("at least 16 bytes"), "{err}");
+    assert!(!err.contains("short\""), "the secret is echoed: {err}");
+    let err = serve_refusal(&["--hash-secret-file", "/nonexistent/secret"], &[]);
+    assert!(err.contains("/nonexistent/secret"), "{err}");
+}

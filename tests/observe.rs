@@ -201,14 +201,30 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
 
 #[tokio::test]
 async fn hash_keys_hides_raw_values_in_top_offenders() {
-    let server = Server::start(POLICY, &["--hash-keys"]);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    // A Secret mounted as a file often ends in a newline: it is not part of the key.
+    std::fs::write(&secret, "a shared secret of the replicas\n").unwrap();
+    let server = Server::start(
+        POLICY,
+        &[
+            "--hash-keys",
+            "--hash-secret-file",
+            secret.to_str().unwrap(),
+        ],
+    );
     hammer(&server, "6.6.6.6", 5).await;
     let top = json_get(&server, "/debug/top");
     let key = top["rules"][0]["top"][0]["key"]
         .as_str()
         .unwrap()
         .to_string();
-    assert!(key.starts_with('#'), "{key}");
+    // The keyed hash every replica with this secret computes, and nobody without it.
+    let mut keyed = String::new();
+    sluice::hash::ValueHash::from_secret(b"a shared secret of the replicas")
+        .unwrap()
+        .push_hex(&mut keyed, b"6.6.6.6");
+    assert_eq!(key, keyed);
     assert_eq!(top["bans"][0]["key"], key.as_str());
     let text = metrics(&server);
     assert!(!text.contains("6.6.6.6"));

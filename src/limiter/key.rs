@@ -3,23 +3,39 @@
 //! A key is `domain|key=value|key=value`, with the wildcard pattern in place of the
 //! value at levels matched through `share_threshold`. Keys never carry unbounded
 //! request data: a value longer than 64 bytes (or holding a separator) is replaced by
-//! a stable hash, and with `--hash-keys` every value is, so client addresses and API
-//! keys are neither stored nor shown raw.
+//! its keyed hash, and with `--hash-keys` every value is, so client addresses and API
+//! keys are neither stored nor shown raw, nor recoverable without the secret.
 
-use std::fmt::Write;
-
-use crate::hash::stable_hash;
+use crate::hash::ValueHash;
 use crate::policy::{Entry, Rule};
 
 /// Longest value kept verbatim in a key.
 pub const MAX_RAW_VALUE: usize = 64;
+
+/// How values are written into keys: which of them are hashed, and with what key.
+#[derive(Debug, Clone, Copy)]
+pub struct Hashing {
+    /// Hash every value (`--hash-keys`), not only long or unsafe ones.
+    pub all: bool,
+    pub hash: ValueHash,
+}
+
+impl Default for Hashing {
+    /// Long values only, under a key of this process.
+    fn default() -> Self {
+        Hashing {
+            all: false,
+            hash: ValueHash::random(),
+        }
+    }
+}
 
 /// Writes the counter key of `rule` matched by `entries` into `out`.
 pub fn counter_key<E: Entry>(
     domain: &str,
     rule: &Rule,
     entries: &[E],
-    hash_all: bool,
+    hashing: &Hashing,
     out: &mut String,
 ) {
     out.clear();
@@ -29,8 +45,8 @@ pub fn counter_key<E: Entry>(
         out.push_str(entry.key());
         out.push('=');
         match rule.shared.get(i).and_then(|s| s.as_deref()) {
-            Some(pattern) => push_value(out, pattern, hash_all),
-            None => push_value(out, entry.value(), hash_all),
+            Some(pattern) => push_value(out, pattern, hashing),
+            None => push_value(out, entry.value(), hashing),
         }
     }
 }
@@ -38,24 +54,24 @@ pub fn counter_key<E: Entry>(
 /// The key the top-offenders view and penalty bans show for a matched descriptor:
 /// its values joined by `|` (the pattern at `share_threshold` levels), each written
 /// by [`push_value`], so `--hash-keys` shows hashes and long values are hashed.
-pub fn offender<E: Entry>(rule: &Rule, entries: &[E], hash_all: bool, out: &mut String) {
+pub fn offender<E: Entry>(rule: &Rule, entries: &[E], hashing: &Hashing, out: &mut String) {
     out.clear();
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             out.push('|');
         }
         match rule.shared.get(i).and_then(|s| s.as_deref()) {
-            Some(pattern) => push_value(out, pattern, hash_all),
-            None => push_value(out, entry.value(), hash_all),
+            Some(pattern) => push_value(out, pattern, hashing),
+            None => push_value(out, entry.value(), hashing),
         }
     }
 }
 
 /// The display form of a value for keys and the top-offenders view.
-pub fn push_value(out: &mut String, value: &str, hash_all: bool) {
+pub fn push_value(out: &mut String, value: &str, hashing: &Hashing) {
     let unsafe_chars = value.contains(['|', '=']);
-    if hash_all || unsafe_chars || value.len() > MAX_RAW_VALUE {
-        let _ = write!(out, "#{:016x}", stable_hash(value.as_bytes()));
+    if hashing.all || unsafe_chars || value.len() > MAX_RAW_VALUE {
+        hashing.hash.push_hex(out, value.as_bytes());
     } else {
         out.push_str(value);
     }
@@ -65,6 +81,22 @@ pub fn push_value(out: &mut String, value: &str, hash_all: bool) {
 mod tests {
     use super::*;
     use crate::policy::{Layer, Unit};
+
+    const SECRET: &[u8] = b"a test secret of many bytes";
+
+    fn long_only() -> Hashing {
+        Hashing {
+            all: false,
+            hash: ValueHash::from_secret(SECRET).unwrap(),
+        }
+    }
+
+    fn every_value() -> Hashing {
+        Hashing {
+            all: true,
+            ..long_only()
+        }
+    }
 
     fn rule(shared: Vec<Option<String>>) -> Rule {
         Rule {
@@ -92,7 +124,7 @@ mod tests {
             "edge",
             &rule(vec![None, None]),
             &[("a", "1"), ("b", "2")],
-            false,
+            &long_only(),
             &mut k,
         );
         assert_eq!(k, "edge|a=1|b=2");
@@ -102,9 +134,9 @@ mod tests {
     fn shared_levels_use_the_pattern() {
         let mut k = String::new();
         let r = rule(vec![Some("files/*".into())]);
-        counter_key("d", &r, &[("a", "files/x")], false, &mut k);
+        counter_key("d", &r, &[("a", "files/x")], &long_only(), &mut k);
         let mut k2 = String::new();
-        counter_key("d", &r, &[("a", "files/y")], false, &mut k2);
+        counter_key("d", &r, &[("a", "files/y")], &long_only(), &mut k2);
         assert_eq!(k, "d|a=files/*");
         assert_eq!(k, k2);
     }
@@ -117,12 +149,18 @@ mod tests {
             "d",
             &rule(vec![None]),
             &[("a", long.as_str())],
-            false,
+            &long_only(),
             &mut k,
         );
         assert!(!k.contains(&long));
-        assert!(k.len() < 40, "{k}");
-        counter_key("d", &rule(vec![None]), &[("a", "p|b=c")], false, &mut k);
+        assert_eq!(k.len(), "d|a=#".len() + 32, "{k}");
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("a", "p|b=c")],
+            &long_only(),
+            &mut k,
+        );
         assert!(!k.contains("p|b"), "{k}");
     }
 
@@ -130,9 +168,19 @@ mod tests {
     fn offender_shows_values_or_their_hashes() {
         let mut k = String::new();
         let r = rule(vec![None, Some("files/*".into())]);
-        offender(&r, &[("ip", "10.0.0.1"), ("f", "files/x")], false, &mut k);
+        offender(
+            &r,
+            &[("ip", "10.0.0.1"), ("f", "files/x")],
+            &long_only(),
+            &mut k,
+        );
         assert_eq!(k, "10.0.0.1|files/*");
-        offender(&r, &[("ip", "10.0.0.1"), ("f", "files/x")], true, &mut k);
+        offender(
+            &r,
+            &[("ip", "10.0.0.1"), ("f", "files/x")],
+            &every_value(),
+            &mut k,
+        );
         assert!(!k.contains("10.0.0.1"), "{k}");
         assert!(k.starts_with('#'), "{k}");
     }
@@ -140,10 +188,50 @@ mod tests {
     #[test]
     fn hash_all_hides_every_value_but_stays_stable() {
         let mut k = String::new();
-        counter_key("d", &rule(vec![None]), &[("ip", "10.0.0.1")], true, &mut k);
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("ip", "10.0.0.1")],
+            &every_value(),
+            &mut k,
+        );
         assert!(!k.contains("10.0.0.1"));
         let mut k2 = String::new();
-        counter_key("d", &rule(vec![None]), &[("ip", "10.0.0.1")], true, &mut k2);
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("ip", "10.0.0.1")],
+            &every_value(),
+            &mut k2,
+        );
         assert_eq!(k, k2);
+    }
+
+    #[test]
+    fn another_secret_gives_other_keys() {
+        let other = Hashing {
+            all: true,
+            hash: ValueHash::from_secret(b"another secret, also long").unwrap(),
+        };
+        let (mut a, mut b) = (String::new(), String::new());
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("ip", "10.0.0.1")],
+            &every_value(),
+            &mut a,
+        );
+        counter_key(
+            "d",
+            &rule(vec![None]),
+            &[("ip", "10.0.0.1")],
+            &other,
+            &mut b,
+        );
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("d|ip=#") && b.starts_with("d|ip=#"),
+            "{a} {b}"
+        );
     }
 }

@@ -25,8 +25,8 @@ pub struct Settings {
     pub failure_mode: FailureMode,
     /// Longest wait for the store before the failure mode decides.
     pub store_timeout: Duration,
-    /// Hash every descriptor value in counter keys (`--hash-keys`).
-    pub hash_keys: bool,
+    /// Which values are hashed in counter keys, and under what key.
+    pub hashing: key::Hashing,
 }
 
 impl Default for Settings {
@@ -34,7 +34,7 @@ impl Default for Settings {
         Settings {
             failure_mode: FailureMode::Open,
             store_timeout: Duration::from_millis(15),
-            hash_keys: false,
+            hashing: key::Hashing::default(),
         }
     }
 }
@@ -213,7 +213,7 @@ impl<S: Store> Limiter<S> {
                 domain,
                 rule,
                 descriptors[i].entries,
-                self.settings.hash_keys,
+                &self.settings.hashing,
                 &mut key,
             );
             let placement = if places_keys {
@@ -324,7 +324,7 @@ impl<S: Store> Limiter<S> {
             key::offender(
                 rule,
                 descriptors[i].entries,
-                self.settings.hash_keys,
+                &self.settings.hashing,
                 &mut shown,
             );
             if status.ban == Ban::None && hit.mode == Mode::Enforce {

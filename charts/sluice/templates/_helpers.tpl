@@ -136,6 +136,9 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --reload-interval={{ $v.reloadInterval }}
 - --shutdown-grace={{ $v.shutdownGraceSeconds }}s
 {{- if $v.hashKeys }}
+{{- if not $v.hashSecret.existingSecret }}
+{{- fail "hashKeys needs hashSecret.existingSecret: a Secret holding the hash key, the same for every replica" }}
+{{- end }}
 - --hash-keys
 {{- end }}
 {{- range $v.extraArgs }}
@@ -176,6 +179,13 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
         secretKeyRef:
           name: {{ $v.redis.existingSecret }}
           key: {{ $v.redis.existingSecretKey }}
+    {{- end }}
+    {{- if $v.hashSecret.existingSecret }}
+    - name: SLUICE_HASH_SECRET
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.hashSecret.existingSecret }}
+          key: {{ $v.hashSecret.key }}
     {{- end }}
     {{- with $v.extraEnv }}
     {{- toYaml . | nindent 4 }}
