@@ -26,8 +26,7 @@
 # and a second table compares throughput at equal or lower p99), BENCH_REFERENCE=0 (skip
 # building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
 # BENCH_SLUICE (another sluice binary to measure, e.g. an older build), BENCH_CLIENT
-# (the generator's client, `h2` by default; `tonic` as for the tables taken before
-# "Lean load generator" in BENCHMARKS.md), BENCH_GEN_THREADS (the generator's runtime
+# (the generator's client, `h2` by default, or `tonic`), BENCH_GEN_THREADS (the generator's runtime
 # threads, 1 by default: on 2 shared cores one thread spends about a third less CPU per
 # request than one per core, and is far from its limit at these rates; 0 = one per core),
 # BENCH_ROUNDS (1: run every scenario and target this many times over, in turn; the

@@ -112,7 +112,8 @@ pub struct Serve {
     pub shutdown_grace: Duration,
     /// Threads answering requests; 0 means one per CPU available to the process (its
     /// cgroup quota included). 1 spends about a fifth less CPU per Redis decision when
-    /// sluice shares its cores (no wake-ups across threads; see BENCHMARKS.md).
+    /// sluice shares its cores (no wake-ups across threads;
+    /// docs/performance-notes.md, "Worker threads").
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 }

@@ -222,7 +222,7 @@ const DEFER_AFTER: usize = 8;
 /// a sleeping thread costs the writer more than the write. Only for batches of
 /// `DEFER_AFTER` or more: a lightly loaded connection answers at once, since
 /// holding back small batches leaves the server idle while the client catches up
-/// (a tenth fewer requests at 16 in flight; BENCHMARKS.md, "Tenth session").
+/// (measured: docs/performance-notes.md, "HTTP/2 server").
 struct Deferred {
     fired: AtomicBool,
     task: Waker,

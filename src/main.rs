@@ -4,7 +4,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 /// mimalloc's per-thread free lists suit many short-lived request allocations across
-/// Tokio's worker threads better than glibc malloc's arenas (see BENCHMARKS.md).
+/// Tokio's worker threads better than glibc malloc's arenas, whose locks showed up
+/// under load (docs/performance-notes.md, "Allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,4 +1,4 @@
-//! `penalty` (SPEC.md section 2): a key denied `violations` times within `within` is
+//! `penalty` (README, "Policy reference"): a key denied `violations` times within `within` is
 //! denied outright for `ban`.
 //!
 //! Kept in the decision path rather than in a store, so it works with every store:
@@ -20,8 +20,8 @@
 //! Redis store, a client spread over N replicas needs up to N times `violations`
 //! denials before every replica bans it, and a ban is enforced by the replicas that
 //! counted it. A Redis-held ban key (set by the script that denies) is the natural
-//! next step; until then, penalties are exact with one replica or with session
-//! affinity.
+//! next step; until then, penalties are exact with one replica or with sticky
+//! routing of each client to one replica.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -27,7 +27,8 @@ pub const MAX_ENTRIES: usize = 32;
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// Checks a request the way SPEC.md section 4 says and turns it into limiter input.
+/// Checks a request as README's "Responses" section says and turns it into limiter
+/// input.
 pub fn descriptors<'r>(
     req: &'r decode::Request<'_>,
 ) -> Result<Vec<Descriptor<'r, (&'r str, &'r str)>>, BadRequest> {
@@ -46,8 +47,8 @@ pub fn descriptors<'r>(
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            // A descriptor with no entries matches nothing and is answered OK. SPEC.md
-            // asked for INVALID_ARGUMENT, but Envoy sends such descriptors when a
+            // A descriptor with no entries matches nothing and is answered OK, not
+            // INVALID_ARGUMENT: Envoy sends such descriptors when a
             // `skip_if_absent` action finds no header, and refusing the whole call
             // would make Envoy fail open on every other limit of the request.
             let entries = &req.entries[d.entries.clone()];
@@ -85,8 +86,8 @@ pub struct Service<S> {
     /// gRPC server returns only once every call it took is answered.
     pub in_flight: Stripes<AtomicUsize>,
     /// Times each decision for `sluice_decision_seconds`: the CPU's time-stamp
-    /// counter where it is steady, which reads in under 10 ns where `clock_gettime`
-    /// took 30-45 on the request path (BENCHMARKS.md, "Twelfth session").
+    /// counter where it is steady, several times cheaper to read than
+    /// `clock_gettime` on the request path (docs/performance-notes.md, "Metrics").
     latency: quanta::Clock,
 }
 

@@ -22,7 +22,7 @@
 //!
 //! `RuleStats` are kept by (domain, rule path, layer), so counters stay monotonic and
 //! windows survive a policy reload; they are few (bounded by the rules ever loaded).
-//! `benches/metrics.rs` measures the cost (BENCHMARKS.md).
+//! `benches/metrics.rs` measures the cost (BENCHMARKS.md, "Sluice's own work per request").
 //!
 //! The ratio and the top offenders are computed at scrape time (`render`).
 

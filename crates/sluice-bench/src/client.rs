@@ -1,6 +1,6 @@
 //! How the generator sends one ShouldRateLimit call: straight on an `h2` client
 //! connection (the default), or through tonic's `Channel` (`--client tonic`, the
-//! client every figure before "Lean load generator" in BENCHMARKS.md was taken with).
+//! client most Rust callers would use).
 //!
 //! The generator shares the machine with the service it measures, so its CPU per
 //! request is taken from the service. tonic's `Channel` hands each call to a buffer

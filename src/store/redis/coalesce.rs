@@ -9,7 +9,7 @@
 //! answers each request with its group's verdicts. While its call is in flight the
 //! other task collects and sends the next one, so Redis works on one call while the
 //! answers of the previous one go out (one call in flight left the machine idle
-//! during every round trip: BENCHMARKS.md), and under load one round trip and one
+//! during every round trip: docs/performance-notes.md, "Redis path"), and under load one round trip and one
 //! script call serve many requests; an idle shard sends a lone request at once (no
 //! timer, no waiting for a batch to fill).
 //!

@@ -15,8 +15,8 @@
 //! meanwhile go together in the next call, which decides them one after another
 //! (each all-or-nothing, as if they had arrived back to back). Redis pays a fixed
 //! cost per call (dispatch, the script's setup, `TIME`) on top of the cost per hit,
-//! so under load this cuts its CPU per decision (BENCHMARKS.md, "Coalesced script
-//! calls"); an idle shard still gets a lone request at once. One call counts as one
+//! so under load this cuts its CPU per decision (docs/performance-notes.md, "Redis
+//! path"); an idle shard still gets a lone request at once. One call counts as one
 //! success or failure for the shard's health. In a cluster each request makes its
 //! own call per slot.
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep

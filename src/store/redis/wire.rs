@@ -5,7 +5,7 @@
 //! call into one reused buffer, sends it, and parses the reply (a flat array of
 //! integers) straight into numbers. Against a multiplexed
 //! redis-rs connection this saves a task hop each way and an allocation per argument
-//! and per reply value (BENCHMARKS.md, "Decide calls on the shard's own connection").
+//! and per reply value (docs/performance-notes.md, "Redis path").
 //!
 //! Plain `redis://` only (with AUTH and SELECT from the URL); TLS and Unix sockets go
 //! through redis-rs. Any I/O or protocol error drops the connection, so a reply can
