@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(s.top(1), vec![("a".to_string(), 5)]);
     }
 
-    /// The test: 1,000,000 decisions from 100,000 keys, 5 of which cause 30 %
+    /// 1,000,000 decisions from 100,000 keys, 5 of which cause 30 %
     /// of the denials; those 5 are the top 5 and memory stays bounded.
     #[test]
     fn five_heavy_keys_among_a_hundred_thousand_are_the_top_five() {
