@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -11,12 +12,12 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::policy::FailureMode;
+use crate::clock::rfc3339;
 use crate::service::decode::Request;
 use crate::service::json::{parse_request, render_response};
 use crate::service::response::response;
 use crate::service::Service;
-use crate::store::Store;
+use crate::store::{ShardStatus, Store};
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
@@ -35,15 +36,17 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/json", post(json_request::<S>))
         .route("/debug/policies", get(policies::<S>))
         .route("/debug/top", get(top::<S>))
+        .route("/debug/store", get(store::<S>))
         .with_state(admin)
 }
 
-/// Ready once serving, and, when the failure mode is closed, while the store answers:
-/// a replica that would deny everything is better out of the endpoints.
+/// Ready once policies are loaded and the servers listen, until SIGTERM: "this
+/// replica can answer". Never the store's health: every replica shares the store,
+/// so a store outage would take them all out of the endpoints at once, and Envoy's
+/// own failure mode would answer instead of the domain's (`/debug/store` and the
+/// metrics show the store).
 async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    let limiter = &admin.service.limiter;
-    let store_ok = limiter.failure_mode() == FailureMode::Open || limiter.store().available();
-    if admin.ready.load(Ordering::SeqCst) && store_ok {
+    if admin.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -241,4 +244,35 @@ async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         })).collect::<Vec<_>>(),
     }))
     .into_response()
+}
+
+/// `/debug/store`: per shard (or cluster), its state, latest error and back-off
+/// deadline.
+async fn store<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    let store = admin.service.limiter.store();
+    let now = SystemTime::now();
+    let shards: Vec<_> = store.shards().iter().map(|s| shard(s, now)).collect();
+    Json(json!({"store": store.name(), "shards": shards})).into_response()
+}
+
+fn shard(s: &ShardStatus, now: SystemTime) -> serde_json::Value {
+    // Seconds from `a` to `b`, 0 if `b` is earlier (the wall clock may step).
+    let between =
+        |a: SystemTime, b: SystemTime| b.duration_since(a).map_or(0.0, |d| d.as_secs_f64());
+    let mut v = json!({
+        "name": s.name,
+        "state": s.state.as_str(),
+        "last_error": s.last_error.as_ref().map(|e| json!({
+            "kind": e.kind.as_str(),
+            "message": e.message,
+            "at": rfc3339(e.at),
+            "seconds_ago": between(e.at, now),
+        })),
+        "backoff_until": s.backoff_until.map(rfc3339),
+        "backoff_remaining_seconds": s.backoff_until.map(|u| between(now, u)),
+    });
+    if !s.nodes.is_empty() {
+        v["nodes"] = json!(s.nodes);
+    }
+    v
 }

@@ -20,7 +20,7 @@ use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::Service;
 use crate::store::redis::Options as RedisOptions;
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{MemoryStore, RedisStore, Report, Store};
 use crate::telemetry::Metrics;
 
 /// Runs the service until `shutdown` resolves, then drains in-flight calls.
@@ -108,7 +108,7 @@ pub async fn run(
 
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
     // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
-    metrics.declare_store_shard("memory", "local");
+    metrics.shard_declared("memory", "local");
     let limiter = Limiter::new(policy, store.clone(), settings);
     let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
     {

@@ -1,6 +1,7 @@
 //! Observability through the real binary: `/metrics` families, `/debug/top`,
-//! `/debug/policies`, penalties, `--hash-keys`, quiet logs and JSON logs, and the
-//! Grafana dashboard and Prometheus rules in `deploy/` against what `/metrics` exports.
+//! `/debug/policies`, `/debug/store`, penalties, `--hash-keys`, quiet logs and JSON
+//! logs, and the Grafana dashboard and Prometheus rules in `deploy/` against what
+//! `/metrics` exports.
 
 mod common;
 
@@ -280,6 +281,19 @@ async fn debug_policies_tells_resources_in_files_from_plain_documents() {
     assert_eq!(edge["resource"], "shop/checkout");
     assert_eq!(edge["rules"], serde_json::json!(["user"]));
     assert_eq!(edge["status"]["state"], "loaded");
+}
+
+#[tokio::test]
+async fn debug_store_says_the_memory_store_is_in_memory() {
+    let server = Server::start(POLICY, &[]);
+    let s = json_get(&server, "/debug/store");
+    assert_eq!(s["store"], "memory", "{s}");
+    let shards = s["shards"].as_array().expect("shards");
+    assert_eq!(shards.len(), 1, "{s}");
+    assert_eq!(shards[0]["name"], "local", "{s}");
+    assert_eq!(shards[0]["state"], "in_memory", "{s}");
+    assert!(shards[0]["last_error"].is_null(), "{s}");
+    assert!(shards[0]["backoff_until"].is_null(), "{s}");
 }
 
 #[tokio::test]

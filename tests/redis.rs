@@ -1331,11 +1331,15 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
         .count();
     assert_eq!((down, up), (1, 1), "one line per state change: {lines:#?}");
     let metrics = common::http(&sluice.http, "GET", "/metrics", "").1;
-    let shard_errors = format!(
-        "sluice_store_errors_total{{shard=\"{}\",store=\"redis\"}}",
+    let refused = format!(
+        "sluice_store_errors_total{{kind=\"connection\",shard=\"{}\",store=\"redis\"}} ",
         redis_server.addr()
     );
-    assert!(metrics.contains(&shard_errors), "{metrics}");
+    let count = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&refused))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(count.is_some_and(|n| n > 0), "{metrics}");
 }
 
 #[tokio::test]
@@ -1529,38 +1533,74 @@ async fn wait_for_active_keys(store: &RedisStore, want: usize) {
     }
 }
 
+/// `/debug/store`'s entry for the shard at `addr`.
+fn store_shard(sluice: &common::Server, addr: &str) -> serde_json::Value {
+    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["store"], "redis", "{body}");
+    v["shards"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == addr))
+        .cloned()
+        .unwrap_or_else(|| panic!("no shard {addr} in {body}"))
+}
+
 #[tokio::test]
-async fn failing_closed_a_replica_without_redis_is_not_ready_until_redis_is_back() {
+async fn failing_closed_a_replica_stays_ready_while_its_shard_is_down() {
     let Some((mut redis_server, sluice)) = sluice_on_one_shard(&["--failure-mode", "closed"])
     else {
         return;
     };
+    let addr = redis_server.addr();
     let readyz = || common::http(&sluice.http, "GET", "/readyz", "").0;
-    assert_eq!(readyz(), 200);
-    redis_server.kill();
-    // Requests find the shard down, each denied by the closed failure mode.
     let mut client = sluice.client().await;
+    let req = || common::request("exact", vec![common::desc(&[("fixed_window", "f")])]);
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    let up = store_shard(&sluice, &addr);
+    assert_eq!(up["state"], "up", "{up}");
+    assert!(up["last_error"].is_null(), "{up}");
+    redis_server.kill();
+    // Every call is denied by the closed failure mode, the replica stays ready (every
+    // replica shares the shard: out of the endpoints, Envoy's own failure mode would
+    // answer), and /debug/store says why.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while readyz() != 503 {
-        assert!(Instant::now() < deadline, "still ready without Redis");
-        let r = common::call(
-            &mut client,
-            common::request("exact", vec![common::desc(&[("tenant", "t")])]),
-        )
-        .await;
+    let down = loop {
+        let r = common::call(&mut client, req()).await;
         assert_eq!(r.overall_code, common::OVER_LIMIT, "closed");
+        assert_eq!(readyz(), 200, "a store outage is not this replica's");
+        let shard = store_shard(&sluice, &addr);
+        if shard["state"] == "backing_off" {
+            break shard;
+        }
+        assert!(Instant::now() < deadline, "never backed off: {shard}");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // Out of the endpoints it gets no traffic: Redis answering again is enough.
+    };
+    assert_eq!(down["last_error"]["kind"], "connection", "{down}");
+    assert!(down["last_error"]["at"].is_string(), "{down}");
+    assert!(down["backoff_until"].is_string(), "{down}");
+    let left = down["backoff_remaining_seconds"].as_f64().expect("seconds");
+    assert!(left > 0.0 && left <= 5.0, "{down}");
     redis_server.restart();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while readyz() != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "not ready again after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    loop {
+        let code = common::call(&mut client, req()).await.overall_code;
+        let shard = store_shard(&sluice, &addr);
+        if shard["state"] == "up" {
+            assert_eq!(code, common::OK, "decided by Redis again: {shard}");
+            assert_eq!(
+                shard["last_error"]["kind"], "connection",
+                "the last error stays: {shard}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not up again: {shard}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(readyz(), 200);
 }
 
 /// `CONFIG GET` calls a server has answered.

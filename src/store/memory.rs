@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{self, Micros, State};
 use crate::clock::Clock;
 
-use super::{admitted, Hit, Store, StoreError, Verdicts};
+use super::{admitted, Hit, ShardStatus, Store, StoreError, Verdicts};
 
 /// Shards of the key space; a power of two well above the core count keeps
 /// contention low without wasting memory on empty maps.
@@ -290,6 +290,10 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn shards(&self) -> Vec<ShardStatus> {
+        vec![ShardStatus::in_memory()]
     }
 
     /// Its shards follow a per-process hash of the key instead.

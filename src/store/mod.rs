@@ -10,13 +10,17 @@ use std::future::Future;
 
 use crate::algorithm::{Limit, Micros, Verdict};
 
+mod error;
 pub mod memory;
 pub mod redis;
+mod report;
 #[cfg(test)]
 mod testkit;
 
 pub use self::redis::RedisStore;
+pub use error::{ErrorKind, StoreError};
 pub use memory::MemoryStore;
+pub use report::{LastError, Report, ShardState, ShardStatus};
 
 /// How a hit's verdict counts towards the request's fate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,26 +59,6 @@ pub struct Verdicts {
     pub now: Option<Micros>,
 }
 
-/// Why a store could not decide.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    #[error("store timed out")]
-    Timeout,
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    #[error("store backing off after repeated failures")]
-    BackingOff,
-    #[error("store protocol error: {0}")]
-    Protocol(String),
-}
-
-impl StoreError {
-    /// Whether trying again later may succeed (as opposed to a bug or bad reply).
-    pub fn is_transient(&self) -> bool {
-        !matches!(self, StoreError::Protocol(_))
-    }
-}
-
 /// Decides batches of hits. One call per request; implementations make at most one
 /// round trip per shard.
 pub trait Store: Send + Sync + 'static {
@@ -98,10 +82,9 @@ pub trait Store: Send + Sync + 'static {
         0
     }
 
-    /// Whether the store answers: false while a shard is known to be down. `/readyz`
-    /// follows it when the failure mode is closed.
-    fn available(&self) -> bool {
-        true
+    /// Each shard's state, for `/debug/store` (off the request path).
+    fn shards(&self) -> Vec<ShardStatus> {
+        Vec::new()
     }
 }
 
@@ -127,8 +110,8 @@ impl<S: Store> Store for std::sync::Arc<S> {
         (**self).evictions()
     }
 
-    fn available(&self) -> bool {
-        (**self).available()
+    fn shards(&self) -> Vec<ShardStatus> {
+        (**self).shards()
     }
 }
 

@@ -41,6 +41,7 @@ use crate::algorithm::{Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{Ban, Outcome};
 use crate::policy::{FailureMode, Policy, Rule};
+use crate::store::{ErrorKind, Report};
 
 pub mod ratio;
 pub mod striped;
@@ -209,8 +210,8 @@ impl Metrics {
         .expect("static metric definition");
         let store_errors = counter_vec(
             "sluice_store_errors_total",
-            "Store calls that failed or timed out.",
-            &["store", "shard"],
+            "Store calls that failed or timed out, by shard and kind of error.",
+            &["store", "shard", "kind"],
         );
         let store_failures_vec = counter_vec(
             "sluice_store_failures_total",
@@ -447,24 +448,8 @@ impl Metrics {
         }
     }
 
-    /// Exports a store shard's error counter at 0 before its first error.
-    pub fn declare_store_shard(&self, store: &str, shard: &str) {
-        self.store_errors.with_label_values(&[store, shard]);
-    }
-
-    /// Counts a store error seen by a store itself (per shard).
-    pub fn store_error(&self, store: &str, shard: &str) {
-        self.store_errors.with_label_values(&[store, shard]).inc();
-    }
-
     pub fn bad_request(&self) {
         self.bad_requests.inc();
-    }
-
-    /// A request denied from the Redis store's over-limit cache.
-    pub fn denial_cache_answer(&self) {
-        let (count, owned) = self.cache_answer_stripes.local();
-        striped::add(count, owned, 1);
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {
@@ -634,6 +619,32 @@ impl Metrics {
 /// Seconds of a micros duration, for JSON.
 pub fn secs(us: Micros) -> f64 {
     us as f64 / SECOND as f64
+}
+
+/// The stores report their shards' errors and cached denials here.
+impl Report for Metrics {
+    /// Exports the shard's error counters, one per kind, at 0: a counter that first
+    /// appears at 1 is lost to `rate()` and `increase()`.
+    fn shard_declared(&self, store: &str, shard: &str) {
+        for kind in ErrorKind::ALL {
+            self.store_errors
+                .with_label_values(&[store, shard, kind.as_str()]);
+        }
+    }
+
+    /// Only on failed calls, never per request: the label lookup is a hash of three
+    /// borrowed strings, with no allocation once the series exists.
+    fn store_error(&self, store: &str, shard: &str, kind: ErrorKind) {
+        self.store_errors
+            .with_label_values(&[store, shard, kind.as_str()])
+            .inc();
+    }
+
+    /// Per request under an attack, so counted in stripes.
+    fn denial_cache_answer(&self) {
+        let (count, owned) = self.cache_answer_stripes.local();
+        striped::add(count, owned, 1);
+    }
 }
 
 #[cfg(test)]
@@ -817,5 +828,32 @@ descriptors:
         let m = Metrics::disabled();
         ask(&l, &m, "1.1.1.1").await;
         assert!(!m.render().contains("sluice_requests_total{"));
+    }
+
+    #[test]
+    fn store_errors_are_counted_per_shard_and_kind_from_zero() {
+        let m = Metrics::new();
+        let report: &dyn Report = &m;
+        report.shard_declared("redis", "10.0.0.1:6379");
+        let text = m.render();
+        for kind in ErrorKind::ALL {
+            let zero = format!(
+                "sluice_store_errors_total{{kind=\"{kind}\",shard=\"10.0.0.1:6379\",store=\"redis\"}} 0\n"
+            );
+            assert!(text.contains(&zero), "{zero} in {text}");
+        }
+        report.store_error("redis", "10.0.0.1:6379", ErrorKind::ReadOnly);
+        report.store_error("redis", "10.0.0.1:6379", ErrorKind::ReadOnly);
+        report.store_error("redis", "10.0.0.1:6379", ErrorKind::Oom);
+        let text = m.render();
+        assert!(text.contains(
+            r#"sluice_store_errors_total{kind="readonly",shard="10.0.0.1:6379",store="redis"} 2"#
+        ));
+        assert!(text.contains(
+            r#"sluice_store_errors_total{kind="oom",shard="10.0.0.1:6379",store="redis"} 1"#
+        ));
+        assert!(text.contains(
+            r#"sluice_store_errors_total{kind="connection",shard="10.0.0.1:6379",store="redis"} 0"#
+        ));
     }
 }

@@ -27,11 +27,11 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Micros;
-use crate::store::StoreError;
+use crate::store::{ErrorKind, StoreError};
 
+use super::classify;
 use super::health::Health;
 use super::scripts::{self, Group, Reply, Script, Scripts};
-use super::store_error;
 use super::wire::{Answer, Request, Target, Wire};
 
 /// Most requests decided by one call.
@@ -81,7 +81,7 @@ pub struct Coalescer {
 }
 
 fn closed() -> StoreError {
-    StoreError::Unavailable("shard queue closed".to_string())
+    StoreError::failed(ErrorKind::Connection, "shard queue closed")
 }
 
 impl Coalescer {
@@ -234,7 +234,7 @@ async fn send(
             return call
                 .invoke_async::<Vec<i64>>(conn)
                 .await
-                .map_err(store_error);
+                .map_err(|e| classify::redis(&e));
         }
         Link::Wire { target, conn, req } => (target, conn, req),
     };
@@ -256,12 +256,28 @@ async fn send(
         scripts::write_decide(req, Script::Text, groups, fixed_now);
         answer = wire.call(req).await?;
     }
-    *conn = Some(wire);
     match answer {
-        Answer::Integers(values) => Ok(values),
-        Answer::Error(e) => Err(StoreError::Protocol(e)),
-        Answer::Status => Err(StoreError::Protocol(
-            "decide script answered no array".to_string(),
-        )),
+        Answer::Integers(values) => {
+            *conn = Some(wire);
+            Ok(values)
+        }
+        Answer::Error(e) => {
+            let e = classify::reply(e);
+            // Only a script error leaves the connection as good as it was. A shard in
+            // an outage gets a fresh one next time, so a URL whose name moved to the
+            // new master after a failover reaches it; Redis closes a connection it
+            // refused for want of AUTH or for a protocol error anyway.
+            if e.kind() == Some(ErrorKind::Script) {
+                *conn = Some(wire);
+            }
+            Err(e)
+        }
+        Answer::Status => {
+            *conn = Some(wire);
+            Err(StoreError::failed(
+                ErrorKind::Protocol,
+                "decide script answered no array",
+            ))
+        }
     }
 }

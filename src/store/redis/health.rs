@@ -3,22 +3,27 @@
 //! each waiting out the store timeout. The first call after the back-off is a trial:
 //! success brings the shard back, failure doubles the back-off.
 //!
-//! "Keeps failing" means at least [`FAILURES_TO_BACK_OFF`] failures with no success in
-//! between and no gap of [`STALE_FAILURE`] between two of them, the streak lasting at
-//! least [`MIN_FAILING`]. A count alone is not enough:
+//! "Keeps failing" means at least [`FAILURES_TO_BACK_OFF`] outages (errors whose
+//! [`ErrorKind::is_outage`]) with no success in between and no gap of
+//! [`STALE_FAILURE`] between two of them, the streak lasting at least
+//! [`MIN_FAILING`]. A count alone is not enough:
 //! one scheduling stall (a busy CPU) makes every call in flight time out at once, and
 //! that burst, followed by successes, says nothing about the shard. A dead or hung
 //! shard under load still fails continuously and is backed off about [`MIN_FAILING`]
 //! after its first failure.
 //!
+//! A script or protocol error is no outage (waiting would not mend it): it is
+//! counted, kept as the last error and logged at error level, at most once per
+//! [`LOUD_EVERY`] with the number of such errors since, so a flood of them does
+//! not flood the log.
+//!
 //! Logs one line per state change (down, up), never one per request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::store::StoreError;
-use crate::telemetry::Metrics;
+use crate::store::{ErrorKind, LastError, Report, ShardState, ShardStatus, StoreError};
 
 /// Consecutive failures (no success between) that can take a shard down.
 pub const FAILURES_TO_BACK_OFF: u32 = 3;
@@ -32,11 +37,14 @@ pub const STALE_FAILURE: Duration = Duration::from_secs(1);
 /// First back-off; doubled by each failed trial up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest silence between two error lines about script or protocol errors while
+/// they go on.
+pub const LOUD_EVERY: Duration = Duration::from_secs(10);
 
 /// The failing streak and back-off; only touched on failures and on the first
 /// success after one.
 #[derive(Debug, Default)]
-struct State {
+struct Streak {
     failures: u32,
     /// First failure of the current streak.
     since: Option<Instant>,
@@ -45,13 +53,23 @@ struct State {
     backoff: Duration,
 }
 
+#[derive(Debug, Default)]
+struct State {
+    streak: Streak,
+    /// Kept across recoveries, for `/debug/store`.
+    last_error: Option<LastError>,
+    /// When a script or protocol error was last logged.
+    logged_at: Option<Instant>,
+    /// Script or protocol errors since that line.
+    unlogged: u64,
+}
+
 /// The health of one shard (or of the whole cluster).
 ///
 /// `check` runs on every request and `success` on nearly every call, so neither takes
 /// the lock while the shard is healthy: `check` reads `down_until`, `success` returns
 /// at once unless `failing` is set. A success racing a failure may be ordered either
 /// way, as if it had come just before or just after.
-#[derive(Debug)]
 pub struct Health {
     /// The shard as logs and metrics name it (host:port, no password).
     pub name: String,
@@ -63,15 +81,25 @@ pub struct Health {
     /// A failure has been seen since the last success.
     failing: AtomicBool,
     state: Mutex<State>,
-    metrics: Option<Arc<Metrics>>,
+    report: Option<Arc<dyn Report>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("name", &self.name)
+            .field("down_until", &self.down_until)
+            .field("failing", &self.failing)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Health {
-    pub fn new(name: String, metrics: Option<Arc<Metrics>>) -> Self {
-        if let Some(m) = &metrics {
-            // Export the shard's error counter at 0 from the start, so dashboards and
+    pub fn new(name: String, report: Option<Arc<dyn Report>>) -> Self {
+        if let Some(r) = &report {
+            // Export the shard's error counters at 0 from the start, so dashboards and
             // alerts see every shard before its first failure.
-            m.declare_store_shard("redis", &name);
+            r.shard_declared("redis", &name);
         }
         Health {
             name,
@@ -79,7 +107,7 @@ impl Health {
             down_until: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             state: Mutex::new(State::default()),
-            metrics,
+            report,
         }
     }
 
@@ -124,21 +152,37 @@ impl Health {
         if self.down_until.load(Relaxed) != 0 {
             tracing::info!(shard = %self.name, "redis shard up");
         }
-        *s = State::default();
+        s.streak = Streak::default();
         self.down_until.store(0, Relaxed);
         self.failing.store(false, Relaxed);
     }
 
-    pub fn failure(&self, error: &str) {
+    /// Records a failed call: counted, kept as the last error, and an outage counts
+    /// towards the back-off. A call not tried (`BackingOff`) is nothing new.
+    pub fn failure(&self, error: &StoreError) {
         self.failure_at(error, Instant::now());
     }
 
-    fn failure_at(&self, error: &str, now: Instant) {
-        if let Some(m) = &self.metrics {
-            m.store_error("redis", &self.name);
+    fn failure_at(&self, error: &StoreError, now: Instant) {
+        let Some(kind) = error.kind() else { return };
+        if let Some(r) = &self.report {
+            r.store_error("redis", &self.name, kind);
         }
         let mut s = self.lock();
         self.failing.store(true, Relaxed);
+        s.last_error = Some(LastError {
+            kind,
+            message: error.message().to_string(),
+            at: SystemTime::now(),
+        });
+        if kind.is_outage() {
+            self.outage(&mut s.streak, error, now);
+        } else {
+            self.log_loudly(&mut s, kind, error, now);
+        }
+    }
+
+    fn outage(&self, s: &mut Streak, error: &StoreError, now: Instant) {
         let until = self.down_until.load(Relaxed);
         let stale = s
             .last
@@ -158,7 +202,7 @@ impl Health {
             s.backoff = FIRST_BACKOFF;
             tracing::warn!(
                 shard = %self.name,
-                error,
+                %error,
                 failures = s.failures,
                 failing_ms = failing_for.as_millis() as u64,
                 backoff_ms = s.backoff.as_millis() as u64,
@@ -176,8 +220,57 @@ impl Health {
         self.down_until.store(self.nanos(now + s.backoff), Relaxed);
     }
 
+    /// A script or protocol error: a bug or a misconfigured server that every call
+    /// may meet, so one line per [`LOUD_EVERY`] at most.
+    fn log_loudly(&self, s: &mut State, kind: ErrorKind, error: &StoreError, now: Instant) {
+        s.unlogged += 1;
+        let quiet = s
+            .logged_at
+            .is_some_and(|at| now.saturating_duration_since(at) < LOUD_EVERY);
+        if quiet {
+            return;
+        }
+        tracing::error!(
+            shard = %self.name,
+            %kind,
+            %error,
+            errors = s.unlogged,
+            "redis call failed on a working shard; answering by the failure mode \
+             (errors counts this one and those not logged since the last line)"
+        );
+        s.logged_at = Some(now);
+        s.unlogged = 0;
+    }
+
+    /// Where the shard stands, for `/debug/store`.
+    pub fn status(&self) -> ShardStatus {
+        self.status_at(Instant::now(), SystemTime::now())
+    }
+
+    fn status_at(&self, now: Instant, wall: SystemTime) -> ShardStatus {
+        let s = self.lock();
+        let until = self.down_until.load(Relaxed);
+        let left = Duration::from_nanos(until.saturating_sub(self.nanos(now)));
+        let state = if until != 0 && !left.is_zero() {
+            ShardState::BackingOff
+        } else if until != 0 {
+            ShardState::Trying
+        } else if self.failing.load(Relaxed) {
+            ShardState::Failing
+        } else {
+            ShardState::Up
+        };
+        ShardStatus {
+            name: self.name.clone(),
+            nodes: Vec::new(),
+            state,
+            last_error: s.last_error.clone(),
+            backoff_until: (state == ShardState::BackingOff).then(|| wall + left),
+        }
+    }
+
     /// Records the outcome of a call when dropped; a call dropped before it finished
-    /// (the limiter's store timeout) counts as a failure.
+    /// (the limiter's store timeout) counts as a timeout.
     pub fn guard(&self) -> CallGuard<'_> {
         CallGuard {
             health: self,
@@ -198,8 +291,7 @@ impl CallGuard<'_> {
         self.done = true;
         match result {
             Ok(_) => self.health.success(),
-            Err(StoreError::Protocol(_)) => {} // a bug or bad reply, not an outage
-            Err(e) => self.health.failure(&e.to_string()),
+            Err(e) => self.health.failure(e),
         }
     }
 }
@@ -207,7 +299,7 @@ impl CallGuard<'_> {
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.health.failure("timed out");
+            self.health.failure(&StoreError::Timeout);
         }
     }
 }
@@ -217,6 +309,10 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    fn down() -> StoreError {
+        StoreError::failed(ErrorKind::Connection, "connect: refused")
+    }
 
     fn backing_off(h: &Health, now: Instant) -> bool {
         matches!(h.check_at(now), Err(StoreError::BackingOff))
@@ -228,12 +324,12 @@ mod tests {
         let t0 = Instant::now();
         // A dead shard under load: a failure every millisecond.
         for i in 0..MIN_FAILING.as_millis() as u32 {
-            h.failure_at("x", t0 + MS * i);
+            h.failure_at(&down(), t0 + MS * i);
             assert!(!h.is_down(), "{i} ms");
             assert!(h.check_at(t0 + MS * i).is_ok());
         }
         let down_at = t0 + MIN_FAILING;
-        h.failure_at("x", down_at);
+        h.failure_at(&down(), down_at);
         assert!(h.is_down());
         assert!(backing_off(&h, down_at));
         assert!(backing_off(&h, down_at + FIRST_BACKOFF - MS));
@@ -242,7 +338,7 @@ mod tests {
         assert!(!h.is_down());
         assert!(h.check().is_ok());
         // The streak starts over after the success.
-        h.failure_at("x", down_at + FIRST_BACKOFF);
+        h.failure_at(&down(), down_at + FIRST_BACKOFF);
         assert!(!h.is_down());
     }
 
@@ -254,7 +350,7 @@ mod tests {
         for round in 0..3u32 {
             let stall = t0 + MIN_FAILING * round;
             for _ in 0..64 {
-                h.failure_at("timed out", stall);
+                h.failure_at(&StoreError::Timeout, stall);
             }
             assert!(!h.is_down(), "round {round}");
             h.success();
@@ -263,10 +359,10 @@ mod tests {
         // The same burst with no success after it and failures continuing past the
         // span is an outage.
         for _ in 0..64 {
-            h.failure_at("timed out", t0 + MIN_FAILING * 3);
+            h.failure_at(&StoreError::Timeout, t0 + MIN_FAILING * 3);
         }
         assert!(!h.is_down());
-        h.failure_at("timed out", t0 + MIN_FAILING * 4);
+        h.failure_at(&StoreError::Timeout, t0 + MIN_FAILING * 4);
         assert!(h.is_down());
     }
 
@@ -274,15 +370,15 @@ mod tests {
     fn a_success_resets_the_streak() {
         let h = Health::new("s".into(), None);
         let t0 = Instant::now();
-        h.failure_at("x", t0);
-        h.failure_at("x", t0 + MIN_FAILING - MS);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0 + MIN_FAILING - MS);
         h.success();
         // Failing since t0 would be long enough now, but the streak began again.
-        h.failure_at("x", t0 + MIN_FAILING);
-        h.failure_at("x", t0 + MIN_FAILING + MS);
-        h.failure_at("x", t0 + MIN_FAILING * 2 - MS);
+        h.failure_at(&down(), t0 + MIN_FAILING);
+        h.failure_at(&down(), t0 + MIN_FAILING + MS);
+        h.failure_at(&down(), t0 + MIN_FAILING * 2 - MS);
         assert!(!h.is_down());
-        h.failure_at("x", t0 + MIN_FAILING * 2);
+        h.failure_at(&down(), t0 + MIN_FAILING * 2);
         assert!(h.is_down());
     }
 
@@ -290,10 +386,10 @@ mod tests {
     fn a_long_streak_needs_enough_failures() {
         let h = Health::new("s".into(), None);
         let t0 = Instant::now();
-        h.failure_at("x", t0);
-        h.failure_at("x", t0 + MIN_FAILING * 10);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0 + MIN_FAILING * 10);
         assert!(!h.is_down(), "two failures are not an outage");
-        h.failure_at("x", t0 + MIN_FAILING * 11);
+        h.failure_at(&down(), t0 + MIN_FAILING * 11);
         assert!(h.is_down());
     }
 
@@ -302,28 +398,123 @@ mod tests {
         let h = Health::new("s".into(), None);
         let t0 = Instant::now();
         // One timeout, then no calls at all for a while, then one stall's burst.
-        h.failure_at("timed out", t0);
+        h.failure_at(&StoreError::Timeout, t0);
         let later = t0 + STALE_FAILURE + MIN_FAILING;
         for _ in 0..64 {
-            h.failure_at("timed out", later);
+            h.failure_at(&StoreError::Timeout, later);
         }
         assert!(!h.is_down(), "the old failure made the burst look long");
         // Failures continuing past the span from the burst still back off.
-        h.failure_at("timed out", later + MIN_FAILING);
+        h.failure_at(&StoreError::Timeout, later + MIN_FAILING);
         assert!(h.is_down());
     }
 
+    /// What a shard reported, in order.
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>);
+
+    impl Report for Log {
+        fn shard_declared(&self, store: &str, shard: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("declared {store} {shard}"));
+        }
+        fn store_error(&self, store: &str, shard: &str, kind: ErrorKind) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{kind} {store} {shard}"));
+        }
+        fn denial_cache_answer(&self) {}
+    }
+
     #[test]
-    fn failures_are_counted_per_shard() {
-        let metrics = Arc::new(Metrics::new());
-        let h = Health::new("10.0.0.1:6379".into(), Some(metrics.clone()));
-        h.failure("x");
-        h.failure("x");
-        let text = metrics.render();
-        assert!(
-            text.contains(r#"sluice_store_errors_total{shard="10.0.0.1:6379",store="redis"} 2"#),
-            "{text}"
+    fn failures_are_reported_per_shard_with_their_kind() {
+        let log = Arc::new(Log::default());
+        let h = Health::new("10.0.0.1:6379".into(), Some(log.clone()));
+        h.failure(&down());
+        h.failure(&StoreError::failed(ErrorKind::ReadOnly, "READONLY"));
+        h.failure(&StoreError::BackingOff);
+        drop(h.guard());
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "declared redis 10.0.0.1:6379",
+                "connection redis 10.0.0.1:6379",
+                "readonly redis 10.0.0.1:6379",
+                "timeout redis 10.0.0.1:6379",
+            ]
         );
+    }
+
+    #[test]
+    fn script_errors_never_back_off_and_are_kept_as_the_last_error() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        let script = StoreError::failed(ErrorKind::Script, "ERR user_script:1: boom");
+        for i in 0..100u32 {
+            h.failure_at(&script, t0 + MIN_FAILING * i);
+        }
+        assert!(!h.is_down());
+        let status = h.status_at(t0 + MIN_FAILING * 100, SystemTime::now());
+        assert_eq!(status.state, ShardState::Failing);
+        let last = status.last_error.expect("kept");
+        assert_eq!(
+            (last.kind, last.message.as_str()),
+            (ErrorKind::Script, "ERR user_script:1: boom")
+        );
+        h.success();
+        let status = h.status();
+        assert_eq!(status.state, ShardState::Up);
+        assert_eq!(status.last_error.map(|e| e.kind), Some(ErrorKind::Script));
+    }
+
+    #[test]
+    fn script_errors_are_logged_once_per_interval_with_a_count() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        let script = StoreError::failed(ErrorKind::Script, "boom");
+        h.failure_at(&script, t0);
+        assert_eq!(h.lock().logged_at, Some(t0), "the first one is logged");
+        for i in 1..=50u32 {
+            h.failure_at(&script, t0 + MS * i);
+        }
+        assert_eq!(h.lock().logged_at, Some(t0), "the flood is not");
+        assert_eq!(h.lock().unlogged, 50);
+        h.failure_at(&script, t0 + LOUD_EVERY);
+        assert_eq!(h.lock().logged_at, Some(t0 + LOUD_EVERY));
+        assert_eq!(h.lock().unlogged, 0, "counted in that line");
+    }
+
+    #[test]
+    fn the_status_follows_the_back_off() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        let wall = SystemTime::now();
+        assert_eq!(h.status_at(t0, wall).state, ShardState::Up);
+        assert!(h.status_at(t0, wall).last_error.is_none());
+        h.failure_at(&down(), t0);
+        assert_eq!(h.status_at(t0, wall).state, ShardState::Failing);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0 + MIN_FAILING);
+        let at = t0 + MIN_FAILING + MS;
+        let status = h.status_at(at, wall);
+        assert_eq!(status.state, ShardState::BackingOff);
+        assert_eq!(
+            status.backoff_until,
+            Some(wall + FIRST_BACKOFF - MS),
+            "the deadline on the wall clock"
+        );
+        assert_eq!(
+            status.last_error.map(|e| e.kind),
+            Some(ErrorKind::Connection)
+        );
+        let trying = h.status_at(t0 + MIN_FAILING + FIRST_BACKOFF, wall);
+        assert_eq!(trying.state, ShardState::Trying);
+        assert_eq!(trying.backoff_until, None);
+        h.success();
+        assert_eq!(h.status_at(at, wall).state, ShardState::Up);
     }
 
     #[test]
@@ -332,12 +523,14 @@ mod tests {
         for _ in 0..3 {
             drop(h.guard());
         }
-        assert_eq!(h.lock().failures, 3);
-        h.guard()
-            .finish(&Err::<(), _>(StoreError::Protocol("bad reply".into())));
-        assert_eq!(h.lock().failures, 3, "a bad reply is not an outage");
+        assert_eq!(h.lock().streak.failures, 3);
+        h.guard().finish(&Err::<(), _>(StoreError::failed(
+            ErrorKind::Protocol,
+            "bad reply",
+        )));
+        assert_eq!(h.lock().streak.failures, 3, "a bad reply is not an outage");
         h.guard().finish(&Ok(()));
-        assert_eq!(h.lock().failures, 0);
+        assert_eq!(h.lock().streak.failures, 0);
         assert!(!h.failing.load(Relaxed));
     }
 
@@ -345,29 +538,29 @@ mod tests {
     fn failed_trials_grow_the_backoff() {
         let h = Health::new("s".into(), None);
         let t0 = Instant::now();
-        h.failure_at("x", t0);
-        h.failure_at("x", t0);
-        h.failure_at("x", t0 + MIN_FAILING);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0 + MIN_FAILING);
         assert!(h.is_down());
         // Failures while backing off (calls already in flight) change nothing.
         for _ in 0..5 {
-            h.failure_at("in flight", t0 + MIN_FAILING + MS);
+            h.failure_at(&down(), t0 + MIN_FAILING + MS);
         }
-        assert_eq!(h.lock().backoff, FIRST_BACKOFF);
+        assert_eq!(h.lock().streak.backoff, FIRST_BACKOFF);
         // Each failed round after a back-off doubles it, up to the maximum.
         let mut now = t0 + MIN_FAILING;
         for round in 1..=10u32 {
-            now += h.lock().backoff;
+            now += h.lock().streak.backoff;
             assert!(backing_off(&h, now - MS), "round {round}");
             assert!(h.check_at(now).is_ok(), "trial allowed");
-            h.failure_at("trial", now);
-            h.failure_at("trial", now);
+            h.failure_at(&down(), now);
+            h.failure_at(&down(), now);
             let want = (FIRST_BACKOFF * 2u32.pow(round)).min(MAX_BACKOFF);
-            assert_eq!(h.lock().backoff, want, "round {round}");
+            assert_eq!(h.lock().streak.backoff, want, "round {round}");
             assert!(h.is_down());
         }
         // A successful trial brings it back.
-        now += h.lock().backoff;
+        now += h.lock().streak.backoff;
         assert!(h.check_at(now).is_ok());
         h.success();
         assert!(!h.is_down());

@@ -34,15 +34,15 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::RedisError;
 
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
-use crate::telemetry::Metrics;
 
-use super::{admitted, Hit, Store, StoreError, Verdicts};
+use super::{admitted, ErrorKind, Hit, Report, ShardStatus, Store, StoreError, Verdicts};
 
 pub mod cache;
+pub mod classify;
 pub mod coalesce;
 pub mod expire;
 pub mod health;
@@ -123,6 +123,8 @@ struct Cluster {
     /// Connected on first use, so sluice starts while the cluster is down.
     conn: tokio::sync::OnceCell<ClusterConnection>,
     health: Health,
+    /// The seed nodes' `host:port`, for `/debug/store`.
+    seeds: Vec<String>,
 }
 
 enum Backend {
@@ -141,7 +143,7 @@ struct Inner {
     epoch: Instant,
     /// Keys on all shards at the last count (DBSIZE), for `sluice_active_keys`.
     keys: AtomicUsize,
-    metrics: Option<Arc<Metrics>>,
+    report: Option<Arc<dyn Report>>,
 }
 
 /// Counters in Redis. Cheap to clone.
@@ -175,7 +177,8 @@ fn bad_url(url: &str, e: &RedisError) -> ConfigError {
 impl RedisStore {
     /// Sets up the connections. They connect lazily, so this succeeds while Redis is
     /// down (requests then take the failure mode). Must run inside a Tokio runtime.
-    pub fn new(opts: Options, metrics: Option<Arc<Metrics>>) -> Result<Self, ConfigError> {
+    /// `report` hears of every failed call and cached denial (metrics, in the server).
+    pub fn new(opts: Options, report: Option<Arc<dyn Report>>) -> Result<Self, ConfigError> {
         if opts.urls.is_empty() {
             return Err(ConfigError::NoUrl);
         }
@@ -195,7 +198,8 @@ impl RedisStore {
             Backend::Cluster(Box::new(Cluster {
                 client,
                 conn: tokio::sync::OnceCell::new(),
-                health: Health::new("cluster".to_string(), metrics.clone()),
+                health: Health::new("cluster".to_string(), report.clone()),
+                seeds: opts.urls.iter().map(|u| shard_name(u)).collect(),
             }))
         } else {
             let config = ConnectionManagerConfig::new()
@@ -209,7 +213,7 @@ impl RedisStore {
                 let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                     .map_err(|e| bad_url(url, &e))?;
-                let health = Arc::new(Health::new(shard_name(url), metrics.clone()));
+                let health = Arc::new(Health::new(shard_name(url), report.clone()));
                 let target = wire::Target::new(client.get_connection_info(), opts.timeout);
                 let links = (0..coalesce::CALLS_IN_FLIGHT)
                     .map(|_| coalesce::Link::new(target.clone(), conn.clone()))
@@ -234,7 +238,7 @@ impl RedisStore {
             call_timeout: opts.call_timeout,
             epoch: Instant::now(),
             keys: AtomicUsize::new(0),
-            metrics,
+            report,
         });
         tokio::spawn(count_keys(Arc::downgrade(&inner), opts.key_count_interval));
         Ok(RedisStore { inner })
@@ -308,9 +312,11 @@ impl Inner {
             .conn
             .get_or_try_init(|| cluster.client.get_async_connection())
             .await
-            .map_err(store_error)?;
+            .map_err(|e| classify::redis(&e))?;
         let mut conn = conn.clone();
-        call.invoke_async(&mut conn).await.map_err(store_error)
+        call.invoke_async(&mut conn)
+            .await
+            .map_err(|e| classify::redis(&e))
     }
 
     /// When a call sent at `sent` (local clock) was decided, from the time its shard
@@ -386,21 +392,21 @@ impl Inner {
                     call.invoke_async::<i64>(&mut conn)
                         .await
                         .map(|_| Vec::new())
-                        .map_err(store_error)
+                        .map_err(|e| classify::redis(&e))
                 }
                 Backend::Cluster(c) => match c.conn.get() {
                     Some(conn) => call
                         .invoke_async::<i64>(&mut conn.clone())
                         .await
                         .map(|_| Vec::new())
-                        .map_err(store_error),
-                    None => Err(StoreError::Unavailable("not connected".into())),
+                        .map_err(|e| classify::redis(&e)),
+                    None => Err(StoreError::failed(ErrorKind::Connection, "not connected")),
                 },
             };
             if let Err(e) = result {
                 let health = self.health(*target);
                 tracing::debug!(shard = %health.name, error = %e, "refund failed");
-                health.failure(&e.to_string());
+                health.failure(&e);
             }
         });
         futures::future::join_all(calls).await;
@@ -409,8 +415,8 @@ impl Inner {
     /// The cached denial of `hits`, if one still holds.
     fn cached(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
         let v = self.cache.lookup(hits, now)?;
-        if let Some(m) = &self.metrics {
-            m.denial_cache_answer();
+        if let Some(r) = &self.report {
+            r.denial_cache_answer();
         }
         Some(v)
     }
@@ -475,7 +481,7 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
                     .iter()
                     .zip(checked.iter_mut())
                     .map(|(s, checked)| async move {
-                        let n = dbsize(s.conn.clone(), &s.health).await;
+                        let n = dbsize(s.conn.clone()).await;
                         if n.is_some() && !*checked {
                             *checked = true;
                             let mut conn = s.conn.clone();
@@ -490,7 +496,7 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
             }
             Backend::Cluster(c) => match c.conn.get() {
                 Some(conn) => {
-                    let n = dbsize(conn.clone(), &c.health).await;
+                    let n = dbsize(conn.clone()).await;
                     checked.resize(1, false);
                     if n.is_some() && !checked[0] {
                         checked[0] = true;
@@ -515,27 +521,14 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
     }
 }
 
-/// One shard's DBSIZE. A shard that answers is marked up: a replica taken out of the
-/// endpoints (closed failure mode, see `Store::available`) gets no requests to try
-/// the shard with, so this is its way back.
-async fn dbsize(mut conn: impl redis::aio::ConnectionLike, health: &Health) -> Option<usize> {
+/// One shard's DBSIZE. It says nothing of the shard's health: a replica answers it
+/// while refusing writes (READONLY), so only decide calls mark a shard up or down.
+async fn dbsize(mut conn: impl redis::aio::ConnectionLike) -> Option<usize> {
     let cmd = redis::cmd("DBSIZE");
-    let n = tokio::time::timeout(Duration::from_secs(1), cmd.query_async::<usize>(&mut conn))
+    tokio::time::timeout(Duration::from_secs(1), cmd.query_async::<usize>(&mut conn))
         .await
         .ok()?
-        .ok()?;
-    health.success();
-    Some(n)
-}
-
-fn store_error(e: RedisError) -> StoreError {
-    if e.is_timeout() {
-        StoreError::Timeout
-    } else if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) {
-        StoreError::Protocol(e.to_string())
-    } else {
-        StoreError::Unavailable(e.to_string())
-    }
+        .ok()
 }
 
 impl Store for RedisStore {
@@ -558,7 +551,10 @@ impl Store for RedisStore {
         let task = tokio::spawn(async move { inner.decide(&hits, false).await });
         match task.await {
             Ok(result) => result,
-            Err(e) => Err(StoreError::Unavailable(format!("store task failed: {e}"))),
+            Err(e) => Err(StoreError::failed(
+                ErrorKind::Protocol,
+                format!("store task failed: {e}"),
+            )),
         }
     }
 
@@ -566,10 +562,13 @@ impl Store for RedisStore {
         self.inner.keys.load(Ordering::Relaxed)
     }
 
-    fn available(&self) -> bool {
+    fn shards(&self) -> Vec<ShardStatus> {
         match &self.inner.backend {
-            Backend::Shards(s) => s.iter().all(|s| !s.health.is_down()),
-            Backend::Cluster(c) => !c.health.is_down(),
+            Backend::Shards(s) => s.iter().map(|s| s.health.status()).collect(),
+            Backend::Cluster(c) => vec![ShardStatus {
+                nodes: c.seeds.clone(),
+                ..c.health.status()
+            }],
         }
     }
 

@@ -13,7 +13,7 @@
 use redis::Script as RedisScript;
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{Hit, Mode, StoreError};
+use crate::store::{ErrorKind, Hit, Mode, StoreError};
 
 use super::shard;
 use super::wire::Request;
@@ -311,10 +311,13 @@ pub fn refund_call<'a>(
 pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, StoreError> {
     let want: usize = 1 + sizes.iter().map(|n| 1 + n * REPLY_STRIDE).sum::<usize>();
     if values.len() != want {
-        return Err(StoreError::Protocol(format!(
-            "decide script answered {} values, expected {want}",
-            values.len()
-        )));
+        return Err(StoreError::failed(
+            ErrorKind::Protocol,
+            format!(
+                "decide script answered {} values, expected {want}",
+                values.len()
+            ),
+        ));
     }
     let micros = |v: i64| -> Micros {
         // The scripts send -1 for "never".
@@ -469,7 +472,7 @@ mod tests {
         assert!(parse_replies(&values, &[1, 1]).is_err());
         assert!(parse_replies(&values, &[2, 1]).is_err());
         let r = parse_replies(&values, &[1, 1, 0]).unwrap_err();
-        assert!(matches!(r, StoreError::Protocol(_)));
+        assert_eq!(r.kind(), Some(ErrorKind::Protocol));
         let r = parse_replies(&values[..17], &[1, 1]).unwrap();
         assert!(r[0].consumed && !r[1].consumed);
         assert_eq!((r[0].now, r[1].now), (3, 3));

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{admitted, Hit, Mode, StoreError, Verdicts};
+use crate::store::{admitted, ErrorKind, Hit, Mode, StoreError, Verdicts};
 
 use super::coalesce::{self, Pending};
 use super::scripts::{Group, HitArgs, Reply};
@@ -207,7 +207,10 @@ pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> 
             }
             State::Answered(Err(e)) => failed = failed.or(Some(e.clone())),
             State::Unsent | State::Waiting(_) => {
-                failed = failed.or(Some(StoreError::Unavailable("not decided".into())))
+                failed = failed.or(Some(StoreError::failed(
+                    ErrorKind::Connection,
+                    "not decided",
+                )))
             }
         }
     }

@@ -17,7 +17,9 @@ use redis::{ConnectionAddr, ConnectionInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::store::StoreError;
+use crate::store::{ErrorKind, StoreError};
+
+use super::classify;
 
 /// Where and how to connect, from the shard's URL. `None` when the URL needs redis-rs
 /// (TLS, Unix socket, `?protocol=resp3`).
@@ -109,17 +111,13 @@ pub struct Wire {
     read: Vec<u8>,
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{what}: {e}"))
-}
-
 impl Wire {
     /// Connects, authenticates and selects the database, within the target's timeout.
     pub async fn connect(target: &Target) -> Result<Wire, StoreError> {
         let connect = TcpStream::connect((target.host.as_str(), target.port));
         let stream = match tokio::time::timeout(target.timeout, connect).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(unavailable("connect", e)),
+            Ok(Err(e)) => return Err(classify::io("connect", &e)),
             Err(_) => return Err(StoreError::Timeout),
         };
         // One small request at a time: Nagle's algorithm would hold it for an ACK.
@@ -156,8 +154,14 @@ impl Wire {
     async fn expect_ok(&mut self, req: &Request, what: &str) -> Result<(), StoreError> {
         match self.call(req).await? {
             Answer::Status => Ok(()),
-            Answer::Error(e) => Err(StoreError::Unavailable(format!("{what}: {e}"))),
-            Answer::Integers(_) => Err(StoreError::Protocol(format!("{what}: unexpected reply"))),
+            Answer::Error(e) => Err(StoreError::failed(
+                classify::reply_kind(&e),
+                format!("{what}: {e}"),
+            )),
+            Answer::Integers(_) => Err(StoreError::failed(
+                ErrorKind::Protocol,
+                format!("{what}: unexpected reply"),
+            )),
         }
     }
 
@@ -166,23 +170,24 @@ impl Wire {
         self.stream
             .write_all(req.bytes())
             .await
-            .map_err(|e| unavailable("write", e))?;
+            .map_err(|e| classify::io("write", &e))?;
         self.read.clear();
         loop {
             match parse(&self.read)? {
                 Some(answer) => return Ok(answer),
                 None => {
                     if self.read.len() > MAX_REPLY {
-                        return Err(StoreError::Protocol("reply too large".to_string()));
+                        return Err(StoreError::failed(ErrorKind::Protocol, "reply too large"));
                     }
                     let n = self
                         .stream
                         .read_buf(&mut self.read)
                         .await
-                        .map_err(|e| unavailable("read", e))?;
+                        .map_err(|e| classify::io("read", &e))?;
                     if n == 0 {
-                        return Err(StoreError::Unavailable(
-                            "connection closed by Redis".to_string(),
+                        return Err(StoreError::failed(
+                            ErrorKind::Connection,
+                            "connection closed by Redis",
                         ));
                     }
                 }
@@ -195,7 +200,10 @@ impl Wire {
 const MAX_REPLY: usize = 64 << 20;
 
 fn protocol(what: &str) -> StoreError {
-    StoreError::Protocol(format!("unexpected Redis reply: {what}"))
+    StoreError::failed(
+        ErrorKind::Protocol,
+        format!("unexpected Redis reply: {what}"),
+    )
 }
 
 /// The line starting at `at` (without CRLF) and where the next one starts; `None`
