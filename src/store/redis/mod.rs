@@ -193,6 +193,12 @@ impl RedisStore {
                 .connection_timeout(opts.timeout)
                 .response_timeout(opts.timeout)
                 .retries(1)
+                // A reply that redis-rs waits on before its retry (CLUSTERDOWN,
+                // TRYAGAIN, LOADING, MASTERDOWN) waits 1.28 s or more by default: far
+                // past the store timeout, so the shard would see timeouts instead of
+                // the reply. A retry within a few milliseconds, then the reply.
+                .min_retry_wait(1)
+                .max_retry_wait(5)
                 .build()
                 .map_err(|e| bad_url(&opts.urls.join(","), &e))?;
             Backend::Cluster(Box::new(Cluster {

@@ -1,0 +1,509 @@
+//! The real binary on a real redis-server put into each fault state: a replica
+//! (READONLY), a replica without its master (MASTERDOWN), a busy script (BUSY), no
+//! memory (OOM), a password (NOAUTH), loading (LOADING), a stalled server
+//! (timeout), a key of the wrong type (a script error) and a cluster without its
+//! slots (CLUSTERDOWN).
+//!
+//! In each, every call is answered within the store timeout and a margin, by the
+//! domain's failure mode (one domain fails open, one closed), the error is counted
+//! with its kind, and outages back the shard off (`/debug/store`) while a script
+//! error does not. Then the fault is lifted and the shard comes back.
+//!
+//! The tests run one at a time: each bounds answer times, and several binaries and
+//! servers competing for two cores would measure the machine instead.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::redis::{available, free_port, RedisServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Longest answer allowed: the store timeout and room for a loaded 2-core machine.
+const BOUND: Duration = Duration::from_millis(80);
+
+const POLICY: &str = r#"
+domain: open
+failure_mode: open
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000000, algorithm: fixed_window}
+---
+domain: closed
+failure_mode: closed
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000000, algorithm: fixed_window}
+"#;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+type Client = RateLimitServiceClient<Channel>;
+
+/// A shard, the binary deciding on it, and a connection to inspect and break it.
+struct Fault {
+    redis: RedisServer,
+    sluice: common::Server,
+    client: Client,
+    admin: redis::aio::MultiplexedConnection,
+    /// The shard as `/debug/store` and the metrics name it.
+    name: String,
+    /// Calls made so far: each uses a user of its own.
+    calls: u64,
+    /// The slowest answer while a fault was on.
+    slowest: Duration,
+}
+
+impl Fault {
+    /// `None` (loudly) without redis-server.
+    async fn start(redis_args: &[&str]) -> Option<Fault> {
+        if !available() {
+            return None;
+        }
+        let redis = RedisServer::start_with(redis_args);
+        let url = redis.url();
+        Some(Self::with(redis, &["--redis", &url], None).await)
+    }
+
+    async fn with(redis: RedisServer, store: &[&str], name: Option<&str>) -> Fault {
+        let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+        let mut args = vec!["--store-timeout", &timeout];
+        args.extend_from_slice(store);
+        let sluice = common::Server::start(POLICY, &args);
+        let mut f = Fault {
+            client: sluice.client().await,
+            admin: redis.conn().await,
+            name: name.map_or_else(|| redis.addr(), str::to_string),
+            sluice,
+            redis,
+            calls: 0,
+            slowest: Duration::ZERO,
+        };
+        // Connected and deciding before any fault.
+        for domain in ["open", "closed"] {
+            let (code, _) = f.call(domain).await;
+            assert_eq!(code, common::OK, "{domain} before the fault");
+        }
+        assert_eq!(f.shard()["state"], "up");
+        f
+    }
+
+    /// One call for a new user of `domain`: its code and how long it took.
+    async fn call(&mut self, domain: &str) -> (i32, Duration) {
+        self.calls += 1;
+        let user = format!("u{}", self.calls);
+        let req = common::request(domain, vec![common::desc(&[("user", &user)])]);
+        let started = Instant::now();
+        let code = common::call(&mut self.client, req).await.overall_code;
+        (code, started.elapsed())
+    }
+
+    /// The shard's entry in `/debug/store`.
+    fn shard(&self) -> Value {
+        let (status, body) = common::http(&self.sluice.http, "GET", "/debug/store", "");
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["shards"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == self.name.as_str()))
+            .cloned()
+            .unwrap_or_else(|| panic!("no shard {} in {body}", self.name))
+    }
+
+    /// A counter's value in `/metrics` (0 when absent).
+    fn counter(&self, series: &str) -> u64 {
+        let (_, text) = common::http(&self.sluice.http, "GET", "/metrics", "");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0, |n| n.parse().expect("a count"))
+    }
+
+    fn errors(&self, kind: &str) -> u64 {
+        self.counter(&format!(
+            "sluice_store_errors_total{{kind=\"{kind}\",shard=\"{}\",store=\"redis\"}}",
+            self.name
+        ))
+    }
+
+    fn answered_by_failure_mode(&self, domain: &str) -> u64 {
+        self.counter(&format!(
+            "sluice_requests_total{{domain=\"{domain}\",layer=\"service\",outcome=\"failed_{domain}\",rule=\"user\"}}"
+        ))
+    }
+
+    /// Calls both domains in turns while the fault is on, until the shard backs off
+    /// with `kind` as its last error. Every answer comes within [`BOUND`]; open calls
+    /// are OK and, once one closed call has been denied by the failure mode, every
+    /// later one is too (none is decided by the faulty shard). Returns the shard's
+    /// `/debug/store` entry.
+    async fn until_backed_off(&mut self, kind: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut denied = false;
+        loop {
+            self.both_answered(&mut denied).await;
+            let shard = self.shard();
+            if shard["state"] == "backing_off" && shard["last_error"]["kind"] == kind {
+                assert!(denied, "no closed call was denied: {shard}");
+                return shard;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never backed off on {kind}: {shard}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn both_answered(&mut self, denied: &mut bool) {
+        for domain in ["open", "closed"] {
+            let (code, took) = self.call(domain).await;
+            self.slowest = self.slowest.max(took);
+            assert!(took < BOUND, "{domain} call {} took {took:?}", self.calls);
+            if domain == "open" {
+                assert_eq!(code, common::OK, "open call {}", self.calls);
+            } else if code == common::OVER_LIMIT {
+                *denied = true;
+            } else {
+                assert!(!*denied, "closed call {} decided mid-fault", self.calls);
+            }
+        }
+    }
+
+    /// The whole check of one outage, from the fault on to just before it is lifted.
+    async fn outage(&mut self, kind: &str) {
+        let errors_before = self.errors(kind);
+        let shard = self.until_backed_off(kind).await;
+        assert!(shard["backoff_until"].is_string(), "{shard}");
+        assert!(shard["last_error"]["message"].is_string(), "{shard}");
+        // Backing off: answered at once, still by the failure mode.
+        let mut denied = true;
+        for _ in 0..5 {
+            self.both_answered(&mut denied).await;
+        }
+        assert!(self.errors(kind) > errors_before, "{kind} not counted");
+        assert!(self.answered_by_failure_mode("open") > 0);
+        assert!(self.answered_by_failure_mode("closed") > 0);
+        let (status, _) = common::http(&self.sluice.http, "GET", "/readyz", "");
+        assert_eq!(status, 200, "an outage of the store is not this replica's");
+        self.wait_for_line("redis shard down");
+        eprintln!("{kind}: slowest answer {:?}", self.slowest);
+    }
+
+    /// Waits until the binary logs a line containing `text`.
+    fn wait_for_line(&self, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.sluice.lines.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no line with {text:?} in {seen:#?}"),
+            }
+        }
+    }
+
+    /// Once the fault is lifted: calls are decided by the shard again.
+    async fn recovers(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (code, _) = self.call("closed").await;
+            let shard = self.shard();
+            if shard["state"] == "up" {
+                assert_eq!(code, common::OK, "decided by the shard: {shard}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "never up again: {shard}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends a command to the shard.
+    async fn admin(&mut self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut self.admin).await
+    }
+
+    /// Waits until the shard answers PING with the error `code`.
+    async fn wait_for_reply(&mut self, code: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.admin(&["PING"]).await {
+                Err(e) if e.code() == Some(code) => return,
+                other => assert!(Instant::now() < deadline, "PING: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A command that blocks the server (or its connection), sent on a connection of its
+/// own; its reply is read when the test is ready for it.
+struct Blocking(BufReader<TcpStream>);
+
+impl Blocking {
+    fn send(server: &RedisServer, inline: &str) -> Blocking {
+        let mut s = TcpStream::connect(server.addr()).expect("connect");
+        s.write_all(format!("{inline}\r\n").as_bytes())
+            .expect("send");
+        Blocking(BufReader::new(s))
+    }
+
+    /// The reply's first line, within `limit`.
+    fn reply(mut self, limit: Duration) -> String {
+        self.0
+            .get_ref()
+            .set_read_timeout(Some(limit))
+            .expect("timeout");
+        let mut line = String::new();
+        self.0.read_line(&mut line).expect("a reply in time");
+        line.trim_end().to_string()
+    }
+}
+
+#[tokio::test]
+async fn a_shard_turned_replica_answers_readonly_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    // A failover that left the URL on the old master: it now replicates another.
+    let master = RedisServer::start();
+    let port = master.port.to_string();
+    f.admin(&["REPLICAOF", "127.0.0.1", &port]).await.unwrap();
+    f.outage("readonly").await;
+    f.admin(&["REPLICAOF", "NO", "ONE"]).await.unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_replica_without_its_master_answers_masterdown_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.admin(&["CONFIG", "SET", "replica-serve-stale-data", "no"])
+        .await
+        .unwrap();
+    let nobody = free_port().to_string();
+    f.admin(&["REPLICAOF", "127.0.0.1", &nobody]).await.unwrap();
+    f.outage("masterdown").await;
+    f.admin(&["REPLICAOF", "NO", "ONE"]).await.unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_shard_busy_running_a_script_answers_busy_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    // Redis answers BUSY to everyone else once a script has run this long.
+    f.admin(&["CONFIG", "SET", "busy-reply-threshold", "10"])
+        .await
+        .unwrap();
+    let busy = Blocking::send(&f.redis, "EVAL \"while true do end\" 0");
+    f.wait_for_reply("BUSY").await;
+    f.outage("busy").await;
+    f.admin(&["SCRIPT", "KILL"]).await.unwrap();
+    let killed = busy.reply(Duration::from_secs(5));
+    assert!(killed.contains("Script killed"), "{killed}");
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_shard_out_of_memory_answers_oom_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.admin(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await
+        .unwrap();
+    f.admin(&["CONFIG", "SET", "maxmemory", "1"]).await.unwrap();
+    f.outage("oom").await;
+    f.admin(&["CONFIG", "SET", "maxmemory", "0"]).await.unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_shard_that_starts_wanting_a_password_answers_noauth_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    // Connections opened before stay authenticated: close sluice's (not this one).
+    f.admin(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .await
+        .unwrap();
+    f.admin(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .await
+        .unwrap();
+    f.outage("noauth").await;
+    f.admin(&["CONFIG", "SET", "requirepass", ""])
+        .await
+        .unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_shard_loading_its_dataset_answers_loading_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&["--enable-debug-command", "local"]).await else {
+        return;
+    };
+    // Loading 5,000 keys at 1 ms each: seconds of LOADING, answered while it lasts.
+    f.admin(&["DEBUG", "POPULATE", "5000"]).await.unwrap();
+    f.admin(&["CONFIG", "SET", "key-load-delay", "1000"])
+        .await
+        .unwrap();
+    f.admin(&[
+        "CONFIG",
+        "SET",
+        "loading-process-events-interval-bytes",
+        "1024",
+    ])
+    .await
+    .unwrap();
+    let reload = Blocking::send(&f.redis, "DEBUG RELOAD");
+    f.wait_for_reply("LOADING").await;
+    f.outage("loading").await;
+    assert_eq!(reload.reply(Duration::from_secs(60)), "+OK");
+    f.admin(&["CONFIG", "SET", "key-load-delay", "0"])
+        .await
+        .unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_stalled_shard_times_out_within_the_store_timeout_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&["--enable-debug-command", "local"]).await else {
+        return;
+    };
+    let sleep = Blocking::send(&f.redis, "DEBUG SLEEP 3");
+    f.outage("timeout").await;
+    assert_eq!(sleep.reply(Duration::from_secs(10)), "+OK");
+    f.recovers().await;
+}
+
+#[tokio::test]
+async fn a_script_error_is_answered_by_the_failure_mode_logged_once_and_never_backs_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    let victim = |domain: &str| common::request(domain, vec![common::desc(&[("user", "victim")])]);
+    for domain in ["open", "closed"] {
+        let r = common::call(&mut f.client, victim(domain)).await;
+        assert_eq!(r.overall_code, common::OK);
+    }
+    // Both victims' counters become lists: every decide call on them fails inside
+    // the script (WRONGTYPE), on a shard that is otherwise fine.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*victim*")
+        .query_async(&mut f.admin)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in &keys {
+        f.admin(&["DEL", key]).await.unwrap();
+        f.admin(&["RPUSH", key, "not a counter"]).await.unwrap();
+    }
+    let started = Instant::now();
+    let mut rounds = 0;
+    // Past the span and count that would back an outage off, several times over.
+    while rounds < 20 || started.elapsed() < Duration::from_millis(300) {
+        for (domain, code) in [("open", common::OK), ("closed", common::OVER_LIMIT)] {
+            let asked = Instant::now();
+            let r = common::call(&mut f.client, victim(domain)).await;
+            let took = asked.elapsed();
+            assert!(took < BOUND, "{domain} took {took:?}");
+            assert_eq!(r.overall_code, code, "{domain}: the failure mode answers");
+        }
+        rounds += 1;
+        let shard = f.shard();
+        assert_ne!(shard["state"], "backing_off", "a script error is no outage");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let shard = f.shard();
+    assert_eq!(shard["state"], "failing", "{shard}");
+    assert_eq!(shard["last_error"]["kind"], "script", "{shard}");
+    let message = shard["last_error"]["message"].as_str().unwrap();
+    assert!(message.contains("WRONGTYPE"), "{shard}");
+    assert_eq!(f.errors("script"), 2 * rounds, "one per call");
+    // Loud, but once for the whole flood.
+    let loud = f.wait_for_line("redis call failed on a working shard");
+    assert!(
+        loud.contains("ERROR") && loud.contains("WRONGTYPE"),
+        "{loud}"
+    );
+    let more: Vec<_> = f
+        .sluice
+        .drain_lines()
+        .into_iter()
+        .filter(|l| l.contains("redis call failed on a working shard"))
+        .collect();
+    assert!(more.is_empty(), "{more:#?}");
+    for key in &keys {
+        f.admin(&["DEL", key]).await.unwrap();
+    }
+    f.recovers().await;
+}
+
+/// `CLUSTER INFO` of the node at `port` says `cluster_state:ok` (or not).
+fn cluster_ok(port: u16) -> bool {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "cluster", "info"])
+        .output()
+        .expect("redis-cli cluster info");
+    String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok")
+}
+
+#[tokio::test]
+async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    // One node holding every slot: a cluster as small as one can be.
+    let node = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    let mut admin = node.conn().await;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster_ok(node.port) {
+        assert!(Instant::now() < deadline, "cluster never ok");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (url, addr) = (node.url(), node.addr());
+    let mut f = Fault::with(node, &["--redis-cluster", &url], Some("cluster")).await;
+    assert_eq!(f.shard()["nodes"], serde_json::json!([addr]));
+    f.admin(&["CLUSTER", "DELSLOTSRANGE", "0", "16383"])
+        .await
+        .unwrap();
+    f.outage("clusterdown").await;
+    f.admin(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .await
+        .unwrap();
+    f.recovers().await;
+}
