@@ -165,6 +165,14 @@ assert \"--grpc-addr=127.0.0.1:8081\" in cs[\"sluice\"][\"args\"]
 s = [x for x in ds if x[\"kind\"] == \"Service\"][0]
 assert any(p[\"targetPort\"] == \"envoy\" for p in s[\"spec\"][\"ports\"])
 '"
+check "sidecar: Envoy's failure_mode_deny follows failureMode unless set" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+deny() { t -f $CHART/examples/sidecar.yaml \"\$@\" | grep -o 'failure_mode_deny: [a-z]*'; }
+set -e
+[ \"\$(deny)\" = 'failure_mode_deny: false' ]
+[ \"\$(deny --set failureMode=closed)\" = 'failure_mode_deny: true' ]
+[ \"\$(deny --set failureMode=closed --set sidecar.envoy.failureModeDeny=false)\" = 'failure_mode_deny: false' ]
+[ \"\$(deny --set sidecar.envoy.failureModeDeny=true)\" = 'failure_mode_deny: true' ]"
 
 # --- the helper template from a parent chart ----------------------------------------
 parent="$work/parent"
@@ -221,6 +229,7 @@ fi
 refuse "schema refuses replicaCount: two" t --set replicaCount=two
 refuse "schema refuses an unknown top-level key" t --set replicas=3
 refuse "schema refuses failureMode: maybe" t --set failureMode=maybe
+refuse "schema refuses sidecar.envoy.failureModeDeny: maybe" t --set sidecar.envoy.failureModeDeny=maybe
 refuse "schema refuses a policies file not named *.yaml" t --set-string 'policies.api\.txt=domain: a'
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
 refuse "template refuses redis.urls together with redis.bundled" \

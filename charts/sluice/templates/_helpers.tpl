@@ -21,6 +21,14 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* Envoy's failure_mode_deny: sidecar.envoy.failureModeDeny when set, else true
+exactly when failureMode is closed, so that Sluice being unreachable does not open a
+domain that fails closed. */}}
+{{- define "sluice.failureModeDeny" -}}
+{{- $deny := .Values.sidecar.envoy.failureModeDeny }}
+{{- if kindIs "bool" $deny }}{{ $deny }}{{ else }}{{ eq .Values.failureMode "closed" }}{{ end }}
+{{- end }}
+
 {{/* Labels of every object, without a component. */}}
 {{- define "sluice.commonLabels" -}}
 helm.sh/chart: {{ include "sluice.chart" . }}
