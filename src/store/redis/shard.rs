@@ -141,13 +141,11 @@ mod tests {
     }
 
     #[test]
-    fn placement_is_stable_and_spread() {
+    fn placement_spreads_keys_evenly() {
         let mut counts = [0usize; 4];
         for i in 0..40_000u64 {
             let key = crate::hash::stable_hash(&i.to_le_bytes());
-            let shard = jump_hash(key, 4);
-            assert_eq!(shard, jump_hash(key, 4));
-            counts[shard] += 1;
+            counts[jump_hash(key, 4)] += 1;
         }
         assert!(
             counts.iter().all(|&c| (9_000..11_000).contains(&c)),
@@ -156,13 +154,56 @@ mod tests {
         assert_eq!(jump_hash(42, 1), 0);
     }
 
+    /// Every replica must place a key on the same shard, so the buckets are pinned.
+    /// The expected values were computed once with an independent implementation of
+    /// the paper's reference C++ (Lamping and Veach, figure 1) in Python, itself
+    /// checked against dgryski/go-jump's table generated from that C++.
+    #[test]
+    fn jump_hash_matches_the_published_algorithm() {
+        const BUCKETS: [usize; 12] = [1, 2, 3, 4, 5, 7, 8, 16, 100, 1000, 65_536, 1 << 20];
+        #[rustfmt::skip]
+        let table: [(u64, [usize; 12]); 9] = [
+            (0, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            (1, [0, 0, 0, 0, 0, 6, 6, 6, 55, 549, 21_134, 985_611]),
+            (42, [0, 1, 2, 2, 2, 2, 2, 2, 43, 571, 5_747, 153_897]),
+            (0xdead_beef, [0, 1, 2, 3, 3, 5, 5, 5, 87, 285, 64_244, 479_362]),
+            (0x0ddc_0ffe_ebad_f00d, [0, 1, 2, 2, 2, 2, 2, 15, 72, 113, 47_800, 86_737]),
+            (10_863_919_174_838_991, [0, 1, 1, 1, 1, 6, 6, 14, 21, 830, 4_855, 803_824]),
+            (2_016_238_256_797_177_309, [0, 1, 1, 3, 3, 3, 3, 3, 3, 863, 39_755, 413_009]),
+            (u64::MAX, [0, 1, 2, 2, 2, 2, 7, 10, 92, 313, 18_311, 589_430]),
+            (1 << 63, [0, 1, 1, 3, 4, 5, 5, 12, 84, 453, 53_854, 802_256]),
+        ];
+        for (key, want) in table {
+            let got = BUCKETS.map(|n| jump_hash(key, n));
+            assert_eq!(got, want, "key {key:#x}");
+        }
+    }
+
     #[test]
     fn slots_follow_redis() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT` of
+        // redis-server 7.0.
         assert_eq!(crc16(b"123456789"), 0x31C3);
         assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b""), 0);
+        assert_eq!(slot(b"{user1000}.following"), 3443);
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        // The first `{...}` with something inside is the tag...
+        assert_eq!(slot(b"foo{bar}{zap}"), 5061);
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), 4015);
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        // ...and an empty or unclosed one is no tag: the whole key is hashed.
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"{}"), 15257);
+        assert_eq!(slot(b"foo{"), 7673);
+        // A counter's key: its placement in hex is the tag.
+        assert_eq!(slot(b"sluice:{00000000000000ab}:d|client=a:sc"), 2250);
+        assert_eq!(
+            slot(b"sluice:{00000000000000ab}:d|client=a:sc"),
+            slot(b"00000000000000ab")
+        );
     }
 }
