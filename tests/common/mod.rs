@@ -50,11 +50,9 @@ pub struct Server {
 impl Server {
     /// Sends SIGTERM, as Kubernetes does to stop a pod.
     pub fn terminate(&self) {
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        // SAFETY: kill(2) on our own child's pid, no memory involved.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill -TERM failed");
     }
 
     /// Starts sluice with `policy` written to `policy.yaml` in a fresh directory.
@@ -132,6 +130,116 @@ impl Server {
     pub fn drain_lines(&self) -> Vec<String> {
         self.lines.try_iter().collect()
     }
+
+    /// Reads log lines until one satisfies `found`; returns every line read, that one
+    /// last. Panics naming `what` after `limit`.
+    pub async fn wait_line(
+        &self,
+        limit: Duration,
+        what: &str,
+        found: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut read = Vec::new();
+        loop {
+            for line in self.lines.try_iter() {
+                let done = found(&line);
+                read.push(line);
+                if done {
+                    return read;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the log line: {what}; read: {read:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Every line logged before this call, read to the end: appends a comment to the
+    /// policy file, waits for the reload it causes to be logged, and returns the lines
+    /// before that one. Lines come through one pipe in order, so nothing logged
+    /// earlier can still be on its way, as it could after a fixed wait.
+    pub async fn lines_until_reload(&self) -> Vec<String> {
+        let path = self.policy_path();
+        let mut text = std::fs::read_to_string(&path).expect("read policy");
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("# a comment: the file changed, the policy did not\n");
+        write_atomic(&path, &text);
+        let mut lines = self
+            .wait_line(Duration::from_secs(10), "the policy reload", |l| {
+                l.contains("policy reloaded from files")
+            })
+            .await;
+        lines.pop();
+        lines
+    }
+
+    /// The value of one sample of `/metrics` (see [`sample`]).
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let (status, text) = http(&self.http, "GET", "/metrics", "");
+        assert_eq!(status, 200, "{text}");
+        sample(&text, name, labels)
+    }
+
+    /// Waits until the process exits; panics if it is still running after `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice still running {limit:?} later"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text exposition, with
+/// exactly these labels in any order; `None` when there is no such sample.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut want: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    want.sort();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, mut have) = match series.split_once('{') {
+                Some((n, rest)) => (n, parse_labels(rest.strip_suffix('}')?)?),
+                None => (series, Vec::new()),
+            };
+            have.sort();
+            (n == name && have == want).then(|| value.parse().ok())?
+        })
+}
+
+/// `k="v",k2="v2"` (values with `\"` and `\\` escapes) as pairs.
+fn parse_labels(mut s: &str) -> Option<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    while !s.is_empty() {
+        let (key, rest) = s.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (i, '"') => break i,
+                (_, '\\') => value.push(chars.next()?.1),
+                (_, c) => value.push(c),
+            }
+        };
+        out.push((key.to_string(), value));
+        s = rest[end + 1..].trim_start_matches(',');
+    }
+    Some(out)
 }
 
 impl Drop for Server {
