@@ -33,7 +33,10 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(sluice::server::run(*cfg, sluice::server::shutdown_signal())) {
+            // The signal handlers are installed first thing in the runtime.
+            let serve =
+                async { sluice::server::run(*cfg, sluice::server::shutdown_signal()).await };
+            match runtime.block_on(serve) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("sluice: {e:#}");

@@ -95,3 +95,15 @@ async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[tokio::test]
+async fn sigterm_as_soon_as_it_listens_is_a_graceful_stop() {
+    // The handler is installed before sluice says it listens; it used to be
+    // installed a moment after, and a SIGTERM in between killed the process.
+    for _ in 0..5 {
+        let mut server = Server::start(&policy(5), &["--drain-delay", "0s"]);
+        server.terminate();
+        let status = server.wait_exit(Duration::from_secs(10)).await;
+        assert!(status.success(), "{status:?}");
+    }
+}
