@@ -73,27 +73,36 @@ async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
                 .map(|r| r.into_inner().overall_code)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // All four are decided (and counted) before they are held.
+    let admitted = [
+        ("domain", "cm"),
+        ("layer", "service"),
+        ("outcome", "ok"),
+        ("rule", "q"),
+    ];
+    eventually(Duration::from_secs(5), "four calls in the queue", || {
+        let n = server.metric("sluice_requests_total", &admitted);
+        async move { n == Some(4.0) }
+    })
+    .await;
     server.terminate();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (code, _) = http(&server.http, "GET", "/readyz", "");
-    assert_eq!(code, 503, "readiness goes false on SIGTERM");
+    eventually(
+        Duration::from_secs(5),
+        "readiness goes false on SIGTERM",
+        || async { http(&server.http, "GET", "/readyz", "").0 == 503 },
+    )
+    .await;
+    // ...while calls are still held (the last one's turn comes 1.5 s after the first).
+    assert!(
+        held.iter().any(|h| !h.is_finished()),
+        "readiness went false only after every call was answered"
+    );
     for h in held {
         assert_eq!(h.await.unwrap().expect("in-flight call finished"), OK);
     }
     let mut server = server;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            assert!(status.success(), "{status:?}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sluice did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = server.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]
