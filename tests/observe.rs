@@ -299,9 +299,8 @@ async fn debug_store_says_the_memory_store_is_in_memory() {
 #[tokio::test]
 async fn a_burst_of_requests_logs_nothing_at_info() {
     let server = Server::start(POLICY, &[]);
-    // Let start-up lines arrive, then drop them.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    server.drain_lines();
+    // Every start-up line read and dropped.
+    server.lines_until_reload().await;
     hammer(&server, "6.6.6.6", 200).await;
     hammer(&server, "10.9.8.7", 50).await;
     let mut c = server.client().await;
@@ -319,8 +318,7 @@ async fn a_burst_of_requests_logs_nothing_at_info() {
         r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"x"}]}]}"#,
     );
     metrics(&server);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let lines = server.drain_lines();
+    let lines = server.lines_until_reload().await;
     assert!(lines.is_empty(), "log lines during a burst: {lines:?}");
 
     // A policy change is logged.
@@ -328,18 +326,11 @@ async fn a_burst_of_requests_logs_nothing_at_info() {
         &server.policy_path(),
         &POLICY.replace("requests_per_unit: 1}", "requests_per_unit: 5}"),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut seen = Vec::new();
-    while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("policy reloaded"))
-    {
-        if let Ok(l) = server.lines.recv_timeout(Duration::from_millis(100)) {
-            seen.push(l);
-        }
-    }
-    assert!(
-        seen.iter().any(|l| l.contains("policy reloaded")),
-        "{seen:?}"
-    );
+    server
+        .wait_line(Duration::from_secs(5), "a policy change is logged", |l| {
+            l.contains("policy reloaded")
+        })
+        .await;
 }
 
 #[test]
@@ -520,8 +511,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
 #[tokio::test]
 async fn a_full_memory_store_is_logged_once_as_a_state_change() {
     let server = Server::start(POLICY, &["--max-keys", "64"]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    server.drain_lines();
+    server.lines_until_reload().await;
     let mut c = server.client().await;
     for i in 0..500 {
         call(
@@ -541,8 +531,7 @@ async fn a_full_memory_store_is_logged_once_as_a_state_change() {
         .await;
     }
     metrics(&server);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let lines = server.drain_lines();
+    let lines = server.lines_until_reload().await;
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("evicting live counters"), "{lines:?}");
     assert!(lines[0].contains("WARN"), "{lines:?}");
