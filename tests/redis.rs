@@ -35,8 +35,11 @@ impl TestStore {
             .expect("decided")
     }
 
-    fn start(shards: usize) -> TestStore {
-        let servers: Vec<RedisServer> = (0..shards).map(|_| RedisServer::start()).collect();
+    async fn start(shards: usize) -> TestStore {
+        let mut servers = Vec::new();
+        for _ in 0..shards {
+            servers.push(RedisServer::start().await);
+        }
         let urls = servers.iter().map(RedisServer::url).collect();
         let metrics = Arc::new(sluice::telemetry::Metrics::new());
         let store =
@@ -64,13 +67,16 @@ impl Store for TestStore {
 }
 
 /// `None` (and a loud message) when redis-server is missing.
-fn start(shards: usize) -> Option<TestStore> {
-    available().then(|| TestStore::start(shards))
+async fn start(shards: usize) -> Option<TestStore> {
+    if !available() {
+        return None;
+    }
+    Some(TestStore::start(shards).await)
 }
 
 mod contract_one_shard {
     use super::*;
-    crate::common::contract::store_contract!(match start(1) {
+    crate::common::contract::store_contract!(match start(1).await {
         Some(s) => s,
         None => return,
     });
@@ -79,7 +85,7 @@ mod contract_one_shard {
 mod contract_two_shards {
     use super::*;
     // Two-key batches usually span both shards: what one consumed is given back.
-    crate::common::contract::store_contract!(match start(2) {
+    crate::common::contract::store_contract!(match start(2).await {
         Some(s) => s,
         None => return,
     });
@@ -118,7 +124,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
     if !available() {
         return;
     }
-    let servers = [RedisServer::start(), RedisServer::start()];
+    let servers = [RedisServer::start().await, RedisServer::start().await];
     let clock = ManualClock::new(1_764_000_000 * SECOND + 123_457);
     let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
     opts.fixed_clock = Some(Arc::new(clock.clone()));
@@ -193,7 +199,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
 
 #[tokio::test]
 async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
-    let Some(t) = start(3) else { return };
+    let Some(t) = start(3).await else { return };
     let n = 300;
     for i in 0..n {
         let h = hit(
@@ -225,7 +231,7 @@ async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
 
 #[tokio::test]
 async fn keys_expire_when_idle() {
-    let Some(t) = start(1) else { return };
+    let Some(t) = start(1).await else { return };
     for alg in common::contract::ALL {
         let h = hit(&format!("ttl-{}", alg.as_str()), alg, 5, 60 * SECOND, 1);
         assert!(t.store.decide(&[h]).await.expect("decide").admitted);
@@ -247,7 +253,7 @@ async fn keys_expire_when_idle() {
 /// from an earlier window, however long its TTL, gets the new window's expiry.
 #[tokio::test]
 async fn counters_expire_at_the_end_of_the_window_they_count() {
-    let Some(t) = start(1) else { return };
+    let Some(t) = start(1).await else { return };
     let mut conn = t.servers[0].conn().await;
     let probe = conn.clone();
     let pttl = |k: String| {
@@ -334,7 +340,7 @@ async fn passwords_in_urls_work() {
     if !available() {
         return;
     }
-    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]).await;
     let url = format!("redis://:s3cret@127.0.0.1:{}", server.port);
     let store = RedisStore::new(Options::new(vec![url], false), None).expect("store");
     let h = hit("auth", Algorithm::TokenBucket, 2, SECOND, 1);
@@ -377,7 +383,7 @@ async fn passwords_in_urls_work() {
 
 #[tokio::test]
 async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
-    let Some(t) = start(1) else { return };
+    let Some(t) = start(1).await else { return };
     let mut conn = t.servers[0].conn().await;
     let h = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
     for _ in 0..3 {
@@ -443,7 +449,7 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
 
 #[tokio::test]
 async fn scripts_are_reloaded_after_a_restart() {
-    let Some(mut t) = start(1) else { return };
+    let Some(mut t) = start(1).await else { return };
     let h = hit("reload", Algorithm::SlidingWindowLog, 100, 60 * SECOND, 1);
     assert!(t.one(&h).await.admitted);
     let mut conn = t.servers[0].conn().await;
@@ -453,7 +459,7 @@ async fn scripts_are_reloaded_after_a_restart() {
         .await
         .unwrap();
     assert!(t.one(&h).await.admitted);
-    t.servers[0].restart();
+    t.servers[0].restart().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match t.store.decide(std::slice::from_ref(&h)).await {
@@ -526,7 +532,7 @@ impl Load {
 /// One shard whose calls give up after 15 ms (the default `--store-timeout`), under a
 /// steady load for 300 ms already.
 async fn loaded_shard() -> (RedisServer, Arc<RedisStore>, Load) {
-    let server = RedisServer::start();
+    let server = RedisServer::start().await;
     let mut opts = Options::new(vec![server.url()], false);
     opts.call_timeout = Duration::from_millis(15);
     let store = Arc::new(RedisStore::new(opts, None).expect("store"));
@@ -550,7 +556,7 @@ async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
     let mut burst = 0;
     for _ in 0..10 {
         let before = load.counts.failed.load(Relaxed);
-        tokio::task::block_in_place(|| server.stall(Duration::from_millis(50)));
+        server.stall(Duration::from_millis(50)).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         burst = load.counts.failed.load(Relaxed) - before;
         if burst >= 3 {
@@ -604,7 +610,7 @@ async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
 
 #[tokio::test]
 async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
-    let Some(mut t) = start(1) else { return };
+    let Some(mut t) = start(1).await else { return };
     let timeout = Duration::from_millis(100);
     let store = Arc::new(t.store.clone());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -647,7 +653,7 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(100), "{err}");
-    t.servers[0].restart();
+    t.servers[0].restart().await;
     let deadline = Instant::now() + Duration::from_secs(15);
     while t.store.shard_down(0) {
         assert!(Instant::now() < deadline, "did not recover");
@@ -726,7 +732,7 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     }
     // Windows of a day (a minute for the log, which is exact in any window) keep the
     // count free of window boundaries and refills during the run.
-    let shards = [RedisServer::start(), RedisServer::start()];
+    let shards = [RedisServer::start().await, RedisServer::start().await];
     let servers = replicas(&shards);
     for alg in [
         "fixed_window",
@@ -814,7 +820,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     if !available() {
         return;
     }
-    let cluster = common::redis::RedisCluster::start(3);
+    let cluster = common::redis::RedisCluster::start(3).await;
     let mut opts = Options::new(cluster.urls(), true);
     opts.key_count_interval = Duration::from_millis(50);
     let store = RedisStore::new(opts, None).expect("store");
@@ -976,7 +982,7 @@ async fn over_two_shards(
 
 #[tokio::test]
 async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up() {
-    let Some(t) = start(2) else { return };
+    let Some(t) = start(2).await else { return };
     // `b` admits nothing.
     let (a, b, peek) = over_two_shards(&t, "gave-up", Algorithm::FixedWindow, 0).await;
 
@@ -1005,7 +1011,7 @@ async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up()
 
 #[tokio::test]
 async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other() {
-    let Some(mut t) = start(2) else { return };
+    let Some(mut t) = start(2).await else { return };
     // `b` has room.
     let (a, b, peek) = over_two_shards(&t, "dead", Algorithm::TokenBucket, 100).await;
 
@@ -1023,7 +1029,7 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     if !available() {
         return;
     }
-    let server = RedisServer::start();
+    let server = RedisServer::start().await;
     let mut conn = server.conn().await;
     let scripts = Scripts::default();
     let algorithms = [
@@ -1107,7 +1113,7 @@ async fn flood(store: &Arc<RedisStore>, n: usize, hits: impl Fn(usize) -> Vec<Hi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_script_calls_and_stay_exact() {
-    let Some(t) = start(1) else { return };
+    let Some(t) = start(1).await else { return };
     let store = Arc::new(t.store.clone());
     let mut conn = t.servers[0].conn().await;
     const N: usize = 2_000;
@@ -1165,7 +1171,7 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_share_the_shards_few_connections() {
-    let Some(t) = start(1) else { return };
+    let Some(t) = start(1).await else { return };
     let store = Arc::new(t.store.clone());
     let calls = (0..64).map(|i| {
         let store = store.clone();
@@ -1200,7 +1206,7 @@ async fn the_binary_reaches_redis_over_tls() {
     if !available() {
         return;
     }
-    let server = RedisServer::start_tls();
+    let server = RedisServer::start_tls().await;
     let ca = server.dir.path().join("ca.crt");
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("policy.yaml"), REPLICA_POLICY).expect("policy");
@@ -1247,11 +1253,11 @@ async fn the_binary_reaches_redis_over_tls() {
 
 /// The binary on one fresh redis-server with `REPLICA_POLICY` and `extra` flags;
 /// `None` without redis-server.
-fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> {
+async fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> {
     if !available() {
         return None;
     }
-    let redis_server = RedisServer::start();
+    let redis_server = RedisServer::start().await;
     let url = redis_server.url();
     let mut args = vec!["--redis", url.as_str()];
     args.extend_from_slice(extra);
@@ -1262,7 +1268,7 @@ fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
     let Some((mut redis_server, sluice)) =
-        sluice_on_one_shard(&["--store-timeout", "100ms", "--failure-mode", "open"])
+        sluice_on_one_shard(&["--store-timeout", "100ms", "--failure-mode", "open"]).await
     else {
         return;
     };
@@ -1295,7 +1301,7 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     // Failing open, the replica answers: it stays in the endpoints.
     assert_eq!(common::http(&sluice.http, "GET", "/readyz", "").0, 200);
-    redis_server.restart();
+    redis_server.restart().await;
     // Recovered once the limit is enforced again (2 per hour for a tenant).
     let mut client = sluice.client().await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -1347,7 +1353,7 @@ async fn lua_muldiv_is_exact_beyond_2_pow_53() {
     if !available() {
         return;
     }
-    let server = RedisServer::start();
+    let server = RedisServer::start().await;
     let mut conn = server.conn().await;
     let script = redis::Script::new(concat!(
         include_str!("../src/store/redis/common.lua"),
@@ -1429,7 +1435,7 @@ async fn a_penalty_bans_a_repeat_offender_with_the_redis_store() {
     if !available() {
         return;
     }
-    let redis_server = RedisServer::start();
+    let redis_server = RedisServer::start().await;
     let url = redis_server.url();
     let policy = r#"
 domain: pen
@@ -1485,7 +1491,7 @@ async fn active_keys_follow_the_counters_on_every_shard() {
     if !available() {
         return;
     }
-    let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let servers = [RedisServer::start().await, RedisServer::start().await];
     let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
     opts.key_count_interval = Duration::from_millis(50);
     let store = RedisStore::new(opts, None).expect("store");
@@ -1548,7 +1554,7 @@ fn store_shard(sluice: &common::Server, addr: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn failing_closed_a_replica_stays_ready_while_its_shard_is_down() {
-    let Some((mut redis_server, sluice)) = sluice_on_one_shard(&["--failure-mode", "closed"])
+    let Some((mut redis_server, sluice)) = sluice_on_one_shard(&["--failure-mode", "closed"]).await
     else {
         return;
     };
@@ -1584,7 +1590,7 @@ async fn failing_closed_a_replica_stays_ready_while_its_shard_is_down() {
     assert!(down["backoff_until"].is_string(), "{down}");
     let left = down["backoff_remaining_seconds"].as_f64().expect("seconds");
     assert!(left > 0.0 && left <= 5.0, "{down}");
-    redis_server.restart();
+    redis_server.restart().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let code = common::call(&mut client, req()).await.overall_code;
@@ -1615,7 +1621,7 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
     }
     use sluice::store::redis::expire;
     let timeout = Duration::from_millis(15);
-    let slow = RedisServer::start_with(&["--hz", "10"]);
+    let slow = RedisServer::start_with(&["--hz", "10"]).await;
     let warning = expire::check(&mut slow.conn().await, &slow.addr(), timeout).await;
     let warning = warning.expect("hz 10: a 25 ms cycle outlasts 15 ms");
     assert!(
@@ -1631,14 +1637,14 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
         None
     );
 
-    let fast = RedisServer::start_with(&["--hz", "100"]);
+    let fast = RedisServer::start_with(&["--hz", "100"]).await;
     assert_eq!(
         expire::check(&mut fast.conn().await, &fast.addr(), timeout).await,
         None
     );
 
     // active-expire-effort is read too: 43 % of a tick at hz 20 is 21.5 ms.
-    let effort = RedisServer::start_with(&["--hz", "20", "--active-expire-effort", "10"]);
+    let effort = RedisServer::start_with(&["--hz", "20", "--active-expire-effort", "10"]).await;
     let warning = expire::check(&mut effort.conn().await, &effort.addr(), timeout).await;
     let warning = warning.expect("21.5 ms outlasts 15 ms");
     assert!(
@@ -1648,7 +1654,8 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
     assert!(warning.contains("up to 21.5ms"), "{warning}");
 
     // CONFIG renamed away, as managed Redis does: nothing to say, no error.
-    let managed = RedisServer::start_with(&["--hz", "10", "--rename-command", "CONFIG", "HIDDEN"]);
+    let managed =
+        RedisServer::start_with(&["--hz", "10", "--rename-command", "CONFIG", "HIDDEN"]).await;
     assert_eq!(
         expire::check(&mut managed.conn().await, &managed.addr(), timeout).await,
         None
@@ -1660,9 +1667,10 @@ async fn the_store_checks_each_shards_expire_cycle_once() {
     if !available() {
         return;
     }
-    let servers: Vec<RedisServer> = (0..2)
-        .map(|_| RedisServer::start_with(&["--hz", "10"]))
-        .collect();
+    let servers = [
+        RedisServer::start_with(&["--hz", "10"]).await,
+        RedisServer::start_with(&["--hz", "10"]).await,
+    ];
     let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
     opts.key_count_interval = Duration::from_millis(20);
     opts.call_timeout = Duration::from_millis(15);
@@ -1685,8 +1693,8 @@ async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_tim
     if !available() {
         return;
     }
-    let slow = RedisServer::start_with(&["--hz", "10"]);
-    let fast = RedisServer::start_with(&["--hz", "100"]);
+    let slow = RedisServer::start_with(&["--hz", "10"]).await;
+    let fast = RedisServer::start_with(&["--hz", "100"]).await;
     let urls = format!("{},{}", slow.url(), fast.url());
     // The default --store-timeout, 15 ms.
     let sluice = common::Server::start(REPLICA_POLICY, &["--redis", &urls]);
@@ -1724,7 +1732,7 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
         return;
     }
     use sluice::store::redis::expire;
-    let cluster = common::redis::RedisCluster::start(3);
+    let cluster = common::redis::RedisCluster::start(3).await;
     // Nodes start with Redis's default hz 10; one is raised to 100.
     let () = redis::cmd("CONFIG")
         .arg("SET")

@@ -66,7 +66,7 @@ impl Fault {
         if !available() {
             return None;
         }
-        let redis = RedisServer::start_with(redis_args);
+        let redis = RedisServer::start_with(redis_args).await;
         let url = redis.url();
         Some(Self::with(redis, &["--redis", &url], None).await)
     }
@@ -277,7 +277,7 @@ async fn a_shard_turned_replica_answers_readonly_and_is_backed_off() {
         return;
     };
     // A failover that left the URL on the old master: it now replicates another.
-    let master = RedisServer::start();
+    let master = RedisServer::start().await;
     let port = master.port.to_string();
     f.admin(&["REPLICAOF", "127.0.0.1", &port]).await.unwrap();
     f.outage("readonly").await;
@@ -481,7 +481,8 @@ async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
         "yes",
         "--cluster-config-file",
         "nodes.conf",
-    ]);
+    ])
+    .await;
     let mut admin = node.conn().await;
     let _: () = redis::cmd("CLUSTER")
         .arg("ADDSLOTSRANGE")

@@ -2,8 +2,8 @@
 //! port, in its own temporary directory, with persistence off, killed on drop.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -63,31 +63,34 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// Serves TLS only (on `port`).
     tls: bool,
+    /// Processes started so far; each logs to a file of its own.
+    spawns: u32,
 }
 
 impl RedisServer {
-    pub fn start() -> RedisServer {
-        Self::start_with(&[])
+    pub async fn start() -> RedisServer {
+        Self::start_with(&[]).await
     }
 
     /// Starts with extra `redis-server` arguments (e.g. `--requirepass x`).
-    pub fn start_with(extra: &[&str]) -> RedisServer {
+    pub async fn start_with(extra: &[&str]) -> RedisServer {
         let mut s = RedisServer {
             child: None,
             port: 0,
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             tls: false,
+            spawns: 0,
         };
-        s.spawn_on_free_port();
+        s.spawn_on_free_port().await;
         s
     }
 
     /// Spawns on a fresh free port, again on another if someone else took it first.
-    fn spawn_on_free_port(&mut self) {
+    async fn spawn_on_free_port(&mut self) {
         for _ in 0..5 {
             self.port = free_port();
-            if self.spawn() {
+            if self.spawn().await {
                 return;
             }
         }
@@ -96,7 +99,7 @@ impl RedisServer {
 
     /// Starts a TLS-only server with a fresh CA and a certificate for localhost and
     /// 127.0.0.1; the CA is `ca.crt` in [`RedisServer::dir`].
-    pub fn start_tls() -> RedisServer {
+    pub async fn start_tls() -> RedisServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         let openssl = |args: &[&str]| {
@@ -190,73 +193,59 @@ impl RedisServer {
             ],
             dir,
             tls: true,
+            spawns: 0,
         };
-        s.spawn_on_free_port();
+        s.spawn_on_free_port().await;
         s
     }
 
     /// Spawns redis-server on `self.port`; false if it did not come to serve there
     /// (it exited, typically because another process holds the port).
-    fn spawn(&mut self) -> bool {
+    async fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let listen: &[&str] = if self.tls {
             &["--port", "0", "--tls-port", &port]
         } else {
             &["--port", &port]
         };
+        self.spawns += 1;
+        let log = self.dir.path().join(format!("redis-{}.log", self.spawns));
         let child = Command::new("redis-server")
             .args(listen)
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
-        let ready = self.wait_ready();
+        let ready = self.wait_ready(log).await;
         if !ready {
             self.kill();
         }
         ready
     }
 
-    /// Waits until our redis-server serves on the port: true once it does, false if
-    /// it exits first. A listener on the port may be another process's: a plain
-    /// server must name our pid in `INFO server`; one that answers without it
-    /// (TLS, or -NOAUTH under requirepass) must still be running a while later,
-    /// past the moment a failed bind would have ended it.
-    fn wait_ready(&mut self) -> bool {
-        let pid = self.child.as_ref().expect("spawned").id();
-        let ours = format!("process_id:{pid}\r\n");
+    /// Waits until our redis-server serves on the port: true once its own log says
+    /// so (Redis logs "Ready to accept connections" once every listener is bound, so
+    /// the port is ours, not another process's), false if it exits first (a port
+    /// taken meanwhile: it logs the failed bind and exits).
+    async fn wait_ready(&mut self, log: PathBuf) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if !self.running() {
                 return false;
             }
-            let Ok(s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            };
-            // A plain INFO would not be understood over TLS.
-            let reply = if self.tls {
-                String::new()
-            } else {
-                info_server(s, &ours)
-            };
-            if reply.contains(&ours) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Ready to accept connections") {
                 return true;
             }
-            if reply.contains("process_id:") {
-                return false; // another redis-server holds the port
-            }
-            if self.tls || reply.starts_with('-') {
-                std::thread::sleep(Duration::from_millis(200));
-                return self.running();
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("redis-server on port {} did not start", self.port);
     }
@@ -285,10 +274,11 @@ impl RedisServer {
     }
 
     /// Freezes the server (`SIGSTOP`) for `d`, then lets it go on: a stall in which
-    /// it holds its connections but answers nothing. Blocks the calling thread.
-    pub fn stall(&self, d: Duration) {
+    /// it holds its connections but answers nothing. The stall's length is the fault
+    /// under test, so this one wait is a time, not a condition.
+    pub async fn stall(&self, d: Duration) {
         self.freeze();
-        std::thread::sleep(d);
+        tokio::time::sleep(d).await;
         self.thaw();
     }
 
@@ -310,13 +300,13 @@ impl RedisServer {
 
     /// Starts it again on the same port (empty: no persistence), retrying for a while
     /// if another process took the port meanwhile.
-    pub fn restart(&mut self) {
+    pub async fn restart(&mut self) {
         self.kill();
         for _ in 0..20 {
-            if self.spawn() {
+            if self.spawn().await {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(250));
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
         panic!("redis-server could not restart on port {}", self.port);
     }
@@ -333,26 +323,6 @@ impl RedisServer {
             .await
             .expect("connect to redis")
     }
-}
-
-/// `INFO server`'s reply on `s`, read until it names `ours`, is an error (one line),
-/// or stops coming (the bulk reply may take several reads).
-fn info_server(mut s: TcpStream, ours: &str) -> String {
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let _ = s.write_all(b"INFO server\r\n");
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        reply.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&reply);
-        if text.contains(ours) || text.starts_with('-') {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&reply).into_owned()
 }
 
 impl Drop for RedisServer {
@@ -392,19 +362,19 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    pub fn start(masters: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..masters)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
-            .collect();
+    pub async fn start(masters: usize) -> RedisCluster {
+        let mut nodes = Vec::new();
+        for _ in 0..masters {
+            let node = RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]);
+            nodes.push(node.await);
+        }
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(nodes.iter().map(RedisServer::addr))
@@ -415,24 +385,26 @@ impl RedisCluster {
             .expect("run redis-cli");
         assert!(status.success(), "redis-cli --cluster create failed");
         let cluster = RedisCluster { nodes };
-        cluster.wait_ok();
+        cluster.wait_ok().await;
         cluster
     }
 
     /// Waits until every node reports `cluster_state:ok`.
-    fn wait_ok(&self) {
+    async fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         for node in &self.nodes {
+            let mut conn = node.conn().await;
             loop {
-                let out = Command::new("redis-cli")
-                    .args(["-p", &node.port.to_string(), "cluster", "info"])
-                    .output()
-                    .expect("redis-cli cluster info");
-                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("CLUSTER INFO");
+                if info.contains("cluster_state:ok") {
                     break;
                 }
                 assert!(Instant::now() < deadline, "cluster never became ok");
-                std::thread::sleep(Duration::from_millis(100));
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
