@@ -442,9 +442,21 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     short.limit.burst = 1;
     assert!(t.one(&short).await.admitted);
     let v = t.one(&short).await;
+    let denied = Instant::now();
     assert!(!v.admitted);
-    tokio::time::sleep(Duration::from_micros(v.verdicts[0].retry_after + 5_000)).await;
-    assert!(t.one(&short).await.admitted);
+    // Asked again until admitted: no call made 5 ms past retry-after is still denied.
+    let free = Duration::from_micros(v.verdicts[0].retry_after) + Duration::from_millis(5);
+    loop {
+        let asked = denied.elapsed();
+        if t.one(&short).await.admitted {
+            break;
+        }
+        assert!(
+            asked < free,
+            "still denied {asked:?} after a denial for {free:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[tokio::test]
@@ -487,13 +499,17 @@ struct Counts {
     backing_off: AtomicU64,
     /// Any other store error (timeouts, connection errors).
     failed: AtomicU64,
+    /// Calls each caller has completed.
+    done: [AtomicU64; CALLERS],
 }
+
+const CALLERS: usize = 8;
 
 impl Load {
     fn start(store: Arc<RedisStore>) -> Load {
         let counts = Arc::new(Counts::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let tasks = (0..8)
+        let tasks = (0..CALLERS)
             .map(|c| {
                 let (store, stop, counts) = (store.clone(), stop.clone(), counts.clone());
                 tokio::spawn(async move {
@@ -508,6 +524,8 @@ impl Load {
                             Err(_) => &counts.failed,
                         };
                         counter.fetch_add(1, Relaxed);
+                        counts.done[c].fetch_add(1, Relaxed);
+                        // Paces the load; not a wait for anything.
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                 })
@@ -520,6 +538,20 @@ impl Load {
         }
     }
 
+    /// Calls each caller has completed so far.
+    fn done(&self) -> [u64; CALLERS] {
+        std::array::from_fn(|c| self.counts.done[c].load(Relaxed))
+    }
+
+    /// Waits until every caller has completed `more` calls since `since`.
+    async fn wait_calls(&self, since: [u64; CALLERS], more: u64) {
+        common::eventually(Duration::from_secs(10), "calls of every caller", || {
+            let done = self.done();
+            async move { done.iter().zip(since).all(|(&d, s)| d >= s + more) }
+        })
+        .await;
+    }
+
     async fn stop(self) -> Arc<Counts> {
         self.stop.store(true, Relaxed);
         for t in self.tasks {
@@ -530,14 +562,14 @@ impl Load {
 }
 
 /// One shard whose calls give up after 15 ms (the default `--store-timeout`), under a
-/// steady load for 300 ms already.
+/// steady load: every caller has made 20 calls already.
 async fn loaded_shard() -> (RedisServer, Arc<RedisStore>, Load) {
     let server = RedisServer::start().await;
     let mut opts = Options::new(vec![server.url()], false);
     opts.call_timeout = Duration::from_millis(15);
     let store = Arc::new(RedisStore::new(opts, None).expect("store"));
     let load = Load::start(store.clone());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    load.wait_calls([0; CALLERS], 20).await;
     (server, store, load)
 }
 
@@ -557,7 +589,9 @@ async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
     for _ in 0..10 {
         let before = load.counts.failed.load(Relaxed);
         server.stall(Duration::from_millis(50)).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Every call the stall held has ended: each caller has finished the call it
+        // had in flight at the thaw, and one more.
+        load.wait_calls(load.done(), 2).await;
         burst = load.counts.failed.load(Relaxed) - before;
         if burst >= 3 {
             break;
@@ -592,8 +626,16 @@ async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::BackingOff), "{err}");
-    // Still hung for a while: the load is answered by the back-off too.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Still hung: the load is answered by the back-off too.
+    common::eventually(
+        Duration::from_secs(5),
+        "load answered by the back-off",
+        || {
+            let n = load.counts.backing_off.load(Relaxed);
+            async move { n > 0 }
+        },
+    )
+    .await;
     server.thaw();
     let deadline = Instant::now() + Duration::from_secs(15);
     while store.shard_down(0) {
@@ -614,11 +656,13 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
     let timeout = Duration::from_millis(100);
     let store = Arc::new(t.store.clone());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let admitted = Arc::new(AtomicU64::new(0));
     // Load: 8 callers, each call bounded by the limiter-style timeout.
     let mut tasks = Vec::new();
     for c in 0..8 {
         let store = store.clone();
         let stop = stop.clone();
+        let admitted = admitted.clone();
         tasks.push(tokio::spawn(async move {
             let (mut ok, mut failed, mut slowest) = (0u64, 0u64, Duration::ZERO);
             let mut i = 0u64;
@@ -633,19 +677,36 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
                 i += 1;
                 let started = Instant::now();
                 match tokio::time::timeout(timeout, store.decide(&[h])).await {
-                    Ok(Ok(_)) => ok += 1,
+                    Ok(Ok(_)) => {
+                        ok += 1;
+                        admitted.fetch_add(1, Relaxed);
+                    }
                     Ok(Err(_)) | Err(_) => failed += 1, // the failure mode answers
                 }
                 slowest = slowest.max(started.elapsed());
+                // Paces the load; not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             (ok, failed, slowest)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answered = |n: u64| {
+        let admitted = admitted.clone();
+        move || {
+            let a = admitted.load(Relaxed);
+            async move { a >= n }
+        }
+    };
+    common::eventually(Duration::from_secs(10), "80 calls answered", answered(80)).await;
     t.servers[0].kill();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(t.store.shard_down(0), "the shard is backed off");
+    let killed = Instant::now();
+    while !t.store.shard_down(0) {
+        assert!(
+            killed.elapsed() < Duration::from_millis(800),
+            "the shard is not backed off 800 ms after it was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let started = Instant::now();
     let err = t
         .store
@@ -659,7 +720,14 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
         assert!(Instant::now() < deadline, "did not recover");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The load is answered by the shard again.
+    let before = admitted.load(Relaxed);
+    common::eventually(
+        Duration::from_secs(10),
+        "80 calls answered after the recovery",
+        answered(before + 80),
+    )
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut ok, mut failed) = (0, 0);
     for task in tasks {
@@ -1273,10 +1341,12 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
         return;
     };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
     let mut load = Vec::new();
     for c in 0..4 {
         let mut client = sluice.client().await;
         let stop = stop.clone();
+        let total = total.clone();
         load.push(tokio::spawn(async move {
             let mut slowest = Duration::ZERO;
             let mut answered = 0u32;
@@ -1291,14 +1361,41 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
                 assert_eq!(r.into_inner().overall_code, common::OK, "open");
                 slowest = slowest.max(started.elapsed());
                 answered += 1;
+                total.fetch_add(1, Relaxed);
+                // Paces the load; not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             (answered, slowest)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::eventually(Duration::from_secs(10), "40 calls answered", || {
+        let n = total.load(Relaxed);
+        async move { n >= 40 }
+    })
+    .await;
     redis_server.kill();
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // The shard is found down, and the failure mode then answers 40 more calls.
+    let mut lines = sluice
+        .wait_line(Duration::from_secs(10), "the shard down", |l| {
+            l.contains("redis shard down")
+        })
+        .await;
+    let failures = |n: f64| {
+        let sluice = &sluice;
+        move || {
+            let f = sluice.metric("sluice_store_failures_total", &[("store", "redis")]);
+            async move { f >= Some(n) }
+        }
+    };
+    let at_down = sluice
+        .metric("sluice_store_failures_total", &[("store", "redis")])
+        .expect("store failures are exported");
+    common::eventually(
+        Duration::from_secs(10),
+        "40 calls answered by the failure mode",
+        failures(at_down + 40.0),
+    )
+    .await;
     // Failing open, the replica answers: it stays in the endpoints.
     assert_eq!(common::http(&sluice.http, "GET", "/readyz", "").0, 200);
     redis_server.restart().await;
@@ -1326,7 +1423,14 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
             "slowest call {slowest:?}"
         );
     }
-    let lines = sluice.drain_lines();
+    lines.extend(
+        sluice
+            .wait_line(Duration::from_secs(10), "the shard up", |l| {
+                l.contains("redis shard up")
+            })
+            .await,
+    );
+    lines.extend(sluice.lines_until_reload().await);
     let down = lines
         .iter()
         .filter(|l| l.contains("redis shard down"))
@@ -1614,6 +1718,11 @@ async fn config_gets(server: &RedisServer) -> u64 {
     command_calls(&mut server.conn().await, "config|get").await
 }
 
+/// Key counts (`DBSIZE`) a server has answered.
+async fn key_counts(server: &RedisServer) -> u64 {
+    command_calls(&mut server.conn().await, "dbsize").await
+}
+
 #[tokio::test]
 async fn the_expire_cycle_check_reads_hz_from_the_server() {
     if !available() {
@@ -1675,9 +1784,22 @@ async fn the_store_checks_each_shards_expire_cycle_once() {
     opts.key_count_interval = Duration::from_millis(20);
     opts.call_timeout = Duration::from_millis(15);
     let store = RedisStore::new(opts, None).expect("store");
-    // Key counts come and go; the check stays at one CONFIG GET hz and one of
-    // active-expire-effort per shard.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The check is one CONFIG GET hz and one of active-expire-effort per shard, made
+    // when the shard first answers a key count...
+    for server in &servers {
+        common::eventually(Duration::from_secs(5), "the check", || async {
+            config_gets(server).await >= 2
+        })
+        .await;
+    }
+    // ...and not again as ten more key counts come and go.
+    for server in &servers {
+        let counted = key_counts(server).await;
+        common::eventually(Duration::from_secs(5), "ten more key counts", || async {
+            key_counts(server).await >= counted + 10
+        })
+        .await;
+    }
     for server in &servers {
         assert_eq!(config_gets(server).await, 2);
     }
@@ -1695,23 +1817,27 @@ async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_tim
     }
     let slow = RedisServer::start_with(&["--hz", "10"]).await;
     let fast = RedisServer::start_with(&["--hz", "100"]).await;
+    // One key, so that sluice_active_keys shows when the first key count is done.
+    let () = redis::cmd("SET")
+        .arg("a-key")
+        .arg(1)
+        .query_async(&mut fast.conn().await)
+        .await
+        .unwrap();
     let urls = format!("{},{}", slow.url(), fast.url());
     // The default --store-timeout, 15 ms.
     let sluice = common::Server::start(REPLICA_POLICY, &["--redis", &urls]);
     let is_warning = |l: &String| l.contains("expire cycle");
     // The check can finish before sluice says it listens.
     let mut lines = sluice.startup.clone();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !lines.iter().any(is_warning) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match sluice.lines.recv_timeout(left) {
-            Ok(line) => lines.push(line),
-            Err(_) => panic!("no expire cycle warning: {lines:#?}"),
-        }
-    }
-    // Both shards are checked together; give the other one time to say something.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    lines.extend(sluice.drain_lines());
+    // Both shards are checked in the first key count, which is done once it is
+    // counted; then every line is read up to a reload logged after it.
+    common::eventually(Duration::from_secs(10), "the first key count", || {
+        let keys = sluice.metric("sluice_active_keys", &[("store", "redis")]);
+        async move { keys == Some(1.0) }
+    })
+    .await;
+    lines.extend(sluice.lines_until_reload().await);
     let warnings: Vec<&String> = lines.iter().filter(|l| is_warning(l)).collect();
     assert_eq!(warnings.len(), 1, "{lines:#?}");
     let w = warnings[0];
