@@ -219,7 +219,7 @@ impl Cluster {
 
     /// Waits until the `Accepted` condition starts with `want` (e.g. `False/Invalid`)
     /// and describes the current generation; returns it.
-    fn wait_accepted(&self, ns: &str, name: &str, want: &str, limit: Duration) -> String {
+    async fn wait_accepted(&self, ns: &str, name: &str, want: &str, limit: Duration) -> String {
         let deadline = Instant::now() + limit;
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -234,7 +234,7 @@ impl Cluster {
             if last.starts_with(want) && observed == generation && top == generation {
                 return last;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("{ns}/{name}: Accepted condition never became {want}; last: {last}");
     }
@@ -327,24 +327,28 @@ async fn rate_limit_policies_from_a_real_api_server() {
     // The CRD, from the committed YAML (the same `sluice crd` prints).
     let crd = repo().join("crds/ratelimitpolicies.yaml");
     k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet.)
+    // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet, and
+    // so does this jsonpath, which only means "not yet".)
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let established = k.must(&[
-            "get",
-            "crd",
-            "ratelimitpolicies.sluice.dev",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-        ]);
-        if established == "True" {
+        let established = k.kubectl(
+            &[
+                "get",
+                "crd",
+                "ratelimitpolicies.sluice.dev",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+            ],
+            None,
+        );
+        if established.status.success() && established.stdout == b"True" {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "the CRD never became Established"
         );
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let names = k.must(&[
         "get",
@@ -361,10 +365,11 @@ async fn rate_limit_policies_from_a_real_api_server() {
     let deadline = Instant::now() + Duration::from_secs(15);
     while let Err(e) = k.apply(&first) {
         assert!(Instant::now() < deadline, "first policy not applied: {e}");
-        std::thread::sleep(Duration::from_millis(200));
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     wait_limit(&all, "shop", "user", Some(2), Duration::from_secs(15)).await;
-    k.wait_accepted("team-a", "a", "True/Accepted", Duration::from_secs(5));
+    k.wait_accepted("team-a", "a", "True/Accepted", Duration::from_secs(5))
+        .await;
     let table = k.must(&["get", "rlp", "-n", "team-a"]);
     assert!(
         table.contains("DOMAIN") && table.contains("ACCEPTED") && table.contains("shop"),
@@ -410,18 +415,23 @@ async fn rate_limit_policies_from_a_real_api_server() {
     let dup = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: a, namespace: team-a}\n\
                spec:\n  domain: shop\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 9}}\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 8}}\n";
     k.apply(dup).unwrap();
-    let cond = k.wait_accepted("team-a", "a", "False/Invalid", STATUS);
+    let cond = k
+        .wait_accepted("team-a", "a", "False/Invalid", STATUS)
+        .await;
     assert!(cond.contains("duplicate descriptor"), "{cond}");
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
     k.apply(&per_minute("team-a", "a", "shop", "user", 7))
         .unwrap();
     wait_limit(&all, "shop", "user", Some(7), TWO_S).await;
-    k.wait_accepted("team-a", "a", "True/Accepted", STATUS);
+    k.wait_accepted("team-a", "a", "True/Accepted", STATUS)
+        .await;
 
     // Another namespace naming the same domain: Conflicted.
     k.apply(&per_minute("team-b", "b", "shop", "other", 11))
         .unwrap();
-    let cond = k.wait_accepted("team-b", "b", "False/Conflicted", STATUS);
+    let cond = k
+        .wait_accepted("team-b", "b", "False/Conflicted", STATUS)
+        .await;
     assert!(cond.contains("belongs to namespace 'team-a'"), "{cond}");
     assert_eq!(limit(&all, "shop", "other").await, None);
 
@@ -431,10 +441,13 @@ async fn rate_limit_policies_from_a_real_api_server() {
         .unwrap();
     wait_limit(&all, "mixed", "polkey", Some(4), TWO_S).await;
     assert_eq!(limit(&all, "mixed", "filekey").await, Some(3));
-    k.wait_accepted("team-a", "m", "True/Accepted", STATUS);
+    k.wait_accepted("team-a", "m", "True/Accepted", STATUS)
+        .await;
     k.apply(&per_minute("team-a", "clash", "mixed", "filekey", 9))
         .unwrap();
-    let cond = k.wait_accepted("team-a", "clash", "False/Conflicted", STATUS);
+    let cond = k
+        .wait_accepted("team-a", "clash", "False/Conflicted", STATUS)
+        .await;
     assert!(cond.contains("mixed.yaml"), "{cond}");
     assert_eq!(limit(&all, "mixed", "filekey").await, Some(3));
 
@@ -442,7 +455,8 @@ async fn rate_limit_policies_from_a_real_api_server() {
     k.must(&["delete", "rlp", "a", "-n", "team-a"]);
     wait_limit(&all, "shop", "user", None, TWO_S).await;
     wait_limit(&all, "shop", "other", Some(11), TWO_S).await;
-    k.wait_accepted("team-b", "b", "True/Accepted", STATUS);
+    k.wait_accepted("team-b", "b", "True/Accepted", STATUS)
+        .await;
 
     // --kube-namespace sees its namespace only.
     let only_b = Server::start_env(
@@ -460,7 +474,8 @@ async fn rate_limit_policies_from_a_real_api_server() {
     let example = repo().join("examples/policy.yaml");
     k.must(&["apply", "--validate=false", "-f", example.to_str().unwrap()]);
     for name in ["edge", "service", "tenants"] {
-        k.wait_accepted("shop", name, "True/Accepted", Duration::from_secs(3));
+        k.wait_accepted("shop", name, "True/Accepted", Duration::from_secs(3))
+            .await;
     }
     wait_limit(&all, "api", "remote_address", Some(600), TWO_S).await;
 
@@ -483,7 +498,12 @@ async fn rate_limit_policies_from_a_real_api_server() {
             .join(",")
     };
     let before = versions();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A policy of its own: once both replicas serve it, each has handled every event
+    // before it, a status write of the other's included, and written what it would.
+    k.apply(&per_minute("team-b", "probe", "probe", "user", 4))
+        .unwrap();
+    wait_limit(&replica, "probe", "user", Some(4), TWO_S).await;
+    wait_limit(&all, "probe", "user", Some(4), TWO_S).await;
     assert_eq!(versions(), before, "replicas rewrote a status");
     drop(replica);
 
