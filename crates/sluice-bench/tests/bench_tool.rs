@@ -4,8 +4,16 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    rate_limit_response::Code, RateLimitRequest, RateLimitResponse,
+};
 
 struct Kill(Child);
 
@@ -91,18 +99,46 @@ fn noop_with(args: &[&str]) -> (Kill, u16) {
     listening(cmd, |line| port_after(line, "RateLimitService on "))
 }
 
-/// Established TCP connections from this machine to 127.0.0.1:`port`, as Linux lists
-/// them in /proc/net/tcp (state 01; addresses in hex).
-fn connections_to(port: u16) -> usize {
-    let remote = format!("0100007F:{port:04X}");
-    std::fs::read_to_string("/proc/net/tcp")
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3 && f[2] == remote && f[3] == "01"
+/// A RateLimitService in this process that always answers OK and counts the calls
+/// it has answered.
+struct Counting(Arc<AtomicU64>);
+
+#[tonic::async_trait]
+impl RateLimitService for Counting {
+    async fn should_rate_limit(
+        &self,
+        _req: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        self.0.fetch_add(1, Relaxed);
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves [`Counting`] on a runtime of its own, whose drop ends it: the listener and
+/// every connection close at once, as a killed server's do. Its port and count.
+fn counting() -> (tokio::runtime::Runtime, u16, Arc<AtomicU64>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let answered = Arc::new(AtomicU64::new(0));
+    let incoming = rt
+        .block_on(async {
+            tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
         })
-        .count()
+        .unwrap();
+    let port = incoming.local_addr().unwrap().port();
+    let service = RateLimitServiceServer::new(Counting(answered.clone()));
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    (rt, port, answered)
 }
 
 fn load(port: u16, args: &[&str]) -> serde_json::Value {
@@ -274,11 +310,11 @@ fn fixed_rate_mode_keeps_its_schedule_against_the_ceiling() {
 
 #[test]
 fn a_run_ends_on_time_when_its_server_goes_away() {
-    // The server dies a second into a 3 s run: every call then fails at once, and the
+    // The server dies early in a 3 s run: every call then fails at once, and the
     // generator must still stop at the end of its duration and report the errors
     // (it used to spin forever on one thread).
     for threads in ["1", "2"] {
-        let (mut server, port) = noop();
+        let (server, port, answered) = counting();
         let mut gen = Kill(
             Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
                 .args(["load", "--addr", &format!("127.0.0.1:{port}"), "--json"])
@@ -288,24 +324,27 @@ fn a_run_ends_on_time_when_its_server_goes_away() {
                 .spawn()
                 .unwrap(),
         );
-        // Kill the server once the generator is connected and sending (its start can
-        // take more than a second on a busy machine), not after a fixed time.
-        let connected = Instant::now() + Duration::from_secs(20);
-        while connections_to(port) == 0 {
+        // Stop the server once the generator has had answers (its start can take
+        // more than a second on a busy machine), not after a fixed time. Its 64
+        // workers each wait for an answer before the next call, so of 500 calls
+        // answered here, more than 400 answers have reached it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while answered.load(Relaxed) < 500 {
             if let Some(status) = gen.0.try_wait().unwrap() {
                 let mut err = String::new();
                 std::io::Read::read_to_string(gen.0.stderr.as_mut().unwrap(), &mut err).unwrap();
-                panic!("{threads} thread(s): the generator ended ({status}) before it was seen connected: {err}");
+                panic!(
+                    "{threads} thread(s): the generator ended ({status}) before 500 answers: {err}"
+                );
             }
             assert!(
-                Instant::now() < connected,
-                "{threads} thread(s): never connected"
+                Instant::now() < deadline,
+                "{threads} thread(s): {} answers in 20 s",
+                answered.load(Relaxed)
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = server.0.kill();
-        let _ = server.0.wait();
+        drop(server);
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = gen.0.try_wait().unwrap() {
