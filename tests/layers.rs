@@ -14,7 +14,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("clock", &["algorithm"]),
     ("policy", &["algorithm", "clock", "hash"]),
     ("store", &["algorithm", "clock", "hash"]),
-    ("limiter", &["algorithm", "clock", "hash", "policy", "store"]),
+    (
+        "limiter",
+        &["algorithm", "clock", "hash", "policy", "store"],
+    ),
     (
         "telemetry",
         &["algorithm", "clock", "hash", "policy", "store", "limiter"],
@@ -37,7 +40,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("crd", &["policy"]),
     (
         "source",
-        &["algorithm", "clock", "hash", "policy", "telemetry", "crd", "config"],
+        &[
+            "algorithm",
+            "clock",
+            "hash",
+            "policy",
+            "telemetry",
+            "crd",
+            "config",
+        ],
     ),
 ];
 
@@ -82,7 +93,12 @@ fn no_module_imports_from_a_layer_above_it() {
     let mut wrong = Vec::new();
     for file in &files {
         let rel = file.strip_prefix(&src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         let module = first.trim_end_matches(".rs");
         let Some((_, allowed)) = ALLOWED.iter().find(|(m, _)| *m == module) else {
             continue;
@@ -94,14 +110,23 @@ fn no_module_imports_from_a_layer_above_it() {
             }
         }
     }
-    assert!(wrong.is_empty(), "imports that point up:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "imports that point up:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
 fn the_reader_sees_grouped_and_plain_paths() {
-    let found = used_modules("use crate::{policy::Rule, store::Hit};\nlet x = crate::hash::stable_hash(b);");
+    let found = used_modules(
+        "use crate::{policy::Rule, store::Hit};\nlet x = crate::hash::stable_hash(b);",
+    );
     assert_eq!(
         found,
-        ["hash", "policy", "store"].map(String::from).into_iter().collect()
+        ["hash", "policy", "store"]
+            .map(String::from)
+            .into_iter()
+            .collect()
     );
 }
