@@ -308,6 +308,33 @@ impl RedisServer {
         assert_eq!(rc, 0, "kill({pid}, {signal})");
     }
 
+    /// Makes the server busy for `secs` seconds with `DEBUG SLEEP` from a connection
+    /// of its own (the server must run with `--enable-debug-command local`), and
+    /// returns once it is: a PING on another connection goes unanswered. A slow
+    /// Redis that still holds every connection open.
+    pub fn sleep(&self, secs: u32) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let secs = secs.to_string();
+        let cmd = format!(
+            "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n${}\r\n{secs}\r\n",
+            secs.len()
+        );
+        s.write_all(cmd.as_bytes()).expect("DEBUG SLEEP");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let mut ping = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+            let _ = ping.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = ping.write_all(b"PING\r\n");
+            let mut buf = [0u8; 16];
+            if ping.read(&mut buf).is_err() {
+                // Closing the connection does not wake the sleeping server.
+                drop(s);
+                return;
+            }
+        }
+        panic!("redis-server did not start sleeping (is --enable-debug-command local set?)");
+    }
+
     /// Starts it again on the same port (empty: no persistence), retrying for a while
     /// if another process took the port meanwhile.
     pub fn restart(&mut self) {
