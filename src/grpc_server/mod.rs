@@ -24,6 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::tls::Tls;
+
 mod call;
 mod connection;
 mod deadline;
@@ -108,10 +110,11 @@ struct Shared<H> {
     settings: Settings,
 }
 
-/// A gRPC server: a handler and its settings.
+/// A gRPC server: a handler, its settings, and TLS when configured.
 pub struct Server<H> {
     handler: H,
     settings: Settings,
+    tls: Option<Arc<Tls>>,
 }
 
 impl<H: Handler> Server<H> {
@@ -120,11 +123,19 @@ impl<H: Handler> Server<H> {
         Server {
             handler,
             settings: Settings::default(),
+            tls: None,
         }
     }
 
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// Serves TLS, with the certificate `tls` holds when each connection is
+    /// accepted.
+    pub fn tls(mut self, tls: Arc<Tls>) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -149,7 +160,8 @@ impl<H: Handler> Server<H> {
                         // filter timeout is 20 ms by default; a delayed ACK alone can
                         // cost 40 ms).
                         let _ = io.set_nodelay(true);
-                        conns.spawn(connection::run(io, shared.clone(), stop_rx.clone()));
+                        let tls = self.tls.as_ref().map(|t| t.acceptor());
+                        conns.spawn(connection::run(io, tls, shared.clone(), stop_rx.clone()));
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: wait rather than spin.

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod redis;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
