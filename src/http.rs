@@ -27,6 +27,8 @@ pub struct Admin<S> {
     pub ready: Arc<AtomicBool>,
     /// Largest `POST /json` body read (`--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// The gRPC port's connection counts, for `/metrics`.
+    pub connections: Arc<crate::grpc_server::Stats>,
 }
 
 /// The router for `--http-addr`.
@@ -62,6 +64,7 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .service
         .metrics
         .set_store_state(store.name(), store.active_keys(), store.evictions());
+    admin.service.metrics.set_connections(&admin.connections);
     // Scrapes also drop expired penalty records (the map is bounded regardless).
     let penalties = admin.service.limiter.penalties();
     penalties.sweep();

@@ -146,6 +146,8 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
     tls_reloads: IntCounterVec,
+    grpc_connections: IntGauge,
+    grpc_closed: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounter,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
@@ -234,6 +236,16 @@ impl Metrics {
             "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
             &["port", "result"],
         );
+        let grpc_connections = IntGauge::new(
+            "sluice_grpc_connections",
+            "Connections open on the gRPC port.",
+        )
+        .expect("static metric definition");
+        let grpc_closed = counter_vec(
+            "sluice_grpc_connections_closed_total",
+            "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
+            &["reason"],
+        );
         let active_keys = IntGaugeVec::new(
             Opts::new(
                 "sluice_active_keys",
@@ -289,6 +301,8 @@ impl Metrics {
             Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(tls_reloads.clone()),
+            Box::new(grpc_connections.clone()),
+            Box::new(grpc_closed.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
             Box::new(cache_answers.clone()),
@@ -314,6 +328,8 @@ impl Metrics {
             store_errors,
             policy_reloads,
             tls_reloads,
+            grpc_connections,
+            grpc_closed,
             active_keys,
             evictions,
             cache_answers,
@@ -493,6 +509,22 @@ impl Metrics {
         self.policy_reloads
             .with_label_values(&[source, if ok { "ok" } else { "error" }])
             .inc();
+    }
+
+    /// The gRPC port's connection counts, set at scrape time.
+    pub fn set_connections(&self, stats: &crate::grpc_server::Stats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.grpc_connections.set(stats.open.load(Relaxed) as i64);
+        for (reason, count) in [
+            ("refused", &stats.refused),
+            ("handshake_failed", &stats.handshake_failed),
+            ("handshake_timeout", &stats.handshake_timeout),
+            ("keepalive_timeout", &stats.keepalive_timeout),
+            ("idle", &stats.idle),
+        ] {
+            let counter = self.grpc_closed.with_label_values(&[reason]);
+            counter.inc_by(count.load(Relaxed).saturating_sub(counter.get()));
+        }
     }
 
     /// Exports a TLS port's reload counters at 0 before its first reload.
