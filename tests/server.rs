@@ -595,3 +595,30 @@ async fn one_worker_thread_serves_and_limits_the_same() {
     }
     assert_eq!(codes, [OK, OK, OK, OVER_LIMIT]);
 }
+
+#[tokio::test]
+async fn default_algorithm_applies_to_limits_that_name_none() {
+    let policy = "domain: d\ndescriptors:\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: named\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy).unwrap();
+    let server = Server::start_env(
+        dir,
+        &[path],
+        &[],
+        &[("SLUICE_DEFAULT_ALGORITHM", "fixed_window")],
+    );
+    let (status, body) = http(&server.http, "GET", "/debug/policies", "");
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let algorithm = |path: &str| {
+        json["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path)
+            .map(|r| r["algorithm"].clone())
+    };
+    assert_eq!(algorithm("plain"), Some("fixed_window".into()));
+    assert_eq!(algorithm("named"), Some("sliding_window_log".into()));
+}
