@@ -66,10 +66,10 @@ pub async fn run(
     cfg: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if cfg.config.is_empty() && !cfg.kube {
+    if cfg.config.is_empty() && !cfg.kube && cfg.xds_server.is_none() {
         bail!(
             "no policies to serve: pass --config FILE (a policy file or a directory of *.yaml), \
-             or --kube to watch RateLimitPolicy resources"
+             --kube to watch RateLimitPolicy resources, or --xds-server URL to take them over xDS"
         );
     }
     let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
@@ -88,7 +88,8 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let policy = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let sources = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let (policy, loaded) = (sources.policy, sources.loaded);
 
     let cluster = !cfg.redis_cluster.is_empty();
     if cluster || !cfg.redis.is_empty() {
@@ -103,7 +104,7 @@ pub async fn run(
         tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
-        return serve(service, &cfg, stop_tx, stopped, shutdown).await;
+        return serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
@@ -126,7 +127,7 @@ pub async fn run(
         });
     }
 
-    serve(service, &cfg, stop_tx, stopped, shutdown).await
+    serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await
 }
 
 /// Binds both listeners, serves, and on `shutdown` turns readiness off, stops
@@ -134,6 +135,7 @@ pub async fn run(
 async fn serve<S, F, Fut>(
     service: Arc<Service<S>>,
     cfg: &Serve,
+    loaded: Arc<AtomicBool>,
     stop_tx: watch::Sender<bool>,
     stopped: F,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -161,6 +163,7 @@ where
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
+        loaded,
     });
     let http = axum::serve(http_listener, router(admin)).with_graceful_shutdown(stopped());
     let grpc_task = tokio::spawn(grpc);
