@@ -15,6 +15,13 @@
 //! is framed. The difference between the two is what sluice's decision adds, at best:
 //! with warm caches and no network.
 //!
+//! `request/flood_idle` and `request/flood_live` measure the memory store's full
+//! path: a store at `--max-keys` (100,000) under a stream of keys it has never seen,
+//! one per request. In `flood_idle` the clock moves 15 us per request, so the
+//! counters it holds were last used over a second (the rule's window) ago and each
+//! new key takes the place of an idle or expired one; in `flood_live` the clock
+//! stands still, so every counter held is in use and no new key finds room.
+//!
 //! Run: `cargo bench --bench request`
 
 use std::sync::Arc;
@@ -30,7 +37,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::FutureExt;
 use prost::Message;
-use sluice::clock::SystemClock;
+use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::grpc_server::frame;
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
@@ -47,11 +54,22 @@ const KEYS: usize = 100_000;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Keys the flood scenarios' store holds (`--max-keys`).
+const FLOOD_MAX_KEYS: usize = 100_000;
+
+/// Distinct keys a flood cycles through: so many more than the store holds that a
+/// key comes round again only long after it was dropped (or never kept).
+const FLOOD_KEYS: usize = 1_000_000;
+
 fn service(settings: Settings) -> Service<MemoryStore> {
+    service_on(Arc::new(SystemClock), 1_000_000, settings)
+}
+
+fn service_on(clock: Arc<dyn Clock>, max_keys: usize, settings: Settings) -> Service<MemoryStore> {
     let text = include_str!("policy.yaml");
     let docs = sluice::policy::parse_str("policy.yaml", text).expect("parses");
     let policy = sluice::policy::compile(docs).expect("compiles");
-    let store = MemoryStore::new(Arc::new(SystemClock), 1_000_000);
+    let store = MemoryStore::new(clock, max_keys);
     let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings);
     Service::new(limiter, HeaderStyle::Draft03, Arc::new(Metrics::new()))
 }
@@ -152,6 +170,35 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) % requests.len();
                 std::hint::black_box(one(&service, &requests[i]))
+            })
+        });
+    }
+    for (scenario, step) in [("flood_idle", 15), ("flood_live", 0)] {
+        let clock = ManualClock::new(SystemClock.now());
+        let service = service_on(Arc::new(clock.clone()), FLOOD_MAX_KEYS, Settings::default());
+        let requests: Vec<Vec<u8>> = (0..FLOOD_KEYS)
+            .map(|i| {
+                RateLimitRequest {
+                    domain: "bench".into(),
+                    descriptors: vec![descriptor("client", format!("f{i}"))],
+                    hits_addend: 0,
+                }
+                .encode_to_vec()
+            })
+            .collect();
+        // The store is full before measuring.
+        for r in &requests[..2 * FLOOD_MAX_KEYS] {
+            clock.advance(step);
+            one(&service, r);
+        }
+        // Only keys past the fill come round, so none of them is held when it does.
+        let fresh = &requests[2 * FLOOD_MAX_KEYS..];
+        let mut i = 0;
+        group.bench_function(scenario, |b| {
+            b.iter(|| {
+                i = (i + 1) % fresh.len();
+                clock.advance(step);
+                std::hint::black_box(one(&service, &fresh[i]))
             })
         });
     }
