@@ -103,6 +103,7 @@ fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64
         },
         hits,
         mode: Mode::Enforce,
+        fallback: Default::default(),
     }
 }
 

@@ -11,7 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Policy};
-use crate::store::{Hit, Mode, Store, StoreError};
+use crate::store::{Fallback, Hit, Mode, Store, StoreError};
 
 pub mod key;
 pub mod penalty;
@@ -202,6 +202,11 @@ impl<S: Store> Limiter<S> {
         order.sort_by_key(|&i| statuses[i].rule.map(|r| policy.rule(r).layer));
         let mut hits = Vec::with_capacity(order.len());
         let places_keys = self.store.places_keys();
+        let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
+        let fallback = match failure_mode {
+            FailureMode::Open => Fallback::Admit,
+            FailureMode::Closed => Fallback::Deny,
+        };
         for &i in &order {
             let Some(rule_id) = statuses[i].rule else {
                 continue;
@@ -234,10 +239,10 @@ impl<S: Store> Limiter<S> {
                 limit,
                 hits: descriptors[i].hits,
                 mode,
+                fallback,
             });
         }
 
-        let failure_mode = dom.failure_mode;
         let mut outcome = Outcome {
             policy: Guard::into_inner(guard),
             domain_known: true,
@@ -283,7 +288,7 @@ impl<S: Store> Limiter<S> {
                 }
             }
             Err(error) => {
-                let mode = failure_mode.unwrap_or(self.settings.failure_mode);
+                let mode = failure_mode;
                 outcome.over_limit = mode == FailureMode::Closed;
                 for (&i, hit) in order.iter().zip(&hits) {
                     outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;

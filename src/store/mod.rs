@@ -46,6 +46,20 @@ pub struct Hit {
     /// Hits to add; 0 checks without counting.
     pub hits: u64,
     pub mode: Mode,
+    /// The answer when the store cannot keep this hit's counter (a full memory
+    /// store's new key).
+    pub fallback: Fallback,
+}
+
+/// How a store answers a hit whose counter it cannot keep; the limiter sets it from
+/// the domain's failure mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// As a fresh counter would, without keeping it (`failure_mode: open`).
+    #[default]
+    Admit,
+    /// Denied (`failure_mode: closed`).
+    Deny,
 }
 
 /// A batch's outcome: one verdict per hit, in order, and the request's fate.

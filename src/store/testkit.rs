@@ -17,5 +17,6 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         },
         hits,
         mode: Mode::Enforce,
+        fallback: Default::default(),
     }
 }

@@ -167,6 +167,7 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
                 limit,
                 hits: 1,
                 mode: Mode::Enforce,
+                fallback: Default::default(),
             };
             for _ in 0..hits.max(1) {
                 clock.advance(1);

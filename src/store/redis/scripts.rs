@@ -394,6 +394,7 @@ mod tests {
                 },
                 hits,
                 mode: Mode::Enforce,
+                fallback: Default::default(),
             })
             .collect();
         Group {

@@ -114,6 +114,7 @@ mod tests {
                 },
                 hits: 1,
                 mode: Mode::Enforce,
+                fallback: Default::default(),
             };
             assert_eq!(
                 redis_key("sluice:", &hit),
