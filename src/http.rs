@@ -58,7 +58,7 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
     admin
         .service
         .metrics
-        .set_store_state(store.name(), store.active_keys(), store.evictions());
+        .set_store_state(store.name(), store.active_keys(), &store.evictions());
     // Scrapes also drop expired penalty records (the map is bounded regardless).
     let penalties = admin.service.limiter.penalties();
     penalties.sweep();

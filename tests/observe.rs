@@ -521,8 +521,18 @@ async fn a_full_memory_store_is_logged_once_as_a_state_change() {
         .await;
     }
     let text = metrics(&server);
-    assert!(!text.contains("sluice_evictions_total 0"), "{text}");
-    // A second scrape while still evicting logs nothing new.
+    // One counter a shard, each in use for its minute: every key past those the
+    // shards hold is refused, none is dropped.
+    let value = |text: &str, series: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(series)).expect(series);
+        line[series.len()..].trim().parse().expect("a count")
+    };
+    let refused = r#"sluice_evictions_total{reason="refused"}"#;
+    let held = value(&text, r#"sluice_active_keys{store="memory"}"#);
+    assert!((60..=64).contains(&held), "{text}");
+    assert_eq!(value(&text, refused), 500 - held, "{text}");
+    assert_eq!(value(&text, r#"sluice_evictions_total{reason="idle"}"#), 0);
+    // A second scrape while still refusing logs nothing new.
     for i in 500..600 {
         call(
             &mut c,
@@ -530,10 +540,13 @@ async fn a_full_memory_store_is_logged_once_as_a_state_change() {
         )
         .await;
     }
-    metrics(&server);
+    assert!(value(&metrics(&server), refused) > 500 - held);
     let lines = server.lines_until_reload().await;
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].contains("evicting live counters"), "{lines:?}");
+    assert!(
+        lines[0].contains("new keys answered by the failure mode"),
+        "{lines:?}"
+    );
     assert!(lines[0].contains("WARN"), "{lines:?}");
 }
 

@@ -91,9 +91,9 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
-    /// Live counters dropped to keep memory bounded.
-    fn evictions(&self) -> u64 {
-        0
+    /// Counters dropped, and new keys refused, to keep memory bounded.
+    fn evictions(&self) -> Evictions {
+        Evictions::default()
     }
 
     /// Each shard's state, for `/debug/store` (off the request path).
@@ -120,12 +120,38 @@ impl<S: Store> Store for std::sync::Arc<S> {
         (**self).places_keys()
     }
 
-    fn evictions(&self) -> u64 {
+    fn evictions(&self) -> Evictions {
         (**self).evictions()
     }
 
     fn shards(&self) -> Vec<ShardStatus> {
         (**self).shards()
+    }
+}
+
+/// What a store bounded in keys (the memory store at `--max-keys`) has given up, by
+/// reason, since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Evictions {
+    /// Counters whose state had expired (they carried nothing), dropped to make room
+    /// before the periodic sweep did.
+    pub expired: u64,
+    /// Counters not used within their window and not denying, dropped to make room:
+    /// their keys start afresh.
+    pub idle: u64,
+    /// New keys not kept because every counter of their shard was in use or
+    /// denying; each was answered by its failure mode.
+    pub refused: u64,
+}
+
+impl Evictions {
+    /// Each count with its reason, as `sluice_evictions_total{reason}` names it.
+    pub fn by_reason(&self) -> [(&'static str, u64); 3] {
+        [
+            ("expired", self.expired),
+            ("idle", self.idle),
+            ("refused", self.refused),
+        ]
     }
 }
 

@@ -41,7 +41,7 @@ use crate::algorithm::{Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{Ban, Outcome};
 use crate::policy::{FailureMode, Policy, Rule};
-use crate::store::{ErrorKind, Report};
+use crate::store::{ErrorKind, Evictions, Report};
 
 pub mod ratio;
 pub mod striped;
@@ -146,7 +146,7 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
-    evictions: IntCounter,
+    evictions: IntCounterVec,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
     /// per-request counter) and carried into the registry at scrape time.
     cache_answers: IntCounter,
@@ -169,7 +169,7 @@ pub struct Metrics {
     store_failures_vec: IntCounterVec,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
-    evicting: AtomicBool,
+    refusing: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -231,11 +231,11 @@ impl Metrics {
             &["store"],
         )
         .expect("static metric definition");
-        let evictions = IntCounter::new(
+        let evictions = counter_vec(
             "sluice_evictions_total",
-            "Live counters dropped because the memory store reached --max-keys.",
-        )
-        .expect("static metric definition");
+            "At --max-keys, counters the memory store dropped to make room (reason expired or idle) and new keys it could not keep (refused, answered by the failure mode).",
+            &["reason"],
+        );
         let cache_answers = IntCounter::new(
             "sluice_denial_cache_answers_total",
             "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
@@ -290,6 +290,9 @@ impl Metrics {
         for result in ["ok", "error"] {
             policy_reloads.with_label_values(&["file", result]);
         }
+        for (reason, _) in Evictions::default().by_reason() {
+            evictions.with_label_values(&[reason]);
+        }
         Metrics {
             enabled: true,
             clock,
@@ -314,7 +317,7 @@ impl Metrics {
             store_failures_vec,
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
-            evicting: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
         }
     }
 
@@ -459,26 +462,30 @@ impl Metrics {
     }
 
     /// The store's gauges, set at scrape time. Logs when the memory store starts (and
-    /// stops) evicting live counters.
-    pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: u64) {
+    /// stops) refusing new keys.
+    pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: &Evictions) {
         self.active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
         self.store_failures_vec.with_label_values(&[store]);
-        let seen = self.evictions.get();
-        let evicting = evictions > seen;
-        if evicting {
-            self.evictions.inc_by(evictions - seen);
+        let mut refusing = false;
+        for (reason, total) in evictions.by_reason() {
+            let counter = self.evictions.with_label_values(&[reason]);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+                refusing |= reason == "refused";
+            }
         }
-        if self.evicting.swap(evicting, Ordering::Relaxed) != evicting {
-            if evicting {
+        if self.refusing.swap(refusing, Ordering::Relaxed) != refusing {
+            if refusing {
                 tracing::warn!(
                     store,
                     active_keys,
-                    "store full (--max-keys): evicting live counters"
+                    "store full (--max-keys) of counters in use: new keys answered by the failure mode"
                 );
             } else {
-                tracing::info!(store, active_keys, "store no longer evicting");
+                tracing::info!(store, active_keys, "store no longer refusing new keys");
             }
         }
     }
