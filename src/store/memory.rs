@@ -126,12 +126,13 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store holding at most about `max_keys` counters.
+    /// A store holding at most `max_keys` counters (at least one a shard).
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
-        let shard_cap = max_keys.div_ceil(SHARDS).max(1);
+        // The remainder goes one each to the first shards, so the caps add up.
+        let cap = |i: usize| (max_keys / SHARDS + usize::from(i < max_keys % SHARDS)).max(1);
         MemoryStore {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(Shard::new(shard_cap)))
+                .map(|i| Mutex::new(Shard::new(cap(i))))
                 .collect(),
             hasher: ahash::RandomState::new(),
             clock,
