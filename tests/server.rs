@@ -1,5 +1,6 @@
 //! The running server through a real gRPC client: matching, layers, responses,
-//! headers, bad requests, leaky-bucket pacing, HTTP endpoints and hot reload.
+//! headers, bad requests, leaky-bucket pacing, HTTP endpoints, hot reload and a
+//! full memory store under a flood of distinct keys.
 
 mod common;
 
@@ -594,4 +595,115 @@ async fn one_worker_thread_serves_and_limits_the_same() {
         codes.push(r.overall_code);
     }
     assert_eq!(codes, [OK, OK, OK, OVER_LIMIT]);
+}
+
+/// 5 an hour per user: a flood of distinct users must not buy the attacker more.
+const PER_USER: &str = r#"
+domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+"#;
+
+fn per_user(user: &str) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    request("shop", vec![desc(&[("user", user)])])
+}
+
+/// A series' value on the metrics page.
+fn series(server: &Server, name: &str) -> u64 {
+    let (status, text) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"));
+    line[name.len()..].trim().parse().expect("a count")
+}
+
+#[tokio::test]
+async fn a_flood_of_distinct_keys_resets_no_counter() {
+    let server = Server::start(PER_USER, &["--max-keys", "1000"]);
+    let mut c = server.client().await;
+    for left in (0..5).rev() {
+        let r = call(&mut c, per_user("attacker")).await;
+        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, left));
+    }
+    assert_eq!(
+        call(&mut c, per_user("attacker")).await.overall_code,
+        OVER_LIMIT
+    );
+    for i in 0..100 {
+        for _ in 0..2 {
+            call(&mut c, per_user(&format!("steady-{i}"))).await;
+        }
+    }
+    // Ten times --max-keys distinct users, each answered (OK: the failure mode is
+    // open) whether or not the store could keep its counter.
+    let senders = (0..8).map(|first| {
+        let mut c = c.clone();
+        async move {
+            for i in (first..10_000).step_by(8) {
+                let r = call(&mut c, per_user(&format!("flood-{i}"))).await;
+                assert_eq!(r.overall_code, OK, "flood-{i}");
+            }
+        }
+    });
+    futures::future::join_all(senders).await;
+    for _ in 0..5 {
+        let r = call(&mut c, per_user("attacker")).await;
+        assert_eq!(
+            r.overall_code, OVER_LIMIT,
+            "the attacker's counter was reset"
+        );
+    }
+    for i in 0..100 {
+        let r = call(&mut c, per_user(&format!("steady-{i}"))).await;
+        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, 2), "steady-{i}");
+    }
+    // Nothing dropped: every counter is in its hour. The store is full, and each
+    // flood key past those it could hold was refused.
+    assert_eq!(
+        series(&server, r#"sluice_active_keys{store="memory"}"#),
+        1000
+    );
+    let refused = series(&server, r#"sluice_evictions_total{reason="refused"}"#);
+    assert_eq!(refused, 10_000 - (1000 - 101));
+    assert_eq!(
+        series(&server, r#"sluice_evictions_total{reason="idle"}"#),
+        0
+    );
+    assert_eq!(
+        series(&server, r#"sluice_evictions_total{reason="expired"}"#),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_full_store_denies_new_keys_of_a_closed_domain() {
+    let closed = format!("{PER_USER}failure_mode: closed\n");
+    let server = Server::start(&closed, &["--max-keys", "64"]);
+    let mut c = server.client().await;
+    // One counter a shard: 2,000 users fill every shard, and those kept count on.
+    let mut kept = Vec::new();
+    for i in 0..2000 {
+        let user = format!("u-{i}");
+        if call(&mut c, per_user(&user)).await.overall_code == OK {
+            kept.push(user);
+        }
+    }
+    assert_eq!(kept.len(), 64);
+    assert_eq!(series(&server, r#"sluice_active_keys{store="memory"}"#), 64);
+    assert_eq!(
+        series(&server, r#"sluice_evictions_total{reason="refused"}"#),
+        2000 - 64
+    );
+    for user in &kept {
+        let r = call(&mut c, per_user(user)).await;
+        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, 3), "{user}");
+    }
+    let r = call(&mut c, per_user("newcomer")).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    // Until the hour's counters end.
+    let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
+    assert!((1..=3600).contains(&reset.seconds), "{reset:?}");
 }
