@@ -485,6 +485,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     for needed in [
         "SluiceSystemicDenials",
         "SluiceStoreErrors",
+        "SluiceRefusingNewKeys",
         "SluicePolicyReloadRefused",
     ] {
         assert!(alert_names.contains(needed), "missing alert {needed}");
