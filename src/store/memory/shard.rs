@@ -26,10 +26,10 @@ use super::Slot;
 
 /// Counters a scan lists per this many the shard holds: a scan reads the whole
 /// shard, and is paid for by the evictions it lists.
-const SCAN_SHARE: usize = 16;
+const SCAN_SHARE: usize = 4;
 
 /// Fewest and most counters a scan lists.
-const LISTED: (usize, usize) = (8, 1024);
+const LISTED: (usize, usize) = (8, 4096);
 
 #[derive(Debug)]
 pub(super) struct Shard {
