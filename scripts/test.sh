@@ -28,10 +28,13 @@ if ! command -v envoy >/dev/null; then
 fi
 log "scripts/install-kube.sh (etcd, API server, helm)"
 bash scripts/install-kube.sh
+log "scripts/install-tools.sh (grpcurl, grpc-health-probe, grpcio)"
+bash scripts/install-tools.sh
 PATH="$(go env GOPATH)/bin:$PATH"
 export PATH
-# The installs above succeeded, so the Redis and Kubernetes tests must run, not skip.
-export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1
+# The installs above succeeded, so the Redis, Kubernetes and gRPC client tests must
+# run, not skip.
+export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1 SLUICE_REQUIRE_TOOLS=1
 
 # --- Rust checks -------------------------------------------------------------------
 log "cargo fmt --check"

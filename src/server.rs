@@ -152,10 +152,7 @@ where
     let (serving, serving_rx) = watch::channel(true);
     let grpc = grpc_server::serve(
         grpc_listener,
-        Grpc {
-            service: service.clone(),
-            serving: serving_rx,
-        },
+        Grpc::new(service.clone(), serving_rx),
         stopped(),
     );
     let admin = Arc::new(Admin {

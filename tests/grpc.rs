@@ -272,3 +272,30 @@ async fn a_get_or_a_non_grpc_body_is_refused() {
         assert_eq!(resp.headers()["grpc-status"], "12");
     }
 }
+
+/// Routed on its headers: a method the port does not serve is answered while its
+/// request is still open (a streaming client may never end it).
+#[tokio::test]
+async fn an_unknown_method_is_answered_before_its_request_ends() {
+    let server = Server::start(POLICY, &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!(
+        "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        server.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), false)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered without waiting for the request to end")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "12");
+    assert!(resp.body().is_end_stream(), "trailers-only");
+}

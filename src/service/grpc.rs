@@ -1,6 +1,7 @@
 //! The gRPC port's calls, served by [`crate::grpc_server`]:
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and the standard
-//! health service `grpc.health.v1.Health` (`Check` and `Watch`).
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, the standard
+//! health service `grpc.health.v1.Health` (`Check` and `Watch`) and server
+//! reflection (v1 and v1alpha, see [`super::reflection`]).
 
 use std::sync::Arc;
 
@@ -12,10 +13,11 @@ use tokio::sync::watch;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::grpc_server::{frame, Code, GrpcError, Handler, Reply};
+use crate::grpc_server::{frame, Code, GrpcError, Handler, Kind, Messages, Reply};
 use crate::store::Store;
 
 use super::decode::Request;
+use super::reflection::{self, Reflection};
 use super::response::framed_response;
 use super::Service;
 
@@ -31,36 +33,51 @@ pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 pub struct Grpc<S> {
     pub service: Arc<Service<S>>,
     pub serving: watch::Receiver<bool>,
+    reflection: Reflection,
+}
+
+impl<S> Grpc<S> {
+    pub fn new(service: Arc<Service<S>>, serving: watch::Receiver<bool>) -> Self {
+        Grpc {
+            service,
+            serving,
+            reflection: Reflection::new(),
+        }
+    }
+}
+
+/// The methods of the port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    ShouldRateLimit,
+    HealthCheck,
+    HealthWatch,
+    ReflectionV1,
+    ReflectionV1Alpha,
 }
 
 impl<S: Store> Handler for Grpc<S> {
-    async fn call(&self, path: &str, message: Bytes) -> Result<Reply, GrpcError> {
-        match path {
-            SHOULD_RATE_LIMIT => {
-                // Read in place; prost decodes what the fast reader leaves to it.
-                let decoded;
-                let req = match Request::decode(&message) {
-                    Some(req) => req,
-                    None => {
-                        decoded = RateLimitRequest::decode(&message[..]).map_err(|e| {
-                            GrpcError::new(
-                                Code::InvalidArgument,
-                                format!("undecodable RateLimitRequest: {e}"),
-                            )
-                        })?;
-                        Request::of(&decoded)
-                    }
-                };
-                match self.service.should_rate_limit(&req).await {
-                    Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
-                    Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
-                }
-            }
-            HEALTH_CHECK => {
+    type Method = Method;
+
+    fn route(&self, path: &str) -> Option<(Method, Kind)> {
+        Some(match path {
+            SHOULD_RATE_LIMIT => (Method::ShouldRateLimit, Kind::Unary),
+            HEALTH_CHECK => (Method::HealthCheck, Kind::Unary),
+            HEALTH_WATCH => (Method::HealthWatch, Kind::Unary),
+            reflection::V1 => (Method::ReflectionV1, Kind::Streaming),
+            reflection::V1ALPHA => (Method::ReflectionV1Alpha, Kind::Streaming),
+            _ => return None,
+        })
+    }
+
+    async fn call(&self, method: Method, message: Bytes) -> Result<Reply, GrpcError> {
+        match method {
+            Method::ShouldRateLimit => self.should_rate_limit(&message).await,
+            Method::HealthCheck => {
                 health_service(&message)?;
                 Ok(Reply::One(health(*self.serving.borrow())))
             }
-            HEALTH_WATCH => {
+            Method::HealthWatch => {
                 health_service(&message)?;
                 // The current status first, then each change.
                 let changes = futures::stream::unfold(
@@ -75,7 +92,47 @@ impl<S: Store> Handler for Grpc<S> {
                 );
                 Ok(Reply::Stream(changes.boxed()))
             }
-            _ => Err(GrpcError::unimplemented(path)),
+            Method::ReflectionV1 | Method::ReflectionV1Alpha => Err(GrpcError::new(
+                Code::Internal,
+                "a streaming method called as unary",
+            )),
+        }
+    }
+
+    async fn stream(&self, method: Method, messages: Messages) -> Result<Reply, GrpcError> {
+        let path = match method {
+            Method::ReflectionV1 => reflection::V1,
+            Method::ReflectionV1Alpha => reflection::V1ALPHA,
+            _ => {
+                return Err(GrpcError::new(
+                    Code::Internal,
+                    "a unary method called as streaming",
+                ))
+            }
+        };
+        self.reflection.call(path, messages).await
+    }
+}
+
+impl<S: Store> Grpc<S> {
+    async fn should_rate_limit(&self, message: &[u8]) -> Result<Reply, GrpcError> {
+        // Read in place; prost decodes what the fast reader leaves to it.
+        let decoded;
+        let req = match Request::decode(message) {
+            Some(req) => req,
+            None => {
+                decoded = RateLimitRequest::decode(message).map_err(|e| {
+                    GrpcError::new(
+                        Code::InvalidArgument,
+                        format!("undecodable RateLimitRequest: {e}"),
+                    )
+                })?;
+                Request::of(&decoded)
+            }
+        };
+        match self.service.should_rate_limit(&req).await {
+            Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
+            Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
         }
     }
 }

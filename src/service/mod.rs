@@ -15,6 +15,7 @@ pub mod decode;
 pub mod grpc;
 pub mod headers;
 pub mod json;
+pub mod reflection;
 pub mod response;
 
 pub use headers::HeaderStyle;

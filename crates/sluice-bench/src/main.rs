@@ -33,7 +33,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::bytes::Bytes;
 use prost::Message;
-use sluice::grpc_server::{self, frame, Code, GrpcError, Handler, Reply};
+use sluice::grpc_server::{self, frame, Code, GrpcError, Handler, Kind, Reply};
 
 #[derive(Parser)]
 #[command(
@@ -73,10 +73,14 @@ struct Noop;
 /// Decodes the request and encodes the answer, as the tonic noop does, so that the
 /// two differ only in the server around them.
 impl Handler for Noop {
-    async fn call(&self, path: &str, message: Bytes) -> Result<Reply, GrpcError> {
-        if path != "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
-            return Err(GrpcError::unimplemented(path));
-        }
+    type Method = ();
+
+    fn route(&self, path: &str) -> Option<((), Kind)> {
+        (path == "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .then_some(((), Kind::Unary))
+    }
+
+    async fn call(&self, _: (), message: Bytes) -> Result<Reply, GrpcError> {
         RateLimitRequest::decode(message)
             .map_err(|e| GrpcError::new(Code::InvalidArgument, e.to_string()))?;
         let r = RateLimitResponse {

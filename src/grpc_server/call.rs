@@ -1,0 +1,154 @@
+//! One stream: routes it by its headers, reads its request, calls the handler and
+//! sends the answer.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::task::Poll;
+
+use bytes::Bytes;
+use futures::stream::{BoxStream, StreamExt};
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{HeaderValue, Request, Response, StatusCode};
+use tokio::sync::watch;
+
+use super::message::{read_message, Messages};
+use super::status::{status, Code, GrpcError};
+use super::{Handler, Kind, Reply, Settings};
+
+/// Errors of the stream itself (the client reset it, the connection went) end it
+/// silently.
+pub(super) async fn call<H: Handler>(
+    handler: &H,
+    settings: &Settings,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    stop: &watch::Receiver<bool>,
+) {
+    let (parts, body) = req.into_parts();
+    if parts.method != http::Method::POST {
+        let e = GrpcError::new(Code::Unimplemented, "gRPC calls are POST requests");
+        return refuse(&mut respond, StatusCode::METHOD_NOT_ALLOWED, &e);
+    }
+    let grpc = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if !grpc {
+        let e = GrpcError::new(Code::Unimplemented, "content-type must be application/grpc");
+        return refuse(&mut respond, StatusCode::UNSUPPORTED_MEDIA_TYPE, &e);
+    }
+    // Routed before the body is read: a method this port does not serve is answered
+    // now, whether its request ever ends or not (reflection's never does).
+    let Some((method, kind)) = handler.route(parts.uri.path()) else {
+        let e = GrpcError::unimplemented(parts.uri.path());
+        return refuse(&mut respond, StatusCode::OK, &e);
+    };
+    let answer = match kind {
+        Kind::Unary => {
+            let message = match read_message(body, settings.max_message).await {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
+            };
+            unless_reset(&mut respond, handler.call(method, message)).await
+        }
+        Kind::Streaming => {
+            let messages = Messages::new(body, settings.max_message);
+            unless_reset(&mut respond, handler.stream(method, messages)).await
+        }
+    };
+    match answer {
+        None => {} // the client gave up; the call is dropped
+        Some(Ok(Reply::One(m))) => {
+            let Ok(mut send) = respond.send_response(ok_headers(), false) else {
+                return;
+            };
+            if send.send_data(m, false).is_ok() {
+                let _ = send.send_trailers(status(Code::Ok, ""));
+            }
+        }
+        Some(Ok(Reply::Stream(s))) => stream(respond, s, stop.clone()).await,
+        Some(Err(e)) => refuse(&mut respond, StatusCode::OK, &e),
+    }
+}
+
+/// `answer`, or `None` if the client resets the stream first.
+async fn unless_reset<T>(
+    respond: &mut SendResponse<Bytes>,
+    answer: impl Future<Output = T>,
+) -> Option<T> {
+    let mut answer = pin!(answer);
+    // Poll the call first: most finish at once, without looking for a reset.
+    poll_fn(|cx| {
+        if let Poll::Ready(a) = answer.as_mut().poll(cx) {
+            return Poll::Ready(Some(a));
+        }
+        match respond.poll_reset(cx) {
+            Poll::Ready(_) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Sends a streaming reply until it ends, the client resets the stream or the
+/// server stops (then UNAVAILABLE, so that the client goes elsewhere).
+async fn stream(
+    mut respond: SendResponse<Bytes>,
+    mut messages: BoxStream<'static, Result<Bytes, GrpcError>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Ok(mut send) = respond.send_response(ok_headers(), false) else {
+        return;
+    };
+    let mut stopped = pin!(stop.wait_for(|s| *s));
+    loop {
+        enum Next {
+            Item(Option<Result<Bytes, GrpcError>>),
+            Reset,
+            Stop,
+        }
+        let next = poll_fn(|cx| {
+            if send.poll_reset(cx).is_ready() {
+                return Poll::Ready(Next::Reset);
+            }
+            if stopped.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Next::Stop);
+            }
+            messages.poll_next_unpin(cx).map(Next::Item)
+        })
+        .await;
+        let trailers = match next {
+            Next::Item(Some(Ok(m))) => {
+                if send.send_data(m, false).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Next::Item(Some(Err(e))) => status(e.code, &e.message),
+            Next::Item(None) => status(Code::Ok, ""),
+            Next::Reset => return,
+            Next::Stop => status(Code::Unavailable, "server is shutting down"),
+        };
+        let _ = send.send_trailers(trailers);
+        return;
+    }
+}
+
+fn ok_headers() -> Response<()> {
+    let mut r = Response::new(());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    r
+}
+
+/// A trailers-only answer: headers with the status, and the stream ends.
+fn refuse(respond: &mut SendResponse<Bytes>, http_status: StatusCode, e: &GrpcError) {
+    let mut r = ok_headers();
+    *r.status_mut() = http_status;
+    r.headers_mut().extend(status(e.code, &e.message));
+    let _ = respond.send_response(r, true);
+}

@@ -1,0 +1,241 @@
+//! gRPC's length-prefixed messages: reading them from a request body, bounded by
+//! `--max-request-bytes`, and framing answers.
+//!
+//! A message's 5-byte prefix (a compression flag and a big-endian length) arrives
+//! first, so a message declared larger than the limit is refused before its bytes
+//! are read; a body that goes on past the limit is refused as soon as it does.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::Stream;
+use h2::RecvStream;
+
+use super::status::{Code, GrpcError};
+
+/// Bytes of a message's prefix.
+const PREFIX: usize = 5;
+
+/// Reads a unary call's body and takes its one message out. `Ok(None)`: the stream
+/// broke (reset, connection gone) and there is no one to answer.
+pub(super) async fn read_message(
+    mut body: RecvStream,
+    max: usize,
+) -> Result<Option<Bytes>, GrpcError> {
+    // Most requests come in one DATA frame, kept as it is; only a body in several
+    // frames is copied into one buffer.
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut len = 0usize;
+    let mut declared = false;
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else {
+            return Ok(None);
+        };
+        // The window reopens as data is read, not when the call is answered.
+        let _ = body.flow_control().release_capacity(chunk.len());
+        len += chunk.len();
+        if len > max + PREFIX {
+            return Err(GrpcError::too_large(len - PREFIX, max));
+        }
+        match (&first, &mut more) {
+            (None, _) => first = Some(chunk),
+            (Some(f), None) => {
+                let mut buf = BytesMut::with_capacity(f.len() + chunk.len());
+                buf.extend_from_slice(f);
+                buf.extend_from_slice(&chunk);
+                more = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
+        }
+        if !declared && len >= PREFIX {
+            declared = true;
+            let head = match (&first, &more) {
+                (_, Some(buf)) => &buf[..PREFIX],
+                (Some(f), None) => &f[..PREFIX],
+                (None, None) => unreachable!("len >= PREFIX"),
+            };
+            check_prefix(head, max)?;
+        }
+    }
+    let body = match (first, more) {
+        (_, Some(buf)) => buf.freeze(),
+        (Some(f), None) => f,
+        (None, None) => Bytes::new(),
+    };
+    unframe(body, max).map(Some)
+}
+
+/// The declared length of the message whose prefix `head` is, if it may be read.
+fn check_prefix(head: &[u8], max: usize) -> Result<usize, GrpcError> {
+    if head[0] != 0 {
+        return Err(GrpcError::new(
+            Code::Unimplemented,
+            "compressed messages are not supported",
+        ));
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > max {
+        return Err(GrpcError::too_large(len, max));
+    }
+    Ok(len)
+}
+
+/// The message inside one length-prefixed gRPC frame (a unary call's whole body).
+pub(super) fn unframe(mut body: Bytes, max: usize) -> Result<Bytes, GrpcError> {
+    if body.len() < PREFIX {
+        return Err(GrpcError::new(
+            Code::Internal,
+            "the request carries no complete gRPC message",
+        ));
+    }
+    let len = check_prefix(&body[..PREFIX], max)?;
+    if body.len() - PREFIX != len {
+        return Err(GrpcError::new(
+            Code::Internal,
+            format!(
+                "the request's gRPC frame declares {len} bytes but {} follow; a unary call carries exactly one message",
+                body.len() - PREFIX
+            ),
+        ));
+    }
+    Ok(body.split_off(PREFIX))
+}
+
+/// The request messages of a client- or bidirectional-streaming call, each without
+/// its prefix, until the client ends its side. An `Err` item (a compressed, oversized
+/// or truncated message, or a broken stream) is the last.
+pub struct Messages {
+    body: RecvStream,
+    buf: BytesMut,
+    max: usize,
+    done: bool,
+}
+
+impl Messages {
+    pub(super) fn new(body: RecvStream, max: usize) -> Self {
+        Messages {
+            body,
+            buf: BytesMut::new(),
+            max,
+            done: false,
+        }
+    }
+
+    /// The next whole message in the buffer, if there is one.
+    fn take(&mut self) -> Result<Option<Bytes>, GrpcError> {
+        if self.buf.len() < PREFIX {
+            return Ok(None);
+        }
+        let len = check_prefix(&self.buf[..PREFIX], self.max)?;
+        if self.buf.len() < PREFIX + len {
+            return Ok(None);
+        }
+        self.buf.advance(PREFIX);
+        Ok(Some(self.buf.split_to(len).freeze()))
+    }
+}
+
+impl Stream for Messages {
+    type Item = Result<Bytes, GrpcError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.take() {
+                Ok(Some(m)) => return Poll::Ready(Some(Ok(m))),
+                Ok(None) => {}
+                Err(e) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+            match this.body.poll_data(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunk))) => {
+                    let _ = this.body.flow_control().release_capacity(chunk.len());
+                    this.buf.extend_from_slice(&chunk);
+                }
+                Poll::Ready(Some(Err(_))) => {
+                    this.done = true;
+                    let e = GrpcError::new(Code::Cancelled, "the request stream broke");
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if !this.buf.is_empty() {
+                        let e = GrpcError::new(
+                            Code::Internal,
+                            "the request stream ended inside a gRPC message",
+                        );
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `message` encoded behind its 5-byte gRPC prefix, in one buffer: an answer is
+/// encoded once and never copied.
+pub fn frame(message: &impl prost::Message) -> Bytes {
+    let mut buf = BytesMut::with_capacity(PREFIX + message.encoded_len());
+    frame_into(message, &mut buf);
+    buf.freeze()
+}
+
+/// Appends `message` to `buf` as one gRPC frame: not compressed, big-endian length.
+pub fn frame_into(message: &impl prost::Message, buf: &mut impl BufMut) {
+    let len = message.encoded_len();
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    // Cannot fail on a buffer that grows (Vec, BytesMut).
+    let _ = message.encode(buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 64 * 1024;
+
+    #[test]
+    fn frames_round_trip() {
+        // prost encodes a String as google.protobuf.StringValue: field 1.
+        let f = frame(&"abc".to_string());
+        assert_eq!(&f[..], &[0, 0, 0, 0, 5, 0x0a, 3, b'a', b'b', b'c']);
+        assert_eq!(
+            unframe(f, MAX).unwrap(),
+            Bytes::from_static(&[0x0a, 3, b'a', b'b', b'c'])
+        );
+        assert_eq!(unframe(frame(&String::new()), MAX).unwrap(), Bytes::new());
+    }
+
+    #[test]
+    fn bad_frames_get_their_codes() {
+        let code = |b: &'static [u8]| unframe(Bytes::from_static(b), MAX).unwrap_err().code;
+        assert_eq!(code(b""), Code::Internal);
+        assert_eq!(code(&[0, 0, 0]), Code::Internal);
+        assert_eq!(code(&[1, 0, 0, 0, 1, 7]), Code::Unimplemented);
+        assert_eq!(code(&[0, 0, 0, 0, 9, 7]), Code::Internal);
+        assert_eq!(code(&[0, 0, 0, 0, 1, 7, 7]), Code::Internal);
+        assert_eq!(code(&[0, 0xff, 0xff, 0xff, 0xff]), Code::ResourceExhausted);
+        // The limit is the message's own length, prefix not counted.
+        assert_eq!(
+            unframe(Bytes::from_static(&[0, 0, 0, 0, 2, 7, 7]), 2)
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            unframe(Bytes::from_static(&[0, 0, 0, 0, 3, 7, 7, 7]), 2)
+                .unwrap_err()
+                .code,
+            Code::ResourceExhausted
+        );
+    }
+}

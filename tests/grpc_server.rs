@@ -1,0 +1,202 @@
+//! The lean gRPC server's streaming calls, through its library API: a test handler
+//! with a client-streaming and a bidirectional method, called over plain HTTP/2.
+
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use sluice::grpc_server::{Code, GrpcError, Handler, Kind, Messages, Reply, Server, Settings};
+
+/// `Sum` answers once with the total length of the messages it was sent;
+/// `Echo` answers each message with itself, as it arrives.
+struct Test;
+
+#[derive(Clone, Copy)]
+enum Method {
+    Sum,
+    Echo,
+}
+
+fn framed(message: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + message.len());
+    b.put_u8(0);
+    b.put_u32(message.len() as u32);
+    b.put_slice(message);
+    b.freeze()
+}
+
+impl Handler for Test {
+    type Method = Method;
+
+    fn route(&self, path: &str) -> Option<(Method, Kind)> {
+        match path {
+            "/test.Test/Sum" => Some((Method::Sum, Kind::Streaming)),
+            "/test.Test/Echo" => Some((Method::Echo, Kind::Streaming)),
+            _ => None,
+        }
+    }
+
+    async fn call(&self, _: Method, _: Bytes) -> Result<Reply, GrpcError> {
+        Err(GrpcError::new(Code::Internal, "no unary method"))
+    }
+
+    async fn stream(&self, method: Method, mut messages: Messages) -> Result<Reply, GrpcError> {
+        match method {
+            Method::Sum => {
+                let mut total = 0usize;
+                while let Some(m) = messages.next().await {
+                    total += m?.len();
+                }
+                Ok(Reply::One(framed(total.to_string().as_bytes())))
+            }
+            Method::Echo => Ok(Reply::Stream(
+                messages.map(|m| m.map(|m| framed(&m))).boxed(),
+            )),
+        }
+    }
+}
+
+struct Running {
+    addr: std::net::SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(settings: Settings) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(Server::new(Test).settings(settings).serve(listener, async {
+        let _ = rx.await;
+    }));
+    Running { addr, _stop: tx }
+}
+
+async fn client(addr: std::net::SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    h2.ready().await.unwrap()
+}
+
+fn post(addr: std::net::SocketAddr, path: &str) -> http::Request<()> {
+    http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// The next DATA of a response body, within a few seconds.
+async fn data(body: &mut h2::RecvStream) -> Bytes {
+    let chunk = tokio::time::timeout(Duration::from_secs(5), body.data())
+        .await
+        .expect("an answer in time")
+        .expect("more data")
+        .unwrap();
+    let _ = body.flow_control().release_capacity(chunk.len());
+    chunk
+}
+
+async fn grpc_status(body: &mut h2::RecvStream) -> String {
+    let trailers = tokio::time::timeout(Duration::from_secs(5), body.trailers())
+        .await
+        .expect("trailers in time")
+        .unwrap()
+        .expect("trailers");
+    trailers["grpc-status"].to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_bidirectional_call_answers_each_message_as_it_arrives() {
+    let server = start(Settings::default()).await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Echo"), false)
+        .unwrap();
+    send.send_data(framed(b"one"), false).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    // Answered while the request goes on.
+    assert_eq!(data(&mut body).await, framed(b"one"));
+    // A message split over two DATA frames, then two in one.
+    let two = framed(b"two");
+    send.send_data(two.slice(..3), false).unwrap();
+    send.send_data(two.slice(3..), false).unwrap();
+    assert_eq!(data(&mut body).await, two);
+    let mut both = BytesMut::new();
+    both.extend_from_slice(&framed(b"3"));
+    both.extend_from_slice(&framed(b"4"));
+    send.send_data(both.freeze(), true).unwrap();
+    let mut rest = BytesMut::new();
+    while rest.len() < 12 {
+        rest.extend_from_slice(&data(&mut body).await);
+    }
+    assert_eq!(
+        &rest[..],
+        &[&framed(b"3")[..], &framed(b"4")[..]].concat()[..]
+    );
+    assert_eq!(grpc_status(&mut body).await, "0");
+}
+
+#[tokio::test]
+async fn a_client_streaming_call_answers_once_the_requests_end() {
+    let server = start(Settings::default()).await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Sum"), false)
+        .unwrap();
+    for m in [&b"ab"[..], b"cde", b""] {
+        send.send_data(framed(m), false).unwrap();
+    }
+    send.send_data(Bytes::new(), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"5"));
+    assert_eq!(grpc_status(&mut body).await, "0");
+}
+
+#[tokio::test]
+async fn a_streamed_message_over_the_limit_is_refused_before_it_is_sent() {
+    let server = start(Settings { max_message: 16 }).await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Echo"), false)
+        .unwrap();
+    send.send_data(framed(b"small"), false).unwrap();
+    // Only the prefix of a message declared at 1 MiB.
+    send.send_data(Bytes::from_static(&[0, 0, 0x10, 0, 0]), false)
+        .unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"small"));
+    assert_eq!(grpc_status(&mut body).await, "8");
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_inside_a_message_is_internal() {
+    let server = start(Settings::default()).await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Sum"), false)
+        .unwrap();
+    send.send_data(Bytes::from_static(&[0, 0, 0, 0, 9, 1, 2]), true)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "13");
+}
+
+#[tokio::test]
+async fn an_unknown_method_is_answered_before_its_request_ends() {
+    let server = start(Settings::default()).await;
+    let mut h2 = client(server.addr).await;
+    // Headers only: the request body never ends.
+    let (resp, _send) = h2
+        .send_request(post(server.addr, "/test.Test/Nope"), false)
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "12");
+    assert!(resp.body().is_end_stream(), "trailers-only");
+}
