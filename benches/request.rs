@@ -118,7 +118,7 @@ fn requests(scenario: &str) -> Vec<Vec<u8>> {
 fn one(service: &Service<MemoryStore>, message: &[u8]) -> usize {
     let req = Request::decode(message).expect("the fast reader reads it");
     let outcome = service
-        .should_rate_limit(&req)
+        .should_rate_limit(&req, None)
         .now_or_never()
         .expect("the memory store answers at once")
         .expect("valid");

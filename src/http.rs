@@ -79,7 +79,11 @@ async fn json_request<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes)
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),
     };
-    match admin.service.should_rate_limit(&Request::of(&req)).await {
+    match admin
+        .service
+        .should_rate_limit(&Request::of(&req), None)
+        .await
+    {
         Ok(outcome) => {
             let status = if outcome.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

@@ -299,3 +299,118 @@ async fn an_unknown_method_is_answered_before_its_request_ends() {
     assert_eq!(resp.headers()["grpc-status"], "12");
     assert!(resp.body().is_end_stream(), "trailers-only");
 }
+
+/// A raw call of ShouldRateLimit with the given `grpc-timeout`: the response's
+/// headers (the status of a trailers-only answer) or its trailers.
+async fn call_with_timeout(server: &Server, timeout: &str, message: Bytes) -> http::HeaderMap {
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", timeout)
+        .body(())
+        .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    let mut framed = bytes::BytesMut::new();
+    framed.put_u8(0);
+    framed.put_u32(message.len() as u32);
+    framed.put_slice(&message);
+    send.send_data(framed.freeze(), true).unwrap();
+    let resp = resp.await.unwrap();
+    if resp.headers().contains_key("grpc-status") {
+        return resp.headers().clone();
+    }
+    let mut body = resp.into_body();
+    while let Some(d) = body.data().await {
+        let _ = d.unwrap();
+    }
+    body.trailers().await.unwrap().expect("trailers")
+}
+
+/// A caller whose deadline has passed has given up: answered DEADLINE_EXCEEDED, and
+/// none of its hits counted.
+#[tokio::test]
+async fn a_call_past_its_deadline_is_refused_without_counting() {
+    use prost::Message;
+    let server = Server::start(POLICY, &[]);
+    let message = Bytes::from(request("d", vec![desc(&[("k", "late")])]).encode_to_vec());
+    for _ in 0..3 {
+        let h = call_with_timeout(&server, "0n", message.clone()).await;
+        assert_eq!(h["grpc-status"], "4", "{h:?}");
+    }
+    // A generous deadline is decided as usual, and finds the counter untouched.
+    let h = call_with_timeout(&server, "5S", message.clone()).await;
+    assert_eq!(h["grpc-status"], "0", "{h:?}");
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "late")])])).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 3,
+        "only the two decided calls counted"
+    );
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("sluice_deadline_exceeded_total 3"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("deadline"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // A malformed timeout is refused as grpc-go refuses it.
+    let h = call_with_timeout(&server, "soon", message).await;
+    assert_eq!(h["grpc-status"], "13", "{h:?}");
+}
+
+/// Envoy gives up at its filter timeout, then applies its own failure mode; the
+/// domain's must answer first. With Redis asleep and a store timeout of a second, a
+/// call with a 50 ms deadline is answered by the domain's failure mode within it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
+    if !common::redis::available() {
+        return;
+    }
+    let redis =
+        common::redis::RedisServer::start_with(&["--enable-debug-command", "local"]).await;
+    let policy = format!(
+        "{POLICY}---\ndomain: strict\nfailure_mode: closed\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 5}}\n"
+    );
+    let server = Server::start(&policy, &["--redis", &redis.url(), "--store-timeout", "1s"]);
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].limit_remaining, 4, "decided by Redis");
+
+    redis.sleep(3).await;
+    for (domain, want) in [("d", OK), ("strict", OVER_LIMIT)] {
+        let mut req = tonic::Request::new(request(domain, vec![desc(&[("k", "v")])]));
+        req.set_timeout(Duration::from_millis(50));
+        let started = std::time::Instant::now();
+        let answer = c.should_rate_limit(req).await;
+        let took = started.elapsed();
+        let answer = answer
+            .unwrap_or_else(|e| panic!("{domain}: the client gave up first: {e:?}"))
+            .into_inner();
+        assert_eq!(
+            answer.overall_code, want,
+            "{domain}: the domain's failure mode"
+        );
+        assert!(
+            took < Duration::from_millis(50),
+            "{domain}: answered in {took:?}"
+        );
+    }
+    let (_, metrics) = http(&server.http, "GET", "/metrics", "");
+    for outcome in ["failed_open", "failed_closed"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("sluice_requests_total")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+                    && !l.ends_with(" 0")),
+            "{outcome} counted"
+        );
+    }
+}

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use sluice::grpc_server::{Code, GrpcError, Handler, Kind, Messages, Reply, Server, Settings};
+use sluice::grpc_server::{
+    Code, Deadline, GrpcError, Handler, Kind, Messages, Reply, Server, Settings,
+};
 
 /// `Sum` answers once with the total length of the messages it was sent;
 /// `Echo` answers each message with itself, as it arrives.
@@ -36,11 +38,16 @@ impl Handler for Test {
         }
     }
 
-    async fn call(&self, _: Method, _: Bytes) -> Result<Reply, GrpcError> {
+    async fn call(&self, _: Method, _: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
         Err(GrpcError::new(Code::Internal, "no unary method"))
     }
 
-    async fn stream(&self, method: Method, mut messages: Messages) -> Result<Reply, GrpcError> {
+    async fn stream(
+        &self,
+        method: Method,
+        mut messages: Messages,
+        _: Option<Deadline>,
+    ) -> Result<Reply, GrpcError> {
         match method {
             Method::Sum => {
                 let mut total = 0usize;

@@ -12,6 +12,7 @@ use h2::RecvStream;
 use http::{HeaderValue, Request, Response, StatusCode};
 use tokio::sync::watch;
 
+use super::deadline::Deadline;
 use super::message::{read_message, Messages};
 use super::status::{status, Code, GrpcError};
 use super::{Handler, Kind, Reply, Settings};
@@ -44,6 +45,10 @@ pub(super) async fn call<H: Handler>(
         let e = GrpcError::unimplemented(parts.uri.path());
         return refuse(&mut respond, StatusCode::OK, &e);
     };
+    let deadline = match Deadline::from_headers(&parts.headers) {
+        Ok(d) => d,
+        Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
+    };
     let answer = match kind {
         Kind::Unary => {
             let message = match read_message(body, settings.max_message).await {
@@ -51,11 +56,11 @@ pub(super) async fn call<H: Handler>(
                 Ok(None) => return,
                 Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
             };
-            unless_reset(&mut respond, handler.call(method, message)).await
+            unless_reset(&mut respond, handler.call(method, message, deadline)).await
         }
         Kind::Streaming => {
             let messages = Messages::new(body, settings.max_message);
-            unless_reset(&mut respond, handler.stream(method, messages)).await
+            unless_reset(&mut respond, handler.stream(method, messages, deadline)).await
         }
     };
     match answer {

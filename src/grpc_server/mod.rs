@@ -9,8 +9,9 @@
 //!
 //! A call is routed as soon as its headers arrive ([`Handler::route`]): an unknown
 //! method is answered UNIMPLEMENTED at once, whatever its body does. Messages are
-//! never compressed: a compressed request is refused with UNIMPLEMENTED. A client
-//! that gives up resets its stream, and the call is dropped then.
+//! never compressed: a compressed request is refused with UNIMPLEMENTED. A call's
+//! `grpc-timeout` reaches the handler as a [`Deadline`]; a client that gives up
+//! resets its stream, and the call is dropped then.
 
 use std::future::Future;
 use std::pin::pin;
@@ -25,9 +26,11 @@ use tokio::task::JoinSet;
 
 mod call;
 mod connection;
+mod deadline;
 mod message;
 mod status;
 
+pub use deadline::Deadline;
 pub use message::{frame, frame_into, Messages};
 pub use status::{status_of, Code, GrpcError};
 
@@ -61,11 +64,13 @@ pub trait Handler: Send + Sync + 'static {
     /// this handler does not serve (answered UNIMPLEMENTED before the body is read).
     fn route(&self, path: &str) -> Option<(Self::Method, Kind)>;
 
-    /// A [`Kind::Unary`] call: `message` is the request without its prefix.
+    /// A [`Kind::Unary`] call: `message` is the request without its prefix;
+    /// `deadline` comes from its `grpc-timeout`.
     fn call(
         &self,
         method: Self::Method,
         message: Bytes,
+        deadline: Option<Deadline>,
     ) -> impl Future<Output = Result<Reply, GrpcError>> + Send;
 
     /// A [`Kind::Streaming`] call: the request messages as they arrive.
@@ -73,6 +78,7 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         _method: Self::Method,
         _messages: Messages,
+        _deadline: Option<Deadline>,
     ) -> impl Future<Output = Result<Reply, GrpcError>> + Send {
         async { Err(GrpcError::new(Code::Unimplemented, "no streaming methods")) }
     }

@@ -160,6 +160,17 @@ impl<S: Store> Limiter<S> {
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
     ) -> Outcome {
+        self.decide_within(domain, descriptors, None).await
+    }
+
+    /// As [`Limiter::decide`], waiting for the store at most `wait` (a caller's
+    /// deadline) when that is shorter than the store timeout.
+    pub async fn decide_within<E: Entry>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+        wait: Option<Duration>,
+    ) -> Outcome {
         // A guard, not a clone: the one reference count the outcome needs is taken
         // once, below, on a count every core's requests write.
         let guard = self.policy.load();
@@ -262,7 +273,7 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
 
-        match self.ask_store(&hits).await {
+        match self.ask_store(&hits, wait).await {
             Ok(decided) => {
                 outcome.over_limit = !decided.admitted;
                 outcome.now = decided.now;
@@ -339,14 +350,22 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    async fn ask_store(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+    async fn ask_store(
+        &self,
+        hits: &[Hit],
+        wait: Option<Duration>,
+    ) -> Result<crate::store::Verdicts, StoreError> {
         // A store that answers on the first poll (the memory store always does) needs
-        // no timer; only a pending call is raced against --store-timeout.
+        // no timer; only a pending call is raced against --store-timeout (or the
+        // caller's shorter deadline).
         let mut call = std::pin::pin!(self.store.decide(hits));
         if let Some(result) = futures::FutureExt::now_or_never(&mut call) {
             return result;
         }
-        match tokio::time::timeout(self.settings.store_timeout, call).await {
+        let timeout = wait.map_or(self.settings.store_timeout, |w| {
+            w.min(self.settings.store_timeout)
+        });
+        match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout),
         }

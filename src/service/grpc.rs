@@ -13,13 +13,13 @@ use tokio::sync::watch;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::grpc_server::{frame, Code, GrpcError, Handler, Kind, Messages, Reply};
+use crate::grpc_server::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
 use crate::store::Store;
 
 use super::decode::Request;
 use super::reflection::{self, Reflection};
 use super::response::framed_response;
-use super::Service;
+use super::{store_wait, Service};
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -70,9 +70,14 @@ impl<S: Store> Handler for Grpc<S> {
         })
     }
 
-    async fn call(&self, method: Method, message: Bytes) -> Result<Reply, GrpcError> {
+    async fn call(
+        &self,
+        method: Method,
+        message: Bytes,
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, GrpcError> {
         match method {
-            Method::ShouldRateLimit => self.should_rate_limit(&message).await,
+            Method::ShouldRateLimit => self.should_rate_limit(&message, deadline).await,
             Method::HealthCheck => {
                 health_service(&message)?;
                 Ok(Reply::One(health(*self.serving.borrow())))
@@ -99,7 +104,12 @@ impl<S: Store> Handler for Grpc<S> {
         }
     }
 
-    async fn stream(&self, method: Method, messages: Messages) -> Result<Reply, GrpcError> {
+    async fn stream(
+        &self,
+        method: Method,
+        messages: Messages,
+        _deadline: Option<Deadline>,
+    ) -> Result<Reply, GrpcError> {
         let path = match method {
             Method::ReflectionV1 => reflection::V1,
             Method::ReflectionV1Alpha => reflection::V1ALPHA,
@@ -115,7 +125,11 @@ impl<S: Store> Handler for Grpc<S> {
 }
 
 impl<S: Store> Grpc<S> {
-    async fn should_rate_limit(&self, message: &[u8]) -> Result<Reply, GrpcError> {
+    async fn should_rate_limit(
+        &self,
+        message: &[u8],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, GrpcError> {
         // Read in place; prost decodes what the fast reader leaves to it.
         let decoded;
         let req = match Request::decode(message) {
@@ -130,7 +144,19 @@ impl<S: Store> Grpc<S> {
                 Request::of(&decoded)
             }
         };
-        match self.service.should_rate_limit(&req).await {
+        // Past its deadline the caller has given up: nothing is counted for it.
+        let wait = match deadline.map(|d| d.remaining()) {
+            Some(left) if left.is_zero() => {
+                self.service.metrics.expired_call();
+                return Err(GrpcError::new(
+                    Code::DeadlineExceeded,
+                    "the call's grpc-timeout passed before it was decided",
+                ));
+            }
+            Some(left) => Some(store_wait(left)),
+            None => None,
+        };
+        match self.service.should_rate_limit(&req, wait).await {
             Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
             Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
         }

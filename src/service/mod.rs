@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::limiter::{Descriptor, Limiter, Outcome};
 use crate::store::Store;
@@ -22,6 +23,22 @@ pub use headers::HeaderStyle;
 
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
+
+/// The least time kept back from a caller's deadline (see [`store_wait`]).
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
+
+/// The longest store wait that still lets the answer reach a caller who gives up
+/// `left` from now: `left` less a fifth of it, and less at least
+/// [`DEADLINE_MARGIN`]. The caller's timer started before it sent the call, and the
+/// answer still has to leave sluice (after a Tokio timer that fires up to a
+/// millisecond late) and cross the network; a fifth leaves room for both on a busy
+/// node (on 2 shared cores at a load average of 10, answers to a 50 ms deadline
+/// that waited 45 ms arrived after 48-52 ms). Envoy's default 20 ms leaves 16 ms, so
+/// the default `--store-timeout` of 15 ms still decides; a 50 ms deadline waits at
+/// most 40 ms.
+pub fn store_wait(left: Duration) -> Duration {
+    left.saturating_sub((left / 5).max(DEADLINE_MARGIN))
+}
 
 /// A request that cannot be decided, with the reason sent back to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,10 +154,12 @@ impl<S: Store> Service<S> {
             .sum()
     }
 
-    /// Validates, decides and holds a leaky-bucket OK until the request's turn.
+    /// Validates, decides and holds a leaky-bucket OK until the request's turn. The
+    /// store is waited for at most `wait` (when given) and `--store-timeout`.
     pub async fn should_rate_limit(
         &self,
         req: &decode::Request<'_>,
+        wait: Option<Duration>,
     ) -> Result<Outcome, BadRequest> {
         let started = self.latency.raw();
         let descriptors = match descriptors(req) {
@@ -150,7 +169,10 @@ impl<S: Store> Service<S> {
                 return Err(e);
             }
         };
-        let outcome = self.limiter.decide(req.domain, &descriptors).await;
+        let outcome = self
+            .limiter
+            .decide_within(req.domain, &descriptors, wait)
+            .await;
         let took = self.latency.delta(started, self.latency.raw());
         self.metrics.record(req.domain, &outcome, took);
         if !outcome.over_limit && outcome.delay > 0 {
@@ -159,5 +181,21 @@ impl<S: Store> Service<S> {
             tokio::time::sleep(std::time::Duration::from_micros(outcome.delay)).await;
         }
         Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_wait_leaves_a_margin_before_the_deadline() {
+        let ms = Duration::from_millis;
+        assert_eq!(store_wait(ms(20)), ms(16));
+        assert_eq!(store_wait(ms(50)), ms(40));
+        assert_eq!(store_wait(ms(1000)), ms(800));
+        assert_eq!(store_wait(ms(5)), ms(3));
+        assert_eq!(store_wait(ms(2)), Duration::ZERO);
+        assert_eq!(store_wait(Duration::ZERO), Duration::ZERO);
     }
 }

@@ -142,6 +142,7 @@ pub struct Metrics {
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
+    expired_calls: IntCounter,
     decision_seconds: Histogram,
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
@@ -206,6 +207,11 @@ impl Metrics {
         let bad_requests = IntCounter::new(
             "sluice_invalid_requests_total",
             "Requests refused with INVALID_ARGUMENT.",
+        )
+        .expect("static metric definition");
+        let expired_calls = IntCounter::new(
+            "sluice_deadline_exceeded_total",
+            "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
         )
         .expect("static metric definition");
         let store_errors = counter_vec(
@@ -273,6 +279,7 @@ impl Metrics {
         for c in [
             Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bad_requests.clone()),
+            Box::new(expired_calls.clone()),
             Box::new(store_errors.clone()),
             Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
@@ -299,6 +306,7 @@ impl Metrics {
             registry,
             unknown_domain,
             bad_requests,
+            expired_calls,
             decision_seconds: Histogram::default(),
             store_errors,
             policy_reloads,
@@ -453,6 +461,12 @@ impl Metrics {
 
     pub fn bad_request(&self) {
         self.bad_requests.inc();
+    }
+
+    /// A call answered DEADLINE_EXCEEDED: its caller had given up before it was
+    /// decided.
+    pub fn expired_call(&self) {
+        self.expired_calls.inc();
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {

@@ -33,7 +33,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::bytes::Bytes;
 use prost::Message;
-use sluice::grpc_server::{self, frame, Code, GrpcError, Handler, Kind, Reply};
+use sluice::grpc_server::{self, frame, Code, Deadline, GrpcError, Handler, Kind, Reply};
 
 #[derive(Parser)]
 #[command(
@@ -80,7 +80,7 @@ impl Handler for Noop {
             .then_some(((), Kind::Unary))
     }
 
-    async fn call(&self, _: (), message: Bytes) -> Result<Reply, GrpcError> {
+    async fn call(&self, _: (), message: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
         RateLimitRequest::decode(message)
             .map_err(|e| GrpcError::new(Code::InvalidArgument, e.to_string()))?;
         let r = RateLimitResponse {

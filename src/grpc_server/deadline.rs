@@ -1,0 +1,113 @@
+//! A call's deadline, from its `grpc-timeout` header.
+//!
+//! Envoy sends its filter `timeout` (20 ms by default) as `grpc-timeout` and gives up
+//! when it passes. The deadline is taken from the moment the call's headers arrive,
+//! so time spent waiting for the body counts against it, as it does for the client.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+
+use super::status::{Code, GrpcError};
+
+/// When a call must be answered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    at: quanta::Instant,
+    /// The timeout the client gave.
+    pub timeout: Duration,
+}
+
+impl Deadline {
+    /// The deadline `timeout` from now.
+    pub fn after(timeout: Duration) -> Self {
+        Deadline {
+            at: quanta::Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// The time left before the deadline; zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(quanta::Instant::now())
+    }
+
+    /// The deadline of a call with these request headers, if it has one.
+    pub(super) fn from_headers(headers: &HeaderMap) -> Result<Option<Deadline>, GrpcError> {
+        let Some(value) = headers.get("grpc-timeout") else {
+            return Ok(None);
+        };
+        parse_timeout(value.as_bytes())
+            .map(|t| Some(Deadline::after(t)))
+            .ok_or_else(|| {
+                GrpcError::new(
+                    Code::Internal,
+                    format!(
+                        "malformed grpc-timeout {:?}",
+                        String::from_utf8_lossy(value.as_bytes())
+                    ),
+                )
+            })
+    }
+}
+
+/// `grpc-timeout`: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+fn parse_timeout(v: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_parse_in_every_unit() {
+        assert_eq!(parse_timeout(b"20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_timeout(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_timeout(b"3S"), Some(Duration::from_secs(3)));
+        assert_eq!(
+            parse_timeout(b"99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(parse_timeout(b"0n"), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn malformed_timeouts_are_refused() {
+        for bad in [&b""[..], b"m", b"20", b"20x", b"-1m", b"123456789m", b"2 m"] {
+            assert_eq!(
+                parse_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let mut h = HeaderMap::new();
+        h.insert("grpc-timeout", "soon".parse().unwrap());
+        assert_eq!(Deadline::from_headers(&h).unwrap_err().code, Code::Internal);
+        assert_eq!(Deadline::from_headers(&HeaderMap::new()), Ok(None));
+    }
+
+    #[test]
+    fn a_deadline_counts_down_to_zero() {
+        let d = Deadline::after(Duration::from_secs(60));
+        assert!(d.remaining() > Duration::from_secs(59));
+        assert_eq!(Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
+    }
+}
