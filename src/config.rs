@@ -110,6 +110,10 @@ pub struct Serve {
     /// Longest wait for in-flight calls after SIGTERM.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or
+    /// MiB); larger is refused (RESOURCE_EXHAUSTED, HTTP 413) before it is all read.
+    #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value = "64KiB", value_parser = parse_bytes)]
+    pub max_request_bytes: usize,
     /// Threads answering requests; 0 means one per CPU available to the process (its
     /// cgroup quota included). 1 spends about a fifth less CPU per Redis decision when
     /// sluice shares its cores (no wake-ups across threads;
@@ -146,6 +150,28 @@ fn parse_header_style(s: &str) -> Result<HeaderStyle, String> {
         "draft03" => Ok(HeaderStyle::Draft03),
         "ietf" => Ok(HeaderStyle::Ietf),
         _ => Err(format!("expected off, draft03 or ietf, got {s:?}")),
+    }
+}
+
+/// Parses a size: `65536`, `64KiB`, `1MiB`; at least one byte.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let err = || format!("invalid size {s:?} (use e.g. 65536, 64KiB, 1MiB)");
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().map_err(|_| err())?;
+    let scale = match unit {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        _ => return Err(err()),
+    };
+    match n.checked_mul(scale) {
+        Some(0) => Err(format!("size {s:?} must be at least one byte")),
+        Some(b) => Ok(b),
+        None => Err(err()),
     }
 }
 
@@ -192,6 +218,16 @@ mod tests {
     }
 
     #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("64KiB"), Ok(65536));
+        assert_eq!(parse_bytes("2MiB"), Ok(2 * 1024 * 1024));
+        for bad in ["", "KiB", "0", "0KiB", "64kb", "-1", "1.5MiB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn serve_flags_have_spec_defaults() {
         let cli = Cli::try_parse_from(["sluice", "serve", "--config", "a.yaml"]).unwrap();
         let Command::Serve(s) = cli.command else {
@@ -203,5 +239,6 @@ mod tests {
         assert_eq!(s.failure_mode, FailureMode::Open);
         assert_eq!(s.response_headers, HeaderStyle::Draft03);
         assert_eq!(s.max_keys, 1_000_000);
+        assert_eq!(s.max_request_bytes, 64 * 1024);
     }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -25,15 +26,20 @@ pub struct Admin<S> {
     pub service: Arc<Service<S>>,
     /// False until policies are loaded and the servers listen; false again on SIGTERM.
     pub ready: Arc<AtomicBool>,
+    /// Largest `POST /json` body read (`--max-request-bytes`).
+    pub max_request_bytes: usize,
 }
 
 /// The router for `--http-addr`.
 pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
+    // A body over the limit is refused as soon as its Content-Length says so, or
+    // its bytes go past it.
+    let json = post(json_request::<S>).layer(DefaultBodyLimit::max(admin.max_request_bytes));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<S>))
         .route("/metrics", get(metrics::<S>))
-        .route("/json", post(json_request::<S>))
+        .route("/json", json)
         .route("/debug/policies", get(policies::<S>))
         .route("/debug/top", get(top::<S>))
         .route("/debug/store", get(store::<S>))
@@ -73,8 +79,22 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .into_response()
 }
 
-async fn json_request<S: Store>(State(admin): State<Arc<Admin<S>>>, body: Bytes) -> Response {
+async fn json_request<S: Store>(
+    State(admin): State<Arc<Admin<S>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let _in_flight = admin.service.enter();
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let error = format!(
+                "request body larger than {} bytes (--max-request-bytes)",
+                admin.max_request_bytes
+            );
+            return (e.status(), Json(json!({ "error": error }))).into_response();
+        }
+        Err(e) => return (e.status(), Json(json!({"error": e.body_text()}))).into_response(),
+    };
     let req = match parse_request(&body) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),

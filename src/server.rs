@@ -150,14 +150,15 @@ where
 
     let ready = Arc::new(AtomicBool::new(false));
     let (serving, serving_rx) = watch::channel(true);
-    let grpc = grpc_server::serve(
-        grpc_listener,
-        Grpc::new(service.clone(), serving_rx),
-        stopped(),
-    );
+    let grpc = grpc_server::Server::new(Grpc::new(service.clone(), serving_rx))
+        .settings(grpc_server::Settings {
+            max_message: cfg.max_request_bytes,
+        })
+        .serve(grpc_listener, stopped());
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
+        max_request_bytes: cfg.max_request_bytes,
     });
     let http = axum::serve(http_listener, router(admin)).with_graceful_shutdown(stopped());
     let grpc_task = tokio::spawn(grpc);

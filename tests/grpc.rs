@@ -133,15 +133,64 @@ async fn an_unknown_method_is_unimplemented() {
 }
 
 #[tokio::test]
-async fn a_message_over_4_mib_is_refused() {
-    let server = Server::start(POLICY, &[]);
-    let big = Bytes::from(vec![0u8; 5 * 1024 * 1024]);
+async fn a_message_over_max_request_bytes_is_refused() {
+    let server = Server::start(POLICY, &["--max-request-bytes", "1KiB"]);
+    let big = Bytes::from(vec![0u8; 1025]);
     let err = raw_call(&server, SHOULD_RATE_LIMIT, big).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
-    // The connection and the server are still fine.
+    assert!(err.message().contains("--max-request-bytes"), "{err:?}");
+    // The connection and the server are still fine, and a request within the limit
+    // (a value of 900 bytes) is decided.
     let mut c = server.client().await;
-    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    let value = "v".repeat(900);
+    let r = call(&mut c, request("d", vec![desc(&[("k", &value)])])).await;
     assert_eq!(r.overall_code, OK);
+}
+
+/// The 5-byte prefix declares the message's length: one declared over the limit is
+/// refused at once, before its bytes are sent; bytes past the limit are refused as
+/// they arrive, whatever the prefix says.
+#[tokio::test]
+async fn an_oversized_request_is_refused_before_it_is_all_read() {
+    let server = Server::start(POLICY, &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let post = || {
+        http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap()
+    };
+    // Declares 1 MiB, sends 100 bytes of it and waits.
+    let (resp, mut declared) = h2.send_request(post(), false).unwrap();
+    let mut head = bytes::BytesMut::new();
+    head.put_u8(0);
+    head.put_u32(1024 * 1024);
+    head.put_slice(&[0u8; 100]);
+    declared.send_data(head.freeze(), false).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("refused without waiting for the rest")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "8", "{:?}", resp.headers());
+    // Declares 10 bytes, then keeps sending past the default 64 KiB.
+    let (resp, mut flood) = h2.send_request(post(), false).unwrap();
+    let mut head = bytes::BytesMut::new();
+    head.put_u8(0);
+    head.put_u32(10);
+    flood.send_data(head.freeze(), false).unwrap();
+    for _ in 0..5 {
+        flood
+            .send_data(Bytes::from(vec![0u8; 16 * 1024]), false)
+            .unwrap();
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("refused while the request goes on")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "8", "{:?}", resp.headers());
 }
 
 /// tonic cannot send a compressed message without a compression feature, so this

@@ -707,3 +707,50 @@ async fn a_full_store_denies_new_keys_of_a_closed_domain() {
     let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
     assert!((1..=3600).contains(&reset.seconds), "{reset:?}");
 }
+
+/// `POST /json` reads at most `--max-request-bytes`: a larger body is refused with
+/// 413 before the rest of it is sent.
+#[test]
+fn a_json_body_over_max_request_bytes_is_refused_before_it_is_all_read() {
+    use std::io::{Read, Write};
+    let server = Server::start(POLICY, &["--max-request-bytes", "1KiB"]);
+    let within = format!(
+        r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"tenant","value":"{}"}}]}}]}}"#,
+        "t".repeat(900)
+    );
+    assert_eq!(http(&server.http, "POST", "/json", &within).0, 200);
+    let over = format!(
+        r#"{{"domain":"shop","descriptors":[{{"entries":[{{"key":"tenant","value":"{}"}}]}}]}}"#,
+        "t".repeat(1100)
+    );
+    let (s, b) = http(&server.http, "POST", "/json", &over);
+    assert_eq!(s, 413, "{b}");
+    assert!(b.contains("--max-request-bytes"), "{b}");
+
+    // Declared at 10 MiB, sent in part, with the socket left open: the answer comes
+    // without the rest. The same for a chunked body that runs past the limit.
+    for (headers, sent) in [
+        ("Content-Length: 10485760\r\n", vec![b' '; 2048]),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            b"800\r\n"
+                .iter()
+                .copied()
+                .chain(vec![b' '; 2048])
+                .chain(*b"\r\n")
+                .collect(),
+        ),
+    ] {
+        let mut s = std::net::TcpStream::connect(&server.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let head = format!(
+            "POST /json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}\r\n"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&sent).unwrap();
+        let mut answer = [0u8; 12];
+        s.read_exact(&mut answer)
+            .expect("answered while the body is still open");
+        assert_eq!(&answer, b"HTTP/1.1 413", "{headers}");
+    }
+}

@@ -87,16 +87,17 @@ pub trait Handler: Send + Sync + 'static {
 /// How the server treats requests.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Largest request message buffered; a larger one is refused with
-    /// RESOURCE_EXHAUSTED.
+    /// Largest request message buffered (`--max-request-bytes`); a larger one is
+    /// refused with RESOURCE_EXHAUSTED as soon as its prefix declares it, or its
+    /// bytes go past it.
     pub max_message: usize,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        // As in tonic and grpc-go.
+        // A RateLimitRequest from Envoy is well under 1 KiB.
         Settings {
-            max_message: 4 * 1024 * 1024,
+            max_message: 64 * 1024,
         }
     }
 }
