@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::policy::FailureMode;
 use crate::service::HeaderStyle;
+use crate::tls::TlsFiles;
 
 /// An external rate-limit service for Envoy.
 #[derive(Debug, Parser)]
@@ -72,6 +73,28 @@ pub struct Serve {
     /// Address of /healthz, /readyz, /metrics, /json and /debug/*.
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
+    /// PEM certificate chain of the gRPC port; with --grpc-tls-key the port serves
+    /// TLS only. Re-read when it changes.
+    #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(long, env = "SLUICE_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM CA certificates: the gRPC port then requires client certificates they
+    /// sign (mutual TLS).
+    #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// PEM certificate chain of the HTTP port; with --http-tls-key the port serves
+    /// HTTPS only. Re-read when it changes.
+    #[arg(long, env = "SLUICE_HTTP_TLS_CERT", requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key of --http-tls-cert.
+    #[arg(long, env = "SLUICE_HTTP_TLS_KEY", requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
+    /// PEM CA certificates: the HTTP port then requires client certificates they
+    /// sign.
+    #[arg(long, env = "SLUICE_HTTP_TLS_CLIENT_CA", requires = "http_tls_cert")]
+    pub http_tls_client_ca: Option<PathBuf>,
     /// Longest wait for the counter store before the failure mode decides.
     #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
     pub store_timeout: Duration,
@@ -100,7 +123,7 @@ pub struct Serve {
     /// line is visible to every user of the host.
     #[arg(long, env = "SLUICE_HASH_SECRET", hide_env_values = true, conflicts_with = "hash_secret_file", value_parser = parse_secret)]
     pub hash_secret: Option<Secret>,
-    /// How often policy files are checked for changes.
+    /// How often policy and TLS files are checked for changes.
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
     pub reload_interval: Duration,
     /// After SIGTERM, how long to keep serving with readiness off before refusing new
@@ -134,6 +157,38 @@ impl std::fmt::Debug for Secret {
 
 fn parse_secret(s: &str) -> Result<Secret, String> {
     Ok(Secret(s.to_string()))
+}
+
+impl Serve {
+    /// The gRPC port's TLS files, when it serves TLS.
+    pub fn grpc_tls(&self) -> Option<TlsFiles> {
+        tls_files(
+            &self.grpc_tls_cert,
+            &self.grpc_tls_key,
+            &self.grpc_tls_client_ca,
+        )
+    }
+
+    /// The HTTP port's TLS files, when it serves TLS.
+    pub fn http_tls(&self) -> Option<TlsFiles> {
+        tls_files(
+            &self.http_tls_cert,
+            &self.http_tls_key,
+            &self.http_tls_client_ca,
+        )
+    }
+}
+
+fn tls_files(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    client_ca: &Option<PathBuf>,
+) -> Option<TlsFiles> {
+    Some(TlsFiles {
+        cert: cert.clone()?,
+        key: key.clone()?,
+        client_ca: client_ca.clone(),
+    })
 }
 
 fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
@@ -240,5 +295,39 @@ mod tests {
         assert_eq!(s.response_headers, HeaderStyle::Draft03);
         assert_eq!(s.max_keys, 1_000_000);
         assert_eq!(s.max_request_bytes, 64 * 1024);
+        assert_eq!(s.grpc_tls(), None);
+        assert_eq!(s.http_tls(), None);
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["sluice", "serve", "--config", "a.yaml"].iter().chain(args))
+        };
+        assert!(parse(&["--grpc-tls-cert", "c.pem"]).is_err());
+        assert!(parse(&["--grpc-tls-key", "k.pem"]).is_err());
+        assert!(parse(&["--grpc-tls-client-ca", "ca.pem"]).is_err());
+        assert!(parse(&["--http-tls-cert", "c.pem"]).is_err());
+        let cli = parse(&[
+            "--grpc-tls-cert",
+            "c.pem",
+            "--grpc-tls-key",
+            "k.pem",
+            "--grpc-tls-client-ca",
+            "ca.pem",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(
+            s.grpc_tls(),
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+            })
+        );
+        assert_eq!(s.http_tls(), None);
     }
 }

@@ -15,3 +15,4 @@ pub mod service;
 pub mod source;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

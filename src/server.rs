@@ -22,6 +22,7 @@ use crate::service::Service;
 use crate::store::redis::Options as RedisOptions;
 use crate::store::{MemoryStore, RedisStore, Report, Store};
 use crate::telemetry::Metrics;
+use crate::tls::{Tls, TlsFiles, TlsListener};
 
 /// Runs the service until `shutdown` resolves, then drains in-flight calls.
 /// How values are hashed in counter keys: under the operator's secret when one is
@@ -143,6 +144,13 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let metrics = &service.metrics;
+    // Bad TLS files stop start-up, before any port listens.
+    let grpc_tls = tls(cfg.grpc_tls(), "grpc", &[b"h2"], metrics).context("--grpc-tls-*")?;
+    let http_tls = tls(cfg.http_tls(), "http", &[b"http/1.1"], metrics).context("--http-tls-*")?;
+    for t in grpc_tls.iter().chain(&http_tls) {
+        tokio::spawn(t.clone().watch(cfg.reload_interval, stopped()));
+    }
     let grpc_listener = bind(cfg.grpc_addr).await?;
     let http_listener = bind(cfg.http_addr).await?;
     let grpc_addr = grpc_listener.local_addr()?;
@@ -150,22 +158,47 @@ where
 
     let ready = Arc::new(AtomicBool::new(false));
     let (serving, serving_rx) = watch::channel(true);
-    let grpc = grpc_server::Server::new(Grpc::new(service.clone(), serving_rx))
-        .settings(grpc_server::Settings {
+    let mut grpc = grpc_server::Server::new(Grpc::new(service.clone(), serving_rx)).settings(
+        grpc_server::Settings {
             max_message: cfg.max_request_bytes,
-        })
-        .serve(grpc_listener, stopped());
+        },
+    );
+    if let Some(t) = grpc_tls.clone() {
+        grpc = grpc.tls(move || t.acceptor());
+    }
+    let grpc_task = tokio::spawn(grpc.serve(grpc_listener, stopped()));
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
         max_request_bytes: cfg.max_request_bytes,
     });
-    let http = axum::serve(http_listener, router(admin)).with_graceful_shutdown(stopped());
-    let grpc_task = tokio::spawn(grpc);
-    let http_task = tokio::spawn(async move { http.await });
+    let app = router(admin);
+    let http_stop = stopped();
+    let https = http_tls.is_some();
+    let http_task = match http_tls {
+        None => tokio::spawn(async move {
+            axum::serve(http_listener, app)
+                .with_graceful_shutdown(http_stop)
+                .await
+        }),
+        Some(t) => {
+            let listener = TlsListener::new(http_listener, t, HANDSHAKE_TIMEOUT);
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(http_stop)
+                    .await
+            })
+        }
+    };
 
     ready.store(true, Ordering::SeqCst);
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, "sluice listening");
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        grpc_tls = grpc_tls.is_some(),
+        http_tls = https,
+        "sluice listening"
+    );
 
     shutdown.await;
     tracing::info!("shutting down: readiness off, draining in-flight calls");
@@ -190,6 +223,27 @@ where
         tracing::warn!("grace period over; exiting with calls still in flight");
     }
     Ok(())
+}
+
+/// Longest TLS handshake on the HTTP port.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A port's TLS, loaded from `files` when it has any.
+fn tls(
+    files: Option<TlsFiles>,
+    port: &'static str,
+    alpn: &[&[u8]],
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<Arc<Tls>>> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(Tls::load(
+        port,
+        files,
+        alpn,
+        metrics.clone(),
+    )?)))
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {

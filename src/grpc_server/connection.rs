@@ -1,5 +1,5 @@
-//! One connection: its HTTP/2 handshake, then every call on it, driven in this one
-//! task.
+//! One connection: its TLS and HTTP/2 handshakes, then every call on it, driven in
+//! this one task.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -9,8 +9,10 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 use super::call::call;
 use super::{Handler, Shared};
@@ -30,13 +32,33 @@ fn builder() -> h2::server::Builder {
     b
 }
 
-/// Serves one accepted connection until it closes or the server stops: accepts
-/// streams and drives their calls.
+/// Serves one accepted connection until it closes or the server stops.
 pub(super) async fn run<H: Handler>(
-    io: TcpStream,
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
     shared: Arc<Shared<H>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Some(acceptor) = tls else {
+        return http2(tcp, &shared, stop).await;
+    };
+    let accepted = tokio::select! {
+        a = acceptor.accept(tcp) => a,
+        _ = stop.wait_for(|s| *s) => return,
+    };
+    match accepted {
+        Ok(io) => http2(io, &shared, stop).await,
+        // Also every TCP probe that connects and closes: not worth a warning.
+        Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
+    }
+}
+
+/// The HTTP/2 connection over `io`: accepts streams and drives their calls.
+async fn http2<H, IO>(io: IO, shared: &Shared<H>, mut stop: watch::Receiver<bool>)
+where
+    H: Handler,
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
     // A client that connects and stays silent must not hold shutdown up.
     let handshake = tokio::select! {
         h = builder().handshake::<_, Bytes>(io) => h,

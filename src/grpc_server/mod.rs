@@ -23,6 +23,7 @@ use futures::stream::BoxStream;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 mod call;
 mod connection;
@@ -108,11 +109,15 @@ struct Shared<H> {
     settings: Settings,
 }
 
-/// A gRPC server: a handler and its settings.
+/// A gRPC server: a handler, its settings, and TLS when configured.
 pub struct Server<H> {
     handler: H,
     settings: Settings,
+    tls: Option<Arc<Acceptors>>,
 }
+
+/// Gives each new connection the TLS settings of the moment (certificates change).
+type Acceptors = dyn Fn() -> TlsAcceptor + Send + Sync;
 
 impl<H: Handler> Server<H> {
     /// A plain-text server with default settings.
@@ -120,11 +125,19 @@ impl<H: Handler> Server<H> {
         Server {
             handler,
             settings: Settings::default(),
+            tls: None,
         }
     }
 
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// Serves TLS: each connection is accepted by the acceptor `tls` gives at the
+    /// time, so a renewed certificate serves the connections that follow.
+    pub fn tls(mut self, tls: impl Fn() -> TlsAcceptor + Send + Sync + 'static) -> Self {
+        self.tls = Some(Arc::new(tls));
         self
     }
 
@@ -149,7 +162,8 @@ impl<H: Handler> Server<H> {
                         // filter timeout is 20 ms by default; a delayed ACK alone can
                         // cost 40 ms).
                         let _ = io.set_nodelay(true);
-                        conns.spawn(connection::run(io, shared.clone(), stop_rx.clone()));
+                        let tls = self.tls.as_ref().map(|t| t());
+                        conns.spawn(connection::run(io, tls, shared.clone(), stop_rx.clone()));
                     }
                     Err(e) => {
                         // Out of file descriptors and the like: wait rather than spin.

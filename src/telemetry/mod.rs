@@ -146,6 +146,7 @@ pub struct Metrics {
     decision_seconds: Histogram,
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
+    tls_reloads: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounterVec,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
@@ -229,6 +230,11 @@ impl Metrics {
             "Policy reloads by source and result (ok, error).",
             &["source", "result"],
         );
+        let tls_reloads = counter_vec(
+            "sluice_tls_reloads_total",
+            "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
+            &["port", "result"],
+        );
         let active_keys = IntGaugeVec::new(
             Opts::new(
                 "sluice_active_keys",
@@ -283,6 +289,7 @@ impl Metrics {
             Box::new(store_errors.clone()),
             Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
+            Box::new(tls_reloads.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
             Box::new(cache_answers.clone()),
@@ -310,6 +317,7 @@ impl Metrics {
             decision_seconds: Histogram::default(),
             store_errors,
             policy_reloads,
+            tls_reloads,
             active_keys,
             evictions,
             cache_answers,
@@ -472,6 +480,20 @@ impl Metrics {
     pub fn policy_reload(&self, source: &str, ok: bool) {
         self.policy_reloads
             .with_label_values(&[source, if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Exports a TLS port's reload counters at 0 before its first reload.
+    pub fn declare_tls_port(&self, port: &str) {
+        for result in ["ok", "error"] {
+            self.tls_reloads.with_label_values(&[port, result]);
+        }
+    }
+
+    /// A change of a port's TLS files, loaded (`ok`) or refused.
+    pub fn tls_reload(&self, port: &str, ok: bool) {
+        self.tls_reloads
+            .with_label_values(&[port, if ok { "ok" } else { "error" }])
             .inc();
     }
 

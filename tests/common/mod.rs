@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod redis;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,428 @@
+//! TLS on the gRPC and HTTP ports: server certificates, client certificates (mutual
+//! TLS), and certificates renewed in place the way a Kubernetes Secret update does
+//! it, while calls go on.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use common::tls::{client_config, connect, der, served, Ca, Pair, SecretVolume};
+use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use prost::Message;
+
+const POLICY: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000000}\n";
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+fn tls_args<'a>(port: &str, cert: &'a str, key: &'a str) -> Vec<String> {
+    vec![
+        format!("--{port}-tls-cert"),
+        cert.to_string(),
+        format!("--{port}-tls-key"),
+        key.to_string(),
+    ]
+}
+
+fn start(args: &[String]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(POLICY, &args)
+}
+
+/// An HTTP/2 connection over TLS to the gRPC port.
+async fn h2_tls(
+    server: &Server,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<h2::client::SendRequest<Bytes>> {
+    let tls = connect(&server.grpc, config).await?;
+    let (h2, conn) = h2::client::handshake(tls)
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(h2)
+}
+
+/// One ShouldRateLimit call on `h2`: its overall code, or what went wrong.
+async fn should_rate_limit(h2: &mut h2::client::SendRequest<Bytes>) -> Result<i32, String> {
+    let message = request("d", vec![desc(&[("k", "v")])]).encode_to_vec();
+    let mut body = BytesMut::new();
+    body.put_u8(0);
+    body.put_u32(message.len() as u32);
+    body.put_slice(&message);
+    let req = http::Request::post(format!("https://localhost{SHOULD_RATE_LIMIT}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut ready = h2.clone().ready().await.map_err(|e| e.to_string())?;
+    let (resp, mut send) = ready.send_request(req, false).map_err(|e| e.to_string())?;
+    send.send_data(body.freeze(), true)
+        .map_err(|e| e.to_string())?;
+    let mut resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .map_err(|_| "no answer in 10 s".to_string())?
+        .map_err(|e| e.to_string())?
+        .into_body();
+    let mut answer = BytesMut::new();
+    while let Some(d) = resp.data().await {
+        answer.extend_from_slice(&d.map_err(|e| e.to_string())?);
+    }
+    let trailers = resp.trailers().await.map_err(|e| e.to_string())?;
+    let status = trailers.as_ref().and_then(|t| t.get("grpc-status"));
+    if status.is_none_or(|s| s != "0") || answer.len() < 5 {
+        return Err(format!("gRPC status {status:?}"));
+    }
+    RateLimitResponse::decode(&answer[5..])
+        .map(|r| r.overall_code)
+        .map_err(|e| e.to_string())
+}
+
+/// A fresh TLS connection and one call on it.
+async fn call_once(server: &Server, config: Arc<rustls::ClientConfig>) -> Result<i32, String> {
+    let mut h2 = h2_tls(server, config).await.map_err(|e| e.to_string())?;
+    should_rate_limit(&mut h2).await
+}
+
+fn metric(server: &Server, line_start: &str) -> Option<u64> {
+    let (_, m) = http(&server.http, "GET", "/metrics", "");
+    m.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn the_grpc_port_serves_tls_and_refuses_plain_text() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let server = start(&tls_args(
+        "grpc",
+        pair.cert.to_str().unwrap(),
+        pair.key.to_str().unwrap(),
+    ));
+    let config = client_config(&ca.cert(), None, b"h2");
+    assert_eq!(call_once(&server, config.clone()).await, Ok(OK));
+    // The served certificate is the one configured, offered with ALPN h2.
+    let tls = connect(&server.grpc, config).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    assert_eq!(
+        tls.get_ref().1.peer_certificates().unwrap()[0].to_vec(),
+        der(&pair.cert)
+    );
+    // HTTP/2 in plain text is not understood.
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let plain = tokio::time::timeout(Duration::from_secs(10), async {
+        let (mut h2, conn) = h2::client::handshake(tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        should_rate_limit(&mut h2).await
+    })
+    .await
+    .expect("refused in time");
+    assert!(plain.is_err(), "{plain:?}");
+}
+
+#[tokio::test]
+async fn tls_1_2_is_served_too() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let server = start(&tls_args(
+        "grpc",
+        pair.cert.to_str().unwrap(),
+        pair.key.to_str().unwrap(),
+    ));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der(&ca.cert()).into()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let config = Arc::new(config);
+    let tls = connect(&server.grpc, config.clone()).await.unwrap();
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(call_once(&server, config).await, Ok(OK));
+}
+
+#[tokio::test]
+async fn mutual_tls_requires_a_certificate_the_client_ca_signed() {
+    let ca = Ca::new("test-ca");
+    let clients = Ca::new("client-ca");
+    let other = Ca::new("other-ca");
+    let pair = ca.server();
+    let mut args = tls_args(
+        "grpc",
+        pair.cert.to_str().unwrap(),
+        pair.key.to_str().unwrap(),
+    );
+    args.extend([
+        "--grpc-tls-client-ca".into(),
+        clients.cert().to_str().unwrap().into(),
+    ]);
+    let server = start(&args);
+    let envoy = clients.client("envoy");
+    let with = |p: Option<&Pair>| client_config(&ca.cert(), p, b"h2");
+    assert_eq!(call_once(&server, with(Some(&envoy))).await, Ok(OK));
+    let none = call_once(&server, with(None)).await;
+    assert!(none.is_err(), "no client certificate: {none:?}");
+    let stranger = other.client("stranger");
+    let wrong = call_once(&server, with(Some(&stranger))).await;
+    assert!(wrong.is_err(), "a certificate of another CA: {wrong:?}");
+}
+
+/// The certificate is renewed in place (the `..data` swap of a Secret volume) while
+/// connections old and new make calls: none fails, connections open before the
+/// swap go on, and new ones get the new certificate. Then files that do not load
+/// leave it serving, logged and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_reaches_new_connections_while_calls_go_on() {
+    let ca = Ca::new("test-ca");
+    let first = ca.server();
+    let second = ca.server();
+    let volume = SecretVolume::new(&first, Some(&ca.cert()));
+    let server = start(&tls_args(
+        "grpc",
+        volume.path("tls.crt").to_str().unwrap(),
+        volume.path("tls.key").to_str().unwrap(),
+    ));
+    let config = client_config(&ca.cert(), None, b"h2");
+    assert_eq!(
+        served(&server.grpc, config.clone()).await.unwrap(),
+        der(&first.cert)
+    );
+    let mut open = h2_tls(&server, config.clone()).await.unwrap();
+    assert_eq!(should_rate_limit(&mut open).await, Ok(OK));
+
+    // Load: calls on the open connection and on new connections, until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut load = Vec::new();
+    for fresh in [false, true] {
+        let (stop, done, failures, config) =
+            (stop.clone(), done.clone(), failures.clone(), config.clone());
+        let mut h2 = open.clone();
+        let grpc = server.grpc.clone();
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let result = if fresh {
+                    match connect(&grpc, config.clone()).await {
+                        Ok(tls) => match h2::client::handshake(tls).await {
+                            Ok((mut h2, conn)) => {
+                                tokio::spawn(async move {
+                                    let _ = conn.await;
+                                });
+                                should_rate_limit(&mut h2).await
+                            }
+                            Err(e) => Err(e.to_string()),
+                        },
+                        Err(e) => Err(e.to_string()),
+                    }
+                } else {
+                    should_rate_limit(&mut h2).await
+                };
+                match result {
+                    Ok(_) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.lock().unwrap().push(e),
+                }
+            }
+        }));
+    }
+    eventually(Duration::from_secs(10), "calls under way", || {
+        let n = done.load(Ordering::Relaxed);
+        async move { n >= 20 }
+    })
+    .await;
+    volume.update(&second, Some(&ca.cert()));
+    let config2 = config.clone();
+    let grpc = server.grpc.clone();
+    let want = der(&second.cert);
+    eventually(
+        Duration::from_secs(10),
+        "new connections get the new certificate",
+        || {
+            let (config, grpc, want) = (config2.clone(), grpc.clone(), want.clone());
+            async move { served(&grpc, config).await.is_ok_and(|c| c == want) }
+        },
+    )
+    .await;
+    let after = done.load(Ordering::Relaxed);
+    eventually(
+        Duration::from_secs(10),
+        "calls go on after the swap",
+        || {
+            let n = done.load(Ordering::Relaxed);
+            async move { n >= after + 20 }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    assert_eq!(
+        *failures.lock().unwrap(),
+        Vec::<String>::new(),
+        "no call failed"
+    );
+    // The connection opened before the swap still works.
+    assert_eq!(should_rate_limit(&mut open).await, Ok(OK));
+    assert_eq!(
+        metric(
+            &server,
+            r#"sluice_tls_reloads_total{port="grpc",result="ok"}"#
+        ),
+        Some(1)
+    );
+
+    // A key that is not the certificate's, then a certificate file that is not PEM:
+    // each refused, and the second certificate serves on.
+    let third = ca.server();
+    volume.update(
+        &Pair {
+            cert: third.cert.clone(),
+            key: first.key.clone(),
+        },
+        Some(&ca.cert()),
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the mismatched pair counted",
+        || async {
+            metric(
+                &server,
+                r#"sluice_tls_reloads_total{port="grpc",result="error"}"#,
+            ) == Some(1)
+        },
+    )
+    .await;
+    let garbage = ca.dir.path().join("garbage.crt");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    volume.update(
+        &Pair {
+            cert: garbage,
+            key: third.key.clone(),
+        },
+        Some(&ca.cert()),
+    );
+    eventually(Duration::from_secs(10), "the garbage counted", || async {
+        metric(
+            &server,
+            r#"sluice_tls_reloads_total{port="grpc",result="error"}"#,
+        ) == Some(2)
+    })
+    .await;
+    assert_eq!(
+        served(&server.grpc, config.clone()).await.unwrap(),
+        der(&second.cert)
+    );
+    assert_eq!(call_once(&server, config).await, Ok(OK));
+    let logged: Vec<String> = server.drain_lines();
+    assert!(
+        logged
+            .iter()
+            .filter(|l| l.contains("TLS files refused"))
+            .count()
+            >= 2,
+        "{logged:#?}"
+    );
+}
+
+#[test]
+fn bad_tls_files_stop_start_up_with_the_file_named() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let other = ca.server();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap();
+    let missing = dir.path().join("missing.crt");
+    for (args, want) in [
+        (
+            tls_args(
+                "grpc",
+                missing.to_str().unwrap(),
+                pair.key.to_str().unwrap(),
+            ),
+            "missing.crt".to_string(),
+        ),
+        (
+            tls_args(
+                "http",
+                pair.cert.to_str().unwrap(),
+                other.key.to_str().unwrap(),
+            ),
+            "--http-tls".to_string(),
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .arg("--config")
+            .arg(dir.path().join("policy.yaml"))
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: started");
+        assert!(stderr.contains(&want), "{args:?}: {stderr}");
+    }
+}
+
+/// `/metrics` behind TLS, with client certificates required.
+#[tokio::test]
+async fn the_http_port_serves_https_with_client_certificates() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let mut args = tls_args(
+        "http",
+        pair.cert.to_str().unwrap(),
+        pair.key.to_str().unwrap(),
+    );
+    args.extend([
+        "--http-tls-client-ca".into(),
+        ca.cert().to_str().unwrap().into(),
+    ]);
+    let server = start(&args);
+    let scraper = ca.client("prometheus");
+    let get = |identity: Option<Pair>| {
+        let config = client_config(&ca.cert(), identity.as_ref(), b"http/1.1");
+        let addr = server.http.clone();
+        async move {
+            let mut tls = connect(&addr, config).await.map_err(|e| e.to_string())?;
+            tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            tls.read_to_end(&mut out).await.map_err(|e| e.to_string())?;
+            Ok::<String, String>(String::from_utf8_lossy(&out).into_owned())
+        }
+    };
+    let page = get(Some(scraper)).await.unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("sluice_tls_reloads_total{port=\"http\",result=\"ok\"} 0"),
+        "{page}"
+    );
+    let refused = get(None).await;
+    assert!(
+        refused.as_ref().map_or(true, |p| p.is_empty()),
+        "{refused:?}"
+    );
+    // Plain HTTP is not served.
+    let plain = std::panic::catch_unwind(|| http(&server.http, "GET", "/healthz", ""));
+    assert!(plain.map_or(true, |(status, _)| status != 200));
+}
