@@ -22,6 +22,10 @@
 //! new key takes the place of an idle or expired one; in `flood_live` the clock
 //! stands still, so every counter held is in use and no new key finds room.
 //!
+//! `deadline` is what a call's `grpc-timeout` adds (Envoy always sends one): the
+//! header read among Envoy's usual ones and the store wait worked out from the time
+//! left.
+//!
 //! Run: `cargo bench --bench request`
 
 use std::sync::Arc;
@@ -38,7 +42,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use futures::FutureExt;
 use prost::Message;
 use sluice::clock::{Clock, ManualClock, SystemClock};
-use sluice::grpc_server::frame;
+use sluice::grpc_server::{frame, Deadline};
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
 use sluice::limiter::{Limiter, Settings};
@@ -243,5 +247,37 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// The headers Envoy's rate limit filter sends with each call.
+fn envoy_headers() -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in [
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("grpc-timeout", "20m"),
+        ("x-envoy-internal", "true"),
+        ("x-forwarded-for", "10.0.0.1"),
+        ("x-envoy-expected-rq-timeout-ms", "20"),
+        ("user-agent", "envoy/1.40.0"),
+    ] {
+        h.insert(k, v.parse().unwrap());
+    }
+    h
+}
+
+fn deadline(c: &mut Criterion) {
+    let mut group = c.benchmark_group("deadline");
+    settings(&mut group);
+    let headers = envoy_headers();
+    group.bench_function("grpc-timeout", |b| {
+        b.iter(|| {
+            let t = Deadline::timeout(std::hint::black_box(&headers))
+                .expect("valid")
+                .expect("present");
+            std::hint::black_box(sluice::service::store_wait(t))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, deadline);
 criterion_main!(benches);

@@ -45,20 +45,26 @@ pub(super) async fn call<H: Handler>(
         let e = GrpcError::unimplemented(parts.uri.path());
         return refuse(&mut respond, StatusCode::OK, &e);
     };
-    let deadline = match Deadline::from_headers(&parts.headers) {
-        Ok(d) => d,
+    let timeout = match Deadline::timeout(&parts.headers) {
+        Ok(t) => t,
         Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
     };
     let answer = match kind {
         Kind::Unary => {
-            let message = match read_message(body, settings.max_message).await {
+            let read = read_message(body, settings.max_message, timeout.is_some()).await;
+            let (message, waited_since) = match read {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
                 Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
             };
+            let deadline = timeout.map(|t| match waited_since {
+                Some(since) => Deadline::since(t, since),
+                None => Deadline::at_once(t),
+            });
             unless_reset(&mut respond, handler.call(method, message, deadline)).await
         }
         Kind::Streaming => {
+            let deadline = timeout.map(Deadline::after);
             let messages = Messages::new(body, settings.max_message);
             unless_reset(&mut respond, handler.stream(method, messages, deadline)).await
         }

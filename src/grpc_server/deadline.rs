@@ -1,53 +1,80 @@
 //! A call's deadline, from its `grpc-timeout` header.
 //!
 //! Envoy sends its filter `timeout` (20 ms by default) as `grpc-timeout` and gives up
-//! when it passes. The deadline is taken from the moment the call's headers arrive,
-//! so time spent waiting for the body counts against it, as it does for the client.
+//! when it passes. The deadline counts from the moment the call's headers arrive, so
+//! time spent waiting for the body counts against it, as it does for the client.
+//! Envoy's body comes with its headers, and then the call is decided in the same
+//! poll that read them: the whole timeout is left, and no clock is read. Only a
+//! call that has to wait for its body (or streams) takes the time.
 
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use super::status::{Code, GrpcError};
+
+/// A prepared name: looking up a `&str` parses it first, three times the cost.
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// When a call must be answered by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
-    at: quanta::Instant,
     /// The timeout the client gave.
     pub timeout: Duration,
+    /// When the headers arrived, for a call that waited since; `None` for one
+    /// decided in the poll that read its headers.
+    since: Option<quanta::Instant>,
 }
 
 impl Deadline {
-    /// The deadline `timeout` from now.
+    /// A deadline `timeout` from now.
     pub fn after(timeout: Duration) -> Self {
         Deadline {
-            at: quanta::Instant::now() + timeout,
             timeout,
+            since: Some(quanta::Instant::now()),
+        }
+    }
+
+    /// A deadline `timeout` from now, for a call handled in the poll it arrived in.
+    pub(super) fn at_once(timeout: Duration) -> Self {
+        Deadline {
+            timeout,
+            since: None,
+        }
+    }
+
+    /// A deadline `timeout` from `since`, when the headers arrived.
+    pub(super) fn since(timeout: Duration, since: quanta::Instant) -> Self {
+        Deadline {
+            timeout,
+            since: Some(since),
         }
     }
 
     /// The time left before the deadline; zero once it has passed.
     pub fn remaining(&self) -> Duration {
-        self.at.saturating_duration_since(quanta::Instant::now())
+        match self.since {
+            None => self.timeout,
+            Some(t) => self
+                .timeout
+                .saturating_sub(quanta::Instant::now().saturating_duration_since(t)),
+        }
     }
 
-    /// The deadline of a call with these request headers, if it has one.
-    pub(super) fn from_headers(headers: &HeaderMap) -> Result<Option<Deadline>, GrpcError> {
-        let Some(value) = headers.get("grpc-timeout") else {
+    /// The timeout of a call with these request headers, if it has one.
+    pub fn timeout(headers: &HeaderMap) -> Result<Option<Duration>, GrpcError> {
+        let Some(value) = headers.get(GRPC_TIMEOUT) else {
             return Ok(None);
         };
-        parse_timeout(value.as_bytes())
-            .map(|t| Some(Deadline::after(t)))
-            .ok_or_else(|| {
-                GrpcError::new(
-                    Code::Internal,
-                    format!(
-                        "malformed grpc-timeout {:?}",
-                        String::from_utf8_lossy(value.as_bytes())
-                    ),
-                )
-            })
+        parse_timeout(value.as_bytes()).map(Some).ok_or_else(|| {
+            GrpcError::new(
+                Code::Internal,
+                format!(
+                    "malformed grpc-timeout {:?}",
+                    String::from_utf8_lossy(value.as_bytes())
+                ),
+            )
+        })
     }
 }
 
@@ -100,8 +127,8 @@ mod tests {
         }
         let mut h = HeaderMap::new();
         h.insert("grpc-timeout", "soon".parse().unwrap());
-        assert_eq!(Deadline::from_headers(&h).unwrap_err().code, Code::Internal);
-        assert_eq!(Deadline::from_headers(&HeaderMap::new()), Ok(None));
+        assert_eq!(Deadline::timeout(&h).unwrap_err().code, Code::Internal);
+        assert_eq!(Deadline::timeout(&HeaderMap::new()), Ok(None));
     }
 
     #[test]
@@ -109,5 +136,9 @@ mod tests {
         let d = Deadline::after(Duration::from_secs(60));
         assert!(d.remaining() > Duration::from_secs(59));
         assert_eq!(Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
+        assert_eq!(
+            Deadline::at_once(Duration::from_millis(20)).remaining(),
+            Duration::from_millis(20)
+        );
     }
 }

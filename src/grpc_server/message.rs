@@ -5,6 +5,7 @@
 //! first, so a message declared larger than the limit is refused before its bytes
 //! are read; a body that goes on past the limit is refused as soon as it does.
 
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -17,19 +18,33 @@ use super::status::{Code, GrpcError};
 /// Bytes of a message's prefix.
 const PREFIX: usize = 5;
 
-/// Reads a unary call's body and takes its one message out. `Ok(None)`: the stream
-/// broke (reset, connection gone) and there is no one to answer.
+/// Reads a unary call's body and takes its one message out, with the time it
+/// first had to wait for the body (taken only when `timed`; `None` if it never
+/// waited). `Ok(None)`: the stream broke (reset, connection gone) and there is no
+/// one to answer.
 pub(super) async fn read_message(
     mut body: RecvStream,
     max: usize,
-) -> Result<Option<Bytes>, GrpcError> {
+    timed: bool,
+) -> Result<Option<(Bytes, Option<quanta::Instant>)>, GrpcError> {
+    let mut waited: Option<quanta::Instant> = None;
     // Most requests come in one DATA frame, kept as it is; only a body in several
     // frames is copied into one buffer.
     let mut first: Option<Bytes> = None;
     let mut more: Option<BytesMut> = None;
     let mut len = 0usize;
     let mut declared = false;
-    while let Some(chunk) = body.data().await {
+    loop {
+        let next = poll_fn(|cx| {
+            let next = body.poll_data(cx);
+            if next.is_pending() && timed && waited.is_none() {
+                waited = Some(quanta::Instant::now());
+            }
+            next
+        });
+        let Some(chunk) = next.await else {
+            break;
+        };
         let Ok(chunk) = chunk else {
             return Ok(None);
         };
@@ -64,7 +79,7 @@ pub(super) async fn read_message(
         (Some(f), None) => f,
         (None, None) => Bytes::new(),
     };
-    unframe(body, max).map(Some)
+    unframe(body, max).map(|m| Some((m, waited)))
 }
 
 /// The declared length of the message whose prefix `head` is, if it may be read.
