@@ -133,6 +133,22 @@ pub struct Serve {
     /// Longest wait for in-flight calls after SIGTERM.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// How often an HTTP/2 PING checks that a gRPC client is still there; 0s: never.
+    #[arg(long, env = "SLUICE_GRPC_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub grpc_keepalive_interval: Duration,
+    /// How long a keepalive PING may go unanswered before the connection is closed.
+    #[arg(long, env = "SLUICE_GRPC_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
+    pub grpc_keepalive_timeout: Duration,
+    /// A gRPC connection with no call for this long is closed with GOAWAY; 0s: never.
+    #[arg(long, env = "SLUICE_GRPC_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
+    pub grpc_idle_timeout: Duration,
+    /// Longest TLS and HTTP/2 handshake of a new connection, on either port.
+    #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
+    pub handshake_timeout: Duration,
+    /// Most gRPC connections open at once; more are closed as soon as accepted. 0:
+    /// three quarters of the process's open-file limit.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
+    pub grpc_max_connections: usize,
     /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or
     /// MiB); larger is refused (RESOURCE_EXHAUSTED, HTTP 413) before it is all read.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value = "64KiB", value_parser = parse_bytes)]
@@ -205,6 +221,14 @@ fn parse_header_style(s: &str) -> Result<HeaderStyle, String> {
         "draft03" => Ok(HeaderStyle::Draft03),
         "ietf" => Ok(HeaderStyle::Ietf),
         _ => Err(format!("expected off, draft03 or ietf, got {s:?}")),
+    }
+}
+
+/// A duration longer than zero.
+fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("{s:?} must be longer than zero")),
+        d => Ok(d),
     }
 }
 
@@ -297,6 +321,20 @@ mod tests {
         assert_eq!(s.max_request_bytes, 64 * 1024);
         assert_eq!(s.grpc_tls(), None);
         assert_eq!(s.http_tls(), None);
+        assert_eq!(s.grpc_keepalive_interval, Duration::from_secs(30));
+        assert_eq!(s.grpc_keepalive_timeout, Duration::from_secs(10));
+        assert_eq!(s.grpc_idle_timeout, Duration::from_secs(3600));
+        assert_eq!(s.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(s.grpc_max_connections, 0);
+        let zero = [
+            "sluice",
+            "serve",
+            "--config",
+            "a.yaml",
+            "--grpc-keepalive-timeout",
+            "0s",
+        ];
+        assert!(Cli::try_parse_from(zero).is_err());
     }
 
     #[test]

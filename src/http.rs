@@ -28,6 +28,8 @@ pub struct Admin<S> {
     pub ready: Arc<AtomicBool>,
     /// Largest `POST /json` body read (`--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// The gRPC port's connection counts, for `/metrics`.
+    pub connections: Arc<crate::grpc_server::Stats>,
 }
 
 /// The router for `--http-addr`.
@@ -65,6 +67,11 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .service
         .metrics
         .set_store_state(store.name(), store.active_keys(), &store.evictions());
+    let connections = &admin.connections;
+    admin.service.metrics.set_connections(
+        connections.open.load(std::sync::atomic::Ordering::Relaxed),
+        &connections.closed(),
+    );
     // Scrapes also drop expired penalty records (the map is bounded regardless).
     let penalties = admin.service.limiter.penalties();
     penalties.sweep();

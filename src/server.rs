@@ -158,19 +158,31 @@ where
 
     let ready = Arc::new(AtomicBool::new(false));
     let (serving, serving_rx) = watch::channel(true);
+    let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
+    let max_connections = match cfg.grpc_max_connections {
+        0 => open_file_limit().map_or(usize::MAX, |n| (n / 4 * 3).max(1)),
+        n => n,
+    };
     let mut grpc = grpc_server::Server::new(Grpc::new(service.clone(), serving_rx)).settings(
         grpc_server::Settings {
             max_message: cfg.max_request_bytes,
+            keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
+            keepalive_timeout: cfg.grpc_keepalive_timeout,
+            idle_timeout: nonzero(cfg.grpc_idle_timeout),
+            handshake_timeout: cfg.handshake_timeout,
+            max_connections,
         },
     );
     if let Some(t) = grpc_tls.clone() {
         grpc = grpc.tls(move || t.acceptor());
     }
+    let connections = grpc.stats();
     let grpc_task = tokio::spawn(grpc.serve(grpc_listener, stopped()));
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
         max_request_bytes: cfg.max_request_bytes,
+        connections,
     });
     let app = router(admin);
     let http_stop = stopped();
@@ -182,7 +194,7 @@ where
                 .await
         }),
         Some(t) => {
-            let listener = TlsListener::new(http_listener, t, HANDSHAKE_TIMEOUT);
+            let listener = TlsListener::new(http_listener, t, cfg.handshake_timeout);
             tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(http_stop)
@@ -197,6 +209,7 @@ where
         http = %http_addr,
         grpc_tls = grpc_tls.is_some(),
         http_tls = https,
+        max_connections,
         "sluice listening"
     );
 
@@ -225,8 +238,13 @@ where
     Ok(())
 }
 
-/// Longest TLS handshake on the HTTP port.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The soft limit on open files (`ulimit -n`), from /proc/self/limits; `None` when
+/// unlimited or unknown.
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
 
 /// A port's TLS, loaded from `files` when it has any.
 fn tls(

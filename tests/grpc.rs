@@ -421,8 +421,7 @@ async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
     if !common::redis::available() {
         return;
     }
-    let redis =
-        common::redis::RedisServer::start_with(&["--enable-debug-command", "local"]).await;
+    let redis = common::redis::RedisServer::start_with(&["--enable-debug-command", "local"]).await;
     let policy = format!(
         "{POLICY}---\ndomain: strict\nfailure_mode: closed\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 5}}\n"
     );

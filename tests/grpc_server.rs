@@ -162,7 +162,11 @@ async fn a_client_streaming_call_answers_once_the_requests_end() {
 
 #[tokio::test]
 async fn a_streamed_message_over_the_limit_is_refused_before_it_is_sent() {
-    let server = start(Settings { max_message: 16 }).await;
+    let server = start(Settings {
+        max_message: 16,
+        ..Settings::default()
+    })
+    .await;
     let mut h2 = client(server.addr).await;
     let (resp, mut send) = h2
         .send_request(post(server.addr, "/test.Test/Echo"), false)

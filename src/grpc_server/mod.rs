@@ -15,8 +15,9 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -85,21 +86,70 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// How the server treats requests.
+/// How the server treats connections and requests.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Largest request message buffered (`--max-request-bytes`); a larger one is
     /// refused with RESOURCE_EXHAUSTED as soon as its prefix declares it, or its
     /// bytes go past it.
     pub max_message: usize,
+    /// How often an HTTP/2 PING checks that the client is still there; `None`: never.
+    pub keepalive_interval: Option<Duration>,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// A connection without a call for this long is closed with GOAWAY; `None`:
+    /// never.
+    pub idle_timeout: Option<Duration>,
+    /// Longest TLS and HTTP/2 handshake of a new connection.
+    pub handshake_timeout: Duration,
+    /// Most connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
 }
 
 impl Default for Settings {
+    /// Envoy keeps one connection per worker open for as long as it runs and
+    /// answers PINGs, so none of these closes it.
     fn default() -> Self {
-        // A RateLimitRequest from Envoy is well under 1 KiB.
         Settings {
+            // A RateLimitRequest from Envoy is well under 1 KiB.
             max_message: 64 * 1024,
+            keepalive_interval: Some(Duration::from_secs(30)),
+            keepalive_timeout: Duration::from_secs(10),
+            idle_timeout: Some(Duration::from_secs(3600)),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: usize::MAX,
         }
+    }
+}
+
+/// Counts of the server's connections, read by the metrics at scrape time.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// Closed as soon as accepted: `max_connections` were open.
+    pub refused: AtomicU64,
+    /// TLS or HTTP/2 handshakes that failed.
+    pub handshake_failed: AtomicU64,
+    /// Handshakes that did not finish within the handshake timeout.
+    pub handshake_timeout: AtomicU64,
+    /// Closed because a keepalive PING went unanswered.
+    pub keepalive_timeout: AtomicU64,
+    /// Closed with GOAWAY after the idle timeout.
+    pub idle: AtomicU64,
+}
+
+impl Stats {
+    /// The connections closed by the server so far, by reason.
+    pub fn closed(&self) -> [(&'static str, u64); 5] {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("refused", n(&self.refused)),
+            ("handshake_failed", n(&self.handshake_failed)),
+            ("handshake_timeout", n(&self.handshake_timeout)),
+            ("keepalive_timeout", n(&self.keepalive_timeout)),
+            ("idle", n(&self.idle)),
+        ]
     }
 }
 
@@ -107,6 +157,7 @@ impl Default for Settings {
 struct Shared<H> {
     handler: H,
     settings: Settings,
+    stats: Arc<Stats>,
 }
 
 /// A gRPC server: a handler, its settings, and TLS when configured.
@@ -114,6 +165,7 @@ pub struct Server<H> {
     handler: H,
     settings: Settings,
     tls: Option<Arc<Acceptors>>,
+    stats: Arc<Stats>,
 }
 
 /// Gives each new connection the TLS settings of the moment (certificates change).
@@ -126,6 +178,7 @@ impl<H: Handler> Server<H> {
             handler,
             settings: Settings::default(),
             tls: None,
+            stats: Arc::default(),
         }
     }
 
@@ -141,23 +194,43 @@ impl<H: Handler> Server<H> {
         self
     }
 
+    /// The server's connection counts.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
     /// Serves every connection `listener` accepts until `stop` resolves; then stops
     /// accepting, sends GOAWAY on every connection and returns once the calls in
     /// flight have been answered and the connections closed (streaming calls end at
     /// the stop).
     pub async fn serve(self, listener: TcpListener, stop: impl Future<Output = ()>) {
+        let max = self.settings.max_connections;
         let shared = Arc::new(Shared {
             handler: self.handler,
             settings: self.settings,
+            stats: self.stats,
         });
+        let stats = &shared.stats;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
         let mut stop = pin!(stop);
+        let mut warned: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = &mut stop => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((io, _)) => {
+                    Ok((io, peer)) => {
+                        if conns.len() >= max {
+                            // Closed at once: the client sees the connection reset and
+                            // tries another replica, and this one keeps its
+                            // descriptors for the connections it has.
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                            if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
+                                warned = Some(Instant::now());
+                                tracing::warn!(%peer, max, "gRPC connection refused: --grpc-max-connections are open");
+                            }
+                            continue;
+                        }
                         // Small gRPC frames must not wait on Nagle's algorithm (Envoy's
                         // filter timeout is 20 ms by default; a delayed ACK alone can
                         // cost 40 ms).
@@ -174,10 +247,13 @@ impl<H: Handler> Server<H> {
                 // Reap finished connections so the set does not grow.
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
+            stats.open.store(conns.len(), Ordering::Relaxed);
         }
         drop(listener);
         let _ = stop_tx.send(true);
-        while conns.join_next().await.is_some() {}
+        while conns.join_next().await.is_some() {
+            stats.open.store(conns.len(), Ordering::Relaxed);
+        }
     }
 }
 

@@ -147,6 +147,8 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
     tls_reloads: IntCounterVec,
+    grpc_connections: IntGauge,
+    grpc_closed: IntCounterVec,
     active_keys: IntGaugeVec,
     evictions: IntCounterVec,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
@@ -235,6 +237,16 @@ impl Metrics {
             "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
             &["port", "result"],
         );
+        let grpc_connections = IntGauge::new(
+            "sluice_grpc_connections",
+            "Connections open on the gRPC port.",
+        )
+        .expect("static metric definition");
+        let grpc_closed = counter_vec(
+            "sluice_grpc_connections_closed_total",
+            "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
+            &["reason"],
+        );
         let active_keys = IntGaugeVec::new(
             Opts::new(
                 "sluice_active_keys",
@@ -290,6 +302,8 @@ impl Metrics {
             Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
             Box::new(tls_reloads.clone()),
+            Box::new(grpc_connections.clone()),
+            Box::new(grpc_closed.clone()),
             Box::new(active_keys.clone()),
             Box::new(evictions.clone()),
             Box::new(cache_answers.clone()),
@@ -318,6 +332,8 @@ impl Metrics {
             store_errors,
             policy_reloads,
             tls_reloads,
+            grpc_connections,
+            grpc_closed,
             active_keys,
             evictions,
             cache_answers,
@@ -481,6 +497,16 @@ impl Metrics {
         self.policy_reloads
             .with_label_values(&[source, if ok { "ok" } else { "error" }])
             .inc();
+    }
+
+    /// The gRPC port's connections, set at scrape time: those open now, and those
+    /// closed since start, by reason.
+    pub fn set_connections(&self, open: usize, closed: &[(&str, u64)]) {
+        self.grpc_connections.set(open as i64);
+        for (reason, count) in closed {
+            let counter = self.grpc_closed.with_label_values(&[reason]);
+            counter.inc_by(count.saturating_sub(counter.get()));
+        }
     }
 
     /// Exports a TLS port's reload counters at 0 before its first reload.

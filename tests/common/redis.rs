@@ -304,16 +304,21 @@ impl RedisServer {
     /// Redis that still holds every connection open.
     pub async fn sleep(&self, secs: u32) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(self.addr()).await.expect("connect");
+        let mut s = tokio::net::TcpStream::connect(self.addr())
+            .await
+            .expect("connect");
         s.write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes())
             .await
             .expect("DEBUG SLEEP");
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            let mut ping = tokio::net::TcpStream::connect(self.addr()).await.expect("connect");
+            let mut ping = tokio::net::TcpStream::connect(self.addr())
+                .await
+                .expect("connect");
             ping.write_all(b"PING\r\n").await.expect("PING");
             let mut buf = [0u8; 16];
-            let answer = tokio::time::timeout(Duration::from_millis(200), ping.read(&mut buf)).await;
+            let answer =
+                tokio::time::timeout(Duration::from_millis(200), ping.read(&mut buf)).await;
             if answer.is_err() {
                 // Closing the connection does not wake the sleeping server.
                 return;

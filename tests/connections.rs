@@ -1,0 +1,175 @@
+//! The gRPC port's connection limits: idle connections closed with GOAWAY, clients
+//! that stop answering PINGs dropped, handshakes bounded in time, and connections
+//! beyond `--grpc-max-connections` refused, each counted; and connections that
+//! behave (as Envoy's do) kept.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const POLICY: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+
+fn closed(server: &Server, reason: &str) -> u64 {
+    let (_, m) = http(&server.http, "GET", "/metrics", "");
+    let prefix = format!("sluice_grpc_connections_closed_total{{reason=\"{reason}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{m}"))
+}
+
+fn open_connections(server: &Server) -> u64 {
+    let (_, m) = http(&server.http, "GET", "/metrics", "");
+    m.lines()
+        .find_map(|l| l.strip_prefix("sluice_grpc_connections "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sluice_grpc_connections in\n{m}"))
+}
+
+/// Reads until the server closes the connection; how long that took.
+async fn until_closed(tcp: &mut tokio::net::TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at((started + limit).into(), tcp.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the connection is still open after {limit:?}"),
+        }
+    }
+}
+
+/// The client's side of an HTTP/2 handshake, and nothing after it: no SETTINGS
+/// acknowledgement, no PING answered.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_with_goaway_and_a_busy_one_is_kept() {
+    let server = Server::start(POLICY, &["--grpc-idle-timeout", "1s"]);
+    // An idle client: one call, then nothing.
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = server.client().await;
+    // A client that keeps calling, on a connection of its own.
+    let busy = tokio::spawn(async move {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(3) {
+            call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        client
+    });
+    let req = http::Request::post(format!(
+        "http://{}/grpc.health.v1.Health/Check",
+        server.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .body(())
+    .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    resp.await.unwrap();
+    let started = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(ended.is_ok(), "closed cleanly with GOAWAY: {ended:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "not before the idle timeout: {took:?}"
+    );
+    // The busy connection went on through all of it.
+    let mut client = busy.await.unwrap();
+    call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(closed(&server, "idle"), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_answering_pings_is_dropped() {
+    let server = Server::start(
+        POLICY,
+        &[
+            "--grpc-keepalive-interval",
+            "200ms",
+            "--grpc-keepalive-timeout",
+            "300ms",
+        ],
+    );
+    // h2's client answers PINGs, as Envoy does: kept past many intervals.
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let alive = tokio::spawn(conn);
+    let mut silent = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    silent.write_all(PREFACE).await.unwrap();
+    let took = until_closed(&mut silent, Duration::from_secs(5)).await;
+    assert!(
+        took >= Duration::from_millis(400),
+        "closed after an unanswered PING: {took:?}"
+    );
+    assert!(!alive.is_finished(), "a client that answers is kept");
+    let req = http::Request::post(format!(
+        "http://{}/grpc.health.v1.Health/Check",
+        server.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .body(())
+    .unwrap();
+    let mut h2 = h2.ready().await.unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    assert_eq!(resp.await.unwrap().status(), 200);
+    assert_eq!(closed(&server, "keepalive_timeout"), 1);
+}
+
+#[tokio::test]
+async fn a_handshake_that_does_not_finish_in_time_is_closed() {
+    let ca = common::tls::Ca::new("test-ca");
+    let pair = ca.server();
+    for tls in [false, true] {
+        let mut args = vec!["--handshake-timeout", "300ms"];
+        let (cert, key) = (pair.cert.to_str().unwrap(), pair.key.to_str().unwrap());
+        if tls {
+            args.extend(["--grpc-tls-cert", cert, "--grpc-tls-key", key]);
+        }
+        let server = Server::start(POLICY, &args);
+        // Connected, and silent.
+        let mut tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+        let took = until_closed(&mut tcp, Duration::from_secs(5)).await;
+        assert!(took >= Duration::from_millis(250), "tls {tls}: {took:?}");
+        assert_eq!(closed(&server, "handshake_timeout"), 1, "tls {tls}");
+    }
+}
+
+#[tokio::test]
+async fn connections_beyond_the_maximum_are_refused() {
+    let server = Server::start(POLICY, &["--grpc-max-connections", "2"]);
+    let a = server.client().await;
+    let mut b = server.client().await;
+    call(&mut b, request("d", vec![desc(&[("k", "v")])])).await;
+    eventually(Duration::from_secs(5), "two connections open", || async {
+        open_connections(&server) == 2
+    })
+    .await;
+    let mut third = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    third.write_all(PREFACE).await.unwrap();
+    until_closed(&mut third, Duration::from_secs(5)).await;
+    assert_eq!(closed(&server, "refused"), 1);
+    // Once one goes, a new one is served.
+    drop(a);
+    eventually(Duration::from_secs(5), "one connection closed", || async {
+        open_connections(&server) == 1
+    })
+    .await;
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+}
