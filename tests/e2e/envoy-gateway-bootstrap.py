@@ -4,14 +4,15 @@
 JSON patches of EnvoyPatchPolicy files to it, and writes it for tests/e2e/envoy.sh.
 
     envoy-gateway-bootstrap.py OUT.yaml LISTEN ADMIN SLUICE_GRPC UPSTREAM \
-        [--btp BACKENDTRAFFICPOLICY.yaml] [--patch ENVOYPATCHPOLICY.yaml]...
+        [--btp BACKENDTRAFFICPOLICY.yaml] [--patch ENVOYPATCHPOLICY.yaml]... [--certs DIR]
 
 --btp adds what Envoy Gateway generates for a BackendTrafficPolicy's global rate limit
 (its rate limit filter with domain NAMESPACE/GATEWAY/LISTENER, the mTLS cluster
 `ratelimit_cluster`, and per-route rate_limits in its descriptor scheme), following
 Envoy Gateway's xds translator. Cluster endpoints whose host names Sluice
 (`sluice...svc...`) are then pointed at 127.0.0.1:SLUICE_GRPC; any other
-cluster host is left alone, so a patch that did not apply makes Envoy fail.
+cluster host is left alone, so a patch that did not apply makes Envoy fail. --certs
+reads the files Envoy Gateway mounts at /certs (ca.crt, tls.crt, tls.key) from DIR.
 """
 import argparse
 import copy
@@ -30,6 +31,7 @@ ap.add_argument("grpc", type=int)
 ap.add_argument("upstream", type=int)
 ap.add_argument("--btp")
 ap.add_argument("--patch", action="append", default=[])
+ap.add_argument("--certs", default="/certs")
 a = ap.parse_args()
 
 
@@ -108,9 +110,9 @@ if a.btp:
         "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
             "common_tls_context": {
-                "tls_certificates": [{"certificate_chain": {"filename": "/certs/tls.crt"},
-                                      "private_key": {"filename": "/certs/tls.key"}}],
-                "validation_context": {"trusted_ca": {"filename": "/certs/ca.crt"}}}}},
+                "tls_certificates": [{"certificate_chain": {"filename": f"{a.certs}/tls.crt"},
+                                      "private_key": {"filename": f"{a.certs}/tls.key"}}],
+                "validation_context": {"trusted_ca": {"filename": f"{a.certs}/ca.crt"}}}}},
     })
 
 

@@ -76,10 +76,10 @@ fi
 [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
 
 # Free loopback ports, chosen by the kernel.
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN < <(python3 - <<'PY'
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN P_TLS_GRPC P_TLS_HTTP < <(python3 - <<'PY'
 import socket
 socks = []
-for _ in range(14):
+for _ in range(16):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
@@ -345,9 +345,41 @@ if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-a.yaml" "$P_EGA" "$P_EGA_
 else
     bad "Envoy Gateway option A: could not build or start the patched Envoy"; cat "$W/eg-a.err"
 fi
-if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_ADMIN" "$P_GRPC" "$P_UP" \
+# Option B keeps ratelimit_cluster's mutual TLS: certificates shaped as Envoy Gateway
+# makes them (one CA; RSA 2048 with PKCS#1 keys, CN *, SAN *.envoy-gateway-system, no
+# extended key usage). Sluice serves the ratelimit deployment's pair and requires a
+# client certificate of the same CA; Envoy presents its own and trusts the CA.
+eg_certs() {
+    local d=$W/eg-certs n
+    mkdir -p "$d/sluice" "$d/envoy"
+    openssl genrsa -traditional -out "$d/ca.key" 2048 &&
+        openssl req -x509 -new -key "$d/ca.key" -subj /CN=envoy-gateway -days 2 -out "$d/ca.crt" || return 1
+    for n in sluice envoy; do
+        openssl genrsa -traditional -out "$d/$n/tls.key" 2048 &&
+            openssl req -new -key "$d/$n/tls.key" -subj '/CN=*' -out "$d/$n.csr" &&
+            printf 'subjectAltName=DNS:*.envoy-gateway-system\nkeyUsage=digitalSignature,keyEncipherment,dataEncipherment,nonRepudiation\n' >"$d/$n.ext" &&
+            openssl x509 -req -in "$d/$n.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+                -days 2 -extfile "$d/$n.ext" -out "$d/$n/tls.crt" || return 1
+        cp "$d/ca.crt" "$d/$n/ca.crt"
+    done
+}
+TLS_PID=""
+if ! eg_certs >"$W/eg-certs.log" 2>&1; then
+    bad "Envoy Gateway option B: could not make its certificates"; tail -n 5 "$W/eg-certs.log"
+else
+    C=$W/eg-certs/sluice
+    "$SLUICE" serve --config "$W/policies" --grpc-addr "127.0.0.1:$P_TLS_GRPC" --http-addr "127.0.0.1:$P_TLS_HTTP" \
+        --grpc-tls-cert "$C/tls.crt" --grpc-tls-key "$C/tls.key" --grpc-tls-client-ca "$C/ca.crt" \
+        >"$W/sluice-tls.log" 2>&1 &
+    TLS_PID=$!
+    pids+=("$TLS_PID")
+    wait_for "sluice (mTLS) /readyz" 20 curl -fsS "http://127.0.0.1:$P_TLS_HTTP/readyz" ||
+        { bad "sluice with --grpc-tls-* did not become ready"; tail -n 5 "$W/sluice-tls.log"; TLS_PID=""; }
+fi
+if [ -n "$TLS_PID" ] && python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_ADMIN" "$P_TLS_GRPC" "$P_UP" \
         --btp deploy/envoy-gateway/backendtrafficpolicy.yaml \
-        --patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-cluster.yaml 2>"$W/eg-b.err" &&
+        --patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-cluster.yaml \
+        --certs "$W/eg-certs/envoy" 2>"$W/eg-b.err" &&
         start_envoy eg-b "$W/eg-b.yaml" "$P_EGB_ADMIN"; then
     code=$(req egb0 -A 'curl/8' "http://127.0.0.1:$P_EGB/")
     codes=""
@@ -357,9 +389,16 @@ if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_
         [ "$c" = 429 ] && { n429=$((n429 + 1)); last=egb$i; }
     done
     if [ "$code" = 200 ] && [ "$n429" -ge 1 ] && over_limit_headers "$last"; then
-        ok "Envoy Gateway option B (BackendTrafficPolicy descriptors, ratelimit_cluster patched to sluice, sluice-policy.yaml): bot rule gives $codes"
+        ok "Envoy Gateway option B (BackendTrafficPolicy descriptors, ratelimit_cluster patched to sluice over mutual TLS, sluice-policy.yaml): bot rule gives $codes"
     else
         bad "Envoy Gateway option B: want 200 for a browser and a 429 among 6 bot requests, got $code / '$codes'"
+    fi
+    handshakes=$(curl -fsS "http://127.0.0.1:$P_EGB_ADMIN/stats?filter=^cluster.ratelimit_cluster.ssl.handshake$" | awk '{print $2}')
+    decided=$(curl -fsS "http://127.0.0.1:$P_TLS_HTTP/metrics" | awk '/^sluice_requests_total/ { s += $NF } END { print s + 0 }')
+    if [ "${handshakes:-0}" -ge 1 ] 2>/dev/null && [ "$decided" -ge 7 ]; then
+        ok "Envoy Gateway option B: Envoy's ratelimit_cluster made $handshakes TLS handshake(s) with its client certificate; the mTLS sluice decided $decided descriptors"
+    else
+        bad "Envoy Gateway option B: want TLS handshakes on ratelimit_cluster and decisions by the mTLS sluice, got handshakes '${handshakes}', decided '$decided'"
     fi
 else
     bad "Envoy Gateway option B: could not build or start the patched Envoy"; cat "$W/eg-b.err"
