@@ -7,13 +7,13 @@
 1. Every document parses as YAML and has apiVersion, kind and metadata.name.
 2. Built-in kinds are validated against the Kubernetes OpenAPI schemas bundled with
    the `kubernetes-validate` package, strictly (unknown fields are errors).
-3. Prometheus Operator kinds (no bundled schema) get a structural check; other
-   custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
+3. Prometheus Operator and cert-manager kinds (no bundled schema) get a structural
+   check; other custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
    server test) are listed as not checked here.
 4. Cross-object checks: a Service selects the pods of a Deployment and its
    targetPorts name container ports; probes name container ports; the pod's
-   ServiceAccount, ConfigMaps and (Cluster)Role bindings exist in the render or are
-   declared external; the sluice container's --config paths are mounted.
+   ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
+   (a Secret also as a Certificate's secretName) or are declared external; the sluice container's --config paths are mounted.
 5. --extract-policies writes every policy file of ConfigMaps named *-policies to DIR
    (for `sluice validate`); --extract-envoy writes a ConfigMap's envoy.yaml to FILE
    (for `envoy --mode validate`).
@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - reported below
     kv = None
 
 PROM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CERT_KINDS = {"Certificate"}
 errors = []
 
 
@@ -71,6 +72,24 @@ def check_prom(src, d):
                     err(src, d, f"unknown rule fields {sorted(extra)}")
 
 
+def check_certificate(src, d):
+    spec = d.get("spec")
+    if not isinstance(spec, dict):
+        return err(src, d, "spec missing")
+    if not spec.get("secretName"):
+        err(src, d, "spec.secretName missing")
+    if not (spec.get("issuerRef") or {}).get("name"):
+        err(src, d, "spec.issuerRef.name missing")
+    names = spec.get("dnsNames")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        err(src, d, f"spec.dnsNames must list names: {names!r}")
+    extra = set(spec) - {"secretName", "issuerRef", "dnsNames", "duration", "renewBefore",
+                         "privateKey", "usages", "commonName", "ipAddresses", "uris",
+                         "secretTemplate", "subject", "isCA", "keystores"}
+    if extra:
+        err(src, d, f"unknown spec fields {sorted(extra)}")
+
+
 def pod_spec(d):
     if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
         return ((d.get("spec") or {}).get("template") or {}).get("spec") or {}, (
@@ -81,7 +100,7 @@ def pod_spec(d):
     return None, None
 
 
-def cross_checks(src, docs, external_configmaps):
+def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
@@ -99,6 +118,10 @@ def cross_checks(src, docs, external_configmaps):
             cm = (v.get("configMap") or {}).get("name")
             if cm and cm not in by_kind.get("ConfigMap", {}) and cm not in external_configmaps:
                 err(src, w, f"volume {v['name']} uses ConfigMap {cm}, which is neither rendered nor declared external")
+            secret = (v.get("secret") or {}).get("secretName")
+            made = {((c.get("spec") or {}).get("secretName")) for c in by_kind.get("Certificate", {}).values()}
+            if secret and secret not in by_kind.get("Secret", {}) and secret not in made and secret not in external_secrets:
+                err(src, w, f"volume {v['name']} uses Secret {secret}, which is neither rendered, a Certificate's, nor declared external")
         for c in spec.get("containers") or []:
             ports = {p.get("name") for p in c.get("ports") or [] if p.get("name")}
             for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -147,6 +170,7 @@ def main():
     ap.add_argument("--extract-policies")
     ap.add_argument("--extract-envoy")
     ap.add_argument("--external-configmap", action="append", default=[])
+    ap.add_argument("--external-secret", action="append", default=[])
     ap.add_argument("--allow-kind", action="append", default=[], help="custom kinds that are expected (not checked here)")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
@@ -172,6 +196,10 @@ def main():
                 check_prom(src, d)
                 counts[kind + " (structural)"] = counts.get(kind + " (structural)", 0) + 1
                 continue
+            if kind in CERT_KINDS:
+                check_certificate(src, d)
+                counts[kind + " (structural)"] = counts.get(kind + " (structural)", 0) + 1
+                continue
             try:
                 kv.validate(d, a.k8s_version, strict=True)
                 counts[kind] = counts.get(kind, 0) + 1
@@ -183,7 +211,7 @@ def main():
             except kv.ValidationError as e:
                 path = ".".join(str(p) for p in getattr(e, "path", []) or [])
                 err(src, d, f"{path}: {getattr(e, 'message', e)}")
-        cross_checks(src, good, set(a.external_configmap))
+        cross_checks(src, good, set(a.external_configmap), set(a.external_secret))
         for d in good:
             if d["kind"] != "ConfigMap":
                 continue

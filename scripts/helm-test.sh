@@ -99,7 +99,7 @@ render_and_check() { # NAME VALUES...
     check "rendered objects valid against Kubernetes $K8S_VERSION schemas + cross-checks ($name)" \
         python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" \
         --extract-policies "$work/policies-$name" --extract-envoy "$work/envoy-$name.yaml" \
-        --external-configmap edge-policies "$out"
+        --external-configmap edge-policies --external-secret envoy-rate-limit "$out"
     if [ -d "$work/policies-$name" ]; then
         check "inline policies load with sluice validate ($name)" "$SLUICE" validate "$work/policies-$name"
     fi
@@ -174,6 +174,42 @@ set -e
 [ \"\$(deny --set failureMode=closed --set sidecar.envoy.failureModeDeny=false)\" = 'failure_mode_deny: false' ]
 [ \"\$(deny --set sidecar.envoy.failureModeDeny=true)\" = 'failure_mode_deny: true' ]"
 
+check "tls.grpc from Envoy Gateway's Secret: cert, key and client CA flags on the mounted Secret" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-mtls.yaml | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]
+for f in (\"cert=/etc/sluice/tls/grpc/tls.crt\", \"key=/etc/sluice/tls/grpc/tls.key\", \"client-ca=/etc/sluice/tls/grpc/ca.crt\"):
+    assert \"--grpc-tls-\" + f in c[\"args\"], c[\"args\"]
+assert not any(a.startswith(\"--http-tls\") for a in c[\"args\"])
+assert {\"name\": \"sluice-tls-grpc\", \"mountPath\": \"/etc/sluice/tls/grpc\", \"readOnly\": True} in c[\"volumeMounts\"]
+assert {\"name\": \"sluice-tls-grpc\", \"secret\": {\"secretName\": \"envoy-rate-limit\"}} in p[\"volumes\"]
+assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}
+assert not [x for x in ds if x[\"kind\"] == \"Certificate\"]
+'"
+check "tls with cert-manager: a Certificate per port, HTTPS probes, ServiceMonitor over HTTPS" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/tls-cert-manager.yaml --namespace sluice --api-versions monitoring.coreos.com/v1 | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+certs = {x[\"metadata\"][\"name\"]: x[\"spec\"] for x in ds if x[\"kind\"] == \"Certificate\"}
+assert set(certs) == {\"r-sluice-grpc\", \"r-sluice-http\"}, certs.keys()
+assert certs[\"r-sluice-grpc\"][\"secretName\"] == \"r-sluice-grpc-tls\"
+assert \"r-sluice.sluice.svc\" in certs[\"r-sluice-grpc\"][\"dnsNames\"], certs[\"r-sluice-grpc\"][\"dnsNames\"]
+assert certs[\"r-sluice-http\"][\"issuerRef\"][\"name\"] == \"sluice-ca\"
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]
+assert \"--grpc-tls-client-ca=/etc/sluice/tls/grpc/ca.crt\" in c[\"args\"]
+assert \"--http-tls-cert=/etc/sluice/tls/http/tls.crt\" in c[\"args\"]
+assert not any(a.startswith(\"--http-tls-client-ca\") for a in c[\"args\"])
+vols = {v[\"name\"]: v for v in p[\"volumes\"]}
+assert vols[\"sluice-tls-http\"][\"secret\"][\"secretName\"] == \"r-sluice-http-tls\"
+for probe in (\"livenessProbe\", \"readinessProbe\"):
+    assert c[probe][\"httpGet\"][\"scheme\"] == \"HTTPS\", c[probe]
+sm = [x for x in ds if x[\"kind\"] == \"ServiceMonitor\"][0][\"spec\"][\"endpoints\"][0]
+assert sm[\"scheme\"] == \"https\" and sm[\"tlsConfig\"][\"ca\"][\"secret\"] == {\"name\": \"r-sluice-http-tls\", \"key\": \"ca.crt\"}
+'"
+
 # --- the helper template from a parent chart ----------------------------------------
 parent="$work/parent"
 mkdir -p "$parent/templates" "$parent/charts"
@@ -236,6 +272,17 @@ refuse "template refuses redis.urls together with redis.bundled" \
     t --set 'redis.urls[0]=redis://a:6379' --set redis.bundled.enabled=true
 refuse "template refuses no policy source (kube off, no policies)" t --set kube.enabled=false
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
+refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
+refuse "template refuses tls.grpc with both existingSecret and certManager" \
+    t --set tls.grpc.enabled=true --set tls.grpc.existingSecret=s --set tls.grpc.certManager.enabled=true \
+    --set tls.grpc.certManager.issuerRef.name=ca
+refuse "template refuses a cert-manager Certificate without an issuer" \
+    t --set tls.http.enabled=true --set tls.http.certManager.enabled=true
+refuse "template refuses tls.http.clientCA with httpGet probes (the kubelet has no client certificate)" \
+    t --set tls.http.enabled=true --set tls.http.existingSecret=s --set tls.http.clientCA=true
+refuse "template refuses tls.grpc in sidecar mode (Envoy calls over loopback)" \
+    t -f "$CHART/examples/sidecar.yaml" --set tls.grpc.enabled=true --set tls.grpc.existingSecret=s
+refuse "schema refuses an unknown tls field" t --set tls.grpc.secret=s
 
 # --- plain manifests --------------------------------------------------------------
 if [ -d deploy/kubernetes ]; then

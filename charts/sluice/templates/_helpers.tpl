@@ -104,6 +104,42 @@ redis://{{ include "sluice.fullnameFor" . }}-redis:6379
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
 {{- end }}
+{{- range $port := list "grpc" "http" }}
+{{- $t := index $.Values.tls $port }}
+{{- if $t.enabled }}
+{{- if eq (empty $t.existingSecret) (not $t.certManager.enabled) }}
+{{- fail (printf "sluice: tls.%s.enabled needs exactly one of tls.%s.existingSecret and tls.%s.certManager.enabled" $port $port $port) }}
+{{- end }}
+{{- if and $t.certManager.enabled (not $t.certManager.issuerRef.name) }}
+{{- fail (printf "sluice: tls.%s.certManager.issuerRef.name names the cert-manager issuer that signs the certificate" $port) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.tls.grpc.enabled (ne .Values.mode "deployment") }}
+{{- fail "sluice: tls.grpc is for mode: deployment; in the other modes Envoy calls Sluice over loopback in plain text" }}
+{{- end }}
+{{- if and .Values.tls.http.enabled .Values.tls.http.clientCA (or .Values.livenessProbe.httpGet .Values.readinessProbe.httpGet) }}
+{{- fail "sluice: with tls.http.clientCA the kubelet's httpGet probes cannot pass (it presents no client certificate): give livenessProbe and readinessProbe without httpGet (for example grpc: {port: 8081})" }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret of a port's TLS files, from (dict "root" . "values" V "port" "grpc"|"http"). */}}
+{{- define "sluice.tlsSecret" -}}
+{{- $t := index .values.tls .port -}}
+{{- if $t.existingSecret -}}
+{{- $t.existingSecret -}}
+{{- else -}}
+{{- include "sluice.fullnameFor" . }}-{{ .port }}-tls
+{{- end -}}
+{{- end }}
+
+{{/* A probe of the values, over HTTPS when the HTTP port serves TLS (same arguments and "probe"). */}}
+{{- define "sluice.probe" -}}
+{{- $p := deepCopy .probe -}}
+{{- if and .values.tls.http.enabled $p.httpGet -}}
+{{- $_ := set $p.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- toYaml $p -}}
 {{- end }}
 
 {{/*
@@ -143,6 +179,16 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --max-keys={{ int64 $v.maxKeys }}
 - --reload-interval={{ $v.reloadInterval }}
 - --shutdown-grace={{ $v.shutdownGraceSeconds }}s
+{{- range $port := list "grpc" "http" }}
+{{- $t := index $v.tls $port }}
+{{- if $t.enabled }}
+- --{{ $port }}-tls-cert=/etc/sluice/tls/{{ $port }}/tls.crt
+- --{{ $port }}-tls-key=/etc/sluice/tls/{{ $port }}/tls.key
+{{- if $t.clientCA }}
+- --{{ $port }}-tls-client-ca=/etc/sluice/tls/{{ $port }}/ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if $v.hashKeys }}
 {{- if not $v.hashSecret.existingSecret }}
 {{- fail "hashKeys needs hashSecret.existingSecret: a Secret holding the hash key, the same for every replica" }}
@@ -206,9 +252,9 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
       containerPort: {{ $v.ports.http }}
       protocol: TCP
   livenessProbe:
-    {{- toYaml $v.livenessProbe | nindent 4 }}
+    {{- include "sluice.probe" (merge (dict "probe" $v.livenessProbe) .) | nindent 4 }}
   readinessProbe:
-    {{- toYaml $v.readinessProbe | nindent 4 }}
+    {{- include "sluice.probe" (merge (dict "probe" $v.readinessProbe) .) | nindent 4 }}
   {{- if gt (int $v.preStopSleepSeconds) 0 }}
   lifecycle:
     preStop:
@@ -219,7 +265,7 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $v.policies $v.existingPolicyConfigMaps }}
+  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled }}
   volumeMounts:
     {{- if $v.policies }}
     - name: sluice-policies
@@ -230,6 +276,13 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     - name: sluice-extra-{{ . }}
       mountPath: /etc/sluice/extra/{{ . }}
       readOnly: true
+    {{- end }}
+    {{- range $port := list "grpc" "http" }}
+    {{- if (index $v.tls $port).enabled }}
+    - name: sluice-tls-{{ $port }}
+      mountPath: /etc/sluice/tls/{{ $port }}
+      readOnly: true
+    {{- end }}
     {{- end }}
   {{- end }}
 {{- end }}
@@ -246,6 +299,13 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
 - name: sluice-extra-{{ . }}
   configMap:
     name: {{ . }}
+{{- end }}
+{{- range $port := list "grpc" "http" }}
+{{- if (index $v.tls $port).enabled }}
+- name: sluice-tls-{{ $port }}
+  secret:
+    secretName: {{ include "sluice.tlsSecret" (merge (dict "port" $port) $) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
