@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::algorithm::Algorithm;
 use crate::policy::FailureMode;
 use crate::service::HeaderStyle;
 use crate::tls::TlsFiles;
@@ -101,6 +102,10 @@ pub struct Serve {
     /// What to answer when the counter store cannot be reached.
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
+    /// The algorithm of rate limits that name none: fixed_window,
+    /// sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket.
+    #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", default_value = "sliding_window_counter", value_parser = parse_algorithm)]
+    pub default_algorithm: Algorithm,
     /// Which rate-limit headers to ask Envoy to add.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "draft03", value_parser = parse_header_style)]
     pub response_headers: HeaderStyle,
@@ -215,6 +220,14 @@ fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
     }
 }
 
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::parse(s).ok_or_else(|| {
+        format!(
+            "expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket, got {s:?}"
+        )
+    })
+}
+
 fn parse_header_style(s: &str) -> Result<HeaderStyle, String> {
     match s {
         "off" => Ok(HeaderStyle::Off),
@@ -326,6 +339,7 @@ mod tests {
         assert_eq!(s.grpc_idle_timeout, Duration::from_secs(3600));
         assert_eq!(s.handshake_timeout, Duration::from_secs(10));
         assert_eq!(s.grpc_max_connections, 0);
+        assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
         let zero = [
             "sluice",
             "serve",
@@ -367,5 +381,18 @@ mod tests {
             })
         );
         assert_eq!(s.http_tls(), None);
+    }
+
+    #[test]
+    fn default_algorithm_is_checked() {
+        let parse = |v: &str| {
+            Cli::try_parse_from(["sluice", "serve", "--config", "a", "--default-algorithm", v])
+        };
+        let Command::Serve(s) = parse("fixed_window").unwrap().command else {
+            panic!("not serve")
+        };
+        assert_eq!(s.default_algorithm, Algorithm::FixedWindow);
+        let err = parse("gcra").unwrap_err().to_string();
+        assert!(err.contains("expected fixed_window"), "{err}");
     }
 }

@@ -128,7 +128,7 @@ fn reject_fixtures_name_file_line_and_problem() {
         (
             "burst_with_window_algorithm.yaml",
             Some(7),
-            "'burst' only applies to token_bucket and leaky_bucket, not sliding_window_counter",
+            "'burst' only applies to token_bucket and leaky_bucket: name one with 'algorithm'",
         ),
         (
             "unit_and_window.yaml",

@@ -754,3 +754,30 @@ fn a_json_body_over_max_request_bytes_is_refused_before_it_is_all_read() {
         assert_eq!(&answer, b"HTTP/1.1 413", "{headers}");
     }
 }
+
+#[tokio::test]
+async fn default_algorithm_applies_to_limits_that_name_none() {
+    let policy = "domain: d\ndescriptors:\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: named\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy).unwrap();
+    let server = Server::start_env(
+        dir,
+        &[path],
+        &[],
+        &[("SLUICE_DEFAULT_ALGORITHM", "fixed_window")],
+    );
+    let (status, body) = http(&server.http, "GET", "/debug/policies", "");
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let algorithm = |path: &str| {
+        json["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"] == path)
+            .map(|r| r["algorithm"].clone())
+    };
+    assert_eq!(algorithm("plain"), Some("fixed_window".into()));
+    assert_eq!(algorithm("named"), Some("sliding_window_log".into()));
+}

@@ -9,7 +9,7 @@ use crate::algorithm::Limit;
 use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
 use super::model::{Descriptor, Document};
-use super::{Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
+use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
 
 /// Where something was defined, for messages naming both places of a conflict.
 #[derive(Debug, Clone)]
@@ -41,14 +41,22 @@ struct DomainBuild {
 /// What the recursive insertion writes to besides the tree.
 struct Out<'a> {
     doc: &'a Document,
+    defaults: &'a Defaults,
     defined: &'a mut HashMap<Path, Origin>,
     rules: &'a mut Vec<Rule>,
     errors: &'a mut Vec<PolicyError>,
 }
 
-/// Compiles documents into one policy, in order: rule ids follow the documents and
-/// their descriptors. Fails with every conflict found.
+/// Compiles documents into one policy with the built-in defaults; see
+/// [`compile_with`].
 pub fn compile(docs: Vec<Document>) -> Result<Policy, Vec<PolicyError>> {
+    compile_with(docs, &Defaults::default())
+}
+
+/// Compiles documents into one policy, in order: rule ids follow the documents and
+/// their descriptors. `defaults` fill what a document leaves out; whether documents
+/// compile never depends on them. Fails with every conflict found.
+pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, Vec<PolicyError>> {
     let mut domains: HashMap<String, DomainBuild> = HashMap::new();
     let mut rules = Vec::new();
     let mut errors = Vec::new();
@@ -65,6 +73,7 @@ pub fn compile(docs: Vec<Document>) -> Result<Policy, Vec<PolicyError>> {
         settings(build, doc, &mut errors);
         let mut out = Out {
             doc,
+            defaults,
             defined: &mut build.defined,
             rules: &mut rules,
             errors: &mut errors,
@@ -219,7 +228,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         };
         let requests = u64::from(rl.requests_per_unit);
         Some(Limit {
-            algorithm: rl.algorithm,
+            algorithm: rl.algorithm.unwrap_or(out.defaults.algorithm),
             requests,
             window,
             burst: rl.burst.unwrap_or(requests),
@@ -307,6 +316,48 @@ mod tests {
             p.rules[1].limit.unwrap().window,
             61 * 60 * crate::algorithm::SECOND
         );
+    }
+
+    #[test]
+    fn default_algorithm_fills_only_limits_that_name_none() {
+        use crate::algorithm::Algorithm;
+        let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_window_log}\n";
+        let algorithms = |defaults: &Defaults| -> Vec<Algorithm> {
+            compile_with(docs(text), defaults)
+                .unwrap()
+                .rules
+                .iter()
+                .map(|r| r.limit.unwrap().algorithm)
+                .collect()
+        };
+        assert_eq!(
+            algorithms(&Defaults::default()),
+            [Algorithm::SlidingWindowCounter, Algorithm::SlidingWindowLog]
+        );
+        let fixed = Defaults {
+            algorithm: Algorithm::FixedWindow,
+        };
+        assert_eq!(
+            algorithms(&fixed),
+            [Algorithm::FixedWindow, Algorithm::SlidingWindowLog]
+        );
+        // A token bucket by default: its burst is requests_per_unit.
+        let bucket = Defaults {
+            algorithm: Algorithm::TokenBucket,
+        };
+        let p = compile_with(docs(text), &bucket).unwrap();
+        assert_eq!(p.rules[0].limit.unwrap().algorithm, Algorithm::TokenBucket);
+        assert_eq!(p.rules[0].limit.unwrap().burst, 1);
+    }
+
+    #[test]
+    fn burst_needs_a_named_algorithm_whatever_the_default() {
+        let e = super::super::parse_str(
+            "c.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}\n",
+        )
+        .unwrap_err();
+        assert!(e[0].message.contains("name one with 'algorithm'"), "{e:?}");
     }
 
     #[test]

@@ -250,16 +250,23 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
             );
         }
     }
-    let algorithm = algorithm.unwrap_or_default();
-    if let Some(b) = burst_field {
-        if !matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) && !unlimited {
-            ctx.error(
+    // `burst` needs its algorithm named, so whether a document is valid never
+    // depends on the server's `--default-algorithm`.
+    if let (Some(b), false) = (burst_field, unlimited) {
+        match algorithm {
+            Some(Algorithm::TokenBucket | Algorithm::LeakyBucket) => {}
+            Some(other) => ctx.error(
                 b.key_line,
                 format!(
                     "'burst' only applies to token_bucket and leaky_bucket, not {}",
-                    algorithm.as_str()
+                    other.as_str()
                 ),
-            );
+            ),
+            None if algorithm_field.is_none() => ctx.error(
+                b.key_line,
+                "'burst' only applies to token_bucket and leaky_bucket: name one with 'algorithm'",
+            ),
+            None => {}
         }
     }
     if ctx.errors.len() > errors_before {

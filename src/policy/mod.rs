@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::algorithm::{Limit, Micros};
+use crate::algorithm::{Algorithm, Limit, Micros};
 
 pub mod answer;
 mod compile;
@@ -34,7 +34,7 @@ mod node;
 mod parse;
 mod yaml;
 
-pub use compile::compile;
+pub use compile::{compile, compile_with};
 pub use load::{load_paths, read_paths};
 pub use model::{Descriptor, Document, DocumentKind, RateLimit};
 pub use parse::{parse_resource_spec, parse_str, API_VERSION, KIND};
@@ -80,6 +80,13 @@ impl Layer {
             Layer::Tenant => "tenant",
         }
     }
+}
+
+/// What a compiled policy assumes where a document says nothing (server flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Defaults {
+    /// The algorithm of rate limits that name none (`--default-algorithm`).
+    pub algorithm: Algorithm,
 }
 
 /// What to answer when the counter store cannot be reached.

@@ -95,7 +95,9 @@ pub struct RateLimit {
     pub window: Option<Micros>,
     /// 0 for an unlimited limit that does not give it.
     pub requests_per_unit: u32,
-    pub algorithm: Algorithm,
+    /// `None` when the document names none: the compiled policy's default applies
+    /// ([`Defaults`](super::Defaults), `--default-algorithm`).
+    pub algorithm: Option<Algorithm>,
     /// Only for token_bucket and leaky_bucket.
     pub burst: Option<u64>,
     pub replaces: Vec<String>,

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use crate::policy::{compile, Document, Policy, PolicyError};
+use crate::policy::{compile, compile_with, Defaults, Document, Policy, PolicyError};
 use crate::telemetry::Metrics;
 
 /// A `RateLimitPolicy` object as the hub needs it.
@@ -201,6 +201,7 @@ fn invalid_message(errors: &[PolicyError]) -> String {
 pub struct Hub {
     policy: Arc<ArcSwap<Policy>>,
     shared: HashSet<String>,
+    defaults: Defaults,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
     outcomes: watch::Sender<Arc<Outcomes>>,
@@ -214,10 +215,11 @@ struct State {
 
 impl Hub {
     /// An empty hub (no documents, an empty policy).
-    pub fn new(shared_domains: &[String], metrics: Arc<Metrics>) -> Arc<Hub> {
+    pub fn new(shared_domains: &[String], defaults: Defaults, metrics: Arc<Metrics>) -> Arc<Hub> {
         Arc::new(Hub {
             policy: Arc::new(ArcSwap::from_pointee(Policy::default())),
             shared: shared_domains.iter().cloned().collect(),
+            defaults,
             metrics,
             state: Mutex::new(State::default()),
             outcomes: watch::channel(Arc::new(Outcomes::new())).0,
@@ -250,7 +252,7 @@ impl Hub {
 
     fn rebuild(&self, state: &State, source: &str) {
         let (docs, outcomes) = resolve(&state.files, &state.policies, &self.shared);
-        match compile(docs) {
+        match compile_with(docs, &self.defaults) {
             Ok(policy) => {
                 tracing::debug!(
                     source,
@@ -393,7 +395,7 @@ mod tests {
 
     #[test]
     fn hub_swaps_and_publishes() {
-        let hub = Hub::new(&[], Arc::new(Metrics::new()));
+        let hub = Hub::new(&[], Defaults::default(), Arc::new(Metrics::new()));
         let rx = hub.outcomes();
         hub.set_files(file("domain: f\ndescriptors:\n  - key: k\n"));
         hub.set_policies(vec![cand(

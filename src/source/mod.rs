@@ -31,7 +31,10 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let hub = hub::Hub::new(&cfg.shared_domains, metrics.clone());
+    let defaults = crate::policy::Defaults {
+        algorithm: cfg.default_algorithm,
+    };
+    let hub = hub::Hub::new(&cfg.shared_domains, defaults, metrics.clone());
     if !cfg.config.is_empty() {
         let files = file::FileSource::load(
             cfg.config.clone(),
