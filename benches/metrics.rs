@@ -67,10 +67,7 @@ impl Path {
         } else {
             [("remote_address", self.ips[i % self.ips.len()].as_str())]
         };
-        let descriptors = [Descriptor {
-            entries: &entries[..],
-            hits: 1,
-        }];
+        let descriptors = [Descriptor::new(&entries[..], 1)];
         let outcome = rt.block_on(self.limiter.decide("bench", &descriptors));
         self.metrics.record("bench", &outcome, started.elapsed());
         outcome.over_limit

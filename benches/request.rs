@@ -35,7 +35,8 @@ use arc_swap::ArcSwap;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+    RateLimitDescriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -94,6 +95,14 @@ fn requests(scenario: &str) -> Vec<Vec<u8>> {
         match scenario {
             "hot" => vec![descriptor("client", "c0".into())],
             "uniform" => vec![descriptor("client", format!("c{i}"))],
+            // Envoy Gateway's per-tenant limits: a `limit` override on every request.
+            "overridden" => vec![RateLimitDescriptor {
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 1_000_000_000,
+                    unit: 1,
+                }),
+                ..descriptor("client", format!("c{i}"))
+            }],
             _ => vec![
                 descriptor(
                     "remote_address",
@@ -152,7 +161,7 @@ fn bench(c: &mut Criterion) {
     settings(&mut group);
     // `layered-hashed`: the layered requests under `--hash-keys`, every value hashed
     // with the keyed hash.
-    for scenario in ["hot", "uniform", "layered", "layered-hashed"] {
+    for scenario in ["hot", "uniform", "overridden", "layered", "layered-hashed"] {
         let settings = match scenario {
             "layered-hashed" => Settings {
                 hashing: Hashing {

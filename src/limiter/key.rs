@@ -7,7 +7,7 @@
 //! keys are neither stored nor shown raw, nor recoverable without the secret.
 
 use crate::hash::ValueHash;
-use crate::policy::{Entry, Rule};
+use crate::policy::{Entry, Rule, Unit};
 
 /// Longest value kept verbatim in a key.
 pub const MAX_RAW_VALUE: usize = 64;
@@ -51,6 +51,30 @@ pub fn counter_key<E: Entry>(
     }
 }
 
+/// Writes the counter key of a descriptor's `limit` override into `out`: the domain
+/// and every entry as [`counter_key`] writes them, then `|=` and the unit, as
+/// envoyproxy/ratelimit keys an override by domain, entries and unit. No configured
+/// rule's key holds `|=` (entry keys are never empty), so the two never share a
+/// counter.
+pub fn override_key<E: Entry>(
+    domain: &str,
+    entries: &[E],
+    unit: Unit,
+    hashing: &Hashing,
+    out: &mut String,
+) {
+    out.clear();
+    out.push_str(domain);
+    for entry in entries {
+        out.push('|');
+        out.push_str(entry.key());
+        out.push('=');
+        push_value(out, entry.value(), hashing);
+    }
+    out.push_str("|=");
+    out.push_str(unit.as_str());
+}
+
 /// The key the top-offenders view and penalty bans show for a matched descriptor:
 /// its values joined by `|` (the pattern at `share_threshold` levels), each written
 /// by [`push_value`], so `--hash-keys` shows hashes and long values are hashed.
@@ -80,7 +104,7 @@ pub fn push_value(out: &mut String, value: &str, hashing: &Hashing) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Layer, Unit};
+    use crate::policy::Layer;
 
     const SECRET: &[u8] = b"a test secret of many bytes";
 
@@ -115,6 +139,29 @@ mod tests {
             shared,
             rendered: Default::default(),
         }
+    }
+
+    #[test]
+    fn override_keys_name_the_unit_apart_from_rule_keys() {
+        let entries = [("route", "r"), ("tenant", "t1")];
+        let mut k = String::new();
+        override_key("edge", &entries, Unit::Minute, &long_only(), &mut k);
+        assert_eq!(k, "edge|route=r|tenant=t1|=minute");
+        let mut rule_key = String::new();
+        counter_key(
+            "edge",
+            &rule(vec![None, None]),
+            &entries,
+            &long_only(),
+            &mut rule_key,
+        );
+        assert!(k.starts_with(&rule_key) && k != rule_key);
+        let mut hashed = String::new();
+        override_key("edge", &entries, Unit::Minute, &every_value(), &mut hashed);
+        assert!(
+            !hashed.contains("t1") && hashed.ends_with("|=minute"),
+            "{hashed}"
+        );
     }
 
     #[test]

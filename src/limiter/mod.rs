@@ -10,12 +10,15 @@ use arc_swap::{ArcSwap, Guard};
 
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::{Clock, SystemClock};
-use crate::policy::{Entry, FailureMode, Policy};
+use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
 use crate::store::{Fallback, Hit, Mode, Store, StoreError};
 
 pub mod key;
+pub mod overrides;
 pub mod penalty;
 
+pub use overrides::Override;
+use overrides::OverrideRules;
 use penalty::Penalties;
 
 /// Settings of the decision path, from the command line.
@@ -45,13 +48,30 @@ pub struct Descriptor<'a, E> {
     pub entries: &'a [E],
     /// Hits to add; 0 checks without counting.
     pub hits: u64,
+    /// The request's own limit for this descriptor, in place of the matched one.
+    pub limit: Option<Override>,
+}
+
+impl<'a, E> Descriptor<'a, E> {
+    /// A descriptor without a `limit` override.
+    pub fn new(entries: &'a [E], hits: u64) -> Self {
+        Descriptor {
+            entries,
+            hits,
+            limit: None,
+        }
+    }
 }
 
 /// What happened to one descriptor.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Status {
-    /// The matched rule (after `replaces`), if any.
+    /// The matched rule (after `replaces`), if any. With an override it is still
+    /// the rule matched, under whose name the decision is counted in metrics.
     pub rule: Option<usize>,
+    /// The descriptor's `limit` override, an index into [`Outcome::overrides`]: it
+    /// decided in place of `rule` ([`Outcome::rule`]).
+    pub limit_override: Option<usize>,
     /// Whether this descriptor reports OVER_LIMIT.
     pub over_limit: bool,
     /// The store's verdict, for limited rules that were decided.
@@ -99,9 +119,16 @@ pub struct Outcome {
     ///
     /// [`Verdicts::now`]: crate::store::Verdicts::now
     pub now: Option<Micros>,
+    /// The rules of the request's `limit` overrides ([`Status::limit_override`]).
+    pub overrides: Vec<Arc<Rule>>,
 }
 
 impl Outcome {
+    /// The rule that decided `status`: its override's, else the matched rule.
+    pub fn rule(&self, status: &Status) -> Option<&Rule> {
+        effective(&self.policy, &self.overrides, status)
+    }
+
     /// The top-offenders key of the denied descriptor at `status`.
     pub fn offender(&self, status: usize) -> Option<&str> {
         self.offenders
@@ -118,6 +145,7 @@ pub struct Limiter<S> {
     store: S,
     settings: Settings,
     penalties: Penalties,
+    overrides: OverrideRules,
 }
 
 impl<S: Store> Limiter<S> {
@@ -127,6 +155,7 @@ impl<S: Store> Limiter<S> {
             store,
             settings,
             penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
+            overrides: OverrideRules::default(),
         }
     }
 
@@ -178,6 +207,7 @@ impl<S: Store> Limiter<S> {
         let mut statuses = vec![
             Status {
                 rule: None,
+                limit_override: None,
                 over_limit: false,
                 verdict: None,
                 ban: Ban::None,
@@ -194,23 +224,34 @@ impl<S: Store> Limiter<S> {
                 failure: None,
                 offenders: Vec::new(),
                 now: None,
+                overrides: Vec::new(),
             };
         };
 
         for (status, d) in statuses.iter_mut().zip(descriptors) {
             status.rule = dom.find(d.entries);
         }
+        let mut overrides = Vec::new();
+        for (status, d) in statuses.iter_mut().zip(descriptors) {
+            let Some(limit) = d.limit else { continue };
+            let layer = status
+                .rule
+                .map_or(Layer::default(), |r| policy.rule(r).layer);
+            let algorithm = policy.defaults.algorithm;
+            if let Some(rule) = self.overrides.rule(d.entries, layer, limit, algorithm) {
+                status.limit_override = Some(overrides.len());
+                overrides.push(rule);
+            }
+        }
         drop_replaced(policy, &mut statuses);
 
         // Limited rules become hits, edge first, then service, then tenant.
         let mut order: Vec<usize> = (0..descriptors.len())
             .filter(|&i| {
-                statuses[i]
-                    .rule
-                    .is_some_and(|r| policy.rule(r).limit.is_some())
+                effective(policy, &overrides, &statuses[i]).is_some_and(|r| r.limit.is_some())
             })
             .collect();
-        order.sort_by_key(|&i| statuses[i].rule.map(|r| policy.rule(r).layer));
+        order.sort_by_key(|&i| effective(policy, &overrides, &statuses[i]).map(|r| r.layer));
         let mut hits = Vec::with_capacity(order.len());
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
@@ -219,19 +260,28 @@ impl<S: Store> Limiter<S> {
             FailureMode::Closed => Fallback::Deny,
         };
         for &i in &order {
-            let Some(rule_id) = statuses[i].rule else {
+            let Some(rule) = effective(policy, &overrides, &statuses[i]) else {
                 continue;
             };
-            let rule = policy.rule(rule_id);
             let Some(limit) = rule.limit else { continue };
             let mut key = String::with_capacity(64);
-            key::counter_key(
-                domain,
-                rule,
-                descriptors[i].entries,
-                &self.settings.hashing,
-                &mut key,
-            );
+            if statuses[i].limit_override.is_some() {
+                key::override_key(
+                    domain,
+                    descriptors[i].entries,
+                    rule.unit,
+                    &self.settings.hashing,
+                    &mut key,
+                );
+            } else {
+                key::counter_key(
+                    domain,
+                    rule,
+                    descriptors[i].entries,
+                    &self.settings.hashing,
+                    &mut key,
+                );
+            }
             let placement = if places_keys {
                 placement(dom.shard_by.as_deref(), descriptors[i].entries, &key)
             } else {
@@ -263,6 +313,7 @@ impl<S: Store> Limiter<S> {
             failure: None,
             offenders: Vec::new(),
             now: None,
+            overrides,
         };
         if hits.is_empty() {
             return outcome;
@@ -328,9 +379,10 @@ impl<S: Store> Limiter<S> {
         hits: &[Hit],
     ) {
         let policy = outcome.policy.clone();
+        let overrides = std::mem::take(&mut outcome.overrides);
         for (&i, hit) in order.iter().zip(hits) {
             let status = &mut outcome.statuses[i];
-            let Some(rule) = status.rule.map(|r| policy.rule(r)) else {
+            let Some(rule) = effective(&policy, &overrides, status) else {
                 continue;
             };
             if !status.over_limit {
@@ -348,6 +400,7 @@ impl<S: Store> Limiter<S> {
             }
             outcome.offenders.push((i, shown));
         }
+        outcome.overrides = overrides;
     }
 
     async fn ask_store(
@@ -372,23 +425,37 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+/// The rule that decides `status`: its override's, else the matched rule.
+fn effective<'p>(
+    policy: &'p Policy,
+    overrides: &'p [Arc<Rule>],
+    status: &Status,
+) -> Option<&'p Rule> {
+    match status.limit_override {
+        Some(i) => Some(&overrides[i]),
+        None => status.rule.map(|r| policy.rule(r)),
+    }
+}
+
 /// envoyproxy/ratelimit's `replaces`: a matched limit whose name another matched
-/// limit replaces does not apply to this request.
+/// limit replaces does not apply to this request. An override, unnamed and with no
+/// `replaces` of its own there, neither replaces nor is replaced.
 fn drop_replaced(policy: &Policy, statuses: &mut [Status]) {
+    let configured = |s: &Status| s.rule.filter(|_| s.limit_override.is_none());
     let any_replaces = statuses
         .iter()
-        .filter_map(|s| s.rule)
+        .filter_map(configured)
         .any(|r| !policy.rule(r).replaces.is_empty());
     if !any_replaces {
         return;
     }
     let replaced: Vec<&str> = statuses
         .iter()
-        .filter_map(|s| s.rule)
+        .filter_map(configured)
         .flat_map(|r| policy.rule(r).replaces.iter().map(String::as_str))
         .collect();
     for status in statuses.iter_mut() {
-        if let Some(r) = status.rule {
+        if let Some(r) = configured(status) {
             if let Some(name) = &policy.rule(r).name {
                 if replaced.contains(&name.as_str()) {
                     status.rule = None;

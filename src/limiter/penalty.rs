@@ -236,17 +236,16 @@ pub fn apply_bans(
     hits: &[Hit],
     outcome: &mut Outcome,
 ) -> bool {
-    let policy = &*outcome.policy;
     let mut now = None;
     let mut any = false;
     for (&i, hit) in order.iter().zip(hits) {
-        let status = &mut outcome.statuses[i];
-        let Some(rule) = status.rule.map(|r| policy.rule(r)) else {
+        let Some(rule) = outcome.rule(&outcome.statuses[i]) else {
             continue;
         };
         if rule.penalty.is_none() || hit.mode != Mode::Enforce {
             continue;
         }
+        let status = &mut outcome.statuses[i];
         let now = *now.get_or_insert_with(|| penalties.now());
         if let Some(left) = penalties.banned(&hit.key, now) {
             status.over_limit = true;
@@ -453,14 +452,8 @@ descriptors:
         l.decide(
             "d",
             &[
-                Descriptor {
-                    entries: &ip_entries[..],
-                    hits: 1,
-                },
-                Descriptor {
-                    entries: &user[..],
-                    hits: 1,
-                },
+                Descriptor::new(&ip_entries[..], 1),
+                Descriptor::new(&user[..], 1),
             ],
         )
         .await

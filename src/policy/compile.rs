@@ -93,6 +93,7 @@ pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, 
             .collect(),
         rules,
         sources,
+        defaults: *defaults,
     })
 }
 

@@ -114,6 +114,35 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// The name in policies (lower case) and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Unknown => "unknown",
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// The unit of Envoy's `RateLimitUnit` number; `None` for an unknown number.
+    pub fn from_proto(n: i32) -> Option<Unit> {
+        Some(match n {
+            0 => Unit::Unknown,
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+
     /// The unit's length; `None` for `Unknown`.
     pub fn micros(self) -> Option<Micros> {
         const S: Micros = crate::algorithm::SECOND;
@@ -145,6 +174,7 @@ pub struct Penalty {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     /// Index of this rule in [`Policy::rules`]; stable for one compiled policy.
+    /// `usize::MAX` for a request's override ([`Rule::overriding`]).
     pub id: usize,
     /// The keys from the root to this node joined by `/` (`tenant/path`): the metrics
     /// label, never a request value.
@@ -238,6 +268,8 @@ pub struct Policy {
     pub rules: Vec<Rule>,
     /// Every document compiled into this policy, in order.
     pub sources: Vec<SourceInfo>,
+    /// What the documents left out was filled with.
+    pub defaults: Defaults,
 }
 
 impl Policy {
@@ -249,6 +281,46 @@ impl Policy {
     /// The rule with this id; ids come from [`Domain::find`] on this policy.
     pub fn rule(&self, id: usize) -> &Rule {
         &self.rules[id]
+    }
+}
+
+impl Rule {
+    /// The rule a request's descriptor `limit` override stands for (Envoy's
+    /// `RateLimitOverride`): `requests_per_unit` per `unit` with `algorithm`, unnamed,
+    /// never shadow or quota, as envoyproxy/ratelimit treats it. `path` and `layer`
+    /// are those of the rule it replaces (keys joined by `/`, `service` without one).
+    pub fn overriding(
+        path: String,
+        layer: Layer,
+        requests_per_unit: u32,
+        unit: Unit,
+        algorithm: Algorithm,
+    ) -> Option<Rule> {
+        let window = unit.micros()?;
+        let requests = u64::from(requests_per_unit);
+        let mut rule = Rule {
+            id: usize::MAX,
+            path,
+            name: None,
+            limit: Some(Limit {
+                algorithm,
+                requests,
+                window,
+                burst: requests,
+            }),
+            requests_per_unit,
+            unit,
+            replaces: Vec::new(),
+            shadow_mode: false,
+            quota_mode: false,
+            layer,
+            penalty: None,
+            metadata: None,
+            shared: Vec::new(),
+            rendered: Default::default(),
+        };
+        rule.rendered = answer::render(&rule);
+        Some(rule)
     }
 }
 

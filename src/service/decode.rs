@@ -3,9 +3,9 @@
 //! prost decodes every entry into two `String`s and every descriptor into its own
 //! `Vec`, about a dozen allocations for a three-descriptor request. [`Request::decode`]
 //! reads the usual message in place instead: the fields sluice uses, each string
-//! checked as UTF-8 as prost checks it. Anything else (a descriptor's `limit`, an
-//! unknown field, a repeated `hits_addend` message, a malformed byte) makes it give up,
-//! and the caller decodes with prost, so the outcome and every error stay prost's.
+//! checked as UTF-8 as prost checks it. Anything else (an unknown field, a repeated
+//! `hits_addend` or `limit` message, a malformed byte) makes it give up, and the
+//! caller decodes with prost, so the outcome and every error stay prost's.
 
 use std::ops::Range;
 
@@ -28,6 +28,16 @@ pub struct Descriptor {
     /// `hits_addend`'s value when the field is present.
     pub hits_addend: Option<u64>,
     pub is_negative_hits: bool,
+    /// The descriptor's `limit` (Envoy's `RateLimitOverride`), as sent.
+    pub limit: Option<LimitOverride>,
+}
+
+/// `RateLimitOverride`: `requests_per_unit` per `unit` (`RateLimitUnit`'s number,
+/// unchecked here) in place of the matched limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: i32,
 }
 
 impl<'a> Request<'a> {
@@ -44,6 +54,10 @@ impl<'a> Request<'a> {
                     entries: start..entries.len(),
                     hits_addend: d.hits_addend.as_ref().map(|h| h.value),
                     is_negative_hits: d.is_negative_hits,
+                    limit: d.limit.as_ref().map(|l| LimitOverride {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: l.unit,
+                    }),
                 }
             })
             .collect();
@@ -90,11 +104,13 @@ fn descriptor<'a>(message: &'a [u8], entries: &mut Vec<(&'a str, &'a str)>) -> O
         entries: entries.len()..entries.len(),
         hits_addend: None,
         is_negative_hits: false,
+        limit: None,
     };
     let mut r = Reader(message);
     while !r.0.is_empty() {
         match r.key()? {
             (1, LEN) => entries.push(entry(r.bytes()?)?),
+            (2, LEN) if d.limit.is_none() => d.limit = Some(limit_override(r.bytes()?)?),
             // A second one would be merged into the first: prost's business.
             (3, LEN) if d.hits_addend.is_none() => {
                 let mut value = 0;
@@ -113,6 +129,23 @@ fn descriptor<'a>(message: &'a [u8], entries: &mut Vec<(&'a str, &'a str)>) -> O
     }
     d.entries.end = entries.len();
     Some(d)
+}
+
+fn limit_override(message: &[u8]) -> Option<LimitOverride> {
+    let mut l = LimitOverride {
+        requests_per_unit: 0,
+        unit: 0,
+    };
+    let mut r = Reader(message);
+    while !r.0.is_empty() {
+        match r.key()? {
+            // prost keeps the low 32 bits, for the enum too.
+            (1, VARINT) => l.requests_per_unit = r.varint()? as u32,
+            (2, VARINT) => l.unit = r.varint()? as i32,
+            _ => return None,
+        }
+    }
+    Some(l)
 }
 
 fn entry(message: &[u8]) -> Option<(&str, &str)> {
@@ -226,7 +259,10 @@ mod tests {
                         },
                     }),
                     is_negative_hits: rng.random_bool(0.1),
-                    limit: None,
+                    limit: rng.random_bool(0.3).then(|| RateLimitOverride {
+                        requests_per_unit: rng.random_range(0..1000),
+                        unit: rng.random_range(-1..9),
+                    }),
                 })
                 .collect(),
         }
@@ -278,6 +314,34 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_override_is_read_in_place() {
+        let req = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 5,
+                    unit: 2,
+                }),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let bytes = req.encode_to_vec();
+        let view = Request::decode(&bytes).expect("read in place");
+        assert_eq!(
+            view.descriptors[0].limit,
+            Some(LimitOverride {
+                requests_per_unit: 5,
+                unit: 2
+            })
+        );
+    }
+
+    #[test]
     fn unusual_fields_are_left_to_prost() {
         let mut req = RateLimitRequest {
             domain: "d".into(),
@@ -294,7 +358,13 @@ mod tests {
             }],
             hits_addend: 0,
         };
-        assert_eq!(Request::decode(&req.encode_to_vec()), None);
+        // A second `limit` message merges into the first: prost's business.
+        let mut twice = req.encode_to_vec();
+        let limit = [0x12, 2, 0x08, 7];
+        twice[4] += limit.len() as u8; // the descriptor, last in the message
+        twice.extend_from_slice(&limit);
+        assert_eq!(Request::decode(&twice), None);
+        assert!(RateLimitRequest::decode(twice.as_slice()).is_ok());
         req.descriptors[0].limit = None;
         let mut bytes = req.encode_to_vec();
         assert!(Request::decode(&bytes).is_some());

@@ -46,14 +46,13 @@ pub fn each_header(
     if style == HeaderStyle::Off {
         return;
     }
-    let policy = &outcome.policy;
     // The closest descriptor: the one with the least remaining; among denied ones, the
     // one with the longest wait.
     let closest = outcome
         .statuses
         .iter()
         .filter_map(|s| {
-            let rule = policy.rule(s.rule?);
+            let rule = outcome.rule(s)?;
             rule.limit?; // an unlimited rule has no limit to describe
             Some((s, rule, s.verdict?))
         })
@@ -110,7 +109,7 @@ fn retry_after_secs(outcome: &Outcome) -> u64 {
             let v = s.verdict?;
             Some(if v.retry_after == u64::MAX {
                 // Never admissible as sent (more hits than the limit): the window.
-                outcome.policy.rule(s.rule?).limit?.window
+                outcome.rule(s)?.limit?.window
             } else {
                 v.retry_after
             })

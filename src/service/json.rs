@@ -2,7 +2,8 @@
 //! JSON (protobuf's JSON mapping, as envoyproxy/ratelimit's `/json` does).
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry as ProtoEntry, RateLimitDescriptor,
+    rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride},
+    RateLimitDescriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as ProtoUnit, Code,
@@ -32,6 +33,43 @@ struct JsonDescriptor {
     entries: Vec<JsonEntry>,
     #[serde(default, alias = "hitsAddend")]
     hits_addend: Option<u64>,
+    #[serde(default)]
+    limit: Option<JsonLimit>,
+}
+
+/// `RateLimitOverride`; `unit` by name (`MINUTE`) or number, as protobuf's JSON
+/// mapping allows.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLimit {
+    #[serde(default, alias = "requestsPerUnit")]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: Option<Value>,
+}
+
+impl JsonLimit {
+    fn into_proto(self) -> Result<RateLimitOverride, BadRequest> {
+        let unit = match self.unit {
+            None => 0,
+            Some(Value::String(name)) => ProtoUnit::from_str_name(&name)
+                .ok_or_else(|| BadRequest(format!("invalid JSON request: unknown unit {name:?}")))?
+                as i32,
+            Some(Value::Number(n)) => n
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| BadRequest(format!("invalid JSON request: unknown unit {n}")))?,
+            Some(other) => {
+                return Err(BadRequest(format!(
+                    "invalid JSON request: unit must be a name or a number, not {other}"
+                )))
+            }
+        };
+        Ok(RateLimitOverride {
+            requests_per_unit: self.requests_per_unit,
+            unit,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -47,13 +85,11 @@ struct JsonEntry {
 pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
     let req: JsonRequest = serde_json::from_slice(body)
         .map_err(|e| BadRequest(format!("invalid JSON request: {e}")))?;
-    Ok(RateLimitRequest {
-        domain: req.domain,
-        hits_addend: req.hits_addend,
-        descriptors: req
-            .descriptors
-            .into_iter()
-            .map(|d| RateLimitDescriptor {
+    let descriptors = req
+        .descriptors
+        .into_iter()
+        .map(|d| {
+            Ok(RateLimitDescriptor {
                 entries: d
                     .entries
                     .into_iter()
@@ -63,9 +99,15 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
                     })
                     .collect(),
                 hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                limit: d.limit.map(JsonLimit::into_proto).transpose()?,
                 ..Default::default()
             })
-            .collect(),
+        })
+        .collect::<Result<_, BadRequest>>()?;
+    Ok(RateLimitRequest {
+        domain: req.domain,
+        hits_addend: req.hits_addend,
+        descriptors,
     })
 }
 
@@ -130,6 +172,24 @@ mod tests {
             r.descriptors[0].hits_addend.as_ref().map(|h| h.value),
             Some(0)
         );
+    }
+
+    #[test]
+    fn reads_a_limit_override_by_unit_name_or_number() {
+        let r = parse_request(
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"limit":{"requestsPerUnit":5,"unit":"MINUTE"}},{"entries":[],"limit":{"requests_per_unit":1,"unit":4}}]}"#,
+        )
+        .unwrap();
+        let limit = |i: usize| {
+            r.descriptors[i]
+                .limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit))
+        };
+        assert_eq!(limit(0), Some((5, 2)));
+        assert_eq!(limit(1), Some((1, 4)));
+        let e = parse_request(br#"{"domain":"d","descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#);
+        assert!(e.unwrap_err().0.contains("FORTNIGHT"));
     }
 
     #[test]

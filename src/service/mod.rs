@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::{Descriptor, Limiter, Outcome};
+use crate::limiter::{Descriptor, Limiter, Outcome, Override};
+use crate::policy::Unit;
 use crate::store::Store;
 use crate::telemetry::striped::Stripes;
 use crate::telemetry::Metrics;
@@ -87,7 +88,26 @@ pub fn descriptors<'r>(
                 )));
             }
             let hits = d.hits_addend.unwrap_or(request_hits);
-            Ok(Descriptor { entries, hits })
+            let limit = match d.limit {
+                None => None,
+                Some(l) => match Unit::from_proto(l.unit) {
+                    Some(unit) if unit != Unit::Unknown => Some(Override {
+                        requests_per_unit: l.requests_per_unit,
+                        unit,
+                    }),
+                    _ => {
+                        return Err(BadRequest(format!(
+                            "descriptor {i}: limit override has unit {}; expected SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR",
+                            l.unit
+                        )))
+                    }
+                },
+            };
+            Ok(Descriptor {
+                entries,
+                hits,
+                limit,
+            })
         })
         .collect()
 }

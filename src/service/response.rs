@@ -16,7 +16,6 @@ use super::headers::{each_header, headers, HeaderStyle};
 
 /// Builds the response for one outcome.
 pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
-    let policy = &outcome.policy;
     let statuses = outcome
         .statuses
         .iter()
@@ -26,7 +25,7 @@ pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
             } else {
                 Code::Ok
             } as i32;
-            let Some(rule) = s.rule.map(|r| policy.rule(r)) else {
+            let Some(rule) = outcome.rule(s) else {
                 return DescriptorStatus {
                     code,
                     ..Default::default()
@@ -136,7 +135,7 @@ fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) 
     } else {
         Code::Ok
     } as u64;
-    let (rule, remaining, reset) = match s.rule.map(|r| outcome.policy.rule(r)) {
+    let (rule, remaining, reset) = match outcome.rule(s) {
         None => (None, 0, None),
         Some(rule) if rule.limit.is_none() => (None, u32::MAX, None),
         Some(rule) => {
@@ -246,7 +245,7 @@ fn duration(us: Micros) -> pbuf::Duration {
 fn metadata(outcome: &Outcome) -> Option<pbuf::Struct> {
     let mut merged = serde_json::Map::new();
     for s in &outcome.statuses {
-        let Some(rule) = s.rule.map(|r| outcome.policy.rule(r)) else {
+        let Some(rule) = outcome.rule(s) else {
             continue;
         };
         if let Some(serde_json::Value::Object(m)) = &rule.metadata {
@@ -317,6 +316,7 @@ descriptors:
     fn status(rule: Option<usize>, over_limit: bool, verdict: Option<Verdict>) -> Status {
         Status {
             rule,
+            limit_override: None,
             over_limit,
             verdict,
             ban: Ban::None,
@@ -412,6 +412,7 @@ descriptors:
                 failure: None,
                 offenders: Vec::new(),
                 now: None,
+                overrides: Vec::new(),
             };
             for style in [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf] {
                 let want = frame(&response(&outcome, style));

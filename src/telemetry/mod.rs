@@ -385,11 +385,13 @@ impl Metrics {
         };
         let mut now = None;
         for (i, s) in outcome.statuses.iter().enumerate() {
-            let Some(rule_id) = s.rule else {
+            // An override is counted under the rule it replaced; one that replaced
+            // none has no series of its own (its labels would be the request's keys).
+            let (Some(rule_id), Some(rule)) = (s.rule, outcome.rule(s)) else {
                 continue;
             };
-            let rule = outcome.policy.rule(rule_id);
-            let st = handles.rules[rule_id].get_or_init(|| self.rule_stats(domain, rule));
+            let st = handles.rules[rule_id]
+                .get_or_init(|| self.rule_stats(domain, outcome.policy.rule(rule_id)));
             let label = match (&outcome.failure, s.verdict) {
                 _ if s.ban == Ban::Active => BANNED,
                 (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
@@ -755,15 +757,7 @@ descriptors:
 
     async fn ask(l: &Limiter<MemoryStore>, m: &Metrics, ip: &str) {
         let entries = [("ip", ip)];
-        let outcome = l
-            .decide(
-                "d",
-                &[Descriptor {
-                    entries: &entries[..],
-                    hits: 1,
-                }],
-            )
-            .await;
+        let outcome = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
         m.record("d", &outcome, Duration::from_micros(10));
     }
 
@@ -846,6 +840,7 @@ descriptors:
             over_limit: false,
             statuses: vec![Status {
                 rule: Some(0),
+                limit_override: None,
                 over_limit: false,
                 verdict: (!failed).then(crate::algorithm::Verdict::default),
                 ban: Ban::None,
@@ -858,6 +853,7 @@ descriptors:
             }),
             offenders: Vec::new(),
             now: None,
+            overrides: Vec::new(),
         };
         let captured = Captured::default();
         let writer = captured.clone();

@@ -1,0 +1,155 @@
+//! What Envoy Gateway's Envoy sends, through the running server: a descriptor's
+//! `limit` override (per-tenant limits from request metadata) and per-descriptor
+//! `hits_addend` (request and response cost), over gRPC and `/json`.
+
+mod common;
+
+use common::*;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+/// Envoy Gateway's shape: the route, then one entry per rule match.
+const POLICY: &str = r#"
+domain: default/eg/http
+descriptors:
+  - key: httproute/default/api/rule/0/match/0/api_example_com
+    value: httproute/default/api/rule/0/match/0/api_example_com
+    descriptors:
+      - key: rule-0-match-0
+        rate_limit: {unit: MINUTE, requests_per_unit: 2}
+"#;
+const DOMAIN: &str = "default/eg/http";
+const ROUTE: &str = "httproute/default/api/rule/0/match/0/api_example_com";
+const MINUTE: i32 = 2;
+const HOUR: i32 = 3;
+
+fn tenant(name: &str, limit: Option<(u32, i32)>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        limit: limit.map(|(requests_per_unit, unit)| RateLimitOverride {
+            requests_per_unit,
+            unit,
+        }),
+        ..desc(&[(ROUTE, ROUTE), ("rule-0-match-0", name)])
+    }
+}
+
+#[tokio::test]
+async fn a_limit_override_sets_each_tenants_limit_and_counts_apart() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    // Tenant a pays for 4 a minute, tenant b for 1; the configured limit is 2.
+    for left in (0..4).rev() {
+        let r = call(
+            &mut c,
+            request(DOMAIN, vec![tenant("a", Some((4, MINUTE)))]),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (4, MINUTE));
+        assert_eq!(r.statuses[0].limit_remaining, left);
+        assert_eq!(header(&r, "x-ratelimit-limit"), Some("4, 4;w=60"));
+    }
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("a", Some((4, MINUTE)))]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert!(header(&r, "retry-after").is_some());
+
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("b", Some((1, MINUTE)))]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK, "tenant b has its own count");
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("b", Some((1, MINUTE)))]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+
+    // Without metadata Envoy sends no override: the configured limit, its own count.
+    let r = call(&mut c, request(DOMAIN, vec![tenant("a", None)])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        2
+    );
+
+    // Tenant a upgraded within the minute: what it spent still counts.
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("a", Some((6, MINUTE)))]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    // Another unit is another count.
+    let r = call(&mut c, request(DOMAIN, vec![tenant("a", Some((1, HOUR)))])).await;
+    assert_eq!(r.overall_code, OK);
+
+    // The same through /json.
+    let body = format!(
+        r#"{{"domain":"{DOMAIN}","descriptors":[{{"entries":[{{"key":"{ROUTE}","value":"{ROUTE}"}},{{"key":"rule-0-match-0","value":"c"}}],"limit":{{"requestsPerUnit":1,"unit":"MINUTE"}}}}]}}"#
+    );
+    assert_eq!(http(&server.http, "POST", "/json", &body).0, 200);
+    let (status, answer) = http(&server.http, "POST", "/json", &body);
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains(r#""requestsPerUnit":1"#), "{answer}");
+}
+
+#[tokio::test]
+async fn an_override_with_no_unit_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    for unit in [0, 42] {
+        let err = c
+            .should_rate_limit(request(DOMAIN, vec![tenant("a", Some((4, unit)))]))
+            .await
+            .expect_err("no unit");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains("limit override has unit"),
+            "{}",
+            err.message()
+        );
+    }
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("a", Some((4, MINUTE)))]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK, "nothing was spent by the refused calls");
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+}
+
+#[tokio::test]
+async fn request_and_response_costs_are_hits_addends() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let costly = |hits: u64| RateLimitDescriptor {
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        ..tenant("a", Some((10, MINUTE)))
+    };
+    // A request cost of 3, then (apply_on_stream_done) a response cost of 5.
+    let r = call(&mut c, request(DOMAIN, vec![costly(3)])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 7);
+    let r = call(&mut c, request(DOMAIN, vec![costly(5)])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // A cost of 0 checks without spending.
+    let r = call(&mut c, request(DOMAIN, vec![costly(0)])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
+    // A cost larger than what is left is denied and spends nothing.
+    let r = call(&mut c, request(DOMAIN, vec![costly(3)])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    let r = call(&mut c, request(DOMAIN, vec![costly(2)])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+}
