@@ -57,6 +57,34 @@ pub struct Serve {
     /// Domains that policies in several namespaces may share.
     #[arg(long, env = "SLUICE_SHARED_DOMAINS", value_delimiter = ',')]
     pub shared_domains: Vec<String>,
+    /// Also take policies over xDS from this server (http://HOST:PORT, or https:// for
+    /// TLS): `RateLimitConfig` resources over ADS, as Envoy Gateway serves them.
+    #[arg(long, env = "SLUICE_XDS_SERVER", value_parser = parse_xds_url)]
+    pub xds_server: Option<XdsUrl>,
+    /// The node id sent to the xDS server (Envoy Gateway publishes to
+    /// `envoy-ratelimit`).
+    #[arg(long, env = "SLUICE_XDS_NODE_ID", default_value = "sluice")]
+    pub xds_node_id: String,
+    /// A PEM certificate (chain) presented to the xDS server, with --xds-tls-key.
+    #[arg(long, env = "SLUICE_XDS_TLS_CERT", requires = "xds_tls_key")]
+    pub xds_tls_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#1, PKCS#8 or SEC1) of --xds-tls-cert.
+    #[arg(long, env = "SLUICE_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    pub xds_tls_key: Option<PathBuf>,
+    /// PEM certificates of the authorities that sign the xDS server's certificate;
+    /// needed with https://.
+    #[arg(long, env = "SLUICE_XDS_TLS_CA")]
+    pub xds_tls_ca: Option<PathBuf>,
+    /// The name the xDS server's certificate must carry (default: the URL's host).
+    #[arg(long, env = "SLUICE_XDS_TLS_SERVER_NAME")]
+    pub xds_tls_server_name: Option<String>,
+    /// Be ready (/readyz) before the first xDS configuration arrives. Without it,
+    /// readiness waits for the first version the xDS server sends that compiles.
+    #[arg(long, env = "SLUICE_XDS_START_WITHOUT_CONFIG")]
+    pub xds_start_without_config: bool,
+    /// Largest xDS message accepted.
+    #[arg(long, env = "SLUICE_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub xds_max_message_bytes: usize,
     /// Standalone Redis shards (URL,URL,...). Without it counters live in memory.
     #[arg(long, env = "SLUICE_REDIS", value_delimiter = ',')]
     pub redis: Vec<String>,
@@ -164,6 +192,41 @@ pub struct Serve {
     /// docs/performance-notes.md, "Worker threads").
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+}
+
+/// An xDS server's address: `http://HOST:PORT` or `https://HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsUrl {
+    /// The URL as given, normalised to `scheme://host:port`.
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+}
+
+fn parse_xds_url(s: &str) -> Result<XdsUrl, String> {
+    let err = || format!("expected http://HOST:PORT or https://HOST:PORT, got {s:?}");
+    let (tls, rest) = if let Some(rest) = s.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = s.strip_prefix("http://") {
+        (false, rest)
+    } else {
+        return Err(err());
+    };
+    let rest = rest.trim_end_matches('/');
+    let uri: http::Uri = format!("http://{rest}").parse().map_err(|_| err())?;
+    let authority = uri.authority().ok_or_else(err)?;
+    if uri.path() != "/" || authority.port_u16().is_none() || rest.contains('@') {
+        return Err(err());
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    Ok(XdsUrl {
+        url: format!("{}://{authority}", if tls { "https" } else { "http" }),
+        tls,
+        host: host.to_string(),
+    })
 }
 
 /// A secret given on the command line or in the environment; never printed.
@@ -381,6 +444,26 @@ mod tests {
             })
         );
         assert_eq!(s.http_tls(), None);
+    }
+
+    #[test]
+    fn xds_urls() {
+        let u = parse_xds_url("https://envoy-gateway:18001").unwrap();
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.url.as_str()),
+            (true, "envoy-gateway", "https://envoy-gateway:18001")
+        );
+        let u = parse_xds_url("http://[::1]:5/").unwrap();
+        assert_eq!((u.tls, u.host.as_str()), (false, "::1"));
+        for bad in [
+            "envoy-gateway:18001",
+            "https://h",
+            "grpc://h:1",
+            "https://h:1/path",
+            "https://u@h:1",
+        ] {
+            assert!(parse_xds_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -24,12 +24,14 @@ use crate::store::{ShardStatus, Store};
 #[derive(Debug)]
 pub struct Admin<S> {
     pub service: Arc<Service<S>>,
-    /// False until policies are loaded and the servers listen; false again on SIGTERM.
+    /// False until the servers listen; false again on SIGTERM.
     pub ready: Arc<AtomicBool>,
     /// Largest `POST /json` body read (`--max-request-bytes`).
     pub max_request_bytes: usize,
     /// The gRPC port's connection counts, for `/metrics`.
     pub connections: Arc<crate::grpc_server::Stats>,
+    /// False until the sources that must deliver first have (the first xDS version).
+    pub loaded: Arc<AtomicBool>,
 }
 
 /// The router for `--http-addr`.
@@ -54,7 +56,7 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
 /// own failure mode would answer instead of the domain's (`/debug/store` and the
 /// metrics show the store).
 async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    if admin.ready.load(Ordering::SeqCst) {
+    if admin.ready.load(Ordering::SeqCst) && admin.loaded.load(Ordering::SeqCst) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()

@@ -67,10 +67,10 @@ pub async fn run(
     cfg: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if cfg.config.is_empty() && !cfg.kube {
+    if cfg.config.is_empty() && !cfg.kube && cfg.xds_server.is_none() {
         bail!(
             "no policies to serve: pass --config FILE (a policy file or a directory of *.yaml), \
-             or --kube to watch RateLimitPolicy resources"
+             --kube to watch RateLimitPolicy resources, or --xds-server URL to take them over xDS"
         );
     }
     let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
@@ -89,7 +89,8 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let policy = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let sources = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let (policy, loaded) = (sources.policy, sources.loaded);
 
     let cluster = !cfg.redis_cluster.is_empty();
     if cluster || !cfg.redis.is_empty() {
@@ -104,7 +105,7 @@ pub async fn run(
         tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
-        return serve(service, &cfg, stop_tx, stopped, shutdown).await;
+        return serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
@@ -127,7 +128,7 @@ pub async fn run(
         });
     }
 
-    serve(service, &cfg, stop_tx, stopped, shutdown).await
+    serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await
 }
 
 /// Binds both listeners, serves, and on `shutdown` turns readiness off, stops
@@ -135,6 +136,7 @@ pub async fn run(
 async fn serve<S, F, Fut>(
     service: Arc<Service<S>>,
     cfg: &Serve,
+    loaded: Arc<AtomicBool>,
     stop_tx: watch::Sender<bool>,
     stopped: F,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -183,6 +185,7 @@ where
         ready: ready.clone(),
         max_request_bytes: cfg.max_request_bytes,
         connections,
+        loaded,
     });
     let app = router(admin);
     let http_stop = stopped();

@@ -37,7 +37,7 @@ mod yaml;
 pub use compile::{compile, compile_with};
 pub use load::{load_paths, read_paths};
 pub use model::{Descriptor, Document, DocumentKind, RateLimit};
-pub use parse::{parse_resource_spec, parse_str, API_VERSION, KIND};
+pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};
 
 /// Where a policy problem was found: `FILE:LINE: message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

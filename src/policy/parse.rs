@@ -53,6 +53,29 @@ pub fn parse_resource_spec(
     }
 }
 
+/// Converts a document of the file form given as JSON (an xDS `RateLimitConfig`
+/// turned into envoyproxy/ratelimit's document), with every check a file gets.
+/// Errors name `source` and have no line.
+pub fn parse_file_json(
+    source: &str,
+    doc: &serde_json::Value,
+) -> Result<Document, Vec<PolicyError>> {
+    let mut ctx = Ctx::new(source, Form::File);
+    let Some(node) = Node::from_json(doc) else {
+        ctx.error(None, "the document is nested too deeply");
+        return Err(ctx.errors);
+    };
+    match body(&mut ctx, &node, "document", DocumentKind::File) {
+        Some(doc) if ctx.errors.is_empty() => Ok(doc),
+        _ => {
+            if ctx.errors.is_empty() {
+                ctx.error(None, "invalid document");
+            }
+            Err(ctx.errors)
+        }
+    }
+}
+
 /// Parses a file's text, keeping the valid documents next to the errors of the
 /// others, so a loader can still report conflicts between the valid ones.
 pub(crate) fn parse_partial(source: &str, text: &str) -> (Vec<Document>, Vec<PolicyError>) {

@@ -1,10 +1,13 @@
-//! Where the sources meet: the latest documents of the file source and the latest
-//! `RateLimitPolicy` objects of the Kubernetes source are compiled together into ONE
-//! policy, swapped whole into the `Arc<ArcSwap<Policy>>` the request path reads.
+//! Where the sources meet: the latest documents of the file source, the latest
+//! `RateLimitConfig`s of the xDS source and the latest `RateLimitPolicy` objects of
+//! the Kubernetes source are compiled together into ONE policy, swapped whole into
+//! the `Arc<ArcSwap<Policy>>` the request path reads.
 //!
 //! Rules, in the order they are applied ([`resolve`]):
 //! - File documents always serve (the file source only hands over sets that compile;
-//!   a broken edit keeps the last good files, as before).
+//!   a broken edit keeps the last good files, as before). xDS documents serve beside
+//!   them as if they were files: a version that does not compile with the files is
+//!   refused as a whole ([`Hub::set_xds`]) and the last good one keeps serving.
 //! - Policies are considered oldest first (`creationTimestamp`, then
 //!   `namespace/name`).
 //! - A domain belongs to the namespace of its oldest policy (valid or not: the
@@ -210,7 +213,17 @@ pub struct Hub {
 #[derive(Debug, Default)]
 struct State {
     files: Vec<Document>,
+    xds: Vec<Document>,
     policies: Vec<Candidate>,
+}
+
+impl State {
+    /// The documents that always serve: files, then xDS.
+    fn fixed(&self) -> Vec<Document> {
+        let mut docs = self.files.clone();
+        docs.extend(self.xds.iter().cloned());
+        docs
+    }
 }
 
 impl Hub {
@@ -243,6 +256,18 @@ impl Hub {
         self.rebuild(&state, "file");
     }
 
+    /// Replaces the xDS documents and rebuilds, unless they do not compile together
+    /// with the files: then nothing changes and the errors say why.
+    pub fn set_xds(&self, docs: Vec<Document>) -> Result<(), Vec<PolicyError>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut trial = state.files.clone();
+        trial.extend(docs.iter().cloned());
+        compile(trial)?;
+        state.xds = docs;
+        self.rebuild(&state, "xds");
+        Ok(())
+    }
+
     /// Replaces the RateLimitPolicy objects and rebuilds.
     pub fn set_policies(&self, policies: Vec<Candidate>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -251,7 +276,7 @@ impl Hub {
     }
 
     fn rebuild(&self, state: &State, source: &str) {
-        let (docs, outcomes) = resolve(&state.files, &state.policies, &self.shared);
+        let (docs, outcomes) = resolve(&state.fixed(), &state.policies, &self.shared);
         match compile_with(docs, &self.defaults) {
             Ok(policy) => {
                 tracing::debug!(
@@ -266,8 +291,9 @@ impl Hub {
                 }
             }
             Err(errors) => {
-                // resolve() only passes documents that compile together; this is a
-                // bug, and the last policy keeps serving.
+                // resolve() passes policies only when they compile with the files
+                // and xDS; those two are checked together when xDS changes, so this
+                // is a file edit that clashes with the xDS documents.
                 for e in &errors {
                     tracing::error!(error = %e, "combined policy does not compile; the last good policy keeps serving");
                 }
@@ -391,6 +417,37 @@ mod tests {
         assert!(matches!(verdict(&o, "ns/b"), Verdict::Conflicted(m) if m.contains("file.yaml")));
         assert_eq!(docs.len(), 2);
         assert_eq!(docs[0].source, "file.yaml");
+    }
+
+    #[test]
+    fn xds_documents_merge_with_files_and_a_clash_changes_nothing() {
+        let hub = Hub::new(&[], Defaults::default(), Arc::new(Metrics::new()));
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"));
+        let xds = |key: &str| {
+            parse_str("xds:d", &format!("domain: d\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 2}}\n")).unwrap()
+        };
+        hub.set_xds(xds("x")).unwrap();
+        let p = hub.policy().load_full();
+        assert!(p.domain("d").unwrap().find(&[("k", "v")]).is_some());
+        assert!(p.domain("d").unwrap().find(&[("x", "v")]).is_some());
+        let errors = hub.set_xds(xds("k")).unwrap_err();
+        assert!(
+            errors[0].message.contains("already defined at file.yaml"),
+            "{errors:?}"
+        );
+        let p = hub.policy().load_full();
+        assert!(
+            p.domain("d").unwrap().find(&[("x", "v")]).is_some(),
+            "the last good xDS documents serve"
+        );
+        hub.set_xds(Vec::new()).unwrap();
+        assert!(hub
+            .policy()
+            .load()
+            .domain("d")
+            .unwrap()
+            .find(&[("x", "v")])
+            .is_none());
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! Policy sources. The file source and the Kubernetes source hand their documents
-//! to the [`hub::Hub`], which compiles all of them into one policy and swaps it in
-//! whole; the request path only ever loads the current `Arc<Policy>` (no lock).
+//! Policy sources. The file, xDS and Kubernetes sources hand their documents to the
+//! [`hub::Hub`], which compiles all of them into one policy and swaps it in whole;
+//! the request path only ever loads the current `Arc<Policy>` (no lock).
 
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -17,16 +18,26 @@ const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub mod file;
 pub mod hub;
 pub mod kube;
+pub mod xds;
 
-/// Loads the `--config` files, connects to Kubernetes with `--kube`, and spawns
-/// both sources; each stops when a future made by `stopped` resolves. Returns the
-/// policy the request path reads. Fails when the files do not load or no
-/// Kubernetes client can be configured.
+/// What the sources give the server.
+pub struct Sources {
+    /// The policy the request path reads.
+    pub policy: Arc<ArcSwap<Policy>>,
+    /// True once every source that must deliver before readiness has: the xDS
+    /// source's first accepted version (unless `--xds-start-without-config`).
+    pub loaded: Arc<AtomicBool>,
+}
+
+/// Loads the `--config` files, connects to Kubernetes with `--kube`, subscribes to
+/// `--xds-server`, and spawns the sources; each stops when a future made by
+/// `stopped` resolves. Fails when the files do not load, the xDS settings are bad
+/// or no Kubernetes client can be configured.
 pub async fn start<F, Fut>(
     cfg: &Serve,
     metrics: Arc<Metrics>,
     stopped: F,
-) -> anyhow::Result<Arc<ArcSwap<Policy>>>
+) -> anyhow::Result<Sources>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -39,7 +50,7 @@ where
         let files = file::FileSource::load(
             cfg.config.clone(),
             cfg.reload_interval,
-            metrics,
+            metrics.clone(),
             hub.clone(),
         )
         .map_err(|errors| {
@@ -47,6 +58,15 @@ where
             anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
         })?;
         tokio::spawn(files.run(stopped()));
+    }
+    let loaded = Arc::new(AtomicBool::new(true));
+    if let Some(url) = &cfg.xds_server {
+        loaded.store(
+            cfg.xds_start_without_config,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        let source = xds::XdsSource::new(cfg, url, hub.clone(), metrics.clone(), loaded.clone())?;
+        tokio::spawn(source.run(stopped()));
     }
     if cfg.kube {
         let kube = kube::KubeSource::connect(cfg.kube_namespace.clone(), hub.clone()).await?;
@@ -64,5 +84,8 @@ where
             );
         }
     }
-    Ok(hub.policy())
+    Ok(Sources {
+        policy: hub.policy(),
+        loaded,
+    })
 }

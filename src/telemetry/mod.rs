@@ -495,6 +495,13 @@ impl Metrics {
         self.expired_calls.inc();
     }
 
+    /// Makes a policy source's reload series exist (at 0) before its first reload.
+    pub fn declare_policy_source(&self, source: &str) {
+        for result in ["ok", "error"] {
+            self.policy_reloads.with_label_values(&[source, result]);
+        }
+    }
+
     pub fn policy_reload(&self, source: &str, ok: bool) {
         self.policy_reloads
             .with_label_values(&[source, if ok { "ok" } else { "error" }])

@@ -1,0 +1,688 @@
+//! The xDS source: `RateLimitConfig` resources (one per domain) from an xDS server
+//! such as Envoy Gateway's, over ADS (`StreamAggregatedResources`), state of the
+//! world, wildcard, as envoyproxy/ratelimit subscribes.
+//!
+//! Every response holds the whole set; it is converted ([`convert`]) and handed to
+//! the [`Hub`], which merges its domains with the files' into the one policy. A
+//! version that compiles is ACKed (its version and nonce); one that does not is
+//! NACKed (the last good version, the nonce and `error_detail` with the reason) and
+//! the last good policy keeps serving. A control plane resends a NACKed version at
+//! once (go-control-plane does), so the same refusal is logged and counted once, and
+//! repeated NACKs of it wait a little longer each time ([`Subscription`]) instead of
+//! spinning. A lost stream is retried after a jittered exponential back-off; the
+//! last good policy serves meanwhile. Each new stream starts from the empty version,
+//! so a restarted control plane that numbers its versions from 1 again is not
+//! mistaken for one that has nothing new.
+
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{node::UserAgentVersionType, Node};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use prost::Message;
+use rand::Rng;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::hub::Hub;
+use crate::config::{Serve, XdsUrl};
+use crate::policy::{Document, PolicyError};
+use crate::telemetry::Metrics;
+
+pub mod convert;
+
+/// The resource type subscribed to.
+pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// gRPC's INVALID_ARGUMENT, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Reconnect back-off: first wait, and the cap it doubles up to.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Repeated NACKs of one refused version: first pause, and the cap.
+const RENACK_FIRST: Duration = Duration::from_millis(250);
+const RENACK_MAX: Duration = Duration::from_secs(4);
+
+/// Why the xDS source cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum XdsError {
+    #[error("{flag} {path}: {error}")]
+    Read {
+        flag: &'static str,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error("{flag} {path}: {what}")]
+    Pem {
+        flag: &'static str,
+        path: String,
+        what: &'static str,
+    },
+    #[error("--xds-server {0} uses TLS: give the authority that signs its certificate with --xds-tls-ca")]
+    NoCa(String),
+    #[error("--xds-server {0}: plain http:// takes no --xds-tls-* flags; use https://")]
+    TlsOnPlain(String),
+    #[error("--xds-server {url}: {error}")]
+    Endpoint { url: String, error: String },
+}
+
+/// Subscribes to `RateLimitConfig`s and feeds the hub.
+pub struct XdsSource {
+    endpoint: Endpoint,
+    url: String,
+    max_message_bytes: usize,
+    subscription: Subscription,
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
+    /// Set once a first version is accepted.
+    loaded: Arc<AtomicBool>,
+}
+
+impl XdsSource {
+    /// Checks the settings and reads the TLS files, so that a bad one stops start-up.
+    pub fn new(
+        cfg: &Serve,
+        url: &XdsUrl,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+        loaded: Arc<AtomicBool>,
+    ) -> Result<XdsSource, XdsError> {
+        let endpoint = endpoint(cfg, url)?;
+        metrics.declare_policy_source("xds");
+        Ok(XdsSource {
+            endpoint,
+            url: url.url.clone(),
+            max_message_bytes: cfg.xds_max_message_bytes,
+            subscription: Subscription::new(&cfg.xds_node_id),
+            hub,
+            metrics,
+            loaded,
+        })
+    }
+
+    /// Subscribes until `shutdown` resolves, reconnecting as long as it takes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut retry = RETRY_FIRST;
+        loop {
+            let (why, answered) = self.stream(shutdown.as_mut()).await;
+            let Some(why) = why else { return };
+            if answered {
+                retry = RETRY_FIRST;
+            }
+            let wait = jittered(retry);
+            tracing::warn!(server = %self.url, error = %why, retry_in = ?wait, "xDS stream lost; the last good policy keeps serving");
+            retry = (retry * 2).min(RETRY_MAX);
+            tokio::select! {
+                _ = shutdown.as_mut() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One stream, until it fails (`Some(reason)`) or `shutdown` resolves (`None`);
+    /// also whether the server answered on it.
+    async fn stream(
+        &mut self,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> (Option<String>, bool) {
+        let channel: Channel = tokio::select! {
+            _ = shutdown.as_mut() => return (None, false),
+            c = self.endpoint.connect() => match c {
+                Ok(c) => c,
+                Err(e) => return (Some(error_chain(&e)), false),
+            },
+        };
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(self.max_message_bytes);
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let _ = tx.unbounded_send(self.subscription.first_request());
+        let mut responses = tokio::select! {
+            _ = shutdown.as_mut() => return (None, false),
+            r = client.stream_aggregated_resources(rx) => match r {
+                Ok(r) => r.into_inner(),
+                Err(status) => return (Some(status.to_string()), false),
+            },
+        };
+        tracing::info!(server = %self.url, "xDS stream open; subscribed to RateLimitConfig");
+        let mut answered = false;
+        loop {
+            let response = tokio::select! {
+                _ = shutdown.as_mut() => return (None, answered),
+                m = responses.message() => match m {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return (Some("the server closed the stream".into()), answered),
+                    Err(status) => return (Some(status.to_string()), answered),
+                },
+            };
+            answered = true;
+            let hub = &self.hub;
+            let answer = self
+                .subscription
+                .answer(&response, |docs| hub.set_xds(docs));
+            self.report(&answer);
+            if !answer.pause.is_zero() {
+                tokio::select! {
+                    _ = shutdown.as_mut() => return (None, answered),
+                    _ = tokio::time::sleep(answer.pause) => {}
+                }
+            }
+            if tx.unbounded_send(answer.request).is_err() {
+                return (Some("the request stream closed".into()), answered);
+            }
+        }
+    }
+
+    fn report(&self, answer: &Answer) {
+        match &answer.verdict {
+            Verdict::Accepted {
+                version,
+                domains,
+                new,
+            } => {
+                self.loaded.store(true, Ordering::SeqCst);
+                if *new {
+                    self.metrics.policy_reload("xds", true);
+                    tracing::info!(version = %version, domains, "xDS version accepted");
+                } else {
+                    tracing::debug!(version = %version, "xDS version sent again; unchanged");
+                }
+            }
+            Verdict::Refused {
+                version,
+                message,
+                first: true,
+            } => {
+                self.metrics.policy_reload("xds", false);
+                tracing::error!(version = %version, error = %message, "xDS version refused (NACK); the last good policy keeps serving");
+            }
+            Verdict::Refused { version, .. } => {
+                tracing::debug!(version = %version, pause = ?answer.pause, "xDS version refused again");
+            }
+        }
+    }
+}
+
+/// The endpoint for `url`, with TLS from the `--xds-tls-*` files.
+fn endpoint(cfg: &Serve, url: &XdsUrl) -> Result<Endpoint, XdsError> {
+    let bad = |error: String| XdsError::Endpoint {
+        url: url.url.clone(),
+        error,
+    };
+    let mut endpoint = Endpoint::from_shared(url.url.clone())
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_keepalive(Some(Duration::from_secs(30)))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let any_tls =
+        cfg.xds_tls_cert.is_some() || cfg.xds_tls_ca.is_some() || cfg.xds_tls_server_name.is_some();
+    if !url.tls {
+        if any_tls {
+            return Err(XdsError::TlsOnPlain(url.url.clone()));
+        }
+        return Ok(endpoint);
+    }
+    let Some(ca_path) = &cfg.xds_tls_ca else {
+        return Err(XdsError::NoCa(url.url.clone()));
+    };
+    let ca = read_pem(ca_path, "--xds-tls-ca", Pem::Certificates)?;
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name(
+            cfg.xds_tls_server_name
+                .clone()
+                .unwrap_or_else(|| url.host.clone()),
+        );
+    if let (Some(cert), Some(key)) = (&cfg.xds_tls_cert, &cfg.xds_tls_key) {
+        let cert = read_pem(cert, "--xds-tls-cert", Pem::Certificates)?;
+        let key = read_pem(key, "--xds-tls-key", Pem::Key)?;
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    endpoint = endpoint.tls_config(tls).map_err(|e| bad(error_chain(&e)))?;
+    Ok(endpoint)
+}
+
+enum Pem {
+    Certificates,
+    Key,
+}
+
+/// Reads a PEM file and checks it holds what it should, for an error at start-up
+/// rather than a failed handshake later.
+fn read_pem(path: &std::path::Path, flag: &'static str, what: Pem) -> Result<Vec<u8>, XdsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|error| XdsError::Read {
+        flag,
+        path: shown.clone(),
+        error,
+    })?;
+    let ok = match what {
+        Pem::Certificates => {
+            let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&bytes).collect();
+            matches!(certs, Ok(c) if !c.is_empty())
+        }
+        Pem::Key => PrivateKeyDer::from_pem_slice(&bytes).is_ok(),
+    };
+    if !ok {
+        return Err(XdsError::Pem {
+            flag,
+            path: shown,
+            what: match what {
+                Pem::Certificates => "no PEM certificate in the file",
+                Pem::Key => "no PEM private key (PKCS#1, PKCS#8 or SEC1) in the file",
+            },
+        });
+    }
+    Ok(bytes)
+}
+
+/// An error with its sources, for logs (tonic's transport errors say little alone).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// `base` give or take half, so replicas that lost the server together do not
+/// return together.
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(rand::rng().random_range(0.5..1.5))
+}
+
+// === impl Subscription ===
+
+/// The client's side of the SotW protocol for one type, across streams.
+#[derive(Debug)]
+pub struct Subscription {
+    node: Node,
+    /// The last version accepted ("" before any).
+    accepted: String,
+    /// The last version refused, while the server keeps sending it.
+    refused: Option<Refusal>,
+}
+
+#[derive(Debug, Clone)]
+struct Refusal {
+    version: String,
+    digest: u64,
+    message: String,
+    pause: Duration,
+}
+
+/// What to send back for one response, and what happened.
+#[derive(Debug)]
+pub struct Answer {
+    pub request: DiscoveryRequest,
+    pub verdict: Verdict,
+    /// How long to wait before sending `request` (repeated NACKs only).
+    pub pause: Duration,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// ACK. `new` unless the same version was accepted just before.
+    Accepted {
+        version: String,
+        domains: usize,
+        new: bool,
+    },
+    /// NACK; `first` the first time this version (same contents) is refused.
+    Refused {
+        version: String,
+        message: String,
+        first: bool,
+    },
+}
+
+impl Subscription {
+    pub fn new(node_id: &str) -> Subscription {
+        Subscription {
+            node: Node {
+                id: node_id.to_string(),
+                user_agent_name: "sluice".into(),
+                user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+                    env!("CARGO_PKG_VERSION").into(),
+                )),
+                ..Default::default()
+            },
+            accepted: String::new(),
+            refused: None,
+        }
+    }
+
+    /// The request that opens a stream: wildcard, no version, no nonce.
+    pub fn first_request(&self) -> DiscoveryRequest {
+        DiscoveryRequest {
+            node: Some(self.node.clone()),
+            type_url: TYPE_URL.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Decides `response` with `apply` (which installs the documents, or says why
+    /// not) and builds the ACK or NACK.
+    pub fn answer(
+        &mut self,
+        response: &DiscoveryResponse,
+        apply: impl FnOnce(Vec<Document>) -> Result<(), Vec<PolicyError>>,
+    ) -> Answer {
+        let digest = digest(response);
+        if let Some(r) = self.refused.as_mut() {
+            if r.version == response.version_info && r.digest == digest {
+                let pause = r.pause;
+                r.pause = (r.pause * 2).min(RENACK_MAX);
+                let (version, message) = (r.version.clone(), r.message.clone());
+                return Answer {
+                    request: self.nack(response, &message),
+                    verdict: Verdict::Refused {
+                        version,
+                        message,
+                        first: false,
+                    },
+                    pause,
+                };
+            }
+        }
+        let result = documents(response).and_then(|docs| {
+            let n = docs
+                .iter()
+                .map(|d| &d.domain)
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            apply(docs).map(|()| n).map_err(|e| join(&e))
+        });
+        match result {
+            Ok(domains) => {
+                let new = self.accepted != response.version_info || self.refused.is_some();
+                self.accepted = response.version_info.clone();
+                self.refused = None;
+                Answer {
+                    request: DiscoveryRequest {
+                        version_info: response.version_info.clone(),
+                        response_nonce: response.nonce.clone(),
+                        ..self.first_request()
+                    },
+                    verdict: Verdict::Accepted {
+                        version: response.version_info.clone(),
+                        domains,
+                        new,
+                    },
+                    pause: Duration::ZERO,
+                }
+            }
+            Err(message) => {
+                self.refused = Some(Refusal {
+                    version: response.version_info.clone(),
+                    digest,
+                    message: message.clone(),
+                    pause: RENACK_FIRST,
+                });
+                Answer {
+                    request: self.nack(response, &message),
+                    verdict: Verdict::Refused {
+                        version: response.version_info.clone(),
+                        message,
+                        first: true,
+                    },
+                    pause: Duration::ZERO,
+                }
+            }
+        }
+    }
+
+    fn nack(&self, response: &DiscoveryResponse, message: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: self.accepted.clone(),
+            response_nonce: response.nonce.clone(),
+            error_detail: Some(RpcStatus {
+                code: INVALID_ARGUMENT,
+                message: message.to_string(),
+                details: Vec::new(),
+            }),
+            ..self.first_request()
+        }
+    }
+}
+
+/// The response's documents, or every reason it cannot be read.
+fn documents(response: &DiscoveryResponse) -> Result<Vec<Document>, String> {
+    if response.type_url != TYPE_URL {
+        return Err(format!(
+            "unexpected resource type {:?}; subscribed to {TYPE_URL}",
+            response.type_url
+        ));
+    }
+    let mut docs = Vec::with_capacity(response.resources.len());
+    let mut errors = Vec::new();
+    for (i, any) in response.resources.iter().enumerate() {
+        if any.type_url != TYPE_URL {
+            errors.push(format!("resource {i} has type {:?}", any.type_url));
+            continue;
+        }
+        match RateLimitConfig::decode(any.value.as_slice()) {
+            Ok(config) => match convert::document(&config) {
+                Ok(doc) => docs.push(doc),
+                Err(e) => errors.push(join(&e)),
+            },
+            Err(e) => errors.push(format!("resource {i} does not decode: {e}")),
+        }
+    }
+    if errors.is_empty() {
+        Ok(docs)
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+fn join(errors: &[PolicyError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What identifies a response's contents (the nonce differs on every send).
+fn digest(response: &DiscoveryResponse) -> u64 {
+    let mut h = DefaultHasher::new();
+    response.type_url.hash(&mut h);
+    for any in &response.resources {
+        any.type_url.hash(&mut h);
+        any.value.hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::google::protobuf::Any;
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+
+    use super::*;
+
+    fn config(domain: &str, key: &str) -> Any {
+        let c = RateLimitConfig {
+            name: domain.into(),
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: key.into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Second as i32,
+                    requests_per_unit: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        };
+        Any {
+            type_url: TYPE_URL.into(),
+            value: c.encode_to_vec(),
+        }
+    }
+
+    fn response(version: &str, nonce: &str, resources: Vec<Any>) -> DiscoveryResponse {
+        DiscoveryResponse {
+            version_info: version.into(),
+            nonce: nonce.into(),
+            type_url: TYPE_URL.into(),
+            resources,
+            ..Default::default()
+        }
+    }
+
+    /// Applies as the hub does: the documents must compile together.
+    fn apply(docs: Vec<Document>) -> Result<(), Vec<PolicyError>> {
+        crate::policy::compile(docs).map(|_| ())
+    }
+
+    #[test]
+    fn the_first_request_is_a_wildcard_with_the_node() {
+        let s = Subscription::new("envoy-ratelimit");
+        let r = s.first_request();
+        assert_eq!(r.type_url, TYPE_URL);
+        assert!(
+            r.resource_names.is_empty() && r.version_info.is_empty() && r.response_nonce.is_empty()
+        );
+        assert_eq!(r.node.unwrap().id, "envoy-ratelimit");
+    }
+
+    #[test]
+    fn good_versions_are_acked_and_a_bad_one_nacked_with_the_last_good() {
+        let mut s = Subscription::new("n");
+        let a = s.answer(
+            &response("1", "a", vec![config("d1", "k"), config("d2", "k")]),
+            apply,
+        );
+        assert_eq!(
+            a.verdict,
+            Verdict::Accepted {
+                version: "1".into(),
+                domains: 2,
+                new: true
+            }
+        );
+        assert_eq!(
+            (
+                a.request.version_info.as_str(),
+                a.request.response_nonce.as_str()
+            ),
+            ("1", "a")
+        );
+        assert!(a.request.error_detail.is_none());
+
+        // Two configs defining the same path of one domain do not compile.
+        let bad = response("2", "b", vec![config("d1", "k"), config("d1", "k")]);
+        let a = s.answer(&bad, apply);
+        let Verdict::Refused {
+            version,
+            message,
+            first: true,
+        } = &a.verdict
+        else {
+            panic!("{:?}", a.verdict)
+        };
+        assert_eq!(version, "2");
+        assert!(message.contains("duplicate descriptor"), "{message}");
+        assert_eq!(
+            (
+                a.request.version_info.as_str(),
+                a.request.response_nonce.as_str()
+            ),
+            ("1", "b")
+        );
+        let detail = a.request.error_detail.unwrap();
+        assert_eq!(
+            (detail.code, detail.message.as_str()),
+            (INVALID_ARGUMENT, message.as_str())
+        );
+        assert_eq!(a.pause, Duration::ZERO);
+
+        // Sent again at once: refused without another first, each NACK waiting longer.
+        let mut pauses = Vec::new();
+        for nonce in ["c", "d", "e", "f", "g", "h", "i"] {
+            let again = response("2", nonce, bad.resources.clone());
+            let a = s.answer(&again, |_| panic!("a known refusal is not applied again"));
+            assert!(matches!(a.verdict, Verdict::Refused { first: false, .. }));
+            assert_eq!(a.request.response_nonce, nonce);
+            assert_eq!(a.request.version_info, "1");
+            pauses.push(a.pause);
+        }
+        assert_eq!(pauses[0], RENACK_FIRST);
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*pauses.last().unwrap(), RENACK_MAX);
+
+        // A fixed version is accepted at once.
+        let a = s.answer(&response("3", "j", vec![config("d1", "k")]), apply);
+        assert_eq!(
+            a.verdict,
+            Verdict::Accepted {
+                version: "3".into(),
+                domains: 1,
+                new: true
+            }
+        );
+        assert_eq!(a.pause, Duration::ZERO);
+        // The same version again (a new stream) is accepted, not new.
+        let a = s.answer(&response("3", "k", vec![config("d1", "k")]), apply);
+        assert!(matches!(a.verdict, Verdict::Accepted { new: false, .. }));
+    }
+
+    #[test]
+    fn unreadable_resources_are_nacked_with_the_reason() {
+        let mut s = Subscription::new("n");
+        let mut wrong = response("1", "a", vec![config("d", "k")]);
+        wrong.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+        let a = s.answer(&wrong, apply);
+        assert!(
+            matches!(&a.verdict, Verdict::Refused { message, .. } if message.contains("unexpected resource type"))
+        );
+        assert_eq!(a.request.version_info, "");
+        let garbage = response(
+            "1",
+            "b",
+            vec![Any {
+                type_url: TYPE_URL.into(),
+                value: vec![0xff, 0xff],
+            }],
+        );
+        let a = s.answer(&garbage, apply);
+        assert!(
+            matches!(&a.verdict, Verdict::Refused { message, .. } if message.contains("does not decode"))
+        );
+        let empty = response("2", "c", vec![]);
+        assert!(matches!(
+            s.answer(&empty, apply).verdict,
+            Verdict::Accepted { domains: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn back_off_jitter_stays_within_half() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(2));
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_secs(3),
+                "{d:?}"
+            );
+        }
+    }
+}
