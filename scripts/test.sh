@@ -30,11 +30,13 @@ log "scripts/install-kube.sh (etcd, API server, helm)"
 bash scripts/install-kube.sh
 log "scripts/install-tools.sh (grpcurl, grpc-health-probe, grpcio)"
 bash scripts/install-tools.sh
+log "scripts/install-test-xds.sh (the xDS server of the xDS tests)"
+bash scripts/install-test-xds.sh >/dev/null
 PATH="$(go env GOPATH)/bin:$PATH"
 export PATH
-# The installs above succeeded, so the Redis, Kubernetes and gRPC client tests must
-# run, not skip.
-export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1 SLUICE_REQUIRE_TOOLS=1
+# The installs above succeeded, so the Redis, Kubernetes, gRPC client and xDS tests
+# must run, not skip.
+export SLUICE_REQUIRE_KUBE=1 SLUICE_REQUIRE_REDIS=1 SLUICE_REQUIRE_TOOLS=1 SLUICE_REQUIRE_XDS=1
 
 # --- Rust checks -------------------------------------------------------------------
 log "cargo fmt --check"

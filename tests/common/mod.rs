@@ -2,9 +2,11 @@
 //! through Envoy's own gRPC client stubs (from `envoy-types`) and plain HTTP.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod contract;
 pub mod redis;
 pub mod tls;
+pub mod xds;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,496 @@
+//! Policies over xDS from the test xDS server (go-control-plane's snapshot cache over
+//! ADS and mTLS, as Envoy Gateway serves its rate limit service): configs in Envoy
+//! Gateway's shape are served and answered per, updates apply, a bad version is
+//! NACKed and the last good kept, a restarted server is reconnected, readiness waits
+//! for the first version unless told not to.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::certs::Certs;
+use common::xds::{binary, fixture, XdsServer};
+use common::*;
+
+const DOMAIN: &str = "default/eg/http";
+const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn header_rule() -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")])
+}
+
+/// Sluice subscribed over mTLS with Envoy Gateway's certificates, with no other
+/// policy.
+fn sluice(xds: &XdsServer, certs: &Certs, extra: &[&str]) -> Server {
+    let url = format!("https://localhost:{}", xds.port());
+    let (cert, key, ca) = (
+        certs.path("tls.crt"),
+        certs.path("tls.key"),
+        certs.path("ca.crt"),
+    );
+    let mut args = vec![
+        "--xds-server",
+        &url,
+        "--xds-node-id",
+        "envoy-ratelimit",
+        "--xds-tls-cert",
+        cert.to_str().unwrap(),
+        "--xds-tls-key",
+        key.to_str().unwrap(),
+        "--xds-tls-ca",
+        ca.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_with(tempfile::tempdir().unwrap(), &[], &args)
+}
+
+fn ready(server: &Server) -> bool {
+    http(&server.http, "GET", "/readyz", "").0 == 200
+}
+
+fn metric(server: &Server, series: &str) -> Option<f64> {
+    let (_, text) = http(&server.http, "GET", "/metrics", "");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// How many requests the server saw that refused version `version`.
+fn nacks(xds: &XdsServer, version: &str) -> usize {
+    xds.requests()
+        .iter()
+        .filter(|r| r["error_message"].is_string() && r["version_info"] != version)
+        .count()
+}
+
+fn gateway_files() -> Vec<PathBuf> {
+    vec![fixture("gateway.yaml"), fixture("shared.yaml")]
+}
+
+#[tokio::test]
+async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let server = sluice(&xds, &certs, &[]);
+    eventually(WAIT, "ready once the first version is in", || async {
+        ready(&server)
+    })
+    .await;
+
+    let mut c = server.client().await;
+    for _ in 0..3 {
+        assert_eq!(
+            call(&mut c, request(DOMAIN, vec![header_rule()]))
+                .await
+                .overall_code,
+            OK
+        );
+    }
+    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "3 a minute");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    // The per-address rule under its CIDR, and the shared rule's own domain.
+    let by_address = |ip: &str| {
+        desc(&[
+            (ROUTE, ROUTE),
+            ("masked_remote_address", "127.0.0.0/8"),
+            ("remote_address", ip),
+        ])
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            call(&mut c, request(DOMAIN, vec![by_address("127.0.0.9")]))
+                .await
+                .overall_code,
+            OK
+        );
+    }
+    assert_eq!(
+        call(&mut c, request(DOMAIN, vec![by_address("127.0.0.9")]))
+            .await
+            .overall_code,
+        OVER_LIMIT
+    );
+    assert_eq!(
+        call(&mut c, request(DOMAIN, vec![by_address("127.0.0.8")]))
+            .await
+            .overall_code,
+        OK
+    );
+    let shared = desc(&[
+        ("default/shared/rule/0", "default/shared/rule/0"),
+        ("rule-0-match-0", "rule-0-match-0"),
+    ]);
+    let r = call(&mut c, request("default/shared", vec![shared])).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+
+    // The ACK names the version and the nonce; the node is Envoy Gateway's.
+    let requests = xds.requests();
+    assert_eq!(requests[0]["node_id"], "envoy-ratelimit");
+    assert_eq!(requests[0]["version_info"], "");
+    assert!(requests.iter().any(|r| r["version_info"] == "1"
+        && r["response_nonce"] != ""
+        && r["error_message"].is_null()));
+    assert_eq!(
+        metric(
+            &server,
+            r#"sluice_policy_reloads_total{result="ok",source="xds"}"#
+        ),
+        Some(1.0)
+    );
+
+    // Version 2 raises the header rule's limit to 10.
+    let raised = std::fs::read_to_string(fixture("gateway.yaml"))
+        .unwrap()
+        .replacen("requests_per_unit: 3", "requests_per_unit: 10", 1);
+    let v = xds.publish(&format!(
+        "{raised}\n---\n{}",
+        std::fs::read_to_string(fixture("shared.yaml")).unwrap()
+    ));
+    assert_eq!(v, "2");
+    eventually(WAIT, "version 2 applied", || async {
+        let mut c = server.client().await;
+        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 10)
+    })
+    .await;
+    // A config removed from the snapshot removes its domain.
+    xds.publish_files(&[fixture("gateway.yaml")]);
+    eventually(WAIT, "the shared domain gone", || async {
+        let (_, body) = http(&server.http, "GET", "/debug/policies", "");
+        !body.contains("default/shared/rule/0")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_serving() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let server = sluice(&xds, &certs, &[]);
+    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+
+    assert_eq!(xds.publish_files(&[fixture("bad.yaml")]), "2");
+    eventually(WAIT, "a NACK of version 2", || async {
+        nacks(&xds, "2") > 0
+    })
+    .await;
+    let refusal = xds
+        .requests()
+        .into_iter()
+        .find(|r| r["error_message"].is_string())
+        .unwrap();
+    assert_eq!(
+        refusal["version_info"], "1",
+        "a NACK names the last good version"
+    );
+    assert_eq!(refusal["error_code"], 3);
+    let message = refusal["error_message"].as_str().unwrap();
+    assert!(
+        message.contains("xds:default/eg/http") && message.contains("duplicate descriptor"),
+        "{message}"
+    );
+
+    // go-control-plane sends the refused version again at once; the NACKs slow down.
+    let first = nacks(&xds, "2");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = nacks(&xds, "2") - first;
+    assert!(later <= 8, "{later} NACKs in 3 s");
+    // Counted and logged once.
+    assert_eq!(
+        metric(
+            &server,
+            r#"sluice_policy_reloads_total{result="error",source="xds"}"#
+        ),
+        Some(1.0)
+    );
+    let logged = server
+        .drain_lines()
+        .iter()
+        .filter(|l| l.contains("xDS version refused"))
+        .count();
+    assert_eq!(logged, 1);
+    // Version 1 still serves, and so does readiness.
+    let mut c = server.client().await;
+    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    assert!(ready(&server));
+
+    // A good version is taken at once.
+    xds.publish(
+        &std::fs::read_to_string(fixture("gateway.yaml"))
+            .unwrap()
+            .replacen("requests_per_unit: 3", "requests_per_unit: 4", 1),
+    );
+    eventually(WAIT, "version 3 applied", || async {
+        let mut c = server.client().await;
+        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 4)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let server = sluice(&xds, &certs, &[]);
+    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+
+    xds.kill();
+    // Meanwhile the last good policy serves.
+    let mut c = server.client().await;
+    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        3
+    );
+    eventually(WAIT, "the lost stream logged", || async {
+        server
+            .drain_lines()
+            .iter()
+            .any(|l| l.contains("xDS stream lost"))
+    })
+    .await;
+
+    // The new server numbers from 1 again, with other contents.
+    let dir = tempfile::tempdir().unwrap();
+    let changed = dir.path().join("changed.yaml");
+    std::fs::write(
+        &changed,
+        std::fs::read_to_string(fixture("gateway.yaml"))
+            .unwrap()
+            .replacen("requests_per_unit: 3", "requests_per_unit: 7", 1),
+    )
+    .unwrap();
+    xds.restart(Some(&[changed]));
+    eventually(WAIT, "the restarted server's version 1 applied", || async {
+        let mut c = server.client().await;
+        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 7)
+    })
+    .await;
+    assert_eq!(
+        xds.requests()[0]["version_info"],
+        "",
+        "a new stream starts from no version"
+    );
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_first_version_unless_started_without() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    xds.kill();
+    let waiting = sluice(&xds, &certs, &[]);
+    let forced = sluice(&xds, &certs, &["--xds-start-without-config"]);
+    eventually(WAIT, "ready without a config when told to", || async {
+        ready(&forced)
+    })
+    .await;
+    assert!(!ready(&waiting), "not ready before any version");
+    // Requests are answered meanwhile: no domain is known yet.
+    let mut c = waiting.client().await;
+    assert_eq!(
+        call(&mut c, request(DOMAIN, vec![header_rule()]))
+            .await
+            .overall_code,
+        OK
+    );
+
+    xds.restart(None);
+    eventually(WAIT, "ready once the server is up", || async {
+        ready(&waiting)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_server_of_another_authority_is_refused() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let url = format!("https://localhost:{}", xds.port());
+    let wrong_ca = certs.path("other-ca.crt");
+    let (cert, key) = (certs.path("tls.crt"), certs.path("tls.key"));
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[
+            "--xds-server",
+            &url,
+            "--xds-tls-cert",
+            cert.to_str().unwrap(),
+            "--xds-tls-key",
+            key.to_str().unwrap(),
+            "--xds-tls-ca",
+            wrong_ca.to_str().unwrap(),
+        ],
+    );
+    eventually(WAIT, "the refused certificate logged", || async {
+        server
+            .drain_lines()
+            .iter()
+            .any(|l| l.contains("xDS stream lost") && l.to_lowercase().contains("certificate"))
+    })
+    .await;
+    assert!(!ready(&server));
+    assert!(xds.requests().is_empty());
+}
+
+#[tokio::test]
+async fn plain_http_xds_and_bad_flags() {
+    let Some(bin) = binary() else { return };
+    let xds = XdsServer::start_plain(&bin, &gateway_files());
+    let url = format!("http://{}", xds.addr);
+    // The default node id is not the one the snapshot is for: subscribed, never
+    // answered, not ready.
+    let unknown_node =
+        Server::start_with(tempfile::tempdir().unwrap(), &[], &["--xds-server", &url]);
+    eventually(WAIT, "subscribed as node sluice", || async {
+        xds.requests().iter().any(|r| r["node_id"] == "sluice")
+    })
+    .await;
+    assert!(!ready(&unknown_node));
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &["--xds-server", &url, "--xds-node-id", "envoy-ratelimit"],
+    );
+    eventually(WAIT, "ready over plain http", || async { ready(&server) }).await;
+
+    // https:// without an authority, and an unreadable key, stop start-up.
+    for (args, says) in [
+        (vec!["--xds-server", "https://localhost:1"], "--xds-tls-ca"),
+        (
+            vec!["--xds-server", "localhost:1"],
+            "expected http://HOST:PORT",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let certs = Certs::envoy_gateway();
+    let ca = certs.path("ca.crt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--xds-server",
+            "https://localhost:1",
+            "--xds-tls-ca",
+        ])
+        .arg(&ca)
+        .arg("--xds-tls-cert")
+        .arg(&ca)
+        .arg("--xds-tls-key")
+        .arg(&ca)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--xds-tls-key") && stderr.contains("no PEM private key"),
+        "{stderr}"
+    );
+}
+
+/// Envoy Gateway's own translator outputs, when a folder of them is beside the
+/// repository: every one is accepted over xDS.
+#[tokio::test]
+async fn envoy_gateways_translator_outputs_when_present() {
+    let dir = match std::env::var_os("SLUICE_EG_RATELIMIT_CONFIGS") {
+        Some(d) => PathBuf::from(d),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/envoy-gateway/ratelimit-config"),
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    let Some(bin) = binary() else { return };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && !p.to_string_lossy().ends_with(".routes.yaml")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    let xds = XdsServer::start_plain(&bin, &[]);
+    let url = format!("http://{}", xds.addr);
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &["--xds-server", &url, "--xds-node-id", "envoy-ratelimit"],
+    );
+    for file in &files {
+        let version = xds.publish_files(std::slice::from_ref(file));
+        eventually(
+            WAIT,
+            &format!("an answer to {}", file.display()),
+            || async {
+                let requests = xds.requests();
+                requests.iter().any(|r| r["error_message"].is_string())
+                    || requests.iter().any(|r| r["version_info"] == version)
+            },
+        )
+        .await;
+        let refused: Vec<_> = xds
+            .requests()
+            .into_iter()
+            .filter(|r| r["error_message"].is_string())
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{} refused: {refused:?}",
+            file.display()
+        );
+    }
+    drop(server);
+}
