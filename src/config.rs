@@ -42,9 +42,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// Another service's environment to read (`--env-compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnvCompat {
+    /// envoyproxy/ratelimit's variables (see docs/envoy-gateway.md).
+    Erl,
+}
+
 /// `sluice serve` settings.
 #[derive(Debug, Clone, Args)]
+#[command(args_override_self = true)]
 pub struct Serve {
+    /// Also read envoyproxy/ratelimit's environment variables (`erl`), as when
+    /// started as `ratelimit`; a flag or SLUICE_* variable of the same setting wins.
+    #[arg(long, env = "SLUICE_ENV_COMPAT", value_enum)]
+    pub env_compat: Option<EnvCompat>,
     /// A policy file or a directory of *.yaml/*.yml; repeatable. Reloaded on change.
     #[arg(long, env = "SLUICE_CONFIG", value_delimiter = ',')]
     pub config: Vec<PathBuf>,
@@ -85,6 +97,26 @@ pub struct Serve {
     /// Largest xDS message accepted.
     #[arg(long, env = "SLUICE_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub xds_max_message_bytes: usize,
+    /// Also serve /metrics here, with envoyproxy/ratelimit's
+    /// `ratelimit_service_rate_limit_*` series beside sluice's (what Envoy Gateway's
+    /// dashboards read).
+    #[arg(long, env = "SLUICE_PROMETHEUS_ADDR")]
+    pub prometheus_addr: Option<SocketAddr>,
+    /// The path of --prometheus-addr's metrics.
+    #[arg(long, env = "SLUICE_PROMETHEUS_PATH", default_value = "/metrics")]
+    pub prometheus_path: String,
+    /// The share of a limit above which a decision counts as near the limit
+    /// (`ratelimit_service_rate_limit_near_limit`).
+    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
+    pub near_limit_ratio: f64,
+    /// Every limit counts and reports but never denies (as if each had
+    /// shadow_mode: true).
+    #[arg(long, env = "SLUICE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Prepended to every Redis key, so that several sluice fleets can share one
+    /// Redis (no `{`).
+    #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
+    pub redis_key_prefix: String,
     /// Standalone Redis shards (URL,URL,...). Without it counters live in memory.
     #[arg(long, env = "SLUICE_REDIS", value_delimiter = ',')]
     pub redis: Vec<String>,
@@ -280,6 +312,13 @@ fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
         _ => Err(format!("expected open or closed, got {s:?}")),
+    }
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("expected a number from 0 to 1, got {s:?}")),
     }
 }
 

@@ -42,6 +42,8 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<S>))
+        // envoyproxy/ratelimit's health check, which Envoy Gateway's probes call.
+        .route("/healthcheck", get(healthcheck::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/json", json)
         .route("/debug/policies", get(policies::<S>))
@@ -50,16 +52,36 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .with_state(admin)
 }
 
+/// The metrics of `admin` at `path` alone, for `--prometheus-addr`.
+pub fn metrics_router<S: Store>(admin: Arc<Admin<S>>, path: &str) -> Router {
+    Router::new()
+        .route(path, get(metrics::<S>))
+        .with_state(admin)
+}
+
 /// Ready once policies are loaded and the servers listen, until SIGTERM: "this
 /// replica can answer". Never the store's health: every replica shares the store,
 /// so a store outage would take them all out of the endpoints at once, and Envoy's
 /// own failure mode would answer instead of the domain's (`/debug/store` and the
 /// metrics show the store).
+fn is_ready<S: Store>(admin: &Admin<S>) -> bool {
+    admin.ready.load(Ordering::SeqCst) && admin.loaded.load(Ordering::SeqCst)
+}
+
 async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    if admin.ready.load(Ordering::SeqCst) && admin.loaded.load(Ordering::SeqCst) {
+    if is_ready(&admin) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+/// `/readyz` as envoyproxy/ratelimit answers its `/healthcheck`: `OK`, or 500.
+async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    if is_ready(&admin) {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
     }
 }
 

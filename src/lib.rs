@@ -3,6 +3,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod compat;
 pub mod config;
 pub mod crd;
 pub mod grpc_server;

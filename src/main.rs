@@ -9,11 +9,25 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use std::ffi::OsString;
+
 use clap::Parser;
-use sluice::config::{Cli, Command, LogFormat};
+use sluice::config::{Cli, Command, EnvCompat, LogFormat, Serve};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    // Envoy Gateway's Deployment runs `/bin/ratelimit` with no arguments: as that
+    // name, serve with envoyproxy/ratelimit's environment.
+    let as_ratelimit = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "ratelimit");
+    if as_ratelimit {
+        let rest = args.split_off(1);
+        args.extend(["serve", "--env-compat", "erl"].map(OsString::from));
+        args.extend(rest);
+    }
+    let cli = Cli::parse_from(&args);
     match cli.command {
         Command::Validate { paths } => validate(&paths),
         Command::Crd => {
@@ -21,7 +35,23 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(cfg) => {
-            init_logging(cfg.log_format);
+            let (cfg, compat) = match compat(*cfg, &args) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            init_logging(cfg.log_format, compat.log_level.as_deref());
+            if cfg.env_compat.is_some() {
+                tracing::info!(
+                    "reading envoyproxy/ratelimit's environment: {}",
+                    compat.args.join(" ")
+                );
+            }
+            for warning in &compat.warnings {
+                tracing::warn!("{warning}");
+            }
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             if cfg.worker_threads > 0 {
                 builder.worker_threads(cfg.worker_threads);
@@ -34,8 +64,7 @@ fn main() -> ExitCode {
                 }
             };
             // The signal handlers are installed first thing in the runtime.
-            let serve =
-                async { sluice::server::run(*cfg, sluice::server::shutdown_signal()).await };
+            let serve = async { sluice::server::run(cfg, sluice::server::shutdown_signal()).await };
             match runtime.block_on(serve) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -66,9 +95,32 @@ fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// With `--env-compat erl`, the settings again with envoyproxy/ratelimit's variables
+/// as flags placed before the command line's own (which therefore win).
+fn compat(
+    cfg: Serve,
+    args: &[OsString],
+) -> Result<(Serve, sluice::compat::Translation), sluice::compat::Refusal> {
+    if cfg.env_compat != Some(EnvCompat::Erl) {
+        return Ok((cfg, Default::default()));
+    }
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let translation = sluice::compat::translate(&env)?;
+    let serve = args.iter().position(|a| a == "serve").unwrap_or(1);
+    let mut again: Vec<OsString> = args[..=serve].to_vec();
+    again.extend(translation.args.iter().map(OsString::from));
+    again.extend(args[serve + 1..].iter().cloned());
+    let Command::Serve(cfg) = Cli::parse_from(again).command else {
+        unreachable!("the same subcommand")
+    };
+    Ok((*cfg, translation))
+}
+
+fn init_logging(format: LogFormat, level: Option<&str>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.unwrap_or("info")));
     // Colour only for a person at a terminal: escapes in a file, a pipe or a log
     // collector are noise. NO_COLOR (no-color.org) turns it off there too.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

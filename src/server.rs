@@ -14,7 +14,7 @@ use crate::clock::SystemClock;
 use crate::config::Serve;
 use crate::grpc_server;
 use crate::hash::ValueHash;
-use crate::http::{router, Admin};
+use crate::http::{metrics_router, router, Admin};
 use crate::limiter::key::Hashing;
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
@@ -75,7 +75,11 @@ pub async fn run(
     }
     let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
     let hashing = hashing(&cfg, shared)?;
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    if cfg.prometheus_addr.is_some() {
+        metrics = metrics.with_erl(cfg.near_limit_ratio);
+    }
+    let metrics = Arc::new(metrics);
     let settings = Settings {
         failure_mode: cfg.failure_mode,
         store_timeout: cfg.store_timeout,
@@ -101,6 +105,7 @@ pub async fn run(
         };
         let mut opts = RedisOptions::new(urls, cluster);
         opts.call_timeout = cfg.store_timeout;
+        opts.prefix = cfg.redis_key_prefix.clone();
         let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
         tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
@@ -187,6 +192,16 @@ where
         connections,
         loaded,
     });
+    let prometheus = match cfg.prometheus_addr {
+        Some(addr) => {
+            let listener = bind(addr).await?;
+            tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.prometheus_path, "metrics also served");
+            let app = metrics_router(admin.clone(), &cfg.prometheus_path);
+            let server = axum::serve(listener, app).with_graceful_shutdown(stopped());
+            Some(tokio::spawn(async move { server.await }))
+        }
+        None => None,
+    };
     let app = router(admin);
     let http_stop = stopped();
     let https = http_tls.is_some();
@@ -231,6 +246,9 @@ where
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         http_task.abort();
+        if let Some(p) = &prometheus {
+            p.abort();
+        }
     };
     if tokio::time::timeout(cfg.shutdown_grace, drained)
         .await

@@ -138,6 +138,7 @@ mod tests {
             metadata: None,
             shared,
             rendered: Default::default(),
+            stat_key: String::new(),
         }
     }
 

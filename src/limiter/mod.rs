@@ -76,6 +76,8 @@ pub struct Status {
     pub over_limit: bool,
     /// The store's verdict, for limited rules that were decided.
     pub verdict: Option<Verdict>,
+    /// The descriptor's hits (its `hits_addend`).
+    pub hits: u64,
     /// Whether a `penalty` ban denied this descriptor or started with it.
     pub ban: Ban,
 }
@@ -204,16 +206,17 @@ impl<S: Store> Limiter<S> {
         // once, below, on a count every core's requests write.
         let guard = self.policy.load();
         let policy: &Policy = &guard;
-        let mut statuses = vec![
-            Status {
+        let mut statuses: Vec<Status> = descriptors
+            .iter()
+            .map(|d| Status {
                 rule: None,
                 limit_override: None,
                 over_limit: false,
                 verdict: None,
+                hits: d.hits,
                 ban: Ban::None,
-            };
-            descriptors.len()
-        ];
+            })
+            .collect();
         let Some(dom) = policy.domain(domain) else {
             return Outcome {
                 policy: Guard::into_inner(guard),
@@ -237,8 +240,10 @@ impl<S: Store> Limiter<S> {
             let layer = status
                 .rule
                 .map_or(Layer::default(), |r| policy.rule(r).layer);
-            let algorithm = policy.defaults.algorithm;
-            if let Some(rule) = self.overrides.rule(d.entries, layer, limit, algorithm) {
+            if let Some(rule) = self
+                .overrides
+                .rule(d.entries, layer, limit, &policy.defaults)
+            {
                 status.limit_override = Some(overrides.len());
                 overrides.push(rule);
             }

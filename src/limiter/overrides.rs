@@ -9,7 +9,7 @@
 //! keeps what it spent this window), apart from the configured limit's counter.
 //!
 //! The rule an override stands for is built once per shape (keys, layer, limit,
-//! algorithm) and kept in a small copy-on-write table read without a lock, so its
+//! defaults) and kept in a small copy-on-write table read without a lock, so its
 //! answer parts are not rendered again on every request. Overrides come in few
 //! shapes (routes times plans); past [`MAX_SHAPES`] a new shape is built per request.
 
@@ -19,8 +19,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
-use crate::algorithm::Algorithm;
-use crate::policy::{Entry, Layer, Rule, Unit};
+use crate::policy::{Defaults, Entry, Layer, Rule, Unit};
 
 /// Most override shapes kept.
 pub const MAX_SHAPES: usize = 1024;
@@ -54,10 +53,10 @@ impl OverrideRules {
         entries: &[E],
         layer: Layer,
         limit: Override,
-        algorithm: Algorithm,
+        defaults: &Defaults,
     ) -> Option<Arc<Rule>> {
         let mut h = self.hasher.build_hasher();
-        (layer, limit.requests_per_unit, limit.unit, algorithm).hash(&mut h);
+        (layer, limit.requests_per_unit, limit.unit, defaults).hash(&mut h);
         for e in entries {
             e.key().hash(&mut h);
         }
@@ -67,7 +66,8 @@ impl OverrideRules {
             r.requests_per_unit == limit.requests_per_unit
                 && r.unit == limit.unit
                 && r.layer == layer
-                && r.limit.is_some_and(|l| l.algorithm == algorithm)
+                && r.shadow_mode == defaults.shadow_mode
+                && r.limit.is_some_and(|l| l.algorithm == defaults.algorithm)
                 && s.keys.len() == entries.len()
                 && s.keys.iter().zip(entries).all(|(k, e)| &**k == e.key())
         };
@@ -84,7 +84,7 @@ impl OverrideRules {
             layer,
             limit.requests_per_unit,
             limit.unit,
-            algorithm,
+            defaults,
         )?);
         let shape = Shape {
             hash,
@@ -116,7 +116,7 @@ impl OverrideRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::SECOND;
+    use crate::algorithm::{Algorithm, SECOND};
     use crate::clock::ManualClock;
     use crate::limiter::{Descriptor, Limiter, Outcome, Settings};
     use crate::store::MemoryStore;
@@ -254,6 +254,15 @@ descriptors:
         assert_eq!(o.statuses[1].verdict.unwrap().remaining, 2);
     }
 
+    const FIXED: Defaults = Defaults {
+        algorithm: Algorithm::FixedWindow,
+        shadow_mode: false,
+    };
+    const BUCKET: Defaults = Defaults {
+        algorithm: Algorithm::TokenBucket,
+        shadow_mode: false,
+    };
+
     const PER_MINUTE: Override = Override {
         requests_per_unit: 5,
         unit: Unit::Minute,
@@ -267,7 +276,7 @@ descriptors:
                 &[("route", "r"), ("tenant", "t1")],
                 Layer::Service,
                 PER_MINUTE,
-                Algorithm::FixedWindow,
+                &FIXED,
             )
             .unwrap();
         assert_eq!(a.path, "route/tenant");
@@ -280,7 +289,7 @@ descriptors:
                 &[("route", "r"), ("tenant", "t2")],
                 Layer::Service,
                 PER_MINUTE,
-                Algorithm::FixedWindow,
+                &FIXED,
             )
             .unwrap();
         assert!(Arc::ptr_eq(&a, &b));
@@ -295,25 +304,25 @@ descriptors:
                 &[("route", "r"), ("tenant", "t")],
                 Layer::Service,
                 other,
-                Algorithm::FixedWindow,
+                &FIXED,
             ),
             rules.rule(
                 &[("route", "r"), ("user", "t")],
                 Layer::Service,
                 PER_MINUTE,
-                Algorithm::FixedWindow,
+                &FIXED,
             ),
             rules.rule(
                 &[("route", "r"), ("tenant", "t")],
                 Layer::Tenant,
                 PER_MINUTE,
-                Algorithm::FixedWindow,
+                &FIXED,
             ),
             rules.rule(
                 &[("route", "r"), ("tenant", "t")],
                 Layer::Service,
                 PER_MINUTE,
-                Algorithm::TokenBucket,
+                &BUCKET,
             ),
         ] {
             assert!(!Arc::ptr_eq(&a, &r.unwrap()));
@@ -329,7 +338,7 @@ descriptors:
                 requests_per_unit: rpu,
                 unit: Unit::Second,
             };
-            let r = rules.rule(&[("k", "v")], Layer::Service, limit, Algorithm::FixedWindow);
+            let r = rules.rule(&[("k", "v")], Layer::Service, limit, &FIXED);
             assert_eq!(r.unwrap().requests_per_unit, rpu);
         }
         assert_eq!(rules.len(), MAX_SHAPES);
@@ -343,7 +352,7 @@ descriptors:
         };
         let rules = OverrideRules::default();
         assert!(rules
-            .rule(&[("k", "v")], Layer::Service, limit, Algorithm::FixedWindow)
+            .rule(&[("k", "v")], Layer::Service, limit, &FIXED)
             .is_none());
     }
 }

@@ -247,13 +247,22 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
             rl.report_unit()
         },
         replaces: rl.replaces.clone(),
-        shadow_mode: d.shadow_mode,
+        shadow_mode: d.shadow_mode || out.defaults.shadow_mode,
         quota_mode: d.quota_mode,
         layer: d.layer,
         penalty: rl.penalty,
         metadata: d.metadata.clone(),
         shared: trail.shared.clone(),
         rendered: Default::default(),
+        stat_key: trail
+            .path
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => format!("{k}_{v}"),
+                None => k.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join("."),
     };
     rule.rendered = super::answer::render(&rule);
     Some(rule)
@@ -337,6 +346,7 @@ mod tests {
         );
         let fixed = Defaults {
             algorithm: Algorithm::FixedWindow,
+            ..Defaults::default()
         };
         assert_eq!(
             algorithms(&fixed),
@@ -345,6 +355,7 @@ mod tests {
         // A token bucket by default: its burst is requests_per_unit.
         let bucket = Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         };
         let p = compile_with(docs(text), &bucket).unwrap();
         assert_eq!(p.rules[0].limit.unwrap().algorithm, Algorithm::TokenBucket);

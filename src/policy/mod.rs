@@ -83,10 +83,13 @@ impl Layer {
 }
 
 /// What a compiled policy assumes where a document says nothing (server flags).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Defaults {
     /// The algorithm of rate limits that name none (`--default-algorithm`).
     pub algorithm: Algorithm,
+    /// Every limit counts and reports but never denies, as if each had
+    /// `shadow_mode: true` (`--shadow-mode`, envoyproxy/ratelimit's `SHADOW_MODE`).
+    pub shadow_mode: bool,
 }
 
 /// What to answer when the counter store cannot be reached.
@@ -205,6 +208,10 @@ pub struct Rule {
     pub shared: Vec<Option<String>>,
     /// What every answer says about this rule, written once here (set by `compile`).
     pub rendered: answer::Rendered,
+    /// envoyproxy/ratelimit's name for this rule's statistics: each level from the
+    /// root as `key_value` (`key` without a value), joined by `.`; empty for an
+    /// override.
+    pub stat_key: String,
 }
 
 /// One domain's compiled descriptor tree.
@@ -286,15 +293,16 @@ impl Policy {
 
 impl Rule {
     /// The rule a request's descriptor `limit` override stands for (Envoy's
-    /// `RateLimitOverride`): `requests_per_unit` per `unit` with `algorithm`, unnamed,
-    /// never shadow or quota, as envoyproxy/ratelimit treats it. `path` and `layer`
-    /// are those of the rule it replaces (keys joined by `/`, `service` without one).
+    /// `RateLimitOverride`): `requests_per_unit` per `unit` with the default
+    /// algorithm, unnamed, never quota and shadow only under `defaults.shadow_mode`,
+    /// as envoyproxy/ratelimit treats it. `path` and `layer` are those of the rule it
+    /// replaces (keys joined by `/`, `service` without one).
     pub fn overriding(
         path: String,
         layer: Layer,
         requests_per_unit: u32,
         unit: Unit,
-        algorithm: Algorithm,
+        defaults: &Defaults,
     ) -> Option<Rule> {
         let window = unit.micros()?;
         let requests = u64::from(requests_per_unit);
@@ -303,7 +311,7 @@ impl Rule {
             path,
             name: None,
             limit: Some(Limit {
-                algorithm,
+                algorithm: defaults.algorithm,
                 requests,
                 window,
                 burst: requests,
@@ -311,13 +319,14 @@ impl Rule {
             requests_per_unit,
             unit,
             replaces: Vec::new(),
-            shadow_mode: false,
+            shadow_mode: defaults.shadow_mode,
             quota_mode: false,
             layer,
             penalty: None,
             metadata: None,
             shared: Vec::new(),
             rendered: Default::default(),
+            stat_key: String::new(),
         };
         rule.rendered = answer::render(&rule);
         Some(rule)

@@ -319,6 +319,7 @@ descriptors:
             limit_override: None,
             over_limit,
             verdict,
+            hits: 1,
             ban: Ban::None,
         }
     }

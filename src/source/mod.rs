@@ -44,6 +44,7 @@ where
 {
     let defaults = crate::policy::Defaults {
         algorithm: cfg.default_algorithm,
+        shadow_mode: cfg.shadow_mode,
     };
     let hub = hub::Hub::new(&cfg.shared_domains, defaults, metrics.clone());
     if !cfg.config.is_empty() {

@@ -43,6 +43,7 @@ use crate::limiter::{Ban, Outcome};
 use crate::policy::{FailureMode, Policy, Rule};
 use crate::store::{ErrorKind, Evictions, Report};
 
+pub mod erl;
 pub mod ratio;
 pub mod striped;
 pub mod top;
@@ -119,6 +120,8 @@ struct PolicyHandles {
     /// gets the same address while this cache entry exists.
     policy: Weak<Policy>,
     rules: Box<[OnceLock<Arc<RuleStats>>]>,
+    /// envoyproxy/ratelimit's series of each rule, when exported (else empty).
+    erl: Box<[OnceLock<Arc<erl::Counts>>]>,
 }
 
 /// One rule's view for `/debug/top`.
@@ -160,6 +163,8 @@ pub struct Metrics {
     recent_denials: IntGaugeVec,
     top_offenders: IntGaugeVec,
     handles: ArcSwapOption<PolicyHandles>,
+    /// envoyproxy/ratelimit's series, with `--prometheus-addr`.
+    erl: Option<erl::ErlStats>,
     /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
     /// first seen and at scrape time.
     stats: Mutex<HashMap<StatsKey, Arc<RuleStats>>>,
@@ -343,6 +348,7 @@ impl Metrics {
             recent_denials,
             top_offenders,
             handles: ArcSwapOption::empty(),
+            erl: None,
             stats: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
@@ -355,6 +361,13 @@ impl Metrics {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Also exports envoyproxy/ratelimit's per-limit series ([`erl`]), counting as
+    /// near the limit the hits past `near_limit_ratio` of it.
+    pub fn with_erl(mut self, near_limit_ratio: f64) -> Self {
+        self.erl = Some(erl::ErlStats::new(near_limit_ratio));
+        self
     }
 
     /// Counts one decided request.
@@ -376,6 +389,9 @@ impl Metrics {
                 fresh = Arc::new(PolicyHandles {
                     policy: Arc::downgrade(&outcome.policy),
                     rules: (0..outcome.policy.rules.len())
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                    erl: (0..self.erl.as_ref().map_or(0, |_| outcome.policy.rules.len()))
                         .map(|_| OnceLock::new())
                         .collect(),
                 });
@@ -404,6 +420,11 @@ impl Metrics {
             striped::add(&counts.outcomes[label], owned, 1);
             if s.ban == Ban::Started {
                 striped::add(&counts.bans, owned, 1);
+            }
+            if let Some(erl) = &self.erl {
+                let counts = handles.erl[rule_id]
+                    .get_or_init(|| erl.counts(domain, outcome.policy.rule(rule_id)));
+                erl.record(counts, rule, s);
             }
             let decided = rule.limit.is_some()
                 && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
@@ -690,6 +711,9 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         let mut text = String::from_utf8(buf).unwrap_or_default();
         self.render_striped(&mut text);
+        if let Some(erl) = &self.erl {
+            erl.render(&mut text);
+        }
         text
     }
 }
@@ -850,6 +874,7 @@ descriptors:
                 limit_override: None,
                 over_limit: false,
                 verdict: (!failed).then(crate::algorithm::Verdict::default),
+                hits: 1,
                 ban: Ban::None,
             }],
             delay: 0,

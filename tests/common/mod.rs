@@ -85,9 +85,13 @@ impl Server {
         for c in configs {
             cmd.arg("--config").arg(c);
         }
-        cmd.args(extra)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
+        cmd.args(extra).env("RUST_LOG", "info");
+        Self::spawn(cmd, dir)
+    }
+
+    /// Runs `cmd` (a sluice, however started) and waits until it listens.
+    pub fn spawn(mut cmd: Command, dir: tempfile::TempDir) -> Server {
+        cmd.env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn sluice");

@@ -1,0 +1,794 @@
+//! envoyproxy/ratelimit's environment (`--env-compat erl`, or the binary started as
+//! `ratelimit`, as Envoy Gateway's Deployment runs `/bin/ratelimit`): its variables
+//! become `serve` flags before the command line is parsed, so Sluice can stand in
+//! that container unchanged.
+//!
+//! Every variable envoyproxy/ratelimit reads is in [`VARIABLES`], with what Sluice
+//! does with it: honoured (it becomes a flag), accepted and ignored (a warning once
+//! at start-up when it is set to something that matters), or refused (start-up stops
+//! with the reason, where ignoring it would weaken security or lose limits). A
+//! `SLUICE_*` variable of the same setting wins over the envoyproxy/ratelimit one,
+//! and so does a flag on the command line. docs/envoy-gateway.md lists the same
+//! table (a test keeps the two in step).
+
+use std::collections::BTreeMap;
+
+/// What Sluice does with a variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treatment {
+    /// Becomes a flag, or matches what Sluice always does.
+    Honoured,
+    /// Read and not acted on; a warning when set to a value that would matter.
+    Ignored,
+    /// Start-up stops when it asks for something Sluice does not do.
+    Refused,
+}
+
+/// One of envoyproxy/ratelimit's variables.
+#[derive(Debug, Clone, Copy)]
+pub struct Variable {
+    pub name: &'static str,
+    pub treatment: Treatment,
+    /// What it becomes, or why not.
+    pub note: &'static str,
+}
+
+use Treatment::{Honoured, Ignored, Refused};
+
+macro_rules! var {
+    ($name:literal, $t:ident, $note:literal) => {
+        Variable {
+            name: $name,
+            treatment: $t,
+            note: $note,
+        }
+    };
+}
+
+/// Every variable of envoyproxy/ratelimit's settings, and Envoy Gateway's
+/// `GRPC_SERVER_TLS_CA_CERT`.
+pub const VARIABLES: &[Variable] = &[
+    var!("HOST", Honoured, "with `PORT`: `--http-addr HOST:PORT`"),
+    var!("PORT", Honoured, "with `HOST`: `--http-addr HOST:PORT`"),
+    var!("GRPC_HOST", Honoured, "with `GRPC_PORT`: `--grpc-addr HOST:PORT`"),
+    var!("GRPC_PORT", Honoured, "with `GRPC_HOST`: `--grpc-addr HOST:PORT`"),
+    var!("DEBUG_HOST", Ignored, "sluice's `/debug/*` is on the HTTP port"),
+    var!("DEBUG_PORT", Ignored, "sluice's `/debug/*` is on the HTTP port"),
+    var!("GRPC_UDS", Refused, "the gRPC port is TCP only"),
+    var!("GRPC_MAX_CONNECTION_AGE", Ignored, "connections are not aged out"),
+    var!("GRPC_MAX_CONNECTION_AGE_GRACE", Ignored, "connections are not aged out"),
+    var!("GRPC_SERVER_USE_TLS", Refused, "`true` needs TLS on the gRPC port (`--grpc-tls-cert`), which this build does not have yet"),
+    var!("GRPC_SERVER_TLS_CERT", Refused, "see `GRPC_SERVER_USE_TLS`"),
+    var!("GRPC_SERVER_TLS_KEY", Refused, "see `GRPC_SERVER_USE_TLS`"),
+    var!("GRPC_CLIENT_TLS_CACERT", Refused, "client certificates need TLS on the gRPC port; see `GRPC_SERVER_USE_TLS`"),
+    var!("GRPC_CLIENT_TLS_SAN", Refused, "client certificates are not matched by name"),
+    var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; client certificates are required only with `GRPC_CLIENT_TLS_CACERT`"),
+    var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug`, `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
+    var!("LOG_FORMAT", Honoured, "`--log-format` (`text` or `json`)"),
+    var!("CONFIG_TYPE", Honoured, "`FILE`: `--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`; `GRPC_XDS_SOTW`: `--xds-server`"),
+    var!("FORCE_START_WITHOUT_INITIAL_CONFIG", Honoured, "`--xds-start-without-config`"),
+    var!("CONFIG_GRPC_XDS_NODE_ID", Honoured, "`--xds-node-id` (default `default`, as there)"),
+    var!("CONFIG_GRPC_XDS_NODE_METADATA", Ignored, "the node carries no metadata"),
+    var!("CONFIG_GRPC_XDS_SERVER_URL", Honoured, "`--xds-server http://HOST:PORT` (`https://` with `CONFIG_GRPC_XDS_SERVER_USE_TLS`; default `localhost:18000`)"),
+    var!("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Ignored, "reconnects back off from 0.5 s to 30 s with jitter"),
+    var!("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Ignored, "no extra headers are sent"),
+    var!("CONFIG_GRPC_XDS_SERVER_USE_TLS", Honoured, "`https://` in `--xds-server`"),
+    var!("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Honoured, "`--xds-tls-cert`"),
+    var!("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Honoured, "`--xds-tls-key`"),
+    var!("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Honoured, "`--xds-tls-ca` (needed with TLS: the system's authorities are not used)"),
+    var!("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Honoured, "`--xds-tls-server-name`"),
+    var!("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Ignored, "reconnects back off from 0.5 s to 30 s with jitter"),
+    var!("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Ignored, "reconnects back off from 0.5 s to 30 s with jitter"),
+    var!("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Ignored, "reconnects back off from 0.5 s to 30 s with jitter"),
+    var!("XDS_CLIENT_BACKOFF_JITTER", Ignored, "reconnects back off from 0.5 s to 30 s with jitter"),
+    var!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Honoured, "`--xds-max-message-bytes`"),
+    var!("USE_STATSD", Ignored, "no statsd; `true` (envoyproxy/ratelimit's default) warns only when set"),
+    var!("USE_DOG_STATSD", Ignored, "no statsd"),
+    var!("USE_DOG_STATSD_MOGRIFIERS", Ignored, "no statsd"),
+    var!("STATSD_HOST", Ignored, "no statsd"),
+    var!("STATSD_PORT", Ignored, "no statsd"),
+    var!("EXTRA_TAGS", Ignored, "no statsd"),
+    var!("STATS_FLUSH_INTERVAL", Ignored, "metrics are read at scrape time"),
+    var!("DISABLE_STATS", Ignored, "metrics are always kept"),
+    var!("USE_PROMETHEUS", Honoured, "`true`: `--prometheus-addr PROMETHEUS_ADDR`"),
+    var!("PROMETHEUS_ADDR", Honoured, "`--prometheus-addr` (default `:9090`)"),
+    var!("PROMETHEUS_PATH", Honoured, "`--prometheus-path` (default `/metrics`)"),
+    var!("PROMETHEUS_MAPPER_YAML", Ignored, "the series are named as Envoy Gateway's mapping names them"),
+    var!("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Ignored, "sluice_decision_seconds is in seconds"),
+    var!("RUNTIME_ROOT", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's root"),
+    var!("RUNTIME_SUBDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's second part"),
+    var!("RUNTIME_APPDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's last part (default `config`)"),
+    var!("RUNTIME_IGNOREDOTFILES", Honoured, "dot files are always skipped"),
+    var!("RUNTIME_WATCH_ROOT", Honoured, "the directory is polled whichever way it changes"),
+    var!("EXPIRATION_JITTER_MAX_SECONDS", Ignored, "counters expire with their window"),
+    var!("LOCAL_CACHE_SIZE_IN_BYTES", Ignored, "the over-limit cache is always on and bounded"),
+    var!("NEAR_LIMIT_RATIO", Honoured, "`--near-limit-ratio`, for `ratelimit_service_rate_limit_near_limit`"),
+    var!("CACHE_KEY_PREFIX", Honoured, "`--redis-key-prefix`"),
+    var!("BACKEND_TYPE", Honoured, "`redis` (the default); `memcache` is refused"),
+    var!("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Honoured, "a denied request never spends"),
+    var!("LIMIT_RESPONSE_HEADERS_ENABLED", Honoured, "`--response-headers off`, or `draft03` when `true` (`x-ratelimit-*` names)"),
+    var!("LIMIT_LIMIT_HEADER", Ignored, "header names are fixed"),
+    var!("LIMIT_REMAINING_HEADER", Ignored, "header names are fixed"),
+    var!("LIMIT_RESET_HEADER", Ignored, "header names are fixed"),
+    var!("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Honoured, "readiness waits for the first xDS version unless `FORCE_START_WITHOUT_INITIAL_CONFIG`"),
+    var!("REDIS_SOCKET_TYPE", Honoured, "`tcp`; `unix` is refused"),
+    var!("REDIS_TYPE", Honoured, "`SINGLE`: `--redis`; `CLUSTER`: `--redis-cluster`; `SENTINEL` is refused"),
+    var!("REDIS_URL", Honoured, "`host:port` (comma-separated for a cluster), or a `redis://` URL"),
+    var!("REDIS_POOL_SIZE", Ignored, "connections are multiplexed"),
+    var!("REDIS_AUTH", Honoured, "the password (or `user:password`) in the Redis URL"),
+    var!("REDIS_TLS", Honoured, "`rediss://`; the authorities are the system's (`SSL_CERT_FILE`)"),
+    var!("REDIS_TLS_CLIENT_CERT", Refused, "the Redis client presents no certificate"),
+    var!("REDIS_TLS_CLIENT_KEY", Refused, "the Redis client presents no certificate"),
+    var!("REDIS_TLS_CACERT", Refused, "give the authority through `SSL_CERT_FILE`"),
+    var!("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Refused, "certificates are always verified"),
+    var!("REDIS_PIPELINE_WINDOW", Ignored, "concurrent requests share calls on their own"),
+    var!("REDIS_PIPELINE_LIMIT", Ignored, "concurrent requests share calls on their own"),
+    var!("REDIS_CLUSTER_PIPELINE_PARALLELISM", Ignored, "concurrent requests share calls on their own"),
+    var!("REDIS_PERSECOND", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_SOCKET_TYPE", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_TYPE", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_URL", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_POOL_SIZE", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_AUTH", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_TLS", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_SENTINEL_AUTH", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_PIPELINE_WINDOW", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_PIPELINE_LIMIT", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_TIMEOUT", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Ignored, "per-second limits share the one Redis"),
+    var!("REDIS_SENTINEL_AUTH", Refused, "Sentinel is not supported"),
+    var!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignored, "shards that fail are backed off on their own"),
+    var!("REDIS_TIMEOUT", Ignored, "`--store-timeout` (15 ms) bounds each decision"),
+    var!("REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignored, "connections are multiplexed"),
+    var!("REDIS_STARTUP_INITIAL_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
+    var!("REDIS_STARTUP_MAX_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
+    var!("REDIS_STARTUP_MAX_ELAPSED_TIME", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
+    var!("MEMCACHE_HOST_PORT", Ignored, "no memcache"),
+    var!("MEMCACHE_MAX_IDLE_CONNS", Ignored, "no memcache"),
+    var!("MEMCACHE_SRV", Ignored, "no memcache"),
+    var!("MEMCACHE_SRV_REFRESH", Ignored, "no memcache"),
+    var!("MEMCACHE_TLS", Ignored, "no memcache"),
+    var!("MEMCACHE_TLS_CLIENT_CERT", Ignored, "no memcache"),
+    var!("MEMCACHE_TLS_CLIENT_KEY", Ignored, "no memcache"),
+    var!("MEMCACHE_TLS_CACERT", Ignored, "no memcache"),
+    var!("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Ignored, "no memcache"),
+    var!("SHADOW_MODE", Honoured, "`--shadow-mode`: every limit counts and never denies"),
+    var!("QUOTA_MODE", Ignored, "`quota_mode` is per descriptor"),
+    var!("RESPONSE_DYNAMIC_METADATA", Ignored, "matched descriptors' `metadata` is always returned"),
+    var!("MERGE_DOMAIN_CONFIG", Honoured, "documents of one domain always merge"),
+    var!("TRACING_ENABLED", Ignored, "no tracing"),
+    var!("TRACING_SERVICE_NAME", Ignored, "no tracing"),
+    var!("TRACING_SERVICE_NAMESPACE", Ignored, "no tracing"),
+    var!("TRACING_SERVICE_INSTANCE_ID", Ignored, "no tracing"),
+    var!("TRACING_EXPORTER_PROTOCOL", Ignored, "no tracing"),
+    var!("TRACING_SAMPLING_RATE", Ignored, "no tracing"),
+];
+
+/// Values of ignored variables that need no warning: envoyproxy/ratelimit's
+/// defaults and settings that change nothing.
+const HARMLESS: &[(&str, &str)] = &[
+    ("USE_STATSD", "false"),
+    ("USE_DOG_STATSD", "false"),
+    ("DISABLE_STATS", "false"),
+    ("TRACING_ENABLED", "false"),
+    ("REDIS_PERSECOND", "false"),
+    ("MEMCACHE_TLS", "false"),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+    ("RESPONSE_DYNAMIC_METADATA", "true"),
+    ("QUOTA_MODE", "false"),
+];
+
+/// Why envoyproxy/ratelimit's environment cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value}: {reason}")]
+pub struct Refusal {
+    pub name: String,
+    pub value: String,
+    pub reason: String,
+}
+
+/// The flags an environment stands for, and what to say about it at start-up.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    /// `serve` flags and values, in order.
+    pub args: Vec<String>,
+    /// The log filter `LOG_LEVEL` asks for.
+    pub log_level: Option<String>,
+    /// One warning per ignored variable that is set.
+    pub warnings: Vec<String>,
+}
+
+/// Translates `env` (every variable of the process). Fails on the first refused
+/// setting.
+pub fn translate(env: &BTreeMap<String, String>) -> Result<Translation, Refusal> {
+    let mut t = Translate {
+        env,
+        out: Translation::default(),
+    };
+    t.run()?;
+    Ok(t.out)
+}
+
+struct Translate<'a> {
+    env: &'a BTreeMap<String, String>,
+    out: Translation,
+}
+
+impl Translate<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.env
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    fn truthy(&self, name: &str) -> Result<bool, Refusal> {
+        match self.get(name) {
+            None => Ok(false),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "1" | "t" | "true" | "yes" | "on" => Ok(true),
+                "0" | "f" | "false" | "no" | "off" => Ok(false),
+                _ => Err(refuse(name, v, "expected true or false")),
+            },
+        }
+    }
+
+    /// Adds `flag value` unless the same setting's `SLUICE_*` variable is set.
+    fn flag(&mut self, flag: &str, value: Option<String>) {
+        let sluice = format!(
+            "SLUICE_{}",
+            flag.trim_start_matches("--")
+                .replace('-', "_")
+                .to_ascii_uppercase()
+        );
+        if self.env.contains_key(&sluice) {
+            return;
+        }
+        self.out.args.push(flag.to_string());
+        if let Some(v) = value {
+            self.out.args.push(v);
+        }
+    }
+
+    fn run(&mut self) -> Result<(), Refusal> {
+        self.refusals()?;
+        self.addresses();
+        self.logging()?;
+        self.config()?;
+        self.redis()?;
+        self.metrics()?;
+        self.behaviour()?;
+        self.warnings();
+        Ok(())
+    }
+
+    fn refusals(&self) -> Result<(), Refusal> {
+        if let Some(v) = self.get("GRPC_UDS") {
+            return Err(refuse(
+                "GRPC_UDS",
+                v,
+                "the gRPC port is TCP only; use GRPC_HOST and GRPC_PORT",
+            ));
+        }
+        if self.truthy("GRPC_SERVER_USE_TLS")? {
+            return Err(refuse(
+                "GRPC_SERVER_USE_TLS",
+                "true",
+                "this build of sluice has no TLS on the gRPC port; set GRPC_SERVER_USE_TLS=false and have Envoy call it in plain text",
+            ));
+        }
+        for name in ["GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"] {
+            if let Some(v) = self.get(name) {
+                return Err(refuse(
+                    name,
+                    v,
+                    "client certificates are not checked on the gRPC port",
+                ));
+            }
+        }
+        if let Some(v) = self.get("BACKEND_TYPE") {
+            if !v.eq_ignore_ascii_case("redis") {
+                return Err(refuse(
+                    "BACKEND_TYPE",
+                    v,
+                    "only redis (or no variable: counters in memory) is supported",
+                ));
+            }
+        }
+        for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
+            if let Some(v) = self.get(name) {
+                return Err(refuse(
+                    name,
+                    v,
+                    "sluice's Redis client presents no certificate; use REDIS_AUTH",
+                ));
+            }
+        }
+        if let Some(v) = self.get("REDIS_TLS_CACERT") {
+            return Err(refuse(
+                "REDIS_TLS_CACERT",
+                v,
+                "give the authority in SSL_CERT_FILE instead",
+            ));
+        }
+        if self.truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
+            return Err(refuse(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                "true",
+                "Redis certificates are always verified",
+            ));
+        }
+        if let Some(v) = self.get("REDIS_SENTINEL_AUTH") {
+            return Err(refuse(
+                "REDIS_SENTINEL_AUTH",
+                v,
+                "Redis Sentinel is not supported",
+            ));
+        }
+        Ok(())
+    }
+
+    fn addresses(&mut self) {
+        for (host, port, flag, default_port) in [
+            ("HOST", "PORT", "--http-addr", "8080"),
+            ("GRPC_HOST", "GRPC_PORT", "--grpc-addr", "8081"),
+        ] {
+            if self.get(host).is_none() && self.get(port).is_none() {
+                continue;
+            }
+            let h = self.get(host).unwrap_or("0.0.0.0").to_string();
+            let p = self.get(port).unwrap_or(default_port).to_string();
+            self.flag(flag, Some(join_host_port(&h, &p)));
+        }
+    }
+
+    fn logging(&mut self) -> Result<(), Refusal> {
+        if let Some(v) = self.get("LOG_LEVEL") {
+            let level = match v.to_ascii_lowercase().as_str() {
+                "trace" => "trace",
+                "debug" => "debug",
+                "info" => "info",
+                "warn" | "warning" => "warn",
+                "error" | "fatal" | "panic" => "error",
+                _ => {
+                    return Err(refuse(
+                        "LOG_LEVEL",
+                        v,
+                        "expected trace, debug, info, warn or error",
+                    ))
+                }
+            };
+            self.out.log_level = Some(level.into());
+        }
+        if let Some(v) = self.get("LOG_FORMAT") {
+            let format = v.to_ascii_lowercase();
+            if format != "text" && format != "json" {
+                return Err(refuse("LOG_FORMAT", v, "expected text or json"));
+            }
+            self.flag("--log-format", Some(format));
+        }
+        Ok(())
+    }
+
+    fn config(&mut self) -> Result<(), Refusal> {
+        let kind = self
+            .get("CONFIG_TYPE")
+            .unwrap_or("FILE")
+            .to_ascii_uppercase();
+        match kind.as_str() {
+            "FILE" => {
+                let root = self
+                    .get("RUNTIME_ROOT")
+                    .unwrap_or("/srv/runtime_data/current");
+                let mut dir = std::path::PathBuf::from(root);
+                if let Some(sub) = self.get("RUNTIME_SUBDIRECTORY") {
+                    dir.push(sub);
+                }
+                dir.push(self.get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+                self.flag("--config", Some(dir.display().to_string()));
+                Ok(())
+            }
+            "GRPC_XDS_SOTW" => {
+                let server = self
+                    .get("CONFIG_GRPC_XDS_SERVER_URL")
+                    .unwrap_or("localhost:18000")
+                    .to_string();
+                let tls = self.truthy("CONFIG_GRPC_XDS_SERVER_USE_TLS")?;
+                let url = if server.contains("://") {
+                    server
+                } else {
+                    format!("{}://{server}", if tls { "https" } else { "http" })
+                };
+                self.flag("--xds-server", Some(url));
+                let node = self
+                    .get("CONFIG_GRPC_XDS_NODE_ID")
+                    .unwrap_or("default")
+                    .to_string();
+                self.flag("--xds-node-id", Some(node));
+                for (var, flag) in [
+                    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-tls-cert"),
+                    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-tls-key"),
+                    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-tls-ca"),
+                    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--xds-tls-server-name"),
+                    (
+                        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+                        "--xds-max-message-bytes",
+                    ),
+                ] {
+                    if let Some(v) = self.get(var) {
+                        let v = v.to_string();
+                        self.flag(flag, Some(v));
+                    }
+                }
+                if self.truthy("FORCE_START_WITHOUT_INITIAL_CONFIG")? {
+                    self.flag("--xds-start-without-config", None);
+                }
+                Ok(())
+            }
+            _ => Err(refuse(
+                "CONFIG_TYPE",
+                &kind,
+                "expected FILE or GRPC_XDS_SOTW",
+            )),
+        }
+    }
+
+    fn redis(&mut self) -> Result<(), Refusal> {
+        let Some(url) = self.get("REDIS_URL").map(String::from) else {
+            return Ok(());
+        };
+        let socket = self.get("REDIS_SOCKET_TYPE").map(str::to_ascii_lowercase);
+        let unix = match socket.as_deref() {
+            Some("tcp") => false,
+            Some("unix") => true,
+            Some(other) => return Err(refuse("REDIS_SOCKET_TYPE", other, "expected tcp or unix")),
+            // envoyproxy/ratelimit's default is unix; a host:port is meant as TCP.
+            None => url.starts_with('/'),
+        };
+        if unix {
+            return Err(refuse(
+                "REDIS_SOCKET_TYPE",
+                "unix",
+                "sluice reaches Redis over TCP only; set REDIS_SOCKET_TYPE=tcp",
+            ));
+        }
+        let tls = self.truthy("REDIS_TLS")?;
+        let auth = self.get("REDIS_AUTH").map(String::from);
+        let urls: Vec<String> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|u| redis_url(u, tls, auth.as_deref()))
+            .collect();
+        let kind = self
+            .get("REDIS_TYPE")
+            .unwrap_or("SINGLE")
+            .to_ascii_uppercase();
+        match kind.as_str() {
+            "SINGLE" if urls.len() == 1 => self.flag("--redis", Some(urls.join(","))),
+            "SINGLE" => return Err(refuse("REDIS_URL", &url, "REDIS_TYPE=SINGLE takes one address")),
+            "CLUSTER" => self.flag("--redis-cluster", Some(urls.join(","))),
+            "SENTINEL" => return Err(refuse("REDIS_TYPE", "SENTINEL", "Redis Sentinel is not supported; give the master with REDIS_TYPE=SINGLE, or use a cluster")),
+            _ => return Err(refuse("REDIS_TYPE", &kind, "expected SINGLE, CLUSTER or SENTINEL")),
+        }
+        if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(String::from) {
+            self.flag("--redis-key-prefix", Some(prefix));
+        }
+        Ok(())
+    }
+
+    fn metrics(&mut self) -> Result<(), Refusal> {
+        if self.truthy("USE_PROMETHEUS")? {
+            let addr = self.get("PROMETHEUS_ADDR").unwrap_or(":9090");
+            let addr = match addr.strip_prefix(':') {
+                Some(port) => format!("0.0.0.0:{port}"),
+                None => addr.to_string(),
+            };
+            self.flag("--prometheus-addr", Some(addr));
+            if let Some(path) = self.get("PROMETHEUS_PATH").map(String::from) {
+                self.flag("--prometheus-path", Some(path));
+            }
+        }
+        if let Some(ratio) = self.get("NEAR_LIMIT_RATIO").map(String::from) {
+            self.flag("--near-limit-ratio", Some(ratio));
+        }
+        Ok(())
+    }
+
+    fn behaviour(&mut self) -> Result<(), Refusal> {
+        let headers = if self.truthy("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            "draft03"
+        } else {
+            // Envoy Gateway's Envoy adds the x-ratelimit-* headers itself
+            // (enable_x_ratelimit_headers): sluice must not add them a second time.
+            "off"
+        };
+        self.flag("--response-headers", Some(headers.into()));
+        if self.truthy("SHADOW_MODE")? {
+            self.flag("--shadow-mode", None);
+        }
+        Ok(())
+    }
+
+    fn warnings(&mut self) {
+        for v in VARIABLES.iter().filter(|v| v.treatment == Ignored) {
+            let Some(value) = self.env.get(v.name) else {
+                continue;
+            };
+            if value.is_empty()
+                || HARMLESS
+                    .iter()
+                    .any(|(n, h)| *n == v.name && value.eq_ignore_ascii_case(h))
+            {
+                continue;
+            }
+            // The file-mode runtime settings mean nothing over xDS, there too.
+            self.out
+                .warnings
+                .push(format!("{}={value} is ignored: {}", v.name, v.note));
+        }
+    }
+}
+
+fn refuse(name: &str, value: &str, reason: &str) -> Refusal {
+    Refusal {
+        name: name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn join_host_port(host: &str, port: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `host:port` (or a URL as given) as a Redis URL with `auth` (`password` or
+/// `user:password`, as envoyproxy/ratelimit splits it).
+fn redis_url(addr: &str, tls: bool, auth: Option<&str>) -> String {
+    if addr.contains("://") {
+        return addr.to_string();
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let userinfo = match auth {
+        None => String::new(),
+        Some(a) => match a.split_once(':') {
+            Some((user, pass)) => format!("{}:{}@", encode(user), encode(pass)),
+            None => format!(":{}@", encode(a)),
+        },
+    };
+    format!("{scheme}://{userinfo}{addr}")
+}
+
+/// Percent-encodes all but RFC 3986's unreserved characters.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What Envoy Gateway's Deployment sets (the TLS of the gRPC port aside).
+    fn envoy_gateway() -> BTreeMap<String, String> {
+        env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("LOG_LEVEL", "info"),
+            ("USE_STATSD", "false"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.redis.svc:6379"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ])
+    }
+
+    #[test]
+    fn envoy_gateways_environment_becomes_these_flags() {
+        let t = translate(&envoy_gateway()).unwrap();
+        assert_eq!(
+            t.args,
+            [
+                "--xds-server",
+                "https://envoy-gateway:18001",
+                "--xds-node-id",
+                "envoy-ratelimit",
+                "--xds-tls-cert",
+                "/certs/tls.crt",
+                "--xds-tls-key",
+                "/certs/tls.key",
+                "--xds-tls-ca",
+                "/certs/ca.crt",
+                "--xds-start-without-config",
+                "--redis",
+                "redis://redis.redis.svc:6379",
+                "--prometheus-addr",
+                "0.0.0.0:19001",
+                "--response-headers",
+                "off",
+            ]
+        );
+        assert_eq!(t.log_level.as_deref(), Some("info"));
+        assert_eq!(t.warnings.len(), 2, "{:?}", t.warnings);
+        assert!(t.warnings[0].starts_with("GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt is ignored"));
+        assert!(t.warnings[1].starts_with("PROMETHEUS_MAPPER_YAML="));
+    }
+
+    #[test]
+    fn grpc_tls_is_refused_until_the_port_has_it() {
+        let mut e = envoy_gateway();
+        e.insert("GRPC_SERVER_USE_TLS".into(), "true".into());
+        let r = translate(&e).unwrap_err();
+        assert_eq!(r.name, "GRPC_SERVER_USE_TLS");
+        assert!(r.to_string().contains("no TLS on the gRPC port"), "{r}");
+    }
+
+    #[test]
+    fn redis_types_auth_and_tls() {
+        let t = translate(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:7000, b:7001"),
+            ("REDIS_AUTH", "user:p@ss/w"),
+            ("REDIS_TLS", "true"),
+            ("CACHE_KEY_PREFIX", "eg:"),
+        ]))
+        .unwrap();
+        let at = t.args.iter().position(|a| a == "--redis-cluster").unwrap();
+        assert_eq!(
+            t.args[at + 1],
+            "rediss://user:p%40ss%2Fw@a:7000,rediss://user:p%40ss%2Fw@b:7001"
+        );
+        assert!(t
+            .args
+            .windows(2)
+            .any(|w| w == ["--redis-key-prefix", "eg:"]));
+        let t = translate(&env(&[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "secret")])).unwrap();
+        assert!(t
+            .args
+            .windows(2)
+            .any(|w| w == ["--redis", "redis://:secret@r:6379"]));
+        for (pairs, name) in [
+            (
+                vec![("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")],
+                "REDIS_SOCKET_TYPE",
+            ),
+            (
+                vec![("REDIS_URL", "m,a:1"), ("REDIS_TYPE", "SENTINEL")],
+                "REDIS_TYPE",
+            ),
+            (vec![("REDIS_URL", "a:1,b:2")], "REDIS_URL"),
+            (
+                vec![("REDIS_URL", "a:1"), ("REDIS_TLS_CLIENT_CERT", "/c")],
+                "REDIS_TLS_CLIENT_CERT",
+            ),
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+        ] {
+            assert_eq!(translate(&env(&pairs)).unwrap_err().name, name, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn file_mode_addresses_headers_and_shadow() {
+        let t = translate(&env(&[
+            ("RUNTIME_ROOT", "/srv/runtime_data/current"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("PORT", "9080"),
+            ("GRPC_HOST", "::"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("SHADOW_MODE", "true"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("LOG_FORMAT", "JSON"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            t.args,
+            [
+                "--http-addr",
+                "0.0.0.0:9080",
+                "--grpc-addr",
+                "[::]:8081",
+                "--log-format",
+                "json",
+                "--config",
+                "/srv/runtime_data/current/ratelimit/config",
+                "--near-limit-ratio",
+                "0.9",
+                "--response-headers",
+                "draft03",
+                "--shadow-mode",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sluice_variable_wins_over_its_envoyproxy_ratelimit_twin() {
+        let mut e = envoy_gateway();
+        e.insert("SLUICE_RESPONSE_HEADERS".into(), "ietf".into());
+        e.insert("SLUICE_XDS_NODE_ID".into(), "mine".into());
+        let t = translate(&e).unwrap();
+        assert!(!t
+            .args
+            .iter()
+            .any(|a| a == "--response-headers" || a == "--xds-node-id"));
+    }
+
+    #[test]
+    fn ignored_variables_warn_once_unless_harmless() {
+        let t = translate(&env(&[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "statsd"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+            ("REDIS_POOL_SIZE", "10"),
+            ("DISABLE_STATS", "false"),
+        ]))
+        .unwrap();
+        let names: Vec<&str> = t
+            .warnings
+            .iter()
+            .map(|w| w.split('=').next().unwrap())
+            .collect();
+        assert_eq!(names, ["USE_STATSD", "STATSD_HOST", "REDIS_POOL_SIZE"]);
+        for bad in [
+            ("LOG_LEVEL", "loud"),
+            ("CONFIG_TYPE", "CONSUL"),
+            ("USE_PROMETHEUS", "maybe"),
+        ] {
+            assert_eq!(translate(&env(&[bad])).unwrap_err().name, bad.0);
+        }
+    }
+
+    #[test]
+    fn docs_list_every_variable_as_treated_here() {
+        let doc = include_str!("../docs/envoy-gateway.md");
+        for v in VARIABLES {
+            let treatment = match v.treatment {
+                Honoured => "honoured",
+                Ignored => "accepted, ignored",
+                Refused => "refused",
+            };
+            let row = format!("| `{}` | {treatment} | {} |", v.name, v.note);
+            assert!(doc.contains(&row), "docs/envoy-gateway.md lacks: {row}");
+        }
+    }
+
+    #[test]
+    fn every_variable_is_listed_once() {
+        let mut names: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len());
+    }
+}

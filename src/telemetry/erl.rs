@@ -1,0 +1,308 @@
+//! envoyproxy/ratelimit's per-limit series, as Envoy Gateway's dashboards read them:
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//! with `domain`, `key1` and `key2` (served with `--prometheus-addr`).
+//!
+//! envoyproxy/ratelimit counts each limit under a statsd name
+//! `ratelimit.service.rate_limit.DOMAIN.KEY_VALUE[.KEY_VALUE...].STAT`, and Envoy
+//! Gateway's statsd-exporter mapping (`statsd_conf.yaml`) turns it into the series
+//! above: `key1` and `key2` are the first two levels of the limit's descriptor path
+//! as configured (`key_value`, or `key` for a level without a value), deeper levels
+//! are not in the labels, and a limit of one level has no `key2` (here `key2=""`,
+//! which PromQL does not tell from no label). The labels are therefore bounded by the
+//! policy, never by request values (envoyproxy/ratelimit's `detailed_metric` and
+//! overrides name request values; sluice counts those under the rule matched). Past
+//! [`MAX_SERIES`] label sets, new ones are counted under `key1="other"`,
+//! `key2="other"`.
+//!
+//! Counts are in hits (`hits_addend`), as there: `total_hits` every hit decided;
+//! `within_limit` the admitted ones; `over_limit` the denied ones (shadow limits
+//! too); `shadow_mode` those a shadow limit would have denied; `near_limit` the
+//! admitted hits past `--near-limit-ratio` of the limit.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use super::striped::{self, escape_label, Stripes};
+use crate::limiter::Status;
+use crate::policy::Rule;
+
+/// Most label sets kept apart.
+pub const MAX_SERIES: usize = 4096;
+
+/// The families, in the order of [`Counts`]' slots.
+const FAMILIES: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+const TOTAL: usize = 0;
+const OVER: usize = 1;
+const NEAR: usize = 2;
+const WITHIN: usize = 3;
+const SHADOW: usize = 4;
+
+/// (domain, key1, key2).
+type Labels = (String, String, String);
+
+/// One label set's counts, striped.
+#[derive(Debug, Default)]
+pub struct Counts(Stripes<[AtomicU64; 5]>);
+
+/// Every label set's counts.
+#[derive(Debug)]
+pub struct ErlStats {
+    near_limit_ratio: f64,
+    series: Mutex<BTreeMap<Labels, Arc<Counts>>>,
+}
+
+impl ErlStats {
+    pub fn new(near_limit_ratio: f64) -> ErlStats {
+        ErlStats {
+            near_limit_ratio,
+            series: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The counts of `rule` of `domain` (looked up once per rule and policy).
+    pub fn counts(&self, domain: &str, rule: &Rule) -> Arc<Counts> {
+        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        let mut key = labels(domain, &rule.stat_key);
+        if !series.contains_key(&key) && series.len() >= MAX_SERIES {
+            key = (key.0, "other".into(), "other".into());
+        }
+        series.entry(key).or_default().clone()
+    }
+
+    /// Counts one decided descriptor: `rule` decided `status`.
+    pub fn record(&self, counts: &Counts, rule: &Rule, status: &Status) {
+        let Some(limit) = rule.limit else { return };
+        let (slots, owned) = counts.0.local();
+        let hits = status.hits;
+        striped::add(&slots[TOTAL], owned, hits);
+        let Some(v) = status.verdict else { return };
+        if v.admitted {
+            striped::add(&slots[WITHIN], owned, hits);
+            // Admitted hits past the near-limit threshold, as envoyproxy/ratelimit
+            // counts them: the part of this request above it.
+            let threshold = (limit.requests as f64 * self.near_limit_ratio).floor() as u64;
+            let after = limit.requests.saturating_sub(v.remaining);
+            let before = after.saturating_sub(hits);
+            let near = after.saturating_sub(threshold.max(before));
+            if near > 0 {
+                striped::add(&slots[NEAR], owned, near);
+            }
+        } else {
+            striped::add(&slots[OVER], owned, hits);
+            if rule.shadow_mode {
+                striped::add(&slots[SHADOW], owned, hits);
+            }
+        }
+    }
+
+    /// Writes the five families in the text format.
+    pub fn render(&self, out: &mut String) {
+        let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, family) in FAMILIES.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "# HELP ratelimit_service_rate_limit_{family} envoyproxy/ratelimit's {family}, in hits, by domain and first two descriptor levels.\n\
+                 # TYPE ratelimit_service_rate_limit_{family} counter"
+            );
+            for ((domain, key1, key2), counts) in series.iter() {
+                let n: u64 = counts
+                    .0
+                    .iter()
+                    .map(|s| s[i].load(std::sync::atomic::Ordering::Relaxed))
+                    .sum();
+                let _ = write!(out, "ratelimit_service_rate_limit_{family}{{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",key1=\"");
+                escape_label(key1, out);
+                out.push_str("\",key2=\"");
+                escape_label(key2, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+        }
+    }
+}
+
+/// The labels Envoy Gateway's mapping gives the statsd name of a limit with
+/// `stat_key` in `domain`: the name is sanitised as envoyproxy/ratelimit does
+/// (`:` and `|` become `_`, so do the dots of IPv4 addresses) and split at dots.
+pub fn labels(domain: &str, stat_key: &str) -> Labels {
+    let name = sanitize(&format!("{domain}.{stat_key}"));
+    let mut parts = name.split('.');
+    let domain = parts.next().unwrap_or_default().to_string();
+    let key1 = parts.next().unwrap_or_default().to_string();
+    let key2 = parts.next().unwrap_or_default().to_string();
+    (domain, key1, key2)
+}
+
+/// envoyproxy/ratelimit's `SanitizeStatName`.
+fn sanitize(name: &str) -> String {
+    let replaced = name.replace([':', '|'], "_");
+    let bytes = replaced.as_bytes();
+    let mut out = String::with_capacity(replaced.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(len) = ipv4_at(bytes, i) {
+            out.push_str(&replaced[i..i + len].replace('.', "_"));
+            i += len;
+        } else {
+            let c = replaced[i..].chars().next().unwrap_or_default();
+            out.push(c);
+            i += c.len_utf8().max(1);
+        }
+    }
+    out
+}
+
+/// The length of a dotted quad starting at `i`, as envoyproxy/ratelimit's regex
+/// (`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`, leftmost) matches there; taking digits
+/// greedily needs no backtracking, since fewer digits would leave a digit, not a dot.
+fn ipv4_at(b: &[u8], i: usize) -> Option<usize> {
+    let mut at = i;
+    for part in 0..4 {
+        if part > 0 {
+            if b.get(at) != Some(&b'.') {
+                return None;
+            }
+            at += 1;
+        }
+        let digits = b[at..]
+            .iter()
+            .take(3)
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return None;
+        }
+        at += digits;
+    }
+    Some(at - i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Verdict;
+    use crate::limiter::Ban;
+
+    #[test]
+    fn labels_are_envoy_gateways_mapping_of_the_statsd_name() {
+        let route = "httproute/default/http-ratelimit/rule/0/match/0/ratelimit_example";
+        let key = format!("{route}_{route}.rule-0-match-0_rule-0-match-0");
+        assert_eq!(
+            labels("default/eg/http", &key),
+            (
+                "default/eg/http".into(),
+                format!("{route}_{route}"),
+                "rule-0-match-0_rule-0-match-0".into()
+            )
+        );
+        // A CIDR's dots are an address's; deeper levels are not labels.
+        let (_, key1, key2) = labels(
+            "d",
+            "r_r.masked_remote_address_192.168.0.0/16.remote_address",
+        );
+        assert_eq!(
+            (key1.as_str(), key2.as_str()),
+            ("r_r", "masked_remote_address_192_168_0_0/16")
+        );
+        // One level: no key2.
+        assert_eq!(labels("d", "k_v").2, "");
+        assert_eq!(sanitize("a:b|c 10.0.0.1.5 1.2.3"), "a_b_c 10_0_0_1.5 1.2.3");
+        assert_eq!(sanitize("1234.5.6.7"), "1234_5_6_7");
+    }
+
+    fn rule(requests: u64, shadow: bool) -> Rule {
+        let docs = crate::policy::parse_str(
+            "p.yaml",
+            &format!(
+                "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: {shadow}\n    rate_limit: {{unit: minute, requests_per_unit: {requests}}}\n"
+            ),
+        )
+        .unwrap();
+        crate::policy::compile(docs).unwrap().rules.remove(0)
+    }
+
+    fn status(admitted: bool, remaining: u64, hits: u64) -> Status {
+        Status {
+            rule: Some(0),
+            limit_override: None,
+            over_limit: !admitted,
+            verdict: Some(Verdict {
+                admitted,
+                remaining,
+                ..Verdict::default()
+            }),
+            hits,
+            ban: Ban::None,
+        }
+    }
+
+    fn totals(stats: &ErlStats) -> String {
+        let mut out = String::new();
+        stats.render(&mut out);
+        out
+    }
+
+    #[test]
+    fn hits_are_counted_as_envoyproxy_ratelimit_counts_them() {
+        let stats = ErlStats::new(0.8);
+        let r = rule(10, false);
+        let c = stats.counts("d", &r);
+        // 10 a minute, near from 8: 2 hits to 7 used, 2 more to 9 (1 past 8), then
+        // a denial of 3.
+        stats.record(&c, &r, &status(true, 3, 7));
+        stats.record(&c, &r, &status(true, 1, 2));
+        stats.record(&c, &r, &status(false, 1, 3));
+        let text = totals(&stats);
+        for (family, n) in [
+            ("total_hits", 12),
+            ("within_limit", 9),
+            ("near_limit", 1),
+            ("over_limit", 3),
+            ("shadow_mode", 0),
+        ] {
+            let line = format!(
+                "ratelimit_service_rate_limit_{family}{{domain=\"d\",key1=\"k\",key2=\"\"}} {n}"
+            );
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        let shadow = rule(1, true);
+        let s = ErlStats::new(0.8);
+        let c = s.counts("d", &shadow);
+        s.record(&c, &shadow, &status(false, 0, 2));
+        let text = totals(&s);
+        assert!(
+            text.contains(
+                "ratelimit_service_rate_limit_shadow_mode{domain=\"d\",key1=\"k\",key2=\"\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ratelimit_service_rate_limit_over_limit{domain=\"d\",key1=\"k\",key2=\"\"} 2"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn label_sets_are_capped_with_an_other_bucket() {
+        let stats = ErlStats::new(0.8);
+        let mut r = rule(1, false);
+        for i in 0..(MAX_SERIES + 5) {
+            r.stat_key = format!("k_{i}");
+            stats.counts("d", &r);
+        }
+        let series = stats.series.lock().unwrap();
+        assert_eq!(series.len(), MAX_SERIES + 1);
+        assert!(series.contains_key(&("d".to_string(), "other".to_string(), "other".to_string())));
+    }
+}

@@ -1,0 +1,198 @@
+//! Sluice in Envoy Gateway's rate limit Deployment: started as `ratelimit` with
+//! exactly the environment Envoy Gateway gives envoyproxy/ratelimit (from its
+//! `internal/infrastructure/kubernetes/ratelimit/`), only the addresses and the
+//! certificate paths pointed at this test's xDS server, Redis and files, and the
+//! ports on loopback.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::certs::Certs;
+use common::redis::{available, RedisServer};
+use common::xds::{binary, fixture, XdsServer};
+use common::*;
+
+const DOMAIN: &str = "default/eg/http";
+const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `/bin/ratelimit` as Envoy Gateway runs it: sluice under that name.
+fn ratelimit_binary(dir: &Path) -> std::path::PathBuf {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).expect("link");
+    link
+}
+
+/// Envoy Gateway's variables, as its Deployment sets them.
+fn envoy_gateway_env(xds: &XdsServer, certs: &Certs, redis: &RedisServer) -> Vec<(String, String)> {
+    let cert = |n: &str| certs.path(n).display().to_string();
+    [
+        ("RUNTIME_ROOT", "/data".to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_IGNOREDOTFILES", "true".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+        ("USE_STATSD", "false".into()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("localhost:{}", xds.port()),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", cert("tls.crt")),
+        ("GRPC_SERVER_TLS_KEY", cert("tls.key")),
+        ("GRPC_SERVER_TLS_CA_CERT", cert("ca.crt")),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert("tls.crt")),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", cert("tls.key")),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", cert("ca.crt")),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", redis.addr()),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", "127.0.0.1:0".into()),
+        (
+            "PROMETHEUS_MAPPER_YAML",
+            "/etc/statsd-exporter/conf.yaml".into(),
+        ),
+        // Not set by Envoy Gateway (whose pod has its own ports): loopback here.
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", "0".into()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", "0".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn command(bin: &Path, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    cmd
+}
+
+#[tokio::test]
+async fn started_as_ratelimit_with_envoy_gateways_environment() {
+    if !available() {
+        return;
+    }
+    let Some(xds_bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(
+        &xds_bin,
+        &certs,
+        &[fixture("gateway.yaml"), fixture("shared.yaml")],
+    );
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = ratelimit_binary(dir.path());
+    let mut env = envoy_gateway_env(&xds, &certs, &redis);
+
+    // The gRPC port has no TLS in this build: refused, with the way out named.
+    let out = command(&bin, &env).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("GRPC_SERVER_USE_TLS=true") && stderr.contains("GRPC_SERVER_USE_TLS=false"),
+        "{stderr}"
+    );
+
+    // With it off, the rest of Envoy Gateway's environment serves.
+    env.iter_mut()
+        .find(|(k, _)| k == "GRPC_SERVER_USE_TLS")
+        .unwrap()
+        .1 = "false".into();
+    let server = Server::spawn(command(&bin, &env), dir);
+    let healthcheck = || http(&server.http, "GET", "/healthcheck", "");
+    eventually(WAIT, "/healthcheck OK", || async {
+        healthcheck() == (200, "OK".to_string())
+    })
+    .await;
+    // Each ignored variable is named once; the honoured ones are not.
+    let warned: Vec<&String> = server
+        .startup
+        .iter()
+        .filter(|l| l.contains("is ignored"))
+        .collect();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(warned.iter().any(|l| l.contains("GRPC_SERVER_TLS_CA_CERT")));
+    assert!(warned.iter().any(|l| l.contains("PROMETHEUS_MAPPER_YAML")));
+
+    // The xDS configs arrive over mTLS and counters live in Redis.
+    eventually(WAIT, "the gateway's limits", || async {
+        let mut c = server.client().await;
+        let r = call(
+            &mut c,
+            request(
+                DOMAIN,
+                vec![desc(&[
+                    (ROUTE, ROUTE),
+                    ("rule-0-match-0", "rule-0-match-0"),
+                ])],
+            ),
+        )
+        .await;
+        r.statuses[0].current_limit.is_some()
+    })
+    .await;
+    let mut c = server.client().await;
+    let d = || desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")]);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(call(&mut c, request(DOMAIN, vec![d()])).await.overall_code);
+    }
+    assert_eq!(
+        *codes.last().unwrap(),
+        OVER_LIMIT,
+        "3 a minute, one spent by the wait: {codes:?}"
+    );
+    let r = call(&mut c, request(DOMAIN, vec![d()])).await;
+    assert!(
+        r.response_headers_to_add.is_empty(),
+        "Envoy Gateway's Envoy adds the headers itself"
+    );
+    let keys = Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.addr().rsplit(':').next().unwrap().to_string(),
+            "--scan",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    assert!(keys.contains("rule-0-match-0"), "counters in Redis: {keys}");
+
+    // PROMETHEUS_ADDR serves the metrics.
+    let prometheus = server
+        .startup
+        .iter()
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("prometheus="))
+        })
+        .expect("the metrics address logged")
+        .to_string();
+    let (status, text) = http(&prometheus, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    assert!(text.contains("sluice_requests_total"), "{text}");
+    // ...and envoyproxy/ratelimit's series that Envoy Gateway's dashboards read: five
+    // hits on a limit of 3, the third past 80 % of it, two denied.
+    let labels = format!(
+        r#"{{domain="{DOMAIN}",key1="{ROUTE}_{ROUTE}",key2="rule-0-match-0_rule-0-match-0"}}"#
+    );
+    for (family, n) in [
+        ("total_hits", 5),
+        ("within_limit", 3),
+        ("near_limit", 1),
+        ("over_limit", 2),
+        ("shadow_mode", 0),
+    ] {
+        let line = format!("ratelimit_service_rate_limit_{family}{labels} {n}");
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+}
