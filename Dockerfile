@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 #
 # Sluice container image: a Rust builder stage, then a distroless final stage that
-# holds the `sluice` binary only and runs as a non-root user.
+# holds the `sluice` binary only and runs as a non-root user. `/bin/ratelimit` links
+# to it, so the image also stands in Envoy Gateway's rate limit Deployment, which
+# runs `/bin/ratelimit` as uid 65534 on a read-only root filesystem (sluice writes
+# no file).
 #
 #   docker build -t sluice:dev .
 #   docker run --rm -p 8080:8080 -p 8081:8081 -v "$PWD/examples:/etc/sluice:ro" \
@@ -33,12 +36,16 @@ RUN mkdir -p src benches crates/sluice-bench/src \
 COPY . .
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked -p sluice --bin sluice \
-    && cp target/release/sluice /sluice
+    && mkdir -p /out/usr/local/bin /out/bin \
+    && cp target/release/sluice /out/usr/local/bin/sluice \
+    && ln -s /usr/local/bin/sluice /out/bin/ratelimit
 
-# glibc + libgcc, no shell, no package manager; uid/gid 65532 ("nonroot").
+# glibc + libgcc, no shell, no package manager. uid/gid 65534 ("nobody"), as Envoy
+# Gateway runs its rate limit container.
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /sluice /usr/local/bin/sluice
-USER 65532:65532
+# The binary and the link, as laid out in /out (a copied tree keeps its links).
+COPY --from=build /out/ /
+USER 65534:65534
 # 8081: RateLimitService (gRPC); 8080: /healthz, /readyz, /metrics, /json, /debug/*.
 EXPOSE 8081 8080
 ENTRYPOINT ["/usr/local/bin/sluice"]

@@ -12,6 +12,12 @@
    `rust-version` and README's `rust:X-bookworm` agree.
 3. That version covers the dependencies: no package in the resolved graph
    (`cargo metadata`) declares a higher `rust-version`.
+4. The final stage fits Envoy Gateway's rate limit Deployment: it runs as
+   65534:65534, its entrypoint is the sluice binary, and `/bin/ratelimit` is that
+   binary, or a link to it, in the files it copies from the build stage (the
+   build stage's `cp target/release/sluice` and `ln -s` lines, mapped through the
+   final stage's `COPY --from=build`). It runs no command (distroless: nothing to
+   write on a read-only root).
 Exit status 1 on any error, each printed on its own line.
 """
 import argparse
@@ -63,6 +69,63 @@ def stubs(dockerfile_text):
     return set()
 
 
+def stages(text):
+    """[(name, [instruction lines])], continuation lines joined."""
+    out = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            m = re.search(r"\s+AS\s+(\S+)", line, re.I)
+            out.append((m.group(1) if m else None, []))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def image_layout(text):
+    """Errors in the final stage's layout (check 4)."""
+    errors = []
+    st = stages(text)
+    if not st:
+        return ["no FROM"]
+    final = st[-1][1]
+    build = {name: lines for name, lines in st[:-1] if name}
+    user = [l.split(None, 1)[1] for l in final if l.upper().startswith("USER ")]
+    if user != ["65534:65534"]:
+        errors.append(f"final stage runs as {user or 'root'}; want USER 65534:65534 (Envoy Gateway's uid and gid)")
+    if any(l.upper().startswith("RUN ") for l in final):
+        errors.append("final stage runs a command; it should only copy files")
+    # Files the final stage gets: build-stage paths mapped through COPY --from.
+    files = {}
+    for l in final:
+        m = re.match(r"COPY\s+--from=(\S+)\s+(\S+)\s+(\S+)$", l)
+        if not m:
+            continue
+        stage, src, dest = m.groups()
+        for run in build.get(stage, []):
+            if not run.upper().startswith("RUN "):
+                continue
+            made = [("file", p) for p in re.findall(r"cp\s+target/release/sluice\s+(\S+)", run)]
+            made += [("link " + t, p) for t, p in re.findall(r"ln\s+-s\s+(\S+)\s+(\S+)", run)]
+            for kind, path in made:
+                if src.endswith("/") and path.startswith(src):
+                    files[dest.rstrip("/") + "/" + path[len(src):]] = kind
+                elif path == src:
+                    files[dest] = kind
+    binaries = {p for p, k in files.items() if k == "file"}
+    entry = re.findall(r'ENTRYPOINT\s+\["([^"]+)"', "\n".join(final))
+    if not entry or entry[0] not in binaries:
+        errors.append(f"the entrypoint {entry} is not the sluice binary the final stage copies ({sorted(binaries)})")
+    rl = files.get("/bin/ratelimit")
+    if rl is None:
+        errors.append("the final stage has no /bin/ratelimit (Envoy Gateway's command)")
+    elif rl != "file" and rl.split(" ", 1)[1] not in binaries:
+        errors.append(f"/bin/ratelimit is a {rl}, which is not the sluice binary")
+    return errors
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dockerfile", default="Dockerfile")
@@ -93,6 +156,8 @@ def main():
         errors.append(f"{args.dockerfile}: the dependency stage has no stub for target {t}")
     for t in sorted(stubbed - targets):
         errors.append(f"{args.dockerfile}: the dependency stage stubs {t}, which is no target")
+
+    errors += [f"{args.dockerfile}: {e}" for e in image_layout(text)]
 
     arg = re.search(r"^ARG RUST_VERSION=(\S+)", text, re.M)
     if not arg:

@@ -55,5 +55,7 @@ log "scripts/helm-test.sh"
 bash scripts/helm-test.sh
 log "tests/e2e/envoy.sh"
 bash tests/e2e/envoy.sh
+log "tests/e2e/envoy-gateway.sh"
+bash tests/e2e/envoy-gateway.sh
 
 log "done in $(( $(date +%s) - start ))s"
