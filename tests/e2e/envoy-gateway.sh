@@ -97,15 +97,16 @@ wait_for upstream 10 curl -fsS -o /dev/null "http://127.0.0.1:$P_UP/" || die "up
 
 # --- Envoy Gateway's xDS server, config and Envoy ------------------------------------
 # The gRPC port has TLS once sluice has --grpc-tls-cert; until then Envoy calls it in
-# plain text and GRPC_SERVER_USE_TLS is false.
+# plain text (README's interim patch, applied to the generated cluster) and
+# GRPC_SERVER_USE_TLS is false.
 GRPC_TLS=false
-TLS_FLAG=()
+PATCH=(--patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-plaintext.yaml)
 if "$SLUICE" serve --help 2>/dev/null | grep -q -- '--grpc-tls-cert'; then
     GRPC_TLS=true
-    TLS_FLAG=(--tls)
+    PATCH=()
 fi
 python3 tests/e2e/envoy-gateway-ratelimit.py "$W/ratelimit-config.yaml" "$W/envoy.yaml" \
-    "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" "$W/certs" "${TLS_FLAG[@]}" 2>"$W/config.err" \
+    "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" "$W/certs" "${PATCH[@]}" 2>"$W/config.err" \
     || { cat "$W/config.err"; die "could not write Envoy Gateway's config"; }
 "$XDS" -listen "127.0.0.1:$P_XDS" -control "127.0.0.1:$P_CTL" \
     -cert "$W/certs/envoy-gateway.crt" -key "$W/certs/envoy-gateway.key" -ca "$W/certs/ca.crt" \

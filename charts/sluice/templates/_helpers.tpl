@@ -175,6 +175,7 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --failure-mode={{ $v.failureMode }}
 - --store-timeout={{ $v.storeTimeout }}
 - --response-headers={{ $v.responseHeaders }}
+- --default-algorithm={{ $v.defaultAlgorithm }}
 - --log-format={{ $v.logFormat }}
 - --max-keys={{ int64 $v.maxKeys }}
 - --reload-interval={{ $v.reloadInterval }}
