@@ -157,11 +157,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         "Envoy Gateway's Envoy adds the headers itself"
     );
     let keys = Command::new("redis-cli")
-        .args([
-            "-p",
-            &redis.addr().rsplit(':').next().unwrap().to_string(),
-            "--scan",
-        ])
+        .args(["-p", redis.addr().rsplit(':').next().unwrap(), "--scan"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
         .unwrap_or_default();
