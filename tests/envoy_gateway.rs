@@ -88,7 +88,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         &certs,
         &[fixture("gateway.yaml"), fixture("shared.yaml")],
     );
-    let redis = RedisServer::start();
+    let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let bin = ratelimit_binary(dir.path());
     let mut env = envoy_gateway_env(&xds, &certs, &redis);
