@@ -20,6 +20,8 @@ The BackendTrafficPolicy it stands for has two global rules on route `backend`:
                                request's metadata (limit.fromMetadata: namespace
                                sluice.e2e, key tenant_rate_limit), which a Lua filter
                                sets from x-plan here (gold: 4 per minute)
+  2. x-heavy: yes              4 per minute, each request costing 2 (cost.request:
+                               {from: Number, number: 2}, Envoy's hits_addend)
 The filter's timeout is 1 s (rateLimit.timeout) so that a loaded test machine does
 not turn a slow answer into Envoy's failure mode.
 """
@@ -53,6 +55,7 @@ def desc(key, value, rate_limit=None, children=()):
 config = {"name": LISTENER, "domain": LISTENER, "descriptors": [desc(ROUTE, ROUTE, None, [
     desc("rule-0-match-0", "rule-0-match-0", limit(3, "MINUTE")),
     desc("rule-1-match-0", "", limit(2, "MINUTE")),
+    desc("rule-2-match-0", "rule-2-match-0", limit(4, "MINUTE")),
 ])]}
 yaml.safe_dump(config, open(a.config, "w"), sort_keys=False)
 
@@ -93,6 +96,11 @@ rate_limits = [
     {"actions": [route_key, {"request_headers": {"header_name": "x-tenant", "descriptor_key": "rule-1-match-0"}}],
      "limit": {"dynamic_metadata": {"metadata_key": {
          "key": "sluice.e2e", "path": [{"key": "tenant_rate_limit"}]}}}},
+    {"actions": [route_key, {"header_value_match": {
+        "descriptor_key": "rule-2-match-0", "descriptor_value": "rule-2-match-0",
+        "expect_match": True,
+        "headers": [{"name": "x-heavy", "string_match": {"exact": "yes"}}]}}],
+     "hits_addend": {"number": 2}},
 ]
 route = {
     "name": ROUTE, "match": {"prefix": "/"}, "route": {"cluster": "httproute/default/backend/rule/0"},

@@ -9,7 +9,8 @@
 #
 # Checks: the header rule answers 429 with the x-ratelimit-* headers Envoy adds and no
 # x-envoy-ratelimited; a tenant's own limit from request metadata (the descriptor
-# `limit` override) applies to that tenant alone, others keep the rule's limit;
+# `limit` override) applies to that tenant alone, others keep the rule's limit; a
+# request cost (hits_addend) spends that many;
 # /healthcheck answers as the probes expect; the Prometheus address has the series
 # Envoy Gateway's dashboards read.
 # Everything listens on 127.0.0.1 (free ports); every process started here is killed on
@@ -180,6 +181,14 @@ if [ "$gold" = "200 200 200 200 429 " ] && [ "$free" = "200 200 429 " ] &&
 else
     bad "per-tenant override: want gold '200 200 200 200 429' and other '200 200 429', got '$gold' / '$free'"
     cat "$W/gold1.h"
+fi
+
+heavy=""
+for i in 1 2 3; do heavy+="$(req heavy$i -H 'x-heavy: yes') "; done
+if [ "$heavy" = "200 200 429 " ] && [ "$(header heavy1 x-ratelimit-remaining)" = 2 ]; then
+    ok "request cost (hits_addend 2) on a limit of 4 a minute: $heavy, 2 left after the first"
+else
+    bad "request cost: want '200 200 429' with 2 remaining after the first, got '$heavy' / $(header heavy1 x-ratelimit-remaining)"
 fi
 
 metrics=$(curl -sS "http://127.0.0.1:$P_PROM/metrics")
