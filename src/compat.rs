@@ -523,7 +523,6 @@ impl Translate<'_> {
             {
                 continue;
             }
-            // The file-mode runtime settings mean nothing over xDS, there too.
             self.out
                 .warnings
                 .push(format!("{}={value} is ignored: {}", v.name, v.note));
