@@ -57,12 +57,12 @@ pub const VARIABLES: &[Variable] = &[
     var!("GRPC_UDS", Refused, "the gRPC port is TCP only"),
     var!("GRPC_MAX_CONNECTION_AGE", Ignored, "connections are not aged out"),
     var!("GRPC_MAX_CONNECTION_AGE_GRACE", Ignored, "connections are not aged out"),
-    var!("GRPC_SERVER_USE_TLS", Refused, "`true` needs TLS on the gRPC port (`--grpc-tls-cert`), which this build does not have yet"),
-    var!("GRPC_SERVER_TLS_CERT", Refused, "see `GRPC_SERVER_USE_TLS`"),
-    var!("GRPC_SERVER_TLS_KEY", Refused, "see `GRPC_SERVER_USE_TLS`"),
-    var!("GRPC_CLIENT_TLS_CACERT", Refused, "client certificates need TLS on the gRPC port; see `GRPC_SERVER_USE_TLS`"),
-    var!("GRPC_CLIENT_TLS_SAN", Refused, "client certificates are not matched by name"),
-    var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; client certificates are required only with `GRPC_CLIENT_TLS_CACERT`"),
+    var!("GRPC_SERVER_USE_TLS", Honoured, "`true`: TLS on the gRPC port from `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY` (both required); re-read when the files change"),
+    var!("GRPC_SERVER_TLS_CERT", Honoured, "`--grpc-tls-cert`, with `GRPC_SERVER_USE_TLS=true`"),
+    var!("GRPC_SERVER_TLS_KEY", Honoured, "`--grpc-tls-key`, with `GRPC_SERVER_USE_TLS=true`"),
+    var!("GRPC_CLIENT_TLS_CACERT", Honoured, "`--grpc-tls-client-ca`: client certificates required and verified, with `GRPC_SERVER_USE_TLS=true`"),
+    var!("GRPC_CLIENT_TLS_SAN", Refused, "client certificates are verified against the authority, not matched by name"),
+    var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; to require Envoy's client certificate, also set `GRPC_CLIENT_TLS_CACERT` to the same file"),
     var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug`, `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
     var!("LOG_FORMAT", Honoured, "`--log-format` (`text` or `json`)"),
     var!("CONFIG_TYPE", Honoured, "`FILE`: `--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`; `GRPC_XDS_SOTW`: `--xds-server`"),
@@ -254,6 +254,7 @@ impl Translate<'_> {
     fn run(&mut self) -> Result<(), Refusal> {
         self.refusals()?;
         self.addresses();
+        self.grpc_tls()?;
         self.logging()?;
         self.config()?;
         self.redis()?;
@@ -271,21 +272,12 @@ impl Translate<'_> {
                 "the gRPC port is TCP only; use GRPC_HOST and GRPC_PORT",
             ));
         }
-        if self.truthy("GRPC_SERVER_USE_TLS")? {
+        if let Some(v) = self.get("GRPC_CLIENT_TLS_SAN") {
             return Err(refuse(
-                "GRPC_SERVER_USE_TLS",
-                "true",
-                "this build of sluice has no TLS on the gRPC port; set GRPC_SERVER_USE_TLS=false and have Envoy call it in plain text",
+                "GRPC_CLIENT_TLS_SAN",
+                v,
+                "client certificates are verified against GRPC_CLIENT_TLS_CACERT's authority, not matched by name",
             ));
-        }
-        for name in ["GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"] {
-            if let Some(v) = self.get(name) {
-                return Err(refuse(
-                    name,
-                    v,
-                    "client certificates are not checked on the gRPC port",
-                ));
-            }
         }
         if let Some(v) = self.get("BACKEND_TYPE") {
             if !v.eq_ignore_ascii_case("redis") {
@@ -341,6 +333,42 @@ impl Translate<'_> {
             let p = self.get(port).unwrap_or(default_port).to_string();
             self.flag(flag, Some(join_host_port(&h, &p)));
         }
+    }
+
+    /// TLS on the gRPC port, as envoyproxy/ratelimit serves it: the certificate files
+    /// count only with `GRPC_SERVER_USE_TLS=true`, and a client authority makes client
+    /// certificates required.
+    fn grpc_tls(&mut self) -> Result<(), Refusal> {
+        let files = [
+            ("GRPC_SERVER_TLS_CERT", "--grpc-tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--grpc-tls-key"),
+            ("GRPC_CLIENT_TLS_CACERT", "--grpc-tls-client-ca"),
+        ];
+        if !self.truthy("GRPC_SERVER_USE_TLS")? {
+            for (var, _) in files {
+                if let Some(v) = self.get(var) {
+                    self.out.warnings.push(format!(
+                        "{var}={v} is ignored: the gRPC port serves plain text unless GRPC_SERVER_USE_TLS=true"
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        for (var, _) in &files[..2] {
+            if self.get(var).is_none() {
+                return Err(refuse(
+                    "GRPC_SERVER_USE_TLS",
+                    "true",
+                    &format!("{var} is not set; TLS needs a certificate and its key"),
+                ));
+            }
+        }
+        for (var, flag) in files {
+            if let Some(v) = self.get(var).map(String::from) {
+                self.flag(flag, Some(v));
+            }
+        }
+        Ok(())
     }
 
     fn logging(&mut self) -> Result<(), Refusal> {
@@ -645,12 +673,61 @@ mod tests {
     }
 
     #[test]
-    fn grpc_tls_is_refused_until_the_port_has_it() {
+    fn envoy_gateways_grpc_tls_becomes_the_tls_flags() {
+        let mut e = envoy_gateway();
+        for (k, v) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ] {
+            e.insert(k.into(), v.into());
+        }
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            t.args[..4],
+            [
+                "--grpc-tls-cert",
+                "/certs/tls.crt",
+                "--grpc-tls-key",
+                "/certs/tls.key"
+            ]
+        );
+        assert!(!t.args.iter().any(|a| a == "--grpc-tls-client-ca"));
+        // The client authority makes client certificates required.
+        e.insert("GRPC_CLIENT_TLS_CACERT".into(), "/certs/ca.crt".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(t.args[4..6], ["--grpc-tls-client-ca", "/certs/ca.crt"]);
+        // A SLUICE_* variable of the same setting wins.
+        e.insert("SLUICE_GRPC_TLS_CERT".into(), "/mine.crt".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(t.args[..2], ["--grpc-tls-key", "/certs/tls.key"]);
+    }
+
+    #[test]
+    fn grpc_tls_without_a_certificate_is_refused_and_files_without_tls_are_ignored() {
         let mut e = envoy_gateway();
         e.insert("GRPC_SERVER_USE_TLS".into(), "true".into());
+        e.insert("GRPC_SERVER_TLS_CERT".into(), "/certs/tls.crt".into());
         let r = translate(&e).unwrap_err();
         assert_eq!(r.name, "GRPC_SERVER_USE_TLS");
-        assert!(r.to_string().contains("no TLS on the gRPC port"), "{r}");
+        assert!(
+            r.to_string().contains("GRPC_SERVER_TLS_KEY is not set"),
+            "{r}"
+        );
+
+        e.insert("GRPC_SERVER_USE_TLS".into(), "false".into());
+        let t = translate(&e).unwrap();
+        assert!(!t.args.iter().any(|a| a.starts_with("--grpc-tls")));
+        assert!(
+            t.warnings
+                .iter()
+                .any(|w| w.starts_with("GRPC_SERVER_TLS_CERT=/certs/tls.crt is ignored")),
+            "{:?}",
+            t.warnings
+        );
+
+        e.insert("GRPC_CLIENT_TLS_SAN".into(), "envoy".into());
+        assert_eq!(translate(&e).unwrap_err().name, "GRPC_CLIENT_TLS_SAN");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use common::certs::Certs;
 use common::redis::{available, RedisServer};
 use common::xds::{binary, fixture, XdsServer};
 use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
@@ -91,22 +92,24 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let bin = ratelimit_binary(dir.path());
-    let mut env = envoy_gateway_env(&xds, &certs, &redis);
+    let env = envoy_gateway_env(&xds, &certs, &redis);
 
-    // The gRPC port has no TLS in this build: refused, with the way out named.
-    let out = command(&bin, &env).output().unwrap();
+    // TLS with no key to serve it is refused, with the missing variable named.
+    let no_key: Vec<_> = env
+        .iter()
+        .filter(|(k, _)| k != "GRPC_SERVER_TLS_KEY")
+        .cloned()
+        .collect();
+    let out = command(&bin, &no_key).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("GRPC_SERVER_USE_TLS=true") && stderr.contains("GRPC_SERVER_USE_TLS=false"),
+        stderr.contains("GRPC_SERVER_USE_TLS=true") && stderr.contains("GRPC_SERVER_TLS_KEY"),
         "{stderr}"
     );
 
-    // With it off, the rest of Envoy Gateway's environment serves.
-    env.iter_mut()
-        .find(|(k, _)| k == "GRPC_SERVER_USE_TLS")
-        .unwrap()
-        .1 = "false".into();
+    // Envoy Gateway's whole environment serves: the gRPC port over TLS with the
+    // Secret's certificate.
     let server = Server::spawn(command(&bin, &env), dir);
     let healthcheck = || http(&server.http, "GET", "/healthcheck", "");
     eventually(WAIT, "/healthcheck OK", || async {
@@ -122,10 +125,34 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     assert_eq!(warned.len(), 2, "{warned:?}");
     assert!(warned.iter().any(|l| l.contains("GRPC_SERVER_TLS_CA_CERT")));
     assert!(warned.iter().any(|l| l.contains("PROMETHEUS_MAPPER_YAML")));
+    // Plain text is not answered; Envoy's client (its certificate from the same
+    // Secret) is.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut c = RateLimitServiceClient::new(channel);
+        assert!(c
+            .should_rate_limit(request(DOMAIN, vec![desc(&[("k", "v")])]))
+            .await
+            .is_err());
+    }
+    let (ca, crt, key) = (
+        certs.path("ca.crt"),
+        certs.path("tls.crt"),
+        certs.path("tls.key"),
+    );
+    let client = || async {
+        server
+            .tls_client(&ca, Some((&crt, &key)))
+            .await
+            .expect("TLS")
+    };
 
     // The xDS configs arrive over mTLS and counters live in Redis.
     eventually(WAIT, "the gateway's limits", || async {
-        let mut c = server.client().await;
+        let mut c = client().await;
         let r = call(
             &mut c,
             request(
@@ -140,7 +167,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         r.statuses[0].current_limit.is_some()
     })
     .await;
-    let mut c = server.client().await;
+    let mut c = client().await;
     let d = || desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")]);
     let mut codes = Vec::new();
     for _ in 0..3 {

@@ -133,6 +133,30 @@ impl Server {
         RateLimitServiceClient::connect(url).await.expect("connect")
     }
 
+    /// A client over TLS: trusting `ca`, presenting `identity` (cert, key) when given,
+    /// and checking the server's certificate for `localhost`.
+    pub async fn tls_client(
+        &self,
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<RateLimitServiceClient<Channel>, tonic::transport::Error> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |p: &Path| std::fs::read(p).expect("a certificate file");
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(ca)))
+            .domain_name("localhost");
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(Identity::from_pem(read(cert), read(key)));
+        }
+        let port = self.grpc.rsplit(':').next().expect("a port");
+        let channel = Channel::from_shared(format!("https://localhost:{port}"))
+            .expect("a URL")
+            .tls_config(tls)?
+            .connect()
+            .await?;
+        Ok(RateLimitServiceClient::new(channel))
+    }
+
     /// Log lines printed so far.
     pub fn drain_lines(&self) -> Vec<String> {
         self.lines.try_iter().collect()

@@ -8,11 +8,9 @@ ratelimit.go and its testdata):
 - BOOTSTRAP: an Envoy bootstrap with that listener's rate limit filter (domain
   default/eg/http, DRAFT_VERSION_03 headers, no x-envoy-ratelimited), the cluster
   `ratelimit_cluster` (STRICT_DNS, HTTP/2, TLS up to 1.3 trusting ca.crt and presenting
-  tls.crt), and the route's RateLimitPerRoute with its descriptors. --patch applies an
-  EnvoyPatchPolicy's `remove` operations on ratelimit_cluster (the plain-text patch
-  of deploy/envoy-gateway/, while Sluice's gRPC port has no TLS).
+  tls.crt), and the route's RateLimitPerRoute with its descriptors.
 
-    envoy-gateway-ratelimit.py RATELIMIT_CONFIG BOOTSTRAP LISTEN ADMIN GRPC UPSTREAM CERTS [--patch FILE]
+    envoy-gateway-ratelimit.py RATELIMIT_CONFIG BOOTSTRAP LISTEN ADMIN GRPC UPSTREAM CERTS
 
 The BackendTrafficPolicy it stands for has two global rules on route `backend`:
   0. x-user-id: one            3 per minute
@@ -38,7 +36,6 @@ for name in ("config", "bootstrap"):
 for name in ("listen", "admin", "grpc", "upstream"):
     ap.add_argument(name, type=int)
 ap.add_argument("certs")
-ap.add_argument("--patch")
 a = ap.parse_args()
 
 
@@ -133,18 +130,6 @@ ratelimit_cluster["transport_socket"] = {"name": "envoy.transport_sockets.tls", 
             "tls_certificates": [{"certificate_chain": {"filename": f"{a.certs}/tls.crt"},
                                   "private_key": {"filename": f"{a.certs}/tls.key"}}],
             "validation_context": {"trusted_ca": {"filename": f"{a.certs}/ca.crt"}}}}}
-if a.patch:
-    for d in yaml.safe_load_all(open(a.patch)):
-        if not d or d.get("kind") != "EnvoyPatchPolicy":
-            continue
-        for jp in d["spec"]["jsonPatches"]:
-            op = jp["operation"]
-            if jp["name"] != "ratelimit_cluster" or op["op"] != "remove" or op["path"].count("/") != 1:
-                raise SystemExit(f"{a.patch}: unsupported patch {jp}")
-            key = op["path"][1:]
-            if key not in ratelimit_cluster:
-                raise SystemExit(f"{a.patch}: ratelimit_cluster has no {key}")
-            del ratelimit_cluster[key]
 boot = {
     "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": a.admin}}},
     "static_resources": {

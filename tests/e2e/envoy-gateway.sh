@@ -97,17 +97,8 @@ pids+=($!)
 wait_for upstream 10 curl -fsS -o /dev/null "http://127.0.0.1:$P_UP/" || die "upstream did not start"
 
 # --- Envoy Gateway's xDS server, config and Envoy ------------------------------------
-# The gRPC port has TLS once sluice has --grpc-tls-cert; until then Envoy calls it in
-# plain text (README's interim patch, applied to the generated cluster) and
-# GRPC_SERVER_USE_TLS is false.
-GRPC_TLS=false
-PATCH=(--patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-plaintext.yaml)
-if "$SLUICE" serve --help 2>/dev/null | grep -q -- '--grpc-tls-cert'; then
-    GRPC_TLS=true
-    PATCH=()
-fi
 python3 tests/e2e/envoy-gateway-ratelimit.py "$W/ratelimit-config.yaml" "$W/envoy.yaml" \
-    "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" "$W/certs" "${PATCH[@]}" 2>"$W/config.err" \
+    "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" "$W/certs" 2>"$W/config.err" \
     || { cat "$W/config.err"; die "could not write Envoy Gateway's config"; }
 "$XDS" -listen "127.0.0.1:$P_XDS" -control "127.0.0.1:$P_CTL" \
     -cert "$W/certs/envoy-gateway.crt" -key "$W/certs/envoy-gateway.key" -ca "$W/certs/ca.crt" \
@@ -129,7 +120,7 @@ env -i PATH="$PATH" \
     RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_IGNOREDOTFILES=true RUNTIME_WATCH_ROOT=false \
     LOG_LEVEL=info USE_STATSD=false CONFIG_TYPE=GRPC_XDS_SOTW \
     CONFIG_GRPC_XDS_SERVER_URL="localhost:$P_XDS" CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit \
-    GRPC_SERVER_USE_TLS=$GRPC_TLS GRPC_SERVER_TLS_CERT="$C/tls.crt" GRPC_SERVER_TLS_KEY="$C/tls.key" \
+    GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT="$C/tls.crt" GRPC_SERVER_TLS_KEY="$C/tls.key" \
     GRPC_SERVER_TLS_CA_CERT="$C/ca.crt" CONFIG_GRPC_XDS_SERVER_USE_TLS=true \
     CONFIG_GRPC_XDS_CLIENT_TLS_CERT="$C/tls.crt" CONFIG_GRPC_XDS_CLIENT_TLS_KEY="$C/tls.key" \
     CONFIG_GRPC_XDS_SERVER_TLS_CACERT="$C/ca.crt" FORCE_START_WITHOUT_INITIAL_CONFIG=true \
