@@ -3,6 +3,10 @@
 #   - sluice-test-xds  tools/test-xds: go-control-plane's snapshot cache behind ADS
 #                      (versions pinned in tools/test-xds/go.mod), serving
 #                      RateLimitConfig files the way Envoy Gateway's xDS server does.
+#   - Envoy Gateway's module (github.com/envoyproxy/gateway, EG_VERSION), from the Go
+#     module proxy into Go's module cache, for its translator's RateLimitConfig
+#     outputs (internal/xds/translator/testdata/out/ratelimit-config/), which the
+#     xDS tests serve as data.
 # The binary goes to $(go env GOPATH)/bin (or $GOBIN); a stamp beside it holds the
 # hash of the sources it was built from, so an unchanged tool is not rebuilt. Prints
 # the binary's path.
@@ -34,4 +38,9 @@ else
     echo "$hash" >"$out.stamp"
     log "built in $(( $(date +%s) - start ))s"
 fi
+EG_VERSION=${EG_VERSION:-v1.9.1}
+if ! go mod download -json "github.com/envoyproxy/gateway@$EG_VERSION" >/dev/null 2>&1; then
+    die "could not download github.com/envoyproxy/gateway@$EG_VERSION from the Go module proxy"
+fi
+log "Envoy Gateway $EG_VERSION's translator outputs in $(go env GOMODCACHE)"
 echo "$out"

@@ -415,7 +415,9 @@ async fn a_call_past_its_deadline_is_refused_without_counting() {
 
 /// Envoy gives up at its filter timeout, then applies its own failure mode; the
 /// domain's must answer first. With Redis asleep and a store timeout of a second, a
-/// call with a 50 ms deadline is answered by the domain's failure mode within it.
+/// call with a 250 ms deadline is answered by the domain's failure mode within it (a
+/// fifth of it is left for the answer to travel; 250 ms, not Envoy's usual 20-50 ms,
+/// so that a loaded test machine's scheduling does not decide the outcome).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
     if !common::redis::available() {
@@ -434,7 +436,7 @@ async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
     redis.sleep(3).await;
     for (domain, want) in [("d", OK), ("strict", OVER_LIMIT)] {
         let mut req = tonic::Request::new(request(domain, vec![desc(&[("k", "v")])]));
-        req.set_timeout(Duration::from_millis(50));
+        req.set_timeout(Duration::from_millis(250));
         let started = std::time::Instant::now();
         let answer = c.should_rate_limit(req).await;
         let took = started.elapsed();
@@ -446,7 +448,7 @@ async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
             "{domain}: the domain's failure mode"
         );
         assert!(
-            took < Duration::from_millis(50),
+            took < Duration::from_millis(250),
             "{domain}: answered in {took:?}"
         );
     }

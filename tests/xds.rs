@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::certs::Certs;
 use common::xds::{binary, fixture, XdsServer};
 use common::*;
+use serde::Deserialize;
 
 const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
@@ -440,19 +441,36 @@ async fn plain_http_xds_and_bad_flags() {
     );
 }
 
-/// Envoy Gateway's own translator outputs, when a folder of them is beside the
-/// repository: every one is accepted over xDS.
-#[tokio::test]
-async fn envoy_gateways_translator_outputs_when_present() {
+/// The Envoy Gateway release whose translator outputs are served (downloaded by
+/// scripts/install-test-xds.sh into Go's module cache).
+const EG_VERSION: &str = "v1.9.1";
+
+/// Envoy Gateway's translator outputs (`internal/xds/translator/testdata/out/
+/// ratelimit-config/` of github.com/envoyproxy/gateway): `SLUICE_EG_RATELIMIT_CONFIGS`,
+/// else the release in Go's module cache.
+fn translator_outputs() -> Option<Vec<PathBuf>> {
     let dir = match std::env::var_os("SLUICE_EG_RATELIMIT_CONFIGS") {
         Some(d) => PathBuf::from(d),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/envoy-gateway/ratelimit-config"),
+        None => {
+            let out = std::process::Command::new("go")
+                .args(["env", "GOMODCACHE"])
+                .output()
+                .ok()?;
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+                .join(format!("github.com/envoyproxy/gateway@{EG_VERSION}"))
+                .join("internal/xds/translator/testdata/out/ratelimit-config")
+        }
     };
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        return;
+        if std::env::var_os("SLUICE_REQUIRE_XDS").is_some() {
+            panic!(
+                "SLUICE_REQUIRE_XDS is set but {} is missing: run scripts/install-test-xds.sh",
+                dir.display()
+            );
+        }
+        eprintln!("skipped: no {}", dir.display());
+        return None;
     };
-    let Some(bin) = binary() else { return };
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -461,7 +479,71 @@ async fn envoy_gateways_translator_outputs_when_present() {
         })
         .collect();
     files.sort();
-    assert!(!files.is_empty());
+    Some(files)
+}
+
+/// One limit of a config: its domain, the entries that lead to it (a key with no
+/// value gets one), and its requests per unit and unit, or `None` when unlimited.
+type Leaf = (String, Vec<(String, String)>, Option<(u32, i32)>);
+
+fn leaves(file: &std::path::Path) -> Vec<Leaf> {
+    fn walk(
+        domain: &str,
+        nodes: &serde_yaml::Value,
+        path: &mut Vec<(String, String)>,
+        out: &mut Vec<Leaf>,
+    ) {
+        for node in nodes.as_sequence().into_iter().flatten() {
+            let key = node["key"].as_str().unwrap_or_default().to_string();
+            let value = match node["value"].as_str() {
+                Some(v) if !v.is_empty() => v.to_string(),
+                _ => "any-value".to_string(),
+            };
+            path.push((key, value));
+            let limit = &node["rate_limit"];
+            if limit.is_mapping() {
+                let unit = match limit["unit"].as_str().unwrap_or_default() {
+                    "SECOND" => 1,
+                    "MINUTE" => 2,
+                    "HOUR" => 3,
+                    "DAY" => 4,
+                    "MONTH" => 5,
+                    "YEAR" => 6,
+                    "WEEK" => 7,
+                    other => panic!("{domain}: unit {other}"),
+                };
+                let n = limit["requests_per_unit"].as_u64().unwrap_or_default() as u32;
+                let unlimited = limit["unlimited"].as_bool().unwrap_or(false);
+                out.push((
+                    domain.to_string(),
+                    path.clone(),
+                    (!unlimited).then_some((n, unit)),
+                ));
+            }
+            walk(domain, &node["descriptors"], path, out);
+            path.pop();
+        }
+    }
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let doc = serde_yaml::Value::deserialize(doc).unwrap();
+        let domain = doc["domain"].as_str().unwrap_or_default().to_string();
+        walk(&domain, &doc["descriptors"], &mut Vec::new(), &mut out);
+    }
+    out
+}
+
+/// Every RateLimitConfig Envoy Gateway's translator writes in its tests is accepted
+/// over xDS, and each of its limits answers a request for its entries with that
+/// limit.
+#[tokio::test]
+async fn envoy_gateways_translator_outputs_are_accepted_and_enforced() {
+    let Some(files) = translator_outputs() else {
+        return;
+    };
+    let Some(bin) = binary() else { return };
+    assert!(files.len() >= 20, "{files:?}");
     let xds = XdsServer::start_plain(&bin, &[]);
     let url = format!("http://{}", xds.addr);
     let server = Server::start_with(
@@ -469,6 +551,8 @@ async fn envoy_gateways_translator_outputs_when_present() {
         &[],
         &["--xds-server", &url, "--xds-node-id", "envoy-ratelimit"],
     );
+    let mut c = server.client().await;
+    let mut checked = 0;
     for file in &files {
         let version = xds.publish_files(std::slice::from_ref(file));
         eventually(
@@ -491,6 +575,19 @@ async fn envoy_gateways_translator_outputs_when_present() {
             "{} refused: {refused:?}",
             file.display()
         );
+        for (domain, entries, limit) in leaves(file) {
+            let pairs: Vec<(&str, &str)> = entries
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let r = call(&mut c, request(&domain, vec![desc(&pairs)])).await;
+            let got = r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit));
+            assert_eq!(got, limit, "{}: {domain} {entries:?}", file.display());
+            checked += 1;
+        }
     }
-    drop(server);
+    assert!(checked >= files.len(), "{checked} limits checked");
 }
