@@ -150,7 +150,9 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
             .expect("TLS")
     };
 
-    // The xDS configs arrive over mTLS and counters live in Redis.
+    // The xDS configs arrive over mTLS and counters live in Redis. The counts below
+    // are of one minute's window: begin well inside one.
+    early_in_a_minute().await;
     eventually(WAIT, "the gateway's limits", || async {
         let mut c = client().await;
         let r = call(

@@ -382,6 +382,22 @@ fn dechunk(s: &str) -> String {
 }
 
 /// Waits until `f` holds, polling; panics with `what` after `limit`.
+/// Returns once the wall clock is at least 15 s before the end of its minute, so that
+/// a test counting against a per-minute limit stays inside one window.
+pub async fn early_in_a_minute() {
+    eventually(
+        Duration::from_secs(30),
+        "a minute with 15 s to run",
+        || async {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            now.as_secs() % 60 < 45
+        },
+    )
+    .await;
+}
+
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
 where
     F: FnMut() -> Fut,
