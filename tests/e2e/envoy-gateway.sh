@@ -182,6 +182,14 @@ else
     bad "request cost: want '200 200 429' with 2 remaining after the first, got '$heavy' / $(header heavy1 x-ratelimit-remaining)"
 fi
 
+handshakes=$(curl -fsS "http://127.0.0.1:$P_ADMIN/stats?filter=^cluster.ratelimit_cluster.ssl.handshake$" | awk '{print $2}')
+plain_errors=$(curl -fsS "http://127.0.0.1:$P_ADMIN/stats?filter=^cluster.ratelimit_cluster.ssl.connection_error$" | awk '{print $2}')
+if [ "${handshakes:-0}" -ge 1 ] 2>/dev/null && [ "${plain_errors:-0}" = 0 ]; then
+    ok "ratelimit_cluster as Envoy Gateway generates it (TLS, client certificate): $handshakes TLS handshake(s) with sluice's GRPC_SERVER_USE_TLS port, no TLS errors"
+else
+    bad "ratelimit_cluster: want TLS handshakes and no TLS errors, got '${handshakes}' and '${plain_errors}'"
+fi
+
 metrics=$(curl -sS "http://127.0.0.1:$P_PROM/metrics")
 route='httproute/default/backend/rule/0/match/0/*'
 want="ratelimit_service_rate_limit_over_limit{domain=\"default/eg/http\",key1=\"${route}_${route}\",key2=\"rule-0-match-0_rule-0-match-0\"} 1"
