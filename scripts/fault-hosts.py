@@ -1,0 +1,464 @@
+#!/usr/bin/env python3
+"""Faults across hosts: every process on a host of its own, faults in between.
+
+    sudo scripts/fault-hosts.py [--phase-seconds 4] [--rate 200] [--tail 0] [--sluice PATH]
+
+Builds network namespaces joined by veth links to one bridge (a namespace of its
+own too): two Redis hosts, three Sluice replicas (`--redis` on both shards,
+`failure_mode: closed`) and a load host sending a steady rate of ShouldRateLimit
+calls spread over the replicas. Each Redis listens behind a relay in its
+namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
+
+    warm-up      every replica's first calls to each shard (not asserted)
+    healthy      nothing wrong
+    blackhole    redis-1's packets dropped (iptables): its calls time out
+    heal         redis-1 back; traffic starts once every replica has it again
+    latency      30 ms added to every reply of redis-2
+    heal         redis-2 fast again
+    cut          sluice-3 cut off from both Redis hosts; the others are fine
+    heal         sluice-3 reaches Redis again
+
+Each phase has its own keys (a per-day limit of LIMIT), so what a key admitted is
+what the phase admitted. Per phase it asserts: every call answered with gRPC OK
+within --store-timeout plus 10 ms (p99 and max printed), no key admitted beyond its
+limit, and in healthy and healed phases every key admitted exactly its limit (or
+every call, if it had fewer), with no answer by the failure mode; a healed fault
+must be over within one back-off period (5 s). `--tail F` lets a fraction F of a
+phase's calls run past the bound (the latency is the load host's, so a loaded
+machine's scheduling shows in it); they are counted in the table either way. It prints a table of the phases and exits non-zero on
+a failed assertion. Traffic stays inside the namespaces it makes; they are deleted
+on exit. Needs root, iproute2, iptables, redis-server and python grpcio.
+
+`load` is the load host's half, run inside its namespace by the main half.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBNET = "10.231.0"
+HOSTS = {"r1": 11, "r2": 12, "s1": 21, "s2": 22, "s3": 23, "load": 31}
+STORE_TIMEOUT_MS = 20
+SLACK_MS = 10
+LIMIT = 20
+KEYS = 8
+METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+
+# --- protobuf by hand: the two messages this needs ---------------------------------
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field(num, payload):
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def request(domain, key, value):
+    entry = field(1, key.encode()) + field(2, value.encode())
+    return field(1, domain.encode()) + field(2, field(1, entry))
+
+
+def overall_code(msg):
+    """RateLimitResponse.overall_code (field 1, varint); 0 when absent."""
+    i = 0
+    while i < len(msg):
+        tag, i = read_varint(msg, i)
+        num, kind = tag >> 3, tag & 7
+        if kind == 0:
+            v, i = read_varint(msg, i)
+            if num == 1:
+                return v
+        elif kind == 2:
+            n, i = read_varint(msg, i)
+            i += n
+        else:
+            return 0
+    return 0
+
+
+def read_varint(b, i):
+    v = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        if c < 0x80:
+            return v, i
+        shift += 7
+
+
+# --- the load host ------------------------------------------------------------------
+async def load(args):
+    import grpc
+
+    channels = [grpc.aio.insecure_channel(t) for t in args.targets]
+    calls = [
+        c.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        for c in channels
+    ]
+    records = []
+    tasks = set()
+
+    async def one(phase, replica, key):
+        started = time.monotonic()
+        try:
+            reply = await calls[replica](request("faults", "user", key), timeout=2.0)
+            status, code = "OK", overall_code(reply)
+        except grpc.aio.AioRpcError as e:
+            status, code = e.code().name, 0
+        records.append((phase, replica, key, (time.monotonic() - started) * 1000, status, code))
+
+    interval = 1.0 / args.rate
+    next_at = time.monotonic()
+    phase = ""
+    checked = 0.0
+    while True:
+        now = time.monotonic()
+        if now - checked > 0.02:
+            checked = now
+            with open(args.phase_file) as f:
+                phase = f.read().strip()
+            if phase == "stop":
+                break
+        if phase and phase != "idle":
+            key = f"{phase}-{random.randrange(KEYS)}"
+            t = asyncio.ensure_future(one(phase, random.randrange(len(calls)), key))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        next_at += interval
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    if tasks:
+        await asyncio.wait(tasks)
+    with open(args.out, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    for c in channels:
+        await c.close()
+
+
+# --- the hosts ----------------------------------------------------------------------
+class Net:
+    def __init__(self):
+        self.tag = f"slf{os.getpid() % 100000}"
+        self.procs = []
+        self.made = []
+
+    def ns(self, host):
+        return f"{self.tag}-{host}"
+
+    def ip(self, host):
+        return f"{SUBNET}.{HOSTS[host]}"
+
+    def run(self, *cmd, ns=None, check=True):
+        if ns:
+            cmd = ("ip", "netns", "exec", self.ns(ns)) + cmd
+        return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+    def spawn(self, host, cmd, log):
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(host)] + cmd,
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(p)
+        return p
+
+    def up(self):
+        sw = self.ns("sw")
+        self.run("ip", "netns", "add", sw)
+        self.made.append(sw)
+        self.run("ip", "link", "set", "lo", "up", ns="sw")
+        self.run("ip", "link", "add", "br0", "type", "bridge", ns="sw")
+        self.run("ip", "link", "set", "br0", "up", ns="sw")
+        for i, host in enumerate(HOSTS):
+            ns = self.ns(host)
+            self.run("ip", "netns", "add", ns)
+            self.made.append(ns)
+            a, b = f"{self.tag}a{i}", f"{self.tag}b{i}"
+            self.run("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+            self.run("ip", "link", "set", a, "netns", sw)
+            self.run("ip", "link", "set", b, "netns", ns)
+            self.run("ip", "link", "set", a, "master", "br0", ns="sw")
+            self.run("ip", "link", "set", a, "up", ns="sw")
+            self.run("ip", "link", "set", b, "name", "eth0", ns=host)
+            self.run("ip", "addr", "add", f"{self.ip(host)}/24", "dev", "eth0", ns=host)
+            self.run("ip", "link", "set", "eth0", "up", ns=host)
+            self.run("ip", "link", "set", "lo", "up", ns=host)
+
+    def down(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            p.wait()
+        for ns in reversed(self.made):
+            self.run("ip", "netns", "del", ns, check=False)
+
+
+RELAY = r"""
+import asyncio, sys
+listen, port, upstream, delay_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+delay = [0.0]
+async def watch():
+    while True:
+        try:
+            delay[0] = float(open(delay_file).read() or 0) / 1000
+        except (OSError, ValueError):
+            delay[0] = 0.0
+        await asyncio.sleep(0.05)
+async def pipe(r, w, slow):
+    try:
+        while data := await r.read(65536):
+            if slow and delay[0]:
+                await asyncio.sleep(delay[0])
+            w.write(data)
+            await w.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        w.close()
+async def serve(cr, cw):
+    try:
+        ur, uw = await asyncio.open_connection("127.0.0.1", upstream)
+    except OSError:
+        cw.close()
+        return
+    await asyncio.gather(pipe(cr, uw, False), pipe(ur, cw, True))
+async def main():
+    asyncio.ensure_future(watch())
+    server = await asyncio.start_server(serve, listen, port)
+    print("relay listening", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+POLICY = f"""domain: faults
+failure_mode: closed
+descriptors:
+  - key: user
+    rate_limit: {{unit: day, requests_per_unit: {LIMIT}, algorithm: fixed_window}}
+"""
+
+
+def wait(what, seconds, ok):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ok():
+            return time.monotonic() - (deadline - seconds)
+        time.sleep(0.05)
+    raise SystemExit(f"fault-hosts: timed out waiting for {what}")
+
+
+def main_half(args):
+    for tool in ["ip", "iptables", "redis-server", "redis-cli", "curl"]:
+        if not shutil.which(tool):
+            raise SystemExit(f"fault-hosts: {tool} is not installed")
+    if os.geteuid() != 0:
+        raise SystemExit("fault-hosts: needs root (network namespaces)")
+    sluice = args.sluice or os.path.join(REPO, "target/debug/sluice")
+    if not os.access(sluice, os.X_OK):
+        raise SystemExit(f"fault-hosts: no sluice binary at {sluice} (cargo build, or --sluice)")
+    work = tempfile.mkdtemp(prefix="fault-hosts.")
+    net = Net()
+    try:
+        net.up()
+        return run(args, net, sluice, work)
+    finally:
+        net.down()
+        if os.environ.get("FAULT_HOSTS_KEEP") is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, net, sluice, work):
+    relay = os.path.join(work, "relay.py")
+    with open(relay, "w") as f:
+        f.write(RELAY)
+    policy = os.path.join(work, "policy.yaml")
+    with open(policy, "w") as f:
+        f.write(POLICY)
+    for r in ["r1", "r2"]:
+        net.spawn(r, ["redis-server", "--bind", "127.0.0.1", "--port", "6380", "--save", "",
+                      "--appendonly", "no"], os.path.join(work, f"{r}.log"))
+        net.spawn(r, [sys.executable, relay, net.ip(r), "6379", "6380",
+                      os.path.join(work, f"{r}.delay")], os.path.join(work, f"{r}-relay.log"))
+    for r in ["r1", "r2"]:
+        wait(f"{r}", 10, lambda: net.run("redis-cli", "-p", "6380", "ping", ns=r, check=False)
+             .stdout.strip() == "PONG")
+        wait(f"{r}'s relay", 10, lambda: "listening" in open(os.path.join(work, f"{r}-relay.log")).read())
+    redis = ",".join(f"redis://{net.ip(r)}:6379" for r in ["r1", "r2"])
+    replicas = ["s1", "s2", "s3"]
+    for s in replicas:
+        ip = net.ip(s)
+        net.spawn(s, [sluice, "serve", "--config", policy, "--redis", redis,
+                      "--grpc-addr", f"{ip}:8081", "--http-addr", f"{ip}:8080",
+                      "--store-timeout", f"{STORE_TIMEOUT_MS}ms", "--log-format", "json"],
+                  os.path.join(work, f"{s}.log"))
+
+    def get(s, path):
+        out = net.run("curl", "-sS", "--max-time", "2", f"http://{net.ip(s)}:8080{path}",
+                      ns="load", check=False)
+        return out.stdout
+
+    for s in replicas:
+        wait(f"{s} ready", 20, lambda: get(s, "/readyz").strip() == "ready")
+
+    def store_up(s):
+        try:
+            shards = json.loads(get(s, "/debug/store"))["shards"]
+            return all(sh.get("state") not in ("failing", "backing_off") for sh in shards)
+        except (ValueError, KeyError, TypeError):
+            return False
+
+    def failed_closed():
+        total = 0
+        for s in replicas:
+            for line in get(s, "/metrics").splitlines():
+                if line.startswith("sluice_requests_total") and 'outcome="failed_closed"' in line:
+                    total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+    phase_file = os.path.join(work, "phase")
+    with open(phase_file, "w") as f:
+        f.write("idle")
+    out = os.path.join(work, "calls.jsonl")
+    targets = [f"{net.ip(s)}:8081" for s in replicas]
+    loader = net.spawn("load", [sys.executable, os.path.abspath(__file__), "load", "--rate",
+                                str(args.rate), "--phase-file", phase_file, "--out", out,
+                                "--targets", *targets], os.path.join(work, "load.log"))
+
+    def set_phase(name):
+        with open(phase_file, "w") as f:
+            f.write(name)
+
+    def drop(host, *rule):
+        net.run("iptables", "-A", *rule, "-j", "DROP", ns=host)
+
+    def flush(host):
+        net.run("iptables", "-F", ns=host)
+
+    r1, r2 = net.ip("r1"), net.ip("r2")
+    phases = []  # (name, kind, healed_in)
+    mode_counts = {}
+
+    def phase(name, kind, fault=None, heal=None):
+        healed_in = None
+        if heal:
+            heal()
+            healed_in = wait(f"every replica back on Redis before {name}", 10,
+                             lambda: all(store_up(s) for s in replicas))
+        if fault:
+            fault()
+        before = failed_closed()
+        set_phase(name)
+        time.sleep(args.phase_seconds)
+        set_phase("idle")
+        time.sleep(0.3)
+        mode_counts[name] = failed_closed() - before
+        phases.append((name, kind, healed_in))
+
+    # Each replica connects to each shard on its first call there; on a loaded machine
+    # that can take longer than the store timeout, which is start-up, not a fault.
+    phase("0-warm-up", "warm-up")
+    phase("1-healthy", "exact")
+    phase("2-blackhole-r1", "fault", fault=lambda: drop("r1", "INPUT", "-i", "eth0"))
+    phase("3-heal-r1", "exact", heal=lambda: flush("r1"))
+    phase("4-latency-r2", "fault", fault=lambda: open(os.path.join(work, "r2.delay"), "w").write("30"))
+    phase("5-heal-r2", "exact", heal=lambda: open(os.path.join(work, "r2.delay"), "w").write("0"))
+    phase("6-cut-s3", "fault", fault=lambda: [drop("s3", "OUTPUT", "-d", ip) for ip in (r1, r2)])
+    phase("7-heal-s3", "exact", heal=lambda: flush("s3"))
+    set_phase("stop")
+    loader.wait(timeout=30)
+    return report(out, phases, mode_counts, args.tail)
+
+
+def report(out, phases, mode_counts, tail):
+    records = [json.loads(l) for l in open(out)]
+    bound = STORE_TIMEOUT_MS + SLACK_MS
+    failures = []
+    print(f"{'phase':<16}{'calls':>7}{'admitted':>10}{'denied':>8}{'failed_closed':>15}"
+          f"{'errors':>8}{'p99 ms':>8}{'max ms':>8}{'late':>6}{'over':>6}{'healed s':>10}")
+    for name, kind, healed_in in phases:
+        if kind == "warm-up":
+            continue
+        rs = [r for r in records if r[0] == name]
+        lat = sorted(r[3] for r in rs)
+        p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0
+        errors = sum(1 for r in rs if r[4] != "OK")
+        admitted, sent = {}, {}
+        for r in rs:
+            sent[r[2]] = sent.get(r[2], 0) + 1
+            admitted[r[2]] = admitted.get(r[2], 0) + (r[5] == 1)
+        over = sum(max(0, a - LIMIT) for a in admitted.values())
+        total_admitted = sum(admitted.values())
+        denied = sum(1 for r in rs if r[5] == 2)
+        healed = f"{healed_in:.1f}" if healed_in is not None else "-"
+        late = sum(1 for x in lat if x > bound)
+        print(f"{name:<16}{len(rs):>7}{total_admitted:>10}{denied:>8}{mode_counts[name]:>15}"
+              f"{errors:>8}{p99:>8.1f}{lat[-1] if lat else 0:>8.1f}{late:>6}{over:>6}{healed:>10}")
+        if not rs:
+            failures.append(f"{name}: no calls")
+        if errors:
+            failures.append(f"{name}: {errors} calls failed at the gRPC level")
+        if p99 > bound:
+            failures.append(f"{name}: p99 {p99:.1f} ms over {bound} ms")
+        if late > tail * len(lat):
+            failures.append(f"{name}: {late} of {len(lat)} calls took over {bound} ms (max {lat[-1]:.1f})")
+        if over:
+            failures.append(f"{name}: {over} admitted beyond the limit")
+        if kind == "exact":
+            wrong = {k: (admitted[k], sent[k]) for k in sent if admitted[k] != min(LIMIT, sent[k])}
+            if wrong:
+                failures.append(f"{name}: counts not exact (admitted, sent): {wrong}")
+            if mode_counts[name]:
+                failures.append(f"{name}: {mode_counts[name]} answered by the failure mode")
+        if healed_in is not None and healed_in > 5.5:
+            failures.append(f"{name}: replicas took {healed_in:.1f} s to reach Redis again")
+    for f in failures:
+        print(f"FAIL {f}")
+    print("fault-hosts: " + ("failed" if failures else "every phase held"))
+    return 1 if failures else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    ld = sub.add_parser("load")
+    ld.add_argument("--rate", type=float, required=True)
+    ld.add_argument("--phase-file", required=True)
+    ld.add_argument("--out", required=True)
+    ld.add_argument("--targets", nargs="+", required=True)
+    ap.add_argument("--phase-seconds", type=float, default=4.0)
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--tail", type=float, default=0.0)
+    ap.add_argument("--sluice")
+    args = ap.parse_args()
+    if args.cmd == "load":
+        asyncio.run(load(args))
+        return 0
+    return main_half(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
