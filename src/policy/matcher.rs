@@ -82,6 +82,22 @@ impl KeyLevel {
 }
 
 impl Node {
+    /// Every rule id in this subtree, in no particular order.
+    pub(crate) fn rule_ids(&self, out: &mut Vec<usize>) {
+        out.extend(self.rule);
+        for level in self.children.values() {
+            for node in level.exact.values() {
+                node.rule_ids(out);
+            }
+            for (_, node) in &level.wildcards {
+                node.rule_ids(out);
+            }
+            if let Some(node) = &level.any {
+                node.rule_ids(out);
+            }
+        }
+    }
+
     /// envoyproxy/ratelimit's GetLimit: walk the entries level by level; the rule of
     /// the node matched by the last entry applies; the walk stops at a node without
     /// children, so a longer descriptor matches nothing.

@@ -289,6 +289,19 @@ impl Policy {
     pub fn rule(&self, id: usize) -> &Rule {
         &self.rules[id]
     }
+
+    /// Every rule with the name of its domain, sorted by domain and rule id.
+    pub fn rules_by_domain(&self) -> Vec<(&str, &Rule)> {
+        let mut out = Vec::with_capacity(self.rules.len());
+        let mut ids = Vec::new();
+        for (name, domain) in &self.domains {
+            ids.clear();
+            domain.root.rule_ids(&mut ids);
+            out.extend(ids.iter().map(|&id| (name.as_str(), &self.rules[id])));
+        }
+        out.sort_by(|a, b| (a.0, a.1.id).cmp(&(b.0, b.1.id)));
+        out
+    }
 }
 
 impl Rule {

@@ -285,6 +285,7 @@ impl Hub {
                     rules = policy.rules.len(),
                     "policy compiled"
                 );
+                self.metrics.policy_swapped(&policy);
                 self.policy.store(Arc::new(policy));
                 if source == "kube" {
                     self.metrics.policy_reload(source, true);
@@ -448,6 +449,22 @@ mod tests {
             .unwrap()
             .find(&[("x", "v")])
             .is_none());
+    }
+
+    #[test]
+    fn each_swap_exports_the_limits_and_drops_those_gone() {
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 7}\n"));
+        let series = r#"sluice_limit{algorithm="sliding_window_counter",descriptor="k",domain="d",rule="k"} 7"#;
+        assert!(metrics.render().contains(series), "{}", metrics.render());
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 8}\n"));
+        let text = metrics.render();
+        assert!(!text.contains(series), "{text}");
+        assert!(
+            text.contains(r#"descriptor="j",domain="d",rule="j"} 8"#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ use crate::policy::{FailureMode, Policy, Rule};
 use crate::store::{ErrorKind, Evictions, Report};
 
 pub mod erl;
+pub mod limits;
 pub mod ratio;
 pub mod striped;
 pub mod top;
@@ -163,6 +164,7 @@ pub struct Metrics {
     recent_denials: IntGaugeVec,
     top_offenders: IntGaugeVec,
     handles: ArcSwapOption<PolicyHandles>,
+    limits: limits::Limits,
     /// envoyproxy/ratelimit's series, with `--prometheus-addr`.
     erl: Option<erl::ErlStats>,
     /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
@@ -326,9 +328,11 @@ impl Metrics {
         for (reason, _) in Evictions::default().by_reason() {
             evictions.with_label_values(&[reason]);
         }
+        let limits = limits::Limits::new(&registry);
         Metrics {
             enabled: true,
             clock,
+            limits,
             registry,
             unknown_domain,
             bad_requests,
@@ -521,6 +525,11 @@ impl Metrics {
         for result in ["ok", "error"] {
             self.policy_reloads.with_label_values(&[source, result]);
         }
+    }
+
+    /// A new policy is serving: exports its limits (`sluice_limit`).
+    pub fn policy_swapped(&self, policy: &Policy) {
+        self.limits.set(policy);
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {

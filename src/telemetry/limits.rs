@@ -1,0 +1,166 @@
+//! The configured limits as series: `sluice_limit` (requests per window) and
+//! `sluice_limit_window_seconds`, so a dashboard can draw usage against the limit.
+//!
+//! Two names rather than one with a `field` label: the two values are different
+//! units, and a `sum()` or `max()` over one family must never add seconds to
+//! requests. With equal label sets the rate is a plain division,
+//! `sluice_limit / sluice_limit_window_seconds`, with no `ignoring(field)`.
+//!
+//! Labels are `domain`, `rule` (the matched path of keys, as in every other family),
+//! `algorithm`, and `descriptor`: envoyproxy/ratelimit's name of the limit (each level
+//! as `key_value`, or `key` alone, joined by `.`). `rule` alone does not name a limit:
+//! `path=/login` and `path=/search` are both rule `path`, with different limits. All
+//! of these come from the policy, never from requests.
+//!
+//! Set at each policy swap ([`Limits::set`]); the series of rules no longer loaded
+//! are removed, so a dashboard never shows a limit that is gone.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus::{GaugeVec, Opts, Registry};
+
+use crate::algorithm::SECOND;
+use crate::policy::Policy;
+
+/// (domain, rule, algorithm, descriptor).
+type Labels = [String; 4];
+
+/// The two families and the label sets they hold now.
+#[derive(Debug)]
+pub struct Limits {
+    requests: GaugeVec,
+    window: GaugeVec,
+    current: Mutex<HashSet<Labels>>,
+}
+
+const LABELS: [&str; 4] = ["domain", "rule", "algorithm", "descriptor"];
+
+impl Limits {
+    /// Both families, registered in `registry`.
+    pub fn new(registry: &Registry) -> Limits {
+        let gauge = |name: &str, help: &str| {
+            let g =
+                GaugeVec::new(Opts::new(name, help), &LABELS).expect("static metric definition");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("metric names are unique");
+            g
+        };
+        Limits {
+            requests: gauge(
+                "sluice_limit",
+                "Requests (hits) a configured limit admits per window, per key.",
+            ),
+            window: gauge(
+                "sluice_limit_window_seconds",
+                "The window of a configured limit, in seconds.",
+            ),
+            current: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Exports the limits of `policy` and removes the series of any other.
+    pub fn set(&self, policy: &Policy) {
+        let mut next = HashSet::new();
+        for (domain, rule) in policy.rules_by_domain() {
+            let Some(limit) = rule.limit else { continue };
+            let labels: Labels = [
+                domain.to_string(),
+                rule.path.clone(),
+                limit.algorithm.as_str().to_string(),
+                rule.stat_key.clone(),
+            ];
+            let refs = labels.each_ref().map(String::as_str);
+            self.requests
+                .with_label_values(&refs)
+                .set(limit.requests as f64);
+            self.window
+                .with_label_values(&refs)
+                .set(limit.window as f64 / SECOND as f64);
+            next.insert(labels);
+        }
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in current.difference(&next) {
+            let refs = gone.each_ref().map(String::as_str);
+            let _ = self.requests.remove_label_values(&refs);
+            let _ = self.window.remove_label_values(&refs);
+        }
+        *current = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{Encoder, TextEncoder};
+
+    fn policy(text: &str) -> Policy {
+        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
+    }
+
+    fn render(registry: &Registry) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut buf)
+            .unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    #[test]
+    fn limits_are_exported_per_descriptor_and_removed_with_their_rule() {
+        let registry = Registry::new();
+        let limits = Limits::new(&registry);
+        limits.set(&policy(
+            r#"
+domain: web
+descriptors:
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: path
+    value: /search
+    rate_limit: {window: 10s, requests_per_unit: 100}
+  - key: free
+    rate_limit: {unlimited: true}
+---
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket}
+"#,
+        ));
+        let text = render(&registry);
+        for line in [
+            r#"sluice_limit{algorithm="fixed_window",descriptor="path_/login",domain="web",rule="path"} 5"#,
+            r#"sluice_limit_window_seconds{algorithm="fixed_window",descriptor="path_/login",domain="web",rule="path"} 60"#,
+            r#"sluice_limit{algorithm="sliding_window_counter",descriptor="path_/search",domain="web",rule="path"} 100"#,
+            r#"sluice_limit_window_seconds{algorithm="sliding_window_counter",descriptor="path_/search",domain="web",rule="path"} 10"#,
+            r#"sluice_limit{algorithm="token_bucket",descriptor="remote_address",domain="edge",rule="remote_address"} 20"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        // An unlimited rule has no limit to show.
+        assert!(!text.contains("rule=\"free\""), "{text}");
+
+        // The next policy drops /search and changes /login's algorithm: the old
+        // series go, the new ones are there.
+        limits.set(&policy(
+            r#"
+domain: web
+descriptors:
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window_log}
+"#,
+        ));
+        let text = render(&registry);
+        assert!(
+            text.contains(r#"sluice_limit{algorithm="sliding_window_log",descriptor="path_/login",domain="web",rule="path"} 3"#),
+            "{text}"
+        );
+        for gone in ["/search", "fixed_window", "edge"] {
+            assert!(!text.contains(gone), "{gone} in\n{text}");
+        }
+    }
+}
