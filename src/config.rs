@@ -106,7 +106,7 @@ pub struct Serve {
     #[arg(long, env = "SLUICE_PROMETHEUS_PATH", default_value = "/metrics")]
     pub prometheus_path: String,
     /// The share of a limit above which a decision counts as near the limit
-    /// (`ratelimit_service_rate_limit_near_limit`).
+    /// (`sluice_near_limit_total`, `ratelimit_service_rate_limit_near_limit`).
     #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
     pub near_limit_ratio: f64,
     /// Every limit counts and reports but never denies (as if each had

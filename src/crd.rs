@@ -131,6 +131,14 @@ pub struct RateLimitSpec {
     pub burst: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shed: Option<ShedSpec>,
+}
+
+/// `shed`: past `from` of the limit, requests are denied with a rising probability.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ShedSpec {
+    pub from: f64,
 }
 
 /// An entry of `replaces`.
@@ -324,6 +332,14 @@ fn rate_limit_schema(depth: usize) -> Value {
                     "violations": {"type": "integer", "format": "int64", "minimum": 1},
                     "within": duration_schema("The span over which denials count"),
                     "ban": duration_schema("How long the key is denied")
+                }
+            },
+            "shed": {
+                "description": "Soft shedding: past `from` of the limit, requests are denied with a probability rising linearly to 1 at the limit.",
+                "type": "object",
+                "required": ["from"],
+                "properties": {
+                    "from": {"type": "number", "exclusiveMinimum": true, "minimum": 0, "exclusiveMaximum": true, "maximum": 1}
                 }
             }
         },

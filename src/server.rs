@@ -75,7 +75,7 @@ pub async fn run(
     }
     let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
     let hashing = hashing(&cfg, shared)?;
-    let mut metrics = Metrics::new();
+    let mut metrics = Metrics::new().with_near_limit_ratio(cfg.near_limit_ratio);
     if cfg.prometheus_addr.is_some() {
         metrics = metrics.with_erl(cfg.near_limit_ratio);
     }

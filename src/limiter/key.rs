@@ -135,6 +135,7 @@ mod tests {
             quota_mode: false,
             layer: Layer::Service,
             penalty: None,
+            shed: None,
             metadata: None,
             shared,
             rendered: Default::default(),

@@ -16,10 +16,12 @@ use crate::store::{Fallback, Hit, Mode, Store, StoreError};
 pub mod key;
 pub mod overrides;
 pub mod penalty;
+pub mod shed;
 
 pub use overrides::Override;
 use overrides::OverrideRules;
 use penalty::Penalties;
+use shed::Chance;
 
 /// Settings of the decision path, from the command line.
 #[derive(Debug, Clone)]
@@ -80,6 +82,8 @@ pub struct Status {
     pub hits: u64,
     /// Whether a `penalty` ban denied this descriptor or started with it.
     pub ban: Ban,
+    /// Denied by soft shedding (`shed`) although its limit had room.
+    pub shed: bool,
 }
 
 /// A descriptor's part in a `penalty` (see [`penalty`]).
@@ -148,6 +152,7 @@ pub struct Limiter<S> {
     settings: Settings,
     penalties: Penalties,
     overrides: OverrideRules,
+    chance: Arc<dyn Chance>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -158,7 +163,14 @@ impl<S: Store> Limiter<S> {
             settings,
             penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
             overrides: OverrideRules::default(),
+            chance: Arc::new(shed::ThreadChance),
         }
+    }
+
+    /// Draws soft-shedding chances from `chance` (tests fix the seed).
+    pub fn with_chance(mut self, chance: Arc<dyn Chance>) -> Self {
+        self.chance = chance;
+        self
     }
 
     /// Uses `clock` for penalties (the store keeps its own clock).
@@ -215,6 +227,7 @@ impl<S: Store> Limiter<S> {
                 verdict: None,
                 hits: d.hits,
                 ban: Ban::None,
+                shed: false,
             })
             .collect();
         let Some(dom) = policy.domain(domain) else {
@@ -353,6 +366,9 @@ impl<S: Store> Limiter<S> {
                         outcome.delay = outcome.delay.max(verdict.delay);
                     }
                 }
+                if decided.admitted {
+                    self.shed(&order, &hits, &mut outcome);
+                }
             }
             Err(error) => {
                 let mode = failure_mode;
@@ -371,6 +387,35 @@ impl<S: Store> Limiter<S> {
             self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
         }
         outcome
+    }
+
+    /// Soft shedding of an admitted request: each enforced limit with `shed` past its
+    /// `from` may deny it.
+    fn shed(&self, order: &[usize], hits: &[Hit], outcome: &mut Outcome) {
+        let policy = &outcome.policy;
+        for (&i, hit) in order.iter().zip(hits) {
+            if hit.mode != Mode::Enforce {
+                continue;
+            }
+            let status = &mut outcome.statuses[i];
+            let Some(rule) = effective(policy, &outcome.overrides, status) else {
+                continue;
+            };
+            if rule.shed.is_none() {
+                continue;
+            }
+            let Some(verdict) = status.verdict.as_mut() else {
+                continue;
+            };
+            if shed::decide(rule, verdict, &*self.chance) {
+                status.shed = true;
+                status.over_limit = true;
+                outcome.over_limit = true;
+            }
+        }
+        if outcome.over_limit {
+            outcome.delay = 0;
+        }
     }
 
     /// Fills `outcome.offenders` for denied descriptors and counts their denials
@@ -400,7 +445,8 @@ impl<S: Store> Limiter<S> {
                 &self.settings.hashing,
                 &mut shown,
             );
-            if status.ban == Ban::None && hit.mode == Mode::Enforce {
+            // Shedding is soft: it never counts towards a penalty.
+            if status.ban == Ban::None && hit.mode == Mode::Enforce && !status.shed {
                 penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown);
             }
             outcome.offenders.push((i, shown));

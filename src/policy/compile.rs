@@ -251,6 +251,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         quota_mode: d.quota_mode,
         layer: d.layer,
         penalty: rl.penalty,
+        shed: rl.shed,
         metadata: d.metadata.clone(),
         shared: trail.shared.clone(),
         rendered: Default::default(),

@@ -10,7 +10,7 @@ use super::duration;
 use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
 use super::model::{Descriptor, RateLimit};
 use super::node::{shorten, Value};
-use super::{Layer, Penalty, Unit};
+use super::{Layer, Penalty, Shed, Unit};
 
 /// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
 /// out after their errors are recorded.
@@ -210,6 +210,8 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         .and_then(|b| u64::try_from(b).ok());
     let penalty_field = f.get(ctx, "penalty");
     let penalty = penalty_field.and_then(|p| penalty(ctx, p));
+    let shed_field = f.get(ctx, "shed");
+    let shed = shed_field.and_then(|s| shed(ctx, s));
     let line = f.line;
     f.finish(ctx, what);
 
@@ -220,6 +222,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
             (algorithm_field, "algorithm"),
             (burst_field, "burst"),
             (penalty_field, "penalty"),
+            (shed_field, "shed"),
         ] {
             if let Some(extra) = extra {
                 ctx.error(
@@ -283,6 +286,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         burst,
         replaces,
         penalty,
+        shed,
     })
 }
 
@@ -328,6 +332,43 @@ fn replaces(ctx: &mut Ctx, field: Field<'_>, own: Option<&str>) -> Vec<String> {
     out
 }
 
+/// `shed: {from: 0.9}`: `from` a share of the limit strictly between 0 and 1.
+fn shed(ctx: &mut Ctx, field: Field<'_>) -> Option<Shed> {
+    let mut f = Fields::open_field(ctx, field, "shed")?;
+    let from = f.get(ctx, "from");
+    let line = f.line;
+    f.finish(ctx, "shed");
+    let Some(from) = from else {
+        ctx.error(
+            line,
+            "'shed' needs 'from' (the share of the limit where shedding starts, such as 0.9)",
+        );
+        return None;
+    };
+    let value = match from.node.value {
+        Value::Float(v, _) => v,
+        Value::Int(v, _) => v as f64,
+        _ => {
+            ctx.error(
+                from.line(),
+                format!(
+                    "'from' must be a number between 0 and 1, found {}",
+                    from.node.describe()
+                ),
+            );
+            return None;
+        }
+    };
+    if !(value > 0.0 && value < 1.0) {
+        ctx.error(
+            from.line(),
+            format!("'from' must be above 0 and below 1 (a share of the limit), found {value}"),
+        );
+        return None;
+    }
+    Some(Shed { from: value })
+}
+
 fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
     let mut f = Fields::open_field(ctx, field, "penalty")?;
     let violations = f.get(ctx, "violations");
@@ -350,4 +391,90 @@ fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
         within: within?,
         ban: ban?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::{compile, parse_resource_spec, parse_str, Shed};
+
+    fn shed_of(rate_limit: &str) -> Result<Option<Shed>, String> {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n");
+        match parse_str("p.yaml", &text) {
+            Ok(docs) => Ok(compile(docs).unwrap().rules[0].shed),
+            Err(e) => Err(e
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")),
+        }
+    }
+
+    #[test]
+    fn shed_reads_from_and_refuses_what_is_no_share_of_the_limit() {
+        assert_eq!(
+            shed_of("{unit: second, requests_per_unit: 10, shed: {from: 0.9}}"),
+            Ok(Some(Shed { from: 0.9 }))
+        );
+        assert_eq!(shed_of("{unit: second, requests_per_unit: 10}"), Ok(None));
+        for (rate_limit, message) in [
+            (
+                "{unit: second, requests_per_unit: 10, shed: {}}",
+                "p.yaml:4: 'shed' needs 'from'",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: {from: 1}}",
+                "p.yaml:4: 'from' must be above 0 and below 1 (a share of the limit), found 1",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: {from: 0}}",
+                "'from' must be above 0 and below 1",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: {from: 1.5}}",
+                "found 1.5",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: {from: '90%'}}",
+                "'from' must be a number between 0 and 1, found the string '90%'",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: {from: 0.9, to: 1}}",
+                "unknown field 'to' in shed",
+            ),
+            (
+                "{unit: second, requests_per_unit: 10, shed: 0.9}",
+                "shed must be a mapping, found the number 0.9",
+            ),
+            (
+                "{unlimited: true, shed: {from: 0.9}}",
+                "should not specify 'shed' when 'unlimited' is true",
+            ),
+        ] {
+            let e = shed_of(rate_limit).unwrap_err();
+            assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn shed_in_the_resource_form() {
+        let spec = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"key": "k", "rateLimit": {"unit": "second", "requestsPerUnit": 10, "shed": {"from": 0.75}}}]
+        });
+        let doc = parse_resource_spec("ns", "p", &spec).unwrap();
+        assert_eq!(
+            compile(vec![doc]).unwrap().rules[0].shed,
+            Some(Shed { from: 0.75 })
+        );
+    }
+
+    #[test]
+    fn shed_probability_rises_linearly_from_from_to_the_limit() {
+        let shed = Shed { from: 0.8 };
+        assert_eq!(shed.probability(0, 100), 0.0);
+        assert_eq!(shed.probability(80, 100), 0.0);
+        assert!((shed.probability(90, 100) - 0.5).abs() < 1e-9);
+        assert_eq!(shed.probability(100, 100), 1.0);
+        assert_eq!(shed.probability(0, 0), 0.0);
+    }
 }

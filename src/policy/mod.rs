@@ -173,6 +173,26 @@ pub struct Penalty {
     pub ban: Micros,
 }
 
+/// Soft shedding: past `from` of the limit, a request is denied with a probability
+/// rising linearly from 0 there to 1 at the limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shed {
+    /// The share of the limit where shedding starts, above 0 and below 1.
+    pub from: f64,
+}
+
+impl Shed {
+    /// The chance of shedding a request that brings the counter to `used` of
+    /// `capacity`: 0 up to `from`, 1 at the limit.
+    pub fn probability(&self, used: u64, capacity: u64) -> f64 {
+        if capacity == 0 {
+            return 0.0;
+        }
+        let fill = used as f64 / capacity as f64;
+        ((fill - self.from) / (1.0 - self.from)).clamp(0.0, 1.0)
+    }
+}
+
 /// A compiled limit at one node of the descriptor tree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
@@ -200,6 +220,8 @@ pub struct Rule {
     pub layer: Layer,
     /// `rate_limit.penalty`, if given.
     pub penalty: Option<Penalty>,
+    /// `rate_limit.shed`, if given.
+    pub shed: Option<Shed>,
     /// Metadata merged into the response's `dynamic_metadata` when this rule matches.
     pub metadata: Option<serde_json::Value>,
     /// For each level from the root: `Some(pattern)` when that level matched through a
@@ -336,6 +358,7 @@ impl Rule {
             quota_mode: false,
             layer,
             penalty: None,
+            shed: None,
             metadata: None,
             shared: Vec::new(),
             rendered: Default::default(),

@@ -5,7 +5,7 @@
 
 use crate::algorithm::{Algorithm, Micros};
 
-use super::{FailureMode, Layer, Penalty, Unit};
+use super::{FailureMode, Layer, Penalty, Shed, Unit};
 
 /// Which spelling a document used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +102,7 @@ pub struct RateLimit {
     pub burst: Option<u64>,
     pub replaces: Vec<String>,
     pub penalty: Option<Penalty>,
+    pub shed: Option<Shed>,
 }
 
 impl RateLimit {

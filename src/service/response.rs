@@ -321,6 +321,7 @@ descriptors:
             verdict,
             hits: 1,
             ban: Ban::None,
+            shed: false,
         }
     }
 

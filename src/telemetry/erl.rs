@@ -242,6 +242,7 @@ mod tests {
             }),
             hits,
             ban: Ban::None,
+            shed: false,
         }
     }
 

@@ -54,13 +54,14 @@ use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
 /// The `outcome` label values of `sluice_requests_total`.
-pub const OUTCOMES: [&str; 6] = [
+pub const OUTCOMES: [&str; 7] = [
     "ok",
     "over_limit",
     "shadow_over_limit",
     "failed_open",
     "failed_closed",
     "banned",
+    "shed",
 ];
 const OK: usize = 0;
 const OVER_LIMIT: usize = 1;
@@ -68,6 +69,26 @@ const SHADOW_OVER_LIMIT: usize = 2;
 const FAILED_OPEN: usize = 3;
 const FAILED_CLOSED: usize = 4;
 const BANNED: usize = 5;
+const SHED: usize = 6;
+
+/// `--near-limit-ratio`'s default, envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
+pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// Whether `status`, admitted by `rule`, left its counter past `ratio` of the limit:
+/// the threshold envoyproxy/ratelimit's `near_limit` uses, counted per descriptor.
+fn near_limit(rule: &Rule, status: &crate::limiter::Status, ratio: f64) -> bool {
+    let (Some(limit), Some(v)) = (rule.limit, status.verdict) else {
+        return false;
+    };
+    let capacity = match limit.algorithm {
+        crate::algorithm::Algorithm::TokenBucket | crate::algorithm::Algorithm::LeakyBucket => {
+            limit.burst
+        }
+        _ => limit.requests,
+    };
+    let threshold = (capacity as f64 * ratio).floor() as u64;
+    v.admitted && status.hits > 0 && capacity.saturating_sub(v.remaining) > threshold
+}
 
 /// (domain, rule path, layer).
 type StatsKey = (String, String, &'static str);
@@ -77,6 +98,8 @@ type StatsKey = (String, String, &'static str);
 struct RuleCounts {
     outcomes: [AtomicU64; OUTCOMES.len()],
     bans: AtomicU64,
+    /// Admitted descriptors that left their counter past the near-limit ratio.
+    near_limit: AtomicU64,
 }
 
 /// Everything counted for one (domain, rule path, layer).
@@ -112,6 +135,13 @@ impl RuleStats {
             .map(|c| c.bans.load(Ordering::Relaxed))
             .sum()
     }
+
+    fn near_limit(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.near_limit.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// The handles of one compiled policy, by rule id.
@@ -143,6 +173,8 @@ pub struct RuleTop {
 pub struct Metrics {
     enabled: bool,
     clock: Arc<dyn Clock>,
+    /// The share of a limit past which an admitted descriptor is near it.
+    near_limit_ratio: f64,
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
@@ -332,6 +364,7 @@ impl Metrics {
         Metrics {
             enabled: true,
             clock,
+            near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             limits,
             registry,
             unknown_domain,
@@ -365,6 +398,13 @@ impl Metrics {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Counts as near its limit (`sluice_near_limit_total`) an admitted descriptor
+    /// that leaves its counter past `ratio` of the limit (`--near-limit-ratio`).
+    pub fn with_near_limit_ratio(mut self, ratio: f64) -> Self {
+        self.near_limit_ratio = ratio;
+        self
     }
 
     /// Also exports envoyproxy/ratelimit's per-limit series ([`erl`]), counting as
@@ -414,6 +454,7 @@ impl Metrics {
                 .get_or_init(|| self.rule_stats(domain, outcome.policy.rule(rule_id)));
             let label = match (&outcome.failure, s.verdict) {
                 _ if s.ban == Ban::Active => BANNED,
+                _ if s.shed => SHED,
                 (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
                 (Some(_), _) => FAILED_CLOSED,
                 (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
@@ -425,6 +466,9 @@ impl Metrics {
             if s.ban == Ban::Started {
                 striped::add(&counts.bans, owned, 1);
             }
+            if label == OK && near_limit(rule, s, self.near_limit_ratio) {
+                striped::add(&counts.near_limit, owned, 1);
+            }
             if let Some(erl) = &self.erl {
                 let counts = handles.erl[rule_id]
                     .get_or_init(|| erl.counts(domain, outcome.policy.rule(rule_id)));
@@ -435,7 +479,7 @@ impl Metrics {
             if decided {
                 let now =
                     *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
-                let denied = label == OVER_LIMIT || label == BANNED;
+                let denied = label == OVER_LIMIT || label == BANNED || label == SHED;
                 let (ratio, owned) = st.ratio.local();
                 ratio.record(now, denied, owned);
                 if denied {
@@ -639,7 +683,7 @@ impl Metrics {
         if !stats.is_empty() {
             out.push_str(
                 "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome \
-                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned).\n\
+                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned, shed).\n\
                  # TYPE sluice_requests_total counter\n",
             );
             for st in &stats {
@@ -661,6 +705,21 @@ impl Metrics {
             }
             for ((domain, rule), n) in bans {
                 out.push_str("sluice_penalty_bans_total{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+            out.push_str(
+                "# HELP sluice_near_limit_total Admitted descriptors that left their counter past --near-limit-ratio of the limit.\n\
+                 # TYPE sluice_near_limit_total counter\n",
+            );
+            let mut near: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+            for st in &stats {
+                *near.entry((&st.domain, &st.rule)).or_default() += st.near_limit();
+            }
+            for ((domain, rule), n) in near {
+                out.push_str("sluice_near_limit_total{domain=\"");
                 escape_label(domain, out);
                 out.push_str("\",rule=\"");
                 escape_label(rule, out);
@@ -838,6 +897,36 @@ descriptors:
     }
 
     #[tokio::test]
+    async fn shed_and_near_limit_are_counted_per_rule() {
+        let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, shed: {from: 0.5}}\n";
+        let clock = ManualClock::new(T0);
+        let l = crate::limiter::test_limiter(policy, &clock, Settings::default())
+            .with_chance(Arc::new(crate::limiter::shed::SeededChance::new(5)));
+        let m = Metrics::with_clock(Arc::new(clock.clone())).with_near_limit_ratio(0.8);
+        let (mut shed, mut near) = (0, 0);
+        for k in 0..50 {
+            let ip = format!("10.0.0.{k}");
+            let entries = [("ip", ip.as_str())];
+            for n in 1..=12 {
+                let o = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+                m.record("d", &o, Duration::from_micros(10));
+                shed += usize::from(o.statuses[0].shed);
+                // Admitted to 9 or 10 of 10: past 0.8 of the limit.
+                near += usize::from(!o.over_limit && n >= 9);
+            }
+        }
+        assert!(shed > 0 && near > 0, "{shed} {near}");
+        let text = m.render();
+        for line in [
+            format!(r#"sluice_requests_total{{domain="d",layer="service",outcome="shed",rule="ip"}} {shed}"#),
+            format!(r#"sluice_near_limit_total{{domain="d",rule="ip"}} {near}"#),
+            r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 100"#.to_string(),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+    }
+
+    #[tokio::test]
     async fn hash_keys_shows_hashes_in_the_top_offenders() {
         let clock = ManualClock::new(T0);
         let (l, m) = setup(&clock, true);
@@ -885,6 +974,7 @@ descriptors:
                 verdict: (!failed).then(crate::algorithm::Verdict::default),
                 hits: 1,
                 ban: Ban::None,
+                shed: false,
             }],
             delay: 0,
             failure: failed.then(|| StoreFailure {
