@@ -48,6 +48,7 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/json", json)
         .route("/debug/policies", get(policies::<S>))
         .route("/debug/top", get(top::<S>))
+        .route("/debug/signals", get(signals::<S>))
         .route("/debug/store", get(store::<S>))
         .with_state(admin)
 }
@@ -243,6 +244,37 @@ fn rule_ids(domain: &crate::policy::Domain) -> Vec<usize> {
     }
     out.sort_unstable();
     out
+}
+
+/// `/debug/signals`: per domain and rule, the signals of abuse read from the
+/// traffic: machine-regular keys.
+async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    use crate::telemetry::signals::regular;
+    let rules: Vec<serde_json::Value> = admin
+        .service
+        .metrics
+        .signals()
+        .iter()
+        .map(|s| {
+            json!({
+                "domain": s.domain,
+                "rule": s.rule,
+                "regular_keys": s.regular.iter().map(|r| json!({
+                    "domain": s.domain,
+                    "rule": s.rule,
+                    "key": r.key,
+                    "requests": r.requests,
+                    "mean_interval_seconds": r.mean_interval,
+                    "cv": r.cv,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({
+        "regular": {"intervals": regular::INTERVALS, "max_cv": regular::MAX_CV},
+        "rules": rules,
+    }))
+    .into_response()
 }
 
 /// `/debug/top`: per domain and rule, the deny ratio and the keys denied most over

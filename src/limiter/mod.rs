@@ -184,6 +184,11 @@ impl<S: Store> Limiter<S> {
         &self.penalties
     }
 
+    /// Which values are hashed where keys are shown.
+    pub fn hashing(&self) -> &key::Hashing {
+        &self.settings.hashing
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }

@@ -194,7 +194,13 @@ impl<S: Store> Service<S> {
             .decide_within(req.domain, &descriptors, wait)
             .await;
         let took = self.latency.delta(started, self.latency.raw());
-        self.metrics.record(req.domain, &outcome, took);
+        self.metrics.record_request(
+            req.domain,
+            &outcome,
+            &descriptors,
+            self.limiter.hashing(),
+            took,
+        );
         if !outcome.over_limit && outcome.delay > 0 {
             // The queue position is taken; the answer waits for its turn without
             // holding a thread.

@@ -39,17 +39,20 @@ use prometheus::{
 
 use crate::algorithm::{Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{Ban, Outcome};
-use crate::policy::{FailureMode, Policy, Rule};
+use crate::limiter::key::Hashing;
+use crate::limiter::{Ban, Descriptor, Outcome};
+use crate::policy::{Entry, FailureMode, Policy, Rule};
 use crate::store::{ErrorKind, Evictions, Report};
 
 pub mod erl;
 pub mod limits;
 pub mod ratio;
+pub mod signals;
 pub mod striped;
 pub mod top;
 
 use ratio::DenyWindow;
+use signals::regular::RegularKeys;
 use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
@@ -111,6 +114,8 @@ pub struct RuleStats {
     counts: Stripes<RuleCounts>,
     ratio: Stripes<DenyWindow>,
     pub top: TopOffenders,
+    /// The busiest keys' request times ([`signals::regular`]).
+    regular: RegularKeys,
 }
 
 impl RuleStats {
@@ -168,6 +173,15 @@ pub struct RuleTop {
     pub top: Vec<(String, u64)>,
 }
 
+/// One rule's signals for `/debug/signals`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleSignals {
+    pub domain: String,
+    pub rule: String,
+    /// Machine-regular keys, the busiest first.
+    pub regular: Vec<signals::regular::Regular>,
+}
+
 /// Every metric sluice exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -175,6 +189,10 @@ pub struct Metrics {
     clock: Arc<dyn Clock>,
     /// The share of a limit past which an admitted descriptor is near it.
     near_limit_ratio: f64,
+    /// Hashes a descriptor's values to tell keys apart in the signals.
+    key_hasher: ahash::RandomState,
+    no_hashing: Hashing,
+    regular_keys: IntGaugeVec,
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
@@ -333,8 +351,17 @@ impl Metrics {
             &["domain", "rule", "key", "rank"],
         )
         .expect("static metric definition");
+        let regular_keys = IntGaugeVec::new(
+            Opts::new(
+                "sluice_regular_keys",
+                "Busy keys of a rule whose last 20 gaps between requests barely vary (coefficient of variation under 0.1): scripts on a timer.",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
         for c in [
-            Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(regular_keys.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(unknown_domain.clone()),
             Box::new(bad_requests.clone()),
             Box::new(expired_calls.clone()),
             Box::new(store_errors.clone()),
@@ -365,6 +392,9 @@ impl Metrics {
             enabled: true,
             clock,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+            key_hasher: ahash::RandomState::new(),
+            no_hashing: Hashing::default(),
+            regular_keys,
             limits,
             registry,
             unknown_domain,
@@ -416,6 +446,29 @@ impl Metrics {
 
     /// Counts one decided request.
     pub fn record(&self, domain: &str, outcome: &Outcome, took: Duration) {
+        self.record_inner::<(&str, &str)>(domain, outcome, took, None);
+    }
+
+    /// Counts one decided request and feeds the signals that read its keys
+    /// (`hashing` writes them as the top-offenders view does).
+    pub fn record_request<E: Entry>(
+        &self,
+        domain: &str,
+        outcome: &Outcome,
+        descriptors: &[Descriptor<'_, E>],
+        hashing: &Hashing,
+        took: Duration,
+    ) {
+        self.record_inner(domain, outcome, took, Some((descriptors, hashing)));
+    }
+
+    fn record_inner<E: Entry>(
+        &self,
+        domain: &str,
+        outcome: &Outcome,
+        took: Duration,
+        request: Option<(&[Descriptor<'_, E>], &Hashing)>,
+    ) {
         if !self.enabled {
             return;
         }
@@ -482,6 +535,13 @@ impl Metrics {
                 let denied = label == OVER_LIMIT || label == BANNED || label == SHED;
                 let (ratio, owned) = st.ratio.local();
                 ratio.record(now, denied, owned);
+                if let Some(entries) = request.and_then(|(d, _)| d.get(i)).map(|d| d.entries) {
+                    let hashing = request.map(|(_, h)| h).unwrap_or(&self.no_hashing);
+                    let hash = self.key_hash(rule, entries);
+                    st.regular.arrival(now, hash, |out| {
+                        crate::limiter::key::offender(rule, entries, hashing, out)
+                    });
+                }
                 if denied {
                     if let Some(key) = outcome.offender(i) {
                         st.top.add(now, key);
@@ -489,6 +549,44 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// A descriptor's key for the signals: its values (a `share_threshold` level's
+    /// pattern), hashed without allocating.
+    fn key_hash<E: Entry>(&self, rule: &Rule, entries: &[E]) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.key_hasher.build_hasher();
+        for (i, e) in entries.iter().enumerate() {
+            match rule.shared.get(i).and_then(|s| s.as_deref()) {
+                Some(pattern) => h.write(pattern.as_bytes()),
+                None => h.write(e.value().as_bytes()),
+            }
+            h.write_u8(0xff);
+        }
+        h.finish()
+    }
+
+    /// Every rule's signals now, by domain and rule.
+    pub fn signals(&self) -> Vec<RuleSignals> {
+        let now = self.clock.now();
+        let mut out: Vec<RuleSignals> = Vec::new();
+        for st in self.all_stats() {
+            let regular = st.regular.regular(now);
+            if regular.is_empty() {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.domain == st.domain && last.rule == st.rule => {
+                    last.regular.extend(regular);
+                }
+                _ => out.push(RuleSignals {
+                    domain: st.domain.clone(),
+                    rule: st.rule.clone(),
+                    regular,
+                }),
+            }
+        }
+        out
     }
 
     fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
@@ -505,6 +603,7 @@ impl Metrics {
                     counts: Stripes::default(),
                     ratio: Stripes::default(),
                     top: TopOffenders::default(),
+                    regular: RegularKeys::default(),
                 })
             })
             .clone()
@@ -742,6 +841,12 @@ impl Metrics {
 
     /// Refills the gauges computed at scrape time.
     fn refresh(&self) {
+        self.regular_keys.reset();
+        for s in self.signals() {
+            self.regular_keys
+                .with_label_values(&[&s.domain, &s.rule])
+                .set(s.regular.len() as i64);
+        }
         self.deny_ratio.reset();
         self.recent_denials.reset();
         self.top_offenders.reset();
@@ -923,6 +1028,64 @@ descriptors:
             r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 100"#.to_string(),
         ] {
             assert!(text.contains(&line), "{line} in {text}");
+        }
+    }
+
+    /// One client every 20 ms, another with exponential gaps of the same mean
+    /// (seeded), through the limiter: only the first is listed, with `--hash-keys`
+    /// as its hash.
+    #[tokio::test]
+    async fn a_client_on_a_timer_is_listed_as_regular() {
+        use rand::{Rng, SeedableRng};
+        let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+        for hash_keys in [false, true] {
+            let clock = ManualClock::new(T0);
+            let settings = Settings {
+                hashing: crate::limiter::key::Hashing {
+                    all: hash_keys,
+                    hash: secret_hash(),
+                },
+                ..Settings::default()
+            };
+            let l = crate::limiter::test_limiter(policy, &clock, settings);
+            let m = Metrics::with_clock(Arc::new(clock.clone()));
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+            let mut events: Vec<(Micros, &str)> = Vec::new();
+            let (mut bot, mut person) = (T0, T0);
+            for _ in 0..60 {
+                bot += 20_000;
+                events.push((bot, "6.6.6.6"));
+                let u: f64 = rng.random_range(f64::EPSILON..1.0);
+                person += (-u.ln() * 20_000.0) as Micros;
+                events.push((person, "10.0.0.1"));
+            }
+            events.sort();
+            for (t, ip) in events {
+                clock.set(t);
+                let entries = [("ip", ip)];
+                let d = [Descriptor::new(&entries[..], 1)];
+                let o = l.decide("d", &d).await;
+                m.record_request("d", &o, &d, l.hashing(), Duration::from_micros(10));
+            }
+            let signals = m.signals();
+            assert_eq!(signals.len(), 1, "{signals:?}");
+            let regular = &signals[0].regular;
+            assert_eq!(regular.len(), 1, "{regular:?}");
+            let mut shown = String::new();
+            if hash_keys {
+                secret_hash().push_hex(&mut shown, b"6.6.6.6");
+            } else {
+                shown.push_str("6.6.6.6");
+            }
+            assert_eq!(regular[0].key, shown);
+            assert_eq!(regular[0].requests, 60);
+            assert!((regular[0].mean_interval - 0.02).abs() < 1e-9);
+            let text = m.render();
+            assert!(
+                text.contains(r#"sluice_regular_keys{domain="d",rule="ip"} 1"#),
+                "{text}"
+            );
+            assert!(!text.contains("6.6.6.6") || !hash_keys);
         }
     }
 
