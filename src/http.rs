@@ -249,7 +249,13 @@ fn rule_ids(domain: &crate::policy::Domain) -> Vec<usize> {
 /// `/debug/signals`: per domain and rule, the signals of abuse read from the
 /// traffic: machine-regular keys.
 async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    use crate::telemetry::signals::regular;
+    use crate::telemetry::signals::{regular, subnet};
+    let subnets = |all: &[subnet::Subnet]| {
+        all.iter()
+            .enumerate()
+            .map(|(i, n)| json!({"rank": i + 1, "subnet": n.subnet, "denials": n.denials, "addresses": n.addresses}))
+            .collect::<Vec<_>>()
+    };
     let rules: Vec<serde_json::Value> = admin
         .service
         .metrics
@@ -267,11 +273,14 @@ async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
                     "mean_interval_seconds": r.mean_interval,
                     "cv": r.cv,
                 })).collect::<Vec<_>>(),
+                "subnets_by_denials": subnets(&s.subnets.by_denials),
+                "subnets_by_addresses": subnets(&s.subnets.by_addresses),
             })
         })
         .collect();
     Json(json!({
         "regular": {"intervals": regular::INTERVALS, "max_cv": regular::MAX_CV},
+        "window_seconds": crate::telemetry::ratio::WINDOW_SECS,
         "rules": rules,
     }))
     .into_response()

@@ -200,6 +200,41 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
     assert_eq!(top["bans"].as_array().unwrap().len(), 1);
 }
 
+/// Through the gRPC port: 30 addresses of one /24, each denied once, rank their
+/// subnet first in `/debug/signals` and `sluice_top_subnets`; the limits show as
+/// `sluice_limit`.
+#[tokio::test]
+async fn debug_signals_ranks_a_subnet_of_quiet_offenders() {
+    let server = Server::start(POLICY, &[]);
+    for i in 0..30 {
+        hammer(&server, &format!("10.9.8.{i}"), 3).await;
+    }
+    hammer(&server, "6.6.6.6", 4).await;
+    let signals = json_get(&server, "/debug/signals");
+    assert_eq!(signals["regular"]["intervals"], 20);
+    let edge = signals["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "remote_address")
+        .expect("remote_address");
+    assert_eq!(edge["subnets_by_denials"][0]["subnet"], "10.9.8.0/24");
+    assert_eq!(edge["subnets_by_denials"][0]["denials"], 30);
+    assert_eq!(edge["subnets_by_addresses"][0]["addresses"], 30);
+    assert_eq!(edge["subnets_by_denials"][1]["subnet"], "6.6.6.0/24");
+    let text = metrics(&server);
+    assert!(
+        text.contains(r#"sluice_top_subnets{domain="shop",rank="1",rule="remote_address",subnet="10.9.8.0/24"} 30"#),
+        "{text}"
+    );
+    assert!(text.contains(
+        r#"sluice_limit{algorithm="fixed_window",descriptor="remote_address",domain="shop",rule="remote_address"} 2"#
+    ));
+    assert!(text.contains(
+        r#"sluice_limit_window_seconds{algorithm="fixed_window",descriptor="remote_address",domain="shop",rule="remote_address"} 60"#
+    ));
+}
+
 #[tokio::test]
 async fn hash_keys_hides_raw_values_in_top_offenders() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,6 +267,9 @@ async fn hash_keys_hides_raw_values_in_top_offenders() {
     assert!(text.contains(&format!("key=\"{key}\"")));
     let (_, body) = http(&server.http, "GET", "/debug/top", "");
     assert!(!body.contains("6.6.6.6"));
+    let (_, body) = http(&server.http, "GET", "/debug/signals", "");
+    assert!(!body.contains("6.6.6"), "{body}");
+    assert!(body.contains("subnets_by_denials"), "{body}");
 }
 
 #[tokio::test]

@@ -53,6 +53,7 @@ pub mod top;
 
 use ratio::DenyWindow;
 use signals::regular::RegularKeys;
+use signals::subnet::{Subnets, TopSubnets};
 use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
@@ -93,6 +94,23 @@ fn near_limit(rule: &Rule, status: &crate::limiter::Status, ratio: f64) -> bool 
     v.admitted && status.hits > 0 && capacity.saturating_sub(v.remaining) > threshold
 }
 
+/// Counts a denial for the subnet of each of `entries`' values that is an address,
+/// shown hashed under `--hash-keys`.
+fn count_subnets<E: Entry>(subnets: &Subnets, now: Micros, entries: &[E], hashing: &Hashing) {
+    for e in entries {
+        if let Some((net, bit)) = signals::subnet::subnet_of(e.value()) {
+            let v6 = net.contains(':');
+            if hashing.all {
+                let mut shown = String::with_capacity(32);
+                crate::limiter::key::push_value(&mut shown, &net, hashing);
+                subnets.add(now, &shown, bit, v6);
+            } else {
+                subnets.add(now, &net, bit, v6);
+            }
+        }
+    }
+}
+
 /// (domain, rule path, layer).
 type StatsKey = (String, String, &'static str);
 
@@ -116,6 +134,8 @@ pub struct RuleStats {
     pub top: TopOffenders,
     /// The busiest keys' request times ([`signals::regular`]).
     regular: RegularKeys,
+    /// Denials by /24 and /64 ([`signals::subnet`]).
+    subnets: Subnets,
 }
 
 impl RuleStats {
@@ -180,6 +200,8 @@ pub struct RuleSignals {
     pub rule: String,
     /// Machine-regular keys, the busiest first.
     pub regular: Vec<signals::regular::Regular>,
+    /// The subnets denied most, and with the most distinct addresses denied.
+    pub subnets: TopSubnets,
 }
 
 /// Every metric sluice exports.
@@ -193,6 +215,8 @@ pub struct Metrics {
     key_hasher: ahash::RandomState,
     no_hashing: Hashing,
     regular_keys: IntGaugeVec,
+    top_subnets: IntGaugeVec,
+    top_subnet_addresses: IntGaugeVec,
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
@@ -359,8 +383,26 @@ impl Metrics {
             &["domain", "rule"],
         )
         .expect("static metric definition");
+        let top_subnets = IntGaugeVec::new(
+            Opts::new(
+                "sluice_top_subnets",
+                "Denials over the last 60 s of the 10 subnets (/24, /64) a rule denied most (rank 1 = most).",
+            ),
+            &["domain", "rule", "subnet", "rank"],
+        )
+        .expect("static metric definition");
+        let top_subnet_addresses = IntGaugeVec::new(
+            Opts::new(
+                "sluice_top_subnet_addresses",
+                "Distinct addresses denied over the last 60 s in the 10 subnets (/24, /64) of a rule with the most (rank 1 = most).",
+            ),
+            &["domain", "rule", "subnet", "rank"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(regular_keys.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(top_subnets.clone()),
+            Box::new(top_subnet_addresses.clone()),
             Box::new(unknown_domain.clone()),
             Box::new(bad_requests.clone()),
             Box::new(expired_calls.clone()),
@@ -395,6 +437,8 @@ impl Metrics {
             key_hasher: ahash::RandomState::new(),
             no_hashing: Hashing::default(),
             regular_keys,
+            top_subnets,
+            top_subnet_addresses,
             limits,
             registry,
             unknown_domain,
@@ -546,6 +590,9 @@ impl Metrics {
                     if let Some(key) = outcome.offender(i) {
                         st.top.add(now, key);
                     }
+                    if let Some((d, hashing)) = request.and_then(|(d, h)| Some((d.get(i)?, h))) {
+                        count_subnets(&st.subnets, now, d.entries, hashing);
+                    }
                 }
             }
         }
@@ -572,17 +619,36 @@ impl Metrics {
         let mut out: Vec<RuleSignals> = Vec::new();
         for st in self.all_stats() {
             let regular = st.regular.regular(now);
-            if regular.is_empty() {
+            let subnets = st.subnets.top(now);
+            if regular.is_empty() && subnets.by_denials.is_empty() {
                 continue;
             }
             match out.last_mut() {
+                // The same path under two layers: one view (each subnet ranked by
+                // its count under one layer).
                 Some(last) if last.domain == st.domain && last.rule == st.rule => {
                     last.regular.extend(regular);
+                    last.subnets.by_denials.extend(subnets.by_denials);
+                    last.subnets.by_addresses.extend(subnets.by_addresses);
+                    let s = &mut last.subnets;
+                    s.by_denials.sort_by(|a, b| {
+                        b.denials
+                            .cmp(&a.denials)
+                            .then_with(|| a.subnet.cmp(&b.subnet))
+                    });
+                    s.by_addresses.sort_by(|a, b| {
+                        b.addresses
+                            .cmp(&a.addresses)
+                            .then_with(|| a.subnet.cmp(&b.subnet))
+                    });
+                    s.by_denials.truncate(signals::subnet::TOP);
+                    s.by_addresses.truncate(signals::subnet::TOP);
                 }
                 _ => out.push(RuleSignals {
                     domain: st.domain.clone(),
                     rule: st.rule.clone(),
                     regular,
+                    subnets,
                 }),
             }
         }
@@ -604,6 +670,7 @@ impl Metrics {
                     ratio: Stripes::default(),
                     top: TopOffenders::default(),
                     regular: RegularKeys::default(),
+                    subnets: Subnets::default(),
                 })
             })
             .clone()
@@ -842,10 +909,24 @@ impl Metrics {
     /// Refills the gauges computed at scrape time.
     fn refresh(&self) {
         self.regular_keys.reset();
+        self.top_subnets.reset();
+        self.top_subnet_addresses.reset();
         for s in self.signals() {
             self.regular_keys
                 .with_label_values(&[&s.domain, &s.rule])
                 .set(s.regular.len() as i64);
+            for (rank, n) in s.subnets.by_denials.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_subnets
+                    .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
+                    .set(n.denials as i64);
+            }
+            for (rank, n) in s.subnets.by_addresses.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_subnet_addresses
+                    .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
+                    .set(n.addresses as i64);
+            }
         }
         self.deny_ratio.reset();
         self.recent_denials.reset();
@@ -1086,6 +1167,77 @@ descriptors:
                 "{text}"
             );
             assert!(!text.contains("6.6.6.6") || !hash_keys);
+        }
+    }
+
+    /// 50 addresses of one /24 each a little over the limit, beside 10 loud
+    /// addresses of their own networks: no address of the /24 is a top offender, the
+    /// /24 is the first subnet by denials and by addresses.
+    #[tokio::test]
+    async fn a_subnet_of_quiet_offenders_ranks_first() {
+        for hash_keys in [false, true] {
+            let clock = ManualClock::new(T0);
+            let settings = Settings {
+                hashing: crate::limiter::key::Hashing {
+                    all: hash_keys,
+                    hash: secret_hash(),
+                },
+                ..Settings::default()
+            };
+            // POLICY: 2 a minute, banned after 3 denials in 10 s.
+            let l = crate::limiter::test_limiter(POLICY, &clock, settings);
+            let m = Metrics::with_clock(Arc::new(clock.clone()));
+            let send = |ip: String| {
+                let (l, m) = (&l, &m);
+                async move {
+                    let entries = [("ip", ip.as_str())];
+                    let d = [Descriptor::new(&entries[..], 1)];
+                    let o = l.decide("d", &d).await;
+                    m.record_request("d", &o, &d, l.hashing(), Duration::from_micros(10));
+                }
+            };
+            for i in 0..50 {
+                for _ in 0..3 {
+                    send(format!("10.1.2.{i}")).await;
+                }
+            }
+            for i in 0..10 {
+                for _ in 0..6 {
+                    send(format!("192.168.{i}.1")).await;
+                }
+            }
+            let shown = |v: &str| {
+                let mut out = String::new();
+                crate::limiter::key::push_value(&mut out, v, l.hashing());
+                out
+            };
+            let top = &m.top_offenders()[0].top;
+            assert_eq!(top.len(), 10);
+            assert!(top.iter().all(|(_, n)| *n == 4), "{top:?}");
+            let quiet: Vec<String> = (0..50).map(|i| shown(&format!("10.1.2.{i}"))).collect();
+            assert!(top.iter().all(|(k, _)| !quiet.contains(k)), "{top:?}");
+            let s = &m.signals()[0].subnets;
+            let net = shown("10.1.2.0/24");
+            assert_eq!(
+                (s.by_denials[0].subnet.as_str(), s.by_denials[0].denials),
+                (net.as_str(), 50)
+            );
+            assert_eq!(
+                (
+                    s.by_addresses[0].subnet.as_str(),
+                    s.by_addresses[0].addresses
+                ),
+                (net.as_str(), 50)
+            );
+            assert_eq!(s.by_denials[1].denials, 4);
+            let text = m.render();
+            let series =
+                format!(r#"sluice_top_subnets{{domain="d",rank="1",rule="ip",subnet="{net}"}} 50"#);
+            assert!(text.contains(&series), "{series} in {text}");
+            assert!(text.contains(&format!(
+                r#"sluice_top_subnet_addresses{{domain="d",rank="1",rule="ip",subnet="{net}"}} 50"#
+            )));
+            assert_eq!(text.contains("10.1.2."), !hash_keys);
         }
     }
 

@@ -1,4 +1,5 @@
 //! Signals of abuse read from the traffic itself, per rule, each in bounded memory:
-//! machine-regular keys ([`regular`]).
+//! machine-regular keys ([`regular`]) and denials by subnet ([`subnet`]).
 
 pub mod regular;
+pub mod subnet;
