@@ -104,6 +104,8 @@ pub struct DescriptorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota_mode: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitive: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_to_metric: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
@@ -266,6 +268,7 @@ fn descriptors_schema(depth: usize) -> Value {
                 "shareThreshold": {"description": "With a wildcard value: one counter shared by every matching value.", "type": "boolean"},
                 "quotaMode": {"description": "Deny only when every quota-mode descriptor is over its limit.", "type": "boolean"},
                 "valueToMetric": {"description": "Use the descriptor value in the metric name.", "type": "boolean"},
+                "sensitive": {"description": "A login or password-reset path: its denials get a spike gauge against their own 30-minute baseline.", "type": "boolean"},
                 "metadata": {
                     "description": "Returned in the response's dynamic metadata when this descriptor matches.",
                     "type": "object",

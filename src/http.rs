@@ -249,17 +249,28 @@ fn rule_ids(domain: &crate::policy::Domain) -> Vec<usize> {
 /// `/debug/signals`: per domain and rule, the signals of abuse read from the
 /// traffic: machine-regular keys.
 async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
-    use crate::telemetry::signals::{regular, subnet};
+    use crate::telemetry::signals::{regular, spike, subnet};
     let subnets = |all: &[subnet::Subnet]| {
         all.iter()
             .enumerate()
             .map(|(i, n)| json!({"rank": i + 1, "subnet": n.subnet, "denials": n.denials, "addresses": n.addresses}))
             .collect::<Vec<_>>()
     };
-    let rules: Vec<serde_json::Value> = admin
-        .service
-        .metrics
-        .signals()
+    let all = admin.service.metrics.signals();
+    let spike_json = |s: &crate::telemetry::RuleSignals, d: &crate::telemetry::DenialSpike| {
+        json!({
+            "domain": s.domain,
+            "rule": s.rule,
+            "recent_denials": d.recent,
+            "baseline_per_minute": d.baseline,
+            "ratio": d.ratio,
+        })
+    };
+    let spikes: Vec<serde_json::Value> = all
+        .iter()
+        .filter_map(|s| s.spike.filter(|d| d.is_spike()).map(|d| spike_json(s, &d)))
+        .collect();
+    let rules: Vec<serde_json::Value> = all
         .iter()
         .map(|s| {
             json!({
@@ -273,6 +284,7 @@ async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
                     "mean_interval_seconds": r.mean_interval,
                     "cv": r.cv,
                 })).collect::<Vec<_>>(),
+                "denial_spike": s.spike.map(|d| spike_json(s, &d)),
                 "subnets_by_denials": subnets(&s.subnets.by_denials),
                 "subnets_by_addresses": subnets(&s.subnets.by_addresses),
             })
@@ -281,6 +293,12 @@ async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
     Json(json!({
         "regular": {"intervals": regular::INTERVALS, "max_cv": regular::MAX_CV},
         "window_seconds": crate::telemetry::ratio::WINDOW_SECS,
+        "spike": {
+            "baseline_minutes": spike::BASELINE_MINUTES,
+            "ratio": spike::SPIKE_RATIO,
+            "min_denials": spike::MIN_DENIALS,
+        },
+        "denial_spikes": spikes,
         "rules": rules,
     }))
     .into_response()

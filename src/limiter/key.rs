@@ -136,6 +136,7 @@ mod tests {
             layer: Layer::Service,
             penalty: None,
             shed: None,
+            sensitive: false,
             metadata: None,
             shared,
             rendered: Default::default(),

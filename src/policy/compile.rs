@@ -252,6 +252,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         layer: d.layer,
         penalty: rl.penalty,
         shed: rl.shed,
+        sensitive: d.sensitive,
         metadata: d.metadata.clone(),
         shared: trail.shared.clone(),
         rendered: Default::default(),

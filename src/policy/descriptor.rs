@@ -85,6 +85,7 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
     let share_threshold = flag(ctx, &mut f, "share_threshold");
     let quota_mode = flag(ctx, &mut f, "quota_mode");
     let value_to_metric = flag(ctx, &mut f, "value_to_metric");
+    let sensitive = flag(ctx, &mut f, "sensitive");
     let metadata = match f.get(ctx, "metadata") {
         Some(field) if matches!(field.node.value, Value::Map(_)) => match field.node.to_json() {
             Ok(json) => Some(json),
@@ -126,6 +127,7 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
         share_threshold,
         quota_mode,
         value_to_metric,
+        sensitive,
         metadata,
         layer,
     })

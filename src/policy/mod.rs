@@ -222,6 +222,8 @@ pub struct Rule {
     pub penalty: Option<Penalty>,
     /// `rate_limit.shed`, if given.
     pub shed: Option<Shed>,
+    /// The descriptor is marked `sensitive` (a login or password-reset path).
+    pub sensitive: bool,
     /// Metadata merged into the response's `dynamic_metadata` when this rule matches.
     pub metadata: Option<serde_json::Value>,
     /// For each level from the root: `Some(pattern)` when that level matched through a
@@ -359,6 +361,7 @@ impl Rule {
             layer,
             penalty: None,
             shed: None,
+            sensitive: false,
             metadata: None,
             shared: Vec::new(),
             rendered: Default::default(),

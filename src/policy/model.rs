@@ -70,6 +70,8 @@ pub struct Descriptor {
     pub share_threshold: bool,
     pub quota_mode: bool,
     pub value_to_metric: bool,
+    /// A login or password-reset path: its denials get a spike gauge.
+    pub sensitive: bool,
     /// Any mapping, returned in the response's `dynamic_metadata`.
     pub metadata: Option<serde_json::Value>,
     /// The layer, already inherited from the parent when not written.

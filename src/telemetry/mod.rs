@@ -53,6 +53,7 @@ pub mod top;
 
 use ratio::DenyWindow;
 use signals::regular::RegularKeys;
+use signals::spike::Spike;
 use signals::subnet::{Subnets, TopSubnets};
 use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
@@ -136,6 +137,10 @@ pub struct RuleStats {
     regular: RegularKeys,
     /// Denials by /24 and /64 ([`signals::subnet`]).
     subnets: Subnets,
+    /// Whether the rule is `sensitive` in the policy serving now, and its denial
+    /// spike ([`signals::spike`]).
+    sensitive: AtomicBool,
+    spike: Spike,
 }
 
 impl RuleStats {
@@ -202,6 +207,26 @@ pub struct RuleSignals {
     pub regular: Vec<signals::regular::Regular>,
     /// The subnets denied most, and with the most distinct addresses denied.
     pub subnets: TopSubnets,
+    /// For a sensitive rule: its denials of the last minute against its baseline.
+    pub spike: Option<DenialSpike>,
+}
+
+/// A sensitive rule's denials of the last minute against its own baseline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DenialSpike {
+    /// Denials over the last minute (the minute before weighted by its part in it).
+    pub recent: f64,
+    /// Denials per minute, an EWMA over 30 minutes (`None` in the first minute).
+    pub baseline: Option<f64>,
+    /// `recent / max(baseline, 1)`.
+    pub ratio: f64,
+}
+
+impl DenialSpike {
+    /// Over the threshold: listed in `/debug/signals`.
+    pub fn is_spike(&self) -> bool {
+        signals::spike::is_spike(self.ratio, self.recent)
+    }
 }
 
 /// Every metric sluice exports.
@@ -217,6 +242,7 @@ pub struct Metrics {
     regular_keys: IntGaugeVec,
     top_subnets: IntGaugeVec,
     top_subnet_addresses: IntGaugeVec,
+    denial_spike_ratio: GaugeVec,
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
@@ -399,8 +425,17 @@ impl Metrics {
             &["domain", "rule", "subnet", "rank"],
         )
         .expect("static metric definition");
+        let denial_spike_ratio = GaugeVec::new(
+            Opts::new(
+                "sluice_denial_spike_ratio",
+                "A sensitive rule's denials over the last 60 s against its baseline (denials per minute, an EWMA over 30 minutes, at least 1).",
+            ),
+            &["domain", "rule"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(regular_keys.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(denial_spike_ratio.clone()),
             Box::new(top_subnets.clone()),
             Box::new(top_subnet_addresses.clone()),
             Box::new(unknown_domain.clone()),
@@ -439,6 +474,7 @@ impl Metrics {
             regular_keys,
             top_subnets,
             top_subnet_addresses,
+            denial_spike_ratio,
             limits,
             registry,
             unknown_domain,
@@ -547,8 +583,14 @@ impl Metrics {
             let (Some(rule_id), Some(rule)) = (s.rule, outcome.rule(s)) else {
                 continue;
             };
-            let st = handles.rules[rule_id]
-                .get_or_init(|| self.rule_stats(domain, outcome.policy.rule(rule_id)));
+            let st = handles.rules[rule_id].get_or_init(|| {
+                let configured = outcome.policy.rule(rule_id);
+                let st = self.rule_stats(domain, configured);
+                if configured.sensitive {
+                    st.sensitive.store(true, Ordering::Relaxed);
+                }
+                st
+            });
             let label = match (&outcome.failure, s.verdict) {
                 _ if s.ban == Ban::Active => BANNED,
                 _ if s.shed => SHED,
@@ -590,6 +632,9 @@ impl Metrics {
                     if let Some(key) = outcome.offender(i) {
                         st.top.add(now, key);
                     }
+                    if rule.sensitive {
+                        st.spike.denial(now);
+                    }
                     if let Some((d, hashing)) = request.and_then(|(d, h)| Some((d.get(i)?, h))) {
                         count_subnets(&st.subnets, now, d.entries, hashing);
                     }
@@ -620,7 +665,15 @@ impl Metrics {
         for st in self.all_stats() {
             let regular = st.regular.regular(now);
             let subnets = st.subnets.top(now);
-            if regular.is_empty() && subnets.by_denials.is_empty() {
+            let spike = st.sensitive.load(Ordering::Relaxed).then(|| {
+                let (recent, baseline) = st.spike.view(now);
+                DenialSpike {
+                    recent,
+                    baseline,
+                    ratio: signals::spike::ratio(recent, baseline),
+                }
+            });
+            if regular.is_empty() && subnets.by_denials.is_empty() && spike.is_none() {
                 continue;
             }
             match out.last_mut() {
@@ -628,6 +681,21 @@ impl Metrics {
                 // its count under one layer).
                 Some(last) if last.domain == st.domain && last.rule == st.rule => {
                     last.regular.extend(regular);
+                    last.spike = match (last.spike, spike) {
+                        (Some(a), Some(b)) => {
+                            let recent = a.recent + b.recent;
+                            let baseline = match (a.baseline, b.baseline) {
+                                (Some(x), Some(y)) => Some(x + y),
+                                (x, y) => x.or(y),
+                            };
+                            Some(DenialSpike {
+                                recent,
+                                baseline,
+                                ratio: signals::spike::ratio(recent, baseline),
+                            })
+                        }
+                        (a, b) => a.or(b),
+                    };
                     last.subnets.by_denials.extend(subnets.by_denials);
                     last.subnets.by_addresses.extend(subnets.by_addresses);
                     let s = &mut last.subnets;
@@ -649,6 +717,7 @@ impl Metrics {
                     rule: st.rule.clone(),
                     regular,
                     subnets,
+                    spike,
                 }),
             }
         }
@@ -671,6 +740,8 @@ impl Metrics {
                     top: TopOffenders::default(),
                     regular: RegularKeys::default(),
                     subnets: Subnets::default(),
+                    sensitive: AtomicBool::new(false),
+                    spike: Spike::default(),
                 })
             })
             .clone()
@@ -737,9 +808,21 @@ impl Metrics {
         }
     }
 
-    /// A new policy is serving: exports its limits (`sluice_limit`).
+    /// A new policy is serving: exports its limits (`sluice_limit`), and marks as
+    /// sensitive the rule paths where it has a `sensitive` descriptor (and only those).
     pub fn policy_swapped(&self, policy: &Policy) {
         self.limits.set(policy);
+        let sensitive: std::collections::HashSet<(&str, &str, &str)> = policy
+            .rules_by_domain()
+            .into_iter()
+            .filter(|(_, r)| r.sensitive)
+            .map(|(d, r)| (d, r.path.as_str(), r.layer.as_str()))
+            .collect();
+        for st in self.all_stats() {
+            let at = (st.domain.as_str(), st.rule.as_str(), st.layer);
+            st.sensitive
+                .store(sensitive.contains(&at), Ordering::Relaxed);
+        }
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {
@@ -911,7 +994,13 @@ impl Metrics {
         self.regular_keys.reset();
         self.top_subnets.reset();
         self.top_subnet_addresses.reset();
+        self.denial_spike_ratio.reset();
         for s in self.signals() {
+            if let Some(spike) = s.spike {
+                self.denial_spike_ratio
+                    .with_label_values(&[&s.domain, &s.rule])
+                    .set(spike.ratio);
+            }
             self.regular_keys
                 .with_label_values(&[&s.domain, &s.rule])
                 .set(s.regular.len() as i64);
@@ -1239,6 +1328,66 @@ descriptors:
             )));
             assert_eq!(text.contains("10.1.2."), !hash_keys);
         }
+    }
+
+    /// A login path denying 2 a minute for half an hour, then 30 in one minute: its
+    /// spike ratio is about 15 and it is listed. The same denials of `/search`, on
+    /// the same rule path but not sensitive, do not count.
+    #[tokio::test]
+    async fn a_sensitive_rule_spikes_against_its_own_baseline() {
+        let policy = "domain: d\ndescriptors:\n  - key: path\n    value: /login\n    sensitive: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: path\n    value: /search\n    rate_limit: {unit: second, requests_per_unit: 0}\n";
+        let start = T0 - T0 % (60 * SECOND);
+        let clock = ManualClock::new(start);
+        let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+        let m = Metrics::with_clock(Arc::new(clock.clone()));
+        let deny = |path: &'static str| {
+            let (l, m) = (&l, &m);
+            async move {
+                let entries = [("path", path)];
+                let o = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+                assert!(o.over_limit);
+                m.record("d", &o, Duration::from_micros(10));
+            }
+        };
+        for minute in 0..30 {
+            for i in 0..2 {
+                clock.set(start + minute * 60 * SECOND + i * 20 * SECOND);
+                deny("/login").await;
+                deny("/search").await;
+            }
+        }
+        clock.set(start + 30 * 60 * SECOND);
+        let calm = m.signals();
+        let spike = calm[0].spike.unwrap();
+        assert!((spike.baseline.unwrap() - 2.0).abs() < 1e-9, "{spike:?}");
+        assert!(!spike.is_spike(), "{spike:?}");
+        for i in 0..30 {
+            clock.set(start + 30 * 60 * SECOND + i * SECOND);
+            deny("/login").await;
+            deny("/search").await;
+        }
+        let spike = m.signals()[0].spike.unwrap();
+        // The 30 of this minute and minute 29's 2 weighted by 31 of its 60 s.
+        let recent = 30.0 + 2.0 * 31.0 / 60.0;
+        assert!((spike.recent - recent).abs() < 1e-9, "{spike:?}");
+        assert!((spike.ratio - recent / 2.0).abs() < 1e-9, "{spike:?}");
+        assert!(spike.is_spike());
+        let text = m.render();
+        assert!(
+            text.contains(r#"sluice_denial_spike_ratio{domain="d",rule="path"} 15.51"#),
+            "{text}"
+        );
+        // Three quiet minutes later the last minute is empty: ratio 0.
+        clock.advance(3 * 60 * SECOND);
+        let spike = m.signals()[0].spike.unwrap();
+        assert_eq!((spike.recent, spike.ratio), (0.0, 0.0));
+        assert!(!spike.is_spike());
+        // A policy where /login is no longer sensitive: its gauge goes.
+        let plain = policy.replace("    sensitive: true\n", "");
+        let docs = crate::policy::parse_str("p.yaml", &plain).unwrap();
+        m.policy_swapped(&crate::policy::compile(docs).unwrap());
+        assert!(m.signals().iter().all(|s| s.spike.is_none()));
+        assert!(!m.render().contains("sluice_denial_spike_ratio{"));
     }
 
     #[tokio::test]

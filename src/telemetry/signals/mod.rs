@@ -1,5 +1,7 @@
 //! Signals of abuse read from the traffic itself, per rule, each in bounded memory:
-//! machine-regular keys ([`regular`]) and denials by subnet ([`subnet`]).
+//! machine-regular keys ([`regular`]), denials by subnet ([`subnet`]) and denial
+//! spikes of sensitive rules ([`spike`]).
 
 pub mod regular;
+pub mod spike;
 pub mod subnet;
