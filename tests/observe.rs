@@ -19,6 +19,7 @@ domain: shop
 descriptors:
   - key: remote_address
     layer: edge
+    sensitive: true
     rate_limit:
       unit: minute
       requests_per_unit: 2
@@ -498,6 +499,11 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "sluice_decision_seconds_bucket",
         "sluice_store_errors_total",
         "sluice_policy_reloads_total",
+        "sluice_limit",
+        "sluice_near_limit_total",
+        "sluice_denial_spike_ratio",
+        "sluice_regular_keys",
+        "sluice_top_subnets",
     ] {
         assert!(dashboard_names.contains(needed), "dashboard lacks {needed}");
     }
@@ -525,6 +531,9 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "SluiceStoreErrors",
         "SluiceRefusingNewKeys",
         "SluicePolicyReloadRefused",
+        "SluiceSensitiveDenialSpike",
+        "SluiceSubnetDenied",
+        "SluiceRegularKeys",
     ] {
         assert!(alert_names.contains(needed), "missing alert {needed}");
     }
