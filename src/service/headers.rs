@@ -143,6 +143,46 @@ mod tests {
         }
     }
 
+    /// A shed request is answered with a `retry-after` of the drain back under
+    /// `from`, jittered, never shorter.
+    #[tokio::test]
+    async fn a_shed_request_gets_the_drain_as_retry_after() {
+        use std::sync::Arc;
+        let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {window: 100s, requests_per_unit: 10, algorithm: token_bucket, shed: {from: 0.5}}\n";
+        let clock = crate::clock::ManualClock::new(1_700_000_000 * SECOND);
+        let limiter = crate::limiter::test_limiter(policy, &clock, Default::default())
+            .with_chance(Arc::new(crate::limiter::shed::SeededChance::new(9)));
+        let entries = [("ip", "1.2.3.4")];
+        for _ in 0..10 {
+            let o = limiter
+                .decide("d", &[crate::limiter::Descriptor::new(&entries[..], 1)])
+                .await;
+            let s = o.statuses[0];
+            if !s.shed {
+                assert!(!o.over_limit);
+                continue;
+            }
+            // Bucket of 10 refilled at one per 10 s: back under 5 in 10 s per token
+            // above 5.
+            let used = 10 - s.verdict.unwrap().remaining;
+            let wait = (used - 5) * 10;
+            let mut scratch = String::new();
+            let mut retry = None;
+            each_header(&o, HeaderStyle::Draft03, &mut scratch, |name, value| {
+                if name == "retry-after" {
+                    retry = Some(value.parse::<u64>().unwrap());
+                }
+            });
+            let retry = retry.expect("retry-after on a shed answer");
+            assert!(
+                (wait..=wait + wait / 10 + 1).contains(&retry),
+                "{retry} for {wait}"
+            );
+            return;
+        }
+        panic!("nothing was shed up to the limit");
+    }
+
     #[test]
     fn numbers_are_written_as_before() {
         for n in [0, 7, 10, 99, 1_000_000_000, u64::from(u32::MAX), u64::MAX] {
