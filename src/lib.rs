@@ -1,6 +1,7 @@
 //! Sluice: an external rate-limit service for Envoy.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod algorithm;
 pub mod clock;
 pub mod compat;

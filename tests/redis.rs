@@ -57,6 +57,10 @@ impl Store for TestStore {
         self.store.decide(hits).await
     }
 
+    async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        self.store.peek(hits).await
+    }
+
     fn active_keys(&self) -> usize {
         0
     }

@@ -286,6 +286,40 @@ impl MemoryStore {
         }
     }
 
+    /// [`Store::peek`]: each hit decided on the state its counter holds (or the one
+    /// its batch's earlier hit of the same key would leave), under one shard lock at a
+    /// time, writing nothing.
+    fn peek_now(&self, hits: &[Hit]) -> Verdicts {
+        let now = self.clock.now();
+        let mut verdicts = Vec::with_capacity(hits.len());
+        let mut next: Vec<Option<State>> = Vec::with_capacity(hits.len());
+        for (i, hit) in hits.iter().enumerate() {
+            let earlier = (0..i)
+                .rev()
+                .find(|&j| hits[j].key == hit.key && next[j].is_some());
+            let decision = match earlier {
+                Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
+                None => {
+                    let hash = self.hash(hit.key.as_bytes());
+                    let shard = lock(&self.shards[Self::shard_of(hash)]);
+                    let state = shard
+                        .table
+                        .find(hash, |s| s.holds(&hit.key))
+                        .filter(|s| s.entry.expires_at > now)
+                        .map(|s| &s.entry.state);
+                    algorithm::decide(&hit.limit, state, now, hit.hits)
+                }
+            };
+            verdicts.push(decision.verdict);
+            next.push(decision.next);
+        }
+        Verdicts {
+            admitted: admitted(hits.iter().map(|h| h.mode), &verdicts),
+            verdicts,
+            now: Some(now),
+        }
+    }
+
     /// A batch of one hit, the commonest: one lock, one lookup for a key that
     /// exists, and none of the batch's scratch (whose inline arrays are copied
     /// whole when made).
@@ -388,6 +422,10 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl Store for MemoryStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
         Ok(self.decide_now(hits))
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        Ok(self.peek_now(hits))
     }
 
     fn active_keys(&self) -> usize {
@@ -510,6 +548,35 @@ mod tests {
         for (i, v) in after.verdicts[1..].iter().enumerate() {
             assert_eq!(v.remaining, 8, "new-{i}");
         }
+    }
+
+    #[test]
+    fn a_peek_spends_nothing_and_keeps_nothing() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        let mut h = hit("k", Algorithm::FixedWindow, 3, 1);
+        h.limit = fixed(3);
+        let one = std::slice::from_ref(&h);
+        let peeked = store.peek_now(one);
+        assert!(peeked.admitted);
+        assert_eq!(peeked.verdicts[0].remaining, 2, "what the hit would leave");
+        assert_eq!(store.active_keys(), 0, "a peek creates no counter");
+        assert_eq!(store.decide_now(one).verdicts[0].remaining, 2);
+        for _ in 0..3 {
+            assert_eq!(store.peek_now(one).verdicts[0].remaining, 1);
+        }
+        assert_eq!(store.decide_now(one).verdicts[0].remaining, 1);
+        assert_eq!(store.decide_now(one).verdicts[0].remaining, 0);
+        let full = store.peek_now(one);
+        assert!(!full.admitted && full.verdicts[0].retry_after > 0);
+        // The same key twice in one peek: the second sees what the first would leave.
+        let mut fresh = hit("fresh", Algorithm::FixedWindow, 3, 2);
+        fresh.limit = fixed(3);
+        let twice = store.peek_now(&[fresh.clone(), fresh]);
+        assert!(!twice.admitted);
+        assert_eq!(twice.verdicts[0].remaining, 1);
+        assert!(!twice.verdicts[1].admitted);
+        assert_eq!(store.active_keys(), 1);
     }
 
     #[test]

@@ -79,6 +79,11 @@ pub trait Store: Send + Sync + 'static {
     /// Decides `hits` together: all checked, all consumed only if [`admitted`].
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
 
+    /// What [`Store::decide`] would answer for `hits` now, without changing any
+    /// counter: nothing is consumed, created, or kept alive (the admin API's
+    /// Explain). A key repeated in `hits` sees the state its earlier hit would leave.
+    fn peek(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
+
     /// Number of live counters, for metrics.
     fn active_keys(&self) -> usize;
 
@@ -106,6 +111,10 @@ pub trait Store: Send + Sync + 'static {
 impl<S: Store> Store for std::sync::Arc<S> {
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
         (**self).decide(hits)
+    }
+
+    fn peek(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
+        (**self).peek(hits)
     }
 
     fn active_keys(&self) -> usize {

@@ -58,6 +58,34 @@ macro_rules! store_contract {
         }
 
         #[tokio::test]
+        async fn a_peek_answers_like_a_decision_and_spends_nothing() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-peek-{}", alg.as_str());
+                let one = [hit(&key, alg, 3, 1)];
+                let fresh = store.peek(&one).await.unwrap();
+                assert!(fresh.admitted, "{alg:?}");
+                assert_eq!(fresh.verdicts[0].remaining, 2, "{alg:?} fresh");
+                let decided = store.decide(&one).await.unwrap();
+                assert_eq!(decided.verdicts[0].remaining, 2, "{alg:?} first hit");
+                for _ in 0..3 {
+                    let v = store.peek(&one).await.unwrap();
+                    assert_eq!(v.verdicts[0].remaining, 1, "{alg:?} peek");
+                }
+                store.decide(&one).await.unwrap();
+                store.decide(&one).await.unwrap();
+                let full = store.peek(&one).await.unwrap();
+                assert!(!full.admitted, "{alg:?} full");
+                assert!(full.verdicts[0].retry_after > 0, "{alg:?}");
+                let v = store.decide(&one).await.unwrap();
+                assert!(
+                    !v.admitted,
+                    "{alg:?}: the peeks spent nothing and added nothing"
+                );
+            }
+        }
+
+        #[tokio::test]
         async fn a_denied_batch_consumes_nothing() {
             for alg in ALL {
                 let store = $make;

@@ -418,6 +418,58 @@ impl Inner {
         futures::future::join_all(calls).await;
     }
 
+    /// [`Store::peek`]: one read-only script call per shard (or slot) the hits live
+    /// on, off the request path (no coalescing, no denial cache: the counters as
+    /// Redis holds them).
+    async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        let keys: Vec<String> = hits
+            .iter()
+            .map(|h| shard::redis_key(&self.prefix, h))
+            .collect();
+        let mut targets: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, h) in hits.iter().enumerate() {
+            let t = self.target(h, &keys[i]);
+            match targets.iter_mut().find(|(x, _)| *x == t) {
+                Some((_, members)) => members.push(i),
+                None => targets.push((t, vec![i])),
+            }
+        }
+        let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
+        let mut verdicts = vec![Verdict::default(); hits.len()];
+        for (target, members) in targets {
+            let group: Vec<&Hit> = members.iter().map(|&i| &hits[i]).collect();
+            let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+            let call = scripts::peek_call(&self.scripts, &group, &group_keys, fixed_now);
+            let sent = async {
+                match &self.backend {
+                    Backend::Shards(s) => call
+                        .invoke_async::<Vec<i64>>(&mut s[target].conn.clone())
+                        .await
+                        .map_err(|e| classify::redis(&e)),
+                    Backend::Cluster(c) => Self::invoke_cluster(c, &call).await,
+                }
+            };
+            let values =
+                match tokio::time::timeout(self.call_timeout.max(Duration::from_secs(1)), sent)
+                    .await
+                {
+                    Ok(values) => values?,
+                    Err(_) => return Err(StoreError::Timeout),
+                };
+            for (&i, v) in members
+                .iter()
+                .zip(scripts::parse_peek(&values, group.len())?)
+            {
+                verdicts[i] = v;
+            }
+        }
+        Ok(Verdicts {
+            admitted: admitted(hits.iter().map(|h| h.mode), &verdicts),
+            verdicts,
+            now: None,
+        })
+    }
+
     /// The cached denial of `hits`, if one still holds.
     fn cached(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
         let v = self.cache.lookup(hits, now)?;
@@ -562,6 +614,10 @@ impl Store for RedisStore {
                 format!("store task failed: {e}"),
             )),
         }
+    }
+
+    async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        self.inner.peek(hits).await
     }
 
     fn active_keys(&self) -> usize {

@@ -25,6 +25,13 @@ const DECIDE_LUA: &str = concat!(
     include_str!("decide.lua")
 );
 
+/// Lua helpers, algorithms and the read-only peek.
+const PEEK_LUA: &str = concat!(
+    include_str!("common.lua"),
+    include_str!("algorithms.lua"),
+    include_str!("peek.lua")
+);
+
 /// Lua helpers and the give-back.
 const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
 
@@ -39,6 +46,7 @@ const REPLY_STRIDE: usize = 7;
 pub struct Scripts {
     pub decide: RedisScript,
     pub refund: RedisScript,
+    pub peek: RedisScript,
 }
 
 impl Default for Scripts {
@@ -46,6 +54,7 @@ impl Default for Scripts {
         Scripts {
             decide: RedisScript::new(DECIDE_LUA),
             refund: RedisScript::new(REFUND_LUA),
+            peek: RedisScript::new(PEEK_LUA),
         }
     }
 }
@@ -305,6 +314,59 @@ pub fn refund_call<'a>(
             .arg(token);
     }
     call
+}
+
+/// Values per hit in the peek reply.
+const PEEK_STRIDE: usize = 6;
+
+/// Builds the peek invocation for `hits` (all on one shard or slot) at `keys`.
+pub fn peek_call<'a>(
+    scripts: &'a Scripts,
+    hits: &[&Hit],
+    keys: &[String],
+    fixed_now: Option<Micros>,
+) -> redis::ScriptInvocation<'a> {
+    let mut call = scripts.peek.prepare_invoke();
+    match fixed_now {
+        Some(n) => call.arg(n),
+        None => call.arg(""),
+    };
+    for (h, key) in hits.iter().zip(keys) {
+        let a = HitArgs::new(h);
+        call.key(key)
+            .arg(a.limit.code)
+            .arg(a.limit.requests)
+            .arg(a.limit.window)
+            .arg(a.limit.burst)
+            .arg(a.hits);
+    }
+    call
+}
+
+/// Reads a peek reply for `n` hits: their verdicts, then the shard's time.
+pub fn parse_peek(values: &[i64], n: usize) -> Result<Vec<Verdict>, StoreError> {
+    if values.len() != n * PEEK_STRIDE + 1 {
+        return Err(StoreError::failed(
+            ErrorKind::Protocol,
+            format!(
+                "peek script answered {} values, expected {}",
+                values.len(),
+                n * PEEK_STRIDE + 1
+            ),
+        ));
+    }
+    let micros = |v: i64| -> Micros { u64::try_from(v).unwrap_or(u64::MAX) };
+    Ok(values[..n * PEEK_STRIDE]
+        .chunks_exact(PEEK_STRIDE)
+        .map(|c| Verdict {
+            admitted: c[0] == 1,
+            remaining: u64::try_from(c[1]).unwrap_or(0),
+            reset: micros(c[2]),
+            retry_after: micros(c[3]),
+            delay: micros(c[4]),
+            next_room: micros(c[5]),
+        })
+        .collect())
 }
 
 /// Reads a decide reply for groups of `sizes` hits each (and the call's time, last).
