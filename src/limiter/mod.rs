@@ -13,6 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
 use crate::store::{Fallback, Hit, Mode, Store, StoreError};
 
+pub mod explain;
 pub mod key;
 pub mod overrides;
 pub mod penalty;
@@ -249,6 +250,54 @@ impl<S: Store> Limiter<S> {
             };
         };
 
+        let (overrides, order, hits, failure_mode) =
+            self.plan(policy, dom, domain, descriptors, &mut statuses);
+
+        let mut outcome = Outcome {
+            policy: Guard::into_inner(guard),
+            domain_known: true,
+            over_limit: false,
+            statuses,
+            delay: 0,
+            failure: None,
+            offenders: Vec::new(),
+            now: None,
+            overrides,
+        };
+        if hits.is_empty() {
+            return outcome;
+        }
+        // A key serving a penalty ban is denied at once, without asking the store.
+        if penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
+            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
+            return outcome;
+        }
+
+        let decided = self.ask_store(&hits, wait).await;
+        self.settle(&mut outcome, &order, &hits, decided, failure_mode);
+        // Soft shedding draws a chance, so it is the decision's alone: an explanation
+        // (which settles too) shows the limits as they stand.
+        if outcome.failure.is_none() && !outcome.over_limit {
+            self.shed(&order, &hits, &mut outcome);
+        }
+        if outcome.over_limit && outcome.failure.is_none() {
+            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
+        }
+        outcome
+    }
+
+    /// Matches each descriptor (its rule, its override, `replaces`) into `statuses`
+    /// and builds the hits of its limited rules, edge first, then service, then
+    /// tenant: the overrides' rules, the order of the limited statuses, their hits,
+    /// and the domain's failure mode.
+    fn plan<E: Entry>(
+        &self,
+        policy: &Policy,
+        dom: &crate::policy::Domain,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+        statuses: &mut [Status],
+    ) -> (Vec<Arc<Rule>>, Vec<usize>, Vec<Hit>, FailureMode) {
         for (status, d) in statuses.iter_mut().zip(descriptors) {
             status.rule = dom.find(d.entries);
         }
@@ -266,7 +315,7 @@ impl<S: Store> Limiter<S> {
                 overrides.push(rule);
             }
         }
-        drop_replaced(policy, &mut statuses);
+        drop_replaced(policy, statuses);
 
         // Limited rules become hits, edge first, then service, then tenant.
         let mut order: Vec<usize> = (0..descriptors.len())
@@ -327,31 +376,24 @@ impl<S: Store> Limiter<S> {
             });
         }
 
-        let mut outcome = Outcome {
-            policy: Guard::into_inner(guard),
-            domain_known: true,
-            over_limit: false,
-            statuses,
-            delay: 0,
-            failure: None,
-            offenders: Vec::new(),
-            now: None,
-            overrides,
-        };
-        if hits.is_empty() {
-            return outcome;
-        }
-        // A key serving a penalty ban is denied at once, without asking the store.
-        if penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
-            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
-            return outcome;
-        }
+        (overrides, order, hits, failure_mode)
+    }
 
-        match self.ask_store(&hits, wait).await {
+    /// Writes the store's answer (or its failure, answered by `failure_mode`) into
+    /// `outcome`'s statuses for the hits of `order`.
+    fn settle(
+        &self,
+        outcome: &mut Outcome,
+        order: &[usize],
+        hits: &[Hit],
+        decided: Result<crate::store::Verdicts, StoreError>,
+        failure_mode: FailureMode,
+    ) {
+        match decided {
             Ok(decided) => {
                 outcome.over_limit = !decided.admitted;
                 outcome.now = decided.now;
-                for ((&i, hit), verdict) in order.iter().zip(&hits).zip(&decided.verdicts) {
+                for ((&i, hit), verdict) in order.iter().zip(hits).zip(&decided.verdicts) {
                     let status = &mut outcome.statuses[i];
                     let mut verdict = *verdict;
                     if verdict.admitted && !decided.admitted {
@@ -371,14 +413,11 @@ impl<S: Store> Limiter<S> {
                         outcome.delay = outcome.delay.max(verdict.delay);
                     }
                 }
-                if decided.admitted {
-                    self.shed(&order, &hits, &mut outcome);
-                }
             }
             Err(error) => {
                 let mode = failure_mode;
                 outcome.over_limit = mode == FailureMode::Closed;
-                for (&i, hit) in order.iter().zip(&hits) {
+                for (&i, hit) in order.iter().zip(hits) {
                     outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;
                 }
                 outcome.failure = Some(StoreFailure {
@@ -388,10 +427,6 @@ impl<S: Store> Limiter<S> {
                 });
             }
         }
-        if outcome.over_limit && outcome.failure.is_none() {
-            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
-        }
-        outcome
     }
 
     /// Soft shedding of an admitted request: each enforced limit with `shed` past its

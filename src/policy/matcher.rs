@@ -81,7 +81,96 @@ impl KeyLevel {
     }
 }
 
+/// How one level of a descriptor matched (see [`Node::trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LevelMatch {
+    /// The key with this exact value.
+    Exact,
+    /// The key with a wildcard value: the pattern.
+    Wildcard(String),
+    /// The key alone (a rule with no value).
+    KeyOnly,
+}
+
+/// Why a descriptor matched no rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoMatch {
+    /// No entries.
+    Empty,
+    /// No rule at this level (0-based) has the entry's key.
+    Key(usize),
+    /// Rules at this level have the key, but none its value (no wildcard, no key-only).
+    Value(usize),
+    /// The descriptor is longer than the rules: the node matched at this level has no
+    /// children, so a limit applies only to a descriptor of exactly that depth.
+    Deeper(usize),
+    /// Every entry matched, but the last node carries no limit (only deeper rules do).
+    NoLimitHere,
+}
+
+/// How a descriptor walked the tree: each level's match, then the rule or why none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub levels: Vec<LevelMatch>,
+    pub result: Result<usize, NoMatch>,
+}
+
+impl KeyLevel {
+    /// [`KeyLevel::lookup`], saying how it matched.
+    fn lookup_traced(&self, value: &str) -> Option<(&Node, LevelMatch)> {
+        if let Some(node) = self.exact.get(value) {
+            return Some((node, LevelMatch::Exact));
+        }
+        if let Some((p, node)) = self.wildcards.iter().find(|(p, _)| p.text == value) {
+            return Some((node, LevelMatch::Wildcard(p.text.clone())));
+        }
+        if let Some((p, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+            return Some((node, LevelMatch::Wildcard(p.text.clone())));
+        }
+        self.any.as_deref().map(|n| (n, LevelMatch::KeyOnly))
+    }
+}
+
 impl Node {
+    /// [`Node::find`], recording each level (off the request path: it allocates).
+    pub(crate) fn trace<E: Entry>(&self, entries: &[E]) -> Trace {
+        let mut levels = Vec::new();
+        let Some(last) = entries.len().checked_sub(1) else {
+            return Trace {
+                levels,
+                result: Err(NoMatch::Empty),
+            };
+        };
+        let mut node = self;
+        for (i, entry) in entries.iter().enumerate() {
+            let Some(level) = node.children.get(entry.key()) else {
+                return Trace {
+                    levels,
+                    result: Err(NoMatch::Key(i)),
+                };
+            };
+            let Some((next, how)) = level.lookup_traced(entry.value()) else {
+                return Trace {
+                    levels,
+                    result: Err(NoMatch::Value(i)),
+                };
+            };
+            levels.push(how);
+            if i == last {
+                let result = next.rule.ok_or(NoMatch::NoLimitHere);
+                return Trace { levels, result };
+            }
+            if next.children.is_empty() {
+                return Trace {
+                    levels,
+                    result: Err(NoMatch::Deeper(i)),
+                };
+            }
+            node = next;
+        }
+        unreachable!("the last entry returns")
+    }
+
     /// Every rule id in this subtree, in no particular order.
     pub(crate) fn rule_ids(&self, out: &mut Vec<usize>) {
         out.extend(self.rule);

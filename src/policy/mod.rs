@@ -36,6 +36,7 @@ mod yaml;
 
 pub use compile::{compile, compile_with};
 pub use load::{load_paths, read_paths};
+pub use matcher::{LevelMatch, NoMatch, Trace};
 pub use model::{Descriptor, Document, DocumentKind, RateLimit};
 pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};
 
@@ -379,5 +380,19 @@ impl Domain {
     /// entries as the matched depth. Returns the rule's id.
     pub fn find<E: Entry>(&self, entries: &[E]) -> Option<usize> {
         self.root.find(entries)
+    }
+
+    /// [`Domain::find`] with how each level matched, or why nothing did (for the
+    /// admin API's Explain; allocates).
+    pub fn trace<E: Entry>(&self, entries: &[E]) -> Trace {
+        self.root.trace(entries)
+    }
+
+    /// Every rule of this domain, in id order.
+    pub fn rule_ids(&self) -> Vec<usize> {
+        let mut ids = Vec::new();
+        self.root.rule_ids(&mut ids);
+        ids.sort_unstable();
+        ids
     }
 }
