@@ -19,6 +19,7 @@ pub mod headers;
 pub mod json;
 pub mod reflection;
 pub mod response;
+pub mod tap;
 
 pub use headers::HeaderStyle;
 
@@ -118,6 +119,8 @@ pub struct Service<S> {
     pub limiter: Limiter<S>,
     pub headers: HeaderStyle,
     pub metrics: Arc<Metrics>,
+    /// Live decisions sampled for the admin API's WatchDecisions.
+    pub tap: Arc<tap::Tap>,
     /// HTTP `/json` calls being decided or held right now, counted per thread stripe
     /// (one shared count is a cache line both cores write twice per request);
     /// shutdown waits for the sum to reach zero. gRPC calls are not counted: the
@@ -156,6 +159,7 @@ impl<S: Store> Service<S> {
             limiter,
             headers,
             metrics,
+            tap: Arc::default(),
             in_flight: Stripes::default(),
             latency: quanta::Clock::new(),
         }
@@ -201,6 +205,11 @@ impl<S: Store> Service<S> {
             self.limiter.hashing(),
             took,
         );
+        if self.tap.watched() {
+            let hashing = self.limiter.hashing();
+            self.tap
+                .offer(req.domain, &descriptors, &outcome, took, hashing);
+        }
         if !outcome.over_limit && outcome.delay > 0 {
             // The queue position is taken; the answer waits for its turn without
             // holding a thread.
