@@ -32,6 +32,9 @@ pub enum Command {
     },
     /// Print the RateLimitPolicy CustomResourceDefinition.
     Crd,
+    /// Explain what a request would get, and why, without spending anything: from
+    /// a running sluice's admin API, or with --config from policy files alone.
+    Explain(Box<crate::cli::explain::ExplainArgs>),
 }
 
 /// Log line format.
@@ -145,6 +148,24 @@ pub struct Serve {
     /// sign (mutual TLS).
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     pub grpc_tls_client_ca: Option<PathBuf>,
+    /// Address of Sluice's admin API (gRPC: Explain, ListPolicies, WatchOffenders,
+    /// WatchDecisions, with reflection and health); `off` (or empty) disables it.
+    /// Default 127.0.0.1:8082, loopback only; when the default is taken (another
+    /// sluice on the host) the admin API is off with a warning, while an address
+    /// given here must bind.
+    #[arg(long, env = "SLUICE_ADMIN_ADDR", value_parser = parse_admin_addr)]
+    pub admin_addr: Option<AdminAddr>,
+    /// PEM certificate chain of the admin port; with --admin-tls-key the port serves
+    /// TLS only. Re-read when it changes.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_CERT", requires = "admin_tls_key")]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of --admin-tls-cert.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_KEY", requires = "admin_tls_cert")]
+    pub admin_tls_key: Option<PathBuf>,
+    /// PEM CA certificates: the admin port then requires client certificates they
+    /// sign (mutual TLS).
+    #[arg(long, env = "SLUICE_ADMIN_TLS_CLIENT_CA", requires = "admin_tls_cert")]
+    pub admin_tls_client_ca: Option<PathBuf>,
     /// PEM certificate chain of the HTTP port; with --http-tls-key the port serves
     /// HTTPS only. Re-read when it changes.
     #[arg(long, env = "SLUICE_HTTP_TLS_CERT", requires = "http_tls_key")]
@@ -226,6 +247,26 @@ pub struct Serve {
     pub worker_threads: usize,
 }
 
+/// The admin port's address as given, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    At(SocketAddr),
+}
+
+/// The admin API's address when `--admin-addr` is not given.
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:8082";
+
+fn parse_admin_addr(s: &str) -> Result<AdminAddr, String> {
+    match s.trim() {
+        "" | "off" => Ok(AdminAddr::Off),
+        a => a
+            .parse()
+            .map(AdminAddr::At)
+            .map_err(|e| format!("'{a}': {e}; expected HOST:PORT or off")),
+    }
+}
+
 /// An xDS server's address: `http://HOST:PORT` or `https://HOST:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsUrl {
@@ -282,6 +323,15 @@ impl Serve {
             &self.grpc_tls_cert,
             &self.grpc_tls_key,
             &self.grpc_tls_client_ca,
+        )
+    }
+
+    /// The admin port's TLS files, when it serves TLS.
+    pub fn admin_tls(&self) -> Option<TlsFiles> {
+        tls_files(
+            &self.admin_tls_cert,
+            &self.admin_tls_key,
+            &self.admin_tls_client_ca,
         )
     }
 
@@ -436,6 +486,7 @@ mod tests {
         assert_eq!(s.max_request_bytes, 64 * 1024);
         assert_eq!(s.grpc_tls(), None);
         assert_eq!(s.http_tls(), None);
+        assert_eq!(s.admin_addr, None, "the default, 127.0.0.1:8082");
         assert_eq!(s.grpc_keepalive_interval, Duration::from_secs(30));
         assert_eq!(s.grpc_keepalive_timeout, Duration::from_secs(10));
         assert_eq!(s.grpc_idle_timeout, Duration::from_secs(3600));
@@ -451,6 +502,26 @@ mod tests {
             "0s",
         ];
         assert!(Cli::try_parse_from(zero).is_err());
+    }
+
+    #[test]
+    fn the_admin_port_can_be_moved_or_turned_off() {
+        let parse = |v: &str| {
+            let cli = Cli::try_parse_from(["sluice", "serve", "--config", "a", "--admin-addr", v]);
+            match cli.map(|c| c.command) {
+                Ok(Command::Serve(s)) => Ok(s.admin_addr),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(parse("off"), Ok(Some(AdminAddr::Off)));
+        assert_eq!(parse(""), Ok(Some(AdminAddr::Off)));
+        assert_eq!(
+            parse("127.0.0.1:9"),
+            Ok(Some(AdminAddr::At("127.0.0.1:9".parse().unwrap())))
+        );
+        let bad = parse("localhost").unwrap_err();
+        assert!(bad.contains("expected HOST:PORT or off"), "{bad}");
     }
 
     #[test]

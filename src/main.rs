@@ -30,6 +30,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(&args);
     match cli.command {
         Command::Validate { paths } => validate(&paths),
+        Command::Explain(args) => explain(&args),
         Command::Crd => {
             print!("{}", sluice::crd::crd_yaml());
             ExitCode::SUCCESS
@@ -90,6 +91,33 @@ fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
             for e in errors {
                 eprintln!("{e}");
             }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sluice::cli::explain::run(args)) {
+        Ok(e) if args.json => {
+            println!("{:#}", sluice::cli::explain::to_json(&e));
+            ExitCode::SUCCESS
+        }
+        Ok(e) => {
+            print!("{}", sluice::cli::explain::text(&e));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice explain: {e}");
             ExitCode::FAILURE
         }
     }

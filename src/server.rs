@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::clock::SystemClock;
-use crate::config::Serve;
+use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
 use crate::grpc_server;
 use crate::hash::ValueHash;
 use crate::http::{metrics_router, router, Admin};
@@ -155,13 +155,19 @@ where
     // Bad TLS files stop start-up, before any port listens.
     let grpc_tls = tls(cfg.grpc_tls(), "grpc", &[b"h2"], metrics).context("--grpc-tls-*")?;
     let http_tls = tls(cfg.http_tls(), "http", &[b"http/1.1"], metrics).context("--http-tls-*")?;
-    for t in grpc_tls.iter().chain(&http_tls) {
+    let admin_tls = tls(cfg.admin_tls(), "admin", &[b"h2"], metrics).context("--admin-tls-*")?;
+    for t in grpc_tls.iter().chain(&http_tls).chain(&admin_tls) {
         tokio::spawn(t.clone().watch(cfg.reload_interval, stopped()));
     }
     let grpc_listener = bind(cfg.grpc_addr).await?;
     let http_listener = bind(cfg.http_addr).await?;
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
+    let admin_listener = bind_admin(cfg.admin_addr).await?;
+    let admin_addr = match &admin_listener {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "off".to_string(),
+    };
 
     let ready = Arc::new(AtomicBool::new(false));
     let (serving, serving_rx) = watch::channel(true);
@@ -185,6 +191,20 @@ where
     }
     let connections = grpc.stats();
     let grpc_task = tokio::spawn(grpc.serve(grpc_listener, stopped()));
+    let admin_task = admin_listener.map(|listener| {
+        let run = crate::admin::serve::run(
+            service.clone(),
+            listener,
+            admin_tls.clone(),
+            cfg.handshake_timeout,
+            stop_tx.subscribe(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = run.await {
+                tracing::error!(error = %e, "admin API stopped");
+            }
+        })
+    });
     let admin = Arc::new(Admin {
         service: service.clone(),
         ready: ready.clone(),
@@ -225,6 +245,7 @@ where
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
+        admin = %admin_addr,
         grpc_tls = grpc_tls.is_some(),
         http_tls = https,
         max_connections,
@@ -242,6 +263,9 @@ where
     // wait for the HTTP calls in flight, not for idle HTTP connections.
     let drained = async {
         let _ = grpc_task.await;
+        if let Some(admin) = admin_task {
+            let _ = admin.await;
+        }
         while service.in_flight() > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
@@ -283,6 +307,29 @@ fn tls(
         alpn,
         metrics.clone(),
     )?)))
+}
+
+/// The admin port's listener: `None` when off, or when the default address is taken
+/// (another sluice on this host), with a warning; an address given must bind.
+async fn bind_admin(addr: Option<AdminAddr>) -> anyhow::Result<Option<TcpListener>> {
+    match addr {
+        Some(AdminAddr::Off) => Ok(None),
+        Some(AdminAddr::At(addr)) => Ok(Some(bind(addr).await.context("--admin-addr")?)),
+        None => {
+            let addr: SocketAddr = DEFAULT_ADMIN_ADDR.parse().expect("a valid default");
+            match TcpListener::bind(addr).await {
+                Ok(l) => Ok(Some(l)),
+                Err(e) => {
+                    tracing::warn!(
+                        %addr,
+                        error = %e,
+                        "admin API off: its default address is taken; set --admin-addr"
+                    );
+                    Ok(None)
+                }
+            }
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {

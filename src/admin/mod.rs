@@ -1,4 +1,24 @@
-//! Sluice's own admin API (`proto/sluice/admin/v1/admin.proto`).
+//! Sluice's own admin API (`proto/sluice/admin/v1/admin.proto`): Explain,
+//! ListPolicies, WatchOffenders and WatchDecisions, served by tonic on
+//! `--admin-addr` ([`serve`]). Off the request path: only WatchDecisions' tap sits
+//! on it (`service::tap`).
+//!
+//! - `explain.rs`: the request in, the explanation out.
+//! - `policies.rs`: ListPolicies.
+//! - `feed.rs`: the two streams.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::service::{HeaderStyle, Service};
+use crate::store::Store;
+
+pub mod explain;
+mod feed;
+pub mod policies;
+pub mod serve;
 
 /// The messages and the `Admin` service, generated from `proto/` by build.rs.
 #[allow(clippy::all, missing_docs)]
@@ -8,3 +28,93 @@ pub mod pb {
 
 /// The admin API's encoded descriptors, for reflection.
 pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice_admin_v1.binpb"));
+
+/// The fully qualified service name, as health and reflection report it.
+pub const SERVICE_NAME: &str = "sluice.admin.v1.Admin";
+
+/// The Admin service over a running [`Service`].
+pub struct Admin<S> {
+    service: Arc<Service<S>>,
+    stop: watch::Receiver<bool>,
+}
+
+impl<S> Admin<S> {
+    /// Streams end when `stop` turns true.
+    pub fn new(service: Arc<Service<S>>, stop: watch::Receiver<bool>) -> Self {
+        Admin { service, stop }
+    }
+}
+
+/// Explains a request against `service`'s policy and store: the server's Explain,
+/// and `sluice explain --config` on a store of its own.
+pub async fn explain_with<S: Store>(
+    service: &Service<S>,
+    req: pb::ExplainRequest,
+    style: HeaderStyle,
+) -> Result<pb::Explanation, crate::service::BadRequest> {
+    let req = explain::Request::from_pb(req);
+    let view = req.view();
+    let descriptors = explain::checked(&view)?;
+    let explained = service.limiter.explain(&req.domain, &descriptors).await;
+    let hashed = service.limiter.hashing().all;
+    Ok(explain::to_pb(
+        &req.domain,
+        &descriptors,
+        &explained,
+        style,
+        hashed,
+    ))
+}
+
+#[tonic::async_trait]
+impl<S: Store> pb::admin_server::Admin for Admin<S> {
+    async fn explain(
+        &self,
+        request: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        explain_with(&self.service, request.into_inner(), self.service.headers)
+            .await
+            .map(Response::new)
+            .map_err(|e| Status::invalid_argument(e.0))
+    }
+
+    async fn list_policies(
+        &self,
+        request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::Policies>, Status> {
+        let policy = self.service.limiter.policy();
+        Ok(Response::new(policies::list(
+            &policy,
+            &request.into_inner().domain,
+        )))
+    }
+
+    type WatchOffendersStream = feed::Feed<pb::TopSnapshot>;
+
+    async fn watch_offenders(
+        &self,
+        request: Request<pb::Filter>,
+    ) -> Result<Response<Self::WatchOffendersStream>, Status> {
+        let service = self.service.clone();
+        let bans = move || service.limiter.penalties().active();
+        Ok(Response::new(feed::offenders(
+            request.into_inner(),
+            self.service.metrics.clone(),
+            bans,
+            self.stop.clone(),
+        )))
+    }
+
+    type WatchDecisionsStream = feed::Feed<pb::Decision>;
+
+    async fn watch_decisions(
+        &self,
+        request: Request<pb::Filter>,
+    ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
+        Ok(Response::new(feed::decisions(
+            request.into_inner(),
+            &self.service.tap,
+            self.stop.clone(),
+        )))
+    }
+}

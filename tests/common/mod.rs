@@ -43,6 +43,8 @@ pub struct Server {
     pub child: Child,
     pub grpc: String,
     pub http: String,
+    /// The admin API's address, or `off`.
+    pub admin: String,
     pub dir: tempfile::TempDir,
     /// Log lines printed before it listened (a store can log while it starts).
     pub startup: Vec<String>,
@@ -81,6 +83,7 @@ impl Server {
         cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .args(["--reload-interval", "100ms"]);
         for c in configs {
             cmd.arg("--config").arg(c);
@@ -111,10 +114,12 @@ impl Server {
             if line.contains("sluice listening") {
                 let grpc = field(&line, "grpc=");
                 let http = field(&line, "http=");
+                let admin = field(&line, "admin=");
                 return Server {
                     child,
                     grpc,
                     http,
+                    admin,
                     dir,
                     startup,
                     lines: rx,

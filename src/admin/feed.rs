@@ -1,0 +1,150 @@
+//! WatchOffenders and WatchDecisions: streams that end when the client leaves or the
+//! server stops.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{Stream, StreamExt};
+use tokio::sync::watch;
+
+use crate::limiter::penalty::ActiveBan;
+use crate::service::tap::{Interest, Sample, Subscription, Tap};
+use crate::telemetry::{Metrics, RuleTop};
+
+use super::pb;
+
+/// A server stream of the admin API.
+pub type Feed<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+/// Shortest interval between snapshots a watcher may ask for.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_RATE: u32 = 100;
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
+}
+
+/// Whether `domain`/`rule` pass the filter.
+fn selected(f: &pb::Filter, domain: &str, rule: &str) -> bool {
+    (f.domain.is_empty() || f.domain == domain) && rule.starts_with(f.rule_prefix.as_str())
+}
+
+/// One snapshot of the offenders and bans the filter selects.
+pub fn snapshot(f: &pb::Filter, tops: Vec<RuleTop>, bans: Vec<ActiveBan>) -> pb::TopSnapshot {
+    pb::TopSnapshot {
+        unix_micros: unix_micros(),
+        rules: tops
+            .into_iter()
+            .filter(|t| selected(f, &t.domain, &t.rule))
+            .map(|t| pb::RuleTop {
+                deny_ratio: if t.decided > 0 {
+                    t.denied as f64 / t.decided as f64
+                } else {
+                    0.0
+                },
+                domain: t.domain,
+                rule: t.rule,
+                decided: t.decided,
+                denied: t.denied,
+                offenders: t
+                    .top
+                    .into_iter()
+                    .map(|(key, denials)| pb::Offender { key, denials })
+                    .collect(),
+            })
+            .collect(),
+        bans: bans
+            .into_iter()
+            .filter(|b| selected(f, &b.info.domain, &b.info.rule))
+            .map(|b| pb::Ban {
+                domain: b.info.domain,
+                rule: b.info.rule,
+                key: b.info.key,
+                remaining_micros: b.remaining,
+            })
+            .collect(),
+    }
+}
+
+/// Ends `feed` when `stop` turns true, so a watcher does not hold shutdown up.
+fn until_stopped<T: Send + 'static>(feed: Feed<T>, mut stop: watch::Receiver<bool>) -> Feed<T> {
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    Box::pin(feed.take_until(stopped))
+}
+
+/// A snapshot every interval, the first at once.
+pub fn offenders(
+    f: pb::Filter,
+    metrics: Arc<Metrics>,
+    bans: impl Fn() -> Vec<ActiveBan> + Send + Sync + 'static,
+    stop: watch::Receiver<bool>,
+) -> Feed<pb::TopSnapshot> {
+    let every = match f.interval_ms {
+        0 => DEFAULT_INTERVAL,
+        ms => Duration::from_millis(u64::from(ms)).max(MIN_INTERVAL),
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let feed = futures::stream::unfold(tick, move |mut tick| {
+        let f = f.clone();
+        let metrics = metrics.clone();
+        let bans = bans();
+        async move {
+            tick.tick().await;
+            Some((Ok(snapshot(&f, metrics.top_offenders(), bans)), tick))
+        }
+    });
+    until_stopped(Box::pin(feed), stop)
+}
+
+/// The live decisions the filter selects, at most its rate.
+pub fn decisions(f: pb::Filter, tap: &Arc<Tap>, stop: watch::Receiver<bool>) -> Feed<pb::Decision> {
+    let sub: Subscription = tap.subscribe(Interest {
+        domain: (!f.domain.is_empty()).then(|| f.domain.clone()),
+        rule_prefix: (!f.rule_prefix.is_empty()).then(|| f.rule_prefix.clone()),
+        denied_only: f.denied_only,
+        max_per_second: match f.max_per_second {
+            0 => DEFAULT_RATE,
+            n => n,
+        },
+    });
+    let feed = futures::stream::unfold(sub, |mut sub| async move {
+        let s = sub.samples.recv().await?;
+        Some((Ok(decision(s)), sub))
+    });
+    until_stopped(Box::pin(feed), stop)
+}
+
+fn decision(s: Sample) -> pb::Decision {
+    let code = |over: bool| {
+        if over {
+            pb::Code::OverLimit as i32
+        } else {
+            pb::Code::Ok as i32
+        }
+    };
+    pb::Decision {
+        unix_micros: s.unix_micros,
+        domain: s.domain,
+        overall_code: code(s.over_limit),
+        latency_micros: s.latency.as_micros() as u64,
+        descriptors: s
+            .descriptors
+            .into_iter()
+            .map(|d| pb::DecidedDescriptor {
+                rule: d.rule,
+                key: d.key,
+                code: code(d.over_limit),
+                remaining: d.remaining.unwrap_or(0),
+            })
+            .collect(),
+        dropped: s.dropped,
+    }
+}

@@ -1,0 +1,72 @@
+//! The admin port: tonic with the Admin service, gRPC health and reflection, in
+//! plain text or over the same reloading TLS as the other ports (`src/tls`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::Server;
+
+use crate::service::Service;
+use crate::store::Store;
+use crate::tls::{Tls, TlsListener};
+
+use super::{pb, Admin, DESCRIPTORS, SERVICE_NAME};
+
+/// Serves the admin API on `listener` until `stop` turns true.
+pub async fn run<S: Store>(
+    service: Arc<Service<S>>,
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    handshake_timeout: Duration,
+    stop: watch::Receiver<bool>,
+) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(DESCRIPTORS)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    // Both sets are compiled in and decode (tests/admin.rs lists them).
+    let v1 = reflection()
+        .build_v1()
+        .expect("the admin descriptors decode");
+    let v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the admin descriptors decode");
+    let admin = pb::admin_server::AdminServer::new(Admin::new(service, stop.clone()));
+    let router = Server::builder()
+        .add_service(admin)
+        .add_service(health_service)
+        .add_service(v1)
+        .add_service(v1alpha);
+    let stopped = stopped(stop);
+    match tls {
+        None => {
+            let incoming = futures::stream::unfold(listener, |l| async move {
+                let next = l.accept().await.map(|(s, _)| s);
+                Some((next, l))
+            });
+            router.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls, handshake_timeout);
+            let incoming = futures::stream::unfold(listener, |mut l| async move {
+                let (s, _) = axum::serve::Listener::accept(&mut l).await;
+                Some((Ok::<_, std::io::Error>(s), l))
+            });
+            router.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

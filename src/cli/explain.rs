@@ -1,0 +1,350 @@
+//! `sluice explain`: what the server would answer for one request, and why, without
+//! spending anything; from a running server's admin API (`--server`), or from
+//! policy files alone (`--config`, every counter fresh).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::admin::pb;
+use crate::clock::SystemClock;
+use crate::limiter::{Limiter, Settings};
+use crate::service::{HeaderStyle, Service};
+use crate::store::MemoryStore;
+use crate::telemetry::Metrics;
+
+/// `sluice explain` settings.
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The request's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// The descriptor's entries as key=value, in order; a lone `+` starts another
+    /// descriptor of the same request.
+    #[arg(required = true, value_name = "KEY=VALUE")]
+    pub entries: Vec<String>,
+    /// The request's hits_addend (0 or absent: 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits: u32,
+    /// A running sluice's admin API: HOST:PORT, http://HOST:PORT, or https://HOST:PORT
+    /// with --tls-ca.
+    #[arg(long, env = "SLUICE_SERVER", default_value = crate::config::DEFAULT_ADMIN_ADDR)]
+    pub server: String,
+    /// Explain against these policy files alone (fresh counters), not a server.
+    #[arg(long)]
+    pub config: Vec<PathBuf>,
+    /// PEM CA that signs the admin port's certificate (TLS).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for an admin port with mutual TLS (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Print the explanation as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Why `sluice explain` could not explain.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("'{0}' is not KEY=VALUE")]
+    Entry(String),
+    #[error("{0}")]
+    Policy(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("cannot reach the admin API at {server}: {message}")]
+    Connect { server: String, message: String },
+    #[error("the admin API answered: {0}")]
+    Call(String),
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// The request the arguments spell.
+pub fn request(args: &ExplainArgs) -> Result<pb::ExplainRequest, ExplainError> {
+    let mut descriptors = vec![pb::RequestDescriptor::default()];
+    for e in &args.entries {
+        if e == "+" {
+            descriptors.push(pb::RequestDescriptor::default());
+            continue;
+        }
+        let (key, value) = e
+            .split_once('=')
+            .ok_or_else(|| ExplainError::Entry(e.clone()))?;
+        let last = descriptors.last_mut().expect("at least one");
+        last.entries.push(pb::request_descriptor::Entry {
+            key: key.to_string(),
+            value: value.to_string(),
+        });
+    }
+    Ok(pb::ExplainRequest {
+        domain: args.domain.clone(),
+        descriptors,
+        hits_addend: args.hits,
+    })
+}
+
+/// Explains as the arguments say.
+pub async fn run(args: &ExplainArgs) -> Result<pb::Explanation, ExplainError> {
+    let req = request(args)?;
+    if args.config.is_empty() {
+        remote(args, req).await
+    } else {
+        local(&args.config, req).await
+    }
+}
+
+async fn local(
+    paths: &[PathBuf],
+    req: pb::ExplainRequest,
+) -> Result<pb::Explanation, ExplainError> {
+    let (policy, _) = crate::policy::load_paths(paths).map_err(|errors| {
+        ExplainError::Policy(
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    })?;
+    let store = MemoryStore::new(Arc::new(SystemClock), 1000);
+    let limiter = Limiter::new(
+        Arc::new(ArcSwap::from_pointee(policy)),
+        store,
+        Settings::default(),
+    );
+    let service = Service::new(limiter, HeaderStyle::Draft03, Arc::new(Metrics::new()));
+    crate::admin::explain_with(&service, req, HeaderStyle::Draft03)
+        .await
+        .map_err(|e| ExplainError::BadRequest(e.0))
+}
+
+async fn remote(
+    args: &ExplainArgs,
+    req: pb::ExplainRequest,
+) -> Result<pb::Explanation, ExplainError> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|error| ExplainError::Read {
+            path: p.clone(),
+            error,
+        })
+    };
+    let connect_error = |message: String| ExplainError::Connect {
+        server: args.server.clone(),
+        message,
+    };
+    let tls = args.tls_ca.is_some() || args.server.starts_with("https://");
+    let url = if args.server.contains("://") {
+        args.server.clone()
+    } else if tls {
+        format!("https://{}", args.server)
+    } else {
+        format!("http://{}", args.server)
+    };
+    let mut endpoint = Endpoint::from_shared(url).map_err(|e| connect_error(e.to_string()))?;
+    endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(5));
+    if tls {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &args.tls_ca {
+            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| connect_error(e.to_string()))?;
+    }
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| connect_error(chain(&e)))?;
+    let mut client = pb::admin_client::AdminClient::new(channel);
+    client
+        .explain(req)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|s| ExplainError::Call(s.message().to_string()))
+}
+
+/// An error and its causes, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
+fn code_name(code: i32) -> &'static str {
+    match pb::Code::try_from(code) {
+        Ok(pb::Code::Ok) => "OK",
+        Ok(pb::Code::OverLimit) => "OVER_LIMIT",
+        _ => "UNKNOWN",
+    }
+}
+
+fn kind_name(kind: i32) -> &'static str {
+    match pb::MatchKind::try_from(kind) {
+        Ok(pb::MatchKind::Exact) => "exact",
+        Ok(pb::MatchKind::Wildcard) => "wildcard",
+        Ok(pb::MatchKind::KeyOnly) => "key only",
+        _ => "unknown",
+    }
+}
+
+/// Microseconds for people: `1.5s`, `250ms`, `never`.
+fn span(us: u64) -> String {
+    if us == u64::MAX {
+        "never".to_string()
+    } else if us >= 1_000_000 {
+        format!("{:.1}s", us as f64 / 1e6)
+    } else {
+        format!("{}ms", us.div_ceil(1000))
+    }
+}
+
+/// The explanation for people.
+pub fn text(e: &pb::Explanation) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "domain {}: {}", e.domain, code_name(e.overall_code));
+    if !e.store_error.is_empty() {
+        let _ = writeln!(out, "store: {}", e.store_error);
+    }
+    for (i, d) in e.descriptors.iter().enumerate() {
+        let _ = writeln!(out, "descriptor {}: {}", i + 1, d.entries.join(" "));
+        if !d.levels.is_empty() {
+            let levels: Vec<String> = d
+                .levels
+                .iter()
+                .map(|l| match pb::MatchKind::try_from(l.kind) {
+                    Ok(pb::MatchKind::Wildcard) => {
+                        format!("{}={} (wildcard {})", l.key, l.value, l.pattern)
+                    }
+                    _ => format!("{}={} ({})", l.key, l.value, kind_name(l.kind)),
+                })
+                .collect();
+            let _ = writeln!(out, "  matched:  {}", levels.join(" > "));
+        }
+        if !d.no_match.is_empty() {
+            let _ = writeln!(out, "  no match: {}", d.no_match);
+        }
+        if !d.replaced_by.is_empty() {
+            let _ = writeln!(out, "  replaced: {}", d.replaced_by);
+        }
+        if let Some(r) = &d.rule {
+            let mut rule = format!("{} ({} layer)", r.path, r.layer);
+            if !r.name.is_empty() {
+                let _ = write!(rule, " name {}", r.name);
+            }
+            if r.unlimited {
+                rule.push_str(": unlimited");
+            } else {
+                let _ = write!(
+                    rule,
+                    ": {} per {} ({}",
+                    r.requests_per_unit, r.unit, r.algorithm
+                );
+                if r.algorithm == "token_bucket" || r.algorithm == "leaky_bucket" {
+                    let _ = write!(rule, ", burst {}", r.burst);
+                }
+                rule.push(')');
+            }
+            for (on, what) in [
+                (r.shadow_mode, "shadow"),
+                (r.quota_mode, "quota"),
+                (r.from_override, "the request's limit override"),
+            ] {
+                if on {
+                    let _ = write!(rule, ", {what}");
+                }
+            }
+            if !r.replaces.is_empty() {
+                let _ = write!(rule, ", replaces {}", r.replaces.join(", "));
+            }
+            let _ = writeln!(out, "  rule:     {rule}");
+        }
+        if !d.counter_key.is_empty() {
+            let _ = writeln!(out, "  counter:  {}", d.counter_key);
+        }
+        if let Some(c) = &d.counter {
+            let mut state = format!(
+                "{} hit(s) {}: {} left, full again in {}",
+                d.hits,
+                if c.admitted { "fit" } else { "do not fit" },
+                c.remaining,
+                span(c.reset_micros)
+            );
+            if !c.admitted {
+                let _ = write!(state, ", retry after {}", span(c.retry_after_micros));
+            }
+            if c.banned {
+                state.push_str(", banned");
+            }
+            let _ = writeln!(out, "  state:    {state}");
+        }
+        let _ = writeln!(out, "  answer:   {} ({})", code_name(d.code), d.reason);
+    }
+    for h in &e.response_headers {
+        let _ = writeln!(out, "header {}: {}", h.key, h.value);
+    }
+    out
+}
+
+/// The explanation as JSON, with the proto's field names in lowerCamelCase and enum
+/// names as text (as grpcurl prints it).
+pub fn to_json(e: &pb::Explanation) -> Value {
+    let rule = |r: &pb::Rule| {
+        json!({
+            "path": r.path, "name": r.name, "layer": r.layer, "unlimited": r.unlimited,
+            "algorithm": r.algorithm, "requestsPerUnit": r.requests_per_unit, "unit": r.unit,
+            "windowMicros": r.window_micros, "burst": r.burst, "shadowMode": r.shadow_mode,
+            "quotaMode": r.quota_mode, "replaces": r.replaces, "fromOverride": r.from_override,
+            "penalty": r.penalty.as_ref().map(|p| json!({
+                "violations": p.violations, "withinMicros": p.within_micros, "banMicros": p.ban_micros,
+            })),
+        })
+    };
+    json!({
+        "domain": e.domain,
+        "domainKnown": e.domain_known,
+        "overallCode": code_name(e.overall_code),
+        "storeError": e.store_error,
+        "hashedKeys": e.hashed_keys,
+        "responseHeaders": e.response_headers.iter().map(|h| json!({"key": h.key, "value": h.value})).collect::<Vec<_>>(),
+        "descriptors": e.descriptors.iter().map(|d| json!({
+            "entries": d.entries,
+            "levels": d.levels.iter().map(|l| json!({
+                "key": l.key, "value": l.value,
+                "kind": pb::MatchKind::try_from(l.kind).map(|k| k.as_str_name()).unwrap_or("MATCH_KIND_UNKNOWN"),
+                "pattern": l.pattern,
+            })).collect::<Vec<_>>(),
+            "noMatch": d.no_match,
+            "rule": d.rule.as_ref().map(rule),
+            "replacedBy": d.replaced_by,
+            "counterKey": d.counter_key,
+            "hits": d.hits,
+            "counter": d.counter.as_ref().map(|c| json!({
+                "admitted": c.admitted, "remaining": c.remaining, "resetMicros": c.reset_micros,
+                "retryAfterMicros": c.retry_after_micros, "banned": c.banned,
+            })),
+            "code": code_name(d.code),
+            "reason": d.reason,
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,3 @@
+//! Subcommands that talk to a running sluice (or read its policy) for an operator.
+
+pub mod explain;

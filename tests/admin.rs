@@ -1,0 +1,510 @@
+//! The admin API (`--admin-addr`) through real clients: `grpcurl` over reflection
+//! (no proto file), in plain text and over mutual TLS; Explain for each matching
+//! case of the policy reference against what ShouldRateLimit then answers on the same
+//! server; the watch streams through sluice's generated tonic client; `sluice
+//! explain` against the server and against the policy file alone.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::tls::{Ca, Pair};
+use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use serde_json::Value;
+use sluice::admin::pb;
+
+const POLICY: &str = include_str!("fixtures/explain.yaml");
+
+/// A Go tool from the Go bin directories or PATH (as tests/grpc_clients.rs finds
+/// it); `None` after a loud message when missing and not required.
+fn tool(name: &str) -> Option<PathBuf> {
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
+    let mut dirs = vec![home.join("go/bin")];
+    if let Some(d) = std::env::var_os("GOPATH") {
+        dirs.insert(0, PathBuf::from(d).join("bin"));
+    }
+    if let Some(d) = std::env::var_os("GOBIN") {
+        dirs.insert(0, PathBuf::from(d));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = dirs
+        .into_iter()
+        .chain(std::env::split_paths(&path))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_TOOLS").is_none(),
+            "SLUICE_REQUIRE_TOOLS is set but {name} is missing: run scripts/install-tools.sh"
+        );
+        eprintln!("\n*** SKIPPED: {name} not found; run scripts/install-tools.sh ***\n");
+    }
+    found
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// grpcurl against `addr`, in plain text or with the client certificate of `tls`.
+fn grpcurl(grpcurl: &PathBuf, addr: &str, tls: Option<&(Ca, Pair)>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(grpcurl);
+    cmd.args(["-max-time", "10"]);
+    match tls {
+        None => {
+            cmd.arg("-plaintext");
+        }
+        Some((ca, client)) => {
+            cmd.arg("-cacert").arg(ca.cert());
+            cmd.arg("-cert").arg(&client.cert);
+            cmd.arg("-key").arg(&client.key);
+        }
+    }
+    cmd.args(args.iter().take_while(|a| !a.is_empty()));
+    cmd.arg(addr);
+    cmd.args(args.iter().skip_while(|a| !a.is_empty()).skip(1));
+    cmd.output().expect("run grpcurl")
+}
+
+/// A uint64 as proto3 JSON writes it (a string), or a number.
+fn u64_of(v: &Value) -> u64 {
+    match v {
+        Value::String(s) => s.parse().expect("a uint64"),
+        Value::Number(n) => n.as_u64().expect("a uint64"),
+        Value::Null => 0,
+        other => panic!("not a uint64: {other}"),
+    }
+}
+
+#[test]
+fn grpcurl_lists_describes_and_calls_the_admin_api_without_proto_files() {
+    let Some(bin) = tool("grpcurl") else {
+        return;
+    };
+    let ca = Ca::new("admin-ca");
+    let pair = ca.server();
+    let client = ca.client("operator");
+    let plain = Server::start(POLICY, &[]);
+    let mtls = Server::start(
+        POLICY,
+        &[
+            "--admin-tls-cert",
+            pair.cert.to_str().unwrap(),
+            "--admin-tls-key",
+            pair.key.to_str().unwrap(),
+            "--admin-tls-client-ca",
+            ca.cert().to_str().unwrap(),
+        ],
+    );
+    let tls = (ca, client);
+    for (server, tls) in [(&plain, None), (&mtls, Some(&tls))] {
+        let out = grpcurl(&bin, &server.admin, tls, &["", "list"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let listed = String::from_utf8_lossy(&out.stdout);
+        for service in ["sluice.admin.v1.Admin", "grpc.health.v1.Health"] {
+            assert!(listed.lines().any(|l| l == service), "{listed}");
+        }
+        let out = grpcurl(
+            &bin,
+            &server.admin,
+            tls,
+            &["", "describe", "sluice.admin.v1.Admin"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let described = String::from_utf8_lossy(&out.stdout);
+        for rpc in [
+            "Explain",
+            "ListPolicies",
+            "WatchOffenders",
+            "WatchDecisions",
+        ] {
+            assert!(described.contains(&format!("rpc {rpc}")), "{described}");
+        }
+        let out = grpcurl(
+            &bin,
+            &server.admin,
+            tls,
+            &[
+                "-d",
+                r#"{"service": "sluice.admin.v1.Admin"}"#,
+                "",
+                "grpc.health.v1.Health/Check",
+            ],
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("SERVING"),
+            "{}",
+            text(&out)
+        );
+        let out = grpcurl(
+            &bin,
+            &server.admin,
+            tls,
+            &["-d", "{}", "", "sluice.admin.v1.Admin/ListPolicies"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let policies: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let rules = policies["domains"][0]["rules"].as_array().expect("rules");
+        assert_eq!(rules.len(), 8, "{policies:#}");
+        assert!(policies["sources"][0]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("policy.yaml"));
+    }
+    // Without the client certificate the mutual-TLS port refuses.
+    let out = grpcurl(&bin, &mtls.admin, None, &["-insecure", "", "list"]);
+    assert!(!out.status.success(), "{}", text(&out));
+}
+
+/// One request of the policy reference's matching cases: its descriptors (each a
+/// list of entries), and the domain.
+struct Case {
+    what: &'static str,
+    domain: &'static str,
+    descriptors: Vec<Vec<(&'static str, &'static str)>>,
+}
+
+fn cases() -> Vec<Case> {
+    let one = |what, entries: &[(&'static str, &'static str)]| Case {
+        what,
+        domain: "api",
+        descriptors: vec![entries.to_vec()],
+    };
+    vec![
+        one("exact", &[("tenant", "acme")]),
+        one("wildcard", &[("tenant", "beta-9")]),
+        one("key only", &[("tenant", "zeta")]),
+        one("nested", &[("tenant", "zeta"), ("path", "/search")]),
+        one("depth", &[("tenant", "acme"), ("path", "/search")]),
+        one("shadow", &[("client", "c1")]),
+        one("unlimited", &[("health", "h")]),
+        Case {
+            what: "replaces",
+            domain: "api",
+            descriptors: vec![vec![("plan", "free")], vec![("plan", "promo")]],
+        },
+        Case {
+            what: "unknown domain",
+            domain: "nowhere",
+            descriptors: vec![vec![("tenant", "acme")]],
+        },
+    ]
+}
+
+fn explain_json(c: &Case) -> String {
+    let descriptors: Vec<Value> = c
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries: Vec<Value> = d
+                .iter()
+                .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+                .collect();
+            serde_json::json!({ "entries": entries })
+        })
+        .collect();
+    serde_json::json!({"domain": c.domain, "descriptors": descriptors}).to_string()
+}
+
+#[tokio::test]
+async fn explain_agrees_with_what_should_rate_limit_then_does_and_spends_nothing() {
+    let Some(bin) = tool("grpcurl") else {
+        return;
+    };
+    let server = Server::start(POLICY, &[]);
+    let mut rls = server.client().await;
+    for c in cases() {
+        // Three rounds: fresh counters, partly spent, and (for the small limits)
+        // over the limit.
+        for round in 0..4 {
+            let body = explain_json(&c);
+            let mut explained = Vec::new();
+            // Explain twice: the second sees what the first saw (nothing spent).
+            for _ in 0..2 {
+                let out = grpcurl(
+                    &bin,
+                    &server.admin,
+                    None,
+                    &["-d", &body, "", "sluice.admin.v1.Admin/Explain"],
+                );
+                assert!(out.status.success(), "{}: {}", c.what, text(&out));
+                let e: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+                explained.push(e);
+            }
+            let e = &explained[0];
+            let strip = |v: &Value| {
+                let mut v = v.clone();
+                for d in v["descriptors"].as_array_mut().into_iter().flatten() {
+                    if let Some(c) = d.get_mut("counter").and_then(Value::as_object_mut) {
+                        c.remove("resetMicros");
+                        c.remove("retryAfterMicros");
+                    }
+                }
+                v.as_object_mut().unwrap().remove("responseHeaders");
+                v
+            };
+            assert_eq!(
+                strip(&explained[0]),
+                strip(&explained[1]),
+                "{}: spent",
+                c.what
+            );
+
+            let req = request(c.domain, c.descriptors.iter().map(|d| desc(d)).collect());
+            let resp = call(&mut rls, req).await;
+            let want = if e["overallCode"] == "OVER_LIMIT" {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            };
+            assert_eq!(resp.overall_code(), want, "{} round {round}: {e:#}", c.what);
+            let ds = e["descriptors"].as_array().expect("descriptors");
+            assert_eq!(ds.len(), resp.statuses.len(), "{}", c.what);
+            for (d, s) in ds.iter().zip(&resp.statuses) {
+                let code = if d["code"] == "OVER_LIMIT" {
+                    Code::OverLimit
+                } else {
+                    Code::Ok
+                };
+                assert_eq!(s.code(), code, "{} round {round}: {d:#}", c.what);
+                match d.get("counter") {
+                    Some(counter) => {
+                        assert_eq!(
+                            u64::from(s.limit_remaining),
+                            u64_of(&counter["remaining"]),
+                            "{} round {round}: what the explained hits would leave",
+                            c.what
+                        );
+                        let rule = &d["rule"];
+                        let limit = s.current_limit.as_ref().expect("a limit");
+                        assert_eq!(
+                            u64::from(limit.requests_per_unit),
+                            u64_of(&rule["requestsPerUnit"]),
+                            "{}",
+                            c.what
+                        );
+                    }
+                    None => assert!(
+                        s.current_limit.is_none() || d["rule"]["unlimited"] == true,
+                        "{}: {d:#} {s:?}",
+                        c.what
+                    ),
+                }
+            }
+            match c.what {
+                "exact" => assert_eq!(ds[0]["levels"][0]["kind"], "EXACT"),
+                "wildcard" => {
+                    assert_eq!(ds[0]["levels"][0]["kind"], "WILDCARD");
+                    assert_eq!(ds[0]["levels"][0]["pattern"], "beta-*");
+                }
+                "key only" => assert_eq!(ds[0]["levels"][0]["kind"], "KEY_ONLY"),
+                "nested" => assert_eq!(ds[0]["rule"]["path"], "tenant/path"),
+                "depth" => {
+                    let why = ds[0]["noMatch"].as_str().unwrap();
+                    assert!(why.contains("exactly its depth"), "{why}");
+                    assert!(ds[0].get("rule").is_none());
+                }
+                "shadow" => {
+                    assert_eq!(ds[0]["rule"]["shadowMode"], true);
+                    if round > 0 {
+                        assert_eq!(ds[0]["reason"], "shadow: over limit, not enforced");
+                    }
+                }
+                "unlimited" => assert_eq!(ds[0]["rule"]["unlimited"], true),
+                "replaces" => {
+                    assert!(ds[0]["replacedBy"].as_str().unwrap().contains("'free'"));
+                    assert!(ds[1]["rule"]["replaces"][0] == "free");
+                }
+                "unknown domain" => assert!(e.get("domainKnown").is_none()),
+                other => panic!("{other}"),
+            }
+        }
+    }
+    // The small limits are over after the rounds: exact (3 a minute) and wildcard.
+    let out = grpcurl(
+        &bin,
+        &server.admin,
+        None,
+        &[
+            "-d",
+            &explain_json(&cases()[0]),
+            "",
+            "sluice.admin.v1.Admin/Explain",
+        ],
+    );
+    let e: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(e["overallCode"], "OVER_LIMIT", "{e:#}");
+    let headers = e["responseHeaders"].as_array().unwrap();
+    assert!(headers.iter().any(|h| h["key"] == "retry-after"), "{e:#}");
+}
+
+#[tokio::test]
+async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_policy() {
+    let server = Server::start(POLICY, &[]);
+    let mut rls = server.client().await;
+    call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+    let sluice = env!("CARGO_BIN_EXE_sluice");
+    let run = |extra: &[&str]| {
+        let out = Command::new(sluice)
+            .args(["explain", "--domain", "api", "tenant=acme"])
+            .args(extra)
+            .output()
+            .expect("run sluice explain");
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let people = run(&["--server", &server.admin]);
+    assert!(people.contains("matched:  tenant=acme (exact)"), "{people}");
+    assert!(
+        people.contains("1 hit(s) fit: 1 left"),
+        "one spent: {people}"
+    );
+    let json: Value = serde_json::from_str(&run(&["--server", &server.admin, "--json"])).unwrap();
+    assert_eq!(json["descriptors"][0]["counter"]["remaining"], 1);
+    let policy = server.policy_path();
+    let alone: Value =
+        serde_json::from_str(&run(&["--config", policy.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(
+        alone["descriptors"][0]["counter"]["remaining"], 2,
+        "fresh counters"
+    );
+
+    let out = Command::new(sluice)
+        .args(["explain", "--domain", "api", "tenant"])
+        .args(["--config", policy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'tenant' is not KEY=VALUE"));
+    let out = Command::new(sluice)
+        .args(["explain", "--domain", "", "a=b", "--server", &server.admin])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("domain must not be empty"),
+        "{}",
+        text(&out)
+    );
+}
+
+async fn admin_client(server: &Server) -> pb::admin_client::AdminClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.admin))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to the admin port");
+    pb::admin_client::AdminClient::new(channel)
+}
+
+#[tokio::test]
+async fn watch_offenders_shows_the_keys_being_denied() {
+    let server = Server::start(POLICY, &[]);
+    let mut admin = admin_client(&server).await;
+    let mut feed = admin
+        .watch_offenders(pb::Filter {
+            domain: "api".into(),
+            interval_ms: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchOffenders")
+        .into_inner();
+    let mut rls = server.client().await;
+    for _ in 0..6 {
+        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let snap = tokio::time::timeout(left, feed.message())
+            .await
+            .expect("a snapshot in time")
+            .expect("the stream")
+            .expect("not ended");
+        let rule = snap.rules.iter().find(|r| r.rule == "tenant");
+        if let Some(r) = rule.filter(|r| r.denied == 3) {
+            assert_eq!(r.decided, 6);
+            assert!((r.deny_ratio - 0.5).abs() < 1e-9);
+            assert_eq!(r.offenders[0].key, "acme");
+            assert_eq!(r.offenders[0].denials, 3);
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn watch_decisions_samples_live_decisions_within_its_rate() {
+    let server = Server::start(POLICY, &[]);
+    let mut admin = admin_client(&server).await;
+    let mut feed = admin
+        .watch_decisions(pb::Filter {
+            denied_only: true,
+            max_per_second: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchDecisions")
+        .into_inner();
+    let mut rls = server.client().await;
+    // The watcher is registered once the call is answered; 3 admitted, 20 denied.
+    for _ in 0..23 {
+        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+    }
+    let first = tokio::time::timeout(Duration::from_secs(10), feed.message())
+        .await
+        .expect("a sample in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.domain, "api");
+    assert_eq!(first.overall_code, pb::Code::OverLimit as i32);
+    assert_eq!(first.descriptors[0].rule, "tenant");
+    assert_eq!(first.descriptors[0].key, "acme");
+    // At most 2 a second were sent: the next denial's sample tells what was dropped.
+    let mut got = 1;
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_millis(200), feed.message())
+        .await
+        .map(|m| m.transpose())
+    {
+        got += 1;
+    }
+    assert!(got <= 4, "{got} samples of 20 at 2 a second");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+        if let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(100), feed.message())
+            .await
+            .map(|m| m.transpose())
+        {
+            if d.dropped > 0 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no sample said what was dropped");
+    }
+}
+
+#[test]
+fn the_admin_port_is_off_on_request_and_an_explicit_address_must_bind() {
+    let off = Server::start(POLICY, &["--admin-addr", "off"]);
+    assert_eq!(off.admin, "off");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config", off.policy_path().to_str().unwrap()])
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--admin-addr") && err.contains(&addr), "{err}");
+}
