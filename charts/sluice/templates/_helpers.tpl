@@ -151,6 +151,11 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - serve
 - --grpc-addr={{ if eq $v.mode "deployment" }}0.0.0.0{{ else }}127.0.0.1{{ end }}:{{ $v.ports.grpc }}
 - --http-addr=0.0.0.0:{{ $v.ports.http }}
+{{- if and $v.admin $v.admin.enabled }}
+- --admin-addr={{ $v.admin.address }}:{{ $v.ports.admin | default 8082 }}
+{{- else }}
+- --admin-addr=off
+{{- end }}
 {{- if $v.policies }}
 - --config=/etc/sluice/policies
 {{- end }}
