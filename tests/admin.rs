@@ -219,7 +219,26 @@ async fn explain_agrees_with_what_should_rate_limit_then_does_and_spends_nothing
     let Some(bin) = tool("grpcurl") else {
         return;
     };
-    let server = Server::start(POLICY, &[]);
+    agreement(&bin, &Server::start(POLICY, &[])).await;
+}
+
+#[tokio::test]
+async fn explain_agrees_with_should_rate_limit_on_redis_and_spends_nothing() {
+    let Some(bin) = tool("grpcurl") else {
+        return;
+    };
+    if !common::redis::available() {
+        return;
+    }
+    let redis = common::redis::RedisServer::start().await;
+    let server = Server::start(POLICY, &["--redis", &redis.url()]);
+    agreement(&bin, &server).await;
+}
+
+/// Every case, four rounds each: Explain twice (the same answer: nothing spent),
+/// then ShouldRateLimit, which must answer what Explain said.
+async fn agreement(bin: &PathBuf, server: &Server) {
+    let bin = bin.clone();
     let mut rls = server.client().await;
     for c in cases() {
         // Three rounds: fresh counters, partly spent, and (for the small limits)
