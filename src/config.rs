@@ -35,6 +35,8 @@ pub enum Command {
     /// Explain what a request would get, and why, without spending anything: from
     /// a running sluice's admin API, or with --config from policy files alone.
     Explain(Box<crate::cli::explain::ExplainArgs>),
+    /// A live view of a running sluice: rules, deny ratios, top offending keys, bans.
+    Top(Box<crate::cli::top::TopArgs>),
 }
 
 /// Log line format.

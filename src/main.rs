@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { paths } => validate(&paths),
         Command::Explain(args) => explain(&args),
+        Command::Top(args) => top(&args),
         Command::Crd => {
             print!("{}", sluice::crd::crd_yaml());
             ExitCode::SUCCESS
@@ -96,16 +97,36 @@ fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
     }
 }
 
-fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// A runtime for a client subcommand.
+fn client_runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(e) => {
             eprintln!("sluice: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            None
         }
+    }
+}
+
+fn top(args: &sluice::cli::top::TopArgs) -> ExitCode {
+    let Some(runtime) = client_runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(sluice::cli::top::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice top: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
+    let Some(runtime) = client_runtime() else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(sluice::cli::explain::run(args)) {
         Ok(e) if args.json => {

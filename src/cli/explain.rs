@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use clap::Args;
 use serde_json::{json, Value};
 
+use super::connect::{connect, ConnectArgs, ConnectError};
 use crate::admin::pb;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, Settings};
@@ -29,22 +30,11 @@ pub struct ExplainArgs {
     /// The request's hits_addend (0 or absent: 1).
     #[arg(long, default_value_t = 0)]
     pub hits: u32,
-    /// A running sluice's admin API: HOST:PORT, http://HOST:PORT, or https://HOST:PORT
-    /// with --tls-ca.
-    #[arg(long, env = "SLUICE_SERVER", default_value = crate::config::DEFAULT_ADMIN_ADDR)]
-    pub server: String,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Explain against these policy files alone (fresh counters), not a server.
     #[arg(long)]
     pub config: Vec<PathBuf>,
-    /// PEM CA that signs the admin port's certificate (TLS).
-    #[arg(long)]
-    pub tls_ca: Option<PathBuf>,
-    /// PEM client certificate for an admin port with mutual TLS (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
     /// Print the explanation as JSON.
     #[arg(long)]
     pub json: bool,
@@ -59,15 +49,10 @@ pub enum ExplainError {
     Policy(String),
     #[error("{0}")]
     BadRequest(String),
-    #[error("cannot reach the admin API at {server}: {message}")]
-    Connect { server: String, message: String },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("the admin API answered: {0}")]
     Call(String),
-    #[error("{}: {error}", path.display())]
-    Read {
-        path: PathBuf,
-        error: std::io::Error,
-    },
 }
 
 /// The request the arguments spell.
@@ -133,44 +118,7 @@ async fn remote(
     args: &ExplainArgs,
     req: pb::ExplainRequest,
 ) -> Result<pb::Explanation, ExplainError> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-    let read = |p: &PathBuf| {
-        std::fs::read(p).map_err(|error| ExplainError::Read {
-            path: p.clone(),
-            error,
-        })
-    };
-    let connect_error = |message: String| ExplainError::Connect {
-        server: args.server.clone(),
-        message,
-    };
-    let tls = args.tls_ca.is_some() || args.server.starts_with("https://");
-    let url = if args.server.contains("://") {
-        args.server.clone()
-    } else if tls {
-        format!("https://{}", args.server)
-    } else {
-        format!("http://{}", args.server)
-    };
-    let mut endpoint = Endpoint::from_shared(url).map_err(|e| connect_error(e.to_string()))?;
-    endpoint = endpoint.connect_timeout(std::time::Duration::from_secs(5));
-    if tls {
-        let mut config = ClientTlsConfig::new();
-        if let Some(ca) = &args.tls_ca {
-            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
-        }
-        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| connect_error(e.to_string()))?;
-    }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| connect_error(chain(&e)))?;
-    let mut client = pb::admin_client::AdminClient::new(channel);
+    let mut client = connect(&args.connect).await?;
     client
         .explain(req)
         .await
@@ -178,19 +126,7 @@ async fn remote(
         .map_err(|s| ExplainError::Call(s.message().to_string()))
 }
 
-/// An error and its causes, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    out
-}
-
-fn code_name(code: i32) -> &'static str {
+pub(crate) fn code_name(code: i32) -> &'static str {
     match pb::Code::try_from(code) {
         Ok(pb::Code::Ok) => "OK",
         Ok(pb::Code::OverLimit) => "OVER_LIMIT",

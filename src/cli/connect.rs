@@ -1,0 +1,89 @@
+//! Reaching a running sluice's admin API, in plain text or over (mutual) TLS.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::admin::pb::admin_client::AdminClient;
+
+/// Where the admin API is and how to reach it.
+#[derive(Debug, Clone, Args)]
+pub struct ConnectArgs {
+    /// A running sluice's admin API: HOST:PORT, http://HOST:PORT, or https://HOST:PORT
+    /// with --tls-ca.
+    #[arg(long, env = "SLUICE_SERVER", default_value = crate::config::DEFAULT_ADMIN_ADDR)]
+    pub server: String,
+    /// PEM CA that signs the admin port's certificate (TLS).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for an admin port with mutual TLS (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Why the admin API could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot reach the admin API at {server}: {message}")]
+    Connect { server: String, message: String },
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// An error and its causes, `: `-separated.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
+}
+
+/// A client of the admin API at `args.server`.
+pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, ConnectError> {
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|error| ConnectError::Read {
+            path: p.clone(),
+            error,
+        })
+    };
+    let failed = |message: String| ConnectError::Connect {
+        server: args.server.clone(),
+        message,
+    };
+    let tls = args.tls_ca.is_some() || args.server.starts_with("https://");
+    let url = if args.server.contains("://") {
+        args.server.clone()
+    } else if tls {
+        format!("https://{}", args.server)
+    } else {
+        format!("http://{}", args.server)
+    };
+    let mut endpoint = Endpoint::from_shared(url)
+        .map_err(|e| failed(e.to_string()))?
+        .connect_timeout(std::time::Duration::from_secs(5));
+    if tls {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &args.tls_ca {
+            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| failed(chain(&e)))?;
+    Ok(AdminClient::new(channel))
+}

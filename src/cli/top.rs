@@ -1,0 +1,398 @@
+//! `sluice top`: a live terminal view of a running sluice's admin API: rules with
+//! decided and denied per second and the deny ratio, the selected rule's top
+//! offending keys, and the penalty bans in force, from WatchOffenders.
+//!
+//! The stream is read by a task of the runtime; the screen and the keyboard by a
+//! blocking thread, which takes each snapshot from a channel between key polls.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::Args;
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
+use ratatui::Frame;
+
+use super::connect::{chain, connect, ConnectArgs, ConnectError};
+use crate::admin::pb;
+
+/// The window the offenders' counts cover (WatchOffenders' 60 s).
+const WINDOW_SECS: f64 = 60.0;
+
+/// `sluice top` settings.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Only this domain.
+    #[arg(long, default_value = "")]
+    pub domain: String,
+    /// Time between updates.
+    #[arg(long, default_value = "1s", value_parser = crate::config::parse_duration)]
+    pub interval: Duration,
+}
+
+/// Why `sluice top` stopped other than by the user.
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("the admin API answered: {0}")]
+    Call(String),
+    #[error("the terminal: {0}")]
+    Terminal(String),
+}
+
+/// How the rules are ordered; `s` moves to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    DenyRatio,
+    Denied,
+    Decided,
+    Name,
+}
+
+impl Sort {
+    fn next(self) -> Sort {
+        match self {
+            Sort::DenyRatio => Sort::Denied,
+            Sort::Denied => Sort::Decided,
+            Sort::Decided => Sort::Name,
+            Sort::Name => Sort::DenyRatio,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Sort::DenyRatio => "deny ratio",
+            Sort::Denied => "denied",
+            Sort::Decided => "decided",
+            Sort::Name => "name",
+        }
+    }
+}
+
+/// What the screen shows, apart from the terminal.
+#[derive(Debug)]
+pub struct View {
+    pub server: String,
+    pub snapshot: Option<pb::TopSnapshot>,
+    pub sort: Sort,
+    /// Rules whose `domain/rule` or offending keys contain this are shown.
+    pub filter: String,
+    pub editing: bool,
+    pub selected: usize,
+    /// The stream's end or error, shown until the user quits.
+    pub problem: Option<String>,
+}
+
+impl View {
+    pub fn new(server: String) -> View {
+        View {
+            server,
+            snapshot: None,
+            sort: Sort::DenyRatio,
+            filter: String::new(),
+            editing: false,
+            selected: 0,
+            problem: None,
+        }
+    }
+
+    /// The rules shown, filtered and sorted.
+    pub fn rules(&self) -> Vec<&pb::RuleTop> {
+        let Some(s) = &self.snapshot else {
+            return Vec::new();
+        };
+        let f = self.filter.as_str();
+        let mut rules: Vec<&pb::RuleTop> = s
+            .rules
+            .iter()
+            .filter(|r| {
+                f.is_empty()
+                    || format!("{}/{}", r.domain, r.rule).contains(f)
+                    || r.offenders.iter().any(|o| o.key.contains(f))
+            })
+            .collect();
+        let name = |r: &&pb::RuleTop| (r.domain.clone(), r.rule.clone());
+        match self.sort {
+            Sort::DenyRatio => rules.sort_by(|a, b| {
+                b.deny_ratio
+                    .total_cmp(&a.deny_ratio)
+                    .then(name(a).cmp(&name(b)))
+            }),
+            Sort::Denied => {
+                rules.sort_by(|a, b| b.denied.cmp(&a.denied).then(name(a).cmp(&name(b))))
+            }
+            Sort::Decided => {
+                rules.sort_by(|a, b| b.decided.cmp(&a.decided).then(name(a).cmp(&name(b))))
+            }
+            Sort::Name => rules.sort_by_key(name),
+        }
+        rules
+    }
+
+    /// Applies one key; `false` when it quits.
+    pub fn key(&mut self, code: KeyCode, modifiers: KeyModifiers) -> bool {
+        if code == KeyCode::Char('c') && modifiers.contains(KeyModifiers::CONTROL) {
+            return false;
+        }
+        if self.editing {
+            match code {
+                KeyCode::Enter | KeyCode::Esc => self.editing = false,
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) => self.filter.push(c),
+                _ => {}
+            }
+            self.selected = 0;
+            return true;
+        }
+        match code {
+            KeyCode::Char('q') | KeyCode::Esc => return false,
+            KeyCode::Char('s') => self.sort = self.sort.next(),
+            KeyCode::Char('/') => self.editing = true,
+            KeyCode::Char('c') => self.filter.clear(),
+            KeyCode::Down | KeyCode::Char('j') => self.selected = self.selected.saturating_add(1),
+            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
+            _ => {}
+        }
+        true
+    }
+
+    /// Draws the whole screen.
+    pub fn draw(&self, frame: &mut Frame) {
+        let rules = self.rules();
+        let selected = self.selected.min(rules.len().saturating_sub(1));
+        let [head, table, detail, help] = Layout::vertical([
+            Constraint::Length(1),
+            Constraint::Min(5),
+            Constraint::Length(12),
+            Constraint::Length(1),
+        ])
+        .areas(frame.area());
+        let state = match (&self.problem, &self.snapshot) {
+            (Some(p), _) => p.clone(),
+            (None, None) => "waiting for the first snapshot".to_string(),
+            (None, Some(_)) => "live".to_string(),
+        };
+        let filter = if self.editing {
+            format!("filter: {}_", self.filter)
+        } else if self.filter.is_empty() {
+            String::new()
+        } else {
+            format!("filter: {}", self.filter)
+        };
+        frame.render_widget(
+            Paragraph::new(format!(
+                "sluice top  {}  sort: {}  {}  {}",
+                self.server,
+                self.sort.as_str(),
+                filter,
+                state
+            )),
+            head,
+        );
+        let rows = rules.iter().map(|r| {
+            let top = r.offenders.first().map(|o| o.key.as_str()).unwrap_or("");
+            Row::new(vec![
+                r.domain.clone(),
+                r.rule.clone(),
+                format!("{:.1}", r.decided as f64 / WINDOW_SECS),
+                format!("{:.1}", r.denied as f64 / WINDOW_SECS),
+                format!("{:.1}%", r.deny_ratio * 100.0),
+                top.to_string(),
+            ])
+        });
+        let mut table_state = TableState::default().with_selected(Some(selected));
+        frame.render_stateful_widget(
+            Table::new(
+                rows,
+                [
+                    Constraint::Length(12),
+                    Constraint::Length(20),
+                    Constraint::Length(11),
+                    Constraint::Length(10),
+                    Constraint::Length(8),
+                    Constraint::Min(10),
+                ],
+            )
+            .header(
+                Row::new([
+                    "domain",
+                    "rule",
+                    "decided/s",
+                    "denied/s",
+                    "denied",
+                    "top key",
+                ])
+                .style(Style::new().add_modifier(Modifier::BOLD)),
+            )
+            .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
+            .block(Block::bordered().title("rules (last 60 s)")),
+            table,
+            &mut table_state,
+        );
+        let [offenders, bans] =
+            Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
+                .areas(detail);
+        let mut lines: Vec<Line> = Vec::new();
+        if let Some(r) = rules.get(selected) {
+            for (i, o) in r.offenders.iter().enumerate() {
+                lines.push(Line::from(format!(
+                    "{:>2}. {}  {} denied",
+                    i + 1,
+                    o.key,
+                    o.denials
+                )));
+            }
+        }
+        let title = rules.get(selected).map_or("top keys".to_string(), |r| {
+            format!("top keys of {}/{}", r.domain, r.rule)
+        });
+        frame.render_widget(
+            Paragraph::new(lines).block(Block::bordered().title(title)),
+            offenders,
+        );
+        let ban_lines: Vec<Line> = self
+            .snapshot
+            .iter()
+            .flat_map(|s| &s.bans)
+            .map(|b| {
+                Line::from(format!(
+                    "{}/{} {}  {}s left",
+                    b.domain,
+                    b.rule,
+                    b.key,
+                    b.remaining_micros.div_ceil(1_000_000)
+                ))
+            })
+            .collect();
+        frame.render_widget(
+            Paragraph::new(ban_lines).block(Block::bordered().title("bans")),
+            bans,
+        );
+        frame.render_widget(
+            Paragraph::new("q quit  s sort  / filter  c clear filter  up/down select"),
+            help,
+        );
+    }
+}
+
+/// Runs the view until the user quits.
+pub async fn run(args: &TopArgs) -> Result<(), TopError> {
+    let mut client = connect(&args.connect).await?;
+    let filter = pb::Filter {
+        domain: args.domain.clone(),
+        interval_ms: args.interval.as_millis().clamp(100, u128::from(u32::MAX)) as u32,
+        ..Default::default()
+    };
+    let mut feed = client
+        .watch_offenders(filter)
+        .await
+        .map_err(|s| TopError::Call(s.message().to_string()))?
+        .into_inner();
+    let (tx, rx) = mpsc::channel::<Result<pb::TopSnapshot, String>>();
+    let reader = tokio::spawn(async move {
+        loop {
+            let next = match feed.message().await {
+                Ok(Some(s)) => Ok(s),
+                Ok(None) => Err("the server ended the stream".to_string()),
+                Err(s) => Err(format!("the stream failed: {}", s.message())),
+            };
+            let last = next.is_err();
+            if tx.send(next).is_err() || last {
+                return;
+            }
+        }
+    });
+    let server = args.connect.server.clone();
+    let shown = tokio::task::spawn_blocking(move || screen(View::new(server), rx)).await;
+    reader.abort();
+    match shown {
+        Ok(result) => result,
+        Err(e) => Err(TopError::Terminal(e.to_string())),
+    }
+}
+
+/// The terminal loop: draws, takes snapshots, reads keys; restores the terminal
+/// however it ends.
+fn screen(
+    mut view: View,
+    rx: mpsc::Receiver<Result<pb::TopSnapshot, String>>,
+) -> Result<(), TopError> {
+    let mut terminal = ratatui::try_init().map_err(|e| TopError::Terminal(chain(&e)))?;
+    let result = (|| -> std::io::Result<()> {
+        loop {
+            while let Ok(next) = rx.try_recv() {
+                match next {
+                    Ok(s) => view.snapshot = Some(s),
+                    Err(p) => view.problem = Some(p),
+                }
+            }
+            terminal.draw(|f| view.draw(f))?;
+            if event::poll(Duration::from_millis(100))? {
+                if let Event::Key(k) = event::read()? {
+                    if k.kind == KeyEventKind::Press && !view.key(k.code, k.modifiers) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    })();
+    ratatui::restore();
+    result.map_err(|e| TopError::Terminal(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, decided: u64, denied: u64, key: &str) -> pb::RuleTop {
+        pb::RuleTop {
+            domain: "api".into(),
+            rule: name.into(),
+            decided,
+            denied,
+            deny_ratio: denied as f64 / decided as f64,
+            offenders: vec![pb::Offender {
+                key: key.into(),
+                denials: denied,
+            }],
+        }
+    }
+
+    #[test]
+    fn keys_sort_filter_and_quit() {
+        let mut v = View::new("s".into());
+        v.snapshot = Some(pb::TopSnapshot {
+            rules: vec![
+                rule("a", 100, 10, "k1"),
+                rule("b", 10, 5, "k2"),
+                rule("c", 1000, 20, "k3"),
+            ],
+            ..Default::default()
+        });
+        let names = |v: &View| v.rules().iter().map(|r| r.rule.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&v), ["b", "a", "c"], "deny ratio first");
+        assert!(v.key(KeyCode::Char('s'), KeyModifiers::NONE));
+        assert_eq!(names(&v), ["c", "a", "b"], "denied");
+        v.key(KeyCode::Char('s'), KeyModifiers::NONE);
+        assert_eq!(names(&v), ["c", "a", "b"], "decided");
+        v.key(KeyCode::Char('s'), KeyModifiers::NONE);
+        assert_eq!(names(&v), ["a", "b", "c"], "name");
+        v.key(KeyCode::Char('/'), KeyModifiers::NONE);
+        v.key(KeyCode::Char('k'), KeyModifiers::NONE);
+        v.key(KeyCode::Char('2'), KeyModifiers::NONE);
+        v.key(KeyCode::Enter, KeyModifiers::NONE);
+        assert_eq!(names(&v), ["b"], "a key filters while editing, not moves");
+        v.key(KeyCode::Char('c'), KeyModifiers::NONE);
+        assert_eq!(names(&v).len(), 3);
+        assert!(!v.key(KeyCode::Char('q'), KeyModifiers::NONE));
+        assert!(!v.key(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    }
+}

@@ -1,0 +1,206 @@
+//! `sluice top` in a real terminal: run under tmux against a loaded server (in plain
+//! text and over mutual TLS), the screen read back with `capture-pane`. tmux comes
+//! from apt (scripts/test.sh); with `SLUICE_REQUIRE_TOOLS` a missing one fails.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::tls::Ca;
+use common::*;
+
+const POLICY: &str = include_str!("fixtures/explain.yaml");
+
+/// A tmux server of this test's own, killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn new(name: &str) -> Option<Tmux> {
+        if Command::new("tmux").arg("-V").output().is_err() {
+            assert!(
+                std::env::var_os("SLUICE_REQUIRE_TOOLS").is_none(),
+                "SLUICE_REQUIRE_TOOLS is set but tmux is missing (apt-get install tmux)"
+            );
+            eprintln!("\n*** SKIPPED: tmux not found (apt-get install tmux) ***\n");
+            return None;
+        }
+        Some(Tmux {
+            socket: format!("sluice-top-{name}-{}", std::process::id()),
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .expect("run tmux")
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "top"];
+        args.extend(keys);
+        assert!(self.run(&args).status.success());
+    }
+
+    /// Polls the screen until `ok` holds for it.
+    fn wait(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let screen = self.screen();
+            if ok(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "{what}; the screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+async fn load(server: &Server) {
+    let mut rls = server.client().await;
+    for _ in 0..6 {
+        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+    }
+    // Another key of the same rule: 3 of 7 denied.
+    call(&mut rls, request("api", vec![desc(&[("tenant", "zeta")])])).await;
+}
+
+fn start_top(tmux: &Tmux, args: &[&str]) {
+    let mut command = vec![
+        env!("CARGO_BIN_EXE_sluice").to_string(),
+        "top".into(),
+        "--interval".into(),
+        "200ms".into(),
+    ];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let out = tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "120",
+        "-y",
+        "32",
+        &command.join(" "),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(tmux
+        .run(&["set-option", "-t", "top", "remain-on-exit", "on"])
+        .status
+        .success());
+}
+
+/// The load, from a runtime of its own: the tests poll the screen from a plain
+/// thread.
+fn load_now(server: &Server) {
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(load(server));
+}
+
+#[test]
+fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
+    let Some(tmux) = Tmux::new("plain") else {
+        return;
+    };
+    let server = Server::start(POLICY, &[]);
+    load_now(&server);
+    start_top(&tmux, &["--server", &server.admin]);
+    let screen = tmux.wait("the tenant rule with acme denied", |s| {
+        s.contains("tenant") && s.contains("42.9%") && s.contains("acme")
+    });
+    assert!(screen.contains("sort: deny ratio"), "{screen}");
+    assert!(
+        screen.contains("3 denied"),
+        "the selected rule's top keys:\n{screen}"
+    );
+
+    tmux.keys(&["s"]);
+    tmux.wait("sorted by denials", |s| s.contains("sort: denied"));
+    tmux.keys(&["/", "z", "z", "z", "Enter"]);
+    tmux.wait("filtered to nothing", |s| {
+        s.contains("filter: zzz") && !s.contains("42.9%")
+    });
+    tmux.keys(&["c"]);
+    tmux.wait("the filter cleared", |s| s.contains("42.9%"));
+
+    tmux.keys(&["q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = tmux.run(&[
+            "display-message",
+            "-p",
+            "-t",
+            "top",
+            "#{pane_dead} #{pane_dead_status}",
+        ]);
+        let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if state == "1 0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top did not quit cleanly: {state:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The terminal is restored: the main screen is back, not the view.
+    let after = tmux.screen();
+    assert!(!after.contains("top keys of"), "{after}");
+}
+
+#[test]
+fn sluice_top_works_over_mutual_tls() {
+    let Some(tmux) = Tmux::new("mtls") else {
+        return;
+    };
+    let ca = Ca::new("admin-ca");
+    let pair = ca.server();
+    let client = ca.client("operator");
+    let server = Server::start(
+        POLICY,
+        &[
+            "--admin-tls-cert",
+            pair.cert.to_str().unwrap(),
+            "--admin-tls-key",
+            pair.key.to_str().unwrap(),
+            "--admin-tls-client-ca",
+            ca.cert().to_str().unwrap(),
+        ],
+    );
+    load_now(&server);
+    let port = server.admin.rsplit(':').next().unwrap();
+    let addr = format!("localhost:{port}");
+    start_top(
+        &tmux,
+        &[
+            "--server",
+            &addr,
+            "--tls-ca",
+            ca.cert().to_str().unwrap(),
+            "--tls-cert",
+            client.cert.to_str().unwrap(),
+            "--tls-key",
+            client.key.to_str().unwrap(),
+        ],
+    );
+    tmux.wait("the view over mTLS", |s| {
+        s.contains("live") && s.contains("acme")
+    });
+    tmux.keys(&["q"]);
+}
