@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -237,8 +237,8 @@ async fn explain_agrees_with_should_rate_limit_on_redis_and_spends_nothing() {
 
 /// Every case, four rounds each: Explain twice (the same answer: nothing spent),
 /// then ShouldRateLimit, which must answer what Explain said.
-async fn agreement(bin: &PathBuf, server: &Server) {
-    let bin = bin.clone();
+async fn agreement(bin: &Path, server: &Server) {
+    let bin = bin.to_path_buf();
     let mut rls = server.client().await;
     for c in cases() {
         // Three rounds: fresh counters, partly spent, and (for the small limits)
