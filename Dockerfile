@@ -24,6 +24,10 @@ WORKDIR /src
 # (scripts/check-image.py checks this list against `cargo metadata`).
 COPY Cargo.toml Cargo.lock ./
 COPY crates/sluice-bench/Cargo.toml crates/sluice-bench/
+# build.rs compiles proto/ (protox, no protoc): copied with the manifests, so its
+# build-time crates are cached with the others.
+COPY build.rs ./
+COPY proto proto/
 RUN mkdir -p src benches crates/sluice-bench/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
