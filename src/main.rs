@@ -115,7 +115,10 @@ fn top(args: &sluice::cli::top::TopArgs) -> ExitCode {
     let Some(runtime) = client_runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(sluice::cli::top::run(args)) {
+    let shown = runtime.block_on(sluice::cli::top::run(args));
+    // The view is gone: leave at once rather than wait for the feed's tasks.
+    runtime.shutdown_background();
+    match shown {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice top: {e}");

@@ -105,6 +105,18 @@ fn start_top(tmux: &Tmux, args: &[&str]) {
         .success());
 }
 
+/// The wait status of process `pid` if it has exited and is not yet reaped: the
+/// last field of `/proc/PID/stat`.
+fn zombie_exit_code(pid: &str) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    if fields.first() != Some(&"Z") {
+        return None;
+    }
+    fields.last()?.parse().ok()
+}
+
 /// The load, from a runtime of its own: the tests poll the screen from a plain
 /// thread.
 fn load_now(server: &Server) {
@@ -147,11 +159,19 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
             "-p",
             "-t",
             "top",
-            "#{pane_dead} #{pane_dead_status}",
+            "#{pane_dead}:#{pane_dead_status}:#{pane_pid}",
         ]);
         let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if state == "1 0" {
+        if state.starts_with("1:0:") {
             break;
+        }
+        // tmux may mark the pane dead before it reaps the process: an exited one
+        // waiting to be reaped (a zombie) tells its status in /proc.
+        if let Some(pid) = state.strip_prefix("1::") {
+            if let Some(code) = zombie_exit_code(pid) {
+                assert_eq!(code, 0, "top's exit status");
+                break;
+            }
         }
         assert!(
             Instant::now() < deadline,
