@@ -11,48 +11,13 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::tls::{Ca, Pair};
+use common::tools::{text, tool};
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
 use sluice::admin::pb;
 
 const POLICY: &str = include_str!("fixtures/explain.yaml");
-
-/// A Go tool from the Go bin directories or PATH (as tests/grpc_clients.rs finds
-/// it); `None` after a loud message when missing and not required.
-fn tool(name: &str) -> Option<PathBuf> {
-    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
-    let mut dirs = vec![home.join("go/bin")];
-    if let Some(d) = std::env::var_os("GOPATH") {
-        dirs.insert(0, PathBuf::from(d).join("bin"));
-    }
-    if let Some(d) = std::env::var_os("GOBIN") {
-        dirs.insert(0, PathBuf::from(d));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = dirs
-        .into_iter()
-        .chain(std::env::split_paths(&path))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("SLUICE_REQUIRE_TOOLS").is_none(),
-            "SLUICE_REQUIRE_TOOLS is set but {name} is missing: run scripts/install-tools.sh"
-        );
-        eprintln!("\n*** SKIPPED: {name} not found; run scripts/install-tools.sh ***\n");
-    }
-    found
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// grpcurl against `addr`, in plain text or with the client certificate of `tls`.
 fn grpcurl(grpcurl: &PathBuf, addr: &str, tls: Option<&(Ca, Pair)>, args: &[&str]) -> Output {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::tls::{Ca, Pair};
+use common::tools::{missing, text, tool};
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
@@ -17,37 +18,6 @@ use prost::Message;
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 const SHOULD_RATE_LIMIT: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-/// A Go tool from the Go bin directories or PATH; `None` (after a loud message) when
-/// it is missing and not required.
-fn tool(name: &str) -> Option<PathBuf> {
-    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
-    let mut dirs = vec![home.join("go/bin")];
-    if let Some(d) = std::env::var_os("GOPATH") {
-        dirs.insert(0, PathBuf::from(d).join("bin"));
-    }
-    if let Some(d) = std::env::var_os("GOBIN") {
-        dirs.insert(0, PathBuf::from(d));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = dirs
-        .into_iter()
-        .chain(std::env::split_paths(&path))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        missing(name);
-    }
-    found
-}
-
-fn missing(name: &str) {
-    assert!(
-        std::env::var_os("SLUICE_REQUIRE_TOOLS").is_none(),
-        "SLUICE_REQUIRE_TOOLS is set but {name} is missing: run scripts/install-tools.sh"
-    );
-    eprintln!("\n*** SKIPPED: {name} not found; run scripts/install-tools.sh ***\n");
-}
 
 fn grpcio() -> bool {
     let ok = Command::new("python3")
@@ -62,15 +32,6 @@ fn grpcio() -> bool {
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run the client")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// A sluice in plain text, or one that serves mutual TLS with a client certificate

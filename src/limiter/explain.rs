@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{key, penalty, Ban, Descriptor, Limiter, Outcome, Status};
+use super::{key, penalty, Descriptor, Limiter, Outcome, Status};
 use crate::policy::{Entry, Trace};
 use crate::store::{Mode, Store, StoreError};
 
@@ -47,15 +47,7 @@ impl<S: Store> Limiter<S> {
         let policy = self.policy.load_full();
         let mut statuses: Vec<Status> = descriptors
             .iter()
-            .map(|d| Status {
-                rule: None,
-                limit_override: None,
-                over_limit: false,
-                verdict: None,
-                hits: d.hits,
-                ban: Ban::None,
-                shed: false,
-            })
+            .map(|d| Status::undecided(d.hits))
             .collect();
         let mut details = vec![Detail::default(); descriptors.len()];
         let Some(dom) = policy.domain(domain) else {
@@ -132,7 +124,7 @@ mod tests {
     use super::*;
     use crate::algorithm::SECOND;
     use crate::clock::ManualClock;
-    use crate::limiter::{test_limiter, Settings};
+    use crate::limiter::{test_limiter, Ban, Settings};
     use crate::policy::{LevelMatch, NoMatch};
 
     const POLICY: &str = include_str!("../../tests/fixtures/explain.yaml");

@@ -87,6 +87,21 @@ pub struct Status {
     pub shed: bool,
 }
 
+impl Status {
+    /// A descriptor of `hits` not yet matched or decided.
+    fn undecided(hits: u64) -> Self {
+        Status {
+            rule: None,
+            limit_override: None,
+            over_limit: false,
+            verdict: None,
+            hits,
+            ban: Ban::None,
+            shed: false,
+        }
+    }
+}
+
 /// A descriptor's part in a `penalty` (see [`penalty`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Ban {
@@ -226,15 +241,7 @@ impl<S: Store> Limiter<S> {
         let policy: &Policy = &guard;
         let mut statuses: Vec<Status> = descriptors
             .iter()
-            .map(|d| Status {
-                rule: None,
-                limit_override: None,
-                over_limit: false,
-                verdict: None,
-                hits: d.hits,
-                ban: Ban::None,
-                shed: false,
-            })
+            .map(|d| Status::undecided(d.hits))
             .collect();
         let Some(dom) = policy.domain(domain) else {
             return Outcome {

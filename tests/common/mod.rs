@@ -6,6 +6,7 @@ pub mod certs;
 pub mod contract;
 pub mod redis;
 pub mod tls;
+pub mod tools;
 pub mod xds;
 
 use std::io::{BufRead, BufReader};
