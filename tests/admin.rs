@@ -6,38 +6,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::tls::{Ca, Pair};
-use common::tools::{text, tool};
+use common::tls::Ca;
+use common::tools::{grpcurl, text, tool};
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
 use sluice::admin::pb;
 
 const POLICY: &str = include_str!("fixtures/explain.yaml");
-
-/// grpcurl against `addr`, in plain text or with the client certificate of `tls`.
-fn grpcurl(grpcurl: &PathBuf, addr: &str, tls: Option<&(Ca, Pair)>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(grpcurl);
-    cmd.args(["-max-time", "10"]);
-    match tls {
-        None => {
-            cmd.arg("-plaintext");
-        }
-        Some((ca, client)) => {
-            cmd.arg("-cacert").arg(ca.cert());
-            cmd.arg("-cert").arg(&client.cert);
-            cmd.arg("-key").arg(&client.key);
-        }
-    }
-    cmd.args(args.iter().take_while(|a| !a.is_empty()));
-    cmd.arg(addr);
-    cmd.args(args.iter().skip_while(|a| !a.is_empty()).skip(1));
-    cmd.output().expect("run grpcurl")
-}
 
 /// A uint64 as proto3 JSON writes it (a string), or a number.
 fn u64_of(v: &Value) -> u64 {

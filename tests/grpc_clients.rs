@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use common::tls::{Ca, Pair};
-use common::tools::{missing, text, tool};
+use common::tools::{grpcurl, missing, text, tool};
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
@@ -79,23 +79,8 @@ impl Target {
         }
     }
 
-    fn grpcurl(&self, grpcurl: &PathBuf, args: &[&str]) -> Output {
-        let mut cmd = Command::new(grpcurl);
-        cmd.args(["-max-time", "10"]);
-        match &self.tls {
-            None => {
-                cmd.arg("-plaintext");
-            }
-            Some((ca, client)) => {
-                cmd.arg("-cacert").arg(ca.cert());
-                cmd.arg("-cert").arg(&client.cert);
-                cmd.arg("-key").arg(&client.key);
-            }
-        }
-        cmd.args(args.iter().take_while(|a| !a.is_empty()));
-        cmd.arg(&self.server.grpc);
-        cmd.args(args.iter().skip_while(|a| !a.is_empty()).skip(1));
-        run(&mut cmd)
+    fn grpcurl(&self, bin: &PathBuf, args: &[&str]) -> Output {
+        grpcurl(bin, &self.server.grpc, self.tls.as_ref(), args)
     }
 }
 

@@ -49,6 +49,19 @@ fn sluice(xds: &XdsServer, certs: &Certs, extra: &[&str]) -> Server {
     Server::start_with(tempfile::tempdir().unwrap(), &[], &args)
 }
 
+/// Waits until the header rule answers with a limit of `n` (a new version applied).
+async fn header_limit_becomes(server: &Server, n: u32, what: &str) {
+    eventually(WAIT, what, || async {
+        let mut c = server.client().await;
+        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == n)
+    })
+    .await;
+}
+
 fn ready(server: &Server) -> bool {
     http(&server.http, "GET", "/readyz", "").0 == 200
 }
@@ -169,15 +182,7 @@ async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
         std::fs::read_to_string(fixture("shared.yaml")).unwrap()
     ));
     assert_eq!(v, "2");
-    eventually(WAIT, "version 2 applied", || async {
-        let mut c = server.client().await;
-        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 10)
-    })
-    .await;
+    header_limit_becomes(&server, 10, "version 2 applied").await;
     // A config removed from the snapshot removes its domain.
     xds.publish_files(&[fixture("gateway.yaml")]);
     eventually(WAIT, "the shared domain gone", || async {
@@ -254,15 +259,7 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
             .unwrap()
             .replacen("requests_per_unit: 3", "requests_per_unit: 4", 1),
     );
-    eventually(WAIT, "version 3 applied", || async {
-        let mut c = server.client().await;
-        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 4)
-    })
-    .await;
+    header_limit_becomes(&server, 4, "version 3 applied").await;
 }
 
 #[tokio::test]
@@ -304,15 +301,7 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
     )
     .unwrap();
     xds.restart(Some(&[changed]));
-    eventually(WAIT, "the restarted server's version 1 applied", || async {
-        let mut c = server.client().await;
-        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == 7)
-    })
-    .await;
+    header_limit_becomes(&server, 7, "the restarted server's version 1 applied").await;
     assert_eq!(
         xds.requests()[0]["version_info"],
         "",

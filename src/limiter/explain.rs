@@ -52,17 +52,7 @@ impl<S: Store> Limiter<S> {
         let mut details = vec![Detail::default(); descriptors.len()];
         let Some(dom) = policy.domain(domain) else {
             return Explained {
-                outcome: Outcome {
-                    policy,
-                    domain_known: false,
-                    over_limit: false,
-                    statuses,
-                    delay: 0,
-                    failure: None,
-                    offenders: Vec::new(),
-                    now: None,
-                    overrides: Vec::new(),
-                },
+                outcome: Outcome::undecided(policy, false, statuses, Vec::new()),
                 descriptors: details,
             };
         };
@@ -81,17 +71,7 @@ impl<S: Store> Limiter<S> {
             details[i].counter_key = Some(hit.key.clone());
             details[i].mode = Some(hit.mode);
         }
-        let mut outcome = Outcome {
-            policy: policy.clone(),
-            domain_known: true,
-            over_limit: false,
-            statuses,
-            delay: 0,
-            failure: None,
-            offenders: Vec::new(),
-            now: None,
-            overrides,
-        };
+        let mut outcome = Outcome::undecided(policy.clone(), true, statuses, overrides);
         if !hits.is_empty() && !penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
             let peeked = match tokio::time::timeout(PEEK_TIMEOUT, self.store.peek(&hits)).await {
                 Ok(result) => result,

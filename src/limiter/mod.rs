@@ -146,6 +146,26 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// A request matched (or not: `domain_known`) and not yet decided.
+    fn undecided(
+        policy: Arc<Policy>,
+        domain_known: bool,
+        statuses: Vec<Status>,
+        overrides: Vec<Arc<Rule>>,
+    ) -> Self {
+        Outcome {
+            policy,
+            domain_known,
+            over_limit: false,
+            statuses,
+            delay: 0,
+            failure: None,
+            offenders: Vec::new(),
+            now: None,
+            overrides,
+        }
+    }
+
     /// The rule that decided `status`: its override's, else the matched rule.
     pub fn rule(&self, status: &Status) -> Option<&Rule> {
         effective(&self.policy, &self.overrides, status)
@@ -244,33 +264,13 @@ impl<S: Store> Limiter<S> {
             .map(|d| Status::undecided(d.hits))
             .collect();
         let Some(dom) = policy.domain(domain) else {
-            return Outcome {
-                policy: Guard::into_inner(guard),
-                domain_known: false,
-                over_limit: false,
-                statuses,
-                delay: 0,
-                failure: None,
-                offenders: Vec::new(),
-                now: None,
-                overrides: Vec::new(),
-            };
+            return Outcome::undecided(Guard::into_inner(guard), false, statuses, Vec::new());
         };
 
         let (overrides, order, hits, failure_mode) =
             self.plan(policy, dom, domain, descriptors, &mut statuses);
 
-        let mut outcome = Outcome {
-            policy: Guard::into_inner(guard),
-            domain_known: true,
-            over_limit: false,
-            statuses,
-            delay: 0,
-            failure: None,
-            offenders: Vec::new(),
-            now: None,
-            overrides,
-        };
+        let mut outcome = Outcome::undecided(Guard::into_inner(guard), true, statuses, overrides);
         if hits.is_empty() {
             return outcome;
         }

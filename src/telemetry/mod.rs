@@ -238,7 +238,6 @@ pub struct Metrics {
     near_limit_ratio: f64,
     /// Hashes a descriptor's values to tell keys apart in the signals.
     key_hasher: ahash::RandomState,
-    no_hashing: Hashing,
     regular_keys: IntGaugeVec,
     top_subnets: IntGaugeVec,
     top_subnet_addresses: IntGaugeVec,
@@ -470,7 +469,6 @@ impl Metrics {
             clock,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             key_hasher: ahash::RandomState::new(),
-            no_hashing: Hashing::default(),
             regular_keys,
             top_subnets,
             top_subnet_addresses,
@@ -621,8 +619,8 @@ impl Metrics {
                 let denied = label == OVER_LIMIT || label == BANNED || label == SHED;
                 let (ratio, owned) = st.ratio.local();
                 ratio.record(now, denied, owned);
-                if let Some(entries) = request.and_then(|(d, _)| d.get(i)).map(|d| d.entries) {
-                    let hashing = request.map(|(_, h)| h).unwrap_or(&self.no_hashing);
+                let entries = request.and_then(|(d, hashing)| Some((d.get(i)?.entries, hashing)));
+                if let Some((entries, hashing)) = entries {
                     let hash = self.key_hash(rule, entries);
                     st.regular.arrival(now, hash, |out| {
                         crate::limiter::key::offender(rule, entries, hashing, out)
@@ -635,8 +633,8 @@ impl Metrics {
                     if rule.sensitive {
                         st.spike.denial(now);
                     }
-                    if let Some((d, hashing)) = request.and_then(|(d, h)| Some((d.get(i)?, h))) {
-                        count_subnets(&st.subnets, now, d.entries, hashing);
+                    if let Some((entries, hashing)) = entries {
+                        count_subnets(&st.subnets, now, entries, hashing);
                     }
                 }
             }

@@ -2,7 +2,9 @@
 //! scripts/install-tools.sh installs), found where Go puts them or on PATH.
 
 use std::path::PathBuf;
-use std::process::Output;
+use std::process::{Command, Output};
+
+use super::tls::{Ca, Pair};
 
 /// A Go tool from the Go bin directories or PATH; `None` (after a loud message) when
 /// it is missing and not required.
@@ -44,4 +46,24 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// grpcurl against `addr`, in plain text or with the client certificate of `tls`.
+pub fn grpcurl(grpcurl: &PathBuf, addr: &str, tls: Option<&(Ca, Pair)>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(grpcurl);
+    cmd.args(["-max-time", "10"]);
+    match tls {
+        None => {
+            cmd.arg("-plaintext");
+        }
+        Some((ca, client)) => {
+            cmd.arg("-cacert").arg(ca.cert());
+            cmd.arg("-cert").arg(&client.cert);
+            cmd.arg("-key").arg(&client.key);
+        }
+    }
+    cmd.args(args.iter().take_while(|a| !a.is_empty()));
+    cmd.arg(addr);
+    cmd.args(args.iter().skip_while(|a| !a.is_empty()).skip(1));
+    cmd.output().expect("run grpcurl")
 }
