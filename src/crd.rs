@@ -149,12 +149,35 @@ pub struct ReplacesSpec {
     pub name: String,
 }
 
-/// `penalty`: denied `violations` times within `within` -> denied for `ban`.
+/// `penalty`: denied `violations` times within `within` -> banned for `ban`, or
+/// tightened by `tighten`; with `block`, chronic offenders go on the block list.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct PenaltySpec {
     pub violations: i64,
     pub within: String,
-    pub ban: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tighten: Option<TightenSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockSpec>,
+}
+
+/// `tighten`: the key's limit multiplied by `factor` for `for`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct TightenSpec {
+    pub factor: f64,
+    #[serde(rename = "for")]
+    pub span: String,
+}
+
+/// `block`: penalised `bans` times within `within` -> denied outright for `for`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct BlockSpec {
+    pub bans: i64,
+    pub within: String,
+    #[serde(rename = "for")]
+    pub span: String,
 }
 
 /// What sluice reports about a policy.
@@ -328,13 +351,32 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "minimum": 1
             },
             "penalty": {
-                "description": "A key denied `violations` times within `within` is denied outright for `ban`.",
+                "description": "A key denied `violations` times within `within` is banned (denied outright) for `ban`, or has its limit tightened by `tighten`; with `block`, a key penalised `bans` times within its span goes on the block list.",
                 "type": "object",
-                "required": ["violations", "within", "ban"],
+                "required": ["violations", "within"],
                 "properties": {
                     "violations": {"type": "integer", "format": "int64", "minimum": 1},
                     "within": duration_schema("The span over which denials count"),
-                    "ban": duration_schema("How long the key is denied")
+                    "ban": duration_schema("How long the key is denied"),
+                    "tighten": {
+                        "description": "Instead of a ban: the key's limit multiplied by `factor` for `for`.",
+                        "type": "object",
+                        "required": ["factor", "for"],
+                        "properties": {
+                            "factor": {"type": "number", "exclusiveMinimum": true, "minimum": 0, "exclusiveMaximum": true, "maximum": 1},
+                            "for": duration_schema("How long the tighter limit holds")
+                        }
+                    },
+                    "block": {
+                        "description": "A key penalised `bans` times within `within` is put on the block list and denied outright for `for`.",
+                        "type": "object",
+                        "required": ["bans", "within", "for"],
+                        "properties": {
+                            "bans": {"type": "integer", "format": "int64", "minimum": 1},
+                            "within": duration_schema("The span over which penalties count"),
+                            "for": duration_schema("How long the key stays blocked")
+                        }
+                    }
                 }
             },
             "shed": {

@@ -48,6 +48,7 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/json", json)
         .route("/debug/policies", get(policies::<S>))
         .route("/debug/top", get(top::<S>))
+        .route("/debug/blocks", get(blocks::<S>))
         .route("/debug/signals", get(signals::<S>))
         .route("/debug/store", get(store::<S>))
         .with_state(admin)
@@ -300,6 +301,28 @@ async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         },
         "denial_spikes": spikes,
         "rules": rules,
+    }))
+    .into_response()
+}
+
+/// `/debug/blocks`: every sentence in force (blocks, bans, tightenings), longest
+/// first; `shared` when they come from a store every replica shares.
+async fn blocks<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+    use crate::telemetry::secs;
+    let limiter = &admin.service.limiter;
+    let list = limiter.penalties().active();
+    Json(json!({
+        "shared": limiter.store().shares_sentences(),
+        "sentences": list.iter().map(|b| json!({
+            "domain": b.info.domain,
+            "rule": b.info.rule,
+            "key": b.info.key,
+            "counter": b.counter,
+            "kind": b.kind.as_str(),
+            "source": b.source.as_str(),
+            "remaining_seconds": secs(b.remaining),
+            "factor": f64::from(b.factor_ppm) / 1e6,
+        })).collect::<Vec<_>>(),
     }))
     .into_response()
 }

@@ -110,6 +110,7 @@ pub async fn run(
         tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
+        sync_sentences(service.clone(), stopped());
         return serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
@@ -134,6 +135,29 @@ pub async fn run(
     }
 
     serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await
+}
+
+/// Every second, brings in the penalty sentences a shared store holds (other
+/// replicas' bans and blocks, operators' blocks and unblocks), so this replica
+/// denies them without a store call.
+fn sync_sentences<S: Store>(
+    service: Arc<Service<S>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        tokio::pin!(stop);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => {
+                    if let Err(e) = service.limiter.sync_sentences().await {
+                        tracing::debug!(error = %e, "reading the shared block list failed");
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Binds both listeners, serves, and on `shutdown` turns readiness off, stops

@@ -474,3 +474,116 @@ fn the_admin_port_is_off_on_request_and_an_explicit_address_must_bind() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--admin-addr") && err.contains(&addr), "{err}");
 }
+
+const SIGNALS_POLICY: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+#[tokio::test]
+async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_blocks() {
+    early_in_a_minute().await;
+    let server = Server::start(SIGNALS_POLICY, &[]);
+    let mut admin = admin_client(&server).await;
+    let mut rls = server.client().await;
+    // Three addresses of one /24, each denied twice.
+    for host in 1..=3 {
+        let ip = format!("10.1.2.{host}");
+        for _ in 0..3 {
+            call(
+                &mut rls,
+                request("edge", vec![desc(&[("remote_address", &ip)])]),
+            )
+            .await;
+        }
+    }
+    let mut feed = admin
+        .watch_offenders(pb::Filter {
+            domain: "edge".into(),
+            interval_ms: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchOffenders")
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let snap = tokio::time::timeout(left, feed.message())
+            .await
+            .expect("a snapshot in time")
+            .expect("the stream")
+            .expect("not ended");
+        let rule = snap.rules.iter().find(|r| r.rule == "remote_address");
+        if let Some(top) = rule.and_then(|r| r.subnets_by_denials.first()) {
+            assert_eq!(top.subnet, "10.1.2.0/24");
+            assert_eq!((top.denials, top.addresses), (6, 3));
+            assert_eq!(rule.unwrap().subnets_by_addresses[0].subnet, "10.1.2.0/24");
+            break;
+        }
+    }
+
+    // An operator's block of a user: denied, listed, then lifted.
+    let entry = pb::request_descriptor::Entry {
+        key: "user".into(),
+        value: "mallory".into(),
+    };
+    let put = admin
+        .block(pb::BlockRequest {
+            domain: "edge".into(),
+            entries: vec![entry.clone()],
+            for_micros: 0,
+        })
+        .await
+        .expect("Block")
+        .into_inner();
+    assert_eq!((put.kind.as_str(), put.rule.as_str()), ("block", "user"));
+    assert!(put.remaining_micros > 3_500_000_000 && put.remaining_micros <= 3_600_000_000);
+    let r = call(
+        &mut rls,
+        request("edge", vec![desc(&[("user", "mallory")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    let (status, body) = http(&server.http, "GET", "/debug/blocks", "");
+    assert_eq!(status, 200);
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed["shared"], false, "{listed}");
+    assert_eq!(listed["sentences"][0]["key"], "mallory", "{listed}");
+    assert_eq!(listed["sentences"][0]["source"], "operator", "{listed}");
+    let blocks = admin
+        .list_blocks(pb::ListBlocksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(blocks.sentences.len(), 1);
+    assert_eq!(blocks.sentences[0].counter, put.counter);
+    let lifted = admin
+        .unblock(pb::UnblockRequest {
+            counter: put.counter.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(lifted.lifted);
+    let r = call(
+        &mut rls,
+        request("edge", vec![desc(&[("user", "mallory")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    // Nothing to block: no entries, or entries no rule limits.
+    let none = admin
+        .block(pb::BlockRequest {
+            domain: "edge".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no entries");
+    assert_eq!(none.code(), tonic::Code::InvalidArgument);
+}

@@ -432,7 +432,10 @@ fn sluice_fields_and_layer_inheritance() {
     let penalty = login.penalty.unwrap();
     assert_eq!(penalty.violations, 3);
     assert_eq!(penalty.within, 600 * SECOND);
-    assert_eq!(penalty.ban, 3_600 * SECOND);
+    assert_eq!(
+        penalty.sentence,
+        sluice::policy::Sentence::Ban(3_600 * SECOND)
+    );
 }
 
 #[test]

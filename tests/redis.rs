@@ -1893,3 +1893,250 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
         .await
         .is_empty());
 }
+
+const LOOP_POLICY: &str = r#"
+domain: shop
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      algorithm: fixed_window
+      penalty:
+        violations: 3
+        within: 1m
+        ban: 2s
+        block: {bans: 2, within: 1h, for: 1h}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+/// The sentences `/debug/blocks` of `server` lists for `key`, as (kind, source).
+fn sentences_of(server: &common::Server, key: &str) -> Vec<(String, String)> {
+    let (status, body) = common::http(&server.http, "GET", "/debug/blocks", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["shared"], true, "{v}");
+    v["sentences"]
+        .as_array()
+        .expect("sentences")
+        .iter()
+        .filter(|s| s["key"] == key)
+        .map(|s| {
+            (
+                s["kind"].as_str().unwrap_or("").to_string(),
+                s["source"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn code_of(client: &mut RateLimitServiceClient<Channel>, key: &str, value: &str) -> i32 {
+    common::call(
+        client,
+        common::request("shop", vec![common::desc(&[(key, value)])]),
+    )
+    .await
+    .overall_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
+    if !available() {
+        return;
+    }
+    let redis_server = RedisServer::start().await;
+    let url = redis_server.url();
+    let servers: Vec<common::Server> = (0..3)
+        .map(|_| common::Server::start(LOOP_POLICY, &["--redis", &url]))
+        .collect();
+    let mut clients = Vec::new();
+    for s in &servers {
+        clients.push(s.client().await);
+    }
+    common::early_in_a_minute().await;
+
+    // Two admitted, then one denial on each replica: three violations in all, though
+    // no replica saw more than one. The third starts the ban.
+    let ip = "203.0.113.7";
+    for (i, want) in [
+        common::OK,
+        common::OK,
+        common::OVER_LIMIT,
+        common::OVER_LIMIT,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(
+            code_of(&mut clients[i % 3], "remote_address", ip).await,
+            want,
+            "call {i}"
+        );
+    }
+    assert!(servers.iter().all(|s| sentences_of(s, ip).is_empty()));
+    assert_eq!(
+        code_of(&mut clients[2], "remote_address", ip).await,
+        common::OVER_LIMIT
+    );
+    for s in &servers {
+        common::eventually(
+            Duration::from_secs(5),
+            "every replica lists the ban",
+            || async { sentences_of(s, ip) == [("ban".to_string(), "penalty".to_string())] },
+        )
+        .await;
+    }
+    // Banned on every replica: denied without a store call, as `banned`.
+    for c in clients.iter_mut() {
+        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
+    }
+    for s in &servers {
+        common::eventually(
+            Duration::from_secs(5),
+            "the ban is counted as banned",
+            || async {
+                s.metric(
+                    "sluice_requests_total",
+                    &[
+                        ("domain", "shop"),
+                        ("layer", "service"),
+                        ("outcome", "banned"),
+                        ("rule", "remote_address"),
+                    ],
+                )
+                .unwrap_or(0.0)
+                    >= 1.0
+            },
+        )
+        .await;
+    }
+
+    // The ban ends; three more denials (the counter is still full this minute) are
+    // the key's second sentence, which `block` turns into a block on every replica.
+    for s in &servers {
+        common::eventually(Duration::from_secs(10), "the ban ends", || async {
+            sentences_of(s, ip).is_empty()
+        })
+        .await;
+    }
+    for c in clients.iter_mut() {
+        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
+    }
+    for s in &servers {
+        common::eventually(
+            Duration::from_secs(5),
+            "every replica lists the block",
+            || async { sentences_of(s, ip) == [("block".to_string(), "penalty".to_string())] },
+        )
+        .await;
+    }
+    for c in clients.iter_mut() {
+        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
+    }
+    assert!(
+        servers[0]
+            .metric(
+                "sluice_requests_total",
+                &[
+                    ("domain", "shop"),
+                    ("layer", "service"),
+                    ("outcome", "blocked"),
+                    ("rule", "remote_address"),
+                ],
+            )
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    // Another address is untouched.
+    assert_eq!(
+        code_of(&mut clients[1], "remote_address", "198.51.100.1").await,
+        common::OK
+    );
+
+    // An operator blocks a user on one replica (a rule with no penalty): every
+    // replica denies it; an unblock on another replica lifts it everywhere.
+    use sluice::admin::pb;
+    let mut admin0 = pb::admin_client::AdminClient::new(
+        Channel::from_shared(format!("http://{}", servers[0].admin))
+            .expect("url")
+            .connect()
+            .await
+            .expect("admin"),
+    );
+    let mut admin2 = pb::admin_client::AdminClient::new(
+        Channel::from_shared(format!("http://{}", servers[2].admin))
+            .expect("url")
+            .connect()
+            .await
+            .expect("admin"),
+    );
+    let entry = |k: &str, v: &str| pb::request_descriptor::Entry {
+        key: k.to_string(),
+        value: v.to_string(),
+    };
+    let put = admin0
+        .block(pb::BlockRequest {
+            domain: "shop".into(),
+            entries: vec![entry("user", "mallory")],
+            for_micros: 600 * SECOND,
+        })
+        .await
+        .expect("block")
+        .into_inner();
+    assert_eq!(
+        (put.kind.as_str(), put.source.as_str()),
+        ("block", "operator")
+    );
+    for c in clients.iter_mut() {
+        common::eventually(Duration::from_secs(5), "the operator's block holds", || {
+            let mut c = c.clone();
+            async move { code_of(&mut c, "user", "mallory").await == common::OVER_LIMIT }
+        })
+        .await;
+    }
+    let listed = admin2
+        .list_blocks(pb::ListBlocksRequest {
+            domain: "shop".into(),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(listed
+        .sentences
+        .iter()
+        .any(|s| s.key == "mallory" && s.kind == "block"));
+    assert!(listed
+        .sentences
+        .iter()
+        .any(|s| s.key == ip && s.kind == "block"));
+    let lifted = admin2
+        .unblock(pb::UnblockRequest {
+            domain: "shop".into(),
+            entries: vec![entry("user", "mallory")],
+            ..Default::default()
+        })
+        .await
+        .expect("unblock")
+        .into_inner();
+    assert!(lifted.lifted);
+    assert_eq!(lifted.counter, put.counter);
+    for c in clients.iter_mut() {
+        common::eventually(Duration::from_secs(5), "the unblock holds", || {
+            let mut c = c.clone();
+            async move { code_of(&mut c, "user", "mallory").await == common::OK }
+        })
+        .await;
+    }
+    // A block of what no rule limits is refused, naming why.
+    let refused = admin0
+        .block(pb::BlockRequest {
+            domain: "shop".into(),
+            entries: vec![entry("path", "/")],
+            for_micros: 0,
+        })
+        .await
+        .expect_err("no rule");
+    assert_eq!(refused.code(), tonic::Code::NotFound);
+    assert!(refused.message().contains("no limited rule"), "{refused:?}");
+}

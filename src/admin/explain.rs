@@ -3,7 +3,7 @@
 
 use crate::limiter::explain::Explained;
 use crate::limiter::{Ban, Descriptor};
-use crate::policy::{LevelMatch, NoMatch, Rule};
+use crate::policy::{LevelMatch, NoMatch, Rule, Sentence};
 use crate::service::decode;
 use crate::service::{descriptors, headers, BadRequest, HeaderStyle};
 use crate::store::Mode;
@@ -156,6 +156,8 @@ pub fn to_pb(
                 reset_micros: v.reset,
                 retry_after_micros: v.retry_after,
                 banned: status.ban == Ban::Active,
+                blocked: status.ban == Ban::Blocked,
+                tightened: status.tightened,
             });
         }
         x.reason = reason(
@@ -215,6 +217,9 @@ fn reason(
     if status.ban == Ban::Active {
         return "banned by the rule's penalty".to_string();
     }
+    if status.ban == Ban::Blocked {
+        return "on the block list".to_string();
+    }
     let Some(v) = status.verdict else {
         return "not decided: another descriptor's ban denies the request".to_string();
     };
@@ -253,7 +258,22 @@ pub fn rule_pb(rule: &Rule, from_override: bool) -> pb::Rule {
         penalty: rule.penalty.map(|p| pb::Penalty {
             violations: p.violations,
             within_micros: p.within,
-            ban_micros: p.ban,
+            ban_micros: match p.sentence {
+                Sentence::Ban(d) => d,
+                Sentence::Tighten { .. } => 0,
+            },
+            tighten: match p.sentence {
+                Sentence::Tighten { factor_ppm, span } => Some(pb::Tighten {
+                    factor: f64::from(factor_ppm) / 1e6,
+                    for_micros: span,
+                }),
+                Sentence::Ban(_) => None,
+            },
+            block: p.block.map(|b| pb::BlockRule {
+                bans: b.bans,
+                within_micros: b.within,
+                for_micros: b.span,
+            }),
         }),
     }
 }

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use crate::limiter::penalty::ActiveBan;
 use crate::service::tap::{Interest, Sample, Subscription, Tap};
-use crate::telemetry::{Metrics, RuleTop};
+use crate::telemetry::signals::subnet::Subnet;
+use crate::telemetry::{Metrics, RuleSignals, RuleTop};
 
 use super::pb;
 
@@ -34,30 +35,91 @@ fn selected(f: &pb::Filter, domain: &str, rule: &str) -> bool {
     (f.domain.is_empty() || f.domain == domain) && rule.starts_with(f.rule_prefix.as_str())
 }
 
-/// One snapshot of the offenders and bans the filter selects.
-pub fn snapshot(f: &pb::Filter, tops: Vec<RuleTop>, bans: Vec<ActiveBan>) -> pb::TopSnapshot {
+fn subnets(all: &[Subnet]) -> Vec<pb::Subnet> {
+    all.iter()
+        .map(|n| pb::Subnet {
+            subnet: n.subnet.clone(),
+            denials: n.denials,
+            addresses: n.addresses,
+        })
+        .collect()
+}
+
+/// Adds a rule's signals to its entry.
+fn with_signals(t: &mut pb::RuleTop, s: &RuleSignals) {
+    t.regular_keys = s
+        .regular
+        .iter()
+        .map(|r| pb::RegularKey {
+            key: r.key.clone(),
+            requests: r.requests,
+            mean_interval_seconds: r.mean_interval,
+            cv: r.cv,
+        })
+        .collect();
+    t.subnets_by_denials = subnets(&s.subnets.by_denials);
+    t.subnets_by_addresses = subnets(&s.subnets.by_addresses);
+    t.denial_spike = s.spike.map(|d| pb::DenialSpike {
+        recent_denials: d.recent,
+        baseline_per_minute: d.baseline,
+        ratio: d.ratio,
+        spiking: d.is_spike(),
+    });
+}
+
+/// One snapshot of the offenders, signals and sentences the filter selects.
+pub fn snapshot(
+    f: &pb::Filter,
+    tops: Vec<RuleTop>,
+    signals: Vec<RuleSignals>,
+    bans: Vec<ActiveBan>,
+) -> pb::TopSnapshot {
+    let mut rules: Vec<pb::RuleTop> = tops
+        .into_iter()
+        .filter(|t| selected(f, &t.domain, &t.rule))
+        .map(|t| pb::RuleTop {
+            deny_ratio: if t.decided > 0 {
+                t.denied as f64 / t.decided as f64
+            } else {
+                0.0
+            },
+            domain: t.domain,
+            rule: t.rule,
+            decided: t.decided,
+            denied: t.denied,
+            offenders: t
+                .top
+                .into_iter()
+                .map(|(key, denials)| pb::Offender { key, denials })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    for s in signals.iter().filter(|s| selected(f, &s.domain, &s.rule)) {
+        let quiet = s.regular.is_empty()
+            && s.subnets.by_denials.is_empty()
+            && s.subnets.by_addresses.is_empty()
+            && s.spike.is_none();
+        match rules
+            .iter_mut()
+            .find(|t| t.domain == s.domain && t.rule == s.rule)
+        {
+            Some(t) => with_signals(t, s),
+            None if !quiet => {
+                let mut t = pb::RuleTop {
+                    domain: s.domain.clone(),
+                    rule: s.rule.clone(),
+                    ..Default::default()
+                };
+                with_signals(&mut t, s);
+                rules.push(t);
+            }
+            None => {}
+        }
+    }
     pb::TopSnapshot {
         unix_micros: unix_micros(),
-        rules: tops
-            .into_iter()
-            .filter(|t| selected(f, &t.domain, &t.rule))
-            .map(|t| pb::RuleTop {
-                deny_ratio: if t.decided > 0 {
-                    t.denied as f64 / t.decided as f64
-                } else {
-                    0.0
-                },
-                domain: t.domain,
-                rule: t.rule,
-                decided: t.decided,
-                denied: t.denied,
-                offenders: t
-                    .top
-                    .into_iter()
-                    .map(|(key, denials)| pb::Offender { key, denials })
-                    .collect(),
-            })
-            .collect(),
+        rules,
         bans: bans
             .into_iter()
             .filter(|b| selected(f, &b.info.domain, &b.info.rule))
@@ -66,6 +128,7 @@ pub fn snapshot(f: &pb::Filter, tops: Vec<RuleTop>, bans: Vec<ActiveBan>) -> pb:
                 rule: b.info.rule,
                 key: b.info.key,
                 remaining_micros: b.remaining,
+                kind: b.kind.as_str().to_string(),
             })
             .collect(),
     }
@@ -98,7 +161,15 @@ pub fn offenders(
         let bans = bans();
         async move {
             tick.tick().await;
-            Some((Ok(snapshot(&f, metrics.top_offenders(), bans)), tick))
+            Some((
+                Ok(snapshot(
+                    &f,
+                    metrics.top_offenders(),
+                    metrics.signals(),
+                    bans,
+                )),
+                tick,
+            ))
         }
     });
     until_stopped(Box::pin(feed), stop)

@@ -1,11 +1,12 @@
 //! Sluice's own admin API (`proto/sluice/admin/v1/admin.proto`): Explain,
-//! ListPolicies, WatchOffenders and WatchDecisions, served by tonic on
+//! ListPolicies, WatchOffenders, WatchDecisions and the block list, served by tonic on
 //! `--admin-addr` ([`serve`]). Off the request path: only WatchDecisions' tap sits
 //! on it (`service::tap`).
 //!
 //! - `explain.rs`: the request in, the explanation out.
 //! - `policies.rs`: ListPolicies.
 //! - `feed.rs`: the two streams.
+//! - `blocks.rs`: Block, Unblock and ListBlocks.
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::service::{HeaderStyle, Service};
 use crate::store::Store;
 
+mod blocks;
 pub mod explain;
 mod feed;
 pub mod policies;
@@ -115,6 +117,34 @@ impl<S: Store> pb::admin_server::Admin for Admin<S> {
             request.into_inner(),
             &self.service.tap,
             self.stop.clone(),
+        )))
+    }
+
+    async fn block(
+        &self,
+        request: Request<pb::BlockRequest>,
+    ) -> Result<Response<pb::Sentence>, Status> {
+        blocks::block(&self.service.limiter, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn unblock(
+        &self,
+        request: Request<pb::UnblockRequest>,
+    ) -> Result<Response<pb::UnblockResponse>, Status> {
+        blocks::unblock(&self.service.limiter, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_blocks(
+        &self,
+        request: Request<pb::ListBlocksRequest>,
+    ) -> Result<Response<pb::Sentences>, Status> {
+        Ok(Response::new(blocks::list(
+            &self.service.limiter,
+            &request.into_inner(),
         )))
     }
 }

@@ -264,7 +264,8 @@ impl View {
             .flat_map(|s| &s.bans)
             .map(|b| {
                 Line::from(format!(
-                    "{}/{} {}  {}s left",
+                    "{} {}/{} {}  {}s left",
+                    b.kind,
                     b.domain,
                     b.rule,
                     b.key,
@@ -273,7 +274,7 @@ impl View {
             })
             .collect();
         frame.render_widget(
-            Paragraph::new(ban_lines).block(Block::bordered().title("bans")),
+            Paragraph::new(ban_lines).block(Block::bordered().title("bans and blocks")),
             bans,
         );
         frame.render_widget(
@@ -363,6 +364,7 @@ mod tests {
                 key: key.into(),
                 denials: denied,
             }],
+            ..Default::default()
         }
     }
 

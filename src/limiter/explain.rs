@@ -59,7 +59,7 @@ impl<S: Store> Limiter<S> {
         for (detail, d) in details.iter_mut().zip(descriptors) {
             detail.trace = Some(dom.trace(d.entries));
         }
-        let (overrides, order, hits, failure_mode) =
+        let (overrides, order, mut hits, failure_mode) =
             self.plan(&policy, dom, domain, descriptors, &mut statuses);
         for ((detail, status), d) in details.iter_mut().zip(&statuses).zip(descriptors) {
             let matched = dom.find(d.entries);
@@ -72,7 +72,9 @@ impl<S: Store> Limiter<S> {
             details[i].mode = Some(hit.mode);
         }
         let mut outcome = Outcome::undecided(policy.clone(), true, statuses, overrides);
-        if !hits.is_empty() && !penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
+        if !hits.is_empty()
+            && !penalty::apply_sentences(&self.penalties, &order, &mut hits, &mut outcome)
+        {
             let peeked = match tokio::time::timeout(PEEK_TIMEOUT, self.store.peek(&hits)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout),

@@ -85,6 +85,8 @@ pub struct Status {
     pub ban: Ban,
     /// Denied by soft shedding (`shed`) although its limit had room.
     pub shed: bool,
+    /// Decided against its penalty's tightened limit.
+    pub tightened: bool,
 }
 
 impl Status {
@@ -98,6 +100,7 @@ impl Status {
             hits,
             ban: Ban::None,
             shed: false,
+            tightened: false,
         }
     }
 }
@@ -109,8 +112,22 @@ pub enum Ban {
     None,
     /// Denied without a store call: the key is serving a ban.
     Active,
-    /// Denied by its limit, and this denial started a ban.
+    /// Denied without a store call: the key is on the block list.
+    Blocked,
+    /// Denied by its limit, and this denial started a sentence (a ban, a
+    /// tightening or a block).
     Started,
+}
+
+/// Why a block could not be put or lifted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockError {
+    /// The domain or entries name no limited rule.
+    #[error("{0}")]
+    Unknown(String),
+    /// The store holding the shared block list failed.
+    #[error("the store did not take it: {0}")]
+    Store(String),
 }
 
 /// Why the store's answer was not used.
@@ -267,15 +284,15 @@ impl<S: Store> Limiter<S> {
             return Outcome::undecided(Guard::into_inner(guard), false, statuses, Vec::new());
         };
 
-        let (overrides, order, hits, failure_mode) =
+        let (overrides, order, mut hits, failure_mode) =
             self.plan(policy, dom, domain, descriptors, &mut statuses);
 
         let mut outcome = Outcome::undecided(Guard::into_inner(guard), true, statuses, overrides);
         if hits.is_empty() {
             return outcome;
         }
-        // A key serving a penalty ban is denied at once, without asking the store.
-        if penalty::apply_bans(&self.penalties, &order, &hits, &mut outcome) {
+        // A banned or blocked key is denied at once, without asking the store.
+        if penalty::apply_sentences(&self.penalties, &order, &mut hits, &mut outcome) {
             self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
             return outcome;
         }
@@ -288,9 +305,151 @@ impl<S: Store> Limiter<S> {
             self.shed(&order, &hits, &mut outcome);
         }
         if outcome.over_limit && outcome.failure.is_none() {
-            self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
+            let pending = self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
+            if !pending.is_empty() {
+                self.strike(pending, &mut outcome).await;
+            }
         }
         outcome
+    }
+
+    /// Puts the key `entries` name in `domain` on the block list for `span`: in
+    /// process, and in a store that shares sentences. The entries must match a
+    /// limited rule.
+    pub async fn block<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+        span: Micros,
+    ) -> Result<penalty::ActiveBan, BlockError> {
+        let (key, info) = self.sentence_key(domain, entries)?;
+        let text = penalty::encode_info(&info, penalty::Source::Operator);
+        if self.store.shares_sentences() {
+            let sentence = crate::store::Sentenced {
+                key: key.clone(),
+                kind: crate::store::Kind::Block,
+                remaining: span,
+                factor_ppm: 0,
+                info: text,
+                started: true,
+            };
+            self.store
+                .sentence(&sentence)
+                .await
+                .map_err(|e| BlockError::Store(e.to_string()))?;
+        }
+        let shared = self.store.shares_sentences();
+        self.penalties.put(
+            &key,
+            crate::store::Kind::Block,
+            span,
+            0,
+            info.clone(),
+            penalty::Source::Operator,
+            shared,
+        );
+        let now = self.penalties.now();
+        Ok(penalty::ActiveBan {
+            info,
+            kind: crate::store::Kind::Block,
+            source: penalty::Source::Operator,
+            counter: key,
+            until: now.saturating_add(span),
+            remaining: span,
+            factor_ppm: 0,
+        })
+    }
+
+    /// Lifts the sentence of a counter key, here and in a store that shares
+    /// sentences; whether one was in force.
+    pub async fn unblock(&self, counter: &str) -> Result<bool, BlockError> {
+        let mut lifted = false;
+        if self.store.shares_sentences() {
+            lifted = self
+                .store
+                .pardon(counter)
+                .await
+                .map_err(|e| BlockError::Store(e.to_string()))?;
+        }
+        Ok(self.penalties.lift(counter) || lifted)
+    }
+
+    /// The counter key `entries` name in `domain`, and who it is.
+    pub fn sentence_key<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+    ) -> Result<(String, penalty::BanInfo), BlockError> {
+        let guard = self.policy.load();
+        let policy: &Policy = &guard;
+        let dom = policy
+            .domain(domain)
+            .ok_or_else(|| BlockError::Unknown(format!("no policy has domain '{domain}'")))?;
+        let descriptors = [Descriptor::new(entries, 1)];
+        let mut statuses = [Status::undecided(1)];
+        let (overrides, _order, hits, _) =
+            self.plan(policy, dom, domain, &descriptors, &mut statuses);
+        let Some(hit) = hits.into_iter().next() else {
+            return Err(BlockError::Unknown(
+                "the entries match no limited rule of the domain".to_string(),
+            ));
+        };
+        let rule = effective(policy, &overrides, &statuses[0]).ok_or_else(|| {
+            BlockError::Unknown("the entries match no limited rule of the domain".to_string())
+        })?;
+        let mut shown = String::new();
+        key::offender(rule, entries, &self.settings.hashing, &mut shown);
+        Ok((
+            hit.key,
+            penalty::BanInfo {
+                domain: domain.to_string(),
+                rule: rule.path.clone(),
+                key: shown,
+            },
+        ))
+    }
+
+    /// Brings in the sentences of a store that shares them (other replicas'
+    /// bans, operators' blocks and unblocks). The server runs it every second.
+    pub async fn sync_sentences(&self) -> Result<(), StoreError> {
+        if !self.store.shares_sentences() {
+            return Ok(());
+        }
+        let list = self.store.sentences().await?;
+        self.penalties.sync(&list);
+        Ok(())
+    }
+
+    /// Counts denials in a store that shares sentences, and keeps the sentences it
+    /// answers with. A failed count is logged: the denial stands, uncounted.
+    async fn strike(&self, pending: Vec<penalty::Pending>, outcome: &mut Outcome) {
+        for p in pending {
+            let strike = p.strike();
+            let call = self.store.strike(&strike);
+            let answer = match tokio::time::timeout(self.settings.store_timeout, call).await {
+                Ok(answer) => answer,
+                Err(_) => Err(StoreError::Timeout),
+            };
+            match answer {
+                Ok(Some(s)) => {
+                    let (info, source) = penalty::decode_info(&s.info);
+                    self.penalties.put(
+                        &p.key,
+                        s.kind,
+                        s.remaining,
+                        s.factor_ppm,
+                        info,
+                        source,
+                        true,
+                    );
+                    if s.started {
+                        penalty::mark_started(&mut outcome.statuses[p.status], s.kind, s.remaining);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "penalty count failed"),
+            }
+        }
     }
 
     /// Matches each descriptor (its rule, its override, `replaces`) into `statuses`
@@ -466,7 +625,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Fills `outcome.offenders` for denied descriptors and counts their denials
-    /// towards penalties. Runs only when the request is denied.
+    /// towards penalties: here, or (returned) in a store that shares sentences.
+    /// Runs only when the request is denied.
     fn note_offenders<E: Entry>(
         &self,
         domain: &str,
@@ -474,9 +634,11 @@ impl<S: Store> Limiter<S> {
         outcome: &mut Outcome,
         order: &[usize],
         hits: &[Hit],
-    ) {
+    ) -> Vec<penalty::Pending> {
         let policy = outcome.policy.clone();
         let overrides = std::mem::take(&mut outcome.overrides);
+        let shared = self.store.shares_sentences();
+        let mut pending = Vec::new();
         for (&i, hit) in order.iter().zip(hits) {
             let status = &mut outcome.statuses[i];
             let Some(rule) = effective(&policy, &overrides, status) else {
@@ -494,11 +656,30 @@ impl<S: Store> Limiter<S> {
             );
             // Shedding is soft: it never counts towards a penalty.
             if status.ban == Ban::None && hit.mode == Mode::Enforce && !status.shed {
-                penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown);
+                match (&rule.penalty, shared) {
+                    (Some(p), true) => pending.push(penalty::Pending {
+                        status: i,
+                        key: hit.key.clone(),
+                        penalty: *p,
+                        info: penalty::encode_info(
+                            &penalty::BanInfo {
+                                domain: domain.to_string(),
+                                rule: rule.path.clone(),
+                                key: shown.clone(),
+                            },
+                            penalty::Source::Penalty,
+                        ),
+                    }),
+                    (Some(_), false) => {
+                        penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown)
+                    }
+                    (None, _) => {}
+                }
             }
             outcome.offenders.push((i, shown));
         }
         outcome.overrides = overrides;
+        pending
     }
 
     async fn ask_store(

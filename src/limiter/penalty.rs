@@ -1,43 +1,46 @@
-//! `penalty` (README, "Policy reference"): a key denied `violations` times within `within` is
-//! denied outright for `ban`.
+//! `penalty` (README, "Policy reference"): a key denied `violations` times within
+//! `within` is sentenced: banned (denied outright) for `ban`, or tightened (its limit
+//! multiplied by `factor`) for `tighten.for`. With `block`, a key sentenced `bans`
+//! times within `block.within` goes on the block list: denied outright for
+//! `block.for`. Operators add and lift blocks through the admin API.
 //!
-//! Kept in the decision path rather than in a store, so it works with every store:
-//! [`Penalties`] is consulted before the store (a banned key is OVER_LIMIT at once,
-//! with no store call, and `retry-after` is the rest of the ban) and fed after each
-//! decision with the denials of rules that carry a penalty. Only enforced limits
-//! count and ban: a `shadow_mode` limit never denies, so it never bans, and a
-//! `quota_mode` limit is left to its quota rule. A banned request spends nothing of
-//! its other limits, like any denied request.
+//! [`Penalties`] is consulted before the store: a banned or blocked key is OVER_LIMIT
+//! at once, with no store call, and `retry-after` is the rest of its sentence; a
+//! tightened key is decided against its scaled limit. It is fed after each decision
+//! with the denials of rules that carry a penalty. Only enforced limits count: a
+//! `shadow_mode` limit never denies, and a `quota_mode` limit is left to its quota
+//! rule. Soft shedding never counts.
+//!
+//! **One replica or many.** With the memory store the counts and sentences are this
+//! process's own. With a store that shares them ([`Store::shares_sentences`], Redis),
+//! every denial is counted in the store, so a client spread over replicas is
+//! sentenced as one; the sentence comes back in the reply and is kept here, and
+//! [`sync`] brings in the sentences other replicas started (the server runs it every
+//! second), so each replica denies a banned key without a store call.
 //!
 //! Denials are counted per counter key with the same estimate as the default
-//! algorithm (sliding window counter: the previous span's count weighted by how much
-//! of it is still in the window, plus the current span's), so memory per key is a few
-//! words whatever `violations` is. The map is sharded like the memory store and
-//! bounded ([`DEFAULT_MAX_TRACKED`] keys): when a shard is full, expired records go
-//! first, then a key that is not banned; keys serving a ban are never dropped early.
+//! algorithm (sliding window counter), so memory per key is a few words whatever
+//! `violations` is. The map is sharded like the memory store and bounded
+//! ([`DEFAULT_MAX_TRACKED`] keys): when a shard is full, expired records go first,
+//! then a key without a sentence; keys serving a sentence are never dropped early.
 //!
-//! **Several replicas:** each process keeps its own penalty memory. Behind a shared
-//! Redis store, a client spread over N replicas needs up to N times `violations`
-//! denials before every replica bans it, and a ban is enforced by the replicas that
-//! counted it. A Redis-held ban key (set by the script that denies) is the natural
-//! next step; until then, penalties are exact with one replica or with sticky
-//! routing of each client to one replica.
+//! [`Store::shares_sentences`]: crate::store::Store::shares_sentences
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Ban, Outcome, Status};
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
-use crate::policy::{Penalty, Rule};
-use crate::store::{Hit, Mode};
+use crate::policy::{tightened, Penalty, Rule, Sentence};
+use crate::store::{Hit, Kind, Mode, Sentenced, Strike};
 
 /// Keys tracked at most, over all shards.
 pub const DEFAULT_MAX_TRACKED: usize = 100_000;
 const SHARDS: usize = 16;
 
-/// Where a ban is shown: `/debug/top` groups bans by domain and rule.
+/// Whose key a sentence is on: shown by `/debug/blocks` and the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BanInfo {
     pub domain: String,
@@ -47,14 +50,54 @@ pub struct BanInfo {
     pub key: String,
 }
 
-/// A ban in force.
+/// Who put a sentence in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A rule's `penalty`.
+    Penalty,
+    /// An operator, through the admin API.
+    Operator,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Penalty => "penalty",
+            Source::Operator => "operator",
+        }
+    }
+}
+
+/// A sentence in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActiveBan {
     pub info: BanInfo,
-    /// When the ban ends (clock micros).
+    pub kind: Kind,
+    pub source: Source,
+    /// The counter key (what Unblock takes).
+    pub counter: String,
+    /// When it ends (clock micros).
     pub until: Micros,
     /// How long it still lasts.
     pub remaining: Micros,
+    /// A tightening's factor, in millionths (0 otherwise).
+    pub factor_ppm: u32,
+}
+
+/// A sentence as the limiter acts on it before asking the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InForce {
+    /// Denied outright for this long more; `blocked` when on the block list.
+    Denied { left: Micros, blocked: bool },
+    /// Decided against its limit scaled by this factor (millionths).
+    Tightened { factor_ppm: u32 },
+}
+
+/// A sentence a denial started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    pub kind: Kind,
+    pub span: Micros,
 }
 
 #[derive(Debug)]
@@ -63,21 +106,61 @@ struct Record {
     start: Micros,
     prev: u64,
     cur: u64,
-    /// 0 when not banned.
-    banned_until: Micros,
     within: Micros,
+    /// The sentence in force: its kind, its end (0: none), a tightening's factor.
+    kind: Kind,
+    until: Micros,
+    factor_ppm: u32,
+    /// Sentences started within the current block span: its start, count and length.
+    pens_start: Micros,
+    pens: u64,
+    pens_within: Micros,
+    source: Source,
+    /// Learned from a sharing store, so [`Penalties::sync`] may lift it.
+    shared: bool,
     info: Option<Box<BanInfo>>,
 }
 
 impl Record {
+    fn fresh(now: Micros, within: Micros) -> Self {
+        Record {
+            start: now,
+            prev: 0,
+            cur: 0,
+            within,
+            kind: Kind::Ban,
+            until: 0,
+            factor_ppm: 0,
+            pens_start: 0,
+            pens: 0,
+            pens_within: 0,
+            source: Source::Penalty,
+            shared: false,
+            info: None,
+        }
+    }
+
+    fn sentenced(&self, now: Micros) -> bool {
+        self.until > now
+    }
+
     fn expired(&self, now: Micros) -> bool {
-        self.banned_until <= now && now >= self.start.saturating_add(2 * self.within)
+        !self.sentenced(now)
+            && now >= self.start.saturating_add(2 * self.within)
+            && (self.pens == 0 || now >= self.pens_start.saturating_add(self.pens_within))
+    }
+
+    fn lift(&mut self) {
+        self.until = 0;
+        self.factor_ppm = 0;
+        self.shared = false;
     }
 }
 
 type Shard = HashMap<String, Record, ahash::RandomState>;
 
-/// Denial counts and bans of keys whose rule has a `penalty`.
+/// Denial counts and sentences of keys whose rule has a `penalty`, and operators'
+/// blocks.
 #[derive(Debug)]
 pub struct Penalties {
     shards: Vec<Mutex<Shard>>,
@@ -85,6 +168,9 @@ pub struct Penalties {
     shard_cap: usize,
     clock: Arc<dyn Clock>,
     bans_started: AtomicU64,
+    /// Whether an operator's block may be in force: those cover rules with no
+    /// penalty, so every hit is looked up while one is.
+    operator_blocks: AtomicBool,
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -101,6 +187,7 @@ impl Penalties {
             shard_cap: max_tracked.div_ceil(SHARDS).max(1),
             clock,
             bans_started: AtomicU64::new(0),
+            operator_blocks: AtomicBool::new(false),
         }
     }
 
@@ -112,36 +199,55 @@ impl Penalties {
         lock(&self.shards[(self.hasher.hash_one(key) as usize) % SHARDS])
     }
 
-    /// If `key` is serving a ban at `now`, how long the ban still lasts.
-    pub fn banned(&self, key: &str, now: Micros) -> Option<Micros> {
-        let shard = self.shard(key);
-        let r = shard.get(key)?;
-        (r.banned_until > now).then(|| r.banned_until - now)
+    /// Whether hits of rules without a penalty must be looked up too.
+    pub fn operator_blocks(&self) -> bool {
+        self.operator_blocks.load(Ordering::Relaxed)
     }
 
-    /// Counts one denial of `key`; returns the ban length when this denial starts a
-    /// ban. `info` is called only then.
+    /// The sentence `key` is serving at `now`, if any.
+    pub fn in_force(&self, key: &str, now: Micros) -> Option<InForce> {
+        let shard = self.shard(key);
+        let r = shard.get(key)?;
+        if !r.sentenced(now) {
+            return None;
+        }
+        Some(match r.kind {
+            Kind::Tighten => InForce::Tightened {
+                factor_ppm: r.factor_ppm,
+            },
+            kind => InForce::Denied {
+                left: r.until - now,
+                blocked: kind == Kind::Block,
+            },
+        })
+    }
+
+    /// If `key` is denied outright at `now` (a ban or a block), for how much longer.
+    pub fn banned(&self, key: &str, now: Micros) -> Option<Micros> {
+        match self.in_force(key, now)? {
+            InForce::Denied { left, .. } => Some(left),
+            InForce::Tightened { .. } => None,
+        }
+    }
+
+    /// Counts one denial of `key`; returns the sentence this denial starts, if it
+    /// does. `info` is called only then.
     pub fn deny(
         &self,
         key: &str,
         penalty: &Penalty,
         now: Micros,
         info: impl FnOnce() -> BanInfo,
-    ) -> Option<Micros> {
+    ) -> Option<Started> {
         let within = penalty.within.max(1);
         let mut shard = self.shard(key);
         if !shard.contains_key(key) && !make_room(&mut shard, self.shard_cap, now) {
             return None;
         }
-        let r = shard.entry(key.to_string()).or_insert(Record {
-            start: now,
-            prev: 0,
-            cur: 0,
-            banned_until: 0,
-            within,
-            info: None,
-        });
-        if r.banned_until > now {
+        let r = shard
+            .entry(key.to_string())
+            .or_insert_with(|| Record::fresh(now, within));
+        if r.sentenced(now) && r.kind.denies() {
             return None;
         }
         r.within = within;
@@ -157,16 +263,107 @@ impl Penalties {
         if estimate < penalty.violations.max(1) {
             return None;
         }
-        r.banned_until = now.saturating_add(penalty.ban);
         r.prev = 0;
         r.cur = 0;
         r.start = now;
+        let (mut kind, mut span, factor_ppm) = match penalty.sentence {
+            Sentence::Ban(d) => (Kind::Ban, d, 0),
+            Sentence::Tighten { factor_ppm, span } => (Kind::Tighten, span, factor_ppm),
+        };
+        if let Some(b) = penalty.block {
+            if r.pens == 0 || now >= r.pens_start.saturating_add(b.within) {
+                r.pens_start = now;
+                r.pens = 0;
+            }
+            r.pens += 1;
+            r.pens_within = b.within;
+            if r.pens >= b.bans.max(1) {
+                kind = Kind::Block;
+                span = b.span;
+                r.pens = 0;
+            }
+        }
+        r.kind = kind;
+        r.until = now.saturating_add(span);
+        r.factor_ppm = factor_ppm;
+        r.source = Source::Penalty;
+        r.shared = false;
         r.info = Some(Box::new(info()));
         self.bans_started.fetch_add(1, Ordering::Relaxed);
-        Some(penalty.ban)
+        Some(Started { kind, span })
     }
 
-    /// Every ban in force, longest remaining first.
+    /// Puts a sentence in force on `key` for `span` (an operator's block, or one
+    /// decided elsewhere). `shared`: it came from a sharing store.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(
+        &self,
+        key: &str,
+        kind: Kind,
+        span: Micros,
+        factor_ppm: u32,
+        info: BanInfo,
+        source: Source,
+        shared: bool,
+    ) {
+        let now = self.now();
+        if source == Source::Operator {
+            self.operator_blocks.store(true, Ordering::Relaxed);
+        }
+        let mut shard = self.shard(key);
+        if !shard.contains_key(key) {
+            // A sentence is never refused for room: it evicts a key without one, or
+            // grows the shard past its cap (sentences are bounded by their own list).
+            make_room(&mut shard, self.shard_cap, now);
+        }
+        let r = shard
+            .entry(key.to_string())
+            .or_insert_with(|| Record::fresh(now, 1));
+        r.kind = kind;
+        r.until = now.saturating_add(span);
+        r.factor_ppm = factor_ppm;
+        r.source = source;
+        r.shared = shared;
+        r.info = Some(Box::new(info));
+    }
+
+    /// Lifts the sentence of `key` and forgets its counts; whether it had one.
+    pub fn lift(&self, key: &str) -> bool {
+        let now = self.now();
+        let mut shard = self.shard(key);
+        match shard.remove(key) {
+            Some(r) => r.sentenced(now),
+            None => false,
+        }
+    }
+
+    /// Makes the sentences learned from a sharing store match `list` (every
+    /// sentence in force there): new ones are put, lifted ones are lifted.
+    pub fn sync(&self, list: &[Sentenced]) {
+        let now = self.now();
+        let listed: HashSet<&str> = list.iter().map(|s| s.key.as_str()).collect();
+        for m in &self.shards {
+            for (key, r) in lock(m).iter_mut() {
+                if r.shared && r.sentenced(now) && !listed.contains(key.as_str()) {
+                    r.lift();
+                }
+            }
+        }
+        for s in list {
+            let (info, source) = decode_info(&s.info);
+            self.put(
+                &s.key,
+                s.kind,
+                s.remaining,
+                s.factor_ppm,
+                info,
+                source,
+                true,
+            );
+        }
+    }
+
+    /// Every sentence in force, longest remaining first.
     pub fn active(&self) -> Vec<ActiveBan> {
         let now = self.clock.now();
         let mut out: Vec<ActiveBan> = self
@@ -174,13 +371,17 @@ impl Penalties {
             .iter()
             .flat_map(|m| {
                 lock(m)
-                    .values()
-                    .filter(|r| r.banned_until > now)
-                    .filter_map(|r| {
+                    .iter()
+                    .filter(|(_, r)| r.sentenced(now))
+                    .filter_map(|(k, r)| {
                         Some(ActiveBan {
                             info: (**r.info.as_ref()?).clone(),
-                            until: r.banned_until,
-                            remaining: r.banned_until - now,
+                            kind: r.kind,
+                            source: r.source,
+                            counter: k.clone(),
+                            until: r.until,
+                            remaining: r.until - now,
+                            factor_ppm: r.factor_ppm,
                         })
                     })
                     .collect::<Vec<_>>()
@@ -194,71 +395,118 @@ impl Penalties {
         out
     }
 
-    /// Keys serving a ban now.
+    /// Keys denied outright now (banned or blocked).
     pub fn active_count(&self) -> usize {
         let now = self.clock.now();
         self.shards
             .iter()
-            .map(|m| lock(m).values().filter(|r| r.banned_until > now).count())
+            .map(|m| {
+                lock(m)
+                    .values()
+                    .filter(|r| r.sentenced(now) && r.kind.denies())
+                    .count()
+            })
             .sum()
     }
 
-    /// Bans started since the process began.
+    /// Sentences started here since the process began.
     pub fn bans_started(&self) -> u64 {
         self.bans_started.load(Ordering::Relaxed)
     }
 
-    /// Keys tracked (counting or banned).
+    /// Keys tracked (counting or sentenced).
     pub fn tracked(&self) -> usize {
         self.shards.iter().map(|m| lock(m).len()).sum()
     }
 
-    /// Drops records that neither count nor ban any more.
+    /// Drops records that neither count nor sentence any more.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
         let mut removed = 0;
+        let mut operators = false;
         for m in &self.shards {
             let mut shard = lock(m);
             let before = shard.len();
             shard.retain(|_, r| !r.expired(now));
             removed += before - shard.len();
+            operators |= shard
+                .values()
+                .any(|r| r.source == Source::Operator && r.sentenced(now));
+        }
+        if !operators {
+            self.operator_blocks.store(false, Ordering::Relaxed);
         }
         removed
     }
 }
 
-/// Marks the enforced descriptors whose key is serving a ban as OVER_LIMIT, with the
-/// rest of the ban as their wait. Returns whether any was (the request is then denied
-/// and the store is not asked).
-pub fn apply_bans(
+/// The `info` a sharing store keeps beside a sentence: who the key is and who
+/// sentenced it, as a JSON array.
+pub fn encode_info(info: &BanInfo, source: Source) -> String {
+    serde_json::json!([info.domain, info.rule, info.key, source.as_str()]).to_string()
+}
+
+pub fn decode_info(text: &str) -> (BanInfo, Source) {
+    let parts: Vec<String> = serde_json::from_str(text).unwrap_or_default();
+    let part = |i: usize| parts.get(i).cloned().unwrap_or_default();
+    let source = if part(3) == "operator" {
+        Source::Operator
+    } else {
+        Source::Penalty
+    };
+    (
+        BanInfo {
+            domain: part(0),
+            rule: part(1),
+            key: part(2),
+        },
+        source,
+    )
+}
+
+/// Acts on the sentences of the request's keys before the store is asked: an
+/// enforced descriptor whose key is banned or blocked is marked OVER_LIMIT with the
+/// rest of the sentence as its wait; a tightened key's hit gets its scaled limit.
+/// Returns whether any was denied (the request is then denied and the store is not
+/// asked).
+pub fn apply_sentences(
     penalties: &Penalties,
     order: &[usize],
-    hits: &[Hit],
+    hits: &mut [Hit],
     outcome: &mut Outcome,
 ) -> bool {
+    let operators = penalties.operator_blocks();
     let mut now = None;
     let mut any = false;
-    for (&i, hit) in order.iter().zip(hits) {
+    for (&i, hit) in order.iter().zip(hits.iter_mut()) {
         let Some(rule) = outcome.rule(&outcome.statuses[i]) else {
             continue;
         };
-        if rule.penalty.is_none() || hit.mode != Mode::Enforce {
+        if (rule.penalty.is_none() && !operators) || hit.mode != Mode::Enforce {
             continue;
         }
-        let status = &mut outcome.statuses[i];
         let now = *now.get_or_insert_with(|| penalties.now());
-        if let Some(left) = penalties.banned(&hit.key, now) {
-            status.over_limit = true;
-            status.ban = Ban::Active;
-            status.verdict = Some(Verdict {
-                admitted: false,
-                remaining: 0,
-                reset: left,
-                retry_after: left,
-                delay: 0,
-                next_room: 0,
-            });
-            any = true;
+        match penalties.in_force(&hit.key, now) {
+            None => {}
+            Some(InForce::Tightened { factor_ppm }) => {
+                hit.limit.requests = tightened(hit.limit.requests, factor_ppm);
+                hit.limit.burst = tightened(hit.limit.burst, factor_ppm);
+                outcome.statuses[i].tightened = true;
+            }
+            Some(InForce::Denied { left, blocked }) => {
+                let status = &mut outcome.statuses[i];
+                status.over_limit = true;
+                status.ban = if blocked { Ban::Blocked } else { Ban::Active };
+                status.verdict = Some(Verdict {
+                    admitted: false,
+                    remaining: 0,
+                    reset: left,
+                    retry_after: left,
+                    delay: 0,
+                    next_room: 0,
+                });
+                any = true;
+            }
         }
     }
     if any {
@@ -267,8 +515,19 @@ pub fn apply_bans(
     any
 }
 
-/// Counts a denial by `rule` towards its penalty; when it starts a ban, marks the
-/// status and makes its wait at least the ban.
+/// Marks `status` for a sentence its denial started: its wait is at least the
+/// sentence when it denies outright.
+pub fn mark_started(status: &mut Status, kind: Kind, span: Micros) {
+    status.ban = Ban::Started;
+    if kind.denies() {
+        if let Some(v) = status.verdict.as_mut() {
+            v.retry_after = v.retry_after.max(span);
+        }
+    }
+}
+
+/// Counts a denial by `rule` towards its penalty, in process; when it starts a
+/// sentence, marks the status.
 pub fn count_denial(
     penalties: &Penalties,
     domain: &str,
@@ -285,16 +544,46 @@ pub fn count_denial(
         rule: rule.path.clone(),
         key: shown.to_string(),
     });
-    if let Some(ban) = started {
-        status.ban = Ban::Started;
-        if let Some(v) = status.verdict.as_mut() {
-            v.retry_after = v.retry_after.max(ban);
+    if let Some(s) = started {
+        mark_started(status, s.kind, s.span);
+    }
+}
+
+/// A denial to count in a sharing store, built while the outcome is settled and
+/// sent after.
+#[derive(Debug)]
+pub struct Pending {
+    pub status: usize,
+    pub key: String,
+    pub penalty: Penalty,
+    pub info: String,
+}
+
+impl Pending {
+    pub fn strike(&self) -> Strike<'_> {
+        let (kind, span, factor_ppm) = match self.penalty.sentence {
+            Sentence::Ban(d) => (Kind::Ban, d, 0),
+            Sentence::Tighten { factor_ppm, span } => (Kind::Tighten, span, factor_ppm),
+        };
+        Strike {
+            key: &self.key,
+            violations: self.penalty.violations.max(1),
+            within: self.penalty.within.max(1),
+            kind,
+            span,
+            factor_ppm,
+            block: self
+                .penalty
+                .block
+                .map(|b| (b.bans.max(1), b.within.max(1), b.span)),
+            info: &self.info,
         }
     }
 }
 
-/// Frees a slot in a full shard: expired records first, then any key not banned.
-/// False when every tracked key is banned (the new key is then not tracked).
+/// Frees a slot in a full shard: expired records first, then any key without a
+/// sentence. False when every tracked key is sentenced (the new key is then not
+/// tracked).
 fn make_room(shard: &mut Shard, cap: usize, now: Micros) -> bool {
     if shard.len() < cap {
         return true;
@@ -305,7 +594,7 @@ fn make_room(shard: &mut Shard, cap: usize, now: Micros) -> bool {
     }
     let victim = shard
         .iter()
-        .find(|(_, r)| r.banned_until <= now)
+        .find(|(_, r)| !r.sentenced(now))
         .map(|(k, _)| k.clone());
     match victim {
         Some(k) => {
@@ -324,7 +613,7 @@ mod tests {
 
     const T0: Micros = 1_700_000_000 * SECOND;
 
-    fn info() -> BanInfo {
+    pub(super) fn info() -> BanInfo {
         BanInfo {
             domain: "d".into(),
             rule: "ip".into(),
@@ -332,11 +621,12 @@ mod tests {
         }
     }
 
-    fn penalty() -> Penalty {
+    pub(super) fn penalty() -> Penalty {
         Penalty {
             violations: 3,
             within: 10 * SECOND,
-            ban: 60 * SECOND,
+            sentence: Sentence::Ban(60 * SECOND),
+            block: None,
         }
     }
 
@@ -351,7 +641,10 @@ mod tests {
         clock.advance(SECOND);
         assert_eq!(
             p.deny("k", &penalty(), clock.now(), info),
-            Some(60 * SECOND)
+            Some(Started {
+                kind: Kind::Ban,
+                span: 60 * SECOND
+            })
         );
         assert_eq!(p.banned("k", clock.now()), Some(60 * SECOND));
         assert_eq!(p.bans_started(), 1);
@@ -492,5 +785,158 @@ descriptors:
         assert!(!ask(&l, "2.2.2.2").await.over_limit);
         clock.advance(240 * SECOND);
         assert!(!ask(&l, "1.1.1.1").await.over_limit);
+    }
+
+    const LOOP: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      algorithm: fixed_window
+      penalty:
+        violations: 2
+        within: 1m
+        tighten: {factor: 0.2, for: 10m}
+        block: {bans: 2, within: 1h, for: 1d}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+
+    async fn one(l: &Limiter<MemoryStore>, key: &str, value: &str) -> Outcome {
+        let entries = [(key, value)];
+        l.decide("d", &[Descriptor::new(&entries[..], 1)]).await
+    }
+
+    async fn admitted_in_a_row(l: &Limiter<MemoryStore>, ip: &str) -> u64 {
+        let mut n = 0;
+        while !one(l, "ip", ip).await.over_limit {
+            n += 1;
+            assert!(n <= 100, "never denied");
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn repeat_violations_tighten_the_limit_then_block_the_key() {
+        let clock = ManualClock::new(T0);
+        let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+        // The full limit, then a second denial tightens it to a fifth.
+        assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+        let second = one(&l, "ip", "1.1.1.1").await;
+        assert_eq!(second.statuses[0].ban, Ban::Started);
+        assert_eq!(l.penalties().active()[0].kind, Kind::Tighten);
+
+        // Next minute: 2 of 10, and another key keeps its full limit.
+        clock.advance(61 * SECOND);
+        assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 2);
+        let tight = one(&l, "ip", "1.1.1.1").await;
+        assert!(tight.statuses[0].tightened);
+        assert_eq!(admitted_in_a_row(&l, "2.2.2.2").await, 10);
+
+        // That was the key's second violation under the tighter limit: its second
+        // sentence, which the block counts, so it is blocked.
+        assert_eq!(tight.statuses[0].ban, Ban::Started);
+        let listed = l.penalties().active();
+        let b = listed.iter().find(|b| b.info.key == "1.1.1.1").unwrap();
+        assert_eq!((b.kind, b.source), (Kind::Block, Source::Penalty));
+        clock.advance(61 * SECOND);
+        let keys_before = l.store().active_keys();
+        let blocked = one(&l, "ip", "1.1.1.1").await;
+        assert!(blocked.over_limit);
+        assert_eq!(blocked.statuses[0].ban, Ban::Blocked);
+        let wait = blocked.statuses[0].verdict.unwrap().retry_after;
+        assert!(wait > 86_000 * SECOND && wait <= 86_400 * SECOND, "{wait}");
+        assert_eq!(l.store().active_keys(), keys_before);
+
+        // The block ends after its day; the key starts afresh at its full limit.
+        clock.advance(86_400 * SECOND);
+        assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+    }
+
+    #[tokio::test]
+    async fn a_tightening_ends_and_the_full_limit_returns() {
+        let clock = ManualClock::new(T0);
+        let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+        assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+        one(&l, "ip", "1.1.1.1").await;
+        clock.advance(11 * 60 * SECOND);
+        assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+    }
+
+    #[tokio::test]
+    async fn an_operator_blocks_and_unblocks_a_key_of_a_rule_without_penalty() {
+        let clock = ManualClock::new(T0);
+        let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+        assert!(!one(&l, "user", "mallory").await.over_limit);
+        let put = l
+            .block("d", &[("user", "mallory")], 300 * SECOND)
+            .await
+            .unwrap();
+        assert_eq!((put.kind, put.source), (Kind::Block, Source::Operator));
+        assert_eq!(put.info.rule, "user");
+        let denied = one(&l, "user", "mallory").await;
+        assert_eq!(denied.statuses[0].ban, Ban::Blocked);
+        assert_eq!(
+            denied.statuses[0].verdict.unwrap().retry_after,
+            300 * SECOND
+        );
+        // Other users pass.
+        assert!(!one(&l, "user", "alice").await.over_limit);
+
+        assert!(l.unblock(&put.counter).await.unwrap());
+        assert!(!l.unblock(&put.counter).await.unwrap());
+        assert!(!one(&l, "user", "mallory").await.over_limit);
+
+        // What names no limited rule is refused, and nothing is listed.
+        assert!(matches!(
+            l.block("nope", &[("user", "x")], SECOND).await,
+            Err(crate::limiter::BlockError::Unknown(_))
+        ));
+        assert!(matches!(
+            l.block("d", &[("path", "/")], SECOND).await,
+            Err(crate::limiter::BlockError::Unknown(_))
+        ));
+        assert!(l.penalties().active().is_empty());
+        // An operator's block also ends on its own.
+        l.block("d", &[("user", "eve")], 10 * SECOND).await.unwrap();
+        clock.advance(10 * SECOND);
+        assert!(!one(&l, "user", "eve").await.over_limit);
+        l.penalties().sweep();
+        assert!(!l.penalties().operator_blocks());
+    }
+
+    #[test]
+    fn sync_lifts_what_the_shared_list_no_longer_holds_and_keeps_local_sentences() {
+        use super::tests::{info, penalty};
+        let clock = ManualClock::new(T0);
+        let p = Penalties::new(Arc::new(clock.clone()), 1000);
+        let shared = |key: &str, kind| Sentenced {
+            key: key.to_string(),
+            kind,
+            remaining: 60 * SECOND,
+            factor_ppm: 0,
+            info: encode_info(&info(), Source::Operator),
+            started: false,
+        };
+        p.sync(&[shared("a", Kind::Block), shared("b", Kind::Ban)]);
+        assert_eq!(p.banned("a", clock.now()), Some(60 * SECOND));
+        assert!(p.operator_blocks());
+        let one = Penalty {
+            violations: 1,
+            ..penalty()
+        };
+        assert!(p.deny("local", &one, clock.now(), info).is_some());
+        p.sync(&[shared("b", Kind::Ban)]);
+        assert_eq!(p.banned("a", clock.now()), None);
+        assert!(p.banned("b", clock.now()).is_some());
+        assert!(p.banned("local", clock.now()).is_some());
+        let active = p.active();
+        assert_eq!(active.len(), 2);
+        assert_eq!(
+            active.iter().find(|b| b.counter == "b").unwrap().info,
+            info()
+        );
     }
 }

@@ -10,7 +10,7 @@ use super::duration;
 use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
 use super::model::{Descriptor, RateLimit};
 use super::node::{shorten, Value};
-use super::{Layer, Penalty, Shed, Unit};
+use super::{Block, Layer, Penalty, Sentence, Shed, Unit};
 
 /// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
 /// out after their errors are recorded.
@@ -376,9 +376,11 @@ fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
     let violations = f.get(ctx, "violations");
     let within = f.get(ctx, "within");
     let ban = f.get(ctx, "ban");
+    let tighten_field = f.get(ctx, "tighten");
+    let block_field = f.get(ctx, "block");
     let line = f.line;
     f.finish(ctx, "penalty");
-    for (present, name) in [(violations, "violations"), (within, "within"), (ban, "ban")] {
+    for (present, name) in [(violations, "violations"), (within, "within")] {
         if present.is_none() {
             ctx.error(line, format!("'penalty' needs '{name}'"));
         }
@@ -387,11 +389,103 @@ fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
         .and_then(|v| integer(ctx, v, 1, i128::from(u64::MAX)))
         .and_then(|v| u64::try_from(v).ok());
     let within = within.and_then(|w| duration_field(ctx, w));
-    let ban = ban.and_then(|b| duration_field(ctx, b));
+    let sentence = match (ban, tighten_field) {
+        (Some(b), None) => duration_field(ctx, b).map(Sentence::Ban),
+        (None, Some(t)) => tighten(ctx, t),
+        (Some(_), Some(t)) => {
+            ctx.error(
+                t.key_line,
+                "'penalty' takes either 'ban' or 'tighten', not both",
+            );
+            None
+        }
+        (None, None) => {
+            ctx.error(
+                line,
+                "'penalty' needs 'ban' (a duration) or 'tighten' ({factor, for})",
+            );
+            None
+        }
+    };
+    let block = match block_field {
+        Some(b) => Some(block(ctx, b)?),
+        None => None,
+    };
     Some(Penalty {
         violations: violations?,
         within: within?,
-        ban: ban?,
+        sentence: sentence?,
+        block,
+    })
+}
+
+/// `tighten: {factor: 0.1, for: 10m}`: `factor` strictly between 0 and 1.
+fn tighten(ctx: &mut Ctx, field: Field<'_>) -> Option<Sentence> {
+    let mut f = Fields::open_field(ctx, field, "tighten")?;
+    let factor = f.get(ctx, "factor");
+    let span = f.get(ctx, "for");
+    let line = f.line;
+    f.finish(ctx, "tighten");
+    if factor.is_none() {
+        ctx.error(line, "'tighten' needs 'factor' (such as 0.1)");
+    }
+    if span.is_none() {
+        ctx.error(line, "'tighten' needs 'for' (a duration such as 10m)");
+    }
+    let span = span.and_then(|s| duration_field(ctx, s));
+    let factor = factor?;
+    let value = match factor.node.value {
+        Value::Float(v, _) => v,
+        Value::Int(v, _) => v as f64,
+        _ => {
+            ctx.error(
+                factor.line(),
+                format!(
+                    "'factor' must be a number between 0 and 1, found {}",
+                    factor.node.describe()
+                ),
+            );
+            return None;
+        }
+    };
+    let factor_ppm = (value * 1_000_000.0).round();
+    if !(value > 0.0 && value < 1.0 && (1.0..1_000_000.0).contains(&factor_ppm)) {
+        ctx.error(
+            factor.line(),
+            format!(
+                "'factor' must be above 0 and below 1 (it scales the limit down), found {value}"
+            ),
+        );
+        return None;
+    }
+    Some(Sentence::Tighten {
+        factor_ppm: factor_ppm as u32,
+        span: span?,
+    })
+}
+
+/// `block: {bans: 3, within: 1h, for: 24h}`.
+fn block(ctx: &mut Ctx, field: Field<'_>) -> Option<Block> {
+    let mut f = Fields::open_field(ctx, field, "block")?;
+    let bans = f.get(ctx, "bans");
+    let within = f.get(ctx, "within");
+    let span = f.get(ctx, "for");
+    let line = f.line;
+    f.finish(ctx, "block");
+    for (present, name) in [(bans, "bans"), (within, "within"), (span, "for")] {
+        if present.is_none() {
+            ctx.error(line, format!("'block' needs '{name}'"));
+        }
+    }
+    let bans = bans
+        .and_then(|v| integer(ctx, v, 1, i128::from(u64::MAX)))
+        .and_then(|v| u64::try_from(v).ok());
+    let within = within.and_then(|w| duration_field(ctx, w));
+    let span = span.and_then(|s| duration_field(ctx, s));
+    Some(Block {
+        bans: bans?,
+        within: within?,
+        span: span?,
     })
 }
 
@@ -408,6 +502,96 @@ mod tests {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("\n")),
+        }
+    }
+
+    fn penalty_of(penalty: &str) -> Result<Option<crate::policy::Penalty>, String> {
+        let text = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 10, penalty: {penalty}}}\n"
+        );
+        match parse_str("p.yaml", &text) {
+            Ok(docs) => Ok(compile(docs).unwrap().rules[0].penalty),
+            Err(e) => Err(e
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")),
+        }
+    }
+
+    #[test]
+    fn penalty_reads_ban_tighten_and_block() {
+        use crate::algorithm::SECOND;
+        use crate::policy::{Block, Sentence};
+        let p = penalty_of("{violations: 3, within: 1m, ban: 10m}")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.sentence, Sentence::Ban(600 * SECOND));
+        assert_eq!(p.block, None);
+        let p = penalty_of(
+            "{violations: 3, within: 1m, tighten: {factor: 0.25, for: 5m}, block: {bans: 3, within: 1h, for: 24h}}",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            p.sentence,
+            Sentence::Tighten {
+                factor_ppm: 250_000,
+                span: 300 * SECOND
+            }
+        );
+        assert_eq!(
+            p.block,
+            Some(Block {
+                bans: 3,
+                within: 3_600 * SECOND,
+                span: 86_400 * SECOND
+            })
+        );
+    }
+
+    #[test]
+    fn penalty_refuses_what_is_not_one_sentence_or_not_a_factor() {
+        for (penalty, message) in [
+            (
+                "{violations: 3, within: 1m}",
+                "needs 'ban' (a duration) or 'tighten'",
+            ),
+            (
+                "{violations: 3, within: 1m, ban: 1m, tighten: {factor: 0.5, for: 1m}}",
+                "either 'ban' or 'tighten', not both",
+            ),
+            (
+                "{violations: 3, within: 1m, tighten: {factor: 1, for: 1m}}",
+                "above 0 and below 1",
+            ),
+            (
+                "{violations: 3, within: 1m, tighten: {factor: 0, for: 1m}}",
+                "above 0 and below 1",
+            ),
+            (
+                "{violations: 3, within: 1m, tighten: {factor: high, for: 1m}}",
+                "must be a number",
+            ),
+            (
+                "{violations: 3, within: 1m, tighten: {factor: 0.5}}",
+                "'tighten' needs 'for'",
+            ),
+            (
+                "{violations: 3, within: 1m, ban: 1m, block: {bans: 2, for: 1h}}",
+                "'block' needs 'within'",
+            ),
+            (
+                "{violations: 3, within: 1m, ban: 1m, block: {bans: 0, within: 1h, for: 1h}}",
+                "'bans'",
+            ),
+            (
+                "{violations: 3, within: 1m, ban: 1m, block: {bans: 2, within: 1h, for: 1h, x: 1}}",
+                "'x'",
+            ),
+        ] {
+            let err = penalty_of(penalty).expect_err(penalty);
+            assert!(err.contains(message), "{penalty}: {err}");
         }
     }
 

@@ -163,15 +163,54 @@ impl Unit {
     }
 }
 
-/// A penalty: a key denied `violations` times within `within` is denied for `ban`.
+/// A penalty: a key denied `violations` times within `within` is banned (denied
+/// outright) or tightened (its limit scaled down) for a while; with `block`, a key
+/// penalised often enough goes on the block list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Penalty {
-    /// Denials that trigger the ban (at least 1).
+    /// Denials that trigger the sentence (at least 1).
     pub violations: u64,
     /// The span over which denials are counted.
     pub within: Micros,
-    /// How long the key is then denied outright.
-    pub ban: Micros,
+    /// What a key over its violations gets.
+    pub sentence: Sentence,
+    /// `block`: the block list for chronic offenders.
+    pub block: Option<Block>,
+}
+
+/// What a penalty does to a key over its violations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sentence {
+    /// `ban`: denied outright for this long.
+    Ban(Micros),
+    /// `tighten: {factor, for}`: the key's limit multiplied by `factor` (in
+    /// millionths, above 0 and below one million) for `for`.
+    Tighten { factor_ppm: u32, span: Micros },
+}
+
+impl Sentence {
+    /// How long the sentence lasts.
+    pub fn span(&self) -> Micros {
+        match *self {
+            Sentence::Ban(d) => d,
+            Sentence::Tighten { span, .. } => span,
+        }
+    }
+}
+
+/// `block: {bans, within, for}`: a key penalised `bans` times within `within` is
+/// denied outright for `span`, and listed on the block list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    pub bans: u64,
+    pub within: Micros,
+    pub span: Micros,
+}
+
+/// `requests` scaled by a tightening's factor: rounded down, at least 1 (a
+/// tightened key still gets some traffic; a ban is the sentence that admits none).
+pub fn tightened(requests: u64, factor_ppm: u32) -> u64 {
+    ((u128::from(requests) * u128::from(factor_ppm) / 1_000_000) as u64).max(1)
 }
 
 /// Soft shedding: past `from` of the limit, a request is denied with a probability

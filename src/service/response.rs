@@ -322,6 +322,7 @@ descriptors:
             hits: 1,
             ban: Ban::None,
             shed: false,
+            tightened: false,
         }
     }
 

@@ -10,6 +10,7 @@ use std::future::Future;
 
 use crate::algorithm::{Limit, Micros, Verdict};
 
+pub mod board;
 mod error;
 pub mod memory;
 pub mod redis;
@@ -18,6 +19,7 @@ mod report;
 mod testkit;
 
 pub use self::redis::RedisStore;
+pub use board::{Kind, Sentenced, Strike};
 pub use error::{ErrorKind, StoreError};
 pub use memory::MemoryStore;
 pub use report::{LastError, Report, ShardState, ShardStatus};
@@ -105,6 +107,39 @@ pub trait Store: Send + Sync + 'static {
     fn shards(&self) -> Vec<ShardStatus> {
         Vec::new()
     }
+
+    /// Whether penalty sentences live in the store, shared by every replica
+    /// ([`board`]); otherwise the limiter holds them in process.
+    fn shares_sentences(&self) -> bool {
+        false
+    }
+
+    /// Counts one denial towards its penalty; the sentence in force afterwards, if
+    /// any (one this strike started, or one another replica did).
+    fn strike(
+        &self,
+        _strike: &Strike<'_>,
+    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Puts `sentence` in force for its `remaining` (an operator's block).
+    fn sentence(
+        &self,
+        _sentence: &Sentenced,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Lifts the sentence of `key`, and its counts; whether there was one.
+    fn pardon(&self, _key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(false) }
+    }
+
+    /// Every sentence in force.
+    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }
 
 /// A shared store is a store: the server keeps a handle for housekeeping.
@@ -135,6 +170,32 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn shards(&self) -> Vec<ShardStatus> {
         (**self).shards()
+    }
+
+    fn shares_sentences(&self) -> bool {
+        (**self).shares_sentences()
+    }
+
+    fn strike(
+        &self,
+        strike: &Strike<'_>,
+    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
+        (**self).strike(strike)
+    }
+
+    fn sentence(
+        &self,
+        sentence: &Sentenced,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).sentence(sentence)
+    }
+
+    fn pardon(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).pardon(key)
+    }
+
+    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
+        (**self).sentences()
     }
 }
 

@@ -243,6 +243,7 @@ mod tests {
             hits,
             ban: Ban::None,
             shed: false,
+            tightened: false,
         }
     }
 

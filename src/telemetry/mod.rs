@@ -59,7 +59,7 @@ use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
 /// The `outcome` label values of `sluice_requests_total`.
-pub const OUTCOMES: [&str; 7] = [
+pub const OUTCOMES: [&str; 8] = [
     "ok",
     "over_limit",
     "shadow_over_limit",
@@ -67,6 +67,7 @@ pub const OUTCOMES: [&str; 7] = [
     "failed_closed",
     "banned",
     "shed",
+    "blocked",
 ];
 const OK: usize = 0;
 const OVER_LIMIT: usize = 1;
@@ -75,6 +76,7 @@ const FAILED_OPEN: usize = 3;
 const FAILED_CLOSED: usize = 4;
 const BANNED: usize = 5;
 const SHED: usize = 6;
+const BLOCKED: usize = 7;
 
 /// `--near-limit-ratio`'s default, envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
 pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -591,6 +593,7 @@ impl Metrics {
             });
             let label = match (&outcome.failure, s.verdict) {
                 _ if s.ban == Ban::Active => BANNED,
+                _ if s.ban == Ban::Blocked => BLOCKED,
                 _ if s.shed => SHED,
                 (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
                 (Some(_), _) => FAILED_CLOSED,
@@ -612,11 +615,13 @@ impl Metrics {
                 erl.record(counts, rule, s);
             }
             let decided = rule.limit.is_some()
-                && (s.verdict.is_some() || outcome.failure.is_some() || s.ban == Ban::Active);
+                && (s.verdict.is_some()
+                    || outcome.failure.is_some()
+                    || matches!(s.ban, Ban::Active | Ban::Blocked));
             if decided {
                 let now =
                     *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
-                let denied = label == OVER_LIMIT || label == BANNED || label == SHED;
+                let denied = matches!(label, OVER_LIMIT | BANNED | SHED | BLOCKED);
                 let (ratio, owned) = st.ratio.local();
                 ratio.record(now, denied, owned);
                 let entries = request.and_then(|(d, hashing)| Some((d.get(i)?.entries, hashing)));
@@ -943,7 +948,7 @@ impl Metrics {
                 }
             }
             out.push_str(
-                "# HELP sluice_penalty_bans_total Bans started by a rule's penalty.\n\
+                "# HELP sluice_penalty_bans_total Sentences (bans, tightenings, blocks) started by a rule's penalty.\n\
                  # TYPE sluice_penalty_bans_total counter\n",
             );
             let mut bans: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
@@ -1437,6 +1442,7 @@ descriptors:
                 hits: 1,
                 ban: Ban::None,
                 shed: false,
+                tightened: false,
             }],
             delay: 0,
             failure: failed.then(|| StoreFailure {

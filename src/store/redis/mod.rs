@@ -39,8 +39,11 @@ use redis::RedisError;
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 
-use super::{admitted, ErrorKind, Hit, Report, ShardStatus, Store, StoreError, Verdicts};
+use super::{
+    admitted, ErrorKind, Hit, Report, Sentenced, ShardStatus, Store, StoreError, Strike, Verdicts,
+};
 
+mod board;
 pub mod cache;
 pub mod classify;
 pub mod coalesce;
@@ -636,6 +639,26 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn shares_sentences(&self) -> bool {
+        true
+    }
+
+    async fn strike(&self, strike: &Strike<'_>) -> Result<Option<Sentenced>, StoreError> {
+        self.inner.strike(strike).await
+    }
+
+    async fn sentence(&self, sentence: &Sentenced) -> Result<(), StoreError> {
+        self.inner.put(sentence).await
+    }
+
+    async fn pardon(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.pardon(key).await
+    }
+
+    async fn sentences(&self) -> Result<Vec<Sentenced>, StoreError> {
+        self.inner.sentences().await
     }
 }
 

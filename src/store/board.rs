@@ -1,0 +1,91 @@
+//! Penalty sentences (bans, tightenings, the block list) held where every replica
+//! sees them: the Redis store keeps them in Redis ([`Store::strike`] and friends);
+//! the memory store holds none and the limiter keeps them in process.
+//!
+//! The store knows nothing of policies: a [`Strike`] carries the numbers of the
+//! rule's `penalty`, and `info` is the caller's opaque description of the key (who
+//! it is, for listings), stored beside the sentence.
+//!
+//! [`Store::strike`]: super::Store::strike
+
+use crate::algorithm::Micros;
+
+/// What a sentence does to its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Denied outright: a penalty's `ban`.
+    Ban,
+    /// The key's limit scaled down: a penalty's `tighten`.
+    Tighten,
+    /// Denied outright and on the block list: a penalty's `block`, or an operator's.
+    Block,
+}
+
+impl Kind {
+    /// The name `/debug/blocks` and the admin API show.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Ban => "ban",
+            Kind::Tighten => "tighten",
+            Kind::Block => "block",
+        }
+    }
+
+    /// One letter, as the Redis board stores it.
+    pub fn code(self) -> &'static str {
+        match self {
+            Kind::Ban => "b",
+            Kind::Tighten => "t",
+            Kind::Block => "k",
+        }
+    }
+
+    pub fn from_code(code: &str) -> Option<Kind> {
+        match code {
+            "b" => Some(Kind::Ban),
+            "t" => Some(Kind::Tighten),
+            "k" => Some(Kind::Block),
+            _ => None,
+        }
+    }
+
+    /// Whether the key is denied without asking for its counter.
+    pub fn denies(self) -> bool {
+        self != Kind::Tighten
+    }
+}
+
+/// One denial of a key whose rule has a penalty.
+#[derive(Debug, Clone, Copy)]
+pub struct Strike<'a> {
+    /// The counter key.
+    pub key: &'a str,
+    pub violations: u64,
+    pub within: Micros,
+    /// [`Kind::Ban`] or [`Kind::Tighten`].
+    pub kind: Kind,
+    /// How long the ban or tightening lasts.
+    pub span: Micros,
+    /// A tightening's factor, in millionths.
+    pub factor_ppm: u32,
+    /// `block`: (bans, within, for).
+    pub block: Option<(u64, Micros, Micros)>,
+    /// Stored with a sentence this strike starts.
+    pub info: &'a str,
+}
+
+/// A sentence in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sentenced {
+    /// The counter key.
+    pub key: String,
+    pub kind: Kind,
+    /// How long it still lasts.
+    pub remaining: Micros,
+    /// A tightening's factor, in millionths (0 otherwise).
+    pub factor_ppm: u32,
+    /// What the caller stored with it.
+    pub info: String,
+    /// Whether the strike that returned it started it.
+    pub started: bool,
+}
