@@ -68,6 +68,13 @@ bash tests/e2e/envoy.sh
 log "tests/e2e/envoy-gateway.sh"
 bash tests/e2e/envoy-gateway.sh
 
+# --- A short soak: fixed rate, a new key every request, Redis restarted each minute --
+# (the 30-minute run and its figures: BENCHMARKS.md, "Soak")
+log "scripts/soak.py (2 minutes, Redis restarted once: every call answered)"
+cargo build -q -p sluice-bench
+python3 scripts/soak.py --minutes 2 --restart-every 1 --warmup 0 --rate 300 \
+  --sluice target/debug/sluice --bench target/debug/sluice-bench
+
 # --- Faults across hosts: network namespaces, when this machine allows them ----------
 command -v iptables >/dev/null || {
   apt-get install -y -q iptables >/dev/null 2>&1 \

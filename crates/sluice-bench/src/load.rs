@@ -51,6 +51,10 @@ pub struct Load {
     /// Take keys in order 0, 1, 2, ... instead of at random (to fill a store).
     #[arg(long)]
     pub sequential: bool,
+    /// Number of the first key, for the uniform, zipf and attack scenarios: keys are
+    /// `k{first-key}` onwards, so consecutive runs can send only new keys.
+    #[arg(long, default_value_t = 0)]
+    pub first_key: u64,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -230,6 +234,7 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         zipf_s: load.zipf_s,
         attack_share: load.attack_share,
         sequential: load.sequential,
+        first_key: load.first_key,
     })?;
 
     let mut connections = Vec::new();

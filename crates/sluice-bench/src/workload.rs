@@ -68,6 +68,9 @@ pub struct Spec {
     pub zipf_s: f64,
     pub attack_share: f64,
     pub sequential: bool,
+    /// Number of the first key (`k{first_key}`), so runs one after another can send
+    /// keys none before them sent.
+    pub first_key: u64,
 }
 
 pub struct Workload {
@@ -157,7 +160,7 @@ impl Workload {
         let descriptors = match self.spec.scenario {
             Scenario::Hot => vec![descriptor(key, "hot".into())],
             Scenario::Uniform | Scenario::Zipf | Scenario::Attack => {
-                vec![descriptor(key, format!("k{index}"))]
+                vec![descriptor(key, format!("k{}", self.spec.first_key + index))]
             }
             Scenario::Layered => vec![
                 descriptor(
@@ -212,6 +215,7 @@ mod tests {
             zipf_s: 1.1,
             attack_share: 0.25,
             sequential: false,
+            first_key: 0,
         }
     }
 
@@ -283,6 +287,20 @@ mod tests {
             .collect();
         assert_eq!(seen[..5], ["k0", "k1", "k2", "k3", "k4"]);
         assert_eq!(seen[5..], seen[..5]);
+    }
+
+    #[test]
+    fn first_key_starts_the_keys_past_an_earlier_run() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(6);
+        let mut s = spec(Scenario::Uniform);
+        s.sequential = true;
+        s.keys = 3;
+        s.first_key = 60_000;
+        let w = Workload::new(s).unwrap();
+        let seen: Vec<String> = (0..3)
+            .map(|_| value(&decode(&w.pick(&mut rng).0), 0).to_string())
+            .collect();
+        assert_eq!(seen, ["k60000", "k60001", "k60002"]);
     }
 
     #[test]
