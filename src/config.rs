@@ -182,6 +182,14 @@ pub struct Serve {
     /// Longest wait for the counter store before the failure mode decides.
     #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
     pub store_timeout: Duration,
+    /// Rate Limit Quota Service: how long each quota assignment stays in force in
+    /// Envoy (whole seconds; Envoy reports every 5 s).
+    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_whole_seconds)]
+    pub rlqs_assignment_ttl: Duration,
+    /// Rate Limit Quota Service: a bucket reported idle for this long is abandoned
+    /// (Envoy drops it until a request falls into it again).
+    #[arg(long, env = "SLUICE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = parse_duration)]
+    pub rlqs_abandon_after: Duration,
     /// What to answer when the counter store cannot be reached.
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
@@ -422,6 +430,18 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 /// Parses `250ms`, `10s`, `5m`, `1h` and sums such as `1m30s`.
+/// A duration of whole seconds, at least one: Envoy reads quota TTLs in whole
+/// seconds, so `1500ms` would silently become 1 s there.
+pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.subsec_nanos() != 0 || d.is_zero() {
+        return Err(format!(
+            "{s:?} is not a whole number of seconds of at least 1s (Envoy reads it in whole seconds)"
+        ));
+    }
+    Ok(d)
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let err = || format!("invalid duration {s:?} (use e.g. 250ms, 10s, 5m, 1h)");
     let mut rest = s.trim();
@@ -461,6 +481,9 @@ mod tests {
         assert!(parse_duration("15").is_err());
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("5x").is_err());
+        assert_eq!(parse_whole_seconds("15s"), Ok(Duration::from_secs(15)));
+        assert!(parse_whole_seconds("1500ms").is_err());
+        assert!(parse_whole_seconds("0s").is_err());
     }
 
     #[test]
@@ -485,6 +508,8 @@ mod tests {
         assert_eq!(s.failure_mode, FailureMode::Open);
         assert_eq!(s.response_headers, HeaderStyle::Draft03);
         assert_eq!(s.max_keys, 1_000_000);
+        assert_eq!(s.rlqs_assignment_ttl, Duration::from_secs(15));
+        assert_eq!(s.rlqs_abandon_after, Duration::from_secs(60));
         assert_eq!(s.max_request_bytes, 64 * 1024);
         assert_eq!(s.grpc_tls(), None);
         assert_eq!(s.http_tls(), None);

@@ -18,9 +18,10 @@ use crate::http::{metrics_router, router, Admin};
 use crate::limiter::key::Hashing;
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
+use crate::service::rlqs::{Quotas, Settings as QuotaSettings};
 use crate::service::Service;
 use crate::store::redis::Options as RedisOptions;
-use crate::store::{MemoryStore, RedisStore, Report, Store};
+use crate::store::{Demand, MemoryDemand, MemoryStore, RedisStore, Report, Store};
 use crate::telemetry::Metrics;
 use crate::tls::{Tls, TlsFiles, TlsListener};
 
@@ -111,7 +112,8 @@ pub async fn run(
         let limiter = Limiter::new(policy, store, settings);
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
         sync_sentences(service.clone(), stopped());
-        return serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await;
+        let demand = local_demand();
+        return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
@@ -134,7 +136,21 @@ pub async fn run(
         });
     }
 
-    serve(service, &cfg, loaded, stop_tx, stopped, shutdown).await
+    serve(
+        service,
+        local_demand(),
+        &cfg,
+        loaded,
+        stop_tx,
+        stopped,
+        shutdown,
+    )
+    .await
+}
+
+/// RLQS demand shared among this process's streams.
+fn local_demand() -> Arc<dyn Demand> {
+    Arc::new(MemoryDemand::new(Arc::new(SystemClock)))
 }
 
 /// Every second, brings in the penalty sentences a shared store holds (other
@@ -162,8 +178,10 @@ fn sync_sentences<S: Store>(
 
 /// Binds both listeners, serves, and on `shutdown` turns readiness off, stops
 /// accepting, and waits (at most the grace period) for in-flight calls.
+#[allow(clippy::too_many_arguments)]
 async fn serve<S, F, Fut>(
     service: Arc<Service<S>>,
+    demand: Arc<dyn Demand>,
     cfg: &Serve,
     loaded: Arc<AtomicBool>,
     stop_tx: watch::Sender<bool>,
@@ -200,16 +218,25 @@ where
         0 => open_file_limit().map_or(usize::MAX, |n| (n / 4 * 3).max(1)),
         n => n,
     };
-    let mut grpc = grpc_server::Server::new(Grpc::new(service.clone(), serving_rx)).settings(
-        grpc_server::Settings {
-            max_message: cfg.max_request_bytes,
-            keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
-            keepalive_timeout: cfg.grpc_keepalive_timeout,
-            idle_timeout: nonzero(cfg.grpc_idle_timeout),
-            handshake_timeout: cfg.handshake_timeout,
-            max_connections,
+    let quotas = Quotas::new(
+        service.clone(),
+        demand,
+        Arc::new(SystemClock),
+        QuotaSettings {
+            ttl: cfg.rlqs_assignment_ttl,
+            abandon_after: cfg.rlqs_abandon_after,
+            ..QuotaSettings::default()
         },
     );
+    let handler = Grpc::new(service.clone(), serving_rx).with_quotas(quotas);
+    let mut grpc = grpc_server::Server::new(handler).settings(grpc_server::Settings {
+        max_message: cfg.max_request_bytes,
+        keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
+        keepalive_timeout: cfg.grpc_keepalive_timeout,
+        idle_timeout: nonzero(cfg.grpc_idle_timeout),
+        handshake_timeout: cfg.handshake_timeout,
+        max_connections,
+    });
     if let Some(t) = grpc_tls.clone() {
         grpc = grpc.tls(move || t.acceptor());
     }

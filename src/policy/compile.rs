@@ -306,6 +306,38 @@ mod tests {
     }
 
     #[test]
+    fn entries_given_as_a_set_match_in_the_trees_order() {
+        let d = docs(
+            "domain: d\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: path\n        value: /search\n        rate_limit: {unit: second, requests_per_unit: 5}\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 50}\n  - key: path\n    value: /search\n    descriptors:\n      - key: user\n        rate_limit: {unit: second, requests_per_unit: 7}\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 9}\n",
+        );
+        let p = compile(d).unwrap();
+        let dom = p.domain("d").unwrap();
+        let mut order = Vec::new();
+        let rpu = |id: Option<usize>| id.map(|id| p.rule(id).requests_per_unit);
+        // Sorted by key, path comes before tenant; the tree takes tenant first.
+        let set = [("path", "/search"), ("tenant", "acme")];
+        assert_eq!(rpu(dom.find_unordered(&set, &mut order)), Some(5));
+        assert_eq!(order, vec![1, 0]);
+        let set = [("path", "/other"), ("tenant", "acme")];
+        assert_eq!(rpu(dom.find_unordered(&set, &mut order)), Some(50));
+        // path=/search at the root leads to user: the first branch tried.
+        let set = [("path", "/search"), ("user", "u1")];
+        assert_eq!(rpu(dom.find_unordered(&set, &mut order)), Some(7));
+        assert_eq!(order, vec![0, 1]);
+        assert_eq!(
+            rpu(dom.find_unordered(&[("client", "c")], &mut order)),
+            Some(9)
+        );
+        // Every entry must be used: an extra entry matches nothing, as in find.
+        let set = [("client", "c"), ("zone", "z")];
+        assert_eq!(dom.find_unordered(&set, &mut order), None);
+        // A node without a limit of its own applies nothing.
+        assert_eq!(dom.find_unordered(&[("tenant", "acme")], &mut order), None);
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(dom.find_unordered(&none, &mut order), None);
+    }
+
+    #[test]
     fn shard_by_conflict_names_both() {
         let d = docs("domain: d\nshard_by: tenant\n---\ndomain: d\nshard_by: user\n---\ndomain: d\nshard_by: tenant\n");
         let e = compile(d).unwrap_err();

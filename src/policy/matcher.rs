@@ -187,6 +187,53 @@ impl Node {
         }
     }
 
+    /// The rule for entries that come as a set, not a list (an RLQS `BucketId`, a
+    /// map): each level takes a not yet used entry whose key the tree has at that
+    /// level, and matches its value as [`Node::find`] does; the rule of the node
+    /// reached when every entry is used applies. Candidates are tried in the order of
+    /// `entries` (the caller sorts them by key), backing out of a branch that cannot
+    /// use every entry. `order` receives the entries' indices in tree order.
+    ///
+    /// Keys are unique in a set, so a path of the tree fixes which entries it uses:
+    /// each node is visited at most once, and the walk is bounded by the tree.
+    pub(crate) fn find_unordered<E: Entry>(
+        &self,
+        entries: &[E],
+        order: &mut Vec<usize>,
+    ) -> Option<usize> {
+        order.clear();
+        if entries.is_empty() {
+            return None;
+        }
+        self.walk_unordered(entries, order)
+    }
+
+    fn walk_unordered<E: Entry>(&self, entries: &[E], order: &mut Vec<usize>) -> Option<usize> {
+        for (i, entry) in entries.iter().enumerate() {
+            if order.contains(&i) {
+                continue;
+            }
+            let Some(next) = self
+                .children
+                .get(entry.key())
+                .and_then(|level| level.lookup(entry.value()))
+            else {
+                continue;
+            };
+            order.push(i);
+            let found = if order.len() == entries.len() {
+                next.rule
+            } else {
+                next.walk_unordered(entries, order)
+            };
+            if found.is_some() {
+                return found;
+            }
+            order.pop();
+        }
+        None
+    }
+
     /// envoyproxy/ratelimit's GetLimit: walk the entries level by level; the rule of
     /// the node matched by the last entry applies; the walk stops at a node without
     /// children, so a longer descriptor matches nothing.

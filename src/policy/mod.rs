@@ -421,6 +421,15 @@ impl Domain {
         self.root.find(entries)
     }
 
+    /// The rule for entries given as a set in any order (an RLQS `BucketId`), and in
+    /// `order` the entries' indices in the order the tree matched them: each level
+    /// takes an entry whose key the tree has there (trying `entries` in their order
+    /// and backing out of branches that cannot use them all), matched as
+    /// [`Domain::find`] matches a value.
+    pub fn find_unordered<E: Entry>(&self, entries: &[E], order: &mut Vec<usize>) -> Option<usize> {
+        self.root.find_unordered(entries, order)
+    }
+
     /// [`Domain::find`] with how each level matched, or why nothing did (for the
     /// admin API's Explain; allocates).
     pub fn trace<E: Entry>(&self, entries: &[E]) -> Trace {

@@ -1,5 +1,6 @@
 //! The gRPC port's calls, served by [`crate::grpc_server`]:
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, the standard
+//! Rate Limit Quota Service's `StreamRateLimitQuotas` (see [`super::rlqs`]), the
 //! health service `grpc.health.v1.Health` (`Check` and `Watch`) and server
 //! reflection (v1 and v1alpha, see [`super::reflection`]).
 
@@ -19,6 +20,7 @@ use crate::store::Store;
 use super::decode::Request;
 use super::reflection::{self, Reflection};
 use super::response::framed_response;
+use super::rlqs::{self, Quotas};
 use super::{store_wait, Service};
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -34,15 +36,28 @@ pub struct Grpc<S> {
     pub service: Arc<Service<S>>,
     pub serving: watch::Receiver<bool>,
     reflection: Reflection,
+    quotas: Arc<Quotas<S>>,
 }
 
-impl<S> Grpc<S> {
+impl<S: Store> Grpc<S> {
+    /// The port's calls; RLQS shares demand among this process's streams only
+    /// (see [`Grpc::with_quotas`]).
     pub fn new(service: Arc<Service<S>>, serving: watch::Receiver<bool>) -> Self {
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
+        let demand = Arc::new(crate::store::MemoryDemand::new(clock.clone()));
+        let quotas = Quotas::new(service.clone(), demand, clock, rlqs::Settings::default());
         Grpc {
             service,
             serving,
             reflection: Reflection::new(),
+            quotas: Arc::new(quotas),
         }
+    }
+
+    /// Serves RLQS with `quotas` (its settings and demand table).
+    pub fn with_quotas(mut self, quotas: Quotas<S>) -> Self {
+        self.quotas = Arc::new(quotas);
+        self
     }
 }
 
@@ -54,6 +69,7 @@ pub enum Method {
     HealthWatch,
     ReflectionV1,
     ReflectionV1Alpha,
+    StreamRateLimitQuotas,
 }
 
 impl<S: Store> Handler for Grpc<S> {
@@ -66,6 +82,7 @@ impl<S: Store> Handler for Grpc<S> {
             HEALTH_WATCH => (Method::HealthWatch, Kind::Unary),
             reflection::V1 => (Method::ReflectionV1, Kind::Streaming),
             reflection::V1ALPHA => (Method::ReflectionV1Alpha, Kind::Streaming),
+            rlqs::STREAM_RATE_LIMIT_QUOTAS => (Method::StreamRateLimitQuotas, Kind::Streaming),
             _ => return None,
         })
     }
@@ -97,10 +114,12 @@ impl<S: Store> Handler for Grpc<S> {
                 );
                 Ok(Reply::Stream(changes.boxed()))
             }
-            Method::ReflectionV1 | Method::ReflectionV1Alpha => Err(GrpcError::new(
-                Code::Internal,
-                "a streaming method called as unary",
-            )),
+            Method::ReflectionV1 | Method::ReflectionV1Alpha | Method::StreamRateLimitQuotas => {
+                Err(GrpcError::new(
+                    Code::Internal,
+                    "a streaming method called as unary",
+                ))
+            }
         }
     }
 
@@ -111,6 +130,9 @@ impl<S: Store> Handler for Grpc<S> {
         _deadline: Option<Deadline>,
     ) -> Result<Reply, GrpcError> {
         let path = match method {
+            Method::StreamRateLimitQuotas => {
+                return Ok(rlqs::serve(self.quotas.clone(), messages));
+            }
             Method::ReflectionV1 => reflection::V1,
             Method::ReflectionV1Alpha => reflection::V1ALPHA,
             _ => {

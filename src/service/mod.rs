@@ -19,6 +19,7 @@ pub mod headers;
 pub mod json;
 pub mod reflection;
 pub mod response;
+pub mod rlqs;
 pub mod tap;
 
 pub use headers::HeaderStyle;

@@ -11,6 +11,7 @@ use std::future::Future;
 use crate::algorithm::{Limit, Micros, Verdict};
 
 pub mod board;
+pub mod demand;
 mod error;
 pub mod memory;
 pub mod redis;
@@ -20,6 +21,7 @@ mod testkit;
 
 pub use self::redis::RedisStore;
 pub use board::{Kind, Sentenced, Strike};
+pub use demand::{Demand, MemoryDemand, Share};
 pub use error::{ErrorKind, StoreError};
 pub use memory::MemoryStore;
 pub use report::{LastError, Report, ShardState, ShardStatus};

@@ -1,0 +1,124 @@
+//! Which rule governs a quota bucket. A `BucketId` is a map of strings; it is matched
+//! against its domain's descriptors as one descriptor whose entries are the map's
+//! pairs, in whatever order the descriptor tree asks for them (see
+//! [`Domain::find_unordered`](crate::policy::Domain::find_unordered)): the
+//! same policy written for ShouldRateLimit governs RLQS buckets, and the order of
+//! Envoy's `bucket_id_builder` entries does not matter.
+
+use crate::algorithm::Limit;
+use crate::limiter::key::{counter_key, offender, Hashing};
+use crate::policy::{Policy, Rule};
+
+/// How the policy treats a bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Governed<'p> {
+    /// No limit applies: the domain is unknown, no rule matches, or the rule is
+    /// `unlimited` or in `shadow_mode` (which never denies).
+    Free,
+    /// `rule`'s `limit` applies; `key` names the bucket's counter (and its demand
+    /// records): the rule's counter key for the matched entries.
+    Limited {
+        rule: &'p Rule,
+        limit: Limit,
+        key: String,
+        /// The bucket's values as the top-offenders view and bans show them.
+        shown: String,
+    },
+}
+
+/// The rule for `entries` (a bucket's pairs, sorted by key) in `domain`.
+pub fn govern<'p>(
+    policy: &'p Policy,
+    domain: &str,
+    entries: &[(String, String)],
+    hashing: &Hashing,
+) -> Governed<'p> {
+    let Some(dom) = policy.domain(domain) else {
+        return Governed::Free;
+    };
+    let mut order = Vec::with_capacity(entries.len());
+    let Some(id) = dom.find_unordered(entries, &mut order) else {
+        return Governed::Free;
+    };
+    let rule = policy.rule(id);
+    let Some(limit) = rule.limit else {
+        return Governed::Free;
+    };
+    if rule.shadow_mode {
+        return Governed::Free;
+    }
+    let ordered: Vec<(&str, &str)> = order
+        .iter()
+        .map(|&i| (entries[i].0.as_str(), entries[i].1.as_str()))
+        .collect();
+    let mut key = String::with_capacity(64);
+    counter_key(domain, rule, &ordered, hashing, &mut key);
+    let mut shown = String::new();
+    offender(rule, &ordered, hashing, &mut shown);
+    Governed::Limited {
+        rule,
+        limit,
+        key,
+        shown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(text: &str) -> Policy {
+        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
+    }
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = p
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_bucket_takes_the_rule_and_counter_key_of_the_same_descriptor() {
+        let p = policy(
+            "domain: edge\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 20}\n  - key: free\n    rate_limit: {unlimited: true}\n  - key: watch\n    rate_limit: {unit: second, requests_per_unit: 1}\n    shadow_mode: true\n",
+        );
+        let h = Hashing::default();
+        let Governed::Limited {
+            rule,
+            limit,
+            key,
+            shown,
+        } = govern(
+            &p,
+            "edge",
+            &pairs(&[("path", "/a"), ("tenant", "acme")]),
+            &h,
+        )
+        else {
+            panic!("limited")
+        };
+        assert_eq!(rule.path, "tenant/path");
+        assert_eq!(limit.requests, 20);
+        assert_eq!(key, "edge|tenant=acme|path=/a");
+        assert_eq!(shown, "acme|/a");
+        assert_eq!(
+            govern(&p, "edge", &pairs(&[("free", "x")]), &h),
+            Governed::Free
+        );
+        assert_eq!(
+            govern(&p, "edge", &pairs(&[("watch", "x")]), &h),
+            Governed::Free
+        );
+        assert_eq!(
+            govern(&p, "edge", &pairs(&[("other", "x")]), &h),
+            Governed::Free
+        );
+        assert_eq!(
+            govern(&p, "nowhere", &pairs(&[("tenant", "a")]), &h),
+            Governed::Free
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! A bucket's limit shared among the Envoys reporting it: each stream's demand from
+//! its usage report, its share of the limit, and the token bucket Envoy enforces.
+//!
+//! Envoy 1.40's token bucket refills continuously at `tokens_per_fill /
+//! fill_interval` (the interval cut to whole seconds), holds `max_tokens`, and starts
+//! full whenever an assignment changes it; an identical assignment keeps the bucket
+//! as it is. So a share that moved only a little is sent unchanged ([`settle`]): a
+//! fresh full bucket on every report would admit up to `max_tokens` more each time.
+
+use crate::algorithm::{Limit, Micros, SECOND};
+use crate::store::Share;
+
+/// A share that moved by less than this fraction keeps the last assignment.
+pub const HYSTERESIS: f64 = 0.1;
+
+/// What one Envoy is told to do with one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    AllowAll,
+    DenyAll,
+    /// Envoy's token bucket; `fill_interval` in whole seconds (at least 1).
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_interval: u64,
+    },
+}
+
+/// A stream's demand for a bucket in requests per second: what it admitted and
+/// denied since its last report, over the time since then. `measured` is that time
+/// on Sluice's clock, from the stream's previous report of the bucket; Envoy's own
+/// `time_elapsed` (`reported`, rounded down to whole seconds, 0 in a new bucket's
+/// first report) is used only without one. At least one second either way, so a
+/// first report's single request does not read as a flood.
+pub fn demand(allowed: u64, denied: u64, reported: Micros, measured: Option<Micros>) -> f64 {
+    let span = measured.unwrap_or(reported).max(SECOND);
+    allowed.saturating_add(denied) as f64 / (span as f64 / SECOND as f64)
+}
+
+/// This stream's fraction of the bucket: its demand over everyone's, or an even
+/// split while no stream has any demand.
+pub fn fraction(own: f64, all: Share) -> f64 {
+    if all.total > 0.0 {
+        (own / all.total).clamp(0.0, 1.0)
+    } else {
+        1.0 / f64::from(all.streams.max(1))
+    }
+}
+
+/// The token bucket for `fraction` of `limit`. The fill interval is the limit's
+/// window in whole seconds (at least one), so the rate is the rule's own:
+/// `requests x fraction` per window. `max_tokens` is the same fraction of the burst
+/// (token_bucket's `burst`; one window's requests for the other algorithms). Both
+/// round down, so the streams' sum stays within the limit, but never to 0: a bucket
+/// with no tokens never refills, and an idle Envoy must be able to let its first
+/// requests through to show its demand in its next report.
+pub fn token_bucket(limit: &Limit, fraction: f64) -> Assignment {
+    if limit.requests == 0 {
+        return Assignment::DenyAll;
+    }
+    let fill_interval = limit.window.div_ceil(SECOND).max(1);
+    // Requests per fill interval, when the window is no whole number of seconds.
+    let scale = (fill_interval * SECOND) as f64 / limit.window as f64;
+    let burst = match limit.algorithm {
+        crate::algorithm::Algorithm::TokenBucket => limit.burst,
+        _ => limit.requests,
+    };
+    // The epsilon keeps 20 x 0.75 at 15 whatever the last bit of the product.
+    let part = |n: u64| {
+        ((n as f64 * scale * fraction + 1e-9).floor() as u64).clamp(1, u64::from(u32::MAX)) as u32
+    };
+    Assignment::TokenBucket {
+        max_tokens: part(burst.max(1)),
+        tokens_per_fill: part(limit.requests),
+        fill_interval,
+    }
+}
+
+/// The assignment to send: `new`, or `last` when both are token buckets of the same
+/// interval whose rates differ by less than [`HYSTERESIS`], so Envoy keeps its bucket.
+pub fn settle(new: Assignment, last: Option<Assignment>) -> Assignment {
+    let (
+        Assignment::TokenBucket {
+            tokens_per_fill: n,
+            fill_interval: fi,
+            ..
+        },
+        Some(
+            old @ Assignment::TokenBucket {
+                tokens_per_fill: o,
+                fill_interval: oi,
+                ..
+            },
+        ),
+    ) = (new, last)
+    else {
+        return new;
+    };
+    let moved = (f64::from(n) - f64::from(o)).abs() / f64::from(o.max(1));
+    if fi == oi && moved < HYSTERESIS {
+        old
+    } else {
+        new
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    fn per_second(requests: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::SlidingWindowCounter,
+            requests,
+            window: SECOND,
+            burst: requests,
+        }
+    }
+
+    fn bucket(max_tokens: u32, tokens_per_fill: u32, fill_interval: u64) -> Assignment {
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+        }
+    }
+
+    #[test]
+    fn demand_reads_sluices_clock_before_envoys_rounded_seconds() {
+        // 230 requests over 4.6 s measured here; Envoy says 4 s.
+        let d = demand(200, 30, 4 * SECOND, Some(4_600_000));
+        assert!((d - 50.0).abs() < 1e-9, "{d}");
+        // No previous report: Envoy's figure.
+        assert_eq!(demand(200, 30, 5 * SECOND, None), 46.0);
+        // A new bucket's first report: one request, time_elapsed 0.
+        assert_eq!(demand(1, 0, 0, None), 1.0);
+        assert_eq!(demand(0, 0, 5 * SECOND, Some(5 * SECOND)), 0.0);
+    }
+
+    #[test]
+    fn shares_follow_demand_and_split_evenly_when_idle() {
+        let all = Share {
+            total: 60.0,
+            streams: 2,
+        };
+        assert_eq!(fraction(45.0, all), 0.75);
+        assert_eq!(fraction(15.0, all), 0.25);
+        let idle = Share {
+            total: 0.0,
+            streams: 4,
+        };
+        assert_eq!(fraction(0.0, idle), 0.25);
+        // A stale sum below this stream's own demand never gives more than all.
+        assert_eq!(fraction(80.0, all), 1.0);
+    }
+
+    #[test]
+    fn token_buckets_carry_the_rules_rate_in_whole_seconds() {
+        assert_eq!(token_bucket(&per_second(20), 0.75), bucket(15, 15, 1));
+        assert_eq!(token_bucket(&per_second(20), 0.25), bucket(5, 5, 1));
+        // 600 a minute: refilled over 60 s, so the rate is exact.
+        let minute = Limit {
+            window: 60 * SECOND,
+            ..per_second(600)
+        };
+        assert_eq!(token_bucket(&minute, 0.5), bucket(300, 300, 60));
+        // 5 per 250 ms is 20 per second: Envoy cannot take 250 ms.
+        let quarter = Limit {
+            window: 250_000,
+            ..per_second(5)
+        };
+        assert_eq!(token_bucket(&quarter, 1.0), bucket(20, 20, 1));
+        // token_bucket's burst is its capacity.
+        let tb = Limit {
+            algorithm: Algorithm::TokenBucket,
+            burst: 40,
+            ..per_second(10)
+        };
+        assert_eq!(token_bucket(&tb, 0.5), bucket(20, 5, 1));
+    }
+
+    #[test]
+    fn a_tiny_share_still_refills_and_a_zero_limit_denies() {
+        assert_eq!(token_bucket(&per_second(20), 0.001), bucket(1, 1, 1));
+        assert_eq!(token_bucket(&per_second(0), 0.5), Assignment::DenyAll);
+    }
+
+    #[test]
+    fn small_moves_keep_the_last_bucket_and_large_ones_replace_it() {
+        let last = bucket(15, 15, 1);
+        assert_eq!(settle(bucket(16, 16, 1), Some(last)), last);
+        assert_eq!(settle(bucket(14, 14, 1), Some(last)), last);
+        assert_eq!(settle(bucket(17, 17, 1), Some(last)), bucket(17, 17, 1));
+        assert_eq!(settle(bucket(10, 10, 1), Some(last)), bucket(10, 10, 1));
+        assert_eq!(settle(bucket(15, 15, 1), None), bucket(15, 15, 1));
+        assert_eq!(settle(Assignment::DenyAll, Some(last)), Assignment::DenyAll);
+        assert_eq!(settle(last, Some(Assignment::AllowAll)), last);
+    }
+}

@@ -1,0 +1,608 @@
+//! One `StreamRateLimitQuotas` stream: an Envoy's usage reports for one domain in,
+//! one `RateLimitQuotaResponse` out for each, with an action for every bucket the
+//! report carries (Envoy 1.40 reports every bucket each time, idle ones too), each
+//! echoing its `BucketId` exactly as sent. Every report is answered at once: Envoy
+//! applies an assignment only while the stream is open.
+//!
+//! The stream remembers per bucket when it last reported (demand is measured on
+//! Sluice's clock, not Envoy's whole seconds), the last assignment (sent again when
+//! the share hardly moved, so Envoy keeps its token bucket) and since when it has
+//! been idle (for `abandon_action`). When the stream ends, its demand records go.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use futures::StreamExt;
+use prost::Message;
+
+use crate::algorithm::{Micros, SECOND};
+use crate::grpc_server::{frame, Code, GrpcError, Messages, Reply};
+use crate::policy::{FailureMode, Policy};
+use crate::store::Store;
+
+use super::bucket::{govern, Governed};
+use super::share::{demand, fraction, settle, token_bucket, Assignment};
+use super::Quotas;
+use crate::service::MAX_ENTRIES;
+
+/// A bucket's pairs sorted by key: how the stream knows it again.
+type BucketKey = Vec<(String, String)>;
+
+/// What the stream remembers of one bucket.
+#[derive(Debug, Default)]
+struct Tracked {
+    /// When the stream last reported it (Sluice's clock).
+    reported: Option<Micros>,
+    /// The assignment last sent.
+    last: Option<Assignment>,
+    /// Since when its reports have carried no requests.
+    idle_since: Option<Micros>,
+    /// Its demand record's key, when a limit governs it.
+    demand_key: Option<String>,
+}
+
+/// One Envoy's stream for one domain.
+#[derive(Debug)]
+pub struct Stream<S: Store> {
+    quotas: Arc<Quotas<S>>,
+    /// Names this stream's demand records, unique across replicas.
+    id: String,
+    domain: Option<String>,
+    buckets: HashMap<BucketKey, Tracked>,
+}
+
+/// Serves one stream: each report message is answered with one response; a bad
+/// message ends the stream with INVALID_ARGUMENT.
+pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
+    let start = Some((messages, Stream::new(quotas)));
+    let answers = futures::stream::unfold(start, |state| async move {
+        let (mut messages, mut stream) = state?;
+        let answer = match messages.next().await? {
+            Ok(m) => match decode(&m) {
+                Ok(reports) => stream.answer(reports).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        Some(match answer {
+            Ok(response) => (Ok(frame(&response)), Some((messages, stream))),
+            // The error ends the call; nothing is read after it.
+            Err(e) => (Err(e), None),
+        })
+    });
+    Reply::Stream(answers.boxed())
+}
+
+impl<S: Store> Stream<S> {
+    pub fn new(quotas: Arc<Quotas<S>>) -> Self {
+        Stream {
+            quotas,
+            id: format!("{:016x}", rand::random::<u64>()),
+            domain: None,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// The answer to one report: an action per bucket, in the report's order.
+    pub async fn answer(
+        &mut self,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, GrpcError> {
+        let domain = self.domain_of(&reports.domain)?;
+        // Every bucket is checked before any is counted: a bad report changes nothing.
+        for (i, usage) in reports.bucket_quota_usages.iter().enumerate() {
+            check(i, usage)?;
+        }
+        let policy = self.quotas.service.limiter.policy();
+        let now = self.quotas.clock.now();
+        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
+        for usage in reports.bucket_quota_usages {
+            let action = self.decide(&policy, &domain, &usage, now).await;
+            actions.push(BucketAction {
+                bucket_id: usage.bucket_id,
+                bucket_action: Some(action),
+            });
+        }
+        Ok(RateLimitQuotaResponse {
+            bucket_action: actions,
+        })
+    }
+
+    /// The stream's domain: set by its first message; a later one may repeat it or
+    /// leave it empty.
+    fn domain_of(&mut self, domain: &str) -> Result<String, GrpcError> {
+        match &self.domain {
+            None if domain.is_empty() => Err(GrpcError::new(
+                Code::InvalidArgument,
+                "the first RateLimitQuotaUsageReports of a stream must name its domain",
+            )),
+            None => {
+                self.domain = Some(domain.to_string());
+                Ok(domain.to_string())
+            }
+            Some(d) if domain.is_empty() || domain == d => Ok(d.clone()),
+            Some(d) => Err(GrpcError::new(
+                Code::InvalidArgument,
+                format!("the stream's domain is '{d}'; a report names '{domain}'"),
+            )),
+        }
+    }
+
+    /// One bucket's action.
+    async fn decide(
+        &mut self,
+        policy: &Policy,
+        domain: &str,
+        usage: &BucketQuotaUsage,
+        now: Micros,
+    ) -> Action {
+        let settings = &self.quotas.settings;
+        let ttl = settings.ttl_secs();
+        let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
+        let mut entries: BucketKey = id
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        entries.sort_unstable();
+        let limiter = &self.quotas.service.limiter;
+        let governed = govern(policy, domain, &entries, limiter.hashing());
+        let failure = policy
+            .domain(domain)
+            .and_then(|d| d.failure_mode)
+            .unwrap_or(limiter.failure_mode());
+
+        let known = self.buckets.contains_key(&entries);
+        if !known && self.buckets.len() >= settings.max_buckets {
+            let a = match (&governed, failure) {
+                (Governed::Free, _) | (_, FailureMode::Open) => Assignment::AllowAll,
+                (_, FailureMode::Closed) => Assignment::DenyAll,
+            };
+            return assignment(a, ttl);
+        }
+        let tracked = self.buckets.entry(entries).or_default();
+        let count = usage
+            .num_requests_allowed
+            .saturating_add(usage.num_requests_denied);
+        if count == 0 {
+            let since = *tracked.idle_since.get_or_insert(now);
+            if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
+                let gone = self.buckets.remove(&entries_of(usage));
+                if let Some(key) = gone.and_then(|t| t.demand_key) {
+                    self.quotas.demand.forget(vec![key], self.id.clone());
+                }
+                return Action::AbandonAction(AbandonAction {});
+            }
+        } else {
+            tracked.idle_since = None;
+        }
+        let measured = tracked.reported.map(|t| now.saturating_sub(t));
+        tracked.reported = Some(now);
+
+        let chosen = match governed {
+            Governed::Free => Assignment::AllowAll,
+            Governed::Limited {
+                rule,
+                limit,
+                key,
+                shown,
+            } => {
+                tracked.demand_key = Some(key.clone());
+                if let Some(penalty) = &rule.penalty {
+                    let penalties = limiter.penalties();
+                    // Envoy's denials count towards the penalty as ShouldRateLimit's do.
+                    for _ in 0..usage.num_requests_denied.min(penalty.violations.max(1)) {
+                        let info = || crate::limiter::penalty::BanInfo {
+                            domain: domain.to_string(),
+                            rule: rule.path.clone(),
+                            key: shown.clone(),
+                        };
+                        if penalties
+                            .deny(&key, penalty, penalties.now(), info)
+                            .is_some()
+                        {
+                            break;
+                        }
+                    }
+                }
+                let banned = rule.penalty.is_some()
+                    && limiter
+                        .penalties()
+                        .banned(&key, limiter.penalties().now())
+                        .is_some();
+                if banned || limit.requests == 0 {
+                    Assignment::DenyAll
+                } else {
+                    let reported = usage
+                        .time_elapsed
+                        .map_or(0, |d| d.seconds.max(0) as Micros * SECOND);
+                    let own = demand(
+                        usage.num_requests_allowed,
+                        usage.num_requests_denied,
+                        reported,
+                        measured,
+                    );
+                    let ttl_us = ttl * SECOND;
+                    match self.quotas.demand.report(&key, &self.id, own, ttl_us).await {
+                        Ok(all) => settle(token_bucket(&limit, fraction(own, all)), tracked.last),
+                        // The store is away: the last assignment holds; a bucket never
+                        // assigned takes the domain's failure mode.
+                        Err(e) => {
+                            tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
+                            tracked.last.unwrap_or(match failure {
+                                FailureMode::Open => Assignment::AllowAll,
+                                FailureMode::Closed => Assignment::DenyAll,
+                            })
+                        }
+                    }
+                }
+            }
+        };
+        tracked.last = Some(chosen);
+        assignment(chosen, ttl)
+    }
+}
+
+impl<S: Store> Drop for Stream<S> {
+    fn drop(&mut self) {
+        let keys: Vec<String> = self
+            .buckets
+            .values_mut()
+            .filter_map(|t| t.demand_key.take())
+            .collect();
+        if !keys.is_empty() {
+            self.quotas
+                .demand
+                .forget(keys, std::mem::take(&mut self.id));
+        }
+    }
+}
+
+/// A bucket's sorted pairs.
+fn entries_of(usage: &BucketQuotaUsage) -> BucketKey {
+    let mut entries: BucketKey = usage
+        .bucket_id
+        .iter()
+        .flat_map(|b| b.bucket.iter())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    entries.sort_unstable();
+    entries
+}
+
+/// Refuses a bucket Envoy could not have built.
+fn check(i: usize, usage: &BucketQuotaUsage) -> Result<(), GrpcError> {
+    let bad = |m: String| Err(GrpcError::new(Code::InvalidArgument, m));
+    let Some(id) = usage.bucket_id.as_ref().filter(|b| !b.bucket.is_empty()) else {
+        return bad(format!("bucket_quota_usages[{i}] has no bucket_id entries"));
+    };
+    if id.bucket.len() > MAX_ENTRIES {
+        return bad(format!(
+            "bucket_quota_usages[{i}] has {} bucket_id entries; at most {MAX_ENTRIES} are allowed",
+            id.bucket.len()
+        ));
+    }
+    if id.bucket.keys().any(String::is_empty) {
+        return bad(format!(
+            "bucket_quota_usages[{i}] has an empty bucket_id key"
+        ));
+    }
+    Ok(())
+}
+
+/// The protobuf of an assignment alive for `ttl` seconds.
+fn assignment(a: Assignment, ttl: u64) -> Action {
+    let strategy = match a {
+        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+        } => Strategy::TokenBucket(TokenBucket {
+            max_tokens,
+            tokens_per_fill: Some(UInt32Value {
+                value: tokens_per_fill,
+            }),
+            fill_interval: Some(seconds(fill_interval)),
+        }),
+    };
+    Action::QuotaAssignmentAction(QuotaAssignmentAction {
+        assignment_time_to_live: Some(seconds(ttl)),
+        rate_limit_strategy: Some(RateLimitStrategy {
+            strategy: Some(strategy),
+        }),
+    })
+}
+
+fn seconds(s: u64) -> PbDuration {
+    PbDuration {
+        seconds: s.min(i64::MAX as u64) as i64,
+        nanos: 0,
+    }
+}
+
+fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
+    RateLimitQuotaUsageReports::decode(message.as_ref()).map_err(|e| {
+        GrpcError::new(
+            Code::InvalidArgument,
+            format!("undecodable RateLimitQuotaUsageReports: {e}"),
+        )
+    })
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::test_limiter;
+    use crate::service::{HeaderStyle, Service};
+    use crate::store::{Demand, MemoryDemand, MemoryStore, Share, StoreError};
+    use crate::telemetry::Metrics;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use futures::executor::block_on;
+    use futures::future::BoxFuture;
+
+    const POLICY: &str = "domain: edge\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n  - key: route\n    value: free\n    rate_limit: {unlimited: true}\n  - key: route\n    value: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 10s, ban: 30s}\n";
+
+    struct Fixture {
+        clock: ManualClock,
+        quotas: Arc<Quotas<MemoryStore>>,
+        demand: Arc<MemoryDemand>,
+    }
+
+    fn fixture() -> Fixture {
+        fixture_with(|clock| Arc::new(MemoryDemand::new(Arc::new(clock.clone()))))
+    }
+
+    fn fixture_with(demand: impl Fn(&ManualClock) -> Arc<MemoryDemand>) -> Fixture {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let limiter = test_limiter(POLICY, &clock, Default::default());
+        let service = Arc::new(Service::new(
+            limiter,
+            HeaderStyle::Off,
+            Arc::new(Metrics::new()),
+        ));
+        let demand = demand(&clock);
+        let quotas = Quotas::new(
+            service,
+            demand.clone(),
+            Arc::new(clock.clone()),
+            super::super::Settings::default(),
+        );
+        Fixture {
+            clock,
+            quotas: Arc::new(quotas),
+            demand,
+        }
+    }
+
+    fn id(pairs: &[(&str, &str)]) -> BucketId {
+        BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64, secs: i64) -> BucketQuotaUsage {
+        BucketQuotaUsage {
+            bucket_id: Some(id(pairs)),
+            time_elapsed: Some(PbDuration {
+                seconds: secs,
+                nanos: 0,
+            }),
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        }
+    }
+
+    fn report(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: domain.to_string(),
+            bucket_quota_usages: usages,
+        }
+    }
+
+    /// The one action of a one-bucket answer, as an assignment (or `None`: abandon).
+    fn only(answer: RateLimitQuotaResponse) -> Option<(Assignment, i64)> {
+        assert_eq!(answer.bucket_action.len(), 1);
+        match answer.bucket_action[0].bucket_action.clone()? {
+            Action::AbandonAction(_) => None,
+            Action::QuotaAssignmentAction(q) => {
+                let ttl = q.assignment_time_to_live.unwrap().seconds;
+                let a = match q.rate_limit_strategy?.strategy? {
+                    Strategy::BlanketRule(1) => Assignment::DenyAll,
+                    Strategy::BlanketRule(_) => Assignment::AllowAll,
+                    Strategy::TokenBucket(tb) => Assignment::TokenBucket {
+                        max_tokens: tb.max_tokens,
+                        tokens_per_fill: tb.tokens_per_fill.unwrap().value,
+                        fill_interval: tb.fill_interval.unwrap().seconds as u64,
+                    },
+                    Strategy::RequestsPerTimeUnit(_) => panic!("never sent"),
+                };
+                Some((a, ttl))
+            }
+        }
+    }
+
+    fn bucket(tokens: u32) -> Assignment {
+        Assignment::TokenBucket {
+            max_tokens: tokens,
+            tokens_per_fill: tokens,
+            fill_interval: 1,
+        }
+    }
+
+    const API: &[(&str, &str)] = &[("route", "api")];
+
+    #[test]
+    fn two_envoys_share_the_limit_by_their_demand() {
+        let f = fixture();
+        let mut a = Stream::new(f.quotas.clone());
+        let mut b = Stream::new(f.quotas.clone());
+        // Each bucket's first report: one request, time_elapsed 0.
+        let first = block_on(a.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        assert_eq!(first.bucket_action[0].bucket_id, Some(id(API)), "echoed");
+        assert_eq!(only(first), Some((bucket(20), 15)), "alone, a gets all");
+        let b1 = block_on(b.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        assert_eq!(only(b1), Some((bucket(10), 15)));
+        // 5 s later: a saw 45 requests a second, b 15 (allowed and denied alike).
+        f.clock.advance(5 * SECOND);
+        let a2 = block_on(a.answer(report("", vec![usage(API, 100, 125, 4)]))).unwrap();
+        // b's last record (1/s) is still in the sum: 225/5 = 45 of 46, 19 tokens,
+        // within a tenth of the 20 sent: a keeps its bucket.
+        assert_eq!(only(a2).unwrap().0, bucket(20));
+        f.clock.advance(SECOND);
+        let b2 = block_on(b.answer(report("edge", vec![usage(API, 20, 70, 5)]))).unwrap();
+        // 90 requests over the 6 s since b's last report.
+        assert_eq!(only(b2).unwrap().0, bucket(5));
+        f.clock.advance(4 * SECOND);
+        let a3 = block_on(a.answer(report("", vec![usage(API, 75, 150, 4)]))).unwrap();
+        assert_eq!(only(a3).unwrap().0, bucket(15), "45 of 60 a second");
+        // The share hardly moves: the same bucket is sent, so Envoy keeps its tokens.
+        f.clock.advance(5 * SECOND);
+        let a4 = block_on(a.answer(report("", vec![usage(API, 75, 160, 5)]))).unwrap();
+        assert_eq!(only(a4).unwrap().0, bucket(15));
+        drop(a);
+        drop(b);
+        assert_eq!(f.demand.buckets(), 0, "ended streams leave no records");
+    }
+
+    #[test]
+    fn blanket_rules_for_unlimited_unknown_and_zero_limits() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let ask = |s: &mut Stream<MemoryStore>, pairs: &[(&str, &str)]| {
+            only(block_on(s.answer(report("edge", vec![usage(pairs, 3, 0, 1)]))).unwrap())
+                .unwrap()
+                .0
+        };
+        assert_eq!(ask(&mut s, &[("route", "free")]), Assignment::AllowAll);
+        assert_eq!(ask(&mut s, &[("route", "elsewhere")]), Assignment::AllowAll);
+        assert_eq!(ask(&mut s, &[("route", "closed")]), Assignment::DenyAll);
+        let mut other = Stream::new(f.quotas.clone());
+        let unknown = block_on(other.answer(report("nowhere", vec![usage(API, 3, 0, 1)])));
+        assert_eq!(only(unknown.unwrap()).unwrap().0, Assignment::AllowAll);
+        assert_eq!(f.demand.buckets(), 0, "only limited buckets keep demand");
+    }
+
+    #[test]
+    fn envoys_denials_start_a_penalty_ban() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let c = &[("client", "10.0.0.1")];
+        let a = block_on(s.answer(report("edge", vec![usage(c, 10, 0, 1)]))).unwrap();
+        assert!(matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }));
+        f.clock.advance(5 * SECOND);
+        // Three denials within 10 s: banned for 30 s.
+        let a = block_on(s.answer(report("edge", vec![usage(c, 10, 3, 5)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
+        assert_eq!(f.quotas.service.limiter.penalties().active_count(), 1);
+        f.clock.advance(31 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(c, 0, 40, 5)]))).unwrap();
+        // The ban is over; these denials were Envoy's DENY_ALL, and start another.
+        assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
+    }
+
+    #[test]
+    fn an_idle_bucket_is_abandoned_and_comes_back_fresh() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        block_on(s.answer(report("edge", vec![usage(API, 5, 0, 0)]))).unwrap();
+        for _ in 0..12 {
+            f.clock.advance(5 * SECOND);
+            let a = block_on(s.answer(report("edge", vec![usage(API, 0, 0, 5)]))).unwrap();
+            assert!(only(a).is_some(), "not yet");
+        }
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 0, 0, 5)]))).unwrap();
+        assert_eq!(only(a), None, "idle for 60 s: abandoned");
+        assert_eq!(f.demand.buckets(), 0);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    #[test]
+    fn bad_reports_are_refused_and_change_nothing() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let e = block_on(s.answer(report("", vec![usage(API, 1, 0, 0)]))).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains("must name its domain"), "{}", e.message);
+        block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        let e = block_on(s.answer(report("other", vec![]))).unwrap_err();
+        assert!(e.message.contains("domain is 'edge'"), "{}", e.message);
+        let empty = BucketQuotaUsage {
+            bucket_id: None,
+            ..usage(API, 1, 0, 0)
+        };
+        let e = block_on(s.answer(report("edge", vec![usage(API, 500, 0, 1), empty]))).unwrap_err();
+        assert!(
+            e.message
+                .contains("bucket_quota_usages[1] has no bucket_id"),
+            "{}",
+            e.message
+        );
+        let e = block_on(s.answer(report("edge", vec![usage(&[("", "x")], 1, 0, 1)]))).unwrap_err();
+        assert!(e.message.contains("empty bucket_id key"), "{}", e.message);
+        // The refused report's 500 requests were not counted.
+        f.clock.advance(SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 1)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    /// A demand table whose store is down.
+    #[derive(Debug)]
+    struct Down;
+
+    impl Demand for Down {
+        fn report<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: f64,
+            _: Micros,
+        ) -> BoxFuture<'a, Result<Share, StoreError>> {
+            Box::pin(async { Err(StoreError::Timeout) })
+        }
+        fn forget(&self, _: Vec<String>, _: String) {}
+    }
+
+    #[test]
+    fn with_the_store_down_the_last_assignment_holds_else_the_failure_mode() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        let down = Quotas::new(
+            f.quotas.service.clone(),
+            Arc::new(Down),
+            Arc::new(f.clock.clone()),
+            super::super::Settings::default(),
+        );
+        // The same stream state, now over a store that fails.
+        s.quotas = Arc::new(down);
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 300, 0, 5)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, bucket(20), "kept");
+        let c = &[("client", "x")];
+        let a = block_on(s.answer(report("edge", vec![usage(c, 3, 0, 5)]))).unwrap();
+        assert_eq!(
+            only(a).unwrap().0,
+            Assignment::AllowAll,
+            "failure_mode open"
+        );
+    }
+}
