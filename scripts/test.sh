@@ -67,6 +67,8 @@ log "tests/e2e/envoy.sh"
 bash tests/e2e/envoy.sh
 log "tests/e2e/envoy-gateway.sh"
 bash tests/e2e/envoy-gateway.sh
+log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two minutes)"
+bash tests/e2e/rlqs.sh
 
 # --- A short soak: fixed rate, a new key every request, Redis restarted each minute --
 # (the 30-minute run and its figures: BENCHMARKS.md, "Soak")
