@@ -110,9 +110,9 @@ pub async fn run(
         let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
         tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
+        let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
         sync_sentences(service.clone(), stopped());
-        let demand = local_demand();
         return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 

@@ -47,6 +47,7 @@ mod board;
 pub mod cache;
 pub mod classify;
 pub mod coalesce;
+mod demand;
 pub mod expire;
 pub mod health;
 pub mod offset;

@@ -41,12 +41,14 @@ pub const MAX_ARG: u64 = 1 << 50;
 /// Values per hit in the decide reply.
 const REPLY_STRIDE: usize = 7;
 
-/// Both scripts, hashed once.
+/// The scripts, hashed once.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     pub decide: RedisScript,
     pub refund: RedisScript,
     pub peek: RedisScript,
+    /// RLQS demand records (`demand.lua`, see `demand.rs`).
+    pub demand: RedisScript,
 }
 
 impl Default for Scripts {
@@ -55,6 +57,7 @@ impl Default for Scripts {
             decide: RedisScript::new(DECIDE_LUA),
             refund: RedisScript::new(REFUND_LUA),
             peek: RedisScript::new(PEEK_LUA),
+            demand: RedisScript::new(include_str!("demand.lua")),
         }
     }
 }

@@ -1,0 +1,109 @@
+//! RLQS demand in Redis: one hash per quota bucket with a field per stream (its
+//! demand and expiry), written and summed by `demand.lua` in one call, so every
+//! replica's streams of a bucket share one limit. The hash expires with its last
+//! record; an ended stream's fields are deleted in the background.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::algorithm::Micros;
+use crate::store::demand::{Demand, Share};
+use crate::store::{ErrorKind, StoreError};
+
+use super::{classify, shard, Backend, RedisStore};
+
+/// Longest wait for a demand call: reports come every few seconds and wait for their
+/// answer, not a request.
+const DEMAND_TIMEOUT: Duration = Duration::from_millis(500);
+
+impl RedisStore {
+    /// The Redis key of a bucket's demand hash.
+    fn demand_key(&self, bucket: &str) -> String {
+        format!("{}rlqs:{bucket}", self.inner.prefix)
+    }
+
+    /// The standalone shard of `key` (0 in a cluster).
+    fn demand_shard(&self, key: &str) -> usize {
+        match &self.inner.backend {
+            Backend::Shards(s) => {
+                shard::jump_hash(crate::hash::stable_hash(key.as_bytes()), s.len())
+            }
+            Backend::Cluster(_) => 0,
+        }
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        call: redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let sent = async {
+            match &self.inner.backend {
+                Backend::Shards(s) => {
+                    let mut conn = s[self.demand_shard(key)].conn.clone();
+                    call.invoke_async::<T>(&mut conn).await
+                }
+                Backend::Cluster(c) => {
+                    let conn = c
+                        .conn
+                        .get_or_try_init(|| c.client.get_async_connection())
+                        .await?;
+                    call.invoke_async::<T>(&mut conn.clone()).await
+                }
+            }
+        };
+        match tokio::time::timeout(DEMAND_TIMEOUT, sent).await {
+            Ok(r) => r.map_err(|e| classify::redis(&e)),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+}
+
+impl Demand for RedisStore {
+    fn report<'a>(
+        &'a self,
+        bucket: &'a str,
+        stream: &'a str,
+        demand: f64,
+        ttl: Micros,
+    ) -> BoxFuture<'a, Result<Share, StoreError>> {
+        Box::pin(async move {
+            let key = self.demand_key(bucket);
+            let mut call = self.inner.scripts.demand.prepare_invoke();
+            call.key(&key)
+                .arg(stream)
+                .arg(format!("{:.6}", demand.max(0.0)))
+                .arg((ttl / 1000).max(1));
+            let (total, streams): (String, u32) = self.invoke(&key, call).await?;
+            let total = total.parse::<f64>().map_err(|_| {
+                StoreError::failed(ErrorKind::Protocol, format!("demand sum {total:?}"))
+            })?;
+            Ok(Share { total, streams })
+        })
+    }
+
+    fn forget(&self, buckets: Vec<String>, stream: String) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            for bucket in buckets {
+                let key = store.demand_key(&bucket);
+                let mut cmd = redis::cmd("HDEL");
+                cmd.arg(&key).arg(&stream);
+                let shard = store.demand_shard(&key);
+                let r: Result<i64, _> = match &store.inner.backend {
+                    Backend::Shards(s) => cmd.query_async(&mut s[shard].conn.clone()).await,
+                    Backend::Cluster(c) => match c.conn.get() {
+                        Some(conn) => cmd.query_async(&mut conn.clone()).await,
+                        None => return,
+                    },
+                };
+                if let Err(e) = r {
+                    // The record expires on its own.
+                    tracing::debug!(error = %e, "rlqs demand record not deleted");
+                    return;
+                }
+            }
+        });
+    }
+}

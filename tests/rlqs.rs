@@ -1,0 +1,154 @@
+//! The Rate Limit Quota Service through the real server's gRPC port: streams opened
+//! with the generated RLQS client, the way Envoy's rate_limit_quota filter talks.
+//! Two replicas behind one Redis share one limit between the streams they serve.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::redis::{available, RedisServer};
+use common::Server;
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use futures::channel::mpsc;
+use futures::SinkExt;
+use tonic::Streaming;
+
+const POLICY: &str = "domain: rlqs\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
+
+/// One open stream: reports go in, answers come out.
+struct Quota {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Quota {
+    async fn open(server: &Server) -> Quota {
+        let url = format!("http://{}", server.grpc);
+        let mut client = RateLimitQuotaServiceClient::connect(url)
+            .await
+            .expect("connect");
+        let (tx, rx) = mpsc::channel(4);
+        let answers = client
+            .stream_rate_limit_quotas(rx)
+            .await
+            .expect("stream")
+            .into_inner();
+        Quota { tx, rx: answers }
+    }
+
+    /// Reports `requests` in the last `secs` for the bucket {route: api, extra...};
+    /// returns the answer's token bucket `(max_tokens, tokens_per_fill)` and TTL.
+    async fn report(&mut self, requests: u64, secs: i64) -> (Option<(u32, u32)>, i64) {
+        let mut bucket = HashMap::new();
+        bucket.insert("route".to_string(), "api".to_string());
+        let id = BucketId { bucket };
+        self.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: "rlqs".into(),
+                bucket_quota_usages: vec![BucketQuotaUsage {
+                    bucket_id: Some(id.clone()),
+                    time_elapsed: Some(PbDuration {
+                        seconds: secs,
+                        nanos: 0,
+                    }),
+                    num_requests_allowed: requests / 2,
+                    num_requests_denied: requests - requests / 2,
+                }],
+            })
+            .await
+            .expect("send");
+        let answer = tokio::time::timeout(Duration::from_secs(5), self.rx.message())
+            .await
+            .expect("answered within 5 s")
+            .expect("no error")
+            .expect("a message");
+        let action = &answer.bucket_action[0];
+        assert_eq!(
+            action.bucket_id.as_ref(),
+            Some(&id),
+            "the bucket id is echoed"
+        );
+        let Some(Action::QuotaAssignmentAction(q)) = &action.bucket_action else {
+            panic!("an assignment: {action:?}")
+        };
+        let ttl = q.assignment_time_to_live.unwrap().seconds;
+        match q.rate_limit_strategy.unwrap().strategy.unwrap() {
+            Strategy::TokenBucket(tb) => (
+                Some((tb.max_tokens, tb.tokens_per_fill.unwrap().value)),
+                ttl,
+            ),
+            other => {
+                assert!(matches!(other, Strategy::BlanketRule(_)), "{other:?}");
+                (None, ttl)
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn streams_on_one_server_share_its_limit_by_demand() {
+    let server = Server::start(POLICY, &["--rlqs-assignment-ttl", "12s"]);
+    let mut a = Quota::open(&server).await;
+    let mut b = Quota::open(&server).await;
+    assert_eq!(a.report(45, 1).await, (Some((20, 20)), 12), "alone: all");
+    assert_eq!(b.report(15, 1).await.0, Some((5, 5)), "15 of 60 a second");
+    assert_eq!(a.report(45, 1).await.0, Some((15, 15)), "45 of 60");
+    // A stream that ends takes its demand with it.
+    drop(b);
+    let mut shares = None;
+    for _ in 0..50 {
+        shares = a.report(45, 1).await.0;
+        if shares == Some((20, 20)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shares, Some((20, 20)), "alone again");
+}
+
+#[tokio::test]
+async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
+    let server = Server::start(POLICY, &[]);
+    let url = format!("http://{}", server.grpc);
+    let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
+    let reports = futures::stream::iter(vec![RateLimitQuotaUsageReports::default()]);
+    let status = match client.stream_rate_limit_quotas(reports).await {
+        Err(s) => s,
+        Ok(r) => r.into_inner().message().await.unwrap_err(),
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("must name its domain"),
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn replicas_behind_one_redis_share_one_limit() {
+    if !available() {
+        eprintln!("SKIP: redis-server not installed");
+        return;
+    }
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    let one = Server::start(POLICY, &["--redis", &url]);
+    let two = Server::start(POLICY, &["--redis", &url]);
+    let mut a = Quota::open(&one).await;
+    let mut b = Quota::open(&two).await;
+    assert_eq!(a.report(45, 1).await.0, Some((20, 20)));
+    // b's replica sees a's demand through Redis.
+    assert_eq!(b.report(15, 1).await.0, Some((5, 5)));
+    assert_eq!(a.report(45, 1).await.0, Some((15, 15)));
+    // Redis gone: each stream keeps its last assignment.
+    redis.kill();
+    assert_eq!(a.report(90, 1).await.0, Some((15, 15)));
+    assert_eq!(b.report(90, 1).await.0, Some((5, 5)));
+}
