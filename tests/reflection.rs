@@ -20,8 +20,14 @@ use tonic_reflection::pb::v1alpha;
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 const ROOT: &str = "envoy/service/ratelimit/v3/rls.proto";
+/// The Rate Limit Quota Service's file, served beside `ROOT`.
+const RLQS: &str = "envoy/service/rate_limit_quota/v3/rlqs.proto";
 /// Files whose comments `grpcurl describe` shows; the others' are left out.
-const DOCUMENTED: [&str; 2] = [ROOT, "envoy/extensions/common/ratelimit/v3/ratelimit.proto"];
+const DOCUMENTED: [&str; 3] = [
+    ROOT,
+    "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
+    RLQS,
+];
 
 fn committed() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service/ratelimit.binpb")
@@ -104,7 +110,7 @@ fn fields(b: &[u8]) -> Vec<Field<'_>> {
     out
 }
 
-/// The set the port serves: `ROOT` and everything it imports, each file after its
+/// The set the port serves: `ROOT`, `RLQS` and everything they import, each file after its
 /// imports, comments (`source_code_info`, field 9) kept only for `DOCUMENTED`.
 fn ratelimit_descriptors(all: &[u8]) -> Vec<u8> {
     // FileDescriptorSet.file is field 1; FileDescriptorProto.name 1, dependency 3.
@@ -142,6 +148,7 @@ fn ratelimit_descriptors(all: &[u8]) -> Vec<u8> {
     }
     let mut closure = Vec::new();
     visit(ROOT, &files, &mut closure);
+    visit(RLQS, &files, &mut closure);
     let mut set = Vec::new();
     for (name, _, bytes) in closure {
         let mut file = Vec::new();
@@ -158,7 +165,7 @@ fn ratelimit_descriptors(all: &[u8]) -> Vec<u8> {
     let decoded = FileDescriptorSet::decode(&set[..]).expect("the set decodes");
     assert_eq!(
         decoded.file.last().map(FileDescriptorProto::name),
-        Some(ROOT)
+        Some(RLQS)
     );
     set
 }
@@ -205,7 +212,8 @@ fn first_file(r: MessageResponse) -> FileDescriptorProto {
     }
 }
 
-const SERVICES: [&str; 4] = [
+const SERVICES: [&str; 5] = [
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
     "envoy.service.ratelimit.v3.RateLimitService",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
@@ -259,7 +267,7 @@ async fn reflection_answers_on_a_stream_that_stays_open() {
     let rls = next(
         &mut tx,
         &mut answers,
-        MessageRequest::FileContainingSymbol(SERVICES[0].into()),
+        MessageRequest::FileContainingSymbol(SERVICES[1].into()),
     )
     .await
     .unwrap();

@@ -23,15 +23,17 @@ use crate::grpc_server::{status_of, Code, GrpcError, Messages, Reply};
 pub const V1: &str = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
 pub const V1ALPHA: &str = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
-/// `envoy/service/ratelimit/v3/rls.proto` and every file it imports, from
-/// envoy-types' descriptors (tests/reflection.rs checks it and writes it again).
+/// `envoy/service/ratelimit/v3/rls.proto`, `envoy/service/rate_limit_quota/v3/rlqs.proto`
+/// and every file they import, from envoy-types' descriptors (tests/reflection.rs
+/// checks it and writes it again).
 pub const RATELIMIT_DESCRIPTORS: &[u8] = include_bytes!("ratelimit.binpb");
 
 /// A tonic service as a function of its request.
 type Answer =
     Arc<dyn Fn(http::Request<Body>) -> BoxFuture<'static, http::Response<Body>> + Send + Sync>;
 
-/// Answers reflection requests about RateLimitService, Health and reflection itself.
+/// Answers reflection requests about RateLimitService, RateLimitQuotaService, Health
+/// and reflection itself.
 #[derive(Clone)]
 pub struct Reflection {
     v1: Answer,
