@@ -164,6 +164,9 @@ pids+=("$LOAD")
 at() {
     python3 -c "import time,sys; t=$T0+$1-time.time(); time.sleep(max(0,t))"
 }
+at 60
+# Sluice's CPU over the 60 s of shared load (utime + stime, clock ticks).
+CPU_TICKS=$(awk '{print $14 + $15}' "/proc/$SLUICE_PID/stat" 2>/dev/null || echo 0)
 at 62
 log "t=62 s: killing sluice"
 kill -9 "$SLUICE_PID"
@@ -233,6 +236,8 @@ total_back=$(python3 -c "print($back_a + $back_b)")
 ge "$total_back" 16 && le "$total_back" 24 && ge "$back_a" "$back_b" &&
     ok "sluice restarted: the shared limit is back ($back_a/s + $back_b/s)" ||
     bad "after the restart: $back_a/s + $back_b/s, want about 20/s shared 3:1"
+
+log "sluice CPU over the first 60 s (3600 requests through the Envoys, 24 reports): $(python3 -c "print($CPU_TICKS / $(getconf CLK_TCK))") s"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
