@@ -419,7 +419,7 @@ mod tests {
     /// The one action of a one-bucket answer, as an assignment (or `None`: abandon).
     fn only(answer: RateLimitQuotaResponse) -> Option<(Assignment, i64)> {
         assert_eq!(answer.bucket_action.len(), 1);
-        match answer.bucket_action[0].bucket_action.clone()? {
+        match answer.bucket_action[0].bucket_action? {
             Action::AbandonAction(_) => None,
             Action::QuotaAssignmentAction(q) => {
                 let ttl = q.assignment_time_to_live.unwrap().seconds;
