@@ -2140,3 +2140,82 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
     assert_eq!(refused.code(), tonic::Code::NotFound);
     assert!(refused.message().contains("no limited rule"), "{refused:?}");
 }
+
+const TIGHTEN_POLICY: &str = r#"
+domain: shop
+descriptors:
+  - key: user
+    rate_limit:
+      window: 2s
+      requests_per_unit: 10
+      algorithm: fixed_window
+      penalty:
+        violations: 3
+        within: 1m
+        tighten: {factor: 0.2, for: 1m}
+"#;
+
+/// Waits until the next 2 s window has just begun.
+async fn start_of_a_two_second_window() {
+    common::eventually(
+        Duration::from_secs(5),
+        "the start of a 2 s window",
+        || async {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            now.as_millis() % 2000 < 300
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_redis_tighten_a_key_as_one() {
+    if !available() {
+        return;
+    }
+    let redis_server = RedisServer::start().await;
+    let url = redis_server.url();
+    let servers: Vec<common::Server> = (0..3)
+        .map(|_| common::Server::start(TIGHTEN_POLICY, &["--redis", &url]))
+        .collect();
+    let mut clients = Vec::new();
+    for s in &servers {
+        clients.push(s.client().await);
+    }
+    // The full limit, spread over the replicas, then one denial on each: the third
+    // tightens the key everywhere.
+    start_of_a_two_second_window().await;
+    let mut admitted = 0;
+    for i in 0..13 {
+        if code_of(&mut clients[i % 3], "user", "scraper").await == common::OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    for s in &servers {
+        common::eventually(
+            Duration::from_secs(5),
+            "every replica lists the tightening",
+            || async {
+                sentences_of(s, "scraper") == [("tighten".to_string(), "penalty".to_string())]
+            },
+        )
+        .await;
+    }
+    // The next window: a fifth of the limit, across all replicas together, while
+    // another key keeps the whole limit.
+    start_of_a_two_second_window().await;
+    let mut tight = 0;
+    let mut other = 0;
+    for i in 0..12 {
+        if code_of(&mut clients[i % 3], "user", "scraper").await == common::OK {
+            tight += 1;
+        }
+        if code_of(&mut clients[(i + 1) % 3], "user", "reader").await == common::OK {
+            other += 1;
+        }
+    }
+    assert_eq!((tight, other), (2, 10));
+}
