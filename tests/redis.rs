@@ -2218,4 +2218,22 @@ async fn replicas_on_one_redis_tighten_a_key_as_one() {
         }
     }
     assert_eq!((tight, other), (2, 10));
+
+    // A flood from the tightened key costs Redis a call per `violations` denials at
+    // most (each replica counts them itself), not a call per denial.
+    let mut conn = redis_server.conn().await;
+    let before = command_calls(&mut conn, "evalsha").await;
+    let mut denied = 0;
+    for _ in 0..30 {
+        if code_of(&mut clients[0], "user", "scraper").await == common::OVER_LIMIT {
+            denied += 1;
+        }
+    }
+    let calls = command_calls(&mut conn, "evalsha").await - before;
+    assert!(denied >= 20, "{denied}");
+    // A new window's two admissions (and their decide calls) may fall inside.
+    assert!(
+        calls <= denied / 3 + 4,
+        "{calls} script calls for {denied} denials"
+    );
 }

@@ -657,19 +657,31 @@ impl<S: Store> Limiter<S> {
             // Shedding is soft: it never counts towards a penalty.
             if status.ban == Ban::None && hit.mode == Mode::Enforce && !status.shed {
                 match (&rule.penalty, shared) {
-                    (Some(p), true) => pending.push(penalty::Pending {
-                        status: i,
-                        key: hit.key.clone(),
-                        penalty: *p,
-                        info: penalty::encode_info(
-                            &penalty::BanInfo {
-                                domain: domain.to_string(),
-                                rule: rule.path.clone(),
-                                key: shown.clone(),
-                            },
-                            penalty::Source::Penalty,
-                        ),
-                    }),
+                    (Some(p), true) => {
+                        let info = || penalty::BanInfo {
+                            domain: domain.to_string(),
+                            rule: rule.path.clone(),
+                            key: shown.clone(),
+                        };
+                        // A tightened key is still denied often: its further denials
+                        // are counted here, and only a count that reaches `violations`
+                        // goes to the store, so a flood from it is not a flood of
+                        // store calls.
+                        let reached = status.tightened
+                            && self
+                                .penalties
+                                .deny(&hit.key, p, self.penalties.now(), info)
+                                .is_some();
+                        if !status.tightened || reached {
+                            pending.push(penalty::Pending {
+                                status: i,
+                                key: hit.key.clone(),
+                                penalty: *p,
+                                reached,
+                                info: penalty::encode_info(&info(), penalty::Source::Penalty),
+                            });
+                        }
+                    }
                     (Some(_), false) => {
                         penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown)
                     }

@@ -556,6 +556,9 @@ pub struct Pending {
     pub status: usize,
     pub key: String,
     pub penalty: Penalty,
+    /// Counted here to `violations` already (a tightened key): the store's count
+    /// is reached with this one denial.
+    pub reached: bool,
     pub info: String,
 }
 
@@ -567,7 +570,11 @@ impl Pending {
         };
         Strike {
             key: &self.key,
-            violations: self.penalty.violations.max(1),
+            violations: if self.reached {
+                1
+            } else {
+                self.penalty.violations.max(1)
+            },
             within: self.penalty.within.max(1),
             kind,
             span,
