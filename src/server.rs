@@ -123,16 +123,9 @@ pub async fn run(
     let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
     {
         let store = store.clone();
-        let stop = stopped();
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tick.tick() => { store.sweep(); }
-                }
-            }
+        every_second(stopped(), move || {
+            store.sweep();
+            async {}
         });
     }
 
@@ -160,17 +153,29 @@ fn sync_sentences<S: Store>(
     service: Arc<Service<S>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
+    every_second(stop, move || {
+        let service = service.clone();
+        async move {
+            if let Err(e) = service.limiter.sync_sentences().await {
+                tracing::debug!(error = %e, "reading the shared block list failed");
+            }
+        }
+    });
+}
+
+/// Runs `work` every second until `stop`.
+fn every_second<F, Fut>(stop: impl Future<Output = ()> + Send + 'static, mut work: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
     tokio::spawn(async move {
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = &mut stop => return,
-                _ = tick.tick() => {
-                    if let Err(e) = service.limiter.sync_sentences().await {
-                        tracing::debug!(error = %e, "reading the shared block list failed");
-                    }
-                }
+                _ = tick.tick() => work().await,
             }
         }
     });

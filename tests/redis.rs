@@ -1911,6 +1911,22 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
 
+/// Three sluices sharing `redis`, and a client of each.
+async fn three_replicas(
+    policy: &str,
+    redis: &RedisServer,
+) -> (Vec<common::Server>, Vec<RateLimitServiceClient<Channel>>) {
+    let url = redis.url();
+    let servers: Vec<common::Server> = (0..3)
+        .map(|_| common::Server::start(policy, &["--redis", &url]))
+        .collect();
+    let mut clients = Vec::new();
+    for s in &servers {
+        clients.push(s.client().await);
+    }
+    (servers, clients)
+}
+
 /// The sentences `/debug/blocks` of `server` lists for `key`, as (kind, source).
 fn sentences_of(server: &common::Server, key: &str) -> Vec<(String, String)> {
     let (status, body) = common::http(&server.http, "GET", "/debug/blocks", "");
@@ -1946,14 +1962,7 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         return;
     }
     let redis_server = RedisServer::start().await;
-    let url = redis_server.url();
-    let servers: Vec<common::Server> = (0..3)
-        .map(|_| common::Server::start(LOOP_POLICY, &["--redis", &url]))
-        .collect();
-    let mut clients = Vec::new();
-    for s in &servers {
-        clients.push(s.client().await);
-    }
+    let (servers, mut clients) = three_replicas(LOOP_POLICY, &redis_server).await;
     common::early_in_a_minute().await;
 
     // Two admitted, then one denial on each replica: three violations in all, though
@@ -2176,14 +2185,7 @@ async fn replicas_on_one_redis_tighten_a_key_as_one() {
         return;
     }
     let redis_server = RedisServer::start().await;
-    let url = redis_server.url();
-    let servers: Vec<common::Server> = (0..3)
-        .map(|_| common::Server::start(TIGHTEN_POLICY, &["--redis", &url]))
-        .collect();
-    let mut clients = Vec::new();
-    for s in &servers {
-        clients.push(s.client().await);
-    }
+    let (servers, mut clients) = three_replicas(TIGHTEN_POLICY, &redis_server).await;
     // The full limit, spread over the replicas, then one denial on each: the third
     // tightens the key everywhere.
     start_of_a_two_second_window().await;

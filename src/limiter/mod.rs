@@ -432,16 +432,7 @@ impl<S: Store> Limiter<S> {
             };
             match answer {
                 Ok(Some(s)) => {
-                    let (info, source) = penalty::decode_info(&s.info);
-                    self.penalties.put(
-                        &p.key,
-                        s.kind,
-                        s.remaining,
-                        s.factor_ppm,
-                        info,
-                        source,
-                        true,
-                    );
+                    self.penalties.learn(&s);
                     if s.started {
                         penalty::mark_started(&mut outcome.statuses[p.status], s.kind, s.remaining);
                     }

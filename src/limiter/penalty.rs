@@ -266,10 +266,7 @@ impl Penalties {
         r.prev = 0;
         r.cur = 0;
         r.start = now;
-        let (mut kind, mut span, factor_ppm) = match penalty.sentence {
-            Sentence::Ban(d) => (Kind::Ban, d, 0),
-            Sentence::Tighten { factor_ppm, span } => (Kind::Tighten, span, factor_ppm),
-        };
+        let (mut kind, mut span, factor_ppm) = parts(&penalty.sentence);
         if let Some(b) = penalty.block {
             if r.pens == 0 || now >= r.pens_start.saturating_add(b.within) {
                 r.pens_start = now;
@@ -350,17 +347,22 @@ impl Penalties {
             }
         }
         for s in list {
-            let (info, source) = decode_info(&s.info);
-            self.put(
-                &s.key,
-                s.kind,
-                s.remaining,
-                s.factor_ppm,
-                info,
-                source,
-                true,
-            );
+            self.learn(s);
         }
+    }
+
+    /// Keeps a sentence a sharing store answered with.
+    pub fn learn(&self, s: &Sentenced) {
+        let (info, source) = decode_info(&s.info);
+        self.put(
+            &s.key,
+            s.kind,
+            s.remaining,
+            s.factor_ppm,
+            info,
+            source,
+            true,
+        );
     }
 
     /// Every sentence in force, longest remaining first.
@@ -437,6 +439,14 @@ impl Penalties {
             self.operator_blocks.store(false, Ordering::Relaxed);
         }
         removed
+    }
+}
+
+/// A penalty's sentence as the store names it: kind, length, factor (millionths).
+fn parts(sentence: &Sentence) -> (Kind, Micros, u32) {
+    match *sentence {
+        Sentence::Ban(d) => (Kind::Ban, d, 0),
+        Sentence::Tighten { factor_ppm, span } => (Kind::Tighten, span, factor_ppm),
     }
 }
 
@@ -564,10 +574,7 @@ pub struct Pending {
 
 impl Pending {
     pub fn strike(&self) -> Strike<'_> {
-        let (kind, span, factor_ppm) = match self.penalty.sentence {
-            Sentence::Ban(d) => (Kind::Ban, d, 0),
-            Sentence::Tighten { factor_ppm, span } => (Kind::Tighten, span, factor_ppm),
-        };
+        let (kind, span, factor_ppm) = parts(&self.penalty.sentence);
         Strike {
             key: &self.key,
             violations: if self.reached {
