@@ -11,13 +11,14 @@ log() { printf '==> %s\n' "$*"; }
 # Everything comes from package registries (apt, PyPI, the Go module proxy); nothing is
 # cached by hand, so a fresh machine gets the same set-up as a developer's.
 missing=()
-for cmd in redis-server curl openssl tmux; do
+for cmd in redis-server redis-sentinel curl openssl tmux; do
   command -v "$cmd" >/dev/null || missing+=("$cmd")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   log "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # Command and package names are the same for these (tmux: `sluice top`'s test).
+  # Command and package names are the same for these (tmux: `sluice top`'s test;
+  # redis-sentinel: tests/redis_sentinel.rs).
   apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi

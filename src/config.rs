@@ -133,6 +133,26 @@ pub struct Serve {
         conflicts_with = "redis"
     )]
     pub redis_cluster: Vec<String>,
+    /// Redis Sentinels (URL,URL,...; `redis://[:password@]host:port` or `rediss://`):
+    /// the shards are the masters named by --redis-sentinel-master, wherever these
+    /// sentinels say they are.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_SENTINEL",
+        value_delimiter = ',',
+        conflicts_with_all = ["redis", "redis_cluster"],
+        requires = "redis_sentinel_master"
+    )]
+    pub redis_sentinel: Vec<String>,
+    /// The Sentinel masters, one shard each (NAME,NAME,...). A master's password,
+    /// TLS and database go in a URL whose host is its name: `rediss://:PASSWORD@NAME/0`.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_SENTINEL_MASTER",
+        value_delimiter = ',',
+        requires = "redis_sentinel"
+    )]
+    pub redis_sentinel_master: Vec<String>,
     /// Address of the RateLimitService (and gRPC health).
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,

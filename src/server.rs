@@ -74,7 +74,8 @@ pub async fn run(
              --kube to watch RateLimitPolicy resources, or --xds-server URL to take them over xDS"
         );
     }
-    let shared = !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty();
+    let shared =
+        !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() || !cfg.redis_sentinel.is_empty();
     let hashing = hashing(&cfg, shared)?;
     let mut metrics = Metrics::new().with_near_limit_ratio(cfg.near_limit_ratio);
     if cfg.prometheus_addr.is_some() {
@@ -98,17 +99,21 @@ pub async fn run(
     let (policy, loaded) = (sources.policy, sources.loaded);
 
     let cluster = !cfg.redis_cluster.is_empty();
-    if cluster || !cfg.redis.is_empty() {
+    let sentinel = !cfg.redis_sentinel.is_empty();
+    if cluster || sentinel || !cfg.redis.is_empty() {
         let urls = if cluster {
             cfg.redis_cluster.clone()
+        } else if sentinel {
+            cfg.redis_sentinel_master.clone()
         } else {
             cfg.redis.clone()
         };
         let mut opts = RedisOptions::new(urls, cluster);
+        opts.sentinels = cfg.redis_sentinel.clone();
         opts.call_timeout = cfg.store_timeout;
         opts.prefix = cfg.redis_key_prefix.clone();
         let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
-        tracing::info!(shards = ?store.shard_names(), cluster, "counters in redis");
+        tracing::info!(shards = ?store.shard_names(), cluster, sentinel, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
         let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));

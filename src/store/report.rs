@@ -61,7 +61,8 @@ pub struct LastError {
 pub struct ShardStatus {
     /// `host:port` (never a password), `cluster`, or `local` for the memory store.
     pub name: String,
-    /// A cluster's seed nodes (`host:port`); empty otherwise.
+    /// A cluster's seed nodes, or a Sentinel shard's current master (`host:port`);
+    /// empty otherwise.
     pub nodes: Vec<String>,
     pub state: ShardState,
     pub last_error: Option<LastError>,

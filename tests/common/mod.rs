@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod contract;
 pub mod redis;
+pub mod sentinel;
 pub mod tls;
 pub mod tools;
 pub mod xds;

@@ -81,7 +81,7 @@ impl Inner {
         let sent = async {
             match &self.backend {
                 Backend::Shards(s) => call
-                    .invoke_async::<Value>(&mut s[0].conn.clone())
+                    .invoke_async::<Value>(&mut s[0].conn.get()?)
                     .await
                     .map_err(|e| classify::redis(&e)),
                 Backend::Cluster(c) => {

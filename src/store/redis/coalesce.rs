@@ -19,6 +19,10 @@
 //! timeout) before its call was sent is dropped unsent, so it consumes nothing. A
 //! full queue makes callers wait (the limiter's store timeout bounds the wait), so
 //! overload never grows memory.
+//!
+//! A shard behind Redis Sentinel has no fixed address: its tasks make their
+//! connections for the master the sentinels named last ([`super::sentinel`]), make
+//! them again when it changes, and report each outage so the sentinels are asked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +36,7 @@ use crate::store::{ErrorKind, StoreError};
 use super::classify;
 use super::health::Health;
 use super::scripts::{self, Group, Reply, Script, Scripts};
+use super::sentinel::Master;
 use super::wire::{Answer, Request, Target, Wire};
 
 /// Most requests decided by one call.
@@ -60,6 +65,8 @@ pub enum Link {
     },
     /// A redis-rs connection (TLS, Unix sockets).
     Managed(ConnectionManager),
+    /// A Sentinel shard's task before it knows a master.
+    Unrouted,
 }
 
 impl Link {
@@ -72,6 +79,21 @@ impl Link {
             },
             None => Link::Managed(managed),
         }
+    }
+
+    /// A link to `master`'s current address: its own connection, or for TLS a
+    /// redis-rs one; `seen` is the generation it was made for.
+    fn to_master(master: &Master) -> Result<(Link, u64), StoreError> {
+        let now = master.resolved()?;
+        let link = match Target::new(&now.info, master.timeout()) {
+            Some(target) => Link::Wire {
+                target,
+                conn: None,
+                req: Request::default(),
+            },
+            None => Link::Managed(master.connection_manager(&now)?),
+        };
+        Ok((link, now.generation))
     }
 }
 
@@ -86,8 +108,10 @@ fn closed() -> StoreError {
 
 impl Coalescer {
     /// Starts the shard's task. Must run inside a Tokio runtime.
+    /// `master` is the shard's Sentinel master, when it has one.
     pub fn spawn(
         links: Vec<Link>,
+        master: Option<Arc<Master>>,
         scripts: Scripts,
         health: Arc<Health>,
         call_timeout: Duration,
@@ -97,6 +121,8 @@ impl Coalescer {
         for link in links {
             let task = ShardTask {
                 link,
+                master: master.clone(),
+                seen: 0,
                 scripts: scripts.clone(),
                 health: health.clone(),
                 call_timeout,
@@ -145,6 +171,9 @@ pub async fn outcome(pending: &mut Pending) -> Result<Reply, StoreError> {
 
 struct ShardTask {
     link: Link,
+    master: Option<Arc<Master>>,
+    /// The master's generation `link` was made for.
+    seen: u64,
     scripts: Scripts,
     health: Arc<Health>,
     call_timeout: Duration,
@@ -210,15 +239,41 @@ impl ShardTask {
         let guard = self.health.guard();
         let groups: Vec<&Group> = batch.iter().map(|j| &j.group).collect();
         let sizes: Vec<usize> = groups.iter().map(|g| g.hits.len()).collect();
-        let sent = send(&mut self.link, &self.scripts, &groups, fixed_now);
-        let result = match tokio::time::timeout(self.call_timeout, sent).await {
-            Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(StoreError::Timeout),
+        let result = match route(self.master.as_deref(), &mut self.link, &mut self.seen) {
+            Ok(()) => {
+                let sent = send(&mut self.link, &self.scripts, &groups, fixed_now);
+                match tokio::time::timeout(self.call_timeout, sent).await {
+                    Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(StoreError::Timeout),
+                }
+            }
+            Err(e) => Err(e),
         };
         guard.finish(&result);
+        if let (Some(master), Err(e)) = (&self.master, &result) {
+            if e.is_transient() {
+                // A stale address fails like a dead one: ask the sentinels.
+                master.suspect();
+            }
+        }
         result
     }
+}
+
+/// Points a Sentinel shard's link at the master's current address when that moved
+/// since the link was made for generation `seen` (one relaxed load when it has not).
+fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<(), StoreError> {
+    let Some(master) = master else {
+        return Ok(());
+    };
+    if *seen == master.generation() && !matches!(link, Link::Unrouted) {
+        return Ok(());
+    }
+    let (new, generation) = Link::to_master(master)?;
+    *link = new;
+    *seen = generation;
+    Ok(())
 }
 
 /// Sends one decide call and returns the script's reply values.
@@ -237,6 +292,9 @@ async fn send(
                 .map_err(|e| classify::redis(&e));
         }
         Link::Wire { target, conn, req } => (target, conn, req),
+        Link::Unrouted => {
+            return Err(StoreError::failed(ErrorKind::Connection, "no master known"));
+        }
     };
     // Out of its slot while in use: a call abandoned half way (the timeout drops this
     // future) or failed leaves no connection behind with a reply still to come.

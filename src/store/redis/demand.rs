@@ -41,20 +41,25 @@ impl RedisStore {
         let sent = async {
             match &self.inner.backend {
                 Backend::Shards(s) => {
-                    let mut conn = s[self.demand_shard(key)].conn.clone();
-                    call.invoke_async::<T>(&mut conn).await
+                    let mut conn = s[self.demand_shard(key)].conn.get()?;
+                    call.invoke_async::<T>(&mut conn)
+                        .await
+                        .map_err(|e| classify::redis(&e))
                 }
                 Backend::Cluster(c) => {
                     let conn = c
                         .conn
                         .get_or_try_init(|| c.client.get_async_connection())
-                        .await?;
-                    call.invoke_async::<T>(&mut conn.clone()).await
+                        .await
+                        .map_err(|e| classify::redis(&e))?;
+                    call.invoke_async::<T>(&mut conn.clone())
+                        .await
+                        .map_err(|e| classify::redis(&e))
                 }
             }
         };
         match tokio::time::timeout(DEMAND_TIMEOUT, sent).await {
-            Ok(r) => r.map_err(|e| classify::redis(&e)),
+            Ok(r) => r,
             Err(_) => Err(StoreError::Timeout),
         }
     }
@@ -92,7 +97,10 @@ impl Demand for RedisStore {
                 cmd.arg(&key).arg(&stream);
                 let shard = store.demand_shard(&key);
                 let r: Result<i64, _> = match &store.inner.backend {
-                    Backend::Shards(s) => cmd.query_async(&mut s[shard].conn.clone()).await,
+                    Backend::Shards(s) => match s[shard].conn.get() {
+                        Ok(mut conn) => cmd.query_async(&mut conn).await,
+                        Err(_) => return,
+                    },
                     Backend::Cluster(c) => match c.conn.get() {
                         Some(conn) => cmd.query_async(&mut conn.clone()).await,
                         None => return,

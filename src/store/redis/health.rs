@@ -157,6 +157,15 @@ impl Health {
         self.failing.store(false, Relaxed);
     }
 
+    /// The shard's address changed (a new master after a failover): failures and a
+    /// back-off earned by the old address say nothing of the new one, so the streak
+    /// starts over and the next call is tried at once.
+    pub fn retry_now(&self) {
+        let mut s = self.lock();
+        s.streak = Streak::default();
+        self.down_until.store(0, Relaxed);
+    }
+
     /// Records a failed call: counted, kept as the last error, and an outage counts
     /// towards the back-off. A call not tried (`BackingOff`) is nothing new.
     pub fn failure(&self, error: &StoreError) {
@@ -532,6 +541,26 @@ mod tests {
         h.guard().finish(&Ok(()));
         assert_eq!(h.lock().streak.failures, 0);
         assert!(!h.failing.load(Relaxed));
+    }
+
+    #[test]
+    fn a_new_address_ends_the_back_off_and_starts_a_new_streak() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0);
+        h.failure_at(&down(), t0 + MIN_FAILING);
+        assert!(backing_off(&h, t0 + MIN_FAILING + MS));
+        h.retry_now();
+        assert!(!h.is_down());
+        assert!(h.check_at(t0 + MIN_FAILING + MS).is_ok());
+        // The old streak is gone: it takes a new one to back off again.
+        h.failure_at(&down(), t0 + MIN_FAILING * 2);
+        assert!(!h.is_down());
+        h.failure_at(&down(), t0 + MIN_FAILING * 2);
+        h.failure_at(&down(), t0 + MIN_FAILING * 3);
+        assert!(h.is_down());
+        assert_eq!(h.lock().streak.backoff, FIRST_BACKOFF);
     }
 
     #[test]

@@ -23,6 +23,9 @@
 //! failing are backed off ([`health`]). When a shard first answers, its expire cycle
 //! is checked against the store timeout once ([`expire`]).
 //!
+//! Standalone shards may also be named masters of Redis Sentinel ([`sentinel`]):
+//! their connections follow the master the sentinels name.
+//!
 //! Needs Redis 6.0 or later (scripts read `TIME` and write, which relies on effect
 //! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
 //! for `rediss://` are trusted through `SSL_CERT_FILE` / `SSL_CERT_DIR`.
@@ -52,6 +55,7 @@ pub mod expire;
 pub mod health;
 pub mod offset;
 pub mod scripts;
+pub mod sentinel;
 pub mod shard;
 mod spread;
 pub mod wire;
@@ -60,6 +64,7 @@ use cache::DenialCache;
 use coalesce::Coalescer;
 use health::Health;
 use scripts::{Group, HitArgs, Reply, Scripts};
+use sentinel::Master;
 
 /// How to reach Redis and how the store behaves.
 #[derive(Debug, Clone)]
@@ -68,6 +73,9 @@ pub struct Options {
     pub urls: Vec<String>,
     /// The URLs are seed nodes of one Redis Cluster rather than standalone shards.
     pub cluster: bool,
+    /// Redis Sentinel URLs; when given, each of `urls` names a master
+    /// ([`sentinel::parse_master`]), one shard each.
+    pub sentinels: Vec<String>,
     /// Connect and response timeout of the connections. The limiter's store timeout
     /// bounds each request anyway; this bounds how long a dead connection lingers.
     pub timeout: Duration,
@@ -90,6 +98,7 @@ impl Options {
         Options {
             urls,
             cluster,
+            sentinels: Vec::new(),
             timeout: Duration::from_secs(1),
             call_timeout: Duration::from_secs(1),
             prefix: "sluice:".to_string(),
@@ -109,14 +118,34 @@ pub enum ConfigError {
     Url { url: String, reason: String },
     #[error("the key prefix must not contain '{{' (the placement is the hash tag)")]
     Prefix,
+    #[error("sentinel master {0} is given twice")]
+    DuplicateMaster(String),
+    #[error("Redis Sentinel is for standalone shards, not a cluster")]
+    SentinelCluster,
 }
 
 /// A shard (or slot) and the hits of a request it consumed, with their refund tokens.
 type Spent = (usize, Vec<(usize, i64)>);
 
+/// A standalone shard's redis-rs connection: to its URL, or to its Sentinel
+/// master's current address.
+enum ShardConn {
+    Fixed(ConnectionManager),
+    Sentinel(Arc<Master>),
+}
+
+impl ShardConn {
+    fn get(&self) -> Result<ConnectionManager, StoreError> {
+        match self {
+            ShardConn::Fixed(c) => Ok(c.clone()),
+            ShardConn::Sentinel(m) => m.managed(),
+        }
+    }
+}
+
 struct Shard {
     /// For refunds and key counts; decide calls go through the coalescer.
-    conn: ConnectionManager,
+    conn: ShardConn,
     health: Arc<Health>,
     coalescer: Coalescer,
     offset: offset::Offset,
@@ -189,6 +218,9 @@ impl RedisStore {
         if opts.prefix.contains('{') {
             return Err(ConfigError::Prefix);
         }
+        if opts.cluster && !opts.sentinels.is_empty() {
+            return Err(ConfigError::SentinelCluster);
+        }
         // rediss:// needs a process-wide rustls provider; a second install is a no-op.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let scripts = Scripts::default();
@@ -219,7 +251,48 @@ impl RedisStore {
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(100));
             let mut shards = Vec::with_capacity(opts.urls.len());
-            for url in &opts.urls {
+            if !opts.sentinels.is_empty() {
+                let sentinels = sentinel::sentinels(&opts.sentinels)?;
+                let mut masters: Vec<Arc<Master>> = Vec::with_capacity(opts.urls.len());
+                for spec in &opts.urls {
+                    let (name, template) = sentinel::parse_master(spec)?;
+                    if masters.iter().any(|m| m.name == name) {
+                        return Err(ConfigError::DuplicateMaster(name));
+                    }
+                    let health = Arc::new(Health::new(name.clone(), report.clone()));
+                    let master = Master::spawn(
+                        name,
+                        template,
+                        sentinels.clone(),
+                        health.clone(),
+                        opts.timeout,
+                        config.clone(),
+                    );
+                    let links = (0..coalesce::CALLS_IN_FLIGHT)
+                        .map(|_| coalesce::Link::Unrouted)
+                        .collect();
+                    let coalescer = Coalescer::spawn(
+                        links,
+                        Some(master.clone()),
+                        scripts.clone(),
+                        health.clone(),
+                        opts.call_timeout,
+                    );
+                    shards.push(Shard {
+                        conn: ShardConn::Sentinel(master.clone()),
+                        health,
+                        coalescer,
+                        offset: offset::Offset::default(),
+                    });
+                    masters.push(master);
+                }
+                sentinel::listen(
+                    &sentinels,
+                    masters.iter().map(Arc::downgrade).collect(),
+                    opts.timeout,
+                );
+            }
+            for url in opts.urls.iter().filter(|_| opts.sentinels.is_empty()) {
                 let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                     .map_err(|e| bad_url(url, &e))?;
@@ -228,10 +301,15 @@ impl RedisStore {
                 let links = (0..coalesce::CALLS_IN_FLIGHT)
                     .map(|_| coalesce::Link::new(target.clone(), conn.clone()))
                     .collect();
-                let coalescer =
-                    Coalescer::spawn(links, scripts.clone(), health.clone(), opts.call_timeout);
+                let coalescer = Coalescer::spawn(
+                    links,
+                    None,
+                    scripts.clone(),
+                    health.clone(),
+                    opts.call_timeout,
+                );
                 shards.push(Shard {
-                    conn,
+                    conn: ShardConn::Fixed(conn),
                     health,
                     coalescer,
                     offset: offset::Offset::default(),
@@ -397,13 +475,14 @@ impl Inner {
         let calls = groups.iter().map(|(target, consumed)| async move {
             let call = scripts::refund_call(&self.scripts, &self.prefix, hits, consumed);
             let result: Result<Vec<i64>, StoreError> = match &self.backend {
-                Backend::Shards(s) => {
-                    let mut conn = s[*target].conn.clone();
-                    call.invoke_async::<i64>(&mut conn)
+                Backend::Shards(s) => match s[*target].conn.get() {
+                    Ok(mut conn) => call
+                        .invoke_async::<i64>(&mut conn)
                         .await
                         .map(|_| Vec::new())
-                        .map_err(|e| classify::redis(&e))
-                }
+                        .map_err(|e| classify::redis(&e)),
+                    Err(e) => Err(e),
+                },
                 Backend::Cluster(c) => match c.conn.get() {
                     Some(conn) => call
                         .invoke_async::<i64>(&mut conn.clone())
@@ -447,7 +526,7 @@ impl Inner {
             let sent = async {
                 match &self.backend {
                     Backend::Shards(s) => call
-                        .invoke_async::<Vec<i64>>(&mut s[target].conn.clone())
+                        .invoke_async::<Vec<i64>>(&mut s[target].conn.get()?)
                         .await
                         .map_err(|e| classify::redis(&e)),
                     Backend::Cluster(c) => Self::invoke_cluster(c, &call).await,
@@ -543,10 +622,11 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
                     .iter()
                     .zip(checked.iter_mut())
                     .map(|(s, checked)| async move {
-                        let n = dbsize(s.conn.clone()).await;
+                        let conn = s.conn.get().ok()?;
+                        let n = dbsize(conn.clone()).await;
                         if n.is_some() && !*checked {
                             *checked = true;
-                            let mut conn = s.conn.clone();
+                            let mut conn = conn;
                             let warning = expire::check(&mut conn, &s.health.name, timeout).await;
                             if let Some(warning) = warning {
                                 tracing::warn!(shard = %s.health.name, "{warning}");
@@ -630,7 +710,17 @@ impl Store for RedisStore {
 
     fn shards(&self) -> Vec<ShardStatus> {
         match &self.inner.backend {
-            Backend::Shards(s) => s.iter().map(|s| s.health.status()).collect(),
+            Backend::Shards(s) => s
+                .iter()
+                .map(|s| match &s.conn {
+                    // The master the shard's calls go to now.
+                    ShardConn::Sentinel(m) => ShardStatus {
+                        nodes: m.current().map(|r| r.addr).into_iter().collect(),
+                        ..s.health.status()
+                    },
+                    ShardConn::Fixed(_) => s.health.status(),
+                })
+                .collect(),
             Backend::Cluster(c) => vec![ShardStatus {
                 nodes: c.seeds.clone(),
                 ..c.health.status()

@@ -1,0 +1,334 @@
+//! Redis Sentinel with the real binary: a master, a replica and three
+//! `redis-sentinel`s on loopback. Sluice finds the master through the sentinels;
+//! `SENTINEL FAILOVER` under load moves it to the replica. Every call is answered
+//! (no gRPC error, none hung), a denial during the switch comes only from the
+//! domain's failure mode, then the new master decides, in the same process, and
+//! counts are exact on it.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::redis::{available, command_calls, RedisServer};
+use common::sentinel::{self, Sentinels};
+use serde_json::Value;
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Longest answer allowed: the store timeout and room for a loaded 2-core machine.
+const BOUND: Duration = Duration::from_millis(300);
+const MASTER: &str = "counters";
+/// The limit of the `fresh` key, counted exactly on the new master.
+const FRESH_LIMIT: usize = 20;
+
+/// A huge limit: every denial of `user` is the failure mode's.
+const POLICY: &str = r#"
+domain: closed
+failure_mode: closed
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 1000000000, algorithm: fixed_window}
+  - key: fresh
+    rate_limit: {unit: day, requests_per_unit: 20, algorithm: token_bucket}
+"#;
+
+/// One answered call of the load: when, its code or gRPC error, how long.
+struct Answer {
+    at: Instant,
+    code: Result<i32, String>,
+    took: Duration,
+}
+
+fn shard(sluice: &common::Server) -> Value {
+    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    v["shards"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == MASTER))
+        .cloned()
+        .unwrap_or_else(|| panic!("no shard {MASTER} in {body}"))
+}
+
+fn master_node(sluice: &common::Server) -> Option<String> {
+    shard(sluice)["nodes"][0].as_str().map(str::to_string)
+}
+
+async fn role(redis: &RedisServer) -> String {
+    let mut conn = redis.conn().await;
+    let v: redis::Value = redis::cmd("ROLE")
+        .query_async(&mut conn)
+        .await
+        .expect("ROLE");
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+/// How the master is lost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Loss {
+    /// `SENTINEL FAILOVER`: the old master lives on and is turned into a replica.
+    Failover,
+    /// The master is killed; the sentinels fail over once they agree it is down.
+    Kill,
+}
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_answers_by_the_failure_mode_then_from_the_new_master() {
+    master_lost_under_load(Loss::Failover).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_master_is_answered_by_the_failure_mode_until_the_new_one_decides() {
+    master_lost_under_load(Loss::Kill).await;
+}
+
+async fn master_lost_under_load(loss: Loss) {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    // Each bounds answer times: two at once on two cores would measure the machine.
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut master = RedisServer::start().await;
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await;
+    let sentinels = Sentinels::start(3, MASTER, master.port).await;
+    sentinels.wait_settled(1).await;
+
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let urls = sentinels.urls().join(",");
+    let mut sluice = common::Server::start(
+        POLICY,
+        &[
+            "--store-timeout",
+            &timeout,
+            "--redis-sentinel",
+            &urls,
+            "--redis-sentinel-master",
+            MASTER,
+        ],
+    );
+    common::eventually(Duration::from_secs(10), "the master found", || async {
+        master_node(&sluice).as_deref() == Some(master.addr().as_str())
+    })
+    .await;
+
+    // Load: unique users, so no answer but the failure mode's can deny.
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_user = Arc::new(AtomicU64::new(0));
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let mut load = Vec::new();
+    for _ in 0..8 {
+        let mut client = sluice.client().await;
+        let (stop, next_user, answers) = (stop.clone(), next_user.clone(), answers.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let user = format!("u{}", next_user.fetch_add(1, Ordering::Relaxed));
+                let req = common::request("closed", vec![common::desc(&[("user", &user)])]);
+                let started = Instant::now();
+                let code = client
+                    .should_rate_limit(req)
+                    .await
+                    .map(|r| r.into_inner().overall_code)
+                    .map_err(|s| s.to_string());
+                let took = started.elapsed();
+                answers.lock().unwrap().push(Answer {
+                    at: Instant::now(),
+                    code,
+                    took,
+                });
+            }
+        }));
+    }
+    common::eventually(Duration::from_secs(10), "load under way", || async {
+        answers.lock().unwrap().len() >= 200
+    })
+    .await;
+    let before: Vec<i32> = answers
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.code.clone().unwrap_or(0))
+        .collect();
+    assert!(
+        before.iter().all(|&c| c == common::OK),
+        "denials before the failover: {before:?}"
+    );
+
+    let mut new_master = replica.conn().await;
+    let calls_before = command_calls(&mut new_master, "evalsha").await;
+    let mut old_master = master.conn().await;
+    match loss {
+        Loss::Failover => sentinels.failover().await,
+        Loss::Kill => master.kill(),
+    }
+    common::eventually(
+        Duration::from_secs(30),
+        "sluice on the new master",
+        || async { master_node(&sluice).as_deref() == Some(replica.addr().as_str()) },
+    )
+    .await;
+    let switched = Instant::now();
+    let settled = switched + Duration::from_millis(500);
+    // Calls leave the old master (alive after a failover, and still taking writes
+    // until the sentinels turn it into a replica) once sluice has moved.
+    let old_calls = match loss {
+        Loss::Failover => Some(command_calls(&mut old_master, "evalsha").await),
+        Loss::Kill => None,
+    };
+    common::eventually(
+        Duration::from_secs(20),
+        "load on the new master",
+        || async {
+            let answers = answers.lock().unwrap();
+            answers.iter().filter(|a| a.at > settled).count() >= 300
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.expect("load task");
+    }
+
+    if let Some(old_calls) = old_calls {
+        let mut old_master = master.conn().await;
+        let now = command_calls(&mut old_master, "evalsha").await;
+        assert!(
+            now <= old_calls + 2,
+            "the old master still decides: {old_calls} -> {now} EVALSHA"
+        );
+    }
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
+    let errors: Vec<&String> = answers
+        .iter()
+        .filter_map(|a| a.code.as_ref().err())
+        .collect();
+    assert!(errors.is_empty(), "gRPC errors: {errors:?}");
+    let slowest = answers.iter().map(|a| a.took).max().unwrap_or_default();
+    assert!(slowest <= BOUND, "a call took {slowest:?}");
+    let denied = answers
+        .iter()
+        .filter(|a| a.code == Ok(common::OVER_LIMIT))
+        .count() as f64;
+    let failed_closed = sluice
+        .metric(
+            "sluice_requests_total",
+            &[
+                ("domain", "closed"),
+                ("layer", "service"),
+                ("rule", "user"),
+                ("outcome", "failed_closed"),
+            ],
+        )
+        .unwrap_or(0.0);
+    let mut took: Vec<Duration> = answers.iter().map(|a| a.took).collect();
+    took.sort();
+    eprintln!(
+        "{} calls, {denied} answered by the failure mode, p99 {:?}, slowest {slowest:?}, over 60 ms: {}",
+        answers.len(),
+        took[took.len() * 99 / 100],
+        took.iter().filter(|t| **t > Duration::from_millis(60)).count()
+    );
+    assert_eq!(
+        denied,
+        failed_closed,
+        "every denial is the failure mode's ({} calls)",
+        answers.len()
+    );
+    if loss == Loss::Kill {
+        // The sentinels take a second to agree the master is down: meanwhile the
+        // failure mode answers.
+        assert!(denied > 0.0, "no failure-mode answer with the master dead");
+    }
+    // Once sluice names the new master, it decides: the calls answered a moment
+    // after are all admitted.
+    let after: Vec<i32> = answers
+        .iter()
+        .filter(|a| a.at > settled)
+        .map(|a| a.code.clone().unwrap_or(0))
+        .collect();
+    assert!(after.len() >= 100, "{} calls after the switch", after.len());
+    assert!(
+        after.iter().all(|&c| c == common::OK),
+        "denied after the switch: {after:?}"
+    );
+    assert_eq!(role(&replica).await, "master");
+    // Sentinel closes the clients of a server it promotes: a new connection.
+    let mut new_master = replica.conn().await;
+    let calls_after = command_calls(&mut new_master, "evalsha").await;
+    assert!(
+        calls_after >= calls_before + after.len() as u64 / 64,
+        "the new master decided: {calls_before} -> {calls_after} EVALSHA"
+    );
+
+    // Exact counts on the new master: a fresh key admits its limit and no more,
+    // with calls racing each other.
+    let ok = Arc::new(AtomicU64::new(0));
+    let mut racers = Vec::new();
+    for _ in 0..3 {
+        let mut client = sluice.client().await;
+        let ok = ok.clone();
+        racers.push(tokio::spawn(async move {
+            for _ in 0..FRESH_LIMIT {
+                let req = common::request("closed", vec![common::desc(&[("fresh", "k")])]);
+                if common::call(&mut client, req).await.overall_code == common::OK {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for r in racers {
+        r.await.expect("racer");
+    }
+    assert_eq!(ok.load(Ordering::Relaxed), FRESH_LIMIT as u64);
+    let keys = common::redis::keys(&mut new_master).await;
+    assert!(
+        keys.iter()
+            .any(|k| k.contains("fresh") && k.ends_with(":tb")),
+        "the fresh key lives on the new master: {keys:?}"
+    );
+    assert!(
+        sluice.child.try_wait().expect("try_wait").is_none(),
+        "no restart"
+    );
+    drop(master);
+}
+
+#[test]
+fn a_master_given_an_address_is_refused_with_a_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).expect("policy");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&policy)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "off"])
+        .args(["--redis-sentinel", "redis://127.0.0.1:1"])
+        .args(["--redis-sentinel-master", "redis://counters:6379"])
+        .output()
+        .expect("run sluice");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("give no port"), "{stderr}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&policy)
+        .args(["--redis-sentinel", "redis://127.0.0.1:1"])
+        .output()
+        .expect("run sluice");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--redis-sentinel-master"), "{stderr}");
+}
