@@ -154,6 +154,24 @@ refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set redis.bundled.enabled=true | grep -q -- '--redis=redis://r-sluice-redis:6379'"
+check "redis.sentinel: --redis-sentinel and --redis-sentinel-master, or the masters from a Secret" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t \
+        --set 'redis.sentinel.urls={redis://s-0.s:26379,redis://s-1.s:26379}' --set 'redis.sentinel.masters={a,b}' | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
+assert \"--redis-sentinel=redis://s-0.s:26379,redis://s-1.s:26379\" in a, a
+assert \"--redis-sentinel-master=a,b\" in a, a
+assert not [x for x in a if x.startswith(\"--redis=\")], a
+' && HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t \
+        --set 'redis.sentinel.urls={redis://s-0.s:26379}' --set redis.sentinel.existingSecret=masters | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+env = {e[\"name\"]: e for e in c[\"env\"]}
+assert env[\"SLUICE_REDIS_SENTINEL_MASTER\"][\"valueFrom\"] == {\"secretKeyRef\": {\"name\": \"masters\", \"key\": \"sentinel-masters\"}}, env
+assert not [x for x in c[\"args\"] if x.startswith(\"--redis-sentinel-master\")], c[\"args\"]
+'"
 check "sidecar: sluice gRPC on loopback, Service exposes Envoy" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/sidecar.yaml | python3 -c '
 import sys, yaml
@@ -270,6 +288,12 @@ refuse "schema refuses a policies file not named *.yaml" t --set-string 'policie
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
 refuse "template refuses redis.urls together with redis.bundled" \
     t --set 'redis.urls[0]=redis://a:6379' --set redis.bundled.enabled=true
+refuse "template refuses redis.sentinel.urls together with redis.urls" \
+    t --set 'redis.urls[0]=redis://a:6379' --set 'redis.sentinel.urls[0]=redis://s:26379' --set 'redis.sentinel.masters[0]=m'
+refuse "template refuses redis.sentinel.urls without masters" t --set 'redis.sentinel.urls[0]=redis://s:26379'
+refuse "template refuses redis.sentinel.masters without sentinels" t --set 'redis.sentinel.masters[0]=m'
+refuse "schema refuses a sentinel URL that is not redis:// or rediss://" \
+    t --set 'redis.sentinel.urls[0]=s:26379' --set 'redis.sentinel.masters[0]=m'
 refuse "template refuses no policy source (kube off, no policies)" t --set kube.enabled=false
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true

@@ -95,8 +95,16 @@ redis://{{ include "sluice.fullnameFor" . }}-redis:6379
 {{- if .Values.redis.clusterUrls }}{{ $redisSources = add1 $redisSources }}{{ end }}
 {{- if .Values.redis.existingSecret }}{{ $redisSources = add1 $redisSources }}{{ end }}
 {{- if .Values.redis.bundled.enabled }}{{ $redisSources = add1 $redisSources }}{{ end }}
+{{- $sentinel := .Values.redis.sentinel }}
+{{- if $sentinel.urls }}{{ $redisSources = add1 $redisSources }}{{ end }}
 {{- if gt $redisSources 1 }}
-{{- fail "sluice: set only one of redis.urls, redis.clusterUrls, redis.existingSecret and redis.bundled.enabled" }}
+{{- fail "sluice: set only one of redis.urls, redis.clusterUrls, redis.existingSecret, redis.bundled.enabled and redis.sentinel.urls" }}
+{{- end }}
+{{- if and $sentinel.urls (eq (empty $sentinel.masters) (empty $sentinel.existingSecret)) }}
+{{- fail "sluice: redis.sentinel.urls needs its masters: set one of redis.sentinel.masters and redis.sentinel.existingSecret" }}
+{{- end }}
+{{- if and (not $sentinel.urls) (or $sentinel.masters $sentinel.existingSecret) }}
+{{- fail "sluice: redis.sentinel.masters and redis.sentinel.existingSecret need redis.sentinel.urls (the sentinels to ask)" }}
 {{- end }}
 {{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) }}
 {{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, or existingPolicyConfigMaps" }}
@@ -177,6 +185,12 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 {{- with $v.redis.clusterUrls }}
 - --redis-cluster={{ join "," . }}
 {{- end }}
+{{- with $v.redis.sentinel.urls }}
+- --redis-sentinel={{ join "," . }}
+{{- end }}
+{{- with $v.redis.sentinel.masters }}
+- --redis-sentinel-master={{ join "," . }}
+{{- end }}
 - --failure-mode={{ $v.failureMode }}
 - --store-timeout={{ $v.storeTimeout }}
 - --response-headers={{ $v.responseHeaders }}
@@ -239,6 +253,13 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
         secretKeyRef:
           name: {{ $v.redis.existingSecret }}
           key: {{ $v.redis.existingSecretKey }}
+    {{- end }}
+    {{- if $v.redis.sentinel.existingSecret }}
+    - name: SLUICE_REDIS_SENTINEL_MASTER
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.redis.sentinel.existingSecret }}
+          key: {{ $v.redis.sentinel.existingSecretKey }}
     {{- end }}
     {{- if $v.hashSecret.existingSecret }}
     - name: SLUICE_HASH_SECRET
