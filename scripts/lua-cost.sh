@@ -16,7 +16,9 @@
 # every call admits and writes, except sc-deny): one hit of each algorithm with the
 # server clock, sl with a fixed now (so the log stays one entry instead of growing by
 # one per call), three sc hits on three keys, and one denied sc hit (requests 0:
-# nothing written).
+# nothing written). The *-full cases decide one hot key at its limit (1,000 per minute,
+# server clock, filled by 1,000 calls first, so a log holds 1,000 entries): one
+# request per call, or 16 coalesced in one call (x16), every one denied.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,7 +68,8 @@ times() { local i; for i in $(seq 1 "$1"); do echo -n "$2 "; done; }
 # Coalesced calls as the store sends them under load: u10, ten requests of one sc hit
 # on random keys (uniform); l10, ten layered requests (fw on a random key, tb on one
 # hot key, sc on a random key). Random keys are redis-benchmark's __rand_int__ (-r).
-cases=(fw sc tb lb sl sc3 sc-deny u10 l10)
+cases=(fw sc tb lb sl sc3 sc-deny u10 l10 fw-full sl-full fw-full-x16 sl-full-x16)
+full() { echo "$1" 1000 60000000 1000 e; }
 args_of() {
   if [ "$2" = limits ]; then
     case $1 in
@@ -76,6 +79,8 @@ args_of() {
       sc-deny) echo "1 k1 '' 1 sc 0 1000000 0 e 1 1" ;;
       u10) echo "10 $(times 10 'u:__rand_int__') '' 1 $(limit sc) $(times 10 '1 1')" ;;
       l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' 3 $(limit fw) $(limit tb) $(limit sc) $(times 10 '3 1 2 3')" ;;
+      fw-full | sl-full) echo "1 hot '' 1 $(full "${1%-full}") 1 1" ;;
+      fw-full-x16 | sl-full-x16) echo "16 $(times 16 hot) '' 1 $(full "${1%-full-x16}") $(times 16 '1 1')" ;;
     esac
     return
   fi
@@ -86,17 +91,23 @@ args_of() {
     sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
     u10) echo "10 $(times 10 'u:__rand_int__') '' g $(times 10 "1 0 $(hit sc)")" ;;
     l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' g $(times 10 "3 0 $(hit fw) $(hit tb) $(hit sc)")" ;;
+    *full*) echo "lua-cost: $1 needs a revision with the per-call limit table" >&2; exit 1 ;;
   esac
 }
 
-# µs of redis-server CPU per call of script $1 with args $2.
+# µs of redis-server CPU per call of script $1 with args $2; with $3, first 1,000
+# calls with those args, one at a time (so each at a time of its own).
 measure() {
-  local a
+  local a f
   eval "a=($2)"
   cli FLUSHALL >/dev/null
   if cli EVALSHA "$1" "${a[@]}" | grep -q ERR; then
     echo "lua-cost: $(cli EVALSHA "$1" "${a[@]}")" >&2
     exit 1
+  fi
+  if [ -n "${3:-}" ]; then
+    eval "f=($3)"
+    redis-benchmark -p "$port" -n 1000 -P 1 -c 1 -q EVALSHA "$1" "${f[@]}" >/dev/null 2>&1
   fi
   if command -v perf >/dev/null && perf stat -x, -e task-clock -p "$rpid" -o /tmp/lua-cost.$$ \
     -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1; then
@@ -116,7 +127,9 @@ declare -A runs
 for _ in $(seq 1 "$rounds"); do
   for c in "${cases[@]}"; do
     for r in "${revs[@]}"; do
-      runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c" "${layout[$r]}")") "
+      fill=""
+      case $c in *-full*) fill=$(args_of "${c%-x16}" "${layout[$r]}") ;; esac
+      runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c" "${layout[$r]}")" "$fill") "
     done
   done
 done

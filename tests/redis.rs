@@ -14,7 +14,7 @@ use common::redis::{available, command_calls, keys, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
-use sluice::clock::ManualClock;
+use sluice::clock::{Clock, ManualClock};
 use sluice::store::redis::{shard, Options, RedisStore};
 use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
@@ -200,6 +200,140 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
     assert!(compared > 2_000);
     // Enough admissions that left no room, so next_room was compared too.
     assert!(full > 100, "{full} full admissions");
+}
+
+/// A store on one server deciding at `clock`'s time, without the denial cache.
+fn fixed_time_store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
+    let mut opts = Options::new(vec![server.url()], false);
+    opts.fixed_clock = Some(Arc::new(clock.clone()));
+    opts.cache_capacity = 0;
+    RedisStore::new(opts, None).expect("store")
+}
+
+/// A sliding log's members, oldest first.
+async fn log_members(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+#[tokio::test]
+async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let t = 1_764_000_000 * SECOND;
+    let clock = ManualClock::new(t);
+    let store = fixed_time_store(&server, &clock);
+    let h = hit("legacy", Algorithm::SlidingWindowLog, 5, 60 * SECOND, 1);
+    let key = shard::redis_key("sluice:", &h);
+    let mut conn = server.conn().await;
+    // The members an older sluice wrote ("timestamp:hits"), one already expired.
+    for (at, hits) in [
+        (t - 70 * SECOND, 3),
+        (t - 30 * SECOND, 1),
+        (t - 20 * SECOND, 2),
+        (t - 10 * SECOND, 1),
+    ] {
+        let _: () = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(at)
+            .arg(format!("{at}:{hits}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    // A check reads them (4 live hits) and writes nothing.
+    let check = Hit {
+        hits: 0,
+        ..h.clone()
+    };
+    let v = store.decide(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(v.verdicts[0].remaining, 1);
+    assert_eq!(log_members(&mut conn, &key).await.len(), 4);
+    // An admission rewrites the live entries with what came before each.
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(v.admitted);
+    assert_eq!(v.verdicts[0].remaining, 0);
+    let t = |ago: u64| t - ago * SECOND;
+    assert_eq!(
+        log_members(&mut conn, &key).await,
+        [
+            format!("{}:0:1", t(30)),
+            format!("{}:1:2", t(20)),
+            format!("{}:3:1", t(10)),
+            format!("{}:4:1", t(0)),
+        ]
+    );
+    // Full: denied until the oldest live entry leaves the window.
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(!v.admitted);
+    assert_eq!(v.verdicts[0].retry_after, 30 * SECOND);
+    // A request of three hits waits for the first three live hits to expire.
+    let three = Hit {
+        hits: 3,
+        ..h.clone()
+    };
+    let v = store.decide(std::slice::from_ref(&three)).await.unwrap();
+    assert_eq!(v.verdicts[0].retry_after, 40 * SECOND);
+}
+
+#[tokio::test]
+async fn a_sliding_log_refund_keeps_the_live_count_exact() {
+    use sluice::store::redis::scripts::{refund_call, Scripts};
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let t0 = 1_764_000_000 * SECOND;
+    let clock = ManualClock::new(t0);
+    let store = fixed_time_store(&server, &clock);
+    let h = hit("refund-log", Algorithm::SlidingWindowLog, 3, 60 * SECOND, 1);
+    let key = shard::redis_key("sluice:", &h);
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+        assert!(v.admitted);
+        tokens.push(clock.now() as i64);
+        clock.advance(SECOND);
+    }
+    assert!(
+        !store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    // The middle entry is given back (its request was denied on another shard):
+    // the entry after it no longer counts it.
+    let mut conn = server.conn().await;
+    let scripts = Scripts::default();
+    let call = refund_call(
+        &scripts,
+        "sluice:",
+        std::slice::from_ref(&h),
+        &[(0, tokens[1])],
+    );
+    let _: i64 = call.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(
+        log_members(&mut conn, &key).await,
+        [format!("{}:0:1", tokens[0]), format!("{}:1:1", tokens[2])]
+    );
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(v.admitted, "the refunded hit is room again");
+    assert_eq!(v.verdicts[0].remaining, 0);
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(!v.admitted);
+    // Room again when the oldest entry leaves the window, 60 s after it came.
+    assert_eq!(
+        v.verdicts[0].retry_after,
+        tokens[0] as u64 + 60 * SECOND - clock.now()
+    );
 }
 
 #[tokio::test]

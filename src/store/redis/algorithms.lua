@@ -1,4 +1,5 @@
--- Sluice: the five algorithms, mirroring src/algorithm/*.rs line for line.
+-- Sluice: the five algorithms, mirroring src/algorithm/*.rs line for line (the
+-- sliding log in its arithmetic: it reads a summary of its log, not every entry).
 --
 -- Each takes (requests, window >= 1, burst, state or nil, now, hits, leaky) and
 -- returns the verdict as five values: admitted 0/1, remaining, reset, retry_after
@@ -30,12 +31,85 @@ local function fixed_window(r, w, _, st, now, hits)
   return 0, remaining, reset, retry, 0, nil, 0
 end
 
--- sliding_window_log: state {{t, h}, ...} live entries in increasing t.
+-- sliding_window_log: state {used, first, last, key, edge, ...}, a summary of the
+-- log's live entries ({t, before, hits, member}, see log_entry) read by load_log: the
+-- live hits and the oldest and newest entries, from two members whatever the log
+-- holds. So a decision costs Redis the same at 10 entries and at 10,000; a denial
+-- that must find which entry frees room reads at most as many entries as its excess
+-- (one, for a request of one hit). The arithmetic mirrors
+-- src/algorithm/sliding_window_log.rs.
+
+-- The log of `key` as a decision at `now` sees it: entries with t > now - w count.
+local function load_log(key, now, w)
+  local edge = now - w
+  local lo = '(' .. fmt(edge)
+  local st = { used = 0, key = key, edge = edge }
+  local head = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'LIMIT', 0, 1)
+  if #head == 0 then return st end
+  local first = log_entry(head[1])
+  local last = log_entry(redis.call('ZRANGE', key, -1, -1)[1])
+  if first[2] ~= nil and last[2] ~= nil then
+    st.first, st.last = first, last
+    st.used = last[2] + last[3] - first[2]
+    return st
+  end
+  -- Members of the old form (an older sluice wrote them): every live entry is read
+  -- and numbered once, and an admission rewrites the log in the new form.
+  local before = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, lo, '+inf')) do
+    local e = log_entry(m)
+    e[2] = before
+    before = before + e[3]
+    if st.first == nil then st.first = e end
+    st.last = e
+  end
+  st.used, st.legacy = before, true
+  return st
+end
+
+-- The summary after admitting `hits` at `now`: one new newest entry, or more hits in
+-- the newest (same microsecond, or a clock that stepped back: they then count
+-- longer). `dirty` is the entry to write, `replaced` the stored member it replaces.
+local function log_add(st, now, hits)
+  local last = st.last
+  local nxt = {
+    used = st.used + hits, first = st.first, key = st.key, edge = st.edge,
+    legacy = st.legacy, replaced = st.replaced,
+  }
+  local e
+  if last ~= nil and last[1] >= now then
+    e = { last[1], last[2], last[3] + hits, nil }
+    if last[4] ~= nil then nxt.replaced = last[4] end
+  else
+    local before = 0
+    if last ~= nil then before = last[2] + last[3] end
+    e = { now, before, hits, nil }
+  end
+  nxt.last, nxt.dirty = e, e
+  if nxt.first == nil or nxt.first[1] == e[1] then nxt.first = e end
+  return nxt
+end
+
+-- Timestamp of the oldest live entry whose expiry frees `excess` hits (>= 1, at
+-- most the live hits).
+local function log_freed(st, excess)
+  local first = st.first
+  if first[3] >= excess then return first[1] end
+  -- Entries hold at least one hit each: the one sought is among the `excess` oldest.
+  local d, freed = st.dirty, 0
+  local raw = redis.call('ZRANGEBYSCORE', st.key, '(' .. fmt(st.edge), '+inf', 'LIMIT', 0, excess)
+  for _, m in ipairs(raw) do
+    local e = log_entry(m)
+    if d ~= nil and e[1] == d[1] then e = d end
+    freed = freed + e[3]
+    if freed >= excess then return e[1] end
+  end
+  -- The newest entry, not written yet.
+  return st.last[1]
+end
+
 local function sliding_window_log(r, w, _, st, now, hits)
-  local entries = st or {}
-  local used = 0
-  for i = 1, #entries do used = used + entries[i][2] end
-  local last = entries[#entries]
+  local used, last = st.used, st.last
   if used + hits <= r then
     local remaining = r - used - hits
     if hits == 0 then
@@ -43,30 +117,14 @@ local function sliding_window_log(r, w, _, st, now, hits)
       if last ~= nil then reset = until_(last[1] + w, now) end
       return 1, remaining, reset, 0, 0, nil, 0
     end
-    local kept = {}
-    for i = 1, #entries do kept[i] = { entries[i][1], entries[i][2] } end
-    local at
-    if last ~= nil and last[1] >= now then
-      kept[#kept][2] = kept[#kept][2] + hits
-      at = last[1]
-    else
-      kept[#kept + 1] = { now, hits }
-      at = now
-    end
-    return 1, remaining, until_(at + w, now), 0, 0, kept, at, at + w
+    local nxt = log_add(st, now, hits)
+    local at = nxt.last[1]
+    return 1, remaining, until_(at + w, now), 0, 0, nxt, at, at + w
   end
+  -- Denied: entries expire oldest first; wait for the first one whose expiry frees
+  -- enough room.
   local retry = NEVER
-  if hits <= r then
-    local excess = used + hits - r
-    local freed = 0
-    for i = 1, #entries do
-      freed = freed + entries[i][2]
-      if freed >= excess then
-        retry = until_(entries[i][1] + w, now)
-        break
-      end
-    end
-  end
+  if hits <= r then retry = until_(log_freed(st, used + hits - r) + w, now) end
   local remaining = r - used
   if remaining < 0 then remaining = 0 end
   local reset = 0

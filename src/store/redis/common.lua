@@ -105,11 +105,22 @@ local function encode(st)
   return table.concat(parts, ' ')
 end
 
--- sliding_window_log members are "timestamp:hits" scored by timestamp.
-local function log_member(t, h)
-  return string.format('%d:%d', t, h)
+-- sliding_window_log members are "timestamp:before:hits" scored by timestamp, where
+-- `before` is the sum of the hits of every entry the log held before this one (so
+-- the live hits are last.before + last.hits - first.before, read from two members
+-- instead of all of them). Members written before `before` existed are
+-- "timestamp:hits"; both forms end with the hits, which is all older scripts read.
+local function log_member(t, before, h)
+  if before == nil then return string.format('%d:%d', t, h) end
+  return string.format('%d:%d:%d', t, before, h)
 end
 
-local function log_hits(member)
-  return tonumber(string.match(member, ':(%d+)$'))
+-- A member as {t, before (nil in the old form), h, member}.
+local function log_entry(member)
+  local t, before, h = string.match(member, '^(%d+):(%d+):(%d+)$')
+  if t == nil then
+    t, h = string.match(member, '^(%d+):(%d+)$')
+    return { tonumber(t), nil, tonumber(h), member }
+  end
+  return { tonumber(t), tonumber(before), tonumber(h), member }
 end

@@ -72,6 +72,9 @@ local at, k0 = 3 + nlimits * 5, 0
 -- per call instead of once per request. key -> state (false: none), and the keys to
 -- write in first-commit order with the expiry of their last change.
 local committed, pending, pending_expiry = {}, {}, {}
+-- Log summaries as Redis holds them now (after the earlier groups' commits), so the
+-- groups of a call on one hot log read it once: key -> summary.
+local log_seen = {}
 -- Window start of a fixed_window or sliding_window_counter state as read from Redis:
 -- written back in the same window, its expiry (the window's end) is the one the key
 -- already has, so SET .. KEEPTTL spares Redis removing and re-adding it (about 6 % of
@@ -147,7 +150,7 @@ while at <= #ARGV do
     local states = {}   -- key -> state as the next hit sees it, false if none once loaded
     local changed = {}  -- keys with a state to write, in first-change order
     local expires = {}  -- key -> when its state may expire, from its last change
-    local logs = nil    -- sl key -> {w = window of its last change, dirty timestamps}
+    local logs = nil    -- sl key -> window of its last change
     local head = n + 1
     out[head] = 0
     local o = head
@@ -168,13 +171,10 @@ while at <= #ARGV do
       local st = states[key]
       if st == nil then
         if log then
-          -- Only entries still in the window: t + w > now.
-          local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
-          if #raw > 0 then
-            st = {}
-            for x = 1, #raw do
-              st[x] = { tonumber(string.match(raw[x], '^(%d+):')), log_hits(raw[x]) }
-            end
+          st = log_seen[key]
+          if st == nil or st.edge ~= now - w then
+            st = load_log(key, now, w)
+            log_seen[key] = st
           end
         else
           st = committed[key]
@@ -198,13 +198,7 @@ while at <= #ARGV do
         expires[key] = expiry
         if log then
           if logs == nil then logs = {} end
-          local c = logs[key]
-          if c == nil then
-            c = { dirty = {} }
-            logs[key] = c
-          end
-          c.w = w
-          c.dirty[token] = true
+          logs[key] = w
         end
       end
       if mode == 'e' and admitted == 0 then enforce_denied = true end
@@ -233,16 +227,35 @@ while at <= #ARGV do
     if not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
       for _, key in ipairs(changed) do
         local st = states[key]
-        local c = logs and logs[key]
-        if c then
-          for _, e in ipairs(st) do
-            if c.dirty[e[1]] then
-              redis.call('ZREMRANGEBYSCORE', key, fmt(e[1]), fmt(e[1]))
-              redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2]))
+        local lw = logs and logs[key]
+        if lw then
+          local d = st.dirty
+          if st.legacy then
+            -- Written by an older sluice: every live entry again, in the new form.
+            local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - lw), '+inf')
+            redis.call('DEL', key)
+            local before = 0
+            for _, m in ipairs(raw) do
+              local e = log_entry(m)
+              if e[1] ~= d[1] then
+                redis.call('ZADD', key, fmt(e[1]), log_member(e[1], before, e[3]))
+                before = before + e[3]
+              end
             end
+            d[2] = before
+            log_seen[key] = nil
+          else
+            if st.replaced ~= nil then redis.call('ZREM', key, st.replaced) end
+            redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - lw))
           end
-          redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - c.w))
+          local member = log_member(d[1], d[2], d[3])
+          redis.call('ZADD', key, fmt(d[1]), member)
           redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
+          if log_seen[key] ~= nil then
+            -- What the next group would read back.
+            d[4] = member
+            log_seen[key] = { used = st.used, first = st.first, last = d, key = key, edge = st.edge }
+          end
         else
           committed[key] = st
           if pending_expiry[key] == nil then pending[#pending + 1] = key end

@@ -32,13 +32,7 @@ for i = 1, #KEYS do
   local st = states[key]
   if st == nil then
     if code == 'sl' then
-      local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf')
-      if #raw > 0 then
-        st = {}
-        for x = 1, #raw do
-          st[x] = { tonumber(string.match(raw[x], '^(%d+):')), log_hits(raw[x]) }
-        end
-      end
+      st = load_log(key, now, w)
     else
       local s = redis.call('GET', key)
       if s then st = decode(s, code) end

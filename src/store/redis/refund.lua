@@ -17,9 +17,21 @@ for i = 1, #KEYS do
   if code == 'sl' then
     local members = redis.call('ZRANGEBYSCORE', key, fmt(token), fmt(token))
     if #members > 0 then
-      local left = log_hits(members[1]) - hits
-      redis.call('ZREMRANGEBYSCORE', key, fmt(token), fmt(token))
-      if left > 0 then redis.call('ZADD', key, fmt(token), log_member(token, left)) end
+      local e = log_entry(members[1])
+      local back = math.min(hits, e[3])
+      redis.call('ZREM', key, members[1])
+      if e[3] > back then redis.call('ZADD', key, fmt(token), log_member(token, e[2], e[3] - back)) end
+      if e[2] ~= nil then
+        -- The newer entries counted these hits before them: no longer. (Those
+        -- numbered afresh after the log had emptied never did.)
+        for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(token), '+inf')) do
+          local n = log_entry(m)
+          if n[2] ~= nil and n[2] >= e[2] + e[3] then
+            redis.call('ZREM', key, m)
+            redis.call('ZADD', key, fmt(n[1]), log_member(n[1], n[2] - back, n[3]))
+          end
+        end
+      end
     end
   else
     local s = redis.call('GET', key)

@@ -1,0 +1,123 @@
+//! One hot key at its limit, with the real binary: three replicas of 16 clients each
+//! on two Redis shards and `failure_mode: closed`. Each algorithm admits exactly its
+//! limit and no call is answered by the failure mode: the Redis work of a decision
+//! on a full counter does not grow with the limit (a sliding log of 5,000 entries
+//! costs what one of 5 does), so the shard holding the hot key keeps up.
+
+mod common;
+
+use common::redis::{available, RedisServer};
+
+/// 5,000 per minute: where a cost per entry shows. The log's run must end within
+/// its minute (it takes seconds).
+const POLICY: &str = r#"
+domain: hot
+failure_mode: closed
+descriptors:
+  - key: sliding_window_log
+    rate_limit: {unit: minute, requests_per_unit: 5000, algorithm: sliding_window_log}
+  - key: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 5000, algorithm: fixed_window}
+"#;
+
+const LIMIT: u32 = 5_000;
+const REQUESTS: usize = 15_000;
+const CLIENTS: usize = 3 * 16;
+
+/// Seconds of CPU a Redis server has used (`INFO cpu`).
+async fn redis_cpu(server: &RedisServer) -> f64 {
+    let mut conn = server.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            matches!(k, "used_cpu_sys" | "used_cpu_user").then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_admits_exactly_its_limit_with_no_failure_mode_answer() {
+    if !available() {
+        return;
+    }
+    let shards = [RedisServer::start().await, RedisServer::start().await];
+    let urls: Vec<String> = shards.iter().map(RedisServer::url).collect();
+    let urls = urls.join(",");
+    // Three replicas, 48 clients and both shards share this machine's two cores, so
+    // a call can wait for a core for several milliseconds whatever Redis does: a
+    // store timeout of 200 ms leaves room for that, and none for a cost per entry
+    // (a log that read its entries failed most calls here, fixed_window none).
+    let replicas: Vec<common::Server> = (0..3)
+        .map(|_| common::Server::start(POLICY, &["--redis", &urls, "--store-timeout", "200ms"]))
+        .collect();
+    // Connected, scripts loaded, on every replica and shard: the run measures the
+    // hot key, not start-up.
+    for r in &replicas {
+        let mut client = r.client().await;
+        for i in 0..20 {
+            let key = format!("warm-{i}");
+            let req = common::request("hot", vec![common::desc(&[("fixed_window", &key)])]);
+            assert_eq!(
+                common::call(&mut client, req).await.overall_code,
+                common::OK
+            );
+        }
+    }
+    let mut results = Vec::new();
+    for rule in ["fixed_window", "sliding_window_log"] {
+        let cpu_before = redis_cpu(&shards[0]).await + redis_cpu(&shards[1]).await;
+        let started = std::time::Instant::now();
+        let mut clients = Vec::new();
+        for c in 0..CLIENTS {
+            let mut client = replicas[c % 3].client().await;
+            let n = REQUESTS / CLIENTS + usize::from(c < REQUESTS % CLIENTS);
+            clients.push(tokio::spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..n {
+                    let req = common::request("hot", vec![common::desc(&[(rule, "one")])]);
+                    if common::call(&mut client, req).await.overall_code == common::OK {
+                        ok += 1;
+                    }
+                }
+                ok
+            }));
+        }
+        let mut admitted = 0;
+        for c in clients {
+            admitted += c.await.expect("client");
+        }
+        let took = started.elapsed();
+        let cpu = redis_cpu(&shards[0]).await + redis_cpu(&shards[1]).await - cpu_before;
+        let failed: f64 = replicas
+            .iter()
+            .map(|r| {
+                r.metric(
+                    "sluice_requests_total",
+                    &[
+                        ("domain", "hot"),
+                        ("layer", "service"),
+                        ("rule", rule),
+                        ("outcome", "failed_closed"),
+                    ],
+                )
+                .unwrap_or(0.0)
+            })
+            .sum();
+        // Figures for the docs, not assertions (a busy machine moves them).
+        eprintln!(
+            "{rule}: {REQUESTS} requests in {took:?}, {admitted} admitted, {failed} failed \
+             closed, Redis CPU {:.1} µs per request",
+            cpu * 1e6 / REQUESTS as f64
+        );
+        results.push((rule, admitted, failed));
+    }
+    for (rule, admitted, failed) in results {
+        assert_eq!(failed, 0.0, "{rule}: answers by the failure mode");
+        assert_eq!(admitted, LIMIT, "{rule}");
+    }
+}
