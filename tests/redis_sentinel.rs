@@ -302,6 +302,71 @@ async fn master_lost_under_load(loss: Loss) {
     drop(master);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_with_a_password_is_reached_with_the_password_of_its_url() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start_with(&["--requirepass", "s3cret"]).await;
+    let auth = format!("sentinel auth-pass {MASTER} s3cret");
+    let sentinels = Sentinels::start_with(1, MASTER, master.port, &auth).await;
+    sentinels.wait_settled(0).await;
+    let urls = sentinels.urls().join(",");
+    let start = |spec: &str| {
+        common::Server::start(
+            POLICY,
+            &["--redis-sentinel", &urls, "--redis-sentinel-master", spec],
+        )
+    };
+    let good = start(&format!("redis://:s3cret@{MASTER}"));
+    let client = good.client().await;
+    common::eventually(Duration::from_secs(10), "decided on the master", || {
+        let mut client = client.clone();
+        async move {
+            let req = common::request("closed", vec![common::desc(&[("user", "a")])]);
+            common::call(&mut client, req).await.overall_code == common::OK
+        }
+    })
+    .await;
+    let keys = common::redis::keys(
+        &mut master
+            .conn_as(&format!("redis://:s3cret@{}", master.addr()))
+            .await,
+    )
+    .await;
+    assert!(keys.iter().any(|k| k.contains("user=a")), "{keys:?}");
+
+    // The wrong password: the master is found, refuses, and the failure mode answers.
+    let bad = start(&format!("redis://:wrong@{MASTER}"));
+    let client = bad.client().await;
+    common::eventually(Duration::from_secs(10), "the refusal counted", || {
+        let mut client = client.clone();
+        let bad = &bad;
+        async move {
+            let req = common::request("closed", vec![common::desc(&[("user", "b")])]);
+            let code = common::call(&mut client, req).await.overall_code;
+            code == common::OVER_LIMIT
+                && bad
+                    .metric(
+                        "sluice_store_errors_total",
+                        &[("store", "redis"), ("shard", MASTER), ("kind", "noauth")],
+                    )
+                    .is_some_and(|n| n > 0.0)
+        }
+    })
+    .await;
+    let last = &shard(&bad)["last_error"];
+    assert_eq!(last["kind"], "noauth", "{last}");
+    let message = last["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("no master known for {MASTER}: {}", master.addr()))
+            && message.to_lowercase().contains("authentication failed"),
+        "{message}"
+    );
+    drop(client);
+}
+
 #[test]
 fn a_master_given_an_address_is_refused_with_a_message() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -40,6 +40,12 @@ impl Sentinels {
     /// `n` sentinels watching the master at 127.0.0.1:`master_port` as `name`, with
     /// a quorum of a majority and a short down-after so failovers are quick.
     pub async fn start(n: usize, name: &str, master_port: u16) -> Sentinels {
+        Self::start_with(n, name, master_port, "").await
+    }
+
+    /// As [`Sentinels::start`], with `extra` appended to each config (such as
+    /// `sentinel auth-pass NAME PASSWORD` for a master with a password).
+    pub async fn start_with(n: usize, name: &str, master_port: u16, extra: &str) -> Sentinels {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = Sentinels {
             children: Vec::new(),
@@ -56,7 +62,7 @@ impl Sentinels {
                  sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 10000\n\
-                 sentinel parallel-syncs {name} 1\n",
+                 sentinel parallel-syncs {name} 1\n{extra}\n",
                 dir = s.dir.path().display(),
                 log = log.display(),
                 quorum = n / 2 + 1,

@@ -13,8 +13,9 @@
 //! the old master goes on accepting writes for some seconds before it is turned into
 //! a replica, and what it takes meanwhile is lost.
 //!
-//! While no master is known, calls fail as connection errors and take the domain's
-//! failure mode like any outage; a new master ends the shard's back-off at once, so
+//! While no master is known, calls fail with what stood in the way (sentinels that
+//! do not answer, a refused password, a replica) and take the domain's failure mode
+//! like any outage; a new master ends the shard's back-off at once, so
 //! the next call goes to it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -50,6 +51,8 @@ pub struct Master {
     /// The sentinel that answered last, asked first next time.
     first: AtomicUsize,
     current: Mutex<Option<Resolved>>,
+    /// Why the last round found no master, while none is known: what calls fail with.
+    problem: Mutex<Option<StoreError>>,
     /// Bumped whenever `current` changes; 0 until the first master is known.
     generation: AtomicU64,
     wake: Notify,
@@ -146,11 +149,17 @@ fn at(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
     template.clone().set_addr(addr)
 }
 
-fn unresolved(name: &str) -> StoreError {
-    StoreError::failed(
-        ErrorKind::Connection,
-        format!("no master known for sentinel name {name}"),
-    )
+/// A call's error while no master is known: the kind of what stood in the way (a
+/// refused password reads as one), with the master's name.
+fn unresolved(name: &str, problem: Option<&StoreError>) -> StoreError {
+    let (kind, why) = match problem {
+        Some(e) => (
+            e.kind().unwrap_or(ErrorKind::Connection),
+            e.message().to_string(),
+        ),
+        None => (ErrorKind::Connection, "not asked yet".to_string()),
+    };
+    StoreError::failed(kind, format!("no master known for {name}: {why}"))
 }
 
 impl Master {
@@ -171,6 +180,7 @@ impl Master {
             sentinels,
             first: AtomicUsize::new(0),
             current: Mutex::new(None),
+            problem: Mutex::new(None),
             generation: AtomicU64::new(0),
             wake: Notify::new(),
             timeout,
@@ -195,11 +205,13 @@ impl Master {
             .clone()
     }
 
-    /// The master's address, or a connection error while none is known.
+    /// The master's address; while none is known, an error saying what stood in
+    /// the way (and the sentinels are asked again).
     pub fn resolved(&self) -> Result<Resolved, StoreError> {
         self.current().ok_or_else(|| {
             self.suspect();
-            unresolved(&self.name)
+            let problem = self.problem.lock().unwrap_or_else(|p| p.into_inner());
+            unresolved(&self.name, problem.as_ref())
         })
     }
 
@@ -246,9 +258,21 @@ impl Master {
         let n = self.sentinels.len();
         let start = self.first.load(Relaxed) % n;
         let current = self.current();
+        let mut problem = None;
         for i in (0..n).map(|k| (start + k) % n) {
-            let Some((host, port)) = self.ask(i, &mut conns[i]).await else {
-                continue;
+            let (host, port) = match self.ask(i, &mut conns[i]).await {
+                Ok(Some(addr)) => addr,
+                Ok(None) => {
+                    problem = Some(StoreError::failed(
+                        ErrorKind::Connection,
+                        format!("sentinel {} does not know the name", i + 1),
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    problem = Some(e);
+                    continue;
+                }
             };
             self.first.store(i, Relaxed);
             let addr = format!("{host}:{port}");
@@ -266,11 +290,22 @@ impl Master {
                 // next round asks again.
                 Ok(false) => {
                     tracing::debug!(master = %self.name, %addr, "sentinel names a replica");
+                    problem = Some(StoreError::failed(
+                        ErrorKind::ReadOnly,
+                        format!("{addr} is not a master (yet)"),
+                    ));
                 }
                 Err(e) => {
                     tracing::debug!(master = %self.name, %addr, error = %e, "ROLE failed");
+                    problem = Some(StoreError::failed(
+                        e.kind().unwrap_or(ErrorKind::Connection),
+                        format!("{addr}: {}", e.message()),
+                    ));
                 }
             }
+        }
+        if current.is_none() {
+            *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
         }
     }
 
@@ -291,13 +326,13 @@ impl Master {
         }
     }
 
-    /// `SENTINEL get-master-addr-by-name` on sentinel `i`; `None` when it cannot
-    /// answer or does not know the name.
+    /// `SENTINEL get-master-addr-by-name` on sentinel `i`; `None` when it does not
+    /// know the name.
     async fn ask(
         &self,
         i: usize,
         conn: &mut Option<MultiplexedConnection>,
-    ) -> Option<(String, u16)> {
+    ) -> Result<Option<(String, u16)>, StoreError> {
         let asked = async {
             if conn.is_none() {
                 let c = self.sentinels[i]
@@ -312,16 +347,22 @@ impl Master {
                 .query_async::<Option<(String, u16)>>(c)
                 .await
         };
+        let failed = |e: StoreError| {
+            StoreError::failed(
+                e.kind().unwrap_or(ErrorKind::Connection),
+                format!("sentinel {}: {}", i + 1, e.message()),
+            )
+        };
         match tokio::time::timeout(self.timeout, asked).await {
-            Ok(Ok(addr)) => addr,
+            Ok(Ok(addr)) => Ok(addr),
             Ok(Err(e)) => {
                 tracing::debug!(master = %self.name, sentinel = i, error = %e, "sentinel failed");
                 *conn = None;
-                None
+                Err(failed(super::classify::redis(&e)))
             }
             Err(_) => {
                 *conn = None;
-                None
+                Err(failed(StoreError::failed(ErrorKind::Timeout, "no answer")))
             }
         }
     }
