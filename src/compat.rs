@@ -112,8 +112,8 @@ pub const VARIABLES: &[Variable] = &[
     var!("LIMIT_RESET_HEADER", Ignored, "header names are fixed"),
     var!("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Honoured, "readiness waits for the first xDS version unless `FORCE_START_WITHOUT_INITIAL_CONFIG`"),
     var!("REDIS_SOCKET_TYPE", Honoured, "`tcp`; `unix` is refused"),
-    var!("REDIS_TYPE", Honoured, "`SINGLE`: `--redis`; `CLUSTER`: `--redis-cluster`; `SENTINEL` is refused"),
-    var!("REDIS_URL", Honoured, "`host:port` (comma-separated for a cluster), or a `redis://` URL"),
+    var!("REDIS_TYPE", Honoured, "`SINGLE`: `--redis`; `CLUSTER`: `--redis-cluster`; `SENTINEL`: `--redis-sentinel` with `--redis-sentinel-master`"),
+    var!("REDIS_URL", Honoured, "`host:port` (comma-separated for a cluster), or a `redis://` URL; for `SENTINEL`, the master's name then the sentinels' `host:port`s"),
     var!("REDIS_POOL_SIZE", Ignored, "connections are multiplexed"),
     var!("REDIS_AUTH", Honoured, "the password (or `user:password`) in the Redis URL"),
     var!("REDIS_TLS", Honoured, "`rediss://`; the authorities are the system's (`SSL_CERT_FILE`)"),
@@ -137,7 +137,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Ignored, "per-second limits share the one Redis"),
     var!("REDIS_PERSECOND_TIMEOUT", Ignored, "per-second limits share the one Redis"),
     var!("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Ignored, "per-second limits share the one Redis"),
-    var!("REDIS_SENTINEL_AUTH", Refused, "Sentinel is not supported"),
+    var!("REDIS_SENTINEL_AUTH", Honoured, "the sentinels' password (or `user:password`) in their URLs"),
     var!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignored, "shards that fail are backed off on their own"),
     var!("REDIS_TIMEOUT", Ignored, "`--store-timeout` (15 ms) bounds each decision"),
     var!("REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignored, "connections are multiplexed"),
@@ -309,13 +309,6 @@ impl Translate<'_> {
                 "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
                 "true",
                 "Redis certificates are always verified",
-            ));
-        }
-        if let Some(v) = self.get("REDIS_SENTINEL_AUTH") {
-            return Err(refuse(
-                "REDIS_SENTINEL_AUTH",
-                v,
-                "Redis Sentinel is not supported",
             ));
         }
         Ok(())
@@ -495,10 +488,39 @@ impl Translate<'_> {
             .to_ascii_uppercase();
         match kind.as_str() {
             "SINGLE" if urls.len() == 1 => self.flag("--redis", Some(urls.join(","))),
-            "SINGLE" => return Err(refuse("REDIS_URL", &url, "REDIS_TYPE=SINGLE takes one address")),
+            "SINGLE" => {
+                return Err(refuse(
+                    "REDIS_URL",
+                    &url,
+                    "REDIS_TYPE=SINGLE takes one address",
+                ))
+            }
             "CLUSTER" => self.flag("--redis-cluster", Some(urls.join(","))),
-            "SENTINEL" => return Err(refuse("REDIS_TYPE", "SENTINEL", "Redis Sentinel is not supported; give the master with REDIS_TYPE=SINGLE, or use a cluster")),
-            _ => return Err(refuse("REDIS_TYPE", &kind, "expected SINGLE, CLUSTER or SENTINEL")),
+            "SENTINEL" => {
+                // `master,sentinel,...`: REDIS_AUTH is the master's password,
+                // REDIS_SENTINEL_AUTH the sentinels'; REDIS_TLS is for both.
+                let mut parts = url.split(',').map(str::trim).filter(|u| !u.is_empty());
+                let (Some(master), Some(first)) = (parts.next(), parts.next()) else {
+                    return Err(refuse("REDIS_URL", &url, "REDIS_TYPE=SENTINEL takes the master's name, then the sentinels: NAME,HOST:PORT,..."));
+                };
+                let sentinel_auth = self.get("REDIS_SENTINEL_AUTH").map(String::from);
+                let sentinels: Vec<String> = std::iter::once(first)
+                    .chain(parts)
+                    .map(|u| redis_url(u, tls, sentinel_auth.as_deref()))
+                    .collect();
+                self.flag("--redis-sentinel", Some(sentinels.join(",")));
+                self.flag(
+                    "--redis-sentinel-master",
+                    Some(redis_url(master, tls, auth.as_deref())),
+                );
+            }
+            _ => {
+                return Err(refuse(
+                    "REDIS_TYPE",
+                    &kind,
+                    "expected SINGLE, CLUSTER or SENTINEL",
+                ))
+            }
         }
         if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(String::from) {
             self.flag("--redis-key-prefix", Some(prefix));
@@ -761,8 +783,8 @@ mod tests {
                 "REDIS_SOCKET_TYPE",
             ),
             (
-                vec![("REDIS_URL", "m,a:1"), ("REDIS_TYPE", "SENTINEL")],
-                "REDIS_TYPE",
+                vec![("REDIS_URL", "mymaster"), ("REDIS_TYPE", "SENTINEL")],
+                "REDIS_URL",
             ),
             (vec![("REDIS_URL", "a:1,b:2")], "REDIS_URL"),
             (
@@ -773,6 +795,42 @@ mod tests {
         ] {
             assert_eq!(translate(&env(&pairs)).unwrap_err().name, name, "{pairs:?}");
         }
+    }
+
+    #[test]
+    fn redis_sentinel_takes_the_master_then_the_sentinels() {
+        let t = translate(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster, s1:26379,s2:26379"),
+            ("REDIS_AUTH", "p@ss"),
+            ("REDIS_SENTINEL_AUTH", "watch"),
+        ]))
+        .unwrap();
+        let value = |flag: &str| {
+            let at = t.args.iter().position(|a| a == flag).expect(flag);
+            t.args[at + 1].clone()
+        };
+        assert_eq!(
+            value("--redis-sentinel"),
+            "redis://:watch@s1:26379,redis://:watch@s2:26379"
+        );
+        assert_eq!(value("--redis-sentinel-master"), "redis://:p%40ss@mymaster");
+        assert!(!t.args.iter().any(|a| a == "--redis"));
+        let t = translate(&env(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379"),
+            ("REDIS_TLS", "true"),
+        ]))
+        .unwrap();
+        assert!(t
+            .args
+            .windows(2)
+            .any(|w| w == ["--redis-sentinel", "rediss://s1:26379"]));
+        assert!(t
+            .args
+            .windows(2)
+            .any(|w| w == ["--redis-sentinel-master", "rediss://mymaster"]));
     }
 
     #[test]
