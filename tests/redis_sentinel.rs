@@ -367,6 +367,56 @@ async fn a_master_with_a_password_is_reached_with_the_password_of_its_url() {
     drop(client);
 }
 
+#[tokio::test]
+async fn several_masters_are_shards_of_their_own() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let a = RedisServer::start().await;
+    let b = RedisServer::start().await;
+    // One sentinel watching both: `counters` at a, `other` at b.
+    let also = format!("sentinel monitor other 127.0.0.1 {} 1", b.port);
+    let sentinels = Sentinels::start_with(1, MASTER, a.port, &also).await;
+    sentinels.wait_settled(0).await;
+    let urls = sentinels.urls().join(",");
+    let masters = format!("{MASTER},other");
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--redis-sentinel",
+            &urls,
+            "--redis-sentinel-master",
+            &masters,
+        ],
+    );
+    let mut client = sluice.client().await;
+    common::eventually(Duration::from_secs(10), "both masters found", || async {
+        let (_, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        let node = |name: &str| {
+            v["shards"]
+                .as_array()
+                .and_then(|s| s.iter().find(|s| s["name"] == name))
+                .and_then(|s| s["nodes"][0].as_str().map(str::to_string))
+        };
+        node(MASTER) == Some(a.addr()) && node("other") == Some(b.addr())
+    })
+    .await;
+    for i in 0..40 {
+        let user = format!("spread-{i}");
+        let req = common::request("closed", vec![common::desc(&[("user", &user)])]);
+        assert_eq!(
+            common::call(&mut client, req).await.overall_code,
+            common::OK
+        );
+    }
+    let on_a = common::redis::keys(&mut a.conn().await).await.len();
+    let on_b = common::redis::keys(&mut b.conn().await).await.len();
+    assert_eq!(on_a + on_b, 40, "each counter on one master");
+    assert!(on_a > 5 && on_b > 5, "spread over both: {on_a} and {on_b}");
+}
+
 #[test]
 fn a_master_given_an_address_is_refused_with_a_message() {
     let dir = tempfile::tempdir().expect("tempdir");
