@@ -15,9 +15,12 @@ use common::redis::{available, command_calls, RedisServer};
 use common::sentinel::{self, Sentinels};
 use serde_json::Value;
 
-const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Long enough that a loaded 2-core machine's stalls do not show as failure-mode
+/// answers after the switch; what the switch itself does (connections refused or
+/// closed, READONLY) fails at once whatever the timeout.
+const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Longest answer allowed: the store timeout and room for a loaded 2-core machine.
-const BOUND: Duration = Duration::from_millis(300);
+const BOUND: Duration = Duration::from_millis(500);
 const MASTER: &str = "counters";
 /// The limit of the `fresh` key, counted exactly on the new master.
 const FRESH_LIMIT: usize = 20;
