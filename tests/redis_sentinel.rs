@@ -420,6 +420,69 @@ async fn several_masters_are_shards_of_their_own() {
     assert!(on_a > 5 && on_b > 5, "spread over both: {on_a} and {on_b}");
 }
 
+#[tokio::test]
+async fn a_tls_master_is_reached_over_tls_at_the_address_the_sentinel_gives() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start_tls().await;
+    let d = master.dir.path();
+    // The sentinel watches the master over TLS too.
+    let tls = format!(
+        "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-replication yes",
+        d.join("server.crt").display(),
+        d.join("server.key").display(),
+        d.join("ca.crt").display(),
+    );
+    let sentinels = Sentinels::start_with(1, MASTER, master.port, &tls).await;
+    sentinels.wait_settled(0).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).expect("policy");
+    let configs = [dir.path().join("policy.yaml")];
+    let ca = d.join("ca.crt");
+    let urls = sentinels.urls().join(",");
+    let spec = format!("rediss://{MASTER}");
+    let sluice = common::Server::start_env(
+        dir,
+        &configs,
+        &["--redis-sentinel", &urls, "--redis-sentinel-master", &spec],
+        &[("SSL_CERT_FILE", ca.to_str().expect("utf-8 path"))],
+    );
+    let client = sluice.client().await;
+    // Closed failure mode and a limit of 20: OVER_LIMIT after 20 admissions means the
+    // master decided, over TLS.
+    common::eventually(Duration::from_secs(10), "decided over TLS", || {
+        let mut client = client.clone();
+        async move {
+            let req = common::request("closed", vec![common::desc(&[("fresh", "tls")])]);
+            common::call(&mut client, req).await.overall_code == common::OK
+        }
+    })
+    .await;
+    let mut client = client.clone();
+    let mut ok = 1;
+    for _ in 0..FRESH_LIMIT {
+        let req = common::request("closed", vec![common::desc(&[("fresh", "tls")])]);
+        if common::call(&mut client, req).await.overall_code == common::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, FRESH_LIMIT);
+    let denied = sluice.metric(
+        "sluice_requests_total",
+        &[
+            ("domain", "closed"),
+            ("layer", "service"),
+            ("rule", "fresh"),
+            ("outcome", "over_limit"),
+        ],
+    );
+    assert_eq!(denied, Some(1.0), "the master's own denial");
+    assert_eq!(master_node(&sluice), Some(master.addr()));
+    assert_eq!(shard(&sluice)["state"], "up");
+}
+
 #[test]
 fn a_master_given_an_address_is_refused_with_a_message() {
     let dir = tempfile::tempdir().expect("tempdir");
