@@ -331,7 +331,7 @@ async fn an_unknown_method_is_answered_before_its_request_ends() {
     let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(conn);
     let req = http::Request::post(format!(
-        "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/StreamRateLimits",
         server.grpc
     ))
     .header("content-type", "application/grpc")

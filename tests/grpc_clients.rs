@@ -100,6 +100,7 @@ fn grpcurl_lists_and_describes_the_port_without_proto_files() {
         assert_eq!(
             listed,
             [
+                "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
                 "envoy.service.ratelimit.v3.RateLimitService",
                 "grpc.health.v1.Health",
                 "grpc.reflection.v1.ServerReflection",
