@@ -1,6 +1,8 @@
 """Paced HTTP load for tests/e2e/rlqs.sh: for each NAME=PORT:RATE, one thread sends
 GET /api requests to 127.0.0.1:PORT at RATE a second on keep-alive connections, for
-SECONDS seconds, and writes one line per request: `unix_time NAME status`.
+SECONDS seconds, and writes one line per request: `unix_time NAME status ms`, ms
+being the time from sending the request to reading the whole response (status 0:
+the connection failed).
 
     python3 rlqs-load.py SECONDS OUT NAME=PORT:RATE ...
 """
@@ -33,6 +35,7 @@ def run(name, port, rate):
             time.sleep(wait)
         n += 1
         status = 0
+        sent = time.perf_counter()
         try:
             if conn is None:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -42,8 +45,9 @@ def run(name, port, rate):
             status = r.status
         except Exception:
             conn = None
+        ms = (time.perf_counter() - sent) * 1000
         with lock:
-            log.write(f"{time.time():.3f} {name} {status}\n")
+            log.write(f"{time.time():.3f} {name} {status} {ms:.3f}\n")
 
 
 threads = [threading.Thread(target=run, args=t) for t in targets]

@@ -184,7 +184,7 @@ path, t0 = sys.argv[1], float(sys.argv[2])
 ok = defaultdict(int)     # (name, second) -> admitted
 seen = defaultdict(int)   # (name, second) -> sent
 for line in open(path):
-    t, name, status = line.split()
+    t, name, status = line.split()[:3]
     s = int(float(t) - t0)
     seen[(name, s)] += 1
     if status == "200":
