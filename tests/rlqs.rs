@@ -114,9 +114,53 @@ async fn streams_on_one_server_share_its_limit_by_demand() {
     assert_eq!(shares, Some((20, 20)), "alone again");
 }
 
+/// Polls `/metrics` until `name{labels}` reads `want` (5 s at most).
+async fn wait_metric(server: &Server, name: &str, labels: &[(&str, &str)], want: f64) {
+    let mut have = None;
+    for _ in 0..100 {
+        have = server.metric(name, labels);
+        if have == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name}{labels:?} is {have:?}, want {want}");
+}
+
+#[tokio::test]
+async fn metrics_show_streams_buckets_reports_and_assignments() {
+    let server = Server::start(POLICY, &[]);
+    assert_eq!(server.metric("sluice_rlqs_streams", &[]), Some(0.0));
+    let mut a = Quota::open(&server).await;
+    let mut b = Quota::open(&server).await;
+    a.report(45, 1).await;
+    a.report(45, 1).await;
+    b.report(15, 1).await;
+    assert_eq!(server.metric("sluice_rlqs_streams", &[]), Some(2.0));
+    assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(2.0));
+    assert_eq!(
+        server.metric("sluice_rlqs_reports_total", &[("domain", "rlqs")]),
+        Some(3.0)
+    );
+    let kind = |k| [("domain", "rlqs"), ("rule", "route"), ("kind", k)];
+    assert_eq!(
+        server.metric("sluice_rlqs_assignments_total", &kind("token_bucket")),
+        Some(3.0)
+    );
+    assert_eq!(
+        server.metric("sluice_rlqs_assignments_total", &kind("deny_all")),
+        None
+    );
+    // An Envoy that goes takes its stream and its buckets out of the gauges.
+    drop(b);
+    wait_metric(&server, "sluice_rlqs_streams", &[], 1.0).await;
+    assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(1.0));
+}
+
 #[tokio::test]
 async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
     let server = Server::start(POLICY, &[]);
+    let invalid = server.metric("sluice_invalid_requests_total", &[]);
     let url = format!("http://{}", server.grpc);
     let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
     let reports = futures::stream::iter(vec![RateLimitQuotaUsageReports::default()]);
@@ -129,6 +173,16 @@ async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
         status.message().contains("must name its domain"),
         "{status:?}"
     );
+    assert_eq!(
+        server.metric("sluice_invalid_requests_total", &[]),
+        invalid.map(|n| n + 1.0)
+    );
+    assert_eq!(
+        server.metric("sluice_rlqs_reports_total", &[("domain", "")]),
+        None,
+        "a refused report is not counted as answered"
+    );
+    wait_metric(&server, "sluice_rlqs_streams", &[], 0.0).await;
 }
 
 #[tokio::test]

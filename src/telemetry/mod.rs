@@ -47,6 +47,7 @@ use crate::store::{ErrorKind, Evictions, Report};
 pub mod erl;
 pub mod limits;
 pub mod ratio;
+pub mod rlqs;
 pub mod signals;
 pub mod striped;
 pub mod top;
@@ -266,6 +267,7 @@ pub struct Metrics {
     top_offenders: IntGaugeVec,
     handles: ArcSwapOption<PolicyHandles>,
     limits: limits::Limits,
+    rlqs: rlqs::QuotaStats,
     /// envoyproxy/ratelimit's series, with `--prometheus-addr`.
     erl: Option<erl::ErlStats>,
     /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
@@ -466,6 +468,7 @@ impl Metrics {
             evictions.with_label_values(&[reason]);
         }
         let limits = limits::Limits::new(&registry);
+        let rlqs = rlqs::QuotaStats::new(&registry);
         Metrics {
             enabled: true,
             clock,
@@ -476,6 +479,7 @@ impl Metrics {
             top_subnet_addresses,
             denial_spike_ratio,
             limits,
+            rlqs,
             registry,
             unknown_domain,
             bad_requests,
@@ -796,6 +800,11 @@ impl Metrics {
 
     pub fn bad_request(&self) {
         self.bad_requests.inc();
+    }
+
+    /// The Rate Limit Quota Service's series.
+    pub fn rlqs(&self) -> &rlqs::QuotaStats {
+        &self.rlqs
     }
 
     /// A call answered DEADLINE_EXCEEDED: its caller had given up before it was

@@ -12,9 +12,9 @@ use crate::policy::{Policy, Rule};
 /// How the policy treats a bucket.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Governed<'p> {
-    /// No limit applies: the domain is unknown, no rule matches, or the rule is
-    /// `unlimited` or in `shadow_mode` (which never denies).
-    Free,
+    /// No limit applies: the domain is unknown or no rule matches (`None`), or the
+    /// rule is `unlimited` or in `shadow_mode` (which never denies).
+    Free(Option<&'p Rule>),
     /// `rule`'s `limit` applies; `key` names the bucket's counter (and its demand
     /// records): the rule's counter key for the matched entries.
     Limited {
@@ -34,19 +34,16 @@ pub fn govern<'p>(
     hashing: &Hashing,
 ) -> Governed<'p> {
     let Some(dom) = policy.domain(domain) else {
-        return Governed::Free;
+        return Governed::Free(None);
     };
     let mut order = Vec::with_capacity(entries.len());
     let Some(id) = dom.find_unordered(entries, &mut order) else {
-        return Governed::Free;
+        return Governed::Free(None);
     };
     let rule = policy.rule(id);
-    let Some(limit) = rule.limit else {
-        return Governed::Free;
+    let Some(limit) = rule.limit.filter(|_| !rule.shadow_mode) else {
+        return Governed::Free(Some(rule));
     };
-    if rule.shadow_mode {
-        return Governed::Free;
-    }
     let ordered: Vec<(&str, &str)> = order
         .iter()
         .map(|&i| (entries[i].0.as_str(), entries[i].1.as_str()))
@@ -104,21 +101,16 @@ mod tests {
         assert_eq!(limit.requests, 20);
         assert_eq!(key, "edge|tenant=acme|path=/a");
         assert_eq!(shown, "acme|/a");
-        assert_eq!(
-            govern(&p, "edge", &pairs(&[("free", "x")]), &h),
-            Governed::Free
-        );
-        assert_eq!(
-            govern(&p, "edge", &pairs(&[("watch", "x")]), &h),
-            Governed::Free
-        );
-        assert_eq!(
-            govern(&p, "edge", &pairs(&[("other", "x")]), &h),
-            Governed::Free
-        );
+        let free = |pairs_: &[(&str, &str)]| match govern(&p, "edge", &pairs(pairs_), &h) {
+            Governed::Free(rule) => rule.map(|r| r.path.clone()),
+            other => panic!("free: {other:?}"),
+        };
+        assert_eq!(free(&[("free", "x")]).as_deref(), Some("free"));
+        assert_eq!(free(&[("watch", "x")]).as_deref(), Some("watch"));
+        assert_eq!(free(&[("other", "x")]), None);
         assert_eq!(
             govern(&p, "nowhere", &pairs(&[("tenant", "a")]), &h),
-            Governed::Free
+            Governed::Free(None)
         );
     }
 }

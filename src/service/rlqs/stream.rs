@@ -31,6 +31,7 @@ use crate::algorithm::{Micros, SECOND};
 use crate::grpc_server::{frame, Code, GrpcError, Messages, Reply};
 use crate::policy::{FailureMode, Policy};
 use crate::store::Store;
+use crate::telemetry::rlqs::AssignmentKind;
 
 use super::bucket::{govern, Governed};
 use super::share::{demand, fraction, settle, token_bucket, Assignment};
@@ -79,7 +80,12 @@ pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
         Some(match answer {
             Ok(response) => (Ok(frame(&response)), Some((messages, stream))),
             // The error ends the call; nothing is read after it.
-            Err(e) => (Err(e), None),
+            Err(e) => {
+                if e.code == Code::InvalidArgument {
+                    stream.quotas.service.metrics.bad_request();
+                }
+                (Err(e), None)
+            }
         })
     });
     Reply::Stream(answers.boxed())
@@ -87,6 +93,7 @@ pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
 
 impl<S: Store> Stream<S> {
     pub fn new(quotas: Arc<Quotas<S>>) -> Self {
+        quotas.service.metrics.rlqs().stream_opened();
         Stream {
             quotas,
             id: format!("{:016x}", rand::random::<u64>()),
@@ -107,9 +114,19 @@ impl<S: Store> Stream<S> {
         }
         let policy = self.quotas.service.limiter.policy();
         let now = self.quotas.clock.now();
+        // The domain as a label: only one the policy defines.
+        let shown = if policy.domain(&domain).is_some() {
+            domain.as_str()
+        } else {
+            ""
+        };
+        let metrics = self.quotas.service.metrics.clone();
+        let stats = metrics.rlqs();
+        stats.report(shown);
         let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
         for usage in reports.bucket_quota_usages {
-            let action = self.decide(&policy, &domain, &usage, now).await;
+            let (action, rule) = self.decide(&policy, &domain, &usage, now).await;
+            stats.assignment(shown, rule.unwrap_or(""), kind(&action));
             actions.push(BucketAction {
                 bucket_id: usage.bucket_id,
                 bucket_action: Some(action),
@@ -140,14 +157,14 @@ impl<S: Store> Stream<S> {
         }
     }
 
-    /// One bucket's action.
-    async fn decide(
+    /// One bucket's action, and the path of the rule that governs it.
+    async fn decide<'p>(
         &mut self,
-        policy: &Policy,
+        policy: &'p Policy,
         domain: &str,
         usage: &BucketQuotaUsage,
         now: Micros,
-    ) -> Action {
+    ) -> (Action, Option<&'p str>) {
         let settings = &self.quotas.settings;
         let ttl = settings.ttl_secs();
         let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
@@ -159,6 +176,10 @@ impl<S: Store> Stream<S> {
         entries.sort_unstable();
         let limiter = &self.quotas.service.limiter;
         let governed = govern(policy, domain, &entries, limiter.hashing());
+        let rule_path = match &governed {
+            Governed::Free(rule) => rule.map(|r| r.path.as_str()),
+            Governed::Limited { rule, .. } => Some(rule.path.as_str()),
+        };
         let failure = policy
             .domain(domain)
             .and_then(|d| d.failure_mode)
@@ -167,10 +188,13 @@ impl<S: Store> Stream<S> {
         let known = self.buckets.contains_key(&entries);
         if !known && self.buckets.len() >= settings.max_buckets {
             let a = match (&governed, failure) {
-                (Governed::Free, _) | (_, FailureMode::Open) => Assignment::AllowAll,
+                (Governed::Free(_), _) | (_, FailureMode::Open) => Assignment::AllowAll,
                 (_, FailureMode::Closed) => Assignment::DenyAll,
             };
-            return assignment(a, ttl);
+            return (assignment(a, ttl), rule_path);
+        }
+        if !known {
+            self.quotas.service.metrics.rlqs().buckets_changed(1);
         }
         let tracked = self.buckets.entry(entries).or_default();
         let count = usage
@@ -180,10 +204,11 @@ impl<S: Store> Stream<S> {
             let since = *tracked.idle_since.get_or_insert(now);
             if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
                 let gone = self.buckets.remove(&entries_of(usage));
+                self.quotas.service.metrics.rlqs().buckets_changed(-1);
                 if let Some(key) = gone.and_then(|t| t.demand_key) {
                     self.quotas.demand.forget(vec![key], self.id.clone());
                 }
-                return Action::AbandonAction(AbandonAction {});
+                return (Action::AbandonAction(AbandonAction {}), rule_path);
             }
         } else {
             tracked.idle_since = None;
@@ -192,7 +217,7 @@ impl<S: Store> Stream<S> {
         tracked.reported = Some(now);
 
         let chosen = match governed {
-            Governed::Free => Assignment::AllowAll,
+            Governed::Free(_) => Assignment::AllowAll,
             Governed::Limited {
                 rule,
                 limit,
@@ -251,12 +276,15 @@ impl<S: Store> Stream<S> {
             }
         };
         tracked.last = Some(chosen);
-        assignment(chosen, ttl)
+        (assignment(chosen, ttl), rule_path)
     }
 }
 
 impl<S: Store> Drop for Stream<S> {
     fn drop(&mut self) {
+        let stats = self.quotas.service.metrics.rlqs();
+        stats.stream_closed();
+        stats.buckets_changed(-(self.buckets.len() as i64));
         let keys: Vec<String> = self
             .buckets
             .values_mut()
@@ -300,6 +328,24 @@ fn check(i: usize, usage: &BucketQuotaUsage) -> Result<(), GrpcError> {
         ));
     }
     Ok(())
+}
+
+/// What an action tells Envoy, for the metrics.
+fn kind(action: &Action) -> AssignmentKind {
+    let Action::QuotaAssignmentAction(q) = action else {
+        return AssignmentKind::Abandon;
+    };
+    match q
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref())
+    {
+        Some(Strategy::BlanketRule(r)) if *r == BlanketRule::DenyAll as i32 => {
+            AssignmentKind::DenyAll
+        }
+        Some(Strategy::TokenBucket(_)) => AssignmentKind::TokenBucket,
+        _ => AssignmentKind::AllowAll,
+    }
 }
 
 /// The protobuf of an assignment alive for `ttl` seconds.
@@ -499,6 +545,53 @@ mod tests {
         assert_eq!(f.demand.buckets(), 0, "only limited buckets keep demand");
     }
 
+    /// The value of the series `series` (name and labels as rendered).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn metrics_count_streams_buckets_reports_and_assignments_by_kind() {
+        let f = fixture();
+        let metrics = f.quotas.service.metrics.clone();
+        let mut a = Stream::new(f.quotas.clone());
+        let mut b = Stream::new(f.quotas.clone());
+        let buckets =
+            |pairs: &[&[(&str, &str)]]| pairs.iter().map(|p| usage(p, 3, 0, 1)).collect::<Vec<_>>();
+        let all: &[&[(&str, &str)]] = &[
+            API,
+            &[("route", "free")],
+            &[("route", "closed")],
+            &[("route", "elsewhere")],
+        ];
+        block_on(a.answer(report("edge", buckets(all)))).unwrap();
+        block_on(a.answer(report("", buckets(&all[..1])))).unwrap();
+        block_on(b.answer(report("nowhere", buckets(&all[..2])))).unwrap();
+        let text = metrics.render();
+        let at = |series: &str| sample(&text, series);
+        assert_eq!(at("sluice_rlqs_streams"), Some(2.0), "{text}");
+        assert_eq!(at("sluice_rlqs_buckets"), Some(6.0));
+        assert_eq!(at("sluice_rlqs_reports_total{domain=\"edge\"}"), Some(2.0));
+        // A domain no policy defines is shown empty: a label Envoy cannot inflate.
+        assert_eq!(at("sluice_rlqs_reports_total{domain=\"\"}"), Some(1.0));
+        let sent = |domain: &str, kind: &str, rule: &str| {
+            at(&format!(
+                "sluice_rlqs_assignments_total{{domain=\"{domain}\",kind=\"{kind}\",rule=\"{rule}\"}}"
+            ))
+        };
+        assert_eq!(sent("edge", "token_bucket", "route"), Some(2.0));
+        // route=free is an unlimited rule; route=elsewhere matches none.
+        assert_eq!(sent("edge", "allow_all", "route"), Some(1.0));
+        assert_eq!(sent("edge", "allow_all", ""), Some(1.0));
+        assert_eq!(sent("edge", "deny_all", "route"), Some(1.0));
+        assert_eq!(sent("", "allow_all", ""), Some(2.0));
+        drop(a);
+        let text = metrics.render();
+        assert_eq!(sample(&text, "sluice_rlqs_streams"), Some(1.0));
+        assert_eq!(sample(&text, "sluice_rlqs_buckets"), Some(2.0));
+    }
+
     #[test]
     fn envoys_denials_start_a_penalty_ban() {
         let f = fixture();
@@ -531,6 +624,15 @@ mod tests {
         let a = block_on(s.answer(report("edge", vec![usage(API, 0, 0, 5)]))).unwrap();
         assert_eq!(only(a), None, "idle for 60 s: abandoned");
         assert_eq!(f.demand.buckets(), 0);
+        let text = f.quotas.service.metrics.render();
+        assert_eq!(sample(&text, "sluice_rlqs_buckets"), Some(0.0), "{text}");
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_rlqs_assignments_total{domain=\"edge\",kind=\"abandon\",rule=\"route\"}"
+            ),
+            Some(1.0)
+        );
         let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(20));
     }
