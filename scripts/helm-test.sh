@@ -150,6 +150,15 @@ assert \"--hash-keys\" in c[\"args\"], c[\"args\"]
 env = {e[\"name\"]: e for e in c[\"env\"]}
 assert env[\"SLUICE_HASH_SECRET\"][\"valueFrom\"] == {\"secretKeyRef\": {\"name\": \"sluice-hash\", \"key\": \"secret\"}}, env
 '"
+check "rlqs: --rlqs-assignment-ttl and --rlqs-abandon-after, defaults and set" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+t | grep -q -- '- --rlqs-assignment-ttl=15s' && t | grep -q -- '- --rlqs-abandon-after=60s' &&
+t --set-string rlqs.assignmentTtl=1m30s --set-string rlqs.abandonAfter=5m | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
+assert \"--rlqs-assignment-ttl=1m30s\" in a and \"--rlqs-abandon-after=5m\" in a, a
+'"
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
@@ -286,6 +295,9 @@ refuse "schema refuses failureMode: maybe" t --set failureMode=maybe
 refuse "schema refuses sidecar.envoy.failureModeDeny: maybe" t --set sidecar.envoy.failureModeDeny=maybe
 refuse "schema refuses a policies file not named *.yaml" t --set-string 'policies.api\.txt=domain: a'
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
+refuse "schema refuses an rlqs.assignmentTtl of less than a whole second" t --set-string rlqs.assignmentTtl=500ms
+refuse "schema refuses an rlqs.assignmentTtl of 0s" t --set-string rlqs.assignmentTtl=0s
+refuse "schema refuses a malformed rlqs.abandonAfter" t --set-string rlqs.abandonAfter=60
 refuse "template refuses redis.urls together with redis.bundled" \
     t --set 'redis.urls[0]=redis://a:6379' --set redis.bundled.enabled=true
 refuse "template refuses redis.sentinel.urls together with redis.urls" \

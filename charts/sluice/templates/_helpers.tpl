@@ -198,6 +198,14 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --log-format={{ $v.logFormat }}
 - --max-keys={{ int64 $v.maxKeys }}
 - --reload-interval={{ $v.reloadInterval }}
+{{- with $v.rlqs }}
+{{- with .assignmentTtl }}
+- --rlqs-assignment-ttl={{ . }}
+{{- end }}
+{{- with .abandonAfter }}
+- --rlqs-abandon-after={{ . }}
+{{- end }}
+{{- end }}
 - --shutdown-grace={{ $v.shutdownGraceSeconds }}s
 {{- range $port := list "grpc" "http" }}
 {{- $t := index $v.tls $port }}
