@@ -23,6 +23,13 @@ use tonic::Streaming;
 
 const POLICY: &str = "domain: rlqs\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
 
+/// The bucket {route: api}.
+fn api() -> BucketId {
+    let mut bucket = HashMap::new();
+    bucket.insert("route".to_string(), "api".to_string());
+    BucketId { bucket }
+}
+
 /// One open stream: reports go in, answers come out.
 struct Quota {
     tx: mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -47,9 +54,7 @@ impl Quota {
     /// Reports `requests` in the last `secs` for the bucket {route: api, extra...};
     /// returns the answer's token bucket `(max_tokens, tokens_per_fill)` and TTL.
     async fn report(&mut self, requests: u64, secs: i64) -> (Option<(u32, u32)>, i64) {
-        let mut bucket = HashMap::new();
-        bucket.insert("route".to_string(), "api".to_string());
-        let id = BucketId { bucket };
+        let id = api();
         self.tx
             .send(RateLimitQuotaUsageReports {
                 domain: "rlqs".into(),
@@ -65,6 +70,12 @@ impl Quota {
             })
             .await
             .expect("send");
+        self.read(&id).await
+    }
+
+    /// The next message on the stream, an answer or an assignment sent unasked, for
+    /// the one bucket `id`: its token bucket `(max_tokens, tokens_per_fill)` and TTL.
+    async fn read(&mut self, id: &BucketId) -> (Option<(u32, u32)>, i64) {
         let answer = tokio::time::timeout(Duration::from_secs(5), self.rx.message())
             .await
             .expect("answered within 5 s")
@@ -73,7 +84,7 @@ impl Quota {
         let action = &answer.bucket_action[0];
         assert_eq!(
             action.bucket_id.as_ref(),
-            Some(&id),
+            Some(id),
             "the bucket id is echoed"
         );
         let Some(Action::QuotaAssignmentAction(q)) = &action.bucket_action else {
@@ -100,6 +111,12 @@ async fn streams_on_one_server_share_its_limit_by_demand() {
     let mut b = Quota::open(&server).await;
     assert_eq!(a.report(45, 1).await, (Some((20, 20)), 12), "alone: all");
     assert_eq!(b.report(15, 1).await.0, Some((5, 5)), "15 of 60 a second");
+    // b's report moved the split: a's new share comes unasked, before a reports.
+    assert_eq!(
+        a.read(&api()).await,
+        (Some((15, 15)), 12),
+        "45 of 60, pushed"
+    );
     assert_eq!(a.report(45, 1).await.0, Some((15, 15)), "45 of 60");
     // A stream that ends takes its demand with it.
     drop(b);
@@ -136,6 +153,7 @@ async fn metrics_show_streams_buckets_reports_and_assignments() {
     a.report(45, 1).await;
     a.report(45, 1).await;
     b.report(15, 1).await;
+    assert_eq!(a.read(&api()).await.0, Some((15, 15)), "pushed");
     assert_eq!(server.metric("sluice_rlqs_streams", &[]), Some(2.0));
     assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(2.0));
     assert_eq!(
@@ -145,7 +163,7 @@ async fn metrics_show_streams_buckets_reports_and_assignments() {
     let kind = |k| [("domain", "rlqs"), ("rule", "route"), ("kind", k)];
     assert_eq!(
         server.metric("sluice_rlqs_assignments_total", &kind("token_bucket")),
-        Some(3.0)
+        Some(4.0)
     );
     assert_eq!(
         server.metric("sluice_rlqs_assignments_total", &kind("deny_all")),

