@@ -95,3 +95,51 @@ impl Peers {
         self.lock().len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nudge(key: &str) -> Nudge {
+        Nudge {
+            entries: vec![("route".into(), "api".into())],
+            key: key.into(),
+            share: Share {
+                total: 60.0,
+                streams: 2,
+            },
+        }
+    }
+
+    #[test]
+    fn nudges_reach_the_buckets_other_streams_and_a_full_inbox_drops_them() {
+        let peers = Peers::default();
+        let (a_tx, mut a_rx) = mpsc::channel(INBOX);
+        let (b_tx, mut b_rx) = mpsc::channel(INBOX);
+        let (c_tx, mut c_rx) = mpsc::channel(INBOX);
+        peers.join("k", "a", &a_tx);
+        peers.join("k", "a", &a_tx);
+        peers.join("k", "b", &b_tx);
+        peers.join("other", "c", &c_tx);
+        for _ in 0..INBOX + 10 {
+            peers.nudge("a", nudge("k"));
+        }
+        assert!(a_rx.try_recv().is_err(), "never to the reporting stream");
+        assert!(c_rx.try_recv().is_err(), "never to another bucket's");
+        let mut got = 0;
+        while let Ok(n) = b_rx.try_recv() {
+            assert_eq!(n.key, "k");
+            got += 1;
+        }
+        assert_eq!(got, INBOX, "the rest dropped, the sender never waits");
+        peers.nudge("b", nudge("k"));
+        assert!(a_rx.try_recv().is_ok());
+        assert!(a_rx.try_recv().is_err(), "a joined twice is one member");
+        peers.leave("k", "a");
+        peers.nudge("b", nudge("k"));
+        assert!(a_rx.try_recv().is_err(), "a left");
+        peers.leave("k", "b");
+        peers.leave("other", "c");
+        assert_eq!(peers.buckets(), 0);
+    }
+}
