@@ -206,6 +206,9 @@ for label, lo, hi in [("held", 63, 67), ("fallback", 75, 82), ("back", 95, 105)]
     print(f"{label}_a {admitted('a', lo, hi) / (hi - lo):.1f}")
     print(f"{label}_b {admitted('b', lo, hi) / (hi - lo):.1f}")
 print("timeline", " ".join(f"{s}:{admitted('a', s, s + 5)}/{admitted('b', s, s + 5)}" for s in range(0, 105, 5)))
+# Sent per 5 s (225/75 when the load generator keeps its pace): a window far off
+# means the machine stalled the generator, and fewer requests to admit.
+print("sent", " ".join(f"{s}:{sent('a', s, s + 5)}/{sent('b', s, s + 5)}" for s in range(0, 105, 5)))
 PY
 cat "$W/results" | sed 's/^/    /'
 get() { awk -v k="$1" '$1 == k {print $2}' "$W/results"; }

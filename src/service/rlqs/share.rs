@@ -29,11 +29,14 @@ pub enum Assignment {
 /// A stream's demand for a bucket in requests per second: what it admitted and
 /// denied since its last report, over the time since then. `measured` is that time
 /// on Sluice's clock, from the stream's previous report of the bucket; Envoy's own
-/// `time_elapsed` (`reported`, rounded down to whole seconds, 0 in a new bucket's
-/// first report) is used only without one. At least one second either way, so a
-/// first report's single request does not read as a flood.
+/// `time_elapsed` (`reported`) is rounded down to whole seconds (0 in a new bucket's
+/// first report), so the longer of the two is taken: Sluice's figure as a rule, and
+/// Envoy's when the previous report reached Sluice late (a bucket's first report can
+/// come seconds after its first request while the stream opens, and the next one
+/// counts from the request). At least one second either way, so a first report's
+/// single request does not read as a flood.
 pub fn demand(allowed: u64, denied: u64, reported: Micros, measured: Option<Micros>) -> f64 {
-    let span = measured.unwrap_or(reported).max(SECOND);
+    let span = measured.unwrap_or(0).max(reported).max(SECOND);
     allowed.saturating_add(denied) as f64 / (span as f64 / SECOND as f64)
 }
 
@@ -133,6 +136,9 @@ mod tests {
         assert!((d - 50.0).abs() < 1e-9, "{d}");
         // No previous report: Envoy's figure.
         assert_eq!(demand(200, 30, 5 * SECOND, None), 46.0);
+        // The previous report came 4 s late: 75 requests over Envoy's 4 s, not the
+        // 0.6 s between the two reports here.
+        assert_eq!(demand(58, 17, 4 * SECOND, Some(600_000)), 18.75);
         // A new bucket's first report: one request, time_elapsed 0.
         assert_eq!(demand(1, 0, 0, None), 1.0);
         assert_eq!(demand(0, 0, 5 * SECOND, Some(5 * SECOND)), 0.0);
