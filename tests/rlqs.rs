@@ -52,7 +52,8 @@ impl Quota {
     }
 
     /// Reports `requests` in the last `secs` for the bucket {route: api, extra...};
-    /// returns the answer's token bucket `(max_tokens, tokens_per_fill)` and TTL.
+    /// returns the answer's token bucket `(max_tokens, tokens_per_fill)` (per 10 s
+    /// for the policy's 20 a second) and TTL.
     async fn report(&mut self, requests: u64, secs: i64) -> (Option<(u32, u32)>, i64) {
         let id = api();
         self.tx
@@ -109,26 +110,26 @@ async fn streams_on_one_server_share_its_limit_by_demand() {
     let server = Server::start(POLICY, &["--rlqs-assignment-ttl", "12s"]);
     let mut a = Quota::open(&server).await;
     let mut b = Quota::open(&server).await;
-    assert_eq!(a.report(45, 1).await, (Some((20, 20)), 12), "alone: all");
-    assert_eq!(b.report(15, 1).await.0, Some((5, 5)), "15 of 60 a second");
+    assert_eq!(a.report(45, 1).await, (Some((20, 200)), 12), "alone: all");
+    assert_eq!(b.report(15, 1).await.0, Some((5, 50)), "15 of 60 a second");
     // b's report moved the split: a's new share comes unasked, before a reports.
     assert_eq!(
         a.read(&api()).await,
-        (Some((15, 15)), 12),
+        (Some((15, 150)), 12),
         "45 of 60, pushed"
     );
-    assert_eq!(a.report(45, 1).await.0, Some((15, 15)), "45 of 60");
+    assert_eq!(a.report(45, 1).await.0, Some((15, 150)), "45 of 60");
     // A stream that ends takes its demand with it.
     drop(b);
     let mut shares = None;
     for _ in 0..50 {
         shares = a.report(45, 1).await.0;
-        if shares == Some((20, 20)) {
+        if shares == Some((20, 200)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(shares, Some((20, 20)), "alone again");
+    assert_eq!(shares, Some((20, 200)), "alone again");
 }
 
 /// Polls `/metrics` until `name{labels}` reads `want` (5 s at most).
@@ -153,7 +154,7 @@ async fn metrics_show_streams_buckets_reports_and_assignments() {
     a.report(45, 1).await;
     a.report(45, 1).await;
     b.report(15, 1).await;
-    assert_eq!(a.read(&api()).await.0, Some((15, 15)), "pushed");
+    assert_eq!(a.read(&api()).await.0, Some((15, 150)), "pushed");
     assert_eq!(server.metric("sluice_rlqs_streams", &[]), Some(2.0));
     assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(2.0));
     assert_eq!(
@@ -215,12 +216,12 @@ async fn replicas_behind_one_redis_share_one_limit() {
     let two = Server::start(POLICY, &["--redis", &url]);
     let mut a = Quota::open(&one).await;
     let mut b = Quota::open(&two).await;
-    assert_eq!(a.report(45, 1).await.0, Some((20, 20)));
+    assert_eq!(a.report(45, 1).await.0, Some((20, 200)));
     // b's replica sees a's demand through Redis.
-    assert_eq!(b.report(15, 1).await.0, Some((5, 5)));
-    assert_eq!(a.report(45, 1).await.0, Some((15, 15)));
+    assert_eq!(b.report(15, 1).await.0, Some((5, 50)));
+    assert_eq!(a.report(45, 1).await.0, Some((15, 150)));
     // Redis gone: each stream keeps its last assignment.
     redis.kill();
-    assert_eq!(a.report(90, 1).await.0, Some((15, 15)));
-    assert_eq!(b.report(90, 1).await.0, Some((5, 5)));
+    assert_eq!(a.report(90, 1).await.0, Some((15, 150)));
+    assert_eq!(b.report(90, 1).await.0, Some((5, 50)));
 }

@@ -24,8 +24,8 @@
 # without the push (streams on different replicas) they add up to at most R x 1/2
 # more for I and R x 1/4 for another I with two Envoys. Each new assignment also
 # starts a full token bucket in Envoy (up to one second of its share). Past that, the
-# shares sum to at most R (rounded down: up to a token a second per Envoy less) and
-# the error is the demand change within one interval. So admitted <= R x (T + 2 I)
+# shares sum to at most R (rounded down to a tenth of a request a second per Envoy)
+# and the error is the demand change within one interval. So admitted <= R x (T + 2 I)
 # with T = 60 s, I = 5 s: 1400; the script prints the measured figure.
 #
 # Everything listens on 127.0.0.1 (free ports); every process started here is killed
@@ -208,7 +208,7 @@ for label, lo, hi in [("held", 63, 67), ("fallback", 75, 82), ("back", 95, 105)]
 print("timeline", " ".join(f"{s}:{admitted('a', s, s + 5)}/{admitted('b', s, s + 5)}" for s in range(0, 105, 5)))
 # Sent per 5 s (225/75 when the load generator keeps its pace): a window far off
 # means the machine stalled the generator, and fewer requests to admit.
-print("sent", " ".join(f"{s}:{sent('a', s, s + 5)}/{sent('b', s, s + 5)}" for s in range(0, 105, 5)))
+print("sent_timeline", " ".join(f"{s}:{sent('a', s, s + 5)}/{sent('b', s, s + 5)}" for s in range(0, 105, 5)))
 PY
 cat "$W/results" | sed 's/^/    /'
 get() { awk -v k="$1" '$1 == k {print $2}' "$W/results"; }

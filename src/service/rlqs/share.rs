@@ -6,12 +6,21 @@
 //! full whenever an assignment changes it; an identical assignment keeps the bucket
 //! as it is. So a share that moved only a little is sent unchanged ([`settle`]): a
 //! fresh full bucket on every report would admit up to `max_tokens` more each time.
+//! Because the refill is continuous, a fill interval of several windows carries the
+//! same rate with finer steps ([`WINDOWS_PER_FILL`]).
 
 use crate::algorithm::{Limit, Micros, SECOND};
 use crate::store::Share;
 
 /// A share that moved by less than this fraction keeps the last assignment.
 pub const HYSTERESIS: f64 = 0.1;
+
+/// Windows per fill interval. Shares are rounded down to whole tokens per fill, so
+/// with one window per fill each Envoy could leave up to a request per window unused
+/// (18 of 20 a second for two Envoys at 3:1, whose exact shares 15 and 5 measure a
+/// hair under). Ten windows cut that to a tenth of a request per window; the rate
+/// and `max_tokens` stay the rule's.
+pub const WINDOWS_PER_FILL: u64 = 10;
 
 /// What one Envoy is told to do with one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +59,9 @@ pub fn fraction(own: f64, all: Share) -> f64 {
     }
 }
 
-/// The token bucket for `fraction` of `limit`. The fill interval is the limit's
-/// window in whole seconds (at least one), so the rate is the rule's own:
+/// The token bucket for `fraction` of `limit`. The fill interval is
+/// [`WINDOWS_PER_FILL`] of the limit's windows in whole seconds (one window when the
+/// tokens would not fit Envoy's 32 bits), so the rate is the rule's own:
 /// `requests x fraction` per window. `max_tokens` is the same fraction of the burst
 /// (token_bucket's `burst`; one window's requests for the other algorithms). Both
 /// round down, so the streams' sum stays within the limit, but never to 0: a bucket
@@ -61,21 +71,28 @@ pub fn token_bucket(limit: &Limit, fraction: f64) -> Assignment {
     if limit.requests == 0 {
         return Assignment::DenyAll;
     }
-    let fill_interval = limit.window.div_ceil(SECOND).max(1);
-    // Requests per fill interval, when the window is no whole number of seconds.
-    let scale = (fill_interval * SECOND) as f64 / limit.window as f64;
+    let window = limit.window.div_ceil(SECOND).max(1);
+    // Requests per whole-second window, when the window is no whole number of seconds.
+    let scale = (window * SECOND) as f64 / limit.window as f64;
     let burst = match limit.algorithm {
         crate::algorithm::Algorithm::TokenBucket => limit.burst,
         _ => limit.requests,
     };
+    let windows = if limit.requests as f64 * scale * WINDOWS_PER_FILL as f64 <= f64::from(u32::MAX)
+    {
+        WINDOWS_PER_FILL
+    } else {
+        1
+    };
     // The epsilon keeps 20 x 0.75 at 15 whatever the last bit of the product.
-    let part = |n: u64| {
-        ((n as f64 * scale * fraction + 1e-9).floor() as u64).clamp(1, u64::from(u32::MAX)) as u32
+    let part = |n: u64, windows: u64| {
+        ((n as f64 * scale * windows as f64 * fraction + 1e-9).floor() as u64)
+            .clamp(1, u64::from(u32::MAX)) as u32
     };
     Assignment::TokenBucket {
-        max_tokens: part(burst.max(1)),
-        tokens_per_fill: part(limit.requests),
-        fill_interval,
+        max_tokens: part(burst.max(1), 1),
+        tokens_per_fill: part(limit.requests, windows),
+        fill_interval: window.saturating_mul(windows),
     }
 }
 
@@ -163,32 +180,41 @@ mod tests {
 
     #[test]
     fn token_buckets_carry_the_rules_rate_in_whole_seconds() {
-        assert_eq!(token_bucket(&per_second(20), 0.75), bucket(15, 15, 1));
-        assert_eq!(token_bucket(&per_second(20), 0.25), bucket(5, 5, 1));
+        // 150 per 10 s: the rule's 20 a second times 0.75.
+        assert_eq!(token_bucket(&per_second(20), 0.75), bucket(15, 150, 10));
+        assert_eq!(token_bucket(&per_second(20), 0.25), bucket(5, 50, 10));
+        // A share a hair under 15 a second loses a tenth of a request, not one.
+        assert_eq!(token_bucket(&per_second(20), 0.7499), bucket(14, 149, 10));
         // 600 a minute: refilled over 60 s, so the rate is exact.
         let minute = Limit {
             window: 60 * SECOND,
             ..per_second(600)
         };
-        assert_eq!(token_bucket(&minute, 0.5), bucket(300, 300, 60));
+        assert_eq!(token_bucket(&minute, 0.5), bucket(300, 3000, 600));
         // 5 per 250 ms is 20 per second: Envoy cannot take 250 ms.
         let quarter = Limit {
             window: 250_000,
             ..per_second(5)
         };
-        assert_eq!(token_bucket(&quarter, 1.0), bucket(20, 20, 1));
+        assert_eq!(token_bucket(&quarter, 1.0), bucket(20, 200, 10));
         // token_bucket's burst is its capacity.
         let tb = Limit {
             algorithm: Algorithm::TokenBucket,
             burst: 40,
             ..per_second(10)
         };
-        assert_eq!(token_bucket(&tb, 0.5), bucket(20, 5, 1));
+        assert_eq!(token_bucket(&tb, 0.5), bucket(20, 50, 10));
+        // Ten windows of a huge limit would not fit 32 bits: one window per fill.
+        let huge = per_second(1_000_000_000);
+        assert_eq!(
+            token_bucket(&huge, 0.5),
+            bucket(500_000_000, 500_000_000, 1)
+        );
     }
 
     #[test]
     fn a_tiny_share_still_refills_and_a_zero_limit_denies() {
-        assert_eq!(token_bucket(&per_second(20), 0.001), bucket(1, 1, 1));
+        assert_eq!(token_bucket(&per_second(20), 0.001), bucket(1, 1, 10));
         assert_eq!(token_bucket(&per_second(0), 0.5), Assignment::DenyAll);
     }
 

@@ -602,11 +602,12 @@ mod tests {
         }
     }
 
+    /// `tokens` a second for the policy's per-second limits: ten times that per 10 s.
     fn bucket(tokens: u32) -> Assignment {
         Assignment::TokenBucket {
             max_tokens: tokens,
-            tokens_per_fill: tokens,
-            fill_interval: 1,
+            tokens_per_fill: tokens * 10,
+            fill_interval: 10,
         }
     }
 
@@ -677,8 +678,13 @@ mod tests {
         // a's real demand, 45 a second: b's 10 shrinks to its 1/46, kept at 1.
         f.clock.advance(5 * SECOND);
         let a2 = block_on(a.answer(report("edge", vec![usage(API, 100, 125, 5)]))).unwrap();
-        assert_eq!(only(a2).unwrap().0, bucket(19));
-        assert_eq!(pushed(&mut b), vec![Some((bucket(1), 15))]);
+        let share = |max_tokens, tokens_per_fill| Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval: 10,
+        };
+        assert_eq!(only(a2).unwrap().0, share(19, 195), "45/46 of 20 a second");
+        assert_eq!(pushed(&mut b), vec![Some((share(1, 4), 15))], "1/46 of it");
         // b's 15 a second: a is pushed down to 15 of 60.
         f.clock.advance(SECOND);
         block_on(b.answer(report("edge", vec![usage(API, 20, 70, 6)]))).unwrap();
@@ -693,7 +699,7 @@ mod tests {
         assert_eq!(
             pushed(&mut a),
             vec![None],
-            "45 of 62: 14, within a tenth of 15"
+            "45 of 62: 14.5, within a tenth of 15"
         );
         drop(a);
         drop(b);
