@@ -238,7 +238,9 @@ ge "$fb_a" 3 && le "$fb_a" 6.5 && ge "$fb_b" 3 && le "$fb_b" 6.5 &&
 back_a=$(get back_a)
 back_b=$(get back_b)
 total_back=$(python3 -c "print($back_a + $back_b)")
-ge "$total_back" 16 && le "$total_back" 24 && ge "$back_a" "$back_b" &&
+# Above the fallback's 10/s (5 + 5) and within the limit; the first interval after a
+# restart splits on a single report's demand, so the floor leaves it room.
+ge "$total_back" 13 && le "$total_back" 24 && ge "$back_a" "$back_b" &&
     ok "sluice restarted: the shared limit is back ($back_a/s + $back_b/s)" ||
     bad "after the restart: $back_a/s + $back_b/s, want about 20/s shared 3:1"
 
