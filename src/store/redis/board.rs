@@ -12,7 +12,7 @@ use redis::{Script, ScriptInvocation, Value};
 use crate::algorithm::Micros;
 use crate::store::{ErrorKind, Kind, Sentenced, StoreError, Strike};
 
-use super::{classify, Backend, Inner};
+use super::Inner;
 
 static BOARD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("board.lua")));
 
@@ -78,28 +78,7 @@ impl Inner {
         call: &ScriptInvocation<'_>,
         wait: Duration,
     ) -> Result<Value, StoreError> {
-        let sent = async {
-            match &self.backend {
-                Backend::Shards(s) => call
-                    .invoke_async::<Value>(&mut s[0].conn.get()?)
-                    .await
-                    .map_err(|e| classify::redis(&e)),
-                Backend::Cluster(c) => {
-                    let conn = c
-                        .conn
-                        .get_or_try_init(|| c.client.get_async_connection())
-                        .await
-                        .map_err(|e| classify::redis(&e))?;
-                    call.invoke_async::<Value>(&mut conn.clone())
-                        .await
-                        .map_err(|e| classify::redis(&e))
-                }
-            }
-        };
-        match tokio::time::timeout(wait, sent).await {
-            Ok(v) => v,
-            Err(_) => Err(StoreError::Timeout),
-        }
+        self.invoke_at(0, call, wait).await
     }
 
     pub(super) async fn strike(&self, s: &Strike<'_>) -> Result<Option<Sentenced>, StoreError> {

@@ -11,7 +11,7 @@ use crate::algorithm::Micros;
 use crate::store::demand::{Demand, Share};
 use crate::store::{ErrorKind, StoreError};
 
-use super::{classify, shard, Backend, RedisStore};
+use super::{shard, Backend, RedisStore};
 
 /// Longest wait for a demand call: reports come every few seconds and wait for their
 /// answer, not a request.
@@ -38,30 +38,9 @@ impl RedisStore {
         key: &str,
         call: redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let sent = async {
-            match &self.inner.backend {
-                Backend::Shards(s) => {
-                    let mut conn = s[self.demand_shard(key)].conn.get()?;
-                    call.invoke_async::<T>(&mut conn)
-                        .await
-                        .map_err(|e| classify::redis(&e))
-                }
-                Backend::Cluster(c) => {
-                    let conn = c
-                        .conn
-                        .get_or_try_init(|| c.client.get_async_connection())
-                        .await
-                        .map_err(|e| classify::redis(&e))?;
-                    call.invoke_async::<T>(&mut conn.clone())
-                        .await
-                        .map_err(|e| classify::redis(&e))
-                }
-            }
-        };
-        match tokio::time::timeout(DEMAND_TIMEOUT, sent).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout),
-        }
+        self.inner
+            .invoke_at(self.demand_shard(key), &call, DEMAND_TIMEOUT)
+            .await
     }
 }
 

@@ -407,6 +407,39 @@ impl Inner {
             .map_err(|e| classify::redis(&e))
     }
 
+    /// One script call off the decide path (the sentence list, RLQS demand): on
+    /// standalone shard `target`, or on the cluster, which routes it by its keys;
+    /// at most `wait`.
+    async fn invoke_at<T: redis::FromRedisValue>(
+        &self,
+        target: usize,
+        call: &redis::ScriptInvocation<'_>,
+        wait: Duration,
+    ) -> Result<T, StoreError> {
+        let sent = async {
+            match &self.backend {
+                Backend::Shards(s) => call
+                    .invoke_async::<T>(&mut s[target].conn.get()?)
+                    .await
+                    .map_err(|e| classify::redis(&e)),
+                Backend::Cluster(c) => {
+                    let conn = c
+                        .conn
+                        .get_or_try_init(|| c.client.get_async_connection())
+                        .await
+                        .map_err(|e| classify::redis(&e))?;
+                    call.invoke_async::<T>(&mut conn.clone())
+                        .await
+                        .map_err(|e| classify::redis(&e))
+                }
+            }
+        };
+        match tokio::time::timeout(wait, sent).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
     /// When a call sent at `sent` (local clock) was decided, from the time its shard
     /// answered with (see `offset`); a cluster's calls count from the send.
     fn decided_at(&self, target: usize, sent: Micros, shard_now: Micros) -> Micros {
