@@ -375,19 +375,33 @@ async fn admin_client(server: &Server) -> pb::admin_client::AdminClient<tonic::t
 async fn watch_offenders_shows_the_keys_being_denied() {
     let server = Server::start(POLICY, &[]);
     let mut admin = admin_client(&server).await;
+    let mut rls = server.client().await;
+    for _ in 0..6 {
+        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
+    }
+    let r = rule_snapshot(&mut admin, "api", "tenant", |r| r.denied == 3).await;
+    assert_eq!(r.decided, 6);
+    assert!((r.deny_ratio - 0.5).abs() < 1e-9);
+    assert_eq!(r.offenders[0].key, "acme");
+    assert_eq!(r.offenders[0].denials, 3);
+}
+
+/// The first WatchOffenders entry of `rule` in `domain` that is `ready`, within 10 s.
+async fn rule_snapshot(
+    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+    domain: &str,
+    rule: &str,
+    ready: impl Fn(&pb::RuleTop) -> bool,
+) -> pb::RuleTop {
     let mut feed = admin
         .watch_offenders(pb::Filter {
-            domain: "api".into(),
+            domain: domain.into(),
             interval_ms: 100,
             ..Default::default()
         })
         .await
         .expect("WatchOffenders")
         .into_inner();
-    let mut rls = server.client().await;
-    for _ in 0..6 {
-        call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
-    }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -396,13 +410,8 @@ async fn watch_offenders_shows_the_keys_being_denied() {
             .expect("a snapshot in time")
             .expect("the stream")
             .expect("not ended");
-        let rule = snap.rules.iter().find(|r| r.rule == "tenant");
-        if let Some(r) = rule.filter(|r| r.denied == 3) {
-            assert_eq!(r.decided, 6);
-            assert!((r.deny_ratio - 0.5).abs() < 1e-9);
-            assert_eq!(r.offenders[0].key, "acme");
-            assert_eq!(r.offenders[0].denials, 3);
-            break;
+        if let Some(r) = snap.rules.into_iter().find(|r| r.rule == rule && ready(r)) {
+            return r;
         }
     }
 }
@@ -501,31 +510,14 @@ async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_
             .await;
         }
     }
-    let mut feed = admin
-        .watch_offenders(pb::Filter {
-            domain: "edge".into(),
-            interval_ms: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("WatchOffenders")
-        .into_inner();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let snap = tokio::time::timeout(left, feed.message())
-            .await
-            .expect("a snapshot in time")
-            .expect("the stream")
-            .expect("not ended");
-        let rule = snap.rules.iter().find(|r| r.rule == "remote_address");
-        if let Some(top) = rule.and_then(|r| r.subnets_by_denials.first()) {
-            assert_eq!(top.subnet, "10.1.2.0/24");
-            assert_eq!((top.denials, top.addresses), (6, 3));
-            assert_eq!(rule.unwrap().subnets_by_addresses[0].subnet, "10.1.2.0/24");
-            break;
-        }
-    }
+    let rule = rule_snapshot(&mut admin, "edge", "remote_address", |r| {
+        !r.subnets_by_denials.is_empty()
+    })
+    .await;
+    let top = &rule.subnets_by_denials[0];
+    assert_eq!(top.subnet, "10.1.2.0/24");
+    assert_eq!((top.denials, top.addresses), (6, 3));
+    assert_eq!(rule.subnets_by_addresses[0].subnet, "10.1.2.0/24");
 
     // An operator's block of a user: denied, listed, then lifted.
     let entry = pb::request_descriptor::Entry {

@@ -324,7 +324,8 @@ impl<S: Store> Limiter<S> {
     ) -> Result<penalty::ActiveBan, BlockError> {
         let (key, info) = self.sentence_key(domain, entries)?;
         let text = penalty::encode_info(&info, penalty::Source::Operator);
-        if self.store.shares_sentences() {
+        let shared = self.store.shares_sentences();
+        if shared {
             let sentence = crate::store::Sentenced {
                 key: key.clone(),
                 kind: crate::store::Kind::Block,
@@ -338,7 +339,6 @@ impl<S: Store> Limiter<S> {
                 .await
                 .map_err(|e| BlockError::Store(e.to_string()))?;
         }
-        let shared = self.store.shares_sentences();
         self.penalties.put(
             &key,
             crate::store::Kind::Block,
