@@ -117,6 +117,32 @@ fn zombie_exit_code(pid: &str) -> Option<i32> {
     fields.last()?.parse().ok()
 }
 
+/// An operator's block of tenant `value`, through the admin API.
+fn block_now(server: &Server, value: &str) {
+    use sluice::admin::pb;
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let channel =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", server.admin))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .expect("connect to the admin port");
+            pb::admin_client::AdminClient::new(channel)
+                .block(pb::BlockRequest {
+                    domain: "api".into(),
+                    entries: vec![pb::request_descriptor::Entry {
+                        key: "tenant".into(),
+                        value: value.into(),
+                    }],
+                    for_micros: 0,
+                })
+                .await
+                .expect("Block");
+        });
+}
+
 /// The load, from a runtime of its own: the tests poll the screen from a plain
 /// thread.
 fn load_now(server: &Server) {
@@ -132,10 +158,15 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
     };
     let server = Server::start(POLICY, &[]);
     load_now(&server);
+    block_now(&server, "mallory");
     start_top(&tmux, &["--server", &server.admin]);
     let screen = tmux.wait("the tenant rule with acme denied", |s| {
         s.contains("tenant") && s.contains("42.9%") && s.contains("acme")
     });
+    assert!(
+        screen.contains("bans and blocks") && screen.contains("block api/tenant mallory"),
+        "the operator's block:\n{screen}"
+    );
     assert!(screen.contains("sort: deny ratio"), "{screen}");
     assert!(
         screen.contains("3 denied"),
