@@ -285,7 +285,7 @@ async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
 
 #[tokio::test]
 async fn a_sliding_log_refund_keeps_the_live_count_exact() {
-    use sluice::store::redis::scripts::{refund_call, Scripts};
+    use sluice::store::redis::scripts::{self, refund_call, Scripts};
     if !available() {
         return;
     }
@@ -319,7 +319,7 @@ async fn a_sliding_log_refund_keeps_the_live_count_exact() {
         std::slice::from_ref(&h),
         &[(0, tokens[1])],
     );
-    let _: i64 = call.invoke_async(&mut conn).await.unwrap();
+    scripts::invoke(&server.pool(), &call).await.unwrap();
     assert_eq!(
         log_members(&mut conn, &key).await,
         [format!("{}:0:1", tokens[0]), format!("{}:1:1", tokens[2])]
@@ -1238,6 +1238,7 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     }
     let server = RedisServer::start().await;
     let mut conn = server.conn().await;
+    let pool = server.pool();
     let scripts = Scripts::default();
     let algorithms = [
         Algorithm::FixedWindow,
@@ -1275,18 +1276,16 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
                 });
             }
         }
-        let together: Vec<i64> =
-            scripts::decide_call(&scripts, &a.iter().collect::<Vec<_>>(), Some(now))
-                .invoke_async(&mut conn)
-                .await
-                .expect("several groups");
+        let call = scripts::decide_call(&scripts, &a.iter().collect::<Vec<_>>(), Some(now));
+        let together =
+            scripts::integers(scripts::invoke(&pool, &call).await.expect("several groups"))
+                .expect("integers");
         // Each reply ends with the call's time: one for the call, one per group.
         let mut one_by_one = Vec::new();
         for g in &b {
-            let mut r: Vec<i64> = scripts::decide_call(&scripts, &[g], Some(now))
-                .invoke_async(&mut conn)
-                .await
-                .expect("one group");
+            let call = scripts::decide_call(&scripts, &[g], Some(now));
+            let mut r = scripts::integers(scripts::invoke(&pool, &call).await.expect("one group"))
+                .expect("integers");
             assert_eq!(r.pop(), Some(now as i64));
             one_by_one.extend(r);
         }
@@ -1873,7 +1872,7 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
     use sluice::store::redis::expire;
     let timeout = Duration::from_millis(15);
     let slow = RedisServer::start_with(&["--hz", "10"]).await;
-    let warning = expire::check(&mut slow.conn().await, &slow.addr(), timeout).await;
+    let warning = expire::check(&slow.pool(), &slow.addr(), timeout).await;
     let warning = warning.expect("hz 10: a 25 ms cycle outlasts 15 ms");
     assert!(
         warning.starts_with(&format!("redis {} has hz 10:", slow.addr())),
@@ -1884,19 +1883,19 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
     // A longer store timeout is enough for it.
     let longer = Duration::from_millis(30);
     assert_eq!(
-        expire::check(&mut slow.conn().await, &slow.addr(), longer).await,
+        expire::check(&slow.pool(), &slow.addr(), longer).await,
         None
     );
 
     let fast = RedisServer::start_with(&["--hz", "100"]).await;
     assert_eq!(
-        expire::check(&mut fast.conn().await, &fast.addr(), timeout).await,
+        expire::check(&fast.pool(), &fast.addr(), timeout).await,
         None
     );
 
     // active-expire-effort is read too: 43 % of a tick at hz 20 is 21.5 ms.
     let effort = RedisServer::start_with(&["--hz", "20", "--active-expire-effort", "10"]).await;
-    let warning = expire::check(&mut effort.conn().await, &effort.addr(), timeout).await;
+    let warning = expire::check(&effort.pool(), &effort.addr(), timeout).await;
     let warning = warning.expect("21.5 ms outlasts 15 ms");
     assert!(
         warning.contains("hz 20 and active-expire-effort 10"),
@@ -1908,7 +1907,7 @@ async fn the_expire_cycle_check_reads_hz_from_the_server() {
     let managed =
         RedisServer::start_with(&["--hz", "10", "--rename-command", "CONFIG", "HIDDEN"]).await;
     assert_eq!(
-        expire::check(&mut managed.conn().await, &managed.addr(), timeout).await,
+        expire::check(&managed.pool(), &managed.addr(), timeout).await,
         None
     );
 }

@@ -265,6 +265,17 @@ impl RedisServer {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Sluice's own connections to this server, for calls a test makes as the
+    /// store would.
+    pub fn pool(&self) -> sluice::store::redis::wire::Pool {
+        let target = sluice::store::redis::wire::Target::parse(
+            &self.url(),
+            std::time::Duration::from_secs(5),
+        )
+        .expect("a server's URL");
+        sluice::store::redis::wire::Pool::new(target)
+    }
+
     /// Kills the server (SIGKILL: no goodbye to clients).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -7,14 +7,14 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
 use crate::algorithm::Micros;
 use crate::store::{ErrorKind, Kind, Sentenced, StoreError, Strike};
 
+use super::scripts::{Call, Lua};
+use super::wire::Value;
 use super::Inner;
 
-static BOARD: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("board.lua")));
+static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("board.lua")));
 
 /// Longest wait for a listing: off the request path, so not the store timeout.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -43,11 +43,7 @@ fn int(v: &Value) -> Result<i64, StoreError> {
 }
 
 fn text(v: &Value) -> Result<String, StoreError> {
-    match v {
-        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Ok(s.clone()),
-        _ => Err(bad("expected a string")),
-    }
+    v.as_text().ok_or_else(|| bad("expected a string"))
 }
 
 /// A stored record: "kind factor_ppm info".
@@ -73,16 +69,12 @@ impl Inner {
             .unwrap_or_default()
     }
 
-    async fn board(
-        &self,
-        call: &ScriptInvocation<'_>,
-        wait: Duration,
-    ) -> Result<Value, StoreError> {
+    async fn board(&self, call: &Call<'_>, wait: Duration) -> Result<Value, StoreError> {
         self.invoke_at(0, call, wait).await
     }
 
     pub(super) async fn strike(&self, s: &Strike<'_>) -> Result<Option<Sentenced>, StoreError> {
-        let mut call = BOARD.prepare_invoke();
+        let mut call = BOARD.call();
         for k in keys(&self.prefix, Some(s.key)) {
             call.key(k);
         }
@@ -121,7 +113,7 @@ impl Inner {
     }
 
     pub(super) async fn put(&self, s: &Sentenced) -> Result<(), StoreError> {
-        let mut call = BOARD.prepare_invoke();
+        let mut call = BOARD.call();
         for k in keys(&self.prefix, None) {
             call.key(k);
         }
@@ -136,7 +128,7 @@ impl Inner {
     }
 
     pub(super) async fn pardon(&self, key: &str) -> Result<bool, StoreError> {
-        let mut call = BOARD.prepare_invoke();
+        let mut call = BOARD.call();
         for k in keys(&self.prefix, Some(key)) {
             call.key(k);
         }
@@ -145,7 +137,7 @@ impl Inner {
     }
 
     pub(super) async fn sentences(&self) -> Result<Vec<Sentenced>, StoreError> {
-        let mut call = BOARD.prepare_invoke();
+        let mut call = BOARD.call();
         for k in keys(&self.prefix, None) {
             call.key(k);
         }

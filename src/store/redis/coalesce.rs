@@ -27,7 +27,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Micros;
@@ -35,7 +34,7 @@ use crate::store::{ErrorKind, StoreError};
 
 use super::classify;
 use super::health::Health;
-use super::scripts::{self, Group, Reply, Script, Scripts};
+use super::scripts::{self, By, Group, Reply, Scripts};
 use super::sentinel::Master;
 use super::wire::{Answer, Request, Target, Wire};
 
@@ -54,46 +53,38 @@ struct Job {
     reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
-/// How a shard's task reaches its Redis.
-pub enum Link {
-    /// Its own connection (plain `redis://`), connected on first use and again after
-    /// an error.
-    Wire {
-        target: Target,
-        conn: Option<Wire>,
-        req: Request,
-    },
-    /// A redis-rs connection (TLS, Unix sockets).
-    Managed(ConnectionManager),
-    /// A Sentinel shard's task before it knows a master.
-    Unrouted,
+/// How a shard's task reaches its Redis: its own connection, connected on first use
+/// and again after an error.
+pub struct Link {
+    /// `None` for a Sentinel shard's task before it knows a master.
+    target: Option<Target>,
+    conn: Option<Wire>,
+    req: Request,
 }
 
 impl Link {
-    pub fn new(target: Option<Target>, managed: ConnectionManager) -> Link {
-        match target {
-            Some(target) => Link::Wire {
-                target,
-                conn: None,
-                req: Request::default(),
-            },
-            None => Link::Managed(managed),
+    pub fn new(target: Target) -> Link {
+        Link {
+            target: Some(target),
+            conn: None,
+            req: Request::default(),
         }
     }
 
-    /// A link to `master`'s current address: its own connection, or for TLS a
-    /// redis-rs one; `seen` is the generation it was made for.
+    /// A Sentinel shard's link before it knows a master.
+    pub fn unrouted() -> Link {
+        Link {
+            target: None,
+            conn: None,
+            req: Request::default(),
+        }
+    }
+
+    /// A link to `master`'s current address; `seen` is the generation it was made
+    /// for.
     fn to_master(master: &Master) -> Result<(Link, u64), StoreError> {
         let now = master.resolved()?;
-        let link = match Target::new(&now.info, master.timeout()) {
-            Some(target) => Link::Wire {
-                target,
-                conn: None,
-                req: Request::default(),
-            },
-            None => Link::Managed(master.connection_manager(&now)?),
-        };
-        Ok((link, now.generation))
+        Ok((Link::new(now.target), now.generation))
     }
 }
 
@@ -267,7 +258,7 @@ fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<(),
     let Some(master) = master else {
         return Ok(());
     };
-    if *seen == master.generation() && !matches!(link, Link::Unrouted) {
+    if *seen == master.generation() && link.target.is_some() {
         return Ok(());
     }
     let (new, generation) = Link::to_master(master)?;
@@ -284,15 +275,12 @@ async fn send(
     fixed_now: Option<Micros>,
 ) -> Result<Vec<i64>, StoreError> {
     let (target, conn, req) = match link {
-        Link::Managed(conn) => {
-            let call = scripts::decide_call(scripts, groups, fixed_now);
-            return call
-                .invoke_async::<Vec<i64>>(conn)
-                .await
-                .map_err(|e| classify::redis(&e));
-        }
-        Link::Wire { target, conn, req } => (target, conn, req),
-        Link::Unrouted => {
+        Link {
+            target: Some(target),
+            conn,
+            req,
+        } => (target, conn, req),
+        Link { target: None, .. } => {
             return Err(StoreError::failed(ErrorKind::Connection, "no master known"));
         }
     };
@@ -302,16 +290,11 @@ async fn send(
         Some(wire) => wire,
         None => Wire::connect(target).await?,
     };
-    scripts::write_decide(
-        req,
-        Script::Hash(scripts.decide.get_hash()),
-        groups,
-        fixed_now,
-    );
+    scripts::write_decide(req, By::Hash(scripts.decide.hash()), groups, fixed_now);
     let mut answer = wire.call(req).await?;
     if matches!(&answer, Answer::Error(e) if e.starts_with("NOSCRIPT")) {
         // Redis lost its scripts (restart, SCRIPT FLUSH): EVAL caches it again.
-        scripts::write_decide(req, Script::Text, groups, fixed_now);
+        scripts::write_decide(req, By::Text, groups, fixed_now);
         answer = wire.call(req).await?;
     }
     match answer {

@@ -11,6 +11,8 @@ use crate::algorithm::Micros;
 use crate::store::demand::{Demand, Share};
 use crate::store::{ErrorKind, StoreError};
 
+use super::scripts::Call;
+use super::wire::{Request, Value};
 use super::{shard, Backend, RedisStore};
 
 /// Longest wait for a demand call: reports come every few seconds and wait for their
@@ -33,15 +35,21 @@ impl RedisStore {
         }
     }
 
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        call: redis::ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
+    async fn invoke(&self, key: &str, call: Call<'_>) -> Result<Value, StoreError> {
         self.inner
             .invoke_at(self.demand_shard(key), &call, DEMAND_TIMEOUT)
             .await
     }
+}
+
+/// The demand script's reply: the bucket's summed demand (as text) and its streams.
+fn share(reply: Value) -> Option<(f64, u32)> {
+    let items = reply.into_array()?;
+    let [total, streams] = items.as_slice() else {
+        return None;
+    };
+    let total = total.as_text()?.parse().ok()?;
+    Some((total, u32::try_from(streams.as_int()?).ok()?))
 }
 
 impl Demand for RedisStore {
@@ -54,14 +62,14 @@ impl Demand for RedisStore {
     ) -> BoxFuture<'a, Result<Share, StoreError>> {
         Box::pin(async move {
             let key = self.demand_key(bucket);
-            let mut call = self.inner.scripts.demand.prepare_invoke();
+            let mut call = self.inner.scripts.demand.call();
             call.key(&key)
                 .arg(stream)
                 .arg(format!("{:.6}", demand.max(0.0)))
                 .arg((ttl / 1000).max(1));
-            let (total, streams): (String, u32) = self.invoke(&key, call).await?;
-            let total = total.parse::<f64>().map_err(|_| {
-                StoreError::failed(ErrorKind::Protocol, format!("demand sum {total:?}"))
+            let reply = self.invoke(&key, call).await?;
+            let (total, streams) = share(reply).ok_or_else(|| {
+                StoreError::failed(ErrorKind::Protocol, "demand script answered no sum")
             })?;
             Ok(Share { total, streams })
         })
@@ -72,18 +80,25 @@ impl Demand for RedisStore {
         tokio::spawn(async move {
             for bucket in buckets {
                 let key = store.demand_key(&bucket);
-                let mut cmd = redis::cmd("HDEL");
-                cmd.arg(&key).arg(&stream);
                 let shard = store.demand_shard(&key);
-                let r: Result<i64, _> = match &store.inner.backend {
+                let parts: [&[u8]; 3] = [b"HDEL", key.as_bytes(), stream.as_bytes()];
+                let r = match &store.inner.backend {
                     Backend::Shards(s) => match s[shard].conn.get() {
-                        Ok(mut conn) => cmd.query_async(&mut conn).await,
+                        Ok(pool) => {
+                            let mut req = Request::default();
+                            req.start(parts.len());
+                            for p in parts {
+                                req.arg(p);
+                            }
+                            pool.query(&req).await
+                        }
                         Err(_) => return,
                     },
-                    Backend::Cluster(c) => match c.conn.get() {
-                        Some(conn) => cmd.query_async(&mut conn.clone()).await,
-                        None => return,
-                    },
+                    Backend::Cluster(c) => c.command(&parts).await,
+                };
+                let r = match r {
+                    Ok(Value::Error(e)) => Err(super::classify::reply(e)),
+                    r => r,
                 };
                 if let Err(e) = r {
                     // The record expires on its own.

@@ -16,10 +16,11 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::Value;
+
+use super::wire::{self, Pool};
 
 /// Redis clamps `hz` to this range (`CONFIG_MIN_HZ`, `CONFIG_MAX_HZ`).
 const HZ: (u64, u64) = (1, 500);
@@ -79,13 +80,34 @@ fn config_value(reply: Value, name: &str) -> Option<u64> {
     pairs.get(name)?.trim().parse().ok()
 }
 
-async fn config_get(conn: &mut impl ConnectionLike, name: &str) -> Option<u64> {
-    let cmd = redis::cmd("CONFIG").arg("GET").arg(name).to_owned();
-    let reply = tokio::time::timeout(CONFIG_TIMEOUT, conn.req_packed_command(&cmd)).await;
+/// A `CONFIG GET name` reply (`[name, value]`) as a number.
+fn config_number(reply: wire::Value, name: &str) -> Option<u64> {
+    let items = reply.into_array()?;
+    let mut pairs = items.chunks_exact(2);
+    pairs
+        .find(|p| p[0].as_text().as_deref() == Some(name))?
+        .get(1)?
+        .as_text()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+async fn config_get(pool: &Pool, name: &str) -> Option<u64> {
+    let mut req = wire::Request::default();
+    req.start(3);
+    req.arg(b"CONFIG");
+    req.arg(b"GET");
+    req.arg(name.as_bytes());
+    let reply = tokio::time::timeout(CONFIG_TIMEOUT, pool.query(&req)).await;
     match reply {
-        Ok(Ok(v)) => config_value(v, name),
-        Ok(Err(e)) => {
+        Ok(Ok(wire::Value::Error(e))) => {
             tracing::debug!(error = %e, "CONFIG GET {name} refused");
+            None
+        }
+        Ok(Ok(v)) => config_number(v, name),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "CONFIG GET {name} failed");
             None
         }
         Err(_) => None,
@@ -95,13 +117,9 @@ async fn config_get(conn: &mut impl ConnectionLike, name: &str) -> Option<u64> {
 /// Reads a standalone shard's `hz` and `active-expire-effort` once and returns the
 /// warning of [`expire_cycle_warning`], if any. `None` also when `CONFIG GET hz`
 /// fails (disabled or renamed); a missing effort counts as the default, 1.
-pub async fn check(
-    conn: &mut impl ConnectionLike,
-    shard: &str,
-    store_timeout: Duration,
-) -> Option<String> {
-    let hz = config_get(conn, "hz").await?;
-    let effort = config_get(conn, "active-expire-effort").await.unwrap_or(1);
+pub async fn check(pool: &Pool, shard: &str, store_timeout: Duration) -> Option<String> {
+    let hz = config_get(pool, "hz").await?;
+    let effort = config_get(pool, "active-expire-effort").await.unwrap_or(1);
     expire_cycle_warning(shard, hz, effort, store_timeout)
 }
 
@@ -152,6 +170,17 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn config_replies_read_as_numbers() {
+        let text = |t: &str| wire::Value::Bulk(t.as_bytes().to_vec());
+        let reply = wire::Value::Array(vec![text("hz"), text("100")]);
+        assert_eq!(config_number(reply, "hz"), Some(100));
+        let other = wire::Value::Array(vec![text("maxmemory"), text("0")]);
+        assert_eq!(config_number(other, "hz"), None);
+        assert_eq!(config_number(wire::Value::Array(vec![]), "hz"), None);
+        assert_eq!(config_number(wire::Value::Nil, "hz"), None);
+    }
 
     #[test]
     fn the_cycle_is_a_quarter_of_a_tick_at_the_default_effort() {

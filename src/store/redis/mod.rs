@@ -4,11 +4,10 @@
 //! A request's hits are decided per shard it touches (usually one) by a script that
 //! checks every hit on that shard and consumes only if the request passes the shared
 //! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
-//! that consumed get their hits back through a refund script. A standalone shard's
-//! decide calls go over its tasks' own connections ([`wire`]); its refunds and
-//! key counts, and every call to a cluster, over multiplexed redis-rs connections
-//! (`ConnectionManager`, `ClusterConnection`), so round trips and connections do not
-//! grow with callers.
+//! that consumed get their hits back through a refund script. Every call goes over
+//! Sluice's own connections ([`wire`]): a standalone shard's decide calls over its
+//! tasks' connections, its refunds, peeks and key counts over a small pool, so
+//! connections do not grow with callers.
 //!
 //! On standalone shards concurrent requests are also coalesced ([`coalesce`]): each
 //! shard has at most two decide calls in flight, and the requests that queue up
@@ -34,11 +33,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::RedisError;
-
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 
@@ -49,6 +43,7 @@ use super::{
 mod board;
 pub mod cache;
 pub mod classify;
+mod cluster;
 pub mod coalesce;
 mod demand;
 pub mod expire;
@@ -61,10 +56,12 @@ mod spread;
 pub mod wire;
 
 use cache::DenialCache;
+use cluster::Cluster;
 use coalesce::Coalescer;
 use health::Health;
-use scripts::{Group, HitArgs, Reply, Scripts};
+use scripts::{Call, Group, HitArgs, Reply, Scripts};
 use sentinel::Master;
+use wire::{Pool, Request, Target, Value};
 
 /// How to reach Redis and how the store behaves.
 #[derive(Debug, Clone)]
@@ -127,37 +124,28 @@ pub enum ConfigError {
 /// A shard (or slot) and the hits of a request it consumed, with their refund tokens.
 type Spent = (usize, Vec<(usize, i64)>);
 
-/// A standalone shard's redis-rs connection: to its URL, or to its Sentinel
-/// master's current address.
+/// A standalone shard's connections off the decide path: to its URL, or to its
+/// Sentinel master's current address.
 enum ShardConn {
-    Fixed(ConnectionManager),
+    Fixed(Arc<Pool>),
     Sentinel(Arc<Master>),
 }
 
 impl ShardConn {
-    fn get(&self) -> Result<ConnectionManager, StoreError> {
+    fn get(&self) -> Result<Arc<Pool>, StoreError> {
         match self {
-            ShardConn::Fixed(c) => Ok(c.clone()),
-            ShardConn::Sentinel(m) => m.managed(),
+            ShardConn::Fixed(p) => Ok(p.clone()),
+            ShardConn::Sentinel(m) => m.pool(),
         }
     }
 }
 
 struct Shard {
-    /// For refunds and key counts; decide calls go through the coalescer.
+    /// For refunds, peeks and key counts; decide calls go through the coalescer.
     conn: ShardConn,
     health: Arc<Health>,
     coalescer: Coalescer,
     offset: offset::Offset,
-}
-
-struct Cluster {
-    client: ClusterClient,
-    /// Connected on first use, so sluice starts while the cluster is down.
-    conn: tokio::sync::OnceCell<ClusterConnection>,
-    health: Health,
-    /// The seed nodes' `host:port`, for `/debug/store`.
-    seeds: Vec<String>,
 }
 
 enum Backend {
@@ -200,10 +188,10 @@ pub fn shard_name(url: &str) -> String {
     rest.split(['/', '?']).next().unwrap_or(rest).to_string()
 }
 
-fn bad_url(url: &str, e: &RedisError) -> ConfigError {
+fn bad_url(url: &str, reason: impl std::fmt::Display) -> ConfigError {
     ConfigError::Url {
         url: shard_name(url),
-        reason: e.to_string(),
+        reason: reason.to_string(),
     }
 }
 
@@ -221,41 +209,23 @@ impl RedisStore {
         if opts.cluster && !opts.sentinels.is_empty() {
             return Err(ConfigError::SentinelCluster);
         }
-        // rediss:// needs a process-wide rustls provider; a second install is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let scripts = Scripts::default();
         let backend = if opts.cluster {
-            let client = ClusterClient::builder(opts.urls.iter().map(String::as_str))
-                .connection_timeout(opts.timeout)
-                .response_timeout(opts.timeout)
-                .retries(1)
-                // A reply that redis-rs waits on before its retry (CLUSTERDOWN,
-                // TRYAGAIN, LOADING, MASTERDOWN) waits 1.28 s or more by default: far
-                // past the store timeout, so the shard would see timeouts instead of
-                // the reply. A retry within a few milliseconds, then the reply.
-                .min_retry_wait(1)
-                .max_retry_wait(5)
-                .build()
-                .map_err(|e| bad_url(&opts.urls.join(","), &e))?;
-            Backend::Cluster(Box::new(Cluster {
-                client,
-                conn: tokio::sync::OnceCell::new(),
-                health: Health::new("cluster".to_string(), report.clone()),
-                seeds: opts.urls.iter().map(|u| shard_name(u)).collect(),
-            }))
+            // The cluster's client needs a process-wide rustls provider for
+            // rediss://; a second install is a no-op.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            Backend::Cluster(Box::new(Cluster::new(
+                &opts.urls,
+                opts.timeout,
+                report.clone(),
+            )?))
         } else {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(opts.timeout))
-                .set_response_timeout(Some(opts.timeout))
-                // Reconnect attempts are paced by the shard back-off, not here.
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(100));
             let mut shards = Vec::with_capacity(opts.urls.len());
             if !opts.sentinels.is_empty() {
-                let sentinels = sentinel::sentinels(&opts.sentinels)?;
+                let sentinels = sentinel::sentinels(&opts.sentinels, opts.timeout)?;
                 let mut masters: Vec<Arc<Master>> = Vec::with_capacity(opts.urls.len());
                 for spec in &opts.urls {
-                    let (name, template) = sentinel::parse_master(spec)?;
+                    let (name, template) = sentinel::parse_master(spec, opts.timeout)?;
                     if masters.iter().any(|m| m.name == name) {
                         return Err(ConfigError::DuplicateMaster(name));
                     }
@@ -266,10 +236,9 @@ impl RedisStore {
                         sentinels.clone(),
                         health.clone(),
                         opts.timeout,
-                        config.clone(),
                     );
                     let links = (0..coalesce::CALLS_IN_FLIGHT)
-                        .map(|_| coalesce::Link::Unrouted)
+                        .map(|_| coalesce::Link::unrouted())
                         .collect();
                     let coalescer = Coalescer::spawn(
                         links,
@@ -286,20 +255,13 @@ impl RedisStore {
                     });
                     masters.push(master);
                 }
-                sentinel::listen(
-                    &sentinels,
-                    masters.iter().map(Arc::downgrade).collect(),
-                    opts.timeout,
-                );
+                sentinel::listen(&sentinels, masters.iter().map(Arc::downgrade).collect());
             }
             for url in opts.urls.iter().filter(|_| opts.sentinels.is_empty()) {
-                let client = redis::Client::open(url.as_str()).map_err(|e| bad_url(url, &e))?;
-                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                    .map_err(|e| bad_url(url, &e))?;
+                let target = Target::parse(url, opts.timeout).map_err(|e| bad_url(url, e))?;
                 let health = Arc::new(Health::new(shard_name(url), report.clone()));
-                let target = wire::Target::new(client.get_connection_info(), opts.timeout);
                 let links = (0..coalesce::CALLS_IN_FLIGHT)
-                    .map(|_| coalesce::Link::new(target.clone(), conn.clone()))
+                    .map(|_| coalesce::Link::new(target.clone()))
                     .collect();
                 let coalescer = Coalescer::spawn(
                     links,
@@ -309,7 +271,7 @@ impl RedisStore {
                     opts.call_timeout,
                 );
                 shards.push(Shard {
-                    conn: ShardConn::Fixed(conn),
+                    conn: ShardConn::Fixed(Arc::new(Pool::new(target))),
                     health,
                     coalescer,
                     offset: offset::Offset::default(),
@@ -391,47 +353,19 @@ impl Inner {
         }
     }
 
-    /// One script call in the cluster: keys of different slots cannot share a call.
-    async fn invoke_cluster(
-        cluster: &Cluster,
-        call: &redis::ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
-        let conn = cluster
-            .conn
-            .get_or_try_init(|| cluster.client.get_async_connection())
-            .await
-            .map_err(|e| classify::redis(&e))?;
-        let mut conn = conn.clone();
-        call.invoke_async(&mut conn)
-            .await
-            .map_err(|e| classify::redis(&e))
-    }
-
-    /// One script call off the decide path (the sentence list, RLQS demand): on
-    /// standalone shard `target`, or on the cluster, which routes it by its keys;
-    /// at most `wait`.
-    async fn invoke_at<T: redis::FromRedisValue>(
+    /// One script call off the decide path (refunds, peeks, the sentence list,
+    /// RLQS demand): on standalone shard `target`, or on the cluster, which routes
+    /// it by its keys; at most `wait`.
+    async fn invoke_at(
         &self,
         target: usize,
-        call: &redis::ScriptInvocation<'_>,
+        call: &Call<'_>,
         wait: Duration,
-    ) -> Result<T, StoreError> {
+    ) -> Result<Value, StoreError> {
         let sent = async {
             match &self.backend {
-                Backend::Shards(s) => call
-                    .invoke_async::<T>(&mut s[target].conn.get()?)
-                    .await
-                    .map_err(|e| classify::redis(&e)),
-                Backend::Cluster(c) => {
-                    let conn = c
-                        .conn
-                        .get_or_try_init(|| c.client.get_async_connection())
-                        .await
-                        .map_err(|e| classify::redis(&e))?;
-                    call.invoke_async::<T>(&mut conn.clone())
-                        .await
-                        .map_err(|e| classify::redis(&e))
-                }
+                Backend::Shards(s) => scripts::invoke(&*s[target].conn.get()?, call).await,
+                Backend::Cluster(c) => c.script(call).await,
             }
         };
         match tokio::time::timeout(wait, sent).await {
@@ -490,11 +424,11 @@ impl Inner {
         };
         let guard = cluster.health.guard();
         let call = scripts::decide_call(&self.scripts, &[&group], fixed_now);
-        let sent = Self::invoke_cluster(cluster, &call);
+        let sent = cluster.script(&call);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
-            Ok(Ok(values)) => {
-                scripts::parse_replies(&values, &[group.hits.len()]).map(|mut r| r.remove(0))
-            }
+            Ok(Ok(value)) => scripts::integers(value)
+                .and_then(|v| scripts::parse_replies(&v, &[group.hits.len()]))
+                .map(|mut r| r.remove(0)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(StoreError::Timeout),
         };
@@ -507,24 +441,9 @@ impl Inner {
     async fn refund(&self, hits: &[Hit], groups: &[Spent]) {
         let calls = groups.iter().map(|(target, consumed)| async move {
             let call = scripts::refund_call(&self.scripts, &self.prefix, hits, consumed);
-            let result: Result<Vec<i64>, StoreError> = match &self.backend {
-                Backend::Shards(s) => match s[*target].conn.get() {
-                    Ok(mut conn) => call
-                        .invoke_async::<i64>(&mut conn)
-                        .await
-                        .map(|_| Vec::new())
-                        .map_err(|e| classify::redis(&e)),
-                    Err(e) => Err(e),
-                },
-                Backend::Cluster(c) => match c.conn.get() {
-                    Some(conn) => call
-                        .invoke_async::<i64>(&mut conn.clone())
-                        .await
-                        .map(|_| Vec::new())
-                        .map_err(|e| classify::redis(&e)),
-                    None => Err(StoreError::failed(ErrorKind::Connection, "not connected")),
-                },
-            };
+            // Bounded like a decide call, so a hung shard cannot hold refunds forever.
+            let wait = self.call_timeout.max(Duration::from_secs(1));
+            let result = self.invoke_at(*target, &call, wait).await;
             if let Err(e) = result {
                 let health = self.health(*target);
                 tracing::debug!(shard = %health.name, error = %e, "refund failed");
@@ -556,22 +475,8 @@ impl Inner {
             let group: Vec<&Hit> = members.iter().map(|&i| &hits[i]).collect();
             let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
             let call = scripts::peek_call(&self.scripts, &group, &group_keys, fixed_now);
-            let sent = async {
-                match &self.backend {
-                    Backend::Shards(s) => call
-                        .invoke_async::<Vec<i64>>(&mut s[target].conn.get()?)
-                        .await
-                        .map_err(|e| classify::redis(&e)),
-                    Backend::Cluster(c) => Self::invoke_cluster(c, &call).await,
-                }
-            };
-            let values =
-                match tokio::time::timeout(self.call_timeout.max(Duration::from_secs(1)), sent)
-                    .await
-                {
-                    Ok(values) => values?,
-                    Err(_) => return Err(StoreError::Timeout),
-                };
+            let wait = self.call_timeout.max(Duration::from_secs(1));
+            let values = scripts::integers(self.invoke_at(target, &call, wait).await?)?;
             for (&i, v) in members
                 .iter()
                 .zip(scripts::parse_peek(&values, group.len())?)
@@ -655,12 +560,11 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
                     .iter()
                     .zip(checked.iter_mut())
                     .map(|(s, checked)| async move {
-                        let conn = s.conn.get().ok()?;
-                        let n = dbsize(conn.clone()).await;
+                        let pool = s.conn.get().ok()?;
+                        let n = dbsize(&pool).await;
                         if n.is_some() && !*checked {
                             *checked = true;
-                            let mut conn = conn;
-                            let warning = expire::check(&mut conn, &s.health.name, timeout).await;
+                            let warning = expire::check(&pool, &s.health.name, timeout).await;
                             if let Some(warning) = warning {
                                 tracing::warn!(shard = %s.health.name, "{warning}");
                             }
@@ -669,20 +573,17 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
                     });
                 futures::future::join_all(counts).await
             }
-            Backend::Cluster(c) => match c.conn.get() {
-                Some(conn) => {
-                    let n = dbsize(conn.clone()).await;
-                    checked.resize(1, false);
-                    if n.is_some() && !checked[0] {
-                        checked[0] = true;
-                        for warning in expire::check_cluster(&mut conn.clone(), timeout).await {
-                            tracing::warn!(shard = %c.health.name, "{warning}");
-                        }
+            Backend::Cluster(c) => {
+                let n = c.dbsize().await;
+                checked.resize(1, false);
+                if n.is_some() && !checked[0] {
+                    checked[0] = true;
+                    for warning in c.expire_warnings(timeout).await {
+                        tracing::warn!(shard = %c.health.name, "{warning}");
                     }
-                    vec![n]
                 }
-                None => vec![None],
-            },
+                vec![n]
+            }
         };
         last.resize(counts.len(), 0);
         for (l, n) in last.iter_mut().zip(counts) {
@@ -698,12 +599,12 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
 
 /// One shard's DBSIZE. It says nothing of the shard's health: a replica answers it
 /// while refusing writes (READONLY), so only decide calls mark a shard up or down.
-async fn dbsize(mut conn: impl redis::aio::ConnectionLike) -> Option<usize> {
-    let cmd = redis::cmd("DBSIZE");
-    tokio::time::timeout(Duration::from_secs(1), cmd.query_async::<usize>(&mut conn))
-        .await
-        .ok()?
-        .ok()
+async fn dbsize(pool: &Pool) -> Option<usize> {
+    let mut req = Request::default();
+    req.start(1);
+    req.arg(b"DBSIZE");
+    let reply = tokio::time::timeout(Duration::from_secs(1), pool.query(&req)).await;
+    usize::try_from(reply.ok()?.ok()?.as_int()?).ok()
 }
 
 impl Store for RedisStore {

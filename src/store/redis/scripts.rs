@@ -1,7 +1,7 @@
 //! The Lua scripts and their calling convention: arguments out, verdicts back.
 //!
-//! Scripts run with EVALSHA through `redis::Script`, which loads them again when a
-//! server answers NOSCRIPT (after a restart or `SCRIPT FLUSH`).
+//! Scripts run with EVALSHA by their SHA-1; a server that answers NOSCRIPT (after a
+//! restart or `SCRIPT FLUSH`) gets the call again as EVAL, which caches the script.
 //!
 //! Exactness: Lua numbers are doubles, exact for integers below 2^53. The scripts
 //! never form a product directly (see `muldiv` in common.lua), so they agree with the
@@ -10,13 +10,12 @@
 //! (35 years) whose burst * window / requests is below 2^53 µs (285 years). Larger
 //! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
 
-use redis::Script as RedisScript;
-
 use crate::algorithm::{Micros, Verdict};
 use crate::store::{ErrorKind, Hit, Mode, StoreError};
 
+use super::classify;
 use super::shard;
-use super::wire::Request;
+use super::wire::{Pool, Request, Value};
 
 /// Lua helpers, algorithms and the decision itself, as one script.
 const DECIDE_LUA: &str = concat!(
@@ -41,25 +40,142 @@ pub const MAX_ARG: u64 = 1 << 50;
 /// Values per hit in the decide reply.
 const REPLY_STRIDE: usize = 7;
 
+/// A Lua script and its SHA-1, the name EVALSHA calls it by.
+#[derive(Debug, Clone)]
+pub struct Lua {
+    text: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub fn new(text: &'static str) -> Lua {
+        Lua {
+            text,
+            hash: sha1_smol::Sha1::from(text).digest().to_string(),
+        }
+    }
+
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// A call of this script, to be given its keys and arguments.
+    pub fn call(&self) -> Call<'_> {
+        Call {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
 /// The scripts, hashed once.
 #[derive(Debug, Clone)]
 pub struct Scripts {
-    pub decide: RedisScript,
-    pub refund: RedisScript,
-    pub peek: RedisScript,
+    pub decide: Lua,
+    pub refund: Lua,
+    pub peek: Lua,
     /// RLQS demand records (`demand.lua`, see `demand.rs`).
-    pub demand: RedisScript,
+    pub demand: Lua,
 }
 
 impl Default for Scripts {
     fn default() -> Self {
         Scripts {
-            decide: RedisScript::new(DECIDE_LUA),
-            refund: RedisScript::new(REFUND_LUA),
-            peek: RedisScript::new(PEEK_LUA),
-            demand: RedisScript::new(include_str!("demand.lua")),
+            decide: Lua::new(DECIDE_LUA),
+            refund: Lua::new(REFUND_LUA),
+            peek: Lua::new(PEEK_LUA),
+            demand: Lua::new(include_str!("demand.lua")),
         }
     }
+}
+
+/// A script call off the decide path, its keys and arguments as text.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    script: &'a Lua,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Call<'_> {
+    pub fn key(&mut self, key: impl Into<String>) -> &mut Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    pub fn arg(&mut self, arg: impl std::fmt::Display) -> &mut Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// The call as one command: EVALSHA, or with `text` EVAL (after NOSCRIPT).
+    pub fn write(&self, req: &mut Request, text: bool) {
+        req.start(3 + self.keys.len() + self.args.len());
+        if text {
+            req.arg(b"EVAL");
+            req.arg(self.script.text.as_bytes());
+        } else {
+            req.arg(b"EVALSHA");
+            req.arg(self.script.hash.as_bytes());
+        }
+        req.arg_u64(self.keys.len() as u64);
+        for k in &self.keys {
+            req.arg(k.as_bytes());
+        }
+        for a in &self.args {
+            req.arg(a.as_bytes());
+        }
+    }
+
+    /// The script's name, its keys and its arguments, each as bytes, for a client
+    /// that builds its own commands.
+    pub fn parts(&self, text: bool) -> Vec<&[u8]> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + self.keys.len() + self.args.len());
+        parts.push(if text { b"EVAL" } else { b"EVALSHA" });
+        parts.push(if text {
+            self.script.text.as_bytes()
+        } else {
+            self.script.hash.as_bytes()
+        });
+        parts.extend(self.keys.iter().map(|k| k.as_bytes()));
+        parts.extend(self.args.iter().map(|a| a.as_bytes()));
+        parts
+    }
+}
+
+/// Runs `call` on `pool`'s server: EVALSHA, then EVAL if the server lost its
+/// scripts. An error reply comes back as its [`StoreError`].
+pub async fn invoke(pool: &Pool, call: &Call<'_>) -> Result<Value, StoreError> {
+    let mut req = Request::default();
+    call.write(&mut req, false);
+    let mut value = pool.query(&req).await?;
+    if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
+        call.write(&mut req, true);
+        value = pool.query(&req).await?;
+    }
+    match value {
+        Value::Error(e) => Err(classify::reply(e)),
+        v => Ok(v),
+    }
+}
+
+/// A script's reply as a flat array of integers.
+pub fn integers(value: Value) -> Result<Vec<i64>, StoreError> {
+    let bad = || StoreError::failed(ErrorKind::Protocol, "script answered no array of integers");
+    value
+        .into_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Ok(*i),
+            _ => Err(bad()),
+        })
+        .collect()
 }
 
 /// One request's share of a decide call: its hits on one shard (or slot), with
@@ -140,15 +256,15 @@ trait Sink {
     fn arg(&mut self, arg: Arg<'_>);
 }
 
-impl Sink for redis::ScriptInvocation<'_> {
+impl Sink for Call<'_> {
     fn key(&mut self, key: &str) {
-        redis::ScriptInvocation::key(self, key);
+        Call::key(self, key);
     }
     fn arg(&mut self, arg: Arg<'_>) {
         match arg {
-            Arg::Text(t) => redis::ScriptInvocation::arg(self, t),
-            Arg::Number(n) => redis::ScriptInvocation::arg(self, n),
-            Arg::Signed(n) => redis::ScriptInvocation::arg(self, n),
+            Arg::Text(t) => Call::arg(self, t),
+            Arg::Number(n) => Call::arg(self, n),
+            Arg::Signed(n) => Call::arg(self, n),
         };
     }
 }
@@ -226,20 +342,20 @@ fn decide_args(
     }
 }
 
-/// Builds one decide invocation deciding `groups` one after another.
+/// Builds one decide call deciding `groups` one after another.
 pub fn decide_call<'a>(
     scripts: &'a Scripts,
     groups: &[&Group],
     fixed_now: Option<Micros>,
-) -> redis::ScriptInvocation<'a> {
-    let mut call = scripts.decide.prepare_invoke();
+) -> Call<'a> {
+    let mut call = scripts.decide.call();
     decide_args(groups, &Layout::new(groups), fixed_now, &mut call);
     call
 }
 
 /// How [`write_decide`] names the script.
 #[derive(Debug, Clone, Copy)]
-pub enum Script<'a> {
+pub enum By<'a> {
     /// `EVALSHA` with the script's hash (the usual case).
     Hash(&'a str),
     /// `EVAL` with the script's text (after a NOSCRIPT answer; Redis caches it again).
@@ -250,7 +366,7 @@ pub enum Script<'a> {
 /// call [`decide_call`] builds, without an allocation per argument.
 pub fn write_decide(
     req: &mut Request,
-    script: Script<'_>,
+    script: By<'_>,
     groups: &[&Group],
     fixed_now: Option<Micros>,
 ) {
@@ -286,11 +402,11 @@ pub fn write_decide(
     decide_args(groups, &layout, fixed_now, &mut count);
     req.start(3 + count.0 + count.1);
     match script {
-        Script::Hash(sha) => {
+        By::Hash(sha) => {
             req.arg(b"EVALSHA");
             req.arg(sha.as_bytes());
         }
-        Script::Text => {
+        By::Text => {
             req.arg(b"EVAL");
             req.arg(DECIDE_LUA.as_bytes());
         }
@@ -306,8 +422,8 @@ pub fn refund_call<'a>(
     prefix: &str,
     hits: &[Hit],
     consumed: &[(usize, i64)],
-) -> redis::ScriptInvocation<'a> {
-    let mut call = scripts.refund.prepare_invoke();
+) -> Call<'a> {
+    let mut call = scripts.refund.call();
     for &(i, token) in consumed {
         let h = &hits[i];
         call.key(shard::redis_key(prefix, h));
@@ -328,8 +444,8 @@ pub fn peek_call<'a>(
     hits: &[&Hit],
     keys: &[String],
     fixed_now: Option<Micros>,
-) -> redis::ScriptInvocation<'a> {
-    let mut call = scripts.peek.prepare_invoke();
+) -> Call<'a> {
+    let mut call = scripts.peek.call();
     match fixed_now {
         Some(n) => call.arg(n),
         None => call.arg(""),

@@ -22,14 +22,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use tokio::sync::Notify;
 
 use crate::store::{ErrorKind, StoreError};
 
 use super::health::Health;
+use super::wire::target::Addr;
+use super::wire::{Pool, Request, Target, Value, Wire};
 use super::{shard_name, ConfigError};
 
 /// How often the sentinels are asked while nothing seems wrong: a backstop for a
@@ -46,8 +45,8 @@ pub struct Master {
     pub name: String,
     /// The master URL's settings (TLS, user, password, db) around a placeholder
     /// address.
-    template: ConnectionInfo,
-    sentinels: Arc<[Client]>,
+    template: Target,
+    sentinels: Arc<[Target]>,
     /// The sentinel that answered last, asked first next time.
     first: AtomicUsize,
     current: Mutex<Option<Resolved>>,
@@ -57,11 +56,10 @@ pub struct Master {
     generation: AtomicU64,
     wake: Notify,
     timeout: Duration,
-    config: ConnectionManagerConfig,
     health: Arc<Health>,
-    /// A redis-rs connection to the current master (refunds, peeks, key counts),
-    /// made again when the generation moves on.
-    managed: Mutex<Option<(u64, ConnectionManager)>>,
+    /// The connections to the current master off the decide path (refunds, peeks,
+    /// key counts), made again when the generation moves on.
+    pool: Mutex<Option<(u64, Arc<Pool>)>>,
 }
 
 /// A master's address that answered `ROLE` with `master`.
@@ -69,7 +67,7 @@ pub struct Master {
 pub struct Resolved {
     /// `host:port`.
     pub addr: String,
-    pub info: ConnectionInfo,
+    pub target: Target,
     pub generation: u64,
 }
 
@@ -82,17 +80,17 @@ impl std::fmt::Debug for Master {
     }
 }
 
-/// The sentinels' clients, from their URLs (`redis://[:password@]host:port`, or
+/// The sentinels, from their URLs (`redis://[:password@]host:port`, or
 /// `rediss://`).
-pub fn sentinels(urls: &[String]) -> Result<Arc<[Client]>, ConfigError> {
+pub fn sentinels(urls: &[String], timeout: Duration) -> Result<Arc<[Target]>, ConfigError> {
     if urls.is_empty() {
         return Err(ConfigError::NoUrl);
     }
     urls.iter()
         .map(|u| {
-            Client::open(u.as_str()).map_err(|e| ConfigError::Url {
+            Target::parse(u, timeout).map_err(|reason| ConfigError::Url {
                 url: shard_name(u),
-                reason: e.to_string(),
+                reason,
             })
         })
         .collect()
@@ -101,7 +99,7 @@ pub fn sentinels(urls: &[String]) -> Result<Arc<[Client]>, ConfigError> {
 /// A master given as its name, or as a URL whose host is its name
 /// (`rediss://:password@mymaster/2`): the scheme, credentials and database are the
 /// master's, the address comes from the sentinels.
-pub fn parse_master(spec: &str) -> Result<(String, ConnectionInfo), ConfigError> {
+pub fn parse_master(spec: &str, timeout: Duration) -> Result<(String, Target), ConfigError> {
     let url = if spec.contains("://") {
         spec.to_string()
     } else {
@@ -111,13 +109,10 @@ pub fn parse_master(spec: &str) -> Result<(String, ConnectionInfo), ConfigError>
         url: shard_name(spec),
         reason,
     };
-    let info = url
-        .as_str()
-        .into_connection_info()
-        .map_err(|e| bad(e.to_string()))?;
-    let name = match info.addr() {
-        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host.clone(),
-        _ => return Err(bad("a master is named, not a socket".into())),
+    let target = Target::parse(&url, timeout).map_err(bad)?;
+    let name = match &target.addr {
+        Addr::Tcp { host, .. } => host.clone(),
+        Addr::Unix(_) => return Err(bad("a master is named, not a socket".into())),
     };
     // The port is the sentinels' to say; one written here would be ignored.
     if shard_name(&url).contains(':') {
@@ -128,25 +123,7 @@ pub fn parse_master(spec: &str) -> Result<(String, ConnectionInfo), ConfigError>
     if name.is_empty() {
         return Err(bad("no master name".into()));
     }
-    Ok((name, info))
-}
-
-/// `template` pointed at `host:port`, keeping its TLS settings.
-fn at(template: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
-    let addr = match template.addr() {
-        ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        } => ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => ConnectionAddr::Tcp(host, port),
-    };
-    template.clone().set_addr(addr)
+    Ok((name, target))
 }
 
 /// A call's error while no master is known: the kind of what stood in the way (a
@@ -168,11 +145,10 @@ impl Master {
     /// run inside a Tokio runtime.
     pub fn spawn(
         name: String,
-        template: ConnectionInfo,
-        sentinels: Arc<[Client]>,
+        template: Target,
+        sentinels: Arc<[Target]>,
         health: Arc<Health>,
         timeout: Duration,
-        config: ConnectionManagerConfig,
     ) -> Arc<Master> {
         let master = Arc::new(Master {
             name,
@@ -184,9 +160,8 @@ impl Master {
             generation: AtomicU64::new(0),
             wake: Notify::new(),
             timeout,
-            config,
             health,
-            managed: Mutex::new(None),
+            pool: Mutex::new(None),
         });
         tokio::spawn(follow(Arc::downgrade(&master)));
         master
@@ -220,41 +195,24 @@ impl Master {
         self.wake.notify_one();
     }
 
-    /// A redis-rs connection to the current master.
-    pub fn managed(&self) -> Result<ConnectionManager, StoreError> {
+    /// The connections to the current master off the decide path.
+    pub fn pool(&self) -> Result<Arc<Pool>, StoreError> {
         let now = self.resolved()?;
-        let mut slot = self.managed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((generation, conn)) = &*slot {
+        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((generation, pool)) = &*slot {
             if *generation == now.generation {
-                return Ok(conn.clone());
+                return Ok(pool.clone());
             }
         }
-        let conn = self.connection_manager(&now)?;
-        *slot = Some((now.generation, conn.clone()));
-        Ok(conn)
-    }
-
-    /// A new lazily connected redis-rs connection to `to`.
-    pub fn connection_manager(&self, to: &Resolved) -> Result<ConnectionManager, StoreError> {
-        let client = Client::open(to.info.clone()).map_err(|e| super::classify::redis(&e))?;
-        ConnectionManager::new_lazy_with_config(client, self.config.clone())
-            .map_err(|e| super::classify::redis(&e))
-    }
-
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn async_config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
+        let pool = Arc::new(Pool::new(now.target));
+        *slot = Some((now.generation, pool.clone()));
+        Ok(pool)
     }
 
     /// Asks the sentinels once, starting with the one that answered last, and moves
     /// to the address they give if `ROLE` there says master. `conns` caches one
     /// connection per sentinel across calls.
-    async fn resolve(&self, conns: &mut [Option<MultiplexedConnection>]) {
+    async fn resolve(&self, conns: &mut [Option<Wire>]) {
         let n = self.sentinels.len();
         let start = self.first.load(Relaxed) % n;
         let current = self.current();
@@ -279,10 +237,10 @@ impl Master {
             if current.as_ref().is_some_and(|c| c.addr == addr) {
                 return;
             }
-            let info = at(&self.template, host, port);
-            match self.role(&info).await {
+            let target = self.template.at(&host, port);
+            match self.role(&target).await {
                 Ok(true) => {
-                    self.switch(addr, info, current.as_ref());
+                    self.switch(addr, target, current.as_ref());
                     return;
                 }
                 // Named but not a master yet (a promotion under way), or not
@@ -309,11 +267,11 @@ impl Master {
         }
     }
 
-    fn switch(&self, addr: String, info: ConnectionInfo, from: Option<&Resolved>) {
+    fn switch(&self, addr: String, target: Target, from: Option<&Resolved>) {
         let generation = self.generation.load(Relaxed) + 1;
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Resolved {
             addr: addr.clone(),
-            info,
+            target,
             generation,
         });
         self.generation.store(generation, Relaxed);
@@ -331,21 +289,19 @@ impl Master {
     async fn ask(
         &self,
         i: usize,
-        conn: &mut Option<MultiplexedConnection>,
+        conn: &mut Option<Wire>,
     ) -> Result<Option<(String, u16)>, StoreError> {
         let asked = async {
             if conn.is_none() {
-                let c = self.sentinels[i]
-                    .get_multiplexed_async_connection_with_config(&self.async_config())
-                    .await?;
-                *conn = Some(c);
+                *conn = Some(Wire::connect(&self.sentinels[i]).await?);
             }
             let c = conn.as_mut().expect("connected above");
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(&self.name)
-                .query_async::<Option<(String, u16)>>(c)
-                .await
+            let mut req = Request::default();
+            req.start(3);
+            req.arg(b"SENTINEL");
+            req.arg(b"get-master-addr-by-name");
+            req.arg(self.name.as_bytes());
+            master_addr(c.query(&req).await?)
         };
         let failed = |e: StoreError| {
             StoreError::failed(
@@ -358,7 +314,7 @@ impl Master {
             Ok(Err(e)) => {
                 tracing::debug!(master = %self.name, sentinel = i, error = %e, "sentinel failed");
                 *conn = None;
-                Err(failed(super::classify::redis(&e)))
+                Err(failed(e))
             }
             Err(_) => {
                 *conn = None;
@@ -367,42 +323,60 @@ impl Master {
         }
     }
 
-    /// Whether the server at `info` says it is a master.
-    async fn role(&self, info: &ConnectionInfo) -> Result<bool, StoreError> {
+    /// Whether the server at `target` says it is a master.
+    async fn role(&self, target: &Target) -> Result<bool, StoreError> {
         let asked = async {
-            let client = Client::open(info.clone())?;
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&self.async_config())
-                .await?;
-            redis::cmd("ROLE")
-                .query_async::<redis::Value>(&mut conn)
-                .await
+            let mut conn = Wire::connect(target).await?;
+            let mut req = Request::default();
+            req.start(1);
+            req.arg(b"ROLE");
+            match conn.query(&req).await? {
+                Value::Error(e) => Err(super::classify::reply(e)),
+                v => Ok(is_master(&v)),
+            }
         };
         match tokio::time::timeout(self.timeout, asked).await {
-            Ok(Ok(value)) => Ok(is_master(&value)),
-            Ok(Err(e)) => Err(super::classify::redis(&e)),
+            Ok(r) => r,
             Err(_) => Err(StoreError::Timeout),
         }
     }
 }
 
+/// A `SENTINEL get-master-addr-by-name` reply: the address, or `None` for a name
+/// the sentinel does not know.
+fn master_addr(reply: Value) -> Result<Option<(String, u16)>, StoreError> {
+    let bad = |what: &str| StoreError::failed(ErrorKind::Protocol, format!("sentinel: {what}"));
+    let items = match reply {
+        Value::Nil => return Ok(None),
+        Value::Error(e) => return Err(super::classify::reply(e)),
+        Value::Array(items) => items,
+        _ => return Err(bad("no address")),
+    };
+    match items.as_slice() {
+        [host, port] => {
+            let host = host.as_text().ok_or_else(|| bad("no host"))?;
+            let port = port
+                .as_int()
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or_else(|| bad("bad port"))?;
+            Ok(Some((host, port)))
+        }
+        _ => Err(bad("no address")),
+    }
+}
+
 /// Whether a `ROLE` reply starts with `master`.
-fn is_master(role: &redis::Value) -> bool {
-    use redis::Value;
+fn is_master(role: &Value) -> bool {
     let Value::Array(items) = role else {
         return false;
     };
-    match items.first() {
-        Some(Value::BulkString(b)) => b == b"master",
-        Some(Value::SimpleString(s)) => s == "master",
-        _ => false,
-    }
+    items.first().and_then(Value::as_text).as_deref() == Some("master")
 }
 
 /// Follows a master's address until it is dropped: asks at once, then whenever
 /// woken (at most once per [`MIN_GAP`]) or every [`POLL`].
 async fn follow(master: Weak<Master>) {
-    let mut conns: Vec<Option<MultiplexedConnection>> = Vec::new();
+    let mut conns: Vec<Option<Wire>> = Vec::new();
     loop {
         let Some(m) = master.upgrade() else { return };
         conns.resize_with(m.sentinels.len(), || None);
@@ -417,10 +391,10 @@ async fn follow(master: Weak<Master>) {
 
 /// Listens on each sentinel's failover channels and wakes every master's task on an
 /// announcement, until all `masters` are dropped. Must run inside a Tokio runtime.
-pub fn listen(sentinels: &[Client], masters: Vec<Weak<Master>>, timeout: Duration) {
+pub fn listen(sentinels: &[Target], masters: Vec<Weak<Master>>) {
     let masters: Arc<[Weak<Master>]> = masters.into();
-    for client in sentinels {
-        tokio::spawn(subscribe(client.clone(), masters.clone(), timeout));
+    for target in sentinels {
+        tokio::spawn(subscribe(target.clone(), masters.clone()));
     }
 }
 
@@ -428,33 +402,57 @@ fn alive(masters: &[Weak<Master>]) -> bool {
     masters.iter().any(|m| m.strong_count() > 0)
 }
 
-async fn subscribe(client: Client, masters: Arc<[Weak<Master>]>, timeout: Duration) {
+/// A connection subscribed to [`CHANNELS`].
+async fn subscribed(target: &Target) -> Result<Wire, StoreError> {
+    let mut conn = Wire::connect(target).await?;
+    let mut req = Request::default();
+    req.start(1 + CHANNELS.len());
+    req.arg(b"SUBSCRIBE");
+    for channel in CHANNELS {
+        req.arg(channel.as_bytes());
+    }
+    conn.send(req.bytes()).await?;
+    Ok(conn)
+}
+
+/// Whether a pushed value is a published message (not a subscription's
+/// confirmation or an error).
+fn announcement(value: &Value) -> Option<String> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    match items.as_slice() {
+        [kind, channel, _] if kind.as_text().as_deref() == Some("message") => channel.as_text(),
+        _ => None,
+    }
+}
+
+async fn subscribe(target: Target, masters: Arc<[Weak<Master>]>) {
     while alive(&masters) {
-        let connected = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            for channel in CHANNELS {
-                pubsub.subscribe(channel).await?;
-            }
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        let pubsub = match tokio::time::timeout(timeout, connected).await {
-            Ok(Ok(p)) => p,
+        let mut conn = match tokio::time::timeout(target.timeout, subscribed(&target)).await {
+            Ok(Ok(c)) => c,
             _ => {
                 // The sentinel is down: polling covers for it; try again later.
                 tokio::time::sleep(POLL).await;
                 continue;
             }
         };
-        let mut messages = pubsub.into_on_message();
         while alive(&masters) {
-            match tokio::time::timeout(POLL, messages.next()).await {
-                Ok(Some(msg)) => {
-                    tracing::debug!(channel = msg.get_channel_name(), "sentinel announcement");
-                    for m in masters.iter().filter_map(Weak::upgrade) {
-                        m.suspect();
+            match tokio::time::timeout(POLL, conn.next()).await {
+                Ok(Ok(Value::Error(e))) => {
+                    tracing::debug!(error = %e, "sentinel refused the subscription");
+                    tokio::time::sleep(POLL).await;
+                    break;
+                }
+                Ok(Ok(msg)) => {
+                    if let Some(channel) = announcement(&msg) {
+                        tracing::debug!(%channel, "sentinel announcement");
+                        for m in masters.iter().filter_map(Weak::upgrade) {
+                            m.suspect();
+                        }
                     }
                 }
-                Ok(None) => break,
+                Ok(Err(_)) => break,
                 Err(_) => {}
             }
         }
@@ -465,56 +463,85 @@ async fn subscribe(client: Client, masters: Arc<[Weak<Master>]>, timeout: Durati
 mod tests {
     use super::*;
 
+    const T: Duration = Duration::from_secs(1);
+
     #[test]
     fn masters_are_named_with_their_own_settings() {
-        let (name, info) = parse_master("mymaster").unwrap();
+        let (name, target) = parse_master("mymaster", T).unwrap();
         assert_eq!(name, "mymaster");
-        assert_eq!(info.redis_settings().db(), 0);
-        let (name, info) = parse_master("rediss://user:pw@cache-a/3").unwrap();
+        assert_eq!(target.db, 0);
+        let (name, target) = parse_master("rediss://user:pw@cache-a/3", T).unwrap();
         assert_eq!(name, "cache-a");
-        assert_eq!(info.redis_settings().username(), Some("user"));
-        assert_eq!(info.redis_settings().password(), Some("pw"));
-        assert_eq!(info.redis_settings().db(), 3);
-        let moved = at(&info, "10.0.0.7".into(), 6380);
-        match moved.addr() {
-            ConnectionAddr::TcpTls { host, port, .. } => {
-                assert_eq!((host.as_str(), *port), ("10.0.0.7", 6380));
-            }
-            other => panic!("TLS lost: {other:?}"),
-        }
-        assert_eq!(moved.redis_settings().password(), Some("pw"));
-        let plain = at(&parse_master("m").unwrap().1, "127.0.0.1".into(), 1);
-        assert_eq!(plain.addr(), &ConnectionAddr::Tcp("127.0.0.1".into(), 1));
+        assert_eq!(target.username.as_deref(), Some("user"));
+        assert_eq!(target.password.as_deref(), Some("pw"));
+        assert_eq!(target.db, 3);
+        let moved = target.at("10.0.0.7", 6380);
+        assert_eq!(moved.name(), "10.0.0.7:6380");
+        assert!(moved.tls.is_some(), "TLS kept");
+        assert_eq!(moved.password.as_deref(), Some("pw"));
+        let plain = parse_master("m", T).unwrap().1.at("127.0.0.1", 1);
+        assert!(plain.tls.is_none());
     }
 
     #[test]
     fn a_master_with_a_port_or_no_name_is_refused() {
-        let e = parse_master("redis://mymaster:6379")
+        let e = parse_master("redis://mymaster:6379", T)
             .unwrap_err()
             .to_string();
         assert!(e.contains("give no port"), "{e}");
-        assert!(parse_master("redis://:pw@/0").is_err());
-        assert!(parse_master("redis+unix:///tmp/x.sock").is_err());
+        assert!(parse_master("redis://:pw@/0", T).is_err());
+        assert!(parse_master("redis+unix:///tmp/x.sock", T).is_err());
     }
 
     #[test]
     fn only_a_master_role_counts() {
-        use redis::Value;
         let master = Value::Array(vec![
-            Value::BulkString(b"master".to_vec()),
+            Value::Bulk(b"master".to_vec()),
             Value::Int(10),
             Value::Array(vec![]),
         ]);
         assert!(is_master(&master));
         let replica = Value::Array(vec![
-            Value::BulkString(b"slave".to_vec()),
-            Value::BulkString(b"127.0.0.1".to_vec()),
+            Value::Bulk(b"slave".to_vec()),
+            Value::Bulk(b"127.0.0.1".to_vec()),
             Value::Int(6379),
-            Value::BulkString(b"connected".to_vec()),
+            Value::Bulk(b"connected".to_vec()),
             Value::Int(10),
         ]);
         assert!(!is_master(&replica));
         assert!(!is_master(&Value::Nil));
         assert!(!is_master(&Value::Array(vec![])));
+    }
+
+    #[test]
+    fn sentinel_replies_read_as_addresses_and_announcements() {
+        let addr = Value::Array(vec![
+            Value::Bulk(b"10.0.0.2".to_vec()),
+            Value::Bulk(b"6380".to_vec()),
+        ]);
+        assert_eq!(
+            master_addr(addr).unwrap(),
+            Some(("10.0.0.2".to_string(), 6380))
+        );
+        assert_eq!(master_addr(Value::Nil).unwrap(), None);
+        assert!(master_addr(Value::Array(vec![Value::Int(1)])).is_err());
+        let bad_port = Value::Array(vec![
+            Value::Bulk(b"h".to_vec()),
+            Value::Bulk(b"99999".to_vec()),
+        ]);
+        assert!(master_addr(bad_port).is_err());
+        let text = |t: &str| Value::Bulk(t.as_bytes().to_vec());
+        let msg = Value::Array(vec![
+            text("message"),
+            text("+switch-master"),
+            text("m 10.0.0.1 6379 10.0.0.2 6379"),
+        ]);
+        assert_eq!(announcement(&msg).as_deref(), Some("+switch-master"));
+        let confirm = Value::Array(vec![
+            text("subscribe"),
+            text("+switch-master"),
+            Value::Int(1),
+        ]);
+        assert_eq!(announcement(&confirm), None);
     }
 }

@@ -1,57 +1,31 @@
-//! The decide calls of a standalone shard, written and read by the shard's own task.
+//! Sluice's one Redis transport: a connection per caller at a time, no multiplexing.
 //!
-//! Each of a shard's tasks has at most one decide call in flight
+//! Each of a standalone shard's decide tasks has at most one call in flight
 //! ([`super::coalesce`]), so its connection needs no multiplexing: the task writes the
 //! call into one reused buffer, sends it, and parses the reply (a flat array of
-//! integers) straight into numbers. Against a multiplexed
-//! redis-rs connection this saves a task hop each way and an allocation per argument
-//! and per reply value (docs/performance-notes.md, "Redis path").
+//! integers) straight into numbers, without a task hop or an allocation per argument
+//! and per reply value (docs/performance-notes.md, "Redis path"). Other calls
+//! (refunds, peeks, the block list, key counts, Sentinel and cluster queries) take a
+//! connection from a small [`pool`] and read any reply ([`value`]).
 //!
-//! Plain `redis://` only (with AUTH and SELECT from the URL); TLS and Unix sockets go
-//! through redis-rs. Any I/O or protocol error drops the connection, so a reply can
+//! TCP, TLS and Unix sockets ([`stream`]), with AUTH and SELECT from the URL
+//! ([`target`]). Any I/O or protocol error drops the connection, so a reply can
 //! never be matched to the wrong call; the next call connects again.
 
-use std::time::Duration;
-
-use redis::{ConnectionAddr, ConnectionInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::store::{ErrorKind, StoreError};
 
 use super::classify;
 
-/// Where and how to connect, from the shard's URL. `None` when the URL needs redis-rs
-/// (TLS, Unix socket, `?protocol=resp3`).
-#[derive(Debug, Clone)]
-pub struct Target {
-    host: String,
-    port: u16,
-    username: Option<String>,
-    password: Option<String>,
-    db: i64,
-    timeout: Duration,
-}
+pub mod pool;
+pub mod stream;
+pub mod target;
+pub mod value;
 
-impl Target {
-    pub fn new(info: &ConnectionInfo, timeout: Duration) -> Option<Target> {
-        let ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return None;
-        };
-        let redis = info.redis_settings();
-        if redis.protocol() != redis::ProtocolVersion::RESP2 {
-            return None;
-        }
-        Some(Target {
-            host: host.clone(),
-            port: *port,
-            username: redis.username().map(str::to_string),
-            password: redis.password().map(str::to_string),
-            db: redis.db(),
-            timeout,
-        })
-    }
-}
+pub use pool::Pool;
+pub use target::Target;
+pub use value::Value;
 
 /// A RESP2 request being built: `*N` then each argument as a bulk string.
 #[derive(Debug, Default)]
@@ -105,26 +79,33 @@ pub enum Answer {
     Error(String),
 }
 
-/// One connection to a shard.
+/// Reads one reply of some shape from the start of a buffer: the reply and the bytes
+/// it took, or `None` while incomplete.
+type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, StoreError>;
+
+/// One connection to a server.
 pub struct Wire {
-    stream: TcpStream,
+    stream: stream::Stream,
     read: Vec<u8>,
+    /// Where the next reply starts in `read` (pub/sub messages and pipelined
+    /// replies may arrive together).
+    at: usize,
 }
 
 impl Wire {
     /// Connects, authenticates and selects the database, within the target's timeout.
     pub async fn connect(target: &Target) -> Result<Wire, StoreError> {
-        let connect = TcpStream::connect((target.host.as_str(), target.port));
-        let stream = match tokio::time::timeout(target.timeout, connect).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(classify::io("connect", &e)),
-            Err(_) => return Err(StoreError::Timeout),
-        };
-        // One small request at a time: Nagle's algorithm would hold it for an ACK.
-        let _ = stream.set_nodelay(true);
+        match tokio::time::timeout(target.timeout, Self::open(target)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    async fn open(target: &Target) -> Result<Wire, StoreError> {
         let mut wire = Wire {
-            stream,
+            stream: stream::open(target).await?,
             read: Vec::with_capacity(4096),
+            at: 0,
         };
         let mut req = Request::default();
         if let Some(password) = &target.password {
@@ -165,41 +146,70 @@ impl Wire {
         }
     }
 
-    /// Sends one command and reads its answer. An `Err` leaves the connection unusable.
+    /// Writes `bytes` (one or more commands) and flushes them.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+        let written = async {
+            self.stream.write_all(bytes).await?;
+            self.stream.flush().await
+        };
+        written.await.map_err(|e| classify::io("write", &e))
+    }
+
+    /// Sends one command and reads its answer, a decide script's reply, a status or
+    /// an error. An `Err` leaves the connection unusable.
     pub async fn call(&mut self, req: &Request) -> Result<Answer, StoreError> {
-        self.stream
-            .write_all(req.bytes())
-            .await
-            .map_err(|e| classify::io("write", &e))?;
-        self.read.clear();
+        self.send(req.bytes()).await?;
+        self.reply(parse).await
+    }
+
+    /// Sends one command and reads its reply, whatever its shape.
+    pub async fn query(&mut self, req: &Request) -> Result<Value, StoreError> {
+        self.send(req.bytes()).await?;
+        self.next().await
+    }
+
+    /// Reads the next reply: the answer to a command sent with [`Wire::send`], or a
+    /// message pushed to a subscriber.
+    pub async fn next(&mut self) -> Result<Value, StoreError> {
+        self.reply(value::parse).await
+    }
+
+    async fn reply<T>(&mut self, parse: Parser<T>) -> Result<T, StoreError> {
         loop {
-            match parse(&self.read)? {
-                Some(answer) => return Ok(answer),
-                None => {
-                    if self.read.len() > MAX_REPLY {
-                        return Err(StoreError::failed(ErrorKind::Protocol, "reply too large"));
-                    }
-                    let n = self
-                        .stream
-                        .read_buf(&mut self.read)
-                        .await
-                        .map_err(|e| classify::io("read", &e))?;
-                    if n == 0 {
-                        return Err(StoreError::failed(
-                            ErrorKind::Connection,
-                            "connection closed by Redis",
-                        ));
-                    }
+            if let Some((answer, used)) = parse(&self.read[self.at..])? {
+                self.at += used;
+                if self.at == self.read.len() {
+                    self.read.clear();
+                    self.at = 0;
                 }
+                return Ok(answer);
+            }
+            if self.read.len() - self.at > MAX_REPLY {
+                return Err(StoreError::failed(ErrorKind::Protocol, "reply too large"));
+            }
+            if self.at > 0 {
+                self.read.drain(..self.at);
+                self.at = 0;
+            }
+            let n = self
+                .stream
+                .read_buf(&mut self.read)
+                .await
+                .map_err(|e| classify::io("read", &e))?;
+            if n == 0 {
+                return Err(StoreError::failed(
+                    ErrorKind::Connection,
+                    "connection closed by Redis",
+                ));
             }
         }
     }
 }
 
 /// A decide reply is at most 64 requests' worth of 512 keys of 7 integers: far below.
-const MAX_REPLY: usize = 64 << 20;
+pub(super) const MAX_REPLY: usize = 64 << 20;
 
-fn protocol(what: &str) -> StoreError {
+pub(super) fn protocol(what: &str) -> StoreError {
     StoreError::failed(
         ErrorKind::Protocol,
         format!("unexpected Redis reply: {what}"),
@@ -208,13 +218,13 @@ fn protocol(what: &str) -> StoreError {
 
 /// The line starting at `at` (without CRLF) and where the next one starts; `None`
 /// until the CRLF has arrived.
-fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+pub(super) fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let rest = buf.get(at..)?;
     let end = rest.windows(2).position(|w| w == b"\r\n")?;
     Some((&rest[..end], at + end + 2))
 }
 
-fn integer(text: &[u8]) -> Result<i64, StoreError> {
+pub(super) fn integer(text: &[u8]) -> Result<i64, StoreError> {
     let (negative, digits) = match text.split_first() {
         Some((b'-', d)) => (true, d),
         _ => (false, text),
@@ -235,9 +245,10 @@ fn integer(text: &[u8]) -> Result<i64, StoreError> {
     Ok(if negative { -v } else { v })
 }
 
-/// Parses one complete answer from the start of `buf`; `Ok(None)` while incomplete.
-/// Only what the scripts, AUTH and SELECT answer is accepted.
-pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
+/// Parses one complete answer from the start of `buf`, with the bytes it took;
+/// `Ok(None)` while incomplete. Only what the decide script, AUTH and SELECT answer
+/// is accepted.
+pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, StoreError> {
     let Some((first, mut at)) = line(buf, 0) else {
         return Ok(None);
     };
@@ -245,9 +256,10 @@ pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
         return Err(protocol("empty line"));
     };
     match kind {
-        b'+' | b':' => Ok(Some(Answer::Status)),
-        b'-' => Ok(Some(Answer::Error(
-            String::from_utf8_lossy(text).into_owned(),
+        b'+' | b':' => Ok(Some((Answer::Status, at))),
+        b'-' => Ok(Some((
+            Answer::Error(String::from_utf8_lossy(text).into_owned()),
+            at,
         ))),
         b'*' => {
             let n = integer(text)?;
@@ -267,7 +279,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
                 }
                 at = next;
             }
-            Ok(Some(Answer::Integers(values)))
+            Ok(Some((Answer::Integers(values), at)))
         }
         _ => Err(protocol("unknown reply type")),
     }
@@ -276,23 +288,6 @@ pub fn parse(buf: &[u8]) -> Result<Option<Answer>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plain_tcp_urls_get_their_own_connection_others_keep_redis_rs() {
-        let target = |url: &str| {
-            let client = redis::Client::open(url).unwrap();
-            Target::new(client.get_connection_info(), Duration::from_secs(1))
-        };
-        let t = target("redis://user:pw@10.0.0.1:6380/2").expect("plain tcp");
-        assert_eq!((t.host.as_str(), t.port, t.db), ("10.0.0.1", 6380, 2));
-        assert_eq!(
-            (t.username.as_deref(), t.password.as_deref()),
-            (Some("user"), Some("pw"))
-        );
-        assert!(target("rediss://10.0.0.1:6380").is_none());
-        assert!(target("redis://10.0.0.1:6380?protocol=resp3").is_none());
-        assert!(target("unix:///tmp/redis.sock").is_none());
-    }
 
     #[test]
     fn requests_are_resp_bulk_strings() {
@@ -327,13 +322,19 @@ mod tests {
         }
         assert_eq!(
             parse(full).unwrap(),
-            Some(Answer::Integers(vec![1, -1, 9_007_199_254_740_993]))
+            Some((
+                Answer::Integers(vec![1, -1, 9_007_199_254_740_993]),
+                full.len()
+            ))
         );
-        assert_eq!(parse(b"*0\r\n").unwrap(), Some(Answer::Integers(vec![])));
-        assert_eq!(parse(b"+OK\r\n").unwrap(), Some(Answer::Status));
+        assert_eq!(
+            parse(b"*0\r\n:5\r\n").unwrap(),
+            Some((Answer::Integers(vec![]), 4))
+        );
+        assert_eq!(parse(b"+OK\r\n").unwrap(), Some((Answer::Status, 5)));
         assert_eq!(
             parse(b"-NOSCRIPT No matching script\r\n").unwrap(),
-            Some(Answer::Error("NOSCRIPT No matching script".to_string()))
+            Some((Answer::Error("NOSCRIPT No matching script".to_string()), 30))
         );
     }
 
