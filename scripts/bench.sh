@@ -4,6 +4,8 @@
 #   sluice-memory   sluice, counters in memory
 #   sluice-redis1   sluice --redis on 1 local redis-server     (skipped, with a note,
 #   sluice-redis3   sluice --redis on 3 local redis-servers     when this build refuses --redis)
+#   sluice-redis-tls sluice --redis rediss:// on 1 local TLS redis-server (not in the
+#                   default set: BENCH_TARGETS="sluice-redis1 sluice-redis-tls")
 #   reference       envoyproxy/ratelimit on 1 local redis-server (built by
 #                   scripts/build-reference.sh from the Go module proxy; skipped without go)
 # for each scenario (closed loop: hot, uniform, zipf, layered; fixed rate: attack), then
@@ -75,7 +77,7 @@ wants() { [[ " $targets " == *" $1 "* ]]; }
 
 # Refuses to measure whatever a previous run may have left listening on our ports.
 in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for port in 18081 18082 18084 18086 18088 18089 18090 18091 16379 16380 16381 16382; do
+for port in 18081 18082 18084 18086 18088 18089 18090 18091 18092 16379 16380 16381 16382 16383; do
   if in_use "$port"; then
     echo "bench: 127.0.0.1:$port is already in use (a previous run?); stop it first" >&2
     exit 1
@@ -119,7 +121,7 @@ fi
 wants sluice-memory && start_sluice sluice-memory 18082 18083
 
 need_redis=0
-for t in sluice-redis1 sluice-redis3 reference; do wants "$t" && need_redis=1; done
+for t in sluice-redis1 sluice-redis3 sluice-redis-tls reference; do wants "$t" && need_redis=1; done
 if [ "$need_redis" = 1 ] && ! command -v redis-server >/dev/null; then
   note "redis-server not found: Redis targets skipped (apt-get install redis-server)"
   need_redis=0
@@ -131,6 +133,35 @@ if [ "$need_redis" = 1 ]; then
       --redis redis://127.0.0.1:16379
     wants sluice-redis3 && start_sluice sluice-redis3 18086 18087 \
       --redis redis://127.0.0.1:16379,redis://127.0.0.1:16380,redis://127.0.0.1:16381
+  fi
+  if wants sluice-redis-tls; then
+    # A CA of the run's own and a certificate for 127.0.0.1; sluice trusts the CA
+    # through SSL_CERT_FILE, as the README tells users of a private CA.
+    tls=$out/tls
+    mkdir -p "$tls"
+    if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -keyout "$tls/ca.key" -out "$tls/ca.crt" -days 1 -subj "/CN=bench CA" \
+        -addext basicConstraints=critical,CA:TRUE 2>/dev/null &&
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -keyout "$tls/server.key" -out "$tls/server.csr" -subj /CN=127.0.0.1 2>/dev/null &&
+      echo "subjectAltName=IP:127.0.0.1" >"$tls/ext.cnf" &&
+      openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" \
+        -CAcreateserial -out "$tls/server.crt" -days 1 -extfile "$tls/ext.cnf" 2>/dev/null; then
+      redis-server --bind 127.0.0.1 --port 0 --tls-port 16383 --save '' --appendonly no \
+        --hz "${REDIS_HZ:-100}" --dir "${TMPDIR:-/tmp}" --loglevel warning \
+        --tls-cert-file "$tls/server.crt" --tls-key-file "$tls/server.key" \
+        --tls-ca-cert-file "$tls/ca.crt" --tls-auth-clients no >"$out/redis-16383.log" 2>&1 &
+      redis_pid[16383]=$!
+      pids+=($!)
+      if wait_port 16383 $!; then
+        SSL_CERT_FILE=$tls/ca.crt start_sluice sluice-redis-tls 18092 18093 \
+          --redis rediss://127.0.0.1:16383
+      else
+        note "sluice-redis-tls skipped: the TLS redis-server did not start"
+      fi
+    else
+      note "sluice-redis-tls skipped: openssl could not make the certificates"
+    fi
   fi
   if wants reference; then
     if [ "${BENCH_REFERENCE:-1}" = 0 ]; then
@@ -186,6 +217,7 @@ redis_of() {
   case $1 in
     sluice-redis1) echo "${redis_pid[16379]:-}" ;;
     sluice-redis3) echo "${redis_pid[16379]:-} ${redis_pid[16380]:-} ${redis_pid[16381]:-}" ;;
+    sluice-redis-tls) echo "${redis_pid[16383]:-}" ;;
     reference) echo "${redis_pid[16382]:-}" ;;
   esac
 }

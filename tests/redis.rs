@@ -1457,6 +1457,84 @@ async fn the_binary_reaches_redis_over_tls() {
     assert!(errors.iter().all(|l| l.ends_with(" 0")), "{metrics}");
 }
 
+/// The binary on `url` with `REPLICA_POLICY`, a closed failure mode and no extra
+/// trusted authority (the test CA is not among the system's).
+fn sluice_at(url: &str) -> common::Server {
+    common::Server::start(
+        REPLICA_POLICY,
+        &[
+            "--redis",
+            url,
+            "--store-timeout",
+            "5s",
+            "--failure-mode",
+            "closed",
+        ],
+    )
+}
+
+#[tokio::test]
+async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_tls().await;
+    let shard = format!("localhost:{}", server.port);
+    let req = || common::request("exact", vec![common::desc(&[("tenant", "tls")])]);
+
+    // An authority Sluice does not trust: no call reaches Redis, the failure mode
+    // (closed) answers, and the shard's error says why.
+    let verified = sluice_at(&format!("rediss://{shard}"));
+    let mut client = verified.client().await;
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OVER_LIMIT
+    );
+    let errors = verified.metric(
+        "sluice_store_errors_total",
+        &[("store", "redis"), ("shard", &shard), ("kind", "connection")],
+    );
+    assert!(errors.is_some_and(|n| n > 0.0), "{errors:?}");
+    let (_, body) = common::http(&verified.http, "GET", "/debug/store", "");
+    assert!(body.contains("certificate"), "{body}");
+
+    // #insecure: encrypted without verifying; Redis decides: twice OK (the failure
+    // mode would have denied), then the limit of 2.
+    let insecure = sluice_at(&format!("rediss://{shard}/#insecure"));
+    let mut client = insecure.client().await;
+    for want in [common::OK, common::OK, common::OVER_LIMIT] {
+        assert_eq!(common::call(&mut client, req()).await.overall_code, want);
+    }
+    let errors = insecure.metric(
+        "sluice_store_errors_total",
+        &[("store", "redis"), ("shard", &shard), ("kind", "connection")],
+    );
+    assert_eq!(errors, Some(0.0));
+}
+
+#[tokio::test]
+async fn a_shard_on_a_unix_socket_decides_like_one_on_tcp() {
+    if !available() {
+        return;
+    }
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let socket = sockets.path().join("redis.sock");
+    let socket = socket.to_str().expect("utf-8 path");
+    let server =
+        RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"]).await;
+    let opts = Options::new(vec![format!("unix://{socket}")], false);
+    let store = RedisStore::new(opts, None).expect("store");
+    let h = hit("over-unix", Algorithm::FixedWindow, 2, 60 * SECOND, 1);
+    let mut admitted = Vec::new();
+    for _ in 0..3 {
+        let v = store.decide(std::slice::from_ref(&h)).await.expect("decide");
+        admitted.push(v.admitted);
+    }
+    assert_eq!(admitted, [true, true, false]);
+    let keys = common::redis::keys(&mut server.conn().await).await;
+    assert!(keys.iter().any(|k| k.contains("over-unix")), "{keys:?}");
+}
+
 /// The binary on one fresh redis-server with `REPLICA_POLICY` and `extra` flags;
 /// `None` without redis-server.
 async fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> {
