@@ -14,6 +14,8 @@
 # the redis-servers both builds shard over (1; Redis CPU is their sum; with
 # AB_ONE_SERVER=1 the shards are databases of one redis-server). Traffic stays
 # on 127.0.0.1. AB_WORKERS sets both builds' --worker-threads (scripts/bench.sh uses 1).
+# AB_TLS=1 serves the shards over TLS only (rediss://, a CA of the run's own trusted
+# through SSL_CERT_FILE).
 # Each Redis run also prints, from the shards' INFO commandstats, the time Redis spent
 # inside the decide script per request (wall time of the calls, so a descheduled
 # redis-server inflates it) and script calls per request (how full calls were), and
@@ -50,6 +52,18 @@ if [ "$store" = redis ]; then
       urls+=("redis://127.0.0.1:26392/$i")
       continue
     fi
+    if [ -n "${AB_TLS:-}" ]; then
+      if [ "$i" = 0 ]; then
+        tls_dir=$(mktemp -d)
+        tls_certs "$tls_dir" || { echo "ab: openssl could not make the certificates" >&2; exit 1; }
+        export SSL_CERT_FILE=$tls_dir/ca.crt
+      fi
+      start_redis_tls $((26392 + i)) "$tls_dir"
+      urls+=("rediss://127.0.0.1:$((26392 + i))")
+      ports+=($((26392 + i)))
+      redis+=("$started_pid")
+      continue
+    fi
     start_redis $((26392 + i))
     urls+=("redis://127.0.0.1:$((26392 + i))")
     ports+=($((26392 + i)))
@@ -77,7 +91,7 @@ echo "# $(date -u +%FT%TZ) $store/$scenario, shards ${AB_SHARDS:-1}, workers ${A
 calls() {
   local n=0 us=0 port c u
   for port in "${ports[@]}"; do
-    read -r c u < <(redis-cli -p "$port" info commandstats | tr -d '\r' |
+    read -r c u < <(redis-cli -p "$port" ${AB_TLS:+--tls --cacert "$SSL_CERT_FILE"} info commandstats | tr -d '\r' |
       awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {c += $3; u += $5} END {print c + 0, u + 0}')
     n=$((n + c))
     us=$((us + u))

@@ -135,32 +135,16 @@ if [ "$need_redis" = 1 ]; then
       --redis redis://127.0.0.1:16379,redis://127.0.0.1:16380,redis://127.0.0.1:16381
   fi
   if wants sluice-redis-tls; then
-    # A CA of the run's own and a certificate for 127.0.0.1; sluice trusts the CA
-    # through SSL_CERT_FILE, as the README tells users of a private CA.
-    tls=$out/tls
-    mkdir -p "$tls"
-    if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-        -keyout "$tls/ca.key" -out "$tls/ca.crt" -days 1 -subj "/CN=bench CA" \
-        -addext basicConstraints=critical,CA:TRUE 2>/dev/null &&
-      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-        -keyout "$tls/server.key" -out "$tls/server.csr" -subj /CN=127.0.0.1 2>/dev/null &&
-      echo "subjectAltName=IP:127.0.0.1" >"$tls/ext.cnf" &&
-      openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" \
-        -CAcreateserial -out "$tls/server.crt" -days 1 -extfile "$tls/ext.cnf" 2>/dev/null; then
-      redis-server --bind 127.0.0.1 --port 0 --tls-port 16383 --save '' --appendonly no \
-        --hz "${REDIS_HZ:-100}" --dir "${TMPDIR:-/tmp}" --loglevel warning \
-        --tls-cert-file "$tls/server.crt" --tls-key-file "$tls/server.key" \
-        --tls-ca-cert-file "$tls/ca.crt" --tls-auth-clients no >"$out/redis-16383.log" 2>&1 &
-      redis_pid[16383]=$!
-      pids+=($!)
-      if wait_port 16383 $!; then
-        SSL_CERT_FILE=$tls/ca.crt start_sluice sluice-redis-tls 18092 18093 \
-          --redis rediss://127.0.0.1:16383
-      else
-        note "sluice-redis-tls skipped: the TLS redis-server did not start"
-      fi
-    else
+    # sluice trusts the run's own CA through SSL_CERT_FILE, as the README tells users
+    # of a private CA.
+    if ! tls_certs "$out/tls"; then
       note "sluice-redis-tls skipped: openssl could not make the certificates"
+    elif start_redis_tls 16383 "$out/tls" "$out/redis-16383.log"; then
+      redis_pid[16383]=$started_pid
+      SSL_CERT_FILE=$out/tls/ca.crt start_sluice sluice-redis-tls 18092 18093 \
+        --redis rediss://127.0.0.1:16383
+    else
+      note "sluice-redis-tls skipped: the TLS redis-server did not start"
     fi
   fi
   if wants reference; then

@@ -38,6 +38,33 @@ start_redis() {
   wait_port "$port" "$started_pid"
 }
 
+# tls_certs DIR: a CA of its own (DIR/ca.crt) and a certificate for 127.0.0.1 signed
+# by it (DIR/server.crt, DIR/server.key); fails if openssl cannot make them.
+tls_certs() {
+  local d=$1
+  mkdir -p "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$d/ca.key" -out "$d/ca.crt" -days 1 -subj "/CN=test CA" \
+    -addext basicConstraints=critical,CA:TRUE 2>/dev/null &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -keyout "$d/server.key" -out "$d/server.csr" -subj /CN=127.0.0.1 2>/dev/null &&
+    echo "subjectAltName=IP:127.0.0.1" >"$d/ext.cnf" &&
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" \
+      -CAcreateserial -out "$d/server.crt" -days 1 -extfile "$d/ext.cnf" 2>/dev/null
+}
+
+# start_redis_tls PORT DIR [LOG]: start_redis serving TLS only, with tls_certs DIR.
+start_redis_tls() {
+  local port=$1 d=$2 log=${3:-/dev/null}
+  redis-server --bind 127.0.0.1 --port 0 --tls-port "$port" --save '' --appendonly no \
+    --hz "${REDIS_HZ:-100}" --dir "${TMPDIR:-/tmp}" --loglevel warning \
+    --tls-cert-file "$d/server.crt" --tls-key-file "$d/server.key" \
+    --tls-ca-cert-file "$d/ca.crt" --tls-auth-clients no >"$log" 2>&1 &
+  started_pid=$!
+  pids+=("$started_pid")
+  wait_port "$port" "$started_pid"
+}
+
 # ticks PID...: CPU ticks (user + system, CLK_TCK per second) the processes used so far.
 ticks() {
   local t=0 p

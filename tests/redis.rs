@@ -1492,7 +1492,11 @@ async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
     );
     let errors = verified.metric(
         "sluice_store_errors_total",
-        &[("store", "redis"), ("shard", &shard), ("kind", "connection")],
+        &[
+            ("store", "redis"),
+            ("shard", &shard),
+            ("kind", "connection"),
+        ],
     );
     assert!(errors.is_some_and(|n| n > 0.0), "{errors:?}");
     let (_, body) = common::http(&verified.http, "GET", "/debug/store", "");
@@ -1507,7 +1511,11 @@ async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
     }
     let errors = insecure.metric(
         "sluice_store_errors_total",
-        &[("store", "redis"), ("shard", &shard), ("kind", "connection")],
+        &[
+            ("store", "redis"),
+            ("shard", &shard),
+            ("kind", "connection"),
+        ],
     );
     assert_eq!(errors, Some(0.0));
 }
@@ -1527,12 +1535,17 @@ async fn a_shard_on_a_unix_socket_decides_like_one_on_tcp() {
     let h = hit("over-unix", Algorithm::FixedWindow, 2, 60 * SECOND, 1);
     let mut admitted = Vec::new();
     for _ in 0..3 {
-        let v = store.decide(std::slice::from_ref(&h)).await.expect("decide");
+        let v = store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decide");
         admitted.push(v.admitted);
     }
     assert_eq!(admitted, [true, true, false]);
     let keys = common::redis::keys(&mut server.conn().await).await;
     assert!(keys.iter().any(|k| k.contains("over-unix")), "{keys:?}");
+    // Named by its path in metrics and /debug/store.
+    assert_eq!(store.shard_names(), [socket]);
 }
 
 /// The binary on one fresh redis-server with `REPLICA_POLICY` and `extra` flags;

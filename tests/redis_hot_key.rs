@@ -8,21 +8,29 @@ mod common;
 
 use common::redis::{available, RedisServer};
 
-/// 5,000 per minute: where a cost per entry shows. The log's run must end within
-/// its minute (it takes seconds).
-const POLICY: &str = r#"
+/// Both rules at `limit`: 5,000 per minute by default, where a cost per entry shows.
+/// The log's run must end within its minute (it takes seconds).
+fn policy(limit: u32) -> String {
+    format!(
+        r#"
 domain: hot
 failure_mode: closed
 descriptors:
   - key: sliding_window_log
-    rate_limit: {unit: minute, requests_per_unit: 5000, algorithm: sliding_window_log}
+    rate_limit: {{unit: minute, requests_per_unit: {limit}, algorithm: sliding_window_log}}
   - key: fixed_window
-    rate_limit: {unit: day, requests_per_unit: 5000, algorithm: fixed_window}
-"#;
+    rate_limit: {{unit: day, requests_per_unit: {limit}, algorithm: fixed_window}}
+"#
+    )
+}
 
-const LIMIT: u32 = 5_000;
-const REQUESTS: usize = 15_000;
 const CLIENTS: usize = 3 * 16;
+
+/// A knob from the environment, for measuring other cases by hand (the issue's:
+/// `HOT_KEY_LIMIT=1000 HOT_KEY_REQUESTS=5000 HOT_KEY_STORE_TIMEOUT=15ms`).
+fn knob(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
 
 /// Seconds of CPU a Redis server has used (`INFO cpu`).
 async fn redis_cpu(server: &RedisServer) -> f64 {
@@ -52,8 +60,29 @@ async fn a_hot_key_admits_exactly_its_limit_with_no_failure_mode_answer() {
     // a call can wait for a core for several milliseconds whatever Redis does: a
     // store timeout of 200 ms leaves room for that, and none for a cost per entry
     // (a log that read its entries failed most calls here, fixed_window none).
+    let limit: u32 = knob("HOT_KEY_LIMIT", "5000")
+        .parse()
+        .expect("HOT_KEY_LIMIT");
+    let requests: usize = knob("HOT_KEY_REQUESTS", &(3 * limit).to_string())
+        .parse()
+        .expect("HOT_KEY_REQUESTS");
+    let timeout = knob("HOT_KEY_STORE_TIMEOUT", "200ms");
+    let workers = knob("HOT_KEY_WORKERS", "0");
+    let policy = policy(limit);
     let replicas: Vec<common::Server> = (0..3)
-        .map(|_| common::Server::start(POLICY, &["--redis", &urls, "--store-timeout", "200ms"]))
+        .map(|_| {
+            common::Server::start(
+                &policy,
+                &[
+                    "--redis",
+                    &urls,
+                    "--store-timeout",
+                    &timeout,
+                    "--worker-threads",
+                    &workers,
+                ],
+            )
+        })
         .collect();
     // Connected, scripts loaded, on every replica and shard: the run measures the
     // hot key, not start-up.
@@ -75,7 +104,7 @@ async fn a_hot_key_admits_exactly_its_limit_with_no_failure_mode_answer() {
         let mut clients = Vec::new();
         for c in 0..CLIENTS {
             let mut client = replicas[c % 3].client().await;
-            let n = REQUESTS / CLIENTS + usize::from(c < REQUESTS % CLIENTS);
+            let n = requests / CLIENTS + usize::from(c < requests % CLIENTS);
             clients.push(tokio::spawn(async move {
                 let mut ok = 0u32;
                 for _ in 0..n {
@@ -110,14 +139,14 @@ async fn a_hot_key_admits_exactly_its_limit_with_no_failure_mode_answer() {
             .sum();
         // Figures for the docs, not assertions (a busy machine moves them).
         eprintln!(
-            "{rule}: {REQUESTS} requests in {took:?}, {admitted} admitted, {failed} failed \
+            "{rule}: {requests} requests in {took:?}, {admitted} admitted, {failed} failed \
              closed, Redis CPU {:.1} µs per request",
-            cpu * 1e6 / REQUESTS as f64
+            cpu * 1e6 / requests as f64
         );
         results.push((rule, admitted, failed));
     }
     for (rule, admitted, failed) in results {
         assert_eq!(failed, 0.0, "{rule}: answers by the failure mode");
-        assert_eq!(admitted, LIMIT, "{rule}");
+        assert_eq!(admitted, limit, "{rule}");
     }
 }

@@ -43,11 +43,31 @@ pub fn json_request(data: &[u8]) {
     }
 }
 
-/// Redis replies: an answer, an error or "incomplete", never a panic. Read as it
-/// arrives, a reply is incomplete until its last byte and then the same answer as
-/// with more bytes after it.
+/// Redis replies, through both readers (the decide script's and the general one):
+/// an answer, an error or "incomplete", never a panic. Read as it arrives, a reply is
+/// incomplete until its last byte and then the same answer, taking the same bytes, as
+/// with more bytes after it; where both readers read a reply they agree.
 pub fn resp_parse(data: &[u8]) {
-    use sluice::store::redis::wire::parse;
+    use sluice::store::redis::wire::{parse, value, Answer, Value};
+    arrives_whole(data, parse);
+    arrives_whole(data, value::parse);
+    if let (Ok(Some((answer, n))), Ok(Some((general, m)))) = (parse(data), value::parse(data)) {
+        assert_eq!(n, m, "both readers take the same bytes");
+        match answer {
+            Answer::Integers(ints) => assert_eq!(
+                general,
+                Value::Array(ints.into_iter().map(Value::Int).collect())
+            ),
+            Answer::Error(e) => assert_eq!(general, Value::Error(e)),
+            Answer::Status => assert!(matches!(general, Value::Status(_) | Value::Int(_))),
+        }
+    }
+}
+
+fn arrives_whole<T: PartialEq + std::fmt::Debug>(
+    data: &[u8],
+    parse: sluice::store::redis::wire::Parser<T>,
+) {
     let Ok(Some(answer)) = parse(data) else {
         return;
     };

@@ -181,9 +181,13 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// `host:port` of a URL, without credentials, for logs and metric labels.
+/// `host:port` of a URL (a socket's path), without credentials, for logs and metric labels.
 pub fn shard_name(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    if scheme.ends_with("unix") {
+        // A socket's path, without the settings after it.
+        return rest.split('?').next().unwrap_or(rest).to_string();
+    }
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     rest.split(['/', '?']).next().unwrap_or(rest).to_string()
 }
@@ -699,5 +703,9 @@ mod tests {
         );
         assert_eq!(shard_name("rediss://user:pw@host:6380"), "host:6380");
         assert_eq!(shard_name("host:1"), "host:1");
+        assert_eq!(
+            shard_name("unix:///run/redis.sock?db=1&pass=x"),
+            "/run/redis.sock"
+        );
     }
 }

@@ -81,7 +81,7 @@ pub enum Answer {
 
 /// Reads one reply of some shape from the start of a buffer: the reply and the bytes
 /// it took, or `None` while incomplete.
-type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, StoreError>;
+pub type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, StoreError>;
 
 /// One connection to a server.
 pub struct Wire {
