@@ -111,10 +111,10 @@ pub const VARIABLES: &[Variable] = &[
     var!("LIMIT_REMAINING_HEADER", Ignored, "header names are fixed"),
     var!("LIMIT_RESET_HEADER", Ignored, "header names are fixed"),
     var!("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Honoured, "readiness waits for the first xDS version unless `FORCE_START_WITHOUT_INITIAL_CONFIG`"),
-    var!("REDIS_SOCKET_TYPE", Honoured, "`tcp`; `unix` is refused"),
+    var!("REDIS_SOCKET_TYPE", Honoured, "`tcp`, or `unix` with a socket's path in `REDIS_URL` (`SINGLE` only)"),
     var!("REDIS_TYPE", Honoured, "`SINGLE`: `--redis`; `CLUSTER`: `--redis-cluster`; `SENTINEL`: `--redis-sentinel` with `--redis-sentinel-master`"),
     var!("REDIS_URL", Honoured, "`host:port` (comma-separated for a cluster), or a `redis://` URL; for `SENTINEL`, the master's name then the sentinels' `host:port`s"),
-    var!("REDIS_POOL_SIZE", Ignored, "connections are multiplexed"),
+    var!("REDIS_POOL_SIZE", Ignored, "two connections per shard decide, coalescing queued requests; a few more carry the rest"),
     var!("REDIS_AUTH", Honoured, "the password (or `user:password`) in the Redis URL"),
     var!("REDIS_TLS", Honoured, "`rediss://`; the authorities are the system's (`SSL_CERT_FILE`)"),
     var!("REDIS_TLS_CLIENT_CERT", Refused, "the Redis client presents no certificate"),
@@ -140,7 +140,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("REDIS_SENTINEL_AUTH", Honoured, "the sentinels' password (or `user:password`) in their URLs"),
     var!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignored, "shards that fail are backed off on their own"),
     var!("REDIS_TIMEOUT", Ignored, "`--store-timeout` (15 ms) bounds each decision"),
-    var!("REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignored, "connections are multiplexed"),
+    var!("REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignored, "requests queue for their shard's calls, bounded by `--store-timeout`"),
     var!("REDIS_STARTUP_INITIAL_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
     var!("REDIS_STARTUP_MAX_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
     var!("REDIS_STARTUP_MAX_ELAPSED_TIME", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
@@ -467,15 +467,25 @@ impl Translate<'_> {
             // envoyproxy/ratelimit's default is unix; a host:port is meant as TCP.
             None => url.starts_with('/'),
         };
-        if unix {
-            return Err(refuse(
-                "REDIS_SOCKET_TYPE",
-                "unix",
-                "sluice reaches Redis over TCP only; set REDIS_SOCKET_TYPE=tcp",
-            ));
-        }
         let tls = self.truthy("REDIS_TLS")?;
         let auth = self.get("REDIS_AUTH").map(String::from);
+        if unix {
+            let single = self
+                .get("REDIS_TYPE")
+                .is_none_or(|t| t.eq_ignore_ascii_case("SINGLE"));
+            if !single || url.contains(',') {
+                return Err(refuse(
+                    "REDIS_SOCKET_TYPE",
+                    "unix",
+                    "a Unix socket is one standalone Redis (REDIS_TYPE=SINGLE, one path)",
+                ));
+            }
+            self.flag("--redis", Some(unix_url(&url, auth.as_deref())));
+            if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(String::from) {
+                self.flag("--redis-key-prefix", Some(prefix));
+            }
+            return Ok(());
+        }
         let urls: Vec<String> = url
             .split(',')
             .map(str::trim)
@@ -597,6 +607,31 @@ fn join_host_port(host: &str, port: &str) -> String {
 }
 
 /// `host:port` (or a URL as given) as a Redis URL with `auth` (`password` or
+/// A socket path as a `unix://` URL, `REDIS_AUTH` (`password` or `user:password`)
+/// in its query.
+fn unix_url(path: &str, auth: Option<&str>) -> String {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let mut url = format!("unix://{}", path.trim());
+    if let Some(auth) = auth {
+        let (user, pass) = match auth.split_once(':') {
+            Some((u, p)) => (Some(u), p),
+            None => (None, auth),
+        };
+        url.push('?');
+        if let Some(user) = user {
+            url.push_str(&format!(
+                "user={}&",
+                utf8_percent_encode(user, NON_ALPHANUMERIC)
+            ));
+        }
+        url.push_str(&format!(
+            "pass={}",
+            utf8_percent_encode(pass, NON_ALPHANUMERIC)
+        ));
+    }
+    url
+}
+
 /// `user:password`, as envoyproxy/ratelimit splits it).
 fn redis_url(addr: &str, tls: bool, auth: Option<&str>) -> String {
     if addr.contains("://") {
@@ -777,9 +812,23 @@ mod tests {
             .args
             .windows(2)
             .any(|w| w == ["--redis", "redis://:secret@r:6379"]));
+        // envoyproxy/ratelimit's default socket type: a path is a Unix socket.
+        let t = translate(&env(&[
+            ("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
+            ("REDIS_AUTH", "u:p&w"),
+        ]))
+        .unwrap();
+        assert!(t.args.windows(2).any(|w| w
+            == [
+                "--redis",
+                "unix:///var/run/nutcracker/ratelimit.sock?user=u&pass=p%26w"
+            ]));
         for (pairs, name) in [
             (
-                vec![("REDIS_URL", "/var/run/nutcracker/ratelimit.sock")],
+                vec![
+                    ("REDIS_URL", "/var/run/redis.sock"),
+                    ("REDIS_TYPE", "CLUSTER"),
+                ],
                 "REDIS_SOCKET_TYPE",
             ),
             (
