@@ -43,7 +43,7 @@ use super::{
 mod board;
 pub mod cache;
 pub mod classify;
-mod cluster;
+pub mod cluster;
 pub mod coalesce;
 mod demand;
 pub mod expire;
@@ -215,9 +215,6 @@ impl RedisStore {
         }
         let scripts = Scripts::default();
         let backend = if opts.cluster {
-            // The cluster's client needs a process-wide rustls provider for
-            // rediss://; a second install is a no-op.
-            let _ = rustls::crypto::ring::default_provider().install_default();
             Backend::Cluster(Box::new(Cluster::new(
                 &opts.urls,
                 opts.timeout,
