@@ -1212,6 +1212,55 @@ async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
     );
 }
 
+#[tokio::test]
+async fn a_failed_over_master_s_replica_takes_its_slots_calls() {
+    if !available() {
+        return;
+    }
+    let mut cluster = common::redis::RedisCluster::start(3).await;
+    let mut opts = Options::new(cluster.urls(), true);
+    // Through the failover, calls to the dead master fail at once.
+    opts.timeout = Duration::from_millis(500);
+    let store = RedisStore::new(opts, None).expect("store");
+    let h = |hits| hit("failover", Algorithm::FixedWindow, 10, 600 * SECOND, hits);
+    for left in [9, 8, 7] {
+        let v = store.decide(&[h(1)]).await.expect("decide");
+        assert_eq!(v.verdicts[0].remaining, left);
+    }
+    let key = shard::redis_key("sluice:", &h(1));
+    let slot = shard::slot(key.as_bytes()).to_string();
+    let mut owner = 0;
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let n: u64 = on_node(node, &["CLUSTER", "COUNTKEYSINSLOT", &slot]).await;
+        if n > 0 {
+            owner = i;
+        }
+    }
+    cluster.add_replica(owner).await;
+    // The counter has reached the replica before its master dies.
+    let acked: i64 = on_node(&cluster.nodes[owner], &["WAIT", "1", "5000"]).await;
+    assert_eq!(acked, 1);
+    cluster.nodes[owner].kill();
+    let replica = cluster.nodes.last().expect("the replica");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let v = loop {
+        assert!(
+            Instant::now() < deadline,
+            "never decided after the failover"
+        );
+        match store.decide(&[h(1)]).await {
+            Ok(v) => break v,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let role: Vec<redis::Value> = on_node(replica, &["ROLE"]).await;
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    assert!(v.admitted);
+    assert_eq!(v.verdicts[0].remaining, 6, "the replica's counter went on");
+    let v = store.decide(&[h(1)]).await.expect("decide");
+    assert_eq!(v.verdicts[0].remaining, 5);
+}
+
 /// Sends `n` requests made by `request`, in turn through `clients`: the tenant's
 /// limit of 2 (REPLICA_POLICY) admits the first two and denies the rest.
 async fn two_then_denied(
