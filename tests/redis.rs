@@ -1136,6 +1136,21 @@ async fn rejected_evalsha(node: &RedisServer) -> u64 {
 }
 
 #[tokio::test]
+async fn a_cluster_s_slot_map_is_read_once_not_per_call() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3).await;
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    admit_distinct_keys(&store, "map", 100).await;
+    let mut reads = 0;
+    for node in &cluster.nodes {
+        reads += command_calls(&mut node.conn().await, "cluster|slots").await;
+    }
+    assert_eq!(reads, 1, "CLUSTER SLOTS calls over 100 decisions");
+}
+
+#[tokio::test]
 async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
     if !available() {
         return;

@@ -424,8 +424,7 @@ impl Inner {
             Backend::Cluster(c) => c,
         };
         let guard = cluster.health.guard();
-        let call = scripts::decide_call(&self.scripts, &[&group], fixed_now);
-        let sent = cluster.script(&call);
+        let sent = cluster.decide(&self.scripts, &group, fixed_now);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
             Ok(Ok(value)) => scripts::integers(value)
                 .and_then(|v| scripts::parse_replies(&v, &[group.hits.len()]))

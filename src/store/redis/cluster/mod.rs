@@ -20,10 +20,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use crate::algorithm::Micros;
 use crate::store::{ErrorKind, Report, StoreError};
 
 use super::health::Health;
-use super::scripts::Call;
+use super::scripts::{self, By, Call, Group, Scripts};
 use super::shard::{self, SLOTS};
 use super::wire::{Pool, Request, Target, Value};
 use super::{bad_url, classify, expire, shard_name, ConfigError};
@@ -160,6 +161,30 @@ impl Cluster {
         if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
             let mut req = Request::default();
             call.write(&mut req, true);
+            value = self.run(slot, Arc::new(req)).await?;
+        }
+        match value {
+            Value::Error(e) => Err(classify::reply(e)),
+            v => Ok(v),
+        }
+    }
+
+    /// The decide call of `group` on the node of its keys' slot, written straight
+    /// into one request ([`scripts::write_decide`]); EVAL after NOSCRIPT.
+    pub async fn decide(
+        &self,
+        scripts: &Scripts,
+        group: &Group,
+        fixed_now: Option<Micros>,
+    ) -> Result<Value, StoreError> {
+        let slot = group.keys.first().map_or(0, |k| shard::slot(k.as_bytes()));
+        let by = By::Hash(scripts.decide.hash());
+        let mut req = Request::default();
+        scripts::write_decide(&mut req, by, &[group], fixed_now);
+        let mut value = self.run(slot, Arc::new(req)).await?;
+        if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
+            let mut req = Request::default();
+            scripts::write_decide(&mut req, By::Text, &[group], fixed_now);
             value = self.run(slot, Arc::new(req)).await?;
         }
         match value {
