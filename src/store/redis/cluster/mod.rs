@@ -39,8 +39,6 @@ use slots::Redirect;
 pub const MAX_REDIRECTS: usize = 2;
 /// Least time between two reads of the slot map.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
-/// Longest wait for a node's `CLUSTER SLOTS` or `DBSIZE`.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// A slot no known node serves.
 const UNMAPPED: u16 = u16::MAX;
 
@@ -92,18 +90,23 @@ impl Map {
 }
 
 pub struct Cluster {
+    router: Arc<Router>,
+    pub health: Health,
+    /// The seed nodes' `host:port`, for `/debug/store`.
+    pub seeds: Vec<String>,
+}
+
+/// The slot map and the nodes, shared with the map's reads in the background.
+struct Router {
     /// What every node's connections use but the address (the first seed's URL).
     template: Target,
     seed_nodes: Vec<Arc<Node>>,
     map: ArcSwap<Map>,
     /// Held while the map is read; when it was last read.
-    refresh: tokio::sync::Mutex<Option<Instant>>,
+    refresh: Arc<tokio::sync::Mutex<Option<Instant>>>,
     /// The map may be wrong: read it again at the next call.
     stale: AtomicBool,
     timeout: Duration,
-    pub health: Health,
-    /// The seed nodes' `host:port`, for `/debug/store`.
-    pub seeds: Vec<String>,
 }
 
 /// Marks the map stale if the call it watches is dropped unanswered (its caller's
@@ -139,38 +142,29 @@ impl Cluster {
             nodes: seed_nodes.clone(),
             masters: 0,
         };
-        Ok(Cluster {
+        let router = Router {
             template,
             seed_nodes,
             map: ArcSwap::from_pointee(map),
-            refresh: tokio::sync::Mutex::new(None),
+            refresh: Arc::new(tokio::sync::Mutex::new(None)),
             stale: AtomicBool::new(false),
             timeout,
+        };
+        Ok(Cluster {
+            router: Arc::new(router),
             health: Health::new("cluster".to_string(), report),
             seeds: urls.iter().map(|u| shard_name(u)).collect(),
         })
     }
 
-    /// A script call on the node of its keys' slot (all keys share one): EVALSHA,
-    /// then EVAL if that node lost its scripts. An error reply is its [`StoreError`].
+    /// A script call on the node of its keys' slot (all keys share one).
     pub async fn script(&self, call: &Call<'_>) -> Result<Value, StoreError> {
         let slot = call.keys().first().map_or(0, |k| shard::slot(k.as_bytes()));
-        let mut req = Request::default();
-        call.write(&mut req, false);
-        let mut value = self.run(slot, Arc::new(req)).await?;
-        if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
-            let mut req = Request::default();
-            call.write(&mut req, true);
-            value = self.run(slot, Arc::new(req)).await?;
-        }
-        match value {
-            Value::Error(e) => Err(classify::reply(e)),
-            v => Ok(v),
-        }
+        self.eval(slot, |req, text| call.write(req, text)).await
     }
 
     /// The decide call of `group` on the node of its keys' slot, written straight
-    /// into one request ([`scripts::write_decide`]); EVAL after NOSCRIPT.
+    /// into one request ([`scripts::write_decide`]).
     pub async fn decide(
         &self,
         scripts: &Scripts,
@@ -178,14 +172,31 @@ impl Cluster {
         fixed_now: Option<Micros>,
     ) -> Result<Value, StoreError> {
         let slot = group.keys.first().map_or(0, |k| shard::slot(k.as_bytes()));
-        let by = By::Hash(scripts.decide.hash());
+        let by = |text| match text {
+            true => By::Text,
+            false => By::Hash(scripts.decide.hash()),
+        };
+        self.eval(slot, |req, text| {
+            scripts::write_decide(req, by(text), &[group], fixed_now)
+        })
+        .await
+    }
+
+    /// A script call that `write` writes by hash (or with `text`, by text) on the
+    /// node of `slot`: EVALSHA, then EVAL if that node lost its scripts. An error
+    /// reply is its [`StoreError`].
+    async fn eval(
+        &self,
+        slot: u16,
+        write: impl Fn(&mut Request, bool),
+    ) -> Result<Value, StoreError> {
         let mut req = Request::default();
-        scripts::write_decide(&mut req, by, &[group], fixed_now);
-        let mut value = self.run(slot, Arc::new(req)).await?;
+        write(&mut req, false);
+        let mut value = self.router.run(slot, Arc::new(req)).await?;
         if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
             let mut req = Request::default();
-            scripts::write_decide(&mut req, By::Text, &[group], fixed_now);
-            value = self.run(slot, Arc::new(req)).await?;
+            write(&mut req, true);
+            value = self.router.run(slot, Arc::new(req)).await?;
         }
         match value {
             Value::Error(e) => Err(classify::reply(e)),
@@ -202,15 +213,40 @@ impl Cluster {
         for p in parts {
             req.arg(p);
         }
-        match self.run(slot, Arc::new(req)).await? {
+        match self.router.run(slot, Arc::new(req)).await? {
             Value::Error(e) => Err(classify::reply(e)),
             v => Ok(v),
         }
     }
 
+    /// DBSIZE summed over the masters; `None` while any of them does not answer.
+    pub async fn dbsize(&self) -> Option<usize> {
+        let masters = self.router.masters().await;
+        if masters.is_empty() {
+            return None;
+        }
+        let sizes = futures::future::join_all(masters.iter().map(|n| super::dbsize(&n.pool)));
+        sizes.await.into_iter().sum()
+    }
+
+    /// The expire-cycle warnings of every master ([`expire::check`]).
+    pub async fn expire_warnings(&self, store_timeout: Duration) -> Vec<String> {
+        let masters = self.router.masters().await;
+        let checks = masters
+            .iter()
+            .map(|n| expire::check(&n.pool, &n.name, store_timeout));
+        futures::future::join_all(checks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+impl Router {
     /// Sends `req` to the node of `slot`, following its redirects. Error replies
     /// other than redirects come back as values.
-    async fn run(&self, slot: u16, req: Arc<Request>) -> Result<Value, StoreError> {
+    async fn run(self: &Arc<Self>, slot: u16, req: Arc<Request>) -> Result<Value, StoreError> {
         let mut node = self.route(slot).await;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTS {
@@ -253,7 +289,7 @@ impl Cluster {
     /// The node `slot`'s calls go to: its master in the map (read again first when
     /// stale), or any node when none is known, which redirects the call or answers
     /// why it cannot.
-    async fn route(&self, slot: u16) -> Arc<Node> {
+    async fn route(self: &Arc<Self>, slot: u16) -> Arc<Node> {
         if self.stale.load(Ordering::Relaxed) {
             self.refresh(false).await;
         }
@@ -268,14 +304,15 @@ impl Cluster {
             .clone()
     }
 
-    /// Reads the slot map again, unless it was read less than [`REFRESH_EVERY`] ago.
-    /// With `wait`, waits for a read under way (then uses its map); without, leaves
-    /// it to that read.
-    async fn refresh(&self, wait: bool) {
+    /// Reads the slot map again in a task of its own (a caller that stops waiting
+    /// does not cancel it), unless it was read less than [`REFRESH_EVERY`] ago. With
+    /// `wait`, waits for it (or for a read under way, then uses its map); without,
+    /// leaves it to run.
+    async fn refresh(self: &Arc<Self>, wait: bool) {
         let mut last = if wait {
-            self.refresh.lock().await
+            self.refresh.clone().lock_owned().await
         } else {
-            match self.refresh.try_lock() {
+            match self.refresh.clone().try_lock_owned() {
                 Ok(guard) => guard,
                 Err(_) => return,
             }
@@ -285,9 +322,16 @@ impl Cluster {
         }
         *last = Some(Instant::now());
         self.stale.store(false, Ordering::Relaxed);
-        if let Err(e) = self.load().await {
-            tracing::debug!(error = %e, "cluster slot map not read");
-            self.stale.store(true, Ordering::Relaxed);
+        let router = self.clone();
+        let read = tokio::spawn(async move {
+            if let Err(e) = router.load().await {
+                tracing::debug!(error = %e, "cluster slot map not read");
+                router.stale.store(true, Ordering::Relaxed);
+            }
+            drop(last);
+        });
+        if wait {
+            let _ = read.await;
         }
     }
 
@@ -306,7 +350,7 @@ impl Cluster {
         req.arg(b"SLOTS");
         let mut last = StoreError::failed(ErrorKind::Connection, "no cluster node known");
         for node in asked {
-            let reply = match tokio::time::timeout(QUERY_TIMEOUT, node.pool.query(&req)).await {
+            let reply = match tokio::time::timeout(self.timeout, node.pool.query(&req)).await {
                 Ok(r) => r,
                 Err(_) => Err(StoreError::Timeout),
             };
@@ -394,34 +438,11 @@ impl Cluster {
     }
 
     /// The masters serving slots, the map read first if it never was.
-    async fn masters(&self) -> Vec<Arc<Node>> {
+    async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
         if self.map.load().masters == 0 {
             self.refresh(true).await;
         }
         let map = self.map.load();
         map.nodes[..map.masters].to_vec()
-    }
-
-    /// DBSIZE summed over the masters; `None` while any of them does not answer.
-    pub async fn dbsize(&self) -> Option<usize> {
-        let masters = self.masters().await;
-        if masters.is_empty() {
-            return None;
-        }
-        let sizes = futures::future::join_all(masters.iter().map(|n| super::dbsize(&n.pool)));
-        sizes.await.into_iter().sum()
-    }
-
-    /// The expire-cycle warnings of every master ([`expire::check`]).
-    pub async fn expire_warnings(&self, store_timeout: Duration) -> Vec<String> {
-        let masters = self.masters().await;
-        let checks = masters
-            .iter()
-            .map(|n| expire::check(&n.pool, &n.name, store_timeout));
-        futures::future::join_all(checks)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
     }
 }
