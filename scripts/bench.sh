@@ -6,6 +6,8 @@
 #   sluice-redis3   sluice --redis on 3 local redis-servers     when this build refuses --redis)
 #   sluice-redis-tls sluice --redis rediss:// on 1 local TLS redis-server (not in the
 #                   default set: BENCH_TARGETS="sluice-redis1 sluice-redis-tls")
+#   sluice-cluster  sluice --redis-cluster on a 3-node local Redis Cluster (not run by
+#                   default: BENCH_TARGETS=sluice-cluster)
 #   reference       envoyproxy/ratelimit on 1 local redis-server (built by
 #                   scripts/build-reference.sh from the Go module proxy; skipped without go)
 # for each scenario (closed loop: hot, uniform, zipf, layered; fixed rate: attack), then
@@ -77,7 +79,8 @@ wants() { [[ " $targets " == *" $1 "* ]]; }
 
 # Refuses to measure whatever a previous run may have left listening on our ports.
 in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for port in 18081 18082 18084 18086 18088 18089 18090 18091 18092 16379 16380 16381 16382 16383; do
+for port in 18081 18082 18084 18086 18088 18089 18090 18091 18092 18094 16379 16380 16381 16382 \
+  16383 16390 16391 16392; do
   if in_use "$port"; then
     echo "bench: 127.0.0.1:$port is already in use (a previous run?); stop it first" >&2
     exit 1
@@ -121,7 +124,9 @@ fi
 wants sluice-memory && start_sluice sluice-memory 18082 18083
 
 need_redis=0
-for t in sluice-redis1 sluice-redis3 sluice-redis-tls reference; do wants "$t" && need_redis=1; done
+for t in sluice-redis1 sluice-redis3 sluice-redis-tls sluice-cluster reference; do
+  wants "$t" && need_redis=1
+done
 if [ "$need_redis" = 1 ] && ! command -v redis-server >/dev/null; then
   note "redis-server not found: Redis targets skipped (apt-get install redis-server)"
   need_redis=0
@@ -145,6 +150,33 @@ if [ "$need_redis" = 1 ]; then
         --redis rediss://127.0.0.1:16383
     else
       note "sluice-redis-tls skipped: the TLS redis-server did not start"
+    fi
+  fi
+  if wants sluice-cluster; then
+    # Three masters, no replicas, every slot assigned; each node keeps its
+    # nodes.conf in a directory of its own.
+    cluster_ok=1
+    for port in 16390 16391 16392; do
+      dir=$(mktemp -d)
+      scratch+=("$dir")
+      start_redis "$port" "$out/redis-$port.log" --cluster-enabled yes \
+        --cluster-config-file nodes.conf --dir "$dir" || cluster_ok=0
+      redis_pid[$port]=$started_pid
+    done
+    if [ "$cluster_ok" = 1 ] && redis-cli --cluster create 127.0.0.1:16390 127.0.0.1:16391 \
+      127.0.0.1:16392 --cluster-replicas 0 --cluster-yes >"$out/cluster-create.log" 2>&1; then
+      for _ in $(seq 1 100); do
+        ok=0
+        for port in 16390 16391 16392; do
+          redis-cli -p "$port" cluster info 2>/dev/null | grep -q cluster_state:ok && ok=$((ok + 1))
+        done
+        [ "$ok" = 3 ] && break
+        sleep 0.1
+      done
+      start_sluice sluice-cluster 18094 18095 \
+        --redis-cluster redis://127.0.0.1:16390,redis://127.0.0.1:16391,redis://127.0.0.1:16392
+    else
+      note "sluice-cluster skipped: the cluster did not start, see $out/cluster-create.log"
     fi
   fi
   if wants reference; then
@@ -202,6 +234,7 @@ redis_of() {
     sluice-redis1) echo "${redis_pid[16379]:-}" ;;
     sluice-redis3) echo "${redis_pid[16379]:-} ${redis_pid[16380]:-} ${redis_pid[16381]:-}" ;;
     sluice-redis-tls) echo "${redis_pid[16383]:-}" ;;
+    sluice-cluster) echo "${redis_pid[16390]:-} ${redis_pid[16391]:-} ${redis_pid[16392]:-}" ;;
     reference) echo "${redis_pid[16382]:-}" ;;
   esac
 }

@@ -25,14 +25,16 @@ wait_port() {
   return 1
 }
 
-# start_redis PORT [LOG]: a redis-server without persistence on 127.0.0.1:PORT,
-# stopped on exit; its pid in $started_pid. `hz 100` (REDIS_HZ), as the README
-# recommends: at Redis's default 10 its expire cycle can block it for 25 ms, past
-# sluice's 15 ms store timeout, when many counters expire (uniform keys).
+# start_redis PORT [LOG [FLAGS...]]: a redis-server without persistence on
+# 127.0.0.1:PORT, stopped on exit; its pid in $started_pid. `hz 100` (REDIS_HZ), as
+# the README recommends: at Redis's default 10 its expire cycle can block it for 25 ms,
+# past sluice's 15 ms store timeout, when many counters expire (uniform keys). FLAGS
+# go to redis-server after these (a later --dir wins).
 start_redis() {
   local port=$1 log=${2:-/dev/null}
+  shift $(($# < 2 ? $# : 2))
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
-    --hz "${REDIS_HZ:-100}" --dir "${TMPDIR:-/tmp}" --loglevel warning >"$log" 2>&1 &
+    --hz "${REDIS_HZ:-100}" --dir "${TMPDIR:-/tmp}" --loglevel warning "$@" >"$log" 2>&1 &
   started_pid=$!
   pids+=("$started_pid")
   wait_port "$port" "$started_pid"

@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
+use sluice::store::redis::cluster::Cluster;
 use sluice::store::redis::{shard, Options, RedisStore};
 use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
@@ -1110,6 +1111,190 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
 }
 
+/// Runs `args` on a cluster node and returns its reply.
+async fn on_node<T: redis::FromRedisValue>(node: &RedisServer, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut node.conn().await)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?} on {}: {e}", node.port))
+}
+
+/// EVALSHA calls `node` refused (redirected, among others), from `INFO commandstats`.
+async fn rejected_evalsha(node: &RedisServer) -> u64 {
+    let info: String = on_node(node, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix("rejected_calls="))
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_cluster_s_slot_map_is_read_once_not_per_call() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3).await;
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    admit_distinct_keys(&store, "map", 100).await;
+    let mut reads = 0;
+    for node in &cluster.nodes {
+        reads += command_calls(&mut node.conn().await, "cluster|slots").await;
+    }
+    assert_eq!(reads, 1, "CLUSTER SLOTS calls over 100 decisions");
+}
+
+#[tokio::test]
+async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3).await;
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    let h = |hits| hit("migrating", Algorithm::FixedWindow, 10, 600 * SECOND, hits);
+    let mut left = 10;
+    let mut decide = |what: &'static str| {
+        let store = &store;
+        left -= 1;
+        let want = left;
+        async move {
+            let v = store.decide(&[h(1)]).await.expect(what);
+            assert!(v.admitted, "{what}");
+            assert_eq!(v.verdicts[0].remaining, want, "{what}");
+        }
+    };
+    decide("before").await;
+    decide("before").await;
+    let key = shard::redis_key("sluice:", &h(1));
+    let slot = shard::slot(key.as_bytes()).to_string();
+    let mut owner = None;
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let n: u64 = on_node(node, &["CLUSTER", "COUNTKEYSINSLOT", &slot]).await;
+        if n > 0 {
+            owner = Some(i);
+        }
+    }
+    let from = &cluster.nodes[owner.expect("a node holds the counter")];
+    let to = &cluster.nodes[(owner.unwrap() + 1) % 3];
+    let from_id: String = on_node(from, &["CLUSTER", "MYID"]).await;
+    let to_id: String = on_node(to, &["CLUSTER", "MYID"]).await;
+
+    // Half way: the slot is migrating and its keys have moved, so the old owner
+    // answers ASK.
+    let () = on_node(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]).await;
+    let () = on_node(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]).await;
+    let keys: Vec<String> = on_node(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]).await;
+    assert!(!keys.is_empty());
+    let port = to.port.to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    let _: String = on_node(from, &migrate).await;
+    let mut to_conn = to.conn().await;
+    let asked = command_calls(&mut to_conn, "asking").await;
+    decide("while migrating").await;
+    decide("while migrating").await;
+    assert!(
+        command_calls(&mut to_conn, "asking").await >= asked + 2,
+        "sent after ASKING"
+    );
+
+    // Done: every node says the slot is the new owner's, and the old one answers
+    // MOVED.
+    for node in [to, from].into_iter().chain(cluster.nodes.iter()) {
+        let () = on_node(node, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]).await;
+    }
+    let redirected = rejected_evalsha(from).await;
+    decide("moved").await;
+    decide("moved").await;
+    decide("moved").await;
+    // The first call after the move was redirected; the next ones went straight to
+    // the new owner.
+    assert_eq!(rejected_evalsha(from).await, redirected + 1);
+    let n: u64 = on_node(to, &["CLUSTER", "COUNTKEYSINSLOT", &slot]).await;
+    assert!(n > 0, "the counter lives on the new owner");
+    for _ in 0..left {
+        assert!(store.decide(&[h(1)]).await.unwrap().admitted);
+    }
+    assert!(
+        !store.decide(&[h(1)]).await.unwrap().admitted,
+        "the 11th is denied"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_master_s_replica_takes_its_slots_calls() {
+    failover(false).await;
+}
+
+/// A master that hangs (stopped, so connections to it open but nothing answers) is
+/// replaced as a dead one is, though each of its calls and map reads times out.
+#[tokio::test]
+async fn a_hung_master_s_replica_takes_its_slots_calls() {
+    failover(true).await;
+}
+
+/// Decides on a key, fails its master over to a new replica (killed or, with `hang`,
+/// stopped) and decides on: the count goes on where it was.
+async fn failover(hang: bool) {
+    if !available() {
+        return;
+    }
+    let mut cluster = common::redis::RedisCluster::start(3).await;
+    let mut opts = Options::new(cluster.urls(), true);
+    // Calls give up sooner than a read of the map from a hung node: the read must
+    // go on without them.
+    opts.timeout = Duration::from_millis(500);
+    opts.call_timeout = Duration::from_millis(100);
+    let store = RedisStore::new(opts, None).expect("store");
+    let h = |hits| hit("failover", Algorithm::FixedWindow, 10, 600 * SECOND, hits);
+    for left in [9, 8, 7] {
+        let v = store.decide(&[h(1)]).await.expect("decide");
+        assert_eq!(v.verdicts[0].remaining, left);
+    }
+    let key = shard::redis_key("sluice:", &h(1));
+    let slot = shard::slot(key.as_bytes()).to_string();
+    let mut owner = 0;
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let n: u64 = on_node(node, &["CLUSTER", "COUNTKEYSINSLOT", &slot]).await;
+        if n > 0 {
+            owner = i;
+        }
+    }
+    cluster.add_replica(owner).await;
+    // The counter has reached the replica before its master dies.
+    let acked: i64 = on_node(&cluster.nodes[owner], &["WAIT", "1", "5000"]).await;
+    assert_eq!(acked, 1);
+    if hang {
+        cluster.nodes[owner].freeze();
+    } else {
+        cluster.nodes[owner].kill();
+    }
+    let replica = cluster.nodes.last().expect("the replica");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let v = loop {
+        assert!(
+            Instant::now() < deadline,
+            "never decided after the failover"
+        );
+        match store.decide(&[h(1)]).await {
+            Ok(v) => break v,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let role: Vec<redis::Value> = on_node(replica, &["ROLE"]).await;
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    assert!(v.admitted);
+    assert_eq!(v.verdicts[0].remaining, 6, "the replica's counter went on");
+    let v = store.decide(&[h(1)]).await.expect("decide");
+    assert_eq!(v.verdicts[0].remaining, 5);
+}
+
 /// Sends `n` requests made by `request`, in turn through `clients`: the tenant's
 /// limit of 2 (REPLICA_POLICY) admits the first two and denies the rest.
 async fn two_then_denied(
@@ -2092,7 +2277,6 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
     if !available() {
         return;
     }
-    use sluice::store::redis::expire;
     let cluster = common::redis::RedisCluster::start(3).await;
     // Nodes start with Redis's default hz 10; one is raised to 100.
     let () = redis::cmd("CONFIG")
@@ -2102,9 +2286,8 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
         .query_async(&mut cluster.nodes[0].conn().await)
         .await
         .unwrap();
-    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
-    let mut conn = client.get_async_connection().await.expect("connect");
-    let warnings = expire::check_cluster(&mut conn, Duration::from_millis(15)).await;
+    let nodes = Cluster::new(&cluster.urls(), Duration::from_secs(1), None).expect("cluster");
+    let warnings = nodes.expire_warnings(Duration::from_millis(15)).await;
     assert_eq!(warnings.len(), 2, "{warnings:#?}");
     for node in &cluster.nodes[1..] {
         let want = format!("redis {} has hz 10:", node.addr());
@@ -2113,7 +2296,8 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
             "{warnings:#?}"
         );
     }
-    assert!(expire::check_cluster(&mut conn, Duration::from_millis(30))
+    assert!(nodes
+        .expire_warnings(Duration::from_millis(30))
         .await
         .is_empty());
 }

@@ -452,4 +452,52 @@ impl RedisCluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+
+    /// Adds a replica of `nodes[master]` (pushed last onto `nodes`), once it has
+    /// synced with its master and every node knows it.
+    pub async fn add_replica(&mut self, master: usize) {
+        let replica = RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ])
+        .await;
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query_async(&mut self.nodes[master].conn().await)
+            .await
+            .expect("CLUSTER MYID");
+        let status = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "add-node",
+                &replica.addr(),
+                &self.nodes[master].addr(),
+            ])
+            .args(["--cluster-slave", "--cluster-master-id", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli");
+        assert!(status.success(), "redis-cli --cluster add-node failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut conn = replica.conn().await;
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .expect("INFO replication");
+            if info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replica never synced");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.nodes.push(replica);
+        self.wait_ok().await;
+    }
 }

@@ -1,14 +1,11 @@
-//! One reading of Redis's error replies and of I/O errors, for every path: a
-//! standalone shard's own connection ([`super::wire`]) and redis-rs (TLS shards,
-//! refunds, key counts, the cluster) meet the same replies and must name them the
-//! same, since the kind decides whether the shard backs off.
+//! One reading of Redis's error replies and of I/O errors, for every path (decide
+//! calls, pooled calls, cluster nodes, Sentinel): the kind decides whether the shard
+//! backs off, so the same reply must get the same kind wherever it was read.
 //!
 //! An error reply starts with a code word (`-READONLY You can't write ...`). Inside a
 //! script, Redis 7 passes a failed command's code on (`-OOM command not allowed ...
 //! script: ...`), so the code of a decide call's reply says what the server is
 //! going through, not only that the script failed.
-
-use redis::RedisError;
 
 use crate::store::{ErrorKind, StoreError};
 
@@ -53,24 +50,6 @@ pub fn io(what: &str, e: &std::io::Error) -> StoreError {
         return StoreError::Timeout;
     }
     StoreError::failed(ErrorKind::Connection, format!("{what}: {e}"))
-}
-
-/// A redis-rs error: a server's error reply is read like [`reply`]'s.
-pub fn redis(e: &RedisError) -> StoreError {
-    use redis::ErrorKind as Rs;
-    if let Some(code) = e.code() {
-        return StoreError::failed(code_kind(code, e.detail().unwrap_or("")), e.to_string());
-    }
-    if e.is_timeout() {
-        return StoreError::Timeout;
-    }
-    let kind = match e.kind() {
-        Rs::AuthenticationFailed => ErrorKind::NoAuth,
-        Rs::Parse | Rs::UnexpectedReturnType | Rs::RESP3NotSupported => ErrorKind::Protocol,
-        // Io, a cluster node not reachable, a client that could not connect.
-        _ => ErrorKind::Connection,
-    };
-    StoreError::failed(kind, e.to_string())
 }
 
 #[cfg(test)]
@@ -151,21 +130,6 @@ mod tests {
         }
     }
 
-    /// redis-rs parses the same bytes into its own error type; the kind must not
-    /// depend on which client read them.
-    #[test]
-    fn redis_rs_errors_are_read_like_the_replies() {
-        for &(text, kind) in REPLIES {
-            if text.is_empty() {
-                continue;
-            }
-            let wire = format!("-{text}\r\n");
-            let value = redis::parse_redis_value(wire.as_bytes()).expect("parses");
-            let err = value.extract_error().expect_err("an error reply");
-            assert_eq!(redis(&err).kind(), Some(kind), "{text:?} as {err:?}");
-        }
-    }
-
     #[test]
     fn io_errors_are_connection_errors_or_timeouts() {
         use std::io::{Error, ErrorKind as Io};
@@ -180,9 +144,5 @@ mod tests {
             assert!(e.message().starts_with("connect: "), "{e}");
         }
         assert_eq!(io("read", &Error::from(Io::TimedOut)), StoreError::Timeout);
-        let refused = RedisError::from(Error::from(Io::ConnectionRefused));
-        assert_eq!(redis(&refused).kind(), Some(ErrorKind::Connection));
-        let timed_out = RedisError::from(Error::from(Io::TimedOut));
-        assert_eq!(redis(&timed_out), StoreError::Timeout);
     }
 }

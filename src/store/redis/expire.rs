@@ -16,10 +16,6 @@
 
 use std::time::Duration;
 
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-use redis::Value;
-
 use super::wire::{self, Pool};
 
 /// Redis clamps `hz` to this range (`CONFIG_MIN_HZ`, `CONFIG_MAX_HZ`).
@@ -74,12 +70,6 @@ pub fn expire_cycle_warning(
     ))
 }
 
-/// A `CONFIG GET` reply (a flat array in RESP2, a map in RESP3) as a number.
-fn config_value(reply: Value, name: &str) -> Option<u64> {
-    let pairs: std::collections::HashMap<String, String> = redis::from_redis_value(reply).ok()?;
-    pairs.get(name)?.trim().parse().ok()
-}
-
 /// A `CONFIG GET name` reply (`[name, value]`) as a number.
 fn config_number(reply: wire::Value, name: &str) -> Option<u64> {
     let items = reply.into_array()?;
@@ -114,55 +104,13 @@ async fn config_get(pool: &Pool, name: &str) -> Option<u64> {
     }
 }
 
-/// Reads a standalone shard's `hz` and `active-expire-effort` once and returns the
+/// Reads a server's (a standalone shard's or a cluster master's) `hz` and `active-expire-effort` once and returns the
 /// warning of [`expire_cycle_warning`], if any. `None` also when `CONFIG GET hz`
 /// fails (disabled or renamed); a missing effort counts as the default, 1.
 pub async fn check(pool: &Pool, shard: &str, store_timeout: Duration) -> Option<String> {
     let hz = config_get(pool, "hz").await?;
     let effort = config_get(pool, "active-expire-effort").await.unwrap_or(1);
     expire_cycle_warning(shard, hz, effort, store_timeout)
-}
-
-/// `CONFIG GET name` on every master of a cluster: (node address, value) for each
-/// node that answered it.
-async fn config_get_masters(conn: &mut ClusterConnection, name: &str) -> Vec<(String, u64)> {
-    let cmd = redis::cmd("CONFIG").arg("GET").arg(name).to_owned();
-    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-    let reply = tokio::time::timeout(CONFIG_TIMEOUT, conn.route_command(cmd, routing)).await;
-    let per_node = match reply {
-        Ok(Ok(Value::Map(per_node))) => per_node,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "CONFIG GET {name} refused");
-            return Vec::new();
-        }
-        _ => return Vec::new(),
-    };
-    per_node
-        .into_iter()
-        .filter_map(|(addr, reply)| {
-            let addr: String = redis::from_redis_value(addr).ok()?;
-            Some((addr, config_value(reply, name)?))
-        })
-        .collect()
-}
-
-/// [`check`] for every master of a cluster (replicas do not expire keys actively):
-/// one warning per master whose cycle can outlast the store timeout.
-pub async fn check_cluster(conn: &mut ClusterConnection, store_timeout: Duration) -> Vec<String> {
-    let hz = config_get_masters(conn, "hz").await;
-    if hz.is_empty() {
-        return Vec::new();
-    }
-    let effort = config_get_masters(conn, "active-expire-effort").await;
-    hz.into_iter()
-        .filter_map(|(node, hz)| {
-            let effort = effort
-                .iter()
-                .find(|(n, _)| *n == node)
-                .map_or(1, |&(_, e)| e);
-            expire_cycle_warning(&node, hz, effort, store_timeout)
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -235,16 +183,5 @@ mod tests {
         // Never more than Redis accepts.
         let w = expire_cycle_warning("s", 10, 1, Duration::from_micros(100)).expect("warned");
         assert!(w.contains("Set `hz 500`"), "{w}");
-    }
-
-    #[test]
-    fn config_replies_are_read_in_resp2_and_resp3() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let resp2 = Value::Array(vec![bulk("hz"), bulk("10")]);
-        assert_eq!(config_value(resp2, "hz"), Some(10));
-        let resp3 = Value::Map(vec![(bulk("hz"), bulk("100"))]);
-        assert_eq!(config_value(resp3, "hz"), Some(100));
-        // An unknown parameter (older Redis): an empty reply.
-        assert_eq!(config_value(Value::Array(vec![]), "hz"), None);
     }
 }

@@ -43,7 +43,7 @@ use super::{
 mod board;
 pub mod cache;
 pub mod classify;
-mod cluster;
+pub mod cluster;
 pub mod coalesce;
 mod demand;
 pub mod expire;
@@ -215,9 +215,6 @@ impl RedisStore {
         }
         let scripts = Scripts::default();
         let backend = if opts.cluster {
-            // The cluster's client needs a process-wide rustls provider for
-            // rediss://; a second install is a no-op.
-            let _ = rustls::crypto::ring::default_provider().install_default();
             Backend::Cluster(Box::new(Cluster::new(
                 &opts.urls,
                 opts.timeout,
@@ -427,8 +424,7 @@ impl Inner {
             Backend::Cluster(c) => c,
         };
         let guard = cluster.health.guard();
-        let call = scripts::decide_call(&self.scripts, &[&group], fixed_now);
-        let sent = cluster.script(&call);
+        let sent = cluster.decide(&self.scripts, &group, fixed_now);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
             Ok(Ok(value)) => scripts::integers(value)
                 .and_then(|v| scripts::parse_replies(&v, &[group.hits.len()]))
