@@ -26,8 +26,10 @@ descriptors:
 
 const CLIENTS: usize = 3 * 16;
 
-/// A knob from the environment, for measuring other cases by hand (the issue's:
-/// `HOT_KEY_LIMIT=1000 HOT_KEY_REQUESTS=5000 HOT_KEY_STORE_TIMEOUT=15ms`).
+/// A knob from the environment, for measuring other cases by hand (one hot key at
+/// 1,000 a minute and the default store timeout: `HOT_KEY_LIMIT=1000
+/// HOT_KEY_REQUESTS=5000 HOT_KEY_STORE_TIMEOUT=15ms`, with
+/// `SLUICE_TEST_BINARY=target/release/sluice` for a release build).
 fn knob(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }

@@ -81,7 +81,10 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        // SLUICE_TEST_BINARY runs another build (a release one, for measurements).
+        let binary = std::env::var_os("SLUICE_TEST_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
+        let mut cmd = Command::new(binary);
         cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
