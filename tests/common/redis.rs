@@ -352,6 +352,20 @@ impl RedisServer {
     }
 
     /// An async connection for inspecting the server.
+    /// Polls `cmd` (an `INFO`-like command) until its text contains `want`; panics
+    /// with `why` past `deadline`.
+    pub async fn wait_for(&self, cmd: &redis::Cmd, want: &str, deadline: Instant, why: &str) {
+        let mut conn = self.conn().await;
+        loop {
+            let text: String = cmd.query_async(&mut conn).await.expect("INFO-like reply");
+            if text.contains(want) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{why}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
         self.conn_as(&self.url()).await
     }
@@ -433,19 +447,10 @@ impl RedisCluster {
     async fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         for node in &self.nodes {
-            let mut conn = node.conn().await;
-            loop {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("CLUSTER INFO");
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster never became ok");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let info = redis::cmd("CLUSTER").arg("INFO").to_owned();
+            let why = "the cluster never became ok";
+            node.wait_for(&info, "cluster_state:ok", deadline, why)
+                .await;
         }
     }
 
@@ -484,19 +489,11 @@ impl RedisCluster {
             .expect("run redis-cli");
         assert!(status.success(), "redis-cli --cluster add-node failed");
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut conn = replica.conn().await;
-        loop {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .expect("INFO replication");
-            if info.contains("master_link_status:up") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the replica never synced");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let info = redis::cmd("INFO").arg("replication").to_owned();
+        let why = "the replica never synced";
+        replica
+            .wait_for(&info, "master_link_status:up", deadline, why)
+            .await;
         self.nodes.push(replica);
         self.wait_ok().await;
     }
