@@ -36,7 +36,7 @@ use super::classify;
 use super::health::Health;
 use super::scripts::{self, By, Group, Reply, Scripts};
 use super::sentinel::Master;
-use super::wire::{Answer, Request, Target, Wire};
+use super::wire::{Answer, Request, Target, Value, Wire};
 
 /// Most requests decided by one call.
 pub const MAX_REQUESTS: usize = 64;
@@ -68,6 +68,33 @@ impl Link {
             target: Some(target),
             conn: None,
             req: Request::default(),
+        }
+    }
+
+    /// Connects and loads the decide script ahead of the first call, so that the
+    /// first requests after start pay for neither (over TLS and a real network, the
+    /// handshakes and a NOSCRIPT round trip can outlast the store timeout). A failure
+    /// is left for the first call to meet.
+    async fn warm(&mut self, scripts: &Scripts) {
+        let Some(target) = &self.target else { return };
+        if self.conn.is_some() {
+            return;
+        }
+        let warmed = async {
+            let mut wire = Wire::connect(target).await.ok()?;
+            self.req.start(3);
+            self.req.arg(b"SCRIPT");
+            self.req.arg(b"LOAD");
+            self.req.arg(scripts.decide.text().as_bytes());
+            match wire.query(&self.req).await.ok()? {
+                Value::Bulk(_) => Some(wire),
+                _ => None,
+            }
+        };
+        // Bounded like a connection: a hung server at start is the first call's to
+        // find.
+        if let Ok(Some(wire)) = tokio::time::timeout(target.timeout, warmed).await {
+            self.conn = Some(wire);
         }
     }
 
@@ -172,6 +199,7 @@ struct ShardTask {
 
 impl ShardTask {
     async fn run(mut self, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
+        self.link.warm(&self.scripts).await;
         // A job taken from the queue that did not fit the previous call.
         let mut next: Option<Job> = None;
         let mut batch: Vec<Job> = Vec::new();

@@ -59,6 +59,10 @@ impl Lua {
         &self.hash
     }
 
+    pub fn text(&self) -> &'static str {
+        self.text
+    }
+
     /// A call of this script, to be given its keys and arguments.
     pub fn call(&self) -> Call<'_> {
         Call {
