@@ -1418,6 +1418,7 @@ async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other(
 #[tokio::test]
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
+    use sluice::store::redis::wire::{Pool, Request};
     if !available() {
         return;
     }
@@ -1461,16 +1462,24 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
                 });
             }
         }
-        let call = scripts::decide_call(&scripts, &a.iter().collect::<Vec<_>>(), Some(now));
-        let together =
-            scripts::integers(scripts::invoke(&pool, &call).await.expect("several groups"))
-                .expect("integers");
+        // The decide call as a shard's task writes it.
+        async fn decide(pool: &Pool, scripts: &Scripts, groups: &[&Group], now: u64) -> Vec<i64> {
+            let write = |req: &mut Request, text: bool| {
+                let by = if text {
+                    scripts::By::Text
+                } else {
+                    scripts::By::Hash(scripts.decide.hash())
+                };
+                scripts::write_decide(req, by, groups, Some(now));
+            };
+            let reply = scripts::run(write, |req| async move { pool.query(&req).await });
+            scripts::integers(reply.await.expect("decide")).expect("integers")
+        }
+        let together = decide(&pool, &scripts, &a.iter().collect::<Vec<_>>(), now).await;
         // Each reply ends with the call's time: one for the call, one per group.
         let mut one_by_one = Vec::new();
         for g in &b {
-            let call = scripts::decide_call(&scripts, &[g], Some(now));
-            let mut r = scripts::integers(scripts::invoke(&pool, &call).await.expect("one group"))
-                .expect("integers");
+            let mut r = decide(&pool, &scripts, &[g], now).await;
             assert_eq!(r.pop(), Some(now as i64));
             one_by_one.extend(r);
         }

@@ -354,6 +354,12 @@ impl Inner {
         }
     }
 
+    /// Longest wait for a refund or a peek: bounded, so a hung shard cannot hold
+    /// them forever, but not as short as a decision's store timeout.
+    fn off_path_wait(&self) -> Duration {
+        self.call_timeout.max(Duration::from_secs(1))
+    }
+
     /// One script call off the decide path (refunds, peeks, the sentence list,
     /// RLQS demand): on standalone shard `target`, or on the cluster, which routes
     /// it by its keys; at most `wait`.
@@ -441,9 +447,7 @@ impl Inner {
     async fn refund(&self, hits: &[Hit], groups: &[Spent]) {
         let calls = groups.iter().map(|(target, consumed)| async move {
             let call = scripts::refund_call(&self.scripts, &self.prefix, hits, consumed);
-            // Bounded like a decide call, so a hung shard cannot hold refunds forever.
-            let wait = self.call_timeout.max(Duration::from_secs(1));
-            let result = self.invoke_at(*target, &call, wait).await;
+            let result = self.invoke_at(*target, &call, self.off_path_wait()).await;
             if let Err(e) = result {
                 let health = self.health(*target);
                 tracing::debug!(shard = %health.name, error = %e, "refund failed");
@@ -475,8 +479,8 @@ impl Inner {
             let group: Vec<&Hit> = members.iter().map(|&i| &hits[i]).collect();
             let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
             let call = scripts::peek_call(&self.scripts, &group, &group_keys, fixed_now);
-            let wait = self.call_timeout.max(Duration::from_secs(1));
-            let values = scripts::integers(self.invoke_at(target, &call, wait).await?)?;
+            let values = self.invoke_at(target, &call, self.off_path_wait()).await?;
+            let values = scripts::integers(values)?;
             for (&i, v) in members
                 .iter()
                 .zip(scripts::parse_peek(&values, group.len())?)

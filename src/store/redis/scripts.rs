@@ -135,37 +135,37 @@ impl Call<'_> {
             req.arg(a.as_bytes());
         }
     }
-
-    /// The script's name, its keys and its arguments, each as bytes, for a client
-    /// that builds its own commands.
-    pub fn parts(&self, text: bool) -> Vec<&[u8]> {
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 + self.keys.len() + self.args.len());
-        parts.push(if text { b"EVAL" } else { b"EVALSHA" });
-        parts.push(if text {
-            self.script.text.as_bytes()
-        } else {
-            self.script.hash.as_bytes()
-        });
-        parts.extend(self.keys.iter().map(|k| k.as_bytes()));
-        parts.extend(self.args.iter().map(|a| a.as_bytes()));
-        parts
-    }
 }
 
-/// Runs `call` on `pool`'s server: EVALSHA, then EVAL if the server lost its
-/// scripts. An error reply comes back as its [`StoreError`].
-pub async fn invoke(pool: &Pool, call: &Call<'_>) -> Result<Value, StoreError> {
+/// Runs a script call that `write` writes by hash (or, told `true`, by text)
+/// through `send`: EVALSHA, then EVAL if the server lost its scripts (a restart,
+/// `SCRIPT FLUSH`). An error reply comes back as its [`StoreError`].
+pub async fn run<F, Fut>(
+    write: impl Fn(&mut Request, bool),
+    mut send: F,
+) -> Result<Value, StoreError>
+where
+    F: FnMut(Request) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, StoreError>>,
+{
     let mut req = Request::default();
-    call.write(&mut req, false);
-    let mut value = pool.query(&req).await?;
+    write(&mut req, false);
+    let mut value = send(req).await?;
     if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
-        call.write(&mut req, true);
-        value = pool.query(&req).await?;
+        let mut req = Request::default();
+        write(&mut req, true);
+        value = send(req).await?;
     }
     match value {
         Value::Error(e) => Err(classify::reply(e)),
         v => Ok(v),
     }
+}
+
+/// Runs `call` on `pool`'s server ([`run`]).
+pub async fn invoke(pool: &Pool, call: &Call<'_>) -> Result<Value, StoreError> {
+    let write = |req: &mut Request, text| call.write(req, text);
+    run(write, |req| async move { pool.query(&req).await }).await
 }
 
 /// A script's reply as a flat array of integers.
@@ -260,19 +260,6 @@ trait Sink {
     fn arg(&mut self, arg: Arg<'_>);
 }
 
-impl Sink for Call<'_> {
-    fn key(&mut self, key: &str) {
-        Call::key(self, key);
-    }
-    fn arg(&mut self, arg: Arg<'_>) {
-        match arg {
-            Arg::Text(t) => Call::arg(self, t),
-            Arg::Number(n) => Call::arg(self, n),
-            Arg::Signed(n) => Call::arg(self, n),
-        };
-    }
-}
-
 /// How many limits a hit's limit is looked for among before it is sent as a new one:
 /// bounds the search in a call with many distinct limits (a repeat costs only bytes).
 const LIMIT_SEARCH: usize = 32;
@@ -346,17 +333,6 @@ fn decide_args(
     }
 }
 
-/// Builds one decide call deciding `groups` one after another.
-pub fn decide_call<'a>(
-    scripts: &'a Scripts,
-    groups: &[&Group],
-    fixed_now: Option<Micros>,
-) -> Call<'a> {
-    let mut call = scripts.decide.call();
-    decide_args(groups, &Layout::new(groups), fixed_now, &mut call);
-    call
-}
-
 /// How [`write_decide`] names the script.
 #[derive(Debug, Clone, Copy)]
 pub enum By<'a> {
@@ -366,8 +342,8 @@ pub enum By<'a> {
     Text,
 }
 
-/// Writes the decide call for `groups` as one RESP command into `req`, the same
-/// call [`decide_call`] builds, without an allocation per argument.
+/// Writes the decide call for `groups` as one RESP command into `req`, without an
+/// allocation per argument.
 pub fn write_decide(
     req: &mut Request,
     script: By<'_>,

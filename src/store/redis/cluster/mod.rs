@@ -182,26 +182,14 @@ impl Cluster {
         .await
     }
 
-    /// A script call that `write` writes by hash (or with `text`, by text) on the
-    /// node of `slot`: EVALSHA, then EVAL if that node lost its scripts. An error
-    /// reply is its [`StoreError`].
+    /// A script call that `write` writes ([`scripts::run`]) on the node of `slot`.
     async fn eval(
         &self,
         slot: u16,
         write: impl Fn(&mut Request, bool),
     ) -> Result<Value, StoreError> {
-        let mut req = Request::default();
-        write(&mut req, false);
-        let mut value = self.router.run(slot, Arc::new(req)).await?;
-        if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
-            let mut req = Request::default();
-            write(&mut req, true);
-            value = self.router.run(slot, Arc::new(req)).await?;
-        }
-        match value {
-            Value::Error(e) => Err(classify::reply(e)),
-            v => Ok(v),
-        }
+        let router = &self.router;
+        scripts::run(write, |req| router.run(slot, Arc::new(req))).await
     }
 
     /// A command (`parts`, its name first) on the node of its first key's slot

@@ -34,10 +34,6 @@ impl Pool {
         }
     }
 
-    pub fn target(&self) -> &Target {
-        &self.target
-    }
-
     /// Sends `req` and reads its reply.
     pub async fn query(&self, req: &Request) -> Result<Value, StoreError> {
         let _turn = self
@@ -56,10 +52,5 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .push(wire);
         Ok(value)
-    }
-
-    /// Drops the idle connections (their server may have moved or restarted).
-    pub fn reset(&self) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
