@@ -58,69 +58,44 @@ wait_http() {
   return 1
 }
 
-cat >"$W/upstream.py" <<'PY'
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes: with Nagle's algorithm the body waits
-    # for Envoy's delayed ACK (40 ms), which would swamp what is measured.
-    disable_nagle_algorithm = True
-    def do_GET(self):
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-python3 "$W/upstream.py" "$P_UP" >"$W/upstream.out" 2>&1 &
+python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:$P_UP/"
 
-# bootstrap MODE LISTEN ADMIN OUT: deploy/envoy/envoy-rlqs.yaml with loopback
-# addresses; for shouldratelimit its quota filter swapped for the ratelimit filter.
+# bootstrap MODE LISTEN ADMIN OUT: deploy/envoy/envoy-rlqs.yaml on loopback
+# (tests/e2e/loopback-bootstrap.py); for shouldratelimit its quota filter swapped for
+# the ratelimit filter.
 bootstrap() {
-  python3 - deploy/envoy/envoy-rlqs.yaml "$4" "$1" "$2" "$3" "$P_GRPC" "$P_UP" <<'PY'
+  python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy-rlqs.yaml "$4" "$2" "$3" \
+    "$P_GRPC" "$P_UP" || return 1
+  [ "$1" = shouldratelimit ] || return 0
+  python3 - "$4" <<'PY'
 import sys, yaml
-src, dst, mode = sys.argv[1:4]
-listen, admin, grpc, up = map(int, sys.argv[4:])
-c = yaml.safe_load(open(src))
-c["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin}
+dst = sys.argv[1]
+c = yaml.safe_load(open(dst))
 (l,) = c["static_resources"]["listeners"]
-l["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen}
-ports = {"sluice": grpc, "backend": up}
-for cl in c["static_resources"]["clusters"]:
-    cl["type"] = "STATIC"
-    for e in cl["load_assignment"]["endpoints"]:
-        for lb in e["lb_endpoints"]:
-            lb["endpoint"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": ports[cl["name"]]}
-if mode == "shouldratelimit":
-    hcm = l["filter_chains"][0]["filters"][0]["typed_config"]
-    (route,) = hcm["route_config"]["virtual_hosts"][0]["routes"]
-    # The bucket matcher's rule as a descriptor: [route=api] for paths under /api.
-    route["route"]["rate_limits"] = [{"actions": [{"header_value_match": {
-        "descriptor_key": "route", "descriptor_value": "api",
-        "headers": [{"name": ":path", "string_match": {"prefix": "/api"}}]}}]}]
-    assert hcm["http_filters"][0]["name"] == "envoy.filters.http.rate_limit_quota"
-    hcm["http_filters"][0] = {
-        "name": "envoy.filters.http.ratelimit",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
-            "domain": "rlqs",
-            "failure_mode_deny": False,
-            # Long enough that no answer is cut short: the latency is Sluice's own.
-            "timeout": "1s",
-            "enable_x_ratelimit_headers": "OFF",
-            "rate_limit_service": {
-                "transport_api_version": "V3",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "sluice"}},
-            },
+hcm = l["filter_chains"][0]["filters"][0]["typed_config"]
+(route,) = hcm["route_config"]["virtual_hosts"][0]["routes"]
+# The bucket matcher's rule as a descriptor: [route=api] for paths under /api.
+route["route"]["rate_limits"] = [{"actions": [{"header_value_match": {
+    "descriptor_key": "route", "descriptor_value": "api",
+    "headers": [{"name": ":path", "string_match": {"prefix": "/api"}}]}}]}]
+assert hcm["http_filters"][0]["name"] == "envoy.filters.http.rate_limit_quota"
+hcm["http_filters"][0] = {
+    "name": "envoy.filters.http.ratelimit",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+        "domain": "rlqs",
+        "failure_mode_deny": False,
+        # Long enough that no answer is cut short: the latency is Sluice's own.
+        "timeout": "1s",
+        "enable_x_ratelimit_headers": "OFF",
+        "rate_limit_service": {
+            "transport_api_version": "V3",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "sluice"}},
         },
-    }
+    },
+}
 yaml.safe_dump(c, open(dst, "w"))
 PY
 }

@@ -151,21 +151,8 @@ start_sluice sluice-memory || { tail -n 20 "$W/sluice-memory.log"; die "sluice (
 log "sluice ready: grpc 127.0.0.1:$P_GRPC, http 127.0.0.1:$P_HTTP"
 
 # --- envoy, from deploy/envoy/envoy.yaml --------------------------------------------
-python3 - deploy/envoy/envoy.yaml "$W/envoy.yaml" "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" <<'PY' || die "could not adapt deploy/envoy/envoy.yaml"
-import sys, yaml
-src, dst, listen, admin, grpc, up = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
-c = yaml.safe_load(open(src))
-c["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin}
-(l,) = c["static_resources"]["listeners"]
-l["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen}
-ports = {"sluice": grpc, "backend": up}
-for cl in c["static_resources"]["clusters"]:
-    cl["type"] = "STATIC"
-    for e in cl["load_assignment"]["endpoints"]:
-        for lb in e["lb_endpoints"]:
-            lb["endpoint"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": ports[cl["name"]]}
-yaml.safe_dump(c, open(dst, "w"))
-PY
+python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy.yaml "$W/envoy.yaml" \
+    "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" || die "could not adapt deploy/envoy/envoy.yaml"
 "$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
     --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
 pids+=($!)

@@ -95,23 +95,7 @@ wait_for() {
 }
 
 # --- upstream ------------------------------------------------------------------------
-cat >"$W/upstream.py" <<'PY'
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-python3 "$W/upstream.py" "$P_UP" >"$W/upstream.out" 2>&1 &
+python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
 pids+=($!)
 wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/" || die "upstream did not start"
 
@@ -131,21 +115,8 @@ log "sluice ready: grpc 127.0.0.1:$P_GRPC"
 # --- two envoys from deploy/envoy/envoy-rlqs.yaml -----------------------------------
 start_envoy() {
     local name=$1 listen=$2 admin=$3
-    python3 - deploy/envoy/envoy-rlqs.yaml "$W/$name.yaml" "$listen" "$admin" "$P_GRPC" "$P_UP" <<'PY' || return 1
-import sys, yaml
-src, dst, listen, admin, grpc, up = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
-c = yaml.safe_load(open(src))
-c["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin}
-(l,) = c["static_resources"]["listeners"]
-l["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen}
-ports = {"sluice": grpc, "backend": up}
-for cl in c["static_resources"]["clusters"]:
-    cl["type"] = "STATIC"
-    for e in cl["load_assignment"]["endpoints"]:
-        for lb in e["lb_endpoints"]:
-            lb["endpoint"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": ports[cl["name"]]}
-yaml.safe_dump(c, open(dst, "w"))
-PY
+    python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy-rlqs.yaml "$W/$name.yaml" \
+        "$listen" "$admin" "$P_GRPC" "$P_UP" || return 1
     # The filter has no stats: its assignments show only in its debug log.
     "$ENVOY" -c "$W/$name.yaml" --disable-hot-restart --log-level warn \
         --component-log-level rate_limit_quota:debug \

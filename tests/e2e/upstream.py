@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""A backend for tests behind Envoy: `ok` to every GET on 127.0.0.1:PORT.
+
+    upstream.py PORT
+"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits
+    # for Envoy's delayed ACK (40 ms), which would swamp a latency measured through it.
+    disable_nagle_algorithm = True
+
+    def do_GET(self):
+        body = b"ok\n"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
