@@ -56,6 +56,12 @@ pid_alive() {
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$DIR/"
 }
 
+# started PID: true while a child this run started has not exited. Right after the fork
+# its command line is still this script's, so pid_alive would call it dead.
+started() {
+    kill -0 "$1" 2>/dev/null
+}
+
 stop_pidfile() {
     local f=$1 name=$2 pid
     if ! pid_alive "$f"; then
@@ -213,7 +219,7 @@ start_etcd() {
     # Healthy, and the listener is ours (not another test's etcd on the same port).
     until [ "$(listening_pid "$port")" = "$pid" ] \
         && curl -fsS --max-time 2 "http://127.0.0.1:$port/health" 2>/dev/null | grep -q '"health":"true"'; do
-        if ! pid_alive "$DIR/etcd.pid"; then
+        if ! started "$pid"; then
             if grep -q 'address already in use' "$DIR/etcd.log"; then return 2; fi
             show_log_tail "$DIR/etcd.log"
             log "etcd exited during start-up"
@@ -277,7 +283,7 @@ start_apiserver() {
     echo "$pid" >"$DIR/apiserver.pid"
     deadline=$(( $(date +%s) + START_TIMEOUT ))
     until [ "$(listening_pid "$port")" = "$pid" ] && healthz "$port"; do
-        if ! pid_alive "$DIR/apiserver.pid"; then
+        if ! started "$pid"; then
             if grep -q 'address already in use' "$DIR/apiserver.log"; then return 2; fi
             show_log_tail "$DIR/apiserver.log" 60
             log "API server exited during start-up"
