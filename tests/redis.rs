@@ -1156,7 +1156,10 @@ async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
         return;
     }
     let cluster = common::redis::RedisCluster::start(3).await;
-    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    let mut opts = Options::new(cluster.urls(), true);
+    // One instant throughout: no window boundary passes between the calls.
+    opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
+    let store = RedisStore::new(opts, None).expect("store");
     let h = |hits| hit("migrating", Algorithm::FixedWindow, 10, 600 * SECOND, hits);
     let mut left = 10;
     let mut decide = |what: &'static str| {
@@ -1251,6 +1254,9 @@ async fn failover(hang: bool) {
     // go on without them.
     opts.timeout = Duration::from_millis(500);
     opts.call_timeout = Duration::from_millis(100);
+    // One instant throughout: the count must not start again at a window boundary
+    // while the failover takes its seconds.
+    opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
     let store = RedisStore::new(opts, None).expect("store");
     let h = |hits| hit("failover", Algorithm::FixedWindow, 10, 600 * SECOND, hits);
     for left in [9, 8, 7] {

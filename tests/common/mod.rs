@@ -391,7 +391,6 @@ fn dechunk(s: &str) -> String {
     out
 }
 
-/// Waits until `f` holds, polling; panics with `what` after `limit`.
 /// Returns once the wall clock is at least 15 s before the end of its minute, so that
 /// a test counting against a per-minute limit stays inside one window.
 pub async fn early_in_a_minute() {
@@ -408,6 +407,7 @@ pub async fn early_in_a_minute() {
     .await;
 }
 
+/// Waits until `f` holds, polling; panics with `what` after `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
 where
     F: FnMut() -> Fut,
