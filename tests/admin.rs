@@ -185,7 +185,7 @@ async fn explain_agrees_with_should_rate_limit_on_redis_and_spends_nothing() {
 async fn agreement(bin: &Path, server: &Server) {
     let bin = bin.to_path_buf();
     // The small limits count per minute: the rounds must not straddle two windows.
-    early_in_a_minute().await;
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
     let mut rls = server.client().await;
     for c in cases() {
         // Three rounds: fresh counters, partly spent, and (for the small limits)
@@ -495,7 +495,7 @@ descriptors:
 
 #[tokio::test]
 async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_blocks() {
-    early_in_a_minute().await;
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
     let server = Server::start(SIGNALS_POLICY, &[]);
     let mut admin = admin_client(&server).await;
     let mut rls = server.client().await;

@@ -152,7 +152,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
 
     // The xDS configs arrive over mTLS and counters live in Redis. The counts below
     // are of one minute's window: begin well inside one.
-    early_in_a_minute().await;
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
     eventually(WAIT, "the gateway's limits", || async {
         let mut c = client().await;
         let r = call(

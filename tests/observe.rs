@@ -208,7 +208,7 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
 async fn debug_signals_ranks_a_subnet_of_quiet_offenders() {
     let server = Server::start(POLICY, &[]);
     // 2 a minute in fixed windows: each address's 3 calls in one minute.
-    early_in_a_minute().await;
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
     for i in 0..30 {
         hammer(&server, &format!("10.9.8.{i}"), 3).await;
     }

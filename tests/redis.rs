@@ -2420,7 +2420,7 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
     }
     let redis_server = RedisServer::start().await;
     let (servers, mut clients) = three_replicas(LOOP_POLICY, &redis_server).await;
-    common::early_in_a_minute().await;
+    common::early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
 
     // Two admitted, then one denial on each replica: three violations in all, though
     // no replica saw more than one. The third starts the ban.
