@@ -597,13 +597,19 @@ async fn one_worker_thread_serves_and_limits_the_same() {
     assert_eq!(codes, [OK, OK, OK, OVER_LIMIT]);
 }
 
-/// 5 an hour per user: a flood of distinct users must not buy the attacker more.
+/// 5 a day per user: a flood of distinct users must not buy the attacker more.
 const PER_USER: &str = r#"
 domain: shop
 descriptors:
   - key: user
-    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+    rate_limit: {unit: day, requests_per_unit: 5, algorithm: fixed_window}
 "#;
+
+/// The per-user counts take seconds (thousands of calls): begin them with a minute
+/// of their day's window to spare, so that no count starts again halfway.
+async fn early_in_a_day() {
+    early_in_a_window(Duration::from_secs(86_400), Duration::from_secs(60)).await;
+}
 
 fn per_user(user: &str) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     request("shop", vec![desc(&[("user", user)])])
@@ -624,6 +630,7 @@ fn series(server: &Server, name: &str) -> u64 {
 async fn a_flood_of_distinct_keys_resets_no_counter() {
     let server = Server::start(PER_USER, &["--max-keys", "1000"]);
     let mut c = server.client().await;
+    early_in_a_day().await;
     for left in (0..5).rev() {
         let r = call(&mut c, per_user("attacker")).await;
         assert_eq!((r.overall_code, remaining(&r, 0)), (OK, left));
@@ -660,7 +667,7 @@ async fn a_flood_of_distinct_keys_resets_no_counter() {
         let r = call(&mut c, per_user(&format!("steady-{i}"))).await;
         assert_eq!((r.overall_code, remaining(&r, 0)), (OK, 2), "steady-{i}");
     }
-    // Nothing dropped: every counter is in its hour. The store is full, and each
+    // Nothing dropped: every counter is in its day. The store is full, and each
     // flood key past those it could hold was refused.
     assert_eq!(
         series(&server, r#"sluice_active_keys{store="memory"}"#),
@@ -683,6 +690,7 @@ async fn a_full_store_denies_new_keys_of_a_closed_domain() {
     let closed = format!("{PER_USER}failure_mode: closed\n");
     let server = Server::start(&closed, &["--max-keys", "64"]);
     let mut c = server.client().await;
+    early_in_a_day().await;
     // One counter a shard: 2,000 users fill every shard, and those kept count on.
     let mut kept = Vec::new();
     for i in 0..2000 {
@@ -703,9 +711,9 @@ async fn a_full_store_denies_new_keys_of_a_closed_domain() {
     }
     let r = call(&mut c, per_user("newcomer")).await;
     assert_eq!(r.overall_code, OVER_LIMIT);
-    // Until the hour's counters end.
+    // Until the day's counters end.
     let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
-    assert!((1..=3600).contains(&reset.seconds), "{reset:?}");
+    assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
 }
 
 /// `POST /json` reads at most `--max-request-bytes`: a larger body is refused with
