@@ -36,15 +36,17 @@ impl TestStore {
             .expect("decided")
     }
 
-    async fn start(shards: usize) -> TestStore {
+    /// A store on `shards` fresh servers, on Redis TIME or on `clock`.
+    async fn start(shards: usize, clock: Option<Arc<dyn Clock>>) -> TestStore {
         let mut servers = Vec::new();
         for _ in 0..shards {
             servers.push(RedisServer::start().await);
         }
         let urls = servers.iter().map(RedisServer::url).collect();
         let metrics = Arc::new(sluice::telemetry::Metrics::new());
-        let store =
-            RedisStore::new(Options::new(urls, false), Some(metrics.clone())).expect("store");
+        let mut opts = Options::new(urls, false);
+        opts.fixed_clock = clock;
+        let store = RedisStore::new(opts, Some(metrics.clone())).expect("store");
         TestStore {
             store,
             servers,
@@ -76,12 +78,23 @@ async fn start(shards: usize) -> Option<TestStore> {
     if !available() {
         return None;
     }
-    Some(TestStore::start(shards).await)
+    Some(TestStore::start(shards, None).await)
+}
+
+/// As [`start`], deciding at one instant (the start of an hour), as the memory
+/// store's contract does: on Redis TIME a window could end between two of the
+/// contract's calls and start its count again.
+async fn start_fixed(shards: usize) -> Option<TestStore> {
+    if !available() {
+        return None;
+    }
+    let clock = ManualClock::new(1_764_000_000 * SECOND);
+    Some(TestStore::start(shards, Some(Arc::new(clock))).await)
 }
 
 mod contract_one_shard {
     use super::*;
-    crate::common::contract::store_contract!(match start(1).await {
+    crate::common::contract::store_contract!(match start_fixed(1).await {
         Some(s) => s,
         None => return,
     });
@@ -90,7 +103,7 @@ mod contract_one_shard {
 mod contract_two_shards {
     use super::*;
     // Two-key batches usually span both shards: what one consumed is given back.
-    crate::common::contract::store_contract!(match start(2).await {
+    crate::common::contract::store_contract!(match start_fixed(2).await {
         Some(s) => s,
         None => return,
     });
@@ -895,7 +908,7 @@ descriptors:
   - key: fixed_window
     rate_limit: {unit: day, requests_per_unit: 1000, algorithm: fixed_window}
   - key: sliding_window_log
-    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: sliding_window_log}
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_window_log}
   - key: sliding_window_counter
     rate_limit: {unit: day, requests_per_unit: 1000, algorithm: sliding_window_counter}
   - key: token_bucket
@@ -938,10 +951,12 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     if !available() {
         return;
     }
-    // Windows of a day (a minute for the log, which is exact in any window) keep the
-    // count free of window boundaries and refills during the run.
+    // Windows of a day (an hour for the log, exact in any window the run fits in)
+    // keep the count free of refills during the run, and a start with two minutes
+    // of the day to spare keeps the fixed window's count from starting again.
     let shards = [RedisServer::start().await, RedisServer::start().await];
     let servers = replicas(&shards);
+    common::early_in_a_window(Duration::from_secs(86_400), Duration::from_secs(120)).await;
     for alg in [
         "fixed_window",
         "sliding_window_log",
@@ -976,7 +991,8 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     }
 
     // Layers: the tenant denies; edge and service keep only the admitted requests,
-    // wherever their counters live.
+    // wherever their counters live. The edge counts in an hour's fixed window.
+    common::early_in_a_window(Duration::from_secs(3_600), Duration::from_secs(10)).await;
     let layered = || {
         common::request(
             "exact",
@@ -1031,6 +1047,9 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     let cluster = common::redis::RedisCluster::start(3).await;
     let mut opts = Options::new(cluster.urls(), true);
     opts.key_count_interval = Duration::from_millis(50);
+    // One instant at the start of an hour: no count starts again between the calls,
+    // and no fixed window's key expires before the keys are counted.
+    opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
     let store = RedisStore::new(opts, None).expect("store");
     for alg in common::contract::ALL {
         let key = format!("cluster-{}", alg.as_str());
@@ -2061,6 +2080,8 @@ async fn active_keys_follow_the_counters_on_every_shard() {
     let servers = [RedisServer::start().await, RedisServer::start().await];
     let mut opts = Options::new(servers.iter().map(RedisServer::url).collect(), false);
     opts.key_count_interval = Duration::from_millis(50);
+    // At the start of an hour: no key expires with its window before it is counted.
+    opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
     let store = RedisStore::new(opts, None).expect("store");
     admit_distinct_keys(&store, "k", 40).await;
     wait_for_active_keys(&store, 40).await;
@@ -2078,8 +2099,8 @@ async fn active_keys_follow_the_counters_on_every_shard() {
     wait_for_active_keys(&store, 0).await;
 }
 
-/// Admits one hit on each of `n` fresh fixed-window keys (hour windows, so none
-/// expires during a test).
+/// Admits one hit on each of `n` fresh fixed-window keys of an hour. Each expires at
+/// its window's end: a test that counts them decides at the start of an hour.
 async fn admit_distinct_keys(store: &RedisStore, prefix: &str, n: usize) {
     for i in 0..n {
         let h = hit(
