@@ -1783,7 +1783,9 @@ async fn a_shard_on_a_unix_socket_decides_like_one_on_tcp() {
     let socket = socket.to_str().expect("utf-8 path");
     let server =
         RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"]).await;
-    let opts = Options::new(vec![format!("unix://{socket}")], false);
+    let mut opts = Options::new(vec![format!("unix://{socket}")], false);
+    // One instant: no window ends between the three calls.
+    opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
     let store = RedisStore::new(opts, None).expect("store");
     let h = hit("over-unix", Algorithm::FixedWindow, 2, 60 * SECOND, 1);
     let mut admitted = Vec::new();

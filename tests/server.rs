@@ -72,6 +72,8 @@ fn remaining(
 async fn counts_down_then_denies_with_limit_and_headers() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
+    // A fixed window of a minute: the calls (milliseconds) within one.
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
     for expected in (0..10).rev() {
         let r = call(
             &mut c,
@@ -127,6 +129,8 @@ async fn counts_down_then_denies_with_limit_and_headers() {
 async fn a_denied_request_spends_nothing_of_its_other_layers() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
+    // A fixed window of a minute: the calls (milliseconds) within one.
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
     let layered = || {
         request(
             "shop",
@@ -338,6 +342,8 @@ async fn bad_requests_get_invalid_argument() {
     }
     // A descriptor without entries (Envoy sends one when a `skip_if_absent` action
     // finds nothing) matches nothing; the request's other limits still apply.
+    // A fixed window of a minute: the calls (milliseconds) within one.
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
     for _ in 0..10 {
         call(
             &mut c,
