@@ -153,9 +153,12 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
 
     const DAY: Micros = 86_400 * SECOND;
     // (requests, window, burst): small and realistic limits, including ones whose
-    // requests * window is far beyond 2^53 (a million per day, 2^40 per hour).
-    let limits: [(u64, Micros, u64); 8] = [
+    // requests * window is far beyond 2^53 (a million per day, 2^40 per hour), and
+    // ones whose interval is no whole number of microseconds (3 a second, 37 a day).
+    let limits: [(u64, Micros, u64); 10] = [
         (5, SECOND, 5),
+        (3, SECOND, 3),
+        (37, DAY, 37),
         (3, 10, 1),
         (7, 1_000, 3),
         (1_000, 60 * SECOND, 1_000),
@@ -174,7 +177,7 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         for _ in 0..n {
             let (r, w, b) = limits[rng.next(limits.len() as u64) as usize];
             let alg = algorithms[rng.next(5) as usize];
-            let key = format!("eq-{}-{}-{}", alg.as_str(), r, rng.next(3));
+            let key = format!("eq-{}-{}-{}-{}", alg.as_str(), r, w, rng.next(3));
             let hits = match rng.next(10) {
                 0 => 0,
                 1 => r.saturating_add(1).min(1 << 41),
@@ -1397,6 +1400,107 @@ async fn over_two_shards(
     (a, b, peek)
 }
 
+/// 3 per second with a burst of 3: a token every 333,333.3 µs.
+fn three_a_second(key: &str, algorithm: Algorithm, hits: u64) -> Hit {
+    hit(key, algorithm, 3, SECOND, hits)
+}
+
+#[tokio::test]
+async fn a_full_bucket_gives_its_whole_burst_at_one_instant() {
+    let Some(t) = start_fixed(1).await else {
+        return;
+    };
+    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        // One request at a time, and 2 + 1.
+        let key = format!("burst-{}", alg.as_str());
+        let mut left = Vec::new();
+        for _ in 0..3 {
+            let v = t.one(&three_a_second(&key, alg, 1)).await;
+            assert!(v.admitted, "{alg:?}: denied after {left:?}");
+            left.push(v.verdicts[0].remaining);
+        }
+        assert_eq!(left, [2, 1, 0], "{alg:?}");
+        let v = t.one(&three_a_second(&key, alg, 1)).await;
+        assert!(!v.admitted, "{alg:?}: a 4th hit at the same instant");
+        assert_eq!(v.verdicts[0].retry_after, 333_334);
+        let key = format!("burst-2-1-{}", alg.as_str());
+        let v = t.one(&three_a_second(&key, alg, 2)).await;
+        assert_eq!(v.verdicts[0].remaining, 1, "{alg:?}");
+        assert!(t.one(&three_a_second(&key, alg, 1)).await.admitted);
+        assert!(!t.one(&three_a_second(&key, alg, 1)).await.admitted);
+    }
+    // Concurrent requests, coalesced into shared script calls.
+    let store = Arc::new(t.store.clone());
+    let admitted = flood(&store, 4, |_| {
+        vec![three_a_second("burst-coalesced", Algorithm::TokenBucket, 1)]
+    })
+    .await;
+    assert_eq!(admitted, 3);
+}
+
+#[tokio::test]
+async fn a_bucket_written_by_an_older_sluice_reads_as_its_rounded_up_time() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let t = 1_764_000_000 * SECOND;
+    let clock = ManualClock::new(t);
+    let store = fixed_time_store(&server, &clock);
+    let h = three_a_second("older", Algorithm::TokenBucket, 1);
+    let key = shard::redis_key("sluice:", &h);
+    let mut conn = server.conn().await;
+    // Two hits as an older sluice stored them: each cost rounded up, no remainder.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(t + 666_668)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(!v.admitted);
+    assert_eq!(v.verdicts[0].retry_after, 2);
+    clock.advance(2);
+    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    assert!(v.admitted);
+    // Written in the new form: tat rounded up and its remainder in thirds of a µs.
+    assert_eq!(
+        dump(&mut conn, &key).await,
+        [format!("{} 2", t + 1_000_002)]
+    );
+}
+
+#[tokio::test]
+async fn a_bucket_refund_gives_back_exactly_what_was_taken() {
+    let Some(t) = start_fixed(2).await else {
+        return;
+    };
+    let mut conn = t.servers[0].conn().await;
+    for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let a = three_a_second(&key_on(&format!("give-{}", alg.as_str()), 0, 2), alg, 1);
+        let key = shard::redis_key("sluice:", &a);
+        // Shard 1 denies every request with `a` in it.
+        let b = hit(
+            &key_on(&format!("deny-{}", alg.as_str()), 1, 2),
+            Algorithm::FixedWindow,
+            0,
+            SECOND,
+            1,
+        );
+        assert!(t.one(&a).await.admitted);
+        let before = dump(&mut conn, &key).await;
+        for _ in 0..5 {
+            let v = t.store.decide(&[a.clone(), b.clone()]).await.unwrap();
+            assert!(!v.admitted);
+            assert!(v.verdicts[0].admitted, "shard 0 admitted, then gave back");
+        }
+        assert_eq!(dump(&mut conn, &key).await, before, "{alg:?}");
+        assert!(t.one(&a).await.admitted);
+        assert!(t.one(&a).await.admitted);
+        assert!(!t.one(&a).await.admitted);
+    }
+}
+
 #[tokio::test]
 async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up() {
     let Some(t) = start_fixed(2).await else {
@@ -1540,7 +1644,10 @@ async fn flood(store: &Arc<RedisStore>, n: usize, hits: impl Fn(usize) -> Vec<Hi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_script_calls_and_stay_exact() {
-    let Some(t) = start(1).await else { return };
+    // At one instant: on Redis TIME a day's window could end during the floods.
+    let Some(t) = start_fixed(1).await else {
+        return;
+    };
     let store = Arc::new(t.store.clone());
     let mut conn = t.servers[0].conn().await;
     const N: usize = 2_000;
@@ -1589,7 +1696,10 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
         Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
     ] {
+        // 37 a day: an interval of 2,335,135,135.1 µs, so exact only without
+        // rounding each cost.
         let key = format!("co-one-{}", alg.as_str());
         let admitted = flood(&store, 500, |_| vec![hit(&key, alg, 37, DAY, 1)]).await;
         assert_eq!(admitted, 37, "{alg:?}");

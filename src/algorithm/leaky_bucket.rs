@@ -1,21 +1,25 @@
 //! leaky_bucket: a queue of `burst` hits that drains at `requests` per `window`.
 //!
-//! Stored as the virtual time `tat` at which the queue is empty. At `now` it holds
-//! (max(tat, now) - now) * requests / window hits. A request of `hits` finds room when
+//! Stored as the virtual time at which the queue is empty, exact as in token_bucket
+//! (whole microseconds rounded up, `tat`, less `rem` / requests). At `now` the queue
+//! holds (max(tat, now) - now) * requests / window hits. A request of `hits` finds
+//! room when
 //!
 //!   hits <= burst  and  (base - now) * requests <= (burst - hits) * window
 //!
-//! with base = max(tat, now) (exact, in u128: the same test as token_bucket). It is
-//! admitted with delay = base - now: its turn comes when the hits queued before it
-//! have drained, at once for an empty queue. Its hits then occupy the queue until
-//! tat = base + ceil(hits * window / requests); rounding up keeps the upstream rate at
-//! or below the limit. A request that finds no room is denied at once. A check
-//! (`hits == 0`) joins no queue (delay 0) and is judged as in token_bucket.
+//! with base = max(exact tat, now) (exact, in u128: the same test as token_bucket).
+//! It is admitted with delay = base - now rounded up to a microsecond: its turn comes
+//! when the hits queued before it have drained, at once for an empty queue. Its hits
+//! then occupy the queue until base + hits * window / requests, exactly, so a queue of
+//! `burst` takes `burst` hits at one instant however they are split into requests. A
+//! request that finds no room is denied at once. A check (`hits == 0`) joins no
+//! queue (delay 0) and is judged as in token_bucket.
 //!
-//! Guarantees (tested): the release time (now + delay) of each admitted request is at
-//! least the previous release plus previous hits * window / requests, and the hits
-//! admitted but not yet released at any admission, plus the new ones, never exceed
-//! `burst`.
+//! Guarantees (tested): no request is released before its exact turn, so the release
+//! times (now + delay) of admitted requests i < j are at least the hits of i..j times
+//! window / requests apart, less under one microsecond of rounding (which never adds
+//! up); and the hits admitted but not yet released at any admission, plus the new
+//! ones, never exceed `burst`.
 
 use super::token_bucket::Gcra;
 use super::{Limit, Micros, Step, Verdict};
@@ -23,8 +27,10 @@ use super::{Limit, Micros, Step, Verdict};
 /// Stored state of one leaky_bucket counter.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
-    /// When the queue will have drained (microseconds).
+    /// When the queue will have drained, in microseconds rounded up.
     pub tat: Micros,
+    /// What the rounding up added, in 1 / requests µs (see token_bucket's `State`).
+    pub rem: u64,
 }
 
 /// Decides one request of `hits` at `now`. A check (`hits == 0`) joins no queue, so
@@ -41,45 +47,47 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             next: None,
         };
     };
-    let tat = state.map_or(now, |s| s.tat);
-    let base = tat.max(now);
-    let backlog = base - now;
-    let next_tat = g.next_tat(base, hits);
-    if g.fits(backlog, hits) {
+    let start = g.start(state.map(|s| (s.tat, s.rem)), now);
+    let next = g.next(&start, hits);
+    let wait = g.wait(start.backlog);
+    if g.fits(start.backlog, hits) {
         if hits == 0 {
             return Step {
                 verdict: Verdict {
                     admitted: true,
-                    remaining: g.remaining(backlog),
-                    reset: backlog,
+                    remaining: g.remaining(start.backlog),
+                    reset: wait,
                     ..Verdict::default()
                 },
                 next: None,
             };
         }
-        if let Some(tat) = next_tat {
+        if let Some(n) = next {
             return Step {
                 verdict: Verdict {
                     admitted: true,
-                    remaining: g.remaining(tat - now),
-                    reset: tat - now,
+                    remaining: g.remaining(n.backlog),
+                    reset: n.tat - now,
                     retry_after: 0,
-                    delay: backlog,
+                    delay: wait,
                     next_room: 0,
                 },
-                next: Some(State { tat }),
+                next: Some(State {
+                    tat: n.tat,
+                    rem: n.rem,
+                }),
             };
         }
     }
     Step {
         verdict: Verdict {
             admitted: false,
-            remaining: g.remaining(backlog),
-            reset: backlog,
+            remaining: g.remaining(start.backlog),
+            reset: wait,
             // The queue only shrinks while waiting, but base + cost never does: one
             // that runs past the end of time never fits.
-            retry_after: match next_tat {
-                Some(_) => g.retry_after(tat, now, hits),
+            retry_after: match next {
+                Some(_) => g.retry_after(&start, hits),
                 None => u64::MAX,
             },
             delay: 0,
@@ -96,7 +104,7 @@ pub fn expires_at(_limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties};
+    use crate::algorithm::testkit::{self, bucket_splits, hit, run, scenarios, shared_properties};
     use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
@@ -175,6 +183,29 @@ mod tests {
         assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
     }
 
+    #[test]
+    fn an_uneven_interval_queues_the_whole_burst_at_one_instant() {
+        // 3 per second: turns every 333,333.3 µs, each held to the microsecond at or
+        // after it.
+        let l = limit(3, SECOND, 3);
+        let mut s = None;
+        let v: Vec<_> = (0..3).map(|_| hit(&l, &mut s, T0, 1)).collect();
+        assert_eq!(
+            v.iter()
+                .map(|v| (v.admitted, v.delay, v.remaining))
+                .collect::<Vec<_>>(),
+            vec![(true, 0, 2), (true, 333_334, 1), (true, 666_667, 0)]
+        );
+        assert!(!hit(&l, &mut s, T0, 1).admitted);
+        for parts in [vec![2, 1], vec![1, 2], vec![3]] {
+            testkit::whole_burst_at_one_instant(&l, T0, &parts).unwrap();
+        }
+        let day = limit(37, 86_400 * SECOND, 37);
+        for parts in [vec![1; 37], vec![36, 1], vec![1, 36], vec![37]] {
+            testkit::whole_burst_at_one_instant(&day, T0, &parts).unwrap();
+        }
+    }
+
     // Also: `testkit::run` checks that a fresh counter's first request is not held,
     // and the shared `verdict_fields_are_exact` that a denial is never held.
     shared_properties!(A);
@@ -183,23 +214,44 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
+        fn the_whole_burst_at_one_instant_in_any_split((l, now, parts) in bucket_splits(A)) {
+            testkit::whole_burst_at_one_instant(&l, now, &parts)?;
+        }
+
+        #[test]
         fn releases_are_spaced_and_the_queue_holds_at_most_burst(
             (l, start, steps) in scenarios(A),
         ) {
             let (admitted, _, _) = run(&l, start, &steps);
             let release = |i: usize| admitted[i].at + admitted[i].delay;
             let (r, w) = (u128::from(l.requests), u128::from(l.window));
-            for i in 1..admitted.len() {
-                let (r0, h0, r1) = (release(i - 1), admitted[i - 1].hits, release(i));
-                prop_assert!(r1 >= r0);
-                prop_assert!(u128::from(r1 - r0) * r >= u128::from(h0) * w);
+            for i in 0..admitted.len() {
+                // The hits of i..j take (j's release - i's release) at the rate, short
+                // of it by less than a microsecond of rounding.
+                let mut hits = 0u128;
+                for j in i + 1..admitted.len() {
+                    hits += u128::from(admitted[j - 1].hits);
+                    prop_assert!(release(j) >= release(j - 1));
+                    let apart = u128::from(release(j) - release(i));
+                    prop_assert!((apart + 1) * r > hits * w, "{} hits {} us apart", hits, apart);
+                }
             }
             for (i, now) in admitted.iter().map(|a| a.at).enumerate() {
-                let queued: u64 = (0..=i)
+                // Waiting (released later), and waiting or leaving now: the latter
+                // over `burst` by less than a microsecond's drain.
+                let waiting: u64 = (0..=i)
+                    .filter(|&k| k == i || release(k) > now)
+                    .map(|k| admitted[k].hits)
+                    .sum();
+                prop_assert!(waiting <= l.burst, "{} waiting at {}", waiting, now);
+                let held: u64 = (0..=i)
                     .filter(|&k| release(k) >= now)
                     .map(|k| admitted[k].hits)
                     .sum();
-                prop_assert!(queued <= l.burst, "{} queued at {}", queued, now);
+                prop_assert!(
+                    u128::from(held) * w < u128::from(l.burst) * w + r,
+                    "{} held at {}", held, now,
+                );
             }
         }
 

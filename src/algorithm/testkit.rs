@@ -168,13 +168,70 @@ pub(crate) fn any_state(a: Algorithm) -> BoxedStrategy<State> {
                 })
             })
             .boxed(),
-        Algorithm::TokenBucket => edgy()
-            .prop_map(|tat| State::TokenBucket(token_bucket::State { tat }))
+        Algorithm::TokenBucket => (edgy(), edgy())
+            .prop_map(|(tat, rem)| State::TokenBucket(token_bucket::State { tat, rem }))
             .boxed(),
-        Algorithm::LeakyBucket => edgy()
-            .prop_map(|tat| State::LeakyBucket(leaky_bucket::State { tat }))
+        Algorithm::LeakyBucket => (edgy(), edgy())
+            .prop_map(|(tat, rem)| State::LeakyBucket(leaky_bucket::State { tat, rem }))
             .boxed(),
     }
+}
+
+/// `parts` of at least one hit each, cut from `sizes` so that they add up to `burst`.
+pub(crate) fn split(burst: u64, sizes: &[u64]) -> Vec<u64> {
+    let mut parts = Vec::new();
+    let mut left = burst;
+    for &s in sizes.iter().cycle().take(burst as usize) {
+        if left == 0 {
+            break;
+        }
+        let part = s.clamp(1, left);
+        parts.push(part);
+        left -= part;
+    }
+    parts
+}
+
+/// A full bucket (an empty queue) at `now` admits exactly `burst` hits in requests of
+/// `parts`, each leaving what is left as `remaining`, and then not one hit more.
+pub(crate) fn whole_burst_at_one_instant(
+    l: &Limit,
+    now: Micros,
+    parts: &[u64],
+) -> Result<(), TestCaseError> {
+    let mut s = None;
+    let mut left = l.burst;
+    for &part in parts {
+        let v = hit(l, &mut s, now, part);
+        prop_assert!(v.admitted, "{} of {} left, {} denied", left, l.burst, part);
+        left -= part;
+        prop_assert_eq!(v.remaining, left);
+    }
+    prop_assert_eq!(left, 0);
+    let v = hit(l, &mut s, now, 1);
+    prop_assert!(!v.admitted);
+    // The next token comes one emission interval later, rounded up to a microsecond.
+    let interval = u128::from(l.window).div_ceil(u128::from(l.requests));
+    prop_assert_eq!(u128::from(v.retry_after), interval);
+    Ok(())
+}
+
+/// Bucket limits with room (requests and burst > 0), windows from 1 µs to a year.
+pub(crate) fn bucket_splits(a: Algorithm) -> impl Strategy<Value = (Limit, Micros, Vec<u64>)> {
+    const YEAR: Micros = 365 * 86_400 * SECOND;
+    (
+        prop_oneof![1u64..10, 1u64..100_000, Just(1 << 40)],
+        prop_oneof![
+            1u64..10,
+            1u64..10 * SECOND,
+            Just(86_400 * SECOND),
+            Just(YEAR)
+        ],
+        1u64..80,
+        T0..T0 + 10 * YEAR,
+        prop::collection::vec(1u64..10, 1..20),
+    )
+        .prop_map(move |(r, w, b, now, sizes)| (limit(a, r, w, b), now, split(b, &sizes)))
 }
 
 /// A state at or after `expires_at` decides like a fresh counter.

@@ -1,35 +1,64 @@
 //! token_bucket: capacity `burst`, refilled continuously at `requests` per `window`.
 //!
-//! Stored as GCRA: `tat`, the theoretical arrival time at which the bucket is full
-//! again. Each hit costs window / requests of time (the emission interval), so at
-//! `now` the bucket holds burst - (max(tat, now) - now) * requests / window tokens.
-//! With base = max(tat, now), a request of `hits` is admitted when
+//! Stored as GCRA: the theoretical arrival time at which the bucket is full again.
+//! Each hit costs window / requests µs (the emission interval), so at `now` the
+//! bucket holds burst - (max(tat, now) - now) * requests / window tokens.
+//!
+//! The arithmetic is exact, in ticks of 1 / requests µs, where a hit costs exactly
+//! `window` ticks: nothing is rounded per request, so rounding errors cannot add up
+//! and a full bucket gives its whole burst at one instant however it is split into
+//! requests. The exact tat is stored as whole microseconds rounded up, `tat`, and
+//! what that rounding added, `rem` ticks (0 <= rem < requests): exact tat = tat - rem
+//! / requests. With base = max(exact tat, now), a request of `hits` is admitted when
 //!
 //!   hits <= burst  and  (base - now) * requests <= (burst - hits) * window
 //!
-//! (exact: base - now <= floor((burst - hits) * window / requests)), and then
-//! tat = base + ceil(hits * window / requests). Rounding the stored cost up only ever
-//! takes tokens away, so over any span T admitted hits stay <= burst + requests * T /
-//! window. A check (`hits == 0`) is refused only when the bucket owes more than the
-//! rounding allows: base - now > ceil(burst * window / requests). `requests == 0`
-//! admits nothing.
+//! and then the exact tat becomes base + hits * window / requests. So over any span T
+//! admitted hits stay <= burst + requests * T / window, exactly. A check (`hits ==
+//! 0`) is refused only when the bucket owes more than its capacity rounded up to a
+//! microsecond: tat - now > ceil(burst * window / requests), which only a state of
+//! another limit or an older sluice (which rounded each cost up and stored no
+//! remainder; its state reads as rem = 0) can owe. `requests == 0` admits nothing.
 //!
-//! The same arithmetic serves leaky_bucket, where `tat` is when the queue drains.
+//! The same arithmetic serves leaky_bucket, where the tat is when the queue drains.
 
 use super::{Limit, Micros, Step, Verdict};
 
 /// Stored state of one token_bucket counter.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
-    /// Theoretical arrival time: when the bucket is full again (microseconds).
+    /// Theoretical arrival time, when the bucket is full again, in microseconds
+    /// rounded up.
     pub tat: Micros,
+    /// What the rounding up added, in 1 / requests µs: the exact time is tat - rem /
+    /// requests. Below `requests`; a larger value (a state of another limit) reads as
+    /// 0.
+    pub rem: u64,
 }
 
-/// Admission arithmetic shared with leaky_bucket. `requests > 0` everywhere.
+/// Admission arithmetic shared with leaky_bucket, in ticks of 1 / requests µs.
+/// `requests > 0` everywhere.
 pub(super) struct Gcra {
     requests: u128,
     window: u128,
     burst: u64,
+}
+
+/// The state after an admission.
+pub(super) struct Next {
+    pub(super) tat: Micros,
+    pub(super) rem: u64,
+    /// Its backlog at the decision's `now`, in ticks.
+    pub(super) backlog: u128,
+}
+
+/// Where a decision at `now` starts, in ticks.
+pub(super) struct Start {
+    now: Micros,
+    /// max(exact tat, now).
+    pub(super) base: u128,
+    /// base - now: what the bucket owes (the queue holds).
+    pub(super) backlog: u128,
 }
 
 impl Gcra {
@@ -42,48 +71,88 @@ impl Gcra {
         })
     }
 
-    /// The largest backlog (max(tat, now) - now) at which `hits` still fit:
-    /// floor((burst - hits) * window / requests), `None` when hits > burst. A check
-    /// (`hits == 0`) is only refused once the bucket owes more than its capacity beyond
-    /// the rounding of stored costs: ceil(burst * window / requests).
-    pub(super) fn slack(&self, hits: u64) -> Option<u128> {
-        let room = u128::from(self.burst.checked_sub(hits)?) * self.window;
-        Some(if hits == 0 {
-            room.div_ceil(self.requests)
+    /// The decision's base and backlog at `now` for a stored (tat, rem).
+    pub(super) fn start(&self, state: Option<(Micros, u64)>, now: Micros) -> Start {
+        let at_now = u128::from(now) * self.requests;
+        let base = state.map_or(at_now, |(tat, rem)| {
+            let rem = u128::from(rem);
+            let rem = if rem < self.requests { rem } else { 0 };
+            // tat * requests < 2^128; only a made-up state has tat 0 and rem > 0.
+            (u128::from(tat) * self.requests)
+                .saturating_sub(rem)
+                .max(at_now)
+        });
+        Start {
+            now,
+            base,
+            backlog: base - at_now,
+        }
+    }
+
+    /// `backlog` ticks in whole microseconds, rounded up: the stored tat - now.
+    pub(super) fn wait(&self, backlog: u128) -> Micros {
+        // At most the stored tat, so it fits.
+        backlog.div_ceil(self.requests) as Micros
+    }
+
+    /// Whether `hits` fit with `backlog` ticks owed: backlog <= (burst - hits) *
+    /// window; for a check, wait(backlog) <= ceil(burst * window / requests).
+    pub(super) fn fits(&self, backlog: u128, hits: u64) -> bool {
+        let Some(room) = self.burst.checked_sub(hits) else {
+            return false;
+        };
+        let room = u128::from(room) * self.window;
+        if hits == 0 {
+            u128::from(self.wait(backlog)) <= room.div_ceil(self.requests)
         } else {
-            room / self.requests
+            backlog <= room
+        }
+    }
+
+    /// The state once `hits` are added at the start's base. `None` if its tat does
+    /// not fit in Micros.
+    pub(super) fn next(&self, start: &Start, hits: u64) -> Option<Next> {
+        let cost = u128::from(hits) * self.window;
+        let end = start.base.checked_add(cost)?;
+        let whole = end / self.requests;
+        let part = end - whole * self.requests;
+        let (tat, rem) = if part == 0 {
+            (whole, 0)
+        } else {
+            (whole + 1, self.requests - part)
+        };
+        Some(Next {
+            tat: Micros::try_from(tat).ok()?,
+            // rem < requests <= u64::MAX.
+            rem: rem as u64,
+            backlog: start.backlog + cost,
         })
     }
 
-    /// Whether `hits` fit with `backlog` already owed.
-    pub(super) fn fits(&self, backlog: Micros, hits: u64) -> bool {
-        self.slack(hits)
-            .is_some_and(|slack| u128::from(backlog) <= slack)
-    }
-
-    /// The time `hits` add to the backlog: ceil(hits * window / requests). `None` if
-    /// `base` plus that does not fit in Micros.
-    pub(super) fn next_tat(&self, base: Micros, hits: u64) -> Option<Micros> {
-        let cost = (u128::from(hits) * self.window).div_ceil(self.requests);
-        u64::try_from(u128::from(base) + cost).ok()
-    }
-
-    /// Hits that still fit with `backlog` owed: burst - ceil(backlog * requests /
-    /// window), at least 0.
-    pub(super) fn remaining(&self, backlog: Micros) -> u64 {
-        let owed = (u128::from(backlog) * self.requests).div_ceil(self.window);
+    /// Hits that still fit with `backlog` ticks owed: burst - ceil(backlog / window),
+    /// at least 0.
+    pub(super) fn remaining(&self, backlog: u128) -> u64 {
+        let owed = backlog.div_ceil(self.window);
         // At most `burst`, so it fits in u64.
         u128::from(self.burst).saturating_sub(owed) as u64
     }
 
-    /// For a denied request: the wait until the backlog has shrunk to the slack,
-    /// i.e. until tat - slack. `u64::MAX` when hits > burst.
-    pub(super) fn retry_after(&self, tat: Micros, now: Micros, hits: u64) -> Micros {
-        self.slack(hits).map_or(u64::MAX, |slack| {
-            let at = u128::from(tat).saturating_sub(slack);
-            // `at <= tat`, so the difference fits.
-            at.saturating_sub(u128::from(now)) as Micros
-        })
+    /// For a denied request: the wait until `hits` fit, the first whole microsecond
+    /// at which the backlog has shrunk to what they allow. `u64::MAX` when hits >
+    /// burst.
+    pub(super) fn retry_after(&self, start: &Start, hits: u64) -> Micros {
+        let Some(room) = self.burst.checked_sub(hits) else {
+            return u64::MAX;
+        };
+        let room = u128::from(room) * self.window;
+        let at = if hits == 0 {
+            let tat = start.base.div_ceil(self.requests);
+            tat.saturating_sub(room.div_ceil(self.requests))
+        } else {
+            start.base.saturating_sub(room).div_ceil(self.requests)
+        };
+        // `at` is at most the stored tat, so the difference fits.
+        at.saturating_sub(u128::from(start.now)) as Micros
     }
 }
 
@@ -92,29 +161,31 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
     let Some(g) = Gcra::new(limit) else {
         return never(hits);
     };
-    let tat = state.map_or(now, |s| s.tat);
-    let base = tat.max(now);
-    let backlog = base - now;
-    if g.fits(backlog, hits) {
+    let start = g.start(state.map(|s| (s.tat, s.rem)), now);
+    let next = g.next(&start, hits);
+    if g.fits(start.backlog, hits) {
         if hits == 0 {
-            return admit(g.remaining(backlog), backlog, None);
+            return admit(g.remaining(start.backlog), g.wait(start.backlog), None);
         }
-        if let Some(tat) = g.next_tat(base, hits) {
-            return admit(g.remaining(tat - now), tat - now, Some(State { tat }));
+        if let Some(n) = next {
+            let state = State {
+                tat: n.tat,
+                rem: n.rem,
+            };
+            return admit(g.remaining(n.backlog), n.tat - now, Some(state));
         }
     }
     // Waiting never shrinks base + cost below its value now, so a cost that runs past
     // the end of time never fits.
-    let retry_after = if g.next_tat(base, hits).is_none() {
-        u64::MAX
-    } else {
-        g.retry_after(tat, now, hits)
+    let retry_after = match next {
+        Some(_) => g.retry_after(&start, hits),
+        None => u64::MAX,
     };
     Step {
         verdict: Verdict {
             admitted: false,
-            remaining: g.remaining(backlog),
-            reset: backlog,
+            remaining: g.remaining(start.backlog),
+            reset: g.wait(start.backlog),
             retry_after,
             delay: 0,
             next_room: 0,
@@ -154,7 +225,7 @@ pub fn expires_at(_limit: &Limit, state: &State) -> Micros {
 
 #[cfg(test)]
 mod tests {
-    use crate::algorithm::testkit::{self, hit, run, scenarios, shared_properties};
+    use crate::algorithm::testkit::{self, bucket_splits, hit, run, scenarios, shared_properties};
     use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
@@ -198,7 +269,10 @@ mod tests {
         let l = limit(3, 10, 1);
         let mut s = None;
         assert!(hit(&l, &mut s, 100, 1).admitted);
-        assert_eq!(s, Some(State::TokenBucket(super::State { tat: 104 })));
+        assert_eq!(
+            s,
+            Some(State::TokenBucket(super::State { tat: 104, rem: 2 }))
+        );
         let v = hit(&l, &mut s, 100, 1);
         assert_eq!(v.retry_after, 4);
         assert!(hit(&l, &mut s, 104, 1).admitted);
@@ -244,10 +318,114 @@ mod tests {
         assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
     }
 
+    const DAY: Micros = 86_400 * SECOND;
+
+    /// Every way of cutting `n` hits into requests, in order.
+    fn every_split(n: u64) -> Vec<Vec<u64>> {
+        if n == 0 {
+            return vec![Vec::new()];
+        }
+        (1..=n)
+            .flat_map(|first| {
+                every_split(n - first).into_iter().map(move |mut rest| {
+                    rest.insert(0, first);
+                    rest
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_uneven_interval_gives_the_whole_burst_at_one_instant_in_every_split() {
+        // 333,333.3 µs and 2,335,135,135.1 µs per token: rounding each cost up would
+        // deny the last hit of the burst.
+        for l in [limit(3, SECOND, 3), limit(7, 1_000, 7), limit(3, 10, 3)] {
+            for parts in every_split(l.burst) {
+                testkit::whole_burst_at_one_instant(&l, T0, &parts).unwrap();
+            }
+        }
+        let l = limit(37, DAY, 37);
+        let mut splits = vec![
+            vec![1; 37],
+            vec![37],
+            vec![5; 7].into_iter().chain([2]).collect(),
+        ];
+        splits.extend((1..37).map(|k| vec![k, 37 - k]));
+        splits.extend((1..36).map(|k| vec![1; k].into_iter().chain([37 - k as u64]).collect()));
+        for parts in splits {
+            testkit::whole_burst_at_one_instant(&l, T0, &parts).unwrap();
+        }
+    }
+
+    #[test]
+    fn two_of_three_leave_one() {
+        let l = limit(3, SECOND, 3);
+        let mut s = None;
+        assert_eq!(hit(&l, &mut s, T0, 2).remaining, 1);
+        // Exactly two intervals owed: 666,666 µs and two thirds, stored rounded up.
+        assert_eq!(
+            s,
+            Some(State::TokenBucket(super::State {
+                tat: T0 + 666_667,
+                rem: 1
+            }))
+        );
+        let v = hit(&l, &mut s, T0, 1);
+        assert!(v.admitted);
+        assert_eq!((v.remaining, v.reset), (0, SECOND));
+    }
+
+    #[test]
+    fn dense_attempts_get_exactly_burst_plus_rate_times_span() {
+        // One attempt after another, every 100 ms for 10 s at 3 per second, and every
+        // hour for a day at 37 a day: the bound is met exactly at the span's end, where
+        // the last token comes back at the very microsecond.
+        for (l, step, steps, most) in [
+            (limit(3, SECOND, 3), 100_000, 100, 3 + 30),
+            (limit(37, DAY, 37), DAY / 24, 24, 37 + 37),
+        ] {
+            let mut s = None;
+            let mut admitted = 0;
+            for k in 0..=steps {
+                while hit(&l, &mut s, T0 + k * step, 1).admitted {
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, most, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn a_state_without_remainder_reads_as_rounded_up() {
+        // An older sluice stored 2 of 3 per second as tat + 666,668 (each cost rounded
+        // up) and no remainder: read as that time, it still denies the third hit, and
+        // admits it 2 µs later.
+        let l = limit(3, SECOND, 3);
+        let old = State::TokenBucket(super::State {
+            tat: T0 + 666_668,
+            rem: 0,
+        });
+        let v = decide(&l, Some(&old), T0, 1).verdict;
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after, 2);
+        assert!(decide(&l, Some(&old), T0 + 2, 1).verdict.admitted);
+        // A remainder of another limit (not below its requests) reads as 0 too.
+        let odd = State::TokenBucket(super::State {
+            tat: T0 + 666_668,
+            rem: 3,
+        });
+        assert_eq!(decide(&l, Some(&odd), T0, 1), decide(&l, Some(&old), T0, 1));
+    }
+
     shared_properties!(A);
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn the_whole_burst_at_one_instant_in_any_split((l, now, parts) in bucket_splits(A)) {
+            testkit::whole_burst_at_one_instant(&l, now, &parts)?;
+        }
 
         #[test]
         fn never_more_than_burst_plus_rate_times_span((l, start, steps) in scenarios(A)) {

@@ -193,18 +193,26 @@ local function sliding_window_counter(r, w, _, st, now, hits)
   return 0, remaining, reset, retry, 0, nil, 0
 end
 
--- token_bucket and leaky_bucket (GCRA): state {tat}.
+-- token_bucket and leaky_bucket (GCRA): state {tat, rem}, the exact time at which
+-- the bucket is full (the queue empty) as whole microseconds rounded up less rem / r
+-- (0 <= rem < r), so nothing is rounded per request (src/algorithm/token_bucket.rs
+-- works in ticks of 1 / r µs). A state of the old form {tat} (an older sluice, which
+-- rounded each cost up) reads as rem = 0. Each product goes through muldiv:
+-- (burst - hits) * w = q * r + s compares with a backlog of d - rem / r µs without
+-- forming either side.
 
--- Largest backlog at which `hits` still fit, nil when hits > burst.
-local function slack(r, w, b, hits)
-  if hits > b then return nil end
-  if hits == 0 then return muldiv_ceil(b, w, r) end
-  return (muldiv(b - hits, w, r))
+-- ceil((d * r - rem) / w): the tokens a backlog of d - rem / r µs takes.
+local function gcra_owed(r, w, d, rem)
+  local q, s = muldiv(d, r, w)
+  if q >= HUGE then return HUGE end
+  if s > rem then return q + 1 end
+  if s == rem then return q end
+  return q - (idiv(rem - s, w))
 end
 
--- burst - ceil(backlog * requests / window), at least 0.
-local function gcra_remaining(r, w, b, backlog)
-  local owed = muldiv_ceil(backlog, r, w)
+-- burst - gcra_owed, at least 0.
+local function gcra_remaining(r, w, b, d, rem)
+  local owed = gcra_owed(r, w, d, rem)
   if owed >= b then return 0 end
   return b - owed
 end
@@ -214,33 +222,47 @@ local function gcra(r, w, b, st, now, hits, leaky)
     if hits == 0 then return 1, 0, 0, 0, 0, nil, 0 end
     return 0, 0, 0, NEVER, 0, nil, 0
   end
-  local tat = now
-  if st ~= nil then tat = st[1] end
-  local base = tat
-  if now > base then base = now end
-  local backlog = base - now
-  local room = slack(r, w, b, hits)
-  local cost = muldiv_ceil(hits, w, r)
-  local next_tat = nil
-  if cost < HUGE and base + cost < HUGE then next_tat = base + cost end
-  if room ~= nil and backlog <= room then
+  -- base = max(exact tat, now) = bt - br / r; the backlog d - br / r, d = bt - now.
+  local bt, br = now, 0
+  if st ~= nil and st[1] > now then
+    bt = st[1]
+    br = st[2]
+    if br == nil or br >= r then br = 0 end
+  end
+  local d = bt - now
+  -- The room hits leave, q + s / r µs; with hits > burst, none.
+  local q, s, fits = 0, 0, false
+  if hits == 0 then
+    q = muldiv_ceil(b, w, r)
+    fits = d <= q
+  elseif hits <= b then
+    q, s = muldiv(b - hits, w, r)
+    fits = d <= q or (d == q + 1 and br + s >= r)
+  end
+  -- The state after: base + hits * w / r = (bt + cq) - (br - cs) / r.
+  local cq, cs = muldiv(hits, w, r)
+  local nt, nr = bt + cq, br - cs
+  if nr < 0 then nt, nr = nt + 1, nr + r end
+  if cq >= HUGE or nt >= HUGE then nt = nil end
+  if fits then
     if hits == 0 then
-      return 1, gcra_remaining(r, w, b, backlog), backlog, 0, 0, nil, 0
+      return 1, gcra_remaining(r, w, b, d, br), d, 0, 0, nil, 0
     end
-    if next_tat ~= nil then
+    if nt ~= nil then
       local delay = 0
-      if leaky then delay = backlog end
-      return 1, gcra_remaining(r, w, b, next_tat - now), next_tat - now, 0, delay,
-        { next_tat }, cost, next_tat
+      if leaky then delay = d end
+      return 1, gcra_remaining(r, w, b, nt - now, nr), nt - now, 0, delay,
+        { nt, nr }, 0, nt
     end
   end
   local retry = NEVER
-  if next_tat ~= nil and room ~= nil then
-    local at = tat - room
-    if at < 0 then at = 0 end
+  if nt ~= nil and hits <= b then
+    -- The first whole µs at which the backlog has shrunk to the room.
+    local at = bt - q
+    if hits > 0 and br + s >= r then at = at - 1 end
     retry = until_(at, now)
   end
-  return 0, gcra_remaining(r, w, b, backlog), backlog, retry, 0, nil, 0
+  return 0, gcra_remaining(r, w, b, d, br), d, retry, 0, nil, 0
 end
 
 -- The algorithm of a code as sent by scripts.rs (the caller passes leaky = code ==

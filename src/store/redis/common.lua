@@ -84,7 +84,9 @@ local function decode(s, code)
   elseif code == 'fw' then
     a, b = string.match(s, '^(%d+) (%d+)$')
   elseif code == 'tb' or code == 'lb' then
-    a = string.match(s, '^(%d+)$')
+    a, b = string.match(s, '^(%d+) (%d+)$')
+    -- An older sluice's bucket: tat alone.
+    if a == nil then a = string.match(s, '^(%d+)$') end
   end
   if c ~= nil then return { tonumber(a), tonumber(b), tonumber(c) } end
   if b ~= nil then return { tonumber(a), tonumber(b) } end

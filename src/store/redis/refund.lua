@@ -2,17 +2,19 @@
 -- (by a limit on another shard). Lua for the same reason as decide.lua: read and
 -- adjust each counter atomically in one round trip.
 --
--- KEYS[i]: the counter. Per hit 4 ARGV values: algorithm code, window, hits, and the
--- refund token decide.lua returned (fixed/sliding counter: the window start charged;
--- log: the entry's timestamp; buckets: the time cost added to tat). Counters that
--- have since expired or moved on are left alone. TTLs are kept.
+-- KEYS[i]: the counter. Per hit 5 ARGV values: algorithm code, requests, window,
+-- hits, and the refund token decide.lua returned (fixed/sliding counter: the window
+-- start charged; log: the entry's timestamp; buckets: none, their cost is hits *
+-- window / requests exactly, taken off the exact tat). Counters that have since
+-- expired or moved on are left alone. TTLs are kept.
 
 for i = 1, #KEYS do
-  local at = (i - 1) * 4
+  local at = (i - 1) * 5
   local code = ARGV[at + 1]
-  local w = tonumber(ARGV[at + 2])
-  local hits = tonumber(ARGV[at + 3])
-  local token = tonumber(ARGV[at + 4])
+  local r = tonumber(ARGV[at + 2])
+  local w = tonumber(ARGV[at + 3])
+  local hits = tonumber(ARGV[at + 4])
+  local token = tonumber(ARGV[at + 5])
   local key = KEYS[i]
   if code == 'sl' then
     local members = redis.call('ZRANGEBYSCORE', key, fmt(token), fmt(token))
@@ -45,8 +47,15 @@ for i = 1, #KEYS do
         elseif st[1] == token + w then
           st[2] = math.max(st[2] - hits, 0)
         end
-      else
-        st[1] = st[1] - token
+      elseif r > 0 then
+        -- tat - rem / r less cq + cs / r (see gcra in algorithms.lua).
+        local cq, cs = muldiv(hits, w, r)
+        local rem = st[2]
+        if rem == nil or rem >= r then rem = 0 end
+        rem = rem + cs
+        st[1] = st[1] - cq
+        if rem >= r then st[1], rem = st[1] - 1, rem - r end
+        st[2] = rem
       end
       redis.call('SET', key, encode(st), 'KEEPTTL')
     end

@@ -408,6 +408,7 @@ pub fn refund_call<'a>(
         let h = &hits[i];
         call.key(shard::redis_key(prefix, h));
         call.arg(shard::code(h.limit.algorithm))
+            .arg(clamp(h.limit.requests))
             .arg(clamp(h.limit.window.max(1)))
             .arg(clamp(h.hits))
             .arg(token);
