@@ -52,12 +52,11 @@ pub(super) struct Next {
     pub(super) backlog: u128,
 }
 
-/// Where a decision at `now` starts, in ticks.
+/// Where a decision at `now` starts.
 pub(super) struct Start {
     now: Micros,
-    /// max(exact tat, now).
-    pub(super) base: u128,
-    /// base - now: what the bucket owes (the queue holds).
+    /// max(exact tat, now) - now in ticks: what the bucket owes (the queue holds).
+    /// Relative to `now`, so that its divisions stay on small numbers.
     pub(super) backlog: u128,
 }
 
@@ -71,22 +70,19 @@ impl Gcra {
         })
     }
 
-    /// The decision's base and backlog at `now` for a stored (tat, rem).
+    /// The decision's backlog at `now` for a stored (tat, rem).
     pub(super) fn start(&self, state: Option<(Micros, u64)>, now: Micros) -> Start {
-        let at_now = u128::from(now) * self.requests;
-        let base = state.map_or(at_now, |(tat, rem)| {
-            let rem = u128::from(rem);
-            let rem = if rem < self.requests { rem } else { 0 };
-            // tat * requests < 2^128; only a made-up state has tat 0 and rem > 0.
-            (u128::from(tat) * self.requests)
-                .saturating_sub(rem)
-                .max(at_now)
-        });
-        Start {
-            now,
-            base,
-            backlog: base - at_now,
-        }
+        let backlog = match state {
+            Some((tat, rem)) if tat > now => {
+                let rem = u128::from(rem);
+                let rem = if rem < self.requests { rem } else { 0 };
+                // (tat - now) * requests >= requests > rem.
+                u128::from(tat - now) * self.requests - rem
+            }
+            // The exact tat is at most `tat`, so not after now.
+            _ => 0,
+        };
+        Start { now, backlog }
     }
 
     /// `backlog` ticks in whole microseconds, rounded up: the stored tat - now.
@@ -109,23 +105,22 @@ impl Gcra {
         }
     }
 
-    /// The state once `hits` are added at the start's base. `None` if its tat does
-    /// not fit in Micros.
+    /// The state once `hits` are added at max(exact tat, now). `None` if its tat
+    /// does not fit in Micros.
     pub(super) fn next(&self, start: &Start, hits: u64) -> Option<Next> {
-        let cost = u128::from(hits) * self.window;
-        let end = start.base.checked_add(cost)?;
-        let whole = end / self.requests;
-        let part = end - whole * self.requests;
-        let (tat, rem) = if part == 0 {
+        let backlog = start.backlog.checked_add(u128::from(hits) * self.window)?;
+        let whole = backlog / self.requests;
+        let part = backlog - whole * self.requests;
+        let (ahead, rem) = if part == 0 {
             (whole, 0)
         } else {
             (whole + 1, self.requests - part)
         };
         Some(Next {
-            tat: Micros::try_from(tat).ok()?,
+            tat: start.now.checked_add(Micros::try_from(ahead).ok()?)?,
             // rem < requests <= u64::MAX.
             rem: rem as u64,
-            backlog: start.backlog + cost,
+            backlog,
         })
     }
 
@@ -145,14 +140,13 @@ impl Gcra {
             return u64::MAX;
         };
         let room = u128::from(room) * self.window;
-        let at = if hits == 0 {
-            let tat = start.base.div_ceil(self.requests);
-            tat.saturating_sub(room.div_ceil(self.requests))
+        let wait = if hits == 0 {
+            u128::from(self.wait(start.backlog)).saturating_sub(room.div_ceil(self.requests))
         } else {
-            start.base.saturating_sub(room).div_ceil(self.requests)
+            start.backlog.saturating_sub(room).div_ceil(self.requests)
         };
-        // `at` is at most the stored tat, so the difference fits.
-        at.saturating_sub(u128::from(start.now)) as Micros
+        // At most the stored tat - now, so it fits.
+        wait as Micros
     }
 }
 

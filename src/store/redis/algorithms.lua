@@ -196,8 +196,8 @@ end
 -- token_bucket and leaky_bucket (GCRA): state {tat, rem}, the exact time at which
 -- the bucket is full (the queue empty) as whole microseconds rounded up less rem / r
 -- (0 <= rem < r), so nothing is rounded per request (src/algorithm/token_bucket.rs
--- works in ticks of 1 / r µs). A state of the old form {tat} (an older sluice, which
--- rounded each cost up) reads as rem = 0. Each product goes through muldiv:
+-- works in ticks of 1 / r µs). {tat} alone is rem = 0, as an older sluice (which
+-- rounded each cost up) wrote every state. Each product goes through muldiv:
 -- (burst - hits) * w = q * r + s compares with a backlog of d - rem / r µs without
 -- forming either side.
 
@@ -251,8 +251,10 @@ local function gcra(r, w, b, st, now, hits, leaky)
     if nt ~= nil then
       local delay = 0
       if leaky then delay = d end
-      return 1, gcra_remaining(r, w, b, nt - now, nr), nt - now, 0, delay,
-        { nt, nr }, 0, nt
+      -- A whole number of µs is stored as the tat alone.
+      local nxt
+      if nr > 0 then nxt = { nt, nr } else nxt = { nt } end
+      return 1, gcra_remaining(r, w, b, nt - now, nr), nt - now, 0, delay, nxt, 0, nt
     end
   end
   local retry = NEVER

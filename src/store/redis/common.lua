@@ -84,9 +84,8 @@ local function decode(s, code)
   elseif code == 'fw' then
     a, b = string.match(s, '^(%d+) (%d+)$')
   elseif code == 'tb' or code == 'lb' then
-    a, b = string.match(s, '^(%d+) (%d+)$')
-    -- An older sluice's bucket: tat alone.
-    if a == nil then a = string.match(s, '^(%d+)$') end
+    -- "tat rem", or "tat" alone: rem 0 (and what an older sluice wrote).
+    a, b = string.match(s, '^(%d+) ?(%d*)$')
   end
   if c ~= nil then return { tonumber(a), tonumber(b), tonumber(c) } end
   if b ~= nil then return { tonumber(a), tonumber(b) } end

@@ -55,7 +55,7 @@ for i = 1, #KEYS do
         rem = rem + cs
         st[1] = st[1] - cq
         if rem >= r then st[1], rem = st[1] - 1, rem - r end
-        st[2] = rem
+        if rem > 0 then st[2] = rem else st[2] = nil end
       end
       redis.call('SET', key, encode(st), 'KEEPTTL')
     end
