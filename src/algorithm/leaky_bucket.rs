@@ -15,11 +15,11 @@
 //! request that finds no room is denied at once. A check (`hits == 0`) joins no
 //! queue (delay 0) and is judged as in token_bucket.
 //!
-//! Guarantees (tested): no request is released before its exact turn, so the release
-//! times (now + delay) of admitted requests i < j are at least the hits of i..j times
-//! window / requests apart, less under one microsecond of rounding (which never adds
-//! up); and the hits admitted but not yet released at any admission, plus the new
-//! ones, never exceed `burst`.
+//! Guarantees (tested): the release times (now + delay) of admitted requests i < j
+//! are at least the hits of i..j-1 times window / requests apart, less under one
+//! microsecond (each release is the microsecond at or after its exact turn, so the
+//! rounding never adds up); and the hits admitted but not yet released at any
+//! admission, plus the new ones, never exceed `burst`.
 
 use super::token_bucket::Gcra;
 use super::{Limit, Micros, Step, Verdict};

@@ -16,9 +16,11 @@
 //! and then the exact tat becomes base + hits * window / requests. So over any span T
 //! admitted hits stay <= burst + requests * T / window, exactly. A check (`hits ==
 //! 0`) is refused only when the bucket owes more than its capacity rounded up to a
-//! microsecond: tat - now > ceil(burst * window / requests), which only a state of
-//! another limit or an older sluice (which rounded each cost up and stored no
-//! remainder; its state reads as rem = 0) can owe. `requests == 0` admits nothing.
+//! microsecond, tat - now > ceil(burst * window / requests): never for a state this
+//! limit wrote, nor for one an older sluice wrote (it rounded each cost up and kept
+//! no remainder, so its state reads as rem = 0, the rounded-up time), only for a
+//! state of another limit (a larger burst before a policy change). `requests == 0`
+//! admits nothing.
 //!
 //! The same arithmetic serves leaky_bucket, where the tat is when the queue drains.
 
