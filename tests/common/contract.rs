@@ -152,6 +152,39 @@ macro_rules! store_contract {
         }
 
         #[tokio::test]
+        async fn a_full_bucket_gives_its_whole_burst_at_one_instant() {
+            // 3 a second and 37 a day: intervals of no whole number of microseconds.
+            const SECOND: u64 = sluice::algorithm::SECOND;
+            let limits = [(3, SECOND), (37, 86_400 * SECOND)];
+            let splits: [&[u64]; 5] = [&[1, 1, 1], &[2, 1], &[1, 2], &[3], &[1; 37]];
+            let store = $make;
+            for alg in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+                for (n, parts) in splits.iter().enumerate() {
+                    let burst: u64 = parts.iter().sum();
+                    let (requests, window) = limits[usize::from(burst == 37)];
+                    let key = format!("contract-burst-{}-{n}", alg.as_str());
+                    let part = |hits| {
+                        let mut h = hit(&key, alg, requests, hits);
+                        h.limit.window = window;
+                        h
+                    };
+                    let mut left = burst;
+                    for &p in *parts {
+                        let v = store.decide(&[part(p)]).await.unwrap();
+                        assert!(v.admitted, "{alg:?} {parts:?}: {p} denied, {left} left");
+                        left -= p;
+                        assert_eq!(v.verdicts[0].remaining, left, "{alg:?} {parts:?}");
+                    }
+                    let v = store.decide(&[part(1)]).await.unwrap();
+                    assert!(
+                        !v.admitted,
+                        "{alg:?} {parts:?}: one more at the same instant"
+                    );
+                }
+            }
+        }
+
+        #[tokio::test]
         async fn zero_hits_check_without_counting() {
             let store = $make;
             for _ in 0..3 {
