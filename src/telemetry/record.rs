@@ -1,0 +1,309 @@
+//! Counting a decided request: its rule's outcome stripes, the deny-ratio rings,
+//! the latency histogram, the signals that read its keys, the store's health.
+
+use super::*;
+
+/// Whether `status`, admitted by `rule`, left its counter past `ratio` of the limit:
+/// the threshold envoyproxy/ratelimit's `near_limit` uses, counted per descriptor.
+fn near_limit(rule: &Rule, status: &crate::limiter::Status, ratio: f64) -> bool {
+    let (Some(limit), Some(v)) = (rule.limit, status.verdict) else {
+        return false;
+    };
+    let capacity = match limit.algorithm {
+        crate::algorithm::Algorithm::TokenBucket | crate::algorithm::Algorithm::LeakyBucket => {
+            limit.burst
+        }
+        _ => limit.requests,
+    };
+    let threshold = (capacity as f64 * ratio).floor() as u64;
+    v.admitted && status.hits > 0 && capacity.saturating_sub(v.remaining) > threshold
+}
+
+/// Counts a denial for the subnet of each of `entries`' values that is an address,
+/// shown hashed under `--hash-keys`.
+fn count_subnets<E: Entry>(subnets: &Subnets, now: Micros, entries: &[E], hashing: &Hashing) {
+    for e in entries {
+        if let Some((net, bit)) = signals::subnet::subnet_of(e.value()) {
+            let v6 = net.contains(':');
+            if hashing.all {
+                let mut shown = String::with_capacity(32);
+                crate::limiter::key::push_value(&mut shown, &net, hashing);
+                subnets.add(now, &shown, bit, v6);
+            } else {
+                subnets.add(now, &net, bit, v6);
+            }
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one decided request.
+    pub fn record(&self, domain: &str, outcome: &Outcome, took: Duration) {
+        self.record_inner::<(&str, &str)>(domain, outcome, took, None);
+    }
+
+    /// Counts one decided request and feeds the signals that read its keys
+    /// (`hashing` writes them as the top-offenders view does).
+    pub fn record_request<E: Entry>(
+        &self,
+        domain: &str,
+        outcome: &Outcome,
+        descriptors: &[Descriptor<'_, E>],
+        hashing: &Hashing,
+        took: Duration,
+    ) {
+        self.record_inner(domain, outcome, took, Some((descriptors, hashing)));
+    }
+
+    fn record_inner<E: Entry>(
+        &self,
+        domain: &str,
+        outcome: &Outcome,
+        took: Duration,
+        request: Option<(&[Descriptor<'_, E>], &Hashing)>,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        self.decision_seconds.observe(took);
+        if !outcome.domain_known {
+            self.unknown_domain.inc();
+            return;
+        }
+        self.store_health(outcome);
+        let guard = self.handles.load();
+        let fresh;
+        let handles: &PolicyHandles = match guard.as_deref() {
+            Some(h) if std::ptr::eq(h.policy.as_ptr(), Arc::as_ptr(&outcome.policy)) => h,
+            _ => {
+                fresh = Arc::new(PolicyHandles {
+                    policy: Arc::downgrade(&outcome.policy),
+                    rules: (0..outcome.policy.rules.len())
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                    erl: (0..self.erl.as_ref().map_or(0, |_| outcome.policy.rules.len()))
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                });
+                self.handles.store(Some(fresh.clone()));
+                &fresh
+            }
+        };
+        let mut now = None;
+        for (i, s) in outcome.statuses.iter().enumerate() {
+            // An override is counted under the rule it replaced; one that replaced
+            // none has no series of its own (its labels would be the request's keys).
+            let (Some(rule_id), Some(rule)) = (s.rule, outcome.rule(s)) else {
+                continue;
+            };
+            let st = handles.rules[rule_id].get_or_init(|| {
+                let configured = outcome.policy.rule(rule_id);
+                let st = self.rule_stats(domain, configured);
+                if configured.sensitive {
+                    st.sensitive.store(true, Ordering::Relaxed);
+                }
+                st
+            });
+            let label = match (&outcome.failure, s.verdict) {
+                _ if s.ban == Ban::Active => BANNED,
+                _ if s.ban == Ban::Blocked => BLOCKED,
+                _ if s.shed => SHED,
+                (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
+                (Some(_), _) => FAILED_CLOSED,
+                (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
+                (None, _) if s.over_limit => OVER_LIMIT,
+                _ => OK,
+            };
+            let (counts, owned) = st.counts.local();
+            striped::add(&counts.outcomes[label], owned, 1);
+            if s.ban == Ban::Started {
+                striped::add(&counts.bans, owned, 1);
+            }
+            if label == OK && near_limit(rule, s, self.near_limit_ratio) {
+                striped::add(&counts.near_limit, owned, 1);
+            }
+            if let Some(erl) = &self.erl {
+                let counts = handles.erl[rule_id]
+                    .get_or_init(|| erl.counts(domain, outcome.policy.rule(rule_id)));
+                erl.record(counts, rule, s);
+            }
+            let decided = rule.limit.is_some()
+                && (s.verdict.is_some()
+                    || outcome.failure.is_some()
+                    || matches!(s.ban, Ban::Active | Ban::Blocked));
+            if decided {
+                let now =
+                    *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
+                let denied = matches!(label, OVER_LIMIT | BANNED | SHED | BLOCKED);
+                let (ratio, owned) = st.ratio.local();
+                ratio.record(now, denied, owned);
+                let entries = request.and_then(|(d, hashing)| Some((d.get(i)?.entries, hashing)));
+                if let Some((entries, hashing)) = entries {
+                    let hash = self.key_hash(rule, entries);
+                    st.regular.arrival(now, hash, |out| {
+                        crate::limiter::key::offender(rule, entries, hashing, out)
+                    });
+                }
+                if denied {
+                    if let Some(key) = outcome.offender(i) {
+                        st.top.add(now, key);
+                    }
+                    if rule.sensitive {
+                        st.spike.denial(now);
+                    }
+                    if let Some((entries, hashing)) = entries {
+                        count_subnets(&st.subnets, now, entries, hashing);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A descriptor's key for the signals: its values (a `share_threshold` level's
+    /// pattern), hashed without allocating.
+    fn key_hash<E: Entry>(&self, rule: &Rule, entries: &[E]) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.key_hasher.build_hasher();
+        for (i, e) in entries.iter().enumerate() {
+            match rule.shared.get(i).and_then(|s| s.as_deref()) {
+                Some(pattern) => h.write(pattern.as_bytes()),
+                None => h.write(e.value().as_bytes()),
+            }
+            h.write_u8(0xff);
+        }
+        h.finish()
+    }
+
+    /// Every rule's signals now, by domain and rule.
+    pub fn signals(&self) -> Vec<RuleSignals> {
+        let now = self.clock.now();
+        let mut out: Vec<RuleSignals> = Vec::new();
+        for st in self.all_stats() {
+            let regular = st.regular.regular(now);
+            let subnets = st.subnets.top(now);
+            let spike = st.sensitive.load(Ordering::Relaxed).then(|| {
+                let (recent, baseline) = st.spike.view(now);
+                DenialSpike {
+                    recent,
+                    baseline,
+                    ratio: signals::spike::ratio(recent, baseline),
+                }
+            });
+            if regular.is_empty() && subnets.by_denials.is_empty() && spike.is_none() {
+                continue;
+            }
+            match out.last_mut() {
+                // The same path under two layers: one view (each subnet ranked by
+                // its count under one layer).
+                Some(last) if last.domain == st.domain && last.rule == st.rule => {
+                    last.regular.extend(regular);
+                    last.spike = match (last.spike, spike) {
+                        (Some(a), Some(b)) => {
+                            let recent = a.recent + b.recent;
+                            let baseline = match (a.baseline, b.baseline) {
+                                (Some(x), Some(y)) => Some(x + y),
+                                (x, y) => x.or(y),
+                            };
+                            Some(DenialSpike {
+                                recent,
+                                baseline,
+                                ratio: signals::spike::ratio(recent, baseline),
+                            })
+                        }
+                        (a, b) => a.or(b),
+                    };
+                    last.subnets.by_denials.extend(subnets.by_denials);
+                    last.subnets.by_addresses.extend(subnets.by_addresses);
+                    let s = &mut last.subnets;
+                    s.by_denials.sort_by(|a, b| {
+                        b.denials
+                            .cmp(&a.denials)
+                            .then_with(|| a.subnet.cmp(&b.subnet))
+                    });
+                    s.by_addresses.sort_by(|a, b| {
+                        b.addresses
+                            .cmp(&a.addresses)
+                            .then_with(|| a.subnet.cmp(&b.subnet))
+                    });
+                    s.by_denials.truncate(signals::subnet::TOP);
+                    s.by_addresses.truncate(signals::subnet::TOP);
+                }
+                _ => out.push(RuleSignals {
+                    domain: st.domain.clone(),
+                    rule: st.rule.clone(),
+                    regular,
+                    subnets,
+                    spike,
+                }),
+            }
+        }
+        out
+    }
+
+    fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
+        let layer = rule.layer.as_str();
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((domain.to_string(), rule.path.clone(), layer))
+            .or_insert_with(|| {
+                Arc::new(RuleStats {
+                    domain: domain.to_string(),
+                    rule: rule.path.clone(),
+                    layer,
+                    counts: Stripes::default(),
+                    ratio: Stripes::default(),
+                    top: TopOffenders::default(),
+                    regular: RegularKeys::default(),
+                    subnets: Subnets::default(),
+                    sensitive: AtomicBool::new(false),
+                    spike: Spike::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// Every rule's stats, sorted by domain, rule and layer.
+    pub(super) fn all_stats(&self) -> Vec<Arc<RuleStats>> {
+        let mut all: Vec<Arc<RuleStats>> = self
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| (&a.domain, &a.rule, a.layer).cmp(&(&b.domain, &b.rule, b.layer)));
+        all
+    }
+
+    /// Logs the store's state changes (failing, answering again), never per request.
+    fn store_health(&self, outcome: &Outcome) {
+        match &outcome.failure {
+            Some(f) => {
+                self.store_failures
+                    .get_or_init(|| self.store_failures_vec.with_label_values(&[f.store]))
+                    .inc();
+                self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
+                if !self.store_failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        store = f.store,
+                        error = %f.error,
+                        failure_mode = ?f.mode,
+                        "store failing; answering by the failure mode"
+                    );
+                }
+            }
+            None => {
+                if self.store_failing.load(Ordering::Relaxed)
+                    && outcome.statuses.iter().any(|s| s.verdict.is_some())
+                    && self.store_failing.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!(
+                        failed_calls = self.failures_in_outage.swap(0, Ordering::Relaxed),
+                        "store answering again"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The scrape: gauges computed at scrape time, the striped families and the text
+//! exposition.
+
+use super::*;
+
+impl Metrics {
+    /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
+    pub fn top_offenders(&self) -> Vec<RuleTop> {
+        let now = self.clock.now();
+        let mut out: Vec<RuleTop> = Vec::new();
+        for st in self.all_stats() {
+            let (decided, denied) = st.window_totals(now);
+            let top = st.top.top(now, top::TOP);
+            if decided == 0 && top.is_empty() {
+                continue;
+            }
+            match out.last_mut() {
+                // The same path under two layers: one view.
+                Some(last) if last.domain == st.domain && last.rule == st.rule => {
+                    last.decided += decided;
+                    last.denied += denied;
+                    let mut merged: HashMap<String, u64> = last.top.drain(..).collect();
+                    for (k, n) in top {
+                        *merged.entry(k).or_default() += n;
+                    }
+                    let mut merged: Vec<(String, u64)> = merged.into_iter().collect();
+                    merged.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                    merged.truncate(top::TOP);
+                    last.top = merged;
+                }
+                _ => out.push(RuleTop {
+                    domain: st.domain.clone(),
+                    rule: st.rule.clone(),
+                    decided,
+                    denied,
+                    top,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Writes the striped families in the text format.
+    fn render_striped(&self, out: &mut String) {
+        use std::fmt::Write;
+        let stats = self.all_stats();
+        if !stats.is_empty() {
+            out.push_str(
+                "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome \
+                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned, shed).\n\
+                 # TYPE sluice_requests_total counter\n",
+            );
+            for st in &stats {
+                for (i, o) in OUTCOMES.iter().enumerate() {
+                    out.push_str("sluice_requests_total{domain=\"");
+                    escape_label(&st.domain, out);
+                    let _ = write!(out, "\",layer=\"{}\",outcome=\"{o}\",rule=\"", st.layer);
+                    escape_label(&st.rule, out);
+                    let _ = writeln!(out, "\"}} {}", st.outcome(i));
+                }
+            }
+            out.push_str(
+                "# HELP sluice_penalty_bans_total Sentences (bans, tightenings, blocks) started by a rule's penalty.\n\
+                 # TYPE sluice_penalty_bans_total counter\n",
+            );
+            let mut bans: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+            for st in &stats {
+                *bans.entry((&st.domain, &st.rule)).or_default() += st.bans();
+            }
+            for ((domain, rule), n) in bans {
+                out.push_str("sluice_penalty_bans_total{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+            out.push_str(
+                "# HELP sluice_near_limit_total Admitted descriptors that left their counter past --near-limit-ratio of the limit.\n\
+                 # TYPE sluice_near_limit_total counter\n",
+            );
+            let mut near: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+            for st in &stats {
+                *near.entry((&st.domain, &st.rule)).or_default() += st.near_limit();
+            }
+            for ((domain, rule), n) in near {
+                out.push_str("sluice_near_limit_total{domain=\"");
+                escape_label(domain, out);
+                out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+        }
+        let h = self.decision_seconds.totals();
+        out.push_str(
+            "# HELP sluice_decision_seconds Time spent inside sluice per call.\n\
+             # TYPE sluice_decision_seconds histogram\n",
+        );
+        for (bound, n) in LATENCY_BOUNDS.iter().zip(&h.cumulative) {
+            let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let count = h.cumulative.last().copied().unwrap_or(0);
+        let _ = writeln!(out, "sluice_decision_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "sluice_decision_seconds_sum {}", h.sum_seconds);
+        let _ = writeln!(out, "sluice_decision_seconds_count {count}");
+    }
+
+    /// Refills the gauges computed at scrape time.
+    fn refresh(&self) {
+        self.regular_keys.reset();
+        self.top_subnets.reset();
+        self.top_subnet_addresses.reset();
+        self.denial_spike_ratio.reset();
+        for s in self.signals() {
+            if let Some(spike) = s.spike {
+                self.denial_spike_ratio
+                    .with_label_values(&[&s.domain, &s.rule])
+                    .set(spike.ratio);
+            }
+            self.regular_keys
+                .with_label_values(&[&s.domain, &s.rule])
+                .set(s.regular.len() as i64);
+            for (rank, n) in s.subnets.by_denials.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_subnets
+                    .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
+                    .set(n.denials as i64);
+            }
+            for (rank, n) in s.subnets.by_addresses.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_subnet_addresses
+                    .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
+                    .set(n.addresses as i64);
+            }
+        }
+        self.deny_ratio.reset();
+        self.recent_denials.reset();
+        self.top_offenders.reset();
+        for t in self.top_offenders() {
+            let labels = [t.domain.as_str(), t.rule.as_str()];
+            if t.decided > 0 {
+                self.deny_ratio
+                    .with_label_values(&labels)
+                    .set(t.denied as f64 / t.decided as f64);
+                self.recent_denials
+                    .with_label_values(&labels)
+                    .set(t.denied as i64);
+            }
+            for (rank, (key, denials)) in t.top.iter().enumerate() {
+                let rank = (rank + 1).to_string();
+                self.top_offenders
+                    .with_label_values(&[&t.domain, &t.rule, key, &rank])
+                    .set(*denials as i64);
+            }
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh();
+        let answers: u64 = self
+            .cache_answer_stripes
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum();
+        self.cache_answers
+            .inc_by(answers.saturating_sub(self.cache_answers.get()));
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let mut text = String::from_utf8(buf).unwrap_or_default();
+        self.render_striped(&mut text);
+        if let Some(erl) = &self.erl {
+            erl.render(&mut text);
+        }
+        text
+    }
+}

@@ -1,0 +1,425 @@
+use super::*;
+use crate::clock::ManualClock;
+use crate::limiter::{Descriptor, Limiter, Settings};
+use crate::store::MemoryStore;
+
+const T0: Micros = 1_700_000_000 * SECOND;
+
+const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      algorithm: fixed_window
+      penalty: {violations: 3, within: 10s, ban: 1m}
+"#;
+
+fn setup(clock: &ManualClock, hash_keys: bool) -> (Limiter<MemoryStore>, Metrics) {
+    let settings = Settings {
+        hashing: crate::limiter::key::Hashing {
+            all: hash_keys,
+            hash: secret_hash(),
+        },
+        ..Settings::default()
+    };
+    let limiter = crate::limiter::test_limiter(POLICY, clock, settings);
+    (limiter, Metrics::with_clock(Arc::new(clock.clone())))
+}
+
+fn secret_hash() -> crate::hash::ValueHash {
+    crate::hash::ValueHash::from_secret(b"the replicas' shared secret").unwrap()
+}
+
+async fn ask(l: &Limiter<MemoryStore>, m: &Metrics, ip: &str) {
+    let entries = [("ip", ip)];
+    let outcome = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+    m.record("d", &outcome, Duration::from_micros(10));
+}
+
+#[tokio::test]
+async fn ratio_top_offenders_and_bans_are_exported() {
+    let clock = ManualClock::new(T0);
+    let (l, m) = setup(&clock, false);
+    for _ in 0..10 {
+        ask(&l, &m, "6.6.6.6").await;
+    }
+    for i in 0..10 {
+        ask(&l, &m, &format!("10.0.0.{i}")).await;
+    }
+    let text = m.render();
+    // 20 decisions: 6.6.6.6 admitted twice, denied 3 times, then banned 5 times.
+    assert!(
+        text.contains(r#"sluice_deny_ratio{domain="d",rule="ip"} 0.4"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"sluice_recent_denials{domain="d",rule="ip"} 8"#));
+    assert!(
+        text.contains(r#"sluice_top_offenders{domain="d",key="6.6.6.6",rank="1",rule="ip"} 8"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"sluice_penalty_bans_total{domain="d",rule="ip"} 1"#));
+    assert!(text.contains(
+        r#"sluice_requests_total{domain="d",layer="service",outcome="banned",rule="ip"} 5"#
+    ));
+    assert!(text.contains(
+        r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 3"#
+    ));
+    // A minute and a quarter later the window is empty and the series are gone.
+    clock.advance(75 * SECOND);
+    let text = m.render();
+    assert!(!text.contains("sluice_deny_ratio{"), "{text}");
+    assert!(!text.contains("sluice_top_offenders{"), "{text}");
+    assert!(m.top_offenders().is_empty());
+}
+
+#[tokio::test]
+async fn shed_and_near_limit_are_counted_per_rule() {
+    let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, shed: {from: 0.5}}\n";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default())
+        .with_chance(Arc::new(crate::limiter::shed::SeededChance::new(5)));
+    let m = Metrics::with_clock(Arc::new(clock.clone())).with_near_limit_ratio(0.8);
+    let (mut shed, mut near) = (0, 0);
+    for k in 0..50 {
+        let ip = format!("10.0.0.{k}");
+        let entries = [("ip", ip.as_str())];
+        for n in 1..=12 {
+            let o = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+            m.record("d", &o, Duration::from_micros(10));
+            shed += usize::from(o.statuses[0].shed);
+            // Admitted to 9 or 10 of 10: past 0.8 of the limit.
+            near += usize::from(!o.over_limit && n >= 9);
+        }
+    }
+    assert!(shed > 0 && near > 0, "{shed} {near}");
+    let text = m.render();
+    for line in [
+        format!(
+            r#"sluice_requests_total{{domain="d",layer="service",outcome="shed",rule="ip"}} {shed}"#
+        ),
+        format!(r#"sluice_near_limit_total{{domain="d",rule="ip"}} {near}"#),
+        r#"sluice_requests_total{domain="d",layer="service",outcome="over_limit",rule="ip"} 100"#
+            .to_string(),
+    ] {
+        assert!(text.contains(&line), "{line} in {text}");
+    }
+}
+
+/// One client every 20 ms, another with exponential gaps of the same mean
+/// (seeded), through the limiter: only the first is listed, with `--hash-keys`
+/// as its hash.
+#[tokio::test]
+async fn a_client_on_a_timer_is_listed_as_regular() {
+    use rand::{Rng, SeedableRng};
+    let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 1000}\n";
+    for hash_keys in [false, true] {
+        let clock = ManualClock::new(T0);
+        let settings = Settings {
+            hashing: crate::limiter::key::Hashing {
+                all: hash_keys,
+                hash: secret_hash(),
+            },
+            ..Settings::default()
+        };
+        let l = crate::limiter::test_limiter(policy, &clock, settings);
+        let m = Metrics::with_clock(Arc::new(clock.clone()));
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut events: Vec<(Micros, &str)> = Vec::new();
+        let (mut bot, mut person) = (T0, T0);
+        for _ in 0..60 {
+            bot += 20_000;
+            events.push((bot, "6.6.6.6"));
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
+            person += (-u.ln() * 20_000.0) as Micros;
+            events.push((person, "10.0.0.1"));
+        }
+        events.sort();
+        for (t, ip) in events {
+            clock.set(t);
+            let entries = [("ip", ip)];
+            let d = [Descriptor::new(&entries[..], 1)];
+            let o = l.decide("d", &d).await;
+            m.record_request("d", &o, &d, l.hashing(), Duration::from_micros(10));
+        }
+        let signals = m.signals();
+        assert_eq!(signals.len(), 1, "{signals:?}");
+        let regular = &signals[0].regular;
+        assert_eq!(regular.len(), 1, "{regular:?}");
+        let mut shown = String::new();
+        if hash_keys {
+            secret_hash().push_hex(&mut shown, b"6.6.6.6");
+        } else {
+            shown.push_str("6.6.6.6");
+        }
+        assert_eq!(regular[0].key, shown);
+        assert_eq!(regular[0].requests, 60);
+        assert!((regular[0].mean_interval - 0.02).abs() < 1e-9);
+        let text = m.render();
+        assert!(
+            text.contains(r#"sluice_regular_keys{domain="d",rule="ip"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains("6.6.6.6") || !hash_keys);
+    }
+}
+
+/// 50 addresses of one /24 each a little over the limit, beside 10 loud
+/// addresses of their own networks: no address of the /24 is a top offender, the
+/// /24 is the first subnet by denials and by addresses.
+#[tokio::test]
+async fn a_subnet_of_quiet_offenders_ranks_first() {
+    for hash_keys in [false, true] {
+        let clock = ManualClock::new(T0);
+        let settings = Settings {
+            hashing: crate::limiter::key::Hashing {
+                all: hash_keys,
+                hash: secret_hash(),
+            },
+            ..Settings::default()
+        };
+        // POLICY: 2 a minute, banned after 3 denials in 10 s.
+        let l = crate::limiter::test_limiter(POLICY, &clock, settings);
+        let m = Metrics::with_clock(Arc::new(clock.clone()));
+        let send = |ip: String| {
+            let (l, m) = (&l, &m);
+            async move {
+                let entries = [("ip", ip.as_str())];
+                let d = [Descriptor::new(&entries[..], 1)];
+                let o = l.decide("d", &d).await;
+                m.record_request("d", &o, &d, l.hashing(), Duration::from_micros(10));
+            }
+        };
+        for i in 0..50 {
+            for _ in 0..3 {
+                send(format!("10.1.2.{i}")).await;
+            }
+        }
+        for i in 0..10 {
+            for _ in 0..6 {
+                send(format!("192.168.{i}.1")).await;
+            }
+        }
+        let shown = |v: &str| {
+            let mut out = String::new();
+            crate::limiter::key::push_value(&mut out, v, l.hashing());
+            out
+        };
+        let top = &m.top_offenders()[0].top;
+        assert_eq!(top.len(), 10);
+        assert!(top.iter().all(|(_, n)| *n == 4), "{top:?}");
+        let quiet: Vec<String> = (0..50).map(|i| shown(&format!("10.1.2.{i}"))).collect();
+        assert!(top.iter().all(|(k, _)| !quiet.contains(k)), "{top:?}");
+        let s = &m.signals()[0].subnets;
+        let net = shown("10.1.2.0/24");
+        assert_eq!(
+            (s.by_denials[0].subnet.as_str(), s.by_denials[0].denials),
+            (net.as_str(), 50)
+        );
+        assert_eq!(
+            (
+                s.by_addresses[0].subnet.as_str(),
+                s.by_addresses[0].addresses
+            ),
+            (net.as_str(), 50)
+        );
+        assert_eq!(s.by_denials[1].denials, 4);
+        let text = m.render();
+        let series =
+            format!(r#"sluice_top_subnets{{domain="d",rank="1",rule="ip",subnet="{net}"}} 50"#);
+        assert!(text.contains(&series), "{series} in {text}");
+        assert!(text.contains(&format!(
+            r#"sluice_top_subnet_addresses{{domain="d",rank="1",rule="ip",subnet="{net}"}} 50"#
+        )));
+        assert_eq!(text.contains("10.1.2."), !hash_keys);
+    }
+}
+
+/// A login path denying 2 a minute for half an hour, then 30 in one minute: its
+/// spike ratio is about 15 and it is listed. The same denials of `/search`, on
+/// the same rule path but not sensitive, do not count.
+#[tokio::test]
+async fn a_sensitive_rule_spikes_against_its_own_baseline() {
+    let policy = "domain: d\ndescriptors:\n  - key: path\n    value: /login\n    sensitive: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: path\n    value: /search\n    rate_limit: {unit: second, requests_per_unit: 0}\n";
+    let start = T0 - T0 % (60 * SECOND);
+    let clock = ManualClock::new(start);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone()));
+    let deny = |path: &'static str| {
+        let (l, m) = (&l, &m);
+        async move {
+            let entries = [("path", path)];
+            let o = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+            assert!(o.over_limit);
+            m.record("d", &o, Duration::from_micros(10));
+        }
+    };
+    for minute in 0..30 {
+        for i in 0..2 {
+            clock.set(start + minute * 60 * SECOND + i * 20 * SECOND);
+            deny("/login").await;
+            deny("/search").await;
+        }
+    }
+    clock.set(start + 30 * 60 * SECOND);
+    let calm = m.signals();
+    let spike = calm[0].spike.unwrap();
+    assert!((spike.baseline.unwrap() - 2.0).abs() < 1e-9, "{spike:?}");
+    assert!(!spike.is_spike(), "{spike:?}");
+    for i in 0..30 {
+        clock.set(start + 30 * 60 * SECOND + i * SECOND);
+        deny("/login").await;
+        deny("/search").await;
+    }
+    let spike = m.signals()[0].spike.unwrap();
+    // The 30 of this minute and minute 29's 2 weighted by 31 of its 60 s.
+    let recent = 30.0 + 2.0 * 31.0 / 60.0;
+    assert!((spike.recent - recent).abs() < 1e-9, "{spike:?}");
+    assert!((spike.ratio - recent / 2.0).abs() < 1e-9, "{spike:?}");
+    assert!(spike.is_spike());
+    let text = m.render();
+    assert!(
+        text.contains(r#"sluice_denial_spike_ratio{domain="d",rule="path"} 15.51"#),
+        "{text}"
+    );
+    // Three quiet minutes later the last minute is empty: ratio 0.
+    clock.advance(3 * 60 * SECOND);
+    let spike = m.signals()[0].spike.unwrap();
+    assert_eq!((spike.recent, spike.ratio), (0.0, 0.0));
+    assert!(!spike.is_spike());
+    // A policy where /login is no longer sensitive: its gauge goes.
+    let plain = policy.replace("    sensitive: true\n", "");
+    let docs = crate::policy::parse_str("p.yaml", &plain).unwrap();
+    m.policy_swapped(&crate::policy::compile(docs).unwrap());
+    assert!(m.signals().iter().all(|s| s.spike.is_none()));
+    assert!(!m.render().contains("sluice_denial_spike_ratio{"));
+}
+
+#[tokio::test]
+async fn hash_keys_shows_hashes_in_the_top_offenders() {
+    let clock = ManualClock::new(T0);
+    let (l, m) = setup(&clock, true);
+    for _ in 0..5 {
+        ask(&l, &m, "6.6.6.6").await;
+    }
+    let top = m.top_offenders();
+    assert_eq!(top.len(), 1);
+    assert_eq!(top[0].top.len(), 1);
+    let mut keyed = String::new();
+    secret_hash().push_hex(&mut keyed, b"6.6.6.6");
+    assert_eq!(top[0].top[0].0, keyed);
+    let text = m.render();
+    assert!(!text.contains("6.6.6.6"));
+    assert!(text.contains(&keyed), "{text}");
+}
+
+/// Captures what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn store_state_changes_are_logged_once_each() {
+    use crate::limiter::{Status, StoreFailure};
+    let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+    let policy = Arc::new(crate::policy::compile(docs).expect("compiles"));
+    let outcome = |failed: bool| Outcome {
+        policy: policy.clone(),
+        domain_known: true,
+        over_limit: false,
+        statuses: vec![Status {
+            rule: Some(0),
+            limit_override: None,
+            over_limit: false,
+            verdict: (!failed).then(crate::algorithm::Verdict::default),
+            hits: 1,
+            ban: Ban::None,
+            shed: false,
+            tightened: false,
+        }],
+        delay: 0,
+        failure: failed.then(|| StoreFailure {
+            error: "store timed out".into(),
+            mode: FailureMode::Open,
+            store: "redis",
+        }),
+        offenders: Vec::new(),
+        now: None,
+        overrides: Vec::new(),
+    };
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let m = Metrics::new();
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..3 {
+            m.record("d", &outcome(false), Duration::ZERO);
+        }
+        for _ in 0..5 {
+            m.record("d", &outcome(true), Duration::ZERO);
+        }
+        for _ in 0..3 {
+            m.record("d", &outcome(false), Duration::ZERO);
+        }
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
+    assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
+    assert!(m
+        .render()
+        .contains(r#"sluice_store_failures_total{store="redis"} 5"#));
+    assert!(m.render().contains(
+        r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 5"#
+    ));
+}
+
+#[tokio::test]
+async fn disabled_metrics_record_nothing() {
+    let clock = ManualClock::new(T0);
+    let (l, _) = setup(&clock, false);
+    let m = Metrics::disabled();
+    ask(&l, &m, "1.1.1.1").await;
+    assert!(!m.render().contains("sluice_requests_total{"));
+}
+
+#[test]
+fn store_errors_are_counted_per_shard_and_kind_from_zero() {
+    let m = Metrics::new();
+    let report: &dyn Report = &m;
+    report.shard_declared("redis", "10.0.0.1:6379");
+    let text = m.render();
+    for kind in ErrorKind::ALL {
+        let zero = format!(
+                "sluice_store_errors_total{{kind=\"{kind}\",shard=\"10.0.0.1:6379\",store=\"redis\"}} 0\n"
+            );
+        assert!(text.contains(&zero), "{zero} in {text}");
+    }
+    report.store_error("redis", "10.0.0.1:6379", ErrorKind::ReadOnly);
+    report.store_error("redis", "10.0.0.1:6379", ErrorKind::ReadOnly);
+    report.store_error("redis", "10.0.0.1:6379", ErrorKind::Oom);
+    let text = m.render();
+    assert!(text.contains(
+        r#"sluice_store_errors_total{kind="readonly",shard="10.0.0.1:6379",store="redis"} 2"#
+    ));
+    assert!(text.contains(
+        r#"sluice_store_errors_total{kind="oom",shard="10.0.0.1:6379",store="redis"} 1"#
+    ));
+    assert!(text.contains(
+        r#"sluice_store_errors_total{kind="connection",shard="10.0.0.1:6379",store="redis"} 0"#
+    ));
+}
