@@ -219,12 +219,19 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
     assert!(full > 100, "{full} full admissions");
 }
 
-/// A store on one server deciding at `clock`'s time, without the denial cache.
-fn fixed_time_store(server: &RedisServer, clock: &ManualClock) -> RedisStore {
+/// One server and a store on it deciding at the clock's time (from a fixed instant),
+/// without the denial cache; `None` without redis-server.
+async fn fixed_time_store() -> Option<(RedisServer, ManualClock, RedisStore)> {
+    if !available() {
+        return None;
+    }
+    let server = RedisServer::start().await;
+    let clock = ManualClock::new(1_764_000_000 * SECOND);
     let mut opts = Options::new(vec![server.url()], false);
     opts.fixed_clock = Some(Arc::new(clock.clone()));
     opts.cache_capacity = 0;
-    RedisStore::new(opts, None).expect("store")
+    let store = RedisStore::new(opts, None).expect("store");
+    Some((server, clock, store))
 }
 
 /// A sliding log's members, oldest first.
@@ -240,13 +247,10 @@ async fn log_members(conn: &mut redis::aio::MultiplexedConnection, key: &str) ->
 
 #[tokio::test]
 async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
-    if !available() {
+    let Some((server, clock, store)) = fixed_time_store().await else {
         return;
-    }
-    let server = RedisServer::start().await;
-    let t = 1_764_000_000 * SECOND;
-    let clock = ManualClock::new(t);
-    let store = fixed_time_store(&server, &clock);
+    };
+    let t = clock.now();
     let h = hit("legacy", Algorithm::SlidingWindowLog, 5, 60 * SECOND, 1);
     let key = shard::redis_key("sluice:", &h);
     let mut conn = server.conn().await;
@@ -303,13 +307,9 @@ async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
 #[tokio::test]
 async fn a_sliding_log_refund_keeps_the_live_count_exact() {
     use sluice::store::redis::scripts::{self, refund_call, Scripts};
-    if !available() {
+    let Some((server, clock, store)) = fixed_time_store().await else {
         return;
-    }
-    let server = RedisServer::start().await;
-    let t0 = 1_764_000_000 * SECOND;
-    let clock = ManualClock::new(t0);
-    let store = fixed_time_store(&server, &clock);
+    };
     let h = hit("refund-log", Algorithm::SlidingWindowLog, 3, 60 * SECOND, 1);
     let key = shard::redis_key("sluice:", &h);
     let mut tokens = Vec::new();
@@ -1425,13 +1425,10 @@ async fn concurrent_requests_to_a_full_bucket_get_its_whole_burst() {
 
 #[tokio::test]
 async fn a_bucket_written_by_an_older_sluice_reads_as_its_rounded_up_time() {
-    if !available() {
+    let Some((server, clock, store)) = fixed_time_store().await else {
         return;
-    }
-    let server = RedisServer::start().await;
-    let t = 1_764_000_000 * SECOND;
-    let clock = ManualClock::new(t);
-    let store = fixed_time_store(&server, &clock);
+    };
+    let t = clock.now();
     let h = three_a_second("older", Algorithm::TokenBucket, 1);
     let key = shard::redis_key("sluice:", &h);
     let mut conn = server.conn().await;

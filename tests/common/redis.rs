@@ -415,29 +415,39 @@ pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
+/// A cluster node's flags: a node unreachable for 2 s counts as failing.
+const CLUSTER_NODE: &[&str] = &[
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+];
+
+/// Runs `redis-cli --cluster` with `args` (the subcommand first); panics if it fails.
+fn cluster_cli(args: &[String]) {
+    let status = Command::new("redis-cli")
+        .arg("--cluster")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run redis-cli");
+    assert!(status.success(), "redis-cli --cluster {} failed", args[0]);
+}
+
 impl RedisCluster {
     pub async fn start(masters: usize) -> RedisCluster {
         let mut nodes = Vec::new();
         for _ in 0..masters {
-            let node = RedisServer::start_with(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-            ]);
+            let node = RedisServer::start_with(CLUSTER_NODE);
             nodes.push(node.await);
         }
-        let status = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(nodes.iter().map(RedisServer::addr))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run redis-cli");
-        assert!(status.success(), "redis-cli --cluster create failed");
+        let mut args = vec!["create".to_string()];
+        args.extend(nodes.iter().map(RedisServer::addr));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        cluster_cli(&args);
         let cluster = RedisCluster { nodes };
         cluster.wait_ok().await;
         cluster
@@ -461,33 +471,20 @@ impl RedisCluster {
     /// Adds a replica of `nodes[master]` (pushed last onto `nodes`), once it has
     /// synced with its master and every node knows it.
     pub async fn add_replica(&mut self, master: usize) {
-        let replica = RedisServer::start_with(&[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
-        ])
-        .await;
+        let replica = RedisServer::start_with(CLUSTER_NODE).await;
         let id: String = redis::cmd("CLUSTER")
             .arg("MYID")
             .query_async(&mut self.nodes[master].conn().await)
             .await
             .expect("CLUSTER MYID");
-        let status = Command::new("redis-cli")
-            .args([
-                "--cluster",
-                "add-node",
-                &replica.addr(),
-                &self.nodes[master].addr(),
-            ])
-            .args(["--cluster-slave", "--cluster-master-id", &id])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run redis-cli");
-        assert!(status.success(), "redis-cli --cluster add-node failed");
+        cluster_cli(&[
+            "add-node".to_string(),
+            replica.addr(),
+            self.nodes[master].addr(),
+            "--cluster-slave".to_string(),
+            "--cluster-master-id".to_string(),
+            id,
+        ]);
         let deadline = Instant::now() + Duration::from_secs(30);
         let info = redis::cmd("INFO").arg("replication").to_owned();
         let why = "the replica never synced";

@@ -98,28 +98,7 @@ wait_for() {
 }
 
 # --- upstream: records arrival time, path and tenant of every request ---------------
-cat >"$W/upstream.py" <<'PY'
-import sys, time, threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-log = open(sys.argv[2], "a", buffering=1)
-lock = threading.Lock()
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        with lock:
-            log.write(f"{time.time():.6f} {self.path} {self.headers.get('x-tenant', '-')}\n")
-        body = b"hello from upstream\n"
-        self.send_response(200)
-        self.send_header("content-type", "text/plain")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-python3 "$W/upstream.py" "$P_UP" "$W/arrivals.log" >"$W/upstream.out" 2>&1 &
+python3 tests/e2e/upstream.py "$P_UP" "$W/arrivals.log" >"$W/upstream.out" 2>&1 &
 pids+=($!)
 wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
 

@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """A backend for tests behind Envoy: `ok` to every GET on 127.0.0.1:PORT.
 
-    upstream.py PORT
+    upstream.py PORT [LOG]
+
+With LOG, each request's arrival time, path and `x-tenant` header are appended to it,
+one line each.
 """
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG = open(sys.argv[2], "a", buffering=1) if len(sys.argv) > 2 else None
+LOCK = threading.Lock()
 
 
 class H(BaseHTTPRequestHandler):
@@ -14,6 +22,9 @@ class H(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def do_GET(self):
+        if LOG is not None:
+            with LOCK:
+                LOG.write(f"{time.time():.6f} {self.path} {self.headers.get('x-tenant', '-')}\n")
         body = b"ok\n"
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
