@@ -346,6 +346,8 @@ async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
             "decided": t.decided,
             "denied": t.denied,
             "deny_ratio": if t.decided > 0 { t.denied as f64 / t.decided as f64 } else { 0.0 },
+            "spent": t.spent,
+            "refunded": t.refunded,
             "top": t.top.iter().enumerate().map(|(i, (key, n))| json!({"rank": i + 1, "key": key, "denials": n})).collect::<Vec<_>>(),
             "banned": bans.iter().filter(|b| b.info.domain == t.domain && b.info.rule == t.rule).map(ban_json).collect::<Vec<_>>(),
         }));
@@ -366,6 +368,8 @@ async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
             "decided": 0,
             "denied": 0,
             "deny_ratio": 0.0,
+            "spent": 0,
+            "refunded": 0,
             "top": [],
             "banned": banned,
         }));

@@ -147,9 +147,107 @@ async fn request_and_response_costs_are_hits_addends() {
     // A cost of 0 checks without spending.
     let r = call(&mut c, request(DOMAIN, vec![costly(0)])).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
-    // A cost larger than what is left is denied and spends nothing.
+    // A cost larger than what is left is a charge for work already done: spent
+    // whole (OVER_LIMIT says it did not fit), and the 1 over is owed, so the next
+    // check refuses the next request.
     let r = call(&mut c, request(DOMAIN, vec![costly(3)])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OVER_LIMIT, 0)
+    );
+    let r = call(&mut c, request(DOMAIN, vec![costly(0)])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "a check passed while owing");
+}
+
+/// Envoy Gateway's `cost.response` (and the AI Gateway's token quotas): a check
+/// before each request (`cost.request` 0, or no cost: 1) and the tokens charged when
+/// the stream ends. A client whose every response costs more than is left is
+/// refused after its budget, where refusing the charges would let it spend forever.
+#[tokio::test]
+async fn a_client_whose_responses_overshoot_is_denied_after_its_budget() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let with_cost = |hits: u64| RateLimitDescriptor {
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        ..tenant("llm", Some((100, MINUTE)))
+    };
+    let mut served = 0;
+    let mut spent = 0;
+    for _ in 0..10 {
+        let r = call(&mut c, request(DOMAIN, vec![with_cost(0)])).await;
+        if r.overall_code != OK {
+            break;
+        }
+        served += 1;
+        // Every response costs 60 tokens: more than the 40 left after the first.
+        call(&mut c, request(DOMAIN, vec![with_cost(60)])).await;
+        spent += 60;
+    }
+    assert_eq!(
+        served, 2,
+        "the budget of 100 admits two requests, then denies"
+    );
+    assert!(
+        spent <= 100 + 60,
+        "spent {spent}: over the limit plus one cost"
+    );
+    // A request with no cost of its own (the AI Gateway's check: 1) is refused too.
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("llm", Some((100, MINUTE)))]),
+    )
+    .await;
     assert_eq!(r.overall_code, OVER_LIMIT);
-    let r = call(&mut c, request(DOMAIN, vec![costly(2)])).await;
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+}
+
+/// A reservation: an estimate charged at the request, then at stream end the
+/// estimate given back (`is_negative_hits`) and the actual cost charged, in one call.
+/// Refunds never answer OVER_LIMIT and stop at an empty counter.
+#[tokio::test]
+async fn refunds_give_reservations_back() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let cost = |hits: u64, refund: bool| RateLimitDescriptor {
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        is_negative_hits: refund,
+        ..tenant("r", Some((100, MINUTE)))
+    };
+    let mut served = 0;
+    for _ in 0..10 {
+        let r = call(&mut c, request(DOMAIN, vec![cost(50, false)])).await;
+        if r.overall_code != OK {
+            break;
+        }
+        served += 1;
+        let r = call(
+            &mut c,
+            request(DOMAIN, vec![cost(50, true), cost(10, false)]),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+    }
+    assert_eq!(served, 6, "estimates of 50 costing 10 each, on 100");
+    // 60 spent, 50 more charged for the denied reservation: 110, 10 owed. A refund of
+    // far more than was spent answers OK and leaves the counter empty, not in credit.
+    let r = call(&mut c, request(DOMAIN, vec![cost(500, true)])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 100));
+    let r = call(&mut c, request(DOMAIN, vec![cost(101, false)])).await;
+    assert_eq!(
+        r.overall_code, OVER_LIMIT,
+        "a refund left room past the limit"
+    );
+    // is_negative_hits next to a descriptor without a cost of its own: refused.
+    let err = c
+        .should_rate_limit(request(
+            DOMAIN,
+            vec![cost(5, true), tenant("r", Some((100, MINUTE)))],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("is_negative_hits"),
+        "{}",
+        err.message()
+    );
 }

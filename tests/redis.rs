@@ -17,7 +17,7 @@ use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::redis::cluster::Cluster;
 use sluice::store::redis::{shard, Options, RedisStore};
-use sluice::store::{Hit, MemoryStore, Mode, Store, StoreError, Verdicts};
+use sluice::store::{Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
 
 /// A Redis store with the servers it runs on, which live as long as it does.
@@ -121,6 +121,7 @@ fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64
         },
         hits,
         mode: Mode::Enforce,
+        spend: Spend::IfAdmitted,
         fallback: Default::default(),
     }
 }
@@ -140,6 +141,20 @@ impl Lcg {
 
 #[tokio::test]
 async fn lua_decides_exactly_like_the_rust_algorithms() {
+    lua_matches_rust(7, false).await;
+}
+
+/// The same comparison where half the batches settle costs: charges spent whole past
+/// the limit and refunds given back, mixed in one call, on every algorithm.
+#[tokio::test]
+async fn lua_charges_and_refunds_exactly_like_the_rust_algorithms() {
+    lua_matches_rust(11, true).await;
+}
+
+/// Random batches decided by the memory store (the Rust algorithms) and by Lua on two
+/// Redis shards at the same fixed times must answer the same; with `settles`, half
+/// the batches are charges and refunds.
+async fn lua_matches_rust(seed: u64, settles: bool) {
     if !available() {
         return;
     }
@@ -168,11 +183,12 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
         (0, SECOND, 3),
     ];
     let algorithms = common::contract::ALL;
-    let mut rng = Lcg(7);
+    let mut rng = Lcg(seed);
     let mut compared = 0;
     let mut full = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
+        let settle = settles && rng.next(2) == 0;
         let mut batch = Vec::new();
         for _ in 0..n {
             let (r, w, b) = limits[rng.next(limits.len() as u64) as usize];
@@ -194,6 +210,12 @@ async fn lua_decides_exactly_like_the_rust_algorithms() {
                 1 => Mode::Quota,
                 _ => Mode::Enforce,
             };
+            if settle {
+                h.spend = match rng.next(3) {
+                    0 => Spend::Refund,
+                    _ => Spend::Always,
+                };
+            }
             batch.push(h);
         }
         let want = memory.decide(&batch).await.expect("memory");

@@ -87,6 +87,8 @@ pub fn snapshot(
             rule: t.rule,
             decided: t.decided,
             denied: t.denied,
+            spent: t.spent,
+            refunded: t.refunded,
             offenders: t
                 .top
                 .into_iter()

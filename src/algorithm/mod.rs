@@ -6,11 +6,16 @@
 //! mutates its input; it returns the next state, which the caller commits only when
 //! every limit of the request admitted it (all-or-nothing).
 
+mod charge;
 pub mod fixed_window;
 pub mod leaky_bucket;
+mod refund;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
+
+pub use charge::charge;
+pub use refund::refund;
 
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -102,9 +107,9 @@ pub struct Verdict {
     /// leaky_bucket only: how long the OK answer is held so the request leaves the
     /// queue in its turn. 0 for every other algorithm.
     pub delay: Micros,
-    /// When admitted with nothing left (`remaining == 0`, hits > 0): the wait until a
-    /// one-hit request fits on the new state, exact like `retry_after` (`u64::MAX` if
-    /// never). 0 otherwise. Informational: lets a cache deny without asking again.
+    /// When admitted with nothing left (`remaining == 0`, hits > 0), or after a charge
+    /// that did not fit ([`charge`]): the wait until a one-hit request fits on the new
+    /// state, exact like `retry_after` (`u64::MAX` if never). 0 otherwise. Informational: lets a cache deny without asking again.
     pub next_room: Micros,
 }
 

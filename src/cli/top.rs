@@ -205,6 +205,7 @@ impl View {
                 format!("{:.1}", r.decided as f64 / WINDOW_SECS),
                 format!("{:.1}", r.denied as f64 / WINDOW_SECS),
                 format!("{:.1}%", r.deny_ratio * 100.0),
+                format!("{:.1}", r.spent as f64 / WINDOW_SECS),
                 top.to_string(),
             ])
         });
@@ -218,6 +219,7 @@ impl View {
                     Constraint::Length(11),
                     Constraint::Length(10),
                     Constraint::Length(8),
+                    Constraint::Length(10),
                     Constraint::Min(10),
                 ],
             )
@@ -228,6 +230,7 @@ impl View {
                     "decided/s",
                     "denied/s",
                     "denied",
+                    "cost/s",
                     "top key",
                 ])
                 .style(Style::new().add_modifier(Modifier::BOLD)),

@@ -47,7 +47,7 @@ impl<S: Store> Limiter<S> {
         let policy = self.policy.load_full();
         let mut statuses: Vec<Status> = descriptors
             .iter()
-            .map(|d| Status::undecided(d.hits))
+            .map(|d| Status::undecided(d.hits, d.spend))
             .collect();
         let mut details = vec![Detail::default(); descriptors.len()];
         let Some(dom) = policy.domain(domain) else {

@@ -11,7 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
-use crate::store::{Fallback, Hit, Mode, Store, StoreError};
+use crate::store::{Fallback, Hit, Mode, Spend, Store, StoreError};
 
 pub mod explain;
 pub mod key;
@@ -51,6 +51,9 @@ pub struct Descriptor<'a, E> {
     pub entries: &'a [E],
     /// Hits to add; 0 checks without counting.
     pub hits: u64,
+    /// Whether the hits are spent only if the request is admitted, or always (a
+    /// charge: a cost reported after the response).
+    pub spend: Spend,
     /// The request's own limit for this descriptor, in place of the matched one.
     pub limit: Option<Override>,
 }
@@ -61,6 +64,7 @@ impl<'a, E> Descriptor<'a, E> {
         Descriptor {
             entries,
             hits,
+            spend: Spend::IfAdmitted,
             limit: None,
         }
     }
@@ -81,6 +85,9 @@ pub struct Status {
     pub verdict: Option<Verdict>,
     /// The descriptor's hits (its `hits_addend`).
     pub hits: u64,
+    /// How its hits spend: with the request's admission, always (a charge), or
+    /// given back (a refund).
+    pub spend: Spend,
     /// Whether a `penalty` ban denied this descriptor or started with it.
     pub ban: Ban,
     /// Denied by soft shedding (`shed`) although its limit had room.
@@ -90,14 +97,15 @@ pub struct Status {
 }
 
 impl Status {
-    /// A descriptor of `hits` not yet matched or decided.
-    fn undecided(hits: u64) -> Self {
+    /// A descriptor of `hits`, spent as `spend`, not yet matched or decided.
+    fn undecided(hits: u64, spend: Spend) -> Self {
         Status {
             rule: None,
             limit_override: None,
             over_limit: false,
             verdict: None,
             hits,
+            spend,
             ban: Ban::None,
             shed: false,
             tightened: false,
@@ -278,7 +286,7 @@ impl<S: Store> Limiter<S> {
         let policy: &Policy = &guard;
         let mut statuses: Vec<Status> = descriptors
             .iter()
-            .map(|d| Status::undecided(d.hits))
+            .map(|d| Status::undecided(d.hits, d.spend))
             .collect();
         let Some(dom) = policy.domain(domain) else {
             return Outcome::undecided(Guard::into_inner(guard), false, statuses, Vec::new());
@@ -386,7 +394,7 @@ impl<S: Store> Limiter<S> {
             .domain(domain)
             .ok_or_else(|| BlockError::Unknown(format!("no policy has domain '{domain}'")))?;
         let descriptors = [Descriptor::new(entries, 1)];
-        let mut statuses = [Status::undecided(1)];
+        let mut statuses = [Status::undecided(1, Spend::IfAdmitted)];
         let (overrides, _order, hits, _) =
             self.plan(policy, dom, domain, &descriptors, &mut statuses);
         let Some(hit) = hits.into_iter().next() else {
@@ -529,6 +537,7 @@ impl<S: Store> Limiter<S> {
                 limit,
                 hits: descriptors[i].hits,
                 mode,
+                spend: descriptors[i].spend,
                 fallback,
             });
         }
@@ -553,7 +562,7 @@ impl<S: Store> Limiter<S> {
                 for ((&i, hit), verdict) in order.iter().zip(hits).zip(&decided.verdicts) {
                     let status = &mut outcome.statuses[i];
                     let mut verdict = *verdict;
-                    if verdict.admitted && !decided.admitted {
+                    if verdict.admitted && !decided.admitted && hit.spend == Spend::IfAdmitted {
                         // Admitted by this limit but not consumed: the request was denied.
                         verdict.remaining = verdict.remaining.saturating_add(hit.hits);
                     }

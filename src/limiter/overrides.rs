@@ -149,6 +149,7 @@ descriptors:
         let d = Descriptor {
             entries,
             hits: 1,
+            spend: crate::store::Spend::IfAdmitted,
             limit,
         };
         l.decide(domain, &[d]).await
@@ -230,6 +231,7 @@ descriptors:
         let basic = Descriptor::new(&[("plan", "p")][..], 1);
         let upgrade = [("upgrade", "u")];
         let overridden = Descriptor {
+            spend: crate::store::Spend::IfAdmitted,
             entries: &upgrade[..],
             hits: 1,
             limit: per_minute(10),
@@ -244,6 +246,7 @@ descriptors:
         // An overridden `basic` is not dropped by `upgrade`.
         let plan = [("plan", "q")];
         let basic_overridden = Descriptor {
+            spend: crate::store::Spend::IfAdmitted,
             entries: &plan[..],
             hits: 1,
             limit: per_minute(3),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::limiter::{Descriptor, Limiter, Outcome, Override};
 use crate::policy::Unit;
-use crate::store::Store;
+use crate::store::{Spend, Store};
 use crate::telemetry::striped::Stripes;
 use crate::telemetry::Metrics;
 
@@ -64,6 +64,33 @@ pub fn descriptors<'r>(
     // hits_addend: the descriptor's own value wins (0 checks without counting);
     // otherwise the request's, where 0 means 1.
     let request_hits = u64::from(req.hits_addend.max(1));
+    // A settlement: every descriptor carries its own hits_addend, or gives hits back
+    // (`is_negative_hits`). That is how Envoy sends a route rate limit's
+    // `hits_addend` (a number, `%RESP(...)%`, `%DYNAMIC_METADATA(...)%`), and the
+    // call it makes at stream end (`apply_on_stream_done`, which Envoy Gateway's
+    // `cost.response` and the AI Gateway's token quotas generate) always does. Its
+    // costs are charges, spent whole even past the limit as envoyproxy/ratelimit
+    // spends every hit (0 still only checks), and its refunds are given back. A
+    // call with any descriptor without a cost of its own is a request: it spends
+    // only if admitted, and may not carry refunds.
+    let settles = req
+        .descriptors
+        .iter()
+        .all(|d| d.is_negative_hits || d.hits_addend.is_some());
+    if !settles {
+        if let Some(i) = req.descriptors.iter().position(|d| d.is_negative_hits) {
+            let j = req
+                .descriptors
+                .iter()
+                .position(|d| !d.is_negative_hits && d.hits_addend.is_none())
+                .unwrap_or(0);
+            return Err(BadRequest(format!(
+                "descriptor {i}: is_negative_hits gives hits back only in a call whose \
+                 every descriptor carries its own hits_addend (a charge or a refund); \
+                 descriptor {j} has none"
+            )));
+        }
+    }
     req.descriptors
         .iter()
         .enumerate()
@@ -84,12 +111,12 @@ pub fn descriptors<'r>(
                     "descriptor {i} entry {j} has an empty key"
                 )));
             }
-            if d.is_negative_hits {
-                return Err(BadRequest(format!(
-                    "descriptor {i}: is_negative_hits is not supported"
-                )));
-            }
             let hits = d.hits_addend.unwrap_or(request_hits);
+            let spend = match (d.is_negative_hits, settles) {
+                (true, _) => Spend::Refund,
+                (false, true) => Spend::Always,
+                (false, false) => Spend::IfAdmitted,
+            };
             let limit = match d.limit {
                 None => None,
                 Some(l) => match Unit::from_proto(l.unit) {
@@ -108,6 +135,7 @@ pub fn descriptors<'r>(
             Ok(Descriptor {
                 entries,
                 hits,
+                spend,
                 limit,
             })
         })
@@ -233,5 +261,64 @@ mod tests {
         assert_eq!(store_wait(ms(5)), ms(3));
         assert_eq!(store_wait(ms(2)), Duration::ZERO);
         assert_eq!(store_wait(Duration::ZERO), Duration::ZERO);
+    }
+
+    /// A request of descriptors, each (its own hits_addend, is_negative_hits).
+    fn request(shape: &[(Option<u64>, bool)]) -> decode::Request<'static> {
+        decode::Request {
+            domain: "d",
+            hits_addend: 0,
+            descriptors: shape
+                .iter()
+                .enumerate()
+                .map(|(i, &(hits_addend, is_negative_hits))| decode::Descriptor {
+                    entries: i..i + 1,
+                    hits_addend,
+                    is_negative_hits,
+                    limit: None,
+                })
+                .collect(),
+            entries: vec![("k", "v"); shape.len()],
+        }
+    }
+
+    fn spends(shape: &[(Option<u64>, bool)]) -> Result<Vec<(u64, Spend)>, String> {
+        let req = request(shape);
+        descriptors(&req)
+            .map(|d| d.iter().map(|d| (d.hits, d.spend)).collect())
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn a_call_whose_every_descriptor_has_its_own_cost_settles() {
+        use Spend::*;
+        // Envoy's stream-end call (apply_on_stream_done): charges, spent whole.
+        assert_eq!(
+            spends(&[(Some(60), false), (Some(60), false)]),
+            Ok(vec![(60, Always), (60, Always)])
+        );
+        // A check (cost 0) spends nothing however it is marked.
+        assert_eq!(spends(&[(Some(0), false)]), Ok(vec![(0, Always)]));
+        // A descriptor without a cost of its own: a request, spent only if admitted.
+        assert_eq!(
+            spends(&[(Some(5), false), (None, false)]),
+            Ok(vec![(5, IfAdmitted), (1, IfAdmitted)])
+        );
+        // A reservation's end: the estimate back, the actual charged, in one call.
+        assert_eq!(
+            spends(&[(Some(50), true), (Some(10), false)]),
+            Ok(vec![(50, Refund), (10, Always)])
+        );
+        // A refund without a cost of its own gives back the request's hits (1).
+        assert_eq!(spends(&[(None, true)]), Ok(vec![(1, Refund)]));
+    }
+
+    #[test]
+    fn a_refund_in_a_request_is_refused_with_the_reason() {
+        let err = spends(&[(Some(5), true), (None, false)]).unwrap_err();
+        assert!(
+            err.contains("descriptor 0: is_negative_hits") && err.contains("descriptor 1 has none"),
+            "{err}"
+        );
     }
 }

@@ -320,6 +320,7 @@ descriptors:
             over_limit,
             verdict,
             hits: 1,
+            spend: crate::store::Spend::IfAdmitted,
             ban: Ban::None,
             shed: false,
             tightened: false,

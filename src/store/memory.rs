@@ -205,13 +205,13 @@ impl MemoryStore {
                 .find(|&j| hashes[j] == hashes[i] && hits[j].key == hit.key && next[j].is_some());
             let shard = &mut guards[guard_of(shard_ids[i])];
             let mut decision = match earlier {
-                Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
+                Some(j) => hit.decide(next[j].as_ref(), now),
                 None => {
                     let state = slots[i]
                         .and_then(|b| shard.table.get_bucket(b))
                         .filter(|s| s.entry.expires_at > now)
                         .map(|s| &s.entry.state);
-                    algorithm::decide(&hit.limit, state, now, hit.hits)
+                    hit.decide(state, now)
                 }
             };
             let mut new_key = false;
@@ -250,10 +250,14 @@ impl MemoryStore {
         }
 
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
-        if admitted {
+        // A charge's state is stored even when the request is denied.
+        if admitted || hits.iter().any(|h| h.spend.always()) {
             for (i, state) in next.into_iter().enumerate() {
                 let Some(state) = state else { continue };
                 let hit = &hits[i];
+                if !hit.spent(admitted) {
+                    continue;
+                }
                 let entry = Entry::new(&hit.limit, state, &verdicts[i], now);
                 let shard = &mut guards[guard_of(shard_ids[i])];
                 // A slot found above may have moved since, if an earlier hit's new key
@@ -298,7 +302,7 @@ impl MemoryStore {
                 .rev()
                 .find(|&j| hits[j].key == hit.key && next[j].is_some());
             let decision = match earlier {
-                Some(j) => algorithm::decide(&hit.limit, next[j].as_ref(), now, hit.hits),
+                Some(j) => hit.decide(next[j].as_ref(), now),
                 None => {
                     let hash = self.hash(hit.key.as_bytes());
                     let shard = lock(&self.shards[Self::shard_of(hash)]);
@@ -307,7 +311,7 @@ impl MemoryStore {
                         .find(hash, |s| s.holds(&hit.key))
                         .filter(|s| s.entry.expires_at > now)
                         .map(|s| &s.entry.state);
-                    algorithm::decide(&hit.limit, state, now, hit.hits)
+                    hit.decide(state, now)
                 }
             };
             verdicts.push(decision.verdict);
@@ -330,12 +334,12 @@ impl MemoryStore {
         let shard = &mut *guard;
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(&hit.key)) {
             let state = (slot.entry.expires_at > now).then_some(&slot.entry.state);
-            let decision = algorithm::decide(&hit.limit, state, now, hit.hits);
+            let decision = hit.decide(state, now);
             let verdicts = vec![decision.verdict];
             let admitted = admitted(std::iter::once(hit.mode), &verdicts);
             let verdict = &verdicts[0];
             let keep = match decision.next {
-                Some(state) if admitted => {
+                Some(state) if hit.spent(admitted) => {
                     slot.entry = Entry::new(&hit.limit, state, verdict, now);
                     Some(slot.entry.keep_until)
                 }
@@ -355,7 +359,7 @@ impl MemoryStore {
         }
 
         // A key the shard does not hold: a fresh counter, kept if there is room.
-        let mut decision = algorithm::decide(&hit.limit, None, now, hit.hits);
+        let mut decision = hit.decide(None, now);
         if let Some(state) = decision.next.take() {
             match shard.make_room(now, 0, |_| false) {
                 Ok(()) => {

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use crate::algorithm::{Limit, Micros, Verdict};
+use crate::algorithm::{self, Decision, Limit, Micros, State, Verdict};
 
 pub mod board;
 pub mod demand;
@@ -50,9 +50,51 @@ pub struct Hit {
     /// Hits to add; 0 checks without counting.
     pub hits: u64,
     pub mode: Mode,
+    /// Whether the hits are spent only with the request's admission, or always (a
+    /// charge).
+    pub spend: Spend,
     /// The answer when the store cannot keep this hit's counter (a full memory
     /// store's new key).
     pub fallback: Fallback,
+}
+
+/// When a hit's counter is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Spend {
+    /// Only if the request as a whole is admitted ([`admitted`]): a request denied by
+    /// one limit spends nothing of the others.
+    #[default]
+    IfAdmitted,
+    /// Always, whole, even past the limit (a cost reported after the response,
+    /// [`algorithm::charge`]): what exceeds the limit is owed.
+    Always,
+    /// Given back (Envoy's `is_negative_hits`, [`algorithm::refund`]), floored at an
+    /// empty counter, always, and never denied.
+    Refund,
+}
+
+impl Spend {
+    /// Whether the hit's state is stored whatever the request's fate. A batch holds
+    /// such hits only, or none (the service's rule); the stores rely on it.
+    pub fn always(self) -> bool {
+        self != Spend::IfAdmitted
+    }
+}
+
+impl Hit {
+    /// This hit's decision on `state` at `now`, as its [`Spend`] makes it.
+    pub fn decide(&self, state: Option<&State>, now: Micros) -> Decision {
+        match self.spend {
+            Spend::IfAdmitted => algorithm::decide(&self.limit, state, now, self.hits),
+            Spend::Always => algorithm::charge(&self.limit, state, now, self.hits),
+            Spend::Refund => algorithm::refund(&self.limit, state, now, self.hits),
+        }
+    }
+
+    /// Whether this hit's next state is stored, given the request's fate.
+    pub fn spent(&self, admitted: bool) -> bool {
+        admitted || self.spend.always()
+    }
 }
 
 /// How a store answers a hit whose counter it cannot keep; the limiter sets it from

@@ -2,7 +2,7 @@
 
 use crate::algorithm::{Algorithm, Limit, SECOND};
 
-use super::{Hit, Mode};
+use super::{Hit, Mode, Spend};
 
 /// A hit on `key` with a per-minute limit of `requests`.
 pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
@@ -17,6 +17,7 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         },
         hits,
         mode: Mode::Enforce,
+        spend: Spend::IfAdmitted,
         fallback: Default::default(),
     }
 }

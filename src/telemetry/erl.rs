@@ -241,6 +241,7 @@ mod tests {
                 ..Verdict::default()
             }),
             hits,
+            spend: crate::store::Spend::IfAdmitted,
             ban: Ban::None,
             shed: false,
             tightened: false,

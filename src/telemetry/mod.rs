@@ -42,7 +42,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::limiter::key::Hashing;
 use crate::limiter::{Ban, Descriptor, Outcome};
 use crate::policy::{Entry, FailureMode, Policy, Rule};
-use crate::store::{ErrorKind, Evictions, Report};
+use crate::store::{ErrorKind, Evictions, Report, Spend};
 
 mod record;
 mod render;
@@ -57,7 +57,7 @@ pub mod signals;
 pub mod striped;
 pub mod top;
 
-use ratio::DenyWindow;
+use ratio::{DenyWindow, SumWindow};
 use signals::regular::RegularKeys;
 use signals::spike::Spike;
 use signals::subnet::{Subnets, TopSubnets};
@@ -97,7 +97,14 @@ struct RuleCounts {
     bans: AtomicU64,
     /// Admitted descriptors that left their counter past the near-limit ratio.
     near_limit: AtomicU64,
+    /// Hits spent ([`COST_KINDS`]: admitted requests' and every charge's), given
+    /// back by refunds, and charged past the limit (the cost of charges that did
+    /// not fit, spent and owed).
+    cost: [AtomicU64; COST_KINDS.len()],
 }
+
+/// The `kind` label of `sluice_cost_total`, in [`RuleCounts::cost`]'s order.
+pub const COST_KINDS: [&str; 3] = ["spent", "refunded", "over"];
 
 /// Everything counted for one (domain, rule path, layer).
 #[derive(Debug)]
@@ -107,6 +114,9 @@ pub struct RuleStats {
     pub layer: &'static str,
     counts: Stripes<RuleCounts>,
     ratio: Stripes<DenyWindow>,
+    /// Hits spent and refunded over the last minute, for `sluice top`.
+    spent: Stripes<SumWindow>,
+    refunded: Stripes<SumWindow>,
     pub top: TopOffenders,
     /// The busiest keys' request times ([`signals::regular`]).
     regular: RegularKeys,
@@ -120,6 +130,13 @@ pub struct RuleStats {
 
 impl RuleStats {
     /// (decided, denied) over the last minute.
+    /// Hits spent and refunded over the minute ending at `now`.
+    pub fn cost_totals(&self, now: Micros) -> (u64, u64) {
+        let spent = self.spent.iter().map(|w| w.total(now)).sum();
+        let refunded = self.refunded.iter().map(|w| w.total(now)).sum();
+        (spent, refunded)
+    }
+
     pub fn window_totals(&self, now: Micros) -> (u64, u64) {
         self.ratio.iter().fold((0, 0), |(c, d), w| {
             let (c2, d2) = w.totals(now);
@@ -147,6 +164,14 @@ impl RuleStats {
             .map(|c| c.near_limit.load(Ordering::Relaxed))
             .sum()
     }
+
+    /// Hits of one kind of [`COST_KINDS`].
+    pub fn cost(&self, kind: usize) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.cost[kind].load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// The handles of one compiled policy, by rule id.
@@ -169,6 +194,11 @@ pub struct RuleTop {
     pub decided: u64,
     /// Of those, denied (over limit or banned).
     pub denied: u64,
+    /// Hits spent (admitted requests' and every charge's) and given back by
+    /// refunds over the last minute: the rule's cost, where a call may cost more
+    /// than one.
+    pub spent: u64,
+    pub refunded: u64,
     /// The worst keys, most denials first.
     pub top: Vec<(String, u64)>,
 }

@@ -92,6 +92,60 @@ impl DenyWindow {
     }
 }
 
+/// Hits per second over the last [`WINDOW_SECS`] seconds (a rule's cost spent or
+/// refunded, for `sluice top`), as [`DenyWindow`] keeps its counts: each bucket packs
+/// its second (16 low bits) with a sum that saturates at 2^48 - 1.
+#[derive(Debug)]
+pub struct SumWindow {
+    buckets: [AtomicU64; WINDOW_SECS as usize],
+}
+
+const SUM_MAX: u64 = (1 << (64 - SEC_BITS)) - 1;
+
+impl Default for SumWindow {
+    fn default() -> Self {
+        SumWindow {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl SumWindow {
+    /// Adds `n` at `now`; `owned` as in [`DenyWindow::record`].
+    pub fn add(&self, now: Micros, n: u64, owned: bool) {
+        let sec = now / SECOND;
+        let bucket = &self.buckets[(sec % WINDOW_SECS) as usize];
+        let mut old = bucket.load(Ordering::Relaxed);
+        loop {
+            let sum = if old & SEC_MASK == sec & SEC_MASK {
+                old >> SEC_BITS
+            } else {
+                0
+            };
+            let new = (sec & SEC_MASK) | (sum.saturating_add(n).min(SUM_MAX) << SEC_BITS);
+            if owned {
+                bucket.store(new, Ordering::Relaxed);
+                return;
+            }
+            match bucket.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    /// The sum over the window ending at `now`.
+    pub fn total(&self, now: Micros) -> u64 {
+        let sec = now / SECOND;
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .filter(|&w| ((sec & SEC_MASK).wrapping_sub(w & SEC_MASK) & SEC_MASK) < WINDOW_SECS)
+            .map(|w| w >> SEC_BITS)
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +193,22 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(w.totals(T0 + 2 * SECOND), (40_000, 20_000));
+    }
+
+    #[test]
+    fn sums_over_the_last_minute() {
+        let w = SumWindow::default();
+        w.add(T0, 60, true);
+        w.add(T0 + 10 * SECOND, 40, false);
+        assert_eq!(w.total(T0 + 10 * SECOND), 100);
+        assert_eq!(
+            w.total(T0 + 60 * SECOND),
+            40,
+            "the first second left the window"
+        );
+        w.add(T0 + 60 * SECOND, 5, true);
+        assert_eq!(w.total(T0 + 60 * SECOND), 45, "its bucket starts afresh");
+        assert_eq!(w.total(T0 + 200 * SECOND), 0);
     }
 
     #[test]

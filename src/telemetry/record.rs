@@ -122,6 +122,31 @@ impl Metrics {
             if label == OK && near_limit(rule, s, self.near_limit_ratio) {
                 striped::add(&counts.near_limit, owned, 1);
             }
+            if let (Some(v), true) = (s.verdict, s.hits > 0) {
+                let (spent, refunded) = match s.spend {
+                    Spend::IfAdmitted if v.admitted && !outcome.over_limit => (s.hits, 0),
+                    Spend::IfAdmitted => (0, 0),
+                    Spend::Always => {
+                        if !v.admitted {
+                            striped::add(&counts.cost[2], owned, s.hits);
+                        }
+                        (s.hits, 0)
+                    }
+                    Spend::Refund => (0, s.hits),
+                };
+                let now =
+                    *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
+                if spent > 0 {
+                    striped::add(&counts.cost[0], owned, spent);
+                    let (w, owned) = st.spent.local();
+                    w.add(now, spent, owned);
+                }
+                if refunded > 0 {
+                    striped::add(&counts.cost[1], owned, refunded);
+                    let (w, owned) = st.refunded.local();
+                    w.add(now, refunded, owned);
+                }
+            }
             if let Some(erl) = &self.erl {
                 let counts = handles.erl[rule_id]
                     .get_or_init(|| erl.counts(domain, outcome.policy.rule(rule_id)));
@@ -253,6 +278,8 @@ impl Metrics {
                     layer,
                     counts: Stripes::default(),
                     ratio: Stripes::default(),
+                    spent: Stripes::default(),
+                    refunded: Stripes::default(),
                     top: TopOffenders::default(),
                     regular: RegularKeys::default(),
                     subnets: Subnets::default(),

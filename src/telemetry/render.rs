@@ -10,6 +10,7 @@ impl Metrics {
         let mut out: Vec<RuleTop> = Vec::new();
         for st in self.all_stats() {
             let (decided, denied) = st.window_totals(now);
+            let (spent, refunded) = st.cost_totals(now);
             let top = st.top.top(now, top::TOP);
             if decided == 0 && top.is_empty() {
                 continue;
@@ -19,6 +20,8 @@ impl Metrics {
                 Some(last) if last.domain == st.domain && last.rule == st.rule => {
                     last.decided += decided;
                     last.denied += denied;
+                    last.spent += spent;
+                    last.refunded += refunded;
                     let mut merged: HashMap<String, u64> = last.top.drain(..).collect();
                     for (k, n) in top {
                         *merged.entry(k).or_default() += n;
@@ -33,6 +36,8 @@ impl Metrics {
                     rule: st.rule.clone(),
                     decided,
                     denied,
+                    spent,
+                    refunded,
                     top,
                 }),
             }
@@ -71,6 +76,23 @@ impl Metrics {
                 out.push_str("sluice_penalty_bans_total{domain=\"");
                 escape_label(domain, out);
                 out.push_str("\",rule=\"");
+                escape_label(rule, out);
+                let _ = writeln!(out, "\"}} {n}");
+            }
+            out.push_str(
+                "# HELP sluice_cost_total Hits by rule: spent (admitted requests' and every charge's), refunded (given back by is_negative_hits), over (charges that did not fit, spent and owed).\n\
+                 # TYPE sluice_cost_total counter\n",
+            );
+            let mut cost: std::collections::BTreeMap<(&str, &str, usize), u64> = Default::default();
+            for st in &stats {
+                for kind in 0..COST_KINDS.len() {
+                    *cost.entry((&st.domain, &st.rule, kind)).or_default() += st.cost(kind);
+                }
+            }
+            for ((domain, rule, kind), n) in cost {
+                out.push_str("sluice_cost_total{domain=\"");
+                escape_label(domain, out);
+                let _ = write!(out, "\",kind=\"{}\",rule=\"", COST_KINDS[kind]);
                 escape_label(rule, out);
                 let _ = writeln!(out, "\"}} {n}");
             }

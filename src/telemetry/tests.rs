@@ -343,6 +343,7 @@ fn store_state_changes_are_logged_once_each() {
             over_limit: false,
             verdict: (!failed).then(crate::algorithm::Verdict::default),
             hits: 1,
+            spend: crate::store::Spend::IfAdmitted,
             ban: Ban::None,
             shed: false,
             tightened: false,

@@ -3,7 +3,7 @@
 //! `tests/redis.rs` on the Redis store.
 
 use sluice::algorithm::{Algorithm, Limit, SECOND};
-use sluice::store::{Hit, Mode};
+use sluice::store::{Hit, Mode, Spend};
 
 /// A hit on `key` with a per-minute limit of `requests`.
 pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
@@ -18,7 +18,24 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         },
         hits,
         mode: Mode::Enforce,
+        spend: Spend::IfAdmitted,
         fallback: Default::default(),
+    }
+}
+
+/// A charge of `hits` on `key`: a cost reported after the response, spent whole.
+pub fn charge(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
+    Hit {
+        spend: Spend::Always,
+        ..hit(key, algorithm, requests, hits)
+    }
+}
+
+/// A refund of `hits` on `key`: Envoy's `is_negative_hits`.
+pub fn refund(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
+    Hit {
+        spend: Spend::Refund,
+        ..hit(key, algorithm, requests, hits)
     }
 }
 
@@ -39,7 +56,7 @@ macro_rules! store_contract {
     ($make:expr) => {
         use sluice::algorithm::Algorithm;
         use sluice::store::{Mode, Store};
-        use $crate::common::contract::{hit, ALL};
+        use $crate::common::contract::{charge, hit, refund, ALL};
 
         #[tokio::test]
         async fn admits_up_to_the_limit_then_denies() {
@@ -194,6 +211,117 @@ macro_rules! store_contract {
                     .unwrap();
                 assert!(v.admitted);
                 assert_eq!(v.verdicts[0].remaining, 2);
+            }
+        }
+
+        #[tokio::test]
+        async fn a_charge_past_the_limit_is_spent_whole_and_owed() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-charge-{}", alg.as_str());
+                let check = [hit(&key, alg, 5, 0)];
+                assert!(store.decide(&check).await.unwrap().admitted, "{alg:?}");
+                // 3 fit; 4 more do not, and are spent anyway: 2 are owed.
+                let v = store.decide(&[charge(&key, alg, 5, 3)]).await.unwrap();
+                assert!(v.admitted, "{alg:?}");
+                assert_eq!(v.verdicts[0].remaining, 2, "{alg:?}");
+                let v = store.decide(&[charge(&key, alg, 5, 4)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?}: 4 on 2 left fitted");
+                assert_eq!(v.verdicts[0].remaining, 0, "{alg:?}");
+                assert!(v.verdicts[0].retry_after > 0, "{alg:?}");
+                // Owing, the counter refuses the next check and the next request.
+                let v = store.decide(&check).await.unwrap();
+                assert!(!v.admitted, "{alg:?}: a check passed while owing");
+                let v = store.decide(&[hit(&key, alg, 5, 1)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?}");
+                // The same 4 as a request would have been refused and spent nothing.
+                let plain = format!("contract-plain-{}", alg.as_str());
+                store.decide(&[hit(&plain, alg, 5, 3)]).await.unwrap();
+                let v = store.decide(&[hit(&plain, alg, 5, 4)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?}");
+                let v = store.decide(&[hit(&plain, alg, 5, 0)]).await.unwrap();
+                assert_eq!(
+                    v.verdicts[0].remaining, 2,
+                    "{alg:?}: a denied request spent"
+                );
+            }
+        }
+
+        #[tokio::test]
+        async fn a_batch_of_charges_spends_every_one_though_one_is_over() {
+            for alg in ALL {
+                let store = $make;
+                let roomy = format!("contract-charges-a-{}", alg.as_str());
+                let tight = format!("contract-charges-b-{}", alg.as_str());
+                let v = store
+                    .decide(&[charge(&roomy, alg, 10, 3), charge(&tight, alg, 2, 3)])
+                    .await
+                    .unwrap();
+                assert!(!v.admitted, "{alg:?}");
+                assert!(v.verdicts[0].admitted && !v.verdicts[1].admitted, "{alg:?}");
+                let v = store.decide(&[hit(&roomy, alg, 10, 0)]).await.unwrap();
+                assert_eq!(
+                    v.verdicts[0].remaining, 7,
+                    "{alg:?}: the roomy charge was given back"
+                );
+                let v = store.decide(&[hit(&tight, alg, 2, 0)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?}: the tight charge was not spent");
+            }
+        }
+
+        #[tokio::test]
+        async fn a_refund_gives_hits_back_floored_at_empty_and_never_denies() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-refund-{}", alg.as_str());
+                let check = [hit(&key, alg, 10, 0)];
+                store.decide(&[hit(&key, alg, 10, 7)]).await.unwrap();
+                let v = store.decide(&[refund(&key, alg, 10, 4)]).await.unwrap();
+                assert!(v.admitted && v.verdicts[0].admitted, "{alg:?}");
+                assert_eq!(v.verdicts[0].remaining, 7, "{alg:?}");
+                assert_eq!(store.decide(&check).await.unwrap().verdicts[0].remaining, 7);
+                let v = store.decide(&[refund(&key, alg, 10, 50)]).await.unwrap();
+                assert_eq!(v.verdicts[0].remaining, 10, "{alg:?}: below empty");
+                let v = store.decide(&[hit(&key, alg, 10, 11)]).await.unwrap();
+                assert!(!v.admitted, "{alg:?}: room past the limit");
+                // Owed after a charge past the limit: a refund repays it and is not
+                // refused, however far over the counter is.
+                store.decide(&[charge(&key, alg, 10, 25)]).await.unwrap();
+                let v = store.decide(&[refund(&key, alg, 10, 5)]).await.unwrap();
+                assert!(v.admitted, "{alg:?}: a refund was refused");
+                assert!(!store.decide(&check).await.unwrap().admitted, "{alg:?}");
+                store.decide(&[refund(&key, alg, 10, 17)]).await.unwrap();
+                let v = store.decide(&check).await.unwrap();
+                assert_eq!(v.verdicts[0].remaining, 7, "{alg:?}");
+                // A refund to a key never seen changes nothing.
+                let fresh = format!("contract-refund-fresh-{}", alg.as_str());
+                let v = store.decide(&[refund(&fresh, alg, 10, 3)]).await.unwrap();
+                assert_eq!(v.verdicts[0].remaining, 10, "{alg:?}");
+            }
+        }
+
+        #[tokio::test]
+        async fn a_reservation_settles_its_estimate_and_the_actual_in_one_call() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-reserve-{}", alg.as_str());
+                // Reserve 5 at the request; at its end give the 5 back and charge the
+                // 8 it cost, in either order in one call.
+                store.decide(&[charge(&key, alg, 20, 5)]).await.unwrap();
+                let v = store
+                    .decide(&[refund(&key, alg, 20, 5), charge(&key, alg, 20, 8)])
+                    .await
+                    .unwrap();
+                assert!(v.admitted, "{alg:?}");
+                assert_eq!(v.verdicts[1].remaining, 12, "{alg:?}");
+                store.decide(&[charge(&key, alg, 20, 5)]).await.unwrap();
+                let v = store
+                    .decide(&[charge(&key, alg, 20, 3), refund(&key, alg, 20, 5)])
+                    .await
+                    .unwrap();
+                assert!(v.admitted, "{alg:?}");
+                let v = store.decide(&[hit(&key, alg, 20, 0)]).await.unwrap();
+                assert_eq!(v.verdicts[0].remaining, 9, "{alg:?}: 8 + 3 spent");
             }
         }
     };

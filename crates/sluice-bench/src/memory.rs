@@ -15,7 +15,7 @@ use std::time::Instant;
 use clap::Parser;
 use sluice::algorithm::{Algorithm, Limit, SECOND};
 use sluice::clock::{Clock, ManualClock, SystemClock};
-use sluice::store::{Hit, MemoryStore, Mode, Store};
+use sluice::store::{Hit, MemoryStore, Mode, Spend, Store};
 
 const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::FixedWindow,
@@ -167,6 +167,7 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
                 limit,
                 hits: 1,
                 mode: Mode::Enforce,
+                spend: Spend::IfAdmitted,
                 fallback: Default::default(),
             };
             for _ in 0..hits.max(1) {

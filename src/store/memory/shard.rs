@@ -198,7 +198,7 @@ mod tests {
     use crate::algorithm::{Algorithm, Limit, Micros, Verdict, SECOND};
     use crate::clock::{Clock, ManualClock};
     use crate::store::memory::{MemoryStore, SHARDS};
-    use crate::store::{Evictions, Fallback, Hit, Mode, Store};
+    use crate::store::{Evictions, Fallback, Hit, Mode, Spend, Store};
 
     const HOUR: Micros = 3600 * SECOND;
 
@@ -225,6 +225,7 @@ mod tests {
             limit,
             hits,
             mode: Mode::Enforce,
+            spend: Spend::IfAdmitted,
             fallback: Fallback::Admit,
         }
     }

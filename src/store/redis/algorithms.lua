@@ -267,6 +267,59 @@ local function gcra(r, w, b, st, now, hits, leaky)
   return 0, gcra_remaining(r, w, b, d, br), d, retry, 0, nil, 0
 end
 
+-- A charge (src/algorithm/mod.rs `charge`): `fn`'s decision, and when it does not
+-- fit, the state with the whole cost spent anyway, from the same decision under a
+-- limit that admits anything (the windows' count, the buckets' capacity lifted; a
+-- bucket's rate kept), with the verdict of another such charge on that state. No
+-- delay: a charge pays for a request already served. Returns fn's eight values.
+local LIFT = 2 ^ 52
+local function charge(code, fn, r, w, b, st, now, hits, leaky)
+  local admitted, remaining, reset, retry, _, nxt, token, expiry = fn(r, w, b, st, now, hits, leaky)
+  if admitted == 1 or hits == 0 then
+    return admitted, remaining, reset, retry, 0, nxt, token, expiry
+  end
+  local lr, lb = LIFT, b
+  if code == 'tb' or code == 'lb' then lr, lb = r, LIFT end
+  local _, _, _, _, _, owed, otoken, oexpiry = fn(lr, w, lb, st, now, hits, leaky)
+  if owed == nil then return admitted, remaining, reset, retry, 0, nil, token, expiry end
+  local _, oremaining, oreset, oretry = fn(r, w, b, owed, now, hits, leaky)
+  return 0, oremaining, oreset, oretry, 0, owed, otoken, oexpiry
+end
+
+-- A refund of a counter (src/algorithm/refund.rs), not a log (decide.lua gives a
+-- log's hits back itself): the state brought to `now` by one hit under a lifted
+-- limit, then that hit and `hits` taken off, floored at an empty counter. Returns
+-- fn's eight values: always admitted, never a delay; nil state when there was
+-- nothing to give back to.
+local function give_back(code, fn, r, w, b, st, now, hits, leaky)
+  local nxt, expiry = nil, nil
+  if hits > 0 and st ~= nil then
+    local lr, lb = LIFT, b
+    if code == 'tb' or code == 'lb' then lr, lb = r, LIFT end
+    local _, _, _, _, _, rolled, _, rexpiry = fn(lr, w, lb, st, now, 1, leaky)
+    if rolled ~= nil then
+      local back = hits + 1
+      if code == 'fw' then
+        nxt = { rolled[1], math.max(rolled[2] - back, 0) }
+      elseif code == 'sc' then
+        local cur = math.min(back, rolled[3])
+        nxt = { rolled[1], math.max(rolled[2] - (back - cur), 0), rolled[3] - cur }
+      else
+        -- Exact tat less back * w / r (as refund.lua), at least now.
+        local cq, cs = muldiv(back, w, r)
+        local t, rem = rolled[1] - cq, (rolled[2] or 0) + cs
+        if rem >= r then t, rem = t - 1, rem - r end
+        if t < now or (t == now and rem > 0) then t, rem = now, 0 end
+        if rem > 0 then nxt = { t, rem } else nxt = { t } end
+        rexpiry = t
+      end
+      expiry = rexpiry
+    end
+  end
+  local _, remaining, reset = fn(r, w, b, nxt or st, now, 0, leaky)
+  return 1, remaining, reset, 0, 0, nxt, 0, expiry
+end
+
 -- The algorithm of a code as sent by scripts.rs (the caller passes leaky = code ==
 -- 'lb'), nil if unknown. Not a table: its constructor would run on every call.
 local function algorithm(code)

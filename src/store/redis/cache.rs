@@ -145,6 +145,22 @@ impl DenialCache {
         }
     }
 
+    /// Forgets what is known of `keys`: a refund has given them room back, so a
+    /// denial remembered before it may no longer hold.
+    pub fn forget<'k>(&self, mut keys: impl Iterator<Item = &'k str>) {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut map = self.lock();
+        if keys.any(|k| map.remove(k).is_some()) {
+            // Go on through the rest (`any` stopped at the first).
+            for k in keys {
+                map.remove(k);
+            }
+            self.len.store(map.len(), Ordering::Relaxed);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }

@@ -16,7 +16,8 @@
 -- hit sees the earlier one's state). ARGV[1]: fixed now in microseconds (tests only)
 -- or ''. ARGV[2]: the number L of distinct limits in the call, then per limit 5
 -- values: algorithm code, requests, window, burst, mode ('e' enforce, 's' shadow,
--- 'q' quota). Then per group: its number of hits m, negated (-m) when quota-mode
+-- 'q' quota; upper case for a charge, spent whole even when denied; 'R' a refund,
+-- given back and never denied: a group holds charges and refunds only, or none). Then per group: its number of hits m, negated (-m) when quota-mode
 -- hits of this request live on other shards (so an all-denied quota here does not
 -- deny on its own); then per hit its limit's number j (1..L) for one hit, or -j
 -- followed by its hits. Limits are sent once per call and a one-hit hit is one
@@ -45,12 +46,12 @@ if #KEYS == 1 then out = { 0, 0, 0, 0, 0, 0, 0, 0 } end
 
 -- The call's limits, each argument parsed once. An unknown code fails the call
 -- before any group is decided: an error must not leave earlier groups consumed.
--- One flat table, 6 slots per limit (code, algorithm, requests, window, burst, mode):
--- one allocation per call, however many limits.
+-- One flat table, 7 slots per limit (code, algorithm, requests, window, burst, mode,
+-- charge): one allocation per call, however many limits.
 local nlimits = tonumber(ARGV[2])
-local lim = { nil, nil, nil, nil, nil, nil }
+local lim = { nil, nil, nil, nil, nil, nil, nil }
 for j = 1, nlimits do
-  local a, l = 2 + (j - 1) * 5, (j - 1) * 6
+  local a, l = 2 + (j - 1) * 5, (j - 1) * 7
   local code = ARGV[a + 1]
   local fn = algorithm(code)
   if fn == nil then
@@ -63,7 +64,13 @@ for j = 1, nlimits do
   lim[l + 3] = tonumber(ARGV[a + 2])
   lim[l + 4] = w
   lim[l + 5] = tonumber(ARGV[a + 4])
-  lim[l + 6] = ARGV[a + 5]
+  local mode = ARGV[a + 5]
+  local lower = string.lower(mode)
+  lim[l + 6] = lower
+  -- How the hits spend: false (if the group is admitted), 'charge' or 'refund'.
+  local spend = false
+  if mode == 'R' then spend = 'refund' elseif lower ~= mode then spend = 'charge' end
+  lim[l + 7] = spend
 end
 local at, k0 = 3 + nlimits * 5, 0
 
@@ -82,6 +89,57 @@ local log_seen = {}
 -- key's TTL was set against another clock.
 local read_start = {}
 
+-- Writes a log's summary `st` after its group's change (window lw, expiring at
+-- `expiry`) into its sorted set, and remembers what the next group reads back.
+local function write_log(key, st, lw, expiry)
+  local d = st.dirty
+  if st.legacy then
+    -- Written by an older sluice: every live entry again, in the new form.
+    local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - lw), '+inf')
+    redis.call('DEL', key)
+    local before = 0
+    for _, m in ipairs(raw) do
+      local e = log_entry(m)
+      if e[1] ~= d[1] then
+        redis.call('ZADD', key, fmt(e[1]), log_member(e[1], before, e[3]))
+        before = before + e[3]
+      end
+    end
+    d[2] = before
+    log_seen[key] = nil
+  else
+    if st.replaced ~= nil then redis.call('ZREM', key, st.replaced) end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - lw))
+  end
+  local member = log_member(d[1], d[2], d[3])
+  redis.call('ZADD', key, fmt(d[1]), member)
+  redis.call('PEXPIRE', key, ttl_ms(expiry, now))
+  if log_seen[key] ~= nil then
+    -- What the next group would read back.
+    d[4] = member
+    log_seen[key] = { used = st.used, first = st.first, last = d, key = key, edge = st.edge }
+  end
+end
+
+-- A refund of a log (src/algorithm/refund.rs): `hits` taken off its newest live
+-- entries, at most all of them. Older entries keep their numbering (`before`
+-- counts only what precedes them), and the key its TTL.
+local function take_from_log(key, now, w, hits)
+  local left = hits
+  while left > 0 do
+    local m = redis.call('ZRANGE', key, -1, -1)[1]
+    if m == nil then return end
+    local e = log_entry(m)
+    if e[1] <= now - w then return end
+    redis.call('ZREM', key, m)
+    if e[3] > left then
+      redis.call('ZADD', key, fmt(e[1]), log_member(e[1], e[2], e[3] - left))
+      return
+    end
+    left = left - e[3]
+  end
+end
+
 -- Decides one group per round: its m hits are KEYS[k0 + 1 ..], their arguments start
 -- at ARGV[at]; appends its consumed flag and verdicts to out.
 while at <= #ARGV do
@@ -98,7 +156,7 @@ while at <= #ARGV do
   if m == 1 then
     local j1 = tonumber(ARGV[at])
     if j1 < 0 then j1 = -j1 end
-    one = lim[(j1 - 1) * 6 + 1] ~= 'sl'
+    one = lim[(j1 - 1) * 7 + 1] ~= 'sl'
   end
   if one then
     local j, hits = tonumber(ARGV[at]), 1
@@ -107,10 +165,10 @@ while at <= #ARGV do
       at = at + 1
     end
     at = at + 1
-    local l = (j - 1) * 6
+    local l = (j - 1) * 7
     local code, decide = lim[l + 1], lim[l + 2]
     local leaky = code == 'lb'
-    local r, w, b, mode = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6]
+    local r, w, b, mode, spend_all = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6], lim[l + 7]
     local key = KEYS[k0 + 1]
     local st = committed[key]
     if st == nil then
@@ -120,17 +178,27 @@ while at <= #ARGV do
         if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
       end
     end
-    local admitted, remaining, reset, retry, delay, nxt, token, expiry =
-      decide(r, w, b, st, now, hits, leaky)
+    local admitted, remaining, reset, retry, delay, nxt, token, expiry
+    if spend_all == 'refund' then
+      admitted, remaining, reset, retry, delay, nxt, token, expiry =
+        give_back(code, decide, r, w, b, st, now, hits, leaky)
+    elseif spend_all then
+      admitted, remaining, reset, retry, delay, nxt, token, expiry =
+        charge(code, decide, r, w, b, st, now, hits, leaky)
+    else
+      admitted, remaining, reset, retry, delay, nxt, token, expiry =
+        decide(r, w, b, st, now, hits, leaky)
+    end
     if nxt ~= nil then st = nxt end
     local room = 0
-    if admitted == 1 and remaining == 0 and hits > 0 then
+    if spend_all ~= 'refund'
+      and ((admitted == 1 and remaining == 0 and hits > 0) or (admitted == 0 and nxt ~= nil)) then
       room = (select(4, decide(r, w, b, st, now, 1, leaky)))
     end
     -- The admitted() rule for one hit: a denied enforced hit, or a denied quota hit
-    -- with no quota elsewhere, consumes nothing.
+    -- with no quota elsewhere, consumes nothing; a charge always does.
     local consumed = 1
-    if admitted == 0 and (mode == 'e' or (mode == 'q' and not quota_elsewhere)) then
+    if not spend_all and admitted == 0 and (mode == 'e' or (mode == 'q' and not quota_elsewhere)) then
       consumed = 0
     elseif nxt ~= nil then
       committed[key] = nxt
@@ -151,10 +219,11 @@ while at <= #ARGV do
     local changed = {}  -- keys with a state to write, in first-change order
     local expires = {}  -- key -> when its state may expire, from its last change
     local logs = nil    -- sl key -> window of its last change
+    local flushed = {}  -- sl keys written early by a refund in this group
     local head = n + 1
     out[head] = 0
     local o = head
-    local enforce_denied, quota_seen, quota_ok = false, false, false
+    local enforce_denied, quota_seen, quota_ok, charges = false, false, false, false
 
     for i = 1, m do
       local j, hits = tonumber(ARGV[at]), 1
@@ -163,10 +232,10 @@ while at <= #ARGV do
         at = at + 1
       end
       at = at + 1
-      local l = (j - 1) * 6
+      local l = (j - 1) * 7
       local code, decide = lim[l + 1], lim[l + 2]
       local log, leaky = code == 'sl', code == 'lb'
-      local r, w, b, mode = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6]
+      local r, w, b, mode, spend_all = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6], lim[l + 7]
       local key = KEYS[k0 + i]
       local st = states[key]
       if st == nil then
@@ -189,8 +258,34 @@ while at <= #ARGV do
         states[key] = st or false
       end
       st = st or nil
-      local admitted, remaining, reset, retry, delay, nxt, token, expiry =
-        decide(r, w, b, st, now, hits, leaky)
+      local admitted, remaining, reset, retry, delay, nxt, token, expiry
+      if spend_all then charges = true end
+      if spend_all == 'refund' and log then
+        -- A log's hits go back from its newest entries, written at once: the
+        -- group's own change to this log first, then the entries, then the log
+        -- read again as the next hit sees it.
+        if logs ~= nil and logs[key] ~= nil then
+          write_log(key, st, logs[key], expires[key])
+          logs[key] = nil
+          flushed[key] = true
+        end
+        take_from_log(key, now, w, hits)
+        st = load_log(key, now, w)
+        log_seen[key] = st
+        states[key] = st
+        local _
+        _, remaining, reset = decide(r, w, b, st, now, 0, leaky)
+        admitted, retry, delay, token = 1, 0, 0, 0
+      elseif spend_all == 'refund' then
+        admitted, remaining, reset, retry, delay, nxt, token, expiry =
+          give_back(code, decide, r, w, b, st, now, hits, leaky)
+      elseif spend_all then
+        admitted, remaining, reset, retry, delay, nxt, token, expiry =
+          charge(code, decide, r, w, b, st, now, hits, leaky)
+      else
+        admitted, remaining, reset, retry, delay, nxt, token, expiry =
+          decide(r, w, b, st, now, hits, leaky)
+      end
       if nxt ~= nil then
         st = nxt
         states[key] = nxt
@@ -207,8 +302,10 @@ while at <= #ARGV do
         if admitted == 1 then quota_ok = true end
       end
       local room = 0
-      if admitted == 1 and remaining == 0 and hits > 0 then
-        -- Mirrors algorithm::decide; only when the key is full, so rarely paid.
+      if spend_all ~= 'refund'
+        and ((admitted == 1 and remaining == 0 and hits > 0) or (admitted == 0 and nxt ~= nil)) then
+        -- Mirrors algorithm::decide (and charge); only when the key is full, so rarely
+        -- paid.
         room = (select(4, decide(r, w, b, st, now, 1, leaky)))
       end
       -- One at a time: a multiple assignment stores right to left, out of array order.
@@ -223,40 +320,15 @@ while at <= #ARGV do
     end
     n = o
 
-    -- The shared admitted() rule of src/store/mod.rs; a denied group writes nothing.
-    if not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
+    -- The shared admitted() rule of src/store/mod.rs; a denied group writes nothing,
+    -- unless it is of charges, which are spent whole whatever the verdicts.
+    if charges or not (enforce_denied or (quota_seen and not quota_ok and not quota_elsewhere)) then
       for _, key in ipairs(changed) do
         local st = states[key]
         local lw = logs and logs[key]
         if lw then
-          local d = st.dirty
-          if st.legacy then
-            -- Written by an older sluice: every live entry again, in the new form.
-            local raw = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - lw), '+inf')
-            redis.call('DEL', key)
-            local before = 0
-            for _, m in ipairs(raw) do
-              local e = log_entry(m)
-              if e[1] ~= d[1] then
-                redis.call('ZADD', key, fmt(e[1]), log_member(e[1], before, e[3]))
-                before = before + e[3]
-              end
-            end
-            d[2] = before
-            log_seen[key] = nil
-          else
-            if st.replaced ~= nil then redis.call('ZREM', key, st.replaced) end
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - lw))
-          end
-          local member = log_member(d[1], d[2], d[3])
-          redis.call('ZADD', key, fmt(d[1]), member)
-          redis.call('PEXPIRE', key, ttl_ms(expires[key], now))
-          if log_seen[key] ~= nil then
-            -- What the next group would read back.
-            d[4] = member
-            log_seen[key] = { used = st.used, first = st.first, last = d, key = key, edge = st.edge }
-          end
-        else
+          write_log(key, st, lw, expires[key])
+        elseif not flushed[key] then
           committed[key] = st
           if pending_expiry[key] == nil then pending[#pending + 1] = key end
           pending_expiry[key] = expires[key]

@@ -37,7 +37,8 @@ use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 
 use super::{
-    admitted, ErrorKind, Hit, Report, Sentenced, ShardStatus, Store, StoreError, Strike, Verdicts,
+    admitted, ErrorKind, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError, Strike,
+    Verdicts,
 };
 
 mod board;
@@ -497,6 +498,15 @@ impl Inner {
 
     /// The cached denial of `hits`, if one still holds.
     fn cached(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
+        // A charge or a refund is spent whatever the verdict: it must reach Redis.
+        // A refund gives room back, so what was remembered of its keys goes (a
+        // denial another request caches while the refund is on its way may outlive
+        // it: until its retry time at most).
+        if hits.iter().any(|h| h.spend.always()) {
+            let refunded = hits.iter().filter(|h| h.spend == Spend::Refund);
+            self.cache.forget(refunded.map(|h| h.key.as_str()));
+            return None;
+        }
         let v = self.cache.lookup(hits, now)?;
         if let Some(r) = &self.report {
             r.denial_cache_answer();

@@ -11,7 +11,7 @@
 //! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{ErrorKind, Hit, Mode, StoreError};
+use crate::store::{ErrorKind, Hit, Mode, Spend, StoreError};
 
 use super::classify;
 use super::shard;
@@ -217,7 +217,7 @@ impl HitArgs {
                 requests: clamp(h.limit.requests),
                 window: clamp(h.limit.window.max(1)),
                 burst: clamp(h.limit.burst),
-                mode: mode_code(h.mode),
+                mode: mode_code(h.mode, h.spend),
             },
             hits: clamp(h.hits),
         }
@@ -239,11 +239,17 @@ fn clamp(v: u64) -> u64 {
     v.min(MAX_ARG)
 }
 
-fn mode_code(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Enforce => "e",
-        Mode::Shadow => "s",
-        Mode::Quota => "q",
+/// The mode's letter, in upper case for a charge (decide.lua then spends it whole),
+/// `R` for a refund (never denied, so its mode does not matter).
+fn mode_code(mode: Mode, spend: Spend) -> &'static str {
+    match (mode, spend) {
+        (_, Spend::Refund) => "R",
+        (Mode::Enforce, Spend::IfAdmitted) => "e",
+        (Mode::Shadow, Spend::IfAdmitted) => "s",
+        (Mode::Quota, Spend::IfAdmitted) => "q",
+        (Mode::Enforce, Spend::Always) => "E",
+        (Mode::Shadow, Spend::Always) => "S",
+        (Mode::Quota, Spend::Always) => "Q",
     }
 }
 
@@ -556,6 +562,7 @@ mod tests {
                 },
                 hits,
                 mode: Mode::Enforce,
+                spend: Spend::IfAdmitted,
                 fallback: Default::default(),
             })
             .collect();

@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn redis_keys_are_prefix_placement_in_hex_key_and_code() {
         use crate::algorithm::Limit;
-        use crate::store::Mode;
+        use crate::store::{Mode, Spend};
         for (placement, key, algorithm) in [
             (0, "", Algorithm::FixedWindow),
             (0xab, "d|client=a", Algorithm::SlidingWindowCounter),
@@ -114,6 +114,7 @@ mod tests {
                 },
                 hits: 1,
                 mode: Mode::Enforce,
+                spend: Spend::IfAdmitted,
                 fallback: Default::default(),
             };
             assert_eq!(

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{admitted, ErrorKind, Hit, Mode, StoreError, Verdicts};
+use crate::store::{admitted, ErrorKind, Hit, Mode, Spend, StoreError, Verdicts};
 
 use super::coalesce::{self, Pending};
 use super::scripts::{Group, HitArgs, Reply};
@@ -227,7 +227,13 @@ pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> 
                 .indexes
                 .iter()
                 .zip(&reply.verdicts)
-                .filter(|&(&i, &(v, _))| reply.consumed && v.admitted && hits[i].hits > 0)
+                .filter(|&(&i, &(v, _))| {
+                    // A charge is spent whatever the request's fate.
+                    reply.consumed
+                        && v.admitted
+                        && hits[i].hits > 0
+                        && hits[i].spend == Spend::IfAdmitted
+                })
                 .map(|(&i, &(_, token))| (i, token))
                 .collect();
             if !spent.is_empty() {

@@ -1,0 +1,277 @@
+//! Charges: costs known only after the response, spent whole even past the limit.
+//!
+//! Envoy reports what a request cost (tokens, bytes, upstream time) in a second
+//! `ShouldRateLimit` when the stream ends, and ignores the answer. Refusing such a
+//! charge because it does not fit would let a client whose every response costs more
+//! than its remainder spend without limit, so a charge is always spent, and what
+//! exceeds the limit is owed: the windows stay over until they have absorbed it,
+//! and a bucket's debt delays its next admission by the excess / rate. Checks
+//! (cost 0) before each request then deny while anything is owed, so over any
+//! window a client spends at most the limit plus the cost of the requests already
+//! running when it ran out.
+
+use super::{decide, decide_alone, Algorithm, Decision, Limit, Micros, State, Verdict};
+
+/// Decides a charge of `hits` against `limit` at `now`: a cost known only after the
+/// work is done (Envoy's second call at stream end), which is spent whole even past
+/// the limit. The verdict says whether it fitted; `next` is the state with the whole
+/// cost spent either way, so what is over the limit is owed: a window counts it until
+/// the window has absorbed it, a bucket's debt delays its next admission by
+/// hits / rate. A denied verdict describes the state after the charge (its
+/// `retry_after` is the wait for another charge as large, its `next_room` the wait
+/// for one hit). A charge holds no answer
+/// (`delay` 0): it pays for a request already served. `hits == 0` is a check, as in
+/// [`decide`](super::decide).
+pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
+    let mut d = decide(limit, state, now, hits);
+    d.verdict.delay = 0;
+    if d.verdict.admitted || hits == 0 {
+        return d;
+    }
+    // The same decision under a limit that admits anything: the state then moves
+    // exactly as an admission would move it (window alignment and bucket rate
+    // unchanged), whatever the algorithm.
+    let Some(next) = decide_alone(&lifted(limit), state, now, hits).next else {
+        // Past the end of time or of u64: nothing can be owed beyond that.
+        return d;
+    };
+    let after = decide_alone(limit, Some(&next), now, hits).verdict;
+    let next_room = decide_alone(limit, Some(&next), now, 1).verdict.retry_after;
+    Decision {
+        verdict: Verdict {
+            admitted: false,
+            delay: 0,
+            next_room,
+            ..after
+        },
+        next: Some(next),
+    }
+}
+
+/// `limit` with room for any charge: the windows' count, or the buckets' capacity,
+/// at its largest. The rate (requests per window) of a bucket is kept: it prices a
+/// hit.
+pub(super) fn lifted(limit: &Limit) -> Limit {
+    match limit.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => Limit {
+            burst: u64::MAX,
+            ..*limit
+        },
+        _ => Limit {
+            requests: u64::MAX,
+            ..*limit
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::charge;
+    use crate::algorithm::testkit::{self, limits, T0};
+    use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
+    use proptest::prelude::*;
+
+    const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// Charges `hits` and stores the state, as a store does whatever the verdict.
+    fn spend(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> bool {
+        let d = charge(l, s.as_ref(), now, hits);
+        assert_eq!(d.verdict.delay, 0, "a charge holds no answer");
+        if let Some(n) = d.next {
+            *s = Some(n);
+        }
+        d.verdict.admitted
+    }
+
+    /// Whether a request may start: a check (cost 0), which spends nothing.
+    fn check(l: &Limit, s: &Option<State>, now: Micros) -> bool {
+        let d = decide(l, s.as_ref(), now, 0);
+        assert!(d.next.is_none(), "a check changed the state");
+        d.verdict.admitted
+    }
+
+    /// A client whose every response costs more than its limit's whole allowance is
+    /// refused once its first charge is owed, in every algorithm; the same charges
+    /// as plain requests would all have been refused and spent nothing.
+    #[test]
+    fn a_client_that_always_overshoots_is_denied_after_its_budget() {
+        for a in ALL {
+            let l = testkit::limit(a, 10, 10 * SECOND, 10);
+            let mut s = None;
+            assert!(check(&l, &s, T0), "{a:?}");
+            assert!(!spend(&l, &mut s, T0, 25), "{a:?}: 25 on 10 fitted");
+            assert!(!check(&l, &s, T0 + 1), "{a:?}: admitted while owing");
+            assert!(!decide(&l, s.as_ref(), T0 + 1, 1).verdict.admitted, "{a:?}");
+            let mut plain = None;
+            assert!(!testkit::hit(&l, &mut plain, T0, 25).admitted);
+            assert_eq!(plain, None, "{a:?}: a denied request spent");
+        }
+    }
+
+    /// A bucket's debt delays the next admission by the excess / rate, exactly.
+    #[test]
+    fn bucket_debt_delays_the_next_admission_by_excess_over_rate() {
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            // 10 per second, capacity 10: a charge of 30 from full owes 20 = 2 s.
+            let l = testkit::limit(a, 10, SECOND, 10);
+            let mut s = None;
+            let d = charge(&l, None, T0, 30);
+            assert!(!d.verdict.admitted);
+            assert_eq!(d.verdict.remaining, 0);
+            assert_eq!(d.verdict.next_room, 2 * SECOND + SECOND / 10, "{a:?}");
+            s = d.next.or(s);
+            assert!(!check(&l, &s, T0 + 2 * SECOND - 1), "{a:?}");
+            assert!(check(&l, &s, T0 + 2 * SECOND), "{a:?}");
+            assert!(!decide(&l, s.as_ref(), T0 + 2 * SECOND, 1).verdict.admitted);
+            assert!(
+                decide(&l, s.as_ref(), T0 + 2 * SECOND + SECOND / 10, 1)
+                    .verdict
+                    .admitted
+            );
+        }
+    }
+
+    /// A window stays over until it has absorbed the overshoot: a fixed window until
+    /// it ends, a sliding one until the weighted estimate falls back under.
+    #[test]
+    fn windows_stay_over_until_they_absorb_the_overshoot() {
+        let l = testkit::limit(Algorithm::FixedWindow, 10, 10 * SECOND, 10);
+        let mut s = None;
+        spend(&l, &mut s, T0 + SECOND, 15);
+        assert!(!check(&l, &s, T0 + 10 * SECOND - 1));
+        assert!(check(&l, &s, T0 + 10 * SECOND));
+
+        // Sliding counter: 20 spent in [T0, T0 + 10 s) weighs 20 * (1 - f) in the
+        // next window, under 10 (a check passes at 10) from halfway through it.
+        let l = testkit::limit(Algorithm::SlidingWindowCounter, 10, 10 * SECOND, 10);
+        let mut s = None;
+        spend(&l, &mut s, T0 + SECOND, 20);
+        assert!(!check(&l, &s, T0 + 15 * SECOND - 1));
+        assert!(check(&l, &s, T0 + 15 * SECOND));
+
+        // Sliding log: the charge counts for exactly one window from when it was made.
+        let l = testkit::limit(Algorithm::SlidingWindowLog, 10, 10 * SECOND, 10);
+        let mut s = None;
+        spend(&l, &mut s, T0 + SECOND, 20);
+        assert!(!check(&l, &s, T0 + 11 * SECOND - 1));
+        assert!(check(&l, &s, T0 + 11 * SECOND));
+    }
+
+    /// A charge that fits is an ordinary admission; a check charges nothing.
+    #[test]
+    fn a_charge_that_fits_is_an_admission_and_zero_is_a_check() {
+        for a in ALL {
+            let l = testkit::limit(a, 10, 10 * SECOND, 10);
+            let as_charge = charge(&l, None, T0, 4);
+            let mut as_request = decide(&l, None, T0, 4);
+            as_request.verdict.delay = 0;
+            assert_eq!(as_charge, as_request, "{a:?}");
+            assert!(as_charge.verdict.admitted);
+            assert_eq!(charge(&l, None, T0, 0).next, None, "{a:?}");
+        }
+    }
+
+    /// A limit of `a` that admits something, and the steps of a run: (advance, hits,
+    /// whether a charge).
+    fn runs_of(a: Algorithm) -> impl Strategy<Value = (Limit, Vec<(u64, u64, bool)>)> {
+        limits(a)
+            .prop_map(|l| Limit {
+                requests: l.requests.max(1),
+                burst: l.burst.max(1),
+                ..l
+            })
+            .prop_flat_map(|l| {
+                let step = (0..l.window / 2 + 2, 0u64..25, any::<bool>());
+                (Just(l), prop::collection::vec(step, 1..40))
+            })
+    }
+
+    fn runs() -> impl Strategy<Value = (Limit, Vec<(u64, u64, bool)>)> {
+        prop_oneof![
+            runs_of(Algorithm::FixedWindow),
+            runs_of(Algorithm::SlidingWindowLog),
+            runs_of(Algorithm::SlidingWindowCounter),
+            runs_of(Algorithm::TokenBucket),
+            runs_of(Algorithm::LeakyBucket),
+        ]
+    }
+
+    proptest! {
+        /// A charge is spent whole: what a check reports remaining drops by exactly
+        /// the cost (to zero, with the rest owed), in every algorithm and state.
+        #[test]
+        fn a_charge_is_spent_whole((l, steps) in runs()) {
+            let mut s = None;
+            let mut now = T0;
+            for (dt, hits, is_charge) in steps {
+                now += dt;
+                if is_charge {
+                    let before = decide(&l, s.as_ref(), now, 0).verdict.remaining;
+                    spend(&l, &mut s, now, hits);
+                    let after = decide(&l, s.as_ref(), now, 0).verdict.remaining;
+                    prop_assert_eq!(after, before.saturating_sub(hits));
+                } else {
+                    testkit::hit(&l, &mut s, now, hits);
+                }
+            }
+        }
+
+        /// The overshoot bound: a client that checks before each request and is
+        /// charged its cost when it ends, one request at a time, spends in any
+        /// fixed window at most the limit plus its largest cost (the one request
+        /// that started before the counter went over).
+        #[test]
+        fn fixed_window_spends_at_most_the_limit_plus_one_cost(
+            (l, steps) in runs_of(Algorithm::FixedWindow)
+        ) {
+            let mut s = None;
+            let mut now = T0;
+            let mut spent: Vec<(Micros, u64)> = Vec::new();
+            for (dt, cost, _) in steps {
+                now += dt;
+                if check(&l, &s, now) {
+                    spend(&l, &mut s, now, cost);
+                    spent.push((now - now % l.window, cost));
+                }
+            }
+            let mut windows: std::collections::BTreeMap<Micros, (u64, u64)> = Default::default();
+            for (w, c) in spent {
+                let e = windows.entry(w).or_default();
+                e.0 += c;
+                e.1 = e.1.max(c);
+            }
+            for (w, (total, largest)) in windows {
+                prop_assert!(total <= l.requests + largest, "window {}: {} spent", w, total);
+            }
+        }
+
+        /// The same bound for the token bucket over any span T from its start:
+        /// spent <= burst + rate * T + the largest cost (T counted to the
+        /// microsecond after, as a check rounds the bucket's debt to one).
+        #[test]
+        fn token_bucket_spends_at_most_its_bound_plus_one_cost(
+            (l, steps) in runs_of(Algorithm::TokenBucket)
+        ) {
+            let mut s = None;
+            let mut now = T0;
+            let (mut total, mut largest) = (0u128, 0u128);
+            for (dt, cost, _) in steps {
+                now += dt;
+                if check(&l, &s, now) {
+                    spend(&l, &mut s, now, cost);
+                    total += u128::from(cost);
+                    largest = largest.max(u128::from(cost));
+                    let span = u128::from(now - T0) + 1;
+                    let refill = (span * u128::from(l.requests)).div_ceil(u128::from(l.window));
+                    prop_assert!(total <= u128::from(l.burst) + refill + largest);
+                }
+            }
+        }
+    }
+}
