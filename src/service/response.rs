@@ -323,6 +323,7 @@ descriptors:
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }
     }
 

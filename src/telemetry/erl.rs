@@ -244,6 +244,7 @@ mod tests {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }
     }
 
