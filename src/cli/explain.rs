@@ -266,7 +266,7 @@ fn unit_text(r: &pb::Rule) -> String {
     if r.unit != "unknown" || r.window_micros == 0 {
         return r.unit.clone();
     }
-    if r.window_micros % 1_000_000 == 0 {
+    if r.window_micros.is_multiple_of(1_000_000) {
         format!("{}s", r.window_micros / 1_000_000)
     } else {
         format!("{}us", r.window_micros)

@@ -84,9 +84,9 @@ pub fn override_key<E: Entry>(
 pub fn push_window(out: &mut String, limit: &crate::algorithm::Limit) {
     const MS: u64 = 1_000;
     let w = limit.window;
-    let (n, unit) = if w % crate::algorithm::SECOND == 0 {
+    let (n, unit) = if w.is_multiple_of(crate::algorithm::SECOND) {
         (w / crate::algorithm::SECOND, "s")
-    } else if w % MS == 0 {
+    } else if w.is_multiple_of(MS) {
         (w / MS, "ms")
     } else {
         (w, "us")

@@ -394,7 +394,7 @@ fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
 /// The window of `rl` in seconds (`60s`), for messages.
 fn describe_window(rl: &RateLimit) -> String {
     match rl.window_micros() {
-        Some(w) if w % crate::algorithm::SECOND == 0 => {
+        Some(w) if w.is_multiple_of(crate::algorithm::SECOND) => {
             format!("{}s", w / crate::algorithm::SECOND)
         }
         Some(w) => format!("{w}us"),
