@@ -93,6 +93,10 @@ pub struct DescriptorSpec {
     pub layer: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitSpec>,
+    /// Several limits on this descriptor, all of which must admit a request
+    /// (instead of `rateLimit`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_limits: Vec<RateLimitSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub descriptors: Vec<DescriptorSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,6 +289,7 @@ fn descriptors_schema(depth: usize) -> Value {
                     "enum": ["edge", "service", "tenant"]
                 },
                 "rateLimit": rate_limit_schema(depth),
+                "rateLimits": rate_limits_schema(),
                 "descriptors": descriptors_schema(depth + 1),
                 "shadowMode": {"description": "Count and report, never deny.", "type": "boolean"},
                 "detailedMetric": {"description": "Metrics carry the full descriptor value.", "type": "boolean"},
@@ -309,6 +314,25 @@ fn duration_schema(what: &str) -> Value {
         "pattern": "^([0-9]+(\\.[0-9]+)?(us|µs|ms|s|m|h|d))+$"
     })
 }
+
+/// `rateLimits`: a list of `rateLimit`s. Its items carry no CEL rules (a list
+/// multiplies their estimated cost); sluice's parser checks their combinations, and
+/// that no two share a window, marking the policy `Invalid` otherwise.
+fn rate_limits_schema() -> Value {
+    let mut item = rate_limit_schema(CEL_DEPTH + 1);
+    item["description"] =
+        json!("One of the limits: requestsPerUnit and one of unit or window (no unlimited, replaces, penalty or shed).");
+    json!({
+        "description": "Several limits on this descriptor instead of rateLimit (such as 10 per second and 10000 per day): a request passes only when every one admits it, and the answer describes the one nearest its limit. Windows must differ.",
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_RATE_LIMITS,
+        "items": item
+    })
+}
+
+/// The most limits a `rateLimits` list holds (the parser's bound too).
+const MAX_RATE_LIMITS: usize = crate::policy::MAX_RATE_LIMITS;
 
 fn rate_limit_schema(depth: usize) -> Value {
     const UNITS: [&str; 14] = [

@@ -3,7 +3,7 @@
 
 use crate::limiter::explain::Explained;
 use crate::limiter::{Ban, Descriptor};
-use crate::policy::{LevelMatch, NoMatch, Rule, Sentence};
+use crate::policy::{LevelMatch, NoMatch, Policy, Rule, Sentence};
 use crate::service::decode;
 use crate::service::{descriptors, headers, BadRequest, HeaderStyle};
 use crate::store::Mode;
@@ -136,7 +136,15 @@ pub fn to_pb(
         }
         let rule = o.rule(status);
         if let Some(rule) = rule {
-            x.rule = Some(rule_pb(rule, status.limit_override.is_some()));
+            // A rule with several limits is shown whole, from the list's first.
+            let matched = match (status.answered_by, status.rule) {
+                (Some(_), Some(own)) => o.policy.rule(own),
+                _ => rule,
+            };
+            x.rule = Some(rule_pb(&o.policy, matched, status.limit_override.is_some()));
+            if status.answered_by.is_some() {
+                x.nearest = Some(rule_pb(&o.policy, rule, false));
+            }
         }
         if let Some(replaced) = detail.replaced {
             let name = o.policy.rule(replaced).name.clone().unwrap_or_default();
@@ -236,10 +244,16 @@ fn reason(
     }
 }
 
-/// A rule as the API shows it.
-pub fn rule_pb(rule: &Rule, from_override: bool) -> pb::Rule {
+/// A rule as the API shows it, with the further limits of its `rate_limits` list
+/// (their rules in `policy`).
+pub fn rule_pb(policy: &Policy, rule: &Rule, from_override: bool) -> pb::Rule {
     let limit = rule.limit;
     pb::Rule {
+        also: rule
+            .also
+            .iter()
+            .map(|&id| rule_pb(policy, policy.rule(id), from_override))
+            .collect(),
         path: rule.path.clone(),
         name: rule.name.clone().unwrap_or_default(),
         layer: rule.layer.as_str().to_string(),

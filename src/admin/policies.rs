@@ -39,7 +39,7 @@ pub fn list(policy: &Policy, domain: &str) -> pb::Policies {
                     rules: d
                         .rule_ids()
                         .into_iter()
-                        .map(|id| rule_pb(policy.rule(id), false))
+                        .map(|id| rule_pb(policy, policy.rule(id), false))
                         .collect(),
                 }
             })

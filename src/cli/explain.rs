@@ -191,15 +191,12 @@ pub fn text(e: &pb::Explanation) -> String {
             if r.unlimited {
                 rule.push_str(": unlimited");
             } else {
-                let _ = write!(
-                    rule,
-                    ": {} per {} ({}",
-                    r.requests_per_unit, r.unit, r.algorithm
-                );
-                if r.algorithm == "token_bucket" || r.algorithm == "leaky_bucket" {
-                    let _ = write!(rule, ", burst {}", r.burst);
+                rule.push_str(": ");
+                push_limit(&mut rule, r);
+                for other in &r.also {
+                    rule.push_str(" and ");
+                    push_limit(&mut rule, other);
                 }
-                rule.push(')');
             }
             for (on, what) in [
                 (r.shadow_mode, "shadow"),
@@ -214,6 +211,11 @@ pub fn text(e: &pb::Explanation) -> String {
                 let _ = write!(rule, ", replaces {}", r.replaces.join(", "));
             }
             let _ = writeln!(out, "  rule:     {rule}");
+        }
+        if let Some(n) = &d.nearest {
+            let mut nearest = String::new();
+            push_limit(&mut nearest, n);
+            let _ = writeln!(out, "  nearest:  {nearest} (the state below is its)");
         }
         if !d.counter_key.is_empty() {
             let _ = writeln!(out, "  counter:  {}", d.counter_key);
@@ -242,6 +244,35 @@ pub fn text(e: &pb::Explanation) -> String {
     out
 }
 
+/// `10 per second (sliding_window_counter)`, with the burst of a bucket and the
+/// name of a named limit of a list.
+fn push_limit(out: &mut String, r: &pb::Rule) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        out,
+        "{} per {} ({}",
+        r.requests_per_unit,
+        unit_text(r),
+        r.algorithm
+    );
+    if r.algorithm == "token_bucket" || r.algorithm == "leaky_bucket" {
+        let _ = write!(out, ", burst {}", r.burst);
+    }
+    out.push(')');
+}
+
+/// The unit, or the window's length when it is no unit (`90s`).
+fn unit_text(r: &pb::Rule) -> String {
+    if r.unit != "unknown" || r.window_micros == 0 {
+        return r.unit.clone();
+    }
+    if r.window_micros.is_multiple_of(1_000_000) {
+        format!("{}s", r.window_micros / 1_000_000)
+    } else {
+        format!("{}us", r.window_micros)
+    }
+}
+
 /// The explanation as JSON, with the proto's field names in lowerCamelCase and enum
 /// names as text (as grpcurl prints it).
 pub fn to_json(e: &pb::Explanation) -> Value {
@@ -251,6 +282,10 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             "algorithm": r.algorithm, "requestsPerUnit": r.requests_per_unit, "unit": r.unit,
             "windowMicros": r.window_micros, "burst": r.burst, "shadowMode": r.shadow_mode,
             "quotaMode": r.quota_mode, "replaces": r.replaces, "fromOverride": r.from_override,
+            "also": r.also.iter().map(|a| json!({
+                "name": a.name, "algorithm": a.algorithm, "requestsPerUnit": a.requests_per_unit,
+                "unit": a.unit, "windowMicros": a.window_micros, "burst": a.burst,
+            })).collect::<Vec<_>>(),
             "penalty": r.penalty.as_ref().map(|p| json!({
                 "violations": p.violations, "withinMicros": p.within_micros, "banMicros": p.ban_micros,
             })),
@@ -272,6 +307,7 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             })).collect::<Vec<_>>(),
             "noMatch": d.no_match,
             "rule": d.rule.as_ref().map(rule),
+            "nearest": d.nearest.as_ref().map(rule),
             "replacedBy": d.replaced_by,
             "counterKey": d.counter_key,
             "hits": d.hits,

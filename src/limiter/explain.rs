@@ -68,8 +68,11 @@ impl<S: Store> Limiter<S> {
             }
         }
         for (&i, hit) in order.iter().zip(&hits) {
-            details[i].counter_key = Some(hit.key.clone());
-            details[i].mode = Some(hit.mode);
+            // A rule with several limits shows its own limit's counter.
+            if details[i].counter_key.is_none() {
+                details[i].counter_key = Some(hit.key.clone());
+                details[i].mode = Some(hit.mode);
+            }
         }
         let mut outcome = Outcome::undecided(policy.clone(), true, statuses, overrides);
         if !hits.is_empty()
@@ -81,7 +84,10 @@ impl<S: Store> Limiter<S> {
             };
             self.settle(&mut outcome, &order, &hits, peeked, failure_mode);
         }
-        for &i in &order {
+        for (n, &i) in order.iter().enumerate() {
+            if n > 0 && order[n - 1] == i {
+                continue;
+            }
             let Some(rule) = outcome.rule(&outcome.statuses[i]) else {
                 continue;
             };

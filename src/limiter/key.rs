@@ -75,6 +75,27 @@ pub fn override_key<E: Entry>(
     out.push_str(unit.as_str());
 }
 
+/// Appends to a rule's counter key the window of one of its further limits
+/// (`rate_limits`): `|~60s` (`|~1500ms`, `|~7us` when not whole). The first limit of
+/// the list keeps the rule's plain key, so turning a `rate_limit` into a list keeps
+/// its counter. The part after the last `|` of any other key holds a `=` (values
+/// holding `|` are hashed), this one's never does, so the further counters never
+/// meet another rule's.
+pub fn push_window(out: &mut String, limit: &crate::algorithm::Limit) {
+    const MS: u64 = 1_000;
+    let w = limit.window;
+    let (n, unit) = if w.is_multiple_of(crate::algorithm::SECOND) {
+        (w / crate::algorithm::SECOND, "s")
+    } else if w.is_multiple_of(MS) {
+        (w / MS, "ms")
+    } else {
+        (w, "us")
+    };
+    out.push_str("|~");
+    out.push_str(itoa::Buffer::new().format(n));
+    out.push_str(unit);
+}
+
 /// The key the top-offenders view and penalty bans show for a matched descriptor:
 /// its values joined by `|` (the pattern at `share_threshold` levels), each written
 /// by [`push_value`], so `--hash-keys` shows hashes and long values are hashed.
@@ -140,6 +161,7 @@ mod tests {
             metadata: None,
             shared,
             rendered: Default::default(),
+            also: Vec::new(),
             stat_key: String::new(),
         }
     }

@@ -94,6 +94,10 @@ pub struct Status {
     pub shed: bool,
     /// Decided against its penalty's tightened limit.
     pub tightened: bool,
+    /// When the matched rule carries several limits (`rate_limits`): the one of its
+    /// [`Rule::also`] whose verdict this status reports, the one nearest its limit
+    /// ([`Outcome::rule`] answers with it). `None` when it is the matched rule's own.
+    pub answered_by: Option<usize>,
 }
 
 impl Status {
@@ -109,6 +113,7 @@ impl Status {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }
     }
 }
@@ -191,7 +196,8 @@ impl Outcome {
         }
     }
 
-    /// The rule that decided `status`: its override's, else the matched rule.
+    /// The rule that decided `status`: its override's, else the matched rule (or,
+    /// for a rule with several limits, the one its answer describes).
     pub fn rule(&self, status: &Status) -> Option<&Rule> {
         effective(&self.policy, &self.overrides, status)
     }
@@ -453,8 +459,8 @@ impl<S: Store> Limiter<S> {
 
     /// Matches each descriptor (its rule, its override, `replaces`) into `statuses`
     /// and builds the hits of its limited rules, edge first, then service, then
-    /// tenant: the overrides' rules, the order of the limited statuses, their hits,
-    /// and the domain's failure mode.
+    /// tenant: the overrides' rules, the status of each hit (a status once per limit
+    /// of its rule, its own limit first), the hits, and the domain's failure mode.
     fn plan<E: Entry>(
         &self,
         policy: &Policy,
@@ -490,6 +496,10 @@ impl<S: Store> Limiter<S> {
             .collect();
         order.sort_by_key(|&i| effective(policy, &overrides, &statuses[i]).map(|r| r.layer));
         let mut hits = Vec::with_capacity(order.len());
+        // The status of each hit: `order`, with a status repeated for each further
+        // limit of its rule.
+        let mut per_hit = Vec::with_capacity(order.len());
+        let mut more = Vec::new();
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
         let fallback = match failure_mode {
@@ -531,18 +541,42 @@ impl<S: Store> Limiter<S> {
             } else {
                 Mode::Enforce
             };
+            let hits_addend = descriptors[i].hits;
+            // The rule's other limits (`rate_limits`) follow its own, on its
+            // placement, so one store call (one script per shard) decides them all.
+            for &other in &rule.also {
+                let Some(other_limit) = policy.rule(other).limit else {
+                    continue;
+                };
+                let mut other_key = String::with_capacity(key.len() + 24);
+                other_key.push_str(&key);
+                key::push_window(&mut other_key, &other_limit);
+                more.push(Hit {
+                    key: other_key,
+                    placement,
+                    limit: other_limit,
+                    hits: hits_addend,
+                    mode,
+                    fallback,
+                });
+            }
             hits.push(Hit {
                 key,
                 placement,
                 limit,
-                hits: descriptors[i].hits,
+                hits: hits_addend,
                 mode,
                 spend: descriptors[i].spend,
                 fallback,
             });
+            per_hit.push(i);
+            for hit in more.drain(..) {
+                hits.push(hit);
+                per_hit.push(i);
+            }
         }
 
-        (overrides, order, hits, failure_mode)
+        (overrides, per_hit, hits, failure_mode)
     }
 
     /// Writes the store's answer (or its failure, answered by `failure_mode`) into
@@ -559,22 +593,51 @@ impl<S: Store> Limiter<S> {
             Ok(decided) => {
                 outcome.over_limit = !decided.admitted;
                 outcome.now = decided.now;
-                for ((&i, hit), verdict) in order.iter().zip(hits).zip(&decided.verdicts) {
+                // Which of its rule's limits the hit is: 0 for the rule's own, k for
+                // its `also[k - 1]`.
+                let mut nth = 0;
+                for (n, ((&i, hit), verdict)) in
+                    order.iter().zip(hits).zip(&decided.verdicts).enumerate()
+                {
+                    nth = if n > 0 && order[n - 1] == i {
+                        nth + 1
+                    } else {
+                        0
+                    };
+                    let also = match (nth, outcome.statuses[i].rule) {
+                        (0, _) | (_, None) => None,
+                        (k, Some(r)) => outcome.policy.rule(r).also.get(k - 1).copied(),
+                    };
                     let status = &mut outcome.statuses[i];
                     let mut verdict = *verdict;
                     if verdict.admitted && !decided.admitted && hit.spend == Spend::IfAdmitted {
                         // Admitted by this limit but not consumed: the request was denied.
                         verdict.remaining = verdict.remaining.saturating_add(hit.hits);
                     }
-                    status.verdict = Some(verdict);
                     // Shadow limits never deny; quota limits report OVER_LIMIT only when
                     // they deny the request.
-                    status.over_limit = !verdict.admitted
+                    let over_limit = !verdict.admitted
                         && match hit.mode {
                             Mode::Enforce => true,
                             Mode::Shadow => false,
                             Mode::Quota => !decided.admitted,
                         };
+                    if nth == 0 {
+                        status.verdict = Some(verdict);
+                        status.answered_by = None;
+                        status.over_limit = over_limit;
+                    } else {
+                        // A further limit of the same rule: the status describes the
+                        // limit nearest its end, as the headers pick a descriptor.
+                        let nearer = status.verdict.is_none_or(|current| {
+                            nearness(over_limit, &verdict) < nearness(status.over_limit, &current)
+                        });
+                        if nearer {
+                            status.verdict = Some(verdict);
+                            status.answered_by = also;
+                        }
+                        status.over_limit |= over_limit;
+                    }
                     if decided.admitted {
                         outcome.delay = outcome.delay.max(verdict.delay);
                     }
@@ -639,7 +702,12 @@ impl<S: Store> Limiter<S> {
         let overrides = std::mem::take(&mut outcome.overrides);
         let shared = self.store.shares_sentences();
         let mut pending = Vec::new();
-        for (&i, hit) in order.iter().zip(hits) {
+        for (n, (&i, hit)) in order.iter().zip(hits).enumerate() {
+            // A rule's further limits (`rate_limits`) share its status: one offender,
+            // counted under the rule's own key.
+            if n > 0 && order[n - 1] == i {
+                continue;
+            }
             let status = &mut outcome.statuses[i];
             let Some(rule) = effective(&policy, &overrides, status) else {
                 continue;
@@ -716,6 +784,13 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+/// How near its limit a verdict is, smallest nearest: denied before admitted, then
+/// the least remaining, then the longest wait (the order in which the response
+/// headers pick the descriptor they describe).
+fn nearness(over_limit: bool, v: &Verdict) -> (bool, u64, u64) {
+    (!over_limit, v.remaining, u64::MAX - v.retry_after)
+}
+
 /// The rule that decides `status`: its override's, else the matched rule.
 fn effective<'p>(
     policy: &'p Policy,
@@ -724,7 +799,7 @@ fn effective<'p>(
 ) -> Option<&'p Rule> {
     match status.limit_override {
         Some(i) => Some(&overrides[i]),
-        None => status.rule.map(|r| policy.rule(r)),
+        None => status.answered_by.or(status.rule).map(|r| policy.rule(r)),
     }
 }
 
@@ -780,4 +855,131 @@ pub(crate) fn test_limiter(
     let store = crate::store::MemoryStore::new(Arc::new(clock.clone()), 1000);
     Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
         .with_clock(Arc::new(clock.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::SECOND;
+    use crate::clock::ManualClock;
+
+    const HOUR: Micros = 3_600 * SECOND;
+
+    /// 2 per hour and 3 per day on one key, both exact (sliding logs).
+    const TWO_RATES: &str = "domain: d
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: hour, requests_per_unit: 2, algorithm: sliding_window_log}
+      - {unit: day, requests_per_unit: 3, algorithm: sliding_window_log, name: daily}
+";
+
+    async fn one(limiter: &Limiter<crate::store::MemoryStore>) -> Outcome {
+        let entries = [("api_key", "k1")];
+        limiter.decide("d", &[Descriptor::new(&entries, 1)]).await
+    }
+
+    /// The limit a status reports: (requests_per_unit, unit).
+    fn reported(o: &Outcome) -> (u32, &'static str) {
+        let rule = o.rule(&o.statuses[0]).expect("a rule");
+        (rule.requests_per_unit, rule.unit.as_str())
+    }
+
+    #[tokio::test]
+    async fn several_rates_on_one_key_decide_all_or_nothing_and_report_the_nearest() {
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(TWO_RATES, &clock, Settings::default());
+
+        // Hour: 1 left, day: 2 left. The hour is nearest.
+        let o = one(&limiter).await;
+        assert!(!o.over_limit);
+        assert_eq!(reported(&o), (2, "hour"));
+        assert_eq!(o.statuses[0].verdict.unwrap().remaining, 1);
+
+        let o = one(&limiter).await;
+        assert!(!o.over_limit);
+        assert_eq!(o.statuses[0].verdict.unwrap().remaining, 0);
+
+        // The hour denies; the day, which had room, spends nothing.
+        let o = one(&limiter).await;
+        assert!(o.over_limit && o.statuses[0].over_limit);
+        assert_eq!(reported(&o), (2, "hour"));
+        let v = o.statuses[0].verdict.unwrap();
+        assert!(v.retry_after > 0 && v.retry_after <= HOUR);
+
+        // A new hour: the day has exactly one left (the denial spent none of it), and
+        // it is now the limit nearest its end, so the answer describes it.
+        clock.advance(HOUR);
+        let o = one(&limiter).await;
+        assert!(!o.over_limit);
+        assert_eq!(reported(&o), (3, "day"));
+        assert_eq!(
+            o.rule(&o.statuses[0]).unwrap().name.as_deref(),
+            Some("daily")
+        );
+        assert_eq!(o.statuses[0].verdict.unwrap().remaining, 0);
+
+        // The day denies although the hour has room; the wait is the day's.
+        clock.advance(HOUR);
+        let o = one(&limiter).await;
+        assert!(o.over_limit);
+        assert_eq!(reported(&o), (3, "day"));
+        let v = o.statuses[0].verdict.unwrap();
+        assert!(
+            v.retry_after > HOUR,
+            "the day's wait, not the hour's: {v:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn several_rates_are_one_store_batch_on_one_placement() {
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(TWO_RATES, &clock, Settings::default());
+        let policy = limiter.policy();
+        let dom = policy.domain("d").unwrap();
+        let entries = [("api_key", "k1")];
+        let mut statuses = [Status::undecided(1)];
+        let (_, order, hits, _) = limiter.plan(
+            &policy,
+            dom,
+            "d",
+            &[Descriptor::new(&entries, 1)],
+            &mut statuses,
+        );
+        assert_eq!(order, [0, 0], "one status, two hits");
+        assert_eq!(hits.len(), 2);
+        assert_eq!(
+            hits[0].key, "d|api_key=k1",
+            "the first limit keeps the plain key"
+        );
+        assert_eq!(hits[1].key, "d|api_key=k1|~86400s");
+        assert_eq!(hits[0].placement, hits[1].placement, "decided together");
+        assert_eq!(hits[1].limit.requests, 3);
+    }
+
+    #[tokio::test]
+    async fn a_denied_request_of_another_descriptor_spends_none_of_the_rates() {
+        let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+      - {unit: day, requests_per_unit: 6, algorithm: fixed_window}
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 0, algorithm: fixed_window}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(policy, &clock, Settings::default());
+        let key = [("api_key", "k")];
+        let ip = [("ip", "10.0.0.1")];
+        let both = [Descriptor::new(&key, 1), Descriptor::new(&ip, 1)];
+        let o = limiter.decide("d", &both).await;
+        assert!(o.over_limit);
+        // Both rates of the admitted descriptor report what the request would have
+        // left them, and kept it: the next request alone finds them untouched.
+        let o = limiter.decide("d", &[Descriptor::new(&key, 1)]).await;
+        assert!(!o.over_limit);
+        assert_eq!(reported(&o), (5, "hour"));
+        assert_eq!(o.statuses[0].verdict.unwrap().remaining, 4);
+    }
 }

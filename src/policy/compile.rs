@@ -8,7 +8,7 @@ use crate::algorithm::Limit;
 
 use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
-use super::model::{Descriptor, Document};
+use super::model::{Descriptor, Document, RateLimit};
 use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
 
 /// Where something was defined, for messages naming both places of a conflict.
@@ -198,9 +198,18 @@ fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &Descriptor, trail: 
         }
         Some(v) => level.exact.entry(v.clone()).or_default(),
     };
-    if let Some(rule) = rule(out, d, trail) {
-        node.rule = Some(rule.id);
-        out.rules.push(rule);
+    if let Some(own) = d.rate_limit.as_ref().and_then(|rl| rule(out, d, rl, trail)) {
+        let id = own.id;
+        node.rule = Some(id);
+        out.rules.push(own);
+        // The other limits of a `rate_limits` list: rules of their own, reached
+        // only through this one's `also`, never through the tree.
+        for rl in &d.also {
+            if let Some(other) = rule(out, d, rl, trail) {
+                out.rules[id].also.push(other.id);
+                out.rules.push(other);
+            }
+        }
     }
     for child in &d.descriptors {
         insert(out, node, child, trail);
@@ -211,8 +220,9 @@ fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &Descriptor, trail: 
     trail.shared.pop();
 }
 
-fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
-    let rl = d.rate_limit.as_ref()?;
+/// The rule of `rl`, one of `d`'s limits, numbered as the next in `out.rules`.
+fn rule(out: &mut Out<'_>, d: &Descriptor, rl: &RateLimit, trail: &Trail) -> Option<Rule> {
+    let id = out.rules.len();
     let limit = if rl.unlimited {
         None
     } else {
@@ -236,7 +246,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         })
     };
     let mut rule = Rule {
-        id: out.rules.len(),
+        id,
         path: trail.keys.join("/"),
         name: rl.name.clone(),
         limit,
@@ -256,6 +266,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, trail: &Trail) -> Option<Rule> {
         metadata: d.metadata.clone(),
         shared: trail.shared.clone(),
         rendered: Default::default(),
+        also: Vec::new(),
         stat_key: trail
             .path
             .iter()

@@ -75,7 +75,27 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
         None => None,
     }
     .unwrap_or(parent);
-    let rate_limit = f.get(ctx, "rate_limit").and_then(|r| rate_limit(ctx, r));
+    let single = f.get(ctx, "rate_limit");
+    let several = f.get(ctx, "rate_limits");
+    let (rate_limit, also) = match (single, several) {
+        (Some(_), Some(list)) => {
+            ctx.error(
+                list.key_line,
+                format!(
+                    "a descriptor takes either '{}' or '{}', not both",
+                    ctx.form.spell("rate_limit"),
+                    list.name
+                ),
+            );
+            (None, Vec::new())
+        }
+        (Some(one), None) => (rate_limit(ctx, one), Vec::new()),
+        (None, Some(list)) => {
+            let mut limits = rate_limits(ctx, list).into_iter();
+            (limits.next(), limits.collect())
+        }
+        (None, None) => (None, Vec::new()),
+    };
     let children = match f.get(ctx, "descriptors") {
         Some(field) => descriptors(ctx, field, layer),
         None => Vec::new(),
@@ -121,6 +141,7 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
         key,
         value,
         rate_limit,
+        also,
         descriptors: children,
         shadow_mode,
         detailed_metric,
@@ -290,6 +311,95 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         penalty,
         shed,
     })
+}
+
+/// `rate_limits`: several limits on one descriptor, each read as a `rate_limit`.
+/// A request passes only when every one admits it, so the limits must differ in
+/// their window; what decides for the descriptor as a whole (`unlimited`,
+/// `replaces`, `penalty`, `shed`) belongs to a single `rate_limit`. Returns nothing
+/// after an error.
+fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
+    let Some(items) = list(ctx, field) else {
+        return Vec::new();
+    };
+    let errors_before = ctx.errors.len();
+    if items.is_empty() {
+        ctx.error(
+            field.line(),
+            format!(
+                "'{}' needs at least one limit (or leave it out)",
+                field.name
+            ),
+        );
+    }
+    if items.len() > super::MAX_RATE_LIMITS {
+        ctx.error(
+            field.line(),
+            format!(
+                "'{}' holds {} limits; at most {} are allowed",
+                field.name,
+                items.len(),
+                super::MAX_RATE_LIMITS
+            ),
+        );
+        return Vec::new();
+    }
+    let mut out: Vec<RateLimit> = Vec::with_capacity(items.len());
+    for item in items {
+        let as_field = Field {
+            name: field.name,
+            key_line: item.line,
+            node: item,
+        };
+        let Some(rl) = rate_limit(ctx, as_field) else {
+            continue;
+        };
+        let alone = [
+            (rl.unlimited, "unlimited"),
+            (!rl.replaces.is_empty(), "replaces"),
+            (rl.penalty.is_some(), "penalty"),
+            (rl.shed.is_some(), "shed"),
+        ];
+        for (_, name) in alone.iter().filter(|(set, _)| *set) {
+            ctx.error(
+                rl.line,
+                format!(
+                    "'{}' is not allowed in '{}': it applies to the descriptor as a whole; use a single '{}'",
+                    ctx.form.spell(name),
+                    field.name,
+                    ctx.form.spell("rate_limit"),
+                ),
+            );
+        }
+        if let Some(first) = out.iter().find(|o| o.window_micros() == rl.window_micros()) {
+            ctx.error(
+                rl.line,
+                format!(
+                    "'{}' has two limits with the same window ({}){}: one would always decide for the other; keep the smaller",
+                    field.name,
+                    describe_window(&rl),
+                    at_line(first.line, "first at")
+                ),
+            );
+            continue;
+        }
+        out.push(rl);
+    }
+    if ctx.errors.len() > errors_before {
+        return Vec::new();
+    }
+    out
+}
+
+/// The window of `rl` in seconds (`60s`), for messages.
+fn describe_window(rl: &RateLimit) -> String {
+    match rl.window_micros() {
+        Some(w) if w.is_multiple_of(crate::algorithm::SECOND) => {
+            format!("{}s", w / crate::algorithm::SECOND)
+        }
+        Some(w) => format!("{w}us"),
+        None => "none".to_string(),
+    }
 }
 
 fn duration_field(ctx: &mut Ctx, field: Field<'_>) -> Option<u64> {
@@ -662,5 +772,129 @@ mod tests {
         assert!((shed.probability(90, 100) - 0.5).abs() < 1e-9);
         assert_eq!(shed.probability(100, 100), 1.0);
         assert_eq!(shed.probability(0, 0), 0.0);
+    }
+
+    fn errors(text: &str) -> String {
+        match parse_str("p.yaml", text) {
+            Ok(_) => String::new(),
+            Err(e) => e
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    #[test]
+    fn rate_limits_compile_into_a_rule_and_its_further_limits() {
+        let text = "domain: d
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: day, requests_per_unit: 10000, algorithm: fixed_window, name: daily}
+      - {window: 90s, requests_per_unit: 100}
+";
+        let policy = compile(parse_str("p.yaml", text).unwrap()).unwrap();
+        let id = policy
+            .domain("d")
+            .unwrap()
+            .find(&[("api_key", "x")])
+            .unwrap();
+        let rule = policy.rule(id);
+        assert_eq!((rule.requests_per_unit, rule.unit.as_str()), (10, "second"));
+        assert_eq!(rule.also.len(), 2);
+        let daily = policy.rule(rule.also[0]);
+        assert_eq!(daily.name.as_deref(), Some("daily"));
+        assert_eq!(daily.path, "api_key");
+        assert_eq!(daily.limit.unwrap().requests, 10_000);
+        let odd = policy.rule(rule.also[1]);
+        assert_eq!(odd.limit.unwrap().window, 90 * crate::algorithm::SECOND);
+        assert!(odd.also.is_empty());
+        // The tree reaches the first only; the others are its.
+        assert_eq!(policy.domain("d").unwrap().rule_ids(), [id]);
+    }
+
+    #[test]
+    fn rate_limits_in_a_resource_are_spelled_rate_limits_in_camel_case() {
+        let spec = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{
+                "key": "k",
+                "rateLimits": [
+                    {"unit": "second", "requestsPerUnit": 1},
+                    {"unit": "minute", "requestsPerUnit": 30}
+                ]
+            }]
+        });
+        let doc = parse_resource_spec("ns", "p", &spec).unwrap();
+        let d = &doc.descriptors[0];
+        assert_eq!(d.rate_limit.as_ref().unwrap().requests_per_unit, 1);
+        assert_eq!(d.also.len(), 1);
+        assert_eq!(d.also[0].requests_per_unit, 30);
+    }
+
+    #[test]
+    fn bad_rate_limits_name_the_file_and_line() {
+        let two_same = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: minute, requests_per_unit: 10}
+      - {window: 60s, requests_per_unit: 5}
+";
+        assert_eq!(
+            errors(two_same),
+            "p.yaml:6: 'rate_limits' has two limits with the same window (60s) (first at line 5): one would always decide for the other; keep the smaller"
+        );
+        let both = "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+";
+        assert_eq!(
+            errors(both),
+            "p.yaml:5: a descriptor takes either 'rate_limit' or 'rate_limits', not both"
+        );
+        let unlimited = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unlimited: true}
+";
+        assert!(
+            errors(unlimited).starts_with("p.yaml:6: 'unlimited' is not allowed in 'rate_limits'"),
+            "{}",
+            errors(unlimited)
+        );
+        let penalty = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, penalty: {violations: 1, within: 1m, ban: 1m}}
+";
+        assert!(
+            errors(penalty).starts_with("p.yaml:5: 'penalty' is not allowed in 'rate_limits'"),
+            "{}",
+            errors(penalty)
+        );
+        let empty = "domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n";
+        assert_eq!(
+            errors(empty),
+            "p.yaml:4: 'rate_limits' needs at least one limit (or leave it out)"
+        );
+        let missing = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {requests_per_unit: 5}
+";
+        assert_eq!(
+            errors(missing),
+            "p.yaml:5: 'rate_limits' needs 'unit' or 'window' (or 'unlimited: true')"
+        );
     }
 }

@@ -40,6 +40,10 @@ pub use matcher::{LevelMatch, NoMatch, Trace};
 pub use model::{Descriptor, Document, DocumentKind, RateLimit};
 pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};
 
+/// The most limits one descriptor's `rate_limits` list may hold: each is a counter
+/// every request of the descriptor touches.
+pub const MAX_RATE_LIMITS: usize = 8;
+
 /// Where a policy problem was found: `FILE:LINE: message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct PolicyError {
@@ -272,6 +276,11 @@ pub struct Rule {
     pub shared: Vec<Option<String>>,
     /// What every answer says about this rule, written once here (set by `compile`).
     pub rendered: answer::Rendered,
+    /// The other limits of the descriptor's `rate_limits` list, as ids of rules
+    /// that no tree reaches: each counts the same requests in a counter of its own,
+    /// and the request passes only when this rule and every one of them admit it.
+    /// Empty for a single `rate_limit`, and in those rules themselves.
+    pub also: Vec<usize>,
     /// envoyproxy/ratelimit's name for this rule's statistics: each level from the
     /// root as `key_value` (`key` without a value), joined by `.`; empty for an
     /// override.
@@ -405,6 +414,7 @@ impl Rule {
             metadata: None,
             shared: Vec::new(),
             rendered: Default::default(),
+            also: Vec::new(),
             stat_key: String::new(),
         };
         rule.rendered = answer::render(&rule);

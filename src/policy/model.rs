@@ -62,7 +62,12 @@ pub struct Descriptor {
     pub key: String,
     /// `None` matches any value of `key`. May hold `*` wildcards.
     pub value: Option<String>,
+    /// `rate_limit`, or the first limit of a `rate_limits` list.
     pub rate_limit: Option<RateLimit>,
+    /// The other limits of a `rate_limits` list, in order: each counts the same
+    /// requests under its own window, and a request passes only when all of them
+    /// admit it. Empty for a single `rate_limit`.
+    pub also: Vec<RateLimit>,
     pub descriptors: Vec<Descriptor>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,

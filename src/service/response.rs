@@ -324,6 +324,7 @@ descriptors:
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }
     }
 

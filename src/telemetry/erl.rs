@@ -245,6 +245,7 @@ mod tests {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }
     }
 

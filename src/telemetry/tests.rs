@@ -347,6 +347,7 @@ fn store_state_changes_are_logged_once_each() {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            answered_by: None,
         }],
         delay: 0,
         failure: failed.then(|| StoreFailure {
