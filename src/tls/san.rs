@@ -1,8 +1,9 @@
 //! A client certificate checked for a name as well as its authority
 //! (`--grpc-tls-client-san`, envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`): the
 //! certificate must chain to the client CA, as without a name, and carry the name
-//! among its DNS subject alternative names (a `*.` wildcard in the certificate
-//! matches one label, as Go's and webpki's checks both match it).
+//! among its DNS subject alternative names, matched by webpki's rules (a `*.`
+//! wildcard in the certificate matches one label, and is taken only with at least
+//! two labels after it: `*.example.com`, not `*.local`; Go also takes the latter).
 
 use std::sync::Arc;
 
