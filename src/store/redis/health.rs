@@ -214,8 +214,8 @@ impl Health {
                     shard = %self.name,
                     %error,
                     backoff_ms = s.backoff.as_millis() as u64,
-                    "redis shard refuses sluice's settings (password or TLS): nothing is \
-                     counted there until they are fixed; retrying"
+                    "redis shard down: it refuses sluice's settings (password or TLS), so \
+                     nothing is counted there until they are fixed; retrying"
                 );
             } else {
                 tracing::warn!(
@@ -241,7 +241,8 @@ impl Health {
                     shard = %self.name,
                     %error,
                     backoff_ms = s.backoff.as_millis() as u64,
-                    "redis shard still refuses sluice's settings (password or TLS); retrying"
+                    "redis shard still down: it refuses sluice's settings (password or TLS); \
+                     retrying"
                 );
             }
         }
