@@ -42,6 +42,7 @@ if command -v helm >/dev/null; then
   mkdir -p "$work/chart"
   for t in deploy/prometheus/tests/*.test.yaml; do
     sed -e 's/{domain=/{job="sluice",domain=/' \
+        -e 's/{kind=/{job="sluice",kind=/' \
         -e 's/exp_labels: {/exp_labels: {job: sluice, /' "$t" > "$work/chart/$(basename "$t")"
   done
   mv "$work/chart-rules.yaml" "$work/chart/rules.yaml"

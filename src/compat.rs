@@ -61,7 +61,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("GRPC_SERVER_TLS_CERT", Honoured, "`--grpc-tls-cert`, with `GRPC_SERVER_USE_TLS=true`"),
     var!("GRPC_SERVER_TLS_KEY", Honoured, "`--grpc-tls-key`, with `GRPC_SERVER_USE_TLS=true`"),
     var!("GRPC_CLIENT_TLS_CACERT", Honoured, "`--grpc-tls-client-ca`: client certificates required and verified, with `GRPC_SERVER_USE_TLS=true`"),
-    var!("GRPC_CLIENT_TLS_SAN", Refused, "client certificates are verified against the authority, not matched by name"),
+    var!("GRPC_CLIENT_TLS_SAN", Honoured, "`--grpc-tls-client-san`: the client certificate must also carry this DNS name, with `GRPC_CLIENT_TLS_CACERT`"),
     var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; to require Envoy's client certificate, also set `GRPC_CLIENT_TLS_CACERT` to the same file"),
     var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug`, `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
     var!("LOG_FORMAT", Honoured, "`--log-format` (`text` or `json`)"),
@@ -105,7 +105,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("NEAR_LIMIT_RATIO", Honoured, "`--near-limit-ratio`, for `ratelimit_service_rate_limit_near_limit`"),
     var!("CACHE_KEY_PREFIX", Honoured, "`--redis-key-prefix`"),
     var!("BACKEND_TYPE", Honoured, "`redis` (the default); `memcache` is refused"),
-    var!("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Honoured, "a denied request never spends"),
+    var!("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Honoured, "`true`: `--denied-requests-spend nothing`; unset or `false`: `admitting-limits` (a denied request still spends its hits on the limits that admitted it)"),
     var!("LIMIT_RESPONSE_HEADERS_ENABLED", Honoured, "`--response-headers off`, or `draft03` when `true` (`x-ratelimit-*` names)"),
     var!("LIMIT_LIMIT_HEADER", Ignored, "header names are fixed"),
     var!("LIMIT_REMAINING_HEADER", Ignored, "header names are fixed"),
@@ -116,10 +116,10 @@ pub const VARIABLES: &[Variable] = &[
     var!("REDIS_URL", Honoured, "`host:port` (comma-separated for a cluster), or a `redis://` URL; for `SENTINEL`, the master's name then the sentinels' `host:port`s"),
     var!("REDIS_POOL_SIZE", Ignored, "two connections per shard decide, coalescing queued requests; a few more carry the rest"),
     var!("REDIS_AUTH", Honoured, "the password (or `user:password`) in the Redis URL"),
-    var!("REDIS_TLS", Honoured, "`rediss://`; the authorities are the system's (`SSL_CERT_FILE`)"),
-    var!("REDIS_TLS_CLIENT_CERT", Refused, "the Redis client presents no certificate"),
-    var!("REDIS_TLS_CLIENT_KEY", Refused, "the Redis client presents no certificate"),
-    var!("REDIS_TLS_CACERT", Refused, "give the authority through `SSL_CERT_FILE`"),
+    var!("REDIS_TLS", Honoured, "`rediss://`; the authorities are the system's (`SSL_CERT_FILE`) unless `REDIS_TLS_CACERT`; a trusted certificate the server presents as its own is accepted as pinned (self-signed, even marked CA)"),
+    var!("REDIS_TLS_CLIENT_CERT", Honoured, "with `REDIS_TLS_CLIENT_KEY`: `?tls_cert=` in each `rediss://` URL (also Sentinel and Cluster): the client certificate presented to Redis"),
+    var!("REDIS_TLS_CLIENT_KEY", Honoured, "with `REDIS_TLS_CLIENT_CERT`: `?tls_key=` in each `rediss://` URL"),
+    var!("REDIS_TLS_CACERT", Honoured, "`?tls_ca=` in each `rediss://` URL: the authorities (or pinned certificate) trusted for Redis, in place of the system's"),
     var!("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Refused, "certificates are always verified"),
     var!("REDIS_PIPELINE_WINDOW", Ignored, "concurrent requests share calls on their own"),
     var!("REDIS_PIPELINE_LIMIT", Ignored, "concurrent requests share calls on their own"),
@@ -139,11 +139,11 @@ pub const VARIABLES: &[Variable] = &[
     var!("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Ignored, "per-second limits share the one Redis"),
     var!("REDIS_SENTINEL_AUTH", Honoured, "the sentinels' password (or `user:password`) in their URLs"),
     var!("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Ignored, "shards that fail are backed off on their own"),
-    var!("REDIS_TIMEOUT", Ignored, "`--store-timeout` (15 ms) bounds each decision"),
+    var!("REDIS_TIMEOUT", Ignored, "`--store-timeout` (15 ms) bounds each decision; past it the call is answered with an error"),
     var!("REDIS_POOL_ON_EMPTY_BEHAVIOR", Ignored, "requests queue for their shard's calls, bounded by `--store-timeout`"),
-    var!("REDIS_STARTUP_INITIAL_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
-    var!("REDIS_STARTUP_MAX_INTERVAL", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
-    var!("REDIS_STARTUP_MAX_ELAPSED_TIME", Ignored, "sluice starts while Redis is down and answers by the failure mode"),
+    var!("REDIS_STARTUP_INITIAL_INTERVAL", Ignored, "sluice starts while Redis is down; until it is reached, calls are answered with an error (`--store-error-answer error`)"),
+    var!("REDIS_STARTUP_MAX_INTERVAL", Ignored, "sluice starts while Redis is down; until it is reached, calls are answered with an error (`--store-error-answer error`)"),
+    var!("REDIS_STARTUP_MAX_ELAPSED_TIME", Ignored, "sluice starts while Redis is down; until it is reached, calls are answered with an error (`--store-error-answer error`)"),
     var!("MEMCACHE_HOST_PORT", Ignored, "no memcache"),
     var!("MEMCACHE_MAX_IDLE_CONNS", Ignored, "no memcache"),
     var!("MEMCACHE_SRV", Ignored, "no memcache"),
@@ -272,13 +272,6 @@ impl Translate<'_> {
                 "the gRPC port is TCP only; use GRPC_HOST and GRPC_PORT",
             ));
         }
-        if let Some(v) = self.get("GRPC_CLIENT_TLS_SAN") {
-            return Err(refuse(
-                "GRPC_CLIENT_TLS_SAN",
-                v,
-                "client certificates are verified against GRPC_CLIENT_TLS_CACERT's authority, not matched by name",
-            ));
-        }
         if let Some(v) = self.get("BACKEND_TYPE") {
             if !v.eq_ignore_ascii_case("redis") {
                 return Err(refuse(
@@ -287,22 +280,6 @@ impl Translate<'_> {
                     "only redis (or no variable: counters in memory) is supported",
                 ));
             }
-        }
-        for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
-            if let Some(v) = self.get(name) {
-                return Err(refuse(
-                    name,
-                    v,
-                    "sluice's Redis client presents no certificate; use REDIS_AUTH",
-                ));
-            }
-        }
-        if let Some(v) = self.get("REDIS_TLS_CACERT") {
-            return Err(refuse(
-                "REDIS_TLS_CACERT",
-                v,
-                "give the authority in SSL_CERT_FILE instead",
-            ));
         }
         if self.truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
             return Err(refuse(
@@ -338,7 +315,8 @@ impl Translate<'_> {
             ("GRPC_CLIENT_TLS_CACERT", "--grpc-tls-client-ca"),
         ];
         if !self.truthy("GRPC_SERVER_USE_TLS")? {
-            for (var, _) in files {
+            let vars = files.iter().map(|(var, _)| *var);
+            for var in vars.chain(["GRPC_CLIENT_TLS_SAN"]) {
                 if let Some(v) = self.get(var) {
                     self.out.warnings.push(format!(
                         "{var}={v} is ignored: the gRPC port serves plain text unless GRPC_SERVER_USE_TLS=true"
@@ -359,6 +337,15 @@ impl Translate<'_> {
         for (var, flag) in files {
             if let Some(v) = self.get(var).map(String::from) {
                 self.flag(flag, Some(v));
+            }
+        }
+        if let Some(san) = self.get("GRPC_CLIENT_TLS_SAN").map(String::from) {
+            if self.get("GRPC_CLIENT_TLS_CACERT").is_some() {
+                self.flag("--grpc-tls-client-san", Some(san));
+            } else {
+                self.out.warnings.push(format!(
+                    "GRPC_CLIENT_TLS_SAN={san} is ignored: no client certificate is asked for without GRPC_CLIENT_TLS_CACERT"
+                ));
             }
         }
         Ok(())
@@ -468,6 +455,23 @@ impl Translate<'_> {
             None => url.starts_with('/'),
         };
         let tls = self.truthy("REDIS_TLS")?;
+        let tls = if tls {
+            Some(self.redis_tls_files()?)
+        } else {
+            for var in [
+                "REDIS_TLS_CACERT",
+                "REDIS_TLS_CLIENT_CERT",
+                "REDIS_TLS_CLIENT_KEY",
+            ] {
+                if let Some(v) = self.get(var) {
+                    self.out.warnings.push(format!(
+                        "{var}={v} is ignored: Redis is spoken in plain text unless REDIS_TLS=true"
+                    ));
+                }
+            }
+            None
+        };
+        let tls = tls.as_deref();
         let auth = self.get("REDIS_AUTH").map(String::from);
         if unix {
             let single = self
@@ -538,6 +542,54 @@ impl Translate<'_> {
         Ok(())
     }
 
+    /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY` as the
+    /// query of a `rediss://` URL (empty when none is set).
+    fn redis_tls_files(&self) -> Result<String, Refusal> {
+        use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+        let mut query = Vec::new();
+        if let Some(ca) = self.get("REDIS_TLS_CACERT") {
+            query.push(format!(
+                "tls_ca={}",
+                utf8_percent_encode(ca, NON_ALPHANUMERIC)
+            ));
+        }
+        match (
+            self.get("REDIS_TLS_CLIENT_CERT"),
+            self.get("REDIS_TLS_CLIENT_KEY"),
+        ) {
+            (Some(cert), Some(key)) => {
+                query.push(format!(
+                    "tls_cert={}",
+                    utf8_percent_encode(cert, NON_ALPHANUMERIC)
+                ));
+                query.push(format!(
+                    "tls_key={}",
+                    utf8_percent_encode(key, NON_ALPHANUMERIC)
+                ));
+            }
+            (None, None) => {}
+            (Some(v), None) => {
+                return Err(refuse(
+                    "REDIS_TLS_CLIENT_CERT",
+                    v,
+                    "REDIS_TLS_CLIENT_KEY is not set; a client certificate needs its key",
+                ))
+            }
+            (None, Some(v)) => {
+                return Err(refuse(
+                    "REDIS_TLS_CLIENT_KEY",
+                    v,
+                    "REDIS_TLS_CLIENT_CERT is not set; a client key needs its certificate",
+                ))
+            }
+        }
+        Ok(if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        })
+    }
+
     fn metrics(&mut self) -> Result<(), Refusal> {
         if self.truthy("USE_PROMETHEUS")? {
             let addr = self.get("PROMETHEUS_ADDR").unwrap_or(":9090");
@@ -568,6 +620,16 @@ impl Translate<'_> {
         if self.truthy("SHADOW_MODE")? {
             self.flag("--shadow-mode", None);
         }
+        // envoyproxy/ratelimit's answers where sluice's own defaults differ.
+        self.flag("--default-algorithm", Some("fixed_window".into()));
+        let spend = if self.truthy("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+            "nothing"
+        } else {
+            "admitting-limits"
+        };
+        self.flag("--denied-requests-spend", Some(spend.into()));
+        self.flag("--reset-resolution", Some("seconds".into()));
+        self.flag("--store-error-answer", Some("error".into()));
         Ok(())
     }
 
@@ -632,12 +694,13 @@ fn unix_url(path: &str, auth: Option<&str>) -> String {
     url
 }
 
-/// `user:password`, as envoyproxy/ratelimit splits it).
-fn redis_url(addr: &str, tls: bool, auth: Option<&str>) -> String {
+/// `user:password`, as envoyproxy/ratelimit splits it), over TLS when `tls` gives
+/// the TLS files' query (maybe empty).
+fn redis_url(addr: &str, tls: Option<&str>, auth: Option<&str>) -> String {
     if addr.contains("://") {
         return addr.to_string();
     }
-    let scheme = if tls { "rediss" } else { "redis" };
+    let scheme = if tls.is_some() { "rediss" } else { "redis" };
     let userinfo = match auth {
         None => String::new(),
         Some(a) => match a.split_once(':') {
@@ -645,7 +708,7 @@ fn redis_url(addr: &str, tls: bool, auth: Option<&str>) -> String {
             None => format!(":{}@", encode(a)),
         },
     };
-    format!("{scheme}://{userinfo}{addr}")
+    format!("{scheme}://{userinfo}{addr}{}", tls.unwrap_or_default())
 }
 
 /// Percent-encodes all but RFC 3986's unreserved characters.
@@ -721,6 +784,14 @@ mod tests {
                 "0.0.0.0:19001",
                 "--response-headers",
                 "off",
+                "--default-algorithm",
+                "fixed_window",
+                "--denied-requests-spend",
+                "admitting-limits",
+                "--reset-resolution",
+                "seconds",
+                "--store-error-answer",
+                "error",
             ]
         );
         assert_eq!(t.log_level.as_deref(), Some("info"));
@@ -784,7 +855,52 @@ mod tests {
         );
 
         e.insert("GRPC_CLIENT_TLS_SAN".into(), "envoy".into());
-        assert_eq!(translate(&e).unwrap_err().name, "GRPC_CLIENT_TLS_SAN");
+        let t = translate(&e).unwrap();
+        assert!(!t.args.iter().any(|a| a == "--grpc-tls-client-san"));
+        assert!(
+            t.warnings
+                .iter()
+                .any(|w| w.starts_with("GRPC_CLIENT_TLS_SAN=envoy is ignored")),
+            "{:?}",
+            t.warnings
+        );
+        // With TLS but no client authority, no name is checked either: said so.
+        for (k, v) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ] {
+            e.insert(k.into(), v.into());
+        }
+        let t = translate(&e).unwrap();
+        assert!(!t.args.iter().any(|a| a == "--grpc-tls-client-san"));
+        assert!(t
+            .warnings
+            .iter()
+            .any(|w| w.contains("without GRPC_CLIENT_TLS_CACERT")));
+    }
+
+    #[test]
+    fn grpc_client_tls_san_names_the_client_with_its_authority() {
+        let mut e = envoy_gateway();
+        for (k, v) in [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.envoy-gateway-system"),
+        ] {
+            e.insert(k.into(), v.into());
+        }
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            t.args[4..8],
+            [
+                "--grpc-tls-client-ca",
+                "/certs/ca.crt",
+                "--grpc-tls-client-san",
+                "envoy.envoy-gateway-system"
+            ]
+        );
     }
 
     #[test]
@@ -837,13 +953,74 @@ mod tests {
             ),
             (vec![("REDIS_URL", "a:1,b:2")], "REDIS_URL"),
             (
-                vec![("REDIS_URL", "a:1"), ("REDIS_TLS_CLIENT_CERT", "/c")],
+                vec![
+                    ("REDIS_URL", "a:1"),
+                    ("REDIS_TLS", "true"),
+                    ("REDIS_TLS_CLIENT_CERT", "/c"),
+                ],
                 "REDIS_TLS_CLIENT_CERT",
             ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
         ] {
             assert_eq!(translate(&env(&pairs)).unwrap_err().name, name, "{pairs:?}");
         }
+    }
+
+    #[test]
+    fn redis_tls_files_go_in_every_rediss_url() {
+        let tls = [
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/certs/cert.pem"),
+            ("REDIS_TLS_CLIENT_CERT", "/certs/cert.pem"),
+            ("REDIS_TLS_CLIENT_KEY", "/certs/my key.pem"),
+        ];
+        let q = "?tls_ca=%2Fcerts%2Fcert%2Epem&tls_cert=%2Fcerts%2Fcert%2Epem&tls_key=%2Fcerts%2Fmy%20key%2Epem";
+        let value = |t: &Translation, flag: &str| {
+            let at = t.args.iter().position(|a| a == flag).expect(flag);
+            t.args[at + 1].clone()
+        };
+        let mut e = env(&tls);
+        e.insert("REDIS_URL".into(), "localhost:16361".into());
+        e.insert("REDIS_AUTH".into(), "password123".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            value(&t, "--redis"),
+            format!("rediss://:password123@localhost:16361{q}")
+        );
+        e.insert("REDIS_TYPE".into(), "cluster".into());
+        e.insert("REDIS_URL".into(), "a:1,b:2".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            value(&t, "--redis-cluster"),
+            format!("rediss://:password123@a:1{q},rediss://:password123@b:2{q}")
+        );
+        e.insert("REDIS_TYPE".into(), "sentinel".into());
+        e.insert("REDIS_URL".into(), "mymaster,s:26379".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            value(&t, "--redis-sentinel"),
+            format!("rediss://s:26379{q}")
+        );
+        assert_eq!(
+            value(&t, "--redis-sentinel-master"),
+            format!("rediss://:password123@mymaster{q}")
+        );
+        // Without REDIS_TLS the files are not used, and said so.
+        let mut e = env(&tls);
+        e.insert("REDIS_URL".into(), "r:6379".into());
+        e.remove("REDIS_TLS");
+        let t = translate(&e).unwrap();
+        assert_eq!(value(&t, "--redis"), "redis://r:6379");
+        assert_eq!(
+            t.warnings
+                .iter()
+                .filter(|w| w.contains("unless REDIS_TLS=true"))
+                .count(),
+            3,
+            "{:?}",
+            t.warnings
+        );
     }
 
     #[test]
@@ -911,8 +1088,53 @@ mod tests {
                 "--response-headers",
                 "draft03",
                 "--shadow-mode",
+                "--default-algorithm",
+                "fixed_window",
+                "--denied-requests-spend",
+                "admitting-limits",
+                "--reset-resolution",
+                "seconds",
+                "--store-error-answer",
+                "error",
             ]
         );
+    }
+
+    #[test]
+    fn stop_cache_key_increment_when_overlimit_keeps_denied_requests_free() {
+        let spend = |e: &[(&str, &str)]| {
+            let t = translate(&env(e)).unwrap();
+            let at = t
+                .args
+                .iter()
+                .position(|a| a == "--denied-requests-spend")
+                .expect("set");
+            t.args[at + 1].clone()
+        };
+        assert_eq!(spend(&[]), "admitting-limits");
+        assert_eq!(
+            spend(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")]),
+            "admitting-limits"
+        );
+        assert_eq!(
+            spend(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")]),
+            "nothing"
+        );
+        let r = translate(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "sure")]));
+        assert_eq!(
+            r.unwrap_err().name,
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"
+        );
+        // Sluice's own variables choose otherwise.
+        let t = translate(&env(&[
+            ("SLUICE_DEFAULT_ALGORITHM", "token_bucket"),
+            ("SLUICE_STORE_ERROR_ANSWER", "failure-mode"),
+        ]))
+        .unwrap();
+        assert!(!t
+            .args
+            .iter()
+            .any(|a| a == "--default-algorithm" || a == "--store-error-answer"));
     }
 
     #[test]

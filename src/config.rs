@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::algorithm::Algorithm;
+use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
 use crate::policy::FailureMode;
 use crate::service::HeaderStyle;
 use crate::tls::TlsFiles;
@@ -170,6 +171,14 @@ pub struct Serve {
     /// sign (mutual TLS).
     #[arg(long, env = "SLUICE_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
     pub grpc_tls_client_ca: Option<PathBuf>,
+    /// A DNS name the client certificates of --grpc-tls-client-ca must also carry
+    /// among their subject alternative names.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    pub grpc_tls_client_san: Option<String>,
     /// Address of Sluice's admin API (gRPC: Explain, ListPolicies, WatchOffenders,
     /// WatchDecisions, with reflection and health); `off` (or empty) disables it.
     /// Default 127.0.0.1:8082, loopback only; when the default is taken (another
@@ -217,6 +226,20 @@ pub struct Serve {
     /// sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", default_value = "sliding_window_counter", value_parser = parse_algorithm)]
     pub default_algorithm: Algorithm,
+    /// What a request denied by one limit spends of its other limits: `nothing`, or
+    /// its hits on each limit that admitted it (`admitting-limits`, as
+    /// envoyproxy/ratelimit counts).
+    #[arg(long, env = "SLUICE_DENIED_REQUESTS_SPEND", default_value = "nothing", value_parser = parse_denied_spend)]
+    pub denied_requests_spend: DeniedSpend,
+    /// How precisely `duration_until_reset` is answered: `micros`, or `seconds`
+    /// (rounded up, as envoyproxy/ratelimit answers).
+    #[arg(long, env = "SLUICE_RESET_RESOLUTION", default_value = "micros", value_parser = parse_reset_resolution)]
+    pub reset_resolution: ResetResolution,
+    /// How a request is answered when the counter store fails: by the failure mode
+    /// (`failure-mode`), or with an error (`error`: gRPC UNKNOWN, HTTP 500, as
+    /// envoyproxy/ratelimit answers, so Envoy's failure_mode_deny decides).
+    #[arg(long, env = "SLUICE_STORE_ERROR_ANSWER", default_value = "failure-mode", value_parser = parse_store_error_answer)]
+    pub store_error_answer: StoreErrorAnswer,
     /// Which rate-limit headers to ask Envoy to add.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "draft03", value_parser = parse_header_style)]
     pub response_headers: HeaderStyle,
@@ -349,11 +372,13 @@ fn parse_secret(s: &str) -> Result<Secret, String> {
 impl Serve {
     /// The gRPC port's TLS files, when it serves TLS.
     pub fn grpc_tls(&self) -> Option<TlsFiles> {
-        tls_files(
+        let mut files = tls_files(
             &self.grpc_tls_cert,
             &self.grpc_tls_key,
             &self.grpc_tls_client_ca,
-        )
+        )?;
+        files.client_san = self.grpc_tls_client_san.clone();
+        Some(files)
     }
 
     /// The admin port's TLS files, when it serves TLS.
@@ -384,6 +409,7 @@ fn tls_files(
         cert: cert.clone()?,
         key: key.clone()?,
         client_ca: client_ca.clone(),
+        client_san: None,
     })
 }
 
@@ -392,6 +418,30 @@ fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
         _ => Err(format!("expected open or closed, got {s:?}")),
+    }
+}
+
+fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {
+    match s {
+        "nothing" => Ok(DeniedSpend::Nothing),
+        "admitting-limits" => Ok(DeniedSpend::AdmittingLimits),
+        _ => Err(format!("expected nothing or admitting-limits, got {s:?}")),
+    }
+}
+
+fn parse_reset_resolution(s: &str) -> Result<ResetResolution, String> {
+    match s {
+        "micros" => Ok(ResetResolution::Micros),
+        "seconds" => Ok(ResetResolution::Seconds),
+        _ => Err(format!("expected micros or seconds, got {s:?}")),
+    }
+}
+
+fn parse_store_error_answer(s: &str) -> Result<StoreErrorAnswer, String> {
+    match s {
+        "failure-mode" => Ok(StoreErrorAnswer::FailureMode),
+        "error" => Ok(StoreErrorAnswer::Error),
+        _ => Err(format!("expected failure-mode or error, got {s:?}")),
     }
 }
 
@@ -598,6 +648,7 @@ mod tests {
                 cert: "c.pem".into(),
                 key: "k.pem".into(),
                 client_ca: Some("ca.pem".into()),
+                client_san: None,
             })
         );
         assert_eq!(s.http_tls(), None);

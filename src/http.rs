@@ -137,6 +137,17 @@ async fn json_request<S: Store>(
         .should_rate_limit(&Request::of(&req), None)
         .await
     {
+        Ok(outcome) if outcome.error_answer().is_some() => {
+            let error = format!(
+                "counter store failed: {}",
+                outcome.error_answer().unwrap_or_default()
+            );
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({ "error": error })),
+            )
+                .into_response()
+        }
         Ok(outcome) => {
             let status = if outcome.over_limit {
                 StatusCode::TOO_MANY_REQUESTS

@@ -86,6 +86,9 @@ pub async fn run(
         failure_mode: cfg.failure_mode,
         store_timeout: cfg.store_timeout,
         hashing,
+        denied_spend: cfg.denied_requests_spend,
+        resets: cfg.reset_resolution,
+        store_errors: cfg.store_error_answer,
     };
     // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -33,6 +33,12 @@ pub struct Settings {
     pub store_timeout: Duration,
     /// Which values are hashed in counter keys, and under what key.
     pub hashing: key::Hashing,
+    /// What a denied request spends of its other limits.
+    pub denied_spend: DeniedSpend,
+    /// How precisely `duration_until_reset` is reported.
+    pub resets: ResetResolution,
+    /// How a store failure is answered.
+    pub store_errors: StoreErrorAnswer,
 }
 
 impl Default for Settings {
@@ -41,8 +47,46 @@ impl Default for Settings {
             failure_mode: FailureMode::Open,
             store_timeout: Duration::from_millis(15),
             hashing: key::Hashing::default(),
+            denied_spend: DeniedSpend::Nothing,
+            resets: ResetResolution::Micros,
+            store_errors: StoreErrorAnswer::FailureMode,
         }
     }
+}
+
+/// What a request denied by one limit spends of its other limits
+/// (`--denied-requests-spend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeniedSpend {
+    /// Nothing: the request was not let through, so it costs nothing (sluice's
+    /// default).
+    #[default]
+    Nothing,
+    /// Its hits on every limit that admitted it, as envoyproxy/ratelimit counts
+    /// unless `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`: one more store call,
+    /// made only for denied requests.
+    AdmittingLimits,
+}
+
+/// How `duration_until_reset` is reported (`--reset-resolution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResetResolution {
+    /// To the microsecond (sluice's default).
+    #[default]
+    Micros,
+    /// Rounded up to whole seconds, as envoyproxy/ratelimit answers.
+    Seconds,
+}
+
+/// How a request is answered when the store fails (`--store-error-answer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreErrorAnswer {
+    /// By the domain's failure mode (sluice's default).
+    #[default]
+    FailureMode,
+    /// With an error (gRPC `UNKNOWN`, HTTP 500), as envoyproxy/ratelimit answers, so
+    /// Envoy's `failure_mode_deny` decides.
+    Error,
 }
 
 /// One request descriptor as the limiter sees it.
@@ -148,6 +192,8 @@ pub enum BlockError {
 pub struct StoreFailure {
     pub error: String,
     pub mode: FailureMode,
+    /// How the request must be answered: by `mode`, or with an error.
+    pub answer: StoreErrorAnswer,
     /// The store's name, for metrics and logs.
     pub store: &'static str,
 }
@@ -200,6 +246,15 @@ impl Outcome {
     /// for a rule with several limits, the one its answer describes).
     pub fn rule(&self, status: &Status) -> Option<&Rule> {
         effective(&self.policy, &self.overrides, status)
+    }
+
+    /// The store's error, when it failed and the request is to be answered with an
+    /// error rather than by the failure mode ([`StoreErrorAnswer::Error`]).
+    pub fn error_answer(&self) -> Option<&str> {
+        self.failure
+            .as_ref()
+            .filter(|f| f.answer == StoreErrorAnswer::Error)
+            .map(|f| f.error.as_str())
     }
 
     /// The top-offenders key of the denied descriptor at `status`.
@@ -313,6 +368,12 @@ impl<S: Store> Limiter<S> {
 
         let decided = self.ask_store(&hits, wait).await;
         self.settle(&mut outcome, &order, &hits, decided, failure_mode);
+        if outcome.over_limit
+            && outcome.failure.is_none()
+            && self.settings.denied_spend == DeniedSpend::AdmittingLimits
+        {
+            self.spend_denied(&order, &hits, &mut outcome, wait).await;
+        }
         // Soft shedding draws a chance, so it is the decision's alone: an explanation
         // (which settles too) shows the limits as they stand.
         if outcome.failure.is_none() && !outcome.over_limit {
@@ -614,6 +675,9 @@ impl<S: Store> Limiter<S> {
                         // Admitted by this limit but not consumed: the request was denied.
                         verdict.remaining = verdict.remaining.saturating_add(hit.hits);
                     }
+                    if self.settings.resets == ResetResolution::Seconds {
+                        verdict.reset = whole_seconds(verdict.reset);
+                    }
                     // Shadow limits never deny; quota limits report OVER_LIMIT only when
                     // they deny the request.
                     let over_limit = !verdict.admitted
@@ -652,9 +716,52 @@ impl<S: Store> Limiter<S> {
                 outcome.failure = Some(StoreFailure {
                     error: error.to_string(),
                     mode,
+                    answer: self.settings.store_errors,
                     store: self.store.name(),
                 });
             }
+        }
+    }
+
+    /// [`DeniedSpend::AdmittingLimits`]: a denied request spends its hits on the
+    /// limits that admitted it, in a second store call of those hits alone, whose
+    /// verdicts become their statuses. A failure of that call leaves the statuses as
+    /// the denial wrote them (nothing spent).
+    async fn spend_denied(
+        &self,
+        order: &[usize],
+        hits: &[Hit],
+        outcome: &mut Outcome,
+        wait: Option<Duration>,
+    ) {
+        let (at, spend): (Vec<usize>, Vec<Hit>) = order
+            .iter()
+            .zip(hits)
+            .filter(|(&i, h)| {
+                h.hits > 0
+                    && outcome.statuses[i]
+                        .verdict
+                        .is_some_and(|v| v.admitted && !outcome.statuses[i].over_limit)
+            })
+            .map(|(&i, h)| (i, h.clone()))
+            .unzip();
+        if spend.is_empty() {
+            return;
+        }
+        let Ok(decided) = self.ask_store(&spend, wait).await else {
+            return;
+        };
+        for ((&i, hit), verdict) in at.iter().zip(&spend).zip(&decided.verdicts) {
+            let status = &mut outcome.statuses[i];
+            let mut verdict = *verdict;
+            if verdict.admitted && !decided.admitted {
+                verdict.remaining = verdict.remaining.saturating_add(hit.hits);
+            }
+            if self.settings.resets == ResetResolution::Seconds {
+                verdict.reset = whole_seconds(verdict.reset);
+            }
+            status.verdict = Some(verdict);
+            status.over_limit = !verdict.admitted && hit.mode == Mode::Enforce;
         }
     }
 
@@ -789,6 +896,12 @@ impl<S: Store> Limiter<S> {
 /// headers pick the descriptor they describe).
 fn nearness(over_limit: bool, v: &Verdict) -> (bool, u64, u64) {
     (!over_limit, v.remaining, u64::MAX - v.retry_after)
+}
+
+/// `us` rounded up to whole seconds, as envoyproxy/ratelimit reports a reset.
+fn whole_seconds(us: Micros) -> Micros {
+    us.div_ceil(crate::algorithm::SECOND)
+        .saturating_mul(crate::algorithm::SECOND)
 }
 
 /// The rule that decides `status`: its override's, else the matched rule.

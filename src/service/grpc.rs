@@ -179,7 +179,15 @@ impl<S: Store> Grpc<S> {
             None => None,
         };
         match self.service.should_rate_limit(&req, wait).await {
-            Ok(outcome) => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
+            Ok(outcome) => match outcome.error_answer() {
+                // envoyproxy/ratelimit's answer to a Redis error: a plain Go error,
+                // which gRPC sends as UNKNOWN; Envoy's failure_mode_deny decides.
+                Some(error) => Err(GrpcError::new(
+                    Code::Unknown,
+                    format!("counter store failed: {error}"),
+                )),
+                None => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
+            },
             Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
         }
     }

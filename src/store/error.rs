@@ -26,6 +26,11 @@ pub enum ErrorKind {
     /// The server wants a password sluice did not give, or refused it (`NOAUTH`,
     /// `WRONGPASS`, `NOPERM`).
     NoAuth,
+    /// The TLS handshake failed over a certificate: the server's was not trusted,
+    /// or the server refused sluice's (or asked for one it was not given); also a
+    /// `tls_ca`, `tls_cert` or `tls_key` file that cannot be used. Configuration:
+    /// waiting does not mend it.
+    Tls,
     /// The script call failed on a working server: a script error, a key of the
     /// wrong type, a command the server does not know. A bug or a misconfiguration,
     /// not an outage.
@@ -35,7 +40,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::Connection,
         ErrorKind::Timeout,
         ErrorKind::Loading,
@@ -46,6 +51,7 @@ impl ErrorKind {
         ErrorKind::ReadOnly,
         ErrorKind::Oom,
         ErrorKind::NoAuth,
+        ErrorKind::Tls,
         ErrorKind::Script,
         ErrorKind::Protocol,
     ];
@@ -63,6 +69,7 @@ impl ErrorKind {
             ErrorKind::ReadOnly => "readonly",
             ErrorKind::Oom => "oom",
             ErrorKind::NoAuth => "noauth",
+            ErrorKind::Tls => "tls",
             ErrorKind::Script => "script",
             ErrorKind::Protocol => "protocol",
         }
@@ -74,6 +81,13 @@ impl ErrorKind {
     /// mode and logged loudly, but waiting would not mend it.
     pub fn is_outage(self) -> bool {
         !matches!(self, ErrorKind::Script | ErrorKind::Protocol)
+    }
+
+    /// Whether the error says sluice's settings do not fit the server (a password,
+    /// a certificate): Redis can never be reached until someone changes them, so
+    /// every failed try is logged as an error.
+    pub fn is_configuration(self) -> bool {
+        matches!(self, ErrorKind::NoAuth | ErrorKind::Tls)
     }
 }
 

@@ -130,6 +130,27 @@ impl ErlStats {
     }
 }
 
+/// envoyproxy/ratelimit's `config_load_success` and `config_load_error`, as its
+/// statsd names reach Prometheus through Envoy Gateway's exporter: policy loads,
+/// the first one included, that were taken and that were refused (every source).
+pub fn render_config_loads(out: &mut String, success: u64, error: u64) {
+    for (name, n, what) in [
+        ("success", success, "taken"),
+        (
+            "error",
+            error,
+            "refused (the last good policy kept serving)",
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP ratelimit_service_config_load_{name} envoyproxy/ratelimit's config_load_{name}: policy loads {what}.\n\
+             # TYPE ratelimit_service_config_load_{name} counter\n\
+             ratelimit_service_config_load_{name} {n}"
+        );
+    }
+}
+
 /// The labels Envoy Gateway's mapping gives the statsd name of a limit with
 /// `stat_key` in `domain`: the name is sanitised as envoyproxy/ratelimit does
 /// (`:` and `|` become `_`, so do the dots of IPv4 addresses) and split at dots.

@@ -193,6 +193,18 @@ impl Metrics {
         self.render_striped(&mut text);
         if let Some(erl) = &self.erl {
             erl.render(&mut text);
+            let loads = |result: &str| -> u64 {
+                ["file", "xds", "kube"]
+                    .iter()
+                    .filter_map(|source| {
+                        self.policy_reloads
+                            .get_metric_with_label_values(&[source, result])
+                            .ok()
+                    })
+                    .map(|c| c.get())
+                    .sum()
+            };
+            erl::render_config_loads(&mut text, loads("ok"), loads("error"));
         }
         text
     }

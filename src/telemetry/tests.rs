@@ -353,6 +353,7 @@ fn store_state_changes_are_logged_once_each() {
         failure: failed.then(|| StoreFailure {
             error: "store timed out".into(),
             mode: FailureMode::Open,
+            answer: Default::default(),
             store: "redis",
         }),
         offenders: Vec::new(),

@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::telemetry::Metrics;
 
 mod listener;
+mod san;
 
 pub use listener::TlsListener;
 
@@ -36,6 +37,9 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// PEM CA certificates; when set, clients must present a certificate they sign.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: a DNS name the client certificate must also carry among
+    /// its subject alternative names.
+    pub client_san: Option<String>,
 }
 
 /// Why TLS files do not load.
@@ -219,7 +223,12 @@ impl Contents {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .map_err(|e| ca_error(e.to_string()))?;
-                builder.with_client_cert_verifier(verifier)
+                match &files.client_san {
+                    Some(name) => builder.with_client_cert_verifier(Arc::new(
+                        san::NamedClient::new(verifier, name).map_err(ca_error)?,
+                    )),
+                    None => builder.with_client_cert_verifier(verifier),
+                }
             }
             _ => builder.with_no_client_auth(),
         };

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -192,6 +192,40 @@ impl RedisServer {
                 "no".into(),
             ],
             dir,
+            tls: true,
+            spawns: 0,
+        };
+        s.spawn_on_free_port().await;
+        s
+    }
+
+    /// A TLS-only server with the given certificate and key, trusting `ca` for
+    /// client certificates, which it requires when `clients`; `extra` as in
+    /// [`RedisServer::start_with`].
+    pub async fn start_tls_files(
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+        clients: bool,
+        extra: &[&str],
+    ) -> RedisServer {
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let mut args = vec![
+            "--tls-cert-file".into(),
+            path(cert),
+            "--tls-key-file".into(),
+            path(key),
+            "--tls-ca-cert-file".into(),
+            path(ca),
+            "--tls-auth-clients".into(),
+            if clients { "yes" } else { "no" }.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut s = RedisServer {
+            child: None,
+            port: 0,
+            extra: args,
+            dir: tempfile::tempdir().expect("tempdir"),
             tls: true,
             spawns: 0,
         };

@@ -1,6 +1,8 @@
 //! A local cache of over-limit decisions: once Redis says a key is over its limit
 //! for a request of `hits` until T, a request of at least as many hits on that key
-//! with the same limit is denied from memory until T, with no Redis call. An
+//! with the same limit is denied from memory until T, with no Redis call, when every
+//! other hit of the request is remembered as over limit too: a hit the cache knows
+//! nothing of goes to Redis with the rest, so its status is its real state. An
 //! admission that leaves a key with no room is remembered the same way, until the
 //! time its next hit fits (the script's `next_room`).
 //!
@@ -46,39 +48,24 @@ impl DenialCache {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The request's answer if one of its enforced hits is known to be over limit at
-    /// `now`. The other hits were not asked about: they are reported admitted with
-    /// nothing remaining, since nothing is known of them.
+    /// The request's answer when *every* hit is known to be over limit at `now`:
+    /// each hit's own remembered denial. A request with any other hit goes to Redis,
+    /// so that hit's status is its real state (remaining, reset), not a guess; the
+    /// script then denies it without spending, as the cache would have.
     pub fn lookup(&self, hits: &[Hit], now: Micros) -> Option<Verdicts> {
         if self.capacity == 0 || self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let map = self.lock();
-        let (at, denied) = hits.iter().enumerate().find_map(|(i, h)| {
-            let d = map.get(&h.key)?;
-            (h.mode == Mode::Enforce && h.hits >= d.hits && h.limit == d.limit && d.until > now)
-                .then(|| (i, d.clone()))
-        })?;
+        // Most requests' keys are not in the map: look the first one up before
+        // allocating.
+        let first = known(&map, hits.first()?, now)?;
+        let mut verdicts = Vec::with_capacity(hits.len());
+        verdicts.push(first);
+        for h in &hits[1..] {
+            verdicts.push(known(&map, h, now)?);
+        }
         drop(map);
-        let verdicts = hits
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                if i == at {
-                    Verdict {
-                        admitted: false,
-                        retry_after: denied.until - now,
-                        reset: denied.verdict.reset.max(denied.until - now),
-                        ..denied.verdict
-                    }
-                } else {
-                    Verdict {
-                        admitted: true,
-                        ..Verdict::default()
-                    }
-                }
-            })
-            .collect();
         Some(Verdicts {
             admitted: false,
             verdicts,
@@ -170,6 +157,23 @@ impl DenialCache {
     }
 }
 
+/// `h`'s remembered denial at `now`, if one holds for it: an enforced hit of at
+/// least the remembered hits on the same limit, before the denial's end.
+fn known(
+    map: &HashMap<String, Denied, ahash::RandomState>,
+    h: &Hit,
+    now: Micros,
+) -> Option<Verdict> {
+    let d = map.get(&h.key)?;
+    let holds = h.mode == Mode::Enforce && h.hits >= d.hits && h.limit == d.limit && d.until > now;
+    holds.then(|| Verdict {
+        admitted: false,
+        retry_after: d.until - now,
+        reset: d.verdict.reset.max(d.until - now),
+        ..d.verdict
+    })
+}
+
 /// After an admission that left no room, how long until a one-hit request could pass:
 /// the script's `next_room`, exact like a denial's retry_after, so measured from the
 /// time the call was sent it is never later than the truth. `None` when there is
@@ -212,6 +216,31 @@ mod tests {
         let mut shadow = h.clone();
         shadow.mode = Mode::Shadow;
         assert!(c.lookup(&[shadow], 1_050).is_none());
+    }
+
+    /// A request with a hit the cache knows nothing of is not answered from it:
+    /// that hit's status must be its real state, which only Redis has. When every
+    /// hit is remembered, each gets its own remembered denial.
+    #[test]
+    fn answers_only_when_every_hit_is_known_each_with_its_own_state() {
+        let c = DenialCache::new(10);
+        let over = hit("over", Algorithm::FixedWindow, 10, 1);
+        let other = hit("other", Algorithm::FixedWindow, 20, 1);
+        c.remember(std::slice::from_ref(&over), &[denied(100)], false, 1_000);
+        assert!(c.lookup(std::slice::from_ref(&over), 1_010).is_some());
+        assert!(
+            c.lookup(&[other.clone(), over.clone()], 1_010).is_none(),
+            "the other descriptor's state is not known here"
+        );
+        assert!(c.lookup(&[over.clone(), other.clone()], 1_010).is_none());
+
+        c.remember(std::slice::from_ref(&other), &[denied(500)], false, 1_000);
+        let v = c.lookup(&[other, over], 1_010).expect("both known");
+        assert!(!v.admitted);
+        assert_eq!(v.verdicts.len(), 2);
+        assert_eq!(v.verdicts[0].retry_after, 490);
+        assert_eq!(v.verdicts[1].retry_after, 90);
+        assert!(v.verdicts.iter().all(|v| !v.admitted));
     }
 
     #[test]

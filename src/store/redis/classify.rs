@@ -49,6 +49,11 @@ pub fn io(what: &str, e: &std::io::Error) -> StoreError {
     if e.kind() == std::io::ErrorKind::TimedOut {
         return StoreError::Timeout;
     }
+    // A TLS alert or certificate refusal surfaces on a read or write too (TLS 1.3
+    // servers check the client's certificate after the handshake).
+    if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+        return StoreError::failed(ErrorKind::Tls, format!("{what}: TLS: {e}"));
+    }
     StoreError::failed(ErrorKind::Connection, format!("{what}: {e}"))
 }
 
@@ -144,5 +149,12 @@ mod tests {
             assert!(e.message().starts_with("connect: "), "{e}");
         }
         assert_eq!(io("read", &Error::from(Io::TimedOut)), StoreError::Timeout);
+        let alert = Error::new(
+            Io::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        let e = io("read", &alert);
+        assert_eq!(e.kind(), Some(ErrorKind::Tls), "{e}");
+        assert!(e.kind().is_some_and(ErrorKind::is_configuration));
     }
 }

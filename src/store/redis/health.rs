@@ -209,14 +209,24 @@ impl Health {
                 return;
             }
             s.backoff = FIRST_BACKOFF;
-            tracing::warn!(
-                shard = %self.name,
-                %error,
-                failures = s.failures,
-                failing_ms = failing_for.as_millis() as u64,
-                backoff_ms = s.backoff.as_millis() as u64,
-                "redis shard down: backing off"
-            );
+            if misconfigured(error) {
+                tracing::error!(
+                    shard = %self.name,
+                    %error,
+                    backoff_ms = s.backoff.as_millis() as u64,
+                    "redis shard down: it refuses sluice's settings (password or TLS), so \
+                     nothing is counted there until they are fixed; retrying"
+                );
+            } else {
+                tracing::warn!(
+                    shard = %self.name,
+                    %error,
+                    failures = s.failures,
+                    failing_ms = failing_for.as_millis() as u64,
+                    backoff_ms = s.backoff.as_millis() as u64,
+                    "redis shard down: backing off"
+                );
+            }
         } else {
             // Many calls may fail at once (those in flight when the shard went down,
             // or the trials let through when a back-off ends): grow the back-off once
@@ -225,6 +235,16 @@ impl Health {
                 return;
             }
             s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+            // A retry that met the same refusal: said again, once per round.
+            if misconfigured(error) {
+                tracing::error!(
+                    shard = %self.name,
+                    %error,
+                    backoff_ms = s.backoff.as_millis() as u64,
+                    "redis shard still down: it refuses sluice's settings (password or TLS); \
+                     retrying"
+                );
+            }
         }
         self.down_until.store(self.nanos(now + s.backoff), Relaxed);
     }
@@ -286,6 +306,11 @@ impl Health {
             done: false,
         }
     }
+}
+
+/// Whether `error` says the shard refuses sluice's settings ([`ErrorKind::is_configuration`]).
+fn misconfigured(error: &StoreError) -> bool {
+    error.kind().is_some_and(ErrorKind::is_configuration)
 }
 
 /// See [`Health::guard`].

@@ -18,6 +18,7 @@ use crate::store::{ErrorKind, StoreError};
 
 use super::classify;
 
+mod pin;
 pub mod pool;
 pub mod stream;
 pub mod target;

@@ -2,8 +2,11 @@
 //!
 //! TLS trusts the system's authorities, read once per process with
 //! `rustls-native-certs`, which honours `SSL_CERT_FILE` and `SSL_CERT_DIR` (a private
-//! CA goes there). `#insecure` targets skip verifying the certificate but still
-//! check the handshake's signatures.
+//! CA goes there), or the target's own `tls_ca` file, read at each connection. A
+//! trusted certificate that the server presents as its own is accepted as pinned
+//! ([`super::pin`]). `#insecure` targets skip verifying the certificate but still
+//! check the handshake's signatures. A target's `tls_cert` and `tls_key` are
+//! presented as the client's certificate.
 
 use std::io;
 use std::pin::Pin;
@@ -12,7 +15,8 @@ use std::task::{Context, Poll};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -22,7 +26,8 @@ use tokio_rustls::TlsConnector;
 use crate::store::{ErrorKind, StoreError};
 
 use super::super::classify;
-use super::target::{Addr, Target};
+use super::pin::PinnedOrChained;
+use super::target::{Addr, Target, Tls};
 
 pub enum Stream {
     Tcp(TcpStream),
@@ -46,10 +51,13 @@ pub async fn open(target: &Target) -> Result<Stream, StoreError> {
         .map_err(|e| classify::io("connect", &e))?;
     // One small request at a time: Nagle's algorithm would hold it for an ACK.
     let _ = tcp.set_nodelay(true);
-    let Some(tls) = target.tls else {
+    let Some(tls) = &target.tls else {
         return Ok(Stream::Tcp(tcp));
     };
-    let config = config(tls.insecure)?;
+    let config = match (&tls.ca, &tls.client, tls.insecure) {
+        (None, None, insecure) => config(insecure)?,
+        _ => files_config(tls)?,
+    };
     let name = ServerName::try_from(host.clone()).map_err(|e| {
         StoreError::failed(
             ErrorKind::Connection,
@@ -59,7 +67,16 @@ pub async fn open(target: &Target) -> Result<Stream, StoreError> {
     let s = TlsConnector::from(config)
         .connect(name, tcp)
         .await
-        .map_err(|e| StoreError::failed(ErrorKind::Connection, format!("TLS: {e}")))?;
+        .map_err(|e| {
+            // A certificate refused (either way) is not mended by waiting: `tls`.
+            let refused = e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>());
+            let kind = if refused {
+                ErrorKind::Tls
+            } else {
+                ErrorKind::Connection
+            };
+            StoreError::failed(kind, format!("TLS with {host}: {e}"))
+        })?;
     Ok(Stream::Tls(Box::new(s)))
 }
 
@@ -88,24 +105,80 @@ fn config(insecure: bool) -> Result<Arc<ClientConfig>, StoreError> {
         VERIFIED.get_or_init(|| {
             let found = rustls_native_certs::load_native_certs();
             let mut roots = RootCertStore::empty();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
+            let (added, _) = roots.add_parsable_certificates(found.certs.iter().cloned());
             if added == 0 {
                 return Err(format!(
                     "no trusted certificate authorities found (SSL_CERT_FILE, SSL_CERT_DIR): {:?}",
                     found.errors
                 ));
             }
+            let verifier = PinnedOrChained::new(found.certs, provider())?;
             let config = ClientConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
                 .map_err(|e| e.to_string())?
-                .with_root_certificates(roots)
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
                 .with_no_client_auth();
             Ok(Arc::new(config))
         })
     };
     built
         .clone()
-        .map_err(|e| StoreError::failed(ErrorKind::Connection, format!("TLS: {e}")))
+        .map_err(|e| StoreError::failed(ErrorKind::Tls, format!("TLS: {e}")))
+}
+
+/// A client configuration from a target's files (`tls_ca`, `tls_cert`, `tls_key`),
+/// read at each connection: a renewed certificate is used from the next one. A file
+/// that cannot be used is a `tls` error naming it.
+fn files_config(tls: &Tls) -> Result<Arc<ClientConfig>, StoreError> {
+    let fail = |m: String| StoreError::failed(ErrorKind::Tls, format!("TLS: {m}"));
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| fail(e.to_string()))?;
+    let verifier: Arc<dyn ServerCertVerifier> = if tls.insecure {
+        Arc::new(AnyCertificate(provider()))
+    } else {
+        let trusted = match &tls.ca {
+            Some(path) => certificates(path).map_err(fail)?,
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                found.certs
+            }
+        };
+        let verifier = PinnedOrChained::new(trusted, provider()).map_err(|e| match &tls.ca {
+            Some(path) => fail(format!("{}: {e}", path.display())),
+            None => fail(e),
+        })?;
+        Arc::new(verifier)
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let config = match &tls.client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = certificates(cert).map_err(fail)?;
+            let pem = std::fs::read(key).map_err(|e| fail(format!("{}: {e}", key.display())))?;
+            let key_der = PrivateKeyDer::from_pem_slice(&pem)
+                .map_err(|e| fail(format!("{}: no usable private key: {e}", key.display())))?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| fail(format!("{} and {}: {e}", cert.display(), key.display())))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The PEM certificates of a file.
+fn certificates(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
 }
 
 /// `#insecure`: any certificate, but a handshake signed by its key.

