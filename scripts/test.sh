@@ -7,11 +7,14 @@ start=$(date +%s)
 
 log() { printf '==> %s\n' "$*"; }
 
-# --- Long installs, in the background: the manual's builder -------------------------
-# mdbook from crates.io when missing, built while the rest installs and compiles,
-# waited for before the manual's step.
+# --- Long installs, in the background: the manual's builder and cargo-deny ----------
+# From crates.io when missing, built while the rest installs and compiles, waited for
+# before their steps.
 doc_tools_log=$(mktemp)
-(command -v mdbook >/dev/null || cargo install --locked mdbook) >"$doc_tools_log" 2>&1 &
+(
+  command -v mdbook >/dev/null || cargo install --locked mdbook
+  command -v cargo-deny >/dev/null || cargo install --locked cargo-deny
+) >"$doc_tools_log" 2>&1 &
 doc_tools_pid=$!
 
 # --- Install what the tests need, when it is missing ---------------------------------
@@ -62,9 +65,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 log "cargo test"
 cargo test --workspace --all-targets
 
-# --- The manual: docs/ as an mdBook, every link checked ----------------------------
-log "waiting for mdbook (installed in the background)"
+# --- The supply chain, and the manual: docs/ as an mdBook, every link checked -------
+log "waiting for mdbook and cargo-deny (installed in the background)"
 wait "$doc_tools_pid" || { tail -n 30 "$doc_tools_log"; exit 1; }
+# Advisories need the RustSec database from the network: not checked here.
+log "cargo deny check licenses bans sources (deny.toml)"
+cargo deny --log-level error check licenses bans sources
 log "mdbook build docs, then scripts/check-book-links.py"
 mdbook build docs
 python3 scripts/check-book-links.py --book target/book --src docs
