@@ -34,14 +34,14 @@ RUN mkdir -p src benches crates/sluice-bench/src \
     && echo 'fn main() {}' > benches/metrics.rs \
     && echo 'fn main() {}' > benches/request.rs \
     && echo 'fn main() {}' > crates/sluice-bench/src/main.rs \
-    && cargo build --release --locked -p sluice --bin sluice \
+    && cargo build --profile dist --locked -p sluice --bin sluice \
     && rm -rf src benches crates/sluice-bench/src
 # The sources, and any build-time data they embed (such as the CRD `sluice crd` prints).
 COPY . .
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked -p sluice --bin sluice \
+    && cargo build --profile dist --locked -p sluice --bin sluice \
     && mkdir -p /out/usr/local/bin /out/bin \
-    && cp target/release/sluice /out/usr/local/bin/sluice \
+    && cp target/dist/sluice /out/usr/local/bin/sluice \
     && ln -s /usr/local/bin/sluice /out/bin/ratelimit
 
 # glibc + libgcc, no shell, no package manager. uid/gid 65534 ("nobody"), as Envoy

@@ -30,7 +30,7 @@ scenario=${3:-hot}
 rounds=${4:-3}
 duration=${5:-4s}
 store=${AB_STORE:-redis}
-cargo build --release -p sluice-bench >&2
+cargo build --profile dist -p sluice-bench >&2
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
@@ -111,7 +111,7 @@ for r in $(seq 1 "$rounds"); do
     rbefore=$(ticks "${redis[@]}")
     read -r cbefore ubefore < <(calls)
     fbefore=$(failed $((${t##*:} + 1)))
-    line=$(target/release/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
+    line=$(target/dist/sluice-bench load --addr "127.0.0.1:${t##*:}" --threads "${AB_GEN_THREADS:-1}" \
       --scenario "$scenario" --duration "$duration" --warmup 0s --concurrency "${AB_CONCURRENCY:-64}")
     used=$(($(ticks "${pid[$name]}") - before))
     rused=$(($(ticks "${redis[@]}") - rbefore))

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 algorithms=("$@")
 [ ${#algorithms[@]} -gt 0 ] ||
   algorithms=(fixed_window sliding_window_log sliding_window_counter token_bucket leaky_bucket)
-cargo build --release --workspace --bins >&2
+cargo build --profile dist --workspace --bins >&2
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 work=$(mktemp -d)
@@ -47,18 +47,18 @@ for alg in "${algorithms[@]}"; do
     benches/policy.yaml >"$work/policy.yaml"
   grep -q "algorithm: $alg}" "$work/policy.yaml" || { echo "policy edit failed" >&2; exit 1; }
   redis-cli -p 26393 FLUSHALL >/dev/null
-  "${ATTACK_SLUICE:-target/release/sluice}" serve --config "$work/policy.yaml" --grpc-addr 127.0.0.1:18200 \
+  "${ATTACK_SLUICE:-target/dist/sluice}" serve --config "$work/policy.yaml" --grpc-addr 127.0.0.1:18200 \
     --http-addr 127.0.0.1:18201 --redis redis://127.0.0.1:26393 >"$work/sluice.log" 2>&1 &
   sluice=$!
   pids+=("$sluice")
   wait_port 18200
   # Load the script before counting, so NOSCRIPT retries are not counted.
-  target/release/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
+  target/dist/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
     --rate 10 --attack-share 1.0 --duration 1s --warmup 0s >/dev/null
   sleep 1.1 # the warm-up hits leave the 1 s windows
   redis-cli -p 26393 CONFIG RESETSTAT >/dev/null
   cached_before=$(cache_answers)
-  line=$(target/release/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
+  line=$(target/dist/sluice-bench load --addr 127.0.0.1:18200 --scenario attack --key user \
     --rate 1000 --attack-share 1.0 --duration 10s --warmup 0s --json)
   cached=$(($(cache_answers) - cached_before))
   kill "$sluice"

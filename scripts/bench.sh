@@ -23,7 +23,7 @@
 # 2 cores the generator and Redis need the other one, and one worker gave the ceiling
 # +35 %, sluice +6-34 % and the reference nothing (GOMAXPROCS=1); 0 = one per CPU, as
 # `sluice serve` defaults to), BENCH_GOMAXPROCS (the reference's GOMAXPROCS; Go's default, one per CPU,
-# when unset), REDIS_HZ (every redis-server's hz, 100 as the README recommends; 10 is Redis's
+# when unset), REDIS_HZ (every redis-server's hz, 100 as docs/redis.md recommends; 10 is Redis's
 # default, with which uniform keys see some store timeouts), BENCH_SCENARIOS,
 # BENCH_TARGETS (space-separated subsets), BENCH_SWEEP (concurrencies,
 # e.g. "16 32 64 128 256 512": the Redis targets and the reference run again at each,
@@ -66,9 +66,9 @@ results=$out/results.jsonl
 notes=()
 note() { notes+=("$*"); echo "bench: $*" >&2; }
 
-echo "bench: building release binaries" >&2
-cargo build --release --workspace --bins >&2
-bin=target/release
+echo "bench: building the dist binaries (the shipped profile: fat LTO)" >&2
+cargo build --profile dist --workspace --bins >&2
+bin=target/dist
 sluice=${BENCH_SLUICE:-$bin/sluice}
 
 # shellcheck source=scripts/lib.sh
@@ -140,7 +140,7 @@ if [ "$need_redis" = 1 ]; then
       --redis redis://127.0.0.1:16379,redis://127.0.0.1:16380,redis://127.0.0.1:16381
   fi
   if wants sluice-redis-tls; then
-    # sluice trusts the run's own CA through SSL_CERT_FILE, as the README tells users
+    # sluice trusts the run's own CA through SSL_CERT_FILE, as docs/command-line.md tells users
     # of a private CA.
     if ! tls_certs "$out/tls"; then
       note "sluice-redis-tls skipped: openssl could not make the certificates"

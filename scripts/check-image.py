@@ -15,7 +15,7 @@
 4. The final stage fits Envoy Gateway's rate limit Deployment: it runs as
    65534:65534, its entrypoint is the sluice binary, and `/bin/ratelimit` is that
    binary, or a link to it, in the files it copies from the build stage (the
-   build stage's `cp target/release/sluice` and `ln -s` lines, mapped through the
+   build stage's `cp target/dist/sluice` (or `target/release/`) and `ln -s` lines, mapped through the
    final stage's `COPY --from=build`). It runs no command (distroless: nothing to
    write on a read-only root).
 Exit status 1 on any error, each printed on its own line.
@@ -107,7 +107,7 @@ def image_layout(text):
         for run in build.get(stage, []):
             if not run.upper().startswith("RUN "):
                 continue
-            made = [("file", p) for p in re.findall(r"cp\s+target/release/sluice\s+(\S+)", run)]
+            made = [("file", p) for p in re.findall(r"cp\s+target/(?:release|dist)/sluice\s+(\S+)", run)]
             made += [("link " + t, p) for t, p in re.findall(r"ln\s+-s\s+(\S+)\s+(\S+)", run)]
             for kind, path in made:
                 if src.endswith("/") and path.startswith(src):

@@ -15,7 +15,7 @@ source scripts/lib.sh
 duration=${1:-5s}
 runs=${2:-3}
 port=${CLIENT_COST_PORT:-28201}
-bench=target/release/sluice-bench
+bench=target/dist/sluice-bench
 secs=${duration%s}
 
 # run TARGET_PID NAME SCENARIO CLIENT: one load run; the target's CPU is sampled over
@@ -47,7 +47,7 @@ for target in ceiling sluice; do
   if [ "$target" = ceiling ]; then
     "$bench" noop --addr "127.0.0.1:$port" 2>/dev/null &
   else
-    target/release/sluice serve --config benches/policy.yaml \
+    target/dist/sluice serve --config benches/policy.yaml \
       --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$((port + 1))" 2>/dev/null &
   fi
   pid=$!

@@ -27,7 +27,7 @@ wait_port() {
 
 # start_redis PORT [LOG [FLAGS...]]: a redis-server without persistence on
 # 127.0.0.1:PORT, stopped on exit; its pid in $started_pid. `hz 100` (REDIS_HZ), as
-# the README recommends: at Redis's default 10 its expire cycle can block it for 25 ms,
+# docs/redis.md recommends: at Redis's default 10 its expire cycle can block it for 25 ms,
 # past sluice's 15 ms store timeout, when many counters expire (uniform keys). FLAGS
 # go to redis-server after these (a later --dir wins).
 start_redis() {

@@ -19,8 +19,8 @@ keys=${1:-${MEMORY_KEYS:-}}
 hits=${MEMORY_HITS:-1}
 algorithms="fixed_window sliding_window_counter sliding_window_log token_bucket leaky_bucket"
 
-cargo build --release --workspace --bins >&2
-bin=target/release
+cargo build --profile dist --workspace --bins >&2
+bin=target/dist
 sluice=${MEMORY_SLUICE:-$bin/sluice}
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh

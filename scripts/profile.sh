@@ -19,7 +19,7 @@ prefix=${3:-target/profile/$store-$scenario}
 mkdir -p "$(dirname "$prefix")"
 command -v perf >/dev/null || { echo "profile: perf not found" >&2; exit 1; }
 
-cargo build --release --workspace --bins >&2
+cargo build --profile dist --workspace --bins >&2
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 
@@ -28,13 +28,13 @@ if [ "$store" = redis ]; then
   start_redis 26391
   flags=(--redis redis://127.0.0.1:26391)
 fi
-target/release/sluice serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18194 \
+target/dist/sluice serve --config benches/policy.yaml --grpc-addr 127.0.0.1:18194 \
   --http-addr 127.0.0.1:18195 "${flags[@]}" ${PROFILE_FLAGS:-} >"${TMPDIR:-/tmp}/sluice-profile.log" 2>&1 &
 sluice_pid=$!
 pids+=("$sluice_pid")
 wait_port 18194
 
-target/release/sluice-bench load --addr 127.0.0.1:18194 --scenario "$scenario" \
+target/dist/sluice-bench load --addr 127.0.0.1:18194 --scenario "$scenario" \
   --duration 10s --warmup 2s >"$prefix.load.txt" &
 pids+=($!)
 sleep 4

@@ -16,8 +16,8 @@ Exits 1 when a call went unanswered or failed (a gRPC error), or when memory or 
 files keep growing after the warm-up (slopes over `--max-rss-slope` KiB a minute or
 `--max-fd-slope` files a minute; checked from 5 measured minutes on).
 
-Needs redis-server and the two binaries (`cargo build --release` builds both:
-target/release/sluice and target/release/sluice-bench).
+Needs redis-server and the two binaries (`cargo build --profile dist --workspace --bins`
+builds both, as shipped: target/dist/sluice and target/dist/sluice-bench).
 """
 
 import argparse
@@ -130,14 +130,14 @@ def main():
     ap.add_argument("--rate", type=int, default=1000, help="requests (and new keys) a second")
     ap.add_argument("--restart-every", type=int, default=5, help="minutes between Redis restarts")
     ap.add_argument("--warmup", type=int, default=3, help="minutes left out of the slopes")
-    ap.add_argument("--sluice", default="target/release/sluice")
-    ap.add_argument("--bench", default="target/release/sluice-bench")
+    ap.add_argument("--sluice", default="target/dist/sluice")
+    ap.add_argument("--bench", default="target/dist/sluice-bench")
     ap.add_argument("--max-rss-slope", type=float, default=512.0, help="KiB a minute")
     ap.add_argument("--max-fd-slope", type=float, default=0.5, help="files a minute")
     args = ap.parse_args()
     for b in (args.sluice, args.bench):
         if not os.access(b, os.X_OK):
-            sys.exit(f"soak: {b} is not built (cargo build --release)")
+            sys.exit(f"soak: {b} is not built (cargo build --profile dist --workspace --bins)")
 
     work = tempfile.mkdtemp(prefix="sluice-soak-")
     policy = os.path.join(work, "policy.yaml")

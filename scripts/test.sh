@@ -7,6 +7,16 @@ start=$(date +%s)
 
 log() { printf '==> %s\n' "$*"; }
 
+# --- Long installs, in the background: the manual's builder and cargo-deny ----------
+# From crates.io when missing, built while the rest installs and compiles, waited for
+# before their steps.
+doc_tools_log=$(mktemp)
+(
+  command -v mdbook >/dev/null || cargo install --locked mdbook
+  command -v cargo-deny >/dev/null || cargo install --locked cargo-deny
+) >"$doc_tools_log" 2>&1 &
+doc_tools_pid=$!
+
 # --- Install what the tests need, when it is missing ---------------------------------
 # Everything comes from package registries (apt, PyPI, the Go module proxy); nothing is
 # cached by hand, so a fresh machine gets the same set-up as a developer's.
@@ -54,6 +64,17 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 log "cargo test"
 cargo test --workspace --all-targets
+
+# --- The supply chain, and the manual: docs/ as an mdBook, every link checked -------
+log "waiting for mdbook and cargo-deny (installed in the background)"
+wait "$doc_tools_pid" || { tail -n 30 "$doc_tools_log"; exit 1; }
+# Advisories need the RustSec database from the network: not checked here.
+log "cargo deny check licenses bans sources (deny.toml)"
+cargo deny --log-level error check licenses bans sources
+log "mdbook build docs, then scripts/check-book-links.py"
+mdbook build docs
+python3 scripts/check-book-links.py --book target/book --src docs
+
 # No container engine runs here: the image is checked by what can run.
 log "scripts/check-image.py (Dockerfile stubs and Rust version)"
 python3 scripts/check-image.py

@@ -1,4 +1,5 @@
-//! The `sluice` command line: validate, serve's refusals.
+//! The `sluice` command line: validate, serve's refusals, and docs/flags.md against
+//! the definitions.
 
 use std::process::Command;
 
@@ -30,6 +31,167 @@ fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{}:4:", bad.display())), "{err}");
     assert!(err.contains("fortnight"), "{err}");
+}
+
+/// Renders the command line's reference from its clap definitions: one section per
+/// subcommand, one row per flag with its environment variable, default and help.
+fn flag_reference() -> String {
+    use clap::CommandFactory;
+    use std::fmt::Write;
+
+    /// One table cell: one line, `|` escaped, and outside code spans the characters
+    /// Markdown would read as emphasis or HTML (`*.yaml`, `<tempdir>`).
+    fn cell(text: &str) -> String {
+        let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let mut out = String::new();
+        for (i, part) in line.split('`').enumerate() {
+            if i > 0 {
+                out.push('`');
+            }
+            if i % 2 == 1 {
+                out.push_str(&part.replace('|', "\\|"));
+            } else {
+                for c in part.chars() {
+                    match c {
+                        '|' | '*' | '_' => {
+                            out.push('\\');
+                            out.push(c);
+                        }
+                        '<' => out.push_str("&lt;"),
+                        _ => out.push(c),
+                    }
+                }
+            }
+        }
+        out
+    }
+    let cli = sluice::config::Cli::command();
+    let mut out = String::new();
+    out.push_str(
+        "# Flag reference\n\n\
+         <!-- Generated from src/config.rs's clap definitions by\n     \
+         `SLUICE_BLESS=1 cargo test --test cli flag_reference`; do not edit by hand:\n     \
+         `cargo test` fails when this page and the definitions differ. -->\n\n\
+         Every subcommand of `sluice`, with every flag as `--help` shows it. Each `serve`\n\
+         flag also reads the environment variable beside it; a flag given on the command\n\
+         line wins. [Running `sluice serve`](command-line.md) explains what the flags do\n\
+         together. Durations take units (`250ms`, `10s`, `5m`, `1h`, `1m30s`).\n",
+    );
+    for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let about = sub
+            .get_long_about()
+            .or(sub.get_about())
+            .map(|a| cell(&a.to_string()))
+            .unwrap_or_default();
+        let _ = write!(out, "\n## sluice {}\n\n{about}\n\n", sub.get_name());
+        let args: Vec<_> = sub
+            .get_arguments()
+            .filter(|a| !a.is_hide_set() && a.get_id() != "help" && a.get_id() != "version")
+            .collect();
+        if args.is_empty() {
+            out.push_str("No flags.\n");
+            continue;
+        }
+        out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+        for arg in args {
+            let takes_value = arg.get_action().takes_values();
+            let value = arg
+                .get_value_names()
+                .map(|names| {
+                    names
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_else(|| arg.get_id().as_str().to_uppercase());
+            let many = if arg.get_value_delimiter().is_some() {
+                "[,...]"
+            } else if matches!(arg.get_action(), clap::ArgAction::Append) {
+                "..."
+            } else {
+                ""
+            };
+            let name = match arg.get_long() {
+                Some(long) if takes_value => format!("`--{long} {value}{many}`"),
+                Some(long) => format!("`--{long}`"),
+                None => format!("`{value}{many}`"),
+            };
+            let name = match arg.get_short() {
+                Some(short) => format!("`-{short}`, {name}"),
+                None => name,
+            };
+            let env = arg
+                .get_env()
+                .map(|e| format!("`{}`", e.to_string_lossy()))
+                .unwrap_or_default();
+            let defaults: Vec<_> = arg
+                .get_default_values()
+                .iter()
+                .map(|d| format!("`{}`", d.to_string_lossy()))
+                .collect();
+            let default = if !takes_value || arg.get_default_values().is_empty() {
+                String::new()
+            } else {
+                defaults.join(", ")
+            };
+            let mut meaning = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| cell(&h.to_string()))
+                .unwrap_or_default();
+            let values: Vec<_> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|v| !v.is_hide_set())
+                .map(|v| format!("`{}`", v.get_name()))
+                .collect();
+            if !meaning.is_empty() && !meaning.ends_with('.') {
+                meaning.push('.');
+            }
+            if takes_value && !values.is_empty() {
+                let _ = write!(meaning, " One of {}.", values.join(", "));
+            }
+            if arg.is_required_set() {
+                meaning.push_str(" Required.");
+            }
+            let _ = writeln!(out, "| {name} | {env} | {default} | {} |", meaning.trim());
+        }
+    }
+    out
+}
+
+/// docs/flags.md is the command line's own definitions rendered: a flag added,
+/// renamed, given a new default or new help without the page following fails here.
+/// `SLUICE_BLESS=1` writes the page instead.
+#[test]
+fn flag_reference_matches_the_command_line() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/flags.md");
+    let rendered = flag_reference();
+    if std::env::var_os("SLUICE_BLESS").is_some() {
+        std::fs::write(&path, &rendered).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == rendered,
+        "docs/flags.md differs from the command line's definitions (src/config.rs): \
+         regenerate it with `SLUICE_BLESS=1 cargo test --test cli flag_reference`"
+    );
+    // The page names every serve flag the command line has.
+    use clap::CommandFactory;
+    let cli = sluice::config::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    for arg in serve.get_arguments().filter(|a| !a.is_hide_set()) {
+        if let Some(long) = arg.get_long() {
+            if long != "help" {
+                assert!(
+                    committed.contains(&format!("`--{long}")),
+                    "--{long} missing"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -50,6 +50,26 @@ impl Tmux {
         assert!(self.run(&args).status.success());
     }
 
+    /// Polls the screen until it shows every one of `texts` at once: the whole view
+    /// a test asserts on, not its first panel (the panels fill from separate calls,
+    /// so a frame may show the rules before the bans). Names the missing ones on
+    /// timeout.
+    fn wait_for_all(&self, what: &str, texts: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let screen = self.screen();
+            let missing: Vec<_> = texts.iter().filter(|t| !screen.contains(*t)).collect();
+            if missing.is_empty() {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {missing:?} not on the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Polls the screen until `ok` holds for it.
     fn wait(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -160,17 +180,19 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
     load_now(&server);
     block_now(&server, "mallory");
     start_top(&tmux, &["--server", &server.admin]);
-    let screen = tmux.wait("the tenant rule with acme denied", |s| {
-        s.contains("tenant") && s.contains("42.9%") && s.contains("acme")
-    });
-    assert!(
-        screen.contains("bans and blocks") && screen.contains("block api/tenant mallory"),
-        "the operator's block:\n{screen}"
-    );
-    assert!(screen.contains("sort: deny ratio"), "{screen}");
-    assert!(
-        screen.contains("3 denied"),
-        "the selected rule's top keys:\n{screen}"
+    // The whole first view: the tenant rule with acme denied, the order, the selected
+    // rule's top keys, and the operator's block in the bans panel.
+    tmux.wait_for_all(
+        "the first full view",
+        &[
+            "tenant",
+            "42.9%",
+            "acme",
+            "sort: deny ratio",
+            "3 denied",
+            "bans and blocks",
+            "block api/tenant mallory",
+        ],
     );
 
     tmux.keys(&["s"]);
@@ -250,8 +272,6 @@ fn sluice_top_works_over_mutual_tls() {
             client.key.to_str().unwrap(),
         ],
     );
-    tmux.wait("the view over mTLS", |s| {
-        s.contains("live") && s.contains("acme")
-    });
+    tmux.wait_for_all("the view over mTLS", &["live", "acme"]);
     tmux.keys(&["q"]);
 }

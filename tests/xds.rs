@@ -12,7 +12,6 @@ use std::time::Duration;
 use common::certs::Certs;
 use common::xds::{binary, fixture, XdsServer};
 use common::*;
-use serde::Deserialize;
 
 const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
@@ -480,11 +479,11 @@ type Leaf = (String, Vec<(String, String)>, Option<(u32, i32)>);
 fn leaves(file: &std::path::Path) -> Vec<Leaf> {
     fn walk(
         domain: &str,
-        nodes: &serde_yaml::Value,
+        nodes: &yaml_rust2::Yaml,
         path: &mut Vec<(String, String)>,
         out: &mut Vec<Leaf>,
     ) {
-        for node in nodes.as_sequence().into_iter().flatten() {
+        for node in nodes.as_vec().into_iter().flatten() {
             let key = node["key"].as_str().unwrap_or_default().to_string();
             let value = match node["value"].as_str() {
                 Some(v) if !v.is_empty() => v.to_string(),
@@ -492,7 +491,7 @@ fn leaves(file: &std::path::Path) -> Vec<Leaf> {
             };
             path.push((key, value));
             let limit = &node["rate_limit"];
-            if limit.is_mapping() {
+            if limit.as_hash().is_some() {
                 let unit = match limit["unit"].as_str().unwrap_or_default() {
                     "SECOND" => 1,
                     "MINUTE" => 2,
@@ -503,7 +502,7 @@ fn leaves(file: &std::path::Path) -> Vec<Leaf> {
                     "WEEK" => 7,
                     other => panic!("{domain}: unit {other}"),
                 };
-                let n = limit["requests_per_unit"].as_u64().unwrap_or_default() as u32;
+                let n = limit["requests_per_unit"].as_i64().unwrap_or_default() as u32;
                 let unlimited = limit["unlimited"].as_bool().unwrap_or(false);
                 out.push((
                     domain.to_string(),
@@ -517,8 +516,7 @@ fn leaves(file: &std::path::Path) -> Vec<Leaf> {
     }
     let text = std::fs::read_to_string(file).unwrap();
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let doc = serde_yaml::Value::deserialize(doc).unwrap();
+    for doc in yaml_rust2::YamlLoader::load_from_str(&text).unwrap() {
         let domain = doc["domain"].as_str().unwrap_or_default().to_string();
         walk(&domain, &doc["descriptors"], &mut Vec::new(), &mut out);
     }

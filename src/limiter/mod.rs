@@ -618,6 +618,7 @@ impl<S: Store> Limiter<S> {
                     limit: other_limit,
                     hits: hits_addend,
                     mode,
+                    spend: descriptors[i].spend,
                     fallback,
                 });
             }

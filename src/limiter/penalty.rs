@@ -1,4 +1,4 @@
-//! `penalty` (README, "Policy reference"): a key denied `violations` times within
+//! `penalty` (docs/observability.md, "Closing the loop"): a key denied `violations` times within
 //! `within` is sentenced: banned (denied outright) for `ban`, or tightened (its limit
 //! multiplied by `factor`) for `tighten.for`. With `block`, a key sentenced `bans`
 //! times within `block.within` goes on the block list: denied outright for

@@ -48,7 +48,7 @@ pub fn store_wait(left: Duration) -> Duration {
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// Checks a request as README's "Responses" section says and turns it into limiter
+/// Checks a request as docs/responses.md says and turns it into limiter
 /// input.
 pub fn descriptors<'r>(
     req: &'r decode::Request<'_>,
