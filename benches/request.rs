@@ -30,6 +30,12 @@
 //! state fed back as a store commits it), the clock moving 1 µs per call at a rate
 //! that never empties the bucket: the arithmetic a memory-store hit pays for it.
 //!
+//! `tracing/unsampled` and `tracing/sampled` are `request/hot` with tracing on, as
+//! `service::grpc` runs it: the caller's `traceparent` read, the span made, and for
+//! a sampled call the decision's attributes written and the span queued for an
+//! export task that drops it. Tracing off is `request/hot` itself: the service's
+//! one branch on its absent span.
+//!
 //! Run: `cargo bench --bench request`
 
 use std::sync::Arc;
@@ -322,5 +328,76 @@ fn algorithms(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, deadline, algorithms);
+/// An exporter that drops every batch: the export task's cost without a collector.
+#[derive(Debug)]
+struct Discard;
+
+impl opentelemetry_sdk::trace::SpanExporter for Discard {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        std::hint::black_box(batch);
+        Ok(())
+    }
+}
+
+fn tracing(c: &mut Criterion) {
+    let mut group = c.benchmark_group("tracing");
+    settings(&mut group);
+    // The export task runs on a worker of its own, as the server's runtime runs it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _enter = rt.enter();
+    let args = sluice::trace::TracingArgs {
+        tracing: true,
+        tracing_queue_size: Some("65536".into()),
+        ..Default::default()
+    };
+    let env = |name: &str| (name == "OTEL_BSP_SCHEDULE_DELAY").then(|| "100".to_string());
+    let trace_settings = sluice::trace::settings(&args, &env)
+        .expect("valid")
+        .expect("on");
+    let counter = |name: &str| prometheus::IntCounter::new(name, name).expect("valid");
+    let counters = sluice::trace::Counters {
+        exported: counter("exported"),
+        dropped: counter("dropped"),
+        failed: counter("failed"),
+    };
+    let tracer = sluice::trace::Tracer::start_with(&trace_settings, Discard, counters.clone());
+    let service = service(Settings::default());
+    let requests = requests("hot");
+    one(&service, &requests[0]);
+    // `unsampled`: Envoy did not sample the request (flags 00), so neither does a
+    // parent-based sampler; `sampled`: the span is recorded, attributed and queued.
+    for (name, flags) in [("unsampled", "00"), ("sampled", "01")] {
+        let mut headers = envoy_headers();
+        let parent = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+        headers.insert("traceparent", parent.parse().expect("valid"));
+        let mut i = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % requests.len();
+                let mut call = tracer.call(
+                    "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                    &headers,
+                );
+                let req = Request::decode(&requests[i]).expect("the fast reader reads it");
+                let outcome = service
+                    .should_rate_limit_traced(&req, None, &mut call)
+                    .now_or_never()
+                    .expect("the memory store answers at once")
+                    .expect("valid");
+                std::hint::black_box(framed_response(&outcome, service.headers).len())
+            })
+        });
+    }
+    group.finish();
+    assert_eq!(counters.dropped.get(), 0, "the queue kept up");
+}
+
+criterion_group!(benches, bench, deadline, algorithms, tracing);
 criterion_main!(benches);

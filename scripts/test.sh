@@ -17,6 +17,12 @@ doc_tools_log=$(mktemp)
 ) >"$doc_tools_log" 2>&1 &
 doc_tools_pid=$!
 
+# --- Jaeger for tests/e2e/tracing.sh: about 9 minutes cold, so it builds in the ------
+# background from the start and is waited for just before that test.
+jaeger_log=$(mktemp)
+bash scripts/install-jaeger.sh >"$jaeger_log.out" 2>"$jaeger_log" &
+jaeger_pid=$!
+
 # --- Install what the tests need, when it is missing ---------------------------------
 # Everything comes from package registries (apt, PyPI, the Go module proxy); nothing is
 # cached by hand, so a fresh machine gets the same set-up as a developer's.
@@ -93,6 +99,17 @@ log "tests/e2e/costs.sh (charges after the response, refunds, streams in flight 
 bash tests/e2e/costs.sh
 log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two minutes)"
 bash tests/e2e/rlqs.sh
+
+# --- Traces: Envoy and Sluice into a real Jaeger --------------------------------------
+log "scripts/install-jaeger.sh (started at the top; waiting for it)"
+if ! wait "$jaeger_pid"; then
+  cat "$jaeger_log" >&2
+  echo "could not build Jaeger" >&2
+  exit 1
+fi
+log "tests/e2e/tracing.sh"
+JAEGER_BIN=$(cat "$jaeger_log.out") bash tests/e2e/tracing.sh
+rm -f "$jaeger_log" "$jaeger_log.out"
 
 # --- A short soak: fixed rate, a new key every request, Redis restarted each minute --
 # (the 30-minute run and its figures: BENCHMARKS.md, "Soak")

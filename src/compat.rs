@@ -157,12 +157,12 @@ pub const VARIABLES: &[Variable] = &[
     var!("QUOTA_MODE", Ignored, "`quota_mode` is per descriptor"),
     var!("RESPONSE_DYNAMIC_METADATA", Ignored, "matched descriptors' `metadata` is always returned"),
     var!("MERGE_DOMAIN_CONFIG", Honoured, "documents of one domain always merge"),
-    var!("TRACING_ENABLED", Ignored, "no tracing"),
-    var!("TRACING_SERVICE_NAME", Ignored, "no tracing"),
-    var!("TRACING_SERVICE_NAMESPACE", Ignored, "no tracing"),
-    var!("TRACING_SERVICE_INSTANCE_ID", Ignored, "no tracing"),
-    var!("TRACING_EXPORTER_PROTOCOL", Ignored, "no tracing"),
-    var!("TRACING_SAMPLING_RATE", Ignored, "no tracing"),
+    var!("TRACING_ENABLED", Honoured, "`true`: `--tracing` (OTLP to `OTEL_EXPORTER_OTLP_ENDPOINT`; see docs/tracing.md)"),
+    var!("TRACING_SERVICE_NAME", Honoured, "`--tracing-service-name`, with `TRACING_ENABLED=true`"),
+    var!("TRACING_SERVICE_NAMESPACE", Honoured, "the `service.namespace` resource attribute, with `TRACING_ENABLED=true`"),
+    var!("TRACING_SERVICE_INSTANCE_ID", Honoured, "the `service.instance.id` resource attribute, with `TRACING_ENABLED=true`"),
+    var!("TRACING_EXPORTER_PROTOCOL", Honoured, "`http` (the default): `--otlp-protocol http/protobuf`; `grpc`: `--otlp-protocol grpc`"),
+    var!("TRACING_SAMPLING_RATE", Honoured, "`--tracing-sampler-ratio` (0 to 1): the share of calls without a sampled parent that are traced; a call Envoy sampled always is"),
 ];
 
 /// Values of ignored variables that need no warning: envoyproxy/ratelimit's
@@ -171,7 +171,6 @@ const HARMLESS: &[(&str, &str)] = &[
     ("USE_STATSD", "false"),
     ("USE_DOG_STATSD", "false"),
     ("DISABLE_STATS", "false"),
-    ("TRACING_ENABLED", "false"),
     ("REDIS_PERSECOND", "false"),
     ("MEMCACHE_TLS", "false"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
@@ -260,6 +259,7 @@ impl Translate<'_> {
         self.redis()?;
         self.metrics()?;
         self.behaviour()?;
+        self.tracing()?;
         self.warnings();
         Ok(())
     }
@@ -652,6 +652,67 @@ impl Translate<'_> {
     }
 }
 
+impl Translate<'_> {
+    /// envoyproxy/ratelimit's tracing, as Envoy Gateway's `rateLimit.telemetry.tracing`
+    /// sets it; the endpoint is OpenTelemetry's own `OTEL_EXPORTER_OTLP_ENDPOINT`,
+    /// which sluice reads as such. The other variables count only with
+    /// `TRACING_ENABLED=true`, as there.
+    fn tracing(&mut self) -> Result<(), Refusal> {
+        if !self.truthy("TRACING_ENABLED")? {
+            return Ok(());
+        }
+        self.flag("--tracing", None);
+        let protocol = match self.get("TRACING_EXPORTER_PROTOCOL") {
+            None => "http/protobuf",
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "http" => "http/protobuf",
+                "grpc" => "grpc",
+                _ => {
+                    return Err(refuse(
+                        "TRACING_EXPORTER_PROTOCOL",
+                        v,
+                        "expected http or grpc",
+                    ))
+                }
+            },
+        };
+        self.flag("--otlp-protocol", Some(protocol.into()));
+        if let Some(v) = self.get("TRACING_SERVICE_NAME").map(String::from) {
+            self.flag("--tracing-service-name", Some(v));
+        }
+        let mut resource = Vec::new();
+        for (var, attribute) in [
+            ("TRACING_SERVICE_NAMESPACE", "service.namespace"),
+            ("TRACING_SERVICE_INSTANCE_ID", "service.instance.id"),
+        ] {
+            if let Some(v) = self.get(var) {
+                let v =
+                    percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC);
+                resource.push(format!("{attribute}={v}"));
+            }
+        }
+        if !resource.is_empty() {
+            self.flag("--tracing-resource-attributes", Some(resource.join(",")));
+        }
+        if let Some(v) = self.get("TRACING_SAMPLING_RATE") {
+            match v.trim().parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => {
+                    let v = v.trim().to_string();
+                    self.flag("--tracing-sampler-ratio", Some(v));
+                }
+                _ => {
+                    return Err(refuse(
+                        "TRACING_SAMPLING_RATE",
+                        v,
+                        "expected a number from 0 to 1",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn refuse(name: &str, value: &str, reason: &str) -> Refusal {
     Refusal {
         name: name.to_string(),
@@ -759,6 +820,86 @@ mod tests {
             ("PROMETHEUS_ADDR", ":19001"),
             ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
         ])
+    }
+
+    #[test]
+    fn envoy_gateways_tracing_becomes_these_flags() {
+        // What `rateLimit.telemetry.tracing` with `samplingRate: 50` adds.
+        let mut vars = envoy_gateway();
+        vars.extend(env(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-7d9f-x2x"),
+            ("TRACING_SAMPLING_RATE", "0.5"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-svc.observability:4318",
+            ),
+        ]));
+        let t = translate(&vars).unwrap();
+        let at = t.args.iter().position(|a| a == "--tracing").unwrap();
+        assert_eq!(
+            t.args[at..],
+            [
+                "--tracing",
+                "--otlp-protocol",
+                "http/protobuf",
+                "--tracing-service-name",
+                "envoy-ratelimit",
+                "--tracing-resource-attributes",
+                "service.namespace=envoy%2Dgateway%2Dsystem,service.instance.id=envoy%2Dratelimit%2D7d9f%2Dx2x",
+                "--tracing-sampler-ratio",
+                "0.5",
+            ]
+        );
+        assert_eq!(
+            t.warnings.len(),
+            2,
+            "no warning for tracing: {:?}",
+            t.warnings
+        );
+        // The flags parse into settings naming the same things.
+        let mut argv = vec!["sluice".to_string(), "serve".to_string()];
+        argv.extend(t.args.iter().cloned());
+        let cli = <crate::config::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let crate::config::Command::Serve(serve) = cli.command else {
+            panic!("not serve")
+        };
+        let get = |k: &str| vars.get(k).cloned();
+        let s = crate::trace::settings(&serve.tracing, &get)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.endpoint, "http://otel-svc.observability:4318/v1/traces");
+        assert_eq!(
+            s.resource,
+            [
+                ("service.name", "envoy-ratelimit"),
+                ("service.namespace", "envoy-gateway-system"),
+                ("service.instance.id", "envoy-ratelimit-7d9f-x2x"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+        assert_eq!(
+            s.sampler,
+            crate::trace::config::Sampler::ParentBased(crate::trace::config::Root::Ratio(0.5))
+        );
+        // Off unless enabled; a bad value is refused.
+        let mut off = envoy_gateway();
+        off.insert("TRACING_SAMPLING_RATE".into(), "0.5".into());
+        assert!(!translate(&off)
+            .unwrap()
+            .args
+            .contains(&"--tracing".to_string()));
+        let mut bad = vars.clone();
+        bad.insert("TRACING_SAMPLING_RATE".into(), "50".into());
+        assert_eq!(translate(&bad).unwrap_err().name, "TRACING_SAMPLING_RATE");
+        bad.insert("TRACING_SAMPLING_RATE".into(), "0.5".into());
+        bad.insert("TRACING_EXPORTER_PROTOCOL".into(), "zipkin".into());
+        assert_eq!(
+            translate(&bad).unwrap_err().name,
+            "TRACING_EXPORTER_PROTOCOL"
+        );
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub enum EnvCompat {
 #[derive(Debug, Clone, Args)]
 #[command(args_override_self = true)]
 pub struct Serve {
+    /// OpenTelemetry tracing (off unless asked for; see docs/tracing.md).
+    #[command(flatten)]
+    pub tracing: crate::trace::TracingArgs,
     /// Also read envoyproxy/ratelimit's environment variables (`erl`), as when
     /// started as `ratelimit`; a flag or SLUICE_* variable of the same setting wins.
     #[arg(long, env = "SLUICE_ENV_COMPAT", value_enum)]

@@ -87,7 +87,10 @@ async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
     }
 }
 
-async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn metrics<S: Store>(
+    State(admin): State<Arc<Admin<S>>>,
+    request_headers: axum::http::HeaderMap,
+) -> Response {
     let store = admin.service.limiter.store();
     admin
         .service
@@ -105,6 +108,24 @@ async fn metrics<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         .service
         .metrics
         .set_active_bans(penalties.active_count());
+    // OpenMetrics (with exemplars) to a scraper that asks for it (Prometheus does by
+    // default) while tracing is on; otherwise the format every scraper reads.
+    let openmetrics = admin.service.metrics.has_exemplars()
+        && request_headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        return (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            admin.service.metrics.render_openmetrics(),
+        )
+            .into_response();
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         admin.service.metrics.render(),

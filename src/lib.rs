@@ -19,3 +19,4 @@ pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod trace;

@@ -24,6 +24,7 @@ use crate::store::redis::Options as RedisOptions;
 use crate::store::{Demand, MemoryDemand, MemoryStore, RedisStore, Report, Store};
 use crate::telemetry::Metrics;
 use crate::tls::{Tls, TlsFiles, TlsListener};
+use crate::trace::Tracer;
 
 /// Runs the service until `shutdown` resolves, then drains in-flight calls.
 /// How values are hashed in counter keys: under the operator's secret when one is
@@ -214,6 +215,8 @@ where
     for t in grpc_tls.iter().chain(&http_tls).chain(&admin_tls) {
         tokio::spawn(t.clone().watch(cfg.reload_interval, stopped()));
     }
+    // Bad OTEL_* values stop start-up too; nothing connects to the collector yet.
+    let tracer = start_tracing(cfg, metrics)?;
     let grpc_listener = bind(cfg.grpc_addr).await?;
     let http_listener = bind(cfg.http_addr).await?;
     let grpc_addr = grpc_listener.local_addr()?;
@@ -241,7 +244,9 @@ where
             ..QuotaSettings::default()
         },
     );
-    let handler = Grpc::new(service.clone(), serving_rx).with_quotas(quotas);
+    let handler = Grpc::new(service.clone(), serving_rx)
+        .with_quotas(quotas)
+        .with_tracer(tracer.clone());
     let mut grpc = grpc_server::Server::new(handler).settings(grpc_server::Settings {
         max_message: cfg.max_request_bytes,
         keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
@@ -262,6 +267,7 @@ where
             admin_tls.clone(),
             cfg.handshake_timeout,
             stop_tx.subscribe(),
+            tracer.clone(),
         );
         tokio::spawn(async move {
             if let Err(e) = run.await {
@@ -344,7 +350,34 @@ where
     {
         tracing::warn!("grace period over; exiting with calls still in flight");
     }
+    if let Some(tracer) = tracer {
+        // The last spans, within a bound of their own: a collector that is down
+        // must not hold the exit.
+        tracer.stop(std::time::Duration::from_secs(2)).await;
+    }
     Ok(())
+}
+
+/// The tracer `cfg` and the `OTEL_*` variables ask for, if any.
+fn start_tracing(cfg: &Serve, metrics: &Metrics) -> anyhow::Result<Option<Arc<Tracer>>> {
+    let env = |name: &str| std::env::var(name).ok();
+    let Some(settings) = crate::trace::settings(&cfg.tracing, &env)? else {
+        return Ok(None);
+    };
+    let [exported, dropped, failed] = metrics.trace_spans();
+    let counters = crate::trace::Counters {
+        exported,
+        dropped,
+        failed,
+    };
+    let tracer = Tracer::start(&settings, counters)?;
+    tracing::info!(
+        endpoint = %settings.endpoint,
+        protocol = ?settings.protocol,
+        sampler = ?settings.sampler,
+        "tracing on"
+    );
+    Ok(Some(Arc::new(tracer)))
 }
 
 /// The soft limit on open files (`ulimit -n`), from /proc/self/limits; `None` when

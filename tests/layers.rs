@@ -24,6 +24,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // The HTTP/2 transport knows nothing of rate limits.
     ("grpc_server", &[]),
+    // Spans and their export know nothing of rate limits either.
+    ("trace", &[]),
     (
         "service",
         &[
@@ -35,6 +37,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "limiter",
             "telemetry",
             "grpc_server",
+            "trace",
         ],
     ),
     ("crd", &["policy"]),

@@ -21,6 +21,7 @@ pub mod explain;
 mod feed;
 pub mod policies;
 pub mod serve;
+mod traced;
 
 /// The messages and the `Admin` service, generated from `proto/` by build.rs.
 #[allow(clippy::all, missing_docs)]

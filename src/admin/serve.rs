@@ -11,7 +11,9 @@ use tonic::transport::Server;
 use crate::service::Service;
 use crate::store::Store;
 use crate::tls::{Tls, TlsListener};
+use crate::trace::Tracer;
 
+use super::traced::TraceLayer;
 use super::{pb, Admin, DESCRIPTORS, SERVICE_NAME};
 
 /// Serves the admin API on `listener` until `stop` turns true.
@@ -21,6 +23,7 @@ pub async fn run<S: Store>(
     tls: Option<Arc<Tls>>,
     handshake_timeout: Duration,
     stop: watch::Receiver<bool>,
+    tracer: Option<Arc<Tracer>>,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -43,6 +46,7 @@ pub async fn run<S: Store>(
         .expect("the admin descriptors decode");
     let admin = pb::admin_server::AdminServer::new(Admin::new(service, stop.clone()));
     let router = Server::builder()
+        .layer(TraceLayer(tracer))
         .add_service(admin)
         .add_service(health_service)
         .add_service(v1)

@@ -61,12 +61,14 @@ pub(super) async fn call<H: Handler>(
                 Some(since) => Deadline::since(t, since),
                 None => Deadline::at_once(t),
             });
-            unless_reset(&mut respond, handler.call(method, message, deadline)).await
+            let call = handler.call_with_headers(method, message, deadline, &parts.headers);
+            unless_reset(&mut respond, call).await
         }
         Kind::Streaming => {
             let deadline = timeout.map(Deadline::after);
             let messages = Messages::new(body, settings.max_message);
-            unless_reset(&mut respond, handler.stream(method, messages, deadline)).await
+            let call = handler.stream_with_headers(method, messages, deadline, &parts.headers);
+            unless_reset(&mut respond, call).await
         }
     };
     match answer {

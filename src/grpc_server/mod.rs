@@ -75,6 +75,29 @@ pub trait Handler: Send + Sync + 'static {
         deadline: Option<Deadline>,
     ) -> impl Future<Output = Result<Reply, GrpcError>> + Send;
 
+    /// [`Handler::call`], given the call's request headers too (a handler that
+    /// reads the trace context). By default the headers are not looked at.
+    fn call_with_headers(
+        &self,
+        method: Self::Method,
+        message: Bytes,
+        deadline: Option<Deadline>,
+        _headers: &http::HeaderMap,
+    ) -> impl Future<Output = Result<Reply, GrpcError>> + Send {
+        self.call(method, message, deadline)
+    }
+
+    /// [`Handler::stream`], given the call's request headers too.
+    fn stream_with_headers(
+        &self,
+        method: Self::Method,
+        messages: Messages,
+        deadline: Option<Deadline>,
+        _headers: &http::HeaderMap,
+    ) -> impl Future<Output = Result<Reply, GrpcError>> + Send {
+        self.stream(method, messages, deadline)
+    }
+
     /// A [`Kind::Streaming`] call: the request messages as they arrive.
     fn stream(
         &self,

@@ -16,6 +16,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use crate::grpc_server::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
 use crate::store::Store;
+use crate::trace::{self, Call, Tracer};
 
 use super::decode::Request;
 use super::reflection::{self, Reflection};
@@ -26,6 +27,9 @@ use super::{store_wait, Service};
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+/// The span of a `ShouldRateLimit` call, named as OpenTelemetry's RPC conventions
+/// name a server span (`package.Service/Method`).
+const SHOULD_RATE_LIMIT_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// The service name health checks may ask about, besides "" (the whole server).
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
@@ -37,6 +41,8 @@ pub struct Grpc<S> {
     pub serving: watch::Receiver<bool>,
     reflection: Reflection,
     quotas: Arc<Quotas<S>>,
+    /// Set when tracing is on; `None` costs the request path one branch.
+    tracer: Option<Arc<Tracer>>,
 }
 
 impl<S: Store> Grpc<S> {
@@ -51,7 +57,14 @@ impl<S: Store> Grpc<S> {
             serving,
             reflection: Reflection::new(),
             quotas: Arc::new(quotas),
+            tracer: None,
         }
+    }
+
+    /// Traces each `ShouldRateLimit` call with `tracer`.
+    pub fn with_tracer(mut self, tracer: Option<Arc<Tracer>>) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// Serves RLQS with `quotas` (its settings and demand table).
@@ -94,7 +107,7 @@ impl<S: Store> Handler for Grpc<S> {
         deadline: Option<Deadline>,
     ) -> Result<Reply, GrpcError> {
         match method {
-            Method::ShouldRateLimit => self.should_rate_limit(&message, deadline).await,
+            Method::ShouldRateLimit => self.should_rate_limit(&message, deadline, None).await,
             Method::HealthCheck => {
                 health_service(&message)?;
                 Ok(Reply::One(health(*self.serving.borrow())))
@@ -123,6 +136,46 @@ impl<S: Store> Handler for Grpc<S> {
         }
     }
 
+    async fn call_with_headers(
+        &self,
+        method: Method,
+        message: Bytes,
+        deadline: Option<Deadline>,
+        headers: &http::HeaderMap,
+    ) -> Result<Reply, GrpcError> {
+        match (&self.tracer, method) {
+            (Some(tracer), Method::ShouldRateLimit) => {
+                let call = tracer.call(SHOULD_RATE_LIMIT_SPAN, headers);
+                self.traced(call, &message, deadline).await
+            }
+            _ => self.call(method, message, deadline).await,
+        }
+    }
+
+    async fn stream_with_headers(
+        &self,
+        method: Method,
+        messages: Messages,
+        deadline: Option<Deadline>,
+        headers: &http::HeaderMap,
+    ) -> Result<Reply, GrpcError> {
+        match (&self.tracer, method) {
+            (Some(tracer), Method::StreamRateLimitQuotas) => {
+                let parent = trace::context::parent(headers);
+                let traced = rlqs::Traced {
+                    tracer: tracer.clone(),
+                    parent,
+                };
+                Ok(rlqs::serve_traced(
+                    self.quotas.clone(),
+                    messages,
+                    Some(traced),
+                ))
+            }
+            _ => self.stream(method, messages, deadline).await,
+        }
+    }
+
     async fn stream(
         &self,
         method: Method,
@@ -147,10 +200,50 @@ impl<S: Store> Handler for Grpc<S> {
 }
 
 impl<S: Store> Grpc<S> {
+    /// `ShouldRateLimit` in its span: the decision's attributes on it, the gRPC
+    /// status, and the trace id on the logs written meanwhile.
+    async fn traced(
+        &self,
+        mut call: Call,
+        message: &[u8],
+        deadline: Option<Deadline>,
+    ) -> Result<Reply, GrpcError> {
+        if !call.recording() {
+            return self.should_rate_limit(message, deadline, None).await;
+        }
+        call.set("rpc.system", "grpc");
+        call.set("rpc.service", SERVICE_NAME);
+        call.set("rpc.method", "ShouldRateLimit");
+        let answer = match call.trace_id() {
+            Some(id) => {
+                let log = tracing::info_span!("ShouldRateLimit", trace_id = %trace::hex(id));
+                tracing::Instrument::instrument(
+                    self.should_rate_limit(message, deadline, Some(&mut call)),
+                    log,
+                )
+                .await
+            }
+            None => {
+                self.should_rate_limit(message, deadline, Some(&mut call))
+                    .await
+            }
+        };
+        let code = match &answer {
+            Ok(_) => Code::Ok,
+            Err(e) => {
+                call.error(e.message.clone());
+                e.code
+            }
+        };
+        call.set("rpc.grpc.status_code", code as i64);
+        answer
+    }
+
     async fn should_rate_limit(
         &self,
         message: &[u8],
         deadline: Option<Deadline>,
+        call: Option<&mut Call>,
     ) -> Result<Reply, GrpcError> {
         // Read in place; prost decodes what the fast reader leaves to it.
         let decoded;
@@ -178,7 +271,15 @@ impl<S: Store> Grpc<S> {
             Some(left) => Some(store_wait(left)),
             None => None,
         };
-        match self.service.should_rate_limit(&req, wait).await {
+        let decided = match call {
+            None => self.service.should_rate_limit(&req, wait).await,
+            Some(call) => {
+                self.service
+                    .should_rate_limit_traced(&req, wait, call)
+                    .await
+            }
+        };
+        match decided {
             Ok(outcome) => match outcome.error_answer() {
                 // envoyproxy/ratelimit's answer to a Redis error: a plain Go error,
                 // which gRPC sends as UNKNOWN; Envoy's failure_mode_deny decides.

@@ -12,6 +12,7 @@ use crate::policy::Unit;
 use crate::store::{Spend, Store};
 use crate::telemetry::striped::Stripes;
 use crate::telemetry::Metrics;
+use crate::trace::Call;
 
 pub mod decode;
 pub mod grpc;
@@ -20,6 +21,7 @@ pub mod json;
 pub mod reflection;
 pub mod response;
 pub mod rlqs;
+pub mod span;
 pub mod tap;
 
 pub use headers::HeaderStyle;
@@ -214,11 +216,33 @@ impl<S: Store> Service<S> {
         req: &decode::Request<'_>,
         wait: Option<Duration>,
     ) -> Result<Outcome, BadRequest> {
+        self.decide(req, wait, None).await
+    }
+
+    /// [`Service::should_rate_limit`], writing the decision onto `call`'s span.
+    pub async fn should_rate_limit_traced(
+        &self,
+        req: &decode::Request<'_>,
+        wait: Option<Duration>,
+        call: &mut Call,
+    ) -> Result<Outcome, BadRequest> {
+        self.decide(req, wait, Some(call)).await
+    }
+
+    async fn decide(
+        &self,
+        req: &decode::Request<'_>,
+        wait: Option<Duration>,
+        call: Option<&mut Call>,
+    ) -> Result<Outcome, BadRequest> {
         let started = self.latency.raw();
         let descriptors = match descriptors(req) {
             Ok(d) => d,
             Err(e) => {
                 self.metrics.bad_request();
+                if let Some(call) = call {
+                    call.error(e.0.clone());
+                }
                 return Err(e);
             }
         };
@@ -234,6 +258,22 @@ impl<S: Store> Service<S> {
             self.limiter.hashing(),
             took,
         );
+        // Tracing off: this one branch is all it costs.
+        if let Some(call) = call {
+            if call.recording() {
+                let keys = descriptors.iter().map(|d| d.entries);
+                span::decision(call, req.domain, keys, &outcome);
+                // Inside the call's log span, so the line carries the trace id.
+                tracing::debug!(
+                    domain = req.domain,
+                    over_limit = outcome.over_limit,
+                    "ShouldRateLimit decided"
+                );
+                if let Some(id) = call.trace_id() {
+                    self.metrics.exemplar(took, id);
+                }
+            }
+        }
         if self.tap.watched() {
             let hashing = self.limiter.hashing();
             self.tap

@@ -50,6 +50,7 @@ mod render;
 mod tests;
 
 pub mod erl;
+pub mod exemplar;
 pub mod limits;
 pub mod ratio;
 pub mod rlqs;
@@ -252,6 +253,8 @@ pub struct Metrics {
     bad_requests: IntCounter,
     expired_calls: IntCounter,
     decision_seconds: Histogram,
+    /// Trace ids of sampled calls per `decision_seconds` bucket (OpenMetrics only).
+    exemplars: exemplar::Exemplars,
     store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
     tls_reloads: IntCounterVec,
@@ -283,6 +286,7 @@ pub struct Metrics {
     /// `sluice_store_errors_total`; keeping the two apart means neither double counts.
     store_failures: OnceLock<IntCounter>,
     store_failures_vec: IntCounterVec,
+    trace_spans: OnceLock<IntCounterVec>,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
     refusing: AtomicBool,
@@ -487,6 +491,7 @@ impl Metrics {
             bad_requests,
             expired_calls,
             decision_seconds: Histogram::default(),
+            exemplars: Default::default(),
             store_errors,
             policy_reloads,
             tls_reloads,
@@ -506,6 +511,7 @@ impl Metrics {
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
             store_failures_vec,
+            trace_spans: OnceLock::new(),
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
@@ -514,6 +520,36 @@ impl Metrics {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// A sampled call's trace id, as the exemplar of its `sluice_decision_seconds`
+    /// bucket.
+    pub fn exemplar(&self, took: Duration, trace_id: [u8; 16]) {
+        self.exemplars.offer(took, trace_id, self.clock.now());
+    }
+
+    /// Whether tracing is on, so exemplars may exist ([`Metrics::trace_spans`] was
+    /// called).
+    pub fn has_exemplars(&self) -> bool {
+        self.trace_spans.get().is_some()
+    }
+
+    /// `sluice_trace_spans_total`'s counters (exported, dropped, failed), registered
+    /// on first use: the series exist only when tracing is on.
+    pub fn trace_spans(&self) -> [IntCounter; 3] {
+        let vec = self.trace_spans.get_or_init(|| {
+            let vec = IntCounterVec::new(
+                prometheus::Opts::new(
+                    "sluice_trace_spans_total",
+                    "Finished trace spans: exported, dropped (the export queue was full) or failed (the collector did not take their batch).",
+                ),
+                &["result"],
+            )
+            .expect("valid metric");
+            let _ = self.registry.register(Box::new(vec.clone()));
+            vec
+        });
+        ["exported", "dropped", "failed"].map(|r| vec.with_label_values(&[r]))
     }
 
     /// Counts as near its limit (`sluice_near_limit_total`) an admitted descriptor

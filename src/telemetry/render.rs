@@ -45,6 +45,17 @@ impl Metrics {
         out
     }
 
+    /// The same metrics in the OpenMetrics text format (what a scraper asking for
+    /// `application/openmetrics-text` gets), with the trace ids of sampled calls as
+    /// exemplars on `sluice_decision_seconds`' buckets. The prometheus crate has no
+    /// exemplars and speaks only the 0.0.4 format, so this rewrites that text:
+    /// a counter family is declared without its `_total` suffix (its samples keep
+    /// it), a counter whose name lacks the suffix is declared `unknown` (so its
+    /// series keep their names), `untyped` becomes `unknown`, and `# EOF` ends it.
+    pub fn render_openmetrics(&self) -> String {
+        openmetrics(&self.render(), &self.exemplars.get())
+    }
+
     /// Writes the striped families in the text format.
     fn render_striped(&self, out: &mut String) {
         use std::fmt::Write;
@@ -208,4 +219,63 @@ impl Metrics {
         }
         text
     }
+}
+
+/// `text` (the 0.0.4 format) as OpenMetrics, with `exemplars` (one per bucket of
+/// `sluice_decision_seconds`, `+Inf` last) on that histogram's bucket lines.
+pub(super) fn openmetrics(text: &str, exemplars: &[Option<exemplar::Exemplar>]) -> String {
+    use std::fmt::Write;
+    let mut types: HashMap<&str, &str> = HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, ty)) = rest.split_once(' ') {
+                types.insert(name, ty);
+            }
+        }
+    }
+    // The family name and type a 0.0.4 family is declared with in OpenMetrics.
+    let declared = |name: &str| -> (String, &'static str) {
+        match types.get(name).copied() {
+            Some("counter") => match name.strip_suffix("_total") {
+                Some(base) => (base.to_string(), "counter"),
+                None => (name.to_string(), "unknown"),
+            },
+            Some("gauge") => (name.to_string(), "gauge"),
+            Some("histogram") => (name.to_string(), "histogram"),
+            Some("summary") => (name.to_string(), "summary"),
+            _ => (name.to_string(), "unknown"),
+        }
+    };
+    let mut out = String::with_capacity(text.len() + 1024);
+    let mut bucket = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            let _ = writeln!(out, "# HELP {} {help}", declared(name).0);
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split_once(' ').map_or(rest, |(n, _)| n);
+            let (family, ty) = declared(name);
+            let _ = writeln!(out, "# TYPE {family} {ty}");
+        } else if line.starts_with('#') || line.is_empty() {
+            continue;
+        } else if line.starts_with("sluice_decision_seconds_bucket{") {
+            out.push_str(line);
+            if let Some(Some(e)) = exemplars.get(bucket) {
+                let _ = write!(
+                    out,
+                    " # {{trace_id=\"{:032x}\"}} {} {:.3}",
+                    u128::from_be_bytes(e.trace_id),
+                    e.seconds,
+                    e.at
+                );
+            }
+            bucket += 1;
+            out.push('\n');
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str("# EOF\n");
+    out
 }

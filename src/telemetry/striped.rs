@@ -124,6 +124,15 @@ pub const LATENCY_BOUNDS: [f64; BOUNDS_NANOS.len()] = {
     seconds
 };
 
+/// The bucket (an index into [`LATENCY_BOUNDS`], or its length for `+Inf`) of a
+/// duration in nanoseconds.
+pub fn bucket_of(nanos: u64) -> usize {
+    BOUNDS_NANOS
+        .iter()
+        .position(|b| nanos <= *b)
+        .unwrap_or(BOUNDS_NANOS.len())
+}
+
 /// One stripe of a latency histogram: a count per bucket (the last is `+Inf`), the
 /// total count and the sum in nanoseconds.
 #[derive(Debug, Default)]
@@ -148,10 +157,7 @@ impl Histogram {
     pub fn observe(&self, took: Duration) {
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         let (slot, owned) = self.0.local();
-        let i = BOUNDS_NANOS
-            .iter()
-            .position(|b| nanos <= *b)
-            .unwrap_or(BOUNDS_NANOS.len());
+        let i = bucket_of(nanos);
         add(&slot.buckets[i], owned, 1);
         add(&slot.sum_nanos, owned, nanos);
     }

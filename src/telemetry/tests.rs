@@ -426,3 +426,31 @@ fn store_errors_are_counted_per_shard_and_kind_from_zero() {
         r#"sluice_store_errors_total{kind="connection",shard="10.0.0.1:6379",store="redis"} 0"#
     ));
 }
+
+#[test]
+fn openmetrics_declares_counters_without_total_and_carries_exemplars() {
+    let text = "# HELP a_total Things.\n# TYPE a_total counter\na_total 3\n\
+                # HELP b Odd counter.\n# TYPE b counter\nb 1\n\
+                # HELP c Level.\n# TYPE c gauge\nc{x=\"y\"} 2\n\
+                # HELP sluice_decision_seconds Time.\n# TYPE sluice_decision_seconds histogram\n\
+                sluice_decision_seconds_bucket{le=\"0.00005\"} 1\n\
+                sluice_decision_seconds_bucket{le=\"+Inf\"} 2\n\
+                sluice_decision_seconds_sum 0.1\nsluice_decision_seconds_count 2\n";
+    let exemplars = [
+        None,
+        Some(super::exemplar::Exemplar {
+            trace_id: [0xab; 16],
+            seconds: 0.09,
+            at: 1700000000.5,
+        }),
+    ];
+    let om = super::render::openmetrics(text, &exemplars);
+    let want = "# HELP a Things.\n# TYPE a counter\na_total 3\n\
+                # HELP b Odd counter.\n# TYPE b unknown\nb 1\n\
+                # HELP c Level.\n# TYPE c gauge\nc{x=\"y\"} 2\n\
+                # HELP sluice_decision_seconds Time.\n# TYPE sluice_decision_seconds histogram\n\
+                sluice_decision_seconds_bucket{le=\"0.00005\"} 1\n\
+                sluice_decision_seconds_bucket{le=\"+Inf\"} 2 # {trace_id=\"abababababababababababababababab\"} 0.09 1700000000.500\n\
+                sluice_decision_seconds_sum 0.1\nsluice_decision_seconds_count 2\n# EOF\n";
+    assert_eq!(om, want);
+}

@@ -276,6 +276,34 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
           name: {{ $v.hashSecret.existingSecret }}
           key: {{ $v.hashSecret.key }}
     {{- end }}
+    {{- with $v.tracing }}
+    {{- if .enabled }}
+    - name: SLUICE_TRACING
+      value: "true"
+    {{- with .endpoint }}
+    - name: SLUICE_OTLP_ENDPOINT
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with .protocol }}
+    - name: SLUICE_OTLP_PROTOCOL
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with .samplerRatio }}
+    - name: SLUICE_TRACING_SAMPLER_RATIO
+      value: {{ . | quote }}
+    {{- end }}
+    - name: SLUICE_POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: SLUICE_POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: SLUICE_TRACING_RESOURCE_ATTRIBUTES
+      value: "k8s.pod.name=$(SLUICE_POD_NAME),k8s.namespace.name=$(SLUICE_POD_NAMESPACE)"
+    {{- end }}
+    {{- end }}
     {{- with $v.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -27,7 +27,7 @@ mod stream;
 pub use bucket::{govern, Governed};
 pub use peers::{Nudge, Peers};
 pub use share::Assignment;
-pub use stream::{serve, Stream};
+pub use stream::{serve, serve_traced, Stream, Traced};
 
 /// The method on the gRPC port.
 pub const STREAM_RATE_LIMIT_QUOTAS: &str =

@@ -33,6 +33,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use futures::StreamExt;
+use opentelemetry::KeyValue;
 use prost::Message;
 use tokio::sync::mpsc;
 
@@ -41,6 +42,8 @@ use crate::grpc_server::{frame, Code, GrpcError, Messages, Reply};
 use crate::policy::{FailureMode, Policy};
 use crate::store::Store;
 use crate::telemetry::rlqs::AssignmentKind;
+use crate::trace::context::Parent;
+use crate::trace::{Call, Tracer};
 
 use super::bucket::{govern, Governed};
 use super::peers::{Nudge, INBOX};
@@ -91,43 +94,116 @@ enum Event {
 /// peer's nudge that moves a share with one more; a bad message ends the stream
 /// with INVALID_ARGUMENT.
 pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
+    serve_traced(quotas, messages, None)
+}
+
+/// Tracing of a stream's reports: each gets a span, the child of the trace context
+/// the stream opened with.
+#[derive(Debug, Clone)]
+pub struct Traced {
+    pub tracer: Arc<Tracer>,
+    pub parent: Option<Parent>,
+}
+
+/// The span of one report's answer.
+const REPORT_SPAN: &str =
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+/// [`serve`], with a span per report when `traced`.
+pub fn serve_traced<S: Store>(
+    quotas: Arc<Quotas<S>>,
+    messages: Messages,
+    traced: Option<Traced>,
+) -> Reply {
     let mut stream = Stream::new(quotas);
     let inbox = stream.inbox.take().expect("a new stream holds its inbox");
     let start = Some((messages, inbox, stream));
-    let answers = futures::stream::unfold(start, |state| async move {
-        let (mut messages, mut inbox, mut stream) = state?;
-        let answer = loop {
-            // Reports first: a report answers for every bucket anyway.
-            let event = tokio::select! {
-                biased;
-                m = messages.next() => Event::Message(m?),
-                Some(n) = inbox.recv() => Event::Nudge(n),
-            };
-            match event {
-                Event::Message(Ok(m)) => match decode(&m) {
-                    Ok(reports) => break stream.answer(reports).await,
-                    Err(e) => break Err(e),
-                },
-                Event::Message(Err(e)) => break Err(e),
-                Event::Nudge(n) => {
-                    if let Some(pushed) = stream.nudged(&n) {
-                        break Ok(pushed);
+    let answers = futures::stream::unfold(start, move |state| {
+        let traced = traced.clone();
+        async move {
+            let (mut messages, mut inbox, mut stream) = state?;
+            let answer = loop {
+                // Reports first: a report answers for every bucket anyway.
+                let event = tokio::select! {
+                    biased;
+                    m = messages.next() => Event::Message(m?),
+                    Some(n) = inbox.recv() => Event::Nudge(n),
+                };
+                match event {
+                    Event::Message(Ok(m)) => match decode(&m) {
+                        Ok(reports) => {
+                            let Some(t) = &traced else {
+                                break stream.answer(reports).await;
+                            };
+                            let mut call = t.tracer.call_with_parent(REPORT_SPAN, t.parent);
+                            let buckets = reports.bucket_quota_usages.len();
+                            let answer = stream.answer(reports).await;
+                            if call.recording() {
+                                report_span(&mut call, stream.domain.as_deref(), buckets, &answer);
+                            }
+                            break answer;
+                        }
+                        Err(e) => break Err(e),
+                    },
+                    Event::Message(Err(e)) => break Err(e),
+                    Event::Nudge(n) => {
+                        if let Some(pushed) = stream.nudged(&n) {
+                            break Ok(pushed);
+                        }
                     }
                 }
-            }
-        };
-        Some(match answer {
-            Ok(response) => (Ok(frame(&response)), Some((messages, inbox, stream))),
-            // The error ends the call; nothing is read after it.
-            Err(e) => {
-                if e.code == Code::InvalidArgument {
-                    stream.quotas.service.metrics.bad_request();
+            };
+            Some(match answer {
+                Ok(response) => (Ok(frame(&response)), Some((messages, inbox, stream))),
+                // The error ends the call; nothing is read after it.
+                Err(e) => {
+                    if e.code == Code::InvalidArgument {
+                        stream.quotas.service.metrics.bad_request();
+                    }
+                    (Err(e), None)
                 }
-                (Err(e), None)
-            }
-        })
+            })
+        }
     });
     Reply::Stream(answers.boxed())
+}
+
+/// A report's answer on its span: the domain, how many buckets, and one event per
+/// bucket with the assignment it got. Bucket ids are what Envoy's matchers took from
+/// requests (client values), so they stay out, as descriptor values do.
+fn report_span(
+    call: &mut Call,
+    domain: Option<&str>,
+    buckets: usize,
+    answer: &Result<RateLimitQuotaResponse, GrpcError>,
+) {
+    call.set("rpc.system", "grpc");
+    call.set(
+        "rpc.service",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    );
+    call.set("rpc.method", "StreamRateLimitQuotas");
+    if let Some(d) = domain {
+        call.set("ratelimit.domain", d.to_string());
+    }
+    call.set("ratelimit.buckets", buckets as i64);
+    match answer {
+        Ok(response) => {
+            for (i, a) in response.bucket_action.iter().enumerate() {
+                let Some(action) = &a.bucket_action else {
+                    continue;
+                };
+                call.event(
+                    "ratelimit.bucket",
+                    vec![
+                        KeyValue::new("ratelimit.bucket.index", i as i64),
+                        KeyValue::new("ratelimit.assignment", kind(action).as_str()),
+                    ],
+                );
+            }
+        }
+        Err(e) => call.error(e.message.clone()),
+    }
 }
 
 impl<S: Store> Stream<S> {

@@ -1,0 +1,396 @@
+//! A decision written onto its call's span: `ratelimit.*` attributes for the
+//! request and the descriptor that decided it, and one `ratelimit.descriptor`
+//! event per descriptor.
+//!
+//! Never a descriptor's value: values are what clients send (addresses, user ids,
+//! API keys), and traces are kept longer and read more widely than the service's
+//! own state. A span names the rule (its keys from the root, `tenant/path`, as the
+//! metrics do), the entries' keys, the algorithm and the numbers; which client it
+//! was is left to the request's own logs and spans upstream.
+
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+
+use crate::limiter::{Ban, Outcome, Status};
+use crate::policy::FailureMode;
+use crate::trace::Call;
+
+/// What became of one descriptor, as `sluice_requests_total`'s `outcome` label says.
+fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
+    let shadow = outcome.rule(s).is_some_and(|r| r.shadow_mode);
+    match (&outcome.failure, s.verdict) {
+        _ if s.rule.is_none() && s.limit_override.is_none() => "unmatched",
+        _ if s.ban == Ban::Active => "banned",
+        _ if s.ban == Ban::Blocked => "blocked",
+        _ if s.shed => "shed",
+        (Some(f), _) if f.mode == FailureMode::Open => "failed_open",
+        (Some(_), _) => "failed_closed",
+        (None, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
+        (None, _) if s.over_limit => "over_limit",
+        _ => "ok",
+    }
+}
+
+/// Writes `outcome` of a request to `domain` with these descriptors' keys onto
+/// `call`.
+pub fn decision<'a>(
+    call: &mut Call,
+    domain: &str,
+    keys: impl Iterator<Item = &'a [(&'a str, &'a str)]>,
+    outcome: &Outcome,
+) {
+    call.set("ratelimit.domain", domain.to_string());
+    call.set(
+        "ratelimit.outcome",
+        if outcome.over_limit {
+            "over_limit"
+        } else {
+            "ok"
+        },
+    );
+    call.set("ratelimit.descriptors", outcome.statuses.len() as i64);
+    if !outcome.domain_known {
+        call.set("ratelimit.domain_known", false);
+    }
+    if let Some(f) = &outcome.failure {
+        call.set(
+            "ratelimit.failure_mode",
+            match f.mode {
+                FailureMode::Open => "open",
+                FailureMode::Closed => "closed",
+            },
+        );
+        call.set("ratelimit.store", f.store);
+    }
+    // The descriptor that decided: the first one over its limit, else the one with
+    // the least room left.
+    let deciding = outcome
+        .statuses
+        .iter()
+        .position(|s| s.over_limit)
+        .or_else(|| {
+            outcome
+                .statuses
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| Some((i, s.verdict?.remaining)))
+                .min_by_key(|(_, r)| *r)
+                .map(|(i, _)| i)
+        });
+    let mut keys = keys;
+    for (i, s) in outcome.statuses.iter().enumerate() {
+        let mut attributes = Vec::with_capacity(8);
+        attributes.push(KeyValue::new("ratelimit.descriptor.index", i as i64));
+        if let Some(entries) = keys.next() {
+            // Keys only: `remote_address`, never the address.
+            let names = entries
+                .iter()
+                .map(|(k, _)| StringValue::from(k.to_string()))
+                .collect();
+            attributes.push(KeyValue::new(
+                "ratelimit.descriptor.keys",
+                Value::Array(Array::String(names)),
+            ));
+        }
+        let what = outcome_of(outcome, s);
+        attributes.push(KeyValue::new("ratelimit.descriptor.outcome", what));
+        attributes.push(KeyValue::new("ratelimit.hits", s.hits as i64));
+        let rule = outcome.rule(s);
+        if let Some(rule) = rule {
+            attributes.push(KeyValue::new("ratelimit.rule", rule.path.clone()));
+            if let Some(name) = &rule.name {
+                attributes.push(KeyValue::new("ratelimit.rule.name", name.clone()));
+            }
+            if let Some(limit) = &rule.limit {
+                attributes.push(KeyValue::new(
+                    "ratelimit.algorithm",
+                    limit.algorithm.as_str(),
+                ));
+                attributes.push(KeyValue::new("ratelimit.limit", limit.requests as i64));
+            }
+        }
+        if let Some(v) = s.verdict {
+            attributes.push(KeyValue::new(
+                "ratelimit.remaining",
+                v.remaining.min(i64::MAX as u64) as i64,
+            ));
+        }
+        if Some(i) == deciding {
+            call.set("ratelimit.hits", s.hits as i64);
+            call.set("ratelimit.descriptor.outcome", what);
+            if let Some(rule) = rule {
+                call.set("ratelimit.rule", rule.path.clone());
+                if let Some(limit) = &rule.limit {
+                    call.set("ratelimit.algorithm", limit.algorithm.as_str());
+                    call.set("ratelimit.limit", limit.requests as i64);
+                }
+            }
+            if let Some(v) = s.verdict {
+                call.set(
+                    "ratelimit.remaining",
+                    v.remaining.min(i64::MAX as u64) as i64,
+                );
+            }
+        }
+        call.event("ratelimit.descriptor", attributes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        rate_limit_descriptor::Entry, RateLimitDescriptor,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use opentelemetry::trace::{SpanId, SpanKind, Status as SpanStatus, TraceId};
+    use opentelemetry::Value;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+    use prost::Message;
+    use tokio::sync::watch;
+
+    use crate::clock::ManualClock;
+    use crate::grpc_server::{Handler, Reply};
+    use crate::limiter::test_limiter;
+    use crate::service::grpc::{Grpc, Method};
+    use crate::service::{HeaderStyle, Service};
+    use crate::store::MemoryStore;
+    use crate::telemetry::Metrics;
+    use crate::trace::{Counters, Tracer, TracingArgs};
+
+    const POLICY: &str = "domain: shop\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    const SECRET: &str = "alice-7731-secret";
+
+    #[derive(Debug, Clone, Default)]
+    struct Collector(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Collector {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    struct Fixture {
+        grpc: Grpc<MemoryStore>,
+        tracer: Arc<Tracer>,
+        spans: Collector,
+        metrics: Arc<Metrics>,
+        _serving: watch::Sender<bool>,
+    }
+
+    fn fixture(env: &[(&str, &str)]) -> Fixture {
+        let clock = ManualClock::new(1_000 * crate::algorithm::SECOND);
+        let limiter = test_limiter(POLICY, &clock, Default::default());
+        let metrics = Arc::new(Metrics::new());
+        let service = Arc::new(Service::new(limiter, HeaderStyle::Off, metrics.clone()));
+        let (serving, rx) = watch::channel(true);
+        let args = TracingArgs {
+            tracing: true,
+            ..TracingArgs::default()
+        };
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        let settings = crate::trace::settings(&args, &get).unwrap().unwrap();
+        let [exported, dropped, failed] = metrics.trace_spans();
+        let spans = Collector::default();
+        let counters = Counters {
+            exported,
+            dropped,
+            failed,
+        };
+        let tracer = Arc::new(Tracer::start_with(&settings, spans.clone(), counters));
+        let grpc = Grpc::new(service, rx).with_tracer(Some(tracer.clone()));
+        Fixture {
+            grpc,
+            tracer,
+            spans,
+            metrics,
+            _serving: serving,
+        }
+    }
+
+    fn message(user: &str) -> Bytes {
+        let desc = |k: &str, v: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: k.into(),
+                value: v.into(),
+            }],
+            ..Default::default()
+        };
+        RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: vec![desc("remote_address", "10.1.2.3"), desc("user_id", user)],
+            hits_addend: 1,
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    async fn call(f: &Fixture, h: &http::HeaderMap) -> RateLimitResponse {
+        let reply = f
+            .grpc
+            .call_with_headers(Method::ShouldRateLimit, message(SECRET), None, h)
+            .await
+            .expect("answered");
+        let Reply::One(framed) = reply else {
+            panic!("a unary reply")
+        };
+        RateLimitResponse::decode(&framed[5..]).unwrap()
+    }
+
+    /// The spans exported once the queue is flushed.
+    async fn exported(f: &Fixture) -> Vec<SpanData> {
+        f.tracer.stop(Duration::from_secs(5)).await;
+        f.spans.0.lock().unwrap().clone()
+    }
+
+    fn attr(span: &SpanData, key: &str) -> Option<Value> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.clone())
+    }
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[tokio::test]
+    async fn a_sampled_call_is_the_child_of_its_traceparent_with_the_decision() {
+        let f = fixture(&[]);
+        let h = headers(&[("traceparent", PARENT)]);
+        let codes: Vec<i32> = [call(&f, &h).await, call(&f, &h).await, call(&f, &h).await]
+            .iter()
+            .map(|r| r.overall_code)
+            .collect();
+        assert_eq!(codes, [1, 1, 2], "OK, OK, OVER_LIMIT");
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 3);
+        let last = &spans[2];
+        assert_eq!(
+            last.name,
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        );
+        assert_eq!(last.span_kind, SpanKind::Server);
+        assert_eq!(
+            last.span_context.trace_id(),
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()
+        );
+        assert_eq!(
+            last.parent_span_id,
+            SpanId::from_hex("00f067aa0ba902b7").unwrap()
+        );
+        assert!(last.parent_span_is_remote);
+        for (key, want) in [
+            ("ratelimit.domain", Value::from("shop")),
+            ("ratelimit.outcome", Value::from("over_limit")),
+            ("ratelimit.rule", Value::from("user_id")),
+            ("ratelimit.algorithm", Value::from("fixed_window")),
+            ("ratelimit.limit", Value::I64(2)),
+            ("ratelimit.remaining", Value::I64(0)),
+            ("ratelimit.hits", Value::I64(1)),
+            ("ratelimit.descriptors", Value::I64(2)),
+            ("rpc.grpc.status_code", Value::I64(0)),
+        ] {
+            assert_eq!(attr(last, key), Some(want), "{key}");
+        }
+        assert_eq!(last.events.len(), 2, "one event per descriptor");
+        // No descriptor value anywhere in any span.
+        for s in &spans {
+            let text = format!("{:?} {:?}", s.attributes, s.events);
+            assert!(!text.contains(SECRET), "{text}");
+            assert!(!text.contains("10.1.2.3"), "{text}");
+            assert!(text.contains("remote_address"), "the keys are named");
+        }
+        assert_eq!(
+            attr(&spans[0], "ratelimit.outcome"),
+            Some(Value::from("ok"))
+        );
+        // The decision histogram's exemplar names the trace.
+        let om = f.metrics.render_openmetrics();
+        assert!(
+            om.contains("# {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"}"),
+            "{om}"
+        );
+    }
+
+    #[tokio::test]
+    async fn b3_headers_name_the_parent_too() {
+        let f = fixture(&[]);
+        let h = headers(&[("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1")]);
+        call(&f, &h).await;
+        let h = headers(&[
+            ("x-b3-traceid", "a3ce929d0e0e4736"),
+            ("x-b3-spanid", "00f067aa0ba902b7"),
+            ("x-b3-sampled", "1"),
+        ]);
+        call(&f, &h).await;
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 2);
+        assert_eq!(
+            spans[0].span_context.trace_id(),
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap()
+        );
+        assert_eq!(
+            spans[1].span_context.trace_id(),
+            TraceId::from_hex("0000000000000000a3ce929d0e0e4736").unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_parent_that_was_not_sampled_exports_nothing_and_decides_the_same() {
+        let f = fixture(&[]);
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let r = call(&f, &headers(&[("traceparent", unsampled)])).await;
+        assert_eq!(r.overall_code, 1);
+        assert!(exported(&f).await.is_empty());
+        assert!(!f.metrics.render_openmetrics().contains("trace_id"));
+    }
+
+    #[tokio::test]
+    async fn without_a_parent_the_root_sampler_decides() {
+        let f = fixture(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]);
+        call(&f, &http::HeaderMap::new()).await;
+        assert!(exported(&f).await.is_empty());
+        let f = fixture(&[]);
+        call(&f, &headers(&[("traceparent", "garbage")])).await;
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 1, "a malformed header starts a new trace");
+        assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_is_an_error_span() {
+        let f = fixture(&[]);
+        let h = headers(&[("traceparent", PARENT)]);
+        let bad = RateLimitRequest {
+            domain: String::new(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let err = f
+            .grpc
+            .call_with_headers(Method::ShouldRateLimit, bad.into(), None, &h)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(err.code, crate::grpc_server::Code::InvalidArgument);
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 1);
+        assert!(matches!(spans[0].status, SpanStatus::Error { .. }));
+        assert_eq!(attr(&spans[0], "rpc.grpc.status_code"), Some(Value::I64(3)));
+    }
+}

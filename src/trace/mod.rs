@@ -1,0 +1,221 @@
+//! OpenTelemetry traces of calls: one span per call, the child of the trace
+//! context the caller sent (W3C or B3, [`context`]), exported over OTLP (gRPC or
+//! HTTP/protobuf) through a bounded queue that never makes a call wait
+//! ([`export`]). Configured from flags and the standard `OTEL_*` variables
+//! ([`config`]).
+//!
+//! Off by default, and then nothing here runs: the server holds no [`Tracer`], and
+//! the request path's only cost is the branch on that `Option`. This module knows
+//! nothing of rate limits; the service writes its `ratelimit.*` attributes onto a
+//! [`Call`] (`service/span.rs`).
+//!
+//! Built on the `opentelemetry` API and SDK (ids, samplers, the span model) and
+//! `opentelemetry-otlp`'s exporter, the crates every OTel backend is tested with;
+//! not on `tracing-opentelemetry`, which would turn every `tracing` span into an
+//! OTel one: the request path has no `tracing` spans to bridge, and this keeps the
+//! one span per call explicit, with its parent set from the headers.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::trace::{self as sdk, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+
+pub mod config;
+pub mod context;
+pub mod export;
+
+pub use config::{settings, ConfigError, Settings, TracingArgs};
+pub use export::Counters;
+
+/// Makes the spans of calls, when tracing is on.
+#[derive(Debug)]
+pub struct Tracer {
+    tracer: sdk::SdkTracer,
+    /// Kept so the tracer's processor lives as long as the server.
+    _provider: SdkTracerProvider,
+    stopper: export::Stopper,
+}
+
+/// Why tracing could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("tracing: {0}")]
+pub struct StartError(String);
+
+impl Tracer {
+    /// Starts the export task (on the current Tokio runtime) and the tracer.
+    /// Nothing connects yet: an unreachable collector shows when the first batch
+    /// fails.
+    pub fn start(settings: &Settings, counters: Counters) -> Result<Tracer, StartError> {
+        Ok(Tracer::start_with(settings, exporter(settings)?, counters))
+    }
+
+    /// [`Tracer::start`] with another exporter than OTLP's (tests and benchmarks);
+    /// `settings`' endpoint and protocol are not used.
+    pub fn start_with<E: sdk::SpanExporter + 'static>(
+        settings: &Settings,
+        mut exporter: E,
+        counters: Counters,
+    ) -> Tracer {
+        let resource = Resource::builder_empty()
+            .with_attributes(
+                settings
+                    .resource
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+            )
+            .build();
+        exporter.set_resource(&resource);
+        let (queue, stopper) = export::start(
+            exporter,
+            settings.queue_size,
+            settings.batch_size,
+            settings.schedule_delay,
+            counters,
+        );
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(queue)
+            .with_sampler(sampler(settings.sampler))
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("sluice");
+        Tracer {
+            tracer,
+            _provider: provider,
+            stopper,
+        }
+    }
+
+    /// A server span named `name`, the child of the context in `headers` if any.
+    pub fn call(&self, name: impl Into<Cow<'static, str>>, headers: &http::HeaderMap) -> Call {
+        self.call_with_parent(name, context::parent(headers))
+    }
+
+    /// A server span named `name`, the child of `parent` if any (a stream's
+    /// messages each get one, all children of the context the stream opened with).
+    pub fn call_with_parent(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        parent: Option<context::Parent>,
+    ) -> Call {
+        let cx = match parent {
+            Some(p) => Context::new().with_remote_span_context(SpanContext::new(
+                TraceId::from_bytes(p.trace_id),
+                SpanId::from_bytes(p.span_id),
+                if p.sampled {
+                    TraceFlags::SAMPLED
+                } else {
+                    TraceFlags::default()
+                },
+                true,
+                TraceState::default(),
+            )),
+            None => Context::new(),
+        };
+        let span = self
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Server)
+            .start_with_context(&self.tracer, &cx);
+        Call { span }
+    }
+
+    /// Sends the spans still queued (at most `grace`) and stops exporting.
+    pub async fn stop(&self, grace: Duration) {
+        self.stopper.stop(grace).await;
+    }
+}
+
+/// One call's span; it ends when dropped.
+#[derive(Debug)]
+pub struct Call {
+    span: sdk::Span,
+}
+
+impl Call {
+    /// Whether this call is sampled: only then are attributes worth computing.
+    pub fn recording(&self) -> bool {
+        use opentelemetry::trace::Span as _;
+        self.span.is_recording()
+    }
+
+    /// The trace id, when sampled (for exemplars and logs).
+    pub fn trace_id(&self) -> Option<[u8; 16]> {
+        use opentelemetry::trace::Span as _;
+        let cx = self.span.span_context();
+        cx.is_sampled().then(|| cx.trace_id().to_bytes())
+    }
+
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        use opentelemetry::trace::Span as _;
+        self.span.set_attribute(KeyValue::new(key, value));
+    }
+
+    pub fn event(&mut self, name: &'static str, attributes: Vec<KeyValue>) {
+        use opentelemetry::trace::Span as _;
+        self.span.add_event(name, attributes);
+    }
+
+    /// Marks the call failed, with a message for the trace.
+    pub fn error(&mut self, message: String) {
+        use opentelemetry::trace::Span as _;
+        self.span.set_status(Status::error(message));
+    }
+}
+
+/// Formats a trace id as the 32 hex digits backends show.
+pub fn hex(id: [u8; 16]) -> String {
+    format!("{:032x}", u128::from_be_bytes(id))
+}
+
+fn sampler(s: config::Sampler) -> sdk::Sampler {
+    use config::{Root, Sampler as S};
+    let root = |r: Root| match r {
+        Root::AlwaysOn => sdk::Sampler::AlwaysOn,
+        Root::AlwaysOff => sdk::Sampler::AlwaysOff,
+        Root::Ratio(r) => sdk::Sampler::TraceIdRatioBased(r),
+    };
+    match s {
+        S::AlwaysOn => sdk::Sampler::AlwaysOn,
+        S::AlwaysOff => sdk::Sampler::AlwaysOff,
+        S::Ratio(r) => sdk::Sampler::TraceIdRatioBased(r),
+        S::ParentBased(r) => sdk::Sampler::ParentBased(Box::new(root(r))),
+    }
+}
+
+fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, StartError> {
+    let built = match settings.protocol {
+        config::Protocol::Grpc => {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            for (k, v) in &settings.headers {
+                let key =
+                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                        .map_err(|_| StartError(format!("{k:?} is not a gRPC metadata key")))?;
+                let value = v
+                    .parse()
+                    .map_err(|_| StartError(format!("the value of {k:?} is not valid metadata")))?;
+                metadata.insert(key, value);
+            }
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(settings.endpoint.clone())
+                .with_timeout(settings.timeout)
+                .with_metadata(metadata)
+                .build()
+        }
+        config::Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(settings.endpoint.clone())
+            .with_timeout(settings.timeout)
+            .with_headers(settings.headers.iter().cloned().collect())
+            .build(),
+    };
+    built.map_err(|e| StartError(format!("the OTLP exporter to {}: {e}", settings.endpoint)))
+}

