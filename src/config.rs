@@ -639,7 +639,7 @@ mod tests {
         let Command::Serve(s) = cli.command else {
             panic!("not serve")
         };
-        s
+        *s
     }
 
     #[test]
@@ -660,7 +660,10 @@ mod tests {
             assert_eq!(s.header_style(), style, "{flag}");
         }
         let bad = Cli::try_parse_from(["sluice", "serve", "--response-headers", "draft"]);
-        let err = bad.err().expect("refused").to_string();
+        let Err(err) = bad else {
+            panic!("--response-headers draft was accepted")
+        };
+        let err = err.to_string();
         assert!(err.contains("expected auto, off, draft03 or ietf"), "{err}");
     }
 
