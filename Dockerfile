@@ -1,21 +1,28 @@
-# syntax=docker/dockerfile:1
-#
-# Sluice container image: a Rust builder stage, then a distroless final stage that
+# Sluice container image: a Rust builder stage, then a distroless runtime stage that
 # holds the `sluice` binary only and runs as a non-root user. `/bin/ratelimit` links
 # to it, so the image also stands in Envoy Gateway's rate limit Deployment, which
-# runs `/bin/ratelimit` as uid 65534 on a read-only root filesystem (sluice writes
-# no file).
+# runs `/bin/ratelimit` as uid 65534 on a read-only root filesystem with every
+# capability dropped (sluice writes no file).
 #
 #   docker build -t sluice:dev .
 #   docker run --rm -p 8080:8080 -p 8081:8081 -v "$PWD/examples:/etc/sluice:ro" \
 #       sluice:dev serve --config /etc/sluice
 #
-# No container engine runs where Sluice is developed and tested, so this file is
-# checked by what can run there: scripts/check-image.py (called by scripts/test.sh)
-# holds its stubs against the workspace's targets and its Rust version against the
-# dependencies' `rust-version`. tests/e2e/kind.sh builds it where Docker exists.
+# Releases build it for linux/amd64 and linux/arm64 (.github/workflows/release.yml).
+# Where no registry can be reached, scripts/image-test.sh builds the runtime stage
+# from local layers (RUNTIME_BASE: a root made from Debian's packages; BINARY_FROM: a
+# binary built outside) and runs it as Envoy Gateway runs its rate limit container.
+# scripts/check-image.py holds the stubs below against the workspace's targets and
+# the Rust version against the dependencies' `rust-version`.
+# No `# syntax=` line: Docker's built-in frontend reads this file, so a build needs
+# no frontend image from a registry.
 
 ARG RUST_VERSION=1.89
+# The runtime stage's base: glibc, libgcc, CA certificates, time zones, no shell.
+ARG RUNTIME_BASE=gcr.io/distroless/cc-debian12:nonroot
+# Where the runtime stage takes /out (the binary and /bin/ratelimit) from: the build
+# stage, or an image holding that tree for a binary built outside.
+ARG BINARY_FROM=build
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
@@ -44,13 +51,16 @@ RUN touch src/main.rs src/lib.rs \
     && cp target/dist/sluice /out/usr/local/bin/sluice \
     && ln -s /usr/local/bin/sluice /out/bin/ratelimit
 
+FROM ${BINARY_FROM} AS binary
+
 # glibc + libgcc, no shell, no package manager. uid/gid 65534 ("nobody"), as Envoy
 # Gateway runs its rate limit container.
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUNTIME_BASE} AS runtime
 # The binary and the link, as laid out in /out (a copied tree keeps its links).
-COPY --from=build /out/ /
+COPY --from=binary /out/ /
 USER 65534:65534
-# 8081: RateLimitService (gRPC); 8080: /healthz, /readyz, /metrics, /json, /debug/*.
+# 8081: RateLimitService (gRPC); 8080: /healthz, /readyz, /healthcheck, /metrics,
+# /json, /debug/*.
 EXPOSE 8081 8080
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["serve", "--config", "/etc/sluice"]

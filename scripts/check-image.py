@@ -92,6 +92,13 @@ def image_layout(text):
         return ["no FROM"]
     final = st[-1][1]
     build = {name: lines for name, lines in st[:-1] if name}
+    # A stage that is only `FROM ${ARG} AS alias` stands for the stage its ARG names
+    # by default (BINARY_FROM=build; scripts/image-test.sh passes another image).
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
+    for line in text.splitlines():
+        m = re.match(r"FROM\s+\$\{(\w+)\}\s+AS\s+(\S+)\s*$", line.strip(), re.I)
+        if m and args.get(m.group(1)) in build:
+            build[m.group(2)] = build[args[m.group(1)]]
     user = [l.split(None, 1)[1] for l in final if l.upper().startswith("USER ")]
     if user != ["65534:65534"]:
         errors.append(f"final stage runs as {user or 'root'}; want USER 65534:65534 (Envoy Gateway's uid and gid)")

@@ -23,6 +23,12 @@ jaeger_log=$(mktemp)
 bash scripts/install-jaeger.sh >"$jaeger_log.out" 2>"$jaeger_log" &
 jaeger_pid=$!
 
+# --- Envoy Gateway's binary: 10-20 minutes of Go build, so it starts first, in the
+# background, and tests/e2e/envoy-gateway-real.sh waits for it ---------------------
+eg_out=$(mktemp /tmp/sluice-install-eg.XXXXXX)
+bash scripts/install-envoy-gateway.sh >"$eg_out" 2>"$eg_out.log" &
+eg_install=$!
+
 # --- Install what the tests need, when it is missing ---------------------------------
 # Everything comes from package registries (apt, PyPI, the Go module proxy); nothing is
 # cached by hand, so a fresh machine gets the same set-up as a developer's.
@@ -81,9 +87,13 @@ log "mdbook build docs, then scripts/check-book-links.py"
 mdbook build docs
 python3 scripts/check-book-links.py --book target/book --src docs
 
-# No container engine runs here: the image is checked by what can run.
 log "scripts/check-image.py (Dockerfile stubs and Rust version)"
 python3 scripts/check-image.py
+# --- The image and the release workflow ---------------------------------------------
+log "scripts/image-test.sh (the runtime stage from local layers, run as Envoy Gateway runs it)"
+bash scripts/image-test.sh
+log "scripts/lint-workflows.sh (actionlint: the release workflow)"
+bash scripts/lint-workflows.sh
 
 # --- Deployment: Helm chart and manifests, then Envoy end to end --------------------
 # (each script installs what it needs when missing; see their headers)
@@ -97,6 +107,11 @@ log "tests/e2e/envoy-gateway.sh"
 bash tests/e2e/envoy-gateway.sh
 log "tests/e2e/costs.sh (charges after the response, refunds, streams in flight through Envoy)"
 bash tests/e2e/costs.sh
+
+log "tests/e2e/envoy-gateway-real.sh (the real Envoy Gateway; waits for its build first)"
+wait "$eg_install" || { cat "$eg_out.log"; exit 1; }
+EG_BIN=$(cat "$eg_out") bash tests/e2e/envoy-gateway-real.sh
+rm -f "$eg_out" "$eg_out.log"
 log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two minutes)"
 bash tests/e2e/rlqs.sh
 

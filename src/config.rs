@@ -243,9 +243,11 @@ pub struct Serve {
     /// envoyproxy/ratelimit answers, so Envoy's failure_mode_deny decides).
     #[arg(long, env = "SLUICE_STORE_ERROR_ANSWER", default_value = "failure-mode", value_parser = parse_store_error_answer)]
     pub store_error_answer: StoreErrorAnswer,
-    /// Which rate-limit headers to ask Envoy to add.
-    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "draft03", value_parser = parse_header_style)]
-    pub response_headers: HeaderStyle,
+    /// Which rate-limit headers to ask Envoy to add: off, draft03, ietf, or auto
+    /// (off with --xds-server, whose Envoy Gateway has Envoy add its own; draft03
+    /// otherwise).
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "auto", value_parser = parse_header_choice)]
+    pub response_headers: HeaderChoice,
     /// Log line format.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -373,6 +375,21 @@ fn parse_secret(s: &str) -> Result<Secret, String> {
 }
 
 impl Serve {
+    /// The headers sluice asks Envoy to add. `auto` adds none when the policies come
+    /// from an xDS server: that is Envoy Gateway, which always configures Envoy's
+    /// filter with `enable_x_ratelimit_headers`, so Envoy writes the `x-ratelimit-*`
+    /// headers from sluice's statuses and a second set from sluice would repeat
+    /// each one. Everywhere else nothing else adds them, so `auto` is `draft03`.
+    /// (envoyproxy/ratelimit's environment passes `off` unless
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`, as envoyproxy/ratelimit itself does.)
+    pub fn header_style(&self) -> HeaderStyle {
+        match self.response_headers {
+            HeaderChoice::Style(style) => style,
+            HeaderChoice::Auto if self.xds_server.is_some() => HeaderStyle::Off,
+            HeaderChoice::Auto => HeaderStyle::Draft03,
+        }
+    }
+
     /// The gRPC port's TLS files, when it serves TLS.
     pub fn grpc_tls(&self) -> Option<TlsFiles> {
         let mut files = tls_files(
@@ -463,12 +480,21 @@ fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     })
 }
 
-fn parse_header_style(s: &str) -> Result<HeaderStyle, String> {
+/// `--response-headers`: a header style, or `auto` to let the policy source decide
+/// ([`Serve::header_style`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderChoice {
+    Auto,
+    Style(HeaderStyle),
+}
+
+fn parse_header_choice(s: &str) -> Result<HeaderChoice, String> {
     match s {
-        "off" => Ok(HeaderStyle::Off),
-        "draft03" => Ok(HeaderStyle::Draft03),
-        "ietf" => Ok(HeaderStyle::Ietf),
-        _ => Err(format!("expected off, draft03 or ietf, got {s:?}")),
+        "auto" => Ok(HeaderChoice::Auto),
+        "off" => Ok(HeaderChoice::Style(HeaderStyle::Off)),
+        "draft03" => Ok(HeaderChoice::Style(HeaderStyle::Draft03)),
+        "ietf" => Ok(HeaderChoice::Style(HeaderStyle::Ietf)),
+        _ => Err(format!("expected auto, off, draft03 or ietf, got {s:?}")),
     }
 }
 
@@ -579,7 +605,12 @@ mod tests {
         assert_eq!(s.http_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(s.store_timeout, Duration::from_millis(15));
         assert_eq!(s.failure_mode, FailureMode::Open);
-        assert_eq!(s.response_headers, HeaderStyle::Draft03);
+        assert_eq!(s.response_headers, HeaderChoice::Auto);
+        assert_eq!(
+            s.header_style(),
+            HeaderStyle::Draft03,
+            "no xDS: nobody else adds them"
+        );
         assert_eq!(s.max_keys, 1_000_000);
         assert_eq!(s.rlqs_assignment_ttl, Duration::from_secs(15));
         assert_eq!(s.rlqs_abandon_after, Duration::from_secs(60));
@@ -655,6 +686,39 @@ mod tests {
             })
         );
         assert_eq!(s.http_tls(), None);
+    }
+
+    fn serve(args: &[&str]) -> Serve {
+        let cli = Cli::try_parse_from([&["sluice", "serve"], args].concat()).unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("not serve")
+        };
+        *s
+    }
+
+    #[test]
+    fn response_headers_auto_leaves_them_to_envoy_gateway() {
+        let xds = ["--xds-server", "https://envoy-gateway:18001"];
+        assert_eq!(serve(&xds).header_style(), HeaderStyle::Off);
+        let files = ["--config", "a.yaml"];
+        assert_eq!(serve(&files).header_style(), HeaderStyle::Draft03);
+        // A style that is asked for wins, with or without xDS.
+        for (flag, style) in [
+            ("draft03", HeaderStyle::Draft03),
+            ("ietf", HeaderStyle::Ietf),
+            ("off", HeaderStyle::Off),
+        ] {
+            let s = serve(&[&xds[..], &["--response-headers", flag]].concat());
+            assert_eq!(s.header_style(), style, "{flag}");
+            let s = serve(&[&files[..], &["--response-headers", flag]].concat());
+            assert_eq!(s.header_style(), style, "{flag}");
+        }
+        let bad = Cli::try_parse_from(["sluice", "serve", "--response-headers", "draft"]);
+        let Err(err) = bad else {
+            panic!("--response-headers draft was accepted")
+        };
+        let err = err.to_string();
+        assert!(err.contains("expected auto, off, draft03 or ietf"), "{err}");
     }
 
     #[test]

@@ -120,7 +120,7 @@ pub async fn run(
         tracing::info!(shards = ?store.shard_names(), cluster, sentinel, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
-        let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
+        let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
         return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
@@ -129,7 +129,7 @@ pub async fn run(
     // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
     metrics.shard_declared("memory", "local");
     let limiter = Limiter::new(policy, store.clone(), settings);
-    let service = Arc::new(Service::new(limiter, cfg.response_headers, metrics));
+    let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
     {
         let store = store.clone();
         every_second(stopped(), move || {

@@ -191,6 +191,53 @@ async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
     .await;
 }
 
+/// Envoy Gateway's Envoy writes the `x-ratelimit-*` headers itself from the statuses
+/// (`enable_x_ratelimit_headers`): over xDS sluice adds none of its own unless asked,
+/// so each header reaches the client once.
+#[tokio::test]
+async fn over_xds_the_x_ratelimit_headers_are_left_to_envoy_unless_asked_for() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let by_default = sluice(&xds, &certs, &[]);
+    let asked = sluice(&xds, &certs, &["--response-headers", "draft03"]);
+    for server in [&by_default, &asked] {
+        eventually(WAIT, "ready once the first version is in", || async {
+            ready(server)
+        })
+        .await;
+    }
+    let mut c = by_default.client().await;
+    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    assert_eq!(r.overall_code, OK);
+    assert!(
+        r.response_headers_to_add.is_empty(),
+        "{:?}",
+        r.response_headers_to_add
+    );
+    // What Envoy's headers are written from is all there.
+    let status = &r.statuses[0];
+    assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 3);
+    assert_eq!(status.limit_remaining, 2);
+    assert!(status.duration_until_reset.is_some());
+
+    let mut c = asked.client().await;
+    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    let names: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_serving() {
     let Some(bin) = binary() else { return };

