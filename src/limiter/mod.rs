@@ -1052,7 +1052,7 @@ descriptors:
         let policy = limiter.policy();
         let dom = policy.domain("d").unwrap();
         let entries = [("api_key", "k1")];
-        let mut statuses = [Status::undecided(1)];
+        let mut statuses = [Status::undecided(1, Spend::IfAdmitted)];
         let (_, order, hits, _) = limiter.plan(
             &policy,
             dom,
