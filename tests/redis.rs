@@ -1830,7 +1830,7 @@ async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
         &[
             ("store", "redis"),
             ("shard", &shard),
-            ("kind", "connection"),
+            ("kind", "tls"),
         ],
     );
     assert!(errors.is_some_and(|n| n > 0.0), "{errors:?}");
