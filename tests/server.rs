@@ -281,12 +281,14 @@ async fn hits_addend_counts_and_zero_only_checks() {
     )
     .await;
     assert_eq!(r.overall_code, OVER_LIMIT, "7 more do not fit in 6");
+    // A descriptor's own cost is a charge (docs/costs.md): spent whole even when it
+    // does not fit, so the 7 are owed and a check that follows is refused.
     let r = call(
         &mut c,
-        request("shop", vec![desc_hits(&[("service", "checkout")], 6)]),
+        request("shop", vec![desc_hits(&[("service", "checkout")], 0)]),
     )
     .await;
-    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.overall_code, OVER_LIMIT, "the charge past the limit is owed");
     assert_eq!(remaining(&r, 0), 0);
 }
 
