@@ -1827,11 +1827,7 @@ async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
     );
     let errors = verified.metric(
         "sluice_store_errors_total",
-        &[
-            ("store", "redis"),
-            ("shard", &shard),
-            ("kind", "tls"),
-        ],
+        &[("store", "redis"), ("shard", &shard), ("kind", "tls")],
     );
     assert!(errors.is_some_and(|n| n > 0.0), "{errors:?}");
     let (_, body) = common::http(&verified.http, "GET", "/debug/store", "");

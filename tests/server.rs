@@ -288,7 +288,10 @@ async fn hits_addend_counts_and_zero_only_checks() {
         request("shop", vec![desc_hits(&[("service", "checkout")], 0)]),
     )
     .await;
-    assert_eq!(r.overall_code, OVER_LIMIT, "the charge past the limit is owed");
+    assert_eq!(
+        r.overall_code, OVER_LIMIT,
+        "the charge past the limit is owed"
+    );
     assert_eq!(remaining(&r, 0), 0);
 }
 
