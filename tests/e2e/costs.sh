@@ -28,26 +28,7 @@ W=$(mktemp -d /tmp/sluice-costs.XXXXXX)
 held=()
 . tests/e2e/harness.sh
 
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(5):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
-
-# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
-wait_for() {
-    local name=$1 secs=$2 i
-    shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
-}
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN < <(free_ports 5)
 
 python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
 pids+=($!)

@@ -45,3 +45,26 @@ if [ -z "${SLUICE_BIN:-}" ]; then
     cargo build -q --bin sluice || die "cargo build --bin sluice failed"
 fi
 [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
+
+# free_ports N: N free loopback ports, chosen by the kernel, on one line.
+free_ports() {
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
+wait_for() {
+    local name=$1 secs=$2 i
+    shift 2
+    for ((i = 0; i < secs * 10; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "timed out after ${secs}s waiting for $name" >&2
+    return 1
+}

@@ -34,26 +34,7 @@ if [ -z "$JAEGER" ]; then
 fi
 [ -x "$JAEGER" ] || die "no Jaeger binary at $JAEGER"
 
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(10):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
-
-# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
-wait_for() {
-    local name=$1 secs=$2 i
-    shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
-}
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN < <(free_ports 10)
 
 # --- Jaeger: OTLP in (gRPC and HTTP), traces in memory, the query API -----------------
 cat >"$W/jaeger.yaml" <<EOF
