@@ -11,7 +11,7 @@ use arc_swap::{ArcSwap, Guard};
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
-use crate::store::{Fallback, Hit, Mode, Spend, Store, StoreError};
+use crate::store::{Fallback, Hit, Mode, Probe, Spend, Store, StoreError};
 
 pub mod explain;
 pub mod key;
@@ -341,6 +341,18 @@ impl<S: Store> Limiter<S> {
         descriptors: &[Descriptor<'_, E>],
         wait: Option<Duration>,
     ) -> Outcome {
+        self.decide_probed(domain, descriptors, wait, None).await
+    }
+
+    /// As [`Limiter::decide_within`], telling `probe` of each round trip the store
+    /// makes for it (the service traces them).
+    pub async fn decide_probed<E: Entry>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+        wait: Option<Duration>,
+        probe: Option<&dyn Probe>,
+    ) -> Outcome {
         // A guard, not a clone: the one reference count the outcome needs is taken
         // once, below, on a count every core's requests write.
         let guard = self.policy.load();
@@ -366,13 +378,14 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
 
-        let decided = self.ask_store(&hits, wait).await;
+        let decided = self.ask_store(&hits, wait, probe).await;
         self.settle(&mut outcome, &order, &hits, decided, failure_mode);
         if outcome.over_limit
             && outcome.failure.is_none()
             && self.settings.denied_spend == DeniedSpend::AdmittingLimits
         {
-            self.spend_denied(&order, &hits, &mut outcome, wait).await;
+            self.spend_denied(&order, &hits, &mut outcome, wait, probe)
+                .await;
         }
         // Soft shedding draws a chance, so it is the decision's alone: an explanation
         // (which settles too) shows the limits as they stand.
@@ -734,6 +747,7 @@ impl<S: Store> Limiter<S> {
         hits: &[Hit],
         outcome: &mut Outcome,
         wait: Option<Duration>,
+        probe: Option<&dyn Probe>,
     ) {
         let (at, spend): (Vec<usize>, Vec<Hit>) = order
             .iter()
@@ -749,7 +763,7 @@ impl<S: Store> Limiter<S> {
         if spend.is_empty() {
             return;
         }
-        let Ok(decided) = self.ask_store(&spend, wait).await else {
+        let Ok(decided) = self.ask_store(&spend, wait, probe).await else {
             return;
         };
         for ((&i, hit), verdict) in at.iter().zip(&spend).zip(&decided.verdicts) {
@@ -874,11 +888,27 @@ impl<S: Store> Limiter<S> {
         &self,
         hits: &[Hit],
         wait: Option<Duration>,
+        probe: Option<&dyn Probe>,
+    ) -> Result<crate::store::Verdicts, StoreError> {
+        match probe {
+            None => self.race_store(self.store.decide(hits), wait).await,
+            Some(probe) => {
+                self.race_store(self.store.decide_probed(hits, probe), wait)
+                    .await
+            }
+        }
+    }
+
+    /// A store call, raced against the store timeout.
+    async fn race_store(
+        &self,
+        call: impl std::future::Future<Output = Result<crate::store::Verdicts, StoreError>>,
+        wait: Option<Duration>,
     ) -> Result<crate::store::Verdicts, StoreError> {
         // A store that answers on the first poll (the memory store always does) needs
         // no timer; only a pending call is raced against --store-timeout (or the
         // caller's shorter deadline).
-        let mut call = std::pin::pin!(self.store.decide(hits));
+        let mut call = std::pin::pin!(call);
         if let Some(result) = futures::FutureExt::now_or_never(&mut call) {
             return result;
         }

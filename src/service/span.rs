@@ -1,6 +1,6 @@
 //! A decision written onto its call's span: `ratelimit.*` attributes for the
 //! request and the descriptor that decided it, and one `ratelimit.descriptor`
-//! event per descriptor.
+//! event per descriptor; and a child span per store call ([`StoreSpans`]).
 //!
 //! Never a descriptor's value: values are what clients send (addresses, user ids,
 //! API keys), and traces are kept longer and read more widely than the service's
@@ -12,7 +12,42 @@ use opentelemetry::{Array, KeyValue, StringValue, Value};
 
 use crate::limiter::{Ban, Outcome, Status};
 use crate::policy::FailureMode;
+use crate::store::{Probe, StoreCall};
 use crate::trace::Call;
+
+/// Turns each store call of a sampled request into a client span under the
+/// request's, named and attributed as OpenTelemetry's database conventions say
+/// for Redis (`EVALSHA decide`, `db.system.name`, `db.operation.name`,
+/// `db.stored_procedure.name`, `server.address`, `server.port`). No key: keys
+/// hold descriptor values.
+pub struct StoreSpans<'a>(pub &'a Call);
+
+impl Probe for StoreSpans<'_> {
+    fn call(&self, c: &StoreCall<'_>) {
+        let mut attributes = Vec::with_capacity(8);
+        attributes.push(KeyValue::new("db.system.name", c.system));
+        attributes.push(KeyValue::new("db.operation.name", c.operation));
+        attributes.push(KeyValue::new("db.stored_procedure.name", c.script));
+        if let Some(host) = c.host {
+            attributes.push(KeyValue::new("server.address", host.to_string()));
+        }
+        if let Some(port) = c.port {
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        attributes.push(KeyValue::new("ratelimit.store.keys", c.keys as i64));
+        if let Some(e) = c.error {
+            let kind = e.kind().map_or("backing_off", |k| k.as_str());
+            attributes.push(KeyValue::new("error.type", kind));
+        }
+        self.0.child(
+            format!("{} {}", c.operation, c.script),
+            c.started,
+            c.ended,
+            attributes,
+            c.error.map(|e| e.to_string()),
+        );
+    }
+}
 
 /// What became of one descriptor, as `sluice_requests_total`'s `outcome` label says.
 fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
@@ -154,10 +189,10 @@ mod tests {
 
     use crate::clock::ManualClock;
     use crate::grpc_server::{Handler, Reply};
-    use crate::limiter::test_limiter;
+    use crate::limiter::{test_limiter, Limiter};
     use crate::service::grpc::{Grpc, Method};
     use crate::service::{HeaderStyle, Service};
-    use crate::store::MemoryStore;
+    use crate::store::{Hit, MemoryStore, Probe, Store, StoreCall, StoreError, Verdicts};
     use crate::telemetry::Metrics;
     use crate::trace::{Counters, Tracer, TracingArgs};
 
@@ -174,8 +209,8 @@ mod tests {
         }
     }
 
-    struct Fixture {
-        grpc: Grpc<MemoryStore>,
+    struct Fixture<S: Store = MemoryStore> {
+        grpc: Grpc<S>,
         tracer: Arc<Tracer>,
         spans: Collector,
         metrics: Arc<Metrics>,
@@ -184,7 +219,10 @@ mod tests {
 
     fn fixture(env: &[(&str, &str)]) -> Fixture {
         let clock = ManualClock::new(1_000 * crate::algorithm::SECOND);
-        let limiter = test_limiter(POLICY, &clock, Default::default());
+        fixture_on(test_limiter(POLICY, &clock, Default::default()), env)
+    }
+
+    fn fixture_on<S: Store>(limiter: Limiter<S>, env: &[(&str, &str)]) -> Fixture<S> {
         let metrics = Arc::new(Metrics::new());
         let service = Arc::new(Service::new(limiter, HeaderStyle::Off, metrics.clone()));
         let (serving, rx) = watch::channel(true);
@@ -241,7 +279,7 @@ mod tests {
         h
     }
 
-    async fn call(f: &Fixture, h: &http::HeaderMap) -> RateLimitResponse {
+    async fn call<S: Store>(f: &Fixture<S>, h: &http::HeaderMap) -> RateLimitResponse {
         let reply = f
             .grpc
             .call_with_headers(Method::ShouldRateLimit, message(SECRET), None, h)
@@ -254,7 +292,7 @@ mod tests {
     }
 
     /// The spans exported once the queue is flushed.
-    async fn exported(f: &Fixture) -> Vec<SpanData> {
+    async fn exported<S: Store>(f: &Fixture<S>) -> Vec<SpanData> {
         f.tracer.stop(Duration::from_secs(5)).await;
         f.spans.0.lock().unwrap().clone()
     }
@@ -392,5 +430,126 @@ mod tests {
         assert_eq!(spans.len(), 1);
         assert!(matches!(spans[0].status, SpanStatus::Error { .. }));
         assert_eq!(attr(&spans[0], "rpc.grpc.status_code"), Some(Value::I64(3)));
+    }
+
+    /// A memory store that reports one call to a Redis at 10.0.0.7:6379 when
+    /// probed, and counts how it was asked.
+    struct Remote {
+        store: MemoryStore,
+        probed: std::sync::atomic::AtomicUsize,
+        plain: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for Remote {
+        async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+            self.plain.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.store.decide(hits).await
+        }
+
+        async fn decide_probed(
+            &self,
+            hits: &[Hit],
+            probe: &dyn Probe,
+        ) -> Result<Verdicts, StoreError> {
+            self.probed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let started = std::time::SystemTime::now();
+            let result = self.store.decide(hits).await;
+            probe.call(&StoreCall {
+                system: "redis",
+                host: Some("10.0.0.7"),
+                port: Some(6379),
+                operation: "EVALSHA",
+                script: "decide",
+                keys: hits.len(),
+                started,
+                ended: started + Duration::from_micros(250),
+                error: None,
+            });
+            result
+        }
+
+        async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+            self.store.peek(hits).await
+        }
+
+        fn active_keys(&self) -> usize {
+            0
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    fn remote_fixture(env: &[(&str, &str)]) -> Fixture<Remote> {
+        let clock = ManualClock::new(1_000 * crate::algorithm::SECOND);
+        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let policy = Arc::new(arc_swap::ArcSwap::from_pointee(policy));
+        let store = Remote {
+            store: MemoryStore::new(Arc::new(clock.clone()), 1000),
+            probed: Default::default(),
+            plain: Default::default(),
+        };
+        let limiter = Limiter::new(policy, store, Default::default()).with_clock(Arc::new(clock));
+        fixture_on(limiter, env)
+    }
+
+    #[tokio::test]
+    async fn each_store_call_of_a_sampled_call_is_a_client_span_under_it() {
+        let f = remote_fixture(&[]);
+        call(&f, &headers(&[("traceparent", PARENT)])).await;
+        let store = f.grpc.service.limiter.store();
+        assert_eq!(store.probed.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(store.plain.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 2, "the decision and its store call");
+        let server = spans
+            .iter()
+            .find(|s| s.span_kind == SpanKind::Server)
+            .unwrap();
+        let client = spans
+            .iter()
+            .find(|s| s.span_kind == SpanKind::Client)
+            .unwrap();
+        assert_eq!(client.name, "EVALSHA decide");
+        assert_eq!(
+            client.span_context.trace_id(),
+            server.span_context.trace_id()
+        );
+        assert_eq!(client.parent_span_id, server.span_context.span_id());
+        assert_eq!(
+            client.end_time.duration_since(client.start_time).unwrap(),
+            Duration::from_micros(250),
+            "timed where the store made the call"
+        );
+        for (key, want) in [
+            ("db.system.name", Value::from("redis")),
+            ("db.operation.name", Value::from("EVALSHA")),
+            ("db.stored_procedure.name", Value::from("decide")),
+            ("server.address", Value::from("10.0.0.7")),
+            ("server.port", Value::I64(6379)),
+            ("ratelimit.store.keys", Value::I64(2)),
+        ] {
+            assert_eq!(attr(client, key), Some(want), "{key}");
+        }
+        let text = format!("{:?} {:?}", client.attributes, client.name);
+        assert!(
+            !text.contains(SECRET) && !text.contains("10.1.2.3"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unsampled_call_asks_the_store_without_a_probe() {
+        let f = remote_fixture(&[]);
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let r = call(&f, &headers(&[("traceparent", unsampled)])).await;
+        assert_eq!(r.overall_code, 1);
+        let store = f.grpc.service.limiter.store();
+        assert_eq!(store.probed.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(store.plain.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(exported(&f).await.is_empty());
     }
 }

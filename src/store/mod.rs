@@ -14,6 +14,7 @@ pub mod board;
 pub mod demand;
 mod error;
 pub mod memory;
+pub mod probe;
 pub mod redis;
 mod report;
 #[cfg(test)]
@@ -24,6 +25,7 @@ pub use board::{Kind, Sentenced, Strike};
 pub use demand::{Demand, MemoryDemand, Share};
 pub use error::{ErrorKind, StoreError};
 pub use memory::MemoryStore;
+pub use probe::{Probe, StoreCall};
 pub use report::{LastError, Report, ShardState, ShardStatus};
 
 /// How a hit's verdict counts towards the request's fate.
@@ -125,6 +127,17 @@ pub trait Store: Send + Sync + 'static {
     /// Decides `hits` together: all checked, all consumed only if [`admitted`].
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
 
+    /// [`Store::decide`], telling `probe` of each round trip to a server (a store
+    /// that makes none, as the memory store, tells it nothing).
+    fn decide_probed(
+        &self,
+        hits: &[Hit],
+        probe: &dyn Probe,
+    ) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
+        let _ = probe;
+        self.decide(hits)
+    }
+
     /// What [`Store::decide`] would answer for `hits` now, without changing any
     /// counter: nothing is consumed, created, or kept alive (the admin API's
     /// Explain). A key repeated in `hits` sees the state its earlier hit would leave.
@@ -190,6 +203,14 @@ pub trait Store: Send + Sync + 'static {
 impl<S: Store> Store for std::sync::Arc<S> {
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
         (**self).decide(hits)
+    }
+
+    fn decide_probed(
+        &self,
+        hits: &[Hit],
+        probe: &dyn Probe,
+    ) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
+        (**self).decide_probed(hits, probe)
     }
 
     fn peek(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {

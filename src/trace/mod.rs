@@ -16,7 +16,7 @@
 //! one span per call explicit, with its parent set from the headers.
 
 use std::borrow::Cow;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
@@ -123,7 +123,12 @@ impl Tracer {
             .span_builder(name)
             .with_kind(SpanKind::Server)
             .start_with_context(&self.tracer, &cx);
-        Call { span }
+        // Only a sampled call makes child spans, so only it keeps the tracer.
+        let tracer = {
+            use opentelemetry::trace::Span as _;
+            span.is_recording().then(|| self.tracer.clone())
+        };
+        Call { span, tracer }
     }
 
     /// Sends the spans still queued (at most `grace`) and stops exporting.
@@ -136,6 +141,8 @@ impl Tracer {
 #[derive(Debug)]
 pub struct Call {
     span: sdk::Span,
+    /// For child spans; `None` unless sampled.
+    tracer: Option<sdk::SdkTracer>,
 }
 
 impl Call {
@@ -160,6 +167,31 @@ impl Call {
     pub fn event(&mut self, name: &'static str, attributes: Vec<KeyValue>) {
         use opentelemetry::trace::Span as _;
         self.span.add_event(name, attributes);
+    }
+
+    /// A child span of this call, of kind client, that ran from `started` to
+    /// `ended` (a store call, timed where it was made). Nothing when not sampled.
+    pub fn child(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        started: SystemTime,
+        ended: SystemTime,
+        attributes: Vec<KeyValue>,
+        error: Option<String>,
+    ) {
+        use opentelemetry::trace::Span as _;
+        let Some(tracer) = &self.tracer else { return };
+        let cx = Context::new().with_remote_span_context(self.span.span_context().clone());
+        let mut span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_start_time(started)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &cx);
+        if let Some(message) = error {
+            span.set_status(Status::error(message));
+        }
+        span.end_with_timestamp(ended);
     }
 
     /// Marks the call failed, with a message for the trace.

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Checks, through Jaeger's query API, the trace of an over-limit call (tracing.sh).
 
-    tracing-check.py QUERY_URL LABEL USER SLUICE_LOG METRICS_URL
+    tracing-check.py QUERY_URL LABEL USER SLUICE_LOG METRICS_URL [REDIS_PORT]
 
 Finds the trace whose Envoy span served `/t/LABEL` and holds Sluice's decision span
-over the limit, waiting up to 30 s for it to arrive. Prints `ok: ...` per check passed
-and a reason per check failed; exits 1 on any failure.
+over the limit, waiting up to 30 s for it to arrive. With REDIS_PORT, also the span of
+the decision's store call to the Redis at localhost:REDIS_PORT. Prints `ok: ...` per
+check passed and a reason per check failed; exits 1 on any failure.
 """
 import json
 import re
@@ -14,6 +15,8 @@ import time
 import urllib.request
 
 QUERY, LABEL, USER, LOG, METRICS = sys.argv[1:6]
+REDIS_PORT = int(sys.argv[6]) if len(sys.argv) > 6 else None
+STORE_CALL = "EVALSHA decide"
 SLUICE_SERVICE = "sluice-e2e"
 ENVOY_SERVICE = "e2e-envoy"
 DECISION = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -44,6 +47,19 @@ def service(trace, span):
     return trace["processes"][span["processID"]]["serviceName"]
 
 
+def store_calls(trace, decision):
+    """Sluice's spans that are children of the decision span `decision`."""
+    return [
+        s
+        for s in trace["spans"]
+        if service(trace, s) == SLUICE_SERVICE
+        and any(
+            r["refType"] == "CHILD_OF" and r["spanID"] == decision["spanID"]
+            for r in s.get("references", [])
+        )
+    ]
+
+
 def find():
     """The trace of the 429 of /t/LABEL, once Jaeger has both services' spans and
     the parent of Sluice's (Envoy exports its spans in batches, so a trace fills in
@@ -61,7 +77,7 @@ def find():
             ):
                 ids = {x["spanID"] for x in trace["spans"]}
                 refs = [r["spanID"] for r in s.get("references", []) if r["refType"] == "CHILD_OF"]
-                if refs and refs[0] in ids:
+                if refs and refs[0] in ids and (REDIS_PORT is None or store_calls(trace, s)):
                     return trace, s
                 last[0] = (trace, s)
     return None, None
@@ -117,6 +133,36 @@ if len(events) == 2 and {e.get("ratelimit.descriptor.outcome") for e in events} 
     ok("one ratelimit.descriptor event per descriptor, with its own outcome")
 else:
     bad(f"ratelimit.descriptor events: {events}")
+
+if REDIS_PORT is not None:
+    calls = store_calls(trace, span)
+    want = {
+        "db.system.name": "redis",
+        "db.operation.name": "EVALSHA",
+        "db.stored_procedure.name": "decide",
+        "server.address": "localhost",
+        "server.port": REDIS_PORT,
+        "ratelimit.store.keys": 2,
+        "span.kind": "client",
+    }
+    if len(calls) != 1:
+        bad(f"want one store call under the decision span, got {[c['operationName'] for c in calls]}")
+    else:
+        call = calls[0]
+        got = tags(call)
+        wrong = {k: (v, got.get(k)) for k, v in want.items() if got.get(k) != v}
+        if call["operationName"] != STORE_CALL:
+            bad(f"the store call's span is named {call['operationName']!r}, want {STORE_CALL!r}")
+        elif wrong:
+            bad(f"store call attributes (want, got): {wrong}")
+        else:
+            ok(f"the decision span's child {STORE_CALL!r}: " + ", ".join(f"{k}={v}" for k, v in want.items()))
+        start, end = call["startTime"], call["startTime"] + call["duration"]
+        if span["startTime"] <= start and end <= span["startTime"] + span["duration"]:
+            ok(f"the store call ({call['duration']} us) lies within the decision ({span['duration']} us)")
+        else:
+            bad(f"the store call [{start}, {end}] is not within the decision span "
+                f"[{span['startTime']}, {span['startTime'] + span['duration']}]")
 
 text = json.dumps(trace)
 if USER in text:

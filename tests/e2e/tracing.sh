@@ -10,6 +10,10 @@
 #     ShouldRateLimit span, the child of Envoy's span of the rate-limit call, with
 #     ratelimit.* attributes (domain, rule, algorithm, outcome, limit, remaining, hits)
 #     matching the answer Envoy gave (a 429 on the third request)
+#   - with Redis as the store (a real redis-server): the decision span's child is the
+#     store call, `EVALSHA decide` (kind client) with db.system.name=redis,
+#     db.operation.name, db.stored_procedure.name, server.address and server.port
+#     of the shard, inside the decision span's time
 #   - no raw descriptor value in the trace: the user id sent in a header appears
 #     nowhere in it, and Sluice's spans carry no client address
 #   - the log line of a traced call carries its trace id
@@ -34,7 +38,8 @@ if [ -z "$JAEGER" ]; then
 fi
 [ -x "$JAEGER" ] || die "no Jaeger binary at $JAEGER"
 
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN < <(free_ports 10)
+command -v redis-server >/dev/null || die "redis-server is not installed"
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN P_REDIS < <(free_ports 11)
 
 # --- Jaeger: OTLP in (gRPC and HTTP), traces in memory, the query API -----------------
 cat >"$W/jaeger.yaml" <<EOF
@@ -98,12 +103,14 @@ descriptors:
 EOF
 
 SLUICE_PID=""
-# start_sluice LOGNAME ENV...: sluice with tracing set by the ENV assignments.
+SLUICE_ARGS=()
+# start_sluice LOGNAME ENV...: sluice with tracing set by the ENV assignments (and
+# the flags in SLUICE_ARGS).
 start_sluice() {
     local name=$1
     shift
     env "$@" RUST_LOG=info,sluice::service=debug "$SLUICE" serve --config "$W/policies" \
-        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" \
+        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" "${SLUICE_ARGS[@]}" \
         >"$W/$name.log" 2>&1 &
     SLUICE_PID=$!
     pids+=("$SLUICE_PID")
@@ -195,10 +202,11 @@ pids+=($!)
 wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" || { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
 URL="http://127.0.0.1:$P_ENVOY"
 
-# check_trace LABEL USER: three requests as USER (the third is over the limit), then
-# the trace of the 429 in Jaeger, checked by tests/e2e/tracing-check.py.
+# check_trace LABEL USER [REDIS_PORT]: three requests as USER (the third is over the
+# limit), then the trace of the 429 in Jaeger, checked by tests/e2e/tracing-check.py
+# (with the store call's span when Sluice counts on the Redis at REDIS_PORT).
 check_trace() {
-    local label=$1 user=$2 codes="" i
+    local label=$1 user=$2 redis_port=${3:-} codes="" i
     for i in 1 2 3; do
         codes+="$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' -H "x-user-id: $user" "$URL/t/$label") "
     done
@@ -207,7 +215,7 @@ check_trace() {
         return
     fi
     python3 tests/e2e/tracing-check.py "$QUERY" "$label" "$user" "$W/sluice-$label.log" \
-        "http://127.0.0.1:$P_HTTP/metrics" >"$W/$label.check" 2>&1
+        "http://127.0.0.1:$P_HTTP/metrics" $redis_port >"$W/$label.check" 2>&1
     while read -r line; do
         case $line in
             ok:*) ok "$label: ${line#ok: }" ;;
@@ -230,7 +238,23 @@ start_sluice sluice-otlp-grpc OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_O
 check_trace otlp-grpc "bob-4410-secret"
 stop_sluice
 
-# --- 3. a collector that is down --------------------------------------------------------
+# --- 3. Redis as the store: the store call is a child span ------------------------------
+redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
+    --logfile "$W/redis.log" &
+pids+=($!)
+wait_for redis 10 python3 -c "import socket; socket.create_connection(('127.0.0.1', $P_REDIS), 1)" ||
+    die "redis-server did not start"
+# `localhost`, not 127.0.0.1: the check below also finds no client address in
+# Sluice's spans, and the shard's name is what server.address carries.
+SLUICE_ARGS=(--redis "redis://localhost:$P_REDIS" --store-timeout 1s)
+start_sluice sluice-redis OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
+    OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
+    { tail -n 20 "$W/sluice-redis.log"; die "sluice (Redis) did not become ready"; }
+check_trace redis "dave-5102-secret" "$P_REDIS"
+stop_sluice
+SLUICE_ARGS=()
+
+# --- 4. a collector that is down --------------------------------------------------------
 start_sluice sluice-down OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_DOWN" \
     OTEL_TRACES_SAMPLER=always_on OTEL_BSP_SCHEDULE_DELAY=100 OTEL_EXPORTER_OTLP_TIMEOUT=500 ||
     { tail -n 20 "$W/sluice-down.log"; die "sluice (collector down) did not become ready"; }

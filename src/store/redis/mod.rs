@@ -31,11 +31,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 
+use super::probe::{split_address, Probe, StoreCall};
 use super::{
     admitted, ErrorKind, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError, Strike,
     Verdicts,
@@ -398,6 +399,7 @@ impl Inner {
         hits: &[Hit],
         keys: Vec<String>,
         sent: Micros,
+        probe: Option<&dyn Probe>,
     ) -> Result<Verdicts, StoreError> {
         let target = self.target(&hits[0], &keys[0]);
         self.health(target).check()?;
@@ -407,7 +409,7 @@ impl Inner {
             hits: hits.iter().map(HitArgs::new).collect(),
             quota_elsewhere: false,
         };
-        let reply = self.decide_group(target, group, fixed_now).await?;
+        let reply = self.decide_group(target, group, fixed_now, probe).await?;
         let decided = self.decided_at(target, sent, reply.now);
         let verdicts: Vec<Verdict> = reply.verdicts.iter().map(|&(v, _)| v).collect();
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
@@ -420,7 +422,80 @@ impl Inner {
         })
     }
 
+    /// One group's decide call on `target`; `probe` hears of it.
     async fn decide_group(
+        &self,
+        target: usize,
+        group: Group,
+        fixed_now: Option<Micros>,
+        probe: Option<&dyn Probe>,
+    ) -> Result<Reply, StoreError> {
+        let Some(probe) = probe else {
+            return self.send_group(target, group, fixed_now).await;
+        };
+        let mut watch = Watch {
+            inner: self,
+            probe,
+            target,
+            keys: group.keys.len(),
+            started: SystemTime::now(),
+            told: false,
+        };
+        let result = self.send_group(target, group, fixed_now).await;
+        watch.told = true;
+        self.tell(
+            probe,
+            target,
+            "decide",
+            watch.keys,
+            watch.started,
+            result.as_ref().err(),
+        );
+        result
+    }
+
+    /// Tells `probe` of a call of `script` on `target` that began at `started` and
+    /// has just ended.
+    pub(super) fn tell(
+        &self,
+        probe: &dyn Probe,
+        target: usize,
+        script: &'static str,
+        keys: usize,
+        started: SystemTime,
+        error: Option<&StoreError>,
+    ) {
+        // Only a sampled call gets here: the Sentinel master's address is copied.
+        let sentinel_addr;
+        let address = match &self.backend {
+            Backend::Shards(s) => match &s[target.min(s.len() - 1)].conn {
+                ShardConn::Fixed(_) => Some(s[target.min(s.len() - 1)].health.name.as_str()),
+                ShardConn::Sentinel(m) => {
+                    sentinel_addr = m.current().map(|r| r.addr);
+                    sentinel_addr.as_deref()
+                }
+            },
+            // The cluster's router picks the node; the span does not guess it.
+            Backend::Cluster(_) => None,
+        };
+        let (host, port) = address.map_or((None, None), |a| {
+            let (h, p) = split_address(a);
+            (Some(h), p)
+        });
+        probe.call(&StoreCall {
+            system: "redis",
+            host,
+            port,
+            operation: "EVALSHA",
+            script,
+            keys,
+            started,
+            ended: SystemTime::now(),
+            error,
+        });
+    }
+
+    async fn send_group(
         &self,
         target: usize,
         group: Group,
@@ -518,7 +593,12 @@ impl Inner {
     /// caller has already worked out. A request over several standalone shards goes
     /// to [`spread`] instead; one over several slots of a cluster comes here, in a task
     /// of its own.
-    async fn decide(&self, hits: &[Hit], one_target: bool) -> Result<Verdicts, StoreError> {
+    async fn decide(
+        &self,
+        hits: &[Hit],
+        one_target: bool,
+        probe: Option<&dyn Probe>,
+    ) -> Result<Verdicts, StoreError> {
         let sent = self.local_now();
         if let Some(v) = self.cached(hits, sent) {
             return Ok(v);
@@ -528,7 +608,7 @@ impl Inner {
             .map(|h| shard::redis_key(&self.prefix, h))
             .collect();
         if one_target && !hits.is_empty() {
-            return self.decide_one_target(hits, keys, sent).await;
+            return self.decide_one_target(hits, keys, sent, probe).await;
         }
         let mut outs = spread::group(hits, |i, h| self.target(h, &keys[i]));
         for o in &outs {
@@ -540,7 +620,7 @@ impl Inner {
             .iter()
             .map(|o| {
                 let group = o.group(hits, &outs, |i| std::mem::take(&mut keys[i]));
-                self.decide_group(o.target(), group, fixed_now)
+                self.decide_group(o.target(), group, fixed_now, probe)
             })
             .collect();
         for (o, reply) in outs.iter_mut().zip(futures::future::join_all(calls).await) {
@@ -551,6 +631,34 @@ impl Inner {
             self.refund(hits, &consumed).await;
         }
         tally.finish(self, hits)
+    }
+}
+
+/// A probed decide call; one the limiter stops waiting for (its store timeout) is
+/// told as timed out when dropped, so the trace shows where the time went.
+struct Watch<'a> {
+    inner: &'a Inner,
+    probe: &'a dyn Probe,
+    target: usize,
+    keys: usize,
+    started: SystemTime,
+    told: bool,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if !self.told {
+            let timeout = StoreError::Timeout;
+            let (target, keys) = (self.target, self.keys);
+            self.inner.tell(
+                self.probe,
+                target,
+                "decide",
+                keys,
+                self.started,
+                Some(&timeout),
+            );
+        }
     }
 }
 
@@ -621,31 +729,54 @@ async fn dbsize(pool: &Pool) -> Option<usize> {
     usize::try_from(reply.ok()?.ok()?.as_int()?).ok()
 }
 
-impl Store for RedisStore {
-    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+impl RedisStore {
+    async fn decide_with(
+        &self,
+        hits: &[Hit],
+        probe: Option<&dyn Probe>,
+    ) -> Result<Verdicts, StoreError> {
         if self.inner.one_target(hits) {
             // One script call (maybe shared with other requests, each decided all or
             // nothing): nothing to give back if the limiter stops waiting, so no task
             // of its own.
-            return self.inner.decide(hits, true).await;
+            return self.inner.decide(hits, true, probe).await;
         }
         if let Backend::Shards(_) = &self.inner.backend {
             // In this task; see `spread` for how a refund outlives the caller.
-            return spread::decide(&self.inner, hits).await;
+            return spread::decide(&self.inner, hits, probe).await;
         }
         let inner = self.inner.clone();
         let hits = hits.to_vec();
         // Several slots of a cluster: a task of its own, so a refund, once started,
         // finishes even when the limiter stops waiting (dropping the handle does not
         // cancel it).
-        let task = tokio::spawn(async move { inner.decide(&hits, false).await });
-        match task.await {
+        // The task cannot borrow the probe; it has its own calls, one per slot, and
+        // the request's span gets one for them all.
+        let n = hits.len();
+        let started = probe.map(|_| SystemTime::now());
+        let task = tokio::spawn(async move { inner.decide(&hits, false, None).await });
+        let result = match task.await {
             Ok(result) => result,
             Err(e) => Err(StoreError::failed(
                 ErrorKind::Protocol,
                 format!("store task failed: {e}"),
             )),
+        };
+        if let (Some(probe), Some(started)) = (probe, started) {
+            self.inner
+                .tell(probe, 0, "decide", n, started, result.as_ref().err());
         }
+        result
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+        self.decide_with(hits, None).await
+    }
+
+    async fn decide_probed(&self, hits: &[Hit], probe: &dyn Probe) -> Result<Verdicts, StoreError> {
+        self.decide_with(hits, Some(probe)).await
     }
 
     async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {

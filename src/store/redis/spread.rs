@@ -13,11 +13,12 @@
 //! slots, which `Inner::decide` runs in a task of its own.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use smallvec::SmallVec;
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{admitted, ErrorKind, Hit, Mode, Spend, StoreError, Verdicts};
+use crate::store::{admitted, ErrorKind, Hit, Mode, Probe, Spend, StoreError, Verdicts};
 
 use super::coalesce::{self, Pending};
 use super::scripts::{Group, HitArgs, Reply};
@@ -100,7 +101,12 @@ struct Spread<'a> {
 }
 
 /// Decides `hits`, which span several standalone shards.
-pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+/// `probe` hears of each shard's call.
+pub(super) async fn decide(
+    inner: &Arc<Inner>,
+    hits: &[Hit],
+    probe: Option<&dyn Probe>,
+) -> Result<Verdicts, StoreError> {
     let Backend::Shards(shards) = &inner.backend else {
         unreachable!("spread::decide is for standalone shards");
     };
@@ -122,6 +128,7 @@ pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts,
         outs,
         settled: false,
     };
+    let started = probe.map(|_| SystemTime::now());
     for k in 0..spread.outs.len() {
         let o = &spread.outs[k];
         let key = |i| super::shard::redis_key(&inner.prefix, &hits[i]);
@@ -132,7 +139,21 @@ pub(super) async fn decide(inner: &Arc<Inner>, hits: &[Hit]) -> Result<Verdicts,
             Err(e) => State::Answered(Err(e)),
         };
     }
-    answers(&mut spread.outs).await;
+    match (probe, started) {
+        (Some(probe), Some(started)) => {
+            // Each shard's answer is awaited in turn, so a call's end is when this
+            // request saw it: no earlier than the shard answered.
+            for o in spread.outs.iter_mut() {
+                if let State::Waiting(pending) = &mut o.state {
+                    let answer = coalesce::outcome(pending).await;
+                    let error = answer.as_ref().err();
+                    inner.tell(probe, o.target, "decide", o.indexes.len(), started, error);
+                    o.state = State::Answered(answer);
+                }
+            }
+        }
+        _ => answers(&mut spread.outs).await,
+    }
     spread.settled = true;
     let mut tally = tally(inner, hits, sent, &spread.outs);
     if let Some(consumed) = tally.take_refund() {
