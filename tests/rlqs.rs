@@ -19,6 +19,9 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use futures::channel::mpsc;
 use futures::SinkExt;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::{span, Span};
 use tonic::Streaming;
 
 const POLICY: &str = "domain: rlqs\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
@@ -38,13 +41,24 @@ struct Quota {
 
 impl Quota {
     async fn open(server: &Server) -> Quota {
+        Self::open_with(server, &[]).await
+    }
+
+    /// A stream opened with `metadata` (a `traceparent`, as Envoy sends it).
+    async fn open_with(server: &Server, metadata: &[(&'static str, &str)]) -> Quota {
         let url = format!("http://{}", server.grpc);
         let mut client = RateLimitQuotaServiceClient::connect(url)
             .await
             .expect("connect");
         let (tx, rx) = mpsc::channel(4);
+        let mut request = tonic::Request::new(rx);
+        for (k, v) in metadata {
+            request
+                .metadata_mut()
+                .insert(*k, v.parse().expect("metadata"));
+        }
         let answers = client
-            .stream_rate_limit_quotas(rx)
+            .stream_rate_limit_quotas(request)
             .await
             .expect("stream")
             .into_inner();
@@ -224,4 +238,186 @@ async fn replicas_behind_one_redis_share_one_limit() {
     redis.kill();
     assert_eq!(a.report(90, 1).await.0, Some((15, 150)));
     assert_eq!(b.report(90, 1).await.0, Some((5, 50)));
+}
+
+/// An OTLP/HTTP receiver on loopback, as a collector would be: every span of every
+/// `POST /v1/traces`, with its resource's `service.name`.
+struct Receiver {
+    addr: std::net::SocketAddr,
+    spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = spans.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(serve_otlp(conn, sink.clone()));
+            }
+        });
+        Receiver { addr, spans }
+    }
+
+    fn spans(&self) -> Vec<(String, Span)> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+/// HTTP/1.1 requests of one connection: each body is an ExportTraceServiceRequest.
+async fn serve_otlp(
+    mut conn: tokio::net::TcpStream,
+    sink: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
+) {
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 8192];
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
+        if let Ok(req) = ExportTraceServiceRequest::decode(body.as_slice()) {
+            let mut spans = sink.lock().unwrap();
+            for rs in req.resource_spans {
+                let service = rs
+                    .resource
+                    .iter()
+                    .flat_map(|r| &r.attributes)
+                    .find(|kv| kv.key == "service.name")
+                    .map(|kv| text(kv.value.as_ref()))
+                    .unwrap_or_default();
+                for ss in rs.scope_spans {
+                    spans.extend(ss.spans.into_iter().map(|s| (service.clone(), s)));
+                }
+            }
+        }
+        let ok =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if conn.write_all(ok).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// An attribute value as text (strings as they are, numbers in decimal).
+fn text(v: Option<&AnyValue>) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn attr(attributes: &[KeyValue], key: &str) -> Option<String> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| text(kv.value.as_ref()))
+}
+
+/// Each RLQS report gets a server span, the child of the `traceparent` the stream
+/// opened with, with the domain, the bucket count and one event per bucket naming
+/// its assignment, exported over OTLP/HTTP to a receiver; the bucket's values
+/// (what Envoy's matchers took from requests) appear in none.
+#[tokio::test]
+async fn each_report_is_a_span_under_the_streams_traceparent() {
+    let receiver = Receiver::start().await;
+    let endpoint = format!("http://{}", receiver.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let server = Server::start_env(
+        dir,
+        &[policy],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_SERVICE_NAME", "sluice-rlqs"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut q = Quota::open_with(&server, &[("traceparent", parent)]).await;
+    q.report(10, 1).await;
+    q.report(10, 1).await;
+
+    const REPORT: &str =
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let reports = loop {
+        let reports: Vec<(String, Span)> = receiver
+            .spans()
+            .into_iter()
+            .filter(|(_, s)| s.name == REPORT)
+            .collect();
+        if reports.len() >= 2 || std::time::Instant::now() > deadline {
+            break reports;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(reports.len(), 2, "one span per report: {reports:?}");
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    for (service, span) in &reports {
+        assert_eq!(service, "sluice-rlqs");
+        assert_eq!(hex(&span.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(hex(&span.parent_span_id), "00f067aa0ba902b7");
+        assert_eq!(span.kind, span::SpanKind::Server as i32);
+        assert_eq!(
+            attr(&span.attributes, "ratelimit.domain").as_deref(),
+            Some("rlqs")
+        );
+        assert_eq!(
+            attr(&span.attributes, "ratelimit.buckets").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            attr(&span.attributes, "rpc.method").as_deref(),
+            Some("StreamRateLimitQuotas")
+        );
+        let buckets: Vec<_> = span
+            .events
+            .iter()
+            .filter(|e| e.name == "ratelimit.bucket")
+            .collect();
+        assert_eq!(buckets.len(), 1, "{:?}", span.events);
+        assert_eq!(
+            attr(&buckets[0].attributes, "ratelimit.assignment").as_deref(),
+            Some("token_bucket")
+        );
+        let values = span
+            .attributes
+            .iter()
+            .chain(span.events.iter().flat_map(|e| &e.attributes))
+            .map(|kv| text(kv.value.as_ref()))
+            .collect::<Vec<_>>();
+        assert!(
+            !values.iter().any(|v| v == "api"),
+            "a bucket value: {values:?}"
+        );
+    }
+    assert_ne!(reports[0].1.span_id, reports[1].1.span_id, "a span each");
 }
