@@ -120,7 +120,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("REDIS_TLS_CLIENT_CERT", Honoured, "with `REDIS_TLS_CLIENT_KEY`: `?tls_cert=` in each `rediss://` URL (also Sentinel and Cluster): the client certificate presented to Redis"),
     var!("REDIS_TLS_CLIENT_KEY", Honoured, "with `REDIS_TLS_CLIENT_CERT`: `?tls_key=` in each `rediss://` URL"),
     var!("REDIS_TLS_CACERT", Honoured, "`?tls_ca=` in each `rediss://` URL: the authorities (or pinned certificate) trusted for Redis, in place of the system's"),
-    var!("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Refused, "certificates are always verified"),
+    var!("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Honoured, "`true`: `?tls_skip_hostname=true` in each `rediss://` URL: the certificate need not name the server, but must still chain to (or be) a trusted one"),
     var!("REDIS_PIPELINE_WINDOW", Ignored, "concurrent requests share calls on their own"),
     var!("REDIS_PIPELINE_LIMIT", Ignored, "concurrent requests share calls on their own"),
     var!("REDIS_CLUSTER_PIPELINE_PARALLELISM", Ignored, "concurrent requests share calls on their own"),
@@ -280,13 +280,6 @@ impl Translate<'_> {
                     "only redis (or no variable: counters in memory) is supported",
                 ));
             }
-        }
-        if self.truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
-            return Err(refuse(
-                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-                "true",
-                "Redis certificates are always verified",
-            ));
         }
         Ok(())
     }
@@ -462,8 +455,11 @@ impl Translate<'_> {
                 "REDIS_TLS_CACERT",
                 "REDIS_TLS_CLIENT_CERT",
                 "REDIS_TLS_CLIENT_KEY",
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
             ] {
-                if let Some(v) = self.get(var) {
+                let skip_off =
+                    var == "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" && !self.truthy(var)?;
+                if let Some(v) = self.get(var).filter(|_| !skip_off) {
                     self.out.warnings.push(format!(
                         "{var}={v} is ignored: Redis is spoken in plain text unless REDIS_TLS=true"
                     ));
@@ -542,8 +538,9 @@ impl Translate<'_> {
         Ok(())
     }
 
-    /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY` as the
-    /// query of a `rediss://` URL (empty when none is set).
+    /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` and
+    /// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION` as the query of a `rediss://` URL
+    /// (empty when none is set).
     fn redis_tls_files(&self) -> Result<String, Refusal> {
         use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
         let mut query = Vec::new();
@@ -582,6 +579,9 @@ impl Translate<'_> {
                     "REDIS_TLS_CLIENT_CERT is not set; a client key needs its certificate",
                 ))
             }
+        }
+        if self.truthy("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? {
+            query.push("tls_skip_hostname=true".into());
         }
         Ok(if query.is_empty() {
             String::new()
@@ -1162,6 +1162,58 @@ mod tests {
             "{:?}",
             t.warnings
         );
+    }
+
+    #[test]
+    fn redis_tls_skip_hostname_verification_goes_in_the_url() {
+        let value = |t: &Translation, flag: &str| {
+            let at = t.args.iter().position(|a| a == flag).expect(flag);
+            t.args[at + 1].clone()
+        };
+        let mut e = env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "10.0.0.5:6380"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/c/ca.pem"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ]);
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            value(&t, "--redis"),
+            "rediss://10.0.0.5:6380?tls_ca=%2Fc%2Fca%2Epem&tls_skip_hostname=true"
+        );
+        e.insert(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION".into(),
+            "false".into(),
+        );
+        let t = translate(&e).unwrap();
+        assert_eq!(
+            value(&t, "--redis"),
+            "rediss://10.0.0.5:6380?tls_ca=%2Fc%2Fca%2Epem"
+        );
+        // Without TLS: ignored, and said so only when it would have mattered.
+        e.remove("REDIS_TLS");
+        let t = translate(&e).unwrap();
+        assert!(
+            t.warnings.iter().all(|w| !w.contains("SKIP_HOSTNAME")),
+            "{:?}",
+            t.warnings
+        );
+        e.insert("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION".into(), "true".into());
+        let t = translate(&e).unwrap();
+        assert_eq!(value(&t, "--redis"), "redis://10.0.0.5:6380");
+        assert!(
+            t.warnings.iter().any(|w| w.contains("SKIP_HOSTNAME")),
+            "{:?}",
+            t.warnings
+        );
+        e.insert("REDIS_TLS".into(), "true".into());
+        e.insert(
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION".into(),
+            "maybe".into(),
+        );
+        let refusal = translate(&e).unwrap_err();
+        assert_eq!(refusal.name, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION");
     }
 
     #[test]

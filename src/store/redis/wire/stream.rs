@@ -5,7 +5,7 @@
 //! CA goes there), or the target's own `tls_ca` file, read at each connection. A
 //! trusted certificate that the server presents as its own is accepted as pinned
 //! ([`super::pin`]). `#insecure` targets skip verifying the certificate but still
-//! check the handshake's signatures. A target's `tls_cert` and `tls_key` are
+//! check the handshake's signatures; `tls_skip_hostname` ones skip only the name. A target's `tls_cert` and `tls_key` are
 //! presented as the client's certificate.
 
 use std::io;
@@ -55,7 +55,7 @@ pub async fn open(target: &Target) -> Result<Stream, StoreError> {
         return Ok(Stream::Tcp(tcp));
     };
     let config = match (&tls.ca, &tls.client, tls.insecure) {
-        (None, None, insecure) => config(insecure)?,
+        (None, None, insecure) if !tls.skip_hostname => config(insecure)?,
         _ => files_config(tls)?,
     };
     let name = ServerName::try_from(host.clone()).map_err(|e| {
@@ -149,7 +149,7 @@ fn files_config(tls: &Tls) -> Result<Arc<ClientConfig>, StoreError> {
             Some(path) => fail(format!("{}: {e}", path.display())),
             None => fail(e),
         })?;
-        Arc::new(verifier)
+        Arc::new(verifier.skip_hostname(tls.skip_hostname))
     };
     let builder = builder
         .dangerous()

@@ -3,8 +3,9 @@
 //! The forms redis-rs and envoyproxy/ratelimit users already write:
 //! `redis://[[user]:password@]host[:port][/db]`, `rediss://` for TLS (with the
 //! fragment `#insecure` to skip verifying the server's certificate, `?tls_ca=PATH`
-//! for the authorities (or pinned certificate) of this server, and
-//! `?tls_cert=PATH&tls_key=PATH` for a client certificate), and
+//! for the authorities (or pinned certificate) of this server,
+//! `?tls_cert=PATH&tls_key=PATH` for a client certificate, and
+//! `?tls_skip_hostname=true` to accept a certificate for another name), and
 //! `unix:///path/redis.sock[?db=N][&user=U][&pass=P]` (or `redis+unix://`).
 //! Sluice speaks RESP2, so `?protocol=resp3` is refused rather than ignored.
 
@@ -35,6 +36,10 @@ pub struct Tls {
     /// `?tls_cert=PATH&tls_key=PATH`: the client certificate (PEM chain) and its key
     /// presented to the server.
     pub client: Option<(PathBuf, PathBuf)>,
+    /// `?tls_skip_hostname=true`: the certificate need not name the server; it
+    /// must still chain to (or be) a trusted one (envoyproxy/ratelimit's
+    /// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`).
+    pub skip_hostname: bool,
 }
 
 /// One server's address, TLS, credentials and database.
@@ -70,11 +75,17 @@ impl Target {
         let mut db: Option<&str> = None;
         let query: Vec<(String, String)> = url.query_pairs().into_owned().collect();
         let (mut ca, mut cert, mut key) = (None, None, None);
+        let mut skip_hostname = None;
         for (k, v) in &query {
             match k.as_str() {
                 "tls_ca" => ca = Some(PathBuf::from(v)),
                 "tls_cert" => cert = Some(PathBuf::from(v)),
                 "tls_key" => key = Some(PathBuf::from(v)),
+                "tls_skip_hostname" => match v.as_str() {
+                    "true" | "1" => skip_hostname = Some(true),
+                    "false" | "0" => skip_hostname = Some(false),
+                    _ => return Err(format!("tls_skip_hostname={v}: expected true or false")),
+                },
                 "protocol" if v == "resp2" || v == "2" => {}
                 "protocol" => return Err(format!("protocol {v}: sluice speaks RESP2")),
                 "db" => db = Some(v),
@@ -107,6 +118,7 @@ impl Target {
                         insecure: url.fragment() == Some("insecure"),
                         ca: ca.take(),
                         client,
+                        skip_hostname: skip_hostname.take().unwrap_or(false),
                     });
                 } else if url.fragment().is_some() {
                     return Err("a fragment (#insecure) is for rediss:// only".into());
@@ -130,8 +142,10 @@ impl Target {
             }
             other => return Err(format!("unknown scheme {other}://")),
         }
-        if ca.is_some() || cert.is_some() || key.is_some() {
-            return Err("tls_ca, tls_cert and tls_key are for rediss:// only".into());
+        if ca.is_some() || cert.is_some() || key.is_some() || skip_hostname.is_some() {
+            return Err(
+                "tls_ca, tls_cert, tls_key and tls_skip_hostname are for rediss:// only".into(),
+            );
         }
         if let Some(db) = db {
             target.db = db
@@ -216,6 +230,16 @@ mod tests {
                 insecure: false,
                 ca: Some("/c/ca.pem".into()),
                 client: Some(("/c/me.pem".into(), "/c/me key.pem".into())),
+                skip_hostname: false,
+            })
+        );
+        let t = parse("rediss://10.0.0.5:6380?tls_ca=/c/ca.pem&tls_skip_hostname=true").unwrap();
+        assert_eq!(
+            t.tls,
+            Some(Tls {
+                ca: Some("/c/ca.pem".into()),
+                skip_hostname: true,
+                ..Tls::default()
             })
         );
         let t = parse("unix:///run/redis.sock?db=3&pass=pw").unwrap();
@@ -238,6 +262,11 @@ mod tests {
             ("redis://h:1?tls_ca=/ca.pem", "rediss:// only"),
             ("unix:///s.sock?tls_cert=/c&tls_key=/k", "rediss:// only"),
             ("rediss://h:1?tls_cert=/c", "go together"),
+            ("redis://h:1?tls_skip_hostname=true", "rediss:// only"),
+            (
+                "rediss://h:1?tls_skip_hostname=yes",
+                "expected true or false",
+            ),
             ("redis://h:99999", "port"),
             ("not a url", "relative URL"),
         ] {
