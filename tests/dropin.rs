@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::redis::{available, free_port, RedisCluster, RedisServer};
+use common::sentinel::Sentinels;
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit, Code, DescriptorStatus,
@@ -346,6 +347,135 @@ async fn envoyproxy_ratelimits_basic_scenario_with_redis_auth() {
     basic_scenario(&d, false).await;
 }
 
+/// envoyproxy/ratelimit's Sentinel set-up (its Makefile): a master with a password
+/// and one replica, three sentinels with `sentinel auth-pass`; `REDIS_TYPE=sentinel`,
+/// `REDIS_URL=mymaster,HOST:PORT,...` and `REDIS_AUTH`.
+async fn erl_sentinel(tls: Option<&Path>) -> (RedisServer, RedisServer, Sentinels) {
+    let auth = [
+        "--requirepass",
+        "password123",
+        "--masterauth",
+        "password123",
+    ];
+    let files = |d: &Path, clients: bool, extra: &[&str]| {
+        let (cert, key, ca) = (d.join("server.crt"), d.join("server.key"), d.join("ca.crt"));
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        async move {
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            RedisServer::start_tls_files(&cert, &key, &ca, clients, &extra).await
+        }
+    };
+    let master = match tls {
+        None => RedisServer::start_with(&auth).await,
+        Some(d) => files(d, true, &auth[..]).await,
+    };
+    let master_port = master.port.to_string();
+    let of = ["--replicaof", "127.0.0.1", master_port.as_str()];
+    let replica_args: Vec<&str> = auth.iter().chain(of.iter()).copied().collect();
+    let replica = match tls {
+        None => RedisServer::start_with(&replica_args).await,
+        Some(d) => {
+            let mut args = replica_args.clone();
+            args.extend(["--tls-replication", "yes"]);
+            files(d, true, &args[..]).await
+        }
+    };
+    let pass = "sentinel auth-pass mymaster password123\n";
+    let sentinels = match tls {
+        None => Sentinels::start_with(3, "mymaster", master.port, pass).await,
+        Some(d) => {
+            let conf = format!(
+                "{pass}tls-cert-file {d}/server.crt\ntls-key-file {d}/server.key\n\
+                 tls-ca-cert-file {d}/ca.crt\ntls-auth-clients yes\ntls-replication yes\n",
+                d = d.display()
+            );
+            Sentinels::start_tls(3, "mymaster", master.port, &conf).await
+        }
+    };
+    sentinels.wait_settled(1).await;
+    (master, replica, sentinels)
+}
+
+/// Waits until `d` has found the master through the sentinels: a call that counts
+/// (on a key of its own) is answered.
+async fn master_found(d: &Dropin) {
+    let value = fresh("warm-");
+    eventually(WAIT, "the master found through the sentinels", || async {
+        let mut c = d.client().await;
+        c.should_rate_limit(request("basic", vec![desc(&[("key1", &value)])]))
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+/// `testBasicAuthConfigWithRedisSentinel`: the basic scenario through Sentinel, the
+/// counters on the master the sentinels name.
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_through_redis_sentinel() {
+    if !available() || !common::sentinel::available() {
+        return;
+    }
+    let (master, _replica, sentinels) = erl_sentinel(None).await;
+    let url = std::iter::once("mymaster".to_string())
+        .chain(sentinels.ports.iter().map(|p| format!("localhost:{p}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let d = start(
+        Some(&url),
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_AUTH", "password123")],
+    );
+    master_found(&d).await;
+    basic_scenario(&d, false).await;
+    let mut conn = master
+        .conn_as(&format!("redis://:password123@{}", master.addr()))
+        .await;
+    let keys = common::redis::keys(&mut conn).await;
+    assert!(keys.iter().any(|k| k.contains("key2")), "{keys:?}");
+}
+
+/// The same over TLS, sentinels and master requiring client certificates:
+/// `REDIS_TLS`, `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `_KEY` reach both.
+/// Without the client certificate nothing can be asked, and calls get the gRPC
+/// error.
+#[tokio::test]
+async fn redis_sentinel_over_tls_with_client_certificates() {
+    if !available() || !common::sentinel::available() {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    common::redis::tls_certificates(certs.path());
+    let (_master, _replica, sentinels) = erl_sentinel(Some(certs.path())).await;
+    let url = std::iter::once("mymaster".to_string())
+        .chain(sentinels.tls_ports.iter().map(|p| format!("localhost:{p}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let path = |f: &str| certs.path().join(f).display().to_string();
+    let (ca, cert, key) = (path("ca.crt"), path("server.crt"), path("server.key"));
+    let tls = [
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_AUTH", "password123"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", ca.as_str()),
+    ];
+    let client = [
+        ("REDIS_TLS_CLIENT_CERT", cert.as_str()),
+        ("REDIS_TLS_CLIENT_KEY", key.as_str()),
+    ];
+    let all: Vec<(&str, &str)> = tls.iter().chain(client.iter()).copied().collect();
+    let d = start(Some(&url), &all);
+    master_found(&d).await;
+    basic_scenario(&d, false).await;
+
+    let d = start(Some(&url), &tls);
+    let mut c = d.client().await;
+    let err = c
+        .should_rate_limit(request("basic", vec![desc(&[("key1", "foo")])]))
+        .await
+        .expect_err("no master without a client certificate");
+    assert_eq!(err.code(), tonic::Code::Unknown, "{err:?}");
+}
+
 /// `testConfigReload`: a file added to the runtime directory is served, and counted
 /// in `ratelimit_service_config_load_success`; its removal is a load too.
 #[tokio::test]
@@ -394,6 +524,105 @@ async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
     .await;
     let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
     assert!(r.statuses[0].current_limit.is_some());
+}
+
+/// The `basic` and `another` domains as envoyproxy/ratelimit's xDS test serves them
+/// (`initialXdsBasicConfig`), as RateLimitConfig documents.
+const XDS_BASIC: &str = "name: basic
+domain: basic
+descriptors:
+  - key: key1
+    rate_limit: {unit: SECOND, requests_per_unit: 50}
+  - key: one_per_minute
+    rate_limit: {unit: MINUTE, requests_per_unit: 1}
+---
+name: another
+domain: another
+descriptors:
+  - key: key2
+    rate_limit: {unit: MINUTE, requests_per_unit: 20}
+  - key: key3
+    rate_limit: {unit: HOUR, requests_per_unit: 10}
+  - key: key4
+    rate_limit: {unit: DAY, requests_per_unit: 20}
+";
+
+/// [`RELOAD`] as a RateLimitConfig.
+const XDS_RELOAD: &str = "name: reload
+domain: reload
+descriptors:
+  - key: key1
+    rate_limit: {unit: SECOND, requests_per_unit: 50}
+  - key: block
+    rate_limit: {unit: SECOND, requests_per_unit: 0}
+";
+
+/// `testXdsProviderBasicConfigReload`: `CONFIG_TYPE=GRPC_XDS_SOTW` from the test
+/// xDS server (go-control-plane's snapshot cache). A version that adds the `reload`
+/// domain is served and counted as a load; the version without it takes it away
+/// again, as a file's removal does.
+#[tokio::test]
+async fn a_reload_from_xds_is_served_and_counted() {
+    let Some(bin) = common::xds::binary() else {
+        return;
+    };
+    let xds = common::xds::XdsServer::start_plain(&bin, &[]);
+    xds.publish(XDS_BASIC);
+    let d = start(
+        None,
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", &xds.addr),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ],
+    );
+    eventually(WAIT, "the first xDS version", || async {
+        let mut c = d.client().await;
+        let r = call(&mut c, request("basic", vec![desc(&[("key1", "x")])])).await;
+        r.statuses[0].current_limit.is_some()
+    })
+    .await;
+    let mut c = d.client().await;
+    let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
+    assert_status(
+        &r.statuses[0],
+        Code::Ok,
+        50,
+        Unit::Second,
+        49,
+        "key1 over xDS",
+    );
+    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(
+        r.statuses[0].current_limit.is_none(),
+        "no reload domain yet"
+    );
+    let loads = d
+        .prometheus("ratelimit_service_config_load_success")
+        .expect("loads counted");
+
+    xds.publish(&format!("{XDS_BASIC}---\n{XDS_RELOAD}"));
+    eventually(WAIT, "the reload domain over xDS", || async {
+        let mut c = d.client().await;
+        let r = call(&mut c, request("reload", vec![desc(&[("key1", "foo")])])).await;
+        r.statuses[0].current_limit.is_some()
+    })
+    .await;
+    let r = call(&mut c, request("reload", vec![desc(&[("key1", "bar")])])).await;
+    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "reloaded");
+    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "0 a second");
+    let after = d.prometheus("ratelimit_service_config_load_success");
+    assert!(after.is_some_and(|n| n > loads), "{after:?} after {loads}");
+
+    xds.publish(XDS_BASIC);
+    eventually(WAIT, "the reload domain gone again", || async {
+        let mut c = d.client().await;
+        let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
+        r.overall_code == Code::Ok as i32 && r.statuses[0].current_limit.is_none()
+    })
+    .await;
 }
 
 /// A Redis that cannot be reached: envoyproxy/ratelimit answers the call with an
@@ -642,6 +871,83 @@ async fn redis_tls_with_a_pinned_self_signed_certificate_and_a_client_certificat
         ],
     );
     assert_refused_loudly(&d, "noauth").await;
+}
+
+/// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true`: Redis reached at an address its
+/// certificate does not name (127.0.0.1; the certificates name `localhost`) is
+/// accepted, whether the certificate chains to `REDIS_TLS_CACERT` or is pinned by it;
+/// one signed by another authority is still refused. Without the variable the name
+/// is checked.
+#[tokio::test]
+async fn redis_tls_skip_hostname_verification_skips_the_name_only() {
+    if !available() {
+        return;
+    }
+    let certs = common::certs::Certs::envoy_gateway();
+    let path = |n: &str| certs.path(n).display().to_string();
+    let port = |r: &RedisServer| r.addr().rsplit(':').next().unwrap().to_string();
+    let chained = RedisServer::start_tls_files(
+        &certs.path("tls.crt"),
+        &certs.path("tls.key"),
+        &certs.path("ca.crt"),
+        false,
+        &[],
+    )
+    .await;
+    let at_ip = format!("127.0.0.1:{}", port(&chained));
+    let ca = path("ca.crt");
+    let tls = [("REDIS_TLS", "true"), ("REDIS_TLS_CACERT", ca.as_str())];
+    let skip = ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+
+    let d = start(Some(&at_ip), &tls);
+    assert_refused_loudly(&d, "tls").await;
+
+    let d = start(Some(&at_ip), &[tls[0], tls[1], skip]);
+    basic_scenario(&d, false).await;
+
+    // Pinned: envoyproxy/ratelimit's self-signed certificate as its own authority.
+    let pinned_dir = tempfile::tempdir().unwrap();
+    erl_certificate(pinned_dir.path());
+    let (cert, key) = (
+        pinned_dir.path().join("cert.pem"),
+        pinned_dir.path().join("key.pem"),
+    );
+    let pinned = RedisServer::start_tls_files(&cert, &key, &cert, false, &[]).await;
+    let cert_s = cert.display().to_string();
+    let d = start(
+        Some(&format!("127.0.0.1:{}", port(&pinned))),
+        &[tls[0], ("REDIS_TLS_CACERT", &cert_s), skip],
+    );
+    basic_scenario(&d, false).await;
+
+    // Another authority's certificate: the chain is still checked.
+    let stranger = RedisServer::start_tls_files(
+        &certs.path("stranger.crt"),
+        &certs.path("stranger.key"),
+        &certs.path("other-ca.crt"),
+        false,
+        &[],
+    )
+    .await;
+    let d = start(
+        Some(&format!("127.0.0.1:{}", port(&stranger))),
+        &[tls[0], tls[1], skip],
+    );
+    let mut c = d.client().await;
+    let err = c
+        .should_rate_limit(request("basic", vec![desc(&[("key1", "foo")])]))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::Unknown, "{err:?}");
+    eventually(WAIT, "the refusal counted as tls", || async {
+        let (_, text) = http(&d.server.http, "GET", "/metrics", "");
+        text.lines().any(|l| {
+            l.starts_with("sluice_store_errors_total")
+                && l.contains("kind=\"tls\"")
+                && !l.ends_with(" 0")
+        })
+    })
+    .await;
 }
 
 /// A Redis that refuses sluice's settings: calls answered with an error, counted

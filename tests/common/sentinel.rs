@@ -32,6 +32,8 @@ pub fn available() -> bool {
 pub struct Sentinels {
     children: Vec<Child>,
     pub ports: Vec<u16>,
+    /// Each sentinel's TLS port, when started with [`Sentinels::start_tls`].
+    pub tls_ports: Vec<u16>,
     pub name: String,
     pub dir: tempfile::TempDir,
 }
@@ -46,15 +48,34 @@ impl Sentinels {
     /// As [`Sentinels::start`], with `extra` appended to each config (such as
     /// `sentinel auth-pass NAME PASSWORD` for a master with a password).
     pub async fn start_with(n: usize, name: &str, master_port: u16, extra: &str) -> Sentinels {
+        Self::start_inner(n, name, master_port, extra, false).await
+    }
+
+    /// As [`Sentinels::start_with`], each sentinel also serving TLS on a port of
+    /// [`Sentinels::tls_ports`] (`extra` names the files: `tls-cert-file` and so on);
+    /// the plain ports stay for the test's own checks.
+    pub async fn start_tls(n: usize, name: &str, master_port: u16, extra: &str) -> Sentinels {
+        Self::start_inner(n, name, master_port, extra, true).await
+    }
+
+    async fn start_inner(
+        n: usize,
+        name: &str,
+        master_port: u16,
+        extra: &str,
+        tls: bool,
+    ) -> Sentinels {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = Sentinels {
             children: Vec::new(),
             ports: Vec::new(),
+            tls_ports: Vec::new(),
             name: name.to_string(),
             dir,
         };
         for i in 0..n {
             let port = free_port();
+            let tls_port = if tls { free_port() } else { 0 };
             let conf = s.dir.path().join(format!("sentinel-{i}.conf"));
             let log = s.dir.path().join(format!("sentinel-{i}.log"));
             let text = format!(
@@ -62,7 +83,12 @@ impl Sentinels {
                  sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 10000\n\
-                 sentinel parallel-syncs {name} 1\n{extra}\n",
+                 sentinel parallel-syncs {name} 1\n{tls_line}{extra}\n",
+                tls_line = if tls {
+                    format!("tls-port {tls_port}\n")
+                } else {
+                    String::new()
+                },
                 dir = s.dir.path().display(),
                 log = log.display(),
                 quorum = n / 2 + 1,
@@ -76,6 +102,9 @@ impl Sentinels {
                 .expect("spawn redis-sentinel");
             s.children.push(child);
             s.ports.push(port);
+            if tls {
+                s.tls_ports.push(tls_port);
+            }
         }
         s
     }
