@@ -2834,3 +2834,98 @@ async fn replicas_on_one_redis_tighten_a_key_as_one() {
         "{calls} script calls for {denied} denials"
     );
 }
+
+/// What a probe heard: (host, port, script, keys, ok, took).
+type Heard = Vec<(
+    Option<String>,
+    Option<u16>,
+    &'static str,
+    usize,
+    bool,
+    Duration,
+)>;
+
+/// Records each store call it hears of.
+#[derive(Default)]
+struct Ears(std::sync::Mutex<Heard>);
+
+impl sluice::store::Probe for Ears {
+    fn call(&self, c: &sluice::store::StoreCall<'_>) {
+        let took = c.ended.duration_since(c.started).unwrap_or_default();
+        self.0.lock().unwrap().push((
+            c.host.map(str::to_string),
+            c.port,
+            c.script,
+            c.keys,
+            c.error.is_none(),
+            took,
+        ));
+    }
+}
+
+/// A probed decision tells of each shard it called, by the shard's address, with the
+/// script and its keys: one call for a request on one shard, one per shard for a
+/// request over two, none when the over-limit cache answers; an unprobed decision
+/// decides the same.
+#[tokio::test]
+async fn a_probe_hears_each_shard_call_with_its_address() {
+    let Some(t) = start(2).await else { return };
+    const HOUR: Micros = 3_600 * SECOND;
+    let port = |i: usize| {
+        t.servers[i]
+            .addr()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .ok()
+    };
+    let on0 = hit(&key_on("probe", 0, 2), Algorithm::FixedWindow, 1, HOUR, 1);
+    let on1 = hit(&key_on("probe", 1, 2), Algorithm::FixedWindow, 5, HOUR, 1);
+
+    let ears = Ears::default();
+    let v = t
+        .store
+        .decide_probed(std::slice::from_ref(&on0), &ears)
+        .await
+        .unwrap();
+    assert!(v.admitted);
+    let heard = std::mem::take(&mut *ears.0.lock().unwrap());
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    let (host, p, script, keys, ok, took) = &heard[0];
+    assert_eq!((host.as_deref(), *p), (Some("127.0.0.1"), port(0)));
+    assert_eq!((*script, *keys, *ok), ("decide", 1, true));
+    assert!(*took > Duration::ZERO, "a round trip takes time");
+
+    // Over both shards (on0 is now full: denied, so on1's hit is given back).
+    let v = t
+        .store
+        .decide_probed(&[on0.clone(), on1.clone()], &ears)
+        .await
+        .unwrap();
+    assert!(!v.admitted);
+    let heard = std::mem::take(&mut *ears.0.lock().unwrap());
+    let mut ports: Vec<_> = heard.iter().map(|h| h.1).collect();
+    ports.sort();
+    let mut want = vec![port(0), port(1)];
+    want.sort();
+    assert_eq!(ports, want, "one call per shard: {heard:?}");
+    assert!(heard.iter().all(|h| h.2 == "decide" && h.3 == 1 && h.4));
+
+    // The denial of on0 alone is now cached: no call, nothing heard.
+    let v = t
+        .store
+        .decide_probed(std::slice::from_ref(&on0), &ears)
+        .await
+        .unwrap();
+    assert!(!v.admitted);
+    assert!(ears.0.lock().unwrap().is_empty(), "answered from the cache");
+
+    // Unprobed, the same store decides as usual.
+    let v = t.store.decide(std::slice::from_ref(&on1)).await.unwrap();
+    assert!(v.admitted);
+    assert_eq!(
+        v.verdicts[0].remaining, 4,
+        "5 an hour, the refunded hit not counted"
+    );
+}
