@@ -443,10 +443,20 @@ async fn a_tls_master_is_reached_over_tls_at_the_address_the_sentinel_gives() {
     let ca = d.join("ca.crt");
     let urls = sentinels.urls().join(",");
     let spec = format!("rediss://{MASTER}");
+    // The count below is exact only if no call is answered by the closed failure
+    // mode: 15 ms is too short a wait on a loaded 2-core machine.
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
     let sluice = common::Server::start_env(
         dir,
         &configs,
-        &["--redis-sentinel", &urls, "--redis-sentinel-master", &spec],
+        &[
+            "--store-timeout",
+            &timeout,
+            "--redis-sentinel",
+            &urls,
+            "--redis-sentinel-master",
+            &spec,
+        ],
         &[("SSL_CERT_FILE", ca.to_str().expect("utf-8 path"))],
     );
     let client = sluice.client().await;
