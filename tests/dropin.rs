@@ -1,9 +1,10 @@
 //! The drop-in: sluice started as `ratelimit` with nothing but envoyproxy/ratelimit's
 //! environment answers envoyproxy/ratelimit's own integration scenarios (its
 //! `test/integration`: the two-descriptor `another` domain, per-second limits,
-//! `share_threshold`, reloads from files, a Redis that fails) as envoyproxy/ratelimit
-//! answers them: the same codes, limits, remaining counts and whole-second resets, on
-//! the memory store, one Redis and a Redis Cluster.
+//! `share_threshold`, reloads from files and xDS, a Redis that fails) as
+//! envoyproxy/ratelimit answers them: the same codes, limits, remaining counts and
+//! whole-second resets, on the memory store, one Redis (with a per-second Redis
+//! named, with a password, over TLS), a Redis Cluster and Redis Sentinel.
 //!
 //! The policies below are the project's own copies of the shapes of that suite's
 //! `runtime/current/ratelimit/config/*.yaml`.
@@ -320,6 +321,40 @@ async fn envoyproxy_ratelimits_basic_scenario_on_redis() {
     let mut conn = redis.conn().await;
     let keys = common::redis::keys(&mut conn).await;
     assert!(keys.iter().any(|k| k.starts_with("prefix:")), "{keys:?}");
+}
+
+/// `WithPerSecondRedis`: envoyproxy/ratelimit keeps per-second limits on a Redis of
+/// their own; Sluice accepts the variables and keeps every counter on `REDIS_URL`'s,
+/// answering the same.
+#[tokio::test]
+async fn envoyproxy_ratelimits_basic_scenario_with_a_per_second_redis() {
+    if !available() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let per_second = RedisServer::start().await;
+    let d = start(
+        Some(&redis.addr()),
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", &per_second.addr()),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ],
+    );
+    basic_scenario(&d, false).await;
+    // Counted by the calls each server answered: a per-second counter's key is gone
+    // within the second.
+    async fn scripts(r: &RedisServer) -> u64 {
+        let mut conn = r.conn().await;
+        common::redis::command_calls(&mut conn, "evalsha").await
+            + common::redis::command_calls(&mut conn, "eval").await
+    }
+    assert_eq!(
+        scripts(&per_second).await,
+        0,
+        "nothing on the per-second Redis"
+    );
+    assert!(scripts(&redis).await > 0, "every counter on REDIS_URL's");
 }
 
 #[tokio::test]
