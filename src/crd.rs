@@ -134,6 +134,8 @@ pub struct RateLimitSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltySpec>,
@@ -367,7 +369,18 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "type": "string",
                 "enum": ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket"]
             },
-            "window": duration_schema("The window, instead of unit"),
+            "window": {
+                "description": "The window, instead of unit: a duration such as 250ms, 10s, 5m, 1h or 1m30s, or calendar_day / calendar_month (local days or months in timeZone, counted by fixed_window).",
+                "type": "string",
+                "maxLength": 32,
+                "pattern": "^(([0-9]+(\\.[0-9]+)?(us|µs|ms|s|m|h|d))+|calendar_day|calendar_month)$"
+            },
+            "timeZone": {
+                "description": "The IANA time zone of a calendar window (Europe/Berlin); UTC when not given.",
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 64
+            },
             "burst": {
                 "description": "token_bucket: capacity; leaky_bucket: queue length (default requestsPerUnit).",
                 "type": "integer",
@@ -426,6 +439,14 @@ fn rate_limit_schema(depth: usize) -> Value {
             {
                 "rule": "(has(self.unlimited) && self.unlimited) || has(self.unit) != has(self.window)",
                 "message": "set exactly one of unit or window (or unlimited: true)"
+            },
+            {
+                "rule": "!has(self.timeZone) || (has(self.window) && self.window.startsWith('calendar_'))",
+                "message": "timeZone applies only to a calendar window (window: calendar_day or calendar_month)"
+            },
+            {
+                "rule": "!has(self.window) || !self.window.startsWith('calendar_') || !has(self.algorithm) || self.algorithm == 'fixed_window'",
+                "message": "a calendar window is counted by fixed_window only"
             }
         ]);
     }

@@ -118,6 +118,7 @@ fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64
             requests,
             window,
             burst: requests,
+            phase: 0,
         },
         hits,
         mode: Mode::Enforce,
@@ -254,6 +255,93 @@ async fn fixed_time_store() -> Option<(RedisServer, ManualClock, RedisStore)> {
     opts.cache_capacity = 0;
     let store = RedisStore::new(opts, None).expect("store");
     Some((server, clock, store))
+}
+
+/// A calendar budget on Redis, decided on the script's clock with the window the
+/// limiter computes (`Calendar::limit`): a 25-hour Berlin day is one budget, local
+/// midnight starts the next, and a month ends at local midnight of the 1st, as the
+/// memory store decides on the same clock.
+#[tokio::test]
+async fn calendar_windows_reset_at_local_midnight_on_redis_as_in_memory() {
+    let Some((_server, clock, redis)) = fixed_time_store().await else {
+        return;
+    };
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 1_000);
+    let at = |s: &str| {
+        let t: jiff::Timestamp = s.parse().expect("a time");
+        t.as_microsecond() as Micros
+    };
+    let day = sluice::policy::Calendar::new(sluice::policy::Period::Day, "Europe/Berlin")
+        .expect("a zone");
+    let month = sluice::policy::Calendar::new(sluice::policy::Period::Month, "Europe/Berlin")
+        .expect("a zone");
+    // (time, calendar, key, hits, admitted, reset or retry_after in seconds)
+    let steps: [(&str, &sluice::policy::Calendar, &str, u64, bool, u64); 9] = [
+        // 2026-10-25 has 25 hours: local 00:30 and 23:30 are one day.
+        (
+            "2026-10-24T22:30:00Z",
+            &day,
+            "cal-day",
+            2,
+            true,
+            24 * 3600 + 1800,
+        ),
+        ("2026-10-25T22:30:00Z", &day, "cal-day", 1, true, 1800),
+        ("2026-10-25T22:59:59Z", &day, "cal-day", 1, false, 1),
+        ("2026-10-25T23:00:00Z", &day, "cal-day", 3, true, 24 * 3600),
+        // March 2026 ends at 22:00 UTC on the 31st (CEST), and April has 30 days.
+        (
+            "2026-03-01T00:00:00Z",
+            &month,
+            "cal-month",
+            3,
+            true,
+            30 * 86_400 + 22 * 3600,
+        ),
+        ("2026-03-31T21:59:59Z", &month, "cal-month", 1, false, 1),
+        (
+            "2026-03-31T22:00:00Z",
+            &month,
+            "cal-month",
+            3,
+            true,
+            30 * 86_400,
+        ),
+        ("2026-04-30T21:59:00Z", &month, "cal-month", 1, false, 60),
+        (
+            "2026-04-30T22:00:00Z",
+            &month,
+            "cal-month",
+            1,
+            true,
+            31 * 86_400,
+        ),
+    ];
+    for (time, calendar, key, hits, admitted, wait) in steps {
+        clock.set(at(time));
+        let mut h = hit(key, Algorithm::FixedWindow, 3, 86_400 * SECOND, hits);
+        h.limit = calendar.limit(h.limit, clock.now());
+        let on_redis = redis
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decided");
+        let in_memory = memory
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decided");
+        let v = on_redis.verdicts[0];
+        assert_eq!(v.admitted, admitted, "{time} {key}");
+        let shown = if admitted { v.reset } else { v.retry_after };
+        assert_eq!(shown, wait * SECOND, "{time} {key}");
+        assert_eq!(
+            (v.admitted, v.remaining, v.reset, v.retry_after),
+            {
+                let m = in_memory.verdicts[0];
+                (m.admitted, m.remaining, m.reset, m.retry_after)
+            },
+            "{time} {key}: Redis and memory differ"
+        );
+    }
 }
 
 /// A sliding log's members, oldest first.

@@ -265,6 +265,16 @@ pub fn rule_pb(policy: &Policy, rule: &Rule, from_override: bool) -> pb::Rule {
         unit: rule.unit.as_str().to_string(),
         window_micros: limit.map_or(0, |l| l.window),
         burst: limit.map_or(0, |l| l.burst),
+        calendar: rule
+            .calendar
+            .as_ref()
+            .map(|c| c.period().as_str().to_string())
+            .unwrap_or_default(),
+        time_zone: rule
+            .calendar
+            .as_ref()
+            .map(|c| c.zone_name().to_string())
+            .unwrap_or_default(),
         shadow_mode: rule.shadow_mode,
         quota_mode: rule.quota_mode,
         replaces: rule.replaces.clone(),

@@ -216,7 +216,7 @@ impl HitArgs {
                 code: shard::code(h.limit.algorithm),
                 requests: clamp(h.limit.requests),
                 window: clamp(h.limit.window.max(1)),
-                burst: clamp(h.limit.burst),
+                burst: burst_arg(&h.limit),
                 mode: mode_code(h.mode, h.spend),
             },
             hits: clamp(h.hits),
@@ -237,6 +237,16 @@ pub struct Reply {
 
 fn clamp(v: u64) -> u64 {
     v.min(MAX_ARG)
+}
+
+/// The limit's third number: a bucket's burst, or a fixed window's phase (below its
+/// window, so never clamped: a calendar window's local midnight), which
+/// `fixed_window` in algorithms.lua reads in that place. The other windows ignore it.
+fn burst_arg(limit: &crate::algorithm::Limit) -> u64 {
+    match limit.algorithm {
+        crate::algorithm::Algorithm::FixedWindow => limit.phase % limit.window.max(1),
+        _ => clamp(limit.burst),
+    }
 }
 
 /// The mode's letter, in upper case for a charge (decide.lua then spends it whole),
@@ -559,6 +569,7 @@ mod tests {
                     requests,
                     window: 1_000_000,
                     burst: requests,
+                    phase: 0,
                 },
                 hits,
                 mode: Mode::Enforce,
