@@ -344,6 +344,68 @@ async fn calendar_windows_reset_at_local_midnight_on_redis_as_in_memory() {
     }
 }
 
+/// `algorithm: concurrency` on Redis as in memory, on one clock: +1 per stream (a
+/// charge), -1 at its refund, and a slot whose refund never comes is free once its
+/// lease ends.
+#[tokio::test]
+async fn concurrency_slots_are_refunded_or_leased_on_redis_as_in_memory() {
+    let Some((_server, clock, redis)) = fixed_time_store().await else {
+        return;
+    };
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 1_000);
+    let text = "domain: d
+descriptors:
+  - key: k
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, lease: 5m}
+";
+    let policy = sluice::policy::compile(sluice::policy::parse_str("p.yaml", text).unwrap())
+        .expect("compiles");
+    let limit = policy.rules[0].limit.expect("a limit");
+    let t0 = clock.now();
+    let mut slot = hit("inflight", Algorithm::SlidingWindowLog, 2, 1, 1);
+    slot.limit = limit;
+    // (seconds after t0, refund, admitted)
+    let steps = [
+        (0, false, true),
+        (1, false, true),
+        (2, false, false),
+        (2, true, true),
+        (3, true, true),
+        (3, false, true),
+        (4, false, false),
+        (4, true, true),
+        // Two slots are held with no refund coming; a refund takes the newest entry,
+        // so they are the entries of 0 s and 3 s, each free when its lease ends.
+        (300, false, true),
+        (300, false, false),
+        (300, true, true),
+        (302, false, false),
+        (302, true, true),
+        (303, false, true),
+    ];
+    for (at, refund, admitted) in steps {
+        clock.set(t0 + at * SECOND);
+        slot.spend = if refund { Spend::Refund } else { Spend::Always };
+        let on_redis = redis
+            .decide(std::slice::from_ref(&slot))
+            .await
+            .expect("decided");
+        let in_memory = memory
+            .decide(std::slice::from_ref(&slot))
+            .await
+            .expect("decided");
+        assert_eq!(on_redis.admitted, admitted, "{at} s, refund {refund}");
+        assert_eq!(
+            in_memory.admitted, admitted,
+            "{at} s, refund {refund}: memory"
+        );
+        assert_eq!(
+            on_redis.verdicts[0].remaining, in_memory.verdicts[0].remaining,
+            "{at} s, refund {refund}"
+        );
+    }
+}
+
 /// A sliding log's members, oldest first.
 async fn log_members(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
     redis::cmd("ZRANGE")

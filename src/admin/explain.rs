@@ -259,7 +259,10 @@ pub fn rule_pb(policy: &Policy, rule: &Rule, from_override: bool) -> pb::Rule {
         layer: rule.layer.as_str().to_string(),
         unlimited: limit.is_none(),
         algorithm: limit
-            .map(|l| l.algorithm.as_str().to_string())
+            .map(|l| match rule.lease {
+                Some(_) => "concurrency".to_string(),
+                None => l.algorithm.as_str().to_string(),
+            })
             .unwrap_or_default(),
         requests_per_unit: u64::from(rule.requests_per_unit),
         unit: rule.unit.as_str().to_string(),

@@ -248,6 +248,20 @@ pub fn text(e: &pb::Explanation) -> String {
 /// name of a named limit of a list.
 fn push_limit(out: &mut String, r: &pb::Rule) {
     use std::fmt::Write as _;
+    if r.algorithm == "concurrency" {
+        // The window is the lease: `3 in flight (concurrency, lease 300s)`.
+        let lease = pb::Rule {
+            unit: "unknown".to_string(),
+            ..r.clone()
+        };
+        let _ = write!(
+            out,
+            "{} in flight (concurrency, lease {})",
+            r.requests_per_unit,
+            unit_text(&lease)
+        );
+        return;
+    }
     let _ = write!(
         out,
         "{} per {} ({}",

@@ -173,6 +173,7 @@ mod tests {
             rendered: Default::default(),
             also: Vec::new(),
             calendar: None,
+            lease: None,
             stat_key: String::new(),
         }
     }

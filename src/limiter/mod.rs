@@ -1101,6 +1101,50 @@ descriptors:
     }
 
     #[tokio::test]
+    async fn concurrency_holds_a_slot_until_its_refund_or_its_lease() {
+        let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, lease: 5m}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(policy, &clock, Settings::default());
+        let entries = [("api_key", "k1")];
+        let start = Descriptor {
+            spend: Spend::Always,
+            ..Descriptor::new(&entries, 1)
+        };
+        let end = Descriptor {
+            spend: Spend::Refund,
+            ..Descriptor::new(&entries, 1)
+        };
+        // Two streams start; a third is refused (and its stream-end refund, which
+        // Envoy sends for a denied request too, gives its slot back).
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        clock.advance(SECOND);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        // One stream ends: its slot is free at once.
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        // No refund ever comes for the two in flight (a crashed Envoy): their slots
+        // are held until their leases end, five minutes after they were taken (a
+        // refund takes the newest entry, so the entries left are of 0 s and 1 s).
+        clock.set(1_000 * HOUR + 5 * 60 * SECOND);
+        let o = limiter.decide("d", &[start]).await;
+        assert!(!o.over_limit, "the first slot's lease has ended");
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        clock.advance(SECOND);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+    }
+
+    #[tokio::test]
     async fn several_rates_are_one_store_batch_on_one_placement() {
         let clock = ManualClock::new(1_000 * HOUR);
         let limiter = test_limiter(TWO_RATES, &clock, Settings::default());

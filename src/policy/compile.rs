@@ -269,6 +269,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, rl: &RateLimit, trail: &Trail) -> Opt
         rendered: Default::default(),
         also: Vec::new(),
         calendar: rl.calendar.clone(),
+        lease: rl.lease,
         stat_key: trail
             .path
             .iter()

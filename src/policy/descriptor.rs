@@ -212,13 +212,19 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         None => Vec::new(),
     };
     let algorithm_field = f.get(ctx, "algorithm");
+    let mut concurrency = false;
     let algorithm = algorithm_field.and_then(|a| string(ctx, a)).and_then(|s| {
+        // Requests in flight: a sliding log whose window is the lease (see `lease`).
+        if s == "concurrency" {
+            concurrency = true;
+            return Some(Algorithm::SlidingWindowLog);
+        }
         let algorithm = Algorithm::parse(&s);
         if algorithm.is_none() {
             ctx.error(
                 algorithm_field.and_then(|a| a.line()),
                 format!(
-                    "unknown algorithm '{}' (expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket)",
+                    "unknown algorithm '{}' (expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket or concurrency)",
                     shorten(&s)
                 ),
             );
@@ -248,6 +254,8 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     });
     let zone_field = f.get(ctx, "time_zone");
     let zone = zone_field.and_then(|z| string(ctx, z));
+    let lease_field = f.get(ctx, "lease");
+    let lease = lease_field.and_then(|l| duration_field(ctx, l));
     let burst_field = f.get(ctx, "burst");
     let burst = burst_field
         .and_then(|b| integer(ctx, b, 1, i128::from(u64::MAX)))
@@ -264,6 +272,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
             (unit_field, "unit"),
             (window_field, "window"),
             (zone_field, "time_zone"),
+            (lease_field, "lease"),
             (algorithm_field, "algorithm"),
             (burst_field, "burst"),
             (penalty_field, "penalty"),
@@ -279,7 +288,38 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
                 );
             }
         }
+    } else if concurrency {
+        // The lease is the window: a slot whose refund never comes is free after it.
+        for (extra, name) in [(unit_field, "unit"), (window_field, "window")] {
+            if let Some(extra) = extra {
+                ctx.error(
+                    extra.key_line,
+                    format!(
+                        "'algorithm: concurrency' takes 'lease' (how long a slot is held at most), not '{}'",
+                        ctx.form.spell(name)
+                    ),
+                );
+            }
+        }
+        if lease_field.is_none() {
+            ctx.error(
+                line,
+                "'algorithm: concurrency' needs 'lease': how long a slot is held at most when its refund never comes (longer than the longest stream)",
+            );
+        }
+        if rpu_field.is_none() {
+            ctx.error(
+                line,
+                format!("'{what}' needs '{}'", ctx.form.spell("requests_per_unit")),
+            );
+        }
     } else {
+        if let Some(l) = lease_field {
+            ctx.error(
+                l.key_line,
+                "'lease' applies only to 'algorithm: concurrency'",
+            );
+        }
         match (unit_field, window_field) {
             (None, None) => ctx.error(
                 line,
@@ -302,6 +342,10 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     // depends on the server's `--default-algorithm`.
     if let (Some(b), false) = (burst_field, unlimited) {
         match algorithm {
+            _ if concurrency => ctx.error(
+                b.key_line,
+                "'burst' only applies to token_bucket and leaky_bucket, not concurrency",
+            ),
             Some(Algorithm::TokenBucket | Algorithm::LeakyBucket) => {}
             Some(other) => ctx.error(
                 b.key_line,
@@ -338,6 +382,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         // A calendar window is a fixed window whatever `--default-algorithm` says.
         algorithm: algorithm.or(calendar.as_ref().map(|_| Algorithm::FixedWindow)),
         calendar,
+        lease: if concurrency { lease } else { None },
         burst,
         replaces,
         penalty,
@@ -434,6 +479,7 @@ fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
             continue;
         };
         let alone = [
+            (rl.lease.is_some(), "algorithm: concurrency"),
             (rl.unlimited, "unlimited"),
             (!rl.replaces.is_empty(), "replaces"),
             (rl.penalty.is_some(), "penalty"),
@@ -1024,6 +1070,67 @@ descriptors:
         assert_eq!(
             rule.calendar.as_ref().unwrap().zone_name(),
             "America/New_York"
+        );
+    }
+
+    #[test]
+    fn concurrency_is_a_sliding_log_over_its_lease() {
+        let text = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
+";
+        let policy = compile(parse_str("p.yaml", text).unwrap()).unwrap();
+        let rule = &policy.rules[0];
+        let limit = rule.limit.unwrap();
+        assert_eq!(limit.algorithm, Algorithm::SlidingWindowLog);
+        assert_eq!(
+            (limit.requests, limit.window),
+            (3, 300 * crate::algorithm::SECOND)
+        );
+        assert_eq!(rule.lease, Some(300 * crate::algorithm::SECOND));
+        let one = |rate_limit: &str| {
+            errors(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
+            ))
+        };
+        for (rate_limit, message) in [
+            (
+                "{algorithm: concurrency, requests_per_unit: 3}",
+                "p.yaml:4: 'algorithm: concurrency' needs 'lease'",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: 5m, unit: minute}",
+                "p.yaml:4: 'algorithm: concurrency' takes 'lease' (how long a slot is held at most), not 'unit'",
+            ),
+            (
+                "{unit: minute, requests_per_unit: 3, lease: 5m}",
+                "p.yaml:4: 'lease' applies only to 'algorithm: concurrency'",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: 5m, burst: 4}",
+                "'burst' only applies to token_bucket and leaky_bucket, not concurrency",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: forever}",
+                "p.yaml:4: 'lease':",
+            ),
+        ] {
+            let e = one(rate_limit);
+            assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
+        }
+        let listed = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
+";
+        assert!(
+            errors(listed)
+                .starts_with("p.yaml:6: 'algorithm: concurrency' is not allowed in 'rate_limits'"),
+            "{}",
+            errors(listed)
         );
     }
 

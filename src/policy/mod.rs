@@ -287,6 +287,9 @@ pub struct Rule {
     /// nominal length) is counted over the local day or month holding each
     /// request's time ([`Rule::limit_at`]).
     pub calendar: Option<Calendar>,
+    /// `algorithm: concurrency`: the limit counts requests in flight (a sliding log
+    /// whose window is this lease), +1 at the request and -1 at its refund.
+    pub lease: Option<Micros>,
     /// envoyproxy/ratelimit's name for this rule's statistics: each level from the
     /// root as `key_value` (`key` without a value), joined by `.`; empty for an
     /// override.
@@ -433,6 +436,7 @@ impl Rule {
             rendered: Default::default(),
             also: Vec::new(),
             calendar: None,
+            lease: None,
             stat_key: String::new(),
         };
         rule.rendered = answer::render(&rule);

@@ -103,6 +103,9 @@ pub struct RateLimit {
     /// `window: calendar_day` or `calendar_month`, in `time_zone` (UTC when not
     /// given): a `fixed_window` over local days or months.
     pub calendar: Option<Calendar>,
+    /// `algorithm: concurrency`: requests in flight, each slot held from its request
+    /// until its refund, or at most this long.
+    pub lease: Option<Micros>,
     /// 0 for an unlimited limit that does not give it.
     pub requests_per_unit: u32,
     /// `None` when the document names none: the compiled policy's default applies
@@ -120,6 +123,7 @@ impl RateLimit {
     /// nominal length: a day, 30 days).
     pub fn window_micros(&self) -> Option<Micros> {
         self.window
+            .or(self.lease)
             .or_else(|| self.unit.and_then(Unit::micros))
             .or_else(|| self.calendar.as_ref().map(|c| c.period().nominal()))
     }
