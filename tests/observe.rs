@@ -209,7 +209,11 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
     assert_eq!(top["bans"].as_array().unwrap().len(), 1);
 
     // A charge of 5 past the limit is spent whole; a refund of 2 is given back.
-    call(&mut c, request("shop", vec![desc_hits(&[("tenant", "c")], 5)])).await;
+    call(
+        &mut c,
+        request("shop", vec![desc_hits(&[("tenant", "c")], 5)]),
+    )
+    .await;
     let refund = RateLimitDescriptor {
         is_negative_hits: true,
         ..desc_hits(&[("tenant", "c")], 2)
@@ -220,7 +224,10 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
     let tenant = rules.iter().find(|r| r["rule"] == "tenant").unwrap();
     assert_eq!(tenant["spent"], 7, "{tenant}");
     assert_eq!(tenant["refunded"], 2, "{tenant}");
-    let edge = rules.iter().find(|r| r["rule"] == "remote_address").unwrap();
+    let edge = rules
+        .iter()
+        .find(|r| r["rule"] == "remote_address")
+        .unwrap();
     assert_eq!(edge["refunded"], 0, "{edge}");
 }
 

@@ -204,8 +204,7 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
     // The cost column: the charged rule's hits per second over the minute.
     tmux.wait("the plan rule's cost/s", |s| {
         s.contains("cost/s")
-            && s
-                .lines()
+            && s.lines()
                 .any(|l| l.contains("plan") && l.split_whitespace().any(|w| w == "1.5"))
     });
 

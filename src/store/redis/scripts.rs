@@ -594,9 +594,9 @@ mod tests {
         assert_eq!(keys, ["ip1", "svc", "ip2", "svc", "ip3"]);
         let want = [
             "", "3", // no fixed time; three distinct limits
-            "fw", "10", "1000000", "10", "e", //
+            "fw", "10", "1000000", "0", "e", // a fixed window's phase in the burst's place
             "tb", "50", "1000000", "50", "e", //
-            "fw", "20", "1000000", "20", "e", //
+            "fw", "20", "1000000", "0", "e", //
             "2", "1", "2", // a: two hits, one each
             "-2", "-1", "3", "-2", "0", // b: quota elsewhere; hits 3 and 0
             "1", "3", // c: the third limit
