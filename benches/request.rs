@@ -309,6 +309,7 @@ fn algorithms(c: &mut Criterion) {
             requests: 1_000_000_000,
             window: SECOND,
             burst: 1_000_000_000,
+            phase: 0,
         };
         let mut state = None;
         let mut now = 1_700_000_000 * SECOND;

@@ -12,6 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
 
 const POLICY: &str = r#"
@@ -202,7 +203,32 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
     let tenant = rules.iter().find(|r| r["rule"] == "tenant").unwrap();
     assert_eq!(tenant["top"][0]["key"], "a");
     assert_eq!(tenant["top"][0]["denials"], 2);
+    // Cost: the two admitted requests' hits.
+    assert_eq!(tenant["spent"], 2);
+    assert_eq!(tenant["refunded"], 0);
     assert_eq!(top["bans"].as_array().unwrap().len(), 1);
+
+    // A charge of 5 past the limit is spent whole; a refund of 2 is given back.
+    call(
+        &mut c,
+        request("shop", vec![desc_hits(&[("tenant", "c")], 5)]),
+    )
+    .await;
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&[("tenant", "c")], 2)
+    };
+    call(&mut c, request("shop", vec![refund])).await;
+    let top = json_get(&server, "/debug/top");
+    let rules = top["rules"].as_array().unwrap();
+    let tenant = rules.iter().find(|r| r["rule"] == "tenant").unwrap();
+    assert_eq!(tenant["spent"], 7, "{tenant}");
+    assert_eq!(tenant["refunded"], 2, "{tenant}");
+    let edge = rules
+        .iter()
+        .find(|r| r["rule"] == "remote_address")
+        .unwrap();
+    assert_eq!(edge["refunded"], 0, "{edge}");
 }
 
 /// Through the gRPC port: 30 addresses of one /24, each denied once, rank their

@@ -118,6 +118,7 @@ fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64
             requests,
             window,
             burst: requests,
+            phase: 0,
         },
         hits,
         mode: Mode::Enforce,
@@ -254,6 +255,155 @@ async fn fixed_time_store() -> Option<(RedisServer, ManualClock, RedisStore)> {
     opts.cache_capacity = 0;
     let store = RedisStore::new(opts, None).expect("store");
     Some((server, clock, store))
+}
+
+/// A calendar budget on Redis, decided on the script's clock with the window the
+/// limiter computes (`Calendar::limit`): a 25-hour Berlin day is one budget, local
+/// midnight starts the next, and a month ends at local midnight of the 1st, as the
+/// memory store decides on the same clock.
+#[tokio::test]
+async fn calendar_windows_reset_at_local_midnight_on_redis_as_in_memory() {
+    let Some((_server, clock, redis)) = fixed_time_store().await else {
+        return;
+    };
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 1_000);
+    let at = |s: &str| {
+        let t: jiff::Timestamp = s.parse().expect("a time");
+        t.as_microsecond() as Micros
+    };
+    let day = sluice::policy::Calendar::new(sluice::policy::Period::Day, "Europe/Berlin")
+        .expect("a zone");
+    let month = sluice::policy::Calendar::new(sluice::policy::Period::Month, "Europe/Berlin")
+        .expect("a zone");
+    // (time, calendar, key, hits, admitted, reset or retry_after in seconds)
+    let steps: [(&str, &sluice::policy::Calendar, &str, u64, bool, u64); 9] = [
+        // 2026-10-25 has 25 hours: local 00:30 and 23:30 are one day.
+        (
+            "2026-10-24T22:30:00Z",
+            &day,
+            "cal-day",
+            2,
+            true,
+            24 * 3600 + 1800,
+        ),
+        ("2026-10-25T22:30:00Z", &day, "cal-day", 1, true, 1800),
+        ("2026-10-25T22:59:59Z", &day, "cal-day", 1, false, 1),
+        ("2026-10-25T23:00:00Z", &day, "cal-day", 3, true, 24 * 3600),
+        // March 2026 ends at 22:00 UTC on the 31st (CEST), and April has 30 days.
+        (
+            "2026-03-01T00:00:00Z",
+            &month,
+            "cal-month",
+            3,
+            true,
+            30 * 86_400 + 22 * 3600,
+        ),
+        ("2026-03-31T21:59:59Z", &month, "cal-month", 1, false, 1),
+        (
+            "2026-03-31T22:00:00Z",
+            &month,
+            "cal-month",
+            3,
+            true,
+            30 * 86_400,
+        ),
+        ("2026-04-30T21:59:00Z", &month, "cal-month", 1, false, 60),
+        (
+            "2026-04-30T22:00:00Z",
+            &month,
+            "cal-month",
+            1,
+            true,
+            31 * 86_400,
+        ),
+    ];
+    for (time, calendar, key, hits, admitted, wait) in steps {
+        clock.set(at(time));
+        let mut h = hit(key, Algorithm::FixedWindow, 3, 86_400 * SECOND, hits);
+        h.limit = calendar.limit(h.limit, clock.now());
+        let on_redis = redis
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decided");
+        let in_memory = memory
+            .decide(std::slice::from_ref(&h))
+            .await
+            .expect("decided");
+        let v = on_redis.verdicts[0];
+        assert_eq!(v.admitted, admitted, "{time} {key}");
+        let shown = if admitted { v.reset } else { v.retry_after };
+        assert_eq!(shown, wait * SECOND, "{time} {key}");
+        assert_eq!(
+            (v.admitted, v.remaining, v.reset, v.retry_after),
+            {
+                let m = in_memory.verdicts[0];
+                (m.admitted, m.remaining, m.reset, m.retry_after)
+            },
+            "{time} {key}: Redis and memory differ"
+        );
+    }
+}
+
+/// `algorithm: concurrency` on Redis as in memory, on one clock: +1 per stream (a
+/// charge), -1 at its refund, and a slot whose refund never comes is free once its
+/// lease ends.
+#[tokio::test]
+async fn concurrency_slots_are_refunded_or_leased_on_redis_as_in_memory() {
+    let Some((_server, clock, redis)) = fixed_time_store().await else {
+        return;
+    };
+    let memory = MemoryStore::new(Arc::new(clock.clone()), 1_000);
+    let text = "domain: d
+descriptors:
+  - key: k
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, lease: 5m}
+";
+    let policy = sluice::policy::compile(sluice::policy::parse_str("p.yaml", text).unwrap())
+        .expect("compiles");
+    let limit = policy.rules[0].limit.expect("a limit");
+    let t0 = clock.now();
+    let mut slot = hit("inflight", Algorithm::SlidingWindowLog, 2, 1, 1);
+    slot.limit = limit;
+    // (seconds after t0, refund, admitted)
+    let steps = [
+        (0, false, true),
+        (1, false, true),
+        (2, false, false),
+        (2, true, true),
+        (3, true, true),
+        (3, false, true),
+        (4, false, false),
+        (4, true, true),
+        // Two slots are held with no refund coming; a refund takes the newest entry,
+        // so they are the entries of 0 s and 3 s, each free when its lease ends.
+        (300, false, true),
+        (300, false, false),
+        (300, true, true),
+        (302, false, false),
+        (302, true, true),
+        (303, false, true),
+    ];
+    for (at, refund, admitted) in steps {
+        clock.set(t0 + at * SECOND);
+        slot.spend = if refund { Spend::Refund } else { Spend::Always };
+        let on_redis = redis
+            .decide(std::slice::from_ref(&slot))
+            .await
+            .expect("decided");
+        let in_memory = memory
+            .decide(std::slice::from_ref(&slot))
+            .await
+            .expect("decided");
+        assert_eq!(on_redis.admitted, admitted, "{at} s, refund {refund}");
+        assert_eq!(
+            in_memory.admitted, admitted,
+            "{at} s, refund {refund}: memory"
+        );
+        assert_eq!(
+            on_redis.verdicts[0].remaining, in_memory.verdicts[0].remaining,
+            "{at} s, refund {refund}"
+        );
+    }
 }
 
 /// A sliding log's members, oldest first.

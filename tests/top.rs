@@ -97,6 +97,12 @@ async fn load(server: &Server) {
     }
     // Another key of the same rule: 3 of 7 denied.
     call(&mut rls, request("api", vec![desc(&[("tenant", "zeta")])])).await;
+    // A charge of 90 on another rule, within its 100 a minute: 1.5 hits a second.
+    call(
+        &mut rls,
+        request("api", vec![desc_hits(&[("plan", "promo")], 90)]),
+    )
+    .await;
 }
 
 fn start_top(tmux: &Tmux, args: &[&str]) {
@@ -194,6 +200,13 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
             "block api/tenant mallory",
         ],
     );
+
+    // The cost column: the charged rule's hits per second over the minute.
+    tmux.wait("the plan rule's cost/s", |s| {
+        s.contains("cost/s")
+            && s.lines()
+                .any(|l| l.contains("plan") && l.split_whitespace().any(|w| w == "1.5"))
+    });
 
     tmux.keys(&["s"]);
     tmux.wait("sorted by denials", |s| s.contains("sort: denied"));

@@ -259,12 +259,25 @@ pub fn rule_pb(policy: &Policy, rule: &Rule, from_override: bool) -> pb::Rule {
         layer: rule.layer.as_str().to_string(),
         unlimited: limit.is_none(),
         algorithm: limit
-            .map(|l| l.algorithm.as_str().to_string())
+            .map(|l| match rule.lease {
+                Some(_) => "concurrency".to_string(),
+                None => l.algorithm.as_str().to_string(),
+            })
             .unwrap_or_default(),
         requests_per_unit: u64::from(rule.requests_per_unit),
         unit: rule.unit.as_str().to_string(),
         window_micros: limit.map_or(0, |l| l.window),
         burst: limit.map_or(0, |l| l.burst),
+        calendar: rule
+            .calendar
+            .as_ref()
+            .map(|c| c.period().as_str().to_string())
+            .unwrap_or_default(),
+        time_zone: rule
+            .calendar
+            .as_ref()
+            .map(|c| c.zone_name().to_string())
+            .unwrap_or_default(),
         shadow_mode: rule.shadow_mode,
         quota_mode: rule.quota_mode,
         replaces: rule.replaces.clone(),

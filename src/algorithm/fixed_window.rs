@@ -1,6 +1,7 @@
-//! fixed_window: one counter per window aligned to the Unix epoch.
+//! fixed_window: one counter per window aligned to the Unix epoch (or to the limit's
+//! `phase`: a calendar window's local midnight).
 //!
-//! window_start = now - now % window. A request of `hits` is admitted when
+//! window_start = now - (now - phase) mod window. A request of `hits` is admitted when
 //! count + hits <= requests, where count is the stored count if the stored window is
 //! the current one and 0 otherwise. A denied request can only go through once the
 //! window ends, so retry_after = window_start + window - now (exact), or `u64::MAX`
@@ -20,7 +21,7 @@ pub struct State {
 /// Decides one request of `hits` at `now`.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
     let window = limit.window.max(1);
-    let current = now - now % window;
+    let current = window_start(now, window, limit.phase);
     // A stored window later than `now` means the clock stepped back: keep counting in
     // it rather than forget hits already admitted.
     let (start, count) = match state {
@@ -66,6 +67,20 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
         },
         next: None,
     }
+}
+
+/// The start of the window holding `now`: the latest time at or before `now` that is
+/// `phase` modulo `window`.
+pub fn window_start(now: Micros, window: Micros, phase: Micros) -> Micros {
+    let (phase, r) = (phase % window, now % window);
+    // How far `now` is into its window; below `window`, and no sum overflows.
+    let into = if r >= phase {
+        r - phase
+    } else {
+        r + (window - phase)
+    };
+    // Before the first window (a test's early clock): the epoch.
+    now.saturating_sub(into)
 }
 
 /// When the state can be dropped: once its window has ended, the count no longer
@@ -174,6 +189,30 @@ mod tests {
         let mut s = None;
         assert!(hit(&l, &mut s, T0 + SECOND, 1).admitted);
         assert!(!hit(&l, &mut s, T0 + SECOND - 1, 1).admitted);
+    }
+
+    #[test]
+    fn a_phase_moves_every_window_start() {
+        // Windows of 10 s starting at 3 s past each multiple of 10 s.
+        let mut l = limit(1, 10 * SECOND);
+        l.phase = 3 * SECOND;
+        let mut s = None;
+        let v = hit(&l, &mut s, T0 + 2 * SECOND, 1);
+        assert!(v.admitted);
+        // That window started at T0 - 7 s and ends at T0 + 3 s.
+        assert_eq!(v.reset, SECOND);
+        assert!(!hit(&l, &mut s, T0 + 3 * SECOND - 1, 1).admitted);
+        let v = hit(&l, &mut s, T0 + 3 * SECOND, 1);
+        assert!(v.admitted);
+        assert_eq!(v.reset, 10 * SECOND);
+        assert_eq!(
+            super::window_start(T0 + 12 * SECOND, 10 * SECOND, 3 * SECOND),
+            T0 + 3 * SECOND
+        );
+        // A phase of a whole window is no phase; a time before the first window is
+        // the epoch's.
+        assert_eq!(super::window_start(T0 + 5, 10 * SECOND, 10 * SECOND), T0);
+        assert_eq!(super::window_start(2, 10, 7), 0);
     }
 
     shared_properties!(A);

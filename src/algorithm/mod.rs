@@ -79,6 +79,11 @@ pub struct Limit {
     /// token_bucket: capacity; leaky_bucket: queue length. Equals `requests` when the
     /// policy does not set it. Ignored by the window algorithms.
     pub burst: u64,
+    /// fixed_window only: where its windows start, as a time modulo `window` (so
+    /// always below it): 0 aligns them to the Unix epoch. A calendar window (a local
+    /// day or month, `policy::Calendar`) is the fixed window of its current length
+    /// that starts at local midnight. Ignored by the other algorithms.
+    pub phase: Micros,
 }
 
 /// The stored state of one counter.

@@ -34,6 +34,7 @@ pub(crate) fn limit(algorithm: Algorithm, requests: u64, window: Micros, burst: 
         requests,
         window,
         burst,
+        phase: 0,
     }
 }
 

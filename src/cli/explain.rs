@@ -248,6 +248,20 @@ pub fn text(e: &pb::Explanation) -> String {
 /// name of a named limit of a list.
 fn push_limit(out: &mut String, r: &pb::Rule) {
     use std::fmt::Write as _;
+    if r.algorithm == "concurrency" {
+        // The window is the lease: `3 in flight (concurrency, lease 300s)`.
+        let lease = pb::Rule {
+            unit: "unknown".to_string(),
+            ..r.clone()
+        };
+        let _ = write!(
+            out,
+            "{} in flight (concurrency, lease {})",
+            r.requests_per_unit,
+            unit_text(&lease)
+        );
+        return;
+    }
     let _ = write!(
         out,
         "{} per {} ({}",
@@ -261,8 +275,12 @@ fn push_limit(out: &mut String, r: &pb::Rule) {
     out.push(')');
 }
 
-/// The unit, or the window's length when it is no unit (`90s`).
+/// The unit, the calendar window (`calendar_month in Europe/Berlin`), or the
+/// window's length when it is no unit (`90s`).
 fn unit_text(r: &pb::Rule) -> String {
+    if !r.calendar.is_empty() {
+        return format!("{} in {}", r.calendar, r.time_zone);
+    }
     if r.unit != "unknown" || r.window_micros == 0 {
         return r.unit.clone();
     }
@@ -281,10 +299,12 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             "path": r.path, "name": r.name, "layer": r.layer, "unlimited": r.unlimited,
             "algorithm": r.algorithm, "requestsPerUnit": r.requests_per_unit, "unit": r.unit,
             "windowMicros": r.window_micros, "burst": r.burst, "shadowMode": r.shadow_mode,
+            "calendar": r.calendar, "timeZone": r.time_zone,
             "quotaMode": r.quota_mode, "replaces": r.replaces, "fromOverride": r.from_override,
             "also": r.also.iter().map(|a| json!({
                 "name": a.name, "algorithm": a.algorithm, "requestsPerUnit": a.requests_per_unit,
                 "unit": a.unit, "windowMicros": a.window_micros, "burst": a.burst,
+                "calendar": a.calendar, "timeZone": a.time_zone,
             })).collect::<Vec<_>>(),
             "penalty": r.penalty.as_ref().map(|p| json!({
                 "violations": p.violations, "withinMicros": p.within_micros, "banMicros": p.ban_micros,

@@ -81,8 +81,18 @@ pub fn override_key<E: Entry>(
 /// its counter. The part after the last `|` of any other key holds a `=` (values
 /// holding `|` are hashed), this one's never does, so the further counters never
 /// meet another rule's.
-pub fn push_window(out: &mut String, limit: &crate::algorithm::Limit) {
+pub fn push_window(out: &mut String, rule: &Rule) {
     const MS: u64 = 1_000;
+    if let Some(c) = &rule.calendar {
+        // `|~calendar_day@Europe/Berlin`: the same counter every day and month,
+        // whatever each one's length.
+        out.push_str("|~");
+        out.push_str(c.period().as_str());
+        out.push('@');
+        out.push_str(c.zone_name());
+        return;
+    }
+    let Some(limit) = rule.limit else { return };
     let w = limit.window;
     let (n, unit) = if w.is_multiple_of(crate::algorithm::SECOND) {
         (w / crate::algorithm::SECOND, "s")
@@ -162,6 +172,8 @@ mod tests {
             shared,
             rendered: Default::default(),
             also: Vec::new(),
+            calendar: None,
+            lease: None,
             stat_key: String::new(),
         }
     }

@@ -275,6 +275,8 @@ pub struct Limiter<S> {
     penalties: Penalties,
     overrides: OverrideRules,
     chance: Arc<dyn Chance>,
+    /// Places calendar windows (read only for calendar rules) and times penalties.
+    clock: Arc<dyn Clock>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -286,6 +288,7 @@ impl<S: Store> Limiter<S> {
             penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
             overrides: OverrideRules::default(),
             chance: Arc::new(shed::ThreadChance),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -295,9 +298,11 @@ impl<S: Store> Limiter<S> {
         self
     }
 
-    /// Uses `clock` for penalties (the store keeps its own clock).
+    /// Uses `clock` for penalties and to place calendar windows (the store keeps
+    /// its own clock to decide by).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.penalties = Penalties::new(clock, penalty::DEFAULT_MAX_TRACKED);
+        self.penalties = Penalties::new(clock.clone(), penalty::DEFAULT_MAX_TRACKED);
+        self.clock = clock;
         self
     }
 
@@ -584,7 +589,9 @@ impl<S: Store> Limiter<S> {
             let Some(rule) = effective(policy, &overrides, &statuses[i]) else {
                 continue;
             };
-            let Some(limit) = rule.limit else { continue };
+            let Some(limit) = rule.limit_at(|| self.clock.now()) else {
+                continue;
+            };
             let mut key = String::with_capacity(64);
             if statuses[i].limit_override.is_some() {
                 key::override_key(
@@ -619,12 +626,13 @@ impl<S: Store> Limiter<S> {
             // The rule's other limits (`rate_limits`) follow its own, on its
             // placement, so one store call (one script per shard) decides them all.
             for &other in &rule.also {
-                let Some(other_limit) = policy.rule(other).limit else {
+                let other = policy.rule(other);
+                let Some(other_limit) = other.limit_at(|| self.clock.now()) else {
                     continue;
                 };
                 let mut other_key = String::with_capacity(key.len() + 24);
                 other_key.push_str(&key);
-                key::push_window(&mut other_key, &other_limit);
+                key::push_window(&mut other_key, other);
                 more.push(Hit {
                     key: other_key,
                     placement,
@@ -1073,6 +1081,97 @@ descriptors:
             v.retry_after > HOUR,
             "the day's wait, not the hour's: {v:?}"
         );
+    }
+
+    /// 2 per second and 3 per local day in Berlin on one key.
+    const CALENDAR: &str = "domain: d
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {window: calendar_day, time_zone: Europe/Berlin, requests_per_unit: 3, name: daily}
+";
+
+    #[tokio::test]
+    async fn a_calendar_day_is_placed_by_the_limiters_clock_across_a_23_hour_day() {
+        // 2026-03-29 00:30 in Berlin (CET): that day has 23 hours, to 22:00 UTC.
+        let start = 1_774_740_600 * SECOND;
+        let clock = ManualClock::new(start);
+        let limiter = test_limiter(CALENDAR, &clock, Settings::default());
+        for _ in 0..3 {
+            assert!(!one(&limiter).await.over_limit);
+            clock.advance(HOUR);
+        }
+        // The day's fourth: denied by the day, until local midnight (22:00 UTC).
+        let o = one(&limiter).await;
+        assert!(o.over_limit);
+        assert_eq!(reported(&o), (3, "day"));
+        let midnight = 1_774_821_600 * SECOND;
+        let v = o.statuses[0].verdict.unwrap();
+        assert_eq!(v.retry_after, midnight - clock.now());
+        clock.set(midnight - 1);
+        assert!(one(&limiter).await.over_limit);
+        clock.set(midnight);
+        let o = one(&limiter).await;
+        assert!(!o.over_limit);
+        // The new day is 24 hours long, and starts at local midnight.
+        let policy = limiter.policy();
+        let entries = [("api_key", "k1")];
+        let mut statuses = [Status::undecided(1, Spend::IfAdmitted)];
+        let (_, _, hits, _) = limiter.plan(
+            &policy,
+            policy.domain("d").unwrap(),
+            "d",
+            &[Descriptor::new(&entries, 1)],
+            &mut statuses,
+        );
+        assert_eq!(hits[1].key, "d|api_key=k1|~calendar_day@Europe/Berlin");
+        assert_eq!(hits[1].limit.window, 24 * HOUR);
+        assert_eq!(hits[1].limit.phase, midnight % (24 * HOUR));
+    }
+
+    #[tokio::test]
+    async fn concurrency_holds_a_slot_until_its_refund_or_its_lease() {
+        let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, lease: 5m}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(policy, &clock, Settings::default());
+        let entries = [("api_key", "k1")];
+        let start = Descriptor {
+            spend: Spend::Always,
+            ..Descriptor::new(&entries, 1)
+        };
+        let end = Descriptor {
+            spend: Spend::Refund,
+            ..Descriptor::new(&entries, 1)
+        };
+        // Two streams start; a third is refused (and its stream-end refund, which
+        // Envoy sends for a denied request too, gives its slot back).
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        clock.advance(SECOND);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        // One stream ends: its slot is free at once.
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        // No refund ever comes for the two in flight (a crashed Envoy): their slots
+        // are held until their leases end, five minutes after they were taken (a
+        // refund takes the newest entry, so the entries left are of 0 s and 1 s).
+        clock.set(1_000 * HOUR + 5 * 60 * SECOND);
+        let o = limiter.decide("d", &[start]).await;
+        assert!(!o.over_limit, "the first slot's lease has ended");
+        assert!(limiter.decide("d", &[start]).await.over_limit);
+        assert!(!limiter.decide("d", &[end]).await.over_limit);
+        clock.advance(SECOND);
+        assert!(!limiter.decide("d", &[start]).await.over_limit);
     }
 
     #[tokio::test]

@@ -243,6 +243,7 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, rl: &RateLimit, trail: &Trail) -> Opt
             requests,
             window,
             burst: rl.burst.unwrap_or(requests),
+            phase: 0,
         })
     };
     let mut rule = Rule {
@@ -267,6 +268,8 @@ fn rule(out: &mut Out<'_>, d: &Descriptor, rl: &RateLimit, trail: &Trail) -> Opt
         shared: trail.shared.clone(),
         rendered: Default::default(),
         also: Vec::new(),
+        calendar: rl.calendar.clone(),
+        lease: rl.lease,
         stat_key: trail
             .path
             .iter()

@@ -10,7 +10,7 @@ use super::duration;
 use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
 use super::model::{Descriptor, RateLimit};
 use super::node::{shorten, Value};
-use super::{Block, Layer, Penalty, Sentence, Shed, Unit};
+use super::{Block, Calendar, Layer, Penalty, Period, Sentence, Shed, Unit};
 
 /// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
 /// out after their errors are recorded.
@@ -212,13 +212,19 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         None => Vec::new(),
     };
     let algorithm_field = f.get(ctx, "algorithm");
+    let mut concurrency = false;
     let algorithm = algorithm_field.and_then(|a| string(ctx, a)).and_then(|s| {
+        // Requests in flight: a sliding log whose window is the lease (see `lease`).
+        if s == "concurrency" {
+            concurrency = true;
+            return Some(Algorithm::SlidingWindowLog);
+        }
         let algorithm = Algorithm::parse(&s);
         if algorithm.is_none() {
             ctx.error(
                 algorithm_field.and_then(|a| a.line()),
                 format!(
-                    "unknown algorithm '{}' (expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket)",
+                    "unknown algorithm '{}' (expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket or concurrency)",
                     shorten(&s)
                 ),
             );
@@ -226,7 +232,30 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         algorithm
     });
     let window_field = f.get(ctx, "window");
-    let window = window_field.and_then(|w| duration_field(ctx, w));
+    let mut period = None;
+    let window = window_field.and_then(|w| {
+        let text = string(ctx, w)?;
+        if let Some(p) = Period::parse(&text) {
+            period = Some(p);
+            return None;
+        }
+        if text.starts_with("calendar") {
+            ctx.error(
+                w.line(),
+                format!(
+                    "'{}': unknown calendar window '{}' (expected calendar_day or calendar_month)",
+                    w.name,
+                    shorten(&text)
+                ),
+            );
+            return None;
+        }
+        duration_field(ctx, w)
+    });
+    let zone_field = f.get(ctx, "time_zone");
+    let zone = zone_field.and_then(|z| string(ctx, z));
+    let lease_field = f.get(ctx, "lease");
+    let lease = lease_field.and_then(|l| duration_field(ctx, l));
     let burst_field = f.get(ctx, "burst");
     let burst = burst_field
         .and_then(|b| integer(ctx, b, 1, i128::from(u64::MAX)))
@@ -242,6 +271,8 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         for (extra, name) in [
             (unit_field, "unit"),
             (window_field, "window"),
+            (zone_field, "time_zone"),
+            (lease_field, "lease"),
             (algorithm_field, "algorithm"),
             (burst_field, "burst"),
             (penalty_field, "penalty"),
@@ -257,7 +288,38 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
                 );
             }
         }
+    } else if concurrency {
+        // The lease is the window: a slot whose refund never comes is free after it.
+        for (extra, name) in [(unit_field, "unit"), (window_field, "window")] {
+            if let Some(extra) = extra {
+                ctx.error(
+                    extra.key_line,
+                    format!(
+                        "'algorithm: concurrency' takes 'lease' (how long a slot is held at most), not '{}'",
+                        ctx.form.spell(name)
+                    ),
+                );
+            }
+        }
+        if lease_field.is_none() {
+            ctx.error(
+                line,
+                "'algorithm: concurrency' needs 'lease': how long a slot is held at most when its refund never comes (longer than the longest stream)",
+            );
+        }
+        if rpu_field.is_none() {
+            ctx.error(
+                line,
+                format!("'{what}' needs '{}'", ctx.form.spell("requests_per_unit")),
+            );
+        }
     } else {
+        if let Some(l) = lease_field {
+            ctx.error(
+                l.key_line,
+                "'lease' applies only to 'algorithm: concurrency'",
+            );
+        }
         match (unit_field, window_field) {
             (None, None) => ctx.error(
                 line,
@@ -280,6 +342,10 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     // depends on the server's `--default-algorithm`.
     if let (Some(b), false) = (burst_field, unlimited) {
         match algorithm {
+            _ if concurrency => ctx.error(
+                b.key_line,
+                "'burst' only applies to token_bucket and leaky_bucket, not concurrency",
+            ),
             Some(Algorithm::TokenBucket | Algorithm::LeakyBucket) => {}
             Some(other) => ctx.error(
                 b.key_line,
@@ -295,6 +361,14 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
             None => {}
         }
     }
+    let calendar = calendar(
+        ctx,
+        period,
+        zone_field,
+        zone.as_deref(),
+        algorithm_field,
+        algorithm,
+    );
     if ctx.errors.len() > errors_before {
         return None;
     }
@@ -305,12 +379,62 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         unit,
         window,
         requests_per_unit: requests_per_unit.unwrap_or(0),
-        algorithm,
+        // A calendar window is a fixed window whatever `--default-algorithm` says.
+        algorithm: algorithm.or(calendar.as_ref().map(|_| Algorithm::FixedWindow)),
+        calendar,
+        lease: if concurrency { lease } else { None },
         burst,
         replaces,
         penalty,
         shed,
     })
+}
+
+/// A calendar window (`window: calendar_day`, `calendar_month`) in `time_zone` (UTC
+/// when not given), counted by fixed_window: the other algorithms count over spans
+/// of one length, which a local day or month is not. `time_zone` without a calendar
+/// window is an error, as is a zone the built-in zone rules do not name.
+fn calendar(
+    ctx: &mut Ctx,
+    period: Option<Period>,
+    zone_field: Option<Field<'_>>,
+    zone: Option<&str>,
+    algorithm_field: Option<Field<'_>>,
+    algorithm: Option<Algorithm>,
+) -> Option<Calendar> {
+    let Some(period) = period else {
+        if let Some(z) = zone_field {
+            ctx.error(
+                z.key_line,
+                format!(
+                    "'{}' applies only to a calendar window (window: calendar_day or calendar_month)",
+                    ctx.form.spell("time_zone")
+                ),
+            );
+        }
+        return None;
+    };
+    if let Some(other) = algorithm.filter(|a| *a != Algorithm::FixedWindow) {
+        ctx.error(
+            algorithm_field.and_then(|a| a.line()),
+            format!(
+                "a calendar window ({}) is counted by fixed_window only, not {}: the other algorithms need windows of one length",
+                period.as_str(),
+                other.as_str()
+            ),
+        );
+    }
+    match Calendar::new(period, zone.unwrap_or("UTC")) {
+        Ok(c) => Some(c),
+        Err(message) => {
+            let line = zone_field.and_then(|z| z.line());
+            ctx.error(
+                line,
+                format!("'{}': {message}", ctx.form.spell("time_zone")),
+            );
+            None
+        }
+    }
 }
 
 /// `rate_limits`: several limits on one descriptor, each read as a `rate_limit`.
@@ -355,6 +479,7 @@ fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
             continue;
         };
         let alone = [
+            (rl.lease.is_some(), "algorithm: concurrency"),
             (rl.unlimited, "unlimited"),
             (!rl.replaces.is_empty(), "replaces"),
             (rl.penalty.is_some(), "penalty"),
@@ -371,7 +496,7 @@ fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
                 ),
             );
         }
-        if let Some(first) = out.iter().find(|o| o.window_micros() == rl.window_micros()) {
+        if let Some(first) = out.iter().find(|o| o.same_window(&rl)) {
             ctx.error(
                 rl.line,
                 format!(
@@ -393,6 +518,9 @@ fn rate_limits(ctx: &mut Ctx, field: Field<'_>) -> Vec<RateLimit> {
 
 /// The window of `rl` in seconds (`60s`), for messages.
 fn describe_window(rl: &RateLimit) -> String {
+    if let Some(c) = &rl.calendar {
+        return format!("{} in {}", c.period().as_str(), c.zone_name());
+    }
     match rl.window_micros() {
         Some(w) if w.is_multiple_of(crate::algorithm::SECOND) => {
             format!("{}s", w / crate::algorithm::SECOND)
@@ -601,7 +729,8 @@ fn block(ctx: &mut Ctx, field: Field<'_>) -> Option<Block> {
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::{compile, parse_resource_spec, parse_str, Shed};
+    use crate::algorithm::Algorithm;
+    use crate::policy::{compile, parse_resource_spec, parse_str, Period, Shed, Unit};
 
     fn shed_of(rate_limit: &str) -> Result<Option<Shed>, String> {
         let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n");
@@ -895,6 +1024,163 @@ descriptors:
         assert_eq!(
             errors(missing),
             "p.yaml:5: 'rate_limits' needs 'unit' or 'window' (or 'unlimited: true')"
+        );
+    }
+
+    #[test]
+    fn calendar_windows_compile_to_a_fixed_window_in_their_zone() {
+        let text = "domain: d
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {window: calendar_month, time_zone: Europe/Berlin, requests_per_unit: 100000, name: monthly}
+      - {window: calendar_day, requests_per_unit: 5000}
+      - {window: 1d, requests_per_unit: 6000}
+";
+        let policy = compile(parse_str("p.yaml", text).unwrap()).unwrap();
+        let monthly = policy
+            .rules
+            .iter()
+            .find(|r| r.name.as_deref() == Some("monthly"))
+            .unwrap();
+        let limit = monthly.limit.unwrap();
+        assert_eq!(limit.algorithm, Algorithm::FixedWindow);
+        assert_eq!(monthly.unit, Unit::Month);
+        let calendar = monthly.calendar.as_ref().unwrap();
+        assert_eq!(
+            (calendar.period(), calendar.zone_name()),
+            (Period::Month, "Europe/Berlin")
+        );
+        // No zone: UTC. A calendar day and a 1d window are different windows.
+        let daily = policy
+            .rules
+            .iter()
+            .find(|r| r.requests_per_unit == 5000)
+            .unwrap();
+        assert_eq!(daily.calendar.as_ref().unwrap().zone_name(), "UTC");
+        assert_eq!(daily.unit, Unit::Day);
+        // The resource form spells the zone timeZone.
+        let spec = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"key": "k", "rateLimit": {"window": "calendar_day", "timeZone": "America/New_York", "requestsPerUnit": 10}}]
+        });
+        let doc = parse_resource_spec("ns", "p", &spec).unwrap();
+        let rule = &compile(vec![doc]).unwrap().rules[0];
+        assert_eq!(
+            rule.calendar.as_ref().unwrap().zone_name(),
+            "America/New_York"
+        );
+    }
+
+    #[test]
+    fn concurrency_is_a_sliding_log_over_its_lease() {
+        let text = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
+";
+        let policy = compile(parse_str("p.yaml", text).unwrap()).unwrap();
+        let rule = &policy.rules[0];
+        let limit = rule.limit.unwrap();
+        assert_eq!(limit.algorithm, Algorithm::SlidingWindowLog);
+        assert_eq!(
+            (limit.requests, limit.window),
+            (3, 300 * crate::algorithm::SECOND)
+        );
+        assert_eq!(rule.lease, Some(300 * crate::algorithm::SECOND));
+        let one = |rate_limit: &str| {
+            errors(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
+            ))
+        };
+        for (rate_limit, message) in [
+            (
+                "{algorithm: concurrency, requests_per_unit: 3}",
+                "p.yaml:4: 'algorithm: concurrency' needs 'lease'",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: 5m, unit: minute}",
+                "p.yaml:4: 'algorithm: concurrency' takes 'lease' (how long a slot is held at most), not 'unit'",
+            ),
+            (
+                "{unit: minute, requests_per_unit: 3, lease: 5m}",
+                "p.yaml:4: 'lease' applies only to 'algorithm: concurrency'",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: 5m, burst: 4}",
+                "'burst' only applies to token_bucket and leaky_bucket, not concurrency",
+            ),
+            (
+                "{algorithm: concurrency, requests_per_unit: 3, lease: forever}",
+                "p.yaml:4: 'lease':",
+            ),
+        ] {
+            let e = one(rate_limit);
+            assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
+        }
+        let listed = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
+";
+        assert!(
+            errors(listed)
+                .starts_with("p.yaml:6: 'algorithm: concurrency' is not allowed in 'rate_limits'"),
+            "{}",
+            errors(listed)
+        );
+    }
+
+    #[test]
+    fn calendar_windows_refuse_what_they_cannot_count() {
+        let one = |rate_limit: &str| {
+            errors(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
+            ))
+        };
+        for (rate_limit, message) in [
+            (
+                "{window: calendar_day, time_zone: Europe/Atlantis, requests_per_unit: 5}",
+                "p.yaml:4: 'time_zone': unknown time zone 'Europe/Atlantis' (expected an IANA name such as Europe/Berlin, America/New_York or UTC)",
+            ),
+            (
+                "{window: calendar_month, requests_per_unit: 5, algorithm: token_bucket}",
+                "p.yaml:4: a calendar window (calendar_month) is counted by fixed_window only, not token_bucket: the other algorithms need windows of one length",
+            ),
+            (
+                "{window: calendar_day, requests_per_unit: 5, algorithm: sliding_window_counter}",
+                "is counted by fixed_window only, not sliding_window_counter",
+            ),
+            (
+                "{unit: day, time_zone: Europe/Berlin, requests_per_unit: 5}",
+                "p.yaml:4: 'time_zone' applies only to a calendar window (window: calendar_day or calendar_month)",
+            ),
+            (
+                "{window: calendar_week, requests_per_unit: 5}",
+                "p.yaml:4: 'window': unknown calendar window 'calendar_week' (expected calendar_day or calendar_month)",
+            ),
+            (
+                "{unlimited: true, time_zone: UTC}",
+                "should not specify 'time_zone' when 'unlimited' is true",
+            ),
+        ] {
+            let e = one(rate_limit);
+            assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
+        }
+        // The same calendar twice in one list is one window twice.
+        let twice = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {window: calendar_day, time_zone: Europe/Berlin, requests_per_unit: 5}
+      - {window: calendar_day, time_zone: Europe/Berlin, requests_per_unit: 6}
+";
+        assert_eq!(
+            errors(twice),
+            "p.yaml:6: 'rate_limits' has two limits with the same window (calendar_day in Europe/Berlin) (first at line 5): one would always decide for the other; keep the smaller"
         );
     }
 }

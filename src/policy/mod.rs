@@ -23,6 +23,7 @@ use std::fmt;
 use crate::algorithm::{Algorithm, Limit, Micros};
 
 pub mod answer;
+mod calendar;
 mod compile;
 mod descriptor;
 mod duration;
@@ -34,6 +35,7 @@ mod node;
 mod parse;
 mod yaml;
 
+pub use calendar::{Calendar, Period};
 pub use compile::{compile, compile_with};
 pub use load::{load_paths, read_paths};
 pub use matcher::{LevelMatch, NoMatch, Trace};
@@ -281,6 +283,13 @@ pub struct Rule {
     /// and the request passes only when this rule and every one of them admit it.
     /// Empty for a single `rate_limit`, and in those rules themselves.
     pub also: Vec<usize>,
+    /// `window: calendar_day` or `calendar_month`: the limit (a fixed window of the
+    /// nominal length) is counted over the local day or month holding each
+    /// request's time ([`Rule::limit_at`]).
+    pub calendar: Option<Calendar>,
+    /// `algorithm: concurrency`: the limit counts requests in flight (a sliding log
+    /// whose window is this lease), +1 at the request and -1 at its refund.
+    pub lease: Option<Micros>,
     /// envoyproxy/ratelimit's name for this rule's statistics: each level from the
     /// root as `key_value` (`key` without a value), joined by `.`; empty for an
     /// override.
@@ -378,6 +387,16 @@ impl Policy {
 }
 
 impl Rule {
+    /// The limit to decide a request at `now` by: [`Rule::limit`], over the calendar
+    /// window holding `now` for a calendar rule. `None` for an unlimited rule.
+    pub fn limit_at(&self, now: impl FnOnce() -> Micros) -> Option<Limit> {
+        let limit = self.limit?;
+        Some(match &self.calendar {
+            Some(c) => c.limit(limit, now()),
+            None => limit,
+        })
+    }
+
     /// The rule a request's descriptor `limit` override stands for (Envoy's
     /// `RateLimitOverride`): `requests_per_unit` per `unit` with the default
     /// algorithm, unnamed, never quota and shadow only under `defaults.shadow_mode`,
@@ -401,6 +420,7 @@ impl Rule {
                 requests,
                 window,
                 burst: requests,
+                phase: 0,
             }),
             requests_per_unit,
             unit,
@@ -415,6 +435,8 @@ impl Rule {
             shared: Vec::new(),
             rendered: Default::default(),
             also: Vec::new(),
+            calendar: None,
+            lease: None,
             stat_key: String::new(),
         };
         rule.rendered = answer::render(&rule);

@@ -5,7 +5,7 @@
 
 use crate::algorithm::{Algorithm, Micros};
 
-use super::{FailureMode, Layer, Penalty, Shed, Unit};
+use super::{Calendar, FailureMode, Layer, Penalty, Shed, Unit};
 
 /// Which spelling a document used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,9 +97,15 @@ pub struct RateLimit {
     pub line: Option<usize>,
     pub name: Option<String>,
     pub unlimited: bool,
-    /// Exactly one of `unit` and `window` is set unless `unlimited`.
+    /// Exactly one of `unit`, `window` and `calendar` is set unless `unlimited`.
     pub unit: Option<Unit>,
     pub window: Option<Micros>,
+    /// `window: calendar_day` or `calendar_month`, in `time_zone` (UTC when not
+    /// given): a `fixed_window` over local days or months.
+    pub calendar: Option<Calendar>,
+    /// `algorithm: concurrency`: requests in flight, each slot held from its request
+    /// until its refund, or at most this long.
+    pub lease: Option<Micros>,
     /// 0 for an unlimited limit that does not give it.
     pub requests_per_unit: u32,
     /// `None` when the document names none: the compiled policy's default applies
@@ -113,9 +119,23 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// The window length: `window`, or the unit's length.
+    /// The window length: `window`, or the unit's length (a calendar window's
+    /// nominal length: a day, 30 days).
     pub fn window_micros(&self) -> Option<Micros> {
-        self.window.or_else(|| self.unit.and_then(Unit::micros))
+        self.window
+            .or(self.lease)
+            .or_else(|| self.unit.and_then(Unit::micros))
+            .or_else(|| self.calendar.as_ref().map(|c| c.period().nominal()))
+    }
+
+    /// Whether `self` and `other` count over the same windows: the same length, or
+    /// the same calendar span in the same zone.
+    pub fn same_window(&self, other: &RateLimit) -> bool {
+        match (&self.calendar, &other.calendar) {
+            (None, None) => self.window_micros() == other.window_micros(),
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
     }
 
     /// The unit reported in `current_limit`: `unit`, or the unit exactly as long as
@@ -123,6 +143,9 @@ impl RateLimit {
     pub fn report_unit(&self) -> Unit {
         if let Some(unit) = self.unit {
             return unit;
+        }
+        if let Some(calendar) = &self.calendar {
+            return calendar.period().unit();
         }
         const UNITS: [Unit; 7] = [
             Unit::Second,

@@ -476,6 +476,7 @@ mod tests {
             requests,
             window: SECOND,
             burst: requests,
+            phase: 0,
         }
     }
 

@@ -14,6 +14,7 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
             requests,
             window: 60 * SECOND,
             burst: requests,
+            phase: 0,
         },
         hits,
         mode: Mode::Enforce,

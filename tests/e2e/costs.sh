@@ -43,10 +43,10 @@ descriptors:
     rate_limit: {requests_per_unit: 100, window: 24h, algorithm: token_bucket}
   - key: reserve_key
     rate_limit: {requests_per_unit: 100, window: 24h, algorithm: token_bucket}
-  # Streams in flight: each holds one entry of the log until its refund, or until its
-  # lease (the window) runs out if the refund never comes.
+  # Streams in flight: each holds a slot until its refund, or until its lease runs
+  # out if the refund never comes.
   - key: stream_key
-    rate_limit: {requests_per_unit: 3, window: 5m, algorithm: sliding_window_log}
+    rate_limit: {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
 YAML
 "$SLUICE" serve --config "$W/costs.yaml" \
     --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" >"$W/sluice.log" 2>&1 &

@@ -152,6 +152,7 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
         requests: if bucket { 1 } else { 1_000_000_000 },
         window: 3600 * SECOND,
         burst: 1_000_000_000,
+        phase: 0,
     };
     // Time moves 1 us per hit, so every hit has its own timestamp: sliding_window_log
     // keeps one entry per hit (hits in the same microsecond would share one).

@@ -135,6 +135,7 @@ mod tests {
             requests,
             window: SECOND,
             burst: requests,
+            phase: 0,
         }
     }
 

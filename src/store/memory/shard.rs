@@ -211,6 +211,7 @@ mod tests {
             requests,
             window,
             burst,
+            phase: 0,
         }
     }
 

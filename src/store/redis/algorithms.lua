@@ -13,9 +13,11 @@ local function until_(at, now)
   return 0
 end
 
--- fixed_window: state {window_start, count}.
-local function fixed_window(r, w, _, st, now, hits)
-  local _, off = idiv(now, w)
+-- fixed_window: state {window_start, count}. Windows start at `p` modulo w (the
+-- burst's place carries the phase: 0 for the epoch, local midnight for a calendar
+-- window, see src/algorithm/fixed_window.rs).
+local function fixed_window(r, w, p, st, now, hits)
+  local _, off = idiv(now - p, w)
   local start, count = now - off, 0
   if st ~= nil and st[1] >= start then start, count = st[1], st[2] end
   local reset = until_(start + w, now)

@@ -289,6 +289,7 @@ mod tests {
                 requests,
                 window: SECOND,
                 burst,
+                phase: 0,
             };
             let mut state = None;
             if let Some((at, hits)) = earlier {

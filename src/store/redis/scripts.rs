@@ -216,7 +216,7 @@ impl HitArgs {
                 code: shard::code(h.limit.algorithm),
                 requests: clamp(h.limit.requests),
                 window: clamp(h.limit.window.max(1)),
-                burst: clamp(h.limit.burst),
+                burst: burst_arg(&h.limit),
                 mode: mode_code(h.mode, h.spend),
             },
             hits: clamp(h.hits),
@@ -237,6 +237,16 @@ pub struct Reply {
 
 fn clamp(v: u64) -> u64 {
     v.min(MAX_ARG)
+}
+
+/// The limit's third number: a bucket's burst, or a fixed window's phase (below its
+/// window, so never clamped: a calendar window's local midnight), which
+/// `fixed_window` in algorithms.lua reads in that place. The other windows ignore it.
+fn burst_arg(limit: &crate::algorithm::Limit) -> u64 {
+    match limit.algorithm {
+        crate::algorithm::Algorithm::FixedWindow => limit.phase % limit.window.max(1),
+        _ => clamp(limit.burst),
+    }
 }
 
 /// The mode's letter, in upper case for a charge (decide.lua then spends it whole),
@@ -559,6 +569,7 @@ mod tests {
                     requests,
                     window: 1_000_000,
                     burst: requests,
+                    phase: 0,
                 },
                 hits,
                 mode: Mode::Enforce,
@@ -583,9 +594,9 @@ mod tests {
         assert_eq!(keys, ["ip1", "svc", "ip2", "svc", "ip3"]);
         let want = [
             "", "3", // no fixed time; three distinct limits
-            "fw", "10", "1000000", "10", "e", //
+            "fw", "10", "1000000", "0", "e", // a fixed window's phase in the burst's place
             "tb", "50", "1000000", "50", "e", //
-            "fw", "20", "1000000", "20", "e", //
+            "fw", "20", "1000000", "0", "e", //
             "2", "1", "2", // a: two hits, one each
             "-2", "-1", "3", "-2", "0", // b: quota elsewhere; hits 3 and 0
             "1", "3", // c: the third limit

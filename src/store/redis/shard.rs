@@ -111,6 +111,7 @@ mod tests {
                     requests: 1,
                     window: 1,
                     burst: 1,
+                    phase: 0,
                 },
                 hits: 1,
                 mode: Mode::Enforce,
