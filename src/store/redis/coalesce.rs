@@ -274,7 +274,12 @@ impl ShardTask {
         let groups: Vec<&Group> = batch.iter().map(|j| &j.group).collect();
         let sizes: Vec<usize> = groups.iter().map(|g| g.hits.len()).collect();
         let result = match route(self.master.as_deref(), &mut self.link, &mut self.seen) {
-            Ok(()) => {
+            Ok(routed) => {
+                if routed {
+                    // A link made for a new master: connected and loaded ahead of
+                    // the call, as a standalone shard's are at start.
+                    self.link.warm(&self.scripts).await;
+                }
                 let sent = send(&mut self.link, &self.scripts, &groups, fixed_now);
                 match tokio::time::timeout(self.call_timeout, sent).await {
                     Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
@@ -297,17 +302,18 @@ impl ShardTask {
 
 /// Points a Sentinel shard's link at the master's current address when that moved
 /// since the link was made for generation `seen` (one relaxed load when it has not).
-fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<(), StoreError> {
+/// Whether it made a new link.
+fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<bool, StoreError> {
     let Some(master) = master else {
-        return Ok(());
+        return Ok(false);
     };
     if *seen == master.generation() && link.target.is_some() {
-        return Ok(());
+        return Ok(false);
     }
     let (new, generation) = Link::to_master(master)?;
     *link = new;
     *seen = generation;
-    Ok(())
+    Ok(true)
 }
 
 /// Loads the decide function library over `wire` unless `functions` already says
