@@ -86,13 +86,13 @@ wait_port 18196
 wait_port 18198
 
 echo "# $(date -u +%FT%TZ) $store/$scenario, shards ${AB_SHARDS:-1}, workers ${AB_WORKERS:-default}, $rounds rounds of $duration, load $(cut -d' ' -f1 /proc/loadavg)"
-# Script calls (EVALSHA and EVAL) so far and the microseconds Redis spent inside
+# Script calls (FCALL, EVALSHA and EVAL) so far and the microseconds Redis spent inside
 # them, summed over the shards.
 calls() {
   local n=0 us=0 port c u
   for port in "${ports[@]}"; do
     read -r c u < <(redis-cli -p "$port" ${AB_TLS:+--tls --cacert "$SSL_CERT_FILE"} info commandstats | tr -d '\r' |
-      awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ {c += $3; u += $5} END {print c + 0, u + 0}')
+      awk -F'[=,:]' '/^cmdstat_(eval(sha)?|fcall):/ {c += $3; u += $5} END {print c + 0, u + 0}')
     n=$((n + c))
     us=$((us + u))
   done

@@ -9,7 +9,8 @@
 # for 10 s (no warm-up, so every request is counted). The requests Redis decided are
 # the attacker's requests minus those sluice denied from its over-limit cache
 # (`sluice_denial_cache_answers_total`, read from /metrics around the load); the ones
-# Redis decided and did not admit, per denied request, is the figure. (EVALSHA calls,
+# Redis decided and did not admit, per denied request, is the figure. (Decide calls,
+# FCALL and EVALSHA,
 # from `INFO commandstats` reset just before the load, are shown too; several
 # requests may share one call, and one call reads a key shared by its requests once.)
 # leaky_bucket holds requests (up to its burst) instead of denying them, so with the
@@ -41,7 +42,7 @@ cache_answers() {
 
 start_redis 26393
 echo "# $(date -u +%FT%TZ) sluice $(git describe --always --dirty), load $(cut -d' ' -f1 /proc/loadavg)"
-printf '%-24s %9s %9s %9s %9s %13s\n' algorithm admitted denied evalsha decided "cmds/denial"
+printf '%-24s %9s %9s %9s %9s %13s\n' algorithm admitted denied calls decided "cmds/denial"
 for alg in "${algorithms[@]}"; do
   sed "s/rate_limit: {unit: second, requests_per_unit: 100}/rate_limit: {unit: second, requests_per_unit: 100, algorithm: $alg}/" \
     benches/policy.yaml >"$work/policy.yaml"
@@ -65,9 +66,9 @@ for alg in "${algorithms[@]}"; do
   wait "$sluice" 2>/dev/null || true
   admitted=$(jq '.attacker.ok' <<<"$line")
   denied=$(jq '.attacker.over_limit' <<<"$line")
-  evalsha=$(stat_of evalsha calls)
+  calls=$(($(stat_of fcall calls) + $(stat_of evalsha calls)))
   decided=$((admitted + denied - cached))
-  printf '%-24s %9s %9s %9s %9s %13s\n' "$alg" "$admitted" "$denied" "$evalsha" \
+  printf '%-24s %9s %9s %9s %9s %13s\n' "$alg" "$admitted" "$denied" "$calls" \
     "$decided" "$(awk -v e="$decided" -v a="$admitted" -v d="$denied" \
       'BEGIN { if (d > 0) printf "%.4f", (e - a) / d; else print "no denials" }')"
 done

@@ -2,7 +2,9 @@
 # Redis CPU per decide-script call, for the working tree and/or git revisions:
 #
 #   scripts/lua-cost.sh [REV ...]        (REV "." = working tree, a directory = its
-#                                         *.lua files; default ".")
+#                                         *.lua files; default "."; "fcall:REV" = REV
+#                                         loaded as a function library, as scripts.rs
+#                                         builds it, and called by FCALL)
 #
 # Starts a private redis-server on a free loopback port (PORT to choose one), loads
 # each revision's decide script (common.lua + algorithms.lua + decide.lua, as
@@ -45,19 +47,39 @@ for _ in $(seq 1 100); do
 done
 cli() { redis-cli -p "$port" "$@"; }
 
+lua_of() {
+  if [ "$1" = . ]; then cat "src/store/redis/$2.lua"
+  elif [ -d "$1" ]; then cat "$1/$2.lua"
+  else git show "$1:src/store/redis/$2.lua"; fi
+}
 source_of() {
   local f
-  for f in common algorithms decide; do
-    if [ "$1" = . ]; then cat "src/store/redis/$f.lua"
-    elif [ -d "$1" ]; then cat "$1/$f.lua"
-    else git show "$1:src/store/redis/$f.lua"; fi
-  done
+  for f in common algorithms decide; do lua_of "${1#fcall:}" $f; done
 }
-declare -A sha layout
+# The library of scripts.rs's `Library::of_decide`, under a name of this run's.
+library_of() {
+  echo "#!lua name=$2"
+  lua_of "$1" common
+  lua_of "$1" algorithms
+  echo "local function decide(KEYS, ARGV)"
+  lua_of "$1" decide
+  echo "end"
+  echo "redis.register_function('$2', decide)"
+}
+declare -A sha layout by
+i=0
 for r in "${revs[@]}"; do
-  sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")")
+  i=$((i + 1))
   layout[$r]=hits
   if source_of "$r" | grep -q 'distinct limits'; then layout[$r]=limits; fi
+  case $r in
+    fcall:*)
+      by[$r]=FCALL
+      sha[$r]=$(cli FUNCTION LOAD REPLACE "$(library_of "${r#fcall:}" "lua_cost_$i")") ;;
+    *)
+      by[$r]=EVALSHA
+      sha[$r]=$(cli SCRIPT LOAD "$(source_of "$r")") ;;
+  esac
 done
 
 # Arguments in the layout of each revision's decide.lua: limits once per call (since
@@ -68,7 +90,10 @@ times() { local i; for i in $(seq 1 "$1"); do echo -n "$2 "; done; }
 # Coalesced calls as the store sends them under load: u10, ten requests of one sc hit
 # on random keys (uniform); l10, ten layered requests (fw on a random key, tb on one
 # hot key, sc on a random key). Random keys are redis-benchmark's __rand_int__ (-r).
-cases=(fw sc tb lb sl sc3 sc-deny u10 l10 fw-full sl-full fw-full-x16 sl-full-x16)
+# l1 is one such layered request alone, fw3 three fw hits on three keys. CASES (a
+# space-separated list) runs only those cases.
+cases=(fw sc tb lb sl sc3 fw3 sc-deny u10 l1 l10 fw-full sl-full fw-full-x16 sl-full-x16)
+if [ -n "${CASES:-}" ]; then read -ra cases <<<"$CASES"; fi
 full() { echo "$1" 1000 60000000 1000 e; }
 args_of() {
   if [ "$2" = limits ]; then
@@ -76,6 +101,8 @@ args_of() {
       fw | sc | tb | lb) echo "1 k1 '' 1 $(limit "$1") 1 1" ;;
       sl) echo "1 k1 1700000000000000 1 $(limit sl) 1 1" ;;
       sc3) echo "3 k1 k2 k3 '' 1 $(limit sc) 3 1 1 1" ;;
+      fw3) echo "3 k1 k2 k3 '' 1 $(limit fw) 3 1 1 1" ;;
+      l1) echo "3 a:__rand_int__ hot t:__rand_int__ '' 3 $(limit fw) $(limit tb) $(limit sc) 3 1 2 3" ;;
       sc-deny) echo "1 k1 '' 1 sc 0 1000000 0 e 1 1" ;;
       u10) echo "10 $(times 10 'u:__rand_int__') '' 1 $(limit sc) $(times 10 '1 1')" ;;
       l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' 3 $(limit fw) $(limit tb) $(limit sc) $(times 10 '3 1 2 3')" ;;
@@ -88,6 +115,8 @@ args_of() {
     fw | sc | tb | lb) echo "1 k1 '' 0 $(hit "$1")" ;;
     sl) echo "1 k1 1700000000000000 0 $(hit sl)" ;;
     sc3) echo "3 k1 k2 k3 '' 0 $(hit sc) $(hit sc) $(hit sc)" ;;
+    fw3) echo "3 k1 k2 k3 '' 0 $(hit fw) $(hit fw) $(hit fw)" ;;
+    l1) echo "3 a:__rand_int__ hot t:__rand_int__ '' g 3 0 $(hit fw) $(hit tb) $(hit sc)" ;;
     sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
     u10) echo "10 $(times 10 'u:__rand_int__') '' g $(times 10 "1 0 $(hit sc)")" ;;
     l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' g $(times 10 "3 0 $(hit fw) $(hit tb) $(hit sc)")" ;;
@@ -96,28 +125,29 @@ args_of() {
 }
 
 # µs of redis-server CPU per call of script $1 with args $2; with $3, first 1,000
-# calls with those args, one at a time (so each at a time of its own).
+# calls with those args, one at a time (so each at a time of its own). $call is
+# EVALSHA, or FCALL for a function. FLUSHALL keeps the functions.
 measure() {
   local a f
   eval "a=($2)"
   cli FLUSHALL >/dev/null
-  if cli EVALSHA "$1" "${a[@]}" | grep -q ERR; then
-    echo "lua-cost: $(cli EVALSHA "$1" "${a[@]}")" >&2
+  if cli "$call" "$1" "${a[@]}" | grep -q ERR; then
+    echo "lua-cost: $(cli "$call" "$1" "${a[@]}")" >&2
     exit 1
   fi
   if [ -n "${3:-}" ]; then
     eval "f=($3)"
-    redis-benchmark -p "$port" -n 1000 -P 1 -c 1 -q EVALSHA "$1" "${f[@]}" >/dev/null 2>&1
+    redis-benchmark -p "$port" -n 1000 -P 1 -c 1 -q "$call" "$1" "${f[@]}" >/dev/null 2>&1
   fi
   if command -v perf >/dev/null && perf stat -x, -e task-clock -p "$rpid" -o /tmp/lua-cost.$$ \
-    -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1; then
+    -- redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q "$call" "$1" "${a[@]}" >/dev/null 2>&1; then
     awk -F, -v n="$n" '/task-clock/ {printf "%.2f", $1 * 1000 / n}' /tmp/lua-cost.$$
     rm -f /tmp/lua-cost.$$
   else
     local hz t0 t1
     hz=$(getconf CLK_TCK)
     t0=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
-    redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q EVALSHA "$1" "${a[@]}" >/dev/null 2>&1
+    redis-benchmark -p "$port" -n "$n" -P 16 -c 2 -r 100000 -q "$call" "$1" "${a[@]}" >/dev/null 2>&1
     t1=$(awk '{print $14 + $15}' "/proc/$rpid/stat")
     awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN {printf "%.2f", d * 1e6 / hz / n}'
   fi
@@ -129,6 +159,7 @@ for _ in $(seq 1 "$rounds"); do
     for r in "${revs[@]}"; do
       fill=""
       case $c in *-full*) fill=$(args_of "${c%-x16}" "${layout[$r]}") ;; esac
+      call=${by[$r]}
       runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c" "${layout[$r]}")" "$fill") "
     done
   done

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::redis::{available, command_calls, keys, RedisServer};
+use common::redis::{available, keys, script_calls, RedisServer};
 use common::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, RateLimit};
 
@@ -111,7 +111,7 @@ async fn several_rates_on_one_key_are_one_script_call_on_redis() {
     }
     let mut before = 0;
     for c in &mut conns {
-        before += command_calls(c, "evalsha").await;
+        before += script_calls(c).await;
     }
     // Two admitted requests of two rates each: two calls, not four.
     let mut client = server.client().await;
@@ -125,7 +125,7 @@ async fn several_rates_on_one_key_are_one_script_call_on_redis() {
     }
     let mut after = 0;
     for c in &mut conns {
-        after += command_calls(c, "evalsha").await;
+        after += script_calls(c).await;
     }
     assert_eq!(after - before, 2, "one script call per request");
     // Both counters of the key live on one shard.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{available, command_calls, keys, RedisServer};
+use common::redis::{available, command_calls, keys, script_calls, RedisServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
@@ -719,17 +719,13 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     }
     let v = t.one(&h).await;
     assert!(!v.admitted);
-    let before = command_calls(&mut conn, "evalsha").await;
+    let before = script_calls(&mut conn).await;
     for _ in 0..200 {
         let v = t.one(&h).await;
         assert!(!v.admitted);
         assert!(v.verdicts[0].retry_after > 0);
     }
-    assert_eq!(
-        command_calls(&mut conn, "evalsha").await,
-        before,
-        "no Redis call"
-    );
+    assert_eq!(script_calls(&mut conn).await, before, "no Redis call");
     assert_eq!(t.store.cached_denials(), 1);
     // Operators see what the cache saved: the 200, and the first denial (the third
     // admission filled the key and primed the cache).
@@ -744,7 +740,7 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     // A check (0 hits) and another key still go to Redis.
     let check = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 0);
     t.store.decide(&[check]).await.unwrap();
-    assert_eq!(command_calls(&mut conn, "evalsha").await, before + 1);
+    assert_eq!(script_calls(&mut conn).await, before + 1);
 
     // An admission that fills a sliding key primes the cache too: the next request
     // is denied from memory.
@@ -753,12 +749,12 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
         for _ in 0..3 {
             assert!(t.one(&h).await.admitted);
         }
-        let before = command_calls(&mut conn, "evalsha").await;
+        let before = script_calls(&mut conn).await;
         let v = t.one(&h).await;
         assert!(!v.admitted, "{alg:?}");
         assert!(v.verdicts[0].retry_after > 0, "{alg:?}");
         assert_eq!(
-            command_calls(&mut conn, "evalsha").await,
+            script_calls(&mut conn).await,
             before,
             "{alg:?}: no Redis call"
         );
@@ -1808,7 +1804,7 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
     const DAY: Micros = 86_400 * SECOND;
 
     // All admitted (no denial cache in play): far fewer calls than requests.
-    let before = command_calls(&mut conn, "evalsha").await;
+    let before = script_calls(&mut conn).await;
     let admitted = flood(&store, N, |i| {
         vec![hit(
             &format!("co-{}", i % 100),
@@ -1820,11 +1816,11 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
     })
     .await;
     assert_eq!(admitted, N);
-    let evalsha = command_calls(&mut conn, "evalsha").await - before;
-    eprintln!("{evalsha} EVALSHA calls for {N} concurrent requests");
+    let calls = script_calls(&mut conn).await - before;
+    eprintln!("{calls} decide calls for {N} concurrent requests");
     assert!(
-        evalsha < N as u64 / 4,
-        "{evalsha} EVALSHA calls for {N} requests"
+        calls < N as u64 / 4,
+        "{calls} decide calls for {N} requests"
     );
 
     // Every request hits "co-a" (limit 500) and "co-b" (limit 300): 300 pass, and the
@@ -2009,30 +2005,122 @@ async fn a_shard_is_connected_and_its_script_loaded_before_the_first_request() {
     use sluice::store::redis::scripts::Scripts;
     let server = RedisServer::start().await;
     let store = RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
-    let hash = Scripts::default().decide.hash().to_string();
+    let name = Scripts::default().decide_library.name().to_string();
     let conn = server.conn().await;
-    // Before any request, the script is cached under the name Sluice calls it by.
-    common::eventually(Duration::from_secs(5), "the decide script loaded", || {
+    // Before any request, the decide function is loaded under the name Sluice calls.
+    common::eventually(Duration::from_secs(5), "the decide function loaded", || {
         let mut conn = conn.clone();
-        let hash = hash.clone();
-        async move {
-            let exists: Vec<i64> = redis::cmd("SCRIPT")
-                .arg("EXISTS")
-                .arg(&hash)
-                .query_async(&mut conn)
-                .await
-                .expect("SCRIPT EXISTS");
-            exists == [1]
-        }
+        let name = name.clone();
+        async move { library_loaded(&mut conn, &name).await }
     })
     .await;
     let mut conn = conn;
-    let evalsha = command_calls(&mut conn, "evalsha").await;
     let h = hit("warm", Algorithm::FixedWindow, 5, 60 * SECOND, 1);
     assert!(store.decide(&[h]).await.expect("decide").admitted);
-    // One round trip: EVALSHA found its script, no EVAL after a NOSCRIPT.
-    assert_eq!(command_calls(&mut conn, "evalsha").await, evalsha + 1);
+    // One round trip: FCALL found its function; no script, no reload.
+    assert_eq!(command_calls(&mut conn, "fcall").await, 1);
+    assert_eq!(command_calls(&mut conn, "evalsha").await, 0);
     assert_eq!(command_calls(&mut conn, "eval").await, 0);
+}
+
+/// Whether the function library `name` is loaded on the server.
+async fn library_loaded(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg(&["LIST", "LIBRARYNAME", name])
+        .query_async(conn)
+        .await
+        .expect("FUNCTION LIST");
+    matches!(libraries, redis::Value::Array(l) if !l.is_empty())
+}
+
+#[tokio::test]
+async fn the_decide_function_is_loaded_again_after_a_flush() {
+    if !available() {
+        return;
+    }
+    use sluice::store::redis::scripts::Scripts;
+    let server = RedisServer::start().await;
+    let store = RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
+    let h = hit(
+        "flushed",
+        Algorithm::SlidingWindowCounter,
+        3,
+        60 * SECOND,
+        1,
+    );
+    for _ in 0..2 {
+        assert!(
+            store
+                .decide(std::slice::from_ref(&h))
+                .await
+                .unwrap()
+                .admitted
+        );
+    }
+    let mut conn = server.conn().await;
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The counts live in the keys, not the function: the third fits, the fourth not.
+    assert!(
+        store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    assert!(
+        !store
+            .decide(std::slice::from_ref(&h))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let name = Scripts::default().decide_library.name().to_string();
+    assert!(library_loaded(&mut conn, &name).await);
+    assert_eq!(command_calls(&mut conn, "evalsha").await, 0);
+}
+
+#[tokio::test]
+async fn a_user_without_functions_decides_by_script_on_the_same_counters() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let mut admin = server.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "scripts",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-function",
+            "-fcall",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let by_function =
+        RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
+    let url = format!("redis://scripts:pw@127.0.0.1:{}", server.port);
+    let by_script = RedisStore::new(Options::new(vec![url], false), None).expect("store");
+    // One counter, two replicas calling it differently (as during an upgrade, or
+    // with an ACL that forbids functions): together they admit exactly the limit.
+    let h = hit("mixed", Algorithm::FixedWindow, 3, 60 * SECOND, 1);
+    let one = std::slice::from_ref(&h);
+    assert!(by_function.decide(one).await.unwrap().admitted);
+    assert!(by_script.decide(one).await.unwrap().admitted);
+    assert!(by_function.decide(one).await.unwrap().admitted);
+    assert!(!by_script.decide(one).await.unwrap().admitted);
+    assert!(!by_function.decide(one).await.unwrap().admitted);
+    // The last denial came from by_function's over-limit cache, primed by its
+    // admission that filled the counter.
+    assert_eq!(command_calls(&mut admin, "fcall").await, 2);
+    assert_eq!(command_calls(&mut admin, "evalsha").await, 2);
 }
 
 #[tokio::test]
@@ -2969,14 +3057,14 @@ async fn replicas_on_one_redis_tighten_a_key_as_one() {
     // A flood from the tightened key costs Redis a call per `violations` denials at
     // most (each replica counts them itself), not a call per denial.
     let mut conn = redis_server.conn().await;
-    let before = command_calls(&mut conn, "evalsha").await;
+    let before = script_calls(&mut conn).await;
     let mut denied = 0;
     for _ in 0..30 {
         if code_of(&mut clients[0], "user", "scraper").await == common::OVER_LIMIT {
             denied += 1;
         }
     }
-    let calls = command_calls(&mut conn, "evalsha").await - before;
+    let calls = script_calls(&mut conn).await - before;
     assert!(denied >= 20, "{denied}");
     // A new window's two admissions (and their decide calls) may fall inside.
     assert!(

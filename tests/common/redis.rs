@@ -361,6 +361,12 @@ pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command
         .unwrap_or(0)
 }
 
+/// Lua calls the server ran: decide calls (a function by `FCALL`, or a script by
+/// `EVALSHA`), refunds and peeks.
+pub async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    command_calls(conn, "fcall").await + command_calls(conn, "evalsha").await
+}
+
 /// Every key on the server.
 pub async fn keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
     redis::cmd("KEYS")

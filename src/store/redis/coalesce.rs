@@ -4,7 +4,7 @@
 //! Each shard has a bounded queue and [`CALLS_IN_FLIGHT`] tasks, each with its own
 //! connection, which take the queue in turns. A request's share of hits on the shard
 //! (a [`Group`]) is queued; a task takes everything queued (up to [`MAX_REQUESTS`]
-//! requests or [`MAX_KEYS`] keys), sends one EVALSHA deciding the groups one after
+//! requests or [`MAX_KEYS`] keys), sends one call deciding the groups one after
 //! another (each all-or-nothing, as if the requests had arrived back to back), and
 //! answers each request with its group's verdicts. While its call is in flight the
 //! other task collects and sends the next one, so Redis works on one call while the
@@ -19,6 +19,10 @@
 //! timeout) before its call was sent is dropped unsent, so it consumes nothing. A
 //! full queue makes callers wait (the limiter's store timeout bounds the wait), so
 //! overload never grows memory.
+//!
+//! The call is an `FCALL` of the decide function ([`scripts::Library`]) where the
+//! server has functions (Redis 7) and lets Sluice load them, else an `EVALSHA` of the
+//! same script; either decides alike on the same stored state.
 //!
 //! A shard behind Redis Sentinel has no fixed address: its tasks make their
 //! connections for the master the sentinels named last ([`super::sentinel`]), make
@@ -60,6 +64,8 @@ pub struct Link {
     target: Option<Target>,
     conn: Option<Wire>,
     req: Request,
+    /// Whether decide calls go by `FCALL`: unknown until a `FUNCTION LOAD` answered.
+    functions: Option<bool>,
 }
 
 impl Link {
@@ -68,25 +74,33 @@ impl Link {
             target: Some(target),
             conn: None,
             req: Request::default(),
+            functions: None,
         }
     }
 
-    /// Connects and loads the decide script ahead of the first call, so that the
-    /// first requests after start pay for neither (over TLS and a real network, the
-    /// handshakes and a NOSCRIPT round trip can outlast the store timeout). A failure
-    /// is left for the first call to meet.
+    /// Connects and loads the decide function (or, without functions, the script)
+    /// ahead of the first call, so that the first requests after start pay for
+    /// neither (over TLS and a real network, the handshakes and a reload round trip
+    /// can outlast the store timeout). A failure is left for the first call to meet.
     async fn warm(&mut self, scripts: &Scripts) {
         let Some(target) = &self.target else { return };
         if self.conn.is_some() {
             return;
         }
+        let (req, functions) = (&mut self.req, &mut self.functions);
         let warmed = async {
             let mut wire = Wire::connect(target).await.ok()?;
-            self.req.start(3);
-            self.req.arg(b"SCRIPT");
-            self.req.arg(b"LOAD");
-            self.req.arg(scripts.decide.text().as_bytes());
-            match wire.query(&self.req).await.ok()? {
+            if load_library(&mut wire, req, scripts, functions)
+                .await
+                .ok()?
+            {
+                return Some(wire);
+            }
+            req.start(3);
+            req.arg(b"SCRIPT");
+            req.arg(b"LOAD");
+            req.arg(scripts.decide.text().as_bytes());
+            match wire.query(req).await.ok()? {
                 Value::Bulk(_) => Some(wire),
                 _ => None,
             }
@@ -104,6 +118,7 @@ impl Link {
             target: None,
             conn: None,
             req: Request::default(),
+            functions: None,
         }
     }
 
@@ -259,7 +274,12 @@ impl ShardTask {
         let groups: Vec<&Group> = batch.iter().map(|j| &j.group).collect();
         let sizes: Vec<usize> = groups.iter().map(|g| g.hits.len()).collect();
         let result = match route(self.master.as_deref(), &mut self.link, &mut self.seen) {
-            Ok(()) => {
+            Ok(routed) => {
+                if routed {
+                    // A link made for a new master: connected and loaded ahead of
+                    // the call, as a standalone shard's are at start.
+                    self.link.warm(&self.scripts).await;
+                }
                 let sent = send(&mut self.link, &self.scripts, &groups, fixed_now);
                 match tokio::time::timeout(self.call_timeout, sent).await {
                     Ok(Ok(values)) => scripts::parse_replies(&values, &sizes),
@@ -282,17 +302,35 @@ impl ShardTask {
 
 /// Points a Sentinel shard's link at the master's current address when that moved
 /// since the link was made for generation `seen` (one relaxed load when it has not).
-fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<(), StoreError> {
+/// Whether it made a new link.
+fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<bool, StoreError> {
     let Some(master) = master else {
-        return Ok(());
+        return Ok(false);
     };
     if *seen == master.generation() && link.target.is_some() {
-        return Ok(());
+        return Ok(false);
     }
     let (new, generation) = Link::to_master(master)?;
     *link = new;
     *seen = generation;
-    Ok(())
+    Ok(true)
+}
+
+/// Loads the decide function library over `wire` unless `functions` already says
+/// whether the server has it, and records the answer: whether calls go by `FCALL`.
+async fn load_library(
+    wire: &mut Wire,
+    req: &mut Request,
+    scripts: &Scripts,
+    functions: &mut Option<bool>,
+) -> Result<bool, StoreError> {
+    if let Some(known) = *functions {
+        return Ok(known);
+    }
+    scripts.decide_library.write_load(req);
+    let loaded = scripts::Library::loaded(&wire.query(req).await?);
+    *functions = Some(loaded);
+    Ok(loaded)
 }
 
 /// Sends one decide call and returns the script's reply values.
@@ -302,12 +340,13 @@ async fn send(
     groups: &[&Group],
     fixed_now: Option<Micros>,
 ) -> Result<Vec<i64>, StoreError> {
-    let (target, conn, req) = match link {
+    let (target, conn, req, functions) = match link {
         Link {
             target: Some(target),
             conn,
             req,
-        } => (target, conn, req),
+            functions,
+        } => (target, conn, req, functions),
         Link { target: None, .. } => {
             return Err(StoreError::failed(ErrorKind::Connection, "no master known"));
         }
@@ -318,13 +357,37 @@ async fn send(
         Some(wire) => wire,
         None => Wire::connect(target).await?,
     };
-    scripts::write_decide(req, By::Hash(scripts.decide.hash()), groups, fixed_now);
-    let mut answer = wire.call(req).await?;
-    if matches!(&answer, Answer::Error(e) if e.starts_with("NOSCRIPT")) {
-        // Redis lost its scripts (restart, SCRIPT FLUSH): EVAL caches it again.
-        scripts::write_decide(req, By::Text, groups, fixed_now);
-        answer = wire.call(req).await?;
+    let mut answer = None;
+    if *functions != Some(false) && load_library(&mut wire, req, scripts, functions).await? {
+        let by = By::Function(scripts.decide_library.name());
+        scripts::write_decide(req, by, groups, fixed_now);
+        let mut first = wire.call(req).await?;
+        if matches!(&first, Answer::Error(e) if scripts::Library::missing(e)) {
+            // Gone from the server (a restart, FUNCTION FLUSH, a failover): load it
+            // again, or call by script from now on if that is refused.
+            *functions = None;
+            if load_library(&mut wire, req, scripts, functions).await? {
+                scripts::write_decide(req, by, groups, fixed_now);
+                first = wire.call(req).await?;
+            }
+        }
+        if *functions == Some(true) {
+            answer = Some(first);
+        }
     }
+    let answer = match answer {
+        Some(answer) => answer,
+        None => {
+            scripts::write_decide(req, By::Hash(scripts.decide.hash()), groups, fixed_now);
+            let mut answer = wire.call(req).await?;
+            if matches!(&answer, Answer::Error(e) if e.starts_with("NOSCRIPT")) {
+                // Redis lost its scripts (restart, SCRIPT FLUSH): EVAL caches it again.
+                scripts::write_decide(req, By::Text, groups, fixed_now);
+                answer = wire.call(req).await?;
+            }
+            answer
+        }
+    };
     match answer {
         Answer::Integers(values) => {
             *conn = Some(wire);

@@ -26,7 +26,8 @@
 //! their connections follow the master the sentinels name.
 //!
 //! Needs Redis 6.0 or later (scripts read `TIME` and write, which relies on effect
-//! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0. Private CAs
+//! replication, and the refund uses `SET ... KEEPTTL`); tested with 7.0, where
+//! standalone shards are called by function (`FCALL`, see [`scripts::Library`]). Private CAs
 //! for `rediss://` are trusted through `SSL_CERT_FILE` / `SSL_CERT_DIR`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

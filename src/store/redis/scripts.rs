@@ -1,7 +1,9 @@
 //! The Lua scripts and their calling convention: arguments out, verdicts back.
 //!
-//! Scripts run with EVALSHA by their SHA-1; a server that answers NOSCRIPT (after a
-//! restart or `SCRIPT FLUSH`) gets the call again as EVAL, which caches the script.
+//! Standalone shards on Redis 7 call the decide script as a function ([`Library`],
+//! `FCALL`). Otherwise scripts run with EVALSHA by their SHA-1; a server that answers
+//! NOSCRIPT (after a restart or `SCRIPT FLUSH`) gets the call again as EVAL, which
+//! caches the script.
 //!
 //! Exactness: Lua numbers are doubles, exact for integers below 2^53. The scripts
 //! never form a product directly (see `muldiv` in common.lua), so they agree with the
@@ -17,12 +19,15 @@ use super::classify;
 use super::shard;
 use super::wire::{Pool, Request, Value};
 
+/// Lua helpers and algorithms: what the decision calls.
+macro_rules! decide_helpers {
+    () => {
+        concat!(include_str!("common.lua"), include_str!("algorithms.lua"))
+    };
+}
+
 /// Lua helpers, algorithms and the decision itself, as one script.
-const DECIDE_LUA: &str = concat!(
-    include_str!("common.lua"),
-    include_str!("algorithms.lua"),
-    include_str!("decide.lua")
-);
+const DECIDE_LUA: &str = concat!(decide_helpers!(), include_str!("decide.lua"));
 
 /// Lua helpers, algorithms and the read-only peek.
 const PEEK_LUA: &str = concat!(
@@ -73,10 +78,75 @@ impl Lua {
     }
 }
 
+/// The decide script as a Redis function library (Redis 7 and later), so that Redis
+/// builds its helpers once, when the library loads, instead of on every call: about a
+/// fifth of a one-counter call's cost (docs/performance-notes.md, "Redis path"). The
+/// names carry the script's hash, so replicas of different versions sharing a Redis
+/// each call their own; the stored state is the script's either way.
+#[derive(Debug)]
+pub struct Library {
+    /// The library's and its one function's name, `sluice_decide_` and 16 hex digits.
+    name: String,
+    /// `FUNCTION LOAD`'s argument.
+    text: String,
+}
+
+impl Library {
+    fn of_decide(script: &Lua) -> Library {
+        let name = format!("sluice_decide_{}", &script.hash()[..16]);
+        let text = format!(
+            "#!lua name={name}\n{}local function decide(KEYS, ARGV)\n{}\nend\n\
+             redis.register_function('{name}', decide)\n",
+            decide_helpers!(),
+            include_str!("decide.lua"),
+        );
+        Library { name, text }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// `FUNCTION LOAD` of this library into `req`.
+    pub fn write_load(&self, req: &mut Request) {
+        req.start(3);
+        req.arg(b"FUNCTION");
+        req.arg(b"LOAD");
+        req.arg(self.text.as_bytes());
+    }
+
+    /// Whether a `FUNCTION LOAD` reply means the library is there to call: loaded
+    /// now, or by another replica of the same version before. Any other error (a
+    /// Redis before 7 knows no `FUNCTION`; an ACL may forbid it) means scripts.
+    pub fn loaded(reply: &Value) -> bool {
+        match reply {
+            Value::Bulk(_) => true,
+            Value::Error(e) => e.contains("already exists"),
+            _ => false,
+        }
+    }
+
+    /// Whether an error answering `FCALL` means calling by script instead: the
+    /// function is unknown to this server (after a restart, `FUNCTION FLUSH` or a
+    /// failover to a server that never loaded it: load it again first), or the server
+    /// or the user has no `FCALL`.
+    pub fn missing(error: &str) -> bool {
+        error.starts_with("ERR Function not found")
+            || error.starts_with("ERR unknown command")
+            || error.starts_with("NOPERM")
+    }
+}
+
 /// The scripts, hashed once.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     pub decide: Lua,
+    /// The decide script as a function library.
+    pub decide_library: std::sync::Arc<Library>,
     pub refund: Lua,
     pub peek: Lua,
     /// RLQS demand records (`demand.lua`, see `demand.rs`).
@@ -85,8 +155,10 @@ pub struct Scripts {
 
 impl Default for Scripts {
     fn default() -> Self {
+        let decide = Lua::new(DECIDE_LUA);
         Scripts {
-            decide: Lua::new(DECIDE_LUA),
+            decide_library: std::sync::Arc::new(Library::of_decide(&decide)),
+            decide,
             refund: Lua::new(REFUND_LUA),
             peek: Lua::new(PEEK_LUA),
             demand: Lua::new(include_str!("demand.lua")),
@@ -352,10 +424,12 @@ fn decide_args(
 /// How [`write_decide`] names the script.
 #[derive(Debug, Clone, Copy)]
 pub enum By<'a> {
-    /// `EVALSHA` with the script's hash (the usual case).
+    /// `EVALSHA` with the script's hash (without functions).
     Hash(&'a str),
     /// `EVAL` with the script's text (after a NOSCRIPT answer; Redis caches it again).
     Text,
+    /// `FCALL` of the function of this name ([`Library`]).
+    Function(&'a str),
 }
 
 /// Writes the decide call for `groups` as one RESP command into `req`, without an
@@ -405,6 +479,10 @@ pub fn write_decide(
         By::Text => {
             req.arg(b"EVAL");
             req.arg(DECIDE_LUA.as_bytes());
+        }
+        By::Function(name) => {
+            req.arg(b"FCALL");
+            req.arg(name.as_bytes());
         }
     }
     req.arg_u64(count.0 as u64);
@@ -582,6 +660,53 @@ mod tests {
             hits: hits.iter().map(HitArgs::new).collect(),
             quota_elsewhere,
         }
+    }
+
+    #[test]
+    fn the_decide_library_is_named_by_its_version_and_registers_that_name() {
+        let scripts = Scripts::default();
+        let lib = &scripts.decide_library;
+        assert_eq!(
+            lib.name(),
+            format!("sluice_decide_{}", &scripts.decide.hash()[..16])
+        );
+        assert!(lib
+            .text()
+            .starts_with(&format!("#!lua name={}\n", lib.name())));
+        assert!(lib.text().ends_with(&format!(
+            "redis.register_function('{}', decide)\n",
+            lib.name()
+        )));
+        let mut req = Request::default();
+        write_decide(&mut req, By::Function(lib.name()), &[], None);
+        let sent = String::from_utf8_lossy(req.bytes()).into_owned();
+        assert!(sent.contains(&format!("FCALL\r\n${}\r\n{}", lib.name().len(), lib.name())));
+    }
+
+    #[test]
+    fn only_a_server_or_user_without_functions_falls_back_to_scripts() {
+        let error = |e: &str| Value::Error(e.to_string());
+        assert!(Library::loaded(&Value::Bulk(
+            b"sluice_decide_0123".to_vec()
+        )));
+        // Another replica of the same version loaded it first.
+        assert!(Library::loaded(&error(
+            "ERR Library 'sluice_decide_0123' already exists"
+        )));
+        assert!(!Library::loaded(&error(
+            "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD'"
+        )));
+        assert!(!Library::loaded(&error(
+            "NOPERM this user has no permissions to run the 'function|load' command"
+        )));
+        assert!(Library::missing("ERR Function not found"));
+        assert!(Library::missing(
+            "ERR unknown command 'FCALL', with args beginning with: "
+        ));
+        // An error of the Lua itself is the call's outcome: never sent again.
+        assert!(!Library::missing(
+            "ERR user_function:12: Script attempted to access nonexistent global variable 'x'"
+        ));
     }
 
     #[test]
