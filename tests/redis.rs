@@ -3083,13 +3083,14 @@ type Heard = Vec<(
     Duration,
 )>;
 
-/// Records each store call it hears of.
+/// Records each store call it hears of, and the command each went by.
 #[derive(Default)]
-struct Ears(std::sync::Mutex<Heard>);
+struct Ears(std::sync::Mutex<Heard>, std::sync::Mutex<Vec<&'static str>>);
 
 impl sluice::store::Probe for Ears {
     fn call(&self, c: &sluice::store::StoreCall<'_>) {
         let took = c.ended.duration_since(c.started).unwrap_or_default();
+        self.1.lock().unwrap().push(c.operation);
         self.0.lock().unwrap().push((
             c.host.map(str::to_string),
             c.port,
@@ -3134,6 +3135,8 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
     assert_eq!((host.as_deref(), *p), (Some("127.0.0.1"), port(0)));
     assert_eq!((*script, *keys, *ok), ("decide", 1, true));
     assert!(*took > Duration::ZERO, "a round trip takes time");
+    // The test servers are Redis 7: the decide function is called by FCALL.
+    assert_eq!(*ears.1.lock().unwrap(), ["FCALL"]);
 
     // Over both shards (on0 is now full: denied, so on1's hit is given back).
     let v = t

@@ -17,7 +17,7 @@ use crate::trace::Call;
 
 /// Turns each store call of a sampled request into a client span under the
 /// request's, named and attributed as OpenTelemetry's database conventions say
-/// for Redis (`EVALSHA decide`, `db.system.name`, `db.operation.name`,
+/// for Redis (`FCALL decide`, `db.system.name`, `db.operation.name`,
 /// `db.stored_procedure.name`, `server.address`, `server.port`). No key: keys
 /// hold descriptor values.
 pub struct StoreSpans<'a>(pub &'a Call);

@@ -20,7 +20,7 @@ pub struct StoreCall<'a> {
     /// store cannot tell (a Redis Cluster routes the call itself).
     pub host: Option<&'a str>,
     pub port: Option<u16>,
-    /// The command (`EVALSHA`).
+    /// The command (`FCALL` on Redis 7 shards, else `EVALSHA`).
     pub operation: &'static str,
     /// The script the command ran (`decide`, `refund`).
     pub script: &'static str,

@@ -16,7 +16,9 @@ import urllib.request
 
 QUERY, LABEL, USER, LOG, METRICS = sys.argv[1:6]
 REDIS_PORT = int(sys.argv[6]) if len(sys.argv) > 6 else None
-STORE_CALL = "EVALSHA decide"
+# Redis 7 runs the decide function by FCALL; an older Redis, the script by EVALSHA.
+STORE_COMMAND = sys.argv[7] if len(sys.argv) > 7 else "FCALL"
+STORE_CALL = f"{STORE_COMMAND} decide"
 SLUICE_SERVICE = "sluice-e2e"
 ENVOY_SERVICE = "e2e-envoy"
 DECISION = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -138,7 +140,7 @@ if REDIS_PORT is not None:
     calls = store_calls(trace, span)
     want = {
         "db.system.name": "redis",
-        "db.operation.name": "EVALSHA",
+        "db.operation.name": STORE_COMMAND,
         "db.stored_procedure.name": "decide",
         "server.address": "localhost",
         "server.port": REDIS_PORT,

@@ -289,6 +289,8 @@ impl ShardTask {
             }
             Err(e) => Err(e),
         };
+        self.health
+            .set_by_function(self.link.functions == Some(true));
         guard.finish(&result);
         if let (Some(master), Err(e)) = (&self.master, &result) {
             if e.is_transient() {

@@ -80,6 +80,8 @@ pub struct Health {
     down_until: AtomicU64,
     /// A failure has been seen since the last success.
     failing: AtomicBool,
+    /// Decide calls last went by `FCALL` (else `EVALSHA`): what a trace names them.
+    by_function: AtomicBool,
     state: Mutex<State>,
     report: Option<Arc<dyn Report>>,
 }
@@ -95,6 +97,22 @@ impl std::fmt::Debug for Health {
 }
 
 impl Health {
+    /// Records how the last decide call went: by `FCALL` or by script.
+    pub fn set_by_function(&self, yes: bool) {
+        if self.by_function.load(Relaxed) != yes {
+            self.by_function.store(yes, Relaxed);
+        }
+    }
+
+    /// The command decide calls go by now: `FCALL` or `EVALSHA`.
+    pub fn decide_command(&self) -> &'static str {
+        if self.by_function.load(Relaxed) {
+            "FCALL"
+        } else {
+            "EVALSHA"
+        }
+    }
+
     pub fn new(name: String, report: Option<Arc<dyn Report>>) -> Self {
         if let Some(r) = &report {
             // Export the shard's error counters at 0 from the start, so dashboards and
@@ -106,6 +124,7 @@ impl Health {
             base: Instant::now(),
             down_until: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            by_function: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             report,
         }

@@ -479,6 +479,13 @@ impl Inner {
             // The cluster's router picks the node; the span does not guess it.
             Backend::Cluster(_) => None,
         };
+        // Only decide calls go by function; refunds and the cluster's calls by script.
+        let operation = match &self.backend {
+            Backend::Shards(s) if script == "decide" => {
+                s[target.min(s.len() - 1)].health.decide_command()
+            }
+            _ => "EVALSHA",
+        };
         let (host, port) = address.map_or((None, None), |a| {
             let (h, p) = split_address(a);
             (Some(h), p)
@@ -487,7 +494,7 @@ impl Inner {
             system: "redis",
             host,
             port,
-            operation: "EVALSHA",
+            operation,
             script,
             keys,
             started,
