@@ -76,6 +76,9 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 log "cargo test"
 cargo test --workspace --all-targets
+# Doc comments' links stay true to the code (a renamed item breaks the build here).
+log "cargo doc --no-deps (-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 
 # --- The supply chain, and the manual: docs/ as an mdBook, every link checked -------
 log "waiting for mdbook and cargo-deny (installed in the background)"

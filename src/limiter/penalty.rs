@@ -15,7 +15,7 @@
 //! process's own. With a store that shares them ([`Store::shares_sentences`], Redis),
 //! every denial is counted in the store, so a client spread over replicas is
 //! sentenced as one; the sentence comes back in the reply and is kept here, and
-//! [`sync`] brings in the sentences other replicas started (the server runs it every
+//! `sync` brings in the sentences other replicas started (the server runs it every
 //! second), so each replica denies a banned key without a store call.
 //!
 //! Denials are counted per counter key with the same estimate as the default

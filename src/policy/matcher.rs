@@ -81,7 +81,7 @@ impl KeyLevel {
     }
 }
 
-/// How one level of a descriptor matched (see [`Node::trace`]).
+/// How one level of a descriptor matched (see `Node::trace`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LevelMatch {
     /// The key with this exact value.

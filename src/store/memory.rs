@@ -5,7 +5,7 @@
 //! nanoseconds, and never across an `.await`, so a blocking mutex is cheaper than an
 //! async one. A request's shards are locked in ascending order, which keeps
 //! multi-key decisions atomic without deadlock. At `--max-keys` a shard drops only
-//! counters that are expired or idle, never one in use or denying ([`shard`]).
+//! counters that are expired or idle, never one in use or denying (`shard`).
 
 mod shard;
 

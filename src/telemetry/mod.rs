@@ -104,7 +104,7 @@ struct RuleCounts {
     cost: [AtomicU64; COST_KINDS.len()],
 }
 
-/// The `kind` label of `sluice_cost_total`, in [`RuleCounts::cost`]'s order.
+/// The `kind` label of `sluice_cost_total`, in `RuleCounts::cost`'s order.
 pub const COST_KINDS: [&str; 3] = ["spent", "refunded", "over"];
 
 /// Everything counted for one (domain, rule path, layer).

@@ -25,12 +25,12 @@ pub struct TracingArgs {
     /// OTEL_EXPORTER_OTLP_ENDPOINT, then localhost:4318 (4317 for grpc).
     #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
-    /// `grpc` or `http/protobuf` (default: OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL,
+    /// `grpc` or `http/protobuf` (default: `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`,
     /// else http/protobuf).
     #[arg(long, env = "SLUICE_OTLP_PROTOCOL")]
     pub otlp_protocol: Option<String>,
     /// Headers sent with each export, `key=value,...` (default:
-    /// OTEL_EXPORTER_OTLP_[TRACES_]HEADERS).
+    /// `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`).
     #[arg(long, env = "SLUICE_OTLP_HEADERS", hide_env_values = true)]
     pub otlp_headers: Option<String>,
     /// The traces' `service.name` (default: OTEL_SERVICE_NAME, else `sluice`).

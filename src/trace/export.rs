@@ -29,7 +29,7 @@ pub struct Counters {
     pub failed: IntCounter,
 }
 
-/// The span processor of the tracer: enqueues finished spans for [`run`].
+/// The span processor of the tracer: enqueues finished spans for `run`.
 #[derive(Debug)]
 pub struct Queue {
     tx: mpsc::Sender<Message>,

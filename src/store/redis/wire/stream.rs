@@ -4,7 +4,7 @@
 //! `rustls-native-certs`, which honours `SSL_CERT_FILE` and `SSL_CERT_DIR` (a private
 //! CA goes there), or the target's own `tls_ca` file, read at each connection. A
 //! trusted certificate that the server presents as its own is accepted as pinned
-//! ([`super::pin`]). `#insecure` targets skip verifying the certificate but still
+//! (`super::pin`). `#insecure` targets skip verifying the certificate but still
 //! check the handshake's signatures; `tls_skip_hostname` ones skip only the name. A target's `tls_cert` and `tls_key` are
 //! presented as the client's certificate.
 
