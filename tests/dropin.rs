@@ -537,10 +537,7 @@ async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
         r.statuses[0].current_limit.is_some()
     })
     .await;
-    let r = call(&mut c, request("reload", vec![desc(&[("key1", "bar")])])).await;
-    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "reloaded");
-    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
-    assert_eq!(r.overall_code, Code::OverLimit as i32, "0 a second");
+    assert_reload_domain(&mut c).await;
     assert_eq!(
         d.prometheus("ratelimit_service_config_load_success"),
         Some(2.0)
@@ -559,6 +556,14 @@ async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
     .await;
     let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
     assert!(r.statuses[0].current_limit.is_some());
+}
+
+/// The `reload` domain's limits, once loaded: `key1` 50 a second, `block` none.
+async fn assert_reload_domain(c: &mut RateLimitServiceClient<Channel>) {
+    let r = call(c, request("reload", vec![desc(&[("key1", "bar")])])).await;
+    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "reloaded");
+    let r = call(c, request("reload", vec![desc(&[("block", "foo")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "0 a second");
 }
 
 /// The `basic` and `another` domains as envoyproxy/ratelimit's xDS test serves them
@@ -644,10 +649,7 @@ async fn a_reload_from_xds_is_served_and_counted() {
         r.statuses[0].current_limit.is_some()
     })
     .await;
-    let r = call(&mut c, request("reload", vec![desc(&[("key1", "bar")])])).await;
-    assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "reloaded");
-    let r = call(&mut c, request("reload", vec![desc(&[("block", "foo")])])).await;
-    assert_eq!(r.overall_code, Code::OverLimit as i32, "0 a second");
+    assert_reload_domain(&mut c).await;
     let after = d.prometheus("ratelimit_service_config_load_success");
     assert!(after.is_some_and(|n| n > loads), "{after:?} after {loads}");
 
