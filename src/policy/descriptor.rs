@@ -903,6 +903,13 @@ mod tests {
         assert_eq!(shed.probability(0, 0), 0.0);
     }
 
+    /// The errors of a policy whose one descriptor has `rate_limit` (line 4).
+    fn rate_limit_errors(rate_limit: &str) -> String {
+        errors(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
+        ))
+    }
+
     fn errors(text: &str) -> String {
         match parse_str("p.yaml", text) {
             Ok(_) => String::new(),
@@ -1089,11 +1096,6 @@ descriptors:
             (3, 300 * crate::algorithm::SECOND)
         );
         assert_eq!(rule.lease, Some(300 * crate::algorithm::SECOND));
-        let one = |rate_limit: &str| {
-            errors(&format!(
-                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
-            ))
-        };
         for (rate_limit, message) in [
             (
                 "{algorithm: concurrency, requests_per_unit: 3}",
@@ -1116,7 +1118,7 @@ descriptors:
                 "p.yaml:4: 'lease':",
             ),
         ] {
-            let e = one(rate_limit);
+            let e = rate_limit_errors(rate_limit);
             assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
         }
         let listed = "domain: d
@@ -1136,11 +1138,6 @@ descriptors:
 
     #[test]
     fn calendar_windows_refuse_what_they_cannot_count() {
-        let one = |rate_limit: &str| {
-            errors(&format!(
-                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
-            ))
-        };
         for (rate_limit, message) in [
             (
                 "{window: calendar_day, time_zone: Europe/Atlantis, requests_per_unit: 5}",
@@ -1167,7 +1164,7 @@ descriptors:
                 "should not specify 'time_zone' when 'unlimited' is true",
             ),
         ] {
-            let e = one(rate_limit);
+            let e = rate_limit_errors(rate_limit);
             assert!(e.contains(message), "{rate_limit}: {message:?} in {e}");
         }
         // The same calendar twice in one list is one window twice.

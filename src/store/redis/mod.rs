@@ -467,24 +467,26 @@ impl Inner {
         error: Option<&StoreError>,
     ) {
         // Only a sampled call gets here: the Sentinel master's address is copied.
+        // Only decide calls go by function; refunds and the cluster's calls by script,
+        // and the cluster's router picks the node, so the span does not guess it.
         let sentinel_addr;
-        let address = match &self.backend {
-            Backend::Shards(s) => match &s[target.min(s.len() - 1)].conn {
-                ShardConn::Fixed(_) => Some(s[target.min(s.len() - 1)].health.name.as_str()),
-                ShardConn::Sentinel(m) => {
-                    sentinel_addr = m.current().map(|r| r.addr);
-                    sentinel_addr.as_deref()
-                }
-            },
-            // The cluster's router picks the node; the span does not guess it.
-            Backend::Cluster(_) => None,
-        };
-        // Only decide calls go by function; refunds and the cluster's calls by script.
-        let operation = match &self.backend {
-            Backend::Shards(s) if script == "decide" => {
-                s[target.min(s.len() - 1)].health.decide_command()
+        let (address, operation) = match &self.backend {
+            Backend::Shards(s) => {
+                let shard = &s[target.min(s.len() - 1)];
+                let address = match &shard.conn {
+                    ShardConn::Fixed(_) => Some(shard.health.name.as_str()),
+                    ShardConn::Sentinel(m) => {
+                        sentinel_addr = m.current().map(|r| r.addr);
+                        sentinel_addr.as_deref()
+                    }
+                };
+                let operation = match script {
+                    "decide" => shard.health.decide_command(),
+                    _ => "EVALSHA",
+                };
+                (address, operation)
             }
-            _ => "EVALSHA",
+            Backend::Cluster(_) => (None, "EVALSHA"),
         };
         let (host, port) = address.map_or((None, None), |a| {
             let (h, p) = split_address(a);
