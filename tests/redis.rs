@@ -321,14 +321,7 @@ async fn calendar_windows_reset_at_local_midnight_on_redis_as_in_memory() {
         clock.set(at(time));
         let mut h = hit(key, Algorithm::FixedWindow, 3, 86_400 * SECOND, hits);
         h.limit = calendar.limit(h.limit, clock.now());
-        let on_redis = redis
-            .decide(std::slice::from_ref(&h))
-            .await
-            .expect("decided");
-        let in_memory = memory
-            .decide(std::slice::from_ref(&h))
-            .await
-            .expect("decided");
+        let (on_redis, in_memory) = on_both(&redis, &memory, &h).await;
         let v = on_redis.verdicts[0];
         assert_eq!(v.admitted, admitted, "{time} {key}");
         let shown = if admitted { v.reset } else { v.retry_after };
@@ -386,14 +379,7 @@ descriptors:
     for (at, refund, admitted) in steps {
         clock.set(t0 + at * SECOND);
         slot.spend = if refund { Spend::Refund } else { Spend::Always };
-        let on_redis = redis
-            .decide(std::slice::from_ref(&slot))
-            .await
-            .expect("decided");
-        let in_memory = memory
-            .decide(std::slice::from_ref(&slot))
-            .await
-            .expect("decided");
+        let (on_redis, in_memory) = on_both(&redis, &memory, &slot).await;
         assert_eq!(on_redis.admitted, admitted, "{at} s, refund {refund}");
         assert_eq!(
             in_memory.admitted, admitted,
@@ -404,6 +390,14 @@ descriptors:
             "{at} s, refund {refund}"
         );
     }
+}
+
+/// `h` decided on Redis and on the memory store, in that order.
+async fn on_both(redis: &RedisStore, memory: &MemoryStore, h: &Hit) -> (Verdicts, Verdicts) {
+    let one = std::slice::from_ref(h);
+    let on_redis = redis.decide(one).await.expect("decided on Redis");
+    let in_memory = memory.decide(one).await.expect("decided in memory");
+    (on_redis, in_memory)
 }
 
 /// A sliding log's members, oldest first.
