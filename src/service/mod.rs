@@ -248,19 +248,19 @@ impl<S: Store> Service<S> {
         };
         // Only a sampled call hears of the store's calls: otherwise the store reads
         // no clock and makes no span.
-        let outcome = match call.as_deref().filter(|c| c.recording()) {
-            Some(traced) => {
-                let probe = span::StoreSpans(traced);
-                self.limiter
-                    .decide_probed(req.domain, &descriptors, wait, Some(&probe))
-                    .await
-            }
-            None => {
-                self.limiter
-                    .decide_within(req.domain, &descriptors, wait)
-                    .await
-            }
-        };
+        let probe = call
+            .as_deref()
+            .filter(|c| c.recording())
+            .map(span::StoreSpans);
+        let outcome = self
+            .limiter
+            .decide_probed(
+                req.domain,
+                &descriptors,
+                wait,
+                probe.as_ref().map(|p| p as &dyn crate::store::Probe),
+            )
+            .await;
         let took = self.latency.delta(started, self.latency.raw());
         self.metrics.record_request(
             req.domain,
