@@ -37,6 +37,11 @@
 //! one branch on its absent span.
 //!
 //! Run: `cargo bench --bench request`
+//!
+//! `SLUICE_COUNT=SCENARIO:N` runs N requests of one `request/` scenario on a clock
+//! that moves 10 µs per request and exits, for `scripts/instructions.sh`: callgrind
+//! counts the instructions of [`counted`] alone, a figure that, unlike time, does not
+//! move with the machine's load, so two builds compare to a fraction of a per cent.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -401,4 +406,56 @@ fn tracing(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench, deadline, algorithms, tracing);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("SLUICE_COUNT") {
+        count(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+/// `SCENARIO:N` (`SLUICE_COUNT`): every key made first, as in `request/`, then N
+/// requests through [`counted`].
+fn count(spec: &str) {
+    let (scenario, n) = spec
+        .split_once(':')
+        .and_then(|(s, n)| Some((s, n.parse::<usize>().ok()?)))
+        .expect("SLUICE_COUNT is SCENARIO:N, e.g. hot:20000");
+    let settings = match scenario {
+        "layered-hashed" => Settings {
+            hashing: Hashing {
+                all: true,
+                hash: ValueHash::from_secret(b"a benchmark's secret").expect("long enough"),
+            },
+            ..Settings::default()
+        },
+        _ => Settings::default(),
+    };
+    let clock = ManualClock::new(1_700_000_000 * SECOND);
+    let service = service_on(Arc::new(clock.clone()), 1_000_000, settings);
+    let requests = requests(scenario.trim_end_matches("-hashed"));
+    for r in &requests {
+        clock.advance(10);
+        one(&service, r);
+    }
+    println!("{}", counted(&service, &clock, &requests, n));
+}
+
+/// The requests callgrind counts (`--toggle-collect`); kept out of line so its
+/// name survives LTO.
+#[inline(never)]
+fn counted(
+    service: &Service<MemoryStore>,
+    clock: &ManualClock,
+    requests: &[Vec<u8>],
+    n: usize,
+) -> usize {
+    let mut bytes = 0;
+    for i in 0..n {
+        clock.advance(10);
+        bytes += one(service, &requests[i % requests.len()]);
+    }
+    bytes
+}
