@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkGroup, Criterion, Throughput};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::{Entry, RateLimitOverride},
     RateLimitDescriptor,

@@ -266,6 +266,10 @@ impl Outcome {
     }
 }
 
+/// Indices into a request's statuses (the status of each hit, its order): inline
+/// for the few descriptors a request carries, so planning allocates only the hits.
+type Statuses = smallvec::SmallVec<[usize; 8]>;
+
 /// Decides requests against the current policy and a store.
 #[derive(Debug)]
 pub struct Limiter<S> {
@@ -547,7 +551,7 @@ impl<S: Store> Limiter<S> {
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
         statuses: &mut [Status],
-    ) -> (Vec<Arc<Rule>>, Vec<usize>, Vec<Hit>, FailureMode) {
+    ) -> (Vec<Arc<Rule>>, Statuses, Vec<Hit>, FailureMode) {
         for (status, d) in statuses.iter_mut().zip(descriptors) {
             status.rule = dom.find(d.entries);
         }
@@ -568,7 +572,7 @@ impl<S: Store> Limiter<S> {
         drop_replaced(policy, statuses);
 
         // Limited rules become hits, edge first, then service, then tenant.
-        let mut order: Vec<usize> = (0..descriptors.len())
+        let mut order: Statuses = (0..descriptors.len())
             .filter(|&i| {
                 effective(policy, &overrides, &statuses[i]).is_some_and(|r| r.limit.is_some())
             })
@@ -577,7 +581,7 @@ impl<S: Store> Limiter<S> {
         let mut hits = Vec::with_capacity(order.len());
         // The status of each hit: `order`, with a status repeated for each further
         // limit of its rule.
-        let mut per_hit = Vec::with_capacity(order.len());
+        let mut per_hit = Statuses::with_capacity(order.len());
         let mut more = Vec::new();
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
@@ -1189,7 +1193,7 @@ descriptors:
             &[Descriptor::new(&entries, 1)],
             &mut statuses,
         );
-        assert_eq!(order, [0, 0], "one status, two hits");
+        assert_eq!(order[..], [0, 0], "one status, two hits");
         assert_eq!(hits.len(), 2);
         assert_eq!(
             hits[0].key, "d|api_key=k1",
