@@ -118,6 +118,11 @@ pub struct Serve {
     /// (`sluice_near_limit_total`, `ratelimit_service_rate_limit_near_limit`).
     #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
     pub near_limit_ratio: f64,
+    /// `sluice_in_flight` and `sluice_debt` show the highest value of at least
+    /// this long (at most twice): at least your scrape interval, so that each
+    /// scrape sees every peak since the one before.
+    #[arg(long, env = "SLUICE_PEAK_WINDOW", default_value = "15s", value_parser = parse_nonzero_duration)]
+    pub peak_window: Duration,
     /// Every limit counts and reports but never denies (as if each had
     /// shadow_mode: true).
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -637,6 +642,7 @@ mod tests {
         assert_eq!(s.handshake_timeout, Duration::from_secs(10));
         assert_eq!(s.grpc_max_connections, 0);
         assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
+        assert_eq!(s.peak_window, crate::telemetry::DEFAULT_PEAK_WINDOW);
         let zero = [
             "sluice",
             "serve",
