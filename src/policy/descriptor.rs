@@ -920,7 +920,10 @@ mod tests {
         assert_eq!(window("250us"), 250);
         assert_eq!(window("1d"), 86_400 * crate::algorithm::SECOND);
         for (bad, why) in [
-            ("0s", "p.yaml:4: 'window': duration '0s' must be longer than zero"),
+            (
+                "0s",
+                "p.yaml:4: 'window': duration '0s' must be longer than zero",
+            ),
             ("10x", "p.yaml:4: 'window': unknown unit 'x' in '10x'"),
             ("'10'", "p.yaml:4: 'window': '10' is not a duration"),
         ] {
@@ -928,7 +931,10 @@ mod tests {
             assert!(err.starts_with(why), "{bad}: {err}");
         }
         let err = rate_limit_errors("{algorithm: concurrency, requests_per_unit: 3, lease: 0.5us}");
-        assert!(err.contains("'lease': '0.5us' is not a duration of whole microseconds"), "{err}");
+        assert!(
+            err.contains("'lease': '0.5us' is not a duration of whole microseconds"),
+            "{err}"
+        );
     }
 
     /// The errors of a policy whose one descriptor has `rate_limit` (line 4).

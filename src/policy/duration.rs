@@ -54,7 +54,10 @@ pub fn parse(text: &str) -> Result<Micros, String> {
 /// window or lease would mean nothing).
 pub fn parse_positive(text: &str) -> Result<Micros, String> {
     match parse(text)? {
-        0 => Err(format!("duration '{}' must be longer than zero", text.trim())),
+        0 => Err(format!(
+            "duration '{}' must be longer than zero",
+            text.trim()
+        )),
         d => Ok(d),
     }
 }
