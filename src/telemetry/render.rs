@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Where a rule's windowed maximum of one gauge is, if it has one.
+type PeakOf = fn(&RuleStats) -> Option<&peak::Peak>;
+
 impl Metrics {
     /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
     pub fn top_offenders(&self) -> Vec<RuleTop> {
@@ -108,7 +111,7 @@ impl Metrics {
                 let _ = writeln!(out, "\"}} {n}");
             }
             let period = self.peak_period(self.clock.now());
-            let gauges: [(&str, &str, fn(&RuleStats) -> Option<&peak::Peak>); 2] = [
+            let gauges: [(&str, &str, PeakOf); 2] = [
                 (
                     "sluice_in_flight",
                     "algorithm: concurrency rules: the most slots in use (requests in flight) one key had, as this replica's answers of the last --peak-window (at least) reported.",
