@@ -118,6 +118,11 @@ pub struct Serve {
     /// (`sluice_near_limit_total`, `ratelimit_service_rate_limit_near_limit`).
     #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
     pub near_limit_ratio: f64,
+    /// `sluice_in_flight` and `sluice_debt` show the highest value of at least
+    /// this long (at most twice): at least your scrape interval, so that each
+    /// scrape sees every peak since the one before.
+    #[arg(long, env = "SLUICE_PEAK_WINDOW", default_value = "15s", value_parser = parse_nonzero_duration)]
+    pub peak_window: Duration,
     /// Every limit counts and reports but never denies (as if each had
     /// shadow_mode: true).
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -528,7 +533,6 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     }
 }
 
-/// Parses `250ms`, `10s`, `5m`, `1h` and sums such as `1m30s`.
 /// A duration of whole seconds, at least one: Envoy reads quota TTLs in whole
 /// seconds, so `1500ms` would silently become 1 s there.
 pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
@@ -541,32 +545,10 @@ pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Parses a duration flag with the policies' syntax (`250ms`, `10s`, `1.5s`, `1d`,
+/// `1m30s`; [`crate::policy::duration`]), zero included.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("invalid duration {s:?} (use e.g. 250ms, 10s, 5m, 1h)");
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err(err());
-    }
-    let mut total = Duration::ZERO;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
-        let n: u64 = rest[..digits].parse().map_err(|_| err())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let part = match &rest[..unit_len] {
-            "us" | "µs" => Duration::from_micros(n),
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(err)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(err)?),
-            _ => return Err(err()),
-        };
-        total = total.checked_add(part).ok_or_else(err)?;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
+    crate::policy::duration::parse(s).map(Duration::from_micros)
 }
 
 #[cfg(test)]
@@ -583,6 +565,42 @@ mod tests {
         assert_eq!(parse_whole_seconds("15s"), Ok(Duration::from_secs(15)));
         assert!(parse_whole_seconds("1500ms").is_err());
         assert!(parse_whole_seconds("0s").is_err());
+    }
+
+    /// A flag takes every duration a policy takes (decimals, days), and still zero
+    /// where zero means something; a bad one stops start-up naming the flag and the
+    /// mistake.
+    #[test]
+    fn duration_flags_take_the_policies_syntax() {
+        let serve = |flag: &str, value: &str| {
+            let args = ["sluice", "serve", "--config", "a.yaml", flag, value];
+            match Cli::try_parse_from(args) {
+                Ok(Cli {
+                    command: Command::Serve(s),
+                    ..
+                }) => Ok(s),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let s = serve("--store-timeout", "1.5ms").unwrap();
+        assert_eq!(s.store_timeout, Duration::from_micros(1_500));
+        let s = serve("--grpc-idle-timeout", "1d").unwrap();
+        assert_eq!(s.grpc_idle_timeout, Duration::from_secs(86_400));
+        let s = serve("--shutdown-grace", "1m30s").unwrap();
+        assert_eq!(s.shutdown_grace, Duration::from_secs(90));
+        let s = serve("--drain-delay", "0s").unwrap();
+        assert_eq!(s.drain_delay, Duration::ZERO);
+        let s = serve("--reload-interval", "250us").unwrap();
+        assert_eq!(s.reload_interval, Duration::from_micros(250));
+
+        let err = serve("--store-timeout", "15 ms").unwrap_err();
+        assert!(err.contains("--store-timeout"), "{err}");
+        assert!(err.contains("unknown unit ' ms' in '15 ms'"), "{err}");
+        let err = serve("--drain-delay", "2").unwrap_err();
+        assert!(err.contains("'2' is not a duration"), "{err}");
+        let err = serve("--store-timeout", "0.5us").unwrap_err();
+        assert!(err.contains("whole microseconds"), "{err}");
     }
 
     #[test]
@@ -624,6 +642,7 @@ mod tests {
         assert_eq!(s.handshake_timeout, Duration::from_secs(10));
         assert_eq!(s.grpc_max_connections, 0);
         assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
+        assert_eq!(s.peak_window, crate::telemetry::DEFAULT_PEAK_WINDOW);
         let zero = [
             "sluice",
             "serve",

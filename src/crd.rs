@@ -313,7 +313,7 @@ fn duration_schema(what: &str) -> Value {
     json!({
         "description": format!("{what}: a duration such as 250ms, 10s, 5m, 1h or 1m30s."),
         "type": "string",
-        "pattern": "^([0-9]+(\\.[0-9]+)?(us|µs|ms|s|m|h|d))+$"
+        "pattern": "^(([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(us|µs|ms|s|m|h|d))+$"
     })
 }
 
@@ -373,7 +373,7 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "description": "The window, instead of unit: a duration such as 250ms, 10s, 5m, 1h or 1m30s, or calendar_day / calendar_month (local days or months in timeZone, counted by fixed_window).",
                 "type": "string",
                 "maxLength": 32,
-                "pattern": "^(([0-9]+(\\.[0-9]+)?(us|µs|ms|s|m|h|d))+|calendar_day|calendar_month)$"
+                "pattern": "^((([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(us|µs|ms|s|m|h|d))+|calendar_day|calendar_month)$"
             },
             "timeZone": {
                 "description": "The IANA time zone of a calendar window (Europe/Berlin); UTC when not given.",

@@ -78,7 +78,9 @@ pub async fn run(
     let shared =
         !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() || !cfg.redis_sentinel.is_empty();
     let hashing = hashing(&cfg, shared)?;
-    let mut metrics = Metrics::new().with_near_limit_ratio(cfg.near_limit_ratio);
+    let mut metrics = Metrics::new()
+        .with_near_limit_ratio(cfg.near_limit_ratio)
+        .with_peak_window(cfg.peak_window);
     if cfg.prometheus_addr.is_some() {
         metrics = metrics.with_erl(cfg.near_limit_ratio);
     }

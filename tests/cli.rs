@@ -75,7 +75,8 @@ fn flag_reference() -> String {
          Every subcommand of `sluice`, with every flag as `--help` shows it. Each `serve`\n\
          flag also reads the environment variable beside it; a flag given on the command\n\
          line wins. [Running `sluice serve`](command-line.md) explains what the flags do\n\
-         together. Durations take units (`250ms`, `10s`, `5m`, `1h`, `1m30s`).\n",
+         together. Durations are written as in policies: a number and a unit (`250ms`,\n\
+         `10s`, `1.5s`, `5m`, `1h`, `1d`, `100us`), or a sum such as `1m30s`.\n",
     );
     for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
         let about = sub

@@ -231,6 +231,78 @@ async fn debug_top_ranks_offenders_and_lists_bans() {
     assert_eq!(edge["refunded"], 0, "{edge}");
 }
 
+const USAGE: &str = r#"
+domain: llm
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 5, lease: 5m}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+"#;
+
+/// Streams in flight and debt through the real server: N streams started at once
+/// show as `sluice_in_flight` N, which falls once they end; a charge past the limit
+/// shows as `sluice_debt`. Each gauge is read while the answers keep reporting its
+/// level, so a slow machine cannot let the window pass before the scrape.
+#[tokio::test]
+async fn in_flight_and_debt_are_gauges_per_rule() {
+    const N: usize = 3;
+    let server = Server::start(USAGE, &["--peak-window", "1s"]);
+    let labels = |rule| [("domain", "llm"), ("rule", rule)];
+    // A stream takes a slot at its start (a cost of 1) and gives it back at its
+    // end (a refund of 1), as Envoy's per-route rate limits send them.
+    let start = || request("llm", vec![desc_hits(&[("api_key", "k1")], 1)]);
+    let end = || {
+        let refund = RateLimitDescriptor {
+            is_negative_hits: true,
+            ..desc_hits(&[("api_key", "k1")], 1)
+        };
+        request("llm", vec![refund])
+    };
+    let mut clients = Vec::new();
+    for _ in 0..N {
+        clients.push(server.client().await);
+    }
+    let answers = futures::future::join_all(clients.iter_mut().map(|c| call(c, start()))).await;
+    assert!(answers.iter().all(|r| r.overall_code == OK));
+    let c = &mut clients[0];
+    let check = || request("llm", vec![desc_hits(&[("api_key", "k1")], 0)]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // A check (cost 0) spends nothing and reports the slots in use.
+        assert_eq!(call(c, check()).await.overall_code, OK);
+        let seen = server.metric("sluice_in_flight", &labels("api_key"));
+        if seen == Some(N as f64) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "in flight: {seen:?}, not {N}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.metric("sluice_in_flight", &labels("tokens")), None);
+
+    for _ in 0..N {
+        assert_eq!(call(c, end()).await.overall_code, OK);
+    }
+    eventually(Duration::from_secs(10), "in flight back to 0", || async {
+        server.metric("sluice_in_flight", &labels("api_key")) == Some(0.0)
+    })
+    .await;
+
+    // 25 tokens on a limit of 10 per minute: spent, owed, and shown.
+    let charge = || request("llm", vec![desc_hits(&[("tokens", "k1")], 25)]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert_eq!(call(c, charge()).await.overall_code, OVER_LIMIT);
+        let seen = server.metric("sluice_debt", &labels("tokens"));
+        if seen == Some(25.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "debt: {seen:?}, not 25");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.metric("sluice_debt", &labels("api_key")), None);
+}
+
 /// Through the gRPC port: 30 addresses of one /24, each denied once, rank their
 /// subnet first in `/debug/signals` and `sluice_top_subnets`; the limits show as
 /// `sluice_limit`.

@@ -532,7 +532,7 @@ fn describe_window(rl: &RateLimit) -> String {
 
 fn duration_field(ctx: &mut Ctx, field: Field<'_>) -> Option<u64> {
     let text = string(ctx, field)?;
-    match duration::parse(&text) {
+    match duration::parse_positive(&text) {
         Ok(d) => Some(d),
         Err(message) => {
             ctx.error(field.line(), format!("'{}': {message}", field.name));
@@ -901,6 +901,40 @@ mod tests {
         assert!((shed.probability(90, 100) - 0.5).abs() < 1e-9);
         assert_eq!(shed.probability(100, 100), 1.0);
         assert_eq!(shed.probability(0, 0), 0.0);
+    }
+
+    /// A policy's durations are the flags' syntax (`policy::duration`), longer than
+    /// zero; a bad one is `FILE:LINE: 'field': why`.
+    #[test]
+    fn windows_and_leases_take_one_duration_syntax() {
+        let window = |w: &str| {
+            let text = format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{window: {w}, requests_per_unit: 5}}\n"
+            );
+            let policy = compile(parse_str("p.yaml", &text).unwrap()).unwrap();
+            let id = policy.domain("d").unwrap().find(&[("k", "x")]).unwrap();
+            policy.rule(id).limit.unwrap().window
+        };
+        assert_eq!(window("1.5s"), 1_500_000);
+        assert_eq!(window("1m30s"), 90 * crate::algorithm::SECOND);
+        assert_eq!(window("250us"), 250);
+        assert_eq!(window("1d"), 86_400 * crate::algorithm::SECOND);
+        for (bad, why) in [
+            (
+                "0s",
+                "p.yaml:4: 'window': duration '0s' must be longer than zero",
+            ),
+            ("10x", "p.yaml:4: 'window': unknown unit 'x' in '10x'"),
+            ("'10'", "p.yaml:4: 'window': '10' is not a duration"),
+        ] {
+            let err = rate_limit_errors(&format!("{{window: {bad}, requests_per_unit: 5}}"));
+            assert!(err.starts_with(why), "{bad}: {err}");
+        }
+        let err = rate_limit_errors("{algorithm: concurrency, requests_per_unit: 3, lease: 0.5us}");
+        assert!(
+            err.contains("'lease': '0.5us' is not a duration of whole microseconds"),
+            "{err}"
+        );
     }
 
     /// The errors of a policy whose one descriptor has `rate_limit` (line 4).

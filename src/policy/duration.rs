@@ -1,11 +1,18 @@
-//! Durations as written in policies: `250ms`, `10s`, `5m`, `1h`, `1d`, and sums such
-//! as `1m30s`, in microseconds.
+//! Durations, one syntax for policies and flags alike: a number and a unit (`us`
+//! or `µs`, `ms`, `s`, `m`, `h`, `d`), the number a whole or a decimal (`1.5s`),
+//! several such parts summed (`1m30s`), in whole microseconds.
+//!
+//! The command line (`crate::config`) parses its duration flags here too, so a
+//! value that works in a policy works in a flag. It lives in the policy module
+//! because the core may not depend on the command line, only the other way round.
 
 use crate::algorithm::{Micros, SECOND};
 
-/// Parses a duration; the error says what is wrong. Zero is refused.
-pub(crate) fn parse(text: &str) -> Result<Micros, String> {
-    const HINT: &str = "expected a duration such as 250ms, 10s, 5m, 1h or 1m30s";
+const HINT: &str = "expected a duration such as 250ms, 10s, 5m, 1h, 1.5s or 1m30s";
+
+/// Parses a duration, zero included (`--drain-delay 0s` waits for nothing); the
+/// error says what is wrong.
+pub fn parse(text: &str) -> Result<Micros, String> {
     let text = text.trim();
     if text.is_empty() {
         return Err(format!("empty duration: {HINT}"));
@@ -40,10 +47,19 @@ pub(crate) fn parse(text: &str) -> Result<Micros, String> {
             .ok_or_else(|| format!("duration '{text}' is too long"))?;
         rest = after;
     }
-    if total == 0 {
-        return Err(format!("duration '{text}' must be longer than zero"));
-    }
     Ok(total)
+}
+
+/// Parses a duration longer than zero, as every duration of a policy is (a zero
+/// window or lease would mean nothing).
+pub fn parse_positive(text: &str) -> Result<Micros, String> {
+    match parse(text)? {
+        0 => Err(format!(
+            "duration '{}' must be longer than zero",
+            text.trim()
+        )),
+        d => Ok(d),
+    }
 }
 
 /// `number` (digits, optionally with a fraction) times `scale`, when exact.
@@ -84,23 +100,38 @@ mod tests {
         assert_eq!(parse("1.5s"), Ok(1_500_000));
         assert_eq!(parse("2d"), Ok(172_800 * SECOND));
         assert_eq!(parse("100us"), Ok(100));
+        assert_eq!(parse("100µs"), Ok(100));
+        assert_eq!(parse(" 15ms "), Ok(15_000));
     }
 
     #[test]
-    fn refuses_nonsense() {
-        for bad in [
-            "",
-            "10",
-            "s",
-            "10x",
-            "0s",
-            "1.2.3s",
-            "0.5us",
-            "-1s",
-            "1 s",
-            "99999999999999999d",
+    fn zero_is_a_duration_but_not_a_positive_one() {
+        assert_eq!(parse("0s"), Ok(0));
+        assert_eq!(parse("0ms0s"), Ok(0));
+        assert_eq!(
+            parse_positive("0s"),
+            Err("duration '0s' must be longer than zero".to_string())
+        );
+        assert_eq!(parse_positive("1.5s"), Ok(1_500_000));
+    }
+
+    #[test]
+    fn refuses_nonsense_and_says_why() {
+        for (bad, why) in [
+            ("", "empty duration"),
+            ("10", "'10' is not a duration"),
+            ("s", "'s' is not a duration"),
+            ("10x", "unknown unit 'x' in '10x'"),
+            ("10 s", "unknown unit ' s' in '10 s'"),
+            ("-1s", "'-1s' is not a duration"),
+            ("1.2.3s", "not a duration of whole microseconds"),
+            ("0.5us", "not a duration of whole microseconds"),
+            ("99999999999999999d", "not a duration of whole microseconds"),
+            ("213503982d1d", "is too long"),
         ] {
-            assert!(parse(bad).is_err(), "{bad:?} should be refused");
+            let err = parse(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad:?}: {err}");
         }
+        assert!(parse("10x").unwrap_err().contains(HINT));
     }
 }

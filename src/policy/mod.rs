@@ -26,7 +26,7 @@ pub mod answer;
 mod calendar;
 mod compile;
 mod descriptor;
-mod duration;
+pub mod duration;
 mod fields;
 mod load;
 mod matcher;

@@ -52,6 +52,7 @@ mod tests;
 pub mod erl;
 pub mod exemplar;
 pub mod limits;
+pub mod peak;
 pub mod ratio;
 pub mod rlqs;
 pub mod signals;
@@ -87,6 +88,10 @@ const BLOCKED: usize = 7;
 
 /// `--near-limit-ratio`'s default, envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
 pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// `--peak-window`'s default: the Helm chart's scrape interval, so that each scrape
+/// sees every peak since the one before ([`peak`]).
+pub const DEFAULT_PEAK_WINDOW: Duration = Duration::from_secs(15);
 
 /// (domain, rule path, layer).
 type StatsKey = (String, String, &'static str);
@@ -127,6 +132,11 @@ pub struct RuleStats {
     /// spike ([`signals::spike`]).
     sensitive: AtomicBool,
     spike: Spike,
+    /// `algorithm: concurrency`: the most slots in use a decision reported
+    /// (`sluice_in_flight`), made on a concurrency rule's first decision.
+    in_flight: OnceLock<Box<peak::Peak>>,
+    /// The largest charge that did not fit (`sluice_debt`), made on the first one.
+    debt: OnceLock<Box<peak::Peak>>,
 }
 
 impl RuleStats {
@@ -242,6 +252,8 @@ pub struct Metrics {
     clock: Arc<dyn Clock>,
     /// The share of a limit past which an admitted descriptor is near it.
     near_limit_ratio: f64,
+    /// The period of the windowed maxima ([`peak`]), in microseconds.
+    peak_window: Micros,
     /// Hashes a descriptor's values to tell keys apart in the signals.
     key_hasher: ahash::RandomState,
     regular_keys: IntGaugeVec,
@@ -479,6 +491,7 @@ impl Metrics {
             enabled: true,
             clock,
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
+            peak_window: DEFAULT_PEAK_WINDOW.as_micros() as Micros,
             key_hasher: ahash::RandomState::new(),
             regular_keys,
             top_subnets,
@@ -557,6 +570,18 @@ impl Metrics {
     pub fn with_near_limit_ratio(mut self, ratio: f64) -> Self {
         self.near_limit_ratio = ratio;
         self
+    }
+
+    /// Reports `sluice_in_flight` and `sluice_debt` as the highest value over the
+    /// last `window` at least, two at most (`--peak-window`; [`peak`]).
+    pub fn with_peak_window(mut self, window: Duration) -> Self {
+        self.peak_window = (window.as_micros() as Micros).max(1);
+        self
+    }
+
+    /// The period of the windowed maxima holding `now`.
+    fn peak_period(&self, now: Micros) -> u64 {
+        now / self.peak_window
     }
 
     /// Also exports envoyproxy/ratelimit's per-limit series ([`erl`]), counting as

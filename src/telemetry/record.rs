@@ -136,6 +136,13 @@ impl Metrics {
                 };
                 let now =
                     *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
+                // A concurrency rule's refused stream start is a charge that did not
+                // fit too; it shows as slots in use, not as debt.
+                if s.spend == Spend::Always && !v.admitted && rule.lease.is_none() {
+                    st.debt
+                        .get_or_init(Box::default)
+                        .record(self.peak_period(now), s.hits);
+                }
                 if spent > 0 {
                     striped::add(&counts.cost[0], owned, spent);
                     let (w, owned) = st.spent.local();
@@ -146,6 +153,18 @@ impl Metrics {
                     let (w, owned) = st.refunded.local();
                     w.add(now, refunded, owned);
                 }
+            }
+            // Slots in use are what the limit no longer has room for. A tightened
+            // key's remaining is against a scaled limit this status does not carry.
+            if let (Some(v), Some(limit), Some(_), false) =
+                (s.verdict, rule.limit, rule.lease, s.tightened)
+            {
+                let now =
+                    *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
+                st.in_flight.get_or_init(Box::default).record(
+                    self.peak_period(now),
+                    limit.requests.saturating_sub(v.remaining),
+                );
             }
             if let Some(erl) = &self.erl {
                 let counts = handles.erl[rule_id]
@@ -285,6 +304,8 @@ impl Metrics {
                     subnets: Subnets::default(),
                     sensitive: AtomicBool::new(false),
                     spike: Spike::default(),
+                    in_flight: OnceLock::new(),
+                    debt: OnceLock::new(),
                 })
             })
             .clone()

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Where a rule's windowed maximum of one gauge is, if it has one.
+type PeakOf = fn(&RuleStats) -> Option<&peak::Peak>;
+
 impl Metrics {
     /// Every rule's deny ratio and worst keys over the last minute, by domain and rule.
     pub fn top_offenders(&self) -> Vec<RuleTop> {
@@ -106,6 +109,39 @@ impl Metrics {
                 let _ = write!(out, "\",kind=\"{}\",rule=\"", COST_KINDS[kind]);
                 escape_label(rule, out);
                 let _ = writeln!(out, "\"}} {n}");
+            }
+            let period = self.peak_period(self.clock.now());
+            let gauges: [(&str, &str, PeakOf); 2] = [
+                (
+                    "sluice_in_flight",
+                    "algorithm: concurrency rules: the most slots in use (requests in flight) one key had, as this replica's answers of the last --peak-window (at least) reported.",
+                    |st| st.in_flight.get().map(|p| &**p),
+                ),
+                (
+                    "sluice_debt",
+                    "The largest charge of the last --peak-window (at least) that did not fit: spent past its key's remaining room, which then owes up to that many hits.",
+                    |st| st.debt.get().map(|p| &**p),
+                ),
+            ];
+            for (name, help, peak) in gauges {
+                let mut highest: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+                for st in &stats {
+                    if let Some(p) = peak(st) {
+                        let v = highest.entry((&st.domain, &st.rule)).or_default();
+                        *v = (*v).max(p.get(period));
+                    }
+                }
+                if highest.is_empty() {
+                    continue;
+                }
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+                for ((domain, rule), n) in highest {
+                    let _ = write!(out, "{name}{{domain=\"");
+                    escape_label(domain, out);
+                    out.push_str("\",rule=\"");
+                    escape_label(rule, out);
+                    let _ = writeln!(out, "\"}} {n}");
+                }
             }
             out.push_str(
                 "# HELP sluice_near_limit_total Admitted descriptors that left their counter past --near-limit-ratio of the limit.\n\

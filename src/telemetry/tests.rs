@@ -454,3 +454,117 @@ fn openmetrics_declares_counters_without_total_and_carries_exemplars() {
                 sluice_decision_seconds_sum 0.1\nsluice_decision_seconds_count 2\n# EOF\n";
     assert_eq!(om, want);
 }
+
+/// A stream of `key` starting (a charge of one slot) or ending (its refund).
+async fn stream(l: &Limiter<MemoryStore>, m: &Metrics, key: &str, spend: Spend) -> Outcome {
+    let entries = [("api_key", key)];
+    let d = Descriptor {
+        spend,
+        ..Descriptor::new(&entries[..], 1)
+    };
+    let outcome = l.decide("d", &[d]).await;
+    m.record("d", &outcome, Duration::from_micros(10));
+    outcome
+}
+
+/// The value of the one series of `name` in `text`, if any.
+fn gauge(text: &str, name: &str) -> Option<String> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .find(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn in_flight_shows_the_busiest_keys_slots_and_falls_after_the_window() {
+    let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: concurrency, requests_per_unit: 4, lease: 5m}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone())).with_peak_window(Duration::from_secs(10));
+    let entries = [("plain", "x")];
+    let o = l.decide("d", &[Descriptor::new(&entries[..], 1)]).await;
+    m.record("d", &o, Duration::from_micros(10));
+    assert_eq!(
+        gauge(&m.render(), "sluice_in_flight"),
+        None,
+        "no concurrency rule decided"
+    );
+
+    for _ in 0..3 {
+        stream(&l, &m, "k1", Spend::Always).await;
+    }
+    stream(&l, &m, "k2", Spend::Always).await;
+    let text = m.render();
+    assert!(
+        text.contains(r#"sluice_in_flight{domain="d",rule="api_key"} 3"#),
+        "the busiest key's slots, not the sum: {text}"
+    );
+    assert!(
+        !text.contains(r#"sluice_in_flight{domain="d",rule="plain"}"#),
+        "{text}"
+    );
+
+    // k1's streams end in the next window: their answers say 2, 1, 0 in use, and
+    // the last window's 3 still shows.
+    clock.advance(10 * SECOND);
+    for _ in 0..3 {
+        stream(&l, &m, "k1", Spend::Refund).await;
+    }
+    assert_eq!(gauge(&m.render(), "sluice_in_flight").as_deref(), Some("3"));
+    // A window on, the highest of the last one: 2 (after k1's first end).
+    clock.advance(10 * SECOND);
+    assert_eq!(gauge(&m.render(), "sluice_in_flight").as_deref(), Some("2"));
+    // Two windows without a decision: nothing in flight was reported.
+    clock.advance(10 * SECOND);
+    assert_eq!(gauge(&m.render(), "sluice_in_flight").as_deref(), Some("0"));
+
+    // A refused start holds every slot (and is no debt: a slot, not a cost).
+    for _ in 0..5 {
+        stream(&l, &m, "k3", Spend::Always).await;
+    }
+    let text = m.render();
+    assert_eq!(gauge(&text, "sluice_in_flight").as_deref(), Some("4"));
+    assert_eq!(gauge(&text, "sluice_debt"), None, "{text}");
+}
+
+#[tokio::test]
+async fn debt_shows_the_largest_charge_that_did_not_fit() {
+    let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone())).with_peak_window(Duration::from_secs(15));
+    let charge = |hits: u64| {
+        let (l, m) = (&l, &m);
+        async move {
+            let entries = [("api_key", "k1")];
+            let d = Descriptor {
+                spend: Spend::Always,
+                ..Descriptor::new(&entries[..], hits)
+            };
+            let o = l.decide("d", &[d]).await;
+            m.record("d", &o, Duration::from_micros(10));
+            o.over_limit
+        }
+    };
+    assert!(!charge(4).await, "4 of 10 fit");
+    assert_eq!(gauge(&m.render(), "sluice_debt"), None, "nothing owed yet");
+    assert!(charge(25).await, "25 on 6 left did not fit");
+    assert!(charge(7).await, "7 while owing did not fit");
+    let text = m.render();
+    assert_eq!(gauge(&text, "sluice_debt").as_deref(), Some("25"), "{text}");
+    assert!(text.contains(r#"sluice_cost_total{domain="d",kind="over",rule="api_key"} 32"#));
+    // The gauge is recent charges, not the counter's state: it falls two windows
+    // on, while the minute's window still owes.
+    clock.advance(30 * SECOND);
+    assert_eq!(gauge(&m.render(), "sluice_debt").as_deref(), Some("0"));
+}
