@@ -222,7 +222,8 @@ pub struct Serve {
     /// (Envoy drops it until a request falls into it again).
     #[arg(long, env = "SLUICE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub rlqs_abandon_after: Duration,
-    /// What to answer when the counter store cannot be reached.
+    /// What to answer when the counter store cannot be reached: open, closed, or
+    /// local (each replica decides with its share of the limit).
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
     /// `failure_mode: local`: the replicas assumed to share each limit until they

@@ -38,6 +38,10 @@ const PENDING_SHARDS: usize = 16;
 /// second): a replica that stops is out of the count within this.
 pub const HEARTBEAT_TTL: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// A counter not decided locally for this long, its spending settled, leaves the
+/// table: the outage is over for it.
+const IDLE: Micros = crate::algorithm::SECOND;
+
 /// Local counters kept at most (the memory store's bound).
 const MAX_LOCAL_KEYS: usize = 100_000;
 
@@ -149,6 +153,8 @@ struct Pending {
     spent: u64,
     /// The amount on its way to the store and its token, until the store confirms.
     settling: Option<(u64, String)>,
+    /// The latest local decision (limiter clock).
+    touched: Micros,
 }
 
 /// One counter decided locally, as `/debug/store` shows it.
@@ -194,7 +200,8 @@ pub struct Local {
     learned: AtomicBool,
     /// A store answer has been seen since the process started.
     ever_up: AtomicBool,
-    /// Some counter has unsettled local spending (read on every tick).
+    /// Some counter has been decided locally and is still in the table (read on
+    /// every tick).
     unsettled: AtomicBool,
     pending: Box<[Mutex<HashMap<String, Pending>>]>,
     /// Numbers episodes and settlement tokens.
@@ -342,8 +349,10 @@ impl Local {
                     local_key,
                     spent: 0,
                     settling: None,
+                    touched: now,
                 }
             });
+            entry.touched = now;
             local.push(Hit {
                 key: entry.local_key.clone(),
                 limit,
@@ -351,7 +360,7 @@ impl Local {
             });
         }
         let decided = self.memory.decide_now(&local);
-        let mut any = false;
+        self.unsettled.store(true, Relaxed);
         for hit in hits {
             if !hit.spent(decided.admitted) || hit.hits == 0 {
                 continue;
@@ -360,20 +369,15 @@ impl Local {
             if let Some(p) = pending.get_mut(&hit.key) {
                 match hit.spend {
                     Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
-                    _ => {
-                        p.spent = p.spent.saturating_add(hit.hits);
-                        any = true;
-                    }
+                    _ => p.spent = p.spent.saturating_add(hit.hits),
                 }
             }
-        }
-        if any {
-            self.unsettled.store(true, Relaxed);
         }
         decided
     }
 
-    /// Whether some counter has local spending the store has not taken.
+    /// Whether some counter decided locally has not left the table yet (its
+    /// spending is not settled, or it was decided within the last [`IDLE`]).
     pub fn has_unsettled(&self) -> bool {
         self.unsettled.load(Relaxed)
     }
@@ -386,12 +390,20 @@ impl Local {
         if !self.unsettled.load(Relaxed) {
             return out;
         }
-        // Give every counter with spending a token for what it has spent so far.
+        // Give every counter with spending a token for what it has spent so far. One
+        // that spent nothing leaves once no local decision has touched it for a
+        // while, so a later outage starts it afresh from the store's word.
+        let now = self.clock.now();
         let mut work: Vec<(String, Hit, String)> = Vec::new();
         for shard in self.pending.iter() {
             let mut map = lock(shard);
-            map.retain(|_, p| p.spent > 0 || p.settling.is_some());
-            for (key, p) in map.iter_mut() {
+            map.retain(|_, p| {
+                p.spent > 0 || p.settling.is_some() || now.saturating_sub(p.touched) < IDLE
+            });
+            for (key, p) in map
+                .iter_mut()
+                .filter(|(_, p)| p.spent > 0 || p.settling.is_some())
+            {
                 if p.settling.is_none() {
                     let seq = self.sequence.fetch_add(1, Relaxed);
                     let token = format!("{}:{seq:x}", self.replica_id);
@@ -419,10 +431,8 @@ impl Local {
                     }
                     p.spent = p.spent.saturating_sub(hit.hits);
                     p.settling = None;
-                    if p.spent == 0 {
+                    if p.spent == 0 && now.saturating_sub(p.touched) >= IDLE {
                         map.remove(&key);
-                    } else {
-                        left = true;
                     }
                 }
                 Err(e) => {
@@ -663,9 +673,34 @@ mod tests {
         let s = local.settle(&store).await;
         assert_eq!((s.already, s.added), (0, 1));
         assert_eq!(lock(&store.added).get("d|k=v"), Some(&8));
+        // Settled, but decided a moment ago: it stays until idle.
+        assert!(local.has_unsettled());
+        clock.advance(SECOND);
+        assert_eq!(local.settle(&store).await, Settled::default());
         assert!(!local.has_unsettled());
         assert!(local.status().counters.is_empty());
         assert_eq!(local.settle(&store).await, Settled::default());
+    }
+
+    #[tokio::test]
+    async fn a_counter_only_denied_leaves_once_idle_and_starts_afresh_in_the_next_outage() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
+        store_said(&local, &h, 0);
+        assert_eq!(admitted_until_denied(&local, &h), 0);
+        let store = Settling::default();
+        local.settle(&store).await;
+        assert_eq!(local.status().unsettled_counters, 1, "still in its outage");
+        clock.advance(SECOND);
+        local.settle(&store).await;
+        assert_eq!(local.status().unsettled_counters, 0);
+        assert!(!local.has_unsettled());
+        // Later, the store said 60 are left: the next outage starts from that.
+        local.tick();
+        store_said(&local, &h, 60);
+        assert_eq!(admitted_until_denied(&local, &h), 30);
     }
 
     #[tokio::test]
@@ -676,6 +711,7 @@ mod tests {
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
         store_said(&local, &h, 100);
         assert_eq!(admitted_until_denied(&local, &h), 50);
+        clock.advance(SECOND);
         local.settle(&Settling::default()).await;
         // The store, with the 50 added and 30 more from elsewhere, says 20 are left.
         store_said(&local, &h, 20);
