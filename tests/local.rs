@@ -202,3 +202,69 @@ async fn a_replica_started_during_the_outage_starts_with_its_share_spent() {
         "no share to hand out before knowing the counter"
     );
 }
+
+/// Polls `ok` every 50 ms until it holds; panics with `why` after 10 s.
+async fn wait_until(why: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    let sluice = common::Server::start(POLICY, &["--redis", &url, "--store-timeout", "30ms"]);
+    let mut client = sluice.client().await;
+    // The heartbeat has counted this replica: a share learned, not configured.
+    wait_until("the replica never counted itself", || {
+        sluice.metric("sluice_local_share_learned", &[]) == Some(1.0)
+    })
+    .await;
+    assert_eq!(sluice.metric("sluice_local_share", &[]), Some(1.0));
+    let mut call = async |user: &str| {
+        let req = common::request("d", vec![common::desc(&[("user", user)])]);
+        common::call(&mut client, req).await
+    };
+    assert_eq!(call("warm").await.overall_code, common::OK);
+
+    redis.kill();
+    for _ in 0..4 {
+        assert_eq!(call("u4").await.overall_code, common::OK);
+    }
+    assert_eq!(
+        sluice.metric("sluice_local_decisions_total", &[]),
+        Some(4.0)
+    );
+    let shard = redis.addr();
+    wait_until("the shard never showed as degraded", || {
+        sluice.metric("sluice_degraded", &[("shard", &shard)]) == Some(1.0)
+    })
+    .await;
+    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200);
+    let store: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(store["local"]["replicas_from"], "store", "{body}");
+    assert_eq!(store["local"]["counters"][0]["key"], "d|user=u4", "{body}");
+    assert_eq!(store["local"]["counters"][0]["unsettled"], 4, "{body}");
+
+    redis.restart().await;
+    wait_until("the local spending never settled", || {
+        sluice.metric("sluice_local_unsettled_counters", &[]) == Some(0.0)
+    })
+    .await;
+    let reply = call("u4").await;
+    assert!(reply.statuses[0].current_limit.is_some());
+    // Four spent locally, this one in Redis: 60 - 5.
+    assert_eq!(reply.statuses[0].limit_remaining, 55);
+    assert_eq!(
+        sluice.metric("sluice_degraded", &[("shard", &shard)]),
+        Some(0.0)
+    );
+}
