@@ -253,6 +253,26 @@ async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
     assert_eq!(store["local"]["replicas_from"], "store", "{body}");
     assert_eq!(store["local"]["counters"][0]["key"], "d|user=u4", "{body}");
     assert_eq!(store["local"]["counters"][0]["unsettled"], 4, "{body}");
+    // The admin API's Explain says so too (with grpcurl, when it is installed).
+    if let Some(bin) = common::tools::tool("grpcurl") {
+        let body =
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "user", "value": "u4"}]}]}"#;
+        let out = std::process::Command::new(bin)
+            .args([
+                "-plaintext",
+                "-d",
+                body,
+                &sluice.admin,
+                "sluice.admin.v1.Admin/Explain",
+            ])
+            .output()
+            .expect("grpcurl runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let e: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(e["descriptors"][0]["local"], true, "{text}");
+        assert_eq!(e["descriptors"][0]["localUnsettled"], "4", "{text}");
+    }
 
     redis.restart().await;
     wait_until("the local spending never settled", || {

@@ -450,6 +450,11 @@ impl Local {
         out
     }
 
+    /// The unsettled spending of `key`, while it is decided locally (admin API).
+    pub fn counter(&self, key: &str) -> Option<u64> {
+        lock(self.shard(key)).get(key).map(|p| p.spent)
+    }
+
     /// The share's state and the counters decided locally.
     pub fn status(&self) -> LocalStatus {
         let mut counters = Vec::new();
