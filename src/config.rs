@@ -227,9 +227,15 @@ pub struct Serve {
     /// (Envoy drops it until a request falls into it again).
     #[arg(long, env = "SLUICE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub rlqs_abandon_after: Duration,
-    /// What to answer when the counter store cannot be reached.
+    /// What to answer when the counter store cannot be reached: open, closed, or
+    /// local (each replica decides with its share of the limit).
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
+    /// `failure_mode: local`: the replicas assumed to share each limit until they
+    /// have counted each other through Redis (each replica's share is the limit
+    /// divided by this).
+    #[arg(long, env = "SLUICE_LOCAL_SHARE_REPLICAS", default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
+    pub local_share_replicas: u32,
     /// The algorithm of rate limits that name none: fixed_window,
     /// sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", default_value = "sliding_window_counter", value_parser = parse_algorithm)]
@@ -442,7 +448,8 @@ fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
     match s {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
-        _ => Err(format!("expected open or closed, got {s:?}")),
+        "local" => Ok(FailureMode::Local),
+        _ => Err(format!("expected open, closed or local, got {s:?}")),
     }
 }
 

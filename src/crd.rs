@@ -70,8 +70,8 @@ pub const ACCEPTED: &str = "Accepted";
 pub struct RateLimitPolicySpec {
     /// The domain Envoy's rate limit filter names.
     pub domain: String,
-    /// `open` or `closed`: what to answer for this domain when the counter store
-    /// cannot be reached.
+    /// `open`, `closed` or `local`: what to answer for this domain when the counter
+    /// store cannot be reached (`local`: each replica decides with its share).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_mode: Option<String>,
     /// An entry key whose value places all of a descriptor's counters on one shard.
@@ -249,9 +249,9 @@ pub fn spec_schema() -> Value {
                 "minLength": 1
             },
             "failureMode": {
-                "description": "What to answer for this domain when the counter store cannot be reached.",
+                "description": "What to answer for this domain when the counter store cannot be reached: open, closed, or local (each replica decides with its share of the limit).",
                 "type": "string",
-                "enum": ["open", "closed"]
+                "enum": ["open", "closed", "local"]
             },
             "shardBy": {
                 "description": "An entry key (e.g. tenant) whose value places all counters of a descriptor carrying it on one shard.",

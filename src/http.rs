@@ -96,6 +96,11 @@ async fn metrics<S: Store>(
         .service
         .metrics
         .set_store_state(store.name(), store.active_keys(), &store.evictions());
+    admin
+        .service
+        .metrics
+        .local()
+        .set(&admin.service.limiter.local().status(), &store.shards());
     let connections = &admin.connections;
     admin.service.metrics.set_connections(
         connections.open.load(std::sync::atomic::Ordering::Relaxed),
@@ -425,7 +430,22 @@ async fn store<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
     let store = admin.service.limiter.store();
     let now = SystemTime::now();
     let shards: Vec<_> = store.shards().iter().map(|s| shard(s, now)).collect();
-    Json(json!({"store": store.name(), "shards": shards})).into_response()
+    let local = admin.service.limiter.local().status();
+    Json(json!({
+        "store": store.name(),
+        "shards": shards,
+        "local": {
+            "replicas": local.replicas,
+            "replicas_from": local.source.as_str(),
+            "decisions": local.decisions,
+            "unsettled_counters": local.unsettled_counters,
+            "counters": local.counters.iter().map(|c| json!({
+                "key": c.key,
+                "unsettled": c.unsettled,
+            })).collect::<Vec<_>>(),
+        },
+    }))
+    .into_response()
 }
 
 fn shard(s: &ShardStatus, now: SystemTime) -> serde_json::Value {

@@ -92,6 +92,7 @@ pub async fn run(
         denied_spend: cfg.denied_requests_spend,
         resets: cfg.reset_resolution,
         store_errors: cfg.store_error_answer,
+        local_replicas: cfg.local_share_replicas,
     };
     // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -124,6 +125,7 @@ pub async fn run(
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
         let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
+        local_share(service.clone(), stopped(), stopped());
         return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
@@ -169,6 +171,59 @@ fn sync_sentences<S: Store>(
         async move {
             if let Err(e) = service.limiter.sync_sentences().await {
                 tracing::debug!(error = %e, "reading the shared block list failed");
+            }
+        }
+    });
+}
+
+/// `failure_mode: local`: every second, counts this replica as serving and learns
+/// how many are (while some domain is local); every 100 ms, moves the local
+/// share's clock on and adds local spending to the store once it answers.
+fn local_share<S: Store>(
+    service: Arc<Service<S>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+    stop_beat: impl Future<Output = ()> + Send + 'static,
+) {
+    {
+        let service = service.clone();
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tick.tick() => {
+                        let s = service.limiter.local_tick().await;
+                        if s.added + s.already > 0 {
+                            tracing::info!(added = s.added, already = s.already, "local spending settled in the store");
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let warned = Arc::new(AtomicBool::new(false));
+    every_second(stop_beat, move || {
+        let service = service.clone();
+        let warned = warned.clone();
+        async move {
+            let limiter = &service.limiter;
+            if !limiter.uses_local() {
+                return;
+            }
+            if let Err(e) = limiter.heartbeat().await {
+                let local = limiter.local();
+                if local.source() == crate::limiter::local::ShareSource::Configured
+                    && !warned.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        error = %e,
+                        replicas = local.replicas(),
+                        "failure_mode local: the replica count is not known (the store does not answer); \
+                         each replica assumes --local-share-replicas"
+                    );
+                }
             }
         }
     });

@@ -157,7 +157,7 @@ fn reject_fixtures_name_file_line_and_problem() {
         (
             "bad_failure_mode.yaml",
             Some(2),
-            "must be open or closed, found 'maybe'",
+            "must be open, closed or local, found 'maybe'",
         ),
         (
             "string_for_bool.yaml",

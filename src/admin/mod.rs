@@ -60,13 +60,15 @@ pub async fn explain_with<S: Store>(
     let descriptors = explain::checked(&view)?;
     let explained = service.limiter.explain(&req.domain, &descriptors).await;
     let hashed = service.limiter.hashing().all;
-    Ok(explain::to_pb(
-        &req.domain,
-        &descriptors,
-        &explained,
-        style,
-        hashed,
-    ))
+    let mut pb = explain::to_pb(&req.domain, &descriptors, &explained, style, hashed);
+    let local = service.limiter.local();
+    for d in &mut pb.descriptors {
+        if let Some(unsettled) = local.counter(&d.counter_key) {
+            d.local = true;
+            d.local_unsettled = unsettled;
+        }
+    }
+    Ok(pb)
 }
 
 #[tonic::async_trait]

@@ -1,6 +1,6 @@
 //! ListPolicies: the loaded domains and rules, and where each document came from.
 
-use crate::policy::{FailureMode, Policy};
+use crate::policy::Policy;
 
 use super::explain::rule_pb;
 use super::pb;
@@ -30,11 +30,9 @@ pub fn list(policy: &Policy, domain: &str) -> pb::Policies {
                 let d = &policy.domains[name];
                 pb::Domain {
                     name: name.clone(),
-                    failure_mode: match d.failure_mode {
-                        None => String::new(),
-                        Some(FailureMode::Open) => "open".into(),
-                        Some(FailureMode::Closed) => "closed".into(),
-                    },
+                    failure_mode: d
+                        .failure_mode
+                        .map_or(String::new(), |m| m.as_str().to_string()),
                     shard_by: d.shard_by.clone().unwrap_or_default(),
                     rules: d
                         .rule_ids()

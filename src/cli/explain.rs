@@ -220,6 +220,13 @@ pub fn text(e: &pb::Explanation) -> String {
         if !d.counter_key.is_empty() {
             let _ = writeln!(out, "  counter:  {}", d.counter_key);
         }
+        if d.local {
+            let _ = writeln!(
+                out,
+                "  local:    decided in this replica's memory (failure_mode local); {} hit(s) not yet in the store",
+                d.local_unsettled
+            );
+        }
         if let Some(c) = &d.counter {
             let mut state = format!(
                 "{} hit(s) {}: {} left, full again in {}",

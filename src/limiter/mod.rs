@@ -15,6 +15,7 @@ use crate::store::{Fallback, Hit, Mode, Probe, Spend, Store, StoreError};
 
 pub mod explain;
 pub mod key;
+pub mod local;
 pub mod overrides;
 pub mod penalty;
 pub mod shed;
@@ -39,6 +40,9 @@ pub struct Settings {
     pub resets: ResetResolution,
     /// How a store failure is answered.
     pub store_errors: StoreErrorAnswer,
+    /// Replicas assumed to share a `local` domain's limits until the store tells
+    /// (`--local-share-replicas`).
+    pub local_replicas: u32,
 }
 
 impl Default for Settings {
@@ -50,6 +54,7 @@ impl Default for Settings {
             denied_spend: DeniedSpend::Nothing,
             resets: ResetResolution::Micros,
             store_errors: StoreErrorAnswer::FailureMode,
+            local_replicas: 1,
         }
     }
 }
@@ -219,6 +224,9 @@ pub struct Outcome {
     pub now: Option<Micros>,
     /// The rules of the request's `limit` overrides ([`Status::limit_override`]).
     pub overrides: Vec<Arc<Rule>>,
+    /// Decided in this replica's memory with its share of the limits: the store
+    /// could not be reached and the domain's failure mode is `local`.
+    pub local: bool,
 }
 
 impl Outcome {
@@ -239,6 +247,7 @@ impl Outcome {
             offenders: Vec::new(),
             now: None,
             overrides,
+            local: false,
         }
     }
 
@@ -281,6 +290,8 @@ pub struct Limiter<S> {
     chance: Arc<dyn Chance>,
     /// Places calendar windows (read only for calendar rules) and times penalties.
     clock: Arc<dyn Clock>,
+    /// `failure_mode: local`: this replica's share while the store is away.
+    local: local::Local,
 }
 
 impl<S: Store> Limiter<S> {
@@ -288,11 +299,12 @@ impl<S: Store> Limiter<S> {
         Limiter {
             policy,
             store,
-            settings,
             penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
             overrides: OverrideRules::default(),
             chance: Arc::new(shed::ThreadChance),
             clock: Arc::new(SystemClock),
+            local: local::Local::new(Arc::new(SystemClock), settings.local_replicas),
+            settings,
         }
     }
 
@@ -306,8 +318,45 @@ impl<S: Store> Limiter<S> {
     /// its own clock to decide by).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.penalties = Penalties::new(clock.clone(), penalty::DEFAULT_MAX_TRACKED);
+        self.local = local::Local::new(clock.clone(), self.settings.local_replicas);
         self.clock = clock;
         self
+    }
+
+    /// Whether some domain (or the flag's default) answers a store outage locally.
+    pub fn uses_local(&self) -> bool {
+        self.settings.failure_mode == FailureMode::Local
+            || self
+                .policy
+                .load()
+                .domains
+                .values()
+                .any(|d| d.failure_mode == Some(FailureMode::Local))
+    }
+
+    /// This replica's share of `local` domains' limits.
+    pub fn local(&self) -> &local::Local {
+        &self.local
+    }
+
+    /// Moves the local share's clock on and adds local spending to the store once
+    /// it answers again. The server runs it every 100 ms.
+    pub async fn local_tick(&self) -> local::Settled {
+        self.local.tick();
+        self.local.settle(&self.store).await
+    }
+
+    /// Counts this replica as serving in a shared store and learns how many are.
+    /// The server runs it every second; `Ok(false)` when the store shares nothing.
+    pub async fn heartbeat(&self) -> Result<bool, StoreError> {
+        let id = self.local.replica_id().to_string();
+        match self.store.heartbeat(&id, local::HEARTBEAT_TTL).await? {
+            Some(n) => {
+                self.local.learn(n);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Denial counts and bans of rules with a `penalty`.
@@ -388,9 +437,15 @@ impl<S: Store> Limiter<S> {
         }
 
         let decided = self.ask_store(&hits, wait, probe).await;
+        let decided = if failure_mode == FailureMode::Local {
+            self.local_answer(&hits, decided, &mut outcome)
+        } else {
+            decided
+        };
         self.settle(&mut outcome, &order, &hits, decided, failure_mode);
         if outcome.over_limit
             && outcome.failure.is_none()
+            && !outcome.local
             && self.settings.denied_spend == DeniedSpend::AdmittingLimits
         {
             self.spend_denied(&order, &hits, &mut outcome, wait, probe)
@@ -403,7 +458,8 @@ impl<S: Store> Limiter<S> {
         }
         if outcome.over_limit && outcome.failure.is_none() {
             let pending = self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
-            if !pending.is_empty() {
+            // Counted in the store, which a local decision cannot reach in time.
+            if !pending.is_empty() && !outcome.local {
                 self.strike(pending, &mut outcome).await;
             }
         }
@@ -586,7 +642,7 @@ impl<S: Store> Limiter<S> {
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
         let fallback = match failure_mode {
-            FailureMode::Open => Fallback::Admit,
+            FailureMode::Open | FailureMode::Local => Fallback::Admit,
             FailureMode::Closed => Fallback::Deny,
         };
         for &i in &order {
@@ -894,6 +950,28 @@ impl<S: Store> Limiter<S> {
         }
         outcome.overrides = overrides;
         pending
+    }
+
+    /// `failure_mode: local`: the store's answer is remembered, and a store that
+    /// cannot be reached is answered from this replica's share. A script or protocol
+    /// error (a working store) is no outage: it stays an error, answered as `open`.
+    fn local_answer(
+        &self,
+        hits: &[Hit],
+        decided: Result<crate::store::Verdicts, StoreError>,
+        outcome: &mut Outcome,
+    ) -> Result<crate::store::Verdicts, StoreError> {
+        match decided {
+            Ok(v) => {
+                self.local.remember(hits, &v);
+                Ok(v)
+            }
+            Err(e) if e.is_transient() => {
+                outcome.local = true;
+                Ok(self.local.decide(hits))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn ask_store(

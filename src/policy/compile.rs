@@ -141,10 +141,7 @@ fn settings(build: &mut DomainBuild, doc: &Document, errors: &mut Vec<PolicyErro
 }
 
 fn mode_name(mode: super::FailureMode) -> &'static str {
-    match mode {
-        super::FailureMode::Open => "open",
-        super::FailureMode::Closed => "closed",
-    }
+    mode.as_str()
 }
 
 fn conflict(at: &Origin, message: String) -> PolicyError {

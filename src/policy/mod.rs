@@ -107,6 +107,20 @@ pub enum FailureMode {
     Open,
     /// Answer OVER_LIMIT.
     Closed,
+    /// Decide in this replica's memory with its share of the limit (the limit
+    /// divided by the replicas serving), as `limiter::local` does.
+    Local,
+}
+
+impl FailureMode {
+    /// The name policies and flags give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+        }
+    }
 }
 
 /// envoyproxy/ratelimit's units. `Unknown` is reported for a `window` that is not

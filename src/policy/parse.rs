@@ -207,11 +207,12 @@ fn body(ctx: &mut Ctx, node: &Node, what: &str, kind: DocumentKind) -> Option<Do
         Some(field) => match string(ctx, field).as_deref() {
             Some("open") => Some(FailureMode::Open),
             Some("closed") => Some(FailureMode::Closed),
+            Some("local") => Some(FailureMode::Local),
             Some(other) => {
                 ctx.error(
                     field.line(),
                     format!(
-                        "'{}' must be open or closed, found '{}'",
+                        "'{}' must be open, closed or local, found '{}'",
                         field.name,
                         shorten(other)
                     ),
@@ -327,6 +328,16 @@ mod tests {
         assert!(e[0]
             .message
             .contains("unknown field 'extra' in RateLimitPolicy"));
+    }
+
+    #[test]
+    fn failure_mode_local_reads_in_both_forms() {
+        let file = one("domain: d\nfailure_mode: local\ndescriptors:\n  - key: k\n");
+        assert_eq!(file.failure_mode, Some(FailureMode::Local));
+        let resource = one(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p}\nspec:\n  domain: d\n  failureMode: local\n",
+        );
+        assert_eq!(resource.failure_mode, Some(FailureMode::Local));
     }
 
     #[test]

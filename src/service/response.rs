@@ -418,6 +418,7 @@ descriptors:
                 offenders: Vec::new(),
                 now: None,
                 overrides: Vec::new(),
+                local: false,
             };
             for style in [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf] {
                 let want = frame(&response(&outcome, style));

@@ -57,7 +57,7 @@ fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
         _ if s.ban == Ban::Active => "banned",
         _ if s.ban == Ban::Blocked => "blocked",
         _ if s.shed => "shed",
-        (Some(f), _) if f.mode == FailureMode::Open => "failed_open",
+        (Some(f), _) if f.mode != FailureMode::Closed => "failed_open",
         (Some(_), _) => "failed_closed",
         (None, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
         (None, _) if s.over_limit => "over_limit",
@@ -87,13 +87,7 @@ pub fn decision<'a>(
         call.set("ratelimit.domain_known", false);
     }
     if let Some(f) = &outcome.failure {
-        call.set(
-            "ratelimit.failure_mode",
-            match f.mode {
-                FailureMode::Open => "open",
-                FailureMode::Closed => "closed",
-            },
-        );
+        call.set("ratelimit.failure_mode", f.mode.as_str());
         call.set("ratelimit.store", f.store);
     }
     // The descriptor that decided: the first one over its limit, else the one with

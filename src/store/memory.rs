@@ -157,8 +157,9 @@ impl MemoryStore {
         (hash >> 40) as usize % SHARDS
     }
 
-    /// Decides a batch under the locks of its shards.
-    fn decide_now(&self, hits: &[Hit]) -> Verdicts {
+    /// Decides a batch under the locks of its shards, at once (what [`Store::decide`]
+    /// answers).
+    pub fn decide_now(&self, hits: &[Hit]) -> Verdicts {
         if let [hit] = hits {
             return self.decide_one(hit);
         }

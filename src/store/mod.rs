@@ -197,6 +197,27 @@ pub trait Store: Send + Sync + 'static {
     fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
         async { Ok(Vec::new()) }
     }
+
+    /// Adds `hit` (a charge: spending decided elsewhere, `failure_mode: local`) to
+    /// its counter once per `token`: `Ok(false)` when the store had already taken
+    /// that token. A store that every replica does not share has nothing to add to.
+    fn settle(
+        &self,
+        _hit: &Hit,
+        _token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(true) }
+    }
+
+    /// Counts this replica (`replica`) as serving for `ttl`, and answers how many
+    /// replicas are (`None` for a store no other replica shares).
+    fn heartbeat(
+        &self,
+        _replica: &str,
+        _ttl: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// A shared store is a store: the server keeps a handle for housekeeping.
@@ -261,6 +282,22 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
         (**self).sentences()
+    }
+
+    fn settle(
+        &self,
+        hit: &Hit,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).settle(hit, token)
+    }
+
+    fn heartbeat(
+        &self,
+        replica: &str,
+        ttl: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send {
+        (**self).heartbeat(replica, ttl)
     }
 }
 

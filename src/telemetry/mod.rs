@@ -52,6 +52,7 @@ mod tests;
 pub mod erl;
 pub mod exemplar;
 pub mod limits;
+pub mod local;
 pub mod peak;
 pub mod ratio;
 pub mod rlqs;
@@ -285,6 +286,8 @@ pub struct Metrics {
     handles: ArcSwapOption<PolicyHandles>,
     limits: limits::Limits,
     rlqs: rlqs::QuotaStats,
+    /// `failure_mode: local`'s series, set at scrape time.
+    local: local::LocalStats,
     /// envoyproxy/ratelimit's series, with `--prometheus-addr`.
     erl: Option<erl::ErlStats>,
     /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
@@ -487,6 +490,7 @@ impl Metrics {
         }
         let limits = limits::Limits::new(&registry);
         let rlqs = rlqs::QuotaStats::new(&registry);
+        let local = local::LocalStats::new(&registry);
         Metrics {
             enabled: true,
             clock,
@@ -499,6 +503,7 @@ impl Metrics {
             denial_spike_ratio,
             limits,
             rlqs,
+            local,
             registry,
             unknown_domain,
             bad_requests,
@@ -598,6 +603,11 @@ impl Metrics {
     /// The Rate Limit Quota Service's series.
     pub fn rlqs(&self) -> &rlqs::QuotaStats {
         &self.rlqs
+    }
+
+    /// `failure_mode: local`'s series.
+    pub fn local(&self) -> &local::LocalStats {
+        &self.local
     }
 
     /// A call answered DEADLINE_EXCEEDED: its caller had given up before it was

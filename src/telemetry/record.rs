@@ -108,7 +108,7 @@ impl Metrics {
                 _ if s.ban == Ban::Active => BANNED,
                 _ if s.ban == Ban::Blocked => BLOCKED,
                 _ if s.shed => SHED,
-                (Some(f), _) if f.mode == FailureMode::Open => FAILED_OPEN,
+                (Some(f), _) if f.mode != FailureMode::Closed => FAILED_OPEN,
                 (Some(_), _) => FAILED_CLOSED,
                 (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
                 (None, _) if s.over_limit => OVER_LIMIT,

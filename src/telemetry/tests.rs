@@ -359,6 +359,7 @@ fn store_state_changes_are_logged_once_each() {
         offenders: Vec::new(),
         now: None,
         overrides: Vec::new(),
+        local: false,
     };
     let captured = Captured::default();
     let writer = captured.clone();

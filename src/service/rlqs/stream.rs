@@ -350,7 +350,10 @@ impl<S: Store> Stream<S> {
         let known = self.buckets.contains_key(&entries);
         if !known && self.buckets.len() >= settings.max_buckets {
             let a = match (&governed, failure) {
-                (Governed::Free(_), _) | (_, FailureMode::Open) => Assignment::AllowAll,
+                // Local: a bucket never assigned has no share yet to keep.
+                (Governed::Free(_), _) | (_, FailureMode::Open | FailureMode::Local) => {
+                    Assignment::AllowAll
+                }
                 (_, FailureMode::Closed) => Assignment::DenyAll,
             };
             return (assignment(a, ttl), rule_path);
@@ -458,7 +461,7 @@ impl<S: Store> Stream<S> {
                         Err(e) => {
                             tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
                             tracked.last.unwrap_or(match failure {
-                                FailureMode::Open => Assignment::AllowAll,
+                                FailureMode::Open | FailureMode::Local => Assignment::AllowAll,
                                 FailureMode::Closed => Assignment::DenyAll,
                             })
                         }

@@ -51,6 +51,7 @@ pub mod coalesce;
 mod demand;
 pub mod expire;
 pub mod health;
+mod local;
 pub mod offset;
 pub mod scripts;
 pub mod sentinel;
@@ -839,6 +840,14 @@ impl Store for RedisStore {
 
     async fn sentences(&self) -> Result<Vec<Sentenced>, StoreError> {
         self.inner.sentences().await
+    }
+
+    async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
+        self.settle_once(hit, token).await
+    }
+
+    async fn heartbeat(&self, replica: &str, ttl: Duration) -> Result<Option<u32>, StoreError> {
+        self.beat(replica, ttl).await.map(Some)
     }
 }
 

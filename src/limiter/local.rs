@@ -1,0 +1,725 @@
+//! `failure_mode: local`: while a counter's shard cannot be reached, this replica
+//! decides the counter in its own memory with its share of the limit (the limit
+//! divided by the replicas serving), by the same algorithm, and adds what it spent to
+//! the shared counter once the shard answers again.
+//!
+//! Three pieces, each off the healthy path but for one:
+//! - [`Memo`]: what the store last said of a counter (how much of it was used, and
+//!   until when that holds). Written for `local` domains on every store answer, with
+//!   relaxed atomic stores into a fixed table: no lock, no allocation, no clock read
+//!   (the time is the ticker's, [`Local::tick`]). A local counter starts from it, so
+//!   an outage does not hand out a fresh window.
+//! - the local counters: a [`MemoryStore`] on the limiter's clock, its keys tagged
+//!   with the episode (the first local decision of a counter since its last
+//!   settlement), so a later outage never finds an old episode's state.
+//! - [`Pending`]: what each counter spent locally, per episode, until the store has
+//!   taken it. Each amount goes to the store under a token ([`Store::settle`]) kept
+//!   until the store confirms it, so a retry after a lost answer is not counted twice.
+//!
+//! A replica that has never had a store answer since it started knows nothing of
+//! the counters: its local counters start with their share already spent.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use crate::algorithm::{Algorithm, Limit, Micros};
+use crate::clock::Clock;
+use crate::store::{Hit, MemoryStore, Mode, Spend, Store, Verdicts};
+
+/// Slots of the memo: a direct-mapped table, so a busy replica remembers its most
+/// recent counters and an idle one loses nothing that matters.
+const MEMO_SLOTS: usize = 1 << 13;
+
+/// Shards of the pending table (touched only while deciding locally).
+const PENDING_SHARDS: usize = 16;
+
+/// How long a replica counts as serving after its last heartbeat (sent every
+/// second): a replica that stops is out of the count within this.
+pub const HEARTBEAT_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A counter not decided locally for this long, its spending settled, leaves the
+/// table: the outage is over for it.
+const IDLE: Micros = crate::algorithm::SECOND;
+
+/// Local counters kept at most (the memory store's bound).
+const MAX_LOCAL_KEYS: usize = 100_000;
+
+/// How a replica count was learned, for `/debug/store` and the share metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareSource {
+    /// Nothing learned yet: `--local-share-replicas`.
+    Configured,
+    /// The replicas heartbeating in the store.
+    Store,
+}
+
+impl ShareSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareSource::Configured => "configured",
+            ShareSource::Store => "store",
+        }
+    }
+}
+
+/// A limit's share for one of `replicas`: requests and burst divided, rounded to
+/// the nearest, at least 1 where the limit admits anything (a share of 0 would
+/// answer as `closed`). The window, algorithm and phase are the limit's own.
+pub fn share(limit: &Limit, replicas: u32) -> Limit {
+    let n = u64::from(replicas.max(1));
+    let part = |v: u64| {
+        if v == 0 {
+            0
+        } else {
+            (v.saturating_add(n / 2) / n).max(1)
+        }
+    };
+    Limit {
+        requests: part(limit.requests),
+        burst: part(limit.burst),
+        ..*limit
+    }
+}
+
+/// What a full counter holds: its burst for buckets, its requests otherwise.
+fn capacity(limit: &Limit) -> u64 {
+    match limit.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
+        _ => limit.requests,
+    }
+}
+
+/// What the store last said of counters, by key hash.
+struct Memo {
+    slots: Box<[MemoSlot]>,
+    hasher: ahash::RandomState,
+}
+
+#[derive(Default)]
+struct MemoSlot {
+    /// The key's hash; 0 for an empty slot.
+    tag: AtomicU64,
+    /// How much of the counter was used.
+    used: AtomicU64,
+    /// Until when (limiter clock, µs) that stands: the counter's reset.
+    until: AtomicU64,
+}
+
+impl Memo {
+    fn new() -> Memo {
+        Memo {
+            slots: (0..MEMO_SLOTS).map(|_| MemoSlot::default()).collect(),
+            hasher: ahash::RandomState::new(),
+        }
+    }
+
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key).max(1)
+    }
+
+    fn write(&self, key: &str, used: u64, until: Micros) {
+        let h = self.hash(key);
+        let slot = &self.slots[h as usize % MEMO_SLOTS];
+        // Two counters of one slot may interleave their stores; the read checks the
+        // tag on both sides, so a torn pair reads as unknown.
+        slot.tag.store(h, Relaxed);
+        slot.used.store(used, Relaxed);
+        slot.until.store(until, Relaxed);
+        slot.tag.store(h, Relaxed);
+    }
+
+    /// How much of `key` was used, if the store said so and it still stands at `now`.
+    fn read(&self, key: &str, now: Micros) -> Option<u64> {
+        let h = self.hash(key);
+        let slot = &self.slots[h as usize % MEMO_SLOTS];
+        if slot.tag.load(Relaxed) != h {
+            return None;
+        }
+        let used = slot.used.load(Relaxed);
+        let until = slot.until.load(Relaxed);
+        (slot.tag.load(Relaxed) == h && until > now).then_some(used)
+    }
+}
+
+/// A counter decided locally since its last settlement.
+#[derive(Debug, Clone)]
+struct Pending {
+    /// The shared counter's hit (the whole limit), to settle with.
+    hit: Hit,
+    /// The local counter's key: the episode and the counter key.
+    local_key: String,
+    /// Spent locally and not yet taken by the store.
+    spent: u64,
+    /// The amount on its way to the store and its token, until the store confirms.
+    settling: Option<(u64, String)>,
+    /// The latest local decision (limiter clock).
+    touched: Micros,
+}
+
+/// One counter decided locally, as `/debug/store` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalCounter {
+    pub key: String,
+    /// Spent locally, not yet added to the shared counter.
+    pub unsettled: u64,
+}
+
+/// The local share's state, for `/debug/store` and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalStatus {
+    pub replicas: u32,
+    pub source: ShareSource,
+    /// Decisions made locally since the process started.
+    pub decisions: u64,
+    /// Counters decided locally and not yet settled (at most 100 listed).
+    pub counters: Vec<LocalCounter>,
+    /// Counters decided locally and not yet settled, all of them.
+    pub unsettled_counters: usize,
+}
+
+/// A settlement's outcome, per counter.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Amounts the store took now.
+    pub added: u64,
+    /// Amounts the store had already taken (a retry after a lost answer).
+    pub already: u64,
+    /// Counters whose settlement failed (tried again on the next tick).
+    pub failed: u64,
+}
+
+/// This replica's share of every `local` domain's limits.
+pub struct Local {
+    clock: Arc<dyn Clock>,
+    memory: MemoryStore,
+    memo: Memo,
+    /// The clock as of the last tick: what the memo's writers read instead of a clock.
+    coarse: AtomicU64,
+    replicas: AtomicU32,
+    learned: AtomicBool,
+    /// A store answer has been seen since the process started.
+    ever_up: AtomicBool,
+    /// Some counter has been decided locally and is still in the table (read on
+    /// every tick).
+    unsettled: AtomicBool,
+    pending: Box<[Mutex<HashMap<String, Pending>>]>,
+    /// Numbers episodes and settlement tokens.
+    sequence: AtomicU64,
+    decisions: AtomicU64,
+    /// Names this replica in the store's heartbeat set and in settlement tokens.
+    replica_id: String,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local")
+            .field("replica_id", &self.replica_id)
+            .field("replicas", &self.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Local {
+    /// Local counters on `clock`, assuming `replicas` serve until the store tells.
+    pub fn new(clock: Arc<dyn Clock>, replicas: u32) -> Local {
+        let replica_id = format!("{:016x}", rand::random::<u64>());
+        Local {
+            memory: MemoryStore::new(clock.clone(), MAX_LOCAL_KEYS),
+            coarse: AtomicU64::new(clock.now()),
+            clock,
+            memo: Memo::new(),
+            replicas: AtomicU32::new(replicas.max(1)),
+            learned: AtomicBool::new(false),
+            ever_up: AtomicBool::new(false),
+            unsettled: AtomicBool::new(false),
+            pending: (0..PENDING_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
+            sequence: AtomicU64::new(0),
+            decisions: AtomicU64::new(0),
+            replica_id,
+        }
+    }
+
+    /// This replica's id in the store's heartbeat set.
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
+    /// Replicas assumed to share each limit now.
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Relaxed)
+    }
+
+    pub fn source(&self) -> ShareSource {
+        if self.learned.load(Relaxed) {
+            ShareSource::Store
+        } else {
+            ShareSource::Configured
+        }
+    }
+
+    /// The store counted `n` replicas heartbeating (this one included).
+    pub fn learn(&self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        if !self.learned.swap(true, Relaxed) {
+            tracing::info!(
+                replicas = n,
+                "local share: replica count learned from the store"
+            );
+        }
+        let before = self.replicas.swap(n, Relaxed);
+        if before != n {
+            tracing::debug!(replicas = n, before, "local share: replica count changed");
+        }
+    }
+
+    /// Moves the memo's clock on and drops expired local counters; the server runs
+    /// it every 100 ms.
+    pub fn tick(&self) {
+        self.coarse.store(self.clock.now(), Relaxed);
+        self.memory.sweep();
+    }
+
+    /// Remembers what the store answered for `hits` (a `local` domain's, healthy).
+    pub fn remember(&self, hits: &[Hit], decided: &Verdicts) {
+        if !self.ever_up.load(Relaxed) {
+            self.ever_up.store(true, Relaxed);
+        }
+        let now = self.coarse.load(Relaxed);
+        for (hit, v) in hits.iter().zip(&decided.verdicts) {
+            let used = capacity(&hit.limit).saturating_sub(v.remaining);
+            // A request denied as a whole did not consume what this limit admitted.
+            let used = if v.admitted && !decided.admitted && !hit.spend.always() {
+                used.saturating_sub(hit.hits)
+            } else {
+                used
+            };
+            self.memo.write(&hit.key, used, now.saturating_add(v.reset));
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Pending>> {
+        let h = self.memo.hasher.hash_one(key);
+        &self.pending[(h >> 32) as usize % PENDING_SHARDS]
+    }
+
+    /// Decides `hits` on this replica's share, as the store would have on the whole
+    /// limit.
+    pub fn decide(&self, hits: &[Hit]) -> Verdicts {
+        self.decisions.fetch_add(1, Relaxed);
+        let replicas = self.replicas();
+        let now = self.clock.now();
+        let known = self.ever_up.load(Relaxed);
+        let mut local: Vec<Hit> = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let limit = share(&hit.limit, replicas);
+            let mut pending = lock(self.shard(&hit.key));
+            let entry = pending.entry(hit.key.clone()).or_insert_with(|| {
+                let episode = self.sequence.fetch_add(1, Relaxed);
+                let local_key = format!("{episode:x}#{}", hit.key);
+                // What the store last said of the counter, in this replica's part;
+                // nothing known at all: the share is spent.
+                let seed = match self.memo.read(&hit.key, now) {
+                    Some(used) => used.div_ceil(u64::from(replicas.max(1))),
+                    None if known => 0,
+                    None => capacity(&limit),
+                };
+                if seed > 0 {
+                    let charge = Hit {
+                        key: local_key.clone(),
+                        limit,
+                        hits: seed,
+                        spend: Spend::Always,
+                        mode: Mode::Enforce,
+                        ..hit.clone()
+                    };
+                    self.memory.decide_now(std::slice::from_ref(&charge));
+                }
+                Pending {
+                    hit: Hit {
+                        hits: 0,
+                        spend: Spend::Always,
+                        mode: Mode::Enforce,
+                        ..hit.clone()
+                    },
+                    local_key,
+                    spent: 0,
+                    settling: None,
+                    touched: now,
+                }
+            });
+            entry.touched = now;
+            local.push(Hit {
+                key: entry.local_key.clone(),
+                limit,
+                ..hit.clone()
+            });
+        }
+        let decided = self.memory.decide_now(&local);
+        self.unsettled.store(true, Relaxed);
+        for hit in hits {
+            if !hit.spent(decided.admitted) || hit.hits == 0 {
+                continue;
+            }
+            let mut pending = lock(self.shard(&hit.key));
+            if let Some(p) = pending.get_mut(&hit.key) {
+                match hit.spend {
+                    Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
+                    _ => p.spent = p.spent.saturating_add(hit.hits),
+                }
+            }
+        }
+        decided
+    }
+
+    /// Whether some counter decided locally has not left the table yet (its
+    /// spending is not settled, or it was decided within the last [`IDLE`]).
+    pub fn has_unsettled(&self) -> bool {
+        self.unsettled.load(Relaxed)
+    }
+
+    /// Adds each counter's local spending to `store`, once per amount: an amount
+    /// keeps its token until the store confirms it. A counter fully settled leaves
+    /// the table, so its next local decision starts a new episode.
+    pub async fn settle<S: Store>(&self, store: &S) -> Settled {
+        let mut out = Settled::default();
+        if !self.unsettled.load(Relaxed) {
+            return out;
+        }
+        // Give every counter with spending a token for what it has spent so far. One
+        // that spent nothing leaves once no local decision has touched it for a
+        // while, so a later outage starts it afresh from the store's word.
+        let now = self.clock.now();
+        let mut work: Vec<(String, Hit, String)> = Vec::new();
+        for shard in self.pending.iter() {
+            let mut map = lock(shard);
+            map.retain(|_, p| {
+                p.spent > 0 || p.settling.is_some() || now.saturating_sub(p.touched) < IDLE
+            });
+            for (key, p) in map
+                .iter_mut()
+                .filter(|(_, p)| p.spent > 0 || p.settling.is_some())
+            {
+                if p.settling.is_none() {
+                    let seq = self.sequence.fetch_add(1, Relaxed);
+                    let token = format!("{}:{seq:x}", self.replica_id);
+                    p.settling = Some((p.spent, token));
+                }
+                let (amount, token) = p.settling.clone().expect("set above");
+                let hit = Hit {
+                    hits: amount,
+                    ..p.hit.clone()
+                };
+                work.push((key.clone(), hit, token));
+            }
+        }
+        let mut left = false;
+        for (key, hit, token) in work {
+            let result = store.settle(&hit, &token).await;
+            let mut map = lock(self.shard(&key));
+            let Some(p) = map.get_mut(&key) else { continue };
+            match result {
+                Ok(added) => {
+                    if added {
+                        out.added += hit.hits;
+                    } else {
+                        out.already += hit.hits;
+                    }
+                    p.spent = p.spent.saturating_sub(hit.hits);
+                    p.settling = None;
+                    if p.spent == 0 && now.saturating_sub(p.touched) >= IDLE {
+                        map.remove(&key);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "local spending not settled yet");
+                    out.failed += 1;
+                    left = true;
+                }
+            }
+        }
+        if !left {
+            // A local decision racing this one sets it again.
+            let any = self.pending.iter().any(|s| !lock(s).is_empty());
+            self.unsettled.store(any, Relaxed);
+        }
+        out
+    }
+
+    /// The unsettled spending of `key`, while it is decided locally (admin API).
+    pub fn counter(&self, key: &str) -> Option<u64> {
+        lock(self.shard(key)).get(key).map(|p| p.spent)
+    }
+
+    /// The share's state and the counters decided locally.
+    pub fn status(&self) -> LocalStatus {
+        let mut counters = Vec::new();
+        let mut n = 0;
+        for shard in self.pending.iter() {
+            for (key, p) in lock(shard).iter() {
+                n += 1;
+                if counters.len() < 100 {
+                    counters.push(LocalCounter {
+                        key: key.clone(),
+                        unsettled: p.spent,
+                    });
+                }
+            }
+        }
+        counters.sort_by(|a, b| a.key.cmp(&b.key));
+        LocalStatus {
+            replicas: self.replicas(),
+            source: self.source(),
+            decisions: self.decisions.load(Relaxed),
+            counters,
+            unsettled_counters: n,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::SECOND;
+    use crate::clock::ManualClock;
+    use crate::store::{Fallback, StoreError};
+
+    const MINUTE: Micros = 60 * SECOND;
+
+    fn limit(algorithm: Algorithm, requests: u64) -> Limit {
+        Limit {
+            algorithm,
+            requests,
+            window: MINUTE,
+            burst: requests,
+            phase: 0,
+        }
+    }
+
+    fn hit(key: &str, limit: Limit) -> Hit {
+        Hit {
+            key: key.to_string(),
+            placement: 7,
+            limit,
+            hits: 1,
+            mode: Mode::Enforce,
+            spend: Spend::IfAdmitted,
+            fallback: Fallback::Admit,
+        }
+    }
+
+    /// Admitted one-hit requests on `h` until the first denial (at most 1000).
+    fn admitted_until_denied(local: &Local, h: &Hit) -> u64 {
+        (0..1000)
+            .take_while(|_| local.decide(std::slice::from_ref(h)).admitted)
+            .count() as u64
+    }
+
+    /// The store's verdict that `remaining` of `h`'s limit is left, for a minute.
+    fn store_said(local: &Local, h: &Hit, remaining: u64) {
+        let v = Verdicts {
+            admitted: true,
+            verdicts: vec![crate::algorithm::Verdict {
+                admitted: true,
+                remaining,
+                reset: MINUTE,
+                ..Default::default()
+            }],
+            now: None,
+        };
+        local.remember(std::slice::from_ref(h), &v);
+    }
+
+    #[test]
+    fn a_share_is_the_limit_divided_rounded_to_the_nearest_and_never_zero_from_some() {
+        let l = limit(Algorithm::TokenBucket, 100);
+        assert_eq!(share(&l, 3).requests, 33);
+        assert_eq!(share(&l, 3).burst, 33);
+        assert_eq!(share(&l, 1), l);
+        assert_eq!(share(&limit(Algorithm::FixedWindow, 10), 4).requests, 3);
+        assert_eq!(share(&limit(Algorithm::FixedWindow, 1), 3).requests, 1);
+        assert_eq!(share(&limit(Algorithm::FixedWindow, 0), 3).requests, 0);
+        // A count of 0 (never learned) is one replica, not a division by zero.
+        assert_eq!(share(&l, 0).requests, 100);
+        assert_eq!(share(&l, 3).window, MINUTE);
+    }
+
+    #[test]
+    fn a_local_counter_starts_from_what_the_store_last_said_and_gets_a_fresh_share_next_window() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 4);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
+        // 40 of 100 used: this replica's part of it is 10 of its 25.
+        store_said(&local, &h, 60);
+        assert_eq!(admitted_until_denied(&local, &h), 15);
+        clock.advance(MINUTE);
+        assert_eq!(admitted_until_denied(&local, &h), 25);
+        assert_eq!(local.status().decisions, 15 + 1 + 25 + 1);
+    }
+
+    #[test]
+    fn a_counter_the_store_never_mentioned_starts_with_the_whole_share() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 3);
+        let seen = hit("d|k=seen", limit(Algorithm::FixedWindow, 30));
+        store_said(&local, &seen, 30);
+        let other = hit("d|k=other", limit(Algorithm::SlidingWindowCounter, 30));
+        assert_eq!(admitted_until_denied(&local, &other), 10);
+    }
+
+    #[test]
+    fn what_the_store_said_is_forgotten_once_its_reset_has_passed() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 20));
+        store_said(&local, &h, 0);
+        clock.advance(MINUTE);
+        assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    #[test]
+    fn a_replica_that_never_reached_the_store_starts_with_its_share_spent() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 20));
+        assert_eq!(admitted_until_denied(&local, &h), 0);
+        clock.advance(MINUTE);
+        assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    #[test]
+    fn learning_the_replica_count_changes_the_share_and_its_source() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 1);
+        assert_eq!(local.source(), ShareSource::Configured);
+        local.learn(0);
+        assert_eq!(
+            (local.replicas(), local.source()),
+            (1, ShareSource::Configured)
+        );
+        local.learn(5);
+        assert_eq!((local.replicas(), local.source()), (5, ShareSource::Store));
+        store_said(&local, &hit("d|k=x", limit(Algorithm::FixedWindow, 50)), 50);
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 50));
+        assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    /// A store that takes settlements by token, failing while told to: one that
+    /// failed after taking the amount (a lost answer) when `lose` is set.
+    #[derive(Default)]
+    struct Settling {
+        down: AtomicBool,
+        lose: AtomicBool,
+        tokens: Mutex<std::collections::HashSet<String>>,
+        added: Mutex<HashMap<String, u64>>,
+    }
+
+    impl Store for Settling {
+        async fn decide(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn peek(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        fn active_keys(&self) -> usize {
+            0
+        }
+        fn name(&self) -> &'static str {
+            "settling"
+        }
+        async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
+            if self.down.load(Relaxed) {
+                return Err(StoreError::BackingOff);
+            }
+            if !lock(&self.tokens).insert(token.to_string()) {
+                return Ok(false);
+            }
+            assert_eq!(hit.spend, Spend::Always, "a settlement is a charge");
+            *lock(&self.added).entry(hit.key.clone()).or_default() += hit.hits;
+            if self.lose.swap(false, Relaxed) {
+                return Err(StoreError::Timeout);
+            }
+            Ok(true)
+        }
+    }
+
+    #[tokio::test]
+    async fn local_spending_reaches_the_store_once_across_failed_and_lost_settlements() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
+        store_said(&local, &h, 100);
+        for _ in 0..7 {
+            assert!(local.decide(std::slice::from_ref(&h)).admitted);
+        }
+        let store = Settling::default();
+        store.down.store(true, Relaxed);
+        assert_eq!(local.settle(&store).await.failed, 1);
+        assert_eq!(local.status().counters[0].unsettled, 7);
+        // The shard answers, but its answer is lost: the amount keeps its token.
+        store.down.store(false, Relaxed);
+        store.lose.store(true, Relaxed);
+        assert_eq!(local.settle(&store).await.failed, 1);
+        // Spent meanwhile: settled under a token of its own, after the first.
+        assert!(local.decide(std::slice::from_ref(&h)).admitted);
+        let s = local.settle(&store).await;
+        assert_eq!((s.already, s.added), (7, 0));
+        let s = local.settle(&store).await;
+        assert_eq!((s.already, s.added), (0, 1));
+        assert_eq!(lock(&store.added).get("d|k=v"), Some(&8));
+        // Settled, but decided a moment ago: it stays until idle.
+        assert!(local.has_unsettled());
+        clock.advance(SECOND);
+        assert_eq!(local.settle(&store).await, Settled::default());
+        assert!(!local.has_unsettled());
+        assert!(local.status().counters.is_empty());
+        assert_eq!(local.settle(&store).await, Settled::default());
+    }
+
+    #[tokio::test]
+    async fn a_counter_only_denied_leaves_once_idle_and_starts_afresh_in_the_next_outage() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
+        store_said(&local, &h, 0);
+        assert_eq!(admitted_until_denied(&local, &h), 0);
+        let store = Settling::default();
+        local.settle(&store).await;
+        assert_eq!(local.status().unsettled_counters, 1, "still in its outage");
+        clock.advance(SECOND);
+        local.settle(&store).await;
+        assert_eq!(local.status().unsettled_counters, 0);
+        assert!(!local.has_unsettled());
+        // Later, the store said 60 are left: the next outage starts from that.
+        local.tick();
+        store_said(&local, &h, 60);
+        assert_eq!(admitted_until_denied(&local, &h), 30);
+    }
+
+    #[tokio::test]
+    async fn a_new_episode_after_settlement_starts_from_the_store_again() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        local.tick();
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
+        store_said(&local, &h, 100);
+        assert_eq!(admitted_until_denied(&local, &h), 50);
+        clock.advance(SECOND);
+        local.settle(&Settling::default()).await;
+        // The store, with the 50 added and 30 more from elsewhere, says 20 are left.
+        store_said(&local, &h, 20);
+        assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+}

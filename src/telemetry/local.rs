@@ -1,0 +1,87 @@
+//! `failure_mode: local` as series, set at scrape time from the limiter's share and
+//! the store's shards: `sluice_degraded{shard}` (1 while a shard cannot be reached),
+//! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed) and
+//! `sluice_local_share_learned` (0 while that is the configured count).
+
+use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+
+use crate::limiter::local::{LocalStatus, ShareSource};
+use crate::store::{ShardState, ShardStatus};
+
+#[derive(Debug)]
+pub struct LocalStats {
+    degraded: IntGaugeVec,
+    decisions: IntCounter,
+    share: IntGauge,
+    learned: IntGauge,
+    unsettled: IntGauge,
+}
+
+impl LocalStats {
+    pub fn new(registry: &Registry) -> LocalStats {
+        let register = |c: Box<dyn prometheus::core::Collector>| {
+            registry.register(c).expect("metric names are unique");
+        };
+        let degraded = IntGaugeVec::new(
+            Opts::new(
+                "sluice_degraded",
+                "1 while a store shard cannot be reached (failing, backing off or on trial).",
+            ),
+            &["shard"],
+        )
+        .expect("static metric definition");
+        let decisions = IntCounter::new(
+            "sluice_local_decisions_total",
+            "Requests decided in this replica's memory with its share of the limits (failure_mode local).",
+        )
+        .expect("static metric definition");
+        let share = IntGauge::new(
+            "sluice_local_share",
+            "Replicas assumed to share each limit of a failure_mode local domain.",
+        )
+        .expect("static metric definition");
+        let learned = IntGauge::new(
+            "sluice_local_share_learned",
+            "1 when sluice_local_share was counted through the store, 0 when it is --local-share-replicas.",
+        )
+        .expect("static metric definition");
+        let unsettled = IntGauge::new(
+            "sluice_local_unsettled_counters",
+            "Counters decided locally whose spending the store has not taken yet.",
+        )
+        .expect("static metric definition");
+        register(Box::new(degraded.clone()));
+        register(Box::new(decisions.clone()));
+        register(Box::new(share.clone()));
+        register(Box::new(learned.clone()));
+        register(Box::new(unsettled.clone()));
+        LocalStats {
+            degraded,
+            decisions,
+            share,
+            learned,
+            unsettled,
+        }
+    }
+
+    /// Sets every series from the share's state and the store's shards.
+    pub fn set(&self, local: &LocalStatus, shards: &[ShardStatus]) {
+        for s in shards {
+            let down = matches!(
+                s.state,
+                ShardState::Failing | ShardState::BackingOff | ShardState::Trying
+            );
+            self.degraded
+                .with_label_values(&[s.name.as_str()])
+                .set(i64::from(down));
+        }
+        let seen = self.decisions.get();
+        if local.decisions > seen {
+            self.decisions.inc_by(local.decisions - seen);
+        }
+        self.share.set(i64::from(local.replicas));
+        self.learned
+            .set(i64::from(local.source == ShareSource::Store));
+        self.unsettled.set(local.unsettled_counters as i64);
+    }
+}

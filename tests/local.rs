@@ -1,0 +1,290 @@
+//! `failure_mode: local` on a real redis-server: three limiters (three replicas)
+//! share one shard, count each other through it, and when it hangs or dies each
+//! decides with its third of the limit; when it comes back their local spending
+//! reaches the shared counter once.
+//!
+//! The tests run one at a time: one bounds answer times.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use common::redis::{available, RedisServer};
+use sluice::limiter::{Descriptor, Limiter, Settings};
+use sluice::policy::FailureMode;
+use sluice::store::redis::Options;
+use sluice::store::RedisStore;
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(30);
+/// The issue's bound on an answer while the shard is away.
+const BOUND: Duration = Duration::from_millis(40);
+const REPLICAS: usize = 3;
+/// A token bucket refilling 60 a day: no window boundary to land on during a test,
+/// and no refill worth a token within one.
+const LIMIT: u64 = 60;
+const POLICY: &str = "domain: d
+failure_mode: local
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 60, algorithm: token_bucket}
+";
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+type Replica = Limiter<RedisStore>;
+
+fn replica(url: &str) -> Replica {
+    let policy = sluice::policy::compile(sluice::policy::parse_str("p.yaml", POLICY).unwrap())
+        .expect("compiles");
+    let mut opts = Options::new(vec![url.to_string()], false);
+    opts.call_timeout = STORE_TIMEOUT;
+    let store = RedisStore::new(opts, None).expect("store");
+    let settings = Settings {
+        failure_mode: FailureMode::Open,
+        store_timeout: STORE_TIMEOUT,
+        ..Settings::default()
+    };
+    Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+}
+
+/// Three replicas on `redis`, each knowing that three serve.
+async fn replicas(redis: &RedisServer) -> Vec<Replica> {
+    let all: Vec<Replica> = (0..REPLICAS).map(|_| replica(&redis.url())).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while all.iter().any(|r| r.local().replicas() != REPLICAS as u32) {
+        assert!(
+            Instant::now() < deadline,
+            "the replicas never counted three"
+        );
+        for r in &all {
+            r.heartbeat().await.expect("heartbeat");
+        }
+    }
+    all
+}
+
+/// One hit of `user`: (admitted, decided locally, how long it took).
+async fn call(r: &Replica, user: &str, hits: u64) -> (bool, bool, Duration) {
+    let entries = [("user", user)];
+    let started = Instant::now();
+    let o = r.decide("d", &[Descriptor::new(&entries, hits)]).await;
+    assert!(o.failure.is_none(), "a local domain never fails: {o:?}");
+    (!o.over_limit, o.local, started.elapsed())
+}
+
+/// What the shared counter of `user` has left, as `r` reads it from the store.
+async fn remaining(r: &Replica, user: &str) -> u64 {
+    let entries = [("user", user)];
+    let o = r.decide("d", &[Descriptor::new(&entries, 0)]).await;
+    assert!(!o.local, "the store answers again");
+    o.statuses[0].verdict.expect("a verdict").remaining
+}
+
+/// Ticks every replica (settling what it can) until `done` or the deadline.
+async fn settle_until(all: &[Replica], why: &str, mut done: impl FnMut(&[Replica]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for r in all {
+            r.local_tick().await;
+        }
+        if done(all) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_shard_is_answered_from_each_replicas_share_within_the_limit_in_total() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let all = replicas(&redis).await;
+    // 18 of 60 spent through the store, the replicas taking turns.
+    for i in 0..18 {
+        let (admitted, local, _) = call(&all[i % REPLICAS], "u1", 1).await;
+        assert!(admitted && !local);
+    }
+
+    redis.freeze();
+    let mut admitted = 0;
+    let mut slowest = Duration::ZERO;
+    for r in &all {
+        for _ in 0..LIMIT {
+            let (ok, local, took) = call(r, "u1", 1).await;
+            assert!(local, "decided locally while the shard hangs");
+            slowest = slowest.max(took);
+            if !ok {
+                break;
+            }
+            admitted += 1;
+        }
+    }
+    redis.thaw();
+    let total = 18 + admitted;
+    eprintln!("admitted {total} of {LIMIT} in all; slowest answer {slowest:?}");
+    assert!(
+        (LIMIT * 8 / 10..=LIMIT * 12 / 10).contains(&total),
+        "admitted {total} of {LIMIT} in all"
+    );
+    assert!(slowest <= BOUND, "slowest answer {slowest:?}");
+    let status = all[0].local().status();
+    assert_eq!(status.replicas, 3);
+    assert_eq!(status.counters.len(), 1);
+    assert!(status.counters[0].key.contains("user=u1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_spending_reaches_a_restarted_shard_once() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let all = replicas(&redis).await;
+    // Each replica has reached the store (so knows it is not new) before it dies.
+    for r in &all {
+        let (admitted, local, _) = call(r, "warm", 1).await;
+        assert!(admitted && !local);
+    }
+    redis.kill();
+    for r in &all {
+        for _ in 0..5 {
+            let (admitted, local, _) = call(r, "u2", 1).await;
+            assert!(admitted && local);
+        }
+        // A request of two hits counts two.
+        let (_, local, _) = call(r, "u2", 2).await;
+        assert!(local);
+    }
+    // Nothing reaches a dead shard; the spending waits.
+    for r in &all {
+        assert_eq!(r.local_tick().await.added, 0);
+        assert!(r.local().has_unsettled());
+    }
+
+    redis.restart().await;
+    settle_until(&all, "the local spending never settled", |all| {
+        all.iter().all(|r| !r.local().has_unsettled())
+    })
+    .await;
+    // 3 replicas x (5 + 2): the restarted shard held nothing before.
+    assert_eq!(remaining(&all[0], "u2").await, LIMIT - 21);
+    // More ticks (reconnects, retries) add nothing again.
+    for _ in 0..3 {
+        for r in &all {
+            let s = r.local_tick().await;
+            assert_eq!((s.added, s.already), (0, 0));
+        }
+    }
+    assert_eq!(remaining(&all[1], "u2").await, LIMIT - 21);
+    assert!(all[2].local().status().counters.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_during_the_outage_starts_with_its_share_spent() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    redis.kill();
+    let late = replica(&url);
+    let (admitted, local, _) = call(&late, "u3", 1).await;
+    assert!(
+        local && !admitted,
+        "no share to hand out before knowing the counter"
+    );
+}
+
+/// Polls `ok` every 50 ms until it holds; panics with `why` after 10 s.
+async fn wait_until(why: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    let sluice = common::Server::start(POLICY, &["--redis", &url, "--store-timeout", "30ms"]);
+    let mut client = sluice.client().await;
+    // The heartbeat has counted this replica: a share learned, not configured.
+    wait_until("the replica never counted itself", || {
+        sluice.metric("sluice_local_share_learned", &[]) == Some(1.0)
+    })
+    .await;
+    assert_eq!(sluice.metric("sluice_local_share", &[]), Some(1.0));
+    let mut call = async |user: &str| {
+        let req = common::request("d", vec![common::desc(&[("user", user)])]);
+        common::call(&mut client, req).await
+    };
+    assert_eq!(call("warm").await.overall_code, common::OK);
+
+    redis.kill();
+    for _ in 0..4 {
+        assert_eq!(call("u4").await.overall_code, common::OK);
+    }
+    assert_eq!(
+        sluice.metric("sluice_local_decisions_total", &[]),
+        Some(4.0)
+    );
+    let shard = redis.addr();
+    wait_until("the shard never showed as degraded", || {
+        sluice.metric("sluice_degraded", &[("shard", &shard)]) == Some(1.0)
+    })
+    .await;
+    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200);
+    let store: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(store["local"]["replicas_from"], "store", "{body}");
+    assert_eq!(store["local"]["counters"][0]["key"], "d|user=u4", "{body}");
+    assert_eq!(store["local"]["counters"][0]["unsettled"], 4, "{body}");
+    // The admin API's Explain says so too (with grpcurl, when it is installed).
+    if let Some(bin) = common::tools::tool("grpcurl") {
+        let body =
+            r#"{"domain": "d", "descriptors": [{"entries": [{"key": "user", "value": "u4"}]}]}"#;
+        let out = std::process::Command::new(bin)
+            .args([
+                "-plaintext",
+                "-d",
+                body,
+                &sluice.admin,
+                "sluice.admin.v1.Admin/Explain",
+            ])
+            .output()
+            .expect("grpcurl runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let e: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(e["descriptors"][0]["local"], true, "{text}");
+        assert_eq!(e["descriptors"][0]["localUnsettled"], "4", "{text}");
+    }
+
+    redis.restart().await;
+    wait_until("the local spending never settled", || {
+        sluice.metric("sluice_local_unsettled_counters", &[]) == Some(0.0)
+    })
+    .await;
+    let reply = call("u4").await;
+    assert!(reply.statuses[0].current_limit.is_some());
+    // Four spent locally, this one in Redis: 60 - 5.
+    assert_eq!(reply.statuses[0].limit_remaining, 55);
+    assert_eq!(
+        sluice.metric("sluice_degraded", &[("shard", &shard)]),
+        Some(0.0)
+    );
+}
