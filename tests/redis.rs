@@ -1693,7 +1693,7 @@ async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other(
 #[tokio::test]
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
-    use sluice::store::redis::wire::{Pool, Request};
+    use sluice_redis::{Pool, Request};
     if !available() {
         return;
     }
@@ -1747,7 +1747,7 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
                 };
                 scripts::write_decide(req, by, groups, Some(now));
             };
-            let reply = scripts::run(write, |req| async move { pool.query(&req).await });
+            let reply = scripts::run(write, |req| async move { Ok(pool.query(&req).await?) });
             scripts::integers(reply.await.expect("decide")).expect("integers")
         }
         let together = decide(&pool, &scripts, &a.iter().collect::<Vec<_>>(), now).await;

@@ -7,11 +7,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use sluice_redis::Value;
+
 use crate::algorithm::Micros;
 use crate::store::{ErrorKind, Kind, Sentenced, StoreError, Strike};
 
 use super::scripts::{Call, Lua};
-use super::wire::Value;
 use super::Inner;
 
 static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("board.lua")));

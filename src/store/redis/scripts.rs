@@ -12,12 +12,12 @@
 //! (35 years) whose burst * window / requests is below 2^53 µs (285 years). Larger
 //! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
 
+use sluice_redis::{Pool, Request, Value};
+
 use crate::algorithm::{Micros, Verdict};
 use crate::store::{ErrorKind, Hit, Mode, Spend, StoreError};
 
-use super::classify;
 use super::shard;
-use super::wire::{Pool, Request, Value};
 
 /// Lua helpers and algorithms: what the decision calls.
 macro_rules! decide_helpers {
@@ -229,7 +229,7 @@ where
         value = send(req).await?;
     }
     match value {
-        Value::Error(e) => Err(classify::reply(e)),
+        Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
         v => Ok(v),
     }
 }
@@ -237,7 +237,7 @@ where
 /// Runs `call` on `pool`'s server ([`run`]).
 pub async fn invoke(pool: &Pool, call: &Call<'_>) -> Result<Value, StoreError> {
     let write = |req: &mut Request, text| call.write(req, text);
-    run(write, |req| async move { pool.query(&req).await }).await
+    run(write, |req| async move { Ok(pool.query(&req).await?) }).await
 }
 
 /// A script's reply as a flat array of integers.

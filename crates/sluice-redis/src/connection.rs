@@ -1,0 +1,343 @@
+//! One connection to a Redis server, serving one call at a time, and RESP2 requests
+//! and the replies of the calls on the decide path.
+//!
+//! A caller with at most one call in flight needs no multiplexing: it writes the
+//! call into one reused [`Request`], sends it, and parses the reply (a flat array of
+//! integers) straight into numbers ([`Wire::call`]), without a task hop or an
+//! allocation per argument and per reply value. Any other reply is read as a
+//! [`Value`] ([`Wire::query`]). Any I/O or protocol error leaves the connection
+//! unusable, so a reply can never be matched to the wrong call; the caller drops it
+//! and connects again.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{self, Error, ErrorKind};
+use crate::stream;
+use crate::target::Target;
+use crate::value::{self, Value};
+
+/// A RESP2 request being built: `*N` then each argument as a bulk string.
+#[derive(Debug, Default)]
+pub struct Request {
+    buf: Vec<u8>,
+}
+
+impl Request {
+    /// Starts a command of `args` arguments (the command name included).
+    pub fn start(&mut self, args: usize) {
+        self.buf.clear();
+        self.buf.push(b'*');
+        push_decimal(&mut self.buf, args as u64);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
+    pub fn arg(&mut self, value: &[u8]) {
+        self.buf.push(b'$');
+        push_decimal(&mut self.buf, value.len() as u64);
+        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+    }
+
+    pub fn arg_u64(&mut self, value: u64) {
+        self.arg(itoa::Buffer::new().format(value).as_bytes());
+    }
+
+    /// A signed integer argument, in decimal.
+    pub fn arg_i64(&mut self, value: i64) {
+        self.arg(itoa::Buffer::new().format(value).as_bytes());
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+fn push_decimal(buf: &mut Vec<u8>, v: u64) {
+    buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// What Redis answered to one command.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// An array of integers (the decide script's reply).
+    Integers(Vec<i64>),
+    /// A status (`+OK`) or an integer alone.
+    Status,
+    /// An error reply (`-NOSCRIPT ...`, `-ERR ...`), without the dash.
+    Error(String),
+}
+
+/// Reads one reply of some shape from the start of a buffer: the reply and the bytes
+/// it took, or `None` while incomplete.
+pub type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, Error>;
+
+/// One connection to a server.
+pub struct Wire {
+    stream: stream::Stream,
+    read: Vec<u8>,
+    /// Where the next reply starts in `read` (pub/sub messages and pipelined
+    /// replies may arrive together).
+    at: usize,
+}
+
+impl Wire {
+    /// Connects, authenticates and selects the database, within the target's timeout.
+    pub async fn connect(target: &Target) -> Result<Wire, Error> {
+        match tokio::time::timeout(target.timeout, Self::open(target)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout),
+        }
+    }
+
+    async fn open(target: &Target) -> Result<Wire, Error> {
+        let mut wire = Wire {
+            stream: stream::open(target).await?,
+            read: Vec::with_capacity(4096),
+            at: 0,
+        };
+        let mut req = Request::default();
+        if let Some(password) = &target.password {
+            match &target.username {
+                Some(user) => {
+                    req.start(3);
+                    req.arg(b"AUTH");
+                    req.arg(user.as_bytes());
+                }
+                None => {
+                    req.start(2);
+                    req.arg(b"AUTH");
+                }
+            }
+            req.arg(password.as_bytes());
+            wire.expect_ok(&req, "AUTH").await?;
+        }
+        if target.db != 0 {
+            req.start(2);
+            req.arg(b"SELECT");
+            req.arg_u64(target.db as u64);
+            wire.expect_ok(&req, "SELECT").await?;
+        }
+        Ok(wire)
+    }
+
+    async fn expect_ok(&mut self, req: &Request, what: &str) -> Result<(), Error> {
+        match self.call(req).await? {
+            Answer::Status => Ok(()),
+            Answer::Error(e) => Err(Error::failed(error::reply_kind(&e), format!("{what}: {e}"))),
+            Answer::Integers(_) => Err(Error::failed(
+                ErrorKind::Protocol,
+                format!("{what}: unexpected reply"),
+            )),
+        }
+    }
+
+    /// Writes `bytes` (one or more commands) and flushes them.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        let written = async {
+            self.stream.write_all(bytes).await?;
+            self.stream.flush().await
+        };
+        written.await.map_err(|e| error::io("write", &e))
+    }
+
+    /// Sends one command and reads its answer, a decide script's reply, a status or
+    /// an error. An `Err` leaves the connection unusable.
+    pub async fn call(&mut self, req: &Request) -> Result<Answer, Error> {
+        self.send(req.bytes()).await?;
+        self.reply(parse).await
+    }
+
+    /// Sends one command and reads its reply, whatever its shape.
+    pub async fn query(&mut self, req: &Request) -> Result<Value, Error> {
+        self.send(req.bytes()).await?;
+        self.next().await
+    }
+
+    /// Reads the next reply: the answer to a command sent with [`Wire::send`], or a
+    /// message pushed to a subscriber.
+    pub async fn next(&mut self) -> Result<Value, Error> {
+        self.reply(value::parse).await
+    }
+
+    async fn reply<T>(&mut self, parse: Parser<T>) -> Result<T, Error> {
+        loop {
+            if let Some((answer, used)) = parse(&self.read[self.at..])? {
+                self.at += used;
+                if self.at == self.read.len() {
+                    self.read.clear();
+                    self.at = 0;
+                }
+                return Ok(answer);
+            }
+            if self.read.len() - self.at > MAX_REPLY {
+                return Err(Error::failed(ErrorKind::Protocol, "reply too large"));
+            }
+            if self.at > 0 {
+                self.read.drain(..self.at);
+                self.at = 0;
+            }
+            let n = self
+                .stream
+                .read_buf(&mut self.read)
+                .await
+                .map_err(|e| error::io("read", &e))?;
+            if n == 0 {
+                return Err(Error::failed(
+                    ErrorKind::Connection,
+                    "connection closed by Redis",
+                ));
+            }
+        }
+    }
+}
+
+/// A decide reply is at most 64 requests' worth of 512 keys of 7 integers: far below.
+pub(crate) const MAX_REPLY: usize = 64 << 20;
+
+pub(crate) fn protocol(what: &str) -> Error {
+    Error::failed(
+        ErrorKind::Protocol,
+        format!("unexpected Redis reply: {what}"),
+    )
+}
+
+/// The line starting at `at` (without CRLF) and where the next one starts; `None`
+/// until the CRLF has arrived.
+pub(crate) fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let rest = buf.get(at..)?;
+    let end = rest.windows(2).position(|w| w == b"\r\n")?;
+    Some((&rest[..end], at + end + 2))
+}
+
+pub(crate) fn integer(text: &[u8]) -> Result<i64, Error> {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', d)) => (true, d),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(protocol("bad integer"));
+    }
+    let mut v: i64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return Err(protocol("bad integer"));
+        }
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(c - b'0')))
+            .ok_or_else(|| protocol("integer out of range"))?;
+    }
+    Ok(if negative { -v } else { v })
+}
+
+/// Parses one complete answer from the start of `buf`, with the bytes it took;
+/// `Ok(None)` while incomplete. Only what the decide script, AUTH and SELECT answer
+/// is accepted.
+pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
+    let Some((first, mut at)) = line(buf, 0) else {
+        return Ok(None);
+    };
+    let Some((&kind, text)) = first.split_first() else {
+        return Err(protocol("empty line"));
+    };
+    match kind {
+        b'+' | b':' => Ok(Some((Answer::Status, at))),
+        b'-' => Ok(Some((
+            Answer::Error(String::from_utf8_lossy(text).into_owned()),
+            at,
+        ))),
+        b'*' => {
+            let n = integer(text)?;
+            // *-1 (a null array) is not something the scripts send.
+            let n = usize::try_from(n).map_err(|_| protocol("null array"))?;
+            if n > MAX_REPLY / 4 {
+                return Err(protocol("array too long"));
+            }
+            let mut values = Vec::with_capacity(n);
+            for _ in 0..n {
+                let Some((item, next)) = line(buf, at) else {
+                    return Ok(None);
+                };
+                match item.split_first() {
+                    Some((b':', digits)) => values.push(integer(digits)?),
+                    _ => return Err(protocol("array item is not an integer")),
+                }
+                at = next;
+            }
+            Ok(Some((Answer::Integers(values), at)))
+        }
+        _ => Err(protocol("unknown reply type")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_resp_bulk_strings() {
+        let mut r = Request::default();
+        r.start(3);
+        r.arg(b"SET");
+        r.arg(b"k");
+        r.arg_u64(1_234_567_890_123);
+        assert_eq!(
+            r.bytes(),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$13\r\n1234567890123\r\n"
+        );
+        r.start(2);
+        r.arg(b"X");
+        r.arg_u64(0);
+        assert_eq!(r.bytes(), b"*2\r\n$1\r\nX\r\n$1\r\n0\r\n");
+        r.start(3);
+        r.arg_i64(-12);
+        r.arg_i64(7);
+        r.arg_i64(i64::MIN);
+        assert_eq!(
+            r.bytes(),
+            &b"*3\r\n$3\r\n-12\r\n$1\r\n7\r\n$20\r\n-9223372036854775808\r\n"[..]
+        );
+    }
+
+    #[test]
+    fn replies_parse_only_when_complete() {
+        let full = b"*3\r\n:1\r\n:-1\r\n:9007199254740993\r\n";
+        for cut in 0..full.len() {
+            assert_eq!(parse(&full[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        assert_eq!(
+            parse(full).unwrap(),
+            Some((
+                Answer::Integers(vec![1, -1, 9_007_199_254_740_993]),
+                full.len()
+            ))
+        );
+        assert_eq!(
+            parse(b"*0\r\n:5\r\n").unwrap(),
+            Some((Answer::Integers(vec![]), 4))
+        );
+        assert_eq!(parse(b"+OK\r\n").unwrap(), Some((Answer::Status, 5)));
+        assert_eq!(
+            parse(b"-NOSCRIPT No matching script\r\n").unwrap(),
+            Some((Answer::Error("NOSCRIPT No matching script".to_string()), 30))
+        );
+    }
+
+    #[test]
+    fn malformed_replies_are_errors_not_panics() {
+        for bad in [
+            &b"*2\r\n$1\r\nx\r\n"[..],
+            b"*-1\r\n",
+            b"*x\r\n",
+            b"?\r\n",
+            b"\r\n",
+            b"*1\r\n:99999999999999999999\r\n",
+            b"*1\r\n:\r\n",
+            b"*1\r\n:1a\r\n",
+            b"*999999999999\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
