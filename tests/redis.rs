@@ -2288,7 +2288,7 @@ async fn lua_muldiv_is_exact_beyond_2_pow_53() {
     let server = RedisServer::start().await;
     let mut conn = server.conn().await;
     let script = redis::Script::new(concat!(
-        include_str!("../src/store/redis/common.lua"),
+        include_str!("../src/store/redis/lua/common.lua"),
         "local q, r = muldiv(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))\n",
         "return {fmt(q), fmt(r)}\n"
     ));

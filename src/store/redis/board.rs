@@ -15,7 +15,7 @@ use crate::store::{ErrorKind, Kind, Sentenced, StoreError, Strike};
 use super::scripts::{Call, Lua};
 use super::Inner;
 
-static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("board.lua")));
+static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/board.lua")));
 
 /// Longest wait for a listing: off the request path, so not the store timeout.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);

@@ -22,22 +22,28 @@ use super::shard;
 /// Lua helpers and algorithms: what the decision calls.
 macro_rules! decide_helpers {
     () => {
-        concat!(include_str!("common.lua"), include_str!("algorithms.lua"))
+        concat!(
+            include_str!("lua/common.lua"),
+            include_str!("lua/algorithms.lua")
+        )
     };
 }
 
 /// Lua helpers, algorithms and the decision itself, as one script.
-const DECIDE_LUA: &str = concat!(decide_helpers!(), include_str!("decide.lua"));
+const DECIDE_LUA: &str = concat!(decide_helpers!(), include_str!("lua/decide.lua"));
 
 /// Lua helpers, algorithms and the read-only peek.
 const PEEK_LUA: &str = concat!(
-    include_str!("common.lua"),
-    include_str!("algorithms.lua"),
-    include_str!("peek.lua")
+    include_str!("lua/common.lua"),
+    include_str!("lua/algorithms.lua"),
+    include_str!("lua/peek.lua")
 );
 
 /// Lua helpers and the give-back.
-const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
+const REFUND_LUA: &str = concat!(
+    include_str!("lua/common.lua"),
+    include_str!("lua/refund.lua")
+);
 
 /// Largest value passed to the scripts (see the module doc).
 pub const MAX_ARG: u64 = 1 << 50;
@@ -98,7 +104,7 @@ impl Library {
             "#!lua name={name}\n{}local function decide(KEYS, ARGV)\n{}\nend\n\
              redis.register_function('{name}', decide)\n",
             decide_helpers!(),
-            include_str!("decide.lua"),
+            include_str!("lua/decide.lua"),
         );
         Library { name, text }
     }
@@ -161,7 +167,7 @@ impl Default for Scripts {
             decide,
             refund: Lua::new(REFUND_LUA),
             peek: Lua::new(PEEK_LUA),
-            demand: Lua::new(include_str!("demand.lua")),
+            demand: Lua::new(include_str!("lua/demand.lua")),
         }
     }
 }
