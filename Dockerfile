@@ -31,21 +31,24 @@ WORKDIR /src
 # (scripts/check-image.py checks this list against `cargo metadata`).
 COPY Cargo.toml Cargo.lock ./
 COPY crates/sluice-bench/Cargo.toml crates/sluice-bench/
+COPY crates/sluice-grpc/Cargo.toml crates/sluice-grpc/
+COPY crates/sluice-redis/Cargo.toml crates/sluice-redis/
 # build.rs compiles proto/ (protox, no protoc): copied with the manifests, so its
 # build-time crates are cached with the others.
 COPY build.rs ./
 COPY proto proto/
-RUN mkdir -p src benches crates/sluice-bench/src \
+RUN mkdir -p src benches crates/sluice-bench/src crates/sluice-grpc/src crates/sluice-redis/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch src/lib.rs crates/sluice-grpc/src/lib.rs crates/sluice-redis/src/lib.rs \
     && echo 'fn main() {}' > benches/metrics.rs \
     && echo 'fn main() {}' > benches/request.rs \
     && echo 'fn main() {}' > crates/sluice-bench/src/main.rs \
     && cargo build --profile dist --locked -p sluice --bin sluice \
-    && rm -rf src benches crates/sluice-bench/src
+    && rm -rf src benches crates/sluice-bench/src crates/sluice-grpc/src crates/sluice-redis/src
 # The sources, and any build-time data they embed (such as the CRD `sluice crd` prints).
 COPY . .
-RUN touch src/main.rs src/lib.rs \
+# Touched so that Cargo rebuilds them over the stubs whatever the copied times.
+RUN touch src/main.rs src/lib.rs crates/sluice-grpc/src/lib.rs crates/sluice-redis/src/lib.rs \
     && cargo build --profile dist --locked -p sluice --bin sluice \
     && mkdir -p /out/usr/local/bin /out/bin \
     && cp target/dist/sluice /out/usr/local/bin/sluice \

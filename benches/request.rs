@@ -59,7 +59,6 @@ use futures::FutureExt;
 use prost::Message;
 use sluice::algorithm::{self, Algorithm, Limit, SECOND};
 use sluice::clock::{Clock, ManualClock, SystemClock};
-use sluice::grpc_server::{frame, Deadline};
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
 use sluice::limiter::{Limiter, Settings};
@@ -68,6 +67,7 @@ use sluice::service::response::framed_response;
 use sluice::service::{HeaderStyle, Service};
 use sluice::store::MemoryStore;
 use sluice::telemetry::Metrics;
+use sluice_grpc::{frame, Deadline};
 
 const KEYS: usize = 100_000;
 

@@ -47,10 +47,11 @@ for _ in $(seq 1 100); do
 done
 cli() { redis-cli -p "$port" "$@"; }
 
+# A revision from before the scripts moved to lua/ has them one level up.
 lua_of() {
-  if [ "$1" = . ]; then cat "src/store/redis/$2.lua"
+  if [ "$1" = . ]; then cat "src/store/redis/lua/$2.lua"
   elif [ -d "$1" ]; then cat "$1/$2.lua"
-  else git show "$1:src/store/redis/$2.lua"; fi
+  else git show "$1:src/store/redis/lua/$2.lua" 2>/dev/null || git show "$1:src/store/redis/$2.lua"; fi
 }
 source_of() {
   local f

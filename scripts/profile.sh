@@ -53,8 +53,8 @@ if command -v inferno-collapse-perf >/dev/null; then
     for (i = m; i >= 1; i--) {
       s = f[i]
       if (s ~ /^redis::|combine::/) { c = "redis-rs client"; break }
-      if (s ~ /sluice::grpc_server/) { c = "gRPC: h2, hyper, tonic, prost"; break }
-      if (s ~ /sluice::store::redis/) { c = "sluice Redis store"; break }
+      if (s ~ /sluice_grpc::/) { c = "gRPC: h2, hyper, tonic, prost"; break }
+      if (s ~ /sluice::store::redis|sluice_redis::/) { c = "sluice Redis store"; break }
       if (s ~ /sluice::store/) { c = "sluice memory store"; break }
       if (s ~ /sluice::telemetry/) { c = "sluice metrics"; break }
       if (s ~ /sluice::/) { c = "sluice limiter, policy, service"; break }

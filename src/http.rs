@@ -29,7 +29,7 @@ pub struct Admin<S> {
     /// Largest `POST /json` body read (`--max-request-bytes`).
     pub max_request_bytes: usize,
     /// The gRPC port's connection counts, for `/metrics`.
-    pub connections: Arc<crate::grpc_server::Stats>,
+    pub connections: Arc<sluice_grpc::Stats>,
     /// False until the sources that must deliver first have (the first xDS version).
     pub loaded: Arc<AtomicBool>,
 }

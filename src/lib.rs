@@ -8,7 +8,6 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod crd;
-pub mod grpc_server;
 pub mod hash;
 pub mod http;
 pub mod limiter;

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
-use crate::grpc_server;
 use crate::hash::ValueHash;
 use crate::http::{metrics_router, router, Admin};
 use crate::limiter::key::Hashing;
@@ -304,7 +303,7 @@ where
     let handler = Grpc::new(service.clone(), serving_rx)
         .with_quotas(quotas)
         .with_tracer(tracer.clone());
-    let mut grpc = grpc_server::Server::new(handler).settings(grpc_server::Settings {
+    let mut grpc = sluice_grpc::Server::new(handler).settings(sluice_grpc::Settings {
         max_message: cfg.max_request_bytes,
         keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
         keepalive_timeout: cfg.grpc_keepalive_timeout,

@@ -93,7 +93,7 @@ async fn an_undecodable_message_gets_invalid_argument() {
 }
 
 /// Busy connections hold their answers back until the other connections have had
-/// their turn (`grpc_server::Deferred`): every call must still be answered, and
+/// their turn (`sluice_grpc`'s `Deferred`): every call must still be answered, and
 /// counted once.
 #[tokio::test]
 async fn bursts_of_calls_on_several_connections_are_all_answered() {

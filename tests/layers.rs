@@ -2,6 +2,11 @@
 //! stores, the limiter) knows nothing of the transport, the sources or the metrics
 //! above it, so each can be read, tested and changed on its own. This test reads
 //! every `crate::` path in `src/` and fails on one that points up.
+//!
+//! The rule extends to the workspace's crates: the gRPC server (`sluice-grpc`) and
+//! the Redis client (`sluice-redis`) sit below everything and depend on no crate of
+//! Sluice's; the core never uses the gRPC server, and only the Redis store uses the
+//! Redis client.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -22,8 +27,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "telemetry",
         &["algorithm", "clock", "hash", "policy", "store", "limiter"],
     ),
-    // The HTTP/2 transport knows nothing of rate limits.
-    ("grpc_server", &[]),
     // Spans and their export know nothing of rate limits either.
     ("trace", &[]),
     (
@@ -36,7 +39,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "store",
             "limiter",
             "telemetry",
-            "grpc_server",
             "trace",
         ],
     ),
@@ -118,6 +120,112 @@ fn no_module_imports_from_a_layer_above_it() {
         "imports that point up:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The workspace crates each module may use, besides external ones. Modules not
+/// listed sit at the top and may use any.
+const CRATES: &[(&str, &[&str])] = &[
+    ("algorithm", &[]),
+    ("hash", &[]),
+    ("clock", &[]),
+    ("policy", &[]),
+    // The Redis store is built on the Redis client.
+    ("store", &["sluice_redis"]),
+    ("limiter", &[]),
+    ("telemetry", &[]),
+    ("trace", &[]),
+    ("crd", &[]),
+    ("source", &[]),
+    ("service", &["sluice_grpc"]),
+];
+
+/// Whether `text` uses the crate `name` (a path or a `use`, not a name that merely
+/// starts with it, such as a metric's).
+fn uses_crate(text: &str, name: &str) -> bool {
+    text.contains(&format!("{name}::")) || text.contains(&format!("use {name}"))
+}
+
+#[test]
+fn core_modules_use_no_infrastructure_crate_above_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs");
+        let Some((_, allowed)) = CRATES.iter().find(|(m, _)| *m == module) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        for krate in ["sluice_grpc", "sluice_redis"] {
+            if !allowed.contains(&krate) && uses_crate(&text, krate) {
+                wrong.push(format!("{}: {module} uses {krate}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "uses that point up:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_infrastructure_crates_depend_on_no_crate_of_sluice() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = meta["packages"].as_array().unwrap();
+    let ours: Vec<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    for krate in ["sluice-grpc", "sluice-redis"] {
+        let package = packages
+            .iter()
+            .find(|p| p["name"] == krate)
+            .unwrap_or_else(|| panic!("{krate} is a workspace member: {ours:?}"));
+        let deps: Vec<&str> = package["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["name"].as_str())
+            .collect();
+        assert!(
+            deps.contains(&"tokio"),
+            "{krate}'s dependencies read: {deps:?}"
+        );
+        let inward: Vec<&&str> = deps.iter().filter(|d| ours.contains(d)).collect();
+        assert!(inward.is_empty(), "{krate} depends on {inward:?}");
+    }
+}
+
+#[test]
+fn a_crate_is_used_by_its_paths_not_by_a_name_that_starts_with_it() {
+    assert!(uses_crate("use sluice_grpc::{frame, Code};", "sluice_grpc"));
+    assert!(uses_crate(
+        "let s = sluice_redis::error::reply(e);",
+        "sluice_redis"
+    ));
+    assert!(!uses_crate(r#""sluice_grpc_connections""#, "sluice_grpc"));
 }
 
 #[test]

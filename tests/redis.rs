@@ -1693,7 +1693,7 @@ async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other(
 #[tokio::test]
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
-    use sluice::store::redis::wire::{Pool, Request};
+    use sluice_redis::{Pool, Request};
     if !available() {
         return;
     }
@@ -1747,7 +1747,7 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
                 };
                 scripts::write_decide(req, by, groups, Some(now));
             };
-            let reply = scripts::run(write, |req| async move { pool.query(&req).await });
+            let reply = scripts::run(write, |req| async move { Ok(pool.query(&req).await?) });
             scripts::integers(reply.await.expect("decide")).expect("integers")
         }
         let together = decide(&pool, &scripts, &a.iter().collect::<Vec<_>>(), now).await;
@@ -2288,7 +2288,7 @@ async fn lua_muldiv_is_exact_beyond_2_pow_53() {
     let server = RedisServer::start().await;
     let mut conn = server.conn().await;
     let script = redis::Script::new(concat!(
-        include_str!("../src/store/redis/common.lua"),
+        include_str!("../src/store/redis/lua/common.lua"),
         "local q, r = muldiv(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))\n",
         "return {fmt(q), fmt(r)}\n"
     ));

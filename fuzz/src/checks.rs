@@ -48,7 +48,8 @@ pub fn json_request(data: &[u8]) {
 /// incomplete until its last byte and then the same answer, taking the same bytes, as
 /// with more bytes after it; where both readers read a reply they agree.
 pub fn resp_parse(data: &[u8]) {
-    use sluice::store::redis::wire::{parse, value, Answer, Value};
+    use sluice_redis::connection::{parse, Answer};
+    use sluice_redis::{value, Value};
     arrives_whole(data, parse);
     arrives_whole(data, value::parse);
     if let (Ok(Some((answer, n))), Ok(Some((general, m)))) = (parse(data), value::parse(data)) {
@@ -66,7 +67,7 @@ pub fn resp_parse(data: &[u8]) {
 
 fn arrives_whole<T: PartialEq + std::fmt::Debug>(
     data: &[u8],
-    parse: sluice::store::redis::wire::Parser<T>,
+    parse: sluice_redis::connection::Parser<T>,
 ) {
     let Ok(Some(answer)) = parse(data) else {
         return;

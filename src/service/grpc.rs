@@ -1,4 +1,4 @@
-//! The gRPC port's calls, served by [`crate::grpc_server`]:
+//! The gRPC port's calls, served by [`sluice_grpc`]:
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, the standard
 //! Rate Limit Quota Service's `StreamRateLimitQuotas` (see [`super::rlqs`]), the
 //! health service `grpc.health.v1.Health` (`Check` and `Watch`) and server
@@ -14,9 +14,9 @@ use tokio::sync::watch;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-use crate::grpc_server::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
 use crate::store::Store;
 use crate::trace::{self, Call, Tracer};
+use sluice_grpc::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
 
 use super::decode::Request;
 use super::reflection::{self, Reflection};

@@ -17,7 +17,7 @@ use http_body_util::{BodyStream, StreamBody};
 use tonic::body::Body;
 use tonic::codegen::Service;
 
-use crate::grpc_server::{status_of, Code, GrpcError, Messages, Reply};
+use sluice_grpc::{status_of, Code, GrpcError, Messages, Reply};
 
 /// The reflection methods, one per version of the protocol.
 pub const V1: &str = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";

@@ -73,7 +73,7 @@ pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
 }
 
 /// The answer to `outcome` as one gRPC frame, byte for byte what
-/// `grpc_server::frame(&response(outcome, style))` gives, written straight from the
+/// `sluice_grpc::frame(&response(outcome, style))` gives, written straight from the
 /// outcome: building the message first costs a Vec, Strings and a second walk per
 /// answer. Fields go in tag order and zero values are left out, as prost does.
 ///
@@ -285,9 +285,9 @@ mod tests {
 
     use super::*;
     use crate::algorithm::{Verdict, SECOND};
-    use crate::grpc_server::frame;
     use crate::limiter::{Ban, Status};
     use crate::policy::Policy;
+    use sluice_grpc::frame;
 
     const POLICY: &str = r#"
 domain: d

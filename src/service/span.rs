@@ -182,13 +182,13 @@ mod tests {
     use tokio::sync::watch;
 
     use crate::clock::ManualClock;
-    use crate::grpc_server::{Handler, Reply};
     use crate::limiter::{test_limiter, Limiter};
     use crate::service::grpc::{Grpc, Method};
     use crate::service::{HeaderStyle, Service};
     use crate::store::{Hit, MemoryStore, Probe, Store, StoreCall, StoreError, Verdicts};
     use crate::telemetry::Metrics;
     use crate::trace::{Counters, Tracer, TracingArgs};
+    use sluice_grpc::{Handler, Reply};
 
     const POLICY: &str = "domain: shop\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
     const SECRET: &str = "alice-7731-secret";
@@ -419,7 +419,7 @@ mod tests {
             .await
             .err()
             .expect("refused");
-        assert_eq!(err.code, crate::grpc_server::Code::InvalidArgument);
+        assert_eq!(err.code, sluice_grpc::Code::InvalidArgument);
         let spans = exported(&f).await;
         assert_eq!(spans.len(), 1);
         assert!(matches!(spans[0].status, SpanStatus::Error { .. }));

@@ -227,13 +227,10 @@ impl RedisServer {
 
     /// Sluice's own connections to this server, for calls a test makes as the
     /// store would.
-    pub fn pool(&self) -> sluice::store::redis::wire::Pool {
-        let target = sluice::store::redis::wire::Target::parse(
-            &self.url(),
-            std::time::Duration::from_secs(5),
-        )
-        .expect("a server's URL");
-        sluice::store::redis::wire::Pool::new(target)
+    pub fn pool(&self) -> sluice_redis::Pool {
+        let target = sluice_redis::Target::parse(&self.url(), std::time::Duration::from_secs(5))
+            .expect("a server's URL");
+        sluice_redis::Pool::new(target)
     }
 
     /// Kills the server (SIGKILL: no goodbye to clients).

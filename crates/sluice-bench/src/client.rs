@@ -79,7 +79,7 @@ impl Client {
     }
 
     /// One ShouldRateLimit call. `body` is a gRPC-framed RateLimitRequest (see
-    /// [`sluice::grpc_server::frame_into`]); returns the response's `overall_code`.
+    /// [`sluice_grpc::frame_into`]); returns the response's `overall_code`.
     pub async fn call(&mut self, body: Bytes) -> Result<i32, Status> {
         match self {
             Client::H2 { send, head } => call_h2(send, head, body).await,

@@ -151,7 +151,7 @@ mod tests {
             ..Default::default()
         };
         let mut buf = Vec::new();
-        sluice::grpc_server::frame_into(&res, &mut buf);
+        sluice_grpc::frame_into(&res, &mut buf);
         assert_eq!(buf[..PREFIX], [0, 0, 0, 0, 2]);
         assert_eq!(unframe_code(&buf).unwrap(), OVER_LIMIT);
         assert!(unframe_code(&buf[..PREFIX + 1]).is_err(), "truncated");

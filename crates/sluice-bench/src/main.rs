@@ -33,7 +33,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::bytes::Bytes;
 use prost::Message;
-use sluice::grpc_server::{self, frame, Code, Deadline, GrpcError, Handler, Kind, Reply};
+use sluice_grpc::{frame, Code, Deadline, GrpcError, Handler, Kind, Reply};
 
 #[derive(Parser)]
 #[command(
@@ -138,7 +138,7 @@ fn main() -> anyhow::Result<()> {
             } else {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 eprintln!("noop RateLimitService on {}", listener.local_addr()?);
-                grpc_server::serve(listener, Noop, stop).await;
+                sluice_grpc::serve(listener, Noop, stop).await;
             }
             Ok(())
         }),

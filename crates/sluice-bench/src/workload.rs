@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use rand::Rng;
 
 use crate::zipf::Zipf;
-use sluice::grpc_server::frame_into as frame;
+use sluice_grpc::frame_into as frame;
 
 /// Most requests encoded ahead of the run (about 60 MB at this size).
 pub const TABLE_MAX: u64 = 1 << 20;

@@ -38,12 +38,12 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Micros, SECOND};
-use crate::grpc_server::{frame, Code, GrpcError, Messages, Reply};
 use crate::policy::{FailureMode, Policy};
 use crate::store::Store;
 use crate::telemetry::rlqs::AssignmentKind;
 use crate::trace::context::Parent;
 use crate::trace::{Call, Tracer};
+use sluice_grpc::{frame, Code, GrpcError, Messages, Reply};
 
 use super::bucket::{govern, Governed};
 use super::peers::{Nudge, INBOX};

@@ -7,14 +7,15 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use sluice_redis::Value;
+
 use crate::algorithm::Micros;
 use crate::store::{ErrorKind, Kind, Sentenced, StoreError, Strike};
 
 use super::scripts::{Call, Lua};
-use super::wire::Value;
 use super::Inner;
 
-static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("board.lua")));
+static BOARD: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/board.lua")));
 
 /// Longest wait for a listing: off the request path, so not the store timeout.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);

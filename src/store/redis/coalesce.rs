@@ -31,16 +31,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_redis::sentinel::Master;
+use sluice_redis::{Answer, Request, Target, Value, Wire};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Micros;
 use crate::store::{ErrorKind, StoreError};
 
-use super::classify;
 use super::health::Health;
 use super::scripts::{self, By, Group, Reply, Scripts};
-use super::sentinel::Master;
-use super::wire::{Answer, Request, Target, Value, Wire};
 
 /// Most requests decided by one call.
 pub const MAX_REQUESTS: usize = 64;
@@ -396,7 +395,7 @@ async fn send(
             Ok(values)
         }
         Answer::Error(e) => {
-            let e = classify::reply(e);
+            let e = StoreError::from(sluice_redis::error::reply(e));
             // Only a script error leaves the connection as good as it was. A shard in
             // an outage gets a fresh one next time, so a URL whose name moved to the
             // new master after a failover reaches it; Redis closes a connection it

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use sluice_redis::{Request, Value};
+
 use crate::algorithm::Micros;
 use crate::store::demand::{Demand, Share};
 use crate::store::{ErrorKind, StoreError};
 
 use super::scripts::Call;
-use super::wire::{Request, Value};
 use super::{shard, Backend, RedisStore};
 
 /// Longest wait for a demand call: reports come every few seconds and wait for their
@@ -90,14 +91,14 @@ impl Demand for RedisStore {
                             for p in parts {
                                 req.arg(p);
                             }
-                            pool.query(&req).await
+                            pool.query(&req).await.map_err(StoreError::from)
                         }
                         Err(_) => return,
                     },
                     Backend::Cluster(c) => c.command(&parts).await,
                 };
                 let r = match r {
-                    Ok(Value::Error(e)) => Err(super::classify::reply(e)),
+                    Ok(Value::Error(e)) => Err(sluice_redis::error::reply(e).into()),
                     r => r,
                 };
                 if let Err(e) = r {

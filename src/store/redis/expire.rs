@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::wire::{self, Pool};
+use sluice_redis::{Pool, Request, Value};
 
 /// Redis clamps `hz` to this range (`CONFIG_MIN_HZ`, `CONFIG_MAX_HZ`).
 const HZ: (u64, u64) = (1, 500);
@@ -71,7 +71,7 @@ pub fn expire_cycle_warning(
 }
 
 /// A `CONFIG GET name` reply (`[name, value]`) as a number.
-fn config_number(reply: wire::Value, name: &str) -> Option<u64> {
+fn config_number(reply: Value, name: &str) -> Option<u64> {
     let items = reply.into_array()?;
     let mut pairs = items.chunks_exact(2);
     pairs
@@ -84,14 +84,14 @@ fn config_number(reply: wire::Value, name: &str) -> Option<u64> {
 }
 
 async fn config_get(pool: &Pool, name: &str) -> Option<u64> {
-    let mut req = wire::Request::default();
+    let mut req = Request::default();
     req.start(3);
     req.arg(b"CONFIG");
     req.arg(b"GET");
     req.arg(name.as_bytes());
     let reply = tokio::time::timeout(CONFIG_TIMEOUT, pool.query(&req)).await;
     match reply {
-        Ok(Ok(wire::Value::Error(e))) => {
+        Ok(Ok(Value::Error(e))) => {
             tracing::debug!(error = %e, "CONFIG GET {name} refused");
             None
         }
@@ -121,13 +121,13 @@ mod tests {
 
     #[test]
     fn config_replies_read_as_numbers() {
-        let text = |t: &str| wire::Value::Bulk(t.as_bytes().to_vec());
-        let reply = wire::Value::Array(vec![text("hz"), text("100")]);
+        let text = |t: &str| Value::Bulk(t.as_bytes().to_vec());
+        let reply = Value::Array(vec![text("hz"), text("100")]);
         assert_eq!(config_number(reply, "hz"), Some(100));
-        let other = wire::Value::Array(vec![text("maxmemory"), text("0")]);
+        let other = Value::Array(vec![text("maxmemory"), text("0")]);
         assert_eq!(config_number(other, "hz"), None);
-        assert_eq!(config_number(wire::Value::Array(vec![]), "hz"), None);
-        assert_eq!(config_number(wire::Value::Nil, "hz"), None);
+        assert_eq!(config_number(Value::Array(vec![]), "hz"), None);
+        assert_eq!(config_number(Value::Nil, "hz"), None);
     }
 
     #[test]

@@ -12,10 +12,10 @@ use std::time::Duration;
 use crate::store::{Hit, StoreError};
 
 use super::scripts::Lua;
-use super::wire::Value;
 use super::{shard, Backend, RedisStore};
+use sluice_redis::Value;
 
-static HEARTBEAT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("local.lua")));
+static HEARTBEAT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/local.lua")));
 
 /// Sets the settlement mark unless it is there: `OK`, or nil when it was.
 static MARK: LazyLock<Lua> =

@@ -5,9 +5,9 @@
 //! checks every hit on that shard and consumes only if the request passes the shared
 //! [`admitted`] rule. When a request spans shards and is denied as a whole, the shards
 //! that consumed get their hits back through a refund script. Every call goes over
-//! Sluice's own connections ([`wire`]): a standalone shard's decide calls over its
-//! tasks' connections, its refunds, peeks and key counts over a small pool, so
-//! connections do not grow with callers.
+//! Sluice's own Redis client ([`sluice_redis`]): a standalone shard's decide calls
+//! over its tasks' connections, its refunds, peeks and key counts over a small pool,
+//! so connections do not grow with callers.
 //!
 //! On standalone shards concurrent requests are also coalesced ([`coalesce`]): each
 //! shard has at most two decide calls in flight, and the requests that queue up
@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
+use sluice_redis::sentinel::{self, Master};
+use sluice_redis::{Pool, Request, Target, Value};
+
 use crate::algorithm::{Micros, Verdict};
 use crate::clock::Clock;
 
@@ -45,27 +48,23 @@ use super::{
 
 mod board;
 pub mod cache;
-pub mod classify;
 pub mod cluster;
 pub mod coalesce;
 mod demand;
+mod error;
 pub mod expire;
 pub mod health;
 mod local;
 pub mod offset;
 pub mod scripts;
-pub mod sentinel;
 pub mod shard;
 mod spread;
-pub mod wire;
 
 use cache::DenialCache;
 use cluster::Cluster;
 use coalesce::Coalescer;
 use health::Health;
 use scripts::{Call, Group, HitArgs, Reply, Scripts};
-use sentinel::Master;
-use wire::{Pool, Request, Target, Value};
 
 /// How to reach Redis and how the store behaves.
 #[derive(Debug, Clone)]
@@ -139,7 +138,7 @@ impl ShardConn {
     fn get(&self) -> Result<Arc<Pool>, StoreError> {
         match self {
             ShardConn::Fixed(p) => Ok(p.clone()),
-            ShardConn::Sentinel(m) => m.pool(),
+            ShardConn::Sentinel(m) => Ok(m.pool()?),
         }
     }
 }
@@ -203,6 +202,17 @@ fn bad_url(url: &str, reason: impl std::fmt::Display) -> ConfigError {
     }
 }
 
+/// The sentinels, from their URLs (`redis://[:password@]host:port`, or
+/// `rediss://`).
+fn sentinels(urls: &[String], timeout: Duration) -> Result<Arc<[Target]>, ConfigError> {
+    if urls.is_empty() {
+        return Err(ConfigError::NoUrl);
+    }
+    urls.iter()
+        .map(|u| Target::parse(u, timeout).map_err(|e| bad_url(u, e)))
+        .collect()
+}
+
 impl RedisStore {
     /// Sets up the connections. They connect lazily, so this succeeds while Redis is
     /// down (requests then take the failure mode). Must run inside a Tokio runtime.
@@ -227,19 +237,22 @@ impl RedisStore {
         } else {
             let mut shards = Vec::with_capacity(opts.urls.len());
             if !opts.sentinels.is_empty() {
-                let sentinels = sentinel::sentinels(&opts.sentinels, opts.timeout)?;
+                let sentinels = sentinels(&opts.sentinels, opts.timeout)?;
                 let mut masters: Vec<Arc<Master>> = Vec::with_capacity(opts.urls.len());
                 for spec in &opts.urls {
-                    let (name, template) = sentinel::parse_master(spec, opts.timeout)?;
+                    let (name, template) =
+                        sentinel::parse_master(spec, opts.timeout).map_err(|e| bad_url(spec, e))?;
                     if masters.iter().any(|m| m.name == name) {
                         return Err(ConfigError::DuplicateMaster(name));
                     }
                     let health = Arc::new(Health::new(name.clone(), report.clone()));
+                    // A new master ends the shard's back-off at once.
+                    let found = health.clone();
                     let master = Master::spawn(
                         name,
                         template,
                         sentinels.clone(),
-                        health.clone(),
+                        move || found.retry_now(),
                         opts.timeout,
                     );
                     let links = (0..coalesce::CALLS_IN_FLIGHT)

@@ -12,32 +12,38 @@
 //! (35 years) whose burst * window / requests is below 2^53 µs (285 years). Larger
 //! values are clamped to 2^50 here, which for such limits means "unlimited" anyway.
 
+use sluice_redis::{Pool, Request, Value};
+
 use crate::algorithm::{Micros, Verdict};
 use crate::store::{ErrorKind, Hit, Mode, Spend, StoreError};
 
-use super::classify;
 use super::shard;
-use super::wire::{Pool, Request, Value};
 
 /// Lua helpers and algorithms: what the decision calls.
 macro_rules! decide_helpers {
     () => {
-        concat!(include_str!("common.lua"), include_str!("algorithms.lua"))
+        concat!(
+            include_str!("lua/common.lua"),
+            include_str!("lua/algorithms.lua")
+        )
     };
 }
 
 /// Lua helpers, algorithms and the decision itself, as one script.
-const DECIDE_LUA: &str = concat!(decide_helpers!(), include_str!("decide.lua"));
+const DECIDE_LUA: &str = concat!(decide_helpers!(), include_str!("lua/decide.lua"));
 
 /// Lua helpers, algorithms and the read-only peek.
 const PEEK_LUA: &str = concat!(
-    include_str!("common.lua"),
-    include_str!("algorithms.lua"),
-    include_str!("peek.lua")
+    include_str!("lua/common.lua"),
+    include_str!("lua/algorithms.lua"),
+    include_str!("lua/peek.lua")
 );
 
 /// Lua helpers and the give-back.
-const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
+const REFUND_LUA: &str = concat!(
+    include_str!("lua/common.lua"),
+    include_str!("lua/refund.lua")
+);
 
 /// Largest value passed to the scripts (see the module doc).
 pub const MAX_ARG: u64 = 1 << 50;
@@ -98,7 +104,7 @@ impl Library {
             "#!lua name={name}\n{}local function decide(KEYS, ARGV)\n{}\nend\n\
              redis.register_function('{name}', decide)\n",
             decide_helpers!(),
-            include_str!("decide.lua"),
+            include_str!("lua/decide.lua"),
         );
         Library { name, text }
     }
@@ -161,7 +167,7 @@ impl Default for Scripts {
             decide,
             refund: Lua::new(REFUND_LUA),
             peek: Lua::new(PEEK_LUA),
-            demand: Lua::new(include_str!("demand.lua")),
+            demand: Lua::new(include_str!("lua/demand.lua")),
         }
     }
 }
@@ -229,7 +235,7 @@ where
         value = send(req).await?;
     }
     match value {
-        Value::Error(e) => Err(classify::reply(e)),
+        Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
         v => Ok(v),
     }
 }
@@ -237,7 +243,7 @@ where
 /// Runs `call` on `pool`'s server ([`run`]).
 pub async fn invoke(pool: &Pool, call: &Call<'_>) -> Result<Value, StoreError> {
     let write = |req: &mut Request, text| call.write(req, text);
-    run(write, |req| async move { pool.query(&req).await }).await
+    run(write, |req| async move { Ok(pool.query(&req).await?) }).await
 }
 
 /// A script's reply as a flat array of integers.

@@ -22,40 +22,8 @@ pub fn jump_hash(mut key: u64, buckets: usize) -> usize {
     b as usize
 }
 
-/// Number of hash slots in a Redis Cluster.
-pub const SLOTS: u16 = 16384;
-
-/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text between
-/// the first `{` and the next `}`, when not empty) or of the whole key.
-pub fn slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&c| c == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&c| c == b'}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16(tagged) % SLOTS
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
+/// The cluster hash slot of a key (its `{hash tag}`), as the cluster client routes it.
+pub use sluice_redis::cluster::slot;
 
 /// The short code the scripts know an algorithm by. It also ends the Redis key, so a
 /// policy that changes a rule's algorithm starts a fresh counter instead of reading
@@ -180,33 +148,5 @@ mod tests {
             let got = BUCKETS.map(|n| jump_hash(key, n));
             assert_eq!(got, want, "key {key:#x}");
         }
-    }
-
-    #[test]
-    fn slots_follow_redis() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT` of
-        // redis-server 7.0.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"123456789"), 12739);
-        assert_eq!(slot(b""), 0);
-        assert_eq!(slot(b"{user1000}.following"), 3443);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
-        // The first `{...}` with something inside is the tag...
-        assert_eq!(slot(b"foo{bar}{zap}"), 5061);
-        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
-        assert_eq!(slot(b"foo{{bar}}zap"), 4015);
-        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
-        // ...and an empty or unclosed one is no tag: the whole key is hashed.
-        assert_eq!(slot(b"foo{}{bar}"), 8363);
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
-        assert_eq!(slot(b"{}"), 15257);
-        assert_eq!(slot(b"foo{"), 7673);
-        // A counter's key: its placement in hex is the tag.
-        assert_eq!(slot(b"sluice:{00000000000000ab}:d|client=a:sc"), 2250);
-        assert_eq!(
-            slot(b"sluice:{00000000000000ab}:d|client=a:sc"),
-            slot(b"00000000000000ab")
-        );
     }
 }

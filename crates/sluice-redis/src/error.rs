@@ -1,13 +1,113 @@
-//! One reading of Redis's error replies and of I/O errors, for every path (decide
-//! calls, pooled calls, cluster nodes, Sentinel): the kind decides whether the shard
-//! backs off, so the same reply must get the same kind wherever it was read.
+//! What went wrong with a call to Redis, in one reading of Redis's error replies and
+//! of I/O errors for every path (plain calls, pooled calls, cluster nodes, Sentinel):
+//! a caller backs off by the kind, so the same reply must get the same kind wherever
+//! it was read.
 //!
 //! An error reply starts with a code word (`-READONLY You can't write ...`). Inside a
 //! script, Redis 7 passes a failed command's code on (`-OOM command not allowed ...
-//! script: ...`), so the code of a decide call's reply says what the server is
+//! script: ...`), so the code of a script call's reply says what the server is
 //! going through, not only that the script failed.
 
-use crate::store::{ErrorKind, StoreError};
+/// What went wrong with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Could not connect, or the connection broke.
+    Connection,
+    /// No answer within the call's timeout.
+    Timeout,
+    /// The server is loading its dataset (`LOADING`).
+    Loading,
+    /// The server is running a script past its busy threshold (`BUSY`).
+    Busy,
+    /// A replica lost its master and serves no stale data (`MASTERDOWN`).
+    MasterDown,
+    /// The cluster cannot serve the slot (`CLUSTERDOWN`).
+    ClusterDown,
+    /// The slot is moving between cluster nodes (`TRYAGAIN`).
+    TryAgain,
+    /// The server is a replica: writes refused (`READONLY`).
+    ReadOnly,
+    /// The server is at `maxmemory` and evicts nothing (`OOM`).
+    Oom,
+    /// The server wants a password it was not given, or refused it (`NOAUTH`,
+    /// `WRONGPASS`, `NOPERM`).
+    NoAuth,
+    /// The TLS handshake failed over a certificate, or a certificate or key file
+    /// cannot be used.
+    Tls,
+    /// The call failed on a working server: a script error, a key of the wrong type,
+    /// a command the server does not know.
+    Script,
+    /// A reply that cannot be read.
+    Protocol,
+}
+
+impl ErrorKind {
+    /// The kind's name: `connection`, `timeout`, `readonly`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Connection => "connection",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Loading => "loading",
+            ErrorKind::Busy => "busy",
+            ErrorKind::MasterDown => "masterdown",
+            ErrorKind::ClusterDown => "clusterdown",
+            ErrorKind::TryAgain => "tryagain",
+            ErrorKind::ReadOnly => "readonly",
+            ErrorKind::Oom => "oom",
+            ErrorKind::NoAuth => "noauth",
+            ErrorKind::Tls => "tls",
+            ErrorKind::Script => "script",
+            ErrorKind::Protocol => "protocol",
+        }
+    }
+
+    /// Whether the server cannot serve for now (calls are better stopped for a
+    /// while), as opposed to a server that works and refuses this call.
+    pub fn is_outage(self) -> bool {
+        !matches!(self, ErrorKind::Script | ErrorKind::Protocol)
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a call to Redis failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// No answer in time (a variant of its own, so a timeout allocates nothing).
+    #[error("redis timed out")]
+    Timeout,
+    #[error("redis {kind} error: {message}")]
+    Failed { kind: ErrorKind, message: String },
+}
+
+impl Error {
+    pub fn failed(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error::Failed {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Timeout => ErrorKind::Timeout,
+            Error::Failed { kind, .. } => *kind,
+        }
+    }
+
+    /// The error without its kind.
+    pub fn message(&self) -> &str {
+        match self {
+            Error::Timeout => "timed out",
+            Error::Failed { message, .. } => message,
+        }
+    }
+}
 
 /// The kind of an error reply, given without its leading `-`.
 pub fn reply_kind(text: &str) -> ErrorKind {
@@ -40,21 +140,21 @@ fn code_kind(code: &str, detail: &str) -> ErrorKind {
 }
 
 /// An error reply to a call (text without the leading `-`).
-pub fn reply(text: String) -> StoreError {
-    StoreError::failed(reply_kind(&text), text)
+pub fn reply(text: String) -> Error {
+    Error::failed(reply_kind(&text), text)
 }
 
 /// An I/O error while connecting, writing or reading (`what`).
-pub fn io(what: &str, e: &std::io::Error) -> StoreError {
+pub fn io(what: &str, e: &std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::TimedOut {
-        return StoreError::Timeout;
+        return Error::Timeout;
     }
     // A TLS alert or certificate refusal surfaces on a read or write too (TLS 1.3
     // servers check the client's certificate after the handshake).
     if e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
-        return StoreError::failed(ErrorKind::Tls, format!("{what}: TLS: {e}"));
+        return Error::failed(ErrorKind::Tls, format!("{what}: TLS: {e}"));
     }
-    StoreError::failed(ErrorKind::Connection, format!("{what}: {e}"))
+    Error::failed(ErrorKind::Connection, format!("{what}: {e}"))
 }
 
 #[cfg(test)]
@@ -130,7 +230,7 @@ mod tests {
         for &(text, kind) in REPLIES {
             assert_eq!(reply_kind(text), kind, "{text:?}");
             let e = reply(text.to_string());
-            assert_eq!(e.kind(), Some(kind), "{text:?}");
+            assert_eq!(e.kind(), kind, "{text:?}");
             assert_eq!(e.message(), text);
         }
     }
@@ -145,16 +245,18 @@ mod tests {
             Io::UnexpectedEof,
         ] {
             let e = io("connect", &Error::from(k));
-            assert_eq!(e.kind(), Some(ErrorKind::Connection), "{k:?}");
+            assert_eq!(e.kind(), ErrorKind::Connection, "{k:?}");
             assert!(e.message().starts_with("connect: "), "{e}");
         }
-        assert_eq!(io("read", &Error::from(Io::TimedOut)), StoreError::Timeout);
+        assert_eq!(
+            io("read", &Error::from(Io::TimedOut)),
+            super::Error::Timeout
+        );
         let alert = Error::new(
             Io::InvalidData,
             rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
         );
         let e = io("read", &alert);
-        assert_eq!(e.kind(), Some(ErrorKind::Tls), "{e}");
-        assert!(e.kind().is_some_and(ErrorKind::is_configuration));
+        assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
     }
 }

@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use sluice::grpc_server::{
-    Code, Deadline, GrpcError, Handler, Kind, Messages, Reply, Server, Settings,
-};
+use sluice_grpc::{Code, Deadline, GrpcError, Handler, Kind, Messages, Reply, Server, Settings};
 
 /// `Sum` answers once with the total length of the messages it was sent;
 /// `Echo` answers each message with itself, as it arrives.

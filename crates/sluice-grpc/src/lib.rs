@@ -13,6 +13,8 @@
 //! `grpc-timeout` reaches the handler as a [`Deadline`]; a client that gives up
 //! resets its stream, and the call is dropped then.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -284,3 +286,8 @@ impl<H: Handler> Server<H> {
 pub async fn serve<H: Handler>(listener: TcpListener, handler: H, stop: impl Future<Output = ()>) {
     Server::new(handler).serve(listener, stop).await
 }
+
+/// The README's example, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

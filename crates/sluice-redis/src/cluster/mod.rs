@@ -1,17 +1,18 @@
-//! A Redis Cluster: calls routed to the node that serves their keys' slot.
+//! A Redis Cluster client: calls routed to the node that serves their keys' slot.
 //!
 //! The slot map comes from `CLUSTER SLOTS`, read on first use from a seed or a known
-//! node (so sluice starts while the cluster is down) and again when it is stale: after
-//! a redirect, a connection error or timeout, or an outage reply. Reads are bounded:
-//! one at a time and one per [`REFRESH_EVERY`] at most, and a call that finds its slot
-//! mapped does not wait for one. A call goes to its first key's slot (the callers keep
-//! every call within one slot); a node that does not serve it redirects it, `MOVED`
-//! (the slot moved: the map is corrected at once) or `ASK` (the slot is migrating: this
-//! call goes there after `ASKING`), at most [`MAX_REDIRECTS`] times.
+//! node (so a caller starts while the cluster is down) and again when it is stale:
+//! after a redirect, a connection error or timeout, or an outage reply. Reads are
+//! bounded: one at a time and one per [`REFRESH_EVERY`] at most, and a call that finds
+//! its slot mapped does not wait for one. A call goes to the slot its caller names
+//! ([`slot`] of its first key: the caller keeps every call within one slot); a node
+//! that does not serve it redirects it, `MOVED` (the slot moved: the map is corrected
+//! at once) or `ASK` (the slot is migrating: this call goes there after `ASKING`), at
+//! most [`MAX_REDIRECTS`] times.
 //!
 //! Each node has its calls pipelined ([`pipe`]) and a small [`Pool`] for the calls
-//! off the decide path (the map itself, key counts, `CONFIG GET`). Every node speaks
-//! with the first seed URL's TLS, credentials and database.
+//! off the hot path (the map itself, key counts, `CONFIG GET`). Every node speaks
+//! with the first seed's TLS, credentials and database.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,14 +21,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::algorithm::Micros;
-use crate::store::{ErrorKind, Report, StoreError};
-
-use super::health::Health;
-use super::scripts::{self, By, Call, Group, Scripts};
-use super::shard::{self, SLOTS};
-use super::wire::{Pool, Request, Target, Value};
-use super::{bad_url, classify, expire, shard_name, ConfigError};
+use crate::target::Addr;
+use crate::{error, Error, ErrorKind, Pool, Request, Target, Value};
 
 pub mod pipe;
 pub mod slots;
@@ -42,20 +37,56 @@ pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// A slot no known node serves.
 const UNMAPPED: u16 = u16::MAX;
 
+/// Number of hash slots in a Redis Cluster.
+pub const SLOTS: u16 = 16384;
+
+/// The cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (the text between
+/// the first `{` and the next `}`, when not empty) or of the whole key.
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&c| c == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&c| c == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(tagged) % SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 /// One node of the cluster.
 pub struct Node {
     /// `host:port`.
     pub name: String,
     host: String,
-    pool: Pool,
+    /// Connections for calls off the hot path ([`Router::run`] pipelines).
+    pub pool: Pool,
     pipe: Pipe,
 }
 
 impl Node {
     fn new(target: Target, timeout: Duration) -> Arc<Node> {
         let host = match &target.addr {
-            super::wire::target::Addr::Tcp { host, .. } => host.clone(),
-            super::wire::target::Addr::Unix(_) => String::new(),
+            Addr::Tcp { host, .. } => host.clone(),
+            Addr::Unix(_) => String::new(),
         };
         Arc::new(Node {
             name: target.name(),
@@ -89,15 +120,8 @@ impl Map {
     }
 }
 
-pub struct Cluster {
-    router: Arc<Router>,
-    pub health: Health,
-    /// The seed nodes' `host:port`, for `/debug/store`.
-    pub seeds: Vec<String>,
-}
-
 /// The slot map and the nodes, shared with the map's reads in the background.
-struct Router {
+pub struct Router {
     /// What every node's connections use but the address (the first seed's URL).
     template: Target,
     seed_nodes: Vec<Arc<Node>>,
@@ -121,120 +145,30 @@ impl Drop for Watch<'_> {
     }
 }
 
-impl Cluster {
-    /// No connection is made until the first call. Must run inside a Tokio runtime.
-    pub fn new(
-        urls: &[String],
-        timeout: Duration,
-        report: Option<Arc<dyn Report>>,
-    ) -> Result<Cluster, ConfigError> {
-        let targets = urls
-            .iter()
-            .map(|u| Target::parse(u, timeout).map_err(|e| bad_url(u, e)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let Some(template) = targets.first().cloned() else {
-            return Err(ConfigError::NoUrl);
-        };
-        let seed_nodes: Vec<Arc<Node>> =
-            targets.into_iter().map(|t| Node::new(t, timeout)).collect();
+impl Router {
+    /// A client of the cluster that `seeds` are nodes of; `None` without a seed. No
+    /// connection is made until the first call. Must run inside a Tokio runtime.
+    pub fn new(seeds: Vec<Target>, timeout: Duration) -> Option<Arc<Router>> {
+        let template = seeds.first()?.clone();
+        let seed_nodes: Vec<Arc<Node>> = seeds.into_iter().map(|t| Node::new(t, timeout)).collect();
         let map = Map {
             slots: vec![UNMAPPED; usize::from(SLOTS)],
             nodes: seed_nodes.clone(),
             masters: 0,
         };
-        let router = Router {
+        Some(Arc::new(Router {
             template,
             seed_nodes,
             map: ArcSwap::from_pointee(map),
             refresh: Arc::new(tokio::sync::Mutex::new(None)),
             stale: AtomicBool::new(false),
             timeout,
-        };
-        Ok(Cluster {
-            router: Arc::new(router),
-            health: Health::new("cluster".to_string(), report),
-            seeds: urls.iter().map(|u| shard_name(u)).collect(),
-        })
+        }))
     }
 
-    /// A script call on the node of its keys' slot (all keys share one).
-    pub async fn script(&self, call: &Call<'_>) -> Result<Value, StoreError> {
-        let slot = call.keys().first().map_or(0, |k| shard::slot(k.as_bytes()));
-        self.eval(slot, |req, text| call.write(req, text)).await
-    }
-
-    /// The decide call of `group` on the node of its keys' slot, written straight
-    /// into one request ([`scripts::write_decide`]).
-    pub async fn decide(
-        &self,
-        scripts: &Scripts,
-        group: &Group,
-        fixed_now: Option<Micros>,
-    ) -> Result<Value, StoreError> {
-        let slot = group.keys.first().map_or(0, |k| shard::slot(k.as_bytes()));
-        let by = |text| match text {
-            true => By::Text,
-            false => By::Hash(scripts.decide.hash()),
-        };
-        self.eval(slot, |req, text| {
-            scripts::write_decide(req, by(text), &[group], fixed_now)
-        })
-        .await
-    }
-
-    /// A script call that `write` writes ([`scripts::run`]) on the node of `slot`.
-    async fn eval(
-        &self,
-        slot: u16,
-        write: impl Fn(&mut Request, bool),
-    ) -> Result<Value, StoreError> {
-        let router = &self.router;
-        scripts::run(write, |req| router.run(slot, Arc::new(req))).await
-    }
-
-    /// A command (`parts`, its name first) on the node of its first key's slot
-    /// (`parts[1]`). An error reply is its [`StoreError`].
-    pub async fn command(&self, parts: &[&[u8]]) -> Result<Value, StoreError> {
-        let slot = parts.get(1).map_or(0, |k| shard::slot(k));
-        let mut req = Request::default();
-        req.start(parts.len());
-        for p in parts {
-            req.arg(p);
-        }
-        match self.router.run(slot, Arc::new(req)).await? {
-            Value::Error(e) => Err(classify::reply(e)),
-            v => Ok(v),
-        }
-    }
-
-    /// DBSIZE summed over the masters; `None` while any of them does not answer.
-    pub async fn dbsize(&self) -> Option<usize> {
-        let masters = self.router.masters().await;
-        if masters.is_empty() {
-            return None;
-        }
-        let sizes = futures::future::join_all(masters.iter().map(|n| super::dbsize(&n.pool)));
-        sizes.await.into_iter().sum()
-    }
-
-    /// The expire-cycle warnings of every master ([`expire::check`]).
-    pub async fn expire_warnings(&self, store_timeout: Duration) -> Vec<String> {
-        let masters = self.router.masters().await;
-        let checks = masters
-            .iter()
-            .map(|n| expire::check(&n.pool, &n.name, store_timeout));
-        futures::future::join_all(checks)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
-    }
-}
-
-impl Router {
     /// Sends `req` to the node of `slot`, following its redirects. Error replies
     /// other than redirects come back as values.
-    async fn run(self: &Arc<Self>, slot: u16, req: Arc<Request>) -> Result<Value, StoreError> {
+    pub async fn run(self: &Arc<Self>, slot: u16, req: Arc<Request>) -> Result<Value, Error> {
         let mut node = self.route(slot).await;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTS {
@@ -261,14 +195,14 @@ impl Router {
                 None => {
                     // CLUSTERDOWN, TRYAGAIN, LOADING, MASTERDOWN, ...: the map may
                     // have changed under it.
-                    if classify::reply_kind(&text).is_outage() {
+                    if error::reply_kind(&text).is_outage() {
                         self.stale.store(true, Ordering::Relaxed);
                     }
                     return Ok(Value::Error(text));
                 }
             }
         }
-        Err(StoreError::failed(
+        Err(Error::failed(
             ErrorKind::TryAgain,
             format!("slot {slot} redirected more than {MAX_REDIRECTS} times"),
         ))
@@ -324,7 +258,7 @@ impl Router {
     }
 
     /// Asks the known masters, then the seeds, for the slot map, until one answers.
-    async fn load(&self) -> Result<(), StoreError> {
+    async fn load(&self) -> Result<(), Error> {
         let old = self.map.load_full();
         let mut asked: Vec<&Arc<Node>> = old.nodes.iter().collect();
         for seed in &self.seed_nodes {
@@ -336,11 +270,11 @@ impl Router {
         req.start(2);
         req.arg(b"CLUSTER");
         req.arg(b"SLOTS");
-        let mut last = StoreError::failed(ErrorKind::Connection, "no cluster node known");
+        let mut last = Error::failed(ErrorKind::Connection, "no cluster node known");
         for node in asked {
             let reply = match tokio::time::timeout(self.timeout, node.pool.query(&req)).await {
                 Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout),
+                Err(_) => Err(Error::Timeout),
             };
             match reply.and_then(|v| slots::parse_slots(v, &node.host)) {
                 Ok(ranges) => {
@@ -426,11 +360,44 @@ impl Router {
     }
 
     /// The masters serving slots, the map read first if it never was.
-    async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
+    pub async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
         if self.map.load().masters == 0 {
             self.refresh(true).await;
         }
         let map = self.map.load();
         map.nodes[..map.masters].to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT` of
+        // redis-server 7.0.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b""), 0);
+        assert_eq!(slot(b"{user1000}.following"), 3443);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        // The first `{...}` with something inside is the tag...
+        assert_eq!(slot(b"foo{bar}{zap}"), 5061);
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), 4015);
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        // ...and an empty or unclosed one is no tag: the whole key is hashed.
+        assert_eq!(slot(b"foo{}{bar}"), 8363);
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"{}"), 15257);
+        assert_eq!(slot(b"foo{"), 7673);
+        // A counter's key: its placement in hex is the tag.
+        assert_eq!(slot(b"sluice:{00000000000000ab}:d|client=a:sc"), 2250);
+        assert_eq!(
+            slot(b"sluice:{00000000000000ab}:d|client=a:sc"),
+            slot(b"00000000000000ab")
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! `rustls-native-certs`, which honours `SSL_CERT_FILE` and `SSL_CERT_DIR` (a private
 //! CA goes there), or the target's own `tls_ca` file, read at each connection. A
 //! trusted certificate that the server presents as its own is accepted as pinned
-//! (`super::pin`). `#insecure` targets skip verifying the certificate but still
+//! (`pin.rs`). `#insecure` targets skip verifying the certificate but still
 //! check the handshake's signatures; `tls_skip_hostname` ones skip only the name. A target's `tls_cert` and `tls_key` are
 //! presented as the client's certificate.
 
@@ -23,11 +23,9 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::store::{ErrorKind, StoreError};
-
-use super::super::classify;
-use super::pin::PinnedOrChained;
-use super::target::{Addr, Target, Tls};
+use crate::error::{self, Error, ErrorKind};
+use crate::pin::PinnedOrChained;
+use crate::target::{Addr, Target, Tls};
 
 pub enum Stream {
     Tcp(TcpStream),
@@ -36,19 +34,19 @@ pub enum Stream {
 }
 
 /// Opens the stream to `target` (the caller bounds the wait).
-pub async fn open(target: &Target) -> Result<Stream, StoreError> {
+pub async fn open(target: &Target) -> Result<Stream, Error> {
     let (host, port) = match &target.addr {
         Addr::Unix(path) => {
             let s = UnixStream::connect(path)
                 .await
-                .map_err(|e| classify::io("connect", &e))?;
+                .map_err(|e| error::io("connect", &e))?;
             return Ok(Stream::Unix(s));
         }
         Addr::Tcp { host, port } => (host, *port),
     };
     let tcp = TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|e| classify::io("connect", &e))?;
+        .map_err(|e| error::io("connect", &e))?;
     // One small request at a time: Nagle's algorithm would hold it for an ACK.
     let _ = tcp.set_nodelay(true);
     let Some(tls) = &target.tls else {
@@ -59,7 +57,7 @@ pub async fn open(target: &Target) -> Result<Stream, StoreError> {
         _ => files_config(tls)?,
     };
     let name = ServerName::try_from(host.clone()).map_err(|e| {
-        StoreError::failed(
+        Error::failed(
             ErrorKind::Connection,
             format!("TLS server name {host}: {e}"),
         )
@@ -75,7 +73,7 @@ pub async fn open(target: &Target) -> Result<Stream, StoreError> {
             } else {
                 ErrorKind::Connection
             };
-            StoreError::failed(kind, format!("TLS with {host}: {e}"))
+            Error::failed(kind, format!("TLS with {host}: {e}"))
         })?;
     Ok(Stream::Tls(Box::new(s)))
 }
@@ -85,7 +83,7 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The client configuration, built once (the authorities are read once).
-fn config(insecure: bool) -> Result<Arc<ClientConfig>, StoreError> {
+fn config(insecure: bool) -> Result<Arc<ClientConfig>, Error> {
     static VERIFIED: OnceLock<Result<Arc<ClientConfig>, String>> = OnceLock::new();
     static INSECURE: OnceLock<Result<Arc<ClientConfig>, String>> = OnceLock::new();
     let built = if insecure {
@@ -124,14 +122,14 @@ fn config(insecure: bool) -> Result<Arc<ClientConfig>, StoreError> {
     };
     built
         .clone()
-        .map_err(|e| StoreError::failed(ErrorKind::Tls, format!("TLS: {e}")))
+        .map_err(|e| Error::failed(ErrorKind::Tls, format!("TLS: {e}")))
 }
 
 /// A client configuration from a target's files (`tls_ca`, `tls_cert`, `tls_key`),
 /// read at each connection: a renewed certificate is used from the next one. A file
 /// that cannot be used is a `tls` error naming it.
-fn files_config(tls: &Tls) -> Result<Arc<ClientConfig>, StoreError> {
-    let fail = |m: String| StoreError::failed(ErrorKind::Tls, format!("TLS: {m}"));
+fn files_config(tls: &Tls) -> Result<Arc<ClientConfig>, Error> {
+    let fail = |m: String| Error::failed(ErrorKind::Tls, format!("TLS: {m}"));
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| fail(e.to_string()))?;

@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use crate::store::{ErrorKind, StoreError};
-
-use super::super::wire::{Request, Target, Value, Wire};
+use crate::{Error, ErrorKind, Request, Target, Value, Wire};
 
 /// Connections (and batches in flight) per node.
 pub const CONNECTIONS: usize = 2;
@@ -34,7 +32,7 @@ struct Job {
     /// Sent after `ASKING` (an `ASK` redirect), whose `+OK` is read and dropped.
     asking: bool,
     /// Taken when the call is answered.
-    reply: Option<oneshot::Sender<Result<Value, StoreError>>>,
+    reply: Option<oneshot::Sender<Result<Value, Error>>>,
 }
 
 /// The queue of one node. Dropping it ends the node's tasks once the queue drains.
@@ -42,8 +40,8 @@ pub struct Pipe {
     tx: mpsc::Sender<Job>,
 }
 
-fn closed() -> StoreError {
-    StoreError::failed(ErrorKind::Connection, "cluster node queue closed")
+fn closed() -> Error {
+    Error::failed(ErrorKind::Connection, "cluster node queue closed")
 }
 
 impl Pipe {
@@ -59,7 +57,7 @@ impl Pipe {
     }
 
     /// Sends `req` (after `ASKING` when `asking`) and reads its reply.
-    pub async fn call(&self, req: Arc<Request>, asking: bool) -> Result<Value, StoreError> {
+    pub async fn call(&self, req: Arc<Request>, asking: bool) -> Result<Value, Error> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             req,
@@ -104,7 +102,7 @@ async fn run(target: Target, timeout: Duration, rx: Arc<Mutex<mpsc::Receiver<Job
         let failed = match tokio::time::timeout(timeout, sent).await {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
-            Err(_) => Some(StoreError::Timeout),
+            Err(_) => Some(Error::Timeout),
         };
         if let Some(e) = failed {
             conn = None;
@@ -124,7 +122,7 @@ async fn exchange(
     out: &[u8],
     batch: &mut [Job],
     answered: &mut usize,
-) -> Result<(), StoreError> {
+) -> Result<(), Error> {
     if conn.is_none() {
         *conn = Some(Wire::connect(target).await?);
     }

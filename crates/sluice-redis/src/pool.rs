@@ -11,9 +11,7 @@ use std::sync::Mutex;
 
 use tokio::sync::Semaphore;
 
-use crate::store::StoreError;
-
-use super::{Request, Target, Value, Wire};
+use crate::{Error, Request, Target, Value, Wire};
 
 /// Most connections (and calls under way) per server.
 pub const MAX_OPEN: usize = 8;
@@ -35,7 +33,7 @@ impl Pool {
     }
 
     /// Sends `req` and reads its reply.
-    pub async fn query(&self, req: &Request) -> Result<Value, StoreError> {
+    pub async fn query(&self, req: &Request) -> Result<Value, Error> {
         let _turn = self
             .open
             .acquire()

@@ -1,32 +1,20 @@
-//! Sluice's one Redis transport: a connection per caller at a time, no multiplexing.
+//! One connection to a Redis server, serving one call at a time, and RESP2 requests
+//! and the replies of the calls on the decide path.
 //!
-//! Each of a standalone shard's decide tasks has at most one call in flight
-//! ([`super::coalesce`]), so its connection needs no multiplexing: the task writes the
-//! call into one reused buffer, sends it, and parses the reply (a flat array of
-//! integers) straight into numbers, without a task hop or an allocation per argument
-//! and per reply value (docs/performance-notes.md, "Redis path"). Other calls
-//! (refunds, peeks, the block list, key counts, Sentinel and cluster queries) take a
-//! connection from a small [`pool`] and read any reply ([`value`]).
-//!
-//! TCP, TLS and Unix sockets ([`stream`]), with AUTH and SELECT from the URL
-//! ([`target`]). Any I/O or protocol error drops the connection, so a reply can
-//! never be matched to the wrong call; the next call connects again.
+//! A caller with at most one call in flight needs no multiplexing: it writes the
+//! call into one reused [`Request`], sends it, and parses the reply (a flat array of
+//! integers) straight into numbers ([`Wire::call`]), without a task hop or an
+//! allocation per argument and per reply value. Any other reply is read as a
+//! [`Value`] ([`Wire::query`]). Any I/O or protocol error leaves the connection
+//! unusable, so a reply can never be matched to the wrong call; the caller drops it
+//! and connects again.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::store::{ErrorKind, StoreError};
-
-use super::classify;
-
-mod pin;
-pub mod pool;
-pub mod stream;
-pub mod target;
-pub mod value;
-
-pub use pool::Pool;
-pub use target::Target;
-pub use value::Value;
+use crate::error::{self, Error, ErrorKind};
+use crate::stream;
+use crate::target::Target;
+use crate::value::{self, Value};
 
 /// A RESP2 request being built: `*N` then each argument as a bulk string.
 #[derive(Debug, Default)]
@@ -34,8 +22,11 @@ pub struct Request {
     buf: Vec<u8>,
 }
 
+// `#[inline]`: the decide path writes each argument through these, from another
+// crate, and a release build without LTO inlines across crates only what says so.
 impl Request {
     /// Starts a command of `args` arguments (the command name included).
+    #[inline]
     pub fn start(&mut self, args: usize) {
         self.buf.clear();
         self.buf.push(b'*');
@@ -43,6 +34,7 @@ impl Request {
         self.buf.extend_from_slice(b"\r\n");
     }
 
+    #[inline]
     pub fn arg(&mut self, value: &[u8]) {
         self.buf.push(b'$');
         push_decimal(&mut self.buf, value.len() as u64);
@@ -51,20 +43,24 @@ impl Request {
         self.buf.extend_from_slice(b"\r\n");
     }
 
+    #[inline]
     pub fn arg_u64(&mut self, value: u64) {
         self.arg(itoa::Buffer::new().format(value).as_bytes());
     }
 
     /// A signed integer argument, in decimal.
+    #[inline]
     pub fn arg_i64(&mut self, value: i64) {
         self.arg(itoa::Buffer::new().format(value).as_bytes());
     }
 
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
 }
 
+#[inline]
 fn push_decimal(buf: &mut Vec<u8>, v: u64) {
     buf.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
@@ -82,7 +78,7 @@ pub enum Answer {
 
 /// Reads one reply of some shape from the start of a buffer: the reply and the bytes
 /// it took, or `None` while incomplete.
-pub type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, StoreError>;
+pub type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, Error>;
 
 /// One connection to a server.
 pub struct Wire {
@@ -95,14 +91,14 @@ pub struct Wire {
 
 impl Wire {
     /// Connects, authenticates and selects the database, within the target's timeout.
-    pub async fn connect(target: &Target) -> Result<Wire, StoreError> {
+    pub async fn connect(target: &Target) -> Result<Wire, Error> {
         match tokio::time::timeout(target.timeout, Self::open(target)).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout),
+            Err(_) => Err(Error::Timeout),
         }
     }
 
-    async fn open(target: &Target) -> Result<Wire, StoreError> {
+    async fn open(target: &Target) -> Result<Wire, Error> {
         let mut wire = Wire {
             stream: stream::open(target).await?,
             read: Vec::with_capacity(4096),
@@ -133,14 +129,11 @@ impl Wire {
         Ok(wire)
     }
 
-    async fn expect_ok(&mut self, req: &Request, what: &str) -> Result<(), StoreError> {
+    async fn expect_ok(&mut self, req: &Request, what: &str) -> Result<(), Error> {
         match self.call(req).await? {
             Answer::Status => Ok(()),
-            Answer::Error(e) => Err(StoreError::failed(
-                classify::reply_kind(&e),
-                format!("{what}: {e}"),
-            )),
-            Answer::Integers(_) => Err(StoreError::failed(
+            Answer::Error(e) => Err(Error::failed(error::reply_kind(&e), format!("{what}: {e}"))),
+            Answer::Integers(_) => Err(Error::failed(
                 ErrorKind::Protocol,
                 format!("{what}: unexpected reply"),
             )),
@@ -148,34 +141,34 @@ impl Wire {
     }
 
     /// Writes `bytes` (one or more commands) and flushes them.
-    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), StoreError> {
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), Error> {
         let written = async {
             self.stream.write_all(bytes).await?;
             self.stream.flush().await
         };
-        written.await.map_err(|e| classify::io("write", &e))
+        written.await.map_err(|e| error::io("write", &e))
     }
 
     /// Sends one command and reads its answer, a decide script's reply, a status or
     /// an error. An `Err` leaves the connection unusable.
-    pub async fn call(&mut self, req: &Request) -> Result<Answer, StoreError> {
+    pub async fn call(&mut self, req: &Request) -> Result<Answer, Error> {
         self.send(req.bytes()).await?;
         self.reply(parse).await
     }
 
     /// Sends one command and reads its reply, whatever its shape.
-    pub async fn query(&mut self, req: &Request) -> Result<Value, StoreError> {
+    pub async fn query(&mut self, req: &Request) -> Result<Value, Error> {
         self.send(req.bytes()).await?;
         self.next().await
     }
 
     /// Reads the next reply: the answer to a command sent with [`Wire::send`], or a
     /// message pushed to a subscriber.
-    pub async fn next(&mut self) -> Result<Value, StoreError> {
+    pub async fn next(&mut self) -> Result<Value, Error> {
         self.reply(value::parse).await
     }
 
-    async fn reply<T>(&mut self, parse: Parser<T>) -> Result<T, StoreError> {
+    async fn reply<T>(&mut self, parse: Parser<T>) -> Result<T, Error> {
         loop {
             if let Some((answer, used)) = parse(&self.read[self.at..])? {
                 self.at += used;
@@ -186,7 +179,7 @@ impl Wire {
                 return Ok(answer);
             }
             if self.read.len() - self.at > MAX_REPLY {
-                return Err(StoreError::failed(ErrorKind::Protocol, "reply too large"));
+                return Err(Error::failed(ErrorKind::Protocol, "reply too large"));
             }
             if self.at > 0 {
                 self.read.drain(..self.at);
@@ -196,9 +189,9 @@ impl Wire {
                 .stream
                 .read_buf(&mut self.read)
                 .await
-                .map_err(|e| classify::io("read", &e))?;
+                .map_err(|e| error::io("read", &e))?;
             if n == 0 {
-                return Err(StoreError::failed(
+                return Err(Error::failed(
                     ErrorKind::Connection,
                     "connection closed by Redis",
                 ));
@@ -208,10 +201,10 @@ impl Wire {
 }
 
 /// A decide reply is at most 64 requests' worth of 512 keys of 7 integers: far below.
-pub(super) const MAX_REPLY: usize = 64 << 20;
+pub(crate) const MAX_REPLY: usize = 64 << 20;
 
-pub(super) fn protocol(what: &str) -> StoreError {
-    StoreError::failed(
+pub(crate) fn protocol(what: &str) -> Error {
+    Error::failed(
         ErrorKind::Protocol,
         format!("unexpected Redis reply: {what}"),
     )
@@ -219,13 +212,13 @@ pub(super) fn protocol(what: &str) -> StoreError {
 
 /// The line starting at `at` (without CRLF) and where the next one starts; `None`
 /// until the CRLF has arrived.
-pub(super) fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+pub(crate) fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
     let rest = buf.get(at..)?;
     let end = rest.windows(2).position(|w| w == b"\r\n")?;
     Some((&rest[..end], at + end + 2))
 }
 
-pub(super) fn integer(text: &[u8]) -> Result<i64, StoreError> {
+pub(crate) fn integer(text: &[u8]) -> Result<i64, Error> {
     let (negative, digits) = match text.split_first() {
         Some((b'-', d)) => (true, d),
         _ => (false, text),
@@ -249,7 +242,7 @@ pub(super) fn integer(text: &[u8]) -> Result<i64, StoreError> {
 /// Parses one complete answer from the start of `buf`, with the bytes it took;
 /// `Ok(None)` while incomplete. Only what the decide script, AUTH and SELECT answer
 /// is accepted.
-pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, StoreError> {
+pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
     let Some((first, mut at)) = line(buf, 0) else {
         return Ok(None);
     };

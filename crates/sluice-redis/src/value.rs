@@ -2,9 +2,8 @@
 //! array of integers: other scripts, `CONFIG GET`, `CLUSTER SLOTS`, `SENTINEL`,
 //! `ROLE`, pub/sub messages.
 
-use crate::store::StoreError;
-
-use super::{integer, line, protocol, MAX_REPLY};
+use crate::connection::{integer, line, protocol, MAX_REPLY};
+use crate::Error;
 
 /// Arrays nest no deeper than this (`CLUSTER SLOTS` nests three): a reply that does
 /// is refused rather than parsed on the stack.
@@ -51,11 +50,11 @@ impl Value {
 
 /// Parses one complete reply at the start of `buf`: the reply and the bytes it took,
 /// or `Ok(None)` while incomplete.
-pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, StoreError> {
+pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, Error> {
     parse_at(buf, 0, 0)
 }
 
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, StoreError> {
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, Error> {
     let Some((first, next)) = line(buf, at) else {
         return Ok(None);
     };

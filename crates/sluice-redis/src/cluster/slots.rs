@@ -1,10 +1,8 @@
 //! What cluster nodes answer about slots: the slot map (`CLUSTER SLOTS`) and the
 //! redirects (`MOVED`, `ASK`) of a node that does not serve a key's slot.
 
-use crate::store::{ErrorKind, StoreError};
-
-use super::super::shard::SLOTS;
-use super::super::wire::Value;
+use super::SLOTS;
+use crate::{error, Error, ErrorKind, Value};
 
 /// A range of slots and the `host:port` of the master serving it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,17 +13,17 @@ pub struct Range {
     pub port: u16,
 }
 
-fn bad(what: &str) -> StoreError {
-    StoreError::failed(ErrorKind::Protocol, format!("CLUSTER SLOTS: {what}"))
+fn bad(what: &str) -> Error {
+    Error::failed(ErrorKind::Protocol, format!("CLUSTER SLOTS: {what}"))
 }
 
 /// Reads a `CLUSTER SLOTS` reply: per range `[first, last, [host, port, id, ...],
 /// replicas...]`. A master without a known endpoint (an empty host, `?` or nil) is
 /// `asked`, the node that answered, as Redis means it.
-pub fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>, StoreError> {
+pub fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>, Error> {
     let entries = match reply {
         Value::Array(a) => a,
-        Value::Error(e) => return Err(super::super::classify::reply(e)),
+        Value::Error(e) => return Err(error::reply(e)),
         _ => return Err(bad("not an array")),
     };
     entries
@@ -90,13 +88,13 @@ pub enum Redirect {
 
 /// The redirect of an error reply (without its dash); `Ok(None)` for any other
 /// error. An empty host (`MOVED 12 :7001`) is `asked`'s, the node that answered.
-pub fn redirect(text: &str, asked: &str) -> Result<Option<Redirect>, StoreError> {
+pub fn redirect(text: &str, asked: &str) -> Result<Option<Redirect>, Error> {
     let mut words = text.split(' ');
     let code = words.next().unwrap_or("");
     if code != "MOVED" && code != "ASK" {
         return Ok(None);
     }
-    let wrong = || StoreError::failed(ErrorKind::Protocol, format!("bad redirect: {text}"));
+    let wrong = || Error::failed(ErrorKind::Protocol, format!("bad redirect: {text}"));
     let slot = words
         .next()
         .and_then(|s| s.parse::<u16>().ok())
@@ -194,14 +192,14 @@ mod tests {
             range(vec![Value::Int(0), Value::Int(1), node(Value::Int(3), 1)]),
         ] {
             let e = parse_slots(bad.clone(), "h").expect_err("refused");
-            assert_eq!(e.kind(), Some(ErrorKind::Protocol), "{bad:?}");
+            assert_eq!(e.kind(), ErrorKind::Protocol, "{bad:?}");
         }
         let e = parse_slots(
             Value::Error("ERR This instance has cluster support disabled".into()),
             "h",
         )
         .unwrap_err();
-        assert_eq!(e.kind(), Some(ErrorKind::Script));
+        assert_eq!(e.kind(), ErrorKind::Script);
     }
 
     #[test]
@@ -251,7 +249,7 @@ mod tests {
         ] {
             assert_eq!(
                 redirect(bad, "a").unwrap_err().kind(),
-                Some(ErrorKind::Protocol),
+                ErrorKind::Protocol,
                 "{bad}"
             );
         }

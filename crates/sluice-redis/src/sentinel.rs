@@ -14,9 +14,9 @@
 //! a replica, and what it takes meanwhile is lost.
 //!
 //! While no master is known, calls fail with what stood in the way (sentinels that
-//! do not answer, a refused password, a replica) and take the domain's failure mode
-//! like any outage; a new master ends the shard's back-off at once, so
-//! the next call goes to it.
+//! do not answer, a refused password, a replica); a new master is told to the
+//! caller at once ([`Master::spawn`]'s `on_switch`), so that a caller backing off
+//! can send its next call to it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
@@ -24,12 +24,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::store::{ErrorKind, StoreError};
-
-use super::health::Health;
-use super::wire::target::Addr;
-use super::wire::{Pool, Request, Target, Value, Wire};
-use super::{shard_name, ConfigError};
+use crate::target::Addr;
+use crate::{error, Error, ErrorKind, Pool, Request, Target, Value, Wire};
 
 /// How often the sentinels are asked while nothing seems wrong: a backstop for a
 /// failover announcement that was missed.
@@ -51,12 +47,13 @@ pub struct Master {
     first: AtomicUsize,
     current: Mutex<Option<Resolved>>,
     /// Why the last round found no master, while none is known: what calls fail with.
-    problem: Mutex<Option<StoreError>>,
+    problem: Mutex<Option<Error>>,
     /// Bumped whenever `current` changes; 0 until the first master is known.
     generation: AtomicU64,
     wake: Notify,
     timeout: Duration,
-    health: Arc<Health>,
+    /// Called when the master moves (or is first found).
+    on_switch: Box<dyn Fn() + Send + Sync>,
     /// The connections to the current master off the decide path (refunds, peeks,
     /// key counts), made again when the generation moves on.
     pool: Mutex<Option<(u64, Arc<Pool>)>>,
@@ -80,74 +77,49 @@ impl std::fmt::Debug for Master {
     }
 }
 
-/// The sentinels, from their URLs (`redis://[:password@]host:port`, or
-/// `rediss://`).
-pub fn sentinels(urls: &[String], timeout: Duration) -> Result<Arc<[Target]>, ConfigError> {
-    if urls.is_empty() {
-        return Err(ConfigError::NoUrl);
-    }
-    urls.iter()
-        .map(|u| {
-            Target::parse(u, timeout).map_err(|reason| ConfigError::Url {
-                url: shard_name(u),
-                reason,
-            })
-        })
-        .collect()
-}
-
 /// A master given as its name, or as a URL whose host is its name
 /// (`rediss://:password@mymaster/2`): the scheme, credentials and database are the
-/// master's, the address comes from the sentinels.
-pub fn parse_master(spec: &str, timeout: Duration) -> Result<(String, Target), ConfigError> {
+/// master's, the address comes from the sentinels. `Err`: why the spec is refused.
+pub fn parse_master(spec: &str, timeout: Duration) -> Result<(String, Target), String> {
     let url = if spec.contains("://") {
         spec.to_string()
     } else {
         format!("redis://{spec}")
     };
-    let bad = |reason: String| ConfigError::Url {
-        url: shard_name(spec),
-        reason,
-    };
-    let target = Target::parse(&url, timeout).map_err(bad)?;
+    let target = Target::parse(&url, timeout)?;
     let name = match &target.addr {
         Addr::Tcp { host, .. } => host.clone(),
-        Addr::Unix(_) => return Err(bad("a master is named, not a socket".into())),
+        Addr::Unix(_) => return Err("a master is named, not a socket".into()),
     };
     // The port is the sentinels' to say; one written here would be ignored.
-    if shard_name(&url).contains(':') {
-        return Err(bad(
-            "a sentinel master is named, not addressed: give no port".into(),
-        ));
+    if url::Url::parse(&url).is_ok_and(|u| u.port().is_some()) {
+        return Err("a sentinel master is named, not addressed: give no port".into());
     }
     if name.is_empty() {
-        return Err(bad("no master name".into()));
+        return Err("no master name".into());
     }
     Ok((name, target))
 }
 
 /// A call's error while no master is known: the kind of what stood in the way (a
 /// refused password reads as one), with the master's name.
-fn unresolved(name: &str, problem: Option<&StoreError>) -> StoreError {
+fn unresolved(name: &str, problem: Option<&Error>) -> Error {
     let (kind, why) = match problem {
-        Some(e) => (
-            e.kind().unwrap_or(ErrorKind::Connection),
-            e.message().to_string(),
-        ),
+        Some(e) => (e.kind(), e.message().to_string()),
         None => (ErrorKind::Connection, "not asked yet".to_string()),
     };
-    StoreError::failed(kind, format!("no master known for {name}: {why}"))
+    Error::failed(kind, format!("no master known for {name}: {why}"))
 }
 
 impl Master {
-    /// A master named `name` (its settings in `template`), its shard's `health`, and
-    /// the task that follows its address, stopped when the master is dropped. Must
-    /// run inside a Tokio runtime.
+    /// A master named `name` (its settings in `template`), and the task that follows
+    /// its address, stopped when the master is dropped; `on_switch` is called each
+    /// time a new address is taken. Must run inside a Tokio runtime.
     pub fn spawn(
         name: String,
         template: Target,
         sentinels: Arc<[Target]>,
-        health: Arc<Health>,
+        on_switch: impl Fn() + Send + Sync + 'static,
         timeout: Duration,
     ) -> Arc<Master> {
         let master = Arc::new(Master {
@@ -160,7 +132,7 @@ impl Master {
             generation: AtomicU64::new(0),
             wake: Notify::new(),
             timeout,
-            health,
+            on_switch: Box::new(on_switch),
             pool: Mutex::new(None),
         });
         tokio::spawn(follow(Arc::downgrade(&master)));
@@ -182,7 +154,7 @@ impl Master {
 
     /// The master's address; while none is known, an error saying what stood in
     /// the way (and the sentinels are asked again).
-    pub fn resolved(&self) -> Result<Resolved, StoreError> {
+    pub fn resolved(&self) -> Result<Resolved, Error> {
         self.current().ok_or_else(|| {
             self.suspect();
             let problem = self.problem.lock().unwrap_or_else(|p| p.into_inner());
@@ -196,7 +168,7 @@ impl Master {
     }
 
     /// The connections to the current master off the decide path.
-    pub fn pool(&self) -> Result<Arc<Pool>, StoreError> {
+    pub fn pool(&self) -> Result<Arc<Pool>, Error> {
         let now = self.resolved()?;
         let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((generation, pool)) = &*slot {
@@ -221,7 +193,7 @@ impl Master {
             let (host, port) = match self.ask(i, &mut conns[i]).await {
                 Ok(Some(addr)) => addr,
                 Ok(None) => {
-                    problem = Some(StoreError::failed(
+                    problem = Some(Error::failed(
                         ErrorKind::Connection,
                         format!("sentinel {} does not know the name", i + 1),
                     ));
@@ -248,17 +220,14 @@ impl Master {
                 // next round asks again.
                 Ok(false) => {
                     tracing::debug!(master = %self.name, %addr, "sentinel names a replica");
-                    problem = Some(StoreError::failed(
+                    problem = Some(Error::failed(
                         ErrorKind::ReadOnly,
                         format!("{addr} is not a master (yet)"),
                     ));
                 }
                 Err(e) => {
                     tracing::debug!(master = %self.name, %addr, error = %e, "ROLE failed");
-                    problem = Some(StoreError::failed(
-                        e.kind().unwrap_or(ErrorKind::Connection),
-                        format!("{addr}: {}", e.message()),
-                    ));
+                    problem = Some(Error::failed(e.kind(), format!("{addr}: {}", e.message())));
                 }
             }
         }
@@ -275,7 +244,7 @@ impl Master {
             generation,
         });
         self.generation.store(generation, Relaxed);
-        self.health.retry_now();
+        (self.on_switch)();
         match from {
             Some(old) => tracing::warn!(
                 master = %self.name, from = %old.addr, to = %addr, "redis master moved"
@@ -286,11 +255,7 @@ impl Master {
 
     /// `SENTINEL get-master-addr-by-name` on sentinel `i`; `None` when it does not
     /// know the name.
-    async fn ask(
-        &self,
-        i: usize,
-        conn: &mut Option<Wire>,
-    ) -> Result<Option<(String, u16)>, StoreError> {
+    async fn ask(&self, i: usize, conn: &mut Option<Wire>) -> Result<Option<(String, u16)>, Error> {
         let asked = async {
             if conn.is_none() {
                 *conn = Some(Wire::connect(&self.sentinels[i]).await?);
@@ -303,12 +268,8 @@ impl Master {
             req.arg(self.name.as_bytes());
             master_addr(c.query(&req).await?)
         };
-        let failed = |e: StoreError| {
-            StoreError::failed(
-                e.kind().unwrap_or(ErrorKind::Connection),
-                format!("sentinel {}: {}", i + 1, e.message()),
-            )
-        };
+        let failed =
+            |e: Error| Error::failed(e.kind(), format!("sentinel {}: {}", i + 1, e.message()));
         match tokio::time::timeout(self.timeout, asked).await {
             Ok(Ok(addr)) => Ok(addr),
             Ok(Err(e)) => {
@@ -318,37 +279,37 @@ impl Master {
             }
             Err(_) => {
                 *conn = None;
-                Err(failed(StoreError::failed(ErrorKind::Timeout, "no answer")))
+                Err(failed(Error::failed(ErrorKind::Timeout, "no answer")))
             }
         }
     }
 
     /// Whether the server at `target` says it is a master.
-    async fn role(&self, target: &Target) -> Result<bool, StoreError> {
+    async fn role(&self, target: &Target) -> Result<bool, Error> {
         let asked = async {
             let mut conn = Wire::connect(target).await?;
             let mut req = Request::default();
             req.start(1);
             req.arg(b"ROLE");
             match conn.query(&req).await? {
-                Value::Error(e) => Err(super::classify::reply(e)),
+                Value::Error(e) => Err(error::reply(e)),
                 v => Ok(is_master(&v)),
             }
         };
         match tokio::time::timeout(self.timeout, asked).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout),
+            Err(_) => Err(Error::Timeout),
         }
     }
 }
 
 /// A `SENTINEL get-master-addr-by-name` reply: the address, or `None` for a name
 /// the sentinel does not know.
-fn master_addr(reply: Value) -> Result<Option<(String, u16)>, StoreError> {
-    let bad = |what: &str| StoreError::failed(ErrorKind::Protocol, format!("sentinel: {what}"));
+fn master_addr(reply: Value) -> Result<Option<(String, u16)>, Error> {
+    let bad = |what: &str| Error::failed(ErrorKind::Protocol, format!("sentinel: {what}"));
     let items = match reply {
         Value::Nil => return Ok(None),
-        Value::Error(e) => return Err(super::classify::reply(e)),
+        Value::Error(e) => return Err(error::reply(e)),
         Value::Array(items) => items,
         _ => return Err(bad("no address")),
     };
@@ -403,7 +364,7 @@ fn alive(masters: &[Weak<Master>]) -> bool {
 }
 
 /// A connection subscribed to [`CHANNELS`].
-async fn subscribed(target: &Target) -> Result<Wire, StoreError> {
+async fn subscribed(target: &Target) -> Result<Wire, Error> {
     let mut conn = Wire::connect(target).await?;
     let mut req = Request::default();
     req.start(1 + CHANNELS.len());
