@@ -2,7 +2,7 @@
 //! or `µs`, `ms`, `s`, `m`, `h`, `d`), the number a whole or a decimal (`1.5s`),
 //! several such parts summed (`1m30s`), in whole microseconds.
 //!
-//! The command line (`crate::config`) parses its duration flags here too, so a
+//! The command line parses its duration flags here too, so a
 //! value that works in a policy works in a flag. It lives in the policy module
 //! because the core may not depend on the command line, only the other way round.
 
