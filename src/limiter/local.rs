@@ -4,7 +4,7 @@
 //! the shared counter once the shard answers again.
 //!
 //! Three pieces, each off the healthy path but for one:
-//! - [`Memo`]: what the store last said of a counter (how much of it was used, and
+//! - `Memo`: what the store last said of a counter (how much of it was used, and
 //!   until when that holds). Written for `local` domains on every store answer, with
 //!   relaxed atomic stores into a fixed table: no lock, no allocation, no clock read
 //!   (the time is the ticker's, [`Local::tick`]). A local counter starts from it, so
@@ -12,7 +12,7 @@
 //! - the local counters: a [`MemoryStore`] on the limiter's clock, its keys tagged
 //!   with the episode (the first local decision of a counter since its last
 //!   settlement), so a later outage never finds an old episode's state.
-//! - [`Pending`]: what each counter spent locally, per episode, until the store has
+//! - `Pending`: what each counter spent locally, per episode, until the store has
 //!   taken it. Each amount goes to the store under a token ([`Store::settle`]) kept
 //!   until the store confirms it, so a retry after a lost answer is not counted twice.
 //!
@@ -377,7 +377,7 @@ impl Local {
     }
 
     /// Whether some counter decided locally has not left the table yet (its
-    /// spending is not settled, or it was decided within the last [`IDLE`]).
+    /// spending is not settled, or it was decided within the last `IDLE`).
     pub fn has_unsettled(&self) -> bool {
         self.unsettled.load(Relaxed)
     }
