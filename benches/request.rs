@@ -105,6 +105,21 @@ fn descriptor(key: &str, value: String) -> RateLimitDescriptor {
     }
 }
 
+/// The limiter's settings of a `request/` scenario: `layered-hashed` is `layered`
+/// under `--hash-keys`, every value hashed with the keyed hash.
+fn scenario_settings(scenario: &str) -> Settings {
+    match scenario {
+        "layered-hashed" => Settings {
+            hashing: Hashing {
+                all: true,
+                hash: ValueHash::from_secret(b"a benchmark's secret").expect("long enough"),
+            },
+            ..Settings::default()
+        },
+        _ => Settings::default(),
+    }
+}
+
 /// The encoded requests of a scenario, as the load generator sends them.
 fn requests(scenario: &str) -> Vec<Vec<u8>> {
     let one = |i: usize| -> Vec<RateLimitDescriptor> {
@@ -175,20 +190,8 @@ fn settings(group: &mut BenchmarkGroup<'_, WallTime>) {
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("request");
     settings(&mut group);
-    // `layered-hashed`: the layered requests under `--hash-keys`, every value hashed
-    // with the keyed hash.
     for scenario in ["hot", "uniform", "overridden", "layered", "layered-hashed"] {
-        let settings = match scenario {
-            "layered-hashed" => Settings {
-                hashing: Hashing {
-                    all: true,
-                    hash: ValueHash::from_secret(b"a benchmark's secret").expect("long enough"),
-                },
-                ..Settings::default()
-            },
-            _ => Settings::default(),
-        };
-        let service = service(settings);
+        let service = service(scenario_settings(scenario));
         let requests = requests(scenario.trim_end_matches("-hashed"));
         // Every key exists before measuring, as in a long run.
         for r in &requests {
@@ -423,18 +426,12 @@ fn count(spec: &str) {
         .split_once(':')
         .and_then(|(s, n)| Some((s, n.parse::<usize>().ok()?)))
         .expect("SLUICE_COUNT is SCENARIO:N, e.g. hot:20000");
-    let settings = match scenario {
-        "layered-hashed" => Settings {
-            hashing: Hashing {
-                all: true,
-                hash: ValueHash::from_secret(b"a benchmark's secret").expect("long enough"),
-            },
-            ..Settings::default()
-        },
-        _ => Settings::default(),
-    };
     let clock = ManualClock::new(1_700_000_000 * SECOND);
-    let service = service_on(Arc::new(clock.clone()), 1_000_000, settings);
+    let service = service_on(
+        Arc::new(clock.clone()),
+        1_000_000,
+        scenario_settings(scenario),
+    );
     let requests = requests(scenario.trim_end_matches("-hashed"));
     for r in &requests {
         clock.advance(10);
