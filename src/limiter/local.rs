@@ -16,8 +16,9 @@
 //!   taken it. Each amount goes to the store under a token ([`Store::settle`]) kept
 //!   until the store confirms it, so a retry after a lost answer is not counted twice.
 //!
-//! A replica that has never had a store answer since it started knows nothing of
-//! the counters: its local counters start with their share already spent.
+//! A replica that has never had a store answer since it started (neither a decision
+//! of a `local` domain nor a heartbeat) knows nothing of the counters: its local
+//! counters start with their share already spent.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -260,11 +261,13 @@ impl Local {
         }
     }
 
-    /// The store counted `n` replicas heartbeating (this one included).
+    /// The store counted `n` replicas heartbeating (this one included): it has
+    /// answered, so counters it never mentioned start with a whole share.
     pub fn learn(&self, n: u32) {
         if n == 0 {
             return;
         }
+        self.ever_up.store(true, Relaxed);
         if !self.learned.swap(true, Relaxed) {
             tracing::info!(
                 replicas = n,
@@ -609,7 +612,9 @@ mod tests {
         );
         local.learn(5);
         assert_eq!((local.replicas(), local.source()), (5, ShareSource::Store));
-        store_said(&local, &hit("d|k=x", limit(Algorithm::FixedWindow, 50)), 50);
+        // The heartbeat's answer is the store answering: a counter no decision of
+        // this replica ever reached the store for starts with a whole share, not
+        // with its share spent.
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 50));
         assert_eq!(admitted_until_denied(&local, &h), 10);
     }
