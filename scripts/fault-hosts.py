@@ -17,6 +17,9 @@ namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
     heal         redis-2 fast again
     cut          sluice-3 cut off from both Redis hosts; the others are fine
     heal         sluice-3 reaches Redis again
+    local        redis-1 blackholed again, calls to a `failure_mode: local` domain:
+                 every key admits between 0.8x and 1.2x its limit across the replicas
+    heal         redis-1 back (the local domain's counts exact again)
 
 Each phase has its own keys (a per-day limit of LIMIT), so what a key admitted is
 what the phase admitted. Per phase it asserts: every call answered with gRPC OK
@@ -121,7 +124,8 @@ async def load(args):
     async def one(phase, replica, key):
         started = time.monotonic()
         try:
-            reply = await calls[replica](request("faults", "user", key), timeout=2.0)
+            domain = "local" if "local" in phase else "faults"
+            reply = await calls[replica](request(domain, "user", key), timeout=2.0)
             status, code = "OK", overall_code(reply)
         except grpc.aio.AioRpcError as e:
             status, code = e.code().name, 0
@@ -259,6 +263,12 @@ failure_mode: closed
 descriptors:
   - key: user
     rate_limit: {{unit: day, requests_per_unit: {LIMIT}, algorithm: fixed_window}}
+---
+domain: local
+failure_mode: local
+descriptors:
+  - key: user
+    rate_limit: {{unit: day, requests_per_unit: {LIMIT}, algorithm: fixed_window}}
 """
 
 
@@ -388,6 +398,10 @@ def run(args, net, sluice, work):
     phase("5-heal-r2", "exact", heal=lambda: open(os.path.join(work, "r2.delay"), "w").write("0"))
     phase("6-cut-s3", "fault", fault=lambda: [drop("s3", "OUTPUT", "-d", ip) for ip in (r1, r2)])
     phase("7-heal-s3", "exact", heal=lambda: flush("s3"))
+    # failure_mode local: the lost shard's keys admit about their limit across the
+    # replicas, each deciding with its third.
+    phase("8-blackhole-local", "local", fault=lambda: drop("r1", "INPUT", "-i", "eth0"))
+    phase("9-heal-local", "exact", heal=lambda: flush("r1"))
     set_phase("stop")
     loader.wait(timeout=30)
     return report(out, phases, mode_counts, args.tail)
@@ -410,7 +424,9 @@ def report(out, phases, mode_counts, tail):
         for r in rs:
             sent[r[2]] = sent.get(r[2], 0) + 1
             admitted[r[2]] = admitted.get(r[2], 0) + (r[5] == 1)
-        over = sum(max(0, a - LIMIT) for a in admitted.values())
+        # A local share bounds a key's total within 0.8x to 1.2x its limit, not at it.
+        ceiling = LIMIT * 12 // 10 if kind == "local" else LIMIT
+        over = sum(max(0, a - ceiling) for a in admitted.values())
         total_admitted = sum(admitted.values())
         denied = sum(1 for r in rs if r[5] == 2)
         healed = f"{healed_in:.1f}" if healed_in is not None else "-"
@@ -427,6 +443,14 @@ def report(out, phases, mode_counts, tail):
             failures.append(f"{name}: {late} of {len(lat)} calls took over {bound} ms (max {lat[-1]:.1f})")
         if over:
             failures.append(f"{name}: {over} admitted beyond the limit")
+        if kind == "local":
+            ratios = sorted(admitted[k] / LIMIT for k in sent if sent[k] >= LIMIT * 12 // 10)
+            if ratios:
+                print(f"{'':<16}admitted/limit per key: min {ratios[0]:.2f} max {ratios[-1]:.2f}")
+            low = {k: admitted[k] for k in sent
+                   if sent[k] >= LIMIT * 12 // 10 and admitted[k] < LIMIT * 8 // 10}
+            if low:
+                failures.append(f"{name}: keys admitted under 0.8x their limit: {low}")
         if kind == "exact":
             wrong = {k: (admitted[k], sent[k]) for k in sent if admitted[k] != min(LIMIT, sent[k])}
             if wrong:
