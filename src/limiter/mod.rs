@@ -638,7 +638,6 @@ impl<S: Store> Limiter<S> {
         // The status of each hit: `order`, with a status repeated for each further
         // limit of its rule.
         let mut per_hit = Statuses::with_capacity(order.len());
-        let mut more = Vec::new();
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
         let fallback = match failure_mode {
@@ -682,38 +681,34 @@ impl<S: Store> Limiter<S> {
             } else {
                 Mode::Enforce
             };
-            let hits_addend = descriptors[i].hits;
-            // The rule's other limits (`rate_limits`) follow its own, on its
-            // placement, so one store call (one script per shard) decides them all.
-            for &other in &rule.also {
-                let other = policy.rule(other);
-                let Some(other_limit) = other.limit_at(|| self.clock.now()) else {
-                    continue;
-                };
-                let mut other_key = String::with_capacity(key.len() + 24);
-                other_key.push_str(&key);
-                key::push_window(&mut other_key, other);
-                more.push(Hit {
-                    key: other_key,
-                    placement,
-                    limit: other_limit,
-                    hits: hits_addend,
-                    mode,
-                    spend: descriptors[i].spend,
-                    fallback,
-                });
-            }
             hits.push(Hit {
                 key,
                 placement,
                 limit,
-                hits: hits_addend,
+                hits: descriptors[i].hits,
                 mode,
                 spend: descriptors[i].spend,
                 fallback,
             });
             per_hit.push(i);
-            for hit in more.drain(..) {
+            // The rule's other limits (`rate_limits`) follow its own, on its
+            // placement and its key with the window added, so one store call (one
+            // script per shard) decides them all.
+            let own = hits.len() - 1;
+            for &other in &rule.also {
+                let other = policy.rule(other);
+                let Some(other_limit) = other.limit_at(|| self.clock.now()) else {
+                    continue;
+                };
+                let own = &hits[own];
+                let mut other_key = String::with_capacity(own.key.len() + 24);
+                other_key.push_str(&own.key);
+                key::push_window(&mut other_key, other);
+                let hit = Hit {
+                    key: other_key,
+                    limit: other_limit,
+                    ..*own
+                };
                 hits.push(hit);
                 per_hit.push(i);
             }
