@@ -17,7 +17,7 @@ use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
 use sluice::store::redis::cluster::Cluster;
 use sluice::store::redis::{shard, Options, RedisStore};
-use sluice::store::{Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
+use sluice::store::{Board, Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
 
 /// A Redis store with the servers it runs on, which live as long as it does.
@@ -54,6 +54,8 @@ impl TestStore {
         }
     }
 }
+
+impl Board for TestStore {}
 
 impl Store for TestStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {

@@ -493,7 +493,7 @@ mod tests {
     use super::*;
     use crate::algorithm::SECOND;
     use crate::clock::ManualClock;
-    use crate::store::{Fallback, StoreError};
+    use crate::store::{Board, Fallback, StoreError};
 
     const MINUTE: Micros = 60 * SECOND;
 
@@ -628,6 +628,8 @@ mod tests {
         tokens: Mutex<std::collections::HashSet<String>>,
         added: Mutex<HashMap<String, u64>>,
     }
+
+    impl Board for Settling {}
 
     impl Store for Settling {
         async fn decide(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {

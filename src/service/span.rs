@@ -185,7 +185,7 @@ mod tests {
     use crate::limiter::{test_limiter, Limiter};
     use crate::service::grpc::{Grpc, Method};
     use crate::service::{HeaderStyle, Service};
-    use crate::store::{Hit, MemoryStore, Probe, Store, StoreCall, StoreError, Verdicts};
+    use crate::store::{Board, Hit, MemoryStore, Probe, Store, StoreCall, StoreError, Verdicts};
     use crate::telemetry::Metrics;
     use crate::trace::{Counters, Tracer, TracingArgs};
     use sluice_grpc::{Handler, Reply};
@@ -433,6 +433,8 @@ mod tests {
         probed: std::sync::atomic::AtomicUsize,
         plain: std::sync::atomic::AtomicUsize,
     }
+
+    impl Board for Remote {}
 
     impl Store for Remote {
         async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {

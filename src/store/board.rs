@@ -1,14 +1,82 @@
 //! Penalty sentences (bans, tightenings, the block list) held where every replica
-//! sees them: the Redis store keeps them in Redis ([`Store::strike`] and friends);
-//! the memory store holds none and the limiter keeps them in process.
+//! sees them: a [`Board`]. The Redis store keeps them in Redis; the memory store
+//! holds none (the trait's defaults) and the limiter keeps them in process.
 //!
 //! The store knows nothing of policies: a [`Strike`] carries the numbers of the
 //! rule's `penalty`, and `info` is the caller's opaque description of the key (who
 //! it is, for listings), stored beside the sentence.
-//!
-//! [`Store::strike`]: super::Store::strike
 
+use std::future::Future;
+
+use super::StoreError;
 use crate::algorithm::Micros;
+
+/// Where penalty sentences are shared between replicas. Every store is a board; one
+/// that shares nothing keeps the defaults, which count no strike and hold no
+/// sentence, so the limiter keeps them in process.
+pub trait Board: Send + Sync + 'static {
+    /// Whether sentences live here, shared by every replica; otherwise the limiter
+    /// holds them in process.
+    fn shares_sentences(&self) -> bool {
+        false
+    }
+
+    /// Counts one denial towards its penalty; the sentence in force afterwards, if
+    /// any (one this strike started, or one another replica did).
+    fn strike(
+        &self,
+        _strike: &Strike<'_>,
+    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Puts `sentence` in force for its `remaining` (an operator's block).
+    fn sentence(
+        &self,
+        _sentence: &Sentenced,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Lifts the sentence of `key`, and its counts; whether there was one.
+    fn pardon(&self, _key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(false) }
+    }
+
+    /// Every sentence in force.
+    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// A shared board is a board.
+impl<B: Board> Board for std::sync::Arc<B> {
+    fn shares_sentences(&self) -> bool {
+        (**self).shares_sentences()
+    }
+
+    fn strike(
+        &self,
+        strike: &Strike<'_>,
+    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
+        (**self).strike(strike)
+    }
+
+    fn sentence(
+        &self,
+        sentence: &Sentenced,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).sentence(sentence)
+    }
+
+    fn pardon(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).pardon(key)
+    }
+
+    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
+        (**self).sentences()
+    }
+}
 
 /// What a sentence does to its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

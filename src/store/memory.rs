@@ -17,7 +17,7 @@ use crate::algorithm::{self, Limit, Micros, State, Verdict};
 use crate::clock::Clock;
 
 use self::shard::Shard;
-use super::{admitted, Evictions, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts};
+use super::{admitted, Board, Evictions, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts};
 
 /// Shards of the key space; a power of two well above the core count keeps
 /// contention low without wasting memory on empty maps.
@@ -423,6 +423,9 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Sentences stay in the limiter's process: nothing to share.
+impl Board for MemoryStore {}
 
 impl Store for MemoryStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {

@@ -21,7 +21,7 @@ mod report;
 mod testkit;
 
 pub use self::redis::RedisStore;
-pub use board::{Kind, Sentenced, Strike};
+pub use board::{Board, Kind, Sentenced, Strike};
 pub use demand::{Demand, MemoryDemand, Share};
 pub use error::{ErrorKind, StoreError};
 pub use memory::MemoryStore;
@@ -122,8 +122,9 @@ pub struct Verdicts {
 }
 
 /// Decides batches of hits. One call per request; implementations make at most one
-/// round trip per shard.
-pub trait Store: Send + Sync + 'static {
+/// round trip per shard. Penalty sentences are a [`Board`] apart: a store that shares
+/// none takes its defaults.
+pub trait Store: Board + Send + Sync + 'static {
     /// Decides `hits` together: all checked, all consumed only if [`admitted`].
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
 
@@ -163,39 +164,6 @@ pub trait Store: Send + Sync + 'static {
     /// Each shard's state, for `/debug/store` (off the request path).
     fn shards(&self) -> Vec<ShardStatus> {
         Vec::new()
-    }
-
-    /// Whether penalty sentences live in the store, shared by every replica
-    /// ([`board`]); otherwise the limiter holds them in process.
-    fn shares_sentences(&self) -> bool {
-        false
-    }
-
-    /// Counts one denial towards its penalty; the sentence in force afterwards, if
-    /// any (one this strike started, or one another replica did).
-    fn strike(
-        &self,
-        _strike: &Strike<'_>,
-    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
-        async { Ok(None) }
-    }
-
-    /// Puts `sentence` in force for its `remaining` (an operator's block).
-    fn sentence(
-        &self,
-        _sentence: &Sentenced,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
-    }
-
-    /// Lifts the sentence of `key`, and its counts; whether there was one.
-    fn pardon(&self, _key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async { Ok(false) }
-    }
-
-    /// Every sentence in force.
-    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
-        async { Ok(Vec::new()) }
     }
 
     /// Adds `hit` (a charge: spending decided elsewhere, `failure_mode: local`) to
@@ -256,32 +224,6 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn shards(&self) -> Vec<ShardStatus> {
         (**self).shards()
-    }
-
-    fn shares_sentences(&self) -> bool {
-        (**self).shares_sentences()
-    }
-
-    fn strike(
-        &self,
-        strike: &Strike<'_>,
-    ) -> impl Future<Output = Result<Option<Sentenced>, StoreError>> + Send {
-        (**self).strike(strike)
-    }
-
-    fn sentence(
-        &self,
-        sentence: &Sentenced,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).sentence(sentence)
-    }
-
-    fn pardon(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).pardon(key)
-    }
-
-    fn sentences(&self) -> impl Future<Output = Result<Vec<Sentenced>, StoreError>> + Send {
-        (**self).sentences()
     }
 
     fn settle(

@@ -42,8 +42,8 @@ use crate::clock::Clock;
 
 use super::probe::{split_address, Probe, StoreCall};
 use super::{
-    admitted, ErrorKind, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError, Strike,
-    Verdicts,
+    admitted, Board, ErrorKind, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError,
+    Strike, Verdicts,
 };
 
 mod board;
@@ -835,6 +835,16 @@ impl Store for RedisStore {
         "redis"
     }
 
+    async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
+        self.settle_once(hit, token).await
+    }
+
+    async fn heartbeat(&self, replica: &str, ttl: Duration) -> Result<Option<u32>, StoreError> {
+        self.beat(replica, ttl).await.map(Some)
+    }
+}
+
+impl Board for RedisStore {
     fn shares_sentences(&self) -> bool {
         true
     }
@@ -853,14 +863,6 @@ impl Store for RedisStore {
 
     async fn sentences(&self) -> Result<Vec<Sentenced>, StoreError> {
         self.inner.sentences().await
-    }
-
-    async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
-        self.settle_once(hit, token).await
-    }
-
-    async fn heartbeat(&self, replica: &str, ttl: Duration) -> Result<Option<u32>, StoreError> {
-        self.beat(replica, ttl).await.map(Some)
     }
 }
 

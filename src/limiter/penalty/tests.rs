@@ -1,0 +1,230 @@
+//! The penalty loop through the limiter: bans, tightenings, blocks and the board.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::algorithm::SECOND;
+use crate::clock::{Clock, ManualClock};
+use crate::limiter::{Ban, Descriptor, Limiter, Outcome, Settings};
+use crate::policy::Penalty;
+use crate::store::{MemoryStore, Sentenced, Store};
+
+const T0: Micros = 1_700_000_000 * SECOND;
+
+const POLICY: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      algorithm: fixed_window
+      penalty: {violations: 2, within: 10s, ban: 5m}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+fn limiter(clock: &ManualClock) -> Limiter<MemoryStore> {
+    crate::limiter::test_limiter(POLICY, clock, Settings::default())
+}
+
+async fn ask(l: &Limiter<MemoryStore>, ip: &str) -> Outcome {
+    let ip_entries = [("ip", ip)];
+    let user = [("user", "u")];
+    l.decide(
+        "d",
+        &[
+            Descriptor::new(&ip_entries[..], 1),
+            Descriptor::new(&user[..], 1),
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_key_denied_n_times_is_banned_without_store_calls() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    assert!(!ask(&l, "1.1.1.1").await.over_limit);
+    let first = ask(&l, "1.1.1.1").await;
+    assert!(first.over_limit);
+    assert_eq!(first.statuses[0].ban, Ban::None);
+    assert_eq!(first.offender(0), Some("1.1.1.1"));
+    let second = ask(&l, "1.1.1.1").await;
+    assert_eq!(second.statuses[0].ban, Ban::Started);
+    assert!(second.statuses[0].verdict.unwrap().retry_after >= 300 * SECOND);
+
+    // A minute later the limit would admit again, but the ban holds.
+    clock.advance(61 * SECOND);
+    let keys_before = l.store().active_keys();
+    let banned = ask(&l, "1.1.1.1").await;
+    assert!(banned.over_limit);
+    assert_eq!(banned.statuses[0].ban, Ban::Active);
+    assert_eq!(
+        banned.statuses[0].verdict.unwrap().retry_after,
+        239 * SECOND
+    );
+    // The user counter was not spent: no store call was made.
+    assert_eq!(banned.statuses[1].verdict, None);
+    assert_eq!(l.store().active_keys(), keys_before);
+    assert_eq!(l.penalties().active().len(), 1);
+    assert_eq!(l.penalties().active()[0].info.key, "1.1.1.1");
+
+    // Other keys are unaffected; the ban ends.
+    assert!(!ask(&l, "2.2.2.2").await.over_limit);
+    clock.advance(240 * SECOND);
+    assert!(!ask(&l, "1.1.1.1").await.over_limit);
+}
+
+const LOOP: &str = r#"
+domain: d
+descriptors:
+  - key: ip
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      algorithm: fixed_window
+      penalty:
+        violations: 2
+        within: 1m
+        tighten: {factor: 0.2, for: 10m}
+        block: {bans: 2, within: 1h, for: 1d}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+
+async fn one(l: &Limiter<MemoryStore>, key: &str, value: &str) -> Outcome {
+    let entries = [(key, value)];
+    l.decide("d", &[Descriptor::new(&entries[..], 1)]).await
+}
+
+async fn admitted_in_a_row(l: &Limiter<MemoryStore>, ip: &str) -> u64 {
+    let mut n = 0;
+    while !one(l, "ip", ip).await.over_limit {
+        n += 1;
+        assert!(n <= 100, "never denied");
+    }
+    n
+}
+
+#[tokio::test]
+async fn repeat_violations_tighten_the_limit_then_block_the_key() {
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+    // The full limit, then a second denial tightens it to a fifth.
+    assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+    let second = one(&l, "ip", "1.1.1.1").await;
+    assert_eq!(second.statuses[0].ban, Ban::Started);
+    assert_eq!(l.penalties().active()[0].kind, Kind::Tighten);
+
+    // Next minute: 2 of 10, and another key keeps its full limit.
+    clock.advance(61 * SECOND);
+    assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 2);
+    let tight = one(&l, "ip", "1.1.1.1").await;
+    assert!(tight.statuses[0].tightened);
+    assert_eq!(admitted_in_a_row(&l, "2.2.2.2").await, 10);
+
+    // That was the key's second violation under the tighter limit: its second
+    // sentence, which the block counts, so it is blocked.
+    assert_eq!(tight.statuses[0].ban, Ban::Started);
+    let listed = l.penalties().active();
+    let b = listed.iter().find(|b| b.info.key == "1.1.1.1").unwrap();
+    assert_eq!((b.kind, b.source), (Kind::Block, Source::Penalty));
+    clock.advance(61 * SECOND);
+    let keys_before = l.store().active_keys();
+    let blocked = one(&l, "ip", "1.1.1.1").await;
+    assert!(blocked.over_limit);
+    assert_eq!(blocked.statuses[0].ban, Ban::Blocked);
+    let wait = blocked.statuses[0].verdict.unwrap().retry_after;
+    assert!(wait > 86_000 * SECOND && wait <= 86_400 * SECOND, "{wait}");
+    assert_eq!(l.store().active_keys(), keys_before);
+
+    // The block ends after its day; the key starts afresh at its full limit.
+    clock.advance(86_400 * SECOND);
+    assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+}
+
+#[tokio::test]
+async fn a_tightening_ends_and_the_full_limit_returns() {
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+    assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+    one(&l, "ip", "1.1.1.1").await;
+    clock.advance(11 * 60 * SECOND);
+    assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 10);
+}
+
+#[tokio::test]
+async fn an_operator_blocks_and_unblocks_a_key_of_a_rule_without_penalty() {
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(LOOP, &clock, Settings::default());
+    assert!(!one(&l, "user", "mallory").await.over_limit);
+    let put = l
+        .block("d", &[("user", "mallory")], 300 * SECOND)
+        .await
+        .unwrap();
+    assert_eq!((put.kind, put.source), (Kind::Block, Source::Operator));
+    assert_eq!(put.info.rule, "user");
+    let denied = one(&l, "user", "mallory").await;
+    assert_eq!(denied.statuses[0].ban, Ban::Blocked);
+    assert_eq!(
+        denied.statuses[0].verdict.unwrap().retry_after,
+        300 * SECOND
+    );
+    // Other users pass.
+    assert!(!one(&l, "user", "alice").await.over_limit);
+
+    assert!(l.unblock(&put.counter).await.unwrap());
+    assert!(!l.unblock(&put.counter).await.unwrap());
+    assert!(!one(&l, "user", "mallory").await.over_limit);
+
+    // What names no limited rule is refused, and nothing is listed.
+    assert!(matches!(
+        l.block("nope", &[("user", "x")], SECOND).await,
+        Err(crate::limiter::BlockError::Unknown(_))
+    ));
+    assert!(matches!(
+        l.block("d", &[("path", "/")], SECOND).await,
+        Err(crate::limiter::BlockError::Unknown(_))
+    ));
+    assert!(l.penalties().active().is_empty());
+    // An operator's block also ends on its own.
+    l.block("d", &[("user", "eve")], 10 * SECOND).await.unwrap();
+    clock.advance(10 * SECOND);
+    assert!(!one(&l, "user", "eve").await.over_limit);
+    l.penalties().sweep();
+    assert!(!l.penalties().operator_blocks());
+}
+
+#[test]
+fn sync_lifts_what_the_shared_list_no_longer_holds_and_keeps_local_sentences() {
+    use super::table::tests::{info, penalty};
+    let clock = ManualClock::new(T0);
+    let p = Penalties::new(Arc::new(clock.clone()), 1000);
+    let shared = |key: &str, kind| Sentenced {
+        key: key.to_string(),
+        kind,
+        remaining: 60 * SECOND,
+        factor_ppm: 0,
+        info: encode_info(&info(), Source::Operator),
+        started: false,
+    };
+    p.sync(&[shared("a", Kind::Block), shared("b", Kind::Ban)]);
+    assert_eq!(p.banned("a", clock.now()), Some(60 * SECOND));
+    assert!(p.operator_blocks());
+    let one = Penalty {
+        violations: 1,
+        ..penalty()
+    };
+    assert!(p.deny("local", &one, clock.now(), info).is_some());
+    p.sync(&[shared("b", Kind::Ban)]);
+    assert_eq!(p.banned("a", clock.now()), None);
+    assert!(p.banned("b", clock.now()).is_some());
+    assert!(p.banned("local", clock.now()).is_some());
+    let active = p.active();
+    assert_eq!(active.len(), 2);
+    assert_eq!(
+        active.iter().find(|b| b.counter == "b").unwrap().info,
+        info()
+    );
+}
