@@ -181,6 +181,42 @@ env = {e[\"name\"]: e for e in c[\"env\"]}
 assert env[\"SLUICE_REDIS_SENTINEL_MASTER\"][\"valueFrom\"] == {\"secretKeyRef\": {\"name\": \"masters\", \"key\": \"sentinel-masters\"}}, env
 assert not [x for x in c[\"args\"] if x.startswith(\"--redis-sentinel-master\")], c[\"args\"]
 '"
+check "localShare: with Redis, --local-share-service names the release's Service; a Role reads its endpointslices; token mounted" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --namespace shop \
+        --set redis.bundled.enabled=true --set kube.enabled=false --set-string 'policies.a\.yaml=domain: a' | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+named = lambda kind, name: [x for x in ds if x[\"kind\"] == kind and x[\"metadata\"][\"name\"] == name]
+assert named(\"Service\", \"r-sluice\"), \"the Service counted is the chart s own\"
+p = named(\"Deployment\", \"r-sluice\")[0][\"spec\"][\"template\"][\"spec\"]
+a = p[\"containers\"][0][\"args\"]
+assert \"--local-share-service=shop/r-sluice\" in a, a
+assert p[\"automountServiceAccountToken\"] is True
+role = named(\"Role\", \"r-sluice-endpointslices\")[0]
+assert role[\"rules\"] == [{\"apiGroups\": [\"discovery.k8s.io\"], \"resources\": [\"endpointslices\"], \"verbs\": [\"get\", \"list\", \"watch\"]}], role
+b = named(\"RoleBinding\", \"r-sluice-endpointslices\")[0]
+assert b[\"roleRef\"] == {\"apiGroup\": \"rbac.authorization.k8s.io\", \"kind\": \"Role\", \"name\": \"r-sluice-endpointslices\"}, b
+assert b[\"subjects\"] == [{\"kind\": \"ServiceAccount\", \"name\": p[\"serviceAccountName\"], \"namespace\": \"shop\"}], b
+assert not [x for x in ds if x[\"kind\"] == \"ClusterRole\"]
+'"
+check "localShare: no --local-share-service, Role or token without a Redis store, or with localShare.fromService=false" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+for values in '' '--set redis.bundled.enabled=true --set localShare.fromService=false'; do
+    t \$values --set kube.enabled=false --set-string 'policies.a\.yaml=domain: a' | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+p = [x for x in ds if x[\"kind\"] == \"Deployment\" and x[\"metadata\"][\"name\"] == \"r-sluice\"][0][\"spec\"][\"template\"][\"spec\"]
+assert not [a for a in p[\"containers\"][0][\"args\"] if a.startswith(\"--local-share-service\")]
+assert p[\"automountServiceAccountToken\"] is False
+assert not [x for x in ds if x[\"kind\"] in (\"Role\", \"RoleBinding\")]
+'
+done
+t -f $CHART/examples/redis-bundled.yaml | grep -q -- '- --local-share-service=default/r-sluice'
+if t -f $CHART/examples/sidecar.yaml | grep -q -- '--local-share-service'; then exit 1; fi
+t -f $CHART/examples/sidecar.yaml --set localShare.fromService=true --set rbac.create=true | grep -q -- '- --local-share-service=default/r-sluice'"
+check "failureMode: local is passed as --failure-mode=local" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set failureMode=local | grep -q -- '- --failure-mode=local'"
 check "sidecar: sluice gRPC on loopback, Service exposes Envoy" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/sidecar.yaml | python3 -c '
 import sys, yaml

@@ -232,10 +232,16 @@ pub struct Serve {
     #[arg(long, env = "SLUICE_FAILURE_MODE", default_value = "open", value_parser = parse_failure_mode)]
     pub failure_mode: FailureMode,
     /// `failure_mode: local`: the replicas assumed to share each limit until they
-    /// have counted each other through Redis (each replica's share is the limit
-    /// divided by this).
+    /// have counted each other through Redis or Kubernetes (each replica's share is
+    /// the limit divided by this).
     #[arg(long, env = "SLUICE_LOCAL_SHARE_REPLICAS", default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
     pub local_share_replicas: u32,
+    /// `failure_mode: local`: also count the replicas from the EndpointSlices of this
+    /// Service, NAME or NAMESPACE/NAME (a bare name is in the pod's namespace, or the
+    /// kubeconfig context's). Its ready endpoints count when they are at least as
+    /// many as the replicas counted through Redis.
+    #[arg(long, env = "SLUICE_LOCAL_SHARE_SERVICE", value_name = "SERVICE")]
+    pub local_share_service: Option<crate::source::replicas::ServiceRef>,
     /// The algorithm of rate limits that name none: fixed_window,
     /// sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", default_value = "sliding_window_counter", value_parser = parse_algorithm)]
@@ -679,6 +685,28 @@ mod tests {
         );
         let bad = parse("localhost").unwrap_err();
         assert!(bad.contains("expected HOST:PORT or off"), "{bad}");
+    }
+
+    #[test]
+    fn a_bad_local_share_service_stops_start_up_with_the_expected_form() {
+        let parse = |v: &str| {
+            let cli = Cli::try_parse_from([
+                "sluice",
+                "serve",
+                "--config",
+                "a",
+                "--local-share-service",
+                v,
+            ]);
+            match cli.map(|c| c.command) {
+                Ok(Command::Serve(s)) => Ok(s.local_share_service.map(|s| s.to_string())),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(parse("ns/sluice"), Ok(Some("ns/sluice".to_string())));
+        let bad = parse("Sluice").unwrap_err();
+        assert!(bad.contains("NAME or NAMESPACE/NAME"), "{bad}");
     }
 
     #[test]

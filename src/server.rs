@@ -19,6 +19,7 @@ use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
 use crate::service::rlqs::{Quotas, Settings as QuotaSettings};
 use crate::service::Service;
+use crate::source::replicas::{ReplicaWatch, ServiceRef};
 use crate::store::redis::Options as RedisOptions;
 use crate::store::{Demand, MemoryDemand, MemoryStore, RedisStore, Report, Store};
 use crate::telemetry::Metrics;
@@ -125,9 +126,15 @@ pub async fn run(
         let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
         local_share(service.clone(), stopped(), stopped());
+        if let Some(name) = &cfg.local_share_service {
+            replicas_from_service(service.clone(), name.clone(), stopped());
+        }
         return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
     }
 
+    if let Some(name) = &cfg.local_share_service {
+        tracing::warn!(service = %name, "--local-share-service is ignored: counters are in memory, so no replica shares a limit");
+    }
     let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
     // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
     metrics.shard_declared("memory", "local");
@@ -223,6 +230,34 @@ fn local_share<S: Store>(
                          each replica assumes --local-share-replicas"
                     );
                 }
+            }
+        }
+    });
+}
+
+/// `--local-share-service`: the replica count from the Service's EndpointSlices. A
+/// client that cannot be configured is a warning, never a failed start: the count
+/// then comes from the store or the flag, as without it.
+fn replicas_from_service<S: Store>(
+    service: Arc<Service<S>>,
+    name: ServiceRef,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let metrics = service.metrics.clone();
+        match ReplicaWatch::connect(&name, metrics.clone()).await {
+            Ok(watch) => {
+                let learn = move |n| service.limiter.local().learn_from_kubernetes(n);
+                watch.run(stop, learn).await;
+            }
+            Err(e) => {
+                metrics.local().kubernetes_failing(true);
+                tracing::warn!(
+                    service = %name,
+                    error = %e,
+                    "--local-share-service: cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG); \
+                     the replica count comes from the store or --local-share-replicas"
+                );
             }
         }
     });

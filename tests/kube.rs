@@ -171,7 +171,18 @@ impl Cluster {
 
     /// `kubectl apply --validate=false -f -`; `Err(stderr)` when refused.
     fn apply(&self, yaml: &str) -> Result<(), String> {
-        let out = self.kubectl(&["apply", "--validate=false", "-f", "-"], Some(yaml));
+        self.apply_with(&["--validate=false"], yaml)
+    }
+
+    /// `kubectl apply ARGS -f -`; `Err(stderr)` when refused.
+    fn apply_with(&self, args: &[&str], yaml: &str) -> Result<(), String> {
+        let args: Vec<&str> = ["apply"]
+            .iter()
+            .chain(args)
+            .chain(&["-f", "-"])
+            .copied()
+            .collect();
+        let out = self.kubectl(&args, Some(yaml));
         if out.status.success() {
             Ok(())
         } else {
@@ -203,6 +214,43 @@ impl Cluster {
             None,
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the CRD `name` is Established.
+    async fn wait_established(&self, name: &str) {
+        // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet,
+        // and so does this jsonpath, which only means "not yet".)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let established = self.kubectl(
+                &[
+                    "get",
+                    "crd",
+                    name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                ],
+                None,
+            );
+            if established.status.success() && established.stdout == b"True" {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the CRD {name} never became Established"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `kubectl apply ARGS`, retrying while kubectl's discovery does not know a new
+    /// kind.
+    async fn apply_new_kind(&self, args: &[&str], yaml: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while let Err(e) = self.apply_with(args, yaml) {
+            assert!(Instant::now() < deadline, "not applied: {e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The `Accepted` condition as `status/reason/message`.
@@ -327,29 +375,7 @@ async fn rate_limit_policies_from_a_real_api_server() {
     // The CRD, from the committed YAML (the same `sluice crd` prints).
     let crd = repo().join("crds/ratelimitpolicies.yaml");
     k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet, and
-    // so does this jsonpath, which only means "not yet".)
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let established = k.kubectl(
-            &[
-                "get",
-                "crd",
-                "ratelimitpolicies.sluice.dev",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-            ],
-            None,
-        );
-        if established.status.success() && established.stdout == b"True" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the CRD never became Established"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    k.wait_established("ratelimitpolicies.sluice.dev").await;
     let names = k.must(&[
         "get",
         "crd",
@@ -360,13 +386,11 @@ async fn rate_limit_policies_from_a_real_api_server() {
     assert!(names.contains("rlp"), "{names}");
 
     // A policy: seen once the watch finds the CRD (back-off at most 5 s).
-    // (Retried while kubectl's discovery does not know the new kind yet.)
-    let first = per_minute("team-a", "a", "shop", "user", 2);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while let Err(e) = k.apply(&first) {
-        assert!(Instant::now() < deadline, "first policy not applied: {e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("team-a", "a", "shop", "user", 2),
+    )
+    .await;
     wait_limit(&all, "shop", "user", Some(2), Duration::from_secs(15)).await;
     k.wait_accepted("team-a", "a", "True/Accepted", Duration::from_secs(5))
         .await;
@@ -524,6 +548,216 @@ async fn rate_limit_policies_from_a_real_api_server() {
     let took = wait_limit(&all, "shop", "other", Some(12), Duration::from_secs(20)).await;
     eprintln!("edit after an API server restart seen after {took:?}");
     eprintln!("kube test took {:?}", started.elapsed());
+}
+
+/// An EndpointSlice in `default` of Service `service`, one endpoint per (pod uid,
+/// address, ready); `None` leaves `conditions` out (Kubernetes reads that as ready).
+fn endpoint_slice(name: &str, service: &str, endpoints: &[(&str, &str, Option<bool>)]) -> String {
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  \
+         labels:\n    kubernetes.io/service-name: {service}\naddressType: IPv4\n\
+         ports:\n  - {{name: grpc, port: 8081, protocol: TCP}}\nendpoints:\n"
+    );
+    for (uid, address, ready) in endpoints {
+        yaml += &format!(
+            "  - addresses: [\"{address}\"]\n    targetRef: {{kind: Pod, namespace: default, name: pod-{uid}, uid: {uid}}}\n"
+        );
+        if let Some(ready) = ready {
+            yaml += &format!("    conditions: {{ready: {ready}}}\n");
+        }
+    }
+    yaml
+}
+
+/// `/debug/store`'s local share: (replicas, where the count came from).
+fn share(server: &Server) -> (u64, String) {
+    let (status, body) = http(&server.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let local = &v["local"];
+    let from = local["replicas_from"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (local["replicas"].as_u64().unwrap_or(0), from)
+}
+
+/// Waits until the share is `want`; returns how long it took.
+async fn wait_share(server: &Server, want: (u64, &str), within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut last = share(server);
+    while (last.0, last.1.as_str()) != want {
+        if start.elapsed() > within {
+            let logs = server.drain_lines().join("\n");
+            panic!(
+                "wanted a share of {want:?} within {within:?}, still {last:?}\nsluice log:\n{logs}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = share(server);
+    }
+    start.elapsed()
+}
+
+/// Waits until the metric `name` is `want`.
+async fn wait_metric(server: &Server, name: &str, want: f64) {
+    eventually(Duration::from_secs(10), name, || async {
+        server.metric(name, &[]) == Some(want)
+    })
+    .await;
+}
+
+/// Waits for a log line containing `text`, printed before sluice listened or since.
+async fn logged(server: &Server, text: &str) {
+    if !server.startup.iter().any(|l| l.contains(text)) {
+        server
+            .wait_line(Duration::from_secs(15), text, |l| l.contains(text))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replica_count_follows_the_services_endpoint_slices() {
+    let Some(mut k) = Cluster::start() else {
+        return;
+    };
+    if !common::redis::available() {
+        return;
+    }
+    let redis = common::redis::RedisServer::start().await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let policy = "domain: d\nfailure_mode: local\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    let serve = |redis: &str, extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, policy).unwrap();
+        let mut args = vec!["--redis", redis];
+        args.extend_from_slice(extra);
+        Server::start_env(dir, &[file], &args, &env)
+    };
+    const FAILING: &str = "sluice_local_share_kubernetes_failing";
+    // Server-side: kubectl knows the built-in kind and would send a strategic merge
+    // patch, which the API server refuses for a custom resource.
+    const SLICES: &[&str] = &["--server-side"];
+
+    // Started before the API server serves EndpointSlices: a warning, the count the
+    // heartbeat in Redis gives (this replica alone), and the metric says so. A bare
+    // name is in the kubeconfig context's namespace (default).
+    let sluice = serve(&redis.url(), &["--local-share-service", "sluice"]);
+    logged(
+        &sluice,
+        "the API server does not serve discovery.k8s.io/v1 EndpointSlices",
+    )
+    .await;
+    wait_share(&sluice, (1, "store"), Duration::from_secs(10)).await;
+    wait_metric(&sluice, FAILING, 1.0).await;
+
+    k.must(&[
+        "apply",
+        "-f",
+        repo()
+            .join("tests/kube/crd-endpointslice.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
+    k.wait_established("endpointslices.discovery.k8s.io").await;
+    // Three ready pods (one without conditions), and another Service's slice.
+    let three = [
+        ("p1", "10.0.0.1", Some(true)),
+        ("p2", "10.0.0.2", Some(true)),
+        ("p3", "10.0.0.3", None),
+    ];
+    let established = Instant::now();
+    k.apply_new_kind(SLICES, &endpoint_slice("sluice-a", "sluice", &three))
+        .await;
+    k.apply_with(
+        SLICES,
+        &endpoint_slice("other-a", "other", &[("q1", "10.0.1.1", Some(true))]),
+    )
+    .unwrap();
+    // Within the watch's back-off (at most 5 s) of the API appearing.
+    wait_share(&sluice, (3, "kubernetes"), Duration::from_secs(15)).await;
+    let took = established.elapsed();
+    eprintln!("count from the EndpointSlice API {took:?} after it was established");
+    assert_eq!(sluice.metric("sluice_local_share", &[]), Some(3.0));
+    assert_eq!(
+        sluice.metric("sluice_local_share_kubernetes", &[]),
+        Some(3.0)
+    );
+    assert_eq!(sluice.metric("sluice_local_share_learned", &[]), Some(1.0));
+    assert_eq!(sluice.metric(FAILING, &[]), Some(0.0));
+
+    // A fourth pod; then one of them not ready.
+    let mut four = three.to_vec();
+    four.push(("p4", "10.0.0.4", Some(true)));
+    k.apply_with(SLICES, &endpoint_slice("sluice-a", "sluice", &four))
+        .unwrap();
+    let took = wait_share(&sluice, (4, "kubernetes"), TWO_S).await;
+    eprintln!("a fourth endpoint counted after {took:?}");
+    four[1].2 = Some(false);
+    k.apply_with(SLICES, &endpoint_slice("sluice-a", "sluice", &four))
+        .unwrap();
+    wait_share(&sluice, (3, "kubernetes"), TWO_S).await;
+    // A second slice: the same pods' other addresses count once, a new pod counts.
+    let second = [
+        ("p1", "10.0.2.1", Some(true)),
+        ("p3", "10.0.2.3", Some(true)),
+        ("p5", "10.0.2.5", Some(true)),
+    ];
+    k.apply_with(SLICES, &endpoint_slice("sluice-b", "sluice", &second))
+        .unwrap();
+    wait_share(&sluice, (4, "kubernetes"), TWO_S).await;
+    assert_eq!(sluice.metric("sluice_local_share", &[]), Some(4.0));
+
+    // No slice left: Kubernetes gives no count, the store's stands.
+    k.must(&[
+        "delete",
+        "endpointslices.discovery.k8s.io",
+        "sluice-a",
+        "sluice-b",
+    ]);
+    wait_share(&sluice, (1, "store"), TWO_S).await;
+    assert_eq!(
+        sluice.metric("sluice_local_share_kubernetes", &[]),
+        Some(0.0)
+    );
+
+    // The API server goes away: a warning, the last count stands, nothing stops.
+    k.apply_with(SLICES, &endpoint_slice("sluice-a", "sluice", &three))
+        .unwrap();
+    wait_share(&sluice, (3, "kubernetes"), TWO_S).await;
+    let ports = ["KUBE_APISERVER_PORT", "ETCD_CLIENT_PORT", "ETCD_PEER_PORT"].map(|v| k.var(v));
+    k.stop();
+    logged(&sluice, "cannot read the Service's EndpointSlices").await;
+    wait_metric(&sluice, FAILING, 1.0).await;
+    assert_eq!(share(&sluice), (3, "kubernetes".to_string()));
+    assert_eq!(http(&sluice.http, "GET", "/healthz", "").0, 200);
+
+    // A replica started meanwhile, its Redis away too: the configured count.
+    let lonely = serve(
+        "redis://127.0.0.1:1",
+        &[
+            "--local-share-replicas",
+            "2",
+            "--local-share-service",
+            "default/sluice",
+        ],
+    );
+    logged(&lonely, "cannot read the Service's EndpointSlices").await;
+    wait_metric(&lonely, FAILING, 1.0).await;
+    assert_eq!(share(&lonely), (2, "configured".to_string()));
+    assert_eq!(http(&lonely.http, "GET", "/healthz", "").0, 200);
+
+    // The API server back (same ports and data): both watches recover by themselves.
+    k.run_script(&[
+        ("SLUICE_KUBE_APISERVER_PORT", &ports[0]),
+        ("SLUICE_ETCD_CLIENT_PORT", &ports[1]),
+        ("SLUICE_ETCD_PEER_PORT", &ports[2]),
+    ]);
+    wait_share(&lonely, (3, "kubernetes"), Duration::from_secs(20)).await;
+    wait_metric(&sluice, FAILING, 0.0).await;
+    wait_metric(&lonely, FAILING, 0.0).await;
+    assert_eq!(share(&sluice), (3, "kubernetes".to_string()));
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub enum ShareSource {
     Configured,
     /// The replicas heartbeating in the store.
     Store,
+    /// The ready endpoints of this replica's own Service, counted from Kubernetes:
+    /// in force when known and at least the store's count.
+    Kubernetes,
 }
 
 impl ShareSource {
@@ -60,6 +63,7 @@ impl ShareSource {
         match self {
             ShareSource::Configured => "configured",
             ShareSource::Store => "store",
+            ShareSource::Kubernetes => "kubernetes",
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct LocalCounter {
 pub struct LocalStatus {
     pub replicas: u32,
     pub source: ShareSource,
+    /// The count Kubernetes gave, whether in force or not.
+    pub kubernetes: Option<u32>,
     /// Decisions made locally since the process started.
     pub decisions: u64,
     /// Counters decided locally and not yet settled (at most 100 listed).
@@ -197,8 +203,11 @@ pub struct Local {
     memo: Memo,
     /// The clock as of the last tick: what the memo's writers read instead of a clock.
     coarse: AtomicU64,
+    /// The store's count once learned, `--local-share-replicas` until then.
     replicas: AtomicU32,
     learned: AtomicBool,
+    /// The count Kubernetes gave (0: none).
+    kubernetes: AtomicU32,
     /// A store answer has been seen since the process started.
     ever_up: AtomicBool,
     /// Some counter has been decided locally and is still in the table (read on
@@ -232,6 +241,7 @@ impl Local {
             memo: Memo::new(),
             replicas: AtomicU32::new(replicas.max(1)),
             learned: AtomicBool::new(false),
+            kubernetes: AtomicU32::new(0),
             ever_up: AtomicBool::new(false),
             unsettled: AtomicBool::new(false),
             pending: (0..PENDING_SHARDS)
@@ -248,16 +258,47 @@ impl Local {
         &self.replica_id
     }
 
-    /// Replicas assumed to share each limit now.
+    /// Replicas assumed to share each limit now: the larger of the counts the
+    /// store and Kubernetes gave, the configured one while neither did.
     pub fn replicas(&self) -> u32 {
-        self.replicas.load(Relaxed)
+        self.in_force().0
     }
 
     pub fn source(&self) -> ShareSource {
-        if self.learned.load(Relaxed) {
-            ShareSource::Store
-        } else {
-            ShareSource::Configured
+        self.in_force().1
+    }
+
+    /// The larger count is the safer one: a replica that counts too many admits
+    /// less than its share; one that counts too few lets the total exceed the limit.
+    fn in_force(&self) -> (u32, ShareSource) {
+        let kubernetes = self.kubernetes.load(Relaxed);
+        let own = self.replicas.load(Relaxed);
+        let learned = self.learned.load(Relaxed);
+        match (kubernetes, learned) {
+            (0, true) => (own, ShareSource::Store),
+            (0, false) => (own, ShareSource::Configured),
+            (k, true) if k < own => (own, ShareSource::Store),
+            (k, _) => (k, ShareSource::Kubernetes),
+        }
+    }
+
+    /// The count Kubernetes gave (the ready endpoints of this replica's Service), if
+    /// it gave one.
+    pub fn kubernetes(&self) -> Option<u32> {
+        Some(self.kubernetes.load(Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Kubernetes counted `n` replicas serving; 0 forgets its count (none is ready,
+    /// so it says nothing of this replica, which serves).
+    pub fn learn_from_kubernetes(&self, n: u32) {
+        let before = self.kubernetes.swap(n, Relaxed);
+        if before != n {
+            tracing::info!(
+                replicas = n,
+                before,
+                in_force = self.replicas(),
+                "local share: replica count from Kubernetes"
+            );
         }
     }
 
@@ -462,6 +503,7 @@ impl Local {
     pub fn status(&self) -> LocalStatus {
         let mut counters = Vec::new();
         let mut n = 0;
+        let (replicas, source) = self.in_force();
         for shard in self.pending.iter() {
             for (key, p) in lock(shard).iter() {
                 n += 1;
@@ -475,8 +517,9 @@ impl Local {
         }
         counters.sort_by(|a, b| a.key.cmp(&b.key));
         LocalStatus {
-            replicas: self.replicas(),
-            source: self.source(),
+            replicas,
+            source,
+            kubernetes: self.kubernetes(),
             decisions: self.decisions.load(Relaxed),
             counters,
             unsettled_counters: n,
@@ -617,6 +660,32 @@ mod tests {
         // with its share spent.
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 50));
         assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    #[test]
+    fn the_larger_of_the_stores_and_kubernetess_counts_is_in_force() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 2);
+        let now = |l: &Local| (l.replicas(), l.source(), l.kubernetes());
+        // Kubernetes alone: its count, even below the configured one.
+        local.learn_from_kubernetes(1);
+        assert_eq!(now(&local), (1, ShareSource::Kubernetes, Some(1)));
+        local.learn(3);
+        assert_eq!(now(&local), (3, ShareSource::Store, Some(1)));
+        local.learn_from_kubernetes(4);
+        assert_eq!(now(&local), (4, ShareSource::Kubernetes, Some(4)));
+        let h = hit("d|k=v", limit(Algorithm::FixedWindow, 40));
+        assert_eq!(admitted_until_denied(&local, &h), 10);
+        // Equal counts: Kubernetes's, so its watch shows as working.
+        local.learn(4);
+        assert_eq!(local.source(), ShareSource::Kubernetes);
+        // No ready endpoint: Kubernetes says nothing, the store's count stands.
+        local.learn_from_kubernetes(0);
+        assert_eq!(now(&local), (4, ShareSource::Store, None));
+        let fresh = Local::new(Arc::new(clock), 2);
+        fresh.learn_from_kubernetes(0);
+        assert_eq!(now(&fresh), (2, ShareSource::Configured, None));
+        assert_eq!(fresh.status().source, ShareSource::Configured);
     }
 
     /// A store that takes settlements by token, failing while told to: one that

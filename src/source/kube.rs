@@ -381,7 +381,7 @@ fn log_watch_error(e: &watcher::Error, scope: &str, repeated: bool) {
 
 /// 0.5 s doubling to 5 s, reset after a success.
 #[derive(Debug, Clone)]
-struct QuickBackoff {
+pub(super) struct QuickBackoff {
     next: Duration,
 }
 

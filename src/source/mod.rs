@@ -1,6 +1,7 @@
 //! Policy sources. The file, xDS and Kubernetes sources hand their documents to the
 //! [`hub::Hub`], which compiles all of them into one policy and swaps it in whole;
 //! the request path only ever loads the current `Arc<Policy>` (no lock).
+//! [`replicas`] reads Kubernetes too, for a replica count rather than policies.
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -18,6 +19,7 @@ const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 pub mod file;
 pub mod hub;
 pub mod kube;
+pub mod replicas;
 pub mod xds;
 
 /// What the sources give the server.

@@ -1,7 +1,9 @@
 //! `failure_mode: local` as series, set at scrape time from the limiter's share and
 //! the store's shards: `sluice_degraded{shard}` (1 while a shard cannot be reached),
-//! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed) and
-//! `sluice_local_share_learned` (0 while that is the configured count).
+//! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed),
+//! `sluice_local_share_learned` (0 while that is the configured count),
+//! `sluice_local_share_kubernetes` (the count from the Service's EndpointSlices) and
+//! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself).
 
 use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -14,6 +16,8 @@ pub struct LocalStats {
     decisions: IntCounter,
     share: IntGauge,
     learned: IntGauge,
+    kubernetes: IntGauge,
+    kubernetes_failing: IntGauge,
     unsettled: IntGauge,
 }
 
@@ -42,7 +46,17 @@ impl LocalStats {
         .expect("static metric definition");
         let learned = IntGauge::new(
             "sluice_local_share_learned",
-            "1 when sluice_local_share was counted through the store, 0 when it is --local-share-replicas.",
+            "1 when sluice_local_share was counted (through the store or from Kubernetes), 0 when it is --local-share-replicas.",
+        )
+        .expect("static metric definition");
+        let kubernetes = IntGauge::new(
+            "sluice_local_share_kubernetes",
+            "Ready endpoints of this replica's Service, from its EndpointSlices (--local-share-service); 0 when none is known.",
+        )
+        .expect("static metric definition");
+        let kubernetes_failing = IntGauge::new(
+            "sluice_local_share_kubernetes_failing",
+            "1 while the EndpointSlices of --local-share-service cannot be read (the last count stands).",
         )
         .expect("static metric definition");
         let unsettled = IntGauge::new(
@@ -54,14 +68,23 @@ impl LocalStats {
         register(Box::new(decisions.clone()));
         register(Box::new(share.clone()));
         register(Box::new(learned.clone()));
+        register(Box::new(kubernetes.clone()));
+        register(Box::new(kubernetes_failing.clone()));
         register(Box::new(unsettled.clone()));
         LocalStats {
             degraded,
             decisions,
             share,
             learned,
+            kubernetes,
+            kubernetes_failing,
             unsettled,
         }
+    }
+
+    /// Whether the EndpointSlice watch is failing (its last count stands meanwhile).
+    pub fn kubernetes_failing(&self, failing: bool) {
+        self.kubernetes_failing.set(i64::from(failing));
     }
 
     /// Sets every series from the share's state and the store's shards.
@@ -81,7 +104,9 @@ impl LocalStats {
         }
         self.share.set(i64::from(local.replicas));
         self.learned
-            .set(i64::from(local.source == ShareSource::Store));
+            .set(i64::from(local.source != ShareSource::Configured));
+        self.kubernetes
+            .set(i64::from(local.kubernetes.unwrap_or(0)));
         self.unsettled.set(local.unsettled_counters as i64);
     }
 }

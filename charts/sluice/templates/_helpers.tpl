@@ -88,6 +88,19 @@ redis://{{ include "sluice.fullnameFor" . }}-redis:6379
 {{- end -}}
 {{- end }}
 
+{{/* "true" when sluice counts its replicas from its own Service's EndpointSlices,
+from (dict "root" . "values" V): localShare.fromService with a Redis store (the
+share matters only then), outside mode: helpers (no Service of the chart's own). */}}
+{{- define "sluice.countsFromService" -}}
+{{- $v := .values -}}
+{{- if ne $v.mode "helpers" -}}
+{{- $r := $v.redis -}}
+{{- if and $v.localShare.fromService (or $r.urls $r.clusterUrls $r.existingSecret $r.bundled.enabled $r.sentinel.urls) -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end }}
+
 {{/* Checks that settings fit together; fails the render with a message otherwise. */}}
 {{- define "sluice.validate" -}}
 {{- $redisSources := 0 }}
@@ -192,6 +205,9 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --redis-sentinel-master={{ join "," . }}
 {{- end }}
 - --failure-mode={{ $v.failureMode }}
+{{- if include "sluice.countsFromService" . }}
+- --local-share-service={{ .root.Release.Namespace }}/{{ include "sluice.fullnameFor" . }}
+{{- end }}
 - --store-timeout={{ $v.storeTimeout }}
 - --response-headers={{ $v.responseHeaders }}
 - --default-algorithm={{ $v.defaultAlgorithm }}
