@@ -12,6 +12,7 @@ pub mod hash;
 pub mod http;
 pub mod limiter;
 pub mod policy;
+pub mod quota;
 pub mod server;
 pub mod service;
 pub mod source;

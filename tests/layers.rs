@@ -23,6 +23,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "limiter",
         &["algorithm", "clock", "hash", "policy", "store"],
     ),
+    // Quota sharing (RLQS) decides beside the limiter, with its penalties.
+    (
+        "quota",
+        &["algorithm", "clock", "hash", "policy", "store", "limiter"],
+    ),
     (
         "telemetry",
         &["algorithm", "clock", "hash", "policy", "store", "limiter"],
@@ -38,6 +43,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "policy",
             "store",
             "limiter",
+            "quota",
             "telemetry",
             "trace",
         ],

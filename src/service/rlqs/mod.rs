@@ -19,14 +19,10 @@ use crate::store::{Demand, Store};
 
 use super::Service;
 
-mod bucket;
 mod peers;
-mod share;
 mod stream;
 
-pub use bucket::{govern, Governed};
 pub use peers::{Nudge, Peers};
-pub use share::Assignment;
 pub use stream::{serve, serve_traced, Stream, Traced};
 
 /// The method on the gRPC port.

@@ -6,7 +6,7 @@
 //! jumps: the others keep the larger shares they were given against its old demand
 //! until they report again. Each other stream is sent the bucket's new total
 //! ([`Nudge`]), works out its own share from its last demand and, if that moved by
-//! more than [`HYSTERESIS`](super::share::HYSTERESIS), sends Envoy an assignment on
+//! more than [`HYSTERESIS`](crate::quota::HYSTERESIS), sends Envoy an assignment on
 //! the open stream unasked. Streams of other replicas learn the new total from Redis
 //! at their next report.
 //!

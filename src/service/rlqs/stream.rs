@@ -38,16 +38,16 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Micros, SECOND};
-use crate::policy::{FailureMode, Policy};
+use crate::policy::Policy;
+use crate::quota::share::demand;
+use crate::quota::{self, govern, Assignment, Governed};
 use crate::store::Store;
 use crate::telemetry::rlqs::AssignmentKind;
 use crate::trace::context::Parent;
 use crate::trace::{Call, Tracer};
 use sluice_grpc::{frame, Code, GrpcError, Messages, Reply};
 
-use super::bucket::{govern, Governed};
 use super::peers::{Nudge, INBOX};
-use super::share::{demand, fraction, settle, token_bucket, Assignment, HYSTERESIS};
 use super::Quotas;
 use crate::service::MAX_ENTRIES;
 
@@ -245,7 +245,7 @@ impl<S: Store> Stream<S> {
         if key != nudge.key {
             return None;
         }
-        let chosen = settle(token_bucket(&limit, fraction(own, nudge.share)), Some(last));
+        let chosen = quota::shared(&limit, own, nudge.share, Some(last));
         if chosen == last {
             return None;
         }
@@ -349,13 +349,7 @@ impl<S: Store> Stream<S> {
 
         let known = self.buckets.contains_key(&entries);
         if !known && self.buckets.len() >= settings.max_buckets {
-            let a = match (&governed, failure) {
-                // Local: a bucket never assigned has no share yet to keep.
-                (Governed::Free(_), _) | (_, FailureMode::Open | FailureMode::Local) => {
-                    Assignment::AllowAll
-                }
-                (_, FailureMode::Closed) => Assignment::DenyAll,
-            };
+            let a = quota::untracked(&governed, failure);
             return (assignment(a, ttl), rule_path);
         }
         if !known {
@@ -401,28 +395,19 @@ impl<S: Store> Stream<S> {
                     self.quotas.peers.join(&key, &self.id, &self.nudges);
                     tracked.demand_key = Some(key.clone());
                 }
-                if let Some(penalty) = &rule.penalty {
-                    let penalties = limiter.penalties();
-                    // Envoy's denials count towards the penalty as ShouldRateLimit's do.
-                    for _ in 0..usage.num_requests_denied.min(penalty.violations.max(1)) {
-                        let info = || crate::limiter::penalty::BanInfo {
-                            domain: domain.to_string(),
-                            rule: rule.path.clone(),
-                            key: shown.clone(),
-                        };
-                        if penalties
-                            .deny(&key, penalty, penalties.now(), info)
-                            .is_some()
-                        {
-                            break;
-                        }
-                    }
-                }
-                let banned = rule.penalty.is_some()
-                    && limiter
-                        .penalties()
-                        .banned(&key, limiter.penalties().now())
-                        .is_some();
+                // Envoy's denials count towards the penalty as ShouldRateLimit's do.
+                let info = || crate::limiter::penalty::BanInfo {
+                    domain: domain.to_string(),
+                    rule: rule.path.clone(),
+                    key: shown.clone(),
+                };
+                let banned = quota::penalize(
+                    limiter.penalties(),
+                    rule,
+                    &key,
+                    usage.num_requests_denied,
+                    info,
+                );
                 if banned || limit.requests == 0 {
                     Assignment::DenyAll
                 } else {
@@ -440,9 +425,7 @@ impl<S: Store> Stream<S> {
                         Ok(all) => {
                             // A demand that moved past the hysteresis may move the
                             // other streams' shares: tell them now.
-                            let moved = tracked
-                                .own
-                                .is_none_or(|o| (own - o).abs() > HYSTERESIS * o.max(1.0));
+                            let moved = quota::moved(tracked.own, own);
                             tracked.own = Some(own);
                             if moved {
                                 self.quotas.peers.nudge(
@@ -454,16 +437,13 @@ impl<S: Store> Stream<S> {
                                     },
                                 );
                             }
-                            settle(token_bucket(&limit, fraction(own, all)), tracked.last)
+                            quota::shared(&limit, own, all, tracked.last)
                         }
                         // The store is away: the last assignment holds; a bucket never
                         // assigned takes the domain's failure mode.
                         Err(e) => {
                             tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
-                            tracked.last.unwrap_or(match failure {
-                                FailureMode::Open | FailureMode::Local => Assignment::AllowAll,
-                                FailureMode::Closed => Assignment::DenyAll,
-                            })
+                            quota::unshared(tracked.last, failure)
                         }
                     }
                 }

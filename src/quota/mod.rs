@@ -1,0 +1,179 @@
+//! Quota sharing (RLQS): a bucket's limit divided among the Envoys that report it.
+//!
+//! Each Envoy reports, per bucket, what it admitted and denied; the bucket's rule
+//! comes from the same policy as ShouldRateLimit's ([`govern`]), its demand is
+//! shared with the other streams and replicas through the store
+//! ([`Demand`](crate::store::Demand)), and each Envoy is assigned a token bucket of
+//! its share ([`share`]). This module decides; the RLQS service only carries the
+//! reports in and the assignments out, and tells its other streams when a share
+//! moved.
+
+mod bucket;
+pub mod share;
+
+pub use bucket::{govern, Governed};
+pub use share::{Assignment, HYSTERESIS};
+
+use crate::algorithm::Limit;
+use crate::limiter::penalty::{BanInfo, Penalties};
+use crate::policy::{FailureMode, Rule};
+use crate::store::Share;
+
+/// What a bucket gets when this stream tracks no more buckets: a free bucket is
+/// free, a limited one takes the failure mode (`local` has no share to keep yet, so
+/// it lets through as `open` does).
+pub fn untracked(governed: &Governed<'_>, failure: FailureMode) -> Assignment {
+    match (governed, failure) {
+        (Governed::Free(_), _) | (_, FailureMode::Open | FailureMode::Local) => {
+            Assignment::AllowAll
+        }
+        (_, FailureMode::Closed) => Assignment::DenyAll,
+    }
+}
+
+/// What a limited bucket gets while its demand cannot be shared (the store away):
+/// its last assignment holds; a bucket never assigned takes the failure mode.
+pub fn unshared(last: Option<Assignment>, failure: FailureMode) -> Assignment {
+    last.unwrap_or(match failure {
+        FailureMode::Open | FailureMode::Local => Assignment::AllowAll,
+        FailureMode::Closed => Assignment::DenyAll,
+    })
+}
+
+/// The token bucket for this stream's demand `own` among everyone's `all`, or
+/// `last` when the share hardly moved, so Envoy keeps its bucket.
+pub fn shared(limit: &Limit, own: f64, all: Share, last: Option<Assignment>) -> Assignment {
+    share::settle(share::token_bucket(limit, share::fraction(own, all)), last)
+}
+
+/// Whether this stream's demand moved past the hysteresis since `last`: the other
+/// streams' shares may then have moved too.
+pub fn moved(last: Option<f64>, own: f64) -> bool {
+    last.is_none_or(|o| (own - o).abs() > HYSTERESIS * o.max(1.0))
+}
+
+/// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
+/// ShouldRateLimit's denials are counted (at most `violations`: more cannot start
+/// more than one sentence), then says whether the bucket's key is denied outright.
+pub fn penalize(
+    penalties: &Penalties,
+    rule: &Rule,
+    key: &str,
+    denied: u64,
+    info: impl Fn() -> BanInfo,
+) -> bool {
+    let Some(penalty) = &rule.penalty else {
+        return false;
+    };
+    for _ in 0..denied.min(penalty.violations.max(1)) {
+        if penalties
+            .deny(key, penalty, penalties.now(), &info)
+            .is_some()
+        {
+            break;
+        }
+    }
+    penalties.banned(key, penalties.now()).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::algorithm::{Algorithm, SECOND};
+    use crate::clock::ManualClock;
+    use crate::policy::{Penalty, Sentence};
+
+    fn limit(requests: u64) -> Limit {
+        Limit {
+            requests,
+            window: SECOND,
+            algorithm: Algorithm::FixedWindow,
+            burst: requests,
+            phase: 0,
+        }
+    }
+
+    #[test]
+    fn the_failure_mode_answers_for_buckets_without_a_share() {
+        assert_eq!(
+            untracked(&Governed::Free(None), FailureMode::Closed),
+            Assignment::AllowAll
+        );
+        assert_eq!(unshared(None, FailureMode::Closed), Assignment::DenyAll);
+        assert_eq!(unshared(None, FailureMode::Local), Assignment::AllowAll);
+        let last = shared(
+            &limit(20),
+            1.0,
+            Share {
+                total: 4.0,
+                streams: 2,
+            },
+            None,
+        );
+        assert_eq!(unshared(Some(last), FailureMode::Closed), last);
+    }
+
+    #[test]
+    fn a_share_that_hardly_moved_keeps_the_last_bucket() {
+        let all = Share {
+            total: 4.0,
+            streams: 2,
+        };
+        let first = shared(&limit(20), 1.0, all, None);
+        let Assignment::TokenBucket {
+            tokens_per_fill, ..
+        } = first
+        else {
+            panic!("a token bucket: {first:?}");
+        };
+        assert_eq!(
+            tokens_per_fill, 50,
+            "a quarter of 20 a second, ten seconds a fill"
+        );
+        let near = Share {
+            total: 4.2,
+            streams: 2,
+        };
+        assert_eq!(shared(&limit(20), 1.0, near, Some(first)), first);
+        assert!(!moved(Some(10.0), 10.5));
+        assert!(moved(Some(10.0), 12.0));
+        assert!(moved(None, 0.0));
+    }
+
+    #[test]
+    fn envoys_denials_count_towards_the_penalty_once_per_sentence() {
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let penalties = Penalties::new(Arc::new(clock.clone()), 100);
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let policy =
+            crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap();
+        let mut rule = policy.rule(0).clone();
+        let info = || BanInfo {
+            domain: "d".into(),
+            rule: "k".into(),
+            key: "v".into(),
+        };
+        assert!(
+            !penalize(&penalties, &rule, "d|k=v", 100, info),
+            "no penalty"
+        );
+        rule.penalty = Some(Penalty {
+            violations: 3,
+            within: 10 * SECOND,
+            sentence: Sentence::Ban(60 * SECOND),
+            block: None,
+        });
+        assert!(!penalize(&penalties, &rule, "d|k=v", 2, info));
+        assert!(
+            penalize(&penalties, &rule, "d|k=v", 1, info),
+            "the third denial bans"
+        );
+        assert_eq!(penalties.bans_started(), 1);
+        assert!(
+            penalize(&penalties, &rule, "d|k=v", 0, info),
+            "banned still"
+        );
+    }
+}
