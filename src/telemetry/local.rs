@@ -1,7 +1,8 @@
 //! `failure_mode: local` as series, set at scrape time from the limiter's share and
 //! the store's shards: `sluice_degraded{shard}` (1 while a shard cannot be reached),
-//! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed) and
-//! `sluice_local_share_learned` (0 while that is the configured count).
+//! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed),
+//! `sluice_local_share_learned` (0 while that is the configured count) and
+//! `sluice_local_missing_replicas` (replicas whose shares are reserved).
 
 use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -14,6 +15,7 @@ pub struct LocalStats {
     decisions: IntCounter,
     share: IntGauge,
     learned: IntGauge,
+    missing: IntGauge,
     unsettled: IntGauge,
 }
 
@@ -45,6 +47,12 @@ impl LocalStats {
             "1 when sluice_local_share was counted through the store, 0 when it is --local-share-replicas.",
         )
         .expect("static metric definition");
+        let missing = IntGauge::new(
+            "sluice_local_missing_replicas",
+            "Replicas that stopped beating in the store a moment ago (they may be deciding alone): \
+             the live replicas decide failure_mode local domains on each limit less their shares.",
+        )
+        .expect("static metric definition");
         let unsettled = IntGauge::new(
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
@@ -54,12 +62,14 @@ impl LocalStats {
         register(Box::new(decisions.clone()));
         register(Box::new(share.clone()));
         register(Box::new(learned.clone()));
+        register(Box::new(missing.clone()));
         register(Box::new(unsettled.clone()));
         LocalStats {
             degraded,
             decisions,
             share,
             learned,
+            missing,
             unsettled,
         }
     }
@@ -82,6 +92,7 @@ impl LocalStats {
         self.share.set(i64::from(local.replicas));
         self.learned
             .set(i64::from(local.source == ShareSource::Store));
+        self.missing.set(i64::from(local.missing));
         self.unsettled.set(local.unsettled_counters as i64);
     }
 }
