@@ -361,9 +361,10 @@ async fn the_heartbeat_counts_a_silent_replica_missing_then_gone_and_one_that_le
     let _one = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start().await;
     let store = store(&redis.url());
+    // A live span well over a loaded machine's pause between two beats.
     let beats = Beats {
-        live: Duration::from_millis(300),
-        hold: Duration::from_millis(1500),
+        live: Duration::from_secs(1),
+        hold: Duration::from_millis(2500),
     };
     let beat = async |id: &str| {
         store
@@ -550,4 +551,55 @@ async fn a_replica_that_stops_cleanly_leaves_the_count_and_one_that_dies_is_coun
     assert_eq!(status, 200);
     let store: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(store["local"]["missing_replicas"], 1, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_one_shard_is_counted_missing_by_the_others_and_live_by_itself() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (a, b) = (RedisServer::start().await, RedisServer::start().await);
+    let mut relay = Relay::start(a.addr()).await;
+    let both = |first: String| {
+        let mut opts = Options::new(vec![first, b.url()], false);
+        opts.call_timeout = STORE_TIMEOUT;
+        RedisStore::new(opts, None).expect("store")
+    };
+    let (others, partial) = (both(a.url()), both(relay.url()));
+    // A live span well over a loaded machine's pause between two beats.
+    let beats = Beats {
+        live: Duration::from_secs(1),
+        hold: Duration::from_secs(5),
+    };
+    let three = Replicas {
+        live: 3,
+        missing: 0,
+    };
+    let beat = async |store: &RedisStore, id: &str| store.heartbeat(id, beats).await;
+    beat(&others, "o1").await.expect("beats");
+    beat(&partial, "p").await.expect("beats");
+    assert_eq!(beat(&others, "o2").await.expect("beats"), Some(three));
+
+    relay.cut();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        beat(&others, "o1")
+            .await
+            .expect("the others reach both shards");
+        let own = beat(&partial, "p").await.expect("one shard still answers");
+        assert_eq!(own, Some(three), "live where it beats");
+        let seen = beat(&others, "o2").await.expect("beats");
+        if seen
+            == Some(Replicas {
+                live: 2,
+                missing: 1,
+            })
+        {
+            break;
+        }
+        assert_eq!(seen, Some(three));
+        assert!(Instant::now() < deadline, "never counted missing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
