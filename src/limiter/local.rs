@@ -315,7 +315,7 @@ impl Local {
             tracing::info!(
                 missing = counted.missing,
                 live = counted.live,
-                "local share: replicas missing from the heartbeat changed; their shares are reserved"
+                "local share: replicas missing from the heartbeat changed (a missing one's share is held back from the limits decided in the store)"
             );
         }
         self.ever_up.store(true, Relaxed);
