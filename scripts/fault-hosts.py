@@ -4,9 +4,9 @@
     sudo scripts/fault-hosts.py [--phase-seconds 4] [--rate 200] [--tail 0] [--sluice PATH]
 
 Builds network namespaces joined by veth links to one bridge (a namespace of its
-own too): two Redis hosts, three Sluice replicas (`--redis` on both shards,
-`failure_mode: closed`) and a load host sending a steady rate of ShouldRateLimit
-calls spread over the replicas. Each Redis listens behind a relay in its
+own too): two Redis hosts, three Sluice replicas (`--redis` on both shards; a
+`failure_mode: closed` domain and a `local` one) and a load host sending a steady
+rate of ShouldRateLimit calls spread over the replicas (evenly, but in one phase). Each Redis listens behind a relay in its
 namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
 
     warm-up      every replica's first calls to each shard (not asserted)
@@ -20,17 +20,38 @@ namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
     local        redis-1 blackholed again, calls to a `failure_mode: local` domain:
                  every key admits between 0.8x and 1.2x its limit across the replicas
     heal         redis-1 back (the local domain's counts exact again)
+    notice       sluice-3 cut off from both Redis hosts, calls to the local domain
+                 until sluice-1 and -2 count it missing (the time that took is
+                 printed): until then they decide on the whole limit, so a key may
+                 admit its limit plus the cut-off replica's third, not more
+    cut local    still cut off, fresh keys: every key admits 0.8x to 1.2x its limit,
+                 the cut-off replica deciding alone with its third, the others in
+                 Redis on the limit less that third
+    heal         sluice-3 back; traffic starts once no replica counts one missing
+    uneven       redis-1 blackholed, the local domain, 80 % of the calls to sluice-1
+                 and 10 % to each other, over 5x the keys (a demand near each key's
+                 limit): a key on redis-1 admits at most the sum over replicas of
+                 min(its calls there, its share), the bound docs/local-share.md
+                 states; a key on redis-2 is exact
+    heal         redis-1 back (exact again)
 
 Each phase has its own keys (a per-day limit of LIMIT), so what a key admitted is
 what the phase admitted. Per phase it asserts: every call answered with gRPC OK
 within --store-timeout plus 10 ms (p99 and max printed), no key admitted beyond its
 limit, and in healthy and healed phases every key admitted exactly its limit (or
 every call, if it had fewer), with no answer by the failure mode; a healed fault
-must be over within one back-off period (5 s). `--tail F` lets a fraction F of a
-phase's calls run past the bound (the latency is the load host's, so a loaded
-machine's scheduling shows in it); they are counted in the table either way. It prints a table of the phases and exits non-zero on
-a failed assertion. Traffic stays inside the namespaces it makes; they are deleted
-on exit. Needs root, iproute2, iptables, redis-server and python grpcio.
+must be over within one back-off period (5 s). With `--tail`, a healthy or healed
+phase may have that fraction of its calls answered by the failure mode after the
+store timeout (a loaded machine), and each of their keys may be off by one per such
+call; every other key is exact. `failure mode` counts the calls each
+replica's failure mode answered (failed closed, or decided locally), as s1/s2/s3;
+`count s` is how long the replicas took to count one missing (a cut) or none (a
+heal) before the phase's traffic. `--tail F` lets a fraction F of a phase's calls
+run past the bound (the latency is the load host's, so a loaded machine's
+scheduling shows in it); they are counted in the table either way. It prints a
+table of the phases and exits non-zero on a failed assertion. Traffic stays inside
+the namespaces it makes; they are deleted on exit. Needs root, iproute2, iptables,
+redis-server and python grpcio.
 
 `load` is the load host's half, run inside its namespace by the main half.
 """
@@ -55,6 +76,9 @@ STORE_TIMEOUT_MS = 20
 SLACK_MS = 10
 LIMIT = 20
 KEYS = 8
+REPLICAS = ["s1", "s2", "s3"]
+# The uneven phase's weights of the replicas' calls.
+UNEVEN = (0.8, 0.1, 0.1)
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 
@@ -134,18 +158,24 @@ async def load(args):
     interval = 1.0 / args.rate
     next_at = time.monotonic()
     phase = ""
+    # The phase file: its name, and optionally the replicas' weights and the keys.
+    weights, keys = [1] * len(calls), KEYS
     checked = 0.0
     while True:
         now = time.monotonic()
         if now - checked > 0.02:
             checked = now
             with open(args.phase_file) as f:
-                phase = f.read().strip()
+                fields = f.read().split()
+            phase = fields[0] if fields else ""
+            weights = [float(w) for w in fields[1].split(",")] if len(fields) > 1 else [1] * len(calls)
+            keys = int(fields[2]) if len(fields) > 2 else KEYS
             if phase == "stop":
                 break
         if phase and phase != "idle":
-            key = f"{phase}-{random.randrange(KEYS)}"
-            t = asyncio.ensure_future(one(phase, random.randrange(len(calls)), key))
+            key = f"{phase}-{random.randrange(keys)}"
+            replica = random.choices(range(len(calls)), weights)[0]
+            t = asyncio.ensure_future(one(phase, replica, key))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
         next_at += interval
@@ -318,7 +348,7 @@ def run(args, net, sluice, work):
              .stdout.strip() == "PONG")
         wait(f"{r}'s relay", 10, lambda: "listening" in open(os.path.join(work, f"{r}-relay.log")).read())
     redis = ",".join(f"redis://{net.ip(r)}:6379" for r in ["r1", "r2"])
-    replicas = ["s1", "s2", "s3"]
+    replicas = REPLICAS
     for s in replicas:
         ip = net.ip(s)
         net.spawn(s, [sluice, "serve", "--config", policy, "--redis", redis,
@@ -341,13 +371,27 @@ def run(args, net, sluice, work):
         except (ValueError, KeyError, TypeError):
             return False
 
-    def failed_closed():
-        total = 0
+    def debug_local(s):
+        try:
+            return json.loads(get(s, "/debug/store"))["local"]
+        except (ValueError, KeyError, TypeError):
+            return {}
+
+    def missing(s):
+        return debug_local(s).get("missing_replicas", -1)
+
+    def by_failure_mode():
+        """Per replica, the calls its failure mode answered: failed closed, or
+        decided locally (`failure_mode: local`)."""
+        counts = []
         for s in replicas:
+            n = 0
             for line in get(s, "/metrics").splitlines():
-                if line.startswith("sluice_requests_total") and 'outcome="failed_closed"' in line:
-                    total += int(float(line.rsplit(" ", 1)[1]))
-        return total
+                if (line.startswith("sluice_requests_total") and 'outcome="failed_closed"' in line
+                        or line.startswith("sluice_local_decisions_total ")):
+                    n += int(float(line.rsplit(" ", 1)[1]))
+            counts.append(n)
+        return counts
 
     phase_file = os.path.join(work, "phase")
     with open(phase_file, "w") as f:
@@ -358,9 +402,9 @@ def run(args, net, sluice, work):
                                 str(args.rate), "--phase-file", phase_file, "--out", out,
                                 "--targets", *targets], os.path.join(work, "load.log"))
 
-    def set_phase(name):
+    def set_phase(name, weights=None, keys=KEYS):
         with open(phase_file, "w") as f:
-            f.write(name)
+            f.write(name if weights is None else f"{name} {','.join(map(str, weights))} {keys}")
 
     def drop(host, *rule):
         net.run("iptables", "-A", *rule, "-j", "DROP", ns=host)
@@ -369,24 +413,41 @@ def run(args, net, sluice, work):
         net.run("iptables", "-F", ns=host)
 
     r1, r2 = net.ip("r1"), net.ip("r2")
-    phases = []  # (name, kind, healed_in)
+    phases = []  # (name, kind, healed_in, counted_in)
     mode_counts = {}
+    healthy_keys = {}
 
-    def phase(name, kind, fault=None, heal=None):
-        healed_in = None
+    def keys_on(host, name):
+        """The phase's keys whose counters are in `host`'s Redis."""
+        out = net.run("redis-cli", "-p", "6380", "--scan", "--pattern", f"*user={name}-*",
+                      ns=host, check=False).stdout
+        return {line.split("user=", 1)[1].rsplit(":", 1)[0] for line in out.split()}
+
+    def phase(name, kind, fault=None, heal=None, until=None, weights=None, keys=KEYS):
+        healed_in = counted_in = None
         if heal:
             heal()
             healed_in = wait(f"every replica back on Redis before {name}", 10,
                              lambda: all(store_up(s) for s in replicas))
+            # The reservation for a replica that was cut off lifts once every
+            # replica has heard it beat again.
+            counted_in = wait(f"no replica counted missing before {name}", 10,
+                              lambda: all(missing(s) == 0 for s in replicas))
         if fault:
             fault()
-        before = failed_closed()
-        set_phase(name)
-        time.sleep(args.phase_seconds)
+        before = by_failure_mode()
+        set_phase(name, weights, keys)
+        if until:
+            counted_in = wait(f"the end of {name}", 15, until)
+        else:
+            time.sleep(args.phase_seconds)
         set_phase("idle")
         time.sleep(0.3)
-        mode_counts[name] = failed_closed() - before
-        phases.append((name, kind, healed_in))
+        mode_counts[name] = [a - b for a, b in zip(by_failure_mode(), before)]
+        if kind == "uneven":
+            # The healthy shard's keys, counted in Redis; the rest were on the lost one.
+            healthy_keys[name] = keys_on("r2", name)
+        phases.append((name, kind, healed_in, counted_in))
 
     # Each replica connects to each shard on its first call there; on a loaded machine
     # that can take longer than the store timeout, which is start-up, not a fault.
@@ -402,18 +463,37 @@ def run(args, net, sluice, work):
     # replicas, each deciding with its third.
     phase("8-blackhole-local", "local", fault=lambda: drop("r1", "INPUT", "-i", "eth0"))
     phase("9-heal-local", "exact", heal=lambda: flush("r1"))
+    # A replica cut off from every shard decides alone with its third; once the
+    # others count it missing they decide in Redis on the limit less that third.
+    # Until the others count it missing, they decide on the whole limit.
+    phase("10-notice-s3-local", "notice",
+          fault=lambda: [drop("s3", "OUTPUT", "-d", ip) for ip in (r1, r2)],
+          until=lambda: all(missing(s) >= 1 for s in ("s1", "s2")))
+    phase("11-cut-s3-local", "local")
+    phase("12-heal-s3-local", "exact", heal=lambda: flush("s3"))
+    # Uneven load: one replica takes 80 % of the calls, and a key's demand is near
+    # its limit, so the busy replica's share runs out while the others' go unused.
+    phase("13-uneven-local", "uneven", fault=lambda: drop("r1", "INPUT", "-i", "eth0"),
+          weights=UNEVEN, keys=KEYS * 5)
+    phase("14-heal-uneven-local", "exact", heal=lambda: flush("r1"))
     set_phase("stop")
     loader.wait(timeout=30)
-    return report(out, phases, mode_counts, args.tail)
+    return report(out, phases, mode_counts, args.tail, healthy_keys)
 
 
-def report(out, phases, mode_counts, tail):
+def share(limit, replicas):
+    """A replica's share, as sluice rounds it: to the nearest, at least 1."""
+    return max(1, (limit + replicas // 2) // replicas)
+
+
+def report(out, phases, mode_counts, tail, healthy_keys):
     records = [json.loads(l) for l in open(out)]
     bound = STORE_TIMEOUT_MS + SLACK_MS
     failures = []
-    print(f"{'phase':<16}{'calls':>7}{'admitted':>10}{'denied':>8}{'failed_closed':>15}"
-          f"{'errors':>8}{'p99 ms':>8}{'max ms':>8}{'late':>6}{'over':>6}{'healed s':>10}")
-    for name, kind, healed_in in phases:
+    print(f"{'phase':<21}{'calls':>7}{'admitted':>10}{'denied':>8}{'failure mode':>15}"
+          f"{'errors':>8}{'p99 ms':>8}{'max ms':>8}{'late':>6}{'over':>6}{'healed s':>10}"
+          f"{'count s':>9}")
+    for name, kind, healed_in, counted_in in phases:
         if kind == "warm-up":
             continue
         rs = [r for r in records if r[0] == name]
@@ -424,15 +504,30 @@ def report(out, phases, mode_counts, tail):
         for r in rs:
             sent[r[2]] = sent.get(r[2], 0) + 1
             admitted[r[2]] = admitted.get(r[2], 0) + (r[5] == 1)
-        # A local share bounds a key's total within 0.8x to 1.2x its limit, not at it.
-        ceiling = LIMIT * 12 // 10 if kind == "local" else LIMIT
-        over = sum(max(0, a - ceiling) for a in admitted.values())
+        # A local share bounds a key's total within 0.8x to 1.2x its limit, not at it;
+        # before a cut-off replica is noticed, the limit and its share.
+        ceiling = {"local": LIMIT * 12 // 10,
+                   "notice": LIMIT + share(LIMIT, len(REPLICAS))}.get(kind, LIMIT)
+        # In a healthy or healed phase, a call that ran into the store timeout was
+        # answered by the failure mode (a loaded machine's scheduling, not a fault),
+        # and may also have been counted in Redis: its key may be off by one per
+        # such call. They must stay within --tail; other keys must be exact.
+        answered = sum(mode_counts[name])
+        slow = {}
+        if kind == "exact" and 0 < answered <= tail * len(rs):
+            for r in rs:
+                if r[3] >= STORE_TIMEOUT_MS:
+                    slow[r[2]] = slow.get(r[2], 0) + 1
+        over = sum(max(0, a - ceiling - slow.get(k, 0)) for k, a in admitted.items())
         total_admitted = sum(admitted.values())
         denied = sum(1 for r in rs if r[5] == 2)
         healed = f"{healed_in:.1f}" if healed_in is not None else "-"
+        counted = f"{counted_in:.1f}" if counted_in is not None else "-"
         late = sum(1 for x in lat if x > bound)
-        print(f"{name:<16}{len(rs):>7}{total_admitted:>10}{denied:>8}{mode_counts[name]:>15}"
-              f"{errors:>8}{p99:>8.1f}{lat[-1] if lat else 0:>8.1f}{late:>6}{over:>6}{healed:>10}")
+        by_mode = "/".join(map(str, mode_counts[name])) if any(mode_counts[name]) else "0"
+        print(f"{name:<21}{len(rs):>7}{total_admitted:>10}{denied:>8}{by_mode:>15}"
+              f"{errors:>8}{p99:>8.1f}{lat[-1] if lat else 0:>8.1f}{late:>6}{over:>6}{healed:>10}"
+              f"{counted:>9}")
         if not rs:
             failures.append(f"{name}: no calls")
         if errors:
@@ -446,17 +541,49 @@ def report(out, phases, mode_counts, tail):
         if kind == "local":
             ratios = sorted(admitted[k] / LIMIT for k in sent if sent[k] >= LIMIT * 12 // 10)
             if ratios:
-                print(f"{'':<16}admitted/limit per key: min {ratios[0]:.2f} max {ratios[-1]:.2f}")
+                print(f"{'':<21}admitted/limit per key: min {ratios[0]:.2f} max {ratios[-1]:.2f}")
             low = {k: admitted[k] for k in sent
                    if sent[k] >= LIMIT * 12 // 10 and admitted[k] < LIMIT * 8 // 10}
             if low:
                 failures.append(f"{name}: keys admitted under 0.8x their limit: {low}")
+        if kind == "notice" and admitted:
+            r = sorted(admitted[k] / LIMIT for k in sent)
+            print(f"{'':<21}before it was noticed, admitted/limit per key: min {r[0]:.2f} max {r[-1]:.2f}")
+        if kind == "uneven":
+            # A key decided locally admits at most, per replica, the smaller of its
+            # calls there and the replica's share; a key on the healthy shard, its
+            # limit (or every call).
+            per = {}
+            for r in rs:
+                per.setdefault(r[2], [0] * len(REPLICAS))[r[1]] += 1
+            healthy = healthy_keys.get(name, set())
+            lost = [k for k in sent if k not in healthy]
+            bound_of = {k: (sum(min(n, share(LIMIT, len(REPLICAS))) for n in per[k])
+                            if k in lost else min(sent[k], LIMIT)) for k in sent}
+            if not lost:
+                failures.append(f"{name}: no key was decided locally")
+            for label, ks in (("lost shard", lost), ("healthy shard", [k for k in sent if k in healthy])):
+                if ks:
+                    r = sorted(admitted[k] / LIMIT for k in ks)
+                    b = sorted(admitted[k] / bound_of[k] for k in ks if bound_of[k])
+                    print(f"{'':<21}{label}: {len(ks)} keys, admitted/limit min {r[0]:.2f} max {r[-1]:.2f}, "
+                          f"admitted/bound min {b[0]:.2f} max {b[-1]:.2f}")
+            beyond = {k: (admitted[k], bound_of[k]) for k in sent if admitted[k] > bound_of[k]}
+            if beyond:
+                failures.append(f"{name}: keys admitted beyond the stated bound (admitted, bound): {beyond}")
+            short = {k: (admitted[k], bound_of[k]) for k in sent if admitted[k] < bound_of[k] * 8 // 10}
+            if short:
+                failures.append(f"{name}: keys admitted under 0.8x the stated bound (admitted, bound): {short}")
         if kind == "exact":
-            wrong = {k: (admitted[k], sent[k]) for k in sent if admitted[k] != min(LIMIT, sent[k])}
+            wrong = {k: (admitted[k], sent[k]) for k in sent
+                     if abs(admitted[k] - min(LIMIT, sent[k])) > slow.get(k, 0)}
             if wrong:
                 failures.append(f"{name}: counts not exact (admitted, sent): {wrong}")
-            if mode_counts[name]:
-                failures.append(f"{name}: {mode_counts[name]} answered by the failure mode")
+            if answered > tail * len(rs):
+                failures.append(f"{name}: {answered} answered by the failure mode")
+            elif answered:
+                print(f"{'':<21}{answered} answered by the failure mode after the store timeout "
+                      f"(within --tail); their keys: {slow}")
         if healed_in is not None and healed_in > 5.5:
             failures.append(f"{name}: replicas took {healed_in:.1f} s to reach Redis again")
     for f in failures:

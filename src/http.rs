@@ -437,6 +437,7 @@ async fn store<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
         "local": {
             "replicas": local.replicas,
             "replicas_from": local.source.as_str(),
+            "missing_replicas": local.missing,
             "decisions": local.decisions,
             "unsettled_counters": local.unsettled_counters,
             "counters": local.counters.iter().map(|c| json!({

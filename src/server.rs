@@ -125,11 +125,22 @@ pub async fn run(
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
         let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
-        local_share(service.clone(), stopped(), stopped());
+        let beating = local_share(service.clone(), stopped(), stopped());
         if let Some(name) = &cfg.local_share_service {
             replicas_from_service(service.clone(), name.clone(), stopped());
         }
-        return serve(service, demand, &cfg, loaded, stop_tx, stopped, shutdown).await;
+        let served = serve(
+            service.clone(),
+            demand,
+            &cfg,
+            loaded,
+            stop_tx,
+            stopped,
+            shutdown,
+        )
+        .await;
+        leave(&service, beating).await;
+        return served;
     }
 
     if let Some(name) = &cfg.local_share_service {
@@ -184,12 +195,13 @@ fn sync_sentences<S: Store>(
 
 /// `failure_mode: local`: every second, counts this replica as serving and learns
 /// how many are (while some domain is local); every 100 ms, moves the local
-/// share's clock on and adds local spending to the store once it answers.
+/// share's clock on and adds local spending to the store once it answers. Answers
+/// the heartbeat's task, which ends at `stop_beat`.
 fn local_share<S: Store>(
     service: Arc<Service<S>>,
     stop: impl Future<Output = ()> + Send + 'static,
     stop_beat: impl Future<Output = ()> + Send + 'static,
-) {
+) -> tokio::task::JoinHandle<()> {
     {
         let service = service.clone();
         tokio::spawn(async move {
@@ -232,7 +244,30 @@ fn local_share<S: Store>(
                 }
             }
         }
-    });
+    })
+}
+
+/// Once the heartbeat has stopped (so no beat lands after it), takes this replica
+/// out of the store's count: a replica that stops cleanly is not missing, and the
+/// others keep no share back for it. Bounded: an unreachable store leaves the
+/// entry to age out.
+async fn leave<S: Store>(service: &Service<S>, beating: tokio::task::JoinHandle<()>) {
+    let limiter = &service.limiter;
+    let left = async {
+        let _ = beating.await;
+        if limiter.uses_local() {
+            limiter.leave().await
+        } else {
+            Ok(())
+        }
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(2), left).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "failure_mode local: could not leave the replica count")
+        }
+        Err(_) => tracing::warn!("failure_mode local: leaving the replica count timed out"),
+    }
 }
 
 /// `--local-share-service`: the replica count from the Service's EndpointSlices. A
@@ -264,7 +299,10 @@ fn replicas_from_service<S: Store>(
 }
 
 /// Runs `work` every second until `stop`.
-fn every_second<F, Fut>(stop: impl Future<Output = ()> + Send + 'static, mut work: F)
+fn every_second<F, Fut>(
+    stop: impl Future<Output = ()> + Send + 'static,
+    mut work: F,
+) -> tokio::task::JoinHandle<()>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send,
@@ -278,7 +316,7 @@ where
                 _ = tick.tick() => work().await,
             }
         }
-    });
+    })
 }
 
 /// Binds both listeners, serves, and on `shutdown` turns readiness off, stops

@@ -1,7 +1,8 @@
 //! `failure_mode: local` on a real redis-server: three limiters (three replicas)
 //! share one shard, count each other through it, and when it hangs or dies each
 //! decides with its third of the limit; when it comes back their local spending
-//! reaches the shared counter once.
+//! reaches the shared counter once. One replica cut off alone is counted missing by
+//! the others, which then leave its third to it.
 //!
 //! The tests run one at a time: one bounds answer times.
 
@@ -15,7 +16,7 @@ use common::redis::{available, RedisServer};
 use sluice::limiter::{Descriptor, Limiter, Settings};
 use sluice::policy::FailureMode;
 use sluice::store::redis::Options;
-use sluice::store::RedisStore;
+use sluice::store::{Beats, RedisStore, Replicas, Store};
 
 const STORE_TIMEOUT: Duration = Duration::from_millis(30);
 /// The bound on an answer while the shard is away.
@@ -35,12 +36,16 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 type Replica = Limiter<RedisStore>;
 
+fn store(url: &str) -> RedisStore {
+    let mut opts = Options::new(vec![url.to_string()], false);
+    opts.call_timeout = STORE_TIMEOUT;
+    RedisStore::new(opts, None).expect("store")
+}
+
 fn replica(url: &str) -> Replica {
     let policy = sluice::policy::compile(sluice::policy::parse_str("p.yaml", POLICY).unwrap())
         .expect("compiles");
-    let mut opts = Options::new(vec![url.to_string()], false);
-    opts.call_timeout = STORE_TIMEOUT;
-    let store = RedisStore::new(opts, None).expect("store");
+    let store = store(url);
     let settings = Settings {
         failure_mode: FailureMode::Open,
         store_timeout: STORE_TIMEOUT,
@@ -52,6 +57,11 @@ fn replica(url: &str) -> Replica {
 /// Three replicas on `redis`, each knowing that three serve.
 async fn replicas(redis: &RedisServer) -> Vec<Replica> {
     let all: Vec<Replica> = (0..REPLICAS).map(|_| replica(&redis.url())).collect();
+    counted(all).await
+}
+
+/// `all`, once each has counted them all.
+async fn counted(all: Vec<Replica>) -> Vec<Replica> {
     let deadline = Instant::now() + Duration::from_secs(5);
     while all.iter().any(|r| r.local().replicas() != REPLICAS as u32) {
         assert!(
@@ -287,4 +297,309 @@ async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
         sluice.metric("sluice_degraded", &[("shard", &shard)]),
         Some(0.0)
     );
+}
+
+/// A TCP relay to a shard that can be cut: cut, it closes its connections and stops
+/// listening, so the replica behind it alone cannot reach the shard; restored, it
+/// listens on the same port again.
+struct Relay {
+    port: u16,
+    upstream: String,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Relay {
+    async fn start(upstream: String) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let port = listener.local_addr().expect("bound").port();
+        let task = tokio::spawn(relay(listener, upstream.clone()));
+        Relay {
+            port,
+            upstream,
+            task: Some(task),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn cut(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    async fn restore(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .expect("binds its port again");
+        self.task = Some(tokio::spawn(relay(listener, self.upstream.clone())));
+    }
+}
+
+/// Relays each connection to `upstream` until aborted, which drops them all.
+async fn relay(listener: tokio::net::TcpListener, upstream: String) {
+    let mut conns = tokio::task::JoinSet::new();
+    while let Ok((mut down, _)) = listener.accept().await {
+        let upstream = upstream.clone();
+        conns.spawn(async move {
+            if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_counts_a_silent_replica_missing_then_gone_and_one_that_leaves_at_once() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let store = store(&redis.url());
+    // A live span well over a loaded machine's pause between two beats.
+    let beats = Beats {
+        live: Duration::from_secs(1),
+        hold: Duration::from_millis(2500),
+    };
+    let beat = async |id: &str| {
+        store
+            .heartbeat(id, beats)
+            .await
+            .expect("beats")
+            .expect("a shared store")
+    };
+    for id in ["a", "b", "c"] {
+        beat(id).await;
+    }
+    // c stops beating: live, then missing once its beat is older than the live
+    // span, then gone once older than the hold. Redis's clock decides.
+    let mut seen = vec![beat("a").await];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.last()
+        != Some(&Replicas {
+            live: 2,
+            missing: 0,
+        })
+    {
+        assert!(Instant::now() < deadline, "counts seen: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        beat("b").await;
+        let now = beat("a").await;
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            Replicas {
+                live: 3,
+                missing: 0
+            },
+            Replicas {
+                live: 2,
+                missing: 1
+            },
+            Replicas {
+                live: 2,
+                missing: 0
+            },
+        ]
+    );
+    // b stops cleanly: out of the count at once, never missing.
+    store.leave("b").await.expect("leaves");
+    assert_eq!(
+        beat("a").await,
+        Replicas {
+            live: 1,
+            missing: 0
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_alone_keeps_its_share_and_the_others_reserve_it_once_they_count_it_missing(
+) {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let mut relay = Relay::start(redis.addr()).await;
+    let all = counted(vec![
+        replica(&redis.url()),
+        replica(&redis.url()),
+        replica(&relay.url()),
+    ])
+    .await;
+    let share = LIMIT / REPLICAS as u64;
+    // Round robin, `per` calls each: how many were admitted, and the slowest answer.
+    let spend = async |user: &str, per: u64| {
+        let (mut admitted, mut slowest) = (0, Duration::ZERO);
+        for _ in 0..per {
+            for r in &all {
+                let (ok, _, took) = call(r, user, 1).await;
+                admitted += u64::from(ok);
+                slowest = slowest.max(took);
+            }
+        }
+        (admitted, slowest)
+    };
+
+    relay.cut();
+    // Until the others count it missing, the cut-off replica's third comes on top
+    // of the limit they decide in Redis.
+    let (early, _) = spend("early", LIMIT).await;
+    eprintln!("before the others noticed: {early} of {LIMIT}");
+    assert_eq!(early, LIMIT + share);
+
+    let cut = Instant::now();
+    let deadline = cut + Duration::from_secs(10);
+    while all[..2].iter().any(|r| r.local().missing() != 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the cut-off replica never counted missing"
+        );
+        for r in &all[..2] {
+            r.heartbeat().await.expect("the others reach the shard");
+        }
+        assert!(all[2].heartbeat().await.is_err(), "cut off");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("counted missing {:?} after the cut", cut.elapsed());
+    assert_eq!(all[0].local().replicas(), 3, "missing, still sharing");
+
+    let (admitted, slowest) = spend("during", LIMIT).await;
+    eprintln!("once noticed: {admitted} of {LIMIT}; slowest answer {slowest:?}");
+    assert!(
+        (LIMIT * 8 / 10..=LIMIT * 12 / 10).contains(&admitted),
+        "admitted {admitted} of {LIMIT} in all"
+    );
+    assert!(slowest <= BOUND, "slowest answer {slowest:?}");
+
+    relay.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut beating = true;
+        for r in &all {
+            beating &= r.heartbeat().await.is_ok();
+        }
+        if beating && all.iter().all(|r| r.local().missing() == 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reservation never lifted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    settle_until(&all, "the local spending never settled", |all| {
+        all.iter().all(|r| !r.local().has_unsettled())
+    })
+    .await;
+    // The others' reserved limit and the cut-off replica's third: all of it.
+    assert_eq!(remaining(&all[0], "during").await, 0);
+    let (after, _) = spend("after", LIMIT).await;
+    assert_eq!(after, LIMIT, "exact again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stops_cleanly_leaves_the_count_and_one_that_dies_is_counted_missing() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let args = ["--redis", &url, "--drain-delay", "0s"];
+    let watcher = common::Server::start(POLICY, &args);
+    let mut stopping = common::Server::start(POLICY, &args);
+    let mut dying = common::Server::start(POLICY, &args);
+    wait_until("the replicas never counted three", || {
+        watcher.metric("sluice_local_share", &[]) == Some(3.0)
+    })
+    .await;
+    assert_eq!(
+        watcher.metric("sluice_local_missing_replicas", &[]),
+        Some(0.0)
+    );
+
+    // A clean stop (SIGTERM) takes the replica out at once: the share grows
+    // back well within the 30 s a missing replica is held.
+    stopping.terminate();
+    assert!(stopping.wait_exit(Duration::from_secs(10)).await.success());
+    wait_until("the stopped replica never left the count", || {
+        watcher.metric("sluice_local_share", &[]) == Some(2.0)
+    })
+    .await;
+    assert_eq!(
+        watcher.metric("sluice_local_missing_replicas", &[]),
+        Some(0.0)
+    );
+
+    // One that dies stays in the count, missing: its share is reserved.
+    dying.child.kill().expect("kill -9");
+    let _ = dying.child.wait();
+    wait_until("the dead replica never counted missing", || {
+        watcher.metric("sluice_local_missing_replicas", &[]) == Some(1.0)
+    })
+    .await;
+    assert_eq!(watcher.metric("sluice_local_share", &[]), Some(2.0));
+    let (status, body) = common::http(&watcher.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200);
+    let store: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(store["local"]["missing_replicas"], 1, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_one_shard_is_counted_missing_by_the_others_and_live_by_itself() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (a, b) = (RedisServer::start().await, RedisServer::start().await);
+    let mut relay = Relay::start(a.addr()).await;
+    let both = |first: String| {
+        let mut opts = Options::new(vec![first, b.url()], false);
+        opts.call_timeout = STORE_TIMEOUT;
+        RedisStore::new(opts, None).expect("store")
+    };
+    let (others, partial) = (both(a.url()), both(relay.url()));
+    // A live span well over a loaded machine's pause between two beats.
+    let beats = Beats {
+        live: Duration::from_secs(1),
+        hold: Duration::from_secs(5),
+    };
+    let three = Replicas {
+        live: 3,
+        missing: 0,
+    };
+    let beat = async |store: &RedisStore, id: &str| store.heartbeat(id, beats).await;
+    beat(&others, "o1").await.expect("beats");
+    beat(&partial, "p").await.expect("beats");
+    assert_eq!(beat(&others, "o2").await.expect("beats"), Some(three));
+
+    relay.cut();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        beat(&others, "o1")
+            .await
+            .expect("the others reach both shards");
+        let own = beat(&partial, "p").await.expect("one shard still answers");
+        assert_eq!(own, Some(three), "live where it beats");
+        let seen = beat(&others, "o2").await.expect("beats");
+        if seen
+            == Some(Replicas {
+                live: 2,
+                missing: 1,
+            })
+        {
+            break;
+        }
+        assert_eq!(seen, Some(three));
+        assert!(Instant::now() < deadline, "never counted missing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -78,6 +78,10 @@ impl<S: Store> Limiter<S> {
         if !hits.is_empty()
             && !penalty::apply_sentences(&self.penalties, &order, &mut hits, &mut outcome)
         {
+            // What the store would decide on: the limits less missing replicas' shares.
+            if failure_mode == crate::policy::FailureMode::Local {
+                self.local.reserve(&mut hits);
+            }
             let peeked = match tokio::time::timeout(PEEK_TIMEOUT, self.store.peek(&hits)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout),

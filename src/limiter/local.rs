@@ -19,6 +19,11 @@
 //! A replica that has never had a store answer since it started (neither a decision
 //! of a `local` domain nor a heartbeat) knows nothing of the counters: its local
 //! counters start with their share already spent.
+//!
+//! The heartbeat also tells which replicas stopped beating a moment ago: *missing*,
+//! they may be serving cut off from the store, deciding alone with their shares.
+//! While any is, the live replicas decide in the store on each limit less the
+//! missing replicas' shares ([`Local::reserve`]), so the total stays near the limit.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -26,7 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::algorithm::{Algorithm, Limit, Micros};
 use crate::clock::Clock;
-use crate::store::{Hit, MemoryStore, Mode, Spend, Store, Verdicts};
+use crate::store::{Beats, Hit, MemoryStore, Mode, Replicas, Spend, Store, Verdicts};
 
 /// Slots of the memo: a direct-mapped table, so a busy replica remembers its most
 /// recent counters and an idle one loses nothing that matters.
@@ -35,9 +40,18 @@ const MEMO_SLOTS: usize = 1 << 13;
 /// Shards of the pending table (touched only while deciding locally).
 const PENDING_SHARDS: usize = 16;
 
-/// How long a replica counts as serving after its last heartbeat (sent every
-/// second): a replica that stops is out of the count within this.
-pub const HEARTBEAT_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+/// How heartbeats (sent every second) count: a replica is live for 3 s after its
+/// latest beat (two beats may be late), then missing for up to 30 s: long enough to
+/// cover a partition of that length, short enough that a replica that crashed
+/// (it did not leave the count) holds the others back only briefly.
+pub const BEATS: Beats = Beats {
+    live: std::time::Duration::from_secs(3),
+    hold: std::time::Duration::from_secs(30),
+};
+
+/// A request's configured limits, kept while its hits carry reserved ones: inline
+/// for the few hits a request carries.
+pub type Configured = smallvec::SmallVec<[Limit; 8]>;
 
 /// A counter not decided locally for this long, its spending settled, leaves the
 /// table: the outage is over for it.
@@ -83,6 +97,23 @@ pub fn share(limit: &Limit, replicas: u32) -> Limit {
     Limit {
         requests: part(limit.requests),
         burst: part(limit.burst),
+        ..*limit
+    }
+}
+
+/// What the live replicas decide `limit` on in the store while `missing` of
+/// `replicas` may be deciding alone: the limit less their shares, requests and
+/// burst alike, never below 0.
+pub fn reserved(limit: &Limit, replicas: u32, missing: u32) -> Limit {
+    let part = share(limit, replicas);
+    let missing = u64::from(missing);
+    Limit {
+        requests: limit
+            .requests
+            .saturating_sub(part.requests.saturating_mul(missing)),
+        burst: limit
+            .burst
+            .saturating_sub(part.burst.saturating_mul(missing)),
         ..*limit
     }
 }
@@ -174,6 +205,9 @@ pub struct LocalCounter {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalStatus {
     pub replicas: u32,
+    /// Of `replicas`, those that stopped beating a moment ago: their shares are
+    /// reserved.
+    pub missing: u32,
     pub source: ShareSource,
     /// The count Kubernetes gave, whether in force or not.
     pub kubernetes: Option<u32>,
@@ -205,6 +239,8 @@ pub struct Local {
     coarse: AtomicU64,
     /// The store's count once learned, `--local-share-replicas` until then.
     replicas: AtomicU32,
+    /// Of `replicas`, those the store holds as missing.
+    missing: AtomicU32,
     learned: AtomicBool,
     /// The count Kubernetes gave (0: none).
     kubernetes: AtomicU32,
@@ -240,6 +276,7 @@ impl Local {
             clock,
             memo: Memo::new(),
             replicas: AtomicU32::new(replicas.max(1)),
+            missing: AtomicU32::new(0),
             learned: AtomicBool::new(false),
             kubernetes: AtomicU32::new(0),
             ever_up: AtomicBool::new(false),
@@ -302,11 +339,25 @@ impl Local {
         }
     }
 
-    /// The store counted `n` replicas heartbeating (this one included): it has
-    /// answered, so counters it never mentioned start with a whole share.
-    pub fn learn(&self, n: u32) {
+    /// Of [`Local::replicas`], those that stopped beating a moment ago.
+    pub fn missing(&self) -> u32 {
+        self.missing.load(Relaxed)
+    }
+
+    /// The store counted these replicas heartbeating (this one live among them): it
+    /// has answered, so counters it never mentioned start with a whole share.
+    pub fn learn(&self, counted: Replicas) {
+        let n = counted.total();
         if n == 0 {
             return;
+        }
+        let was = self.missing.swap(counted.missing, Relaxed);
+        if was != counted.missing {
+            tracing::info!(
+                missing = counted.missing,
+                live = counted.live,
+                "local share: replicas missing from the heartbeat changed (a missing one's share is held back from the limits decided in the store)"
+            );
         }
         self.ever_up.store(true, Relaxed);
         if !self.learned.swap(true, Relaxed) {
@@ -319,6 +370,27 @@ impl Local {
         if before != n {
             tracing::debug!(replicas = n, before, "local share: replica count changed");
         }
+    }
+
+    /// While replicas are missing, lowers each hit's limit to what the live
+    /// replicas decide in the store ([`reserved`]) and answers the configured
+    /// limits, to [`restore`] before a local decision; with none missing, one
+    /// relaxed load and nothing else. Refunds keep their limit: they give back what
+    /// was taken.
+    pub fn reserve(&self, hits: &mut [Hit]) -> Configured {
+        let mut configured = Configured::new();
+        let missing = self.missing.load(Relaxed);
+        if missing == 0 {
+            return configured;
+        }
+        let replicas = self.replicas();
+        for hit in hits.iter_mut() {
+            configured.push(hit.limit);
+            if hit.spend != Spend::Refund {
+                hit.limit = reserved(&hit.limit, replicas, missing);
+            }
+        }
+        configured
     }
 
     /// Moves the memo's clock on and drops expired local counters; the server runs
@@ -518,12 +590,20 @@ impl Local {
         counters.sort_by(|a, b| a.key.cmp(&b.key));
         LocalStatus {
             replicas,
+            missing: self.missing(),
             source,
             kubernetes: self.kubernetes(),
             decisions: self.decisions.load(Relaxed),
             counters,
             unsettled_counters: n,
         }
+    }
+}
+
+/// Puts back the limits [`Local::reserve`] lowered.
+pub fn restore(hits: &mut [Hit], configured: &Configured) {
+    for (hit, limit) in hits.iter_mut().zip(configured) {
+        hit.limit = *limit;
     }
 }
 
@@ -648,18 +728,25 @@ mod tests {
         let clock = ManualClock::new(1_000 * MINUTE);
         let local = Local::new(Arc::new(clock.clone()), 1);
         assert_eq!(local.source(), ShareSource::Configured);
-        local.learn(0);
+        local.learn(Replicas::default());
         assert_eq!(
             (local.replicas(), local.source()),
             (1, ShareSource::Configured)
         );
-        local.learn(5);
+        local.learn(Replicas {
+            live: 5,
+            missing: 0,
+        });
         assert_eq!((local.replicas(), local.source()), (5, ShareSource::Store));
         // The heartbeat's answer is the store answering: a counter no decision of
         // this replica ever reached the store for starts with a whole share, not
         // with its share spent.
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 50));
         assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    fn live(live: u32) -> Replicas {
+        Replicas { live, missing: 0 }
     }
 
     #[test]
@@ -670,14 +757,14 @@ mod tests {
         // Kubernetes alone: its count, even below the configured one.
         local.learn_from_kubernetes(1);
         assert_eq!(now(&local), (1, ShareSource::Kubernetes, Some(1)));
-        local.learn(3);
+        local.learn(live(3));
         assert_eq!(now(&local), (3, ShareSource::Store, Some(1)));
         local.learn_from_kubernetes(4);
         assert_eq!(now(&local), (4, ShareSource::Kubernetes, Some(4)));
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 40));
         assert_eq!(admitted_until_denied(&local, &h), 10);
         // Equal counts: Kubernetes's, so its watch shows as working.
-        local.learn(4);
+        local.learn(live(4));
         assert_eq!(local.source(), ShareSource::Kubernetes);
         // No ready endpoint: Kubernetes says nothing, the store's count stands.
         local.learn_from_kubernetes(0);
@@ -797,5 +884,184 @@ mod tests {
         // The store, with the 50 added and 30 more from elsewhere, says 20 are left.
         store_said(&local, &h, 20);
         assert_eq!(admitted_until_denied(&local, &h), 10);
+    }
+
+    #[test]
+    fn a_reserved_limit_leaves_out_the_missing_replicas_shares_and_never_goes_below_zero() {
+        let l = limit(Algorithm::TokenBucket, 20);
+        let r = reserved(&l, 3, 1);
+        assert_eq!((r.requests, r.burst, r.window), (13, 13, MINUTE));
+        assert_eq!(reserved(&l, 4, 2).requests, 10);
+        assert_eq!(reserved(&l, 3, 0), l);
+        // A share is at least 1: two missing of three leave a limit of 1 nothing.
+        assert_eq!(
+            reserved(&limit(Algorithm::FixedWindow, 1), 3, 2).requests,
+            0
+        );
+        // More missing than the count assumed (a configured count) leaves nothing.
+        assert_eq!(reserved(&l, 1, 2).requests, 0);
+    }
+
+    #[test]
+    fn hits_are_reserved_only_while_replicas_are_missing_and_refunds_never() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 1);
+        let l = limit(Algorithm::FixedWindow, 30);
+        let refund = Hit {
+            spend: Spend::Refund,
+            ..hit("d|k=b", l)
+        };
+        let mut hits = vec![hit("d|k=a", l), refund];
+        local.learn(Replicas {
+            live: 3,
+            missing: 0,
+        });
+        assert!(local.reserve(&mut hits).is_empty());
+        assert_eq!(hits[0].limit, l);
+
+        local.learn(Replicas {
+            live: 2,
+            missing: 1,
+        });
+        assert_eq!((local.replicas(), local.missing()), (3, 1));
+        assert_eq!(local.status().missing, 1);
+        let configured = local.reserve(&mut hits);
+        assert_eq!(hits[0].limit.requests, 20);
+        assert_eq!(hits[1].limit, l, "a refund gives back what was taken");
+        restore(&mut hits, &configured);
+        assert_eq!(hits[0].limit, l);
+
+        // Back: the reservation lifts.
+        local.learn(Replicas {
+            live: 3,
+            missing: 0,
+        });
+        assert!(local.reserve(&mut hits).is_empty());
+        assert_eq!(hits[0].limit, l);
+    }
+
+    /// One replica's way to the shared counters (a memory store standing in for
+    /// Redis), which fails as a hung shard while `cut`; a settlement is the charge
+    /// Redis would make.
+    struct Reach {
+        shared: Arc<MemoryStore>,
+        cut: AtomicBool,
+    }
+
+    impl Reach {
+        fn up(&self) -> Result<(), StoreError> {
+            if self.cut.load(Relaxed) {
+                Err(StoreError::Timeout)
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl Board for Reach {}
+
+    impl Store for Reach {
+        async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+            self.up()?;
+            self.shared.decide(hits).await
+        }
+        async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
+            self.up()?;
+            self.shared.peek(hits).await
+        }
+        fn active_keys(&self) -> usize {
+            0
+        }
+        fn name(&self) -> &'static str {
+            "reach"
+        }
+        async fn settle(&self, hit: &Hit, _token: &str) -> Result<bool, StoreError> {
+            self.up()?;
+            self.shared.decide(std::slice::from_ref(hit)).await?;
+            Ok(true)
+        }
+    }
+
+    const SHARED: &str = "domain: d
+failure_mode: local
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 30, algorithm: fixed_window}
+---
+domain: o
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 30, algorithm: fixed_window}
+";
+
+    type Replica = crate::limiter::Limiter<Reach>;
+
+    fn replica(clock: &ManualClock, shared: &Arc<MemoryStore>) -> Replica {
+        let docs = crate::policy::parse_str("p.yaml", SHARED).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = Reach {
+            shared: shared.clone(),
+            cut: AtomicBool::new(false),
+        };
+        let settings = crate::limiter::Settings::default();
+        crate::limiter::Limiter::new(
+            Arc::new(arc_swap::ArcSwap::from_pointee(policy)),
+            store,
+            settings,
+        )
+        .with_clock(Arc::new(clock.clone()))
+    }
+
+    /// Requests of `user` in `domain`, `calls` of them round robin over `all`: how
+    /// many were admitted.
+    async fn admitted(all: &[Replica], domain: &str, user: &str, calls: usize) -> u64 {
+        let entries = [("user", user)];
+        let mut n = 0;
+        for i in 0..calls {
+            let o = all[i % all.len()]
+                .decide(domain, &[crate::limiter::Descriptor::new(&entries, 1)])
+                .await;
+            n += u64::from(!o.over_limit);
+        }
+        n
+    }
+
+    fn count(all: &[Replica], live: u32, missing: u32) {
+        for r in all {
+            r.local().learn(Replicas { live, missing });
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_cut_off_from_the_store_gets_its_share_reserved_by_the_others_once_missing() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let shared = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
+        let all: Vec<Replica> = (0..3).map(|_| replica(&clock, &shared)).collect();
+        count(&all, 3, 0);
+        for r in &all {
+            r.local().tick();
+        }
+        all[2].store().cut.store(true, Relaxed);
+        // Before the others count it missing, the cut-off replica's third comes on
+        // top of the limit the others decide in the store.
+        assert_eq!(admitted(&all, "d", "early", 120).await, 40);
+        // Counted missing, its third is reserved: the limit in all.
+        count(&all[..2], 2, 1);
+        assert_eq!(admitted(&all, "d", "late", 120).await, 30);
+        // The others show what is left of the reserved limit.
+        let entries = [("user", "fresh")];
+        let o = all[0]
+            .decide("d", &[crate::limiter::Descriptor::new(&entries, 1)])
+            .await;
+        assert_eq!(o.statuses[0].verdict.map(|v| v.remaining), Some(19));
+        // A domain that is not local loses nothing.
+        assert_eq!(admitted(&all[..2], "o", "other", 60).await, 30);
+
+        // Back: its spending is added, the reservation lifts, the counts are exact.
+        all[2].store().cut.store(false, Relaxed);
+        count(&all, 3, 0);
+        assert_eq!(all[2].local_tick().await.added, 20);
+        assert_eq!(admitted(&all, "d", "late", 30).await, 0);
+        assert_eq!(admitted(&all, "d", "after", 120).await, 30);
     }
 }

@@ -346,17 +346,27 @@ impl<S: Store> Limiter<S> {
         self.local.settle(&self.store).await
     }
 
-    /// Counts this replica as serving in a shared store and learns how many are.
-    /// The server runs it every second; `Ok(false)` when the store shares nothing.
+    /// Counts this replica as serving in a shared store and learns how many are,
+    /// and how many of those are missing. The server runs it every second;
+    /// `Ok(false)` when the store shares nothing.
     pub async fn heartbeat(&self) -> Result<bool, StoreError> {
-        let id = self.local.replica_id().to_string();
-        match self.store.heartbeat(&id, local::HEARTBEAT_TTL).await? {
-            Some(n) => {
-                self.local.learn(n);
+        match self
+            .store
+            .heartbeat(self.local.replica_id(), local::BEATS)
+            .await?
+        {
+            Some(counted) => {
+                self.local.learn(counted);
                 Ok(true)
             }
             None => Ok(false),
         }
+    }
+
+    /// Takes this replica out of a shared store's count as it stops cleanly, so
+    /// the others do not hold its share back as if it were cut off.
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        self.store.leave(self.local.replica_id()).await
     }
 
     /// Denial counts and bans of rules with a `penalty`.
@@ -436,9 +446,15 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
 
+        // Other domains pay nothing for this: `configured` stays empty and inline.
+        let configured = if failure_mode == FailureMode::Local {
+            self.local.reserve(&mut hits)
+        } else {
+            local::Configured::new()
+        };
         let decided = self.ask_store(&hits, wait, probe).await;
         let decided = if failure_mode == FailureMode::Local {
-            self.local_answer(&hits, decided, &mut outcome)
+            self.local_answer(&mut hits, &configured, decided, &mut outcome)
         } else {
             decided
         };
@@ -948,11 +964,13 @@ impl<S: Store> Limiter<S> {
     }
 
     /// `failure_mode: local`: the store's answer is remembered, and a store that
-    /// cannot be reached is answered from this replica's share. A script or protocol
-    /// error (a working store) is no outage: it stays an error, answered as `open`.
+    /// cannot be reached is answered from this replica's share of the configured
+    /// limits. A script or protocol error (a working store) is no outage: it stays
+    /// an error, answered as `open`.
     fn local_answer(
         &self,
-        hits: &[Hit],
+        hits: &mut [Hit],
+        configured: &local::Configured,
         decided: Result<crate::store::Verdicts, StoreError>,
         outcome: &mut Outcome,
     ) -> Result<crate::store::Verdicts, StoreError> {
@@ -963,6 +981,7 @@ impl<S: Store> Limiter<S> {
             }
             Err(e) if e.is_transient() => {
                 outcome.local = true;
+                local::restore(hits, configured);
                 Ok(self.local.decide(hits))
             }
             Err(e) => Err(e),

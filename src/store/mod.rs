@@ -177,14 +177,47 @@ pub trait Store: Board + Send + Sync + 'static {
         async { Ok(true) }
     }
 
-    /// Counts this replica (`replica`) as serving for `ttl`, and answers how many
-    /// replicas are (`None` for a store no other replica shares).
+    /// Counts this replica (`replica`) as serving now, and answers how many
+    /// replicas are: those that beat within `beats.live`, and those whose last beat
+    /// is older but within `beats.hold` (`None` for a store no other replica shares).
     fn heartbeat(
         &self,
         _replica: &str,
-        _ttl: std::time::Duration,
-    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send {
+        _beats: Beats,
+    ) -> impl Future<Output = Result<Option<Replicas>, StoreError>> + Send {
         async { Ok(None) }
+    }
+
+    /// Takes this replica (`replica`) out of the count at once: it stops cleanly,
+    /// so the others need not wait out its hold.
+    fn leave(&self, _replica: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// How long a heartbeat counts ([`Store::heartbeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beats {
+    /// A replica that beat within this is live.
+    pub live: std::time::Duration,
+    /// A replica whose last beat is older than `live` but within this is missing:
+    /// it may be serving without reaching the store.
+    pub hold: std::time::Duration,
+}
+
+/// The replicas a shared store counts ([`Store::heartbeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Replicas {
+    /// Beat within the live span (the caller included).
+    pub live: u32,
+    /// Beat within the hold but not the live span.
+    pub missing: u32,
+}
+
+impl Replicas {
+    /// Live and missing: the replicas a limit is shared by.
+    pub fn total(self) -> u32 {
+        self.live.saturating_add(self.missing)
     }
 }
 
@@ -237,9 +270,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
     fn heartbeat(
         &self,
         replica: &str,
-        ttl: std::time::Duration,
-    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send {
-        (**self).heartbeat(replica, ttl)
+        beats: Beats,
+    ) -> impl Future<Output = Result<Option<Replicas>, StoreError>> + Send {
+        (**self).heartbeat(replica, beats)
+    }
+
+    fn leave(&self, replica: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).leave(replica)
     }
 }
 

@@ -2,8 +2,9 @@
 //! the store's shards: `sluice_degraded{shard}` (1 while a shard cannot be reached),
 //! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed),
 //! `sluice_local_share_learned` (0 while that is the configured count),
-//! `sluice_local_share_kubernetes` (the count from the Service's EndpointSlices) and
-//! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself).
+//! `sluice_local_share_kubernetes` (the count from the Service's EndpointSlices),
+//! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself) and
+//! `sluice_local_missing_replicas` (replicas whose shares are reserved).
 
 use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -18,6 +19,7 @@ pub struct LocalStats {
     learned: IntGauge,
     kubernetes: IntGauge,
     kubernetes_failing: IntGauge,
+    missing: IntGauge,
     unsettled: IntGauge,
 }
 
@@ -59,6 +61,12 @@ impl LocalStats {
             "1 while the EndpointSlices of --local-share-service cannot be read (the last count stands).",
         )
         .expect("static metric definition");
+        let missing = IntGauge::new(
+            "sluice_local_missing_replicas",
+            "Replicas that stopped beating in the store a moment ago (they may be deciding alone): \
+             the live replicas decide failure_mode local domains on each limit less their shares.",
+        )
+        .expect("static metric definition");
         let unsettled = IntGauge::new(
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
@@ -70,6 +78,7 @@ impl LocalStats {
         register(Box::new(learned.clone()));
         register(Box::new(kubernetes.clone()));
         register(Box::new(kubernetes_failing.clone()));
+        register(Box::new(missing.clone()));
         register(Box::new(unsettled.clone()));
         LocalStats {
             degraded,
@@ -78,6 +87,7 @@ impl LocalStats {
             learned,
             kubernetes,
             kubernetes_failing,
+            missing,
             unsettled,
         }
     }
@@ -107,6 +117,7 @@ impl LocalStats {
             .set(i64::from(local.source != ShareSource::Configured));
         self.kubernetes
             .set(i64::from(local.kubernetes.unwrap_or(0)));
+        self.missing.set(i64::from(local.missing));
         self.unsettled.set(local.unsettled_counters as i64);
     }
 }

@@ -839,8 +839,16 @@ impl Store for RedisStore {
         self.settle_once(hit, token).await
     }
 
-    async fn heartbeat(&self, replica: &str, ttl: Duration) -> Result<Option<u32>, StoreError> {
-        self.beat(replica, ttl).await.map(Some)
+    async fn heartbeat(
+        &self,
+        replica: &str,
+        beats: crate::store::Beats,
+    ) -> Result<Option<crate::store::Replicas>, StoreError> {
+        self.beat(replica, beats).await.map(Some)
+    }
+
+    async fn leave(&self, replica: &str) -> Result<(), StoreError> {
+        self.unbeat(replica).await
     }
 }
 

@@ -1,12 +1,17 @@
 -- Sluice: a replica's heartbeat, for `failure_mode: local`'s share of each limit.
--- KEYS[1]: the sorted set of serving replicas, scored by when each stops counting.
--- ARGV[1]: this replica's id; ARGV[2]: how long it counts, in milliseconds.
--- Returns the replicas that count now (this one included). Time is Redis's own, so
--- replicas' clocks never meet.
+-- KEYS[1]: the sorted set of replicas, scored by each one's latest beat.
+-- ARGV[1]: this replica's id; ARGV[2]: how long a beat counts as live, and ARGV[3]
+-- how long it is held after that (the replica is missing), in milliseconds.
+-- Returns {live, missing}: replicas that beat within the live span (this one
+-- included), and those whose latest beat is older but within the hold. Time is
+-- Redis's own, so replicas' clocks never meet.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('PEXPIRE', KEYS[1], ttl)
-return redis.call('ZCARD', KEYS[1])
+local live = tonumber(ARGV[2])
+local hold = math.max(tonumber(ARGV[3]), live)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - hold)
+redis.call('PEXPIRE', KEYS[1], hold)
+local all = redis.call('ZCARD', KEYS[1])
+local fresh = redis.call('ZCOUNT', KEYS[1], now - live, '+inf')
+return {fresh, all - fresh}
