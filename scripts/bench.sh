@@ -29,7 +29,9 @@
 # e.g. "16 32 64 128 256 512": the Redis targets and the reference run again at each,
 # and a second table compares throughput at equal or lower p99), BENCH_REFERENCE=0 (skip
 # building the reference), BENCH_REFERENCE_VERSION, BENCH_OUT (results directory),
-# BENCH_SLUICE (another sluice binary to measure, e.g. an older build), BENCH_CLIENT
+# BENCH_SLUICE (another sluice binary to measure, e.g. an older build),
+# BENCH_SLUICE_FLAGS (more `serve` flags for every sluice target, split on spaces:
+# e.g. "--failure-mode local" to measure that mode's healthy path), BENCH_CLIENT
 # (the generator's client, `h2` by default, or `tonic`), BENCH_GEN_THREADS (the generator's runtime
 # threads, 1 by default: on 2 shared cores one thread spends about a third less CPU per
 # request than one per core, and is far from its limit at these rates; 0 = one per core),
@@ -70,6 +72,8 @@ echo "bench: building the dist binaries (the shipped profile: fat LTO)" >&2
 cargo build --profile dist --workspace --bins >&2
 bin=target/dist
 sluice=${BENCH_SLUICE:-$bin/sluice}
+# shellcheck disable=SC2206 # split on purpose: several flags in one variable
+sluice_flags=(${BENCH_SLUICE_FLAGS:-})
 
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
@@ -103,7 +107,7 @@ start_sluice() {
   local name=$1 grpc=$2 http=$3
   shift 3
   "$sluice" serve --config benches/policy.yaml --grpc-addr "127.0.0.1:$grpc" \
-    --http-addr "127.0.0.1:$http" --worker-threads "$workers" "$@" >"$out/$name.log" 2>&1 &
+    --http-addr "127.0.0.1:$http" --worker-threads "$workers" "$@" "${sluice_flags[@]}" >"$out/$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
   if wait_port "$grpc" "$pid"; then
