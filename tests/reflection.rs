@@ -33,11 +33,27 @@ fn committed() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service/ratelimit.binpb")
 }
 
+/// The host's target triple, from `rustc -vV`.
+fn host() -> String {
+    let out = std::process::Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("run rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
+}
+
 /// envoy-types' own descriptor set of every proto it compiles.
 fn envoy_types_descriptors() -> Vec<u8> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Offline, and for this host only: a fresh machine has downloaded the packages
+    // its build needs, not other platforms' (cargo metadata would want those too).
     let out = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host()])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo metadata");
