@@ -22,7 +22,7 @@ use crate::store::{ShardStatus, Store};
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
-pub struct Admin<S> {
+pub struct HttpState<S> {
     pub service: Arc<Service<S>>,
     /// False until the servers listen; false again on SIGTERM.
     pub ready: Arc<AtomicBool>,
@@ -35,7 +35,7 @@ pub struct Admin<S> {
 }
 
 /// The router for `--http-addr`.
-pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
+pub fn router<S: Store>(admin: Arc<HttpState<S>>) -> Router {
     // A body over the limit is refused as soon as its Content-Length says so, or
     // its bytes go past it.
     let json = post(json_request::<S>).layer(DefaultBodyLimit::max(admin.max_request_bytes));
@@ -55,7 +55,7 @@ pub fn router<S: Store>(admin: Arc<Admin<S>>) -> Router {
 }
 
 /// The metrics of `admin` at `path` alone, for `--prometheus-addr`.
-pub fn metrics_router<S: Store>(admin: Arc<Admin<S>>, path: &str) -> Router {
+pub fn metrics_router<S: Store>(admin: Arc<HttpState<S>>, path: &str) -> Router {
     Router::new()
         .route(path, get(metrics::<S>))
         .with_state(admin)
@@ -66,11 +66,11 @@ pub fn metrics_router<S: Store>(admin: Arc<Admin<S>>, path: &str) -> Router {
 /// so a store outage would take them all out of the endpoints at once, and Envoy's
 /// own failure mode would answer instead of the domain's (`/debug/store` and the
 /// metrics show the store).
-fn is_ready<S: Store>(admin: &Admin<S>) -> bool {
+fn is_ready<S: Store>(admin: &HttpState<S>) -> bool {
     admin.ready.load(Ordering::SeqCst) && admin.loaded.load(Ordering::SeqCst)
 }
 
-async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn readyz<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     if is_ready(&admin) {
         (StatusCode::OK, "ready").into_response()
     } else {
@@ -79,7 +79,7 @@ async fn readyz<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 }
 
 /// `/readyz` as envoyproxy/ratelimit answers its `/healthcheck`: `OK`, or 500.
-async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn healthcheck<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     if is_ready(&admin) {
         (StatusCode::OK, "OK").into_response()
     } else {
@@ -88,7 +88,7 @@ async fn healthcheck<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 }
 
 async fn metrics<S: Store>(
-    State(admin): State<Arc<Admin<S>>>,
+    State(admin): State<Arc<HttpState<S>>>,
     request_headers: axum::http::HeaderMap,
 ) -> Response {
     let store = admin.service.limiter.store();
@@ -139,7 +139,7 @@ async fn metrics<S: Store>(
 }
 
 async fn json_request<S: Store>(
-    State(admin): State<Arc<Admin<S>>>,
+    State(admin): State<Arc<HttpState<S>>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let _in_flight = admin.service.enter();
@@ -187,7 +187,7 @@ async fn json_request<S: Store>(
     }
 }
 
-async fn policies<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     let policy = admin.service.limiter.policy();
     let mut domains: Vec<_> = policy.domains.values().collect();
     domains.sort_by(|a, b| a.name.cmp(&b.name));
@@ -286,7 +286,7 @@ fn rule_ids(domain: &crate::policy::Domain) -> Vec<usize> {
 
 /// `/debug/signals`: per domain and rule, the signals of abuse read from the
 /// traffic: machine-regular keys.
-async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn signals<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     use crate::telemetry::signals::{regular, spike, subnet};
     let subnets = |all: &[subnet::Subnet]| {
         all.iter()
@@ -344,7 +344,7 @@ async fn signals<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 
 /// `/debug/blocks`: every sentence in force (blocks, bans, tightenings), longest
 /// first; `shared` when they come from a store every replica shares.
-async fn blocks<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn blocks<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     use crate::telemetry::secs;
     let limiter = &admin.service.limiter;
     let list = limiter.penalties().active();
@@ -366,7 +366,7 @@ async fn blocks<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 
 /// `/debug/top`: per domain and rule, the deny ratio and the keys denied most over
 /// the last minute, and the keys serving a penalty ban.
-async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn top<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     use crate::telemetry::secs;
     let bans = admin.service.limiter.penalties().active();
     let mut rules: Vec<serde_json::Value> = Vec::new();
@@ -426,7 +426,7 @@ async fn top<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
 
 /// `/debug/store`: per shard (or cluster), its state, latest error and back-off
 /// deadline.
-async fn store<S: Store>(State(admin): State<Arc<Admin<S>>>) -> Response {
+async fn store<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     let store = admin.service.limiter.store();
     let now = SystemTime::now();
     let shards: Vec<_> = store.shards().iter().map(|s| shard(s, now)).collect();

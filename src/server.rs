@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::clock::SystemClock;
 use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
 use crate::hash::ValueHash;
-use crate::http::{metrics_router, router, Admin};
+use crate::http::{metrics_router, router, HttpState};
 use crate::limiter::key::Hashing;
 use crate::limiter::{Limiter, Settings};
 use crate::service::grpc::Grpc;
@@ -404,7 +404,7 @@ where
             }
         })
     });
-    let admin = Arc::new(Admin {
+    let admin = Arc::new(HttpState {
         service: service.clone(),
         ready: ready.clone(),
         max_request_bytes: cfg.max_request_bytes,

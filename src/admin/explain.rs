@@ -43,7 +43,7 @@ impl Request {
             descriptors: self
                 .shapes
                 .iter()
-                .map(|(range, hits)| decode::Descriptor {
+                .map(|(range, hits)| decode::WireDescriptor {
                     entries: range.clone(),
                     hits_addend: *hits,
                     is_negative_hits: false,

@@ -8,7 +8,7 @@ use crate::algorithm::Limit;
 
 use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
-use super::model::{Descriptor, Document, RateLimit};
+use super::model::{DescriptorNode, Document, RateLimit};
 use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
 
 /// Where something was defined, for messages naming both places of a conflict.
@@ -160,7 +160,7 @@ struct Trail {
     shared: Vec<Option<String>>,
 }
 
-fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &Descriptor, trail: &mut Trail) {
+fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &DescriptorNode, trail: &mut Trail) {
     trail.path.push((d.key.clone(), d.value.clone()));
     let here = Origin {
         source: out.doc.source.clone(),
@@ -218,7 +218,7 @@ fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &Descriptor, trail: 
 }
 
 /// The rule of `rl`, one of `d`'s limits, numbered as the next in `out.rules`.
-fn rule(out: &mut Out<'_>, d: &Descriptor, rl: &RateLimit, trail: &Trail) -> Option<Rule> {
+fn rule(out: &mut Out<'_>, d: &DescriptorNode, rl: &RateLimit, trail: &Trail) -> Option<Rule> {
     let id = out.rules.len();
     let limit = if rl.unlimited {
         None

@@ -8,17 +8,17 @@ use crate::algorithm::Algorithm;
 
 use super::duration;
 use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
-use super::model::{Descriptor, RateLimit};
+use super::model::{DescriptorNode, RateLimit};
 use super::node::{shorten, Value};
 use super::{Block, Calendar, Layer, Penalty, Period, Sentence, Shed, Unit};
 
 /// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
 /// out after their errors are recorded.
-pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<Descriptor> {
+pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<DescriptorNode> {
     let Some(items) = list(ctx, field) else {
         return Vec::new();
     };
-    let mut out: Vec<Descriptor> = Vec::with_capacity(items.len());
+    let mut out: Vec<DescriptorNode> = Vec::with_capacity(items.len());
     // Where each key/value was first defined at this level.
     let mut seen: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
     for item in items {
@@ -51,7 +51,7 @@ pub(crate) fn describe_path(key: &str, value: Option<&str>) -> String {
     }
 }
 
-fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<Descriptor> {
+fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<DescriptorNode> {
     let mut f = Fields::open(ctx, node, "descriptor")?;
     let key = f.get(ctx, "key").and_then(|k| string(ctx, k));
     let value = f
@@ -136,7 +136,7 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
             return None;
         }
     };
-    Some(Descriptor {
+    Some(DescriptorNode {
         line,
         key,
         value,

@@ -39,7 +39,7 @@ pub use calendar::{Calendar, Period};
 pub use compile::{compile, compile_with};
 pub use load::{load_paths, read_paths};
 pub use matcher::{LevelMatch, NoMatch, Trace};
-pub use model::{Descriptor, Document, DocumentKind, RateLimit};
+pub use model::{DescriptorNode, Document, DocumentKind, RateLimit};
 pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};
 
 /// The most limits one descriptor's `rate_limits` list may hold: each is a counter

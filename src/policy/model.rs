@@ -34,7 +34,7 @@ pub struct Document {
     pub failure_mode: Option<FailureMode>,
     /// `shard_by`: the entry key whose value places this domain's counters.
     pub shard_by: Option<String>,
-    pub descriptors: Vec<Descriptor>,
+    pub descriptors: Vec<DescriptorNode>,
 }
 
 impl Document {
@@ -56,7 +56,7 @@ impl Document {
 
 /// One node of the descriptor tree.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Descriptor {
+pub struct DescriptorNode {
     /// 1-based line of the descriptor, when known.
     pub line: Option<usize>,
     pub key: String,
@@ -68,7 +68,7 @@ pub struct Descriptor {
     /// requests under its own window, and a request passes only when all of them
     /// admit it. Empty for a single `rate_limit`.
     pub also: Vec<RateLimit>,
-    pub descriptors: Vec<Descriptor>,
+    pub descriptors: Vec<DescriptorNode>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
     /// With a wildcard `value`: one counter shared by every matching value.
@@ -83,7 +83,7 @@ pub struct Descriptor {
     pub layer: Layer,
 }
 
-impl Descriptor {
+impl DescriptorNode {
     /// Whether `value` is a wildcard pattern.
     pub fn is_wildcard(&self) -> bool {
         self.value.as_deref().is_some_and(|v| v.contains('*'))

@@ -16,14 +16,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 pub struct Request<'a> {
     pub domain: &'a str,
     pub hits_addend: u32,
-    pub descriptors: Vec<Descriptor>,
+    pub descriptors: Vec<WireDescriptor>,
     /// Every descriptor's (key, value) entries, one after the other.
     pub entries: Vec<(&'a str, &'a str)>,
 }
 
 /// One descriptor: its entries are `Request::entries[entries]`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Descriptor {
+pub struct WireDescriptor {
     pub entries: Range<usize>,
     /// `hits_addend`'s value when the field is present.
     pub hits_addend: Option<u64>,
@@ -50,7 +50,7 @@ impl<'a> Request<'a> {
             .map(|d| {
                 let start = entries.len();
                 entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-                Descriptor {
+                WireDescriptor {
                     entries: start..entries.len(),
                     hits_addend: d.hits_addend.as_ref().map(|h| h.value),
                     is_negative_hits: d.is_negative_hits,
@@ -99,8 +99,11 @@ impl<'a> Request<'a> {
 const VARINT: u8 = 0;
 const LEN: u8 = 2;
 
-fn descriptor<'a>(message: &'a [u8], entries: &mut Vec<(&'a str, &'a str)>) -> Option<Descriptor> {
-    let mut d = Descriptor {
+fn descriptor<'a>(
+    message: &'a [u8],
+    entries: &mut Vec<(&'a str, &'a str)>,
+) -> Option<WireDescriptor> {
+    let mut d = WireDescriptor {
         entries: entries.len()..entries.len(),
         hits_addend: None,
         is_negative_hits: false,

@@ -322,12 +322,14 @@ mod tests {
             descriptors: shape
                 .iter()
                 .enumerate()
-                .map(|(i, &(hits_addend, is_negative_hits))| decode::Descriptor {
-                    entries: i..i + 1,
-                    hits_addend,
-                    is_negative_hits,
-                    limit: None,
-                })
+                .map(
+                    |(i, &(hits_addend, is_negative_hits))| decode::WireDescriptor {
+                        entries: i..i + 1,
+                        hits_addend,
+                        is_negative_hits,
+                        limit: None,
+                    },
+                )
                 .collect(),
             entries: vec![("k", "v"); shape.len()],
         }

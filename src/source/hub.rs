@@ -60,7 +60,7 @@ impl Candidate {
 
 /// The result for one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Acceptance {
     Accepted,
     Invalid(String),
     Conflicted(String),
@@ -70,7 +70,7 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub generation: i64,
-    pub verdict: Verdict,
+    pub verdict: Acceptance,
 }
 
 /// Verdicts by `namespace/name`.
@@ -108,7 +108,7 @@ pub fn resolve(
 
     for c in &order {
         let verdict = match &c.current {
-            Err(errors) => Verdict::Invalid(invalid_message(errors)),
+            Err(errors) => Acceptance::Invalid(invalid_message(errors)),
             Ok(doc) => match fits(doc, c, &owner, shared, &by_domain) {
                 Ok(()) => {
                     by_domain
@@ -116,9 +116,9 @@ pub fn resolve(
                         .or_default()
                         .push(doc.clone());
                     serving.push(doc.clone());
-                    Verdict::Accepted
+                    Acceptance::Accepted
                 }
-                Err(message) => Verdict::Conflicted(message),
+                Err(message) => Acceptance::Conflicted(message),
             },
         };
         outcomes.insert(
@@ -334,7 +334,7 @@ mod tests {
         })
     }
 
-    fn verdict(o: &Outcomes, key: &str) -> Verdict {
+    fn verdict(o: &Outcomes, key: &str) -> Acceptance {
         o[key].verdict.clone()
     }
 
@@ -343,9 +343,9 @@ mod tests {
         let a = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
         let b = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k"));
         let (docs, o) = resolve(&[], &[b.clone(), a.clone()], &HashSet::new());
-        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
+        assert_eq!(verdict(&o, "ns/a"), Acceptance::Accepted);
         assert!(
-            matches!(verdict(&o, "ns/b"), Verdict::Conflicted(m) if m.contains("already defined at ns/a"))
+            matches!(verdict(&o, "ns/b"), Acceptance::Conflicted(m) if m.contains("already defined at ns/a"))
         );
         assert_eq!(docs.len(), 1);
         assert_eq!(docs[0].source, "ns/a");
@@ -357,9 +357,9 @@ mod tests {
         let b = cand("ns", "b", "2024-01-01T00:00:00Z", spec("d", "k"));
         let c = cand("ns", "c", "2024-01-01T00:00:00Z", spec("d", "other"));
         let (docs, o) = resolve(&[], &[c, b, a], &HashSet::new());
-        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
-        assert!(matches!(verdict(&o, "ns/b"), Verdict::Conflicted(_)));
-        assert_eq!(verdict(&o, "ns/c"), Verdict::Accepted);
+        assert_eq!(verdict(&o, "ns/a"), Acceptance::Accepted);
+        assert!(matches!(verdict(&o, "ns/b"), Acceptance::Conflicted(_)));
+        assert_eq!(verdict(&o, "ns/c"), Acceptance::Accepted);
         assert_eq!(docs.len(), 2);
         compile(docs).unwrap();
     }
@@ -369,13 +369,13 @@ mod tests {
         let a = cand("one", "a", "2024-01-01T00:00:00Z", spec("d", "k1"));
         let b = cand("two", "b", "2024-01-02T00:00:00Z", spec("d", "k2"));
         let (_, o) = resolve(&[], &[a.clone(), b.clone()], &HashSet::new());
-        assert_eq!(verdict(&o, "one/a"), Verdict::Accepted);
+        assert_eq!(verdict(&o, "one/a"), Acceptance::Accepted);
         assert!(
-            matches!(verdict(&o, "two/b"), Verdict::Conflicted(m) if m.contains("belongs to namespace 'one'") && m.contains("--shared-domains"))
+            matches!(verdict(&o, "two/b"), Acceptance::Conflicted(m) if m.contains("belongs to namespace 'one'") && m.contains("--shared-domains"))
         );
         let shared: HashSet<String> = ["d".to_string()].into();
         let (docs, o) = resolve(&[], &[a, b], &shared);
-        assert_eq!(verdict(&o, "two/b"), Verdict::Accepted);
+        assert_eq!(verdict(&o, "two/b"), Acceptance::Accepted);
         assert_eq!(docs.len(), 2);
     }
 
@@ -394,10 +394,10 @@ mod tests {
         let other = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k2"));
         let (docs, o) = resolve(&[], &[bad.clone(), other.clone()], &HashSet::new());
         assert!(
-            matches!(verdict(&o, "ns/a"), Verdict::Invalid(m) if m.contains("duplicate descriptor"))
+            matches!(verdict(&o, "ns/a"), Acceptance::Invalid(m) if m.contains("duplicate descriptor"))
         );
         assert_eq!(o["ns/a"].generation, 2);
-        assert_eq!(verdict(&o, "ns/b"), Verdict::Accepted);
+        assert_eq!(verdict(&o, "ns/b"), Acceptance::Accepted);
         assert_eq!(docs.len(), 2, "the last good version and the other policy");
 
         // Without a last good version (another replica, just started) the verdicts
@@ -414,8 +414,10 @@ mod tests {
         let merging = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k2"));
         let clashing = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k"));
         let (docs, o) = resolve(&files, &[merging, clashing], &HashSet::new());
-        assert_eq!(verdict(&o, "ns/a"), Verdict::Accepted);
-        assert!(matches!(verdict(&o, "ns/b"), Verdict::Conflicted(m) if m.contains("file.yaml")));
+        assert_eq!(verdict(&o, "ns/a"), Acceptance::Accepted);
+        assert!(
+            matches!(verdict(&o, "ns/b"), Acceptance::Conflicted(m) if m.contains("file.yaml"))
+        );
         assert_eq!(docs.len(), 2);
         assert_eq!(docs[0].source, "file.yaml");
     }
@@ -481,7 +483,7 @@ mod tests {
         let policy = hub.policy().load_full();
         assert!(policy.domain("f").is_some());
         assert!(policy.domain("d").is_some());
-        assert_eq!(rx.borrow()["ns/a"].verdict, Verdict::Accepted);
+        assert_eq!(rx.borrow()["ns/a"].verdict, Acceptance::Accepted);
         hub.set_policies(Vec::new());
         assert!(hub.policy().load().domain("d").is_none());
     }

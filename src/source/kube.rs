@@ -27,7 +27,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::hub::{Candidate, Hub, Outcomes, Verdict};
+use super::hub::{Acceptance, Candidate, Hub, Outcomes};
 use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
 use crate::policy::{self, Document, PolicyError};
 
@@ -211,7 +211,7 @@ impl KubeSource {
             match tokio::time::timeout(Duration::from_secs(10), call).await {
                 Ok(Ok(_)) => {
                     match &outcome.verdict {
-                        Verdict::Accepted => {
+                        Acceptance::Accepted => {
                             tracing::info!(policy = %key, "RateLimitPolicy accepted")
                         }
                         _ => tracing::warn!(
@@ -233,11 +233,11 @@ impl KubeSource {
 }
 
 /// The condition for a verdict.
-pub fn condition(verdict: &Verdict, generation: i64) -> Condition {
+pub fn condition(verdict: &Acceptance, generation: i64) -> Condition {
     let (status, reason, message) = match verdict {
-        Verdict::Accepted => ("True", "Accepted", "the policy is serving".to_string()),
-        Verdict::Invalid(m) => ("False", "Invalid", m.clone()),
-        Verdict::Conflicted(m) => ("False", "Conflicted", m.clone()),
+        Acceptance::Accepted => ("True", "Accepted", "the policy is serving".to_string()),
+        Acceptance::Invalid(m) => ("False", "Invalid", m.clone()),
+        Acceptance::Conflicted(m) => ("False", "Conflicted", m.clone()),
     };
     Condition {
         type_: ACCEPTED.to_string(),
@@ -421,12 +421,12 @@ mod tests {
 
     #[test]
     fn conditions_compare_without_transition_time() {
-        let a = condition(&Verdict::Invalid("x".into()), 3);
+        let a = condition(&Acceptance::Invalid("x".into()), 3);
         let mut b = a.clone();
         b.last_transition_time = Some(now_rfc3339());
         assert!(same(&a, &b));
-        assert!(!same(&a, &condition(&Verdict::Invalid("x".into()), 4)));
-        assert!(!same(&a, &condition(&Verdict::Accepted, 3)));
+        assert!(!same(&a, &condition(&Acceptance::Invalid("x".into()), 4)));
+        assert!(!same(&a, &condition(&Acceptance::Accepted, 3)));
         assert!(now_rfc3339().ends_with('Z'));
     }
 

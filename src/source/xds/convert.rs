@@ -226,7 +226,7 @@ descriptors:
         assert_eq!(r.limit.unwrap().algorithm, Algorithm::SlidingWindowCounter);
     }
 
-    fn strip_lines(mut ds: Vec<policy::Descriptor>) -> Vec<policy::Descriptor> {
+    fn strip_lines(mut ds: Vec<policy::DescriptorNode>) -> Vec<policy::DescriptorNode> {
         for d in &mut ds {
             d.line = None;
             if let Some(rl) = d.rate_limit.as_mut() {

@@ -184,7 +184,7 @@ impl XdsSource {
 
     fn report(&self, answer: &Answer) {
         match &answer.verdict {
-            Verdict::Accepted {
+            Ack::Accepted {
                 version,
                 domains,
                 new,
@@ -197,7 +197,7 @@ impl XdsSource {
                     tracing::debug!(version = %version, "xDS version sent again; unchanged");
                 }
             }
-            Verdict::Refused {
+            Ack::Refused {
                 version,
                 message,
                 first: true,
@@ -205,7 +205,7 @@ impl XdsSource {
                 self.metrics.policy_reload("xds", false);
                 tracing::error!(version = %version, error = %message, "xDS version refused (NACK); the last good policy keeps serving");
             }
-            Verdict::Refused { version, .. } => {
+            Ack::Refused { version, .. } => {
                 tracing::debug!(version = %version, pause = ?answer.pause, "xDS version refused again");
             }
         }
@@ -330,13 +330,13 @@ struct Refusal {
 #[derive(Debug)]
 pub struct Answer {
     pub request: DiscoveryRequest,
-    pub verdict: Verdict,
+    pub verdict: Ack,
     /// How long to wait before sending `request` (repeated NACKs only).
     pub pause: Duration,
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Ack {
     /// ACK. `new` unless the same version was accepted just before.
     Accepted {
         version: String,
@@ -391,7 +391,7 @@ impl Subscription {
                 let (version, message) = (r.version.clone(), r.message.clone());
                 return Answer {
                     request: self.nack(response, &message),
-                    verdict: Verdict::Refused {
+                    verdict: Ack::Refused {
                         version,
                         message,
                         first: false,
@@ -419,7 +419,7 @@ impl Subscription {
                         response_nonce: response.nonce.clone(),
                         ..self.first_request()
                     },
-                    verdict: Verdict::Accepted {
+                    verdict: Ack::Accepted {
                         version: response.version_info.clone(),
                         domains,
                         new,
@@ -436,7 +436,7 @@ impl Subscription {
                 });
                 Answer {
                     request: self.nack(response, &message),
-                    verdict: Verdict::Refused {
+                    verdict: Ack::Refused {
                         version: response.version_info.clone(),
                         message,
                         first: true,
@@ -574,7 +574,7 @@ mod tests {
         );
         assert_eq!(
             a.verdict,
-            Verdict::Accepted {
+            Ack::Accepted {
                 version: "1".into(),
                 domains: 2,
                 new: true
@@ -592,7 +592,7 @@ mod tests {
         // Two configs defining the same path of one domain do not compile.
         let bad = response("2", "b", vec![config("d1", "k"), config("d1", "k")]);
         let a = s.answer(&bad, apply);
-        let Verdict::Refused {
+        let Ack::Refused {
             version,
             message,
             first: true,
@@ -621,7 +621,7 @@ mod tests {
         for nonce in ["c", "d", "e", "f", "g", "h", "i"] {
             let again = response("2", nonce, bad.resources.clone());
             let a = s.answer(&again, |_| panic!("a known refusal is not applied again"));
-            assert!(matches!(a.verdict, Verdict::Refused { first: false, .. }));
+            assert!(matches!(a.verdict, Ack::Refused { first: false, .. }));
             assert_eq!(a.request.response_nonce, nonce);
             assert_eq!(a.request.version_info, "1");
             pauses.push(a.pause);
@@ -634,7 +634,7 @@ mod tests {
         let a = s.answer(&response("3", "j", vec![config("d1", "k")]), apply);
         assert_eq!(
             a.verdict,
-            Verdict::Accepted {
+            Ack::Accepted {
                 version: "3".into(),
                 domains: 1,
                 new: true
@@ -643,7 +643,7 @@ mod tests {
         assert_eq!(a.pause, Duration::ZERO);
         // The same version again (a new stream) is accepted, not new.
         let a = s.answer(&response("3", "k", vec![config("d1", "k")]), apply);
-        assert!(matches!(a.verdict, Verdict::Accepted { new: false, .. }));
+        assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
     }
 
     #[test]
@@ -653,7 +653,7 @@ mod tests {
         wrong.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
         let a = s.answer(&wrong, apply);
         assert!(
-            matches!(&a.verdict, Verdict::Refused { message, .. } if message.contains("unexpected resource type"))
+            matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("unexpected resource type"))
         );
         assert_eq!(a.request.version_info, "");
         let garbage = response(
@@ -666,12 +666,12 @@ mod tests {
         );
         let a = s.answer(&garbage, apply);
         assert!(
-            matches!(&a.verdict, Verdict::Refused { message, .. } if message.contains("does not decode"))
+            matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("does not decode"))
         );
         let empty = response("2", "c", vec![]);
         assert!(matches!(
             s.answer(&empty, apply).verdict,
-            Verdict::Accepted { domains: 0, .. }
+            Ack::Accepted { domains: 0, .. }
         ));
     }
 
