@@ -189,6 +189,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let mut rng = Lcg(seed);
     let mut compared = 0;
     let mut full = 0;
+    let mut owing = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let settle = settles && rng.next(2) == 0;
@@ -231,6 +232,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         );
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
+        owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
         // Mostly small steps (within windows), sometimes a jump over them.
         let dt = match rng.next(20) {
             0 => rng.next(3 * DAY),
@@ -242,6 +244,10 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     assert!(compared > 2_000);
     // Enough admissions that left no room, so next_room was compared too.
     assert!(full > 100, "{full} full admissions");
+    // With charges, enough that left their key owing, so what it owes was compared.
+    if settles {
+        assert!(owing > 100, "{owing} charges that left a debt");
+    }
 }
 
 /// One server and a store on it deciding at the clock's time (from a fixed instant),

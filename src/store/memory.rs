@@ -393,6 +393,7 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
             retry_after: wait.max(1),
             delay: 0,
             next_room: 0,
+            owed: 0,
         };
     }
 }
