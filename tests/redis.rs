@@ -400,6 +400,63 @@ descriptors:
     }
 }
 
+/// What charges past the limit leave a key owing reaches `sluice_debt` through the
+/// real binary on Redis: two charges of 25 on a limit of 10 owe 40, in a window and
+/// in a bucket (the decide script's answer, not the memory store's).
+#[tokio::test]
+async fn sluice_debt_shows_what_a_key_owes_on_redis() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let policy = r#"
+domain: llm
+descriptors:
+  - key: window
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_window_counter}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+"#;
+    let sluice = common::Server::start(policy, &["--redis", &server.url(), "--peak-window", "1s"]);
+    let mut client = sluice.client().await;
+    let labels = |rule| [("domain", "llm"), ("rule", rule)];
+    // Both costs in one call, as Envoy reports them at stream end. A fresh key each
+    // round: the gauge only ever shows 40 or less, and is read while answers keep
+    // reporting it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for round in 0.. {
+        let key = format!("k{round}");
+        let charge = || {
+            common::request(
+                "llm",
+                vec![
+                    common::desc_hits(&[("window", &key)], 25),
+                    common::desc_hits(&[("bucket", &key)], 25),
+                ],
+            )
+        };
+        for _ in 0..2 {
+            let r = common::call(&mut client, charge()).await;
+            assert_eq!(r.overall_code, common::OVER_LIMIT);
+        }
+        let seen = (
+            sluice.metric("sluice_debt", &labels("window")),
+            sluice.metric("sluice_debt", &labels("bucket")),
+        );
+        if seen == (Some(40.0), Some(40.0)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "debt: {seen:?}, not 40 and 40");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Spent on Redis, not in the replica's memory: a check there is refused.
+    let check = common::request("llm", vec![common::desc_hits(&[("bucket", "k0")], 0)]);
+    let r = common::call(&mut client, check).await;
+    assert_eq!(r.overall_code, common::OVER_LIMIT);
+    let mut conn = server.conn().await;
+    assert!(keys(&mut conn).await.iter().any(|k| k.contains("k0")));
+}
+
 /// `h` decided on Redis and on the memory store, in that order.
 async fn on_both(redis: &RedisStore, memory: &MemoryStore, h: &Hit) -> (Verdicts, Verdicts) {
     let one = std::slice::from_ref(h);
