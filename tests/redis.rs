@@ -233,6 +233,20 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
+        if settles {
+            // A peek (Explain) reports what each key owes now, alike.
+            let asked: Vec<Hit> = batch
+                .iter()
+                .map(|h| Hit {
+                    spend: Spend::IfAdmitted,
+                    ..h.clone()
+                })
+                .collect();
+            let owed = |v: Verdicts| v.verdicts.iter().map(|v| v.owed).collect::<Vec<_>>();
+            let want = owed(memory.peek(&asked).await.expect("memory peek"));
+            let got = owed(redis.peek(&asked).await.expect("redis peek"));
+            assert_eq!(got, want, "step {step}: peek {asked:#?}");
+        }
         // Mostly small steps (within windows), sometimes a jump over them.
         let dt = match rng.next(20) {
             0 => rng.next(3 * DAY),

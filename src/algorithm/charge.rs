@@ -50,6 +50,26 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
     }
 }
 
+/// What a key with `state` owes at `now`, in hits, as a charge's verdict says it
+/// ([`Verdict::owed`]): 0 when it is not past its limit. The admin API's Explain
+/// shows it.
+pub fn owed_now(limit: &Limit, state: Option<&State>, now: Micros) -> u64 {
+    let bucket = matches!(
+        limit.algorithm,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+    );
+    if bucket && limit.requests == 0 {
+        // No rate prices a hit: such a bucket spends no charge, so owes nothing.
+        return 0;
+    }
+    owed(
+        limit,
+        decide_alone(&lifted(limit), state, now, 0)
+            .verdict
+            .remaining,
+    )
+}
+
 /// What a key owes after a charge, from the `remaining` of the charge's decision
 /// under [`lifted`]: the lift less that is what the new state holds (a window's
 /// count, weighted for the sliding counter; a bucket's hits below full, rounded up
@@ -81,7 +101,7 @@ pub(super) fn lifted(limit: &Limit) -> Limit {
 
 #[cfg(test)]
 mod tests {
-    use super::charge;
+    use super::{charge, owed_now};
     use crate::algorithm::testkit::{self, limits, T0};
     use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
@@ -194,6 +214,16 @@ mod tests {
                 assert_eq!(d.verdict.owed, owed, "{a:?}: a charge of {cost}");
                 s = d.next.or(s);
             }
+            // What a peek reports: the same debt, read from the state.
+            assert_eq!(owed_now(&l, s.as_ref(), T0), 45, "{a:?}");
+            assert_eq!(owed_now(&l, None, T0), 0, "{a:?}");
+            // A limit of 0: a window owes every hit charged, a bucket spends none.
+            let zero = testkit::limit(a, 0, 10 * SECOND, 0);
+            let d = charge(&zero, None, T0, 3);
+            let bucket = matches!(a, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            let want = if bucket { 0 } else { 3 };
+            assert_eq!(d.verdict.owed, want, "{a:?}");
+            assert_eq!(owed_now(&zero, d.next.as_ref(), T0), want, "{a:?}");
         }
         // A bucket pays its debt back at the rate: owed falls by one hit per tenth
         // of a second, rounded up.

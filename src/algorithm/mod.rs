@@ -14,7 +14,7 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-pub use charge::charge;
+pub use charge::{charge, owed_now};
 pub use refund::refund;
 
 #[cfg(test)]
@@ -118,7 +118,8 @@ pub struct Verdict {
     pub next_room: Micros,
     /// After a charge that did not fit ([`charge`]): what the key owes, in hits: how
     /// far its new state is past the limit (a window's count over `requests`, a
-    /// bucket's hits below empty over `burst`, rounded up). 0 otherwise.
+    /// bucket's hits below empty over `burst`, rounded up). In a peek (the admin API's
+    /// Explain), what the key owes before the peeked hits ([`owed_now`]). 0 otherwise.
     pub owed: u64,
 }
 

@@ -517,7 +517,7 @@ pub fn refund_call<'a>(
 }
 
 /// Values per hit in the peek reply.
-const PEEK_STRIDE: usize = 6;
+const PEEK_STRIDE: usize = 7;
 
 /// Builds the peek invocation for `hits` (all on one shard or slot) at `keys`.
 pub fn peek_call<'a>(
@@ -565,7 +565,7 @@ pub fn parse_peek(values: &[i64], n: usize) -> Result<Vec<Verdict>, StoreError> 
             retry_after: micros(c[3]),
             delay: micros(c[4]),
             next_room: micros(c[5]),
-            owed: 0,
+            owed: u64::try_from(c[6]).unwrap_or(0),
         })
         .collect())
 }

@@ -293,6 +293,20 @@ local function charge(code, fn, r, w, b, st, now, hits, leaky)
   return 0, oremaining, oreset, oretry, 0, spent, otoken, oexpiry, owed
 end
 
+-- What a key with state `st` owes at `now` (charge.rs `owed_now`): the lifted
+-- check's remaining read as in `charge`; 0 for a bucket without a rate.
+local function owed_now(code, fn, r, w, b, st, now, leaky)
+  local lr, lb, cap = LIFT, b, r
+  if code == 'tb' or code == 'lb' then
+    if r == 0 then return 0 end
+    lr, lb, cap = r, LIFT, b
+  end
+  local _, lremaining = fn(lr, w, lb, st, now, 0, leaky)
+  local owed = LIFT - lremaining - cap
+  if owed < 0 then return 0 end
+  return owed
+end
+
 -- A refund of a counter (src/algorithm/refund.rs), not a log (decide.lua gives a
 -- log's hits back itself): the state brought to `now` by one hit under a lifted
 -- limit, then that hit and `hits` taken off, floored at an empty counter. Returns
