@@ -337,6 +337,32 @@ async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_polic
         "fresh counters"
     );
 
+    // A charge of 5 on a bucket of 2 (at a token a minute): the key owes 3, and
+    // Explain says so without spending.
+    let charge = request(
+        "api",
+        vec![desc_hits(&[("tenant", "zed"), ("path", "/search")], 5)],
+    );
+    assert_eq!(
+        call(&mut rls, charge).await.overall_code,
+        Code::OverLimit as i32
+    );
+    let owing = |extra: &[&str]| {
+        let out = Command::new(sluice)
+            .args(["explain", "--domain", "api", "tenant=zed", "path=/search"])
+            .args(["--server", &server.admin])
+            .args(extra)
+            .output()
+            .expect("run sluice explain");
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let people = owing(&[]);
+    assert!(people.contains("do not fit: 0 left"), "{people}");
+    assert!(people.contains("owes 3 hit(s)"), "{people}");
+    let json: Value = serde_json::from_str(&owing(&["--json"])).unwrap();
+    assert_eq!(json["descriptors"][0]["counter"]["owed"], 3, "{json}");
+
     let out = Command::new(sluice)
         .args(["explain", "--domain", "api", "tenant"])
         .args(["--config", policy.to_str().unwrap()])

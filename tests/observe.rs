@@ -241,8 +241,8 @@ descriptors:
 "#;
 
 /// Streams in flight and debt through the real server: N streams started at once
-/// show as `sluice_in_flight` N, which falls once they end; a charge past the limit
-/// shows as `sluice_debt`. Each gauge is read while the answers keep reporting its
+/// show as `sluice_in_flight` N, which falls once they end; what charges past the
+/// limit leave a key owing shows as `sluice_debt`. Each gauge is read while the answers keep reporting its
 /// level, so a slow machine cannot let the window pass before the scrape.
 #[tokio::test]
 async fn in_flight_and_debt_are_gauges_per_rule() {
@@ -288,16 +288,21 @@ async fn in_flight_and_debt_are_gauges_per_rule() {
     })
     .await;
 
-    // 25 tokens on a limit of 10 per minute: spent, owed, and shown.
-    let charge = || request("llm", vec![desc_hits(&[("tokens", "k1")], 25)]);
+    // Two charges of 25 tokens on a limit of 10 per minute: both spent, and the key
+    // owes 40. A fresh key each round, so the gauge never shows more (two charges
+    // split by the minute's end owe 15 each).
+    let charge = |key: &str| request("llm", vec![desc_hits(&[("tokens", key)], 25)]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert_eq!(call(c, charge()).await.overall_code, OVER_LIMIT);
+    for round in 0.. {
+        let key = format!("k{round}");
+        for _ in 0..2 {
+            assert_eq!(call(c, charge(&key)).await.overall_code, OVER_LIMIT);
+        }
         let seen = server.metric("sluice_debt", &labels("tokens"));
-        if seen == Some(25.0) {
+        if seen == Some(40.0) {
             break;
         }
-        assert!(Instant::now() < deadline, "debt: {seen:?}, not 25");
+        assert!(Instant::now() < deadline, "debt: {seen:?}, not 40");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(server.metric("sluice_debt", &labels("api_key")), None);

@@ -189,6 +189,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let mut rng = Lcg(seed);
     let mut compared = 0;
     let mut full = 0;
+    let mut owing = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let settle = settles && rng.next(2) == 0;
@@ -231,6 +232,21 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         );
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
+        owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
+        if settles {
+            // A peek (Explain) reports what each key owes now, alike.
+            let asked: Vec<Hit> = batch
+                .iter()
+                .map(|h| Hit {
+                    spend: Spend::IfAdmitted,
+                    ..h.clone()
+                })
+                .collect();
+            let owed = |v: Verdicts| v.verdicts.iter().map(|v| v.owed).collect::<Vec<_>>();
+            let want = owed(memory.peek(&asked).await.expect("memory peek"));
+            let got = owed(redis.peek(&asked).await.expect("redis peek"));
+            assert_eq!(got, want, "step {step}: peek {asked:#?}");
+        }
         // Mostly small steps (within windows), sometimes a jump over them.
         let dt = match rng.next(20) {
             0 => rng.next(3 * DAY),
@@ -242,6 +258,10 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     assert!(compared > 2_000);
     // Enough admissions that left no room, so next_room was compared too.
     assert!(full > 100, "{full} full admissions");
+    // With charges, enough that left their key owing, so what it owes was compared.
+    if settles {
+        assert!(owing > 100, "{owing} charges that left a debt");
+    }
 }
 
 /// One server and a store on it deciding at the clock's time (from a fixed instant),
@@ -392,6 +412,63 @@ descriptors:
             "{at} s, refund {refund}"
         );
     }
+}
+
+/// What charges past the limit leave a key owing reaches `sluice_debt` through the
+/// real binary on Redis: two charges of 25 on a limit of 10 owe 40, in a window and
+/// in a bucket (the decide script's answer, not the memory store's).
+#[tokio::test]
+async fn sluice_debt_shows_what_a_key_owes_on_redis() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start().await;
+    let policy = r#"
+domain: llm
+descriptors:
+  - key: window
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: sliding_window_counter}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+"#;
+    let sluice = common::Server::start(policy, &["--redis", &server.url(), "--peak-window", "1s"]);
+    let mut client = sluice.client().await;
+    let labels = |rule| [("domain", "llm"), ("rule", rule)];
+    // Both costs in one call, as Envoy reports them at stream end. A fresh key each
+    // round: the gauge only ever shows 40 or less, and is read while answers keep
+    // reporting it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for round in 0.. {
+        let key = format!("k{round}");
+        let charge = || {
+            common::request(
+                "llm",
+                vec![
+                    common::desc_hits(&[("window", &key)], 25),
+                    common::desc_hits(&[("bucket", &key)], 25),
+                ],
+            )
+        };
+        for _ in 0..2 {
+            let r = common::call(&mut client, charge()).await;
+            assert_eq!(r.overall_code, common::OVER_LIMIT);
+        }
+        let seen = (
+            sluice.metric("sluice_debt", &labels("window")),
+            sluice.metric("sluice_debt", &labels("bucket")),
+        );
+        if seen == (Some(40.0), Some(40.0)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "debt: {seen:?}, not 40 and 40");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Spent on Redis, not in the replica's memory: a check there is refused.
+    let check = common::request("llm", vec![common::desc_hits(&[("bucket", "k0")], 0)]);
+    let r = common::call(&mut client, check).await;
+    assert_eq!(r.overall_code, common::OVER_LIMIT);
+    let mut conn = server.conn().await;
+    assert!(keys(&mut conn).await.iter().any(|k| k.contains("k0")));
 }
 
 /// `h` decided on Redis and on the memory store, in that order.

@@ -166,6 +166,7 @@ pub fn to_pb(
                 banned: status.ban == Ban::Active,
                 blocked: status.ban == Ban::Blocked,
                 tightened: status.tightened,
+                owed: v.owed,
             });
         }
         x.reason = reason(

@@ -31,7 +31,8 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
     // The same decision under a limit that admits anything: the state then moves
     // exactly as an admission would move it (window alignment and bucket rate
     // unchanged), whatever the algorithm.
-    let Some(next) = decide_alone(&lifted(limit), state, now, hits).next else {
+    let spent = decide_alone(&lifted(limit), state, now, hits);
+    let Some(next) = spent.next else {
         // Past the end of time or of u64: nothing can be owed beyond that.
         return d;
     };
@@ -42,10 +43,44 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
             admitted: false,
             delay: 0,
             next_room,
+            owed: owed(limit, spent.verdict.remaining),
             ..after
         },
         next: Some(next),
     }
+}
+
+/// What a key with `state` owes at `now`, in hits, as a charge's verdict says it
+/// ([`Verdict::owed`]): 0 when it is not past its limit. The admin API's Explain
+/// shows it.
+pub fn owed_now(limit: &Limit, state: Option<&State>, now: Micros) -> u64 {
+    let bucket = matches!(
+        limit.algorithm,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket
+    );
+    if bucket && limit.requests == 0 {
+        // No rate prices a hit: such a bucket spends no charge, so owes nothing.
+        return 0;
+    }
+    owed(
+        limit,
+        decide_alone(&lifted(limit), state, now, 0)
+            .verdict
+            .remaining,
+    )
+}
+
+/// What a key owes after a charge, from the `remaining` of the charge's decision
+/// under [`lifted`]: the lift less that is what the new state holds (a window's
+/// count, weighted for the sliding counter; a bucket's hits below full, rounded up
+/// as `remaining` rounds), and what it holds past the real capacity is owed. The
+/// same arithmetic for every algorithm, so decide.lua mirrors it in one line.
+fn owed(limit: &Limit, lifted_remaining: u64) -> u64 {
+    let capacity = match limit.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
+        _ => limit.requests,
+    };
+    (u64::MAX - lifted_remaining).saturating_sub(capacity)
 }
 
 /// `limit` with room for any charge: the windows' count, or the buckets' capacity,
@@ -66,7 +101,7 @@ pub(super) fn lifted(limit: &Limit) -> Limit {
 
 #[cfg(test)]
 mod tests {
-    use super::charge;
+    use super::{charge, owed_now};
     use crate::algorithm::testkit::{self, limits, T0};
     use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
@@ -125,6 +160,7 @@ mod tests {
             assert!(!d.verdict.admitted);
             assert_eq!(d.verdict.remaining, 0);
             assert_eq!(d.verdict.next_room, 2 * SECOND + SECOND / 10, "{a:?}");
+            assert_eq!(d.verdict.owed, 20, "{a:?}");
             s = d.next.or(s);
             assert!(!check(&l, &s, T0 + 2 * SECOND - 1), "{a:?}");
             assert!(check(&l, &s, T0 + 2 * SECOND), "{a:?}");
@@ -161,6 +197,48 @@ mod tests {
         spend(&l, &mut s, T0 + SECOND, 20);
         assert!(!check(&l, &s, T0 + 11 * SECOND - 1));
         assert!(check(&l, &s, T0 + 11 * SECOND));
+    }
+
+    /// What a key owes adds up over charges that did not fit (two charges of 25 on
+    /// a limit of 10 owe 40, not 25), in every algorithm, and is 0 for a charge
+    /// that fits and for a check.
+    #[test]
+    fn owed_adds_up_over_charges() {
+        for a in ALL {
+            let l = testkit::limit(a, 10, 10 * SECOND, 10);
+            let first = charge(&l, None, T0, 4);
+            assert_eq!(first.verdict.owed, 0, "{a:?}: 4 of 10 fitted");
+            let mut s = first.next;
+            for (cost, owed) in [(25, 19), (25, 44), (0, 0), (1, 45)] {
+                let d = charge(&l, s.as_ref(), T0, cost);
+                assert_eq!(d.verdict.owed, owed, "{a:?}: a charge of {cost}");
+                s = d.next.or(s);
+            }
+            // What a peek reports: the same debt, read from the state.
+            assert_eq!(owed_now(&l, s.as_ref(), T0), 45, "{a:?}");
+            assert_eq!(owed_now(&l, None, T0), 0, "{a:?}");
+            // A limit of 0: a window owes every hit charged, a bucket spends none.
+            let zero = testkit::limit(a, 0, 10 * SECOND, 0);
+            let d = charge(&zero, None, T0, 3);
+            let bucket = matches!(a, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            let want = if bucket { 0 } else { 3 };
+            assert_eq!(d.verdict.owed, want, "{a:?}");
+            assert_eq!(owed_now(&zero, d.next.as_ref(), T0), want, "{a:?}");
+        }
+        // A bucket pays its debt back at the rate: owed falls by one hit per tenth
+        // of a second, rounded up.
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            let l = testkit::limit(a, 10, SECOND, 10);
+            let s = charge(&l, None, T0, 30).next;
+            // 30 - 5 - a microsecond's worth, plus 1.
+            let later = charge(&l, s.as_ref(), T0 + SECOND / 2 + 1, 1).verdict;
+            assert_eq!(later.owed, 16, "{a:?}");
+        }
+        // A fixed window's debt ends with its window.
+        let l = testkit::limit(Algorithm::FixedWindow, 10, 10 * SECOND, 10);
+        let s = charge(&l, None, T0, 25).next;
+        let next_window = T0 - T0 % (10 * SECOND) + 10 * SECOND;
+        assert_eq!(charge(&l, s.as_ref(), next_window, 11).verdict.owed, 1);
     }
 
     /// A charge that fits is an ordinary admission; a check charges nothing.
@@ -218,6 +296,37 @@ mod tests {
                     prop_assert_eq!(after, before.saturating_sub(hits));
                 } else {
                     testkit::hit(&l, &mut s, now, hits);
+                }
+            }
+        }
+
+        /// A window owes exactly while it denies a check: what it owes is what
+        /// holds it over its limit.
+        #[test]
+        fn a_window_owes_exactly_while_a_check_is_denied((l, steps) in runs()) {
+            let window = !matches!(l.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            let mut s = None;
+            let mut now = T0;
+            for (dt, hits, is_charge) in steps {
+                now += dt;
+                if !is_charge {
+                    testkit::hit(&l, &mut s, now, hits);
+                    continue;
+                }
+                let d = charge(&l, s.as_ref(), now, hits);
+                if d.verdict.admitted || hits == 0 {
+                    prop_assert_eq!(d.verdict.owed, 0);
+                }
+                if let Some(n) = d.next {
+                    s = Some(n);
+                }
+                let checked = decide(&l, s.as_ref(), now, 0).verdict.admitted;
+                if hits == 0 {
+                    // A check leaves an earlier debt as it was and reports none.
+                } else if window {
+                    prop_assert_eq!(d.verdict.owed > 0, !checked);
+                } else if !checked {
+                    prop_assert!(d.verdict.owed > 0 || d.verdict.admitted);
                 }
             }
         }

@@ -71,6 +71,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
                     retry_after: 0,
                     delay: wait,
                     next_room: 0,
+                    owed: 0,
                 },
                 next: Some(State {
                     tat: n.tat,
@@ -92,6 +93,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             },
             delay: 0,
             next_room: 0,
+            owed: 0,
         },
         next: None,
     }

@@ -14,7 +14,7 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-pub use charge::charge;
+pub use charge::{charge, owed_now};
 pub use refund::refund;
 
 #[cfg(test)]
@@ -116,6 +116,11 @@ pub struct Verdict {
     /// that did not fit ([`charge`]): the wait until a one-hit request fits on the new
     /// state, exact like `retry_after` (`u64::MAX` if never). 0 otherwise. Informational: lets a cache deny without asking again.
     pub next_room: Micros,
+    /// After a charge that did not fit ([`charge`]): what the key owes, in hits: how
+    /// far its new state is past the limit (a window's count over `requests`, a
+    /// bucket's hits below empty over `burst`, rounded up). In a peek (the admin API's
+    /// Explain), what the key owes before the peeked hits ([`owed_now`]). 0 otherwise.
+    pub owed: u64,
 }
 
 /// A verdict and the state to store if the request goes through.

@@ -145,6 +145,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             retry_after: retry_at.map_or(u64::MAX, |at| until(at, now)),
             delay: 0,
             next_room: 0,
+            owed: 0,
         },
         next: None,
     }

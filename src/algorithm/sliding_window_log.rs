@@ -96,6 +96,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             retry_after,
             delay: 0,
             next_room: 0,
+            owed: 0,
         },
         next: None,
     }

@@ -238,6 +238,9 @@ pub fn text(e: &pb::Explanation) -> String {
             if !c.admitted {
                 let _ = write!(state, ", retry after {}", span(c.retry_after_micros));
             }
+            if c.owed > 0 {
+                let _ = write!(state, ", owes {} hit(s)", c.owed);
+            }
             if c.banned {
                 state.push_str(", banned");
             }
@@ -340,7 +343,7 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             "hits": d.hits,
             "counter": d.counter.as_ref().map(|c| json!({
                 "admitted": c.admitted, "remaining": c.remaining, "resetMicros": c.reset_micros,
-                "retryAfterMicros": c.retry_after_micros, "banned": c.banned,
+                "retryAfterMicros": c.retry_after_micros, "owed": c.owed, "banned": c.banned,
             })),
             "code": code_name(d.code),
             "reason": d.reason,

@@ -302,8 +302,9 @@ impl MemoryStore {
             let earlier = (0..i)
                 .rev()
                 .find(|&j| hits[j].key == hit.key && next[j].is_some());
-            let decision = match earlier {
-                Some(j) => hit.decide(next[j].as_ref(), now),
+            let owed = |state: Option<&State>| algorithm::owed_now(&hit.limit, state, now);
+            let (decision, owed) = match earlier {
+                Some(j) => (hit.decide(next[j].as_ref(), now), owed(next[j].as_ref())),
                 None => {
                     let hash = self.hash(hit.key.as_bytes());
                     let shard = lock(&self.shards[Self::shard_of(hash)]);
@@ -312,10 +313,13 @@ impl MemoryStore {
                         .find(hash, |s| s.holds(&hit.key))
                         .filter(|s| s.entry.expires_at > now)
                         .map(|s| &s.entry.state);
-                    hit.decide(state, now)
+                    (hit.decide(state, now), owed(state))
                 }
             };
-            verdicts.push(decision.verdict);
+            verdicts.push(Verdict {
+                owed,
+                ..decision.verdict
+            });
             next.push(decision.next);
         }
         Verdicts {
@@ -393,6 +397,7 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
             retry_after: wait.max(1),
             delay: 0,
             next_room: 0,
+            owed: 0,
         };
     }
 }

@@ -136,7 +136,8 @@ pub struct RuleStats {
     /// `algorithm: concurrency`: the most slots in use a decision reported
     /// (`sluice_in_flight`), made on a concurrency rule's first decision.
     in_flight: OnceLock<Box<peak::Peak>>,
-    /// The largest charge that did not fit (`sluice_debt`), made on the first one.
+    /// The most a key owed after a charge (`sluice_debt`), made on the first charge
+    /// that left one owing.
     debt: OnceLock<Box<peak::Peak>>,
 }
 

@@ -138,10 +138,10 @@ impl Metrics {
                     *now.get_or_insert_with(|| outcome.now.unwrap_or_else(|| self.clock.now()));
                 // A concurrency rule's refused stream start is a charge that did not
                 // fit too; it shows as slots in use, not as debt.
-                if s.spend == Spend::Always && !v.admitted && rule.lease.is_none() {
+                if s.spend == Spend::Always && v.owed > 0 && rule.lease.is_none() {
                     st.debt
                         .get_or_init(Box::default)
-                        .record(self.peak_period(now), s.hits);
+                        .record(self.peak_period(now), v.owed);
                 }
                 if spent > 0 {
                     striped::add(&counts.cost[0], owned, spent);

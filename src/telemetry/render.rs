@@ -119,7 +119,7 @@ impl Metrics {
                 ),
                 (
                     "sluice_debt",
-                    "The largest charge of the last --peak-window (at least) that did not fit: spent past its key's remaining room, which then owes up to that many hits.",
+                    "The most one key of the rule owed after a charge past its limit (in hits: how far its counter was over the limit, a bucket below empty), as this replica's answers of the last --peak-window (at least) reported.",
                     |st| st.debt.get().map(|p| &**p),
                 ),
             ];

@@ -535,7 +535,7 @@ descriptors:
 }
 
 #[tokio::test]
-async fn debt_shows_the_largest_charge_that_did_not_fit() {
+async fn debt_shows_what_a_key_owes_after_its_charges() {
     let policy = "domain: d
 descriptors:
   - key: api_key
@@ -544,10 +544,10 @@ descriptors:
     let clock = ManualClock::new(T0);
     let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
     let m = Metrics::with_clock(Arc::new(clock.clone())).with_peak_window(Duration::from_secs(15));
-    let charge = |hits: u64| {
+    let charge = |key: &'static str, hits: u64| {
         let (l, m) = (&l, &m);
         async move {
-            let entries = [("api_key", "k1")];
+            let entries = [("api_key", key)];
             let d = Descriptor {
                 spend: Spend::Always,
                 ..Descriptor::new(&entries[..], hits)
@@ -557,15 +557,21 @@ descriptors:
             o.over_limit
         }
     };
-    assert!(!charge(4).await, "4 of 10 fit");
+    assert!(!charge("k2", 4).await, "4 of 10 fit");
     assert_eq!(gauge(&m.render(), "sluice_debt"), None, "nothing owed yet");
-    assert!(charge(25).await, "25 on 6 left did not fit");
-    assert!(charge(7).await, "7 while owing did not fit");
+    assert!(charge("k1", 25).await, "25 on 10 did not fit");
+    assert_eq!(gauge(&m.render(), "sluice_debt").as_deref(), Some("15"));
+    assert!(charge("k1", 25).await, "25 while owing did not fit");
+    // The key owes both overshoots, not the larger charge.
     let text = m.render();
-    assert_eq!(gauge(&text, "sluice_debt").as_deref(), Some("25"), "{text}");
-    assert!(text.contains(r#"sluice_cost_total{domain="d",kind="over",rule="api_key"} 32"#));
-    // The gauge is recent charges, not the counter's state: it falls two windows
-    // on, while the minute's window still owes.
+    assert_eq!(gauge(&text, "sluice_debt").as_deref(), Some("40"), "{text}");
+    // Another key's smaller debt does not hide it: the gauge is the most one key owed.
+    assert!(charge("k2", 7).await, "7 on 6 left did not fit");
+    let text = m.render();
+    assert_eq!(gauge(&text, "sluice_debt").as_deref(), Some("40"), "{text}");
+    assert!(text.contains(r#"sluice_cost_total{domain="d",kind="over",rule="api_key"} 57"#));
+    // The gauge reads the answers, not the counter: it falls two windows on without
+    // a charge, while the minute's window still owes.
     clock.advance(30 * SECOND);
     assert_eq!(gauge(&m.render(), "sluice_debt").as_deref(), Some("0"));
 }

@@ -226,10 +226,16 @@ macro_rules! store_contract {
                 let v = store.decide(&[charge(&key, alg, 5, 3)]).await.unwrap();
                 assert!(v.admitted, "{alg:?}");
                 assert_eq!(v.verdicts[0].remaining, 2, "{alg:?}");
+                assert_eq!(v.verdicts[0].owed, 0, "{alg:?}");
                 let v = store.decide(&[charge(&key, alg, 5, 4)]).await.unwrap();
                 assert!(!v.admitted, "{alg:?}: 4 on 2 left fitted");
                 assert_eq!(v.verdicts[0].remaining, 0, "{alg:?}");
                 assert!(v.verdicts[0].retry_after > 0, "{alg:?}");
+                assert_eq!(v.verdicts[0].owed, 2, "{alg:?}");
+                // A peek (the admin API's Explain) shows the debt and keeps it.
+                let v = store.peek(&[hit(&key, alg, 5, 1)]).await.unwrap();
+                assert_eq!(v.verdicts[0].owed, 2, "{alg:?}: peeked");
+                assert_eq!(store.peek(&check).await.unwrap().verdicts[0].owed, 2);
                 // Owing, the counter refuses the next check and the next request.
                 let v = store.decide(&check).await.unwrap();
                 assert!(!v.admitted, "{alg:?}: a check passed while owing");

@@ -47,6 +47,7 @@ pub fn apply_sentences(
                     retry_after: left,
                     delay: 0,
                     next_room: 0,
+                    owed: 0,
                 });
                 any = true;
             }

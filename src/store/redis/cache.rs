@@ -102,6 +102,7 @@ impl DenialCache {
                             admitted: false,
                             delay: 0,
                             next_room: 0,
+                            owed: 0,
                             ..*v
                         },
                     ),
@@ -170,6 +171,8 @@ fn known(
         admitted: false,
         retry_after: d.until - now,
         reset: d.verdict.reset.max(d.until - now),
+        // A check or a request owes nothing, whatever the remembered charge owed.
+        owed: 0,
         ..d.verdict
     })
 }

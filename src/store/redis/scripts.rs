@@ -517,7 +517,7 @@ pub fn refund_call<'a>(
 }
 
 /// Values per hit in the peek reply.
-const PEEK_STRIDE: usize = 6;
+const PEEK_STRIDE: usize = 7;
 
 /// Builds the peek invocation for `hits` (all on one shard or slot) at `keys`.
 pub fn peek_call<'a>(
@@ -565,6 +565,7 @@ pub fn parse_peek(values: &[i64], n: usize) -> Result<Vec<Verdict>, StoreError> 
             retry_after: micros(c[3]),
             delay: micros(c[4]),
             next_room: micros(c[5]),
+            owed: u64::try_from(c[6]).unwrap_or(0),
         })
         .collect())
 }
@@ -594,14 +595,20 @@ pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, Stor
         let verdicts = group[1..]
             .chunks_exact(REPLY_STRIDE)
             .map(|c| {
+                // A charge's delay place holds what its key owes, negated.
+                let (delay, owed) = match u64::try_from(c[4]) {
+                    Ok(delay) => (delay, 0),
+                    Err(_) => (0, c[4].unsigned_abs()),
+                };
                 (
                     Verdict {
                         admitted: c[0] == 1,
                         remaining: u64::try_from(c[1]).unwrap_or(0),
                         reset: micros(c[2]),
                         retry_after: micros(c[3]),
-                        delay: micros(c[4]),
+                        delay,
                         next_room: micros(c[6]),
+                        owed,
                     },
                     c[5],
                 )
@@ -774,6 +781,10 @@ mod tests {
         assert_eq!(r.verdicts[0].0.next_room, 7);
         assert_eq!(r.verdicts[0].1, 42);
         assert_eq!(r.verdicts[1].0.next_room, u64::MAX);
+        // A charge's debt is its delay place negated; a delay stays a delay.
+        let r = parse_reply(&[1, 0, 0, 10, 5, -40, 0, 5, 1, 0, 10, 0, 3, 0, 0, 9], 2).unwrap();
+        assert_eq!((r.verdicts[0].0.owed, r.verdicts[0].0.delay), (40, 0));
+        assert_eq!((r.verdicts[1].0.owed, r.verdicts[1].0.delay), (0, 3));
     }
 
     #[test]

@@ -273,19 +273,38 @@ end
 -- fit, the state with the whole cost spent anyway, from the same decision under a
 -- limit that admits anything (the windows' count, the buckets' capacity lifted; a
 -- bucket's rate kept), with the verdict of another such charge on that state. No
--- delay: a charge pays for a request already served. Returns fn's eight values.
+-- delay: a charge pays for a request already served. Returns fn's eight values,
+-- then what the key owes (charge.rs `owed`): the lift less the lifted decision's
+-- remaining is what the new state holds, and what it holds past the capacity (a
+-- bucket's burst, a window's requests) is owed; 0 when the charge fitted.
 local LIFT = 2 ^ 52
 local function charge(code, fn, r, w, b, st, now, hits, leaky)
   local admitted, remaining, reset, retry, _, nxt, token, expiry = fn(r, w, b, st, now, hits, leaky)
   if admitted == 1 or hits == 0 then
-    return admitted, remaining, reset, retry, 0, nxt, token, expiry
+    return admitted, remaining, reset, retry, 0, nxt, token, expiry, 0
   end
-  local lr, lb = LIFT, b
-  if code == 'tb' or code == 'lb' then lr, lb = r, LIFT end
-  local _, _, _, _, _, owed, otoken, oexpiry = fn(lr, w, lb, st, now, hits, leaky)
-  if owed == nil then return admitted, remaining, reset, retry, 0, nil, token, expiry end
-  local _, oremaining, oreset, oretry = fn(r, w, b, owed, now, hits, leaky)
-  return 0, oremaining, oreset, oretry, 0, owed, otoken, oexpiry
+  local lr, lb, cap = LIFT, b, r
+  if code == 'tb' or code == 'lb' then lr, lb, cap = r, LIFT, b end
+  local _, lremaining, _, _, _, spent, otoken, oexpiry = fn(lr, w, lb, st, now, hits, leaky)
+  if spent == nil then return admitted, remaining, reset, retry, 0, nil, token, expiry, 0 end
+  local _, oremaining, oreset, oretry = fn(r, w, b, spent, now, hits, leaky)
+  local owed = LIFT - lremaining - cap
+  if owed < 0 then owed = 0 end
+  return 0, oremaining, oreset, oretry, 0, spent, otoken, oexpiry, owed
+end
+
+-- What a key with state `st` owes at `now` (charge.rs `owed_now`): the lifted
+-- check's remaining read as in `charge`; 0 for a bucket without a rate.
+local function owed_now(code, fn, r, w, b, st, now, leaky)
+  local lr, lb, cap = LIFT, b, r
+  if code == 'tb' or code == 'lb' then
+    if r == 0 then return 0 end
+    lr, lb, cap = r, LIFT, b
+  end
+  local _, lremaining = fn(lr, w, lb, st, now, 0, leaky)
+  local owed = LIFT - lremaining - cap
+  if owed < 0 then return 0 end
+  return owed
 end
 
 -- A refund of a counter (src/algorithm/refund.rs), not a log (decide.lua gives a

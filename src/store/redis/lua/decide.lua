@@ -26,6 +26,8 @@
 --
 -- Returns, group after group: {consumed 0/1, then per hit: admitted, remaining,
 -- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at.
+-- A charge holds no answer, so its delay place carries what the key owes after it,
+-- negated (-owed, 0 when nothing is owed): no value more for any hit.
 -- next_room: after an admission that leaves no room (remaining 0, hits > 0), the
 -- retry_after of a one-hit request on the new state (so the caller can cache the
 -- denial it implies); 0 otherwise.
@@ -178,13 +180,14 @@ while at <= #ARGV do
         if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
       end
     end
-    local admitted, remaining, reset, retry, delay, nxt, token, expiry
+    local admitted, remaining, reset, retry, delay, nxt, token, expiry, owed
     if spend_all == 'refund' then
       admitted, remaining, reset, retry, delay, nxt, token, expiry =
         give_back(code, decide, r, w, b, st, now, hits, leaky)
     elseif spend_all then
-      admitted, remaining, reset, retry, delay, nxt, token, expiry =
+      admitted, remaining, reset, retry, delay, nxt, token, expiry, owed =
         charge(code, decide, r, w, b, st, now, hits, leaky)
+      delay = -owed
     else
       admitted, remaining, reset, retry, delay, nxt, token, expiry =
         decide(r, w, b, st, now, hits, leaky)
@@ -258,7 +261,7 @@ while at <= #ARGV do
         states[key] = st or false
       end
       st = st or nil
-      local admitted, remaining, reset, retry, delay, nxt, token, expiry
+      local admitted, remaining, reset, retry, delay, nxt, token, expiry, owed
       if spend_all then charges = true end
       if spend_all == 'refund' and log then
         -- A log's hits go back from its newest entries, written at once: the
@@ -280,8 +283,9 @@ while at <= #ARGV do
         admitted, remaining, reset, retry, delay, nxt, token, expiry =
           give_back(code, decide, r, w, b, st, now, hits, leaky)
       elseif spend_all then
-        admitted, remaining, reset, retry, delay, nxt, token, expiry =
+        admitted, remaining, reset, retry, delay, nxt, token, expiry, owed =
           charge(code, decide, r, w, b, st, now, hits, leaky)
+        delay = -owed
       else
         admitted, remaining, reset, retry, delay, nxt, token, expiry =
           decide(r, w, b, st, now, hits, leaky)

@@ -5,8 +5,8 @@
 -- the earlier one would leave). ARGV[1]: fixed now in microseconds (tests only) or
 -- ''. Then per hit 5 values: algorithm code, requests, window, burst, hits.
 --
--- Returns per hit: admitted, remaining, reset, retry_after, delay, next_room; then
--- the `now` it read at.
+-- Returns per hit: admitted, remaining, reset, retry_after, delay, next_room, and
+-- what the key owes before the hit; then the `now` it read at.
 
 local now
 if ARGV[1] ~= nil and ARGV[1] ~= '' then
@@ -40,6 +40,7 @@ for i = 1, #KEYS do
     states[key] = st or false
   end
   st = st or nil
+  local owed = owed_now(code, decide, r, w, b, st, now, leaky)
   local admitted, remaining, reset, retry, delay, nxt = decide(r, w, b, st, now, hits, leaky)
   if nxt ~= nil then
     st = nxt
@@ -55,6 +56,7 @@ for i = 1, #KEYS do
   out[#out + 1] = retry
   out[#out + 1] = delay
   out[#out + 1] = room
+  out[#out + 1] = owed
 end
 out[#out + 1] = now
 return out
