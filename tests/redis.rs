@@ -234,9 +234,12 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
         if settles {
-            // A peek (Explain) reports what each key owes now, alike.
+            // A peek (Explain) reports what each key owes now, alike. Keys of windows
+            // under a second are left out: Redis expires them on its own clock, which
+            // runs on while this test's stands still, so one may be gone by the peek.
             let asked: Vec<Hit> = batch
                 .iter()
+                .filter(|h| h.limit.window >= SECOND)
                 .map(|h| Hit {
                     spend: Spend::IfAdmitted,
                     ..h.clone()
