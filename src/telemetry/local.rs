@@ -28,6 +28,11 @@ impl LocalStats {
         let register = |c: Box<dyn prometheus::core::Collector>| {
             registry.register(c).expect("metric names are unique");
         };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("static metric definition");
+            register(Box::new(g.clone()));
+            g
+        };
         let degraded = IntGaugeVec::new(
             Opts::new(
                 "sluice_degraded",
@@ -41,45 +46,33 @@ impl LocalStats {
             "Requests decided in this replica's memory with its share of the limits (failure_mode local).",
         )
         .expect("static metric definition");
-        let share = IntGauge::new(
+        let share = gauge(
             "sluice_local_share",
             "Replicas assumed to share each limit of a failure_mode local domain.",
-        )
-        .expect("static metric definition");
-        let learned = IntGauge::new(
+        );
+        let learned = gauge(
             "sluice_local_share_learned",
             "1 when sluice_local_share was counted (through the store or from Kubernetes), 0 when it is --local-share-replicas.",
-        )
-        .expect("static metric definition");
-        let kubernetes = IntGauge::new(
+        );
+        let kubernetes = gauge(
             "sluice_local_share_kubernetes",
             "Ready endpoints of this replica's Service, from its EndpointSlices (--local-share-service); 0 when none is known.",
-        )
-        .expect("static metric definition");
-        let kubernetes_failing = IntGauge::new(
+        );
+        let kubernetes_failing = gauge(
             "sluice_local_share_kubernetes_failing",
             "1 while the EndpointSlices of --local-share-service cannot be read (the last count stands).",
-        )
-        .expect("static metric definition");
-        let missing = IntGauge::new(
+        );
+        let missing = gauge(
             "sluice_local_missing_replicas",
             "Replicas that stopped beating in the store a moment ago (they may be deciding alone): \
              the live replicas decide failure_mode local domains on each limit less their shares.",
-        )
-        .expect("static metric definition");
-        let unsettled = IntGauge::new(
+        );
+        let unsettled = gauge(
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
-        )
-        .expect("static metric definition");
+        );
         register(Box::new(degraded.clone()));
         register(Box::new(decisions.clone()));
-        register(Box::new(share.clone()));
-        register(Box::new(learned.clone()));
-        register(Box::new(kubernetes.clone()));
-        register(Box::new(kubernetes_failing.clone()));
-        register(Box::new(missing.clone()));
-        register(Box::new(unsettled.clone()));
         LocalStats {
             degraded,
             decisions,
