@@ -62,7 +62,6 @@ use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
 use sluice::limiter::{Limiter, Settings};
-use sluice::policy::FailureMode;
 use sluice::service::decode::Request;
 use sluice::service::response::framed_response;
 use sluice::service::{HeaderStyle, Service};
@@ -107,16 +106,8 @@ fn descriptor(key: &str, value: String) -> RateLimitDescriptor {
 }
 
 /// The limiter's settings of a `request/` scenario: `layered-hashed` is `layered`
-/// under `--hash-keys`, every value hashed with the keyed hash; `-local` is the
-/// scenario in a `failure_mode: local` domain with its store healthy (each answer
-/// remembered, the missing replicas' shares looked up).
+/// under `--hash-keys`, every value hashed with the keyed hash.
 fn scenario_settings(scenario: &str) -> Settings {
-    if let Some(base) = scenario.strip_suffix("-local") {
-        return Settings {
-            failure_mode: FailureMode::Local,
-            ..scenario_settings(base)
-        };
-    }
     match scenario {
         "layered-hashed" => Settings {
             hashing: Hashing {
@@ -127,13 +118,6 @@ fn scenario_settings(scenario: &str) -> Settings {
         },
         _ => Settings::default(),
     }
-}
-
-/// The scenario whose requests `scenario` sends (its settings aside).
-fn base(scenario: &str) -> &str {
-    scenario
-        .trim_end_matches("-local")
-        .trim_end_matches("-hashed")
 }
 
 /// The encoded requests of a scenario, as the load generator sends them.
@@ -206,17 +190,9 @@ fn settings(group: &mut BenchmarkGroup<'_, WallTime>) {
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("request");
     settings(&mut group);
-    for scenario in [
-        "hot",
-        "uniform",
-        "overridden",
-        "layered",
-        "layered-hashed",
-        "hot-local",
-        "uniform-local",
-    ] {
+    for scenario in ["hot", "uniform", "overridden", "layered", "layered-hashed"] {
         let service = service(scenario_settings(scenario));
-        let requests = requests(base(scenario));
+        let requests = requests(scenario.trim_end_matches("-hashed"));
         // Every key exists before measuring, as in a long run.
         for r in &requests {
             one(&service, r);
@@ -456,7 +432,7 @@ fn count(spec: &str) {
         1_000_000,
         scenario_settings(scenario),
     );
-    let requests = requests(base(scenario));
+    let requests = requests(scenario.trim_end_matches("-hashed"));
     for r in &requests {
         clock.advance(10);
         one(&service, r);

@@ -446,14 +446,16 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
 
-        // Other domains pay nothing for this: `configured` stays empty and inline.
-        let configured = if failure_mode == FailureMode::Local {
+        // Other domains, and a store that cannot be away, pay nothing for this:
+        // `configured` stays empty and inline.
+        let decide_locally = failure_mode == FailureMode::Local && self.store.can_be_away();
+        let configured = if decide_locally {
             self.local.reserve(&mut hits)
         } else {
             local::Configured::new()
         };
         let decided = self.ask_store(&hits, wait, probe).await;
-        let decided = if failure_mode == FailureMode::Local {
+        let decided = if decide_locally {
             self.local_answer(&mut hits, &configured, decided, &mut outcome)
         } else {
             decided
@@ -1131,6 +1133,28 @@ descriptors:
     fn reported(o: &Outcome) -> (u32, &'static str) {
         let rule = o.rule(&o.statuses[0]).expect("a rule");
         (rule.requests_per_unit, rule.unit.as_str())
+    }
+
+    /// The memory store cannot be away: `failure_mode: local` leaves its limits
+    /// whole even while the heartbeat says replicas are missing.
+    #[tokio::test]
+    async fn local_mode_on_the_memory_store_reserves_nothing() {
+        let clock = ManualClock::new(1_000 * HOUR);
+        let settings = Settings {
+            failure_mode: FailureMode::Local,
+            ..Settings::default()
+        };
+        let limiter = test_limiter(TWO_RATES, &clock, settings);
+        limiter.local().learn(crate::store::Replicas {
+            live: 1,
+            missing: 2,
+        });
+        assert!(!one(&limiter).await.over_limit);
+        assert!(
+            !one(&limiter).await.over_limit,
+            "the hour's 2, not a third of it"
+        );
+        assert!(one(&limiter).await.over_limit);
     }
 
     #[tokio::test]

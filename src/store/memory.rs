@@ -458,6 +458,11 @@ impl Store for MemoryStore {
         false
     }
 
+    /// In the process: never away, so `failure_mode: local` has nothing to do.
+    fn can_be_away(&self) -> bool {
+        false
+    }
+
     fn evictions(&self) -> Evictions {
         self.shards.iter().fold(Evictions::default(), |sum, s| {
             let e = lock(s).evictions;

@@ -156,6 +156,12 @@ pub trait Store: Board + Send + Sync + 'static {
         true
     }
 
+    /// Whether a call can fail for want of the store (a server that can be away):
+    /// only then has `failure_mode: local` anything to remember or decide.
+    fn can_be_away(&self) -> bool {
+        true
+    }
+
     /// Counters dropped, and new keys refused, to keep memory bounded.
     fn evictions(&self) -> Evictions {
         Evictions::default()
@@ -249,6 +255,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn places_keys(&self) -> bool {
         (**self).places_keys()
+    }
+
+    fn can_be_away(&self) -> bool {
+        (**self).can_be_away()
     }
 
     fn evictions(&self) -> Evictions {
