@@ -10,9 +10,12 @@ log() { printf '==> %s\n' "$*"; }
 # --- Long installs, in the background: the manual's builder and cargo-deny ----------
 # From crates.io when missing, built while the rest installs and compiles, waited for
 # before their steps.
+# mdbook without its web server and file watcher: only `mdbook build` runs here, and
+# they are a third of its build.
 doc_tools_log=$(mktemp)
 (
-  command -v mdbook >/dev/null || cargo install --locked mdbook
+  command -v mdbook >/dev/null \
+    || cargo install --locked mdbook --no-default-features --features search
   command -v cargo-deny >/dev/null || cargo install --locked cargo-deny
 ) >"$doc_tools_log" 2>&1 &
 doc_tools_pid=$!
