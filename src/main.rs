@@ -55,8 +55,8 @@ fn main() -> ExitCode {
                 tracing::warn!("{warning}");
             }
             let mut builder = tokio::runtime::Builder::new_multi_thread();
-            if cfg.worker_threads > 0 {
-                builder.worker_threads(cfg.worker_threads);
+            if cfg.connections.worker_threads > 0 {
+                builder.worker_threads(cfg.connections.worker_threads);
             }
             let runtime = match builder.enable_all().build() {
                 Ok(rt) => rt,

@@ -32,7 +32,7 @@ use crate::trace::Tracer;
 /// Without a secret, long values are hashed under a key of this process for the
 /// memory store, or under a public key for Redis, where every replica must agree.
 fn hashing(cfg: &Serve, shared: bool) -> anyhow::Result<Hashing> {
-    let secret = match (&cfg.hash_secret_file, &cfg.hash_secret) {
+    let secret = match (&cfg.decisions.hash_secret_file, &cfg.decisions.hash_secret) {
         (Some(path), _) => {
             let bytes = std::fs::read(path)
                 .with_context(|| format!("--hash-secret-file {}", path.display()))?;
@@ -45,7 +45,7 @@ fn hashing(cfg: &Serve, shared: bool) -> anyhow::Result<Hashing> {
         Some(secret) => {
             ValueHash::from_secret(&secret).context("--hash-secret-file or SLUICE_HASH_SECRET")?
         }
-        None if cfg.hash_keys => bail!(
+        None if cfg.decisions.hash_keys => bail!(
             "--hash-keys needs a secret: --hash-secret-file PATH or SLUICE_HASH_SECRET, the same \
              on every replica (without one, anyone who reads the counter keys could recover \
              client addresses from their hashes)"
@@ -60,7 +60,7 @@ fn hashing(cfg: &Serve, shared: bool) -> anyhow::Result<Hashing> {
         None => ValueHash::random(),
     };
     Ok(Hashing {
-        all: cfg.hash_keys,
+        all: cfg.decisions.hash_keys,
         hash,
     })
 }
@@ -69,30 +69,31 @@ pub async fn run(
     cfg: Serve,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if cfg.config.is_empty() && !cfg.kube && cfg.xds_server.is_none() {
+    if cfg.policies.config.is_empty() && !cfg.policies.kube && cfg.xds.xds_server.is_none() {
         bail!(
             "no policies to serve: pass --config FILE (a policy file or a directory of *.yaml), \
              --kube to watch RateLimitPolicy resources, or --xds-server URL to take them over xDS"
         );
     }
-    let shared =
-        !cfg.redis.is_empty() || !cfg.redis_cluster.is_empty() || !cfg.redis_sentinel.is_empty();
+    let shared = !cfg.store.redis.is_empty()
+        || !cfg.store.redis_cluster.is_empty()
+        || !cfg.store.redis_sentinel.is_empty();
     let hashing = hashing(&cfg, shared)?;
     let mut metrics = Metrics::new()
-        .with_near_limit_ratio(cfg.near_limit_ratio)
-        .with_peak_window(cfg.peak_window);
-    if cfg.prometheus_addr.is_some() {
-        metrics = metrics.with_erl(cfg.near_limit_ratio);
+        .with_near_limit_ratio(cfg.metrics.near_limit_ratio)
+        .with_peak_window(cfg.metrics.peak_window);
+    if cfg.metrics.prometheus_addr.is_some() {
+        metrics = metrics.with_erl(cfg.metrics.near_limit_ratio);
     }
     let metrics = Arc::new(metrics);
     let settings = Settings {
-        failure_mode: cfg.failure_mode,
-        store_timeout: cfg.store_timeout,
+        failure_mode: cfg.decisions.failure_mode,
+        store_timeout: cfg.store.store_timeout,
         hashing,
-        denied_spend: cfg.denied_requests_spend,
-        resets: cfg.reset_resolution,
-        store_errors: cfg.store_error_answer,
-        local_replicas: cfg.local_share_replicas,
+        denied_spend: cfg.decisions.denied_requests_spend,
+        resets: cfg.decisions.reset_resolution,
+        store_errors: cfg.decisions.store_error_answer,
+        local_replicas: cfg.decisions.local_share_replicas,
     };
     // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -105,20 +106,20 @@ pub async fn run(
     let sources = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
     let (policy, loaded) = (sources.policy, sources.loaded);
 
-    let cluster = !cfg.redis_cluster.is_empty();
-    let sentinel = !cfg.redis_sentinel.is_empty();
-    if cluster || sentinel || !cfg.redis.is_empty() {
+    let cluster = !cfg.store.redis_cluster.is_empty();
+    let sentinel = !cfg.store.redis_sentinel.is_empty();
+    if cluster || sentinel || !cfg.store.redis.is_empty() {
         let urls = if cluster {
-            cfg.redis_cluster.clone()
+            cfg.store.redis_cluster.clone()
         } else if sentinel {
-            cfg.redis_sentinel_master.clone()
+            cfg.store.redis_sentinel_master.clone()
         } else {
-            cfg.redis.clone()
+            cfg.store.redis.clone()
         };
         let mut opts = RedisOptions::new(urls, cluster);
-        opts.sentinels = cfg.redis_sentinel.clone();
-        opts.call_timeout = cfg.store_timeout;
-        opts.prefix = cfg.redis_key_prefix.clone();
+        opts.sentinels = cfg.store.redis_sentinel.clone();
+        opts.call_timeout = cfg.store.store_timeout;
+        opts.prefix = cfg.store.redis_key_prefix.clone();
         let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
         tracing::info!(shards = ?store.shard_names(), cluster, sentinel, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
@@ -126,7 +127,7 @@ pub async fn run(
         let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
         let beating = local_share(service.clone(), stopped(), stopped());
-        if let Some(name) = &cfg.local_share_service {
+        if let Some(name) = &cfg.decisions.local_share_service {
             replicas_from_service(service.clone(), name.clone(), stopped());
         }
         let served = serve(
@@ -143,10 +144,10 @@ pub async fn run(
         return served;
     }
 
-    if let Some(name) = &cfg.local_share_service {
+    if let Some(name) = &cfg.decisions.local_share_service {
         tracing::warn!(service = %name, "--local-share-service is ignored: counters are in memory, so no replica shares a limit");
     }
-    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.max_keys));
+    let store = Arc::new(MemoryStore::new(Arc::new(SystemClock), cfg.store.max_keys));
     // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
     metrics.shard_declared("memory", "local");
     let limiter = Limiter::new(policy, store.clone(), settings);
@@ -338,19 +339,21 @@ where
 {
     let metrics = &service.metrics;
     // Bad TLS files stop start-up, before any port listens.
-    let grpc_tls = tls(cfg.grpc_tls(), "grpc", &[b"h2"], metrics).context("--grpc-tls-*")?;
-    let http_tls = tls(cfg.http_tls(), "http", &[b"http/1.1"], metrics).context("--http-tls-*")?;
-    let admin_tls = tls(cfg.admin_tls(), "admin", &[b"h2"], metrics).context("--admin-tls-*")?;
+    let grpc_tls = tls(cfg.listen.grpc_tls(), "grpc", &[b"h2"], metrics).context("--grpc-tls-*")?;
+    let http_tls =
+        tls(cfg.listen.http_tls(), "http", &[b"http/1.1"], metrics).context("--http-tls-*")?;
+    let admin_tls =
+        tls(cfg.listen.admin_tls(), "admin", &[b"h2"], metrics).context("--admin-tls-*")?;
     for t in grpc_tls.iter().chain(&http_tls).chain(&admin_tls) {
-        tokio::spawn(t.clone().watch(cfg.reload_interval, stopped()));
+        tokio::spawn(t.clone().watch(cfg.policies.reload_interval, stopped()));
     }
     // Bad OTEL_* values stop start-up too; nothing connects to the collector yet.
     let tracer = start_tracing(cfg, metrics)?;
-    let grpc_listener = bind(cfg.grpc_addr).await?;
-    let http_listener = bind(cfg.http_addr).await?;
+    let grpc_listener = bind(cfg.listen.grpc_addr).await?;
+    let http_listener = bind(cfg.listen.http_addr).await?;
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
-    let admin_listener = bind_admin(cfg.admin_addr).await?;
+    let admin_listener = bind_admin(cfg.listen.admin_addr).await?;
     let admin_addr = match &admin_listener {
         Some(l) => l.local_addr()?.to_string(),
         None => "off".to_string(),
@@ -359,7 +362,7 @@ where
     let ready = Arc::new(AtomicBool::new(false));
     let (serving, serving_rx) = watch::channel(true);
     let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
-    let max_connections = match cfg.grpc_max_connections {
+    let max_connections = match cfg.connections.grpc_max_connections {
         0 => open_file_limit().map_or(usize::MAX, |n| (n / 4 * 3).max(1)),
         n => n,
     };
@@ -368,8 +371,8 @@ where
         demand,
         Arc::new(SystemClock),
         QuotaSettings {
-            ttl: cfg.rlqs_assignment_ttl,
-            abandon_after: cfg.rlqs_abandon_after,
+            ttl: cfg.rlqs.rlqs_assignment_ttl,
+            abandon_after: cfg.rlqs.rlqs_abandon_after,
             ..QuotaSettings::default()
         },
     );
@@ -377,11 +380,11 @@ where
         .with_quotas(quotas)
         .with_tracer(tracer.clone());
     let mut grpc = sluice_grpc::Server::new(handler).settings(sluice_grpc::Settings {
-        max_message: cfg.max_request_bytes,
-        keepalive_interval: nonzero(cfg.grpc_keepalive_interval),
-        keepalive_timeout: cfg.grpc_keepalive_timeout,
-        idle_timeout: nonzero(cfg.grpc_idle_timeout),
-        handshake_timeout: cfg.handshake_timeout,
+        max_message: cfg.connections.max_request_bytes,
+        keepalive_interval: nonzero(cfg.connections.grpc_keepalive_interval),
+        keepalive_timeout: cfg.connections.grpc_keepalive_timeout,
+        idle_timeout: nonzero(cfg.connections.grpc_idle_timeout),
+        handshake_timeout: cfg.connections.handshake_timeout,
         max_connections,
     });
     if let Some(t) = grpc_tls.clone() {
@@ -394,7 +397,7 @@ where
             service.clone(),
             listener,
             admin_tls.clone(),
-            cfg.handshake_timeout,
+            cfg.connections.handshake_timeout,
             stop_tx.subscribe(),
             tracer.clone(),
         );
@@ -407,15 +410,15 @@ where
     let admin = Arc::new(HttpState {
         service: service.clone(),
         ready: ready.clone(),
-        max_request_bytes: cfg.max_request_bytes,
+        max_request_bytes: cfg.connections.max_request_bytes,
         connections,
         loaded,
     });
-    let prometheus = match cfg.prometheus_addr {
+    let prometheus = match cfg.metrics.prometheus_addr {
         Some(addr) => {
             let listener = bind(addr).await?;
-            tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.prometheus_path, "metrics also served");
-            let app = metrics_router(admin.clone(), &cfg.prometheus_path);
+            tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.metrics.prometheus_path, "metrics also served");
+            let app = metrics_router(admin.clone(), &cfg.metrics.prometheus_path);
             let server = axum::serve(listener, app).with_graceful_shutdown(stopped());
             Some(tokio::spawn(async move { server.await }))
         }
@@ -431,7 +434,7 @@ where
                 .await
         }),
         Some(t) => {
-            let listener = TlsListener::new(http_listener, t, cfg.handshake_timeout);
+            let listener = TlsListener::new(http_listener, t, cfg.connections.handshake_timeout);
             tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(http_stop)
@@ -455,7 +458,7 @@ where
     tracing::info!("shutting down: readiness off, draining in-flight calls");
     ready.store(false, Ordering::SeqCst);
     serving.send_replace(false);
-    tokio::time::sleep(cfg.drain_delay).await;
+    tokio::time::sleep(cfg.shutdown.drain_delay).await;
     let _ = stop_tx.send(true);
     // The gRPC server returns once every stream open at GOAWAY has been answered
     // (health Watch streams end at the stop) and its connections are closed. Then
@@ -473,7 +476,7 @@ where
             p.abort();
         }
     };
-    if tokio::time::timeout(cfg.shutdown_grace, drained)
+    if tokio::time::timeout(cfg.shutdown.shutdown_grace, drained)
         .await
         .is_err()
     {

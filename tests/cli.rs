@@ -69,7 +69,7 @@ fn flag_reference() -> String {
     let mut out = String::new();
     out.push_str(
         "# Flag reference\n\n\
-         <!-- Generated from src/config.rs's clap definitions by\n     \
+         <!-- Generated from the clap definitions in src/config/ by\n     \
          `SLUICE_BLESS=1 cargo test --test cli flag_reference`; do not edit by hand:\n     \
          `cargo test` fails when this page and the definitions differ. -->\n\n\
          Every subcommand of `sluice`, with every flag as `--help` shows it. Each `serve`\n\
@@ -93,8 +93,21 @@ fn flag_reference() -> String {
             out.push_str("No flags.\n");
             continue;
         }
-        out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+        // Flags come in their `--help` groups (a heading per group), each group
+        // under its own table.
+        let mut heading = None;
+        let mut table = false;
         for arg in args {
+            if !table || arg.get_help_heading() != heading {
+                heading = arg.get_help_heading();
+                if let Some(h) = heading {
+                    let _ = write!(out, "\n### {h}\n\n");
+                } else if table {
+                    out.push('\n');
+                }
+                out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+                table = true;
+            }
             let takes_value = arg.get_action().takes_values();
             let value = arg
                 .get_value_names()
@@ -176,7 +189,7 @@ fn flag_reference_matches_the_command_line() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == rendered,
-        "docs/flags.md differs from the command line's definitions (src/config.rs): \
+        "docs/flags.md differs from the command line's definitions (src/config/): \
          regenerate it with `SLUICE_BLESS=1 cargo test --test cli flag_reference`"
     );
     // The page names every serve flag the command line has.

@@ -45,14 +45,14 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let defaults = crate::policy::Defaults {
-        algorithm: cfg.default_algorithm,
-        shadow_mode: cfg.shadow_mode,
+        algorithm: cfg.decisions.default_algorithm,
+        shadow_mode: cfg.decisions.shadow_mode,
     };
-    let hub = hub::Hub::new(&cfg.shared_domains, defaults, metrics.clone());
-    if !cfg.config.is_empty() {
+    let hub = hub::Hub::new(&cfg.policies.shared_domains, defaults, metrics.clone());
+    if !cfg.policies.config.is_empty() {
         let files = file::FileSource::load(
-            cfg.config.clone(),
-            cfg.reload_interval,
+            cfg.policies.config.clone(),
+            cfg.policies.reload_interval,
             metrics.clone(),
             hub.clone(),
         )
@@ -63,16 +63,18 @@ where
         tokio::spawn(files.run(stopped()));
     }
     let loaded = Arc::new(AtomicBool::new(true));
-    if let Some(url) = &cfg.xds_server {
+    if let Some(url) = &cfg.xds.xds_server {
         loaded.store(
-            cfg.xds_start_without_config,
+            cfg.xds.xds_start_without_config,
             std::sync::atomic::Ordering::SeqCst,
         );
-        let source = xds::XdsSource::new(cfg, url, hub.clone(), metrics.clone(), loaded.clone())?;
+        let source =
+            xds::XdsSource::new(&cfg.xds, url, hub.clone(), metrics.clone(), loaded.clone())?;
         tokio::spawn(source.run(stopped()));
     }
-    if cfg.kube {
-        let kube = kube::KubeSource::connect(cfg.kube_namespace.clone(), hub.clone()).await?;
+    if cfg.policies.kube {
+        let kube =
+            kube::KubeSource::connect(cfg.policies.kube_namespace.clone(), hub.clone()).await?;
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(kube.run(stopped(), first_tx));
         // Serve the cluster's policies from the first request: wait for the first

@@ -15,6 +15,7 @@ use clap::Args;
 
 /// The `serve` flags of tracing. Each wins over its `OTEL_*` variable.
 #[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Tracing")]
 pub struct TracingArgs {
     /// Export OpenTelemetry traces of decisions over OTLP (also on when an OTLP
     /// endpoint is given; see docs/tracing.md).

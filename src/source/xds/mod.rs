@@ -32,7 +32,7 @@ use rand::Rng;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::hub::Hub;
-use crate::config::{Serve, XdsUrl};
+use crate::config::{XdsArgs, XdsUrl};
 use crate::policy::{Document, PolicyError};
 use crate::telemetry::Metrics;
 
@@ -90,7 +90,7 @@ pub struct XdsSource {
 impl XdsSource {
     /// Checks the settings and reads the TLS files, so that a bad one stops start-up.
     pub fn new(
-        cfg: &Serve,
+        cfg: &XdsArgs,
         url: &XdsUrl,
         hub: Arc<Hub>,
         metrics: Arc<Metrics>,
@@ -213,7 +213,7 @@ impl XdsSource {
 }
 
 /// The endpoint for `url`, with TLS from the `--xds-tls-*` files.
-fn endpoint(cfg: &Serve, url: &XdsUrl) -> Result<Endpoint, XdsError> {
+fn endpoint(cfg: &XdsArgs, url: &XdsUrl) -> Result<Endpoint, XdsError> {
     let bad = |error: String| XdsError::Endpoint {
         url: url.url.clone(),
         error,

@@ -1,0 +1,193 @@
+//! The flags' values: their types and parsers, each refusing a bad value with a
+//! message that names what is wrong.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
+use crate::policy::FailureMode;
+use crate::service::HeaderStyle;
+
+/// The admin port's address as given, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    At(SocketAddr),
+}
+
+/// The admin API's address when `--admin-addr` is not given.
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:8082";
+
+pub(super) fn parse_admin_addr(s: &str) -> Result<AdminAddr, String> {
+    match s.trim() {
+        "" | "off" => Ok(AdminAddr::Off),
+        a => a
+            .parse()
+            .map(AdminAddr::At)
+            .map_err(|e| format!("'{a}': {e}; expected HOST:PORT or off")),
+    }
+}
+
+/// An xDS server's address: `http://HOST:PORT` or `https://HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XdsUrl {
+    /// The URL as given, normalised to `scheme://host:port`.
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+}
+
+pub(super) fn parse_xds_url(s: &str) -> Result<XdsUrl, String> {
+    let err = || format!("expected http://HOST:PORT or https://HOST:PORT, got {s:?}");
+    let (tls, rest) = if let Some(rest) = s.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = s.strip_prefix("http://") {
+        (false, rest)
+    } else {
+        return Err(err());
+    };
+    let rest = rest.trim_end_matches('/');
+    let uri: http::Uri = format!("http://{rest}").parse().map_err(|_| err())?;
+    let authority = uri.authority().ok_or_else(err)?;
+    if uri.path() != "/" || authority.port_u16().is_none() || rest.contains('@') {
+        return Err(err());
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    Ok(XdsUrl {
+        url: format!("{}://{authority}", if tls { "https" } else { "http" }),
+        tls,
+        host: host.to_string(),
+    })
+}
+
+/// A secret given on the command line or in the environment; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+pub(super) fn parse_secret(s: &str) -> Result<Secret, String> {
+    Ok(Secret(s.to_string()))
+}
+
+pub(super) fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
+    match s {
+        "open" => Ok(FailureMode::Open),
+        "closed" => Ok(FailureMode::Closed),
+        "local" => Ok(FailureMode::Local),
+        _ => Err(format!("expected open, closed or local, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {
+    match s {
+        "nothing" => Ok(DeniedSpend::Nothing),
+        "admitting-limits" => Ok(DeniedSpend::AdmittingLimits),
+        _ => Err(format!("expected nothing or admitting-limits, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_reset_resolution(s: &str) -> Result<ResetResolution, String> {
+    match s {
+        "micros" => Ok(ResetResolution::Micros),
+        "seconds" => Ok(ResetResolution::Seconds),
+        _ => Err(format!("expected micros or seconds, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_store_error_answer(s: &str) -> Result<StoreErrorAnswer, String> {
+    match s {
+        "failure-mode" => Ok(StoreErrorAnswer::FailureMode),
+        "error" => Ok(StoreErrorAnswer::Error),
+        _ => Err(format!("expected failure-mode or error, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("expected a number from 0 to 1, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::parse(s).ok_or_else(|| {
+        format!(
+            "expected fixed_window, sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket, got {s:?}"
+        )
+    })
+}
+
+/// `--response-headers`: a header style, or `auto` to let the policy source decide
+/// ([`super::Serve::header_style`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderChoice {
+    Auto,
+    Style(HeaderStyle),
+}
+
+pub(super) fn parse_header_choice(s: &str) -> Result<HeaderChoice, String> {
+    match s {
+        "auto" => Ok(HeaderChoice::Auto),
+        "off" => Ok(HeaderChoice::Style(HeaderStyle::Off)),
+        "draft03" => Ok(HeaderChoice::Style(HeaderStyle::Draft03)),
+        "ietf" => Ok(HeaderChoice::Style(HeaderStyle::Ietf)),
+        _ => Err(format!("expected auto, off, draft03 or ietf, got {s:?}")),
+    }
+}
+
+/// A duration longer than zero.
+pub(super) fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("{s:?} must be longer than zero")),
+        d => Ok(d),
+    }
+}
+
+/// Parses a size: `65536`, `64KiB`, `1MiB`; at least one byte.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let err = || format!("invalid size {s:?} (use e.g. 65536, 64KiB, 1MiB)");
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().map_err(|_| err())?;
+    let scale = match unit {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        _ => return Err(err()),
+    };
+    match n.checked_mul(scale) {
+        Some(0) => Err(format!("size {s:?} must be at least one byte")),
+        Some(b) => Ok(b),
+        None => Err(err()),
+    }
+}
+
+/// A duration of whole seconds, at least one: Envoy reads quota TTLs in whole
+/// seconds, so `1500ms` would silently become 1 s there.
+pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.subsec_nanos() != 0 || d.is_zero() {
+        return Err(format!(
+            "{s:?} is not a whole number of seconds of at least 1s (Envoy reads it in whole seconds)"
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses a duration flag with the policies' syntax (`250ms`, `10s`, `1.5s`, `1d`,
+/// `1m30s`; [`crate::policy::duration`]), zero included.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    crate::policy::duration::parse(s).map(Duration::from_micros)
+}
