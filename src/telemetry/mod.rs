@@ -25,6 +25,12 @@
 //! `benches/metrics.rs` measures the cost (BENCHMARKS.md, "Sluice's own work per request").
 //!
 //! The ratio and the top offenders are computed at scrape time (`render`).
+//!
+//! Each family of series is made and registered by the module that owns it:
+//! connections and TLS reloads (`connections`), the store (`store`), denials and
+//! bans (`denials`), the signals ([`signals`]), limits ([`limits`]), RLQS ([`rlqs`]),
+//! `failure_mode: local` ([`local`]) and envoyproxy/ratelimit's names ([`erl`]);
+//! `Metrics` holds one of each, inline, so recording costs no extra indirection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,10 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use prometheus::{
-    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
-};
+use prometheus::{Encoder, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 use crate::algorithm::{Micros, SECOND};
 use crate::clock::{Clock, SystemClock};
@@ -44,8 +47,11 @@ use crate::limiter::{Ban, Descriptor, Outcome};
 use crate::policy::{Entry, FailureMode, Policy, Rule};
 use crate::store::{ErrorKind, Evictions, Report, Spend};
 
+mod connections;
+mod denials;
 mod record;
 mod render;
+mod store;
 #[cfg(test)]
 mod tests;
 
@@ -258,10 +264,6 @@ pub struct Metrics {
     peak_window: Micros,
     /// Hashes a descriptor's values to tell keys apart in the signals.
     key_hasher: ahash::RandomState,
-    regular_keys: IntGaugeVec,
-    top_subnets: IntGaugeVec,
-    top_subnet_addresses: IntGaugeVec,
-    denial_spike_ratio: GaugeVec,
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
@@ -269,22 +271,14 @@ pub struct Metrics {
     decision_seconds: Histogram,
     /// Trace ids of sampled calls per `decision_seconds` bucket (OpenMetrics only).
     exemplars: exemplar::Exemplars,
-    store_errors: IntCounterVec,
     policy_reloads: IntCounterVec,
-    tls_reloads: IntCounterVec,
-    grpc_connections: IntGauge,
-    grpc_closed: IntCounterVec,
-    active_keys: IntGaugeVec,
-    evictions: IntCounterVec,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
     /// per-request counter) and carried into the registry at scrape time.
-    cache_answers: IntCounter,
-    cache_answer_stripes: Stripes<AtomicU64>,
-    active_bans: IntGauge,
-    deny_ratio: GaugeVec,
-    recent_denials: IntGaugeVec,
-    top_offenders: IntGaugeVec,
     handles: ArcSwapOption<PolicyHandles>,
+    connections: connections::ConnectionStats,
+    store: store::StoreStats,
+    denials: denials::DenialStats,
+    signals: signals::gauges::SignalStats,
     limits: limits::Limits,
     rlqs: rlqs::QuotaStats,
     /// `failure_mode: local`'s series, set at scrape time.
@@ -301,7 +295,6 @@ pub struct Metrics {
     /// not look labels up per request. Per-shard errors are the stores' own count in
     /// `sluice_store_errors_total`; keeping the two apart means neither double counts.
     store_failures: OnceLock<IntCounter>,
-    store_failures_vec: IntCounterVec,
     trace_spans: OnceLock<IntCounterVec>,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
@@ -349,136 +342,16 @@ impl Metrics {
             "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
         )
         .expect("static metric definition");
-        let store_errors = counter_vec(
-            "sluice_store_errors_total",
-            "Store calls that failed or timed out, by shard and kind of error.",
-            &["store", "shard", "kind"],
-        );
-        let store_failures_vec = counter_vec(
-            "sluice_store_failures_total",
-            "Calls answered by the failure mode because the store failed, timed out or was backing off.",
-            &["store"],
-        );
         let policy_reloads = counter_vec(
             "sluice_policy_reloads_total",
             "Policy reloads by source and result (ok, error).",
             &["source", "result"],
         );
-        let tls_reloads = counter_vec(
-            "sluice_tls_reloads_total",
-            "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
-            &["port", "result"],
-        );
-        let grpc_connections = IntGauge::new(
-            "sluice_grpc_connections",
-            "Connections open on the gRPC port.",
-        )
-        .expect("static metric definition");
-        let grpc_closed = counter_vec(
-            "sluice_grpc_connections_closed_total",
-            "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
-            &["reason"],
-        );
-        let active_keys = IntGaugeVec::new(
-            Opts::new(
-                "sluice_active_keys",
-                "Counters currently held by the store.",
-            ),
-            &["store"],
-        )
-        .expect("static metric definition");
-        let evictions = counter_vec(
-            "sluice_evictions_total",
-            "At --max-keys, counters the memory store dropped to make room (reason expired or idle) and new keys it could not keep (refused, answered by the failure mode).",
-            &["reason"],
-        );
-        let cache_answers = IntCounter::new(
-            "sluice_denial_cache_answers_total",
-            "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
-        )
-        .expect("static metric definition");
-        let active_bans = IntGauge::new(
-            "sluice_penalty_active_bans",
-            "Keys serving a penalty ban in this process.",
-        )
-        .expect("static metric definition");
-        let deny_ratio = GaugeVec::new(
-            Opts::new(
-                "sluice_deny_ratio",
-                "Denied / decided descriptors of a rule over the last 60 s.",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
-        let recent_denials = IntGaugeVec::new(
-            Opts::new(
-                "sluice_recent_denials",
-                "Denied descriptors of a rule over the last 60 s (the deny ratio's numerator).",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
-        let top_offenders = IntGaugeVec::new(
-            Opts::new(
-                "sluice_top_offenders",
-                "Denials over the last 60 s of the 10 keys a rule denied most (rank 1 = most).",
-            ),
-            &["domain", "rule", "key", "rank"],
-        )
-        .expect("static metric definition");
-        let regular_keys = IntGaugeVec::new(
-            Opts::new(
-                "sluice_regular_keys",
-                "Busy keys of a rule whose last 20 gaps between requests barely vary (coefficient of variation under 0.1): scripts on a timer.",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
-        let top_subnets = IntGaugeVec::new(
-            Opts::new(
-                "sluice_top_subnets",
-                "Denials over the last 60 s of the 10 subnets (/24, /64) a rule denied most (rank 1 = most).",
-            ),
-            &["domain", "rule", "subnet", "rank"],
-        )
-        .expect("static metric definition");
-        let top_subnet_addresses = IntGaugeVec::new(
-            Opts::new(
-                "sluice_top_subnet_addresses",
-                "Distinct addresses denied over the last 60 s in the 10 subnets (/24, /64) of a rule with the most (rank 1 = most).",
-            ),
-            &["domain", "rule", "subnet", "rank"],
-        )
-        .expect("static metric definition");
-        let denial_spike_ratio = GaugeVec::new(
-            Opts::new(
-                "sluice_denial_spike_ratio",
-                "A sensitive rule's denials over the last 60 s against its baseline (denials per minute, an EWMA over 30 minutes, at least 1).",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
         for c in [
-            Box::new(regular_keys.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(denial_spike_ratio.clone()),
-            Box::new(top_subnets.clone()),
-            Box::new(top_subnet_addresses.clone()),
-            Box::new(unknown_domain.clone()),
+            Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(bad_requests.clone()),
             Box::new(expired_calls.clone()),
-            Box::new(store_errors.clone()),
-            Box::new(store_failures_vec.clone()),
             Box::new(policy_reloads.clone()),
-            Box::new(tls_reloads.clone()),
-            Box::new(grpc_connections.clone()),
-            Box::new(grpc_closed.clone()),
-            Box::new(active_keys.clone()),
-            Box::new(evictions.clone()),
-            Box::new(cache_answers.clone()),
-            Box::new(active_bans.clone()),
-            Box::new(deny_ratio.clone()),
-            Box::new(recent_denials.clone()),
-            Box::new(top_offenders.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -486,9 +359,10 @@ impl Metrics {
         for result in ["ok", "error"] {
             policy_reloads.with_label_values(&["file", result]);
         }
-        for (reason, _) in Evictions::default().by_reason() {
-            evictions.with_label_values(&[reason]);
-        }
+        let connections = connections::ConnectionStats::new(&registry);
+        let store = store::StoreStats::new(&registry);
+        let denials = denials::DenialStats::new(&registry);
+        let signals = signals::gauges::SignalStats::new(&registry);
         let limits = limits::Limits::new(&registry);
         let rlqs = rlqs::QuotaStats::new(&registry);
         let local = local::LocalStats::new(&registry);
@@ -498,10 +372,10 @@ impl Metrics {
             near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
             peak_window: DEFAULT_PEAK_WINDOW.as_micros() as Micros,
             key_hasher: ahash::RandomState::new(),
-            regular_keys,
-            top_subnets,
-            top_subnet_addresses,
-            denial_spike_ratio,
+            connections,
+            store,
+            denials,
+            signals,
             limits,
             rlqs,
             local,
@@ -511,25 +385,12 @@ impl Metrics {
             expired_calls,
             decision_seconds: Histogram::default(),
             exemplars: Default::default(),
-            store_errors,
             policy_reloads,
-            tls_reloads,
-            grpc_connections,
-            grpc_closed,
-            active_keys,
-            evictions,
-            cache_answers,
-            cache_answer_stripes: Default::default(),
-            active_bans,
-            deny_ratio,
-            recent_denials,
-            top_offenders,
             handles: ArcSwapOption::empty(),
             erl: None,
             stats: Mutex::new(HashMap::new()),
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
-            store_failures_vec,
             trace_spans: OnceLock::new(),
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
@@ -650,9 +511,9 @@ impl Metrics {
     /// The gRPC port's connections, set at scrape time: those open now, and those
     /// closed since start, by reason.
     pub fn set_connections(&self, open: usize, closed: &[(&str, u64)]) {
-        self.grpc_connections.set(open as i64);
+        self.connections.grpc_connections.set(open as i64);
         for (reason, count) in closed {
-            let counter = self.grpc_closed.with_label_values(&[reason]);
+            let counter = self.connections.grpc_closed.with_label_values(&[reason]);
             counter.inc_by(count.saturating_sub(counter.get()));
         }
     }
@@ -660,13 +521,16 @@ impl Metrics {
     /// Exports a TLS port's reload counters at 0 before its first reload.
     pub fn declare_tls_port(&self, port: &str) {
         for result in ["ok", "error"] {
-            self.tls_reloads.with_label_values(&[port, result]);
+            self.connections
+                .tls_reloads
+                .with_label_values(&[port, result]);
         }
     }
 
     /// A change of a port's TLS files, loaded (`ok`) or refused.
     pub fn tls_reload(&self, port: &str, ok: bool) {
-        self.tls_reloads
+        self.connections
+            .tls_reloads
             .with_label_values(&[port, if ok { "ok" } else { "error" }])
             .inc();
     }
@@ -674,13 +538,14 @@ impl Metrics {
     /// The store's gauges, set at scrape time. Logs when the memory store starts (and
     /// stops) refusing new keys.
     pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: &Evictions) {
-        self.active_keys
+        self.store
+            .active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
-        self.store_failures_vec.with_label_values(&[store]);
+        self.store.store_failures_vec.with_label_values(&[store]);
         let mut refusing = false;
         for (reason, total) in evictions.by_reason() {
-            let counter = self.evictions.with_label_values(&[reason]);
+            let counter = self.store.evictions.with_label_values(&[reason]);
             let seen = counter.get();
             if total > seen {
                 counter.inc_by(total - seen);
@@ -702,7 +567,7 @@ impl Metrics {
 
     /// Bans in force, set at scrape time.
     pub fn set_active_bans(&self, n: usize) {
-        self.active_bans.set(n as i64);
+        self.denials.active_bans.set(n as i64);
     }
 }
 
@@ -717,7 +582,8 @@ impl Report for Metrics {
     /// appears at 1 is lost to `rate()` and `increase()`.
     fn shard_declared(&self, store: &str, shard: &str) {
         for kind in ErrorKind::ALL {
-            self.store_errors
+            self.store
+                .store_errors
                 .with_label_values(&[store, shard, kind.as_str()]);
         }
     }
@@ -725,14 +591,15 @@ impl Report for Metrics {
     /// Only on failed calls, never per request: the label lookup is a hash of three
     /// borrowed strings, with no allocation once the series exists.
     fn store_error(&self, store: &str, shard: &str, kind: ErrorKind) {
-        self.store_errors
+        self.store
+            .store_errors
             .with_label_values(&[store, shard, kind.as_str()])
             .inc();
     }
 
     /// Per request under an attack, so counted in stripes.
     fn denial_cache_answer(&self) {
-        let (count, owned) = self.cache_answer_stripes.local();
+        let (count, owned) = self.store.cache_answer_stripes.local();
         striped::add(count, owned, 1);
     }
 }

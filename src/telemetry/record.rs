@@ -329,7 +329,7 @@ impl Metrics {
         match &outcome.failure {
             Some(f) => {
                 self.store_failures
-                    .get_or_init(|| self.store_failures_vec.with_label_values(&[f.store]))
+                    .get_or_init(|| self.store.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
                 self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
                 if !self.store_failing.swap(true, Ordering::Relaxed) {

@@ -175,48 +175,55 @@ impl Metrics {
 
     /// Refills the gauges computed at scrape time.
     fn refresh(&self) {
-        self.regular_keys.reset();
-        self.top_subnets.reset();
-        self.top_subnet_addresses.reset();
-        self.denial_spike_ratio.reset();
+        self.signals.regular_keys.reset();
+        self.signals.top_subnets.reset();
+        self.signals.top_subnet_addresses.reset();
+        self.signals.denial_spike_ratio.reset();
         for s in self.signals() {
             if let Some(spike) = s.spike {
-                self.denial_spike_ratio
+                self.signals
+                    .denial_spike_ratio
                     .with_label_values(&[&s.domain, &s.rule])
                     .set(spike.ratio);
             }
-            self.regular_keys
+            self.signals
+                .regular_keys
                 .with_label_values(&[&s.domain, &s.rule])
                 .set(s.regular.len() as i64);
             for (rank, n) in s.subnets.by_denials.iter().enumerate() {
                 let rank = (rank + 1).to_string();
-                self.top_subnets
+                self.signals
+                    .top_subnets
                     .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
                     .set(n.denials as i64);
             }
             for (rank, n) in s.subnets.by_addresses.iter().enumerate() {
                 let rank = (rank + 1).to_string();
-                self.top_subnet_addresses
+                self.signals
+                    .top_subnet_addresses
                     .with_label_values(&[&s.domain, &s.rule, &n.subnet, &rank])
                     .set(n.addresses as i64);
             }
         }
-        self.deny_ratio.reset();
-        self.recent_denials.reset();
-        self.top_offenders.reset();
+        self.denials.deny_ratio.reset();
+        self.denials.recent_denials.reset();
+        self.denials.top_offenders.reset();
         for t in self.top_offenders() {
             let labels = [t.domain.as_str(), t.rule.as_str()];
             if t.decided > 0 {
-                self.deny_ratio
+                self.denials
+                    .deny_ratio
                     .with_label_values(&labels)
                     .set(t.denied as f64 / t.decided as f64);
-                self.recent_denials
+                self.denials
+                    .recent_denials
                     .with_label_values(&labels)
                     .set(t.denied as i64);
             }
             for (rank, (key, denials)) in t.top.iter().enumerate() {
                 let rank = (rank + 1).to_string();
-                self.top_offenders
+                self.denials
+                    .top_offenders
                     .with_label_values(&[&t.domain, &t.rule, key, &rank])
                     .set(*denials as i64);
             }
@@ -228,12 +235,14 @@ impl Metrics {
         let _scrape = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.refresh();
         let answers: u64 = self
+            .store
             .cache_answer_stripes
             .iter()
             .map(|a| a.load(Ordering::Relaxed))
             .sum();
-        self.cache_answers
-            .inc_by(answers.saturating_sub(self.cache_answers.get()));
+        self.store
+            .cache_answers
+            .inc_by(answers.saturating_sub(self.store.cache_answers.get()));
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         let mut text = String::from_utf8(buf).unwrap_or_default();
