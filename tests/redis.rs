@@ -4,7 +4,7 @@
 //!
 //! Every test returns early with a loud message when redis-server is not installed.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -434,7 +434,19 @@ descriptors:
   - key: bucket
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
 "#;
-    let sluice = common::Server::start(policy, &["--redis", &server.url(), "--peak-window", "1s"]);
+    // A store timeout no busy machine reaches: a timed-out charge would be answered
+    // by the failure mode, not by Redis.
+    let sluice = common::Server::start(
+        policy,
+        &[
+            "--redis",
+            &server.url(),
+            "--peak-window",
+            "1s",
+            "--store-timeout",
+            "2s",
+        ],
+    );
     let mut client = sluice.client().await;
     let labels = |rule| [("domain", "llm"), ("rule", rule)];
     // Both costs in one call, as Envoy reports them at stream end. A fresh key each
