@@ -4,7 +4,7 @@
 //! server; the watch streams through sluice's generated tonic client; `sluice
 //! explain` against the server and against the policy file alone.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

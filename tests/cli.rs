@@ -70,7 +70,7 @@ fn flag_reference() -> String {
     out.push_str(
         "# Flag reference\n\n\
          <!-- Generated from the clap definitions in src/config/ by\n     \
-         `SLUICE_BLESS=1 cargo test --test cli flag_reference`; do not edit by hand:\n     \
+         `SLUICE_BLESS=1 cargo test --test integration cli::flag_reference`; do not edit by hand:\n     \
          `cargo test` fails when this page and the definitions differ. -->\n\n\
          Every subcommand of `sluice`, with every flag as `--help` shows it. Each `serve`\n\
          flag also reads the environment variable beside it; a flag given on the command\n\
@@ -190,7 +190,7 @@ fn flag_reference_matches_the_command_line() {
     assert!(
         committed == rendered,
         "docs/flags.md differs from the command line's definitions (src/config/): \
-         regenerate it with `SLUICE_BLESS=1 cargo test --test cli flag_reference`"
+         regenerate it with `SLUICE_BLESS=1 cargo test --test integration cli::flag_reference`"
     );
     // The page names every serve flag the command line has.
     use clap::CommandFactory;

@@ -3,7 +3,7 @@
 //! beyond `--grpc-max-connections` refused, each counted; and connections that
 //! behave (as Envoy's do) kept.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

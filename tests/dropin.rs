@@ -9,7 +9,7 @@
 //! The policies below are the project's own copies of the shapes of that suite's
 //! `runtime/current/ratelimit/config/*.yaml`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! certificate paths pointed at this test's xDS server, Redis and files, and the
 //! ports on loopback.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

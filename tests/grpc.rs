@@ -1,7 +1,7 @@
 //! The gRPC port's own server on the wire: refusals a client can see (compressed,
 //! undecodable, too large, unknown method) and the health service through shutdown.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! scripts/test.sh sets `SLUICE_REQUIRE_TOOLS`, so that a missing one fails there
 //! instead of skipping.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -6,7 +6,7 @@
 //! `SLUICE_REQUIRE_KUBE` is set, as `scripts/test.sh` does after installing them
 //! with `scripts/install-kube.sh`: then their absence is a failure.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

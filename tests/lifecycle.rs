@@ -1,6 +1,6 @@
 //! Process lifecycle: ConfigMap-style reloads and graceful SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //!
 //! The tests run one at a time: one bounds answer times.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

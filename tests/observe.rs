@@ -3,7 +3,7 @@
 //! logs, and the Grafana dashboard and Prometheus rules in `deploy/` against what
 //! `/metrics` exports.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -2,7 +2,7 @@
 //! `limit` override (per-tenant limits from request metadata) and per-descriptor
 //! `hits_addend` (request and response cost), over gRPC and `/json`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;

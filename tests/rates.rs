@@ -2,7 +2,7 @@
 //! describes the limit nearest its end, a limit's denial spends nothing of the
 //! others, and with Redis every limit of a key is decided in one script call.
 
-mod common;
+use crate::common;
 
 use common::redis::{available, keys, script_calls, RedisServer};
 use common::*;

@@ -12,7 +12,7 @@
 //! The tests run one at a time: each bounds answer times, and several binaries and
 //! servers competing for two cores would measure the machine instead.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;

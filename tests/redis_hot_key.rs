@@ -4,7 +4,7 @@
 //! on a full counter does not grow with the limit (a sliding log of 5,000 entries
 //! costs what one of 5 does), so the shard holding the hot key keeps up.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

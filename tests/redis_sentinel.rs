@@ -5,7 +5,7 @@
 //! domain's failure mode, then the new master decides, in the same process, and
 //! counts are exact on it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! client (tonic-reflection's) listing and describing the services over one
 //! bidirectional stream that stays open.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -197,7 +197,7 @@ fn the_served_descriptors_are_envoy_types_own() {
     assert!(
         have == want,
         "{} differs from envoy-types' descriptors: regenerate it with \
-         `SLUICE_WRITE_DESCRIPTORS=1 cargo test --test reflection`",
+         `SLUICE_WRITE_DESCRIPTORS=1 cargo test --test integration reflection::`",
         path.display()
     );
     assert_eq!(have, sluice::service::reflection::RATELIMIT_DESCRIPTORS);

@@ -2,7 +2,7 @@
 //! with the generated RLQS client, the way Envoy's rate_limit_quota filter talks.
 //! Two replicas behind one Redis share one limit between the streams they serve.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

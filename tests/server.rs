@@ -2,7 +2,7 @@
 //! headers, bad requests, leaky-bucket pacing, HTTP endpoints, hot reload and a
 //! full memory store under a flood of distinct keys.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! The store contract on the memory store, on a manual clock.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

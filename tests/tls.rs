@@ -2,7 +2,7 @@
 //! TLS), and certificates renewed in place the way a Kubernetes Secret update does
 //! it, while calls go on.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

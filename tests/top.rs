@@ -2,7 +2,7 @@
 //! text and over mutual TLS), the screen read back with `capture-pane`. tmux comes
 //! from apt (scripts/test.sh); with `SLUICE_REQUIRE_TOOLS` a missing one fails.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! NACKed and the last good kept, a restarted server is reconnected, readiness waits
 //! for the first version unless told not to.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;
