@@ -247,3 +247,32 @@ fn the_reader_sees_grouped_and_plain_paths() {
             .collect()
     );
 }
+
+/// With autotests off, a new `tests/*.rs` file is compiled only when listed: one that
+/// is not would be a test suite that silently never runs.
+#[test]
+fn every_test_file_is_in_the_integration_binary() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let listed = std::fs::read_to_string(dir.join("integration.rs")).unwrap();
+    let manifest = std::fs::read_to_string(dir.join("../Cargo.toml")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".rs"))
+        else {
+            continue;
+        };
+        let own_binary = manifest.contains(&format!("path = \"tests/{name}.rs\""));
+        if !own_binary && !listed.contains(&format!("\nmod {name};\n")) {
+            missing.push(name.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "tests/{{{}}}.rs: neither a module of tests/integration.rs nor a [[test]] of Cargo.toml",
+        missing.join(",")
+    );
+}
