@@ -10,6 +10,16 @@
 //! h2 and Tokio costs that end-to-end runs add are the same for any handler (the
 //! ceiling pays them too), so they are left out.
 //!
+//! `check`, `charge`, `charge-over` and `rates` are built as Envoy sends them
+//! (docs/costs.md, docs/rates.md), one key each as in `hot`. `check` is the call
+//! before a request: the descriptor's own hits_addend 0, on an `api_key` whose
+//! counter a charge made first. `charge` is the call at stream end: the descriptor's
+//! own hits_addend the response's cost (8), on the same kind of key, under its
+//! limit. `charge-over` charges 8 a `user` limited to 100 a second, so every charge
+//! is past the limit: spent anyway, and owed. `denied` is a plain request on such a
+//! key, the request it compares with: denied, spending nothing. `rates` is a plain
+//! request on `account`, which has two rates on one key, decided in one store call.
+//!
 //! Beside each scenario, `ceiling/<scenario>` does what the do-nothing server
 //! (`sluice-bench noop`) does for the same request: prost decodes it and an OK answer
 //! is framed. The difference between the two is what sluice's decision adds, at best:
@@ -55,6 +65,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use futures::FutureExt;
 use prost::Message;
 use sluice::algorithm::{self, Algorithm, Limit, SECOND};
@@ -120,53 +131,107 @@ fn scenario_settings(scenario: &str) -> Settings {
     }
 }
 
+/// The cost a charge scenario reports at stream end, as a response's tokens.
+const COST: u64 = 8;
+
+/// A descriptor as Envoy sends it from a rate limit with its own `hits_addend` (a
+/// check's 0 before the request, a charge's cost at stream end).
+fn costed(key: &str, value: &str, hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..descriptor(key, value.into())
+    }
+}
+
 /// The encoded requests of a scenario, as the load generator sends them.
 fn requests(scenario: &str) -> Vec<Vec<u8>> {
-    let one = |i: usize| -> Vec<RateLimitDescriptor> {
-        match scenario {
-            "hot" => vec![descriptor("client", "c0".into())],
-            "uniform" => vec![descriptor("client", format!("c{i}"))],
-            // Envoy Gateway's per-tenant limits: a `limit` override on every request.
-            "overridden" => vec![RateLimitDescriptor {
-                limit: Some(RateLimitOverride {
-                    requests_per_unit: 1_000_000_000,
-                    unit: 1,
-                }),
-                ..descriptor("client", format!("c{i}"))
-            }],
-            _ => vec![
-                descriptor(
-                    "remote_address",
-                    format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-                ),
-                descriptor("service", "checkout".into()),
-                descriptor("tenant", format!("t{}", i % 100)),
-            ],
-        }
-    };
     // A fixed shuffle, so consecutive requests do not touch neighbouring keys.
     (0..KEYS)
-        .map(|i| (i * 7919) % KEYS)
-        .map(|i| {
-            RateLimitRequest {
-                domain: "bench".into(),
-                descriptors: one(i),
-                hits_addend: 0,
-            }
-            .encode_to_vec()
-        })
+        .map(|i| encoded(scenario, (i * 7919) % KEYS))
         .collect()
+}
+
+/// Request `i` of a scenario, encoded.
+fn encoded(scenario: &str, i: usize) -> Vec<u8> {
+    let descriptors = match scenario {
+        "hot" => vec![descriptor("client", "c0".into())],
+        "check" => vec![costed("api_key", "k0", 0)],
+        "charge" => vec![costed("api_key", "k0", COST)],
+        "charge-over" => vec![costed("user", "u0", COST)],
+        "denied" => vec![descriptor("user", "u0".into())],
+        "rates" => vec![descriptor("account", "a0".into())],
+        "uniform" => vec![descriptor("client", format!("c{i}"))],
+        // Envoy Gateway's per-tenant limits: a `limit` override on every request.
+        "overridden" => vec![RateLimitDescriptor {
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 1_000_000_000,
+                unit: 1,
+            }),
+            ..descriptor("client", format!("c{i}"))
+        }],
+        _ => vec![
+            descriptor(
+                "remote_address",
+                format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+            ),
+            descriptor("service", "checkout".into()),
+            descriptor("tenant", format!("t{}", i % 100)),
+        ],
+    };
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+    .encode_to_vec()
 }
 
 /// Decodes, decides and encodes one request; the answer's length.
 fn one(service: &Service<MemoryStore>, message: &[u8]) -> usize {
+    answer(service, message).len()
+}
+
+/// Decodes, decides and encodes one request; the answer as a gRPC frame.
+fn answer(service: &Service<MemoryStore>, message: &[u8]) -> bytes::Bytes {
     let req = Request::decode(message).expect("the fast reader reads it");
     let outcome = service
         .should_rate_limit(&req, None)
         .now_or_never()
         .expect("the memory store answers at once")
         .expect("valid");
-    framed_response(&outcome, service.headers).len()
+    framed_response(&outcome, service.headers)
+}
+
+/// The overall code of one request's answer.
+fn code(service: &Service<MemoryStore>, message: &[u8]) -> i32 {
+    let framed = answer(service, message);
+    // Past the gRPC frame's prefix: a flag byte and the length.
+    RateLimitResponse::decode(&framed[5..])
+        .expect("decodes")
+        .overall_code
+}
+
+/// Makes the counters a scenario's requests find in a long run, and checks that the
+/// scenario is answered as it says (a check admitted, a charge past its limit
+/// denied), so its figure is of the path it names.
+fn prepare(service: &Service<MemoryStore>, scenario: &str, requests: &[Vec<u8>], tick: impl Fn()) {
+    if scenario == "check" {
+        // A check spends nothing, so keeps no counter: its key's charge makes it.
+        one(service, &encoded("charge", 0));
+    }
+    for r in requests {
+        tick();
+        one(service, r);
+    }
+    let expected = match scenario {
+        "charge-over" | "denied" => Code::OverLimit,
+        _ => Code::Ok,
+    };
+    assert_eq!(
+        code(service, &requests[0]),
+        expected as i32,
+        "{scenario} is answered as it should be"
+    );
 }
 
 /// What the do-nothing server does for one request; the answer's length.
@@ -190,13 +255,22 @@ fn settings(group: &mut BenchmarkGroup<'_, WallTime>) {
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("request");
     settings(&mut group);
-    for scenario in ["hot", "uniform", "overridden", "layered", "layered-hashed"] {
+    for scenario in [
+        "hot",
+        "uniform",
+        "overridden",
+        "layered",
+        "layered-hashed",
+        "check",
+        "charge",
+        "charge-over",
+        "denied",
+        "rates",
+    ] {
         let service = service(scenario_settings(scenario));
         let requests = requests(scenario.trim_end_matches("-hashed"));
         // Every key exists before measuring, as in a long run.
-        for r in &requests {
-            one(&service, r);
-        }
+        prepare(&service, scenario, &requests, || {});
         let mut i = 0;
         group.bench_function(scenario, |b| {
             b.iter(|| {
@@ -433,10 +507,7 @@ fn count(spec: &str) {
         scenario_settings(scenario),
     );
     let requests = requests(scenario.trim_end_matches("-hashed"));
-    for r in &requests {
-        clock.advance(10);
-        one(&service, r);
-    }
+    prepare(&service, scenario, &requests, || clock.advance(10));
     println!("{}", counted(&service, &clock, &requests, n));
 }
 

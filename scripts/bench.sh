@@ -14,6 +14,13 @@
 # prints one table: rps, p50, p99, ratios to the ceiling, and CPU time per request of
 # the target, of its Redis and of the load generator.
 #
+# Not in the default set, Envoy's usage-based limits (docs/costs.md), each on one key as
+# in hot: check (the call before a request, its descriptor's hits_addend 0, on a key
+# a charge made first), charge (the call at stream end, a cost of 8, under the limit)
+# and charge-over (a cost of 8 on `user`, limited to 100/s: spent past the limit and
+# owed). Run them beside hot:
+#   BENCH_SCENARIOS="hot check charge charge-over" scripts/bench.sh
+#
 #   scripts/bench.sh [DURATION] [CONCURRENCY]
 #
 # Knobs (environment): BENCH_DURATION (5s per run), BENCH_WARMUP (1s), BENCH_CONCURRENCY
@@ -247,14 +254,27 @@ redis_of() {
 # (with "round" when given) appended to FILE.
 run_one() {
   local scenario=$1 target=$2 conc=$3 into=$4 round=${5:-} before load_pid cpu0 rcpu0 cpu rcpu failed
+  local gen=$scenario
   local -a args
   [ -n "${addr[$target]:-}" ] || return 0
-  args=(--addr "${addr[$target]}" --target "$target" --scenario "$scenario" --json
+  # charge-over is the generator's charge on a key far past its limit, reported under
+  # its own name.
+  [ "$scenario" = charge-over ] && gen=charge
+  args=(--addr "${addr[$target]}" --target "$target" --scenario "$gen" --json
     --duration "$duration" --warmup "$warmup" --connections "$connections"
     --concurrency "$conc" --keys "$keys" --zipf-s "$zipf_s" --threads "$gen_threads")
   if [ -n "$client" ]; then args+=(--client "$client"); fi
-  if [ "$scenario" = attack ]; then
-    args+=(--key user --rate "$attack_rate" --attack-share 0.1)
+  case $scenario in
+    attack) args+=(--key user --rate "$attack_rate" --attack-share 0.1) ;;
+    check | charge) args+=(--key api_key) ;;
+    charge-over) args+=(--key user) ;;
+  esac
+  if [ "$scenario" = check ]; then
+    # A check spends nothing, so keeps no counter: one charge makes the one it reads,
+    # as the charges of earlier requests do in a real run.
+    "$bin/sluice-bench" load --addr "${addr[$target]}" --scenario charge --key api_key \
+      --requests 1 --warmup 0s --duration 1s --connections 1 --concurrency 1 >/dev/null ||
+      note "$target/check: the charge that makes its counter failed"
   fi
   echo "bench: $target $scenario ($conc in flight)" >&2
   before=$(failed_open "$target")
@@ -273,6 +293,10 @@ run_one() {
       jq -c --argjson c "$cpu" --argjson r "$rcpu" --argjson hz "$hz" \
         '(.requests // 0) as $n | if $n > 0 then . + {cpu_us: ($c / $hz * 1e6 / $n),
           redis_cpu_us: ($r / $hz * 1e6 / $n)} else . end' "$out/run.json" >"$out/run2.json"
+      mv "$out/run2.json" "$out/run.json"
+    fi
+    if [ "$gen" != "$scenario" ] && command -v jq >/dev/null; then
+      jq -c --arg s "$scenario" '. + {scenario: $s}' "$out/run.json" >"$out/run2.json"
       mv "$out/run2.json" "$out/run.json"
     fi
     if [ -n "$round" ] && command -v jq >/dev/null; then

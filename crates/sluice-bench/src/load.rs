@@ -34,7 +34,8 @@ pub struct Load {
     pub addr: String,
     #[arg(long, default_value = "bench")]
     pub domain: String,
-    /// Descriptor entry key the hot, uniform, zipf and attack scenarios send.
+    /// Descriptor entry key the hot, check, charge, uniform, zipf and attack scenarios
+    /// send.
     #[arg(long, default_value = "client")]
     pub key: String,
     #[arg(long, value_enum, default_value_t = Scenario::Hot)]
@@ -55,6 +56,10 @@ pub struct Load {
     /// `k{first-key}` onwards, so consecutive runs can send only new keys.
     #[arg(long, default_value_t = 0)]
     pub first_key: u64,
+    /// What each request of `--scenario charge` costs (its descriptor's hits_addend),
+    /// as Envoy reports a response's tokens at stream end.
+    #[arg(long, default_value_t = 8)]
+    pub cost: u64,
     /// HTTP/2 connections.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
@@ -235,6 +240,7 @@ pub async fn run(load: Load) -> anyhow::Result<()> {
         attack_share: load.attack_share,
         sequential: load.sequential,
         first_key: load.first_key,
+        cost: load.cost,
     })?;
 
     let mut connections = Vec::new();

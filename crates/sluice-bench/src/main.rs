@@ -6,6 +6,7 @@
 //! sluice-bench noop --addr 127.0.0.1:18081
 //! sluice-bench load --addr 127.0.0.1:8081 --scenario zipf --keys 100000 --duration 10s
 //! sluice-bench load --addr 127.0.0.1:8081 --scenario attack --rate 10000 --json
+//! sluice-bench load --addr 127.0.0.1:8081 --scenario charge --key api_key --cost 8
 //! sluice-bench report results.jsonl
 //! sluice-bench memory --keys 1000000
 //! ```

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use rand::Rng;
 
 use crate::zipf::Zipf;
@@ -37,6 +38,12 @@ pub enum Scenario {
     Attack,
     /// Three descriptors per request (edge `remote_address`, `service`, `tenant`).
     Layered,
+    /// One key, as in `hot`, checked as Envoy checks before a request on a route
+    /// whose rate limit has a cost of its own: the descriptor's `hits_addend` is 0.
+    Check,
+    /// One key, as in `hot`, charged as Envoy charges at stream end
+    /// (`apply_on_stream_done`): the descriptor's `hits_addend` is `--cost`.
+    Charge,
 }
 
 impl Scenario {
@@ -47,6 +54,8 @@ impl Scenario {
             Scenario::Zipf => "zipf",
             Scenario::Attack => "attack",
             Scenario::Layered => "layered",
+            Scenario::Check => "check",
+            Scenario::Charge => "charge",
         }
     }
 }
@@ -71,6 +80,8 @@ pub struct Spec {
     /// Number of the first key (`k{first_key}`), so runs one after another can send
     /// keys none before them sent.
     pub first_key: u64,
+    /// What each request of the `charge` scenario costs.
+    pub cost: u64,
 }
 
 pub struct Workload {
@@ -93,7 +104,7 @@ impl Workload {
             _ => None,
         };
         let distinct = match spec.scenario {
-            Scenario::Hot => 1,
+            Scenario::Hot | Scenario::Check | Scenario::Charge => 1,
             _ => spec.keys,
         };
         let mut w = Workload {
@@ -138,7 +149,7 @@ impl Workload {
             return (self.attacker.clone(), Class::Attacker);
         }
         let index = match s.scenario {
-            Scenario::Hot => 0,
+            Scenario::Hot | Scenario::Check | Scenario::Charge => 0,
             _ if s.sequential => self.next.fetch_add(1, Ordering::Relaxed) % s.keys,
             Scenario::Zipf => self.zipf.as_ref().map_or(0, |z| z.sample(rng) - 1),
             _ => rng.random_range(0..s.keys),
@@ -159,6 +170,8 @@ impl Workload {
         let key = &self.spec.key;
         let descriptors = match self.spec.scenario {
             Scenario::Hot => vec![descriptor(key, "hot".into())],
+            Scenario::Check => vec![costed(descriptor(key, "hot".into()), 0)],
+            Scenario::Charge => vec![costed(descriptor(key, "hot".into()), self.spec.cost)],
             Scenario::Uniform | Scenario::Zipf | Scenario::Attack => {
                 vec![descriptor(key, format!("k{}", self.spec.first_key + index))]
             }
@@ -198,6 +211,15 @@ fn descriptor(key: &str, value: String) -> RateLimitDescriptor {
     }
 }
 
+/// The descriptor with a `hits_addend` of its own, as Envoy sends a rate limit's
+/// cost (per-route `rate_limits` with `hits_addend`): the request's stays 0.
+fn costed(d: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost::Message;
@@ -216,6 +238,7 @@ mod tests {
             attack_share: 0.25,
             sequential: false,
             first_key: 0,
+            cost: 8,
         }
     }
 
@@ -248,6 +271,37 @@ mod tests {
             let n: u64 = value(&r, 0)[1..].parse().unwrap();
             assert!(n < 1000);
         }
+    }
+
+    /// Envoy's check and charge carry their cost on the descriptor, not the
+    /// request, so Sluice tells them from a plain request (which has none).
+    #[test]
+    fn check_and_charge_carry_their_cost_on_the_descriptor() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut s = spec(Scenario::Check);
+        s.key = "api_key".into();
+        let cost = |s: &Spec| {
+            let w = Workload::new(s.clone()).unwrap();
+            let r = decode(&w.pick(&mut rand::rngs::SmallRng::seed_from_u64(7)).0);
+            assert_eq!(r.hits_addend, 0, "the request's own hits_addend");
+            assert_eq!(r.descriptors.len(), 1);
+            assert_eq!(r.descriptors[0].entries[0].key, "api_key");
+            assert_eq!(value(&r, 0), "hot", "one key, as in hot");
+            assert!(!r.descriptors[0].is_negative_hits);
+            r.descriptors[0].hits_addend.map(|h| h.value)
+        };
+        assert_eq!(cost(&s), Some(0), "a check spends nothing");
+        s.scenario = Scenario::Charge;
+        assert_eq!(cost(&s), Some(8), "a charge spends --cost");
+        s.cost = 1500;
+        assert_eq!(cost(&s), Some(1500));
+        // Every request of the run is the same one.
+        let w = Workload::new(s).unwrap();
+        let first = w.pick(&mut rng).0;
+        assert!((0..100).all(|_| w.pick(&mut rng).0 == first));
+        // A plain request carries no cost of its own.
+        let w = Workload::new(spec(Scenario::Hot)).unwrap();
+        assert_eq!(decode(&w.pick(&mut rng).0).descriptors[0].hits_addend, None);
     }
 
     #[test]

@@ -198,6 +198,53 @@ fn load_generator_drives_sluice_in_every_scenario() {
     assert!(r["attacker"]["over_limit"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["errors"], 0, "{r}");
 
+    // Envoy's check and charge, as sluice tells them apart: on a key far from its
+    // limit both are admitted; on `user` (100/s) charges of 8 are spent past the
+    // limit, so the checks that follow are refused while the key owes.
+    for scenario in ["check", "charge"] {
+        let r = load(
+            grpc,
+            &[
+                "--scenario",
+                scenario,
+                "--key",
+                "api_key",
+                "--requests",
+                "200",
+            ],
+        );
+        assert_eq!(r["scenario"], scenario);
+        assert_eq!(
+            (r["ok"].as_u64(), r["errors"].as_u64()),
+            (Some(200), Some(0)),
+            "{r}"
+        );
+    }
+    let r = load(
+        grpc,
+        &[
+            "--scenario",
+            "charge",
+            "--key",
+            "user",
+            "--cost",
+            "8",
+            "--requests",
+            "100",
+        ],
+    );
+    assert_eq!(r["errors"], 0, "{r}");
+    assert!(r["over_limit"].as_u64().unwrap() > 0, "{r}");
+    let r = load(
+        grpc,
+        &["--scenario", "check", "--key", "user", "--requests", "20"],
+    );
+    assert_eq!(
+        (r["over_limit"].as_u64(), r["errors"].as_u64()),
+        (Some(20), Some(0)),
+        "{r}"
+    );
+
     // A request sluice refuses (INVALID_ARGUMENT, in a trailers-only response) counts
     // as an error and its message is reported, with either client.
     for client in ["h2", "tonic"] {
