@@ -3,7 +3,7 @@
 
 use prometheus::{IntCounterVec, IntGauge, Registry};
 
-use super::counter_vec;
+use super::{counter_vec, registered};
 
 #[derive(Debug)]
 pub(super) struct ConnectionStats {
@@ -14,28 +14,30 @@ pub(super) struct ConnectionStats {
 
 impl ConnectionStats {
     pub(super) fn new(registry: &Registry) -> ConnectionStats {
-        let tls_reloads = counter_vec(
-            "sluice_tls_reloads_total",
-            "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
-            &["port", "result"],
+        let tls_reloads = registered(
+            registry,
+            counter_vec(
+                "sluice_tls_reloads_total",
+                "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
+                &["port", "result"],
+            ),
         );
-        let grpc_connections = IntGauge::new(
-            "sluice_grpc_connections",
-            "Connections open on the gRPC port.",
-        )
-        .expect("static metric definition");
-        let grpc_closed = counter_vec(
-            "sluice_grpc_connections_closed_total",
-            "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
-            &["reason"],
+        let grpc_connections = registered(
+            registry,
+            IntGauge::new(
+                "sluice_grpc_connections",
+                "Connections open on the gRPC port.",
+            )
+            .expect("static metric definition"),
         );
-        for c in [
-            Box::new(tls_reloads.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(grpc_connections.clone()),
-            Box::new(grpc_closed.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        let grpc_closed = registered(
+            registry,
+            counter_vec(
+                "sluice_grpc_connections_closed_total",
+                "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
+                &["reason"],
+            ),
+        );
         ConnectionStats {
             tls_reloads,
             grpc_connections,

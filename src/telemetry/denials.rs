@@ -1,6 +1,7 @@
 //! Who is being denied, as series set at scrape time: each rule's deny ratio and
 //! recent denials, its top offenders, and the keys serving a penalty ban.
 
+use super::registered;
 use prometheus::{GaugeVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 #[derive(Debug)]
@@ -13,43 +14,47 @@ pub(super) struct DenialStats {
 
 impl DenialStats {
     pub(super) fn new(registry: &Registry) -> DenialStats {
-        let active_bans = IntGauge::new(
-            "sluice_penalty_active_bans",
-            "Keys serving a penalty ban in this process.",
-        )
-        .expect("static metric definition");
-        let deny_ratio = GaugeVec::new(
-            Opts::new(
-                "sluice_deny_ratio",
-                "Denied / decided descriptors of a rule over the last 60 s.",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
-        let recent_denials = IntGaugeVec::new(
-            Opts::new(
-                "sluice_recent_denials",
-                "Denied descriptors of a rule over the last 60 s (the deny ratio's numerator).",
-            ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition");
-        let top_offenders = IntGaugeVec::new(
-            Opts::new(
-                "sluice_top_offenders",
-                "Denials over the last 60 s of the 10 keys a rule denied most (rank 1 = most).",
-            ),
-            &["domain", "rule", "key", "rank"],
-        )
-        .expect("static metric definition");
-        for c in [
-            Box::new(active_bans.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(deny_ratio.clone()),
-            Box::new(recent_denials.clone()),
-            Box::new(top_offenders.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        let active_bans = registered(
+            registry,
+            IntGauge::new(
+                "sluice_penalty_active_bans",
+                "Keys serving a penalty ban in this process.",
+            )
+            .expect("static metric definition"),
+        );
+        let deny_ratio = registered(
+            registry,
+            GaugeVec::new(
+                Opts::new(
+                    "sluice_deny_ratio",
+                    "Denied / decided descriptors of a rule over the last 60 s.",
+                ),
+                &["domain", "rule"],
+            )
+            .expect("static metric definition"),
+        );
+        let recent_denials = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "sluice_recent_denials",
+                    "Denied descriptors of a rule over the last 60 s (the deny ratio's numerator).",
+                ),
+                &["domain", "rule"],
+            )
+            .expect("static metric definition"),
+        );
+        let top_offenders = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "sluice_top_offenders",
+                    "Denials over the last 60 s of the 10 keys a rule denied most (rank 1 = most).",
+                ),
+                &["domain", "rule", "key", "rank"],
+            )
+            .expect("static metric definition"),
+        );
         DenialStats {
             active_bans,
             deny_ratio,

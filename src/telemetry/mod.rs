@@ -307,6 +307,15 @@ impl Default for Metrics {
     }
 }
 
+/// Registers `c` and hands it back, to keep: each module's series are made and
+/// registered in one statement.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
 }
@@ -327,34 +336,38 @@ impl Metrics {
     /// Metrics whose windows read `clock`; tests inject a manual one.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let registry = Registry::new();
-        let unknown_domain = IntCounter::new(
-            "sluice_unknown_domain_requests_total",
-            "Requests naming a domain no policy defines (answered OK).",
-        )
-        .expect("static metric definition");
-        let bad_requests = IntCounter::new(
-            "sluice_invalid_requests_total",
-            "Requests refused with INVALID_ARGUMENT.",
-        )
-        .expect("static metric definition");
-        let expired_calls = IntCounter::new(
+        let unknown_domain = registered(
+            &registry,
+            IntCounter::new(
+                "sluice_unknown_domain_requests_total",
+                "Requests naming a domain no policy defines (answered OK).",
+            )
+            .expect("static metric definition"),
+        );
+        let bad_requests = registered(
+            &registry,
+            IntCounter::new(
+                "sluice_invalid_requests_total",
+                "Requests refused with INVALID_ARGUMENT.",
+            )
+            .expect("static metric definition"),
+        );
+        let expired_calls = registered(
+            &registry,
+            IntCounter::new(
             "sluice_deadline_exceeded_total",
             "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
         )
-        .expect("static metric definition");
-        let policy_reloads = counter_vec(
-            "sluice_policy_reloads_total",
-            "Policy reloads by source and result (ok, error).",
-            &["source", "result"],
+        .expect("static metric definition"),
         );
-        for c in [
-            Box::new(unknown_domain.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(bad_requests.clone()),
-            Box::new(expired_calls.clone()),
-            Box::new(policy_reloads.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        let policy_reloads = registered(
+            &registry,
+            counter_vec(
+                "sluice_policy_reloads_total",
+                "Policy reloads by source and result (ok, error).",
+                &["source", "result"],
+            ),
+        );
         // Series that dashboards and alerts read exist (at 0) from the start.
         for result in ["ok", "error"] {
             policy_reloads.with_label_values(&["file", result]);

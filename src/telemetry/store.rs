@@ -5,8 +5,8 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::counter_vec;
 use super::striped::Stripes;
+use super::{counter_vec, registered};
 use crate::store::Evictions;
 
 #[derive(Debug)]
@@ -21,43 +21,49 @@ pub(super) struct StoreStats {
 
 impl StoreStats {
     pub(super) fn new(registry: &Registry) -> StoreStats {
-        let store_errors = counter_vec(
-            "sluice_store_errors_total",
-            "Store calls that failed or timed out, by shard and kind of error.",
-            &["store", "shard", "kind"],
-        );
-        let store_failures_vec = counter_vec(
-            "sluice_store_failures_total",
-            "Calls answered by the failure mode because the store failed, timed out or was backing off.",
-            &["store"],
-        );
-        let active_keys = IntGaugeVec::new(
-            Opts::new(
-                "sluice_active_keys",
-                "Counters currently held by the store.",
+        let store_errors = registered(
+            registry,
+            counter_vec(
+                "sluice_store_errors_total",
+                "Store calls that failed or timed out, by shard and kind of error.",
+                &["store", "shard", "kind"],
             ),
-            &["store"],
-        )
-        .expect("static metric definition");
-        let evictions = counter_vec(
-            "sluice_evictions_total",
-            "At --max-keys, counters the memory store dropped to make room (reason expired or idle) and new keys it could not keep (refused, answered by the failure mode).",
-            &["reason"],
         );
-        let cache_answers = IntCounter::new(
+        let store_failures_vec = registered(
+                registry,
+                counter_vec(
+                "sluice_store_failures_total",
+                "Calls answered by the failure mode because the store failed, timed out or was backing off.",
+                &["store"],
+            ),
+        );
+        let active_keys = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "sluice_active_keys",
+                    "Counters currently held by the store.",
+                ),
+                &["store"],
+            )
+            .expect("static metric definition"),
+        );
+        let evictions = registered(
+            registry,
+            counter_vec(
+                "sluice_evictions_total",
+                "At --max-keys, counters the memory store dropped to make room (reason expired or idle) and new keys it could not keep (refused, answered by the failure mode).",
+                &["reason"],
+            ),
+        );
+        let cache_answers = registered(
+            registry,
+            IntCounter::new(
             "sluice_denial_cache_answers_total",
             "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
         )
-        .expect("static metric definition");
-        for c in [
-            Box::new(store_errors.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(store_failures_vec.clone()),
-            Box::new(active_keys.clone()),
-            Box::new(evictions.clone()),
-            Box::new(cache_answers.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+        .expect("static metric definition"),
+        );
         // Series that dashboards and alerts read exist (at 0) from the start.
         for (reason, _) in Evictions::default().by_reason() {
             evictions.with_label_values(&[reason]);
