@@ -20,7 +20,8 @@
 # one per call), three sc hits on three keys, and one denied sc hit (requests 0:
 # nothing written). The *-full cases decide one hot key at its limit (1,000 per minute,
 # server clock, filled by 1,000 calls first, so a log holds 1,000 entries): one
-# request per call, or 16 coalesced in one call (x16), every one denied.
+# request per call, or 16 coalesced in one call (x16), every one denied. check-x16
+# is 16 checks (cost 0) of one hot sc key coalesced in one call, the key made first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,7 +94,7 @@ times() { local i; for i in $(seq 1 "$1"); do echo -n "$2 "; done; }
 # hot key, sc on a random key). Random keys are redis-benchmark's __rand_int__ (-r).
 # l1 is one such layered request alone, fw3 three fw hits on three keys. CASES (a
 # space-separated list) runs only those cases.
-cases=(fw sc tb lb sl sc3 fw3 sc-deny u10 l1 l10 fw-full sl-full fw-full-x16 sl-full-x16)
+cases=(fw sc tb lb sl sc3 fw3 sc-deny u10 l1 l10 fw-full sl-full fw-full-x16 sl-full-x16 check-x16)
 if [ -n "${CASES:-}" ]; then read -ra cases <<<"$CASES"; fi
 full() { echo "$1" 1000 60000000 1000 e; }
 args_of() {
@@ -109,6 +110,8 @@ args_of() {
       l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' 3 $(limit fw) $(limit tb) $(limit sc) $(times 10 '3 1 2 3')" ;;
       fw-full | sl-full) echo "1 hot '' 1 $(full "${1%-full}") 1 1" ;;
       fw-full-x16 | sl-full-x16) echo "16 $(times 16 hot) '' 1 $(full "${1%-full-x16}") $(times 16 '1 1')" ;;
+      check-x16) echo "16 $(times 16 hot) '' 1 $(limit sc) $(times 16 '1 -1 0')" ;;
+      check-fill) echo "1 hot '' 1 $(limit sc) 1 1" ;;
     esac
     return
   fi
@@ -121,7 +124,7 @@ args_of() {
     sc-deny) echo "1 k1 '' 0 sc 0 1000000 0 1 e" ;;
     u10) echo "10 $(times 10 'u:__rand_int__') '' g $(times 10 "1 0 $(hit sc)")" ;;
     l10) echo "30 $(times 10 'a:__rand_int__ hot t:__rand_int__') '' g $(times 10 "3 0 $(hit fw) $(hit tb) $(hit sc)")" ;;
-    *full*) echo "lua-cost: $1 needs a revision with the per-call limit table" >&2; exit 1 ;;
+    *full* | check*) echo "lua-cost: $1 needs a revision with the per-call limit table" >&2; exit 1 ;;
   esac
 }
 
@@ -159,7 +162,10 @@ for _ in $(seq 1 "$rounds"); do
   for c in "${cases[@]}"; do
     for r in "${revs[@]}"; do
       fill=""
-      case $c in *-full*) fill=$(args_of "${c%-x16}" "${layout[$r]}") ;; esac
+      case $c in
+        *-full*) fill=$(args_of "${c%-x16}" "${layout[$r]}") ;;
+        check-x16) fill=$(args_of check-fill "${layout[$r]}") ;;
+      esac
       call=${by[$r]}
       runs[$c/$r]+="$(measure "${sha[$r]}" "$(args_of "$c" "${layout[$r]}")" "$fill") "
     done

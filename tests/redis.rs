@@ -1945,6 +1945,39 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_a_hot_key_coalesced_in_one_call_read_it_once() {
+    // Checks (cost 0) change no counter; coalesced into one script call, they must
+    // cost Redis one read of their key, as requests that spend do.
+    let Some(t) = start_fixed(1).await else {
+        return;
+    };
+    let store = Arc::new(t.store.clone());
+    let mut conn = t.servers[0].conn().await;
+    const N: usize = 2_000;
+    const DAY: Micros = 86_400 * SECOND;
+    let limit = |hits| {
+        hit(
+            "hot-check",
+            Algorithm::SlidingWindowCounter,
+            1 << 30,
+            DAY,
+            hits,
+        )
+    };
+    assert_eq!(flood(&store, 1, |_| vec![limit(1)]).await, 1);
+
+    let (calls, gets) = (
+        script_calls(&mut conn).await,
+        command_calls(&mut conn, "get").await,
+    );
+    assert_eq!(flood(&store, N, |_| vec![limit(0)]).await, N);
+    let calls = script_calls(&mut conn).await - calls;
+    let gets = command_calls(&mut conn, "get").await - gets;
+    assert!(calls < N as u64 / 4, "{calls} decide calls for {N} checks");
+    assert_eq!(gets, calls, "{gets} reads of the key in {calls} calls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_share_the_shards_few_connections() {
     let Some(t) = start(1).await else { return };
     let store = Arc::new(t.store.clone());

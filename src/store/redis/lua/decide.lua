@@ -76,11 +76,12 @@ for j = 1, nlimits do
 end
 local at, k0 = 3 + nlimits * 5, 0
 
--- Counter states (not logs) committed by earlier groups of this call, written once
--- at the end: a hot key shared by many coalesced requests is read and written once
--- per call instead of once per request. key -> state (false: none), and the keys to
--- write in first-commit order with the expiry of their last change.
-local committed, pending, pending_expiry = {}, {}, {}
+-- Counter states (not logs) as the next group sees them: read once per call, or
+-- committed by earlier groups and written once at the end. A hot key shared by many
+-- coalesced requests is read and written once per call instead of once per request,
+-- checks (which change nothing) included. key -> state (false: none), and the keys
+-- to write in first-commit order with the expiry of their last change.
+local known, pending, pending_expiry = {}, {}, {}
 -- Log summaries as Redis holds them now (after the earlier groups' commits), so the
 -- groups of a call on one hot log read it once: key -> summary.
 local log_seen = {}
@@ -172,14 +173,16 @@ while at <= #ARGV do
     local leaky = code == 'lb'
     local r, w, b, mode, spend_all = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6], lim[l + 7]
     local key = KEYS[k0 + 1]
-    local st = committed[key]
+    local st = known[key]
     if st == nil then
       local s = redis.call('GET', key)
       if s then
         st = decode(s, code)
         if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
       end
+      known[key] = st or false
     end
+    st = st or nil
     local admitted, remaining, reset, retry, delay, nxt, token, expiry, owed
     if spend_all == 'refund' then
       admitted, remaining, reset, retry, delay, nxt, token, expiry =
@@ -204,7 +207,7 @@ while at <= #ARGV do
     if not spend_all and admitted == 0 and (mode == 'e' or (mode == 'q' and not quota_elsewhere)) then
       consumed = 0
     elseif nxt ~= nil then
-      committed[key] = nxt
+      known[key] = nxt
       if pending_expiry[key] == nil then pending[#pending + 1] = key end
       pending_expiry[key] = expiry
     end
@@ -249,13 +252,14 @@ while at <= #ARGV do
             log_seen[key] = st
           end
         else
-          st = committed[key]
+          st = known[key]
           if st == nil then
             local s = redis.call('GET', key)
             if s then
               st = decode(s, code)
               if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
             end
+            known[key] = st or false
           end
         end
         states[key] = st or false
@@ -333,7 +337,7 @@ while at <= #ARGV do
         if lw then
           write_log(key, st, lw, expires[key])
         elseif not flushed[key] then
-          committed[key] = st
+          known[key] = st
           if pending_expiry[key] == nil then pending[#pending + 1] = key end
           pending_expiry[key] = expires[key]
         end
@@ -344,7 +348,7 @@ while at <= #ARGV do
   k0 = k0 + m
 end
 for _, key in ipairs(pending) do
-  local st = committed[key]
+  local st = known[key]
   if read_start[key] ~= nil and read_start[key] == st[1] then
     redis.call('SET', key, encode(st), 'KEEPTTL')
   else
