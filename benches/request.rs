@@ -59,13 +59,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, BenchmarkGroup, Criterion, Throughput};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::{Entry, RateLimitOverride},
-    RateLimitDescriptor,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use futures::FutureExt;
 use prost::Message;
 use sluice::algorithm::{self, Algorithm, Limit, SECOND};
@@ -73,6 +66,12 @@ use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
 use sluice::limiter::{Limiter, Settings};
+use sluice::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+    RateLimitDescriptor,
+};
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice::service::decode::Request;
 use sluice::service::response::framed_response;
 use sluice::service::{HeaderStyle, Service};
@@ -138,7 +137,7 @@ const COST: u64 = 8;
 /// check's 0 before the request, a charge's cost at stream end).
 fn costed(key: &str, value: &str, hits: u64) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        hits_addend: Some(UInt64Value { value: hits }),
+        hits_addend: Some(hits),
         ..descriptor(key, value.into())
     }
 }

@@ -11,6 +11,7 @@ pub mod crd;
 pub mod hash;
 pub mod http;
 pub mod limiter;
+pub mod pb;
 pub mod policy;
 pub mod quota;
 pub mod server;

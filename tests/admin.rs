@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use common::tls::Ca;
 use common::tools::{grpcurl, text, tool};
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
 use sluice::admin::pb;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const POLICY: &str = include_str!("fixtures/explain.yaml");
 

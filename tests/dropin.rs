@@ -18,10 +18,10 @@ use std::time::Duration;
 use common::redis::{available, free_port, RedisCluster, RedisServer};
 use common::sentinel::Sentinels;
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit, Code, DescriptorStatus,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(20);

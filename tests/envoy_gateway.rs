@@ -14,7 +14,7 @@ use common::certs::Certs;
 use common::redis::{available, RedisServer};
 use common::xds::{binary, fixture, XdsServer};
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";

@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use common::tls::{Ca, Pair};
 use common::tools::{grpcurl, missing, text, tool};
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
+use sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";

@@ -16,8 +16,10 @@ use std::path::Path;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("algorithm", &[]),
     ("hash", &[]),
+    // Envoy's wire messages, generated: they use nothing of Sluice's.
+    ("pb", &[]),
     ("clock", &["algorithm"]),
-    ("policy", &["algorithm", "clock", "hash"]),
+    ("policy", &["algorithm", "clock", "hash", "pb"]),
     ("store", &["algorithm", "clock", "hash"]),
     (
         "limiter",
@@ -46,6 +48,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "quota",
             "telemetry",
             "trace",
+            "pb",
         ],
     ),
     ("crd", &["policy"]),
@@ -59,6 +62,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "telemetry",
             "crd",
             "config",
+            "pb",
         ],
     ),
 ];

@@ -26,7 +26,7 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
 
     let server = Server::start_with(dir, std::slice::from_ref(&mount), &[]);
     let mut c = server.client().await;
-    let limit = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+    let limit = |r: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         r.statuses[0]
             .current_limit
             .as_ref()

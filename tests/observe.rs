@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use serde_json::Value;
+use sluice::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 const POLICY: &str = r#"
 domain: shop

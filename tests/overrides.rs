@@ -5,8 +5,8 @@
 use crate::common;
 
 use common::*;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use sluice::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 
 /// Envoy Gateway's shape: the route, then one entry per rule match.
 const POLICY: &str = r#"
@@ -136,7 +136,7 @@ async fn request_and_response_costs_are_hits_addends() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
     let costly = |hits: u64| RateLimitDescriptor {
-        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        hits_addend: Some(hits),
         ..tenant("a", Some((10, MINUTE)))
     };
     // A request cost of 3, then (apply_on_stream_done) a response cost of 5.
@@ -168,7 +168,7 @@ async fn a_client_whose_responses_overshoot_is_denied_after_its_budget() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
     let with_cost = |hits: u64| RateLimitDescriptor {
-        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        hits_addend: Some(hits),
         ..tenant("llm", Some((100, MINUTE)))
     };
     let mut served = 0;
@@ -208,7 +208,7 @@ async fn refunds_give_reservations_back() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
     let cost = |hits: u64, refund: bool| RateLimitDescriptor {
-        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits }),
+        hits_addend: Some(hits),
         is_negative_hits: refund,
         ..tenant("r", Some((100, MINUTE)))
     };

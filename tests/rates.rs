@@ -6,7 +6,7 @@ use crate::common;
 
 use common::redis::{available, keys, script_calls, RedisServer};
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, RateLimit};
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, RateLimit};
 
 /// Sliding logs: exact, with no window boundary a test could straddle.
 const POLICY: &str = "domain: api
@@ -24,7 +24,7 @@ descriptors:
 const HOUR_SECS: u64 = 3_600;
 
 fn reported(
-    resp: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+    resp: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse,
 ) -> (u32, i32, String) {
     let limit: &RateLimit = resp.statuses[0]
         .current_limit
@@ -33,7 +33,7 @@ fn reported(
     (limit.requests_per_unit, limit.unit, limit.name.clone())
 }
 
-fn retry_after(resp: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse) -> u64 {
+fn retry_after(resp: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse) -> u64 {
     header(resp, "retry-after")
         .expect("retry-after on a denial")
         .parse()

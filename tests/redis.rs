@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis::{available, command_calls, keys, script_calls, RedisServer};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::store::redis::cluster::Cluster;
 use sluice::store::redis::{shard, Options, RedisStore};
 use sluice::store::{Board, Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};

@@ -20,8 +20,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::redis::{available, free_port, RedisServer};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::Value;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
 const STORE_TIMEOUT: Duration = Duration::from_millis(50);

@@ -48,6 +48,13 @@ fn host() -> String {
 
 /// envoy-types' own descriptor set of every proto it compiles.
 fn envoy_types_descriptors() -> Vec<u8> {
+    std::fs::read(envoy_types_dir().join("src/generated/types.bin"))
+        .expect("envoy-types ships types.bin")
+}
+
+/// Where cargo unpacked envoy-types (a dependency of the load generator), which
+/// ships Envoy's protos and their compiled descriptors.
+fn envoy_types_dir() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // Offline, and for this host only: a fresh machine has downloaded the packages
     // its build needs, not other platforms' (cargo metadata would want those too).
@@ -70,8 +77,49 @@ fn envoy_types_descriptors() -> Vec<u8> {
         .find(|p| p["name"] == "envoy-types")
         .and_then(|p| p["manifest_path"].as_str())
         .expect("envoy-types among the packages");
-    let dir = Path::new(manifest).parent().unwrap();
-    std::fs::read(dir.join("src/generated/types.bin")).expect("envoy-types ships types.bin")
+    Path::new(manifest).parent().unwrap().to_path_buf()
+}
+
+/// The `.proto` files under `dir`, as paths relative to it.
+fn protos(dir: &Path, under: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(under).expect("read proto dir") {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            protos(dir, &path, found);
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            found.push(path.strip_prefix(dir).unwrap().to_path_buf());
+        }
+    }
+}
+
+#[test]
+fn the_compiled_envoy_protos_are_envoy_types_own() {
+    // build.rs compiles these copies; each must be the file envoy-types ships.
+    let vendored = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/third_party");
+    let mut files = Vec::new();
+    protos(&vendored, &vendored, &mut files);
+    assert!(files.len() > 20, "the vendored protos: {files:?}");
+    let upstream = envoy_types_dir().join("proto");
+    let roots = [
+        "data-plane-api",
+        "googleapis",
+        "protoc-gen-validate",
+        "xds",
+        "ratelimit/api",
+    ];
+    for file in files {
+        let theirs = roots
+            .iter()
+            .map(|r| upstream.join(r).join(&file))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{} is not among envoy-types' protos", file.display()));
+        assert!(
+            std::fs::read(vendored.join(&file)).unwrap() == std::fs::read(&theirs).unwrap(),
+            "proto/third_party/{} differs from {}: copy it again",
+            file.display(),
+            theirs.display()
+        );
+    }
 }
 
 /// One field of an encoded message: its number, its whole encoding (key included)

@@ -9,19 +9,19 @@ use std::time::Duration;
 
 use common::redis::{available, RedisServer};
 use common::Server;
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use futures::channel::mpsc;
 use futures::SinkExt;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{span, Span};
+use prost_types::Duration as PbDuration;
+use sluice::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use sluice::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use sluice::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use sluice::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use sluice::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
 use tonic::Streaming;
 
 const POLICY: &str = "domain: rlqs\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
@@ -107,10 +107,7 @@ impl Quota {
         };
         let ttl = q.assignment_time_to_live.unwrap().seconds;
         match q.rate_limit_strategy.unwrap().strategy.unwrap() {
-            Strategy::TokenBucket(tb) => (
-                Some((tb.max_tokens, tb.tokens_per_fill.unwrap().value)),
-                ttl,
-            ),
+            Strategy::TokenBucket(tb) => (Some((tb.max_tokens, tb.tokens_per_fill.unwrap())), ttl),
             other => {
                 assert!(matches!(other, Strategy::BlanketRule(_)), "{other:?}");
                 (None, ttl)

@@ -61,10 +61,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 "#;
 
-fn remaining(
-    resp: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
-    i: usize,
-) -> u32 {
+fn remaining(resp: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse, i: usize) -> u32 {
     resp.statuses[i].limit_remaining
 }
 
@@ -622,7 +619,7 @@ async fn early_in_a_day() {
     early_in_a_window(Duration::from_secs(86_400), Duration::from_secs(60)).await;
 }
 
-fn per_user(user: &str) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+fn per_user(user: &str) -> sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     request("shop", vec![desc(&[("user", user)])])
 }
 

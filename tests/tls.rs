@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use common::tls::{client_config, connect, der, served, Ca, Pair, SecretVolume};
 use common::*;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use prost::Message;
+use sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000000}\n";

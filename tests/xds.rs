@@ -17,7 +17,7 @@ const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
 const WAIT: Duration = Duration::from_secs(20);
 
-fn header_rule() -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+fn header_rule() -> sluice::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
     desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")])
 }
 

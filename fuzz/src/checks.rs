@@ -1,8 +1,8 @@
 //! What each fuzz target asserts of one input. Shared by the fuzz targets and by
 //! `tests/fuzz_corpus.rs`, which replays the committed corpora on stable Rust.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use prost::Message;
+use sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::service::decode::Request;
 
 /// The in-place request decoder against prost: when it answers, its answer is the

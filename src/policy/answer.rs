@@ -3,7 +3,7 @@
 //! again (a layered request's three statuses and its headers would otherwise do so on
 //! every call). The service reads them; it writes the per-request parts itself.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as ProtoUnit, RateLimit,
 };
 use prost::Message;
@@ -109,7 +109,7 @@ fn push_sf_escaped(out: &mut String, s: &str) {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
+    use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
     use prost::Message;
 
     use crate::policy::Policy;

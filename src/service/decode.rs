@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 /// The request's fields that sluice reads.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -52,7 +52,7 @@ impl<'a> Request<'a> {
                 entries.extend(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
                 WireDescriptor {
                     entries: start..entries.len(),
-                    hits_addend: d.hits_addend.as_ref().map(|h| h.value),
+                    hits_addend: d.hits_addend,
                     is_negative_hits: d.is_negative_hits,
                     limit: d.limit.as_ref().map(|l| LimitOverride {
                         requests_per_unit: l.requests_per_unit,
@@ -211,11 +211,10 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    use crate::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
         Entry, RateLimitOverride,
     };
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::google::protobuf::UInt64Value;
+    use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use prost::Message;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -254,12 +253,12 @@ mod tests {
                             value: random_string(rng),
                         })
                         .collect(),
-                    hits_addend: rng.random_bool(0.3).then(|| UInt64Value {
-                        value: if rng.random_bool(0.3) {
+                    hits_addend: rng.random_bool(0.3).then(|| {
+                        if rng.random_bool(0.3) {
                             0
                         } else {
                             rng.random()
-                        },
+                        }
                     }),
                     is_negative_hits: rng.random_bool(0.1),
                     limit: rng.random_bool(0.3).then(|| RateLimitOverride {

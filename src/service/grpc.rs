@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures::StreamExt;
 use prost::Message;
 use tokio::sync::watch;

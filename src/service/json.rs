@@ -1,15 +1,14 @@
 //! `POST /json`: a RateLimitRequest in JSON, answered with the RateLimitResponse in
 //! JSON (protobuf's JSON mapping, as envoyproxy/ratelimit's `/json` does).
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+use crate::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::{Entry as ProtoEntry, RateLimitOverride},
     RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as ProtoUnit, Code,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use crate::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -98,7 +97,7 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
                         value: e.value,
                     })
                     .collect(),
-                hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                hits_addend: d.hits_addend,
                 limit: d.limit.map(JsonLimit::into_proto).transpose()?,
                 ..Default::default()
             })
@@ -168,10 +167,7 @@ mod tests {
         assert_eq!(r.domain, "d");
         assert_eq!(r.hits_addend, 2);
         assert_eq!(r.descriptors[0].entries[0].value, "v");
-        assert_eq!(
-            r.descriptors[0].hits_addend.as_ref().map(|h| h.value),
-            Some(0)
-        );
+        assert_eq!(r.descriptors[0].hits_addend, Some(0));
     }
 
     #[test]

@@ -2,11 +2,11 @@
 
 use std::cell::RefCell;
 
+use crate::pb::envoy::config::core::v3::HeaderValue;
+use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use crate::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use bytes::{BufMut, Bytes};
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::{self as pbuf, value::Kind};
+use prost_types::{self as pbuf, value::Kind};
 
 use crate::algorithm::Micros;
 use crate::limiter::Outcome;

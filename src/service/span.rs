@@ -169,11 +169,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use bytes::Bytes;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    use crate::pb::envoy::extensions::common::ratelimit::v3::{
         rate_limit_descriptor::Entry, RateLimitDescriptor,
     };
-    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use crate::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use bytes::Bytes;
     use opentelemetry::trace::{SpanId, SpanKind, Status as SpanStatus, TraceId};
     use opentelemetry::Value;
     use opentelemetry_sdk::error::OTelSdkResult;

@@ -16,12 +16,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+use sluice::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
 pub const OK: i32 = 1;
@@ -316,7 +315,7 @@ pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 /// A descriptor with its own hits_addend.
 pub fn desc_hits(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        hits_addend: Some(UInt64Value { value: hits }),
+        hits_addend: Some(hits),
         ..desc(entries)
     }
 }

@@ -19,22 +19,22 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+use crate::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use crate::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Action, QuotaAssignmentAction,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
+use crate::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+use bytes::Bytes;
 use futures::StreamExt;
 use opentelemetry::KeyValue;
 use prost::Message;
+use prost_types::Duration as PbDuration;
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Micros, SECOND};
@@ -536,9 +536,7 @@ fn assignment(a: Assignment, ttl: u64) -> Action {
             fill_interval,
         } => Strategy::TokenBucket(TokenBucket {
             max_tokens,
-            tokens_per_fill: Some(UInt32Value {
-                value: tokens_per_fill,
-            }),
+            tokens_per_fill: Some(tokens_per_fill),
             fill_interval: Some(seconds(fill_interval)),
         }),
     };
@@ -570,10 +568,10 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::limiter::test_limiter;
+    use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
     use crate::service::{HeaderStyle, Service};
     use crate::store::{Demand, MemoryDemand, MemoryStore, Share, StoreError};
     use crate::telemetry::Metrics;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
     use futures::executor::block_on;
     use futures::future::BoxFuture;
 
@@ -651,7 +649,7 @@ mod tests {
                     Strategy::BlanketRule(_) => Assignment::AllowAll,
                     Strategy::TokenBucket(tb) => Assignment::TokenBucket {
                         max_tokens: tb.max_tokens,
-                        tokens_per_fill: tb.tokens_per_fill.unwrap().value,
+                        tokens_per_fill: tb.tokens_per_fill.unwrap(),
                         fill_interval: tb.fill_interval.unwrap().seconds as u64,
                     },
                     Strategy::RequestsPerTimeUnit(_) => panic!("never sent"),

@@ -3,10 +3,10 @@
 //! becomes envoyproxy/ratelimit's YAML document (as envoyproxy/ratelimit's own xDS
 //! client converts it) and goes through every check a file gets.
 
-use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value as ProtoValue};
-use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+use crate::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use prost_types::{value::Kind, Struct, Value as ProtoValue};
 use serde_json::{json, Map, Value};
 
 use crate::policy::{self, Document, PolicyError};
@@ -128,7 +128,7 @@ fn from_value(v: &ProtoValue) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitReplace;
+    use crate::pb::ratelimit::config::ratelimit::v3::RateLimitReplace;
 
     use super::*;
     use crate::algorithm::Algorithm;

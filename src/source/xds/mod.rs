@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::{node::UserAgentVersionType, Node};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::google::rpc::Status as RpcStatus;
-use envoy_types::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use crate::pb::envoy::config::core::v3::{node::UserAgentVersionType, Node};
+use crate::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use crate::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use crate::pb::google::rpc::Status as RpcStatus;
+use crate::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
 use prost::Message;
 use rand::Rng;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -512,10 +512,10 @@ fn digest(response: &DiscoveryResponse) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::google::protobuf::Any;
-    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    use crate::pb::ratelimit::config::ratelimit::v3::{
         RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
     };
+    use prost_types::Any;
 
     use super::*;
 
