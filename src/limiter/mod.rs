@@ -997,24 +997,31 @@ impl<S: Store> Limiter<S> {
         probe: Option<&dyn Probe>,
     ) -> Result<crate::store::Verdicts, StoreError> {
         match probe {
-            None => self.race_store(self.store.decide(hits), wait).await,
+            None => {
+                let call = std::pin::pin!(self.store.decide(hits));
+                self.race_store(call, wait).await
+            }
             Some(probe) => {
-                self.race_store(self.store.decide_probed(hits, probe), wait)
-                    .await
+                let call = std::pin::pin!(self.store.decide_probed(hits, probe));
+                self.race_store(call, wait).await
             }
         }
     }
 
-    /// A store call, raced against the store timeout.
+    /// A store call, raced against the store timeout. The caller pins the call: taken
+    /// by value and pinned here, it would be held twice in this future's state, and
+    /// each request's future (which holds this one) would be moved and allocated at
+    /// twice its size.
     async fn race_store(
         &self,
-        call: impl std::future::Future<Output = Result<crate::store::Verdicts, StoreError>>,
+        mut call: std::pin::Pin<
+            &mut impl std::future::Future<Output = Result<crate::store::Verdicts, StoreError>>,
+        >,
         wait: Option<Duration>,
     ) -> Result<crate::store::Verdicts, StoreError> {
         // A store that answers on the first poll (the memory store always does) needs
         // no timer; only a pending call is raced against --store-timeout (or the
         // caller's shorter deadline).
-        let mut call = std::pin::pin!(call);
         if let Some(result) = futures::FutureExt::now_or_never(&mut call) {
             return result;
         }

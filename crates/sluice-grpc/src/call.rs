@@ -2,7 +2,7 @@
 //! sends the answer.
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -61,13 +61,14 @@ pub(super) async fn call<H: Handler>(
                 Some(since) => Deadline::since(t, since),
                 None => Deadline::at_once(t),
             });
-            let call = handler.call_with_headers(method, message, deadline, &parts.headers);
+            let call = pin!(handler.call_with_headers(method, message, deadline, &parts.headers));
             unless_reset(&mut respond, call).await
         }
         Kind::Streaming => {
             let deadline = timeout.map(Deadline::after);
             let messages = Messages::new(body, settings.max_message);
-            let call = handler.stream_with_headers(method, messages, deadline, &parts.headers);
+            let call =
+                pin!(handler.stream_with_headers(method, messages, deadline, &parts.headers));
             unless_reset(&mut respond, call).await
         }
     };
@@ -86,12 +87,14 @@ pub(super) async fn call<H: Handler>(
     }
 }
 
-/// `answer`, or `None` if the client resets the stream first.
+/// `answer`, or `None` if the client resets the stream first. The caller pins
+/// the call: a future taken by value and pinned here would be held twice in this
+/// one's state (the argument and the pinned local), and every call's future, which
+/// holds this one, moved and allocated at twice the size.
 async fn unless_reset<T>(
     respond: &mut SendResponse<Bytes>,
-    answer: impl Future<Output = T>,
+    mut answer: Pin<&mut impl Future<Output = T>>,
 ) -> Option<T> {
-    let mut answer = pin!(answer);
     // Poll the call first: most finish at once, without looking for a reset.
     poll_fn(|cx| {
         if let Poll::Ready(a) = answer.as_mut().poll(cx) {
