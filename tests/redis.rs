@@ -169,7 +169,6 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let redis = RedisStore::new(opts, None).expect("store");
     let memory = MemoryStore::new(Arc::new(clock.clone()), 100_000);
 
-    const DAY: Micros = 86_400 * SECOND;
     // (requests, window, burst): small and realistic limits, including ones whose
     // requests * window is far beyond 2^53 (a million per day, 2^40 per hour), and
     // ones whose interval is no whole number of microseconds (3 a second, 37 a day).
@@ -1867,6 +1866,23 @@ async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     }
 }
 
+/// Requests sent at once by the flood tests, each on a day's limits.
+const FLOOD: usize = 2_000;
+const DAY: Micros = 86_400 * SECOND;
+
+/// One shard at one instant (on Redis TIME a day's window could end during a flood),
+/// its store shared by `flood`'s tasks, and a connection to read its command counts.
+async fn flooded() -> Option<(
+    TestStore,
+    Arc<RedisStore>,
+    redis::aio::MultiplexedConnection,
+)> {
+    let t = start_fixed(1).await?;
+    let store = Arc::new(t.store.clone());
+    let conn = t.servers[0].conn().await;
+    Some((t, store, conn))
+}
+
 /// Sends `n` concurrent requests (request `i` is `hits(i)`), returns how many passed.
 async fn flood(store: &Arc<RedisStore>, n: usize, hits: impl Fn(usize) -> Vec<Hit>) -> usize {
     let calls = (0..n).map(|i| {
@@ -1882,14 +1898,10 @@ async fn flood(store: &Arc<RedisStore>, n: usize, hits: impl Fn(usize) -> Vec<Hi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_script_calls_and_stay_exact() {
-    // At one instant: on Redis TIME a day's window could end during the floods.
-    let Some(t) = start_fixed(1).await else {
+    let Some((_t, store, mut conn)) = flooded().await else {
         return;
     };
-    let store = Arc::new(t.store.clone());
-    let mut conn = t.servers[0].conn().await;
-    const N: usize = 2_000;
-    const DAY: Micros = 86_400 * SECOND;
+    const N: usize = FLOOD;
 
     // All admitted (no denial cache in play): far fewer calls than requests.
     let before = script_calls(&mut conn).await;
@@ -1948,13 +1960,10 @@ async fn concurrent_requests_share_script_calls_and_stay_exact() {
 async fn checks_of_a_hot_key_coalesced_in_one_call_read_it_once() {
     // Checks (cost 0) change no counter; coalesced into one script call, they must
     // cost Redis one read of their key, as requests that spend do.
-    let Some(t) = start_fixed(1).await else {
+    let Some((_t, store, mut conn)) = flooded().await else {
         return;
     };
-    let store = Arc::new(t.store.clone());
-    let mut conn = t.servers[0].conn().await;
-    const N: usize = 2_000;
-    const DAY: Micros = 86_400 * SECOND;
+    const N: usize = FLOOD;
     let limit = |hits| {
         hit(
             "hot-check",

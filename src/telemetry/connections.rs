@@ -3,7 +3,7 @@
 
 use prometheus::{IntCounterVec, IntGauge, Registry};
 
-use super::{counter_vec, registered};
+use super::{counter_vec, int_gauge, registered};
 
 #[derive(Debug)]
 pub(super) struct ConnectionStats {
@@ -24,11 +24,10 @@ impl ConnectionStats {
         );
         let grpc_connections = registered(
             registry,
-            IntGauge::new(
+            int_gauge(
                 "sluice_grpc_connections",
                 "Connections open on the gRPC port.",
-            )
-            .expect("static metric definition"),
+            ),
         );
         let grpc_closed = registered(
             registry,

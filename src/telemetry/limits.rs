@@ -18,7 +18,9 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use prometheus::{GaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, Registry};
+
+use super::{gauge_vec, registered};
 
 use crate::algorithm::SECOND;
 use crate::policy::Policy;
@@ -39,14 +41,7 @@ const LABELS: [&str; 4] = ["domain", "rule", "algorithm", "descriptor"];
 impl Limits {
     /// Both families, registered in `registry`.
     pub fn new(registry: &Registry) -> Limits {
-        let gauge = |name: &str, help: &str| {
-            let g =
-                GaugeVec::new(Opts::new(name, help), &LABELS).expect("static metric definition");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("metric names are unique");
-            g
-        };
+        let gauge = |name: &str, help: &str| registered(registry, gauge_vec(name, help, &LABELS));
         Limits {
             requests: gauge(
                 "sluice_limit",

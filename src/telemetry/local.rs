@@ -6,7 +6,9 @@
 //! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself) and
 //! `sluice_local_missing_replicas` (replicas whose shares are reserved).
 
-use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntGauge, IntGaugeVec, Registry};
+
+use super::{int_counter, int_gauge, int_gauge_vec, registered};
 
 use crate::limiter::local::{LocalStatus, ShareSource};
 use crate::store::{ShardState, ShardStatus};
@@ -25,27 +27,16 @@ pub struct LocalStats {
 
 impl LocalStats {
     pub fn new(registry: &Registry) -> LocalStats {
-        let register = |c: Box<dyn prometheus::core::Collector>| {
-            registry.register(c).expect("metric names are unique");
-        };
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("static metric definition");
-            register(Box::new(g.clone()));
-            g
-        };
-        let degraded = IntGaugeVec::new(
-            Opts::new(
+        let gauge = |name: &str, help: &str| registered(registry, int_gauge(name, help));
+        let degraded = registered(
+            registry,
+            int_gauge_vec(
                 "sluice_degraded",
                 "1 while a store shard cannot be reached (failing, backing off or on trial).",
+                &["shard"],
             ),
-            &["shard"],
-        )
-        .expect("static metric definition");
-        let decisions = IntCounter::new(
-            "sluice_local_decisions_total",
-            "Requests decided in this replica's memory with its share of the limits (failure_mode local).",
-        )
-        .expect("static metric definition");
+        );
+        let decisions = registered(registry, int_counter("sluice_local_decisions_total", "Requests decided in this replica's memory with its share of the limits (failure_mode local)."));
         let share = gauge(
             "sluice_local_share",
             "Replicas assumed to share each limit of a failure_mode local domain.",
@@ -71,8 +62,6 @@ impl LocalStats {
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
         );
-        register(Box::new(degraded.clone()));
-        register(Box::new(decisions.clone()));
         LocalStats {
             degraded,
             decisions,

@@ -316,8 +316,26 @@ fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Regis
     c
 }
 
+// The families' constructors fail only on a malformed name or label, which these
+// static definitions do not have.
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+fn int_counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("static metric definition")
+}
+
+fn int_gauge(name: &str, help: &str) -> prometheus::IntGauge {
+    prometheus::IntGauge::new(name, help).expect("static metric definition")
+}
+
+fn int_gauge_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::IntGaugeVec {
+    prometheus::IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+    prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition")
 }
 
 impl Metrics {
@@ -338,27 +356,24 @@ impl Metrics {
         let registry = Registry::new();
         let unknown_domain = registered(
             &registry,
-            IntCounter::new(
+            int_counter(
                 "sluice_unknown_domain_requests_total",
                 "Requests naming a domain no policy defines (answered OK).",
-            )
-            .expect("static metric definition"),
+            ),
         );
         let bad_requests = registered(
             &registry,
-            IntCounter::new(
+            int_counter(
                 "sluice_invalid_requests_total",
                 "Requests refused with INVALID_ARGUMENT.",
-            )
-            .expect("static metric definition"),
+            ),
         );
         let expired_calls = registered(
             &registry,
-            IntCounter::new(
-            "sluice_deadline_exceeded_total",
-            "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
-        )
-        .expect("static metric definition"),
+            int_counter(
+                "sluice_deadline_exceeded_total",
+                "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
+            ),
         );
         let policy_reloads = registered(
             &registry,

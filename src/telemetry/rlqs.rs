@@ -7,7 +7,9 @@
 //! report and per bucket in it, every few seconds per Envoy and never per request,
 //! so the labelled lookups here cost nothing that matters.
 
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Registry};
+
+use super::{counter_vec, int_gauge, registered};
 
 /// What an assignment told Envoy to do with a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,20 +42,9 @@ pub struct QuotaStats {
 
 impl QuotaStats {
     pub fn new(registry: &Registry) -> QuotaStats {
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("static metric definition");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("metric names are unique");
-            g
-        };
+        let gauge = |name: &str, help: &str| registered(registry, int_gauge(name, help));
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)
-                .expect("static metric definition");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("metric names are unique");
-            c
+            registered(registry, counter_vec(name, help, labels))
         };
         QuotaStats {
             streams: gauge(

@@ -3,10 +3,10 @@
 
 use std::sync::atomic::AtomicU64;
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
 use super::striped::Stripes;
-use super::{counter_vec, registered};
+use super::{counter_vec, int_counter, int_gauge_vec, registered};
 use crate::store::Evictions;
 
 #[derive(Debug)]
@@ -30,8 +30,8 @@ impl StoreStats {
             ),
         );
         let store_failures_vec = registered(
-                registry,
-                counter_vec(
+            registry,
+            counter_vec(
                 "sluice_store_failures_total",
                 "Calls answered by the failure mode because the store failed, timed out or was backing off.",
                 &["store"],
@@ -39,14 +39,11 @@ impl StoreStats {
         );
         let active_keys = registered(
             registry,
-            IntGaugeVec::new(
-                Opts::new(
-                    "sluice_active_keys",
-                    "Counters currently held by the store.",
-                ),
+            int_gauge_vec(
+                "sluice_active_keys",
+                "Counters currently held by the store.",
                 &["store"],
-            )
-            .expect("static metric definition"),
+            ),
         );
         let evictions = registered(
             registry,
@@ -58,11 +55,10 @@ impl StoreStats {
         );
         let cache_answers = registered(
             registry,
-            IntCounter::new(
-            "sluice_denial_cache_answers_total",
-            "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
-        )
-        .expect("static metric definition"),
+            int_counter(
+                "sluice_denial_cache_answers_total",
+                "Requests denied from the Redis store's local over-limit cache, without a Redis call.",
+            ),
         );
         // Series that dashboards and alerts read exist (at 0) from the start.
         for (reason, _) in Evictions::default().by_reason() {

@@ -1,8 +1,8 @@
 //! The signals' series, set at scrape time: machine-regular keys, the subnets with
 //! the most denials and the denial spikes of sensitive rules.
 
-use crate::telemetry::registered;
-use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
+use crate::telemetry::{gauge_vec, int_gauge_vec, registered};
+use prometheus::{GaugeVec, IntGaugeVec, Registry};
 
 #[derive(Debug)]
 pub(crate) struct SignalStats {
@@ -16,47 +16,35 @@ impl SignalStats {
     pub(crate) fn new(registry: &Registry) -> SignalStats {
         let regular_keys = registered(
             registry,
-            IntGaugeVec::new(
-            Opts::new(
+            int_gauge_vec(
                 "sluice_regular_keys",
                 "Busy keys of a rule whose last 20 gaps between requests barely vary (coefficient of variation under 0.1): scripts on a timer.",
+                &["domain", "rule"],
             ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition"),
         );
         let top_subnets = registered(
             registry,
-            IntGaugeVec::new(
-            Opts::new(
+            int_gauge_vec(
                 "sluice_top_subnets",
                 "Denials over the last 60 s of the 10 subnets (/24, /64) a rule denied most (rank 1 = most).",
+                &["domain", "rule", "subnet", "rank"],
             ),
-            &["domain", "rule", "subnet", "rank"],
-        )
-        .expect("static metric definition"),
         );
         let top_subnet_addresses = registered(
             registry,
-            IntGaugeVec::new(
-            Opts::new(
+            int_gauge_vec(
                 "sluice_top_subnet_addresses",
                 "Distinct addresses denied over the last 60 s in the 10 subnets (/24, /64) of a rule with the most (rank 1 = most).",
+                &["domain", "rule", "subnet", "rank"],
             ),
-            &["domain", "rule", "subnet", "rank"],
-        )
-        .expect("static metric definition"),
         );
         let denial_spike_ratio = registered(
             registry,
-            GaugeVec::new(
-            Opts::new(
+            gauge_vec(
                 "sluice_denial_spike_ratio",
                 "A sensitive rule's denials over the last 60 s against its baseline (denials per minute, an EWMA over 30 minutes, at least 1).",
+                &["domain", "rule"],
             ),
-            &["domain", "rule"],
-        )
-        .expect("static metric definition"),
         );
         SignalStats {
             regular_keys,
