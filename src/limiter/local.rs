@@ -1293,6 +1293,35 @@ descriptors:
         assert_eq!(all[0].local().missing(), 0);
     }
 
+    #[test]
+    fn a_held_peer_is_counted_missing_once_as_the_heartbeat_takes_over_and_lifts_when_it_beats_again(
+    ) {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 1);
+        local.advertise(Some("10.0.0.1:8080".into()));
+        let heard = |live: &[(&str, u64)], missing: u32| Heard {
+            replicas: Replicas {
+                live: live.len() as u32,
+                missing,
+            },
+            shards: vec![crate::store::ShardBeats {
+                shard: 0,
+                live: live.iter().map(|(m, b)| (m.to_string(), *b)).collect(),
+            }],
+        };
+        let me = local.member();
+        local.hear(&heard(&[(&me, 100), ("cut@10.0.0.3:8080", 100)], 0));
+        assert!(local.hold("cut", 0, 150));
+        assert_eq!((local.replicas(), local.missing()), (2, 1));
+        // The heartbeat counts it missing: still one, not two.
+        local.hear(&heard(&[(&me, 1_100)], 1));
+        assert_eq!((local.replicas(), local.missing()), (2, 1));
+        // It beats again (after it was reached): live, nothing reserved.
+        local.hear(&heard(&[(&me, 2_100), ("cut@10.0.0.3:8080", 2_050)], 0));
+        assert_eq!(local.missing(), 0);
+        assert!(local.status().held.is_empty());
+    }
+
     #[tokio::test]
     async fn with_no_peer_to_ask_a_cut_off_replica_decides_with_its_share_at_once() {
         let clock = ManualClock::new(1_000 * MINUTE);
