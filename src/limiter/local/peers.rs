@@ -12,10 +12,12 @@
 //! A peer that never answers is waited for until the heartbeat would have told the
 //! others anyway ([`NOTICE`]). With no peer to ask, the share at once.
 //!
-//! The request path comes here only when a call failed ([`Peers::may_share`]);
-//! the questions go out from a task of the server's ([`Peers::due`],
+//! The request path comes here only when a call failed ([`Peers::may_share`]), and
+//! once the peers have answered it reads one bit there, without the lock; the
+//! questions go out from a task of the server's ([`Peers::due`],
 //! [`Peers::answered`]).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use crate::algorithm::Micros;
@@ -30,6 +32,14 @@ pub const ASK_EVERY: Micros = 500_000;
 /// to the others once its beat is older than the live span, and they learn it at
 /// their next beat. After that their heartbeat reserves its share anyway.
 pub const NOTICE: Micros = super::BEATS.live.as_micros() as Micros + 1_000_000;
+
+/// Shards below this are answered without the lock once they share (a deployment
+/// has far fewer); the others take it on every failed call.
+const FAST: usize = 64;
+
+/// A failed call on the lock-free path writes its time at most this often per
+/// shard, so that a lost shard's calls mostly only read.
+const FAILED_STEP: Micros = 10_000;
 
 /// A live replica other than this one, as its heartbeat names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,26 +184,63 @@ impl Cut {
 }
 
 /// The live peers and this replica's standing per shard.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Peers {
     /// Whether this replica advertises an address: without one, it asks nobody
     /// (as before the side channel).
-    asking: std::sync::atomic::AtomicBool,
+    asking: AtomicBool,
     known: Mutex<Vec<Peer>>,
     /// By shard; `Reaching` for shards never cut off.
     cuts: Mutex<Vec<Option<Cut>>>,
+    /// Bit `i`: shard `i` (below [`FAST`]) is cut off and shares, as `cuts` says,
+    /// for the failed calls to read without the lock.
+    sharing: AtomicU64,
+    /// The latest failed call on each shard below [`FAST`] that read `sharing`
+    /// (within [`FAILED_STEP`]).
+    failed: Box<[AtomicU64]>,
     /// Wakes the asking task when an episode starts.
     wake: tokio::sync::Notify,
+}
+
+impl Default for Peers {
+    fn default() -> Peers {
+        Peers {
+            asking: AtomicBool::new(false),
+            known: Mutex::default(),
+            cuts: Mutex::default(),
+            sharing: AtomicU64::new(0),
+            failed: (0..FAST).map(|_| AtomicU64::new(0)).collect(),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 impl Peers {
     /// Turns asking on: this replica advertises where it is reached.
     pub fn ask(&self, on: bool) {
-        self.asking.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.asking.store(on, Relaxed);
     }
 
     fn asking(&self) -> bool {
-        self.asking.load(std::sync::atomic::Ordering::Relaxed)
+        self.asking.load(Relaxed)
+    }
+
+    /// Sets shard's bit of `sharing` from its standing (under the `cuts` lock).
+    fn publish(&self, shard: usize, shares: bool) {
+        if shard < FAST {
+            let bit = 1u64 << shard;
+            if shares {
+                self.sharing.fetch_or(bit, Relaxed);
+            } else {
+                self.sharing.fetch_and(!bit, Relaxed);
+            }
+        }
+    }
+
+    /// The latest failed call on `shard`, whichever path saw it.
+    fn last_failed(&self, shard: usize, cut: &Cut) -> Micros {
+        let fast = self.failed.get(shard).map_or(0, |f| f.load(Relaxed));
+        cut.failed.max(fast)
     }
 
     /// The live peers, as the latest heartbeat listed them.
@@ -214,6 +261,15 @@ impl Peers {
     /// its share now. The first failure starts an episode (waiting for the peers,
     /// or the share at once with none to ask) and wakes the asking task.
     pub fn may_share(&self, shard: usize, now: Micros) -> bool {
+        // Once the peers have answered, a lost shard's calls read one bit (and now
+        // and then write the time): no lock while the outage lasts.
+        if shard < FAST && self.sharing.load(Relaxed) & (1 << shard) != 0 {
+            let failed = &self.failed[shard];
+            if now.saturating_sub(failed.load(Relaxed)) >= FAILED_STEP {
+                failed.store(now, Relaxed);
+            }
+            return true;
+        }
         let mut cuts = lock(&self.cuts);
         if cuts.len() <= shard {
             cuts.resize(shard + 1, None);
@@ -224,6 +280,7 @@ impl Peers {
                 let known = lock(&self.known);
                 cut.review(&known, now);
             }
+            self.publish(shard, cut.shares());
             return cut.shares();
         }
         let none = !self.asking() || lock(&self.known).is_empty();
@@ -235,6 +292,7 @@ impl Peers {
         let cut = Cut::new(now, standing);
         let shares = cut.shares();
         cuts[shard] = Some(cut);
+        self.publish(shard, shares);
         drop(cuts);
         if !shares {
             tracing::info!(
@@ -270,9 +328,10 @@ impl Peers {
         };
         if slot
             .as_ref()
-            .is_some_and(|c| now.saturating_sub(c.failed) >= ASK_EVERY)
+            .is_some_and(|c| now.saturating_sub(self.last_failed(shard, c)) >= ASK_EVERY)
         {
             *slot = None;
+            self.publish(shard, false);
             tracing::info!(shard, "local share: the shard answers again");
         }
     }
@@ -291,6 +350,7 @@ impl Peers {
         for (shard, cut) in lock(&self.cuts).iter_mut().enumerate() {
             let Some(cut) = cut else { continue };
             cut.review(&known, now);
+            self.publish(shard, cut.shares());
             if cut.standing == Standing::NoPeers || askable.is_empty() {
                 continue;
             }
@@ -327,6 +387,7 @@ impl Peers {
         }
         let before = cut.standing;
         cut.review(&known, now);
+        self.publish(shard, cut.shares());
         if cut.standing != before {
             tracing::info!(
                 shard,
@@ -487,10 +548,13 @@ mod tests {
         peers.answered(2, &both, t + MS);
         assert!(peers.may_share(2, t + 100 * MS));
         assert_eq!(peers.cut_off(), [2]);
-        // Failed a moment ago: not over yet.
+        // Failed a moment ago (on the lock-free path): not over yet.
+        assert!(peers.may_share(2, t + 300 * MS));
+        peers.back(2, t + 300 * MS + ASK_EVERY - 1);
+        assert_eq!(peers.cut_off(), [2]);
         peers.back(2, t + 300 * MS);
         assert_eq!(peers.cut_off(), [2]);
-        peers.back(2, t + 100 * MS + ASK_EVERY);
+        peers.back(2, t + 300 * MS + ASK_EVERY);
         assert!(peers.cut_off().is_empty());
         assert!(peers.due(t + 2 * ASK_EVERY).is_empty(), "no more questions");
         // Cut off again: the old answers are gone, the peers are asked again.
