@@ -20,10 +20,13 @@ namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
     local        redis-1 blackholed again, calls to a `failure_mode: local` domain:
                  every key admits between 0.8x and 1.2x its limit across the replicas
     heal         redis-1 back (the local domain's counts exact again)
-    notice       sluice-3 cut off from both Redis hosts, calls to the local domain
-                 until sluice-1 and -2 count it missing (the time that took is
-                 printed): until then they decide on the whole limit, so a key may
-                 admit its limit plus the cut-off replica's third, not more
+    onset        sluice-3 cut off from both Redis hosts, calls to the local domain
+                 from the cut on: sluice-3 asks sluice-1 and -2 whether they reach
+                 the shards, admits nothing locally until they have answered, and
+                 they reserve its third at once, so every key admits 0.8x to 1.2x
+                 its limit from the first call (printed: how long the peers took to
+                 answer, from sluice-3's /debug/store, and when sluice-1 and -2's
+                 heartbeats counted it missing, which no longer matters)
     cut local    still cut off, fresh keys: every key admits 0.8x to 1.2x its limit,
                  the cut-off replica deciding alone with its third, the others in
                  Redis on the limit less that third
@@ -32,7 +35,9 @@ namespace, which can hold replies (this kernel may have no `sch_netem`). Phases:
                  and 10 % to each other, over 5x the keys (a demand near each key's
                  limit): a key on redis-1 admits at most the sum over replicas of
                  min(its calls there, its share), the bound docs/local-share.md
-                 states; a key on redis-2 is exact
+                 states, and at least 0.8x of it counting only the calls each
+                 replica made after it had waited for its peers' answers (printed;
+                 the calls before are denied); a key on redis-2 is exact
     heal         redis-1 back (exact again)
 
 Each phase has its own keys (a per-day limit of LIMIT), so what a key admitted is
@@ -45,8 +50,10 @@ phase may have that fraction of its calls answered by the failure mode after the
 store timeout (a loaded machine), and each of their keys may be off by one per such
 call; every other key is exact. `failure mode` counts the calls each
 replica's failure mode answered (failed closed, or decided locally), as s1/s2/s3;
-`count s` is how long the replicas took to count one missing (a cut) or none (a
-heal) before the phase's traffic. `--tail F` lets a fraction F of a phase's calls
+`count s` is how long the replicas took to count none missing (a heal) before the
+phase's traffic, or, in the onset phase, how far into it sluice-1 and -2's
+heartbeats stopped listing sluice-3 live (its share was reserved long before, on
+its question). `--tail F` lets a fraction F of a phase's calls
 run past the bound (the latency is the load host's, so a loaded machine's
 scheduling shows in it); they are counted in the table either way. It prints a
 table of the phases and exits non-zero on a failed assertion. Traffic stays inside
@@ -153,7 +160,8 @@ async def load(args):
             status, code = "OK", overall_code(reply)
         except grpc.aio.AioRpcError as e:
             status, code = e.code().name, 0
-        records.append((phase, replica, key, (time.monotonic() - started) * 1000, status, code))
+        records.append((phase, replica, key, (time.monotonic() - started) * 1000, status, code,
+                        started))
 
     interval = 1.0 / args.rate
     next_at = time.monotonic()
@@ -380,6 +388,10 @@ def run(args, net, sluice, work):
     def missing(s):
         return debug_local(s).get("missing_replicas", -1)
 
+    def withheld():
+        """Per replica, the calls denied while it waited for its peers' answers."""
+        return [debug_local(s).get("withheld", 0) for s in replicas]
+
     def by_failure_mode():
         """Per replica, the calls its failure mode answered: failed closed, or
         decided locally (`failure_mode: local`)."""
@@ -414,6 +426,9 @@ def run(args, net, sluice, work):
 
     r1, r2 = net.ip("r1"), net.ip("r2")
     phases = []  # (name, kind, healed_in, counted_in)
+    notes = {}  # phase name -> a function giving a line printed under its row
+    withheld_counts = {}
+    waits = {}  # uneven phase -> per replica, seconds from its first failure to the answers
     mode_counts = {}
     healthy_keys = {}
 
@@ -423,7 +438,7 @@ def run(args, net, sluice, work):
                       ns=host, check=False).stdout
         return {line.split("user=", 1)[1].rsplit(":", 1)[0] for line in out.split()}
 
-    def phase(name, kind, fault=None, heal=None, until=None, weights=None, keys=KEYS):
+    def phase(name, kind, fault=None, heal=None, weights=None, keys=KEYS, watch=None):
         healed_in = counted_in = None
         if heal:
             heal()
@@ -436,17 +451,28 @@ def run(args, net, sluice, work):
         if fault:
             fault()
         before = by_failure_mode()
+        withheld_before = withheld()
         set_phase(name, weights, keys)
-        if until:
-            counted_in = wait(f"the end of {name}", 15, until)
+        if watch:
+            # A fixed length, polling `watch` meanwhile: it answers the count time
+            # once it has one.
+            start = time.monotonic()
+            while time.monotonic() - start < args.phase_seconds:
+                counted_in = watch(start) if counted_in is None else counted_in
+                time.sleep(0.05)
         else:
             time.sleep(args.phase_seconds)
         set_phase("idle")
         time.sleep(0.3)
         mode_counts[name] = [a - b for a, b in zip(by_failure_mode(), before)]
+        withheld_counts[name] = [a - b for a, b in zip(withheld(), withheld_before)]
         if kind == "uneven":
             # The healthy shard's keys, counted in Redis; the rest were on the lost one.
             healthy_keys[name] = keys_on("r2", name)
+            # How long each replica waited for its peers' answers about the lost shard.
+            waits[name] = [max([c.get("answered_in_seconds") or 0
+                                for c in debug_local(s).get("cut_off") or []] or [0])
+                           for s in replicas]
         phases.append((name, kind, healed_in, counted_in))
 
     # Each replica connects to each shard on its first call there; on a loaded machine
@@ -463,12 +489,37 @@ def run(args, net, sluice, work):
     # replicas, each deciding with its third.
     phase("8-blackhole-local", "local", fault=lambda: drop("r1", "INPUT", "-i", "eth0"))
     phase("9-heal-local", "exact", heal=lambda: flush("r1"))
-    # A replica cut off from every shard decides alone with its third; once the
-    # others count it missing they decide in Redis on the limit less that third.
-    # Until the others count it missing, they decide on the whole limit.
-    phase("10-notice-s3-local", "notice",
+    # A replica cut off from every shard asks its peers whether they reach the
+    # shards: they do, and reserve its third at once; it decides alone with that
+    # third once they have answered, and admits nothing locally before. Their
+    # heartbeats count it missing seconds later, which changes nothing.
+    onset = {}
+
+    def watch_onset(start):
+        if "id" not in onset:
+            onset["id"] = debug_local("s3").get("replica")
+        if "answered" not in onset:
+            cut = debug_local("s3").get("cut_off") or []
+            answered = [c.get("answered_in_seconds") for c in cut]
+            if len(cut) == 2 and all(a is not None for a in answered):
+                onset["answered"] = max(answered)
+                onset["standing"] = sorted({c.get("standing") for c in cut})
+                onset["held"] = [len(debug_local(s).get("held") or []) for s in ("s1", "s2")]
+        # Their heartbeats count it missing once they no longer list it live.
+        listed = [[p.get("replica") for p in debug_local(s).get("peers") or [{}]]
+                  for s in ("s1", "s2")]
+        if onset.get("id") and all(onset["id"] not in ps for ps in listed):
+            return time.monotonic() - start
+        return None
+
+    phase("10-onset-s3-local", "local",
           fault=lambda: [drop("s3", "OUTPUT", "-d", ip) for ip in (r1, r2)],
-          until=lambda: all(missing(s) >= 1 for s in ("s1", "s2")))
+          watch=watch_onset)
+    notes["10-onset-s3-local"] = lambda: (
+        f"peers answered {onset['answered'] * 1e3:.0f} ms after s3's first failure "
+        f"({', '.join(onset['standing'])}; s1/s2 held {onset['held']}); their heartbeats "
+        f"counted it missing after 'count s'" if "answered" in onset
+        else "FAIL s3's /debug/store never showed the peers' answers")
     phase("11-cut-s3-local", "local")
     phase("12-heal-s3-local", "exact", heal=lambda: flush("s3"))
     # Uneven load: one replica takes 80 % of the calls, and a key's demand is near
@@ -478,7 +529,8 @@ def run(args, net, sluice, work):
     phase("14-heal-uneven-local", "exact", heal=lambda: flush("r1"))
     set_phase("stop")
     loader.wait(timeout=30)
-    return report(out, phases, mode_counts, args.tail, healthy_keys)
+    return report(out, phases, mode_counts, args.tail, healthy_keys,
+                  {name: note() for name, note in notes.items()}, withheld_counts, waits)
 
 
 def share(limit, replicas):
@@ -486,7 +538,7 @@ def share(limit, replicas):
     return max(1, (limit + replicas // 2) // replicas)
 
 
-def report(out, phases, mode_counts, tail, healthy_keys):
+def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts, waits):
     records = [json.loads(l) for l in open(out)]
     bound = STORE_TIMEOUT_MS + SLACK_MS
     failures = []
@@ -504,10 +556,8 @@ def report(out, phases, mode_counts, tail, healthy_keys):
         for r in rs:
             sent[r[2]] = sent.get(r[2], 0) + 1
             admitted[r[2]] = admitted.get(r[2], 0) + (r[5] == 1)
-        # A local share bounds a key's total within 0.8x to 1.2x its limit, not at it;
-        # before a cut-off replica is noticed, the limit and its share.
-        ceiling = {"local": LIMIT * 12 // 10,
-                   "notice": LIMIT + share(LIMIT, len(REPLICAS))}.get(kind, LIMIT)
+        # A local share bounds a key's total within 0.8x to 1.2x its limit, not at it.
+        ceiling = LIMIT * 12 // 10 if kind == "local" else LIMIT
         # In a healthy or healed phase, a call that ran into the store timeout was
         # answered by the failure mode (a loaded machine's scheduling, not a fault),
         # and may also have been counted in Redis: its key may be off by one per
@@ -546,20 +596,36 @@ def report(out, phases, mode_counts, tail, healthy_keys):
                    if sent[k] >= LIMIT * 12 // 10 and admitted[k] < LIMIT * 8 // 10}
             if low:
                 failures.append(f"{name}: keys admitted under 0.8x their limit: {low}")
-        if kind == "notice" and admitted:
-            r = sorted(admitted[k] / LIMIT for k in sent)
-            print(f"{'':<21}before it was noticed, admitted/limit per key: min {r[0]:.2f} max {r[-1]:.2f}")
+        if any(withheld_counts.get(name, [])):
+            print(f"{'':<21}withheld while waiting for the peers' answers (s1/s2/s3): "
+                  f"{'/'.join(map(str, withheld_counts[name]))}")
+        if name in notes:
+            print(f"{'':<21}{notes[name]}")
+            if notes[name].startswith("FAIL"):
+                failures.append(f"{name}: {notes[name][5:]}")
         if kind == "uneven":
             # A key decided locally admits at most, per replica, the smaller of its
             # calls there and the replica's share; a key on the healthy shard, its
             # limit (or every call).
-            per = {}
+            # A call a replica made while it waited for its peers' answers (its first
+            # call's store timeout, then their answers) is denied: the lower check
+            # counts the calls after that wait only.
+            t0 = min(r[6] for r in rs)
+            wait = [w + (STORE_TIMEOUT_MS + SLACK_MS) / 1000 for w in waits.get(name, [0] * 3)]
+            per, after = {}, {}
             for r in rs:
                 per.setdefault(r[2], [0] * len(REPLICAS))[r[1]] += 1
+                if r[6] - t0 > wait[r[1]]:
+                    after.setdefault(r[2], [0] * len(REPLICAS))[r[1]] += 1
             healthy = healthy_keys.get(name, set())
             lost = [k for k in sent if k not in healthy]
             bound_of = {k: (sum(min(n, share(LIMIT, len(REPLICAS))) for n in per[k])
                             if k in lost else min(sent[k], LIMIT)) for k in sent}
+            settled_of = {k: (sum(min(n, share(LIMIT, len(REPLICAS)))
+                                  for n in after.get(k, [0] * len(REPLICAS)))
+                              if k in lost else bound_of[k]) for k in sent}
+            print(f"{'':<21}waited for the peers (s1/s2/s3, from the first call): "
+                  f"{'/'.join(f'{w * 1e3:.0f} ms' for w in wait)}")
             if not lost:
                 failures.append(f"{name}: no key was decided locally")
             for label, ks in (("lost shard", lost), ("healthy shard", [k for k in sent if k in healthy])):
@@ -571,9 +637,11 @@ def report(out, phases, mode_counts, tail, healthy_keys):
             beyond = {k: (admitted[k], bound_of[k]) for k in sent if admitted[k] > bound_of[k]}
             if beyond:
                 failures.append(f"{name}: keys admitted beyond the stated bound (admitted, bound): {beyond}")
-            short = {k: (admitted[k], bound_of[k]) for k in sent if admitted[k] < bound_of[k] * 8 // 10}
+            short = {k: (admitted[k], settled_of[k]) for k in sent
+                     if admitted[k] < settled_of[k] * 8 // 10}
             if short:
-                failures.append(f"{name}: keys admitted under 0.8x the stated bound (admitted, bound): {short}")
+                failures.append(f"{name}: keys admitted under 0.8x the stated bound, counting the "
+                                f"calls after the wait (admitted, bound): {short}")
         if kind == "exact":
             off = {k: abs(admitted[k] - min(LIMIT, sent[k])) for k in sent}
             wrong = {k: (admitted[k], sent[k]) for k in sent if off[k] > slow.get(k, 0)}

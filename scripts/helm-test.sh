@@ -199,6 +199,26 @@ assert b[\"roleRef\"] == {\"apiGroup\": \"rbac.authorization.k8s.io\", \"kind\":
 assert b[\"subjects\"] == [{\"kind\": \"ServiceAccount\", \"name\": p[\"serviceAccountName\"], \"namespace\": \"shop\"}], b
 assert not [x for x in ds if x[\"kind\"] == \"ClusterRole\"]
 '"
+check "localShare: with Redis, each replica advertises its pod IP and HTTP port; not without Redis or with TLS on the HTTP port" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t --set redis.bundled.enabled=true | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+assert \"--local-share-advertise=\$(SLUICE_POD_IP):8080\" in c[\"args\"], c[\"args\"]
+env = {e[\"name\"]: e for e in c[\"env\"]}
+assert env[\"SLUICE_POD_IP\"][\"valueFrom\"] == {\"fieldRef\": {\"fieldPath\": \"status.podIP\"}}, env
+'
+for values in '' '--set redis.bundled.enabled=true --set tls.http.enabled=true --set tls.http.existingSecret=s'; do
+    t \$values | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+assert not [a for a in c[\"args\"] if a.startswith(\"--local-share-advertise\")], c[\"args\"]
+assert \"SLUICE_POD_IP\" not in [e[\"name\"] for e in c[\"env\"]]
+'
+done"
 check "localShare: no --local-share-service, Role or token without a Redis store, or with localShare.fromService=false" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
 set -e

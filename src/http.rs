@@ -1,4 +1,6 @@
-//! The HTTP side: `/healthz`, `/readyz`, `/metrics`, `POST /json`, `/debug/*`.
+//! The HTTP side: `/healthz`, `/readyz`, `/metrics`, `POST /json`, `/debug/*`, and
+//! `POST /local-share/cut`, where a peer cut off from a shard asks this replica
+//! whether it reaches it (`peers`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -51,6 +53,10 @@ pub fn router<S: Store>(admin: Arc<HttpState<S>>) -> Router {
         .route("/debug/blocks", get(blocks::<S>))
         .route("/debug/signals", get(signals::<S>))
         .route("/debug/store", get(store::<S>))
+        .route(
+            crate::peers::PATH,
+            post(peer_cut_off::<S>).layer(DefaultBodyLimit::max(crate::peers::MAX_BYTES)),
+        )
         .with_state(admin)
 }
 
@@ -424,17 +430,71 @@ async fn top<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     .into_response()
 }
 
+/// `POST /local-share/cut`: a peer is cut off from a shard. This replica probes the
+/// shard now and, if it reaches it, holds the peer's share until the word lapses.
+/// It asks for no more trust than `/debug/store`: what it does can only make this
+/// replica admit less, for a couple of seconds, and only for a live peer.
+async fn peer_cut_off<S: Store>(
+    State(admin): State<Arc<HttpState<S>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let bad =
+        |error: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return (e.status(), Json(json!({"error": e.body_text()}))).into_response(),
+    };
+    let question: crate::peers::Question = match serde_json::from_slice(&body) {
+        Ok(q) => q,
+        Err(e) => return bad(format!("expected {{\"replica\": ID, \"shard\": N}}: {e}")),
+    };
+    let limiter = &admin.service.limiter;
+    let id = &question.replica;
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return bad("replica: 1 to 64 letters, digits, '-' or '_'".to_string());
+    }
+    if id == limiter.local().replica_id() {
+        return bad("replica: that is this replica".to_string());
+    }
+    let store = limiter.store();
+    let shards = store.shards().len();
+    if !store.can_be_away() || shards == 0 {
+        return bad("this replica's counters are in memory: it has no shard to reach".to_string());
+    }
+    if question.shard >= shards {
+        return bad(format!(
+            "shard: {} is not a shard here (this replica has {shards})",
+            question.shard
+        ));
+    }
+    let reach = limiter.peer_cut_off(id, question.shard).await;
+    Json(crate::peers::Reply {
+        reached: reach.reached,
+        reserved: reach.reserved,
+    })
+    .into_response()
+}
+
 /// `/debug/store`: per shard (or cluster), its state, latest error and back-off
 /// deadline.
 async fn store<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     let store = admin.service.limiter.store();
     let now = SystemTime::now();
-    let shards: Vec<_> = store.shards().iter().map(|s| shard(s, now)).collect();
+    let statuses = store.shards();
+    let shards: Vec<_> = statuses.iter().map(|s| shard(s, now)).collect();
     let local = admin.service.limiter.local().status();
+    let shard_name = |i: usize| statuses.get(i).map_or("", |s| s.name.as_str());
+    let us = |us: u64| us as f64 / 1e6;
     Json(json!({
         "store": store.name(),
         "shards": shards,
         "local": {
+            "replica": admin.service.limiter.local().replica_id(),
             "replicas": local.replicas,
             "replicas_from": local.source.as_str(),
             "missing_replicas": local.missing,
@@ -443,6 +503,24 @@ async fn store<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
             "counters": local.counters.iter().map(|c| json!({
                 "key": c.key,
                 "unsettled": c.unsettled,
+            })).collect::<Vec<_>>(),
+            "advertise": local.advertise,
+            "peers": local.peers.iter().map(|p| json!({
+                "replica": p.id,
+                "address": p.address,
+            })).collect::<Vec<_>>(),
+            "cut_off": local.cut_off.iter().map(|c| json!({
+                "shard": shard_name(c.shard),
+                "standing": c.standing.as_str(),
+                "seconds": us(c.for_us),
+                "answered_in_seconds": c.answered_in.map(us),
+                "reached_by": c.reached_by,
+            })).collect::<Vec<_>>(),
+            "withheld": local.withheld,
+            "held": local.held.iter().map(|h| json!({
+                "replica": h.id,
+                "shards": h.shards.iter().map(|&s| shard_name(s)).collect::<Vec<_>>(),
+                "remaining_seconds": us(h.left),
             })).collect::<Vec<_>>(),
         },
     }))

@@ -12,6 +12,7 @@ pub mod hash;
 pub mod http;
 pub mod limiter;
 pub mod pb;
+pub mod peers;
 pub mod policy;
 pub mod quota;
 pub mod server;

@@ -127,6 +127,9 @@ pub async fn run(
         let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
         sync_sentences(service.clone(), stopped());
         let beating = local_share(service.clone(), stopped(), stopped());
+        // A peer's probe takes up to the store timeout; the rest is the network.
+        let ask_wait = cfg.store.store_timeout + std::time::Duration::from_millis(50);
+        crate::peers::ask(service.clone(), ask_wait, stopped());
         if let Some(name) = &cfg.decisions.local_share_service {
             replicas_from_service(service.clone(), name.clone(), stopped());
         }
@@ -228,7 +231,9 @@ fn local_share<S: Store>(
         let warned = warned.clone();
         async move {
             let limiter = &service.limiter;
-            if !limiter.uses_local() {
+            // The first beat waits for the address (known once the HTTP port is
+            // bound): a member without it would count as a replica of its own.
+            if !limiter.uses_local() || !limiter.local().advertised() {
                 return;
             }
             if let Err(e) = limiter.heartbeat().await {
@@ -354,6 +359,10 @@ where
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
     let admin_listener = bind_admin(cfg.listen.admin_addr).await?;
+    if service.limiter.store().can_be_away() {
+        let address = advertise(cfg, http_addr, http_tls.is_some());
+        service.limiter.local().advertise(address);
+    }
     let admin_addr = match &admin_listener {
         Some(l) => l.local_addr()?.to_string(),
         None => "off".to_string(),
@@ -488,6 +497,30 @@ where
         tracer.stop(std::time::Duration::from_secs(2)).await;
     }
     Ok(())
+}
+
+/// Where the peers reach this replica's HTTP port (`--local-share-advertise`, else
+/// `http`, the bound address, when it is a specific IP), logged once; `None`, and
+/// the side channel off, with neither, or when the port serves TLS (the peers'
+/// questions are plain HTTP).
+fn advertise(cfg: &Serve, http: SocketAddr, https: bool) -> Option<String> {
+    let address = match &cfg.decisions.local_share_advertise {
+        _ if https => {
+            tracing::info!("local share: the HTTP port serves TLS, so no peer is asked when a shard is lost (the others reserve this replica's share once its heartbeat stops)");
+            return None;
+        }
+        Some(a) => a.clone(),
+        None if !http.ip().is_unspecified() => http.to_string(),
+        None => {
+            tracing::info!(
+                http = %http,
+                "local share: no address to advertise (--http-addr listens on every interface; set --local-share-advertise), so no peer is asked when a shard is lost"
+            );
+            return None;
+        }
+    };
+    tracing::info!(address = %address, "local share: peers reach this replica at this address");
+    Some(address)
 }
 
 /// The tracer `cfg` and the `OTEL_*` variables ask for, if any.

@@ -2,7 +2,8 @@
 //! share one shard, count each other through it, and when it hangs or dies each
 //! decides with its third of the limit; when it comes back their local spending
 //! reaches the shared counter once. One replica cut off alone is counted missing by
-//! the others, which then leave its third to it.
+//! the others, which then leave its third to it; with the side channel (servers
+//! that advertise their HTTP ports) they do so from its first call after the cut.
 //!
 //! The tests run one at a time: one bounds answer times.
 
@@ -372,6 +373,7 @@ async fn the_heartbeat_counts_a_silent_replica_missing_then_gone_and_one_that_le
             .await
             .expect("beats")
             .expect("a shared store")
+            .replicas
     };
     for id in ["a", "b", "c"] {
         beat(id).await;
@@ -422,6 +424,7 @@ async fn the_heartbeat_counts_a_silent_replica_missing_then_gone_and_one_that_le
     );
 }
 
+/// Without the side channel (limiters that advertise no address), as before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_alone_keeps_its_share_and_the_others_reserve_it_once_they_count_it_missing(
 ) {
@@ -576,7 +579,12 @@ async fn a_replica_cut_off_from_one_shard_is_counted_missing_by_the_others_and_l
         live: 3,
         missing: 0,
     };
-    let beat = async |store: &RedisStore, id: &str| store.heartbeat(id, beats).await;
+    let beat = async |store: &RedisStore, id: &str| {
+        store
+            .heartbeat(id, beats)
+            .await
+            .map(|h| h.map(|h| h.replicas))
+    };
     beat(&others, "o1").await.expect("beats");
     beat(&partial, "p").await.expect("beats");
     assert_eq!(beat(&others, "o2").await.expect("beats"), Some(three));
@@ -601,5 +609,191 @@ async fn a_replica_cut_off_from_one_shard_is_counted_missing_by_the_others_and_l
         assert_eq!(seen, Some(three));
         assert!(Instant::now() < deadline, "never counted missing");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fixed window of 60 a day: a window algorithm counts what the others admitted
+/// before a reservation against the reserved limit in full (a bucket forgives part
+/// of it), so the total is exactly bounded by the limit.
+const WINDOW_POLICY: &str = "domain: d
+failure_mode: local
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 60, algorithm: fixed_window}
+";
+
+/// The `local` object of a server's `/debug/store`.
+fn debug_local(server: &common::Server) -> serde_json::Value {
+    let (status, body) = common::http(&server.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    v["local"].clone()
+}
+
+/// Three servers whose heartbeats list the two others with their addresses.
+async fn peering(urls: [&str; 3], policy: &str) -> Vec<common::Server> {
+    let all: Vec<common::Server> = urls
+        .iter()
+        .map(|&url| common::Server::start(policy, &["--redis", url, "--store-timeout", "30ms"]))
+        .collect();
+    wait_until("the servers never listed each other as peers", || {
+        all.iter().all(|s| {
+            let peers = debug_local(s)["peers"].clone();
+            peers.as_array().is_some_and(|p| {
+                p.len() == REPLICAS - 1 && p.iter().all(|p| p["address"].is_string())
+            })
+        })
+    })
+    .await;
+    all
+}
+
+type Client =
+    sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+        tonic::transport::Channel,
+    >;
+
+/// `per` calls of `user` to each server in turn: admitted, and the slowest answer.
+async fn spend_over(clients: &mut [Client], user: &str, per: u64) -> (u64, Duration) {
+    let (mut admitted, mut slowest) = (0, Duration::ZERO);
+    for _ in 0..per {
+        for c in clients.iter_mut() {
+            let req = common::request("d", vec![common::desc(&[("user", user)])]);
+            let started = Instant::now();
+            let reply = common::call(c, req).await;
+            slowest = slowest.max(started.elapsed());
+            admitted += u64::from(reply.overall_code == common::OK);
+        }
+    }
+    (admitted, slowest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_alone_asks_its_peers_and_the_key_stays_within_its_limit_from_the_first_call(
+) {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let mut relay = Relay::start(redis.addr()).await;
+    let all = peering([&redis.url(), &redis.url(), &relay.url()], WINDOW_POLICY).await;
+    let mut clients = Vec::new();
+    for s in &all {
+        clients.push(s.client().await);
+    }
+    // Every replica has had a store answer about the key's counter before.
+    let (warm, _) = spend_over(&mut clients, "cut", 1).await;
+    assert_eq!(warm, 3);
+
+    relay.cut();
+    let (admitted, slowest) = spend_over(&mut clients, "cut", LIMIT).await;
+    let total = warm + admitted;
+    let cut = debug_local(&all[2]);
+    eprintln!("cut off alone: {total} of {LIMIT}; slowest answer {slowest:?}; {cut}");
+    assert!(
+        (LIMIT * 8 / 10..=LIMIT).contains(&total),
+        "admitted {total} of {LIMIT} in all"
+    );
+    assert!(slowest <= BOUND, "slowest answer {slowest:?}");
+    assert_eq!(cut["cut_off"][0]["standing"], "cut_off_alone", "{cut}");
+    assert_eq!(cut["cut_off"][0]["reached_by"], 2, "{cut}");
+    let answered = cut["cut_off"][0]["answered_in_seconds"]
+        .as_f64()
+        .expect("answered");
+    eprintln!(
+        "the peers answered {:.1} ms after the first failure",
+        answered * 1e3
+    );
+    for peer in &all[..2] {
+        let local = debug_local(peer);
+        assert_eq!(local["held"][0]["replica"], cut["replica"], "{local}");
+        assert_eq!(local["held"].as_array().map(Vec::len), Some(1), "{local}");
+        assert_eq!(local["missing_replicas"], 1, "{local}");
+    }
+    assert!(all[2]
+        .metric(
+            "sluice_local_share_peer_queries_total",
+            &[("answer", "reached")]
+        )
+        .is_some_and(|n| n >= 2.0));
+
+    // Questions that are not a live peer's change nothing; bad ones are refused.
+    let post = |body: &str| common::http(&all[0].http, "POST", "/local-share/cut", body);
+    let (status, body) = post(r#"{"replica": "stranger", "shard": 0}"#);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, r#"{"reached":true,"reserved":false}"#);
+    for bad in [
+        "",
+        "{",
+        r#"{"replica": "a b", "shard": 0}"#,
+        r#"{"replica": "x", "shard": 7}"#,
+        r#"{"replica": "x", "shard": -1}"#,
+        r#"{"replica": "x", "shard": 0, "more": 1}"#,
+    ] {
+        let (status, body) = post(bad);
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("error"), "{body}");
+    }
+    assert_eq!(debug_local(&all[0])["missing_replicas"], 1);
+
+    // Back: the questions stop, the holds lift, the counts are exact again.
+    relay.restore().await;
+    wait_until("the cut-off replica never found the shard again", || {
+        debug_local(&all[2])["cut_off"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            && all.iter().all(|s| {
+                let l = debug_local(s);
+                l["held"].as_array().is_some_and(Vec::is_empty) && l["missing_replicas"] == 0
+            })
+    })
+    .await;
+    wait_until("the local spending never settled", || {
+        all[2].metric("sluice_local_unsettled_counters", &[]) == Some(0.0)
+    })
+    .await;
+    let (after, _) = spend_over(&mut clients, "after", LIMIT).await;
+    assert_eq!(after, LIMIT, "exact again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_shard_hangs_for_every_replica_the_peers_say_so_and_each_keeps_its_share() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let all = peering([&url, &url, &url], WINDOW_POLICY).await;
+    let mut clients = Vec::new();
+    for s in &all {
+        clients.push(s.client().await);
+    }
+    let (warm, _) = spend_over(&mut clients, "down", 1).await;
+    assert_eq!(warm, 3);
+
+    redis.freeze();
+    // More calls than the limit: those made while the peers probe the hung shard
+    // are denied, and each replica spends its share after.
+    let (admitted, slowest) = spend_over(&mut clients, "down", 2 * LIMIT).await;
+    let standings: Vec<serde_json::Value> = all
+        .iter()
+        .map(|s| debug_local(s)["cut_off"][0]["standing"].clone())
+        .collect();
+    redis.thaw();
+    let total = warm + admitted;
+    eprintln!("down for all: {total} of {LIMIT}; slowest answer {slowest:?}; {standings:?}");
+    assert!(
+        (LIMIT * 8 / 10..=LIMIT * 12 / 10).contains(&total),
+        "admitted {total} of {LIMIT} in all"
+    );
+    assert!(slowest <= BOUND, "slowest answer {slowest:?}");
+    assert!(
+        standings.iter().all(|s| s == "down_for_all"),
+        "{standings:?}"
+    );
+    for s in &all {
+        assert_eq!(debug_local(s)["missing_replicas"], 0, "nobody reserved");
     }
 }

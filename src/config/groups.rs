@@ -134,6 +134,13 @@ pub struct DecisionArgs {
     /// many as the replicas counted through Redis.
     #[arg(long, env = "SLUICE_LOCAL_SHARE_SERVICE", value_name = "SERVICE")]
     pub local_share_service: Option<crate::source::replicas::ServiceRef>,
+    /// `failure_mode: local`: HOST:PORT where the other replicas reach this one's
+    /// HTTP port, advertised in the heartbeat. A replica cut off from a shard asks
+    /// its peers whether they reach it, so that its share is reserved at once.
+    /// Default: --http-addr when it is a specific IP; otherwise none (this replica
+    /// asks no peer).
+    #[arg(long, env = "SLUICE_LOCAL_SHARE_ADVERTISE", value_name = "HOST:PORT", value_parser = parse_advertise)]
+    pub local_share_advertise: Option<String>,
     /// The algorithm of rate limits that name none: fixed_window,
     /// sliding_window_log, sliding_window_counter, token_bucket or leaky_bucket.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", default_value = "sliding_window_counter", value_parser = parse_algorithm)]
@@ -183,7 +190,8 @@ pub struct ListenArgs {
     /// Address of the RateLimitService (and gRPC health).
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
-    /// Address of /healthz, /readyz, /metrics, /json and /debug/*.
+    /// Address of /healthz, /readyz, /metrics, /json, /debug/* and
+    /// /local-share/cut (the replicas' questions to each other, failure_mode local).
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
     /// PEM certificate chain of the gRPC port; with --grpc-tls-key the port serves

@@ -273,6 +273,44 @@ mod tests {
     }
 
     #[test]
+    fn an_advertised_address_is_host_and_port() {
+        let parse = |v: &str| {
+            let args = [
+                "sluice",
+                "serve",
+                "--config",
+                "a",
+                "--local-share-advertise",
+                v,
+            ];
+            match Cli::try_parse_from(args).map(|c| c.command) {
+                Ok(Command::Serve(s)) => Ok(s.decisions.local_share_advertise),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(parse("10.1.2.3:8080"), Ok(Some("10.1.2.3:8080".into())));
+        assert_eq!(parse("[fd00::7]:8080"), Ok(Some("[fd00::7]:8080".into())));
+        // A pod's IPv6 address and the port, joined as the chart joins them.
+        assert_eq!(parse("fd00::7:8080"), Ok(Some("[fd00::7]:8080".into())));
+        assert_eq!(
+            parse("sluice-0.sluice:8080"),
+            Ok(Some("sluice-0.sluice:8080".into()))
+        );
+        for bad in [
+            "10.1.2.3",
+            "http://10.1.2.3:8080",
+            "a@b:1",
+            "10.1.2.3:0",
+            ":8080",
+            "h:p",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("expected HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn tls_flags_come_in_pairs() {
         let parse = |args: &[&str]| {
             Cli::try_parse_from(["sluice", "serve", "--config", "a.yaml"].iter().chain(args))

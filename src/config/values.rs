@@ -29,6 +29,32 @@ pub(super) fn parse_admin_addr(s: &str) -> Result<AdminAddr, String> {
     }
 }
 
+/// `--local-share-advertise`: HOST:PORT, where the peers reach this replica's HTTP
+/// port, or an IPv6 address and a port joined by `:` without brackets. No scheme,
+/// path or `@` (the heartbeat set's member separates the id from the address by it).
+pub(super) fn parse_advertise(s: &str) -> Result<String, String> {
+    let err = || format!("expected HOST:PORT (the pod's IP and the HTTP port), got {s:?}");
+    let s = s.trim();
+    if s.is_empty() || s.contains(['@', '/', ' ']) {
+        return Err(err());
+    }
+    // An IPv6 address without brackets (a pod IP and a port joined, as the Helm
+    // chart passes them): its last group is the port.
+    if let Some((host, port)) = s.rsplit_once(':') {
+        if let (Ok(ip), Ok(port)) = (host.parse::<std::net::Ipv6Addr>(), port.parse::<u16>()) {
+            if port > 0 {
+                return Ok(SocketAddr::from((ip, port)).to_string());
+            }
+        }
+    }
+    let uri: http::Uri = format!("http://{s}/").parse().map_err(|_| err())?;
+    let authority = uri.authority().ok_or_else(err)?;
+    match authority.port_u16() {
+        Some(p) if p > 0 && !authority.host().is_empty() => Ok(s.to_string()),
+        _ => Err(err()),
+    }
+}
+
 /// An xDS server's address: `http://HOST:PORT` or `https://HOST:PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsUrl {

@@ -24,14 +24,28 @@
 //! they may be serving cut off from the store, deciding alone with their shares.
 //! While any is, the live replicas decide in the store on each limit less the
 //! missing replicas' shares ([`Local::reserve`]), so the total stays near the limit.
+//!
+//! The heartbeat only tells that a few seconds late. A replica that finds a shard
+//! unreachable also asks its live peers at once whether they reach it: one that
+//! does counts it missing from then on ([`held`]), and until every peer has
+//! answered the cut-off replica admits nothing of that shard's counters
+//! ([`peers`]).
+
+pub mod held;
+pub mod peers;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::algorithm::{Algorithm, Limit, Micros};
+use crate::algorithm::{Algorithm, Limit, Micros, Verdict};
 use crate::clock::Clock;
-use crate::store::{Beats, Hit, MemoryStore, Mode, Replicas, Spend, Store, Verdicts};
+use crate::store::{
+    member, parse_member, Beats, Heard, Hit, MemoryStore, Mode, Replicas, Spend, Store, Verdicts,
+};
+
+use held::{Held, HeldPeer};
+use peers::{CutStatus, Peer, Peers};
 
 /// Slots of the memo: a direct-mapped table, so a busy replica remembers its most
 /// recent counters and an idle one loses nothing that matters.
@@ -217,6 +231,16 @@ pub struct LocalStatus {
     pub counters: Vec<LocalCounter>,
     /// Counters decided locally and not yet settled, all of them.
     pub unsettled_counters: usize,
+    /// Requests denied while waiting for the peers' answers.
+    pub withheld: u64,
+    /// Where the peers reach this replica (`None`: the side channel is off).
+    pub advertise: Option<String>,
+    /// The live peers the latest heartbeat listed.
+    pub peers: Vec<Peer>,
+    /// The shards this replica is cut off from.
+    pub cut_off: Vec<CutStatus>,
+    /// Peers cut off from a shard this replica reaches: their shares are reserved.
+    pub held: Vec<HeldPeer>,
 }
 
 /// A settlement's outcome, per counter.
@@ -239,8 +263,11 @@ pub struct Local {
     coarse: AtomicU64,
     /// The store's count once learned, `--local-share-replicas` until then.
     replicas: AtomicU32,
-    /// Of `replicas`, those the store holds as missing.
+    /// Of `replicas`, those whose shares are reserved: the store's missing ones and
+    /// the live peers held ([`held`]).
     missing: AtomicU32,
+    /// Of `replicas`, those the store holds as missing.
+    beat_missing: AtomicU32,
     learned: AtomicBool,
     /// The count Kubernetes gave (0: none).
     kubernetes: AtomicU32,
@@ -255,6 +282,11 @@ pub struct Local {
     decisions: AtomicU64,
     /// Names this replica in the store's heartbeat set and in settlement tokens.
     replica_id: String,
+    /// Where the peers reach this replica, once the server has said.
+    address: OnceLock<Option<String>>,
+    peers: Peers,
+    held: Held,
+    withheld: AtomicU64,
 }
 
 impl std::fmt::Debug for Local {
@@ -277,6 +309,7 @@ impl Local {
             memo: Memo::new(),
             replicas: AtomicU32::new(replicas.max(1)),
             missing: AtomicU32::new(0),
+            beat_missing: AtomicU32::new(0),
             learned: AtomicBool::new(false),
             kubernetes: AtomicU32::new(0),
             ever_up: AtomicBool::new(false),
@@ -287,7 +320,44 @@ impl Local {
             sequence: AtomicU64::new(0),
             decisions: AtomicU64::new(0),
             replica_id,
+            address: OnceLock::new(),
+            peers: Peers::default(),
+            held: Held::default(),
+            withheld: AtomicU64::new(0),
         }
+    }
+
+    /// Where the peers reach this replica's HTTP server (`None`: nowhere, and this
+    /// replica asks no peer). Set once, before the first heartbeat; later calls
+    /// change nothing.
+    pub fn advertise(&self, address: Option<String>) {
+        let on = address.is_some();
+        if self.address.set(address).is_ok() {
+            self.peers.ask(on);
+        }
+    }
+
+    /// Whether [`Local::advertise`] has been called.
+    pub fn advertised(&self) -> bool {
+        self.address.get().is_some()
+    }
+
+    /// This replica's member of the heartbeat set: its id, and its address.
+    pub fn member(&self) -> String {
+        member(
+            &self.replica_id,
+            self.address.get().and_then(|a| a.as_deref()),
+        )
+    }
+
+    /// The live peers and this replica's standing per shard.
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// The limiter's clock.
+    pub fn now(&self) -> Micros {
+        self.clock.now()
     }
 
     /// This replica's id in the store's heartbeat set.
@@ -351,14 +421,8 @@ impl Local {
         if n == 0 {
             return;
         }
-        let was = self.missing.swap(counted.missing, Relaxed);
-        if was != counted.missing {
-            tracing::info!(
-                missing = counted.missing,
-                live = counted.live,
-                "local share: replicas missing from the heartbeat changed (a missing one's share is held back from the limits decided in the store)"
-            );
-        }
+        self.beat_missing.store(counted.missing, Relaxed);
+        self.reckon_missing();
         self.ever_up.store(true, Relaxed);
         if !self.learned.swap(true, Relaxed) {
             tracing::info!(
@@ -369,6 +433,90 @@ impl Local {
         let before = self.replicas.swap(n, Relaxed);
         if before != n {
             tracing::debug!(replicas = n, before, "local share: replica count changed");
+        }
+    }
+
+    /// What a heartbeat heard: the count, the live peers (where they are reached),
+    /// and which held peers beat again.
+    pub fn hear(&self, heard: &Heard) {
+        let mut peers: Vec<Peer> = Vec::new();
+        for (m, _) in heard.shards.iter().flat_map(|s| &s.live) {
+            let (id, address) = parse_member(m);
+            if id == self.replica_id || peers.iter().any(|p| p.id == id) {
+                continue;
+            }
+            peers.push(Peer {
+                id: id.to_string(),
+                address: address.map(str::to_string),
+            });
+        }
+        peers.sort_by(|a, b| a.id.cmp(&b.id));
+        self.peers.learn(peers);
+        // A shard the heartbeat reached answers again: once no call there has
+        // failed for a moment, this replica stops asking about it.
+        let now = self.clock.now();
+        for s in &heard.shards {
+            self.peers.back(s.shard, now);
+        }
+        self.held.beat_again(&heard.shards);
+        self.learn(heard.replicas);
+    }
+
+    /// A live peer is cut off from `shard`, which this replica reached at
+    /// `reached_at` (the shard's clock): its share is reserved from now until its
+    /// word lapses. Whether it was held (a replica that is not a live peer is not:
+    /// the heartbeat counts it already, or not at all).
+    pub fn hold(&self, id: &str, shard: usize, reached_at: u64) -> bool {
+        if id == self.replica_id || !self.peers.is_live(id) {
+            return false;
+        }
+        self.held.hold(id, shard, reached_at, self.clock.now());
+        self.reckon_missing();
+        true
+    }
+
+    /// The replicas whose shares are reserved: the store's missing ones, and the
+    /// held peers it still counts live.
+    fn reckon_missing(&self) {
+        let held = self.held.among(|id| self.peers.is_live(id));
+        let missing = self.beat_missing.load(Relaxed).saturating_add(held);
+        let was = self.missing.swap(missing, Relaxed);
+        if was != missing {
+            tracing::info!(
+                missing,
+                held,
+                "local share: replicas missing changed (a missing one's share is held back from the limits decided in the store)"
+            );
+        }
+    }
+
+    /// A call to `shard` failed: whether this replica may decide its counters with
+    /// its share now ([`Peers::may_share`]).
+    pub fn may_share(&self, shard: usize) -> bool {
+        self.peers.may_share(shard, self.clock.now())
+    }
+
+    /// `hits` denied without spending anything: this replica waits for its peers'
+    /// answers before it admits anything of their shard's counters.
+    pub fn withhold(&self, hits: &[Hit]) -> Verdicts {
+        self.decisions.fetch_add(1, Relaxed);
+        self.withheld.fetch_add(1, Relaxed);
+        let verdicts: Vec<Verdict> = hits
+            .iter()
+            .map(|h| Verdict {
+                admitted: false,
+                remaining: 0,
+                reset: h.limit.window,
+                // The peers answer within about the store timeout; a client told to
+                // come back then finds the share decided.
+                retry_after: peers::ASK_EVERY,
+                ..Verdict::default()
+            })
+            .collect();
+        Verdicts {
+            admitted: crate::store::admitted(hits.iter().map(|h| h.mode), &verdicts),
+            verdicts,
+            now: None,
         }
     }
 
@@ -396,8 +544,12 @@ impl Local {
     /// Moves the memo's clock on and drops expired local counters; the server runs
     /// it every 100 ms.
     pub fn tick(&self) {
-        self.coarse.store(self.clock.now(), Relaxed);
+        let now = self.clock.now();
+        self.coarse.store(now, Relaxed);
         self.memory.sweep();
+        if self.held.expire(now) {
+            self.reckon_missing();
+        }
     }
 
     /// Remembers what the store answered for `hits` (a `local` domain's, healthy).
@@ -596,6 +748,11 @@ impl Local {
             decisions: self.decisions.load(Relaxed),
             counters,
             unsettled_counters: n,
+            withheld: self.withheld.load(Relaxed),
+            advertise: self.address.get().cloned().flatten(),
+            peers: self.peers.known(),
+            cut_off: self.peers.status(self.clock.now()),
+            held: self.held.status(self.clock.now()),
         }
     }
 }
@@ -1063,5 +1220,121 @@ descriptors:
         assert_eq!(all[2].local_tick().await.added, 20);
         assert_eq!(admitted(&all, "d", "late", 30).await, 0);
         assert_eq!(admitted(&all, "d", "after", 120).await, 30);
+    }
+
+    /// Every replica of `all` hears the others beat, each with an address.
+    fn peering(all: &[Replica]) {
+        let live = all
+            .iter()
+            .map(|r| {
+                r.local().advertise(Some("127.0.0.1:8080".into()));
+                (r.local().member(), 1_000)
+            })
+            .collect();
+        let heard = Heard {
+            replicas: Replicas {
+                live: all.len() as u32,
+                missing: 0,
+            },
+            shards: vec![crate::store::ShardBeats { shard: 0, live }],
+        };
+        for r in all {
+            r.local().hear(&heard);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_cut_off_alone_admits_nothing_until_its_peers_answer_and_they_hold_its_share_a_while(
+    ) {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let shared = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
+        let all: Vec<Replica> = (0..3).map(|_| replica(&clock, &shared)).collect();
+        peering(&all);
+        for r in &all {
+            r.local().tick();
+            assert_eq!(r.local().peers().known().len(), 2);
+        }
+        all[2].store().cut.store(true, Relaxed);
+        // Waiting for the peers: denied, nothing spent, nothing owed.
+        assert_eq!(admitted(&all[2..], "d", "k", 5).await, 0);
+        let status = all[2].local().status();
+        assert_eq!((status.withheld, status.unsettled_counters), (5, 0));
+        assert_eq!(status.cut_off[0].standing, peers::Standing::Waiting);
+        // The questions: both peers reach the shard and hold the cut one's share.
+        let rounds = all[2].local().peers().due(clock.now());
+        assert_eq!(rounds.len(), 1);
+        let cut_id = all[2].local().replica_id().to_string();
+        let mut answers = Vec::new();
+        for r in &all[..2] {
+            let reach = r.peer_cut_off(&cut_id, 0).await;
+            assert!(reach.reached && reach.reserved);
+            assert_eq!(r.local().missing(), 1);
+            answers.push((r.local().replica_id().to_string(), peers::Answer::Reached));
+        }
+        clock.advance(5_000);
+        all[2].local().peers().answered(0, &answers, clock.now());
+        assert_eq!(
+            all[2].local().status().cut_off[0].standing,
+            peers::Standing::Alone
+        );
+        // From the first call after the cut: the limit in all.
+        assert_eq!(admitted(&all, "d", "k", 120).await, 30);
+        // Not renewed, the holds lapse and the reservation lifts.
+        clock.advance(held::HOLD);
+        for r in &all[..2] {
+            r.local().tick();
+            assert_eq!(r.local().missing(), 0);
+            assert!(r.local().status().held.is_empty());
+        }
+        // Not a live peer, or this replica itself: nothing held.
+        assert!(!all[0].peer_cut_off("stranger", 0).await.reserved);
+        let own = all[0].local().replica_id().to_string();
+        assert!(!all[0].peer_cut_off(&own, 0).await.reserved);
+        assert_eq!(all[0].local().missing(), 0);
+    }
+
+    #[test]
+    fn a_held_peer_is_counted_missing_once_as_the_heartbeat_takes_over_and_lifts_when_it_beats_again(
+    ) {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 1);
+        local.advertise(Some("10.0.0.1:8080".into()));
+        let heard = |live: &[(&str, u64)], missing: u32| Heard {
+            replicas: Replicas {
+                live: live.len() as u32,
+                missing,
+            },
+            shards: vec![crate::store::ShardBeats {
+                shard: 0,
+                live: live.iter().map(|(m, b)| (m.to_string(), *b)).collect(),
+            }],
+        };
+        let me = local.member();
+        local.hear(&heard(&[(&me, 100), ("cut@10.0.0.3:8080", 100)], 0));
+        assert!(local.hold("cut", 0, 150));
+        assert_eq!((local.replicas(), local.missing()), (2, 1));
+        // The heartbeat counts it missing: still one, not two.
+        local.hear(&heard(&[(&me, 1_100)], 1));
+        assert_eq!((local.replicas(), local.missing()), (2, 1));
+        // It beats again (after it was reached): live, nothing reserved.
+        local.hear(&heard(&[(&me, 2_100), ("cut@10.0.0.3:8080", 2_050)], 0));
+        assert_eq!(local.missing(), 0);
+        assert!(local.status().held.is_empty());
+    }
+
+    #[tokio::test]
+    async fn with_no_peer_to_ask_a_cut_off_replica_decides_with_its_share_at_once() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let shared = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
+        let one = replica(&clock, &shared);
+        one.local().advertise(Some("127.0.0.1:8080".into()));
+        count(std::slice::from_ref(&one), 3, 0);
+        one.local().tick();
+        one.store().cut.store(true, Relaxed);
+        assert_eq!(admitted(std::slice::from_ref(&one), "d", "k", 20).await, 10);
+        assert_eq!(
+            one.local().status().cut_off[0].standing,
+            peers::Standing::NoPeers
+        );
     }
 }

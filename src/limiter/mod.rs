@@ -192,6 +192,15 @@ pub enum BlockError {
     Store(String),
 }
 
+/// A replica's answer to a peer cut off from a shard ([`Limiter::peer_cut_off`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerReach {
+    /// This replica reached the shard just now.
+    pub reached: bool,
+    /// And it reserves the peer's share.
+    pub reserved: bool,
+}
+
 /// Why the store's answer was not used.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFailure {
@@ -352,11 +361,11 @@ impl<S: Store> Limiter<S> {
     pub async fn heartbeat(&self) -> Result<bool, StoreError> {
         match self
             .store
-            .heartbeat(self.local.replica_id(), local::BEATS)
+            .heartbeat(&self.local.member(), local::BEATS)
             .await?
         {
-            Some(counted) => {
-                self.local.learn(counted);
+            Some(heard) => {
+                self.local.hear(&heard);
                 Ok(true)
             }
             None => Ok(false),
@@ -366,7 +375,26 @@ impl<S: Store> Limiter<S> {
     /// Takes this replica out of a shared store's count as it stops cleanly, so
     /// the others do not hold its share back as if it were cut off.
     pub async fn leave(&self) -> Result<(), StoreError> {
-        self.store.leave(self.local.replica_id()).await
+        self.store.leave(&self.local.member()).await
+    }
+
+    /// The peer `replica` says it is cut off from `shard`: if this replica reaches
+    /// the shard now, it reserves the peer's share (while the peer is live) until
+    /// its word lapses. Off the request path; at most the store timeout.
+    pub async fn peer_cut_off(&self, replica: &str, shard: usize) -> PeerReach {
+        match self.store.reach(shard).await {
+            Ok(at) => PeerReach {
+                reached: true,
+                reserved: self.local.hold(replica, shard, at),
+            },
+            Err(e) => {
+                tracing::debug!(shard, error = %e, "local share: a peer is cut off from a shard this replica does not reach either");
+                PeerReach {
+                    reached: false,
+                    reserved: false,
+                }
+            }
+        }
     }
 
     /// Denial counts and bans of rules with a `penalty`.
@@ -984,10 +1012,43 @@ impl<S: Store> Limiter<S> {
             Err(e) if e.is_transient() => {
                 outcome.local = true;
                 local::restore(hits, configured);
+                // A charge or a refund is spent whatever the answer: it is counted
+                // locally even while the peers have not answered.
+                if !self.may_share(hits) && !hits.iter().any(|h| h.spend.always()) {
+                    return Ok(self.local.withhold(hits));
+                }
                 Ok(self.local.decide(hits))
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether this replica may decide `hits` with its share: on each shard they
+    /// live on whose calls fail, its peers have answered, or it has none to ask
+    /// ([`local::peers`]).
+    fn may_share(&self, hits: &[Hit]) -> bool {
+        let mut shards: smallvec::SmallVec<[usize; 8]> =
+            hits.iter().map(|h| self.store.shard_of(h)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        if shards.len() > 1 {
+            // The shards that answer are not cut off; if none says it failed yet
+            // (the failure is being recorded), every one may be.
+            let failing: smallvec::SmallVec<[usize; 8]> = shards
+                .iter()
+                .copied()
+                .filter(|&s| self.store.shard_failing(s))
+                .collect();
+            if !failing.is_empty() {
+                shards = failing;
+            }
+        }
+        // Not short-circuited: each shard is told, so each starts its questions.
+        let mut ok = true;
+        for &s in &shards {
+            ok &= self.local.may_share(s);
+        }
+        ok
     }
 
     async fn ask_store(

@@ -183,22 +183,82 @@ pub trait Store: Board + Send + Sync + 'static {
         async { Ok(true) }
     }
 
-    /// Counts this replica (`replica`) as serving now, and answers how many
-    /// replicas are: those that beat within `beats.live`, and those whose last beat
-    /// is older but within `beats.hold` (`None` for a store no other replica shares).
+    /// Counts this replica (`member`: its id, and its address for the others,
+    /// [`member`]) as serving now, and answers how many replicas are: those that
+    /// beat within `beats.live`, and those whose last beat is older but within
+    /// `beats.hold`, with the live ones of each shard reached (`None` for a store no
+    /// other replica shares).
     fn heartbeat(
         &self,
-        _replica: &str,
+        _member: &str,
         _beats: Beats,
-    ) -> impl Future<Output = Result<Option<Replicas>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<Heard>, StoreError>> + Send {
         async { Ok(None) }
     }
 
-    /// Takes this replica (`replica`) out of the count at once: it stops cleanly,
-    /// so the others need not wait out its hold.
-    fn leave(&self, _replica: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+    /// Takes this replica (`member`, as it beats) out of the count at once: it
+    /// stops cleanly, so the others need not wait out its hold.
+    fn leave(&self, _member: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
+
+    /// The shard `hit`'s counter lives on, as [`Store::shards`] lists them. Read
+    /// only when a call failed (`failure_mode: local`).
+    fn shard_of(&self, _hit: &Hit) -> usize {
+        0
+    }
+
+    /// Whether calls to `shard` have failed since its last success: one relaxed
+    /// load, read only when a call failed and off the request path.
+    fn shard_failing(&self, _shard: usize) -> bool {
+        false
+    }
+
+    /// Asks `shard` now, within the store timeout, whether it answers: its own
+    /// clock in milliseconds (what its heartbeat set is scored by). Off the request
+    /// path: a peer cut off from the shard asks this replica to check.
+    fn reach(&self, _shard: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { Ok(0) }
+    }
+}
+
+/// A heartbeat's member: the replica's id, then `@` and the address where the
+/// others reach its HTTP server when it has one. A member without `@` (a replica
+/// of an older version, or one that advertises nothing) has no address.
+pub fn member(id: &str, address: Option<&str>) -> String {
+    match address {
+        Some(a) => format!("{id}@{a}"),
+        None => id.to_string(),
+    }
+}
+
+/// A member's id and address ([`member`]).
+pub fn parse_member(member: &str) -> (&str, Option<&str>) {
+    match member.split_once('@') {
+        Some((id, address)) if !address.is_empty() => (id, Some(address)),
+        Some((id, _)) => (id, None),
+        None => (member, None),
+    }
+}
+
+/// What a heartbeat heard ([`Store::heartbeat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Heard {
+    /// The largest count any shard holds.
+    pub replicas: Replicas,
+    /// Each shard that answered, with the members that beat on it within the
+    /// live span.
+    pub shards: Vec<ShardBeats>,
+}
+
+/// One shard's heartbeat set as a beat read it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShardBeats {
+    /// The shard, as [`Store::shards`] lists them.
+    pub shard: usize,
+    /// The live members ([`member`]) and their latest beats, on the shard's clock
+    /// (ms).
+    pub live: Vec<(String, u64)>,
 }
 
 /// How long a heartbeat counts ([`Store::heartbeat`]).
@@ -279,14 +339,26 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn heartbeat(
         &self,
-        replica: &str,
+        member: &str,
         beats: Beats,
-    ) -> impl Future<Output = Result<Option<Replicas>, StoreError>> + Send {
-        (**self).heartbeat(replica, beats)
+    ) -> impl Future<Output = Result<Option<Heard>, StoreError>> + Send {
+        (**self).heartbeat(member, beats)
     }
 
-    fn leave(&self, replica: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).leave(replica)
+    fn leave(&self, member: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).leave(member)
+    }
+
+    fn shard_of(&self, hit: &Hit) -> usize {
+        (**self).shard_of(hit)
+    }
+
+    fn shard_failing(&self, shard: usize) -> bool {
+        (**self).shard_failing(shard)
+    }
+
+    fn reach(&self, shard: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).reach(shard)
     }
 }
 
@@ -344,6 +416,20 @@ mod tests {
             admitted,
             ..Verdict::default()
         }
+    }
+
+    #[test]
+    fn a_member_carries_an_address_and_a_bare_id_has_none() {
+        let m = member("00ab", Some("10.0.0.7:8080"));
+        assert_eq!(m, "00ab@10.0.0.7:8080");
+        assert_eq!(parse_member(&m), ("00ab", Some("10.0.0.7:8080")));
+        assert_eq!(parse_member("00ab"), ("00ab", None));
+        assert_eq!(member("00ab", None), "00ab");
+        assert_eq!(parse_member("00ab@"), ("00ab", None));
+        assert_eq!(
+            parse_member("00ab@[::1]:8080"),
+            ("00ab", Some("[::1]:8080"))
+        );
     }
 
     #[test]

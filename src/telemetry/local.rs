@@ -3,13 +3,17 @@
 //! `sluice_local_decisions_total`, `sluice_local_share` (replicas assumed),
 //! `sluice_local_share_learned` (0 while that is the configured count),
 //! `sluice_local_share_kubernetes` (the count from the Service's EndpointSlices),
-//! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself) and
-//! `sluice_local_missing_replicas` (replicas whose shares are reserved).
+//! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself),
+//! `sluice_local_missing_replicas` (replicas whose shares are reserved), and the side
+//! channel between replicas: `sluice_local_share_peers` (live peers known),
+//! `sluice_local_share_peer_queries_total{answer}` (counted by the asking task as the
+//! answers come) and `sluice_local_cut_off_shards{standing}`.
 
-use prometheus::{IntCounter, IntGauge, IntGaugeVec, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use super::{int_counter, int_gauge, int_gauge_vec, registered};
+use super::{counter_vec, int_counter, int_gauge, int_gauge_vec, registered};
 
+use crate::limiter::local::peers::{Answer, Standing};
 use crate::limiter::local::{LocalStatus, ShareSource};
 use crate::store::{ShardState, ShardStatus};
 
@@ -23,7 +27,19 @@ pub struct LocalStats {
     kubernetes_failing: IntGauge,
     missing: IntGauge,
     unsettled: IntGauge,
+    peers: IntGauge,
+    queries: IntCounterVec,
+    cut_off: IntGaugeVec,
 }
+
+/// The standings `sluice_local_cut_off_shards` counts (every one but `reaching`).
+const STANDINGS: [Standing; 5] = [
+    Standing::Waiting,
+    Standing::Alone,
+    Standing::DownForAll,
+    Standing::Unanswered,
+    Standing::NoPeers,
+];
 
 impl LocalStats {
     pub fn new(registry: &Registry) -> LocalStats {
@@ -62,7 +78,36 @@ impl LocalStats {
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
         );
+        let peers = gauge(
+            "sluice_local_share_peers",
+            "Live peers the latest heartbeat listed; those with an address are asked when this replica finds a shard unreachable.",
+        );
+        let queries = registered(
+            registry,
+            counter_vec(
+                "sluice_local_share_peer_queries_total",
+                "Questions to peers from this replica cut off from a shard, by answer: reached (the peer reaches it and reserves this replica's share), not_reached, no_answer.",
+                &["answer"],
+            ),
+        );
+        for a in [Answer::Reached, Answer::NotReached, Answer::Silent] {
+            queries.with_label_values(&[a.as_str()]);
+        }
+        let cut_off = registered(
+            registry,
+            int_gauge_vec(
+                "sluice_local_cut_off_shards",
+                "Shards this replica cannot reach, by standing: waiting_for_peers (nothing admitted locally), cut_off_alone, down_for_all, peers_silent, no_peers.",
+                &["standing"],
+            ),
+        );
+        for s in STANDINGS {
+            cut_off.with_label_values(&[s.as_str()]);
+        }
         LocalStats {
+            peers,
+            queries,
+            cut_off,
             degraded,
             decisions,
             share,
@@ -72,6 +117,11 @@ impl LocalStats {
             missing,
             unsettled,
         }
+    }
+
+    /// A peer's answer to this replica's question.
+    pub fn peer_query(&self, answer: Answer) {
+        self.queries.with_label_values(&[answer.as_str()]).inc();
     }
 
     /// Whether the EndpointSlice watch is failing (its last count stands meanwhile).
@@ -101,5 +151,10 @@ impl LocalStats {
             .set(i64::from(local.kubernetes.unwrap_or(0)));
         self.missing.set(i64::from(local.missing));
         self.unsettled.set(local.unsettled_counters as i64);
+        self.peers.set(local.peers.len() as i64);
+        for s in STANDINGS {
+            let n = local.cut_off.iter().filter(|c| c.standing == s).count();
+            self.cut_off.with_label_values(&[s.as_str()]).set(n as i64);
+        }
     }
 }

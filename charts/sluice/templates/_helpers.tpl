@@ -101,6 +101,17 @@ true
 {{- end -}}
 {{- end }}
 
+{{/* "true" when each replica advertises its pod IP and HTTP port to the others
+(--local-share-advertise), from (dict "root" . "values" V): with a Redis store (the
+heartbeat carries it), and a plain HTTP port (the peers' questions are plain HTTP). */}}
+{{- define "sluice.advertises" -}}
+{{- $v := .values -}}
+{{- $r := $v.redis -}}
+{{- if and (or $r.urls $r.clusterUrls $r.existingSecret $r.bundled.enabled $r.sentinel.urls) (not $v.tls.http.enabled) -}}
+true
+{{- end -}}
+{{- end }}
+
 {{/* Checks that settings fit together; fails the render with a message otherwise. */}}
 {{- define "sluice.validate" -}}
 {{- $redisSources := 0 }}
@@ -208,6 +219,9 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 {{- if include "sluice.countsFromService" . }}
 - --local-share-service={{ .root.Release.Namespace }}/{{ include "sluice.fullnameFor" . }}
 {{- end }}
+{{- if include "sluice.advertises" . }}
+- --local-share-advertise=$(SLUICE_POD_IP):{{ $v.ports.http }}
+{{- end }}
 - --store-timeout={{ $v.storeTimeout }}
 - --response-headers={{ $v.responseHeaders }}
 - --default-algorithm={{ $v.defaultAlgorithm }}
@@ -271,6 +285,12 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
   env:
     - name: RUST_LOG
       value: info
+    {{- if include "sluice.advertises" . }}
+    - name: SLUICE_POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    {{- end }}
     {{- if $v.redis.existingSecret }}
     - name: SLUICE_REDIS
       valueFrom:

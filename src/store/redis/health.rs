@@ -163,6 +163,12 @@ impl Health {
         self.down_until.load(Relaxed) != 0
     }
 
+    /// Whether a call has failed since the last success (failing, backing off or
+    /// on trial).
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Relaxed)
+    }
+
     pub fn success(&self) {
         if !self.failing.load(Relaxed) {
             return;

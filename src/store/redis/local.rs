@@ -1,7 +1,8 @@
 //! `failure_mode: local` in Redis: the replicas' heartbeat set, which tells each
-//! replica how many share a limit and how many of those have stopped beating (they
-//! may be deciding alone), and the settlement of local spending, marked by its token
-//! so that it is added once.
+//! replica how many share a limit, how many of those have stopped beating (they
+//! may be deciding alone) and where the live ones are reached, a probe of one shard
+//! for a peer cut off from it, and the settlement of local spending, marked by its
+//! token so that it is added once.
 //!
 //! The mark and the charge are two calls: a mark whose charge then fails (the shard
 //! fell again between them) loses that amount rather than risk adding it twice, and
@@ -10,7 +11,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::store::{Beats, Hit, Replicas, StoreError};
+use crate::store::{Beats, Heard, Hit, Replicas, ShardBeats, StoreError};
 
 use super::scripts::Lua;
 use super::{shard, Backend, RedisStore};
@@ -21,6 +22,12 @@ static HEARTBEAT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/lo
 /// Takes a replica out of the heartbeat set.
 static LEAVE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("return redis.call('ZREM', KEYS[1], ARGV[1])\n"));
+
+/// A shard's clock, in milliseconds (the heartbeat set's scores), read through a
+/// script so that a cluster routes it by the set's key.
+static TIME: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new("local t = redis.call('TIME')\nreturn tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n")
+});
 
 /// Sets the settlement mark unless it is there: `OK`, or nil when it was.
 static MARK: LazyLock<Lua> =
@@ -39,14 +46,15 @@ impl RedisStore {
     /// largest count any shard holds, live and missing: a replica cut off from one
     /// shard only is missing there, and its share is reserved on every shard's
     /// counters (the cautious side: those of the shards it reaches admit less).
-    pub(super) async fn beat(&self, replica: &str, beats: Beats) -> Result<Replicas, StoreError> {
+    /// Each shard that answered also lists its live members.
+    pub(super) async fn beat(&self, member: &str, beats: Beats) -> Result<Heard, StoreError> {
         let key = self.replicas_key();
         let calls = (0..self.heartbeat_targets()).map(|target| {
             let key = key.clone();
             async move {
                 let mut call = HEARTBEAT.call();
                 call.key(key)
-                    .arg(replica)
+                    .arg(member)
                     .arg(beats.live.as_millis())
                     .arg(beats.hold.as_millis());
                 let wait = self.inner.off_path_wait();
@@ -55,34 +63,67 @@ impl RedisStore {
         });
         let mut best: Option<(u32, u32)> = None;
         let mut error = None;
-        for reply in futures::future::join_all(calls).await {
+        let mut shards = Vec::new();
+        for (shard, reply) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             match reply {
                 Ok(v) => {
-                    let (live, missing) = counts(v);
+                    let (live, missing, members) = counts(v);
                     let (total, most) = best.unwrap_or((0, 0));
                     best = Some((total.max(live + missing), most.max(missing)));
+                    shards.push(ShardBeats {
+                        shard,
+                        live: members,
+                    });
                 }
                 Err(e) => error = Some(e),
             }
         }
         match (best, error) {
-            (Some((total, missing)), _) => Ok(Replicas {
-                live: total - missing,
-                missing,
+            (Some((total, missing)), _) => Ok(Heard {
+                replicas: Replicas {
+                    live: total - missing,
+                    missing,
+                },
+                shards,
             }),
             (None, Some(e)) => Err(e),
-            (None, None) => Ok(Replicas::default()),
+            (None, None) => Ok(Heard::default()),
         }
     }
 
-    /// Takes `replica` out of the heartbeat set on every shard it can reach.
-    pub(super) async fn unbeat(&self, replica: &str) -> Result<(), StoreError> {
+    /// [`crate::store::Store::reach`]: the shard's clock, within the store timeout.
+    pub(super) async fn probe(&self, shard: usize) -> Result<u64, StoreError> {
+        if shard >= self.heartbeat_targets() {
+            return Err(StoreError::failed(
+                crate::store::ErrorKind::Protocol,
+                format!("no shard {shard}"),
+            ));
+        }
+        let mut call = TIME.call();
+        call.key(self.replicas_key());
+        let v = self
+            .inner
+            .invoke_at(shard, &call, self.inner.call_timeout)
+            .await?;
+        v.as_int()
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| {
+                StoreError::failed(crate::store::ErrorKind::Protocol, "TIME: not a number")
+            })
+    }
+
+    /// Takes `member` out of the heartbeat set on every shard it can reach.
+    pub(super) async fn unbeat(&self, member: &str) -> Result<(), StoreError> {
         let key = self.replicas_key();
         let calls = (0..self.heartbeat_targets()).map(|target| {
             let key = key.clone();
             async move {
                 let mut call = LEAVE.call();
-                call.key(key).arg(replica);
+                call.key(key).arg(member);
                 let wait = self.inner.off_path_wait();
                 self.inner.invoke_at(target, &call, wait).await
             }
@@ -97,7 +138,7 @@ impl RedisStore {
     }
 
     /// Where heartbeats go: every standalone shard, or the cluster once.
-    fn heartbeat_targets(&self) -> usize {
+    pub(super) fn heartbeat_targets(&self) -> usize {
         match &self.inner.backend {
             Backend::Shards(s) => s.len(),
             Backend::Cluster(_) => 1,
@@ -123,11 +164,59 @@ impl RedisStore {
     }
 }
 
-/// A heartbeat's `{live, missing}`; anything else reads as nothing counted.
-fn counts(v: Value) -> (u32, u32) {
+/// A heartbeat's `{live, missing, member, beat, ...}`; anything else reads as
+/// nothing counted, and a member without a number as none.
+fn counts(v: Value) -> (u32, u32, Vec<(String, u64)>) {
     let n = |v: &Value| v.as_int().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
-    match v {
-        Value::Array(items) => (items.first().map_or(0, n), items.get(1).map_or(0, n)),
-        _ => (0, 0),
+    let Value::Array(items) = v else {
+        return (0, 0, Vec::new());
+    };
+    let members = items
+        .get(2..)
+        .unwrap_or_default()
+        .chunks_exact(2)
+        .filter_map(|pair| {
+            let member = pair[0].as_text()?;
+            let beat = u64::try_from(pair[1].as_int()?).ok()?;
+            Some((member, beat))
+        })
+        .collect();
+    (
+        items.first().map_or(0, n),
+        items.get(1).map_or(0, n),
+        members,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_reply_gives_the_counts_and_the_live_members() {
+        let text = |t: &str| Value::Bulk(t.as_bytes().to_vec());
+        let reply = Value::Array(vec![
+            Value::Int(2),
+            Value::Int(1),
+            text("a@10.0.0.1:8080"),
+            Value::Int(1_700_000_000_123),
+            text("b"),
+            Value::Int(1_700_000_000_456),
+        ]);
+        assert_eq!(
+            counts(reply),
+            (
+                2,
+                1,
+                vec![
+                    ("a@10.0.0.1:8080".to_string(), 1_700_000_000_123),
+                    ("b".to_string(), 1_700_000_000_456)
+                ]
+            )
+        );
+        // An older script's reply: the counts alone.
+        let old = Value::Array(vec![Value::Int(3), Value::Int(0)]);
+        assert_eq!(counts(old), (3, 0, Vec::new()));
+        assert_eq!(counts(Value::Nil), (0, 0, Vec::new()));
     }
 }

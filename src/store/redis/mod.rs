@@ -841,14 +841,29 @@ impl Store for RedisStore {
 
     async fn heartbeat(
         &self,
-        replica: &str,
+        member: &str,
         beats: crate::store::Beats,
-    ) -> Result<Option<crate::store::Replicas>, StoreError> {
-        self.beat(replica, beats).await.map(Some)
+    ) -> Result<Option<crate::store::Heard>, StoreError> {
+        self.beat(member, beats).await.map(Some)
     }
 
-    async fn leave(&self, replica: &str) -> Result<(), StoreError> {
-        self.unbeat(replica).await
+    async fn leave(&self, member: &str) -> Result<(), StoreError> {
+        self.unbeat(member).await
+    }
+
+    fn shard_of(&self, hit: &Hit) -> usize {
+        match &self.inner.backend {
+            Backend::Shards(s) => shard::jump_hash(hit.placement, s.len()),
+            Backend::Cluster(_) => 0,
+        }
+    }
+
+    fn shard_failing(&self, shard: usize) -> bool {
+        self.inner.health(shard).is_failing()
+    }
+
+    async fn reach(&self, shard: usize) -> Result<u64, StoreError> {
+        self.probe(shard).await
     }
 }
 
