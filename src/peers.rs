@@ -5,15 +5,15 @@
 //!
 //! The questions go from one task, never from the request path, each on a fresh
 //! connection with a short deadline: a few hundred bytes every half second per
-//! peer while a shard is lost, nothing otherwise. A request of that size needs no
-//! client library: HTTP/1.1 written and read here.
+//! peer while a shard is lost, nothing otherwise, over hyper's HTTP/1.1 client.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::limiter::local::peers::{Answer, Peer};
 use crate::service::Service;
@@ -115,48 +115,48 @@ async fn one(peer: &Peer, question: &Question, wait: Duration) -> (String, Answe
 /// within `wait`.
 pub async fn post(address: &str, question: &Question, wait: Duration) -> Result<Reply, String> {
     let body = serde_json::to_vec(question).map_err(|e| e.to_string())?;
+    let request = http::Request::post(PATH)
+        .header(http::header::HOST, address)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONNECTION, "close")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
     let exchange = async {
-        let mut conn = tokio::net::TcpStream::connect(address)
+        let stream = tokio::net::TcpStream::connect(address)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let _ = conn.set_nodelay(true);
-        let mut request = format!(
-            "POST {PATH} HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        request.extend_from_slice(&body);
-        conn.write_all(&request)
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        let mut response = Vec::new();
-        conn.take(MAX_BYTES as u64 * 4)
-            .read_to_end(&mut response)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
-        Ok::<_, String>(response)
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+        let answer = async move {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| format!("send: {e}"))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_BYTES * 4)
+                .collect()
+                .await
+                .map_err(|e| format!("read: {e}"))?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        // The connection runs beside the exchange and ends with it (`connection:
+        // close`); the deadline bounds both.
+        let (answer, _) = tokio::join!(answer, connection);
+        answer
     };
-    let response = tokio::time::timeout(wait, exchange)
+    let (status, body) = tokio::time::timeout(wait, exchange)
         .await
         .map_err(|_| format!("no answer within {wait:?}"))??;
-    parse_reply(&response)
+    parse_reply(status, &body)
 }
 
 /// A reply's status and JSON body: a 200 with a [`Reply`], or an error.
-fn parse_reply(response: &[u8]) -> Result<Reply, String> {
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no end of headers")?;
-    let head = std::str::from_utf8(&response[..split]).map_err(|_| "headers not UTF-8")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .ok_or("no status")?
-        .to_string();
-    let body = &response[split + 4..];
-    if status != "200" {
+fn parse_reply(status: http::StatusCode, body: &[u8]) -> Result<Reply, String> {
+    if status != http::StatusCode::OK {
         return Err(format!(
             "status {status}: {}",
             String::from_utf8_lossy(body).trim()
@@ -171,18 +171,19 @@ mod tests {
 
     #[test]
     fn a_reply_reads_from_a_200_and_anything_else_is_an_error() {
-        let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 32\r\n\r\n{\"reached\":true,\"reserved\":true}";
+        use http::StatusCode;
+        let ok = br#"{"reached":true,"reserved":true}"#;
         assert_eq!(
-            parse_reply(ok),
+            parse_reply(StatusCode::OK, ok),
             Ok(Reply {
                 reached: true,
                 reserved: true
             })
         );
-        let bad = b"HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"no shard 9\"}";
-        assert!(parse_reply(bad).unwrap_err().contains("400"));
-        assert!(parse_reply(b"HTTP/1.1 200 OK\r\n").is_err());
-        assert!(parse_reply(b"HTTP/1.1 200 OK\r\n\r\n{\"reached\":1}").is_err());
+        let bad = parse_reply(StatusCode::BAD_REQUEST, br#"{"error":"no shard 9"}"#);
+        assert!(bad.unwrap_err().contains("400"));
+        assert!(parse_reply(StatusCode::OK, b"").is_err());
+        assert!(parse_reply(StatusCode::OK, br#"{"reached":1}"#).is_err());
     }
 
     #[test]
