@@ -55,7 +55,12 @@ phase's traffic, or, in the onset phase, how far into it sluice-1 and -2's
 heartbeats stopped listing sluice-3 live (its share was reserved long before, on
 its question). `--tail F` lets a fraction F of a phase's calls
 run past the bound (the latency is the load host's, so a loaded machine's
-scheduling shows in it); they are counted in the table either way. It prints a
+scheduling shows in it); they are counted in the table either way. A call in
+flight while the whole machine stalled (a watcher sleeping 2 ms at a time at
+nice -15 woke 10 ms or more late: the hypervisor or the kernel held the CPUs) is
+not held to the bound or to the p99; the stalls and such late calls are
+printed. The load host and the relays run at nice -10, ahead of Sluice and Redis,
+so what they measure is not their own wait for a CPU. It prints a
 table of the phases and exits non-zero on a failed assertion. Traffic stays inside
 the namespaces it makes; they are deleted on exit. Needs root, iproute2, iptables,
 redis-server and python grpcio.
@@ -81,6 +86,11 @@ SUBNET = "10.231.0"
 HOSTS = {"r1": 11, "r2": 12, "s1": 21, "s2": 22, "s3": 23, "load": 31}
 STORE_TIMEOUT_MS = 20
 SLACK_MS = 10
+# The harness's own processes (the load host, the relays standing for the network)
+# run ahead of the hosts under test, so their scheduling is not counted as Sluice's.
+HARNESS = ["nice", "-n", "-10"]
+# A machine stall: the watcher, at a high priority, woke this much later than asked.
+STALL_MS = 10
 LIMIT = 20
 KEYS = 8
 REPLICAS = ["s1", "s2", "s3"]
@@ -195,6 +205,22 @@ async def load(args):
             f.write(json.dumps(r) + "\n")
     for c in channels:
         await c.close()
+
+
+def watch_stalls(args):
+    """Records when this machine stopped running even a high-priority sleeper.
+
+    Sleeps 2 ms at a time at nice -15, so the load of the hosts (Sluice included)
+    cannot delay it; a wake-up STALL_MS late means nothing ran (the hypervisor took
+    the CPUs, or the kernel held them). Each stall is a line `START END`."""
+    os.nice(-15)
+    with open(args.out, "w", buffering=1) as f:
+        while True:
+            asleep = time.monotonic()
+            time.sleep(0.002)
+            woke = time.monotonic()
+            if (woke - asleep) * 1000 > 2 + STALL_MS:
+                f.write(f"{asleep:.6f} {woke:.6f}\n")
 
 
 # --- the hosts ----------------------------------------------------------------------
@@ -349,7 +375,7 @@ def run(args, net, sluice, work):
     for r in ["r1", "r2"]:
         net.spawn(r, ["redis-server", "--bind", "127.0.0.1", "--port", "6380", "--save", "",
                       "--appendonly", "no"], os.path.join(work, f"{r}.log"))
-        net.spawn(r, [sys.executable, relay, net.ip(r), "6379", "6380",
+        net.spawn(r, HARNESS + [sys.executable, relay, net.ip(r), "6379", "6380",
                       os.path.join(work, f"{r}.delay")], os.path.join(work, f"{r}-relay.log"))
     for r in ["r1", "r2"]:
         wait(f"{r}", 10, lambda: net.run("redis-cli", "-p", "6380", "ping", ns=r, check=False)
@@ -410,7 +436,11 @@ def run(args, net, sluice, work):
         f.write("idle")
     out = os.path.join(work, "calls.jsonl")
     targets = [f"{net.ip(s)}:8081" for s in replicas]
-    loader = net.spawn("load", [sys.executable, os.path.abspath(__file__), "load", "--rate",
+    stalls = os.path.join(work, "stalls")
+    net.procs.append(subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "stalls", "--out", stalls],
+        start_new_session=True))
+    loader = net.spawn("load", HARNESS + [sys.executable, os.path.abspath(__file__), "load", "--rate",
                                 str(args.rate), "--phase-file", phase_file, "--out", out,
                                 "--targets", *targets], os.path.join(work, "load.log"))
 
@@ -530,7 +560,8 @@ def run(args, net, sluice, work):
     set_phase("stop")
     loader.wait(timeout=30)
     return report(out, phases, mode_counts, args.tail, healthy_keys,
-                  {name: note() for name, note in notes.items()}, withheld_counts, waits)
+                  {name: note() for name, note in notes.items()}, withheld_counts, waits,
+                  read_stalls(stalls))
 
 
 def share(limit, replicas):
@@ -538,9 +569,29 @@ def share(limit, replicas):
     return max(1, (limit + replicas // 2) // replicas)
 
 
-def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts, waits):
+def read_stalls(path):
+    try:
+        with open(path) as f:
+            return [tuple(map(float, line.split())) for line in f if len(line.split()) == 2]
+    except OSError:
+        return []
+
+
+def in_stall(record, stalls):
+    """Whether a call was in flight while the machine stalled."""
+    start = record[6]
+    end = start + record[3] / 1000
+    return any(s < end and e > start for s, e in stalls)
+
+
+def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts, waits,
+           stalls=()):
     records = [json.loads(l) for l in open(out)]
     bound = STORE_TIMEOUT_MS + SLACK_MS
+    if stalls:
+        longest = max(e - s for s, e in stalls) * 1000
+        print(f"machine stalls (a nice -15 sleeper woke {STALL_MS}+ ms late): {len(stalls)}, "
+              f"longest {longest:.0f} ms; calls in flight during one are not held to the bound")
     failures = []
     print(f"{'phase':<21}{'calls':>7}{'admitted':>10}{'denied':>8}{'failure mode':>15}"
           f"{'errors':>8}{'p99 ms':>8}{'max ms':>8}{'late':>6}{'over':>6}{'healed s':>10}"
@@ -550,7 +601,9 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
             continue
         rs = [r for r in records if r[0] == name]
         lat = sorted(r[3] for r in rs)
-        p99 = lat[int(0.99 * (len(lat) - 1))] if lat else 0
+        # The bound is Sluice's: a call the machine's stall held up is counted apart.
+        held = sorted(r[3] for r in rs if not in_stall(r, stalls))
+        p99 = held[int(0.99 * (len(held) - 1))] if held else 0
         errors = sum(1 for r in rs if r[4] != "OK")
         admitted, sent = {}, {}
         for r in rs:
@@ -573,19 +626,21 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
         denied = sum(1 for r in rs if r[5] == 2)
         healed = f"{healed_in:.1f}" if healed_in is not None else "-"
         counted = f"{counted_in:.1f}" if counted_in is not None else "-"
-        late = sum(1 for x in lat if x > bound)
+        late = sum(1 for x in held if x > bound)
+        stalled = sum(1 for x in lat if x > bound) - late
         by_mode = "/".join(map(str, mode_counts[name])) if any(mode_counts[name]) else "0"
         print(f"{name:<21}{len(rs):>7}{total_admitted:>10}{denied:>8}{by_mode:>15}"
               f"{errors:>8}{p99:>8.1f}{lat[-1] if lat else 0:>8.1f}{late:>6}{over:>6}{healed:>10}"
-              f"{counted:>9}")
+              f"{counted:>9}" + (f"  ({stalled} more late in a stall)" if stalled else ""))
         if not rs:
             failures.append(f"{name}: no calls")
         if errors:
             failures.append(f"{name}: {errors} calls failed at the gRPC level")
         if p99 > bound:
             failures.append(f"{name}: p99 {p99:.1f} ms over {bound} ms")
-        if late > tail * len(lat):
-            failures.append(f"{name}: {late} of {len(lat)} calls took over {bound} ms (max {lat[-1]:.1f})")
+        if late > tail * len(held):
+            failures.append(f"{name}: {late} of {len(held)} calls took over {bound} ms "
+                            f"outside machine stalls (max {held[-1]:.1f})")
         if over:
             failures.append(f"{name}: {over} admitted beyond the limit")
         if kind == "local":
@@ -669,6 +724,8 @@ def main():
     ld.add_argument("--phase-file", required=True)
     ld.add_argument("--out", required=True)
     ld.add_argument("--targets", nargs="+", required=True)
+    st = sub.add_parser("stalls")
+    st.add_argument("--out", required=True)
     ap.add_argument("--phase-seconds", type=float, default=4.0)
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--tail", type=float, default=0.0)
@@ -676,6 +733,9 @@ def main():
     args = ap.parse_args()
     if args.cmd == "load":
         asyncio.run(load(args))
+        return 0
+    if args.cmd == "stalls":
+        watch_stalls(args)
         return 0
     return main_half(args)
 
