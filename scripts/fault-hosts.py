@@ -456,7 +456,7 @@ def run(args, net, sluice, work):
 
     r1, r2 = net.ip("r1"), net.ip("r2")
     phases = []  # (name, kind, healed_in, counted_in)
-    notes = {}  # phase name -> a function giving a line printed under its row
+    notes = {}  # phase name -> a function giving (a line printed under its row, a failure or None)
     withheld_counts = {}
     waits = {}  # uneven phase -> per replica, seconds from its first failure to the answers
     mode_counts = {}
@@ -546,10 +546,10 @@ def run(args, net, sluice, work):
           fault=lambda: [drop("s3", "OUTPUT", "-d", ip) for ip in (r1, r2)],
           watch=watch_onset)
     notes["10-onset-s3-local"] = lambda: (
-        f"peers answered {onset['answered'] * 1e3:.0f} ms after s3's first failure "
-        f"({', '.join(onset['standing'])}; s1/s2 held {onset['held']}); their heartbeats "
-        f"counted it missing after 'count s'" if "answered" in onset
-        else "FAIL s3's /debug/store never showed the peers' answers")
+        (f"peers answered {onset['answered'] * 1e3:.0f} ms after s3's first failure "
+         f"({', '.join(onset['standing'])}; s1/s2 held {onset['held']}); their heartbeats "
+         f"counted it missing after 'count s'", None) if "answered" in onset
+        else ("", "s3's /debug/store never showed the peers' answers"))
     phase("11-cut-s3-local", "local")
     phase("12-heal-s3-local", "exact", heal=lambda: flush("s3"))
     # Uneven load: one replica takes 80 % of the calls, and a key's demand is near
@@ -602,8 +602,8 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
         rs = [r for r in records if r[0] == name]
         lat = sorted(r[3] for r in rs)
         # The bound is Sluice's: a call the machine's stall held up is counted apart.
-        held = sorted(r[3] for r in rs if not in_stall(r, stalls))
-        p99 = held[int(0.99 * (len(held) - 1))] if held else 0
+        timed = sorted(r[3] for r in rs if not in_stall(r, stalls))
+        p99 = timed[int(0.99 * (len(timed) - 1))] if timed else 0
         errors = sum(1 for r in rs if r[4] != "OK")
         admitted, sent = {}, {}
         for r in rs:
@@ -626,7 +626,7 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
         denied = sum(1 for r in rs if r[5] == 2)
         healed = f"{healed_in:.1f}" if healed_in is not None else "-"
         counted = f"{counted_in:.1f}" if counted_in is not None else "-"
-        late = sum(1 for x in held if x > bound)
+        late = sum(1 for x in timed if x > bound)
         stalled = sum(1 for x in lat if x > bound) - late
         by_mode = "/".join(map(str, mode_counts[name])) if any(mode_counts[name]) else "0"
         print(f"{name:<21}{len(rs):>7}{total_admitted:>10}{denied:>8}{by_mode:>15}"
@@ -638,9 +638,9 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
             failures.append(f"{name}: {errors} calls failed at the gRPC level")
         if p99 > bound:
             failures.append(f"{name}: p99 {p99:.1f} ms over {bound} ms")
-        if late > tail * len(held):
-            failures.append(f"{name}: {late} of {len(held)} calls took over {bound} ms "
-                            f"outside machine stalls (max {held[-1]:.1f})")
+        if late > tail * len(timed):
+            failures.append(f"{name}: {late} of {len(timed)} calls took over {bound} ms "
+                            f"outside machine stalls (max {timed[-1]:.1f})")
         if over:
             failures.append(f"{name}: {over} admitted beyond the limit")
         if kind == "local":
@@ -655,9 +655,11 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
             print(f"{'':<21}withheld while waiting for the peers' answers (s1/s2/s3): "
                   f"{'/'.join(map(str, withheld_counts[name]))}")
         if name in notes:
-            print(f"{'':<21}{notes[name]}")
-            if notes[name].startswith("FAIL"):
-                failures.append(f"{name}: {notes[name][5:]}")
+            line, failure = notes[name]
+            if line:
+                print(f"{'':<21}{line}")
+            if failure:
+                failures.append(f"{name}: {failure}")
         if kind == "uneven":
             # A key decided locally admits at most, per replica, the smaller of its
             # calls there and the replica's share; a key on the healthy shard, its
