@@ -13,7 +13,7 @@
 //! others anyway ([`NOTICE`]). With no peer to ask, the share at once.
 //!
 //! The request path comes here only when a call failed ([`Peers::may_share`]), and
-//! once the peers have answered it reads one bit there, without the lock; the
+//! once the peers have answered it reads one word there, without the lock; the
 //! questions go out from a task of the server's ([`Peers::due`],
 //! [`Peers::answered`]).
 
@@ -192,12 +192,10 @@ pub struct Peers {
     known: Mutex<Vec<Peer>>,
     /// By shard; `Reaching` for shards never cut off.
     cuts: Mutex<Vec<Option<Cut>>>,
-    /// Bit `i`: shard `i` (below [`FAST`]) is cut off and shares, as `cuts` says,
-    /// for the failed calls to read without the lock.
-    sharing: AtomicU64,
-    /// The latest failed call on each shard below [`FAST`] that read `sharing`
-    /// (within [`FAILED_STEP`]).
-    failed: Box<[AtomicU64]>,
+    /// Per shard below [`FAST`], for the failed calls to read without the lock:
+    /// 0 unless it is cut off and shares (as `cuts` says), else its latest failed
+    /// call (within [`FAILED_STEP`]).
+    sharing: Box<[AtomicU64]>,
     /// Wakes the asking task when an episode starts.
     wake: tokio::sync::Notify,
 }
@@ -208,8 +206,7 @@ impl Default for Peers {
             asking: AtomicBool::new(false),
             known: Mutex::default(),
             cuts: Mutex::default(),
-            sharing: AtomicU64::new(0),
-            failed: (0..FAST).map(|_| AtomicU64::new(0)).collect(),
+            sharing: (0..FAST).map(|_| AtomicU64::new(0)).collect(),
             wake: tokio::sync::Notify::new(),
         }
     }
@@ -225,21 +222,20 @@ impl Peers {
         self.asking.load(Relaxed)
     }
 
-    /// Sets shard's bit of `sharing` from its standing (under the `cuts` lock).
-    fn publish(&self, shard: usize, shares: bool) {
-        if shard < FAST {
-            let bit = 1u64 << shard;
-            if shares {
-                self.sharing.fetch_or(bit, Relaxed);
-            } else {
-                self.sharing.fetch_and(!bit, Relaxed);
+    /// Sets `shard`'s entry of `sharing` from its cut (under the `cuts` lock):
+    /// whether it shares, and since when it last failed.
+    fn publish(&self, shard: usize, cut: Option<&Cut>) {
+        if let Some(slot) = self.sharing.get(shard) {
+            match cut.filter(|c| c.shares()) {
+                Some(c) => _ = slot.fetch_max(c.failed.max(1), Relaxed),
+                None => slot.store(0, Relaxed),
             }
         }
     }
 
     /// The latest failed call on `shard`, whichever path saw it.
     fn last_failed(&self, shard: usize, cut: &Cut) -> Micros {
-        let fast = self.failed.get(shard).map_or(0, |f| f.load(Relaxed));
+        let fast = self.sharing.get(shard).map_or(0, |f| f.load(Relaxed));
         cut.failed.max(fast)
     }
 
@@ -261,14 +257,17 @@ impl Peers {
     /// its share now. The first failure starts an episode (waiting for the peers,
     /// or the share at once with none to ask) and wakes the asking task.
     pub fn may_share(&self, shard: usize, now: Micros) -> bool {
-        // Once the peers have answered, a lost shard's calls read one bit (and now
+        // Once the peers have answered, a lost shard's calls read one word (and now
         // and then write the time): no lock while the outage lasts.
-        if shard < FAST && self.sharing.load(Relaxed) & (1 << shard) != 0 {
-            let failed = &self.failed[shard];
-            if now.saturating_sub(failed.load(Relaxed)) >= FAILED_STEP {
-                failed.store(now, Relaxed);
+        if let Some(slot) = self.sharing.get(shard) {
+            let failed = slot.load(Relaxed);
+            if failed != 0 {
+                if now.saturating_sub(failed) >= FAILED_STEP {
+                    // Not over a 0 that the end of the episode wrote meanwhile.
+                    let _ = slot.compare_exchange(failed, now.max(1), Relaxed, Relaxed);
+                }
+                return true;
             }
-            return true;
         }
         let mut cuts = lock(&self.cuts);
         if cuts.len() <= shard {
@@ -280,7 +279,7 @@ impl Peers {
                 let known = lock(&self.known);
                 cut.review(&known, now);
             }
-            self.publish(shard, cut.shares());
+            self.publish(shard, Some(cut));
             return cut.shares();
         }
         let none = !self.asking() || lock(&self.known).is_empty();
@@ -291,8 +290,8 @@ impl Peers {
         };
         let cut = Cut::new(now, standing);
         let shares = cut.shares();
+        self.publish(shard, Some(&cut));
         cuts[shard] = Some(cut);
-        self.publish(shard, shares);
         drop(cuts);
         if !shares {
             tracing::info!(
@@ -331,7 +330,7 @@ impl Peers {
             .is_some_and(|c| now.saturating_sub(self.last_failed(shard, c)) >= ASK_EVERY)
         {
             *slot = None;
-            self.publish(shard, false);
+            self.publish(shard, None);
             tracing::info!(shard, "local share: the shard answers again");
         }
     }
@@ -350,7 +349,7 @@ impl Peers {
         for (shard, cut) in lock(&self.cuts).iter_mut().enumerate() {
             let Some(cut) = cut else { continue };
             cut.review(&known, now);
-            self.publish(shard, cut.shares());
+            self.publish(shard, Some(cut));
             if cut.standing == Standing::NoPeers || askable.is_empty() {
                 continue;
             }
@@ -387,7 +386,7 @@ impl Peers {
         }
         let before = cut.standing;
         cut.review(&known, now);
-        self.publish(shard, cut.shares());
+        self.publish(shard, Some(cut));
         if cut.standing != before {
             tracing::info!(
                 shard,
