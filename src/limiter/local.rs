@@ -286,6 +286,10 @@ pub struct Local {
     address: OnceLock<Option<String>>,
     peers: Peers,
     held: Held,
+    /// The live peers that some shard the latest heartbeat reached lists as not
+    /// live (missing there, so `beat_missing` may count them): a hold does not count
+    /// them again. Its lock also makes each reckoning of `missing` whole.
+    partly: Mutex<Vec<String>>,
     withheld: AtomicU64,
 }
 
@@ -323,6 +327,7 @@ impl Local {
             address: OnceLock::new(),
             peers: Peers::default(),
             held: Held::default(),
+            partly: Mutex::default(),
             withheld: AtomicU64::new(0),
         }
     }
@@ -451,6 +456,17 @@ impl Local {
             });
         }
         peers.sort_by(|a, b| a.id.cmp(&b.id));
+        let partly = peers
+            .iter()
+            .filter(|p| {
+                !heard
+                    .shards
+                    .iter()
+                    .all(|s| s.live.iter().any(|(m, _)| parse_member(m).0 == p.id))
+            })
+            .map(|p| p.id.clone())
+            .collect();
+        *lock(&self.partly) = partly;
         self.peers.learn(peers);
         // A shard the heartbeat reached answers again: once no call there has
         // failed for a moment, this replica stops asking about it.
@@ -476,9 +492,15 @@ impl Local {
     }
 
     /// The replicas whose shares are reserved: the store's missing ones, and the
-    /// held peers it still counts live.
+    /// held peers it still counts live on every shard (one cut off from some shards
+    /// only is missing on those already).
     fn reckon_missing(&self) {
-        let held = self.held.among(|id| self.peers.is_live(id));
+        // One reckoning at a time: a hold's and a heartbeat's at once could otherwise
+        // store the older count last.
+        let partly = lock(&self.partly);
+        let held = self
+            .held
+            .among(|id| self.peers.is_live(id) && !partly.iter().any(|p| p == id));
         let missing = self.beat_missing.load(Relaxed).saturating_add(held);
         let was = self.missing.swap(missing, Relaxed);
         if was != missing {
@@ -1320,6 +1342,42 @@ descriptors:
         local.hear(&heard(&[(&me, 2_100), ("cut@10.0.0.3:8080", 2_050)], 0));
         assert_eq!(local.missing(), 0);
         assert!(local.status().held.is_empty());
+    }
+
+    #[test]
+    fn a_held_peer_cut_off_from_one_shard_only_is_counted_missing_once() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 1);
+        local.advertise(Some("10.0.0.1:8080".into()));
+        let me = local.member();
+        let shard = |shard: usize, live: &[(&str, u64)]| crate::store::ShardBeats {
+            shard,
+            live: live.iter().map(|(m, b)| (m.to_string(), *b)).collect(),
+        };
+        let heard = |missing: u32, shards: Vec<crate::store::ShardBeats>| Heard {
+            replicas: Replicas { live: 2, missing },
+            shards,
+        };
+        let cut = "cut@10.0.0.3:8080";
+        // Cut off from shard 1 only: held while shard 1 still lists it live...
+        let beat = |at| [(me.as_str(), at), (cut, at)];
+        local.hear(&heard(0, vec![shard(0, &beat(100)), shard(1, &beat(100))]));
+        assert!(local.hold("cut", 1, 150));
+        assert_eq!(local.missing(), 1);
+        // ...and, once shard 1 counts it missing, counted there alone, though it
+        // still beats on shard 0.
+        local.hear(&heard(
+            1,
+            vec![shard(0, &beat(1_100)), shard(1, &[(&me, 1_100)])],
+        ));
+        assert!(local.hold("cut", 1, 1_150));
+        assert_eq!(local.missing(), 1);
+        // It beats on shard 1 again (after it was reached): nothing reserved.
+        local.hear(&heard(
+            0,
+            vec![shard(0, &beat(2_100)), shard(1, &beat(2_100))],
+        ));
+        assert_eq!(local.missing(), 0);
     }
 
     #[tokio::test]
