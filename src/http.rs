@@ -466,6 +466,12 @@ async fn peer_cut_off<S: Store>(
     if !store.can_be_away() || shards == 0 {
         return bad("this replica's counters are in memory: it has no shard to reach".to_string());
     }
+    if !store.probes_shards() {
+        return bad(
+            "this replica's store is a Redis Cluster: one probe cannot answer for its nodes"
+                .to_string(),
+        );
+    }
     if question.shard >= shards {
         return bad(format!(
             "shard: {} is not a shard here (this replica has {shards})",

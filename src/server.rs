@@ -360,7 +360,12 @@ where
     let http_addr = http_listener.local_addr()?;
     let admin_listener = bind_admin(cfg.listen.admin_addr).await?;
     if service.limiter.store().can_be_away() {
-        let address = advertise(cfg, http_addr, http_tls.is_some());
+        let address = if service.limiter.store().probes_shards() {
+            advertise(cfg, http_addr, http_tls.is_some())
+        } else {
+            tracing::info!("local share: the store is a Redis Cluster, whose nodes one probe cannot answer for, so no peer is asked when a node is lost (the others reserve this replica's share once its heartbeat stops)");
+            None
+        };
         service.limiter.local().advertise(address);
     }
     let admin_addr = match &admin_listener {

@@ -1386,6 +1386,17 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     );
     let r = common::call(&mut clients[0], check).await;
     assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
+
+    // One probe cannot answer for a Cluster's nodes: `failure_mode: local`'s side
+    // channel stays off, and a peer's question is refused.
+    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+    assert_eq!(status, 200, "{body}");
+    let store: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(store["local"]["advertise"].is_null(), "{store}");
+    let question = r#"{"replica": "other", "shard": 0}"#;
+    let (status, body) = common::http(&sluice.http, "POST", "/local-share/cut", question);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("Cluster"), "{body}");
 }
 
 /// Runs `args` on a cluster node and returns its reply.

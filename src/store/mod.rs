@@ -162,6 +162,13 @@ pub trait Store: Board + Send + Sync + 'static {
         true
     }
 
+    /// Whether one probe tells whether a shard answers, so that a peer can answer
+    /// for it (`failure_mode: local`'s side channel): not for a Redis Cluster,
+    /// whose counters all count as one shard spread over its nodes.
+    fn probes_shards(&self) -> bool {
+        self.can_be_away()
+    }
+
     /// Counters dropped, and new keys refused, to keep memory bounded.
     fn evictions(&self) -> Evictions {
         Evictions::default()
@@ -319,6 +326,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn can_be_away(&self) -> bool {
         (**self).can_be_away()
+    }
+
+    fn probes_shards(&self) -> bool {
+        (**self).probes_shards()
     }
 
     fn evictions(&self) -> Evictions {

@@ -858,6 +858,10 @@ impl Store for RedisStore {
         }
     }
 
+    fn probes_shards(&self) -> bool {
+        matches!(self.inner.backend, Backend::Shards(_))
+    }
+
     fn shard_failing(&self, shard: usize) -> bool {
         self.inner.health(shard).is_failing()
     }
