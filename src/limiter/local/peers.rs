@@ -101,6 +101,13 @@ impl Answer {
     }
 }
 
+/// How long since `at`. A time later than `now` (the wall clock stepped back)
+/// counts as long past, so a step back ends this replica's waits instead of
+/// stretching them by the step.
+fn since(now: Micros, at: Micros) -> Micros {
+    now.checked_sub(at).unwrap_or(Micros::MAX)
+}
+
 /// Questions to send now: about `shard`, to `peers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Round {
@@ -171,7 +178,7 @@ impl Cut {
             } else {
                 Standing::DownForAll
             }
-        } else if self.standing == Standing::Waiting && now.saturating_sub(self.since) >= NOTICE {
+        } else if self.standing == Standing::Waiting && since(now, self.since) >= NOTICE {
             Standing::Unanswered
         } else {
             self.standing
@@ -262,7 +269,7 @@ impl Peers {
         if let Some(slot) = self.sharing.get(shard) {
             let failed = slot.load(Relaxed);
             if failed != 0 {
-                if now.saturating_sub(failed) >= FAILED_STEP {
+                if since(now, failed) >= FAILED_STEP {
                     // Not over a 0 that the end of the episode wrote meanwhile.
                     let _ = slot.compare_exchange(failed, now.max(1), Relaxed, Relaxed);
                 }
@@ -327,7 +334,7 @@ impl Peers {
         };
         if slot
             .as_ref()
-            .is_some_and(|c| now.saturating_sub(self.last_failed(shard, c)) >= ASK_EVERY)
+            .is_some_and(|c| since(now, self.last_failed(shard, c)) >= ASK_EVERY)
         {
             *slot = None;
             self.publish(shard, None);
@@ -353,10 +360,7 @@ impl Peers {
             if cut.standing == Standing::NoPeers || askable.is_empty() {
                 continue;
             }
-            if cut
-                .asked
-                .is_none_or(|at| now.saturating_sub(at) >= ASK_EVERY)
-            {
+            if cut.asked.is_none_or(|at| since(now, at) >= ASK_EVERY) {
                 cut.asked = Some(now);
                 rounds.push(Round {
                     shard,
@@ -477,6 +481,23 @@ mod tests {
         assert_eq!(s.reached_by, 1);
         // Other shards are untouched.
         assert_eq!(standing(&peers, 0, t), Standing::Reaching);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_ends_the_waits_instead_of_stretching_them() {
+        let peers = two_peers();
+        let t = 100_000_000;
+        assert!(!peers.may_share(1, t));
+        assert_eq!(peers.due(t).len(), 1);
+        // Ten seconds back: the next round is due at once, and the wait for the
+        // silent peers gives the share, as a wait past NOTICE does.
+        let back = t - 10_000_000;
+        assert_eq!(peers.due(back).len(), 1);
+        assert_eq!(standing(&peers, 1, back), Standing::Unanswered);
+        assert!(peers.may_share(1, back));
+        // The failures seen before the step do not keep the episode open.
+        peers.back(1, back + ASK_EVERY);
+        assert_eq!(standing(&peers, 1, back + ASK_EVERY), Standing::Reaching);
     }
 
     #[test]
