@@ -474,7 +474,7 @@ impl Local {
         for s in &heard.shards {
             self.peers.back(s.shard, now);
         }
-        self.held.beat_again(&heard.shards);
+        self.held.beat_again(&heard.shards, now);
         self.learn(heard.replicas);
     }
 
@@ -1338,7 +1338,9 @@ descriptors:
         // The heartbeat counts it missing: still one, not two.
         local.hear(&heard(&[(&me, 1_100)], 1));
         assert_eq!((local.replicas(), local.missing()), (2, 1));
-        // It beats again (after it was reached): live, nothing reserved.
+        // It stopped asking and beats again (after it was reached): live, nothing
+        // reserved.
+        clock.advance(held::QUIET);
         local.hear(&heard(&[(&me, 2_100), ("cut@10.0.0.3:8080", 2_050)], 0));
         assert_eq!(local.missing(), 0);
         assert!(local.status().held.is_empty());
@@ -1372,7 +1374,8 @@ descriptors:
         ));
         assert!(local.hold("cut", 1, 1_150));
         assert_eq!(local.missing(), 1);
-        // It beats on shard 1 again (after it was reached): nothing reserved.
+        // It stopped asking and beats on shard 1 again: nothing reserved.
+        clock.advance(held::QUIET);
         local.hear(&heard(
             0,
             vec![shard(0, &beat(2_100)), shard(1, &beat(2_100))],

@@ -1,8 +1,8 @@
 //! The side channel between replicas, the answering half: peers that said they are
 //! cut off from a shard this replica reaches. Each is counted missing at once (its
 //! share reserved, as for a replica whose heartbeat stopped) until its word
-//! lapses ([`HOLD`], renewed by each question) or it beats on that shard again,
-//! whichever comes first.
+//! lapses ([`HOLD`], renewed by each question) or, once it has stopped asking
+//! ([`QUIET`]), it beats on that shard again, whichever comes first.
 //!
 //! Only live peers are held, so what anyone can post changes nothing but the
 //! reservation of a replica that is serving, and only ever makes it larger.
@@ -19,6 +19,11 @@ use super::lock;
 /// so one lost question does not lift the reservation.
 pub const HOLD: Micros = 2_000_000;
 
+/// A peer that asked within this is still cut off, whatever its heartbeat says:
+/// its beats can reach the shard when its decisions, with a far shorter timeout,
+/// cannot. Two of its questions ([`super::peers::ASK_EVERY`]).
+pub const QUIET: Micros = 2 * super::peers::ASK_EVERY;
+
 /// One shard a peer is cut off from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Hold {
@@ -28,6 +33,8 @@ struct Hold {
     /// The shard's own clock when this replica reached it for the peer (ms): a beat
     /// of the peer's scored later is a beat since.
     reached_at: u64,
+    /// When (limiter clock) the peer last asked.
+    asked: Micros,
 }
 
 /// A held peer, as `/debug/store` shows it.
@@ -55,6 +62,7 @@ impl Held {
             shard,
             until: now.saturating_add(HOLD),
             reached_at,
+            asked: now,
         };
         match holds.iter_mut().find(|h| h.shard == shard) {
             Some(h) => *h = hold,
@@ -74,8 +82,8 @@ impl Held {
     }
 
     /// Drops the holds of peers that beat again on their shard since it was
-    /// reached for them; whether any went.
-    pub fn beat_again(&self, shards: &[ShardBeats]) -> bool {
+    /// reached for them and have stopped asking ([`QUIET`]); whether any went.
+    pub fn beat_again(&self, shards: &[ShardBeats], now: Micros) -> bool {
         let mut peers = lock(&self.peers);
         if peers.is_empty() {
             return false;
@@ -90,7 +98,8 @@ impl Held {
                     .filter(|(m, _)| parse_member(m).0 == id.as_str())
                     .map(|(_, beat)| *beat)
                     .max();
-                latest.is_none_or(|beat| beat <= h.reached_at)
+                let asking = now.checked_sub(h.asked).is_none_or(|s| s < QUIET);
+                asking || latest.is_none_or(|beat| beat <= h.reached_at)
             });
         }
         peers.retain(|_, holds| !holds.is_empty());
@@ -149,13 +158,21 @@ mod tests {
         let held = Held::default();
         held.hold("a", 1, 5_000, 0);
         // Its beat before the cut, and a beat on another shard, change nothing.
-        assert!(!held.beat_again(&[
-            beats(1, &[("a@10.0.0.1:8080", 4_900)]),
-            beats(0, &[("a@10.0.0.1:8080", 5_100)]),
-        ]));
+        assert!(!held.beat_again(
+            &[
+                beats(1, &[("a@10.0.0.1:8080", 4_900)]),
+                beats(0, &[("a@10.0.0.1:8080", 5_100)]),
+            ],
+            QUIET
+        ));
         assert_eq!(held.among(|id| id == "a"), 1);
         assert_eq!(held.among(|_| false), 0, "counted missing already");
-        assert!(held.beat_again(&[beats(1, &[("a@10.0.0.1:8080", 5_200)])]));
+        let again = [beats(1, &[("a@10.0.0.1:8080", 5_200)])];
+        // While it still asks, a beat that got through is no sign it is back (its
+        // decisions may still time out).
+        assert!(!held.beat_again(&again, QUIET - 1));
+        assert_eq!(held.among(|_| true), 1);
+        assert!(held.beat_again(&again, QUIET));
         assert_eq!(held.among(|_| true), 0);
     }
 }
