@@ -46,7 +46,8 @@ pub struct Reply {
 
 /// Runs the questions until `stop`: on each tick (and as soon as an episode
 /// starts), ends the episodes whose shard answers again and sends the questions
-/// due, each waiting at most `wait` for its answer.
+/// due, each waiting at most `wait` for its answer. A round's answers stand as
+/// they come: a later round's may land first, and either way the asker shares.
 pub fn ask<S: Store>(
     service: Arc<Service<S>>,
     wait: Duration,
@@ -71,24 +72,26 @@ pub fn ask<S: Store>(
                     local.peers().back(shard, now);
                 }
             }
-            let rounds = local.peers().due(now);
-            let asked = rounds.into_iter().map(|round| {
-                let id = &id;
-                async move {
-                    let question = Question {
-                        replica: id.clone(),
-                        shard: round.shard,
-                    };
+            // Each round on a task of its own: one that waits out a silent peer
+            // (up to `wait`, the store timeout and more) does not hold back the
+            // next, which renews the holds of the peers that did answer.
+            for round in local.peers().due(now) {
+                let service = service.clone();
+                let question = Question {
+                    replica: id.clone(),
+                    shard: round.shard,
+                };
+                tokio::spawn(async move {
                     let answers = round.peers.iter().map(|p| one(p, &question, wait));
                     let answers = futures::future::join_all(answers).await;
-                    (round.shard, answers)
-                }
-            });
-            for (shard, answers) in futures::future::join_all(asked).await {
-                for (_, a) in &answers {
-                    service.metrics.local().peer_query(*a);
-                }
-                local.peers().answered(shard, &answers, local.now());
+                    for (_, a) in &answers {
+                        service.metrics.local().peer_query(*a);
+                    }
+                    let local = service.limiter.local();
+                    local
+                        .peers()
+                        .answered(round.shard, round.episode, &answers, local.now());
+                });
             }
         }
     });

@@ -632,9 +632,17 @@ fn debug_local(server: &common::Server) -> serde_json::Value {
 
 /// Three servers whose heartbeats list the two others with their addresses.
 async fn peering(urls: [&str; 3], policy: &str) -> Vec<common::Server> {
+    peering_with(urls, policy, "30ms").await
+}
+
+/// [`peering`] with `store_timeout`.
+async fn peering_with(urls: [&str; 3], policy: &str, store_timeout: &str) -> Vec<common::Server> {
     let all: Vec<common::Server> = urls
         .iter()
-        .map(|&url| common::Server::start(policy, &["--redis", url, "--store-timeout", "30ms"]))
+        .map(|&url| {
+            let args = ["--redis", url, "--store-timeout", store_timeout];
+            common::Server::start(policy, &args)
+        })
         .collect();
     wait_until("the servers never listed each other as peers", || {
         all.iter().all(|s| {
@@ -755,6 +763,55 @@ async fn a_replica_cut_off_alone_asks_its_peers_and_the_key_stays_within_its_lim
     .await;
     let (after, _) = spend_over(&mut clients, "after", LIMIT).await;
     assert_eq!(after, LIMIT, "exact again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_peer_does_not_hold_back_the_questions_to_the_others() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let mut relay = Relay::start(redis.addr()).await;
+    // A store timeout past a hold's span: a round that waits out a silent peer
+    // outlasts the holds of those that answered.
+    let (shard, cut) = (redis.url(), relay.url());
+    let urls = [shard.as_str(), shard.as_str(), cut.as_str()];
+    let all = peering_with(urls, WINDOW_POLICY, "2500ms").await;
+    let mut cut_off = [all[2].client().await];
+    assert_eq!(spend_over(&mut cut_off, "silent", 1).await.0, 1);
+    // all[1] stops answering anything, as a stopped process does.
+    let silent = all[1].child.id() as libc::pid_t;
+    assert_eq!(unsafe { libc::kill(silent, libc::SIGSTOP) }, 0);
+    relay.cut();
+    let cut_at = Instant::now();
+    spend_over(&mut cut_off, "silent", 1).await;
+    // all[0] is asked every half second all the same (four rounds within two
+    // seconds), so its hold never lapses; one round per wait for the silent peer
+    // would take ten.
+    let reached = || {
+        all[2]
+            .metric(
+                "sluice_local_share_peer_queries_total",
+                &[("answer", "reached")],
+            )
+            .unwrap_or(0.0)
+    };
+    while reached() < 4.0 {
+        let waited = cut_at.elapsed();
+        assert!(
+            waited < Duration::from_secs(5),
+            "{} answers from the peer that reaches the shard in {waited:?}",
+            reached()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        debug_local(&all[0])["held"][0]["replica"],
+        debug_local(&all[2])["replica"]
+    );
+    assert_eq!(unsafe { libc::kill(silent, libc::SIGCONT) }, 0);
+    relay.restore().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1294,7 +1294,10 @@ descriptors:
             answers.push((r.local().replica_id().to_string(), peers::Answer::Reached));
         }
         clock.advance(5_000);
-        all[2].local().peers().answered(0, &answers, clock.now());
+        all[2]
+            .local()
+            .peers()
+            .answered(0, rounds[0].episode, &answers, clock.now());
         assert_eq!(
             all[2].local().status().cut_off[0].standing,
             peers::Standing::Alone

@@ -112,6 +112,9 @@ fn since(now: Micros, at: Micros) -> Micros {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Round {
     pub shard: usize,
+    /// The episode asked about: answers that come back after it ended are not
+    /// taken for the next one.
+    pub episode: u64,
     pub peers: Vec<Peer>,
 }
 
@@ -131,6 +134,8 @@ pub struct CutStatus {
 
 #[derive(Debug, Clone)]
 struct Cut {
+    /// Numbers this episode among the replica's ([`Round::episode`]).
+    episode: u64,
     standing: Standing,
     since: Micros,
     /// The latest failure seen on the request path.
@@ -142,8 +147,9 @@ struct Cut {
 }
 
 impl Cut {
-    fn new(now: Micros, standing: Standing) -> Cut {
+    fn new(episode: u64, now: Micros, standing: Standing) -> Cut {
         Cut {
+            episode,
             standing,
             since: now,
             failed: now,
@@ -203,6 +209,8 @@ pub struct Peers {
     /// 0 unless it is cut off and shares (as `cuts` says), else its latest failed
     /// call (within [`FAILED_STEP`]).
     sharing: Box<[AtomicU64]>,
+    /// Episodes started so far, to number the next.
+    episodes: AtomicU64,
     /// Wakes the asking task when an episode starts.
     wake: tokio::sync::Notify,
 }
@@ -214,6 +222,7 @@ impl Default for Peers {
             known: Mutex::default(),
             cuts: Mutex::default(),
             sharing: (0..FAST).map(|_| AtomicU64::new(0)).collect(),
+            episodes: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
         }
     }
@@ -295,7 +304,7 @@ impl Peers {
         } else {
             Standing::Waiting
         };
-        let cut = Cut::new(now, standing);
+        let cut = Cut::new(self.episodes.fetch_add(1, Relaxed), now, standing);
         let shares = cut.shares();
         self.publish(shard, Some(&cut));
         cuts[shard] = Some(cut);
@@ -364,6 +373,7 @@ impl Peers {
                 cut.asked = Some(now);
                 rounds.push(Round {
                     shard,
+                    episode: cut.episode,
                     peers: askable.clone(),
                 });
             }
@@ -371,14 +381,18 @@ impl Peers {
         rounds
     }
 
-    /// The peers' answers about `shard`: a peer's latest answer stands until it
-    /// gives another (silence changes nothing).
-    pub fn answered(&self, shard: usize, answers: &[(String, Answer)], now: Micros) {
+    /// The peers' answers about `shard` in `episode`: a peer's latest answer stands
+    /// until it gives another (silence changes nothing). Answers about an episode
+    /// that has ended change nothing.
+    pub fn answered(&self, shard: usize, episode: u64, answers: &[(String, Answer)], now: Micros) {
         let known = lock(&self.known).clone();
         let mut cuts = lock(&self.cuts);
         let Some(Some(cut)) = cuts.get_mut(shard) else {
             return;
         };
+        if cut.episode != episode {
+            return;
+        }
         for (id, answer) in answers {
             if *answer == Answer::Silent {
                 continue;
@@ -463,14 +477,16 @@ mod tests {
         assert_eq!((rounds[0].shard, rounds[0].peers.len()), (1, 2));
         assert!(peers.due(t + 10 * MS).is_empty());
         // One answers: still nothing.
-        peers.answered(1, &[("a".into(), Answer::Reached)], t + 20 * MS);
+        let episode = rounds[0].episode;
+        peers.answered(1, episode, &[("a".into(), Answer::Reached)], t + 20 * MS);
         assert!(!peers.may_share(1, t + 21 * MS));
         // The other is silent in this round, answers in the next.
-        peers.answered(1, &[("bb".into(), Answer::Silent)], t + 25 * MS);
+        peers.answered(1, episode, &[("bb".into(), Answer::Silent)], t + 25 * MS);
         assert!(!peers.may_share(1, t + 26 * MS));
         assert_eq!(peers.due(t + ASK_EVERY).len(), 1);
         peers.answered(
             1,
+            episode,
             &[("bb".into(), Answer::NotReached)],
             t + ASK_EVERY + 5 * MS,
         );
@@ -505,17 +521,22 @@ mod tests {
         let peers = two_peers();
         let t = 5_000_000;
         assert!(!peers.may_share(0, t));
-        peers.due(t);
+        let episode = peers.due(t)[0].episode;
         let not = [
             ("a".to_string(), Answer::NotReached),
             ("bb".to_string(), Answer::NotReached),
         ];
-        peers.answered(0, &not, t + 30 * MS);
+        peers.answered(0, episode, &not, t + 30 * MS);
         assert!(peers.may_share(0, t + 31 * MS));
         assert_eq!(standing(&peers, 0, t), Standing::DownForAll);
         // Re-asked while cut off: one peer has the shard back and holds the share.
         assert_eq!(peers.due(t + ASK_EVERY).len(), 1);
-        peers.answered(0, &[("a".into(), Answer::Reached)], t + ASK_EVERY + MS);
+        peers.answered(
+            0,
+            episode,
+            &[("a".into(), Answer::Reached)],
+            t + ASK_EVERY + MS,
+        );
         assert_eq!(standing(&peers, 0, t), Standing::Alone);
         assert!(peers.may_share(0, t + ASK_EVERY + 2 * MS));
     }
@@ -525,7 +546,8 @@ mod tests {
         let peers = two_peers();
         let t = 9_000_000;
         assert!(!peers.may_share(0, t));
-        peers.answered(0, &[("a".into(), Answer::Reached)], t + 10 * MS);
+        let episode = peers.due(t)[0].episode;
+        peers.answered(0, episode, &[("a".into(), Answer::Reached)], t + 10 * MS);
         assert!(!peers.may_share(0, t + NOTICE - 1));
         assert!(peers.may_share(0, t + NOTICE));
         assert_eq!(standing(&peers, 0, t + NOTICE), Standing::Unanswered);
@@ -561,11 +583,12 @@ mod tests {
         let peers = two_peers();
         let t = 1_000_000;
         assert!(!peers.may_share(2, t));
+        let episode = peers.due(t)[0].episode;
         let both = [
             ("a".to_string(), Answer::Reached),
             ("bb".to_string(), Answer::Reached),
         ];
-        peers.answered(2, &both, t + MS);
+        peers.answered(2, episode, &both, t + MS);
         assert!(peers.may_share(2, t + 100 * MS));
         assert_eq!(peers.cut_off(), [2]);
         // Failed a moment ago (on the lock-free path): not over yet.
@@ -577,8 +600,12 @@ mod tests {
         peers.back(2, t + 300 * MS + ASK_EVERY);
         assert!(peers.cut_off().is_empty());
         assert!(peers.due(t + 2 * ASK_EVERY).is_empty(), "no more questions");
-        // Cut off again: the old answers are gone, the peers are asked again.
+        // Cut off again: the old answers are gone, the peers are asked again, and
+        // an answer about the last episode that comes late is not taken for this one.
         assert!(!peers.may_share(2, t + 3 * ASK_EVERY));
         assert_eq!(peers.due(t + 3 * ASK_EVERY).len(), 1);
+        peers.answered(2, episode, &both, t + 3 * ASK_EVERY + MS);
+        assert!(!peers.may_share(2, t + 3 * ASK_EVERY + 2 * MS));
+        assert_eq!(standing(&peers, 2, t), Standing::Waiting);
     }
 }
