@@ -360,12 +360,8 @@ where
     let http_addr = http_listener.local_addr()?;
     let admin_listener = bind_admin(cfg.listen.admin_addr).await?;
     if service.limiter.store().can_be_away() {
-        let address = if service.limiter.store().probes_shards() {
-            advertise(cfg, http_addr, http_tls.is_some())
-        } else {
-            tracing::info!("local share: the store is a Redis Cluster, whose nodes one probe cannot answer for, so no peer is asked when a node is lost (the others reserve this replica's share once its heartbeat stops)");
-            None
-        };
+        let probes = service.limiter.store().probes_shards();
+        let address = advertise(cfg, http_addr, http_tls.is_some(), probes);
         service.limiter.local().advertise(address);
     }
     let admin_addr = match &admin_listener {
@@ -506,10 +502,15 @@ where
 
 /// Where the peers reach this replica's HTTP port (`--local-share-advertise`, else
 /// `http`, the bound address, when it is a specific IP), logged once; `None`, and
-/// the side channel off, with neither, or when the port serves TLS (the peers'
-/// questions are plain HTTP).
-fn advertise(cfg: &Serve, http: SocketAddr, https: bool) -> Option<String> {
+/// the side channel off, with neither, when the port serves TLS (the peers'
+/// questions are plain HTTP), or when a probe cannot answer for a shard (`probes`
+/// false: a Redis Cluster).
+fn advertise(cfg: &Serve, http: SocketAddr, https: bool, probes: bool) -> Option<String> {
     let address = match &cfg.decisions.local_share_advertise {
+        _ if !probes => {
+            tracing::info!("local share: the store is a Redis Cluster, whose nodes one probe cannot answer for, so no peer is asked when a node is lost (the others reserve this replica's share once its heartbeat stops)");
+            return None;
+        }
         _ if https => {
             tracing::info!("local share: the HTTP port serves TLS, so no peer is asked when a shard is lost (the others reserve this replica's share once its heartbeat stops)");
             return None;

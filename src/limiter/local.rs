@@ -790,6 +790,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long since `at`. A time later than `now` (the wall clock stepped back)
+/// counts as long past, so a step back ends the side channel's waits instead of
+/// stretching them by the step.
+fn since(now: Micros, at: Micros) -> Micros {
+    now.checked_sub(at).unwrap_or(Micros::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use crate::algorithm::Micros;
 use crate::store::{parse_member, ShardBeats};
 
-use super::lock;
+use super::{lock, since};
 
 /// How long a peer's word holds: a few of its questions ([`super::peers::ASK_EVERY`]),
 /// so one lost question does not lift the reservation.
@@ -98,8 +98,7 @@ impl Held {
                     .filter(|(m, _)| parse_member(m).0 == id.as_str())
                     .map(|(_, beat)| *beat)
                     .max();
-                let asking = now.checked_sub(h.asked).is_none_or(|s| s < QUIET);
-                asking || latest.is_none_or(|beat| beat <= h.reached_at)
+                since(now, h.asked) < QUIET || latest.is_none_or(|beat| beat <= h.reached_at)
             });
         }
         peers.retain(|_, holds| !holds.is_empty());

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use crate::algorithm::Micros;
 
-use super::lock;
+use super::{lock, since};
 
 /// How often a replica still cut off asks again: its peers hold its share for
 /// [`super::held::HOLD`], so a question renewed this often keeps it held.
@@ -99,13 +99,6 @@ impl Answer {
             Answer::Silent => "no_answer",
         }
     }
-}
-
-/// How long since `at`. A time later than `now` (the wall clock stepped back)
-/// counts as long past, so a step back ends this replica's waits instead of
-/// stretching them by the step.
-fn since(now: Micros, at: Micros) -> Micros {
-    now.checked_sub(at).unwrap_or(Micros::MAX)
 }
 
 /// Questions to send now: about `shard`, to `peers`.
