@@ -136,6 +136,8 @@ pub struct RateLimitSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltySpec>,
@@ -342,7 +344,7 @@ fn rate_limit_schema(depth: usize) -> Value {
         "DAY", "WEEK", "MONTH", "YEAR",
     ];
     let mut schema = json!({
-        "description": "The limit at this node. Needs requestsPerUnit and one of unit or window, or unlimited: true alone.",
+        "description": "The limit at this node. Needs requestsPerUnit and one of unit or window (lease with algorithm: concurrency), or unlimited: true alone.",
         "type": "object",
         "properties": {
             "unit": {"description": "The window: one unit.", "type": "string", "enum": UNITS},
@@ -365,9 +367,9 @@ fn rate_limit_schema(depth: usize) -> Value {
                 }
             },
             "algorithm": {
-                "description": "How requests are counted (default sliding_window_counter).",
+                "description": "How requests are counted (default sliding_window_counter); concurrency counts the requests in flight, with lease.",
                 "type": "string",
-                "enum": ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket"]
+                "enum": ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "leaky_bucket", "concurrency"]
             },
             "window": {
                 "description": "The window, instead of unit: a duration such as 250ms, 10s, 5m, 1h or 1m30s, or calendar_day / calendar_month (local days or months in timeZone, counted by fixed_window).",
@@ -381,6 +383,7 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "minLength": 1,
                 "maxLength": 64
             },
+            "lease": duration_schema("With algorithm: concurrency, instead of unit or window, how long a slot is held at most when its refund never comes (longer than the longest stream)"),
             "burst": {
                 "description": "token_bucket: capacity; leaky_bucket: queue length (default requestsPerUnit).",
                 "type": "integer",
@@ -437,8 +440,8 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "message": "requestsPerUnit is required unless unlimited is true"
             },
             {
-                "rule": "(has(self.unlimited) && self.unlimited) || has(self.unit) != has(self.window)",
-                "message": "set exactly one of unit or window (or unlimited: true)"
+                "rule": "(has(self.unlimited) && self.unlimited) || has(self.lease) || has(self.unit) != has(self.window)",
+                "message": "set exactly one of unit or window (or lease with algorithm: concurrency, or unlimited: true)"
             }
             // No CEL rules for calendar windows (timeZone without one, another
             // algorithm): the schema's whole CEL budget is nearly spent across the

@@ -426,6 +426,14 @@ async fn rate_limit_policies_from_a_real_api_server() {
             "{unlimited: true, unit: minute}",
             "cannot be set when unlimited is true",
         ),
+        (
+            "{algorithm: concurrency, requestsPerUnit: 2}",
+            "set exactly one of unit or window (or lease",
+        ),
+        (
+            "{algorithm: concurrency, requestsPerUnit: 2, lease: 5 minutes}",
+            "should match",
+        ),
     ] {
         let err = k
             .apply(&policy("team-a", "a", "shop", "user", rate_limit))
@@ -433,6 +441,21 @@ async fn rate_limit_policies_from_a_real_api_server() {
         assert!(err.contains(expect), "{rate_limit}: {err}");
     }
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
+
+    // Requests in flight: a concurrency limit with its lease, as in a policy file.
+    k.apply(&policy(
+        "team-c",
+        "streams",
+        "streams",
+        "user",
+        "{algorithm: concurrency, requestsPerUnit: 2, lease: 5m}",
+    ))
+    .unwrap();
+    wait_limit(&all, "streams", "user", Some(2), TWO_S).await;
+    k.wait_accepted("team-c", "streams", "True/Accepted", STATUS)
+        .await;
+    let stored = k.must(&["get", "rlp", "streams", "-n", "team-c", "-o", "yaml"]);
+    assert!(stored.contains("lease: 5m"), "{stored}");
 
     // Valid for the schema, invalid for sluice (a duplicate key): Invalid, and the
     // last good limits keep serving.
