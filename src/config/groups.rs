@@ -214,7 +214,8 @@ pub struct ListenArgs {
     )]
     pub grpc_tls_client_san: Option<String>,
     /// Address of Sluice's admin API (gRPC: Explain, ListPolicies, WatchOffenders,
-    /// WatchDecisions, with reflection and health); `off` (or empty) disables it.
+    /// WatchDecisions, Block, Unblock, ListBlocks, with reflection and health); `off`
+    /// (or empty) disables it.
     /// Default 127.0.0.1:8082, loopback only; when the default is taken (another
     /// sluice on the host) the admin API is off with a warning, while an address
     /// given here must bind.
@@ -269,9 +270,9 @@ pub struct ConnectionArgs {
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value = "64KiB", value_parser = parse_bytes)]
     pub max_request_bytes: usize,
     /// Threads answering requests; 0 means one per CPU available to the process (its
-    /// cgroup quota included). 1 spends about a fifth less CPU per Redis decision when
-    /// sluice shares its cores (no wake-ups across threads;
-    /// docs/performance-notes.md, "Worker threads").
+    /// cgroup quota included). 1 spends less CPU per Redis decision when sluice
+    /// shares its cores: no wake-ups across threads (docs/performance-notes.md,
+    /// "Worker threads").
     #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 }

@@ -37,8 +37,7 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
 /// [`DEADLINE_MARGIN`]. The caller's timer started before it sent the call, and the
 /// answer still has to leave sluice (after a Tokio timer that fires up to a
 /// millisecond late) and cross the network; a fifth leaves room for both on a busy
-/// node (on 2 shared cores at a load average of 10, answers to a 50 ms deadline
-/// that waited 45 ms arrived after 48-52 ms). Envoy's default 20 ms leaves 16 ms, so
+/// node, where a tenth did not. Envoy's default 20 ms leaves 16 ms, so
 /// the default `--store-timeout` of 15 ms still decides; a 50 ms deadline waits at
 /// most 40 ms.
 pub fn store_wait(left: Duration) -> Duration {

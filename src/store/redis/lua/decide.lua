@@ -87,9 +87,8 @@ local known, pending, pending_expiry = {}, {}, {}
 local log_seen = {}
 -- Window start of a fixed_window or sliding_window_counter state as read from Redis:
 -- written back in the same window, its expiry (the window's end) is the one the key
--- already has, so SET .. KEEPTTL spares Redis removing and re-adding it (about 6 % of
--- its CPU on layered requests). Server clock only: under the tests' fixed time the
--- key's TTL was set against another clock.
+-- already has, so SET .. KEEPTTL spares Redis removing and re-adding it. Server clock
+-- only: under the tests' fixed time the key's TTL was set against another clock.
 local read_start = {}
 
 -- Writes a log's summary `st` after its group's change (window lw, expiring at
@@ -154,7 +153,7 @@ while at <= #ARGV do
   -- without the tables of states and changes a group needs, which cost Redis more
   -- than the hit. Logs (sl) take the general path. Its load, commit and verdict
   -- steps repeat the general path's inline on purpose: as Lua functions they cost
-  -- 1-5 % more Redis CPU per call (scripts/lua-cost.sh u10, l10).
+  -- Redis more per call (scripts/lua-cost.sh u10, l10).
   local one = false
   if m == 1 then
     local j1 = tonumber(ARGV[at])
