@@ -3,7 +3,7 @@
 use crate::common;
 
 use std::os::unix::fs::symlink;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -39,7 +39,6 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
     std::fs::write(mount.join("..v2/policy.yaml"), policy(50)).unwrap();
     symlink("..v2", mount.join("..data_tmp")).unwrap();
     std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
-    let started = Instant::now();
     eventually(
         Duration::from_secs(2),
         "the swapped ConfigMap is served",
@@ -56,7 +55,6 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
         },
     )
     .await;
-    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]

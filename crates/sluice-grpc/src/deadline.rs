@@ -133,12 +133,31 @@ mod tests {
 
     #[test]
     fn a_deadline_counts_down_to_zero() {
-        let d = Deadline::after(Duration::from_secs(60));
-        assert!(d.remaining() > Duration::from_secs(59));
-        assert_eq!(Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
-        assert_eq!(
-            Deadline::at_once(Duration::from_millis(20)).remaining(),
-            Duration::from_millis(20)
-        );
+        // quanta's mock clock stands in for the real one on this thread: time passes
+        // only when the test moves it.
+        let (clock, time) = quanta::Clock::mock();
+        quanta::with_clock(&clock, || {
+            time.increment(Duration::from_secs(1));
+            let ms = Duration::from_millis;
+            // Headers that arrived 15 ms ago, with 20 ms to answer: 5 ms left.
+            let arrived = quanta::Instant::now() - ms(15);
+            let d = Deadline::since(ms(20), arrived);
+            assert_eq!(d.remaining(), ms(5));
+            time.increment(ms(4));
+            assert_eq!(d.remaining(), ms(1));
+            // Passed: zero, not an underflow.
+            time.increment(ms(6));
+            assert_eq!(d.remaining(), Duration::ZERO);
+            // One taken now counts from now.
+            let later = Deadline::after(ms(20));
+            time.increment(ms(8));
+            assert_eq!(later.remaining(), ms(12));
+            assert_eq!(Deadline::after(Duration::ZERO).remaining(), Duration::ZERO);
+            // A call decided in the poll that read its headers keeps the whole
+            // timeout, however long ago the clock says it began.
+            let at_once = Deadline::at_once(ms(20));
+            time.increment(ms(30));
+            assert_eq!(at_once.remaining(), ms(20));
+        });
     }
 }
