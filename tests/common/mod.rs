@@ -390,29 +390,6 @@ fn dechunk(s: &str) -> String {
     out
 }
 
-/// Returns once the wall clock has at least `margin` left in its current `window`
-/// (windows aligned to the Unix epoch, as sluice's fixed windows are, on this clock or
-/// on Redis TIME), so that counting that takes less than `margin` stays in one window.
-pub async fn early_in_a_window(window: Duration, margin: Duration) {
-    assert!(
-        margin < window,
-        "a margin of {margin:?} in a window of {window:?}"
-    );
-    let left = || {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        let into = now.as_micros() % window.as_micros();
-        window - Duration::from_micros(into as u64)
-    };
-    eventually(
-        margin + Duration::from_secs(5),
-        &format!("a window of {window:?} with {margin:?} to run"),
-        || async { left() >= margin },
-    )
-    .await;
-}
-
 /// Runs `attempt` until one run of it begins and ends in one `window` of the wall
 /// clock (windows aligned to the Unix epoch, as sluice's fixed windows are, on this
 /// clock or on Redis TIME on this machine), and returns what that run returned. A run
