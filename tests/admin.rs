@@ -186,27 +186,32 @@ async fn agreement(bin: &Path, server: &Server) {
     let bin = bin.to_path_buf();
     let mut rls = server.client().await;
     for c in cases() {
-        // The small limits count per minute, each case on counters of its own: a
-        // case's rounds (about a second, two grpcurl runs a round) must not straddle
-        // two windows.
-        early_in_a_window(Duration::from_secs(60), Duration::from_secs(10)).await;
-        // Three rounds: fresh counters, partly spent, and (for the small limits)
-        // over the limit.
+        // Four rounds: fresh counters, partly spent, and (for the small limits) over
+        // the limit.
         for round in 0..4 {
             let body = explain_json(&c);
-            let mut explained = Vec::new();
-            // Explain twice: the second sees what the first saw (nothing spent).
-            for _ in 0..2 {
-                let out = grpcurl(
-                    &bin,
-                    &server.admin,
-                    None,
-                    &["-d", &body, "", "sluice.admin.v1.Admin/Explain"],
-                );
-                assert!(out.status.success(), "{}: {}", c.what, text(&out));
-                let e: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-                explained.push(e);
-            }
+            // Explain twice, then the call: the second Explain sees what the first
+            // saw (nothing spent), and the call does what they said. The small limits
+            // count per minute (one in fixed windows): a round that a minute's end cut
+            // in two is done again on the counters as they then are, which Explain
+            // reads afresh.
+            let (explained, resp) = in_one_window(Duration::from_secs(60), async |_| {
+                let mut explained = Vec::new();
+                for _ in 0..2 {
+                    let out = grpcurl(
+                        &bin,
+                        &server.admin,
+                        None,
+                        &["-d", &body, "", "sluice.admin.v1.Admin/Explain"],
+                    );
+                    assert!(out.status.success(), "{}: {}", c.what, text(&out));
+                    let e: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+                    explained.push(e);
+                }
+                let req = request(c.domain, c.descriptors.iter().map(|d| desc(d)).collect());
+                (explained, call(&mut rls, req).await)
+            })
+            .await;
             let e = &explained[0];
             let strip = |v: &Value| {
                 let mut v = v.clone();
@@ -226,8 +231,6 @@ async fn agreement(bin: &Path, server: &Server) {
                 c.what
             );
 
-            let req = request(c.domain, c.descriptors.iter().map(|d| desc(d)).collect());
-            let resp = call(&mut rls, req).await;
             let want = if e["overallCode"] == "OVER_LIMIT" {
                 Code::OverLimit
             } else {
@@ -507,15 +510,15 @@ fn the_admin_port_is_off_on_request_and_an_explicit_address_must_bind() {
 const SIGNALS_POLICY: &str = r#"
 domain: edge
 descriptors:
+  # A log: exact, whenever the calls run.
   - key: remote_address
-    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log}
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
 
 #[tokio::test]
 async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_blocks() {
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
     let server = Server::start(SIGNALS_POLICY, &[]);
     let mut admin = admin_client(&server).await;
     let mut rls = server.client().await;

@@ -209,8 +209,6 @@ fn fresh(tag: &str) -> String {
 /// key2; without it (envoyproxy/ratelimit's default) they spend it as admitted.
 async fn basic_scenario(d: &Dropin, stop_increment: bool) {
     let mut c = d.client().await;
-    // Everything below counts well inside one minute (and so one hour).
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(20)).await;
 
     let r = call(&mut c, request("foo", vec![desc(&[("hello", "world")])])).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
@@ -226,9 +224,25 @@ async fn basic_scenario(d: &Dropin, stop_increment: bool) {
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_status(&r.statuses[0], Code::Ok, 50, Unit::Second, 49, "key1");
 
-    let value = fresh("k2-");
-    for i in 0..25u32 {
-        let r = call(&mut c, request("another", vec![desc(&[("key2", &value)])])).await;
+    // key2 (a minute) and key3 (an hour) count in fixed windows: their calls in one
+    // minute, and so one hour; a run that a minute's end cut in two is run again on
+    // fresh values.
+    let (key2, key23) = in_one_window(Duration::from_secs(60), async |_| {
+        let value = fresh("k2-");
+        let mut key2 = Vec::new();
+        for _ in 0..25 {
+            key2.push(call(&mut c, request("another", vec![desc(&[("key2", &value)])])).await);
+        }
+        let value = fresh("k23-");
+        let mut key23 = Vec::new();
+        for _ in 0..15 {
+            let both = vec![desc(&[("key2", &value)]), desc(&[("key3", &value)])];
+            key23.push(call(&mut c, request("another", both)).await);
+        }
+        (key2, key23)
+    })
+    .await;
+    for (i, r) in (0..25u32).zip(&key2) {
         let (code, remaining) = if i >= 20 {
             (Code::OverLimit, 0)
         } else {
@@ -237,17 +251,7 @@ async fn basic_scenario(d: &Dropin, stop_increment: bool) {
         assert_eq!(r.overall_code, code as i32, "request {i}");
         assert_status(&r.statuses[0], code, 20, Unit::Minute, remaining, "key2");
     }
-
-    let value = fresh("k23-");
-    for i in 0..15u32 {
-        let r = call(
-            &mut c,
-            request(
-                "another",
-                vec![desc(&[("key2", &value)]), desc(&[("key3", &value)])],
-            ),
-        )
-        .await;
+    for (i, r) in (0..15u32).zip(&key23) {
         let mut code = Code::Ok;
         let mut remaining1 = 20 - (i + 1);
         let mut remaining2 = 10u32.saturating_sub(i + 1);
@@ -267,16 +271,30 @@ async fn basic_scenario(d: &Dropin, stop_increment: bool) {
         assert_status(&r.statuses[1], code, 10, Unit::Hour, remaining2, &why);
     }
 
-    // share_threshold: every value under files/ counts on one counter.
-    for i in 0..12u32 {
-        let value = format!("files/{}", fresh(""));
-        let r = call(
-            &mut c,
-            request("share-threshold-test", vec![desc(&[("files", &value)])]),
-        )
-        .await;
-        let code = if i >= 10 { Code::OverLimit } else { Code::Ok };
-        let remaining = 10u32.saturating_sub(i + 1);
+    // share_threshold: every value under files/ counts on one counter, an hour's.
+    // A run that an hour's end cut in two is run again on that same counter, so
+    // each run first reads what is left of it with a check (no hits).
+    let file = || desc(&[("files", &format!("files/{}", fresh("")))]);
+    let (run, left, answers) = in_one_window(Duration::from_secs(3_600), async |run| {
+        let mut check = file();
+        check.hits_addend = Some(0);
+        let left = call(&mut c, request("share-threshold-test", vec![check]))
+            .await
+            .statuses[0]
+            .limit_remaining;
+        let mut answers = Vec::new();
+        for _ in 0..12 {
+            answers.push(call(&mut c, request("share-threshold-test", vec![file()])).await);
+        }
+        (run, left, answers)
+    })
+    .await;
+    if run == 0 {
+        assert_eq!(left, 10, "a fresh counter");
+    }
+    for (i, r) in (0..12u32).zip(&answers) {
+        let code = if i >= left { Code::OverLimit } else { Code::Ok };
+        let remaining = left.saturating_sub(i + 1);
         assert_status(&r.statuses[0], code, 10, Unit::Hour, remaining, "files/*");
     }
     for _ in 0..2 {

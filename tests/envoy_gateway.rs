@@ -150,49 +150,18 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
             .expect("TLS")
     };
 
-    // The xDS configs arrive over mTLS and counters live in Redis. The counts below
-    // are of one minute's window: begin well inside one.
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
+    // The xDS configs arrive over mTLS and counters live in Redis. Waited for with
+    // checks (no hits): they spend nothing and count in no series.
+    let d = || desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")]);
+    let check = || desc_hits(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")], 0);
     eventually(WAIT, "the gateway's limits", || async {
         let mut c = client().await;
-        let r = call(
-            &mut c,
-            request(
-                DOMAIN,
-                vec![desc(&[
-                    (ROUTE, ROUTE),
-                    ("rule-0-match-0", "rule-0-match-0"),
-                ])],
-            ),
-        )
-        .await;
+        let r = call(&mut c, request(DOMAIN, vec![check()])).await;
         r.statuses[0].current_limit.is_some()
     })
     .await;
-    let mut c = client().await;
-    let d = || desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")]);
-    let mut codes = Vec::new();
-    for _ in 0..3 {
-        codes.push(call(&mut c, request(DOMAIN, vec![d()])).await.overall_code);
-    }
-    assert_eq!(
-        *codes.last().unwrap(),
-        OVER_LIMIT,
-        "3 a minute, one spent by the wait: {codes:?}"
-    );
-    let r = call(&mut c, request(DOMAIN, vec![d()])).await;
-    assert!(
-        r.response_headers_to_add.is_empty(),
-        "Envoy Gateway's Envoy adds the headers itself"
-    );
-    let keys = Command::new("redis-cli")
-        .args(["-p", redis.addr().rsplit(':').next().unwrap(), "--scan"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    assert!(keys.contains("rule-0-match-0"), "counters in Redis: {keys}");
 
-    // PROMETHEUS_ADDR serves the metrics.
+    // PROMETHEUS_ADDR serves the metrics...
     let prometheus = server
         .startup
         .iter()
@@ -205,19 +174,70 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let (status, text) = http(&prometheus, "GET", "/metrics", "");
     assert_eq!(status, 200);
     assert!(text.contains("sluice_requests_total"), "{text}");
-    // ...and envoyproxy/ratelimit's series that Envoy Gateway's dashboards read: five
-    // hits on a limit of 3, the third past 80 % of it, two denied.
+    // ...and envoyproxy/ratelimit's series that Envoy Gateway's dashboards read.
+    let families = [
+        "total_hits",
+        "within_limit",
+        "near_limit",
+        "over_limit",
+        "shadow_mode",
+    ];
     let labels = format!(
         r#"{{domain="{DOMAIN}",key1="{ROUTE}_{ROUTE}",key2="rule-0-match-0_rule-0-match-0"}}"#
     );
-    for (family, n) in [
-        ("total_hits", 5),
-        ("within_limit", 3),
-        ("near_limit", 1),
-        ("over_limit", 2),
-        ("shadow_mode", 0),
-    ] {
-        let line = format!("ratelimit_service_rate_limit_{family}{labels} {n}");
-        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    let series = || {
+        let (status, text) = http(&prometheus, "GET", "/metrics", "");
+        assert_eq!(status, 200);
+        families.map(|family| {
+            let name = format!("ratelimit_service_rate_limit_{family}{labels} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&name))
+                .map_or(0, |n| n.parse::<u64>().expect("a count"))
+        })
+    };
+
+    // Five hits on the limit of 3 a minute, in one fixed window, and what the series
+    // gained meanwhile. The descriptor's values are the gateway's, so a run that a
+    // minute's end cut in two is run again on the same counter: each run first reads
+    // what is left of it with a check, and a fresh one has all 3.
+    let (run, left, answers, gained) = in_one_window(Duration::from_secs(60), async |run| {
+        let mut c = client().await;
+        let left = call(&mut c, request(DOMAIN, vec![check()])).await.statuses[0].limit_remaining;
+        let before = series();
+        let mut answers = Vec::new();
+        for _ in 0..5 {
+            answers.push(call(&mut c, request(DOMAIN, vec![d()])).await);
+        }
+        let after = series();
+        let gained: [u64; 5] = std::array::from_fn(|i| after[i] - before[i]);
+        (run, u64::from(left), answers, gained)
+    })
+    .await;
+    if run == 0 {
+        assert_eq!(left, 3, "a fresh counter");
     }
+    let codes: Vec<i32> = answers.iter().map(|r| r.overall_code).collect();
+    let want: Vec<i32> = (0..5)
+        .map(|i| if i < left { OK } else { OVER_LIMIT })
+        .collect();
+    assert_eq!(codes, want, "3 a minute, {left} left");
+    for r in &answers {
+        assert!(
+            r.response_headers_to_add.is_empty(),
+            "Envoy Gateway's Envoy adds the headers itself"
+        );
+    }
+    let keys = Command::new("redis-cli")
+        .args(["-p", redis.addr().rsplit(':').next().unwrap(), "--scan"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    assert!(keys.contains("rule-0-match-0"), "counters in Redis: {keys}");
+    // Five hits on a limit of 3 (all of it left): three within it, the third past
+    // 80 % of it, two denied.
+    assert_eq!(
+        gained,
+        [5, left, u64::from(left > 0), 5 - left, 0],
+        "{families:?} of {labels}"
+    );
 }

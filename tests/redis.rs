@@ -1262,11 +1262,10 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
         return;
     }
     // Windows of a day (an hour for the log, exact in any window the run fits in)
-    // keep the count free of refills during the run, and a start with two minutes
-    // of the day to spare keeps the fixed window's count from starting again.
+    // keep the count free of refills during the run; a run that a day's end cut in
+    // two (the fixed window's count started again) is run again on a fresh key.
     let shards = [RedisServer::start().await, RedisServer::start().await];
     let servers = replicas(&shards);
-    common::early_in_a_window(Duration::from_secs(86_400), Duration::from_secs(120)).await;
     for alg in [
         "fixed_window",
         "sliding_window_log",
@@ -1274,58 +1273,83 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
         "token_bucket",
     ] {
         let started = Instant::now();
-        let mut clients = Vec::new();
-        for c in 0..16 {
-            let mut client = servers[c % 3].client().await;
-            clients.push(tokio::spawn(async move {
-                let mut ok = 0u32;
-                for _ in 0..5_000 / 16 + usize::from(c < 5_000 % 16) {
-                    let r = common::call(
-                        &mut client,
-                        common::request("exact", vec![common::desc(&[(alg, "one")])]),
-                    )
-                    .await;
-                    if r.overall_code == common::OK {
-                        ok += 1;
+        let admitted = common::in_one_window(Duration::from_secs(86_400), async |n| {
+            let value = format!("one-{n}");
+            let mut clients = Vec::new();
+            for c in 0..16 {
+                let mut client = servers[c % 3].client().await;
+                let value = value.clone();
+                clients.push(tokio::spawn(async move {
+                    let mut ok = 0u32;
+                    for _ in 0..5_000 / 16 + usize::from(c < 5_000 % 16) {
+                        let r = common::call(
+                            &mut client,
+                            common::request("exact", vec![common::desc(&[(alg, &value)])]),
+                        )
+                        .await;
+                        if r.overall_code == common::OK {
+                            ok += 1;
+                        }
                     }
-                }
-                ok
-            }));
-        }
-        let mut admitted = 0;
-        for c in clients {
-            admitted += c.await.expect("client");
-        }
+                    ok
+                }));
+            }
+            let mut admitted = 0;
+            for c in clients {
+                admitted += c.await.expect("client");
+            }
+            admitted
+        })
+        .await;
         assert_eq!(admitted, 1_000, "{alg}");
         eprintln!("{alg}: 5000 requests in {:?}", started.elapsed());
     }
 
     // Layers: the tenant denies; edge and service keep only the admitted requests,
-    // wherever their counters live. The edge counts in an hour's fixed window.
-    common::early_in_a_window(Duration::from_secs(3_600), Duration::from_secs(10)).await;
-    let layered = || {
-        common::request(
-            "exact",
-            vec![
-                common::desc(&[("remote_address", "10.1.1.1")]),
-                common::desc(&[("service", "checkout")]),
-                common::desc(&[("tenant", "acme")]),
-            ],
-        )
-    };
+    // wherever their counters live. The edge counts in an hour's fixed window: the
+    // calls and the check after them in one, on fresh keys in a second run. The
+    // edge's counter and the tenant's are on different shards, so the give-back
+    // crosses shards.
     let mut clients = Vec::new();
     for s in &servers {
         clients.push(s.client().await);
     }
-    two_then_denied(&mut clients, layered, 8).await;
-    let check = common::request(
-        "exact",
-        vec![
-            common::desc_hits(&[("remote_address", "10.1.1.1")], 0),
-            common::desc_hits(&[("service", "checkout")], 0),
-        ],
-    );
-    let r = common::call(&mut clients[1], check).await;
+    let on_shard = |key: &str, prefix: &str, index: usize, run: u32| {
+        (1..=255)
+            .map(|i| format!("{prefix}{run}.{i}"))
+            .find(|v| {
+                let counter = format!("exact|{key}={v}");
+                shard::jump_hash(sluice::hash::stable_hash(counter.as_bytes()), 2) == index
+            })
+            .expect("a value on each shard")
+    };
+    let r = common::in_one_window(Duration::from_secs(3_600), async |n| {
+        let (ip, service, tenant) = (
+            on_shard("remote_address", "10.1.", 0, n),
+            format!("checkout-{n}"),
+            on_shard("tenant", "acme-", 1, n),
+        );
+        let layered = || {
+            common::request(
+                "exact",
+                vec![
+                    common::desc(&[("remote_address", &ip)]),
+                    common::desc(&[("service", &service)]),
+                    common::desc(&[("tenant", &tenant)]),
+                ],
+            )
+        };
+        two_then_denied(&mut clients, layered, 8).await;
+        let check = common::request(
+            "exact",
+            vec![
+                common::desc_hits(&[("remote_address", &ip)], 0),
+                common::desc_hits(&[("service", &service)], 0),
+            ],
+        );
+        common::call(&mut clients[1], check).await
+    })
+    .await;
     assert_eq!(r.statuses[0].limit_remaining, 98, "edge charged by denials");
     assert_eq!(
         r.statuses[1].limit_remaining, 98,
@@ -2917,6 +2941,8 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
         .is_empty());
 }
 
+/// The address's limit is a log: its two admitted requests fill it for a minute
+/// after them, whenever they run.
 const LOOP_POLICY: &str = r#"
 domain: shop
 descriptors:
@@ -2924,7 +2950,7 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 2
-      algorithm: fixed_window
+      algorithm: sliding_window_log
       penalty:
         violations: 3
         within: 1m
@@ -2986,7 +3012,6 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
     }
     let redis_server = RedisServer::start().await;
     let (servers, mut clients) = three_replicas(LOOP_POLICY, &redis_server).await;
-    common::early_in_a_window(Duration::from_secs(60), Duration::from_secs(15)).await;
 
     // Two admitted, then one denial on each replica: three violations in all, though
     // no replica saw more than one. The third starts the ban.
@@ -3044,8 +3069,9 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         .await;
     }
 
-    // The ban ends; three more denials (the counter is still full this minute) are
-    // the key's second sentence, which `block` turns into a block on every replica.
+    // The ban ends; three more denials (the log still holds the two admitted
+    // requests) are the key's second sentence, which `block` turns into a block on
+    // every replica.
     for s in &servers {
         common::eventually(Duration::from_secs(10), "the ban ends", || async {
             sentences_of(s, ip).is_empty()

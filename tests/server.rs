@@ -69,16 +69,24 @@ fn remaining(resp: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse
 async fn counts_down_then_denies_with_limit_and_headers() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
-    // A fixed window of a minute: the calls (milliseconds) within one.
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
-    for expected in (0..10).rev() {
-        let r = call(
-            &mut c,
-            request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
-        )
-        .await;
+    // A fixed window of a minute: the eleven calls of one address in one.
+    let (answers, r) = in_one_window(Duration::from_secs(60), async |n| {
+        let address = || {
+            request(
+                "shop",
+                vec![desc(&[("remote_address", &format!("10.0.{n}.1"))])],
+            )
+        };
+        let mut answers = Vec::new();
+        for _ in 0..10 {
+            answers.push(call(&mut c, address()).await);
+        }
+        (answers, call(&mut c, address()).await)
+    })
+    .await;
+    for (r, expected) in answers.iter().zip((0..10).rev()) {
         assert_eq!(r.overall_code, OK);
-        assert_eq!(remaining(&r, 0), expected);
+        assert_eq!(remaining(r, 0), expected);
         let limit = r.statuses[0].current_limit.as_ref().expect("current_limit");
         assert_eq!(
             (limit.requests_per_unit, limit.unit, limit.name.as_str()),
@@ -87,20 +95,15 @@ async fn counts_down_then_denies_with_limit_and_headers() {
         let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
         assert!(reset.seconds <= 60);
         assert_eq!(
-            header(&r, "x-ratelimit-remaining"),
+            header(r, "x-ratelimit-remaining"),
             Some(expected.to_string().as_str())
         );
         assert_eq!(
-            header(&r, "x-ratelimit-limit"),
+            header(r, "x-ratelimit-limit"),
             Some("10, 10;w=60;name=\"per_ip\"")
         );
-        assert!(header(&r, "retry-after").is_none());
+        assert!(header(r, "retry-after").is_none());
     }
-    let r = call(
-        &mut c,
-        request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
-    )
-    .await;
     assert_eq!(r.overall_code, OVER_LIMIT);
     assert_eq!(r.statuses[0].code, OVER_LIMIT);
     let retry: u64 = header(&r, "retry-after")
@@ -126,47 +129,66 @@ async fn counts_down_then_denies_with_limit_and_headers() {
 async fn a_denied_request_spends_nothing_of_its_other_layers() {
     let server = Server::start(POLICY, &[]);
     let mut c = server.client().await;
-    // A fixed window of a minute: the calls (milliseconds) within one.
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
-    let layered = || {
-        request(
-            "shop",
-            vec![
-                desc(&[("remote_address", "10.1.1.1")]),
-                desc(&[("service", "checkout")]),
-                desc(&[("tenant", "acme")]),
-            ],
-        )
-    };
-    for _ in 0..2 {
-        assert_eq!(call(&mut c, layered()).await.overall_code, OK);
+    // The edge counts in a fixed window of a minute: the calls in one, the checks
+    // before and after them included. The service counter (one value) is not fresh
+    // in a second run: what the denials spend is read as a difference.
+    let (admitted, denied, before, after) = in_one_window(Duration::from_secs(60), async |n| {
+        let ip = format!("10.1.{n}.1");
+        let tenant = format!("acme-{n}");
+        let layered = || {
+            request(
+                "shop",
+                vec![
+                    desc(&[("remote_address", &ip)]),
+                    desc(&[("service", "checkout")]),
+                    desc(&[("tenant", &tenant)]),
+                ],
+            )
+        };
+        let check = || {
+            request(
+                "shop",
+                vec![
+                    desc_hits(&[("remote_address", &ip)], 0),
+                    desc_hits(&[("service", "checkout")], 0),
+                ],
+            )
+        };
+        let before = call(&mut c, check()).await;
+        let mut admitted = Vec::new();
+        for _ in 0..2 {
+            admitted.push(call(&mut c, layered()).await);
+        }
+        // The tenant allows 2 per minute: the next three are denied by the tenant
+        // layer.
+        let mut denied = Vec::new();
+        for _ in 0..3 {
+            denied.push(call(&mut c, layered()).await);
+        }
+        (admitted, denied, before, call(&mut c, check()).await)
+    })
+    .await;
+    for r in &admitted {
+        assert_eq!(r.overall_code, OK);
     }
-    // The tenant allows 2 per minute: the next three are denied by the tenant layer.
-    for _ in 0..3 {
-        let r = call(&mut c, layered()).await;
+    for r in &denied {
         assert_eq!(r.overall_code, OVER_LIMIT);
         assert_eq!(r.statuses[0].code, OK);
         assert_eq!(r.statuses[1].code, OK);
         assert_eq!(r.statuses[2].code, OVER_LIMIT);
     }
-    // Edge and service counters still show only the two admitted requests.
-    let check = request(
-        "shop",
-        vec![
-            desc_hits(&[("remote_address", "10.1.1.1")], 0),
-            desc_hits(&[("service", "checkout")], 0),
-        ],
-    );
-    let r = call(&mut c, check).await;
-    assert_eq!(r.overall_code, OK);
+    // Edge and service counters show only the two admitted requests.
+    assert_eq!(before.overall_code, OK);
+    assert_eq!(after.overall_code, OK);
+    assert_eq!(remaining(&before, 0), 10, "a fresh edge counter");
     assert_eq!(
-        remaining(&r, 0),
+        remaining(&after, 0),
         8,
         "edge counter was charged by denied requests"
     );
     assert_eq!(
-        remaining(&r, 1),
-        8,
+        remaining(&before, 1) - remaining(&after, 1),
+        2,
         "service counter was charged by denied requests"
     );
 }
@@ -344,22 +366,22 @@ async fn bad_requests_get_invalid_argument() {
     }
     // A descriptor without entries (Envoy sends one when a `skip_if_absent` action
     // finds nothing) matches nothing; the request's other limits still apply.
-    // A fixed window of a minute: the calls (milliseconds) within one.
-    early_in_a_window(Duration::from_secs(60), Duration::from_secs(2)).await;
-    for _ in 0..10 {
+    // A fixed window of a minute: the eleven calls in one.
+    let r = in_one_window(Duration::from_secs(60), async |n| {
+        let ip = format!("10.7.{n}.7");
+        for _ in 0..10 {
+            call(
+                &mut c,
+                request("shop", vec![desc(&[("remote_address", &ip)])]),
+            )
+            .await;
+        }
         call(
             &mut c,
-            request("shop", vec![desc(&[("remote_address", "10.7.7.7")])]),
+            request("shop", vec![desc(&[]), desc(&[("remote_address", &ip)])]),
         )
-        .await;
-    }
-    let r = call(
-        &mut c,
-        request(
-            "shop",
-            vec![desc(&[]), desc(&[("remote_address", "10.7.7.7")])],
-        ),
-    )
+        .await
+    })
     .await;
     assert_eq!(r.overall_code, OVER_LIMIT);
     assert_eq!(r.statuses[0].code, OK);
@@ -613,11 +635,9 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 5, algorithm: fixed_window}
 "#;
 
-/// The per-user counts take seconds (thousands of calls): begin them with a minute
-/// of their day's window to spare, so that no count starts again halfway.
-async fn early_in_a_day() {
-    early_in_a_window(Duration::from_secs(86_400), Duration::from_secs(60)).await;
-}
+/// The per-user counts take seconds (thousands of calls) in fixed windows of a day:
+/// a run that a day's end cut in two is run again on a fresh server.
+const DAY: Duration = Duration::from_secs(86_400);
 
 fn per_user(user: &str) -> sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     request("shop", vec![desc(&[("user", user)])])
@@ -636,91 +656,106 @@ fn series(server: &Server, name: &str) -> u64 {
 
 #[tokio::test]
 async fn a_flood_of_distinct_keys_resets_no_counter() {
-    let server = Server::start(PER_USER, &["--max-keys", "1000"]);
-    let mut c = server.client().await;
-    early_in_a_day().await;
-    for left in (0..5).rev() {
-        let r = call(&mut c, per_user("attacker")).await;
-        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, left));
-    }
-    assert_eq!(
-        call(&mut c, per_user("attacker")).await.overall_code,
-        OVER_LIMIT
-    );
-    for i in 0..100 {
-        for _ in 0..2 {
-            call(&mut c, per_user(&format!("steady-{i}"))).await;
-        }
-    }
-    // Ten times --max-keys distinct users, each answered (OK: the failure mode is
-    // open) whether or not the store could keep its counter.
-    let senders = (0..8).map(|first| {
-        let mut c = c.clone();
-        async move {
-            for i in (first..10_000).step_by(8) {
-                let r = call(&mut c, per_user(&format!("flood-{i}"))).await;
-                assert_eq!(r.overall_code, OK, "flood-{i}");
+    let (attacker, after_flood, steady, [active, refused, idle, expired]) =
+        in_one_window(DAY, async |_| {
+            let server = Server::start(PER_USER, &["--max-keys", "1000"]);
+            let mut c = server.client().await;
+            let mut attacker = Vec::new();
+            for _ in 0..6 {
+                attacker.push(call(&mut c, per_user("attacker")).await);
             }
-        }
-    });
-    futures::future::join_all(senders).await;
-    for _ in 0..5 {
-        let r = call(&mut c, per_user("attacker")).await;
+            for i in 0..100 {
+                for _ in 0..2 {
+                    call(&mut c, per_user(&format!("steady-{i}"))).await;
+                }
+            }
+            // Ten times --max-keys distinct users, each answered (OK: the failure mode
+            // is open) whether or not the store could keep its counter.
+            let senders = (0..8).map(|first| {
+                let mut c = c.clone();
+                async move {
+                    for i in (first..10_000).step_by(8) {
+                        let r = call(&mut c, per_user(&format!("flood-{i}"))).await;
+                        assert_eq!(r.overall_code, OK, "flood-{i}");
+                    }
+                }
+            });
+            futures::future::join_all(senders).await;
+            let mut after_flood = Vec::new();
+            for _ in 0..5 {
+                after_flood.push(call(&mut c, per_user("attacker")).await);
+            }
+            let mut steady = Vec::new();
+            for i in 0..100 {
+                steady.push(call(&mut c, per_user(&format!("steady-{i}"))).await);
+            }
+            let counts = [
+                r#"sluice_active_keys{store="memory"}"#,
+                r#"sluice_evictions_total{reason="refused"}"#,
+                r#"sluice_evictions_total{reason="idle"}"#,
+                r#"sluice_evictions_total{reason="expired"}"#,
+            ]
+            .map(|name| series(&server, name));
+            (attacker, after_flood, steady, counts)
+        })
+        .await;
+    for (r, left) in attacker.iter().zip((0..5).rev()) {
+        assert_eq!((r.overall_code, remaining(r, 0)), (OK, left));
+    }
+    assert_eq!(attacker[5].overall_code, OVER_LIMIT);
+    for r in &after_flood {
         assert_eq!(
             r.overall_code, OVER_LIMIT,
             "the attacker's counter was reset"
         );
     }
-    for i in 0..100 {
-        let r = call(&mut c, per_user(&format!("steady-{i}"))).await;
-        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, 2), "steady-{i}");
+    for (i, r) in steady.iter().enumerate() {
+        assert_eq!((r.overall_code, remaining(r, 0)), (OK, 2), "steady-{i}");
     }
     // Nothing dropped: every counter is in its day. The store is full, and each
     // flood key past those it could hold was refused.
-    assert_eq!(
-        series(&server, r#"sluice_active_keys{store="memory"}"#),
-        1000
-    );
-    let refused = series(&server, r#"sluice_evictions_total{reason="refused"}"#);
+    assert_eq!(active, 1000);
     assert_eq!(refused, 10_000 - (1000 - 101));
-    assert_eq!(
-        series(&server, r#"sluice_evictions_total{reason="idle"}"#),
-        0
-    );
-    assert_eq!(
-        series(&server, r#"sluice_evictions_total{reason="expired"}"#),
-        0
-    );
+    assert_eq!(idle, 0);
+    assert_eq!(expired, 0);
 }
 
 #[tokio::test]
 async fn a_full_store_denies_new_keys_of_a_closed_domain() {
     let closed = format!("{PER_USER}failure_mode: closed\n");
-    let server = Server::start(&closed, &["--max-keys", "64"]);
-    let mut c = server.client().await;
-    early_in_a_day().await;
-    // One counter a shard: 2,000 users fill every shard, and those kept count on.
-    let mut kept = Vec::new();
-    for i in 0..2000 {
-        let user = format!("u-{i}");
-        if call(&mut c, per_user(&user)).await.overall_code == OK {
-            kept.push(user);
+    let (kept, active, refused, counts, newcomer) = in_one_window(DAY, async |_| {
+        let server = Server::start(&closed, &["--max-keys", "64"]);
+        let mut c = server.client().await;
+        // One counter a shard: 2,000 users fill every shard, and those kept count on.
+        let mut kept = Vec::new();
+        for i in 0..2000 {
+            let user = format!("u-{i}");
+            if call(&mut c, per_user(&user)).await.overall_code == OK {
+                kept.push(user);
+            }
         }
-    }
+        let active = series(&server, r#"sluice_active_keys{store="memory"}"#);
+        let refused = series(&server, r#"sluice_evictions_total{reason="refused"}"#);
+        let mut counts = Vec::new();
+        for user in &kept {
+            counts.push(call(&mut c, per_user(user)).await);
+        }
+        let newcomer = call(&mut c, per_user("newcomer")).await;
+        (kept, active, refused, counts, newcomer)
+    })
+    .await;
     assert_eq!(kept.len(), 64);
-    assert_eq!(series(&server, r#"sluice_active_keys{store="memory"}"#), 64);
-    assert_eq!(
-        series(&server, r#"sluice_evictions_total{reason="refused"}"#),
-        2000 - 64
-    );
-    for user in &kept {
-        let r = call(&mut c, per_user(user)).await;
-        assert_eq!((r.overall_code, remaining(&r, 0)), (OK, 3), "{user}");
+    assert_eq!(active, 64);
+    assert_eq!(refused, 2000 - 64);
+    for (user, r) in kept.iter().zip(&counts) {
+        assert_eq!((r.overall_code, remaining(r, 0)), (OK, 3), "{user}");
     }
-    let r = call(&mut c, per_user("newcomer")).await;
-    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert_eq!(newcomer.overall_code, OVER_LIMIT);
     // Until the day's counters end.
-    let reset = r.statuses[0].duration_until_reset.as_ref().expect("reset");
+    let reset = newcomer.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("reset");
     assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
 }
 

@@ -390,27 +390,28 @@ fn dechunk(s: &str) -> String {
     out
 }
 
-/// Returns once the wall clock has at least `margin` left in its current `window`
-/// (windows aligned to the Unix epoch, as sluice's fixed windows are, on this clock or
-/// on Redis TIME), so that counting that takes less than `margin` stays in one window.
-pub async fn early_in_a_window(window: Duration, margin: Duration) {
-    assert!(
-        margin < window,
-        "a margin of {margin:?} in a window of {window:?}"
-    );
-    let left = || {
+/// Runs `attempt` until one run of it begins and ends in one `window` of the wall
+/// clock (windows aligned to the Unix epoch, as sluice's fixed windows are, on this
+/// clock or on Redis TIME on this machine), and returns what that run returned. A run
+/// that a window's end cut in two counted in two windows and proves nothing: it is
+/// thrown away and run again with the next number (0, 1, 2), for fresh keys where the
+/// run can take them. So the run leaves its assertions on counts to the caller.
+/// Panics after three runs.
+pub async fn in_one_window<T>(window: Duration, mut attempt: impl AsyncFnMut(u32) -> T) -> T {
+    let index = || {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap();
-        let into = now.as_micros() % window.as_micros();
-        window - Duration::from_micros(into as u64)
+        now.as_micros() / window.as_micros()
     };
-    eventually(
-        margin + Duration::from_secs(5),
-        &format!("a window of {window:?} with {margin:?} to run"),
-        || async { left() >= margin },
-    )
-    .await;
+    for n in 0..3 {
+        let before = index();
+        let out = attempt(n).await;
+        if index() == before {
+            return out;
+        }
+    }
+    panic!("three runs each crossed the end of a window of {window:?}");
 }
 
 /// Waits until `f` holds, polling; panics with `what` after `limit`.
