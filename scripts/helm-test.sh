@@ -120,7 +120,7 @@ done
 
 # Specific renders.
 t() { "$HELM" template r "$CHART" --kube-version "$K8S_VERSION" "$@"; }
-check "default: Deployment probes /healthz and /readyz on the http port, grace above --shutdown-grace" \
+check "default: Deployment probes /healthz and /readyz on the http port, grace above --shutdown-grace, --response-headers=auto" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t | python3 -c '
 import sys, yaml
 d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
@@ -129,6 +129,7 @@ assert c[\"livenessProbe\"][\"httpGet\"] == {\"path\": \"/healthz\", \"port\": \
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}, c[\"readinessProbe\"]
 assert \"--shutdown-grace=20s\" in c[\"args\"] and p[\"terminationGracePeriodSeconds\"] == 30
 assert \"--grpc-addr=0.0.0.0:8081\" in c[\"args\"] and \"--kube\" in c[\"args\"]
+assert \"--response-headers=auto\" in c[\"args\"], c[\"args\"]
 assert c[\"securityContext\"][\"readOnlyRootFilesystem\"] and p[\"securityContext\"][\"runAsNonRoot\"]
 '"
 check "kube.namespace: a Role and RoleBinding in that namespace, no ClusterRole" \
