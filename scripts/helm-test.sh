@@ -272,6 +272,34 @@ assert {\"name\": \"sluice-tls-grpc\", \"secret\": {\"secretName\": \"envoy-rate
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}
 assert not [x for x in ds if x[\"kind\"] == \"Certificate\"]
 '"
+check "xds from Envoy Gateway: --xds-server, node id envoy-ratelimit, TLS files from the mounted Secret; no --kube" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-xds.yaml | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]; a = c[\"args\"]
+for f in (\"--xds-server=https://envoy-gateway.envoy-gateway-system.svc.cluster.local:18001\", \"--xds-node-id=envoy-ratelimit\",
+          \"--xds-tls-ca=/etc/sluice/tls/xds/ca.crt\", \"--xds-tls-cert=/etc/sluice/tls/xds/tls.crt\", \"--xds-tls-key=/etc/sluice/tls/xds/tls.key\",
+          \"--response-headers=auto\"):
+    assert f in a, (f, a)
+assert \"--kube\" not in a and not [x for x in a if x.startswith((\"--config\", \"--xds-tls-server-name\"))], a
+assert {\"name\": \"sluice-tls-xds\", \"mountPath\": \"/etc/sluice/tls/xds\", \"readOnly\": True} in c[\"volumeMounts\"]
+assert {\"name\": \"sluice-tls-xds\", \"secret\": {\"secretName\": \"envoy-rate-limit\"}} in p[\"volumes\"]
+assert p[\"automountServiceAccountToken\"] is False
+'"
+check "xds over plain HTTP alone: --xds-server and --xds-node-id, no TLS flags or volume; xds.tls.serverName passed" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t --set kube.enabled=false --set xds.server=http://eg.eg:18000 --set xds.nodeId=n1 | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]; a = c[\"args\"]
+assert \"--xds-server=http://eg.eg:18000\" in a and \"--xds-node-id=n1\" in a, a
+assert not [x for x in a if x.startswith(\"--xds-tls\")], a
+assert \"volumeMounts\" not in c and \"volumes\" not in p, (c, p)
+'
+t --set kube.enabled=false --set xds.server=https://eg.eg:18001 --set xds.tls.existingSecret=s --set xds.tls.serverName=eg | grep -q -- '- --xds-tls-server-name=eg'
+! t | grep -q -- '--xds-'"
 check "tls with cert-manager: a Certificate per port, HTTPS probes, ServiceMonitor over HTTPS" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/tls-cert-manager.yaml --namespace sluice --api-versions monitoring.coreos.com/v1 | python3 -c '
 import sys, yaml
@@ -364,6 +392,15 @@ refuse "template refuses redis.sentinel.masters without sentinels" t --set 'redi
 refuse "schema refuses a sentinel URL that is not redis:// or rediss://" \
     t --set 'redis.sentinel.urls[0]=s:26379' --set 'redis.sentinel.masters[0]=m'
 refuse "template refuses no policy source (kube off, no policies)" t --set kube.enabled=false
+refuse "template refuses an https:// xds.server without xds.tls.existingSecret" \
+    t --set kube.enabled=false --set xds.server=https://eg.eg:18001
+refuse "template refuses xds.tls.existingSecret with an http:// xds.server" \
+    t --set xds.server=http://eg.eg:18000 --set xds.tls.existingSecret=s
+refuse "template refuses xds.tls.existingSecret without xds.server" t --set xds.tls.existingSecret=s
+refuse "schema refuses an xds.server without a port" t --set kube.enabled=false --set xds.server=http://eg.eg
+refuse "schema refuses an xds.server with a path" t --set kube.enabled=false --set xds.server=http://eg.eg:18000/x
+refuse "schema refuses an empty xds.nodeId" t --set xds.server=http://eg.eg:18000 --set-string xds.nodeId=
+refuse "schema refuses an unknown xds field" t --set xds.node=n
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
 refuse "template refuses tls.grpc with both existingSecret and certManager" \

@@ -130,8 +130,14 @@ true
 {{- if and (not $sentinel.urls) (or $sentinel.masters $sentinel.existingSecret) }}
 {{- fail "sluice: redis.sentinel.masters and redis.sentinel.existingSecret need redis.sentinel.urls (the sentinels to ask)" }}
 {{- end }}
-{{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) }}
-{{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, or existingPolicyConfigMaps" }}
+{{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) (not .Values.xds.server) }}
+{{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, existingPolicyConfigMaps, or xds.server" }}
+{{- end }}
+{{- if and (hasPrefix "https://" .Values.xds.server) (not .Values.xds.tls.existingSecret) }}
+{{- fail "sluice: an https:// xds.server needs xds.tls.existingSecret (ca.crt, tls.crt, tls.key): Sluice trusts only the authority given for it" }}
+{{- end }}
+{{- if and (or .Values.xds.tls.existingSecret .Values.xds.tls.serverName) (not (hasPrefix "https://" .Values.xds.server)) }}
+{{- fail "sluice: xds.tls.* needs an https:// xds.server" }}
 {{- end }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
@@ -201,6 +207,20 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 {{- end }}
 {{- with $v.kube.sharedDomains }}
 - --shared-domains={{ join "," . }}
+{{- end }}
+{{- end }}
+{{- with $v.xds }}
+{{- if .server }}
+- --xds-server={{ .server }}
+- --xds-node-id={{ .nodeId }}
+{{- if .tls.existingSecret }}
+- --xds-tls-ca=/etc/sluice/tls/xds/ca.crt
+- --xds-tls-cert=/etc/sluice/tls/xds/tls.crt
+- --xds-tls-key=/etc/sluice/tls/xds/tls.key
+{{- end }}
+{{- with .tls.serverName }}
+- --xds-tls-server-name={{ . }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if or $v.redis.urls $v.redis.bundled.enabled }}
@@ -364,7 +384,7 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled }}
+  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled $v.xds.tls.existingSecret }}
   volumeMounts:
     {{- if $v.policies }}
     - name: sluice-policies
@@ -382,6 +402,11 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
       mountPath: /etc/sluice/tls/{{ $port }}
       readOnly: true
     {{- end }}
+    {{- end }}
+    {{- if $v.xds.tls.existingSecret }}
+    - name: sluice-tls-xds
+      mountPath: /etc/sluice/tls/xds
+      readOnly: true
     {{- end }}
   {{- end }}
 {{- end }}
@@ -405,6 +430,11 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
   secret:
     secretName: {{ include "sluice.tlsSecret" (merge (dict "port" $port) $) }}
 {{- end }}
+{{- end }}
+{{- with $v.xds.tls.existingSecret }}
+- name: sluice-tls-xds
+  secret:
+    secretName: {{ . }}
 {{- end }}
 {{- end }}
 
