@@ -272,6 +272,33 @@ assert {\"name\": \"sluice-tls-grpc\", \"secret\": {\"secretName\": \"envoy-rate
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}
 assert not [x for x in ds if x[\"kind\"] == \"Certificate\"]
 '"
+check "extraVolumes and extraVolumeMounts: a Secret for Redis TLS in the pod and the sluice container, beside the chart's own" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+cat >'$work/extra-volumes.yaml' <<'YAML'
+redis:
+  urls: [\"rediss://redis.data:6380?tls_ca=/etc/sluice/redis-tls/ca.crt\"]
+extraVolumes: [{name: redis-tls, secret: {secretName: redis-tls}}]
+extraVolumeMounts: [{name: redis-tls, mountPath: /etc/sluice/redis-tls, readOnly: true}]
+YAML
+t -f '$work/extra-volumes.yaml' >'$work/extra-volumes-render.yaml'
+python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' --external-secret redis-tls '$work/extra-volumes-render.yaml'
+python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]
+assert c[\"volumeMounts\"] == [{\"name\": \"redis-tls\", \"mountPath\": \"/etc/sluice/redis-tls\", \"readOnly\": True}], c[\"volumeMounts\"]
+assert p[\"volumes\"] == [{\"name\": \"redis-tls\", \"secret\": {\"secretName\": \"redis-tls\"}}], p[\"volumes\"]
+assert \"--redis=rediss://redis.data:6380?tls_ca=/etc/sluice/redis-tls/ca.crt\" in c[\"args\"], c[\"args\"]
+' '$work/extra-volumes-render.yaml'
+t -f $CHART/examples/sidecar.yaml --set-json 'extraVolumes=[{\"name\":\"x\",\"emptyDir\":{}}]' \
+    --set-json 'extraVolumeMounts=[{\"name\":\"x\",\"mountPath\":\"/x\"}]' | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; cs = {c[\"name\"]: c for c in p[\"containers\"]}
+assert {\"name\": \"x\", \"mountPath\": \"/x\"} in cs[\"sluice\"][\"volumeMounts\"], cs[\"sluice\"]
+assert [v[\"name\"] for v in p[\"volumes\"]].count(\"x\") == 1 and \"envoy-config\" in [v[\"name\"] for v in p[\"volumes\"]], p[\"volumes\"]
+'"
 check "xds from Envoy Gateway: --xds-server, node id envoy-ratelimit, TLS files from the mounted Secret; no --kube" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-xds.yaml | python3 -c '
 import sys, yaml
@@ -335,6 +362,8 @@ cat >"$parent/values.yaml" <<'YAML'
 sluice:
   mode: helpers
   kube: {enabled: false}
+  extraVolumes: [{name: certs, emptyDir: {}}]
+  extraVolumeMounts: [{name: certs, mountPath: /certs, readOnly: true}]
   policies:
     shop.yaml: |
       domain: shop
@@ -364,8 +393,9 @@ spec:
 YAML
 if "$HELM" template shop "$parent" --kube-version "$K8S_VERSION" >"$work/parent.yaml" 2>"$work/err"; then
     ok "parent chart renders with include \"sluice.container\" (mode: helpers)"
-    check "parent chart objects valid; sluice sidecar mounts the subchart's policies ConfigMap" \
-        python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" "$work/parent.yaml"
+    check "parent chart objects valid; sluice sidecar mounts the subchart's policies ConfigMap and extraVolumes" bash -c "
+        python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/parent.yaml' &&
+        grep -q 'mountPath: /certs' '$work/parent.yaml' && grep -q 'emptyDir: {}' '$work/parent.yaml'"
     check "parent chart: no sluice Deployment or Service of its own; sidecar gRPC on loopback" bash -c "
         ! grep -q 'name: shop-sluice\$' <(grep -A2 -E '^kind: (Deployment|Service)\$' '$work/parent.yaml') &&
         grep -q -- '--grpc-addr=127.0.0.1:8081' '$work/parent.yaml'"
@@ -401,6 +431,9 @@ refuse "schema refuses an xds.server without a port" t --set kube.enabled=false 
 refuse "schema refuses an xds.server with a path" t --set kube.enabled=false --set xds.server=http://eg.eg:18000/x
 refuse "schema refuses an empty xds.nodeId" t --set xds.server=http://eg.eg:18000 --set-string xds.nodeId=
 refuse "schema refuses an unknown xds field" t --set xds.node=n
+refuse "schema refuses an extraVolumes entry without a name" t --set-json 'extraVolumes=[{"emptyDir":{}}]'
+refuse "schema refuses an extraVolumeMounts entry without a mountPath" t --set-json 'extraVolumeMounts=[{"name":"x"}]'
+refuse "schema refuses extraVolumes that is not a list" t --set-json 'extraVolumes={"name":"x"}'
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
 refuse "template refuses tls.grpc with both existingSecret and certManager" \

@@ -384,7 +384,7 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled $v.xds.tls.existingSecret }}
+  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled $v.xds.tls.existingSecret $v.extraVolumeMounts }}
   volumeMounts:
     {{- if $v.policies }}
     - name: sluice-policies
@@ -408,10 +408,13 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
       mountPath: /etc/sluice/tls/xds
       readOnly: true
     {{- end }}
+    {{- with $v.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
 {{- end }}
 
-{{/* The volumes "sluice.container" mounts (same arguments). */}}
+{{/* The volumes "sluice.container" mounts, and extraVolumes (same arguments). */}}
 {{- define "sluice.volumes" -}}
 {{- $v := .values -}}
 {{- if $v.policies }}
@@ -435,6 +438,9 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
 - name: sluice-tls-xds
   secret:
     secretName: {{ . }}
+{{- end }}
+{{- with $v.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
