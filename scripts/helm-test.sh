@@ -299,6 +299,23 @@ p = d[\"spec\"][\"template\"][\"spec\"]; cs = {c[\"name\"]: c for c in p[\"conta
 assert {\"name\": \"x\", \"mountPath\": \"/x\"} in cs[\"sluice\"][\"volumeMounts\"], cs[\"sluice\"]
 assert [v[\"name\"] for v in p[\"volumes\"]].count(\"x\") == 1 and \"envoy-config\" in [v[\"name\"] for v in p[\"volumes\"]], p[\"volumes\"]
 '"
+check "metrics.compat: --prometheus-addr, a metrics-compat container and Service port; none by default" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t --set metrics.compat.enabled=true --set metrics.compat.port=19001 --api-versions monitoring.coreos.com/v1 --set serviceMonitor.enabled=true | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+assert \"--prometheus-addr=0.0.0.0:19001\" in c[\"args\"], c[\"args\"]
+assert {\"name\": \"metrics-compat\", \"containerPort\": 19001, \"protocol\": \"TCP\"} in c[\"ports\"], c[\"ports\"]
+s = [x for x in ds if x[\"kind\"] == \"Service\" and x[\"metadata\"][\"name\"] == \"r-sluice\"][0]
+assert {\"name\": \"metrics-compat\", \"port\": 19001, \"targetPort\": \"metrics-compat\", \"protocol\": \"TCP\"} in s[\"spec\"][\"ports\"], s
+sm = [x for x in ds if x[\"kind\"] == \"ServiceMonitor\"][0]
+assert [e[\"port\"] for e in sm[\"spec\"][\"endpoints\"]] == [\"http\"], sm
+'
+t -f $CHART/examples/sidecar.yaml --set metrics.compat.enabled=true | grep -q 'name: metrics-compat'
+! t | grep -q -e '--prometheus-addr' -e 'metrics-compat'"
 check "xds from Envoy Gateway: --xds-server, node id envoy-ratelimit, TLS files from the mounted Secret; no --kube" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-xds.yaml | python3 -c '
 import sys, yaml
@@ -434,6 +451,11 @@ refuse "schema refuses an unknown xds field" t --set xds.node=n
 refuse "schema refuses an extraVolumes entry without a name" t --set-json 'extraVolumes=[{"emptyDir":{}}]'
 refuse "schema refuses an extraVolumeMounts entry without a mountPath" t --set-json 'extraVolumeMounts=[{"name":"x"}]'
 refuse "schema refuses extraVolumes that is not a list" t --set-json 'extraVolumes={"name":"x"}'
+refuse "template refuses metrics.compat.port on the http port" t --set metrics.compat.enabled=true --set metrics.compat.port=8080
+refuse "template refuses metrics.compat.port on the sidecar Envoy's admin port" \
+    t -f "$CHART/examples/sidecar.yaml" --set metrics.compat.enabled=true --set metrics.compat.port=9901
+refuse "schema refuses metrics.compat.port 0" t --set metrics.compat.enabled=true --set metrics.compat.port=0
+refuse "schema refuses an unknown metrics field" t --set metrics.port=9090
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
 refuse "template refuses tls.grpc with both existingSecret and certManager" \

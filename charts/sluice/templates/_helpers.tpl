@@ -139,6 +139,12 @@ true
 {{- if and (or .Values.xds.tls.existingSecret .Values.xds.tls.serverName) (not (hasPrefix "https://" .Values.xds.server)) }}
 {{- fail "sluice: xds.tls.* needs an https:// xds.server" }}
 {{- end }}
+{{- if and .Values.metrics.compat.enabled (has (int .Values.metrics.compat.port) (list (int .Values.ports.grpc) (int .Values.ports.http) (int (.Values.ports.admin | default 8082)))) }}
+{{- fail "sluice: metrics.compat.port must differ from ports.grpc, ports.http and ports.admin" }}
+{{- end }}
+{{- if and .Values.metrics.compat.enabled (eq .Values.mode "sidecar") (has (int .Values.metrics.compat.port) (list (int .Values.sidecar.envoy.listenerPort) (int .Values.sidecar.envoy.adminPort))) }}
+{{- fail "sluice: metrics.compat.port must differ from Envoy's ports in the pod (sidecar.envoy.listenerPort, sidecar.envoy.adminPort)" }}
+{{- end }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
 {{- end }}
@@ -267,6 +273,9 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if $v.metrics.compat.enabled }}
+- --prometheus-addr=0.0.0.0:{{ $v.metrics.compat.port }}
+{{- end }}
 {{- if $v.hashKeys }}
 {{- if not $v.hashSecret.existingSecret }}
 {{- fail "hashKeys needs hashSecret.existingSecret: a Secret holding the hash key, the same for every replica" }}
@@ -370,6 +379,11 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     - name: http
       containerPort: {{ $v.ports.http }}
       protocol: TCP
+    {{- if $v.metrics.compat.enabled }}
+    - name: metrics-compat
+      containerPort: {{ $v.metrics.compat.port }}
+      protocol: TCP
+    {{- end }}
   livenessProbe:
     {{- include "sluice.probe" (merge (dict "probe" $v.livenessProbe) .) | nindent 4 }}
   readinessProbe:
