@@ -160,6 +160,15 @@ d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployme
 a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
 assert \"--rlqs-assignment-ttl=1m30s\" in a and \"--rlqs-abandon-after=5m\" in a, a
 '"
+check "durations as the flags take them: storeTimeout=2.5ms, reloadInterval=1d, rlqs.abandonAfter=1.5m" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set-string storeTimeout=2.5ms \
+        --set-string reloadInterval=1d --set-string rlqs.abandonAfter=1.5m | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
+for f in (\"--store-timeout=2.5ms\", \"--reload-interval=1d\", \"--rlqs-abandon-after=1.5m\"):
+    assert f in a, (f, a)
+'"
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
@@ -427,6 +436,9 @@ refuse "schema refuses failureMode: maybe" t --set failureMode=maybe
 refuse "schema refuses sidecar.envoy.failureModeDeny: maybe" t --set sidecar.envoy.failureModeDeny=maybe
 refuse "schema refuses a policies file not named *.yaml" t --set-string 'policies.api\.txt=domain: a'
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
+refuse "schema refuses a storeTimeout in an unknown unit" t --set-string storeTimeout=1w
+refuse "schema refuses a storeTimeout of a bare dot" t --set-string storeTimeout=.ms
+refuse "schema refuses a malformed reloadInterval" t --set-string reloadInterval=2.5
 refuse "schema refuses an rlqs.assignmentTtl of less than a whole second" t --set-string rlqs.assignmentTtl=500ms
 refuse "schema refuses an rlqs.assignmentTtl of 0s" t --set-string rlqs.assignmentTtl=0s
 refuse "schema refuses a malformed rlqs.abandonAfter" t --set-string rlqs.abandonAfter=60
