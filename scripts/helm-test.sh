@@ -120,7 +120,7 @@ done
 
 # Specific renders.
 t() { "$HELM" template r "$CHART" --kube-version "$K8S_VERSION" "$@"; }
-check "default: Deployment probes /healthz and /readyz on the http port, grace above --shutdown-grace" \
+check "default: Deployment probes /healthz and /readyz on the http port, grace above --shutdown-grace, --response-headers=auto" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t | python3 -c '
 import sys, yaml
 d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
@@ -129,6 +129,7 @@ assert c[\"livenessProbe\"][\"httpGet\"] == {\"path\": \"/healthz\", \"port\": \
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}, c[\"readinessProbe\"]
 assert \"--shutdown-grace=20s\" in c[\"args\"] and p[\"terminationGracePeriodSeconds\"] == 30
 assert \"--grpc-addr=0.0.0.0:8081\" in c[\"args\"] and \"--kube\" in c[\"args\"]
+assert \"--response-headers=auto\" in c[\"args\"], c[\"args\"]
 assert c[\"securityContext\"][\"readOnlyRootFilesystem\"] and p[\"securityContext\"][\"runAsNonRoot\"]
 '"
 check "kube.namespace: a Role and RoleBinding in that namespace, no ClusterRole" \
@@ -158,6 +159,15 @@ import sys, yaml
 d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
 a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
 assert \"--rlqs-assignment-ttl=1m30s\" in a and \"--rlqs-abandon-after=5m\" in a, a
+'"
+check "durations as the flags take them: storeTimeout=2.5ms, reloadInterval=1d, rlqs.abandonAfter=1.5m" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set-string storeTimeout=2.5ms \
+        --set-string reloadInterval=1d --set-string rlqs.abandonAfter=1.5m | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
+for f in (\"--store-timeout=2.5ms\", \"--reload-interval=1d\", \"--rlqs-abandon-after=1.5m\"):
+    assert f in a, (f, a)
 '"
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
@@ -271,6 +281,78 @@ assert {\"name\": \"sluice-tls-grpc\", \"secret\": {\"secretName\": \"envoy-rate
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}
 assert not [x for x in ds if x[\"kind\"] == \"Certificate\"]
 '"
+check "extraVolumes and extraVolumeMounts: a Secret for Redis TLS in the pod and the sluice container, beside the chart's own" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+cat >'$work/extra-volumes.yaml' <<'YAML'
+redis:
+  urls: [\"rediss://redis.data:6380?tls_ca=/etc/sluice/redis-tls/ca.crt\"]
+extraVolumes: [{name: redis-tls, secret: {secretName: redis-tls}}]
+extraVolumeMounts: [{name: redis-tls, mountPath: /etc/sluice/redis-tls, readOnly: true}]
+YAML
+t -f '$work/extra-volumes.yaml' >'$work/extra-volumes-render.yaml'
+python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' --external-secret redis-tls '$work/extra-volumes-render.yaml'
+python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]
+assert c[\"volumeMounts\"] == [{\"name\": \"redis-tls\", \"mountPath\": \"/etc/sluice/redis-tls\", \"readOnly\": True}], c[\"volumeMounts\"]
+assert p[\"volumes\"] == [{\"name\": \"redis-tls\", \"secret\": {\"secretName\": \"redis-tls\"}}], p[\"volumes\"]
+assert \"--redis=rediss://redis.data:6380?tls_ca=/etc/sluice/redis-tls/ca.crt\" in c[\"args\"], c[\"args\"]
+' '$work/extra-volumes-render.yaml'
+t -f $CHART/examples/sidecar.yaml --set-json 'extraVolumes=[{\"name\":\"x\",\"emptyDir\":{}}]' \
+    --set-json 'extraVolumeMounts=[{\"name\":\"x\",\"mountPath\":\"/x\"}]' | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; cs = {c[\"name\"]: c for c in p[\"containers\"]}
+assert {\"name\": \"x\", \"mountPath\": \"/x\"} in cs[\"sluice\"][\"volumeMounts\"], cs[\"sluice\"]
+assert [v[\"name\"] for v in p[\"volumes\"]].count(\"x\") == 1 and \"envoy-config\" in [v[\"name\"] for v in p[\"volumes\"]], p[\"volumes\"]
+'"
+check "metrics.compat: --prometheus-addr, a metrics-compat container and Service port; none by default" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t --set metrics.compat.enabled=true --set metrics.compat.port=19001 --api-versions monitoring.coreos.com/v1 --set serviceMonitor.enabled=true | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
+assert \"--prometheus-addr=0.0.0.0:19001\" in c[\"args\"], c[\"args\"]
+assert {\"name\": \"metrics-compat\", \"containerPort\": 19001, \"protocol\": \"TCP\"} in c[\"ports\"], c[\"ports\"]
+s = [x for x in ds if x[\"kind\"] == \"Service\" and x[\"metadata\"][\"name\"] == \"r-sluice\"][0]
+assert {\"name\": \"metrics-compat\", \"port\": 19001, \"targetPort\": \"metrics-compat\", \"protocol\": \"TCP\"} in s[\"spec\"][\"ports\"], s
+sm = [x for x in ds if x[\"kind\"] == \"ServiceMonitor\"][0]
+assert [e[\"port\"] for e in sm[\"spec\"][\"endpoints\"]] == [\"http\"], sm
+'
+t -f $CHART/examples/sidecar.yaml --set metrics.compat.enabled=true | grep -q 'name: metrics-compat'
+! t | grep -q -e '--prometheus-addr' -e 'metrics-compat'"
+check "xds from Envoy Gateway: --xds-server, node id envoy-ratelimit, TLS files from the mounted Secret; no --kube" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-xds.yaml | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]; a = c[\"args\"]
+for f in (\"--xds-server=https://envoy-gateway.envoy-gateway-system.svc.cluster.local:18001\", \"--xds-node-id=envoy-ratelimit\",
+          \"--xds-tls-ca=/etc/sluice/tls/xds/ca.crt\", \"--xds-tls-cert=/etc/sluice/tls/xds/tls.crt\", \"--xds-tls-key=/etc/sluice/tls/xds/tls.key\",
+          \"--response-headers=auto\"):
+    assert f in a, (f, a)
+assert \"--kube\" not in a and not [x for x in a if x.startswith((\"--config\", \"--xds-tls-server-name\"))], a
+assert {\"name\": \"sluice-tls-xds\", \"mountPath\": \"/etc/sluice/tls/xds\", \"readOnly\": True} in c[\"volumeMounts\"]
+assert {\"name\": \"sluice-tls-xds\", \"secret\": {\"secretName\": \"envoy-rate-limit\"}} in p[\"volumes\"]
+assert p[\"automountServiceAccountToken\"] is False
+'"
+check "xds over plain HTTP alone: --xds-server and --xds-node-id, no TLS flags or volume; xds.tls.serverName passed" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t --set kube.enabled=false --set xds.server=http://eg.eg:18000 --set xds.nodeId=n1 | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]; a = c[\"args\"]
+assert \"--xds-server=http://eg.eg:18000\" in a and \"--xds-node-id=n1\" in a, a
+assert not [x for x in a if x.startswith(\"--xds-tls\")], a
+assert \"volumeMounts\" not in c and \"volumes\" not in p, (c, p)
+'
+t --set kube.enabled=false --set xds.server=https://eg.eg:18001 --set xds.tls.existingSecret=s --set xds.tls.serverName=eg | grep -q -- '- --xds-tls-server-name=eg'
+! t | grep -q -- '--xds-'"
 check "tls with cert-manager: a Certificate per port, HTTPS probes, ServiceMonitor over HTTPS" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/tls-cert-manager.yaml --namespace sluice --api-versions monitoring.coreos.com/v1 | python3 -c '
 import sys, yaml
@@ -306,6 +388,8 @@ cat >"$parent/values.yaml" <<'YAML'
 sluice:
   mode: helpers
   kube: {enabled: false}
+  extraVolumes: [{name: certs, emptyDir: {}}]
+  extraVolumeMounts: [{name: certs, mountPath: /certs, readOnly: true}]
   policies:
     shop.yaml: |
       domain: shop
@@ -335,8 +419,9 @@ spec:
 YAML
 if "$HELM" template shop "$parent" --kube-version "$K8S_VERSION" >"$work/parent.yaml" 2>"$work/err"; then
     ok "parent chart renders with include \"sluice.container\" (mode: helpers)"
-    check "parent chart objects valid; sluice sidecar mounts the subchart's policies ConfigMap" \
-        python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" "$work/parent.yaml"
+    check "parent chart objects valid; sluice sidecar mounts the subchart's policies ConfigMap and extraVolumes" bash -c "
+        python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/parent.yaml' &&
+        grep -q 'mountPath: /certs' '$work/parent.yaml' && grep -q 'emptyDir: {}' '$work/parent.yaml'"
     check "parent chart: no sluice Deployment or Service of its own; sidecar gRPC on loopback" bash -c "
         ! grep -q 'name: shop-sluice\$' <(grep -A2 -E '^kind: (Deployment|Service)\$' '$work/parent.yaml') &&
         grep -q -- '--grpc-addr=127.0.0.1:8081' '$work/parent.yaml'"
@@ -351,6 +436,9 @@ refuse "schema refuses failureMode: maybe" t --set failureMode=maybe
 refuse "schema refuses sidecar.envoy.failureModeDeny: maybe" t --set sidecar.envoy.failureModeDeny=maybe
 refuse "schema refuses a policies file not named *.yaml" t --set-string 'policies.api\.txt=domain: a'
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
+refuse "schema refuses a storeTimeout in an unknown unit" t --set-string storeTimeout=1w
+refuse "schema refuses a storeTimeout of a bare dot" t --set-string storeTimeout=.ms
+refuse "schema refuses a malformed reloadInterval" t --set-string reloadInterval=2.5
 refuse "schema refuses an rlqs.assignmentTtl of less than a whole second" t --set-string rlqs.assignmentTtl=500ms
 refuse "schema refuses an rlqs.assignmentTtl of 0s" t --set-string rlqs.assignmentTtl=0s
 refuse "schema refuses a malformed rlqs.abandonAfter" t --set-string rlqs.abandonAfter=60
@@ -363,6 +451,23 @@ refuse "template refuses redis.sentinel.masters without sentinels" t --set 'redi
 refuse "schema refuses a sentinel URL that is not redis:// or rediss://" \
     t --set 'redis.sentinel.urls[0]=s:26379' --set 'redis.sentinel.masters[0]=m'
 refuse "template refuses no policy source (kube off, no policies)" t --set kube.enabled=false
+refuse "template refuses an https:// xds.server without xds.tls.existingSecret" \
+    t --set kube.enabled=false --set xds.server=https://eg.eg:18001
+refuse "template refuses xds.tls.existingSecret with an http:// xds.server" \
+    t --set xds.server=http://eg.eg:18000 --set xds.tls.existingSecret=s
+refuse "template refuses xds.tls.existingSecret without xds.server" t --set xds.tls.existingSecret=s
+refuse "schema refuses an xds.server without a port" t --set kube.enabled=false --set xds.server=http://eg.eg
+refuse "schema refuses an xds.server with a path" t --set kube.enabled=false --set xds.server=http://eg.eg:18000/x
+refuse "schema refuses an empty xds.nodeId" t --set xds.server=http://eg.eg:18000 --set-string xds.nodeId=
+refuse "schema refuses an unknown xds field" t --set xds.node=n
+refuse "schema refuses an extraVolumes entry without a name" t --set-json 'extraVolumes=[{"emptyDir":{}}]'
+refuse "schema refuses an extraVolumeMounts entry without a mountPath" t --set-json 'extraVolumeMounts=[{"name":"x"}]'
+refuse "schema refuses extraVolumes that is not a list" t --set-json 'extraVolumes={"name":"x"}'
+refuse "template refuses metrics.compat.port on the http port" t --set metrics.compat.enabled=true --set metrics.compat.port=8080
+refuse "template refuses metrics.compat.port on the sidecar Envoy's admin port" \
+    t -f "$CHART/examples/sidecar.yaml" --set metrics.compat.enabled=true --set metrics.compat.port=9901
+refuse "schema refuses metrics.compat.port 0" t --set metrics.compat.enabled=true --set metrics.compat.port=0
+refuse "schema refuses an unknown metrics field" t --set metrics.port=9090
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
 refuse "template refuses tls.grpc with both existingSecret and certManager" \

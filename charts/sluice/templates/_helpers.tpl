@@ -130,8 +130,20 @@ true
 {{- if and (not $sentinel.urls) (or $sentinel.masters $sentinel.existingSecret) }}
 {{- fail "sluice: redis.sentinel.masters and redis.sentinel.existingSecret need redis.sentinel.urls (the sentinels to ask)" }}
 {{- end }}
-{{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) }}
-{{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, or existingPolicyConfigMaps" }}
+{{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) (not .Values.xds.server) }}
+{{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, existingPolicyConfigMaps, or xds.server" }}
+{{- end }}
+{{- if and (hasPrefix "https://" .Values.xds.server) (not .Values.xds.tls.existingSecret) }}
+{{- fail "sluice: an https:// xds.server needs xds.tls.existingSecret (ca.crt, tls.crt, tls.key): Sluice trusts only the authority given for it" }}
+{{- end }}
+{{- if and (or .Values.xds.tls.existingSecret .Values.xds.tls.serverName) (not (hasPrefix "https://" .Values.xds.server)) }}
+{{- fail "sluice: xds.tls.* needs an https:// xds.server" }}
+{{- end }}
+{{- if and .Values.metrics.compat.enabled (has (int .Values.metrics.compat.port) (list (int .Values.ports.grpc) (int .Values.ports.http) (int (.Values.ports.admin | default 8082)))) }}
+{{- fail "sluice: metrics.compat.port must differ from ports.grpc, ports.http and ports.admin" }}
+{{- end }}
+{{- if and .Values.metrics.compat.enabled (eq .Values.mode "sidecar") (has (int .Values.metrics.compat.port) (list (int .Values.sidecar.envoy.listenerPort) (int .Values.sidecar.envoy.adminPort))) }}
+{{- fail "sluice: metrics.compat.port must differ from Envoy's ports in the pod (sidecar.envoy.listenerPort, sidecar.envoy.adminPort)" }}
 {{- end }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
@@ -203,6 +215,20 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --shared-domains={{ join "," . }}
 {{- end }}
 {{- end }}
+{{- with $v.xds }}
+{{- if .server }}
+- --xds-server={{ .server }}
+- --xds-node-id={{ .nodeId }}
+{{- if .tls.existingSecret }}
+- --xds-tls-ca=/etc/sluice/tls/xds/ca.crt
+- --xds-tls-cert=/etc/sluice/tls/xds/tls.crt
+- --xds-tls-key=/etc/sluice/tls/xds/tls.key
+{{- end }}
+{{- with .tls.serverName }}
+- --xds-tls-server-name={{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if or $v.redis.urls $v.redis.bundled.enabled }}
 - --redis={{ include "sluice.redisUrls" . }}
 {{- end }}
@@ -246,6 +272,9 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 - --{{ $port }}-tls-client-ca=/etc/sluice/tls/{{ $port }}/ca.crt
 {{- end }}
 {{- end }}
+{{- end }}
+{{- if $v.metrics.compat.enabled }}
+- --prometheus-addr=0.0.0.0:{{ $v.metrics.compat.port }}
 {{- end }}
 {{- if $v.hashKeys }}
 {{- if not $v.hashSecret.existingSecret }}
@@ -350,6 +379,11 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     - name: http
       containerPort: {{ $v.ports.http }}
       protocol: TCP
+    {{- if $v.metrics.compat.enabled }}
+    - name: metrics-compat
+      containerPort: {{ $v.metrics.compat.port }}
+      protocol: TCP
+    {{- end }}
   livenessProbe:
     {{- include "sluice.probe" (merge (dict "probe" $v.livenessProbe) .) | nindent 4 }}
   readinessProbe:
@@ -364,7 +398,7 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
     {{- toYaml $v.resources | nindent 4 }}
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
-  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled }}
+  {{- if or $v.policies $v.existingPolicyConfigMaps $v.tls.grpc.enabled $v.tls.http.enabled $v.xds.tls.existingSecret $v.extraVolumeMounts }}
   volumeMounts:
     {{- if $v.policies }}
     - name: sluice-policies
@@ -383,10 +417,18 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
       readOnly: true
     {{- end }}
     {{- end }}
+    {{- if $v.xds.tls.existingSecret }}
+    - name: sluice-tls-xds
+      mountPath: /etc/sluice/tls/xds
+      readOnly: true
+    {{- end }}
+    {{- with $v.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
 {{- end }}
 
-{{/* The volumes "sluice.container" mounts (same arguments). */}}
+{{/* The volumes "sluice.container" mounts, and extraVolumes (same arguments). */}}
 {{- define "sluice.volumes" -}}
 {{- $v := .values -}}
 {{- if $v.policies }}
@@ -405,6 +447,14 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
   secret:
     secretName: {{ include "sluice.tlsSecret" (merge (dict "port" $port) $) }}
 {{- end }}
+{{- end }}
+{{- with $v.xds.tls.existingSecret }}
+- name: sluice-tls-xds
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- with $v.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
