@@ -1275,30 +1275,7 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
         let started = Instant::now();
         let admitted = common::in_one_window(Duration::from_secs(86_400), async |n| {
             let value = format!("one-{n}");
-            let mut clients = Vec::new();
-            for c in 0..16 {
-                let mut client = servers[c % 3].client().await;
-                let value = value.clone();
-                clients.push(tokio::spawn(async move {
-                    let mut ok = 0u32;
-                    for _ in 0..5_000 / 16 + usize::from(c < 5_000 % 16) {
-                        let r = common::call(
-                            &mut client,
-                            common::request("exact", vec![common::desc(&[(alg, &value)])]),
-                        )
-                        .await;
-                        if r.overall_code == common::OK {
-                            ok += 1;
-                        }
-                    }
-                    ok
-                }));
-            }
-            let mut admitted = 0;
-            for c in clients {
-                admitted += c.await.expect("client");
-            }
-            admitted
+            common::admitted_across(&servers, 16, 5_000, "exact", (alg, &value)).await
         })
         .await;
         assert_eq!(admitted, 1_000, "{alg}");

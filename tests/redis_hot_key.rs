@@ -110,27 +110,7 @@ async fn a_hot_key_admits_exactly_its_limit_with_no_failure_mode_answer() {
         let started = std::time::Instant::now();
         let admitted = common::in_one_window(Duration::from_secs(86_400), async |n| {
             let value = format!("one-{n}");
-            let mut clients = Vec::new();
-            for c in 0..CLIENTS {
-                let mut client = replicas[c % 3].client().await;
-                let calls = requests / CLIENTS + usize::from(c < requests % CLIENTS);
-                let value = value.clone();
-                clients.push(tokio::spawn(async move {
-                    let mut ok = 0u32;
-                    for _ in 0..calls {
-                        let req = common::request("hot", vec![common::desc(&[(rule, &value)])]);
-                        if common::call(&mut client, req).await.overall_code == common::OK {
-                            ok += 1;
-                        }
-                    }
-                    ok
-                }));
-            }
-            let mut admitted = 0;
-            for c in clients {
-                admitted += c.await.expect("client");
-            }
-            admitted
+            common::admitted_across(&replicas, CLIENTS, requests, "hot", (rule, &value)).await
         })
         .await;
         let took = started.elapsed();

@@ -414,6 +414,37 @@ pub async fn in_one_window<T>(window: Duration, mut attempt: impl AsyncFnMut(u32
     panic!("three runs each crossed the end of a window of {window:?}");
 }
 
+/// Sends `total` requests of one descriptor `(key, value)` in `domain` from `clients`
+/// concurrent clients, spread over `servers` in turn; returns how many were admitted.
+pub async fn admitted_across(
+    servers: &[Server],
+    clients: usize,
+    total: usize,
+    domain: &str,
+    (key, value): (&str, &str),
+) -> u32 {
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client = servers[c % servers.len()].client().await;
+        let calls = total / clients + usize::from(c < total % clients);
+        let req = request(domain, vec![desc(&[(key, value)])]);
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u32;
+            for _ in 0..calls {
+                if call(&mut client, req.clone()).await.overall_code == OK {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.expect("client");
+    }
+    admitted
+}
+
 /// Waits until `f` holds, polling; panics with `what` after `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
 where
