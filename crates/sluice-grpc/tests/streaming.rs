@@ -1,5 +1,6 @@
 //! The lean gRPC server's streaming calls, through its library API: a test handler
-//! with a client-streaming and a bidirectional method, called over plain HTTP/2.
+//! with a client-streaming and a bidirectional method (and a unary one), called over
+//! plain HTTP/2.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,9 +10,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use sluice_grpc::{Code, Deadline, GrpcError, Handler, Kind, Messages, Reply, Server, Settings};
 
-/// `Sum` answers once with the total length of the messages it was sent; `Echo`
-/// answers each message with itself, as it arrives, and counts in `echoed` the
-/// answers the server has taken to send.
+/// `Len` (unary) answers with the length of its message; `Sum` answers once with
+/// the total length of the messages it was sent; `Echo` answers each message with
+/// itself, as it arrives, and counts in `echoed` the answers the server has taken
+/// to send.
 #[derive(Default)]
 struct Test {
     echoed: Arc<AtomicUsize>,
@@ -21,6 +23,7 @@ struct Test {
 enum Method {
     Sum,
     Echo,
+    Len,
 }
 
 fn framed(message: &[u8]) -> Bytes {
@@ -38,12 +41,13 @@ impl Handler for Test {
         match path {
             "/test.Test/Sum" => Some((Method::Sum, Kind::Streaming)),
             "/test.Test/Echo" => Some((Method::Echo, Kind::Streaming)),
+            "/test.Test/Len" => Some((Method::Len, Kind::Unary)),
             _ => None,
         }
     }
 
-    async fn call(&self, _: Method, _: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
-        Err(GrpcError::new(Code::Internal, "no unary method"))
+    async fn call(&self, _: Method, m: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
+        Ok(Reply::One(framed(m.len().to_string().as_bytes())))
     }
 
     async fn stream(
@@ -71,6 +75,7 @@ impl Handler for Test {
                         .boxed(),
                 ))
             }
+            Method::Len => Err(GrpcError::new(Code::Internal, "a unary method")),
         }
     }
 }
@@ -271,4 +276,21 @@ async fn a_client_that_does_not_read_holds_the_answers_back() {
     assert_eq!(got, SENT * 105);
     assert_eq!(grpc_status(&mut body).await, "0");
     assert_eq!(echoed.load(Ordering::Relaxed), SENT);
+}
+
+#[tokio::test]
+async fn a_unary_call_is_read_with_no_limit_at_all() {
+    let server = start(Settings {
+        max_message: usize::MAX,
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Len"), false)
+        .unwrap();
+    send.send_data(framed(b"four"), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"4"));
+    assert_eq!(grpc_status(&mut body).await, "0");
 }
