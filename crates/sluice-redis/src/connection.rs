@@ -262,7 +262,9 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
             if n > MAX_REPLY / 4 {
                 return Err(protocol("array too long"));
             }
-            let mut values = Vec::with_capacity(n);
+            // Each item takes 4 bytes at least (`:0\r\n`): no reservation past what
+            // has arrived (a 12-byte header may declare 16 Mi items).
+            let mut values = Vec::with_capacity(n.min((buf.len() - at) / 4));
             for _ in 0..n {
                 let Some((item, next)) = line(buf, at) else {
                     return Ok(None);
