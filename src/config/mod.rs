@@ -178,6 +178,19 @@ mod tests {
         for bad in ["", "KiB", "0", "0KiB", "64kb", "-1", "1.5MiB"] {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
         }
+        // --max-request-bytes: 4 GiB at most (a gRPC frame's length is 32 bits).
+        assert_eq!(parse_request_bytes("4096MiB"), Ok(4 << 30));
+        assert!(parse_request_bytes("0").is_err());
+        for over in ["4097MiB", "4294967297", "18446744073709551615"] {
+            let e = parse_request_bytes(over).unwrap_err();
+            assert!(e.contains("over 4096MiB"), "{over}: {e}");
+        }
+        let args = ["sluice", "serve", "--max-request-bytes", "8192MiB"];
+        let e = Cli::try_parse_from(args).unwrap_err().to_string();
+        assert!(
+            e.contains("--max-request-bytes") && e.contains("over 4096MiB"),
+            "{e}"
+        );
     }
 
     #[test]

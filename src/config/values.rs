@@ -200,6 +200,19 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--max-request-bytes`: a size ([`parse_bytes`]) of at most 4 GiB. A gRPC
+/// message's length prefix is 32 bits, so no limit above that refuses anything more.
+pub fn parse_request_bytes(s: &str) -> Result<usize, String> {
+    const MOST: u64 = 4 << 30;
+    let b = parse_bytes(s)?;
+    if b as u64 > MOST {
+        return Err(format!(
+            "size {s:?} is over 4096MiB, the most a gRPC message can declare"
+        ));
+    }
+    Ok(b)
+}
+
 /// A duration of whole seconds, at least one: Envoy reads quota TTLs in whole
 /// seconds, so `1500ms` would silently become 1 s there.
 pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {

@@ -110,6 +110,13 @@ async fn unless_reset<T>(
 
 /// Sends a streaming reply until it ends, the client resets the stream or the
 /// server stops (then UNAVAILABLE, so that the client goes elsewhere).
+///
+/// A message is sent only once the stream has room for it in the client's window
+/// (h2 would otherwise queue it, without limit, for a client that does not read), and
+/// the next is not asked for meanwhile: the reply's producer waits, and so does its
+/// reading of the client's requests (RLQS answers each report it reads). What h2
+/// holds for one stream stays under one window (at most its send buffer) and one
+/// message.
 async fn stream(
     mut respond: SendResponse<Bytes>,
     mut messages: BoxStream<'static, Result<Bytes, GrpcError>>,
@@ -119,9 +126,12 @@ async fn stream(
         return;
     };
     let mut stopped = pin!(stop.wait_for(|s| *s));
+    // Taken from the reply, waiting for room in the window.
+    let mut held: Option<Bytes> = None;
     loop {
         enum Next {
             Item(Option<Result<Bytes, GrpcError>>),
+            Room,
             Reset,
             Stop,
         }
@@ -132,11 +142,36 @@ async fn stream(
             if stopped.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Next::Stop);
             }
-            messages.poll_next_unpin(cx).map(Next::Item)
+            if held.is_none() {
+                return messages.poll_next_unpin(cx).map(Next::Item);
+            }
+            loop {
+                return match send.poll_capacity(cx) {
+                    Poll::Ready(Some(Ok(0))) => continue,
+                    Poll::Ready(Some(Ok(_))) => Poll::Ready(Next::Room),
+                    // The stream can send no more (reset, or the connection went).
+                    Poll::Ready(_) => Poll::Ready(Next::Reset),
+                    Poll::Pending => Poll::Pending,
+                };
+            }
         })
         .await;
         let trailers = match next {
             Next::Item(Some(Ok(m))) => {
+                // Asks for the whole message: the window it is given may be less,
+                // and h2 sends the rest as the client reads.
+                send.reserve_capacity(m.len().min(MAX_RESERVE));
+                if send.capacity() == 0 {
+                    held = Some(m);
+                } else if send.send_data(m, false).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Next::Room => {
+                let m = held
+                    .take()
+                    .expect("room is waited for only with a message held");
                 if send.send_data(m, false).is_err() {
                     return;
                 }
@@ -151,6 +186,9 @@ async fn stream(
         return;
     }
 }
+
+/// The most send capacity asked for at once: HTTP/2's largest window.
+const MAX_RESERVE: usize = (1 << 31) - 1;
 
 fn ok_headers() -> Response<()> {
     let mut r = Response::new(());

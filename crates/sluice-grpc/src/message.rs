@@ -34,6 +34,8 @@ pub(super) async fn read_message(
     let mut more: Option<BytesMut> = None;
     let mut len = 0usize;
     let mut declared = false;
+    // Saturating: `max` may be as large as `usize::MAX`.
+    let most = max.saturating_add(PREFIX);
     loop {
         let next = poll_fn(|cx| {
             let next = body.poll_data(cx);
@@ -51,7 +53,7 @@ pub(super) async fn read_message(
         // The window reopens as data is read, not when the call is answered.
         let _ = body.flow_control().release_capacity(chunk.len());
         len += chunk.len();
-        if len > max + PREFIX {
+        if len > most {
             return Err(GrpcError::too_large(len - PREFIX, max));
         }
         match (&first, &mut more) {
@@ -144,7 +146,7 @@ impl Messages {
             return Ok(None);
         }
         let len = check_prefix(&self.buf[..PREFIX], self.max)?;
-        if self.buf.len() < PREFIX + len {
+        if self.buf.len() - PREFIX < len {
             return Ok(None);
         }
         self.buf.advance(PREFIX);
@@ -251,6 +253,13 @@ mod tests {
                 .unwrap_err()
                 .code,
             Code::ResourceExhausted
+        );
+        // No limit at all: every length a prefix can declare.
+        assert_eq!(
+            unframe(Bytes::from_static(&[0, 0, 0, 0, 1, 7]), usize::MAX)
+                .unwrap()
+                .len(),
+            1
         );
     }
 }

@@ -1,20 +1,29 @@
 //! The lean gRPC server's streaming calls, through its library API: a test handler
-//! with a client-streaming and a bidirectional method, called over plain HTTP/2.
+//! with a client-streaming and a bidirectional method (and a unary one), called over
+//! plain HTTP/2.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use sluice_grpc::{Code, Deadline, GrpcError, Handler, Kind, Messages, Reply, Server, Settings};
 
-/// `Sum` answers once with the total length of the messages it was sent;
-/// `Echo` answers each message with itself, as it arrives.
-struct Test;
+/// `Len` (unary) answers with the length of its message; `Sum` answers once with
+/// the total length of the messages it was sent; `Echo` answers each message with
+/// itself, as it arrives, and counts in `echoed` the answers the server has taken
+/// to send.
+#[derive(Default)]
+struct Test {
+    echoed: Arc<AtomicUsize>,
+}
 
 #[derive(Clone, Copy)]
 enum Method {
     Sum,
     Echo,
+    Len,
 }
 
 fn framed(message: &[u8]) -> Bytes {
@@ -32,12 +41,13 @@ impl Handler for Test {
         match path {
             "/test.Test/Sum" => Some((Method::Sum, Kind::Streaming)),
             "/test.Test/Echo" => Some((Method::Echo, Kind::Streaming)),
+            "/test.Test/Len" => Some((Method::Len, Kind::Unary)),
             _ => None,
         }
     }
 
-    async fn call(&self, _: Method, _: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
-        Err(GrpcError::new(Code::Internal, "no unary method"))
+    async fn call(&self, _: Method, m: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
+        Ok(Reply::One(framed(m.len().to_string().as_bytes())))
     }
 
     async fn stream(
@@ -54,9 +64,18 @@ impl Handler for Test {
                 }
                 Ok(Reply::One(framed(total.to_string().as_bytes())))
             }
-            Method::Echo => Ok(Reply::Stream(
-                messages.map(|m| m.map(|m| framed(&m))).boxed(),
-            )),
+            Method::Echo => {
+                let echoed = self.echoed.clone();
+                Ok(Reply::Stream(
+                    messages
+                        .map(move |m| {
+                            echoed.fetch_add(1, Ordering::Relaxed);
+                            m.map(|m| framed(&m))
+                        })
+                        .boxed(),
+                ))
+            }
+            Method::Len => Err(GrpcError::new(Code::Internal, "a unary method")),
         }
     }
 }
@@ -67,12 +86,20 @@ struct Running {
 }
 
 async fn start(settings: Settings) -> Running {
+    start_with(Test::default(), settings).await
+}
+
+async fn start_with(handler: Test, settings: Settings) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(Server::new(Test).settings(settings).serve(listener, async {
-        let _ = rx.await;
-    }));
+    tokio::spawn(
+        Server::new(handler)
+            .settings(settings)
+            .serve(listener, async {
+                let _ = rx.await;
+            }),
+    );
     Running { addr, _stop: tx }
 }
 
@@ -208,4 +235,62 @@ async fn an_unknown_method_is_answered_before_its_request_ends() {
         .unwrap();
     assert_eq!(resp.headers()["grpc-status"], "12");
     assert!(resp.body().is_end_stream(), "trailers-only");
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_holds_the_answers_back() {
+    let echoed = Arc::new(AtomicUsize::new(0));
+    let test = Test {
+        echoed: echoed.clone(),
+    };
+    let server = start_with(test, Settings::default()).await;
+    // A stream window of 1 KiB, never opened further until the client reads.
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Echo"), false)
+        .unwrap();
+    let message = [7u8; 100];
+    const SENT: usize = 200;
+    for _ in 0..SENT {
+        send.send_data(framed(&message), false).unwrap();
+    }
+    send.send_data(Bytes::new(), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    // Unbounded, the server would take all 200 answers (21 KB) at once and queue
+    // them for the client; the window holds 9 of the 105-byte answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = echoed.load(Ordering::Relaxed);
+    assert!(taken <= 12, "{taken} answers taken for a window of 1 KiB");
+    // Once the client reads, the rest follow.
+    let mut got = 0;
+    while got < SENT * 105 {
+        got += data(&mut body).await.len();
+    }
+    assert_eq!(got, SENT * 105);
+    assert_eq!(grpc_status(&mut body).await, "0");
+    assert_eq!(echoed.load(Ordering::Relaxed), SENT);
+}
+
+#[tokio::test]
+async fn a_unary_call_is_read_with_no_limit_at_all() {
+    let server = start(Settings {
+        max_message: usize::MAX,
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Len"), false)
+        .unwrap();
+    send.send_data(framed(b"four"), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"4"));
+    assert_eq!(grpc_status(&mut body).await, "0");
 }

@@ -80,6 +80,28 @@ pub enum Answer {
 /// it took, or `None` while incomplete.
 pub type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, Error>;
 
+/// What a reader made of the start of a buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Parsed<T> {
+    /// A whole reply and the bytes it took.
+    Done(T, usize),
+    /// Incomplete: the reply takes at least this many bytes from the start.
+    Short(usize),
+}
+
+impl<T> Parsed<T> {
+    #[inline]
+    pub(crate) fn done(self) -> Option<(T, usize)> {
+        match self {
+            Parsed::Done(t, used) => Some((t, used)),
+            Parsed::Short(_) => None,
+        }
+    }
+}
+
+/// A [`Parser`] that says how short an incomplete reply is.
+type Reader<T> = fn(&[u8]) -> Result<Parsed<T>, Error>;
+
 /// One connection to a server.
 pub struct Wire {
     stream: stream::Stream,
@@ -153,7 +175,7 @@ impl Wire {
     /// an error. An `Err` leaves the connection unusable.
     pub async fn call(&mut self, req: &Request) -> Result<Answer, Error> {
         self.send(req.bytes()).await?;
-        self.reply(parse).await
+        self.reply(read_answer).await
     }
 
     /// Sends one command and reads its reply, whatever its shape.
@@ -165,20 +187,37 @@ impl Wire {
     /// Reads the next reply: the answer to a command sent with [`Wire::send`], or a
     /// message pushed to a subscriber.
     pub async fn next(&mut self) -> Result<Value, Error> {
-        self.reply(value::parse).await
+        self.reply(value::read).await
     }
 
-    async fn reply<T>(&mut self, parse: Parser<T>) -> Result<T, Error> {
+    /// Reads until `read` finds a whole reply. A reply that arrives in pieces is not
+    /// read again from its start for each: only once as many bytes have arrived as
+    /// it takes at least, and among the new ones the LF that ends every reply (the
+    /// ones before held none whole).
+    async fn reply<T>(&mut self, read: Reader<T>) -> Result<T, Error> {
+        // Bytes (from `at`) the reply takes at least; 0 until it was found short.
+        let mut need = 0;
+        // Bytes (from `at`) looked at already, found short.
+        let mut seen = 0;
         loop {
-            if let Some((answer, used)) = parse(&self.read[self.at..])? {
-                self.at += used;
-                if self.at == self.read.len() {
-                    self.read.clear();
-                    self.at = 0;
+            let have = self.read.len() - self.at;
+            if need == 0 || (have >= need && self.read[self.at + seen..].contains(&b'\n')) {
+                match read(&self.read[self.at..])? {
+                    Parsed::Done(answer, used) => {
+                        self.at += used;
+                        if self.at == self.read.len() {
+                            self.read.clear();
+                            self.at = 0;
+                        }
+                        return Ok(answer);
+                    }
+                    Parsed::Short(n) => need = n,
                 }
-                return Ok(answer);
+                seen = have;
+            } else if have >= need {
+                seen = have;
             }
-            if self.read.len() - self.at > MAX_REPLY {
+            if have > MAX_REPLY || need > MAX_REPLY {
                 return Err(Error::failed(ErrorKind::Protocol, "reply too large"));
             }
             if self.at > 0 {
@@ -243,18 +282,24 @@ pub(crate) fn integer(text: &[u8]) -> Result<i64, Error> {
 /// `Ok(None)` while incomplete. Only what the decide script, AUTH and SELECT answer
 /// is accepted.
 pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
+    read_answer(buf).map(Parsed::done)
+}
+
+/// [`parse`], saying how short an incomplete answer is.
+fn read_answer(buf: &[u8]) -> Result<Parsed<Answer>, Error> {
     let Some((first, mut at)) = line(buf, 0) else {
-        return Ok(None);
+        // 3 bytes at least (`+\r\n`), the last of them past the buffer.
+        return Ok(Parsed::Short(buf.len().max(2) + 1));
     };
     let Some((&kind, text)) = first.split_first() else {
         return Err(protocol("empty line"));
     };
     match kind {
-        b'+' | b':' => Ok(Some((Answer::Status, at))),
-        b'-' => Ok(Some((
+        b'+' | b':' => Ok(Parsed::Done(Answer::Status, at)),
+        b'-' => Ok(Parsed::Done(
             Answer::Error(String::from_utf8_lossy(text).into_owned()),
             at,
-        ))),
+        )),
         b'*' => {
             let n = integer(text)?;
             // *-1 (a null array) is not something the scripts send.
@@ -262,10 +307,14 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
             if n > MAX_REPLY / 4 {
                 return Err(protocol("array too long"));
             }
-            let mut values = Vec::with_capacity(n);
-            for _ in 0..n {
+            // Each item takes 4 bytes at least (`:0\r\n`): no reservation past what
+            // has arrived (a 12-byte header may declare 16 Mi items).
+            let mut values = Vec::with_capacity(n.min((buf.len() - at) / 4));
+            for i in 0..n {
                 let Some((item, next)) = line(buf, at) else {
-                    return Ok(None);
+                    // This item ends past the buffer, and each one after takes 4 more.
+                    let end = (at + 4).max(buf.len() + 1);
+                    return Ok(Parsed::Short(end + 4 * (n - i - 1)));
                 };
                 match item.split_first() {
                     Some((b':', digits)) => values.push(integer(digits)?),
@@ -273,7 +322,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Answer, usize)>, Error> {
                 }
                 at = next;
             }
-            Ok(Some((Answer::Integers(values), at)))
+            Ok(Parsed::Done(Answer::Integers(values), at))
         }
         _ => Err(protocol("unknown reply type")),
     }
@@ -313,7 +362,25 @@ mod tests {
         let full = b"*3\r\n:1\r\n:-1\r\n:9007199254740993\r\n";
         for cut in 0..full.len() {
             assert_eq!(parse(&full[..cut]).unwrap(), None, "cut at {cut}");
+            // What it says the reply takes at least: more than it has, no more than
+            // the reply.
+            let Parsed::Short(need) = read_answer(&full[..cut]).unwrap() else {
+                panic!("cut at {cut}: not short");
+            };
+            assert!(cut < need && need <= full.len(), "cut at {cut}: {need}");
         }
+        // Items of 4 bytes: the bound is the reply's length.
+        let small = b"*3\r\n:1\r\n:2\r\n:3\r\n";
+        assert_eq!(
+            read_answer(&small[..6]).unwrap(),
+            Parsed::Short(small.len())
+        );
+        // A header that declares more than a reply may hold is found short of it at
+        // once.
+        let Parsed::Short(need) = read_answer(b"*16777216\r\n").unwrap() else {
+            panic!("not short");
+        };
+        assert!(need > MAX_REPLY, "{need}");
         assert_eq!(
             parse(full).unwrap(),
             Some((

@@ -2,7 +2,7 @@
 //! array of integers: other scripts, `CONFIG GET`, `CLUSTER SLOTS`, `SENTINEL`,
 //! `ROLE`, pub/sub messages.
 
-use crate::connection::{integer, line, protocol, MAX_REPLY};
+use crate::connection::{integer, line, protocol, Parsed, MAX_REPLY};
 use crate::Error;
 
 /// Arrays nest no deeper than this (`CLUSTER SLOTS` nests three): a reply that does
@@ -51,12 +51,18 @@ impl Value {
 /// Parses one complete reply at the start of `buf`: the reply and the bytes it took,
 /// or `Ok(None)` while incomplete.
 pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, Error> {
+    read(buf).map(Parsed::done)
+}
+
+/// [`parse`], saying how short an incomplete reply is.
+pub(crate) fn read(buf: &[u8]) -> Result<Parsed<Value>, Error> {
     parse_at(buf, 0, 0)
 }
 
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, Error> {
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Parsed<Value>, Error> {
     let Some((first, next)) = line(buf, at) else {
-        return Ok(None);
+        // 3 bytes at least, the last of them past the buffer.
+        return Ok(Parsed::Short((at + 3).max(buf.len() + 1)));
     };
     let Some((&kind, text)) = first.split_first() else {
         return Err(protocol("empty line"));
@@ -68,7 +74,7 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
         b'$' => {
             let n = integer(text)?;
             if n == -1 {
-                return Ok(Some((Value::Nil, next)));
+                return Ok(Parsed::Done(Value::Nil, next));
             }
             let n = usize::try_from(n).map_err(|_| protocol("bad length"))?;
             if n > MAX_REPLY {
@@ -76,17 +82,17 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
             }
             let end = next + n;
             if buf.len() < end + 2 {
-                return Ok(None);
+                return Ok(Parsed::Short(end + 2));
             }
             if &buf[end..end + 2] != b"\r\n" {
                 return Err(protocol("bulk string without CRLF"));
             }
-            return Ok(Some((Value::Bulk(buf[next..end].to_vec()), end + 2)));
+            return Ok(Parsed::Done(Value::Bulk(buf[next..end].to_vec()), end + 2));
         }
         b'*' => {
             let n = integer(text)?;
             if n == -1 {
-                return Ok(Some((Value::Nil, next)));
+                return Ok(Parsed::Done(Value::Nil, next));
             }
             let n = usize::try_from(n).map_err(|_| protocol("bad length"))?;
             if n > MAX_REPLY / 4 {
@@ -98,18 +104,21 @@ fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)
             // Each item takes 3 bytes at least: no reservation past what arrived.
             let mut items = Vec::with_capacity(n.min((buf.len() - next) / 3));
             let mut at = next;
-            for _ in 0..n {
-                let Some((item, after)) = parse_at(buf, at, depth + 1)? else {
-                    return Ok(None);
-                };
-                items.push(item);
-                at = after;
+            for i in 0..n {
+                match parse_at(buf, at, depth + 1)? {
+                    Parsed::Done(item, after) => {
+                        items.push(item);
+                        at = after;
+                    }
+                    // Each item after this one takes 3 bytes more.
+                    Parsed::Short(end) => return Ok(Parsed::Short(end + 3 * (n - i - 1))),
+                }
             }
-            return Ok(Some((Value::Array(items), at)));
+            return Ok(Parsed::Done(Value::Array(items), at));
         }
         _ => return Err(protocol("unknown reply type")),
     };
-    Ok(Some((value, next)))
+    Ok(Parsed::Done(value, next))
 }
 
 #[cfg(test)]
@@ -121,7 +130,15 @@ mod tests {
         let full = b"*4\r\n$5\r\nhello\r\n:-3\r\n*2\r\n+OK\r\n$-1\r\n-ERR no\r\n";
         for cut in 0..full.len() {
             assert_eq!(parse(&full[..cut]).unwrap(), None, "cut at {cut}");
+            // What it says the reply takes at least: more than it has, no more than
+            // the reply.
+            let Parsed::Short(need) = read(&full[..cut]).unwrap() else {
+                panic!("cut at {cut}: not short");
+            };
+            assert!(cut < need && need <= full.len(), "cut at {cut}: {need}");
         }
+        // A bulk string's length says where it ends.
+        assert_eq!(read(b"$5\r\nhe").unwrap(), Parsed::Short(11));
         let (v, used) = parse(full).unwrap().unwrap();
         assert_eq!(used, full.len());
         assert_eq!(
