@@ -137,8 +137,8 @@ fn error(mark: Marker, message: &str) -> YamlError {
 }
 
 /// Resolves a scalar's type. Quoted and block scalars are strings; plain ones follow
-/// the YAML core schema, plus `yes`/`no`/`on`/`off` as booleans like the YAML 1.1
-/// readers of envoyproxy/ratelimit and kubectl.
+/// the YAML core schema, plus `y`/`n`/`yes`/`no`/`on`/`off` as booleans like the
+/// YAML 1.1 reader (go-yaml v2) of envoyproxy/ratelimit and kubectl.
 fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
     if let Some(tag) = tag {
         if tag.handle == "tag:yaml.org,2002:" || tag.handle == "!!" {
@@ -181,8 +181,12 @@ fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value,
 
 fn parse_bool(text: &str) -> Option<bool> {
     match text {
-        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
-        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        "true" | "True" | "TRUE" | "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
+            Some(true)
+        }
+        "false" | "False" | "FALSE" | "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
+            Some(false)
+        }
         _ => None,
     }
 }
@@ -238,7 +242,7 @@ mod tests {
 
     #[test]
     fn scalars_resolve_like_the_core_schema() {
-        let node = one("[1, -2, 0x10, 1.5, true, off, ~, '', \"7\", !!str 8, abc, 1e3]");
+        let node = one("[1, -2, 0x10, 1.5, true, off, ~, '', \"7\", !!str 8, abc, 1e3, n, 'y']");
         let Value::Seq(items) = node.value else {
             panic!("not a list")
         };
@@ -255,6 +259,8 @@ mod tests {
         assert_eq!(values[9], Value::Str("8".into()));
         assert_eq!(values[10], Value::Str("abc".into()));
         assert_eq!(values[11], Value::Float(1000.0, "1e3".into()));
+        assert_eq!(values[12], Value::Bool(false, "n".into()));
+        assert_eq!(values[13], Value::Str("y".into()));
     }
 
     #[test]
