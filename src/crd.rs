@@ -340,6 +340,9 @@ fn rate_limits_schema() -> Value {
 /// The most limits a `rateLimits` list holds (the parser's bound too).
 const MAX_RATE_LIMITS: usize = crate::policy::MAX_RATE_LIMITS;
 
+/// The longest `window` (the parser's bound for the resource form too).
+const MAX_WINDOW_CHARS: usize = crate::policy::MAX_WINDOW_CHARS;
+
 fn rate_limit_schema(depth: usize) -> Value {
     const UNITS: [&str; 14] = [
         "second", "minute", "hour", "day", "week", "month", "year", "SECOND", "MINUTE", "HOUR",
@@ -376,7 +379,7 @@ fn rate_limit_schema(depth: usize) -> Value {
             "window": {
                 "description": "The window, instead of unit: a duration such as 250ms, 10s, 5m, 1h or 1m30s, or calendar_day / calendar_month (local days or months in timeZone, counted by fixed_window).",
                 "type": "string",
-                "maxLength": 32,
+                "maxLength": MAX_WINDOW_CHARS,
                 "pattern": "^((([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(us|µs|ms|s|m|h|d))+|calendar_day|calendar_month)$"
             },
             "timeZone": {

@@ -475,6 +475,37 @@ async fn rate_limit_policies_from_a_real_api_server() {
     }
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
 
+    // What the schema refuses, `sluice validate` refuses too, with a message saying
+    // what to write: kubectl's YAML reader makes booleans and numbers of plain
+    // scalars, and the schema has spellings and bounds the parser alone would not.
+    let descriptor_policy = |domain: &str, descriptor: &str| {
+        format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: a, namespace: team-a}}\n\
+             spec:\n  domain: {domain}\n  descriptors:\n    - {descriptor}\n"
+        )
+    };
+    let per_minute_5 = "rateLimit: {unit: minute, requestsPerUnit: 5}";
+    for (domain, descriptor, expect) in [
+        ("shop", format!("{{key: on, {per_minute_5}}}"), "'key': on is read as a boolean by kubectl; quote it"),
+        ("shop", format!("{{key: n, {per_minute_5}}}"), "'key': n is read as a boolean"),
+        ("shop", format!("{{key: 42, {per_minute_5}}}"), "'key': 42 is read as an integer"),
+        ("shop", format!("{{key: user, value: true, {per_minute_5}}}"), "'value': true is read as a boolean"),
+        ("shop", format!("{{key: user, value: 1.5, {per_minute_5}}}"), "'value': 1.5 is read as a number"),
+        ("42", format!("{{key: user, {per_minute_5}}}"), "'domain': 42 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: Minute, requestsPerUnit: 5}}".into(), "must be all lowercase or all uppercase"),
+        ("shop", "{key: user, rateLimit: {window: ' 10s', requestsPerUnit: 5}}".into(), "has spaces around it"),
+        ("shop", format!("{{key: user, rateLimit: {{window: {}, requestsPerUnit: 5}}}}", "1s".repeat(17)), "at most 32"),
+        ("shop", "{key: user, rateLimit: {algorithm: concurrency, lease: '5m ', requestsPerUnit: 5}}".into(), "has spaces around it"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, name: 7}}".into(), "'name': 7 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 9223372036854775808}}".into(), "'burst' must be at most 9223372036854775807"),
+    ] {
+        let yaml = descriptor_policy(domain, &descriptor);
+        let refused = validate(&yaml).expect_err(&descriptor);
+        assert!(refused.contains(expect), "{descriptor}: {refused}");
+        k.apply(&yaml).expect_err(&descriptor);
+    }
+    assert_eq!(limit(&all, "shop", "user").await, Some(5));
+
     // Requests in flight: a concurrency limit with its lease, as in a policy file.
     k.apply(&policy(
         "team-c",
