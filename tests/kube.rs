@@ -489,6 +489,7 @@ async fn rate_limit_policies_from_a_real_api_server() {
         ("shop", format!("{{key: on, {per_minute_5}}}"), "'key': on is read as a boolean by kubectl; quote it"),
         ("shop", format!("{{key: n, {per_minute_5}}}"), "'key': n is read as a boolean"),
         ("shop", format!("{{key: 42, {per_minute_5}}}"), "'key': 42 is read as an integer"),
+        ("shop", format!("{{key: 1_000, {per_minute_5}}}"), "'key': 1_000 is read as an integer"),
         ("shop", format!("{{key: user, value: true, {per_minute_5}}}"), "'value': true is read as a boolean"),
         ("shop", format!("{{key: user, value: 1.5, {per_minute_5}}}"), "'value': 1.5 is read as a number"),
         ("42", format!("{{key: user, {per_minute_5}}}"), "'domain': 42 is read as an integer"),

@@ -1105,6 +1105,18 @@ mod tests {
                 "p.yaml:7: 'burst' must be at most 9223372036854775807, found 9223372036854775808",
             ),
             (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 010}}",
+                "p.yaml:7: 'requestsPerUnit': 010 has a leading zero, which kubectl reads as an octal number; write it without",
+            ),
+            (
+                "{key: 1_000}",
+                "p.yaml:7: 'key': 1_000 is read as an integer by kubectl; quote it: \"1_000\"",
+            ),
+            (
+                "{key: k, value: 1_000}",
+                "p.yaml:7: 'value': 1_000 is read as an integer by kubectl and would be served as other digits",
+            ),
+            (
                 "{key: k, rateLimit: {unit: second, requestsPerUnit: 5, name: 7}}",
                 "p.yaml:7: 'name': 7 is read as an integer by kubectl; quote it: \"7\"",
             ),
@@ -1156,6 +1168,8 @@ mod tests {
             doc("{key: k, value: '0x1F'}").value.as_deref(),
             Some("0x1F")
         );
+        let d = doc("{key: k, rateLimit: {unit: second, requestsPerUnit: 1_000}}");
+        assert_eq!(d.rate_limit.unwrap().requests_per_unit, 1000);
         for unit in ["minute", "MINUTE"] {
             let d = doc(&format!(
                 "{{key: k, rateLimit: {{unit: {unit}, requestsPerUnit: 5}}}}"

@@ -293,8 +293,26 @@ pub(crate) fn flag(ctx: &mut Ctx, fields: &mut Fields<'_>, snake: &str) -> bool 
         .unwrap_or(false)
 }
 
-/// An integer field within `min..=max`.
+/// An integer field within `min..=max`. In the resource form, a decimal with a
+/// leading zero (`010`) is refused: kubectl's YAML reader takes it for octal (8),
+/// so the API server would store another number than sluice reads from the file.
 pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> Option<i128> {
+    if let (Form::Resource, Value::Int(_, written)) = (ctx.form, &field.node.value) {
+        let digits = written.trim_start_matches(['-', '+']).replace('_', "");
+        if digits.len() > 1
+            && digits.starts_with('0')
+            && digits[1..].starts_with(|c: char| c.is_ascii_digit())
+        {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}': {written} has a leading zero, which kubectl reads as an octal number; write it without",
+                    field.name
+                ),
+            );
+            return None;
+        }
+    }
     let Value::Int(value, _) = field.node.value else {
         ctx.error(
             field.line(),
