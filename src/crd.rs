@@ -23,6 +23,7 @@
 
 use std::borrow::Cow;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
@@ -87,8 +88,9 @@ pub struct RateLimitPolicySpec {
 #[serde(rename_all = "camelCase")]
 pub struct DescriptorSpec {
     pub key: String,
+    /// A string or an integer, as the schema allows (`value: 8080`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
+    pub value: Option<IntOrString>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,8 +286,8 @@ fn descriptors_schema(depth: usize) -> Value {
             "properties": {
                 "key": {"description": "The entry key to match.", "type": "string", "minLength": 1},
                 "value": {
-                    "description": "The entry value to match; '*' is a wildcard. Absent: any value.",
-                    "type": "string"
+                    "description": "The entry value to match, a string or an integer (value: 8080 matches the entry value \"8080\"); '*' is a wildcard. Absent: any value.",
+                    "x-kubernetes-int-or-string": true
                 },
                 "layer": {
                     "description": "edge, service (default) or tenant; inherited by nested descriptors.",
@@ -338,6 +340,9 @@ fn rate_limits_schema() -> Value {
 /// The most limits a `rateLimits` list holds (the parser's bound too).
 const MAX_RATE_LIMITS: usize = crate::policy::MAX_RATE_LIMITS;
 
+/// The longest `window` (the parser's bound for the resource form too).
+const MAX_WINDOW_CHARS: usize = crate::policy::MAX_WINDOW_CHARS;
+
 fn rate_limit_schema(depth: usize) -> Value {
     const UNITS: [&str; 14] = [
         "second", "minute", "hour", "day", "week", "month", "year", "SECOND", "MINUTE", "HOUR",
@@ -374,7 +379,7 @@ fn rate_limit_schema(depth: usize) -> Value {
             "window": {
                 "description": "The window, instead of unit: a duration such as 250ms, 10s, 5m, 1h or 1m30s, or calendar_day / calendar_month (local days or months in timeZone, counted by fixed_window).",
                 "type": "string",
-                "maxLength": 32,
+                "maxLength": MAX_WINDOW_CHARS,
                 "pattern": "^((([0-9]+(\\.[0-9]*)?|\\.[0-9]+)(us|µs|ms|s|m|h|d))+|calendar_day|calendar_month)$"
             },
             "timeZone": {
@@ -553,13 +558,58 @@ mod tests {
                     requests_per_unit: Some(10),
                     ..Default::default()
                 }),
+                descriptors: vec![DescriptorSpec {
+                    key: "port".into(),
+                    value: Some(IntOrString::Int(8080)),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
             ..Default::default()
         };
         let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            json["descriptors"][0]["descriptors"][0]["value"],
+            json!(8080)
+        );
         let doc = crate::policy::parse_resource_spec("ns", "p", &json).unwrap();
         assert_eq!(doc.domain, "edge");
         assert_eq!(doc.descriptors[0].key, "tenant");
+        let port = &doc.descriptors[0].descriptors[0];
+        assert_eq!(port.value.as_deref(), Some("8080"));
+    }
+
+    /// Kubernetes takes structural schemas only: every field names its type, except
+    /// an int-or-string one, which must name none.
+    #[test]
+    fn schema_is_structural_with_int_or_string_values() {
+        fn walk(schema: &Value, at: &str) {
+            let int_or_string = schema["x-kubernetes-int-or-string"] == json!(true);
+            if int_or_string {
+                assert!(
+                    schema.get("type").is_none(),
+                    "{at}: int-or-string with a type"
+                );
+            } else {
+                assert!(schema["type"].is_string(), "{at}: no type");
+            }
+            if let Some(props) = schema["properties"].as_object() {
+                for (name, prop) in props {
+                    walk(prop, &format!("{at}.{name}"));
+                }
+            }
+            if schema.get("items").is_some() {
+                walk(&schema["items"], &format!("{at}[]"));
+            }
+        }
+        let schema = spec_schema();
+        walk(&schema, "spec");
+        let mut level = &schema["properties"]["descriptors"];
+        for _ in 0..SCHEMA_DEPTH {
+            let value = &level["items"]["properties"]["value"];
+            assert_eq!(value["x-kubernetes-int-or-string"], json!(true));
+            assert_eq!(level["items"]["properties"]["key"]["type"], json!("string"));
+            level = &level["items"]["properties"]["descriptors"];
+        }
     }
 }

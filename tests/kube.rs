@@ -313,8 +313,13 @@ fn per_minute(ns: &str, name: &str, domain: &str, key: &str, n: u32) -> String {
 
 /// The `requests_per_unit` of the limit sluice applies to one descriptor, if any.
 async fn limit(server: &Server, domain: &str, key: &str) -> Option<u32> {
+    limit_of(server, domain, &[(key, "probe")]).await
+}
+
+/// As [`limit`], for a descriptor of these entries.
+async fn limit_of(server: &Server, domain: &str, entries: &[(&str, &str)]) -> Option<u32> {
     let mut client = server.client().await;
-    let r = call(&mut client, request(domain, vec![desc(&[(key, "probe")])])).await;
+    let r = call(&mut client, request(domain, vec![desc(entries)])).await;
     r.statuses
         .first()
         .and_then(|s| s.current_limit.as_ref())
@@ -329,17 +334,45 @@ async fn wait_limit(
     want: Option<u32>,
     within: Duration,
 ) -> Duration {
+    wait_limit_of(server, domain, &[(key, "probe")], want, within).await
+}
+
+/// As [`wait_limit`], for a descriptor of these entries.
+async fn wait_limit_of(
+    server: &Server,
+    domain: &str,
+    entries: &[(&str, &str)],
+    want: Option<u32>,
+    within: Duration,
+) -> Duration {
     let start = Instant::now();
     let mut last = None;
     while start.elapsed() < within {
-        last = limit(server, domain, key).await;
+        last = limit_of(server, domain, entries).await;
         if last == want {
             return start.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let logs = server.drain_lines().join("\n");
-    panic!("{domain}/{key}: wanted limit {want:?} within {within:?}, still {last:?}\nsluice log:\n{logs}");
+    panic!("{domain}/{entries:?}: wanted limit {want:?} within {within:?}, still {last:?}\nsluice log:\n{logs}");
+}
+
+/// `sluice validate` on one file holding `yaml`: `Err(stderr)` when refused.
+fn validate(yaml: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .expect("run sluice validate");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// The policy file a server was started with.
@@ -442,6 +475,38 @@ async fn rate_limit_policies_from_a_real_api_server() {
     }
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
 
+    // What the schema refuses, `sluice validate` refuses too, with a message saying
+    // what to write: kubectl's YAML reader makes booleans and numbers of plain
+    // scalars, and the schema has spellings and bounds the parser alone would not.
+    let descriptor_policy = |domain: &str, descriptor: &str| {
+        format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: a, namespace: team-a}}\n\
+             spec:\n  domain: {domain}\n  descriptors:\n    - {descriptor}\n"
+        )
+    };
+    let per_minute_5 = "rateLimit: {unit: minute, requestsPerUnit: 5}";
+    for (domain, descriptor, expect) in [
+        ("shop", format!("{{key: on, {per_minute_5}}}"), "'key': on is read as a boolean by kubectl; quote it"),
+        ("shop", format!("{{key: n, {per_minute_5}}}"), "'key': n is read as a boolean"),
+        ("shop", format!("{{key: 42, {per_minute_5}}}"), "'key': 42 is read as an integer"),
+        ("shop", format!("{{key: 1_000, {per_minute_5}}}"), "'key': 1_000 is read as an integer"),
+        ("shop", format!("{{key: user, value: true, {per_minute_5}}}"), "'value': true is read as a boolean"),
+        ("shop", format!("{{key: user, value: 1.5, {per_minute_5}}}"), "'value': 1.5 is read as a number"),
+        ("42", format!("{{key: user, {per_minute_5}}}"), "'domain': 42 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: Minute, requestsPerUnit: 5}}".into(), "must be all lowercase or all uppercase"),
+        ("shop", "{key: user, rateLimit: {window: ' 10s', requestsPerUnit: 5}}".into(), "has spaces around it"),
+        ("shop", format!("{{key: user, rateLimit: {{window: {}, requestsPerUnit: 5}}}}", "1s".repeat(17)), "at most 32"),
+        ("shop", "{key: user, rateLimit: {algorithm: concurrency, lease: '5m ', requestsPerUnit: 5}}".into(), "has spaces around it"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, name: 7}}".into(), "'name': 7 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 9223372036854775808}}".into(), "'burst' must be at most 9223372036854775807"),
+    ] {
+        let yaml = descriptor_policy(domain, &descriptor);
+        let refused = validate(&yaml).expect_err(&descriptor);
+        assert!(refused.contains(expect), "{descriptor}: {refused}");
+        k.apply(&yaml).expect_err(&descriptor);
+    }
+    assert_eq!(limit(&all, "shop", "user").await, Some(5));
+
     // Requests in flight: a concurrency limit with its lease, as in a policy file.
     k.apply(&policy(
         "team-c",
@@ -456,6 +521,23 @@ async fn rate_limit_policies_from_a_real_api_server() {
         .await;
     let stored = k.must(&["get", "rlp", "streams", "-n", "team-c", "-o", "yaml"]);
     assert!(stored.contains("lease: 5m"), "{stored}");
+
+    // A descriptor value written as an integer (a port): the schema takes it
+    // (int-or-string), the API server keeps the number, and sluice serves it as the
+    // value "8080", as it does from a file; `sluice validate` agrees.
+    let ports = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: ports, namespace: team-c}\n\
+                 spec:\n  domain: ports\n  descriptors:\n    - key: port\n      value: 8080\n      rateLimit: {unit: minute, requestsPerUnit: 6}\n";
+    validate(ports).unwrap();
+    k.apply(ports).unwrap();
+    wait_limit_of(&all, "ports", &[("port", "8080")], Some(6), TWO_S).await;
+    k.wait_accepted("team-c", "ports", "True/Accepted", STATUS)
+        .await;
+    let stored = k.must(&["get", "rlp", "ports", "-n", "team-c", "-o", "json"]);
+    let stored: serde_json::Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(
+        stored["spec"]["descriptors"][0]["value"],
+        serde_json::json!(8080)
+    );
 
     // Valid for the schema, invalid for sluice (a duplicate key): Invalid, and the
     // last good limits keep serving.

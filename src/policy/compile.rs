@@ -419,11 +419,11 @@ mod tests {
 
     #[test]
     fn sources_list_every_document() {
-        let d = docs("domain: a\n---\napiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p, namespace: n}\nspec: {domain: b}\n");
+        let d = docs("domain: a\n---\napiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p, namespace: ns}\nspec: {domain: b}\n");
         let p = compile(d).unwrap();
         assert_eq!(p.sources.len(), 2);
         assert_eq!(p.sources[0].resource, None);
-        assert_eq!(p.sources[1].resource.as_deref(), Some("n/p"));
+        assert_eq!(p.sources[1].resource.as_deref(), Some("ns/p"));
         assert_eq!(p.sources[1].line, Some(3));
     }
 }

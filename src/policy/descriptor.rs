@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use crate::algorithm::Algorithm;
 
 use super::duration;
-use super::fields::{at_line, boolean, flag, integer, list, string, Ctx, Field, Fields};
+use super::fields::{
+    at_line, boolean, flag, integer, list, not_a_string, string, text, Ctx, Field, Fields, Form,
+};
 use super::model::{DescriptorNode, RateLimit};
 use super::node::{shorten, Value};
 use super::{Block, Calendar, Layer, Penalty, Period, Sentence, Shed, Unit};
@@ -56,10 +58,10 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
     let key = f.get(ctx, "key").and_then(|k| string(ctx, k));
     let value = f
         .get(ctx, "value")
-        .and_then(|v| string(ctx, v))
+        .and_then(|v| value(ctx, v))
         .filter(|v| !v.is_empty());
     let layer = match f.get(ctx, "layer") {
-        Some(field) => string(ctx, field).and_then(|s| {
+        Some(field) => text(ctx, field).and_then(|s| {
             let layer = parse_layer(&s);
             if layer.is_none() {
                 ctx.error(
@@ -154,6 +156,34 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
     })
 }
 
+/// A descriptor's `value`. The CRD's schema takes a string or an integer
+/// (`x-kubernetes-int-or-string`: `value: 8080` is natural for a port or a status
+/// code), and the API server keeps an integer as the number kubectl read, served as
+/// its decimal digits. So the resource form takes an integer written as those
+/// digits, and nothing else that is not a string.
+fn value(ctx: &mut Ctx, field: Field<'_>) -> Option<String> {
+    if ctx.form == Form::Resource {
+        if let Value::Int(i, written) = &field.node.value {
+            if i64::try_from(*i).is_ok_and(|i| i.to_string() == *written) {
+                return Some(written.clone());
+            }
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}': {written} is read as an integer by kubectl and would be served as other digits or refused; quote it: \"{written}\"",
+                    field.name
+                ),
+            );
+            return None;
+        }
+        if let Some(message) = not_a_string(field, "a string or an integer") {
+            ctx.error(field.line(), message);
+            return None;
+        }
+    }
+    text(ctx, field)
+}
+
 fn parse_layer(s: &str) -> Option<Layer> {
     match s {
         "edge" => Some(Layer::Edge),
@@ -163,7 +193,8 @@ fn parse_layer(s: &str) -> Option<Layer> {
     }
 }
 
-/// envoyproxy/ratelimit's units, case-insensitive as there.
+/// envoyproxy/ratelimit's units, case-insensitive as there (a RateLimitPolicy's
+/// schema narrows this to lowercase and uppercase, checked in [`rate_limit`]).
 fn parse_unit(s: &str) -> Option<Unit> {
     Some(match s.to_ascii_lowercase().as_str() {
         "second" => Unit::Second,
@@ -182,8 +213,22 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     let errors_before = ctx.errors.len();
     let mut f = Fields::open_field(ctx, field, what)?;
     let unit_field = f.get(ctx, "unit");
-    let unit = unit_field.and_then(|u| string(ctx, u)).and_then(|s| {
+    let unit = unit_field.and_then(|u| text(ctx, u)).and_then(|s| {
         let unit = parse_unit(&s);
+        // The CRD's schema lists each unit in lowercase and in uppercase only.
+        let mixed = s != s.to_ascii_lowercase() && s != s.to_ascii_uppercase();
+        if let (Some(_), Form::Resource, true) = (unit, ctx.form, mixed) {
+            ctx.error(
+                unit_field.and_then(|u| u.line()),
+                format!(
+                    "rate limit unit '{}' must be all lowercase or all uppercase in a RateLimitPolicy ({} or {}), as its schema lists them",
+                    shorten(&s),
+                    s.to_ascii_lowercase(),
+                    s.to_ascii_uppercase()
+                ),
+            );
+            return None;
+        }
         if unit.is_none() {
             ctx.error(
                 unit_field.and_then(|u| u.line()),
@@ -213,7 +258,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     };
     let algorithm_field = f.get(ctx, "algorithm");
     let mut concurrency = false;
-    let algorithm = algorithm_field.and_then(|a| string(ctx, a)).and_then(|s| {
+    let algorithm = algorithm_field.and_then(|a| text(ctx, a)).and_then(|s| {
         // Requests in flight: a sliding log whose window is the lease (see `lease`).
         if s == "concurrency" {
             concurrency = true;
@@ -234,7 +279,10 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     let window_field = f.get(ctx, "window");
     let mut period = None;
     let window = window_field.and_then(|w| {
-        let text = string(ctx, w)?;
+        let text = text(ctx, w)?;
+        if !schema_text(ctx, w, &text, Some(super::MAX_WINDOW_CHARS)) {
+            return None;
+        }
         if let Some(p) = Period::parse(&text) {
             period = Some(p);
             return None;
@@ -258,7 +306,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     let lease = lease_field.and_then(|l| duration_field(ctx, l));
     let burst_field = f.get(ctx, "burst");
     let burst = burst_field
-        .and_then(|b| integer(ctx, b, 1, i128::from(u64::MAX)))
+        .and_then(|b| integer(ctx, b, 1, max_count(ctx)))
         .and_then(|b| u64::try_from(b).ok());
     let penalty_field = f.get(ctx, "penalty");
     let penalty = penalty_field.and_then(|p| penalty(ctx, p));
@@ -530,8 +578,56 @@ fn describe_window(rl: &RateLimit) -> String {
     }
 }
 
+/// The largest count (`burst`, `violations`, `bans`) a policy may write: the CRD's
+/// schema has them as int64, the file form as u64.
+fn max_count(ctx: &Ctx) -> i128 {
+    match ctx.form {
+        Form::File => i128::from(u64::MAX),
+        Form::Resource => i128::from(i64::MAX),
+    }
+}
+
+/// In the resource form, what the CRD's schema refuses in the text of a duration or
+/// a window, which the parser would otherwise let pass: spaces around it (the
+/// schema's pattern is anchored; the parser trims) and more than `max_chars`
+/// characters (the schema's `maxLength`). False after an error.
+fn schema_text(ctx: &mut Ctx, field: Field<'_>, text: &str, max_chars: Option<usize>) -> bool {
+    if ctx.form != Form::Resource {
+        return true;
+    }
+    if let Some(max) = max_chars {
+        let chars = text.chars().count();
+        if chars > max {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' is {chars} characters long; a RateLimitPolicy's schema allows at most {max}",
+                    field.name
+                ),
+            );
+            return false;
+        }
+    }
+    if text.trim() != text {
+        ctx.error(
+            field.line(),
+            format!(
+                "'{}': '{}' has spaces around it, which a RateLimitPolicy's schema refuses; write '{}'",
+                field.name,
+                shorten(text),
+                shorten(text.trim())
+            ),
+        );
+        return false;
+    }
+    true
+}
+
 fn duration_field(ctx: &mut Ctx, field: Field<'_>) -> Option<u64> {
-    let text = string(ctx, field)?;
+    let text = text(ctx, field)?;
+    if !schema_text(ctx, field, &text, None) {
+        return None;
+    }
     match duration::parse_positive(&text) {
         Ok(d) => Some(d),
         Err(message) => {
@@ -624,7 +720,7 @@ fn penalty(ctx: &mut Ctx, field: Field<'_>) -> Option<Penalty> {
         }
     }
     let violations = violations
-        .and_then(|v| integer(ctx, v, 1, i128::from(u64::MAX)))
+        .and_then(|v| integer(ctx, v, 1, max_count(ctx)))
         .and_then(|v| u64::try_from(v).ok());
     let within = within.and_then(|w| duration_field(ctx, w));
     let sentence = match (ban, tighten_field) {
@@ -716,7 +812,7 @@ fn block(ctx: &mut Ctx, field: Field<'_>) -> Option<Block> {
         }
     }
     let bans = bans
-        .and_then(|v| integer(ctx, v, 1, i128::from(u64::MAX)))
+        .and_then(|v| integer(ctx, v, 1, max_count(ctx)))
         .and_then(|v| u64::try_from(v).ok());
     let within = within.and_then(|w| duration_field(ctx, w));
     let span = span.and_then(|s| duration_field(ctx, s));
@@ -935,6 +1031,208 @@ mod tests {
             err.contains("'lease': '0.5us' is not a duration of whole microseconds"),
             "{err}"
         );
+    }
+
+    /// The errors of a RateLimitPolicy whose one descriptor (line 7) is `descriptor`.
+    fn resource_errors(descriptor: &str) -> String {
+        errors(&format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: p}}\nspec:\n  domain: d\n  descriptors:\n    - {descriptor}\n"
+        ))
+    }
+
+    /// A RateLimitPolicy refuses what the CRD's schema refuses, so `sluice validate`
+    /// predicts `kubectl apply`: booleans and numbers where the schema wants a string
+    /// (kubectl's YAML reader types plain scalars), unit spellings outside the
+    /// schema's enum, durations with spaces around them, windows past its maxLength,
+    /// counts past int64.
+    #[test]
+    fn resource_form_refuses_what_the_crd_schema_refuses() {
+        for (descriptor, message) in [
+            (
+                "{key: on}",
+                "p.yaml:7: 'key': on is read as a boolean by kubectl; quote it: \"on\"",
+            ),
+            (
+                "{key: n}",
+                "p.yaml:7: 'key': n is read as a boolean by kubectl; quote it: \"n\"",
+            ),
+            (
+                "{key: 42}",
+                "p.yaml:7: 'key': 42 is read as an integer by kubectl; quote it: \"42\"",
+            ),
+            (
+                "{key: k, value: true}",
+                "p.yaml:7: 'value': true is read as a boolean by kubectl; quote it: \"true\"",
+            ),
+            (
+                "{key: k, value: 1.5}",
+                "p.yaml:7: 'value': 1.5 is read as a number by kubectl; quote it: \"1.5\"",
+            ),
+            (
+                "{key: k, value: 0x1F}",
+                "p.yaml:7: 'value': 0x1F is read as an integer by kubectl and would be served as other digits or refused; quote it: \"0x1F\"",
+            ),
+            (
+                "{key: k, value: 010}",
+                "p.yaml:7: 'value': 010 is read as an integer by kubectl",
+            ),
+            (
+                "{key: k, rateLimit: {unit: Minute, requestsPerUnit: 5}}",
+                "p.yaml:7: rate limit unit 'Minute' must be all lowercase or all uppercase in a RateLimitPolicy (minute or MINUTE), as its schema lists them",
+            ),
+            (
+                "{key: k, rateLimit: {window: ' 10s', requestsPerUnit: 5}}",
+                "p.yaml:7: 'window': ' 10s' has spaces around it, which a RateLimitPolicy's schema refuses; write '10s'",
+            ),
+            (
+                "{key: k, rateLimit: {window: 'calendar_day ', requestsPerUnit: 5}}",
+                "p.yaml:7: 'window': 'calendar_day ' has spaces around it",
+            ),
+            (
+                "{key: k, rateLimit: {window: 1s1s1s1s1s1s1s1s1s1s1s1s1s1s1s1s1s, requestsPerUnit: 5}}",
+                "p.yaml:7: 'window' is 34 characters long; a RateLimitPolicy's schema allows at most 32",
+            ),
+            (
+                "{key: k, rateLimit: {algorithm: concurrency, lease: '5m ', requestsPerUnit: 5}}",
+                "p.yaml:7: 'lease': '5m ' has spaces around it",
+            ),
+            (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 5, penalty: {violations: 3, within: ' 1m', ban: 1m}}}",
+                "p.yaml:7: 'within': ' 1m' has spaces around it",
+            ),
+            (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 5, algorithm: token_bucket, burst: 9223372036854775808}}",
+                "p.yaml:7: 'burst' must be at most 9223372036854775807, found 9223372036854775808",
+            ),
+            (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 010}}",
+                "p.yaml:7: 'requestsPerUnit': 010 has a leading zero, which kubectl reads as an octal number; write it without",
+            ),
+            (
+                "{key: 1_000}",
+                "p.yaml:7: 'key': 1_000 is read as an integer by kubectl; quote it: \"1_000\"",
+            ),
+            (
+                "{key: k, value: 1_000}",
+                "p.yaml:7: 'value': 1_000 is read as an integer by kubectl and would be served as other digits",
+            ),
+            (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 5, name: 7}}",
+                "p.yaml:7: 'name': 7 is read as an integer by kubectl; quote it: \"7\"",
+            ),
+            (
+                "{key: k, rateLimit: {unit: second, requestsPerUnit: 5, replaces: [{name: yes}]}}",
+                "p.yaml:7: 'name': yes is read as a boolean by kubectl; quote it: \"yes\"",
+            ),
+            (
+                "{key: k, rateLimit: {window: calendar_day, timeZone: 1, requestsPerUnit: 5}}",
+                "p.yaml:7: 'timeZone': 1 is read as an integer by kubectl; quote it: \"1\"",
+            ),
+        ] {
+            let e = resource_errors(descriptor);
+            assert!(e.starts_with(message), "{descriptor}:\n  {message}\nnot in\n  {e}");
+        }
+        let e = errors(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p}\nspec:\n  domain: 42\n",
+        );
+        assert!(
+            e.starts_with("p.yaml:5: 'domain': 42 is read as an integer by kubectl; quote it"),
+            "{e}"
+        );
+        let e = errors(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p, namespace: off}\nspec: {domain: d}\n",
+        );
+        assert!(e.contains("'namespace': off is read as a boolean"), "{e}");
+    }
+
+    /// What the schema takes, the resource form takes: a value written as an
+    /// integer (served as its digits), quoted text, a unit in lowercase or
+    /// uppercase, a window of exactly the schema's maxLength.
+    #[test]
+    fn resource_form_takes_what_the_crd_schema_takes() {
+        let doc = |descriptor: &str| {
+            let text = format!(
+                "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: p}}\nspec:\n  domain: d\n  descriptors:\n    - {descriptor}\n"
+            );
+            let mut docs =
+                parse_str("p.yaml", &text).unwrap_or_else(|e| panic!("{descriptor}: {e:?}"));
+            docs.remove(0).descriptors.remove(0)
+        };
+        assert_eq!(
+            doc("{key: port, value: 8080}").value.as_deref(),
+            Some("8080")
+        );
+        assert_eq!(doc("{key: code, value: -1}").value.as_deref(), Some("-1"));
+        assert_eq!(doc("{key: 'on', value: 'true'}").key, "on");
+        assert_eq!(
+            doc("{key: k, value: '0x1F'}").value.as_deref(),
+            Some("0x1F")
+        );
+        let d = doc("{key: k, rateLimit: {unit: second, requestsPerUnit: 1_000}}");
+        assert_eq!(d.rate_limit.unwrap().requests_per_unit, 1000);
+        for unit in ["minute", "MINUTE"] {
+            let d = doc(&format!(
+                "{{key: k, rateLimit: {{unit: {unit}, requestsPerUnit: 5}}}}"
+            ));
+            assert_eq!(d.rate_limit.unwrap().unit, Some(Unit::Minute));
+        }
+        let d = doc(&format!(
+            "{{key: k, rateLimit: {{window: {}, requestsPerUnit: 5}}}}",
+            "1s".repeat(16)
+        ));
+        assert_eq!(
+            d.rate_limit.unwrap().window,
+            Some(16 * crate::algorithm::SECOND)
+        );
+        // From the API server (JSON): an integer value is the integer's digits; a
+        // boolean where a string belongs is named as such (below the schema's depth
+        // the API server checks nothing, so sluice does).
+        let spec =
+            serde_json::json!({"domain": "d", "descriptors": [{"key": "port", "value": 8080}]});
+        let parsed = parse_resource_spec("ns", "p", &spec).unwrap();
+        assert_eq!(parsed.descriptors[0].value.as_deref(), Some("8080"));
+        let spec = serde_json::json!({"domain": "d", "descriptors": [{"key": true, "value": 1.5}]});
+        let e = parse_resource_spec("ns", "p", &spec).unwrap_err();
+        let e: Vec<_> = e.iter().map(|e| e.message.as_str()).collect();
+        assert!(
+            e.contains(&"'key' must be a string, found the boolean true"),
+            "{e:?}"
+        );
+        assert!(
+            e.contains(&"'value' must be a string or an integer, found the number 1.5"),
+            "{e:?}"
+        );
+    }
+
+    /// The file form (envoyproxy/ratelimit's) keeps reading what that service reads:
+    /// any scalar as text, units in any case, durations with spaces around them.
+    #[test]
+    fn file_form_keeps_its_leniency() {
+        let text = "domain: d
+descriptors:
+  - key: on
+    value: 0x1F
+    rate_limit: {unit: Minute, requests_per_unit: 5}
+  - key: k
+    value: 1.5
+    rate_limit: {window: ' 10s', requests_per_unit: 5, name: 7}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 9223372036854775808}
+";
+        let docs = parse_str("p.yaml", text).unwrap_or_else(|e| panic!("{e:?}"));
+        let d = &docs[0].descriptors;
+        assert_eq!(
+            (d[0].key.as_str(), d[0].value.as_deref()),
+            ("on", Some("0x1F"))
+        );
+        assert_eq!(d[0].rate_limit.as_ref().unwrap().unit, Some(Unit::Minute));
+        assert_eq!(d[1].value.as_deref(), Some("1.5"));
+        let rl = d[1].rate_limit.as_ref().unwrap();
+        assert_eq!(
+            (rl.window, rl.name.as_deref()),
+            (Some(10 * crate::algorithm::SECOND), Some("7"))
+        );
+        assert_eq!(d[2].rate_limit.as_ref().unwrap().burst, Some(1 << 63));
     }
 
     /// The errors of a policy whose one descriptor has `rate_limit` (line 4).

@@ -206,8 +206,51 @@ pub(crate) fn at_line(line: Option<usize>, words: &str) -> String {
     }
 }
 
-/// A string field: any scalar, as written. Empty strings come back empty.
+/// A string field. The file form takes any scalar as written (`value: 8080` is the
+/// text "8080", as in envoyproxy/ratelimit). The resource form takes strings only,
+/// as the CRD's schema does: kubectl reads a plain `on`, `42` or `1.5` as a boolean
+/// or a number, and the API server refuses it where the schema wants a string.
+/// Empty strings come back empty.
 pub(crate) fn string(ctx: &mut Ctx, field: Field<'_>) -> Option<String> {
+    if ctx.form == Form::Resource {
+        if let Some(message) = not_a_string(field, "a string") {
+            ctx.error(field.line(), message);
+            return None;
+        }
+    }
+    text(ctx, field)
+}
+
+/// Why a boolean or a number is refused where the resource form wants `wants` (a
+/// string, or a string or an integer); `None` for anything else (strings, and what
+/// is no scalar, left to [`text`]'s message).
+pub(crate) fn not_a_string(field: Field<'_>, wants: &str) -> Option<String> {
+    let (written, what) = match &field.node.value {
+        Value::Bool(_, t) => (t, "a boolean"),
+        Value::Int(_, t) => (t, "an integer"),
+        Value::Float(_, t) => (t, "a number"),
+        Value::Null | Value::Str(_) | Value::Seq(_) | Value::Map(_) => return None,
+    };
+    // A spec from the API server (JSON, no lines) was typed by whoever wrote it;
+    // YAML was typed by the reader, and quoting keeps the text.
+    Some(if field.node.line.is_some() {
+        format!(
+            "'{}': {written} is read as {what} by kubectl; quote it: \"{written}\"",
+            field.name
+        )
+    } else {
+        format!(
+            "'{}' must be {wants}, found {}",
+            field.name,
+            field.node.describe()
+        )
+    })
+}
+
+/// Any scalar's text, as written, in both forms: for fields whose own check (a list
+/// of words, a duration) refuses whatever is not one of its words anyway, with a
+/// message that says more than "not a string". Empty strings come back empty.
+pub(crate) fn text(ctx: &mut Ctx, field: Field<'_>) -> Option<String> {
     match field.node.scalar_text() {
         Some(text) => Some(text.to_string()),
         None => {
@@ -250,8 +293,26 @@ pub(crate) fn flag(ctx: &mut Ctx, fields: &mut Fields<'_>, snake: &str) -> bool 
         .unwrap_or(false)
 }
 
-/// An integer field within `min..=max`.
+/// An integer field within `min..=max`. In the resource form, a decimal with a
+/// leading zero (`010`) is refused: kubectl's YAML reader takes it for octal (8),
+/// so the API server would store another number than sluice reads from the file.
 pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> Option<i128> {
+    if let (Form::Resource, Value::Int(_, written)) = (ctx.form, &field.node.value) {
+        let digits = written.trim_start_matches(['-', '+']).replace('_', "");
+        if digits.len() > 1
+            && digits.starts_with('0')
+            && digits[1..].starts_with(|c: char| c.is_ascii_digit())
+        {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}': {written} has a leading zero, which kubectl reads as an octal number; write it without",
+                    field.name
+                ),
+            );
+            return None;
+        }
+    }
     let Value::Int(value, _) = field.node.value else {
         ctx.error(
             field.line(),

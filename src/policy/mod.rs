@@ -46,6 +46,10 @@ pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KI
 /// every request of the descriptor touches.
 pub const MAX_RATE_LIMITS: usize = 8;
 
+/// The longest `window` a RateLimitPolicy may write, in characters (the CRD schema's
+/// `maxLength`, which the parser applies to the resource form too).
+pub const MAX_WINDOW_CHARS: usize = 32;
+
 /// Where a policy problem was found: `FILE:LINE: message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct PolicyError {

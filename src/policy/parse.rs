@@ -3,7 +3,7 @@
 //! per file) or from a Kubernetes object's JSON `spec`.
 
 use super::descriptor::descriptors;
-use super::fields::{string, Ctx, Field, Fields, Form};
+use super::fields::{string, text, Ctx, Field, Fields, Form};
 use super::model::{Document, DocumentKind};
 use super::node::{shorten, Node, Value};
 use super::{yaml, FailureMode, Layer, PolicyError};
@@ -204,7 +204,7 @@ fn body(ctx: &mut Ctx, node: &Node, what: &str, kind: DocumentKind) -> Option<Do
     let mut f = Fields::open(ctx, node, what)?;
     let domain = f.get(ctx, "domain").and_then(|d| string(ctx, d));
     let failure_mode = match f.get(ctx, "failure_mode") {
-        Some(field) => match string(ctx, field).as_deref() {
+        Some(field) => match text(ctx, field).as_deref() {
             Some("open") => Some(FailureMode::Open),
             Some("closed") => Some(FailureMode::Closed),
             Some("local") => Some(FailureMode::Local),

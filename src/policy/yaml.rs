@@ -137,8 +137,11 @@ fn error(mark: Marker, message: &str) -> YamlError {
 }
 
 /// Resolves a scalar's type. Quoted and block scalars are strings; plain ones follow
-/// the YAML core schema, plus `yes`/`no`/`on`/`off` as booleans like the YAML 1.1
-/// readers of envoyproxy/ratelimit and kubectl.
+/// the YAML core schema, plus what the YAML 1.1 reader (go-yaml v2) of
+/// envoyproxy/ratelimit and kubectl adds: `y`/`n`/`yes`/`no`/`on`/`off` as booleans,
+/// numbers with `_` separators (`1_000`), and `0b`/`0B`, `0X`, `0O` prefixes. (A
+/// leading `0` stays decimal here, where go-yaml v2 reads octal; the resource form
+/// refuses it, see `fields::integer`.)
 fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
     if let Some(tag) = tag {
         if tag.handle == "tag:yaml.org,2002:" || tag.handle == "!!" {
@@ -181,24 +184,39 @@ fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value,
 
 fn parse_bool(text: &str) -> Option<bool> {
     match text {
-        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
-        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
+        "true" | "True" | "TRUE" | "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
+            Some(true)
+        }
+        "false" | "False" | "FALSE" | "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
+            Some(false)
+        }
         _ => None,
     }
 }
 
+/// `text` without `_` when it starts like a number: go-yaml v2 drops them there.
+fn without_separators(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('_') && text.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+')
+    {
+        text.replace('_', "").into()
+    } else {
+        text.into()
+    }
+}
+
 fn parse_int(text: &str) -> Option<i128> {
+    let text = &*without_separators(text);
     let (negative, digits) = match text.as_bytes().first()? {
         b'-' => (true, &text[1..]),
         b'+' => (false, &text[1..]),
         _ => (false, text),
     };
-    let (radix, digits) = if let Some(hex) = digits.strip_prefix("0x") {
-        (16, hex)
-    } else if let Some(oct) = digits.strip_prefix("0o") {
-        (8, oct)
-    } else {
-        (10, digits)
+    let prefix = digits.get(..2).map(str::to_ascii_lowercase);
+    let (radix, digits) = match prefix.as_deref() {
+        Some("0x") => (16, &digits[2..]),
+        Some("0o") => (8, &digits[2..]),
+        Some("0b") => (2, &digits[2..]),
+        _ => (10, digits),
     };
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
@@ -208,6 +226,7 @@ fn parse_int(text: &str) -> Option<i128> {
 }
 
 fn parse_float(text: &str) -> Option<f64> {
+    let text = &*without_separators(text);
     match text {
         ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Some(f64::INFINITY),
         "-.inf" | "-.Inf" | "-.INF" => return Some(f64::NEG_INFINITY),
@@ -238,7 +257,9 @@ mod tests {
 
     #[test]
     fn scalars_resolve_like_the_core_schema() {
-        let node = one("[1, -2, 0x10, 1.5, true, off, ~, '', \"7\", !!str 8, abc, 1e3]");
+        let node = one(
+            "[1, -2, 0x10, 1.5, true, off, ~, '', \"7\", !!str 8, abc, 1e3, n, 'y', 1_000, 0b101, -1_0.5, _1, '1_0']",
+        );
         let Value::Seq(items) = node.value else {
             panic!("not a list")
         };
@@ -255,6 +276,14 @@ mod tests {
         assert_eq!(values[9], Value::Str("8".into()));
         assert_eq!(values[10], Value::Str("abc".into()));
         assert_eq!(values[11], Value::Float(1000.0, "1e3".into()));
+        assert_eq!(values[12], Value::Bool(false, "n".into()));
+        assert_eq!(values[13], Value::Str("y".into()));
+        // go-yaml v2's additions: `_` separators, binary.
+        assert_eq!(values[14], Value::Int(1000, "1_000".into()));
+        assert_eq!(values[15], Value::Int(5, "0b101".into()));
+        assert_eq!(values[16], Value::Float(-10.5, "-1_0.5".into()));
+        assert_eq!(values[17], Value::Str("_1".into()));
+        assert_eq!(values[18], Value::Str("1_0".into()));
     }
 
     #[test]
