@@ -251,3 +251,32 @@ async fn refunds_give_reservations_back() {
         err.message()
     );
 }
+
+/// A tenant that names one entry `route=r|tenant` with the value `t1` spends its own
+/// counter, not that of the request with the entries `route=r` and `tenant=t1`.
+#[tokio::test]
+async fn an_entry_key_holding_separators_cannot_spend_another_tenants_override() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let with_limit = |entries: &[(&str, &str)]| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: HOUR,
+        }),
+        ..desc(entries)
+    };
+    let victim = with_limit(&[("route", "r"), ("tenant", "t1")]);
+    let forged = with_limit(&[("route=r|tenant", "t1")]);
+    let r = call(&mut c, request(DOMAIN, vec![forged.clone()])).await;
+    assert_eq!(r.overall_code, OK);
+    let r = call(&mut c, request(DOMAIN, vec![forged])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "the forger spent its own hour");
+    let r = call(&mut c, request(DOMAIN, vec![victim.clone()])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OK, 0),
+        "the victim's counter was untouched"
+    );
+    let r = call(&mut c, request(DOMAIN, vec![victim])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+}
