@@ -280,3 +280,49 @@ async fn an_entry_key_holding_separators_cannot_spend_another_tenants_override()
     let r = call(&mut c, request(DOMAIN, vec![victim])).await;
     assert_eq!(r.overall_code, OVER_LIMIT);
 }
+
+/// A `hits_addend` past 2^50 (more than any counter holds) is refused, over gRPC and
+/// `/json`, and spends nothing.
+#[tokio::test]
+async fn a_hits_addend_past_the_largest_count_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let costly = |hits: u64| RateLimitDescriptor {
+        hits_addend: Some(hits),
+        ..tenant("big", Some((10, MINUTE)))
+    };
+    for hits in [(1 << 50) + 1, u64::MAX] {
+        let err = c
+            .should_rate_limit(request(DOMAIN, vec![costly(1), costly(hits)]))
+            .await
+            .expect_err("too many hits");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message()
+                .contains(&format!("descriptor 1: hits_addend {hits} is more"))
+                && err.message().contains("at most 1125899906842624"),
+            "{}",
+            err.message()
+        );
+    }
+    let body = format!(
+        r#"{{"domain":"{DOMAIN}","descriptors":[{{"entries":[{{"key":"{ROUTE}","value":"{ROUTE}"}},{{"key":"rule-0-match-0","value":"big"}}],"hitsAddend":18446744073709551615}}]}}"#
+    );
+    let (status, answer) = http(&server.http, "POST", "/json", &body);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("hits_addend"), "{answer}");
+    // Nothing was spent, and the largest allowed cost is a charge like any other.
+    let r = call(&mut c, request(DOMAIN, vec![costly(0)])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 10));
+    let r = call(&mut c, request(DOMAIN, vec![costly(1 << 50)])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OVER_LIMIT, 0)
+    );
+    let (status, metrics) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(
+        status, 200,
+        "a scrape after the largest charges still answers"
+    );
+    assert!(metrics.contains("sluice_cost_total"), "{metrics}");
+}

@@ -29,6 +29,9 @@ pub use headers::HeaderStyle;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
+/// Largest `hits_addend`: 2^50, the most a counter holds.
+pub use crate::store::MAX_HITS;
+
 /// The least time kept back from a caller's deadline (see [`store_wait`]).
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
 
@@ -114,6 +117,12 @@ pub fn descriptors<'r>(
                 )));
             }
             let hits = d.hits_addend.unwrap_or(request_hits);
+            if hits > MAX_HITS {
+                return Err(BadRequest(format!(
+                    "descriptor {i}: hits_addend {hits} is more than any counter holds; \
+                     at most {MAX_HITS} are allowed"
+                )));
+            }
             let spend = match (d.is_negative_hits, settles) {
                 (true, _) => Spend::Refund,
                 (false, true) => Spend::Always,
@@ -373,5 +382,21 @@ mod tests {
             err.contains("descriptor 0: is_negative_hits") && err.contains("descriptor 1 has none"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn hits_past_the_largest_count_are_refused() {
+        assert_eq!(
+            spends(&[(Some(MAX_HITS), false)]),
+            Ok(vec![(MAX_HITS, Spend::Always)])
+        );
+        for hits in [MAX_HITS + 1, u64::MAX] {
+            let err = spends(&[(Some(1), false), (Some(hits), true)]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("descriptor 1: hits_addend {hits} is more"))
+                    && err.contains(&format!("at most {MAX_HITS}")),
+                "{err}"
+            );
+        }
     }
 }
