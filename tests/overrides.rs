@@ -326,3 +326,32 @@ async fn a_hits_addend_past_the_largest_count_is_refused() {
     );
     assert!(metrics.contains("sluice_cost_total"), "{metrics}");
 }
+
+/// More descriptors than any route sends are refused before any is decided.
+#[tokio::test]
+async fn a_request_with_too_many_descriptors_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let many = vec![tenant("crowd", Some((1000, MINUTE))); 257];
+    let err = c
+        .should_rate_limit(request(DOMAIN, many))
+        .await
+        .expect_err("too many descriptors");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("request has 257 descriptors; at most 256 are allowed"),
+        "{}",
+        err.message()
+    );
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("crowd", Some((1000, MINUTE))); 256]),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[255].limit_remaining),
+        (OK, 744),
+        "256 are decided, and the refused call spent nothing"
+    );
+}

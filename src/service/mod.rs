@@ -29,6 +29,12 @@ pub use headers::HeaderStyle;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
+/// Most descriptors one request may carry. Envoy sends one per `rate_limits` action
+/// list of the route (Envoy Gateway one per rule match), a handful in practice; a
+/// request of thousands (a 64 KiB message holds about 8,000) would only make the
+/// store compare them with each other under its locks.
+pub const MAX_DESCRIPTORS: usize = 256;
+
 /// Largest `hits_addend`: 2^50, the most a counter holds.
 pub use crate::store::MAX_HITS;
 
@@ -65,6 +71,12 @@ pub fn descriptors<'r>(
         return Err(BadRequest(
             "request must carry at least one descriptor".into(),
         ));
+    }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(BadRequest(format!(
+            "request has {} descriptors; at most {MAX_DESCRIPTORS} are allowed",
+            req.descriptors.len()
+        )));
     }
     // hits_addend: the descriptor's own value wins (0 checks without counting);
     // otherwise the request's, where 0 means 1.
@@ -385,7 +397,7 @@ mod tests {
     }
 
     #[test]
-    fn hits_past_the_largest_count_are_refused() {
+    fn hits_past_the_largest_count_and_too_many_descriptors_are_refused() {
         assert_eq!(
             spends(&[(Some(MAX_HITS), false)]),
             Ok(vec![(MAX_HITS, Spend::Always)])
@@ -398,5 +410,8 @@ mod tests {
                 "{err}"
             );
         }
+        assert!(spends(&vec![(None, false); MAX_DESCRIPTORS]).is_ok());
+        let err = spends(&vec![(None, false); MAX_DESCRIPTORS + 1]).unwrap_err();
+        assert_eq!(err, "request has 257 descriptors; at most 256 are allowed");
     }
 }
