@@ -411,9 +411,10 @@ impl<S: Store> Stream<S> {
                 if banned || limit.requests == 0 {
                     Assignment::DenyAll
                 } else {
+                    // Saturating: an absurd span only makes the demand ~0.
                     let reported = usage
                         .time_elapsed
-                        .map_or(0, |d| d.seconds.max(0) as Micros * SECOND);
+                        .map_or(0, |d| (d.seconds.max(0) as Micros).saturating_mul(SECOND));
                     let own = demand(
                         usage.num_requests_allowed,
                         usage.num_requests_denied,
@@ -900,6 +901,14 @@ mod tests {
         f.clock.advance(SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 1)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    #[test]
+    fn an_absurd_time_elapsed_is_answered() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let a = block_on(s.answer(report("edge", vec![usage(API, 10, 0, i64::MAX)]))).unwrap();
+        assert!(matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }));
     }
 
     /// A demand table whose store is down.
