@@ -217,7 +217,7 @@ fn local_share<S: Store>(
                     _ = &mut stop => return,
                     _ = tick.tick() => {
                         let s = service.limiter.local_tick().await;
-                        if s.added + s.already > 0 {
+                        if s.added > 0 || s.already > 0 {
                             tracing::info!(added = s.added, already = s.already, "local spending settled in the store");
                         }
                     }

@@ -602,3 +602,56 @@ async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_
         .expect_err("no entries");
     assert_eq!(none.code(), tonic::Code::InvalidArgument);
 }
+
+/// A block longer than any store keeps is refused, and puts nothing on the list; the
+/// longest one is listed for its whole length and denies.
+#[tokio::test]
+async fn a_block_longer_than_the_longest_is_refused_and_blocks_nothing() {
+    let server = Server::start(SIGNALS_POLICY, &[]);
+    let mut admin = admin_client(&server).await;
+    let mut rls = server.client().await;
+    let block = |for_micros: u64| pb::BlockRequest {
+        domain: "edge".into(),
+        entries: vec![pb::request_descriptor::Entry {
+            key: "user".into(),
+            value: "mallory".into(),
+        }],
+        for_micros,
+    };
+    for too_long in [(1 << 50) + 1, 1 << 63, u64::MAX] {
+        let err = admin.block(block(too_long)).await.expect_err("too long");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains(&format!(
+                "for_micros: {too_long} is longer than the longest block, 1125899906842624"
+            )),
+            "{}",
+            err.message()
+        );
+    }
+    let listed = admin
+        .list_blocks(pb::ListBlocksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.sentences.is_empty(), "{listed:?}");
+    let r = call(
+        &mut rls,
+        request("edge", vec![desc(&[("user", "mallory")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+
+    let put = admin
+        .block(block(1 << 50))
+        .await
+        .expect("Block")
+        .into_inner();
+    assert!(put.remaining_micros > (1 << 50) - 60_000_000, "{put:?}");
+    let r = call(
+        &mut rls,
+        request("edge", vec![desc(&[("user", "mallory")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+}

@@ -251,3 +251,107 @@ async fn refunds_give_reservations_back() {
         err.message()
     );
 }
+
+/// A tenant that names one entry `route=r|tenant` with the value `t1` spends its own
+/// counter, not that of the request with the entries `route=r` and `tenant=t1`.
+#[tokio::test]
+async fn an_entry_key_holding_separators_cannot_spend_another_tenants_override() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let with_limit = |entries: &[(&str, &str)]| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: HOUR,
+        }),
+        ..desc(entries)
+    };
+    let victim = with_limit(&[("route", "r"), ("tenant", "t1")]);
+    let forged = with_limit(&[("route=r|tenant", "t1")]);
+    let r = call(&mut c, request(DOMAIN, vec![forged.clone()])).await;
+    assert_eq!(r.overall_code, OK);
+    let r = call(&mut c, request(DOMAIN, vec![forged])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "the forger spent its own hour");
+    let r = call(&mut c, request(DOMAIN, vec![victim.clone()])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OK, 0),
+        "the victim's counter was untouched"
+    );
+    let r = call(&mut c, request(DOMAIN, vec![victim])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+}
+
+/// A `hits_addend` past 2^50 (more than any counter holds) is refused, over gRPC and
+/// `/json`, and spends nothing.
+#[tokio::test]
+async fn a_hits_addend_past_the_largest_count_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let costly = |hits: u64| RateLimitDescriptor {
+        hits_addend: Some(hits),
+        ..tenant("big", Some((10, MINUTE)))
+    };
+    for hits in [(1 << 50) + 1, u64::MAX] {
+        let err = c
+            .should_rate_limit(request(DOMAIN, vec![costly(1), costly(hits)]))
+            .await
+            .expect_err("too many hits");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message()
+                .contains(&format!("descriptor 1: hits_addend {hits} is more"))
+                && err.message().contains("at most 1125899906842624"),
+            "{}",
+            err.message()
+        );
+    }
+    let body = format!(
+        r#"{{"domain":"{DOMAIN}","descriptors":[{{"entries":[{{"key":"{ROUTE}","value":"{ROUTE}"}},{{"key":"rule-0-match-0","value":"big"}}],"hitsAddend":18446744073709551615}}]}}"#
+    );
+    let (status, answer) = http(&server.http, "POST", "/json", &body);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("hits_addend"), "{answer}");
+    // Nothing was spent, and the largest allowed cost is a charge like any other.
+    let r = call(&mut c, request(DOMAIN, vec![costly(0)])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 10));
+    let r = call(&mut c, request(DOMAIN, vec![costly(1 << 50)])).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OVER_LIMIT, 0)
+    );
+    let (status, metrics) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(
+        status, 200,
+        "a scrape after the largest charges still answers"
+    );
+    assert!(metrics.contains("sluice_cost_total"), "{metrics}");
+}
+
+/// More descriptors than any route sends are refused before any is decided.
+#[tokio::test]
+async fn a_request_with_too_many_descriptors_is_refused() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let many = vec![tenant("crowd", Some((1000, MINUTE))); 257];
+    let err = c
+        .should_rate_limit(request(DOMAIN, many))
+        .await
+        .expect_err("too many descriptors");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("request has 257 descriptors; at most 256 are allowed"),
+        "{}",
+        err.message()
+    );
+    let r = call(
+        &mut c,
+        request(DOMAIN, vec![tenant("crowd", Some((1000, MINUTE))); 256]),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[255].limit_remaining),
+        (OK, 744),
+        "256 are decided, and the refused call spent nothing"
+    );
+}

@@ -3174,6 +3174,46 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         .expect_err("no rule");
     assert_eq!(refused.code(), tonic::Code::NotFound);
     assert!(refused.message().contains("no limited rule"), "{refused:?}");
+
+    // The longest block (2^50 µs, about 35 years) holds in Redis like a short one;
+    // a longer one is refused rather than written past what the board keeps.
+    let too_long = admin0
+        .block(pb::BlockRequest {
+            domain: "shop".into(),
+            entries: vec![entry("user", "eve")],
+            for_micros: u64::MAX,
+        })
+        .await
+        .expect_err("too long");
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
+    admin0
+        .block(pb::BlockRequest {
+            domain: "shop".into(),
+            entries: vec![entry("user", "eve")],
+            for_micros: 1 << 50,
+        })
+        .await
+        .expect("the longest block");
+    for c in clients.iter_mut() {
+        common::eventually(Duration::from_secs(5), "the longest block holds", || {
+            let mut c = c.clone();
+            async move { code_of(&mut c, "user", "eve").await == common::OVER_LIMIT }
+        })
+        .await;
+    }
+    let listed = admin2
+        .list_blocks(pb::ListBlocksRequest {
+            domain: "shop".into(),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    let eve = listed
+        .sentences
+        .iter()
+        .find(|s| s.key == "eve")
+        .expect("listed on another replica");
+    assert!(eve.remaining_micros > (1 << 50) - 60 * SECOND, "{eve:?}");
 }
 
 const TIGHTEN_POLICY: &str = r#"

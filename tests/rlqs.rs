@@ -216,6 +216,39 @@ async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
 }
 
 #[tokio::test]
+async fn a_bucket_id_past_its_size_ends_the_stream_with_invalid_argument() {
+    let server = Server::start(POLICY, &[]);
+    let mut id = api();
+    id.bucket.insert("path".into(), "/".repeat(5_000));
+    let url = format!("http://{}", server.grpc);
+    let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
+    let reports = futures::stream::iter(vec![RateLimitQuotaUsageReports {
+        domain: "rlqs".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(id),
+            num_requests_allowed: 1,
+            ..Default::default()
+        }],
+    }]);
+    let status = match client.stream_rate_limit_quotas(reports).await {
+        Err(s) => s,
+        Ok(r) => r.into_inner().message().await.unwrap_err(),
+    };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("has a bucket_id of 5012 bytes; at most 4096"),
+        "{status:?}"
+    );
+    wait_metric(&server, "sluice_rlqs_streams", &[], 0.0).await;
+    assert_eq!(
+        server.metric("sluice_rlqs_buckets", &[]).unwrap_or(0.0),
+        0.0
+    );
+}
+
+#[tokio::test]
 async fn replicas_behind_one_redis_share_one_limit() {
     if !available() {
         eprintln!("SKIP: redis-server not installed");

@@ -11,6 +11,11 @@ use super::pb;
 /// A block with no length given lasts an hour.
 const DEFAULT_SPAN_MICROS: u64 = 3_600_000_000;
 
+/// The longest block, as the longest duration of a policy: a store adds it to its
+/// clock (the Redis board as a Lua number written with `%d`), where a longer one
+/// overflowed and the block vanished while the call said it was put.
+const MAX_SPAN_MICROS: u64 = crate::policy::duration::MAX;
+
 fn status(e: BlockError) -> Status {
     match e {
         BlockError::Unknown(m) => Status::not_found(m),
@@ -47,6 +52,12 @@ pub async fn block<S: Store>(
     req: pb::BlockRequest,
 ) -> Result<pb::Sentence, Status> {
     let entries = entries(&req.entries)?;
+    if req.for_micros > MAX_SPAN_MICROS {
+        return Err(Status::invalid_argument(format!(
+            "for_micros: {} is longer than the longest block, {MAX_SPAN_MICROS} (about 35 years)",
+            req.for_micros
+        )));
+    }
     let span = if req.for_micros == 0 {
         DEFAULT_SPAN_MICROS
     } else {

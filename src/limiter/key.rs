@@ -56,6 +56,11 @@ pub fn counter_key<E: Entry>(
 /// envoyproxy/ratelimit keys an override by domain, entries and unit. No configured
 /// rule's key holds `|=` (entry keys are never empty), so the two never share a
 /// counter.
+///
+/// Unlike a rule's, an override's entry keys are the request's own, matched against
+/// nothing: each is written by [`push_key`], so a key holding `|` or `=` cannot pose
+/// as two entries (`route=r|tenant` with `t1` as `route=r`, `tenant=t1`) and a long
+/// one does not end up in the store.
 pub fn override_key<E: Entry>(
     domain: &str,
     entries: &[E],
@@ -67,13 +72,37 @@ pub fn override_key<E: Entry>(
     out.push_str(domain);
     for entry in entries {
         out.push('|');
-        out.push_str(entry.key());
+        push_key(out, entry.key(), hashing);
         out.push('=');
         push_value(out, entry.value(), hashing);
     }
     out.push_str("|=");
     out.push_str(unit.as_str());
 }
+
+/// Writes an entry key the request chose into a counter key: verbatim when it is at
+/// most [`MAX_RAW_VALUE`] bytes and holds no separator and does not look like a hash
+/// (a leading `#`), else its keyed hash. Keys name the descriptor's parts, not
+/// clients, so `--hash-keys` leaves them as they are.
+pub fn push_key(out: &mut String, key: &str, hashing: &Hashing) {
+    if needs_hash(key) {
+        hashing.hash.push_hex(out, key.as_bytes());
+    } else {
+        out.push_str(key);
+    }
+}
+
+/// Whether a key or value must be hashed to keep counter keys apart: it holds a
+/// separator, is longer than [`MAX_RAW_VALUE`], or could be taken for a hash
+/// ([`ValueHash::push_hex`] writes `#` and 32 hex digits).
+fn needs_hash(text: &str) -> bool {
+    text.len() > MAX_RAW_VALUE
+        || text.contains(['|', '='])
+        || (text.len() == HASHED_LEN && text.starts_with('#'))
+}
+
+/// Length of a hashed value: `#` and 32 hex digits.
+const HASHED_LEN: usize = 33;
 
 /// Appends to a rule's counter key the window of one of its further limits
 /// (`rate_limits`): `|~60s` (`|~1500ms`, `|~7us` when not whole). The first limit of
@@ -124,8 +153,7 @@ pub fn offender<E: Entry>(rule: &Rule, entries: &[E], hashing: &Hashing, out: &m
 
 /// The display form of a value for keys and the top-offenders view.
 pub fn push_value(out: &mut String, value: &str, hashing: &Hashing) {
-    let unsafe_chars = value.contains(['|', '=']);
-    if hashing.all || unsafe_chars || value.len() > MAX_RAW_VALUE {
+    if hashing.all || needs_hash(value) {
         hashing.hash.push_hex(out, value.as_bytes());
     } else {
         out.push_str(value);
@@ -199,6 +227,70 @@ mod tests {
             !hashed.contains("t1") && hashed.ends_with("|=minute"),
             "{hashed}"
         );
+    }
+
+    #[test]
+    fn override_keys_keep_entries_apart_whatever_the_request_names_them() {
+        let mut honest = String::new();
+        override_key(
+            "edge",
+            &[("route", "r"), ("tenant", "t1")],
+            Unit::Year,
+            &long_only(),
+            &mut honest,
+        );
+        // One entry whose key holds a separator, posing as the two above.
+        let mut forged = String::new();
+        override_key(
+            "edge",
+            &[("route=r|tenant", "t1")],
+            Unit::Year,
+            &long_only(),
+            &mut forged,
+        );
+        assert_ne!(honest, forged);
+        assert!(
+            forged.starts_with("edge|#") && forged.ends_with("=t1|=year"),
+            "{forged}"
+        );
+        // A long key is stored as its hash, not verbatim.
+        let long = "k".repeat(60_000);
+        override_key(
+            "edge",
+            &[(long.as_str(), "v")],
+            Unit::Year,
+            &long_only(),
+            &mut forged,
+        );
+        assert_eq!(forged.len(), "edge|=v|=year".len() + 33, "{forged}");
+        // A key or value that looks like a hash is hashed too, so no raw text can
+        // stand for another's hash.
+        let mut hashed = String::new();
+        override_key(
+            "edge",
+            &[(long.as_str(), "v")],
+            Unit::Year,
+            &long_only(),
+            &mut hashed,
+        );
+        let posing = &hashed["edge|".len().."edge|".len() + 33];
+        override_key(
+            "edge",
+            &[(posing, "v")],
+            Unit::Year,
+            &long_only(),
+            &mut forged,
+        );
+        assert_ne!(forged, hashed);
+        // Ordinary keys are written as before: a rolling upgrade keeps the counters.
+        override_key(
+            "edge",
+            &[("route", "r"), ("tenant", "t1")],
+            Unit::Year,
+            &every_value(),
+            &mut forged,
+        );
+        assert!(forged.starts_with("edge|route=#"), "{forged}");
     }
 
     #[test]

@@ -715,9 +715,9 @@ impl Local {
             match result {
                 Ok(added) => {
                     if added {
-                        out.added += hit.hits;
+                        out.added = out.added.saturating_add(hit.hits);
                     } else {
-                        out.already += hit.hits;
+                        out.already = out.already.saturating_add(hit.hits);
                     }
                     p.spent = p.spent.saturating_sub(hit.hits);
                     p.settling = None;

@@ -1022,6 +1022,10 @@ mod tests {
             ),
             ("10x", "p.yaml:4: 'window': unknown unit 'x' in '10x'"),
             ("'10'", "p.yaml:4: 'window': '10' is not a duration"),
+            (
+                "13032d",
+                "p.yaml:4: 'window': duration '13032d' is longer than the longest allowed",
+            ),
         ] {
             let err = rate_limit_errors(&format!("{{window: {bad}, requests_per_unit: 5}}"));
             assert!(err.starts_with(why), "{bad}: {err}");
@@ -1029,6 +1033,13 @@ mod tests {
         let err = rate_limit_errors("{algorithm: concurrency, requests_per_unit: 3, lease: 0.5us}");
         assert!(
             err.contains("'lease': '0.5us' is not a duration of whole microseconds"),
+            "{err}"
+        );
+        let err = rate_limit_errors(
+            "{unit: minute, requests_per_unit: 3, penalty: {violations: 3, within: 1m, ban: 213503982d}}",
+        );
+        assert!(
+            err.contains("'ban': duration '213503982d' is longer than the longest allowed"),
             "{err}"
         );
     }

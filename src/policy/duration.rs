@@ -50,12 +50,21 @@ pub fn parse(text: &str) -> Result<Micros, String> {
     Ok(total)
 }
 
-/// Parses a duration longer than zero, as every duration of a policy is (a zero
-/// window or lease would mean nothing).
+/// The longest duration of a policy (and of an operator's block): 2^50 µs, about 35
+/// years, the largest number the Redis scripts are given. Longer ones would be cut
+/// short there, and overflow the sums of times that add them to the clock.
+pub const MAX: Micros = 1 << 50;
+
+/// Parses a duration longer than zero and at most [`MAX`], as every duration of a
+/// policy is (a zero window or lease would mean nothing).
 pub fn parse_positive(text: &str) -> Result<Micros, String> {
     match parse(text)? {
         0 => Err(format!(
             "duration '{}' must be longer than zero",
+            text.trim()
+        )),
+        d if d > MAX => Err(format!(
+            "duration '{}' is longer than the longest allowed, {MAX}us (about 35 years)",
             text.trim()
         )),
         d => Ok(d),
@@ -113,6 +122,21 @@ mod tests {
             Err("duration '0s' must be longer than zero".to_string())
         );
         assert_eq!(parse_positive("1.5s"), Ok(1_500_000));
+    }
+
+    #[test]
+    fn a_policy_duration_is_at_most_about_35_years() {
+        assert_eq!(parse_positive("13031d"), Ok(13_031 * 86_400 * SECOND));
+        assert_eq!(parse_positive("1125899906842624us"), Ok(MAX));
+        for long in ["1125899906842625us", "13032d", "213503982d"] {
+            let err = parse_positive(long).unwrap_err();
+            assert!(
+                err.contains("is longer than the longest allowed, 1125899906842624us"),
+                "{err}"
+            );
+        }
+        // Flags are not policies: the plain parse still takes them.
+        assert_eq!(parse("13032d"), Ok(13_032 * 86_400 * SECOND));
     }
 
     #[test]

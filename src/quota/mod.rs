@@ -53,8 +53,8 @@ pub fn moved(last: Option<f64>, own: f64) -> bool {
 }
 
 /// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
-/// ShouldRateLimit's denials are counted (at most `violations`: more cannot start
-/// more than one sentence), then says whether the bucket's key is denied outright.
+/// ShouldRateLimit's denials are counted (in one step, however many), then says
+/// whether the bucket's key is denied outright.
 pub fn penalize(
     penalties: &Penalties,
     rule: &Rule,
@@ -65,15 +65,9 @@ pub fn penalize(
     let Some(penalty) = &rule.penalty else {
         return false;
     };
-    for _ in 0..denied.min(penalty.violations.max(1)) {
-        if penalties
-            .deny(key, penalty, penalties.now(), &info)
-            .is_some()
-        {
-            break;
-        }
-    }
-    penalties.banned(key, penalties.now()).is_some()
+    let now = penalties.now();
+    penalties.deny_many(key, penalty, now, denied, info);
+    penalties.banned(key, now).is_some()
 }
 
 #[cfg(test)]
@@ -175,5 +169,20 @@ mod tests {
             penalize(&penalties, &rule, "d|k=v", 0, info),
             "banned still"
         );
+        // Billions of denials against a penalty of a billion violations are counted
+        // in one step, not one by one, and start one ban.
+        rule.penalty = Some(Penalty {
+            violations: 1_000_000_000,
+            ..rule.penalty.unwrap()
+        });
+        let started = std::time::Instant::now();
+        assert!(!penalize(&penalties, &rule, "d|k=w", 999_999_999, info));
+        assert!(penalize(&penalties, &rule, "d|k=w", u64::MAX, info));
+        assert!(
+            penalize(&penalties, &rule, "d|k=w", u64::MAX, info),
+            "banned still"
+        );
+        assert_eq!(penalties.bans_started(), 2);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -29,6 +29,15 @@ pub use headers::HeaderStyle;
 /// Most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
 
+/// Most descriptors one request may carry. Envoy sends one per `rate_limits` action
+/// list of the route (Envoy Gateway one per rule match), a handful in practice; a
+/// request of thousands (a 64 KiB message holds about 8,000) would only make the
+/// store compare them with each other under its locks.
+pub const MAX_DESCRIPTORS: usize = 256;
+
+/// Largest `hits_addend`: 2^50, the most a counter holds.
+pub use crate::store::MAX_HITS;
+
 /// The least time kept back from a caller's deadline (see [`store_wait`]).
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
 
@@ -61,6 +70,12 @@ pub fn descriptors<'r>(
         return Err(BadRequest(
             "request must carry at least one descriptor".into(),
         ));
+    }
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(BadRequest(format!(
+            "request has {} descriptors; at most {MAX_DESCRIPTORS} are allowed",
+            req.descriptors.len()
+        )));
     }
     // hits_addend: the descriptor's own value wins (0 checks without counting);
     // otherwise the request's, where 0 means 1.
@@ -113,6 +128,12 @@ pub fn descriptors<'r>(
                 )));
             }
             let hits = d.hits_addend.unwrap_or(request_hits);
+            if hits > MAX_HITS {
+                return Err(BadRequest(format!(
+                    "descriptor {i}: hits_addend {hits} is more than any counter holds; \
+                     at most {MAX_HITS} are allowed"
+                )));
+            }
             let spend = match (d.is_negative_hits, settles) {
                 (true, _) => Spend::Refund,
                 (false, true) => Spend::Always,
@@ -372,5 +393,24 @@ mod tests {
             err.contains("descriptor 0: is_negative_hits") && err.contains("descriptor 1 has none"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn hits_past_the_largest_count_and_too_many_descriptors_are_refused() {
+        assert_eq!(
+            spends(&[(Some(MAX_HITS), false)]),
+            Ok(vec![(MAX_HITS, Spend::Always)])
+        );
+        for hits in [MAX_HITS + 1, u64::MAX] {
+            let err = spends(&[(Some(1), false), (Some(hits), true)]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("descriptor 1: hits_addend {hits} is more"))
+                    && err.contains(&format!("at most {MAX_HITS}")),
+                "{err}"
+            );
+        }
+        assert!(spends(&vec![(None, false); MAX_DESCRIPTORS]).is_ok());
+        let err = spends(&vec![(None, false); MAX_DESCRIPTORS + 1]).unwrap_err();
+        assert_eq!(err, "request has 257 descriptors; at most 256 are allowed");
     }
 }

@@ -28,6 +28,11 @@ pub use memory::MemoryStore;
 pub use probe::{Probe, StoreCall};
 pub use report::{LastError, Report, ShardState, ShardStatus};
 
+/// Most hits one hit may carry (a request's `hits_addend`, refused past it): 2^50,
+/// the most a counter holds. The Redis scripts clamp every number to it, a charge of
+/// it already exhausts any limit, and sums of larger ones overflow.
+pub const MAX_HITS: u64 = 1 << 50;
+
 /// How a hit's verdict counts towards the request's fate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -117,7 +117,7 @@ impl ErlStats {
                     .0
                     .iter()
                     .map(|s| s[i].load(std::sync::atomic::Ordering::Relaxed))
-                    .sum();
+                    .fold(0, u64::saturating_add);
                 let _ = write!(out, "ratelimit_service_rate_limit_{family}{{domain=\"");
                 escape_label(domain, out);
                 out.push_str("\",key1=\"");
@@ -316,6 +316,23 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn totals_past_the_largest_number_show_the_largest_number() {
+        let stats = ErlStats::new(0.8);
+        let r = rule(10, false);
+        let c = stats.counts("d", &r);
+        // Two stripes near the top, as threads adding charges of 2^50 leave them.
+        for stripe in c.0.iter().take(2) {
+            stripe[TOTAL].store(u64::MAX - 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let text = totals(&stats);
+        let line = format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"d\",key1=\"k\",key2=\"\"}} {}",
+            u64::MAX
+        );
+        assert!(text.contains(&line), "{line} in\n{text}");
     }
 
     #[test]

@@ -151,8 +151,16 @@ impl RuleStats {
     /// (decided, denied) over the last minute.
     /// Hits spent and refunded over the minute ending at `now`.
     pub fn cost_totals(&self, now: Micros) -> (u64, u64) {
-        let spent = self.spent.iter().map(|w| w.total(now)).sum();
-        let refunded = self.refunded.iter().map(|w| w.total(now)).sum();
+        let spent = self
+            .spent
+            .iter()
+            .map(|w| w.total(now))
+            .fold(0, u64::saturating_add);
+        let refunded = self
+            .refunded
+            .iter()
+            .map(|w| w.total(now))
+            .fold(0, u64::saturating_add);
         (spent, refunded)
     }
 
@@ -167,21 +175,21 @@ impl RuleStats {
         self.counts
             .iter()
             .map(|c| c.outcomes[i].load(Ordering::Relaxed))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     fn bans(&self) -> u64 {
         self.counts
             .iter()
             .map(|c| c.bans.load(Ordering::Relaxed))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     fn near_limit(&self) -> u64 {
         self.counts
             .iter()
             .map(|c| c.near_limit.load(Ordering::Relaxed))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Hits of one kind of [`COST_KINDS`].
@@ -189,7 +197,7 @@ impl RuleStats {
         self.counts
             .iter()
             .map(|c| c.cost[kind].load(Ordering::Relaxed))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 }
 

@@ -23,8 +23,8 @@ impl Metrics {
                 Some(last) if last.domain == st.domain && last.rule == st.rule => {
                     last.decided += decided;
                     last.denied += denied;
-                    last.spent += spent;
-                    last.refunded += refunded;
+                    last.spent = last.spent.saturating_add(spent);
+                    last.refunded = last.refunded.saturating_add(refunded);
                     let mut merged: HashMap<String, u64> = last.top.drain(..).collect();
                     for (k, n) in top {
                         *merged.entry(k).or_default() += n;
@@ -100,7 +100,8 @@ impl Metrics {
             let mut cost: std::collections::BTreeMap<(&str, &str, usize), u64> = Default::default();
             for st in &stats {
                 for kind in 0..COST_KINDS.len() {
-                    *cost.entry((&st.domain, &st.rule, kind)).or_default() += st.cost(kind);
+                    let n = cost.entry((&st.domain, &st.rule, kind)).or_default();
+                    *n = n.saturating_add(st.cost(kind));
                 }
             }
             for ((domain, rule, kind), n) in cost {

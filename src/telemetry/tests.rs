@@ -575,3 +575,33 @@ descriptors:
     clock.advance(30 * SECOND);
     assert_eq!(gauge(&m.render(), "sluice_debt").as_deref(), Some("0"));
 }
+
+#[tokio::test]
+async fn costs_past_the_largest_number_show_the_largest_number() {
+    let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone()));
+    let entries = [("api_key", "k")];
+    let d = Descriptor {
+        spend: Spend::Always,
+        ..Descriptor::new(&entries[..], crate::store::MAX_HITS)
+    };
+    let o = l.decide("d", &[d]).await;
+    m.record("d", &o, Duration::from_micros(10));
+    // Other threads' stripes near the top, as 2^14 such charges each leave them.
+    let st = m.all_stats().remove(0);
+    for stripe in st.counts.iter().skip(1).take(2) {
+        stripe.cost[0].store(u64::MAX - 1, Ordering::Relaxed);
+    }
+    let text = m.render();
+    let line = format!(
+        r#"sluice_cost_total{{domain="d",kind="spent",rule="api_key"}} {}"#,
+        u64::MAX
+    );
+    assert!(text.contains(&line), "{line} in {text}");
+}

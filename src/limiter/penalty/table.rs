@@ -152,6 +152,23 @@ impl Penalties {
         now: Micros,
         info: impl FnOnce() -> BanInfo,
     ) -> Option<Started> {
+        self.deny_many(key, penalty, now, 1, info)
+    }
+
+    /// Counts `denials` denials of `key` at `now` in one step, as as many calls of
+    /// [`Penalties::deny`] would: returns the sentence they start, if any. At most
+    /// one starts; the denials after it fall within it, as they would one by one.
+    pub fn deny_many(
+        &self,
+        key: &str,
+        penalty: &Penalty,
+        now: Micros,
+        denials: u64,
+        info: impl FnOnce() -> BanInfo,
+    ) -> Option<Started> {
+        if denials == 0 {
+            return None;
+        }
         let within = penalty.within.max(1);
         let mut shard = self.shard(key);
         if !shard.contains_key(key) && !make_room(&mut shard, self.shard_cap, now) {
@@ -164,16 +181,20 @@ impl Penalties {
             return None;
         }
         r.within = within;
-        if now >= r.start + within {
+        if now >= r.start.saturating_add(within) {
             let spans = (now - r.start) / within;
             r.prev = if spans == 1 { r.cur } else { 0 };
             r.cur = 0;
             r.start += spans * within;
         }
-        r.cur += 1;
-        let left = u128::from(within - (now - r.start));
-        let estimate = (u128::from(r.prev) * left / u128::from(within)) as u64 + r.cur;
-        if estimate < penalty.violations.max(1) {
+        // A clock stepped back reads as the span's start.
+        let left = u128::from(within - now.saturating_sub(r.start).min(within));
+        let before =
+            ((u128::from(r.prev) * left / u128::from(within)) as u64).saturating_add(r.cur);
+        // The denials it takes to reach the violations, one at least.
+        let needed = penalty.violations.max(1).saturating_sub(before).max(1);
+        if denials < needed {
+            r.cur = r.cur.saturating_add(denials);
             return None;
         }
         r.prev = 0;
@@ -434,6 +455,48 @@ pub(super) mod tests {
         assert!(p.active().is_empty());
         // The count starts afresh after a ban.
         assert_eq!(p.deny("k", &penalty(), clock.now(), info), None);
+    }
+
+    #[test]
+    fn many_denials_count_in_one_step_as_they_would_one_by_one() {
+        let clock = ManualClock::new(T0);
+        let p = Penalties::new(Arc::new(clock.clone()), 1000);
+        assert_eq!(p.deny_many("k", &penalty(), clock.now(), 0, info), None);
+        assert_eq!(p.deny_many("k", &penalty(), clock.now(), 2, info), None);
+        assert_eq!(p.banned("k", clock.now()), None);
+        assert!(
+            p.deny("k", &penalty(), clock.now(), info).is_some(),
+            "the third"
+        );
+        assert_eq!(
+            p.deny_many("k", &penalty(), clock.now(), u64::MAX, info),
+            None
+        );
+        assert_eq!(p.bans_started(), 1);
+        // Past the violations at once: one ban.
+        assert!(p
+            .deny_many("j", &penalty(), clock.now(), u64::MAX, info)
+            .is_some());
+        assert_eq!(p.bans_started(), 2);
+        // Half the last span's denials still count, as the estimate reads them.
+        clock.advance(15 * SECOND);
+        assert_eq!(p.deny_many("i", &penalty(), clock.now(), 2, info), None);
+        clock.advance(15 * SECOND);
+        assert_eq!(p.deny_many("i", &penalty(), clock.now(), 1, info), None);
+        assert!(p.deny_many("i", &penalty(), clock.now(), 1, info).is_some());
+    }
+
+    #[test]
+    fn a_clock_stepped_back_or_the_longest_span_overflows_nothing() {
+        let clock = ManualClock::new(T0);
+        let p = Penalties::new(Arc::new(clock.clone()), 1000);
+        let longest = Penalty {
+            within: Micros::MAX,
+            ..penalty()
+        };
+        assert_eq!(p.deny("k", &longest, clock.now(), info), None);
+        assert_eq!(p.deny("k", &longest, clock.now() - SECOND, info), None);
+        assert!(p.deny("k", &longest, clock.now(), info).is_some());
     }
 
     #[test]

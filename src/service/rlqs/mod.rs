@@ -41,6 +41,9 @@ pub struct Settings {
     /// Most buckets tracked per stream; past it, new buckets are answered by the
     /// domain's failure mode without being tracked.
     pub max_buckets: usize,
+    /// Most bytes of bucket ids (keys and values) tracked per stream; past it, new
+    /// buckets are answered as past `max_buckets`.
+    pub max_bucket_bytes: usize,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             ttl: Duration::from_secs(15),
             abandon_after: Duration::from_secs(60),
             max_buckets: 10_000,
+            max_bucket_bytes: 8 << 20,
         }
     }
 }

@@ -54,6 +54,15 @@ use crate::service::MAX_ENTRIES;
 /// A bucket's pairs sorted by key: how the stream knows it again.
 type BucketKey = Vec<(String, String)>;
 
+/// Most bytes (keys and values) one bucket id may hold. Envoy builds ids from its
+/// matchers' configured keys and a few request attributes; a larger id is refused.
+pub const MAX_BUCKET_ID_BYTES: usize = 4096;
+
+/// The bytes of a bucket's keys and values.
+fn id_bytes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> usize {
+    pairs.into_iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
 struct Tracked {
@@ -79,6 +88,8 @@ pub struct Stream<S: Store> {
     id: String,
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
+    /// The bytes of the tracked buckets' ids ([`id_bytes`]).
+    bucket_bytes: usize,
     /// Where peers' nudges arrive; `inbox` is taken by [`serve`].
     nudges: mpsc::Sender<Arc<Nudge>>,
     pub inbox: Option<mpsc::Receiver<Arc<Nudge>>>,
@@ -215,6 +226,7 @@ impl<S: Store> Stream<S> {
             id: format!("{:016x}", rand::random::<u64>()),
             domain: None,
             buckets: HashMap::new(),
+            bucket_bytes: 0,
             nudges,
             inbox: Some(inbox),
         }
@@ -348,12 +360,17 @@ impl<S: Store> Stream<S> {
             .unwrap_or(limiter.failure_mode());
 
         let known = self.buckets.contains_key(&entries);
-        if !known && self.buckets.len() >= settings.max_buckets {
+        let size = id_bytes(entries.iter().map(|(k, v)| (k, v)));
+        if !known
+            && (self.buckets.len() >= settings.max_buckets
+                || self.bucket_bytes.saturating_add(size) > settings.max_bucket_bytes)
+        {
             let a = quota::untracked(&governed, failure);
             return (assignment(a, ttl), rule_path);
         }
         if !known {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
+            self.bucket_bytes += size;
         }
         let tracked = self.buckets.entry(entries).or_insert_with(|| Tracked {
             id: usage.bucket_id.clone().unwrap_or_default(),
@@ -367,6 +384,7 @@ impl<S: Store> Stream<S> {
             if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
                 let gone = self.buckets.remove(&entries_of(usage));
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
+                self.bucket_bytes = self.bucket_bytes.saturating_sub(size);
                 if let Some(key) = gone.and_then(|t| t.demand_key) {
                     self.quotas.peers.leave(&key, &self.id);
                     self.quotas.demand.forget(vec![key], self.id.clone());
@@ -411,9 +429,10 @@ impl<S: Store> Stream<S> {
                 if banned || limit.requests == 0 {
                     Assignment::DenyAll
                 } else {
+                    // Saturating: an absurd span only makes the demand ~0.
                     let reported = usage
                         .time_elapsed
-                        .map_or(0, |d| d.seconds.max(0) as Micros * SECOND);
+                        .map_or(0, |d| (d.seconds.max(0) as Micros).saturating_mul(SECOND));
                     let own = demand(
                         usage.num_requests_allowed,
                         usage.num_requests_denied,
@@ -502,6 +521,13 @@ fn check(i: usize, usage: &BucketQuotaUsage) -> Result<(), GrpcError> {
     if id.bucket.keys().any(String::is_empty) {
         return bad(format!(
             "bucket_quota_usages[{i}] has an empty bucket_id key"
+        ));
+    }
+    let size = id_bytes(&id.bucket);
+    if size > MAX_BUCKET_ID_BYTES {
+        return bad(format!(
+            "bucket_quota_usages[{i}] has a bucket_id of {size} bytes; at most \
+             {MAX_BUCKET_ID_BYTES} bytes of keys and values are allowed"
         ));
     }
     Ok(())
@@ -900,6 +926,75 @@ mod tests {
         f.clock.advance(SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 1)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    #[test]
+    fn an_oversized_bucket_id_is_refused_and_changes_nothing() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let long = "v".repeat(MAX_BUCKET_ID_BYTES);
+        let big = usage(&[("route", "api"), ("path", &long)], 500, 0, 1);
+        let e = block_on(s.answer(report("edge", vec![usage(API, 500, 0, 1), big]))).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(
+            e.message.contains(&format!(
+                "bucket_quota_usages[1] has a bucket_id of {} bytes; at most 4096",
+                MAX_BUCKET_ID_BYTES + 12
+            )),
+            "{}",
+            e.message
+        );
+        assert_eq!((s.buckets.len(), s.bucket_bytes), (0, 0));
+        // The largest allowed id is tracked.
+        let most = "v".repeat(MAX_BUCKET_ID_BYTES - 12);
+        block_on(s.answer(report(
+            "edge",
+            vec![usage(&[("route", "api"), ("path", &most)], 1, 0, 0)],
+        )))
+        .unwrap();
+        assert_eq!(s.bucket_bytes, MAX_BUCKET_ID_BYTES);
+    }
+
+    #[test]
+    fn past_its_bytes_a_stream_tracks_no_new_buckets() {
+        let mut f = fixture();
+        let quotas = Arc::get_mut(&mut f.quotas).unwrap();
+        quotas.settings.max_bucket_bytes = 3_000;
+        let mut s = Stream::new(f.quotas.clone());
+        let value = |c: char| c.to_string().repeat(1_000);
+        let (a, b, c) = (value('a'), value('b'), value('c'));
+        for v in [&a, &b] {
+            block_on(s.answer(report("edge", vec![usage(&[("client", v)], 1, 0, 0)]))).unwrap();
+        }
+        assert_eq!((s.buckets.len(), s.bucket_bytes), (2, 2_012));
+        // A third would pass the budget: answered by the failure mode (open), not kept.
+        let third =
+            block_on(s.answer(report("edge", vec![usage(&[("client", &c)], 1, 0, 0)]))).unwrap();
+        assert_eq!(only(third).unwrap().0, Assignment::AllowAll);
+        assert_eq!(s.buckets.len(), 2);
+        // A known bucket is still answered from its share.
+        let known =
+            block_on(s.answer(report("edge", vec![usage(&[("client", &a)], 1, 0, 1)]))).unwrap();
+        assert!(matches!(
+            only(known).unwrap().0,
+            Assignment::TokenBucket { .. }
+        ));
+        // An abandoned bucket gives its bytes back.
+        let idle = || report("edge", vec![usage(&[("client", &b)], 0, 0, 1)]);
+        block_on(s.answer(idle())).unwrap();
+        f.clock.advance(60 * SECOND);
+        assert_eq!(only(block_on(s.answer(idle())).unwrap()), None, "abandoned");
+        assert_eq!((s.buckets.len(), s.bucket_bytes), (1, 1_006));
+        block_on(s.answer(report("edge", vec![usage(&[("client", &c)], 1, 0, 0)]))).unwrap();
+        assert_eq!(s.buckets.len(), 2);
+    }
+
+    #[test]
+    fn an_absurd_time_elapsed_is_answered() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let a = block_on(s.answer(report("edge", vec![usage(API, 10, 0, i64::MAX)]))).unwrap();
+        assert!(matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }));
     }
 
     /// A demand table whose store is down.

@@ -153,7 +153,8 @@ impl Inner {
         let mut out = Vec::with_capacity(rest.len() / 3);
         for c in rest.chunks_exact(3) {
             let until = int(&c[1])?;
-            if let Some(s) = record(text(&c[0])?, (until - now).max(0) as Micros, &text(&c[2])?) {
+            let left = until.saturating_sub(now).max(0) as Micros;
+            if let Some(s) = record(text(&c[0])?, left, &text(&c[2])?) {
                 out.push(s);
             }
         }

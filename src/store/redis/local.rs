@@ -73,7 +73,7 @@ impl RedisStore {
                 Ok(v) => {
                     let (live, missing, members) = counts(v);
                     let (total, most) = best.unwrap_or((0, 0));
-                    best = Some((total.max(live + missing), most.max(missing)));
+                    best = Some((total.max(live.saturating_add(missing)), most.max(missing)));
                     shards.push(ShardBeats {
                         shard,
                         live: members,
@@ -85,7 +85,7 @@ impl RedisStore {
         match (best, error) {
             (Some((total, missing)), _) => Ok(Heard {
                 replicas: Replicas {
-                    live: total - missing,
+                    live: total.saturating_sub(missing),
                     missing,
                 },
                 shards,

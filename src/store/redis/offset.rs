@@ -71,8 +71,10 @@ impl Offset {
             current = self.current.fetch_min(sample, Relaxed).min(sample);
         }
         let bound = current.min(self.previous.load(Relaxed));
-        // bound <= this call's own sample, so the result is >= sent.
-        u64::try_from(r - bound.min(sample))
+        // bound <= this call's own sample, so the result is >= sent (and a bound
+        // from clocks far apart, too far to subtract, leaves `sent`).
+        r.checked_sub(bound.min(sample))
+            .and_then(|t| u64::try_from(t).ok())
             .unwrap_or(sent)
             .max(sent)
     }
@@ -120,5 +122,14 @@ mod tests {
         assert_eq!(slow(11 * SECOND), 11 * SECOND + 1_500);
         assert_eq!(slow(12 * SECOND), 12 * SECOND);
         assert_eq!(slow(12 * SECOND + 10), 12 * SECOND + 10);
+    }
+
+    #[test]
+    fn clocks_too_far_apart_to_subtract_leave_the_send_time() {
+        let offset = Offset::default();
+        let sent = i64::MAX as Micros;
+        // A shard whose clock read 0, then one that read the largest time.
+        assert_eq!(offset.decided_at(sent, 0), sent);
+        assert_eq!(offset.decided_at(sent, sent), sent);
     }
 }

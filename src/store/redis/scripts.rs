@@ -48,6 +48,9 @@ const REFUND_LUA: &str = concat!(
 /// Largest value passed to the scripts (see the module doc).
 pub const MAX_ARG: u64 = 1 << 50;
 
+// A request's hits are refused past what the scripts are given, not clamped.
+const _: () = assert!(crate::store::MAX_HITS == MAX_ARG);
+
 /// Values per hit in the decide reply.
 const REPLY_STRIDE: usize = 7;
 
