@@ -384,9 +384,13 @@ async fn several_masters_are_shards_of_their_own() {
     sentinels.wait_settled(0).await;
     let urls = sentinels.urls().join(",");
     let masters = format!("{MASTER},other");
+    // Placement is under test, not the timeout: on a loaded machine a call can take
+    // longer than the default 15 ms, and `closed` would deny it.
     let sluice = common::Server::start(
         POLICY,
         &[
+            "--store-timeout",
+            "2s",
             "--redis-sentinel",
             &urls,
             "--redis-sentinel-master",
