@@ -2973,6 +2973,35 @@ fn sentences_of(server: &common::Server, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits until every replica's client gets `code` for `user`.
+async fn every_replica_answers(
+    clients: &[RateLimitServiceClient<Channel>],
+    user: &str,
+    code: i32,
+    what: &str,
+) {
+    for c in clients {
+        common::eventually(Duration::from_secs(5), what, || {
+            let mut c = c.clone();
+            async move { code_of(&mut c, "user", user).await == code }
+        })
+        .await;
+    }
+}
+
+/// The sentences a replica's admin API lists for domain `shop`.
+async fn list_shop_blocks(
+    admin: &mut sluice::admin::pb::admin_client::AdminClient<Channel>,
+) -> sluice::admin::pb::Sentences {
+    admin
+        .list_blocks(sluice::admin::pb::ListBlocksRequest {
+            domain: "shop".into(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+}
+
 async fn code_of(client: &mut RateLimitServiceClient<Channel>, key: &str, value: &str) -> i32 {
     common::call(
         client,
@@ -3123,20 +3152,14 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         (put.kind.as_str(), put.source.as_str()),
         ("block", "operator")
     );
-    for c in clients.iter_mut() {
-        common::eventually(Duration::from_secs(5), "the operator's block holds", || {
-            let mut c = c.clone();
-            async move { code_of(&mut c, "user", "mallory").await == common::OVER_LIMIT }
-        })
-        .await;
-    }
-    let listed = admin2
-        .list_blocks(pb::ListBlocksRequest {
-            domain: "shop".into(),
-        })
-        .await
-        .expect("list")
-        .into_inner();
+    every_replica_answers(
+        &clients,
+        "mallory",
+        common::OVER_LIMIT,
+        "the operator's block holds",
+    )
+    .await;
+    let listed = list_shop_blocks(&mut admin2).await;
     assert!(listed
         .sentences
         .iter()
@@ -3156,13 +3179,7 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         .into_inner();
     assert!(lifted.lifted);
     assert_eq!(lifted.counter, put.counter);
-    for c in clients.iter_mut() {
-        common::eventually(Duration::from_secs(5), "the unblock holds", || {
-            let mut c = c.clone();
-            async move { code_of(&mut c, "user", "mallory").await == common::OK }
-        })
-        .await;
-    }
+    every_replica_answers(&clients, "mallory", common::OK, "the unblock holds").await;
     // A block of what no rule limits is refused, naming why.
     let refused = admin0
         .block(pb::BlockRequest {
@@ -3194,20 +3211,14 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         })
         .await
         .expect("the longest block");
-    for c in clients.iter_mut() {
-        common::eventually(Duration::from_secs(5), "the longest block holds", || {
-            let mut c = c.clone();
-            async move { code_of(&mut c, "user", "eve").await == common::OVER_LIMIT }
-        })
-        .await;
-    }
-    let listed = admin2
-        .list_blocks(pb::ListBlocksRequest {
-            domain: "shop".into(),
-        })
-        .await
-        .expect("list")
-        .into_inner();
+    every_replica_answers(
+        &clients,
+        "eve",
+        common::OVER_LIMIT,
+        "the longest block holds",
+    )
+    .await;
+    let listed = list_shop_blocks(&mut admin2).await;
     let eve = listed
         .sentences
         .iter()

@@ -25,6 +25,16 @@ pub struct Request {
 // `#[inline]`: the decide path writes each argument through these, from another
 // crate, and a release build without LTO inlines across crates only what says so.
 impl Request {
+    /// A whole command of the given arguments (the command name first).
+    pub fn command(parts: &[&[u8]]) -> Request {
+        let mut req = Request::default();
+        req.start(parts.len());
+        for p in parts {
+            req.arg(p);
+        }
+        req
+    }
+
     /// Starts a command of `args` arguments (the command name included).
     #[inline]
     pub fn start(&mut self, args: usize) {

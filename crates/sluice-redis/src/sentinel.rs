@@ -261,11 +261,11 @@ impl Master {
                 *conn = Some(Wire::connect(&self.sentinels[i]).await?);
             }
             let c = conn.as_mut().expect("connected above");
-            let mut req = Request::default();
-            req.start(3);
-            req.arg(b"SENTINEL");
-            req.arg(b"get-master-addr-by-name");
-            req.arg(self.name.as_bytes());
+            let req = Request::command(&[
+                b"SENTINEL",
+                b"get-master-addr-by-name",
+                self.name.as_bytes(),
+            ]);
             master_addr(c.query(&req).await?)
         };
         let failed =
@@ -288,9 +288,7 @@ impl Master {
     async fn role(&self, target: &Target) -> Result<bool, Error> {
         let asked = async {
             let mut conn = Wire::connect(target).await?;
-            let mut req = Request::default();
-            req.start(1);
-            req.arg(b"ROLE");
+            let req = Request::command(&[b"ROLE"]);
             match conn.query(&req).await? {
                 Value::Error(e) => Err(error::reply(e)),
                 v => Ok(is_master(&v)),

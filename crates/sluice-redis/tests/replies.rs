@@ -36,15 +36,6 @@ async fn fake(replies: Vec<Vec<&'static [u8]>>) -> Target {
     Target::parse(&format!("redis://127.0.0.1:{port}"), TIMEOUT).unwrap()
 }
 
-fn command(parts: &[&[u8]]) -> Request {
-    let mut req = Request::default();
-    req.start(parts.len());
-    for p in parts {
-        req.arg(p);
-    }
-    req
-}
-
 fn bytes(reply: &'static [u8]) -> Vec<&'static [u8]> {
     reply.chunks(1).collect()
 }
@@ -54,7 +45,7 @@ async fn a_reply_that_declares_more_than_it_may_hold_is_refused_at_once() {
     // 12 bytes that declare 16 Mi integers: 64 MiB at least, over the limit.
     let target = fake(vec![vec![b"*1677", b"7216\r", b"\n", b":1\r\n"]]).await;
     let mut wire = Wire::connect(&target).await.unwrap();
-    let answer = tokio::time::timeout(TIMEOUT, wire.call(&command(&[b"EVALSHA"])))
+    let answer = tokio::time::timeout(TIMEOUT, wire.call(&Request::command(&[b"EVALSHA"])))
         .await
         .expect("refused without waiting for the rest");
     let e = answer.unwrap_err();
@@ -66,7 +57,7 @@ async fn a_reply_that_declares_more_than_it_may_hold_is_refused_at_once() {
 async fn a_bulk_string_longer_than_a_reply_may_be_is_refused_at_once() {
     let target = fake(vec![vec![b"*2\r\n$67108", b"864\r\n", b"ab"]]).await;
     let mut wire = Wire::connect(&target).await.unwrap();
-    let answer = tokio::time::timeout(TIMEOUT, wire.query(&command(&[b"GET"])))
+    let answer = tokio::time::timeout(TIMEOUT, wire.query(&Request::command(&[b"GET"])))
         .await
         .expect("refused without waiting for the rest");
     let e = answer.unwrap_err();
@@ -83,9 +74,9 @@ async fn replies_sent_a_byte_at_a_time_are_read_whole() {
     ])
     .await;
     let mut wire = Wire::connect(&target).await.unwrap();
-    let answer = tokio::time::timeout(TIMEOUT, wire.call(&command(&[b"EVALSHA"]))).await;
+    let answer = tokio::time::timeout(TIMEOUT, wire.call(&Request::command(&[b"EVALSHA"]))).await;
     assert_eq!(answer.unwrap().unwrap(), Answer::Integers(vec![1, 22, 333]));
-    let req = command(&[b"GET"]);
+    let req = Request::command(&[b"GET"]);
     let value = tokio::time::timeout(TIMEOUT, wire.query(&req)).await;
     assert_eq!(
         value.unwrap().unwrap(),

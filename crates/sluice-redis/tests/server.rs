@@ -62,15 +62,6 @@ impl Server {
     }
 }
 
-fn command(parts: &[&[u8]]) -> Request {
-    let mut req = Request::default();
-    req.start(parts.len());
-    for p in parts {
-        req.arg(p);
-    }
-    req
-}
-
 #[tokio::test]
 async fn calls_read_their_replies_and_an_error_reply_leaves_the_connection_usable() {
     let Some(server) = Server::start().await else {
@@ -86,7 +77,7 @@ async fn calls_read_their_replies_and_an_error_reply_leaves_the_connection_usabl
     assert_eq!(wire.query(&req).await.unwrap(), Value::Int(-7));
 
     // The decide path's reply: a flat array of integers, read straight into numbers.
-    let script = command(&[
+    let script = Request::command(&[
         b"EVAL",
         b"return {1, -2, tonumber(redis.call('GET', KEYS[1]))}",
         b"1",
@@ -97,7 +88,10 @@ async fn calls_read_their_replies_and_an_error_reply_leaves_the_connection_usabl
         Answer::Integers(vec![1, -2, -7])
     );
 
-    let refused = wire.query(&command(&[b"NOSUCHCOMMAND"])).await.unwrap();
+    let refused = wire
+        .query(&Request::command(&[b"NOSUCHCOMMAND"]))
+        .await
+        .unwrap();
     let Value::Error(text) = refused else {
         panic!("{refused:?}")
     };
@@ -108,7 +102,9 @@ async fn calls_read_their_replies_and_an_error_reply_leaves_the_connection_usabl
 
     // The same connection answers the next call.
     assert_eq!(
-        wire.query(&command(&[b"GET", b"n"])).await.unwrap(),
+        wire.query(&Request::command(&[b"GET", b"n"]))
+            .await
+            .unwrap(),
         Value::Bulk(b"-7".to_vec())
     );
 }
@@ -127,7 +123,7 @@ async fn a_wrong_or_missing_password_is_noauth() {
     let mut wire = Wire::connect(&Target::parse(&url, TIMEOUT).unwrap())
         .await
         .unwrap();
-    let Value::Error(text) = wire.query(&command(&[b"PING"])).await.unwrap() else {
+    let Value::Error(text) = wire.query(&Request::command(&[b"PING"])).await.unwrap() else {
         panic!("PING answered without a password")
     };
     assert_eq!(sluice_redis::error::reply(text).kind(), ErrorKind::NoAuth);
@@ -169,14 +165,16 @@ async fn a_pool_serves_calls_from_many_tasks() {
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.query(&command(&[b"INCR", b"hits"])).await })
+            tokio::spawn(async move { pool.query(&Request::command(&[b"INCR", b"hits"])).await })
         })
         .collect();
     for t in tasks {
         assert!(matches!(t.await.unwrap(), Ok(Value::Int(1..=20))));
     }
     assert_eq!(
-        pool.query(&command(&[b"GET", b"hits"])).await.unwrap(),
+        pool.query(&Request::command(&[b"GET", b"hits"]))
+            .await
+            .unwrap(),
         Value::Bulk(b"20".to_vec())
     );
 }
