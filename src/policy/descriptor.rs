@@ -217,7 +217,7 @@ fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         let unit = parse_unit(&s);
         // The CRD's schema lists each unit in lowercase and in uppercase only.
         let mixed = s != s.to_ascii_lowercase() && s != s.to_ascii_uppercase();
-        if let (Some(_), Form::Resource, true) = (unit, ctx.form, mixed) {
+        if unit.is_some() && ctx.form == Form::Resource && mixed {
             ctx.error(
                 unit_field.and_then(|u| u.line()),
                 format!(

@@ -170,12 +170,11 @@ mod tests {
             "banned still"
         );
         // Billions of denials against a penalty of a billion violations are counted
-        // in one step, not one by one, and start one ban.
+        // exactly and start one ban (counted one by one, this test would not end).
         rule.penalty = Some(Penalty {
             violations: 1_000_000_000,
             ..rule.penalty.unwrap()
         });
-        let started = std::time::Instant::now();
         assert!(!penalize(&penalties, &rule, "d|k=w", 999_999_999, info));
         assert!(penalize(&penalties, &rule, "d|k=w", u64::MAX, info));
         assert!(
@@ -183,6 +182,5 @@ mod tests {
             "banned still"
         );
         assert_eq!(penalties.bans_started(), 2);
-        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -24,6 +24,7 @@ pub mod rlqs;
 pub mod span;
 pub mod tap;
 
+use crate::store::MAX_HITS;
 pub use headers::HeaderStyle;
 
 /// Most entries one descriptor may carry.
@@ -34,9 +35,6 @@ pub const MAX_ENTRIES: usize = 32;
 /// request of thousands (a 64 KiB message holds about 8,000) would only make the
 /// store compare them with each other under its locks.
 pub const MAX_DESCRIPTORS: usize = 256;
-
-/// Largest `hits_addend`: 2^50, the most a counter holds.
-pub use crate::store::MAX_HITS;
 
 /// The least time kept back from a caller's deadline (see [`store_wait`]).
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
