@@ -2861,8 +2861,11 @@ async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_tim
         .await
         .unwrap();
     let urls = format!("{},{}", slow.url(), fast.url());
-    // The default --store-timeout, 15 ms.
-    let sluice = common::Server::start(REPLICA_POLICY, &["--redis", &urls]);
+    // The default --store-timeout, given as the harness gives every test 2 s.
+    let sluice = common::Server::start(
+        REPLICA_POLICY,
+        &["--redis", &urls, "--store-timeout", "15ms"],
+    );
     let is_warning = |l: &String| l.contains("expire cycle");
     // The check can finish before sluice says it listens.
     let mut lines = sluice.startup.clone();

@@ -84,6 +84,11 @@ impl Server {
         let binary = std::env::var_os("SLUICE_TEST_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
         let mut cmd = Command::new(binary);
+        // Under the whole suite's load a Redis call can pass the default 15 ms store
+        // timeout and be answered by the failure mode, which a test counting exact
+        // admissions would read as a wrong count. Tests of the timeout pass their own
+        // (`--store-timeout` or this variable, both of which override this one).
+        cmd.env("SLUICE_STORE_TIMEOUT", "2s");
         cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
