@@ -539,6 +539,19 @@ async fn rate_limit_policies_from_a_real_api_server() {
         serde_json::json!(8080)
     );
 
+    // A count written with a zero fraction: the schema's integer takes it, the API
+    // server serves it as 4, and `sluice validate` reads it as 4 too.
+    let four = policy(
+        "team-c",
+        "four",
+        "four",
+        "user",
+        "{unit: minute, requestsPerUnit: 4.0}",
+    );
+    validate(&four).unwrap();
+    k.apply(&four).unwrap();
+    wait_limit(&all, "four", "user", Some(4), TWO_S).await;
+
     // Valid for the schema, invalid for sluice (a duplicate key): Invalid, and the
     // last good limits keep serving.
     let dup = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: a, namespace: team-a}\n\

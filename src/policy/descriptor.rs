@@ -1246,6 +1246,62 @@ descriptors:
         assert_eq!(d[2].rate_limit.as_ref().unwrap().burst, Some(1 << 63));
     }
 
+    /// Both forms read an integer as its YAML 1.1 reader does where the readings can
+    /// agree (`5.0` and `1e3` are 5 and 1000, `0x10` is 16) and refuse a leading zero,
+    /// which that reader takes for octal.
+    #[test]
+    fn integers_read_as_kubectl_and_envoyproxy_ratelimit_read_them() {
+        let file = |n: &str| {
+            let text = format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
+            );
+            parse_str("p.yaml", &text)
+                .map(|mut d| {
+                    d.remove(0)
+                        .descriptors
+                        .remove(0)
+                        .rate_limit
+                        .unwrap()
+                        .requests_per_unit
+                })
+                .map_err(|e| e[0].to_string())
+        };
+        let resource = |n: &str| {
+            let text = format!(
+                "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: p}}\nspec:\n  domain: d\n  descriptors:\n    - {{key: k, rateLimit: {{unit: second, requestsPerUnit: {n}}}}}\n"
+            );
+            parse_str("p.yaml", &text)
+                .map(|mut d| {
+                    d.remove(0)
+                        .descriptors
+                        .remove(0)
+                        .rate_limit
+                        .unwrap()
+                        .requests_per_unit
+                })
+                .map_err(|e| e[0].to_string())
+        };
+        for (n, want) in [("5", 5), ("5.0", 5), ("1e3", 1000), ("0x10", 16), ("0", 0)] {
+            assert_eq!(file(n), Ok(want), "{n}");
+            assert_eq!(resource(n), Ok(want), "{n}");
+        }
+        assert_eq!(
+            file("010"),
+            Err("p.yaml:4: 'requests_per_unit': 010 has a leading zero, which envoyproxy/ratelimit reads as an octal number; write it without".into())
+        );
+        assert!(resource("010")
+            .unwrap_err()
+            .contains("which kubectl reads as an octal number"));
+        for n in ["5.5", "1e30", ".inf", ".nan"] {
+            let want = format!("'requests_per_unit' must be an integer, found the number {n}");
+            assert!(file(n).unwrap_err().ends_with(&want), "{n}: {:?}", file(n));
+            assert!(
+                resource(n).unwrap_err().contains("must be an integer"),
+                "{n}"
+            );
+        }
+    }
+
     /// The errors of a policy whose one descriptor has `rate_limit` (line 4).
     fn rate_limit_errors(rate_limit: &str) -> String {
         errors(&format!(

@@ -293,36 +293,43 @@ pub(crate) fn flag(ctx: &mut Ctx, fields: &mut Fields<'_>, snake: &str) -> bool 
         .unwrap_or(false)
 }
 
-/// An integer field within `min..=max`. In the resource form, a decimal with a
-/// leading zero (`010`) is refused: kubectl's YAML reader takes it for octal (8),
-/// so the API server would store another number than sluice reads from the file.
+/// An integer field within `min..=max`.
+///
+/// A decimal with a leading zero (`010`) is refused: the YAML 1.1 readers of
+/// kubectl and envoyproxy/ratelimit (go-yaml v2) take it for octal (8), so reading
+/// 10 would count by another number than the API server stores or the file meant
+/// under envoyproxy/ratelimit. A number with a zero fraction (`5.0`, `1e3`) is the
+/// integer it names, as the API server and go-yaml v2 read it.
 pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> Option<i128> {
-    if let (Form::Resource, Value::Int(_, written)) = (ctx.form, &field.node.value) {
-        let digits = written.trim_start_matches(['-', '+']).replace('_', "");
-        if digits.len() > 1
-            && digits.starts_with('0')
-            && digits[1..].starts_with(|c: char| c.is_ascii_digit())
-        {
+    let value = match &field.node.value {
+        Value::Int(_, written) if leading_zero(written) => {
+            let reader = match ctx.form {
+                Form::Resource => "kubectl",
+                Form::File => "envoyproxy/ratelimit",
+            };
             ctx.error(
                 field.line(),
                 format!(
-                    "'{}': {written} has a leading zero, which kubectl reads as an octal number; write it without",
+                    "'{}': {written} has a leading zero, which {reader} reads as an octal number; write it without",
                     field.name
                 ),
             );
             return None;
         }
-    }
-    let Value::Int(value, _) = field.node.value else {
-        ctx.error(
-            field.line(),
-            format!(
-                "'{}' must be an integer, found {}",
-                field.name,
-                field.node.describe()
-            ),
-        );
-        return None;
+        Value::Int(value, _) => *value,
+        // 2^53: beyond it a float no longer names one integer.
+        Value::Float(f, _) if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 => *f as i128,
+        _ => {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be an integer, found {}",
+                    field.name,
+                    field.node.describe()
+                ),
+            );
+            return None;
+        }
     };
     if value < min {
         let what = if min == 0 { "negative" } else { "below" };
@@ -345,6 +352,12 @@ pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> 
         return None;
     }
     Some(value)
+}
+
+/// Whether a plain integer's digits start with a zero followed by another digit.
+fn leading_zero(written: &str) -> bool {
+    let digits = written.trim_start_matches(['-', '+']).replace('_', "");
+    digits.len() > 1 && digits.starts_with('0') && digits.as_bytes()[1].is_ascii_digit()
 }
 
 /// A list field.

@@ -140,8 +140,8 @@ fn error(mark: Marker, message: &str) -> YamlError {
 /// the YAML core schema, plus what the YAML 1.1 reader (go-yaml v2) of
 /// envoyproxy/ratelimit and kubectl adds: `y`/`n`/`yes`/`no`/`on`/`off` as booleans,
 /// numbers with `_` separators (`1_000`), and `0b`/`0B`, `0X`, `0O` prefixes. (A
-/// leading `0` stays decimal here, where go-yaml v2 reads octal; the resource form
-/// refuses it, see `fields::integer`.)
+/// leading `0` stays decimal here, where go-yaml v2 reads octal; a field that takes
+/// an integer refuses it, see `fields::integer`.)
 fn scalar(text: String, style: TScalarStyle, tag: Option<&Tag>) -> Result<Value, String> {
     if let Some(tag) = tag {
         if tag.handle == "tag:yaml.org,2002:" || tag.handle == "!!" {
