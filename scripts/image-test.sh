@@ -61,7 +61,7 @@ wait_for() {
 }
 
 cleanup() {
-    [ -n "${DOCKER:-}" ] && "$DOCKER" rm -f "$CONTAINER" >/dev/null 2>&1
+    [ -n "${DOCKER:-}" ] && "$DOCKER" rm -f "$CONTAINER" "$CONTAINER-file" >/dev/null 2>&1
     if [ -n "${xds_pid:-}" ]; then
         kill "$xds_pid" 2>/dev/null
         wait "$xds_pid" 2>/dev/null
@@ -277,6 +277,31 @@ if "$DOCKER" logs "$CONTAINER" 2>&1 | grep -qi "panic\|read-only file system"; t
     logs
 else
     ok "no panic and no write to the read-only root in the container's log"
+fi
+
+# --- run its default command on a mounted policy, as docs/container-image.md does ---
+# (ports by environment, as host networking has no -p; the command is the image's.)
+read -r F_GRPC F_HTTP F_ADMIN < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
+if "$DOCKER" run -d --name "$CONTAINER-file" --network host \
+    -v "$ROOT/examples/policy.yaml:/etc/sluice/policy.yaml:ro" \
+    -e SLUICE_GRPC_ADDR="127.0.0.1:$F_GRPC" -e SLUICE_HTTP_ADDR="127.0.0.1:$F_HTTP" \
+    -e SLUICE_ADMIN_ADDR="127.0.0.1:$F_ADMIN" sluice:image-test >"$W/run-file.log" 2>&1 &&
+    wait_for "the policy file's sluice" 30 curl -fsS "http://127.0.0.1:$F_HTTP/readyz"; then
+    body='{"domain":"api","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.7"}]}]}'
+    answer=$(curl -sS -d "$body" "http://127.0.0.1:$F_HTTP/json")
+    if printf '%s' "$answer" | grep -q '"limitRemaining":599'; then
+        ok "the image's default command serves examples/policy.yaml mounted at /etc/sluice"
+    else
+        bad "POST /json to the policy file's sluice: want limitRemaining 599 (the 600 a minute of policy.yaml), got '$answer'"
+    fi
+else
+    bad "the image's default command did not serve examples/policy.yaml mounted at /etc/sluice"
+    cat "$W/run-file.log"
+    "$DOCKER" logs "$CONTAINER-file" 2>&1 | tail -n 20
 fi
 
 echo "$pass passed, $fail failed"

@@ -283,6 +283,8 @@ async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
         let e: serde_json::Value = serde_json::from_str(&text).expect("JSON");
         assert_eq!(e["descriptors"][0]["local"], true, "{text}");
         assert_eq!(e["descriptors"][0]["localUnsettled"], "4", "{text}");
+        let error = e["storeError"].as_str().unwrap_or_default();
+        assert!(error.ends_with("(failure mode local answers)"), "{text}");
     }
 
     redis.restart().await;

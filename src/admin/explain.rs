@@ -97,7 +97,7 @@ pub fn to_pb(
         store_error: o
             .failure
             .as_ref()
-            .map(|f| format!("{} (failure mode {:?} answers)", f.error, f.mode))
+            .map(|f| format!("{} (failure mode {} answers)", f.error, f.mode.as_str()))
             .unwrap_or_default(),
         hashed_keys,
     };
