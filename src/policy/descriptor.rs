@@ -1251,35 +1251,21 @@ descriptors:
     /// which that reader takes for octal.
     #[test]
     fn integers_read_as_kubectl_and_envoyproxy_ratelimit_read_them() {
-        let file = |n: &str| {
-            let text = format!(
-                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
-            );
+        let count = |text: String| {
             parse_str("p.yaml", &text)
-                .map(|mut d| {
-                    d.remove(0)
-                        .descriptors
-                        .remove(0)
-                        .rate_limit
-                        .unwrap()
-                        .requests_per_unit
-                })
+                .map(|mut d| d.remove(0).descriptors.remove(0).rate_limit.unwrap())
+                .map(|rate_limit| rate_limit.requests_per_unit)
                 .map_err(|e| e[0].to_string())
         };
+        let file = |n: &str| {
+            count(format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
+            ))
+        };
         let resource = |n: &str| {
-            let text = format!(
+            count(format!(
                 "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: p}}\nspec:\n  domain: d\n  descriptors:\n    - {{key: k, rateLimit: {{unit: second, requestsPerUnit: {n}}}}}\n"
-            );
-            parse_str("p.yaml", &text)
-                .map(|mut d| {
-                    d.remove(0)
-                        .descriptors
-                        .remove(0)
-                        .rate_limit
-                        .unwrap()
-                        .requests_per_unit
-                })
-                .map_err(|e| e[0].to_string())
+            ))
         };
         for (n, want) in [("5", 5), ("5.0", 5), ("1e3", 1000), ("0x10", 16), ("0", 0)] {
             assert_eq!(file(n), Ok(want), "{n}");
