@@ -206,6 +206,20 @@ else
     bad "header_match=bots: want at least one 429 among 6 quick requests, got '$codes'"
 fi
 
+# --- 4b. /login* from examples/policy.yaml: 5 a minute, query strings included -------
+# Envoy's :path holds the query string; every path the wildcard matches shares one
+# allowance, so a query string does not make a fresh counter.
+codes=""
+for i in 1 2 3 4 5 6; do
+    if [ $((i % 2)) = 0 ]; then path="/login?next=/$i"; else path=/login; fi
+    codes+="$(req login$i "$URL$path") "
+done
+if [ "$codes" = "200 200 200 200 200 429 " ] && over_limit_headers login6; then
+    ok "path /login* (examples/policy.yaml, 5 a minute, shared): /login and /login?next=... gave $codes"
+else
+    bad "path /login*: want '200 200 200 200 200 429' with headers, got '$codes'"; show login6
+fi
+
 # --- 5. leaky bucket: 20 parallel requests, 10 per second, queue 20 -----------------------
 t0=$(date +%s.%N)
 for i in $(seq 1 20); do
