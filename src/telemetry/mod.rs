@@ -306,6 +306,9 @@ pub struct Metrics {
     trace_spans: OnceLock<IntCounterVec>,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
+    /// When the failure mode last answered, on `clock`: the store counts as answering
+    /// again only after [`record::STORE_QUIET`] without one.
+    last_store_failure: AtomicU64,
     refusing: AtomicBool,
 }
 
@@ -430,6 +433,7 @@ impl Metrics {
             trace_spans: OnceLock::new(),
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
+            last_store_failure: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
         }
     }

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// How long decisions must come without a failure-mode answer before the log says
+/// the store answers again.
+pub(super) const STORE_QUIET: Micros = SECOND;
+
 /// Whether `status`, admitted by `rule`, left its counter past `ratio` of the limit:
 /// the threshold envoyproxy/ratelimit's `near_limit` uses, counted per descriptor.
 fn near_limit(rule: &Rule, status: &crate::limiter::Status, ratio: f64) -> bool {
@@ -325,12 +329,19 @@ impl Metrics {
     }
 
     /// Logs the store's state changes (failing, answering again), never per request.
+    ///
+    /// An answer without a failure during an outage does not show the store is back
+    /// by itself: a cached denial, a `local` decision or a call to a shard that is
+    /// up also come without one. So the store answers again once decisions have come
+    /// [`STORE_QUIET`] without a failure-mode answer.
     fn store_health(&self, outcome: &Outcome) {
         match &outcome.failure {
             Some(f) => {
                 self.store_failures
                     .get_or_init(|| self.store.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
+                self.last_store_failure
+                    .store(self.clock.now(), Ordering::Relaxed);
                 self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
                 if !self.store_failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -343,7 +354,13 @@ impl Metrics {
             }
             None => {
                 if self.store_failing.load(Ordering::Relaxed)
+                    && !outcome.local
                     && outcome.statuses.iter().any(|s| s.verdict.is_some())
+                    && self
+                        .clock
+                        .now()
+                        .saturating_sub(self.last_store_failure.load(Ordering::Relaxed))
+                        >= STORE_QUIET
                     && self.store_failing.swap(false, Ordering::Relaxed)
                 {
                     tracing::info!(

@@ -367,21 +367,39 @@ fn store_state_changes_are_logged_once_each() {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    let m = Metrics::new();
+    let clock = Arc::new(ManualClock::new(1_000 * SECOND));
+    let m = Metrics::with_clock(clock.clone());
+    let local = || Outcome {
+        local: true,
+        ..outcome(false)
+    };
+    let lines = |captured: &Captured| {
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_string).collect::<Vec<_>>()
+    };
     tracing::subscriber::with_default(subscriber, || {
         for _ in 0..3 {
             m.record("d", &outcome(false), Duration::ZERO);
         }
+        // An outage, with answers in between that come without a failure (a cached
+        // denial, a shard that is up): the store is not back while failures go on.
         for _ in 0..5 {
             m.record("d", &outcome(true), Duration::ZERO);
+            clock.advance(SECOND / 2);
+            m.record("d", &outcome(false), Duration::ZERO);
         }
+        assert_eq!(lines(&captured).len(), 1, "{:?}", lines(&captured));
+        // A second without a failure: decided in memory (`local`) is no sign of it,
+        // a decision is.
+        clock.advance(SECOND);
+        m.record("d", &local(), Duration::ZERO);
+        assert_eq!(lines(&captured).len(), 1, "{:?}", lines(&captured));
         for _ in 0..3 {
             m.record("d", &outcome(false), Duration::ZERO);
         }
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    let lines = lines(&captured);
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
     assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
     assert!(m
