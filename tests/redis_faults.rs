@@ -338,6 +338,25 @@ async fn a_shard_out_of_memory_answers_oom_and_is_backed_off() {
 }
 
 #[tokio::test]
+async fn an_acl_that_refuses_a_command_the_scripts_run_answers_noauth_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    // The scripts read Redis's clock: an ACL without TIME refuses it inside them
+    // ("The user executing the script can't run this command"), which waiting does
+    // not mend, as a refused password does not.
+    f.admin(&["ACL", "SETUSER", "default", "-time"])
+        .await
+        .unwrap();
+    f.outage("noauth").await;
+    f.admin(&["ACL", "SETUSER", "default", "+time"])
+        .await
+        .unwrap();
+    f.recovers().await;
+}
+
+#[tokio::test]
 async fn a_shard_that_starts_wanting_a_password_answers_noauth_and_is_backed_off() {
     let _one = ONE_AT_A_TIME.lock().await;
     let Some(mut f) = Fault::start(&[]).await else {

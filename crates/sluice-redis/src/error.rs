@@ -29,8 +29,9 @@ pub enum ErrorKind {
     ReadOnly,
     /// The server is at `maxmemory` and evicts nothing (`OOM`).
     Oom,
-    /// The server wants a password it was not given, or refused it (`NOAUTH`,
-    /// `WRONGPASS`, `NOPERM`).
+    /// The server wants a password it was not given, refused it, has none for the one
+    /// sent, or its ACL refuses a command (`NOAUTH`, `WRONGPASS`, `NOPERM`, or `ERR`
+    /// with those reasons).
     NoAuth,
     /// The TLS handshake failed over a certificate, or a certificate or key file
     /// cannot be used.
@@ -129,6 +130,17 @@ fn code_kind(code: &str, detail: &str) -> ErrorKind {
         // Redis 7 refuses a long command from a connection that has not
         // authenticated with this instead of NOAUTH, then closes it.
         "ERR" if detail.starts_with("Protocol error: unauthenticated") => ErrorKind::NoAuth,
+        // A password for a server that has none (Redis 6+, then before 6), and an ACL
+        // that refuses a command the script calls: misconfigured, like NOPERM.
+        "ERR" if detail.starts_with("AUTH <password> called without any password") => {
+            ErrorKind::NoAuth
+        }
+        "ERR" if detail.starts_with("Client sent AUTH, but no password is set") => {
+            ErrorKind::NoAuth
+        }
+        "ERR" if detail.starts_with("The user executing the script can't run this command") => {
+            ErrorKind::NoAuth
+        }
         "ERR" if detail.starts_with("Protocol error") => ErrorKind::Protocol,
         // Sent just before the server closes a connection it will not serve.
         "ERR" if detail.starts_with("max number of clients reached") => ErrorKind::Connection,
@@ -201,6 +213,15 @@ mod tests {
             ErrorKind::NoAuth,
         ),
         ("ERR Protocol error: unauthenticated bulk length", ErrorKind::NoAuth),
+        (
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            ErrorKind::NoAuth,
+        ),
+        ("ERR Client sent AUTH, but no password is set", ErrorKind::NoAuth),
+        (
+            "ERR The user executing the script can't run this command or subcommand script: 104ae65d, on @user_script:1.",
+            ErrorKind::NoAuth,
+        ),
         ("ERR Protocol error: invalid bulk length", ErrorKind::Protocol),
         ("ERR max number of clients reached", ErrorKind::Connection),
         (
