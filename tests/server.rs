@@ -442,6 +442,13 @@ async fn http_endpoints_and_grpc_health() {
     let (s, b) = http(&server.http, "POST", "/json", body);
     assert_eq!(s, 429, "{b}");
     assert!(b.contains("OVER_LIMIT"), "{b}");
+    // A refund, its hits written as protobuf's JSON mapping (and grpcurl) writes a
+    // 64-bit integer: the room comes back.
+    let refund = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"t1"}],"hitsAddend":"2","isNegativeHits":true}]}"#;
+    let (s, b) = http(&server.http, "POST", "/json", refund);
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = http(&server.http, "POST", "/json", body);
+    assert_eq!(s, 200, "{b}");
     let (s, b) = http(&server.http, "POST", "/json", "{not json");
     assert_eq!(s, 400, "{b}");
     let (s, _) = http(

@@ -21,8 +21,8 @@ struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
-    #[serde(default, alias = "hitsAddend")]
-    hits_addend: u32,
+    #[serde(default, alias = "hitsAddend", deserialize_with = "integer")]
+    hits_addend: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -30,10 +30,35 @@ struct JsonRequest {
 struct JsonDescriptor {
     #[serde(default)]
     entries: Vec<JsonEntry>,
-    #[serde(default, alias = "hitsAddend")]
+    #[serde(default, alias = "hitsAddend", deserialize_with = "integer")]
     hits_addend: Option<u64>,
+    #[serde(default, alias = "isNegativeHits")]
+    is_negative_hits: bool,
     #[serde(default)]
     limit: Option<JsonLimit>,
+}
+
+/// A `hits_addend`: a number, or its digits in a string, which is how protobuf's JSON
+/// mapping writes a 64-bit integer (grpcurl prints it so) and which it also takes for
+/// 32-bit ones.
+fn integer<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(digits)) => digits.parse().ok(),
+        Some(_) => None,
+    };
+    n.and_then(|n| T::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            serde::de::Error::custom(
+                "hitsAddend must be an unsigned integer in range, as a number or its digits in a string",
+            )
+        })
 }
 
 /// `RateLimitOverride`; `unit` by name (`MINUTE`) or number, as protobuf's JSON
@@ -98,14 +123,14 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
                     })
                     .collect(),
                 hits_addend: d.hits_addend,
+                is_negative_hits: d.is_negative_hits,
                 limit: d.limit.map(JsonLimit::into_proto).transpose()?,
-                ..Default::default()
             })
         })
         .collect::<Result<_, BadRequest>>()?;
     Ok(RateLimitRequest {
         domain: req.domain,
-        hits_addend: req.hits_addend,
+        hits_addend: req.hits_addend.unwrap_or(0),
         descriptors,
     })
 }
@@ -186,6 +211,43 @@ mod tests {
         assert_eq!(limit(1), Some((1, 4)));
         let e = parse_request(br#"{"domain":"d","descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#);
         assert!(e.unwrap_err().0.contains("FORTNIGHT"));
+    }
+
+    /// A refund, with its hits as protobuf's JSON mapping writes a 64-bit integer
+    /// (digits in a string, as grpcurl prints them) or as a number.
+    #[test]
+    fn reads_a_refund_and_hits_as_digits() {
+        let r = parse_request(
+            br#"{"domain":"d","hitsAddend":"3","descriptors":[{"entries":[{"key":"k","value":"v"}],"hitsAddend":"25","isNegativeHits":true},{"hits_addend":7,"is_negative_hits":false}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.hits_addend, 3);
+        assert_eq!(
+            (
+                r.descriptors[0].hits_addend,
+                r.descriptors[0].is_negative_hits
+            ),
+            (Some(25), true)
+        );
+        assert_eq!(
+            (
+                r.descriptors[1].hits_addend,
+                r.descriptors[1].is_negative_hits
+            ),
+            (Some(7), false)
+        );
+        for bad in [
+            r#"{"descriptors":[{"hitsAddend":"-1"}]}"#,
+            r#"{"descriptors":[{"hitsAddend":2.5}]}"#,
+            r#"{"descriptors":[{"hitsAddend":true}]}"#,
+            r#"{"hitsAddend":"4294967296"}"#,
+        ] {
+            let e = parse_request(bad.as_bytes()).unwrap_err().0;
+            assert!(
+                e.contains("hitsAddend must be an unsigned integer"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
