@@ -109,18 +109,21 @@ pub async fn run(
     let cluster = !cfg.store.redis_cluster.is_empty();
     let sentinel = !cfg.store.redis_sentinel.is_empty();
     if cluster || sentinel || !cfg.store.redis.is_empty() {
-        let urls = if cluster {
-            cfg.store.redis_cluster.clone()
+        let (urls, flag) = if cluster {
+            (cfg.store.redis_cluster.clone(), "--redis-cluster")
         } else if sentinel {
-            cfg.store.redis_sentinel_master.clone()
+            (
+                cfg.store.redis_sentinel_master.clone(),
+                "--redis-sentinel-master / --redis-sentinel",
+            )
         } else {
-            cfg.store.redis.clone()
+            (cfg.store.redis.clone(), "--redis")
         };
         let mut opts = RedisOptions::new(urls, cluster);
         opts.sentinels = cfg.store.redis_sentinel.clone();
         opts.call_timeout = cfg.store.store_timeout;
         opts.prefix = cfg.store.redis_key_prefix.clone();
-        let store = RedisStore::new(opts, Some(metrics.clone())).context("--redis")?;
+        let store = RedisStore::new(opts, Some(metrics.clone())).context(flag)?;
         tracing::info!(shards = ?store.shard_names(), cluster, sentinel, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());

@@ -514,6 +514,10 @@ fn a_master_given_an_address_is_refused_with_a_message() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("give no port"), "{stderr}");
+    assert!(
+        stderr.contains("sluice: --redis-sentinel-master / --redis-sentinel: invalid Redis URL"),
+        "names the flags the URL came from: {stderr}"
+    );
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("serve")
