@@ -356,8 +356,12 @@ pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> 
 
 /// Whether a plain integer's digits start with a zero followed by another digit.
 fn leading_zero(written: &str) -> bool {
-    let digits = written.trim_start_matches(['-', '+']).replace('_', "");
-    digits.len() > 1 && digits.starts_with('0') && digits.as_bytes()[1].is_ascii_digit()
+    // go-yaml v2 drops `_` separators before it reads the digits.
+    let mut digits = written
+        .trim_start_matches(['-', '+'])
+        .bytes()
+        .filter(|b| *b != b'_');
+    digits.next() == Some(b'0') && digits.next().is_some_and(|b| b.is_ascii_digit())
 }
 
 /// A list field.

@@ -21,7 +21,7 @@ struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
-    #[serde(default, alias = "hitsAddend", deserialize_with = "integer")]
+    #[serde(default, alias = "hitsAddend", deserialize_with = "hits")]
     hits_addend: Option<u32>,
 }
 
@@ -30,7 +30,7 @@ struct JsonRequest {
 struct JsonDescriptor {
     #[serde(default)]
     entries: Vec<JsonEntry>,
-    #[serde(default, alias = "hitsAddend", deserialize_with = "integer")]
+    #[serde(default, alias = "hitsAddend", deserialize_with = "hits")]
     hits_addend: Option<u64>,
     #[serde(default, alias = "isNegativeHits")]
     is_negative_hits: bool,
@@ -41,7 +41,7 @@ struct JsonDescriptor {
 /// A `hits_addend`: a number, or its digits in a string, which is how protobuf's JSON
 /// mapping writes a 64-bit integer (grpcurl prints it so) and which it also takes for
 /// 32-bit ones.
-fn integer<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+fn hits<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: TryFrom<u64>,

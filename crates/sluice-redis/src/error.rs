@@ -116,6 +116,17 @@ pub fn reply_kind(text: &str) -> ErrorKind {
     code_kind(code, detail)
 }
 
+/// `ERR` replies that mean what NOAUTH and NOPERM mean: Redis 7's answer to a long
+/// command from a connection that has not authenticated (before it closes it), a
+/// password sent to a server that has none (Redis 6 and later, then before 6), and
+/// an ACL refusing a command a script runs.
+const NOAUTH_ERR: [&str; 4] = [
+    "Protocol error: unauthenticated",
+    "AUTH <password> called without any password",
+    "Client sent AUTH, but no password is set",
+    "The user executing the script can't run this command",
+];
+
 /// The kind of an error reply's code word and the rest of its text.
 fn code_kind(code: &str, detail: &str) -> ErrorKind {
     match code {
@@ -127,20 +138,7 @@ fn code_kind(code: &str, detail: &str) -> ErrorKind {
         "READONLY" => ErrorKind::ReadOnly,
         "OOM" => ErrorKind::Oom,
         "NOAUTH" | "WRONGPASS" | "NOPERM" => ErrorKind::NoAuth,
-        // Redis 7 refuses a long command from a connection that has not
-        // authenticated with this instead of NOAUTH, then closes it.
-        "ERR" if detail.starts_with("Protocol error: unauthenticated") => ErrorKind::NoAuth,
-        // A password for a server that has none (Redis 6+, then before 6), and an ACL
-        // that refuses a command the script calls: misconfigured, like NOPERM.
-        "ERR" if detail.starts_with("AUTH <password> called without any password") => {
-            ErrorKind::NoAuth
-        }
-        "ERR" if detail.starts_with("Client sent AUTH, but no password is set") => {
-            ErrorKind::NoAuth
-        }
-        "ERR" if detail.starts_with("The user executing the script can't run this command") => {
-            ErrorKind::NoAuth
-        }
+        "ERR" if NOAUTH_ERR.iter().any(|reason| detail.starts_with(reason)) => ErrorKind::NoAuth,
         "ERR" if detail.starts_with("Protocol error") => ErrorKind::Protocol,
         // Sent just before the server closes a connection it will not serve.
         "ERR" if detail.starts_with("max number of clients reached") => ErrorKind::Connection,
