@@ -124,11 +124,14 @@ impl Fault {
             .map_or(0, |n| n.parse().expect("a count"))
     }
 
+    /// Errors of `kind`, over every shard (a cluster counts them per master).
     fn errors(&self, kind: &str) -> u64 {
-        self.counter(&format!(
-            "sluice_store_errors_total{{kind=\"{kind}\",shard=\"{}\",store=\"redis\"}}",
-            self.name
-        ))
+        let (_, text) = common::http(&self.sluice.http, "GET", "/metrics", "");
+        let series = format!("sluice_store_errors_total{{kind=\"{kind}\",");
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&series)?.split_once("} "))
+            .map(|(_, n)| n.parse::<u64>().expect("a count"))
+            .sum()
     }
 
     fn answered_by_failure_mode(&self, domain: &str) -> u64 {
@@ -528,4 +531,118 @@ async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
         .await
         .unwrap();
     f.recovers().await;
+}
+
+/// The users `c0..c{n}` whose counters `node` holds (its keys name them).
+async fn users_on(node: &RedisServer, n: usize) -> Vec<usize> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut node.conn().await)
+        .await
+        .expect("KEYS");
+    let holds = |i: usize| {
+        let name = format!("user=c{i}");
+        keys.iter().any(|k| {
+            k.match_indices(&name).any(|(at, _)| {
+                let next = k.as_bytes().get(at + name.len());
+                !next.is_some_and(u8::is_ascii_digit)
+            })
+        })
+    };
+    (0..n).filter(|&i| holds(i)).collect()
+}
+
+#[tokio::test]
+async fn one_cluster_master_down_leaves_the_others_deciding() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let mut cluster = common::redis::RedisCluster::start(3).await;
+    // The survivors serve their slots while one master is down (else the whole
+    // cluster refuses after the node timeout).
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query_async(&mut node.conn().await)
+            .await
+            .unwrap();
+    }
+    let urls = cluster.urls().join(",");
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        POLICY,
+        &["--store-timeout", &timeout, "--redis-cluster", &urls],
+    );
+    let mut client = sluice.client().await;
+    const USERS: usize = 30;
+    let mut call = async |i: usize| {
+        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
+        common::call(&mut client, req).await.overall_code
+    };
+    for i in 0..USERS {
+        assert_eq!(call(i).await, common::OK, "user c{i} before the fault");
+    }
+    let down = users_on(&cluster.nodes[0], USERS).await;
+    assert!(
+        !down.is_empty() && down.len() < USERS,
+        "the users spread over the masters: {down:?} on the first"
+    );
+    let dead = cluster.nodes[0].addr();
+    cluster.nodes[0].kill();
+
+    // Until the dead master has been backed off, tried again and backed off
+    // longer: its users are answered by the failure mode (closed), every other
+    // user is decided by its own master, in every round.
+    let store = |name: &str| {
+        let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["shards"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no shard {name} in {body}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut back_offs = std::collections::BTreeSet::new();
+    while back_offs.len() < 2 {
+        for i in 0..USERS {
+            let want = if down.contains(&i) {
+                common::OVER_LIMIT
+            } else {
+                common::OK
+            };
+            assert_eq!(call(i).await, want, "user c{i} while {dead} is down");
+        }
+        let node = store(&dead);
+        if let Some(until) = node["backoff_until"].as_str() {
+            back_offs.insert(until.to_string());
+        }
+        assert!(Instant::now() < deadline, "never backed off twice: {node}");
+    }
+    // The cluster as a whole is degraded, by its one master; the others are up.
+    assert_ne!(store("cluster")["state"], "up");
+    for node in &cluster.nodes[1..] {
+        assert_eq!(store(&node.addr())["state"], "up", "{}", node.addr());
+    }
+    let (_, metrics) = common::http(&sluice.http, "GET", "/metrics", "");
+    let degraded = |shard: &str| format!("sluice_degraded{{shard=\"{shard}\"}} ");
+    assert!(
+        metrics.contains(&format!("{}1", degraded(&dead))),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("{}1", degraded("cluster"))));
+    let other = cluster.nodes[1].addr();
+    assert!(metrics.contains(&format!("{}0", degraded(&other))));
+    // One line when the master went down, none saying it came back.
+    let lines: Vec<String> = sluice.lines.try_iter().collect();
+    let down_lines = lines.iter().filter(|l| l.contains("redis shard down"));
+    assert_eq!(down_lines.count(), 1, "{lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("redis shard up")),
+        "{lines:#?}"
+    );
 }

@@ -131,6 +131,8 @@ impl LocalStats {
 
     /// Sets every series from the share's state and the store's shards.
     pub fn set(&self, local: &LocalStatus, shards: &[ShardStatus]) {
+        // A shard no longer listed (a cluster master that left the map) goes.
+        self.degraded.reset();
         for s in shards {
             let down = matches!(
                 s.state,

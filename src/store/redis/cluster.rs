@@ -1,15 +1,19 @@
 //! Counters on a Redis Cluster: each script call on the node of its keys' slot,
-//! through the cluster client ([`sluice_redis::cluster`]), with one health for the
-//! whole cluster.
+//! through the cluster client ([`sluice_redis::cluster`]), with a health per master:
+//! one master down backs off its slots' calls alone, while the others keep
+//! deciding theirs. Calls made before the slot map is known (every node unreachable
+//! since the start) count for the cluster as a whole.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use sluice_redis::cluster::{self, Router};
 use sluice_redis::{Request, Target, Value};
 
 use crate::algorithm::Micros;
-use crate::store::{Report, StoreError};
+use crate::store::{Report, ShardState, ShardStatus, StoreError};
 
 use super::health::Health;
 use super::scripts::{self, By, Call, Group, Scripts};
@@ -17,7 +21,11 @@ use super::{bad_url, expire, shard_name, ConfigError};
 
 pub struct Cluster {
     router: Arc<Router>,
-    pub health: Health,
+    /// Calls to a slot the map does not place (not read yet, or the slot unserved).
+    pub health: Arc<Health>,
+    /// Per node that has served a slot, its health; added to, never cut.
+    nodes: ArcSwap<Vec<Arc<Health>>>,
+    report: Option<Arc<dyn Report>>,
     /// The seed nodes' `host:port`, for `/debug/store`.
     pub seeds: Vec<String>,
 }
@@ -36,9 +44,84 @@ impl Cluster {
         let router = Router::new(targets, timeout).ok_or(ConfigError::NoUrl)?;
         Ok(Cluster {
             router,
-            health: Health::new("cluster".to_string(), report),
+            health: Arc::new(Health::new("cluster".to_string(), report.clone())),
+            nodes: ArcSwap::from_pointee(Vec::new()),
+            report,
             seeds: urls.iter().map(|u| shard_name(u)).collect(),
         })
+    }
+
+    /// The health a call to `slot` counts for: its master's, as the map places it
+    /// now, or the cluster's while the map does not.
+    pub fn health_of(&self, slot: u16) -> Arc<Health> {
+        match self.router.owner(slot) {
+            Some(node) => self.node_health(&node.name),
+            None => self.health.clone(),
+        }
+    }
+
+    /// The health of the node `name`, made (and its metrics declared) the first
+    /// time the node is met.
+    fn node_health(&self, name: &str) -> Arc<Health> {
+        if let Some(h) = self.nodes.load().iter().find(|h| h.name == name) {
+            return h.clone();
+        }
+        let made = Arc::new(Health::new(name.to_string(), self.report.clone()));
+        let mut found = None;
+        self.nodes.rcu(|nodes| {
+            found = nodes.iter().find(|h| h.name == name).cloned();
+            let mut nodes = Vec::clone(nodes);
+            if found.is_none() {
+                nodes.push(made.clone());
+            }
+            nodes
+        });
+        found.unwrap_or(made)
+    }
+
+    /// Whether a call has failed since its last success, on any master or before
+    /// the map was read.
+    pub fn is_failing(&self) -> bool {
+        self.health.is_failing() || self.nodes.load().iter().any(|h| h.is_failing())
+    }
+
+    /// Whether any master, or the cluster before the map was read, is backing off.
+    pub fn is_down(&self) -> bool {
+        self.health.is_down() || self.nodes.load().iter().any(|h| h.is_down())
+    }
+
+    /// For `/debug/store`: the cluster as a whole first (named `cluster`, with the
+    /// seeds; as bad as its worst master), then each master the map names now.
+    pub fn statuses(&self) -> Vec<ShardStatus> {
+        let masters: Vec<ShardStatus> = self
+            .router
+            .masters_now()
+            .iter()
+            .map(|n| ShardStatus {
+                nodes: vec![n.name.clone()],
+                ..self.node_health(&n.name).status()
+            })
+            .collect();
+        let mut whole = ShardStatus {
+            nodes: self.seeds.clone(),
+            ..self.health.status()
+        };
+        for m in &masters {
+            if severity(m.state) > severity(whole.state) {
+                whole.state = m.state;
+                whole.backoff_until = m.backoff_until;
+            }
+            let newer = match (&m.last_error, &whole.last_error) {
+                (Some(m), Some(w)) => m.at > w.at,
+                (m, _) => m.is_some(),
+            };
+            if newer {
+                whole.last_error = m.last_error.clone();
+            }
+        }
+        let mut all = vec![whole];
+        all.extend(masters);
+        all
     }
 
     /// A script call on the node of its keys' slot (all keys share one).
@@ -121,5 +204,15 @@ impl Cluster {
             .into_iter()
             .flatten()
             .collect()
+    }
+}
+
+/// How far from up a state is, for the cluster's entry.
+fn severity(state: ShardState) -> u8 {
+    match state {
+        ShardState::Up | ShardState::InMemory => 0,
+        ShardState::Failing => 1,
+        ShardState::Trying => 2,
+        ShardState::BackingOff => 3,
     }
 }

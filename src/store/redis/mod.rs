@@ -143,6 +143,28 @@ impl ShardConn {
     }
 }
 
+/// A call's health: a standalone shard's, borrowed, or a cluster master's.
+enum HealthOf<'a> {
+    Shard(&'a Health),
+    Node(Arc<Health>),
+}
+
+impl std::ops::Deref for HealthOf<'_> {
+    type Target = Health;
+
+    fn deref(&self) -> &Health {
+        match self {
+            HealthOf::Shard(h) => h,
+            HealthOf::Node(h) => h,
+        }
+    }
+}
+
+/// A cluster's target is its slot (below 16384).
+fn slot_of(target: usize) -> u16 {
+    u16::try_from(target).unwrap_or(u16::MAX)
+}
+
 struct Shard {
     /// For refunds, peeks and key counts; decide calls go through the coalescer.
     conn: ShardConn,
@@ -325,9 +347,12 @@ impl RedisStore {
         self.inner.cache.len()
     }
 
-    /// Whether the shard at `index` is backing off.
+    /// Whether the shard at `index` is backing off (in a cluster, any master).
     pub fn shard_down(&self, index: usize) -> bool {
-        self.inner.health(index).is_down()
+        match &self.inner.backend {
+            Backend::Shards(s) => s[index.min(s.len() - 1)].health.is_down(),
+            Backend::Cluster(c) => c.is_down(),
+        }
     }
 }
 
@@ -364,10 +389,12 @@ impl Inner {
         }
     }
 
-    fn health(&self, target: usize) -> &Health {
+    /// The health a call to `target` counts for: the standalone shard's, or in a
+    /// cluster, the health of the master serving that slot.
+    fn health(&self, target: usize) -> HealthOf<'_> {
         match &self.backend {
-            Backend::Shards(s) => &s[target.min(s.len() - 1)].health,
-            Backend::Cluster(c) => &c.health,
+            Backend::Shards(s) => HealthOf::Shard(&s[target.min(s.len() - 1)].health),
+            Backend::Cluster(c) => HealthOf::Node(c.health_of(slot_of(target))),
         }
     }
 
@@ -529,7 +556,8 @@ impl Inner {
             Backend::Shards(s) => return s[target].coalescer.decide(group, fixed_now).await,
             Backend::Cluster(c) => c,
         };
-        let guard = cluster.health.guard();
+        let health = cluster.health_of(slot_of(target));
+        let guard = health.guard();
         let sent = cluster.decide(&self.scripts, &group, fixed_now);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
             Ok(Ok(value)) => scripts::integers(value)
@@ -824,10 +852,7 @@ impl Store for RedisStore {
                     ShardConn::Fixed(_) => s.health.status(),
                 })
                 .collect(),
-            Backend::Cluster(c) => vec![ShardStatus {
-                nodes: c.seeds.clone(),
-                ..c.health.status()
-            }],
+            Backend::Cluster(c) => c.statuses(),
         }
     }
 
@@ -863,7 +888,10 @@ impl Store for RedisStore {
     }
 
     fn shard_failing(&self, shard: usize) -> bool {
-        self.inner.health(shard).is_failing()
+        match &self.inner.backend {
+            Backend::Shards(_) => self.inner.health(shard).is_failing(),
+            Backend::Cluster(c) => c.is_failing(),
+        }
     }
 
     async fn reach(&self, shard: usize) -> Result<u64, StoreError> {

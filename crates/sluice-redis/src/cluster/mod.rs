@@ -359,6 +359,18 @@ impl Router {
         node
     }
 
+    /// The node the map says serves `slot` now, without reading the map again:
+    /// `None` while the map has not been read or leaves the slot unserved.
+    pub fn owner(&self, slot: u16) -> Option<Arc<Node>> {
+        self.map.load().node(slot).cloned()
+    }
+
+    /// The masters serving slots in the map as it is, without reading it again.
+    pub fn masters_now(&self) -> Vec<Arc<Node>> {
+        let map = self.map.load();
+        map.nodes[..map.masters].to_vec()
+    }
+
     /// The masters serving slots, the map read first if it never was.
     pub async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
         if self.map.load().masters == 0 {
