@@ -567,6 +567,11 @@ impl Inner {
             Err(_) => Err(StoreError::Timeout),
         };
         guard.finish(&result);
+        if result.is_ok() {
+            // The cluster answers: what calls failed before the map placed their
+            // slots says nothing any more.
+            cluster.health.success();
+        }
         result
     }
 
