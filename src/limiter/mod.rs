@@ -862,7 +862,9 @@ impl<S: Store> Limiter<S> {
             .iter()
             .zip(hits)
             .filter(|(&i, h)| {
+                // A charge or a refund was spent whatever the request's fate.
                 h.hits > 0
+                    && h.spend == Spend::IfAdmitted
                     && outcome.statuses[i]
                         .verdict
                         .is_some_and(|v| v.admitted && !outcome.statuses[i].over_limit)
@@ -890,11 +892,11 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Soft shedding of an admitted request: each enforced limit with `shed` past its
-    /// `from` may deny it.
+    /// `from` may deny it. A charge or a refund is no request to shed: it was spent.
     fn shed(&self, order: &[usize], hits: &[Hit], outcome: &mut Outcome) {
         let policy = &outcome.policy;
         for (&i, hit) in order.iter().zip(hits) {
-            if hit.mode != Mode::Enforce {
+            if hit.mode != Mode::Enforce || hit.spend.always() {
                 continue;
             }
             let status = &mut outcome.statuses[i];
@@ -1386,6 +1388,102 @@ descriptors:
         assert_eq!(hits[1].key, "d|api_key=k1|~86400s");
         assert_eq!(hits[0].placement, hits[1].placement, "decided together");
         assert_eq!(hits[1].limit.requests, 3);
+    }
+
+    /// 100 tokens a day, and a small limit that sheds from half its use.
+    const CHARGES: &str = "domain: d
+descriptors:
+  - key: tokens
+    rate_limit: {unit: day, requests_per_unit: 100, algorithm: fixed_window}
+  - key: small
+    rate_limit: {unit: day, requests_per_unit: 10, algorithm: fixed_window, shed: {from: 0.5}}
+";
+
+    fn spent<'a>(
+        entries: &'a [(&'a str, &'a str)],
+        hits: u64,
+        spend: Spend,
+    ) -> Descriptor<'a, (&'a str, &'a str)> {
+        Descriptor {
+            spend,
+            ..Descriptor::new(entries, hits)
+        }
+    }
+
+    async fn remaining(
+        limiter: &Limiter<crate::store::MemoryStore>,
+        entries: &[(&str, &str)],
+    ) -> u64 {
+        let o = limiter.decide("d", &[Descriptor::new(entries, 0)]).await;
+        o.statuses[0].verdict.expect("decided").remaining
+    }
+
+    #[tokio::test]
+    async fn a_charge_or_refund_beside_an_over_limit_charge_is_spent_once() {
+        let clock = ManualClock::new(1_000 * HOUR);
+        let settings = Settings {
+            denied_spend: DeniedSpend::AdmittingLimits,
+            ..Settings::default()
+        };
+        let limiter = test_limiter(CHARGES, &clock, settings);
+        let (tokens, small) = ([("tokens", "x")], [("small", "y")]);
+        assert!(
+            limiter
+                .decide("d", &[spent(&small, 20, Spend::Always)])
+                .await
+                .over_limit
+        );
+        let both = [
+            spent(&tokens, 10, Spend::Always),
+            spent(&small, 1, Spend::Always),
+        ];
+        assert!(limiter.decide("d", &both).await.over_limit);
+        assert_eq!(remaining(&limiter, &tokens).await, 90, "charged once");
+        let both = [
+            spent(&tokens, 5, Spend::Refund),
+            spent(&small, 1, Spend::Always),
+        ];
+        assert!(limiter.decide("d", &both).await.over_limit);
+        assert_eq!(remaining(&limiter, &tokens).await, 95, "given back once");
+    }
+
+    #[tokio::test]
+    async fn shedding_never_denies_a_refund_or_a_charge() {
+        let clock = ManualClock::new(1_000 * HOUR);
+        let limiter = test_limiter(CHARGES, &clock, Settings::default())
+            .with_chance(Arc::new(shed::SeededChance::new(7)));
+        let small = [("small", "y")];
+        assert!(
+            limiter
+                .decide("d", &[spent(&small, 9, Spend::Always)])
+                .await
+                .statuses[0]
+                .verdict
+                .unwrap()
+                .admitted
+        );
+        for n in 0..6 {
+            let o = limiter
+                .decide("d", &[spent(&small, 1, Spend::Refund)])
+                .await;
+            assert!(!o.over_limit && !o.statuses[0].shed, "refund {n}: {o:?}");
+            let o = limiter
+                .decide("d", &[spent(&small, 1, Spend::Always)])
+                .await;
+            assert!(!o.over_limit && !o.statuses[0].shed, "charge {n}: {o:?}");
+        }
+        assert_eq!(
+            remaining(&limiter, &small).await,
+            1,
+            "every charge and refund counted"
+        );
+        // A request past `from` is still shed now and then.
+        let mut shed = 0;
+        for _ in 0..40 {
+            let o = limiter.decide("d", &[Descriptor::new(&small, 0)]).await;
+            shed += usize::from(o.statuses[0].shed);
+        }
+        assert!(shed > 0, "nothing shed past from");
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@ use crate::store::{Hit, Kind, Mode};
 /// enforced descriptor whose key is banned or blocked is marked OVER_LIMIT with the
 /// rest of the sentence as its wait; a tightened key's hit gets its scaled limit.
 /// Returns whether any was denied (the request is then denied and the store is not
-/// asked).
+/// asked). A charge or a refund is never denied by a sentence: it reports what a
+/// request already served cost or gave back, so it reaches the store.
 pub fn apply_sentences(
     penalties: &Penalties,
     order: &[usize],
@@ -36,6 +37,7 @@ pub fn apply_sentences(
                 hit.limit.burst = tightened(hit.limit.burst, factor_ppm);
                 outcome.statuses[i].tightened = true;
             }
+            Some(InForce::Denied { .. }) if hit.spend.always() => {}
             Some(InForce::Denied { left, blocked }) => {
                 let status = &mut outcome.statuses[i];
                 status.over_limit = true;

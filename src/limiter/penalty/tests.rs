@@ -76,6 +76,36 @@ async fn a_key_denied_n_times_is_banned_without_store_calls() {
     assert!(!ask(&l, "1.1.1.1").await.over_limit);
 }
 
+#[tokio::test]
+async fn a_ban_drops_no_charge_or_refund() {
+    use crate::store::Spend;
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    for _ in 0..3 {
+        ask(&l, "1.1.1.1").await;
+    }
+    assert_eq!(ask(&l, "1.1.1.1").await.statuses[0].ban, Ban::Active);
+    let ip = [("ip", "1.1.1.1")];
+    let user = [("user", "v")];
+    let with = |entries, hits, spend| Descriptor {
+        spend,
+        ..Descriptor::new(entries, hits)
+    };
+    // A cost reported at stream end: the other key's share is counted.
+    let charge = [
+        with(&ip[..], 5, Spend::Always),
+        with(&user[..], 30, Spend::Always),
+    ];
+    l.decide("d", &charge).await;
+    let check = l.decide("d", &[Descriptor::new(&user[..], 0)]).await;
+    assert_eq!(check.statuses[0].verdict.unwrap().remaining, 70);
+    // A refund is never denied, and gives back what it names.
+    let refund = l.decide("d", &[with(&ip[..], 6, Spend::Refund)]).await;
+    assert!(!refund.over_limit, "{refund:?}");
+    // The one admitted hit and the charge of 5, given back: the minute is empty.
+    assert_eq!(refund.statuses[0].verdict.unwrap().remaining, 1);
+}
+
 const LOOP: &str = r#"
 domain: d
 descriptors:
