@@ -31,9 +31,16 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
     // The same decision under a limit that admits anything: the state then moves
     // exactly as an admission would move it (window alignment and bucket rate
     // unchanged), whatever the algorithm.
-    let spent = decide_alone(&lifted(limit), state, now, hits);
+    let spent = match decide_alone(&lifted(limit), state, now, hits) {
+        spent if spent.next.is_some() => spent,
+        // Past the end of time (a bucket's debt) or of u64: as much as can be
+        // owed is, so the key stays denied rather than the charge being lost.
+        _ => match most_spendable(limit, state, now, hits) {
+            Some(spent) => spent,
+            None => return d,
+        },
+    };
     let Some(next) = spent.next else {
-        // Past the end of time or of u64: nothing can be owed beyond that.
         return d;
     };
     let after = decide_alone(limit, Some(&next), now, hits).verdict;
@@ -48,6 +55,30 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
         },
         next: Some(next),
     }
+}
+
+/// The lifted decision of the largest part of `hits` whose state still fits (a
+/// bucket's before the end of time); `None` when not one hit does. Whether a part
+/// fits only changes once as it grows, so a bisection finds it. decide.lua mirrors
+/// it.
+fn most_spendable(
+    limit: &Limit,
+    state: Option<&State>,
+    now: Micros,
+    hits: u64,
+) -> Option<Decision> {
+    let lift = lifted(limit);
+    // `lo` fits (0 trivially), `hi` does not.
+    let (mut lo, mut hi) = (0, hits);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if decide_alone(&lift, state, now, mid).next.is_some() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo > 0).then(|| decide_alone(&lift, state, now, lo))
 }
 
 /// What a key with `state` owes at `now`, in hits, as a charge's verdict says it
@@ -170,6 +201,38 @@ mod tests {
                     .verdict
                     .admitted
             );
+        }
+    }
+
+    /// A charge whose debt would run past the end of time owes as much as a state
+    /// can hold: the key stays denied, where the charge used to be lost.
+    #[test]
+    fn a_bucket_charge_past_the_end_of_time_is_owed_not_lost() {
+        use crate::algorithm::token_bucket::END_OF_TIME;
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            // 100 a day: ten million hits take 27 centuries to pay back.
+            let l = testkit::limit(a, 100, 86_400 * SECOND, 100);
+            let d = charge(&l, None, T0, 10_000_000);
+            assert!(!d.verdict.admitted, "{a:?}");
+            let s = d.next.expect("the state with the debt");
+            assert!(d.verdict.owed > 8_000_000, "{a:?}: {:?}", d.verdict);
+            assert!(!check(
+                &l,
+                &Some(s.clone()),
+                T0 + 100 * 365 * 86_400 * SECOND
+            ));
+            let tat = match &s {
+                State::TokenBucket(s) => s.tat,
+                State::LeakyBucket(s) => s.tat,
+                other => panic!("{other:?}"),
+            };
+            assert!(
+                tat < END_OF_TIME && tat > END_OF_TIME - 86_400 * SECOND,
+                "{a:?}: {tat}"
+            );
+            // Already at the end of time: nothing more can be owed, nothing changes.
+            let again = charge(&l, Some(&s), T0, 10_000_000);
+            assert!(again.next.is_none() && !again.verdict.admitted, "{a:?}");
         }
     }
 

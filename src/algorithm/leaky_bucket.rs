@@ -175,14 +175,19 @@ mod tests {
 
     #[test]
     fn extremes_do_not_panic() {
-        let l = limit(1, u64::MAX / 2, 2);
+        use crate::algorithm::token_bucket::END_OF_TIME;
+        let l = limit(1, (END_OF_TIME - T0) / 2 + 1, 2);
         let mut s = None;
         assert!(hit(&l, &mut s, T0, 1).admitted);
         assert_eq!(hit(&l, &mut s, T0, 1).retry_after, u64::MAX);
         let big = limit(u64::MAX, 1, u64::MAX);
         let mut s = None;
-        assert!(hit(&big, &mut s, u64::MAX - 1, u64::MAX).admitted);
-        assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
+        assert!(hit(&big, &mut s, END_OF_TIME - 2, u64::MAX).admitted);
+        assert!(!hit(&big, &mut s, END_OF_TIME - 1, u64::MAX).admitted);
+        assert!(
+            !hit(&big, &mut s, u64::MAX, 1).admitted,
+            "past the end of time"
+        );
     }
 
     #[test]

@@ -26,6 +26,10 @@
 
 use super::{Limit, Micros, Step, Verdict};
 
+/// The first microsecond a bucket's state may not reach: the Redis scripts count
+/// time in doubles, exact below 2^53 (the year 2255), so both stores stop there.
+pub const END_OF_TIME: Micros = 1 << 53;
+
 /// Stored state of one token_bucket counter.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct State {
@@ -108,7 +112,7 @@ impl Gcra {
     }
 
     /// The state once `hits` are added at max(exact tat, now). `None` if its tat
-    /// does not fit in Micros.
+    /// is not before [`END_OF_TIME`], as decide.lua's `gcra` counts.
     pub(super) fn next(&self, start: &Start, hits: u64) -> Option<Next> {
         let backlog = start.backlog.checked_add(u128::from(hits) * self.window)?;
         let whole = backlog / self.requests;
@@ -118,8 +122,9 @@ impl Gcra {
         } else {
             (whole + 1, self.requests - part)
         };
+        let tat = start.now.checked_add(Micros::try_from(ahead).ok()?)?;
         Some(Next {
-            tat: start.now.checked_add(Micros::try_from(ahead).ok()?)?,
+            tat: (tat < END_OF_TIME).then_some(tat)?,
             // rem < requests <= u64::MAX.
             rem: rem as u64,
             backlog,
@@ -300,7 +305,8 @@ mod tests {
 
     #[test]
     fn extremes_do_not_panic_or_over_admit() {
-        let l = limit(1, u64::MAX / 2, 2);
+        use super::END_OF_TIME;
+        let l = limit(1, (END_OF_TIME - T0) / 2 + 1, 2);
         let mut s = None;
         assert!(hit(&l, &mut s, T0, 1).admitted);
         // The second hit's cost would run past the end of time.
@@ -311,8 +317,12 @@ mod tests {
         assert_eq!(decide(&endless, None, T0, 1).verdict.retry_after, u64::MAX);
         let big = limit(u64::MAX, 1, u64::MAX);
         let mut s = None;
-        assert!(hit(&big, &mut s, u64::MAX - 1, u64::MAX).admitted);
-        assert!(!hit(&big, &mut s, u64::MAX, u64::MAX).admitted);
+        assert!(hit(&big, &mut s, END_OF_TIME - 2, u64::MAX).admitted);
+        assert!(!hit(&big, &mut s, END_OF_TIME - 1, u64::MAX).admitted);
+        assert!(
+            !hit(&big, &mut s, u64::MAX, 1).admitted,
+            "past the end of time"
+        );
     }
 
     const DAY: Micros = 86_400 * SECOND;

@@ -286,7 +286,18 @@ local function charge(code, fn, r, w, b, st, now, hits, leaky)
   local lr, lb, cap = LIFT, b, r
   if code == 'tb' or code == 'lb' then lr, lb, cap = r, LIFT, b end
   local _, lremaining, _, _, _, spent, otoken, oexpiry = fn(lr, w, lb, st, now, hits, leaky)
-  if spent == nil then return admitted, remaining, reset, retry, 0, nil, token, expiry, 0 end
+  if spent == nil then
+    -- Past the end of time (charge.rs `most_spendable`): the largest part that
+    -- fits is owed, found by bisection.
+    local lo, hi = 0, hits
+    while hi - lo > 1 do
+      local mid = lo + math.floor((hi - lo) / 2)
+      local _, _, _, _, _, s = fn(lr, w, lb, st, now, mid, leaky)
+      if s ~= nil then lo = mid else hi = mid end
+    end
+    if lo == 0 then return admitted, remaining, reset, retry, 0, nil, token, expiry, 0 end
+    _, lremaining, _, _, _, spent, otoken, oexpiry = fn(lr, w, lb, st, now, lo, leaky)
+  end
   local _, oremaining, oreset, oretry = fn(r, w, b, spent, now, hits, leaky)
   local owed = LIFT - lremaining - cap
   if owed < 0 then owed = 0 end
