@@ -646,3 +646,43 @@ async fn one_cluster_master_down_leaves_the_others_deciding() {
         "{lines:#?}"
     );
 }
+
+/// `CLIENT LIST` of `server`: a line per connection, with its last command.
+async fn client_list(server: &RedisServer) -> String {
+    redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut server.conn().await)
+        .await
+        .expect("CLIENT LIST")
+}
+
+/// A Redis that closes idle connections (`timeout`, as a NAT or a load balancer
+/// that cuts idle TCP does): a healthy shard, so every call is decided by it.
+#[tokio::test]
+async fn connections_redis_closed_while_idle_carry_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&["--timeout", "1"]).await else {
+        return;
+    };
+    for round in 0..3 {
+        // Until Redis has closed the connections decisions went by (the block
+        // list's, read every second, stays open).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let list = client_list(&f.redis).await;
+            if !list.contains("cmd=fcall") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: never closed: {list}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for _ in 0..4 {
+            let (code, _) = f.call("closed").await;
+            assert_eq!(code, common::OK, "round {round}, call {}", f.calls);
+        }
+    }
+    assert_eq!(f.errors("connection"), 0, "a closed connection was used");
+}

@@ -9,7 +9,11 @@
 //! unusable, so a reply can never be matched to the wrong call; the caller drops it
 //! and connects again.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use crate::error::{self, Error, ErrorKind};
 use crate::stream;
@@ -119,7 +123,14 @@ pub struct Wire {
     /// Where the next reply starts in `read` (pub/sub messages and pipelined
     /// replies may arrive together).
     at: usize,
+    /// When the last reply arrived (or the connection opened).
+    used: Instant,
 }
+
+/// Idle this long, a connection is looked at before it is used again
+/// ([`Wire::stale`]). Redis's `timeout` counts whole seconds from the last
+/// second's tick, so it may close a connection idle for less than one.
+const IDLE_CHECK: Duration = Duration::from_millis(250);
 
 impl Wire {
     /// Connects, authenticates and selects the database, within the target's timeout.
@@ -135,6 +146,7 @@ impl Wire {
             stream: stream::open(target).await?,
             read: Vec::with_capacity(4096),
             at: 0,
+            used: Instant::now(),
         };
         let mut req = Request::default();
         if let Some(password) = &target.password {
@@ -170,6 +182,30 @@ impl Wire {
                 format!("{what}: unexpected reply"),
             )),
         }
+    }
+
+    /// Whether the server closed this connection while it sat idle (its `timeout`,
+    /// or a NAT or load balancer that cuts idle connections), or sent what no call
+    /// asked for: then it must not carry a call. Only a connection idle for
+    /// [`IDLE_CHECK`] is looked at, by one read that does not wait; a call sent on a
+    /// connection already closed would fail, and one closed while a call is under
+    /// way may have run it, so only this moment can tell.
+    pub fn stale(&mut self) -> bool {
+        if self.at < self.read.len() {
+            return true;
+        }
+        if self.used.elapsed() < IDLE_CHECK {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        // Pending: open and quiet. Anything else: closed, failed, or bytes no
+        // call asked for.
+        !matches!(
+            Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf),
+            Poll::Pending
+        )
     }
 
     /// Writes `bytes` (one or more commands) and flushes them.
@@ -214,6 +250,7 @@ impl Wire {
             if need == 0 || (have >= need && self.read[self.at + seen..].contains(&b'\n')) {
                 match read(&self.read[self.at..])? {
                     Parsed::Done(answer, used) => {
+                        self.used = Instant::now();
                         self.at += used;
                         if self.at == self.read.len() {
                             self.read.clear();

@@ -40,7 +40,8 @@ impl Pool {
             .await
             .expect("the pool's semaphore is never closed");
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut wire = match idle {
+        // One the server closed while idle (its `timeout`) is replaced.
+        let mut wire = match idle.and_then(|mut w| (!w.stale()).then_some(w)) {
             Some(w) => w,
             None => Wire::connect(&self.target).await?,
         };

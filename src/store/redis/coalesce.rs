@@ -354,7 +354,8 @@ async fn send(
     };
     // Out of its slot while in use: a call abandoned half way (the timeout drops this
     // future) or failed leaves no connection behind with a reply still to come.
-    let mut wire = match conn.take() {
+    // One the server closed while idle (its `timeout`) is replaced before the call.
+    let mut wire = match conn.take().and_then(|mut w| (!w.stale()).then_some(w)) {
         Some(wire) => wire,
         None => Wire::connect(target).await?,
     };

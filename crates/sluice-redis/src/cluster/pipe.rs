@@ -123,7 +123,7 @@ async fn exchange(
     batch: &mut [Job],
     answered: &mut usize,
 ) -> Result<(), Error> {
-    if conn.is_none() {
+    if conn.as_mut().is_none_or(Wire::stale) {
         *conn = Some(Wire::connect(target).await?);
     }
     let wire = conn.as_mut().expect("connected above");
