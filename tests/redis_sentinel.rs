@@ -250,6 +250,11 @@ async fn master_lost_under_load(loss: Loss) {
         // The sentinels take a second to agree the master is down: meanwhile the
         // failure mode answers.
         assert!(denied > 0.0, "no failure-mode answer with the master dead");
+        // The log says the shard went down, and came back once on the new master.
+        let lines: Vec<String> = sluice.lines.try_iter().collect();
+        let at = |text| lines.iter().position(|l: &String| l.contains(text));
+        let (down, up) = (at("redis shard down"), at("redis shard up"));
+        assert!(down.is_some() && up > down, "down, then up: {lines:#?}");
     }
     // Once sluice names the new master, it decides: the calls answered a moment
     // after are all admitted.

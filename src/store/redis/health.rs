@@ -62,6 +62,9 @@ struct State {
     logged_at: Option<Instant>,
     /// Script or protocol errors since that line.
     unlogged: u64,
+    /// Taken down, then its back-off ended by a new address ([`Health::retry_now`]):
+    /// the next success says it is up.
+    moved_while_down: bool,
 }
 
 /// The health of one shard (or of the whole cluster).
@@ -174,9 +177,10 @@ impl Health {
             return;
         }
         let mut s = self.lock();
-        if self.down_until.load(Relaxed) != 0 {
+        if self.down_until.load(Relaxed) != 0 || s.moved_while_down {
             tracing::info!(shard = %self.name, "redis shard up");
         }
+        s.moved_while_down = false;
         s.streak = Streak::default();
         self.down_until.store(0, Relaxed);
         self.failing.store(false, Relaxed);
@@ -188,7 +192,15 @@ impl Health {
     pub fn retry_now(&self) {
         let mut s = self.lock();
         s.streak = Streak::default();
-        self.down_until.store(0, Relaxed);
+        if self.down_until.swap(0, Relaxed) != 0 {
+            s.moved_while_down = true;
+        }
+    }
+
+    /// Whether the next success will log that the shard is up.
+    #[cfg(test)]
+    fn will_say_up(&self) -> bool {
+        self.is_down() || self.lock().moved_while_down
     }
 
     /// Records a failed call: counted, kept as the last error, and an outage counts
@@ -604,6 +616,8 @@ mod tests {
         h.retry_now();
         assert!(!h.is_down());
         assert!(h.check_at(t0 + MIN_FAILING + MS).is_ok());
+        // It was down: its first success at the new address says it is up.
+        assert!(h.will_say_up());
         // The old streak is gone: it takes a new one to back off again.
         h.failure_at(&down(), t0 + MIN_FAILING * 2);
         assert!(!h.is_down());
@@ -611,6 +625,11 @@ mod tests {
         h.failure_at(&down(), t0 + MIN_FAILING * 3);
         assert!(h.is_down());
         assert_eq!(h.lock().streak.backoff, FIRST_BACKOFF);
+        h.success();
+        assert!(!h.will_say_up());
+        // A move while up says nothing at the next success.
+        h.retry_now();
+        assert!(!h.will_say_up());
     }
 
     #[test]
