@@ -333,22 +333,39 @@ impl Metrics {
     /// An answer without a failure during an outage does not show the store is back
     /// by itself: a cached denial, a `local` decision or a call to a shard that is
     /// up also come without one. So the store answers again once decisions have come
-    /// [`STORE_QUIET`] without a failure-mode answer.
+    /// [`STORE_QUIET`] without a failure-mode answer; when no decision came in that
+    /// time to say so, the next failure says it first, so each outage has its line.
     fn store_health(&self, outcome: &Outcome) {
         match &outcome.failure {
             Some(f) => {
                 self.store_failures
                     .get_or_init(|| self.store.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
-                self.last_store_failure
-                    .store(self.clock.now(), Ordering::Relaxed);
+                let now = self.clock.now();
+                let last = self.last_store_failure.swap(now, Ordering::Relaxed);
+                if now.saturating_sub(last) >= STORE_QUIET
+                    && self.store_failing.swap(false, Ordering::Relaxed)
+                {
+                    tracing::info!(
+                        failed_calls = self.failures_in_outage.swap(0, Ordering::Relaxed),
+                        "store answering again"
+                    );
+                }
                 self.failures_in_outage.fetch_add(1, Ordering::Relaxed);
                 if !self.store_failing.swap(true, Ordering::Relaxed) {
+                    let answer = match f.answer {
+                        crate::limiter::StoreErrorAnswer::FailureMode => {
+                            "store failing; answering by the failure mode"
+                        }
+                        crate::limiter::StoreErrorAnswer::Error => {
+                            "store failing; answering with an error (--store-error-answer error)"
+                        }
+                    };
                     tracing::warn!(
                         store = f.store,
                         error = %f.error,
-                        failure_mode = ?f.mode,
-                        "store failing; answering by the failure mode"
+                        failure_mode = f.mode.as_str(),
+                        "{answer}"
                     );
                 }
             }

@@ -397,16 +397,24 @@ fn store_state_changes_are_logged_once_each() {
         for _ in 0..3 {
             m.record("d", &outcome(false), Duration::ZERO);
         }
+        // Another outage, over with no decision to see it end: the next one's
+        // failure says the store answered again before it says it fails.
+        m.record("d", &outcome(true), Duration::ZERO);
+        clock.advance(2 * SECOND);
+        m.record("d", &outcome(true), Duration::ZERO);
     });
     let lines = lines(&captured);
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 5, "{lines:?}");
     assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
     assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
+    assert!(lines[2].contains("store failing"));
+    assert!(lines[3].contains("store answering again") && lines[3].contains("failed_calls=1"));
+    assert!(lines[4].contains("store failing"));
     assert!(m
         .render()
-        .contains(r#"sluice_store_failures_total{store="redis"} 5"#));
+        .contains(r#"sluice_store_failures_total{store="redis"} 7"#));
     assert!(m.render().contains(
-        r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 5"#
+        r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 7"#
     ));
 }
 
