@@ -1227,6 +1227,39 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
 "#;
 
+/// A shard back after an outage, which no decision has reached since: the
+/// replicas' heartbeat (a write) brings it up, so `/debug/store` and
+/// `sluice_degraded` do not say it is down while it answers.
+#[tokio::test]
+async fn a_heartbeat_brings_a_shard_back_up_without_a_decision() {
+    let Some(mut t) = start(1).await else { return };
+    let probe = || hit("hb-probe", Algorithm::FixedWindow, 1_000, 60 * SECOND, 1);
+    t.store.decide(&[probe()]).await.expect("up");
+    t.servers[0].kill();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !t.store.shard_down(0) {
+        assert!(Instant::now() < deadline, "never backed off");
+        let _ = t.store.decide(&[probe()]).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    t.servers[0].restart().await;
+    let beats = sluice::store::Beats {
+        live: Duration::from_secs(2),
+        hold: Duration::from_secs(30),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let beat = t.store.heartbeat("me", beats).await;
+        let state = t.store.shards()[0].state;
+        if state == sluice::store::ShardState::Up {
+            assert!(beat.is_ok(), "{beat:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state:?}: {beat:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Three replicas of the real binary sharing two shards.
 fn replicas(shards: &[RedisServer]) -> Vec<common::Server> {
     let urls: Vec<String> = shards.iter().map(RedisServer::url).collect();

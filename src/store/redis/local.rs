@@ -58,7 +58,13 @@ impl RedisStore {
                     .arg(beats.live.as_millis())
                     .arg(beats.hold.as_millis());
                 let wait = self.inner.off_path_wait();
-                self.inner.invoke_at(target, &call, wait).await
+                let reply = self.inner.invoke_at(target, &call, wait).await;
+                // A heartbeat writes: a shard that takes it is up, though no
+                // decision has reached it since it came back.
+                if let (Ok(_), super::Backend::Shards(s)) = (&reply, &self.inner.backend) {
+                    s[target].health.success();
+                }
+                reply
             }
         });
         let mut best: Option<(u32, u32)> = None;

@@ -777,7 +777,8 @@ async fn count_keys(inner: Weak<Inner>, every: Duration) {
 }
 
 /// One shard's DBSIZE. It says nothing of the shard's health: a replica answers it
-/// while refusing writes (READONLY), so only decide calls mark a shard up or down.
+/// while refusing writes (READONLY), so only decide calls (and heartbeats, which
+/// write) mark a shard up or down.
 async fn dbsize(pool: &Pool) -> Option<usize> {
     let mut req = Request::default();
     req.start(1);
