@@ -69,7 +69,19 @@ impl Quota {
     /// returns the answer's token bucket `(max_tokens, tokens_per_fill)` (per 10 s
     /// for the policy's 20 a second) and TTL.
     async fn report(&mut self, requests: u64, secs: i64) -> (Option<(u32, u32)>, i64) {
-        let id = api();
+        self.report_bucket(&api(), requests / 2, requests - requests / 2, secs)
+            .await
+    }
+
+    /// Reports `allowed` and `denied` requests in the last `secs` for the bucket
+    /// `id`; returns the answer as [`Quota::read`] does.
+    async fn report_bucket(
+        &mut self,
+        id: &BucketId,
+        allowed: u64,
+        denied: u64,
+        secs: i64,
+    ) -> (Option<(u32, u32)>, i64) {
         self.tx
             .send(RateLimitQuotaUsageReports {
                 domain: "rlqs".into(),
@@ -79,13 +91,13 @@ impl Quota {
                         seconds: secs,
                         nanos: 0,
                     }),
-                    num_requests_allowed: requests / 2,
-                    num_requests_denied: requests - requests / 2,
+                    num_requests_allowed: allowed,
+                    num_requests_denied: denied,
                 }],
             })
             .await
             .expect("send");
-        self.read(&id).await
+        self.read(id).await
     }
 
     /// The next message on the stream, an answer or an assignment sent unasked, for
@@ -141,6 +153,25 @@ async fn streams_on_one_server_share_its_limit_by_demand() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(shares, Some((20, 200)), "alone again");
+}
+
+/// The bucket {client: ip} of a rule with a penalty, 10 a second.
+const PENALTY: &str = "domain: rlqs\ndescriptors:\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 10s, ban: 2s}\n";
+
+#[tokio::test]
+async fn a_penalty_ban_ends_while_the_client_keeps_sending() {
+    let server = Server::start(PENALTY, &[]);
+    let mut q = Quota::open(&server).await;
+    let client = BucketId {
+        bucket: [("client".to_string(), "10.0.0.1".to_string())].into(),
+    };
+    assert!(q.report_bucket(&client, 10, 0, 1).await.0.is_some());
+    // Three denials: DENY_ALL for the 2 s of the ban, not the 15 s TTL.
+    assert_eq!(q.report_bucket(&client, 10, 3, 1).await, (None, 2));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Envoy denied everything until now: the ban is over all the same.
+    let after = q.report_bucket(&client, 0, 40, 2).await;
+    assert!(after.0.is_some(), "a token bucket again: {after:?}");
 }
 
 /// Polls `/metrics` until `name{labels}` reads `want` (5 s at most).

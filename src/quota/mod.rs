@@ -14,7 +14,7 @@ pub mod share;
 pub use bucket::{govern, Governed};
 pub use share::{Assignment, HYSTERESIS};
 
-use crate::algorithm::Limit;
+use crate::algorithm::{Limit, Micros, SECOND};
 use crate::limiter::penalty::{BanInfo, Penalties};
 use crate::policy::{FailureMode, Rule};
 use crate::store::Share;
@@ -53,21 +53,34 @@ pub fn moved(last: Option<f64>, own: f64) -> bool {
 }
 
 /// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
-/// ShouldRateLimit's denials are counted (in one step, however many), then says
-/// whether the bucket's key is denied outright.
+/// ShouldRateLimit's denials are counted (in one step, however many), then says for
+/// how much longer the bucket's key is denied outright, if it is.
+///
+/// `last` is the assignment Envoy enforced while it denied them: denials under a
+/// `DENY_ALL` Sluice sent (for a ban, a block, a zero limit) are Sluice's own answer
+/// carried on until the next report, not requests past the limit. Counted, they
+/// would start a new ban as each one ended, for as long as the client sends at all.
 pub fn penalize(
     penalties: &Penalties,
     rule: &Rule,
     key: &str,
     denied: u64,
+    last: Option<Assignment>,
     info: impl Fn() -> BanInfo,
-) -> bool {
-    let Some(penalty) = &rule.penalty else {
-        return false;
-    };
+) -> Option<Micros> {
+    let penalty = rule.penalty.as_ref()?;
     let now = penalties.now();
-    penalties.deny_many(key, penalty, now, denied, info);
-    penalties.banned(key, now).is_some()
+    if last != Some(Assignment::DenyAll) {
+        penalties.deny_many(key, penalty, now, denied, info);
+    }
+    penalties.banned(key, now)
+}
+
+/// The time to live of a `DENY_ALL` sent for a sentence with `left` to run: the
+/// stream's `ttl`, but never past the sentence's end (whole seconds, rounded up), so
+/// Envoy stops denying when the ban ends rather than when its assignment expires.
+pub fn sentence_ttl(ttl: u64, left: Micros) -> u64 {
+    ttl.min(left.div_ceil(SECOND)).max(1)
 }
 
 #[cfg(test)]
@@ -75,7 +88,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::Algorithm;
     use crate::clock::ManualClock;
     use crate::policy::{Penalty, Sentence};
 
@@ -149,38 +162,85 @@ mod tests {
             rule: "k".into(),
             key: "v".into(),
         };
-        assert!(
-            !penalize(&penalties, &rule, "d|k=v", 100, info),
-            "no penalty"
-        );
+        let bucket = Some(shared(
+            &limit(1),
+            1.0,
+            Share {
+                total: 1.0,
+                streams: 1,
+            },
+            None,
+        ));
+        let banned = |rule: &Rule, key: &str, denied: u64| {
+            penalize(&penalties, rule, key, denied, bucket, info).is_some()
+        };
+        assert!(!banned(&rule, "d|k=v", 100), "no penalty");
         rule.penalty = Some(Penalty {
             violations: 3,
             within: 10 * SECOND,
             sentence: Sentence::Ban(60 * SECOND),
             block: None,
         });
-        assert!(!penalize(&penalties, &rule, "d|k=v", 2, info));
-        assert!(
-            penalize(&penalties, &rule, "d|k=v", 1, info),
+        assert!(!banned(&rule, "d|k=v", 2));
+        assert_eq!(
+            penalize(&penalties, &rule, "d|k=v", 1, bucket, info),
+            Some(60 * SECOND),
             "the third denial bans"
         );
         assert_eq!(penalties.bans_started(), 1);
-        assert!(
-            penalize(&penalties, &rule, "d|k=v", 0, info),
-            "banned still"
-        );
+        assert!(banned(&rule, "d|k=v", 0), "banned still");
         // Billions of denials against a penalty of a billion violations are counted
         // exactly and start one ban (counted one by one, this test would not end).
         rule.penalty = Some(Penalty {
             violations: 1_000_000_000,
             ..rule.penalty.unwrap()
         });
-        assert!(!penalize(&penalties, &rule, "d|k=w", 999_999_999, info));
-        assert!(penalize(&penalties, &rule, "d|k=w", u64::MAX, info));
-        assert!(
-            penalize(&penalties, &rule, "d|k=w", u64::MAX, info),
-            "banned still"
-        );
+        assert!(!banned(&rule, "d|k=w", 999_999_999));
+        assert!(banned(&rule, "d|k=w", u64::MAX));
+        assert!(banned(&rule, "d|k=w", u64::MAX), "banned still");
         assert_eq!(penalties.bans_started(), 2);
+    }
+
+    #[test]
+    fn denials_under_sluices_own_deny_all_start_no_ban() {
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let penalties = Penalties::new(Arc::new(clock.clone()), 100);
+        let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      penalty: {violations: 3, within: 10s, ban: 30s}\n";
+        let policy =
+            crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap();
+        let rule = policy.rule(0);
+        let info = || BanInfo {
+            domain: "d".into(),
+            rule: "k".into(),
+            key: "v".into(),
+        };
+        let deny = Some(Assignment::DenyAll);
+        assert_eq!(
+            penalize(&penalties, rule, "d|k=v", 3, None, info),
+            Some(30 * SECOND)
+        );
+        clock.advance(31 * SECOND);
+        // Envoy denied everything until it heard the ban was over: no new ban.
+        assert_eq!(penalize(&penalties, rule, "d|k=v", 500, deny, info), None);
+        assert_eq!(penalties.bans_started(), 1);
+        // Denials under its share count again.
+        let bucket = Some(shared(
+            &limit(1),
+            1.0,
+            Share {
+                total: 1.0,
+                streams: 1,
+            },
+            None,
+        ));
+        assert!(penalize(&penalties, rule, "d|k=v", 3, bucket, info).is_some());
+    }
+
+    #[test]
+    fn a_sentences_deny_all_lives_no_longer_than_the_sentence() {
+        assert_eq!(sentence_ttl(15, 30 * SECOND), 15);
+        assert_eq!(sentence_ttl(15, 4 * SECOND + 1), 5, "rounded up");
+        assert_eq!(sentence_ttl(15, 1), 1);
+        assert_eq!(sentence_ttl(15, 0), 1, "at least a second");
     }
 }

@@ -340,7 +340,7 @@ impl<S: Store> Stream<S> {
         now: Micros,
     ) -> (Action, Option<&'p str>) {
         let settings = &self.quotas.settings;
-        let ttl = settings.ttl_secs();
+        let mut ttl = settings.ttl_secs();
         let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
         let mut entries: BucketKey = id
             .into_iter()
@@ -413,20 +413,28 @@ impl<S: Store> Stream<S> {
                     self.quotas.peers.join(&key, &self.id, &self.nudges);
                     tracked.demand_key = Some(key.clone());
                 }
-                // Envoy's denials count towards the penalty as ShouldRateLimit's do.
+                // Envoy's denials count towards the penalty as ShouldRateLimit's do,
+                // but for those under a DENY_ALL this stream sent.
                 let info = || crate::limiter::penalty::BanInfo {
                     domain: domain.to_string(),
                     rule: rule.path.clone(),
                     key: shown.clone(),
                 };
-                let banned = quota::penalize(
+                let denied_for = quota::penalize(
                     limiter.penalties(),
                     rule,
                     &key,
                     usage.num_requests_denied,
+                    tracked.last,
                     info,
                 );
-                if banned || limit.requests == 0 {
+                // A DENY_ALL of a sentence that has since ended is no assignment to
+                // keep while the store is away.
+                let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
+                if let Some(left) = denied_for {
+                    ttl = quota::sentence_ttl(ttl, left);
+                    Assignment::DenyAll
+                } else if limit.requests == 0 {
                     Assignment::DenyAll
                 } else {
                     // Saturating: an absurd span only makes the demand ~0.
@@ -456,13 +464,13 @@ impl<S: Store> Stream<S> {
                                     },
                                 );
                             }
-                            quota::shared(&limit, own, all, tracked.last)
+                            quota::shared(&limit, own, all, last)
                         }
                         // The store is away: the last assignment holds; a bucket never
                         // assigned takes the domain's failure mode.
                         Err(e) => {
                             tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
-                            quota::unshared(tracked.last, failure)
+                            quota::unshared(last, failure)
                         }
                     }
                 }
@@ -855,7 +863,7 @@ mod tests {
     }
 
     #[test]
-    fn envoys_denials_start_a_penalty_ban() {
+    fn a_penalty_ban_ends_while_the_client_keeps_sending() {
         let f = fixture();
         let mut s = Stream::new(f.quotas.clone());
         let c = &[("client", "10.0.0.1")];
@@ -864,11 +872,31 @@ mod tests {
         f.clock.advance(5 * SECOND);
         // Three denials within 10 s: banned for 30 s.
         let a = block_on(s.answer(report("edge", vec![usage(c, 10, 3, 5)]))).unwrap();
-        assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
+        assert_eq!(only(a).unwrap(), (Assignment::DenyAll, 15));
         assert_eq!(f.quotas.service.limiter.penalties().active_count(), 1);
-        f.clock.advance(31 * SECOND);
+        // Envoy denies everything meanwhile; its DENY_ALL ends with the ban.
+        for _ in 0..5 {
+            f.clock.advance(5 * SECOND);
+            let a = block_on(s.answer(report("edge", vec![usage(c, 0, 40, 5)]))).unwrap();
+            assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
+        }
+        f.clock.advance(SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(c, 0, 8, 1)]))).unwrap();
+        assert_eq!(
+            only(a).unwrap(),
+            (Assignment::DenyAll, 4),
+            "4 s of the ban left"
+        );
+        // The ban is over; the denials Envoy made under its DENY_ALL start no other.
+        f.clock.advance(5 * SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(c, 0, 40, 5)]))).unwrap();
-        // The ban is over; these denials were Envoy's DENY_ALL, and start another.
+        assert!(
+            matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }),
+            "requests pass again"
+        );
+        // Denials by the token bucket count again.
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(c, 10, 3, 5)]))).unwrap();
         assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
     }
 
@@ -987,6 +1015,29 @@ mod tests {
         assert_eq!((s.buckets.len(), s.bucket_bytes), (1, 1_006));
         block_on(s.answer(report("edge", vec![usage(&[("client", &c)], 1, 0, 0)]))).unwrap();
         assert_eq!(s.buckets.len(), 2);
+    }
+
+    #[test]
+    fn an_ended_ban_is_not_held_while_the_store_is_away() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let c = &[("client", "10.0.0.1")];
+        block_on(s.answer(report("edge", vec![usage(c, 10, 3, 1)]))).unwrap();
+        let a = block_on(s.answer(report("edge", vec![usage(c, 10, 3, 1)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, Assignment::DenyAll, "banned");
+        s.quotas = Arc::new(Quotas::new(
+            f.quotas.service.clone(),
+            Arc::new(Down),
+            Arc::new(f.clock.clone()),
+            super::super::Settings::default(),
+        ));
+        f.clock.advance(31 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(c, 0, 40, 5)]))).unwrap();
+        assert_eq!(
+            only(a).unwrap().0,
+            Assignment::AllowAll,
+            "failure_mode open"
+        );
     }
 
     #[test]
