@@ -172,6 +172,13 @@ async fn a_penalty_ban_ends_while_the_client_keeps_sending() {
     // Envoy denied everything until now: the ban is over all the same.
     let after = q.report_bucket(&client, 0, 40, 2).await;
     assert!(after.0.is_some(), "a token bucket again: {after:?}");
+    assert_eq!(
+        server.metric(
+            "sluice_penalty_bans_total",
+            &[("domain", "rlqs"), ("rule", "client")]
+        ),
+        Some(1.0)
+    );
 }
 
 /// Polls `/metrics` until `name{labels}` reads `want` (5 s at most).

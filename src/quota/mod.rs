@@ -52,9 +52,19 @@ pub fn moved(last: Option<f64>, own: f64) -> bool {
     last.is_none_or(|o| (own - o).abs() > HYSTERESIS * o.max(1.0))
 }
 
+/// What a report's denials did to a bucket's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Penalized {
+    /// They started a sentence (counted in `sluice_penalty_bans_total`).
+    pub started: bool,
+    /// The key is denied outright (a ban or a block) for this much longer.
+    pub denied_for: Option<Micros>,
+}
+
 /// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
-/// ShouldRateLimit's denials are counted (in one step, however many), then says for
-/// how much longer the bucket's key is denied outright, if it is.
+/// ShouldRateLimit's denials are counted (in one step, however many), then says
+/// whether that started a sentence and for how much longer the bucket's key is
+/// denied outright, if it is.
 ///
 /// `last` is the assignment Envoy enforced while it denied them: denials under a
 /// `DENY_ALL` Sluice sent (for a ban, a block, a zero limit) are Sluice's own answer
@@ -67,13 +77,19 @@ pub fn penalize(
     denied: u64,
     last: Option<Assignment>,
     info: impl Fn() -> BanInfo,
-) -> Option<Micros> {
-    let penalty = rule.penalty.as_ref()?;
+) -> Penalized {
+    let Some(penalty) = &rule.penalty else {
+        return Penalized::default();
+    };
     let now = penalties.now();
-    if last != Some(Assignment::DenyAll) {
-        penalties.deny_many(key, penalty, now, denied, info);
+    let started = last != Some(Assignment::DenyAll)
+        && penalties
+            .deny_many(key, penalty, now, denied, info)
+            .is_some();
+    Penalized {
+        started,
+        denied_for: penalties.banned(key, now),
     }
-    penalties.banned(key, now)
 }
 
 /// The time to live of a `DENY_ALL` sent for a sentence with `left` to run: the
@@ -172,7 +188,9 @@ mod tests {
             None,
         ));
         let banned = |rule: &Rule, key: &str, denied: u64| {
-            penalize(&penalties, rule, key, denied, bucket, info).is_some()
+            penalize(&penalties, rule, key, denied, bucket, info)
+                .denied_for
+                .is_some()
         };
         assert!(!banned(&rule, "d|k=v", 100), "no penalty");
         rule.penalty = Some(Penalty {
@@ -184,11 +202,21 @@ mod tests {
         assert!(!banned(&rule, "d|k=v", 2));
         assert_eq!(
             penalize(&penalties, &rule, "d|k=v", 1, bucket, info),
-            Some(60 * SECOND),
+            Penalized {
+                started: true,
+                denied_for: Some(60 * SECOND)
+            },
             "the third denial bans"
         );
         assert_eq!(penalties.bans_started(), 1);
-        assert!(banned(&rule, "d|k=v", 0), "banned still");
+        assert_eq!(
+            penalize(&penalties, &rule, "d|k=v", 5, bucket, info),
+            Penalized {
+                started: false,
+                denied_for: Some(60 * SECOND)
+            },
+            "banned still, and once"
+        );
         // Billions of denials against a penalty of a billion violations are counted
         // exactly and start one ban (counted one by one, this test would not end).
         rule.penalty = Some(Penalty {
@@ -216,12 +244,15 @@ mod tests {
         };
         let deny = Some(Assignment::DenyAll);
         assert_eq!(
-            penalize(&penalties, rule, "d|k=v", 3, None, info),
+            penalize(&penalties, rule, "d|k=v", 3, None, info).denied_for,
             Some(30 * SECOND)
         );
         clock.advance(31 * SECOND);
         // Envoy denied everything until it heard the ban was over: no new ban.
-        assert_eq!(penalize(&penalties, rule, "d|k=v", 500, deny, info), None);
+        assert_eq!(
+            penalize(&penalties, rule, "d|k=v", 500, deny, info),
+            Penalized::default()
+        );
         assert_eq!(penalties.bans_started(), 1);
         // Denials under its share count again.
         let bucket = Some(shared(
@@ -233,7 +264,7 @@ mod tests {
             },
             None,
         ));
-        assert!(penalize(&penalties, rule, "d|k=v", 3, bucket, info).is_some());
+        assert!(penalize(&penalties, rule, "d|k=v", 3, bucket, info).started);
     }
 
     #[test]

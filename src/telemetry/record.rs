@@ -288,6 +288,17 @@ impl Metrics {
         out
     }
 
+    /// Counts a sentence `rule`'s penalty started outside a decided request: from
+    /// the denials an Envoy reported on an RLQS stream.
+    pub fn sentence_started(&self, domain: &str, rule: &Rule) {
+        if !self.enabled {
+            return;
+        }
+        let st = self.rule_stats(domain, rule);
+        let (counts, owned) = st.counts.local();
+        striped::add(&counts.bans, owned, 1);
+    }
+
     fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
         let layer = rule.layer.as_str();
         self.stats

@@ -420,7 +420,7 @@ impl<S: Store> Stream<S> {
                     rule: rule.path.clone(),
                     key: shown.clone(),
                 };
-                let denied_for = quota::penalize(
+                let penalized = quota::penalize(
                     limiter.penalties(),
                     rule,
                     &key,
@@ -428,10 +428,13 @@ impl<S: Store> Stream<S> {
                     tracked.last,
                     info,
                 );
+                if penalized.started {
+                    self.quotas.service.metrics.sentence_started(domain, rule);
+                }
                 // A DENY_ALL of a sentence that has since ended is no assignment to
                 // keep while the store is away.
                 let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
-                if let Some(left) = denied_for {
+                if let Some(left) = penalized.denied_for {
                     ttl = quota::sentence_ttl(ttl, left);
                     Assignment::DenyAll
                 } else if limit.requests == 0 {
@@ -898,6 +901,26 @@ mod tests {
         f.clock.advance(5 * SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(c, 10, 3, 5)]))).unwrap();
         assert_eq!(only(a).unwrap().0, Assignment::DenyAll);
+    }
+
+    #[test]
+    fn a_ban_envoys_denials_start_is_counted_once() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let c = &[("client", "10.0.0.1")];
+        for _ in 0..3 {
+            block_on(s.answer(report("edge", vec![usage(c, 10, 3, 1)]))).unwrap();
+            f.clock.advance(SECOND);
+        }
+        let text = f.quotas.service.metrics.render();
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_penalty_bans_total{domain=\"edge\",rule=\"client\"}"
+            ),
+            Some(1.0),
+            "{text}"
+        );
     }
 
     #[test]
