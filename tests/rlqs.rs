@@ -155,6 +155,25 @@ async fn streams_on_one_server_share_its_limit_by_demand() {
     assert_eq!(shares, Some((20, 200)), "alone again");
 }
 
+#[tokio::test]
+async fn a_policy_reload_reaches_an_open_stream_at_its_next_report() {
+    let server = Server::start(POLICY, &[]);
+    let mut q = Quota::open(&server).await;
+    assert_eq!(q.report(45, 1).await.0, Some((20, 200)));
+    // Only the burst changes: the rate, and so tokens_per_fill, stay.
+    let burst = POLICY.replace(
+        "requests_per_unit: 20}",
+        "requests_per_unit: 20, algorithm: token_bucket, burst: 60}",
+    );
+    common::write_atomic(&server.policy_path(), &burst);
+    server
+        .wait_line(Duration::from_secs(10), "the policy reload", |l| {
+            l.contains("policy reloaded from files")
+        })
+        .await;
+    assert_eq!(q.report(45, 1).await.0, Some((60, 200)), "the new burst");
+}
+
 /// The bucket {client: ip} of a rule with a penalty, 10 a second.
 const PENALTY: &str = "domain: rlqs\ndescriptors:\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 10s, ban: 2s}\n";
 

@@ -37,7 +37,7 @@ use prost::Message;
 use prost_types::Duration as PbDuration;
 use tokio::sync::mpsc;
 
-use crate::algorithm::{Micros, SECOND};
+use crate::algorithm::{Limit, Micros, SECOND};
 use crate::policy::Policy;
 use crate::quota::share::demand;
 use crate::quota::{self, govern, Assignment, Governed};
@@ -74,6 +74,9 @@ struct Tracked {
     own: Option<f64>,
     /// The assignment last sent.
     last: Option<Assignment>,
+    /// The rule's limit when it was: another (a policy reload) is sent at once,
+    /// however little the share moved.
+    limit: Option<Limit>,
     /// Since when its reports have carried no requests.
     idle_since: Option<Micros>,
     /// Its demand record's key, when a limit governs it.
@@ -257,11 +260,13 @@ impl<S: Store> Stream<S> {
         if key != nudge.key {
             return None;
         }
-        let chosen = quota::shared(&limit, own, nudge.share, Some(last));
+        let kept = Some(last).filter(|_| tracked.limit == Some(limit));
+        let chosen = quota::shared(&limit, own, nudge.share, kept);
         if chosen == last {
             return None;
         }
         tracked.last = Some(chosen);
+        tracked.limit = Some(limit);
         let action = assignment(chosen, self.quotas.settings.ttl_secs());
         self.quotas
             .service
@@ -434,6 +439,7 @@ impl<S: Store> Stream<S> {
                 // A DENY_ALL of a sentence that has since ended is no assignment to
                 // keep while the store is away.
                 let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
+                let from_limit = tracked.limit.replace(limit) == Some(limit);
                 if let Some(left) = penalized.denied_for {
                     ttl = quota::sentence_ttl(ttl, left);
                     Assignment::DenyAll
@@ -467,7 +473,7 @@ impl<S: Store> Stream<S> {
                                     },
                                 );
                             }
-                            quota::shared(&limit, own, all, last)
+                            quota::shared(&limit, own, all, last.filter(|_| from_limit))
                         }
                         // The store is away: the last assignment holds; a bucket never
                         // assigned takes the domain's failure mode.
@@ -604,7 +610,7 @@ fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::test_limiter;
+    use crate::limiter::Limiter;
     use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
     use crate::service::{HeaderStyle, Service};
     use crate::store::{Demand, MemoryDemand, MemoryStore, Share, StoreError};
@@ -618,6 +624,8 @@ mod tests {
         clock: ManualClock,
         quotas: Arc<Quotas<MemoryStore>>,
         demand: Arc<MemoryDemand>,
+        /// The policy serving, to swap as a reload does.
+        policy: Arc<arc_swap::ArcSwap<Policy>>,
     }
 
     fn fixture() -> Fixture {
@@ -626,7 +634,10 @@ mod tests {
 
     fn fixture_with(demand: impl Fn(&ManualClock) -> Arc<MemoryDemand>) -> Fixture {
         let clock = ManualClock::new(1_000 * SECOND);
-        let limiter = test_limiter(POLICY, &clock, Default::default());
+        let policy = Arc::new(arc_swap::ArcSwap::from_pointee(compiled(POLICY)));
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+        let limiter = Limiter::new(policy.clone(), store, Default::default())
+            .with_clock(Arc::new(clock.clone()));
         let service = Arc::new(Service::new(
             limiter,
             HeaderStyle::Off,
@@ -643,7 +654,12 @@ mod tests {
             clock,
             quotas: Arc::new(quotas),
             demand,
+            policy,
         }
+    }
+
+    fn compiled(text: &str) -> Policy {
+        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
     }
 
     fn id(pairs: &[(&str, &str)]) -> BucketId {
@@ -798,6 +814,39 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(f.quotas.peers.buckets(), 0, "ended streams leave the table");
+    }
+
+    #[test]
+    fn a_reloaded_policy_reaches_an_open_stream_at_its_next_report() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let steady = |s: &mut Stream<MemoryStore>| {
+            let a = block_on(s.answer(report("edge", vec![usage(API, 50, 0, 5)]))).unwrap();
+            only(a).unwrap().0
+        };
+        assert_eq!(steady(&mut s), bucket(20));
+        // A burst of its own: the rate is the same, max_tokens is not.
+        let burst = POLICY.replace(
+            "requests_per_unit: 20}",
+            "requests_per_unit: 20, algorithm: token_bucket, burst: 60}",
+        );
+        f.policy.store(Arc::new(compiled(&burst)));
+        f.clock.advance(5 * SECOND);
+        let sixty = Assignment::TokenBucket {
+            max_tokens: 60,
+            tokens_per_fill: 200,
+            fill_interval: 10,
+        };
+        assert_eq!(steady(&mut s), sixty);
+        // A rate 5 % up: within the hysteresis, sent all the same.
+        let faster = POLICY.replace("requests_per_unit: 20}", "requests_per_unit: 21}");
+        f.policy.store(Arc::new(compiled(&faster)));
+        f.clock.advance(5 * SECOND);
+        assert_eq!(steady(&mut s), bucket(21));
+        // The demand moving a little under the same policy keeps the bucket.
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 52, 0, 5)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, bucket(21));
     }
 
     #[test]
