@@ -327,6 +327,47 @@ async fn replicas_behind_one_redis_share_one_limit() {
     assert_eq!(b.report(90, 1).await.0, Some((5, 50)));
 }
 
+#[tokio::test]
+async fn with_redis_hung_a_report_of_many_buckets_is_answered_within_one_store_wait() {
+    if !available() {
+        eprintln!("SKIP: redis-server not installed");
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let policy = "domain: rlqs\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+    let server = Server::start(policy, &["--redis", &redis.url()]);
+    let mut q = Quota::open(&server).await;
+    let report = RateLimitQuotaUsageReports {
+        domain: "rlqs".into(),
+        bucket_quota_usages: (0..40)
+            .map(|i| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("client".to_string(), format!("10.0.0.{i}"))].into(),
+                }),
+                num_requests_allowed: 1,
+                ..Default::default()
+            })
+            .collect(),
+    };
+    q.tx.send(report.clone()).await.unwrap();
+    let first = q.rx.message().await.unwrap().expect("an answer");
+    redis.freeze();
+    let asked = std::time::Instant::now();
+    q.tx.send(report).await.unwrap();
+    // One bucket after the other, 40 waits of 500 ms: 20 s, past the 15 s TTL.
+    let answer = tokio::time::timeout(Duration::from_secs(3), q.rx.message())
+        .await
+        .expect("answered within one store wait")
+        .unwrap()
+        .expect("an answer");
+    let took = asked.elapsed();
+    redis.thaw();
+    assert_eq!(
+        answer, first,
+        "each bucket keeps its last assignment ({took:?})"
+    );
+}
+
 /// An OTLP/HTTP receiver on loopback, as a collector would be: every span of every
 /// `POST /v1/traces`, with its resource's `service.name`.
 struct Receiver {

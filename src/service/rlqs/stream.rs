@@ -38,10 +38,10 @@ use prost_types::Duration as PbDuration;
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Limit, Micros, SECOND};
-use crate::policy::Policy;
+use crate::policy::{FailureMode, Policy};
 use crate::quota::share::demand;
 use crate::quota::{self, govern, Assignment, Governed};
-use crate::store::Store;
+use crate::store::{Share, Store, StoreError};
 use crate::telemetry::rlqs::AssignmentKind;
 use crate::trace::context::Parent;
 use crate::trace::{Call, Tracer};
@@ -96,6 +96,29 @@ pub struct Stream<S: Store> {
     /// Where peers' nudges arrive; `inbox` is taken by [`serve`].
     nudges: mpsc::Sender<Arc<Nudge>>,
     pub inbox: Option<mpsc::Receiver<Arc<Nudge>>>,
+}
+
+/// A bucket's answer as [`Stream::decide`] leaves it.
+enum Step {
+    Done(Action),
+    /// A limited bucket's share, to finish once its demand is shared.
+    Share(Pending),
+}
+
+/// What a limited bucket's share is made from, beside its demand over every stream.
+struct Pending {
+    entries: BucketKey,
+    /// Its demand record's key, and its values as logs show them.
+    key: String,
+    shown: String,
+    limit: Limit,
+    /// This stream's demand, requests per second.
+    own: f64,
+    /// The last assignment, when a share that hardly moved may keep it.
+    kept: Option<Assignment>,
+    /// The last assignment, to hold while the store is away.
+    last: Option<Assignment>,
+    failure: FailureMode,
 }
 
 /// What the stream wakes up for.
@@ -302,9 +325,31 @@ impl<S: Store> Stream<S> {
         let metrics = self.quotas.service.metrics.clone();
         let stats = metrics.rlqs();
         stats.report(shown);
-        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
-        for usage in reports.bucket_quota_usages {
-            let (action, rule) = self.decide(&policy, &domain, &usage, now).await;
+        let steps: Vec<(Step, Option<&str>)> = reports
+            .bucket_quota_usages
+            .iter()
+            .map(|usage| self.decide(&policy, &domain, usage, now))
+            .collect();
+        // Every bucket's demand is shared at once: with the store slow or away, the
+        // report waits for one store call's timeout, not one per bucket (40 buckets
+        // would take 20 s, past the assignments' TTL).
+        let quotas = self.quotas.clone();
+        let ttl_us = quotas.settings.ttl_secs() * SECOND;
+        let shares = futures::future::join_all(steps.iter().filter_map(|(step, _)| match step {
+            Step::Share(p) => Some(quotas.demand.report(&p.key, &self.id, p.own, ttl_us)),
+            Step::Done(_) => None,
+        }))
+        .await;
+        let mut shares = shares.into_iter();
+        let mut actions = Vec::with_capacity(steps.len());
+        for ((step, rule), usage) in steps.into_iter().zip(reports.bucket_quota_usages) {
+            let action = match step {
+                Step::Done(action) => action,
+                Step::Share(p) => {
+                    let share = shares.next().expect("one share per bucket asked");
+                    self.shared(p, share)
+                }
+            };
             stats.assignment(shown, rule.unwrap_or(""), kind(&action));
             actions.push(BucketAction {
                 bucket_id: usage.bucket_id,
@@ -336,14 +381,15 @@ impl<S: Store> Stream<S> {
         }
     }
 
-    /// One bucket's action, and the path of the rule that governs it.
-    async fn decide<'p>(
+    /// One bucket's action, or what is left to do once its demand is shared, and
+    /// the path of the rule that governs it.
+    fn decide<'p>(
         &mut self,
         policy: &'p Policy,
         domain: &str,
         usage: &BucketQuotaUsage,
         now: Micros,
-    ) -> (Action, Option<&'p str>) {
+    ) -> (Step, Option<&'p str>) {
         let settings = &self.quotas.settings;
         let mut ttl = settings.ttl_secs();
         let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
@@ -371,7 +417,7 @@ impl<S: Store> Stream<S> {
                 || self.bucket_bytes.saturating_add(size) > settings.max_bucket_bytes)
         {
             let a = quota::untracked(&governed, failure);
-            return (assignment(a, ttl), rule_path);
+            return (Step::Done(assignment(a, ttl)), rule_path);
         }
         if !known {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
@@ -394,7 +440,10 @@ impl<S: Store> Stream<S> {
                     self.quotas.peers.leave(&key, &self.id);
                     self.quotas.demand.forget(vec![key], self.id.clone());
                 }
-                return (Action::AbandonAction(AbandonAction {}), rule_path);
+                return (
+                    Step::Done(Action::AbandonAction(AbandonAction {})),
+                    rule_path,
+                );
             }
         } else {
             tracked.idle_since = None;
@@ -456,37 +505,69 @@ impl<S: Store> Stream<S> {
                         reported,
                         measured,
                     );
-                    let ttl_us = ttl * SECOND;
-                    match self.quotas.demand.report(&key, &self.id, own, ttl_us).await {
-                        Ok(all) => {
-                            // A demand that moved past the hysteresis may move the
-                            // other streams' shares: tell them now.
-                            let moved = quota::moved(tracked.own, own);
-                            tracked.own = Some(own);
-                            if moved {
-                                self.quotas.peers.nudge(
-                                    &self.id,
-                                    Nudge {
-                                        entries: entries_of(usage),
-                                        key: key.clone(),
-                                        share: all,
-                                    },
-                                );
-                            }
-                            quota::shared(&limit, own, all, last.filter(|_| from_limit))
-                        }
-                        // The store is away: the last assignment holds; a bucket never
-                        // assigned takes the domain's failure mode.
-                        Err(e) => {
-                            tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
-                            quota::unshared(last, failure)
-                        }
-                    }
+                    return (
+                        Step::Share(Pending {
+                            entries: entries_of(usage),
+                            key,
+                            shown,
+                            limit,
+                            own,
+                            kept: last.filter(|_| from_limit),
+                            last,
+                            failure,
+                        }),
+                        rule_path,
+                    );
                 }
             }
         };
         tracked.last = Some(chosen);
-        (assignment(chosen, ttl), rule_path)
+        (Step::Done(assignment(chosen, ttl)), rule_path)
+    }
+
+    /// The action of a bucket [`Stream::decide`] left `pending`, given its demand
+    /// over every stream (`share`).
+    fn shared(&mut self, pending: Pending, share: Result<Share, StoreError>) -> Action {
+        let Pending {
+            entries,
+            key,
+            shown,
+            limit,
+            own,
+            kept,
+            last,
+            failure,
+        } = pending;
+        let chosen = match share {
+            Ok(all) => {
+                let tracked = self.buckets.get_mut(&entries);
+                // A demand that moved past the hysteresis may move the other
+                // streams' shares: tell them now.
+                let moved = quota::moved(tracked.as_ref().and_then(|t| t.own), own);
+                if let Some(t) = tracked {
+                    t.own = Some(own);
+                }
+                if moved {
+                    let nudge = Nudge {
+                        entries: entries.clone(),
+                        key,
+                        share: all,
+                    };
+                    self.quotas.peers.nudge(&self.id, nudge);
+                }
+                quota::shared(&limit, own, all, kept)
+            }
+            // The store is away: the last assignment holds; a bucket never assigned
+            // takes the domain's failure mode.
+            Err(e) => {
+                tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
+                quota::unshared(last, failure)
+            }
+        };
+        if let Some(t) = self.buckets.get_mut(&entries) {
+            t.last = Some(chosen);
+        }
+        assignment(chosen, self.quotas.settings.ttl_secs())
     }
 }
 
@@ -1135,6 +1216,58 @@ mod tests {
             Box::pin(async { Err(StoreError::Timeout) })
         }
         fn forget(&self, _: Vec<String>, _: String) {}
+    }
+
+    /// A demand table whose calls each wait until `n` are in flight, then fail as a
+    /// store that timed out does.
+    #[derive(Debug)]
+    struct Gathered(tokio::sync::Barrier);
+
+    impl Demand for Gathered {
+        fn report<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: f64,
+            _: Micros,
+        ) -> BoxFuture<'a, Result<Share, StoreError>> {
+            Box::pin(async {
+                self.0.wait().await;
+                Err(StoreError::Timeout)
+            })
+        }
+        fn forget(&self, _: Vec<String>, _: String) {}
+    }
+
+    #[tokio::test]
+    async fn a_reports_buckets_wait_for_the_store_together() {
+        let f = fixture();
+        let buckets = 40;
+        let clients: Vec<String> = (0..buckets).map(|i| format!("10.0.0.{i}")).collect();
+        let usages = || {
+            clients
+                .iter()
+                .map(|c| usage(&[("client", c)], 1, 0, 1))
+                .collect::<Vec<_>>()
+        };
+        let mut s = Stream::new(f.quotas.clone());
+        let first = s.answer(report("edge", usages())).await.unwrap();
+        s.quotas = Arc::new(Quotas::new(
+            f.quotas.service.clone(),
+            Arc::new(Gathered(tokio::sync::Barrier::new(buckets))),
+            Arc::new(f.clock.clone()),
+            super::super::Settings::default(),
+        ));
+        // One bucket after the other, the first call would wait for ever here (and
+        // 40 store timeouts against a paused Redis).
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.answer(report("edge", usages())),
+        )
+        .await
+        .expect("the calls are made together")
+        .unwrap();
+        assert_eq!(answer, first, "each bucket keeps its last assignment");
     }
 
     #[test]
