@@ -368,6 +368,53 @@ async fn with_redis_hung_a_report_of_many_buckets_is_answered_within_one_store_w
     );
 }
 
+/// A report of `buckets` buckets {client: ...}, each value `width` bytes.
+fn clients(buckets: usize, width: usize) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: "rlqs".into(),
+        bucket_quota_usages: (0..buckets)
+            .map(|i| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("client".to_string(), format!("{i:0width$}"))].into(),
+                }),
+                num_requests_allowed: 1,
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_report_of_thousands_of_buckets_is_answered_and_a_too_large_one_counted() {
+    use prost::Message;
+    let server = Server::start(POLICY, &[]);
+    let many = clients(3_000, 16);
+    assert!(many.encoded_len() > 64 * 1024, "past --max-request-bytes");
+    let mut q = Quota::open(&server).await;
+    q.tx.send(many).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), q.rx.message())
+        .await
+        .expect("answered")
+        .expect("no error")
+        .expect("an answer");
+    assert_eq!(answer.bucket_action.len(), 3_000);
+    // Past what a stream may track: refused, counted and logged.
+    let huge = clients(10_001, 1_200);
+    let mut q = Quota::open(&server).await;
+    q.tx.send(huge).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), q.rx.message())
+        .await
+        .expect("answered")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    wait_metric(&server, "sluice_rlqs_oversized_reports_total", &[], 1.0).await;
+    server
+        .wait_line(Duration::from_secs(5), "the refusal's log line", |l| {
+            l.contains("RLQS report refused")
+        })
+        .await;
+}
+
 /// An OTLP/HTTP receiver on loopback, as a collector would be: every span of every
 /// `POST /v1/traces`, with its resource's `service.name`.
 struct Receiver {

@@ -267,6 +267,7 @@ pub struct ConnectionArgs {
     pub grpc_max_connections: usize,
     /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or
     /// MiB); larger is refused (RESOURCE_EXHAUSTED, HTTP 413) before it is all read.
+    /// RLQS reports may be larger: up to one of 10,000 buckets.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value = "64KiB", value_parser = parse_request_bytes)]
     pub max_request_bytes: usize,
     /// Threads answering requests; 0 means one per CPU available to the process (its

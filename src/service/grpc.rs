@@ -100,6 +100,15 @@ impl<S: Store> Handler for Grpc<S> {
         })
     }
 
+    /// An RLQS report carries every bucket of its Envoy at once: the stream takes
+    /// one as large as it may track, however small `--max-request-bytes` is.
+    fn max_message(&self, method: Method, max: usize) -> usize {
+        match method {
+            Method::StreamRateLimitQuotas => max.max(self.quotas.settings.max_report_bytes()),
+            _ => max,
+        }
+    }
+
     async fn call(
         &self,
         method: Method,

@@ -7,9 +7,9 @@
 //! report and per bucket in it, every few seconds per Envoy and never per request,
 //! so the labelled lookups here cost nothing that matters.
 
-use prometheus::{IntCounterVec, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
-use super::{counter_vec, int_gauge, registered};
+use super::{counter_vec, int_counter, int_gauge, registered};
 
 /// What an assignment told Envoy to do with a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,7 @@ pub struct QuotaStats {
     buckets: IntGauge,
     reports: IntCounterVec,
     assignments: IntCounterVec,
+    oversized: IntCounter,
 }
 
 impl QuotaStats {
@@ -65,6 +66,13 @@ impl QuotaStats {
                 "Bucket actions sent, by kind: token_bucket, allow_all, deny_all, abandon.",
                 &["domain", "rule", "kind"],
             ),
+            oversized: registered(
+                registry,
+                int_counter(
+                    "sluice_rlqs_oversized_reports_total",
+                    "Usage reports refused as larger than a stream takes (RESOURCE_EXHAUSTED: the stream ends).",
+                ),
+            ),
         }
     }
 
@@ -84,6 +92,11 @@ impl QuotaStats {
     /// One report answered, for `domain` ("" when no policy defines it).
     pub fn report(&self, domain: &str) {
         self.reports.with_label_values(&[domain]).inc();
+    }
+
+    /// One report refused for its size.
+    pub fn oversized(&self) {
+        self.oversized.inc();
     }
 
     /// One bucket's action, under `domain` and `rule` ("" when none governs it).

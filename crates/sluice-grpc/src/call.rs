@@ -49,9 +49,10 @@ pub(super) async fn call<H: Handler>(
         Ok(t) => t,
         Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
     };
+    let max = handler.max_message(method, settings.max_message);
     let answer = match kind {
         Kind::Unary => {
-            let read = read_message(body, settings.max_message, timeout.is_some()).await;
+            let read = read_message(body, max, timeout.is_some()).await;
             let (message, waited_since) = match read {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
@@ -66,7 +67,7 @@ pub(super) async fn call<H: Handler>(
         }
         Kind::Streaming => {
             let deadline = timeout.map(Deadline::after);
-            let messages = Messages::new(body, settings.max_message);
+            let messages = Messages::new(body, max);
             let call =
                 pin!(handler.stream_with_headers(method, messages, deadline, &parts.headers));
             unless_reset(&mut respond, call).await

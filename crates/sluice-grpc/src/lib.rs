@@ -68,6 +68,13 @@ pub trait Handler: Send + Sync + 'static {
     /// this handler does not serve (answered UNIMPLEMENTED before the body is read).
     fn route(&self, path: &str) -> Option<(Self::Method, Kind)>;
 
+    /// The largest request message `method` takes, given the server's
+    /// [`Settings::max_message`] (`max`): a method whose messages are larger by
+    /// nature (a batch of reports) may take more. By default, `max`.
+    fn max_message(&self, _method: Self::Method, max: usize) -> usize {
+        max
+    }
+
     /// A [`Kind::Unary`] call: `message` is the request without its prefix;
     /// `deadline` comes from its `grpc-timeout`.
     fn call(
@@ -114,7 +121,8 @@ pub trait Handler: Send + Sync + 'static {
 /// How the server treats connections and requests.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Largest request message buffered (`--max-request-bytes`); a larger one is
+    /// Largest request message buffered (`--max-request-bytes`), unless the
+    /// handler allows a method more ([`Handler::max_message`]); a larger one is
     /// refused with RESOURCE_EXHAUSTED as soon as its prefix declares it, or its
     /// bytes go past it.
     pub max_message: usize,

@@ -46,6 +46,14 @@ impl Handler for Test {
         }
     }
 
+    /// `Sum` takes messages 8 times the server's limit.
+    fn max_message(&self, method: Method, max: usize) -> usize {
+        match method {
+            Method::Sum => max * 8,
+            _ => max,
+        }
+    }
+
     async fn call(&self, _: Method, m: Bytes, _: Option<Deadline>) -> Result<Reply, GrpcError> {
         Ok(Reply::One(framed(m.len().to_string().as_bytes())))
     }
@@ -203,6 +211,31 @@ async fn a_streamed_message_over_the_limit_is_refused_before_it_is_sent() {
     let mut body = resp.await.unwrap().into_body();
     assert_eq!(data(&mut body).await, framed(b"small"));
     assert_eq!(grpc_status(&mut body).await, "8");
+}
+
+#[tokio::test]
+async fn a_method_may_take_larger_messages_than_the_server() {
+    let server = start(Settings {
+        max_message: 16,
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Sum"), false)
+        .unwrap();
+    send.send_data(framed(&[7; 100]), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"100"));
+    assert_eq!(grpc_status(&mut body).await, "0");
+    // Past its own limit, refused as any other.
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Sum"), false)
+        .unwrap();
+    send.send_data(framed(&[7; 129]), true).unwrap();
+    // Refused before an answer: the status comes in the headers (trailers-only).
+    let refused = resp.await.unwrap();
+    assert_eq!(refused.headers()["grpc-status"], "8");
 }
 
 #[tokio::test]

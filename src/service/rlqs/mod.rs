@@ -11,10 +11,15 @@
 //! Streams of one bucket meet in a [`Demand`] table (this process's memory, or Redis
 //! so that every replica's streams share one limit).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_grpc::GrpcError;
+
+use crate::algorithm::{Micros, SECOND};
 use crate::clock::Clock;
+use crate::service::MAX_ENTRIES;
 use crate::store::{Demand, Store};
 
 use super::Service;
@@ -57,10 +62,30 @@ impl Default for Settings {
     }
 }
 
+/// Bytes a report spends on one bucket besides its id's keys and values, at most:
+/// the usage's and the id's framing (3 each), each id entry's (9: the entry, its key
+/// and its value, each a tag and a length under 16 KiB), `time_elapsed` (24) and the
+/// two counts (11 each).
+const BUCKET_FRAMING: usize = 3 + 3 + 9 * MAX_ENTRIES + 24 + 2 * 11;
+
+/// Room in a report for what is not its buckets (its domain).
+const REPORT_FRAMING: usize = 64 << 10;
+
 impl Settings {
     /// The TTL as Envoy reads it: whole seconds, at least one.
     pub fn ttl_secs(&self) -> u64 {
         self.ttl.as_secs().max(1)
+    }
+
+    /// The largest report a stream takes: one of every bucket it may track, with
+    /// ids of all the bytes it may track (about 11 MiB by default). Envoy sends every
+    /// bucket in each report, so a smaller limit would end the stream of an Envoy
+    /// with many buckets at every report.
+    pub fn max_report_bytes(&self) -> usize {
+        self.max_buckets
+            .saturating_mul(BUCKET_FRAMING)
+            .saturating_add(self.max_bucket_bytes)
+            .saturating_add(REPORT_FRAMING)
     }
 }
 
@@ -74,6 +99,8 @@ pub struct Quotas<S> {
     pub settings: Settings,
     /// This replica's streams by bucket.
     pub peers: Peers,
+    /// When an oversized report was last logged (clock micros; 0: never).
+    oversized_logged: AtomicU64,
 }
 
 impl<S: Store> Quotas<S> {
@@ -89,6 +116,72 @@ impl<S: Store> Quotas<S> {
             clock,
             settings,
             peers: Peers::default(),
+            oversized_logged: AtomicU64::new(0),
         }
+    }
+
+    /// A report refused for its size (`refused`): counted, and logged at most once
+    /// a minute, as Envoy sends it again on a new stream at every interval.
+    pub fn oversized(&self, refused: &GrpcError) {
+        self.service.metrics.rlqs().oversized();
+        let now = self.clock.now();
+        let last = self.oversized_logged.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < LOG_EVERY {
+            return;
+        }
+        if self
+            .oversized_logged
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                error = %refused.message,
+                "RLQS report refused, the stream ended (sluice_rlqs_oversized_reports_total)"
+            );
+        }
+    }
+}
+
+/// The least time between two log lines of oversized reports.
+const LOG_EVERY: Micros = 60 * SECOND;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use crate::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+    use prost::Message;
+
+    #[test]
+    fn a_report_of_every_bucket_a_stream_may_track_is_taken() {
+        let settings = Settings::default();
+        // Every bucket with the most entries, the ids together all the bytes a
+        // stream tracks, and the widest numbers protobuf can carry.
+        let per_bucket = settings.max_bucket_bytes / settings.max_buckets;
+        let usage = |i: usize| {
+            let bucket = (0..MAX_ENTRIES)
+                .map(|e| {
+                    let key = format!("{e:02}{i:08}");
+                    let value = "v".repeat(per_bucket / MAX_ENTRIES - key.len());
+                    (key, value)
+                })
+                .collect();
+            BucketQuotaUsage {
+                bucket_id: Some(BucketId { bucket }),
+                time_elapsed: Some(prost_types::Duration {
+                    seconds: i64::MIN,
+                    nanos: -1,
+                }),
+                num_requests_allowed: u64::MAX,
+                num_requests_denied: u64::MAX,
+            }
+        };
+        let report = RateLimitQuotaUsageReports {
+            domain: "d".repeat(1_000),
+            bucket_quota_usages: (0..settings.max_buckets).map(usage).collect(),
+        };
+        let size = report.encoded_len();
+        assert!(size > 10 << 20, "{size}");
+        assert!(size <= settings.max_report_bytes(), "{size}");
     }
 }

@@ -194,8 +194,10 @@ pub fn serve_traced<S: Store>(
                 Ok(response) => (Ok(frame(&response)), Some((messages, inbox, stream))),
                 // The error ends the call; nothing is read after it.
                 Err(e) => {
-                    if e.code == Code::InvalidArgument {
-                        stream.quotas.service.metrics.bad_request();
+                    match e.code {
+                        Code::InvalidArgument => stream.quotas.service.metrics.bad_request(),
+                        Code::ResourceExhausted => stream.quotas.oversized(&e),
+                        _ => {}
                     }
                     (Err(e), None)
                 }
