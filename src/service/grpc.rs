@@ -170,7 +170,7 @@ impl<S: Store> Handler for Grpc<S> {
     ) -> Result<Reply, GrpcError> {
         match (&self.tracer, method) {
             (Some(tracer), Method::StreamRateLimitQuotas) => {
-                let parent = trace::context::parent(headers);
+                let parent = trace::context::incoming(headers);
                 let traced = rlqs::Traced {
                     tracer: tracer.clone(),
                     parent,

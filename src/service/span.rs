@@ -393,6 +393,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_decision_not_to_sample_without_ids_exports_nothing() {
+        let f = fixture(&[]);
+        for deny in [[("b3", "0")], [("x-b3-sampled", "0")]] {
+            let r = call(&f, &headers(&deny)).await;
+            assert_eq!(r.overall_code, 1, "decided the same");
+        }
+        assert!(exported(&f).await.is_empty());
+        // A sampler that ignores parents samples it as it would any call.
+        let f = fixture(&[("OTEL_TRACES_SAMPLER", "always_on")]);
+        call(&f, &headers(&[("b3", "0")])).await;
+        let spans = exported(&f).await;
+        assert_eq!(spans.len(), 1);
+        assert_eq!(spans[0].parent_span_id, SpanId::INVALID, "a root");
+    }
+
+    #[tokio::test]
     async fn without_a_parent_the_root_sampler_decides() {
         let f = fixture(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]);
         call(&f, &http::HeaderMap::new()).await;

@@ -8,6 +8,17 @@
 
 use http::HeaderMap;
 
+/// What a call's headers say of the trace it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incoming {
+    /// The caller's span, which the call's span is the child of.
+    Parent(Parent),
+    /// A decision not to sample, without ids (B3's `b3: 0`, or `x-b3-sampled: 0`
+    /// alone): no parent to name, but a sampler that follows the parent's decision
+    /// follows this one.
+    Unsampled,
+}
+
 /// The caller's span, which the call's span is the child of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parent {
@@ -18,28 +29,28 @@ pub struct Parent {
     pub sampled: bool,
 }
 
-/// The parent named by `headers`: `traceparent` first, then `b3`, then `x-b3-*`.
-pub fn parent(headers: &HeaderMap) -> Option<Parent> {
+/// What `headers` say: `traceparent` first, then `b3`, then `x-b3-*`.
+pub fn incoming(headers: &HeaderMap) -> Option<Incoming> {
     if let Some(v) = headers.get("traceparent") {
-        return traceparent(v.as_bytes());
+        return traceparent(v.as_bytes()).map(Incoming::Parent);
     }
     if let Some(v) = headers.get("b3") {
         return b3_single(v.as_bytes());
     }
-    let trace = headers.get("x-b3-traceid")?;
-    let span = headers.get("x-b3-spanid")?;
     let debug = headers
         .get("x-b3-flags")
         .is_some_and(|f| f.as_bytes() == b"1");
-    let sampled = debug
-        || headers
-            .get("x-b3-sampled")
-            .is_some_and(|s| matches!(s.as_bytes(), b"1" | b"true"));
-    Some(Parent {
+    let sampling = headers.get("x-b3-sampled").map(|s| s.as_bytes());
+    let ids = headers.get("x-b3-traceid").zip(headers.get("x-b3-spanid"));
+    let Some((trace, span)) = ids else {
+        let deny = !debug && matches!(sampling, Some(b"0" | b"false"));
+        return deny.then_some(Incoming::Unsampled);
+    };
+    Some(Incoming::Parent(Parent {
         trace_id: b3_trace_id(trace.as_bytes())?,
         span_id: hex8(span.as_bytes())?,
-        sampled,
-    })
+        sampled: debug || matches!(sampling, Some(b"1" | b"true")),
+    }))
 }
 
 /// `version-traceid-parentid-flags`; a later version may append fields after a `-`.
@@ -64,8 +75,11 @@ fn traceparent(v: &[u8]) -> Option<Parent> {
 }
 
 /// `traceid-spanid[-sampling[-parentspanid]]`, or a sampling decision alone (which
-/// names no parent).
-fn b3_single(v: &[u8]) -> Option<Parent> {
+/// names no parent; only a denial is kept).
+fn b3_single(v: &[u8]) -> Option<Incoming> {
+    if v == b"0" {
+        return Some(Incoming::Unsampled);
+    }
     let mut parts = v.split(|b| *b == b'-');
     let trace_id = b3_trace_id(parts.next()?)?;
     let span_id = hex8(parts.next()?)?;
@@ -81,6 +95,7 @@ fn b3_single(v: &[u8]) -> Option<Parent> {
         sampled,
     })
     .filter(valid)
+    .map(Incoming::Parent)
 }
 
 /// A 64- or 128-bit B3 trace id; a 64-bit one fills the low half.
@@ -146,6 +161,14 @@ mod tests {
         h
     }
 
+    /// The parent `headers` name, if any.
+    fn parent(h: &HeaderMap) -> Option<Parent> {
+        match incoming(h)? {
+            Incoming::Parent(p) => Some(p),
+            Incoming::Unsampled => None,
+        }
+    }
+
     const TRACE: [u8; 16] = [
         0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47,
         0x36,
@@ -190,7 +213,7 @@ mod tests {
             "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
         ] {
             let h = headers(&[("traceparent", bad)]);
-            assert_eq!(parent(&h), None, "{bad:?}");
+            assert_eq!(incoming(&h), None, "{bad:?}");
         }
     }
 
@@ -216,10 +239,15 @@ mod tests {
         assert_eq!(&p.trace_id[..8], &[0; 8]);
         assert_eq!(&p.trace_id[8..], &TRACE[8..]);
         assert!(!p.sampled);
-        // A sampling decision alone names no parent; nor does a bad sampling flag.
-        assert_eq!(parent(&headers(&[("b3", "0")])), None);
+        // A decision not to sample alone names no parent, and is kept; an accepting
+        // decision alone leaves it to the sampler; a bad sampling flag is ignored.
+        assert_eq!(
+            incoming(&headers(&[("b3", "0")])),
+            Some(Incoming::Unsampled)
+        );
+        assert_eq!(incoming(&headers(&[("b3", "1")])), None);
         let h = headers(&[("b3", "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-x")]);
-        assert_eq!(parent(&h), None);
+        assert_eq!(incoming(&h), None);
     }
 
     #[test]
@@ -247,7 +275,13 @@ mod tests {
             ("x-b3-traceid", "4bf92f3577b34da6a3ce929d0e0e4736"),
             ("x-b3-sampled", "1"),
         ]);
-        assert_eq!(parent(&h), None, "no span id");
+        assert_eq!(incoming(&h), None, "no span id");
+        for deny in ["0", "false"] {
+            let h = headers(&[("x-b3-sampled", deny)]);
+            assert_eq!(incoming(&h), Some(Incoming::Unsampled), "{deny}");
+        }
+        let h = headers(&[("x-b3-sampled", "0"), ("x-b3-flags", "1")]);
+        assert_eq!(incoming(&h), None, "debug overrides the denial");
     }
 
     #[test]
@@ -260,6 +294,6 @@ mod tests {
             ("b3", "a3ce929d0e0e4736-00f067aa0ba902b7-0"),
         ]);
         assert_eq!(parent(&h).unwrap().trace_id, TRACE);
-        assert_eq!(parent(&HeaderMap::new()), None);
+        assert_eq!(incoming(&HeaderMap::new()), None);
     }
 }

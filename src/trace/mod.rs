@@ -38,6 +38,8 @@ pub use export::Counters;
 #[derive(Debug)]
 pub struct Tracer {
     tracer: sdk::SdkTracer,
+    /// The sampler follows a parent's decision (`parentbased_*`).
+    parent_based: bool,
     /// Kept so the tracer's processor lives as long as the server.
     _provider: SdkTracerProvider,
     stopper: export::Stopper,
@@ -87,6 +89,7 @@ impl Tracer {
         let tracer = provider.tracer("sluice");
         Tracer {
             tracer,
+            parent_based: matches!(settings.sampler, config::Sampler::ParentBased(_)),
             _provider: provider,
             stopper,
         }
@@ -94,29 +97,41 @@ impl Tracer {
 
     /// A server span named `name`, the child of the context in `headers` if any.
     pub fn call(&self, name: impl Into<Cow<'static, str>>, headers: &http::HeaderMap) -> Call {
-        self.call_with_parent(name, context::parent(headers))
+        self.call_with_parent(name, context::incoming(headers))
     }
 
-    /// A server span named `name`, the child of `parent` if any (a stream's
-    /// messages each get one, all children of the context the stream opened with).
+    /// A server span named `name`, the child of `incoming`'s parent if any (a
+    /// stream's messages each get one, all children of the context the stream
+    /// opened with).
     pub fn call_with_parent(
         &self,
         name: impl Into<Cow<'static, str>>,
-        parent: Option<context::Parent>,
+        incoming: Option<context::Incoming>,
     ) -> Call {
-        let cx = match parent {
-            Some(p) => Context::new().with_remote_span_context(SpanContext::new(
-                TraceId::from_bytes(p.trace_id),
-                SpanId::from_bytes(p.span_id),
-                if p.sampled {
+        let remote = |trace_id: [u8; 16], span_id: [u8; 8], sampled: bool| {
+            Context::new().with_remote_span_context(SpanContext::new(
+                TraceId::from_bytes(trace_id),
+                SpanId::from_bytes(span_id),
+                if sampled {
                     TraceFlags::SAMPLED
                 } else {
                     TraceFlags::default()
                 },
                 true,
                 TraceState::default(),
-            )),
-            None => Context::new(),
+            ))
+        };
+        let cx = match incoming {
+            Some(context::Incoming::Parent(p)) => remote(p.trace_id, p.span_id, p.sampled),
+            // The caller decided not to sample but named no span: a parent-based
+            // sampler hears so from an unsampled parent of fresh ids. Its span records
+            // nothing, so those ids appear nowhere.
+            Some(context::Incoming::Unsampled) if self.parent_based => remote(
+                (rand::random::<u128>() | 1).to_be_bytes(),
+                (rand::random::<u64>() | 1).to_be_bytes(),
+                false,
+            ),
+            _ => Context::new(),
         };
         let span = self
             .tracer

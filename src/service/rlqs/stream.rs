@@ -43,7 +43,7 @@ use crate::quota::share::demand;
 use crate::quota::{self, govern, Assignment, Governed};
 use crate::store::{Share, Store, StoreError};
 use crate::telemetry::rlqs::AssignmentKind;
-use crate::trace::context::Parent;
+use crate::trace::context::Incoming;
 use crate::trace::{Call, Tracer};
 use sluice_grpc::{frame, Code, GrpcError, Messages, Reply};
 
@@ -139,7 +139,7 @@ pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
 #[derive(Debug, Clone)]
 pub struct Traced {
     pub tracer: Arc<Tracer>,
-    pub parent: Option<Parent>,
+    pub parent: Option<Incoming>,
 }
 
 /// The span of one report's answer.
