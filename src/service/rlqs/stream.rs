@@ -208,7 +208,8 @@ pub fn serve_traced<S: Store>(
 }
 
 /// A report's answer on its span: the domain, how many buckets, and one event per
-/// bucket with the assignment it got. Bucket ids are what Envoy's matchers took from
+/// bucket with the assignment it got (the SDK keeps the first 128 and counts the
+/// rest as dropped). Bucket ids are what Envoy's matchers took from
 /// requests (client values), so they stay out, as descriptor values do.
 fn report_span(
     call: &mut Call,
