@@ -15,11 +15,12 @@ pub enum Governed<'p> {
     /// No limit applies: the domain is unknown or no rule matches (`None`), or the
     /// rule is `unlimited` or in `shadow_mode` (which never denies).
     Free(Option<&'p Rule>),
-    /// `rule`'s `limit` applies; `key` names the bucket's counter (and its demand
-    /// records): the rule's counter key for the matched entries.
+    /// `rule`'s `limit` applies, and the other limits of its `rate_limits` list
+    /// after it (`limits`, never empty); `key` names the bucket's counter (and its
+    /// demand records): the rule's counter key for the matched entries.
     Limited {
         rule: &'p Rule,
-        limit: Limit,
+        limits: Vec<Limit>,
         key: String,
         /// The bucket's values as the top-offenders view and bans show them.
         shown: String,
@@ -44,6 +45,15 @@ pub fn govern<'p>(
     let Some(limit) = rule.limit.filter(|_| !rule.shadow_mode) else {
         return Governed::Free(Some(rule));
     };
+    let mut limits = Vec::with_capacity(1 + rule.also.len());
+    limits.push(limit);
+    limits.extend(
+        rule.also
+            .iter()
+            .map(|&other| policy.rule(other))
+            .filter(|other| !other.shadow_mode)
+            .filter_map(|other| other.limit),
+    );
     let ordered: Vec<(&str, &str)> = order
         .iter()
         .map(|&i| (entries[i].0.as_str(), entries[i].1.as_str()))
@@ -54,7 +64,7 @@ pub fn govern<'p>(
     offender(rule, &ordered, hashing, &mut shown);
     Governed::Limited {
         rule,
-        limit,
+        limits,
         key,
         shown,
     }
@@ -85,7 +95,7 @@ mod tests {
         let h = Hashing::default();
         let Governed::Limited {
             rule,
-            limit,
+            limits,
             key,
             shown,
         } = govern(
@@ -98,7 +108,8 @@ mod tests {
             panic!("limited")
         };
         assert_eq!(rule.path, "tenant/path");
-        assert_eq!(limit.requests, 20);
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits[0].requests, 20);
         assert_eq!(key, "edge|tenant=acme|path=/a");
         assert_eq!(shown, "acme|/a");
         let free = |pairs_: &[(&str, &str)]| match govern(&p, "edge", &pairs(pairs_), &h) {

@@ -40,10 +40,11 @@ pub fn unshared(last: Option<Assignment>, failure: FailureMode) -> Assignment {
     })
 }
 
-/// The token bucket for this stream's demand `own` among everyone's `all`, or
-/// `last` when the share hardly moved, so Envoy keeps its bucket.
-pub fn shared(limit: &Limit, own: f64, all: Share, last: Option<Assignment>) -> Assignment {
-    share::settle(share::token_bucket(limit, share::fraction(own, all)), last)
+/// The token bucket for this stream's demand `own` among everyone's `all` under
+/// every one of `limits`, or `last` when the share hardly moved, so Envoy keeps its
+/// bucket.
+pub fn shared(limits: &[Limit], own: f64, all: Share, last: Option<Assignment>) -> Assignment {
+    share::settle(share::tightest(limits, share::fraction(own, all)), last)
 }
 
 /// Whether this stream's demand moved past the hysteresis since `last`: the other
@@ -127,7 +128,7 @@ mod tests {
         assert_eq!(unshared(None, FailureMode::Closed), Assignment::DenyAll);
         assert_eq!(unshared(None, FailureMode::Local), Assignment::AllowAll);
         let last = shared(
-            &limit(20),
+            &[limit(20)],
             1.0,
             Share {
                 total: 4.0,
@@ -144,7 +145,7 @@ mod tests {
             total: 4.0,
             streams: 2,
         };
-        let first = shared(&limit(20), 1.0, all, None);
+        let first = shared(&[limit(20)], 1.0, all, None);
         let Assignment::TokenBucket {
             tokens_per_fill, ..
         } = first
@@ -159,7 +160,7 @@ mod tests {
             total: 4.2,
             streams: 2,
         };
-        assert_eq!(shared(&limit(20), 1.0, near, Some(first)), first);
+        assert_eq!(shared(&[limit(20)], 1.0, near, Some(first)), first);
         assert!(!moved(Some(10.0), 10.5));
         assert!(moved(Some(10.0), 12.0));
         assert!(moved(None, 0.0));
@@ -179,7 +180,7 @@ mod tests {
             key: "v".into(),
         };
         let bucket = Some(shared(
-            &limit(1),
+            &[limit(1)],
             1.0,
             Share {
                 total: 1.0,
@@ -256,7 +257,7 @@ mod tests {
         assert_eq!(penalties.bans_started(), 1);
         // Denials under its share count again.
         let bucket = Some(shared(
-            &limit(1),
+            &[limit(1)],
             1.0,
             Share {
                 total: 1.0,

@@ -96,6 +96,44 @@ pub fn token_bucket(limit: &Limit, fraction: f64) -> Assignment {
     }
 }
 
+/// The token bucket for `fraction` of each of `limits` (a `rate_limits` list) that
+/// passes none of them: the slowest refill of their buckets and the smallest
+/// capacity. `AllowAll` for no limit at all.
+pub fn tightest(limits: &[Limit], fraction: f64) -> Assignment {
+    let buckets = limits.iter().map(|l| token_bucket(l, fraction));
+    buckets
+        .reduce(|a, b| match (a, b) {
+            (
+                Assignment::TokenBucket {
+                    max_tokens: ma,
+                    tokens_per_fill: ta,
+                    fill_interval: fa,
+                },
+                Assignment::TokenBucket {
+                    max_tokens: mb,
+                    tokens_per_fill: tb,
+                    fill_interval: fb,
+                },
+            ) => {
+                // ta / fa <= tb / fb, without rounding.
+                let (tokens_per_fill, fill_interval) =
+                    if u128::from(ta) * u128::from(fb) <= u128::from(tb) * u128::from(fa) {
+                        (ta, fa)
+                    } else {
+                        (tb, fb)
+                    };
+                Assignment::TokenBucket {
+                    max_tokens: ma.min(mb),
+                    tokens_per_fill,
+                    fill_interval,
+                }
+            }
+            (Assignment::DenyAll, _) | (_, Assignment::DenyAll) => Assignment::DenyAll,
+            (Assignment::AllowAll, other) | (other, Assignment::AllowAll) => other,
+        })
+        .unwrap_or(Assignment::AllowAll)
+}
+
 /// The assignment to send: `new`, or `last` when both are token buckets of the same
 /// interval whose rates differ by less than [`HYSTERESIS`], so Envoy keeps its bucket.
 pub fn settle(new: Assignment, last: Option<Assignment>) -> Assignment {
@@ -217,6 +255,35 @@ mod tests {
     fn a_tiny_share_still_refills_and_a_zero_limit_denies() {
         assert_eq!(token_bucket(&per_second(20), 0.001), bucket(1, 1, 10));
         assert_eq!(token_bucket(&per_second(0), 0.5), Assignment::DenyAll);
+    }
+
+    #[test]
+    fn a_list_of_limits_gets_the_slowest_refill_and_the_smallest_burst() {
+        let daily = Limit {
+            algorithm: Algorithm::FixedWindow,
+            window: 86_400 * SECOND,
+            ..per_second(864_000)
+        };
+        // 10 a second, and 864,000 a day (also 10 a second, but a day's burst).
+        assert_eq!(tightest(&[per_second(10), daily], 0.5), bucket(5, 50, 10));
+        // 1 a second under the day's cap: its refill, the second's burst.
+        let slow = Limit {
+            requests: 86_400,
+            burst: 86_400,
+            ..daily
+        };
+        assert_eq!(
+            tightest(&[per_second(10), slow], 1.0),
+            bucket(10, 864_000, 864_000)
+        );
+        assert_eq!(
+            tightest(&[per_second(10), per_second(0)], 1.0),
+            Assignment::DenyAll
+        );
+        assert_eq!(
+            tightest(&[per_second(20)], 0.75),
+            token_bucket(&per_second(20), 0.75)
+        );
     }
 
     #[test]

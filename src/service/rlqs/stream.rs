@@ -74,9 +74,9 @@ struct Tracked {
     own: Option<f64>,
     /// The assignment last sent.
     last: Option<Assignment>,
-    /// The rule's limit when it was: another (a policy reload) is sent at once,
+    /// The rule's limits when it was: others (a policy reload) are sent at once,
     /// however little the share moved.
-    limit: Option<Limit>,
+    limits: Vec<Limit>,
     /// Since when its reports have carried no requests.
     idle_since: Option<Micros>,
     /// Its demand record's key, when a limit governs it.
@@ -111,7 +111,7 @@ struct Pending {
     /// Its demand record's key, and its values as logs show them.
     key: String,
     shown: String,
-    limit: Limit,
+    limits: Vec<Limit>,
     /// This stream's demand, requests per second.
     own: f64,
     /// The last assignment, when a share that hardly moved may keep it.
@@ -278,7 +278,7 @@ impl<S: Store> Stream<S> {
         let policy = self.quotas.service.limiter.policy();
         let hashing = self.quotas.service.limiter.hashing();
         let Governed::Limited {
-            rule, limit, key, ..
+            rule, limits, key, ..
         } = govern(&policy, domain, &nudge.entries, hashing)
         else {
             return None;
@@ -286,13 +286,13 @@ impl<S: Store> Stream<S> {
         if key != nudge.key {
             return None;
         }
-        let kept = Some(last).filter(|_| tracked.limit == Some(limit));
-        let chosen = quota::shared(&limit, own, nudge.share, kept);
+        let kept = Some(last).filter(|_| tracked.limits == limits);
+        let chosen = quota::shared(&limits, own, nudge.share, kept);
         if chosen == last {
             return None;
         }
         tracked.last = Some(chosen);
-        tracked.limit = Some(limit);
+        tracked.limits = limits;
         let action = assignment(chosen, self.quotas.settings.ttl_secs());
         self.quotas
             .service
@@ -458,7 +458,7 @@ impl<S: Store> Stream<S> {
             Governed::Free(_) => Assignment::AllowAll,
             Governed::Limited {
                 rule,
-                limit,
+                limits,
                 key,
                 shown,
             } => {
@@ -491,11 +491,14 @@ impl<S: Store> Stream<S> {
                 // A DENY_ALL of a sentence that has since ended is no assignment to
                 // keep while the store is away.
                 let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
-                let from_limit = tracked.limit.replace(limit) == Some(limit);
+                let from_limit = tracked.limits == limits;
+                if !from_limit {
+                    tracked.limits.clone_from(&limits);
+                }
                 if let Some(left) = penalized.denied_for {
                     ttl = quota::sentence_ttl(ttl, left);
                     Assignment::DenyAll
-                } else if limit.requests == 0 {
+                } else if limits.iter().any(|l| l.requests == 0) {
                     Assignment::DenyAll
                 } else {
                     // Saturating: an absurd span only makes the demand ~0.
@@ -513,7 +516,7 @@ impl<S: Store> Stream<S> {
                             entries: entries_of(usage),
                             key,
                             shown,
-                            limit,
+                            limits,
                             own,
                             kept: last.filter(|_| from_limit),
                             last,
@@ -535,7 +538,7 @@ impl<S: Store> Stream<S> {
             entries,
             key,
             shown,
-            limit,
+            limits,
             own,
             kept,
             last,
@@ -558,7 +561,7 @@ impl<S: Store> Stream<S> {
                     };
                     self.quotas.peers.nudge(&self.id, nudge);
                 }
-                quota::shared(&limit, own, all, kept)
+                quota::shared(&limits, own, all, kept)
             }
             // The store is away: the last assignment holds; a bucket never assigned
             // takes the domain's failure mode.
@@ -931,6 +934,25 @@ mod tests {
         f.clock.advance(5 * SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(API, 52, 0, 5)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(21));
+    }
+
+    #[test]
+    fn a_rate_limits_list_is_held_to_its_tightest_limit() {
+        let f = fixture();
+        let list = POLICY.replace(
+            "rate_limit: {unit: second, requests_per_unit: 20}",
+            "rate_limits:\n      - {unit: second, requests_per_unit: 20}\n      - {unit: minute, requests_per_unit: 600}",
+        );
+        f.policy.store(Arc::new(compiled(&list)));
+        let mut s = Stream::new(f.quotas.clone());
+        let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+        // 600 a minute is 10 a second: the minute's refill, the second's burst.
+        let tightest = Assignment::TokenBucket {
+            max_tokens: 20,
+            tokens_per_fill: 6_000,
+            fill_interval: 600,
+        };
+        assert_eq!(only(a).unwrap().0, tightest);
     }
 
     #[test]
