@@ -81,6 +81,10 @@ struct Tracked {
     idle_since: Option<Micros>,
     /// Its demand record's key, when a limit governs it.
     demand_key: Option<String>,
+    /// Its record's name under that key when not the stream's id: a counter that
+    /// several values share (`share_threshold`) is the key of several buckets, each
+    /// with a record of its own, or they would overwrite each other's demand.
+    member: Option<String>,
 }
 
 /// One Envoy's stream for one domain.
@@ -108,8 +112,10 @@ enum Step {
 /// What a limited bucket's share is made from, beside its demand over every stream.
 struct Pending {
     entries: BucketKey,
-    /// Its demand record's key, and its values as logs show them.
+    /// Its demand record's key and name ([`Tracked::member`]), and its values as
+    /// logs show them.
     key: String,
+    member: Option<String>,
     shown: String,
     limits: Vec<Limit>,
     /// This stream's demand, requests per second.
@@ -339,7 +345,10 @@ impl<S: Store> Stream<S> {
         let quotas = self.quotas.clone();
         let ttl_us = quotas.settings.ttl_secs() * SECOND;
         let shares = futures::future::join_all(steps.iter().filter_map(|(step, _)| match step {
-            Step::Share(p) => Some(quotas.demand.report(&p.key, &self.id, p.own, ttl_us)),
+            Step::Share(p) => {
+                let member = p.member.as_deref().unwrap_or(&self.id);
+                Some(quotas.demand.report(&p.key, member, p.own, ttl_us))
+            }
             Step::Done(_) => None,
         }))
         .await;
@@ -439,9 +448,10 @@ impl<S: Store> Stream<S> {
                 let gone = self.buckets.remove(&entries_of(usage));
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
                 self.bucket_bytes = self.bucket_bytes.saturating_sub(size);
-                if let Some(key) = gone.and_then(|t| t.demand_key) {
+                if let Some((key, member)) = gone.and_then(|t| Some((t.demand_key?, t.member))) {
                     self.quotas.peers.leave(&key, &self.id);
-                    self.quotas.demand.forget(vec![key], self.id.clone());
+                    let member = member.unwrap_or_else(|| self.id.clone());
+                    self.quotas.demand.forget(vec![key], member);
                 }
                 return (
                     Step::Done(Action::AbandonAction(AbandonAction {})),
@@ -469,6 +479,11 @@ impl<S: Store> Stream<S> {
                     }
                     self.quotas.peers.join(&key, &self.id, &self.nudges);
                     tracked.demand_key = Some(key.clone());
+                    tracked.member = rule
+                        .shared
+                        .iter()
+                        .any(Option::is_some)
+                        .then(|| format!("{}/{:016x}", self.id, bucket_hash(usage)));
                 }
                 // Envoy's denials count towards the penalty as ShouldRateLimit's do,
                 // but for those under a DENY_ALL this stream sent.
@@ -515,6 +530,7 @@ impl<S: Store> Stream<S> {
                         Step::Share(Pending {
                             entries: entries_of(usage),
                             key,
+                            member: tracked.member.clone(),
                             shown,
                             limits,
                             own,
@@ -537,6 +553,7 @@ impl<S: Store> Stream<S> {
         let Pending {
             entries,
             key,
+            member: _,
             shown,
             limits,
             own,
@@ -582,13 +599,16 @@ impl<S: Store> Drop for Stream<S> {
         let stats = self.quotas.service.metrics.rlqs();
         stats.stream_closed();
         stats.buckets_changed(-(self.buckets.len() as i64));
-        let keys: Vec<String> = self
-            .buckets
-            .values_mut()
-            .filter_map(|t| t.demand_key.take())
-            .collect();
-        for key in &keys {
-            self.quotas.peers.leave(key, &self.id);
+        let mut keys = Vec::new();
+        for t in self.buckets.values_mut() {
+            let Some(key) = t.demand_key.take() else {
+                continue;
+            };
+            self.quotas.peers.leave(&key, &self.id);
+            match t.member.take() {
+                Some(member) => self.quotas.demand.forget(vec![key], member),
+                None => keys.push(key),
+            }
         }
         if !keys.is_empty() {
             self.quotas
@@ -596,6 +616,19 @@ impl<S: Store> Drop for Stream<S> {
                 .forget(keys, std::mem::take(&mut self.id));
         }
     }
+}
+
+/// A hash of a bucket's sorted pairs, to tell its demand record from its
+/// neighbours' under a shared counter.
+fn bucket_hash(usage: &BucketQuotaUsage) -> u64 {
+    let mut bytes = Vec::new();
+    for (k, v) in entries_of(usage) {
+        for part in [k, v] {
+            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(part.as_bytes());
+        }
+    }
+    crate::hash::stable_hash(&bytes)
 }
 
 /// A bucket's sorted pairs.
@@ -953,6 +986,35 @@ mod tests {
             fill_interval: 600,
         };
         assert_eq!(only(a).unwrap().0, tightest);
+    }
+
+    #[test]
+    fn buckets_under_one_shared_counter_share_its_limit() {
+        let f = fixture();
+        let shared = format!(
+            "{POLICY}  - key: path\n    value: /api/*\n    share_threshold: true\n    rate_limit: {{unit: second, requests_per_unit: 20}}\n"
+        );
+        f.policy.store(Arc::new(compiled(&shared)));
+        let mut s = Stream::new(f.quotas.clone());
+        let (a, b) = (&[("path", "/api/a")], &[("path", "/api/b")]);
+        // 30 and 10 requests a second under one counter of 20 a second.
+        let both = || report("edge", vec![usage(a, 150, 0, 5), usage(b, 50, 0, 5)]);
+        block_on(s.answer(both())).unwrap();
+        f.clock.advance(5 * SECOND);
+        let answer = block_on(s.answer(both())).unwrap();
+        let shares: Vec<Assignment> = answer
+            .bucket_action
+            .iter()
+            .map(|a| {
+                let one = RateLimitQuotaResponse {
+                    bucket_action: vec![a.clone()],
+                };
+                only(one).unwrap().0
+            })
+            .collect();
+        assert_eq!(shares, [bucket(15), bucket(5)], "3/4 and 1/4 of 20");
+        drop(s);
+        assert_eq!(f.demand.buckets(), 0, "their records go with the stream");
     }
 
     #[test]
