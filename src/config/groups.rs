@@ -29,8 +29,8 @@ pub struct PolicyArgs {
     /// Domains that policies in several namespaces may share.
     #[arg(long, env = "SLUICE_SHARED_DOMAINS", value_delimiter = ',')]
     pub shared_domains: Vec<String>,
-    /// How often policy and TLS files are checked for changes.
-    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    /// How often policy and TLS files are checked for changes (longer than zero).
+    #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_nonzero_duration)]
     pub reload_interval: Duration,
 }
 

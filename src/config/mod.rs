@@ -168,6 +168,10 @@ mod tests {
         assert!(err.contains("'2' is not a duration"), "{err}");
         let err = serve("--store-timeout", "0.5us").unwrap_err();
         assert!(err.contains("whole microseconds"), "{err}");
+        // Zero would stop the file and TLS reloads (a timer cannot tick every 0 s).
+        let err = serve("--reload-interval", "0s").unwrap_err();
+        assert!(err.contains("--reload-interval"), "{err}");
+        assert!(err.contains("must be longer than zero"), "{err}");
     }
 
     #[test]
