@@ -45,6 +45,12 @@ pub fn read_paths(paths: &[PathBuf]) -> (Vec<Document>, Vec<PolicyError>) {
     (docs, errors)
 }
 
+/// The files a path stands for, as [`read_paths`] reads them (unreadable entries
+/// left out), so a watcher sees exactly the files that load.
+pub fn policy_files(path: &Path) -> Vec<PathBuf> {
+    files(path, &mut Vec::new())
+}
+
 /// The files a path stands for, sorted by name within a directory.
 fn files(path: &Path, errors: &mut Vec<PolicyError>) -> Vec<PathBuf> {
     let source = path.display().to_string();

@@ -6,7 +6,7 @@
 //! half second costs nothing next to a missed update.
 
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,11 +89,13 @@ impl FileSource {
     }
 }
 
-/// A hash of every candidate file's name and contents (missing files count too).
+/// A hash of every policy file's name and contents (missing files count too). The
+/// files are those the load reads, whatever their names' encoding.
 fn fingerprint(paths: &[PathBuf]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for path in paths {
-        for file in candidates(path) {
+        path.hash(&mut h);
+        for file in policy::policy_files(path) {
             file.hash(&mut h);
             std::fs::read(&file).ok().hash(&mut h);
         }
@@ -101,21 +103,43 @@ fn fingerprint(paths: &[PathBuf]) -> u64 {
     h.finish()
 }
 
-/// The files a `--config` path stands for: itself, or its `*.yaml`/`*.yml` entries.
-fn candidates(path: &Path) -> Vec<PathBuf> {
-    if !path.is_dir() {
-        return vec![path.to_path_buf()];
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Defaults;
+
+    fn policy(n: u32) -> String {
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n")
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
-        })
-        .collect();
-    files.sort();
-    files
+
+    /// The limit served for `k` in domain `d`.
+    fn served(hub: &Hub) -> Option<u32> {
+        let policy = hub.policy().load_full();
+        let id = policy.domain("d")?.find(&[("k", "v")])?;
+        Some(policy.rule(id).requests_per_unit)
+    }
+
+    fn source(paths: Vec<PathBuf>) -> (FileSource, Arc<Hub>) {
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        let files = FileSource::load(paths, Duration::from_millis(500), metrics, hub.clone())
+            .expect("the files load");
+        (files, hub)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn edits_to_a_file_whose_name_is_not_utf8_are_picked_up() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"limits-\xff.yaml"));
+        std::fs::write(&file, policy(1)).unwrap();
+        let (mut files, hub) = source(vec![dir.path().to_path_buf()]);
+        assert_eq!(served(&hub), Some(1));
+        std::fs::write(&file, policy(2)).unwrap();
+        assert!(files.check(), "the edit is seen");
+        assert_eq!(served(&hub), Some(2));
+    }
 }
