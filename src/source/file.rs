@@ -5,13 +5,12 @@
 //! event fires on the file the user named. Policy files are small; reading them every
 //! half second costs nothing next to a missed update.
 
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::hub::Hub;
-use crate::policy::{self, PolicyError};
+use crate::policy::{PolicyError, Snapshot};
 use crate::telemetry::Metrics;
 
 /// Watches policy files and hands each good version to the [`Hub`], which compiles
@@ -22,7 +21,11 @@ pub struct FileSource {
     interval: Duration,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
-    last: u64,
+    /// The fingerprint of the files serving now.
+    loaded: u64,
+    /// The fingerprint of the last files refused, so that a broken edit is reported
+    /// once rather than on every poll.
+    refused: Option<u64>,
 }
 
 impl FileSource {
@@ -34,8 +37,8 @@ impl FileSource {
         metrics: Arc<Metrics>,
         hub: Arc<Hub>,
     ) -> Result<FileSource, Vec<PolicyError>> {
-        let last = fingerprint(&paths);
-        let (_compiled, docs) = policy::load_paths(&paths)?;
+        let snapshot = Snapshot::read(&paths);
+        let (_compiled, docs) = snapshot.load()?;
         hub.set_files(docs);
         metrics.policy_reload("file", true);
         Ok(FileSource {
@@ -43,7 +46,8 @@ impl FileSource {
             interval,
             hub,
             metrics,
-            last,
+            loaded: snapshot.fingerprint(),
+            refused: None,
         })
     }
 
@@ -61,13 +65,20 @@ impl FileSource {
     }
 
     /// Reloads if anything changed; returns whether a new policy was swapped in.
+    ///
+    /// The files are read once: the fingerprint is taken of what is loaded, so an
+    /// edit that lands between two reads is never mistaken for one already loaded.
     pub fn check(&mut self) -> bool {
-        let now = fingerprint(&self.paths);
-        if now == self.last {
+        let snapshot = Snapshot::read(&self.paths);
+        let seen = snapshot.fingerprint();
+        if seen == self.loaded {
+            self.refused = None;
             return false;
         }
-        self.last = now;
-        match policy::load_paths(&self.paths) {
+        if self.refused == Some(seen) {
+            return false;
+        }
+        match snapshot.load() {
             Ok((p, docs)) => {
                 tracing::info!(
                     domains = p.domains.len(),
@@ -76,6 +87,8 @@ impl FileSource {
                 );
                 self.hub.set_files(docs);
                 self.metrics.policy_reload("file", true);
+                self.loaded = seen;
+                self.refused = None;
                 true
             }
             Err(errors) => {
@@ -83,24 +96,11 @@ impl FileSource {
                     tracing::error!(error = %e, "policy refused; the last good policy keeps serving");
                 }
                 self.metrics.policy_reload("file", false);
+                self.refused = Some(seen);
                 false
             }
         }
     }
-}
-
-/// A hash of every policy file's name and contents (missing files count too). The
-/// files are those the load reads, whatever their names' encoding.
-fn fingerprint(paths: &[PathBuf]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for path in paths {
-        path.hash(&mut h);
-        for file in policy::policy_files(path) {
-            file.hash(&mut h);
-            std::fs::read(&file).ok().hash(&mut h);
-        }
-    }
-    h.finish()
 }
 
 #[cfg(test)]
@@ -125,6 +125,59 @@ mod tests {
         let files = FileSource::load(paths, Duration::from_millis(500), metrics, hub.clone())
             .expect("the files load");
         (files, hub)
+    }
+
+    /// Serves `script` to each reader of the FIFO at `path` in turn, then `last`
+    /// forever: a file that changes between any two reads.
+    #[cfg(target_os = "linux")]
+    fn serve_fifo(path: &std::path::Path, script: Vec<String>, last: String) {
+        use std::io::Write;
+        let made = std::process::Command::new("mkfifo").arg(path).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        // The readers are this process's: it has the FIFO open while one reads.
+        let open_here = |path: &std::path::Path| {
+            std::fs::read_dir("/proc/self/fd")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        };
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            for text in script.into_iter().chain(std::iter::repeat(last)) {
+                let Ok(mut fifo) = std::fs::OpenOptions::new().write(true).open(&path) else {
+                    return;
+                };
+                let _ = fifo.write_all(text.as_bytes());
+                drop(fifo);
+                // One text per read: wait until the reader has closed the file.
+                while open_here(&path) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+    }
+
+    /// An edit whose good contents arrive between two reads (an editor truncating,
+    /// then writing) is loaded once they are there, not taken as seen.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn contents_that_change_between_reads_are_loaded_once_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy(1)).unwrap();
+        let (mut files, hub) = source(vec![path.clone()]);
+        std::fs::remove_file(&path).unwrap();
+        // The good version, then a read of the half-written file, then good again.
+        serve_fifo(
+            &path,
+            vec![policy(2), "domain: d\ndescriptors: [".into()],
+            policy(2),
+        );
+        for _ in 0..10 {
+            files.check();
+        }
+        assert_eq!(served(&hub), Some(2), "the settled edit serves");
     }
 
     #[cfg(unix)]
