@@ -39,7 +39,7 @@ impl FileSource {
     ) -> Result<FileSource, Vec<PolicyError>> {
         let snapshot = Snapshot::read(&paths);
         let (_compiled, docs) = snapshot.load()?;
-        hub.set_files(docs);
+        hub.set_files(docs)?;
         metrics.policy_reload("file", true);
         Ok(FileSource {
             paths,
@@ -78,14 +78,15 @@ impl FileSource {
         if self.refused == Some(seen) {
             return false;
         }
-        match snapshot.load() {
-            Ok((p, docs)) => {
-                tracing::info!(
-                    domains = p.domains.len(),
-                    rules = p.rules.len(),
-                    "policy reloaded from files"
-                );
-                self.hub.set_files(docs);
+        // Files that load alone may still clash with the xDS documents; the hub
+        // refuses those as a whole.
+        let loaded = snapshot.load().and_then(|(p, docs)| {
+            let summary = (p.domains.len(), p.rules.len());
+            self.hub.set_files(docs).map(|()| summary)
+        });
+        match loaded {
+            Ok((domains, rules)) => {
+                tracing::info!(domains, rules, "policy reloaded from files");
                 self.metrics.policy_reload("file", true);
                 self.loaded = seen;
                 self.refused = None;
@@ -125,6 +126,55 @@ mod tests {
         let files = FileSource::load(paths, Duration::from_millis(500), metrics, hub.clone())
             .expect("the files load");
         (files, hub)
+    }
+
+    /// An xDS version defining `key` in domain `d`.
+    fn xds(key: &str) -> Vec<crate::policy::Document> {
+        let text = format!("domain: d\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 9}}\n");
+        crate::policy::parse_str("xds:d", &text).unwrap()
+    }
+
+    fn reloads(metrics: &Metrics, result: &str) -> String {
+        let series = format!("sluice_policy_reloads_total{{result=\"{result}\",source=\"file\"}} ");
+        let text = metrics.render();
+        let line = text.lines().find(|l| l.starts_with(&series));
+        line.map(|l| l[series.len()..].to_string())
+            .unwrap_or_default()
+    }
+
+    /// A file edit that clashes with the xDS documents is refused whole and counted
+    /// once, and a later xDS version does not bring it in.
+    #[test]
+    fn an_edit_clashing_with_xds_changes_nothing_now_or_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy(1)).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        let mut files = FileSource::load(
+            vec![path.clone()],
+            Duration::from_millis(500),
+            metrics.clone(),
+            hub.clone(),
+        )
+        .unwrap();
+        hub.set_xds(xds("x")).unwrap();
+
+        // The edit defines `x` too, which xDS already does.
+        let clash = format!(
+            "{}  - key: x\n    rate_limit: {{unit: second, requests_per_unit: 3}}\n",
+            policy(2)
+        );
+        std::fs::write(&path, clash).unwrap();
+        assert!(!files.check(), "the clashing edit is refused");
+        assert!(!files.check(), "and refused once");
+        assert_eq!(served(&hub), Some(1));
+        assert_eq!(reloads(&metrics, "ok"), "1", "only the start-up load");
+        assert_eq!(reloads(&metrics, "error"), "1");
+
+        // An unrelated xDS version: the refused edit stays out.
+        hub.set_xds(xds("y")).unwrap();
+        assert_eq!(served(&hub), Some(1), "the last good file keeps serving");
     }
 
     /// Serves `script` to each reader of the FIFO at `path` in turn, then `last`

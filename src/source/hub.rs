@@ -7,7 +7,10 @@
 //! - File documents always serve (the file source only hands over sets that compile;
 //!   a broken edit keeps the last good files, as before). xDS documents serve beside
 //!   them as if they were files: a version that does not compile with the files is
-//!   refused as a whole ([`Hub::set_xds`]) and the last good one keeps serving.
+//!   refused as a whole ([`Hub::set_xds`]) and the last good one keeps serving, and
+//!   so is a file set that does not compile with the xDS documents
+//!   ([`Hub::set_files`]). A refused set is never stored, so no later rebuild
+//!   brings it in.
 //! - Policies are considered oldest first (`creationTimestamp`, then
 //!   `namespace/name`).
 //! - A domain belongs to the namespace of its oldest policy (valid or not: the
@@ -249,59 +252,52 @@ impl Hub {
         self.outcomes.subscribe()
     }
 
-    /// Replaces the file documents (a set that compiles on its own) and rebuilds.
-    pub fn set_files(&self, docs: Vec<Document>) {
+    /// Replaces the file documents (a set that compiles on its own) and rebuilds,
+    /// unless they do not compile together with the xDS documents: then nothing
+    /// changes, now or at a later rebuild, and the errors say why.
+    pub fn set_files(&self, docs: Vec<Document>) -> Result<(), Vec<PolicyError>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.files = docs;
-        self.rebuild(&state, "file");
+        let old = std::mem::replace(&mut state.files, docs);
+        self.rebuild(&state, "file")
+            .inspect_err(|_| state.files = old)
     }
 
     /// Replaces the xDS documents and rebuilds, unless they do not compile together
     /// with the files: then nothing changes and the errors say why.
     pub fn set_xds(&self, docs: Vec<Document>) -> Result<(), Vec<PolicyError>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut trial = state.files.clone();
-        trial.extend(docs.iter().cloned());
-        compile(trial)?;
-        state.xds = docs;
-        self.rebuild(&state, "xds");
-        Ok(())
+        let old = std::mem::replace(&mut state.xds, docs);
+        self.rebuild(&state, "xds").inspect_err(|_| state.xds = old)
     }
 
     /// Replaces the RateLimitPolicy objects and rebuilds.
     pub fn set_policies(&self, policies: Vec<Candidate>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.policies = policies;
-        self.rebuild(&state, "kube");
+        // resolve() passes policies only when they compile with the files and xDS,
+        // which always compile together, so this does not fail.
+        if self.rebuild(&state, "kube").is_ok() {
+            self.metrics.policy_reload("kube", true);
+        } else {
+            self.metrics.policy_reload("kube", false);
+        }
     }
 
-    fn rebuild(&self, state: &State, source: &str) {
+    /// Compiles `state` and swaps the result in; on an error nothing is swapped and
+    /// the caller puts its documents back.
+    fn rebuild(&self, state: &State, source: &str) -> Result<(), Vec<PolicyError>> {
         let (docs, outcomes) = resolve(&state.fixed(), &state.policies, &self.shared);
-        match compile_with(docs, &self.defaults) {
-            Ok(policy) => {
-                tracing::debug!(
-                    source,
-                    domains = policy.domains.len(),
-                    rules = policy.rules.len(),
-                    "policy compiled"
-                );
-                self.metrics.policy_swapped(&policy);
-                self.policy.store(Arc::new(policy));
-                if source == "kube" {
-                    self.metrics.policy_reload(source, true);
-                }
-            }
-            Err(errors) => {
-                // resolve() passes policies only when they compile with the files
-                // and xDS; those two are checked together when xDS changes, so this
-                // is a file edit that clashes with the xDS documents.
-                for e in &errors {
-                    tracing::error!(error = %e, "combined policy does not compile; the last good policy keeps serving");
-                }
-                self.metrics.policy_reload(source, false);
-            }
-        }
+        let policy = compile_with(docs, &self.defaults)?;
+        tracing::debug!(
+            source,
+            domains = policy.domains.len(),
+            rules = policy.rules.len(),
+            "policy compiled"
+        );
+        self.metrics.policy_swapped(&policy);
+        self.policy.store(Arc::new(policy));
         self.outcomes.send_replace(Arc::new(outcomes));
+        Ok(())
     }
 }
 
@@ -425,7 +421,7 @@ mod tests {
     #[test]
     fn xds_documents_merge_with_files_and_a_clash_changes_nothing() {
         let hub = Hub::new(&[], Defaults::default(), Arc::new(Metrics::new()));
-        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"));
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")).unwrap();
         let xds = |key: &str| {
             parse_str("xds:d", &format!("domain: d\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 2}}\n")).unwrap()
         };
@@ -457,10 +453,10 @@ mod tests {
     fn each_swap_exports_the_limits_and_drops_those_gone() {
         let metrics = Arc::new(Metrics::new());
         let hub = Hub::new(&[], Defaults::default(), metrics.clone());
-        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 7}\n"));
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 7}\n")).unwrap();
         let series = r#"sluice_limit{algorithm="sliding_window_counter",descriptor="k",domain="d",rule="k"} 7"#;
         assert!(metrics.render().contains(series), "{}", metrics.render());
-        hub.set_files(file("domain: d\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 8}\n"));
+        hub.set_files(file("domain: d\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 8}\n")).unwrap();
         let text = metrics.render();
         assert!(!text.contains(series), "{text}");
         assert!(
@@ -473,7 +469,8 @@ mod tests {
     fn hub_swaps_and_publishes() {
         let hub = Hub::new(&[], Defaults::default(), Arc::new(Metrics::new()));
         let rx = hub.outcomes();
-        hub.set_files(file("domain: f\ndescriptors:\n  - key: k\n"));
+        hub.set_files(file("domain: f\ndescriptors:\n  - key: k\n"))
+            .unwrap();
         hub.set_policies(vec![cand(
             "ns",
             "a",
