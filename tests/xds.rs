@@ -418,6 +418,57 @@ async fn a_server_of_another_authority_is_refused() {
     assert!(xds.requests().is_empty());
 }
 
+/// A version refused for clashing with a policy file is taken once the file is
+/// fixed, though the server sends nothing new.
+#[tokio::test]
+async fn a_version_refused_for_a_file_is_taken_once_the_file_is_fixed() {
+    let Some(bin) = binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("xds.yaml");
+    std::fs::write(
+        &config,
+        "name: xd\ndomain: xd\ndescriptors:\n  - key: user\n    rate_limit: {unit: MINUTE, requests_per_unit: 4}\n",
+    )
+    .unwrap();
+    let xds = XdsServer::start_plain(&bin, &[config]);
+    let url = format!("http://{}", xds.addr);
+    let file = |key: &str| {
+        format!("domain: xd\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: minute, requests_per_unit: 9}}\n")
+    };
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, file("user")).unwrap();
+    let server = Server::start_with(
+        tempfile::tempdir().unwrap(),
+        std::slice::from_ref(&policy),
+        &["--xds-server", &url, "--xds-node-id", "envoy-ratelimit"],
+    );
+    eventually(WAIT, "the clashing version NACKed", || async {
+        nacks(&xds, "1") > 0
+    })
+    .await;
+    assert!(!ready(&server), "no version taken yet");
+
+    std::fs::write(&policy, file("path")).unwrap();
+    eventually(
+        WAIT,
+        "ready once the fixed file lets version 1 in",
+        || async { ready(&server) },
+    )
+    .await;
+    let mut c = server.client().await;
+    let r = call(&mut c, request("xd", vec![desc(&[("user", "u")])])).await;
+    let limit = r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit);
+    assert_eq!(limit, Some(4), "the xDS version serves");
+    assert_eq!(
+        xds.requests().last().map(|r| r["version_info"].clone()),
+        Some("1".into()),
+        "and is ACKed"
+    );
+}
+
 #[tokio::test]
 async fn plain_http_xds_and_bad_flags() {
     let Some(bin) = binary() else { return };

@@ -211,6 +211,9 @@ pub struct Hub {
     metrics: Arc<Metrics>,
     state: Mutex<State>,
     outcomes: watch::Sender<Arc<Outcomes>>,
+    /// Counts the file sets swapped in, so a refused xDS version is checked again
+    /// when the files it clashed with change.
+    files_swapped: watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -239,6 +242,7 @@ impl Hub {
             metrics,
             state: Mutex::new(State::default()),
             outcomes: watch::channel(Arc::new(Outcomes::new())).0,
+            files_swapped: watch::channel(0).0,
         })
     }
 
@@ -252,6 +256,11 @@ impl Hub {
         self.outcomes.subscribe()
     }
 
+    /// How many file sets have been swapped in, updated after each.
+    pub fn files_swapped(&self) -> watch::Receiver<u64> {
+        self.files_swapped.subscribe()
+    }
+
     /// Replaces the file documents (a set that compiles on its own) and rebuilds,
     /// unless they do not compile together with the xDS documents: then nothing
     /// changes, now or at a later rebuild, and the errors say why.
@@ -259,7 +268,9 @@ impl Hub {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::mem::replace(&mut state.files, docs);
         self.rebuild(&state, "file")
-            .inspect_err(|_| state.files = old)
+            .inspect_err(|_| state.files = old)?;
+        self.files_swapped.send_modify(|n| *n += 1);
+        Ok(())
     }
 
     /// Replaces the xDS documents and rebuilds, unless they do not compile together

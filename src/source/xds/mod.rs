@@ -9,7 +9,9 @@
 //! the last good policy keeps serving. A control plane resends a NACKed version at
 //! once (go-control-plane does), so the same refusal is logged and counted once, and
 //! repeated NACKs of it wait a little longer each time ([`Subscription`]) instead of
-//! spinning. A lost stream is retried after a jittered exponential back-off; the
+//! spinning. A version refused is tried again as soon as the policy files change
+//! (and when the server sends it after that), since a fixed file may let it in;
+//! taken, it is ACKed with the nonce it came with. A lost stream is retried after a jittered exponential back-off; the
 //! last good policy serves meanwhile. Each new stream starts from the empty version,
 //! so a restarted control plane that numbers its versions from 1 again is not
 //! mistaken for one that has nothing new.
@@ -155,21 +157,38 @@ impl XdsSource {
         };
         tracing::info!(server = %self.url, "xDS stream open; subscribed to RateLimitConfig");
         let mut answered = false;
+        // The version last refused, tried again as soon as the files change: a fixed
+        // file may let it in, and a server need not send it again.
+        let mut refused: Option<DiscoveryResponse> = None;
+        let mut files = self.hub.files_swapped();
         loop {
-            let response = tokio::select! {
+            let (response, recheck) = tokio::select! {
                 _ = shutdown.as_mut() => return (None, answered),
                 m = responses.message() => match m {
-                    Ok(Some(r)) => r,
+                    Ok(Some(r)) => (r, false),
                     Ok(None) => return (Some("the server closed the stream".into()), answered),
                     Err(status) => return (Some(status.to_string()), answered),
                 },
+                Ok(()) = files.changed(), if refused.is_some() => match refused.take() {
+                    Some(r) => (r, true),
+                    None => continue,
+                },
             };
-            answered = true;
+            answered |= !recheck;
+            let context = *files.borrow_and_update();
             let hub = &self.hub;
             let answer = self
                 .subscription
-                .answer(&response, |docs| hub.set_xds(docs));
+                .answer(&response, context, |docs| hub.set_xds(docs));
             self.report(&answer);
+            let again = matches!(answer.verdict, Ack::Refused { first: false, .. });
+            if matches!(answer.verdict, Ack::Refused { .. }) {
+                refused = Some(response);
+            }
+            if recheck && again {
+                // Still refused for the reason the server was told.
+                continue;
+            }
             if !answer.pause.is_zero() {
                 tokio::select! {
                     _ = shutdown.as_mut() => return (None, answered),
@@ -322,6 +341,8 @@ pub struct Subscription {
 struct Refusal {
     version: String,
     digest: u64,
+    /// What the other sources were when it was refused (see [`Subscription::answer`]).
+    context: u64,
     message: String,
     pause: Duration,
 }
@@ -377,15 +398,19 @@ impl Subscription {
     }
 
     /// Decides `response` with `apply` (which installs the documents, or says why
-    /// not) and builds the ACK or NACK.
+    /// not) and builds the ACK or NACK. `context` stands for the documents a
+    /// version must compile with (the files): a refusal is remembered for the
+    /// context it was made in, and the same version is tried again in another, since
+    /// a fixed file may let it in.
     pub fn answer(
         &mut self,
         response: &DiscoveryResponse,
+        context: u64,
         apply: impl FnOnce(Vec<Document>) -> Result<(), Vec<PolicyError>>,
     ) -> Answer {
         let digest = digest(response);
         if let Some(r) = self.refused.as_mut() {
-            if r.version == response.version_info && r.digest == digest {
+            if r.version == response.version_info && r.digest == digest && r.context == context {
                 let pause = r.pause;
                 r.pause = (r.pause * 2).min(RENACK_MAX);
                 let (version, message) = (r.version.clone(), r.message.clone());
@@ -428,9 +453,14 @@ impl Subscription {
                 }
             }
             Err(message) => {
+                // Tried again in a new context and refused for the same reason: no news.
+                let again = self.refused.as_ref().is_some_and(|r| {
+                    r.version == response.version_info && r.digest == digest && r.message == message
+                });
                 self.refused = Some(Refusal {
                     version: response.version_info.clone(),
                     digest,
+                    context,
                     message: message.clone(),
                     pause: RENACK_FIRST,
                 });
@@ -439,7 +469,7 @@ impl Subscription {
                     verdict: Ack::Refused {
                         version: response.version_info.clone(),
                         message,
-                        first: true,
+                        first: !again,
                     },
                     pause: Duration::ZERO,
                 }
@@ -570,6 +600,7 @@ mod tests {
         let mut s = Subscription::new("n");
         let a = s.answer(
             &response("1", "a", vec![config("d1", "k"), config("d2", "k")]),
+            0,
             apply,
         );
         assert_eq!(
@@ -591,7 +622,7 @@ mod tests {
 
         // Two configs defining the same path of one domain do not compile.
         let bad = response("2", "b", vec![config("d1", "k"), config("d1", "k")]);
-        let a = s.answer(&bad, apply);
+        let a = s.answer(&bad, 0, apply);
         let Ack::Refused {
             version,
             message,
@@ -620,7 +651,9 @@ mod tests {
         let mut pauses = Vec::new();
         for nonce in ["c", "d", "e", "f", "g", "h", "i"] {
             let again = response("2", nonce, bad.resources.clone());
-            let a = s.answer(&again, |_| panic!("a known refusal is not applied again"));
+            let a = s.answer(&again, 0, |_| {
+                panic!("a known refusal is not applied again")
+            });
             assert!(matches!(a.verdict, Ack::Refused { first: false, .. }));
             assert_eq!(a.request.response_nonce, nonce);
             assert_eq!(a.request.version_info, "1");
@@ -631,7 +664,7 @@ mod tests {
         assert_eq!(*pauses.last().unwrap(), RENACK_MAX);
 
         // A fixed version is accepted at once.
-        let a = s.answer(&response("3", "j", vec![config("d1", "k")]), apply);
+        let a = s.answer(&response("3", "j", vec![config("d1", "k")]), 0, apply);
         assert_eq!(
             a.verdict,
             Ack::Accepted {
@@ -642,8 +675,41 @@ mod tests {
         );
         assert_eq!(a.pause, Duration::ZERO);
         // The same version again (a new stream) is accepted, not new.
-        let a = s.answer(&response("3", "k", vec![config("d1", "k")]), apply);
+        let a = s.answer(&response("3", "k", vec![config("d1", "k")]), 0, apply);
         assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
+    }
+
+    /// A version refused for clashing with the files is tried again once they
+    /// change; refused again for the same reason, it is no news.
+    #[test]
+    fn a_refusal_holds_only_until_the_files_change() {
+        let mut s = Subscription::new("n");
+        let clash = |_: Vec<Document>| {
+            Err(vec![PolicyError {
+                file: "f.yaml".into(),
+                line: Some(3),
+                message: "duplicate descriptor".into(),
+            }])
+        };
+        let v2 = |nonce: &str| response("2", nonce, vec![config("d", "k")]);
+        let a = s.answer(&v2("a"), 0, clash);
+        assert!(matches!(a.verdict, Ack::Refused { first: true, .. }));
+        let a = s.answer(&v2("b"), 0, |_| panic!("same files: not tried again"));
+        assert!(matches!(a.verdict, Ack::Refused { first: false, .. }));
+        let a = s.answer(&v2("b"), 1, clash);
+        assert!(
+            matches!(a.verdict, Ack::Refused { first: false, .. }),
+            "the same reason is not news"
+        );
+        let a = s.answer(&v2("b"), 2, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { new: true, .. }));
+        assert_eq!(
+            (
+                a.request.version_info.as_str(),
+                a.request.response_nonce.as_str()
+            ),
+            ("2", "b")
+        );
     }
 
     #[test]
@@ -651,7 +717,7 @@ mod tests {
         let mut s = Subscription::new("n");
         let mut wrong = response("1", "a", vec![config("d", "k")]);
         wrong.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
-        let a = s.answer(&wrong, apply);
+        let a = s.answer(&wrong, 0, apply);
         assert!(
             matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("unexpected resource type"))
         );
@@ -664,13 +730,13 @@ mod tests {
                 value: vec![0xff, 0xff],
             }],
         );
-        let a = s.answer(&garbage, apply);
+        let a = s.answer(&garbage, 0, apply);
         assert!(
             matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("does not decode"))
         );
         let empty = response("2", "c", vec![]);
         assert!(matches!(
-            s.answer(&empty, apply).verdict,
+            s.answer(&empty, 0, apply).verdict,
             Ack::Accepted { domains: 0, .. }
         ));
     }
