@@ -402,8 +402,18 @@ async fn rate_limit_policies_from_a_real_api_server() {
         "domain: mixed\ndescriptors:\n  - key: filekey\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
     )
     .unwrap();
-    let all = Server::start_env(dir, &[file], &["--kube"], &env);
+    let mut log_env = env.clone();
+    log_env.push(("RUST_LOG", "info,sluice::source::kube=debug"));
+    let all = Server::start_env(dir, &[file], &["--kube"], &log_env);
     wait_limit(&all, "mixed", "filekey", Some(3), TWO_S).await;
+    // The watch retries before the CRD comes.
+    let mut log = all.startup.clone();
+    log.extend(
+        all.wait_line(Duration::from_secs(10), "a retry", |l| {
+            l.contains("still failing") || l.contains("CRD is not installed")
+        })
+        .await,
+    );
 
     // The CRD, from the committed YAML (the same `sluice crd` prints).
     let crd = repo().join("crds/ratelimitpolicies.yaml");
@@ -427,6 +437,12 @@ async fn rate_limit_policies_from_a_real_api_server() {
     wait_limit(&all, "shop", "user", Some(2), Duration::from_secs(15)).await;
     k.wait_accepted("team-a", "a", "True/Accepted", Duration::from_secs(5))
         .await;
+    // While the CRD was missing the watch retried quietly, backing off; it was
+    // restored once, when a list succeeded.
+    log.extend(all.drain_lines());
+    let count = |text: &str| log.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(count("RateLimitPolicy watch restored"), 1, "{log:#?}");
+    assert_eq!(count("CRD is not installed"), 1, "{log:#?}");
     let table = k.must(&["get", "rlp", "-n", "team-a"]);
     assert!(
         table.contains("DOMAIN") && table.contains("ACCEPTED") && table.contains("shop"),

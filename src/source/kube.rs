@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
@@ -83,11 +83,13 @@ impl KubeSource {
             .as_deref()
             .map_or("all namespaces".to_string(), |ns| format!("namespace {ns}"));
         tracing::info!(scope = %scope, "watching RateLimitPolicy objects");
-        let stream = watcher::watcher(
-            self.api(self.namespace.as_deref()),
-            watcher::Config::default(),
-        )
-        .backoff(QuickBackoff::default());
+        let stream = backed_off(
+            watcher::watcher(
+                self.api(self.namespace.as_deref()),
+                watcher::Config::default(),
+            ),
+            QuickBackoff::default(),
+        );
         tokio::pin!(stream);
         let mut outcomes = self.hub.outcomes();
         let mut retry = tokio::time::interval(Duration::from_secs(5));
@@ -109,6 +111,8 @@ impl KubeSource {
                     Some(Err(e)) => {
                         log_watch_error(&e, &scope, failing);
                         failing = true;
+                        // A list cut short is started again from scratch.
+                        listing = None;
                         if let Some(tx) = first.take() {
                             let _ = tx.send(());
                         }
@@ -119,7 +123,8 @@ impl KubeSource {
                             failing = false;
                         }
                         match event {
-                            Event::Init => listing = Some(BTreeMap::new()),
+                            // Dropped by backed_off(); a new list starts empty anyway.
+                            Event::Init => listing = None,
                             Event::InitApply(obj) => {
                                 let (key, t) = track(obj, &objects);
                                 listing.get_or_insert_with(BTreeMap::new).insert(key, t);
@@ -365,18 +370,31 @@ fn log_watch_error(e: &watcher::Error, scope: &str, repeated: bool) {
         watcher::Error::WatchError(s) => s.code == 404,
         _ => false,
     };
-    if not_found {
-        if !repeated {
-            tracing::warn!(
-                scope,
-                "the RateLimitPolicy CRD is not installed (install it with `sluice crd | kubectl apply -f -`); waiting for it"
-            );
-        }
-    } else if repeated {
+    if repeated {
         tracing::debug!(scope, error = %e, "RateLimitPolicy watch still failing; retrying");
+    } else if not_found {
+        tracing::warn!(
+            scope,
+            "the RateLimitPolicy CRD is not installed (install it with `sluice crd | kubectl apply -f -`); waiting for it"
+        );
     } else {
         tracing::warn!(scope, error = %e, "RateLimitPolicy watch failed; retrying with back-off (the current policies keep serving)");
     }
+}
+
+/// The watcher's events, errors retried after `backoff`, which restarts only once
+/// objects (or their absence) are actually read. kube-runtime's `Event::Init`
+/// opens every attempt to list, including those about to fail, so it is dropped
+/// here: passed on, it would count as a success, restart the back-off on every
+/// retry and report the watch restored each time.
+fn backed_off<S, B>(events: S, backoff: B) -> impl Stream<Item = S::Item>
+where
+    S: Stream<Item = Result<Event<DynamicObject>, watcher::Error>>,
+    B: Backoff,
+{
+    events
+        .filter(|e| std::future::ready(!matches!(e, Ok(Event::Init))))
+        .backoff(backoff)
 }
 
 /// 0.5 s doubling to 5 s, reset after a success.
@@ -428,6 +446,51 @@ mod tests {
         assert!(!same(&a, &condition(&Acceptance::Invalid("x".into()), 4)));
         assert!(!same(&a, &condition(&Acceptance::Accepted, 3)));
         assert!(now_rfc3339().ends_with('Z'));
+    }
+
+    /// What a back-off would wait, recorded, without waiting.
+    #[derive(Clone, Default)]
+    struct Recorded {
+        inner: QuickBackoff,
+        waits: Arc<std::sync::Mutex<Vec<u128>>>,
+    }
+
+    impl Iterator for Recorded {
+        type Item = Duration;
+        fn next(&mut self) -> Option<Duration> {
+            let wait = self.inner.next()?;
+            self.waits.lock().unwrap().push(wait.as_millis());
+            Some(Duration::ZERO)
+        }
+    }
+
+    impl Backoff for Recorded {
+        fn reset(&mut self) {
+            self.inner.reset();
+        }
+    }
+
+    /// Each failed attempt opens with `Init`; the waits still double, and restart
+    /// only after a list that succeeded.
+    #[tokio::test]
+    async fn failed_lists_back_off_doubling_and_a_good_list_restarts_it() {
+        let failed = || [Ok(Event::Init), Err(watcher::Error::NoResourceVersion)];
+        let mut script: Vec<Result<Event<DynamicObject>, watcher::Error>> = Vec::new();
+        for _ in 0..5 {
+            script.extend(failed());
+        }
+        script.extend([Ok(Event::Init), Ok(Event::InitDone)]);
+        script.extend(failed());
+        let recorded = Recorded::default();
+        let events: Vec<_> = backed_off(futures::stream::iter(script), recorded.clone())
+            .collect()
+            .await;
+        let waits = recorded.waits.lock().unwrap().clone();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 5000, 500]);
+        assert!(
+            !events.iter().any(|e| matches!(e, Ok(Event::Init))),
+            "no attempt to list passes for a success"
+        );
     }
 
     #[test]

@@ -89,6 +89,8 @@ impl Server {
         // admissions would read as a wrong count. Tests of the timeout pass their own
         // (`--store-timeout` or this variable, both of which override this one).
         cmd.env("SLUICE_STORE_TIMEOUT", "2s");
+        // Info unless a test asks for more.
+        cmd.env("RUST_LOG", "info");
         cmd.envs(env.iter().copied());
         cmd.arg("serve")
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
@@ -97,7 +99,7 @@ impl Server {
         for c in configs {
             cmd.arg("--config").arg(c);
         }
-        cmd.args(extra).env("RUST_LOG", "info");
+        cmd.args(extra);
         Self::spawn(cmd, dir)
     }
 
