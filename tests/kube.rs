@@ -584,6 +584,29 @@ async fn rate_limit_policies_from_a_real_api_server() {
     k.wait_accepted("team-a", "a", "True/Accepted", STATUS)
         .await;
 
+    // An invalid edit to the older of two policies defining one path: the older
+    // one's last good version keeps it, and the newer one stays Conflicted.
+    k.apply(&per_minute("team-d", "first", "paths", "user", 3))
+        .unwrap();
+    k.wait_accepted("team-d", "first", "True/Accepted", STATUS)
+        .await;
+    k.apply(&per_minute("team-d", "second", "paths", "user", 8))
+        .unwrap();
+    k.wait_accepted("team-d", "second", "False/Conflicted", STATUS)
+        .await;
+    let bad_first = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: first, namespace: team-d}\n\
+                     spec:\n  domain: paths\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 4}}\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 5}}\n";
+    k.apply(bad_first).unwrap();
+    k.wait_accepted("team-d", "first", "False/Invalid", STATUS)
+        .await;
+    assert_eq!(limit(&all, "paths", "user").await, Some(3));
+    assert!(
+        k.accepted("team-d", "second")
+            .starts_with("False/Conflicted"),
+        "{}",
+        k.accepted("team-d", "second")
+    );
+
     // Another namespace naming the same domain: Conflicted.
     k.apply(&per_minute("team-b", "b", "shop", "other", 11))
         .unwrap();

@@ -55,7 +55,7 @@ impl Document {
 }
 
 /// One node of the descriptor tree.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct DescriptorNode {
     /// 1-based line of the descriptor, when known.
     pub line: Option<usize>,

@@ -16,7 +16,9 @@
 //! - A domain belongs to the namespace of its oldest policy (valid or not: the
 //!   domain is read from the raw spec). A policy of another namespace naming it is
 //!   `Conflicted`, unless the domain is in `--shared-domains`.
-//! - A policy whose spec does not parse is `Invalid`; it never affects the others.
+//! - A policy whose spec does not parse is `Invalid`; it never affects the others:
+//!   the descriptor paths its spec still names stay its own ([`super::claim`]), so
+//!   a newer policy defining them is `Conflicted` as it was before the bad edit.
 //! - A valid policy is added to its domain's documents when they still compile with
 //!   it (files first, then older policies); otherwise, for instance when it defines a
 //!   descriptor path already defined by a file or an older policy, or disagrees on
@@ -52,6 +54,9 @@ pub struct Candidate {
     pub current: Result<Document, Vec<PolicyError>>,
     /// The last version of this object (same uid) that parsed, if any.
     pub last_good: Option<Document>,
+    /// While the spec does not parse, the paths it still names
+    /// ([`super::claim::claimed`]): they stay this policy's.
+    pub claimed: Option<Document>,
 }
 
 impl Candidate {
@@ -108,11 +113,23 @@ pub fn resolve(
     }
     let mut serving: Vec<Document> = Vec::new();
     let mut outcomes = Outcomes::new();
+    // What invalid policies still claim, by domain: newer policies may not take it.
+    let mut claims: HashMap<String, Vec<Document>> = HashMap::new();
 
     for c in &order {
         let verdict = match &c.current {
-            Err(errors) => Acceptance::Invalid(invalid_message(errors)),
-            Ok(doc) => match fits(doc, c, &owner, shared, &by_domain) {
+            Err(errors) => {
+                if let Some(claim) = &c.claimed {
+                    if fits(claim, c, &owner, shared, &by_domain, &claims).is_ok() {
+                        claims
+                            .entry(claim.domain.clone())
+                            .or_default()
+                            .push(claim.clone());
+                    }
+                }
+                Acceptance::Invalid(invalid_message(errors))
+            }
+            Ok(doc) => match fits(doc, c, &owner, shared, &by_domain, &claims) {
                 Ok(()) => {
                     by_domain
                         .entry(doc.domain.clone())
@@ -133,12 +150,14 @@ pub fn resolve(
         );
     }
 
-    // Invalid policies keep their last good version where it still fits.
+    // Invalid policies keep their last good version where it still fits (the
+    // claims have kept newer policies off their paths).
+    let no_claims = HashMap::new();
     for c in &order {
         let (Err(_), Some(doc)) = (&c.current, &c.last_good) else {
             continue;
         };
-        match fits(doc, c, &owner, shared, &by_domain) {
+        match fits(doc, c, &owner, shared, &by_domain, &no_claims) {
             Ok(()) => {
                 tracing::debug!(policy = %c.key(), "invalid update: the last good version keeps serving");
                 by_domain
@@ -160,13 +179,15 @@ pub fn resolve(
 }
 
 /// Whether `doc` (of candidate `c`) may join its domain: the domain's owner allows
-/// it and the domain's documents still compile with it. `Err` says why not.
+/// it and the domain's documents, and what older invalid policies claim, still
+/// compile with it. `Err` says why not.
 fn fits(
     doc: &Document,
     c: &Candidate,
     owner: &HashMap<&str, &Candidate>,
     shared: &HashSet<String>,
     by_domain: &HashMap<String, Vec<Document>>,
+    claims: &HashMap<String, Vec<Document>>,
 ) -> Result<(), String> {
     if !shared.contains(&doc.domain) {
         if let Some(first) = owner.get(doc.domain.as_str()) {
@@ -183,6 +204,7 @@ fn fits(
         }
     }
     let mut trial = by_domain.get(&doc.domain).cloned().unwrap_or_default();
+    trial.extend(claims.get(&doc.domain).into_iter().flatten().cloned());
     trial.push(doc.clone());
     match compile(trial) {
         Ok(_) => Ok(()),
@@ -330,6 +352,10 @@ mod tests {
             generation: 1,
             domain: spec["domain"].as_str().map(String::from),
             last_good: current.as_ref().ok().cloned(),
+            claimed: current
+                .is_err()
+                .then(|| super::super::claim::claimed(ns, name, &spec))
+                .flatten(),
             current,
         }
     }
@@ -413,6 +439,39 @@ mod tests {
         let (docs2, o2) = resolve(&[], &[bad, other], &HashSet::new());
         assert_eq!(o, o2);
         assert_eq!(docs2.len(), 1);
+    }
+
+    /// An invalid edit to the older of two policies defining one path: the older
+    /// one's last good version keeps the path, the newer stays Conflicted, and a
+    /// replica that never saw the good version reaches the same verdicts.
+    #[test]
+    fn an_invalid_edit_to_the_older_policy_does_not_hand_its_path_over() {
+        let older = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
+        let newer = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "k"));
+        let (_, before) = resolve(&[], &[older.clone(), newer.clone()], &HashSet::new());
+        assert!(matches!(
+            verdict(&before, "ns/b"),
+            Acceptance::Conflicted(_)
+        ));
+
+        let mut edited = cand(
+            "ns",
+            "a",
+            "2024-01-01T00:00:00Z",
+            serde_json::json!({"domain": "d", "descriptors": [{"key": "k", "rateLimit": {"unit": "second"}}]}),
+        );
+        assert!(edited.current.is_err());
+        edited.last_good = older.current.clone().ok();
+        let (docs, o) = resolve(&[], &[edited.clone(), newer.clone()], &HashSet::new());
+        assert!(matches!(verdict(&o, "ns/a"), Acceptance::Invalid(_)));
+        assert_eq!(verdict(&o, "ns/b"), verdict(&before, "ns/b"));
+        let sources: Vec<&str> = docs.iter().map(|d| d.source.as_str()).collect();
+        assert_eq!(sources, ["ns/a"], "the last good version serves");
+
+        edited.last_good = None;
+        let (docs, fresh) = resolve(&[], &[edited, newer], &HashSet::new());
+        assert_eq!(fresh, o);
+        assert!(docs.is_empty());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
 use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
 use crate::policy::{self, Document, PolicyError};
@@ -318,6 +319,10 @@ fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Trac
             ),
         }
     }
+    let claimed = match &current {
+        Err(_) => claim::claimed(&namespace, &name, &spec),
+        Ok(_) => None,
+    };
     let candidate = Candidate {
         namespace,
         name,
@@ -329,6 +334,7 @@ fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Trac
             .map(String::from),
         current,
         last_good,
+        claimed,
     };
     (
         key,

@@ -16,6 +16,7 @@ use crate::telemetry::Metrics;
 /// Longest start-up wait for the first RateLimitPolicy list.
 const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+pub mod claim;
 pub mod file;
 pub mod hub;
 pub mod kube;
