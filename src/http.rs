@@ -34,6 +34,8 @@ pub struct HttpState<S> {
     pub connections: Arc<sluice_grpc::Stats>,
     /// False until the sources that must deliver first have (the first xDS version).
     pub loaded: Arc<AtomicBool>,
+    /// The policy sources, for their refusals and the RateLimitPolicies' verdicts.
+    pub hub: Arc<crate::source::hub::Hub>,
 }
 
 /// The router for `--http-addr`.
@@ -214,8 +216,9 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
             })
         })
         .collect();
+    let status = admin.hub.status();
     // Each loaded document: where it came from, its domain's rules and its status.
-    let policies: Vec<_> = policy
+    let mut policies: Vec<_> = policy
         .sources
         .iter()
         .map(|s| {
@@ -236,39 +239,87 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
                 "line": s.line,
                 "domain": s.domain,
                 "rules": rules,
-                "status": source_status(s),
+                "status": source_status(s, &status),
             })
         })
+        .collect();
+    // RateLimitPolicies serving nothing (Conflicted, or Invalid with no last good
+    // version here) are listed too, with why.
+    for (key, outcome) in status.outcomes.iter() {
+        if policy.sources.iter().any(|s| &s.source == key) {
+            continue;
+        }
+        policies.push(json!({
+            "source": key,
+            "origin": "kubernetes",
+            "form": "RateLimitPolicy",
+            "resource": key,
+            "line": null,
+            "domain": outcome.domain,
+            "rules": [],
+            "status": verdict_status("refused", &outcome.verdict),
+        }));
+    }
+    let refused: Vec<_> = status
+        .refused
+        .iter()
+        .map(|(source, error)| json!({"source": source, "error": error}))
         .collect();
     Json(json!({
         "domains": domains.iter().map(|d| &d.name).collect::<Vec<_>>(),
         "sources": policy.sources.iter().map(|s| json!({"source": s.source, "domain": s.domain})).collect::<Vec<_>>(),
         "rules": rules,
         "policies": policies,
+        "refused": refused,
     }))
     .into_response()
 }
 
-/// The status `/debug/policies` shows for one document of the serving policy.
-///
-/// A file document in the serving policy is loaded: a refused edit never replaces it
-/// (it is logged and counted in `sluice_policy_reloads_total{result="error"}`).
-/// Kubernetes: the RateLimitPolicy's own status (condition `Accepted`, reason
-/// `Invalid`/`Conflicted`, `observedGeneration`) belongs here; the kube source should
-/// hand it over (for instance a map `namespace/name -> condition` read here) when
-/// it lands. Until then a resource in the serving policy reports `Accepted`.
-fn source_status(source: &crate::policy::SourceInfo) -> serde_json::Value {
-    match origin(source) {
-        "kubernetes" => json!({"state": "loaded", "accepted": true, "reason": "Accepted"}),
-        _ => json!({"state": "loaded"}),
+/// The status `/debug/policies` shows for one document of the serving policy:
+/// `loaded`, or `last_good` when its source's latest change was refused (the
+/// error says why) or its RateLimitPolicy is `Invalid` and its last good version
+/// serves. A RateLimitPolicy also shows its `Accepted` condition's reason.
+fn source_status(
+    source: &crate::policy::SourceInfo,
+    status: &crate::source::hub::Status,
+) -> serde_json::Value {
+    let origin = origin(source);
+    if origin == "kubernetes" {
+        return match status.outcomes.get(&source.source) {
+            Some(outcome) => verdict_status("last_good", &outcome.verdict),
+            None => json!({"state": "loaded"}),
+        };
+    }
+    match status.refused.get(origin) {
+        Some(error) => json!({"state": "last_good", "error": error}),
+        None => json!({"state": "loaded"}),
+    }
+}
+
+/// A RateLimitPolicy's status: `loaded` when accepted, else `unaccepted` (what its
+/// document is doing: serving its last good version, or refused) with the reason and
+/// message of its `Accepted` condition.
+fn verdict_status(unaccepted: &str, verdict: &crate::source::hub::Acceptance) -> serde_json::Value {
+    use crate::source::hub::Acceptance;
+    match verdict {
+        Acceptance::Accepted => json!({"state": "loaded", "accepted": true, "reason": "Accepted"}),
+        Acceptance::Invalid(m) => {
+            json!({"state": unaccepted, "accepted": false, "reason": "Invalid", "message": m})
+        }
+        Acceptance::Conflicted(m) => {
+            json!({"state": unaccepted, "accepted": false, "reason": "Conflicted", "message": m})
+        }
     }
 }
 
 /// `kubernetes` for an object read from the API server (its source is its
-/// `namespace/name`), `file` otherwise (a file may hold RateLimitPolicy manifests too).
+/// `namespace/name`), `xds` for a `RateLimitConfig` taken over xDS, `file`
+/// otherwise (a file may hold RateLimitPolicy manifests too).
 fn origin(source: &crate::policy::SourceInfo) -> &'static str {
     if source.resource.as_deref() == Some(source.source.as_str()) {
         "kubernetes"
+    } else if source.source.starts_with("xds:") {
+        "xds"
     } else {
         "file"
     }

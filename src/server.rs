@@ -104,7 +104,7 @@ pub async fn run(
         }
     };
     let sources = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
-    let (policy, loaded) = (sources.policy, sources.loaded);
+    let (policy, loaded, hub) = (sources.policy, sources.loaded, sources.hub);
 
     let cluster = !cfg.store.redis_cluster.is_empty();
     let sentinel = !cfg.store.redis_sentinel.is_empty();
@@ -141,6 +141,7 @@ pub async fn run(
             demand,
             &cfg,
             loaded,
+            hub,
             stop_tx,
             stopped,
             shutdown,
@@ -171,6 +172,7 @@ pub async fn run(
         local_demand(),
         &cfg,
         loaded,
+        hub,
         stop_tx,
         stopped,
         shutdown,
@@ -336,6 +338,7 @@ async fn serve<S, F, Fut>(
     demand: Arc<dyn Demand>,
     cfg: &Serve,
     loaded: Arc<AtomicBool>,
+    hub: Arc<crate::source::hub::Hub>,
     stop_tx: watch::Sender<bool>,
     stopped: F,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -426,6 +429,7 @@ where
         max_request_bytes: cfg.connections.max_request_bytes,
         connections,
         loaded,
+        hub,
     });
     let prometheus = match cfg.metrics.prometheus_addr {
         Some(addr) => {

@@ -578,6 +578,18 @@ async fn rate_limit_policies_from_a_real_api_server() {
         .await;
     assert!(cond.contains("duplicate descriptor"), "{cond}");
     assert_eq!(limit(&all, "shop", "user").await, Some(5));
+    // Counted as a refused reload (the shipped alert reads it), and shown.
+    let refused = [("source", "kube"), ("result", "error")];
+    assert_eq!(
+        all.metric("sluice_policy_reloads_total", &refused),
+        Some(1.0)
+    );
+    let status = debug_status(&all, "team-a/a");
+    assert_eq!(
+        (&status["state"], &status["reason"]),
+        (&"last_good".into(), &"Invalid".into()),
+        "{status}"
+    );
     k.apply(&per_minute("team-a", "a", "shop", "user", 7))
         .unwrap();
     wait_limit(&all, "shop", "user", Some(7), TWO_S).await;
@@ -615,6 +627,18 @@ async fn rate_limit_policies_from_a_real_api_server() {
         .await;
     assert!(cond.contains("belongs to namespace 'team-a'"), "{cond}");
     assert_eq!(limit(&all, "shop", "other").await, None);
+    let status = debug_status(&all, "team-b/b");
+    assert_eq!(
+        (&status["state"], &status["reason"]),
+        (&"refused".into(), &"Conflicted".into()),
+        "{status}"
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("team-a")),
+        "{status}"
+    );
 
     // A policy and a file naming one domain merge; a clash makes the policy
     // Conflicted and the file keeps serving.
@@ -762,6 +786,15 @@ async fn wait_metric(server: &Server, name: &str, want: f64) {
         server.metric(name, &[]) == Some(want)
     })
     .await;
+}
+
+/// The `/debug/policies` status of the RateLimitPolicy `namespace/name`.
+fn debug_status(server: &Server, key: &str) -> serde_json::Value {
+    let (_, body) = http(&server.http, "GET", "/debug/policies", "");
+    let p: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let policies = p["policies"].as_array().cloned().unwrap_or_default();
+    let found = policies.into_iter().find(|x| x["source"] == key);
+    found.unwrap_or_else(|| panic!("{key} not in {body}"))["status"].clone()
 }
 
 /// Waits for a log line containing `text`, printed before sluice listened or since.

@@ -400,6 +400,40 @@ async fn debug_policies_shows_sources_rules_and_status() {
     assert_eq!(rules, vec!["remote_address", "tenant", "free"]);
 }
 
+/// A refused edit shows: the file's documents serve their last good version, and
+/// the refusal says why, until the file is fixed.
+#[tokio::test]
+async fn debug_policies_shows_a_refused_file_edit_until_it_is_fixed() {
+    let server = Server::start(POLICY, &[]);
+    write_atomic(
+        &server.policy_path(),
+        "domain: shop\ndescriptors:\n  - key: [\n",
+    );
+    let mut p = Value::Null;
+    eventually(Duration::from_secs(10), "the refusal shown", || {
+        p = json_get(&server, "/debug/policies");
+        let refused = p["refused"].as_array().is_some_and(|r| !r.is_empty());
+        async move { refused }
+    })
+    .await;
+    assert_eq!(p["refused"][0]["source"], "file", "{p}");
+    let error = p["refused"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("policy.yaml:"), "{p}");
+    let shop = &p["policies"][0];
+    assert_eq!(shop["domain"], "shop", "{p}");
+    assert_eq!(shop["status"]["state"], "last_good", "{p}");
+    assert_eq!(shop["status"]["error"], error, "{p}");
+
+    write_atomic(&server.policy_path(), POLICY);
+    eventually(Duration::from_secs(10), "the refusal gone", || {
+        let p = json_get(&server, "/debug/policies");
+        let loaded = p["policies"][0]["status"]["state"] == "loaded"
+            && p["refused"].as_array().is_some_and(Vec::is_empty);
+        async move { loaded }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn debug_policies_tells_resources_in_files_from_plain_documents() {
     let dir = tempfile::tempdir().unwrap();

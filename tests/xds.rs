@@ -299,6 +299,26 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
         3
     );
     assert!(ready(&server));
+    // /debug/policies says the version serving is the last good one, and why.
+    let debug = || {
+        let (_, body) = http(&server.http, "GET", "/debug/policies", "");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let p = debug();
+    assert_eq!(p["refused"][0]["source"], "xds", "{p}");
+    let error = p["refused"][0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("version 2: ") && error.contains("duplicate descriptor"),
+        "{p}"
+    );
+    let served = p["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["domain"] == DOMAIN);
+    let served = served.unwrap_or_else(|| panic!("{p}"));
+    assert_eq!(served["origin"], "xds", "{p}");
+    assert_eq!(served["status"]["state"], "last_good", "{p}");
 
     // A good version is taken at once.
     xds.publish(
@@ -307,6 +327,7 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
             .replacen("requests_per_unit: 3", "requests_per_unit: 4", 1),
     );
     header_limit_becomes(&server, 4, "version 3 applied").await;
+    assert_eq!(debug()["refused"], serde_json::json!([]));
 }
 
 #[tokio::test]

@@ -72,7 +72,9 @@ impl FileSource {
         let snapshot = Snapshot::read(&self.paths);
         let seen = snapshot.fingerprint();
         if seen == self.loaded {
-            self.refused = None;
+            if self.refused.take().is_some() {
+                self.hub.clear_refusal("file");
+            }
             return false;
         }
         if self.refused == Some(seen) {
@@ -97,6 +99,8 @@ impl FileSource {
                     tracing::error!(error = %e, "policy refused; the last good policy keeps serving");
                 }
                 self.metrics.policy_reload("file", false);
+                let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                self.hub.refuse("file", lines.join("\n"));
                 self.refused = Some(seen);
                 false
             }

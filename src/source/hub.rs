@@ -79,6 +79,8 @@ pub enum Acceptance {
 pub struct Outcome {
     pub generation: i64,
     pub verdict: Acceptance,
+    /// `spec.domain` as written.
+    pub domain: Option<String>,
 }
 
 /// Verdicts by `namespace/name`.
@@ -146,6 +148,7 @@ pub fn resolve(
             Outcome {
                 generation: c.generation,
                 verdict,
+                domain: c.domain.clone(),
             },
         );
     }
@@ -224,6 +227,16 @@ fn invalid_message(errors: &[PolicyError]) -> String {
     format!("spec is invalid: {}", lines.join("; "))
 }
 
+/// What the sources say beside the serving policy, for `/debug/policies`.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    /// By source (`file`, `xds`): why its latest change was refused, while its last
+    /// good documents keep serving.
+    pub refused: BTreeMap<&'static str, String>,
+    /// Every RateLimitPolicy's verdict.
+    pub outcomes: Arc<Outcomes>,
+}
+
 /// The latest documents of every source, and the one policy compiled from them.
 #[derive(Debug)]
 pub struct Hub {
@@ -236,6 +249,8 @@ pub struct Hub {
     /// Counts the file sets swapped in, so a refused xDS version is checked again
     /// when the files it clashed with change.
     files_swapped: watch::Sender<u64>,
+    /// See [`Status::refused`].
+    refused: Mutex<BTreeMap<&'static str, String>>,
 }
 
 #[derive(Debug, Default)]
@@ -265,6 +280,7 @@ impl Hub {
             state: Mutex::new(State::default()),
             outcomes: watch::channel(Arc::new(Outcomes::new())).0,
             files_swapped: watch::channel(0).0,
+            refused: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -276,6 +292,29 @@ impl Hub {
     /// The verdicts of the latest policy, updated after each swap.
     pub fn outcomes(&self) -> watch::Receiver<Arc<Outcomes>> {
         self.outcomes.subscribe()
+    }
+
+    /// The sources' refusals and the policies' verdicts.
+    pub fn status(&self) -> Status {
+        Status {
+            refused: self.refusals().clone(),
+            outcomes: self.outcomes.borrow().clone(),
+        }
+    }
+
+    /// Records why `source`'s latest change was refused; its next accepted change
+    /// (or [`Hub::clear_refusal`]) clears it.
+    pub fn refuse(&self, source: &'static str, error: String) {
+        self.refusals().insert(source, error);
+    }
+
+    /// Forgets `source`'s refusal: what it has now is what serves.
+    pub fn clear_refusal(&self, source: &'static str) {
+        self.refusals().remove(source);
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, String>> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How many file sets have been swapped in, updated after each.
@@ -291,6 +330,7 @@ impl Hub {
         let old = std::mem::replace(&mut state.files, docs);
         self.rebuild(&state, "file")
             .inspect_err(|_| state.files = old)?;
+        self.clear_refusal("file");
         self.files_swapped.send_modify(|n| *n += 1);
         Ok(())
     }
@@ -300,20 +340,27 @@ impl Hub {
     pub fn set_xds(&self, docs: Vec<Document>) -> Result<(), Vec<PolicyError>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::mem::replace(&mut state.xds, docs);
-        self.rebuild(&state, "xds").inspect_err(|_| state.xds = old)
+        self.rebuild(&state, "xds")
+            .inspect_err(|_| state.xds = old)?;
+        self.clear_refusal("xds");
+        Ok(())
     }
 
-    /// Replaces the RateLimitPolicy objects and rebuilds.
+    /// Replaces the RateLimitPolicy objects and rebuilds. Counted as a refused
+    /// reload when a policy is newly `Invalid` or `Conflicted` (a new generation, or
+    /// a new reason), as a file or xDS change that does not load is.
     pub fn set_policies(&self, policies: Vec<Candidate>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.policies = policies;
+        let before = self.outcomes.borrow().clone();
         // resolve() passes policies only when they compile with the files and xDS,
         // which always compile together, so this does not fail.
-        if self.rebuild(&state, "kube").is_ok() {
-            self.metrics.policy_reload("kube", true);
-        } else {
-            self.metrics.policy_reload("kube", false);
-        }
+        let compiled = self.rebuild(&state, "kube").is_ok();
+        let after = self.outcomes.borrow().clone();
+        let refused = after
+            .iter()
+            .any(|(key, o)| o.verdict != Acceptance::Accepted && before.get(key) != Some(o));
+        self.metrics.policy_reload("kube", compiled && !refused);
     }
 
     /// Compiles `state` and swaps the result in; on an error nothing is swapped and
@@ -533,6 +580,46 @@ mod tests {
             text.contains(r#"descriptor="j",domain="d",rule="j"} 8"#),
             "{text}"
         );
+    }
+
+    /// A RateLimitPolicy edit that is refused counts as a refused reload, once.
+    #[test]
+    fn a_refused_policy_edit_counts_as_a_refused_reload() {
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        let count = |result: &str| {
+            let series =
+                format!("sluice_policy_reloads_total{{result=\"{result}\",source=\"kube\"}} ");
+            let text = metrics.render();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&series))
+                .map(String::from);
+            line.map(|l| l[series.len()..].to_string())
+                .unwrap_or_default()
+        };
+        let good = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
+        hub.set_policies(vec![good.clone()]);
+        assert_eq!((count("ok"), count("error")), ("1".into(), String::new()));
+
+        let mut bad = cand(
+            "ns",
+            "a",
+            "2024-01-01T00:00:00Z",
+            serde_json::json!({"domain": "d", "descriptors": [{"key": "k"}, {"key": "k"}]}),
+        );
+        bad.generation = 2;
+        bad.last_good = good.current.clone().ok();
+        hub.set_policies(vec![bad.clone()]);
+        assert_eq!(count("error"), "1");
+        // Another object's change: the refusal is not news.
+        let other = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "j"));
+        hub.set_policies(vec![bad, other.clone()]);
+        assert_eq!((count("ok"), count("error")), ("2".into(), "1".into()));
+        // A newer policy on a path already taken: Conflicted, refused.
+        let clash = cand("ns", "c", "2024-01-03T00:00:00Z", spec("d", "j"));
+        hub.set_policies(vec![good, other, clash]);
+        assert_eq!(count("error"), "2");
     }
 
     #[test]

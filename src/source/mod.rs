@@ -30,6 +30,9 @@ pub struct Sources {
     /// True once every source that must deliver before readiness has: the xDS
     /// source's first accepted version (unless `--xds-start-without-config`).
     pub loaded: Arc<AtomicBool>,
+    /// Where the sources meet, for what they say beside the policy
+    /// (`/debug/policies`).
+    pub hub: Arc<hub::Hub>,
 }
 
 /// Loads the `--config` files, connects to Kubernetes with `--kube`, subscribes to
@@ -74,6 +77,7 @@ where
         tokio::spawn(source.run(stopped()));
     }
     if cfg.policies.kube {
+        metrics.declare_policy_source("kube");
         let kube =
             kube::KubeSource::connect(cfg.policies.kube_namespace.clone(), hub.clone()).await?;
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
@@ -93,5 +97,6 @@ where
     Ok(Sources {
         policy: hub.policy(),
         loaded,
+        hub,
     })
 }

@@ -222,6 +222,8 @@ impl XdsSource {
                 first: true,
             } => {
                 self.metrics.policy_reload("xds", false);
+                self.hub
+                    .refuse("xds", format!("version {version}: {message}"));
                 tracing::error!(version = %version, error = %message, "xDS version refused (NACK); the last good policy keeps serving");
             }
             Ack::Refused { version, .. } => {
