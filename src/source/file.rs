@@ -52,14 +52,54 @@ impl FileSource {
     }
 
     /// Polls until `shutdown` resolves.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+    ///
+    /// Reading, parsing and compiling a large policy takes a while (seconds for
+    /// tens of thousands of rules), so each poll runs on a thread of its own, off
+    /// the runtime's threads, which answer requests meanwhile.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let Some(polls) = self.spawn_poller() else {
+            return;
+        };
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tick.tick() => { self.check(); }
+                _ = tick.tick() => {}
+            }
+            let (done, polled) = tokio::sync::oneshot::channel();
+            if polls.send(done).is_err() {
+                return;
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = polled => {}
+            }
+        }
+    }
+
+    /// Starts the thread that polls whenever asked, until the sender is dropped.
+    fn spawn_poller(mut self) -> Option<std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>> {
+        let (polls, asked) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-policy-files".into())
+            .spawn(move || {
+                for done in asked {
+                    let check = std::panic::AssertUnwindSafe(|| self.check());
+                    if std::panic::catch_unwind(check).is_err() {
+                        tracing::error!(
+                            "checking the policy files failed; trying again at the next poll"
+                        );
+                    }
+                    let _ = done.send(());
+                }
+            });
+        match spawned {
+            Ok(_) => Some(polls),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the policy file thread; the files are not reloaded");
+                None
             }
         }
     }
@@ -210,6 +250,59 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// While a poll is stuck reading (a large file being parsed and compiled, here
+    /// a FIFO nobody writes yet), the runtime keeps running its other tasks: here,
+    /// the one that writes the FIFO.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_reload_does_not_hold_up_the_runtime() {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy(1)).unwrap();
+        let (files, hub) = source(vec![path.clone()]);
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+
+        let (served_tx, served_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                tokio::spawn(files.run(async move {
+                    let _ = stopped.await;
+                }));
+                // Once the poll has the FIFO open to read, write it without waiting.
+                for _ in 0..1000 {
+                    let writer = std::fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(&path);
+                    if let Ok(mut fifo) = writer {
+                        fifo.write_all(policy(2).as_bytes()).unwrap();
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                for _ in 0..1000 {
+                    if served(&hub) == Some(2) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let _ = served_tx.send(served(&hub));
+                let _ = stop.send(());
+            });
+        });
+        let served = served_rx.recv_timeout(Duration::from_secs(10));
+        assert_eq!(served, Ok(Some(2)), "the edit written meanwhile serves");
     }
 
     /// An edit whose good contents arrive between two reads (an editor truncating,
