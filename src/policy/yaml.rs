@@ -9,8 +9,9 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 use super::node::{Node, Value, MAX_DEPTH};
 
-/// Alias expansion may copy at most this many nodes per file, so a "billion laughs"
-/// document is refused instead of exhausting memory.
+/// The most nodes one document may hold (every key and value, and each copy an
+/// alias makes), so a "billion laughs" document is refused instead of exhausting
+/// memory. Anchors live within one document, so this bounds what aliases can make.
 const MAX_NODES: usize = 1_000_000;
 
 /// A YAML syntax problem at a 1-based line.
@@ -23,12 +24,18 @@ pub(crate) struct YamlError {
 /// Parses every document of `text`. Empty documents (nothing but comments, or a
 /// trailing `---`) come back as [`Value::Null`] nodes.
 pub(crate) fn load(text: &str) -> Result<Vec<Node>, YamlError> {
+    load_capped(text, MAX_NODES)
+}
+
+/// [`load`], with at most `max_nodes` nodes per document.
+fn load_capped(text: &str, max_nodes: usize) -> Result<Vec<Node>, YamlError> {
     // Editors on Windows may start a file with a byte-order mark; YAML allows it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut loader = Loader {
         parser: Parser::new_from_str(text),
         anchors: HashMap::new(),
         nodes: 0,
+        max_nodes,
     };
     let mut docs = Vec::new();
     loop {
@@ -38,6 +45,7 @@ pub(crate) fn load(text: &str) -> Result<Vec<Node>, YamlError> {
             Event::StreamEnd => return Ok(docs),
             Event::DocumentStart => {
                 loader.anchors.clear();
+                loader.nodes = 0;
                 let (event, mark) = loader.next()?;
                 docs.push(loader.node(event, mark, 0)?);
             }
@@ -50,7 +58,9 @@ struct Loader<'a> {
     parser: Parser<std::str::Chars<'a>>,
     /// Anchored nodes of the current document with their size in nodes.
     anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes of the current document so far, alias copies included.
     nodes: usize,
+    max_nodes: usize,
 }
 
 impl Loader<'_> {
@@ -63,11 +73,12 @@ impl Loader<'_> {
 
     fn count(&mut self, n: usize, mark: Marker) -> Result<(), YamlError> {
         self.nodes = self.nodes.saturating_add(n);
-        if self.nodes > MAX_NODES {
-            return Err(error(
-                mark,
-                "document too large (aliases expand past 1000000 nodes)",
-            ));
+        if self.nodes > self.max_nodes {
+            let message = format!(
+                "document too large: a YAML document may hold at most {} nodes (each key and value, and each copy an alias makes); split it into several documents (---) or files",
+                self.max_nodes
+            );
+            return Err(error(mark, &message));
         }
         Ok(())
     }
@@ -332,6 +343,25 @@ mod tests {
             ));
         }
         assert!(load(&bomb).is_err());
+    }
+
+    /// The cap says what it counts, aliases or not, and holds per document.
+    #[test]
+    fn the_node_cap_is_per_document_and_says_so() {
+        // 1 map + 3 keys + 3 values.
+        let doc = "a: 1\nb: 2\nc: 3\n";
+        let err = load_capped(doc, 6).unwrap_err();
+        assert_eq!(err.line, Some(3));
+        assert!(
+            err.message
+                .starts_with("document too large: a YAML document may hold at most 6 nodes"),
+            "{}",
+            err.message
+        );
+        assert!(!err.message.contains("aliases expand"), "{}", err.message);
+        assert_eq!(load_capped(doc, 7).unwrap().len(), 1);
+        let two = format!("{doc}---\n{doc}");
+        assert_eq!(load_capped(&two, 7).unwrap().len(), 2);
     }
 
     #[test]
