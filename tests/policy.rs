@@ -205,6 +205,22 @@ fn reject_fixtures_name_file_line_and_problem() {
     }
 }
 
+/// A file written for envoyproxy/ratelimit with YAML merge keys loads unchanged.
+#[test]
+fn merge_keys_load_as_envoy_ratelimit_reads_them() {
+    let text = "domain: api\ndescriptors:\n\
+                \x20 - key: tenant\n    rate_limit: &base\n      unit: minute\n      requests_per_unit: 100\n\
+                \x20 - key: path\n    rate_limit:\n      <<: *base\n      requests_per_unit: 10\n";
+    let docs = parse_str("merge.yaml", text).unwrap_or_else(|e| panic!("{e:#?}"));
+    let p = compile(docs).unwrap();
+    assert_eq!(rpu(&p, "api", &[("tenant", "t")]), Some(100));
+    assert_eq!(rpu(&p, "api", &[("path", "/")]), Some(10));
+    assert_eq!(
+        find(&p, "api", &[("path", "/")]).unwrap().unit,
+        Unit::Minute
+    );
+}
+
 #[test]
 fn display_is_file_colon_line() {
     let errors = errors_of(&["reject/misspelled_field.yaml"]);

@@ -109,16 +109,23 @@ impl Loader<'_> {
             }
             Event::MappingStart(anchor, _) => {
                 let mut entries = Vec::new();
+                let mut merged = Vec::new();
                 loop {
                     let (event, mark) = self.next()?;
                     if event == Event::MappingEnd {
                         break;
                     }
+                    let merge = is_merge_key(&event);
                     let key = self.node(event, mark, depth + 1)?;
                     let (event, mark) = self.next()?;
                     let value = self.node(event, mark, depth + 1)?;
-                    entries.push((key, value));
+                    if merge {
+                        merged.push(value);
+                    } else {
+                        entries.push((key, value));
+                    }
                 }
+                merge_into(&mut entries, merged)?;
                 (Node::new(line, Value::Map(entries)), anchor)
             }
             Event::Alias(id) => {
@@ -138,6 +145,46 @@ impl Loader<'_> {
         }
         Ok(node)
     }
+}
+
+/// The YAML 1.1 merge key: a plain `<<` (quoted, it is an ordinary key).
+/// envoyproxy/ratelimit's reader (go-yaml v2) and kubectl take it, so files
+/// written for them use it.
+fn is_merge_key(event: &Event) -> bool {
+    matches!(event, Event::Scalar(text, TScalarStyle::Plain, _, None) if text == "<<")
+}
+
+/// Adds the entries of the mappings merged in (`<<: *a` or `<<: [*a, *b]`) whose
+/// keys the mapping does not have: its own keys win, then earlier mappings.
+fn merge_into(entries: &mut Vec<(Node, Node)>, merged: Vec<Node>) -> Result<(), YamlError> {
+    if merged.is_empty() {
+        return Ok(());
+    }
+    // Keys by their form (type and text), hashed: a big mapping merged into another
+    // must not cost the product of their sizes.
+    let form = |key: &Node| format!("{:?}", key.value);
+    let mut seen: std::collections::HashSet<String> =
+        entries.iter().map(|(k, _)| form(k)).collect();
+    for value in merged {
+        let maps = match value.value {
+            Value::Seq(items) => items,
+            other => vec![Node::new(value.line, other)],
+        };
+        for map in maps {
+            let Value::Map(more) = map.value else {
+                return Err(YamlError {
+                    line: map.line,
+                    message: "the merge key '<<' takes a mapping or a list of mappings".into(),
+                });
+            };
+            for (key, value) in more {
+                if seen.insert(form(&key)) {
+                    entries.push((key, value));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn error(mark: Marker, message: &str) -> YamlError {
@@ -362,6 +409,47 @@ mod tests {
         assert_eq!(load_capped(doc, 7).unwrap().len(), 1);
         let two = format!("{doc}---\n{doc}");
         assert_eq!(load_capped(&two, 7).unwrap().len(), 2);
+    }
+
+    /// `<<: *a` and `<<: [*a, *b]` merge as go-yaml v2 and kubectl merge: the
+    /// mapping's own keys win, then the earlier mappings.
+    #[test]
+    fn merge_keys_merge_and_own_keys_win() {
+        let node = one("a: &a {unit: minute, requests_per_unit: 5}\n\
+             b: &b {unit: second, name: b}\n\
+             one: {<<: *a, requests_per_unit: 7}\n\
+             list: {<<: [*b, *a]}\n\
+             quoted: {'<<': x}\n");
+        let Value::Map(entries) = node.value else {
+            panic!("not a map")
+        };
+        let map = |i: usize| -> Vec<(Value, Value)> {
+            let Value::Map(m) = &entries[i].1.value else {
+                panic!("not a map")
+            };
+            m.iter()
+                .map(|(k, v)| (k.value.clone(), v.value.clone()))
+                .collect()
+        };
+        let s = |t: &str| Value::Str(t.into());
+        assert_eq!(
+            map(2),
+            [
+                (s("requests_per_unit"), Value::Int(7, "7".into())),
+                (s("unit"), s("minute"))
+            ]
+        );
+        assert_eq!(
+            map(3),
+            [
+                (s("unit"), s("second")),
+                (s("name"), s("b")),
+                (s("requests_per_unit"), Value::Int(5, "5".into()))
+            ]
+        );
+        assert_eq!(map(4), [(s("<<"), s("x"))]);
+        let err = load("a: {<<: 3}\n").unwrap_err();
+        assert!(err.message.contains("merge key '<<'"), "{err:?}");
     }
 
     #[test]
