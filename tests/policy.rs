@@ -514,7 +514,7 @@ fn resource_spec_from_json() {
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert_eq!(
         errors[0].to_string(),
-        "shop/bad: unknown field 'rate_limit' in descriptor (did you mean 'rateLimit'?)"
+        "shop/bad: at descriptors[0] (key 'k' with no value): unknown field 'rate_limit' in descriptor (did you mean 'rateLimit'?)"
     );
     let errors =
         parse_resource_spec("shop", "bad", &serde_json::json!({"descriptors": []})).unwrap_err();

@@ -23,8 +23,11 @@ pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<
     let mut out: Vec<DescriptorNode> = Vec::with_capacity(items.len());
     // Where each key/value was first defined at this level.
     let mut seen: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
-    for item in items {
-        let Some(d) = descriptor(ctx, item, layer) else {
+    for (i, item) in items.iter().enumerate() {
+        ctx.path.push((i, None));
+        let d = descriptor(ctx, item, layer);
+        ctx.path.pop();
+        let Some(d) = d else {
             continue;
         };
         match seen.entry((d.key.clone(), d.value.clone())) {
@@ -60,6 +63,9 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
         .get(ctx, "value")
         .and_then(|v| value(ctx, v))
         .filter(|v| !v.is_empty());
+    if let (Some(k), Some(here)) = (&key, ctx.path.last_mut()) {
+        here.1 = Some(describe_path(k, value.as_deref()));
+    }
     let layer = match f.get(ctx, "layer") {
         Some(field) => text(ctx, field).and_then(|s| {
             let layer = parse_layer(&s);
@@ -1206,13 +1212,38 @@ mod tests {
         let e = parse_resource_spec("ns", "p", &spec).unwrap_err();
         let e: Vec<_> = e.iter().map(|e| e.message.as_str()).collect();
         assert!(
-            e.contains(&"'key' must be a string, found the boolean true"),
+            e.contains(&"at descriptors[0]: 'key' must be a string, found the boolean true"),
             "{e:?}"
         );
         assert!(
-            e.contains(&"'value' must be a string or an integer, found the number 1.5"),
+            e.contains(
+                &"at descriptors[0]: 'value' must be a string or an integer, found the number 1.5"
+            ),
             "{e:?}"
         );
+    }
+
+    /// An object has no lines: its errors say which descriptor, by place and key, as
+    /// a file's say by line.
+    #[test]
+    fn resource_errors_name_the_descriptor_path() {
+        let spec = serde_json::json!({"domain": "d", "descriptors": [
+            {"key": "a", "rateLimit": {"unit": "second", "requestsPerUnit": 1}},
+            {"key": "b", "descriptors": [
+                {"key": "c", "value": "x", "rateLimit": {"unit": "second", "requestsPerUnit": 1, "burst": 0}}
+            ]}
+        ]});
+        let e = parse_resource_spec("ns", "p", &spec).unwrap_err();
+        assert!(
+            e[0].message
+                .starts_with("at descriptors[1].descriptors[0] (key 'c' value 'x'): "),
+            "{e:?}"
+        );
+        // A file's errors keep their line alone.
+        let file = "domain: d\ndescriptors:\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0}\n";
+        let e = parse_str("f.yaml", file).unwrap_err();
+        assert!(!e[0].message.starts_with("at "), "{e:?}");
+        assert_eq!(e[0].line, Some(4));
     }
 
     /// The file form (envoyproxy/ratelimit's) keeps reading what that service reads:

@@ -46,6 +46,10 @@ pub(crate) struct Ctx {
     pub source: String,
     pub form: Form,
     pub errors: Vec<PolicyError>,
+    /// The descriptor being read: its index at each level, and its key and value
+    /// once read. An error without a line (a Kubernetes object's or an xDS config's)
+    /// says where it is by this path instead.
+    pub path: Vec<(usize, Option<String>)>,
 }
 
 impl Ctx {
@@ -54,15 +58,35 @@ impl Ctx {
             source: source.to_string(),
             form,
             errors: Vec::new(),
+            path: Vec::new(),
         }
     }
 
     pub(crate) fn error(&mut self, line: Option<usize>, message: impl Into<String>) {
+        let mut message = message.into();
+        if line.is_none() && !self.path.is_empty() {
+            message = format!("at {}: {message}", self.location());
+        }
         self.errors.push(PolicyError {
             file: self.source.clone(),
             line,
-            message: message.into(),
+            message,
         });
+    }
+
+    /// `descriptors[0].descriptors[2] (key 'path' value '/a')`.
+    fn location(&self) -> String {
+        let list = self.form.spell("descriptors");
+        let steps: Vec<String> = self
+            .path
+            .iter()
+            .map(|(i, _)| format!("{list}[{i}]"))
+            .collect();
+        let mut text = steps.join(".");
+        if let Some((_, Some(what))) = self.path.last() {
+            text.push_str(&format!(" ({what})"));
+        }
+        text
     }
 }
 
