@@ -186,10 +186,10 @@ impl Wire {
 
     /// Whether the server closed this connection while it sat idle (its `timeout`,
     /// or a NAT or load balancer that cuts idle connections), or sent what no call
-    /// asked for: then it must not carry a call. Only a connection idle for
-    /// [`IDLE_CHECK`] is looked at, by one read that does not wait; a call sent on a
-    /// connection already closed would fail, and one closed while a call is under
-    /// way may have run it, so only this moment can tell.
+    /// asked for: then it must not carry a call. Only a connection idle for a
+    /// quarter of a second is looked at, by one read that does not wait; a call sent
+    /// on a connection already closed would fail, and one closed while a call is
+    /// under way may have run it, so only this moment can tell.
     pub fn stale(&mut self) -> bool {
         if self.at < self.read.len() {
             return true;
