@@ -106,14 +106,7 @@ impl Fault {
 
     /// The shard's entry in `/debug/store`.
     fn shard(&self) -> Value {
-        let (status, body) = common::http(&self.sluice.http, "GET", "/debug/store", "");
-        assert_eq!(status, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).expect("JSON");
-        v["shards"]
-            .as_array()
-            .and_then(|s| s.iter().find(|s| s["name"] == self.name.as_str()))
-            .cloned()
-            .unwrap_or_else(|| panic!("no shard {} in {body}", self.name))
+        self.sluice.store_shard(&self.name)
     }
 
     /// A counter's value in `/metrics` (0 when absent).
@@ -596,16 +589,7 @@ async fn one_cluster_master_down_leaves_the_others_deciding() {
     // Until the dead master has been backed off, tried again and backed off
     // longer: its users are answered by the failure mode (closed), every other
     // user is decided by its own master, in every round.
-    let store = |name: &str| {
-        let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
-        assert_eq!(status, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).expect("JSON");
-        v["shards"]
-            .as_array()
-            .and_then(|s| s.iter().find(|s| s["name"] == name))
-            .cloned()
-            .unwrap_or_else(|| panic!("no shard {name} in {body}"))
-    };
+    let store = |name: &str| sluice.store_shard(name);
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut back_offs = std::collections::BTreeSet::new();
     while back_offs.len() < 2 {

@@ -44,14 +44,7 @@ struct Answer {
 }
 
 fn shard(sluice: &common::Server) -> Value {
-    let (status, body) = common::http(&sluice.http, "GET", "/debug/store", "");
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).expect("JSON");
-    v["shards"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == MASTER))
-        .cloned()
-        .unwrap_or_else(|| panic!("no shard {MASTER} in {body}"))
+    sluice.store_shard(MASTER)
 }
 
 fn master_node(sluice: &common::Server) -> Option<String> {

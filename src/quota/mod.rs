@@ -166,6 +166,23 @@ mod tests {
         assert!(moved(None, 0.0));
     }
 
+    /// The assignment of a lone stream's bucket under a limit of 1 a second.
+    fn lone_bucket() -> Option<Assignment> {
+        let alone = Share {
+            total: 1.0,
+            streams: 1,
+        };
+        Some(shared(&[limit(1)], 1.0, alone, None))
+    }
+
+    fn info() -> BanInfo {
+        BanInfo {
+            domain: "d".into(),
+            rule: "k".into(),
+            key: "v".into(),
+        }
+    }
+
     #[test]
     fn envoys_denials_count_towards_the_penalty_once_per_sentence() {
         let clock = ManualClock::new(1_700_000_000 * SECOND);
@@ -174,20 +191,7 @@ mod tests {
         let policy =
             crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap();
         let mut rule = policy.rule(0).clone();
-        let info = || BanInfo {
-            domain: "d".into(),
-            rule: "k".into(),
-            key: "v".into(),
-        };
-        let bucket = Some(shared(
-            &[limit(1)],
-            1.0,
-            Share {
-                total: 1.0,
-                streams: 1,
-            },
-            None,
-        ));
+        let bucket = lone_bucket();
         let banned = |rule: &Rule, key: &str, denied: u64| {
             penalize(&penalties, rule, key, denied, bucket, info)
                 .denied_for
@@ -238,11 +242,6 @@ mod tests {
         let policy =
             crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap();
         let rule = policy.rule(0);
-        let info = || BanInfo {
-            domain: "d".into(),
-            rule: "k".into(),
-            key: "v".into(),
-        };
         let deny = Some(Assignment::DenyAll);
         assert_eq!(
             penalize(&penalties, rule, "d|k=v", 3, None, info).denied_for,
@@ -256,15 +255,7 @@ mod tests {
         );
         assert_eq!(penalties.bans_started(), 1);
         // Denials under its share count again.
-        let bucket = Some(shared(
-            &[limit(1)],
-            1.0,
-            Share {
-                total: 1.0,
-                streams: 1,
-            },
-            None,
-        ));
+        let bucket = lone_bucket();
         assert!(penalize(&penalties, rule, "d|k=v", 3, bucket, info).started);
     }
 

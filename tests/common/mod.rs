@@ -54,6 +54,18 @@ pub struct Server {
 }
 
 impl Server {
+    /// The shard `name` as `/debug/store` shows it; panics when it is not listed.
+    pub fn store_shard(&self, name: &str) -> serde_json::Value {
+        let (status, body) = http(&self.http, "GET", "/debug/store", "");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        v["shards"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no shard {name} in {body}"))
+    }
+
     /// Sends SIGTERM, as Kubernetes does to stop a pod.
     pub fn terminate(&self) {
         // SAFETY: kill(2) on our own child's pid, no memory involved.

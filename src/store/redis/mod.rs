@@ -444,14 +444,17 @@ impl Inner {
         probe: Option<&dyn Probe>,
     ) -> Result<Verdicts, StoreError> {
         let target = self.target(&hits[0], &keys[0]);
-        self.health(target).check()?;
+        let health = self.health(target);
+        health.check()?;
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         let group = Group {
             keys,
             hits: hits.iter().map(HitArgs::new).collect(),
             quota_elsewhere: false,
         };
-        let reply = self.decide_group(target, group, fixed_now, probe).await?;
+        let reply = self
+            .decide_group(target, &health, group, fixed_now, probe)
+            .await?;
         let decided = self.decided_at(target, sent, reply.now);
         let verdicts: Vec<Verdict> = reply.verdicts.iter().map(|&(v, _)| v).collect();
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
@@ -464,16 +467,18 @@ impl Inner {
         })
     }
 
-    /// One group's decide call on `target`; `probe` hears of it.
+    /// One group's decide call on `target`, whose health the caller has checked;
+    /// `probe` hears of it.
     async fn decide_group(
         &self,
         target: usize,
+        health: &Health,
         group: Group,
         fixed_now: Option<Micros>,
         probe: Option<&dyn Probe>,
     ) -> Result<Reply, StoreError> {
         let Some(probe) = probe else {
-            return self.send_group(target, group, fixed_now).await;
+            return self.send_group(target, health, group, fixed_now).await;
         };
         let mut watch = Watch {
             inner: self,
@@ -483,7 +488,7 @@ impl Inner {
             started: SystemTime::now(),
             told: false,
         };
-        let result = self.send_group(target, group, fixed_now).await;
+        let result = self.send_group(target, health, group, fixed_now).await;
         watch.told = true;
         self.tell(
             probe,
@@ -546,9 +551,12 @@ impl Inner {
         });
     }
 
+    /// A standalone shard's call goes through its coalescer, which keeps the
+    /// shard's health itself; a cluster's counts for `health`, its master's.
     async fn send_group(
         &self,
         target: usize,
+        health: &Health,
         group: Group,
         fixed_now: Option<Micros>,
     ) -> Result<Reply, StoreError> {
@@ -556,7 +564,6 @@ impl Inner {
             Backend::Shards(s) => return s[target].coalescer.decide(group, fixed_now).await,
             Backend::Cluster(c) => c,
         };
-        let health = cluster.health_of(slot_of(target));
         let guard = health.guard();
         let sent = cluster.decide(&self.scripts, &group, fixed_now);
         let result = match tokio::time::timeout(self.call_timeout, sent).await {
@@ -668,16 +675,18 @@ impl Inner {
             return self.decide_one_target(hits, keys, sent, probe).await;
         }
         let mut outs = spread::group(hits, |i, h| self.target(h, &keys[i]));
-        for o in &outs {
-            self.health(o.target()).check()?;
+        let healths: Vec<HealthOf<'_>> = outs.iter().map(|o| self.health(o.target())).collect();
+        for h in &healths {
+            h.check()?;
         }
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         // A refund builds its own keys: these move into the groups.
         let calls: Vec<_> = outs
             .iter()
-            .map(|o| {
+            .zip(&healths)
+            .map(|(o, health)| {
                 let group = o.group(hits, &outs, |i| std::mem::take(&mut keys[i]));
-                self.decide_group(o.target(), group, fixed_now, probe)
+                self.decide_group(o.target(), health, group, fixed_now, probe)
             })
             .collect();
         for (o, reply) in outs.iter_mut().zip(futures::future::join_all(calls).await) {
