@@ -105,12 +105,7 @@ pub(super) fn parse_secret(s: &str) -> Result<Secret, String> {
 }
 
 pub(super) fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
-    match s {
-        "open" => Ok(FailureMode::Open),
-        "closed" => Ok(FailureMode::Closed),
-        "local" => Ok(FailureMode::Local),
-        _ => Err(format!("expected open, closed or local, got {s:?}")),
-    }
+    FailureMode::parse(s).ok_or_else(|| format!("expected open, closed or local, got {s:?}"))
 }
 
 pub(super) fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {

@@ -125,6 +125,13 @@ impl FailureMode {
             FailureMode::Local => "local",
         }
     }
+
+    /// The mode `name` spells ([`FailureMode::as_str`]).
+    pub fn parse(name: &str) -> Option<FailureMode> {
+        [FailureMode::Open, FailureMode::Closed, FailureMode::Local]
+            .into_iter()
+            .find(|m| m.as_str() == name)
+    }
 }
 
 /// envoyproxy/ratelimit's units. `Unknown` is reported for a `window` that is not

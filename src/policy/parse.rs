@@ -203,26 +203,21 @@ fn metadata(ctx: &mut Ctx, field: Field<'_>) -> Option<(Option<String>, String)>
 fn body(ctx: &mut Ctx, node: &Node, what: &str, kind: DocumentKind) -> Option<Document> {
     let mut f = Fields::open(ctx, node, what)?;
     let domain = f.get(ctx, "domain").and_then(|d| string(ctx, d));
-    let failure_mode = match f.get(ctx, "failure_mode") {
-        Some(field) => match text(ctx, field).as_deref() {
-            Some("open") => Some(FailureMode::Open),
-            Some("closed") => Some(FailureMode::Closed),
-            Some("local") => Some(FailureMode::Local),
-            Some(other) => {
-                ctx.error(
-                    field.line(),
-                    format!(
-                        "'{}' must be open, closed or local, found '{}'",
-                        field.name,
-                        shorten(other)
-                    ),
-                );
-                None
-            }
-            None => None,
-        },
-        None => None,
-    };
+    let failure_mode = f.get(ctx, "failure_mode").and_then(|field| {
+        let name = text(ctx, field)?;
+        let mode = FailureMode::parse(&name);
+        if mode.is_none() {
+            ctx.error(
+                field.line(),
+                format!(
+                    "'{}' must be open, closed or local, found '{}'",
+                    field.name,
+                    shorten(&name)
+                ),
+            );
+        }
+        mode
+    });
     let shard_by = match f.get(ctx, "shard_by") {
         Some(field) => match string(ctx, field) {
             Some(s) if s.is_empty() => {

@@ -15,11 +15,7 @@ pub fn claimed(namespace: &str, name: &str, spec: &Value) -> Option<Document> {
     let failure_mode = spec
         .get("failureMode")
         .and_then(Value::as_str)
-        .and_then(|m| {
-            [FailureMode::Open, FailureMode::Closed, FailureMode::Local]
-                .into_iter()
-                .find(|f| f.as_str() == m)
-        });
+        .and_then(FailureMode::parse);
     Some(Document {
         source: format!("{namespace}/{name}"),
         line: None,
