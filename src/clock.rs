@@ -48,6 +48,36 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// Lets something happen at most once a period: a log line about an event a
+/// client may repeat many times a second.
+#[derive(Debug)]
+pub struct Every {
+    period: Micros,
+    /// When it last happened (0: never).
+    last: AtomicU64,
+}
+
+impl Every {
+    pub const fn new(period: Micros) -> Self {
+        Every {
+            period,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether it may happen `now`: the first time, and then once `period` has
+    /// passed since the last time it did. Of callers racing, one gets true.
+    pub fn due(&self, now: Micros) -> bool {
+        let last = self.last.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.period {
+            return false;
+        }
+        self.last
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}
 /// `t` in RFC 3339, UTC, to the millisecond (`2024-05-01T12:00:00.250Z`), for JSON
 /// read by people; times before 1970 show as the epoch.
 pub fn rfc3339(t: SystemTime) -> String {
@@ -82,6 +112,20 @@ fn civil_date(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_lets_one_through_per_period() {
+        let every = Every::new(60);
+        assert!(every.due(1_000));
+        assert!(!every.due(1_000));
+        assert!(!every.due(1_059));
+        assert!(every.due(1_060));
+        assert!(!every.due(1_100));
+        // A clock at 0 still counts as a first time, and the next waits a period.
+        let early = Every::new(60);
+        assert!(early.due(0));
+        assert!(!early.due(30));
+    }
     use std::time::Duration;
 
     #[test]

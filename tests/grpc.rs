@@ -139,6 +139,22 @@ async fn a_message_over_max_request_bytes_is_refused() {
     let err = raw_call(&server, SHOULD_RATE_LIMIT, big).await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     assert!(err.message().contains("--max-request-bytes"), "{err:?}");
+    // The operator sees it: counted each time, logged once (Envoy would answer its
+    // client by failure_mode_deny, and sends the next such request at once).
+    let err = raw_call(&server, SHOULD_RATE_LIMIT, Bytes::from(vec![0u8; 4096]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    let oversized = server.metric("sluice_oversized_requests_total", &[]);
+    assert_eq!(oversized, Some(2.0));
+    let refused = |l: &str| l.contains("ShouldRateLimit request refused");
+    let lines = server
+        .wait_line(Duration::from_secs(5), "refused", refused)
+        .await;
+    let line = lines.last().unwrap();
+    assert!(line.contains("larger than the limit of 1024"), "{line}");
+    let again = server.drain_lines().into_iter().filter(|l| refused(l));
+    assert_eq!(again.count(), 0);
     // The connection and the server are still fine, and a request within the limit
     // (a value of 900 bytes) is decided.
     let mut c = server.client().await;

@@ -14,6 +14,8 @@ use tokio::sync::watch;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
+use crate::algorithm::SECOND;
+use crate::clock::Every;
 use crate::store::Store;
 use crate::trace::{self, Call, Tracer};
 use sluice_grpc::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
@@ -43,6 +45,9 @@ pub struct Grpc<S> {
     quotas: Arc<Quotas<S>>,
     /// Set when tracing is on; `None` costs the request path one branch.
     tracer: Option<Arc<Tracer>>,
+    /// Oversized requests are logged at most once a minute: a client sends its
+    /// next one at once.
+    oversized_log: Every,
 }
 
 impl<S: Store> Grpc<S> {
@@ -58,6 +63,7 @@ impl<S: Store> Grpc<S> {
             reflection: Reflection::new(),
             quotas: Arc::new(quotas),
             tracer: None,
+            oversized_log: Every::new(60 * SECOND),
         }
     }
 
@@ -106,6 +112,21 @@ impl<S: Store> Handler for Grpc<S> {
         match method {
             Method::StreamRateLimitQuotas => max.max(self.quotas.settings.max_report_bytes()),
             _ => max,
+        }
+    }
+
+    /// An oversized `ShouldRateLimit` is counted and logged: Envoy answers it by
+    /// its `failure_mode_deny`, and nothing else would tell the operator why.
+    fn refused(&self, method: Method, error: &GrpcError) {
+        if method != Method::ShouldRateLimit || error.code != Code::ResourceExhausted {
+            return;
+        }
+        self.service.metrics.oversized_request();
+        if self.oversized_log.due(self.quotas.clock.now()) {
+            tracing::warn!(
+                error = %error.message,
+                "ShouldRateLimit request refused (sluice_oversized_requests_total)"
+            );
         }
     }
 

@@ -275,6 +275,7 @@ pub struct Metrics {
     registry: Registry,
     unknown_domain: IntCounter,
     bad_requests: IntCounter,
+    oversized_requests: IntCounter,
     expired_calls: IntCounter,
     decision_seconds: Histogram,
     /// Trace ids of sampled calls per `decision_seconds` bucket (OpenMetrics only).
@@ -379,6 +380,13 @@ impl Metrics {
                 "Requests refused with INVALID_ARGUMENT.",
             ),
         );
+        let oversized_requests = registered(
+            &registry,
+            int_counter(
+                "sluice_oversized_requests_total",
+                "ShouldRateLimit requests refused as larger than --max-request-bytes (RESOURCE_EXHAUSTED).",
+            ),
+        );
         let expired_calls = registered(
             &registry,
             int_counter(
@@ -421,6 +429,7 @@ impl Metrics {
             registry,
             unknown_domain,
             bad_requests,
+            oversized_requests,
             expired_calls,
             decision_seconds: Histogram::default(),
             exemplars: Default::default(),
@@ -500,6 +509,11 @@ impl Metrics {
 
     pub fn bad_request(&self) {
         self.bad_requests.inc();
+    }
+
+    /// A `ShouldRateLimit` request refused for its size, unread.
+    pub fn oversized_request(&self) {
+        self.oversized_requests.inc();
     }
 
     /// The Rate Limit Quota Service's series.

@@ -56,7 +56,10 @@ pub(super) async fn call<H: Handler>(
             let (message, waited_since) = match read {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
-                Err(e) => return refuse(&mut respond, StatusCode::OK, &e),
+                Err(e) => {
+                    handler.refused(method, &e);
+                    return refuse(&mut respond, StatusCode::OK, &e);
+                }
             };
             let deadline = timeout.map(|t| match waited_since {
                 Some(since) => Deadline::since(t, since),

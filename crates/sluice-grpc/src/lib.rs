@@ -75,6 +75,11 @@ pub trait Handler: Send + Sync + 'static {
         max
     }
 
+    /// A [`Kind::Unary`] request refused before the handler saw it (`error`: too
+    /// large, badly framed, compressed), so that the handler may count or log it.
+    /// By default nothing is done.
+    fn refused(&self, _method: Self::Method, _error: &GrpcError) {}
+
     /// A [`Kind::Unary`] call: `message` is the request without its prefix;
     /// `deadline` comes from its `grpc-timeout`.
     fn call(

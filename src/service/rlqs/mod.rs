@@ -11,14 +11,13 @@
 //! Streams of one bucket meet in a [`Demand`] table (this process's memory, or Redis
 //! so that every replica's streams share one limit).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_grpc::GrpcError;
 
 use crate::algorithm::{Micros, SECOND};
-use crate::clock::Clock;
+use crate::clock::{Clock, Every};
 use crate::service::MAX_ENTRIES;
 use crate::store::{Demand, Store};
 
@@ -99,8 +98,8 @@ pub struct Quotas<S> {
     pub settings: Settings,
     /// This replica's streams by bucket.
     pub peers: Peers,
-    /// When an oversized report was last logged (clock micros; 0: never).
-    oversized_logged: AtomicU64,
+    /// Oversized reports are logged at most once a minute.
+    oversized_log: Every,
 }
 
 impl<S: Store> Quotas<S> {
@@ -116,7 +115,7 @@ impl<S: Store> Quotas<S> {
             clock,
             settings,
             peers: Peers::default(),
-            oversized_logged: AtomicU64::new(0),
+            oversized_log: Every::new(LOG_EVERY),
         }
     }
 
@@ -124,16 +123,7 @@ impl<S: Store> Quotas<S> {
     /// a minute, as Envoy sends it again on a new stream at every interval.
     pub fn oversized(&self, refused: &GrpcError) {
         self.service.metrics.rlqs().oversized();
-        let now = self.clock.now();
-        let last = self.oversized_logged.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < LOG_EVERY {
-            return;
-        }
-        if self
-            .oversized_logged
-            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        if self.oversized_log.due(self.clock.now()) {
             tracing::warn!(
                 error = %refused.message,
                 "RLQS report refused, the stream ended (sluice_rlqs_oversized_reports_total)"
