@@ -95,6 +95,8 @@ pub async fn run(
         store_errors: cfg.decisions.store_error_answer,
         local_replicas: cfg.decisions.local_share_replicas,
     };
+    // Installed first: a SIGHUP while the policies load must not end the process.
+    let rereads = hangups();
     // The stop signal exists before the sources start, so they stop with the rest.
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -103,7 +105,7 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let sources = crate::source::start(&cfg, metrics.clone(), &stopped).await?;
+    let sources = crate::source::start(&cfg, metrics.clone(), &stopped, &rereads).await?;
     let (policy, loaded, hub) = (sources.policy, sources.loaded, sources.hub);
 
     let cluster = !cfg.store.redis_cluster.is_empty();
@@ -144,6 +146,7 @@ pub async fn run(
             hub,
             stop_tx,
             stopped,
+            rereads,
             shutdown,
         )
         .await;
@@ -175,6 +178,7 @@ pub async fn run(
         hub,
         stop_tx,
         stopped,
+        rereads,
         shutdown,
     )
     .await
@@ -341,6 +345,7 @@ async fn serve<S, F, Fut>(
     hub: Arc<crate::source::hub::Hub>,
     stop_tx: watch::Sender<bool>,
     stopped: F,
+    rereads: watch::Receiver<()>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()>
 where
@@ -356,7 +361,11 @@ where
     let admin_tls =
         tls(cfg.listen.admin_tls(), "admin", &[b"h2"], metrics).context("--admin-tls-*")?;
     for t in grpc_tls.iter().chain(&http_tls).chain(&admin_tls) {
-        tokio::spawn(t.clone().watch(cfg.policies.reload_interval, stopped()));
+        let rereads = rereads.clone();
+        tokio::spawn(
+            t.clone()
+                .watch(cfg.policies.reload_interval, stopped(), rereads),
+        );
     }
     // Bad OTEL_* values stop start-up too; nothing connects to the collector yet.
     let tracer = start_tracing(cfg, metrics)?;
@@ -611,6 +620,29 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Changes at each SIGHUP, which has the policy and TLS files read at once rather
+/// than at the next `--reload-interval`. Handling it also keeps a SIGHUP (a closed
+/// terminal, `systemctl reload`, `kill -HUP`) from ending the process.
+fn hangups() -> watch::Receiver<()> {
+    let (tx, rx) = watch::channel(());
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        tracing::info!("SIGHUP: reading the policy and TLS files now");
+                        tx.send_replace(());
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot handle SIGHUP; it would end the process"),
+        }
+    }
+    rx
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed by this call (within

@@ -1,4 +1,4 @@
-//! Process lifecycle: ConfigMap-style reloads and graceful SIGTERM.
+//! Process lifecycle: ConfigMap-style reloads, SIGHUP and graceful SIGTERM.
 
 use crate::common;
 
@@ -113,4 +113,53 @@ async fn sigterm_as_soon_as_it_listens_is_a_graceful_stop() {
         let status = server.wait_exit(Duration::from_secs(10)).await;
         assert!(status.success(), "{status:?}");
     }
+}
+
+/// SIGHUP reads the policy and TLS files at once (here the reload interval is an
+/// hour), and the process serves on: it used to end it, undrained.
+#[tokio::test]
+async fn sighup_reads_the_files_at_once_and_keeps_serving() {
+    use common::tls::{client_config, der, served, Ca, SecretVolume};
+    let ca = Ca::new("hup-ca");
+    let (first, second) = (ca.server(), ca.server());
+    let volume = SecretVolume::new(&first, None);
+    let (cert, key) = (volume.path("tls.crt"), volume.path("tls.key"));
+    let mut server = Server::start(
+        &policy(5),
+        &[
+            "--reload-interval",
+            "1h",
+            "--grpc-tls-cert",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let config = client_config(&ca.cert(), None, b"h2");
+    assert_eq!(
+        served(&server.grpc, config.clone()).await.unwrap(),
+        der(&first.cert)
+    );
+    // The first poll runs as the process starts; edits made after it wait an hour.
+    let path = server.policy_path();
+    write_atomic(&path, &policy(50));
+    volume.update(&second, None);
+    server.signal(libc::SIGHUP);
+    server
+        .wait_line(Duration::from_secs(5), "the policy reloaded", |l| {
+            l.contains("policy reloaded from files")
+        })
+        .await;
+    let want = der(&second.cert);
+    eventually(Duration::from_secs(5), "the new certificate serves", || {
+        let (config, grpc, want) = (config.clone(), server.grpc.clone(), want.clone());
+        async move { served(&grpc, config).await.is_ok_and(|c| c == want) }
+    })
+    .await;
+    let reloads = server.metric(
+        "sluice_policy_reloads_total",
+        &[("source", "file"), ("result", "ok")],
+    );
+    assert_eq!(reloads, Some(2.0), "the start's load and the SIGHUP's");
+    assert!(server.try_exit().is_none(), "SIGHUP ended the process");
 }

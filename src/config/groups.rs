@@ -30,6 +30,7 @@ pub struct PolicyArgs {
     #[arg(long, env = "SLUICE_SHARED_DOMAINS", value_delimiter = ',')]
     pub shared_domains: Vec<String>,
     /// How often policy and TLS files are checked for changes (longer than zero).
+    /// SIGHUP has them checked at once.
     #[arg(long, env = "SLUICE_RELOAD_INTERVAL", default_value = "500ms", value_parser = parse_nonzero_duration)]
     pub reload_interval: Duration,
 }

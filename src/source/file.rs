@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use super::hub::Hub;
 use crate::policy::{PolicyError, Snapshot};
 use crate::telemetry::Metrics;
@@ -51,12 +53,17 @@ impl FileSource {
         })
     }
 
-    /// Polls until `shutdown` resolves.
+    /// Polls every interval, and at once when `rereads` changes (SIGHUP), until
+    /// `shutdown` resolves.
     ///
     /// Reading, parsing and compiling a large policy takes a while (seconds for
     /// tens of thousands of rules), so each poll runs on a thread of its own, off
     /// the runtime's threads, which answer requests meanwhile.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+        mut rereads: watch::Receiver<()>,
+    ) {
         tokio::pin!(shutdown);
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -67,6 +74,8 @@ impl FileSource {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tick.tick() => {}
+                // Without a sender (no signals here) the branch is off.
+                Ok(()) = rereads.changed() => {}
             }
             let (done, polled) = tokio::sync::oneshot::channel();
             if polls.send(done).is_err() {
@@ -170,6 +179,44 @@ mod tests {
         let files = FileSource::load(paths, Duration::from_millis(500), metrics, hub.clone())
             .expect("the files load");
         (files, hub)
+    }
+
+    /// Waits up to 5 s for `hub` to serve `limit`.
+    async fn serves(hub: &Hub, limit: u32) -> bool {
+        for _ in 0..500 {
+            if served(hub) == Some(limit) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// A SIGHUP (a change of `rereads`) reads the files at once, however long the
+    /// reload interval.
+    #[tokio::test]
+    async fn a_reread_loads_an_edit_before_the_next_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy(1)).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        let hour = Duration::from_secs(3600);
+        let files = FileSource::load(vec![path.clone()], hour, metrics, hub.clone()).unwrap();
+        // The first poll comes at once and finds this edit.
+        std::fs::write(&path, policy(2)).unwrap();
+        let (hup, rereads) = watch::channel(());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        tokio::spawn(files.run(stopped, rereads));
+        assert!(serves(&hub, 2).await);
+        // The next poll is an hour away: only the reread loads this one.
+        std::fs::write(&path, policy(3)).unwrap();
+        hup.send_replace(());
+        assert!(serves(&hub, 3).await, "{:?}", served(&hub));
+        let _ = stop.send(());
     }
 
     /// An xDS version defining `key` in domain `d`.
@@ -276,9 +323,11 @@ mod tests {
                 .unwrap();
             runtime.block_on(async move {
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                tokio::spawn(files.run(async move {
+                let (_hup, rereads) = watch::channel(());
+                let stopped = async move {
                     let _ = stopped.await;
-                }));
+                };
+                tokio::spawn(files.run(stopped, rereads));
                 // Once the poll has the FIFO open to read, write it without waiting.
                 for _ in 0..1000 {
                     let writer = std::fs::OpenOptions::new()

@@ -43,6 +43,7 @@ pub async fn start<F, Fut>(
     cfg: &Serve,
     metrics: Arc<Metrics>,
     stopped: F,
+    rereads: &tokio::sync::watch::Receiver<()>,
 ) -> anyhow::Result<Sources>
 where
     F: Fn() -> Fut,
@@ -64,7 +65,7 @@ where
             let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
             anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
         })?;
-        tokio::spawn(files.run(stopped()));
+        tokio::spawn(files.run(stopped(), rereads.clone()));
     }
     let loaded = Arc::new(AtomicBool::new(true));
     if let Some(url) = &cfg.xds.xds_server {

@@ -150,11 +150,13 @@ impl Tls {
         false
     }
 
-    /// Polls the files every `interval` until `stop` resolves.
+    /// Polls the files every `interval`, and at once when `rereads` changes
+    /// (SIGHUP), until `stop` resolves.
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
         stop: impl std::future::Future<Output = ()>,
+        mut rereads: tokio::sync::watch::Receiver<()>,
     ) {
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(interval);
@@ -162,13 +164,17 @@ impl Tls {
         loop {
             tokio::select! {
                 _ = &mut stop => return,
-                _ = tick.tick() => {
-                    // Small files, but a slow volume must not stall a worker thread.
-                    let tls = self.clone();
-                    let _ = tokio::task::spawn_blocking(move || tls.check()).await;
-                }
+                // At once on SIGHUP; without a sender the branch is off.
+                Ok(()) = rereads.changed() => self.check_off_runtime().await,
+                _ = tick.tick() => self.check_off_runtime().await,
             }
         }
+    }
+
+    /// Small files, but a slow volume must not stall a worker thread.
+    async fn check_off_runtime(self: &Arc<Self>) {
+        let tls = self.clone();
+        let _ = tokio::task::spawn_blocking(move || tls.check()).await;
     }
 }
 

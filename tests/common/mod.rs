@@ -68,9 +68,14 @@ impl Server {
 
     /// Sends SIGTERM, as Kubernetes does to stop a pod.
     pub fn terminate(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) on our own child's pid, no memory involved.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill -TERM failed");
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({signal}) failed");
     }
 
     /// Starts sluice with `policy` written to `policy.yaml` in a fresh directory.
@@ -242,6 +247,11 @@ impl Server {
         let (status, text) = http(&self.http, "GET", "/metrics", "");
         assert_eq!(status, 200, "{text}");
         sample(&text, name, labels)
+    }
+
+    /// The exit status, if the process has ended.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
     }
 
     /// Waits until the process exits; panics if it is still running after `limit`.
