@@ -206,20 +206,32 @@ fn fits(
             }
         }
     }
-    let mut trial = by_domain.get(&doc.domain).cloned().unwrap_or_default();
-    trial.extend(claims.get(&doc.domain).into_iter().flatten().cloned());
+    let serving = by_domain.get(&doc.domain).cloned().unwrap_or_default();
+    let claimed = claims.get(&doc.domain).map_or(&[][..], Vec::as_slice);
+    let mut trial = serving.clone();
+    trial.extend(claimed.iter().cloned());
     trial.push(doc.clone());
-    match compile(trial) {
-        Ok(_) => Ok(()),
-        Err(errors) => {
-            let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
-            Err(format!(
-                "conflicts with an older policy or a policy file of domain '{}' (the older one keeps serving): {}",
-                doc.domain,
-                lines.join("; ")
-            ))
-        }
+    let Err(errors) = compile(trial) else {
+        return Ok(());
+    };
+    let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
+    // Only an Invalid policy's claim in the way: it may serve nothing here (no last
+    // good version seen), so "the older one keeps serving" would mislead.
+    let with_serving = [serving, vec![doc.clone()]].concat();
+    if !claimed.is_empty() && compile(with_serving).is_ok() {
+        let owners: Vec<&str> = claimed.iter().map(|d| d.source.as_str()).collect();
+        return Err(format!(
+            "conflicts with older policy {} of domain '{}', which is Invalid and keeps its paths until it is fixed or deleted: {}",
+            owners.join(", "),
+            doc.domain,
+            lines.join("; ")
+        ));
     }
+    Err(format!(
+        "conflicts with an older policy or a policy file of domain '{}' (the older one keeps serving): {}",
+        doc.domain,
+        lines.join("; ")
+    ))
 }
 
 fn invalid_message(errors: &[PolicyError]) -> String {
@@ -511,10 +523,16 @@ mod tests {
         edited.last_good = older.current.clone().ok();
         let (docs, o) = resolve(&[], &[edited.clone(), newer.clone()], &HashSet::new());
         assert!(matches!(verdict(&o, "ns/a"), Acceptance::Invalid(_)));
-        assert_eq!(verdict(&o, "ns/b"), verdict(&before, "ns/b"));
         let sources: Vec<&str> = docs.iter().map(|d| d.source.as_str()).collect();
         assert_eq!(sources, ["ns/a"], "the last good version serves");
 
+        // The newer one is told which policy holds the path, and that it is Invalid
+        // (it serves nothing here), not that it "keeps serving".
+        assert!(
+            matches!(verdict(&o, "ns/b"), Acceptance::Conflicted(m) if m.contains("older policy ns/a of domain 'd', which is Invalid")),
+            "{:?}",
+            verdict(&o, "ns/b")
+        );
         edited.last_good = None;
         let (docs, fresh) = resolve(&[], &[edited, newer], &HashSet::new());
         assert_eq!(fresh, o);
