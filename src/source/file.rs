@@ -25,9 +25,10 @@ pub struct FileSource {
     metrics: Arc<Metrics>,
     /// The fingerprint of the files serving now.
     loaded: u64,
-    /// The fingerprint of the last files refused, so that a broken edit is reported
-    /// once rather than on every poll.
-    refused: Option<u64>,
+    /// The fingerprint of the last files refused and the xDS version they were
+    /// refused beside ([`Hub::xds_swapped`]), so that a broken edit is reported once
+    /// rather than on every poll, and tried again when xDS changes.
+    refused: Option<(u64, u64)>,
 }
 
 impl FileSource {
@@ -126,7 +127,8 @@ impl FileSource {
             }
             return false;
         }
-        if self.refused == Some(seen) {
+        let xds = self.hub.xds_swapped();
+        if self.refused == Some((seen, xds)) {
             return false;
         }
         // Files that load alone may still clash with the xDS documents; the hub
@@ -150,7 +152,7 @@ impl FileSource {
                 self.metrics.policy_reload("file", false);
                 let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
                 self.hub.refuse("file", lines.join("\n"));
-                self.refused = Some(seen);
+                self.refused = Some((seen, xds));
                 false
             }
         }
@@ -234,7 +236,7 @@ mod tests {
     }
 
     /// A file edit that clashes with the xDS documents is refused whole and counted
-    /// once, and a later xDS version does not bring it in.
+    /// once; each later xDS version has it tried again at the next poll.
     #[test]
     fn an_edit_clashing_with_xds_changes_nothing_now_or_later() {
         let dir = tempfile::tempdir().unwrap();
@@ -263,9 +265,19 @@ mod tests {
         assert_eq!(reloads(&metrics, "ok"), "1", "only the start-up load");
         assert_eq!(reloads(&metrics, "error"), "1");
 
-        // An unrelated xDS version: the refused edit stays out.
+        // A new xDS version that still defines `x`: the next poll tries the edit
+        // again, once, and it is refused again.
+        hub.set_xds(xds("x")).unwrap();
+        assert!(!files.check());
+        assert!(!files.check());
+        assert_eq!(reloads(&metrics, "error"), "2");
+
+        // One without `x`: the xDS swap alone does not bring the edit in, the next
+        // poll does, since it fits now.
         hub.set_xds(xds("y")).unwrap();
         assert_eq!(served(&hub), Some(1), "the last good file keeps serving");
+        assert!(files.check(), "the refused edit is tried again");
+        assert_eq!(served(&hub), Some(2));
     }
 
     /// Serves `script` to each reader of the FIFO at `path` in turn, then `last`

@@ -30,6 +30,7 @@
 //!   replica happened to see earlier: every replica computes the same statuses.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -261,6 +262,9 @@ pub struct Hub {
     /// Counts the file sets swapped in, so a refused xDS version is checked again
     /// when the files it clashed with change.
     files_swapped: watch::Sender<u64>,
+    /// Counts the xDS versions swapped in, so a refused file edit is tried again
+    /// when the xDS documents it clashed with change.
+    xds_swapped: AtomicU64,
     /// See [`Status::refused`].
     refused: Mutex<BTreeMap<&'static str, String>>,
 }
@@ -292,6 +296,7 @@ impl Hub {
             state: Mutex::new(State::default()),
             outcomes: watch::channel(Arc::new(Outcomes::new())).0,
             files_swapped: watch::channel(0).0,
+            xds_swapped: AtomicU64::new(0),
             refused: Mutex::new(BTreeMap::new()),
         })
     }
@@ -334,6 +339,11 @@ impl Hub {
         self.files_swapped.subscribe()
     }
 
+    /// How many xDS versions have been swapped in.
+    pub fn xds_swapped(&self) -> u64 {
+        self.xds_swapped.load(Ordering::Relaxed)
+    }
+
     /// Replaces the file documents (a set that compiles on its own) and rebuilds,
     /// unless they do not compile together with the xDS documents: then nothing
     /// changes, now or at a later rebuild, and the errors say why.
@@ -355,6 +365,7 @@ impl Hub {
         self.rebuild(&state, "xds")
             .inspect_err(|_| state.xds = old)?;
         self.clear_refusal("xds");
+        self.xds_swapped.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
