@@ -1,6 +1,6 @@
 //! A local cache of over-limit decisions: once Redis says a key is over its limit
-//! for a request of `hits` until T, a request of at least as many hits on that key
-//! with the same limit is denied from memory until T, with no Redis call, when every
+//! for a request of `hits` until T, a request of as many hits on that key with the
+//! same limit is denied from memory until T, with no Redis call, when every
 //! other hit of the request is remembered as over limit too: a hit the cache knows
 //! nothing of goes to Redis with the rest, so its status is its real state. An
 //! admission that leaves a key with no room is remembered the same way, until the
@@ -8,7 +8,10 @@
 //!
 //! T is the time the call was *sent* plus retry_after: the script ran after that, so
 //! T is never later than the truth and no request is denied that Redis would admit.
-//! Other replicas' hits can only push the true time later. The map is bounded: when
+//! Other replicas' hits can only push the true time later. A larger request waits
+//! longer under most algorithms (a bucket refills token by token), so it goes to
+//! Redis rather than get a smaller request's wait. The reset a cached answer gives
+//! counts down from the one Redis gave, from the time the call was sent. The map is bounded: when
 //! full, expired entries go, and if none had expired, everything does.
 
 use std::collections::HashMap;
@@ -20,6 +23,8 @@ use crate::store::{Hit, Mode, Verdicts};
 
 #[derive(Debug, Clone)]
 struct Denied {
+    /// When the call that told it was sent.
+    sent: Micros,
     until: Micros,
     limit: Limit,
     hits: u64,
@@ -123,6 +128,7 @@ impl DenialCache {
             map.insert(
                 h.key.clone(),
                 Denied {
+                    sent,
                     until: sent.saturating_add(wait),
                     limit: h.limit,
                     hits: min_hits,
@@ -158,19 +164,20 @@ impl DenialCache {
     }
 }
 
-/// `h`'s remembered denial at `now`, if one holds for it: an enforced hit of at
-/// least the remembered hits on the same limit, before the denial's end.
+/// `h`'s remembered denial at `now`, if one holds for it: an enforced hit of the
+/// remembered hits on the same limit, before the denial's end.
 fn known(
     map: &HashMap<String, Denied, ahash::RandomState>,
     h: &Hit,
     now: Micros,
 ) -> Option<Verdict> {
     let d = map.get(&h.key)?;
-    let holds = h.mode == Mode::Enforce && h.hits >= d.hits && h.limit == d.limit && d.until > now;
+    let holds = h.mode == Mode::Enforce && h.hits == d.hits && h.limit == d.limit && d.until > now;
+    let aged = d.verdict.reset.saturating_sub(now.saturating_sub(d.sent));
     holds.then(|| Verdict {
         admitted: false,
         retry_after: d.until - now,
-        reset: d.verdict.reset.max(d.until - now),
+        reset: aged.max(d.until - now),
         // A check or a request owes nothing, whatever the remembered charge owed.
         owed: 0,
         ..d.verdict
@@ -201,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn denies_from_memory_until_retry_after_and_only_bigger_requests() {
+    fn denies_from_memory_until_retry_after_and_only_same_sized_requests() {
         let c = DenialCache::new(10);
         let h = hit("k", Algorithm::FixedWindow, 5, 2);
         c.remember(std::slice::from_ref(&h), &[denied(100)], false, 1_000);
@@ -214,11 +221,69 @@ mod tests {
         );
         let smaller = hit("k", Algorithm::FixedWindow, 5, 1);
         assert!(c.lookup(&[smaller], 1_050).is_none());
+        // A larger one's wait is not the remembered one's.
+        let larger = hit("k", Algorithm::FixedWindow, 5, 3);
+        assert!(c.lookup(&[larger], 1_050).is_none());
         let other_limit = hit("k", Algorithm::FixedWindow, 6, 2);
         assert!(c.lookup(&[other_limit], 1_050).is_none());
         let mut shadow = h.clone();
         shadow.mode = Mode::Shadow;
         assert!(c.lookup(&[shadow], 1_050).is_none());
+    }
+
+    /// A token bucket of 5 an hour, empty: one token is 720 s away, three are 2,160 s
+    /// away. A three-hit request after a cached one-hit denial goes to Redis, not
+    /// answered with the one-hit wait (earlier than the truth).
+    #[test]
+    fn a_larger_request_is_not_given_a_smaller_ones_wait() {
+        use crate::algorithm::{decide, SECOND};
+        let limit = Limit {
+            algorithm: Algorithm::TokenBucket,
+            requests: 5,
+            window: 3_600 * SECOND,
+            burst: 5,
+            phase: 0,
+        };
+        let now = 1_700_000_000 * SECOND;
+        let full = decide(&limit, None, now, 5);
+        assert!(full.verdict.admitted);
+        let mut one = hit("k", Algorithm::TokenBucket, 5, 1);
+        one.limit = limit;
+        let three = Hit {
+            hits: 3,
+            ..one.clone()
+        };
+        let denied_one = decide(&limit, full.next.as_ref(), now, 1).verdict;
+        let denied_three = decide(&limit, full.next.as_ref(), now, 3).verdict;
+        assert!(!denied_one.admitted && !denied_three.admitted);
+        assert!(denied_three.retry_after > denied_one.retry_after);
+        let c = DenialCache::new(10);
+        // Remembered both ways: the admission that filled the key, and a denial.
+        c.remember(std::slice::from_ref(&one), &[full.verdict], true, now);
+        assert!(c.lookup(std::slice::from_ref(&three), now).is_none());
+        c.remember(std::slice::from_ref(&one), &[denied_one], false, now);
+        assert!(c.lookup(std::slice::from_ref(&three), now).is_none());
+        let cached = c.lookup(std::slice::from_ref(&one), now).unwrap();
+        assert_eq!(cached.verdicts[0].retry_after, denied_one.retry_after);
+    }
+
+    /// The reset of a cached answer counts down as the real one does, never past
+    /// the denial's own end.
+    #[test]
+    fn a_cached_reset_counts_down() {
+        let c = DenialCache::new(10);
+        let h = hit("k", Algorithm::FixedWindow, 5, 1);
+        let v = Verdict {
+            admitted: false,
+            retry_after: 100,
+            reset: 2_000,
+            ..Verdict::default()
+        };
+        c.remember(std::slice::from_ref(&h), &[v], false, 1_000);
+        let at = |now| c.lookup(std::slice::from_ref(&h), now).unwrap().verdicts[0].reset;
+        assert_eq!(at(1_000), 2_000);
+        assert_eq!(at(1_040), 1_960);
+        assert_eq!(at(1_099), 1_901);
     }
 
     /// A request with a hit the cache knows nothing of is not answered from it:
