@@ -97,13 +97,26 @@ fn ietf_policy(ietf_name: &str, rule: &Rule, limit: &Limit) -> String {
     )
 }
 
-/// Structured-field strings may not hold `"` or `\` unescaped.
+/// A structured-field string (RFC 8941) holds printable ASCII only, with `"` and
+/// `\` escaped. Any other byte of `s` (a control character, UTF-8) is written as
+/// `%XX`, and so is `%`: a name or descriptor value with a line break in it would
+/// otherwise end the header and start another on the client's response.
 fn push_sf_escaped(out: &mut String, s: &str) {
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
+    for b in s.bytes() {
+        match b {
+            b'"' | b'\\' => {
+                out.push('\\');
+                out.push(char::from(b));
+            }
+            b'%' => out.push_str("%25"),
+            0x20..=0x7e => out.push(char::from(b)),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
+            }
         }
-        out.push(c);
     }
 }
 
@@ -178,10 +191,28 @@ descriptors:
 
     #[test]
     fn quotes_and_backslashes_are_escaped() {
-        for name in ["", "plain", "a\"b", "back\\slash", "\"\\\"", "é\""] {
+        for name in ["", "plain", "a\"b", "back\\slash", "\"\\\""] {
             let mut s = String::new();
             super::push_sf_escaped(&mut s, name);
             assert_eq!(s, name.replace('\\', "\\\\").replace('"', "\\\""));
+        }
+    }
+
+    /// A name cannot end the header it is in: line breaks and every byte a
+    /// structured-field string may not hold are percent-encoded.
+    #[test]
+    fn control_characters_and_utf8_are_percent_encoded() {
+        for (name, want) in [
+            ("x\r\nset-cookie: a=b", "x%0D%0Aset-cookie: a=b"),
+            ("tab\there", "tab%09here"),
+            ("é\"", "%C3%A9\\\""),
+            ("100%", "100%25"),
+            ("del\u{7f}", "del%7F"),
+        ] {
+            let mut s = String::new();
+            super::push_sf_escaped(&mut s, name);
+            assert_eq!(s, want, "{name:?}");
+            assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{s}");
         }
     }
 }
