@@ -39,10 +39,10 @@ pub fn counter_key<E: Entry>(
     out: &mut String,
 ) {
     out.clear();
-    out.push_str(domain);
+    push_name(out, domain, hashing);
     for (i, entry) in entries.iter().enumerate() {
         out.push('|');
-        out.push_str(entry.key());
+        push_name(out, entry.key(), hashing);
         out.push('=');
         match rule.shared.get(i).and_then(|s| s.as_deref()) {
             Some(pattern) => push_value(out, pattern, hashing),
@@ -69,7 +69,7 @@ pub fn override_key<E: Entry>(
     out: &mut String,
 ) {
     out.clear();
-    out.push_str(domain);
+    push_name(out, domain, hashing);
     for entry in entries {
         out.push('|');
         push_key(out, entry.key(), hashing);
@@ -89,6 +89,20 @@ pub fn push_key(out: &mut String, key: &str, hashing: &Hashing) {
         hashing.hash.push_hex(out, key.as_bytes());
     } else {
         out.push_str(key);
+    }
+}
+
+/// Writes a domain or a rule's entry key, which a policy chose, into a counter key:
+/// verbatim unless it holds a separator or looks like a hash, then its keyed hash.
+/// Domain `shop|tenant=acme` with key `path` would otherwise count on domain
+/// `shop`'s counter for `tenant=acme`, `path`: another namespace's. Names of any
+/// length stay verbatim, so no counter of an existing policy moves.
+fn push_name(out: &mut String, name: &str, hashing: &Hashing) {
+    let hashed = name.contains(['|', '=']) || (name.len() == HASHED_LEN && name.starts_with('#'));
+    if hashed {
+        hashing.hash.push_hex(out, name.as_bytes());
+    } else {
+        out.push_str(name);
     }
 }
 
@@ -304,6 +318,33 @@ mod tests {
             &mut k,
         );
         assert_eq!(k, "edge|a=1|b=2");
+    }
+
+    /// A domain or key holding a separator cannot pose as another domain's entries:
+    /// `shop|tenant=acme` with `path=/x` and `shop` with `tenant=acme`, `path=/x`
+    /// count apart.
+    #[test]
+    fn domains_and_keys_with_separators_get_counters_of_their_own() {
+        let key = |domain: &str, entries: &[(&str, &str)]| {
+            let mut k = String::new();
+            let r = rule(vec![None; entries.len()]);
+            counter_key(domain, &r, entries, &long_only(), &mut k);
+            k
+        };
+        let victim = key("shop", &[("tenant", "acme"), ("path", "/x")]);
+        assert_eq!(victim, "shop|tenant=acme|path=/x");
+        let by_domain = key("shop|tenant=acme", &[("path", "/x")]);
+        let by_key = key("shop", &[("tenant=acme|path", "/x")]);
+        let by_both = key("shop|tenant", &[("acme|path", "/x")]);
+        for other in [&by_domain, &by_key, &by_both] {
+            assert_ne!(other, &victim);
+            assert!(!victim.starts_with(other.as_str()), "{other}");
+        }
+        assert_eq!(by_domain.matches('|').count(), 1, "{by_domain}");
+        // A name that looks like a hash is hashed too, so it cannot pose as one.
+        let hashed = key("shop|x", &[("k", "v")]);
+        let lookalike = &hashed[..HASHED_LEN];
+        assert_ne!(key(lookalike, &[("k", "v")]), hashed);
     }
 
     #[test]
