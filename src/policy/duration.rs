@@ -40,8 +40,18 @@ pub fn parse(text: &str) -> Result<Micros, String> {
             "d" => 86_400 * SECOND,
             _ => return Err(format!("unknown unit '{unit}' in '{text}': {HINT}")),
         };
-        let part = scaled(number, scale)
-            .ok_or_else(|| format!("'{text}' is not a duration of whole microseconds"))?;
+        let part = scaled(number, scale).ok_or_else(|| {
+            // Either the number does not fit in microseconds, or its fraction does not
+            // come to whole ones.
+            let huge = number
+                .parse::<f64>()
+                .is_ok_and(|n| n * scale as f64 >= Micros::MAX as f64);
+            if huge {
+                format!("duration '{text}' is too long")
+            } else {
+                format!("'{text}' is not a duration of whole microseconds")
+            }
+        })?;
         total = total
             .checked_add(part)
             .ok_or_else(|| format!("duration '{text}' is too long"))?;
@@ -150,7 +160,10 @@ mod tests {
             ("-1s", "'-1s' is not a duration"),
             ("1.2.3s", "not a duration of whole microseconds"),
             ("0.5us", "not a duration of whole microseconds"),
-            ("99999999999999999d", "not a duration of whole microseconds"),
+            ("99999999999999999d", "is too long"),
+            ("99999999999d", "is too long"),
+            ("99999999999999999999999us", "is too long"),
+            ("18446744073709.551616s", "is too long"),
             ("213503982d1d", "is too long"),
         ] {
             let err = parse(bad).expect_err(bad);
