@@ -198,6 +198,52 @@ pub struct Translation {
     pub warnings: Vec<String>,
 }
 
+impl Translation {
+    /// The flags as start-up logs them: passwords replaced by `***`, since logs
+    /// travel further than the environment they came from.
+    pub fn shown_args(&self) -> String {
+        let shown: Vec<String> = self.args.iter().map(|a| hide_passwords(a)).collect();
+        shown.join(" ")
+    }
+}
+
+/// `text` with the password of every URL in it (`scheme://user:PASSWORD@host`, and
+/// the `pass=`/`password=` of a query, as in a `unix://` URL) replaced by `***`.
+pub fn hide_passwords(text: &str) -> String {
+    let parts: Vec<String> = text.split(',').map(hide_url_password).collect();
+    parts.join(",")
+}
+
+fn hide_url_password(part: &str) -> String {
+    let Some(start) = part.find("://").map(|i| i + 3) else {
+        return part.to_string();
+    };
+    let (head, rest) = part.split_at(start);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{head}{authority}{tail}")
+}
+
 /// Translates `env` (every variable of the process). Fails on the first refused
 /// setting.
 pub fn translate(env: &BTreeMap<String, String>) -> Result<Translation, Refusal> {
@@ -645,6 +691,11 @@ impl Translate<'_> {
             {
                 continue;
             }
+            let value = if v.name.ends_with("_AUTH") {
+                "***".to_string()
+            } else {
+                hide_passwords(value)
+            };
             self.out
                 .warnings
                 .push(format!("{}={value} is ignored: {}", v.name, v.note));
@@ -713,10 +764,11 @@ impl Translate<'_> {
     }
 }
 
+/// A refusal, printed at start-up: a URL's password is not shown.
 fn refuse(name: &str, value: &str, reason: &str) -> Refusal {
     Refusal {
         name: name.to_string(),
-        value: value.to_string(),
+        value: hide_passwords(value),
         reason: reason.to_string(),
     }
 }
@@ -729,7 +781,6 @@ fn join_host_port(host: &str, port: &str) -> String {
     }
 }
 
-/// `host:port` (or a URL as given) as a Redis URL with `auth` (`password` or
 /// A socket path as a `unix://` URL, `REDIS_AUTH` (`password` or `user:password`)
 /// in its query.
 fn unix_url(path: &str, auth: Option<&str>) -> String {
@@ -755,6 +806,7 @@ fn unix_url(path: &str, auth: Option<&str>) -> String {
     url
 }
 
+/// `host:port` (or a URL as given) as a Redis URL with `auth` (`password` or
 /// `user:password`, as envoyproxy/ratelimit splits it), over TLS when `tls` gives
 /// the TLS files' query (maybe empty).
 fn redis_url(addr: &str, tls: Option<&str>, auth: Option<&str>) -> String {
@@ -1365,6 +1417,55 @@ mod tests {
         ] {
             assert_eq!(translate(&env(&[bad])).unwrap_err().name, bad.0);
         }
+    }
+
+    #[test]
+    fn passwords_are_not_shown_in_the_logged_flags_warnings_or_refusals() {
+        let t = translate(&env(&[
+            ("REDIS_URL", "127.0.0.1:28379"),
+            ("REDIS_AUTH", "S3cr3t"),
+        ]))
+        .unwrap();
+        let shown = t.shown_args();
+        assert!(
+            shown.contains("--redis redis://:***@127.0.0.1:28379"),
+            "{shown}"
+        );
+        let t = translate(&env(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_AUTH", "u:MasterPw"),
+            ("REDIS_SENTINEL_AUTH", "SentinelPw"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_PERSECOND_AUTH", "PerSecondPw"),
+            ("REDIS_PERSECOND_URL", "redis://:UrlPw@p:6379"),
+        ]))
+        .unwrap();
+        let shown = format!("{} {}", t.shown_args(), t.warnings.join(" "));
+        for secret in ["MasterPw", "SentinelPw", "PerSecondPw", "UrlPw"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("rediss://:***@s1:26379?tls_ca=%2Fca%2Epem,rediss://:***@s2:26379"),
+            "{shown}"
+        );
+        assert!(shown.contains("rediss://u:***@mymaster"), "{shown}");
+        let t = translate(&env(&[
+            ("REDIS_URL", "/run/r.sock"),
+            ("REDIS_AUTH", "u:SockPw"),
+        ]))
+        .unwrap();
+        assert!(
+            t.shown_args()
+                .contains("unix:///run/r.sock?user=u&pass=***"),
+            "{}",
+            t.shown_args()
+        );
+        let refused = translate(&env(&[("REDIS_URL", "redis://:RefusedPw@a:1,b:2")])).unwrap_err();
+        assert!(!refused.to_string().contains("RefusedPw"), "{refused}");
+        // The flags themselves keep the passwords.
+        assert!(t.args.iter().any(|a| a.contains("SockPw")));
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn main() -> ExitCode {
             if cfg.env_compat.is_some() {
                 tracing::info!(
                     "reading envoyproxy/ratelimit's environment: {}",
-                    compat.args.join(" ")
+                    compat.shown_args()
                 );
             }
             for warning in &compat.warnings {
