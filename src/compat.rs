@@ -63,7 +63,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("GRPC_CLIENT_TLS_CACERT", Honoured, "`--grpc-tls-client-ca`: client certificates required and verified, with `GRPC_SERVER_USE_TLS=true`"),
     var!("GRPC_CLIENT_TLS_SAN", Honoured, "`--grpc-tls-client-san`: the client certificate must also carry this DNS name, with `GRPC_CLIENT_TLS_CACERT`"),
     var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; to require Envoy's client certificate, also set `GRPC_CLIENT_TLS_CACERT` to the same file"),
-    var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug`, `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
+    var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug` (sluice's own lines; its libraries stay at `info`), `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
     var!("LOG_FORMAT", Honoured, "`--log-format` (`text` or `json`)"),
     var!("CONFIG_TYPE", Honoured, "`FILE`: `--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`; `GRPC_XDS_SOTW`: `--xds-server`"),
     var!("FORCE_START_WITHOUT_INITIAL_CONFIG", Honoured, "`--xds-start-without-config`"),
@@ -177,6 +177,10 @@ const HARMLESS: &[(&str, &str)] = &[
     ("RESPONSE_DYNAMIC_METADATA", "true"),
     ("QUOTA_MODE", "false"),
 ];
+
+/// `LOG_LEVEL=debug` and `trace`: Sluice's own crates at that level, the rest at info.
+const OWN_DEBUG: &str = "info,sluice=debug,sluice_grpc=debug,sluice_redis=debug";
+const OWN_TRACE: &str = "info,sluice=trace,sluice_grpc=trace,sluice_redis=trace";
 
 /// Why envoyproxy/ratelimit's environment cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -392,9 +396,11 @@ impl Translate<'_> {
 
     fn logging(&mut self) -> Result<(), Refusal> {
         if let Some(v) = self.get("LOG_LEVEL") {
+            // envoyproxy/ratelimit's debug shows its own lines; here the libraries
+            // below (h2, hyper, tonic) would log every frame, so they stay at info.
             let level = match v.to_ascii_lowercase().as_str() {
-                "trace" => "trace",
-                "debug" => "debug",
+                "trace" => OWN_TRACE,
+                "debug" => OWN_DEBUG,
                 "info" => "info",
                 "warn" | "warning" => "warn",
                 "error" | "fatal" | "panic" => "error",
@@ -1466,6 +1472,29 @@ mod tests {
         assert!(!refused.to_string().contains("RefusedPw"), "{refused}");
         // The flags themselves keep the passwords.
         assert!(t.args.iter().any(|a| a.contains("SockPw")));
+    }
+
+    #[test]
+    fn log_level_debug_is_sluices_own_debug_lines_only() {
+        use tracing::Level;
+        use tracing_subscriber::layer::SubscriberExt;
+        let filter = |level| translate(&env(&[("LOG_LEVEL", level)])).unwrap().log_level;
+        let debug = filter("debug").unwrap();
+        let logs = tracing_subscriber::registry().with(tracing_subscriber::EnvFilter::new(debug));
+        tracing::subscriber::with_default(logs, || {
+            assert!(tracing::enabled!(target: "sluice::source::file", Level::DEBUG));
+            assert!(tracing::enabled!(target: "sluice_grpc::connection", Level::DEBUG));
+            assert!(!tracing::enabled!(target: "h2::codec::framed_read", Level::DEBUG));
+            assert!(tracing::enabled!(target: "h2::codec::framed_read", Level::INFO));
+        });
+        let trace = filter("TRACE").unwrap();
+        let logs = tracing_subscriber::registry().with(tracing_subscriber::EnvFilter::new(trace));
+        tracing::subscriber::with_default(logs, || {
+            assert!(tracing::enabled!(target: "sluice_redis::pool", Level::TRACE));
+            assert!(!tracing::enabled!(target: "hyper::proto", Level::DEBUG));
+        });
+        assert_eq!(filter("warning").as_deref(), Some("warn"));
+        assert_eq!(filter("fatal").as_deref(), Some("error"));
     }
 
     #[test]
