@@ -65,7 +65,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("GRPC_SERVER_TLS_CA_CERT", Ignored, "set by Envoy Gateway, read by neither envoyproxy/ratelimit nor sluice; to require Envoy's client certificate, also set `GRPC_CLIENT_TLS_CACERT` to the same file"),
     var!("LOG_LEVEL", Honoured, "the log filter (`RUST_LOG` wins when set): `trace`, `debug` (sluice's own lines; its libraries stay at `info`), `info`, `warn`, `error` (`fatal`, `panic`: `error`)"),
     var!("LOG_FORMAT", Honoured, "`--log-format` (`text` or `json`)"),
-    var!("CONFIG_TYPE", Honoured, "`FILE`: `--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`; `GRPC_XDS_SOTW`: `--xds-server`"),
+    var!("CONFIG_TYPE", Honoured, "`FILE`: `--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY --config-dir-files all` (every file in it and its subdirectories, whatever its name); `GRPC_XDS_SOTW`: `--xds-server`"),
     var!("FORCE_START_WITHOUT_INITIAL_CONFIG", Honoured, "`--xds-start-without-config`"),
     var!("CONFIG_GRPC_XDS_NODE_ID", Honoured, "`--xds-node-id` (default `default`, as there)"),
     var!("CONFIG_GRPC_XDS_NODE_METADATA", Ignored, "the node carries no metadata"),
@@ -98,8 +98,8 @@ pub const VARIABLES: &[Variable] = &[
     var!("RUNTIME_ROOT", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's root"),
     var!("RUNTIME_SUBDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's second part"),
     var!("RUNTIME_APPDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's last part (default `config`)"),
-    var!("RUNTIME_IGNOREDOTFILES", Honoured, "dot files are always skipped"),
-    var!("RUNTIME_WATCH_ROOT", Honoured, "the directory is polled whichever way it changes"),
+    var!("RUNTIME_IGNOREDOTFILES", Honoured, "files and directories whose names start with `.` are always skipped, as with `true` (with `false`, envoyproxy/ratelimit would load a mounted ConfigMap's files twice, through `..data` and its target)"),
+    var!("RUNTIME_WATCH_ROOT", Honoured, "the directory is polled whichever way it changes; either way the files under `RUNTIME_APPDIRECTORY` are the policies"),
     var!("EXPIRATION_JITTER_MAX_SECONDS", Ignored, "counters expire with their window"),
     var!("LOCAL_CACHE_SIZE_IN_BYTES", Ignored, "the over-limit cache is always on and bounded"),
     var!("NEAR_LIMIT_RATIO", Honoured, "`--near-limit-ratio`, for `ratelimit_service_rate_limit_near_limit`"),
@@ -440,6 +440,8 @@ impl Translate<'_> {
                 }
                 dir.push(self.get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
                 self.flag("--config", Some(dir.display().to_string()));
+                // goruntime loads every file under it, whatever its name.
+                self.flag("--config-dir-files", Some("all".into()));
                 Ok(())
             }
             "GRPC_XDS_SOTW" => {
@@ -1334,6 +1336,8 @@ mod tests {
                 "json",
                 "--config",
                 "/srv/runtime_data/current/ratelimit/config",
+                "--config-dir-files",
+                "all",
                 "--near-limit-ratio",
                 "0.9",
                 "--response-headers",

@@ -581,6 +581,38 @@ async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
     assert!(r.statuses[0].current_limit.is_some());
 }
 
+/// goruntime loads every file under `config/`, whatever its name and however deep:
+/// a file named `limits` in a subdirectory is served, and reloaded when it changes.
+#[tokio::test]
+async fn any_file_under_the_runtime_directory_is_served_and_reloaded() {
+    let d = start(None, &[]);
+    let sub = d.config.join("teams/payments");
+    std::fs::create_dir_all(&sub).unwrap();
+    write_atomic(&sub.join("limits"), RELOAD);
+    let mut c = d.client().await;
+    eventually(
+        WAIT,
+        "the reload domain from teams/payments/limits",
+        || async {
+            let mut c = d.client().await;
+            let r = call(&mut c, request("reload", vec![desc(&[("key1", "foo")])])).await;
+            r.statuses[0].current_limit.is_some()
+        },
+    )
+    .await;
+    assert_reload_domain(&mut c).await;
+    write_atomic(&sub.join("limits"), &RELOAD.replace("50", "7"));
+    eventually(WAIT, "the edit reloaded", || async {
+        let mut c = d.client().await;
+        let r = call(&mut c, request("reload", vec![desc(&[("key1", "foo")])])).await;
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .is_some_and(|l| l.requests_per_unit == 7)
+    })
+    .await;
+}
+
 /// The `reload` domain's limits, once loaded: `key1` 50 a second, `block` none.
 async fn assert_reload_domain(c: &mut RateLimitServiceClient<Channel>) {
     let r = call(c, request("reload", vec![desc(&[("key1", "bar")])])).await;

@@ -10,7 +10,7 @@ use clap::Args;
 use super::values::*;
 use crate::algorithm::Algorithm;
 use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
-use crate::policy::FailureMode;
+use crate::policy::{DirFiles, FailureMode};
 use crate::tls::TlsFiles;
 
 /// Where the policies come from, and how often their files are read again.
@@ -20,6 +20,11 @@ pub struct PolicyArgs {
     /// A policy file or a directory of *.yaml/*.yml; repeatable. Reloaded on change.
     #[arg(long, env = "SLUICE_CONFIG", value_delimiter = ',')]
     pub config: Vec<PathBuf>,
+    /// Which files of a --config directory are policies: `yaml` (its *.yaml and *.yml)
+    /// or `all` (every file, in subdirectories too, as envoyproxy/ratelimit reads its
+    /// runtime directory). Names starting with `.` are skipped either way.
+    #[arg(long, env = "SLUICE_CONFIG_DIR_FILES", default_value = "yaml", value_parser = parse_dir_files)]
+    pub config_dir_files: DirFiles,
     /// Also watch RateLimitPolicy resources in the cluster.
     #[arg(long, env = "SLUICE_KUBE")]
     pub kube: bool,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::algorithm::Algorithm;
 use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
-use crate::policy::FailureMode;
+use crate::policy::{DirFiles, FailureMode};
 use crate::service::HeaderStyle;
 
 /// The admin port's address as given, or off.
@@ -106,6 +106,14 @@ pub(super) fn parse_secret(s: &str) -> Result<Secret, String> {
 
 pub(super) fn parse_failure_mode(s: &str) -> Result<FailureMode, String> {
     FailureMode::parse(s).ok_or_else(|| format!("expected open, closed or local, got {s:?}"))
+}
+
+pub(super) fn parse_dir_files(s: &str) -> Result<DirFiles, String> {
+    match s {
+        "yaml" => Ok(DirFiles::Yaml),
+        "all" => Ok(DirFiles::All),
+        _ => Err(format!("expected yaml or all, got {s:?}")),
+    }
 }
 
 pub(super) fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {

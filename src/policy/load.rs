@@ -1,6 +1,8 @@
 //! Loading `--config` paths: files, and directories of `*.yaml`/`*.yml` (not
-//! recursive; names starting with `.` skipped; symlinks followed, since a mounted
-//! ConfigMap's files are links through `..data`).
+//! recursive) or, as envoyproxy/ratelimit reads its runtime directory, of every file
+//! in every subdirectory ([`DirFiles`]). Names starting with `.` are skipped either
+//! way: a mounted ConfigMap keeps its real files in `..2024_…` behind a `..data`
+//! link, and its visible files are links through `..data`, which are followed.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -9,18 +11,30 @@ use super::model::Document;
 use super::parse::parse_partial;
 use super::{compile, Policy, PolicyError};
 
+/// Which files of a directory are policy files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirFiles {
+    /// `*.yaml` and `*.yml` at its top level.
+    #[default]
+    Yaml,
+    /// Every file, in subdirectories too, whatever its name: envoyproxy/ratelimit's
+    /// runtime directory. Symlinked directories are not entered (nor are they
+    /// there), so a link cannot make a file load twice.
+    All,
+}
+
 /// Reads every path and compiles the result. On success also returns the documents,
 /// so a caller can compile them again together with documents from elsewhere
 /// (Kubernetes) without re-reading files. On failure returns every error: those of
 /// each file, and conflicts between the documents that were valid.
 pub fn load_paths(paths: &[PathBuf]) -> Result<(Policy, Vec<Document>), Vec<PolicyError>> {
-    Snapshot::read(paths).load()
+    Snapshot::read(paths, DirFiles::Yaml).load()
 }
 
 /// Reads and parses every path without compiling: the valid documents, and the
 /// errors of the rest.
 pub fn read_paths(paths: &[PathBuf]) -> (Vec<Document>, Vec<PolicyError>) {
-    Snapshot::read(paths).parse()
+    Snapshot::read(paths, DirFiles::Yaml).parse()
 }
 
 /// The text of every file some paths stand for, each read once. A watcher tells
@@ -32,21 +46,35 @@ pub struct Snapshot {
     files: Vec<(String, Result<String, PolicyError>)>,
     /// Paths or directory entries that could not be listed.
     errors: Vec<PolicyError>,
+    /// What a user may have meant as policies and is not read.
+    notes: Vec<String>,
 }
 
 impl Snapshot {
-    /// Lists and reads the files `paths` stand for.
-    pub fn read(paths: &[PathBuf]) -> Snapshot {
-        let mut errors = Vec::new();
+    /// Lists and reads the files `paths` stand for, taking `dir_files` of each
+    /// directory.
+    pub fn read(paths: &[PathBuf], dir_files: DirFiles) -> Snapshot {
+        let mut listing = Listing::default();
         let mut files = Vec::new();
         for path in paths {
-            for file in files_of(path, &mut errors) {
+            for file in listing.files_of(path, dir_files) {
                 let source = file.display().to_string();
                 let text = std::fs::read_to_string(&file).map_err(|e| unreadable(&source, &e));
                 files.push((source, text));
             }
         }
-        Snapshot { files, errors }
+        Snapshot {
+            files,
+            errors: listing.errors,
+            notes: listing.notes,
+        }
+    }
+
+    /// Directories with no policy file, and files in them that are not read (a
+    /// `limits.json`, a subdirectory): worth a warning, since what is not read
+    /// limits nothing.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// A hash of every file's name and text, and of every error.
@@ -96,50 +124,99 @@ impl Snapshot {
     }
 }
 
-/// The files a path stands for, sorted by name within a directory.
-fn files_of(path: &Path, errors: &mut Vec<PolicyError>) -> Vec<PathBuf> {
-    let source = path.display().to_string();
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) => {
-            errors.push(unreadable(&source, &e));
-            return Vec::new();
-        }
-    };
-    if !meta.is_dir() {
-        return vec![path.to_path_buf()];
-    }
-    let entries = match std::fs::read_dir(path) {
-        Ok(entries) => entries,
-        Err(e) => {
-            errors.push(unreadable(&source, &e));
-            return Vec::new();
-        }
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = match entry {
-            Ok(entry) => entry,
+/// What listing the paths found besides their files.
+#[derive(Default)]
+struct Listing {
+    errors: Vec<PolicyError>,
+    notes: Vec<String>,
+}
+
+impl Listing {
+    /// The files a path stands for, sorted by path.
+    fn files_of(&mut self, path: &Path, dir_files: DirFiles) -> Vec<PathBuf> {
+        let source = path.display().to_string();
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return vec![path.to_path_buf()],
             Err(e) => {
-                errors.push(unreadable(&source, &e));
-                continue;
+                self.errors.push(unreadable(&source, &e));
+                return Vec::new();
+            }
+        }
+        let mut found = Vec::new();
+        let mut skipped = Vec::new();
+        self.walk(path, dir_files, &mut found, &mut skipped);
+        found.sort();
+        if found.is_empty() {
+            self.notes.push(format!("{source} holds no policy file"));
+        }
+        if !skipped.is_empty() {
+            skipped.sort();
+            let names: Vec<String> = skipped.iter().map(|p| p.display().to_string()).collect();
+            let why = match dir_files {
+                DirFiles::Yaml => "only its *.yaml and *.yml files are policies",
+                DirFiles::All => "linked directories and what is not a file are not read",
+            };
+            self.notes
+                .push(format!("{source}: {why}; not read: {}", names.join(", ")));
+        }
+        found
+    }
+
+    /// Adds `dir`'s files to `found` (and with [`DirFiles::All`] those of its
+    /// subdirectories), and what it does not read to `skipped`.
+    fn walk(
+        &mut self,
+        dir: &Path,
+        dir_files: DirFiles,
+        found: &mut Vec<PathBuf>,
+        skipped: &mut Vec<PathBuf>,
+    ) {
+        let source = dir.display().to_string();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                self.errors.push(unreadable(&source, &e));
+                return;
             }
         };
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        let file = entry.path();
-        // metadata() follows symlinks; a dangling link is reported, a directory skipped.
-        match std::fs::metadata(&file) {
-            Ok(meta) if meta.is_file() => found.push(file),
-            Ok(_) => {}
-            Err(e) => errors.push(unreadable(&file.display().to_string(), &e)),
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    self.errors.push(unreadable(&source, &e));
+                    continue;
+                }
+            };
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let file = entry.path();
+            // metadata() follows symlinks; a dangling link is reported.
+            let meta = match std::fs::metadata(&file) {
+                Ok(meta) => meta,
+                Err(e) => {
+                    self.errors
+                        .push(unreadable(&file.display().to_string(), &e));
+                    continue;
+                }
+            };
+            let linked = entry.file_type().is_ok_and(|t| t.is_symlink());
+            match dir_files {
+                DirFiles::All if meta.is_file() => found.push(file),
+                DirFiles::All if meta.is_dir() && !linked => {
+                    self.walk(&file, dir_files, found, skipped)
+                }
+                DirFiles::Yaml if meta.is_file() && is_yaml(&file) => found.push(file),
+                DirFiles::Yaml | DirFiles::All => skipped.push(file),
+            }
         }
     }
-    found.sort();
-    found
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
 fn unreadable(source: &str, e: &std::io::Error) -> PolicyError {
@@ -147,5 +224,101 @@ fn unreadable(source: &str, e: &std::io::Error) -> PolicyError {
         file: source.to_string(),
         line: None,
         message: format!("cannot read: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn policy(domain: &str) -> String {
+        format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+    }
+
+    fn domains(dir: &Path, dir_files: DirFiles) -> Vec<String> {
+        let (policy, _) = Snapshot::read(&[dir.to_path_buf()], dir_files)
+            .load()
+            .unwrap_or_else(|e| panic!("{e:#?}"));
+        let mut names: Vec<String> = policy.domains.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// A mounted ConfigMap: the files in a dated directory, `..data` linking to it,
+    /// and each visible name a link through `..data`.
+    fn config_map(dir: &Path, files: &[(&str, String)]) {
+        let dated = dir.join("..2024_01_01_00_00_00.000000001");
+        std::fs::create_dir(&dated).unwrap();
+        symlink(dated.file_name().unwrap(), dir.join("..data")).unwrap();
+        for (name, text) in files {
+            std::fs::write(dated.join(name), text).unwrap();
+            symlink(Path::new("..data").join(name), dir.join(name)).unwrap();
+        }
+    }
+
+    #[test]
+    fn all_reads_every_file_in_every_subdirectory_as_envoyproxy_ratelimit_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("limits"), policy("plain")).unwrap();
+        std::fs::create_dir_all(d.join("sub/deeper")).unwrap();
+        std::fs::write(d.join("sub/x.yaml"), policy("sub")).unwrap();
+        std::fs::write(d.join("sub/deeper/y.conf"), policy("deeper")).unwrap();
+        std::fs::write(d.join(".hidden.yaml"), policy("hidden")).unwrap();
+        std::fs::create_dir(d.join(".git")).unwrap();
+        std::fs::write(d.join(".git/config"), "not a policy").unwrap();
+        assert_eq!(domains(d, DirFiles::All), ["deeper", "plain", "sub"]);
+        // Sluice's own default: the top level's YAML only, and a note of the rest.
+        std::fs::write(d.join("top.yml"), policy("top")).unwrap();
+        assert_eq!(domains(d, DirFiles::Yaml), ["top"]);
+        let notes = Snapshot::read(&[d.to_path_buf()], DirFiles::Yaml)
+            .notes()
+            .to_vec();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("limits") && notes[0].contains("sub"),
+            "{notes:?}"
+        );
+        assert!(!notes[0].contains("hidden"), "{notes:?}");
+        assert!(Snapshot::read(&[d.to_path_buf()], DirFiles::All)
+            .notes()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_mounted_config_map_is_read_once_either_way() {
+        let dir = tempfile::tempdir().unwrap();
+        config_map(
+            dir.path(),
+            &[("a.yaml", policy("a")), ("limits", policy("b"))],
+        );
+        assert_eq!(domains(dir.path(), DirFiles::All), ["a", "b"]);
+        assert_eq!(domains(dir.path(), DirFiles::Yaml), ["a"]);
+    }
+
+    #[test]
+    fn linked_directories_are_not_entered() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("real")).unwrap();
+        std::fs::write(d.join("real/x.yaml"), policy("x")).unwrap();
+        symlink("real", d.join("again")).unwrap();
+        assert_eq!(domains(d, DirFiles::All), ["x"]);
+        let notes = Snapshot::read(&[d.to_path_buf()], DirFiles::All)
+            .notes()
+            .to_vec();
+        assert!(notes.iter().any(|n| n.contains("again")), "{notes:?}");
+    }
+
+    #[test]
+    fn a_directory_without_policies_is_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("README.md"), "policies go here").unwrap();
+        let notes = Snapshot::read(&[dir.path().to_path_buf()], DirFiles::Yaml)
+            .notes()
+            .to_vec();
+        assert!(notes[0].ends_with("holds no policy file"), "{notes:?}");
+        assert!(notes[1].contains("README.md"), "{notes:?}");
     }
 }

@@ -37,7 +37,7 @@ mod yaml;
 
 pub use calendar::{Calendar, Period};
 pub use compile::{compile, compile_with};
-pub use load::{load_paths, read_paths, Snapshot};
+pub use load::{load_paths, read_paths, DirFiles, Snapshot};
 pub use matcher::{LevelMatch, NoMatch, Trace};
 pub use model::{DescriptorNode, Document, DocumentKind, RateLimit};
 pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};

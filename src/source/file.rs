@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::hub::Hub;
-use crate::policy::{PolicyError, Snapshot};
+use crate::policy::{DirFiles, PolicyError, Snapshot};
 use crate::telemetry::Metrics;
 
 /// Watches policy files and hands each good version to the [`Hub`], which compiles
@@ -20,6 +20,7 @@ use crate::telemetry::Metrics;
 #[derive(Debug)]
 pub struct FileSource {
     paths: Vec<PathBuf>,
+    dir_files: DirFiles,
     interval: Duration,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
@@ -29,6 +30,9 @@ pub struct FileSource {
     /// refused beside ([`Hub::xds_swapped`]), so that a broken edit is reported once
     /// rather than on every poll, and tried again when xDS changes.
     refused: Option<(u64, u64)>,
+    /// What the last read found not worth loading ([`Snapshot::notes`]), warned
+    /// about when it changes rather than on every poll.
+    notes: Vec<String>,
 }
 
 impl FileSource {
@@ -36,22 +40,38 @@ impl FileSource {
     /// load.
     pub fn load(
         paths: Vec<PathBuf>,
+        dir_files: DirFiles,
         interval: Duration,
         metrics: Arc<Metrics>,
         hub: Arc<Hub>,
     ) -> Result<FileSource, Vec<PolicyError>> {
-        let snapshot = Snapshot::read(&paths);
-        let (_compiled, docs) = snapshot.load()?;
-        hub.set_files(docs)?;
-        metrics.policy_reload("file", true);
-        Ok(FileSource {
+        let snapshot = Snapshot::read(&paths, dir_files);
+        let mut source = FileSource {
             paths,
+            dir_files,
             interval,
             hub,
             metrics,
             loaded: snapshot.fingerprint(),
             refused: None,
-        })
+            notes: Vec::new(),
+        };
+        source.warn(&snapshot);
+        let (_compiled, docs) = snapshot.load()?;
+        source.hub.set_files(docs)?;
+        source.metrics.policy_reload("file", true);
+        Ok(source)
+    }
+
+    /// Warns of the snapshot's notes, if they are new.
+    fn warn(&mut self, snapshot: &Snapshot) {
+        if snapshot.notes() == self.notes {
+            return;
+        }
+        self.notes = snapshot.notes().to_vec();
+        for note in &self.notes {
+            tracing::warn!("policy files: {note}");
+        }
     }
 
     /// Polls every interval, and at once when `rereads` changes (SIGHUP), until
@@ -119,7 +139,8 @@ impl FileSource {
     /// The files are read once: the fingerprint is taken of what is loaded, so an
     /// edit that lands between two reads is never mistaken for one already loaded.
     pub fn check(&mut self) -> bool {
-        let snapshot = Snapshot::read(&self.paths);
+        let snapshot = Snapshot::read(&self.paths, self.dir_files);
+        self.warn(&snapshot);
         let seen = snapshot.fingerprint();
         if seen == self.loaded {
             if self.refused.take().is_some() {
@@ -178,8 +199,14 @@ mod tests {
     fn source(paths: Vec<PathBuf>) -> (FileSource, Arc<Hub>) {
         let metrics = Arc::new(Metrics::new());
         let hub = Hub::new(&[], Defaults::default(), metrics.clone());
-        let files = FileSource::load(paths, Duration::from_millis(500), metrics, hub.clone())
-            .expect("the files load");
+        let files = FileSource::load(
+            paths,
+            DirFiles::Yaml,
+            Duration::from_millis(500),
+            metrics,
+            hub.clone(),
+        )
+        .expect("the files load");
         (files, hub)
     }
 
@@ -204,7 +231,14 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let hub = Hub::new(&[], Defaults::default(), metrics.clone());
         let hour = Duration::from_secs(3600);
-        let files = FileSource::load(vec![path.clone()], hour, metrics, hub.clone()).unwrap();
+        let files = FileSource::load(
+            vec![path.clone()],
+            DirFiles::Yaml,
+            hour,
+            metrics,
+            hub.clone(),
+        )
+        .unwrap();
         // The first poll comes at once and finds this edit.
         std::fs::write(&path, policy(2)).unwrap();
         let (hup, rereads) = watch::channel(());
@@ -246,6 +280,7 @@ mod tests {
         let hub = Hub::new(&[], Defaults::default(), metrics.clone());
         let mut files = FileSource::load(
             vec![path.clone()],
+            DirFiles::Yaml,
             Duration::from_millis(500),
             metrics.clone(),
             hub.clone(),

@@ -57,6 +57,7 @@ where
     if !cfg.policies.config.is_empty() {
         let files = file::FileSource::load(
             cfg.policies.config.clone(),
+            cfg.policies.config_dir_files,
             cfg.policies.reload_interval,
             metrics.clone(),
             hub.clone(),
