@@ -442,6 +442,22 @@ refuse "schema refuses a malformed reloadInterval" t --set-string reloadInterval
 refuse "schema refuses an rlqs.assignmentTtl of less than a whole second" t --set-string rlqs.assignmentTtl=500ms
 refuse "schema refuses an rlqs.assignmentTtl of 0s" t --set-string rlqs.assignmentTtl=0s
 refuse "schema refuses a malformed rlqs.abandonAfter" t --set-string rlqs.abandonAfter=60
+refuse "schema refuses a reloadInterval of 0s (--reload-interval must be longer than zero)" t --set-string reloadInterval=0s
+refuse "schema refuses a reloadInterval of 0.0ms0s" t --set-string reloadInterval=0.0ms0s
+refuse "schema refuses an rlqs.assignmentTtl of 0d" t --set-string rlqs.assignmentTtl=0d
+check "rlqs.assignmentTtl: 1d and reloadInterval: 0.5s render in the flags' syntax" bash -c "
+    $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+    out=\$(t --set-string rlqs.assignmentTtl=1d --set-string reloadInterval=0.5s) &&
+    grep -q -- '- --rlqs-assignment-ttl=1d' <<<\"\$out\" && grep -q -- '- --reload-interval=0.5s' <<<\"\$out\""
+refuse "template refuses ports.grpc equal to ports.http" t --set ports.grpc=8080
+refuse "template refuses ports.admin equal to ports.http" t --set ports.admin=8080
+refuse "template refuses ports.grpc equal to ports.admin" t --set ports.grpc=8082
+refuse "template refuses sluice's http port on the sidecar Envoy's listener port" \
+    t -f "$CHART/examples/sidecar.yaml" --set ports.http=10000
+check "ports.admin may reuse a port while the admin API is off" t --set admin.enabled=false --set ports.admin=8080
+check "a port collision is named in the message" bash -c "
+    $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set ports.grpc=8080 2>&1 >/dev/null |
+        grep -q 'ports.grpc and ports.http are both port 8080'"
 refuse "template refuses redis.urls together with redis.bundled" \
     t --set 'redis.urls[0]=redis://a:6379' --set redis.bundled.enabled=true
 refuse "template refuses redis.sentinel.urls together with redis.urls" \

@@ -139,11 +139,27 @@ true
 {{- if and (or .Values.xds.tls.existingSecret .Values.xds.tls.serverName) (not (hasPrefix "https://" .Values.xds.server)) }}
 {{- fail "sluice: xds.tls.* needs an https:// xds.server" }}
 {{- end }}
-{{- if and .Values.metrics.compat.enabled (has (int .Values.metrics.compat.port) (list (int .Values.ports.grpc) (int .Values.ports.http) (int (.Values.ports.admin | default 8082)))) }}
-{{- fail "sluice: metrics.compat.port must differ from ports.grpc, ports.http and ports.admin" }}
+{{- /* Every port sluice (and, as a sidecar, Envoy) listens on in the pod: two on one
+number would leave the second unable to bind, and the pod crash-looping. */}}
+{{- $ports := list (list "ports.grpc" .Values.ports.grpc) (list "ports.http" .Values.ports.http) }}
+{{- if .Values.admin.enabled }}
+{{- $ports = append $ports (list "ports.admin" (.Values.ports.admin | default 8082)) }}
 {{- end }}
-{{- if and .Values.metrics.compat.enabled (eq .Values.mode "sidecar") (has (int .Values.metrics.compat.port) (list (int .Values.sidecar.envoy.listenerPort) (int .Values.sidecar.envoy.adminPort))) }}
-{{- fail "sluice: metrics.compat.port must differ from Envoy's ports in the pod (sidecar.envoy.listenerPort, sidecar.envoy.adminPort)" }}
+{{- if .Values.metrics.compat.enabled }}
+{{- $ports = append $ports (list "metrics.compat.port" .Values.metrics.compat.port) }}
+{{- end }}
+{{- if eq .Values.mode "sidecar" }}
+{{- $ports = append $ports (list "sidecar.envoy.listenerPort" .Values.sidecar.envoy.listenerPort) }}
+{{- $ports = append $ports (list "sidecar.envoy.adminPort" .Values.sidecar.envoy.adminPort) }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $ports }}
+{{- $name := index . 0 }}
+{{- $port := toString (int (index . 1)) }}
+{{- with get $seen $port }}
+{{- fail (printf "sluice: %s and %s are both port %s; each port in the pod needs a number of its own" . $name $port) }}
+{{- end }}
+{{- $_ := set $seen $port $name }}
 {{- end }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
