@@ -674,6 +674,8 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "SluiceSensitiveDenialSpike",
         "SluiceSubnetDenied",
         "SluiceRegularKeys",
+        "SluiceFailingOverStore",
+        "SluiceHighDenyRatio",
     ] {
         assert!(alert_names.contains(needed), "missing alert {needed}");
     }
