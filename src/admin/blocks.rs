@@ -19,6 +19,7 @@ const MAX_SPAN_MICROS: u64 = crate::policy::duration::MAX;
 fn status(e: BlockError) -> Status {
     match e {
         BlockError::Unknown(m) => Status::not_found(m),
+        BlockError::NotEnforced(m) => Status::failed_precondition(m),
         BlockError::Store(m) => Status::unavailable(m),
     }
 }

@@ -187,6 +187,10 @@ pub enum BlockError {
     /// The domain or entries name no limited rule.
     #[error("{0}")]
     Unknown(String),
+    /// The entries' rule never denies (shadow or quota mode), so a block there
+    /// would deny nothing.
+    #[error("{0}")]
+    NotEnforced(String),
     /// The store holding the shared block list failed.
     #[error("the store did not take it: {0}")]
     Store(String),
@@ -521,7 +525,18 @@ impl<S: Store> Limiter<S> {
         entries: &[E],
         span: Micros,
     ) -> Result<penalty::ActiveBan, BlockError> {
-        let (key, info) = self.sentence_key(domain, entries)?;
+        let (key, info, mode) = self.sentence_of(domain, entries)?;
+        if mode != Mode::Enforce {
+            let why = match mode {
+                Mode::Quota => "quota_mode",
+                _ => "shadow mode",
+            };
+            return Err(BlockError::NotEnforced(format!(
+                "rule '{}' of domain '{domain}' is in {why}: it denies nothing, so a block \
+                 there would not be enforced",
+                info.rule
+            )));
+        }
         let text = penalty::encode_info(&info, penalty::Source::Operator);
         let shared = self.store.shares_sentences();
         if shared {
@@ -579,6 +594,16 @@ impl<S: Store> Limiter<S> {
         domain: &str,
         entries: &[E],
     ) -> Result<(String, penalty::BanInfo), BlockError> {
+        self.sentence_of(domain, entries)
+            .map(|(key, info, _)| (key, info))
+    }
+
+    /// [`Limiter::sentence_key`], and whether its rule's denials deny.
+    fn sentence_of<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+    ) -> Result<(String, penalty::BanInfo, Mode), BlockError> {
         let guard = self.policy.load();
         let policy: &Policy = &guard;
         let dom = policy
@@ -605,6 +630,7 @@ impl<S: Store> Limiter<S> {
                 rule: rule.path.clone(),
                 key: shown,
             },
+            hit.mode,
         ))
     }
 

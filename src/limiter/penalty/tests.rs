@@ -226,6 +226,34 @@ async fn an_operator_blocks_and_unblocks_a_key_of_a_rule_without_penalty() {
     assert!(!l.penalties().operator_blocks());
 }
 
+/// A rule in shadow or quota mode denies nothing, so a block there would be listed
+/// in force while every request passed: it is refused, saying why.
+#[tokio::test]
+async fn a_block_on_a_rule_that_denies_nothing_is_refused() {
+    let clock = ManualClock::new(T0);
+    let policy = r#"
+domain: d
+descriptors:
+  - key: watch
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    shadow_mode: true
+  - key: quota
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    quota_mode: true
+"#;
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    for (key, mode) in [("watch", "shadow mode"), ("quota", "quota_mode")] {
+        match l.block("d", &[(key, "mallory")], SECOND).await {
+            Err(crate::limiter::BlockError::NotEnforced(m)) => {
+                assert!(m.contains(mode) && m.contains(&format!("'{key}'")), "{m}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    assert!(l.penalties().active().is_empty());
+    assert!(!l.penalties().operator_blocks());
+}
+
 #[test]
 fn sync_lifts_what_the_shared_list_no_longer_holds_and_keeps_local_sentences() {
     use super::table::tests::{info, penalty};
