@@ -32,10 +32,7 @@ fn main() -> ExitCode {
         Command::Validate { paths } => validate(&paths),
         Command::Explain(args) => explain(&args),
         Command::Top(args) => top(&args),
-        Command::Crd => {
-            print!("{}", sluice::crd::crd_yaml());
-            ExitCode::SUCCESS
-        }
+        Command::Crd => print_out(&sluice::crd::crd_yaml()),
         Command::Serve(cfg) => {
             let (cfg, compat) = match compat(*cfg, &args) {
                 Ok(c) => c,
@@ -78,16 +75,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes a command's output. A reader that stops early (`sluice crd | head`) is
+/// not an error: print! would panic on the closed pipe.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
     match sluice::policy::load_paths(paths) {
-        Ok((policy, _docs)) => {
-            println!(
-                "ok: {} domain(s), {} rule(s)",
-                policy.domains.len(),
-                policy.rules.len()
-            );
-            ExitCode::SUCCESS
-        }
+        Ok((policy, _docs)) => print_out(&format!(
+            "ok: {} domain(s), {} rule(s)\n",
+            policy.domains.len(),
+            policy.rules.len()
+        )),
         Err(errors) => {
             for e in errors {
                 eprintln!("{e}");
@@ -132,14 +141,8 @@ fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
         return ExitCode::FAILURE;
     };
     match runtime.block_on(sluice::cli::explain::run(args)) {
-        Ok(e) if args.json => {
-            println!("{:#}", sluice::cli::explain::to_json(&e));
-            ExitCode::SUCCESS
-        }
-        Ok(e) => {
-            print!("{}", sluice::cli::explain::text(&e));
-            ExitCode::SUCCESS
-        }
+        Ok(e) if args.json => print_out(&format!("{:#}\n", sluice::cli::explain::to_json(&e))),
+        Ok(e) => print_out(&sluice::cli::explain::text(&e)),
         Err(e) => {
             eprintln!("sluice explain: {e}");
             ExitCode::FAILURE

@@ -355,3 +355,27 @@ fn a_short_or_unreadable_hash_secret_is_refused() {
     let err = serve_refusal(&["--hash-secret-file", "/nonexistent/secret"], &[]);
     assert!(err.contains("/nonexistent/secret"), "{err}");
 }
+
+/// A reader that stops early (`sluice crd | head -1`) ends the output quietly: the
+/// CRD is larger than a pipe holds, so the write meets the closed pipe.
+#[test]
+fn output_to_a_reader_that_stops_early_is_not_a_panic() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = sluice()
+        .arg("crd")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with('#'), "{first}");
+    // The reader is gone now; the rest of the CRD cannot be written.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+}

@@ -49,6 +49,23 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// What a failed call says: its message, then the causes beneath it. A TLS
+/// handshake the server refused (no client certificate) is only "transport error"
+/// at the top.
+pub fn status_text(s: &tonic::Status) -> String {
+    use std::error::Error;
+    let Some(cause) = s.source() else {
+        return s.message().to_string();
+    };
+    // The first cause often repeats the message ("transport error").
+    let causes = chain(cause);
+    if causes.starts_with(s.message()) {
+        causes
+    } else {
+        format!("{}: {causes}", s.message())
+    }
+}
+
 /// A client of the admin API at `args.server`.
 pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, ConnectError> {
     let read = |p: &PathBuf| {
@@ -86,4 +103,26 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
     }
     let channel = endpoint.connect().await.map_err(|e| failed(chain(&e)))?;
     Ok(AdminClient::new(channel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_names_its_causes() {
+        let mut s = tonic::Status::unavailable("transport error");
+        let cause = std::io::Error::other("received fatal alert: CertificateRequired");
+        s.set_source(std::sync::Arc::new(cause));
+        assert_eq!(
+            status_text(&s),
+            "transport error: received fatal alert: CertificateRequired"
+        );
+        assert_eq!(status_text(&tonic::Status::not_found("no")), "no");
+        let mut s = tonic::Status::unknown("transport error");
+        s.set_source(std::sync::Arc::new(std::io::Error::other(
+            "transport error: eof",
+        )));
+        assert_eq!(status_text(&s), "transport error: eof");
+    }
 }

@@ -123,7 +123,7 @@ async fn remote(
         .explain(req)
         .await
         .map(tonic::Response::into_inner)
-        .map_err(|s| ExplainError::Call(s.message().to_string()))
+        .map_err(|s| ExplainError::Call(super::connect::status_text(&s)))
 }
 
 pub(crate) fn code_name(code: i32) -> &'static str {

@@ -298,7 +298,7 @@ pub async fn run(args: &TopArgs) -> Result<(), TopError> {
     let mut feed = client
         .watch_offenders(filter)
         .await
-        .map_err(|s| TopError::Call(s.message().to_string()))?
+        .map_err(|s| TopError::Call(super::connect::status_text(&s)))?
         .into_inner();
     let (tx, rx) = mpsc::channel::<Result<pb::TopSnapshot, String>>();
     let reader = tokio::spawn(async move {

@@ -280,7 +280,7 @@ pub struct ConnectionArgs {
     /// cgroup quota included). 1 spends less CPU per Redis decision when sluice
     /// shares its cores: no wake-ups across threads (docs/performance-notes.md,
     /// "Worker threads").
-    #[arg(long, env = "SLUICE_WORKER_THREADS", default_value_t = 0)]
+    #[arg(long, env = "SLUICE_WORKER_THREADS", default_value = "0", value_parser = parse_worker_threads)]
     pub worker_threads: usize,
 }
 
@@ -294,7 +294,7 @@ pub struct MetricsArgs {
     #[arg(long, env = "SLUICE_PROMETHEUS_ADDR")]
     pub prometheus_addr: Option<SocketAddr>,
     /// The path of --prometheus-addr's metrics.
-    #[arg(long, env = "SLUICE_PROMETHEUS_PATH", default_value = "/metrics")]
+    #[arg(long, env = "SLUICE_PROMETHEUS_PATH", default_value = "/metrics", value_parser = parse_http_path)]
     pub prometheus_path: String,
     /// The share of a limit above which a decision counts as near the limit
     /// (`sluice_near_limit_total`, `ratelimit_service_rate_limit_near_limit`).

@@ -263,8 +263,38 @@ mod tests {
             parse("127.0.0.1:9"),
             Ok(Some(AdminAddr::At("127.0.0.1:9".parse().unwrap())))
         );
-        let bad = parse("localhost").unwrap_err();
-        assert!(bad.contains("expected HOST:PORT or off"), "{bad}");
+        let bad = parse("localhost:8082").unwrap_err();
+        assert!(bad.contains("expected IP:PORT"), "{bad}");
+    }
+
+    /// Values that used to panic (an axum route without `/`) or abort (tens of
+    /// thousands of threads) at start are refused by the parser, saying why.
+    #[test]
+    fn a_metrics_path_and_a_thread_count_are_checked_at_parse() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["sluice", "serve", "--config", "p.yaml"];
+            all.extend(args);
+            match Cli::try_parse_from(all) {
+                Ok(Cli {
+                    command: Command::Serve(s),
+                    ..
+                }) => Ok((
+                    s.metrics.prometheus_path.clone(),
+                    s.connections.worker_threads,
+                )),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        for path in ["metrics", "", "/m?x=1"] {
+            let e = parse(&["--prometheus-path", path]).unwrap_err();
+            assert!(e.contains("is not a path"), "{e}");
+        }
+        assert_eq!(parse(&["--prometheus-path", "/m"]).unwrap().0, "/m");
+        let e = parse(&["--worker-threads", "20000"]).unwrap_err();
+        assert!(e.contains("more than 1024 threads"), "{e}");
+        assert_eq!(parse(&["--worker-threads", "1024"]).unwrap().1, 1024);
+        assert_eq!(parse(&[]).unwrap().1, 0);
     }
 
     #[test]

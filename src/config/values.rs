@@ -22,11 +22,41 @@ pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:8082";
 pub(super) fn parse_admin_addr(s: &str) -> Result<AdminAddr, String> {
     match s.trim() {
         "" | "off" => Ok(AdminAddr::Off),
-        a => a
-            .parse()
-            .map(AdminAddr::At)
-            .map_err(|e| format!("'{a}': {e}; expected HOST:PORT or off")),
+        a => a.parse().map(AdminAddr::At).map_err(|e| {
+            format!("'{a}': {e}; expected IP:PORT (an address, not a host name) or off")
+        }),
     }
+}
+
+/// `--prometheus-path`: an HTTP path, so it starts with `/`.
+pub(super) fn parse_http_path(s: &str) -> Result<String, String> {
+    if !s.starts_with('/') {
+        return Err(format!(
+            "'{s}' is not a path: it must start with '/', e.g. /metrics"
+        ));
+    }
+    if s.contains(['?', '#', ' ']) {
+        return Err(format!("'{s}' is not a path: no query, fragment or space"));
+    }
+    Ok(s.to_string())
+}
+
+/// The most `--worker-threads`: each thread takes its stack and guard pages, and far
+/// more threads than cores only add switches.
+const MAX_WORKER_THREADS: usize = 1024;
+
+/// `--worker-threads`: 0 (one per CPU) up to [`MAX_WORKER_THREADS`].
+pub(super) fn parse_worker_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("'{s}': {e}; expected a number of threads, 0 for one per CPU"))?;
+    if n > MAX_WORKER_THREADS {
+        return Err(format!(
+            "{n} is more than {MAX_WORKER_THREADS} threads; 0 gives one per CPU"
+        ));
+    }
+    Ok(n)
 }
 
 /// `--local-share-advertise`: HOST:PORT, where the peers reach this replica's HTTP
