@@ -318,6 +318,10 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             })).collect::<Vec<_>>(),
             "penalty": r.penalty.as_ref().map(|p| json!({
                 "violations": p.violations, "withinMicros": p.within_micros, "banMicros": p.ban_micros,
+                "tighten": p.tighten.as_ref().map(|t| json!({"factor": t.factor, "forMicros": t.for_micros})),
+                "block": p.block.as_ref().map(|b| json!({
+                    "bans": b.bans, "withinMicros": b.within_micros, "forMicros": b.for_micros,
+                })),
             })),
         })
     };
@@ -344,9 +348,86 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             "counter": d.counter.as_ref().map(|c| json!({
                 "admitted": c.admitted, "remaining": c.remaining, "resetMicros": c.reset_micros,
                 "retryAfterMicros": c.retry_after_micros, "owed": c.owed, "banned": c.banned,
+                "blocked": c.blocked, "tightened": c.tightened,
             })),
             "code": code_name(d.code),
             "reason": d.reason,
+            "local": d.local,
+            "localUnsettled": d.local_unsettled,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    /// Every key anywhere in `v`.
+    fn keys(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    out.insert(k.clone());
+                    keys(v, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+            _ => {}
+        }
+    }
+
+    /// `--json` says all the admin API says: every field of the explanation's
+    /// messages, read from the proto's own descriptors, has its key, so a field
+    /// added to the proto and not here fails.
+    #[test]
+    fn json_carries_every_field_of_the_explanation() {
+        let rule = pb::Rule {
+            penalty: Some(pb::Penalty {
+                tighten: Some(Default::default()),
+                block: Some(Default::default()),
+                ..Default::default()
+            }),
+            also: vec![Default::default()],
+            ..Default::default()
+        };
+        let e = pb::Explanation {
+            descriptors: vec![pb::DescriptorExplanation {
+                levels: vec![Default::default()],
+                rule: Some(rule.clone()),
+                nearest: Some(rule),
+                counter: Some(Default::default()),
+                ..Default::default()
+            }],
+            response_headers: vec![Default::default()],
+            ..Default::default()
+        };
+        let mut shown = std::collections::BTreeSet::new();
+        keys(&to_json(&e), &mut shown);
+        let set = prost_types::FileDescriptorSet::decode(crate::admin::DESCRIPTORS).unwrap();
+        let messages = [
+            "Explanation",
+            "DescriptorExplanation",
+            "LevelMatch",
+            "Rule",
+            "Penalty",
+            "Tighten",
+            "BlockRule",
+            "CounterState",
+        ];
+        let mut checked = 0;
+        for file in &set.file {
+            for m in file.message_type.iter() {
+                if !messages.contains(&m.name()) {
+                    continue;
+                }
+                checked += 1;
+                for f in &m.field {
+                    let name = f.json_name();
+                    assert!(shown.contains(name), "{}.{name} is not in --json", m.name());
+                }
+            }
+        }
+        assert_eq!(checked, messages.len());
+    }
 }

@@ -18,7 +18,7 @@ impl ConnectionStats {
             registry,
             counter_vec(
                 "sluice_tls_reloads_total",
-                "TLS certificate reloads by port (grpc, http) and result (ok, error: the last good certificate kept serving).",
+                "TLS certificate reloads by port (grpc, http, admin) and result (ok, error: the last good certificate kept serving).",
                 &["port", "result"],
             ),
         );
