@@ -116,8 +116,9 @@ pub struct StoreArgs {
     /// Longest wait for the counter store before the failure mode decides.
     #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
     pub store_timeout: Duration,
-    /// Most counters the in-memory store holds.
-    #[arg(long, env = "SLUICE_MAX_KEYS", default_value_t = 1_000_000)]
+    /// Most counters the in-memory store holds (at least one for each of its 64
+    /// shards).
+    #[arg(long, env = "SLUICE_MAX_KEYS", default_value = "1000000", value_parser = parse_max_keys)]
     pub max_keys: usize,
 }
 

@@ -295,6 +295,11 @@ mod tests {
         assert!(e.contains("more than 1024 threads"), "{e}");
         assert_eq!(parse(&["--worker-threads", "1024"]).unwrap().1, 1024);
         assert_eq!(parse(&[]).unwrap().1, 0);
+        let e = Cli::try_parse_from(["sluice", "serve", "--config", "p", "--max-keys", "0"])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least one counter"), "{e}");
     }
 
     #[test]

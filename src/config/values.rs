@@ -59,6 +59,15 @@ pub(super) fn parse_worker_threads(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// `--max-keys`: at least one counter (0 would be read as one per shard).
+pub(super) fn parse_max_keys(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0: the store must hold at least one counter".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("'{s}': {e}; expected a number of counters")),
+    }
+}
+
 /// `--local-share-advertise`: HOST:PORT, where the peers reach this replica's HTTP
 /// port, or an IPv6 address and a port joined by `:` without brackets. No scheme,
 /// path or `@` (the heartbeat set's member separates the id from the address by it).
