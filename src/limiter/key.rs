@@ -98,7 +98,9 @@ pub fn push_key(out: &mut String, key: &str, hashing: &Hashing) {
 /// `shop`'s counter for `tenant=acme`, `path`: another namespace's. Names of any
 /// length stay verbatim, so no counter of an existing policy moves.
 fn push_name(out: &mut String, name: &str, hashing: &Hashing) {
-    let hashed = name.contains(['|', '=']) || (name.len() == HASHED_LEN && name.starts_with('#'));
+    // Bytes, not chars: both separators are ASCII, and this runs for every entry.
+    let hashed = name.bytes().any(|b| b == b'|' || b == b'=')
+        || (name.len() == HASHED_LEN && name.starts_with('#'));
     if hashed {
         hashing.hash.push_hex(out, name.as_bytes());
     } else {
