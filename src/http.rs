@@ -154,6 +154,7 @@ async fn json_request<S: Store>(
     let body = match body {
         Ok(b) => b,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            admin.service.metrics.oversized_request();
             let error = format!(
                 "request body larger than {} bytes (--max-request-bytes)",
                 admin.max_request_bytes

@@ -811,6 +811,9 @@ fn a_json_body_over_max_request_bytes_is_refused_before_it_is_all_read() {
             .expect("answered while the body is still open");
         assert_eq!(&answer, b"HTTP/1.1 413", "{headers}");
     }
+    // Each refusal counts, as a gRPC one does.
+    let oversized = server.metric("sluice_oversized_requests_total", &[]);
+    assert_eq!(oversized, Some(3.0));
 }
 
 #[tokio::test]

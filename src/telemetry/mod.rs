@@ -384,7 +384,7 @@ impl Metrics {
             &registry,
             int_counter(
                 "sluice_oversized_requests_total",
-                "ShouldRateLimit requests refused as larger than --max-request-bytes (RESOURCE_EXHAUSTED).",
+                "ShouldRateLimit requests (gRPC, or POST /json) refused as larger than --max-request-bytes (RESOURCE_EXHAUSTED, HTTP 413).",
             ),
         );
         let expired_calls = registered(
