@@ -210,6 +210,18 @@ mod tests {
         (files, hub)
     }
 
+    /// Runs `files` on the current runtime until the returned sender is used or
+    /// dropped; the other sender stands for SIGHUP.
+    fn spawn_run(files: FileSource) -> (tokio::sync::oneshot::Sender<()>, watch::Sender<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (hup, rereads) = watch::channel(());
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        tokio::spawn(files.run(stopped, rereads));
+        (stop, hup)
+    }
+
     /// Waits up to 5 s for `hub` to serve `limit`.
     async fn serves(hub: &Hub, limit: u32) -> bool {
         for _ in 0..500 {
@@ -241,12 +253,7 @@ mod tests {
         .unwrap();
         // The first poll comes at once and finds this edit.
         std::fs::write(&path, policy(2)).unwrap();
-        let (hup, rereads) = watch::channel(());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let stopped = async move {
-            let _ = stopped.await;
-        };
-        tokio::spawn(files.run(stopped, rereads));
+        let (stop, hup) = spawn_run(files);
         assert!(serves(&hub, 2).await);
         // The next poll is an hour away: only the reread loads this one.
         std::fs::write(&path, policy(3)).unwrap();
@@ -369,12 +376,7 @@ mod tests {
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                let (_hup, rereads) = watch::channel(());
-                let stopped = async move {
-                    let _ = stopped.await;
-                };
-                tokio::spawn(files.run(stopped, rereads));
+                let (stop, _hup) = spawn_run(files);
                 // Once the poll has the FIFO open to read, write it without waiting.
                 for _ in 0..1000 {
                     let writer = std::fs::OpenOptions::new()
@@ -387,12 +389,7 @@ mod tests {
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                for _ in 0..1000 {
-                    if served(&hub) == Some(2) {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+                serves(&hub, 2).await;
                 let _ = served_tx.send(served(&hub));
                 let _ = stop.send(());
             });

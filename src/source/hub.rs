@@ -207,19 +207,18 @@ fn fits(
             }
         }
     }
-    let serving = by_domain.get(&doc.domain).cloned().unwrap_or_default();
+    let serving = by_domain.get(&doc.domain).map_or(&[][..], Vec::as_slice);
     let claimed = claims.get(&doc.domain).map_or(&[][..], Vec::as_slice);
-    let mut trial = serving.clone();
-    trial.extend(claimed.iter().cloned());
-    trial.push(doc.clone());
-    let Err(errors) = compile(trial) else {
+    let with = |claims: &[Document]| -> Vec<Document> {
+        serving.iter().chain(claims).chain([doc]).cloned().collect()
+    };
+    let Err(errors) = compile(with(claimed)) else {
         return Ok(());
     };
     let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
     // Only an Invalid policy's claim in the way: it may serve nothing here (no last
     // good version seen), so "the older one keeps serving" would mislead.
-    let with_serving = [serving, vec![doc.clone()]].concat();
-    if !claimed.is_empty() && compile(with_serving).is_ok() {
+    if !claimed.is_empty() && compile(with(&[])).is_ok() {
         let owners: Vec<&str> = claimed.iter().map(|d| d.source.as_str()).collect();
         return Err(format!(
             "conflicts with older policy {} of domain '{}', which is Invalid and keeps its paths until it is fixed or deleted: {}",
