@@ -648,26 +648,22 @@ fn hangups() -> watch::Receiver<()> {
 /// Resolves on SIGTERM or SIGINT. The handlers are installed by this call (within
 /// the runtime), not when the future is first polled: `serve` polls it only once it
 /// listens, and a signal arriving before that would end the process by the default
-/// action instead of stopping it gracefully.
+/// action instead of stopping it gracefully. A second signal during the drain ends
+/// the process at once (exit status 1): an operator pressing Ctrl-C again, or a
+/// supervisor repeating SIGTERM, means "now".
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let term = signal(SignalKind::terminate());
-        let interrupt = signal(SignalKind::interrupt());
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
         async move {
-            let received = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
-                match s {
-                    Ok(mut s) => {
-                        s.recv().await;
-                    }
-                    Err(_) => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = received(term) => {},
-                _ = received(interrupt) => {},
-            }
+            next_signal(&mut term, &mut interrupt).await;
+            tokio::spawn(async move {
+                next_signal(&mut term, &mut interrupt).await;
+                tracing::warn!("second signal: exiting now, without waiting for in-flight calls");
+                std::process::exit(1);
+            });
         }
     }
     #[cfg(not(unix))]
@@ -675,5 +671,25 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
         async {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// The next SIGTERM or SIGINT; never, for a handler that could not be installed.
+#[cfg(unix)]
+async fn next_signal(
+    term: &mut Option<tokio::signal::unix::Signal>,
+    interrupt: &mut Option<tokio::signal::unix::Signal>,
+) {
+    async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+        match s {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+    tokio::select! {
+        _ = recv(term) => {},
+        _ = recv(interrupt) => {},
     }
 }

@@ -115,6 +115,29 @@ async fn sigterm_as_soon_as_it_listens_is_a_graceful_stop() {
     }
 }
 
+/// A second signal during the drain ends the process at once: an operator who
+/// presses Ctrl-C again does not wait out `--drain-delay`.
+#[tokio::test]
+async fn a_second_signal_during_the_drain_exits_at_once() {
+    for second in [libc::SIGTERM, libc::SIGINT] {
+        let mut server = Server::start(&policy(5), &["--drain-delay", "60s"]);
+        server.terminate();
+        eventually(Duration::from_secs(5), "draining after SIGTERM", || async {
+            http(&server.http, "GET", "/readyz", "").0 == 503
+        })
+        .await;
+        assert!(server.try_exit().is_none(), "exited before the drain delay");
+        server.signal(second);
+        let status = server.wait_exit(Duration::from_secs(10)).await;
+        assert_eq!(status.code(), Some(1), "{status:?}");
+        server
+            .wait_line(Duration::from_secs(5), "the second signal logged", |l| {
+                l.contains("second signal")
+            })
+            .await;
+    }
+}
+
 /// SIGHUP reads the policy and TLS files at once (here the reload interval is an
 /// hour), and the process serves on: it used to end it, undrained.
 #[tokio::test]

@@ -330,7 +330,8 @@ pub struct ShutdownArgs {
     /// connections, so Kubernetes removes the pod from its endpoints first.
     #[arg(long, env = "SLUICE_DRAIN_DELAY", default_value = "2s", value_parser = parse_duration)]
     pub drain_delay: Duration,
-    /// Longest wait for in-flight calls after SIGTERM.
+    /// Longest wait for in-flight calls after SIGTERM. A second SIGTERM or SIGINT
+    /// ends the process at once.
     #[arg(long, env = "SLUICE_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 }
