@@ -45,6 +45,8 @@ pub struct ExplainArgs {
 pub enum ExplainError {
     #[error("'{0}' is not KEY=VALUE")]
     Entry(String),
+    #[error("descriptor {0} has no entries: a lone '+' goes between KEY=VALUE entries")]
+    EmptyDescriptor(usize),
     #[error("{0}")]
     Policy(String),
     #[error("{0}")]
@@ -71,6 +73,9 @@ pub fn request(args: &ExplainArgs) -> Result<pb::ExplainRequest, ExplainError> {
             key: key.to_string(),
             value: value.to_string(),
         });
+    }
+    if let Some(i) = descriptors.iter().position(|d| d.entries.is_empty()) {
+        return Err(ExplainError::EmptyDescriptor(i + 1));
     }
     Ok(pb::ExplainRequest {
         domain: args.domain.clone(),
@@ -362,6 +367,28 @@ pub fn to_json(e: &pb::Explanation) -> Value {
 mod tests {
     use super::*;
     use prost::Message;
+
+    fn entries(words: &[&str]) -> Result<pb::ExplainRequest, ExplainError> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            explain: ExplainArgs,
+        }
+        let args = ["explain", "--domain", "d"].iter().chain(words);
+        request(&Cli::try_parse_from(args).expect("parses").explain)
+    }
+
+    /// A stray `+` would explain an empty descriptor, which no Envoy sends.
+    #[test]
+    fn a_plus_must_sit_between_entries() {
+        let two = entries(&["a=1", "+", "b=2"]).expect("two descriptors");
+        assert_eq!(two.descriptors.len(), 2);
+        for words in [&["a=1", "+"][..], &["+", "a=1"], &["a=1", "+", "+", "b=2"]] {
+            let e = entries(words).expect_err("refused");
+            assert!(e.to_string().contains("has no entries"), "{words:?}: {e}");
+        }
+    }
 
     /// Every key anywhere in `v`.
     fn keys(v: &Value, out: &mut std::collections::BTreeSet<String>) {
