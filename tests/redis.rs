@@ -1422,6 +1422,33 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
             .unwrap();
         assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
     }
+    // A traced call names the master the slot map gives its slot, as a standalone
+    // shard's call names the shard; one over several slots names none.
+    let ears = Ears::default();
+    let one = hit("probed-one", Algorithm::FixedWindow, 5, 60 * SECOND, 1);
+    let v = store.decide_probed(std::slice::from_ref(&one), &ears).await;
+    assert!(v.expect("decide").admitted);
+    let heard = std::mem::take(&mut *ears.0.lock().unwrap());
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(heard[0].0.as_deref(), Some("127.0.0.1"), "{heard:?}");
+    let node = cluster.nodes.iter().find(|n| Some(n.port) == heard[0].1);
+    let node = node.unwrap_or_else(|| panic!("no master at {heard:?}"));
+    let keys: Vec<String> = on_node(node, &["KEYS", "*probed-one*"]).await;
+    assert!(!keys.is_empty(), "the counter is not on the master named");
+    let (a, b) = (
+        hit("probed-a", Algorithm::FixedWindow, 5, 60 * SECOND, 1),
+        hit("probed-b", Algorithm::FixedWindow, 5, 60 * SECOND, 1),
+    );
+    let v = store.decide_probed(&[a, b], &ears).await;
+    assert!(v.expect("decide").admitted);
+    let heard = std::mem::take(&mut *ears.0.lock().unwrap());
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(
+        (heard[0].0.as_deref(), heard[0].1),
+        (None, None),
+        "{heard:?}"
+    );
+
     // Counters spread over every master.
     admit_distinct_keys(&store, "spread", 60).await;
     let mut total = 0;

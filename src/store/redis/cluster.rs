@@ -60,6 +60,11 @@ impl Cluster {
         }
     }
 
+    /// The master the slot map gives `slot` now (`host:port`), if it is known.
+    pub fn master_of(&self, slot: u16) -> Option<String> {
+        self.router.owner(slot).map(|node| node.name.clone())
+    }
+
     /// The health of the node `name`, made (and its metrics declared) the first
     /// time the node is met.
     fn node_health(&self, name: &str) -> Arc<Health> {

@@ -160,6 +160,9 @@ impl std::ops::Deref for HealthOf<'_> {
     }
 }
 
+/// The target of a cluster call over several slots: no slot, so no one master.
+const SEVERAL_SLOTS: usize = usize::MAX;
+
 /// A cluster's target is its slot (below 16384).
 fn slot_of(target: usize) -> u16 {
     u16::try_from(target).unwrap_or(u16::MAX)
@@ -512,10 +515,12 @@ impl Inner {
         started: SystemTime,
         error: Option<&StoreError>,
     ) {
-        // Only a sampled call gets here: the Sentinel master's address is copied.
-        // Only decide calls go by function; refunds and the cluster's calls by script,
-        // and the cluster's router picks the node, so the span does not guess it.
+        // Only a sampled call gets here: the Sentinel or cluster master's address is
+        // copied. Only decide calls go by function; refunds and the cluster's calls by
+        // script. A cluster call names the master the slot map gives the slot (a
+        // MOVED reply may take it elsewhere); one over several slots names none.
         let sentinel_addr;
+        let cluster_addr;
         let (address, operation) = match &self.backend {
             Backend::Shards(s) => {
                 let shard = &s[target.min(s.len() - 1)];
@@ -532,7 +537,10 @@ impl Inner {
                 };
                 (address, operation)
             }
-            Backend::Cluster(_) => (None, "EVALSHA"),
+            Backend::Cluster(c) => {
+                cluster_addr = c.master_of(slot_of(target));
+                (cluster_addr.as_deref(), "EVALSHA")
+            }
         };
         let (host, port) = address.map_or((None, None), |a| {
             let (h, p) = split_address(a);
@@ -830,8 +838,9 @@ impl RedisStore {
             )),
         };
         if let (Some(probe), Some(started)) = (probe, started) {
+            let error = result.as_ref().err();
             self.inner
-                .tell(probe, 0, "decide", n, started, result.as_ref().err());
+                .tell(probe, SEVERAL_SLOTS, "decide", n, started, error);
         }
         result
     }
