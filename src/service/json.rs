@@ -139,6 +139,19 @@ fn code_name(code: i32) -> &'static str {
     Code::try_from(code).unwrap_or(Code::Unknown).as_str_name()
 }
 
+/// A `google.protobuf.Duration` as protobuf's JSON mapping writes it: whole
+/// seconds and 0, 3, 6 or 9 digits of fraction (strict parsers, Go's `protojson`
+/// among them, refuse any other count).
+fn duration_text(d: &prost_types::Duration) -> String {
+    let (s, n) = (d.seconds, d.nanos);
+    match n {
+        0 => format!("{s}s"),
+        _ if n % 1_000_000 == 0 => format!("{s}.{:03}s", n / 1_000_000),
+        _ if n % 1_000 == 0 => format!("{s}.{:06}s", n / 1_000),
+        _ => format!("{s}.{n:09}s"),
+    }
+}
+
 /// Renders the response in protobuf's JSON mapping.
 pub fn render_response(resp: &RateLimitResponse) -> Value {
     let statuses: Vec<Value> = resp
@@ -159,8 +172,7 @@ pub fn render_response(resp: &RateLimitResponse) -> Value {
             }
             m.insert("limitRemaining".into(), json!(s.limit_remaining));
             if let Some(d) = &s.duration_until_reset {
-                let secs = d.seconds as f64 + f64::from(d.nanos) / 1e9;
-                m.insert("durationUntilReset".into(), json!(format!("{secs}s")));
+                m.insert("durationUntilReset".into(), json!(duration_text(d)));
             }
             Value::Object(m)
         })
@@ -182,6 +194,18 @@ pub fn render_response(resp: &RateLimitResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_have_three_six_or_nine_digits_of_fraction() {
+        let d = |seconds, nanos| duration_text(&prost_types::Duration { seconds, nanos });
+        assert_eq!(d(0, 0), "0s");
+        assert_eq!(d(60, 0), "60s");
+        assert_eq!(d(0, 500_000_000), "0.500s");
+        // As a float this was 1.6033330000000001s.
+        assert_eq!(d(1, 603_333_000), "1.603333s");
+        assert_eq!(d(1, 582_717_999), "1.582717999s");
+        assert_eq!(d(2, 1), "2.000000001s");
+    }
 
     #[test]
     fn parses_snake_and_camel_case() {
