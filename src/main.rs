@@ -91,7 +91,17 @@ fn print_out(text: &str) -> ExitCode {
 }
 
 fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
-    match sluice::policy::load_paths(paths) {
+    use sluice::policy::{DirFiles, Snapshot};
+    let snapshot = Snapshot::read(paths, DirFiles::Yaml);
+    for note in snapshot.notes() {
+        eprintln!("warning: {note}");
+    }
+    match snapshot.load() {
+        // A directory that holds no policy is most likely the wrong one.
+        Ok(_) if snapshot.has_no_file() => {
+            eprintln!("no policy file to validate");
+            ExitCode::FAILURE
+        }
         Ok((policy, _docs)) => print_out(&format!(
             "ok: {} domain(s), {} rule(s)\n",
             policy.domains.len(),

@@ -33,6 +33,31 @@ fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
     assert!(err.contains("fortnight"), "{err}");
 }
 
+/// A directory with no policy file is most likely the wrong one: validate warns as
+/// serve does, names what it did not read, and fails.
+#[test]
+fn validate_refuses_a_directory_without_policy_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("readme.txt"), "not a policy").unwrap();
+    let out = sluice().arg("validate").arg(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("holds no policy file"), "{err}");
+    assert!(
+        err.contains("not read:") && err.contains("readme.txt"),
+        "{err}"
+    );
+
+    std::fs::write(dir.path().join("p.yaml"), "domain: d\ndescriptors: []\n").unwrap();
+    let out = sluice().arg("validate").arg(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("not read:") && err.contains("readme.txt"),
+        "{err}"
+    );
+}
+
 /// Renders the command line's reference from its clap definitions: one section per
 /// subcommand, one row per flag with its environment variable, default and help.
 fn flag_reference() -> String {

@@ -77,6 +77,12 @@ impl Snapshot {
         &self.notes
     }
 
+    /// Whether the paths stood for no file at all (empty directories, or only
+    /// files that are not policies).
+    pub fn has_no_file(&self) -> bool {
+        self.files.is_empty()
+    }
+
     /// A hash of every file's name and text, and of every error.
     pub fn fingerprint(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
