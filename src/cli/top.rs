@@ -135,6 +135,18 @@ impl View {
         rules
     }
 
+    /// The bans and blocks shown: those whose domain/rule or key holds the filter.
+    pub fn bans(&self) -> Vec<&pb::Ban> {
+        let f = self.filter.as_str();
+        self.snapshot
+            .iter()
+            .flat_map(|s| &s.bans)
+            .filter(|b| {
+                f.is_empty() || format!("{}/{}", b.domain, b.rule).contains(f) || b.key.contains(f)
+            })
+            .collect()
+    }
+
     /// Applies one key; `false` when it quits.
     pub fn key(&mut self, code: KeyCode, modifiers: KeyModifiers) -> bool {
         if code == KeyCode::Char('c') && modifiers.contains(KeyModifiers::CONTROL) {
@@ -262,9 +274,8 @@ impl View {
             offenders,
         );
         let ban_lines: Vec<Line> = self
-            .snapshot
-            .iter()
-            .flat_map(|s| &s.bans)
+            .bans()
+            .into_iter()
             .map(|b| {
                 Line::from(format!(
                     "{} {}/{} {}  {}s left",
@@ -399,5 +410,36 @@ mod tests {
         assert_eq!(names(&v).len(), 3);
         assert!(!v.key(KeyCode::Char('q'), KeyModifiers::NONE));
         assert!(!v.key(KeyCode::Char('c'), KeyModifiers::CONTROL));
+    }
+
+    /// The filter narrows the bans and blocks panel as it narrows the rules.
+    #[test]
+    fn the_filter_narrows_the_bans_too() {
+        let ban = |rule: &str, key: &str| pb::Ban {
+            domain: "api".into(),
+            rule: rule.into(),
+            key: key.into(),
+            ..Default::default()
+        };
+        let mut v = View::new("s".into());
+        v.snapshot = Some(pb::TopSnapshot {
+            bans: vec![ban("path", "/login*"), ban("remote_address", "10.0.0.1")],
+            ..Default::default()
+        });
+        let keys = |v: &View| v.bans().iter().map(|b| b.key.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&v).len(), 2);
+        let filter = |v: &mut View, text: &str| {
+            v.key(KeyCode::Char('c'), KeyModifiers::NONE);
+            v.key(KeyCode::Char('/'), KeyModifiers::NONE);
+            text.chars()
+                .for_each(|c| _ = v.key(KeyCode::Char(c), KeyModifiers::NONE));
+            v.key(KeyCode::Enter, KeyModifiers::NONE);
+        };
+        filter(&mut v, "remote");
+        assert_eq!(keys(&v), ["10.0.0.1"], "by rule");
+        filter(&mut v, "login");
+        assert_eq!(keys(&v), ["/login*"], "by key");
+        filter(&mut v, "zzz");
+        assert!(keys(&v).is_empty(), "matching nothing");
     }
 }
