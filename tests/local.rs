@@ -20,8 +20,11 @@ use sluice::store::redis::Options;
 use sluice::store::{Beats, RedisStore, Replicas, Store};
 
 const STORE_TIMEOUT: Duration = Duration::from_millis(30);
-/// The bound on an answer while the shard is away.
-const BOUND: Duration = Duration::from_millis(40);
+/// The longest answer while the shard is away: under two store timeouts, so one
+/// waited out at most, and no hang. The latency bound itself (store timeout +
+/// 10 ms) is measured by scripts/fault-hosts.py, which tells a machine's stalls
+/// from Sluice's own time; here other tests share the cores.
+const BOUND: Duration = Duration::from_millis(2 * 30 - 1);
 const REPLICAS: usize = 3;
 /// A token bucket refilling 60 a day: no window boundary to land on during a test,
 /// and no refill worth a token within one.
