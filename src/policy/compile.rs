@@ -9,7 +9,7 @@ use crate::algorithm::Limit;
 use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
 use super::model::{DescriptorNode, Document, RateLimit};
-use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit};
+use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit, MAX_ENTRIES};
 
 /// Where something was defined, for messages naming both places of a conflict.
 #[derive(Debug, Clone)]
@@ -161,11 +161,23 @@ struct Trail {
 }
 
 fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &DescriptorNode, trail: &mut Trail) {
-    trail.path.push((d.key.clone(), d.value.clone()));
     let here = Origin {
         source: out.doc.source.clone(),
         line: d.line,
     };
+    if trail.path.len() == MAX_ENTRIES {
+        let message = format!(
+            "descriptor {} in domain '{}' is nested {} deep; a request's descriptor \
+             carries at most {} entries, so none could reach it",
+            describe_path(&d.key, d.value.as_deref()),
+            out.doc.domain,
+            MAX_ENTRIES + 1,
+            MAX_ENTRIES
+        );
+        out.errors.push(conflict(&here, message));
+        return;
+    }
+    trail.path.push((d.key.clone(), d.value.clone()));
     if let Some(first) = out.defined.get(&trail.path) {
         let message = format!(
             "duplicate descriptor {} in domain '{}': already defined at {first}",
@@ -300,6 +312,44 @@ mod tests {
         assert_eq!(
             e[0].to_string(),
             "c.yaml:8: duplicate descriptor key 'k' with no value in domain 'd': already defined at c.yaml:3"
+        );
+    }
+
+    /// A descriptor nested deeper than a request's descriptor may go is refused
+    /// at load: every request reaching it would be refused instead.
+    #[test]
+    fn descriptors_nest_no_deeper_than_a_request_reaches() {
+        let nested = |depth: usize| {
+            let mut text = String::from("domain: d\ndescriptors:\n");
+            for i in 0..depth {
+                let pad = "  ".repeat(2 * i + 1);
+                text += &format!("{pad}- key: k{i}\n");
+                if i + 1 < depth {
+                    text += &format!("{pad}  descriptors:\n");
+                }
+            }
+            let pad = "  ".repeat(2 * depth);
+            text + &format!("{pad}rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+        };
+        let p = compile(docs(&nested(MAX_ENTRIES))).expect("32 deep loads");
+        let entries: Vec<(String, String)> = (0..MAX_ENTRIES)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        let entries: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert!(p.domain("d").unwrap().find(&entries).is_some());
+
+        let e = compile(docs(&nested(MAX_ENTRIES + 1))).unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        let line = 3 + 2 * MAX_ENTRIES;
+        assert_eq!(
+            e[0].to_string(),
+            format!(
+                "c.yaml:{line}: descriptor key 'k32' with no value in domain 'd' is nested 33 \
+                 deep; a request's descriptor carries at most 32 entries, so none could reach it"
+            )
         );
     }
 

@@ -42,6 +42,10 @@ pub use matcher::{LevelMatch, NoMatch, Trace};
 pub use model::{DescriptorNode, Document, DocumentKind, RateLimit};
 pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KIND};
 
+/// The most entries one descriptor of a request may carry, and so the deepest a
+/// policy's descriptors may nest: a deeper one could match no request.
+pub const MAX_ENTRIES: usize = 32;
+
 /// The most limits one descriptor's `rate_limits` list may hold: each is a counter
 /// every request of the descriptor touches.
 pub const MAX_RATE_LIMITS: usize = 8;

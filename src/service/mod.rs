@@ -27,8 +27,7 @@ pub mod tap;
 use crate::store::MAX_HITS;
 pub use headers::HeaderStyle;
 
-/// Most entries one descriptor may carry.
-pub const MAX_ENTRIES: usize = 32;
+pub use crate::policy::MAX_ENTRIES;
 
 /// Most descriptors one request may carry. Envoy sends one per `rate_limits` action
 /// list of the route (Envoy Gateway one per rule match), a handful in practice; a
