@@ -104,7 +104,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("LOCAL_CACHE_SIZE_IN_BYTES", Ignored, "the over-limit cache is always on and bounded"),
     var!("NEAR_LIMIT_RATIO", Honoured, "`--near-limit-ratio`, for `ratelimit_service_rate_limit_near_limit`"),
     var!("CACHE_KEY_PREFIX", Honoured, "`--redis-key-prefix`"),
-    var!("BACKEND_TYPE", Honoured, "`redis` (the default); `memcache` is refused"),
+    var!("BACKEND_TYPE", Honoured, "`redis` (the default), which needs `REDIS_URL`; `memcache` is refused"),
     var!("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Honoured, "`true`: `--denied-requests-spend nothing`; unset or `false`: `admitting-limits` (a denied request still spends its hits on the limits that admitted it)"),
     var!("LIMIT_RESPONSE_HEADERS_ENABLED", Honoured, "`--response-headers off`, or `draft03` when `true` (`x-ratelimit-*` names)"),
     var!("LIMIT_LIMIT_HEADER", Ignored, "header names are fixed"),
@@ -328,6 +328,15 @@ impl Translate<'_> {
                     "BACKEND_TYPE",
                     v,
                     "only redis (or no variable: counters in memory) is supported",
+                ));
+            }
+            // Counters in memory would be a quiet change of meaning: each replica
+            // would count on its own.
+            if self.get("REDIS_URL").is_none() {
+                return Err(refuse(
+                    "BACKEND_TYPE",
+                    v,
+                    "needs REDIS_URL (leave BACKEND_TYPE unset for counters in memory)",
                 ));
             }
         }
@@ -1162,6 +1171,11 @@ mod tests {
                 "REDIS_TLS_CLIENT_CERT",
             ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (vec![("BACKEND_TYPE", "redis")], "BACKEND_TYPE"),
+            (
+                vec![("BACKEND_TYPE", "redis"), ("REDIS_URL", "")],
+                "BACKEND_TYPE",
+            ),
         ] {
             assert_eq!(translate(&env(&pairs)).unwrap_err().name, name, "{pairs:?}");
         }
