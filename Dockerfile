@@ -5,8 +5,8 @@
 # capability dropped (sluice writes no file).
 #
 #   docker build -t sluice:dev .
-#   docker run --rm -p 8080:8080 -p 8081:8081 -v "$PWD/examples:/etc/sluice:ro" \
-#       sluice:dev serve --config /etc/sluice
+#   docker run --rm -p 8080:8080 -p 8081:8081 \
+#       -v "$PWD/examples/policy.yaml:/etc/sluice/policy.yaml:ro" sluice:dev
 #
 # Releases build it for linux/amd64 and linux/arm64 (.github/workflows/release.yml).
 # Where no registry can be reached, scripts/image-test.sh builds the runtime stage
