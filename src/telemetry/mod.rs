@@ -366,6 +366,15 @@ impl Metrics {
     /// Metrics whose windows read `clock`; tests inject a manual one.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let registry = Registry::new();
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds
+        // and the rest, read from /proc at each scrape: what envoyproxy/ratelimit's
+        // Go client serves, and what dashboards built for it chart.
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("metric names are unique");
         let unknown_domain = registered(
             &registry,
             int_counter(
