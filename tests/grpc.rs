@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
 use common::*;
+use prost::Message;
+use sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
@@ -84,12 +86,75 @@ async fn an_undecodable_message_gets_invalid_argument() {
     .await
     .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("undecodable RateLimitRequest"),
+        "{err:?}"
+    );
+    // Counted, as every INVALID_ARGUMENT is, and logged: Envoy answers its client
+    // by failure_mode_deny, and nothing else would tell the operator why.
+    assert_eq!(
+        server.metric("sluice_invalid_requests_total", &[]),
+        Some(1.0)
+    );
+    let lines = server
+        .wait_line(Duration::from_secs(5), "undecodable", |l| {
+            l.contains("undecodable ShouldRateLimit request refused")
+        })
+        .await;
+    let line = lines.last().unwrap();
+    assert!(line.contains("undecodable RateLimitRequest"), "{line}");
     // A well-formed but invalid request keeps its own message.
     let err = raw_call(&server, SHOULD_RATE_LIMIT, Bytes::new())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert_eq!(err.message(), "domain must not be empty");
+    assert_eq!(
+        server.metric("sluice_invalid_requests_total", &[]),
+        Some(2.0)
+    );
+}
+
+/// The encoding of a one-entry request for `d` whose value is `value` with its
+/// `!` replaced by `byte`: prost will not build a `String` that is not UTF-8.
+fn with_byte(value: &str, byte: u8) -> Bytes {
+    let mut bytes = request("d", vec![desc(&[("k", value)])]).encode_to_vec();
+    let i = bytes.iter().position(|&b| b == b'!').expect("a `!`");
+    bytes[i] = byte;
+    Bytes::from(bytes)
+}
+
+/// Envoy copies header and query values into descriptors unchecked: a value that
+/// is not UTF-8 is decided against its limit (read as `from_utf8_lossy` reads it),
+/// not refused, which would make Envoy fail open on every limit of the request.
+#[tokio::test]
+async fn a_value_that_is_not_utf8_is_decided_against_its_limit() {
+    let server = Server::start(POLICY, &[]);
+    let answer = |bytes: Bytes| async {
+        let reply = raw_call(&server, SHOULD_RATE_LIMIT, bytes)
+            .await
+            .expect("decided, not refused");
+        RateLimitResponse::decode(reply).expect("a RateLimitResponse")
+    };
+    // `k` allows 5 a minute.
+    for i in 0..5 {
+        let r = answer(with_byte("evil!", 0xff)).await;
+        assert_eq!(r.overall_code, OK, "call {i}");
+        assert_eq!(r.statuses[0].limit_remaining, 4 - i);
+    }
+    let r = answer(with_byte("evil!", 0xff)).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    // Another bad byte in its place is read the same way: the same counter.
+    let r = answer(with_byte("evil!", 0xfe)).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    // A valid value keeps its own.
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "evil")])])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        server.metric("sluice_invalid_requests_total", &[]),
+        Some(0.0)
+    );
 }
 
 /// Busy connections hold their answers back until the other connections have had

@@ -3,15 +3,27 @@
 
 use prost::Message;
 use sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice::service::decode::Request;
+use sluice::service::decode::{decode_lossy, Request};
 
 /// The in-place request decoder against prost: when it answers, its answer is the
-/// view of prost's decoding; when prost refuses a message, so does it.
+/// view of prost's decoding; when prost refuses a message, so does it. The lossy
+/// decoder (the fallback) is prost wherever prost decodes, and reads a message prost
+/// refuses only for a string that is not UTF-8, otherwise keeping prost's error.
 pub fn request_decode(data: &[u8]) {
     let prost = RateLimitRequest::decode(data);
     if let Some(fast) = Request::decode(data) {
-        let prost = prost.expect("Request::decode read a message prost refuses");
-        assert_eq!(fast, Request::of(&prost), "the decoders disagree");
+        let prost = prost
+            .as_ref()
+            .expect("Request::decode read a message prost refuses");
+        assert_eq!(fast, Request::of(prost), "the decoders disagree");
+    }
+    match (prost, decode_lossy(data)) {
+        (Ok(prost), lossy) => assert_eq!(lossy, Ok(prost), "the lossy decoder differs"),
+        (Err(refused), Ok(_)) => assert!(
+            refused.to_string().contains("UTF-8"),
+            "the lossy decoder read a message prost refuses: {refused}"
+        ),
+        (Err(refused), Err(e)) => assert_eq!(e, refused, "the lossy decoder's error differs"),
     }
 }
 

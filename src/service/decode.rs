@@ -5,9 +5,21 @@
 //! reads the usual message in place instead: the fields sluice uses, each string
 //! checked as UTF-8 as prost checks it. Anything else (an unknown field, a repeated
 //! `hits_addend` or `limit` message, a malformed byte) makes it give up, and the
-//! caller decodes with prost, so the outcome and every error stay prost's.
+//! caller decodes with [`decode_lossy`]: prost's decoding, so the outcome and every
+//! error stay prost's, except that a string that is not UTF-8 is repaired rather
+//! than refused.
+//!
+//! Envoy copies request header and query values into descriptor entries without
+//! checking them, so a client decides what bytes a value holds. Refusing the call
+//! (`INVALID_ARGUMENT`) would let one bad byte skip every limit of its request, as
+//! Envoy's filter fails open by default. A value that is not UTF-8 is read instead
+//! as `String::from_utf8_lossy` reads it, each invalid sequence one U+FFFD: it gets
+//! what any value gets, and distinct bad values may share one counter (more denial,
+//! never less).
 
 use std::ops::Range;
+
+use prost::Message;
 
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -93,6 +105,93 @@ impl<'a> Request<'a> {
             }
         }
         Some(req)
+    }
+}
+
+/// prost's decoding of a request, for one [`Request::decode`] leaves to it. A message
+/// prost refuses only for a string that is not UTF-8 (the domain, an entry's key or
+/// value) is decoded anyway, each such string repaired as
+/// `String::from_utf8_lossy` repairs it; any other error is prost's own. A message
+/// prost decodes costs nothing more.
+pub fn decode_lossy(message: &[u8]) -> Result<RateLimitRequest, prost::DecodeError> {
+    RateLimitRequest::decode(message).or_else(|refused| {
+        raw::Request::decode(message)
+            .map(raw::Request::repaired)
+            .map_err(|_| refused)
+    })
+}
+
+/// `bytes` as a string, each sequence that is not UTF-8 replaced by U+FFFD (as
+/// `String::from_utf8_lossy` does); valid bytes are kept without a copy.
+pub fn lossy_string(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// `RateLimitRequest` with its strings as `bytes`: the same wire format, decoded by
+/// prost without the UTF-8 check.
+mod raw {
+    use crate::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry as PbEntry, RateLimitOverride,
+    };
+    use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    use super::lossy_string;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Request {
+        #[prost(bytes = "vec", tag = "1")]
+        pub domain: Vec<u8>,
+        #[prost(message, repeated, tag = "2")]
+        pub descriptors: Vec<Descriptor>,
+        #[prost(uint32, tag = "3")]
+        pub hits_addend: u32,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Descriptor {
+        #[prost(message, repeated, tag = "1")]
+        pub entries: Vec<Entry>,
+        #[prost(message, optional, tag = "2")]
+        pub limit: Option<RateLimitOverride>,
+        #[prost(message, optional, tag = "3")]
+        pub hits_addend: Option<u64>,
+        #[prost(bool, tag = "4")]
+        pub is_negative_hits: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Entry {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+
+    impl Request {
+        pub fn repaired(self) -> RateLimitRequest {
+            RateLimitRequest {
+                domain: lossy_string(self.domain),
+                descriptors: self
+                    .descriptors
+                    .into_iter()
+                    .map(|d| RateLimitDescriptor {
+                        entries: d
+                            .entries
+                            .into_iter()
+                            .map(|e| PbEntry {
+                                key: lossy_string(e.key),
+                                value: lossy_string(e.value),
+                            })
+                            .collect(),
+                        limit: d.limit,
+                        hits_addend: d.hits_addend,
+                        is_negative_hits: d.is_negative_hits,
+                    })
+                    .collect(),
+                hits_addend: self.hits_addend,
+            }
+        }
     }
 }
 
@@ -374,9 +473,97 @@ mod tests {
         bytes.extend_from_slice(&[15 << 3, 1]);
         assert_eq!(Request::decode(&bytes), None);
         assert!(RateLimitRequest::decode(bytes.as_slice()).is_ok());
-        // Invalid UTF-8 in the domain: prost refuses it.
+        // Invalid UTF-8 in the domain: prost refuses it; `decode_lossy` repairs it.
         let bad = [0x0a, 1, 0xff];
         assert_eq!(Request::decode(&bad), None);
         assert!(RateLimitRequest::decode(&bad[..]).is_err());
+        assert_eq!(decode_lossy(&bad).expect("repaired").domain, "\u{FFFD}");
+    }
+
+    /// A request whose strings are bytes, as a client's header reaches Envoy.
+    fn raw_request(domain: &[u8], entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+        raw::Request {
+            domain: domain.to_vec(),
+            descriptors: vec![raw::Descriptor {
+                entries: entries
+                    .iter()
+                    .map(|&(k, v)| raw::Entry {
+                        key: k.to_vec(),
+                        value: v.to_vec(),
+                    })
+                    .collect(),
+                hits_addend: Some(3),
+                ..Default::default()
+            }],
+            hits_addend: 2,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn strings_that_are_not_utf8_are_repaired_as_from_utf8_lossy_does() {
+        let bytes = raw_request(
+            b"edge",
+            &[
+                (b"remote_address", b"10.0.0.1"),
+                (b"x-user", b"evil\xff"),
+                (b"k\xc3", b"\xe2\x82 \xf0\x9f\x98\x80 \xc0\xaf"),
+            ],
+        );
+        // The fast reader leaves it to prost, which refuses it.
+        assert_eq!(Request::decode(&bytes), None);
+        let refused = RateLimitRequest::decode(bytes.as_slice()).unwrap_err();
+        assert!(refused.to_string().contains("UTF-8"), "{refused}");
+        let req = decode_lossy(&bytes).expect("repaired, not refused");
+        let view = Request::of(&req);
+        assert_eq!(view.domain, "edge");
+        assert_eq!(view.hits_addend, 2);
+        assert_eq!(
+            view.entries,
+            vec![
+                ("remote_address", "10.0.0.1"),
+                ("x-user", "evil\u{FFFD}"),
+                ("k\u{FFFD}", "\u{FFFD} \u{1F600} \u{FFFD}\u{FFFD}"),
+            ]
+        );
+        assert_eq!(view.descriptors[0].hits_addend, Some(3));
+        // Distinct bad values share the repaired one's counter, which is the value
+        // a valid U+FFFD names too.
+        let other = decode_lossy(&raw_request(b"edge", &[(b"x-user", b"evil\xfe")])).unwrap();
+        let valid = decode_lossy(&raw_request(
+            b"edge",
+            &[(b"x-user", "evil\u{FFFD}".as_bytes())],
+        ))
+        .unwrap();
+        assert_eq!(other.descriptors[0].entries[0].value, "evil\u{FFFD}");
+        assert_eq!(other, valid);
+        // The domain is repaired the same way.
+        let domain = decode_lossy(&raw_request(b"ed\xffge", &[(b"k", b"v")])).unwrap();
+        assert_eq!(domain.domain, "ed\u{FFFD}ge");
+    }
+
+    #[test]
+    fn the_lossy_decoder_is_prost_but_for_utf8() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let mut repaired = 0;
+        for _ in 0..20_000 {
+            let mut bytes = random_request(&mut rng).encode_to_vec();
+            if !bytes.is_empty() && rng.random_bool(0.8) {
+                let i = rng.random_range(0..bytes.len());
+                bytes[i] = rng.random();
+            }
+            match (
+                RateLimitRequest::decode(bytes.as_slice()),
+                decode_lossy(&bytes),
+            ) {
+                (Ok(prost), lossy) => assert_eq!(lossy, Ok(prost), "{bytes:?}"),
+                (Err(refused), Ok(_)) => {
+                    assert!(refused.to_string().contains("UTF-8"), "{refused}");
+                    repaired += 1;
+                }
+                (Err(refused), Err(e)) => assert_eq!(e, refused),
+            }
+        }
+        assert!(repaired > 100, "{repaired}");
     }
 }

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use bytes::Bytes;
 use futures::StreamExt;
 use prost::Message;
@@ -20,7 +19,7 @@ use crate::store::Store;
 use crate::trace::{self, Call, Tracer};
 use sluice_grpc::{frame, Code, Deadline, GrpcError, Handler, Kind, Messages, Reply};
 
-use super::decode::Request;
+use super::decode::{decode_lossy, Request};
 use super::reflection::{self, Reflection};
 use super::response::framed_response;
 use super::rlqs::{self, Quotas};
@@ -48,6 +47,8 @@ pub struct Grpc<S> {
     /// Oversized requests are logged at most once a minute: a client sends its
     /// next one at once.
     oversized_log: Every,
+    /// So are undecodable ones.
+    invalid_log: Every,
 }
 
 impl<S: Store> Grpc<S> {
@@ -64,6 +65,7 @@ impl<S: Store> Grpc<S> {
             quotas: Arc::new(quotas),
             tracer: None,
             oversized_log: Every::new(60 * SECOND),
+            invalid_log: Every::new(60 * SECOND),
         }
     }
 
@@ -269,23 +271,34 @@ impl<S: Store> Grpc<S> {
         answer
     }
 
+    /// A request that is not a `RateLimitRequest` at all: counted as the other
+    /// `INVALID_ARGUMENT` answers are, and logged at most once a minute, since Envoy
+    /// answers its client by `failure_mode_deny` and nothing else would tell why.
+    fn undecodable(&self, e: prost::DecodeError) -> GrpcError {
+        self.service.metrics.bad_request();
+        let error = format!("undecodable RateLimitRequest: {e}");
+        if self.invalid_log.due(self.quotas.clock.now()) {
+            tracing::warn!(
+                error = %error,
+                "undecodable ShouldRateLimit request refused (sluice_invalid_requests_total)"
+            );
+        }
+        GrpcError::new(Code::InvalidArgument, error)
+    }
+
     async fn should_rate_limit(
         &self,
         message: &[u8],
         deadline: Option<Deadline>,
         call: Option<&mut Call>,
     ) -> Result<Reply, GrpcError> {
-        // Read in place; prost decodes what the fast reader leaves to it.
+        // Read in place; prost decodes what the fast reader leaves to it, a string
+        // that is not UTF-8 repaired rather than refused (see `decode`).
         let decoded;
         let req = match Request::decode(message) {
             Some(req) => req,
             None => {
-                decoded = RateLimitRequest::decode(message).map_err(|e| {
-                    GrpcError::new(
-                        Code::InvalidArgument,
-                        format!("undecodable RateLimitRequest: {e}"),
-                    )
-                })?;
+                decoded = decode_lossy(message).map_err(|e| self.undecodable(e))?;
                 Request::of(&decoded)
             }
         };

@@ -718,13 +718,93 @@ fn seconds(s: u64) -> PbDuration {
     }
 }
 
+/// prost's decoding of a report, except that a string that is not UTF-8 (a bucket
+/// id's key or value, which Envoy's matchers take from requests unchecked, or the
+/// domain) is repaired as `String::from_utf8_lossy` repairs it, as `ShouldRateLimit`
+/// does (`decode::decode_lossy`): refused, it would end the stream, and with it every
+/// assignment of the Envoy, on every report Envoy sends again.
 fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
-    RateLimitQuotaUsageReports::decode(message.as_ref()).map_err(|e| {
-        GrpcError::new(
-            Code::InvalidArgument,
-            format!("undecodable RateLimitQuotaUsageReports: {e}"),
-        )
-    })
+    RateLimitQuotaUsageReports::decode(message.as_ref())
+        .or_else(|refused| {
+            raw::Reports::decode(message.as_ref())
+                .map(raw::Reports::repaired)
+                .map_err(|_| refused)
+        })
+        .map_err(|e| {
+            GrpcError::new(
+                Code::InvalidArgument,
+                format!("undecodable RateLimitQuotaUsageReports: {e}"),
+            )
+        })
+}
+
+/// `RateLimitQuotaUsageReports` with its strings as `bytes`: the same wire format
+/// (a map is a repeated message of key 1 and value 2), decoded without the UTF-8
+/// check.
+mod raw {
+    use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use crate::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+    use crate::service::decode::lossy_string;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Reports {
+        #[prost(bytes = "vec", tag = "1")]
+        pub domain: Vec<u8>,
+        #[prost(message, repeated, tag = "2")]
+        pub bucket_quota_usages: Vec<Usage>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Usage {
+        #[prost(message, optional, tag = "1")]
+        pub bucket_id: Option<Id>,
+        #[prost(message, optional, tag = "2")]
+        pub time_elapsed: Option<prost_types::Duration>,
+        #[prost(uint64, tag = "3")]
+        pub num_requests_allowed: u64,
+        #[prost(uint64, tag = "4")]
+        pub num_requests_denied: u64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Id {
+        #[prost(message, repeated, tag = "1")]
+        pub bucket: Vec<Pair>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Pair {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+
+    impl Reports {
+        pub fn repaired(self) -> RateLimitQuotaUsageReports {
+            RateLimitQuotaUsageReports {
+                domain: lossy_string(self.domain),
+                bucket_quota_usages: self
+                    .bucket_quota_usages
+                    .into_iter()
+                    .map(|u| BucketQuotaUsage {
+                        // A key repeated (or two repaired alike): the last one wins,
+                        // as in prost's map.
+                        bucket_id: u.bucket_id.map(|id| BucketId {
+                            bucket: id
+                                .bucket
+                                .into_iter()
+                                .map(|p| (lossy_string(p.key), lossy_string(p.value)))
+                                .collect(),
+                        }),
+                        time_elapsed: u.time_elapsed,
+                        num_requests_allowed: u.num_requests_allowed,
+                        num_requests_denied: u.num_requests_denied,
+                    })
+                    .collect(),
+            }
+        }
+    }
 }
 #[cfg(test)]
 mod tests {
@@ -1194,6 +1274,63 @@ mod tests {
         f.clock.advance(SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 1)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    #[test]
+    fn a_bucket_value_that_is_not_utf8_is_repaired_and_decided() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        let usage = |key: &[u8], value: &[u8]| raw::Usage {
+            bucket_id: Some(raw::Id {
+                bucket: vec![raw::Pair {
+                    key: key.to_vec(),
+                    value: value.to_vec(),
+                }],
+            }),
+            num_requests_allowed: 1,
+            ..Default::default()
+        };
+        // What Envoy sends for a client whose header holds the byte 0xff.
+        let message = raw::Reports {
+            domain: b"edge".to_vec(),
+            bucket_quota_usages: vec![usage(b"route", b"api"), usage(b"client", b"evil\xff")],
+        }
+        .encode_to_vec();
+        assert!(RateLimitQuotaUsageReports::decode(message.as_slice()).is_err());
+        let reports = decode(&Bytes::from(message)).expect("repaired, not refused");
+        let repaired = id(&[("client", "evil\u{FFFD}")]);
+        assert_eq!(
+            reports.bucket_quota_usages[1].bucket_id,
+            Some(repaired.clone())
+        );
+        let answer = block_on(s.answer(reports)).unwrap();
+        let actions: Vec<_> = answer
+            .bucket_action
+            .into_iter()
+            .map(|a| {
+                let id = a.bucket_id.clone();
+                (
+                    id,
+                    only(RateLimitQuotaResponse {
+                        bucket_action: vec![a],
+                    }),
+                )
+            })
+            .collect();
+        // Both buckets decided against their limits; the stream goes on.
+        assert_eq!(
+            actions,
+            vec![
+                (Some(id(API)), Some((bucket(20), 15))),
+                (Some(repaired), Some((bucket(10), 15))),
+            ]
+        );
+        // A report that is not protobuf at all is still refused.
+        let e = decode(&Bytes::from_static(&[0x12, 0x05, 0x0a])).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e
+            .message
+            .starts_with("undecodable RateLimitQuotaUsageReports"));
     }
 
     #[test]
