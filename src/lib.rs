@@ -8,6 +8,7 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod crd;
+pub mod guard;
 pub mod hash;
 pub mod http;
 pub mod limiter;

@@ -177,3 +177,44 @@ async fn connections_beyond_the_maximum_are_refused() {
     let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
     assert_eq!(r.overall_code, OK);
 }
+
+/// Clients that send half a request and fall silent can neither hold the HTTP port
+/// past `--http-max-connections` nor keep their connections past
+/// `--handshake-timeout`; the gRPC port answers throughout.
+#[tokio::test]
+async fn http_connections_are_capped_and_silent_ones_closed() {
+    let server = Server::start(
+        POLICY,
+        &["--http-max-connections", "2", "--handshake-timeout", "1s"],
+    );
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: ")
+            .await
+            .unwrap();
+        stalled.push(tcp);
+    }
+    // A third is closed unanswered.
+    let mut third = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+    let _ = third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer));
+    let _ = read.await.expect("the third connection is closed");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    let mut c = server.client().await;
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+    // The silent ones are closed, and their slots serve again.
+    for tcp in &mut stalled {
+        until_closed(tcp, Duration::from_secs(10)).await;
+    }
+    let (status, m) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    assert_eq!(
+        sample(&m, "sluice_http_connections_refused_total", &[]),
+        Some(1.0)
+    );
+}

@@ -272,6 +272,12 @@ pub struct ConnectionArgs {
     /// three quarters of the process's open-file limit.
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
     pub grpc_max_connections: usize,
+    /// Most connections open at once on each HTTP port (--http-addr,
+    /// --prometheus-addr); more are closed as soon as accepted. 0: an eighth of the
+    /// process's open-file limit. A connection silent for --handshake-timeout (mid
+    /// request or between requests) is closed.
+    #[arg(long, env = "SLUICE_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
+    pub http_max_connections: usize,
     /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or
     /// MiB); larger is refused (RESOURCE_EXHAUSTED, HTTP 413) before it is all read.
     /// RLQS reports may be larger: up to one of 10,000 buckets.

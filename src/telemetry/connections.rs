@@ -1,15 +1,16 @@
 //! The ports' connections and certificates: how many gRPC connections are open, why
 //! sluice closed some, and how each port's TLS reloads went.
 
-use prometheus::{IntCounterVec, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
-use super::{counter_vec, int_gauge, registered};
+use super::{counter_vec, int_counter, int_gauge, registered};
 
 #[derive(Debug)]
 pub(super) struct ConnectionStats {
     pub(super) tls_reloads: IntCounterVec,
     pub(super) grpc_connections: IntGauge,
     pub(super) grpc_closed: IntCounterVec,
+    pub(super) http_refused: IntCounter,
 }
 
 impl ConnectionStats {
@@ -37,10 +38,18 @@ impl ConnectionStats {
                 &["reason"],
             ),
         );
+        let http_refused = registered(
+            registry,
+            int_counter(
+                "sluice_http_connections_refused_total",
+                "Connections to an HTTP port (--http-addr, --prometheus-addr) closed as soon as accepted: --http-max-connections were open.",
+            ),
+        );
         ConnectionStats {
             tls_reloads,
             grpc_connections,
             grpc_closed,
+            http_refused,
         }
     }
 }

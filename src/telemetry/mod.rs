@@ -581,6 +581,11 @@ impl Metrics {
         }
     }
 
+    /// Counts the connections an HTTP port refused (its guard holds it).
+    pub fn http_refused(&self) -> IntCounter {
+        self.connections.http_refused.clone()
+    }
+
     /// Exports a TLS port's reload counters at 0 before its first reload.
     pub fn declare_tls_port(&self, port: &str) {
         for result in ["ok", "error"] {

@@ -1,0 +1,180 @@
+//! The HTTP ports' guard: a cap on the connections open at once, and a limit on how
+//! long a connection may stay silent. Without them, clients that connect and send
+//! half a request (or nothing) hold a descriptor each until the process runs out,
+//! and then the gRPC port can accept no Envoy either.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use prometheus::IntCounter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Wraps an axum listener: past `max` open connections, new ones are closed as
+/// soon as accepted (counted in `refused`); a connection that neither sends nor
+/// takes a byte for `silence` is closed.
+pub struct Guarded<L> {
+    inner: L,
+    slots: Arc<Semaphore>,
+    silence: Duration,
+    refused: IntCounter,
+}
+
+impl<L> Guarded<L> {
+    pub fn new(inner: L, max: usize, silence: Duration, refused: IntCounter) -> Self {
+        Guarded {
+            inner,
+            slots: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
+            silence,
+            refused,
+        }
+    }
+}
+
+impl<L> axum::serve::Listener for Guarded<L>
+where
+    L: axum::serve::Listener,
+{
+    type Io = Quiet<L::Io>;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (io, addr) = self.inner.accept().await;
+            match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => return (Quiet::new(io, self.silence, slot), addr),
+                Err(_) => {
+                    self.refused.inc();
+                    drop(io);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that ends with an error once it has been silent (no byte read or
+/// written) for its limit; its slot is given back when it is dropped.
+pub struct Quiet<T> {
+    io: T,
+    silence: Duration,
+    deadline: Pin<Box<Sleep>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<T> Quiet<T> {
+    fn new(io: T, silence: Duration, slot: OwnedSemaphorePermit) -> Self {
+        Quiet {
+            io,
+            silence,
+            deadline: Box::pin(tokio::time::sleep(silence)),
+            _slot: slot,
+        }
+    }
+
+    fn heard(&mut self) {
+        let next = Instant::now() + self.silence;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// When the inner I/O waits: an error if the silence has run out.
+    fn waiting<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection silent too long",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Quiet<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.heard();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => this.waiting(cx),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Quiet<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    this.heard();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => this.waiting(cx),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_flush(cx) {
+            Poll::Pending => this.waiting(cx),
+            done => done,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn slot() -> OwnedSemaphorePermit {
+        Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_ends_and_a_talking_one_lives() {
+        let (client, server) = tokio::io::duplex(64);
+        let mut quiet = Quiet::new(server, Duration::from_secs(10), slot());
+        let mut client = client;
+        let mut buf = [0u8; 8];
+        // Bytes every 6 s keep it open past 10 s.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            client.write_all(b"x").await.unwrap();
+            assert_eq!(quiet.read(&mut buf).await.unwrap(), 1);
+        }
+        // Then 10 s of silence end it.
+        let started = Instant::now();
+        let e = quiet.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+}
