@@ -377,6 +377,51 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
     );
 }
 
+/// Envoy Gateway's certificates renewed under a new authority (the Secret's files
+/// replaced, the server restarted with the new ones) are read at the next
+/// reconnection, without a restart; meanwhile `sluice_xds_connected` shows the
+/// stream down.
+#[tokio::test]
+async fn a_renewed_certificate_authority_is_read_when_reconnecting() {
+    let Some(bin) = binary() else { return };
+    let certs = Certs::envoy_gateway();
+    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let server = sluice(&xds, &certs, &[]);
+    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+    assert_eq!(metric(&server, "sluice_xds_connected"), Some(1.0));
+
+    xds.kill();
+    eventually(WAIT, "the lost stream shown", || async {
+        metric(&server, "sluice_xds_connected") == Some(0.0)
+    })
+    .await;
+    let renewed = Certs::envoy_gateway();
+    for name in [
+        "ca.crt",
+        "envoy-gateway.crt",
+        "envoy-gateway.key",
+        "tls.crt",
+        "tls.key",
+    ] {
+        write_atomic(
+            &certs.path(name),
+            &std::fs::read_to_string(renewed.path(name)).unwrap(),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let changed = dir.path().join("changed.yaml");
+    std::fs::write(
+        &changed,
+        std::fs::read_to_string(fixture("gateway.yaml"))
+            .unwrap()
+            .replacen("requests_per_unit: 3", "requests_per_unit: 5", 1),
+    )
+    .unwrap();
+    xds.restart(Some(&[changed]));
+    header_limit_becomes(&server, 5, "the renewed server's version applied").await;
+    assert_eq!(metric(&server, "sluice_xds_connected"), Some(1.0));
+}
+
 #[tokio::test]
 async fn readiness_waits_for_the_first_version_unless_started_without() {
     let Some(bin) = binary() else { return };

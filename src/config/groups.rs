@@ -59,7 +59,8 @@ pub struct XdsArgs {
     #[arg(long, env = "SLUICE_XDS_TLS_KEY", requires = "xds_tls_cert")]
     pub xds_tls_key: Option<PathBuf>,
     /// PEM certificates of the authorities that sign the xDS server's certificate;
-    /// needed with https://.
+    /// needed with https://. Read again at each connection, as are --xds-tls-cert
+    /// and --xds-tls-key.
     #[arg(long, env = "SLUICE_XDS_TLS_CA")]
     pub xds_tls_ca: Option<PathBuf>,
     /// The name the xDS server's certificate must carry (default: the URL's host).

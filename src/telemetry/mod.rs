@@ -305,6 +305,7 @@ pub struct Metrics {
     /// `sluice_store_errors_total`; keeping the two apart means neither double counts.
     store_failures: OnceLock<IntCounter>,
     trace_spans: OnceLock<IntCounterVec>,
+    xds_connected: OnceLock<prometheus::IntGauge>,
     store_failing: AtomicBool,
     failures_in_outage: AtomicU64,
     /// When the failure mode last answered, on `clock`: the store counts as answering
@@ -449,6 +450,7 @@ impl Metrics {
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
             trace_spans: OnceLock::new(),
+            xds_connected: OnceLock::new(),
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
             last_store_failure: AtomicU64::new(0),
@@ -488,6 +490,21 @@ impl Metrics {
             vec
         });
         ["exported", "dropped", "failed"].map(|r| vec.with_label_values(&[r]))
+    }
+
+    /// `sluice_xds_connected`, registered on first use: the series exists only with
+    /// `--xds-server`.
+    pub fn xds_connected(&self) -> prometheus::IntGauge {
+        self.xds_connected
+            .get_or_init(|| {
+                let gauge = int_gauge(
+                    "sluice_xds_connected",
+                    "1 while a stream to the xDS server is open, 0 while it is retried.",
+                );
+                let _ = self.registry.register(Box::new(gauge.clone()));
+                gauge
+            })
+            .clone()
     }
 
     /// Counts as near its limit (`sluice_near_limit_total`) an admitted descriptor

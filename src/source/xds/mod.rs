@@ -11,8 +11,12 @@
 //! repeated NACKs of it wait a little longer each time ([`Subscription`]) instead of
 //! spinning. A version refused is tried again as soon as the policy files change
 //! (and when the server sends it after that), since a fixed file may let it in;
-//! taken, it is ACKed with the nonce it came with. A lost stream is retried after a jittered exponential back-off; the
-//! last good policy serves meanwhile. Each new stream starts from the empty version,
+//! taken, it is ACKed with the nonce it came with.
+//!
+//! A lost stream is retried after a jittered exponential back-off; the last good
+//! policy serves meanwhile, and `sluice_xds_connected` reads 0. Each connection
+//! reads the TLS files again, so a renewed Secret (a rotated authority included) is
+//! taken at the next retry. Each new stream starts from the empty version,
 //! so a restarted control plane that numbers its versions from 1 again is not
 //! mistaken for one that has nothing new.
 
@@ -29,6 +33,7 @@ use crate::pb::envoy::service::discovery::v3::aggregated_discovery_service_clien
 use crate::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::pb::google::rpc::Status as RpcStatus;
 use crate::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+use prometheus::IntGauge;
 use prost::Message;
 use rand::Rng;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -79,18 +84,21 @@ pub enum XdsError {
 
 /// Subscribes to `RateLimitConfig`s and feeds the hub.
 pub struct XdsSource {
-    endpoint: Endpoint,
-    url: String,
+    cfg: XdsArgs,
+    server: XdsUrl,
     max_message_bytes: usize,
     subscription: Subscription,
     hub: Arc<Hub>,
     metrics: Arc<Metrics>,
     /// Set once a first version is accepted.
     loaded: Arc<AtomicBool>,
+    /// `sluice_xds_connected`: 1 while a stream is open.
+    connected: IntGauge,
 }
 
 impl XdsSource {
     /// Checks the settings and reads the TLS files, so that a bad one stops start-up.
+    /// They are read again at each connection ([`XdsSource::stream`]).
     pub fn new(
         cfg: &XdsArgs,
         url: &XdsUrl,
@@ -98,16 +106,18 @@ impl XdsSource {
         metrics: Arc<Metrics>,
         loaded: Arc<AtomicBool>,
     ) -> Result<XdsSource, XdsError> {
-        let endpoint = endpoint(cfg, url)?;
+        endpoint(cfg, url)?;
         metrics.declare_policy_source("xds");
+        let connected = metrics.xds_connected();
         Ok(XdsSource {
-            endpoint,
-            url: url.url.clone(),
+            cfg: cfg.clone(),
+            server: url.clone(),
             max_message_bytes: cfg.xds_max_message_bytes,
             subscription: Subscription::new(&cfg.xds_node_id),
             hub,
             metrics,
             loaded,
+            connected,
         })
     }
 
@@ -117,12 +127,13 @@ impl XdsSource {
         let mut retry = RETRY_FIRST;
         loop {
             let (why, answered) = self.stream(shutdown.as_mut()).await;
+            self.connected.set(0);
             let Some(why) = why else { return };
             if answered {
                 retry = RETRY_FIRST;
             }
             let wait = jittered(retry);
-            tracing::warn!(server = %self.url, error = %why, retry_in = ?wait, "xDS stream lost; the last good policy keeps serving");
+            tracing::warn!(server = %self.server.url, error = %why, retry_in = ?wait, "xDS stream lost; the last good policy keeps serving");
             retry = (retry * 2).min(RETRY_MAX);
             tokio::select! {
                 _ = shutdown.as_mut() => return,
@@ -132,14 +143,20 @@ impl XdsSource {
     }
 
     /// One stream, until it fails (`Some(reason)`) or `shutdown` resolves (`None`);
-    /// also whether the server answered on it.
+    /// also whether the server answered on it. The TLS files are read afresh: a
+    /// renewed Secret (a new authority, new certificates) takes effect at the next
+    /// connection, where the old files would be refused at every retry.
     async fn stream(
         &mut self,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> (Option<String>, bool) {
+        let endpoint = match endpoint(&self.cfg, &self.server) {
+            Ok(e) => e,
+            Err(e) => return (Some(e.to_string()), false),
+        };
         let channel: Channel = tokio::select! {
             _ = shutdown.as_mut() => return (None, false),
-            c = self.endpoint.connect() => match c {
+            c = endpoint.connect() => match c {
                 Ok(c) => c,
                 Err(e) => return (Some(error_chain(&e)), false),
             },
@@ -155,7 +172,8 @@ impl XdsSource {
                 Err(status) => return (Some(status.to_string()), false),
             },
         };
-        tracing::info!(server = %self.url, "xDS stream open; subscribed to RateLimitConfig");
+        tracing::info!(server = %self.server.url, "xDS stream open; subscribed to RateLimitConfig");
+        self.connected.set(1);
         let mut answered = false;
         // The version last refused, tried again as soon as the files change: a fixed
         // file may let it in, and a server need not send it again.
