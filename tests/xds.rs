@@ -330,13 +330,28 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
     assert_eq!(debug()["refused"], serde_json::json!([]));
 }
 
+/// A restarted server numbers its versions from 1 again: its version 1, with other
+/// contents than the version 1 taken before, is applied, logged and counted as a new
+/// version; sent again with the same contents (the server restarted once more), it is
+/// not counted again.
 #[tokio::test]
 async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
     let Some(bin) = binary() else { return };
     let certs = Certs::envoy_gateway();
     let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
-    let server = sluice(&xds, &certs, &[]);
+    // --prometheus-addr adds envoyproxy/ratelimit's series to /metrics.
+    let server = sluice(&xds, &certs, &["--prometheus-addr", "127.0.0.1:0"]);
     eventually(WAIT, "first version in", || async { ready(&server) }).await;
+    let taken = |server: &Server| {
+        (
+            metric(
+                server,
+                r#"sluice_policy_reloads_total{result="ok",source="xds"}"#,
+            ),
+            metric(server, "ratelimit_service_config_load_success"),
+        )
+    };
+    assert_eq!(taken(&server), (Some(1.0), Some(1.0)));
 
     xds.kill();
     // Meanwhile the last good policy serves.
@@ -368,12 +383,38 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
             .replacen("requests_per_unit: 3", "requests_per_unit: 7", 1),
     )
     .unwrap();
-    xds.restart(Some(&[changed]));
+    xds.restart(Some(std::slice::from_ref(&changed)));
     header_limit_becomes(&server, 7, "the restarted server's version 1 applied").await;
     assert_eq!(
         xds.requests()[0]["version_info"],
         "",
         "a new stream starts from no version"
+    );
+    server
+        .wait_line(WAIT, "the new version 1 logged", |l| {
+            l.contains("xDS version accepted") && l.contains("version=1")
+        })
+        .await;
+    eventually(WAIT, "the new version 1 counted", || async {
+        taken(&server) == (Some(2.0), Some(2.0))
+    })
+    .await;
+
+    // The same contents as version 1 again: ACKed, neither logged nor counted.
+    xds.restart(Some(&[changed]));
+    eventually(WAIT, "version 1 ACKed again", || async {
+        xds.requests()
+            .iter()
+            .any(|r| r["version_info"] == "1" && r["response_nonce"] != "")
+    })
+    .await;
+    assert_eq!(taken(&server), (Some(2.0), Some(2.0)));
+    assert!(
+        !server
+            .drain_lines()
+            .iter()
+            .any(|l| l.contains("xDS version accepted")),
+        "the same version and contents are no news"
     );
 }
 

@@ -16,9 +16,10 @@
 //! A lost stream is retried after a jittered exponential back-off; the last good
 //! policy serves meanwhile, and `sluice_xds_connected` reads 0. Each connection
 //! reads the TLS files again, so a renewed Secret (a rotated authority included) is
-//! taken at the next retry. Each new stream starts from the empty version,
-//! so a restarted control plane that numbers its versions from 1 again is not
-//! mistaken for one that has nothing new.
+//! taken at the next retry. Each new stream starts from the empty version, and a
+//! version is new when its number or its contents differ from the last accepted, so
+//! a restarted control plane that numbers its versions from 1 again is not mistaken
+//! for one that has nothing new, even when it sends the number last accepted.
 
 use std::collections::hash_map::DefaultHasher;
 use std::future::Future;
@@ -353,6 +354,9 @@ pub struct Subscription {
     node: Node,
     /// The last version accepted ("" before any).
     accepted: String,
+    /// The digest of its contents: a restarted control plane may send the version
+    /// number last accepted with other contents, which is news all the same.
+    accepted_digest: Option<u64>,
     /// The last version refused, while the server keeps sending it.
     refused: Option<Refusal>,
 }
@@ -378,7 +382,8 @@ pub struct Answer {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ack {
-    /// ACK. `new` unless the same version was accepted just before.
+    /// ACK. `new` unless the same version, with the same contents, was accepted just
+    /// before.
     Accepted {
         version: String,
         domains: usize,
@@ -404,6 +409,7 @@ impl Subscription {
                 ..Default::default()
             },
             accepted: String::new(),
+            accepted_digest: None,
             refused: None,
         }
     }
@@ -455,8 +461,11 @@ impl Subscription {
         });
         match result {
             Ok(domains) => {
-                let new = self.accepted != response.version_info || self.refused.is_some();
+                let new = self.accepted != response.version_info
+                    || self.accepted_digest != Some(digest)
+                    || self.refused.is_some();
                 self.accepted = response.version_info.clone();
+                self.accepted_digest = Some(digest);
                 self.refused = None;
                 Answer {
                     request: DiscoveryRequest {
@@ -549,14 +558,19 @@ fn join(errors: &[PolicyError]) -> String {
         .join("; ")
 }
 
-/// What identifies a response's contents (the nonce differs on every send).
+/// What identifies a response's contents (the nonce differs on every send), in
+/// whatever order its resources come: go-control-plane lists a snapshot's resources
+/// in Go's map order, which changes from one send to the next.
 fn digest(response: &DiscoveryResponse) -> u64 {
+    let mut resources: Vec<(&str, &[u8])> = response
+        .resources
+        .iter()
+        .map(|any| (any.type_url.as_str(), any.value.as_slice()))
+        .collect();
+    resources.sort_unstable();
     let mut h = DefaultHasher::new();
     response.type_url.hash(&mut h);
-    for any in &response.resources {
-        any.type_url.hash(&mut h);
-        any.value.hash(&mut h);
-    }
+    resources.hash(&mut h);
     h.finish()
 }
 
@@ -696,6 +710,32 @@ mod tests {
         assert_eq!(a.pause, Duration::ZERO);
         // The same version again (a new stream) is accepted, not new.
         let a = s.answer(&response("3", "k", vec![config("d1", "k")]), 0, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
+    }
+
+    /// A restarted control plane numbers from 1 again: the number last accepted with
+    /// other contents is a new version; the same contents in another order are not.
+    #[test]
+    fn the_same_version_number_with_other_contents_is_new() {
+        let mut s = Subscription::new("n");
+        let two = vec![config("d1", "k"), config("d2", "k")];
+        let a = s.answer(&response("1", "a", two.clone()), 0, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { new: true, .. }));
+        let reordered = two.into_iter().rev().collect();
+        let a = s.answer(&response("1", "b", reordered), 0, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
+        let other = vec![config("d1", "k"), config("d2", "other")];
+        let a = s.answer(&response("1", "c", other.clone()), 0, apply);
+        assert_eq!(
+            a.verdict,
+            Ack::Accepted {
+                version: "1".into(),
+                domains: 2,
+                new: true
+            }
+        );
+        assert_eq!(a.request.version_info, "1");
+        let a = s.answer(&response("1", "d", other), 0, apply);
         assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
     }
 
