@@ -416,6 +416,10 @@ where
         keepalive_timeout: cfg.connections.grpc_keepalive_timeout,
         idle_timeout: nonzero(cfg.connections.grpc_idle_timeout),
         handshake_timeout: cfg.connections.handshake_timeout,
+        // The same bound as the handshake: how long a client may take to send what
+        // it began before it costs the server nothing more.
+        message_timeout: cfg.connections.handshake_timeout,
+        max_buffered: cfg.connections.grpc_max_buffered_request_bytes,
         max_connections,
     });
     if let Some(t) = grpc_tls.clone() {

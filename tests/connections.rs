@@ -218,3 +218,64 @@ async fn http_connections_are_capped_and_silent_ones_closed() {
         Some(1.0)
     );
 }
+
+#[tokio::test]
+async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
+    let server = Server::start(
+        POLICY,
+        &[
+            "--grpc-max-buffered-request-bytes",
+            "64KiB",
+            "--handshake-timeout",
+            "1s",
+        ],
+    );
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    // Eight calls that each send 20,000 bytes of a 40,000-byte message and stop:
+    // no more than four fit in 64 KiB however they arrive.
+    let mut begun = bytes::BytesMut::from(&[0u8, 0, 0, 0x9c, 0x40][..]);
+    begun.resize(5 + 20_000, 7);
+    let begun = begun.freeze();
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        let req = http::Request::post(format!(
+            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            server.grpc
+        ))
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+        let (resp, mut send) = h2.send_request(req, false).unwrap();
+        send.send_data(begun.clone(), false).unwrap();
+        calls.push((resp, send));
+    }
+    let (first, _) = calls.remove(0);
+    let mut codes = Vec::new();
+    for (resp, _send) in calls {
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+            .await
+            .expect("every unfinished call is ended")
+            .unwrap();
+        codes.push(resp.headers()["grpc-status"].to_str().unwrap().to_string());
+    }
+    assert!(codes.iter().any(|c| c == "8"), "some refused: {codes:?}");
+    assert!(
+        server.metric("sluice_oversized_requests_total", &[]) >= Some(1.0),
+        "refusals are counted"
+    );
+    // Envoy's requests arrive whole and are never counted (the crate's tests show
+    // them answered while the bound is full).
+    let mut client = server.client().await;
+    let r = call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+    // The first fits the bound, and is ended by the time limit.
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the held call is ended")
+        .unwrap();
+    assert_eq!(first.headers()["grpc-status"], "4");
+    assert!(codes.iter().all(|c| c == "8" || c == "4"), "{codes:?}");
+}

@@ -266,7 +266,9 @@ pub struct ConnectionArgs {
     /// A gRPC connection with no call for this long is closed with GOAWAY; 0s: never.
     #[arg(long, env = "SLUICE_GRPC_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
     pub grpc_idle_timeout: Duration,
-    /// Longest TLS and HTTP/2 handshake of a new connection, on either port.
+    /// Longest TLS and HTTP/2 handshake of a new connection, on either port; and
+    /// longest a gRPC request message may take to arrive once begun (a unary call's
+    /// from its headers), after which the call is answered DEADLINE_EXCEEDED.
     #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub handshake_timeout: Duration,
     /// Most gRPC connections open at once; more are closed as soon as accepted. 0:
@@ -284,6 +286,12 @@ pub struct ConnectionArgs {
     /// RLQS reports may be larger: up to one of 10,000 buckets.
     #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES", default_value = "64KiB", value_parser = parse_request_bytes)]
     pub max_request_bytes: usize,
+    /// Most bytes of unfinished gRPC request messages held at once, over all
+    /// connections (bytes, or with KiB or MiB): past it, a message that has to wait
+    /// for its rest is refused (RESOURCE_EXHAUSTED). One that arrives whole, as
+    /// Envoy's do, is not counted.
+    #[arg(long, env = "SLUICE_GRPC_MAX_BUFFERED_REQUEST_BYTES", default_value = "64MiB", value_parser = parse_request_bytes)]
+    pub grpc_max_buffered_request_bytes: usize,
     /// Threads answering requests; 0 means one per CPU available to the process (its
     /// cgroup quota included). 1 spends less CPU per Redis decision when sluice
     /// shares its cores: no wake-ups across threads (docs/performance-notes.md,

@@ -117,8 +117,10 @@ impl<S: Store> Handler for Grpc<S> {
         }
     }
 
-    /// An oversized `ShouldRateLimit` is counted and logged: Envoy answers it by
-    /// its `failure_mode_deny`, and nothing else would tell the operator why.
+    /// An oversized `ShouldRateLimit`, or one refused as unfinished while
+    /// `--grpc-max-buffered-request-bytes` are held, is counted and logged: Envoy
+    /// answers it by its `failure_mode_deny`, and nothing else would tell the
+    /// operator why.
     fn refused(&self, method: Method, error: &GrpcError) {
         if method != Method::ShouldRateLimit || error.code != Code::ResourceExhausted {
             return;

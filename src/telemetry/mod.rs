@@ -394,7 +394,7 @@ impl Metrics {
             &registry,
             int_counter(
                 "sluice_oversized_requests_total",
-                "ShouldRateLimit requests (gRPC, or POST /json) refused as larger than --max-request-bytes (RESOURCE_EXHAUSTED, HTTP 413).",
+                "ShouldRateLimit requests (gRPC, or POST /json) refused as larger than --max-request-bytes, or (gRPC) as arriving in pieces while --grpc-max-buffered-request-bytes of unfinished requests were held (RESOURCE_EXHAUSTED, HTTP 413).",
             ),
         );
         let expired_calls = registered(

@@ -3,6 +3,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
+use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -13,15 +14,16 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tokio::sync::watch;
 
 use super::deadline::Deadline;
-use super::message::{read_message, Messages};
+use super::message::{read_message, Charge, Messages};
 use super::status::{status, Code, GrpcError};
-use super::{Handler, Kind, Reply, Settings};
+use super::{Handler, Kind, Reply, Settings, Stats};
 
 /// Errors of the stream itself (the client reset it, the connection went) end it
 /// silently.
 pub(super) async fn call<H: Handler>(
     handler: &H,
     settings: &Settings,
+    stats: &Arc<Stats>,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     stop: &watch::Receiver<bool>,
@@ -52,7 +54,12 @@ pub(super) async fn call<H: Handler>(
     let max = handler.max_message(method, settings.max_message);
     let answer = match kind {
         Kind::Unary => {
-            let read = read_message(body, max, timeout.is_some()).await;
+            // The call's own deadline, when shorter: its client is gone by then.
+            let limit = timeout.map_or(settings.message_timeout, |t| {
+                t.min(settings.message_timeout)
+            });
+            let charge = Charge::new(&**stats, settings.max_buffered);
+            let read = read_message(body, max, timeout.is_some(), limit, charge).await;
             let (message, waited_since) = match read {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
@@ -70,7 +77,8 @@ pub(super) async fn call<H: Handler>(
         }
         Kind::Streaming => {
             let deadline = timeout.map(Deadline::after);
-            let messages = Messages::new(body, max);
+            let charge = Charge::new(stats.clone(), settings.max_buffered);
+            let messages = Messages::new(body, max, settings.message_timeout, charge);
             let call =
                 pin!(handler.stream_with_headers(method, messages, deadline, &parts.headers));
             unless_reset(&mut respond, call).await

@@ -130,7 +130,7 @@ async fn http2<H, IO>(
         loop {
             match conn.poll_accept(cx) {
                 Poll::Ready(Some(Ok((req, respond)))) => {
-                    calls.push(call(handler, settings, req, respond, &for_calls));
+                    calls.push(call(handler, settings, stats, req, respond, &for_calls));
                     accepted += 1;
                     progress = true;
                 }

@@ -140,6 +140,15 @@ pub struct Settings {
     pub idle_timeout: Option<Duration>,
     /// Longest TLS and HTTP/2 handshake of a new connection.
     pub handshake_timeout: Duration,
+    /// Longest a request message may take to arrive once begun (a unary call's
+    /// from its headers, or sooner by its `grpc-timeout`): a call still waiting for
+    /// the rest then is answered DEADLINE_EXCEEDED and its bytes freed. A stream
+    /// idle between messages is not limited.
+    pub message_timeout: Duration,
+    /// Most bytes of unfinished request messages held at once, over all
+    /// connections: a message that would wait for its rest past this is refused
+    /// with RESOURCE_EXHAUSTED. A message that arrives whole is never counted.
+    pub max_buffered: usize,
     /// Most connections open at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
 }
@@ -155,6 +164,8 @@ impl Default for Settings {
             keepalive_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(3600)),
             handshake_timeout: Duration::from_secs(10),
+            message_timeout: Duration::from_secs(10),
+            max_buffered: 64 * 1024 * 1024,
             max_connections: usize::MAX,
         }
     }
@@ -175,6 +186,9 @@ pub struct Stats {
     pub keepalive_timeout: AtomicU64,
     /// Closed with GOAWAY after the idle timeout.
     pub idle: AtomicU64,
+    /// Bytes of unfinished request messages held now (see
+    /// [`Settings::max_buffered`]).
+    pub buffered: AtomicUsize,
 }
 
 impl Stats {

@@ -4,30 +4,95 @@
 //! A message's 5-byte prefix (a compression flag and a big-endian length) arrives
 //! first, so a message declared larger than the limit is refused before its bytes
 //! are read; a body that goes on past the limit is refused as soon as it does.
+//!
+//! A message that has to wait for its rest is bounded twice: in time (it must be
+//! whole within [`Settings::message_timeout`](super::Settings)) and in the bytes all
+//! such messages hold at once ([`Charge`]). Otherwise clients that never finish
+//! their bodies would hold up to 200 streams × the message limit per connection,
+//! for as long as they like. One that arrives whole, as Envoy's do, meets neither:
+//! no timer, no clock, no shared counter.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
+use std::ops::Deref;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::Stream;
 use h2::RecvStream;
+use tokio::time::Sleep;
 
 use super::status::{Code, GrpcError};
+use super::Stats;
 
 /// Bytes of a message's prefix.
 const PREFIX: usize = 5;
 
+/// The bytes of one unfinished message counted in [`Stats::buffered`], given back
+/// when it is dropped.
+pub(super) struct Charge<S: Deref<Target = Stats>> {
+    stats: S,
+    max: usize,
+    held: usize,
+}
+
+impl<S: Deref<Target = Stats>> Charge<S> {
+    pub(super) fn new(stats: S, max: usize) -> Self {
+        Charge {
+            stats,
+            max,
+            held: 0,
+        }
+    }
+
+    /// Counts `bytes` as this message's, instead of what it held before; refused if
+    /// that takes the total past the most. (Refused, the charge stays until dropped:
+    /// the call ends and frees it.)
+    fn hold(&mut self, bytes: usize) -> Result<(), GrpcError> {
+        let total = &self.stats.buffered;
+        if bytes > self.held {
+            let more = bytes - self.held;
+            self.held = bytes;
+            let before = total.fetch_add(more, Ordering::Relaxed);
+            if before.saturating_add(more) > self.max {
+                return Err(GrpcError::buffers_full(self.max));
+            }
+        } else if bytes < self.held {
+            total.fetch_sub(self.held - bytes, Ordering::Relaxed);
+            self.held = bytes;
+        }
+        Ok(())
+    }
+}
+
+impl<S: Deref<Target = Stats>> Drop for Charge<S> {
+    fn drop(&mut self) {
+        if self.held > 0 {
+            self.stats.buffered.fetch_sub(self.held, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Reads a unary call's body and takes its one message out, with the time it
 /// first had to wait for the body (taken only when `timed`; `None` if it never
 /// waited). `Ok(None)`: the stream broke (reset, connection gone) and there is no
-/// one to answer.
-pub(super) async fn read_message(
+/// one to answer. A body that is not whole within `limit` of the first wait (in
+/// the poll that read the headers) is refused, and so is one that would wait
+/// holding more than `charge` may.
+pub(super) async fn read_message<S: Deref<Target = Stats>>(
     mut body: RecvStream,
     max: usize,
     timed: bool,
+    limit: Duration,
+    mut charge: Charge<S>,
 ) -> Result<Option<(Bytes, Option<quanta::Instant>)>, GrpcError> {
     let mut waited: Option<quanta::Instant> = None;
+    // Armed at the first wait only. Boxed: a call that never waits carries a
+    // pointer, not the timer.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     // Most requests come in one DATA frame, kept as it is; only a body in several
     // frames is copied into one buffer.
     let mut first: Option<Bytes> = None;
@@ -37,14 +102,31 @@ pub(super) async fn read_message(
     // Saturating: `max` may be as large as `usize::MAX`.
     let most = max.saturating_add(PREFIX);
     loop {
+        let held = match (&first, &more) {
+            (_, Some(buf)) => buf.capacity(),
+            (Some(f), None) => f.len(),
+            (None, None) => 0,
+        };
         let next = poll_fn(|cx| {
             let next = body.poll_data(cx);
-            if next.is_pending() && timed && waited.is_none() {
-                waited = Some(quanta::Instant::now());
+            if next.is_pending() {
+                if timer.is_none() {
+                    if timed {
+                        waited = Some(quanta::Instant::now());
+                    }
+                    timer = Some(Box::pin(tokio::time::sleep(limit)));
+                }
+                charge.hold(held)?;
+                if timer
+                    .as_mut()
+                    .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+                {
+                    return Poll::Ready(Err(GrpcError::message_timeout(limit)));
+                }
             }
-            next
+            next.map(Ok)
         });
-        let Some(chunk) = next.await else {
+        let Some(chunk) = next.await? else {
             break;
         };
         let Ok(chunk) = chunk else {
@@ -123,21 +205,73 @@ pub(super) fn unframe(mut body: Bytes, max: usize) -> Result<Bytes, GrpcError> {
 /// The request messages of a client- or bidirectional-streaming call, each without
 /// its prefix, until the client ends its side. An `Err` item (a compressed, oversized
 /// or truncated message, or a broken stream) is the last.
+///
+/// A message begun must be whole within the message timeout, and counts against
+/// the unfinished bytes while it waits; between messages a stream may stay idle
+/// for as long as the call lasts.
 pub struct Messages {
     body: RecvStream,
     buf: BytesMut,
     max: usize,
     done: bool,
+    limit: Duration,
+    charge: Charge<Arc<Stats>>,
+    /// Runs while a begun message waits for its rest.
+    timer: Option<Pin<Box<Sleep>>>,
+    timing: bool,
 }
 
 impl Messages {
-    pub(super) fn new(body: RecvStream, max: usize) -> Self {
+    pub(super) fn new(
+        body: RecvStream,
+        max: usize,
+        limit: Duration,
+        charge: Charge<Arc<Stats>>,
+    ) -> Self {
         Messages {
             body,
             buf: BytesMut::new(),
             max,
             done: false,
+            limit,
+            charge,
+            timer: None,
+            timing: false,
         }
+    }
+
+    /// No more messages: what the stream held is freed, whoever holds it.
+    fn end(&mut self) {
+        self.done = true;
+        self.buf = BytesMut::new();
+        self.timer = None;
+        let _ = self.charge.hold(0);
+    }
+
+    /// Waiting for more of the body: bounds a begun message; an empty buffer is
+    /// let go, so that an idle stream holds nothing (the messages taken from it
+    /// share its allocation).
+    fn wait(&mut self, cx: &mut Context<'_>) -> Result<(), GrpcError> {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+            self.timing = false;
+            return self.charge.hold(0);
+        }
+        self.charge.hold(self.buf.capacity())?;
+        if !self.timing {
+            self.timing = true;
+            let due = tokio::time::Instant::now() + self.limit;
+            match &mut self.timer {
+                Some(t) => t.as_mut().reset(due),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(due))),
+            }
+        }
+        if let Some(t) = &mut self.timer {
+            if t.as_mut().poll(cx).is_ready() {
+                return Err(GrpcError::message_timeout(self.limit));
+            }
+        }
+        Ok(())
     }
 
     /// The next whole message in the buffer, if there is one.
@@ -150,6 +284,8 @@ impl Messages {
             return Ok(None);
         }
         self.buf.advance(PREFIX);
+        // The next message gets its own time.
+        self.timing = false;
         Ok(Some(self.buf.split_to(len).freeze()))
     }
 }
@@ -167,24 +303,31 @@ impl Stream for Messages {
                 Ok(Some(m)) => return Poll::Ready(Some(Ok(m))),
                 Ok(None) => {}
                 Err(e) => {
-                    this.done = true;
+                    this.end();
                     return Poll::Ready(Some(Err(e)));
                 }
             }
             match this.body.poll_data(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if let Err(e) = this.wait(cx) {
+                        this.end();
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(Some(Ok(chunk))) => {
                     let _ = this.body.flow_control().release_capacity(chunk.len());
                     this.buf.extend_from_slice(&chunk);
                 }
                 Poll::Ready(Some(Err(_))) => {
-                    this.done = true;
+                    this.end();
                     let e = GrpcError::new(Code::Cancelled, "the request stream broke");
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
-                    this.done = true;
-                    if !this.buf.is_empty() {
+                    let inside = !this.buf.is_empty();
+                    this.end();
+                    if inside {
                         let e = GrpcError::new(
                             Code::Internal,
                             "the request stream ended inside a gRPC message",

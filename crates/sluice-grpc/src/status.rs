@@ -86,6 +86,25 @@ impl GrpcError {
     }
 }
 
+impl GrpcError {
+    /// The answer to a message that would wait for its rest while `max` bytes of
+    /// unfinished messages are held.
+    pub(super) fn buffers_full(max: usize) -> Self {
+        GrpcError::new(
+            Code::ResourceExhausted,
+            format!("{max} bytes of unfinished request messages are held (--grpc-max-buffered-request-bytes): the request must arrive whole"),
+        )
+    }
+
+    /// The answer to a message that did not arrive within `limit`.
+    pub(super) fn message_timeout(limit: std::time::Duration) -> Self {
+        GrpcError::new(
+            Code::DeadlineExceeded,
+            format!("the request message did not arrive within {limit:?}"),
+        )
+    }
+}
+
 impl std::fmt::Display for GrpcError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}: {}", self.code, self.message)

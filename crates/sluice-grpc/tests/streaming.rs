@@ -90,6 +90,7 @@ impl Handler for Test {
 
 struct Running {
     addr: std::net::SocketAddr,
+    stats: Arc<sluice_grpc::Stats>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -101,14 +102,16 @@ async fn start_with(handler: Test, settings: Settings) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        Server::new(handler)
-            .settings(settings)
-            .serve(listener, async {
-                let _ = rx.await;
-            }),
-    );
-    Running { addr, _stop: tx }
+    let server = Server::new(handler).settings(settings);
+    let stats = server.stats();
+    tokio::spawn(server.serve(listener, async {
+        let _ = rx.await;
+    }));
+    Running {
+        addr,
+        stats,
+        _stop: tx,
+    }
 }
 
 async fn client(addr: std::net::SocketAddr) -> h2::client::SendRequest<Bytes> {
@@ -326,4 +329,156 @@ async fn a_unary_call_is_read_with_no_limit_at_all() {
     let mut body = resp.await.unwrap().into_body();
     assert_eq!(data(&mut body).await, framed(b"4"));
     assert_eq!(grpc_status(&mut body).await, "0");
+}
+
+/// The first `len` bytes of a message of `declared` bytes: a body that never ends.
+fn begun(declared: u32, len: usize) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + len);
+    b.put_u8(0);
+    b.put_u32(declared);
+    b.put_bytes(7, len);
+    b.freeze()
+}
+
+/// Waits until the server holds `want` bytes of unfinished messages.
+async fn until_buffered(server: &Running, want: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while server.stats.buffered.load(Ordering::Relaxed) != want {
+        let held = server.stats.buffered.load(Ordering::Relaxed);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server holds {held} bytes of unfinished messages, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+// Real time, not paused: over real sockets paused time jumps to the next timer
+// whenever the runtime parks for I/O, and fires the limits early. Each test
+// bounds only from below (no timer fires early) and waits with a deadline.
+
+#[tokio::test]
+async fn a_unary_body_that_never_ends_is_answered_within_the_message_timeout() {
+    let limit = Duration::from_millis(300);
+    let server = start(Settings {
+        message_timeout: limit,
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let started = tokio::time::Instant::now();
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Len"), false)
+        .unwrap();
+    send.send_data(begun(100, 50), false).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "4");
+    assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+    assert_eq!(server.stats.buffered.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_unary_body_is_limited_by_its_own_timeout_when_shorter() {
+    let server = start(Settings {
+        message_timeout: Duration::from_secs(3600),
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let mut req = post(server.addr, "/test.Test/Len");
+    req.headers_mut()
+        .insert("grpc-timeout", "200m".parse().unwrap());
+    let started = tokio::time::Instant::now();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(begun(100, 50), false).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("answered by the call's own deadline, not the hour")
+        .unwrap();
+    assert_eq!(resp.headers()["grpc-status"], "4");
+    assert!(started.elapsed() >= Duration::from_millis(200));
+}
+
+#[tokio::test]
+async fn a_stream_may_idle_between_messages_but_not_inside_one() {
+    let limit = Duration::from_millis(200);
+    let server = start(Settings {
+        message_timeout: limit,
+        ..Settings::default()
+    })
+    .await;
+    let mut h2 = client(server.addr).await;
+    let (resp, mut send) = h2
+        .send_request(post(server.addr, "/test.Test/Echo"), false)
+        .unwrap();
+    send.send_data(framed(b"one"), false).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    assert_eq!(data(&mut body).await, framed(b"one"));
+    // Idle for several limits between messages, as RLQS streams are between
+    // reports: not an unfinished message.
+    tokio::time::sleep(limit * 4).await;
+    send.send_data(framed(b"two"), false).unwrap();
+    assert_eq!(data(&mut body).await, framed(b"two"));
+    // A message begun and never finished ends the call.
+    let started = tokio::time::Instant::now();
+    send.send_data(begun(10, 3), false).unwrap();
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), grpc_status(&mut body))
+            .await
+            .unwrap(),
+        "4"
+    );
+    assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+    assert_eq!(server.stats.buffered.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn past_the_buffered_bound_unfinished_bodies_are_refused_and_whole_ones_answered() {
+    let server = start(Settings {
+        max_buffered: 64 * 1024,
+        // Longer than the test: what is held stays held.
+        message_timeout: Duration::from_secs(3600),
+        ..Settings::default()
+    })
+    .await;
+    let mut slow = client(server.addr).await;
+    // 20,005 bytes each, in two DATA frames (16 KiB the most): three fit.
+    let mut held = Vec::new();
+    for i in 1..=3 {
+        let (resp, mut send) = slow
+            .send_request(post(server.addr, "/test.Test/Len"), false)
+            .unwrap();
+        send.send_data(begun(40_000, 20_000), false).unwrap();
+        until_buffered(&server, i * 20_005).await;
+        held.push((resp, send));
+    }
+    let (resp, mut send) = slow
+        .send_request(post(server.addr, "/test.Test/Len"), false)
+        .unwrap();
+    send.send_data(begun(40_000, 20_000), false).unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("refused at once")
+        .unwrap();
+    assert_eq!(refused.headers()["grpc-status"], "8");
+    until_buffered(&server, 3 * 20_005).await;
+    // A whole request is not counted: answered on this connection and on another.
+    let mut fast = client(server.addr).await;
+    for h2 in [&mut slow, &mut fast] {
+        let (resp, mut send) = h2
+            .send_request(post(server.addr, "/test.Test/Len"), false)
+            .unwrap();
+        send.send_data(framed(b"whole"), true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        assert_eq!(data(&mut body).await, framed(b"5"));
+        assert_eq!(grpc_status(&mut body).await, "0");
+    }
+    // A client that resets its stream frees what it held.
+    let (resp, mut send) = held.pop().unwrap();
+    send.send_reset(h2::Reason::CANCEL);
+    drop((resp, send));
+    until_buffered(&server, 2 * 20_005).await;
 }
