@@ -33,6 +33,8 @@ pub struct FileSource {
     /// What the last read found not worth loading ([`Snapshot::notes`]), warned
     /// about when it changes rather than on every poll.
     notes: Vec<String>,
+    /// Whether the files serving now include a policy file at all.
+    had_files: bool,
 }
 
 impl FileSource {
@@ -55,6 +57,7 @@ impl FileSource {
             loaded: snapshot.fingerprint(),
             refused: None,
             notes: Vec::new(),
+            had_files: !snapshot.has_no_file(),
         };
         source.warn(&snapshot);
         let (_compiled, docs) = snapshot.load()?;
@@ -134,6 +137,12 @@ impl FileSource {
         }
     }
 
+    /// The `--config` paths, for messages.
+    fn paths_text(&self) -> String {
+        let paths: Vec<String> = self.paths.iter().map(|p| p.display().to_string()).collect();
+        paths.join(", ")
+    }
+
     /// Reloads if anything changed; returns whether a new policy was swapped in.
     ///
     /// The files are read once: the fingerprint is taken of what is loaded, so an
@@ -154,16 +163,29 @@ impl FileSource {
         }
         // Files that load alone may still clash with the xDS documents; the hub
         // refuses those as a whole.
-        let loaded = snapshot.load().and_then(|(p, docs)| {
-            let summary = (p.domains.len(), p.rules.len());
-            self.hub.set_files(docs).map(|()| summary)
-        });
+        // Paths that held policy files and now hold none are most likely mid-edit
+        // (a file moved away, a delete before a copy): loading them would drop
+        // every limit, even those of `closed` domains.
+        let loaded = if snapshot.has_no_file() && self.had_files {
+            Err(vec![PolicyError {
+                file: self.paths_text(),
+                line: None,
+                message: "no policy file any more; refused, as it would lift every limit"
+                    .to_string(),
+            }])
+        } else {
+            snapshot.load().and_then(|(p, docs)| {
+                let summary = (p.domains.len(), p.rules.len());
+                self.hub.set_files(docs).map(|()| summary)
+            })
+        };
         match loaded {
             Ok((domains, rules)) => {
                 tracing::info!(domains, rules, "policy reloaded from files");
                 self.metrics.policy_reload("file", true);
                 self.loaded = seen;
                 self.refused = None;
+                self.had_files = !snapshot.has_no_file();
                 true
             }
             Err(errors) => {
@@ -433,6 +455,30 @@ mod tests {
         assert_eq!(served(&hub), Some(1));
         std::fs::write(&file, policy(2)).unwrap();
         assert!(files.check(), "the edit is seen");
+        assert_eq!(served(&hub), Some(2));
+    }
+
+    /// A directory emptied mid-edit (the file moved away, a delete before a copy)
+    /// keeps the last good policy; the file back, or another, loads as usual.
+    #[test]
+    fn a_directory_emptied_of_policy_files_keeps_the_last_good_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, policy(1)).unwrap();
+        let (mut files, hub) = source(vec![dir.path().to_path_buf()]);
+        let aside = dir.path().join("policy.yaml.bak");
+        std::fs::rename(&file, &aside).unwrap();
+        assert!(!files.check(), "refused");
+        assert_eq!(served(&hub), Some(1), "the last good policy serves on");
+        let refused = hub.status().refused;
+        assert!(
+            refused
+                .get("file")
+                .is_some_and(|r| r.contains("no policy file")),
+            "{refused:?}"
+        );
+        std::fs::write(dir.path().join("other.yaml"), policy(2)).unwrap();
+        assert!(files.check(), "a policy file loads again");
         assert_eq!(served(&hub), Some(2));
     }
 }
