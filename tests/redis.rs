@@ -789,6 +789,30 @@ async fn passwords_in_urls_work() {
     assert_eq!(keys.len(), 1, "{keys:?}");
 }
 
+/// Redis can lose what it said (a restart without persistence, FLUSHALL, an
+/// operator's DEL): a key denied from memory is admitted again once Redis has
+/// forgotten it, within the cache's recheck, not at the end of its hour.
+#[tokio::test]
+async fn a_counter_redis_lost_is_not_denied_from_memory_for_long() {
+    let Some(t) = start(1).await else { return };
+    let mut conn = t.servers[0].conn().await;
+    let h = hit("lost", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
+    for _ in 0..3 {
+        assert!(t.one(&h).await.admitted);
+    }
+    assert!(!t.one(&h).await.admitted);
+    assert_eq!(t.store.cached_denials(), 1);
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !t.one(&h).await.admitted {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still denied from memory"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     let Some(t) = start(1).await else { return };

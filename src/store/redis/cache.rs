@@ -13,6 +13,12 @@
 //! Redis rather than get a smaller request's wait. The reset a cached answer gives
 //! counts down from the one Redis gave, from the time the call was sent. The map is bounded: when
 //! full, expired entries go, and if none had expired, everything does.
+//!
+//! Redis may lose what it said (a restart without persistence, `FLUSHALL`, an
+//! operator's `DEL` to reset a key): a denial is therefore answered from memory for
+//! at most [`RECHECK`] before Redis is asked again, so a lost counter is admitted
+//! again within that, on every replica, while a flood on a full key still costs
+//! Redis one call per key per [`RECHECK`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,11 +27,17 @@ use std::sync::Mutex;
 use crate::algorithm::{Limit, Micros, Verdict};
 use crate::store::{Hit, Mode, Verdicts};
 
+/// The longest a remembered denial is answered before Redis is asked again.
+pub const RECHECK: Micros = 1_000_000;
+
 #[derive(Debug, Clone)]
 struct Denied {
     /// When the call that told it was sent.
     sent: Micros,
+    /// When the denial ends, as Redis said.
     until: Micros,
+    /// Until when it is answered from memory: `until`, or [`RECHECK`] after `sent`.
+    recheck: Micros,
     limit: Limit,
     hits: u64,
     verdict: Verdict,
@@ -120,7 +132,7 @@ impl DenialCache {
             };
             let map = map.get_or_insert_with(|| self.lock());
             if map.len() >= self.capacity {
-                map.retain(|_, d| d.until > sent);
+                map.retain(|_, d| d.recheck > sent);
                 if map.len() >= self.capacity {
                     map.clear();
                 }
@@ -130,6 +142,7 @@ impl DenialCache {
                 Denied {
                     sent,
                     until: sent.saturating_add(wait),
+                    recheck: sent.saturating_add(wait.min(RECHECK)),
                     limit: h.limit,
                     hits: min_hits,
                     verdict,
@@ -172,7 +185,8 @@ fn known(
     now: Micros,
 ) -> Option<Verdict> {
     let d = map.get(&h.key)?;
-    let holds = h.mode == Mode::Enforce && h.hits == d.hits && h.limit == d.limit && d.until > now;
+    let holds =
+        h.mode == Mode::Enforce && h.hits == d.hits && h.limit == d.limit && d.recheck > now;
     let aged = d.verdict.reset.saturating_sub(now.saturating_sub(d.sent));
     holds.then(|| Verdict {
         admitted: false,
@@ -205,6 +219,24 @@ mod tests {
             reset: retry_after,
             ..Verdict::default()
         }
+    }
+
+    /// Redis may lose a counter (a restart, FLUSHALL): a denial is answered from
+    /// memory for RECHECK at most, with Redis's own retry-after counting down.
+    #[test]
+    fn a_long_denial_is_asked_again_after_the_recheck() {
+        let c = DenialCache::new(10);
+        let h = hit("k", Algorithm::FixedWindow, 5, 1);
+        let hour = 3_600_000_000;
+        c.remember(std::slice::from_ref(&h), &[denied(hour)], false, 1_000);
+        let v = c.lookup(std::slice::from_ref(&h), 1_000 + RECHECK - 1);
+        let v = v.expect("cached within the recheck");
+        assert_eq!(v.verdicts[0].retry_after, hour - RECHECK + 1);
+        assert!(
+            c.lookup(std::slice::from_ref(&h), 1_000 + RECHECK)
+                .is_none(),
+            "asked again"
+        );
     }
 
     #[test]
