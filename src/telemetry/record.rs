@@ -74,7 +74,7 @@ impl Metrics {
             self.unknown_domain.inc();
             return;
         }
-        self.store_health(outcome);
+        self.store_health(domain, outcome);
         let guard = self.handles.load();
         let fresh;
         let handles: &PolicyHandles = match guard.as_deref() {
@@ -346,7 +346,7 @@ impl Metrics {
     /// up also come without one. So the store answers again once decisions have come
     /// [`STORE_QUIET`] without a failure-mode answer; when no decision came in that
     /// time to say so, the next failure says it first, so each outage has its line.
-    fn store_health(&self, outcome: &Outcome) {
+    fn store_health(&self, domain: &str, outcome: &Outcome) {
         match &outcome.failure {
             Some(f) => {
                 self.store_failures
@@ -372,9 +372,12 @@ impl Metrics {
                             "store failing; answering with an error (--store-error-answer error)"
                         }
                     };
+                    // The first failing request's domain and mode: other domains
+                    // answer by their own.
                     tracing::warn!(
                         store = f.store,
                         error = %f.error,
+                        domain,
                         failure_mode = f.mode.as_str(),
                         "{answer}"
                     );

@@ -406,6 +406,12 @@ fn store_state_changes_are_logged_once_each() {
     let lines = lines(&captured);
     assert_eq!(lines.len(), 5, "{lines:?}");
     assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
+    // Which domain's failure mode the line names: domains answer by their own.
+    assert!(
+        lines[0].contains("domain=\"d\"") || lines[0].contains("domain=d"),
+        "{}",
+        lines[0]
+    );
     assert!(lines[1].contains("store answering again") && lines[1].contains("failed_calls=5"));
     assert!(lines[2].contains("store failing"));
     assert!(lines[3].contains("store answering again") && lines[3].contains("failed_calls=1"));
