@@ -272,6 +272,8 @@ async fn leave<S: Store>(service: &Service<S>, beating: tokio::task::JoinHandle<
     let left = async {
         let _ = beating.await;
         if limiter.uses_local() {
+            // A last try at adding what was decided locally to the shared counters.
+            limiter.local_tick().await;
             limiter.leave().await
         } else {
             Ok(())
@@ -283,6 +285,16 @@ async fn leave<S: Store>(service: &Service<S>, beating: tokio::task::JoinHandle<
             tracing::warn!(error = %e, "failure_mode local: could not leave the replica count")
         }
         Err(_) => tracing::warn!("failure_mode local: leaving the replica count timed out"),
+    }
+    let status = limiter.local().status();
+    let lost: u64 = status.counters.iter().map(|c| c.unsettled).sum();
+    if lost > 0 {
+        // Nobody else holds this spending: the shared counters never see it.
+        tracing::warn!(
+            counters = status.unsettled_counters,
+            hits = lost,
+            "failure_mode local: spending decided locally is lost with this exit; the shards were not reached"
+        );
     }
 }
 

@@ -862,3 +862,53 @@ async fn when_the_shard_hangs_for_every_replica_the_peers_say_so_and_each_keeps_
         "{standings:?}"
     );
 }
+
+/// A replica told to stop while the shard is away cannot hand over what it decided
+/// locally: it says so as it exits, with the amount, rather than losing it quietly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_during_an_outage_says_what_spending_it_loses() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--store-timeout",
+        "30ms",
+        "--drain-delay",
+        "0s",
+    ];
+    let mut sluice = common::Server::start(POLICY, &args);
+    let mut client = sluice.client().await;
+    let req = || common::request("d", vec![common::desc(&[("user", "u3")])]);
+    assert_eq!(
+        common::call(&mut client, req()).await.overall_code,
+        common::OK
+    );
+    redis.kill();
+    for _ in 0..3 {
+        assert_eq!(
+            common::call(&mut client, req()).await.overall_code,
+            common::OK
+        );
+    }
+    assert_eq!(
+        sluice.metric("sluice_local_unsettled_counters", &[]),
+        Some(1.0)
+    );
+    sluice.terminate();
+    let lines = sluice
+        .wait_line(Duration::from_secs(10), "the loss logged", |l| {
+            l.contains("lost with this exit")
+        })
+        .await;
+    let line = lines.last().expect("a line");
+    assert!(
+        line.contains("hits=3") && line.contains("counters=1"),
+        "{line}"
+    );
+    assert!(sluice.wait_exit(Duration::from_secs(10)).await.success());
+}
