@@ -96,7 +96,21 @@ impl ErlStats {
                 striped::add(&slots[NEAR], owned, near);
             }
         } else {
-            striped::add(&slots[OVER], owned, hits);
+            // A request that crosses the limit: envoyproxy/ratelimit counts only the
+            // hits past it as over, and those below it, past the near-limit
+            // threshold, as near.
+            let before = limit.requests.saturating_sub(v.remaining);
+            let after = before.saturating_add(hits);
+            if before < limit.requests && after > limit.requests {
+                let threshold = (limit.requests as f64 * self.near_limit_ratio).floor() as u64;
+                striped::add(&slots[OVER], owned, after - limit.requests);
+                let near = limit.requests.saturating_sub(threshold.max(before));
+                if near > 0 {
+                    striped::add(&slots[NEAR], owned, near);
+                }
+            } else {
+                striped::add(&slots[OVER], owned, hits);
+            }
             if rule.shadow_mode {
                 striped::add(&slots[SHADOW], owned, hits);
             }
@@ -281,17 +295,20 @@ mod tests {
         let stats = ErlStats::new(0.8);
         let r = rule(10, false);
         let c = stats.counts("d", &r);
-        // 10 a minute, near from 8: 2 hits to 7 used, 2 more to 9 (1 past 8), then
-        // a denial of 3.
+        // 10 a minute, near from 8: 7 hits, 2 more to 9 (1 past 8), then a denial
+        // of 3 that crosses the limit: 1 of its hits below it (near, past 8), 2
+        // past it (over), as envoyproxy/ratelimit's checkOverLimitThreshold splits
+        // them. Then a denial of 2 at the limit: both over.
         stats.record(&c, &r, &status(true, 3, 7));
         stats.record(&c, &r, &status(true, 1, 2));
         stats.record(&c, &r, &status(false, 1, 3));
+        stats.record(&c, &r, &status(false, 0, 2));
         let text = totals(&stats);
         for (family, n) in [
-            ("total_hits", 12),
+            ("total_hits", 14),
             ("within_limit", 9),
-            ("near_limit", 1),
-            ("over_limit", 3),
+            ("near_limit", 2),
+            ("over_limit", 4),
             ("shadow_mode", 0),
         ] {
             let line = format!(
