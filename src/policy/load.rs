@@ -48,6 +48,8 @@ pub struct Snapshot {
     errors: Vec<PolicyError>,
     /// What a user may have meant as policies and is not read.
     notes: Vec<String>,
+    /// How many files each path stood for, in the order of the paths.
+    per_path: Vec<usize>,
 }
 
 impl Snapshot {
@@ -56,8 +58,11 @@ impl Snapshot {
     pub fn read(paths: &[PathBuf], dir_files: DirFiles) -> Snapshot {
         let mut listing = Listing::default();
         let mut files = Vec::new();
+        let mut per_path = Vec::with_capacity(paths.len());
         for path in paths {
-            for file in listing.files_of(path, dir_files) {
+            let found = listing.files_of(path, dir_files);
+            per_path.push(found.len());
+            for file in found {
                 let source = file.display().to_string();
                 let text = std::fs::read_to_string(&file).map_err(|e| unreadable(&source, &e));
                 files.push((source, text));
@@ -67,7 +72,13 @@ impl Snapshot {
             files,
             errors: listing.errors,
             notes: listing.notes,
+            per_path,
         }
+    }
+
+    /// For each path, in order, whether it stood for at least one file.
+    pub fn paths_with_files(&self) -> Vec<bool> {
+        self.per_path.iter().map(|&n| n > 0).collect()
     }
 
     /// Directories with no policy file, and files in them that are not read (a

@@ -33,8 +33,8 @@ pub struct FileSource {
     /// What the last read found not worth loading ([`Snapshot::notes`]), warned
     /// about when it changes rather than on every poll.
     notes: Vec<String>,
-    /// Whether the files serving now include a policy file at all.
-    had_files: bool,
+    /// For each path, whether it held a policy file in the files serving now.
+    had_files: Vec<bool>,
 }
 
 impl FileSource {
@@ -57,7 +57,7 @@ impl FileSource {
             loaded: snapshot.fingerprint(),
             refused: None,
             notes: Vec::new(),
-            had_files: !snapshot.has_no_file(),
+            had_files: snapshot.paths_with_files(),
         };
         source.warn(&snapshot);
         let (_compiled, docs) = snapshot.load()?;
@@ -137,10 +137,16 @@ impl FileSource {
         }
     }
 
-    /// The `--config` paths, for messages.
-    fn paths_text(&self) -> String {
-        let paths: Vec<String> = self.paths.iter().map(|p| p.display().to_string()).collect();
-        paths.join(", ")
+    /// The paths that held policy files in the files serving now and hold none in
+    /// `snapshot`.
+    fn emptied(&self, snapshot: &Snapshot) -> Vec<String> {
+        let now = snapshot.paths_with_files();
+        self.paths
+            .iter()
+            .zip(self.had_files.iter().zip(now))
+            .filter(|(_, (&had, has))| had && !has)
+            .map(|(path, _)| path.display().to_string())
+            .collect()
     }
 
     /// Reloads if anything changed; returns whether a new policy was swapped in.
@@ -163,16 +169,20 @@ impl FileSource {
         }
         // Files that load alone may still clash with the xDS documents; the hub
         // refuses those as a whole.
-        // Paths that held policy files and now hold none are most likely mid-edit
-        // (a file moved away, a delete before a copy): loading them would drop
-        // every limit, even those of `closed` domains.
-        let loaded = if snapshot.has_no_file() && self.had_files {
-            Err(vec![PolicyError {
-                file: self.paths_text(),
-                line: None,
-                message: "no policy file any more; refused, as it would lift every limit"
-                    .to_string(),
-            }])
+        // A path that held policy files and now holds none is most likely mid-edit
+        // (a file moved away, a delete before a copy): loading it would drop its
+        // limits, even those of `closed` domains.
+        let emptied = self.emptied(&snapshot);
+        let loaded = if !emptied.is_empty() {
+            Err(emptied
+                .into_iter()
+                .map(|file| PolicyError {
+                    file,
+                    line: None,
+                    message: "no policy file any more; refused, as it would lift its limits"
+                        .to_string(),
+                })
+                .collect())
         } else {
             snapshot.load().and_then(|(p, docs)| {
                 let summary = (p.domains.len(), p.rules.len());
@@ -185,7 +195,7 @@ impl FileSource {
                 self.metrics.policy_reload("file", true);
                 self.loaded = seen;
                 self.refused = None;
-                self.had_files = !snapshot.has_no_file();
+                self.had_files = snapshot.paths_with_files();
                 true
             }
             Err(errors) => {
@@ -480,5 +490,22 @@ mod tests {
         std::fs::write(dir.path().join("other.yaml"), policy(2)).unwrap();
         assert!(files.check(), "a policy file loads again");
         assert_eq!(served(&hub), Some(2));
+    }
+
+    /// One of several directories emptied is refused too, though the others still
+    /// hold files.
+    #[test]
+    fn one_of_several_directories_emptied_keeps_the_last_good_policy() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(a.path().join("a.yaml"), policy(1)).unwrap();
+        let other = "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        std::fs::write(b.path().join("b.yaml"), other).unwrap();
+        let (mut files, hub) = source(vec![a.path().to_path_buf(), b.path().to_path_buf()]);
+        std::fs::remove_file(a.path().join("a.yaml")).unwrap();
+        assert!(!files.check(), "refused");
+        assert_eq!(served(&hub), Some(1), "domain d keeps its limit");
+        let refused = hub.status().refused;
+        let why = refused.get("file").cloned().unwrap_or_default();
+        assert!(why.contains(&a.path().display().to_string()), "{why}");
     }
 }

@@ -92,7 +92,7 @@ impl GrpcError {
     pub(super) fn buffers_full(max: usize) -> Self {
         GrpcError::new(
             Code::ResourceExhausted,
-            format!("{max} bytes of unfinished request messages are held (--grpc-max-buffered-request-bytes): the request must arrive whole"),
+            format!("unfinished request messages would hold more than {max} bytes (--grpc-max-buffered-request-bytes): the request must arrive whole"),
         )
     }
 

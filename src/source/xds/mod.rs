@@ -99,7 +99,7 @@ pub struct XdsSource {
 
 impl XdsSource {
     /// Checks the settings and reads the TLS files, so that a bad one stops start-up.
-    /// They are read again at each connection ([`XdsSource::stream`]).
+    /// They are read again at each connection.
     pub fn new(
         cfg: &XdsArgs,
         url: &XdsUrl,
