@@ -29,7 +29,10 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse_from(&args);
     match cli.command {
-        Command::Validate { paths } => validate(&paths),
+        Command::Validate {
+            paths,
+            config_dir_files,
+        } => validate(&paths, config_dir_files),
         Command::Explain(args) => explain(&args),
         Command::Top(args) => top(&args),
         Command::Crd => print_out(&sluice::crd::crd_yaml()),
@@ -90,9 +93,9 @@ fn print_out(text: &str) -> ExitCode {
     }
 }
 
-fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
-    use sluice::policy::{DirFiles, Snapshot};
-    let snapshot = Snapshot::read(paths, DirFiles::Yaml);
+fn validate(paths: &[std::path::PathBuf], dir_files: sluice::policy::DirFiles) -> ExitCode {
+    use sluice::policy::Snapshot;
+    let snapshot = Snapshot::read(paths, dir_files);
     for note in snapshot.notes() {
         eprintln!("warning: {note}");
     }

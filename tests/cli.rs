@@ -48,6 +48,32 @@ fn validate_refuses_a_directory_without_policy_files() {
         "{err}"
     );
 
+    // A drop-in runtime directory: files in subdirectories, any name.
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("limits"), "domain: d\ndescriptors: []\n").unwrap();
+    let out = sluice()
+        .args(["validate", "--config-dir-files", "all"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "readme.txt is no policy: {err}");
+    assert!(err.contains("readme.txt"), "{err}");
+    std::fs::remove_file(dir.path().join("readme.txt")).unwrap();
+    let out = sluice()
+        .args(["validate", "--config-dir-files", "all"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::fs::write(dir.path().join("readme.txt"), "not a policy").unwrap();
+
     std::fs::write(dir.path().join("p.yaml"), "domain: d\ndescriptors: []\n").unwrap();
     let out = sluice().arg("validate").arg(dir.path()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -36,6 +36,10 @@ pub enum Command {
         /// Policy files or directories of *.yaml / *.yml.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// Which files of a directory are policies, as `serve --config-dir-files`
+        /// says: `yaml` or `all` (every file, in subdirectories too).
+        #[arg(long, default_value = "yaml", value_parser = values::parse_dir_files)]
+        config_dir_files: crate::policy::DirFiles,
     },
     /// Print the RateLimitPolicy CustomResourceDefinition.
     Crd,
