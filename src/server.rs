@@ -76,6 +76,17 @@ pub async fn run(
              --kube to watch RateLimitPolicy resources, or --xds-server URL to take them over xDS"
         );
     }
+    let (buffered, largest) = (
+        cfg.connections.grpc_max_buffered_request_bytes,
+        cfg.connections.max_request_bytes,
+    );
+    if buffered < largest {
+        // Else one legitimate message in several frames could never be read whole.
+        bail!(
+            "--grpc-max-buffered-request-bytes {buffered} is below --max-request-bytes \
+             {largest}: it must hold at least one whole request"
+        );
+    }
     let shared = !cfg.store.redis.is_empty()
         || !cfg.store.redis_cluster.is_empty()
         || !cfg.store.redis_sentinel.is_empty();

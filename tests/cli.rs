@@ -389,6 +389,25 @@ fn serve_refusal(args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A bound on unfinished request bytes below the largest request would refuse a
+/// legitimate request that comes in several frames, with nothing else held.
+#[test]
+fn a_buffered_bound_below_the_largest_request_is_refused() {
+    let err = serve_refusal(
+        &[
+            "--grpc-max-buffered-request-bytes",
+            "1KiB",
+            "--admin-addr",
+            "off",
+        ],
+        &[],
+    );
+    assert!(
+        err.contains("--grpc-max-buffered-request-bytes 1024 is below --max-request-bytes"),
+        "{err}"
+    );
+}
+
 #[test]
 fn hash_keys_without_a_secret_refuses_to_start_and_says_why() {
     let err = serve_refusal(&["--hash-keys"], &[]);

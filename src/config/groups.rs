@@ -290,7 +290,7 @@ pub struct ConnectionArgs {
     /// connections (bytes, or with KiB or MiB): past it, a message that has to wait
     /// for its rest is refused (RESOURCE_EXHAUSTED). One that arrives whole, as
     /// Envoy's do (a message over 16 KiB comes in several frames and is counted
-    /// while it arrives), is not counted.
+    /// while it arrives), is not counted. At least --max-request-bytes.
     #[arg(long, env = "SLUICE_GRPC_MAX_BUFFERED_REQUEST_BYTES", default_value = "64MiB", value_parser = parse_request_bytes)]
     pub grpc_max_buffered_request_bytes: usize,
     /// Threads answering requests; 0 means one per CPU available to the process (its
