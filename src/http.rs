@@ -165,7 +165,11 @@ async fn json_request<S: Store>(
     };
     let req = match parse_request(&body) {
         Ok(r) => r,
-        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),
+        Err(e) => {
+            // A 400 like the service's own refusals, and counted as they are.
+            admin.service.metrics.bad_request();
+            return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response();
+        }
     };
     match admin
         .service

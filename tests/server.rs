@@ -460,6 +460,8 @@ async fn http_endpoints_and_grpc_health() {
     assert_eq!(s, 400);
     let (s, m) = http(&server.http, "GET", "/metrics", "");
     assert_eq!(s, 200);
+    // Both 400s, the unparseable body's too.
+    assert_eq!(sample(&m, "sluice_invalid_requests_total", &[]), Some(2.0));
     assert!(m.contains("sluice_requests_total{"), "{m}");
     assert!(m.contains("outcome=\"over_limit\""), "{m}");
 
