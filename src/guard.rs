@@ -15,9 +15,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-/// Wraps an axum listener: past `max` open connections, new ones are closed as
-/// soon as accepted (counted in `refused`); a connection that neither sends nor
-/// takes a byte for `silence` is closed.
+/// An axum listener wrapped by a [`Guard`]: past `max` open connections, new ones
+/// are closed as soon as accepted (counted in `refused`); a connection that
+/// neither sends nor takes a byte for `silence` is closed.
 pub struct Guarded<L> {
     inner: L,
     slots: Arc<Semaphore>,
@@ -25,13 +25,21 @@ pub struct Guarded<L> {
     refused: IntCounter,
 }
 
-impl<L> Guarded<L> {
-    pub fn new(inner: L, max: usize, silence: Duration, refused: IntCounter) -> Self {
+/// One guard's settings; each port it wraps gets slots of its own.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    pub max: usize,
+    pub silence: Duration,
+    pub refused: IntCounter,
+}
+
+impl Guard {
+    pub fn wrap<L>(&self, inner: L) -> Guarded<L> {
         Guarded {
             inner,
-            slots: Arc::new(Semaphore::new(max.clamp(1, Semaphore::MAX_PERMITS))),
-            silence,
-            refused,
+            slots: Arc::new(Semaphore::new(self.max.clamp(1, Semaphore::MAX_PERMITS))),
+            silence: self.silence,
+            refused: self.refused.clone(),
         }
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
-use crate::guard::Guarded;
+use crate::guard::Guard;
 use crate::hash::ValueHash;
 use crate::http::{metrics_router, router, HttpState};
 use crate::limiter::key::Hashing;
@@ -415,11 +415,14 @@ where
         0 => open_file_limit().map_or(usize::MAX, |n| (n / 4 * 3).max(1)),
         n => n,
     };
-    let http_max_connections = match cfg.connections.http_max_connections {
-        0 => open_file_limit().map_or(usize::MAX, |n| (n / 8).max(1)),
-        n => n,
+    let guard = Guard {
+        max: match cfg.connections.http_max_connections {
+            0 => open_file_limit().map_or(usize::MAX, |n| (n / 8).max(1)),
+            n => n,
+        },
+        silence: cfg.connections.handshake_timeout,
+        refused: metrics.http_refused(),
     };
-    let silence = cfg.connections.handshake_timeout;
     let quotas = Quotas::new(
         service.clone(),
         demand,
@@ -478,16 +481,7 @@ where
             let listener = bind(addr).await?;
             tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.metrics.prometheus_path, "metrics also served");
             let app = metrics_router(admin.clone(), &cfg.metrics.prometheus_path);
-            let server = axum::serve(
-                Guarded::new(
-                    listener,
-                    http_max_connections,
-                    silence,
-                    metrics.http_refused(),
-                ),
-                app,
-            )
-            .with_graceful_shutdown(stopped());
+            let server = axum::serve(guard.wrap(listener), app).with_graceful_shutdown(stopped());
             Some(tokio::spawn(async move { server.await }))
         }
         None => None,
@@ -497,12 +491,7 @@ where
     let https = http_tls.is_some();
     let http_task = match http_tls {
         None => {
-            let http_listener = Guarded::new(
-                http_listener,
-                http_max_connections,
-                silence,
-                metrics.http_refused(),
-            );
+            let http_listener = guard.wrap(http_listener);
             tokio::spawn(async move {
                 axum::serve(http_listener, app)
                     .with_graceful_shutdown(http_stop)
@@ -510,8 +499,8 @@ where
             })
         }
         Some(t) => {
-            let tls = TlsListener::new(http_listener, t, silence);
-            let listener = Guarded::new(tls, http_max_connections, silence, metrics.http_refused());
+            let tls = TlsListener::new(http_listener, t, guard.silence);
+            let listener = guard.wrap(tls);
             tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(http_stop)

@@ -114,11 +114,18 @@ impl<'a> Request<'a> {
 /// `String::from_utf8_lossy` repairs it; any other error is prost's own. A message
 /// prost decodes costs nothing more.
 pub fn decode_lossy(message: &[u8]) -> Result<RateLimitRequest, prost::DecodeError> {
-    RateLimitRequest::decode(message).or_else(|refused| {
-        raw::Request::decode(message)
-            .map(raw::Request::repaired)
-            .map_err(|_| refused)
-    })
+    decode_repairing(message, raw::Request::repaired)
+}
+
+/// `M` as prost decodes it; when prost refuses it, `R` (the same message with its
+/// strings as `bytes`) decoded and `repair`ed into an `M`. prost's error stands
+/// when `R` does not decode either.
+pub fn decode_repairing<M, R>(message: &[u8], repair: fn(R) -> M) -> Result<M, prost::DecodeError>
+where
+    M: Message + Default,
+    R: Message + Default,
+{
+    M::decode(message).or_else(|refused| R::decode(message).map(repair).map_err(|_| refused))
 }
 
 /// `bytes` as a string, each sequence that is not UTF-8 replaced by U+FFFD (as

@@ -33,7 +33,6 @@ use crate::pb::envoy::service::rate_limit_quota::v3::{
 use bytes::Bytes;
 use futures::StreamExt;
 use opentelemetry::KeyValue;
-use prost::Message;
 use prost_types::Duration as PbDuration;
 use tokio::sync::mpsc;
 
@@ -724,18 +723,12 @@ fn seconds(s: u64) -> PbDuration {
 /// does (`decode::decode_lossy`): refused, it would end the stream, and with it every
 /// assignment of the Envoy, on every report Envoy sends again.
 fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
-    RateLimitQuotaUsageReports::decode(message.as_ref())
-        .or_else(|refused| {
-            raw::Reports::decode(message.as_ref())
-                .map(raw::Reports::repaired)
-                .map_err(|_| refused)
-        })
-        .map_err(|e| {
-            GrpcError::new(
-                Code::InvalidArgument,
-                format!("undecodable RateLimitQuotaUsageReports: {e}"),
-            )
-        })
+    crate::service::decode::decode_repairing(message, raw::Reports::repaired).map_err(|e| {
+        GrpcError::new(
+            Code::InvalidArgument,
+            format!("undecodable RateLimitQuotaUsageReports: {e}"),
+        )
+    })
 }
 
 /// `RateLimitQuotaUsageReports` with its strings as `bytes`: the same wire format
@@ -817,6 +810,7 @@ mod tests {
     use crate::telemetry::Metrics;
     use futures::executor::block_on;
     use futures::future::BoxFuture;
+    use prost::Message;
 
     const POLICY: &str = "domain: edge\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n  - key: route\n    value: free\n    rate_limit: {unlimited: true}\n  - key: route\n    value: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 10s, ban: 30s}\n";
 

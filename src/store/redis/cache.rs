@@ -36,11 +36,17 @@ struct Denied {
     sent: Micros,
     /// When the denial ends, as Redis said.
     until: Micros,
-    /// Until when it is answered from memory: `until`, or [`RECHECK`] after `sent`.
-    recheck: Micros,
     limit: Limit,
     hits: u64,
     verdict: Verdict,
+}
+
+impl Denied {
+    /// Until when it is answered from memory: its end, or [`RECHECK`] after the
+    /// call that told it, whichever comes first.
+    fn recheck(&self) -> Micros {
+        self.until.min(self.sent.saturating_add(RECHECK))
+    }
 }
 
 /// See the module doc.
@@ -132,7 +138,7 @@ impl DenialCache {
             };
             let map = map.get_or_insert_with(|| self.lock());
             if map.len() >= self.capacity {
-                map.retain(|_, d| d.recheck > sent);
+                map.retain(|_, d| d.recheck() > sent);
                 if map.len() >= self.capacity {
                     map.clear();
                 }
@@ -142,7 +148,6 @@ impl DenialCache {
                 Denied {
                     sent,
                     until: sent.saturating_add(wait),
-                    recheck: sent.saturating_add(wait.min(RECHECK)),
                     limit: h.limit,
                     hits: min_hits,
                     verdict,
@@ -186,7 +191,7 @@ fn known(
 ) -> Option<Verdict> {
     let d = map.get(&h.key)?;
     let holds =
-        h.mode == Mode::Enforce && h.hits == d.hits && h.limit == d.limit && d.recheck > now;
+        h.mode == Mode::Enforce && h.hits == d.hits && h.limit == d.limit && d.recheck() > now;
     let aged = d.verdict.reset.saturating_sub(now.saturating_sub(d.sent));
     holds.then(|| Verdict {
         admitted: false,
