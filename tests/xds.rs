@@ -79,6 +79,23 @@ fn nacks(xds: &XdsServer, version: &str) -> usize {
         .count()
 }
 
+/// The gateway fixture with its first limit of 3 changed to `n`, written in `dir`.
+fn gateway_limited_to(dir: &tempfile::TempDir, n: u32) -> PathBuf {
+    let changed = dir.path().join("changed.yaml");
+    std::fs::write(
+        &changed,
+        std::fs::read_to_string(fixture("gateway.yaml"))
+            .unwrap()
+            .replacen(
+                "requests_per_unit: 3",
+                &format!("requests_per_unit: {n}"),
+                1,
+            ),
+    )
+    .unwrap();
+    changed
+}
+
 fn gateway_files() -> Vec<PathBuf> {
     vec![fixture("gateway.yaml"), fixture("shared.yaml")]
 }
@@ -375,14 +392,7 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
 
     // The new server numbers from 1 again, with other contents.
     let dir = tempfile::tempdir().unwrap();
-    let changed = dir.path().join("changed.yaml");
-    std::fs::write(
-        &changed,
-        std::fs::read_to_string(fixture("gateway.yaml"))
-            .unwrap()
-            .replacen("requests_per_unit: 3", "requests_per_unit: 7", 1),
-    )
-    .unwrap();
+    let changed = gateway_limited_to(&dir, 7);
     xds.restart(Some(std::slice::from_ref(&changed)));
     header_limit_becomes(&server, 7, "the restarted server's version 1 applied").await;
     assert_eq!(
@@ -450,14 +460,7 @@ async fn a_renewed_certificate_authority_is_read_when_reconnecting() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let changed = dir.path().join("changed.yaml");
-    std::fs::write(
-        &changed,
-        std::fs::read_to_string(fixture("gateway.yaml"))
-            .unwrap()
-            .replacen("requests_per_unit: 3", "requests_per_unit: 5", 1),
-    )
-    .unwrap();
+    let changed = gateway_limited_to(&dir, 5);
     xds.restart(Some(&[changed]));
     header_limit_becomes(&server, 5, "the renewed server's version applied").await;
     assert_eq!(metric(&server, "sluice_xds_connected"), Some(1.0));

@@ -129,6 +129,37 @@ fn post(addr: std::net::SocketAddr, path: &str) -> http::Request<()> {
         .unwrap()
 }
 
+/// Opens a call to `path`, its request body left open.
+fn open(
+    h2: &mut h2::client::SendRequest<Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    h2.send_request(post(addr, path), false).unwrap()
+}
+
+/// The response's headers, within a few seconds.
+async fn headers(resp: h2::client::ResponseFuture) -> http::Response<h2::RecvStream> {
+    tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered in time")
+        .unwrap()
+}
+
+/// Sends `message` whole on a new call to `path`: its one answer and grpc-status.
+async fn whole(
+    h2: &mut h2::client::SendRequest<Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    message: &[u8],
+) -> (Bytes, String) {
+    let (resp, mut send) = open(h2, addr, path);
+    send.send_data(framed(message), true).unwrap();
+    let mut body = headers(resp).await.into_body();
+    let answer = data(&mut body).await;
+    (answer, grpc_status(&mut body).await)
+}
+
 /// The next DATA of a response body, within a few seconds.
 async fn data(body: &mut h2::RecvStream) -> Bytes {
     let chunk = tokio::time::timeout(Duration::from_secs(5), body.data())
@@ -153,9 +184,7 @@ async fn grpc_status(body: &mut h2::RecvStream) -> String {
 async fn a_bidirectional_call_answers_each_message_as_it_arrives() {
     let server = start(Settings::default()).await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Echo"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Echo");
     send.send_data(framed(b"one"), false).unwrap();
     let mut body = resp.await.unwrap().into_body();
     // Answered while the request goes on.
@@ -184,9 +213,7 @@ async fn a_bidirectional_call_answers_each_message_as_it_arrives() {
 async fn a_client_streaming_call_answers_once_the_requests_end() {
     let server = start(Settings::default()).await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Sum"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Sum");
     for m in [&b"ab"[..], b"cde", b""] {
         send.send_data(framed(m), false).unwrap();
     }
@@ -204,9 +231,7 @@ async fn a_streamed_message_over_the_limit_is_refused_before_it_is_sent() {
     })
     .await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Echo"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Echo");
     send.send_data(framed(b"small"), false).unwrap();
     // Only the prefix of a message declared at 1 MiB.
     send.send_data(Bytes::from_static(&[0, 0, 0x10, 0, 0]), false)
@@ -224,17 +249,10 @@ async fn a_method_may_take_larger_messages_than_the_server() {
     })
     .await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Sum"), false)
-        .unwrap();
-    send.send_data(framed(&[7; 100]), true).unwrap();
-    let mut body = resp.await.unwrap().into_body();
-    assert_eq!(data(&mut body).await, framed(b"100"));
-    assert_eq!(grpc_status(&mut body).await, "0");
+    let answer = whole(&mut h2, server.addr, "/test.Test/Sum", &[7; 100]).await;
+    assert_eq!(answer, (framed(b"100"), "0".to_string()));
     // Past its own limit, refused as any other.
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Sum"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Sum");
     send.send_data(framed(&[7; 129]), true).unwrap();
     // Refused before an answer: the status comes in the headers (trailers-only).
     let refused = resp.await.unwrap();
@@ -245,16 +263,10 @@ async fn a_method_may_take_larger_messages_than_the_server() {
 async fn a_stream_that_ends_inside_a_message_is_internal() {
     let server = start(Settings::default()).await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Sum"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Sum");
     send.send_data(Bytes::from_static(&[0, 0, 0, 0, 9, 1, 2]), true)
         .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(resp.headers()["grpc-status"], "13");
+    assert_eq!(headers(resp).await.headers()["grpc-status"], "13");
 }
 
 #[tokio::test]
@@ -262,13 +274,9 @@ async fn an_unknown_method_is_answered_before_its_request_ends() {
     let server = start(Settings::default()).await;
     let mut h2 = client(server.addr).await;
     // Headers only: the request body never ends.
-    let (resp, _send) = h2
-        .send_request(post(server.addr, "/test.Test/Nope"), false)
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
-        .await
-        .expect("answered without waiting for the body")
-        .unwrap();
+    let (resp, _send) = open(&mut h2, server.addr, "/test.Test/Nope");
+    // Answered without waiting for the body.
+    let resp = headers(resp).await;
     assert_eq!(resp.headers()["grpc-status"], "12");
     assert!(resp.body().is_end_stream(), "trailers-only");
 }
@@ -289,9 +297,7 @@ async fn a_client_that_does_not_read_holds_the_answers_back() {
         .unwrap();
     tokio::spawn(conn);
     let mut h2 = h2.ready().await.unwrap();
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Echo"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Echo");
     let message = [7u8; 100];
     const SENT: usize = 200;
     for _ in 0..SENT {
@@ -322,13 +328,8 @@ async fn a_unary_call_is_read_with_no_limit_at_all() {
     })
     .await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Len"), false)
-        .unwrap();
-    send.send_data(framed(b"four"), true).unwrap();
-    let mut body = resp.await.unwrap().into_body();
-    assert_eq!(data(&mut body).await, framed(b"4"));
-    assert_eq!(grpc_status(&mut body).await, "0");
+    let answer = whole(&mut h2, server.addr, "/test.Test/Len", b"four").await;
+    assert_eq!(answer, (framed(b"4"), "0".to_string()));
 }
 
 /// The first `len` bytes of a message of `declared` bytes: a body that never ends.
@@ -367,15 +368,9 @@ async fn a_unary_body_that_never_ends_is_answered_within_the_message_timeout() {
     .await;
     let mut h2 = client(server.addr).await;
     let started = tokio::time::Instant::now();
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Len"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Len");
     send.send_data(begun(100, 50), false).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
-        .await
-        .expect("answered")
-        .unwrap();
-    assert_eq!(resp.headers()["grpc-status"], "4");
+    assert_eq!(headers(resp).await.headers()["grpc-status"], "4");
     assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
     assert_eq!(server.stats.buffered.load(Ordering::Relaxed), 0);
 }
@@ -394,11 +389,8 @@ async fn a_unary_body_is_limited_by_its_own_timeout_when_shorter() {
     let started = tokio::time::Instant::now();
     let (resp, mut send) = h2.send_request(req, false).unwrap();
     send.send_data(begun(100, 50), false).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
-        .await
-        .expect("answered by the call's own deadline, not the hour")
-        .unwrap();
-    assert_eq!(resp.headers()["grpc-status"], "4");
+    // Answered by the call's own deadline, not the hour.
+    assert_eq!(headers(resp).await.headers()["grpc-status"], "4");
     assert!(started.elapsed() >= Duration::from_millis(200));
 }
 
@@ -411,9 +403,7 @@ async fn a_stream_may_idle_between_messages_but_not_inside_one() {
     })
     .await;
     let mut h2 = client(server.addr).await;
-    let (resp, mut send) = h2
-        .send_request(post(server.addr, "/test.Test/Echo"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut h2, server.addr, "/test.Test/Echo");
     send.send_data(framed(b"one"), false).unwrap();
     let mut body = resp.await.unwrap().into_body();
     assert_eq!(data(&mut body).await, framed(b"one"));
@@ -448,33 +438,21 @@ async fn past_the_buffered_bound_unfinished_bodies_are_refused_and_whole_ones_an
     // 20,005 bytes each, in two DATA frames (16 KiB the most): three fit.
     let mut held = Vec::new();
     for i in 1..=3 {
-        let (resp, mut send) = slow
-            .send_request(post(server.addr, "/test.Test/Len"), false)
-            .unwrap();
+        let (resp, mut send) = open(&mut slow, server.addr, "/test.Test/Len");
         send.send_data(begun(40_000, 20_000), false).unwrap();
         until_buffered(&server, i * 20_005).await;
         held.push((resp, send));
     }
-    let (resp, mut send) = slow
-        .send_request(post(server.addr, "/test.Test/Len"), false)
-        .unwrap();
+    let (resp, mut send) = open(&mut slow, server.addr, "/test.Test/Len");
     send.send_data(begun(40_000, 20_000), false).unwrap();
-    let refused = tokio::time::timeout(Duration::from_secs(5), resp)
-        .await
-        .expect("refused at once")
-        .unwrap();
-    assert_eq!(refused.headers()["grpc-status"], "8");
+    // Refused at once.
+    assert_eq!(headers(resp).await.headers()["grpc-status"], "8");
     until_buffered(&server, 3 * 20_005).await;
     // A whole request is not counted: answered on this connection and on another.
     let mut fast = client(server.addr).await;
     for h2 in [&mut slow, &mut fast] {
-        let (resp, mut send) = h2
-            .send_request(post(server.addr, "/test.Test/Len"), false)
-            .unwrap();
-        send.send_data(framed(b"whole"), true).unwrap();
-        let mut body = resp.await.unwrap().into_body();
-        assert_eq!(data(&mut body).await, framed(b"5"));
-        assert_eq!(grpc_status(&mut body).await, "0");
+        let answer = whole(h2, server.addr, "/test.Test/Len", b"whole").await;
+        assert_eq!(answer, (framed(b"5"), "0".to_string()));
     }
     // A client that resets its stream frees what it held.
     let (resp, mut send) = held.pop().unwrap();
