@@ -20,6 +20,7 @@ const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+const RLQS_SERVICE: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 const SERVING: i32 = 1;
 const NOT_SERVING: i32 = 2;
 
@@ -311,7 +312,9 @@ async fn health_check_and_watch_follow_shutdown() {
     let check = |service: &str| HealthCheckRequest {
         service: service.into(),
     };
-    for s in ["", RLS] {
+    // envoyproxy/ratelimit's own name, and RLQS's, for probes that name them.
+    let names = ["", RLS, "ratelimit", RLQS_SERVICE];
+    for s in names {
         let r = h.check(check(s)).await.unwrap().into_inner();
         assert_eq!(r.status, SERVING, "{s:?}");
     }
@@ -332,7 +335,7 @@ async fn health_check_and_watch_follow_shutdown() {
         .unwrap();
     assert_eq!(next.status, NOT_SERVING);
     // During the drain delay, Check says so too.
-    for s in ["", RLS] {
+    for s in names {
         let r = h.check(check(s)).await.unwrap().into_inner();
         assert_eq!(r.status, NOT_SERVING, "{s:?}");
     }

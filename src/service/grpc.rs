@@ -348,7 +348,9 @@ fn health_service(message: &[u8]) -> Result<(), GrpcError> {
         )
     })?;
     match req.service.as_str() {
-        "" | SERVICE_NAME => Ok(()),
+        // `ratelimit` is envoyproxy/ratelimit's name for itself, which probes written
+        // for it use.
+        "" | SERVICE_NAME | "ratelimit" | super::rlqs::SERVICE_NAME => Ok(()),
         // tonic-health's words, which clients may already match on.
         _ => Err(GrpcError::new(Code::NotFound, "service not registered")),
     }

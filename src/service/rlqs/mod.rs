@@ -29,6 +29,9 @@ mod stream;
 pub use peers::{Nudge, Peers};
 pub use stream::{serve, serve_traced, Stream, Traced};
 
+/// The service's name, as health checks and reflection give it.
+pub const SERVICE_NAME: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+
 /// The method on the gRPC port.
 pub const STREAM_RATE_LIMIT_QUOTAS: &str =
     "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
