@@ -14,12 +14,14 @@ use serde_json::{json, Map, Value};
 
 use super::BadRequest;
 
+// `null` stands for a field's default anywhere, as protobuf's JSON mapping has it.
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     domain: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     descriptors: Vec<JsonDescriptor>,
     #[serde(default, alias = "hitsAddend", deserialize_with = "hits")]
     hits_addend: Option<u32>,
@@ -28,14 +30,40 @@ struct JsonRequest {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonDescriptor {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     entries: Vec<JsonEntry>,
     #[serde(default, alias = "hitsAddend", deserialize_with = "hits")]
     hits_addend: Option<u64>,
-    #[serde(default, alias = "isNegativeHits")]
+    #[serde(default, alias = "isNegativeHits", deserialize_with = "nullable")]
     is_negative_hits: bool,
     #[serde(default)]
     limit: Option<JsonLimit>,
+}
+
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// An unsigned integer as protobuf's JSON mapping takes one: a number, integral
+/// even when written `2.0` or `1e1`, or its digits in a string.
+fn unsigned(v: &Value) -> Option<u64> {
+    match v {
+        Value::Number(n) => whole(n),
+        Value::String(digits) => digits.parse().ok(),
+        _ => None,
+    }
+}
+
+fn whole(n: &serde_json::Number) -> Option<u64> {
+    n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        // 2^64 is exactly representable; anything integral below it fits.
+        (f >= 0.0 && f.fract() == 0.0 && f < 18_446_744_073_709_551_616.0).then_some(f as u64)
+    })
 }
 
 /// A `hits_addend`: a number, or its digits in a string, which is how protobuf's JSON
@@ -48,9 +76,7 @@ where
 {
     let n = match Option::<Value>::deserialize(d)? {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(Value::String(digits)) => digits.parse().ok(),
-        Some(_) => None,
+        Some(v) => unsigned(&v),
     };
     n.and_then(|n| T::try_from(n).ok())
         .map(Some)
@@ -66,21 +92,33 @@ where
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonLimit {
-    #[serde(default, alias = "requestsPerUnit")]
+    #[serde(default, alias = "requestsPerUnit", deserialize_with = "requests")]
     requests_per_unit: u32,
     #[serde(default)]
     unit: Option<Value>,
 }
 
+fn requests<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(0),
+        Some(v) => unsigned(&v)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                serde::de::Error::custom(
+                    "requestsPerUnit must be an unsigned 32-bit integer, as a number or its digits in a string",
+                )
+            }),
+    }
+}
+
 impl JsonLimit {
     fn into_proto(self) -> Result<RateLimitOverride, BadRequest> {
         let unit = match self.unit {
-            None => 0,
+            None | Some(Value::Null) => 0,
             Some(Value::String(name)) => ProtoUnit::from_str_name(&name)
                 .ok_or_else(|| BadRequest(format!("invalid JSON request: unknown unit {name:?}")))?
                 as i32,
-            Some(Value::Number(n)) => n
-                .as_i64()
+            Some(Value::Number(n)) => whole(&n)
                 .and_then(|n| i32::try_from(n).ok())
                 .ok_or_else(|| BadRequest(format!("invalid JSON request: unknown unit {n}")))?,
             Some(other) => {
@@ -99,14 +137,20 @@ impl JsonLimit {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonEntry {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nullable")]
     value: String,
 }
 
 /// Parses the JSON body into the protobuf request.
 pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, BadRequest> {
+    // serde would also read a struct from an array of its fields in order.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(BadRequest(
+            "invalid JSON request: the body must be a JSON object (a RateLimitRequest)".into(),
+        ));
+    }
     let req: JsonRequest = serde_json::from_slice(body)
         .map_err(|e| BadRequest(format!("invalid JSON request: {e}")))?;
     let descriptors = req
@@ -272,6 +316,45 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// What protobuf's JSON mapping allows and Go's protojson (envoyproxy/ratelimit's
+    /// `/json`) takes: `null` for a default, integers written `2.0` or `1e1`.
+    #[test]
+    fn reads_nulls_as_defaults_and_integral_numbers_in_any_form() {
+        let r = parse_request(
+            br#"{"domain":"d","hitsAddend":2.0,"descriptors":[{"entries":[{"key":"k","value":null}],"hitsAddend":1e1,"isNegativeHits":null,"limit":{"requestsPerUnit":5e0,"unit":2.0}},{"entries":null}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.hits_addend, 2);
+        assert_eq!(r.descriptors[0].entries[0].value, "");
+        assert_eq!(r.descriptors[0].hits_addend, Some(10));
+        assert!(!r.descriptors[0].is_negative_hits);
+        let limit = r.descriptors[0].limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (5, 2));
+        assert!(r.descriptors[1].entries.is_empty());
+        let r = parse_request(br#"{"domain":null,"descriptors":null,"hitsAddend":null}"#).unwrap();
+        assert_eq!(
+            (r.domain.as_str(), r.descriptors.len(), r.hits_addend),
+            ("", 0, 0)
+        );
+        for bad in [
+            r#"{"descriptors":[{"limit":{"requestsPerUnit":1.5}}]}"#,
+            r#"{"descriptors":[{"limit":{"requestsPerUnit":4294967296}}]}"#,
+            r#"{"descriptors":[{"limit":{"requestsPerUnit":-1}}]}"#,
+        ] {
+            let e = parse_request(bad.as_bytes()).unwrap_err().0;
+            assert!(e.contains("requestsPerUnit must be"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_refused_as_such() {
+        for bad in ["[]", r#"["d",[]]"#, " 5", "", "null"] {
+            let e = parse_request(bad.as_bytes()).unwrap_err().0;
+            assert!(e.contains("must be a JSON object"), "{bad}: {e}");
+        }
+        assert!(parse_request(b" \n {\"domain\":\"d\"}").is_ok());
     }
 
     #[test]
