@@ -272,37 +272,83 @@ async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
     wait_metric(&server, "sluice_rlqs_streams", &[], 0.0).await;
 }
 
+/// The token bucket `(max_tokens, tokens_per_fill)` of each action of `answer`, by
+/// the id it echoes (`None` for a blanket rule).
+fn token_buckets(answer: &RateLimitQuotaResponse) -> Vec<(BucketId, Option<(u32, u32)>)> {
+    answer
+        .bucket_action
+        .iter()
+        .map(|a| {
+            let Some(Action::QuotaAssignmentAction(q)) = &a.bucket_action else {
+                panic!("an assignment: {a:?}")
+            };
+            let tb = match q.rate_limit_strategy.unwrap().strategy.unwrap() {
+                Strategy::TokenBucket(tb) => Some((tb.max_tokens, tb.tokens_per_fill.unwrap())),
+                _ => None,
+            };
+            (a.bucket_id.clone().expect("an id"), tb)
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn a_bucket_id_past_its_size_ends_the_stream_with_invalid_argument() {
-    let server = Server::start(POLICY, &[]);
-    let mut id = api();
-    id.bucket.insert("path".into(), "/".repeat(5_000));
-    let url = format!("http://{}", server.grpc);
-    let mut client = RateLimitQuotaServiceClient::connect(url).await.unwrap();
-    let reports = futures::stream::iter(vec![RateLimitQuotaUsageReports {
-        domain: "rlqs".into(),
-        bucket_quota_usages: vec![BucketQuotaUsage {
-            bucket_id: Some(id),
-            num_requests_allowed: 1,
-            ..Default::default()
-        }],
-    }]);
-    let status = match client.stream_rate_limit_quotas(reports).await {
-        Err(s) => s,
-        Ok(r) => r.into_inner().message().await.unwrap_err(),
-    };
-    assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status
-            .message()
-            .contains("has a bucket_id of 5012 bytes; at most 4096"),
-        "{status:?}"
+async fn a_bucket_id_past_its_size_is_decided_and_the_stream_goes_on() {
+    // {route: api} at 20 a second, any {client: ...} at 10.
+    let policy = format!(
+        "{POLICY}  - key: client\n    rate_limit: {{unit: second, requests_per_unit: 10}}\n"
     );
-    wait_metric(&server, "sluice_rlqs_streams", &[], 0.0).await;
+    let server = Server::start(&policy, &[]);
+    // A client header of 5,000 bytes, as Envoy's bucket_id_builder takes it.
+    let big = BucketId {
+        bucket: [("client".to_string(), "x".repeat(5_000))].into(),
+    };
+    let mut q = Quota::open(&server).await;
+    for n in 1..=2 {
+        let usage = |id: &BucketId| BucketQuotaUsage {
+            bucket_id: Some(id.clone()),
+            time_elapsed: Some(PbDuration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            num_requests_allowed: 5,
+            num_requests_denied: 0,
+        };
+        q.tx.send(RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: vec![usage(&api()), usage(&big)],
+        })
+        .await
+        .expect("the stream is open");
+        let answer = tokio::time::timeout(Duration::from_secs(5), q.rx.message())
+            .await
+            .expect("answered within 5 s")
+            .expect("no error: the stream goes on")
+            .expect("an answer");
+        // Each decided against its own limit, the long id echoed as sent.
+        assert_eq!(
+            token_buckets(&answer),
+            vec![(api(), Some((20, 200))), (big.clone(), Some((10, 100)))],
+            "report {n}"
+        );
+    }
+    let irregular = [("domain", "rlqs"), ("reason", "id_too_large")];
     assert_eq!(
-        server.metric("sluice_rlqs_buckets", &[]).unwrap_or(0.0),
+        server.metric("sluice_rlqs_irregular_buckets_total", &irregular),
+        Some(2.0)
+    );
+    assert_eq!(
+        server
+            .metric("sluice_invalid_requests_total", &[])
+            .unwrap_or(0.0),
         0.0
     );
+    assert_eq!(server.metric("sluice_rlqs_streams", &[]), Some(1.0));
+    assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(2.0));
+    server
+        .wait_line(Duration::from_secs(5), "the bucket's log line", |l| {
+            l.contains("RLQS bucket answered apart") && l.contains("id_too_large")
+        })
+        .await;
 }
 
 #[tokio::test]

@@ -39,6 +39,7 @@ pub struct QuotaStats {
     reports: IntCounterVec,
     assignments: IntCounterVec,
     oversized: IntCounter,
+    irregular: IntCounterVec,
 }
 
 impl QuotaStats {
@@ -73,6 +74,11 @@ impl QuotaStats {
                     "Usage reports refused as larger than a stream takes (RESOURCE_EXHAUSTED: the stream ends).",
                 ),
             ),
+            irregular: counter(
+                "sluice_rlqs_irregular_buckets_total",
+                "Buckets of usage reports answered apart from the rest of their report, by reason: id_too_large (over 4096 bytes: decided against its limit, tracked under a digest), too_many_entries or empty_key (no rule can match: ALLOW_ALL), no_entries (left out of the answer: Envoy takes no assignment without an id).",
+                &["domain", "reason"],
+            ),
         }
     }
 
@@ -97,6 +103,11 @@ impl QuotaStats {
     /// One report refused for its size.
     pub fn oversized(&self) {
         self.oversized.inc();
+    }
+
+    /// One bucket of a report for `domain` answered apart, for `reason`.
+    pub fn irregular(&self, domain: &str, reason: &str) {
+        self.irregular.with_label_values(&[domain, reason]).inc();
     }
 
     /// One bucket's action, under `domain` and `rule` ("" when none governs it).

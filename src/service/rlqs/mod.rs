@@ -27,6 +27,7 @@ mod peers;
 mod stream;
 
 pub use peers::{Nudge, Peers};
+use stream::Irregular;
 pub use stream::{serve, serve_traced, Stream, Traced};
 
 /// The service's name, as health checks and reflection give it.
@@ -103,6 +104,8 @@ pub struct Quotas<S> {
     pub peers: Peers,
     /// Oversized reports are logged at most once a minute.
     oversized_log: Every,
+    /// So are buckets answered apart from their report.
+    irregular_log: Every,
 }
 
 impl<S: Store> Quotas<S> {
@@ -119,6 +122,7 @@ impl<S: Store> Quotas<S> {
             settings,
             peers: Peers::default(),
             oversized_log: Every::new(LOG_EVERY),
+            irregular_log: Every::new(LOG_EVERY),
         }
     }
 
@@ -130,6 +134,25 @@ impl<S: Store> Quotas<S> {
             tracing::warn!(
                 error = %refused.message,
                 "RLQS report refused, the stream ended (sluice_rlqs_oversized_reports_total)"
+            );
+        }
+    }
+
+    /// Bucket `index` of a report for `domain` (as the metrics show it) answered
+    /// apart, for `why`: counted, and logged at most once a minute, as Envoy
+    /// reports the bucket again at every interval. Its values stay out of the log:
+    /// they are what Envoy's matchers took from requests.
+    fn irregular(&self, domain: &str, why: Irregular, index: usize, entries: usize, bytes: usize) {
+        self.service.metrics.rlqs().irregular(domain, why.as_str());
+        if self.irregular_log.due(self.clock.now()) {
+            tracing::warn!(
+                domain,
+                reason = why.as_str(),
+                index,
+                entries,
+                bytes,
+                answer = why.answer(),
+                "RLQS bucket answered apart from its report (sluice_rlqs_irregular_buckets_total)"
             );
         }
     }

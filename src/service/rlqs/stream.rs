@@ -53,9 +53,48 @@ use crate::service::MAX_ENTRIES;
 /// A bucket's pairs sorted by key: how the stream knows it again.
 type BucketKey = Vec<(String, String)>;
 
-/// Most bytes (keys and values) one bucket id may hold. Envoy builds ids from its
-/// matchers' configured keys and a few request attributes; a larger id is refused.
+/// Most bytes (keys and values) of a bucket id the stream keeps as it is. Envoy
+/// builds ids from its matchers' keys and request attributes (a header of up to
+/// 60 KiB), so a larger id is decided all the same, and kept as its digest.
 pub const MAX_BUCKET_ID_BYTES: usize = 4096;
+
+/// Why a bucket is answered apart from the rest of its report. Each is Envoy's
+/// doing for one bucket (one request's long header, an empty header value, a
+/// matcher's configuration): none ends the stream, which would take every other
+/// bucket's assignment with it, at every report Envoy sends again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Irregular {
+    /// Over [`MAX_BUCKET_ID_BYTES`]: decided against its limit, kept under a digest.
+    IdTooLarge,
+    /// More than [`MAX_ENTRIES`], or an empty key: no rule can match, ALLOW_ALL.
+    TooManyEntries,
+    EmptyKey,
+    /// No entries (Envoy leaves out an entry whose value is empty): Envoy takes no
+    /// assignment without an id, so it is left out of the answer.
+    NoEntries,
+}
+
+impl Irregular {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Irregular::IdTooLarge => "id_too_large",
+            Irregular::TooManyEntries => "too_many_entries",
+            Irregular::EmptyKey => "empty_key",
+            Irregular::NoEntries => "no_entries",
+        }
+    }
+
+    /// What the bucket gets, for the log.
+    pub(super) fn answer(self) -> &'static str {
+        match self {
+            Irregular::IdTooLarge => "decided against its limit, tracked under a digest of its id",
+            Irregular::TooManyEntries | Irregular::EmptyKey => "ALLOW_ALL: no rule can match it",
+            Irregular::NoEntries => {
+                "left out of the answer: Envoy takes no assignment without an id"
+            }
+        }
+    }
+}
 
 /// The bytes of a bucket's keys and values.
 fn id_bytes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> usize {
@@ -65,8 +104,9 @@ fn id_bytes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> us
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
 struct Tracked {
-    /// Its id as Envoy sent it, echoed in assignments sent unasked.
-    id: BucketId,
+    /// Its id as Envoy sent it, echoed in assignments sent unasked; `None` for an
+    /// id too large to keep, which gets none.
+    id: Option<BucketId>,
     /// When the stream last reported it (Sluice's clock).
     reported: Option<Micros>,
     /// Its demand at that report, requests per second.
@@ -104,12 +144,15 @@ pub struct Stream<S: Store> {
 /// A bucket's answer as [`Stream::decide`] leaves it.
 enum Step {
     Done(Action),
+    /// No action Envoy could take: left out of the answer.
+    Omit,
     /// A limited bucket's share, to finish once its demand is shared.
     Share(Pending),
 }
 
 /// What a limited bucket's share is made from, beside its demand over every stream.
 struct Pending {
+    /// The bucket as the stream tracks it.
     entries: BucketKey,
     /// Its demand record's key and name ([`Tracked::member`]), and its values as
     /// logs show them.
@@ -273,6 +316,7 @@ impl<S: Store> Stream<S> {
     pub fn nudged(&mut self, nudge: &Nudge) -> Option<RateLimitQuotaResponse> {
         let domain = self.domain.as_deref()?;
         let tracked = self.buckets.get_mut(&nudge.entries)?;
+        let id = tracked.id.clone()?;
         if tracked.demand_key.as_deref() != Some(nudge.key.as_str()) {
             return None;
         }
@@ -306,7 +350,7 @@ impl<S: Store> Stream<S> {
             .assignment(domain, &rule.path, kind(&action));
         Some(RateLimitQuotaResponse {
             bucket_action: vec![BucketAction {
-                bucket_id: Some(tracked.id.clone()),
+                bucket_id: Some(id),
                 bucket_action: Some(action),
             }],
         })
@@ -318,10 +362,6 @@ impl<S: Store> Stream<S> {
         reports: RateLimitQuotaUsageReports,
     ) -> Result<RateLimitQuotaResponse, GrpcError> {
         let domain = self.domain_of(&reports.domain)?;
-        // Every bucket is checked before any is counted: a bad report changes nothing.
-        for (i, usage) in reports.bucket_quota_usages.iter().enumerate() {
-            check(i, usage)?;
-        }
         let policy = self.quotas.service.limiter.policy();
         let now = self.quotas.clock.now();
         // The domain as a label: only one the policy defines.
@@ -336,7 +376,8 @@ impl<S: Store> Stream<S> {
         let steps: Vec<(Step, Option<&str>)> = reports
             .bucket_quota_usages
             .iter()
-            .map(|usage| self.decide(&policy, &domain, usage, now))
+            .enumerate()
+            .map(|(i, usage)| self.decide(&policy, &domain, shown, i, usage, now))
             .collect();
         // Every bucket's demand is shared at once: with the store slow or away, the
         // report waits for one store call's timeout, not one per bucket (40 buckets
@@ -348,7 +389,7 @@ impl<S: Store> Stream<S> {
                 let member = p.member.as_deref().unwrap_or(&self.id);
                 Some(quotas.demand.report(&p.key, member, p.own, ttl_us))
             }
-            Step::Done(_) => None,
+            Step::Done(_) | Step::Omit => None,
         }))
         .await;
         let mut shares = shares.into_iter();
@@ -356,6 +397,7 @@ impl<S: Store> Stream<S> {
         for ((step, rule), usage) in steps.into_iter().zip(reports.bucket_quota_usages) {
             let action = match step {
                 Step::Done(action) => action,
+                Step::Omit => continue,
                 Step::Share(p) => {
                     let share = shares.next().expect("one share per bucket asked");
                     self.shared(p, share)
@@ -393,22 +435,44 @@ impl<S: Store> Stream<S> {
     }
 
     /// One bucket's action, or what is left to do once its demand is shared, and
-    /// the path of the rule that governs it.
+    /// the path of the rule that governs it. `label` is the domain as the metrics
+    /// show it, `index` the bucket's place in its report.
     fn decide<'p>(
         &mut self,
         policy: &'p Policy,
         domain: &str,
+        label: &str,
+        index: usize,
         usage: &BucketQuotaUsage,
         now: Micros,
     ) -> (Step, Option<&'p str>) {
         let settings = &self.quotas.settings;
         let mut ttl = settings.ttl_secs();
-        let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
-        let mut entries: BucketKey = id
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let quotas = &self.quotas;
+        let Some(id) = usage
+            .bucket_id
+            .as_ref()
+            .map(|b| &b.bucket)
+            .filter(|b| !b.is_empty())
+        else {
+            quotas.irregular(label, Irregular::NoEntries, index, 0, 0);
+            return (Step::Omit, None);
+        };
+        let size = id_bytes(id);
+        // A policy is at most MAX_ENTRIES deep and has no empty key: no rule matches
+        // these, so they are answered so without walking the tree.
+        let unmatchable = if id.len() > MAX_ENTRIES {
+            Some(Irregular::TooManyEntries)
+        } else if id.keys().any(String::is_empty) {
+            Some(Irregular::EmptyKey)
+        } else {
+            None
+        };
+        if let Some(why) = unmatchable {
+            quotas.irregular(label, why, index, id.len(), size);
+            return (Step::Done(assignment(Assignment::AllowAll, ttl)), None);
+        }
+        let mut entries: BucketKey = id.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         entries.sort_unstable();
         let limiter = &self.quotas.service.limiter;
         let governed = govern(policy, domain, &entries, limiter.hashing());
@@ -421,8 +485,20 @@ impl<S: Store> Stream<S> {
             .and_then(|d| d.failure_mode)
             .unwrap_or(limiter.failure_mode());
 
+        // An id too large to keep is decided all the same (a padded header escapes
+        // no limit) and tracked under its digest, so it costs the stream no more
+        // than a short one. The answer echoes the id as sent; no share is pushed to
+        // it unasked, which would need the id kept.
+        let large = size > MAX_BUCKET_ID_BYTES;
+        let (entries, size) = if large {
+            quotas.irregular(label, Irregular::IdTooLarge, index, id.len(), size);
+            let digest = digest(&entries);
+            let size = id_bytes(digest.iter().map(|(k, v)| (k, v)));
+            (digest, size)
+        } else {
+            (entries, size)
+        };
         let known = self.buckets.contains_key(&entries);
-        let size = id_bytes(entries.iter().map(|(k, v)| (k, v)));
         if !known
             && (self.buckets.len() >= settings.max_buckets
                 || self.bucket_bytes.saturating_add(size) > settings.max_bucket_bytes)
@@ -434,17 +510,20 @@ impl<S: Store> Stream<S> {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
             self.bucket_bytes += size;
         }
-        let tracked = self.buckets.entry(entries).or_insert_with(|| Tracked {
-            id: usage.bucket_id.clone().unwrap_or_default(),
-            ..Tracked::default()
-        });
+        let tracked = self
+            .buckets
+            .entry(entries.clone())
+            .or_insert_with(|| Tracked {
+                id: (!large).then(|| usage.bucket_id.clone()).flatten(),
+                ..Tracked::default()
+            });
         let count = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
         if count == 0 {
             let since = *tracked.idle_since.get_or_insert(now);
             if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
-                let gone = self.buckets.remove(&entries_of(usage));
+                let gone = self.buckets.remove(&entries);
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
                 self.bucket_bytes = self.bucket_bytes.saturating_sub(size);
                 if let Some((key, member)) = gone.and_then(|t| Some((t.demand_key?, t.member))) {
@@ -527,7 +606,7 @@ impl<S: Store> Stream<S> {
                     );
                     return (
                         Step::Share(Pending {
-                            entries: entries_of(usage),
+                            entries,
                             key,
                             member: tracked.member.clone(),
                             shown,
@@ -564,12 +643,14 @@ impl<S: Store> Stream<S> {
             Ok(all) => {
                 let tracked = self.buckets.get_mut(&entries);
                 // A demand that moved past the hysteresis may move the other
-                // streams' shares: tell them now.
+                // streams' shares: tell them now (but for an id kept as its digest,
+                // which no stream keeps to push to).
                 let moved = quota::moved(tracked.as_ref().and_then(|t| t.own), own);
+                let pushed = tracked.as_ref().is_some_and(|t| t.id.is_some());
                 if let Some(t) = tracked {
                     t.own = Some(own);
                 }
-                if moved {
+                if moved && pushed {
                     let nudge = Nudge {
                         entries: entries.clone(),
                         key,
@@ -642,31 +723,23 @@ fn entries_of(usage: &BucketQuotaUsage) -> BucketKey {
     entries
 }
 
-/// Refuses a bucket Envoy could not have built.
-fn check(i: usize, usage: &BucketQuotaUsage) -> Result<(), GrpcError> {
-    let bad = |m: String| Err(GrpcError::new(Code::InvalidArgument, m));
-    let Some(id) = usage.bucket_id.as_ref().filter(|b| !b.bucket.is_empty()) else {
-        return bad(format!("bucket_quota_usages[{i}] has no bucket_id entries"));
-    };
-    if id.bucket.len() > MAX_ENTRIES {
-        return bad(format!(
-            "bucket_quota_usages[{i}] has {} bucket_id entries; at most {MAX_ENTRIES} are allowed",
-            id.bucket.len()
-        ));
+/// How the stream tracks a bucket id too large to keep: one entry whose key is
+/// empty (no bucket kept as it is has one) and whose value is the SHA-256 of the
+/// sorted pairs, each part preceded by its length so no two ids run together.
+fn digest(entries: &BucketKey) -> BucketKey {
+    use std::fmt::Write;
+    let mut sha = ring::digest::Context::new(&ring::digest::SHA256);
+    for (k, v) in entries {
+        for part in [k, v] {
+            sha.update(&(part.len() as u64).to_le_bytes());
+            sha.update(part.as_bytes());
+        }
     }
-    if id.bucket.keys().any(String::is_empty) {
-        return bad(format!(
-            "bucket_quota_usages[{i}] has an empty bucket_id key"
-        ));
+    let mut hex = String::with_capacity(64);
+    for b in sha.finish().as_ref() {
+        let _ = write!(hex, "{b:02x}");
     }
-    let size = id_bytes(&id.bucket);
-    if size > MAX_BUCKET_ID_BYTES {
-        return bad(format!(
-            "bucket_quota_usages[{i}] has a bucket_id of {size} bytes; at most \
-             {MAX_BUCKET_ID_BYTES} bytes of keys and values are allowed"
-        ));
-    }
-    Ok(())
+    vec![(String::new(), hex)]
 }
 
 /// What an action tells Envoy, for the metrics.
@@ -1241,6 +1314,24 @@ mod tests {
         assert_eq!(only(a).unwrap().0, bucket(20));
     }
 
+    /// An action as [`only`] reads it, with the id it echoes.
+    type Echoed = (Option<BucketId>, Option<(Assignment, i64)>);
+
+    /// Each action of an answer.
+    fn each(answer: RateLimitQuotaResponse) -> Vec<Echoed> {
+        answer
+            .bucket_action
+            .into_iter()
+            .map(|a| {
+                let id = a.bucket_id.clone();
+                let one = RateLimitQuotaResponse {
+                    bucket_action: vec![a],
+                };
+                (id, only(one))
+            })
+            .collect()
+    }
+
     #[test]
     fn bad_reports_are_refused_and_change_nothing() {
         let f = fixture();
@@ -1249,25 +1340,83 @@ mod tests {
         assert_eq!(e.code, Code::InvalidArgument);
         assert!(e.message.contains("must name its domain"), "{}", e.message);
         block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
-        let e = block_on(s.answer(report("other", vec![]))).unwrap_err();
+        let e = block_on(s.answer(report("other", vec![usage(API, 500, 0, 1)]))).unwrap_err();
         assert!(e.message.contains("domain is 'edge'"), "{}", e.message);
-        let empty = BucketQuotaUsage {
-            bucket_id: None,
-            ..usage(API, 1, 0, 0)
-        };
-        let e = block_on(s.answer(report("edge", vec![usage(API, 500, 0, 1), empty]))).unwrap_err();
-        assert!(
-            e.message
-                .contains("bucket_quota_usages[1] has no bucket_id"),
-            "{}",
-            e.message
-        );
-        let e = block_on(s.answer(report("edge", vec![usage(&[("", "x")], 1, 0, 1)]))).unwrap_err();
-        assert!(e.message.contains("empty bucket_id key"), "{}", e.message);
         // The refused report's 500 requests were not counted.
         f.clock.advance(SECOND);
         let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 1)]))).unwrap();
         assert_eq!(only(a).unwrap().0, bucket(20));
+    }
+
+    #[test]
+    fn a_bucket_no_rule_can_match_is_answered_apart_and_the_stream_goes_on() {
+        let f = fixture();
+        let mut s = Stream::new(f.quotas.clone());
+        // What Envoy reports for a request whose only bucket_id_builder header is
+        // present but empty: Envoy leaves the entry out.
+        let empty = BucketQuotaUsage {
+            bucket_id: Some(BucketId::default()),
+            ..usage(API, 1, 0, 1)
+        };
+        let none = BucketQuotaUsage {
+            bucket_id: None,
+            ..usage(API, 1, 0, 1)
+        };
+        let keys: Vec<String> = (0..=MAX_ENTRIES).map(|i| format!("k{i:02}")).collect();
+        let wide: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+        let answer = block_on(s.answer(report(
+            "edge",
+            vec![
+                usage(API, 100, 0, 1),
+                empty,
+                usage(&[("", "x"), ("route", "api")], 1, 0, 1),
+                none,
+                usage(&wide, 1, 0, 1),
+            ],
+        )))
+        .expect("answered, not refused");
+        // The buckets without an id are left out: Envoy takes no action without one.
+        assert_eq!(
+            each(answer),
+            vec![
+                (Some(id(API)), Some((bucket(20), 15))),
+                (
+                    Some(id(&[("", "x"), ("route", "api")])),
+                    Some((Assignment::AllowAll, 15))
+                ),
+                (Some(id(&wide)), Some((Assignment::AllowAll, 15))),
+            ]
+        );
+        assert_eq!(s.buckets.len(), 1, "only the regular bucket is tracked");
+        // The report's 100 requests of route=api were counted: a second stream's
+        // share is cut by them.
+        let mut other = Stream::new(f.quotas.clone());
+        let a = block_on(other.answer(report("edge", vec![usage(API, 100, 0, 1)]))).unwrap();
+        assert_eq!(only(a).unwrap().0, bucket(10));
+        let text = f.quotas.service.metrics.render();
+        let irregular = |reason: &str| {
+            sample(
+                &text,
+                &format!(
+                    "sluice_rlqs_irregular_buckets_total{{domain=\"edge\",reason=\"{reason}\"}}"
+                ),
+            )
+        };
+        assert_eq!(irregular("no_entries"), Some(2.0), "{text}");
+        assert_eq!(irregular("empty_key"), Some(1.0));
+        assert_eq!(irregular("too_many_entries"), Some(1.0));
+        assert_eq!(irregular("id_too_large"), None);
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_rlqs_assignments_total{domain=\"edge\",kind=\"allow_all\",rule=\"\"}"
+            ),
+            Some(2.0)
+        );
+        // The stream goes on.
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 100, 0, 5)]))).unwrap();
+        assert!(matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }));
     }
 
     #[test]
@@ -1298,22 +1447,9 @@ mod tests {
             Some(repaired.clone())
         );
         let answer = block_on(s.answer(reports)).unwrap();
-        let actions: Vec<_> = answer
-            .bucket_action
-            .into_iter()
-            .map(|a| {
-                let id = a.bucket_id.clone();
-                (
-                    id,
-                    only(RateLimitQuotaResponse {
-                        bucket_action: vec![a],
-                    }),
-                )
-            })
-            .collect();
         // Both buckets decided against their limits; the stream goes on.
         assert_eq!(
-            actions,
+            each(answer),
             vec![
                 (Some(id(API)), Some((bucket(20), 15))),
                 (Some(repaired), Some((bucket(10), 15))),
@@ -1328,30 +1464,58 @@ mod tests {
     }
 
     #[test]
-    fn an_oversized_bucket_id_is_refused_and_changes_nothing() {
+    fn an_oversized_bucket_id_is_decided_against_its_limit_and_the_stream_goes_on() {
         let f = fixture();
-        let mut s = Stream::new(f.quotas.clone());
-        let long = "v".repeat(MAX_BUCKET_ID_BYTES);
-        let big = usage(&[("route", "api"), ("path", &long)], 500, 0, 1);
-        let e = block_on(s.answer(report("edge", vec![usage(API, 500, 0, 1), big]))).unwrap_err();
-        assert_eq!(e.code, Code::InvalidArgument);
-        assert!(
-            e.message.contains(&format!(
-                "bucket_quota_usages[1] has a bucket_id of {} bytes; at most 4096",
-                MAX_BUCKET_ID_BYTES + 12
-            )),
-            "{}",
-            e.message
+        let mut a = Stream::new(f.quotas.clone());
+        // A client header of 5,000 bytes, as Envoy takes it into the bucket id.
+        let long = "v".repeat(5_000);
+        let big: &[(&str, &str)] = &[("client", &long)];
+        let both = |allowed| report("edge", vec![usage(API, 1, 0, 0), usage(big, allowed, 0, 0)]);
+        let answer = block_on(a.answer(both(1))).expect("answered, not refused");
+        // Both decided against their limits (20 and 10 a second), the long id echoed
+        // exactly as sent.
+        assert_eq!(
+            each(answer),
+            vec![
+                (Some(id(API)), Some((bucket(20), 15))),
+                (Some(id(big)), Some((bucket(10), 15))),
+            ]
         );
-        assert_eq!((s.buckets.len(), s.bucket_bytes), (0, 0));
-        // The largest allowed id is tracked.
-        let most = "v".repeat(MAX_BUCKET_ID_BYTES - 12);
-        block_on(s.answer(report(
-            "edge",
-            vec![usage(&[("route", "api"), ("path", &most)], 1, 0, 0)],
-        )))
-        .unwrap();
-        assert_eq!(s.bucket_bytes, MAX_BUCKET_ID_BYTES);
+        // Tracked under its 64-byte digest, not its 5,006 bytes.
+        assert_eq!((a.buckets.len(), a.bucket_bytes), (2, 8 + 64));
+        // Its limit is shared with another Envoy's stream reporting it, as any other.
+        let mut b = Stream::new(f.quotas.clone());
+        let answer = block_on(b.answer(report("edge", vec![usage(big, 1, 0, 0)]))).unwrap();
+        assert_eq!(only(answer).unwrap().0, bucket(5));
+        assert!(
+            a.inbox.as_mut().unwrap().try_recv().is_err(),
+            "no share is pushed to an id kept as its digest"
+        );
+        // The stream goes on: the next report is answered, the bucket known.
+        f.clock.advance(5 * SECOND);
+        let answer = block_on(a.answer(both(50))).unwrap();
+        assert_eq!(answer.bucket_action.len(), 2);
+        assert_eq!(answer.bucket_action[1].bucket_id, Some(id(big)));
+        assert_eq!((a.buckets.len(), a.bucket_bytes), (2, 8 + 64));
+        let text = f.quotas.service.metrics.render();
+        assert_eq!(
+            sample(
+                &text,
+                "sluice_rlqs_irregular_buckets_total{domain=\"edge\",reason=\"id_too_large\"}"
+            ),
+            Some(3.0),
+            "{text}"
+        );
+        // Idle for --rlqs-abandon-after: abandoned, its bytes given back.
+        let idle = || report("edge", vec![usage(big, 0, 0, 5)]);
+        block_on(a.answer(idle())).unwrap();
+        f.clock.advance(60 * SECOND);
+        assert_eq!(only(block_on(a.answer(idle())).unwrap()), None, "abandoned");
+        assert_eq!((a.buckets.len(), a.bucket_bytes), (1, 8));
+        // The largest id kept as it is.
+        let most = "v".repeat(MAX_BUCKET_ID_BYTES - 6);
+        block_on(a.answer(report("edge", vec![usage(&[("client", &most)], 1, 0, 0)]))).unwrap();
+        assert_eq!(a.bucket_bytes, 8 + MAX_BUCKET_ID_BYTES);
     }
 
     #[test]
