@@ -120,6 +120,8 @@ EG_BIN=$(cat "$eg_out") bash tests/e2e/envoy-gateway-real.sh
 rm -f "$eg_out" "$eg_out.log"
 log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two minutes)"
 bash tests/e2e/rlqs.sh
+log "tests/e2e/rlqs-header.sh (bucket ids from a request header: a 5,000-byte one, an empty one)"
+bash tests/e2e/rlqs-header.sh
 
 # --- Traces: Envoy and Sluice into a real Jaeger --------------------------------------
 log "scripts/install-jaeger.sh (started at the top; waiting for it)"
