@@ -198,7 +198,7 @@ fn answer(service: &Service<MemoryStore>, message: &[u8]) -> bytes::Bytes {
         .now_or_never()
         .expect("the memory store answers at once")
         .expect("valid");
-    framed_response(&outcome, service.headers)
+    framed_response(&outcome, service.headers, None)
 }
 
 /// The overall code of one request's answer.
@@ -473,7 +473,7 @@ fn tracing(c: &mut Criterion) {
                     .now_or_never()
                     .expect("the memory store answers at once")
                     .expect("valid");
-                std::hint::black_box(framed_response(&outcome, service.headers).len())
+                std::hint::black_box(framed_response(&outcome, service.headers, None).len())
             })
         });
     }

@@ -155,7 +155,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Ignored, "no memcache"),
     var!("SHADOW_MODE", Honoured, "`--shadow-mode`: every limit counts and never denies"),
     var!("QUOTA_MODE", Ignored, "`quota_mode` is per descriptor"),
-    var!("RESPONSE_DYNAMIC_METADATA", Ignored, "matched descriptors' `metadata` is always returned"),
+    var!("RESPONSE_DYNAMIC_METADATA", Honoured, "`true`: `--response-dynamic-metadata` (the request's `domain`, `descriptors` and `hitsAddend` in `dynamic_metadata`); the `metadata` of the descriptors that passed is returned either way"),
     var!("MERGE_DOMAIN_CONFIG", Honoured, "documents of one domain always merge"),
     var!("TRACING_ENABLED", Honoured, "`true`: `--tracing` (OTLP to `OTEL_EXPORTER_OTLP_ENDPOINT`; see docs/tracing.md)"),
     var!("TRACING_SERVICE_NAME", Honoured, "`--tracing-service-name`, with `TRACING_ENABLED=true`"),
@@ -174,7 +174,6 @@ const HARMLESS: &[(&str, &str)] = &[
     ("REDIS_PERSECOND", "false"),
     ("MEMCACHE_TLS", "false"),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
-    ("RESPONSE_DYNAMIC_METADATA", "true"),
     ("QUOTA_MODE", "false"),
 ];
 
@@ -680,6 +679,9 @@ impl Translate<'_> {
             "off"
         };
         self.flag("--response-headers", Some(headers.into()));
+        if self.truthy("RESPONSE_DYNAMIC_METADATA")? {
+            self.flag("--response-dynamic-metadata", None);
+        }
         if self.truthy("SHADOW_MODE")? {
             self.flag("--shadow-mode", None);
         }
@@ -1335,6 +1337,7 @@ mod tests {
             ("GRPC_HOST", "::"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("SHADOW_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("LOG_FORMAT", "JSON"),
         ]))
@@ -1356,6 +1359,7 @@ mod tests {
                 "0.9",
                 "--response-headers",
                 "draft03",
+                "--response-dynamic-metadata",
                 "--shadow-mode",
                 "--default-algorithm",
                 "fixed_window",

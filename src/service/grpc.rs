@@ -332,7 +332,14 @@ impl<S: Store> Grpc<S> {
                     Code::Unknown,
                     format!("counter store failed: {error}"),
                 )),
-                None => Ok(Reply::One(framed_response(&outcome, self.service.headers))),
+                None => {
+                    let echo = self.service.echo_request.then_some(&req);
+                    Ok(Reply::One(framed_response(
+                        &outcome,
+                        self.service.headers,
+                        echo,
+                    )))
+                }
             },
             Err(bad) => Err(GrpcError::new(Code::InvalidArgument, bad.0)),
         }

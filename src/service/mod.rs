@@ -166,6 +166,9 @@ pub fn descriptors<'r>(
 pub struct Service<S> {
     pub limiter: Limiter<S>,
     pub headers: HeaderStyle,
+    /// Echo the request in each answer's `dynamic_metadata`
+    /// (`--response-dynamic-metadata`).
+    pub echo_request: bool,
     pub metrics: Arc<Metrics>,
     /// Live decisions sampled for the admin API's WatchDecisions.
     pub tap: Arc<tap::Tap>,
@@ -206,11 +209,18 @@ impl<S: Store> Service<S> {
         Service {
             limiter,
             headers,
+            echo_request: false,
             metrics,
             tap: Arc::default(),
             in_flight: Stripes::default(),
             latency: quanta::Clock::new(),
         }
+    }
+
+    /// Echoes the request in each answer's `dynamic_metadata` when `on`.
+    pub fn echoing_request(mut self, on: bool) -> Self {
+        self.echo_request = on;
+        self
     }
 
     /// Counts an HTTP call as in flight until the guard is dropped.

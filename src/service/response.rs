@@ -1,6 +1,7 @@
 //! Limiter outcomes as Envoy's `RateLimitResponse`.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 use crate::pb::envoy::config::core::v3::HeaderValue;
 use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
@@ -12,19 +13,30 @@ use crate::algorithm::Micros;
 use crate::limiter::Outcome;
 use crate::policy::answer::current_limit;
 
+use super::decode::Request;
 use super::headers::{each_header, headers, HeaderStyle};
 
-/// Builds the response for one outcome.
-pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
+/// The code a descriptor's status reports.
+fn status_code(s: &crate::limiter::Status) -> Code {
+    if s.over_limit {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+/// Builds the response for one outcome. With `echo` (`--response-dynamic-metadata`)
+/// the request is echoed in `dynamic_metadata` (docs/responses.md, "Dynamic metadata").
+pub fn response(
+    outcome: &Outcome,
+    style: HeaderStyle,
+    echo: Option<&Request<'_>>,
+) -> RateLimitResponse {
     let statuses = outcome
         .statuses
         .iter()
         .map(|s| {
-            let code = if s.over_limit {
-                Code::OverLimit
-            } else {
-                Code::Ok
-            } as i32;
+            let code = status_code(s) as i32;
             let Some(rule) = outcome.rule(s) else {
                 return DescriptorStatus {
                     code,
@@ -67,27 +79,27 @@ pub fn response(outcome: &Outcome, style: HeaderStyle) -> RateLimitResponse {
         } as i32,
         statuses,
         response_headers_to_add,
-        dynamic_metadata: metadata(outcome),
+        dynamic_metadata: dynamic_metadata(outcome, echo),
         ..Default::default()
     }
 }
 
 /// The answer to `outcome` as one gRPC frame, byte for byte what
-/// `sluice_grpc::frame(&response(outcome, style))` gives, written straight from the
+/// `sluice_grpc::frame(&response(outcome, style, echo))` gives, written straight from the
 /// outcome: building the message first costs a Vec, Strings and a second walk per
 /// answer. Fields go in tag order and zero values are left out, as prost does.
 ///
 /// The answer is written into this thread's scratch buffers and copied out at its
 /// exact size: a growable buffer frozen into `Bytes` costs a second allocation
 /// (`Bytes` adds a shared header unless length and capacity agree).
-pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
+pub fn framed_response(outcome: &Outcome, style: HeaderStyle, echo: Option<&Request<'_>>) -> Bytes {
     thread_local! {
         static SCRATCH: RefCell<(Vec<u8>, String)> = const { RefCell::new((Vec::new(), String::new())) };
     }
     // Encoding never calls back into this function, so the borrow is never taken twice.
     SCRATCH.with_borrow_mut(|(buf, text)| {
         buf.clear();
-        encode_framed(outcome, style, buf, text);
+        encode_framed(outcome, style, echo, buf, text);
         let answer = Bytes::copy_from_slice(buf);
         if buf.capacity() > MAX_SCRATCH {
             // An answer with large metadata: do not keep its buffer for ever.
@@ -101,7 +113,13 @@ pub fn framed_response(outcome: &Outcome, style: HeaderStyle) -> Bytes {
 const MAX_SCRATCH: usize = 64 * 1024;
 
 /// Writes the framed answer into `buf` (empty), with `text` as scratch.
-fn encode_framed(outcome: &Outcome, style: HeaderStyle, buf: &mut Vec<u8>, text: &mut String) {
+fn encode_framed(
+    outcome: &Outcome,
+    style: HeaderStyle,
+    echo: Option<&Request<'_>>,
+    buf: &mut Vec<u8>,
+    text: &mut String,
+) {
     // The gRPC prefix: not compressed, then the length, filled in at the end.
     buf.put_bytes(0, 5);
     let overall = if outcome.over_limit {
@@ -119,7 +137,7 @@ fn encode_framed(outcome: &Outcome, style: HeaderStyle, buf: &mut Vec<u8>, text:
         put_string_field(buf, 1, name);
         put_string_field(buf, 2, value);
     });
-    if let Some(m) = metadata(outcome) {
+    if let Some(m) = dynamic_metadata(outcome, echo) {
         put_len_key(buf, 6, prost::Message::encoded_len(&m));
         // Cannot fail on a buffer that grows.
         let _ = prost::Message::encode(&m, buf);
@@ -130,11 +148,7 @@ fn encode_framed(outcome: &Outcome, style: HeaderStyle, buf: &mut Vec<u8>, text:
 
 /// One `DescriptorStatus` (field 2), in the three shapes [`response`] builds.
 fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) {
-    let code = if s.over_limit {
-        Code::OverLimit
-    } else {
-        Code::Ok
-    } as u64;
+    let code = status_code(s) as u64;
     let (rule, remaining, reset) = match outcome.rule(s) {
         None => (None, 0, None),
         Some(rule) if rule.limit.is_none() => (None, u32::MAX, None),
@@ -241,21 +255,119 @@ fn duration(us: Micros) -> pbuf::Duration {
     }
 }
 
-/// The matched rules' `metadata`, merged (later descriptors win on equal keys).
-fn metadata(outcome: &Outcome) -> Option<pbuf::Struct> {
-    let mut merged = serde_json::Map::new();
-    for s in &outcome.statuses {
-        let Some(rule) = outcome.rule(s) else {
-            continue;
-        };
-        if let Some(serde_json::Value::Object(m)) = &rule.metadata {
-            merged.extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+/// The answer's `dynamic_metadata`, shaped as envoyproxy/ratelimit's: under
+/// `metadata`, the `metadata` of the descriptors a limit answered OK (not those over
+/// their limit, unlimited or unmatched ones), merged in request order with the first
+/// value kept on equal keys and mappings merged key by key; with `echo` also the
+/// request's `domain`, `descriptors` (entries as `key=value`, and each one's `limit`
+/// and `hitsAddend` when sent) and `hitsAddend` (when not 0). `None` when there is
+/// nothing to send, found without allocating.
+fn dynamic_metadata(outcome: &Outcome, echo: Option<&Request<'_>>) -> Option<pbuf::Struct> {
+    let passed = |s: &crate::limiter::Status| {
+        let rule = outcome.rule(s)?;
+        rule.limit?;
+        match (&rule.metadata, status_code(s)) {
+            (Some(serde_json::Value::Object(m)), Code::Ok) => Some(m),
+            _ => None,
         }
-    }
-    if merged.is_empty() {
+    };
+    if echo.is_none() && !outcome.statuses.iter().any(|s| passed(s).is_some()) {
         return None;
     }
-    Some(to_struct(&merged))
+    let mut merged = BTreeMap::new();
+    for m in outcome.statuses.iter().filter_map(passed) {
+        merge(&mut merged, m);
+    }
+    let mut fields = BTreeMap::new();
+    if let Some(req) = echo {
+        fields.insert("domain".to_string(), string(req.domain.to_string()));
+        let descriptors = req.descriptors.iter().map(|d| {
+            let entries = req.entries[d.entries.clone()]
+                .iter()
+                .map(|(k, v)| string(format!("{k}={v}")))
+                .collect();
+            let mut f = BTreeMap::new();
+            f.insert("entries".to_string(), list(entries));
+            if let Some(l) = d.limit {
+                f.insert("limit".to_string(), string(override_text(l)));
+            }
+            if let Some(h) = d.hits_addend {
+                f.insert("hitsAddend".to_string(), number(h as f64));
+            }
+            struct_value(f)
+        });
+        fields.insert("descriptors".to_string(), list(descriptors.collect()));
+        if req.hits_addend != 0 {
+            fields.insert("hitsAddend".to_string(), number(f64::from(req.hits_addend)));
+        }
+    }
+    if !merged.is_empty() {
+        fields.insert("metadata".to_string(), struct_value(merged));
+    }
+    Some(pbuf::Struct { fields })
+}
+
+/// Adds `src` to `dest`, keeping what `dest` has: two mappings under one key merge,
+/// anything else stays `dest`'s (envoyproxy/ratelimit's `mergeMetadata`).
+fn merge(
+    dest: &mut BTreeMap<String, pbuf::Value>,
+    src: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (k, v) in src {
+        match (dest.get_mut(k), v) {
+            (None, _) => {
+                dest.insert(k.clone(), to_value(v));
+            }
+            (
+                Some(pbuf::Value {
+                    kind: Some(Kind::StructValue(inner)),
+                }),
+                serde_json::Value::Object(m),
+            ) => merge(&mut inner.fields, m),
+            (Some(_), _) => {}
+        }
+    }
+}
+
+/// A descriptor's `limit` as envoyproxy/ratelimit writes it (Go's protobuf text
+/// form, zero fields left out): `requests_per_unit:10 unit:MINUTE`.
+fn override_text(l: super::decode::LimitOverride) -> String {
+    use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+    let mut out = Vec::new();
+    if l.requests_per_unit != 0 {
+        out.push(format!("requests_per_unit:{}", l.requests_per_unit));
+    }
+    if l.unit != 0 {
+        match Unit::try_from(l.unit) {
+            Ok(u) => out.push(format!("unit:{}", u.as_str_name())),
+            Err(_) => out.push(format!("unit:{}", l.unit)),
+        }
+    }
+    out.join(" ")
+}
+
+fn string(s: String) -> pbuf::Value {
+    pbuf::Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+fn number(n: f64) -> pbuf::Value {
+    pbuf::Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<pbuf::Value>) -> pbuf::Value {
+    pbuf::Value {
+        kind: Some(Kind::ListValue(pbuf::ListValue { values })),
+    }
+}
+
+fn struct_value(fields: BTreeMap<String, pbuf::Value>) -> pbuf::Value {
+    pbuf::Value {
+        kind: Some(Kind::StructValue(pbuf::Struct { fields })),
+    }
 }
 
 fn to_struct(map: &serde_json::Map<String, serde_json::Value>) -> pbuf::Struct {
@@ -302,6 +414,15 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: big
     rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: m1
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {svc: {name: one, a: 1}, only1: x}
+  - key: m2
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {svc: {name: two, b: 2}, only2: why, list: [1]}
+  - key: m3
+    rate_limit: {unlimited: true}
+    metadata: {free: true}
 "#;
 
     fn policy() -> Arc<Policy> {
@@ -420,12 +541,156 @@ descriptors:
                 overrides: Vec::new(),
                 local: false,
             };
+            let req = echoed();
             for style in [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf] {
-                let want = frame(&response(&outcome, style));
-                let got = framed_response(&outcome, style);
-                assert_eq!(got, want, "{style:?} {:?}", outcome.statuses);
+                for echo in [None, Some(&req)] {
+                    let want = frame(&response(&outcome, style, echo));
+                    let got = framed_response(&outcome, style, echo);
+                    assert_eq!(got, want, "{style:?} {:?}", outcome.statuses);
+                }
             }
         }
+    }
+
+    /// A request of two descriptors, one with its own limit and hits_addend.
+    fn echoed() -> Request<'static> {
+        use super::super::decode::{LimitOverride, WireDescriptor};
+        Request {
+            domain: "d",
+            hits_addend: 3,
+            descriptors: vec![
+                WireDescriptor {
+                    entries: 0..2,
+                    ..Default::default()
+                },
+                WireDescriptor {
+                    entries: 2..3,
+                    hits_addend: Some(0),
+                    limit: Some(LimitOverride {
+                        requests_per_unit: 10,
+                        unit: 2,
+                    }),
+                    ..Default::default()
+                },
+            ],
+            entries: vec![("a", "1"), ("b", ""), ("c", "x=y")],
+        }
+    }
+
+    fn outcome(over_limit: bool, statuses: Vec<Status>) -> Outcome {
+        Outcome {
+            policy: policy(),
+            domain_known: true,
+            over_limit,
+            statuses,
+            delay: 0,
+            failure: None,
+            offenders: Vec::new(),
+            now: None,
+            overrides: Vec::new(),
+            local: false,
+        }
+    }
+
+    fn json(v: &pbuf::Value) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &v.kind {
+            Some(Kind::StringValue(s)) => J::String(s.clone()),
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::BoolValue(b)) => J::Bool(*b),
+            Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(json).collect()),
+            Some(Kind::StructValue(s)) => {
+                J::Object(s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect())
+            }
+            Some(Kind::NullValue(_)) | None => J::Null,
+        }
+    }
+
+    /// The answer's dynamic_metadata as JSON, as Envoy's filter hands it on.
+    fn metadata_of(outcome: &Outcome, echo: Option<&Request<'_>>) -> Option<serde_json::Value> {
+        let m = response(outcome, HeaderStyle::Off, echo).dynamic_metadata?;
+        Some(json(&pbuf::Value {
+            kind: Some(Kind::StructValue(m)),
+        }))
+    }
+
+    #[test]
+    fn metadata_of_the_descriptors_that_passed_is_nested_and_the_first_value_wins() {
+        use serde_json::json;
+        let p = policy();
+        let (m1, m2, m3) = (rule(&p, "m1"), rule(&p, "m2"), rule(&p, "m3"));
+        let ok = || Some(verdict(true, 0, SECOND, 0));
+        let over = || Some(verdict(false, 0, SECOND, SECOND));
+        // Both passed: merged under `metadata`, m1's values kept, mappings merged.
+        let both = outcome(
+            false,
+            vec![status(m1, false, ok()), status(m2, false, ok())],
+        );
+        assert_eq!(
+            metadata_of(&both, None),
+            Some(json!({"metadata": {
+                "svc": {"name": "one", "a": 1.0, "b": 2.0},
+                "only1": "x", "only2": "why", "list": [1.0],
+            }}))
+        );
+        // The over-limit descriptor's metadata is left out; an unlimited rule's too.
+        let denied = outcome(
+            true,
+            vec![
+                status(m1, true, over()),
+                status(m2, false, ok()),
+                status(m3, false, None),
+            ],
+        );
+        assert_eq!(
+            metadata_of(&denied, None),
+            Some(
+                json!({"metadata": {"svc": {"name": "two", "b": 2.0}, "only2": "why", "list": [1.0]}})
+            )
+        );
+        // Nothing passed with metadata: no dynamic_metadata at all.
+        let none = outcome(
+            true,
+            vec![status(m1, true, over()), status(m3, false, None)],
+        );
+        assert_eq!(metadata_of(&none, None), None);
+        let plain = outcome(false, vec![status(rule(&p, "plain"), false, ok())]);
+        assert_eq!(metadata_of(&plain, None), None);
+    }
+
+    #[test]
+    fn the_request_is_echoed_when_asked_as_envoyproxy_ratelimit_writes_it() {
+        use serde_json::json;
+        let p = policy();
+        let req = echoed();
+        let ok = || Some(verdict(true, 0, SECOND, 0));
+        let plain = outcome(
+            false,
+            vec![
+                status(rule(&p, "plain"), false, ok()),
+                status(None, false, None),
+            ],
+        );
+        let request = json!({
+            "domain": "d",
+            "descriptors": [
+                {"entries": ["a=1", "b="]},
+                {"entries": ["c=x=y"], "limit": "requests_per_unit:10 unit:MINUTE", "hitsAddend": 0.0},
+            ],
+            "hitsAddend": 3.0,
+        });
+        assert_eq!(metadata_of(&plain, Some(&req)), Some(request.clone()));
+        let with = outcome(false, vec![status(rule(&p, "m1"), false, ok())]);
+        let mut both = request;
+        both["metadata"] = json!({"svc": {"name": "one", "a": 1.0}, "only1": "x"});
+        assert_eq!(metadata_of(&with, Some(&req)), Some(both));
+        // hitsAddend 0 (absent) is left out, as protobuf leaves it.
+        let zero = Request {
+            hits_addend: 0,
+            ..req.clone()
+        };
+        let got = metadata_of(&plain, Some(&zero)).unwrap();
+        assert!(got.get("hitsAddend").is_none(), "{got}");
     }
 
     #[test]
