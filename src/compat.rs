@@ -153,7 +153,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("MEMCACHE_TLS_CLIENT_KEY", Ignored, "no memcache"),
     var!("MEMCACHE_TLS_CACERT", Ignored, "no memcache"),
     var!("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Ignored, "no memcache"),
-    var!("SHADOW_MODE", Honoured, "`--shadow-mode`: every limit counts and never denies"),
+    var!("SHADOW_MODE", Honoured, "`--shadow-mode`: every limit counts and never denies; each descriptor's status stays its own, the answer is OK"),
     var!("QUOTA_MODE", Ignored, "`quota_mode` is per descriptor"),
     var!("RESPONSE_DYNAMIC_METADATA", Honoured, "`true`: `--response-dynamic-metadata` (the request's `domain`, `descriptors` and `hitsAddend` in `dynamic_metadata`); the `metadata` of the descriptors that passed is returned either way"),
     var!("MERGE_DOMAIN_CONFIG", Honoured, "documents of one domain always merge"),

@@ -153,6 +153,11 @@ impl Dropin {
 
     /// The Prometheus port's `name` (no labels).
     fn prometheus(&self, name: &str) -> Option<f64> {
+        self.prometheus_with(name, &[])
+    }
+
+    /// The Prometheus port's `name` with exactly `labels`.
+    fn prometheus_with(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let addr = self
             .server
             .startup
@@ -164,7 +169,7 @@ impl Dropin {
             .expect("the metrics address logged");
         let (status, text) = http(addr, "GET", "/metrics", "");
         assert_eq!(status, 200);
-        sample(&text, name, &[])
+        sample(&text, name, labels)
     }
 }
 
@@ -754,6 +759,73 @@ async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
     let mut c = d.client().await;
     let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
     assert_eq!(r.overall_code, Code::Ok as i32, "failure mode open");
+}
+
+/// A limit, a limit in its own shadow_mode, and two quota-mode limits, each allowed
+/// once an hour.
+const MODES: &str = "domain: modes
+descriptors:
+  - key: one
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: watched
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q
+    value: q1
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q
+    value: q2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+
+/// `SHADOW_MODE=true`: as envoyproxy/ratelimit, each descriptor reports its real
+/// status (the headers describe it) and only the answer is OK; such requests count
+/// in `ratelimit_service_global_shadow_mode`, their hits in `over_limit` and not in
+/// `shadow_mode`, which stays a rule's own `shadow_mode`'s.
+#[tokio::test]
+async fn global_shadow_mode_keeps_the_descriptors_status_and_answers_ok() {
+    let d = start_with(
+        None,
+        &[
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ],
+        &[("modes.yaml", MODES)],
+    );
+    let mut c = d.client().await;
+    let one = || request("modes", vec![desc(&[("one", "g")])]);
+    let r = call(&mut c, one()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_status(&r.statuses[0], Code::Ok, 1, Unit::Hour, 0, "first");
+    let r = call(&mut c, one()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "shadow: never denied");
+    assert_status(&r.statuses[0], Code::OverLimit, 1, Unit::Hour, 0, "second");
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&r, "retry-after"), None, "the answer is OK");
+    // A rule's own shadow_mode still answers OK, counted as shadow_mode.
+    let watched = || request("modes", vec![desc(&[("watched", "w")])]);
+    call(&mut c, watched()).await;
+    let r = call(&mut c, watched()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32, "{r:?}");
+
+    let series = |family: &str, key1: &str| {
+        d.prometheus_with(
+            &format!("ratelimit_service_rate_limit_{family}"),
+            &[("domain", "modes"), ("key1", key1), ("key2", "")],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(series("over_limit", "one"), 1.0);
+    assert_eq!(series("shadow_mode", "one"), 0.0);
+    assert_eq!(series("over_limit", "watched"), 1.0);
+    assert_eq!(series("shadow_mode", "watched"), 1.0);
+    assert_eq!(
+        d.prometheus("ratelimit_service_global_shadow_mode"),
+        Some(1.0)
+    );
 }
 
 /// Two descriptors with metadata, each allowed once an hour.

@@ -178,8 +178,9 @@ pub struct DecisionArgs {
     /// RESPONSE_DYNAMIC_METADATA).
     #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA")]
     pub response_dynamic_metadata: bool,
-    /// Every limit counts and reports but never denies (as if each had
-    /// shadow_mode: true).
+    /// Every limit counts but never denies: each descriptor's status still says
+    /// OVER_LIMIT past its limit, the answer is always OK (envoyproxy/ratelimit's
+    /// SHADOW_MODE).
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     pub shadow_mode: bool,
     /// Hash every descriptor value in counter keys and in the top-offenders view,

@@ -207,6 +207,7 @@ mod tests {
             unit: Unit::Second,
             replaces: vec![],
             shadow_mode: false,
+            global_shadow: false,
             quota_mode: false,
             layer: Layer::Service,
             penalty: None,

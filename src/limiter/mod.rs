@@ -270,6 +270,28 @@ impl Outcome {
         effective(&self.policy, &self.overrides, status)
     }
 
+    /// Whether `--shadow-mode` alone kept this answer OK: a limit it put in shadow
+    /// is over (every one of the request's quota-mode limits, for those), as
+    /// envoyproxy/ratelimit counts `global_shadow_mode`.
+    pub fn shadowed_denial(&self) -> bool {
+        if !self.policy.defaults.shadow_mode || self.over_limit {
+            return false;
+        }
+        let (mut quota, mut quota_over) = (0, 0);
+        for s in &self.statuses {
+            let Some(rule) = self.rule(s).filter(|r| r.limit.is_some()) else {
+                continue;
+            };
+            if rule.quota_mode {
+                quota += 1;
+                quota_over += usize::from(s.over_limit);
+            } else if s.over_limit && rule.global_shadow {
+                return true;
+            }
+        }
+        quota > 0 && quota == quota_over
+    }
+
     /// The store's error, when it failed and the request is to be answered with an
     /// error rather than by the failure mode ([`StoreErrorAnswer::Error`]).
     pub fn error_answer(&self) -> Option<&str> {
@@ -818,6 +840,9 @@ impl<S: Store> Limiter<S> {
                         (0, _) | (_, None) => None,
                         (k, Some(r)) => outcome.policy.rule(r).also.get(k - 1).copied(),
                     };
+                    let global_shadow = hit.mode == Mode::Shadow
+                        && effective(&outcome.policy, &outcome.overrides, &outcome.statuses[i])
+                            .is_some_and(|r| r.global_shadow);
                     let status = &mut outcome.statuses[i];
                     let mut verdict = *verdict;
                     if verdict.admitted && !decided.admitted && hit.spend == Spend::IfAdmitted {
@@ -827,12 +852,14 @@ impl<S: Store> Limiter<S> {
                     if self.settings.resets == ResetResolution::Seconds {
                         verdict.reset = whole_seconds(verdict.reset);
                     }
-                    // Shadow limits never deny; quota limits report OVER_LIMIT only when
-                    // they deny the request.
+                    // Shadow limits never deny: a rule's own shadow_mode reports OK, while
+                    // under --shadow-mode alone the status tells the truth (as
+                    // envoyproxy/ratelimit's SHADOW_MODE). Quota limits report
+                    // OVER_LIMIT only when they deny the request.
                     let over_limit = !verdict.admitted
                         && match hit.mode {
                             Mode::Enforce => true,
-                            Mode::Shadow => false,
+                            Mode::Shadow => global_shadow,
                             Mode::Quota => !decided.admitted,
                         };
                     if nth == 0 {

@@ -268,6 +268,7 @@ fn rule(out: &mut Out<'_>, d: &DescriptorNode, rl: &RateLimit, trail: &Trail) ->
         },
         replaces: rl.replaces.clone(),
         shadow_mode: d.shadow_mode || out.defaults.shadow_mode,
+        global_shadow: out.defaults.shadow_mode && !d.shadow_mode,
         quota_mode: d.quota_mode,
         layer: d.layer,
         penalty: rl.penalty,

@@ -289,6 +289,10 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Counted and reported but never denies.
     pub shadow_mode: bool,
+    /// In shadow mode through `--shadow-mode` only (envoyproxy/ratelimit's
+    /// `SHADOW_MODE`), not its own `shadow_mode`: as there, its status still says
+    /// OVER_LIMIT past its limit; only the answer as a whole stays OK.
+    pub global_shadow: bool,
     /// Denies only when every quota-mode descriptor of the request is over limit.
     pub quota_mode: bool,
     /// The descriptor's layer (inherited from its parents when not written).
@@ -455,6 +459,7 @@ impl Rule {
             unit,
             replaces: Vec::new(),
             shadow_mode: defaults.shadow_mode,
+            global_shadow: defaults.shadow_mode,
             quota_mode: false,
             layer,
             penalty: None,

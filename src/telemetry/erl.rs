@@ -52,11 +52,20 @@ type Labels = (String, String, String);
 #[derive(Debug, Default)]
 pub struct Counts(Stripes<[AtomicU64; 5]>);
 
+/// envoyproxy/ratelimit's service-wide counters without labels, in the order of
+/// [`Service`]'s slots: (name, help).
+const SERVICE: [(&str, &str); 1] = [(
+    "ratelimit_service_global_shadow_mode",
+    "envoyproxy/ratelimit's global_shadow_mode: requests answered OK only because of --shadow-mode (SHADOW_MODE).",
+)];
+const GLOBAL_SHADOW: usize = 0;
+
 /// Every label set's counts.
 #[derive(Debug)]
 pub struct ErlStats {
     near_limit_ratio: f64,
     series: Mutex<BTreeMap<Labels, Arc<Counts>>>,
+    service: Stripes<[AtomicU64; SERVICE.len()]>,
 }
 
 impl ErlStats {
@@ -64,7 +73,14 @@ impl ErlStats {
         ErlStats {
             near_limit_ratio,
             series: Mutex::new(BTreeMap::new()),
+            service: Stripes::default(),
         }
+    }
+
+    /// A request `--shadow-mode` alone answered OK.
+    pub fn global_shadow(&self) {
+        let (slots, owned) = self.service.local();
+        striped::add(&slots[GLOBAL_SHADOW], owned, 1);
     }
 
     /// The counts of `rule` of `domain` (looked up once per rule and policy).
@@ -111,14 +127,27 @@ impl ErlStats {
             } else {
                 striped::add(&slots[OVER], owned, hits);
             }
-            if rule.shadow_mode {
+            // Only a rule's own shadow_mode: under --shadow-mode alone the status
+            // says OVER_LIMIT, and the request counts in `global_shadow_mode`.
+            if rule.shadow_mode && !rule.global_shadow {
                 striped::add(&slots[SHADOW], owned, hits);
             }
         }
     }
 
-    /// Writes the five families in the text format.
+    /// Writes the five families and the service-wide counters in the text format.
     pub fn render(&self, out: &mut String) {
+        for (i, (name, help)) in SERVICE.iter().enumerate() {
+            let n: u64 = self
+                .service
+                .iter()
+                .map(|s| s[i].load(std::sync::atomic::Ordering::Relaxed))
+                .fold(0, u64::saturating_add);
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}"
+            );
+        }
         let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         for (i, family) in FAMILIES.iter().enumerate() {
             let _ = writeln!(

@@ -75,6 +75,11 @@ impl Metrics {
             return;
         }
         self.store_health(domain, outcome);
+        if let Some(erl) = &self.erl {
+            if outcome.shadowed_denial() {
+                erl.global_shadow();
+            }
+        }
         let guard = self.handles.load();
         let fresh;
         let handles: &PolicyHandles = match guard.as_deref() {
