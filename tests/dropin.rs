@@ -828,6 +828,28 @@ async fn global_shadow_mode_keeps_the_descriptors_status_and_answers_ok() {
     );
 }
 
+/// `quota_mode`: a quota descriptor past its limit says OVER_LIMIT while another
+/// quota descriptor with room admits the request, as envoyproxy/ratelimit answers
+/// (its HEAD); the request is denied once every quota is spent.
+#[tokio::test]
+async fn an_over_quota_descriptor_says_over_limit_in_an_admitted_request() {
+    let d = start_with(None, &[], &[("modes.yaml", MODES)]);
+    let mut c = d.client().await;
+    let q1 = || desc(&[("q", "q1")]);
+    let r = call(&mut c, request("modes", vec![q1()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    for (i, remaining) in [1, 0].into_iter().enumerate() {
+        let r = call(&mut c, request("modes", vec![q1(), desc(&[("q", "q2")])])).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "q2 has room, call {i}");
+        assert_status(&r.statuses[0], Code::OverLimit, 1, Unit::Hour, 0, "q1");
+        assert_status(&r.statuses[1], Code::Ok, 2, Unit::Hour, remaining, "q2");
+    }
+    let r = call(&mut c, request("modes", vec![q1(), desc(&[("q", "q2")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "every quota spent");
+    assert_status(&r.statuses[0], Code::OverLimit, 1, Unit::Hour, 0, "q1");
+    assert_status(&r.statuses[1], Code::OverLimit, 2, Unit::Hour, 0, "q2");
+}
+
 /// Two descriptors with metadata, each allowed once an hour.
 const METADATA: &str = "domain: md
 descriptors:

@@ -324,15 +324,29 @@ async fn quota_mode_denies_only_when_every_quota_is_spent() {
     let mut c = server.client().await;
     let q = || request("shop", vec![desc(&[("svc", "a")]), desc(&[("svc", "b")])]);
     assert_eq!(call(&mut c, q()).await.overall_code, OK); // a 1/1, b 1/2
+    let r = call(&mut c, q()).await; // b 2/2
+    assert_eq!(r.overall_code, OK, "b still has quota");
+    // a is over its quota and says so, as envoyproxy/ratelimit answers.
+    assert_eq!((r.statuses[0].code, r.statuses[1].code), (OVER_LIMIT, OK));
+    let r = call(&mut c, q()).await;
+    assert_eq!(r.overall_code, OVER_LIMIT, "both spent");
     assert_eq!(
-        call(&mut c, q()).await.overall_code,
-        OK,
-        "b still has quota"
-    ); // b 2/2
+        (r.statuses[0].code, r.statuses[1].code),
+        (OVER_LIMIT, OVER_LIMIT)
+    );
+    // Only the denied request's descriptors count as denials.
+    let outcome = |o: &str| {
+        let labels = [
+            ("domain", "shop"),
+            ("layer", "service"),
+            ("rule", "svc"),
+            ("outcome", o),
+        ];
+        server.metric("sluice_requests_total", &labels)
+    };
     assert_eq!(
-        call(&mut c, q()).await.overall_code,
-        OVER_LIMIT,
-        "both spent"
+        (outcome("ok"), outcome("over_limit")),
+        (Some(4.0), Some(2.0))
     );
 }
 

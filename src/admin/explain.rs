@@ -175,6 +175,7 @@ pub fn to_pb(
             detail.mode,
             detail.replaced.is_some(),
             o.failure.is_some(),
+            o.over_limit,
         );
         out.descriptors.push(x);
     }
@@ -209,6 +210,7 @@ fn reason(
     mode: Option<Mode>,
     replaced: bool,
     failed: bool,
+    denied: bool,
 ) -> String {
     let Some(rule) = rule else {
         return if replaced {
@@ -232,7 +234,9 @@ fn reason(
     let Some(v) = status.verdict else {
         return "not decided: another descriptor's ban denies the request".to_string();
     };
-    match (mode, v.admitted, status.over_limit) {
+    // A quota descriptor over its limit says OVER_LIMIT either way: whether the
+    // request is denied tells which.
+    match (mode, v.admitted, denied) {
         (_, true, _) => "within limit".to_string(),
         (Some(Mode::Shadow), false, _) => "shadow: over limit, not enforced".to_string(),
         (Some(Mode::Quota), false, true) => {

@@ -854,13 +854,13 @@ impl<S: Store> Limiter<S> {
                     }
                     // Shadow limits never deny: a rule's own shadow_mode reports OK, while
                     // under --shadow-mode alone the status tells the truth (as
-                    // envoyproxy/ratelimit's SHADOW_MODE). Quota limits report
-                    // OVER_LIMIT only when they deny the request.
+                    // envoyproxy/ratelimit's SHADOW_MODE). A quota limit past its
+                    // limit reports OVER_LIMIT even when the request is admitted (its
+                    // other quota limits had room), as envoyproxy/ratelimit does.
                     let over_limit = !verdict.admitted
                         && match hit.mode {
-                            Mode::Enforce => true,
+                            Mode::Enforce | Mode::Quota => true,
                             Mode::Shadow => global_shadow,
-                            Mode::Quota => !decided.admitted,
                         };
                     if nth == 0 {
                         status.verdict = Some(verdict);
@@ -940,7 +940,7 @@ impl<S: Store> Limiter<S> {
                 verdict.reset = whole_seconds(verdict.reset);
             }
             status.verdict = Some(verdict);
-            status.over_limit = !verdict.admitted && hit.mode == Mode::Enforce;
+            status.over_limit = !verdict.admitted && hit.mode != Mode::Shadow;
         }
     }
 

@@ -60,6 +60,14 @@ fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
         (Some(f), _) if f.mode != FailureMode::Closed => "failed_open",
         (Some(_), _) => "failed_closed",
         (None, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
+        // As `sluice_requests_total`: an over quota in an admitted request is no denial.
+        (None, _)
+            if s.over_limit
+                && !outcome.over_limit
+                && outcome.rule(s).is_some_and(|r| r.quota_mode) =>
+        {
+            "ok"
+        }
         (None, _) if s.over_limit => "over_limit",
         _ => "ok",
     }

@@ -120,6 +120,9 @@ impl Metrics {
                 (Some(f), _) if f.mode != FailureMode::Closed => FAILED_OPEN,
                 (Some(_), _) => FAILED_CLOSED,
                 (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
+                // A quota limit past its limit says OVER_LIMIT, but another quota
+                // limit admitted the request: not a denial.
+                (None, _) if s.over_limit && rule.quota_mode && !outcome.over_limit => OK,
                 (None, _) if s.over_limit => OVER_LIMIT,
                 _ => OK,
             };
