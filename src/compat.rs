@@ -94,7 +94,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("PROMETHEUS_ADDR", Honoured, "`--prometheus-addr` (default `:9090`)"),
     var!("PROMETHEUS_PATH", Honoured, "`--prometheus-path` (default `/metrics`)"),
     var!("PROMETHEUS_MAPPER_YAML", Ignored, "the series are named as Envoy Gateway's mapping names them"),
-    var!("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Ignored, "sluice_decision_seconds is in seconds"),
+    var!("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Ignored, "`ratelimit_service_response_time_seconds` and `sluice_decision_seconds` are in seconds"),
     var!("RUNTIME_ROOT", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's root"),
     var!("RUNTIME_SUBDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's second part"),
     var!("RUNTIME_APPDIRECTORY", Honoured, "with `CONFIG_TYPE=FILE`: the policy directory's last part (default `config`)"),

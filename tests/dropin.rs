@@ -751,6 +751,23 @@ async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
     // A domain unknown to the policy asks no store: answered as before.
     let r = call(&mut c, request("foo", vec![desc(&[("k", "v")])])).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
+    // Both errors counted as envoyproxy/ratelimit counts a Redis error; the gRPC
+    // calls (not /json) in total_requests.
+    let error = |kind: &str| {
+        d.prometheus_with(
+            "ratelimit_service_should_rate_limit_error",
+            &[("err_type", kind)],
+        )
+    };
+    assert_eq!(error("redis_error"), Some(2.0));
+    assert_eq!(error("service_error"), Some(0.0));
+    assert_eq!(
+        d.prometheus_with(
+            "ratelimit_service_total_requests",
+            &[("grpc_method", "ShouldRateLimit")]
+        ),
+        Some(2.0)
+    );
 
     let d = start(
         Some(&nobody),
@@ -759,6 +776,49 @@ async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
     let mut c = d.client().await;
     let r = call(&mut c, request("basic", vec![desc(&[("key1", "foo")])])).await;
     assert_eq!(r.overall_code, Code::Ok as i32, "failure mode open");
+}
+
+/// envoyproxy/ratelimit's service-wide series: every decoded gRPC call in
+/// `total_requests` and `response_time_seconds` (by method), a refused request in
+/// `should_rate_limit_error{err_type="service_error"}`, from gRPC and /json alike.
+#[tokio::test]
+async fn calls_errors_and_response_times_are_counted_as_envoyproxy_ratelimit_counts_them() {
+    let d = start(None, &[]);
+    let mut c = d.client().await;
+    for _ in 0..3 {
+        call(&mut c, request("basic", vec![desc(&[("key1", "a")])])).await;
+    }
+    call(&mut c, request("nowhere", vec![desc(&[("k", "v")])])).await;
+    let err = c
+        .should_rate_limit(request("", vec![desc(&[("key1", "a")])]))
+        .await
+        .expect_err("an empty domain is refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let body = r#"{"domain":"basic","descriptors":[]}"#;
+    assert_eq!(http(&d.server.http, "POST", "/json", body).0, 400);
+    let method = [("grpc_method", "ShouldRateLimit")];
+    assert_eq!(
+        d.prometheus_with("ratelimit_service_total_requests", &method),
+        Some(5.0)
+    );
+    assert_eq!(
+        d.prometheus_with("ratelimit_service_response_time_seconds_count", &method),
+        Some(5.0)
+    );
+    let mut inf = method.to_vec();
+    inf.push(("le", "+Inf"));
+    assert_eq!(
+        d.prometheus_with("ratelimit_service_response_time_seconds_bucket", &inf),
+        Some(5.0)
+    );
+    let error = |kind: &str| {
+        d.prometheus_with(
+            "ratelimit_service_should_rate_limit_error",
+            &[("err_type", kind)],
+        )
+    };
+    assert_eq!(error("service_error"), Some(2.0));
+    assert_eq!(error("redis_error"), Some(0.0));
 }
 
 /// A limit, a limit in its own shadow_mode, and two quota-mode limits, each allowed

@@ -304,6 +304,25 @@ impl<S: Store> Grpc<S> {
                 Request::of(&decoded)
             }
         };
+        // envoyproxy/ratelimit's total_requests and response_time: every call that
+        // decoded, timed to its answer. The clock is read only when they are kept.
+        let metrics = &self.service.metrics;
+        let latency = &self.service.latency;
+        let started = metrics.erl_enabled().then(|| latency.raw());
+        let answer = self.answer(&req, deadline, call).await;
+        if let Some(started) = started {
+            metrics.erl_call(latency.delta(started, latency.raw()));
+        }
+        answer
+    }
+
+    /// Decides a decoded request and writes its answer.
+    async fn answer(
+        &self,
+        req: &Request<'_>,
+        deadline: Option<Deadline>,
+        call: Option<&mut Call>,
+    ) -> Result<Reply, GrpcError> {
         // Past its deadline the caller has given up: nothing is counted for it.
         let wait = match deadline.map(|d| d.remaining()) {
             Some(left) if left.is_zero() => {
@@ -317,12 +336,8 @@ impl<S: Store> Grpc<S> {
             None => None,
         };
         let decided = match call {
-            None => self.service.should_rate_limit(&req, wait).await,
-            Some(call) => {
-                self.service
-                    .should_rate_limit_traced(&req, wait, call)
-                    .await
-            }
+            None => self.service.should_rate_limit(req, wait).await,
+            Some(call) => self.service.should_rate_limit_traced(req, wait, call).await,
         };
         match decided {
             Ok(outcome) => match outcome.error_answer() {
@@ -333,7 +348,7 @@ impl<S: Store> Grpc<S> {
                     format!("counter store failed: {error}"),
                 )),
                 None => {
-                    let echo = self.service.echo_request.then_some(&req);
+                    let echo = self.service.echo_request.then_some(req);
                     Ok(Reply::One(framed_response(
                         &outcome,
                         self.service.headers,

@@ -267,6 +267,8 @@ impl<S: Store> Service<S> {
             Ok(d) => d,
             Err(e) => {
                 self.metrics.bad_request();
+                self.metrics
+                    .erl_error(crate::telemetry::erl::CallError::BadRequest);
                 if let Some(call) = call {
                     call.error(e.0.clone());
                 }
@@ -289,6 +291,10 @@ impl<S: Store> Service<S> {
             )
             .await;
         let took = self.latency.delta(started, self.latency.raw());
+        if outcome.error_answer().is_some() {
+            self.metrics
+                .erl_error(crate::telemetry::erl::CallError::Store);
+        }
         self.metrics.record_request(
             req.domain,
             &outcome,

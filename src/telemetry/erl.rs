@@ -52,20 +52,55 @@ type Labels = (String, String, String);
 #[derive(Debug, Default)]
 pub struct Counts(Stripes<[AtomicU64; 5]>);
 
-/// envoyproxy/ratelimit's service-wide counters without labels, in the order of
-/// [`Service`]'s slots: (name, help).
-const SERVICE: [(&str, &str); 1] = [(
-    "ratelimit_service_global_shadow_mode",
-    "envoyproxy/ratelimit's global_shadow_mode: requests answered OK only because of --shadow-mode (SHADOW_MODE).",
-)];
+/// Slots of [`ErlStats`]' service-wide counters.
 const GLOBAL_SHADOW: usize = 0;
+const TOTAL_REQUESTS: usize = 1;
+const REDIS_ERROR: usize = 2;
+const SERVICE_ERROR: usize = 3;
+
+/// Upper bounds of `ratelimit_service_response_time_seconds`' buckets in
+/// nanoseconds: the statsd exporter's default buckets, which envoyproxy/ratelimit's
+/// Prometheus sink and Envoy Gateway's mapping both use.
+const RESPONSE_BOUNDS_NANOS: [u64; 11] = [
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+];
+
+/// One stripe of the response-time histogram: a count per bucket (the last is
+/// `+Inf`) and the sum in nanoseconds.
+#[derive(Debug, Default)]
+struct ResponseTimes {
+    buckets: [AtomicU64; RESPONSE_BOUNDS_NANOS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+/// Why envoyproxy/ratelimit's `ShouldRateLimit` answered with an error, as its
+/// `should_rate_limit_error{err_type}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallError {
+    /// The counter store failed and the call was answered with an error
+    /// (`--store-error-answer error`): `redis_error`.
+    Store,
+    /// The request was refused (INVALID_ARGUMENT, HTTP 400): `service_error`.
+    BadRequest,
+}
 
 /// Every label set's counts.
 #[derive(Debug)]
 pub struct ErlStats {
     near_limit_ratio: f64,
     series: Mutex<BTreeMap<Labels, Arc<Counts>>>,
-    service: Stripes<[AtomicU64; SERVICE.len()]>,
+    service: Stripes<[AtomicU64; 4]>,
+    response_times: Stripes<ResponseTimes>,
 }
 
 impl ErlStats {
@@ -74,6 +109,7 @@ impl ErlStats {
             near_limit_ratio,
             series: Mutex::new(BTreeMap::new()),
             service: Stripes::default(),
+            response_times: Stripes::default(),
         }
     }
 
@@ -81,6 +117,95 @@ impl ErlStats {
     pub fn global_shadow(&self) {
         let (slots, owned) = self.service.local();
         striped::add(&slots[GLOBAL_SHADOW], owned, 1);
+    }
+
+    /// A gRPC `ShouldRateLimit` call answered (OK, OVER_LIMIT or an error) in
+    /// `took`, from its decoded request to its answer.
+    pub fn call(&self, took: std::time::Duration) {
+        let (slots, owned) = self.service.local();
+        striped::add(&slots[TOTAL_REQUESTS], owned, 1);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let i = RESPONSE_BOUNDS_NANOS.partition_point(|&b| b < nanos);
+        let (slot, owned) = self.response_times.local();
+        striped::add(&slot.buckets[i], owned, 1);
+        striped::add(&slot.sum_nanos, owned, nanos);
+    }
+
+    /// A `ShouldRateLimit` call (gRPC or `POST /json`) answered with an error.
+    pub fn error(&self, e: CallError) {
+        let slot = match e {
+            CallError::Store => REDIS_ERROR,
+            CallError::BadRequest => SERVICE_ERROR,
+        };
+        let (slots, owned) = self.service.local();
+        striped::add(&slots[slot], owned, 1);
+    }
+
+    /// The service-wide counter in `slot`, summed over the stripes.
+    fn service_total(&self, slot: usize) -> u64 {
+        self.service
+            .iter()
+            .map(|s| s[slot].load(std::sync::atomic::Ordering::Relaxed))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The service-wide series: `global_shadow_mode`, `total_requests`,
+    /// `should_rate_limit_error` and `response_time_seconds`, as envoyproxy/ratelimit's
+    /// Prometheus sink (and Envoy Gateway's statsd mapping) name them.
+    fn render_service(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP ratelimit_service_global_shadow_mode envoyproxy/ratelimit's global_shadow_mode: requests answered OK only because of --shadow-mode (SHADOW_MODE).\n\
+             # TYPE ratelimit_service_global_shadow_mode counter\n\
+             ratelimit_service_global_shadow_mode {}",
+            self.service_total(GLOBAL_SHADOW)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratelimit_service_total_requests envoyproxy/ratelimit's total_requests: gRPC calls by method.\n\
+             # TYPE ratelimit_service_total_requests counter\n\
+             ratelimit_service_total_requests{{grpc_method=\"ShouldRateLimit\"}} {}",
+            self.service_total(TOTAL_REQUESTS)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP ratelimit_service_should_rate_limit_error envoyproxy/ratelimit's should_rate_limit errors: calls answered with an error because the counter store failed (redis_error) or the request was refused (service_error).\n\
+             # TYPE ratelimit_service_should_rate_limit_error counter\n\
+             ratelimit_service_should_rate_limit_error{{err_type=\"redis_error\"}} {}\n\
+             ratelimit_service_should_rate_limit_error{{err_type=\"service_error\"}} {}",
+            self.service_total(REDIS_ERROR),
+            self.service_total(SERVICE_ERROR)
+        );
+        let mut counts = [0u64; RESPONSE_BOUNDS_NANOS.len() + 1];
+        let mut sum = 0u64;
+        for slot in self.response_times.iter() {
+            for (c, b) in counts.iter_mut().zip(&slot.buckets) {
+                *c += b.load(std::sync::atomic::Ordering::Relaxed);
+            }
+            sum = sum.wrapping_add(slot.sum_nanos.load(std::sync::atomic::Ordering::Relaxed));
+        }
+        let name = "ratelimit_service_response_time_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} envoyproxy/ratelimit's response_time: gRPC calls' time from the decoded request to the answer, by method.\n# TYPE {name} histogram"
+        );
+        let mut running = 0;
+        for (i, c) in counts.iter().enumerate() {
+            running += c;
+            let le = match RESPONSE_BOUNDS_NANOS.get(i) {
+                Some(&b) => format!("{}", b as f64 / 1e9),
+                None => "+Inf".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{grpc_method=\"ShouldRateLimit\",le=\"{le}\"}} {running}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_sum{{grpc_method=\"ShouldRateLimit\"}} {}\n{name}_count{{grpc_method=\"ShouldRateLimit\"}} {running}",
+            sum as f64 / 1e9
+        );
     }
 
     /// The counts of `rule` of `domain` (looked up once per rule and policy).
@@ -137,17 +262,7 @@ impl ErlStats {
 
     /// Writes the five families and the service-wide counters in the text format.
     pub fn render(&self, out: &mut String) {
-        for (i, (name, help)) in SERVICE.iter().enumerate() {
-            let n: u64 = self
-                .service
-                .iter()
-                .map(|s| s[i].load(std::sync::atomic::Ordering::Relaxed))
-                .fold(0, u64::saturating_add);
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}"
-            );
-        }
+        self.render_service(out);
         let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         for (i, family) in FAMILIES.iter().enumerate() {
             let _ = writeln!(
@@ -362,6 +477,45 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn service_series_are_named_and_bucketed_as_envoyproxy_ratelimits_sink_serves_them() {
+        use std::time::Duration;
+        let stats = ErlStats::new(0.8);
+        stats.call(Duration::from_micros(300));
+        stats.call(Duration::from_millis(5));
+        stats.call(Duration::from_millis(30));
+        stats.call(Duration::from_secs(11));
+        stats.error(CallError::Store);
+        stats.error(CallError::BadRequest);
+        stats.error(CallError::BadRequest);
+        stats.global_shadow();
+        let text = totals(&stats);
+        let m = "grpc_method=\"ShouldRateLimit\"";
+        for line in [
+            "ratelimit_service_global_shadow_mode 1".to_string(),
+            format!("ratelimit_service_total_requests{{{m}}} 4"),
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"} 1".into(),
+            "ratelimit_service_should_rate_limit_error{err_type=\"service_error\"} 2".into(),
+            // A bound holds the calls that took exactly as long.
+            format!("ratelimit_service_response_time_seconds_bucket{{{m},le=\"0.005\"}} 2"),
+            format!("ratelimit_service_response_time_seconds_bucket{{{m},le=\"0.025\"}} 2"),
+            format!("ratelimit_service_response_time_seconds_bucket{{{m},le=\"0.05\"}} 3"),
+            format!("ratelimit_service_response_time_seconds_bucket{{{m},le=\"10\"}} 3"),
+            format!("ratelimit_service_response_time_seconds_bucket{{{m},le=\"+Inf\"}} 4"),
+            format!("ratelimit_service_response_time_seconds_sum{{{m}}} 11.0353"),
+            format!("ratelimit_service_response_time_seconds_count{{{m}}} 4"),
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line} in\n{text}");
+        }
+        for family in [
+            "ratelimit_service_total_requests counter",
+            "ratelimit_service_should_rate_limit_error counter",
+            "ratelimit_service_response_time_seconds histogram",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family}\n")), "{family}");
+        }
     }
 
     #[test]

@@ -537,6 +537,28 @@ impl Metrics {
         self.bad_requests.inc();
     }
 
+    /// Whether envoyproxy/ratelimit's series are kept (`--prometheus-addr`): only
+    /// then is a gRPC call's time taken for [`Metrics::erl_call`].
+    pub fn erl_enabled(&self) -> bool {
+        self.enabled && self.erl.is_some()
+    }
+
+    /// A gRPC `ShouldRateLimit` call answered in `took`, for envoyproxy/ratelimit's
+    /// `total_requests` and `response_time_seconds`.
+    pub fn erl_call(&self, took: Duration) {
+        if let (true, Some(erl)) = (self.enabled, &self.erl) {
+            erl.call(took);
+        }
+    }
+
+    /// A `ShouldRateLimit` call answered with an error, for envoyproxy/ratelimit's
+    /// `should_rate_limit_error`.
+    pub fn erl_error(&self, e: erl::CallError) {
+        if let (true, Some(erl)) = (self.enabled, &self.erl) {
+            erl.error(e);
+        }
+    }
+
     /// A `ShouldRateLimit` request refused for its size, unread.
     pub fn oversized_request(&self) {
         self.oversized_requests.inc();
