@@ -282,6 +282,16 @@ async fn unlimited_shadow_share_threshold_and_replaces() {
         panic!("metadata is a struct: {md:?}");
     };
     assert!(inner.fields.contains_key("tier"), "{md:?}");
+    // `/json` answers it too, as protobuf's JSON mapping writes a Struct.
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"plan","value":"gold"}]}]}"#;
+    let (s, b) = http(&server.http, "POST", "/json", body);
+    assert_eq!(s, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        v["dynamicMetadata"],
+        serde_json::json!({"metadata": {"tier": "gold"}}),
+        "{b}"
+    );
 }
 
 #[tokio::test]

@@ -232,7 +232,32 @@ pub fn render_response(resp: &RateLimitResponse) -> Value {
     if !headers.is_empty() {
         out.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
+    if let Some(m) = &resp.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), struct_json(m));
+    }
     Value::Object(out)
+}
+
+/// A `google.protobuf.Struct` as protobuf's JSON mapping writes it: a plain object.
+pub fn struct_json(s: &prost_types::Struct) -> Value {
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &prost_types::Value) -> Value {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_json).collect()),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::NullValue(_)) | None => Value::Null,
+    }
 }
 
 #[cfg(test)]

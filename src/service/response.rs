@@ -592,26 +592,10 @@ descriptors:
         }
     }
 
-    fn json(v: &pbuf::Value) -> serde_json::Value {
-        use serde_json::Value as J;
-        match &v.kind {
-            Some(Kind::StringValue(s)) => J::String(s.clone()),
-            Some(Kind::NumberValue(n)) => serde_json::json!(n),
-            Some(Kind::BoolValue(b)) => J::Bool(*b),
-            Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(json).collect()),
-            Some(Kind::StructValue(s)) => {
-                J::Object(s.fields.iter().map(|(k, v)| (k.clone(), json(v))).collect())
-            }
-            Some(Kind::NullValue(_)) | None => J::Null,
-        }
-    }
-
     /// The answer's dynamic_metadata as JSON, as Envoy's filter hands it on.
     fn metadata_of(outcome: &Outcome, echo: Option<&Request<'_>>) -> Option<serde_json::Value> {
         let m = response(outcome, HeaderStyle::Off, echo).dynamic_metadata?;
-        Some(json(&pbuf::Value {
-            kind: Some(Kind::StructValue(m)),
-        }))
+        Some(crate::service::json::struct_json(&m))
     }
 
     #[test]
