@@ -189,6 +189,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let mut compared = 0;
     let mut full = 0;
     let mut owing = 0;
+    let mut never = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let settle = settles && rng.next(2) == 0;
@@ -235,6 +236,12 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
         owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
+        // Denials no wait ends, whose retry-after waits for one hit to fit.
+        never += want
+            .verdicts
+            .iter()
+            .filter(|v| v.retry_after == u64::MAX && v.next_room > 0 && v.next_room < u64::MAX)
+            .count();
         if settles {
             // A peek (Explain) reports what each key owes now, alike. Keys of windows
             // under a second are left out: Redis expires them on its own clock, which
@@ -263,6 +270,9 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     assert!(compared > 2_000);
     // Enough admissions that left no room, so next_room was compared too.
     assert!(full > 100, "{full} full admissions");
+    // And enough requests larger than their limit on keys with no room, so the wait
+    // until one hit fits was compared for them too.
+    assert!(never > 10, "{never} denials that no wait ends");
     // With charges, enough that left their key owing, so what it owes was compared.
     if settles {
         assert!(owing > 100, "{owing} charges that left a debt");

@@ -262,6 +262,107 @@ mod tests {
         assert!(check(&l, &s, T0 + 11 * SECOND));
     }
 
+    /// A sliding window counter's charge past the limit answers, as every denial
+    /// does, the first instant a request of its cost fits again: a microsecond
+    /// earlier it is still denied. The debt weighs on the next window, decaying
+    /// linearly, so that instant can be well past the window the charge was made in.
+    #[test]
+    fn a_sliding_counter_charge_answers_when_its_cost_fits_again() {
+        let w = 10 * SECOND;
+        let l = testkit::limit(Algorithm::SlidingWindowCounter, 10, w, 10);
+        let fits_at = |s: &Option<State>, at: Micros, hits: u64| {
+            decide(&l, s.as_ref(), at, hits).verdict.admitted
+        };
+        // (spent before, when; the charge, when; when a request of its cost fits).
+        let cases: [(u64, Micros, u64, Micros, Micros); 4] = [
+            // Over within its window: 14 weigh 14 * (1 - e) + 6 <= 10 from e = 5/7.
+            (8, T0 + SECOND, 6, T0 + 2 * SECOND, T0 + w + 7_142_858),
+            // A full window before it: the charge's 5 alone, at full weight, next.
+            (10, T0 + 5 * SECOND, 5, T0 + w + 2 * SECOND, T0 + 2 * w),
+            // Most of the debt in the window before: 9 + 4 weigh 13 at full weight.
+            (9, T0, 4, T0 + SECOND, T0 + w + 5_384_616),
+            // A charge of the whole limit on a full window: two windows on.
+            (10, T0, 10, T0 + 3 * SECOND, T0 + 2 * w),
+        ];
+        for (before, t1, cost, t2, fits) in cases {
+            let mut s = None;
+            assert!(spend(&l, &mut s, t1, before));
+            let d = charge(&l, s.as_ref(), t2, cost);
+            assert!(!d.verdict.admitted, "{cost} after {before}");
+            s = d.next;
+            let wait = d.verdict.retry_wait(w);
+            assert_eq!(t2 + wait, fits, "{cost} after {before}");
+            assert!(!fits_at(&s, fits - 1, cost), "{cost} after {before}");
+            assert!(fits_at(&s, fits, cost), "{cost} after {before}");
+        }
+
+        // A charge larger than the limit: no wait admits another as large, so the
+        // answer is the wait until the key admits anything, here past one window:
+        // 25 spent 3.44 s into a window weigh 25 * (1 - e) + 1 <= 10 from e = 0.64
+        // of the next, 12.96 s on.
+        let t = T0 + 3_440_000;
+        let d = charge(&l, None, t, 25);
+        assert_eq!(d.verdict.retry_after, u64::MAX);
+        let wait = d.verdict.retry_wait(w);
+        assert_eq!(wait, 12_960_000);
+        let s = d.next;
+        assert!(!fits_at(&s, t + wait - 1, 1));
+        assert!(fits_at(&s, t + wait, 1));
+        // A plain request as large is denied and spends nothing, and is told the
+        // same: when the key (owing from the charge) admits again.
+        let v = decide(&l, s.as_ref(), t + SECOND, 25).verdict;
+        assert_eq!(v.retry_wait(w), wait - SECOND);
+        // On a fresh key, one window, as before.
+        assert_eq!(decide(&l, None, t, 25).verdict.retry_wait(w), w);
+    }
+
+    /// Every algorithm: a charge larger than the limit is told to wait at least
+    /// until the key admits a request again, never one window if its debt lasts
+    /// longer; nor longer than that or one window, whichever is later.
+    #[test]
+    fn a_charge_larger_than_the_limit_waits_for_its_debt() {
+        let day = 86_400 * SECOND;
+        // 7 s into a day.
+        let t = T0 - T0 % day + 7 * SECOND;
+        for a in ALL {
+            let l = testkit::limit(a, 100, day, 100);
+            let d = charge(&l, None, t, 1_000);
+            let v = d.verdict;
+            assert_eq!(v.retry_after, u64::MAX, "{a:?}");
+            let wait = v.retry_wait(day);
+            let s = d.next;
+            let at = t + wait;
+            assert!(decide(&l, s.as_ref(), at, 1).verdict.admitted, "{a:?}");
+            match a {
+                // 900 owed at 100 a day: nine days, and one hit's 864 s.
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    assert_eq!(wait, 9 * day + 864 * SECOND, "{a:?}");
+                    assert!(!decide(&l, s.as_ref(), at - 1, 1).verdict.admitted);
+                }
+                // Sliding counter: 1000 * (1 - e) + 1 <= 100 from e = 0.901 of the
+                // next day; the charge was made 7 s into this one.
+                Algorithm::SlidingWindowCounter => {
+                    assert_eq!(wait, 2 * day - 7 * SECOND - day / 1000 * 99, "{a:?}");
+                    assert!(!decide(&l, s.as_ref(), at - 1, 1).verdict.admitted);
+                }
+                // The log forgets the charge a day after it, the fixed window at its
+                // end: one window.
+                _ => assert_eq!(wait, day, "{a:?}"),
+            }
+        }
+
+        // A bucket owing to the end of time admits nothing again: it is told to wait
+        // until it is full, centuries on, not one day.
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            let l = testkit::limit(a, 100, day, 100);
+            let d = charge(&l, None, T0, 10_000_000);
+            assert_eq!(d.verdict.next_room, u64::MAX, "{a:?}");
+            let wait = d.verdict.retry_wait(day);
+            assert_eq!(wait, d.verdict.reset, "{a:?}");
+            assert!(wait > 100 * 365 * day, "{a:?}: {wait}");
+        }
+    }
+
     /// What a key owes adds up over charges that did not fit (two charges of 25 on
     /// a limit of 10 owe 40, not 25), in every algorithm, and is 0 for a charge
     /// that fits and for a check.
@@ -359,6 +460,44 @@ mod tests {
                     prop_assert_eq!(after, before.saturating_sub(hits));
                 } else {
                     testkit::hit(&l, &mut s, now, hits);
+                }
+            }
+        }
+
+        /// Every denial, of a charge or a request, in every algorithm: the wait its
+        /// retry-after is made of ([`Verdict::retry_wait`](crate::algorithm::Verdict::retry_wait))
+        /// ends exactly when a request of its cost fits again; when none ever
+        /// will, not before one hit fits, and no later than that or one window.
+        #[test]
+        fn a_denial_waits_exactly_until_its_cost_or_one_hit_fits((l, steps) in runs()) {
+            let mut s = None;
+            let mut now = T0;
+            for (dt, hits, is_charge) in steps {
+                now += dt;
+                let d = if is_charge {
+                    charge(&l, s.as_ref(), now, hits)
+                } else {
+                    decide(&l, s.as_ref(), now, hits)
+                };
+                let v = d.verdict;
+                s = d.next.or(s);
+                if v.admitted {
+                    continue;
+                }
+                let wait = v.retry_wait(l.window);
+                let fits = |at: Micros, hits: u64| decide(&l, s.as_ref(), at, hits).verdict.admitted;
+                if v.retry_after != u64::MAX {
+                    prop_assert!(wait > 0);
+                    prop_assert!(fits(now + wait, hits), "{:?}", v);
+                    prop_assert!(!fits(now + wait - 1, hits), "{:?}", v);
+                } else if v.next_room != u64::MAX {
+                    prop_assert_eq!(wait, v.next_room.max(l.window));
+                    prop_assert!(fits(now + wait, 1), "{:?}", v);
+                    if v.next_room > 0 {
+                        prop_assert!(!fits(now + v.next_room - 1, 1), "{:?}", v);
+                    }
+                } else {
+                    prop_assert!(wait >= l.window);
                 }
             }
         }

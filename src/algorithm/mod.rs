@@ -112,15 +112,40 @@ pub struct Verdict {
     /// leaky_bucket only: how long the OK answer is held so the request leaves the
     /// queue in its turn. 0 for every other algorithm.
     pub delay: Micros,
-    /// When admitted with nothing left (`remaining == 0`, hits > 0), or after a charge
-    /// that did not fit ([`charge`]): the wait until a one-hit request fits on the new
-    /// state, exact like `retry_after` (`u64::MAX` if never). 0 otherwise. Informational: lets a cache deny without asking again.
+    /// When admitted with nothing left (`remaining == 0`, hits > 0), after a charge
+    /// that did not fit ([`charge`]), or when denied a request that can never fit
+    /// (`retry_after == u64::MAX`, hits > 0): the wait until a one-hit request fits on
+    /// the new state, exact like `retry_after` (`u64::MAX` if never). 0 otherwise.
+    /// Lets a cache deny without asking again, and a never-fitting request's
+    /// `retry-after` wait for the key to admit anything ([`Verdict::retry_wait`]).
     pub next_room: Micros,
     /// After a charge that did not fit ([`charge`]): what the key owes, in hits: how
     /// far its new state is past the limit (a window's count over `requests`, a
     /// bucket's hits below empty over `burst`, rounded up). In a peek (the admin API's
     /// Explain), what the key owes before the peeked hits ([`owed_now`]). 0 otherwise.
     pub owed: u64,
+}
+
+impl Verdict {
+    /// The wait a denial's `retry-after` reports: `retry_after`, exact. A request
+    /// that can never fit as sent (more hits than the limit holds) gets `window`, but
+    /// never less than the wait until the key admits anything again: a charge past
+    /// the limit leaves a debt that can outlast a window (a sliding window's weighted
+    /// count, a bucket's hits below empty), so a client told one window would come
+    /// back while even a one-hit request is still denied. That wait is `next_room`,
+    /// or `reset` when not even one hit ever fits (a bucket owing to the end of
+    /// time, a limit of 0).
+    pub fn retry_wait(&self, window: Micros) -> Micros {
+        if self.retry_after != u64::MAX {
+            return self.retry_after;
+        }
+        let room = if self.next_room == u64::MAX {
+            self.reset
+        } else {
+            self.next_room
+        };
+        window.max(room)
+    }
 }
 
 /// A verdict and the state to store if the request goes through.
@@ -143,6 +168,10 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
         // A hypothetical one-hit request on the new state, at the same time.
         let after = d.next.as_ref().or(state);
         v.next_room = decide_alone(limit, after, now, 1).verdict.retry_after;
+    } else if !v.admitted && v.retry_after == u64::MAX && hits > 0 {
+        // Never as sent: when the key admits anything, for its retry-after. Only
+        // such denials pay for it.
+        v.next_room = decide_alone(limit, state, now, 1).verdict.retry_after;
     }
     d
 }

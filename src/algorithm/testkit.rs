@@ -281,12 +281,18 @@ pub(crate) fn verdict_fields_are_exact(
             prop_assert!(!decide(l, s.as_ref(), at - 1, hits).verdict.admitted);
         }
     }
-    // `next_room`: after a full admission, exactly when one more hit fits.
-    if v.admitted && v.remaining == 0 && hits > 0 {
+    // `next_room`: after a full admission, or a denial that no wait ends, exactly
+    // when one more hit fits.
+    let full_now = v.admitted && v.remaining == 0 && hits > 0;
+    let never = !v.admitted && v.retry_after == u64::MAX && hits > 0;
+    if full_now || never {
         if v.next_room == u64::MAX {
             prop_assert!(never_fits(l, 1));
+        } else if v.next_room == 0 {
+            // Denied as sent, but one hit fits already.
+            prop_assert!(never);
+            prop_assert!(decide(l, after.as_ref(), now, 1).verdict.admitted);
         } else {
-            prop_assert!(v.next_room > 0);
             let at = now + v.next_room;
             prop_assert!(decide(l, after.as_ref(), at, 1).verdict.admitted);
             prop_assert!(!decide(l, after.as_ref(), at - 1, 1).verdict.admitted);

@@ -108,8 +108,9 @@ fn retry_after_secs(outcome: &Outcome) -> u64 {
         .filter_map(|s| {
             let v = s.verdict?;
             Some(if v.retry_after == u64::MAX {
-                // Never admissible as sent (more hits than the limit): the window.
-                outcome.rule(s)?.limit?.window
+                // Never admissible as sent (more hits than the limit): the window, or
+                // the key's debt when longer.
+                v.retry_wait(outcome.rule(s)?.limit?.window)
             } else {
                 v.retry_after
             })
@@ -181,6 +182,42 @@ mod tests {
             return;
         }
         panic!("nothing was shed up to the limit");
+    }
+
+    /// A cost larger than the limit, charged: no wait admits another as large, and
+    /// the key owes until its weighted count has decayed, 12.96 s here, past the
+    /// 10 s window. The client is told to wait for that, jittered, not one window.
+    #[tokio::test]
+    async fn a_charge_past_a_window_of_debt_is_told_to_wait_for_it() {
+        let policy = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {window: 10s, requests_per_unit: 10}\n";
+        let clock = crate::clock::ManualClock::new(1_700_000_000 * SECOND + 3_440_000);
+        let limiter = crate::limiter::test_limiter(policy, &clock, Default::default());
+        let entries = [("k", "v")];
+        let charge = crate::limiter::Descriptor {
+            spend: crate::store::Spend::Always,
+            ..crate::limiter::Descriptor::new(&entries[..], 25)
+        };
+        let o = limiter.decide("d", &[charge]).await;
+        assert!(o.over_limit);
+        let mut retry = None;
+        each_header(
+            &o,
+            HeaderStyle::Draft03,
+            &mut String::new(),
+            |name, value| {
+                if name == "retry-after" {
+                    retry = Some(value.parse::<u64>().unwrap());
+                }
+            },
+        );
+        let retry = retry.expect("retry-after on OVER_LIMIT");
+        assert!((13..=14).contains(&retry), "retry-after {retry}");
+        // Then a one-hit request is admitted, and not a microsecond earlier.
+        let one = [crate::limiter::Descriptor::new(&entries[..], 1)];
+        clock.advance(12_960_000 - 1);
+        assert!(limiter.decide("d", &one).await.over_limit);
+        clock.advance(1);
+        assert!(!limiter.decide("d", &one).await.over_limit);
     }
 
     #[test]

@@ -254,6 +254,32 @@ macro_rules! store_contract {
             }
         }
 
+        /// A cost no wait admits (12 on a limit of 5), charged or requested, or
+        /// peeked: its answer carries the wait until the key admits one hit (what
+        /// its retry-after is made of), the same a one-hit request is told.
+        #[tokio::test]
+        async fn a_cost_larger_than_the_limit_is_told_when_the_key_admits_again() {
+            for alg in ALL {
+                let store = $make;
+                let key = format!("contract-never-{}", alg.as_str());
+                let v = store.decide(&[charge(&key, alg, 5, 12)]).await.unwrap();
+                let charged = v.verdicts[0];
+                assert!(
+                    !charged.admitted && charged.retry_after == u64::MAX,
+                    "{alg:?}"
+                );
+                let one = store.decide(&[hit(&key, alg, 5, 1)]).await.unwrap();
+                let wait = one.verdicts[0].retry_after;
+                assert!(!one.admitted && wait > 0 && wait < u64::MAX, "{alg:?}");
+                assert_eq!(charged.next_room, wait, "{alg:?}: charged");
+                let v = store.decide(&[hit(&key, alg, 5, 12)]).await.unwrap();
+                assert_eq!(v.verdicts[0].retry_after, u64::MAX, "{alg:?}");
+                assert_eq!(v.verdicts[0].next_room, wait, "{alg:?}: requested");
+                let v = store.peek(&[hit(&key, alg, 5, 12)]).await.unwrap();
+                assert_eq!(v.verdicts[0].next_room, wait, "{alg:?}: peeked");
+            }
+        }
+
         #[tokio::test]
         async fn a_batch_of_charges_spends_every_one_though_one_is_over() {
             for alg in ALL {

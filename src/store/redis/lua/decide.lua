@@ -28,9 +28,11 @@
 -- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at.
 -- A charge holds no answer, so its delay place carries what the key owes after it,
 -- negated (-owed, 0 when nothing is owed): no value more for any hit.
--- next_room: after an admission that leaves no room (remaining 0, hits > 0), the
--- retry_after of a one-hit request on the new state (so the caller can cache the
--- denial it implies); 0 otherwise.
+-- next_room: after an admission that leaves no room (remaining 0, hits > 0), a
+-- charge past the limit, or a denial that no wait ends (retry_after never, hits >
+-- 0), the retry_after of a one-hit request on the new state (so the caller can
+-- cache the denial it implies, or give a never-fitting request a retry-after); 0
+-- otherwise.
 
 -- Now: the test hook's fixed time when given, else the Redis server's clock, so every
 -- replica of sluice decides with one clock per counter.
@@ -196,8 +198,8 @@ while at <= #ARGV do
     end
     if nxt ~= nil then st = nxt end
     local room = 0
-    if spend_all ~= 'refund'
-      and ((admitted == 1 and remaining == 0 and hits > 0) or (admitted == 0 and nxt ~= nil)) then
+    if spend_all ~= 'refund' and hits > 0
+      and ((admitted == 1 and remaining == 0) or (admitted == 0 and (nxt ~= nil or retry == NEVER))) then
       room = (select(4, decide(r, w, b, st, now, 1, leaky)))
     end
     -- The admitted() rule for one hit: a denied enforced hit, or a denied quota hit
@@ -309,10 +311,10 @@ while at <= #ARGV do
         if admitted == 1 then quota_ok = true end
       end
       local room = 0
-      if spend_all ~= 'refund'
-        and ((admitted == 1 and remaining == 0 and hits > 0) or (admitted == 0 and nxt ~= nil)) then
-        -- Mirrors algorithm::decide (and charge); only when the key is full, so rarely
-        -- paid.
+      if spend_all ~= 'refund' and hits > 0
+        and ((admitted == 1 and remaining == 0) or (admitted == 0 and (nxt ~= nil or retry == NEVER))) then
+        -- Mirrors algorithm::decide (and charge); only when the key is full, after a
+        -- charge past the limit, or for a request that no wait admits: rarely paid.
         room = (select(4, decide(r, w, b, st, now, 1, leaky)))
       end
       -- One at a time: a multiple assignment stores right to left, out of array order.

@@ -47,7 +47,7 @@ for i = 1, #KEYS do
     states[key] = nxt
   end
   local room = 0
-  if admitted == 1 and remaining == 0 and hits > 0 then
+  if hits > 0 and ((admitted == 1 and remaining == 0) or (admitted == 0 and retry == NEVER)) then
     room = (select(4, decide(r, w, b, st, now, 1, leaky)))
   end
   out[#out + 1] = admitted
