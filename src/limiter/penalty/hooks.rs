@@ -68,6 +68,11 @@ pub fn mark_started(status: &mut Status, kind: Kind, span: Micros) {
     if kind.denies() {
         if let Some(v) = status.verdict.as_mut() {
             v.retry_after = v.retry_after.max(span);
+            // A request no wait admits waits for the key to admit one hit
+            // (`Verdict::retry_wait`), which the sentence puts off.
+            if v.retry_after == u64::MAX && v.next_room != u64::MAX {
+                v.next_room = v.next_room.max(span);
+            }
         }
     }
 }

@@ -41,6 +41,27 @@ async fn ask(l: &Limiter<MemoryStore>, ip: &str) -> Outcome {
     .await
 }
 
+/// A request larger than its limit that starts a ban is told to wait out the ban,
+/// as any denial that starts one: not one window, though no wait admits it.
+#[tokio::test]
+async fn a_request_no_wait_admits_that_starts_a_ban_waits_for_the_ban() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let ip = [("ip", "4.4.4.4")];
+    let mut last = None;
+    for _ in 0..2 {
+        last = Some(l.decide("d", &[Descriptor::new(&ip[..], 5)]).await);
+    }
+    let o = last.expect("decided");
+    assert_eq!(o.statuses[0].ban, Ban::Started);
+    let retry: u64 = crate::service::headers::headers(&o, crate::service::HeaderStyle::Draft03)
+        .into_iter()
+        .find(|(name, _)| *name == "retry-after")
+        .map(|(_, v)| v.parse().unwrap())
+        .expect("retry-after");
+    assert!((300..=330).contains(&retry), "retry-after {retry}");
+}
+
 #[tokio::test]
 async fn a_key_denied_n_times_is_banned_without_store_calls() {
     let clock = ManualClock::new(T0);
