@@ -126,6 +126,7 @@ fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64
         mode: Mode::Enforce,
         spend: Spend::IfAdmitted,
         fallback: Default::default(),
+        max_delay: sluice::algorithm::NO_DEADLINE,
     }
 }
 
@@ -190,6 +191,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let mut full = 0;
     let mut owing = 0;
     let mut never = 0;
+    let mut late = 0;
     for step in 0..1_500 {
         let n = 1 + rng.next(3) as usize;
         let settle = settles && rng.next(2) == 0;
@@ -223,6 +225,10 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
                     _ => Spend::Always,
                 };
             }
+            // A caller's deadline: a leaky_bucket turn past it is denied.
+            if alg == Algorithm::LeakyBucket && rng.next(2) == 0 {
+                h.max_delay = rng.next(2 * w.min(SECOND));
+            }
             batch.push(h);
         }
         let want = memory.decide(&batch).await.expect("memory");
@@ -235,6 +241,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         );
         compared += batch.len();
         full += want.verdicts.iter().filter(|v| v.next_room > 0).count();
+        late += want.verdicts.iter().filter(|v| v.late).count();
         owing += want.verdicts.iter().filter(|v| v.owed > 0).count();
         // Denials no wait ends, whose retry-after waits for one hit to fit.
         never += want
@@ -273,6 +280,10 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     // And enough requests larger than their limit on keys with no room, so the wait
     // until one hit fits was compared for them too.
     assert!(never > 10, "{never} denials that no wait ends");
+    // Enough leaky_bucket turns past their caller's deadline.
+    if !settles {
+        assert!(late > 20, "{late} late turns");
+    }
     // With charges, enough that left their key owing, so what it owes was compared.
     if settles {
         assert!(owing > 100, "{owing} charges that left a debt");
@@ -3510,4 +3521,17 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
         v.verdicts[0].remaining, 4,
         "5 an hour, the refunded hit not counted"
     );
+}
+
+/// On Redis, as in memory: a leaky_bucket turn past the caller's `grpc-timeout` is
+/// OVER_LIMIT at once, and the script takes neither the turn nor the request's
+/// other counter.
+#[tokio::test]
+async fn the_binary_denies_a_late_leaky_turn_at_once_without_taking_it() {
+    if !available() {
+        return;
+    }
+    let redis_server = RedisServer::start().await;
+    let url = redis_server.url();
+    crate::server::late_turns_are_denied_at_once_and_not_taken(&["--redis", &url]).await;
 }

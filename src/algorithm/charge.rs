@@ -10,7 +10,9 @@
 //! window a client spends at most the limit plus the cost of the requests already
 //! running when it ran out.
 
-use super::{decide, decide_alone, Algorithm, Decision, Limit, Micros, State, Verdict};
+use super::{
+    decide, decide_alone, Algorithm, Decision, Limit, Micros, State, Verdict, NO_DEADLINE,
+};
 
 /// Decides a charge of `hits` against `limit` at `now`: a cost known only after the
 /// work is done (Envoy's second call at stream end), which is spent whole even past
@@ -31,7 +33,7 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
     // The same decision under a limit that admits anything: the state then moves
     // exactly as an admission would move it (window alignment and bucket rate
     // unchanged), whatever the algorithm.
-    let spent = match decide_alone(&lifted(limit), state, now, hits) {
+    let spent = match decide_alone(&lifted(limit), state, now, hits, NO_DEADLINE) {
         spent if spent.next.is_some() => spent,
         // Past the end of time (a bucket's debt) or of u64: as much as can be
         // owed is, so the key stays denied rather than the charge being lost.
@@ -43,8 +45,10 @@ pub fn charge(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
     let Some(next) = spent.next else {
         return d;
     };
-    let after = decide_alone(limit, Some(&next), now, hits).verdict;
-    let next_room = decide_alone(limit, Some(&next), now, 1).verdict.retry_after;
+    let after = decide_alone(limit, Some(&next), now, hits, NO_DEADLINE).verdict;
+    let next_room = decide_alone(limit, Some(&next), now, 1, NO_DEADLINE)
+        .verdict
+        .retry_after;
     Decision {
         verdict: Verdict {
             admitted: false,
@@ -72,13 +76,16 @@ fn most_spendable(
     let (mut lo, mut hi) = (0, hits);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if decide_alone(&lift, state, now, mid).next.is_some() {
+        if decide_alone(&lift, state, now, mid, NO_DEADLINE)
+            .next
+            .is_some()
+        {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    (lo > 0).then(|| decide_alone(&lift, state, now, lo))
+    (lo > 0).then(|| decide_alone(&lift, state, now, lo, NO_DEADLINE))
 }
 
 /// What a key with `state` owes at `now`, in hits, as a charge's verdict says it
@@ -95,7 +102,7 @@ pub fn owed_now(limit: &Limit, state: Option<&State>, now: Micros) -> u64 {
     }
     owed(
         limit,
-        decide_alone(&lifted(limit), state, now, 0)
+        decide_alone(&lifted(limit), state, now, 0, NO_DEADLINE)
             .verdict
             .remaining,
     )

@@ -65,6 +65,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             delay: 0,
             next_room: 0,
             owed: 0,
+            late: false,
         },
         next: None,
     }

@@ -15,6 +15,11 @@
 //! request that finds no room is denied at once. A check (`hits == 0`) joins no
 //! queue (delay 0) and is judged as in token_bucket.
 //!
+//! A caller that gives up after `max_delay` (its deadline) is not admitted to a turn
+//! it would not wait for: when the delay would exceed it, the request is denied at
+//! once (`late`), takes no place, and may retry after delay - max_delay, when the
+//! queue ahead has drained that far. A full queue is denied as for any caller.
+//!
 //! Guarantees (tested): the release times (now + delay) of admitted requests i < j
 //! are at least the hits of i..j-1 times window / requests apart, less under one
 //! microsecond (each release is the microsecond at or after its exact turn, so the
@@ -33,9 +38,15 @@ pub struct State {
     pub rem: u64,
 }
 
-/// Decides one request of `hits` at `now`. A check (`hits == 0`) joins no queue, so
-/// its delay is 0.
-pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
+/// Decides one request of `hits` at `now` for a caller that waits at most
+/// `max_delay` for its turn. A check (`hits == 0`) joins no queue, so its delay is 0.
+pub fn decide(
+    limit: &Limit,
+    state: Option<&State>,
+    now: Micros,
+    hits: u64,
+    max_delay: Micros,
+) -> Step<State> {
     // `requests == 0`: the queue never drains, so no hit is ever admitted.
     let Some(g) = Gcra::new(limit) else {
         return Step {
@@ -63,6 +74,22 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             };
         }
         if let Some(n) = next {
+            if wait > max_delay {
+                // Its turn comes after the caller has given up: taking it would
+                // slow the queue for everyone behind and serve no one.
+                return Step {
+                    verdict: Verdict {
+                        admitted: false,
+                        remaining: g.remaining(start.backlog),
+                        reset: wait,
+                        // The queue ahead drains a microsecond per microsecond.
+                        retry_after: wait - max_delay,
+                        late: true,
+                        ..Verdict::default()
+                    },
+                    next: None,
+                };
+            }
             return Step {
                 verdict: Verdict {
                     admitted: true,
@@ -72,6 +99,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
                     delay: wait,
                     next_room: 0,
                     owed: 0,
+                    late: false,
                 },
                 next: Some(State {
                     tat: n.tat,
@@ -94,6 +122,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             delay: 0,
             next_room: 0,
             owed: 0,
+            late: false,
         },
         next: None,
     }
@@ -213,6 +242,48 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_turn_past_the_callers_deadline_is_denied_at_once_and_not_taken() {
+        use crate::algorithm::{decide_within, NO_DEADLINE};
+        // 5 per second (a turn every 200 ms), queue of 3.
+        let l = limit(5, SECOND, 3);
+        let mut s = None;
+        assert_eq!(hit(&l, &mut s, T0, 1).delay, 0);
+        // The next turn is 200 ms away: a caller who waits 150 ms is denied at once,
+        // may retry when the turn is 150 ms away, and leaves the queue as it was.
+        let late = decide_within(&l, s.as_ref(), T0, 1, 150_000);
+        assert_eq!(late.next, None);
+        let v = late.verdict;
+        assert!(!v.admitted && v.late, "{v:?}");
+        assert_eq!((v.delay, v.retry_after), (0, 50_000));
+        assert_eq!((v.remaining, v.reset), (2, 200_000));
+        assert!(
+            !decide_within(&l, s.as_ref(), T0 + 49_999, 1, 150_000)
+                .verdict
+                .admitted
+        );
+        let then = decide_within(&l, s.as_ref(), T0 + 50_000, 1, 150_000).verdict;
+        assert!(then.admitted && !then.late);
+        assert_eq!(then.delay, 150_000);
+        // Exactly its turn is soon enough; and a caller without a deadline gets the
+        // turn the late one did not take.
+        assert!(
+            decide_within(&l, s.as_ref(), T0, 1, 200_000)
+                .verdict
+                .admitted
+        );
+        let v = hit(&l, &mut s, T0, 1);
+        assert_eq!((v.admitted, v.delay), (true, 200_000));
+        // A full queue is denied as for any caller: no `late`, the usual retry.
+        assert!(hit(&l, &mut s, T0, 1).admitted);
+        let v = decide_within(&l, s.as_ref(), T0, 1, 0).verdict;
+        assert!(!v.admitted && !v.late, "{v:?}");
+        assert_eq!(v.retry_after, 200_000);
+        // A check joins no queue, so no deadline denies it.
+        assert!(decide_within(&l, s.as_ref(), T0, 0, 0).verdict.admitted);
+        assert_eq!(NO_DEADLINE, u64::MAX);
+    }
+
     // Also: `testkit::run` checks that a fresh counter's first request is not held,
     // and the shared `verdict_fields_are_exact` that a denial is never held.
     shared_properties!(A);
@@ -259,6 +330,33 @@ mod tests {
                     u128::from(held) * w < u128::from(l.burst) * w + r,
                     "{} held at {}", held, now,
                 );
+            }
+        }
+
+        #[test]
+        fn a_deadline_denies_exactly_the_turns_that_come_after_it(
+            (l, start, steps) in scenarios(A), hits in 0u64..10, max_delay in 0u64..3_000,
+        ) {
+            use crate::algorithm::decide_within;
+            let (_, s, now) = run(&l, start, &steps);
+            let free = decide(&l, s.as_ref(), now, hits);
+            let bound = decide_within(&l, s.as_ref(), now, hits, max_delay);
+            if !free.verdict.admitted || free.verdict.delay <= max_delay {
+                // Soon enough, or denied anyway: the deadline changes nothing.
+                prop_assert_eq!(bound, free);
+            } else {
+                // Too late: denied, nothing taken, and admitted with the same
+                // deadline exactly `retry_after` later, not a microsecond sooner.
+                let v = bound.verdict;
+                prop_assert!(!v.admitted && v.late);
+                prop_assert_eq!(bound.next, None);
+                prop_assert_eq!(v.delay, 0);
+                prop_assert_eq!(v.retry_after, free.verdict.delay - max_delay);
+                prop_assert!(v.remaining >= hits);
+                let at = now + v.retry_after;
+                let then = decide_within(&l, s.as_ref(), at, hits, max_delay).verdict;
+                prop_assert!(then.admitted && then.delay == max_delay, "{:?}", then);
+                prop_assert!(!decide_within(&l, s.as_ref(), at - 1, hits, max_delay).verdict.admitted);
             }
         }
 

@@ -110,7 +110,7 @@ pub struct Verdict {
     /// 0 when admitted.
     pub retry_after: Micros,
     /// leaky_bucket only: how long the OK answer is held so the request leaves the
-    /// queue in its turn. 0 for every other algorithm.
+    /// queue in its turn. 0 for every other algorithm, and when denied.
     pub delay: Micros,
     /// When admitted with nothing left (`remaining == 0`, hits > 0), after a charge
     /// that did not fit ([`charge`]), or when denied a request that can never fit
@@ -124,6 +124,11 @@ pub struct Verdict {
     /// bucket's hits below empty over `burst`, rounded up). In a peek (the admin API's
     /// Explain), what the key owes before the peeked hits ([`owed_now`]). 0 otherwise.
     pub owed: u64,
+    /// leaky_bucket only: denied because the request's turn would come after the
+    /// longest delay its caller waits ([`decide_within`]), though the queue had room;
+    /// it took no place in it. Such a denial holds for that caller's deadline only
+    /// (a caller with a longer one is admitted), so no cache may keep it.
+    pub late: bool,
 }
 
 impl Verdict {
@@ -148,6 +153,9 @@ impl Verdict {
     }
 }
 
+/// A caller without a deadline: a leaky_bucket answer is held however late its turn.
+pub const NO_DEADLINE: Micros = u64::MAX;
+
 /// A verdict and the state to store if the request goes through.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
@@ -162,22 +170,47 @@ pub struct Decision {
 /// `state` is `None` for a counter never seen (or expired). A state of another
 /// algorithm (the policy changed) is treated as `None`.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
-    let mut d = decide_alone(limit, state, now, hits);
+    decide_within(limit, state, now, hits, NO_DEADLINE)
+}
+
+/// [`decide`] for a caller who waits at most `max_delay` for its answer: a
+/// leaky_bucket request whose turn comes later is denied at once ([`Verdict::late`])
+/// and takes no place in the queue. The other algorithms hold no answer and ignore
+/// it.
+pub fn decide_within(
+    limit: &Limit,
+    state: Option<&State>,
+    now: Micros,
+    hits: u64,
+    max_delay: Micros,
+) -> Decision {
+    let mut d = decide_alone(limit, state, now, hits, max_delay);
     let v = &mut d.verdict;
     if v.admitted && v.remaining == 0 && hits > 0 {
-        // A hypothetical one-hit request on the new state, at the same time.
+        // A hypothetical one-hit request on the new state, at the same time, from a
+        // caller without a deadline: what every caller must wait at least.
         let after = d.next.as_ref().or(state);
-        v.next_room = decide_alone(limit, after, now, 1).verdict.retry_after;
+        v.next_room = decide_alone(limit, after, now, 1, NO_DEADLINE)
+            .verdict
+            .retry_after;
     } else if !v.admitted && v.retry_after == u64::MAX && hits > 0 {
         // Never as sent: when the key admits anything, for its retry-after. Only
         // such denials pay for it.
-        v.next_room = decide_alone(limit, state, now, 1).verdict.retry_after;
+        v.next_room = decide_alone(limit, state, now, 1, NO_DEADLINE)
+            .verdict
+            .retry_after;
     }
     d
 }
 
-/// [`decide`] without `next_room`.
-fn decide_alone(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Decision {
+/// [`decide_within`] without `next_room`.
+fn decide_alone(
+    limit: &Limit,
+    state: Option<&State>,
+    now: Micros,
+    hits: u64,
+    max_delay: Micros,
+) -> Decision {
     match limit.algorithm {
         Algorithm::FixedWindow => {
             let s = match state {
@@ -213,7 +246,7 @@ fn decide_alone(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) ->
                 Some(State::LeakyBucket(s)) => Some(s),
                 _ => None,
             };
-            leaky_bucket::decide(limit, s, now, hits).map_state(State::LeakyBucket)
+            leaky_bucket::decide(limit, s, now, hits, max_delay).map_state(State::LeakyBucket)
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use super::{
     decide_alone, fixed_window, leaky_bucket, sliding_window_counter, sliding_window_log,
-    token_bucket, Decision, Limit, Micros, State, Verdict,
+    token_bucket, Decision, Limit, Micros, State, Verdict, NO_DEADLINE,
 };
 
 /// Gives `hits` back to the counter of `limit` at `now`. The verdict is always
@@ -25,7 +25,7 @@ pub fn refund(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
         Some(_) if hits > 0 => give_back(limit, state, now, hits),
         _ => None,
     };
-    let check = decide_alone(limit, next.as_ref().or(state), now, 0).verdict;
+    let check = decide_alone(limit, next.as_ref().or(state), now, 0, NO_DEADLINE).verdict;
     Decision {
         verdict: Verdict {
             admitted: true,
@@ -41,7 +41,7 @@ pub fn refund(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> D
 fn give_back(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Option<State> {
     // One hit more, at now, under a limit that takes anything: the state rolled
     // forward to now the algorithm's own way. It then gives back that hit too.
-    let rolled = decide_alone(&super::charge::lifted(limit), state, now, 1).next?;
+    let rolled = decide_alone(&super::charge::lifted(limit), state, now, 1, NO_DEADLINE).next?;
     let hits = hits.saturating_add(1);
     Some(match rolled {
         State::FixedWindow(s) => State::FixedWindow(fixed_window::State {

@@ -59,8 +59,14 @@ impl<S: Store> Limiter<S> {
         for (detail, d) in details.iter_mut().zip(descriptors) {
             detail.trace = Some(dom.trace(d.entries));
         }
-        let (overrides, order, mut hits, failure_mode) =
-            self.plan(&policy, dom, domain, descriptors, &mut statuses);
+        let (overrides, order, mut hits, failure_mode) = self.plan(
+            &policy,
+            dom,
+            domain,
+            descriptors,
+            crate::algorithm::NO_DEADLINE,
+            &mut statuses,
+        );
         for ((detail, status), d) in details.iter_mut().zip(&statuses).zip(descriptors) {
             let matched = dom.find(d.entries);
             if status.rule.is_none() && status.limit_override.is_none() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::algorithm::{Micros, Verdict};
+use crate::algorithm::{Micros, Verdict, NO_DEADLINE};
 use crate::clock::{Clock, SystemClock};
 use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
 use crate::store::{Fallback, Hit, Mode, Probe, Spend, Store, StoreError};
@@ -487,8 +487,13 @@ impl<S: Store> Limiter<S> {
             return Outcome::undecided(Guard::into_inner(guard), false, statuses, Vec::new());
         };
 
+        // A leaky_bucket answer held past the store's wait would reach a caller
+        // that has given up: such a turn is not taken.
+        let max_delay = wait.map_or(NO_DEADLINE, |w| {
+            Micros::try_from(w.as_micros()).unwrap_or(NO_DEADLINE)
+        });
         let (overrides, order, mut hits, failure_mode) =
-            self.plan(policy, dom, domain, descriptors, &mut statuses);
+            self.plan(policy, dom, domain, descriptors, max_delay, &mut statuses);
 
         let mut outcome = Outcome::undecided(Guard::into_inner(guard), true, statuses, overrides);
         if hits.is_empty() {
@@ -633,8 +638,14 @@ impl<S: Store> Limiter<S> {
             .ok_or_else(|| BlockError::Unknown(format!("no policy has domain '{domain}'")))?;
         let descriptors = [Descriptor::new(entries, 1)];
         let mut statuses = [Status::undecided(1, Spend::IfAdmitted)];
-        let (overrides, _order, hits, _) =
-            self.plan(policy, dom, domain, &descriptors, &mut statuses);
+        let (overrides, _order, hits, _) = self.plan(
+            policy,
+            dom,
+            domain,
+            &descriptors,
+            NO_DEADLINE,
+            &mut statuses,
+        );
         let Some(hit) = hits.into_iter().next() else {
             return Err(BlockError::Unknown(
                 "the entries match no limited rule of the domain".to_string(),
@@ -700,6 +711,7 @@ impl<S: Store> Limiter<S> {
         dom: &crate::policy::Domain,
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
+        max_delay: Micros,
         statuses: &mut [Status],
     ) -> (Vec<Arc<Rule>>, Statuses, Vec<Hit>, FailureMode) {
         for (status, d) in statuses.iter_mut().zip(descriptors) {
@@ -783,6 +795,7 @@ impl<S: Store> Limiter<S> {
                 mode,
                 spend: descriptors[i].spend,
                 fallback,
+                max_delay,
             });
             per_hit.push(i);
             // The rule's other limits (`rate_limits`) follow its own, on its
@@ -1366,6 +1379,7 @@ descriptors:
             policy.domain("d").unwrap(),
             "d",
             &[Descriptor::new(&entries, 1)],
+            NO_DEADLINE,
             &mut statuses,
         );
         assert_eq!(hits[1].key, "d|api_key=k1|~calendar_day@Europe/Berlin");
@@ -1430,6 +1444,7 @@ descriptors:
             dom,
             "d",
             &[Descriptor::new(&entries, 1)],
+            NO_DEADLINE,
             &mut statuses,
         );
         assert_eq!(order[..], [0, 0], "one status, two hits");

@@ -237,7 +237,9 @@ impl<S: Store> Service<S> {
     }
 
     /// Validates, decides and holds a leaky-bucket OK until the request's turn. The
-    /// store is waited for at most `wait` (when given) and `--store-timeout`.
+    /// store is waited for at most `wait` (when given) and `--store-timeout`, and a
+    /// leaky_bucket turn that would come after `wait` is not taken: the request is
+    /// OVER_LIMIT at once, as the caller would have given up on it.
     pub async fn should_rate_limit(
         &self,
         req: &decode::Request<'_>,

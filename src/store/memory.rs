@@ -398,6 +398,7 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
             delay: 0,
             next_room: 0,
             owed: 0,
+            late: false,
         };
     }
 }

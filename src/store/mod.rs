@@ -63,6 +63,11 @@ pub struct Hit {
     /// The answer when the store cannot keep this hit's counter (a full memory
     /// store's new key).
     pub fallback: Fallback,
+    /// leaky_bucket: the longest its answer may be held for its turn, the caller's
+    /// deadline less a margin ([`algorithm::decide_within`]); a later turn is denied
+    /// and not taken. [`algorithm::NO_DEADLINE`] for a caller without one. The other
+    /// algorithms ignore it.
+    pub max_delay: Micros,
 }
 
 /// When a hit's counter is spent.
@@ -92,7 +97,9 @@ impl Hit {
     /// This hit's decision on `state` at `now`, as its [`Spend`] makes it.
     pub fn decide(&self, state: Option<&State>, now: Micros) -> Decision {
         match self.spend {
-            Spend::IfAdmitted => algorithm::decide(&self.limit, state, now, self.hits),
+            Spend::IfAdmitted => {
+                algorithm::decide_within(&self.limit, state, now, self.hits, self.max_delay)
+            }
             Spend::Always => algorithm::charge(&self.limit, state, now, self.hits),
             Spend::Refund => algorithm::refund(&self.limit, state, now, self.hits),
         }

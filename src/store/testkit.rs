@@ -20,5 +20,6 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         mode: Mode::Enforce,
         spend: Spend::IfAdmitted,
         fallback: Default::default(),
+        max_delay: crate::algorithm::NO_DEADLINE,
     }
 }

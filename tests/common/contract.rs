@@ -21,6 +21,7 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         mode: Mode::Enforce,
         spend: Spend::IfAdmitted,
         fallback: Default::default(),
+        max_delay: sluice::algorithm::NO_DEADLINE,
     }
 }
 
@@ -200,6 +201,40 @@ macro_rules! store_contract {
                     );
                 }
             }
+        }
+
+        #[tokio::test]
+        async fn a_leaky_turn_past_the_callers_wait_is_denied_and_takes_nothing() {
+            use sluice::algorithm::{NO_DEADLINE, SECOND};
+            let store = $make;
+            // 5 a minute: a turn every 12 s.
+            let queue = |max_delay| sluice::store::Hit {
+                max_delay,
+                ..hit("contract-late-queue", Algorithm::LeakyBucket, 5, 1)
+            };
+            let other = hit("contract-late-other", Algorithm::FixedWindow, 5, 1);
+            let v = store.decide(&[queue(0)]).await.unwrap();
+            assert!(v.admitted && v.verdicts[0].delay == 0, "{v:?}");
+            // The next turn is 12 s away: a caller who waits 1 s is denied at once,
+            // and its request's other limit spends nothing either.
+            let v = store.decide(&[other.clone(), queue(SECOND)]).await.unwrap();
+            assert!(!v.admitted, "{v:?}");
+            let late = v.verdicts[1];
+            assert!(!late.admitted && late.late, "{late:?}");
+            assert_eq!((late.delay, late.retry_after), (0, 11 * SECOND));
+            assert_eq!((late.remaining, late.reset), (4, 12 * SECOND));
+            // Nothing was taken: a caller who waits gets the turn at 12 s, and the
+            // other limit still has its 5.
+            let v = store
+                .decide(&[other.clone(), queue(NO_DEADLINE)])
+                .await
+                .unwrap();
+            assert!(v.admitted, "{v:?}");
+            assert_eq!(v.verdicts[1].delay, 12 * SECOND);
+            assert_eq!(v.verdicts[0].remaining, 4);
+            // A wait of exactly the turn is enough.
+            let v = store.decide(&[queue(24 * SECOND)]).await.unwrap();
+            assert!(v.admitted && v.verdicts[0].delay == 24 * SECOND, "{v:?}");
         }
 
         #[tokio::test]

@@ -170,6 +170,7 @@ pub fn measure(algorithm: Algorithm, keys: u64, hits: u64) -> anyhow::Result<Mea
                 mode: Mode::Enforce,
                 spend: Spend::IfAdmitted,
                 fallback: Default::default(),
+                max_delay: sluice::algorithm::NO_DEADLINE,
             };
             for _ in 0..hits.max(1) {
                 clock.advance(1);

@@ -50,6 +50,7 @@ pub fn apply_sentences(
                     delay: 0,
                     next_room: 0,
                     owed: 0,
+                    late: false,
                 });
                 any = true;
             }

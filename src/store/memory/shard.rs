@@ -228,6 +228,7 @@ mod tests {
             mode: Mode::Enforce,
             spend: Spend::IfAdmitted,
             fallback: Fallback::Admit,
+            max_delay: crate::algorithm::NO_DEADLINE,
         }
     }
 

@@ -4,7 +4,9 @@
 //! other hit of the request is remembered as over limit too: a hit the cache knows
 //! nothing of goes to Redis with the rest, so its status is its real state. An
 //! admission that leaves a key with no room is remembered the same way, until the
-//! time its next hit fits (the script's `next_room`).
+//! time its next hit fits (the script's `next_room`). A leaky_bucket turn denied as
+//! too late for its caller (`Verdict::late`) is not remembered: it holds for that
+//! caller's deadline only.
 //!
 //! T is the time the call was *sent* plus retry_after: the script ran after that, so
 //! T is never later than the truth and no request is denied that Redis would admit.
@@ -131,7 +133,9 @@ impl DenialCache {
                     ),
                     None => continue,
                 }
-            } else if v.retry_after == u64::MAX {
+            } else if v.retry_after == u64::MAX || v.late {
+                // A late turn is denied for its caller's deadline only: one with a
+                // longer deadline is admitted.
                 continue;
             } else {
                 (v.retry_after, h.hits, *v)

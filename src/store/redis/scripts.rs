@@ -278,6 +278,8 @@ pub struct Group {
 pub struct HitArgs {
     limit: LimitArgs,
     hits: u64,
+    /// leaky_bucket: [`Hit::max_delay`], sent after the hit (-1 for none).
+    max_delay: Option<u64>,
 }
 
 /// A limit as the decide script takes it, sent once per call for all its hits.
@@ -301,6 +303,7 @@ impl HitArgs {
                 mode: mode_code(h.mode, h.spend),
             },
             hits: clamp(h.hits),
+            max_delay: (h.max_delay != crate::algorithm::NO_DEADLINE).then(|| clamp(h.max_delay)),
         }
     }
 }
@@ -391,10 +394,14 @@ impl<'g> Layout<'g> {
     }
 }
 
+/// leaky_bucket's code: its hits carry one value more, their longest delay.
+const LEAKY: &str = shard::code(crate::algorithm::Algorithm::LeakyBucket);
+
 /// The keys and arguments deciding `groups` one after another, in the layout
 /// decide.lua documents: the call's limits once, then per group its size (negated
 /// when quota hits live elsewhere) and per hit its limit's number (negated and
-/// followed by the hits unless they are 1).
+/// followed by the hits unless they are 1), and for a leaky_bucket hit its longest
+/// delay.
 fn decide_args(
     groups: &[&Group],
     layout: &Layout<'_>,
@@ -425,6 +432,12 @@ fn decide_args(
             } else {
                 sink.arg(Arg::Signed(-j));
                 sink.arg(Arg::Number(h.hits));
+            }
+            if h.limit.code == LEAKY {
+                sink.arg(match h.max_delay {
+                    Some(d) => Arg::Number(d),
+                    None => Arg::Signed(-1),
+                });
             }
         }
     }
@@ -569,6 +582,7 @@ pub fn parse_peek(values: &[i64], n: usize) -> Result<Vec<Verdict>, StoreError> 
             delay: micros(c[4]),
             next_room: micros(c[5]),
             owed: u64::try_from(c[6]).unwrap_or(0),
+            late: false,
         })
         .collect())
 }
@@ -598,20 +612,24 @@ pub fn parse_replies(values: &[i64], sizes: &[usize]) -> Result<Vec<Reply>, Stor
         let verdicts = group[1..]
             .chunks_exact(REPLY_STRIDE)
             .map(|c| {
-                // A charge's delay place holds what its key owes, negated.
-                let (delay, owed) = match u64::try_from(c[4]) {
-                    Ok(delay) => (delay, 0),
-                    Err(_) => (0, c[4].unsigned_abs()),
+                // A charge's delay place holds what its key owes, negated; a denial's,
+                // the turn that came too late for its caller (`late`).
+                let admitted = c[0] == 1;
+                let (delay, owed, late) = match u64::try_from(c[4]) {
+                    Ok(delay) if admitted => (delay, 0, false),
+                    Ok(turn) => (0, 0, turn > 0),
+                    Err(_) => (0, c[4].unsigned_abs(), false),
                 };
                 (
                     Verdict {
-                        admitted: c[0] == 1,
+                        admitted,
                         remaining: u64::try_from(c[1]).unwrap_or(0),
                         reset: micros(c[2]),
                         retry_after: micros(c[3]),
                         delay,
                         next_room: micros(c[6]),
                         owed,
+                        late,
                     },
                     c[5],
                 )
@@ -653,6 +671,15 @@ mod tests {
     }
 
     fn group(hits: &[(&str, Algorithm, u64, u64)], quota_elsewhere: bool) -> Group {
+        group_within(hits, crate::algorithm::NO_DEADLINE, quota_elsewhere)
+    }
+
+    /// [`group`], every hit's caller waiting at most `max_delay`.
+    fn group_within(
+        hits: &[(&str, Algorithm, u64, u64)],
+        max_delay: Micros,
+        quota_elsewhere: bool,
+    ) -> Group {
         let hits: Vec<Hit> = hits
             .iter()
             .map(|&(key, algorithm, requests, hits)| Hit {
@@ -669,6 +696,7 @@ mod tests {
                 mode: Mode::Enforce,
                 spend: Spend::IfAdmitted,
                 fallback: Default::default(),
+                max_delay,
             })
             .collect();
         Group {
@@ -723,6 +751,22 @@ mod tests {
         assert!(!Library::missing(
             "ERR user_function:12: Script attempted to access nonexistent global variable 'x'"
         ));
+    }
+
+    #[test]
+    fn a_leaky_hit_carries_its_longest_delay_and_no_other_hit_does() {
+        use Algorithm::{LeakyBucket as Lb, TokenBucket as Tb};
+        let within = group_within(&[("q", Lb, 5, 1), ("t", Tb, 5, 2)], 16_000, false);
+        let free = group(&[("q", Lb, 5, 3)], false);
+        let (args, _) = sent(&[&within, &free]);
+        let want = [
+            "", "2", //
+            "lb", "5", "1000000", "5", "e", //
+            "tb", "5", "1000000", "5", "e", //
+            "2", "1", "16000", "-2", "2", // the leaky hit's wait; none after the bucket's
+            "1", "-1", "3", "-1", // a caller without a deadline: -1
+        ];
+        assert_eq!(args, want);
     }
 
     #[test]

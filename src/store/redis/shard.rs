@@ -28,7 +28,7 @@ pub use sluice_redis::cluster::slot;
 /// The short code the scripts know an algorithm by. It also ends the Redis key, so a
 /// policy that changes a rule's algorithm starts a fresh counter instead of reading
 /// another algorithm's state (or a sorted set as a string).
-pub fn code(algorithm: Algorithm) -> &'static str {
+pub const fn code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowLog => "sl",
@@ -85,6 +85,7 @@ mod tests {
                 mode: Mode::Enforce,
                 spend: Spend::IfAdmitted,
                 fallback: Default::default(),
+                max_delay: crate::algorithm::NO_DEADLINE,
             };
             assert_eq!(
                 redis_key("sluice:", &hit),

@@ -1,11 +1,14 @@
 -- Sluice: the five algorithms, mirroring src/algorithm/*.rs line for line (the
 -- sliding log in its arithmetic: it reads a summary of its log, not every entry).
 --
--- Each takes (requests, window >= 1, burst, state or nil, now, hits, leaky) and
--- returns the verdict as five values: admitted 0/1, remaining, reset, retry_after
+-- Each takes (requests, window >= 1, burst, state or nil, now, hits, leaky, within)
+-- and returns the verdict as five values: admitted 0/1, remaining, reset, retry_after
 -- (NEVER = never), delay; then the next state (nil when nothing changes), a refund
 -- token (what refund.lua needs to give the hits back exactly) and, with a next state,
--- when that state may expire. Values, not tables: this runs on every hit.
+-- when that state may expire. Values, not tables: this runs on every hit. `within`
+-- (leaky_bucket only; nil for none) is the longest delay the caller waits: a later
+-- turn is denied, with its delay in the delay place (src/algorithm/leaky_bucket.rs,
+-- `late`).
 
 -- max(at - now, 0), as Rust's saturating `until`.
 local function until_(at, now)
@@ -219,7 +222,7 @@ local function gcra_remaining(r, w, b, d, rem)
   return b - owed
 end
 
-local function gcra(r, w, b, st, now, hits, leaky)
+local function gcra(r, w, b, st, now, hits, leaky, within)
   if r == 0 then
     if hits == 0 then return 1, 0, 0, 0, 0, nil, 0 end
     return 0, 0, 0, NEVER, 0, nil, 0
@@ -252,7 +255,13 @@ local function gcra(r, w, b, st, now, hits, leaky)
     end
     if nt ~= nil then
       local delay = 0
-      if leaky then delay = d end
+      if leaky then
+        delay = d
+        if within ~= nil and d > within then
+          -- Too late for the caller: denied, no place taken.
+          return 0, gcra_remaining(r, w, b, d, br), d, d - within, d, nil, 0
+        end
+      end
       -- A whole number of µs is stored as the tat alone.
       local nxt
       if nr > 0 then nxt = { nt, nr } else nxt = { nt } end

@@ -20,14 +20,17 @@
 -- given back and never denied: a group holds charges and refunds only, or none). Then per group: its number of hits m, negated (-m) when quota-mode
 -- hits of this request live on other shards (so an all-denied quota here does not
 -- deny on its own); then per hit its limit's number j (1..L) for one hit, or -j
--- followed by its hits. Limits are sent once per call and a one-hit hit is one
+-- followed by its hits, and for a leaky_bucket limit one value more: the longest
+-- delay in microseconds its caller waits for its turn (-1 for no bound). Limits are sent once per call and a one-hit hit is one
 -- value: a coalesced call's hits share a few limits, and every argument costs Redis
 -- a parse.
 --
 -- Returns, group after group: {consumed 0/1, then per hit: admitted, remaining,
 -- reset, retry_after, delay, refund token, next_room}, then the `now` it decided at.
 -- A charge holds no answer, so its delay place carries what the key owes after it,
--- negated (-owed, 0 when nothing is owed): no value more for any hit.
+-- negated (-owed, 0 when nothing is owed): no value more for any hit. A request
+-- denied because its leaky_bucket turn comes after its longest delay carries that
+-- turn there (> 0, where every other denial has 0).
 -- next_room: after an admission that leaves no room (remaining 0, hits > 0), a
 -- charge past the limit, or a denial that no wait ends (retry_after never, hits >
 -- 0), the retry_after of a one-hit request on the new state (so the caller can
@@ -171,7 +174,12 @@ while at <= #ARGV do
     at = at + 1
     local l = (j - 1) * 7
     local code, decide = lim[l + 1], lim[l + 2]
-    local leaky = code == 'lb'
+    local leaky, within = code == 'lb', nil
+    if leaky then
+      within = tonumber(ARGV[at])
+      at = at + 1
+      if within < 0 then within = nil end
+    end
     local r, w, b, mode, spend_all = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6], lim[l + 7]
     local key = KEYS[k0 + 1]
     local st = known[key]
@@ -194,7 +202,7 @@ while at <= #ARGV do
       delay = -owed
     else
       admitted, remaining, reset, retry, delay, nxt, token, expiry =
-        decide(r, w, b, st, now, hits, leaky)
+        decide(r, w, b, st, now, hits, leaky, within)
     end
     if nxt ~= nil then st = nxt end
     local room = 0
@@ -241,7 +249,12 @@ while at <= #ARGV do
       at = at + 1
       local l = (j - 1) * 7
       local code, decide = lim[l + 1], lim[l + 2]
-      local log, leaky = code == 'sl', code == 'lb'
+      local log, leaky, within = code == 'sl', code == 'lb', nil
+      if leaky then
+        within = tonumber(ARGV[at])
+        at = at + 1
+        if within < 0 then within = nil end
+      end
       local r, w, b, mode, spend_all = lim[l + 3], lim[l + 4], lim[l + 5], lim[l + 6], lim[l + 7]
       local key = KEYS[k0 + i]
       local st = states[key]
@@ -293,7 +306,7 @@ while at <= #ARGV do
         delay = -owed
       else
         admitted, remaining, reset, retry, delay, nxt, token, expiry =
-          decide(r, w, b, st, now, hits, leaky)
+          decide(r, w, b, st, now, hits, leaky, within)
       end
       if nxt ~= nil then
         st = nxt
