@@ -456,7 +456,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// As [`Limiter::decide`], waiting for the store at most `wait` (a caller's
-    /// deadline) when that is shorter than the store timeout.
+    /// deadline) when that is shorter than the store timeout, and taking no
+    /// leaky_bucket turn that comes later than `wait` ([`Hit::max_delay`]).
     pub async fn decide_within<E: Entry>(
         &self,
         domain: &str,
