@@ -25,6 +25,21 @@ use overrides::OverrideRules;
 use penalty::Penalties;
 use shed::Chance;
 
+/// The least time kept back from a caller's deadline (see [`store_wait`]).
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
+
+/// The longest store wait that still lets the answer reach a caller who gives up
+/// `left` from now: `left` less a fifth of it, and less at least
+/// [`DEADLINE_MARGIN`]. The caller's timer started before it sent the call, and the
+/// answer still has to leave sluice (after a Tokio timer that fires up to a
+/// millisecond late) and cross the network; a fifth leaves room for both on a busy
+/// node, where a tenth did not. Envoy's default 20 ms leaves 16 ms, so
+/// the default `--store-timeout` of 15 ms still decides; a 50 ms deadline waits at
+/// most 40 ms.
+pub fn store_wait(left: Duration) -> Duration {
+    left.saturating_sub((left / 5).max(DEADLINE_MARGIN))
+}
+
 /// Settings of the decision path, from the command line.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -455,16 +470,29 @@ impl<S: Store> Limiter<S> {
         self.decide_within(domain, descriptors, None).await
     }
 
-    /// As [`Limiter::decide`], waiting for the store at most `wait` (a caller's
-    /// deadline) when that is shorter than the store timeout, and taking no
-    /// leaky_bucket turn that comes later than `wait` ([`Hit::max_delay`]).
+    /// As [`Limiter::decide`], for a caller who gives up `left` from now: the store
+    /// is waited for at most [`store_wait`] of it when that is shorter than the store
+    /// timeout, and no leaky_bucket turn is taken that comes past
+    /// [`Limiter::hold_budget`] ([`Hit::max_delay`]).
     pub async fn decide_within<E: Entry>(
         &self,
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
-        wait: Option<Duration>,
+        left: Option<Duration>,
     ) -> Outcome {
-        self.decide_probed(domain, descriptors, wait, None).await
+        self.decide_probed(domain, descriptors, left, None).await
+    }
+
+    /// The longest a leaky_bucket answer may be held for a caller who gives up
+    /// `left` from now: `left` less the store's longest call and
+    /// [`DEADLINE_MARGIN`] twice (a timer late, the answer on its way), or less a
+    /// fifth of it when that is smaller. So Envoy's default 20 ms holds 16 ms, as
+    /// [`store_wait`] waits, and a 6 s timeout holds all but about 20 ms of it.
+    pub fn hold_budget(&self, left: Duration) -> Micros {
+        let call = self.settings.store_timeout.min(store_wait(left));
+        let margin = (left / 5).min(call + DEADLINE_MARGIN * 2);
+        let hold = left.saturating_sub(margin.max(DEADLINE_MARGIN));
+        Micros::try_from(hold.as_micros()).unwrap_or(NO_DEADLINE)
     }
 
     /// As [`Limiter::decide_within`], telling `probe` of each round trip the store
@@ -473,7 +501,7 @@ impl<S: Store> Limiter<S> {
         &self,
         domain: &str,
         descriptors: &[Descriptor<'_, E>],
-        wait: Option<Duration>,
+        left: Option<Duration>,
         probe: Option<&dyn Probe>,
     ) -> Outcome {
         // A guard, not a clone: the one reference count the outcome needs is taken
@@ -488,11 +516,10 @@ impl<S: Store> Limiter<S> {
             return Outcome::undecided(Guard::into_inner(guard), false, statuses, Vec::new());
         };
 
-        // A leaky_bucket answer held past the store's wait would reach a caller
-        // that has given up: such a turn is not taken.
-        let max_delay = wait.map_or(NO_DEADLINE, |w| {
-            Micros::try_from(w.as_micros()).unwrap_or(NO_DEADLINE)
-        });
+        // A leaky_bucket answer held past the caller's deadline would reach a
+        // caller that has given up: such a turn is not taken.
+        let max_delay = left.map_or(NO_DEADLINE, |l| self.hold_budget(l));
+        let wait = left.map(store_wait);
         let (overrides, order, mut hits, failure_mode) =
             self.plan(policy, dom, domain, descriptors, max_delay, &mut statuses);
 
@@ -1246,6 +1273,24 @@ pub(crate) fn test_limiter(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_hold_leaves_the_store_call_and_a_margin_before_the_deadline() {
+        let clock = crate::clock::ManualClock::new(0);
+        let limiter = test_limiter(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            &clock,
+            Settings::default(),
+        );
+        let ms = |n: u64| Duration::from_millis(n);
+        // Short deadlines keep a fifth, as the store's wait does (Envoy's 20 ms).
+        assert_eq!(limiter.hold_budget(ms(20)), 16_000);
+        assert_eq!(limiter.hold_budget(ms(50)), 40_000);
+        // Long ones keep the store's longest call (15 ms) and 4 ms, not a fifth.
+        assert_eq!(limiter.hold_budget(ms(6_000)), 5_981_000);
+        assert_eq!(limiter.hold_budget(ms(1)), 0);
+        assert_eq!(limiter.hold_budget(Duration::ZERO), 0);
+    }
+
     use super::*;
     use crate::algorithm::SECOND;
     use crate::clock::ManualClock;

@@ -23,7 +23,7 @@ use super::decode::{decode_lossy, Request};
 use super::reflection::{self, Reflection};
 use super::response::framed_response;
 use super::rlqs::{self, Quotas};
-use super::{store_wait, Service};
+use super::Service;
 
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -324,7 +324,7 @@ impl<S: Store> Grpc<S> {
         call: Option<&mut Call>,
     ) -> Result<Reply, GrpcError> {
         // Past its deadline the caller has given up: nothing is counted for it.
-        let wait = match deadline.map(|d| d.remaining()) {
+        let left = match deadline.map(|d| d.remaining()) {
             Some(left) if left.is_zero() => {
                 self.service.metrics.expired_call();
                 return Err(GrpcError::new(
@@ -332,12 +332,11 @@ impl<S: Store> Grpc<S> {
                     "the call's grpc-timeout passed before it was decided",
                 ));
             }
-            Some(left) => Some(store_wait(left)),
-            None => None,
+            left => left,
         };
         let decided = match call {
-            None => self.service.should_rate_limit(req, wait).await,
-            Some(call) => self.service.should_rate_limit_traced(req, wait, call).await,
+            None => self.service.should_rate_limit(req, left).await,
+            Some(call) => self.service.should_rate_limit_traced(req, left, call).await,
         };
         match decided {
             Ok(outcome) => match outcome.error_answer() {

@@ -35,20 +35,7 @@ pub use crate::policy::MAX_ENTRIES;
 /// store compare them with each other under its locks.
 pub const MAX_DESCRIPTORS: usize = 256;
 
-/// The least time kept back from a caller's deadline (see [`store_wait`]).
-pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
-
-/// The longest store wait that still lets the answer reach a caller who gives up
-/// `left` from now: `left` less a fifth of it, and less at least
-/// [`DEADLINE_MARGIN`]. The caller's timer started before it sent the call, and the
-/// answer still has to leave sluice (after a Tokio timer that fires up to a
-/// millisecond late) and cross the network; a fifth leaves room for both on a busy
-/// node, where a tenth did not. Envoy's default 20 ms leaves 16 ms, so
-/// the default `--store-timeout` of 15 ms still decides; a 50 ms deadline waits at
-/// most 40 ms.
-pub fn store_wait(left: Duration) -> Duration {
-    left.saturating_sub((left / 5).max(DEADLINE_MARGIN))
-}
+pub use crate::limiter::{store_wait, DEADLINE_MARGIN};
 
 /// A request that cannot be decided, with the reason sent back to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,32 +223,33 @@ impl<S: Store> Service<S> {
             .sum()
     }
 
-    /// Validates, decides and holds a leaky-bucket OK until the request's turn. The
-    /// store is waited for at most `wait` (when given) and `--store-timeout`, and a
-    /// leaky_bucket turn that would come after `wait` is not taken: the request is
-    /// OVER_LIMIT at once, as the caller would have given up on it.
+    /// Validates, decides and holds a leaky-bucket OK until the request's turn, for
+    /// a caller who gives up `left` from now (when given): the store is waited for
+    /// at most [`store_wait`] of it and `--store-timeout`, and a leaky_bucket turn
+    /// that would come too late is not taken ([`Limiter::hold_budget`](crate::limiter::Limiter::hold_budget)): the
+    /// request is OVER_LIMIT at once.
     pub async fn should_rate_limit(
         &self,
         req: &decode::Request<'_>,
-        wait: Option<Duration>,
+        left: Option<Duration>,
     ) -> Result<Outcome, BadRequest> {
-        self.decide(req, wait, None).await
+        self.decide(req, left, None).await
     }
 
     /// [`Service::should_rate_limit`], writing the decision onto `call`'s span.
     pub async fn should_rate_limit_traced(
         &self,
         req: &decode::Request<'_>,
-        wait: Option<Duration>,
+        left: Option<Duration>,
         call: &mut Call,
     ) -> Result<Outcome, BadRequest> {
-        self.decide(req, wait, Some(call)).await
+        self.decide(req, left, Some(call)).await
     }
 
     async fn decide(
         &self,
         req: &decode::Request<'_>,
-        wait: Option<Duration>,
+        left: Option<Duration>,
         call: Option<&mut Call>,
     ) -> Result<Outcome, BadRequest> {
         let started = self.latency.raw();
@@ -288,7 +276,7 @@ impl<S: Store> Service<S> {
             .decide_probed(
                 req.domain,
                 &descriptors,
-                wait,
+                left,
                 probe.as_ref().map(|p| p as &dyn crate::store::Probe),
             )
             .await;
