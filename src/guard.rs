@@ -2,6 +2,11 @@
 //! long a connection may stay silent. Without them, clients that connect and send
 //! half a request (or nothing) hold a descriptor each until the process runs out,
 //! and then the gRPC port can accept no Envoy either.
+//!
+//! On a port served over TLS the guard is under the TLS listener: a connection holds
+//! its slot from accept, its handshake included, so clients that connect and never
+//! finish a handshake are capped like the others; its silence is counted in the
+//! bytes on the wire.
 
 use std::future::Future;
 use std::io;

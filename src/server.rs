@@ -505,8 +505,9 @@ where
             })
         }
         Some(t) => {
-            let tls = TlsListener::new(http_listener, t, guard.silence);
-            let listener = guard.wrap(tls);
+            // The guard under TLS: a connection takes its slot when accepted, not
+            // once its handshake is done, so half-open handshakes count too.
+            let listener = TlsListener::new(guard.wrap(http_listener), t, guard.silence);
             tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(http_stop)

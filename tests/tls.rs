@@ -1,6 +1,6 @@
 //! TLS on the gRPC and HTTP ports: server certificates, client certificates (mutual
 //! TLS), and certificates renewed in place the way a Kubernetes Secret update does
-//! it, while calls go on.
+//! it, while calls go on; and connections in their handshake capped.
 
 use crate::common;
 
@@ -426,4 +426,76 @@ async fn the_http_port_serves_https_with_client_certificates() {
     // Plain HTTP is not served.
     let plain = std::panic::catch_unwind(|| http(&server.http, "GET", "/healthz", ""));
     assert!(plain.map_or(true, |(status, _)| status != 200));
+}
+
+/// Connections to an HTTPS port that never send a ClientHello hold a slot of
+/// `--http-max-connections` from accept: past it, the next is closed at once and
+/// counted, and one that goes frees its slot for a client that completes its
+/// handshake.
+#[tokio::test]
+async fn connections_still_in_their_handshake_count_against_the_http_cap() {
+    use tokio::io::AsyncReadExt;
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let mut args = tls_args(
+        "http",
+        pair.cert.to_str().unwrap(),
+        pair.key.to_str().unwrap(),
+    );
+    // The handshake timeout far beyond the test, so only the cap can close them.
+    args.extend(
+        [
+            "--http-max-connections",
+            "2",
+            "--handshake-timeout",
+            "120s",
+            "--prometheus-addr",
+            "127.0.0.1:0",
+        ]
+        .map(String::from),
+    );
+    let server = start(&args);
+    // Plain text, with slots of its own: where the refusals can be read.
+    let prometheus = server
+        .startup
+        .iter()
+        .find(|l| l.contains("metrics also served"))
+        .and_then(|l| l.split("prometheus=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the --prometheus-addr address logged")
+        .to_string();
+    let refused = || {
+        let (_, m) = http(&prometheus, "GET", "/metrics", "");
+        sample(&m, "sluice_http_connections_refused_total", &[])
+    };
+    assert_eq!(refused(), Some(0.0));
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(tokio::net::TcpStream::connect(&server.http).await.unwrap());
+    }
+    // The third is closed without a byte, long before the handshake timeout.
+    let mut third = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), third.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the third connection is closed at once: {read:?}"
+    );
+    assert_eq!(refused(), Some(1.0));
+    // The first two are still open, waiting for a ClientHello.
+    for tcp in &silent {
+        assert!(
+            matches!(tcp.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "a silent connection is still open"
+        );
+    }
+    // One goes: a client that completes its handshake gets its slot.
+    drop(silent.pop());
+    let config = client_config(&ca.cert(), None, b"http/1.1");
+    let addr = server.http.clone();
+    eventually(Duration::from_secs(10), "a handshake completes", || {
+        let (addr, config) = (addr.clone(), config.clone());
+        async move { served(&addr, config).await.is_ok() }
+    })
+    .await;
 }

@@ -283,9 +283,10 @@ pub struct ConnectionArgs {
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
     pub grpc_max_connections: usize,
     /// Most connections open at once on each HTTP port (--http-addr,
-    /// --prometheus-addr); more are closed as soon as accepted. 0: an eighth of the
-    /// process's open-file limit. A connection silent for --handshake-timeout (mid
-    /// request or between requests) is closed.
+    /// --prometheus-addr); more are closed as soon as accepted. Counted from accept,
+    /// TLS handshakes included. 0: an eighth of the process's open-file limit. A
+    /// connection silent for --handshake-timeout (mid request or between requests)
+    /// is closed.
     #[arg(long, env = "SLUICE_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
     pub http_max_connections: usize,
     /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or

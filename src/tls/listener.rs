@@ -1,32 +1,41 @@
-//! The HTTP port's listener with TLS: hands axum connections whose handshake is
-//! done.
+//! The HTTP and admin ports' listener with TLS: hands axum connections whose
+//! handshake is done.
 //!
 //! Handshakes run in tasks of their own, each bounded by the handshake timeout, so a
 //! client that connects and stays silent holds up neither the others nor the
-//! accept loop.
+//! accept loop. The listener under it accepts: for an HTTP port, its guard
+//! ([`crate::guard::Guarded`]), so a connection holds its slot from accept, through
+//! its handshake, until it closes, and connections that never finish a handshake
+//! count against `--http-max-connections` like any other.
 
-use std::net::SocketAddr;
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinSet;
 use tokio_rustls::server::TlsStream;
 
 use super::Tls;
 
-/// A TCP listener whose connections speak TLS.
-pub struct TlsListener {
-    tcp: TcpListener,
+/// A connection whose handshake is done, and its peer; `None` when it failed.
+type Handshaken<L> = Option<(
+    TlsStream<<L as axum::serve::Listener>::Io>,
+    <L as axum::serve::Listener>::Addr,
+)>;
+
+/// A listener whose connections speak TLS.
+pub struct TlsListener<L: axum::serve::Listener> {
+    inner: L,
     tls: Arc<Tls>,
     timeout: Duration,
-    handshakes: JoinSet<Option<(TlsStream<TcpStream>, SocketAddr)>>,
+    handshakes: JoinSet<Handshaken<L>>,
 }
 
-impl TlsListener {
-    pub fn new(tcp: TcpListener, tls: Arc<Tls>, timeout: Duration) -> Self {
+impl<L: axum::serve::Listener> TlsListener<L> {
+    pub fn new(inner: L, tls: Arc<Tls>, timeout: Duration) -> Self {
         TlsListener {
-            tcp,
+            inner,
             tls,
             timeout,
             handshakes: JoinSet::new(),
@@ -34,37 +43,36 @@ impl TlsListener {
     }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
+impl<L> axum::serve::Listener for TlsListener<L>
+where
+    L: axum::serve::Listener,
+    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    L::Addr: Display + Send + 'static,
+{
+    type Io = TlsStream<L::Io>;
+    type Addr = L::Addr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             tokio::select! {
-                accepted = self.tcp.accept() => match accepted {
-                    Ok((tcp, peer)) => {
-                        let acceptor = self.tls.acceptor();
-                        let timeout = self.timeout;
-                        self.handshakes.spawn(async move {
-                            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                                Ok(Ok(tls)) => Some((tls, peer)),
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%peer, error = %e, "HTTP TLS handshake failed");
-                                    None
-                                }
-                                Err(_) => {
-                                    tracing::debug!(%peer, "HTTP TLS handshake timed out");
-                                    None
-                                }
+                // axum's listeners retry failed accepts themselves (after a pause).
+                (io, peer) = self.inner.accept() => {
+                    let acceptor = self.tls.acceptor();
+                    let timeout = self.timeout;
+                    self.handshakes.spawn(async move {
+                        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+                            Ok(Ok(tls)) => Some((tls, peer)),
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                None
                             }
-                        });
-                    }
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait rather than spin.
-                        tracing::warn!(error = %e, "HTTP accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                None
+                            }
+                        }
+                    });
+                }
                 Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
                     if let Ok(Some(conn)) = done {
                         return conn;
@@ -74,7 +82,7 @@ impl axum::serve::Listener for TlsListener {
         }
     }
 
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.tcp.local_addr()
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
     }
 }
