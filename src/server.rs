@@ -637,6 +637,7 @@ fn tls(
         files,
         alpn,
         metrics.clone(),
+        Arc::new(SystemClock),
     )?)))
 }
 

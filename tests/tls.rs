@@ -1,6 +1,7 @@
 //! TLS on the gRPC and HTTP ports: server certificates, client certificates (mutual
 //! TLS), and certificates renewed in place the way a Kubernetes Secret update does
-//! it, while calls go on; and connections in their handshake capped.
+//! it, while calls go on; certificates out of their validity period refused; and
+//! connections in their handshake capped.
 
 use crate::common;
 
@@ -428,6 +429,119 @@ async fn the_http_port_serves_https_with_client_certificates() {
     assert!(plain.map_or(true, |(status, _)| status != 200));
 }
 
+/// `serve` with a server certificate out of its validity period: it stops before
+/// listening, with exit status 1 and the file and the date named.
+#[test]
+fn an_expired_or_not_yet_valid_certificate_stops_start_up_with_its_date() {
+    let ca = Ca::new("test-ca");
+    let expired = ca.server_dated("200101000000Z", "200201000000Z");
+    let early = ca.server_dated("20900101000000Z", "20910101000000Z");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap();
+    for (port, pair, want) in [
+        (
+            "grpc",
+            &expired,
+            "the certificate expired at 2020-02-01T00:00:00Z",
+        ),
+        (
+            "http",
+            &early,
+            "the certificate is not valid before 2090-01-01T00:00:00Z",
+        ),
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .arg("--config")
+            .arg(dir.path().join("policy.yaml"))
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "off"])
+            .args(tls_args(
+                port,
+                pair.cert.to_str().unwrap(),
+                pair.key.to_str().unwrap(),
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{port}: serve started with {}", pair.cert.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{port}: {stderr}");
+        assert!(!stderr.contains("sluice listening"), "{port}: {stderr}");
+        let named = format!("--{port}-tls-*: {}: {want}", pair.cert.display());
+        assert!(
+            stderr.contains(&named),
+            "{port}: want {named:?} in {stderr}"
+        );
+    }
+}
+
+/// A renewal to an expired certificate is refused, logged and counted; the
+/// certificate before it serves on, and the expiry gauge stays with it. A good
+/// renewal after it is taken, and the gauge follows.
+#[tokio::test]
+async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
+    let ca = Ca::new("test-ca");
+    let first = ca.server_dated("200101000000Z", "20991231235959Z");
+    let expired = ca.server_dated("200101000000Z", "200201000000Z");
+    let second = ca.server_dated("200101000000Z", "20980101000000Z");
+    let volume = SecretVolume::new(&first, None);
+    let server = start(&tls_args(
+        "grpc",
+        volume.path("tls.crt").to_str().unwrap(),
+        volume.path("tls.key").to_str().unwrap(),
+    ));
+    let expiry = r#"sluice_tls_certificate_expiry_timestamp_seconds{port="grpc"}"#;
+    let errors = r#"sluice_tls_reloads_total{port="grpc",result="error"}"#;
+    // 2099-12-31T23:59:59Z
+    assert_eq!(metric(&server, expiry), Some(4_102_444_799));
+    let config = client_config(&ca.cert(), None, b"h2");
+
+    volume.update(&expired, None);
+    eventually(Duration::from_secs(10), "the refusal counted", || async {
+        metric(&server, errors) == Some(1)
+    })
+    .await;
+    server
+        .wait_line(Duration::from_secs(10), "the refusal logged", |l| {
+            l.contains("TLS files refused") && l.contains("expired at 2020-02-01T00:00:00Z")
+        })
+        .await;
+    // New connections still complete their handshake, with the first certificate.
+    assert_eq!(
+        served(&server.grpc, config.clone()).await.unwrap(),
+        der(&first.cert)
+    );
+    assert_eq!(call_once(&server, config.clone()).await, Ok(OK));
+    assert_eq!(metric(&server, expiry), Some(4_102_444_799));
+
+    volume.update(&second, None);
+    eventually(Duration::from_secs(10), "the renewal taken", || async {
+        metric(
+            &server,
+            r#"sluice_tls_reloads_total{port="grpc",result="ok"}"#,
+        ) == Some(1)
+    })
+    .await;
+    assert_eq!(
+        served(&server.grpc, config.clone()).await.unwrap(),
+        der(&second.cert)
+    );
+    // 2098-01-01T00:00:00Z
+    assert_eq!(metric(&server, expiry), Some(4_039_372_800));
+    assert_eq!(metric(&server, errors), Some(1));
+}
+
 /// Connections to an HTTPS port that never send a ClientHello hold a slot of
 /// `--http-max-connections` from accept: past it, the next is closed at once and
 /// counted, and one that goes frees its slot for a client that completes its
@@ -498,4 +612,31 @@ async fn connections_still_in_their_handshake_count_against_the_http_cap() {
         async move { served(&addr, config).await.is_ok() }
     })
     .await;
+}
+
+/// A client certificate out of its validity period, for Redis: `serve` starts (the
+/// store connects lazily and the file is read again at each connection), with a
+/// warning naming the file and the date.
+#[test]
+fn an_expired_redis_client_certificate_is_warned_of_at_start() {
+    let ca = Ca::new("test-ca");
+    let expired = ca.server_dated("200101000000Z", "200201000000Z");
+    // Nothing listens there: the warning comes before any connection.
+    let url = format!(
+        "rediss://127.0.0.1:35001/?tls_cert={}&tls_key={}#insecure",
+        expired.cert.display(),
+        expired.key.display()
+    );
+    let server = start(&["--redis".to_string(), url]);
+    let warning = server
+        .startup
+        .iter()
+        .find(|l| l.contains("client certificate presented to Redis 127.0.0.1:35001 has expired"))
+        .unwrap_or_else(|| panic!("no warning in {:#?}", server.startup));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("2020-02-01T00:00:00Z"), "{warning}");
+    assert!(
+        warning.contains(&expired.cert.display().to_string()),
+        "{warning}"
+    );
 }

@@ -210,7 +210,8 @@ pub struct ListenArgs {
     #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
     /// PEM certificate chain of the gRPC port; with --grpc-tls-key the port serves
-    /// TLS only. Re-read when it changes.
+    /// TLS only. Re-read when it changes. A certificate past its notAfter, or more
+    /// than 5 minutes before its notBefore, is refused (at start: serve stops).
     #[arg(long, env = "SLUICE_GRPC_TLS_CERT", requires = "grpc_tls_key")]
     pub grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of --grpc-tls-cert.

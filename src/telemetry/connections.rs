@@ -1,13 +1,14 @@
 //! The ports' connections and certificates: how many gRPC connections are open, why
 //! sluice closed some, and how each port's TLS reloads went.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use super::{counter_vec, int_counter, int_gauge, registered};
+use super::{counter_vec, int_counter, int_gauge, int_gauge_vec, registered};
 
 #[derive(Debug)]
 pub(super) struct ConnectionStats {
     pub(super) tls_reloads: IntCounterVec,
+    pub(super) tls_expiry: IntGaugeVec,
     pub(super) grpc_connections: IntGauge,
     pub(super) grpc_closed: IntCounterVec,
     pub(super) http_refused: IntCounter,
@@ -21,6 +22,14 @@ impl ConnectionStats {
                 "sluice_tls_reloads_total",
                 "TLS certificate reloads by port (grpc, http, admin) and result (ok, error: the last good certificate kept serving).",
                 &["port", "result"],
+            ),
+        );
+        let tls_expiry = registered(
+            registry,
+            int_gauge_vec(
+                "sluice_tls_certificate_expiry_timestamp_seconds",
+                "When the certificate a TLS port (grpc, http, admin) serves expires (its notAfter), in seconds since the Unix epoch.",
+                &["port"],
             ),
         );
         let grpc_connections = registered(
@@ -47,6 +56,7 @@ impl ConnectionStats {
         );
         ConnectionStats {
             tls_reloads,
+            tls_expiry,
             grpc_connections,
             grpc_closed,
             http_refused,

@@ -634,6 +634,14 @@ impl Metrics {
         }
     }
 
+    /// The `notAfter` (seconds since the epoch) of the certificate `port` serves.
+    pub fn tls_certificate_expiry(&self, port: &str, not_after: i64) {
+        self.connections
+            .tls_expiry
+            .with_label_values(&[port])
+            .set(not_after);
+    }
+
     /// A change of a port's TLS files, loaded (`ok`) or refused.
     pub fn tls_reload(&self, port: &str, ok: bool) {
         self.connections

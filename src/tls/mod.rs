@@ -8,6 +8,13 @@
 //! theirs. Files that do not load (a key that is not the certificate's, a file
 //! written half way) leave the last good certificate serving, and are logged and
 //! counted in `sluice_tls_reloads_total{port,result="error"}`.
+//!
+//! A certificate out of its validity period is refused the same way, and stops
+//! start-up: served, it would fail every handshake, and Envoy, failing open by
+//! default, would let every request through unlimited. One whose `notBefore` is
+//! near ([`validity::CLOCK_SKEW_SECS`]) is served; one further ahead is taken once
+//! its time comes, without waiting for the files to change again. The serving
+//! certificate's `notAfter` is `sluice_tls_certificate_expiry_timestamp_seconds{port}`.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -21,12 +28,15 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
+use crate::clock::Clock;
 use crate::telemetry::Metrics;
 
 mod listener;
 mod san;
+pub mod validity;
 
 pub use listener::TlsListener;
+use validity::{OutOfDate, Stamp, Validity};
 
 /// Where a port's TLS files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +76,26 @@ pub enum TlsError {
     },
     #[error("client CA {}: {message}", path.display())]
     ClientCa { path: PathBuf, message: String },
+    #[error("{}: the certificate cannot be read: {message}", path.display())]
+    Certificate {
+        path: PathBuf,
+        message: &'static str,
+    },
+    #[error("{}: the certificate expired at {} (it is now {})", path.display(), Stamp(*not_after), Stamp(*now))]
+    Expired {
+        path: PathBuf,
+        not_after: i64,
+        now: i64,
+    },
+    #[error(
+        "{}: the certificate is not valid before {} (it is now {}; up to {} s ahead is allowed for clock skew)",
+        path.display(), Stamp(*not_before), Stamp(*now), validity::CLOCK_SKEW_SECS
+    )]
+    NotYetValid {
+        path: PathBuf,
+        not_before: i64,
+        now: i64,
+    },
 }
 
 /// A port's TLS settings, swapped whole when the files change.
@@ -76,30 +106,53 @@ pub struct Tls {
     files: TlsFiles,
     alpn: Vec<Vec<u8>>,
     config: ArcSwap<ServerConfig>,
-    /// A hash of the files' contents as last read.
-    last: Mutex<u64>,
+    last: Mutex<Last>,
     metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+}
+
+/// The files as last read.
+#[derive(Debug, Clone, Copy)]
+struct Last {
+    /// A hash of their contents.
+    fingerprint: u64,
+    /// Refused as not yet valid: the time (seconds) from which they would be taken.
+    valid_from: Option<i64>,
+}
+
+impl Last {
+    fn seen(fingerprint: u64) -> Last {
+        Last {
+            fingerprint,
+            valid_from: None,
+        }
+    }
 }
 
 impl Tls {
-    /// Loads `files` for `port`, offering `alpn` (`h2` for gRPC).
+    /// Loads `files` for `port`, offering `alpn` (`h2` for gRPC); `clock` tells
+    /// whether the certificate is within its validity period.
     pub fn load(
         port: &'static str,
         files: TlsFiles,
         alpn: &[&[u8]],
         metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
     ) -> Result<Tls, TlsError> {
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
         let contents = Contents::read(&files)?;
-        let config = contents.config(&files, &alpn)?;
+        let (config, validity) = contents.config(&files, &alpn, seconds(&*clock))?;
         metrics.declare_tls_port(port);
+        metrics.tls_certificate_expiry(port, validity.not_after);
+        tracing::info!(port, cert = %files.cert.display(), expires = %Stamp(validity.not_after), "TLS certificate loaded");
         Ok(Tls {
             port,
-            last: Mutex::new(contents.fingerprint()),
+            last: Mutex::new(Last::seen(contents.fingerprint())),
             files,
             alpn,
             config: ArcSwap::from_pointee(config),
             metrics,
+            clock,
         })
     }
 
@@ -118,22 +171,33 @@ impl Tls {
             Err(e) => return self.refuse(&e, hash_of(&e.to_string())),
         };
         let fingerprint = contents.fingerprint();
+        let now = seconds(&*self.clock);
+        // Only the watcher calls this: the lock is never waited on.
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if *last == fingerprint {
+        // The same files, refused as not yet valid, are tried again once their
+        // time has come; that try is counted only if it succeeds.
+        let again = last.fingerprint == fingerprint;
+        if again && last.valid_from.is_none_or(|t| t > now) {
             return false;
         }
-        *last = fingerprint;
-        drop(last);
-        match contents.config(&self.files, &self.alpn) {
-            Ok(config) => {
+        *last = Last::seen(fingerprint);
+        match contents.config(&self.files, &self.alpn, now) {
+            Ok((config, validity)) => {
                 self.config.store(Arc::new(config));
-                tracing::info!(port = self.port, cert = %self.files.cert.display(), "TLS certificate reloaded");
+                tracing::info!(port = self.port, cert = %self.files.cert.display(), expires = %Stamp(validity.not_after), "TLS certificate reloaded");
                 self.metrics.tls_reload(self.port, true);
+                self.metrics
+                    .tls_certificate_expiry(self.port, validity.not_after);
                 true
             }
             Err(e) => {
-                tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
-                self.metrics.tls_reload(self.port, false);
+                if let TlsError::NotYetValid { not_before, .. } = &e {
+                    last.valid_from = Some(not_before - validity::CLOCK_SKEW_SECS);
+                }
+                if !again {
+                    tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
+                    self.metrics.tls_reload(self.port, false);
+                }
                 false
             }
         }
@@ -142,8 +206,8 @@ impl Tls {
     /// A read error, logged and counted once for as long as it stays the same.
     fn refuse(&self, e: &TlsError, fingerprint: u64) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if *last != fingerprint {
-            *last = fingerprint;
+        if last.fingerprint != fingerprint {
+            *last = Last::seen(fingerprint);
             tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
             self.metrics.tls_reload(self.port, false);
         }
@@ -199,9 +263,22 @@ impl Contents {
         hash_of(self)
     }
 
-    /// A server configuration of these contents: TLS 1.3 and 1.2, ring's ciphers.
-    fn config(&self, files: &TlsFiles, alpn: &[Vec<u8>]) -> Result<ServerConfig, TlsError> {
+    /// A server configuration of these contents: TLS 1.3 and 1.2, ring's ciphers;
+    /// and the validity of its certificate, which must hold at `now` (seconds).
+    fn config(
+        &self,
+        files: &TlsFiles,
+        alpn: &[Vec<u8>],
+        now: i64,
+    ) -> Result<(ServerConfig, Validity), TlsError> {
         let certs = certificates(&files.cert, &self.cert)?;
+        // The server's own certificate only: the chain's others are the client's to
+        // judge, and a client may reach a root by another path than an expired
+        // cross-signature in the file.
+        let validity = Validity::of(&certs[0]).map_err(|message| TlsError::Certificate {
+            path: files.cert.clone(),
+            message,
+        })?;
         let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| match e {
             rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey {
                 path: files.key.clone(),
@@ -253,8 +330,63 @@ impl Contents {
                 },
             })?;
         config.alpn_protocols = alpn.to_vec();
-        Ok(config)
+        // After the pair is checked, so a wrong key is named as such whatever the dates.
+        let path = || files.cert.clone();
+        match validity.check(now) {
+            Ok(()) => Ok((config, validity)),
+            Err(OutOfDate::Expired) => Err(TlsError::Expired {
+                path: path(),
+                not_after: validity.not_after,
+                now,
+            }),
+            Err(OutOfDate::NotYetValid) => Err(TlsError::NotYetValid {
+                path: path(),
+                not_before: validity.not_before,
+                now,
+            }),
+        }
     }
+}
+
+/// Warns when the client certificate in `path`, which Sluice presents to `peer`,
+/// is out of its validity period at `now` (seconds): the peer will refuse every
+/// handshake. Only a warning: the refusals show where they happen (the store's
+/// `tls` errors, `sluice_xds_connected`), the file is read again at each
+/// connection, and a renewal may be on its way. A file that cannot be read is
+/// left to the code that reads it.
+pub fn warn_if_out_of_date(path: &Path, peer: &str, now: i64) {
+    let Ok(pem) = std::fs::read(path) else {
+        return;
+    };
+    let Some(Ok(cert)) = CertificateDer::pem_slice_iter(&pem).next() else {
+        return;
+    };
+    let Ok(validity) = Validity::of(&cert) else {
+        return;
+    };
+    match validity.check(now) {
+        Ok(()) => {}
+        Err(OutOfDate::Expired) => tracing::warn!(
+            cert = %path.display(),
+            expired = %Stamp(validity.not_after),
+            "the client certificate presented to {peer} has expired: {peer} will refuse it"
+        ),
+        Err(OutOfDate::NotYetValid) => tracing::warn!(
+            cert = %path.display(),
+            valid_from = %Stamp(validity.not_before),
+            "the client certificate presented to {peer} is not valid yet: {peer} will refuse it"
+        ),
+    }
+}
+
+/// The system clock's time in whole seconds since the epoch.
+pub fn now_seconds() -> i64 {
+    seconds(&crate::clock::SystemClock)
+}
+
+/// The clock's time in whole seconds since the epoch.
+fn seconds(clock: &dyn Clock) -> i64 {
+    i64::try_from(clock.now() / 1_000_000).unwrap_or(i64::MAX)
 }
 
 fn hash_of(x: &impl Hash) -> u64 {
@@ -284,4 +416,161 @@ fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>,
         });
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    // testdata/make.sh: one key, its certificates valid through January 2030 and
+    // through 2051.
+    const KEY: &[u8] = include_bytes!("testdata/localhost.key");
+    const JAN_2030: &[u8] = include_bytes!("testdata/2030.crt");
+    const YEAR_2051: &[u8] = include_bytes!("testdata/2051.crt");
+    const NOT_AFTER_2030: i64 = 1_896_134_400;
+    const NOT_BEFORE_2051: i64 = 2_556_144_000;
+    const NOT_AFTER_2051: i64 = 2_587_680_000;
+    const DAY: i64 = 86_400;
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        clock: ManualClock,
+        metrics: Arc<Metrics>,
+    }
+
+    impl Fixture {
+        fn new(cert: &[u8], now: i64) -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("tls.key"), KEY).unwrap();
+            std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+            Fixture {
+                dir,
+                clock: ManualClock::new(now as u64 * 1_000_000),
+                metrics: Arc::new(Metrics::new()),
+            }
+        }
+
+        fn files(&self) -> TlsFiles {
+            TlsFiles {
+                cert: self.dir.path().join("tls.crt"),
+                key: self.dir.path().join("tls.key"),
+                client_ca: None,
+                client_san: None,
+            }
+        }
+
+        fn load(&self) -> Result<Tls, TlsError> {
+            Tls::load(
+                "grpc",
+                self.files(),
+                &[b"h2"],
+                self.metrics.clone(),
+                Arc::new(self.clock.clone()),
+            )
+        }
+
+        fn set_now(&self, now: i64) {
+            self.clock.set(now as u64 * 1_000_000);
+        }
+
+        fn write_cert(&self, cert: &[u8]) {
+            std::fs::write(self.dir.path().join("tls.crt"), cert).unwrap();
+        }
+
+        /// A line of the metrics page, by its start.
+        fn metric(&self, start: &str) -> Option<String> {
+            self.metrics
+                .render()
+                .lines()
+                .find(|l| l.starts_with(start))
+                .map(str::to_string)
+        }
+
+        fn errors(&self) -> Option<String> {
+            self.metric(r#"sluice_tls_reloads_total{port="grpc",result="error"}"#)
+        }
+
+        fn expiry(&self) -> Option<String> {
+            self.metric("sluice_tls_certificate_expiry_timestamp_seconds{")
+        }
+    }
+
+    #[test]
+    fn a_certificate_in_its_period_loads_and_its_expiry_is_exported() {
+        let f = Fixture::new(JAN_2030, NOT_AFTER_2030 - DAY);
+        f.load().unwrap();
+        assert_eq!(
+            f.expiry().as_deref(),
+            Some(r#"sluice_tls_certificate_expiry_timestamp_seconds{port="grpc"} 1896134400"#)
+        );
+    }
+
+    #[test]
+    fn an_expired_or_not_yet_valid_certificate_does_not_load() {
+        let f = Fixture::new(JAN_2030, NOT_AFTER_2030 + 1);
+        let e = f.load().unwrap_err();
+        assert!(matches!(e, TlsError::Expired { .. }), "{e:?}");
+        let shown = e.to_string();
+        assert!(shown.contains("tls.crt"), "{shown}");
+        assert!(shown.contains("expired at 2030-02-01T00:00:00Z"), "{shown}");
+
+        let f = Fixture::new(YEAR_2051, NOT_BEFORE_2051 - validity::CLOCK_SKEW_SECS - 1);
+        let e = f.load().unwrap_err();
+        assert!(matches!(e, TlsError::NotYetValid { .. }), "{e:?}");
+        let shown = e.to_string();
+        assert!(
+            shown.contains("tls.crt: the certificate is not valid before 2051-01-01T00:00:00Z"),
+            "{shown}"
+        );
+        // Within the clock skew allowed, it loads.
+        f.set_now(NOT_BEFORE_2051 - validity::CLOCK_SKEW_SECS);
+        f.load().unwrap();
+    }
+
+    #[test]
+    fn an_expired_renewal_is_refused_once_and_the_last_good_one_serves() {
+        let f = Fixture::new(YEAR_2051, NOT_BEFORE_2051 + DAY);
+        let tls = f.load().unwrap();
+        let serving = tls.config.load_full();
+        f.write_cert(JAN_2030);
+        assert!(!tls.check());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 1"));
+        assert!(f.expiry().unwrap().ends_with(" 2587680000"));
+        // Counted once while the files stay so.
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"));
+    }
+
+    #[test]
+    fn a_renewal_ahead_of_its_time_is_taken_when_its_time_comes() {
+        let f = Fixture::new(JAN_2030, NOT_AFTER_2030 - 2 * DAY);
+        let tls = f.load().unwrap();
+        let serving = tls.config.load_full();
+        f.write_cert(YEAR_2051);
+        assert!(!tls.check());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 1"));
+        // Still early: nothing changes, nothing more is counted.
+        f.set_now(NOT_BEFORE_2051 - validity::CLOCK_SKEW_SECS - 1);
+        assert!(!tls.check());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 1"));
+        // Its time has come, the files unchanged: it serves.
+        f.set_now(NOT_BEFORE_2051 - validity::CLOCK_SKEW_SECS);
+        assert!(tls.check());
+        assert!(!Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 1"));
+        assert!(f
+            .metric(r#"sluice_tls_reloads_total{port="grpc",result="ok"}"#)
+            .unwrap()
+            .ends_with(" 1"));
+        assert_eq!(
+            f.expiry().unwrap(),
+            format!(
+                r#"sluice_tls_certificate_expiry_timestamp_seconds{{port="grpc"}} {NOT_AFTER_2051}"#
+            )
+        );
+    }
 }

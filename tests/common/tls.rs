@@ -81,6 +81,83 @@ impl Ca {
         self.issue(name, "clientAuth", false)
     }
 
+    /// A server certificate for localhost and 127.0.0.1 valid from `not_before` to
+    /// `not_after` (`YYMMDDHHMMSSZ` up to 2049, `YYYYMMDDHHMMSSZ` after), signed with
+    /// `openssl ca`, the one command of OpenSSL 3.0 that sets both dates.
+    pub fn server_dated(&self, not_before: &str, not_after: &str) -> Pair {
+        let n = self.serial.get() + 1;
+        self.serial.set(n);
+        let d = self.dir.path();
+        let (key, csr, cert, ext) = (
+            format!("{n}.key"),
+            format!("{n}.csr"),
+            format!("{n}.crt"),
+            format!("{n}.cnf"),
+        );
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                "/CN=localhost",
+            ],
+        );
+        std::fs::write(
+            d.join(&ext),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write extensions");
+        let db = format!("{n}.db");
+        std::fs::write(d.join(&db), "").expect("write the CA database");
+        std::fs::write(d.join(format!("{n}.serial")), format!("{n:02X}\n"))
+            .expect("write the serial");
+        std::fs::write(
+            d.join(format!("{n}.ca.cnf")),
+            format!(
+                "[ca]\ndefault_ca=d\n[d]\ndatabase={db}\nserial={n}.serial\nnew_certs_dir=.\n\
+                 default_md=sha256\npolicy=p\nunique_subject=no\n[p]\ncommonName=supplied\n"
+            ),
+        )
+        .expect("write the CA configuration");
+        openssl(
+            d,
+            &[
+                "ca",
+                "-batch",
+                "-notext",
+                "-config",
+                &format!("{n}.ca.cnf"),
+                "-cert",
+                "ca.crt",
+                "-keyfile",
+                "ca.key",
+                "-in",
+                &csr,
+                "-out",
+                &cert,
+                "-extfile",
+                &ext,
+                "-startdate",
+                not_before,
+                "-enddate",
+                not_after,
+            ],
+        );
+        Pair {
+            cert: d.join(cert),
+            key: d.join(key),
+        }
+    }
+
     /// As Envoy Gateway makes them: RSA 2048 with a PKCS#1 key, for both uses.
     pub fn rsa_pkcs1(&self) -> Pair {
         self.issue("localhost", "serverAuth,clientAuth", true)

@@ -108,6 +108,9 @@ impl XdsSource {
         loaded: Arc<AtomicBool>,
     ) -> Result<XdsSource, XdsError> {
         endpoint(cfg, url)?;
+        if let (true, Some(cert)) = (url.tls, &cfg.xds_tls_cert) {
+            crate::tls::warn_if_out_of_date(cert, "the xDS server", crate::tls::now_seconds());
+        }
         metrics.declare_policy_source("xds");
         let connected = metrics.xds_connected();
         Ok(XdsSource {

@@ -10,14 +10,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use sluice_redis::cluster::{self, Router};
-use sluice_redis::{Request, Target, Value};
+use sluice_redis::{Request, Value};
 
 use crate::algorithm::Micros;
 use crate::store::{Report, ShardState, ShardStatus, StoreError};
 
 use super::health::Health;
 use super::scripts::{self, By, Call, Group, Scripts};
-use super::{bad_url, expire, shard_name, ConfigError};
+use super::{expire, shard_name, target, ConfigError};
 
 pub struct Cluster {
     router: Arc<Router>,
@@ -39,7 +39,7 @@ impl Cluster {
     ) -> Result<Cluster, ConfigError> {
         let targets = urls
             .iter()
-            .map(|u| Target::parse(u, timeout).map_err(|e| bad_url(u, e)))
+            .map(|u| target(u, timeout))
             .collect::<Result<Vec<_>, _>>()?;
         let router = Router::new(targets, timeout).ok_or(ConfigError::NoUrl)?;
         Ok(Cluster {

@@ -233,9 +233,18 @@ fn sentinels(urls: &[String], timeout: Duration) -> Result<Arc<[Target]>, Config
     if urls.is_empty() {
         return Err(ConfigError::NoUrl);
     }
-    urls.iter()
-        .map(|u| Target::parse(u, timeout).map_err(|e| bad_url(u, e)))
-        .collect()
+    urls.iter().map(|u| target(u, timeout)).collect()
+}
+
+/// The target of `url`; a client certificate out of its validity period is warned
+/// of, as Redis will refuse it.
+fn target(url: &str, timeout: Duration) -> Result<Target, ConfigError> {
+    let target = Target::parse(url, timeout).map_err(|e| bad_url(url, e))?;
+    if let Some((cert, _)) = target.tls.as_ref().and_then(|t| t.client.as_ref()) {
+        let peer = format!("Redis {}", shard_name(url));
+        crate::tls::warn_if_out_of_date(cert, &peer, crate::tls::now_seconds());
+    }
+    Ok(target)
 }
 
 impl RedisStore {
@@ -301,7 +310,7 @@ impl RedisStore {
                 sentinel::listen(&sentinels, masters.iter().map(Arc::downgrade).collect());
             }
             for url in opts.urls.iter().filter(|_| opts.sentinels.is_empty()) {
-                let target = Target::parse(url, opts.timeout).map_err(|e| bad_url(url, e))?;
+                let target = target(url, opts.timeout)?;
                 let health = Arc::new(Health::new(shard_name(url), report.clone()));
                 let links = (0..coalesce::CALLS_IN_FLIGHT)
                     .map(|_| coalesce::Link::new(target.clone()))
