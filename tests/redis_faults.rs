@@ -670,3 +670,229 @@ async fn connections_redis_closed_while_idle_carry_no_call() {
     }
     assert_eq!(f.errors("connection"), 0, "a closed connection was used");
 }
+
+/// Two domains, one failing open and one closed, each with a wide limit `a` and a
+/// limit `b` of 1000 an hour.
+const SPLIT: &str = r#"
+domain: open
+failure_mode: open
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: fixed_window}
+---
+domain: closed
+failure_mode: closed
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 1000000, algorithm: fixed_window}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: fixed_window}
+"#;
+
+/// The values `{key}0..{key}{n}` of `domain` whose counters `node` holds.
+async fn values_on(node: &RedisServer, domain: &str, key: &str, n: usize) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut node.conn().await)
+        .await
+        .expect("KEYS");
+    (0..n)
+        .map(|i| format!("{key}{i}"))
+        .filter(|v| {
+            let name = format!("{domain}|{key}={v}");
+            keys.iter().any(|k| {
+                k.match_indices(&name).any(|(at, _)| {
+                    let next = k.as_bytes().get(at + name.len());
+                    !next.is_some_and(u8::is_ascii_digit)
+                })
+            })
+        })
+        .collect()
+}
+
+/// A request's overall code and each descriptor's code and remaining.
+type Answer = (i32, Vec<(i32, u32)>);
+
+/// A request of one hit per descriptor (`key`, `value`).
+async fn ask(client: &mut Client, domain: &str, descriptors: &[(&str, &str)]) -> Answer {
+    let descriptors = descriptors
+        .iter()
+        .map(|&(k, v)| common::desc(&[(k, v)]))
+        .collect();
+    let r = common::call(client, common::request(domain, descriptors)).await;
+    let statuses = r.statuses.iter().map(|s| (s.code, s.limit_remaining));
+    (r.overall_code, statuses.collect())
+}
+
+/// What `b=value` of `domain` has left, asked without spending (a cost of 0).
+async fn left(client: &mut Client, domain: &str, value: &str) -> u32 {
+    let req = common::request(domain, vec![common::desc_hits(&[("b", value)], 0)]);
+    common::call(client, req).await.statuses[0].limit_remaining
+}
+
+/// Per domain, a value of `a` whose counter lives on `down` and two values of `b`
+/// whose counters live elsewhere, each counted once.
+async fn split_values(
+    client: &mut Client,
+    down: &RedisServer,
+    domain: &str,
+) -> (String, String, String) {
+    const N: usize = 24;
+    for i in 0..N {
+        for key in ["a", "b"] {
+            let value = format!("{key}{i}");
+            let (code, _) = ask(client, domain, &[(key, &value)]).await;
+            assert_eq!(code, common::OK, "{domain} {value}");
+        }
+    }
+    let a = values_on(down, domain, "a", N).await;
+    let b_down = values_on(down, domain, "b", N).await;
+    let b: Vec<String> = (0..N)
+        .map(|i| format!("b{i}"))
+        .filter(|v| !b_down.contains(v))
+        .collect();
+    assert!(
+        !a.is_empty() && b.len() >= 2,
+        "{domain}: a on the shard {a:?}, b elsewhere {b:?}"
+    );
+    (a[0].clone(), b[0].clone(), b[1].clone())
+}
+
+/// With one shard down, `failure_mode: open` lifts only the limits on that shard: a
+/// request that also touches a healthy shard is still denied by that shard's full
+/// limit, and counted on it when admitted. `closed` denies such a request and counts
+/// nothing.
+#[tokio::test]
+async fn one_shard_down_lifts_only_its_own_limits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let mut shards = [RedisServer::start().await, RedisServer::start().await];
+    let urls = format!("{},{}", shards[0].url(), shards[1].url());
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let sluice = common::Server::start(SPLIT, &["--store-timeout", &timeout, "--redis", &urls]);
+    lifts_only_the_failed(&sluice, &mut shards[0]).await;
+}
+
+/// As [`one_shard_down_lifts_only_its_own_limits`], for a request over masters of a
+/// Redis Cluster.
+#[tokio::test]
+async fn one_cluster_master_down_lifts_only_its_own_limits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let mut cluster = common::redis::RedisCluster::start(3).await;
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query_async(&mut node.conn().await)
+            .await
+            .unwrap();
+    }
+    let urls = cluster.urls().join(",");
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        SPLIT,
+        &["--store-timeout", &timeout, "--redis-cluster", &urls],
+    );
+    lifts_only_the_failed(&sluice, &mut cluster.nodes[0]).await;
+}
+
+/// Stops `down`, one of `sluice`'s shards (or masters), and checks that only the
+/// limits it holds are lifted.
+async fn lifts_only_the_failed(sluice: &common::Server, down: &mut RedisServer) {
+    let mut client = sluice.client().await;
+    let (a, full, room) = split_values(&mut client, down, "open").await;
+    let (closed_a, closed_b, _) = split_values(&mut client, down, "closed").await;
+    // `full` has no room left (a cost of 999 fills it): a request with `a` is denied
+    // by it alone.
+    let fill = common::request("open", vec![common::desc_hits(&[("b", &full)], 999)]);
+    assert_eq!(
+        common::call(&mut client, fill).await.overall_code,
+        common::OK
+    );
+    let denied = (
+        common::OVER_LIMIT,
+        vec![(common::OK, 999_999), (common::OVER_LIMIT, 0)],
+    );
+    assert_eq!(
+        ask(&mut client, "open", &[("a", &a), ("b", &full)]).await,
+        denied
+    );
+
+    let dead = down.addr();
+    down.kill();
+    // Until the dead shard has been backed off, and a few calls after: the healthy
+    // shard decides its limits whether the dead one's calls fail or are not tried.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (mut admitted, mut after) = (0u32, 0);
+    while after < 5 {
+        let (code, statuses) = ask(&mut client, "open", &[("a", &a), ("b", &full)]).await;
+        assert_eq!(
+            code,
+            common::OVER_LIMIT,
+            "open [a, full b] while {dead} is down"
+        );
+        // `a` shows what failing open shows; `b` its own denial.
+        assert_eq!(statuses, [(common::OK, 0), (common::OVER_LIMIT, 0)]);
+        let (code, statuses) = ask(&mut client, "open", &[("a", &a), ("b", &room)]).await;
+        assert_eq!(
+            code,
+            common::OK,
+            "open [a, b with room] while {dead} is down"
+        );
+        admitted += 1;
+        assert_eq!(statuses, [(common::OK, 0), (common::OK, 999 - admitted)]);
+        let pair = [("a", closed_a.as_str()), ("b", closed_b.as_str())];
+        let (code, statuses) = ask(&mut client, "closed", &pair).await;
+        assert_eq!(
+            code,
+            common::OVER_LIMIT,
+            "closed [a, b] while {dead} is down"
+        );
+        assert_eq!(statuses[1].0, common::OVER_LIMIT);
+        if sluice.store_shard(&dead)["state"] == "backing_off" {
+            after += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never backed off: {}",
+            sluice.store_shard(&dead)
+        );
+    }
+    // What the admitted requests spent on the healthy shard stays spent; the closed
+    // domain's denied requests spent nothing there.
+    assert_eq!(left(&mut client, "open", &room).await, 999 - admitted);
+    assert_eq!(left(&mut client, "closed", &closed_b).await, 999);
+
+    let count = |outcome: &str, rule: &str| {
+        let labels = [
+            ("domain", "open"),
+            ("layer", "service"),
+            ("outcome", outcome),
+            ("rule", rule),
+        ];
+        sluice
+            .metric("sluice_requests_total", &labels)
+            .unwrap_or(0.0) as u32
+    };
+    assert!(
+        count("failed_open", "a") >= 2 * admitted,
+        "a counted as failed open"
+    );
+    assert!(
+        count("over_limit", "b") >= admitted,
+        "b's denials counted as such"
+    );
+    let failures = sluice.metric("sluice_store_failures_total", &[("store", "redis")]);
+    assert!(
+        failures.unwrap_or(0.0) >= f64::from(3 * admitted),
+        "{failures:?}"
+    );
+}

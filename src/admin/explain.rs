@@ -174,7 +174,7 @@ pub fn to_pb(
             status,
             detail.mode,
             detail.replaced.is_some(),
-            o.failure.is_some(),
+            o.failure.is_some() && status.verdict.is_none(),
             o.over_limit,
         );
         out.descriptors.push(x);

@@ -539,6 +539,7 @@ impl Local {
             admitted: crate::store::admitted(hits.iter().map(|h| h.mode), &verdicts),
             verdicts,
             now: None,
+            failed: None,
         }
     }
 
@@ -847,6 +848,7 @@ mod tests {
                 ..Default::default()
             }],
             now: None,
+            failed: None,
         };
         local.remember(std::slice::from_ref(h), &v);
     }

@@ -220,7 +220,8 @@ pub struct PeerReach {
     pub reserved: bool,
 }
 
-/// Why the store's answer was not used.
+/// Why the store's answer was not used, for the whole request or for the
+/// descriptors whose shard failed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFailure {
     pub error: String,
@@ -229,6 +230,10 @@ pub struct StoreFailure {
     pub answer: StoreErrorAnswer,
     /// The store's name, for metrics and logs.
     pub store: &'static str,
+    /// The store decided the request's other limits (`failure_mode: open` over
+    /// shards of which some failed): only the descriptors without a verdict were
+    /// answered by `mode`, and the decided ones still deny.
+    pub partial: bool,
 }
 
 /// The limiter's answer to one request.
@@ -241,7 +246,8 @@ pub struct Outcome {
     pub statuses: Vec<Status>,
     /// How long to hold an OK answer (leaky_bucket queues).
     pub delay: Micros,
-    /// Set when the store failed and the failure mode answered.
+    /// Set when the store failed and the failure mode answered, for every
+    /// descriptor or (when [`StoreFailure::partial`]) for those without a verdict.
     pub failure: Option<StoreFailure>,
     /// (status index, key) of each denied descriptor, the key being its values as the
     /// top-offenders view shows them ([`key::offender`]). Empty when nothing is denied.
@@ -308,12 +314,29 @@ impl Outcome {
     }
 
     /// The store's error, when it failed and the request is to be answered with an
-    /// error rather than by the failure mode ([`StoreErrorAnswer::Error`]).
+    /// error rather than by the failure mode ([`StoreErrorAnswer::Error`]). A request
+    /// that a decided limit denies is answered OVER_LIMIT all the same: the error
+    /// stands only for what the failure mode would have answered.
     pub fn error_answer(&self) -> Option<&str> {
-        self.failure
+        let f = self
+            .failure
             .as_ref()
-            .filter(|f| f.answer == StoreErrorAnswer::Error)
-            .map(|f| f.error.as_str())
+            .filter(|f| f.answer == StoreErrorAnswer::Error)?;
+        let decided_denial = || {
+            self.statuses
+                .iter()
+                .any(|s| s.over_limit && s.verdict.is_some())
+        };
+        if f.partial && self.over_limit && decided_denial() {
+            return None;
+        }
+        Some(f.error.as_str())
+    }
+
+    /// Whether the store decided the request, wholly or but for the descriptors whose
+    /// shard failed (which carry no verdict): its verdicts stand, and deny.
+    pub fn store_decided(&self) -> bool {
+        self.failure.as_ref().is_none_or(|f| f.partial)
     }
 
     /// The top-offenders key of the denied descriptor at `status`.
@@ -549,7 +572,7 @@ impl<S: Store> Limiter<S> {
         };
         self.settle(&mut outcome, &order, &hits, decided, failure_mode);
         if outcome.over_limit
-            && outcome.failure.is_none()
+            && outcome.store_decided()
             && !outcome.local
             && self.settings.denied_spend == DeniedSpend::AdmittingLimits
         {
@@ -558,10 +581,10 @@ impl<S: Store> Limiter<S> {
         }
         // Soft shedding draws a chance, so it is the decision's alone: an explanation
         // (which settles too) shows the limits as they stand.
-        if outcome.failure.is_none() && !outcome.over_limit {
+        if outcome.store_decided() && !outcome.over_limit {
             self.shed(&order, &hits, &mut outcome);
         }
-        if outcome.over_limit && outcome.failure.is_none() {
+        if outcome.over_limit && outcome.store_decided() {
             let pending = self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
             // Counted in the store, which a local decision cannot reach in time.
             if !pending.is_empty() && !outcome.local {
@@ -775,8 +798,9 @@ impl<S: Store> Limiter<S> {
         let places_keys = self.store.places_keys();
         let failure_mode = dom.failure_mode.unwrap_or(self.settings.failure_mode);
         let fallback = match failure_mode {
-            FailureMode::Open | FailureMode::Local => Fallback::Admit,
+            FailureMode::Open => Fallback::Admit,
             FailureMode::Closed => Fallback::Deny,
+            FailureMode::Local => Fallback::Local,
         };
         for &i in &order {
             let Some(rule) = effective(policy, &overrides, &statuses[i]) else {
@@ -866,6 +890,9 @@ impl<S: Store> Limiter<S> {
             Ok(decided) => {
                 outcome.over_limit = !decided.admitted;
                 outcome.now = decided.now;
+                if let Some(failed) = &decided.failed {
+                    outcome.failure = Some(self.failure(&failed.error, failure_mode, true));
+                }
                 // Which of its rule's limits the hit is: 0 for the rule's own, k for
                 // its `also[k - 1]`.
                 let mut nth = 0;
@@ -877,6 +904,12 @@ impl<S: Store> Limiter<S> {
                     } else {
                         0
                     };
+                    if decided.failed.as_ref().is_some_and(|f| f.contains(n)) {
+                        // Its shard failed: lifted (`open`), it shows what a request
+                        // the failure mode answers shows. A rule's limits share a
+                        // shard, so the whole status is.
+                        continue;
+                    }
                     let also = match (nth, outcome.statuses[i].rule) {
                         (0, _) | (_, None) => None,
                         (k, Some(r)) => outcome.policy.rule(r).also.get(k - 1).copied(),
@@ -930,13 +963,20 @@ impl<S: Store> Limiter<S> {
                 for (&i, hit) in order.iter().zip(hits) {
                     outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;
                 }
-                outcome.failure = Some(StoreFailure {
-                    error: error.to_string(),
-                    mode,
-                    answer: self.settings.store_errors,
-                    store: self.store.name(),
-                });
+                outcome.failure = Some(self.failure(&error, mode, false));
             }
+        }
+    }
+
+    /// The failure of `error`, answered by `mode`: for the whole request, or only
+    /// for the hits the store could not decide (`partial`).
+    fn failure(&self, error: &StoreError, mode: FailureMode, partial: bool) -> StoreFailure {
+        StoreFailure {
+            error: error.to_string(),
+            mode,
+            answer: self.settings.store_errors,
+            store: self.store.name(),
+            partial,
         }
     }
 
@@ -971,7 +1011,11 @@ impl<S: Store> Limiter<S> {
         let Ok(decided) = self.ask_store(&spend, wait, probe).await else {
             return;
         };
-        for ((&i, hit), verdict) in at.iter().zip(&spend).zip(&decided.verdicts) {
+        for (n, ((&i, hit), verdict)) in at.iter().zip(&spend).zip(&decided.verdicts).enumerate() {
+            if decided.failed.as_ref().is_some_and(|f| f.contains(n)) {
+                // Its shard failed since: left as the denial wrote it.
+                continue;
+            }
             let status = &mut outcome.statuses[i];
             let mut verdict = *verdict;
             if verdict.admitted && !decided.admitted {
@@ -1039,7 +1083,8 @@ impl<S: Store> Limiter<S> {
             let Some(rule) = effective(&policy, &overrides, status) else {
                 continue;
             };
-            if !status.over_limit {
+            // A descriptor the failure mode answered is no offender.
+            if !status.over_limit || (outcome.failure.is_some() && status.verdict.is_none()) {
                 continue;
             }
             let mut shown = String::new();

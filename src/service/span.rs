@@ -57,18 +57,18 @@ fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
         _ if s.ban == Ban::Active => "banned",
         _ if s.ban == Ban::Blocked => "blocked",
         _ if s.shed => "shed",
-        (Some(f), _) if f.mode != FailureMode::Closed => "failed_open",
-        (Some(_), _) => "failed_closed",
-        (None, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
+        // Without a verdict: the failure mode answered it.
+        (Some(f), None) if f.mode != FailureMode::Closed => "failed_open",
+        (Some(_), None) => "failed_closed",
+        (_, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
         // As `sluice_requests_total`: an over quota in an admitted request is no denial.
-        (None, _)
-            if s.over_limit
-                && !outcome.over_limit
-                && outcome.rule(s).is_some_and(|r| r.quota_mode) =>
+        _ if s.over_limit
+            && !outcome.over_limit
+            && outcome.rule(s).is_some_and(|r| r.quota_mode) =>
         {
             "ok"
         }
-        (None, _) if s.over_limit => "over_limit",
+        _ if s.over_limit => "over_limit",
         _ => "ok",
     }
 }

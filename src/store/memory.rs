@@ -288,6 +288,7 @@ impl MemoryStore {
             admitted,
             verdicts,
             now: Some(now),
+            failed: None,
         }
     }
 
@@ -326,6 +327,7 @@ impl MemoryStore {
             admitted: admitted(hits.iter().map(|h| h.mode), &verdicts),
             verdicts,
             now: Some(now),
+            failed: None,
         }
     }
 
@@ -360,6 +362,7 @@ impl MemoryStore {
                 admitted,
                 verdicts,
                 now: Some(now),
+                failed: None,
             };
         }
 
@@ -380,13 +383,14 @@ impl MemoryStore {
             admitted: admitted(std::iter::once(hit.mode), &verdicts),
             verdicts,
             now: Some(now),
+            failed: None,
         }
     }
 }
 
 /// Answers a new key that a full shard cannot keep by its hit's fallback (its
-/// domain's failure mode): `Admit`, the fresh counter's own verdict stands (the hit
-/// is admitted but not counted); `Deny`, it is denied until a counter of the shard
+/// domain's failure mode): `Admit` (or `Local`), the fresh counter's own verdict
+/// stands (the hit is admitted but not counted); `Deny`, it is denied until a counter of the shard
 /// may go (`wait`), at the soonest.
 fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
     if hit.fallback == Fallback::Deny {

@@ -111,15 +111,22 @@ impl Hit {
     }
 }
 
-/// How a store answers a hit whose counter it cannot keep; the limiter sets it from
-/// the domain's failure mode.
+/// How a store answers a hit whose counter it cannot keep or reach; the limiter sets
+/// it from the domain's failure mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fallback {
-    /// As a fresh counter would, without keeping it (`failure_mode: open`).
+    /// A key it cannot keep: as a fresh counter would, without keeping it. A counter
+    /// on a shard that fails: the hit is lifted, and the request's other hits still
+    /// decide it and are spent if it is admitted ([`Verdicts::failed`]).
+    /// `failure_mode: open`.
     #[default]
     Admit,
-    /// Denied (`failure_mode: closed`).
+    /// Denied; a counter on a shard that fails fails the whole request
+    /// (`failure_mode: closed`).
     Deny,
+    /// As `Admit` for a key it cannot keep; a counter on a shard that fails fails the
+    /// whole request, which the limiter then decides in memory (`failure_mode: local`).
+    Local,
 }
 
 /// A batch's outcome: one verdict per hit, in order, and the request's fate.
@@ -131,6 +138,38 @@ pub struct Verdicts {
     /// memory store does; Redis decides on Redis's clock). Metrics reuse it rather
     /// than read the clock again.
     pub now: Option<Micros>,
+    /// Hits the store could not decide while it decided the others (their shard
+    /// failed; only for hits whose fallback is [`Fallback::Admit`]). `None`, and
+    /// nothing allocated, when every hit was decided.
+    pub failed: Option<Failed>,
+}
+
+/// The hits of a batch a store could not decide ([`Verdicts::failed`]). They were
+/// taken as admitted for the request's fate, so the others decided it: denied, it
+/// spent nothing anywhere; admitted, the others were spent. Their verdicts are
+/// placeholders, admitted with no limit in sight: nothing to show or remember.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failed {
+    /// Why the first of them could not be decided.
+    pub error: StoreError,
+    /// Their indexes in the batch, ascending.
+    pub hits: Vec<usize>,
+}
+
+impl Failed {
+    /// Whether the hit at `index` was not decided.
+    pub fn contains(&self, index: usize) -> bool {
+        self.hits.binary_search(&index).is_ok()
+    }
+
+    /// The verdict that stands for an undecided hit.
+    pub fn placeholder() -> Verdict {
+        Verdict {
+            admitted: true,
+            remaining: u64::MAX,
+            ..Verdict::default()
+        }
+    }
 }
 
 /// Decides batches of hits. One call per request; implementations make at most one

@@ -117,13 +117,15 @@ impl Metrics {
                 _ if s.ban == Ban::Active => BANNED,
                 _ if s.ban == Ban::Blocked => BLOCKED,
                 _ if s.shed => SHED,
-                (Some(f), _) if f.mode != FailureMode::Closed => FAILED_OPEN,
-                (Some(_), _) => FAILED_CLOSED,
-                (None, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
+                // Without a verdict: the failure mode answered it (a shard that
+                // failed; the request's other descriptors may have been decided).
+                (Some(f), None) if f.mode != FailureMode::Closed => FAILED_OPEN,
+                (Some(_), None) => FAILED_CLOSED,
+                (_, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
                 // A quota limit past its limit says OVER_LIMIT, but another quota
                 // limit admitted the request: not a denial.
-                (None, _) if s.over_limit && rule.quota_mode && !outcome.over_limit => OK,
-                (None, _) if s.over_limit => OVER_LIMIT,
+                _ if s.over_limit && rule.quota_mode && !outcome.over_limit => OK,
+                _ if s.over_limit => OVER_LIMIT,
                 _ => OK,
             };
             let (counts, owned) = st.counts.local();

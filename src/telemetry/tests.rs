@@ -355,6 +355,7 @@ fn store_state_changes_are_logged_once_each() {
             mode: FailureMode::Open,
             answer: Default::default(),
             store: "redis",
+            partial: false,
         }),
         offenders: Vec::new(),
         now: None,

@@ -95,6 +95,7 @@ impl DenialCache {
             admitted: false,
             verdicts,
             now: None,
+            failed: None,
         })
     }
 

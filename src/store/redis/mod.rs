@@ -476,6 +476,7 @@ impl Inner {
             admitted,
             verdicts,
             now: None,
+            failed: None,
         })
     }
 
@@ -649,6 +650,7 @@ impl Inner {
             admitted: admitted(hits.iter().map(|h| h.mode), &verdicts),
             verdicts,
             now: None,
+            failed: None,
         })
     }
 
@@ -693,21 +695,23 @@ impl Inner {
         }
         let mut outs = spread::group(hits, |i, h| self.target(h, &keys[i]));
         let healths: Vec<HealthOf<'_>> = outs.iter().map(|o| self.health(o.target())).collect();
-        for h in &healths {
-            h.check()?;
-        }
+        spread::check(&mut outs, hits, |k, _| healths[k].check())?;
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
         // A refund builds its own keys: these move into the groups.
         let calls: Vec<_> = outs
             .iter()
             .zip(&healths)
+            .filter(|(o, _)| o.unsent())
             .map(|(o, health)| {
                 let group = o.group(hits, &outs, |i| std::mem::take(&mut keys[i]));
                 self.decide_group(o.target(), health, group, fixed_now, probe)
             })
             .collect();
-        for (o, reply) in outs.iter_mut().zip(futures::future::join_all(calls).await) {
-            o.answer(reply);
+        let mut replies = futures::future::join_all(calls).await.into_iter();
+        for o in outs.iter_mut().filter(|o| o.unsent()) {
+            if let Some(reply) = replies.next() {
+                o.answer(reply);
+            }
         }
         let mut tally = spread::tally(self, hits, sent, &outs);
         if let Some(consumed) = tally.take_refund() {

@@ -2,6 +2,12 @@
 //! queued at once on the shards' coalescers, and what some shards consumed is given
 //! back when the request as a whole is denied.
 //!
+//! A shard that fails (or backs off) leaves its hits undecided. With `failure_mode:
+//! open` ([`Fallback::Admit`]) only they are lifted: the other shards' verdicts
+//! decide the request, what they consumed is kept if it is admitted and given back
+//! if it is denied, and the verdicts name the undecided hits ([`Failed`]). Any other
+//! failure mode fails the whole request, as a failed call to one shard does.
+//!
 //! It runs in the caller's task rather than a task of its own, which cost a spawn, a
 //! copy of the hits and a wake-up per request. The refund must still happen when the
 //! caller stops waiting (the limiter's store timeout) while groups are out: dropping
@@ -18,7 +24,9 @@ use std::time::SystemTime;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Micros, Verdict};
-use crate::store::{admitted, ErrorKind, Hit, Mode, Probe, Spend, StoreError, Verdicts};
+use crate::store::{
+    admitted, ErrorKind, Failed, Fallback, Hit, Mode, Probe, Spend, StoreError, Verdicts,
+};
 
 use super::coalesce::{self, Pending};
 use super::scripts::{Group, HitArgs, Reply};
@@ -64,6 +72,38 @@ impl Out {
     pub(super) fn answer(&mut self, reply: Result<Reply, StoreError>) {
         self.state = State::Answered(reply);
     }
+
+    /// Whether this share is still to be sent (its shard was not found failing).
+    pub(super) fn unsent(&self) -> bool {
+        matches!(self.state, State::Unsent)
+    }
+}
+
+/// Checks the health of each share's shard (`health`, by the share's position and
+/// target) before anything is sent: a share whose shard backs off is answered by its
+/// error. `Err` when that fails the whole request (a failure mode other than
+/// `open`); nothing was sent then.
+pub(super) fn check(
+    outs: &mut [Out],
+    hits: &[Hit],
+    health: impl Fn(usize, usize) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    for (k, o) in outs.iter_mut().enumerate() {
+        if let Err(e) = health(k, o.target) {
+            if !lifts(hits, o) {
+                return Err(e);
+            }
+            o.state = State::Answered(Err(e));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `o`'s hits are lifted alone when their shard fails (`failure_mode: open`).
+fn lifts(hits: &[Hit], o: &Out) -> bool {
+    o.indexes
+        .iter()
+        .all(|&i| hits[i].fallback == Fallback::Admit)
 }
 
 /// The request's hits grouped by `target` (shard or slot, from a hit's index and
@@ -114,12 +154,10 @@ pub(super) async fn decide(
     if let Some(v) = inner.cached(hits, sent) {
         return Ok(v);
     }
-    let outs = group(hits, |_, h| {
+    let mut outs = group(hits, |_, h| {
         super::shard::jump_hash(h.placement, shards.len())
     });
-    for o in &outs {
-        inner.health(o.target).check()?;
-    }
+    check(&mut outs, hits, |_, target| inner.health(target).check())?;
     let fixed_now = inner.fixed_clock.as_ref().map(|c| c.now());
     let mut spread = Spread {
         inner,
@@ -131,6 +169,9 @@ pub(super) async fn decide(
     let started = probe.map(|_| SystemTime::now());
     for k in 0..spread.outs.len() {
         let o = &spread.outs[k];
+        if !o.unsent() {
+            continue;
+        }
         let key = |i| super::shard::redis_key(&inner.prefix, &hits[i]);
         let group = o.group(hits, &spread.outs, key);
         let queued = shards[o.target].coalescer.enqueue(group, fixed_now).await;
@@ -207,7 +248,13 @@ pub(super) struct Tally {
     /// When the request is not admitted: per shard that consumed, its consumed hits
     /// and their refund tokens.
     refund: Vec<Spent>,
+    /// The first error of a group that was not decided.
     failed: Option<StoreError>,
+    /// The hits of the groups not decided, ascending (empty, unallocated, when every
+    /// group was).
+    undecided: Vec<usize>,
+    /// An undecided hit fails the whole request (its failure mode is not `open`).
+    whole: bool,
     admitted: bool,
     /// The earliest of the shards' decisions, on the local clock (see `offset`); a
     /// cluster's count from the send.
@@ -217,25 +264,34 @@ pub(super) struct Tally {
 pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> Tally {
     let mut verdicts = vec![Verdict::default(); hits.len()];
     let mut failed = None;
+    let mut undecided = Vec::new();
+    let mut whole = false;
     let mut decided = Micros::MAX;
     for o in outs {
-        match &o.state {
+        let error = match &o.state {
             State::Answered(Ok(reply)) => {
                 decided = decided.min(inner.decided_at(o.target, sent, reply.now));
                 for (&i, &(v, _)) in o.indexes.iter().zip(&reply.verdicts) {
                     verdicts[i] = v;
                 }
+                continue;
             }
-            State::Answered(Err(e)) => failed = failed.or(Some(e.clone())),
-            State::Unsent | State::Waiting(_) => {
-                failed = failed.or(Some(StoreError::failed(
-                    ErrorKind::Connection,
-                    "not decided",
-                )))
-            }
+            State::Answered(Err(e)) => Some(e),
+            State::Unsent | State::Waiting(_) => None,
+        };
+        failed.get_or_insert_with(|| {
+            error
+                .cloned()
+                .unwrap_or_else(|| StoreError::failed(ErrorKind::Connection, "not decided"))
+        });
+        whole |= !lifts(hits, o);
+        for &i in &o.indexes {
+            verdicts[i] = Failed::placeholder();
         }
+        undecided.extend_from_slice(&o.indexes);
     }
-    let admitted = failed.is_none() && admitted(hits.iter().map(|h| h.mode), &verdicts);
+    undecided.sort_unstable();
+    let admitted = !whole && admitted(hits.iter().map(|h| h.mode), &verdicts);
     // Only a request not admitted gives anything back: an admitted one (the usual
     // case) lists nothing.
     let mut refund = Vec::new();
@@ -266,6 +322,8 @@ pub(super) fn tally(inner: &Inner, hits: &[Hit], sent: Micros, outs: &[Out]) -> 
         verdicts,
         refund,
         failed,
+        undecided,
+        whole,
         admitted,
         decided,
     }
@@ -278,11 +336,17 @@ impl Tally {
         (!self.refund.is_empty()).then(|| std::mem::take(&mut self.refund))
     }
 
-    /// The request's verdicts (remembered by the denial cache), or the first error.
+    /// The request's verdicts (remembered by the denial cache, which passes the
+    /// placeholders of undecided hits by), or the first error when it fails whole.
     pub(super) fn finish(self, inner: &Inner, hits: &[Hit]) -> Result<Verdicts, StoreError> {
-        if let Some(e) = self.failed {
-            return Err(e);
-        }
+        let failed = match self.failed {
+            Some(e) if self.whole => return Err(e),
+            Some(error) => Some(Failed {
+                error,
+                hits: self.undecided,
+            }),
+            None => None,
+        };
         let at = self.decided.min(inner.local_now());
         inner
             .cache
@@ -291,6 +355,7 @@ impl Tally {
             admitted: self.admitted,
             verdicts: self.verdicts,
             now: None,
+            failed,
         })
     }
 }
