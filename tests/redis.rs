@@ -17,7 +17,7 @@ use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLi
 use sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::store::redis::cluster::Cluster;
 use sluice::store::redis::{shard, Options, RedisStore};
-use sluice::store::{Board, Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
+use sluice::store::{Board, Fallback, Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
 
 /// A Redis store with the servers it runs on, which live as long as it does.
@@ -1935,7 +1935,10 @@ async fn a_request_over_two_shards_is_given_back_even_after_its_caller_gave_up()
 async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other() {
     let Some(mut t) = start(2).await else { return };
     // `b` has room.
-    let (a, b, peek) = over_two_shards(&t, "dead", Algorithm::TokenBucket, 100).await;
+    let (mut a, mut b, peek) = over_two_shards(&t, "dead", Algorithm::TokenBucket, 100).await;
+    // Failing closed: a failed shard fails the whole request.
+    a.fallback = Fallback::Deny;
+    b.fallback = Fallback::Deny;
 
     t.servers[1].kill();
     // Shard 0 admits and consumes; shard 1 fails: the request is not decided and
@@ -1943,6 +1946,29 @@ async fn a_request_over_two_shards_one_of_them_dead_spends_nothing_on_the_other(
     t.store.decide(&[a, b]).await.expect_err("shard 1 is dead");
     let left = t.one(&peek).await.verdicts[0].remaining;
     assert_eq!(left, 1, "shard 0 kept a's hit of an undecided request");
+}
+
+#[tokio::test]
+async fn failing_open_a_dead_shard_lifts_its_hits_alone_and_the_others_are_spent() {
+    let Some(mut t) = start(2).await else { return };
+    // `b` has room; `a` has one hit left.
+    let (a, b, peek) = over_two_shards(&t, "open", Algorithm::TokenBucket, 100).await;
+    assert_eq!(a.fallback, Fallback::Admit);
+
+    t.servers[1].kill();
+    // Shard 0 decides `a`; `b`, on the dead shard, is lifted and named.
+    let v = t
+        .store
+        .decide(&[a.clone(), b.clone()])
+        .await
+        .expect("a decided");
+    assert!(v.admitted);
+    assert_eq!(v.failed.map(|f| f.hits), Some(vec![1]));
+    assert_eq!(t.one(&peek).await.verdicts[0].remaining, 0, "a's hit spent");
+    // Now `a` denies, b's shard dead or not, and the request spends nothing.
+    let v = t.store.decide(&[a, b]).await.expect("a decided");
+    assert!(!v.admitted && !v.verdicts[0].admitted);
+    assert_eq!(v.failed.map(|f| f.hits), Some(vec![1]));
 }
 
 #[tokio::test]

@@ -1645,6 +1645,97 @@ descriptors:
         assert!(shed > 0, "nothing shed past from");
     }
 
+    /// A memory store whose counters with `down` in their key sit on a shard that
+    /// fails: it decides the others alone, as the Redis store does for `open`.
+    struct HalfDown(crate::store::MemoryStore);
+
+    impl crate::store::Board for HalfDown {}
+
+    impl Store for HalfDown {
+        async fn decide(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            let down = |h: &Hit| h.key.contains("down");
+            let up: Vec<Hit> = hits.iter().filter(|h| !down(h)).cloned().collect();
+            let decided = self.0.decide(&up).await?;
+            let mut up_verdicts = decided.verdicts.into_iter();
+            let verdicts = hits
+                .iter()
+                .map(|h| match down(h) {
+                    true => crate::store::Failed::placeholder(),
+                    false => up_verdicts.next().expect("a verdict"),
+                })
+                .collect();
+            let failed = (0..hits.len()).filter(|&i| down(&hits[i])).collect();
+            Ok(crate::store::Verdicts {
+                admitted: decided.admitted,
+                verdicts,
+                now: decided.now,
+                failed: Some(crate::store::Failed {
+                    error: StoreError::BackingOff,
+                    hits: failed,
+                }),
+            })
+        }
+
+        async fn peek(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.peek(hits).await
+        }
+
+        fn active_keys(&self) -> usize {
+            0
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    /// A request over a failed and a healthy shard, failing open: the failed
+    /// descriptor is answered as failing open answers, the healthy one still
+    /// denies, is an offender, and answers OVER_LIMIT even where store errors are
+    /// answered with an error.
+    #[tokio::test]
+    async fn a_failed_shard_lifts_its_descriptors_and_the_others_still_deny() {
+        let policy = "domain: d
+failure_mode: open
+descriptors:
+  - key: down
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: up
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = HalfDown(crate::store::MemoryStore::new(
+            Arc::new(clock.clone()),
+            1000,
+        ));
+        let settings = Settings {
+            store_errors: StoreErrorAnswer::Error,
+            ..Settings::default()
+        };
+        let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+            .with_clock(Arc::new(clock.clone()));
+        let (down, up) = ([("down", "x")], [("up", "y")]);
+        let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
+
+        let o = limiter.decide("d", &both).await;
+        assert!(!o.over_limit);
+        assert_eq!(o.statuses[0].verdict, None, "lifted: no verdict");
+        assert!(!o.statuses[0].over_limit);
+        assert_eq!(o.statuses[1].verdict.unwrap().remaining, 0, "counted");
+        assert!(o.failure.as_ref().is_some_and(|f| f.partial));
+        assert!(o.error_answer().is_some(), "the failure mode's answer");
+
+        let o = limiter.decide("d", &both).await;
+        assert!(o.over_limit, "the healthy limit is full");
+        assert!(o.statuses[1].over_limit && !o.statuses[0].over_limit);
+        assert_eq!(o.statuses[0].verdict, None);
+        assert_eq!(o.error_answer(), None, "decided: OVER_LIMIT, not an error");
+        let offenders: Vec<usize> = o.offenders.iter().map(|(i, _)| *i).collect();
+        assert_eq!(offenders, [1]);
+    }
+
     #[tokio::test]
     async fn a_denied_request_of_another_descriptor_spends_none_of_the_rates() {
         let policy = "domain: d
