@@ -1589,6 +1589,98 @@ async fn a_cluster_s_slot_map_is_read_once_not_per_call() {
     assert_eq!(reads, 1, "CLUSTER SLOTS calls over 100 decisions");
 }
 
+/// A policy of one fixed window of 7 requests per hour.
+const SEVEN_PER_HOUR: &str = r#"
+domain: burst
+descriptors:
+  - key: fw7
+    rate_limit: {unit: hour, requests_per_unit: 7, algorithm: fixed_window}
+"#;
+
+/// A cluster master without sluice's script (a new cluster; `SCRIPT FLUSH`, a restart
+/// without persistence or a promoted replica alike) is given it by one `SCRIPT LOAD`
+/// that the waiting calls share, never by one full-text `EVAL` per call: a burst of
+/// those outlasted the store timeout and was answered by the failure mode.
+#[tokio::test]
+async fn a_burst_on_a_cluster_master_without_the_script_is_decided_exactly() {
+    if !available() {
+        return;
+    }
+    let cluster = common::redis::RedisCluster::start(3).await;
+    let sluice = common::Server::start(
+        SEVEN_PER_HOUR,
+        &["--redis-cluster", &cluster.urls().join(",")],
+    );
+    let loads = || async {
+        let mut loads = Vec::new();
+        for node in &cluster.nodes {
+            loads.push(command_calls(&mut node.conn().await, "script|load").await);
+        }
+        loads
+    };
+    let client = sluice.client().await;
+    // Loaded on every master at start, before any request.
+    let decide = sluice::store::redis::scripts::Scripts::default().decide;
+    common::eventually(
+        Duration::from_secs(10),
+        "the script loaded on every master",
+        || async {
+            let mut all = true;
+            for node in &cluster.nodes {
+                let held: Vec<i64> = on_node(node, &["SCRIPT", "EXISTS", decide.hash()]).await;
+                all &= held == [1];
+            }
+            all
+        },
+    )
+    .await;
+    for round in 0..4 {
+        let before = loads().await;
+        if round > 0 {
+            for node in &cluster.nodes {
+                let _: String = on_node(node, &["SCRIPT", "FLUSH"]).await;
+            }
+        }
+        // 64 requests on a fresh key, all in flight at once.
+        let value = format!("round-{round}");
+        let req = common::request("burst", vec![common::desc(&[("fw7", &value)])]);
+        let calls = (0..64).map(|_| {
+            let (mut client, req) = (client.clone(), req.clone());
+            async move { common::call(&mut client, req).await.overall_code }
+        });
+        let codes = futures::future::join_all(calls).await;
+        let admitted = codes.iter().filter(|&&c| c == common::OK).count();
+        assert_eq!(
+            admitted, 7,
+            "round {round}: 64 concurrent requests, limit 7"
+        );
+        let (status, metrics) = common::http(&sluice.http, "GET", "/metrics", "");
+        assert_eq!(status, 200);
+        let failed: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("sluice_requests_total") && l.contains("outcome=\"failed_"))
+            .filter(|l| !l.ends_with(" 0"))
+            .collect();
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        for node in &cluster.nodes {
+            let mut conn = node.conn().await;
+            let texts = command_calls(&mut conn, "eval").await;
+            assert_eq!(
+                texts, 0,
+                "round {round}: the script's text sent to {}",
+                node.port
+            );
+        }
+        // A load per master for the burst, not per call; and one for the block
+        // list's script, which its master's once-a-second listing loads again.
+        let after = loads().await;
+        assert!(
+            before.iter().zip(&after).all(|(b, a)| a - b <= 2),
+            "round {round}: SCRIPT LOAD calls per master went from {before:?} to {after:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
     if !available() {
@@ -1738,6 +1830,11 @@ async fn failover(hang: bool) {
     assert_eq!(v.verdicts[0].remaining, 6, "the replica's counter went on");
     let v = store.decide(&[h(1)]).await.expect("decide");
     assert_eq!(v.verdicts[0].remaining, 5);
+    // A replica never gets the script: loaded on it before the first call, not sent
+    // as text by the calls.
+    let mut conn = replica.conn().await;
+    assert_eq!(command_calls(&mut conn, "eval").await, 0);
+    assert!(command_calls(&mut conn, "script|load").await >= 1);
 }
 
 /// Sends `n` requests made by `request`, in turn through `clients`: the tenant's

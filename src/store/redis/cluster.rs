@@ -3,20 +3,28 @@
 //! one master down backs off its slots' calls alone, while the others keep
 //! deciding theirs. Calls made before the slot map is known (every node unreachable
 //! since the start) count for the cluster as a whole.
+//!
+//! Calls go by `EVALSHA`. A master's script cache starts empty (a new cluster, a
+//! restart without persistence, a replica promoted by a failover: replicas do not
+//! get scripts) and may be emptied (`SCRIPT FLUSH`), so each script is loaded on
+//! each master ([`Loaded`]) before the first call there, and again when the master
+//! answers NOSCRIPT: one `SCRIPT LOAD` shared by every call that waits for it, rather
+//! than one full-text `EVAL` per call, whose burst outlasted the store timeout.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use sluice_redis::cluster::{self, Router};
+use sluice_redis::cluster::{self, Node, Router};
 use sluice_redis::{Request, Value};
 
 use crate::algorithm::Micros;
 use crate::store::{Report, ShardState, ShardStatus, StoreError};
 
 use super::health::Health;
-use super::scripts::{self, By, Call, Group, Scripts};
+use super::scripts::{self, By, Call, Group, Lua, Scripts};
 use super::{expire, shard_name, target, ConfigError};
 
 pub struct Cluster {
@@ -28,6 +36,104 @@ pub struct Cluster {
     report: Option<Arc<dyn Report>>,
     /// The seed nodes' `host:port`, for `/debug/store`.
     pub seeds: Vec<String>,
+    /// Per script and master met, whether it is loaded there; added to, never cut.
+    loaded: Arc<ArcSwap<Vec<Arc<Loaded>>>>,
+}
+
+/// One script on one master: loaded before the first call there, and loaded again
+/// by the first call that meets NOSCRIPT since, while the others wait for that load.
+struct Loaded {
+    node: String,
+    hash: String,
+    /// Loads the master answered; 0 until the first.
+    loads: AtomicU64,
+    /// Loads tried, answered or not.
+    tries: AtomicU64,
+    /// The master refused `SCRIPT LOAD` (an ACL): calls that meet NOSCRIPT send the
+    /// script's text, which caches it as well.
+    refused: AtomicBool,
+    /// Held while a load is under way.
+    loading: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Loaded {
+    /// The entry of `script` on `node`, made the first time they are met.
+    fn of(all: &ArcSwap<Vec<Arc<Loaded>>>, node: &str, script: &Lua) -> Arc<Loaded> {
+        let find = |all: &[Arc<Loaded>]| {
+            all.iter()
+                .find(|l| l.node == node && l.hash == script.hash())
+                .cloned()
+        };
+        if let Some(l) = find(&all.load()) {
+            return l;
+        }
+        let made = Arc::new(Loaded {
+            node: node.to_string(),
+            hash: script.hash().to_string(),
+            loads: AtomicU64::new(0),
+            tries: AtomicU64::new(0),
+            refused: AtomicBool::new(false),
+            loading: Arc::new(tokio::sync::Mutex::new(())),
+        });
+        let mut found = None;
+        all.rcu(|all| {
+            found = find(all);
+            let mut all = Vec::clone(all);
+            if found.is_none() {
+                all.push(made.clone());
+            }
+            all
+        });
+        found.unwrap_or(made)
+    }
+
+    /// Loads the script on `node` unless a load has answered since the caller saw
+    /// `seen` loads (then that one served it) or one was tried while the caller
+    /// waited (it failed: the call goes on and meets the outage itself); returns the
+    /// loads now. The load runs in a task of its own, so a caller that stops waiting
+    /// does not cancel it for the others.
+    async fn load(
+        self: &Arc<Self>,
+        router: &Arc<Router>,
+        node: &Arc<Node>,
+        text: &'static str,
+        seen: u64,
+    ) -> u64 {
+        if self.refused.load(Ordering::Relaxed) {
+            return seen;
+        }
+        let tried = self.tries.load(Ordering::Acquire);
+        let turn = self.loading.clone().lock_owned().await;
+        let now = self.loads.load(Ordering::Acquire);
+        if now != seen || self.tries.load(Ordering::Acquire) != tried {
+            return now;
+        }
+        self.tries.fetch_add(1, Ordering::Release);
+        let (me, router, node) = (self.clone(), router.clone(), node.clone());
+        let task = tokio::spawn(async move {
+            let mut req = Request::default();
+            req.start(3);
+            req.arg(b"SCRIPT");
+            req.arg(b"LOAD");
+            req.arg(text.as_bytes());
+            match router.run_on(&node, Arc::new(req)).await {
+                Ok(Value::Bulk(_)) => {
+                    me.loads.fetch_add(1, Ordering::Release);
+                }
+                Ok(Value::Error(e))
+                    if e.starts_with("NOPERM") || e.starts_with("ERR unknown command") =>
+                {
+                    tracing::debug!(node = %me.node, error = %e, "SCRIPT LOAD refused");
+                    me.refused.store(true, Ordering::Relaxed);
+                }
+                // Down, slow or busy: the calls meet that themselves.
+                _ => {}
+            }
+            drop(turn);
+            me.loads.load(Ordering::Acquire)
+        });
+        task.await.unwrap_or(seen)
+    }
 }
 
 impl Cluster {
@@ -48,7 +154,30 @@ impl Cluster {
             nodes: ArcSwap::from_pointee(Vec::new()),
             report,
             seeds: urls.iter().map(|u| shard_name(u)).collect(),
+            loaded: Arc::new(ArcSwap::from_pointee(Vec::new())),
         })
+    }
+
+    /// Reads the slot map and loads `script` on every master, in the background, so
+    /// that the first calls after start pay for neither (as a standalone shard's
+    /// connections are made and loaded at start). A failure is left for the first
+    /// call to meet.
+    pub fn warm(&self, script: &Lua) {
+        let (router, loaded) = (self.router.clone(), self.loaded.clone());
+        let script = script.clone();
+        tokio::spawn(async move {
+            let masters = router.masters().await;
+            let loads = masters.iter().map(|node| {
+                let entry = Loaded::of(&loaded, &node.name, &script);
+                let (router, text) = (&router, script.text());
+                async move {
+                    if entry.loads.load(Ordering::Acquire) == 0 {
+                        entry.load(router, node, text, 0).await;
+                    }
+                }
+            });
+            futures::future::join_all(loads).await;
+        });
     }
 
     /// The health a call to `slot` counts for: its master's, as the map places it
@@ -135,7 +264,8 @@ impl Cluster {
             .keys()
             .first()
             .map_or(0, |k| cluster::slot(k.as_bytes()));
-        self.eval(slot, |req, text| call.write(req, text)).await
+        self.eval(slot, call.script(), |req, text| call.write(req, text))
+            .await
     }
 
     /// The decide call of `group` on the node of its keys' slot, written straight
@@ -154,23 +284,47 @@ impl Cluster {
             true => By::Text,
             false => By::Hash(scripts.decide.hash()),
         };
-        self.eval(slot, |req, text| {
+        self.eval(slot, &scripts.decide, |req, text| {
             scripts::write_decide(req, by(text), &[group], fixed_now)
         })
         .await
     }
 
-    /// A script call that `write` writes ([`scripts::run`]) on the node of `slot`.
+    /// A call of `script` that `write` writes by hash (or, told `true`, by text) on
+    /// the node of `slot`: `EVALSHA`, the script loaded there first when it never
+    /// was, and again on NOSCRIPT. Only a call that still meets NOSCRIPT after that
+    /// (the master refuses `SCRIPT LOAD`, or a redirect took the call to a node not
+    /// met yet) sends the text. An error reply comes back as its [`StoreError`].
     async fn eval(
         &self,
         slot: u16,
+        script: &Lua,
         write: impl Fn(&mut Request, bool),
     ) -> Result<Value, StoreError> {
-        let router = &self.router;
-        scripts::run(write, |req| async move {
-            Ok(router.run(slot, Arc::new(req)).await?)
-        })
-        .await
+        let node = self.router.node(slot).await;
+        let loaded = Loaded::of(&self.loaded, &node.name, script);
+        let mut seen = loaded.loads.load(Ordering::Acquire);
+        if seen == 0 {
+            seen = loaded.load(&self.router, &node, script.text(), 0).await;
+        }
+        let send = |text: bool| {
+            let mut req = Request::default();
+            write(&mut req, text);
+            self.router.run(slot, Arc::new(req))
+        };
+        let mut value = send(false).await?;
+        if scripts::noscript(&value) {
+            if loaded.load(&self.router, &node, script.text(), seen).await != seen {
+                value = send(false).await?;
+            }
+            if scripts::noscript(&value) {
+                value = send(true).await?;
+            }
+        }
+        match value {
+            Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
+            v => Ok(v),
+        }
     }
 
     /// A command (`parts`, its name first) on the node of its first key's slot

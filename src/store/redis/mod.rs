@@ -263,11 +263,9 @@ impl RedisStore {
         }
         let scripts = Scripts::default();
         let backend = if opts.cluster {
-            Backend::Cluster(Box::new(Cluster::new(
-                &opts.urls,
-                opts.timeout,
-                report.clone(),
-            )?))
+            let cluster = Cluster::new(&opts.urls, opts.timeout, report.clone())?;
+            cluster.warm(&scripts.decide);
+            Backend::Cluster(Box::new(cluster))
         } else {
             let mut shards = Vec::with_capacity(opts.urls.len());
             if !opts.sentinels.is_empty() {

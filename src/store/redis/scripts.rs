@@ -1,9 +1,10 @@
 //! The Lua scripts and their calling convention: arguments out, verdicts back.
 //!
 //! Standalone shards on Redis 7 call the decide script as a function ([`Library`],
-//! `FCALL`). Otherwise scripts run with EVALSHA by their SHA-1; a server that answers
-//! NOSCRIPT (after a restart or `SCRIPT FLUSH`) gets the call again as EVAL, which
-//! caches the script.
+//! `FCALL`). Otherwise scripts run with EVALSHA by their SHA-1; a standalone server
+//! that answers NOSCRIPT (after a restart or `SCRIPT FLUSH`) gets the call again as
+//! EVAL, which caches the script. A cluster master gets the script loaded once
+//! instead, for all the calls that met its absence (see `cluster`).
 //!
 //! Exactness: Lua numbers are doubles, exact for integers below 2^53. The scripts
 //! never form a product directly (see `muldiv` in common.lua), so they agree with the
@@ -198,6 +199,10 @@ impl Call<'_> {
         &self.keys
     }
 
+    pub fn script(&self) -> &Lua {
+        self.script
+    }
+
     /// The call as one command: EVALSHA, or with `text` EVAL (after NOSCRIPT).
     pub fn write(&self, req: &mut Request, text: bool) {
         req.start(3 + self.keys.len() + self.args.len());
@@ -232,7 +237,7 @@ where
     let mut req = Request::default();
     write(&mut req, false);
     let mut value = send(req).await?;
-    if matches!(&value, Value::Error(e) if e.starts_with("NOSCRIPT")) {
+    if noscript(&value) {
         let mut req = Request::default();
         write(&mut req, true);
         value = send(req).await?;
@@ -241,6 +246,11 @@ where
         Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
         v => Ok(v),
     }
+}
+
+/// Whether a script call's reply says the server does not have the script.
+pub fn noscript(value: &Value) -> bool {
+    matches!(value, Value::Error(e) if e.starts_with("NOSCRIPT"))
 }
 
 /// Runs `call` on `pool`'s server ([`run`]).

@@ -208,6 +208,22 @@ impl Router {
         ))
     }
 
+    /// Sends `req`, a command without keys (such as `SCRIPT LOAD`), to `node` itself.
+    /// A connection error or timeout marks the map stale, as a routed call's does.
+    pub async fn run_on(&self, node: &Node, req: Arc<Request>) -> Result<Value, Error> {
+        let answer = node.pipe.call(req, false).await;
+        if answer.is_err() {
+            self.stale.store(true, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// The node a call to `slot` goes to first ([`Router::run`]): its master in the
+    /// map (read again first when stale, or when the slot is not placed yet).
+    pub async fn node(self: &Arc<Self>, slot: u16) -> Arc<Node> {
+        self.route(slot).await
+    }
+
     /// The node `slot`'s calls go to: its master in the map (read again first when
     /// stale), or any node when none is known, which redirects the call or answers
     /// why it cannot.
