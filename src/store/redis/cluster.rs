@@ -7,7 +7,7 @@
 //! Calls go by `EVALSHA`. A master's script cache starts empty (a new cluster, a
 //! restart without persistence, a replica promoted by a failover: replicas do not
 //! get scripts) and may be emptied (`SCRIPT FLUSH`), so each script is loaded on
-//! each master ([`Loaded`]) before the first call there, and again when the master
+//! each master (`Loaded`) before the first call there, and again when the master
 //! answers NOSCRIPT: one `SCRIPT LOAD` shared by every call that waits for it, rather
 //! than one full-text `EVAL` per call, whose burst outlasted the store timeout.
 
