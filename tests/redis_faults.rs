@@ -545,15 +545,13 @@ async fn users_on(node: &RedisServer, n: usize) -> Vec<usize> {
     (0..n).filter(|&i| holds(i)).collect()
 }
 
-#[tokio::test]
-async fn one_cluster_master_down_leaves_the_others_deciding() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    if !available() {
-        return;
-    }
-    let mut cluster = common::redis::RedisCluster::start(3).await;
-    // The survivors serve their slots while one master is down (else the whole
-    // cluster refuses after the node timeout).
+/// A 3-master cluster whose survivors serve their slots while one master is down
+/// (else the whole cluster refuses after the node timeout), and sluice on it with
+/// `policy`.
+async fn cluster_serving_its_survivors(
+    policy: &str,
+) -> (common::redis::RedisCluster, common::Server) {
+    let cluster = common::redis::RedisCluster::start(3).await;
     for node in &cluster.nodes {
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
@@ -566,9 +564,19 @@ async fn one_cluster_master_down_leaves_the_others_deciding() {
     let urls = cluster.urls().join(",");
     let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
     let sluice = common::Server::start(
-        POLICY,
+        policy,
         &["--store-timeout", &timeout, "--redis-cluster", &urls],
     );
+    (cluster, sluice)
+}
+
+#[tokio::test]
+async fn one_cluster_master_down_leaves_the_others_deciding() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let (mut cluster, sluice) = cluster_serving_its_survivors(POLICY).await;
     let mut client = sluice.client().await;
     const USERS: usize = 30;
     let mut call = async |i: usize| {
@@ -785,22 +793,7 @@ async fn one_cluster_master_down_lifts_only_its_own_limits() {
     if !available() {
         return;
     }
-    let mut cluster = common::redis::RedisCluster::start(3).await;
-    for node in &cluster.nodes {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-require-full-coverage")
-            .arg("no")
-            .query_async(&mut node.conn().await)
-            .await
-            .unwrap();
-    }
-    let urls = cluster.urls().join(",");
-    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
-    let sluice = common::Server::start(
-        SPLIT,
-        &["--store-timeout", &timeout, "--redis-cluster", &urls],
-    );
+    let (mut cluster, sluice) = cluster_serving_its_survivors(SPLIT).await;
     lifts_only_the_failed(&sluice, &mut cluster.nodes[0]).await;
 }
 
