@@ -85,37 +85,14 @@ impl Ca {
     /// `not_after` (`YYMMDDHHMMSSZ` up to 2049, `YYYYMMDDHHMMSSZ` after), signed with
     /// `openssl ca`, the one command of OpenSSL 3.0 that sets both dates.
     pub fn server_dated(&self, not_before: &str, not_after: &str) -> Pair {
-        let n = self.serial.get() + 1;
-        self.serial.set(n);
+        let Csr {
+            n,
+            key,
+            csr,
+            cert,
+            ext,
+        } = self.csr("localhost", "serverAuth", false);
         let d = self.dir.path();
-        let (key, csr, cert, ext) = (
-            format!("{n}.key"),
-            format!("{n}.csr"),
-            format!("{n}.crt"),
-            format!("{n}.cnf"),
-        );
-        openssl(
-            d,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-                "-subj",
-                "/CN=localhost",
-            ],
-        );
-        std::fs::write(
-            d.join(&ext),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("write extensions");
         let db = format!("{n}.db");
         std::fs::write(d.join(&db), "").expect("write the CA database");
         std::fs::write(d.join(format!("{n}.serial")), format!("{n:02X}\n"))
@@ -163,7 +140,10 @@ impl Ca {
         self.issue("localhost", "serverAuth,clientAuth", true)
     }
 
-    fn issue(&self, cn: &str, usage: &str, rsa: bool) -> Pair {
+    /// A new key (RSA 2048 with a PKCS#1 key, else P-256) and its signing request for
+    /// `cn`, and the extensions for `usage`, in the CA's directory under the next
+    /// serial.
+    fn csr(&self, cn: &str, usage: &str, rsa: bool) -> Csr {
         let n = self.serial.get() + 1;
         self.serial.set(n);
         let d = self.dir.path();
@@ -212,6 +192,24 @@ impl Ca {
             format!("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
         )
         .expect("write extensions");
+        Csr {
+            n,
+            key,
+            csr,
+            cert,
+            ext,
+        }
+    }
+
+    fn issue(&self, cn: &str, usage: &str, rsa: bool) -> Pair {
+        let Csr {
+            n,
+            key,
+            csr,
+            cert,
+            ext,
+        } = self.csr(cn, usage, rsa);
+        let d = self.dir.path();
         openssl(
             d,
             &[
@@ -238,6 +236,16 @@ impl Ca {
             key: d.join(key),
         }
     }
+}
+
+/// The files of one certificate to sign: its serial, key, request, certificate to
+/// be, and extensions.
+struct Csr {
+    n: u32,
+    key: String,
+    csr: String,
+    cert: String,
+    ext: String,
 }
 
 /// A mounted Secret as the kubelet writes it: `NAME -> ..data/NAME`, and `..data` a
