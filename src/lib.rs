@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod cert;
 pub mod cli;
 pub mod clock;
 pub mod compat;

@@ -19,8 +19,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Envoy's wire messages, generated: they use nothing of Sluice's.
     ("pb", &[]),
     ("clock", &["algorithm"]),
+    // A certificate's validity dates, for every side that loads one.
+    ("cert", &["clock"]),
     ("policy", &["algorithm", "clock", "hash", "pb"]),
-    ("store", &["algorithm", "clock", "hash"]),
+    ("store", &["algorithm", "cert", "clock", "hash"]),
     (
         "limiter",
         &["algorithm", "clock", "hash", "policy", "store"],
@@ -56,6 +58,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "source",
         &[
             "algorithm",
+            "cert",
             "clock",
             "hash",
             "policy",

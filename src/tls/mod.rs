@@ -33,10 +33,9 @@ use crate::telemetry::Metrics;
 
 mod listener;
 mod san;
-pub mod validity;
 
+use crate::cert::{self as validity, OutOfDate, Stamp, Validity};
 pub use listener::TlsListener;
-use validity::{OutOfDate, Stamp, Validity};
 
 /// Where a port's TLS files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,42 +345,6 @@ impl Contents {
             }),
         }
     }
-}
-
-/// Warns when the client certificate in `path`, which Sluice presents to `peer`,
-/// is out of its validity period at `now` (seconds): the peer will refuse every
-/// handshake. Only a warning: the refusals show where they happen (the store's
-/// `tls` errors, `sluice_xds_connected`), the file is read again at each
-/// connection, and a renewal may be on its way. A file that cannot be read is
-/// left to the code that reads it.
-pub fn warn_if_out_of_date(path: &Path, peer: &str, now: i64) {
-    let Ok(pem) = std::fs::read(path) else {
-        return;
-    };
-    let Some(Ok(cert)) = CertificateDer::pem_slice_iter(&pem).next() else {
-        return;
-    };
-    let Ok(validity) = Validity::of(&cert) else {
-        return;
-    };
-    match validity.check(now) {
-        Ok(()) => {}
-        Err(OutOfDate::Expired) => tracing::warn!(
-            cert = %path.display(),
-            expired = %Stamp(validity.not_after),
-            "the client certificate presented to {peer} has expired: {peer} will refuse it"
-        ),
-        Err(OutOfDate::NotYetValid) => tracing::warn!(
-            cert = %path.display(),
-            valid_from = %Stamp(validity.not_before),
-            "the client certificate presented to {peer} is not valid yet: {peer} will refuse it"
-        ),
-    }
-}
-
-/// The system clock's time in whole seconds since the epoch.
-pub fn now_seconds() -> i64 {
-    seconds(&crate::clock::SystemClock)
 }
 
 /// The clock's time in whole seconds since the epoch.

@@ -109,7 +109,7 @@ impl XdsSource {
     ) -> Result<XdsSource, XdsError> {
         endpoint(cfg, url)?;
         if let (true, Some(cert)) = (url.tls, &cfg.xds_tls_cert) {
-            crate::tls::warn_if_out_of_date(cert, "the xDS server", crate::tls::now_seconds());
+            crate::cert::warn_if_out_of_date(cert, "the xDS server", crate::cert::now_seconds());
         }
         metrics.declare_policy_source("xds");
         let connected = metrics.xds_connected();

@@ -242,7 +242,7 @@ fn target(url: &str, timeout: Duration) -> Result<Target, ConfigError> {
     let target = Target::parse(url, timeout).map_err(|e| bad_url(url, e))?;
     if let Some((cert, _)) = target.tls.as_ref().and_then(|t| t.client.as_ref()) {
         let peer = format!("Redis {}", shard_name(url));
-        crate::tls::warn_if_out_of_date(cert, &peer, crate::tls::now_seconds());
+        crate::cert::warn_if_out_of_date(cert, &peer, crate::cert::now_seconds());
     }
     Ok(target)
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Remakes the certificates of src/tls/validity.rs's and src/tls/mod.rs's tests: a
+# Remakes the certificates of src/cert.rs's and src/tls/mod.rs's tests: a
 # CA, one EC P-256 key for localhost, and certificates of it with fixed dates (the
 # tests set their clock against these dates). Needs openssl; run from this directory.
 set -eu

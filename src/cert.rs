@@ -5,6 +5,10 @@
 //! pulling in an X.509 parser.
 
 use std::fmt;
+use std::path::Path;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 /// How far in the future a certificate's `notBefore` may be and still be served:
 /// cert-manager and most CAs stamp a new certificate with the time of issue, and a
@@ -60,6 +64,43 @@ impl Validity {
             Ok(())
         }
     }
+}
+
+/// Warns when the client certificate in `path`, which Sluice presents to `peer`,
+/// is out of its validity period at `now` (seconds): the peer will refuse every
+/// handshake. Only a warning: the refusals show where they happen (the store's
+/// `tls` errors, `sluice_xds_connected`), the file is read again at each
+/// connection, and a renewal may be on its way. A file that cannot be read is
+/// left to the code that reads it.
+pub fn warn_if_out_of_date(path: &Path, peer: &str, now: i64) {
+    let Ok(pem) = std::fs::read(path) else {
+        return;
+    };
+    let Some(Ok(cert)) = CertificateDer::pem_slice_iter(&pem).next() else {
+        return;
+    };
+    let Ok(validity) = Validity::of(&cert) else {
+        return;
+    };
+    match validity.check(now) {
+        Ok(()) => {}
+        Err(OutOfDate::Expired) => tracing::warn!(
+            cert = %path.display(),
+            expired = %Stamp(validity.not_after),
+            "the client certificate presented to {peer} has expired: {peer} will refuse it"
+        ),
+        Err(OutOfDate::NotYetValid) => tracing::warn!(
+            cert = %path.display(),
+            valid_from = %Stamp(validity.not_before),
+            "the client certificate presented to {peer} is not valid yet: {peer} will refuse it"
+        ),
+    }
+}
+
+/// The system clock's time in whole seconds since the epoch.
+pub fn now_seconds() -> i64 {
+    use crate::clock::Clock;
+    i64::try_from(crate::clock::SystemClock.now() / 1_000_000).unwrap_or(i64::MAX)
 }
 
 /// Seconds since the epoch as an RFC 3339 UTC time, for messages.
@@ -153,14 +194,12 @@ fn number(digits: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
 
-    // Made by testdata/make.sh: a CA's certificates for localhost, valid from
+    // Made by tls/testdata/make.sh: a CA's certificates for localhost, valid from
     // 2030-01-01T00:00:00Z to 2030-02-01T00:00:00Z (UTCTime), and from
     // 2051-01-01T00:00:00Z to 2052-01-01T00:00:00Z (GeneralizedTime, past 2049).
-    const UTC: &[u8] = include_bytes!("testdata/2030.crt");
-    const GENERALIZED: &[u8] = include_bytes!("testdata/2051.crt");
+    const UTC: &[u8] = include_bytes!("tls/testdata/2030.crt");
+    const GENERALIZED: &[u8] = include_bytes!("tls/testdata/2051.crt");
     const JAN_2030: i64 = 1_893_456_000;
     const FEB_2030: i64 = 1_896_134_400;
     const JAN_2051: i64 = 2_556_144_000;
