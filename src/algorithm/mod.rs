@@ -186,17 +186,17 @@ pub fn decide_within(
 ) -> Decision {
     let mut d = decide_alone(limit, state, now, hits, max_delay);
     let v = &mut d.verdict;
-    if v.admitted && v.remaining == 0 && hits > 0 {
-        // A hypothetical one-hit request on the new state, at the same time, from a
-        // caller without a deadline: what every caller must wait at least.
-        let after = d.next.as_ref().or(state);
-        v.next_room = decide_alone(limit, after, now, 1, NO_DEADLINE)
-            .verdict
-            .retry_after;
-    } else if !v.admitted && v.retry_after == u64::MAX && hits > 0 {
-        // Never as sent: when the key admits anything, for its retry-after. Only
-        // such denials pay for it.
-        v.next_room = decide_alone(limit, state, now, 1, NO_DEADLINE)
+    // A hypothetical one-hit request at the same time, from a caller without a
+    // deadline: on the new state after an admission that leaves no room (what every
+    // caller must wait at least), on the old one after a denial no wait ends (when
+    // the key admits anything, for its retry-after). Only these pay for it.
+    let basis = match (v.admitted, hits > 0) {
+        (true, true) if v.remaining == 0 => Some(d.next.as_ref().or(state)),
+        (false, true) if v.retry_after == u64::MAX => Some(state),
+        _ => None,
+    };
+    if let Some(basis) = basis {
+        v.next_room = decide_alone(limit, basis, now, 1, NO_DEADLINE)
             .verdict
             .retry_after;
     }

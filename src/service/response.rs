@@ -531,15 +531,7 @@ descriptors:
         for (over_limit, statuses) in cases {
             let outcome = Outcome {
                 policy: policy.clone(),
-                domain_known: true,
-                over_limit,
-                statuses,
-                delay: 0,
-                failure: None,
-                offenders: Vec::new(),
-                now: None,
-                overrides: Vec::new(),
-                local: false,
+                ..outcome(over_limit, statuses)
             };
             let req = echoed();
             for style in [HeaderStyle::Off, HeaderStyle::Draft03, HeaderStyle::Ietf] {
