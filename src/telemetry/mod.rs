@@ -49,6 +49,8 @@ use crate::store::{ErrorKind, Evictions, Report, Spend};
 
 mod connections;
 mod denials;
+#[cfg(target_os = "linux")]
+mod process;
 mod record;
 mod render;
 mod store;
@@ -372,9 +374,7 @@ impl Metrics {
         // Go client serves, and what dashboards built for it chart.
         #[cfg(target_os = "linux")]
         registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
+            .register(Box::new(process::Process::for_self()))
             .expect("metric names are unique");
         let unknown_domain = registered(
             &registry,
