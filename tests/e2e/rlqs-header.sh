@@ -26,9 +26,7 @@ W=$(mktemp -d /tmp/sluice-rlqs-header.XXXXXX)
 
 read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN < <(free_ports 5)
 
-python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+start_upstream "$P_UP"
 
 {
     cat examples/policy-rlqs.yaml
@@ -41,11 +39,7 @@ wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream d
         rate_limit: {unit: minute, requests_per_unit: 3}
 YAML
 } >"$W/policy.yaml"
-"$SLUICE" serve --config "$W/policy.yaml" \
-    --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" >"$W/sluice.log" 2>&1 &
-pids+=($!)
-wait_for "sluice /readyz" 20 curl -fsS "http://127.0.0.1:$P_HTTP/readyz" ||
-    { tail -n 20 "$W/sluice.log"; die "sluice did not become ready"; }
+start_sluice sluice --config "$W/policy.yaml" || die "sluice did not become ready"
 
 # A matcher of the filter: requests under PREFIX fall into the bucket BUILDER.
 matcher() {
@@ -79,25 +73,10 @@ user='                                        user:
                                             typed_config:
                                               "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
                                               header_name: x-user'
-cat >"$W/envoy.yaml" <<YAML
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: $P_ADMIN}}
-static_resources:
-  listeners:
-    - name: ingress
-      address: {socket_address: {address: 127.0.0.1, port_value: $P_ENVOY}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
-                route_config:
-                  name: local
-                  virtual_hosts:
-                    - name: backend
-                      domains: ["*"]
-                      routes:
+{
+    envoy_listener "$P_ADMIN" "$P_ENVOY"
+    envoy_routes
+    cat <<YAML
                         - match: {prefix: /}
                           route: {cluster: backend, timeout: 10s}
                 http_filters:
@@ -114,50 +93,15 @@ $(matcher /api '                                        route: {string_value: ap
 $(matcher /user "                                        route: {string_value: user}
 $user")
 $(matcher /anon "$user")
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: sluice
-      type: STATIC
-      connect_timeout: 1s
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config:
-            http2_protocol_options: {}
-      load_assignment:
-        cluster_name: sluice
-        endpoints:
-          - lb_endpoints:
-              - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_GRPC}}}
-    - name: backend
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: backend
-        endpoints:
-          - lb_endpoints:
-              - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_UP}}}
 YAML
+    envoy_router
+    envoy_cluster sluice "$P_GRPC" grpc 1s
+    envoy_cluster backend "$P_UP" http1 1s
+} >"$W/envoy.yaml"
 # The filter has no stats: the stream's fate shows only in its debug log.
-"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
-    --component-log-level rate_limit_quota:debug \
-    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
-pids+=($!)
-wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" ||
-    { tail -n 20 "$W/envoy.log"; die "envoy did not start"; }
+start_envoy envoy "$W/envoy.yaml" "$P_ADMIN" --component-log-level rate_limit_quota:debug ||
+    die "envoy did not start"
 
-metric() {
-    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" |
-        awk -v s="$1" 'index($0, s " ") == 1 {print $2}'
-}
-# at_least SERIES N: the series reads N or more.
-at_least() {
-    local v
-    v=$(metric "$1")
-    [ -n "$v" ] && python3 -c "import sys; sys.exit(0 if $v >= $2 else 1)"
-}
 code() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
 LONG=$(python3 -c 'print("a" * 5000)')
 long() { code -H "x-user: $LONG" "http://127.0.0.1:$P_ENVOY/user"; }

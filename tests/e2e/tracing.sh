@@ -89,9 +89,7 @@ wait_for "jaeger query API" 60 curl -fsS "$QUERY/api/services" || { tail -n 20 "
 log "jaeger ready: OTLP grpc $P_OTLP_GRPC, http $P_OTLP_HTTP; query $QUERY"
 
 # --- upstream, and the policy ----------------------------------------------------------
-python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+start_upstream "$P_UP"
 mkdir -p "$W/policies"
 cat >"$W/policies/trace.yaml" <<'EOF'
 domain: trace-e2e
@@ -102,41 +100,21 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
 EOF
 
-SLUICE_PID=""
 SLUICE_ARGS=()
-# start_sluice LOGNAME ENV...: sluice with tracing set by the ENV assignments (and
+SLUICE_WAIT=30
+# traced_sluice LOGNAME ENV...: sluice with tracing set by the ENV assignments (and
 # the flags in SLUICE_ARGS).
-start_sluice() {
+traced_sluice() {
     local name=$1
     shift
-    env "$@" RUST_LOG=info,sluice::service=debug "$SLUICE" serve --config "$W/policies" \
-        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" "${SLUICE_ARGS[@]}" \
-        >"$W/$name.log" 2>&1 &
-    SLUICE_PID=$!
-    pids+=("$SLUICE_PID")
-    wait_for "sluice /readyz" 30 curl -fsS "http://127.0.0.1:$P_HTTP/readyz"
-}
-stop_sluice() {
-    [ -n "$SLUICE_PID" ] || return 0
-    kill "$SLUICE_PID" 2>/dev/null
-    wait "$SLUICE_PID" 2>/dev/null
-    SLUICE_PID=""
+    SLUICE_ENV=("$@" "RUST_LOG=info,sluice::service=debug")
+    start_sluice "$name" --config "$W/policies" "${SLUICE_ARGS[@]}"
 }
 
 # --- Envoy: every request traced, to Jaeger over OTLP/gRPC -----------------------------
-cat >"$W/envoy.yaml" <<EOF
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: $P_ADMIN}}
-static_resources:
-  listeners:
-    - name: ingress
-      address: {socket_address: {address: 127.0.0.1, port_value: $P_ENVOY}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
+{
+    envoy_listener "$P_ADMIN" "$P_ENVOY"
+    cat <<EOF
                 generate_request_id: true
                 tracing:
                   random_sampling: {value: 100}
@@ -158,48 +136,13 @@ static_resources:
                       routes:
                         - match: {prefix: "/"}
                           route: {cluster: upstream}
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: trace-e2e
-                      failure_mode_deny: false
-                      timeout: 2s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {envoy_grpc: {cluster_name: sluice}}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: sluice
-      type: STATIC
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {http2_protocol_options: {}}
-      load_assignment:
-        cluster_name: sluice
-        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_GRPC}}}}]}]
-    - name: jaeger
-      type: STATIC
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {http2_protocol_options: {}}
-      load_assignment:
-        cluster_name: jaeger
-        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_OTLP_GRPC}}}}]}]
-    - name: upstream
-      type: STATIC
-      load_assignment:
-        cluster_name: upstream
-        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $P_UP}}}}]}]
 EOF
-"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
-    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
-pids+=($!)
-wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" || { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
+    envoy_ratelimit_filters trace-e2e false
+    envoy_cluster sluice "$P_GRPC" grpc
+    envoy_cluster jaeger "$P_OTLP_GRPC" grpc
+    envoy_cluster upstream "$P_UP"
+} >"$W/envoy.yaml"
+start_envoy envoy "$W/envoy.yaml" "$P_ADMIN" || die "envoy did not become ready"
 URL="http://127.0.0.1:$P_ENVOY"
 
 # check_trace LABEL USER [REDIS_PORT]: three requests as USER (the third is over the
@@ -228,52 +171,45 @@ check_trace() {
 }
 
 # --- 1. OTLP/HTTP (the default protocol) ----------------------------------------------
-start_sluice sluice-otlp-http OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
+traced_sluice sluice-otlp-http OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
     OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
-    { tail -n 20 "$W/sluice-otlp-http.log"; die "sluice (OTLP/HTTP) did not become ready"; }
+    die "sluice (OTLP/HTTP) did not become ready"
 check_trace otlp-http "alice-7731-secret"
 stop_sluice
 
 # --- 2. OTLP/gRPC -------------------------------------------------------------------------
-start_sluice sluice-otlp-grpc OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_GRPC" \
+traced_sluice sluice-otlp-grpc OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_GRPC" \
     OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
-    { tail -n 20 "$W/sluice-otlp-grpc.log"; die "sluice (OTLP/gRPC) did not become ready"; }
+    die "sluice (OTLP/gRPC) did not become ready"
 check_trace otlp-grpc "bob-4410-secret"
 stop_sluice
 
 # --- 3. Redis as the store: the store call is a child span ------------------------------
-redis-server --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no \
-    --logfile "$W/redis.log" &
-pids+=($!)
-wait_for redis 10 python3 -c "import socket; socket.create_connection(('127.0.0.1', $P_REDIS), 1)" ||
-    die "redis-server did not start"
+start_redis "$P_REDIS" || die "redis-server did not start"
 # `localhost`, not 127.0.0.1: the check below also finds no client address in
 # Sluice's spans, and the shard's name is what server.address carries.
 SLUICE_ARGS=(--redis "redis://localhost:$P_REDIS" --store-timeout 1s)
-start_sluice sluice-redis OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
+traced_sluice sluice-redis OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_OTLP_HTTP" \
     OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
-    { tail -n 20 "$W/sluice-redis.log"; die "sluice (Redis) did not become ready"; }
+    die "sluice (Redis) did not become ready"
 check_trace redis "dave-5102-secret" "$P_REDIS"
 stop_sluice
 SLUICE_ARGS=()
 
 # --- 4. a collector that is down --------------------------------------------------------
-start_sluice sluice-down OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_DOWN" \
+traced_sluice sluice-down OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_DOWN" \
     OTEL_TRACES_SAMPLER=always_on OTEL_BSP_SCHEDULE_DELAY=100 OTEL_EXPORTER_OTLP_TIMEOUT=500 ||
-    { tail -n 20 "$W/sluice-down.log"; die "sluice (collector down) did not become ready"; }
+    die "sluice (collector down) did not become ready"
 slow=$(for i in $(seq 1 40); do
     curl -sS --max-time 10 -o /dev/null -w '%{time_total}\n' -H "x-user-id: carol-$i" "$URL/down"
 done | awk '$1 > 0.5 { n++ } END { print n + 0 }')
 [ "$slow" = 0 ] && ok "collector down: 40 requests through Envoy, none slower than 0.5 s" ||
     bad "collector down: $slow of 40 requests took over 0.5 s"
-failed_spans() {
-    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" |
-        awk '/^sluice_trace_spans_total\{result="failed"\}/ { print $2 }'
-}
-if wait_for "failed spans counted" 20 sh -c "[ \"\$(curl -fsS http://127.0.0.1:$P_HTTP/metrics | awk '/^sluice_trace_spans_total\\{result=\"failed\"\\}/ { print \$2 }')\" -ge 1 ] 2>/dev/null"; then
-    ok "collector down: lost spans counted, sluice_trace_spans_total{result=\"failed\"} $(failed_spans)"
+FAILED_SPANS='sluice_trace_spans_total{result="failed"}'
+if wait_for "failed spans counted" 20 at_least "$FAILED_SPANS" 1; then
+    ok "collector down: lost spans counted, $FAILED_SPANS $(metric "$FAILED_SPANS")"
 else
-    bad "collector down: sluice_trace_spans_total{result=\"failed\"} is '$(failed_spans)', want >= 1"
+    bad "collector down: $FAILED_SPANS is '$(metric "$FAILED_SPANS")', want >= 1"
 fi
 if grep -q "trace export failed" "$W/sluice-down.log"; then
     ok "collector down: a warning in the log"
