@@ -425,11 +425,12 @@ rl_calls() {
 # 20 a day; each request costs 1, then its response 8: 9, 18, 27 after three. The
 # third charge passes the limit and is owed (counted whole), so the fourth request is
 # denied; a charge that spent nothing past the limit would leave 19 and admit it.
+charged() { [ "$(rl_calls)" -ge "$((before + 2))" ]; }
 tokens=""
 for i in 1 2 3 4; do
     before=$(rl_calls)
     tokens+="$(req t$i /tokens -H 'x-llm-user: u1' -H 'x-cost: 8') "
-    [ "$i" = 4 ] || wait_for "the charge of request $i" 10 test "$(rl_calls)" -ge "$((before + 2))" ||
+    [ "$i" = 4 ] || wait_for "the charge of request $i" 10 charged ||
         bad "no charge reached Sluice after /tokens request $i"
 done
 if [ "$tokens" = "200 200 200 429 " ]; then
