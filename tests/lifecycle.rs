@@ -186,3 +186,88 @@ async fn sighup_reads_the_files_at_once_and_keeps_serving() {
     assert_eq!(reloads, Some(2.0), "the start's load and the SIGHUP's");
     assert!(server.try_exit().is_none(), "SIGHUP ended the process");
 }
+
+/// A poll that cannot open the files because the process is out of file descriptors
+/// says nothing of the files: it is not a refused policy (which would tell the
+/// operator to fix a file that is fine and fire SluicePolicyReloadRefused), and the
+/// files are read again once descriptors are free.
+#[tokio::test]
+async fn a_poll_starved_of_file_descriptors_refuses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy(5)).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env("RUST_LOG", "info")
+        .arg("serve")
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "off", "--reload-interval", "100ms"])
+        // The gRPC port may take every descriptor (its default cap keeps a quarter
+        // free), and holds silent connections long enough.
+        .args([
+            "--grpc-max-connections",
+            "1000",
+            "--handshake-timeout",
+            "60s",
+        ])
+        .arg("--config")
+        .arg(&path);
+    // SAFETY: setrlimit(2) in the child between fork and exec; no allocation.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let server = Server::spawn(cmd, dir);
+
+    // Silent connections until sluice has no descriptor left for the policy file.
+    let mut held = Vec::new();
+    for _ in 0..80 {
+        held.push(std::net::TcpStream::connect(&server.grpc).unwrap());
+    }
+    server
+        .wait_line(Duration::from_secs(10), "the starved poll", |l| {
+            l.contains("policy files cannot be read for now")
+        })
+        .await;
+    drop(held);
+    let lines = server
+        .wait_line(Duration::from_secs(10), "the files read again", |l| {
+            l.contains("policy files can be read again")
+        })
+        .await;
+    assert!(
+        !lines.iter().any(|l| l.contains("policy refused")),
+        "{lines:#?}"
+    );
+    // Read once descriptors are free again (the lines above say so).
+    let refused = server
+        .metric(
+            "sluice_policy_reloads_total",
+            &[("result", "error"), ("source", "file")],
+        )
+        .unwrap_or(0.0);
+    assert_eq!(refused, 0.0, "a file that is fine was counted as refused");
+
+    // The files are watched as before: an edit is served.
+    write_atomic(&server.policy_path(), &policy(50));
+    let c = server.client().await;
+    eventually(Duration::from_secs(10), "the edit served", || {
+        let mut c = c.clone();
+        async move {
+            let r = call(&mut c, request("cm", vec![desc(&[("k", "v")])])).await;
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit)
+                == Some(50)
+        }
+    })
+    .await;
+}

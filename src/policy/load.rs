@@ -50,6 +50,9 @@ pub struct Snapshot {
     notes: Vec<String>,
     /// How many files each path stood for, in the order of the paths.
     per_path: Vec<usize>,
+    /// The first file that could not be read for want of file descriptors or
+    /// memory ([`Snapshot::starved`]).
+    starved: Option<String>,
 }
 
 impl Snapshot {
@@ -64,7 +67,8 @@ impl Snapshot {
             per_path.push(found.len());
             for file in found {
                 let source = file.display().to_string();
-                let text = std::fs::read_to_string(&file).map_err(|e| unreadable(&source, &e));
+                let text =
+                    std::fs::read_to_string(&file).map_err(|e| listing.unreadable(&source, &e));
                 files.push((source, text));
             }
         }
@@ -73,7 +77,15 @@ impl Snapshot {
             errors: listing.errors,
             notes: listing.notes,
             per_path,
+            starved: listing.starved,
         }
+    }
+
+    /// Why the snapshot is incomplete through no fault of the files: a read failed
+    /// for want of file descriptors or memory. Such a snapshot says nothing of the
+    /// files, so a watcher tries again rather than refusing them.
+    pub fn starved(&self) -> Option<&str> {
+        self.starved.as_deref()
     }
 
     /// For each path, in order, whether it stood for at least one file.
@@ -146,6 +158,8 @@ impl Snapshot {
 struct Listing {
     errors: Vec<PolicyError>,
     notes: Vec<String>,
+    /// The first read that failed for want of descriptors or memory.
+    starved: Option<String>,
 }
 
 impl Listing {
@@ -156,7 +170,8 @@ impl Listing {
             Ok(meta) if meta.is_dir() => {}
             Ok(_) => return vec![path.to_path_buf()],
             Err(e) => {
-                self.errors.push(unreadable(&source, &e));
+                let e = self.unreadable(&source, &e);
+                self.errors.push(e);
                 return Vec::new();
             }
         }
@@ -193,7 +208,8 @@ impl Listing {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) => {
-                self.errors.push(unreadable(&source, &e));
+                let e = self.unreadable(&source, &e);
+                self.errors.push(e);
                 return;
             }
         };
@@ -201,7 +217,8 @@ impl Listing {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
-                    self.errors.push(unreadable(&source, &e));
+                    let e = self.unreadable(&source, &e);
+                    self.errors.push(e);
                     continue;
                 }
             };
@@ -214,8 +231,8 @@ impl Listing {
             let meta = match std::fs::metadata(&file) {
                 Ok(meta) => meta,
                 Err(e) => {
-                    self.errors
-                        .push(unreadable(&file.display().to_string(), &e));
+                    let e = self.unreadable(&file.display().to_string(), &e);
+                    self.errors.push(e);
                     continue;
                 }
             };
@@ -236,11 +253,23 @@ fn is_yaml(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
-fn unreadable(source: &str, e: &std::io::Error) -> PolicyError {
-    PolicyError {
-        file: source.to_string(),
-        line: None,
-        message: format!("cannot read: {e}"),
+impl Listing {
+    /// The error of `source`, which could not be read; remembered as starvation
+    /// when the process, not the file, is at fault.
+    fn unreadable(&mut self, source: &str, e: &std::io::Error) -> PolicyError {
+        let error = PolicyError {
+            file: source.to_string(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        };
+        let starved = matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+        ) || e.kind() == std::io::ErrorKind::OutOfMemory;
+        if starved && self.starved.is_none() {
+            self.starved = Some(error.to_string());
+        }
+        error
     }
 }
 

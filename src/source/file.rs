@@ -35,6 +35,9 @@ pub struct FileSource {
     notes: Vec<String>,
     /// For each path, whether it held a policy file in the files serving now.
     had_files: Vec<bool>,
+    /// Whether the last poll could not read the files for want of descriptors or
+    /// memory (warned once, until a poll reads them again).
+    starved: bool,
 }
 
 impl FileSource {
@@ -58,6 +61,7 @@ impl FileSource {
             refused: None,
             notes: Vec::new(),
             had_files: snapshot.paths_with_files(),
+            starved: false,
         };
         source.warn(&snapshot);
         let (_compiled, docs) = snapshot.load()?;
@@ -155,6 +159,17 @@ impl FileSource {
     /// edit that lands between two reads is never mistaken for one already loaded.
     pub fn check(&mut self) -> bool {
         let snapshot = Snapshot::read(&self.paths, self.dir_files);
+        // The process, not the files, is at fault: nothing is refused or counted,
+        // and the next poll reads them again.
+        if let Some(why) = snapshot.starved() {
+            if !std::mem::replace(&mut self.starved, true) {
+                tracing::warn!(error = %why, "policy files cannot be read for now; the last good policy keeps serving and the next poll tries again");
+            }
+            return false;
+        }
+        if std::mem::take(&mut self.starved) {
+            tracing::info!("policy files can be read again");
+        }
         self.warn(&snapshot);
         let seen = snapshot.fingerprint();
         if seen == self.loaded {
