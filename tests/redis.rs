@@ -20,6 +20,9 @@ use sluice::store::redis::{shard, Options, RedisStore};
 use sluice::store::{Board, Fallback, Hit, MemoryStore, Mode, Spend, Store, StoreError, Verdicts};
 use tonic::transport::Channel;
 
+/// What a probed decision waits for its shards, as the limiter's store timeout.
+const WAIT: Duration = Duration::from_secs(1);
+
 /// A Redis store with the servers it runs on, which live as long as it does.
 struct TestStore {
     store: RedisStore,
@@ -1468,10 +1471,13 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
     }
     // A traced call names the master the slot map gives its slot, as a standalone
-    // shard's call names the shard; one over several slots names none.
+    // shard's call names the shard; a request over several slots has a call per
+    // slot, each naming its master.
     let ears = Ears::default();
     let one = hit("probed-one", Algorithm::FixedWindow, 5, 60 * SECOND, 1);
-    let v = store.decide_probed(std::slice::from_ref(&one), &ears).await;
+    let v = store
+        .decide_within(std::slice::from_ref(&one), WAIT, Some(&ears))
+        .await;
     assert!(v.expect("decide").admitted);
     let heard = std::mem::take(&mut *ears.0.lock().unwrap());
     assert_eq!(heard.len(), 1, "{heard:?}");
@@ -1484,14 +1490,24 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
         hit("probed-a", Algorithm::FixedWindow, 5, 60 * SECOND, 1),
         hit("probed-b", Algorithm::FixedWindow, 5, 60 * SECOND, 1),
     );
-    let v = store.decide_probed(&[a, b], &ears).await;
+    let v = store.decide_within(&[a, b], WAIT, Some(&ears)).await;
     assert!(v.expect("decide").admitted);
     let heard = std::mem::take(&mut *ears.0.lock().unwrap());
-    assert_eq!(heard.len(), 1, "{heard:?}");
+    let mut named: Vec<Option<u16>> = heard.iter().map(|h| h.1).collect();
+    named.sort();
+    let mut holding = Vec::new();
+    for key in ["*probed-a*", "*probed-b*"] {
+        for node in &cluster.nodes {
+            let keys: Vec<String> = on_node(node, &["KEYS", key]).await;
+            if !keys.is_empty() {
+                holding.push(Some(node.port));
+            }
+        }
+    }
+    holding.sort();
     assert_eq!(
-        (heard[0].0.as_deref(), heard[0].1),
-        (None, None),
-        "{heard:?}"
+        named, holding,
+        "one call per slot, by its master: {heard:?}"
     );
 
     // Counters spread over every master.
@@ -3600,7 +3616,7 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
     let ears = Ears::default();
     let v = t
         .store
-        .decide_probed(std::slice::from_ref(&on0), &ears)
+        .decide_within(std::slice::from_ref(&on0), WAIT, Some(&ears))
         .await
         .unwrap();
     assert!(v.admitted);
@@ -3616,7 +3632,7 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
     // Over both shards (on0 is now full: denied, so on1's hit is given back).
     let v = t
         .store
-        .decide_probed(&[on0.clone(), on1.clone()], &ears)
+        .decide_within(&[on0.clone(), on1.clone()], WAIT, Some(&ears))
         .await
         .unwrap();
     assert!(!v.admitted);
@@ -3631,7 +3647,7 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
     // The denial of on0 alone is now cached: no call, nothing heard.
     let v = t
         .store
-        .decide_probed(std::slice::from_ref(&on0), &ears)
+        .decide_within(std::slice::from_ref(&on0), WAIT, Some(&ears))
         .await
         .unwrap();
     assert!(!v.admitted);

@@ -1192,47 +1192,44 @@ impl<S: Store> Limiter<S> {
         ok
     }
 
+    /// Asks the store, waiting at most the store timeout, or the caller's `wait`
+    /// when shorter. The store is told the wait too: over several shards it answers
+    /// by then with what those that answered decided ([`Store::decide_within`]).
     async fn ask_store(
         &self,
         hits: &[Hit],
         wait: Option<Duration>,
         probe: Option<&dyn Probe>,
     ) -> Result<crate::store::Verdicts, StoreError> {
-        match probe {
-            None => {
-                let call = std::pin::pin!(self.store.decide(hits));
-                self.race_store(call, wait).await
-            }
-            Some(probe) => {
-                let call = std::pin::pin!(self.store.decide_probed(hits, probe));
-                self.race_store(call, wait).await
-            }
-        }
+        let wait = wait.map_or(self.settings.store_timeout, |w| {
+            w.min(self.settings.store_timeout)
+        });
+        let call = std::pin::pin!(self.store.decide_within(hits, wait, probe));
+        self.race_store(call, wait).await
     }
 
-    /// A store call, raced against the store timeout. The caller pins the call: taken
-    /// by value and pinned here, it would be held twice in this future's state, and
-    /// each request's future (which holds this one) would be moved and allocated at
-    /// twice its size.
+    /// A store call, raced against `wait`. The caller pins the call: taken by value
+    /// and pinned here, it would be held twice in this future's state, and each
+    /// request's future (which holds this one) would be moved and allocated at twice
+    /// its size.
     async fn race_store(
         &self,
         mut call: std::pin::Pin<
             &mut impl std::future::Future<Output = Result<crate::store::Verdicts, StoreError>>,
         >,
-        wait: Option<Duration>,
+        wait: Duration,
     ) -> Result<crate::store::Verdicts, StoreError> {
         // A store that answers on the first poll (the memory store always does) needs
-        // no timer; only a pending call is raced against --store-timeout (or the
-        // caller's shorter deadline).
+        // no timer; only a pending call is raced.
         if let Some(result) = futures::FutureExt::now_or_never(&mut call) {
             return result;
         }
-        let timeout = wait.map_or(self.settings.store_timeout, |w| {
-            w.min(self.settings.store_timeout)
-        });
-        match tokio::time::timeout(timeout, call).await {
+        match tokio::time::timeout(wait, &mut call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout),
+            // The request's one timer, the store's too: polled once more past the
+            // wait, a request over several shards answers with what those that
+            // answered decided. Anything still pending is the failure mode's.
+            Err(_) => futures::FutureExt::now_or_never(call).unwrap_or(Err(StoreError::Timeout)),
         }
     }
 }
@@ -1734,6 +1731,98 @@ descriptors:
         assert_eq!(o.error_answer(), None, "decided: OVER_LIMIT, not an error");
         let offenders: Vec<usize> = o.offenders.iter().map(|(i, _)| *i).collect();
         assert_eq!(offenders, [1]);
+    }
+
+    /// [`HalfDown`] whose failing shard hangs instead: the request is answered at
+    /// the caller's wait, with the healthy shard's verdicts, when the caller polls
+    /// it then (it sets no timer), as the Redis store answers a request over a hung
+    /// shard and a healthy one.
+    struct HalfHung(HalfDown);
+
+    impl crate::store::Board for HalfHung {}
+
+    impl Store for HalfHung {
+        async fn decide(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.decide(hits).await
+        }
+
+        async fn decide_within(
+            &self,
+            hits: &[Hit],
+            wait: Duration,
+            _: Option<&dyn Probe>,
+        ) -> Result<crate::store::Verdicts, StoreError> {
+            let until = tokio::time::Instant::now() + wait;
+            std::future::poll_fn(|_| {
+                if tokio::time::Instant::now() < until {
+                    std::task::Poll::Pending
+                } else {
+                    std::task::Poll::Ready(())
+                }
+            })
+            .await;
+            let mut decided = self.0.decide(hits).await?;
+            if let Some(failed) = &mut decided.failed {
+                failed.error = StoreError::Timeout;
+            }
+            Ok(decided)
+        }
+
+        async fn peek(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.peek(hits).await
+        }
+
+        fn active_keys(&self) -> usize {
+            0
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    /// A request over a hung and a healthy shard, failing open, from a caller whose
+    /// deadline is shorter than the store timeout: the store is told that wait and
+    /// answers by it, so the healthy shard's full limit still denies.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_hung_past_the_callers_wait_lifts_only_its_descriptors() {
+        let policy = "domain: d
+failure_mode: open
+descriptors:
+  - key: down
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: up
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = HalfHung(HalfDown(crate::store::MemoryStore::new(
+            Arc::new(clock.clone()),
+            1000,
+        )));
+        let settings = Settings {
+            store_timeout: Duration::from_millis(100),
+            ..Settings::default()
+        };
+        let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+            .with_clock(Arc::new(clock.clone()));
+        let (down, up) = ([("down", "x")], [("up", "y")]);
+        let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
+        let left = Some(Duration::from_millis(20));
+
+        let started = tokio::time::Instant::now();
+        let o = limiter.decide_within("d", &both, left).await;
+        assert_eq!(started.elapsed(), store_wait(Duration::from_millis(20)));
+        assert!(!o.over_limit);
+        assert_eq!(o.statuses[0].verdict, None, "lifted: no verdict");
+        let healthy = o.statuses[1].verdict.expect("the healthy shard's verdict");
+        assert_eq!(healthy.remaining, 0, "counted");
+        assert!(o.failure.as_ref().is_some_and(|f| f.partial));
+
+        let o = limiter.decide_within("d", &both, left).await;
+        assert!(o.over_limit, "the healthy limit is full");
+        assert!(o.statuses[1].over_limit && !o.statuses[0].over_limit);
     }
 
     #[tokio::test]

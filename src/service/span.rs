@@ -466,11 +466,15 @@ mod tests {
             self.store.decide(hits).await
         }
 
-        async fn decide_probed(
+        async fn decide_within(
             &self,
             hits: &[Hit],
-            probe: &dyn Probe,
+            _: Duration,
+            probe: Option<&dyn Probe>,
         ) -> Result<Verdicts, StoreError> {
+            let Some(probe) = probe else {
+                return self.decide(hits).await;
+            };
             self.probed
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let started = std::time::SystemTime::now();

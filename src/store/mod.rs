@@ -116,9 +116,9 @@ impl Hit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fallback {
     /// A key it cannot keep: as a fresh counter would, without keeping it. A counter
-    /// on a shard that fails: the hit is lifted, and the request's other hits still
-    /// decide it and are spent if it is admitted ([`Verdicts::failed`]).
-    /// `failure_mode: open`.
+    /// on a shard that fails (or hangs past the caller's wait): the hit is lifted,
+    /// and the request's other hits still decide it and are spent if it is admitted
+    /// ([`Verdicts::failed`]). `failure_mode: open`.
     #[default]
     Admit,
     /// Denied; a counter on a shard that fails fails the whole request
@@ -139,8 +139,9 @@ pub struct Verdicts {
     /// than read the clock again.
     pub now: Option<Micros>,
     /// Hits the store could not decide while it decided the others (their shard
-    /// failed; only for hits whose fallback is [`Fallback::Admit`]). `None`, and
-    /// nothing allocated, when every hit was decided.
+    /// failed, or did not answer within the caller's wait; only for hits whose
+    /// fallback is [`Fallback::Admit`]). `None`, and nothing allocated, when every
+    /// hit was decided.
     pub failed: Option<Failed>,
 }
 
@@ -179,14 +180,23 @@ pub trait Store: Board + Send + Sync + 'static {
     /// Decides `hits` together: all checked, all consumed only if [`admitted`].
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send;
 
-    /// [`Store::decide`], telling `probe` of each round trip to a server (a store
-    /// that makes none, as the memory store, tells it nothing).
-    fn decide_probed(
+    /// [`Store::decide`] for a caller who waits `wait` from the first poll, telling
+    /// `probe` (when given) of each round trip to a server; a store that makes none,
+    /// as the memory store, ignores both.
+    ///
+    /// A store over several servers answers a request whose hits span them, when
+    /// polled at or after `wait`, with what the servers that answered decided: the
+    /// hits of one that has not answered are undecided, as if it had failed
+    /// ([`Verdicts::failed`]). It sets no timer for that: the caller, who bounds the
+    /// call anyway (the limiter's store timeout), polls it once more when its own
+    /// timer of `wait` fires. A call on one server is left to that timer.
+    fn decide_within(
         &self,
         hits: &[Hit],
-        probe: &dyn Probe,
+        wait: std::time::Duration,
+        probe: Option<&dyn Probe>,
     ) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
-        let _ = probe;
+        let _ = (wait, probe);
         self.decide(hits)
     }
 
@@ -351,12 +361,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
         (**self).decide(hits)
     }
 
-    fn decide_probed(
+    fn decide_within(
         &self,
         hits: &[Hit],
-        probe: &dyn Probe,
+        wait: std::time::Duration,
+        probe: Option<&dyn Probe>,
     ) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
-        (**self).decide_probed(hits, probe)
+        (**self).decide_within(hits, wait, probe)
     }
 
     fn peek(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {

@@ -16,9 +16,11 @@
 //! The call keeps the shard's timeout and health accounting: it is bounded by the
 //! call timeout, counts as one success or one failure, and its failure fails every
 //! request in it. A request whose caller stopped waiting (the limiter's store
-//! timeout) before its call was sent is dropped unsent, so it consumes nothing. A
-//! full queue makes callers wait (the limiter's store timeout bounds the wait), so
-//! overload never grows memory.
+//! timeout, or a request over several shards admitted at its deadline without this
+//! shard) before its call was sent is dropped unsent, so it consumes nothing; a call
+//! already sent is not cut short for one request's deadline, as it decides the
+//! others in it too. A full queue makes callers wait (the limiter's store timeout
+//! bounds the wait), so overload never grows memory.
 //!
 //! The call is an `FCALL` of the decide function ([`scripts::Library`]) where the
 //! server has functions (Redis 7) and lets Sluice load them, else an `EVALSHA` of the
@@ -28,7 +30,10 @@
 //! connections for the master the sentinels named last ([`super::sentinel`]), make
 //! them again when it changes, and report each outage so the sentinels are asked.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use sluice_redis::sentinel::Master;
@@ -170,7 +175,8 @@ impl Coalescer {
         group: Group,
         fixed_now: Option<Micros>,
     ) -> Result<Reply, StoreError> {
-        outcome(&mut self.enqueue(group, fixed_now).await?).await
+        let mut pending = self.enqueue(group, fixed_now).await?;
+        std::future::poll_fn(|cx| poll_outcome(&mut pending, cx)).await
     }
 
     /// Queues `group` for the shard's next call; the answer comes on the receiver.
@@ -194,11 +200,16 @@ impl Coalescer {
 /// Where a queued group's outcome arrives.
 pub type Pending = oneshot::Receiver<Result<Reply, StoreError>>;
 
-/// The outcome of a queued group; a shard task that ended without answering is an
-/// unavailable shard. Borrowed, so that a caller dropped while waiting still holds the
-/// receiver (and can hand it on).
-pub async fn outcome(pending: &mut Pending) -> Result<Reply, StoreError> {
-    pending.await.unwrap_or_else(|_| Err(closed()))
+/// The outcome of a queued group, once it has come; a shard task that ended without
+/// answering is an unavailable shard. Borrowed, so that a caller that stops waiting
+/// still holds the receiver (and can hand it on).
+pub fn poll_outcome(
+    pending: &mut Pending,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Reply, StoreError>> {
+    Pin::new(pending)
+        .poll(cx)
+        .map(|answer| answer.unwrap_or_else(|_| Err(closed())))
 }
 
 struct ShardTask {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::store::{Beats, Heard, Hit, Replicas, ShardBeats, StoreError};
 
 use super::scripts::Lua;
-use super::{shard, Backend, RedisStore};
+use super::{Backend, RedisStore};
 use sluice_redis::Value;
 
 static HEARTBEAT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/local.lua")));
@@ -154,8 +154,7 @@ impl RedisStore {
     /// [`crate::store::Store::settle`]: marks `token` on the counter's shard, and
     /// charges the counter only when the mark is new.
     pub(super) async fn settle_once(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
-        let key = shard::redis_key(&self.inner.prefix, hit);
-        let target = self.inner.target(hit, &key);
+        let target = self.inner.target(hit);
         self.inner.health(target).check()?;
         let mut call = MARK.call();
         call.key(format!("{}settled:{token}", self.inner.prefix))
@@ -165,7 +164,9 @@ impl RedisStore {
         if matches!(marked, Value::Nil) {
             return Ok(false);
         }
-        self.decide_with(std::slice::from_ref(hit), None).await?;
+        self.inner
+            .decide_one(std::slice::from_ref(hit), None)
+            .await?;
         Ok(true)
     }
 }

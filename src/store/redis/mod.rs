@@ -18,6 +18,9 @@
 //! path"); an idle shard still gets a lone request at once. One call counts as one
 //! success or failure for the shard's health. In a cluster each request makes its
 //! own call per slot.
+//! A request over several shards is decided by those that answer by its deadline:
+//! one that fails or hangs leaves its own hits undecided, and under `failure_mode:
+//! open` only those are lifted (`spread`).
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
 //! failing are backed off ([`health`]). When a shard first answers, its expire cycle
 //! is checked against the store timeout once ([`expire`]).
@@ -42,8 +45,8 @@ use crate::clock::Clock;
 
 use super::probe::{split_address, Probe, StoreCall};
 use super::{
-    admitted, Board, ErrorKind, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError,
-    Strike, Verdicts,
+    admitted, Board, Hit, Report, Sentenced, ShardStatus, Spend, Store, StoreError, Strike,
+    Verdicts,
 };
 
 mod board;
@@ -159,9 +162,6 @@ impl std::ops::Deref for HealthOf<'_> {
         }
     }
 }
-
-/// The target of a cluster call over several slots: no slot, so no one master.
-const SEVERAL_SLOTS: usize = usize::MAX;
 
 /// A cluster's target is its slot (below 16384).
 fn slot_of(target: usize) -> u16 {
@@ -375,11 +375,11 @@ impl Inner {
         }
     }
 
-    /// The shard (standalone) or slot (cluster) a key belongs to.
-    fn target(&self, hit: &Hit, key: &str) -> usize {
+    /// The shard (standalone) or slot (cluster) a hit's counter belongs to.
+    fn target(&self, hit: &Hit) -> usize {
         match &self.backend {
             Backend::Shards(s) => shard::jump_hash(hit.placement, s.len()),
-            Backend::Cluster(_) => usize::from(shard::slot(key.as_bytes())),
+            Backend::Cluster(_) => usize::from(shard::placement_slot(hit.placement)),
         }
     }
 
@@ -444,16 +444,28 @@ impl Inner {
         }
     }
 
-    /// `decide` when every hit is on one shard (or slot), the usual case: one call
-    /// that consumes all or nothing, so no grouping and nothing to give back.
-    async fn decide_one_target(
+    /// Decides `hits`, which all live on one shard (or slot), the usual case: one
+    /// call that consumes all or nothing, so nothing to give back.
+    async fn decide_one(
         &self,
         hits: &[Hit],
-        keys: Vec<String>,
-        sent: Micros,
         probe: Option<&dyn Probe>,
     ) -> Result<Verdicts, StoreError> {
-        let target = self.target(&hits[0], &keys[0]);
+        let sent = self.local_now();
+        if let Some(v) = self.cached(hits, sent) {
+            return Ok(v);
+        }
+        let Some(first) = hits.first() else {
+            return Ok(Verdicts {
+                admitted: true,
+                ..Verdicts::default()
+            });
+        };
+        let target = self.target(first);
+        let keys: Vec<String> = hits
+            .iter()
+            .map(|h| shard::redis_key(&self.prefix, h))
+            .collect();
         let health = self.health(target);
         health.check()?;
         let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
@@ -526,7 +538,7 @@ impl Inner {
         // Only a sampled call gets here: the Sentinel or cluster master's address is
         // copied. Only decide calls go by function; refunds and the cluster's calls by
         // script. A cluster call names the master the slot map gives the slot (a
-        // MOVED reply may take it elsewhere); one over several slots names none.
+        // MOVED reply may take it elsewhere).
         let sentinel_addr;
         let cluster_addr;
         let (address, operation) = match &self.backend {
@@ -623,7 +635,7 @@ impl Inner {
             .collect();
         let mut targets: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, h) in hits.iter().enumerate() {
-            let t = self.target(h, &keys[i]);
+            let t = self.target(h);
             match targets.iter_mut().find(|(x, _)| *x == t) {
                 Some((_, members)) => members.push(i),
                 None => targets.push((t, vec![i])),
@@ -668,54 +680,6 @@ impl Inner {
             r.denial_cache_answer();
         }
         Some(v)
-    }
-
-    /// Decides `hits`; `one_target` is [`Inner::one_target`] of them, which the
-    /// caller has already worked out. A request over several standalone shards goes
-    /// to [`spread`] instead; one over several slots of a cluster comes here, in a task
-    /// of its own.
-    async fn decide(
-        &self,
-        hits: &[Hit],
-        one_target: bool,
-        probe: Option<&dyn Probe>,
-    ) -> Result<Verdicts, StoreError> {
-        let sent = self.local_now();
-        if let Some(v) = self.cached(hits, sent) {
-            return Ok(v);
-        }
-        let mut keys: Vec<String> = hits
-            .iter()
-            .map(|h| shard::redis_key(&self.prefix, h))
-            .collect();
-        if one_target && !hits.is_empty() {
-            return self.decide_one_target(hits, keys, sent, probe).await;
-        }
-        let mut outs = spread::group(hits, |i, h| self.target(h, &keys[i]));
-        let healths: Vec<HealthOf<'_>> = outs.iter().map(|o| self.health(o.target())).collect();
-        spread::check(&mut outs, hits, |k, _| healths[k].check())?;
-        let fixed_now = self.fixed_clock.as_ref().map(|c| c.now());
-        // A refund builds its own keys: these move into the groups.
-        let calls: Vec<_> = outs
-            .iter()
-            .zip(&healths)
-            .filter(|(o, _)| o.unsent())
-            .map(|(o, health)| {
-                let group = o.group(hits, &outs, |i| std::mem::take(&mut keys[i]));
-                self.decide_group(o.target(), health, group, fixed_now, probe)
-            })
-            .collect();
-        let mut replies = futures::future::join_all(calls).await.into_iter();
-        for o in outs.iter_mut().filter(|o| o.unsent()) {
-            if let Some(reply) = replies.next() {
-                o.answer(reply);
-            }
-        }
-        let mut tally = spread::tally(self, hits, sent, &outs);
-        if let Some(consumed) = tally.take_refund() {
-            self.refund(hits, &consumed).await;
-        }
-        tally.finish(self, hits)
     }
 }
 
@@ -819,51 +783,31 @@ impl RedisStore {
     async fn decide_with(
         &self,
         hits: &[Hit],
+        wait: Duration,
         probe: Option<&dyn Probe>,
     ) -> Result<Verdicts, StoreError> {
         if self.inner.one_target(hits) {
             // One script call (maybe shared with other requests, each decided all or
-            // nothing): nothing to give back if the limiter stops waiting, so no task
-            // of its own.
-            return self.inner.decide(hits, true, probe).await;
+            // nothing): nothing to give back if the limiter stops waiting, and
+            // nothing to decide without it, so the limiter's timer is its deadline.
+            return self.inner.decide_one(hits, probe).await;
         }
-        if let Backend::Shards(_) = &self.inner.backend {
-            // In this task; see `spread` for how a refund outlives the caller.
-            return spread::decide(&self.inner, hits, probe).await;
-        }
-        let inner = self.inner.clone();
-        let hits = hits.to_vec();
-        // Several slots of a cluster: a task of its own, so a refund, once started,
-        // finishes even when the limiter stops waiting (dropping the handle does not
-        // cancel it).
-        // The task cannot borrow the probe; it has its own calls, one per slot, and
-        // the request's span gets one for them all.
-        let n = hits.len();
-        let started = probe.map(|_| SystemTime::now());
-        let task = tokio::spawn(async move { inner.decide(&hits, false, None).await });
-        let result = match task.await {
-            Ok(result) => result,
-            Err(e) => Err(StoreError::failed(
-                ErrorKind::Protocol,
-                format!("store task failed: {e}"),
-            )),
-        };
-        if let (Some(probe), Some(started)) = (probe, started) {
-            let error = result.as_ref().err();
-            self.inner
-                .tell(probe, SEVERAL_SLOTS, "decide", n, started, error);
-        }
-        result
+        spread::decide(&self.inner, hits, wait, probe).await
     }
 }
 
 impl Store for RedisStore {
     async fn decide(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {
-        self.decide_with(hits, None).await
+        self.decide_with(hits, self.inner.call_timeout, None).await
     }
 
-    async fn decide_probed(&self, hits: &[Hit], probe: &dyn Probe) -> Result<Verdicts, StoreError> {
-        self.decide_with(hits, Some(probe)).await
+    async fn decide_within(
+        &self,
+        hits: &[Hit],
+        wait: Duration,
+        probe: Option<&dyn Probe>,
+    ) -> Result<Verdicts, StoreError> {
+        self.decide_with(hits, wait, probe).await
     }
 
     async fn peek(&self, hits: &[Hit]) -> Result<Verdicts, StoreError> {

@@ -38,18 +38,31 @@ pub const fn code(algorithm: Algorithm) -> &'static str {
     }
 }
 
+/// A placement as the hash tag of its keys: 16 lowercase hex digits.
+fn tag(placement: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut tag = [0; 16];
+    for (i, digit) in tag.iter_mut().enumerate() {
+        *digit = HEX[(placement >> ((15 - i) * 4)) as usize & 15];
+    }
+    tag
+}
+
+/// The cluster hash slot of the keys of `placement` (their hash tag), without
+/// building one.
+pub fn placement_slot(placement: u64) -> u16 {
+    slot(&tag(placement))
+}
+
 /// The Redis key of a hit's counter: `PREFIX{placement}:key:code`. The prefix must
 /// not contain `{`, so the placement is the hash tag.
 pub fn redis_key(prefix: &str, hit: &Hit) -> String {
     // By hand rather than format!: this runs for every hit of every request.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let code = code(hit.limit.algorithm);
     let mut key = String::with_capacity(prefix.len() + 20 + hit.key.len() + code.len());
     key.push_str(prefix);
     key.push('{');
-    for i in (0..16).rev() {
-        key.push(char::from(HEX[(hit.placement >> (i * 4)) as usize & 15]));
-    }
+    key.extend(tag(hit.placement).map(char::from));
     key.push_str("}:");
     key.push_str(&hit.key);
     key.push(':');
@@ -62,7 +75,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn redis_keys_are_prefix_placement_in_hex_key_and_code() {
+    fn redis_keys_are_prefix_placement_in_hex_key_and_code_in_the_placements_slot() {
         use crate::algorithm::Limit;
         use crate::store::{Mode, Spend};
         for (placement, key, algorithm) in [
@@ -87,10 +100,12 @@ mod tests {
                 fallback: Default::default(),
                 max_delay: crate::algorithm::NO_DEADLINE,
             };
+            let redis_key = redis_key("sluice:", &hit);
             assert_eq!(
-                redis_key("sluice:", &hit),
+                redis_key,
                 format!("sluice:{{{placement:016x}}}:{key}:{}", code(algorithm))
             );
+            assert_eq!(slot(redis_key.as_bytes()), placement_slot(placement));
         }
     }
 
