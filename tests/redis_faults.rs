@@ -547,9 +547,10 @@ async fn users_on(node: &RedisServer, n: usize) -> Vec<usize> {
 
 /// A 3-master cluster whose survivors serve their slots while one master is down
 /// (else the whole cluster refuses after the node timeout), and sluice on it with
-/// `policy`.
+/// `policy` and `store_timeout`.
 async fn cluster_serving_its_survivors(
     policy: &str,
+    store_timeout: Duration,
 ) -> (common::redis::RedisCluster, common::Server) {
     let cluster = common::redis::RedisCluster::start(3).await;
     for node in &cluster.nodes {
@@ -562,7 +563,7 @@ async fn cluster_serving_its_survivors(
             .unwrap();
     }
     let urls = cluster.urls().join(",");
-    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let timeout = format!("{}ms", store_timeout.as_millis());
     let sluice = common::Server::start(
         policy,
         &["--store-timeout", &timeout, "--redis-cluster", &urls],
@@ -576,7 +577,7 @@ async fn one_cluster_master_down_leaves_the_others_deciding() {
     if !available() {
         return;
     }
-    let (mut cluster, sluice) = cluster_serving_its_survivors(POLICY).await;
+    let (mut cluster, sluice) = cluster_serving_its_survivors(POLICY, STORE_TIMEOUT).await;
     let mut client = sluice.client().await;
     const USERS: usize = 30;
     let mut call = async |i: usize| {
@@ -793,7 +794,7 @@ async fn one_cluster_master_down_lifts_only_its_own_limits() {
     if !available() {
         return;
     }
-    let (mut cluster, sluice) = cluster_serving_its_survivors(SPLIT).await;
+    let (mut cluster, sluice) = cluster_serving_its_survivors(SPLIT, STORE_TIMEOUT).await;
     lifts_only_the_failed(&sluice, &mut cluster.nodes[0]).await;
 }
 
@@ -888,4 +889,198 @@ async fn lifts_only_the_failed(sluice: &common::Server, down: &mut RedisServer) 
         failures.unwrap_or(0.0) >= f64::from(3 * admitted),
         "{failures:?}"
     );
+}
+
+/// The store timeout of the hung-shard tests: long enough that on a loaded machine
+/// the hung shard's call is clearly the one that does not answer in time.
+const HUNG_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// As [`one_shard_down_lifts_only_its_own_limits`], for a shard that hangs (a
+/// stopped process: its connections open, nothing answered) among three: from the
+/// first requests, before the shard has failed enough to be backed off, each
+/// request waits for it until the store timeout, and then the healthy shards'
+/// verdicts decide.
+#[tokio::test]
+async fn one_shard_hung_lifts_only_its_own_limits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let shards = [
+        RedisServer::start().await,
+        RedisServer::start().await,
+        RedisServer::start().await,
+    ];
+    let urls: Vec<String> = shards.iter().map(RedisServer::url).collect();
+    let timeout = format!("{}ms", HUNG_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        SPLIT,
+        &["--store-timeout", &timeout, "--redis", &urls.join(",")],
+    );
+    lifts_only_the_hung(&sluice, &shards[0], [&shards[1], &shards[2]]).await;
+}
+
+/// As [`one_shard_hung_lifts_only_its_own_limits`], for a request over masters of
+/// a Redis Cluster, one of them hung.
+#[tokio::test]
+async fn one_cluster_master_hung_lifts_only_its_own_limits() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let (cluster, sluice) = cluster_serving_its_survivors(SPLIT, HUNG_TIMEOUT).await;
+    let [hung, one, other] = &cluster.nodes[..] else {
+        panic!("three masters");
+    };
+    lifts_only_the_hung(&sluice, hung, [one, other]).await;
+}
+
+/// `f`'s output and how long it took.
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let out = f.await;
+    (out, started.elapsed())
+}
+
+/// Per domain, counted once each: a value of `a` whose counter lives on `hung`, and
+/// the values of `b` whose counters live on each of `healthy`.
+async fn values_by_shard(
+    client: &mut Client,
+    hung: &RedisServer,
+    healthy: [&RedisServer; 2],
+    domain: &str,
+) -> (String, [Vec<String>; 2]) {
+    const N: usize = 24;
+    for i in 0..N {
+        for key in ["a", "b"] {
+            let value = format!("{key}{i}");
+            let (code, _) = ask(client, domain, &[(key, &value)]).await;
+            assert_eq!(code, common::OK, "{domain} {value}");
+        }
+    }
+    let a = values_on(hung, domain, "a", N).await;
+    let b = [
+        values_on(healthy[0], domain, "b", N).await,
+        values_on(healthy[1], domain, "b", N).await,
+    ];
+    assert!(
+        !a.is_empty() && b[0].len() >= 2 && !b[1].is_empty(),
+        "{domain}: a on the hung shard {a:?}, b on the healthy ones {b:?}"
+    );
+    (a[0].clone(), b)
+}
+
+/// Waits until `b=value` of `domain` has `want` left.
+async fn until_left(client: &mut Client, domain: &str, value: &str, want: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = left(client, domain, value).await;
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{domain} b={value}: {now} left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Freezes `hung`, one of `sluice`'s shards (or masters), and checks, with requests
+/// sent together before it is backed off, that only the limits it holds are lifted:
+/// the `healthy` shards' verdicts decide, what they admit stays spent, and what they
+/// took for a denied request is given back.
+async fn lifts_only_the_hung(
+    sluice: &common::Server,
+    hung: &RedisServer,
+    healthy: [&RedisServer; 2],
+) {
+    let mut client = sluice.client().await;
+    let (a, [near, far]) = values_by_shard(&mut client, hung, healthy, "open").await;
+    let (closed_a, [closed_near, _]) = values_by_shard(&mut client, hung, healthy, "closed").await;
+    let closed_b = &closed_near[0];
+    let (room, room_too, full) = (&near[0], &near[1], &far[0]);
+    let fill = common::request("open", vec![common::desc_hits(&[("b", full)], 999)]);
+    assert_eq!(
+        common::call(&mut client, fill).await.overall_code,
+        common::OK
+    );
+
+    let name = hung.addr();
+    hung.freeze();
+    let ask_in = |domain: &'static str, pair: Vec<(&'static str, String)>| {
+        let mut client = client.clone();
+        timed(async move {
+            let pair: Vec<(&str, &str)> = pair.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            ask(&mut client, domain, &pair).await
+        })
+    };
+    let (
+        (denied, denied_in),
+        (admitted, admitted_in),
+        (refunded, refunded_in),
+        (closed, closed_in),
+    ) = tokio::join!(
+        ask_in("open", vec![("a", a.clone()), ("b", full.clone())]),
+        ask_in("open", vec![("a", a.clone()), ("b", room.clone())]),
+        ask_in(
+            "open",
+            vec![
+                ("a", a.clone()),
+                ("b", room_too.clone()),
+                ("b", full.clone())
+            ]
+        ),
+        ask_in(
+            "closed",
+            vec![("a", closed_a.clone()), ("b", closed_b.clone())]
+        ),
+    );
+    // Each waited for the hung shard (a backed-off one is not waited for), and no
+    // longer than the store timeout allows.
+    for (what, took) in [
+        ("open [a, full b]", denied_in),
+        ("open [a, b with room]", admitted_in),
+        ("open [a, b with room, full b]", refunded_in),
+        ("closed [a, b]", closed_in),
+    ] {
+        assert!(
+            took >= HUNG_TIMEOUT && took < HUNG_TIMEOUT * 3,
+            "{what} took {took:?} with {name} hung"
+        );
+    }
+    // `a` shows what failing open shows; each `b` its own verdict (one that
+    // admitted a denied request shows what it still has).
+    let (ok, over) = (common::OK, common::OVER_LIMIT);
+    assert_eq!(
+        denied,
+        (over, vec![(ok, 0), (over, 0)]),
+        "open [a, full b] with {name} hung"
+    );
+    assert_eq!(
+        admitted,
+        (ok, vec![(ok, 0), (ok, 998)]),
+        "open [a, b with room] with {name} hung"
+    );
+    assert_eq!(
+        refunded,
+        (over, vec![(ok, 0), (ok, 999), (over, 0)]),
+        "open [a, b with room, full b] with {name} hung"
+    );
+    assert_eq!(closed.0, over, "closed [a, b] with {name} hung");
+    assert_eq!(closed.1[1].0, over);
+
+    // The admitted request's spending on the healthy shard stays spent; what the
+    // denied ones took there is given back.
+    assert_eq!(left(&mut client, "open", room).await, 998);
+    until_left(&mut client, "open", room_too, 999).await;
+    until_left(&mut client, "closed", closed_b, 999).await;
+    let lifted = sluice.metric(
+        "sluice_requests_total",
+        &[
+            ("domain", "open"),
+            ("layer", "service"),
+            ("outcome", "failed_open"),
+            ("rule", "a"),
+        ],
+    );
+    assert_eq!(lifted, Some(3.0), "a counted as failed open");
+    hung.thaw();
 }
