@@ -638,6 +638,12 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     let mut exprs = Vec::new();
     json_exprs(&dashboard["panels"], &mut exprs);
     let dashboard_names: BTreeSet<String> = exprs.iter().flat_map(|e| metric_names(e)).collect();
+    // Each series is read from the jobs the dashboard's `job` variable selects, so
+    // two deployments scraped by one Prometheus are not added together.
+    for e in &exprs {
+        let selected = e.matches("sluice_").count();
+        assert_eq!(e.matches("{job=~\"$job\"").count(), selected, "{e}");
+    }
     for needed in [
         "sluice_deny_ratio",
         "sluice_top_offenders",
