@@ -11,20 +11,26 @@ use std::time::{Duration, Instant};
 /// Whether `redis-server` can be run. Tests that need it return early, loudly, when
 /// it cannot (scripts/test.sh installs it).
 pub fn available() -> bool {
-    let ok = Command::new("redis-server")
+    runs("redis-server")
+}
+
+/// Whether `binary` (of the Debian package of that name) can be run; loud when not.
+pub fn runs(binary: &str) -> bool {
+    let ok = Command::new(binary)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        // scripts/test.sh installs redis-server and sets this: a skip there is a failure.
+        // scripts/test.sh installs redis-server and redis-sentinel and sets this: a skip
+        // there is a failure.
         assert!(
             std::env::var_os("SLUICE_REQUIRE_REDIS").is_none(),
-            "SLUICE_REQUIRE_REDIS is set but redis-server cannot be run"
+            "SLUICE_REQUIRE_REDIS is set but {binary} cannot be run"
         );
         eprintln!(
-            "\n*** SKIPPED: redis-server is not on PATH; install it (apt-get install redis-server) \
+            "\n*** SKIPPED: {binary} is not on PATH; install it (apt-get install {binary}) \
              or run scripts/test.sh ***\n"
         );
     }

@@ -5,27 +5,11 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::redis::free_port;
+use super::redis::{free_port, runs};
 
 /// Whether `redis-sentinel` can be run (scripts/test.sh installs it); loud when not.
 pub fn available() -> bool {
-    let ok = Command::new("redis-sentinel")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("SLUICE_REQUIRE_REDIS").is_none(),
-            "SLUICE_REQUIRE_REDIS is set but redis-sentinel cannot be run"
-        );
-        eprintln!(
-            "\n*** SKIPPED: redis-sentinel is not on PATH; install it (apt-get install \
-             redis-sentinel) or run scripts/test.sh ***\n"
-        );
-    }
-    ok
+    runs("redis-sentinel")
 }
 
 /// Sentinels monitoring one master under one name.
