@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::tls::Ca;
+use common::tls::{admin_over_mutual_tls, Ca};
 use common::tools::{grpcurl, text, tool};
 use common::*;
 use serde_json::Value;
@@ -35,20 +35,9 @@ fn grpcurl_lists_describes_and_calls_the_admin_api_without_proto_files() {
         return;
     };
     let ca = Ca::new("admin-ca");
-    let pair = ca.server();
     let client = ca.client("operator");
     let plain = Server::start(POLICY, &[]);
-    let mtls = Server::start(
-        POLICY,
-        &[
-            "--admin-tls-cert",
-            pair.cert.to_str().unwrap(),
-            "--admin-tls-key",
-            pair.key.to_str().unwrap(),
-            "--admin-tls-client-ca",
-            ca.cert().to_str().unwrap(),
-        ],
-    );
+    let mtls = admin_over_mutual_tls(POLICY, &ca);
     let tls = (ca, client);
     for (server, tls) in [(&plain, None), (&mtls, Some(&tls))] {
         let out = grpcurl(&bin, &server.admin, tls, &["", "list"]);
@@ -385,19 +374,10 @@ async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_polic
     );
 }
 
-async fn admin_client(server: &Server) -> pb::admin_client::AdminClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.admin))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to the admin port");
-    pb::admin_client::AdminClient::new(channel)
-}
-
 #[tokio::test]
 async fn watch_offenders_shows_the_keys_being_denied() {
     let server = Server::start(POLICY, &[]);
-    let mut admin = admin_client(&server).await;
+    let mut admin = server.admin_client().await;
     let mut rls = server.client().await;
     for _ in 0..6 {
         call(&mut rls, request("api", vec![desc(&[("tenant", "acme")])])).await;
@@ -442,7 +422,7 @@ async fn rule_snapshot(
 #[tokio::test]
 async fn watch_decisions_samples_live_decisions_within_its_rate() {
     let server = Server::start(POLICY, &[]);
-    let mut admin = admin_client(&server).await;
+    let mut admin = server.admin_client().await;
     let mut feed = admin
         .watch_decisions(pb::Filter {
             denied_only: true,
@@ -520,7 +500,7 @@ descriptors:
 #[tokio::test]
 async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_blocks() {
     let server = Server::start(SIGNALS_POLICY, &[]);
-    let mut admin = admin_client(&server).await;
+    let mut admin = server.admin_client().await;
     let mut rls = server.client().await;
     // Three addresses of one /24, each denied twice.
     for host in 1..=3 {
@@ -608,7 +588,7 @@ async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_
 #[tokio::test]
 async fn a_block_longer_than_the_longest_is_refused_and_blocks_nothing() {
     let server = Server::start(SIGNALS_POLICY, &[]);
-    let mut admin = admin_client(&server).await;
+    let mut admin = server.admin_client().await;
     let mut rls = server.client().await;
     let block = |for_micros: u64| pb::BlockRequest {
         domain: "edge".into(),

@@ -7,7 +7,7 @@ use crate::common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::tls::Ca;
+use common::tls::{admin_over_mutual_tls, Ca};
 use common::*;
 
 const POLICY: &str = include_str!("fixtures/explain.yaml");
@@ -149,13 +149,9 @@ fn block_now(server: &Server, value: &str) {
     tokio::runtime::Runtime::new()
         .expect("runtime")
         .block_on(async {
-            let channel =
-                tonic::transport::Endpoint::from_shared(format!("http://{}", server.admin))
-                    .unwrap()
-                    .connect()
-                    .await
-                    .expect("connect to the admin port");
-            pb::admin_client::AdminClient::new(channel)
+            server
+                .admin_client()
+                .await
                 .block(pb::BlockRequest {
                     domain: "api".into(),
                     entries: vec![pb::request_descriptor::Entry {
@@ -256,19 +252,8 @@ fn sluice_top_works_over_mutual_tls() {
         return;
     };
     let ca = Ca::new("admin-ca");
-    let pair = ca.server();
     let client = ca.client("operator");
-    let server = Server::start(
-        POLICY,
-        &[
-            "--admin-tls-cert",
-            pair.cert.to_str().unwrap(),
-            "--admin-tls-key",
-            pair.key.to_str().unwrap(),
-            "--admin-tls-client-ca",
-            ca.cert().to_str().unwrap(),
-        ],
-    );
+    let server = admin_over_mutual_tls(POLICY, &ca);
     load_now(&server);
     let port = server.admin.rsplit(':').next().unwrap();
     let addr = format!("localhost:{port}");

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use sluice::admin::pb::admin_client::AdminClient;
 use sluice::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
@@ -164,6 +165,16 @@ impl Server {
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
         let url = format!("http://{}", self.grpc);
         RateLimitServiceClient::connect(url).await.expect("connect")
+    }
+
+    /// A client of the admin API, in plain text.
+    pub async fn admin_client(&self) -> AdminClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.admin))
+            .expect("a URL")
+            .connect()
+            .await
+            .expect("connect to the admin port");
+        AdminClient::new(channel)
     }
 
     /// A client over TLS: trusting `ca`, presenting `identity` (cert, key) when given,

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
+use super::Server;
+
 /// A certificate authority in a directory of its own.
 pub struct Ca {
     pub dir: tempfile::TempDir,
@@ -290,6 +292,37 @@ impl SecretVolume {
         std::os::unix::fs::symlink(format!("..v{n}"), &tmp).expect("symlink");
         std::fs::rename(&tmp, d.join("..data")).expect("swap ..data");
     }
+}
+
+/// The flags that serve `port` (`grpc`, `http`, `admin`) over TLS with `cert` and
+/// `key`.
+pub fn tls_flags(port: &str, cert: &Path, key: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_string();
+    vec![
+        format!("--{port}-tls-cert"),
+        path(cert),
+        format!("--{port}-tls-key"),
+        path(key),
+    ]
+}
+
+/// As [`tls_flags`] with `pair`, taking only clients with a certificate `client_ca`
+/// signed (mutual TLS).
+pub fn mutual_tls_flags(port: &str, pair: &Pair, client_ca: &Path) -> Vec<String> {
+    let mut flags = tls_flags(port, &pair.cert, &pair.key);
+    flags.push(format!("--{port}-tls-client-ca"));
+    flags.push(client_ca.to_str().expect("a UTF-8 path").to_string());
+    flags
+}
+
+/// A sluice on `policy` whose admin API takes only clients with a certificate of
+/// `ca`, and presents one of its own from `ca`.
+pub fn admin_over_mutual_tls(policy: &str, ca: &Ca) -> Server {
+    let flags = mutual_tls_flags("admin", &ca.server(), &ca.cert());
+    Server::start(
+        policy,
+        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
 }
 
 /// The DER of the first certificate in a PEM file.
