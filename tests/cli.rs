@@ -3,6 +3,12 @@
 
 use std::process::Command;
 
+use crate::common::{serve_command, stderr_lines};
+
+/// A valid policy of one rule.
+const ONE_RULE: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
@@ -11,7 +17,7 @@ fn sluice() -> Command {
 fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
-    std::fs::write(&good, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    std::fs::write(&good, ONE_RULE).unwrap();
     let out = sluice().arg("validate").arg(&good).output().unwrap();
     assert!(
         out.status.success(),
@@ -276,18 +282,7 @@ fn serve_refuses_to_start_on_a_bad_policy() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "descriptors: []\n").unwrap();
-    let out = sluice()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&bad)
-        .output()
-        .unwrap();
+    let out = serve_command(&bad).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml"), "{err}");
@@ -311,36 +306,20 @@ fn bench_policies_load() {
 
 #[test]
 fn logs_to_a_pipe_carry_no_colour_escapes() {
-    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
 
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("p.yaml");
-    std::fs::write(&policy, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
-    let mut child = sluice()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .arg("--config")
-        .arg(&policy)
+    std::fs::write(&policy, ONE_RULE).unwrap();
+    let mut child = serve_command(&policy)
         .env_remove("NO_COLOR")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
     // The reader ends when the child's stderr closes, so a hung start fails the test
     // by the kill below rather than hanging it.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut lines = Vec::new();
     while !lines
@@ -369,17 +348,8 @@ fn logs_to_a_pipe_carry_no_colour_escapes() {
 fn serve_refusal(args: &[&str], env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("p.yaml");
-    std::fs::write(&policy, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
-    let out = sluice()
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .arg("--config")
-        .arg(&policy)
+    std::fs::write(&policy, ONE_RULE).unwrap();
+    let out = serve_command(&policy)
         .args(args)
         .env_remove("SLUICE_HASH_SECRET")
         .envs(env.iter().copied())

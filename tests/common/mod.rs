@@ -40,6 +40,19 @@ pub fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
+/// `sluice serve` on the policy file `policy` and loopback ports the kernel picks,
+/// not yet run: for tests of start-up and its refusals.
+pub fn serve_command(policy: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("serve").arg("--config").arg(policy).args([
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    cmd
+}
+
 /// A running `sluice serve`, killed on drop.
 pub struct Server {
     pub child: Child,
