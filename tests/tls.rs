@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use common::tls::{client_config, connect, der, served, Ca, Pair, SecretVolume};
+use common::tls::{
+    client_config, connect, der, mutual_tls_flags, served, tls_flags, Ca, Pair, SecretVolume,
+};
 use common::*;
 use prost::Message;
 use sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -18,15 +20,6 @@ use sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000000}\n";
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-fn tls_args<'a>(port: &str, cert: &'a str, key: &'a str) -> Vec<String> {
-    vec![
-        format!("--{port}-tls-cert"),
-        cert.to_string(),
-        format!("--{port}-tls-key"),
-        key.to_string(),
-    ]
-}
 
 fn start(args: &[String]) -> Server {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -97,15 +90,17 @@ fn metric(server: &Server, line_start: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The gRPC port's certificate reloads with `result` (`ok`, `error`).
+fn grpc_reloads(server: &Server, result: &str) -> Option<u64> {
+    let series = format!(r#"sluice_tls_reloads_total{{port="grpc",result="{result}"}}"#);
+    metric(server, &series)
+}
+
 #[tokio::test]
 async fn the_grpc_port_serves_tls_and_refuses_plain_text() {
     let ca = Ca::new("test-ca");
     let pair = ca.server();
-    let server = start(&tls_args(
-        "grpc",
-        pair.cert.to_str().unwrap(),
-        pair.key.to_str().unwrap(),
-    ));
+    let server = start(&tls_flags("grpc", &pair.cert, &pair.key));
     let config = client_config(&ca.cert(), None, b"h2");
     assert_eq!(call_once(&server, config.clone()).await, Ok(OK));
     // The served certificate is the one configured, offered with ALPN h2.
@@ -133,11 +128,7 @@ async fn the_grpc_port_serves_tls_and_refuses_plain_text() {
 async fn tls_1_2_is_served_too() {
     let ca = Ca::new("test-ca");
     let pair = ca.server();
-    let server = start(&tls_args(
-        "grpc",
-        pair.cert.to_str().unwrap(),
-        pair.key.to_str().unwrap(),
-    ));
+    let server = start(&tls_flags("grpc", &pair.cert, &pair.key));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(der(&ca.cert()).into()).unwrap();
@@ -162,16 +153,7 @@ async fn mutual_tls_requires_a_certificate_the_client_ca_signed() {
     let clients = Ca::new("client-ca");
     let other = Ca::new("other-ca");
     let pair = ca.server();
-    let mut args = tls_args(
-        "grpc",
-        pair.cert.to_str().unwrap(),
-        pair.key.to_str().unwrap(),
-    );
-    args.extend([
-        "--grpc-tls-client-ca".into(),
-        clients.cert().to_str().unwrap().into(),
-    ]);
-    let server = start(&args);
+    let server = start(&mutual_tls_flags("grpc", &pair, &clients.cert()));
     let envoy = clients.client("envoy");
     let with = |p: Option<&Pair>| client_config(&ca.cert(), p, b"h2");
     assert_eq!(call_once(&server, with(Some(&envoy))).await, Ok(OK));
@@ -192,10 +174,10 @@ async fn a_renewed_certificate_reaches_new_connections_while_calls_go_on() {
     let first = ca.server();
     let second = ca.server();
     let volume = SecretVolume::new(&first, Some(&ca.cert()));
-    let server = start(&tls_args(
+    let server = start(&tls_flags(
         "grpc",
-        volume.path("tls.crt").to_str().unwrap(),
-        volume.path("tls.key").to_str().unwrap(),
+        &volume.path("tls.crt"),
+        &volume.path("tls.key"),
     ));
     let config = client_config(&ca.cert(), None, b"h2");
     assert_eq!(
@@ -281,13 +263,7 @@ async fn a_renewed_certificate_reaches_new_connections_while_calls_go_on() {
     );
     // The connection opened before the swap still works.
     assert_eq!(should_rate_limit(&mut open).await, Ok(OK));
-    assert_eq!(
-        metric(
-            &server,
-            r#"sluice_tls_reloads_total{port="grpc",result="ok"}"#
-        ),
-        Some(1)
-    );
+    assert_eq!(grpc_reloads(&server, "ok"), Some(1));
 
     // A key that is not the certificate's, then a certificate file that is not PEM:
     // each refused, and the second certificate serves on.
@@ -302,12 +278,7 @@ async fn a_renewed_certificate_reaches_new_connections_while_calls_go_on() {
     eventually(
         Duration::from_secs(10),
         "the mismatched pair counted",
-        || async {
-            metric(
-                &server,
-                r#"sluice_tls_reloads_total{port="grpc",result="error"}"#,
-            ) == Some(1)
-        },
+        || async { grpc_reloads(&server, "error") == Some(1) },
     )
     .await;
     let garbage = ca.dir.path().join("garbage.crt");
@@ -320,10 +291,7 @@ async fn a_renewed_certificate_reaches_new_connections_while_calls_go_on() {
         Some(&ca.cert()),
     );
     eventually(Duration::from_secs(10), "the garbage counted", || async {
-        metric(
-            &server,
-            r#"sluice_tls_reloads_total{port="grpc",result="error"}"#,
-        ) == Some(2)
+        grpc_reloads(&server, "error") == Some(2)
     })
     .await;
     assert_eq!(
@@ -353,27 +321,15 @@ fn bad_tls_files_stop_start_up_with_the_file_named() {
     let missing = dir.path().join("missing.crt");
     for (args, want) in [
         (
-            tls_args(
-                "grpc",
-                missing.to_str().unwrap(),
-                pair.key.to_str().unwrap(),
-            ),
+            tls_flags("grpc", &missing, &pair.key),
             "missing.crt".to_string(),
         ),
         (
-            tls_args(
-                "http",
-                pair.cert.to_str().unwrap(),
-                other.key.to_str().unwrap(),
-            ),
+            tls_flags("http", &pair.cert, &other.key),
             "--http-tls".to_string(),
         ),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("policy.yaml"))
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        let out = serve_command(&dir.path().join("policy.yaml"))
             .args(&args)
             .output()
             .unwrap();
@@ -389,16 +345,7 @@ async fn the_http_port_serves_https_with_client_certificates() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ca = Ca::new("test-ca");
     let pair = ca.server();
-    let mut args = tls_args(
-        "http",
-        pair.cert.to_str().unwrap(),
-        pair.key.to_str().unwrap(),
-    );
-    args.extend([
-        "--http-tls-client-ca".into(),
-        ca.cert().to_str().unwrap().into(),
-    ]);
-    let server = start(&args);
+    let server = start(&mutual_tls_flags("http", &pair, &ca.cert()));
     let scraper = ca.client("prometheus");
     let get = |identity: Option<Pair>| {
         let config = client_config(&ca.cert(), identity.as_ref(), b"http/1.1");
@@ -450,17 +397,9 @@ fn an_expired_or_not_yet_valid_certificate_stops_start_up_with_its_date() {
             "the certificate is not valid before 2090-01-01T00:00:00Z",
         ),
     ] {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .arg("--config")
-            .arg(dir.path().join("policy.yaml"))
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        let mut child = serve_command(&dir.path().join("policy.yaml"))
             .args(["--admin-addr", "off"])
-            .args(tls_args(
-                port,
-                pair.cert.to_str().unwrap(),
-                pair.key.to_str().unwrap(),
-            ))
+            .args(tls_flags(port, &pair.cert, &pair.key))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -496,20 +435,19 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
     let expired = ca.server_dated("200101000000Z", "200201000000Z");
     let second = ca.server_dated("200101000000Z", "20980101000000Z");
     let volume = SecretVolume::new(&first, None);
-    let server = start(&tls_args(
+    let server = start(&tls_flags(
         "grpc",
-        volume.path("tls.crt").to_str().unwrap(),
-        volume.path("tls.key").to_str().unwrap(),
+        &volume.path("tls.crt"),
+        &volume.path("tls.key"),
     ));
     let expiry = r#"sluice_tls_certificate_expiry_timestamp_seconds{port="grpc"}"#;
-    let errors = r#"sluice_tls_reloads_total{port="grpc",result="error"}"#;
     // 2099-12-31T23:59:59Z
     assert_eq!(metric(&server, expiry), Some(4_102_444_799));
     let config = client_config(&ca.cert(), None, b"h2");
 
     volume.update(&expired, None);
     eventually(Duration::from_secs(10), "the refusal counted", || async {
-        metric(&server, errors) == Some(1)
+        grpc_reloads(&server, "error") == Some(1)
     })
     .await;
     server
@@ -527,10 +465,7 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
 
     volume.update(&second, None);
     eventually(Duration::from_secs(10), "the renewal taken", || async {
-        metric(
-            &server,
-            r#"sluice_tls_reloads_total{port="grpc",result="ok"}"#,
-        ) == Some(1)
+        grpc_reloads(&server, "ok") == Some(1)
     })
     .await;
     assert_eq!(
@@ -539,7 +474,7 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
     );
     // 2098-01-01T00:00:00Z
     assert_eq!(metric(&server, expiry), Some(4_039_372_800));
-    assert_eq!(metric(&server, errors), Some(1));
+    assert_eq!(grpc_reloads(&server, "error"), Some(1));
 }
 
 /// Connections to an HTTPS port that never send a ClientHello hold a slot of
@@ -551,11 +486,7 @@ async fn connections_still_in_their_handshake_count_against_the_http_cap() {
     use tokio::io::AsyncReadExt;
     let ca = Ca::new("test-ca");
     let pair = ca.server();
-    let mut args = tls_args(
-        "http",
-        pair.cert.to_str().unwrap(),
-        pair.key.to_str().unwrap(),
-    );
+    let mut args = tls_flags("http", &pair.cert, &pair.key);
     // The handshake timeout far beyond the test, so only the cap can close them.
     args.extend(
         [
