@@ -47,13 +47,23 @@ async fn until_closed(tcp: &mut tokio::net::TcpStream, limit: Duration) -> Durat
 /// acknowledgement, no PING answered.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
+/// A health check (an empty message) on `h2`, answered: its HTTP status.
+async fn health_check(server: &Server, h2: &mut h2::client::SendRequest<bytes::Bytes>) -> u16 {
+    let req = server
+        .grpc_post("/grpc.health.v1.Health/Check")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    resp.await.unwrap().status().as_u16()
+}
+
 #[tokio::test]
 async fn an_idle_connection_is_closed_with_goaway_and_a_busy_one_is_kept() {
     let server = Server::start(POLICY, &["--grpc-idle-timeout", "1s"]);
     // An idle client: one call, then nothing.
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut h2, conn) = server.h2().await;
     let mut client = server.client().await;
     // A client that keeps calling, on a connection of its own.
     let busy = tokio::spawn(async move {
@@ -64,17 +74,7 @@ async fn an_idle_connection_is_closed_with_goaway_and_a_busy_one_is_kept() {
         }
         client
     });
-    let req = http::Request::post(format!(
-        "http://{}/grpc.health.v1.Health/Check",
-        server.grpc
-    ))
-    .header("content-type", "application/grpc")
-    .body(())
-    .unwrap();
-    let (resp, mut send) = h2.send_request(req, false).unwrap();
-    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
-        .unwrap();
-    resp.await.unwrap();
+    health_check(&server, &mut h2).await;
     let started = Instant::now();
     let ended = tokio::time::timeout(Duration::from_secs(5), conn)
         .await
@@ -104,9 +104,7 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
         ],
     );
     // h2's client answers PINGs, as Envoy does: kept past many intervals.
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    let alive = tokio::spawn(conn);
+    let (h2, alive) = server.h2().await;
     let mut silent = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
     silent.write_all(PREFACE).await.unwrap();
     let took = until_closed(&mut silent, Duration::from_secs(5)).await;
@@ -115,18 +113,8 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
         "closed after an unanswered PING: {took:?}"
     );
     assert!(!alive.is_finished(), "a client that answers is kept");
-    let req = http::Request::post(format!(
-        "http://{}/grpc.health.v1.Health/Check",
-        server.grpc
-    ))
-    .header("content-type", "application/grpc")
-    .body(())
-    .unwrap();
     let mut h2 = h2.ready().await.unwrap();
-    let (resp, mut send) = h2.send_request(req, false).unwrap();
-    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
-        .unwrap();
-    assert_eq!(resp.await.unwrap().status(), 200);
+    assert_eq!(health_check(&server, &mut h2).await, 200);
     assert_eq!(closed(&server, "keepalive_timeout"), 1);
 }
 
@@ -230,9 +218,7 @@ async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
             "1s",
         ],
     );
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
+    let (h2, _) = server.h2().await;
     let mut h2 = h2.ready().await.unwrap();
     // Eight calls that each send 20,000 bytes of a 40,000-byte message and stop:
     // no more than four fit in 64 KiB however they arrive.
@@ -241,13 +227,10 @@ async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
     let begun = begun.freeze();
     let mut calls = Vec::new();
     for _ in 0..8 {
-        let req = http::Request::post(format!(
-            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            server.grpc
-        ))
-        .header("content-type", "application/grpc")
-        .body(())
-        .unwrap();
+        let req = server
+            .grpc_post("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .body(())
+            .unwrap();
         let (resp, mut send) = h2.send_request(req, false).unwrap();
         send.send_data(begun.clone(), false).unwrap();
         calls.push((resp, send));

@@ -235,16 +235,8 @@ async fn a_message_over_max_request_bytes_is_refused() {
 #[tokio::test]
 async fn an_oversized_request_is_refused_before_it_is_all_read() {
     let server = Server::start(POLICY, &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let post = || {
-        http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap()
-    };
+    let (mut h2, _) = server.h2().await;
+    let post = || server.grpc_post(SHOULD_RATE_LIMIT).body(()).unwrap();
     // Declares 1 MiB, sends 100 bytes of it and waits.
     let (resp, mut declared) = h2.send_request(post(), false).unwrap();
     let mut head = bytes::BytesMut::new();
@@ -280,12 +272,9 @@ async fn an_oversized_request_is_refused_before_it_is_all_read() {
 #[tokio::test]
 async fn a_compressed_message_is_refused_with_unimplemented() {
     let server = Server::start(POLICY, &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
+    let (mut h2, _) = server.h2().await;
+    let req = server
+        .grpc_post(SHOULD_RATE_LIMIT)
         .header("grpc-encoding", "gzip")
         .body(())
         .unwrap();
@@ -386,9 +375,7 @@ async fn a_silent_connection_does_not_hold_shutdown_up() {
 #[tokio::test]
 async fn a_get_or_a_non_grpc_body_is_refused() {
     let server = Server::start(POLICY, &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
+    let (mut h2, _) = server.h2().await;
     let url = format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc);
     let get = http::Request::get(&url)
         .header("content-type", "application/grpc")
@@ -411,17 +398,11 @@ async fn a_get_or_a_non_grpc_body_is_refused() {
 #[tokio::test]
 async fn an_unknown_method_is_answered_before_its_request_ends() {
     let server = Server::start(POLICY, &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::post(format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/StreamRateLimits",
-        server.grpc
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
+    let (mut h2, _) = server.h2().await;
+    let req = server
+        .grpc_post("/envoy.service.ratelimit.v3.RateLimitService/StreamRateLimits")
+        .body(())
+        .unwrap();
     let (resp, mut send) = h2.send_request(req, false).unwrap();
     send.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), false)
         .unwrap();
@@ -436,12 +417,9 @@ async fn an_unknown_method_is_answered_before_its_request_ends() {
 /// A raw call of ShouldRateLimit with the given `grpc-timeout`: the response's
 /// headers (the status of a trailers-only answer) or its trailers.
 async fn call_with_timeout(server: &Server, timeout: &str, message: Bytes) -> http::HeaderMap {
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
-    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", server.grpc))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
+    let (mut h2, _) = server.h2().await;
+    let req = server
+        .grpc_post(SHOULD_RATE_LIMIT)
         .header("grpc-timeout", timeout)
         .body(())
         .unwrap();

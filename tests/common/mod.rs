@@ -190,6 +190,29 @@ impl Server {
         AdminClient::new(channel)
     }
 
+    /// An HTTP/2 connection to the gRPC port with h2's own client, for what tonic
+    /// will not send, and the task driving it (it ends when the connection does).
+    pub async fn h2(
+        &self,
+    ) -> (
+        h2::client::SendRequest<bytes::Bytes>,
+        tokio::task::JoinHandle<Result<(), h2::Error>>,
+    ) {
+        let tcp = tokio::net::TcpStream::connect(&self.grpc)
+            .await
+            .expect("connect to the gRPC port");
+        let (h2, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+        (h2, tokio::spawn(conn))
+    }
+
+    /// A POST of the gRPC method at `path` to the gRPC port, with a gRPC client's
+    /// headers; more may be added.
+    pub fn grpc_post(&self, path: &str) -> http::request::Builder {
+        http::Request::post(format!("http://{}{path}", self.grpc))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+    }
+
     /// A client over TLS: trusting `ca`, presenting `identity` (cert, key) when given,
     /// and checking the server's certificate for `localhost`.
     pub async fn tls_client(
