@@ -17,19 +17,28 @@ const DOMAIN: &str = "default/eg/http";
 const ROUTE: &str = "httproute/default/api/rule/0/match/0/*";
 const WAIT: Duration = Duration::from_secs(20);
 
-fn header_rule() -> sluice::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
-    desc(&[(ROUTE, ROUTE), ("rule-0-match-0", "rule-0-match-0")])
+/// A request that the gateway fixture's header rule limits.
+fn header_request() -> sluice::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    request(
+        DOMAIN,
+        vec![desc(&[
+            (ROUTE, ROUTE),
+            ("rule-0-match-0", "rule-0-match-0"),
+        ])],
+    )
 }
 
 /// Sluice subscribed over mTLS with Envoy Gateway's certificates, with no other
 /// policy.
 fn sluice(xds: &XdsServer, certs: &Certs, extra: &[&str]) -> Server {
+    sluice_trusting(xds, certs, "ca.crt", extra)
+}
+
+/// As [`sluice`], trusting only the authority of `ca` (a file of `certs`) for the
+/// server's certificate.
+fn sluice_trusting(xds: &XdsServer, certs: &Certs, ca: &str, extra: &[&str]) -> Server {
     let url = format!("https://localhost:{}", xds.port());
-    let (cert, key, ca) = (
-        certs.path("tls.crt"),
-        certs.path("tls.key"),
-        certs.path("ca.crt"),
-    );
+    let (cert, key, ca) = (certs.path("tls.crt"), certs.path("tls.key"), certs.path(ca));
     let mut args = vec![
         "--xds-server",
         &url,
@@ -52,17 +61,28 @@ fn sluice(xds: &XdsServer, certs: &Certs, extra: &[&str]) -> Server {
 async fn header_limit_becomes(server: &Server, n: u32, what: &str) {
     eventually(WAIT, what, || async {
         let mut c = server.client().await;
-        let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .is_some_and(|l| l.requests_per_unit == n)
+        let r = call(&mut c, header_request()).await;
+        first_limit(&r) == Some(n)
     })
     .await;
 }
 
 fn ready(server: &Server) -> bool {
     http(&server.http, "GET", "/readyz", "").0 == 200
+}
+
+/// Waits until `server` is ready; panics naming `what` after [`WAIT`].
+async fn until_ready(server: &Server, what: &str) {
+    eventually(WAIT, what, || async { ready(server) }).await;
+}
+
+/// The test xDS server serving the gateway fixtures over mTLS with Envoy Gateway's
+/// certificates; `None` (after a loud message) without its binary.
+fn gateway_xds() -> Option<(XdsServer, Certs)> {
+    let bin = binary()?;
+    let certs = Certs::envoy_gateway();
+    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    Some((xds, certs))
 }
 
 fn metric(server: &Server, series: &str) -> Option<f64> {
@@ -102,37 +122,22 @@ fn gateway_files() -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((xds, certs)) = gateway_xds() else {
+        return;
+    };
     // The configs name no algorithm: a log counts them exactly, whenever the calls
     // run.
     let server = sluice(&xds, &certs, &["--default-algorithm", "sliding_window_log"]);
-    eventually(WAIT, "ready once the first version is in", || async {
-        ready(&server)
-    })
-    .await;
+    until_ready(&server, "ready once the first version is in").await;
 
     // 3 a minute.
     let mut c = server.client().await;
     for _ in 0..3 {
-        assert_eq!(
-            call(&mut c, request(DOMAIN, vec![header_rule()]))
-                .await
-                .overall_code,
-            OK
-        );
+        assert_eq!(call(&mut c, header_request()).await.overall_code, OK);
     }
-    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    let r = call(&mut c, header_request()).await;
     assert_eq!(r.overall_code, OVER_LIMIT, "3 a minute");
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        3
-    );
+    assert_eq!(first_limit(&r), Some(3));
     // The per-address rule under its CIDR, and the shared rule's own domain.
     let by_address = |ip: &str| {
         desc(&[
@@ -166,14 +171,7 @@ async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
         ("rule-0-match-0", "rule-0-match-0"),
     ]);
     let r = call(&mut c, request("default/shared", vec![shared])).await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        1
-    );
+    assert_eq!(first_limit(&r), Some(1));
 
     // The ACK names the version and the nonce; the node is Envoy Gateway's.
     let requests = xds.requests();
@@ -214,19 +212,16 @@ async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
 /// so each header reaches the client once.
 #[tokio::test]
 async fn over_xds_the_x_ratelimit_headers_are_left_to_envoy_unless_asked_for() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((xds, certs)) = gateway_xds() else {
+        return;
+    };
     let by_default = sluice(&xds, &certs, &[]);
     let asked = sluice(&xds, &certs, &["--response-headers", "draft03"]);
     for server in [&by_default, &asked] {
-        eventually(WAIT, "ready once the first version is in", || async {
-            ready(server)
-        })
-        .await;
+        until_ready(server, "ready once the first version is in").await;
     }
     let mut c = by_default.client().await;
-    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    let r = call(&mut c, header_request()).await;
     assert_eq!(r.overall_code, OK);
     assert!(
         r.response_headers_to_add.is_empty(),
@@ -240,7 +235,7 @@ async fn over_xds_the_x_ratelimit_headers_are_left_to_envoy_unless_asked_for() {
     assert!(status.duration_until_reset.is_some());
 
     let mut c = asked.client().await;
-    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
+    let r = call(&mut c, header_request()).await;
     let names: Vec<&str> = r
         .response_headers_to_add
         .iter()
@@ -258,11 +253,11 @@ async fn over_xds_the_x_ratelimit_headers_are_left_to_envoy_unless_asked_for() {
 
 #[tokio::test]
 async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_serving() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((xds, certs)) = gateway_xds() else {
+        return;
+    };
     let server = sluice(&xds, &certs, &[]);
-    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+    until_ready(&server, "first version in").await;
 
     assert_eq!(xds.publish_files(&[fixture("bad.yaml")]), "2");
     eventually(WAIT, "a NACK of version 2", || async {
@@ -306,15 +301,8 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
     assert_eq!(logged, 1);
     // Version 1 still serves, and so does readiness.
     let mut c = server.client().await;
-    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        3
-    );
+    let r = call(&mut c, header_request()).await;
+    assert_eq!(first_limit(&r), Some(3));
     assert!(ready(&server));
     // /debug/policies says the version serving is the last good one, and why.
     let debug = || {
@@ -353,12 +341,12 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
 /// not counted again.
 #[tokio::test]
 async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((mut xds, certs)) = gateway_xds() else {
+        return;
+    };
     // --prometheus-addr adds envoyproxy/ratelimit's series to /metrics.
     let server = sluice(&xds, &certs, &["--prometheus-addr", "127.0.0.1:0"]);
-    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+    until_ready(&server, "first version in").await;
     let taken = |server: &Server| {
         (
             metric(
@@ -373,15 +361,8 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
     xds.kill();
     // Meanwhile the last good policy serves.
     let mut c = server.client().await;
-    let r = call(&mut c, request(DOMAIN, vec![header_rule()])).await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        3
-    );
+    let r = call(&mut c, header_request()).await;
+    assert_eq!(first_limit(&r), Some(3));
     eventually(WAIT, "the lost stream logged", || async {
         server
             .drain_lines()
@@ -434,11 +415,11 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
 /// stream down.
 #[tokio::test]
 async fn a_renewed_certificate_authority_is_read_when_reconnecting() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((mut xds, certs)) = gateway_xds() else {
+        return;
+    };
     let server = sluice(&xds, &certs, &[]);
-    eventually(WAIT, "first version in", || async { ready(&server) }).await;
+    until_ready(&server, "first version in").await;
     assert_eq!(metric(&server, "sluice_xds_connected"), Some(1.0));
 
     xds.kill();
@@ -468,55 +449,28 @@ async fn a_renewed_certificate_authority_is_read_when_reconnecting() {
 
 #[tokio::test]
 async fn readiness_waits_for_the_first_version_unless_started_without() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let mut xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
+    let Some((mut xds, certs)) = gateway_xds() else {
+        return;
+    };
     xds.kill();
     let waiting = sluice(&xds, &certs, &[]);
     let forced = sluice(&xds, &certs, &["--xds-start-without-config"]);
-    eventually(WAIT, "ready without a config when told to", || async {
-        ready(&forced)
-    })
-    .await;
+    until_ready(&forced, "ready without a config when told to").await;
     assert!(!ready(&waiting), "not ready before any version");
     // Requests are answered meanwhile: no domain is known yet.
     let mut c = waiting.client().await;
-    assert_eq!(
-        call(&mut c, request(DOMAIN, vec![header_rule()]))
-            .await
-            .overall_code,
-        OK
-    );
+    assert_eq!(call(&mut c, header_request()).await.overall_code, OK);
 
     xds.restart(None);
-    eventually(WAIT, "ready once the server is up", || async {
-        ready(&waiting)
-    })
-    .await;
+    until_ready(&waiting, "ready once the server is up").await;
 }
 
 #[tokio::test]
 async fn a_server_of_another_authority_is_refused() {
-    let Some(bin) = binary() else { return };
-    let certs = Certs::envoy_gateway();
-    let xds = XdsServer::start_tls(&bin, &certs, &gateway_files());
-    let url = format!("https://localhost:{}", xds.port());
-    let wrong_ca = certs.path("other-ca.crt");
-    let (cert, key) = (certs.path("tls.crt"), certs.path("tls.key"));
-    let server = Server::start_with(
-        tempfile::tempdir().unwrap(),
-        &[],
-        &[
-            "--xds-server",
-            &url,
-            "--xds-tls-cert",
-            cert.to_str().unwrap(),
-            "--xds-tls-key",
-            key.to_str().unwrap(),
-            "--xds-tls-ca",
-            wrong_ca.to_str().unwrap(),
-        ],
-    );
+    let Some((xds, certs)) = gateway_xds() else {
+        return;
+    };
+    let server = sluice_trusting(&xds, &certs, "other-ca.crt", &[]);
     eventually(WAIT, "the refused certificate logged", || async {
         server
             .drain_lines()
@@ -559,19 +513,10 @@ async fn a_version_refused_for_a_file_is_taken_once_the_file_is_fixed() {
     assert!(!ready(&server), "no version taken yet");
 
     std::fs::write(&policy, file("path")).unwrap();
-    eventually(
-        WAIT,
-        "ready once the fixed file lets version 1 in",
-        || async { ready(&server) },
-    )
-    .await;
+    until_ready(&server, "ready once the fixed file lets version 1 in").await;
     let mut c = server.client().await;
     let r = call(&mut c, request("xd", vec![desc(&[("user", "u")])])).await;
-    let limit = r.statuses[0]
-        .current_limit
-        .as_ref()
-        .map(|l| l.requests_per_unit);
-    assert_eq!(limit, Some(4), "the xDS version serves");
+    assert_eq!(first_limit(&r), Some(4), "the xDS version serves");
     assert_eq!(
         xds.requests().last().map(|r| r["version_info"].clone()),
         Some("1".into()),
@@ -598,7 +543,7 @@ async fn plain_http_xds_and_bad_flags() {
         &[],
         &["--xds-server", &url, "--xds-node-id", "envoy-ratelimit"],
     );
-    eventually(WAIT, "ready over plain http", || async { ready(&server) }).await;
+    until_ready(&server, "ready over plain http").await;
 
     // https:// without an authority, and an unreadable key, stop start-up.
     for (args, says) in [

@@ -415,6 +415,14 @@ pub async fn call(
         .into_inner()
 }
 
+/// The requests per unit of the first status's limit; `None` when it has none.
+pub fn first_limit(resp: &RateLimitResponse) -> Option<u32> {
+    resp.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
 pub fn header<'a>(resp: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
     resp.response_headers_to_add
         .iter()
