@@ -692,21 +692,16 @@ mod tests {
     ) -> Group {
         let hits: Vec<Hit> = hits
             .iter()
-            .map(|&(key, algorithm, requests, hits)| Hit {
-                key: key.into(),
-                placement: 0,
-                limit: Limit {
-                    algorithm,
-                    requests,
-                    window: 1_000_000,
-                    burst: requests,
-                    phase: 0,
-                },
-                hits,
-                mode: Mode::Enforce,
-                spend: Spend::IfAdmitted,
-                fallback: Default::default(),
-                max_delay,
+            .map(|&(key, algorithm, requests, hits)| {
+                let h = crate::store::testkit::hit(key, algorithm, requests, hits);
+                Hit {
+                    limit: Limit {
+                        window: 1_000_000,
+                        ..h.limit
+                    },
+                    max_delay,
+                    ..h
+                }
             })
             .collect();
         Group {
