@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{available, command_calls, keys, script_calls, RedisServer};
+use common::redis::{available, command_calls, keys, script_calls, RedisCluster, RedisServer};
 use sluice::algorithm::{Algorithm, Limit, Micros, SECOND};
 use sluice::clock::{Clock, ManualClock};
 use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -33,10 +33,15 @@ struct TestStore {
 impl TestStore {
     /// Decides a batch of one hit.
     async fn one(&self, h: &Hit) -> Verdicts {
-        self.store
-            .decide(std::slice::from_ref(h))
-            .await
-            .expect("decided")
+        decide_one(&self.store, h).await
+    }
+
+    /// Decides `h` (of one hit) until its limit is reached, then once more: denied.
+    async fn fill(&self, h: &Hit) {
+        for _ in 0..h.limit.requests {
+            assert!(self.one(h).await.admitted);
+        }
+        assert!(!self.one(h).await.admitted);
     }
 
     /// A store on `shards` fresh servers, on Redis TIME or on `clock`.
@@ -78,6 +83,19 @@ impl Store for TestStore {
     }
 }
 
+/// A store on `server` alone, on Redis TIME.
+fn store_on(server: &RedisServer) -> RedisStore {
+    RedisStore::new(Options::new(vec![server.url()], false), None).expect("store")
+}
+
+/// `store`'s decision on a batch of `h` alone.
+async fn decide_one(store: &RedisStore, h: &Hit) -> Verdicts {
+    store
+        .decide(std::slice::from_ref(h))
+        .await
+        .expect("decided")
+}
+
 /// `None` (and a loud message) when redis-server is missing.
 async fn start(shards: usize) -> Option<TestStore> {
     if !available() {
@@ -114,22 +132,12 @@ mod contract_two_shards {
     });
 }
 
+/// The contract's hit, with a limit of `requests` per `window`.
 fn hit(key: &str, algorithm: Algorithm, requests: u64, window: Micros, hits: u64) -> Hit {
+    let h = common::contract::hit(key, algorithm, requests, hits);
     Hit {
-        key: key.to_string(),
-        placement: sluice::hash::stable_hash(key.as_bytes()),
-        limit: Limit {
-            algorithm,
-            requests,
-            window,
-            burst: requests,
-            phase: 0,
-        },
-        hits,
-        mode: Mode::Enforce,
-        spend: Spend::IfAdmitted,
-        fallback: Default::default(),
-        max_delay: sluice::algorithm::NO_DEADLINE,
+        limit: Limit { window, ..h.limit },
+        ..h
     }
 }
 
@@ -296,10 +304,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
 /// One server and a store on it deciding at the clock's time (from a fixed instant),
 /// without the denial cache; `None` without redis-server.
 async fn fixed_time_store() -> Option<(RedisServer, ManualClock, RedisStore)> {
-    if !available() {
-        return None;
-    }
-    let server = RedisServer::start().await;
+    let server = RedisServer::if_available().await?;
     let clock = ManualClock::new(1_764_000_000 * SECOND);
     let mut opts = Options::new(vec![server.url()], false);
     opts.fixed_clock = Some(Arc::new(clock.clone()));
@@ -448,10 +453,9 @@ descriptors:
 /// in a bucket (the decide script's answer, not the memory store's).
 #[tokio::test]
 async fn sluice_debt_shows_what_a_key_owes_on_redis() {
-    if !available() {
+    let Some(server) = RedisServer::if_available().await else {
         return;
-    }
-    let server = RedisServer::start().await;
+    };
     let policy = r#"
 domain: llm
 descriptors:
@@ -550,11 +554,11 @@ async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
         hits: 0,
         ..h.clone()
     };
-    let v = store.decide(std::slice::from_ref(&check)).await.unwrap();
+    let v = decide_one(&store, &check).await;
     assert_eq!(v.verdicts[0].remaining, 1);
     assert_eq!(log_members(&mut conn, &key).await.len(), 4);
     // An admission rewrites the live entries with what came before each.
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(v.admitted);
     assert_eq!(v.verdicts[0].remaining, 0);
     let t = |ago: u64| t - ago * SECOND;
@@ -568,7 +572,7 @@ async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
         ]
     );
     // Full: denied until the oldest live entry leaves the window.
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(!v.admitted);
     assert_eq!(v.verdicts[0].retry_after, 30 * SECOND);
     // A request of three hits waits for the first three live hits to expire.
@@ -576,7 +580,7 @@ async fn a_sliding_log_written_by_an_older_sluice_counts_and_is_rewritten() {
         hits: 3,
         ..h.clone()
     };
-    let v = store.decide(std::slice::from_ref(&three)).await.unwrap();
+    let v = decide_one(&store, &three).await;
     assert_eq!(v.verdicts[0].retry_after, 40 * SECOND);
 }
 
@@ -590,18 +594,12 @@ async fn a_sliding_log_refund_keeps_the_live_count_exact() {
     let key = shard::redis_key("sluice:", &h);
     let mut tokens = Vec::new();
     for _ in 0..3 {
-        let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+        let v = decide_one(&store, &h).await;
         assert!(v.admitted);
         tokens.push(clock.now() as i64);
         clock.advance(SECOND);
     }
-    assert!(
-        !store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .unwrap()
-            .admitted
-    );
+    assert!(!decide_one(&store, &h).await.admitted);
     // The middle entry is given back (its request was denied on another shard):
     // the entry after it no longer counts it.
     let mut conn = server.conn().await;
@@ -617,10 +615,10 @@ async fn a_sliding_log_refund_keeps_the_live_count_exact() {
         log_members(&mut conn, &key).await,
         [format!("{}:0:1", tokens[0]), format!("{}:1:1", tokens[2])]
     );
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(v.admitted, "the refunded hit is room again");
     assert_eq!(v.verdicts[0].remaining, 0);
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(!v.admitted);
     // Room again when the oldest entry leaves the window, 60 s after it came.
     assert_eq!(
@@ -702,13 +700,7 @@ async fn counters_expire_at_the_end_of_the_window_they_count() {
     for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         let name = format!("window-{}", alg.as_str());
         let h = hit(&name, alg, 100, 3_600 * SECOND, 1);
-        assert!(
-            t.store
-                .decide(std::slice::from_ref(&h))
-                .await
-                .expect("decide")
-                .admitted
-        );
+        assert!(t.one(&h).await.admitted);
         let key = keys(&mut conn)
             .await
             .into_iter()
@@ -718,11 +710,7 @@ async fn counters_expire_at_the_end_of_the_window_they_count() {
         assert!(first > 0 && first <= 3_600_000 * 2, "{alg:?}: {first}");
 
         // Again in the same window: counted, and the expiry did not move later.
-        let r = t
-            .store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .expect("decide");
+        let r = t.one(&h).await;
         assert_eq!(r.verdicts[0].remaining, 98, "{alg:?}");
         let second = pttl(key.clone()).await;
         assert!(
@@ -750,11 +738,7 @@ async fn counters_expire_at_the_end_of_the_window_they_count() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let r = t
-            .store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .expect("decide");
+        let r = t.one(&h).await;
         assert_eq!(
             r.verdicts[0].remaining, 99,
             "{alg:?}: the stale count is gone"
@@ -821,10 +805,7 @@ async fn a_counter_redis_lost_is_not_denied_from_memory_for_long() {
     let Some(t) = start(1).await else { return };
     let mut conn = t.servers[0].conn().await;
     let h = hit("lost", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
-    for _ in 0..3 {
-        assert!(t.one(&h).await.admitted);
-    }
-    assert!(!t.one(&h).await.admitted);
+    t.fill(&h).await;
     assert_eq!(t.store.cached_denials(), 1);
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -842,11 +823,7 @@ async fn over_limit_keys_are_answered_from_memory_until_retry_after() {
     let Some(t) = start(1).await else { return };
     let mut conn = t.servers[0].conn().await;
     let h = hit("cached", Algorithm::FixedWindow, 3, 3_600 * SECOND, 1);
-    for _ in 0..3 {
-        assert!(t.one(&h).await.admitted);
-    }
-    let v = t.one(&h).await;
-    assert!(!v.admitted);
+    t.fill(&h).await;
     let before = script_calls(&mut conn).await;
     for _ in 0..200 {
         let v = t.one(&h).await;
@@ -1046,25 +1023,24 @@ impl FailedCalls {
 
 /// One shard whose calls give up after 15 ms (the default `--store-timeout`), under a
 /// steady load: every caller has made 20 calls already. Its failed calls are
-/// recorded.
-async fn loaded_shard() -> (RedisServer, Arc<RedisStore>, Load, Arc<FailedCalls>) {
-    let server = RedisServer::start().await;
+/// recorded. `None` without redis-server.
+async fn loaded_shard() -> Option<(RedisServer, Arc<RedisStore>, Load, Arc<FailedCalls>)> {
+    let server = RedisServer::if_available().await?;
     let mut opts = Options::new(vec![server.url()], false);
     opts.call_timeout = Duration::from_millis(15);
     let failed = Arc::new(FailedCalls::default());
     let store = Arc::new(RedisStore::new(opts, Some(failed.clone())).expect("store"));
     let load = Load::start(store.clone());
     load.wait_calls([0; CALLERS], 20).await;
-    (server, store, load, failed)
+    Some((server, store, load, failed))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
     use sluice::store::redis::health::{FAILURES_TO_BACK_OFF, MIN_FAILING};
-    if !available() {
+    let Some((server, store, load, failed)) = loaded_shard().await else {
         return;
-    }
-    let (server, store, load, failed) = loaded_shard().await;
+    };
     // A stall of 35 ms: each of the two calls in flight passes the store timeout
     // (15 ms), then the next ones, which carry the requests queued meanwhile: three
     // or four failed calls (enough to back off by count alone) about 15 ms apart,
@@ -1109,10 +1085,9 @@ async fn a_stall_that_times_out_the_calls_in_flight_does_not_back_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
-    if !available() {
+    let Some((server, store, load, _)) = loaded_shard().await else {
         return;
-    }
-    let (server, store, load, _) = loaded_shard().await;
+    };
     server.freeze();
     let frozen = Instant::now();
     while !store.shard_down(0) {
@@ -1426,10 +1401,9 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
 
 #[tokio::test]
 async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
-    if !available() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let cluster = common::redis::RedisCluster::start(3).await;
+    };
     let mut opts = Options::new(cluster.urls(), true);
     opts.key_count_interval = Duration::from_millis(50);
     // One instant at the start of an hour: no count starts again between the calls,
@@ -1453,21 +1427,15 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
             format!("cl-a-{}", alg.as_str()),
             format!("cl-b-{}", alg.as_str()),
         );
-        let v = store
-            .decide(&[
-                hit(&a, alg, 10, 60 * SECOND, 1),
-                hit(&b, alg, 1, 60 * SECOND, 2),
-            ])
-            .await
-            .unwrap();
+        let both = |on_a, on_b| {
+            [
+                hit(&a, alg, 10, 60 * SECOND, on_a),
+                hit(&b, alg, 1, 60 * SECOND, on_b),
+            ]
+        };
+        let v = store.decide(&both(1, 2)).await.unwrap();
         assert!(!v.admitted && v.verdicts[0].admitted, "{alg:?}");
-        let check = store
-            .decide(&[
-                hit(&a, alg, 10, 60 * SECOND, 0),
-                hit(&b, alg, 1, 60 * SECOND, 0),
-            ])
-            .await
-            .unwrap();
+        let check = store.decide(&both(0, 0)).await.unwrap();
         assert_eq!(check.verdicts[0].remaining, 10, "{alg:?}: a was charged");
     }
     // A traced call names the master the slot map gives its slot, as a standalone
@@ -1592,10 +1560,9 @@ async fn rejected_evalsha(node: &RedisServer) -> u64 {
 
 #[tokio::test]
 async fn a_cluster_s_slot_map_is_read_once_not_per_call() {
-    if !available() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let cluster = common::redis::RedisCluster::start(3).await;
+    };
     let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
     admit_distinct_keys(&store, "map", 100).await;
     let mut reads = 0;
@@ -1619,10 +1586,9 @@ descriptors:
 /// those outlasted the store timeout and was answered by the failure mode.
 #[tokio::test]
 async fn a_burst_on_a_cluster_master_without_the_script_is_decided_exactly() {
-    if !available() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let cluster = common::redis::RedisCluster::start(3).await;
+    };
     let sluice = common::Server::start(
         SEVEN_PER_HOUR,
         &["--redis-cluster", &cluster.urls().join(",")],
@@ -1699,10 +1665,9 @@ async fn a_burst_on_a_cluster_master_without_the_script_is_decided_exactly() {
 
 #[tokio::test]
 async fn a_migrated_slot_keeps_decisions_exact_through_ask_and_moved() {
-    if !available() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let cluster = common::redis::RedisCluster::start(3).await;
+    };
     let mut opts = Options::new(cluster.urls(), true);
     // One instant throughout: no window boundary passes between the calls.
     opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
@@ -1792,10 +1757,9 @@ async fn a_hung_master_s_replica_takes_its_slots_calls() {
 /// Decides on a key, fails its master over to a new replica (killed or, with `hang`,
 /// stopped) and decides on: the count goes on where it was.
 async fn failover(hang: bool) {
-    if !available() {
+    let Some(mut cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let mut cluster = common::redis::RedisCluster::start(3).await;
+    };
     let mut opts = Options::new(cluster.urls(), true);
     // Calls give up sooner than a read of the map from a hung node: the read must
     // go on without them.
@@ -1969,11 +1933,11 @@ async fn a_bucket_written_by_an_older_sluice_reads_as_its_rounded_up_time() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(!v.admitted);
     assert_eq!(v.verdicts[0].retry_after, 2);
     clock.advance(2);
-    let v = store.decide(std::slice::from_ref(&h)).await.unwrap();
+    let v = decide_one(&store, &h).await;
     assert!(v.admitted);
     // Written in the new form: tat rounded up and its remainder in thirds of a µs.
     assert_eq!(
@@ -2088,10 +2052,9 @@ async fn failing_open_a_dead_shard_lifts_its_hits_alone_and_the_others_are_spent
 async fn one_call_with_several_groups_decides_like_the_groups_one_by_one() {
     use sluice::store::redis::scripts::{self, Group, HitArgs, Scripts};
     use sluice_redis::{Pool, Request};
-    if !available() {
+    let Some(server) = RedisServer::if_available().await else {
         return;
-    }
-    let server = RedisServer::start().await;
+    };
     let mut conn = server.conn().await;
     let pool = server.pool();
     let scripts = Scripts::default();
@@ -2430,12 +2393,11 @@ async fn tls_shards_verify_the_certificate_unless_the_url_says_insecure() {
 
 #[tokio::test]
 async fn a_shard_is_connected_and_its_script_loaded_before_the_first_request() {
-    if !available() {
-        return;
-    }
     use sluice::store::redis::scripts::Scripts;
-    let server = RedisServer::start().await;
-    let store = RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
+    let Some(server) = RedisServer::if_available().await else {
+        return;
+    };
+    let store = store_on(&server);
     let name = Scripts::default().decide_library.name().to_string();
     let conn = server.conn().await;
     // Before any request, the decide function is loaded under the name Sluice calls.
@@ -2466,12 +2428,11 @@ async fn library_loaded(conn: &mut redis::aio::MultiplexedConnection, name: &str
 
 #[tokio::test]
 async fn the_decide_function_is_loaded_again_after_a_flush() {
-    if !available() {
-        return;
-    }
     use sluice::store::redis::scripts::Scripts;
-    let server = RedisServer::start().await;
-    let store = RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
+    let Some(server) = RedisServer::if_available().await else {
+        return;
+    };
+    let store = store_on(&server);
     let h = hit(
         "flushed",
         Algorithm::SlidingWindowCounter,
@@ -2480,13 +2441,7 @@ async fn the_decide_function_is_loaded_again_after_a_flush() {
         1,
     );
     for _ in 0..2 {
-        assert!(
-            store
-                .decide(std::slice::from_ref(&h))
-                .await
-                .unwrap()
-                .admitted
-        );
+        assert!(decide_one(&store, &h).await.admitted);
     }
     let mut conn = server.conn().await;
     let _: () = redis::cmd("FUNCTION")
@@ -2495,20 +2450,8 @@ async fn the_decide_function_is_loaded_again_after_a_flush() {
         .await
         .unwrap();
     // The counts live in the keys, not the function: the third fits, the fourth not.
-    assert!(
-        store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .unwrap()
-            .admitted
-    );
-    assert!(
-        !store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .unwrap()
-            .admitted
-    );
+    assert!(decide_one(&store, &h).await.admitted);
+    assert!(!decide_one(&store, &h).await.admitted);
     let name = Scripts::default().decide_library.name().to_string();
     assert!(library_loaded(&mut conn, &name).await);
     assert_eq!(command_calls(&mut conn, "evalsha").await, 0);
@@ -2516,10 +2459,9 @@ async fn the_decide_function_is_loaded_again_after_a_flush() {
 
 #[tokio::test]
 async fn a_user_without_functions_decides_by_script_on_the_same_counters() {
-    if !available() {
+    let Some(server) = RedisServer::if_available().await else {
         return;
-    }
-    let server = RedisServer::start().await;
+    };
     let mut admin = server.conn().await;
     let _: () = redis::cmd("ACL")
         .arg(&[
@@ -2571,10 +2513,7 @@ async fn a_shard_on_a_unix_socket_decides_like_one_on_tcp() {
     let h = hit("over-unix", Algorithm::FixedWindow, 2, 60 * SECOND, 1);
     let mut admitted = Vec::new();
     for _ in 0..3 {
-        let v = store
-            .decide(std::slice::from_ref(&h))
-            .await
-            .expect("decide");
+        let v = decide_one(&store, &h).await;
         admitted.push(v.admitted);
     }
     assert_eq!(admitted, [true, true, false]);
@@ -2587,10 +2526,7 @@ async fn a_shard_on_a_unix_socket_decides_like_one_on_tcp() {
 /// The binary on one fresh redis-server with `REPLICA_POLICY` and `extra` flags;
 /// `None` without redis-server.
 async fn sluice_on_one_shard(extra: &[&str]) -> Option<(RedisServer, common::Server)> {
-    if !available() {
-        return None;
-    }
-    let redis_server = RedisServer::start().await;
+    let redis_server = RedisServer::if_available().await?;
     let url = redis_server.url();
     let mut args = vec!["--redis", url.as_str()];
     args.extend_from_slice(extra);
@@ -2719,10 +2655,9 @@ async fn the_binary_answers_by_failure_mode_while_redis_is_down() {
 
 #[tokio::test]
 async fn lua_muldiv_is_exact_beyond_2_pow_53() {
-    if !available() {
+    let Some(server) = RedisServer::if_available().await else {
         return;
-    }
-    let server = RedisServer::start().await;
+    };
     let mut conn = server.conn().await;
     let script = redis::Script::new(concat!(
         include_str!("../src/store/redis/lua/common.lua"),
@@ -2801,10 +2736,9 @@ fn a_bad_redis_url_is_refused_at_start_without_showing_the_password() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_penalty_bans_a_repeat_offender_with_the_redis_store() {
-    if !available() {
+    let Some(redis_server) = RedisServer::if_available().await else {
         return;
-    }
-    let redis_server = RedisServer::start().await;
+    };
     let url = redis_server.url();
     let policy = r#"
 domain: pen
@@ -3130,10 +3064,9 @@ async fn the_binary_warns_once_about_a_shard_whose_expire_cycle_outlasts_the_tim
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_expire_cycle_is_checked_on_every_cluster_master() {
-    if !available() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
         return;
-    }
-    let cluster = common::redis::RedisCluster::start(3).await;
+    };
     // Nodes start with Redis's default hz 10; one is raised to 100.
     let () = redis::cmd("CONFIG")
         .arg("SET")
@@ -3213,6 +3146,31 @@ fn sentences_of(server: &common::Server, key: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits until every replica lists one sentence for `key`: a `kind` of its penalty.
+async fn every_replica_lists(servers: &[common::Server], key: &str, kind: &str, what: &str) {
+    let want = [(kind.to_string(), "penalty".to_string())];
+    for s in servers {
+        common::eventually(Duration::from_secs(5), what, || async {
+            sentences_of(s, key) == want
+        })
+        .await;
+    }
+}
+
+/// The requests to `shop` that `server` counted with `outcome` on its
+/// `remote_address` rule.
+fn counted_as(server: &common::Server, outcome: &str) -> f64 {
+    let labels = [
+        ("domain", "shop"),
+        ("layer", "service"),
+        ("outcome", outcome),
+        ("rule", "remote_address"),
+    ];
+    server
+        .metric("sluice_requests_total", &labels)
+        .unwrap_or(0.0)
+}
+
 /// Waits until every replica's client gets `code` for `user`.
 async fn every_replica_answers(
     clients: &[RateLimitServiceClient<Channel>],
@@ -3242,6 +3200,13 @@ async fn list_shop_blocks(
         .into_inner()
 }
 
+/// A request from address `ip` on each replica, each denied.
+async fn denied_on_each(clients: &mut [RateLimitServiceClient<Channel>], ip: &str) {
+    for c in clients.iter_mut() {
+        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
+    }
+}
+
 async fn code_of(client: &mut RateLimitServiceClient<Channel>, key: &str, value: &str) -> i32 {
     common::call(
         client,
@@ -3253,10 +3218,9 @@ async fn code_of(client: &mut RateLimitServiceClient<Channel>, key: &str, value:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
-    if !available() {
+    let Some(redis_server) = RedisServer::if_available().await else {
         return;
-    }
-    let redis_server = RedisServer::start().await;
+    };
     let (servers, mut clients) = three_replicas(LOOP_POLICY, &redis_server).await;
 
     // Two admitted, then one denial on each replica: three violations in all, though
@@ -3282,35 +3246,14 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         code_of(&mut clients[2], "remote_address", ip).await,
         common::OVER_LIMIT
     );
-    for s in &servers {
-        common::eventually(
-            Duration::from_secs(5),
-            "every replica lists the ban",
-            || async { sentences_of(s, ip) == [("ban".to_string(), "penalty".to_string())] },
-        )
-        .await;
-    }
+    every_replica_lists(&servers, ip, "ban", "every replica lists the ban").await;
     // Banned on every replica: denied without a store call, as `banned`.
-    for c in clients.iter_mut() {
-        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
-    }
+    denied_on_each(&mut clients, ip).await;
     for s in &servers {
         common::eventually(
             Duration::from_secs(5),
             "the ban is counted as banned",
-            || async {
-                s.metric(
-                    "sluice_requests_total",
-                    &[
-                        ("domain", "shop"),
-                        ("layer", "service"),
-                        ("outcome", "banned"),
-                        ("rule", "remote_address"),
-                    ],
-                )
-                .unwrap_or(0.0)
-                    >= 1.0
-            },
+            || async { counted_as(s, "banned") >= 1.0 },
         )
         .await;
     }
@@ -3324,34 +3267,10 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
         })
         .await;
     }
-    for c in clients.iter_mut() {
-        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
-    }
-    for s in &servers {
-        common::eventually(
-            Duration::from_secs(5),
-            "every replica lists the block",
-            || async { sentences_of(s, ip) == [("block".to_string(), "penalty".to_string())] },
-        )
-        .await;
-    }
-    for c in clients.iter_mut() {
-        assert_eq!(code_of(c, "remote_address", ip).await, common::OVER_LIMIT);
-    }
-    assert!(
-        servers[0]
-            .metric(
-                "sluice_requests_total",
-                &[
-                    ("domain", "shop"),
-                    ("layer", "service"),
-                    ("outcome", "blocked"),
-                    ("rule", "remote_address"),
-                ],
-            )
-            .unwrap_or(0.0)
-            >= 1.0
-    );
+    denied_on_each(&mut clients, ip).await;
+    every_replica_lists(&servers, ip, "block", "every replica lists the block").await;
+    denied_on_each(&mut clients, ip).await;
+    assert!(counted_as(&servers[0], "blocked") >= 1.0);
     // Another address is untouched.
     assert_eq!(
         code_of(&mut clients[1], "remote_address", "198.51.100.1").await,
@@ -3361,20 +3280,8 @@ async fn replicas_on_one_redis_ban_block_and_unblock_a_key_as_one() {
     // An operator blocks a user on one replica (a rule with no penalty): every
     // replica denies it; an unblock on another replica lifts it everywhere.
     use sluice::admin::pb;
-    let mut admin0 = pb::admin_client::AdminClient::new(
-        Channel::from_shared(format!("http://{}", servers[0].admin))
-            .expect("url")
-            .connect()
-            .await
-            .expect("admin"),
-    );
-    let mut admin2 = pb::admin_client::AdminClient::new(
-        Channel::from_shared(format!("http://{}", servers[2].admin))
-            .expect("url")
-            .connect()
-            .await
-            .expect("admin"),
-    );
+    let mut admin0 = servers[0].admin_client().await;
+    let mut admin2 = servers[2].admin_client().await;
     let entry = |k: &str, v: &str| pb::request_descriptor::Entry {
         key: k.to_string(),
         value: v.to_string(),
@@ -3489,10 +3396,9 @@ async fn redis_hour(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_redis_tighten_a_key_as_one() {
-    if !available() {
+    let Some(redis_server) = RedisServer::if_available().await else {
         return;
-    }
-    let redis_server = RedisServer::start().await;
+    };
     let (servers, mut clients) = three_replicas(TIGHTEN_POLICY, &redis_server).await;
     let mut conn = redis_server.conn().await;
     // Everything below is counted in one hour-long window and needs no window to
@@ -3516,16 +3422,8 @@ async fn replicas_on_one_redis_tighten_a_key_as_one() {
                 common::OVER_LIMIT
             );
         }
-        for s in &servers {
-            common::eventually(
-                Duration::from_secs(5),
-                "every replica lists the tightening",
-                || async {
-                    sentences_of(s, &scraper) == [("tighten".to_string(), "penalty".to_string())]
-                },
-            )
-            .await;
-        }
+        let what = "every replica lists the tightening";
+        every_replica_lists(&servers, &scraper, "tighten", what).await;
         // A fifth of the limit, across all replicas together, while another key
         // keeps the whole limit.
         let mut tight = 0;
@@ -3654,7 +3552,7 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
     assert!(ears.0.lock().unwrap().is_empty(), "answered from the cache");
 
     // Unprobed, the same store decides as usual.
-    let v = t.store.decide(std::slice::from_ref(&on1)).await.unwrap();
+    let v = t.one(&on1).await;
     assert!(v.admitted);
     assert_eq!(
         v.verdicts[0].remaining, 4,
@@ -3667,10 +3565,9 @@ async fn a_probe_hears_each_shard_call_with_its_address() {
 /// other counter.
 #[tokio::test]
 async fn the_binary_denies_a_late_leaky_turn_at_once_without_taking_it() {
-    if !available() {
+    let Some(redis_server) = RedisServer::if_available().await else {
         return;
-    }
-    let redis_server = RedisServer::start().await;
+    };
     let url = redis_server.url();
     crate::server::late_turns_are_denied_at_once_and_not_taken(&["--redis", &url]).await;
 }

@@ -78,6 +78,15 @@ impl RedisServer {
         Self::start_with(&[]).await
     }
 
+    /// A fresh server; `None` (after [`available`]'s loud message) when redis-server
+    /// cannot be run.
+    pub async fn if_available() -> Option<RedisServer> {
+        if !available() {
+            return None;
+        }
+        Some(Self::start().await)
+    }
+
     /// Starts with extra `redis-server` arguments (e.g. `--requirepass x`).
     pub async fn start_with(extra: &[&str]) -> RedisServer {
         let mut s = RedisServer {
@@ -420,6 +429,15 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes };
         cluster.wait_ok().await;
         cluster
+    }
+
+    /// As [`RedisCluster::start`]; `None` (after [`available`]'s loud message) when
+    /// redis-server cannot be run.
+    pub async fn if_available(masters: usize) -> Option<RedisCluster> {
+        if !available() {
+            return None;
+        }
+        Some(Self::start(masters).await)
     }
 
     /// Waits until every node reports `cluster_state:ok`.
