@@ -8,8 +8,10 @@
 //! denial pull it down. The last minute is estimated as the sliding-window counter
 //! does: the minute before, weighted by the part of it still in the last 60 s, plus
 //! the current one. Only the sensitive rules' own denials count, not those of other
-//! limits sharing their rule path. A baseline under one denial a minute counts as one, so a
-//! quiet rule's first denials read as their count rather than as infinity. Only
+//! limits sharing their rule path. The mean starts at zero (the minutes before a
+//! rule's first denial were quiet), and a baseline under one denial a minute counts
+//! as one, so a quiet rule's first denials read as their count rather than as
+//! infinity. Only
 //! denials of sensitive rules and reads take the lock.
 
 use std::sync::Mutex;
@@ -44,10 +46,11 @@ impl State {
         }
         let alpha = 1.0 / BASELINE_MINUTES;
         let closed = self.count as f64;
-        let mut baseline = match self.baseline {
-            Some(b) => b + alpha * (closed - b),
-            None => closed,
-        };
+        // Before a rule's first denial its minutes were quiet: the mean starts at
+        // zero, not at the first minute with denials, which would make an attack's
+        // own first minute its baseline.
+        let b = self.baseline.unwrap_or(0.0);
+        let mut baseline = b + alpha * (closed - b);
         // Minutes with no denial between then and now.
         let idle = (minute - self.minute - 1).min(10 * BASELINE_MINUTES as u64);
         baseline *= (1.0 - alpha).powi(idle as i32);
@@ -117,31 +120,61 @@ mod tests {
         let s = Spike::default();
         let baseline = |now| s.view(now).1;
         assert_eq!(baseline(T0), None);
-        // 30 minutes of 4 denials a minute.
+        // 30 minutes of 4 denials a minute: the mean, started at zero, has come most
+        // of the way to 4.
         for m in 0..30 {
             for i in 0..4 {
                 s.denial(T0 + m * MINUTE + i * SECOND);
             }
         }
         let (recent, b) = s.view(T0 + 30 * MINUTE);
-        assert!((b.unwrap() - 4.0).abs() < 1e-9, "{b:?}");
+        let settled = 4.0 * (1.0 - (29.0_f64 / 30.0).powi(30));
+        assert!((b.unwrap() - settled).abs() < 1e-9, "{b:?}");
         assert_eq!(recent, 4.0, "the whole minute before");
-        // 40 denials in the next minute: ten times the baseline; once the minute
-        // has passed the baseline moves by a thirtieth of the difference.
+        // 40 denials in the next minute; once the minute has passed the baseline
+        // moves by a thirtieth of the difference.
         for i in 0..40 {
             s.denial(T0 + 30 * MINUTE + i * SECOND);
         }
         let (recent, b) = s.view(T0 + 30 * MINUTE + 45 * SECOND);
         assert_eq!(recent, 40.0 + 4.0 * 0.25);
-        assert!((ratio(recent, b) - 41.0 / 4.0).abs() < 1e-9);
+        assert!((ratio(recent, b) - 41.0 / settled).abs() < 1e-9);
+        let after = settled + (40.0 - settled) / 30.0;
         let b = baseline(T0 + 31 * MINUTE).unwrap();
-        assert!((b - (4.0 + 36.0 / 30.0)).abs() < 1e-9, "{b}");
+        assert!((b - after).abs() < 1e-9, "{b}");
         // Ten quiet minutes later it has decayed by (29/30)^10... after the minute
         // of 0 closes too.
         let quiet = baseline(T0 + 41 * MINUTE).unwrap();
         assert_eq!(s.view(T0 + 41 * MINUTE).0, 0.0);
-        let expected = (4.0 + 36.0 / 30.0) * (29.0_f64 / 30.0).powi(10);
+        let expected = after * (29.0_f64 / 30.0).powi(10);
         assert!((quiet - expected).abs() < 1e-9, "{quiet} {expected}");
+    }
+
+    #[test]
+    fn an_attack_on_a_quiet_rule_stays_a_spike_whatever_second_it_starts() {
+        // A rule with no denial so far, then 800 denials a minute, starting at any
+        // second of a minute: every minute's view for the next ten minutes is a
+        // spike, so an alert with a `for` of a few minutes fires.
+        for start in [1, 30, 59] {
+            let s = Spike::default();
+            let begin = T0 + 20 * MINUTE + start * SECOND;
+            let mut now = begin;
+            while now < begin + 10 * MINUTE {
+                for _ in 0..800 / 60 {
+                    s.denial(now);
+                }
+                now += SECOND;
+                if (now - begin).is_multiple_of(15 * SECOND) && now - begin >= MINUTE {
+                    let (recent, b) = s.view(now);
+                    let r = ratio(recent, b);
+                    assert!(
+                        is_spike(r, recent),
+                        "start {start}s, at {}s: {recent} / {b:?}",
+                        (now - begin) / SECOND
+                    );
+                }
+            }
+        }
     }
 
     #[test]
