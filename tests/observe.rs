@@ -127,6 +127,7 @@ async fn metrics_export_every_family_of_the_spec() {
     assert!(text.contains("sluice_penalty_active_bans 1"));
     assert!(text.contains(r#"sluice_store_failures_total{store="memory"} 0"#));
     assert!(text.contains(r#"sluice_policy_reloads_total{result="ok",source="file"} 1"#));
+    assert!(text.contains(r#"sluice_policy_refused{source="file"} 0"#));
     // The process series dashboards made for envoyproxy/ratelimit chart.
     for family in ["process_resident_memory_bytes", "process_open_fds"] {
         let value = sample(&text, family, &[]).unwrap_or_else(|| panic!("{family} missing"));

@@ -672,6 +672,19 @@ async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
         Some(70),
         "the last good policy keeps serving"
     );
+    // While the broken file stays, the refusal stands (an alert can hold on it);
+    // fixing the file clears it.
+    eventually(Duration::from_secs(5), "the refusal is standing", || {
+        let n = server.metric("sluice_policy_refused", &[("source", "file")]);
+        async move { n == Some(1.0) }
+    })
+    .await;
+    write_atomic(&server.policy_path(), POLICY);
+    eventually(Duration::from_secs(5), "the refusal is cleared", || {
+        let n = server.metric("sluice_policy_refused", &[("source", "file")]);
+        async move { n == Some(0.0) }
+    })
+    .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(load.await.unwrap() > 0);
 }

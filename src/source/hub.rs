@@ -322,11 +322,13 @@ impl Hub {
     /// (or [`Hub::clear_refusal`]) clears it.
     pub fn refuse(&self, source: &'static str, error: String) {
         self.refusals().insert(source, error);
+        self.metrics.policy_refused(source, true);
     }
 
     /// Forgets `source`'s refusal: what it has now is what serves.
     pub fn clear_refusal(&self, source: &'static str) {
         self.refusals().remove(source);
+        self.metrics.policy_refused(source, false);
     }
 
     fn refusals(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, String>> {
@@ -383,6 +385,8 @@ impl Hub {
             .iter()
             .any(|(key, o)| o.verdict != Acceptance::Accepted && before.get(key) != Some(o));
         self.metrics.policy_reload("kube", compiled && !refused);
+        let standing = after.values().any(|o| o.verdict != Acceptance::Accepted);
+        self.metrics.policy_refused("kube", standing);
     }
 
     /// Compiles `state` and swaps the result in; on an error nothing is swapped and
@@ -626,9 +630,21 @@ mod tests {
             line.map(|l| l[series.len()..].to_string())
                 .unwrap_or_default()
         };
+        // 1 while some policy is refused, whatever changed since.
+        let refused = || {
+            let series = "sluice_policy_refused{source=\"kube\"} ";
+            let text = metrics.render();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(series))
+                .map(String::from);
+            line.map(|l| l[series.len()..].to_string())
+                .unwrap_or_default()
+        };
         let good = cand("ns", "a", "2024-01-01T00:00:00Z", spec("d", "k"));
         hub.set_policies(vec![good.clone()]);
         assert_eq!((count("ok"), count("error")), ("1".into(), String::new()));
+        assert_eq!(refused(), "0");
 
         let mut bad = cand(
             "ns",
@@ -644,10 +660,13 @@ mod tests {
         let other = cand("ns", "b", "2024-01-02T00:00:00Z", spec("d", "j"));
         hub.set_policies(vec![bad, other.clone()]);
         assert_eq!((count("ok"), count("error")), ("2".into(), "1".into()));
+        assert_eq!(refused(), "1", "the refusal stands");
         // A newer policy on a path already taken: Conflicted, refused.
         let clash = cand("ns", "c", "2024-01-03T00:00:00Z", spec("d", "j"));
-        hub.set_policies(vec![good, other, clash]);
+        hub.set_policies(vec![good.clone(), other.clone(), clash]);
         assert_eq!(count("error"), "2");
+        hub.set_policies(vec![good, other]);
+        assert_eq!(refused(), "0", "every policy accepted");
     }
 
     #[test]

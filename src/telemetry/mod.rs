@@ -283,6 +283,8 @@ pub struct Metrics {
     /// Trace ids of sampled calls per `decision_seconds` bucket (OpenMetrics only).
     exemplars: exemplar::Exemplars,
     policy_reloads: IntCounterVec,
+    /// By source: 1 while its latest change is refused (the last good one serves).
+    policy_refused: prometheus::IntGaugeVec,
     /// `sluice_denial_cache_answers_total`, counted in stripes (an attack makes it a
     /// per-request counter) and carried into the registry at scrape time.
     handles: ArcSwapOption<PolicyHandles>,
@@ -412,10 +414,19 @@ impl Metrics {
                 &["source", "result"],
             ),
         );
+        let policy_refused = registered(
+            &registry,
+            int_gauge_vec(
+                "sluice_policy_refused",
+                "1 while a policy source's latest change is refused and the last good policy keeps serving (a restart would not load it), 0 otherwise.",
+                &["source"],
+            ),
+        );
         // Series that dashboards and alerts read exist (at 0) from the start.
         for result in ["ok", "error"] {
             policy_reloads.with_label_values(&["file", result]);
         }
+        policy_refused.with_label_values(&["file"]);
         let connections = connections::ConnectionStats::new(&registry);
         let store = store::StoreStats::new(&registry);
         let denials = denials::DenialStats::new(&registry);
@@ -444,6 +455,7 @@ impl Metrics {
             decision_seconds: Histogram::default(),
             exemplars: Default::default(),
             policy_reloads,
+            policy_refused,
             handles: ArcSwapOption::empty(),
             erl: None,
             stats: Mutex::new(HashMap::new()),
@@ -585,6 +597,7 @@ impl Metrics {
         for result in ["ok", "error"] {
             self.policy_reloads.with_label_values(&[source, result]);
         }
+        self.policy_refused.with_label_values(&[source]);
     }
 
     /// A new policy is serving: exports its limits (`sluice_limit`), and marks as
@@ -602,6 +615,13 @@ impl Metrics {
             st.sensitive
                 .store(sensitive.contains(&at), Ordering::Relaxed);
         }
+    }
+
+    /// Whether `source`'s latest change is refused now (`sluice_policy_refused`).
+    pub fn policy_refused(&self, source: &str, refused: bool) {
+        self.policy_refused
+            .with_label_values(&[source])
+            .set(i64::from(refused));
     }
 
     pub fn policy_reload(&self, source: &str, ok: bool) {
