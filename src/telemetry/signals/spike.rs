@@ -11,8 +11,7 @@
 //! limits sharing their rule path. The mean starts at zero (the minutes before a
 //! rule's first denial were quiet), and a baseline under one denial a minute counts
 //! as one, so a quiet rule's first denials read as their count rather than as
-//! infinity. Only
-//! denials of sensitive rules and reads take the lock.
+//! infinity. Only denials of sensitive rules and reads take the lock.
 
 use std::sync::Mutex;
 
