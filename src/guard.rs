@@ -7,24 +7,30 @@
 //! its slot from accept, its handshake included, so clients that connect and never
 //! finish a handshake are capped like the others; its silence is counted in the
 //! bytes on the wire.
+//!
+//! A failed accept (out of file descriptors) is waited out, not retried at once
+//! ([`sluice_grpc::Accept`]).
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prometheus::IntCounter;
+use sluice_grpc::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-/// An axum listener wrapped by a [`Guard`]: past `max` open connections, new ones
+/// An axum listener guarded by a [`Guard`]: past `max` open connections, new ones
 /// are closed as soon as accepted (counted in `refused`); a connection that
 /// neither sends nor takes a byte for `silence` is closed.
-pub struct Guarded<L> {
-    inner: L,
+pub struct Guarded {
+    inner: Accept,
     slots: Arc<Semaphore>,
     silence: Duration,
     refused: IntCounter,
@@ -39,9 +45,10 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn wrap<L>(&self, inner: L) -> Guarded<L> {
+    /// `port` names the listener in the log.
+    pub fn wrap(&self, listener: TcpListener, port: &'static str) -> Guarded {
         Guarded {
-            inner,
+            inner: Accept::new(listener, port),
             slots: Arc::new(Semaphore::new(self.max.clamp(1, Semaphore::MAX_PERMITS))),
             silence: self.silence,
             refused: self.refused.clone(),
@@ -49,12 +56,9 @@ impl Guard {
     }
 }
 
-impl<L> axum::serve::Listener for Guarded<L>
-where
-    L: axum::serve::Listener,
-{
-    type Io = Quiet<L::Io>;
-    type Addr = L::Addr;
+impl axum::serve::Listener for Guarded {
+    type Io = Quiet<TcpStream>;
+    type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {

@@ -487,7 +487,8 @@ where
             let listener = bind(addr).await?;
             tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.metrics.prometheus_path, "metrics also served");
             let app = metrics_router(admin.clone(), &cfg.metrics.prometheus_path);
-            let server = axum::serve(guard.wrap(listener), app).with_graceful_shutdown(stopped());
+            let server = axum::serve(guard.wrap(listener, "prometheus"), app)
+                .with_graceful_shutdown(stopped());
             Some(tokio::spawn(async move { server.await }))
         }
         None => None,
@@ -497,7 +498,7 @@ where
     let https = http_tls.is_some();
     let http_task = match http_tls {
         None => {
-            let http_listener = guard.wrap(http_listener);
+            let http_listener = guard.wrap(http_listener, "http");
             tokio::spawn(async move {
                 axum::serve(http_listener, app)
                     .with_graceful_shutdown(http_stop)
@@ -507,7 +508,7 @@ where
         Some(t) => {
             // The guard under TLS: a connection takes its slot when accepted, not
             // once its handshake is done, so half-open handshakes count too.
-            let listener = TlsListener::new(guard.wrap(http_listener), t, guard.silence);
+            let listener = TlsListener::new(guard.wrap(http_listener, "http"), t, guard.silence);
             tokio::spawn(async move {
                 axum::serve(listener, app)
                     .with_graceful_shutdown(http_stop)

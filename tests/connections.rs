@@ -1,13 +1,15 @@
 //! The gRPC port's connection limits: idle connections closed with GOAWAY, clients
 //! that stop answering PINGs dropped, handshakes bounded in time, and connections
-//! beyond `--grpc-max-connections` refused, each counted; and connections that
-//! behave (as Envoy's do) kept.
+//! beyond `--grpc-max-connections` refused, each counted; connections that behave (as
+//! Envoy's do) kept; and a process out of file descriptors waiting, not spinning,
+//! until connections go.
 
 use crate::common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
+use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const POLICY: &str =
@@ -261,4 +263,163 @@ async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
         .unwrap();
     assert_eq!(first.headers()["grpc-status"], "4");
     assert!(codes.iter().all(|c| c == "8" || c == "4"), "{codes:?}");
+}
+
+/// A gRPC health check over a connection of its own: `Ok` once answered SERVING.
+async fn health_on(addr: &str) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|x| e(&x))?;
+    let (h2, conn) = h2::client::handshake(tcp).await.map_err(|x| e(&x))?;
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let mut h2 = h2.ready().await.map_err(|x| e(&x))?;
+    let (resp, mut send) = h2.send_request(req, false).map_err(|x| e(&x))?;
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .map_err(|x| e(&x))?;
+    let mut body = resp.await.map_err(|x| e(&x))?.into_body();
+    let mut message = Vec::new();
+    while let Some(data) = body.data().await {
+        message.extend_from_slice(&data.map_err(|x| e(&x))?);
+    }
+    let trailers = body.trailers().await.map_err(|x| e(&x))?;
+    let status = trailers.as_ref().and_then(|t| t.get("grpc-status"));
+    // HealthCheckResponse { status: SERVING } after the 5-byte prefix.
+    match (status, message.as_slice()) {
+        (Some(s), [0, 0, 0, 0, 2, 8, 1]) if s == "0" => Ok(()),
+        _ => Err(format!("answered {status:?} {message:?}")),
+    }
+}
+
+/// The process's open descriptors.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// The CPU time the process has spent, user and system.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // After the command name: state, then utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+/// Every port answers: ShouldRateLimit, `/metrics`, the admin port's health.
+async fn answers(server: &Server) -> bool {
+    let metrics = || -> std::io::Result<bool> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&server.http)?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out.starts_with("HTTP/1.1 200"))
+    };
+    let url = format!("http://{}", server.grpc);
+    let decided = async {
+        let mut client = RateLimitServiceClient::connect(url).await.ok()?;
+        let req = request("d", vec![desc(&[("k", "v")])]);
+        client.should_rate_limit(req).await.ok()
+    };
+    let decided = tokio::time::timeout(Duration::from_secs(2), decided).await;
+    matches!(decided, Ok(Some(_)))
+        && metrics().unwrap_or(false)
+        && health_on(&server.admin).await.is_ok()
+}
+
+/// With a low open-file limit, each port in turn filled with silent connections
+/// until the process has no descriptor left: its accept loop waits instead of
+/// retrying at once, so the process spends next to no CPU, and logs the failures
+/// about once a second with their count; once the connections go, every port
+/// answers again.
+#[tokio::test]
+async fn out_of_descriptors_the_accept_loops_wait_and_the_service_recovers() {
+    const LIMIT: usize = 64;
+    for port in ["grpc", "http"] {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(&policy, POLICY).unwrap();
+        // Caps above the limit, so that the descriptors run out.
+        let mut cmd = Server::command(
+            &[policy],
+            &[
+                "--grpc-max-connections",
+                "1000",
+                "--http-max-connections",
+                "1000",
+                "--handshake-timeout",
+                "60s",
+                "--reload-interval",
+                "1h",
+            ],
+            &[],
+        );
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT as libc::rlim_t,
+                    rlim_max: LIMIT as libc::rlim_t,
+                };
+                match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+        let server = Server::spawn(cmd, dir);
+        let pid = server.child.id();
+        let addr = match port {
+            "grpc" => &server.grpc,
+            _ => &server.http,
+        };
+        let mut held = Vec::new();
+        for _ in 0..LIMIT + 40 {
+            held.push(std::net::TcpStream::connect(addr).unwrap());
+        }
+        eventually(
+            Duration::from_secs(10),
+            "every descriptor taken",
+            || async { open_files(pid) >= LIMIT },
+        )
+        .await;
+        server.drain_lines();
+        // The rate is measured over a window, out of descriptors throughout.
+        let (cpu, started) = (cpu_time(pid), Instant::now());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (spent, window) = (cpu_time(pid) - cpu, started.elapsed());
+        assert!(open_files(pid) >= LIMIT, "{port}: still out of descriptors");
+        assert!(
+            spent < Duration::from_millis(300),
+            "{port}: {spent:?} of CPU in {window:?} out of descriptors"
+        );
+        let failing: Vec<String> = server
+            .drain_lines()
+            .into_iter()
+            .filter(|l| l.contains("accept failing"))
+            .collect();
+        assert!(
+            !failing.is_empty() && failing.len() <= window.as_secs() as usize + 1,
+            "{port}: about one line a second: {failing:#?}"
+        );
+        for line in &failing {
+            assert!(line.contains(&format!("port=\"{port}\"")), "{line}");
+            assert!(line.contains("failures="), "{line}");
+        }
+        drop(held);
+        eventually(Duration::from_secs(10), "every port answers again", || {
+            answers(&server)
+        })
+        .await;
+    }
 }

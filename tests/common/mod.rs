@@ -111,6 +111,12 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
+        Self::spawn(Self::command(configs, extra, env), dir)
+    }
+
+    /// The `sluice serve` command [`Server::start_env`] runs, for a test that changes
+    /// more of how it starts.
+    pub fn command(configs: &[PathBuf], extra: &[&str], env: &[(&str, &str)]) -> Command {
         // SLUICE_TEST_BINARY runs another build (a release one, for measurements).
         let binary = std::env::var_os("SLUICE_TEST_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into());
@@ -131,7 +137,7 @@ impl Server {
             cmd.arg("--config").arg(c);
         }
         cmd.args(extra);
-        Self::spawn(cmd, dir)
+        cmd
     }
 
     /// Runs `cmd` (a sluice, however started) and waits until it listens.

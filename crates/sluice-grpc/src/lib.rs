@@ -28,12 +28,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+mod accept;
 mod call;
 mod connection;
 mod deadline;
 mod message;
 mod status;
 
+pub use accept::Accept;
 pub use deadline::Deadline;
 pub use message::{frame, frame_into, Messages};
 pub use status::{status_of, Code, GrpcError};
@@ -255,7 +257,10 @@ impl<H: Handler> Server<H> {
     /// accepting, sends GOAWAY on every connection and returns once the calls in
     /// flight have been answered and the connections closed (streaming calls end at
     /// the stop).
+    /// A failed accept (out of file descriptors) is waited out, not retried at once
+    /// ([`Accept`]).
     pub async fn serve(self, listener: TcpListener, stop: impl Future<Output = ()>) {
+        let mut listener = Accept::new(listener, "grpc");
         let max = self.settings.max_connections;
         let shared = Arc::new(Shared {
             handler: self.handler,
@@ -270,32 +275,25 @@ impl<H: Handler> Server<H> {
         loop {
             tokio::select! {
                 _ = &mut stop => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((io, peer)) => {
-                        if conns.len() >= max {
-                            // Closed at once: the client sees the connection reset and
-                            // tries another replica, and this one keeps its
-                            // descriptors for the connections it has.
-                            stats.refused.fetch_add(1, Ordering::Relaxed);
-                            if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
-                                warned = Some(Instant::now());
-                                tracing::warn!(%peer, max, "gRPC connection refused: --grpc-max-connections are open");
-                            }
-                            continue;
+                (io, peer) = listener.accept() => {
+                    if conns.len() >= max {
+                        // Closed at once: the client sees the connection reset and
+                        // tries another replica, and this one keeps its
+                        // descriptors for the connections it has.
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
+                            warned = Some(Instant::now());
+                            tracing::warn!(%peer, max, "gRPC connection refused: --grpc-max-connections are open");
                         }
-                        // Small gRPC frames must not wait on Nagle's algorithm (Envoy's
-                        // filter timeout is 20 ms by default; a delayed ACK alone can
-                        // cost 40 ms).
-                        let _ = io.set_nodelay(true);
-                        let tls = self.tls.as_ref().map(|t| t());
-                        conns.spawn(connection::run(io, tls, shared.clone(), stop_rx.clone()));
+                        continue;
                     }
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait rather than spin.
-                        tracing::warn!(error = %e, "gRPC accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
+                    // Small gRPC frames must not wait on Nagle's algorithm (Envoy's
+                    // filter timeout is 20 ms by default; a delayed ACK alone can
+                    // cost 40 ms).
+                    let _ = io.set_nodelay(true);
+                    let tls = self.tls.as_ref().map(|t| t());
+                    conns.spawn(connection::run(io, tls, shared.clone(), stop_rx.clone()));
+                }
                 // Reap finished connections so the set does not grow.
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
