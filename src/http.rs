@@ -32,6 +32,8 @@ pub struct HttpState<S> {
     pub max_request_bytes: usize,
     /// The gRPC port's connection counts, for `/metrics`.
     pub connections: Arc<sluice_grpc::Stats>,
+    /// The admin port's, when it is on.
+    pub admin_connections: Option<Arc<sluice_grpc::Stats>>,
     /// False until the sources that must deliver first have (the first xDS version).
     pub loaded: Arc<AtomicBool>,
     /// The policy sources, for their refusals and the RateLimitPolicies' verdicts.
@@ -95,6 +97,23 @@ async fn healthcheck<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Respon
     }
 }
 
+/// The gRPC and admin ports' connection counts, into the metrics.
+fn connection_counts<S>(state: &HttpState<S>) {
+    let metrics = &state.service.metrics;
+    let open = |c: &sluice_grpc::Stats| c.open.load(std::sync::atomic::Ordering::Relaxed);
+    let grpc = &state.connections;
+    metrics.set_connections("grpc", open(grpc), &grpc.closed());
+    if let Some(admin) = &state.admin_connections {
+        // tonic drops the admin port's clients that stop answering PINGs unseen.
+        let closed: Vec<_> = admin
+            .closed()
+            .into_iter()
+            .filter(|(reason, _)| *reason != "keepalive_timeout")
+            .collect();
+        metrics.set_connections("admin", open(admin), &closed);
+    }
+}
+
 async fn metrics<S: Store>(
     State(admin): State<Arc<HttpState<S>>>,
     request_headers: axum::http::HeaderMap,
@@ -109,11 +128,7 @@ async fn metrics<S: Store>(
         .metrics
         .local()
         .set(&admin.service.limiter.local().status(), &store.shards());
-    let connections = &admin.connections;
-    admin.service.metrics.set_connections(
-        connections.open.load(std::sync::atomic::Ordering::Relaxed),
-        &connections.closed(),
-    );
+    connection_counts(&admin);
     // Scrapes also drop expired penalty records (the map is bounded regardless).
     let penalties = admin.service.limiter.penalties();
     penalties.sweep();

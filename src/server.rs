@@ -459,12 +459,21 @@ where
     }
     let connections = grpc.stats();
     let grpc_task = tokio::spawn(grpc.serve(grpc_listener, stopped()));
+    let admin_connections = Arc::new(sluice_grpc::Stats::default());
     let admin_task = admin_listener.map(|listener| {
+        let limits = crate::admin::Limits {
+            max_connections: cfg.connections.admin_max_connections,
+            handshake_timeout: cfg.connections.handshake_timeout,
+            idle_timeout: nonzero(cfg.connections.grpc_idle_timeout),
+            keepalive_interval: nonzero(cfg.connections.grpc_keepalive_interval),
+            keepalive_timeout: cfg.connections.grpc_keepalive_timeout,
+        };
         let run = crate::admin::serve::run(
             service.clone(),
             listener,
             admin_tls.clone(),
-            cfg.connections.handshake_timeout,
+            limits,
+            admin_connections.clone(),
             stop_tx.subscribe(),
             tracer.clone(),
         );
@@ -479,6 +488,7 @@ where
         ready: ready.clone(),
         max_request_bytes: cfg.connections.max_request_bytes,
         connections,
+        admin_connections: admin_task.is_some().then_some(admin_connections),
         loaded,
         hub,
     });

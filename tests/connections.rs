@@ -1,6 +1,7 @@
-//! The gRPC port's connection limits: idle connections closed with GOAWAY, clients
-//! that stop answering PINGs dropped, handshakes bounded in time, and connections
-//! beyond `--grpc-max-connections` refused, each counted; connections that behave (as
+//! The gRPC and admin ports' connection limits: idle connections closed (with
+//! GOAWAY on the gRPC port), clients that stop answering PINGs dropped, handshakes
+//! bounded in time, and connections beyond `--grpc-max-connections` or
+//! `--admin-max-connections` refused, each counted; connections that behave (as
 //! Envoy's do) kept; and a process out of file descriptors waiting, not spinning,
 //! until connections go.
 
@@ -9,27 +10,35 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use sluice::admin::pb;
 use sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const POLICY: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
 
+/// `sluice_grpc_connections_closed_total{port, reason}`.
+fn closed_on(server: &Server, port: &str, reason: &str) -> u64 {
+    let labels = [("port", port), ("reason", reason)];
+    let name = "sluice_grpc_connections_closed_total";
+    server
+        .metric(name, &labels)
+        .unwrap_or_else(|| panic!("no {name}{labels:?}")) as u64
+}
+
 fn closed(server: &Server, reason: &str) -> u64 {
-    let (_, m) = http(&server.http, "GET", "/metrics", "");
-    let prefix = format!("sluice_grpc_connections_closed_total{{reason=\"{reason}\"}} ");
-    m.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{m}"))
+    closed_on(server, "grpc", reason)
+}
+
+/// `sluice_grpc_connections{port}`.
+fn open_on(server: &Server, port: &str) -> u64 {
+    server
+        .metric("sluice_grpc_connections", &[("port", port)])
+        .unwrap_or_else(|| panic!("no sluice_grpc_connections{{port={port}}}")) as u64
 }
 
 fn open_connections(server: &Server) -> u64 {
-    let (_, m) = http(&server.http, "GET", "/metrics", "");
-    m.lines()
-        .find_map(|l| l.strip_prefix("sluice_grpc_connections "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no sluice_grpc_connections in\n{m}"))
+    open_on(server, "grpc")
 }
 
 /// Reads until the server closes the connection; how long that took.
@@ -295,6 +304,156 @@ async fn health_on(addr: &str) -> Result<(), String> {
     }
 }
 
+/// Clients that connect to the admin port and send nothing (or half an HTTP/2
+/// preface) hold their descriptors no longer than `--handshake-timeout`, in plain
+/// text and over TLS, and the port serves on.
+#[tokio::test]
+async fn silent_admin_connections_are_closed_after_the_handshake_timeout() {
+    let ca = common::tls::Ca::new("test-ca");
+    let pair = ca.server();
+    for tls in [false, true] {
+        let mut args = vec!["--handshake-timeout", "1s"];
+        let (cert, key) = (pair.cert.to_str().unwrap(), pair.key.to_str().unwrap());
+        if tls {
+            args.extend(["--admin-tls-cert", cert, "--admin-tls-key", key]);
+        }
+        let server = Server::start(POLICY, &args);
+        let started = Instant::now();
+        let mut silent = Vec::new();
+        for _ in 0..20 {
+            silent.push(tokio::net::TcpStream::connect(&server.admin).await.unwrap());
+        }
+        if !tls {
+            silent[0].write_all(&PREFACE[..20]).await.unwrap();
+        }
+        for tcp in &mut silent {
+            until_closed(tcp, Duration::from_secs(10)).await;
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(800), "tls {tls}: {took:?}");
+        }
+        common::eventually(Duration::from_secs(5), "the closes are counted", || async {
+            closed_on(&server, "admin", "handshake_timeout") == 20 && open_on(&server, "admin") == 0
+        })
+        .await;
+        if !tls {
+            health_on(&server.admin)
+                .await
+                .expect("the admin port serves");
+        }
+    }
+}
+
+/// Past `--admin-max-connections`, new admin connections are closed as soon as
+/// accepted and counted, while Envoy's port answers; once one goes, the admin
+/// port serves again.
+#[tokio::test]
+async fn admin_connections_beyond_the_maximum_are_refused() {
+    let server = Server::start(
+        POLICY,
+        &["--admin-max-connections", "3", "--handshake-timeout", "60s"],
+    );
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tokio::net::TcpStream::connect(&server.admin).await.unwrap());
+    }
+    eventually(
+        Duration::from_secs(5),
+        "three admin connections open",
+        || async { open_on(&server, "admin") == 3 },
+    )
+    .await;
+    for _ in 0..5 {
+        let mut more = tokio::net::TcpStream::connect(&server.admin).await.unwrap();
+        let _ = more.write_all(PREFACE).await;
+        until_closed(&mut more, Duration::from_secs(5)).await;
+    }
+    let mut client = server.client().await;
+    let r = call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(closed_on(&server, "admin", "refused"), 5);
+    assert_eq!(closed(&server, "refused"), 0, "the gRPC port refused none");
+    drop(held.pop());
+    eventually(
+        Duration::from_secs(5),
+        "one admin connection closed",
+        || async { open_on(&server, "admin") == 2 },
+    )
+    .await;
+    health_on(&server.admin)
+        .await
+        .expect("the admin port serves");
+}
+
+/// An admin connection with no call for `--grpc-idle-timeout` is closed; one whose
+/// WatchDecisions stream is open, however quiet, is kept and still delivers.
+#[tokio::test]
+async fn idle_admin_connections_are_closed_and_open_streams_kept() {
+    let server = Server::start(POLICY, &["--grpc-idle-timeout", "1s"]);
+    let mut admin = server.admin_client().await;
+    let mut decisions = admin
+        .watch_decisions(pb::Filter::default())
+        .await
+        .expect("WatchDecisions")
+        .into_inner();
+    // An idle client: one call, then nothing.
+    let tcp = tokio::net::TcpStream::connect(&server.admin).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post(format!(
+        "http://{}/grpc.health.v1.Health/Check",
+        server.admin
+    ))
+    .header("content-type", "application/grpc")
+    .body(())
+    .unwrap();
+    let mut h2 = h2.ready().await.unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    while body.data().await.is_some() {}
+    let started = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    assert!(ended.is_ok(), "{ended:?}");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(800), "{took:?}");
+    // The stream's connection, older and silent all along, outlived it: a
+    // decision still reaches the stream.
+    let mut client = server.client().await;
+    call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
+    let decision = tokio::time::timeout(Duration::from_secs(5), decisions.message())
+        .await
+        .expect("the stream delivers")
+        .expect("the stream is open");
+    assert!(decision.is_some());
+    assert_eq!(closed_on(&server, "admin", "idle"), 1);
+}
+
+/// An admin client that stops answering PINGs is dropped; one that answers is kept.
+#[tokio::test]
+async fn an_admin_client_that_stops_answering_pings_is_dropped() {
+    let server = Server::start(
+        POLICY,
+        &[
+            "--grpc-keepalive-interval",
+            "200ms",
+            "--grpc-keepalive-timeout",
+            "300ms",
+        ],
+    );
+    let tcp = tokio::net::TcpStream::connect(&server.admin).await.unwrap();
+    let (_h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let alive = tokio::spawn(conn);
+    let mut silent = tokio::net::TcpStream::connect(&server.admin).await.unwrap();
+    silent.write_all(PREFACE).await.unwrap();
+    let took = until_closed(&mut silent, Duration::from_secs(5)).await;
+    assert!(took >= Duration::from_millis(400), "{took:?}");
+    assert!(!alive.is_finished(), "a client that answers is kept");
+}
+
 /// The process's open descriptors.
 fn open_files(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -344,7 +503,7 @@ async fn answers(server: &Server) -> bool {
 #[tokio::test]
 async fn out_of_descriptors_the_accept_loops_wait_and_the_service_recovers() {
     const LIMIT: usize = 64;
-    for port in ["grpc", "http"] {
+    for port in ["admin", "grpc", "http"] {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy.yaml");
         std::fs::write(&policy, POLICY).unwrap();
@@ -352,6 +511,8 @@ async fn out_of_descriptors_the_accept_loops_wait_and_the_service_recovers() {
         let mut cmd = Server::command(
             &[policy],
             &[
+                "--admin-max-connections",
+                "1000",
                 "--grpc-max-connections",
                 "1000",
                 "--http-max-connections",
@@ -380,6 +541,7 @@ async fn out_of_descriptors_the_accept_loops_wait_and_the_service_recovers() {
         let server = Server::spawn(cmd, dir);
         let pid = server.child.id();
         let addr = match port {
+            "admin" => &server.admin,
             "grpc" => &server.grpc,
             _ => &server.http,
         };

@@ -7,6 +7,7 @@
 //! - `policies.rs`: ListPolicies.
 //! - `feed.rs`: the two streams.
 //! - `blocks.rs`: Block, Unblock and ListBlocks.
+//! - `incoming.rs`, `conn.rs`: the port's connections and their limits.
 
 use std::sync::Arc;
 
@@ -17,11 +18,15 @@ use crate::service::{HeaderStyle, Service};
 use crate::store::Store;
 
 mod blocks;
+mod conn;
 pub mod explain;
 mod feed;
+mod incoming;
 pub mod policies;
 pub mod serve;
 mod traced;
+
+pub use incoming::Limits;
 
 /// The messages and the `Admin` service, generated from `proto/` by build.rs.
 #[allow(clippy::all, missing_docs)]

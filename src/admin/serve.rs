@@ -1,27 +1,32 @@
 //! The admin port: tonic with the Admin service, gRPC health and reflection, in
-//! plain text or over the same reloading TLS as the other ports (`src/tls`).
+//! plain text or over the same reloading TLS as the other ports (`src/tls`), with
+//! the gRPC port's limits on its connections (`incoming.rs`, `conn.rs`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use sluice_grpc::{Accept, Stats};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
 
 use crate::service::Service;
 use crate::store::Store;
-use crate::tls::{Tls, TlsListener};
+use crate::tls::Tls;
 use crate::trace::Tracer;
 
+use super::conn::CallsLayer;
+use super::incoming::{Incoming, Limits};
 use super::traced::TraceLayer;
 use super::{pb, Admin, DESCRIPTORS, SERVICE_NAME};
 
-/// Serves the admin API on `listener` until `stop` turns true.
+/// Serves the admin API on `listener` until `stop` turns true, counting its
+/// connections in `stats`.
 pub async fn run<S: Store>(
     service: Arc<Service<S>>,
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
-    handshake_timeout: Duration,
+    limits: Limits,
+    stats: Arc<Stats>,
     stop: watch::Receiver<bool>,
     tracer: Option<Arc<Tracer>>,
 ) -> Result<(), tonic::transport::Error> {
@@ -46,29 +51,22 @@ pub async fn run<S: Store>(
         .expect("the admin descriptors decode");
     let admin = pb::admin_server::AdminServer::new(Admin::new(service, stop.clone()));
     let router = Server::builder()
+        .http2_keepalive_interval(limits.keepalive_interval)
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(CallsLayer)
         .layer(TraceLayer(tracer))
         .add_service(admin)
         .add_service(health_service)
         .add_service(v1)
         .add_service(v1alpha);
-    let stopped = stopped(stop);
-    match tls {
-        None => {
-            let incoming = futures::stream::unfold(listener, |l| async move {
-                let next = l.accept().await.map(|(s, _)| s);
-                Some((next, l))
-            });
-            router.serve_with_incoming_shutdown(incoming, stopped).await
-        }
-        Some(tls) => {
-            let listener = TlsListener::new(listener, tls, handshake_timeout);
-            let incoming = futures::stream::unfold(listener, |mut l| async move {
-                let (s, _) = axum::serve::Listener::accept(&mut l).await;
-                Some((Ok::<_, std::io::Error>(s), l))
-            });
-            router.serve_with_incoming_shutdown(incoming, stopped).await
-        }
-    }
+    let incoming = Incoming::new(Accept::new(listener, "admin"), limits, tls, stats);
+    let incoming = futures::stream::unfold(incoming, |mut i| async move {
+        let conn = i.next().await;
+        Some((Ok::<_, std::io::Error>(conn), i))
+    });
+    router
+        .serve_with_incoming_shutdown(incoming, stopped(stop))
+        .await
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {

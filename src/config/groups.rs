@@ -265,18 +265,21 @@ pub struct ListenArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Connections")]
 pub struct ConnectionArgs {
-    /// How often an HTTP/2 PING checks that a gRPC client is still there; 0s: never.
+    /// How often an HTTP/2 PING checks that a gRPC client is still there (on the gRPC
+    /// and admin ports); 0s: never.
     #[arg(long, env = "SLUICE_GRPC_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub grpc_keepalive_interval: Duration,
     /// How long a keepalive PING may go unanswered before the connection is closed.
     #[arg(long, env = "SLUICE_GRPC_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub grpc_keepalive_timeout: Duration,
-    /// A gRPC connection with no call for this long is closed with GOAWAY; 0s: never.
+    /// A connection to the gRPC or admin port with no call for this long is closed
+    /// (the gRPC port's with GOAWAY); 0s: never.
     #[arg(long, env = "SLUICE_GRPC_IDLE_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
     pub grpc_idle_timeout: Duration,
-    /// Longest TLS and HTTP/2 handshake of a new connection, on either port; and
-    /// longest a gRPC request message may take to arrive once begun (a unary call's
-    /// from its headers), after which the call is answered DEADLINE_EXCEEDED.
+    /// Longest TLS and HTTP/2 handshake of a new connection, on every port (the
+    /// gRPC, admin and HTTP ports); and longest a request message to the gRPC port
+    /// may take to arrive once begun (a unary call's from its headers), after which
+    /// the call is answered DEADLINE_EXCEEDED.
     #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub handshake_timeout: Duration,
     /// Most gRPC connections open at once; more are closed as soon as accepted. 0:
@@ -290,6 +293,10 @@ pub struct ConnectionArgs {
     /// is closed.
     #[arg(long, env = "SLUICE_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
     pub http_max_connections: usize,
+    /// Most connections open at once on the admin port (--admin-addr); more are
+    /// closed as soon as accepted. Counted from accept, TLS handshakes included.
+    #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value = "64", value_parser = parse_admin_max_connections)]
+    pub admin_max_connections: usize,
     /// Largest request the gRPC port and `POST /json` read (bytes, or with KiB or
     /// MiB); larger is refused (RESOURCE_EXHAUSTED, HTTP 413) before it is all read.
     /// RLQS reports may be larger: up to one of 10,000 buckets.

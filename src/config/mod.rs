@@ -178,6 +178,29 @@ mod tests {
         assert!(err.contains("must be longer than zero"), "{err}");
     }
 
+    /// The admin port takes at least one connection; 0 is refused, not read as
+    /// "derived" as for the other ports' caps.
+    #[test]
+    fn admin_max_connections() {
+        let serve = |value: &str| {
+            let args = ["sluice", "serve", "--admin-max-connections", value];
+            Cli::try_parse_from(args).map_err(|e| e.to_string())
+        };
+        let Ok(Cli {
+            command: Command::Serve(s),
+            ..
+        }) = serve("3")
+        else {
+            panic!("3 is taken");
+        };
+        assert_eq!(s.connections.admin_max_connections, 3);
+        let e = serve("0").unwrap_err();
+        assert!(e.contains("--admin-max-connections"), "{e}");
+        assert!(e.contains("--admin-addr off turns it off"), "{e}");
+        let e = serve("many").unwrap_err();
+        assert!(e.contains("expected a number of connections"), "{e}");
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_bytes("65536"), Ok(65536));

@@ -59,6 +59,18 @@ pub(super) fn parse_worker_threads(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// `--admin-max-connections`: at least one (`--admin-addr off` turns the port off).
+pub(super) fn parse_admin_max_connections(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err(
+            "0: the admin port must take at least one connection (--admin-addr off turns it off)"
+                .to_string(),
+        ),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("'{s}': {e}; expected a number of connections")),
+    }
+}
+
 /// `--max-keys`: at least one counter (0 would be read as one per shard).
 pub(super) fn parse_max_keys(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {

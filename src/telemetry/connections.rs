@@ -1,15 +1,16 @@
-//! The ports' connections and certificates: how many gRPC connections are open, why
-//! sluice closed some, and how each port's TLS reloads went.
+//! The ports' connections and certificates: how many connections the gRPC and
+//! admin ports have open, why sluice closed some, and how each port's TLS reloads
+//! went.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Registry};
 
-use super::{counter_vec, int_counter, int_gauge, int_gauge_vec, registered};
+use super::{counter_vec, int_counter, int_gauge_vec, registered};
 
 #[derive(Debug)]
 pub(super) struct ConnectionStats {
     pub(super) tls_reloads: IntCounterVec,
     pub(super) tls_expiry: IntGaugeVec,
-    pub(super) grpc_connections: IntGauge,
+    pub(super) grpc_connections: IntGaugeVec,
     pub(super) grpc_closed: IntCounterVec,
     pub(super) http_refused: IntCounter,
 }
@@ -34,17 +35,18 @@ impl ConnectionStats {
         );
         let grpc_connections = registered(
             registry,
-            int_gauge(
+            int_gauge_vec(
                 "sluice_grpc_connections",
-                "Connections open on the gRPC port.",
+                "Connections open on a gRPC port: grpc (the rate limit services), admin (--admin-addr).",
+                &["port"],
             ),
         );
         let grpc_closed = registered(
             registry,
             counter_vec(
                 "sluice_grpc_connections_closed_total",
-                "gRPC connections sluice closed: refused (--grpc-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (a PING went unanswered), idle (--grpc-idle-timeout).",
-                &["reason"],
+                "Connections sluice closed on a gRPC port (grpc, admin): refused (--grpc-max-connections, --admin-max-connections), handshake_failed, handshake_timeout, keepalive_timeout (grpc only: a PING went unanswered), idle (--grpc-idle-timeout).",
+                &["port", "reason"],
             ),
         );
         let http_refused = registered(

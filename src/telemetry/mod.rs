@@ -630,12 +630,16 @@ impl Metrics {
             .inc();
     }
 
-    /// The gRPC port's connections, set at scrape time: those open now, and those
-    /// closed since start, by reason.
-    pub fn set_connections(&self, open: usize, closed: &[(&str, u64)]) {
-        self.connections.grpc_connections.set(open as i64);
+    /// A gRPC port's connections (`grpc` or `admin`), set at scrape time: those
+    /// open now, and those closed since start, by reason.
+    pub fn set_connections(&self, port: &str, open: usize, closed: &[(&str, u64)]) {
+        let stats = &self.connections;
+        stats
+            .grpc_connections
+            .with_label_values(&[port])
+            .set(open as i64);
         for (reason, count) in closed {
-            let counter = self.connections.grpc_closed.with_label_values(&[reason]);
+            let counter = stats.grpc_closed.with_label_values(&[port, reason]);
             counter.inc_by(count.saturating_sub(counter.get()));
         }
     }

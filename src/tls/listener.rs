@@ -1,5 +1,5 @@
-//! The HTTP and admin ports' listener with TLS: hands axum connections whose
-//! handshake is done.
+//! The HTTP ports' listener with TLS: hands axum connections whose handshake is
+//! done.
 //!
 //! Handshakes run in tasks of their own, each bounded by the handshake timeout, so a
 //! client that connects and stays silent holds up neither the others nor the
@@ -55,7 +55,7 @@ where
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             tokio::select! {
-                // axum's listeners retry failed accepts themselves (after a pause).
+                // The guard under it waits out failed accepts.
                 (io, peer) = self.inner.accept() => {
                     let acceptor = self.tls.acceptor();
                     let timeout = self.timeout;
