@@ -129,17 +129,24 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
     assert_eq!(closed(&server, "keepalive_timeout"), 1);
 }
 
+/// A sluice whose handshakes must finish within `timeout`, its `port` (`grpc` or
+/// `admin`) serving TLS with `pair` when given.
+fn with_handshake_timeout(timeout: &str, port: &str, pair: Option<&common::tls::Pair>) -> Server {
+    let mut args = vec!["--handshake-timeout".to_string(), timeout.to_string()];
+    if let Some(pair) = pair {
+        args.extend(common::tls::tls_flags(port, &pair.cert, &pair.key));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(POLICY, &args)
+}
+
 #[tokio::test]
 async fn a_handshake_that_does_not_finish_in_time_is_closed() {
+    // The CA holds the files: it lives as long as the test.
     let ca = common::tls::Ca::new("test-ca");
     let pair = ca.server();
     for tls in [false, true] {
-        let mut args = vec!["--handshake-timeout", "300ms"];
-        let (cert, key) = (pair.cert.to_str().unwrap(), pair.key.to_str().unwrap());
-        if tls {
-            args.extend(["--grpc-tls-cert", cert, "--grpc-tls-key", key]);
-        }
-        let server = Server::start(POLICY, &args);
+        let server = with_handshake_timeout("300ms", "grpc", tls.then_some(&pair));
         // Connected, and silent.
         let mut tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
         let took = until_closed(&mut tcp, Duration::from_secs(5)).await;
@@ -309,15 +316,11 @@ async fn health_on(addr: &str) -> Result<(), String> {
 /// text and over TLS, and the port serves on.
 #[tokio::test]
 async fn silent_admin_connections_are_closed_after_the_handshake_timeout() {
+    // The CA holds the files: it lives as long as the test.
     let ca = common::tls::Ca::new("test-ca");
     let pair = ca.server();
     for tls in [false, true] {
-        let mut args = vec!["--handshake-timeout", "1s"];
-        let (cert, key) = (pair.cert.to_str().unwrap(), pair.key.to_str().unwrap());
-        if tls {
-            args.extend(["--admin-tls-cert", cert, "--admin-tls-key", key]);
-        }
-        let server = Server::start(POLICY, &args);
+        let server = with_handshake_timeout("1s", "admin", tls.then_some(&pair));
         let started = Instant::now();
         let mut silent = Vec::new();
         for _ in 0..20 {
@@ -524,20 +527,7 @@ async fn out_of_descriptors_the_accept_loops_wait_and_the_service_recovers() {
             ],
             &[],
         );
-        use std::os::unix::process::CommandExt;
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
-        unsafe {
-            cmd.pre_exec(|| {
-                let limit = libc::rlimit {
-                    rlim_cur: LIMIT as libc::rlim_t,
-                    rlim_max: LIMIT as libc::rlim_t,
-                };
-                match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
-                    0 => Ok(()),
-                    _ => Err(std::io::Error::last_os_error()),
-                }
-            });
-        }
+        limit_open_files(&mut cmd, LIMIT as u64);
         let server = Server::spawn(cmd, dir);
         let pid = server.child.id();
         let addr = match port {

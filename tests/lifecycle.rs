@@ -13,6 +13,24 @@ fn policy(rpu: u32) -> String {
     )
 }
 
+/// Waits up to `within` for `server` to answer `k=v` of domain `cm` with a limit of
+/// `rpu` requests per unit (asking with no hits, so nothing is spent).
+async fn served_limit(server: &Server, within: Duration, what: &str, rpu: u32) {
+    let c = server.client().await;
+    eventually(within, what, || {
+        let mut c = c.clone();
+        async move {
+            let r = call(&mut c, request("cm", vec![desc_hits(&[("k", "v")], 0)])).await;
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|l| l.requests_per_unit)
+                == Some(rpu)
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
     // Kubernetes mounts a ConfigMap as `policy.yaml -> ..data/policy.yaml` with
@@ -39,20 +57,11 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
     std::fs::write(mount.join("..v2/policy.yaml"), policy(50)).unwrap();
     symlink("..v2", mount.join("..data_tmp")).unwrap();
     std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
-    eventually(
+    served_limit(
+        &server,
         Duration::from_secs(2),
         "the swapped ConfigMap is served",
-        || {
-            let mut c = c.clone();
-            async move {
-                let r = call(&mut c, request("cm", vec![desc_hits(&[("k", "v")], 0)])).await;
-                r.statuses[0]
-                    .current_limit
-                    .as_ref()
-                    .map(|l| l.requests_per_unit)
-                    == Some(50)
-            }
-        },
+        50,
     )
     .await;
 }
@@ -196,34 +205,16 @@ async fn a_poll_starved_of_file_descriptors_refuses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, policy(5)).unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.env("RUST_LOG", "info")
-        .arg("serve")
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(["--admin-addr", "off", "--reload-interval", "100ms"])
-        // The gRPC port may take every descriptor (its default cap keeps a quarter
-        // free), and holds silent connections long enough.
-        .args([
-            "--grpc-max-connections",
-            "1000",
-            "--handshake-timeout",
-            "60s",
-        ])
-        .arg("--config")
-        .arg(&path);
-    // SAFETY: setrlimit(2) in the child between fork and exec; no allocation.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 64,
-                rlim_max: 64,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // The gRPC port may take every descriptor (its default cap keeps a quarter
+    // free), and holds silent connections long enough.
+    let flags = [
+        "--grpc-max-connections",
+        "1000",
+        "--handshake-timeout",
+        "60s",
+    ];
+    let mut cmd = Server::command(&[path], &flags, &[]);
+    limit_open_files(&mut cmd, 64);
     let server = Server::spawn(cmd, dir);
 
     // Silent connections until sluice has no descriptor left for the policy file.
@@ -257,17 +248,5 @@ async fn a_poll_starved_of_file_descriptors_refuses_nothing() {
 
     // The files are watched as before: an edit is served.
     write_atomic(&server.policy_path(), &policy(50));
-    let c = server.client().await;
-    eventually(Duration::from_secs(10), "the edit served", || {
-        let mut c = c.clone();
-        async move {
-            let r = call(&mut c, request("cm", vec![desc(&[("k", "v")])])).await;
-            r.statuses[0]
-                .current_limit
-                .as_ref()
-                .map(|l| l.requests_per_unit)
-                == Some(50)
-        }
-    })
-    .await;
+    served_limit(&server, Duration::from_secs(10), "the edit served", 50).await;
 }

@@ -741,6 +741,21 @@ async fn left(client: &mut Client, domain: &str, value: &str) -> u32 {
     common::call(client, req).await.statuses[0].limit_remaining
 }
 
+/// Values of `a` and of `b` counted once each by [`count_each`]: enough that each
+/// shard holds some.
+const SPREAD: usize = 24;
+
+/// Asks once for each of the values `a0`, `b0`, ... of [`SPREAD`], all admitted.
+async fn count_each(client: &mut Client, domain: &str) {
+    for i in 0..SPREAD {
+        for key in ["a", "b"] {
+            let value = format!("{key}{i}");
+            let (code, _) = ask(client, domain, &[(key, &value)]).await;
+            assert_eq!(code, common::OK, "{domain} {value}");
+        }
+    }
+}
+
 /// Per domain, a value of `a` whose counter lives on `down` and two values of `b`
 /// whose counters live elsewhere, each counted once.
 async fn split_values(
@@ -748,17 +763,10 @@ async fn split_values(
     down: &RedisServer,
     domain: &str,
 ) -> (String, String, String) {
-    const N: usize = 24;
-    for i in 0..N {
-        for key in ["a", "b"] {
-            let value = format!("{key}{i}");
-            let (code, _) = ask(client, domain, &[(key, &value)]).await;
-            assert_eq!(code, common::OK, "{domain} {value}");
-        }
-    }
-    let a = values_on(down, domain, "a", N).await;
-    let b_down = values_on(down, domain, "b", N).await;
-    let b: Vec<String> = (0..N)
+    count_each(client, domain).await;
+    let a = values_on(down, domain, "a", SPREAD).await;
+    let b_down = values_on(down, domain, "b", SPREAD).await;
+    let b: Vec<String> = (0..SPREAD)
         .map(|i| format!("b{i}"))
         .filter(|v| !b_down.contains(v))
         .collect();
@@ -950,18 +958,11 @@ async fn values_by_shard(
     healthy: [&RedisServer; 2],
     domain: &str,
 ) -> (String, [Vec<String>; 2]) {
-    const N: usize = 24;
-    for i in 0..N {
-        for key in ["a", "b"] {
-            let value = format!("{key}{i}");
-            let (code, _) = ask(client, domain, &[(key, &value)]).await;
-            assert_eq!(code, common::OK, "{domain} {value}");
-        }
-    }
-    let a = values_on(hung, domain, "a", N).await;
+    count_each(client, domain).await;
+    let a = values_on(hung, domain, "a", SPREAD).await;
     let b = [
-        values_on(healthy[0], domain, "b", N).await,
-        values_on(healthy[1], domain, "b", N).await,
+        values_on(healthy[0], domain, "b", SPREAD).await,
+        values_on(healthy[1], domain, "b", SPREAD).await,
     ];
     assert!(
         !a.is_empty() && b[0].len() >= 2 && !b[1].is_empty(),

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::conn::{Conn, Slot};
-use crate::tls::Tls;
+use crate::tls::{handshake, HandshakeFailure, Tls};
 
 /// How the admin port treats its connections.
 #[derive(Debug, Clone)]
@@ -82,16 +82,15 @@ impl Incoming {
                     };
                     let acceptor = tls.acceptor();
                     self.handshakes.spawn(async move {
-                        match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-                            Ok(Ok(tls)) => Some(Conn::new(Box::new(tls), deadline, idle, slot)),
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "admin TLS handshake failed");
-                                slot.stats().handshake_failed.fetch_add(1, Ordering::Relaxed);
-                                None
-                            }
-                            Err(_) => {
-                                tracing::debug!(%peer, "admin TLS handshake timed out");
-                                slot.stats().handshake_timeout.fetch_add(1, Ordering::Relaxed);
+                        match handshake(acceptor, tcp, deadline, &peer).await {
+                            Ok(tls) => Some(Conn::new(Box::new(tls), deadline, idle, slot)),
+                            Err(failure) => {
+                                let stats = slot.stats();
+                                let count = match failure {
+                                    HandshakeFailure::Failed => &stats.handshake_failed,
+                                    HandshakeFailure::TimedOut => &stats.handshake_timeout,
+                                };
+                                count.fetch_add(1, Ordering::Relaxed);
                                 None
                             }
                         }

@@ -1686,12 +1686,9 @@ descriptors:
         }
     }
 
-    /// A request over a failed and a healthy shard, failing open: the failed
-    /// descriptor is answered as failing open answers, the healthy one still
-    /// denies, is an offender, and answers OVER_LIMIT even where store errors are
-    /// answered with an error.
-    #[tokio::test]
-    async fn a_failed_shard_lifts_its_descriptors_and_the_others_still_deny() {
+    /// A limiter failing open on [`HalfDown`] (as `wrap` makes it): `down`'s limit
+    /// of 5 an hour on the failing shard, `up`'s of 1 on the healthy one.
+    fn half_down<S: Store>(settings: Settings, wrap: impl FnOnce(HalfDown) -> S) -> Limiter<S> {
         let policy = "domain: d
 failure_mode: open
 descriptors:
@@ -1703,16 +1700,25 @@ descriptors:
         let clock = ManualClock::new(1_000 * HOUR);
         let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
         let policy = crate::policy::compile(docs).expect("compiles");
-        let store = HalfDown(crate::store::MemoryStore::new(
+        let store = wrap(HalfDown(crate::store::MemoryStore::new(
             Arc::new(clock.clone()),
             1000,
-        ));
+        )));
+        Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+            .with_clock(Arc::new(clock))
+    }
+
+    /// A request over a failed and a healthy shard, failing open: the failed
+    /// descriptor is answered as failing open answers, the healthy one still
+    /// denies, is an offender, and answers OVER_LIMIT even where store errors are
+    /// answered with an error.
+    #[tokio::test]
+    async fn a_failed_shard_lifts_its_descriptors_and_the_others_still_deny() {
         let settings = Settings {
             store_errors: StoreErrorAnswer::Error,
             ..Settings::default()
         };
-        let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
-            .with_clock(Arc::new(clock.clone()));
+        let limiter = half_down(settings, |store| store);
         let (down, up) = ([("down", "x")], [("up", "y")]);
         let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
 
@@ -1786,27 +1792,11 @@ descriptors:
     /// answers by it, so the healthy shard's full limit still denies.
     #[tokio::test(start_paused = true)]
     async fn a_shard_hung_past_the_callers_wait_lifts_only_its_descriptors() {
-        let policy = "domain: d
-failure_mode: open
-descriptors:
-  - key: down
-    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
-  - key: up
-    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
-";
-        let clock = ManualClock::new(1_000 * HOUR);
-        let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
-        let policy = crate::policy::compile(docs).expect("compiles");
-        let store = HalfHung(HalfDown(crate::store::MemoryStore::new(
-            Arc::new(clock.clone()),
-            1000,
-        )));
         let settings = Settings {
             store_timeout: Duration::from_millis(100),
             ..Settings::default()
         };
-        let limiter = Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
-            .with_clock(Arc::new(clock.clone()));
+        let limiter = half_down(settings, HalfHung);
         let (down, up) = ([("down", "x")], [("up", "y")]);
         let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
         let left = Some(Duration::from_millis(20));

@@ -170,8 +170,7 @@ impl Listing {
             Ok(meta) if meta.is_dir() => {}
             Ok(_) => return vec![path.to_path_buf()],
             Err(e) => {
-                let e = self.unreadable(&source, &e);
-                self.errors.push(e);
+                self.not_listed(&source, &e);
                 return Vec::new();
             }
         }
@@ -208,8 +207,7 @@ impl Listing {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) => {
-                let e = self.unreadable(&source, &e);
-                self.errors.push(e);
+                self.not_listed(&source, &e);
                 return;
             }
         };
@@ -217,8 +215,7 @@ impl Listing {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
-                    let e = self.unreadable(&source, &e);
-                    self.errors.push(e);
+                    self.not_listed(&source, &e);
                     continue;
                 }
             };
@@ -231,8 +228,7 @@ impl Listing {
             let meta = match std::fs::metadata(&file) {
                 Ok(meta) => meta,
                 Err(e) => {
-                    let e = self.unreadable(&file.display().to_string(), &e);
-                    self.errors.push(e);
+                    self.not_listed(&file.display().to_string(), &e);
                     continue;
                 }
             };
@@ -247,13 +243,13 @@ impl Listing {
             }
         }
     }
-}
 
-fn is_yaml(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
-}
+    /// Records that `source` could not be listed.
+    fn not_listed(&mut self, source: &str, e: &std::io::Error) {
+        let error = self.unreadable(source, e);
+        self.errors.push(error);
+    }
 
-impl Listing {
     /// The error of `source`, which could not be read; remembered as starvation
     /// when the process, not the file, is at fault.
     fn unreadable(&mut self, source: &str, e: &std::io::Error) -> PolicyError {
@@ -271,6 +267,10 @@ impl Listing {
         }
         error
     }
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
 #[cfg(test)]

@@ -32,14 +32,14 @@ impl Collector for Process {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let mut families = self.inner.collect();
-        let seconds = cpu_seconds();
-        for family in families.iter_mut().filter(|f| f.name() == CPU) {
-            let Some(seconds) = seconds else { continue };
-            for metric in family.mut_metric() {
-                let mut counter = Counter::default();
-                counter.set_value(seconds);
-                metric.set_counter(counter);
-            }
+        let Some(seconds) = cpu_seconds() else {
+            return families;
+        };
+        let cpu = families.iter_mut().filter(|f| f.name() == CPU);
+        for metric in cpu.flat_map(|f| f.mut_metric()) {
+            let mut counter = Counter::default();
+            counter.set_value(seconds);
+            metric.set_counter(counter);
         }
         families
     }

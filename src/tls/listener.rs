@@ -1,5 +1,5 @@
 //! The HTTP ports' listener with TLS: hands axum connections whose handshake is
-//! done.
+//! done. Its handshake, bounded and logged, serves the admin port too.
 //!
 //! Handshakes run in tasks of their own, each bounded by the handshake timeout, so a
 //! client that connects and stays silent holds up neither the others nor the
@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 
 use super::Tls;
 
@@ -23,6 +25,36 @@ type Handshaken<L> = Option<(
     TlsStream<<L as axum::serve::Listener>::Io>,
     <L as axum::serve::Listener>::Addr,
 )>;
+
+/// Why a TLS handshake did not finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// The client broke it off, or sent what TLS does not allow.
+    Failed,
+    /// It was not done by its deadline.
+    TimedOut,
+}
+
+/// The server's side of a TLS handshake on `io`, bounded by `deadline`; a failure
+/// is logged at debug level with `peer`.
+pub async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+    acceptor: TlsAcceptor,
+    io: IO,
+    deadline: Instant,
+    peer: &impl Display,
+) -> Result<TlsStream<IO>, HandshakeFailure> {
+    match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            Err(HandshakeFailure::Failed)
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            Err(HandshakeFailure::TimedOut)
+        }
+    }
+}
 
 /// A listener whose connections speak TLS.
 pub struct TlsListener<L: axum::serve::Listener> {
@@ -47,7 +79,7 @@ impl<L> axum::serve::Listener for TlsListener<L>
 where
     L: axum::serve::Listener,
     L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    L::Addr: Display + Send + 'static,
+    L::Addr: Display + Send + Sync + 'static,
 {
     type Io = TlsStream<L::Io>;
     type Addr = L::Addr;
@@ -58,19 +90,10 @@ where
                 // The guard under it waits out failed accepts.
                 (io, peer) = self.inner.accept() => {
                     let acceptor = self.tls.acceptor();
-                    let timeout = self.timeout;
+                    let deadline = Instant::now() + self.timeout;
                     self.handshakes.spawn(async move {
-                        match tokio::time::timeout(timeout, acceptor.accept(io)).await {
-                            Ok(Ok(tls)) => Some((tls, peer)),
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                None
-                            }
-                            Err(_) => {
-                                tracing::debug!(%peer, "TLS handshake timed out");
-                                None
-                            }
-                        }
+                        let tls = handshake(acceptor, io, deadline, &peer).await.ok()?;
+                        Some((tls, peer))
                     });
                 }
                 Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {

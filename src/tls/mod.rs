@@ -35,7 +35,7 @@ mod listener;
 mod san;
 
 use crate::cert::{self as validity, OutOfDate, Stamp, Validity};
-pub use listener::TlsListener;
+pub use listener::{handshake, HandshakeFailure, TlsListener};
 
 /// Where a port's TLS files are.
 #[derive(Debug, Clone, PartialEq, Eq)]

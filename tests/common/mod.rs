@@ -551,6 +551,26 @@ where
     panic!("timed out waiting for: {what}");
 }
 
+/// Has `cmd`'s process start with at most `n` open files (RLIMIT_NOFILE), so that
+/// a test can run it out of descriptors.
+pub fn limit_open_files(cmd: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit(2) is async-signal-safe; nothing else runs in the child
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: n as libc::rlim_t,
+                rlim_max: n as libc::rlim_t,
+            };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+}
+
 /// Writes a file atomically (rename), as editors and ConfigMap updates do.
 pub fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp-write");
