@@ -234,6 +234,9 @@ pub struct StoreFailure {
     /// shards of which some failed): only the descriptors without a verdict were
     /// answered by `mode`, and the decided ones still deny.
     pub partial: bool,
+    /// No room to keep a key's counter (`--max-keys`), not a failing store: the
+    /// store logs when its refusals start and end.
+    pub full: bool,
 }
 
 /// The limiter's answer to one request.
@@ -977,6 +980,7 @@ impl<S: Store> Limiter<S> {
             answer: self.settings.store_errors,
             store: self.store.name(),
             partial,
+            full: *error == StoreError::Full,
         }
     }
 

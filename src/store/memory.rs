@@ -17,7 +17,9 @@ use crate::algorithm::{self, Limit, Micros, State, Verdict};
 use crate::clock::Clock;
 
 use self::shard::Shard;
-use super::{admitted, Board, Evictions, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts};
+use super::{
+    admitted, Board, Evictions, Failed, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts,
+};
 
 /// Shards of the key space; a power of two well above the core count keeps
 /// contention low without wasting memory on empty maps.
@@ -200,6 +202,8 @@ impl MemoryStore {
         let mut next: SmallVec<[Option<State>; SMALL]> = SmallVec::with_capacity(hits.len());
         // Whether each hit is a new key given room in its shard.
         let mut room: SmallVec<[bool; SMALL]> = SmallVec::with_capacity(hits.len());
+        // New keys not kept and lifted (allocates only when there are some).
+        let mut lifted = Vec::new();
         for (i, hit) in hits.iter().enumerate() {
             let earlier = (0..i)
                 .rev()
@@ -228,7 +232,9 @@ impl MemoryStore {
                     match shard.make_room(now, pending, busy) {
                         Ok(()) => new_key = true,
                         Err(soonest) => {
-                            refuse(hit, verdict, soonest - now);
+                            if refuse(hit, verdict, soonest - now) {
+                                lifted.push(i);
+                            }
                             decision.next = None;
                         }
                     }
@@ -288,7 +294,7 @@ impl MemoryStore {
             admitted,
             verdicts,
             now: Some(now),
-            failed: None,
+            failed: not_kept(lifted),
         }
     }
 
@@ -368,6 +374,7 @@ impl MemoryStore {
 
         // A key the shard does not hold: a fresh counter, kept if there is room.
         let mut decision = hit.decide(None, now);
+        let mut lifted = Vec::new();
         if let Some(state) = decision.next.take() {
             match shard.make_room(now, 0, |_| false) {
                 Ok(()) => {
@@ -375,7 +382,11 @@ impl MemoryStore {
                     let slot = Slot::new(&hit.key, entry);
                     shard.insert(hash, slot, |s| self.hash(s.key.as_bytes()));
                 }
-                Err(soonest) => refuse(hit, &mut decision.verdict, soonest - now),
+                Err(soonest) => {
+                    if refuse(hit, &mut decision.verdict, soonest - now) {
+                        lifted.push(0);
+                    }
+                }
             }
         }
         let verdicts = vec![decision.verdict];
@@ -383,16 +394,17 @@ impl MemoryStore {
             admitted: admitted(std::iter::once(hit.mode), &verdicts),
             verdicts,
             now: Some(now),
-            failed: None,
+            failed: not_kept(lifted),
         }
     }
 }
 
 /// Answers a new key that a full shard cannot keep by its hit's fallback (its
-/// domain's failure mode): `Admit` (or `Local`), the fresh counter's own verdict
-/// stands (the hit is admitted but not counted); `Deny`, it is denied until a counter of the shard
-/// may go (`wait`), at the soonest.
-fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
+/// domain's failure mode): `Deny`, it is denied until a counter of the shard may go
+/// (`wait`), at the soonest; `Admit` (or `Local`), it is lifted as `open` lifts a
+/// counter on a failed shard (a placeholder verdict, taken as admitted): whether
+/// it was.
+fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) -> bool {
     if hit.fallback == Fallback::Deny {
         *verdict = Verdict {
             admitted: false,
@@ -404,7 +416,18 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
             owed: 0,
             late: false,
         };
+        return false;
     }
+    *verdict = Failed::placeholder();
+    true
+}
+
+/// The hits of a batch lifted for want of room ([`refuse`]), if any.
+fn not_kept(lifted: Vec<usize>) -> Option<Failed> {
+    (!lifted.is_empty()).then_some(Failed {
+        error: StoreError::Full,
+        hits: lifted,
+    })
 }
 
 impl Slot {

@@ -115,9 +115,9 @@ impl Hit {
 /// it from the domain's failure mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fallback {
-    /// A key it cannot keep: as a fresh counter would, without keeping it. A counter
-    /// on a shard that fails (or hangs past the caller's wait): the hit is lifted,
-    /// and the request's other hits still decide it and are spent if it is admitted
+    /// A key it cannot keep ([`StoreError::Full`]) or a counter on a shard that
+    /// fails (or hangs past the caller's wait): the hit is lifted, and the
+    /// request's other hits still decide it and are spent if it is admitted
     /// ([`Verdicts::failed`]). `failure_mode: open`.
     #[default]
     Admit,
@@ -139,9 +139,10 @@ pub struct Verdicts {
     /// than read the clock again.
     pub now: Option<Micros>,
     /// Hits the store could not decide while it decided the others (their shard
-    /// failed, or did not answer within the caller's wait; only for hits whose
-    /// fallback is [`Fallback::Admit`]). `None`, and nothing allocated, when every
-    /// hit was decided.
+    /// failed, or did not answer within the caller's wait, or their keys could not
+    /// be kept; only for hits whose fallback is [`Fallback::Admit`], or
+    /// [`Fallback::Local`] for a key not kept). `None`, and nothing allocated, when
+    /// every hit was decided.
     pub failed: Option<Failed>,
 }
 
@@ -446,7 +447,7 @@ pub struct Evictions {
     /// their keys start afresh.
     pub idle: u64,
     /// New keys not kept because every counter of their shard was in use or
-    /// denying; each was answered by its failure mode.
+    /// denying; each was answered by its failure mode (lifted, or denied).
     pub refused: u64,
 }
 
