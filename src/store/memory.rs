@@ -145,7 +145,15 @@ impl MemoryStore {
     /// periodically so idle keys do not pile up.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
+        let hasher = |s: &Slot| self.hash(s.key.as_bytes());
+        self.shards.iter().map(|s| lock(s).sweep(now, hasher)).sum()
+    }
+
+    /// Drops the counter of `key`, if it is held: its owner has no more use for it
+    /// (`failure_mode: local`, a counter settled). Whether one was.
+    pub fn forget(&self, key: &str) -> bool {
+        let hash = self.hash(key.as_bytes());
+        lock(&self.shards[Self::shard_of(hash)]).remove(hash, key)
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -624,6 +632,35 @@ mod tests {
         assert_eq!(twice.verdicts[0].remaining, 1);
         assert!(!twice.verdicts[1].admitted);
         assert_eq!(store.active_keys(), 1);
+    }
+
+    #[test]
+    fn a_forgotten_counter_starts_afresh_and_a_swept_table_gives_its_memory_back() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock.clone()), 100_000);
+        let one = |key: &str| {
+            let mut h = hit(key, Algorithm::FixedWindow, 1, 1);
+            h.limit = fixed(1);
+            store.decide_now(std::slice::from_ref(&h)).admitted
+        };
+        assert!(one("k"));
+        assert!(!one("k"));
+        assert!(store.forget("k"));
+        assert!(!store.forget("k"));
+        assert!(one("k"), "started afresh");
+        let capacity = || -> usize { store.shards.iter().map(|s| lock(s).table.capacity()).sum() };
+        for i in 0..20_000 {
+            assert!(one(&format!("flood-{i}")));
+        }
+        assert!(capacity() >= 20_000);
+        clock.advance(2 * SECOND);
+        assert_eq!(store.sweep(), 20_001);
+        assert!(capacity() < 1_000, "{}", capacity());
+        // The shrunk tables keep counting.
+        for i in 0..2_000 {
+            assert!(one(&format!("after-{i}")));
+            assert!(!one(&format!("after-{i}")));
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@ const SCAN_SHARE: usize = 4;
 /// Fewest and most counters a scan lists.
 const LISTED: (usize, usize) = (8, 4096);
 
+/// A table of at most this capacity is never shrunk: too little to give back.
+const SHRINK_FROM: usize = 64;
+
 #[derive(Debug)]
 pub(super) struct Shard {
     pub(super) table: hashbrown::HashTable<Slot>,
@@ -178,11 +181,32 @@ impl Shard {
         self.free_at = rest;
     }
 
-    /// Drops every expired counter; how many.
-    pub(super) fn sweep(&mut self, now: Micros) -> usize {
+    /// Drops every expired counter; how many. A table left holding under a quarter
+    /// of its capacity (the keys of a flood, or of an outage, gone) is shrunk to
+    /// twice what it holds, so the memory goes back.
+    pub(super) fn sweep(&mut self, now: Micros, hasher: impl Fn(&Slot) -> u64) -> usize {
         let before = self.table.len();
         self.table.retain(|s| s.entry.expires_at > now);
-        before - self.table.len()
+        let held = self.table.len();
+        if self.table.capacity() > SHRINK_FROM && held < self.table.capacity() / 4 {
+            // Shrinking moves counters to other buckets: the list would name the
+            // wrong ones, so it goes, and the bound with it (as when one grows).
+            self.victims.clear();
+            self.free_at = 0;
+            self.table.shrink_to(held * 2, hasher);
+        }
+        before - held
+    }
+
+    /// Drops the counter of `key` (its hash `hash`), if the shard holds it.
+    pub(super) fn remove(&mut self, hash: u64, key: &str) -> bool {
+        match self.table.find_entry(hash, |s| s.holds(key)) {
+            Ok(found) => {
+                found.remove();
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
