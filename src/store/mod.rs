@@ -125,7 +125,8 @@ pub enum Fallback {
     /// (`failure_mode: closed`).
     Deny,
     /// As `Admit` for a key it cannot keep; a counter on a shard that fails fails the
-    /// whole request, which the limiter then decides in memory (`failure_mode: local`).
+    /// whole request, which the limiter then decides in memory (`failure_mode: local`),
+    /// where a key that cannot be kept either is lifted too.
     Local,
 }
 
@@ -241,15 +242,16 @@ pub trait Store: Board + Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Adds `hit` (a charge: spending decided elsewhere, `failure_mode: local`) to
-    /// its counter once per `token`: `Ok(false)` when the store had already taken
-    /// that token. A store that every replica does not share has nothing to add to.
+    /// Adds each of `batch` (a charge: spending decided elsewhere, `failure_mode:
+    /// local`) to its counter once per token, answering each in order: `Ok(false)`
+    /// when the store had already taken that token. A store that every replica
+    /// does not share has nothing to add to.
     fn settle(
         &self,
-        _hit: &Hit,
-        _token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async { Ok(true) }
+        batch: &[Settlement],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        let n = batch.len();
+        async move { vec![Ok(true); n] }
     }
 
     /// Counts this replica (`member`: its id, and its address for the others,
@@ -289,6 +291,16 @@ pub trait Store: Board + Send + Sync + 'static {
     fn reach(&self, _shard: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
         async { Ok(0) }
     }
+}
+
+/// Spending decided elsewhere (`failure_mode: local`), to add to its counter once
+/// ([`Store::settle`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    /// The charge: the counter's hit, carrying the amount.
+    pub hit: Hit,
+    /// Marks the amount as taken: the store adds nothing for a token it has seen.
+    pub token: String,
 }
 
 /// A heartbeat's member: the replica's id, then `@` and the address where the
@@ -405,10 +417,9 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn settle(
         &self,
-        hit: &Hit,
-        token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).settle(hit, token)
+        batch: &[Settlement],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        (**self).settle(batch)
     }
 
     fn heartbeat(
