@@ -575,6 +575,8 @@ async fn store<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
             "missing_replicas": local.missing,
             "decisions": local.decisions,
             "unsettled_counters": local.unsettled_counters,
+            "max_counters": local.max_counters,
+            "refused": local.refused,
             "counters": local.counters.iter().map(|c| json!({
                 "key": c.key,
                 "unsettled": c.unsettled,

@@ -106,6 +106,7 @@ pub async fn run(
         resets: cfg.decisions.reset_resolution,
         store_errors: cfg.decisions.store_error_answer,
         local_replicas: cfg.decisions.local_share_replicas,
+        max_keys: cfg.store.max_keys,
     };
     // Installed first: a SIGHUP while the policies load must not end the process.
     let rereads = hangups();
@@ -303,12 +304,12 @@ async fn leave<S: Store>(service: &Service<S>, beating: tokio::task::JoinHandle<
         }
         Err(_) => tracing::warn!("failure_mode local: leaving the replica count timed out"),
     }
-    let status = limiter.local().status();
-    let lost: u64 = status.counters.iter().map(|c| c.unsettled).sum();
+    let local = limiter.local();
+    let lost = local.unsettled_hits();
     if lost > 0 {
         // Nobody else holds this spending: the shared counters never see it.
         tracing::warn!(
-            counters = status.unsettled_counters,
+            counters = local.status().unsettled_counters,
             hits = lost,
             "failure_mode local: spending decided locally is lost with this exit; the shards were not reached"
         );

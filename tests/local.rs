@@ -305,6 +305,92 @@ async fn the_server_counts_itself_answers_locally_shows_it_and_settles() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_keeps_at_most_max_keys_counters_and_settles_those_exactly() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let url = redis.url();
+    const MAX: usize = 40;
+    let max = MAX.to_string();
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--redis",
+            &url,
+            "--store-timeout",
+            "30ms",
+            "--max-keys",
+            &max,
+        ],
+    );
+    let mut client = sluice.client().await;
+    wait_until("the replica never counted itself", || {
+        sluice.metric("sluice_local_share_learned", &[]) == Some(1.0)
+    })
+    .await;
+    let mut call = async |user: &str, hits: u64| {
+        let req = common::request("d", vec![common::desc_hits(&[("user", user)], hits)]);
+        common::call(&mut client, req).await
+    };
+    assert_eq!(call("warm", 1).await.overall_code, common::OK);
+
+    redis.kill();
+    // MAX keys kept, each owing what it admitted; three times as many new keys
+    // after them are lifted: OK, with no limit shown that is not being kept.
+    for i in 0..MAX {
+        let reply = call(&format!("k{i}"), 2).await;
+        assert_eq!(reply.overall_code, common::OK);
+        assert_eq!(reply.statuses[0].limit_remaining, 58, "k{i} kept");
+    }
+    for i in MAX..4 * MAX {
+        let reply = call(&format!("k{i}"), 1).await;
+        assert_eq!(reply.overall_code, common::OK, "k{i}");
+        assert_eq!(reply.statuses[0].limit_remaining, 0, "k{i} not kept");
+    }
+    let metric = |name: &str| sluice.metric(name, &[]);
+    assert_eq!(metric("sluice_local_unsettled_counters"), Some(MAX as f64));
+    assert_eq!(metric("sluice_local_refused_total"), Some(3.0 * MAX as f64));
+    // Counted as the failure mode's answers, as `open` counts them.
+    let (_, text) = common::http(&sluice.http, "GET", "/metrics", "");
+    let failed_open: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_requests_total{") && l.contains(r#"outcome="failed_open""#)
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(failed_open, 3.0 * MAX as f64);
+    // A kept key goes on counting down to its limit, then denies.
+    let reply = call("k0", 58).await;
+    assert_eq!(
+        (reply.overall_code, reply.statuses[0].limit_remaining),
+        (common::OK, 0)
+    );
+    assert_eq!(call("k0", 1).await.overall_code, common::OVER_LIMIT);
+
+    redis.restart().await;
+    wait_until("the local spending never settled", || {
+        metric("sluice_local_unsettled_counters") == Some(0.0)
+    })
+    .await;
+    // In batches: a call marks their tokens, one adds them (and a heartbeat a
+    // second), not a call or two per counter.
+    let mut conn = redis.conn().await;
+    let calls = common::redis::script_calls(&mut conn).await;
+    assert!(calls < 10, "{calls} script calls to settle {MAX} counters");
+    // Exactly what each kept key admitted; nothing of the lifted ones.
+    assert_eq!(call("k0", 1).await.overall_code, common::OVER_LIMIT);
+    for i in 1..MAX {
+        let reply = call(&format!("k{i}"), 1).await;
+        assert_eq!(reply.statuses[0].limit_remaining, 57, "k{i}");
+    }
+    let reply = call(&format!("k{MAX}"), 1).await;
+    assert_eq!(reply.statuses[0].limit_remaining, 59);
+}
+
 /// A TCP relay to a shard that can be cut: cut, it closes its connections and stops
 /// listening, so the replica behind it alone cannot reach the shard; restored, it
 /// listens on the same port again.

@@ -863,6 +863,62 @@ async fn a_full_store_denies_new_keys_of_a_closed_domain() {
     assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
 }
 
+/// The sum of the samples of `name` whose labels include each of `labels`.
+fn summed(server: &Server, name: &str, labels: &[&str]) -> u64 {
+    let (status, text) = http(&server.http, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_full_store_lifts_new_keys_of_an_open_domain_as_failed_open() {
+    let (answers, kept_again, [failed_open, failures, refused]) = in_one_window(DAY, async |_| {
+        let server = Server::start(PER_USER, &["--max-keys", "64"]);
+        let mut c = server.client().await;
+        // One counter a shard: of 500 users, 64 are kept, each counting.
+        let mut answers = Vec::new();
+        for i in 0..500 {
+            answers.push(call(&mut c, per_user(&format!("u-{i}"))).await);
+        }
+        let kept: Vec<usize> = (0..500)
+            .filter(|&i| remaining(&answers[i], 0) == 4)
+            .collect();
+        let mut kept_again = Vec::new();
+        for &i in &kept {
+            kept_again.push(call(&mut c, per_user(&format!("u-{i}"))).await);
+        }
+        let counts = [
+            summed(
+                &server,
+                "sluice_requests_total",
+                &[r#"outcome="failed_open""#],
+            ),
+            series(&server, r#"sluice_store_failures_total{store="memory"}"#),
+            series(&server, r#"sluice_evictions_total{reason="refused"}"#),
+        ];
+        (answers, kept_again, counts)
+    })
+    .await;
+    assert_eq!(kept_again.len(), 64);
+    for r in &kept_again {
+        assert_eq!((r.overall_code, remaining(r, 0)), (OK, 3));
+    }
+    // The others: OK, as `open` answers a counter it cannot keep: no limit shown
+    // that is not being kept, and counted as the failure mode's answers.
+    let lifted: Vec<_> = answers.iter().filter(|r| remaining(r, 0) != 4).collect();
+    assert_eq!(lifted.len(), 500 - 64);
+    for r in &lifted {
+        assert_eq!((r.overall_code, remaining(r, 0)), (OK, 0));
+    }
+    assert_eq!(failed_open, 500 - 64);
+    assert_eq!(failures, 500 - 64);
+    assert_eq!(refused, 500 - 64);
+}
+
 /// `POST /json` reads at most `--max-request-bytes`: a larger body is refused with
 /// 413 before the rest of it is sent.
 #[test]

@@ -118,7 +118,8 @@ pub struct StoreArgs {
     #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
     pub store_timeout: Duration,
     /// Most counters the in-memory store holds (at least one for each of its 64
-    /// shards).
+    /// shards); with Redis, most counters failure_mode local decides in memory
+    /// while the store is away.
     #[arg(long, env = "SLUICE_MAX_KEYS", default_value = "1000000", value_parser = parse_max_keys)]
     pub max_keys: usize,
 }

@@ -3,18 +3,14 @@
 //! divided by the replicas serving), by the same algorithm, and adds what it spent to
 //! the shared counter once the shard answers again.
 //!
-//! Three pieces, each off the healthy path but for one:
+//! Two pieces, each off the healthy path but for the first:
 //! - `Memo`: what the store last said of a counter (how much of it was used, and
 //!   until when that holds). Written for `local` domains on every store answer, with
 //!   relaxed atomic stores into a fixed table: no lock, no allocation, no clock read
 //!   (the time is the ticker's, [`Local::tick`]). A local counter starts from it, so
 //!   an outage does not hand out a fresh window.
-//! - the local counters: a [`MemoryStore`] on the limiter's clock, its keys tagged
-//!   with the episode (the first local decision of a counter since its last
-//!   settlement), so a later outage never finds an old episode's state.
-//! - `Pending`: what each counter spent locally, per episode, until the store has
-//!   taken it. Each amount goes to the store under a token ([`Store::settle`]) kept
-//!   until the store confirms it, so a retry after a lost answer is not counted twice.
+//! - the counters decided locally, and what each spent until the store has taken
+//!   it: at most `--max-keys` of them (`counters`).
 //!
 //! A replica that has never had a store answer since it started (neither a decision
 //! of a `local` domain nor a heartbeat) knows nothing of the counters: its local
@@ -31,28 +27,24 @@
 //! answered the cut-off replica admits nothing of that shard's counters
 //! ([`peers`]).
 
+mod counters;
 pub mod held;
 pub mod peers;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::algorithm::{Algorithm, Limit, Micros, Verdict};
 use crate::clock::Clock;
-use crate::store::{
-    member, parse_member, Beats, Heard, Hit, MemoryStore, Mode, Replicas, Spend, Store, Verdicts,
-};
+use crate::store::{member, parse_member, Beats, Heard, Hit, Replicas, Spend, Store, Verdicts};
 
+use counters::Counters;
 use held::{Held, HeldPeer};
 use peers::{CutStatus, Peer, Peers};
 
 /// Slots of the memo: a direct-mapped table, so a busy replica remembers its most
 /// recent counters and an idle one loses nothing that matters.
 const MEMO_SLOTS: usize = 1 << 13;
-
-/// Shards of the pending table (touched only while deciding locally).
-const PENDING_SHARDS: usize = 16;
 
 /// How heartbeats (sent every second) count: a replica is live for 3 s after its
 /// latest beat (two beats may be late), then missing for up to 30 s: long enough to
@@ -66,13 +58,6 @@ pub const BEATS: Beats = Beats {
 /// A request's configured limits, kept while its hits carry reserved ones: inline
 /// for the few hits a request carries.
 pub type Configured = smallvec::SmallVec<[Limit; 8]>;
-
-/// A counter not decided locally for this long, its spending settled, leaves the
-/// table: the outage is over for it.
-const IDLE: Micros = crate::algorithm::SECOND;
-
-/// Local counters kept at most (the memory store's bound).
-const MAX_LOCAL_KEYS: usize = 100_000;
 
 /// How a replica count was learned, for `/debug/store` and the share metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,21 +177,6 @@ impl Memo {
     }
 }
 
-/// A counter decided locally since its last settlement.
-#[derive(Debug, Clone)]
-struct Pending {
-    /// The shared counter's hit (the whole limit), to settle with.
-    hit: Hit,
-    /// The local counter's key: the episode and the counter key.
-    local_key: String,
-    /// Spent locally and not yet taken by the store.
-    spent: u64,
-    /// The amount on its way to the store and its token, until the store confirms.
-    settling: Option<(u64, String)>,
-    /// The latest local decision (limiter clock).
-    touched: Micros,
-}
-
 /// One counter decided locally, as `/debug/store` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalCounter {
@@ -231,6 +201,11 @@ pub struct LocalStatus {
     pub counters: Vec<LocalCounter>,
     /// Counters decided locally and not yet settled, all of them.
     pub unsettled_counters: usize,
+    /// The most counters decided locally that are kept (`--max-keys`).
+    pub max_counters: usize,
+    /// New keys not kept since the start, the local counters full: each lifted
+    /// as `open` lifts a counter on a failed shard.
+    pub refused: u64,
     /// Requests denied while waiting for the peers' answers.
     pub withheld: u64,
     /// Where the peers reach this replica (`None`: the side channel is off).
@@ -257,7 +232,7 @@ pub struct Settled {
 /// This replica's share of every `local` domain's limits.
 pub struct Local {
     clock: Arc<dyn Clock>,
-    memory: MemoryStore,
+    counters: Counters,
     memo: Memo,
     /// The clock as of the last tick: what the memo's writers read instead of a clock.
     coarse: AtomicU64,
@@ -273,12 +248,6 @@ pub struct Local {
     kubernetes: AtomicU32,
     /// A store answer has been seen since the process started.
     ever_up: AtomicBool,
-    /// Some counter has been decided locally and is still in the table (read on
-    /// every tick).
-    unsettled: AtomicBool,
-    pending: Box<[Mutex<HashMap<String, Pending>>]>,
-    /// Numbers episodes and settlement tokens.
-    sequence: AtomicU64,
     decisions: AtomicU64,
     /// Names this replica in the store's heartbeat set and in settlement tokens.
     replica_id: String,
@@ -303,11 +272,12 @@ impl std::fmt::Debug for Local {
 }
 
 impl Local {
-    /// Local counters on `clock`, assuming `replicas` serve until the store tells.
-    pub fn new(clock: Arc<dyn Clock>, replicas: u32) -> Local {
+    /// Local counters on `clock`, at most `max_keys` of them, assuming `replicas`
+    /// serve until the store tells.
+    pub fn new(clock: Arc<dyn Clock>, replicas: u32, max_keys: usize) -> Local {
         let replica_id = format!("{:016x}", rand::random::<u64>());
         Local {
-            memory: MemoryStore::new(clock.clone(), MAX_LOCAL_KEYS),
+            counters: Counters::new(clock.clone(), max_keys),
             coarse: AtomicU64::new(clock.now()),
             clock,
             memo: Memo::new(),
@@ -317,11 +287,6 @@ impl Local {
             learned: AtomicBool::new(false),
             kubernetes: AtomicU32::new(0),
             ever_up: AtomicBool::new(false),
-            unsettled: AtomicBool::new(false),
-            pending: (0..PENDING_SHARDS)
-                .map(|_| Mutex::new(HashMap::new()))
-                .collect(),
-            sequence: AtomicU64::new(0),
             decisions: AtomicU64::new(0),
             replica_id,
             address: OnceLock::new(),
@@ -569,7 +534,7 @@ impl Local {
     pub fn tick(&self) {
         let now = self.clock.now();
         self.coarse.store(now, Relaxed);
-        self.memory.sweep();
+        self.counters.tick();
         if self.held.expire(now) {
             self.reckon_missing();
         }
@@ -593,184 +558,61 @@ impl Local {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Pending>> {
-        let h = self.memo.hasher.hash_one(key);
-        &self.pending[(h >> 32) as usize % PENDING_SHARDS]
-    }
-
     /// Decides `hits` on this replica's share, as the store would have on the whole
-    /// limit.
+    /// limit. A key it cannot keep (`--max-keys` counters decided locally, each
+    /// owing spending) is lifted, as `open` lifts a counter on a failed shard.
     pub fn decide(&self, hits: &[Hit]) -> Verdicts {
         self.decisions.fetch_add(1, Relaxed);
         let replicas = self.replicas();
         let now = self.clock.now();
         let known = self.ever_up.load(Relaxed);
-        let mut local: Vec<Hit> = Vec::with_capacity(hits.len());
-        for hit in hits {
-            let limit = share(&hit.limit, replicas);
-            let mut pending = lock(self.shard(&hit.key));
-            let entry = pending.entry(hit.key.clone()).or_insert_with(|| {
-                let episode = self.sequence.fetch_add(1, Relaxed);
-                let local_key = format!("{episode:x}#{}", hit.key);
-                // What the store last said of the counter, in this replica's part;
-                // nothing known at all: the share is spent.
-                let seed = match self.memo.read(&hit.key, now) {
-                    Some(used) => used.div_ceil(u64::from(replicas.max(1))),
-                    None if known => 0,
-                    None => capacity(&limit),
-                };
-                if seed > 0 {
-                    let charge = Hit {
-                        key: local_key.clone(),
-                        limit,
-                        hits: seed,
-                        spend: Spend::Always,
-                        mode: Mode::Enforce,
-                        ..hit.clone()
-                    };
-                    self.memory.decide_now(std::slice::from_ref(&charge));
-                }
-                Pending {
-                    hit: Hit {
-                        hits: 0,
-                        spend: Spend::Always,
-                        mode: Mode::Enforce,
-                        ..hit.clone()
-                    },
-                    local_key,
-                    spent: 0,
-                    settling: None,
-                    touched: now,
-                }
-            });
-            entry.touched = now;
-            local.push(Hit {
-                key: entry.local_key.clone(),
-                limit,
-                ..hit.clone()
-            });
-        }
-        let decided = self.memory.decide_now(&local);
-        self.unsettled.store(true, Relaxed);
-        for hit in hits {
-            if !hit.spent(decided.admitted) || hit.hits == 0 {
-                continue;
+        self.counters.decide(hits, replicas, |hit, limit| {
+            // What the store last said of the counter, in this replica's part;
+            // nothing known at all: the share is spent.
+            match self.memo.read(&hit.key, now) {
+                Some(used) => used.div_ceil(u64::from(replicas.max(1))),
+                None if known => 0,
+                None => capacity(limit),
             }
-            let mut pending = lock(self.shard(&hit.key));
-            if let Some(p) = pending.get_mut(&hit.key) {
-                match hit.spend {
-                    Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
-                    _ => p.spent = p.spent.saturating_add(hit.hits),
-                }
-            }
-        }
-        decided
+        })
     }
 
     /// Whether some counter decided locally has not left the table yet (its
-    /// spending is not settled, or it was decided within the last `IDLE`).
+    /// spending is not settled, or it was decided a moment ago).
     pub fn has_unsettled(&self) -> bool {
-        self.unsettled.load(Relaxed)
+        self.counters.has_unsettled()
     }
 
     /// Adds each counter's local spending to `store`, once per amount: an amount
     /// keeps its token until the store confirms it. A counter fully settled leaves
     /// the table, so its next local decision starts a new episode.
     pub async fn settle<S: Store>(&self, store: &S) -> Settled {
-        let mut out = Settled::default();
-        if !self.unsettled.load(Relaxed) {
-            return out;
-        }
-        // Give every counter with spending a token for what it has spent so far. One
-        // that spent nothing leaves once no local decision has touched it for a
-        // while, so a later outage starts it afresh from the store's word.
-        let now = self.clock.now();
-        let mut work: Vec<(String, Hit, String)> = Vec::new();
-        for shard in self.pending.iter() {
-            let mut map = lock(shard);
-            map.retain(|_, p| {
-                p.spent > 0 || p.settling.is_some() || now.saturating_sub(p.touched) < IDLE
-            });
-            for (key, p) in map
-                .iter_mut()
-                .filter(|(_, p)| p.spent > 0 || p.settling.is_some())
-            {
-                if p.settling.is_none() {
-                    let seq = self.sequence.fetch_add(1, Relaxed);
-                    let token = format!("{}:{seq:x}", self.replica_id);
-                    p.settling = Some((p.spent, token));
-                }
-                let (amount, token) = p.settling.clone().expect("set above");
-                let hit = Hit {
-                    hits: amount,
-                    ..p.hit.clone()
-                };
-                work.push((key.clone(), hit, token));
-            }
-        }
-        let mut left = false;
-        for (key, hit, token) in work {
-            let result = store.settle(&hit, &token).await;
-            let mut map = lock(self.shard(&key));
-            let Some(p) = map.get_mut(&key) else { continue };
-            match result {
-                Ok(added) => {
-                    if added {
-                        out.added = out.added.saturating_add(hit.hits);
-                    } else {
-                        out.already = out.already.saturating_add(hit.hits);
-                    }
-                    p.spent = p.spent.saturating_sub(hit.hits);
-                    p.settling = None;
-                    if p.spent == 0 && now.saturating_sub(p.touched) >= IDLE {
-                        map.remove(&key);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "local spending not settled yet");
-                    out.failed += 1;
-                    left = true;
-                }
-            }
-        }
-        if !left {
-            // A local decision racing this one sets it again.
-            let any = self.pending.iter().any(|s| !lock(s).is_empty());
-            self.unsettled.store(any, Relaxed);
-        }
-        out
+        self.counters.settle(store, &self.replica_id).await
     }
 
     /// The unsettled spending of `key`, while it is decided locally (admin API).
     pub fn counter(&self, key: &str) -> Option<u64> {
-        lock(self.shard(key)).get(key).map(|p| p.spent)
+        self.counters.counter(key)
+    }
+
+    /// The spending decided locally that the store has not taken, all counters'.
+    pub fn unsettled_hits(&self) -> u64 {
+        self.counters.unsettled_hits()
     }
 
     /// The share's state and the counters decided locally.
     pub fn status(&self) -> LocalStatus {
-        let mut counters = Vec::new();
-        let mut n = 0;
         let (replicas, source) = self.in_force();
-        for shard in self.pending.iter() {
-            for (key, p) in lock(shard).iter() {
-                n += 1;
-                if counters.len() < 100 {
-                    counters.push(LocalCounter {
-                        key: key.clone(),
-                        unsettled: p.spent,
-                    });
-                }
-            }
-        }
-        counters.sort_by(|a, b| a.key.cmp(&b.key));
         LocalStatus {
             replicas,
             missing: self.missing(),
             source,
             kubernetes: self.kubernetes(),
             decisions: self.decisions.load(Relaxed),
-            counters,
-            unsettled_counters: n,
+            counters: self.counters.listed(),
+            unsettled_counters: self.counters.held(),
+            max_counters: self.counters.max_keys(),
+            refused: self.counters.refused(),
             withheld: self.withheld.load(Relaxed),
             advertise: self.address.get().cloned().flatten(),
             peers: self.peers.known(),
@@ -803,7 +645,9 @@ mod tests {
     use super::*;
     use crate::algorithm::SECOND;
     use crate::clock::ManualClock;
-    use crate::store::{Board, Fallback, StoreError};
+    use std::collections::HashMap;
+
+    use crate::store::{Board, Fallback, MemoryStore, Mode, Settlement, StoreError};
 
     const MINUTE: Micros = 60 * SECOND;
 
@@ -870,7 +714,7 @@ mod tests {
     #[test]
     fn a_local_counter_starts_from_what_the_store_last_said_and_gets_a_fresh_share_next_window() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 4);
+        let local = Local::new(Arc::new(clock.clone()), 4, 1000);
         local.tick();
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
         // 40 of 100 used: this replica's part of it is 10 of its 25.
@@ -884,7 +728,7 @@ mod tests {
     #[test]
     fn a_counter_the_store_never_mentioned_starts_with_the_whole_share() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 3);
+        let local = Local::new(Arc::new(clock.clone()), 3, 1000);
         let seen = hit("d|k=seen", limit(Algorithm::FixedWindow, 30));
         store_said(&local, &seen, 30);
         let other = hit("d|k=other", limit(Algorithm::SlidingWindowCounter, 30));
@@ -894,7 +738,7 @@ mod tests {
     #[test]
     fn what_the_store_said_is_forgotten_once_its_reset_has_passed() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         local.tick();
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 20));
         store_said(&local, &h, 0);
@@ -905,7 +749,7 @@ mod tests {
     #[test]
     fn a_replica_that_never_reached_the_store_starts_with_its_share_spent() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 20));
         assert_eq!(admitted_until_denied(&local, &h), 0);
         clock.advance(MINUTE);
@@ -915,7 +759,7 @@ mod tests {
     #[test]
     fn learning_the_replica_count_changes_the_share_and_its_source() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 1);
+        let local = Local::new(Arc::new(clock.clone()), 1, 1000);
         assert_eq!(local.source(), ShareSource::Configured);
         local.learn(Replicas::default());
         assert_eq!(
@@ -941,7 +785,7 @@ mod tests {
     #[test]
     fn the_larger_of_the_stores_and_kubernetess_counts_is_in_force() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         let now = |l: &Local| (l.replicas(), l.source(), l.kubernetes());
         // Kubernetes alone: its count, even below the configured one.
         local.learn_from_kubernetes(1);
@@ -958,7 +802,7 @@ mod tests {
         // No ready endpoint: Kubernetes says nothing, the store's count stands.
         local.learn_from_kubernetes(0);
         assert_eq!(now(&local), (4, ShareSource::Store, None));
-        let fresh = Local::new(Arc::new(clock), 2);
+        let fresh = Local::new(Arc::new(clock), 2, 1000);
         fresh.learn_from_kubernetes(0);
         assert_eq!(now(&fresh), (2, ShareSource::Configured, None));
         assert_eq!(fresh.status().source, ShareSource::Configured);
@@ -972,6 +816,23 @@ mod tests {
         lose: AtomicBool,
         tokens: Mutex<std::collections::HashSet<String>>,
         added: Mutex<HashMap<String, u64>>,
+    }
+
+    impl Settling {
+        fn settle_one(&self, s: &Settlement) -> Result<bool, StoreError> {
+            if self.down.load(Relaxed) {
+                return Err(StoreError::BackingOff);
+            }
+            if !lock(&self.tokens).insert(s.token.clone()) {
+                return Ok(false);
+            }
+            assert_eq!(s.hit.spend, Spend::Always, "a settlement is a charge");
+            *lock(&self.added).entry(s.hit.key.clone()).or_default() += s.hit.hits;
+            if self.lose.swap(false, Relaxed) {
+                return Err(StoreError::Timeout);
+            }
+            Ok(true)
+        }
     }
 
     impl Board for Settling {}
@@ -989,26 +850,15 @@ mod tests {
         fn name(&self) -> &'static str {
             "settling"
         }
-        async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
-            if self.down.load(Relaxed) {
-                return Err(StoreError::BackingOff);
-            }
-            if !lock(&self.tokens).insert(token.to_string()) {
-                return Ok(false);
-            }
-            assert_eq!(hit.spend, Spend::Always, "a settlement is a charge");
-            *lock(&self.added).entry(hit.key.clone()).or_default() += hit.hits;
-            if self.lose.swap(false, Relaxed) {
-                return Err(StoreError::Timeout);
-            }
-            Ok(true)
+        async fn settle(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
+            batch.iter().map(|s| self.settle_one(s)).collect()
         }
     }
 
     #[tokio::test]
     async fn local_spending_reaches_the_store_once_across_failed_and_lost_settlements() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         local.tick();
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
         store_said(&local, &h, 100);
@@ -1042,7 +892,7 @@ mod tests {
     #[tokio::test]
     async fn a_counter_only_denied_leaves_once_idle_and_starts_afresh_in_the_next_outage() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         local.tick();
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
         store_said(&local, &h, 0);
@@ -1063,7 +913,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_episode_after_settlement_starts_from_the_store_again() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 2);
+        let local = Local::new(Arc::new(clock.clone()), 2, 1000);
         local.tick();
         let h = hit("d|k=v", limit(Algorithm::FixedWindow, 100));
         store_said(&local, &h, 100);
@@ -1094,7 +944,7 @@ mod tests {
     #[test]
     fn hits_are_reserved_only_while_replicas_are_missing_and_refunds_never() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 1);
+        let local = Local::new(Arc::new(clock.clone()), 1, 1000);
         let l = limit(Algorithm::FixedWindow, 30);
         let refund = Hit {
             spend: Spend::Refund,
@@ -1164,10 +1014,19 @@ mod tests {
         fn name(&self) -> &'static str {
             "reach"
         }
-        async fn settle(&self, hit: &Hit, _token: &str) -> Result<bool, StoreError> {
-            self.up()?;
-            self.shared.decide(std::slice::from_ref(hit)).await?;
-            Ok(true)
+        async fn settle(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
+            let mut out = Vec::new();
+            for s in batch {
+                out.push(match self.up() {
+                    Ok(()) => self
+                        .shared
+                        .decide(std::slice::from_ref(&s.hit))
+                        .await
+                        .map(|_| true),
+                    Err(e) => Err(e),
+                });
+            }
+            out
         }
     }
 
@@ -1332,7 +1191,7 @@ descriptors:
     fn a_held_peer_is_counted_missing_once_as_the_heartbeat_takes_over_and_lifts_when_it_beats_again(
     ) {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 1);
+        let local = Local::new(Arc::new(clock.clone()), 1, 1000);
         local.advertise(Some("10.0.0.1:8080".into()));
         let heard = |live: &[(&str, u64)], missing: u32| Heard {
             replicas: Replicas {
@@ -1362,7 +1221,7 @@ descriptors:
     #[test]
     fn a_held_peer_cut_off_from_one_shard_only_is_counted_missing_once() {
         let clock = ManualClock::new(1_000 * MINUTE);
-        let local = Local::new(Arc::new(clock.clone()), 1);
+        let local = Local::new(Arc::new(clock.clone()), 1, 1000);
         local.advertise(Some("10.0.0.1:8080".into()));
         let me = local.member();
         let shard = |shard: usize, live: &[(&str, u64)]| crate::store::ShardBeats {

@@ -58,6 +58,9 @@ pub struct Settings {
     /// Replicas assumed to share a `local` domain's limits until the store tells
     /// (`--local-share-replicas`).
     pub local_replicas: u32,
+    /// Most counters a `local` domain decides in memory while the store is away
+    /// (`--max-keys`).
+    pub max_keys: usize,
 }
 
 impl Default for Settings {
@@ -70,6 +73,7 @@ impl Default for Settings {
             resets: ResetResolution::Micros,
             store_errors: StoreErrorAnswer::FailureMode,
             local_replicas: 1,
+            max_keys: 1_000_000,
         }
     }
 }
@@ -234,6 +238,9 @@ pub struct StoreFailure {
     /// shards of which some failed): only the descriptors without a verdict were
     /// answered by `mode`, and the decided ones still deny.
     pub partial: bool,
+    /// No room to keep a key's counter (`--max-keys`), not a failing store: the
+    /// store logs when its refusals start and end.
+    pub full: bool,
 }
 
 /// The limiter's answer to one request.
@@ -376,7 +383,11 @@ impl<S: Store> Limiter<S> {
             overrides: OverrideRules::default(),
             chance: Arc::new(shed::ThreadChance),
             clock: Arc::new(SystemClock),
-            local: local::Local::new(Arc::new(SystemClock), settings.local_replicas),
+            local: local::Local::new(
+                Arc::new(SystemClock),
+                settings.local_replicas,
+                settings.max_keys,
+            ),
             settings,
         }
     }
@@ -391,7 +402,11 @@ impl<S: Store> Limiter<S> {
     /// its own clock to decide by).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.penalties = Penalties::new(clock.clone(), penalty::DEFAULT_MAX_TRACKED);
-        self.local = local::Local::new(clock.clone(), self.settings.local_replicas);
+        self.local = local::Local::new(
+            clock.clone(),
+            self.settings.local_replicas,
+            self.settings.max_keys,
+        );
         self.clock = clock;
         self
     }
@@ -977,6 +992,7 @@ impl<S: Store> Limiter<S> {
             answer: self.settings.store_errors,
             store: self.store.name(),
             partial,
+            full: *error == StoreError::Full,
         }
     }
 

@@ -106,6 +106,11 @@ pub enum StoreError {
     /// The shard is backing off after repeated failures: not tried at all.
     #[error("store backing off after repeated failures")]
     BackingOff,
+    /// No room to keep the key's counter (`--max-keys`): every counter that could
+    /// make room is in use. Not a failing store: the key alone is answered by its
+    /// failure mode, and the store logs when it starts and stops refusing.
+    #[error("store full (--max-keys) of counters in use: the key is not kept")]
+    Full,
     #[error("store {kind} error: {message}")]
     Failed { kind: ErrorKind, message: String },
 }
@@ -118,11 +123,12 @@ impl StoreError {
         }
     }
 
-    /// The kind of a store's error; `None` for a call not tried (back-off).
+    /// The kind of a store's error; `None` for a call not tried (back-off, a key
+    /// not kept).
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
             StoreError::Timeout => Some(ErrorKind::Timeout),
-            StoreError::BackingOff => None,
+            StoreError::BackingOff | StoreError::Full => None,
             StoreError::Failed { kind, .. } => Some(*kind),
         }
     }
@@ -132,6 +138,7 @@ impl StoreError {
         match self {
             StoreError::Timeout => "timed out",
             StoreError::BackingOff => "backing off",
+            StoreError::Full => "full (--max-keys)",
             StoreError::Failed { message, .. } => message,
         }
     }

@@ -17,7 +17,9 @@ use crate::algorithm::{self, Limit, Micros, State, Verdict};
 use crate::clock::Clock;
 
 use self::shard::Shard;
-use super::{admitted, Board, Evictions, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts};
+use super::{
+    admitted, Board, Evictions, Failed, Fallback, Hit, ShardStatus, Store, StoreError, Verdicts,
+};
 
 /// Shards of the key space; a power of two well above the core count keeps
 /// contention low without wasting memory on empty maps.
@@ -143,7 +145,15 @@ impl MemoryStore {
     /// periodically so idle keys do not pile up.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
+        let hasher = |s: &Slot| self.hash(s.key.as_bytes());
+        self.shards.iter().map(|s| lock(s).sweep(now, hasher)).sum()
+    }
+
+    /// Drops the counter of `key`, if it is held: its owner has no more use for it
+    /// (`failure_mode: local`, a counter settled). Whether one was.
+    pub fn forget(&self, key: &str) -> bool {
+        let hash = self.hash(key.as_bytes());
+        lock(&self.shards[Self::shard_of(hash)]).remove(hash, key)
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -200,6 +210,8 @@ impl MemoryStore {
         let mut next: SmallVec<[Option<State>; SMALL]> = SmallVec::with_capacity(hits.len());
         // Whether each hit is a new key given room in its shard.
         let mut room: SmallVec<[bool; SMALL]> = SmallVec::with_capacity(hits.len());
+        // New keys not kept and lifted (allocates only when there are some).
+        let mut lifted = Vec::new();
         for (i, hit) in hits.iter().enumerate() {
             let earlier = (0..i)
                 .rev()
@@ -228,7 +240,9 @@ impl MemoryStore {
                     match shard.make_room(now, pending, busy) {
                         Ok(()) => new_key = true,
                         Err(soonest) => {
-                            refuse(hit, verdict, soonest - now);
+                            if refuse(hit, verdict, soonest - now) {
+                                lifted.push(i);
+                            }
                             decision.next = None;
                         }
                     }
@@ -288,7 +302,7 @@ impl MemoryStore {
             admitted,
             verdicts,
             now: Some(now),
-            failed: None,
+            failed: not_kept(lifted),
         }
     }
 
@@ -368,6 +382,7 @@ impl MemoryStore {
 
         // A key the shard does not hold: a fresh counter, kept if there is room.
         let mut decision = hit.decide(None, now);
+        let mut lifted = Vec::new();
         if let Some(state) = decision.next.take() {
             match shard.make_room(now, 0, |_| false) {
                 Ok(()) => {
@@ -375,7 +390,11 @@ impl MemoryStore {
                     let slot = Slot::new(&hit.key, entry);
                     shard.insert(hash, slot, |s| self.hash(s.key.as_bytes()));
                 }
-                Err(soonest) => refuse(hit, &mut decision.verdict, soonest - now),
+                Err(soonest) => {
+                    if refuse(hit, &mut decision.verdict, soonest - now) {
+                        lifted.push(0);
+                    }
+                }
             }
         }
         let verdicts = vec![decision.verdict];
@@ -383,16 +402,17 @@ impl MemoryStore {
             admitted: admitted(std::iter::once(hit.mode), &verdicts),
             verdicts,
             now: Some(now),
-            failed: None,
+            failed: not_kept(lifted),
         }
     }
 }
 
 /// Answers a new key that a full shard cannot keep by its hit's fallback (its
-/// domain's failure mode): `Admit` (or `Local`), the fresh counter's own verdict
-/// stands (the hit is admitted but not counted); `Deny`, it is denied until a counter of the shard
-/// may go (`wait`), at the soonest.
-fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
+/// domain's failure mode): `Deny`, it is denied until a counter of the shard may go
+/// (`wait`), at the soonest; `Admit` (or `Local`), it is lifted as `open` lifts a
+/// counter on a failed shard (a placeholder verdict, taken as admitted): whether
+/// it was.
+fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) -> bool {
     if hit.fallback == Fallback::Deny {
         *verdict = Verdict {
             admitted: false,
@@ -404,7 +424,18 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
             owed: 0,
             late: false,
         };
+        return false;
     }
+    *verdict = Failed::placeholder();
+    true
+}
+
+/// The hits of a batch lifted for want of room ([`refuse`]), if any.
+fn not_kept(lifted: Vec<usize>) -> Option<Failed> {
+    (!lifted.is_empty()).then_some(Failed {
+        error: StoreError::Full,
+        hits: lifted,
+    })
 }
 
 impl Slot {
@@ -601,6 +632,35 @@ mod tests {
         assert_eq!(twice.verdicts[0].remaining, 1);
         assert!(!twice.verdicts[1].admitted);
         assert_eq!(store.active_keys(), 1);
+    }
+
+    #[test]
+    fn a_forgotten_counter_starts_afresh_and_a_swept_table_gives_its_memory_back() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock.clone()), 100_000);
+        let one = |key: &str| {
+            let mut h = hit(key, Algorithm::FixedWindow, 1, 1);
+            h.limit = fixed(1);
+            store.decide_now(std::slice::from_ref(&h)).admitted
+        };
+        assert!(one("k"));
+        assert!(!one("k"));
+        assert!(store.forget("k"));
+        assert!(!store.forget("k"));
+        assert!(one("k"), "started afresh");
+        let capacity = || -> usize { store.shards.iter().map(|s| lock(s).table.capacity()).sum() };
+        for i in 0..20_000 {
+            assert!(one(&format!("flood-{i}")));
+        }
+        assert!(capacity() >= 20_000);
+        clock.advance(2 * SECOND);
+        assert_eq!(store.sweep(), 20_001);
+        assert!(capacity() < 1_000, "{}", capacity());
+        // The shrunk tables keep counting.
+        for i in 0..2_000 {
+            assert!(one(&format!("after-{i}")));
+            assert!(!one(&format!("after-{i}")));
+        }
     }
 
     #[test]

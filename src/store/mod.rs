@@ -115,9 +115,9 @@ impl Hit {
 /// it from the domain's failure mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fallback {
-    /// A key it cannot keep: as a fresh counter would, without keeping it. A counter
-    /// on a shard that fails (or hangs past the caller's wait): the hit is lifted,
-    /// and the request's other hits still decide it and are spent if it is admitted
+    /// A key it cannot keep ([`StoreError::Full`]) or a counter on a shard that
+    /// fails (or hangs past the caller's wait): the hit is lifted, and the
+    /// request's other hits still decide it and are spent if it is admitted
     /// ([`Verdicts::failed`]). `failure_mode: open`.
     #[default]
     Admit,
@@ -125,7 +125,8 @@ pub enum Fallback {
     /// (`failure_mode: closed`).
     Deny,
     /// As `Admit` for a key it cannot keep; a counter on a shard that fails fails the
-    /// whole request, which the limiter then decides in memory (`failure_mode: local`).
+    /// whole request, which the limiter then decides in memory (`failure_mode: local`),
+    /// where a key that cannot be kept either is lifted too.
     Local,
 }
 
@@ -139,9 +140,10 @@ pub struct Verdicts {
     /// than read the clock again.
     pub now: Option<Micros>,
     /// Hits the store could not decide while it decided the others (their shard
-    /// failed, or did not answer within the caller's wait; only for hits whose
-    /// fallback is [`Fallback::Admit`]). `None`, and nothing allocated, when every
-    /// hit was decided.
+    /// failed, or did not answer within the caller's wait, or their keys could not
+    /// be kept; only for hits whose fallback is [`Fallback::Admit`], or
+    /// [`Fallback::Local`] for a key not kept). `None`, and nothing allocated, when
+    /// every hit was decided.
     pub failed: Option<Failed>,
 }
 
@@ -240,15 +242,16 @@ pub trait Store: Board + Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Adds `hit` (a charge: spending decided elsewhere, `failure_mode: local`) to
-    /// its counter once per `token`: `Ok(false)` when the store had already taken
-    /// that token. A store that every replica does not share has nothing to add to.
+    /// Adds each of `batch` (a charge: spending decided elsewhere, `failure_mode:
+    /// local`) to its counter once per token, answering each in order: `Ok(false)`
+    /// when the store had already taken that token. A store that every replica
+    /// does not share has nothing to add to.
     fn settle(
         &self,
-        _hit: &Hit,
-        _token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async { Ok(true) }
+        batch: &[Settlement],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        let n = batch.len();
+        async move { vec![Ok(true); n] }
     }
 
     /// Counts this replica (`member`: its id, and its address for the others,
@@ -288,6 +291,16 @@ pub trait Store: Board + Send + Sync + 'static {
     fn reach(&self, _shard: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {
         async { Ok(0) }
     }
+}
+
+/// Spending decided elsewhere (`failure_mode: local`), to add to its counter once
+/// ([`Store::settle`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settlement {
+    /// The charge: the counter's hit, carrying the amount.
+    pub hit: Hit,
+    /// Marks the amount as taken: the store adds nothing for a token it has seen.
+    pub token: String,
 }
 
 /// A heartbeat's member: the replica's id, then `@` and the address where the
@@ -404,10 +417,9 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn settle(
         &self,
-        hit: &Hit,
-        token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).settle(hit, token)
+        batch: &[Settlement],
+    ) -> impl Future<Output = Vec<Result<bool, StoreError>>> + Send {
+        (**self).settle(batch)
     }
 
     fn heartbeat(
@@ -446,7 +458,7 @@ pub struct Evictions {
     /// their keys start afresh.
     pub idle: u64,
     /// New keys not kept because every counter of their shard was in use or
-    /// denying; each was answered by its failure mode.
+    /// denying; each was answered by its failure mode (lifted, or denied).
     pub refused: u64,
 }
 

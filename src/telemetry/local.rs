@@ -4,7 +4,9 @@
 //! `sluice_local_share_learned` (0 while that is the configured count),
 //! `sluice_local_share_kubernetes` (the count from the Service's EndpointSlices),
 //! `sluice_local_share_kubernetes_failing` (set by the EndpointSlice watch itself),
-//! `sluice_local_missing_replicas` (replicas whose shares are reserved), and the side
+//! `sluice_local_missing_replicas` (replicas whose shares are reserved),
+//! `sluice_local_unsettled_counters` and `sluice_local_refused_total` (the counters
+//! decided locally, and the new keys not kept at `--max-keys`), and the side
 //! channel between replicas: `sluice_local_share_peers` (live peers known),
 //! `sluice_local_share_peer_queries_total{answer}` (counted by the asking task as the
 //! answers come) and `sluice_local_cut_off_shards{standing}`.
@@ -27,6 +29,7 @@ pub struct LocalStats {
     kubernetes_failing: IntGauge,
     missing: IntGauge,
     unsettled: IntGauge,
+    refused: IntCounter,
     peers: IntGauge,
     queries: IntCounterVec,
     cut_off: IntGaugeVec,
@@ -78,6 +81,14 @@ impl LocalStats {
             "sluice_local_unsettled_counters",
             "Counters decided locally whose spending the store has not taken yet.",
         );
+        let refused = registered(
+            registry,
+            int_counter(
+                "sluice_local_refused_total",
+                "New keys of failure_mode local domains not kept while the store was away, --max-keys counters decided locally \
+                 each owing spending: answered as failure_mode open answers (failed_open), and added to no store.",
+            ),
+        );
         let peers = gauge(
             "sluice_local_share_peers",
             "Live peers the latest heartbeat listed; those with an address are asked when this replica finds a shard unreachable.",
@@ -116,6 +127,7 @@ impl LocalStats {
             kubernetes_failing,
             missing,
             unsettled,
+            refused,
         }
     }
 
@@ -153,6 +165,10 @@ impl LocalStats {
             .set(i64::from(local.kubernetes.unwrap_or(0)));
         self.missing.set(i64::from(local.missing));
         self.unsettled.set(local.unsettled_counters as i64);
+        let seen = self.refused.get();
+        if local.refused > seen {
+            self.refused.inc_by(local.refused - seen);
+        }
         self.peers.set(local.peers.len() as i64);
         for s in STANDINGS {
             let n = local.cut_off.iter().filter(|c| c.standing == s).count();

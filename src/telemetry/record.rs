@@ -362,6 +362,11 @@ impl Metrics {
                 self.store_failures
                     .get_or_init(|| self.store.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
+                if f.full {
+                    // A key not kept: the store answers, and its refusals are
+                    // logged where they are counted.
+                    return;
+                }
                 let now = self.clock.now();
                 let last = self.last_store_failure.swap(now, Ordering::Relaxed);
                 if now.saturating_sub(last) >= STORE_QUIET

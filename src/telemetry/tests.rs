@@ -361,6 +361,7 @@ fn store_state_changes_are_logged_once_each() {
             answer: Default::default(),
             store: "redis",
             partial: false,
+            full: false,
         }),
         offenders: Vec::new(),
         now: None,

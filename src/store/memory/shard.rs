@@ -31,6 +31,9 @@ const SCAN_SHARE: usize = 4;
 /// Fewest and most counters a scan lists.
 const LISTED: (usize, usize) = (8, 4096);
 
+/// A table of at most this capacity is never shrunk: too little to give back.
+const SHRINK_FROM: usize = 64;
+
 #[derive(Debug)]
 pub(super) struct Shard {
     pub(super) table: hashbrown::HashTable<Slot>,
@@ -178,11 +181,32 @@ impl Shard {
         self.free_at = rest;
     }
 
-    /// Drops every expired counter; how many.
-    pub(super) fn sweep(&mut self, now: Micros) -> usize {
+    /// Drops every expired counter; how many. A table left holding under a quarter
+    /// of its capacity (the keys of a flood, or of an outage, gone) is shrunk to
+    /// twice what it holds, so the memory goes back.
+    pub(super) fn sweep(&mut self, now: Micros, hasher: impl Fn(&Slot) -> u64) -> usize {
         let before = self.table.len();
         self.table.retain(|s| s.entry.expires_at > now);
-        before - self.table.len()
+        let held = self.table.len();
+        if self.table.capacity() > SHRINK_FROM && held < self.table.capacity() / 4 {
+            // Shrinking moves counters to other buckets: the list would name the
+            // wrong ones, so it goes, and the bound with it (as when one grows).
+            self.victims.clear();
+            self.free_at = 0;
+            self.table.shrink_to(held * 2, hasher);
+        }
+        before - held
+    }
+
+    /// Drops the counter of `key` (its hash `hash`), if the shard holds it.
+    pub(super) fn remove(&mut self, hash: u64, key: &str) -> bool {
+        match self.table.find_entry(hash, |s| s.holds(key)) {
+            Ok(found) => {
+                found.remove();
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -198,7 +222,7 @@ mod tests {
     use crate::algorithm::{Algorithm, Limit, Micros, Verdict, SECOND};
     use crate::clock::{Clock, ManualClock};
     use crate::store::memory::{MemoryStore, SHARDS};
-    use crate::store::{Evictions, Fallback, Hit, Mode, Spend, Store};
+    use crate::store::{Evictions, Failed, Fallback, Hit, Mode, Spend, Store, StoreError};
 
     const HOUR: Micros = 3600 * SECOND;
 
@@ -241,6 +265,18 @@ mod tests {
 
     fn ask(store: &MemoryStore, key: &str, limit: Limit, hits: u64) -> Verdict {
         store.decide_now(&[hit(key, limit, hits)]).verdicts[0]
+    }
+
+    /// The hits of `hits`, admitted by the others, that `store` lifted as not kept.
+    fn lifted(store: &MemoryStore, hits: &[Hit]) -> Vec<usize> {
+        let decided = store.decide_now(hits);
+        assert!(decided.admitted);
+        let failed = decided.failed.expect("some hit not kept");
+        assert_eq!(failed.error, StoreError::Full);
+        for &i in &failed.hits {
+            assert_eq!(decided.verdicts[i], Failed::placeholder());
+        }
+        failed.hits
     }
 
     /// `n` keys, `prefix-0` first, that `store` places in one shard.
@@ -310,11 +346,9 @@ mod tests {
         assert!(ask(&store, new2, hourly, 1).admitted);
         assert_eq!(store.evictions(), evictions(1, 1, 0), "then the idle one");
         assert_eq!(ask(&store, idling, slow, 0).remaining, 5, "started afresh");
-        // Left: three counters in use. The new key is answered (open) but not kept.
+        // Left: three counters in use. The new key is lifted (open), not kept.
         for _ in 0..2 {
-            let v = ask(&store, new3, hourly, 1);
-            assert!(v.admitted);
-            assert_eq!(v.remaining, 4, "counted as new each time");
+            assert_eq!(lifted(&store, &[hit(new3, hourly, 1)]), [0]);
         }
         assert_eq!(store.evictions(), evictions(1, 1, 2));
         assert_eq!(store.active_keys(), 3);
@@ -402,9 +436,8 @@ mod tests {
         // Room comes when the counter held ends its window.
         assert_eq!(v.verdicts[0].retry_after, 3 * HOUR / 4);
         assert_eq!(v.verdicts[0].remaining, 0);
-        let open = ask(&store, &keys[1], hourly, 1);
-        assert!(open.admitted);
-        assert_eq!(open.remaining, 4);
+        // Open: lifted as a counter on a failed shard is, with no verdict to show.
+        assert_eq!(lifted(&store, &[hit(&keys[1], hourly, 1)]), [0]);
         assert_eq!(store.evictions(), evictions(0, 0, 2));
         clock.advance(3 * HOUR / 4);
         assert!(store.decide_now(std::slice::from_ref(&closed)).admitted);
@@ -433,6 +466,34 @@ mod tests {
     }
 
     #[test]
+    fn a_key_lifted_in_open_mode_leaves_its_request_to_the_others() {
+        let (store, _clock) = store(1);
+        let keys = shard_mates(&store, "lift", 2);
+        let hourly = fixed(5, HOUR);
+        ask(&store, &keys[0], hourly, 1);
+        let shard = |k: &str| MemoryStore::shard_of(store.hash(k.as_bytes()));
+        let other = (0..)
+            .map(|i| format!("other-{i}"))
+            .find(|k| shard(k) != shard(&keys[0]))
+            .unwrap();
+        // The other limit admits: the request is, and counts there.
+        let request = |other_hits| {
+            [
+                hit(&other, fixed(2, HOUR), other_hits),
+                hit(&keys[1], hourly, 1),
+            ]
+        };
+        assert_eq!(lifted(&store, &request(1)), [1]);
+        assert_eq!(ask(&store, &other, fixed(2, HOUR), 0).remaining, 1);
+        // It denies: the request is denied, the lifted key no reason to admit it.
+        let denied = store.decide_now(&request(2));
+        assert!(!denied.admitted);
+        assert_eq!(denied.failed.map(|f| f.hits), Some(vec![1]));
+        assert_eq!(ask(&store, &other, fixed(2, HOUR), 0).remaining, 1);
+        assert_eq!(store.evictions(), evictions(0, 0, 2));
+    }
+
+    #[test]
     fn a_batch_never_drops_its_own_counters_to_make_room() {
         let (store, clock) = store(1);
         let keys = shard_mates(&store, "own", 2);
@@ -456,8 +517,8 @@ mod tests {
         ask(&store, &keys[1], hourly, 1);
         clock.advance(SECOND);
         // One counter may go, for two new keys: one is kept, one refused.
-        let v = store.decide_now(&[hit(&keys[2], hourly, 1), hit(&keys[3], hourly, 1)]);
-        assert!(v.admitted);
+        let both = [hit(&keys[2], hourly, 1), hit(&keys[3], hourly, 1)];
+        assert_eq!(lifted(&store, &both), [1]);
         assert_eq!(store.evictions(), evictions(1, 0, 1));
         assert_eq!(store.active_keys(), 2);
         assert_eq!(ask(&store, &keys[2], hourly, 0).remaining, 4);

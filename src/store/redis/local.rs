@@ -6,12 +6,15 @@
 //!
 //! The mark and the charge are two calls: a mark whose charge then fails (the shard
 //! fell again between them) loses that amount rather than risk adding it twice, and
-//! the shard is checked healthy before the mark to keep that window small.
+//! the shard is checked healthy before the mark to keep that window small. On a
+//! standalone shard each call carries many amounts (marks, then the charges of
+//! those newly marked); a cluster's marks live on other slots than their counters,
+//! so there they go one amount at a time.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::store::{Beats, Heard, Hit, Replicas, ShardBeats, StoreError};
+use crate::store::{Beats, Heard, Hit, Replicas, Settlement, ShardBeats, StoreError};
 
 use super::scripts::Lua;
 use super::{Backend, RedisStore};
@@ -32,6 +35,16 @@ static TIME: LazyLock<Lua> = LazyLock::new(|| {
 /// Sets the settlement mark unless it is there: `OK`, or nil when it was.
 static MARK: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("return redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1])\n"));
+
+/// Sets each settlement mark unless it is there: 1 for each set, 0 for each that was.
+static MARKS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        "local set = {}\nfor i, key in ipairs(KEYS) do\n  set[i] = redis.call('SET', key, '1', 'NX', 'PX', ARGV[1]) and 1 or 0\nend\nreturn set\n",
+    )
+});
+
+/// Settlements marked in one call, then charged in one.
+const MARK_BATCH: usize = 256;
 
 /// How long a settlement's mark is kept: longer than any retry of it.
 const MARK_TTL: Duration = Duration::from_secs(3600);
@@ -151,9 +164,97 @@ impl RedisStore {
         }
     }
 
-    /// [`crate::store::Store::settle`]: marks `token` on the counter's shard, and
-    /// charges the counter only when the mark is new.
-    pub(super) async fn settle_once(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
+    /// [`crate::store::Store::settle`]: per standalone shard, a call marks up to
+    /// [`MARK_BATCH`] tokens and one charges the counters whose marks are new; the
+    /// shards at once. A shard's failure answers the rest of its amounts.
+    pub(super) async fn settle_all(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
+        let mut out: Vec<Result<bool, StoreError>> = vec![Ok(false); batch.len()];
+        let Backend::Shards(shards) = &self.inner.backend else {
+            for (s, result) in batch.iter().zip(out.iter_mut()) {
+                *result = self.settle_once(&s.hit, &s.token).await;
+            }
+            return out;
+        };
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); shards.len()];
+        for (i, s) in batch.iter().enumerate() {
+            by_shard[self.inner.target(&s.hit)].push(i);
+        }
+        let calls = by_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, members)| !members.is_empty())
+            .map(|(target, members)| async move {
+                let mut results = Vec::with_capacity(members.len());
+                let mut failed: Option<StoreError> = None;
+                for chunk in members.chunks(MARK_BATCH) {
+                    let answer = match &failed {
+                        Some(e) => Err(e.clone()),
+                        None => self.settle_on(target, batch, chunk).await,
+                    };
+                    match answer {
+                        Ok(r) => results.extend(r),
+                        Err(e) => {
+                            results.extend(chunk.iter().map(|_| Err(e.clone())));
+                            failed = Some(e);
+                        }
+                    }
+                }
+                (members, results)
+            });
+        for (members, results) in futures::future::join_all(calls).await {
+            for (&i, result) in members.iter().zip(results) {
+                out[i] = result;
+            }
+        }
+        out
+    }
+
+    /// The amounts `chunk` names of `batch`, all on standalone shard `target`:
+    /// marked in one call, and those newly marked charged in another.
+    async fn settle_on(
+        &self,
+        target: usize,
+        batch: &[Settlement],
+        chunk: &[usize],
+    ) -> Result<Vec<Result<bool, StoreError>>, StoreError> {
+        self.inner.health(target).check()?;
+        let mut call = MARKS.call();
+        for &i in chunk {
+            call.key(format!("{}settled:{}", self.inner.prefix, batch[i].token));
+        }
+        call.arg(MARK_TTL.as_millis());
+        let wait = self.inner.off_path_wait();
+        let reply = self.inner.invoke_at(target, &call, wait).await?;
+        let marked = super::scripts::integers(reply)?;
+        if marked.len() != chunk.len() {
+            return Err(StoreError::failed(
+                crate::store::ErrorKind::Protocol,
+                "settlement marks: one answer per mark expected",
+            ));
+        }
+        let new: Vec<Hit> = chunk
+            .iter()
+            .zip(&marked)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&i, _)| batch[i].hit.clone())
+            .collect();
+        let charged = if new.is_empty() {
+            Ok(())
+        } else {
+            self.inner.decide_one(&new, None).await.map(|_| ())
+        };
+        Ok(marked
+            .iter()
+            .map(|&m| match m {
+                1 => charged.clone().map(|()| true),
+                _ => Ok(false),
+            })
+            .collect())
+    }
+
+    /// One amount: marks `token` on the counter's shard, and charges the counter
+    /// only when the mark is new.
+    async fn settle_once(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
         let target = self.inner.target(hit);
         self.inner.health(target).check()?;
         let mut call = MARK.call();

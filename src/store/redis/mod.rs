@@ -839,8 +839,8 @@ impl Store for RedisStore {
         "redis"
     }
 
-    async fn settle(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
-        self.settle_once(hit, token).await
+    async fn settle(&self, batch: &[crate::store::Settlement]) -> Vec<Result<bool, StoreError>> {
+        self.settle_all(batch).await
     }
 
     async fn heartbeat(

@@ -1,0 +1,919 @@
+//! `failure_mode: local`'s counters: those this replica decides in its own memory
+//! while their shard cannot be reached, and what each spent until the store has
+//! taken it.
+//!
+//! - the local counters: a [`MemoryStore`] on the limiter's clock, its keys tagged
+//!   with the episode (the first local decision of a counter since its last
+//!   settlement), so a later outage never finds an old episode's state. It is made
+//!   on the first local decision: a replica whose store never fails holds nothing.
+//! - the table: per counter, what it spent locally in its episode until the store
+//!   has taken it. Each amount goes to the store under a token ([`Store::settle`])
+//!   kept until the store confirms it, so a retry after a lost answer is not
+//!   counted twice. Per shard of the store, many amounts go in one call.
+//!
+//! The table holds at most `--max-keys` counters, as the memory store does. A
+//! counter that owes nothing (only denied, or settled) may go to make room: its
+//! next decision starts it again from the store's word, as it started. When every
+//! counter owes spending, a new key is not kept: it is lifted as `open` lifts a
+//! counter on a failed shard ([`StoreError::Full`]), the request's other limits
+//! still decide, and nothing of it reaches the store. Dropping a counter that owes
+//! would lose its spending and hand its key a fresh share: a flood of new keys
+//! would reset everyone's.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::algorithm::{Limit, Micros, NO_DEADLINE};
+use crate::clock::Clock;
+use crate::store::{
+    Failed, Fallback, Hit, MemoryStore, Mode, Settlement, Spend, Store, StoreError, Verdicts,
+};
+
+use super::{lock, share, since, LocalCounter, Settled};
+
+/// Shards of the table (touched only while deciding locally).
+const SHARDS: usize = 16;
+
+/// A counter not decided locally for this long, its spending settled, leaves the
+/// table: the outage is over for it.
+const IDLE: Micros = crate::algorithm::SECOND;
+
+/// How often a full table is searched for counters that owe nothing: a flood of
+/// new keys into a table of owing counters costs each one comparison.
+const CLEAR_EVERY: Micros = 100_000;
+
+/// Amounts per settlement call (the store groups them by shard).
+const SETTLE_BATCH: usize = 512;
+
+/// Most amounts one settlement sends: a tick after a long outage stays short, and
+/// the next takes the rest.
+const SETTLE_PER_TICK: usize = 16_384;
+
+/// Counters listed by [`Counters::listed`].
+const LISTED: usize = 100;
+
+/// A counter decided locally since its last settlement.
+#[derive(Debug, Clone)]
+struct Pending {
+    /// The shared counter's limit (the whole one) and placement, to settle with.
+    limit: Limit,
+    placement: u64,
+    /// Names the local counter ([`local_key`]).
+    episode: u64,
+    /// Spent locally and not yet taken by the store.
+    spent: u64,
+    /// The amount on its way to the store and its token's number, until the
+    /// store confirms.
+    settling: Option<(u64, u64)>,
+    /// The latest local decision (limiter clock).
+    touched: Micros,
+}
+
+impl Pending {
+    /// Whether the store has yet to take some of its spending.
+    fn owes(&self) -> bool {
+        self.spent > 0 || self.settling.is_some()
+    }
+
+    /// `amount` of it on the shared counter `key`: a charge, spent whatever the
+    /// verdict.
+    fn charge(&self, key: String, amount: u64) -> Hit {
+        Hit {
+            key,
+            placement: self.placement,
+            limit: self.limit,
+            hits: amount,
+            mode: Mode::Enforce,
+            spend: Spend::Always,
+            fallback: Fallback::Local,
+            max_delay: NO_DEADLINE,
+        }
+    }
+}
+
+/// One shard of the table.
+#[derive(Debug, Default)]
+struct Table {
+    counters: HashMap<String, Pending>,
+}
+
+impl Table {
+    /// Gives memory back once the shard holds under a quarter of its capacity
+    /// (the keys of an outage settled).
+    fn shrink(&mut self) {
+        let (len, capacity) = (self.counters.len(), self.counters.capacity());
+        if capacity > 64 && len < capacity / 4 {
+            self.counters.shrink_to(len * 2);
+        }
+    }
+}
+
+/// One settlement's progress.
+#[derive(Debug, Default)]
+struct Round {
+    /// The limiter's clock when it began.
+    now: Micros,
+    /// The shards that failed: their other amounts wait for the next round.
+    down: Vec<usize>,
+    /// Some amount is left for the next round.
+    left: bool,
+    out: Settled,
+}
+
+impl Round {
+    /// An amount not taken, to offer again next round.
+    fn failed(&mut self) {
+        self.out.failed += 1;
+        self.left = true;
+    }
+}
+
+/// How long `p` has gone undecided at `now`. One decided after `now` was read (a
+/// request racing the caller) has not: until its request has counted what it
+/// spent, it owes nothing and must stay.
+fn idle_for(p: &Pending, now: Micros) -> Micros {
+    now.saturating_sub(p.touched)
+}
+
+/// The local counter of `key` in `episode`.
+fn local_key(episode: u64, key: &str) -> String {
+    format!("{episode:x}#{key}")
+}
+
+/// The token of the amount numbered `seq`: this replica's, so no other's collides.
+fn token(replica: &str, seq: u64) -> String {
+    format!("{replica}:{seq:x}")
+}
+
+/// `hit` on the local counter `key`, of `limit`.
+fn local_hit(hit: &Hit, key: String, limit: Limit) -> Hit {
+    Hit {
+        key,
+        placement: hit.placement,
+        limit,
+        hits: hit.hits,
+        mode: hit.mode,
+        spend: hit.spend,
+        fallback: hit.fallback,
+        max_delay: hit.max_delay,
+    }
+}
+
+/// The counters decided locally, at most `--max-keys` of them.
+pub(super) struct Counters {
+    clock: Arc<dyn Clock>,
+    memory: OnceLock<MemoryStore>,
+    tables: Box<[Mutex<Table>]>,
+    hasher: ahash::RandomState,
+    /// Counters in the tables, all shards.
+    held: AtomicUsize,
+    max_keys: usize,
+    /// Numbers episodes and settlement tokens.
+    sequence: AtomicU64,
+    /// Some counter has been decided locally and is still in the table (read on
+    /// every tick).
+    unsettled: AtomicBool,
+    /// When (limiter clock) the full table was last searched for counters that owe
+    /// nothing.
+    cleared: AtomicU64,
+    /// New keys not kept, the table full of counters that owe, since the start.
+    refused: AtomicU64,
+    /// Whether new keys are being refused: logged when it starts and ends.
+    refusing: AtomicBool,
+}
+
+impl Counters {
+    /// Counters on `clock`, at most `max_keys` (at least one).
+    pub(super) fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Counters {
+        Counters {
+            clock,
+            memory: OnceLock::new(),
+            tables: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: ahash::RandomState::new(),
+            held: AtomicUsize::new(0),
+            max_keys: max_keys.max(1),
+            sequence: AtomicU64::new(0),
+            unsettled: AtomicBool::new(false),
+            cleared: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            refusing: AtomicBool::new(false),
+        }
+    }
+
+    /// The local counters' store. Its bound is twice the table's, so that however
+    /// the table's keys spread over its shards, it keeps every one of them.
+    fn memory(&self) -> &MemoryStore {
+        self.memory.get_or_init(|| {
+            let room = self.max_keys.saturating_mul(2).max(1024);
+            MemoryStore::new(self.clock.clone(), room)
+        })
+    }
+
+    fn table(&self, key: &str) -> &Mutex<Table> {
+        let h = self.hasher.hash_one(key);
+        &self.tables[(h >> 32) as usize % SHARDS]
+    }
+
+    /// Decides `hits` on this replica's share of their limits (of `replicas`), as
+    /// the store would have on the whole limits. A counter new to the table starts
+    /// with `seed` of its share (the limit given) spent. A key the table has no
+    /// room for is lifted ([`Verdicts::failed`]).
+    pub(super) fn decide(
+        &self,
+        hits: &[Hit],
+        replicas: u32,
+        seed: impl Fn(&Hit, &Limit) -> u64,
+    ) -> Verdicts {
+        let memory = self.memory();
+        let now = self.clock.now();
+        let mut local: Vec<Hit> = Vec::with_capacity(hits.len());
+        // The hits whose counters the table cannot keep, ascending.
+        let mut lifted: Vec<usize> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            let limit = share(&hit.limit, replicas);
+            let mut table = lock(self.table(&hit.key));
+            let known = table.counters.get_mut(&hit.key).map(|p| {
+                p.touched = now;
+                p.episode
+            });
+            let episode = match known {
+                Some(episode) => episode,
+                None if self.room(&mut table, now) => {
+                    let episode = self.sequence.fetch_add(1, Relaxed);
+                    let seed = seed(hit, &limit);
+                    if seed > 0 {
+                        let charge = Hit {
+                            hits: seed,
+                            mode: Mode::Enforce,
+                            spend: Spend::Always,
+                            ..local_hit(hit, local_key(episode, &hit.key), limit)
+                        };
+                        memory.decide_now(std::slice::from_ref(&charge));
+                    }
+                    let pending = Pending {
+                        limit: hit.limit,
+                        placement: hit.placement,
+                        episode,
+                        spent: 0,
+                        settling: None,
+                        touched: now,
+                    };
+                    table.counters.insert(hit.key.clone(), pending);
+                    episode
+                }
+                None => {
+                    lifted.push(i);
+                    continue;
+                }
+            };
+            drop(table);
+            local.push(local_hit(hit, local_key(episode, &hit.key), limit));
+        }
+        if lifted.iter().any(|&i| hits[i].mode == Mode::Quota) {
+            // A lifted quota limit admits: the others can no longer deny by quota.
+            for h in local.iter_mut().filter(|h| h.mode == Mode::Quota) {
+                h.mode = Mode::Shadow;
+            }
+        }
+        let decided = if local.is_empty() {
+            Verdicts {
+                admitted: true,
+                verdicts: Vec::new(),
+                now: Some(now),
+                failed: None,
+            }
+        } else {
+            memory.decide_now(&local)
+        };
+        let decided = if lifted.is_empty() {
+            decided
+        } else {
+            with_lifted(decided, &lifted, hits.len())
+        };
+        self.unsettled.store(true, Relaxed);
+        for (i, hit) in hits.iter().enumerate() {
+            let not_kept = decided.failed.as_ref().is_some_and(|f| f.contains(i));
+            if not_kept || !hit.spent(decided.admitted) || hit.hits == 0 {
+                continue;
+            }
+            let mut table = lock(self.table(&hit.key));
+            if let Some(p) = table.counters.get_mut(&hit.key) {
+                match hit.spend {
+                    Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
+                    _ => p.spent = p.spent.saturating_add(hit.hits),
+                }
+            }
+        }
+        decided
+    }
+
+    /// Takes room for a new counter in `table` (its lock held): below the bound,
+    /// or once the counters that owe nothing have gone (searched for at most every
+    /// [`CLEAR_EVERY`]: this shard, and every other not locked at the moment, which
+    /// cannot deadlock). One decided within that time stays: a request deciding it
+    /// now must find it. A refusal is counted, and logged when the refusals start.
+    fn room(&self, table: &mut Table, now: Micros) -> bool {
+        if self.take() {
+            return true;
+        }
+        let cleared = self.cleared.load(Relaxed);
+        if since(now, cleared) >= CLEAR_EVERY
+            && self
+                .cleared
+                .compare_exchange(cleared, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            let owes_nothing = |p: &Pending| !p.owes() && idle_for(p, now) >= CLEAR_EVERY;
+            let mut gone = self.drop_where(table, owes_nothing);
+            for other in self.tables.iter() {
+                if let Ok(mut other) = other.try_lock() {
+                    gone += self.drop_where(&mut other, owes_nothing);
+                }
+            }
+            if gone > 0 && self.take() {
+                return true;
+            }
+        }
+        self.refused.fetch_add(1, Relaxed);
+        if !self.refusing.load(Relaxed) && !self.refusing.swap(true, Relaxed) {
+            tracing::warn!(
+                max_keys = self.max_keys,
+                "failure_mode local: --max-keys counters decided locally, each owing spending to the store; \
+                 new keys are not kept, and are answered as failure_mode open answers"
+            );
+        }
+        false
+    }
+
+    /// One more counter, if the bound allows.
+    fn take(&self) -> bool {
+        if self.held.fetch_add(1, Relaxed) < self.max_keys {
+            return true;
+        }
+        self.held.fetch_sub(1, Relaxed);
+        false
+    }
+
+    /// Drops the counters of `table` that `go` picks, with their local state; how
+    /// many.
+    fn drop_where(&self, table: &mut Table, go: impl Fn(&Pending) -> bool) -> usize {
+        let before = table.counters.len();
+        let memory = self.memory.get();
+        table.counters.retain(|key, p| {
+            let gone = go(p);
+            if let (true, Some(memory)) = (gone, memory) {
+                memory.forget(&local_key(p.episode, key));
+            }
+            !gone
+        });
+        let gone = before - table.counters.len();
+        self.held.fetch_sub(gone, Relaxed);
+        gone
+    }
+
+    /// Drops expired local counters, and logs when a full table has room again;
+    /// every tick.
+    pub(super) fn tick(&self) {
+        if let Some(memory) = self.memory.get() {
+            memory.sweep();
+        }
+        if self.refusing.load(Relaxed)
+            && self.held.load(Relaxed) < self.max_keys
+            && self.refusing.swap(false, Relaxed)
+        {
+            tracing::info!(
+                refused = self.refused.load(Relaxed),
+                "failure_mode local: below --max-keys counters decided locally again; new keys are kept"
+            );
+        }
+    }
+
+    /// Whether some counter decided locally has not left the table yet (its
+    /// spending is not settled, or it was decided within the last `IDLE`).
+    pub(super) fn has_unsettled(&self) -> bool {
+        self.unsettled.load(Relaxed)
+    }
+
+    /// Adds each counter's local spending to `store`, once per amount: an amount
+    /// keeps its token (`replica`'s) until the store confirms it. A counter fully
+    /// settled leaves the table once idle, so its next local decision starts a new
+    /// episode. A shard that fails is not asked again until the next settlement.
+    pub(super) async fn settle<S: Store>(&self, store: &S, replica: &str) -> Settled {
+        let mut round = Round {
+            now: self.clock.now(),
+            ..Round::default()
+        };
+        if !self.unsettled.load(Relaxed) {
+            return round.out;
+        }
+        let now = round.now;
+        let mut queue: Vec<(usize, Settlement)> = Vec::new();
+        let mut sent = 0;
+        for table in self.tables.iter() {
+            // Give every counter with spending a token for what it has spent so far.
+            // One that spent nothing leaves once no local decision has touched it
+            // for a while, so a later outage starts it afresh from the store's word.
+            {
+                let mut t = lock(table);
+                self.drop_where(&mut t, |p| !p.owes() && idle_for(p, now) >= IDLE);
+                for (key, p) in t.counters.iter_mut().filter(|(_, p)| p.owes()) {
+                    let at = store.shard_of(&p.charge(String::new(), 0));
+                    if round.down.contains(&at) {
+                        round.failed();
+                        continue;
+                    }
+                    if sent == SETTLE_PER_TICK {
+                        round.left = true;
+                        continue;
+                    }
+                    if p.settling.is_none() {
+                        p.settling = Some((p.spent, self.sequence.fetch_add(1, Relaxed)));
+                    }
+                    let Some((amount, seq)) = p.settling else {
+                        continue;
+                    };
+                    let settlement = Settlement {
+                        hit: p.charge(key.clone(), amount),
+                        token: token(replica, seq),
+                    };
+                    queue.push((at, settlement));
+                    sent += 1;
+                }
+            }
+            while queue.len() >= SETTLE_BATCH {
+                let chunk: Vec<_> = queue.drain(..SETTLE_BATCH).collect();
+                self.send(store, chunk, &mut round).await;
+            }
+        }
+        while !queue.is_empty() {
+            let chunk: Vec<_> = queue.drain(..queue.len().min(SETTLE_BATCH)).collect();
+            self.send(store, chunk, &mut round).await;
+        }
+        for table in self.tables.iter() {
+            lock(table).shrink();
+        }
+        if !round.left {
+            // A local decision racing this one sets it again.
+            self.unsettled.store(self.held.load(Relaxed) > 0, Relaxed);
+        }
+        round.out
+    }
+
+    /// Offers `chunk` (each amount with its counter's shard) to `store`, but for
+    /// the shards that failed this round, and takes the answers.
+    async fn send<S: Store>(&self, store: &S, chunk: Vec<(usize, Settlement)>, round: &mut Round) {
+        let (shards, chunk): (Vec<usize>, Vec<Settlement>) = chunk
+            .into_iter()
+            .filter(|(at, _)| {
+                let down = round.down.contains(at);
+                if down {
+                    round.failed();
+                }
+                !down
+            })
+            .unzip();
+        if chunk.is_empty() {
+            return;
+        }
+        let results = store.settle(&chunk).await;
+        for ((s, at), result) in chunk.iter().zip(shards).zip(results) {
+            let amount = s.hit.hits;
+            match result {
+                Ok(added) => {
+                    if added {
+                        round.out.added = round.out.added.saturating_add(amount);
+                    } else {
+                        round.out.already = round.out.already.saturating_add(amount);
+                    }
+                    let mut t = lock(self.table(&s.hit.key));
+                    let Some(p) = t.counters.get_mut(&s.hit.key) else {
+                        continue;
+                    };
+                    p.spent = p.spent.saturating_sub(amount);
+                    p.settling = None;
+                    if !p.owes() && idle_for(p, round.now) >= IDLE {
+                        let episode = p.episode;
+                        t.counters.remove(&s.hit.key);
+                        self.held.fetch_sub(1, Relaxed);
+                        if let Some(memory) = self.memory.get() {
+                            memory.forget(&local_key(episode, &s.hit.key));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "local spending not settled yet");
+                    round.failed();
+                    if !round.down.contains(&at) {
+                        round.down.push(at);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The unsettled spending of `key`, while it is decided locally.
+    pub(super) fn counter(&self, key: &str) -> Option<u64> {
+        lock(self.table(key)).counters.get(key).map(|p| p.spent)
+    }
+
+    /// Counters in the table, all of them.
+    pub(super) fn held(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    /// New keys not kept since the start, the table full.
+    pub(super) fn refused(&self) -> u64 {
+        self.refused.load(Relaxed)
+    }
+
+    /// The most counters the table holds (`--max-keys`).
+    pub(super) fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Up to [`LISTED`] counters of the table, by key.
+    pub(super) fn listed(&self) -> Vec<LocalCounter> {
+        let mut listed = Vec::new();
+        for table in self.tables.iter() {
+            let t = lock(table);
+            let room = LISTED - listed.len();
+            listed.extend(t.counters.iter().take(room).map(|(key, p)| LocalCounter {
+                key: key.clone(),
+                unsettled: p.spent,
+            }));
+            if listed.len() == LISTED {
+                break;
+            }
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        listed
+    }
+
+    /// The spending of every counter the store has not taken.
+    pub(super) fn unsettled_hits(&self) -> u64 {
+        self.tables
+            .iter()
+            .map(|t| lock(t).counters.values().map(|p| p.spent).sum::<u64>())
+            .sum()
+    }
+}
+
+/// The verdicts of a batch of `n` hits from those of its kept hits (`decided`, in
+/// order) and a placeholder for each of `lifted` (ascending): those, and any kept
+/// hit the local counters' store could not keep either, are lifted as not kept.
+fn with_lifted(decided: Verdicts, lifted: &[usize], n: usize) -> Verdicts {
+    let kept_failed = decided.failed.map(|f| f.hits).unwrap_or_default();
+    let mut kept = decided.verdicts.into_iter().enumerate();
+    let mut verdicts = Vec::with_capacity(n);
+    let mut failed = Vec::with_capacity(lifted.len() + kept_failed.len());
+    for i in 0..n {
+        if lifted.binary_search(&i).is_ok() {
+            verdicts.push(Failed::placeholder());
+            failed.push(i);
+        } else if let Some((k, v)) = kept.next() {
+            if kept_failed.binary_search(&k).is_ok() {
+                failed.push(i);
+            }
+            verdicts.push(v);
+        }
+    }
+    Verdicts {
+        admitted: decided.admitted,
+        verdicts,
+        now: decided.now,
+        failed: Some(Failed {
+            error: StoreError::Full,
+            hits: failed,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, SECOND};
+    use crate::clock::ManualClock;
+    use crate::store::Board;
+
+    const MINUTE: Micros = 60 * SECOND;
+
+    /// `requests` a minute, fixed windows.
+    fn per_minute(requests: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow,
+            requests,
+            window: MINUTE,
+            burst: requests,
+            phase: 0,
+        }
+    }
+
+    /// One hit on `key` of `limit`, in a `local` domain, on shard `placement`.
+    fn hit(key: &str, limit: Limit, placement: u64) -> Hit {
+        Hit {
+            key: key.to_string(),
+            placement,
+            limit,
+            hits: 1,
+            mode: Mode::Enforce,
+            spend: Spend::IfAdmitted,
+            fallback: Fallback::Local,
+            max_delay: NO_DEADLINE,
+        }
+    }
+
+    /// Counters of at most `max_keys`, one replica serving; a new counter starts
+    /// with what `seeds` says of its key spent (nothing, for a key it does not name).
+    struct Fixture {
+        clock: ManualClock,
+        counters: Counters,
+        seeds: Mutex<HashMap<String, u64>>,
+    }
+
+    impl Fixture {
+        fn new(max_keys: usize) -> Fixture {
+            let clock = ManualClock::new(1_000 * MINUTE);
+            Fixture {
+                counters: Counters::new(Arc::new(clock.clone()), max_keys),
+                clock,
+                seeds: Mutex::default(),
+            }
+        }
+
+        fn decide(&self, hits: &[Hit]) -> Verdicts {
+            self.counters.decide(hits, 1, |h, _| {
+                lock(&self.seeds).get(&h.key).copied().unwrap_or(0)
+            })
+        }
+
+        fn admitted(&self, h: &Hit) -> bool {
+            let decided = self.decide(std::slice::from_ref(h));
+            assert!(decided.failed.is_none(), "{} kept", h.key);
+            decided.admitted
+        }
+
+        /// Counters in the local counters' store.
+        fn kept(&self) -> usize {
+            self.counters.memory.get().map_or(0, |m| m.active_keys())
+        }
+    }
+
+    /// A shared store of two shards (by placement), which takes settlements once
+    /// per token and fails those of a shard while it is down; it records each
+    /// call's size per shard.
+    #[derive(Default)]
+    struct Shared {
+        down: Mutex<Vec<usize>>,
+        tokens: Mutex<std::collections::HashSet<String>>,
+        added: Mutex<HashMap<String, u64>>,
+        calls: Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl Board for Shared {}
+
+    impl Store for Shared {
+        async fn decide(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn peek(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        fn active_keys(&self) -> usize {
+            0
+        }
+        fn name(&self) -> &'static str {
+            "shared"
+        }
+        fn shard_of(&self, hit: &Hit) -> usize {
+            hit.placement as usize % 2
+        }
+        async fn settle(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
+            for shard in 0..2 {
+                let n = batch
+                    .iter()
+                    .filter(|s| self.shard_of(&s.hit) == shard)
+                    .count();
+                if n > 0 {
+                    lock(&self.calls).push((shard, n));
+                }
+            }
+            batch
+                .iter()
+                .map(|s| {
+                    if lock(&self.down).contains(&self.shard_of(&s.hit)) {
+                        return Err(StoreError::BackingOff);
+                    }
+                    if !lock(&self.tokens).insert(s.token.clone()) {
+                        return Ok(false);
+                    }
+                    *lock(&self.added).entry(s.hit.key.clone()).or_default() += s.hit.hits;
+                    Ok(true)
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn at_max_keys_a_new_key_is_lifted_while_the_kept_ones_count_and_settle_exactly() {
+        let f = Fixture::new(3);
+        let l = per_minute(2);
+        let kept: Vec<Hit> = (0..3).map(|i| hit(&format!("d|k={i}"), l, 0)).collect();
+        for h in &kept {
+            assert!(f.admitted(h));
+        }
+        // Full of counters that owe: the fourth key is lifted, and not kept.
+        let new = hit("d|k=new", l, 0);
+        for _ in 0..3 {
+            let decided = f.decide(std::slice::from_ref(&new));
+            assert!(decided.admitted);
+            let failed = decided.failed.expect("lifted");
+            assert_eq!((failed.error, failed.hits), (StoreError::Full, vec![0]));
+        }
+        assert_eq!((f.counters.held(), f.counters.refused()), (3, 3));
+        assert_eq!(f.counters.counter("d|k=new"), None);
+        // The kept keys go on counting on their own.
+        assert!(f.admitted(&kept[0]));
+        assert!(!f.admitted(&kept[0]));
+        // Settled: what each kept key admitted, exactly; nothing of the lifted one.
+        let store = Shared::default();
+        let s = f.counters.settle(&store, "r").await;
+        assert_eq!((s.added, s.failed), (4, 0));
+        let added = lock(&store.added).clone();
+        assert_eq!(added.len(), 3);
+        assert_eq!((added["d|k=0"], added["d|k=1"], added["d|k=2"]), (2, 1, 1));
+        // Idle, the counters leave the table and their local store: room again.
+        f.clock.advance(IDLE);
+        f.counters.settle(&store, "r").await;
+        assert_eq!((f.counters.held(), f.kept()), (0, 0));
+        assert!(!f.counters.has_unsettled());
+        f.counters.tick();
+        assert!(f.admitted(&new));
+        assert_eq!(f.counters.held(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_counter_that_owes_nothing_makes_room_and_starts_again_as_it_started() {
+        let f = Fixture::new(2);
+        let l = per_minute(2);
+        // Spent in the store: denied, owing nothing.
+        lock(&f.seeds).insert("d|k=spent".into(), 2);
+        let spent = hit("d|k=spent", l, 0);
+        assert!(!f.admitted(&spent));
+        let owing = hit("d|k=owing", l, 0);
+        assert!(f.admitted(&owing));
+        assert_eq!(f.kept(), 2);
+        // A new key takes the room of the one that owes nothing, once it has not
+        // been decided for a moment.
+        let new = hit("d|k=new", l, 0);
+        assert!(f.decide(std::slice::from_ref(&new)).failed.is_some());
+        f.clock.advance(CLEAR_EVERY);
+        assert!(f.admitted(&new));
+        assert_eq!((f.counters.held(), f.counters.refused()), (2, 1));
+        assert_eq!(f.kept(), 2, "its local counter went with it");
+        // Every counter owes: the next new key is lifted, even once searched again.
+        f.clock.advance(CLEAR_EVERY);
+        let later = f.decide(std::slice::from_ref(&spent));
+        assert_eq!(later.failed.map(|f| f.hits), Some(vec![0]));
+        assert_eq!(f.counters.refused(), 2);
+        // Settled and gone, the room is back: the dropped key starts as it started.
+        f.clock.advance(IDLE);
+        f.counters.settle(&Shared::default(), "r").await;
+        assert_eq!(f.counters.held(), 0);
+        assert!(!f.admitted(&spent));
+    }
+
+    #[test]
+    fn a_lifted_key_leaves_its_request_to_the_kept_limits() {
+        let f = Fixture::new(1);
+        let l = per_minute(1);
+        let kept = hit("d|k=kept", l, 0);
+        assert!(f.admitted(&kept));
+        // Denied by the kept limit: nothing spent, the lifted one placeholder.
+        let decided = f.decide(&[kept.clone(), hit("d|k=new", l, 0)]);
+        assert!(!decided.admitted);
+        assert_eq!(decided.failed.map(|f| f.hits), Some(vec![1]));
+        assert_eq!(f.counters.counter("d|k=kept"), Some(1));
+        // A lifted quota limit admits the request though the kept one is over.
+        let quota = |key: &str| Hit {
+            mode: Mode::Quota,
+            ..hit(key, l, 0)
+        };
+        let decided = f.decide(&[quota("d|k=kept"), quota("d|k=new")]);
+        assert!(decided.admitted);
+        assert!(!decided.verdicts[0].admitted);
+        assert_eq!(decided.verdicts[1], Failed::placeholder());
+    }
+
+    #[tokio::test]
+    async fn settlement_goes_in_batches_and_asks_a_failing_shard_once_a_round() {
+        // More than a batch in each shard of the table.
+        const KEYS: u64 = 12_000;
+        let f = Fixture::new(100_000);
+        let l = per_minute(5);
+        for i in 0..KEYS {
+            assert!(f.admitted(&hit(&format!("d|k={i}"), l, i)));
+        }
+        let store = Shared::default();
+        lock(&store.down).push(1);
+        let s = f.counters.settle(&store, "r").await;
+        assert_eq!((s.added, s.failed), (KEYS / 2, KEYS / 2));
+        let calls = std::mem::take(&mut *lock(&store.calls));
+        assert!(calls.iter().all(|&(_, n)| n <= SETTLE_BATCH), "{calls:?}");
+        // Shard 0 in batches; shard 1 asked once, then left until the next round.
+        assert_eq!(calls.iter().filter(|c| c.0 == 1).count(), 1, "{calls:?}");
+        assert!(calls.len() < 100, "{calls:?}");
+        lock(&store.down).clear();
+        let s = f.counters.settle(&store, "r").await;
+        assert_eq!((s.added, s.already, s.failed), (KEYS / 2, 0, 0));
+        assert!(lock(&store.added).values().all(|&n| n == 1));
+        assert_eq!(lock(&store.added).len(), KEYS as usize);
+    }
+
+    /// A store down for settlements, through which a request decides a new key,
+    /// `late`, in the middle of the first call, a while after the round began.
+    struct Racing {
+        f: Arc<Fixture>,
+        late: Hit,
+        raced: AtomicBool,
+    }
+
+    impl Board for Racing {}
+
+    impl Store for Racing {
+        async fn decide(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn peek(&self, _: &[Hit]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        fn active_keys(&self) -> usize {
+            0
+        }
+        fn name(&self) -> &'static str {
+            "racing"
+        }
+        async fn settle(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
+            if !self.raced.swap(true, Relaxed) {
+                self.f.clock.advance(2 * IDLE);
+                self.f.decide(std::slice::from_ref(&self.late));
+            }
+            vec![Err(StoreError::BackingOff); batch.len()]
+        }
+    }
+
+    #[tokio::test]
+    async fn a_counter_decided_while_a_settlement_runs_stays() {
+        let f = Arc::new(Fixture::new(100_000));
+        let l = per_minute(5);
+        for i in 0..2_000u64 {
+            assert!(f.admitted(&hit(&format!("d|k={i}"), l, 0)));
+        }
+        // A key of the last shard of the table, which the round reaches after its
+        // first call; denied, it owes nothing.
+        let last = &f.counters.tables[SHARDS - 1];
+        let late = (0..)
+            .map(|i| hit(&format!("d|late={i}"), l, 0))
+            .find(|h| std::ptr::eq(f.counters.table(&h.key), last))
+            .expect("a key of the last shard");
+        lock(&f.seeds).insert(late.key.clone(), 5);
+        let store = Racing {
+            f: f.clone(),
+            late: late.clone(),
+            raced: AtomicBool::new(false),
+        };
+        f.counters.settle(&store, "r").await;
+        assert!(store.raced.load(Relaxed));
+        assert_eq!(
+            f.counters.counter(&late.key),
+            Some(0),
+            "dropped by the round"
+        );
+        assert_eq!(f.counters.held(), 2_001);
+    }
+
+    #[tokio::test]
+    async fn the_table_gives_its_memory_back_once_settled() {
+        let f = Fixture::new(100_000);
+        let l = per_minute(5);
+        for i in 0..20_000u64 {
+            assert!(f.admitted(&hit(&format!("d|k={i}"), l, 0)));
+        }
+        let capacity = |f: &Fixture| -> usize {
+            f.counters
+                .tables
+                .iter()
+                .map(|t| lock(t).counters.capacity())
+                .sum()
+        };
+        assert!(capacity(&f) >= 20_000);
+        assert_eq!(f.kept(), 20_000);
+        f.clock.advance(IDLE);
+        let store = Shared::default();
+        while f.counters.has_unsettled() {
+            f.counters.settle(&store, "r").await;
+        }
+        assert_eq!((f.counters.held(), f.kept()), (0, 0));
+        assert!(capacity(&f) < 1_000, "{}", capacity(&f));
+    }
+}
