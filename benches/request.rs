@@ -46,6 +46,17 @@
 //! export task that drops it. Tracing off is `request/hot` itself: the service's
 //! one branch on its absent span.
 //!
+//! `scale/` measures what must not grow with a table or a log, each beside the
+//! same work at a normal size: `penalty_room` and `penalty_full` are the denial of
+//! a key the penalty table has never seen (then lifted, so the table keeps its
+//! size), in a table with room and in one at its bound (100,000) whose every record
+//! serves a sentence; `log_short` and `log_long`
+//! are a memory-store decision of a sliding_window_log key holding 10 and 60,000
+//! entries (one hit a millisecond, 10 a second and 60,000 a minute), and
+//! `log_batch` a request of 64 such keys holding 5,000 each; `wildcards_10` and
+//! `wildcards_10k` a descriptor matched against a level of 10 and 10,000 wildcard
+//! values (`tenant-N-*`), the value taking the first pattern of the file.
+//!
 //! Run: `cargo bench --bench request`
 //!
 //! `SLUICE_COUNT=SCENARIO:N` runs N requests of one `request/` scenario on a clock
@@ -65,6 +76,7 @@ use sluice::algorithm::{self, Algorithm, Limit, SECOND};
 use sluice::clock::{Clock, ManualClock, SystemClock};
 use sluice::hash::{stable_hash, ValueHash};
 use sluice::limiter::key::Hashing;
+use sluice::limiter::penalty::{BanInfo, Penalties};
 use sluice::limiter::{Limiter, Settings};
 use sluice::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::{Entry, RateLimitOverride},
@@ -72,10 +84,11 @@ use sluice::pb::envoy::extensions::common::ratelimit::v3::{
 };
 use sluice::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice::policy::{Penalty, Sentence};
 use sluice::service::decode::Request;
 use sluice::service::response::framed_response;
 use sluice::service::{HeaderStyle, Service};
-use sluice::store::MemoryStore;
+use sluice::store::{Fallback, Hit, MemoryStore, Mode, Spend};
 use sluice::telemetry::Metrics;
 use sluice_grpc::{frame, Deadline};
 
@@ -481,7 +494,114 @@ fn tracing(c: &mut Criterion) {
     assert_eq!(counters.dropped.get(), 0, "the queue kept up");
 }
 
-criterion_group!(benches, bench, deadline, algorithms, tracing);
+/// A denial of a key never seen, counted towards a penalty, and the key lifted
+/// again: in a table with room, and in one at its bound whose every record is
+/// banned (where the key is not counted, and its lift finds nothing).
+fn penalties(group: &mut BenchmarkGroup<'_, WallTime>) {
+    let info = || BanInfo {
+        domain: "bench".into(),
+        rule: "client".into(),
+        key: "k".into(),
+    };
+    let penalty = |violations| Penalty {
+        violations,
+        within: 60 * SECOND,
+        sentence: Sentence::Ban(3600 * SECOND),
+        block: None,
+    };
+    for (name, banned) in [("penalty_room", 1_000), ("penalty_full", 100_000)] {
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let table = Penalties::new(Arc::new(clock.clone()), 100_000);
+        for i in 0..banned {
+            table.deny(&format!("banned-{i}"), &penalty(1), clock.now(), info);
+        }
+        let keys: Vec<String> = (0..FLOOD_KEYS).map(|i| format!("new-{i}")).collect();
+        let mut i = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                let started = table.deny(&keys[i], &penalty(5), clock.now(), info);
+                // Gone again, so the table keeps its size.
+                table.lift(&keys[i]);
+                std::hint::black_box(started)
+            })
+        });
+    }
+}
+
+/// Memory-store decisions of sliding_window_log keys whose logs hold `entries`, one
+/// hit a millisecond on each: one key at a time, or `keys` in one request.
+fn logs(group: &mut BenchmarkGroup<'_, WallTime>) {
+    for (name, keys, entries) in [
+        ("log_short", 1, 10),
+        ("log_long", 1, 60_000),
+        ("log_batch", 64, 5_000),
+    ] {
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let store = MemoryStore::new(Arc::new(clock.clone()), 1_000_000);
+        // `entries` admitted a window, one a millisecond: the log stays that long.
+        let limit = Limit {
+            algorithm: Algorithm::SlidingWindowLog,
+            requests: entries,
+            window: entries * 1000,
+            burst: entries,
+            phase: 0,
+        };
+        let hits: Vec<Hit> = (0..keys)
+            .map(|k| Hit {
+                key: format!("bench|log={k}"),
+                placement: 0,
+                limit,
+                hits: 1,
+                mode: Mode::Enforce,
+                spend: Spend::IfAdmitted,
+                fallback: Fallback::Admit,
+                max_delay: algorithm::NO_DEADLINE,
+            })
+            .collect();
+        for _ in 0..entries {
+            clock.advance(1000);
+            assert!(store.decide_now(&hits).admitted);
+        }
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                clock.advance(1000);
+                std::hint::black_box(store.decide_now(&hits).admitted)
+            })
+        });
+    }
+}
+
+/// A descriptor matched against `n` wildcard values of one key, taking the first.
+fn wildcards(group: &mut BenchmarkGroup<'_, WallTime>) {
+    for (name, n) in [("wildcards_10", 10), ("wildcards_10k", 10_000)] {
+        let mut text = String::from("domain: bench\ndescriptors:\n");
+        for i in 0..n {
+            text += &format!(
+                "  - {{key: tenant, value: \"tenant-{i}-*\", rate_limit: {{unit: second, requests_per_unit: 10}}}}\n"
+            );
+        }
+        let docs = sluice::policy::parse_str("wildcards.yaml", &text).expect("parses");
+        let policy = sluice::policy::compile(docs).expect("compiles");
+        let domain = policy.domain("bench").expect("the domain");
+        let entries = [("tenant", "tenant-0-eu")];
+        assert!(domain.find(&entries[..]).is_some());
+        group.bench_function(name, |b| {
+            b.iter(|| std::hint::black_box(domain.find(std::hint::black_box(&entries[..]))))
+        });
+    }
+}
+
+fn scale(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scale");
+    settings(&mut group);
+    penalties(&mut group);
+    logs(&mut group);
+    wildcards(&mut group);
+    group.finish();
+}
+
+criterion_group!(benches, bench, deadline, algorithms, tracing, scale);
 
 fn main() {
     if let Ok(spec) = std::env::var("SLUICE_COUNT") {

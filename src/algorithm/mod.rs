@@ -203,6 +203,62 @@ pub fn decide_within(
     d
 }
 
+/// What [`decide_in_place`] changed in a state, for [`undo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change(Option<sliding_window_log::Added>);
+
+impl Change {
+    /// Whether the state changed (hits were recorded).
+    pub fn changed(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// [`decide`] on a counter's state that the caller keeps, changed where it is, for
+/// the algorithm whose state grows with its limit (sliding_window_log: copying its
+/// log would cost more than the decision). `None` for the others, and for a state
+/// of another algorithm: the caller then uses [`decide`]. The verdict is
+/// [`decide`]'s, and `state` afterwards decides as its `next` would (or as the old
+/// state, when nothing was recorded); a caller that does not keep the decision
+/// (another limit of the request denied it) gives the change to [`undo`].
+pub fn decide_in_place(
+    limit: &Limit,
+    state: &mut State,
+    now: Micros,
+    hits: u64,
+) -> Option<(Verdict, Change)> {
+    let State::SlidingWindowLog(log) = state else {
+        return None;
+    };
+    if !in_place(limit.algorithm) {
+        return None;
+    }
+    let (mut v, added) = sliding_window_log::decide_in_place(limit, log, now, hits);
+    // As in `decide_within`: the state is now the new one after an admission, and
+    // (but for expired entries) the old one after a denial.
+    let room = match (v.admitted, hits > 0) {
+        (true, true) => v.remaining == 0,
+        (false, true) => v.retry_after == u64::MAX,
+        _ => false,
+    };
+    if room {
+        v.next_room = sliding_window_log::verdict(limit, log, now, 1).retry_after;
+    }
+    Some((v, Change(added)))
+}
+
+/// Whether [`decide_in_place`] decides the states of `algorithm`.
+pub fn in_place(algorithm: Algorithm) -> bool {
+    algorithm == Algorithm::SlidingWindowLog
+}
+
+/// Takes back what [`decide_in_place`] recorded in `state`.
+pub fn undo(state: &mut State, change: Change) {
+    if let (State::SlidingWindowLog(log), Some(added)) = (state, change.0) {
+        log.undo(added);
+    }
+}
+
 /// [`decide_within`] without `next_room`.
 fn decide_alone(
     limit: &Limit,

@@ -12,8 +12,8 @@
 //! follows the same window alignment and roll-over as a decision, whatever they are.
 
 use super::{
-    decide_alone, fixed_window, leaky_bucket, sliding_window_counter, sliding_window_log,
-    token_bucket, Decision, Limit, Micros, State, Verdict, NO_DEADLINE,
+    decide_alone, fixed_window, leaky_bucket, sliding_window_counter, token_bucket, Decision,
+    Limit, Micros, State, Verdict, NO_DEADLINE,
 };
 
 /// Gives `hits` back to the counter of `limit` at `now`. The verdict is always
@@ -56,21 +56,9 @@ fn give_back(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Op
                 ..s
             })
         }
-        State::SlidingWindowLog(s) => {
-            let mut entries = s.entries;
-            let mut left = hits;
-            while left > 0 {
-                let Some(last) = entries.last_mut() else {
-                    break;
-                };
-                if last.1 > left {
-                    last.1 -= left;
-                    break;
-                }
-                left -= last.1;
-                entries.pop();
-            }
-            State::SlidingWindowLog(sliding_window_log::State { entries })
+        State::SlidingWindowLog(mut s) => {
+            s.give_back(hits);
+            State::SlidingWindowLog(s)
         }
         State::TokenBucket(s) => {
             let (tat, rem) = shorten(limit, now, s.tat, s.rem, hits);

@@ -157,7 +157,7 @@ pub(crate) fn any_state(a: Algorithm) -> BoxedStrategy<State> {
             .prop_map(|mut entries| {
                 entries.sort_unstable();
                 entries.dedup_by_key(|e| e.0);
-                State::SlidingWindowLog(sliding_window_log::State { entries })
+                State::SlidingWindowLog(sliding_window_log::State::new(entries))
             })
             .boxed(),
         Algorithm::SlidingWindowCounter => (edgy(), edgy(), edgy())

@@ -198,13 +198,7 @@ fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &DescriptorNode, tra
     let level = parent.children.entry(d.key.clone()).or_default();
     let node = match &d.value {
         None => &mut **level.any.get_or_insert_with(Box::default),
-        Some(v) if d.is_wildcard() => {
-            level
-                .wildcards
-                .push((Pattern::new(v), matcher::Node::default()));
-            let last = level.wildcards.len() - 1;
-            &mut level.wildcards[last].1
-        }
+        Some(v) if d.is_wildcard() => level.add_wildcard(Pattern::new(v)),
         Some(v) => level.exact.entry(v.clone()).or_default(),
     };
     if let Some(own) = d.rate_limit.as_ref().and_then(|rl| rule(out, d, rl, trail)) {

@@ -18,10 +18,92 @@ pub(crate) struct Node {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KeyLevel {
     pub exact: Map<Node>,
-    /// Wildcard values in file order.
+    /// Wildcard values in file order (add them with [`KeyLevel::add_wildcard`]).
     pub wildcards: Vec<(Pattern, Node)>,
+    /// Which wildcards a value may match, so a lookup does not try them all.
+    index: Wildcards,
     /// The child without a value.
     pub any: Option<Box<Node>>,
+}
+
+/// Wildcards a level tries one by one before it looks them up by their ends: fewer
+/// are cheaper to try than the value's ends are to hash.
+const INDEXED: usize = 16;
+
+/// The wildcards of a level by their literal ends: a pattern matches only values
+/// that start with the text before its first `*` and end with the text after its
+/// last. A lookup takes, for each length of start and of end that some pattern has,
+/// the value's own start and end of that length, and tries only the patterns filed
+/// under them: its cost grows with the lengths in use, not with the patterns.
+#[derive(Debug, Clone, Default)]
+struct Wildcards {
+    /// Position in file order of each pattern's text.
+    by_text: Map<usize>,
+    /// Starts in use, by length, each with the ends in use under it.
+    starts: Vec<(usize, Map<Ends>)>,
+}
+
+/// The patterns of one start, by end.
+#[derive(Debug, Clone, Default)]
+struct Ends {
+    /// Lengths in use.
+    lengths: Vec<usize>,
+    /// Positions in file order, ascending.
+    by_end: Map<Vec<usize>>,
+}
+
+impl Wildcards {
+    fn add(&mut self, pattern: &Pattern, at: usize) {
+        self.by_text.entry(pattern.text.clone()).or_insert(at);
+        let (start, end) = pattern.ends();
+        let i = match self.starts.iter().position(|(len, _)| *len == start.len()) {
+            Some(i) => i,
+            None => {
+                self.starts.push((start.len(), Map::default()));
+                self.starts.len() - 1
+            }
+        };
+        let ends = self.starts[i].1.entry(start.to_string()).or_default();
+        if !ends.lengths.contains(&end.len()) {
+            ends.lengths.push(end.len());
+        }
+        ends.by_end.entry(end.to_string()).or_default().push(at);
+    }
+
+    /// The first pattern in file order whose text is `value`, else the first that
+    /// matches it.
+    fn find(&self, wildcards: &[(Pattern, Node)], value: &str) -> Option<usize> {
+        // Only a value with a star can spell a pattern.
+        if value.contains('*') {
+            if let Some(&at) = self.by_text.get(value) {
+                return Some(at);
+            }
+        }
+        let mut best: Option<usize> = None;
+        for (len, starts) in &self.starts {
+            let Some(ends) = value.get(..*len).and_then(|start| starts.get(start)) else {
+                continue;
+            };
+            for &end_len in &ends.lengths {
+                let Some(positions) = value
+                    .len()
+                    .checked_sub(end_len)
+                    .and_then(|from| value.get(from..))
+                    .and_then(|end| ends.by_end.get(end))
+                else {
+                    continue;
+                };
+                let first = positions
+                    .iter()
+                    .take_while(|&&at| best.is_none_or(|b| at < b))
+                    .find(|&&at| wildcards[at].0.matches(value));
+                if let Some(&at) = first {
+                    best = Some(at);
+                }
+            }
+        }
+        best
+    }
 }
 
 /// A value with `*` wildcards, each matching any run of characters.
@@ -37,6 +119,15 @@ impl Pattern {
         Pattern {
             text: text.to_string(),
             parts: text.split('*').map(str::to_string).collect(),
+        }
+    }
+
+    /// The literal text before the first `*` and after the last.
+    fn ends(&self) -> (&str, &str) {
+        match self.parts.as_slice() {
+            [] => ("", ""),
+            [only] => (only.as_str(), only.as_str()),
+            [first, .., last] => (first.as_str(), last.as_str()),
         }
     }
 
@@ -64,6 +155,27 @@ impl Pattern {
 }
 
 impl KeyLevel {
+    /// Adds a wildcard value after those already there; its node.
+    pub(crate) fn add_wildcard(&mut self, pattern: Pattern) -> &mut Node {
+        let at = self.wildcards.len();
+        self.index.add(&pattern, at);
+        self.wildcards.push((pattern, Node::default()));
+        &mut self.wildcards[at].1
+    }
+
+    /// The wildcard a value takes: the first in file order whose text it spells,
+    /// else the first that matches it.
+    fn wildcard(&self, value: &str) -> Option<&(Pattern, Node)> {
+        if self.wildcards.len() < INDEXED {
+            let w = &self.wildcards;
+            return w
+                .iter()
+                .find(|(p, _)| p.text == value)
+                .or_else(|| w.iter().find(|(p, _)| p.matches(value)));
+        }
+        self.wildcards.get(self.index.find(&self.wildcards, value)?)
+    }
+
     /// Exact value first (a request value that spells a pattern exactly is an exact
     /// hit, as in envoyproxy/ratelimit's map lookup), then wildcards in file order,
     /// then the key alone.
@@ -71,10 +183,7 @@ impl KeyLevel {
         if let Some(node) = self.exact.get(value) {
             return Some(node);
         }
-        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.text == value) {
-            return Some(node);
-        }
-        if let Some((_, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+        if let Some((_, node)) = self.wildcard(value) {
             return Some(node);
         }
         self.any.as_deref()
@@ -121,10 +230,7 @@ impl KeyLevel {
         if let Some(node) = self.exact.get(value) {
             return Some((node, LevelMatch::Exact));
         }
-        if let Some((p, node)) = self.wildcards.iter().find(|(p, _)| p.text == value) {
-            return Some((node, LevelMatch::Wildcard(p.text.clone())));
-        }
-        if let Some((p, node)) = self.wildcards.iter().find(|(p, _)| p.matches(value)) {
+        if let Some((p, node)) = self.wildcard(value) {
             return Some((node, LevelMatch::Wildcard(p.text.clone())));
         }
         self.any.as_deref().map(|n| (n, LevelMatch::KeyOnly))
@@ -286,6 +392,65 @@ mod tests {
                 want,
                 "{pattern} vs {value}"
             );
+        }
+    }
+
+    /// The wildcard a level's lookup takes, as the rule says it: the first in file
+    /// order whose text the value spells, else the first that matches.
+    fn first_in_file_order(patterns: &[String], value: &str) -> Option<usize> {
+        patterns
+            .iter()
+            .position(|p| p == value)
+            .or_else(|| patterns.iter().position(|p| Pattern::new(p).matches(value)))
+    }
+
+    fn level_of(patterns: &[String]) -> KeyLevel {
+        let mut level = KeyLevel::default();
+        for (i, p) in patterns.iter().enumerate() {
+            level.add_wildcard(Pattern::new(p)).rule = Some(i);
+        }
+        level
+    }
+
+    #[test]
+    fn the_first_wildcard_in_file_order_wins_among_many() {
+        let mut patterns: Vec<String> = (0..10_000).map(|i| format!("tenant-{i}-*")).collect();
+        patterns.push("*-admin".into());
+        patterns.push("tenant-*".into());
+        patterns.insert(0, "tenant-42-x*".into());
+        let level = level_of(&patterns);
+        let rule = |v: &str| level.lookup(v).and_then(|n| n.rule);
+        assert_eq!(rule("tenant-42-xy"), Some(0));
+        assert_eq!(rule("tenant-42-y"), Some(43));
+        assert_eq!(rule("tenant-9999-admin"), Some(10_000));
+        assert_eq!(rule("root-admin"), Some(10_001));
+        assert_eq!(rule("tenant-x"), Some(10_002));
+        // A value that spells a pattern takes it, before an earlier one matching.
+        assert_eq!(rule("tenant-*"), Some(10_002));
+        assert_eq!(rule("other"), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Patterns and values over a few letters, stars and a two-byte letter: the
+        /// index takes the wildcard that trying each in file order takes.
+        #[test]
+        fn the_index_takes_the_wildcard_file_order_takes(
+            patterns in proptest::collection::vec("[ab*é]{0,5}", 0..40),
+            values in proptest::collection::vec("[abé*]{0,6}", 1..12),
+        ) {
+            let patterns: Vec<String> =
+                patterns.into_iter().filter(|p| p.contains('*')).collect();
+            let level = level_of(&patterns);
+            for value in &values {
+                let want = first_in_file_order(&patterns, value);
+                let got = level.lookup(value).and_then(|n| n.rule);
+                proptest::prop_assert_eq!(got, want, "{:?} in {:?}", value, patterns);
+                // The index alone, however few the patterns.
+                let indexed = level.index.find(&level.wildcards, value);
+                proptest::prop_assert_eq!(indexed, want, "{:?} in {:?}", value, patterns);
+            }
         }
     }
 }

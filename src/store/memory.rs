@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{self, Limit, Micros, State, Verdict};
+use crate::algorithm::{self, Decision, Limit, Micros, State, Verdict};
 use crate::clock::Clock;
 
 use self::shard::Shard;
@@ -40,7 +40,19 @@ struct Entry {
 impl Entry {
     /// The entry for `state`, stored by a hit at `now` that `verdict` admitted.
     fn new(limit: &Limit, state: State, verdict: &Verdict, now: Micros) -> Entry {
-        let expires_at = algorithm::expires_at(limit, &state);
+        let mut entry = Entry {
+            state,
+            expires_at: 0,
+            keep_until: 0,
+        };
+        entry.stored(limit, verdict, now);
+        entry
+    }
+
+    /// Sets the times of the state just stored by a hit at `now` that `verdict`
+    /// admitted; the new `keep_until`.
+    fn stored(&mut self, limit: &Limit, verdict: &Verdict, now: Micros) -> Micros {
+        self.expires_at = algorithm::expires_at(limit, &self.state);
         // With nothing left, the counter denies a one-hit request until `next_room`
         // has passed, which may be after its window has (a bucket refilling slowly).
         let denying = if verdict.remaining == 0 {
@@ -48,15 +60,11 @@ impl Entry {
         } else {
             0
         };
-        let keep_until = now
+        self.keep_until = now
             .saturating_add(limit.window)
             .max(denying)
-            .min(expires_at);
-        Entry {
-            state,
-            expires_at,
-            keep_until,
-        }
+            .min(self.expires_at);
+        self.keep_until
     }
 
     /// Keeps the counter at least until `until` (a denial's retry time), within its
@@ -212,14 +220,38 @@ impl MemoryStore {
         let mut room: SmallVec<[bool; SMALL]> = SmallVec::with_capacity(hits.len());
         // New keys not kept and lifted (allocates only when there are some).
         let mut lifted = Vec::new();
+        // Changes made in place, to keep or take back once the batch is decided.
+        let mut changes: SmallVec<[Option<algorithm::Change>; SMALL]> =
+            SmallVec::with_capacity(hits.len());
         for (i, hit) in hits.iter().enumerate() {
             let earlier = (0..i)
                 .rev()
                 .find(|&j| hashes[j] == hashes[i] && hits[j].key == hit.key && next[j].is_some());
+            // A key the batch names once is decided in place where it can be; one
+            // named again sees its earlier hits' states, so it takes copies.
+            let once = || {
+                !(0..hits.len()).any(|j| j != i && hashes[j] == hashes[i] && hits[j].key == hit.key)
+            };
             let shard = &mut guards[guard_of(shard_ids[i])];
-            let mut decision = match earlier {
-                Some(j) => hit.decide(next[j].as_ref(), now),
-                None => {
+            let in_place = slots[i]
+                .filter(|_| algorithm::in_place(hit.limit.algorithm) && once())
+                .and_then(|b| shard.table.get_bucket_mut(b))
+                .filter(|s| s.entry.expires_at > now)
+                .and_then(|s| hit.decide_in_place(&mut s.entry.state, now));
+            let mut decision = match (in_place, earlier) {
+                (Some((verdict, change)), _) => {
+                    changes.push(Some(change));
+                    Decision {
+                        verdict,
+                        next: None,
+                    }
+                }
+                (None, Some(j)) => {
+                    changes.push(None);
+                    hit.decide(next[j].as_ref(), now)
+                }
+                (None, None) => {
+                    changes.push(None);
                     let state = slots[i]
                         .and_then(|b| shard.table.get_bucket(b))
                         .filter(|s| s.entry.expires_at > now)
@@ -265,6 +297,26 @@ impl MemoryStore {
         }
 
         let admitted = admitted(hits.iter().map(|h| h.mode), &verdicts);
+        // Before any new key is added, which may move the slots found above.
+        for (i, change) in changes.into_iter().enumerate() {
+            let (Some(change), Some(b)) = (change, slots[i]) else {
+                continue;
+            };
+            if !change.changed() {
+                continue;
+            }
+            let hit = &hits[i];
+            let shard = &mut guards[guard_of(shard_ids[i])];
+            let Some(slot) = shard.table.get_bucket_mut(b) else {
+                continue;
+            };
+            if hit.spent(admitted) {
+                let keep = slot.entry.stored(&hit.limit, &verdicts[i], now);
+                shard.kept(keep);
+            } else {
+                algorithm::undo(&mut slot.entry.state, change);
+            }
+        }
         // A charge's state is stored even when the request is denied.
         if admitted || hits.iter().any(|h| h.spend.always()) {
             for (i, state) in next.into_iter().enumerate() {
@@ -354,17 +406,37 @@ impl MemoryStore {
         let mut guard = lock(&self.shards[Self::shard_of(hash)]);
         let shard = &mut *guard;
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(&hit.key)) {
-            let state = (slot.entry.expires_at > now).then_some(&slot.entry.state);
-            let decision = hit.decide(state, now);
+            let live = slot.entry.expires_at > now;
+            let in_place = live
+                .then(|| hit.decide_in_place(&mut slot.entry.state, now))
+                .flatten();
+            let (decision, change) = match in_place {
+                Some((verdict, change)) => (
+                    Decision {
+                        verdict,
+                        next: None,
+                    },
+                    Some(change),
+                ),
+                None => (hit.decide(live.then_some(&slot.entry.state), now), None),
+            };
             let verdicts = vec![decision.verdict];
             let admitted = admitted(std::iter::once(hit.mode), &verdicts);
             let verdict = &verdicts[0];
-            let keep = match decision.next {
-                Some(state) if hit.spent(admitted) => {
+            let keep = match (decision.next, change) {
+                (Some(state), _) if hit.spent(admitted) => {
                     slot.entry = Entry::new(&hit.limit, state, verdict, now);
                     Some(slot.entry.keep_until)
                 }
-                None if !verdict.admitted && verdict.remaining == 0 => slot
+                (_, Some(change)) if change.changed() => {
+                    if hit.spent(admitted) {
+                        Some(slot.entry.stored(&hit.limit, verdict, now))
+                    } else {
+                        algorithm::undo(&mut slot.entry.state, change);
+                        None
+                    }
+                }
+                (None, _) if !verdict.admitted && verdict.remaining == 0 => slot
                     .entry
                     .deny_until(now.saturating_add(verdict.retry_after)),
                 _ => None,
@@ -680,5 +752,68 @@ mod tests {
         clock.advance(5 * SECOND);
         assert_eq!(store.sweep(), 1);
         assert_eq!(store.active_keys(), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+        /// Requests of sliding_window_log hits on a few keys, some named twice, beside
+        /// a limit that denies some of the requests: the store answers as deciding
+        /// each hit on a copy of its counter's state does (a key named again seeing
+        /// its earlier hit's), keeping the copies only when the request is admitted.
+        #[test]
+        fn logs_decided_in_place_answer_as_copies_do(
+            requests in proptest::collection::vec(
+                (
+                    proptest::collection::vec((0..4usize, 0..3u64), 1..6),
+                    proptest::prelude::any::<bool>(),
+                    0..400_000u64,
+                ),
+                1..40,
+            ),
+        ) {
+            let clock = ManualClock::new(1_000 * SECOND);
+            let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
+            let mut kept: std::collections::HashMap<String, State> = Default::default();
+            let log = Limit {
+                algorithm: Algorithm::SlidingWindowLog,
+                requests: 5,
+                window: SECOND,
+                burst: 5,
+                phase: 0,
+            };
+            for (keys, gate_denies, advance) in requests {
+                clock.advance(advance);
+                let now = clock.now();
+                let mut hits: Vec<Hit> = keys
+                    .iter()
+                    .map(|&(k, n)| Hit {
+                        limit: log,
+                        ..hit(&format!("log-{k}"), Algorithm::SlidingWindowLog, 5, n)
+                    })
+                    .collect();
+                let gate = if gate_denies { 0 } else { 1_000_000 };
+                hits.push(Hit {
+                    limit: fixed(gate),
+                    ..hit("gate", Algorithm::FixedWindow, gate, 1)
+                });
+                let got = store.decide_now(&hits);
+                let mut copies = kept.clone();
+                let mut want = Vec::new();
+                for h in &hits {
+                    let d = h.decide(copies.get(&h.key), now);
+                    want.push(d.verdict);
+                    if let Some(n) = d.next {
+                        copies.insert(h.key.clone(), n);
+                    }
+                }
+                let admitted = admitted(hits.iter().map(|h| h.mode), &want);
+                if admitted {
+                    kept = copies;
+                }
+                proptest::prop_assert_eq!(got.admitted, admitted);
+                proptest::prop_assert_eq!(got.verdicts, want);
+            }
+        }
     }
 }

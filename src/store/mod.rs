@@ -105,6 +105,20 @@ impl Hit {
         }
     }
 
+    /// [`Hit::decide`] on a state the store keeps, changed where it is
+    /// ([`algorithm::decide_in_place`]): `None` where that does not apply (another
+    /// algorithm, a charge or a refund), and the store then uses [`Hit::decide`].
+    pub fn decide_in_place(
+        &self,
+        state: &mut State,
+        now: Micros,
+    ) -> Option<(Verdict, algorithm::Change)> {
+        if self.spend != Spend::IfAdmitted {
+            return None;
+        }
+        algorithm::decide_in_place(&self.limit, state, now, self.hits)
+    }
+
     /// Whether this hit's next state is stored, given the request's fate.
     pub fn spent(&self, admitted: bool) -> bool {
         admitted || self.spend.always()

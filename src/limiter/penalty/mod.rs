@@ -21,8 +21,9 @@
 //! Denials are counted per counter key with the same estimate as the default
 //! algorithm (sliding window counter), so memory per key is a few words whatever
 //! `violations` is. The map is sharded like the memory store and bounded
-//! ([`DEFAULT_MAX_TRACKED`] keys): when a shard is full, expired records go first,
-//! then a key without a sentence; keys serving a sentence are never dropped early.
+//! ([`DEFAULT_MAX_TRACKED`] keys): when a shard is full, of the keys without a
+//! sentence the one whose record expires soonest goes (an expired one first); keys
+//! serving a sentence are never dropped early.
 //!
 //!
 //! Three parts: [`table`] holds the counts and sentences in process, [`hooks`] is

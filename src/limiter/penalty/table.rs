@@ -1,7 +1,18 @@
 //! The penalty table: per key, its denials (counted with the sliding window
 //! counter's estimate) and the sentence it serves, sharded and bounded.
+//!
+//! A full shard must find the record to drop without reading the shard, or every
+//! new key of a flood would pay a scan (and most when every record serves a
+//! sentence and none may go). Each shard that has been full keeps two queues of
+//! its keys: those not known to serve a sentence by when they expire, and those
+//! found serving one by when it ends. An entry is a lower bound: a record whose
+//! time moves later is queued again at its new time when its old one comes up; one
+//! whose time moves earlier is queued again at once. So the record that expires
+//! soonest of those without a sentence is found in logarithmic time, and a shard of
+//! sentences refuses a new key after one look at each queue.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Ordering as Order;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -57,10 +68,75 @@ impl Record {
         self.until > now
     }
 
+    /// When it stops carrying anything: no sentence, no denial left in its estimate,
+    /// no sentence left in its block span.
+    fn expires_at(&self) -> Micros {
+        let pens = if self.pens == 0 {
+            0
+        } else {
+            self.pens_start.saturating_add(self.pens_within)
+        };
+        self.until
+            .max(self.start.saturating_add(self.within.saturating_mul(2)))
+            .max(pens)
+    }
+
     fn expired(&self, now: Micros) -> bool {
-        !self.sentenced(now)
-            && now >= self.start.saturating_add(2 * self.within)
-            && (self.pens == 0 || now >= self.pens_start.saturating_add(self.pens_within))
+        now >= self.expires_at()
+    }
+
+    /// The times the shard's queues order it by.
+    fn due(&self) -> (Micros, Micros) {
+        (self.expires_at(), self.until)
+    }
+
+    /// Counts `denials` at `now`; the sentence they start, if any (`info` is the
+    /// caller's to set).
+    fn deny(&mut self, penalty: &Penalty, now: Micros, denials: u64) -> Option<Started> {
+        if self.sentenced(now) && self.kind.denies() {
+            return None;
+        }
+        let within = penalty.within.max(1);
+        self.within = within;
+        if now >= self.start.saturating_add(within) {
+            let spans = (now - self.start) / within;
+            self.prev = if spans == 1 { self.cur } else { 0 };
+            self.cur = 0;
+            self.start += spans * within;
+        }
+        // A clock stepped back reads as the span's start.
+        let left = u128::from(within - now.saturating_sub(self.start).min(within));
+        let before =
+            ((u128::from(self.prev) * left / u128::from(within)) as u64).saturating_add(self.cur);
+        // The denials it takes to reach the violations, one at least.
+        let needed = penalty.violations.max(1).saturating_sub(before).max(1);
+        if denials < needed {
+            self.cur = self.cur.saturating_add(denials);
+            return None;
+        }
+        self.prev = 0;
+        self.cur = 0;
+        self.start = now;
+        let (mut kind, mut span, factor_ppm) = parts(&penalty.sentence);
+        if let Some(b) = penalty.block {
+            if self.pens == 0 || now >= self.pens_start.saturating_add(b.within) {
+                self.pens_start = now;
+                self.pens = 0;
+            }
+            self.pens += 1;
+            self.pens_within = b.within;
+            if self.pens >= b.bans.max(1) {
+                kind = Kind::Block;
+                span = b.span;
+                self.pens = 0;
+            }
+        }
+        self.kind = kind;
+        self.until = now.saturating_add(span);
+        self.factor_ppm = factor_ppm;
+        self.source = Source::Penalty;
+        self.shared = false;
+        Some(Started { kind, span })
     }
 
     fn lift(&mut self) {
@@ -70,7 +146,178 @@ impl Record {
     }
 }
 
-type Shard = HashMap<String, Record, ahash::RandomState>;
+/// A key queued at a time: when its record may expire, or when its sentence ends.
+/// Ordered so that a `BinaryHeap` gives the soonest first.
+#[derive(Debug)]
+struct Due {
+    at: Micros,
+    key: Arc<str>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Order> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Order {
+        other.at.cmp(&self.at)
+    }
+}
+
+/// Whether a record's times moved earlier than `before` ([`Record::due`]): it must
+/// then be queued again at once, since its entries may be past them. A time moved
+/// later needs nothing: its old entry, when it comes up, queues it again.
+fn earlier(now: (Micros, Micros), before: (Micros, Micros)) -> bool {
+    now.0 < before.0 || now.1 < before.1
+}
+
+/// Queue entries kept beyond one a record before the queues are rebuilt.
+const SLACK: usize = 64;
+
+/// One shard: its records, and the two queues a full shard picks the record to drop
+/// from (see the module's doc).
+#[derive(Debug, Default)]
+struct Shard {
+    records: HashMap<Arc<str>, Record, ahash::RandomState>,
+    /// Records not known to serve a sentence, by `expires_at` (each queued at or
+    /// before it, unless found serving one and moved to `held`).
+    open: BinaryHeap<Due>,
+    /// Records found serving a sentence, by its end (each queued at or before it).
+    held: BinaryHeap<Due>,
+    /// Whether the queues list the records: only since the shard was last full,
+    /// for below its cap nothing is dropped and a new key pays for no queue.
+    queued: bool,
+}
+
+impl Shard {
+    /// Adds a record for a key the shard does not hold.
+    fn insert(&mut self, key: &str, record: Record) -> &mut Record {
+        let key: Arc<str> = Arc::from(key);
+        if self.queued {
+            self.queue(Due {
+                at: record.expires_at(),
+                key: key.clone(),
+            });
+        }
+        self.records.entry(key).or_insert(record)
+    }
+
+    /// Queues `key` again at once, after a time of its record moved earlier (see
+    /// [`earlier`]).
+    fn requeue_key(&mut self, key: &str) {
+        if !self.queued {
+            return;
+        }
+        if let Some((k, r)) = self.records.get_key_value(key) {
+            let due = Due {
+                at: r.expires_at(),
+                key: k.clone(),
+            };
+            self.queue(due);
+        }
+    }
+
+    fn queue(&mut self, due: Due) {
+        if self.open.len() + self.held.len() > 2 * self.records.len() + SLACK {
+            self.requeue();
+        }
+        self.open.push(due);
+    }
+
+    /// After a sweep: a shard left well below its cap stops queueing (a new key pays
+    /// for no queue until it is full again, which takes as many new keys as its
+    /// queues would cost to rebuild).
+    fn swept(&mut self, cap: usize) {
+        if self.records.len() < cap / 2 {
+            self.queued = false;
+            self.open = BinaryHeap::new();
+            self.held = BinaryHeap::new();
+        } else if self.queued {
+            self.requeue();
+        }
+    }
+
+    /// Queues every record once, dropping the entries of records gone or moved.
+    fn requeue(&mut self) {
+        self.held.clear();
+        let mut open = std::mem::take(&mut self.open).into_vec();
+        open.clear();
+        open.extend(self.records.iter().map(|(k, r)| Due {
+            at: r.expires_at(),
+            key: k.clone(),
+        }));
+        self.open = BinaryHeap::from(open);
+    }
+
+    /// The record `due` names, if it is still the one queued.
+    fn current(&self, due: &Due) -> Option<&Record> {
+        self.records
+            .get_key_value(&*due.key)
+            .filter(|(k, _)| Arc::ptr_eq(k, &due.key))
+            .map(|(_, r)| r)
+    }
+
+    /// Frees a slot in a full shard by dropping, of the records without a sentence,
+    /// the one that expires soonest: an expired one whenever there is one. False
+    /// when every record serves a sentence (the new key is then not tracked).
+    fn make_room(&mut self, cap: usize, now: Micros) -> bool {
+        if self.records.len() < cap {
+            return true;
+        }
+        if !self.queued {
+            self.requeue();
+            self.queued = true;
+        }
+        // Sentences ended: those records may go again.
+        while self.held.peek().is_some_and(|d| d.at <= now) {
+            let Some(due) = self.held.pop() else { break };
+            let Some(r) = self.current(&due) else {
+                continue;
+            };
+            let sentenced = r.sentenced(now);
+            let at = if sentenced { r.until } else { r.expires_at() };
+            let due = Due { at, key: due.key };
+            if sentenced {
+                self.held.push(due);
+            } else {
+                self.open.push(due);
+            }
+        }
+        while let Some(due) = self.open.pop() {
+            let Some(r) = self.current(&due) else {
+                continue;
+            };
+            if r.sentenced(now) {
+                let until = r.until;
+                self.held.push(Due {
+                    at: until,
+                    key: due.key,
+                });
+                continue;
+            }
+            let at = r.expires_at();
+            if at > due.at {
+                self.open.push(Due { at, key: due.key });
+                continue;
+            }
+            // Every other record without a sentence is queued at or after `due.at`,
+            // and expires no sooner.
+            self.records.remove(&*due.key);
+            return true;
+        }
+        false
+    }
+}
 
 /// Denial counts and sentences of keys whose rule has a `penalty`, and operators'
 /// blocks.
@@ -93,9 +340,7 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl Penalties {
     pub fn new(clock: Arc<dyn Clock>, max_tracked: usize) -> Self {
         Penalties {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(Shard::with_hasher(ahash::RandomState::new())))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: ahash::RandomState::new(),
             shard_cap: max_tracked.div_ceil(SHARDS).max(1),
             clock,
@@ -120,7 +365,7 @@ impl Penalties {
     /// The sentence `key` is serving at `now`, if any.
     pub fn in_force(&self, key: &str, now: Micros) -> Option<InForce> {
         let shard = self.shard(key);
-        let r = shard.get(key)?;
+        let r = shard.records.get(key)?;
         if !r.sentenced(now) {
             return None;
         }
@@ -169,59 +414,26 @@ impl Penalties {
         if denials == 0 {
             return None;
         }
-        let within = penalty.within.max(1);
-        let mut shard = self.shard(key);
-        if !shard.contains_key(key) && !make_room(&mut shard, self.shard_cap, now) {
-            return None;
-        }
-        let r = shard
-            .entry(key.to_string())
-            .or_insert_with(|| Record::fresh(now, within));
-        if r.sentenced(now) && r.kind.denies() {
-            return None;
-        }
-        r.within = within;
-        if now >= r.start.saturating_add(within) {
-            let spans = (now - r.start) / within;
-            r.prev = if spans == 1 { r.cur } else { 0 };
-            r.cur = 0;
-            r.start += spans * within;
-        }
-        // A clock stepped back reads as the span's start.
-        let left = u128::from(within - now.saturating_sub(r.start).min(within));
-        let before =
-            ((u128::from(r.prev) * left / u128::from(within)) as u64).saturating_add(r.cur);
-        // The denials it takes to reach the violations, one at least.
-        let needed = penalty.violations.max(1).saturating_sub(before).max(1);
-        if denials < needed {
-            r.cur = r.cur.saturating_add(denials);
-            return None;
-        }
-        r.prev = 0;
-        r.cur = 0;
-        r.start = now;
-        let (mut kind, mut span, factor_ppm) = parts(&penalty.sentence);
-        if let Some(b) = penalty.block {
-            if r.pens == 0 || now >= r.pens_start.saturating_add(b.within) {
-                r.pens_start = now;
-                r.pens = 0;
+        let mut guard = self.shard(key);
+        let shard = &mut *guard;
+        let r = if shard.records.contains_key(key) {
+            shard.records.get_mut(key)?
+        } else {
+            if !shard.make_room(self.shard_cap, now) {
+                return None;
             }
-            r.pens += 1;
-            r.pens_within = b.within;
-            if r.pens >= b.bans.max(1) {
-                kind = Kind::Block;
-                span = b.span;
-                r.pens = 0;
-            }
+            shard.insert(key, Record::fresh(now, penalty.within.max(1)))
+        };
+        let before = r.due();
+        let started = r.deny(penalty, now, denials);
+        if started.is_some() {
+            r.info = Some(Box::new(info()));
+            self.bans_started.fetch_add(1, Ordering::Relaxed);
         }
-        r.kind = kind;
-        r.until = now.saturating_add(span);
-        r.factor_ppm = factor_ppm;
-        r.source = Source::Penalty;
-        r.shared = false;
-        r.info = Some(Box::new(info()));
-        self.bans_started.fetch_add(1, Ordering::Relaxed);
-        Some(Started { kind, span })
+        if earlier(r.due(), before) {
+            shard.requeue_key(key);
+        }
+        started
     }
 
     /// Puts a sentence in force on `key` for `span` (an operator's block, or one
@@ -241,28 +453,36 @@ impl Penalties {
         if source == Source::Operator {
             self.operator_blocks.store(true, Ordering::Relaxed);
         }
-        let mut shard = self.shard(key);
-        if !shard.contains_key(key) {
+        let mut guard = self.shard(key);
+        let shard = &mut *guard;
+        let r = if shard.records.contains_key(key) {
+            let Some(r) = shard.records.get_mut(key) else {
+                return;
+            };
+            r
+        } else {
             // A sentence is never refused for room: it evicts a key without one, or
             // grows the shard past its cap (sentences are bounded by their own list).
-            make_room(&mut shard, self.shard_cap, now);
-        }
-        let r = shard
-            .entry(key.to_string())
-            .or_insert_with(|| Record::fresh(now, 1));
+            shard.make_room(self.shard_cap, now);
+            shard.insert(key, Record::fresh(now, 1))
+        };
+        let before = r.due();
         r.kind = kind;
         r.until = now.saturating_add(span);
         r.factor_ppm = factor_ppm;
         r.source = source;
         r.shared = shared;
         r.info = Some(Box::new(info));
+        if earlier(r.due(), before) {
+            shard.requeue_key(key);
+        }
     }
 
     /// Lifts the sentence of `key` and forgets its counts; whether it had one.
     pub fn lift(&self, key: &str) -> bool {
         let now = self.now();
         let mut shard = self.shard(key);
-        match shard.remove(key) {
+        match shard.records.remove(key) {
             Some(r) => r.sentenced(now),
             None => false,
         }
@@ -274,9 +494,23 @@ impl Penalties {
         let now = self.now();
         let listed: HashSet<&str> = list.iter().map(|s| s.key.as_str()).collect();
         for m in &self.shards {
-            for (key, r) in lock(m).iter_mut() {
-                if r.shared && r.sentenced(now) && !listed.contains(key.as_str()) {
+            let mut guard = lock(m);
+            let Shard {
+                records,
+                open,
+                queued,
+                ..
+            } = &mut *guard;
+            for (key, r) in records.iter_mut() {
+                if r.shared && r.sentenced(now) && !listed.contains(&**key) {
                     r.lift();
+                    // Free now: queued where a full shard looks first.
+                    if *queued {
+                        open.push(Due {
+                            at: r.expires_at(),
+                            key: key.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -307,6 +541,7 @@ impl Penalties {
             .iter()
             .flat_map(|m| {
                 lock(m)
+                    .records
                     .iter()
                     .filter(|(_, r)| r.sentenced(now))
                     .filter_map(|(k, r)| {
@@ -314,7 +549,7 @@ impl Penalties {
                             info: (**r.info.as_ref()?).clone(),
                             kind: r.kind,
                             source: r.source,
-                            counter: k.clone(),
+                            counter: k.to_string(),
                             until: r.until,
                             remaining: r.until - now,
                             factor_ppm: r.factor_ppm,
@@ -338,6 +573,7 @@ impl Penalties {
             .iter()
             .map(|m| {
                 lock(m)
+                    .records
                     .values()
                     .filter(|r| r.sentenced(now) && r.kind.denies())
                     .count()
@@ -352,7 +588,7 @@ impl Penalties {
 
     /// Keys tracked (counting or sentenced).
     pub fn tracked(&self) -> usize {
-        self.shards.iter().map(|m| lock(m).len()).sum()
+        self.shards.iter().map(|m| lock(m).records.len()).sum()
     }
 
     /// Drops records that neither count nor sentence any more.
@@ -362,10 +598,12 @@ impl Penalties {
         let mut operators = false;
         for m in &self.shards {
             let mut shard = lock(m);
-            let before = shard.len();
-            shard.retain(|_, r| !r.expired(now));
-            removed += before - shard.len();
+            let before = shard.records.len();
+            shard.records.retain(|_, r| !r.expired(now));
+            removed += before - shard.records.len();
+            shard.swept(self.shard_cap);
             operators |= shard
+                .records
                 .values()
                 .any(|r| r.source == Source::Operator && r.sentenced(now));
         }
@@ -373,30 +611,6 @@ impl Penalties {
             self.operator_blocks.store(false, Ordering::Relaxed);
         }
         removed
-    }
-}
-
-/// Frees a slot in a full shard: expired records first, then any key without a
-/// sentence. False when every tracked key is sentenced (the new key is then not
-/// tracked).
-fn make_room(shard: &mut Shard, cap: usize, now: Micros) -> bool {
-    if shard.len() < cap {
-        return true;
-    }
-    shard.retain(|_, r| !r.expired(now));
-    if shard.len() < cap {
-        return true;
-    }
-    let victim = shard
-        .iter()
-        .find(|(_, r)| !r.sentenced(now))
-        .map(|(k, _)| k.clone());
-    match victim {
-        Some(k) => {
-            shard.remove(&k);
-            true
-        }
-        None => false,
     }
 }
 
@@ -546,5 +760,201 @@ pub(super) mod tests {
         clock.advance(120 * SECOND);
         p.sweep();
         assert_eq!(p.tracked(), 0);
+    }
+
+    /// `n` keys, `prefix-0` first, that `p` keeps in one shard.
+    fn mates(p: &Penalties, prefix: &str, n: usize) -> Vec<String> {
+        let shard = |k: &str| (p.hasher.hash_one(k) as usize) % SHARDS;
+        let first = shard(&format!("{prefix}-0"));
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|k| shard(k) == first)
+            .take(n)
+            .collect()
+    }
+
+    fn holds(p: &Penalties, key: &str) -> bool {
+        p.shard(key).records.contains_key(key)
+    }
+
+    fn within(secs: u64) -> Penalty {
+        Penalty {
+            within: secs * SECOND,
+            ..penalty()
+        }
+    }
+
+    #[test]
+    fn a_full_shard_drops_the_count_that_runs_out_soonest_and_never_a_sentence() {
+        let clock = ManualClock::new(T0);
+        // Eight records a shard.
+        let p = Penalties::new(Arc::new(clock.clone()), 8 * SHARDS);
+        let keys = mates(&p, "k", 16);
+        let one = Penalty {
+            violations: 1,
+            ..penalty()
+        };
+        assert!(p.deny(&keys[0], &one, clock.now(), info).is_some());
+        // Seven counts, whose estimates run out in a shuffled order: 2 x 30 s for the
+        // first, 2 x 10 s for the second...
+        let spans = [30, 10, 60, 20, 70, 40, 50];
+        for (key, secs) in keys[1..8].iter().zip(spans) {
+            assert_eq!(p.deny(key, &within(secs), clock.now(), info), None);
+        }
+        clock.advance(SECOND);
+        // Each new key takes the place of the count nearest its end; the ban stays.
+        let mut by_end: Vec<_> = keys[1..8].iter().zip(spans).collect();
+        by_end.sort_by_key(|&(_, secs)| secs);
+        for (new, (gone, _)) in keys[8..14].iter().zip(&by_end) {
+            assert!(holds(&p, gone), "{gone}");
+            p.deny(new, &within(100), clock.now(), info);
+            assert!(!holds(&p, gone), "{gone} kept for {new}");
+            assert!(holds(&p, new) && holds(&p, &keys[0]));
+        }
+        assert!(p.banned(&keys[0], clock.now()).is_some());
+        assert_eq!(p.tracked(), 8);
+    }
+
+    #[test]
+    fn a_shard_of_sentences_refuses_new_keys_until_one_ends() {
+        let clock = ManualClock::new(T0);
+        let p = Penalties::new(Arc::new(clock.clone()), 4 * SHARDS);
+        let keys = mates(&p, "s", 8);
+        let one = |secs: u64| Penalty {
+            violations: 1,
+            sentence: Sentence::Ban(secs * SECOND),
+            ..penalty()
+        };
+        for (key, secs) in keys[..4].iter().zip([40, 10, 30, 20]) {
+            assert!(p.deny(key, &one(secs), clock.now(), info).is_some());
+        }
+        for key in &keys[4..] {
+            assert_eq!(p.deny(key, &one(5), clock.now(), info), None, "{key}");
+            assert!(!holds(&p, key));
+        }
+        // The 10 s ban ends: that record may go, and only it.
+        clock.advance(10 * SECOND);
+        assert!(p.deny(&keys[4], &one(5), clock.now(), info).is_some());
+        assert!(!holds(&p, &keys[1]));
+        assert!(p.deny(&keys[5], &one(5), clock.now(), info).is_none());
+        assert!(!holds(&p, &keys[5]));
+        for key in [&keys[0], &keys[2], &keys[3], &keys[4]] {
+            assert!(p.banned(key, clock.now()).is_some(), "{key}");
+        }
+        // A sentence lifted by the shared list frees its record at once.
+        p.put(
+            &keys[6],
+            Kind::Ban,
+            60 * SECOND,
+            0,
+            info(),
+            Source::Penalty,
+            true,
+        );
+        assert!(holds(&p, &keys[6]), "a sentence grows the shard");
+        p.sync(&[]);
+        p.deny(&keys[7], &within(10), clock.now(), info);
+        assert!(holds(&p, &keys[7]) && !holds(&p, &keys[6]));
+    }
+
+    /// A record as the rule for dropping one reads it.
+    #[derive(Debug, Clone, Copy)]
+    struct Seen {
+        expires_at: Micros,
+        sentenced: bool,
+    }
+
+    fn seen(p: &Penalties, key: &str, now: Micros) -> HashMap<String, Seen> {
+        p.shard(key)
+            .records
+            .iter()
+            .map(|(k, r)| {
+                let s = Seen {
+                    expires_at: r.expires_at(),
+                    sentenced: r.sentenced(now),
+                };
+                (k.to_string(), s)
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Denials, sentences put and lifted, the shared list and sweeps, on one shard
+        /// of 4 records: a sweep drops only expired records; otherwise a record goes
+        /// only to make room for a new key, and then it is,
+        /// of those without a sentence, one that expires soonest (an expired one
+        /// whenever there is one); a new key is left untracked only when every
+        /// record serves a sentence.
+        #[test]
+        fn a_full_shard_drops_only_the_soonest_to_expire_of_the_unsentenced(
+            ops in proptest::collection::vec((0..12usize, 0..7u8, 0..40u64), 1..300),
+        ) {
+            let clock = ManualClock::new(T0);
+            let p = Penalties::new(Arc::new(clock.clone()), 4 * SHARDS);
+            let keys = mates(&p, "p", 12);
+            for (k, what, quarters) in ops {
+                clock.advance(quarters * SECOND / 4);
+                let now = clock.now();
+                let key = &keys[k];
+                let before = seen(&p, key, now);
+                let short = Penalty {
+                    violations: 2,
+                    within: 5 * SECOND,
+                    sentence: Sentence::Ban(3 * SECOND),
+                    block: None,
+                };
+                let mut lifted = None;
+                match what {
+                    0 | 1 => {
+                        p.deny(key, &short, now, info);
+                    }
+                    2 => {
+                        p.deny(key, &within(20), now, info);
+                    }
+                    3 => p.put(key, Kind::Block, 7 * SECOND, 0, info(), Source::Operator, true),
+                    4 => {
+                        p.lift(key);
+                        lifted = Some(key.clone());
+                    }
+                    5 => {
+                        p.sync(&[]);
+                        lifted = Some(String::new());
+                    }
+                    _ => {
+                        p.sweep();
+                        let after = seen(&p, key, now);
+                        for (k, s) in &before {
+                            proptest::prop_assert!(
+                                after.contains_key(k) || (!s.sentenced && s.expires_at <= now),
+                                "{} swept", k
+                            );
+                        }
+                        continue;
+                    }
+                }
+                let after = seen(&p, key, now);
+                let gone: Vec<&String> = before
+                    .keys()
+                    .filter(|k| !after.contains_key(*k) && Some(*k) != lifted.as_ref())
+                    .collect();
+                proptest::prop_assert!(gone.len() <= 1, "{:?}", gone);
+                if let Some(g) = gone.first() {
+                    let soonest = before
+                        .values()
+                        .filter(|s| !s.sentenced)
+                        .map(|s| s.expires_at)
+                        .min();
+                    proptest::prop_assert!(!before[*g].sentenced, "{} was serving", g);
+                    proptest::prop_assert_eq!(Some(before[*g].expires_at), soonest);
+                    proptest::prop_assert!(!before.contains_key(key));
+                }
+                if what < 3 && !before.contains_key(key) && !after.contains_key(key) {
+                    proptest::prop_assert!(before.len() >= 4);
+                    proptest::prop_assert!(before.values().all(|s| s.sentenced));
+                }
+            }
+        }
     }
 }
