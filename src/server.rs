@@ -87,6 +87,7 @@ pub async fn run(
              {largest}: it must hold at least one whole request"
         );
     }
+    raise_open_file_limit();
     let shared = !cfg.store.redis.is_empty()
         || !cfg.store.redis_cluster.is_empty()
         || !cfg.store.redis_sentinel.is_empty();
@@ -624,6 +625,35 @@ fn start_tracing(cfg: &Serve, metrics: &Metrics) -> anyhow::Result<Option<Arc<Tr
         "tracing on"
     );
     Ok(Some(Arc::new(tracer)))
+}
+
+/// Raises the soft limit on open files to the hard one, as Go programs such as
+/// envoyproxy/ratelimit do at start: hosts commonly set a soft limit of 1,024
+/// under a far higher hard one, and the connection caps' defaults are shares of
+/// the soft limit. Before any port or store connection opens.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), Some(hard)) = (limit.current, limit.maximum) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => tracing::info!(
+            from = soft,
+            to = hard,
+            "open-file limit raised to the hard limit"
+        ),
+        Err(error) => {
+            tracing::warn!(limit = soft, %error, "cannot raise the open-file limit to the hard limit")
+        }
+    }
 }
 
 /// The soft limit on open files (`ulimit -n`), from /proc/self/limits; `None` when

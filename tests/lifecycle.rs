@@ -250,3 +250,41 @@ async fn a_poll_starved_of_file_descriptors_refuses_nothing() {
     write_atomic(&server.policy_path(), &policy(50));
     served_limit(&server, Duration::from_secs(10), "the edit served", 50).await;
 }
+
+/// A soft open-file limit far below the hard one (systemd's 1,024 under 524,288 is
+/// common) is raised to the hard one at start, as Go programs such as
+/// envoyproxy/ratelimit do: a fleet of Envoys gets its connections, where the
+/// soft limit's share would have refused most of them.
+#[tokio::test]
+async fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy(1000)).unwrap();
+    let mut cmd = Server::command(&[path], &[], &[]);
+    limit_open_files_to(&mut cmd, 64, 1024);
+    let server = Server::spawn(cmd, dir);
+    assert!(
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("open-file limit raised") && l.contains("1024")),
+        "{:#?}",
+        server.startup
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(line.split_whitespace().nth(3), Some("1024"), "{line}");
+
+    // More connections than the soft limit had descriptors, each answered.
+    let mut clients = Vec::new();
+    for _ in 0..80 {
+        clients.push(server.client().await);
+    }
+    for c in &mut clients {
+        let resp = call(c, request("cm", vec![desc(&[("k", "v")])])).await;
+        assert_eq!(resp.overall_code, 1, "{resp:?}");
+    }
+}

@@ -284,7 +284,8 @@ pub struct ConnectionArgs {
     #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub handshake_timeout: Duration,
     /// Most gRPC connections open at once; more are closed as soon as accepted. 0:
-    /// three quarters of the process's open-file limit.
+    /// three quarters of the process's open-file limit (its soft limit is raised to
+    /// the hard one at start).
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = 0)]
     pub grpc_max_connections: usize,
     /// Most connections open at once on each HTTP port (--http-addr,

@@ -554,14 +554,19 @@ where
 /// Has `cmd`'s process start with at most `n` open files (RLIMIT_NOFILE), so that
 /// a test can run it out of descriptors.
 pub fn limit_open_files(cmd: &mut Command, n: u64) {
+    limit_open_files_to(cmd, n, n);
+}
+
+/// Starts `cmd` with a soft open-file limit of `soft` under a hard one of `hard`.
+pub fn limit_open_files_to(cmd: &mut Command, soft: u64, hard: u64) {
     use std::os::unix::process::CommandExt;
     // SAFETY: setrlimit(2) is async-signal-safe; nothing else runs in the child
     // between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             let limit = libc::rlimit {
-                rlim_cur: n as libc::rlim_t,
-                rlim_max: n as libc::rlim_t,
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
             };
             match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
                 0 => Ok(()),
