@@ -688,6 +688,8 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "SluiceRegularKeys",
         "SluiceFailingOverStore",
         "SluiceHighDenyRatio",
+        "SluiceDecidingLocally",
+        "SluiceLocalRefusingNewKeys",
     ] {
         assert!(alert_names.contains(needed), "missing alert {needed}");
     }
