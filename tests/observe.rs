@@ -629,6 +629,69 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
+/// A rule's series exist at 0 from the moment its policy serves, for the outcomes it
+/// can have: its first request counts in `rate()` and `increase()`, which miss a
+/// series that first appears at 1. A rule a reload removed leaves `/metrics`.
+#[tokio::test]
+async fn a_rules_series_start_at_zero_and_leave_with_the_rule() {
+    let server = Server::start(POLICY, &[]);
+    let requests = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| l.starts_with("sluice_requests_total{"))
+            .map(str::to_string)
+            .collect()
+    };
+    let series = |layer: &str, outcome: &str, rule: &str| {
+        format!(
+            r#"sluice_requests_total{{domain="shop",layer="{layer}",outcome="{outcome}",rule="{rule}"}} 0"#
+        )
+    };
+    let before = requests(&metrics(&server));
+    // A limited rule with a penalty, in a domain that leaves the failure mode to
+    // --failure-mode: decided, denied, banned, or answered by either failure mode.
+    for outcome in ["ok", "over_limit", "banned", "failed_open", "failed_closed"] {
+        let s = series("edge", outcome, "remote_address");
+        assert!(before.contains(&s), "{s} missing: {before:?}");
+    }
+    // An unlimited rule is only ever decided OK.
+    let expected: BTreeSet<String> = [
+        series("edge", "ok", "remote_address"),
+        series("edge", "over_limit", "remote_address"),
+        series("edge", "banned", "remote_address"),
+        series("edge", "failed_open", "remote_address"),
+        series("edge", "failed_closed", "remote_address"),
+        series("tenant", "ok", "tenant"),
+        series("tenant", "over_limit", "tenant"),
+        series("tenant", "failed_open", "tenant"),
+        series("tenant", "failed_closed", "tenant"),
+        series("service", "ok", "free"),
+    ]
+    .into();
+    assert_eq!(before, expected);
+
+    let without_tenant = POLICY.replace(
+        "  - key: tenant\n    layer: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+        "",
+    );
+    assert_ne!(without_tenant, POLICY);
+    write_atomic(&server.policy_path(), &without_tenant);
+    eventually(Duration::from_secs(10), "tenant gone", || {
+        let text = metrics(&server);
+        let gone = !text.contains(r#"rule="tenant""#);
+        async move { gone }
+    })
+    .await;
+    let after = requests(&metrics(&server));
+    assert!(
+        after.contains(&series("edge", "ok", "remote_address")),
+        "{after:?}"
+    );
+    assert!(
+        after.contains(&series("service", "ok", "free")),
+        "{after:?}"
+    );
+}
+
 #[tokio::test]
 async fn dashboard_and_alerts_use_only_exported_metrics() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -33,7 +33,7 @@
 //! `Metrics` holds one of each, inline, so recording costs no extra indirection.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -128,6 +128,9 @@ pub struct RuleStats {
     pub rule: String,
     pub layer: &'static str,
     counts: Stripes<RuleCounts>,
+    /// The `outcome`s of [`OUTCOMES`] exported at 0, a bit each: those the serving
+    /// policy's rule can have (others show once counted).
+    exported: AtomicU8,
     ratio: Stripes<DenyWindow>,
     /// Hits spent and refunded over the last minute, for `sluice top`.
     spent: Stripes<SumWindow>,
@@ -299,8 +302,8 @@ pub struct Metrics {
     /// envoyproxy/ratelimit's series, with `--prometheus-addr`.
     erl: Option<erl::ErlStats>,
     /// Rule stats by (domain, rule path, layer); locked only when a policy's rule is
-    /// first seen and at scrape time.
-    stats: Mutex<HashMap<StatsKey, Arc<RuleStats>>>,
+    /// first seen, when a policy is swapped in and at scrape time.
+    stats: Mutex<record::RuleTable>,
     /// Serialises scrapes, which reset and refill the computed gauges.
     scrape: Mutex<()>,
     /// `sluice_store_failures_total{store}`: calls the failure mode answered (store
@@ -458,7 +461,7 @@ impl Metrics {
             policy_refused,
             handles: ArcSwapOption::empty(),
             erl: None,
-            stats: Mutex::new(HashMap::new()),
+            stats: Mutex::default(),
             scrape: Mutex::new(()),
             store_failures: OnceLock::new(),
             trace_spans: OnceLock::new(),
@@ -600,10 +603,13 @@ impl Metrics {
         self.policy_refused.with_label_values(&[source]);
     }
 
-    /// A new policy is serving: exports its limits (`sluice_limit`), and marks as
+    /// A new policy is serving: exports its limits (`sluice_limit`), exports each of
+    /// its rules' series at 0 (a series that first appears at 1 is lost to `rate()`
+    /// and `increase()`) and drops those of rules it no longer has, and marks as
     /// sensitive the rule paths where it has a `sensitive` descriptor (and only those).
     pub fn policy_swapped(&self, policy: &Policy) {
         self.limits.set(policy);
+        self.declare_rules(policy);
         let sensitive: std::collections::HashSet<(&str, &str, &str)> = policy
             .rules_by_domain()
             .into_iter()

@@ -40,6 +40,68 @@ fn count_subnets<E: Entry>(subnets: &Subnets, now: Micros, entries: &[E], hashin
     }
 }
 
+/// Rule stats by (domain, rule path, layer), and which of them the serving policy has.
+#[derive(Debug, Default)]
+pub(super) struct RuleTable {
+    by_key: HashMap<StatsKey, Arc<RuleStats>>,
+    /// `None` until a policy is swapped in ([`Metrics::policy_swapped`]).
+    serving: Option<std::collections::HashSet<StatsKey>>,
+}
+
+/// Every bit of [`OUTCOMES`]: a rule met outside a swapped-in policy exports them all.
+const ALL_OUTCOMES: u8 = u8::MAX;
+
+/// The outcomes `rule` can have in a domain of failure mode `mode` (`None`: the
+/// server's `--failure-mode`, either), a bit of [`OUTCOMES`] each.
+fn possible_outcomes(rule: &Rule, mode: Option<FailureMode>) -> u8 {
+    let mut bits = 1 << OK;
+    if rule.limit.is_none() {
+        return bits;
+    }
+    bits |= 1 << OVER_LIMIT;
+    if rule.shadow_mode {
+        bits |= 1 << SHADOW_OVER_LIMIT;
+    }
+    bits |= match mode {
+        Some(FailureMode::Closed) => 1 << FAILED_CLOSED,
+        // `local` answers a key it cannot keep as `open` does.
+        Some(FailureMode::Open | FailureMode::Local) => 1 << FAILED_OPEN,
+        None => 1 << FAILED_OPEN | 1 << FAILED_CLOSED,
+    };
+    if let Some(penalty) = &rule.penalty {
+        bits |= 1 << BANNED;
+        if penalty.block.is_some() {
+            bits |= 1 << BLOCKED;
+        }
+    }
+    if rule.shed.is_some() {
+        bits |= 1 << SHED;
+    }
+    bits
+}
+
+impl RuleStats {
+    fn new((domain, rule, layer): &StatsKey, exported: u8) -> RuleStats {
+        RuleStats {
+            domain: domain.clone(),
+            rule: rule.clone(),
+            layer,
+            counts: Stripes::default(),
+            exported: AtomicU8::new(exported),
+            ratio: Stripes::default(),
+            spent: Stripes::default(),
+            refunded: Stripes::default(),
+            top: TopOffenders::default(),
+            regular: RegularKeys::default(),
+            subnets: Subnets::default(),
+            sensitive: AtomicBool::new(false),
+            spike: Spike::default(),
+            in_flight: OnceLock::new(),
+            debt: OnceLock::new(),
+        }
+    }
+}
+
 impl Metrics {
     /// Counts one decided request.
     pub fn record(&self, domain: &str, outcome: &Outcome, took: Duration) {
@@ -309,31 +371,45 @@ impl Metrics {
         striped::add(&counts.bans, owned, 1);
     }
 
+    /// `rule`'s stats. A rule the serving policy lacks (a request decided by the
+    /// policy a reload replaced) counts in stats of its own, never exported.
     fn rule_stats(&self, domain: &str, rule: &Rule) -> Arc<RuleStats> {
-        let layer = rule.layer.as_str();
-        self.stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((domain.to_string(), rule.path.clone(), layer))
-            .or_insert_with(|| {
-                Arc::new(RuleStats {
-                    domain: domain.to_string(),
-                    rule: rule.path.clone(),
-                    layer,
-                    counts: Stripes::default(),
-                    ratio: Stripes::default(),
-                    spent: Stripes::default(),
-                    refunded: Stripes::default(),
-                    top: TopOffenders::default(),
-                    regular: RegularKeys::default(),
-                    subnets: Subnets::default(),
-                    sensitive: AtomicBool::new(false),
-                    spike: Spike::default(),
-                    in_flight: OnceLock::new(),
-                    debt: OnceLock::new(),
-                })
-            })
-            .clone()
+        let key = (domain.to_string(), rule.path.clone(), rule.layer.as_str());
+        let mut table = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = table.by_key.get(&key) {
+            return st.clone();
+        }
+        let st = Arc::new(RuleStats::new(&key, ALL_OUTCOMES));
+        if table.serving.as_ref().is_none_or(|s| s.contains(&key)) {
+            table.by_key.insert(key, st.clone());
+        }
+        st
+    }
+
+    /// Makes the stats of every rule of `policy`, exporting at 0 the outcomes each
+    /// can have, and drops those of rules it lacks.
+    pub(super) fn declare_rules(&self, policy: &Policy) {
+        let mut wanted: HashMap<StatsKey, u8> = HashMap::new();
+        for (domain, rule) in policy.rules_by_domain() {
+            let mode = policy.domains.get(domain).and_then(|d| d.failure_mode);
+            // A descriptor's other limits count under their own rules.
+            for id in std::iter::once(rule.id).chain(rule.also.iter().copied()) {
+                let r = policy.rule(id);
+                let key = (domain.to_string(), r.path.clone(), r.layer.as_str());
+                *wanted.entry(key).or_default() |= possible_outcomes(r, mode);
+            }
+        }
+        let mut table = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        table.by_key.retain(|key, _| wanted.contains_key(key));
+        for (key, outcomes) in &wanted {
+            table
+                .by_key
+                .entry(key.clone())
+                .or_insert_with(|| Arc::new(RuleStats::new(key, *outcomes)))
+                .exported
+                .store(*outcomes, Ordering::Relaxed);
+        }
+        table.serving = Some(wanted.into_keys().collect());
     }
 
     /// Every rule's stats, sorted by domain, rule and layer.
@@ -342,6 +418,7 @@ impl Metrics {
             .stats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .by_key
             .values()
             .cloned()
             .collect();

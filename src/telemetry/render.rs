@@ -70,12 +70,17 @@ impl Metrics {
                  # TYPE sluice_requests_total counter\n",
             );
             for st in &stats {
+                let exported = st.exported.load(Ordering::Relaxed);
                 for (i, o) in OUTCOMES.iter().enumerate() {
+                    let n = st.outcome(i);
+                    if n == 0 && exported & (1 << i) == 0 {
+                        continue;
+                    }
                     out.push_str("sluice_requests_total{domain=\"");
                     escape_label(&st.domain, out);
                     let _ = write!(out, "\",layer=\"{}\",outcome=\"{o}\",rule=\"", st.layer);
                     escape_label(&st.rule, out);
-                    let _ = writeln!(out, "\"}} {}", st.outcome(i));
+                    let _ = writeln!(out, "\"}} {n}");
                 }
             }
             out.push_str(
