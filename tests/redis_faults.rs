@@ -2,7 +2,8 @@
 //! (READONLY), a replica without its master (MASTERDOWN), a busy script (BUSY), no
 //! memory (OOM), a password (NOAUTH), loading (LOADING), a stalled server
 //! (timeout), a key of the wrong type (a script error) and a cluster without its
-//! slots (CLUSTERDOWN).
+//! slots (CLUSTERDOWN); and a shard killed or stopped while no call reaches it,
+//! which its probes find.
 //!
 //! In each, every call is answered within the store timeout and a margin, by the
 //! domain's failure mode (one domain fails open, one closed), the error is counted
@@ -218,6 +219,47 @@ impl Fault {
             assert!(Instant::now() < deadline, "never up again: {shard}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Reads the shard's `/debug/store` entry, with no call made, until `want`
+    /// holds of it; `sluice_degraded` agrees.
+    async fn until_quiet(&self, what: &str, want: impl Fn(&str) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let calls = self.calls;
+        loop {
+            let shard = self.shard();
+            if want(shard["state"].as_str().unwrap_or_default()) {
+                let degraded = self
+                    .sluice
+                    .metric("sluice_degraded", &[("shard", &self.name)]);
+                let up = shard["state"] == "up";
+                assert_eq!(degraded, Some(if up { 0.0 } else { 1.0 }), "{shard}");
+                assert_eq!(self.calls, calls);
+                return shard;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {what} with no call: {shard}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The shard reads backed off (or on trial) with no call made.
+    async fn until_quiet_down(&self, kind: &str) {
+        let shard = self
+            .until_quiet("down", |s| s == "backing_off" || s == "trying")
+            .await;
+        assert_eq!(shard["last_error"]["kind"], kind, "{shard}");
+    }
+
+    /// The shard reads up with no call made, and the next call is decided by it.
+    async fn until_quiet_up(&mut self) {
+        self.until_quiet("up", |s| s == "up").await;
+        let failed = self.answered_by_failure_mode("closed");
+        let (code, _) = self.call("closed").await;
+        assert_eq!(code, common::OK, "decided by the shard: {}", self.shard());
+        assert_eq!(self.answered_by_failure_mode("closed"), failed);
     }
 
     /// Sends a command to the shard.
@@ -1084,4 +1126,78 @@ async fn lifts_only_the_hung(
     );
     assert_eq!(lifted, Some(3.0), "a counted as failed open");
     hung.thaw();
+}
+
+#[tokio::test]
+async fn an_idle_shard_killed_reads_down_and_restarted_reads_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.redis.kill();
+    f.until_quiet_down("connection").await;
+    f.redis.restart().await;
+    f.until_quiet_up().await;
+}
+
+#[tokio::test]
+async fn an_idle_shard_stopped_reads_down_and_continued_reads_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.redis.freeze();
+    f.until_quiet_down("timeout").await;
+    f.redis.thaw();
+    f.until_quiet_up().await;
+}
+
+#[tokio::test]
+async fn an_idle_cluster_master_stopped_reads_down_and_continued_reads_up() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let (cluster, sluice) = cluster_serving_its_survivors(POLICY, STORE_TIMEOUT).await;
+    let mut client = sluice.client().await;
+    // Calls on every master, so the slot map is known; then none.
+    for i in 0..30 {
+        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
+        assert_eq!(
+            common::call(&mut client, req).await.overall_code,
+            common::OK
+        );
+    }
+    let stopped = cluster.nodes[0].addr();
+    let state = |name: &str| sluice.store_shard(name)["state"].clone();
+    cluster.nodes[0].freeze();
+    common::eventually(
+        Duration::from_secs(10),
+        "the stopped master reads down",
+        || {
+            let s = state(&stopped);
+            async move { s == "backing_off" || s == "trying" }
+        },
+    )
+    .await;
+    assert_ne!(state("cluster"), "up");
+    assert_eq!(state(&cluster.nodes[1].addr()), "up");
+    cluster.nodes[0].thaw();
+    common::eventually(Duration::from_secs(10), "the master reads up again", || {
+        let (s, c) = (state(&stopped), state("cluster"));
+        async move { s == "up" && c == "up" }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_shard_backed_off_by_its_calls_reads_up_once_back_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.redis.kill();
+    f.until_backed_off("connection").await;
+    f.redis.restart().await;
+    f.until_quiet_up().await;
 }

@@ -83,6 +83,22 @@ impl ErrorKind {
         !matches!(self, ErrorKind::Script | ErrorKind::Protocol)
     }
 
+    /// Whether a PING meets the outage as a call does (no connection, no answer in
+    /// time, a TLS handshake refused, a server loading or busy with a script), so a
+    /// PING answered says it is over. A replica refusing writes, a server out of
+    /// memory, an ACL refusing a script's command: a PING is answered through them
+    /// (`noauth` is left to calls, as a PING cannot tell a password from an ACL).
+    pub fn fails_ping(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::Connection
+                | ErrorKind::Timeout
+                | ErrorKind::Tls
+                | ErrorKind::Loading
+                | ErrorKind::Busy
+        )
+    }
+
     /// Whether the error says sluice's settings do not fit the server (a password,
     /// a certificate): Redis can never be reached until someone changes them, so
     /// every failed try is logged as an error.

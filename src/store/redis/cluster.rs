@@ -194,9 +194,18 @@ impl Cluster {
         self.router.owner(slot).map(|node| node.name.clone())
     }
 
+    /// The masters the slot map names now, without reading it.
+    pub fn masters_now(&self) -> Vec<Arc<Node>> {
+        self.router.masters_now()
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
     /// The health of the node `name`, made (and its metrics declared) the first
     /// time the node is met.
-    fn node_health(&self, name: &str) -> Arc<Health> {
+    pub fn node_health(&self, name: &str) -> Arc<Health> {
         if let Some(h) = self.nodes.load().iter().find(|h| h.name == name) {
             return h.clone();
         }

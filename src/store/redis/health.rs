@@ -17,6 +17,12 @@
 //! [`LOUD_EVERY`] with the number of such errors since, so a flood of them does
 //! not flood the log.
 //!
+//! A shard no call has answered lately is asked whether it answers (a PING, see
+//! [`super::ping`]), so its state follows the server without traffic: the probe's
+//! failures count as a call's do, by the same streak, and its success ends an
+//! outage a PING would have met ([`ErrorKind::fails_ping`]) as a trial's would.
+//! [`Health::probe_due`] and [`Health::probed`] keep the probe's schedule.
+//!
 //! Logs one line per state change (down, up), never one per request.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -40,6 +46,14 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Longest silence between two error lines about script or protocol errors while
 /// they go on.
 pub const LOUD_EVERY: Duration = Duration::from_secs(10);
+/// How often a shard that no call has answered since the last look is probed: as
+/// long as a failure stays news ([`STALE_FAILURE`]), so what an idle shard reports
+/// is never older than what a failure is trusted for, at one PING a second.
+pub const PROBE_EVERY: Duration = STALE_FAILURE;
+/// The next probe after one that failed while the shard is not backed off: three
+/// failed probes in a row then span [`MIN_FAILING`], the streak that takes a shard
+/// down, and one slow PING (a busy machine) is soon followed by one that clears it.
+pub const PROBE_AGAIN: Duration = Duration::from_millis(25);
 
 /// The failing streak and back-off; only touched on failures and on the first
 /// success after one.
@@ -50,6 +64,8 @@ struct Streak {
     since: Option<Instant>,
     /// Latest failure of the current streak.
     last: Option<Instant>,
+    /// Kind of that failure.
+    kind: Option<ErrorKind>,
     backoff: Duration,
 }
 
@@ -65,6 +81,8 @@ struct State {
     /// Taken down, then its back-off ended by a new address ([`Health::retry_now`]):
     /// the next success says it is up.
     moved_while_down: bool,
+    /// When the shard is next looked at for a probe; `None` before the first look.
+    next_probe: Option<Instant>,
 }
 
 /// The health of one shard (or of the whole cluster).
@@ -83,6 +101,8 @@ pub struct Health {
     down_until: AtomicU64,
     /// A failure has been seen since the last success.
     failing: AtomicBool,
+    /// A call has succeeded since the last look for a probe: the shard needs none.
+    answered: AtomicBool,
     /// Decide calls last went by `FCALL` (else `EVALSHA`): what a trace names them.
     by_function: AtomicBool,
     state: Mutex<State>,
@@ -127,6 +147,7 @@ impl Health {
             base: Instant::now(),
             down_until: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             by_function: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             report,
@@ -173,6 +194,15 @@ impl Health {
     }
 
     pub fn success(&self) {
+        // Stored once per look, then only read: calls under load share the line.
+        if !self.answered.load(Relaxed) {
+            self.answered.store(true, Relaxed);
+        }
+        self.recover();
+    }
+
+    /// Ends a failing streak and a back-off.
+    fn recover(&self) {
         if !self.failing.load(Relaxed) {
             return;
         }
@@ -222,6 +252,7 @@ impl Health {
             at: SystemTime::now(),
         });
         if kind.is_outage() {
+            s.streak.kind = Some(kind);
             self.outage(&mut s.streak, error, now);
         } else {
             self.log_loudly(&mut s, kind, error, now);
@@ -306,6 +337,64 @@ impl Health {
         );
         s.logged_at = Some(now);
         s.unlogged = 0;
+    }
+
+    /// Whether to probe the shard at `now`: its look is due and no call has
+    /// succeeded since the last one, or calls have failed since their last success.
+    /// A shard answering its traffic is left alone until the next look.
+    pub fn probe_due(&self, now: Instant) -> bool {
+        let mut s = self.lock();
+        if s.next_probe.is_some_and(|at| now < at) {
+            return false;
+        }
+        let answered = self.answered.swap(false, Relaxed);
+        if answered && !self.failing.load(Relaxed) {
+            s.next_probe = Some(now + PROBE_EVERY);
+            return false;
+        }
+        true
+    }
+
+    /// When the shard is next looked at for a probe (`None`: at once).
+    pub fn next_probe(&self) -> Option<Instant> {
+        self.lock().next_probe
+    }
+
+    /// Records a probe that ended at `now`: the shard answered a PING (`Ok`) or
+    /// not. A failure a PING can meet counts as a call's failure; an answer ends an
+    /// outage a PING would have met, as a trial's success does, but not one it
+    /// cannot see (a replica refusing writes, a server out of memory, a script
+    /// error), which waits for a call. Any other error reply (an ACL refusing PING)
+    /// says nothing of the shard.
+    pub fn probed(&self, result: &Result<(), StoreError>, now: Instant) {
+        let again = match result {
+            Ok(()) => {
+                self.ping_answered();
+                false
+            }
+            Err(e) if e.kind().is_some_and(ErrorKind::fails_ping) => {
+                self.failure_at(e, now);
+                !self.is_down()
+            }
+            Err(_) => false,
+        };
+        let wait = if again { PROBE_AGAIN } else { PROBE_EVERY };
+        self.lock().next_probe = Some(now + wait);
+    }
+
+    fn ping_answered(&self) {
+        if !self.failing.load(Relaxed) {
+            return;
+        }
+        let mended = {
+            let s = self.lock();
+            let outage = self.is_down() || s.streak.failures > 0 || s.moved_while_down;
+            outage && s.streak.kind.is_none_or(ErrorKind::fails_ping)
+        };
+        if mended {
+            // Not `success`: the shard still had no call answered.
+            self.recover();
+        }
     }
 
     /// Where the shard stands, for `/debug/store`.
@@ -663,5 +752,154 @@ mod tests {
         h.success();
         assert!(!h.is_down());
         assert!(h.check_at(now).is_ok());
+    }
+
+    /// Probes `h` at each look, `ping` answering at each, for up to `looks`
+    /// looks from `t0`, as the prober does; returns the time of the last look.
+    fn probe_looks(
+        h: &Health,
+        t0: Instant,
+        looks: usize,
+        mut ping: impl FnMut(usize) -> Result<(), StoreError>,
+    ) -> Instant {
+        let mut now = t0;
+        for i in 0..looks {
+            assert!(h.probe_due(now), "look {i}");
+            h.probed(&ping(i), now);
+            now = h.next_probe().expect("scheduled");
+        }
+        now
+    }
+
+    #[test]
+    fn an_idle_shard_is_probed_once_per_interval_and_one_under_traffic_is_not() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        assert!(h.probe_due(t0), "the first look probes");
+        h.probed(&Ok(()), t0);
+        assert_eq!(h.next_probe(), Some(t0 + PROBE_EVERY));
+        assert!(!h.probe_due(t0 + PROBE_EVERY - MS));
+        assert!(h.probe_due(t0 + PROBE_EVERY), "nothing answered since");
+        h.probed(&Ok(()), t0 + PROBE_EVERY);
+        // A call answered since the last look: no probe, the next look an interval on.
+        h.success();
+        let later = t0 + PROBE_EVERY * 2;
+        assert!(!h.probe_due(later));
+        assert_eq!(h.next_probe(), Some(later + PROBE_EVERY));
+        assert!(h.probe_due(later + PROBE_EVERY), "idle again");
+        // A shard whose calls fail is probed though they came back.
+        h.probed(&Ok(()), later + PROBE_EVERY);
+        h.success();
+        h.failure_at(&down(), later + PROBE_EVERY);
+        assert!(h.probe_due(later + PROBE_EVERY * 2));
+    }
+
+    #[test]
+    fn a_dead_idle_shard_goes_down_by_its_probes_and_comes_back_by_one() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        let after = probe_looks(&h, t0, 3, |_| Err(down()));
+        assert!(h.is_down(), "three failed probes over {MIN_FAILING:?}");
+        let down_at = after - PROBE_EVERY;
+        assert!(
+            down_at - t0 < MIN_FAILING * 2,
+            "down {:?} after",
+            down_at - t0
+        );
+        assert_eq!(
+            h.status_at(down_at, SystemTime::now()).state,
+            ShardState::BackingOff
+        );
+        // Backed off, it is probed once an interval; a failed probe after the
+        // back-off is a failed trial.
+        h.probed(&Err(down()), after);
+        assert_eq!(h.lock().streak.backoff, FIRST_BACKOFF * 2);
+        assert_eq!(h.next_probe(), Some(after + PROBE_EVERY));
+        // Back: the next probe brings it up, with no call.
+        assert!(h.probe_due(after + PROBE_EVERY));
+        h.probed(&Ok(()), after + PROBE_EVERY);
+        assert!(!h.is_down() && !h.is_failing());
+        assert_eq!(h.status().state, ShardState::Up);
+    }
+
+    #[test]
+    fn a_hung_idle_shard_goes_down_though_each_probe_takes_the_timeout() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        let timeout = Duration::from_millis(200);
+        let mut now = t0;
+        for i in 0..3 {
+            assert!(!h.is_down(), "probe {i}");
+            assert!(h.probe_due(now));
+            now += timeout;
+            h.probed(&Err(StoreError::Timeout), now);
+            now = h.next_probe().unwrap();
+        }
+        assert!(h.is_down());
+    }
+
+    #[test]
+    fn one_slow_ping_does_not_take_a_shard_down() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        // Every other probe times out (a busy machine): never three in a row.
+        probe_looks(&h, t0, 20, |i| match i % 2 {
+            0 => Err(StoreError::Timeout),
+            _ => Ok(()),
+        });
+        assert!(!h.is_down());
+        assert!(!h.is_failing(), "the answered probe clears the timeout");
+        // Two in a row leave it failing, not down; the next answer clears it.
+        let t1 = t0 + PROBE_EVERY * 100;
+        probe_looks(&h, t1, 3, |i| {
+            if i < 2 {
+                Err(StoreError::Timeout)
+            } else {
+                Ok(())
+            }
+        });
+        assert!(!h.is_down() && !h.is_failing());
+    }
+
+    #[test]
+    fn a_probe_answered_does_not_end_what_a_ping_cannot_see() {
+        let t0 = Instant::now();
+        // A replica refusing writes answers PING: its back-off waits for a trial call.
+        let h = Health::new("s".into(), None);
+        let readonly = StoreError::failed(ErrorKind::ReadOnly, "READONLY");
+        h.failure_at(&readonly, t0);
+        h.failure_at(&readonly, t0);
+        h.failure_at(&readonly, t0 + MIN_FAILING);
+        assert!(h.is_down());
+        assert!(h.probe_due(t0 + MIN_FAILING));
+        h.probed(&Ok(()), t0 + MIN_FAILING);
+        assert!(h.is_down(), "a PING says nothing of writes");
+        assert_eq!(h.next_probe(), Some(t0 + MIN_FAILING + PROBE_EVERY));
+        // A script error neither.
+        let h = Health::new("s".into(), None);
+        h.failure_at(&StoreError::failed(ErrorKind::Script, "boom"), t0);
+        h.probed(&Ok(()), t0);
+        assert!(h.is_failing());
+        // An error reply that is no outage a PING meets (an ACL refusing PING)
+        // counts as nothing.
+        let h = Health::new("s".into(), None);
+        let refused = Err(StoreError::failed(ErrorKind::NoAuth, "NOPERM"));
+        for i in 0..10u32 {
+            h.probed(&refused, t0 + MIN_FAILING * i);
+        }
+        assert!(!h.is_failing());
+        assert_eq!(h.next_probe(), Some(t0 + MIN_FAILING * 9 + PROBE_EVERY));
+    }
+
+    #[test]
+    fn a_probe_answered_at_a_new_address_says_the_shard_is_up() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        probe_looks(&h, t0, 3, |_| Err(down()));
+        assert!(h.is_down());
+        h.retry_now();
+        assert!(h.will_say_up());
+        h.probed(&Ok(()), t0 + PROBE_EVERY);
+        assert!(!h.will_say_up() && !h.is_failing());
     }
 }

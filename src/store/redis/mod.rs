@@ -22,8 +22,10 @@
 //! one that fails or hangs leaves its own hits undecided, and under `failure_mode:
 //! open` only those are lifted (`spread`).
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
-//! failing are backed off ([`health`]). When a shard first answers, its expire cycle
-//! is checked against the store timeout once ([`expire`]).
+//! failing are backed off ([`health`]), and shards no call has answered lately are
+//! asked whether they answer, so their health follows them without traffic
+//! ([`ping`]). When a shard first answers, its expire cycle is checked against the
+//! store timeout once ([`expire`]).
 //!
 //! Standalone shards may also be named masters of Redis Sentinel ([`sentinel`]):
 //! their connections follow the master the sentinels name.
@@ -59,6 +61,7 @@ pub mod expire;
 pub mod health;
 mod local;
 pub mod offset;
+mod ping;
 pub mod scripts;
 pub mod shard;
 mod spread;
@@ -341,6 +344,7 @@ impl RedisStore {
             report,
         });
         tokio::spawn(count_keys(Arc::downgrade(&inner), opts.key_count_interval));
+        tokio::spawn(ping::watch(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
 

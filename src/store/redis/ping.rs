@@ -1,0 +1,144 @@
+//! Probes of quiet shards: a shard's health is otherwise learnt from its calls
+//! alone, so one that died while idle would read up, and one backed off would read
+//! down after it came back, until a request happened to reach it. A background task
+//! asks each shard that no call has answered since its last look (standalone
+//! shards, Sentinel masters, a cluster's masters) for a `PING`, bounded by the store
+//! timeout, and tells its health ([`Health::probe_due`], [`Health::probed`] keep the
+//! schedule). Nothing is added to the request path.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use sluice_redis::cluster::{Node, Router};
+use sluice_redis::{Pool, Request, Value};
+
+use crate::store::StoreError;
+
+use super::cluster::Cluster;
+use super::health::{Health, PROBE_EVERY};
+use super::{Backend, Inner, ShardConn};
+
+/// Probes the store's quiet shards until the store is dropped.
+pub(super) async fn watch(inner: Weak<Inner>) {
+    loop {
+        let Some(inner) = inner.upgrade() else { return };
+        let timeout = inner.call_timeout;
+        let next = match &inner.backend {
+            Backend::Shards(shards) => {
+                let rounds = shards
+                    .iter()
+                    .map(|s| look(&s.health, || ping_shard(&s.conn, timeout)));
+                futures::future::join_all(rounds).await;
+                next_look(shards.iter().map(|s| &*s.health))
+            }
+            Backend::Cluster(c) => watch_cluster(c, timeout).await,
+        };
+        drop(inner);
+        tokio::time::sleep_until(next.into()).await;
+    }
+}
+
+/// Probes `health`'s shard with `ping` if it is due.
+async fn look<F, P>(health: &Health, ping: F)
+where
+    F: FnOnce() -> P,
+    P: std::future::Future<Output = Result<(), StoreError>>,
+{
+    if health.probe_due(Instant::now()) {
+        let result = ping().await;
+        health.probed(&result, Instant::now());
+    }
+}
+
+/// When the next look is due, over `healths`.
+fn next_look<'a>(healths: impl Iterator<Item = &'a Health>) -> Instant {
+    let soonest = Instant::now() + PROBE_EVERY;
+    healths
+        .filter_map(Health::next_probe)
+        .fold(soonest, Instant::min)
+}
+
+/// One standalone shard, at its address or its Sentinel master's current one.
+async fn ping_shard(conn: &ShardConn, timeout: Duration) -> Result<(), StoreError> {
+    let result = match conn.get() {
+        Ok(pool) => ping_pool(&pool, timeout).await,
+        Err(e) => Err(e),
+    };
+    if let (ShardConn::Sentinel(master), Err(e)) = (conn, &result) {
+        if e.is_transient() {
+            // As a failed call does: the master may have moved.
+            master.suspect();
+        }
+    }
+    result
+}
+
+async fn ping_pool(pool: &Pool, timeout: Duration) -> Result<(), StoreError> {
+    match tokio::time::timeout(timeout, pool.query(&ping())).await {
+        Ok(answer) => pong(answer?),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
+/// Each master the slot map names, on the connection its calls go over (a failure
+/// there marks the map stale, as a call's does). While no map is known, the cluster
+/// as a whole is probed by reading one.
+async fn watch_cluster(cluster: &Cluster, timeout: Duration) -> Instant {
+    let masters = cluster.masters_now();
+    if masters.is_empty() {
+        let router = cluster.router();
+        look(&cluster.health, || read_map(router, timeout)).await;
+        return next_look(std::iter::once(&*cluster.health));
+    }
+    let healths: Vec<Arc<Health>> = masters
+        .iter()
+        .map(|n| cluster.node_health(&n.name))
+        .collect();
+    let rounds = masters.iter().zip(&healths).map(|(node, health)| {
+        let router = cluster.router();
+        look(health, move || ping_node(router, node, timeout))
+    });
+    futures::future::join_all(rounds).await;
+    if healths.iter().any(|h| !h.is_failing()) {
+        // A master answers: the cluster is reached (as a call's success says).
+        cluster.health.probed(&Ok(()), Instant::now());
+    }
+    next_look(healths.iter().map(|h| &**h))
+}
+
+async fn ping_node(router: &Router, node: &Node, timeout: Duration) -> Result<(), StoreError> {
+    let sent = router.run_on(node, Arc::new(ping()));
+    match tokio::time::timeout(timeout, sent).await {
+        Ok(answer) => pong(answer?),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
+/// Reads the slot map (at most once per the router's refresh interval): an error
+/// when no node names a master.
+async fn read_map(router: &Arc<Router>, timeout: Duration) -> Result<(), StoreError> {
+    let read = router.masters();
+    match tokio::time::timeout(timeout.max(Duration::from_secs(1)), read).await {
+        Ok(masters) if !masters.is_empty() => Ok(()),
+        Ok(_) => Err(StoreError::failed(
+            crate::store::ErrorKind::Connection,
+            "no node names the cluster's masters",
+        )),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
+fn ping() -> Request {
+    let mut req = Request::default();
+    req.start(1);
+    req.arg(b"PING");
+    req
+}
+
+/// A PING's answer; an error reply as its [`StoreError`].
+fn pong(value: Value) -> Result<(), StoreError> {
+    match value {
+        Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
+        _ => Ok(()),
+    }
+}
