@@ -18,7 +18,7 @@
 //! not flood the log.
 //!
 //! A shard no call has answered lately is asked whether it answers (a PING, see
-//! [`super::ping`]), so its state follows the server without traffic: the probe's
+//! `ping`), so its state follows the server without traffic: the probe's
 //! failures count as a call's do, by the same streak, and its success ends an
 //! outage a PING would have met ([`ErrorKind::fails_ping`]) as a trial's would.
 //! [`Health::probe_due`] and [`Health::probed`] keep the probe's schedule.

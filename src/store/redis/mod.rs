@@ -24,7 +24,7 @@
 //! Denials are cached locally until their retry time ([`cache`]); shards that keep
 //! failing are backed off ([`health`]), and shards no call has answered lately are
 //! asked whether they answer, so their health follows them without traffic
-//! ([`ping`]). When a shard first answers, its expire cycle is checked against the
+//! (`ping`). When a shard first answers, its expire cycle is checked against the
 //! store timeout once ([`expire`]).
 //!
 //! Standalone shards may also be named masters of Redis Sentinel ([`sentinel`]):
