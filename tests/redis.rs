@@ -2276,8 +2276,8 @@ async fn concurrent_callers_share_the_shards_few_connections() {
         .and_then(|n| n.trim().parse().ok())
         .expect("connected_clients");
     // This inspecting connection, the shard's decide connections (one per call in
-    // flight), and (once the key count has run) the one for refunds and key counts:
-    // not one per caller.
+    // flight), and (once the key count has run) the one for refunds, key counts and
+    // probes: not one per caller.
     let most = 2 + sluice::store::redis::coalesce::CALLS_IN_FLIGHT as u64;
     assert!((2..=most).contains(&clients), "{info}");
 }

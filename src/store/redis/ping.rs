@@ -20,6 +20,9 @@ use super::{Backend, Inner, ShardConn};
 
 /// Probes the store's quiet shards until the store is dropped.
 pub(super) async fn watch(inner: Weak<Inner>) {
+    // The shards were just connected and their key count is being read: the first
+    // look an interval on does not race it for a second pooled connection.
+    tokio::time::sleep(PROBE_EVERY).await;
     loop {
         let Some(inner) = inner.upgrade() else { return };
         let timeout = inner.call_timeout;
