@@ -253,14 +253,12 @@ async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
         send.send_data(begun.clone(), false).unwrap();
         calls.push((resp, send));
     }
+    // Which calls fit depends on how their frames interleave: the first's opening
+    // frame may be held while the others fill the bound, and its rest refused.
     let (first, _) = calls.remove(0);
     let mut codes = Vec::new();
     for (resp, _send) in calls {
-        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
-            .await
-            .expect("every unfinished call is ended")
-            .unwrap();
-        codes.push(resp.headers()["grpc-status"].to_str().unwrap().to_string());
+        codes.push(grpc_status_of(resp).await);
     }
     assert!(codes.iter().any(|c| c == "8"), "some refused: {codes:?}");
     assert!(
@@ -272,13 +270,20 @@ async fn unfinished_request_bodies_are_bounded_in_bytes_and_time() {
     let mut client = server.client().await;
     let r = call(&mut client, request("d", vec![desc(&[("k", "v")])])).await;
     assert_eq!(r.overall_code, OK);
-    // The first fits the bound, and is ended by the time limit.
-    let first = tokio::time::timeout(Duration::from_secs(10), first)
-        .await
-        .expect("the held call is ended")
-        .unwrap();
-    assert_eq!(first.headers()["grpc-status"], "4");
+    codes.push(grpc_status_of(first).await);
+    // Those that fit the bound are ended by the time limit.
     assert!(codes.iter().all(|c| c == "8" || c == "4"), "{codes:?}");
+    let held = codes.iter().filter(|c| *c == "4").count();
+    assert!((1..=4).contains(&held), "{codes:?}");
+}
+
+/// The `grpc-status` an unfinished call is ended with, within ten seconds.
+async fn grpc_status_of(resp: h2::client::ResponseFuture) -> String {
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("every unfinished call is ended")
+        .unwrap();
+    resp.headers()["grpc-status"].to_str().unwrap().to_string()
 }
 
 /// A gRPC health check over a connection of its own: `Ok` once answered SERVING.

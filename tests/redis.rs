@@ -3569,5 +3569,8 @@ async fn the_binary_denies_a_late_leaky_turn_at_once_without_taking_it() {
         return;
     };
     let url = redis_server.url();
-    crate::server::late_turns_are_denied_at_once_and_not_taken(&["--redis", &url]).await;
+    // A store timeout past a loaded machine's stalls: a Redis call that outlasted
+    // the default 15 ms would be answered by the failure mode, not by the script.
+    let args = ["--redis", &url, "--store-timeout", "1s"];
+    crate::server::late_turns_are_denied_at_once_and_not_taken(&args).await;
 }

@@ -462,16 +462,20 @@ async fn a_leaky_turn_past_the_grpc_timeout_is_denied_at_once_and_not_taken() {
     late_turns_are_denied_at_once_and_not_taken(&[]).await;
 }
 
-/// A leaky queue of 10 a second (a turn every 100 ms) beside a counter: a request
+/// A leaky queue of 2 a second (a turn every 500 ms) beside a counter: a request
 /// whose turn would come after its `grpc-timeout` is OVER_LIMIT before it, and
 /// spends neither its turn nor the counter; the next request, with time to wait,
 /// gets the turn the late one did not take. `extra`: the store's flags.
+///
+/// Turns 500 ms apart leave room for a loaded machine's stalls: the late request is
+/// late only if it reaches sluice more than its hold (most of its 250 ms) before
+/// the next turn.
 pub(crate) async fn late_turns_are_denied_at_once_and_not_taken(extra: &[&str]) {
     let policy = r#"
 domain: late
 descriptors:
   - key: queue
-    rate_limit: {unit: second, requests_per_unit: 10, algorithm: leaky_bucket, burst: 5}
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket, burst: 5}
   - key: count
     rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
 "#;
@@ -489,24 +493,25 @@ descriptors:
     let r = c.should_rate_limit(both(Duration::from_secs(5))).await;
     let r = r.expect("the first turn").into_inner();
     assert_eq!((r.overall_code, r.statuses[1].limit_remaining), (OK, 99));
-    // The next turn is 100 ms after the first: too late for 50 ms.
+    // The next turn is 500 ms after the first: too late for 250 ms.
+    let late = Duration::from_millis(250);
     let sent = Instant::now();
-    let r = c.should_rate_limit(both(Duration::from_millis(50))).await;
+    let r = c.should_rate_limit(both(late)).await;
     let took = sent.elapsed();
     let r = r.expect("an answer before the deadline").into_inner();
     assert_eq!(r.overall_code, OVER_LIMIT, "{r:?}");
-    assert!(took < Duration::from_millis(50), "answered after {took:?}");
+    assert!(took < late, "answered after {took:?}");
     assert_eq!(r.statuses[0].code, OVER_LIMIT, "{r:?}");
     assert!(header(&r, "retry-after").is_some(), "{r:?}");
     let r = c.should_rate_limit(both(Duration::from_secs(5))).await;
     let released = first.elapsed();
     let r = r.expect("the second turn").into_inner();
     assert_eq!(r.overall_code, OK, "{r:?}");
-    // The late request spent nothing of the counter, and its turn (100 ms after the
-    // first) is this one's: had it been taken, this one's would be at 200 ms.
+    // The late request spent nothing of the counter, and its turn (500 ms after the
+    // first) is this one's: had it been taken, this one's would be at 1,000 ms.
     assert_eq!(r.statuses[1].limit_remaining, 98, "{r:?}");
     assert!(
-        released >= Duration::from_millis(100) && released < Duration::from_millis(190),
+        released >= Duration::from_millis(500) && released < Duration::from_millis(950),
         "released {released:?} after the first"
     );
 }
