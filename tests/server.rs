@@ -829,43 +829,105 @@ async fn a_flood_of_distinct_keys_resets_no_counter() {
     assert_eq!(expired, 0);
 }
 
+/// A full store answers a new key of a `closed` domain as `closed` answers a failed
+/// shard: denied, counted `failed_closed` and as a store failure, and no offender
+/// (the limit was not reached: the store had no room for its counter).
 #[tokio::test]
-async fn a_full_store_denies_new_keys_of_a_closed_domain() {
+async fn a_full_store_denies_new_keys_of_a_closed_domain_as_a_failed_shard() {
     let closed = format!("{PER_USER}failure_mode: closed\n");
-    let (kept, active, refused, counts, newcomer) = in_one_window(DAY, async |_| {
-        let server = Server::start(&closed, &["--max-keys", "64"]);
-        let mut c = server.client().await;
-        // One counter a shard: 2,000 users fill every shard, and those kept count on.
-        let mut kept = Vec::new();
-        for i in 0..2000 {
-            let user = format!("u-{i}");
-            if call(&mut c, per_user(&user)).await.overall_code == OK {
-                kept.push(user);
+    let (kept, counts, newcomer, [failed_closed, over_limit, failures, refused], top, offenders) =
+        in_one_window(DAY, async |_| {
+            let server = Server::start(&closed, &["--max-keys", "64"]);
+            let mut c = server.client().await;
+            // One counter a shard: 2,000 users fill every shard, and those kept count on.
+            let mut kept = Vec::new();
+            for i in 0..2000 {
+                let user = format!("u-{i}");
+                if call(&mut c, per_user(&user)).await.overall_code == OK {
+                    kept.push(user);
+                }
             }
-        }
-        let active = series(&server, r#"sluice_active_keys{store="memory"}"#);
-        let refused = series(&server, r#"sluice_evictions_total{reason="refused"}"#);
-        let mut counts = Vec::new();
-        for user in &kept {
-            counts.push(call(&mut c, per_user(user)).await);
-        }
-        let newcomer = call(&mut c, per_user("newcomer")).await;
-        (kept, active, refused, counts, newcomer)
-    })
-    .await;
+            let mut counts = Vec::new();
+            for user in &kept {
+                counts.push(call(&mut c, per_user(user)).await);
+            }
+            // Asked again and again, as an offender would be.
+            let mut newcomer = Vec::new();
+            for _ in 0..10 {
+                newcomer.push(call(&mut c, per_user("newcomer")).await);
+            }
+            let outcome = |o: &str| {
+                let label = format!("outcome=\"{o}\"");
+                summed(&server, "sluice_requests_total", &[&label])
+            };
+            let metrics = [
+                outcome("failed_closed"),
+                outcome("over_limit"),
+                series(&server, r#"sluice_store_failures_total{store="memory"}"#),
+                series(&server, r#"sluice_evictions_total{reason="refused"}"#),
+            ];
+            let (status, top) = http(&server.http, "GET", "/debug/top", "");
+            assert_eq!(status, 200, "{top}");
+            let top: serde_json::Value = serde_json::from_str(&top).expect("JSON");
+            let (_, text) = http(&server.http, "GET", "/metrics", "");
+            let offenders: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with("sluice_top_offenders{"))
+                .map(str::to_string)
+                .collect();
+            (kept, counts, newcomer, metrics, top, offenders)
+        })
+        .await;
     assert_eq!(kept.len(), 64);
-    assert_eq!(active, 64);
-    assert_eq!(refused, 2000 - 64);
     for (user, r) in kept.iter().zip(&counts) {
         assert_eq!((r.overall_code, remaining(r, 0)), (OK, 3), "{user}");
     }
-    assert_eq!(newcomer.overall_code, OVER_LIMIT);
-    // Until the day's counters end.
-    let reset = newcomer.statuses[0]
-        .duration_until_reset
-        .as_ref()
-        .expect("reset");
-    assert!((1..=86_400).contains(&reset.seconds), "{reset:?}");
+    for r in &newcomer {
+        assert_eq!(r.overall_code, OVER_LIMIT, "{r:?}");
+        assert_eq!(r.statuses[0].code, OVER_LIMIT, "{r:?}");
+    }
+    let not_kept = 2000 - 64 + 10;
+    assert_eq!(refused, not_kept);
+    assert_eq!(failed_closed, not_kept);
+    assert_eq!(failures, not_kept);
+    assert_eq!(over_limit, 0, "no limit was reached");
+    let rules = top["rules"].as_array().expect("rules");
+    for rule in rules {
+        let none = rule["top"].as_array().is_none_or(Vec::is_empty);
+        assert!(none, "no offender: {rule}");
+    }
+    assert_eq!(offenders, Vec::<String>::new());
+}
+
+/// Under `--store-error-answer error`, a new key a full store cannot keep in a
+/// `closed` domain is answered with an error, as a failed shard is, so that Envoy's
+/// `failure_mode_deny` decides; the kept keys are answered as before.
+#[tokio::test]
+async fn a_full_store_answers_new_keys_of_a_closed_domain_with_an_error_when_told() {
+    let closed = format!("{PER_USER}failure_mode: closed\n");
+    let args = ["--max-keys", "64", "--store-error-answer", "error"];
+    let (kept, kept_again, newcomer) = in_one_window(DAY, async |_| {
+        let server = Server::start(&closed, &args);
+        let mut c = server.client().await;
+        let mut kept = Vec::new();
+        for i in 0..2000 {
+            let user = format!("u-{i}");
+            if c.should_rate_limit(per_user(&user)).await.is_ok() {
+                kept.push(user);
+            }
+        }
+        let kept_again = call(&mut c, per_user(&kept[0])).await;
+        let newcomer = c.should_rate_limit(per_user("newcomer")).await;
+        (kept, kept_again, newcomer)
+    })
+    .await;
+    assert_eq!(kept.len(), 64);
+    assert_eq!(
+        (kept_again.overall_code, remaining(&kept_again, 0)),
+        (OK, 3)
+    );
+    let error = newcomer.expect_err("an error answer");
+    assert_eq!(error.code(), tonic::Code::Unknown, "{error:?}");
 }
 
 /// The sum of the samples of `name` whose labels include each of `labels`.

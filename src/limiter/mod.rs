@@ -235,8 +235,9 @@ pub struct StoreFailure {
     /// The store's name, for metrics and logs.
     pub store: &'static str,
     /// The store decided the request's other limits (`failure_mode: open` over
-    /// shards of which some failed): only the descriptors without a verdict were
-    /// answered by `mode`, and the decided ones still deny.
+    /// shards of which some failed, or a key the memory store could not keep): only
+    /// the descriptors without a verdict were answered by `mode`, and the decided
+    /// ones still deny.
     pub partial: bool,
     /// No room to keep a key's counter (`--max-keys`), not a failing store: the
     /// store logs when its refusals start and end.
@@ -920,9 +921,13 @@ impl<S: Store> Limiter<S> {
                         0
                     };
                     if decided.failed.as_ref().is_some_and(|f| f.contains(n)) {
-                        // Its shard failed: lifted (`open`), it shows what a request
-                        // the failure mode answers shows. A rule's limits share a
-                        // shard, so the whole status is.
+                        // Its shard failed (lifted: `open`), or its key was not kept:
+                        // it shows what a request the failure mode answers shows,
+                        // denied when `closed`. A rule's limits share a shard, so the
+                        // whole status is.
+                        if failure_mode == FailureMode::Closed && hit.mode != Mode::Shadow {
+                            outcome.statuses[i].over_limit = true;
+                        }
                         continue;
                     }
                     let also = match (nth, outcome.statuses[i].rule) {

@@ -272,9 +272,8 @@ impl MemoryStore {
                     match shard.make_room(now, pending, busy) {
                         Ok(()) => new_key = true,
                         Err(soonest) => {
-                            if refuse(hit, verdict, soonest - now) {
-                                lifted.push(i);
-                            }
+                            refuse(hit, verdict, soonest - now);
+                            lifted.push(i);
                             decision.next = None;
                         }
                     }
@@ -463,9 +462,8 @@ impl MemoryStore {
                     shard.insert(hash, slot, |s| self.hash(s.key.as_bytes()));
                 }
                 Err(soonest) => {
-                    if refuse(hit, &mut decision.verdict, soonest - now) {
-                        lifted.push(0);
-                    }
+                    refuse(hit, &mut decision.verdict, soonest - now);
+                    lifted.push(0);
                 }
             }
         }
@@ -479,14 +477,14 @@ impl MemoryStore {
     }
 }
 
-/// Answers a new key that a full shard cannot keep by its hit's fallback (its
-/// domain's failure mode): `Deny`, it is denied until a counter of the shard may go
-/// (`wait`), at the soonest; `Admit` (or `Local`), it is lifted as `open` lifts a
-/// counter on a failed shard (a placeholder verdict, taken as admitted): whether
-/// it was.
-fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) -> bool {
-    if hit.fallback == Fallback::Deny {
-        *verdict = Verdict {
+/// Answers a new key that a full shard cannot keep as its hit's fallback (its
+/// domain's failure mode) answers a counter on a failed shard; the key is named in
+/// [`Verdicts::failed`] either way. `Admit` (or `Local`): lifted, a placeholder
+/// verdict taken as admitted. `Deny`: a denial until a counter of the shard may go
+/// (`wait`), at the soonest, which denies the request as the hit's mode does.
+fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) {
+    *verdict = match hit.fallback {
+        Fallback::Deny => Verdict {
             admitted: false,
             remaining: 0,
             reset: wait,
@@ -495,14 +493,12 @@ fn refuse(hit: &Hit, verdict: &mut Verdict, wait: Micros) -> bool {
             next_room: 0,
             owed: 0,
             late: false,
-        };
-        return false;
-    }
-    *verdict = Failed::placeholder();
-    true
+        },
+        Fallback::Admit | Fallback::Local => Failed::placeholder(),
+    };
 }
 
-/// The hits of a batch lifted for want of room ([`refuse`]), if any.
+/// The hits of a batch not kept for want of room ([`refuse`]), if any.
 fn not_kept(lifted: Vec<usize>) -> Option<Failed> {
     (!lifted.is_empty()).then_some(Failed {
         error: StoreError::Full,

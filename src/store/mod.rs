@@ -135,8 +135,9 @@ pub enum Fallback {
     /// ([`Verdicts::failed`]). `failure_mode: open`.
     #[default]
     Admit,
-    /// Denied; a counter on a shard that fails fails the whole request
-    /// (`failure_mode: closed`).
+    /// Denied; a counter on a shard that fails fails the whole request, and a key
+    /// it cannot keep is denied and named in [`Verdicts::failed`], which the
+    /// limiter answers as a failed shard (`failure_mode: closed`).
     Deny,
     /// As `Admit` for a key it cannot keep; a counter on a shard that fails fails the
     /// whole request, which the limiter then decides in memory (`failure_mode: local`),
@@ -153,18 +154,19 @@ pub struct Verdicts {
     /// memory store does; Redis decides on Redis's clock). Metrics reuse it rather
     /// than read the clock again.
     pub now: Option<Micros>,
-    /// Hits the store could not decide while it decided the others (their shard
-    /// failed, or did not answer within the caller's wait, or their keys could not
-    /// be kept; only for hits whose fallback is [`Fallback::Admit`], or
-    /// [`Fallback::Local`] for a key not kept). `None`, and nothing allocated, when
-    /// every hit was decided.
+    /// Hits the store could not decide while it decided the others: their shard
+    /// failed, or did not answer within the caller's wait (only for hits whose
+    /// fallback is [`Fallback::Admit`]), or their keys could not be kept (any
+    /// fallback). `None`, and nothing allocated, when every hit was decided.
     pub failed: Option<Failed>,
 }
 
 /// The hits of a batch a store could not decide ([`Verdicts::failed`]). They were
 /// taken as admitted for the request's fate, so the others decided it: denied, it
 /// spent nothing anywhere; admitted, the others were spent. Their verdicts are
-/// placeholders, admitted with no limit in sight: nothing to show or remember.
+/// placeholders, admitted with no limit in sight: nothing to show or remember. A key
+/// not kept with [`Fallback::Deny`] is the exception: taken as denied, its verdict
+/// a denial that the limiter does not show either (it answers as a failed shard).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failed {
     /// Why the first of them could not be decided.

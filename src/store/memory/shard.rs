@@ -433,6 +433,12 @@ mod tests {
         closed.fallback = Fallback::Deny;
         let v = store.decide_now(std::slice::from_ref(&closed));
         assert!(!v.admitted);
+        // Not kept: named, for the limiter to answer as a failed shard.
+        let failed = v.failed.as_ref().expect("not kept");
+        assert_eq!(
+            (&failed.error, &failed.hits[..]),
+            (&StoreError::Full, &[0][..])
+        );
         // Room comes when the counter held ends its window.
         assert_eq!(v.verdicts[0].retry_after, 3 * HOUR / 4);
         assert_eq!(v.verdicts[0].remaining, 0);
@@ -462,6 +468,7 @@ mod tests {
         let v = store.decide_now(&[hit(&other, hourly, 1), refused]);
         assert!(!v.admitted);
         assert!(v.verdicts[0].admitted && !v.verdicts[1].admitted);
+        assert_eq!(v.failed.map(|f| f.hits), Some(vec![1]));
         assert_eq!(ask(&store, &other, hourly, 0).remaining, 4, "other spent");
     }
 
