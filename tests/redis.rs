@@ -3075,7 +3075,13 @@ async fn the_expire_cycle_is_checked_on_every_cluster_master() {
         .query_async(&mut cluster.nodes[0].conn().await)
         .await
         .unwrap();
-    let nodes = Cluster::new(&cluster.urls(), Duration::from_secs(1), None).expect("cluster");
+    let nodes = Cluster::new(
+        &cluster.urls(),
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        None,
+    )
+    .expect("cluster");
     let warnings = nodes.expire_warnings(Duration::from_millis(15)).await;
     assert_eq!(warnings.len(), 2, "{warnings:#?}");
     for node in &cluster.nodes[1..] {

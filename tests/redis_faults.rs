@@ -73,7 +73,16 @@ impl Fault {
     }
 
     async fn with(redis: RedisServer, store: &[&str], name: Option<&str>) -> Fault {
-        let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+        Self::with_timeout(redis, store, name, STORE_TIMEOUT).await
+    }
+
+    async fn with_timeout(
+        redis: RedisServer,
+        store: &[&str],
+        name: Option<&str>,
+        timeout: Duration,
+    ) -> Fault {
+        let timeout = format!("{}ms", timeout.as_millis());
         let mut args = vec!["--store-timeout", &timeout];
         args.extend_from_slice(store);
         let sluice = common::Server::start(POLICY, &args);
@@ -1146,6 +1155,25 @@ async fn an_idle_shard_stopped_reads_down_and_continued_reads_up_with_no_call() 
     let Some(mut f) = Fault::start(&[]).await else {
         return;
     };
+    f.redis.freeze();
+    f.until_quiet_down("timeout").await;
+    f.redis.thaw();
+    f.until_quiet_up().await;
+}
+
+/// With a store timeout past a second, the probes of a hung idle shard fail a
+/// timeout apart: they still make a streak and back it off (its calls are then
+/// answered by the failure mode at once rather than each waiting the timeout).
+#[tokio::test]
+async fn an_idle_shard_stopped_reads_down_with_a_store_timeout_past_a_second() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let redis = RedisServer::start_with(&[]).await;
+    let url = redis.url();
+    let timeout = Duration::from_millis(1500);
+    let mut f = Fault::with_timeout(redis, &["--redis", &url], None, timeout).await;
     f.redis.freeze();
     f.until_quiet_down("timeout").await;
     f.redis.thaw();

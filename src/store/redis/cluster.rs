@@ -34,6 +34,8 @@ pub struct Cluster {
     /// Per node that has served a slot, its health; added to, never cut.
     nodes: ArcSwap<Vec<Arc<Health>>>,
     report: Option<Arc<dyn Report>>,
+    /// How long a call waits, for its nodes' health ([`Health::with_call_timeout`]).
+    call_timeout: Duration,
     /// The seed nodes' `host:port`, for `/debug/store`.
     pub seeds: Vec<String>,
     /// Per script and master met, whether it is loaded there; added to, never cut.
@@ -141,6 +143,7 @@ impl Cluster {
     pub fn new(
         urls: &[String],
         timeout: Duration,
+        call_timeout: Duration,
         report: Option<Arc<dyn Report>>,
     ) -> Result<Cluster, ConfigError> {
         let targets = urls
@@ -150,9 +153,12 @@ impl Cluster {
         let router = Router::new(targets, timeout).ok_or(ConfigError::NoUrl)?;
         Ok(Cluster {
             router,
-            health: Arc::new(Health::new("cluster".to_string(), report.clone())),
+            health: Arc::new(
+                Health::new("cluster".to_string(), report.clone()).with_call_timeout(call_timeout),
+            ),
             nodes: ArcSwap::from_pointee(Vec::new()),
             report,
+            call_timeout,
             seeds: urls.iter().map(|u| shard_name(u)).collect(),
             loaded: Arc::new(ArcSwap::from_pointee(Vec::new())),
         })
@@ -209,7 +215,9 @@ impl Cluster {
         if let Some(h) = self.nodes.load().iter().find(|h| h.name == name) {
             return h.clone();
         }
-        let made = Arc::new(Health::new(name.to_string(), self.report.clone()));
+        let made = Arc::new(
+            Health::new(name.to_string(), self.report.clone()).with_call_timeout(self.call_timeout),
+        );
         let mut found = None;
         self.nodes.rcu(|nodes| {
             found = nodes.iter().find(|h| h.name == name).cloned();

@@ -5,7 +5,8 @@
 //!
 //! "Keeps failing" means at least [`FAILURES_TO_BACK_OFF`] outages (errors whose
 //! [`ErrorKind::is_outage`]) with no success in between and no gap of
-//! [`STALE_FAILURE`] between two of them, the streak lasting at least
+//! [`STALE_FAILURE`] (plus the call timeout: a hung shard's failures come at
+//! least that far apart) between two of them, the streak lasting at least
 //! [`MIN_FAILING`]. A count alone is not enough:
 //! one scheduling stall (a busy CPU) makes every call in flight time out at once, and
 //! that burst, followed by successes, says nothing about the shard. A dead or hung
@@ -103,6 +104,9 @@ pub struct Health {
     failing: AtomicBool,
     /// A call has succeeded since the last look for a probe: the shard needs none.
     answered: AtomicBool,
+    /// A failure this long after the previous one starts a new streak:
+    /// [`STALE_FAILURE`] plus the call timeout ([`Health::with_call_timeout`]).
+    stale: Duration,
     /// Decide calls last went by `FCALL` (else `EVALSHA`): what a trace names them.
     by_function: AtomicBool,
     state: Mutex<State>,
@@ -148,10 +152,19 @@ impl Health {
             down_until: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             answered: AtomicBool::new(false),
+            stale: STALE_FAILURE,
             by_function: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             report,
         }
+    }
+
+    /// Failures of calls that time out after `timeout` come at least that far
+    /// apart from one caller (a quiet replica, the probe): they still make a
+    /// streak, so a hung shard is backed off however long `--store-timeout` is.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.stale = STALE_FAILURE.saturating_add(timeout);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -263,7 +276,7 @@ impl Health {
         let until = self.down_until.load(Relaxed);
         let stale = s
             .last
-            .is_some_and(|last| now.saturating_duration_since(last) >= STALE_FAILURE);
+            .is_some_and(|last| now.saturating_duration_since(last) >= self.stale);
         if until == 0 && stale {
             s.failures = 0;
             s.since = None;
@@ -567,6 +580,33 @@ mod tests {
         // Failures continuing past the span from the burst still back off.
         h.failure_at(&StoreError::Timeout, later + MIN_FAILING);
         assert!(h.is_down());
+    }
+
+    /// A hung shard with a long store timeout, asked by one caller at a time (a
+    /// quiet replica, the probe): each failure comes a timeout after the last, yet
+    /// they make a streak and back it off, rather than each call waiting it out.
+    #[test]
+    fn failures_a_long_timeout_apart_still_make_a_streak() {
+        let timeout = Duration::from_secs(3);
+        let h = Health::new("s".into(), None).with_call_timeout(timeout);
+        let t0 = Instant::now();
+        for i in 0..3 {
+            assert!(!h.is_down(), "failure {i}");
+            h.failure_at(&StoreError::Timeout, t0 + (timeout + MS * 25) * i);
+        }
+        assert!(h.is_down());
+        // Without the timeout the same failures read as unrelated.
+        let h = Health::new("s".into(), None);
+        for i in 0..3 {
+            h.failure_at(&StoreError::Timeout, t0 + (timeout + MS * 25) * i);
+        }
+        assert!(!h.is_down());
+        // Still stale past the timeout plus STALE_FAILURE: nobody asked in between.
+        let h = Health::new("s".into(), None).with_call_timeout(timeout);
+        for i in 0..3 {
+            h.failure_at(&StoreError::Timeout, t0 + (timeout + STALE_FAILURE) * i);
+        }
+        assert!(!h.is_down());
     }
 
     /// What a shard reported, in order.

@@ -266,7 +266,8 @@ impl RedisStore {
         }
         let scripts = Scripts::default();
         let backend = if opts.cluster {
-            let cluster = Cluster::new(&opts.urls, opts.timeout, report.clone())?;
+            let cluster =
+                Cluster::new(&opts.urls, opts.timeout, opts.call_timeout, report.clone())?;
             cluster.warm(&scripts.decide);
             Backend::Cluster(Box::new(cluster))
         } else {
@@ -280,7 +281,10 @@ impl RedisStore {
                     if masters.iter().any(|m| m.name == name) {
                         return Err(ConfigError::DuplicateMaster(name));
                     }
-                    let health = Arc::new(Health::new(name.clone(), report.clone()));
+                    let health = Arc::new(
+                        Health::new(name.clone(), report.clone())
+                            .with_call_timeout(opts.call_timeout),
+                    );
                     // A new master ends the shard's back-off at once.
                     let found = health.clone();
                     let master = Master::spawn(
@@ -312,7 +316,10 @@ impl RedisStore {
             }
             for url in opts.urls.iter().filter(|_| opts.sentinels.is_empty()) {
                 let target = target(url, opts.timeout)?;
-                let health = Arc::new(Health::new(shard_name(url), report.clone()));
+                let health = Arc::new(
+                    Health::new(shard_name(url), report.clone())
+                        .with_call_timeout(opts.call_timeout),
+                );
                 let links = (0..coalesce::CALLS_IN_FLIGHT)
                     .map(|_| coalesce::Link::new(target.clone()))
                     .collect();
