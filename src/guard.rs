@@ -32,6 +32,8 @@ use tokio::time::{Instant, Sleep};
 pub struct Guarded {
     inner: Accept,
     slots: Arc<Semaphore>,
+    /// The cap, for the log.
+    max: usize,
     silence: Duration,
     refused: IntCounter,
 }
@@ -50,6 +52,7 @@ impl Guard {
         Guarded {
             inner: Accept::new(listener, port),
             slots: Arc::new(Semaphore::new(self.max.clamp(1, Semaphore::MAX_PERMITS))),
+            max: self.max,
             silence: self.silence,
             refused: self.refused.clone(),
         }
@@ -68,6 +71,7 @@ impl axum::serve::Listener for Guarded {
                 Err(_) => {
                     self.refused.inc();
                     drop(io);
+                    self.inner.refused(addr, "--http-max-connections", self.max);
                 }
             }
         }

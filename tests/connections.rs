@@ -173,6 +173,7 @@ async fn connections_beyond_the_maximum_are_refused() {
     third.write_all(PREFACE).await.unwrap();
     until_closed(&mut third, Duration::from_secs(5)).await;
     assert_eq!(closed(&server, "refused"), 1);
+    assert_eq!(refusals_logged(&server, "--grpc-max-connections").await, 1);
     // Once one goes, a new one is served.
     drop(a);
     eventually(Duration::from_secs(5), "one connection closed", || async {
@@ -223,6 +224,14 @@ async fn http_connections_are_capped_and_silent_ones_closed() {
         sample(&m, "sluice_http_connections_refused_total", &[]),
         Some(1.0)
     );
+    assert_eq!(refusals_logged(&server, "--http-max-connections").await, 1);
+}
+
+/// How many log lines so far say that connections past `flag` were refused.
+async fn refusals_logged(server: &Server, flag: &str) -> usize {
+    let said = format!("connection refused: {flag} are open");
+    let lines = server.lines_until_reload().await;
+    lines.iter().filter(|l| l.contains(&said)).count()
 }
 
 #[tokio::test]
@@ -380,6 +389,8 @@ async fn admin_connections_beyond_the_maximum_are_refused() {
     assert_eq!(r.overall_code, OK);
     assert_eq!(closed_on(&server, "admin", "refused"), 5);
     assert_eq!(closed(&server, "refused"), 0, "the gRPC port refused none");
+    // Logged once, not once per connection.
+    assert_eq!(refusals_logged(&server, "--admin-max-connections").await, 1);
     drop(held.pop());
     eventually(
         Duration::from_secs(5),

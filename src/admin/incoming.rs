@@ -39,7 +39,6 @@ pub struct Incoming {
     tls: Option<Arc<Tls>>,
     stats: Arc<Stats>,
     handshakes: JoinSet<Option<Conn>>,
-    warned: Option<Instant>,
 }
 
 impl Incoming {
@@ -52,7 +51,6 @@ impl Incoming {
             tls,
             stats,
             handshakes: JoinSet::new(),
-            warned: None,
         }
     }
 
@@ -63,14 +61,8 @@ impl Incoming {
                 (tcp, peer) = self.accept.accept() => {
                     let Ok(permit) = self.slots.clone().try_acquire_owned() else {
                         self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                        if self.warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
-                            self.warned = Some(Instant::now());
-                            tracing::warn!(
-                                %peer,
-                                max = self.limits.max_connections,
-                                "admin connection refused: --admin-max-connections are open"
-                            );
-                        }
+                        let max = self.limits.max_connections;
+                        self.accept.refused(peer, "--admin-max-connections", max);
                         continue;
                     };
                     let _ = tcp.set_nodelay(true);

@@ -2,7 +2,8 @@
 //! (`EMFILE`), the listening socket stays readable, so a loop that retries at once
 //! spins a core on failing `accept` calls and logs each one. Here a failed accept
 //! waits before the next, longer each time up to a bound, and the failures are
-//! logged at most once a second, counted.
+//! logged at most once a second, counted. Connections a port closes at once for
+//! its cap ([`Accept::refused`]) are logged at most once every ten seconds.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,6 +18,8 @@ const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// How often a lasting failure is logged.
 const LOG_EVERY: Duration = Duration::from_secs(1);
+/// How often connections refused for a port's cap are logged while it stays full.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A listener whose [`Accept::accept`] returns only connections: failures are
 /// waited out and logged.
@@ -25,6 +28,9 @@ pub struct Accept {
     listener: TcpListener,
     port: &'static str,
     failing: Option<Failing>,
+    /// When a refused connection was last logged, and how many were refused since.
+    refused_logged: Option<Instant>,
+    refused_unlogged: u64,
 }
 
 /// A run of failed accepts.
@@ -44,6 +50,29 @@ impl Accept {
             listener,
             port,
             failing: None,
+            refused_logged: None,
+            refused_unlogged: 0,
+        }
+    }
+
+    /// Logs a connection from `peer` closed at once because `max` are open (`flag`
+    /// sets the cap): at most once every ten seconds, with the number refused since.
+    pub fn refused(&mut self, peer: SocketAddr, flag: &'static str, max: usize) {
+        self.refused_unlogged += 1;
+        let now = Instant::now();
+        if self
+            .refused_logged
+            .is_none_or(|at| now.duration_since(at) >= REFUSED_LOG_EVERY)
+        {
+            tracing::warn!(
+                port = self.port,
+                %peer,
+                max,
+                refused = self.refused_unlogged,
+                "connection refused: {flag} are open"
+            );
+            self.refused_logged = Some(now);
+            self.refused_unlogged = 0;
         }
     }
 

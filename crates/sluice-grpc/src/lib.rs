@@ -19,7 +19,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -271,7 +271,6 @@ impl<H: Handler> Server<H> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut conns = JoinSet::new();
         let mut stop = pin!(stop);
-        let mut warned: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = &mut stop => break,
@@ -281,10 +280,7 @@ impl<H: Handler> Server<H> {
                         // tries another replica, and this one keeps its
                         // descriptors for the connections it has.
                         stats.refused.fetch_add(1, Ordering::Relaxed);
-                        if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(10)) {
-                            warned = Some(Instant::now());
-                            tracing::warn!(%peer, max, "gRPC connection refused: --grpc-max-connections are open");
-                        }
+                        listener.refused(peer, "--grpc-max-connections", max);
                         continue;
                     }
                     // Small gRPC frames must not wait on Nagle's algorithm (Envoy's
