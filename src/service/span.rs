@@ -50,7 +50,7 @@ impl Probe for StoreSpans<'_> {
 }
 
 /// What became of one descriptor, as `sluice_requests_total`'s `outcome` label says.
-fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
+pub(crate) fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
     let shadow = outcome.rule(s).is_some_and(|r| r.shadow_mode);
     match (&outcome.failure, s.verdict) {
         _ if s.rule.is_none() && s.limit_override.is_none() => "unmatched",
