@@ -216,6 +216,7 @@ fn decision(s: Sample) -> pb::Decision {
                 key: d.key,
                 code: code(d.over_limit),
                 remaining: d.remaining.unwrap_or(0),
+                outcome: d.outcome.to_string(),
             })
             .collect(),
         dropped: s.dropped,

@@ -50,7 +50,7 @@ impl Probe for StoreSpans<'_> {
 }
 
 /// What became of one descriptor, as `sluice_requests_total`'s `outcome` label says.
-fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
+pub(crate) fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
     let shadow = outcome.rule(s).is_some_and(|r| r.shadow_mode);
     match (&outcome.failure, s.verdict) {
         _ if s.rule.is_none() && s.limit_override.is_none() => "unmatched",
@@ -109,7 +109,20 @@ pub fn decision<'a>(
                 .statuses
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| Some((i, s.verdict?.remaining)))
+                .filter_map(|(i, s)| {
+                    let remaining = match s.verdict {
+                        Some(v) => v.remaining,
+                        // Answered by the failure mode (`open`): no room is left
+                        // of it, as its answer says.
+                        None if outcome.failure.is_some()
+                            && outcome.rule(s).is_some_and(|r| r.limit.is_some()) =>
+                        {
+                            0
+                        }
+                        None => return None,
+                    };
+                    Some((i, remaining))
+                })
                 .min_by_key(|(_, r)| *r)
                 .map(|(i, _)| i)
         });
@@ -456,6 +469,8 @@ mod tests {
         store: MemoryStore,
         probed: std::sync::atomic::AtomicUsize,
         plain: std::sync::atomic::AtomicUsize,
+        /// Every call fails, as a shard that refuses connections does.
+        down: std::sync::atomic::AtomicBool,
     }
 
     impl Board for Remote {}
@@ -477,6 +492,12 @@ mod tests {
             };
             self.probed
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::failed(
+                    crate::store::ErrorKind::Connection,
+                    "connect: refused",
+                ));
+            }
             let started = std::time::SystemTime::now();
             let result = self.store.decide(hits).await;
             probe.call(&StoreCall {
@@ -515,6 +536,7 @@ mod tests {
             store: MemoryStore::new(Arc::new(clock.clone()), 1000),
             probed: Default::default(),
             plain: Default::default(),
+            down: Default::default(),
         };
         let limiter = Limiter::new(policy, store, Default::default()).with_clock(Arc::new(clock));
         fixture_on(limiter, env)
@@ -563,6 +585,32 @@ mod tests {
             !text.contains(SECRET) && !text.contains("10.1.2.3"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_answered_by_the_failure_mode_names_the_rule_it_lifted() {
+        let f = remote_fixture(&[]);
+        let store = f.grpc.service.limiter.store();
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let answer = call(&f, &headers(&[("traceparent", PARENT)])).await;
+        assert_eq!(answer.overall_code, 1, "OK: the domain fails open");
+        let spans = exported(&f).await;
+        let server = spans
+            .iter()
+            .find(|s| s.span_kind == SpanKind::Server)
+            .unwrap();
+        // Both descriptors were lifted, with no room left: the first decides.
+        for (key, want) in [
+            ("ratelimit.outcome", Value::from("ok")),
+            ("ratelimit.failure_mode", Value::from("open")),
+            ("ratelimit.store", Value::from("redis")),
+            ("ratelimit.rule", Value::from("remote_address")),
+            ("ratelimit.descriptor.outcome", Value::from("failed_open")),
+            ("ratelimit.limit", Value::I64(100)),
+            ("ratelimit.hits", Value::I64(1)),
+        ] {
+            assert_eq!(attr(server, key), Some(want), "{key}");
+        }
     }
 
     #[tokio::test]

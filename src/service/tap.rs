@@ -42,6 +42,9 @@ pub struct Sampled {
     pub key: String,
     pub over_limit: bool,
     pub remaining: Option<u64>,
+    /// What became of it, as `sluice_requests_total`'s `outcome` label says
+    /// (`failed_open`, `failed_closed`: the failure mode answered).
+    pub outcome: &'static str,
 }
 
 /// What a watcher wants to see.
@@ -226,6 +229,7 @@ fn build<E: Entry>(
                 key: shown,
                 over_limit: s.over_limit,
                 remaining: s.verdict.map(|v| v.remaining),
+                outcome: super::span::outcome_of(outcome, s),
             }
         })
         .collect();
@@ -283,6 +287,43 @@ mod tests {
         drop(denied);
         drop(sub);
         assert!(!tap.watched(), "{offered} offered; every watcher left");
+    }
+
+    #[tokio::test]
+    async fn a_decision_the_failure_mode_answered_says_so() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let limiter = test_limiter(POLICY, &clock, Settings::default());
+        let tap = Arc::new(Tap::default());
+        let mut sub = tap.subscribe(Interest {
+            max_per_second: 100,
+            ..Interest::default()
+        });
+        let d = [Descriptor::new(&[("k", "a")][..], 1)];
+        let decided = limiter.decide("d", &d).await;
+        tap.offer("d", &d, &decided, Duration::ZERO, limiter.hashing());
+        // The same request when the store failed: no verdict, the mode answered.
+        for mode in [
+            crate::policy::FailureMode::Open,
+            crate::policy::FailureMode::Closed,
+        ] {
+            let mut failed = decided.clone();
+            failed.statuses[0].verdict = None;
+            failed.statuses[0].over_limit = mode == crate::policy::FailureMode::Closed;
+            failed.over_limit = failed.statuses[0].over_limit;
+            failed.failure = Some(crate::limiter::StoreFailure {
+                error: "store timed out".into(),
+                mode,
+                answer: Default::default(),
+                store: "redis",
+                partial: false,
+                full: false,
+            });
+            tap.offer("d", &d, &failed, Duration::ZERO, limiter.hashing());
+        }
+        let outcomes: Vec<&str> = std::iter::from_fn(|| sub.samples.try_recv().ok())
+            .map(|s| s.descriptors[0].outcome)
+            .collect();
+        assert_eq!(outcomes, ["ok", "failed_open", "failed_closed"]);
     }
 
     #[tokio::test]

@@ -17,6 +17,10 @@ pub trait Report: Send + Sync + 'static {
 
     /// A request was denied from a local cache of denials, without a store call.
     fn denial_cache_answer(&self);
+
+    /// A shard that had failed answered again (a call, or a probe that ends its
+    /// outage): once per recovery, never per request.
+    fn shard_answered(&self, _store: &str, _shard: &str) {}
 }
 
 /// Where a shard stands.

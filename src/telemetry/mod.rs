@@ -318,6 +318,9 @@ pub struct Metrics {
     /// When the failure mode last answered, on `clock`: the store counts as answering
     /// again only after [`record::STORE_QUIET`] without one.
     last_store_failure: AtomicU64,
+    /// A shard that had failed answered again since the last failure-mode answer:
+    /// the store's own word that an outage ended, when no decision came to say so.
+    store_answered: AtomicBool,
     refusing: AtomicBool,
 }
 
@@ -469,6 +472,7 @@ impl Metrics {
             store_failing: AtomicBool::new(false),
             failures_in_outage: AtomicU64::new(0),
             last_store_failure: AtomicU64::new(0),
+            store_answered: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
         }
     }
@@ -746,5 +750,9 @@ impl Report for Metrics {
     fn denial_cache_answer(&self) {
         let (count, owned) = self.store.cache_answer_stripes.local();
         striped::add(count, owned, 1);
+    }
+    /// Once per recovery of a shard: read by the next failure-mode answer.
+    fn shard_answered(&self, _store: &str, _shard: &str) {
+        self.store_answered.store(true, Ordering::Relaxed);
     }
 }

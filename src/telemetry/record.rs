@@ -432,7 +432,11 @@ impl Metrics {
     /// by itself: a cached denial, a `local` decision or a call to a shard that is
     /// up also come without one. So the store answers again once decisions have come
     /// [`STORE_QUIET`] without a failure-mode answer; when no decision came in that
-    /// time to say so, the next failure says it first, so each outage has its line.
+    /// time to say so but the store answered since the last failure (a decision
+    /// too soon after it, or a shard's word, `Report::shard_answered`), the next
+    /// failure says it first, so each outage has its line. A quiet second alone
+    /// (sparse traffic during one outage) says nothing: the store may never have
+    /// answered.
     fn store_health(&self, domain: &str, outcome: &Outcome) {
         match &outcome.failure {
             Some(f) => {
@@ -446,7 +450,13 @@ impl Metrics {
                 }
                 let now = self.clock.now();
                 let last = self.last_store_failure.swap(now, Ordering::Relaxed);
-                if now.saturating_sub(last) >= STORE_QUIET
+                // Read on every failure, written only after a recovery.
+                let answered = self.store_answered.load(Ordering::Relaxed);
+                if answered {
+                    self.store_answered.store(false, Ordering::Relaxed);
+                }
+                if answered
+                    && now.saturating_sub(last) >= STORE_QUIET
                     && self.store_failing.swap(false, Ordering::Relaxed)
                 {
                     tracing::info!(
@@ -476,20 +486,25 @@ impl Metrics {
                 }
             }
             None => {
-                if self.store_failing.load(Ordering::Relaxed)
-                    && !outcome.local
-                    && outcome.statuses.iter().any(|s| s.verdict.is_some())
-                    && self
-                        .clock
-                        .now()
-                        .saturating_sub(self.last_store_failure.load(Ordering::Relaxed))
-                        >= STORE_QUIET
-                    && self.store_failing.swap(false, Ordering::Relaxed)
+                if !self.store_failing.load(Ordering::Relaxed)
+                    || outcome.local
+                    || !outcome.statuses.iter().any(|s| s.verdict.is_some())
                 {
+                    return;
+                }
+                let quiet = self
+                    .clock
+                    .now()
+                    .saturating_sub(self.last_store_failure.load(Ordering::Relaxed))
+                    >= STORE_QUIET;
+                if quiet && self.store_failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(
                         failed_calls = self.failures_in_outage.swap(0, Ordering::Relaxed),
                         "store answering again"
                     );
+                } else if !quiet && !self.store_answered.load(Ordering::Relaxed) {
+                    // Too soon to say, but a failure a quiet second on may.
+                    self.store_answered.store(true, Ordering::Relaxed);
                 }
             }
         }

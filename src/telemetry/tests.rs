@@ -404,14 +404,28 @@ fn store_state_changes_are_logged_once_each() {
         for _ in 0..3 {
             m.record("d", &outcome(false), Duration::ZERO);
         }
-        // Another outage, over with no decision to see it end: the next one's
-        // failure says the store answered again before it says it fails.
+        // Another outage, over with no decision to see it end but its shard's
+        // word: the next one's failure says the store answered again before it
+        // says it fails.
         m.record("d", &outcome(true), Duration::ZERO);
+        crate::store::Report::shard_answered(&m, "redis", "10.0.0.1:6379");
         clock.advance(2 * SECOND);
+        m.record("d", &outcome(true), Duration::ZERO);
+        // That outage goes on with a request every two seconds and no shard
+        // answering: the store never answered, so the log says nothing more.
+        for _ in 0..5 {
+            clock.advance(2 * SECOND);
+            m.record("d", &outcome(true), Duration::ZERO);
+        }
+        // A decision from the store too soon after the last failure to end the
+        // outage, then nothing until the next: that one is an outage of its own.
+        clock.advance(SECOND / 2);
+        m.record("d", &outcome(false), Duration::ZERO);
+        clock.advance(10 * SECOND);
         m.record("d", &outcome(true), Duration::ZERO);
     });
     let lines = lines(&captured);
-    assert_eq!(lines.len(), 5, "{lines:?}");
+    assert_eq!(lines.len(), 7, "{lines:?}");
     assert!(lines[0].contains("store failing") && lines[0].contains("redis"));
     // Which domain's failure mode the line names: domains answer by their own.
     assert!(
@@ -423,11 +437,13 @@ fn store_state_changes_are_logged_once_each() {
     assert!(lines[2].contains("store failing"));
     assert!(lines[3].contains("store answering again") && lines[3].contains("failed_calls=1"));
     assert!(lines[4].contains("store failing"));
+    assert!(lines[5].contains("store answering again") && lines[5].contains("failed_calls=6"));
+    assert!(lines[6].contains("store failing"));
     assert!(m
         .render()
-        .contains(r#"sluice_store_failures_total{store="redis"} 7"#));
+        .contains(r#"sluice_store_failures_total{store="redis"} 13"#));
     assert!(m.render().contains(
-        r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 7"#
+        r#"sluice_requests_total{domain="d",layer="service",outcome="failed_open",rule="ip"} 13"#
     ));
 }
 

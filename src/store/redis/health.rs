@@ -227,6 +227,9 @@ impl Health {
         s.streak = Streak::default();
         self.down_until.store(0, Relaxed);
         self.failing.store(false, Relaxed);
+        if let Some(r) = &self.report {
+            r.shard_answered("redis", &self.name);
+        }
     }
 
     /// The shard's address changed (a new master after a failover): failures and a
@@ -627,6 +630,36 @@ mod tests {
                 .push(format!("{kind} {store} {shard}"));
         }
         fn denial_cache_answer(&self) {}
+        fn shard_answered(&self, store: &str, shard: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("answered {store} {shard}"));
+        }
+    }
+
+    #[test]
+    fn a_recovery_is_reported_once_and_a_healthy_success_never() {
+        let log = Arc::new(Log::default());
+        let h = Health::new("10.0.0.1:6379".into(), Some(log.clone()));
+        h.success();
+        h.failure(&down());
+        h.success();
+        h.success();
+        // A probe's PONG ends an outage a PING meets, and says so too.
+        h.failure(&down());
+        h.probed(&Ok(()), Instant::now());
+        h.success();
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "declared redis 10.0.0.1:6379",
+                "connection redis 10.0.0.1:6379",
+                "answered redis 10.0.0.1:6379",
+                "connection redis 10.0.0.1:6379",
+                "answered redis 10.0.0.1:6379",
+            ]
+        );
     }
 
     #[test]
