@@ -419,3 +419,38 @@ fn output_to_a_reader_that_stops_early_is_not_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
 }
+
+/// Two limits that replace each other both drop out, as in envoyproxy/ratelimit;
+/// explain still names, for each, the limit that replaced it.
+#[test]
+fn explain_names_the_replacing_limit_when_it_is_replaced_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(
+        &policy,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: y}]}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, name: y, replaces: [{name: x}]}\n",
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["explain", "--config"])
+        .arg(&policy)
+        .args(["--domain", "d", "a=1", "+", "b=1", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let ds = e["descriptors"].as_array().unwrap();
+    assert_eq!(
+        ds[0]["replacedBy"], "rule 'x' matched and is replaced by 'y'",
+        "{e:#}"
+    );
+    assert_eq!(
+        ds[1]["replacedBy"], "rule 'y' matched and is replaced by 'x'",
+        "{e:#}"
+    );
+}

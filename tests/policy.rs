@@ -649,3 +649,46 @@ fn the_conformance_corpus_loads_and_refuses_as_envoy_ratelimit_does() {
         assert!(errors.iter().any(|e| e.line.is_some()), "{errors:#?}");
     }
 }
+
+#[test]
+fn a_control_character_is_refused_with_its_line_not_read_as_the_end_of_the_file() {
+    // A NUL in the middle of a file (a corrupted copy, a crash mid-write) must not
+    // end the policy there and silently drop the rules after it, nor end up in a
+    // domain or key: YAML allows no control character but tab and line breaks, and
+    // envoyproxy/ratelimit's reader refuses them too.
+    let limit = "    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let text = format!("domain: api\ndescriptors:\n  - key: a\n{limit}  - key: b\0\0\n{limit}");
+    let errors = parse_str("nul.yaml", &text).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].to_string(),
+        "nul.yaml:5: control character U+0000 at column 11, which YAML does not allow (is the file corrupted?)"
+    );
+    let errors = parse_str("bell.yaml", "domain: \"api\u{7}\"\ndescriptors: []\n").unwrap_err();
+    assert_eq!(errors[0].line, Some(1));
+    assert!(
+        errors[0].message.contains("U+0007 at column 13"),
+        "{errors:#?}"
+    );
+    // Tabs, CRLF line ends, a byte-order mark and other characters are text.
+    let text = format!(
+        "\u{feff}domain: \"caf\u{e9}\t\u{1F600}\"\r\ndescriptors:\r\n  - key: a\r\n{limit}"
+    );
+    assert_eq!(parse_str("ok.yaml", &text).unwrap().len(), 1);
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_refused_with_the_line_and_column_of_its_first_bad_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("latin1.yaml");
+    std::fs::write(&path, b"domain: api\ndescriptors:\n  - key: caf\xe9\n").unwrap();
+    let errors = load_paths(std::slice::from_ref(&path)).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].to_string(),
+        format!(
+            "{}:3: not UTF-8: byte 0xE9 at column 13; save the file as UTF-8",
+            path.display()
+        )
+    );
+}

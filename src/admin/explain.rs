@@ -148,10 +148,13 @@ pub fn to_pb(
         }
         if let Some(replaced) = detail.replaced {
             let name = o.policy.rule(replaced).name.clone().unwrap_or_default();
+            // Among every rule the request matched, those replaced too: two limits
+            // that replace each other both drop out, and each names the other.
             let by = o
                 .statuses
                 .iter()
-                .filter_map(|s| o.rule(s))
+                .zip(&e.descriptors)
+                .filter_map(|(s, d)| o.rule(s).or(d.replaced.map(|id| o.policy.rule(id))))
                 .find(|r| r.replaces.contains(&name))
                 .map(|r| r.name.clone().unwrap_or_else(|| r.path.clone()))
                 .unwrap_or_default();

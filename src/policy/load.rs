@@ -67,8 +67,10 @@ impl Snapshot {
             per_path.push(found.len());
             for file in found {
                 let source = file.display().to_string();
-                let text =
-                    std::fs::read_to_string(&file).map_err(|e| listing.unreadable(&source, &e));
+                let text = match std::fs::read(&file) {
+                    Ok(bytes) => utf8(&source, bytes),
+                    Err(e) => Err(listing.unreadable(&source, &e)),
+                };
                 files.push((source, text));
             }
         }
@@ -267,6 +269,27 @@ impl Listing {
         }
         error
     }
+}
+
+/// A file's text, or where it stops being UTF-8: an editor's legacy encoding (a
+/// Latin-1 `é`) is found at its line rather than somewhere in the file.
+fn utf8(source: &str, bytes: Vec<u8>) -> Result<String, PolicyError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        // What precedes the bad byte is valid UTF-8.
+        let before = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        PolicyError {
+            file: source.to_string(),
+            line: Some(before.matches('\n').count() + 1),
+            message: format!(
+                "not UTF-8: byte 0x{:02X} at column {}; save the file as UTF-8",
+                bytes[at],
+                before[line_start..].chars().count() + 1
+            ),
+        }
+    })
 }
 
 fn is_yaml(path: &Path) -> bool {

@@ -31,6 +31,7 @@ pub(crate) fn load(text: &str) -> Result<Vec<Node>, YamlError> {
 fn load_capped(text: &str, max_nodes: usize) -> Result<Vec<Node>, YamlError> {
     // Editors on Windows may start a file with a byte-order mark; YAML allows it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    refuse_control_characters(text)?;
     let mut loader = Loader {
         parser: Parser::new_from_str(text),
         anchors: HashMap::new(),
@@ -52,6 +53,38 @@ fn load_capped(text: &str, max_nodes: usize) -> Result<Vec<Node>, YamlError> {
             _ => return Err(error(mark, "unexpected YAML event outside a document")),
         }
     }
+}
+
+/// Refuses the characters YAML does not allow in a stream: control characters but
+/// tab and line breaks (and NEL), and U+FFFE and U+FFFF. yaml-rust2 would read a NUL as the end
+/// of the text, so a corrupted file would load without the rules after it, and take
+/// other control characters into domains and keys. go-yaml (envoyproxy/ratelimit,
+/// kubectl) refuses them likewise.
+fn refuse_control_characters(text: &str) -> Result<(), YamlError> {
+    let allowed = |c: char| {
+        matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}')
+            || ('\u{a0}'..='\u{fffd}').contains(&c)
+            || c >= '\u{10000}'
+    };
+    let Some(at) = text.find(|c: char| !allowed(c)) else {
+        return Ok(());
+    };
+    let before = &text[..at];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let c = text[at..].chars().next().unwrap_or_default();
+    Err(YamlError {
+        line: Some(before.matches('\n').count() + 1),
+        message: format!(
+            "{} U+{:04X} at column {}, which YAML does not allow (is the file corrupted?)",
+            if c.is_control() {
+                "control character"
+            } else {
+                "character"
+            },
+            u32::from(c),
+            before[line_start..].chars().count() + 1
+        ),
+    })
 }
 
 struct Loader<'a> {
