@@ -11,12 +11,14 @@
 //! most the window sees every peak, and a value falls back at most two windows
 //! after it was last reported.
 //!
-//! Recording is one relaxed load and at most one relaxed store, on the thread's own
-//! stripe ([`striped`](super::striped)): a slot packs its period and its value into
-//! one `u64`, so a new period replaces the old value in the same store. A thread
-//! that shares its stripe with another may lose a higher value to a lower one of
-//! the same period (the runtime's workers own theirs, and a gauge of a level is
-//! corrected by the next answer).
+//! Recording is at most two loads and two stores, on the thread's own stripe
+//! ([`striped`](super::striped)): a slot holds its period and its value, whole (a
+//! key's debt adds up over charges past any 32 bits). A new period stores the value
+//! first and then, with release ordering, the period, so a reader that sees the new
+//! period sees its value; one that still sees the old period may see the new value a
+//! period early (a recent value either way). A thread that shares its stripe with
+//! another may lose a higher value to a lower one of the same period (the runtime's
+//! workers own theirs, and a gauge of a level is corrected by the next answer).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,15 +27,15 @@ use super::striped::Stripes;
 /// The highest value recorded in the current and the previous period.
 #[derive(Debug, Default)]
 pub struct Peak {
-    /// Per stripe, the slots of even and odd periods: `period << 32 | value`.
-    slots: Stripes<[AtomicU64; 2]>,
+    /// Per stripe, the slots of even and odd periods.
+    slots: Stripes<[Slot; 2]>,
 }
 
-/// Values are kept in 32 bits: limits and Envoy's `hits_addend` are `u32`.
-const VALUE: u64 = u32::MAX as u64;
-
-fn pack(period: u64, value: u64) -> u64 {
-    ((period & VALUE) << 32) | value.min(VALUE)
+/// One period's highest value.
+#[derive(Debug, Default)]
+struct Slot {
+    period: AtomicU64,
+    value: AtomicU64,
 }
 
 impl Peak {
@@ -41,22 +43,26 @@ impl Peak {
     pub fn record(&self, period: u64, value: u64) {
         let (slots, _) = self.slots.local();
         let slot = &slots[(period % 2) as usize];
-        let seen = slot.load(Ordering::Relaxed);
-        if seen >> 32 == period & VALUE && seen & VALUE >= value.min(VALUE) {
+        if slot.period.load(Ordering::Acquire) == period {
+            if slot.value.load(Ordering::Relaxed) < value {
+                slot.value.store(value, Ordering::Relaxed);
+            }
             return;
         }
-        slot.store(pack(period, value), Ordering::Relaxed);
+        slot.value.store(value, Ordering::Relaxed);
+        slot.period.store(period, Ordering::Release);
     }
 
     /// The highest value recorded in `period` or the one before; 0 if none.
     pub fn get(&self, period: u64) -> u64 {
-        let fresh = [period & VALUE, period.wrapping_sub(1) & VALUE];
         self.slots
             .iter()
             .flatten()
-            .map(|s| s.load(Ordering::Relaxed))
-            .filter(|s| fresh.contains(&(s >> 32)))
-            .map(|s| s & VALUE)
+            .filter(|s| {
+                let seen = s.period.load(Ordering::Acquire);
+                seen == period || seen == period.wrapping_sub(1)
+            })
+            .map(|s| s.value.load(Ordering::Relaxed))
             .max()
             .unwrap_or(0)
     }
@@ -97,12 +103,15 @@ mod tests {
     }
 
     #[test]
-    fn values_past_32_bits_read_as_the_largest() {
+    fn values_past_32_bits_read_whole() {
         let p = Peak::default();
-        p.record(1, u64::MAX);
-        assert_eq!(p.get(1), VALUE);
+        p.record(1, 5_000_000_000);
+        assert_eq!(p.get(1), 5_000_000_000);
         p.record(1, 5);
-        assert_eq!(p.get(1), VALUE);
+        p.record(2, u64::MAX);
+        assert_eq!(p.get(2), u64::MAX);
+        assert_eq!(p.get(3), u64::MAX);
+        assert_eq!(p.get(4), 0);
     }
 
     #[test]

@@ -631,6 +631,35 @@ descriptors:
     assert_eq!(gauge(&m.render(), "sluice_debt").as_deref(), Some("0"));
 }
 
+/// Envoy sends at most 10^9 hits a charge, but a key's debt adds up over charges
+/// (a bytes budget soon owes billions): the gauge shows it exactly, not 2^32 - 1.
+#[tokio::test]
+async fn debt_past_four_billion_hits_shows_exactly() {
+    let policy = "domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: fixed_window}
+";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone()));
+    let entries = [("api_key", "k")];
+    for _ in 0..5 {
+        let d = Descriptor {
+            spend: Spend::Always,
+            ..Descriptor::new(&entries[..], 1_000_000_000)
+        };
+        let o = l.decide("d", &[d]).await;
+        m.record("d", &o, Duration::from_micros(10));
+    }
+    let text = m.render();
+    assert_eq!(
+        gauge(&text, "sluice_debt").as_deref(),
+        Some("4999999000"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn costs_past_the_largest_number_show_the_largest_number() {
     let policy = "domain: d

@@ -14,6 +14,7 @@
 #   - reservations of 50 that each cost 10: six are served (the refunds give the
 #     estimates back), the seventh finds no room for its estimate
 #   - sluice_cost_total counts the tokens spent and refunded per rule
+#   - a response whose cost is not a number is charged nothing
 # The stream-end call reaches Sluice after the response reaches curl: each step waits
 # (with a deadline) for Sluice's metrics to show the charge before the next request.
 #
@@ -119,6 +120,20 @@ else
 fi
 c=$(req /llm tenant-b 60)
 [ "$c" = 200 ] && ok "overshoot: another key is still served" || bad "overshoot: another key got $c"
+
+# A response whose cost is not a number (or is missing) is charged nothing: Envoy
+# makes no stream-end call (docs/costs.md). The next response's 30 is the only charge.
+before=$(cost api_key spent)
+c1=$(req /llm tenant-n abc)
+c2=$(req /llm tenant-n 30)
+if [ "$c1 $c2" = "200 200" ] &&
+    wait_for "the charge of 30" 10 charged api_key spent $((before + 30)); then
+    after=$(cost api_key spent)
+    [ "$after" = $((before + 30)) ] && ok "not a number: a cost of 'abc' is charged nothing, 30 is charged 30" ||
+        bad "not a number: spent went from $before to $after, want $((before + 30))"
+else
+    bad "not a number: got '$c1 $c2', or the charge of 30 never reached sluice"
+fi
 
 # --- 2. reservations: 50 before, the 50 back and the actual 10 after -------------------
 codes=""
