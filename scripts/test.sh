@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 
-log() { printf '==> %s\n' "$*"; }
+# Each step says when it began, in seconds since the start, so a slow step shows.
+log() { printf '==> [%ss] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 
 # --- Long installs, in the background: the manual's builder and cargo-deny ----------
 # From crates.io when missing, built while the rest installs and compiles, waited for
