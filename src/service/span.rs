@@ -97,6 +97,10 @@ pub fn decision<'a>(
     if let Some(f) = &outcome.failure {
         call.set("ratelimit.failure_mode", f.mode.as_str());
         call.set("ratelimit.store", f.store);
+    } else if outcome.local {
+        // Only a Redis outage has a domain decide in memory.
+        call.set("ratelimit.failure_mode", "local");
+        call.set("ratelimit.store", "redis");
     }
     // The descriptor that decided: the first one over its limit, else the one with
     // the least room left.
@@ -528,8 +532,12 @@ mod tests {
     }
 
     fn remote_fixture(env: &[(&str, &str)]) -> Fixture<Remote> {
+        remote_fixture_of(POLICY, env)
+    }
+
+    fn remote_fixture_of(policy: &str, env: &[(&str, &str)]) -> Fixture<Remote> {
         let clock = ManualClock::new(1_000 * crate::algorithm::SECOND);
-        let docs = crate::policy::parse_str("p.yaml", POLICY).expect("parses");
+        let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
         let policy = crate::policy::compile(docs).expect("compiles");
         let policy = Arc::new(arc_swap::ArcSwap::from_pointee(policy));
         let store = Remote {
@@ -611,6 +619,27 @@ mod tests {
         ] {
             assert_eq!(attr(server, key), Some(want), "{key}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_call_decided_in_memory_during_an_outage_says_so() {
+        let policy = format!("failure_mode: local\n{POLICY}");
+        let f = remote_fixture_of(&policy, &[]);
+        let store = f.grpc.service.limiter.store();
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Answered from this replica's share of the limits (the share of 2 a
+        // minute, over the replicas assumed, is none: denied).
+        call(&f, &headers(&[("traceparent", PARENT)])).await;
+        let spans = exported(&f).await;
+        let server = spans
+            .iter()
+            .find(|s| s.span_kind == SpanKind::Server)
+            .unwrap();
+        assert_eq!(
+            attr(server, "ratelimit.failure_mode"),
+            Some(Value::from("local"))
+        );
+        assert_eq!(attr(server, "ratelimit.store"), Some(Value::from("redis")));
     }
 
     #[tokio::test]
