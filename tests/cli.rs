@@ -378,6 +378,33 @@ fn a_buffered_bound_below_the_largest_request_is_refused() {
     );
 }
 
+/// A key prefix only means something on Redis: without a Redis store it would be
+/// ignored, so it is refused, and a bad one is refused naming its own flag.
+#[test]
+fn a_key_prefix_needs_a_redis_store_and_a_bad_one_names_its_flag() {
+    for (args, env) in [
+        (&["--redis-key-prefix", "fleet-a:"][..], &[][..]),
+        (&[][..], &[("SLUICE_REDIS_KEY_PREFIX", "fleet-a:")][..]),
+    ] {
+        let err = serve_refusal(args, env);
+        assert!(
+            err.contains("required arguments were not provided")
+                && err.contains("--redis-key-prefix")
+                && err.contains("--redis <REDIS>|--redis-cluster <REDIS_CLUSTER>|--redis-sentinel"),
+            "{args:?} {env:?}: {err}"
+        );
+    }
+    let err = serve_refusal(
+        &["--redis", "redis://127.0.0.1:1", "--redis-key-prefix={x"],
+        &[],
+    );
+    assert!(
+        err.starts_with("error: invalid value '{x' for '--redis-key-prefix")
+            && err.contains("must not contain '{'"),
+        "{err}"
+    );
+}
+
 #[test]
 fn hash_keys_without_a_secret_refuses_to_start_and_says_why() {
     let err = serve_refusal(&["--hash-keys"], &[]);

@@ -196,6 +196,39 @@ async fn sighup_reads_the_files_at_once_and_keeps_serving() {
     assert!(server.try_exit().is_none(), "SIGHUP ended the process");
 }
 
+/// A reload that brings two resources of one name and namespace (which `kubectl
+/// apply` would collapse into one) is refused, and the last good policy serves on.
+#[tokio::test]
+async fn a_reload_with_two_resources_of_one_name_keeps_the_last_good_policy() {
+    let mut server = Server::start(&policy(5), &["--reload-interval", "1h"]);
+    let resource = |domain: &str, rpu: u32| {
+        format!(
+            "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\n\
+             metadata: {{name: a, namespace: shop}}\nspec:\n  domain: {domain}\n  \
+             descriptors:\n    - key: k\n      rateLimit: {{unit: minute, requestsPerUnit: {rpu}}}\n"
+        )
+    };
+    let path = server.policy_path();
+    write_atomic(
+        &path,
+        &format!("{}---\n{}", resource("cm", 50), resource("other", 50)),
+    );
+    server.signal(libc::SIGHUP);
+    server
+        .wait_line(Duration::from_secs(5), "the reload refused", |l| {
+            l.contains("policy refused") && l.contains("duplicate RateLimitPolicy 'a'")
+        })
+        .await;
+    let mut c = server.client().await;
+    let r = call(&mut c, request("cm", vec![desc_hits(&[("k", "v")], 0)])).await;
+    let served = r.statuses[0].current_limit.as_ref();
+    assert_eq!(served.map(|l| l.requests_per_unit), Some(5), "{r:?}");
+    assert!(
+        server.try_exit().is_none(),
+        "the refused reload ended the process"
+    );
+}
+
 /// A poll that cannot open the files because the process is out of file descriptors
 /// says nothing of the files: it is not a refused policy (which would tell the
 /// operator to fix a file that is fine and fire SluicePolicyReloadRefused), and the

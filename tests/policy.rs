@@ -395,6 +395,66 @@ fn the_same_path_in_two_files_names_both() {
     );
 }
 
+/// A `RateLimitPolicy` resource named `name` (in `namespace`, if any) for `domain`.
+fn resource(name: &str, namespace: Option<&str>, domain: &str) -> String {
+    let ns = namespace.map_or(String::new(), |ns| format!(", namespace: {ns}"));
+    format!(
+        "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: {name}{ns}}}\n\
+         spec:\n  domain: {domain}\n  descriptors:\n    - key: k\n      \
+         rateLimit: {{unit: second, requestsPerUnit: 1}}\n"
+    )
+}
+
+/// `kubectl apply` keeps one object per namespace and name: two resources of the
+/// same name in the files would load in sluice but not in Kubernetes, so they are
+/// refused, naming both places.
+#[test]
+fn two_resources_of_one_name_and_namespace_are_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.yaml");
+    std::fs::write(
+        &one,
+        format!(
+            "{}---\n{}",
+            resource("a", Some("shop"), "api"),
+            resource("a", Some("shop"), "api2")
+        ),
+    )
+    .unwrap();
+    let errors = load_paths(std::slice::from_ref(&one)).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].to_string(),
+        format!(
+            "{0}:10: duplicate RateLimitPolicy 'a' (namespace 'shop'): already defined at \
+             {0}:1; kubectl apply would keep only the last one",
+            one.display()
+        )
+    );
+
+    // Across files (and directories) of one --config, without a namespace too.
+    let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+    std::fs::write(&a, resource("p", None, "dx")).unwrap();
+    std::fs::write(&b, resource("p", None, "dy")).unwrap();
+    let errors = load_paths(&[a.clone(), b.clone()]).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].file, b.display().to_string());
+    assert!(
+        errors[0].message.contains("'p' (no namespace)")
+            && errors[0].message.contains(&format!("{}:1", a.display())),
+        "{}",
+        errors[0].message
+    );
+
+    // Another namespace is another object. A resource without a namespace goes
+    // wherever kubectl's context says, so it is told apart from every named one.
+    std::fs::write(&b, resource("p", Some("shop"), "dy")).unwrap();
+    let c = dir.path().join("c.yaml");
+    std::fs::write(&c, resource("p", Some("default"), "dz")).unwrap();
+    let (policy, _) = load_paths(&[a, b, c]).unwrap();
+    assert_eq!(policy.domains.len(), 3);
+}
+
 #[test]
 fn conflicting_domain_settings_are_refused() {
     let errors = errors_of(&["conflict/mode_open.yaml", "conflict/mode_closed.yaml"]);

@@ -78,6 +78,12 @@ pub struct XdsArgs {
 /// Where the counters live: in memory, or on Redis.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Counters")]
+// The flags that put the counters on Redis, which every other `--redis-*` flag needs.
+#[command(group(
+    clap::ArgGroup::new("redis_store")
+        .args(["redis", "redis_cluster", "redis_sentinel"])
+        .multiple(true)
+))]
 pub struct StoreArgs {
     /// Standalone Redis shards (URL,URL,...). Without it counters live in memory.
     #[arg(long, env = "SLUICE_REDIS", value_delimiter = ',')]
@@ -111,8 +117,14 @@ pub struct StoreArgs {
     )]
     pub redis_sentinel_master: Vec<String>,
     /// Prepended to every Redis key, so that several sluice fleets can share one
-    /// Redis (no `{`).
-    #[arg(long, env = "SLUICE_REDIS_KEY_PREFIX", default_value = "sluice:")]
+    /// Redis (no `{`). Only with --redis, --redis-cluster or --redis-sentinel.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_KEY_PREFIX",
+        default_value = "sluice:",
+        requires = "redis_store",
+        value_parser = parse_key_prefix
+    )]
     pub redis_key_prefix: String,
     /// Longest wait for the counter store before the failure mode decides.
     #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]

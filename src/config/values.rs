@@ -80,6 +80,16 @@ pub(super) fn parse_max_keys(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--redis-key-prefix`: no `{`, since the placement after it is the key's hash tag.
+pub(super) fn parse_key_prefix(s: &str) -> Result<String, String> {
+    if s.contains('{') {
+        return Err(format!(
+            "'{s}': the key prefix must not contain '{{' (the placement after it is the hash tag)"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// `--local-share-advertise`: HOST:PORT, where the peers reach this replica's HTTP
 /// port, or an IPv6 address and a port joined by `:` without brackets. No scheme,
 /// path or `@` (the heartbeat set's member separates the id from the address by it).

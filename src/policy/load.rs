@@ -4,10 +4,11 @@
 //! way: a mounted ConfigMap keeps its real files in `..2024_…` behind a `..data`
 //! link, and its visible files are links through `..data`, which are followed.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use super::model::Document;
+use super::model::{Document, DocumentKind};
 use super::parse::parse_partial;
 use super::{compile, Policy, PolicyError};
 
@@ -138,6 +139,7 @@ impl Snapshot {
                 Err(e) => errors.push(e.clone()),
             }
         }
+        errors.extend(duplicate_resources(&docs));
         (docs, errors)
     }
 
@@ -153,6 +155,43 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Resources that share `metadata.name` and `metadata.namespace`: `kubectl apply`
+/// keeps only the last of them, so loading both would make the files say one thing
+/// to sluice and another to Kubernetes. Each is refused naming the first. A resource
+/// without a namespace is keyed as written: it matches only others without one.
+fn duplicate_resources(docs: &[Document]) -> Vec<PolicyError> {
+    let mut first: HashMap<(Option<&str>, &str), &Document> = HashMap::new();
+    let mut errors = Vec::new();
+    for doc in docs {
+        let DocumentKind::Resource { namespace, name } = &doc.kind else {
+            continue;
+        };
+        let prev = *first
+            .entry((namespace.as_deref(), name.as_str()))
+            .or_insert(doc);
+        if std::ptr::eq(prev, doc) {
+            continue;
+        }
+        let at = match prev.line {
+            Some(line) => format!("{}:{line}", prev.source),
+            None => prev.source.clone(),
+        };
+        let namespace = match namespace {
+            Some(ns) => format!("namespace '{ns}'"),
+            None => "no namespace".to_string(),
+        };
+        errors.push(PolicyError {
+            file: doc.source.clone(),
+            line: doc.line,
+            message: format!(
+                "duplicate RateLimitPolicy '{name}' ({namespace}): already defined at {at}; \
+                 kubectl apply would keep only the last one"
+            ),
+        });
+    }
+    errors
 }
 
 /// What listing the paths found besides their files.
