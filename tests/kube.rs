@@ -191,7 +191,12 @@ impl Cluster {
     }
 
     fn must(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args, None);
+        self.must_with(args, "")
+    }
+
+    /// As [`Cluster::must`], with `stdin` as kubectl's input.
+    fn must_with(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.kubectl(args, Some(stdin));
         assert!(
             out.status.success(),
             "kubectl {args:?} failed: {}",
@@ -948,6 +953,69 @@ async fn the_replica_count_follows_the_services_endpoint_slices() {
     wait_metric(&sluice, FAILING, 0.0).await;
     wait_metric(&lonely, FAILING, 0.0).await;
     assert_eq!(share(&sluice), (3, "kubernetes".to_string()));
+}
+
+/// Many policies arriving or leaving at once (a team's manifests applied, a
+/// namespace deleted) do not hold back an edit made right after: the edit takes
+/// effect within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_after_a_burst_of_policies_takes_effect_within_2_s() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    let crd = repo().join("crds/ratelimitpolicies.yaml");
+    k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
+    k.wait_established("ratelimitpolicies.sluice.dev").await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "edit", "ops", "user", 2),
+    )
+    .await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    wait_limit(&server, "ops", "user", Some(2), Duration::from_secs(15)).await;
+
+    const BURST: usize = 400;
+    let burst: String = (0..BURST)
+        .map(|i| {
+            let name = format!("p{i}");
+            let domain = format!("d{i}");
+            format!("---\n{}", per_minute("burst", &name, &domain, "user", 5))
+        })
+        .collect();
+    k.must_with(&["create", "--validate=false", "-f", "-"], &burst);
+    // kubectl has returned: every policy of the burst is stored, and sluice may
+    // still be working through their events.
+    k.apply(&per_minute("ops", "edit", "ops", "user", 3))
+        .expect("the edit applies");
+    wait_limit(&server, "ops", "user", Some(3), TWO_S).await;
+    k.wait_accepted("ops", "edit", "True/Accepted", STATUS)
+        .await;
+    // The burst itself is served, and every policy gets its status.
+    let last = format!("d{}", BURST - 1);
+    wait_limit(&server, &last, "user", Some(5), Duration::from_secs(60)).await;
+    let name = format!("p{}", BURST - 1);
+    k.wait_accepted("burst", &name, "True/Accepted", Duration::from_secs(60))
+        .await;
+    wait_limit(&server, "d0", "user", Some(5), TWO_S).await;
+    k.wait_accepted("burst", "p0", "True/Accepted", STATUS)
+        .await;
+
+    // The whole namespace's policies deleted in one call, as deleting a namespace
+    // does: every delete event arrives at once.
+    k.must(&[
+        "delete",
+        "ratelimitpolicies.sluice.dev",
+        "--all",
+        "-n",
+        "burst",
+        "--wait=false",
+    ]);
+    k.apply(&per_minute("ops", "edit", "ops", "user", 4))
+        .expect("the edit applies");
+    wait_limit(&server, "ops", "user", Some(4), TWO_S).await;
+    wait_limit(&server, &last, "user", None, TWO_S).await;
+    wait_limit(&server, "d0", "user", None, TWO_S).await;
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
@@ -100,57 +100,38 @@ impl KubeSource {
         let mut listing: Option<BTreeMap<String, Tracked>> = None;
         let mut failing = false;
         let mut listed = false;
+        // Statuses left to write when the last round ran out of its time.
+        let mut more = false;
         loop {
             let mut changed = false;
             tokio::select! {
+                // Events before statuses: a policy's change must not wait for the
+                // statuses of a burst of others.
+                biased;
                 _ = &mut shutdown => return,
-                event = stream.next() => match event {
-                    None => {
+                event = stream.next() => {
+                    let Some(event) = event else {
                         tracing::error!("the RateLimitPolicy watch ended; Kubernetes policies are no longer updated");
                         return;
-                    }
-                    Some(Err(e)) => {
-                        log_watch_error(&e, &scope, failing);
-                        failing = true;
-                        // A list cut short is started again from scratch.
-                        listing = None;
-                        if let Some(tx) = first.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Some(Ok(event)) => {
-                        if failing {
-                            tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
-                            failing = false;
-                        }
-                        match event {
-                            // Dropped by backed_off(); a new list starts empty anyway.
-                            Event::Init => listing = None,
-                            Event::InitApply(obj) => {
-                                let (key, t) = track(obj, &objects);
-                                listing.get_or_insert_with(BTreeMap::new).insert(key, t);
-                            }
-                            Event::InitDone => {
-                                let list = listing.take().unwrap_or_default();
-                                tracing::info!(policies = list.len(), scope = %scope, "RateLimitPolicy objects listed");
-                                changed = differs(&objects, &list) || objects.is_empty();
-                                objects = list;
-                                listed = true;
-                            }
-                            Event::Apply(obj) => {
-                                let (key, t) = track(obj, &objects);
-                                changed = objects.get(&key).is_none_or(|old| old.candidate != t.candidate);
-                                objects.insert(key, t);
-                            }
-                            Event::Delete(obj) => {
-                                let key = key_of(&obj);
-                                tracing::info!(policy = %key, "RateLimitPolicy deleted");
-                                changed = objects.remove(&key).is_some();
-                            }
-                        }
+                    };
+                    let mut watch = Watch {
+                        objects: &mut objects,
+                        listing: &mut listing,
+                        failing: &mut failing,
+                        listed: &mut listed,
+                        first: &mut first,
+                        scope: &scope,
+                    };
+                    changed = watch.take(event);
+                    // Every event already waiting is taken before compiling: a
+                    // burst (a namespace's policies deleted at once, many applied
+                    // together) compiles once, not once per object.
+                    while let Some(Some(event)) = stream.next().now_or_never() {
+                        changed |= watch.take(event);
                     }
                 },
                 Ok(()) = outcomes.changed() => {}
+                _ = std::future::ready(()), if more => {}
                 _ = retry.tick() => {}
             }
             if changed {
@@ -163,7 +144,7 @@ impl KubeSource {
                 }
             }
             let latest = outcomes.borrow_and_update().clone();
-            self.write_statuses(&mut objects, &latest).await;
+            more = self.write_statuses(&mut objects, &latest).await;
         }
     }
 
@@ -180,12 +161,22 @@ impl KubeSource {
     /// the status (True/False) does not change, and is left out of the comparison.
     /// A failed patch is retried on the next event or every 5 s.
     ///
+    /// Writing stops after [`STATUS_ROUND`] so that waiting events are taken first;
+    /// it returns true when statuses are left to write (and the API server is
+    /// taking them), to be called again at once.
+    ///
     /// This holds for replicas of one Deployment, which share their flags and
     /// files (at the same paths: a `Conflicted` message may name a file). Two differently configured instances watching the same objects (say,
     /// one with `--kube-namespace` and one without, or different `--shared-domains`)
     /// can reach different verdicts and would overwrite each other's status: give
     /// such instances disjoint namespaces.
-    async fn write_statuses(&self, objects: &mut BTreeMap<String, Tracked>, outcomes: &Outcomes) {
+    async fn write_statuses(
+        &self,
+        objects: &mut BTreeMap<String, Tracked>,
+        outcomes: &Outcomes,
+    ) -> bool {
+        let started = tokio::time::Instant::now();
+        let mut written = false;
         for (key, t) in objects.iter_mut() {
             let Some(outcome) = outcomes.get(key) else {
                 continue;
@@ -196,6 +187,9 @@ impl KubeSource {
             let wanted = condition(&outcome.verdict, outcome.generation);
             if t.stored.as_ref().is_some_and(|s| same(s, &wanted)) {
                 continue;
+            }
+            if written && started.elapsed() >= STATUS_ROUND {
+                return true;
             }
             let mut patch_cond = wanted.clone();
             patch_cond.last_transition_time = match &t.stored {
@@ -228,11 +222,87 @@ impl KubeSource {
                         ),
                     }
                     t.stored = Some(patch_cond);
+                    written = true;
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
                 }
                 Err(_) => tracing::warn!(policy = %key, "writing status timed out; will retry"),
+            }
+        }
+        false
+    }
+}
+
+/// How long one round of status writes may run before waiting events are taken.
+const STATUS_ROUND: Duration = Duration::from_millis(250);
+
+/// The watch's state, as one event changes it.
+struct Watch<'a> {
+    objects: &'a mut BTreeMap<String, Tracked>,
+    /// A re-list in progress: replaces `objects` once complete.
+    listing: &'a mut Option<BTreeMap<String, Tracked>>,
+    failing: &'a mut bool,
+    listed: &'a mut bool,
+    first: &'a mut Option<oneshot::Sender<()>>,
+    scope: &'a str,
+}
+
+impl Watch<'_> {
+    /// Takes one event; true when the policies to serve changed.
+    fn take(&mut self, event: Result<Event<DynamicObject>, watcher::Error>) -> bool {
+        let scope = self.scope;
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                log_watch_error(&e, scope, *self.failing);
+                *self.failing = true;
+                // A list cut short is started again from scratch.
+                *self.listing = None;
+                if let Some(tx) = self.first.take() {
+                    let _ = tx.send(());
+                }
+                return false;
+            }
+        };
+        if *self.failing {
+            tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
+            *self.failing = false;
+        }
+        match event {
+            // Dropped by backed_off(); a new list starts empty anyway.
+            Event::Init => {
+                *self.listing = None;
+                false
+            }
+            Event::InitApply(obj) => {
+                let (key, t) = track(obj, self.objects);
+                self.listing
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key, t);
+                false
+            }
+            Event::InitDone => {
+                let list = self.listing.take().unwrap_or_default();
+                tracing::info!(policies = list.len(), scope = %scope, "RateLimitPolicy objects listed");
+                let changed = differs(self.objects, &list) || self.objects.is_empty();
+                *self.objects = list;
+                *self.listed = true;
+                changed
+            }
+            Event::Apply(obj) => {
+                let (key, t) = track(obj, self.objects);
+                let changed = self
+                    .objects
+                    .get(&key)
+                    .is_none_or(|old| old.candidate != t.candidate);
+                self.objects.insert(key, t);
+                changed
+            }
+            Event::Delete(obj) => {
+                let key = key_of(&obj);
+                tracing::info!(policy = %key, "RateLimitPolicy deleted");
+                self.objects.remove(&key).is_some()
             }
         }
     }
@@ -398,9 +468,12 @@ where
     S: Stream<Item = Result<Event<DynamicObject>, watcher::Error>>,
     B: Backoff,
 {
+    // Fused: the loop takes waiting events until none is ready, and may poll it
+    // again after an end.
     events
         .filter(|e| std::future::ready(!matches!(e, Ok(Event::Init))))
         .backoff(backoff)
+        .fuse()
 }
 
 /// 0.5 s doubling to 5 s, reset after a success.
