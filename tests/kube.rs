@@ -1018,6 +1018,82 @@ async fn an_edit_after_a_burst_of_policies_takes_effect_within_2_s() {
     wait_limit(&server, "d0", "user", None, TWO_S).await;
 }
 
+/// Statuses sluice cannot write while the API server is away (here: policies a
+/// file now clashes with) are retried until it is back; the log says once that it
+/// cannot reach the API server, not once per policy and retry, and once that it
+/// writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_once() {
+    let Some(mut k) = Cluster::start() else {
+        return;
+    };
+    let crd = repo().join("crds/ratelimitpolicies.yaml");
+    k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
+    k.wait_established("ratelimitpolicies.sluice.dev").await;
+    let names = ["a", "b", "c"];
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    for name in &names[1..] {
+        k.apply(&per_minute("ops", name, &format!("d{name}"), "user", 2))
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("files.yaml");
+    std::fs::write(&file, "domain: other\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n").unwrap();
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(dir, std::slice::from_ref(&file), &["--kube"], &env);
+    for name in names {
+        k.wait_accepted("ops", name, "True/Accepted", Duration::from_secs(15))
+            .await;
+    }
+
+    let port = k.var("KUBE_APISERVER_PORT");
+    let etcd = k.var("ETCD_CLIENT_PORT");
+    let peer = k.var("ETCD_PEER_PORT");
+    k.stop();
+    // The file takes the three domains: each policy is now Conflicted, which sluice
+    // cannot write yet.
+    let clash: String = names
+        .iter()
+        .map(|n| format!("---\ndomain: d{n}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 7}}\n"))
+        .collect();
+    write_atomic(&file, &clash);
+    wait_limit(&server, "dc", "user", Some(7), Duration::from_secs(15)).await;
+    let mut lines = server
+        .wait_line(Duration::from_secs(30), "the API server unreachable", |l| {
+            l.contains("cannot reach the API server")
+        })
+        .await;
+    k.run_script(&[
+        ("SLUICE_KUBE_APISERVER_PORT", &port),
+        ("SLUICE_ETCD_CLIENT_PORT", &etcd),
+        ("SLUICE_ETCD_PEER_PORT", &peer),
+    ]);
+    lines.extend(
+        server
+            .wait_line(Duration::from_secs(60), "statuses written again", |l| {
+                l.contains("writing RateLimitPolicy statuses again")
+            })
+            .await,
+    );
+    for name in names {
+        k.wait_accepted("ops", name, "False/Conflicted", STATUS)
+            .await;
+    }
+    lines.extend(server.drain_lines());
+    let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(count("cannot reach the API server"), 1, "{lines:#?}");
+    assert_eq!(count("cannot write status"), 0, "{lines:#?}");
+    assert_eq!(
+        count("writing RateLimitPolicy statuses again"),
+        1,
+        "{lines:#?}"
+    );
+}
+
 #[test]
 fn committed_crd_is_what_sluice_crd_prints() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

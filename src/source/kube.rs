@@ -102,6 +102,8 @@ impl KubeSource {
         let mut listed = false;
         // Statuses left to write when the last round ran out of its time.
         let mut more = false;
+        // Status writes cannot reach the API server: said once, until one succeeds.
+        let mut unreachable = false;
         loop {
             let mut changed = false;
             tokio::select! {
@@ -144,7 +146,9 @@ impl KubeSource {
                 }
             }
             let latest = outcomes.borrow_and_update().clone();
-            more = self.write_statuses(&mut objects, &latest).await;
+            more = self
+                .write_statuses(&mut objects, &latest, &mut unreachable)
+                .await;
         }
     }
 
@@ -159,7 +163,10 @@ impl KubeSource {
     /// others' comparisons equal, so a status is written once per change, not once
     /// per replica, and never flips back and forth. `lastTransitionTime` is kept when
     /// the status (True/False) does not change, and is left out of the comparison.
-    /// A failed patch is retried on the next event or every 5 s.
+    /// A failed patch is retried on the next event or every 5 s. When the API
+    /// server cannot be reached (no answer, or none in time), the round stops there
+    /// rather than wait on every object in turn, and says so once (`unreachable`)
+    /// until a write succeeds; a refusal of one object's patch is that object's.
     ///
     /// Writing stops after [`STATUS_ROUND`] so that waiting events are taken first;
     /// it returns true when statuses are left to write (and the API server is
@@ -174,6 +181,7 @@ impl KubeSource {
         &self,
         objects: &mut BTreeMap<String, Tracked>,
         outcomes: &Outcomes,
+        unreachable: &mut bool,
     ) -> bool {
         let started = tokio::time::Instant::now();
         let mut written = false;
@@ -210,6 +218,9 @@ impl KubeSource {
             let call = api.patch_status(&t.candidate.name, &params, &patch);
             match tokio::time::timeout(Duration::from_secs(10), call).await {
                 Ok(Ok(_)) => {
+                    if std::mem::take(unreachable) {
+                        tracing::info!("writing RateLimitPolicy statuses again");
+                    }
                     match &outcome.verdict {
                         Acceptance::Accepted => {
                             tracing::info!(policy = %key, "RateLimitPolicy accepted")
@@ -224,10 +235,23 @@ impl KubeSource {
                     t.stored = Some(patch_cond);
                     written = true;
                 }
-                Ok(Err(e)) => {
+                Ok(Err(kube::Error::Api(e))) => {
                     tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
                 }
-                Err(_) => tracing::warn!(policy = %key, "writing status timed out; will retry"),
+                failed => {
+                    if !std::mem::replace(unreachable, true) {
+                        let error = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "no answer within 10 s".to_string(),
+                        };
+                        tracing::warn!(
+                            policy = %key,
+                            error = %error,
+                            "cannot reach the API server to write statuses; retrying every 5 s"
+                        );
+                    }
+                    return false;
+                }
             }
         }
         false
