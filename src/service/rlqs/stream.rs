@@ -521,7 +521,11 @@ impl<S: Store> Stream<S> {
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
         if count == 0 {
-            let since = *tracked.idle_since.get_or_insert(now);
+            // A report with no requests says none came since the one before it: the
+            // bucket has been idle since then, not since this report.
+            let since = *tracked
+                .idle_since
+                .get_or_insert(tracked.reported.unwrap_or(now));
             if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
                 let gone = self.buckets.remove(&entries);
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
@@ -1292,7 +1296,9 @@ mod tests {
         let f = fixture();
         let mut s = Stream::new(f.quotas.clone());
         block_on(s.answer(report("edge", vec![usage(API, 5, 0, 0)]))).unwrap();
-        for _ in 0..12 {
+        // Each idle report covers the 5 s since the one before: the twelfth shows
+        // the bucket idle for 60 s, --rlqs-abandon-after.
+        for _ in 0..11 {
             f.clock.advance(5 * SECOND);
             let a = block_on(s.answer(report("edge", vec![usage(API, 0, 0, 5)]))).unwrap();
             assert!(only(a).is_some(), "not yet");
