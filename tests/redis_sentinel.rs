@@ -368,6 +368,72 @@ async fn a_master_with_a_password_is_reached_with_the_password_of_its_url() {
     drop(client);
 }
 
+/// With every sentinel gone silent, calls go on to the master last found, and the
+/// log says once that a failover would not be seen meanwhile, then once that a
+/// sentinel answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sentinels_are_logged_once_and_calls_go_on_to_the_master() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start().await;
+    let sentinels = Sentinels::start(2, MASTER, master.port).await;
+    sentinels.wait_settled(0).await;
+    let urls = sentinels.urls().join(",");
+    let sluice = common::Server::start(
+        POLICY,
+        &["--redis-sentinel", &urls, "--redis-sentinel-master", MASTER],
+    );
+    let mut client = sluice.client().await;
+    /// What the key has left when the master decided the call, else `None`.
+    async fn remaining(
+        client: &mut sluice::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+            tonic::transport::Channel,
+        >,
+    ) -> Option<u32> {
+        let req = common::request("closed", vec![common::desc(&[("user", "quiet")])]);
+        let r = common::call(client, req).await;
+        (r.overall_code == common::OK).then(|| r.statuses[0].limit_remaining)
+    }
+    common::eventually(Duration::from_secs(10), "decided on the master", || {
+        let mut client = client.clone();
+        async move { remaining(&mut client).await.is_some() }
+    })
+    .await;
+
+    sentinels.signal_all(libc::SIGSTOP);
+    let mut lines = sluice
+        .wait_line(Duration::from_secs(15), "no sentinel answers", |l| {
+            l.contains("no sentinel answers")
+        })
+        .await;
+    assert!(
+        lines.last().unwrap().contains(&master.addr()),
+        "names the master calls go on to: {lines:#?}"
+    );
+    // Over several of sluice's rounds of asking, the master decides every call (a
+    // `closed` domain would deny one the store failed).
+    let mut last = remaining(&mut client).await.expect("decided by the master");
+    let quiet = Instant::now() + 3 * sluice_redis::sentinel::POLL;
+    while Instant::now() < quiet {
+        let now = remaining(&mut client).await.expect("decided by the master");
+        assert!(now < last, "counted on the master");
+        last = now;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sentinels.signal_all(libc::SIGCONT);
+    lines.extend(
+        sluice
+            .wait_line(Duration::from_secs(15), "a sentinel answers again", |l| {
+                l.contains("a sentinel answers again")
+            })
+            .await,
+    );
+    let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(count("no sentinel answers"), 1, "{lines:#?}");
+}
+
 #[tokio::test]
 async fn several_masters_are_shards_of_their_own() {
     if !available() || !sentinel::available() {

@@ -164,6 +164,15 @@ impl Sentinels {
         }
     }
 
+    /// Sends `signal` to every sentinel (`SIGSTOP`: none answers; `SIGCONT`).
+    pub fn signal_all(&self, signal: libc::c_int) {
+        for c in &self.children {
+            // SAFETY: kill(2) on our own child's pid, no memory involved.
+            let rc = unsafe { libc::kill(c.id() as libc::pid_t, signal) };
+            assert_eq!(rc, 0, "kill({}, {signal})", c.id());
+        }
+    }
+
     /// Starts a failover on sentinel 0, retrying while Sentinel refuses for now
     /// (no replica judged good yet, a failover still in progress).
     pub async fn failover(&self) {

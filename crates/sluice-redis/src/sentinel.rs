@@ -18,7 +18,7 @@
 //! caller at once ([`Master::spawn`]'s `on_switch`), so that a caller backing off
 //! can send its next call to it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub struct Master {
     /// The connections to the current master off the decide path (refunds, peeks,
     /// key counts), made again when the generation moves on.
     pool: Mutex<Option<(u64, Arc<Pool>)>>,
+    /// No sentinel answered the last round: said once, until one answers again.
+    unheard: AtomicBool,
 }
 
 /// A master's address that answered `ROLE` with `master`.
@@ -134,6 +136,7 @@ impl Master {
             timeout,
             on_switch: Box::new(on_switch),
             pool: Mutex::new(None),
+            unheard: AtomicBool::new(false),
         });
         tokio::spawn(follow(Arc::downgrade(&master)));
         master
@@ -189,8 +192,16 @@ impl Master {
         let start = self.first.load(Relaxed) % n;
         let current = self.current();
         let mut problem = None;
+        let mut answered = false;
         for i in (0..n).map(|k| (start + k) % n) {
-            let (host, port) = match self.ask(i, &mut conns[i]).await {
+            let asked = self.ask(i, &mut conns[i]).await;
+            if asked.is_ok() {
+                answered = true;
+                if self.unheard.swap(false, Relaxed) {
+                    tracing::info!(master = %self.name, sentinel = i + 1, "a sentinel answers again");
+                }
+            }
+            let (host, port) = match asked {
                 Ok(Some(addr)) => addr,
                 Ok(None) => {
                     problem = Some(Error::failed(
@@ -229,6 +240,25 @@ impl Master {
                     tracing::debug!(master = %self.name, %addr, error = %e, "ROLE failed");
                     problem = Some(Error::failed(e.kind(), format!("{addr}: {}", e.message())));
                 }
+            }
+        }
+        // A round where a sentinel answered (naming a replica, or no master) is no
+        // outage of the sentinels; one where none did is, and calls go on to the
+        // last master found without anyone to tell of a failover.
+        if !answered && !self.unheard.swap(true, Relaxed) {
+            let error = problem.as_ref().map(|e| e.message().to_string());
+            match &current {
+                Some(c) => tracing::warn!(
+                    master = %self.name,
+                    error = error.as_deref().unwrap_or_default(),
+                    "no sentinel answers: calls go on to {}, the master last found, and a failover meanwhile is not seen",
+                    c.addr
+                ),
+                None => tracing::warn!(
+                    master = %self.name,
+                    error = error.as_deref().unwrap_or_default(),
+                    "no sentinel answers: no master is known"
+                ),
             }
         }
         if current.is_none() {
