@@ -221,6 +221,13 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Applies the repository's RateLimitPolicy CRD and waits until it is served.
+    async fn install_crd(&self) {
+        let crd = repo().join("crds/ratelimitpolicies.yaml");
+        self.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
+        self.wait_established("ratelimitpolicies.sluice.dev").await;
+    }
+
     /// Waits until the CRD `name` is Established.
     async fn wait_established(&self, name: &str) {
         // (Polled: `kubectl wait` fails at once while the CRD has no conditions yet,
@@ -421,9 +428,7 @@ async fn rate_limit_policies_from_a_real_api_server() {
     );
 
     // The CRD, from the committed YAML (the same `sluice crd` prints).
-    let crd = repo().join("crds/ratelimitpolicies.yaml");
-    k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    k.wait_established("ratelimitpolicies.sluice.dev").await;
+    k.install_crd().await;
     let names = k.must(&[
         "get",
         "crd",
@@ -963,9 +968,7 @@ async fn an_edit_after_a_burst_of_policies_takes_effect_within_2_s() {
     let Some(k) = Cluster::start() else {
         return;
     };
-    let crd = repo().join("crds/ratelimitpolicies.yaml");
-    k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    k.wait_established("ratelimitpolicies.sluice.dev").await;
+    k.install_crd().await;
     k.apply_new_kind(
         &["--validate=false"],
         &per_minute("ops", "edit", "ops", "user", 2),
@@ -1027,9 +1030,7 @@ async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_o
     let Some(mut k) = Cluster::start() else {
         return;
     };
-    let crd = repo().join("crds/ratelimitpolicies.yaml");
-    k.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
-    k.wait_established("ratelimitpolicies.sluice.dev").await;
+    k.install_crd().await;
     let names = ["a", "b", "c"];
     k.apply_new_kind(
         &["--validate=false"],

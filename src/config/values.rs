@@ -80,13 +80,9 @@ pub(super) fn parse_max_keys(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `--redis-key-prefix`: no `{`, since the placement after it is the key's hash tag.
+/// `--redis-key-prefix`, as the Redis store takes it.
 pub(super) fn parse_key_prefix(s: &str) -> Result<String, String> {
-    if s.contains('{') {
-        return Err(format!(
-            "'{s}': the key prefix must not contain '{{' (the placement after it is the hash tag)"
-        ));
-    }
+    crate::store::redis::check_prefix(s).map_err(|e| format!("'{s}': {e}"))?;
     Ok(s.to_string())
 }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::model::{Document, DocumentKind};
 use super::parse::parse_partial;
+use super::yaml::position;
 use super::{compile, Policy, PolicyError};
 
 /// Which files of a directory are policy files.
@@ -317,15 +318,13 @@ fn utf8(source: &str, bytes: Vec<u8>) -> Result<String, PolicyError> {
         let bytes = e.as_bytes();
         let at = e.utf8_error().valid_up_to();
         // What precedes the bad byte is valid UTF-8.
-        let before = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let (line, column) = position(std::str::from_utf8(&bytes[..at]).unwrap_or_default());
         PolicyError {
             file: source.to_string(),
-            line: Some(before.matches('\n').count() + 1),
+            line: Some(line),
             message: format!(
-                "not UTF-8: byte 0x{:02X} at column {}; save the file as UTF-8",
+                "not UTF-8: byte 0x{:02X} at column {column}; save the file as UTF-8",
                 bytes[at],
-                before[line_start..].chars().count() + 1
             ),
         }
     })

@@ -69,22 +69,29 @@ fn refuse_control_characters(text: &str) -> Result<(), YamlError> {
     let Some(at) = text.find(|c: char| !allowed(c)) else {
         return Ok(());
     };
-    let before = &text[..at];
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let (line, column) = position(&text[..at]);
     let c = text[at..].chars().next().unwrap_or_default();
     Err(YamlError {
-        line: Some(before.matches('\n').count() + 1),
+        line: Some(line),
         message: format!(
-            "{} U+{:04X} at column {}, which YAML does not allow (is the file corrupted?)",
+            "{} U+{:04X} at column {column}, which YAML does not allow (is the file corrupted?)",
             if c.is_control() {
                 "control character"
             } else {
                 "character"
             },
             u32::from(c),
-            before[line_start..].chars().count() + 1
         ),
     })
+}
+
+/// The line and column (from 1, in characters) of what follows `before`.
+pub(super) fn position(before: &str) -> (usize, usize) {
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (
+        before.matches('\n').count() + 1,
+        before[line_start..].chars().count() + 1,
+    )
 }
 
 struct Loader<'a> {

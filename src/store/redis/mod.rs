@@ -250,6 +250,14 @@ fn target(url: &str, timeout: Duration) -> Result<Target, ConfigError> {
     Ok(target)
 }
 
+/// A key prefix must hold no `{`: the hash tag of a key is the placement after it.
+pub fn check_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.contains('{') {
+        return Err(ConfigError::Prefix);
+    }
+    Ok(())
+}
+
 impl RedisStore {
     /// Sets up the connections. They connect lazily, so this succeeds while Redis is
     /// down (requests then take the failure mode). Must run inside a Tokio runtime.
@@ -258,9 +266,7 @@ impl RedisStore {
         if opts.urls.is_empty() {
             return Err(ConfigError::NoUrl);
         }
-        if opts.prefix.contains('{') {
-            return Err(ConfigError::Prefix);
-        }
+        check_prefix(&opts.prefix)?;
         if opts.cluster && !opts.sentinels.is_empty() {
             return Err(ConfigError::SentinelCluster);
         }
