@@ -247,8 +247,16 @@ fn hide_url_password(part: &str) -> String {
     format!("{head}{authority}{tail}")
 }
 
-/// Names other software sets too, left out of [`unread`].
-const GENERIC: &[&str] = &["HOST", "PORT", "LOG_LEVEL", "LOG_FORMAT"];
+/// Names other software sets too, left out of [`unread`]: `GRPC_PORT` and
+/// `GRPC_HOST` are also what Kubernetes injects for a Service named `grpc`.
+const GENERIC: &[&str] = &[
+    "HOST",
+    "PORT",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+];
 
 /// Without `--env-compat erl`: the warning for envoyproxy/ratelimit's variables
 /// that are set in `env` and would change what is served if they were read (a

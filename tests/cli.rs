@@ -291,6 +291,7 @@ fn serve_names_the_ratelimit_variables_it_does_not_read() {
         .env("RUNTIME_ROOT", "/data")
         .env("USE_STATSD", "false")
         .env("PORT", "8080")
+        .env("GRPC_PORT", "tcp://10.0.0.1:8081")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -300,7 +301,8 @@ fn serve_names_the_ratelimit_variables_it_does_not_read() {
         .find(|l| l.contains("set but not read"))
         .unwrap_or_else(|| panic!("no warning about the unread variables: {err}"));
     // The variables that change what is served, not an ignored one (USE_STATSD) or a
-    // name other software sets too (PORT).
+    // name other software sets too (PORT; GRPC_PORT, set by Kubernetes for a Service
+    // named `grpc`).
     assert!(
         warning.contains("envoyproxy/ratelimit's RUNTIME_ROOT, REDIS_URL are set")
             && warning.contains("--env-compat erl"),
