@@ -247,6 +247,39 @@ fn hide_url_password(part: &str) -> String {
     format!("{head}{authority}{tail}")
 }
 
+/// Names other software sets too, left out of [`unread`]: `GRPC_PORT` and
+/// `GRPC_HOST` are also what Kubernetes injects for a Service named `grpc`.
+const GENERIC: &[&str] = &[
+    "HOST",
+    "PORT",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+];
+
+/// Without `--env-compat erl`: the warning for envoyproxy/ratelimit's variables
+/// that are set in `env` and would change what is served if they were read (a
+/// container image swapped under a Deployment keeps its environment: `REDIS_URL`
+/// unread means counters in memory, per replica). `None` when none is set.
+pub fn unread(env: &BTreeMap<String, String>) -> Option<String> {
+    let set: Vec<&str> = VARIABLES
+        .iter()
+        .filter(|v| v.treatment != Ignored && !GENERIC.contains(&v.name))
+        .filter(|v| env.get(v.name).is_some_and(|val| !val.trim().is_empty()))
+        .map(|v| v.name)
+        .collect();
+    if set.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "envoyproxy/ratelimit's {} {} set but not read: add --env-compat erl \
+         (SLUICE_ENV_COMPAT=erl) to read them, or give their settings as flags",
+        set.join(", "),
+        if set.len() == 1 { "is" } else { "are" }
+    ))
+}
+
 /// Translates `env` (every variable of the process). Fails on the first refused
 /// setting.
 pub fn translate(env: &BTreeMap<String, String>) -> Result<Translation, Refusal> {

@@ -164,17 +164,25 @@ fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
 }
 
 /// With `--env-compat erl`, the settings again with envoyproxy/ratelimit's variables
-/// as flags placed before the command line's own (which therefore win).
+/// as flags placed before the command line's own (which therefore win); without it,
+/// a warning when some of those variables are set.
 fn compat(
     cfg: Serve,
     args: &[OsString],
 ) -> Result<(Serve, sluice::compat::Translation), sluice::compat::Refusal> {
-    if cfg.env_compat != Some(EnvCompat::Erl) {
-        return Ok((cfg, Default::default()));
-    }
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
+    if cfg.env_compat != Some(EnvCompat::Erl) {
+        let warnings = sluice::compat::unread(&env).into_iter().collect();
+        return Ok((
+            cfg,
+            sluice::compat::Translation {
+                warnings,
+                ..Default::default()
+            },
+        ));
+    }
     let translation = sluice::compat::translate(&env)?;
     let serve = args.iter().position(|a| a == "serve").unwrap_or(1);
     let mut again: Vec<OsString> = args[..=serve].to_vec();

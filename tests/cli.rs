@@ -277,6 +277,50 @@ fn serve_without_policies_says_how_to_give_them() {
     assert!(err.contains("--config") && err.contains("--kube"), "{err}");
 }
 
+/// A Deployment of envoyproxy/ratelimit whose image is swapped for Sluice keeps its
+/// environment: Sluice reads none of it without `--env-compat erl`, so it must say
+/// which of those variables it is not reading, or `REDIS_URL` goes unnoticed and
+/// each replica counts alone in memory.
+#[test]
+fn serve_names_the_ratelimit_variables_it_does_not_read() {
+    let out = sluice()
+        .arg("serve")
+        .env_remove("SLUICE_CONFIG")
+        .env_remove("SLUICE_ENV_COMPAT")
+        .env("REDIS_URL", "127.0.0.1:6379")
+        .env("RUNTIME_ROOT", "/data")
+        .env("USE_STATSD", "false")
+        .env("PORT", "8080")
+        .env("GRPC_PORT", "tcp://10.0.0.1:8081")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let warning = err
+        .lines()
+        .find(|l| l.contains("set but not read"))
+        .unwrap_or_else(|| panic!("no warning about the unread variables: {err}"));
+    // The variables that change what is served, not an ignored one (USE_STATSD) or a
+    // name other software sets too (PORT; GRPC_PORT, set by Kubernetes for a Service
+    // named `grpc`).
+    assert!(
+        warning.contains("envoyproxy/ratelimit's RUNTIME_ROOT, REDIS_URL are set")
+            && warning.contains("--env-compat erl"),
+        "{warning}"
+    );
+    assert!(err.contains("--config"), "{err}");
+
+    // Read with --env-compat erl: no such warning.
+    let out = sluice()
+        .args(["serve", "--env-compat", "erl"])
+        .env_remove("SLUICE_CONFIG")
+        .env("RUNTIME_ROOT", "/nonexistent")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("set but not read"), "{err}");
+}
+
 #[test]
 fn serve_refuses_to_start_on_a_bad_policy() {
     let dir = tempfile::tempdir().unwrap();
