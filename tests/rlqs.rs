@@ -7,12 +7,11 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::otlp::{attr, text, Receiver};
 use common::redis::{available, RedisServer};
 use common::Server;
 use futures::channel::mpsc;
 use futures::SinkExt;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{span, Span};
 use prost_types::Duration as PbDuration;
 use sluice::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
@@ -459,105 +458,6 @@ async fn a_report_of_thousands_of_buckets_is_answered_and_a_too_large_one_counte
             l.contains("RLQS report refused")
         })
         .await;
-}
-
-/// An OTLP/HTTP receiver on loopback, as a collector would be: every span of every
-/// `POST /v1/traces`, with its resource's `service.name`.
-struct Receiver {
-    addr: std::net::SocketAddr,
-    spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
-}
-
-impl Receiver {
-    async fn start() -> Receiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = spans.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve_otlp(conn, sink.clone()));
-            }
-        });
-        Receiver { addr, spans }
-    }
-
-    fn spans(&self) -> Vec<(String, Span)> {
-        self.spans.lock().unwrap().clone()
-    }
-}
-
-/// HTTP/1.1 requests of one connection: each body is an ExportTraceServiceRequest.
-async fn serve_otlp(
-    mut conn: tokio::net::TcpStream,
-    sink: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
-) {
-    use prost::Message;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = Vec::new();
-    loop {
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 8192];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut chunk = [0u8; 8192];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
-        if let Ok(req) = ExportTraceServiceRequest::decode(body.as_slice()) {
-            let mut spans = sink.lock().unwrap();
-            for rs in req.resource_spans {
-                let service = rs
-                    .resource
-                    .iter()
-                    .flat_map(|r| &r.attributes)
-                    .find(|kv| kv.key == "service.name")
-                    .map(|kv| text(kv.value.as_ref()))
-                    .unwrap_or_default();
-                for ss in rs.scope_spans {
-                    spans.extend(ss.spans.into_iter().map(|s| (service.clone(), s)));
-                }
-            }
-        }
-        let ok =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-        if conn.write_all(ok).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// An attribute value as text (strings as they are, numbers in decimal).
-fn text(v: Option<&AnyValue>) -> String {
-    match v.and_then(|v| v.value.as_ref()) {
-        Some(any_value::Value::StringValue(s)) => s.clone(),
-        Some(any_value::Value::IntValue(i)) => i.to_string(),
-        Some(any_value::Value::BoolValue(b)) => b.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-fn attr(attributes: &[KeyValue], key: &str) -> Option<String> {
-    attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .map(|kv| text(kv.value.as_ref()))
 }
 
 /// Each RLQS report gets a server span, the child of the `traceparent` the stream
