@@ -692,6 +692,57 @@ async fn a_rules_series_start_at_zero_and_leave_with_the_rule() {
     );
 }
 
+/// With `--prometheus-addr`, envoyproxy/ratelimit's series of a limit a reload
+/// removed leave both metrics ports, as sluice's own series of its rule do; a limit
+/// that stays keeps its count.
+#[tokio::test]
+async fn envoyproxy_ratelimit_series_of_a_removed_limit_leave_with_it() {
+    let server = Server::start(POLICY, &["--prometheus-addr", "127.0.0.1:0"]);
+    let prometheus = server.prometheus_addr();
+    let mut c = server.client().await;
+    call(&mut c, request("shop", vec![desc(&[("tenant", "t")])])).await;
+    call(
+        &mut c,
+        request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
+    )
+    .await;
+    let scrapes = || {
+        let (_, own) = http(&prometheus, "GET", "/metrics", "");
+        [metrics(&server), own]
+    };
+    let hits = |text: &str, key1: &str| {
+        sample(
+            text,
+            "ratelimit_service_rate_limit_total_hits",
+            &[("domain", "shop"), ("key1", key1), ("key2", "")],
+        )
+    };
+    for text in scrapes() {
+        assert_eq!(hits(&text, "tenant"), Some(1.0), "{text}");
+        assert_eq!(hits(&text, "remote_address"), Some(1.0), "{text}");
+    }
+
+    let without_tenant = POLICY.replace(
+        "  - key: tenant\n    layer: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+        "",
+    );
+    assert_ne!(without_tenant, POLICY);
+    write_atomic(&server.policy_path(), &without_tenant);
+    eventually(
+        Duration::from_secs(10),
+        "the tenant limit's series gone",
+        || {
+            let gone = scrapes().iter().all(|t| !t.contains(r#"key1="tenant""#));
+            async move { gone }
+        },
+    )
+    .await;
+    for text in scrapes() {
+        assert!(!text.contains(r#"rule="tenant""#), "{text}");
+        assert_eq!(hits(&text, "remote_address"), Some(1.0), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn dashboard_and_alerts_use_only_exported_metrics() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

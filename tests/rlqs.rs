@@ -243,6 +243,55 @@ async fn metrics_show_streams_buckets_reports_and_assignments() {
     assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(1.0));
 }
 
+/// A rule a reload removed takes its RLQS assignment series out of `/metrics`, and
+/// out of the `--prometheus-addr` port's, as a `ShouldRateLimit` rule's series go;
+/// the rule that stays keeps its count.
+#[tokio::test]
+async fn a_removed_rules_assignment_series_leave_with_it() {
+    let tenant = "  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
+    let server = Server::start(
+        &format!("{POLICY}{tenant}"),
+        &["--prometheus-addr", "127.0.0.1:0"],
+    );
+    let prometheus = server.prometheus_addr();
+    let mut q = Quota::open(&server).await;
+    q.report(10, 1).await;
+    let mut t = HashMap::new();
+    t.insert("tenant".to_string(), "t1".to_string());
+    q.report_bucket(&BucketId { bucket: t }, 5, 0, 1).await;
+    fn assigned(rule: &str) -> [(&str, &str); 3] {
+        [("domain", "rlqs"), ("rule", rule), ("kind", "token_bucket")]
+    }
+    let scrapes = || {
+        let (_, own) = common::http(&prometheus, "GET", "/metrics", "");
+        let (_, http) = common::http(&server.http, "GET", "/metrics", "");
+        [http, own]
+    };
+    for text in scrapes() {
+        for rule in ["route", "tenant"] {
+            let n = common::sample(&text, "sluice_rlqs_assignments_total", &assigned(rule));
+            assert_eq!(n, Some(1.0), "{rule} in\n{text}");
+        }
+    }
+
+    common::write_atomic(&server.policy_path(), POLICY);
+    common::eventually(
+        Duration::from_secs(10),
+        "the tenant rule's series gone",
+        || {
+            let gone = scrapes()
+                .iter()
+                .all(|text| !text.contains("rule=\"tenant\""));
+            async move { gone }
+        },
+    )
+    .await;
+    for text in scrapes() {
+        let n = common::sample(&text, "sluice_rlqs_assignments_total", &assigned("route"));
+        assert_eq!(n, Some(1.0), "the rule that stays keeps its count:\n{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
     let server = Server::start(POLICY, &[]);

@@ -178,6 +178,17 @@ impl Server {
         }
     }
 
+    /// The `--prometheus-addr` address, as its start-up line logged it.
+    pub fn prometheus_addr(&self) -> String {
+        self.startup
+            .iter()
+            .find(|l| l.contains("metrics also served"))
+            .and_then(|l| l.split("prometheus=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the --prometheus-addr address logged")
+            .to_string()
+    }
+
     pub fn policy_path(&self) -> PathBuf {
         self.dir.path().join("policy.yaml")
     }
