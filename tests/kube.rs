@@ -1095,6 +1095,47 @@ async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_o
     );
 }
 
+/// The watch's return after an API server outage is logged when the watch is back,
+/// not at the next change of a policy: here no policy changes at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_watch_is_logged_when_it_is_back_without_a_change() {
+    let Some(mut k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+
+    let port = k.var("KUBE_APISERVER_PORT");
+    let etcd = k.var("ETCD_CLIENT_PORT");
+    let peer = k.var("ETCD_PEER_PORT");
+    k.stop();
+    server
+        .wait_line(Duration::from_secs(30), "the watch failing", |l| {
+            l.contains("RateLimitPolicy watch failed")
+        })
+        .await;
+    k.run_script(&[
+        ("SLUICE_KUBE_APISERVER_PORT", &port),
+        ("SLUICE_ETCD_CLIENT_PORT", &etcd),
+        ("SLUICE_ETCD_PEER_PORT", &peer),
+    ]);
+    // The back-off is at most 5 s; the API server is up once the script returns.
+    server
+        .wait_line(Duration::from_secs(20), "the watch restored", |l| {
+            l.contains("RateLimitPolicy watch restored")
+        })
+        .await;
+    assert_eq!(limit(&server, "da", "user").await, Some(2));
+}
+
 #[test]
 fn committed_crd_is_what_sluice_crd_prints() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

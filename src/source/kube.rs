@@ -38,6 +38,8 @@ pub struct KubeSource {
     resource: ApiResource,
     namespace: Option<String>,
     hub: Arc<Hub>,
+    /// Counts the watches the API server accepted (see [`WatchOpened`]).
+    opened: tokio::sync::watch::Receiver<u64>,
 }
 
 /// What is known about one object.
@@ -52,16 +54,25 @@ struct Tracked {
 impl KubeSource {
     /// Connects with in-cluster config or `KUBECONFIG`.
     pub async fn connect(namespace: Option<String>, hub: Arc<Hub>) -> anyhow::Result<KubeSource> {
-        let client = Client::try_default().await.map_err(|e| {
+        let failed = |e: kube::Error| {
             anyhow::anyhow!(
                 "--kube: cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG): {e}"
             )
-        })?;
+        };
+        let config = kube::Config::infer()
+            .await
+            .map_err(|e| failed(kube::Error::InferConfig(e)))?;
+        let (opened_tx, opened) = tokio::sync::watch::channel(0);
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map_err(failed)?
+            .with_layer(&WatchOpened(Arc::new(opened_tx)))
+            .build();
         Ok(KubeSource {
             client,
             resource: ApiResource::erase::<RateLimitPolicy>(&()),
             namespace,
             hub,
+            opened,
         })
     }
 
@@ -99,6 +110,9 @@ impl KubeSource {
         let mut objects: BTreeMap<String, Tracked> = BTreeMap::new();
         let mut listing: Option<BTreeMap<String, Tracked>> = None;
         let mut failing = false;
+        // A watch resumed where it left off sends no event until something changes:
+        // the API server accepting it is what says the watch is back.
+        let mut opened = self.opened.clone();
         let mut listed = false;
         // Statuses left to write when the last round ran out of its time.
         let mut more = false;
@@ -116,6 +130,7 @@ impl KubeSource {
                         tracing::error!("the RateLimitPolicy watch ended; Kubernetes policies are no longer updated");
                         return;
                     };
+                    let was_failing = failing;
                     let mut watch = Watch {
                         objects: &mut objects,
                         listing: &mut listing,
@@ -131,7 +146,15 @@ impl KubeSource {
                     while let Some(Some(event)) = stream.next().now_or_never() {
                         changed |= watch.take(event);
                     }
+                    if failing && !was_failing {
+                        // Only a watch opened after this failure restores it.
+                        opened.borrow_and_update();
+                    }
                 },
+                Ok(()) = opened.changed(), if failing => {
+                    tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
+                    failing = false;
+                }
                 Ok(()) = outcomes.changed() => {}
                 _ = std::future::ready(()), if more => {}
                 _ = retry.tick() => {}
@@ -329,6 +352,64 @@ impl Watch<'_> {
                 self.objects.remove(&key).is_some()
             }
         }
+    }
+}
+
+/// A layer of the API client that counts the watch requests the API server
+/// accepts (answered 200: the watch is open), so the source can say the watch is
+/// back as soon as it is, not at the next event, which a quiet cluster may not send
+/// for hours.
+#[derive(Clone)]
+struct WatchOpened(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl<S> tower_layer::Layer<S> for WatchOpened {
+    type Service = WatchOpenedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WatchOpenedService {
+            inner,
+            opened: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`WatchOpened`].
+#[derive(Clone)]
+struct WatchOpenedService<S> {
+    inner: S,
+    opened: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for WatchOpenedService<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+        let answer = self.inner.call(req);
+        let opened = self.opened.clone();
+        Box::pin(async move {
+            let response = answer.await?;
+            if watch && response.status().is_success() {
+                opened.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok(response)
+        })
     }
 }
 
