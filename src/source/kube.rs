@@ -26,6 +26,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
@@ -118,8 +119,12 @@ impl KubeSource {
         let mut more = false;
         // Status writes cannot reach the API server: said once, until one succeeds.
         let mut unreachable = false;
+        // While events keep coming (a burst, or a resumed watch's missed versions):
+        // when its first came, and when statuses are written if no other comes.
+        let mut burst: Option<(Instant, Instant)> = None;
         loop {
             let mut changed = false;
+            let settled = burst.map(|(_, at)| at);
             tokio::select! {
                 // Events before statuses: a policy's change must not wait for the
                 // statuses of a burst of others.
@@ -150,13 +155,17 @@ impl KubeSource {
                         // Only a watch opened after this failure restores it.
                         opened.borrow_and_update();
                     }
+                    let now = Instant::now();
+                    let first = burst.map_or(now, |(first, _)| first);
+                    burst = Some((first, (now + SETTLE).min(first + SETTLE_MAX)));
                 },
                 Ok(()) = opened.changed(), if failing => {
                     tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
                     failing = false;
                 }
-                Ok(()) = outcomes.changed() => {}
-                _ = std::future::ready(()), if more => {}
+                _ = tokio::time::sleep_until(settled.unwrap_or_else(Instant::now)), if settled.is_some() => {}
+                Ok(()) = outcomes.changed(), if settled.is_none() => {}
+                _ = std::future::ready(()), if more && settled.is_none() => {}
                 _ = retry.tick() => {}
             }
             if changed {
@@ -167,6 +176,12 @@ impl KubeSource {
                 if let Some(tx) = first.take() {
                     let _ = tx.send(());
                 }
+            }
+            if let Some((_, at)) = burst {
+                if Instant::now() < at {
+                    continue;
+                }
+                burst = None;
             }
             let latest = outcomes.borrow_and_update().clone();
             more = self
@@ -191,6 +206,8 @@ impl KubeSource {
     /// rather than wait on every object in turn, and says so once (`unreachable`)
     /// until a write succeeds; a refusal of one object's patch is that object's.
     ///
+    /// It runs once the watch has been quiet for [`SETTLE`] (at most [`SETTLE_MAX`]
+    /// after a burst began), so a burst of versions is written once, with its end.
     /// Writing stops after [`STATUS_ROUND`] so that waiting events are taken first;
     /// it returns true when statuses are left to write (and the API server is
     /// taking them), to be called again at once.
@@ -206,7 +223,7 @@ impl KubeSource {
         outcomes: &Outcomes,
         unreachable: &mut bool,
     ) -> bool {
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let mut written = false;
         for (key, t) in objects.iter_mut() {
             let Some(outcome) = outcomes.get(key) else {
@@ -280,6 +297,15 @@ impl KubeSource {
         false
     }
 }
+
+/// Statuses are written once the watch has sent no event for this long: the events
+/// of a burst reach the source one by one through the client's connection task, and
+/// a resumed watch sends one per version it missed, so each policy's status is
+/// written once with its final state, not once per version.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// The longest statuses wait for a burst to end.
+const SETTLE_MAX: Duration = Duration::from_secs(1);
 
 /// How long one round of status writes may run before waiting events are taken.
 const STATUS_ROUND: Duration = Duration::from_millis(250);
