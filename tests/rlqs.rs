@@ -591,3 +591,63 @@ async fn each_report_is_a_span_under_the_streams_traceparent() {
     }
     assert_ne!(reports[0].1.span_id, reports[1].1.span_id, "a span each");
 }
+
+/// A report that is not a `RateLimitQuotaUsageReports` at all ends its stream with
+/// INVALID_ARGUMENT and, as any report, gets its span: an error, under the stream's
+/// `traceparent`.
+#[tokio::test]
+async fn an_undecodable_report_is_an_error_span() {
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let server = Server::start_env(dir, &[policy], &[], &env);
+    let (mut h2, _conn) = server.h2().await;
+    let request = server
+        .grpc_post("/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .body(())
+        .unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    // One gRPC message of three bytes that are not protobuf.
+    let frame = bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0x12, 0x05, 0x0a]);
+    send.send_data(frame, true).unwrap();
+    let mut body = response.await.unwrap().into_body();
+    while let Some(chunk) = body.data().await {
+        chunk.unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"3"[..]),
+        "{trailers:?}"
+    );
+
+    let spans = receiver
+        .wait(Duration::from_secs(20), "span of the report", |s| {
+            s.iter()
+                .any(|s| common::otlp::hex(&s.trace_id) == "4bf92f3577b34da6a3ce929d0e0e4736")
+        })
+        .await;
+    let span = spans
+        .iter()
+        .find(|s| common::otlp::hex(&s.trace_id) == "4bf92f3577b34da6a3ce929d0e0e4736")
+        .unwrap();
+    assert_eq!(
+        span.name,
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+    );
+    assert_eq!(
+        span.status.as_ref().map(|s| s.code),
+        Some(opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32),
+        "{span:?}"
+    );
+}
