@@ -8,7 +8,8 @@ use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,10 +18,12 @@ use serde_json::json;
 
 use crate::clock::rfc3339;
 use crate::service::decode::Request;
+use crate::service::grpc::SHOULD_RATE_LIMIT_SPAN;
 use crate::service::json::{parse_request, render_response};
 use crate::service::response::response;
 use crate::service::Service;
 use crate::store::{ShardStatus, Store};
+use crate::trace::{self, Call, Tracer};
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug)]
@@ -38,6 +41,9 @@ pub struct HttpState<S> {
     pub loaded: Arc<AtomicBool>,
     /// The policy sources, for their refusals and the RateLimitPolicies' verdicts.
     pub hub: Arc<crate::source::hub::Hub>,
+    /// Set when tracing is on: each `POST /json` decision gets the span a
+    /// `ShouldRateLimit` call gets.
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 /// The router for `--http-addr`.
@@ -161,11 +167,67 @@ async fn metrics<S: Store>(
         .into_response()
 }
 
+/// The span of a `POST /json` call, the child of the trace context its headers
+/// carry (`traceparent` or B3, as a gRPC call's): `None` when tracing is off, which
+/// reads no header.
+struct JsonCall(Option<Call>);
+
+impl<S: Store> FromRequestParts<Arc<HttpState<S>>> for JsonCall {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<HttpState<S>>,
+    ) -> Result<Self, Self::Rejection> {
+        let call = state
+            .tracer
+            .as_ref()
+            .map(|t| t.call(SHOULD_RATE_LIMIT_SPAN, &parts.headers));
+        Ok(JsonCall(call))
+    }
+}
+
 async fn json_request<S: Store>(
     State(admin): State<Arc<HttpState<S>>>,
+    JsonCall(call): JsonCall,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let _in_flight = admin.service.enter();
+    // Tracing off, or a call not sampled: decided as without tracing.
+    let Some(mut call) = call.filter(Call::recording) else {
+        return json_answer(&admin, body, None).await;
+    };
+    call.set("http.request.method", "POST");
+    call.set("http.route", "/json");
+    let answer = match call.trace_id() {
+        // Log lines written meanwhile carry the trace id, as a gRPC call's do.
+        Some(id) => {
+            let log = tracing::info_span!("ShouldRateLimit", trace_id = %trace::hex(id));
+            tracing::Instrument::instrument(json_answer(&admin, body, Some(&mut call)), log).await
+        }
+        None => json_answer(&admin, body, Some(&mut call)).await,
+    };
+    call.set(
+        "http.response.status_code",
+        i64::from(answer.status().as_u16()),
+    );
+    answer
+}
+
+/// An error answer, written on the call's span when it is traced.
+fn json_error(status: StatusCode, error: String, call: Option<&mut Call>) -> Response {
+    if let Some(call) = call {
+        call.error(error.clone());
+    }
+    (status, Json(json!({ "error": error }))).into_response()
+}
+
+/// Decides a `POST /json` body and writes its answer; the decision goes onto `call`.
+async fn json_answer<S: Store>(
+    admin: &HttpState<S>,
+    body: Result<Bytes, BytesRejection>,
+    mut call: Option<&mut Call>,
+) -> Response {
     let body = match body {
         Ok(b) => b,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -174,41 +236,47 @@ async fn json_request<S: Store>(
                 "request body larger than {} bytes (--max-request-bytes)",
                 admin.max_request_bytes
             );
-            return (e.status(), Json(json!({ "error": error }))).into_response();
+            return json_error(e.status(), error, call);
         }
-        Err(e) => return (e.status(), Json(json!({"error": e.body_text()}))).into_response(),
+        Err(e) => return json_error(e.status(), e.body_text(), call),
     };
     let req = match parse_request(&body) {
         Ok(r) => r,
         Err(e) => {
             // A 400 like the service's own refusals, and counted as they are.
             admin.service.metrics.bad_request();
-            return (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response();
+            return json_error(StatusCode::BAD_REQUEST, e.0, call);
         }
     };
     let req = Request::of(&req);
-    match admin.service.should_rate_limit(&req, None).await {
-        Ok(outcome) if outcome.error_answer().is_some() => {
-            let error = format!(
-                "counter store failed: {}",
-                outcome.error_answer().unwrap_or_default()
-            );
-            (
+    let decided = match call.as_deref_mut() {
+        None => admin.service.should_rate_limit(&req, None).await,
+        // The refusal of a bad request is already on the span.
+        Some(call) => {
+            admin
+                .service
+                .should_rate_limit_traced(&req, None, call)
+                .await
+        }
+    };
+    match decided {
+        Ok(outcome) => match outcome.error_answer() {
+            Some(error) => json_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                Json(json!({ "error": error })),
-            )
-                .into_response()
-        }
-        Ok(outcome) => {
-            let status = if outcome.over_limit {
-                StatusCode::TOO_MANY_REQUESTS
-            } else {
-                StatusCode::OK
-            };
-            let echo = admin.service.echo_request.then_some(&req);
-            let resp = response(&outcome, admin.service.headers, echo);
-            (status, Json(render_response(&resp))).into_response()
-        }
+                format!("counter store failed: {error}"),
+                call,
+            ),
+            None => {
+                let status = if outcome.over_limit {
+                    StatusCode::TOO_MANY_REQUESTS
+                } else {
+                    StatusCode::OK
+                };
+                let echo = admin.service.echo_request.then_some(&req);
+                let resp = response(&outcome, admin.service.headers, echo);
+                (status, Json(render_response(&resp))).into_response()
+            }
+        },
         Err(e) => (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),
     }
 }

@@ -493,6 +493,7 @@ where
         admin_connections: admin_task.is_some().then_some(admin_connections),
         loaded,
         hub,
+        tracer: tracer.clone(),
     });
     let prometheus = match cfg.metrics.prometheus_addr {
         Some(addr) => {

@@ -1095,6 +1095,156 @@ async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_o
     );
 }
 
+/// The watch's return after an API server outage is logged when the watch is back,
+/// not at the next change of a policy: here no policy changes at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_watch_is_logged_when_it_is_back_without_a_change() {
+    let Some(mut k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+
+    let port = k.var("KUBE_APISERVER_PORT");
+    let etcd = k.var("ETCD_CLIENT_PORT");
+    let peer = k.var("ETCD_PEER_PORT");
+    k.stop();
+    server
+        .wait_line(Duration::from_secs(30), "the watch failing", |l| {
+            l.contains("RateLimitPolicy watch failed")
+        })
+        .await;
+    k.run_script(&[
+        ("SLUICE_KUBE_APISERVER_PORT", &port),
+        ("SLUICE_ETCD_CLIENT_PORT", &etcd),
+        ("SLUICE_ETCD_PEER_PORT", &peer),
+    ]);
+    // The back-off is at most 5 s; the API server is up once the script returns.
+    server
+        .wait_line(Duration::from_secs(20), "the watch restored", |l| {
+            l.contains("RateLimitPolicy watch restored")
+        })
+        .await;
+    assert_eq!(limit(&server, "da", "user").await, Some(2));
+}
+
+/// A TCP proxy to the API server that a test can cut: sluice's connections go
+/// through it, kubectl's do not, so the cluster changes while sluice's watch is down.
+struct Cut {
+    addr: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Cut {
+    async fn start(to: String) -> Cut {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, c) = (open.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !o.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let to = to.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                c.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Cut { addr, open, conns }
+    }
+
+    /// Closes every connection and refuses new ones until [`Cut::restore`].
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Edits made while sluice's watch was down reach it as one event per missed
+/// version when the watch resumes; each policy's status is written once, with its
+/// final state, not once per version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_watch_writes_each_status_once_with_its_final_state() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let port = k.var("KUBE_APISERVER_PORT");
+    let proxy = Cut::start(format!("127.0.0.1:{port}")).await;
+    let kubeconfig = std::fs::read_to_string(&k.kubeconfig).unwrap().replace(
+        &format!("https://127.0.0.1:{port}"),
+        &format!("https://{}", proxy.addr),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let through = dir.path().join("kubeconfig");
+    std::fs::write(&through, kubeconfig).unwrap();
+    let env = [("KUBECONFIG", through.to_str().unwrap())];
+    let server = Server::start_env(dir, &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+
+    proxy.cut();
+    server
+        .wait_line(Duration::from_secs(30), "the watch failing", |l| {
+            l.contains("RateLimitPolicy watch failed")
+        })
+        .await;
+    for n in 3..=8 {
+        k.apply(&per_minute("ops", "a", "da", "user", n)).unwrap();
+    }
+    let before = k.jsonpath("ops", "a", "{.metadata.resourceVersion}");
+    proxy.restore();
+    wait_limit(&server, "da", "user", Some(8), Duration::from_secs(20)).await;
+    k.wait_accepted("ops", "a", "True/Accepted", STATUS).await;
+
+    // Every change of the object since the last edit: a watch from its version,
+    // which the API server ends after a second.
+    let path = format!(
+        "/apis/sluice.dev/v1alpha1/namespaces/ops/ratelimitpolicies?watch=true&resourceVersion={before}&timeoutSeconds=1&fieldSelector=metadata.name%3Da"
+    );
+    let events = k.must(&["get", "--raw", &path]);
+    let writes: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&events)
+        .into_iter()
+        .map(|e| e.expect("a watch event"))
+        .collect();
+    let generations: Vec<_> = writes
+        .iter()
+        .map(|e| e["object"]["status"]["observedGeneration"].clone())
+        .collect();
+    assert_eq!(
+        writes.len(),
+        1,
+        "status writes after the edits (observedGeneration of each): {generations:?}"
+    );
+}
+
 #[test]
 fn committed_crd_is_what_sluice_crd_prints() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

@@ -692,6 +692,57 @@ async fn a_rules_series_start_at_zero_and_leave_with_the_rule() {
     );
 }
 
+/// With `--prometheus-addr`, envoyproxy/ratelimit's series of a limit a reload
+/// removed leave both metrics ports, as sluice's own series of its rule do; a limit
+/// that stays keeps its count.
+#[tokio::test]
+async fn envoyproxy_ratelimit_series_of_a_removed_limit_leave_with_it() {
+    let server = Server::start(POLICY, &["--prometheus-addr", "127.0.0.1:0"]);
+    let prometheus = server.prometheus_addr();
+    let mut c = server.client().await;
+    call(&mut c, request("shop", vec![desc(&[("tenant", "t")])])).await;
+    call(
+        &mut c,
+        request("shop", vec![desc(&[("remote_address", "10.0.0.1")])]),
+    )
+    .await;
+    let scrapes = || {
+        let (_, own) = http(&prometheus, "GET", "/metrics", "");
+        [metrics(&server), own]
+    };
+    let hits = |text: &str, key1: &str| {
+        sample(
+            text,
+            "ratelimit_service_rate_limit_total_hits",
+            &[("domain", "shop"), ("key1", key1), ("key2", "")],
+        )
+    };
+    for text in scrapes() {
+        assert_eq!(hits(&text, "tenant"), Some(1.0), "{text}");
+        assert_eq!(hits(&text, "remote_address"), Some(1.0), "{text}");
+    }
+
+    let without_tenant = POLICY.replace(
+        "  - key: tenant\n    layer: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+        "",
+    );
+    assert_ne!(without_tenant, POLICY);
+    write_atomic(&server.policy_path(), &without_tenant);
+    eventually(
+        Duration::from_secs(10),
+        "the tenant limit's series gone",
+        || {
+            let gone = scrapes().iter().all(|t| !t.contains(r#"key1="tenant""#));
+            async move { gone }
+        },
+    )
+    .await;
+    for text in scrapes() {
+        assert!(!text.contains(r#"rule="tenant""#), "{text}");
+        assert_eq!(hits(&text, "remote_address"), Some(1.0), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn dashboard_and_alerts_use_only_exported_metrics() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -867,4 +918,146 @@ async fn a_flood_of_distinct_denied_keys_keeps_label_sets_bounded() {
     );
     let top = json_get(&server, "/debug/top");
     assert_eq!(top["rules"][0]["top"].as_array().unwrap().len(), 10);
+}
+
+/// A decision through `POST /json` is traced as a `ShouldRateLimit` call is: the
+/// same span, with the same `ratelimit.*` attributes, the child of the call's
+/// `traceparent`, exported over OTLP; a call whose parent was not sampled exports
+/// nothing, and a refused body is an error span.
+#[tokio::test]
+async fn a_json_decision_is_traced_as_a_grpc_one_is() {
+    use common::otlp::{attr, hex, Receiver};
+    use opentelemetry_proto::tonic::trace::v1::{span, status::StatusCode, Span};
+
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let server = Server::start_env(dir, &[policy], &[], &env);
+    let parent = |trace: &str| format!("00-{trace}-00f067aa0ba902b7-01");
+    const GRPC: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const JSON: &str = "5ce929d0e0e47364bf92f3577b34da6a";
+    const UNSAMPLED: &str = "6e47364bf92f3577b34da6a5ce929d0e";
+    const REFUSED: &str = "7b34da6a5ce929d0e6e47364bf92f357";
+
+    // The tenant's limit is 1 a minute: each second call is over it.
+    let mut c = server.client().await;
+    for _ in 0..2 {
+        let mut req = tonic::Request::new(request("shop", vec![desc(&[("tenant", "g")])]));
+        let traceparent = parent(GRPC).parse().unwrap();
+        req.metadata_mut().insert("traceparent", traceparent);
+        c.should_rate_limit(req).await.expect("ShouldRateLimit");
+    }
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"j"}]}]}"#;
+    let unsampled = format!("00-{UNSAMPLED}-00f067aa0ba902b7-00");
+    let (status, _) = http_with(
+        &server.http,
+        "POST",
+        "/json",
+        &[("traceparent", &unsampled)],
+        body,
+    );
+    assert_eq!(status, 200, "decided as usual");
+    let (status, _) = http_with(
+        &server.http,
+        "POST",
+        "/json",
+        &[("traceparent", &parent(JSON))],
+        body,
+    );
+    assert_eq!(status, 429);
+    let (status, _) = http_with(
+        &server.http,
+        "POST",
+        "/json",
+        &[("traceparent", &parent(REFUSED))],
+        "{",
+    );
+    assert_eq!(status, 400);
+
+    let of = |spans: &[Span], trace: &str| -> Vec<Span> {
+        spans
+            .iter()
+            .filter(|s| hex(&s.trace_id) == trace)
+            .cloned()
+            .collect()
+    };
+    let spans = receiver
+        .wait(
+            Duration::from_secs(20),
+            "spans of both gRPC calls and both traced /json calls",
+            |s| of(s, GRPC).len() == 2 && of(s, JSON).len() == 1 && of(s, REFUSED).len() == 1,
+        )
+        .await;
+    assert!(
+        of(&spans, UNSAMPLED).is_empty(),
+        "an unsampled parent's call is not exported"
+    );
+    let grpc = of(&spans, GRPC)
+        .into_iter()
+        .find(|s| attr(&s.attributes, "ratelimit.outcome").as_deref() == Some("over_limit"))
+        .expect("the gRPC call over the limit");
+    let json = &of(&spans, JSON)[0];
+    assert_eq!(json.name, grpc.name);
+    assert_eq!(
+        json.name,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    );
+    assert_eq!(json.kind, span::SpanKind::Server as i32);
+    assert_eq!(hex(&json.parent_span_id), "00f067aa0ba902b7");
+    let decision = |s: &Span| -> Vec<(String, Option<String>)> {
+        let mut keys: Vec<String> = s
+            .attributes
+            .iter()
+            .map(|kv| kv.key.clone())
+            .filter(|k| k.starts_with("ratelimit."))
+            .collect();
+        keys.sort();
+        keys.into_iter()
+            .map(|k| {
+                let v = attr(&s.attributes, &k);
+                (k, v)
+            })
+            .collect()
+    };
+    assert_eq!(
+        decision(json),
+        decision(&grpc),
+        "the same decision attributes"
+    );
+    assert_eq!(
+        attr(&json.attributes, "ratelimit.rule").as_deref(),
+        Some("tenant")
+    );
+    assert_eq!(
+        json.events.len(),
+        grpc.events.len(),
+        "one event per descriptor"
+    );
+    for (key, want) in [
+        ("http.request.method", "POST"),
+        ("http.route", "/json"),
+        ("http.response.status_code", "429"),
+    ] {
+        assert_eq!(attr(&json.attributes, key).as_deref(), Some(want), "{key}");
+    }
+    // No descriptor value on the span.
+    let text = format!("{:?} {:?}", json.attributes, json.events);
+    assert!(!text.contains("\"j\""), "{text}");
+
+    let refused = &of(&spans, REFUSED)[0];
+    assert_eq!(
+        refused.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32),
+        "{refused:?}"
+    );
+    assert_eq!(
+        attr(&refused.attributes, "http.response.status_code").as_deref(),
+        Some("400")
+    );
 }

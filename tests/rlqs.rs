@@ -7,12 +7,11 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::otlp::{attr, text, Receiver};
 use common::redis::{available, RedisServer};
 use common::Server;
 use futures::channel::mpsc;
 use futures::SinkExt;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{span, Span};
 use prost_types::Duration as PbDuration;
 use sluice::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
@@ -244,6 +243,55 @@ async fn metrics_show_streams_buckets_reports_and_assignments() {
     assert_eq!(server.metric("sluice_rlqs_buckets", &[]), Some(1.0));
 }
 
+/// A rule a reload removed takes its RLQS assignment series out of `/metrics`, and
+/// out of the `--prometheus-addr` port's, as a `ShouldRateLimit` rule's series go;
+/// the rule that stays keeps its count.
+#[tokio::test]
+async fn a_removed_rules_assignment_series_leave_with_it() {
+    let tenant = "  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 20}\n";
+    let server = Server::start(
+        &format!("{POLICY}{tenant}"),
+        &["--prometheus-addr", "127.0.0.1:0"],
+    );
+    let prometheus = server.prometheus_addr();
+    let mut q = Quota::open(&server).await;
+    q.report(10, 1).await;
+    let mut t = HashMap::new();
+    t.insert("tenant".to_string(), "t1".to_string());
+    q.report_bucket(&BucketId { bucket: t }, 5, 0, 1).await;
+    fn assigned(rule: &str) -> [(&str, &str); 3] {
+        [("domain", "rlqs"), ("rule", rule), ("kind", "token_bucket")]
+    }
+    let scrapes = || {
+        let (_, own) = common::http(&prometheus, "GET", "/metrics", "");
+        let (_, http) = common::http(&server.http, "GET", "/metrics", "");
+        [http, own]
+    };
+    for text in scrapes() {
+        for rule in ["route", "tenant"] {
+            let n = common::sample(&text, "sluice_rlqs_assignments_total", &assigned(rule));
+            assert_eq!(n, Some(1.0), "{rule} in\n{text}");
+        }
+    }
+
+    common::write_atomic(&server.policy_path(), POLICY);
+    common::eventually(
+        Duration::from_secs(10),
+        "the tenant rule's series gone",
+        || {
+            let gone = scrapes()
+                .iter()
+                .all(|text| !text.contains("rule=\"tenant\""));
+            async move { gone }
+        },
+    )
+    .await;
+    for text in scrapes() {
+        let n = common::sample(&text, "sluice_rlqs_assignments_total", &assigned("route"));
+        assert_eq!(n, Some(1.0), "the rule that stays keeps its count:\n{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_report_without_domain_ends_the_stream_with_invalid_argument() {
     let server = Server::start(POLICY, &[]);
@@ -461,105 +509,6 @@ async fn a_report_of_thousands_of_buckets_is_answered_and_a_too_large_one_counte
         .await;
 }
 
-/// An OTLP/HTTP receiver on loopback, as a collector would be: every span of every
-/// `POST /v1/traces`, with its resource's `service.name`.
-struct Receiver {
-    addr: std::net::SocketAddr,
-    spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
-}
-
-impl Receiver {
-    async fn start() -> Receiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = spans.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve_otlp(conn, sink.clone()));
-            }
-        });
-        Receiver { addr, spans }
-    }
-
-    fn spans(&self) -> Vec<(String, Span)> {
-        self.spans.lock().unwrap().clone()
-    }
-}
-
-/// HTTP/1.1 requests of one connection: each body is an ExportTraceServiceRequest.
-async fn serve_otlp(
-    mut conn: tokio::net::TcpStream,
-    sink: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
-) {
-    use prost::Message;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = Vec::new();
-    loop {
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 8192];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut chunk = [0u8; 8192];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
-        if let Ok(req) = ExportTraceServiceRequest::decode(body.as_slice()) {
-            let mut spans = sink.lock().unwrap();
-            for rs in req.resource_spans {
-                let service = rs
-                    .resource
-                    .iter()
-                    .flat_map(|r| &r.attributes)
-                    .find(|kv| kv.key == "service.name")
-                    .map(|kv| text(kv.value.as_ref()))
-                    .unwrap_or_default();
-                for ss in rs.scope_spans {
-                    spans.extend(ss.spans.into_iter().map(|s| (service.clone(), s)));
-                }
-            }
-        }
-        let ok =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-        if conn.write_all(ok).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// An attribute value as text (strings as they are, numbers in decimal).
-fn text(v: Option<&AnyValue>) -> String {
-    match v.and_then(|v| v.value.as_ref()) {
-        Some(any_value::Value::StringValue(s)) => s.clone(),
-        Some(any_value::Value::IntValue(i)) => i.to_string(),
-        Some(any_value::Value::BoolValue(b)) => b.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-fn attr(attributes: &[KeyValue], key: &str) -> Option<String> {
-    attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .map(|kv| text(kv.value.as_ref()))
-}
-
 /// Each RLQS report gets a server span, the child of the `traceparent` the stream
 /// opened with, with the domain, the bucket count and one event per bucket naming
 /// its assignment, exported over OTLP/HTTP to a receiver; the bucket's values
@@ -641,4 +590,64 @@ async fn each_report_is_a_span_under_the_streams_traceparent() {
         );
     }
     assert_ne!(reports[0].1.span_id, reports[1].1.span_id, "a span each");
+}
+
+/// A report that is not a `RateLimitQuotaUsageReports` at all ends its stream with
+/// INVALID_ARGUMENT and, as any report, gets its span: an error, under the stream's
+/// `traceparent`.
+#[tokio::test]
+async fn an_undecodable_report_is_an_error_span() {
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let server = Server::start_env(dir, &[policy], &[], &env);
+    let (mut h2, _conn) = server.h2().await;
+    let request = server
+        .grpc_post("/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .body(())
+        .unwrap();
+    let (response, mut send) = h2.send_request(request, false).unwrap();
+    // One gRPC message of three bytes that are not protobuf.
+    let frame = bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0x12, 0x05, 0x0a]);
+    send.send_data(frame, true).unwrap();
+    let mut body = response.await.unwrap().into_body();
+    while let Some(chunk) = body.data().await {
+        chunk.unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"3"[..]),
+        "{trailers:?}"
+    );
+
+    let spans = receiver
+        .wait(Duration::from_secs(20), "span of the report", |s| {
+            s.iter()
+                .any(|s| common::otlp::hex(&s.trace_id) == "4bf92f3577b34da6a3ce929d0e0e4736")
+        })
+        .await;
+    let span = spans
+        .iter()
+        .find(|s| common::otlp::hex(&s.trace_id) == "4bf92f3577b34da6a3ce929d0e0e4736")
+        .unwrap();
+    assert_eq!(
+        span.name,
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+    );
+    assert_eq!(
+        span.status.as_ref().map(|s| s.code),
+        Some(opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32),
+        "{span:?}"
+    );
 }

@@ -501,14 +501,7 @@ async fn connections_still_in_their_handshake_count_against_the_http_cap() {
     );
     let server = start(&args);
     // Plain text, with slots of its own: where the refusals can be read.
-    let prometheus = server
-        .startup
-        .iter()
-        .find(|l| l.contains("metrics also served"))
-        .and_then(|l| l.split("prometheus=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the --prometheus-addr address logged")
-        .to_string();
+    let prometheus = server.prometheus_addr();
     let refused = || {
         let (_, m) = http(&prometheus, "GET", "/metrics", "");
         sample(&m, "sluice_http_connections_refused_total", &[])

@@ -29,8 +29,10 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
 /// The span of a `ShouldRateLimit` call, named as OpenTelemetry's RPC conventions
-/// name a server span (`package.Service/Method`).
-const SHOULD_RATE_LIMIT_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// name a server span (`package.Service/Method`). A `POST /json` decision's span has
+/// the same name: it is the same decision.
+pub const SHOULD_RATE_LIMIT_SPAN: &str =
+    "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// The service name health checks may ask about, besides "" (the whole server).
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 

@@ -26,6 +26,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
@@ -38,6 +39,8 @@ pub struct KubeSource {
     resource: ApiResource,
     namespace: Option<String>,
     hub: Arc<Hub>,
+    /// Counts the watches the API server accepted (see [`WatchOpened`]).
+    opened: tokio::sync::watch::Receiver<u64>,
 }
 
 /// What is known about one object.
@@ -52,16 +55,25 @@ struct Tracked {
 impl KubeSource {
     /// Connects with in-cluster config or `KUBECONFIG`.
     pub async fn connect(namespace: Option<String>, hub: Arc<Hub>) -> anyhow::Result<KubeSource> {
-        let client = Client::try_default().await.map_err(|e| {
+        let failed = |e: kube::Error| {
             anyhow::anyhow!(
                 "--kube: cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG): {e}"
             )
-        })?;
+        };
+        let config = kube::Config::infer()
+            .await
+            .map_err(|e| failed(kube::Error::InferConfig(e)))?;
+        let (opened_tx, opened) = tokio::sync::watch::channel(0);
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map_err(failed)?
+            .with_layer(&WatchOpened(Arc::new(opened_tx)))
+            .build();
         Ok(KubeSource {
             client,
             resource: ApiResource::erase::<RateLimitPolicy>(&()),
             namespace,
             hub,
+            opened,
         })
     }
 
@@ -99,13 +111,20 @@ impl KubeSource {
         let mut objects: BTreeMap<String, Tracked> = BTreeMap::new();
         let mut listing: Option<BTreeMap<String, Tracked>> = None;
         let mut failing = false;
+        // A watch resumed where it left off sends no event until something changes:
+        // the API server accepting it is what says the watch is back.
+        let mut opened = self.opened.clone();
         let mut listed = false;
         // Statuses left to write when the last round ran out of its time.
         let mut more = false;
         // Status writes cannot reach the API server: said once, until one succeeds.
         let mut unreachable = false;
+        // While events keep coming (a burst, or a resumed watch's missed versions):
+        // when its first came, and when statuses are written if no other comes.
+        let mut burst: Option<(Instant, Instant)> = None;
         loop {
             let mut changed = false;
+            let settled = burst.map(|(_, at)| at);
             tokio::select! {
                 // Events before statuses: a policy's change must not wait for the
                 // statuses of a burst of others.
@@ -116,6 +135,7 @@ impl KubeSource {
                         tracing::error!("the RateLimitPolicy watch ended; Kubernetes policies are no longer updated");
                         return;
                     };
+                    let was_failing = failing;
                     let mut watch = Watch {
                         objects: &mut objects,
                         listing: &mut listing,
@@ -131,9 +151,21 @@ impl KubeSource {
                     while let Some(Some(event)) = stream.next().now_or_never() {
                         changed |= watch.take(event);
                     }
+                    if failing && !was_failing {
+                        // Only a watch opened after this failure restores it.
+                        opened.borrow_and_update();
+                    }
+                    let now = Instant::now();
+                    let first = burst.map_or(now, |(first, _)| first);
+                    burst = Some((first, (now + SETTLE).min(first + SETTLE_MAX)));
                 },
-                Ok(()) = outcomes.changed() => {}
-                _ = std::future::ready(()), if more => {}
+                Ok(()) = opened.changed(), if failing => {
+                    tracing::info!(scope = %scope, "RateLimitPolicy watch restored");
+                    failing = false;
+                }
+                _ = tokio::time::sleep_until(settled.unwrap_or_else(Instant::now)), if settled.is_some() => {}
+                Ok(()) = outcomes.changed(), if settled.is_none() => {}
+                _ = std::future::ready(()), if more && settled.is_none() => {}
                 _ = retry.tick() => {}
             }
             if changed {
@@ -144,6 +176,12 @@ impl KubeSource {
                 if let Some(tx) = first.take() {
                     let _ = tx.send(());
                 }
+            }
+            if let Some((_, at)) = burst {
+                if Instant::now() < at {
+                    continue;
+                }
+                burst = None;
             }
             let latest = outcomes.borrow_and_update().clone();
             more = self
@@ -168,6 +206,8 @@ impl KubeSource {
     /// rather than wait on every object in turn, and says so once (`unreachable`)
     /// until a write succeeds; a refusal of one object's patch is that object's.
     ///
+    /// It runs once the watch has been quiet for [`SETTLE`] (at most [`SETTLE_MAX`]
+    /// after a burst began), so a burst of versions is written once, with its end.
     /// Writing stops after [`STATUS_ROUND`] so that waiting events are taken first;
     /// it returns true when statuses are left to write (and the API server is
     /// taking them), to be called again at once.
@@ -183,7 +223,7 @@ impl KubeSource {
         outcomes: &Outcomes,
         unreachable: &mut bool,
     ) -> bool {
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let mut written = false;
         for (key, t) in objects.iter_mut() {
             let Some(outcome) = outcomes.get(key) else {
@@ -258,6 +298,15 @@ impl KubeSource {
     }
 }
 
+/// Statuses are written once the watch has sent no event for this long: the events
+/// of a burst reach the source one by one through the client's connection task, and
+/// a resumed watch sends one per version it missed, so each policy's status is
+/// written once with its final state, not once per version.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// The longest statuses wait for a burst to end.
+const SETTLE_MAX: Duration = Duration::from_secs(1);
+
 /// How long one round of status writes may run before waiting events are taken.
 const STATUS_ROUND: Duration = Duration::from_millis(250);
 
@@ -329,6 +378,64 @@ impl Watch<'_> {
                 self.objects.remove(&key).is_some()
             }
         }
+    }
+}
+
+/// A layer of the API client that counts the watch requests the API server
+/// accepts (answered 200: the watch is open), so the source can say the watch is
+/// back as soon as it is, not at the next event, which a quiet cluster may not send
+/// for hours.
+#[derive(Clone)]
+struct WatchOpened(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl<S> tower_layer::Layer<S> for WatchOpened {
+    type Service = WatchOpenedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WatchOpenedService {
+            inner,
+            opened: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`WatchOpened`].
+#[derive(Clone)]
+struct WatchOpenedService<S> {
+    inner: S,
+    opened: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for WatchOpenedService<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true"));
+        let answer = self.inner.call(req);
+        let opened = self.opened.clone();
+        Box::pin(async move {
+            let response = answer.await?;
+            if watch && response.status().is_success() {
+                opened.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok(response)
+        })
     }
 }
 

@@ -12,7 +12,8 @@
 //! policy, never by request values (envoyproxy/ratelimit's `detailed_metric` and
 //! overrides name request values; sluice counts those under the rule matched). Past
 //! [`MAX_SERIES`] label sets, new ones are counted under `key1="other"`,
-//! `key2="other"`.
+//! `key2="other"`. A policy change drops the label sets no limit of the new policy
+//! has ([`ErlStats::policy_swapped`]), as sluice's own series of a removed rule go.
 //!
 //! Counts are in hits (`hits_addend`), as there: `total_hits` every hit decided;
 //! `within_limit` the admitted ones; `over_limit` the denied ones (shadow limits
@@ -26,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use super::striped::{self, escape_label, Stripes};
 use crate::limiter::Status;
-use crate::policy::Rule;
+use crate::policy::{Policy, Rule};
 
 /// Most label sets kept apart.
 pub const MAX_SERIES: usize = 4096;
@@ -216,6 +217,25 @@ impl ErlStats {
             key = (key.0, "other".into(), "other".into());
         }
         series.entry(key).or_default().clone()
+    }
+
+    /// `policy` now serves: the label sets of limits it no longer has are dropped,
+    /// those it keeps keep their counts (and a domain it keeps, its `other` set).
+    pub fn policy_swapped(&self, policy: &Policy) {
+        let wanted: std::collections::HashSet<Labels> = policy
+            .rules_by_domain()
+            .into_iter()
+            .flat_map(|(d, r)| {
+                std::iter::once(r.id)
+                    .chain(r.also.iter().copied())
+                    .map(move |id| labels(d, &policy.rule(id).stat_key))
+            })
+            .collect();
+        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        series.retain(|key, _| {
+            wanted.contains(key)
+                || (key.1 == "other" && key.2 == "other" && policy.domains.contains_key(&key.0))
+        });
     }
 
     /// Counts one decided descriptor: `rule` decided `status`.
@@ -546,5 +566,40 @@ mod tests {
         let series = stats.series.lock().unwrap();
         assert_eq!(series.len(), MAX_SERIES + 1);
         assert!(series.contains_key(&("d".to_string(), "other".to_string(), "other".to_string())));
+    }
+
+    #[test]
+    fn a_policy_change_drops_the_label_sets_of_limits_it_no_longer_has() {
+        let policy = |text: &str| {
+            crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
+        };
+        let both = policy(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        );
+        let stats = ErlStats::new(0.8);
+        stats.policy_swapped(&both);
+        for (id, hits) in [(0, 3), (1, 2)] {
+            let r = both.rule(id);
+            let counts = stats.counts("d", r);
+            stats.record(&counts, r, &status(true, 1, hits));
+        }
+        let text = totals(&stats);
+        assert!(
+            text.contains(
+                r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="tenant",key2=""} 2"#
+            ),
+            "{text}"
+        );
+        stats.policy_swapped(&policy(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        ));
+        let text = totals(&stats);
+        assert!(!text.contains("tenant"), "{text}");
+        assert!(
+            text.contains(
+                r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="k",key2=""} 3"#
+            ),
+            "the limit that stays keeps its count: {text}"
+        );
     }
 }

@@ -6,8 +6,17 @@
 //! when no rule governs the bucket), never a bucket's values. Recorded once per
 //! report and per bucket in it, every few seconds per Envoy and never per request,
 //! so the labelled lookups here cost nothing that matters.
+//!
+//! A policy change drops the series of the domains and rules it no longer has
+//! ([`QuotaStats::policy_swapped`]), as the per-rule series of `ShouldRateLimit`
+//! decisions go with their rule.
 
+use std::collections::HashSet;
+
+use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
+
+use crate::policy::Policy;
 
 use super::{counter_vec, int_counter, int_gauge, registered};
 
@@ -115,5 +124,117 @@ impl QuotaStats {
         self.assignments
             .with_label_values(&[domain, rule, kind.as_str()])
             .inc();
+    }
+
+    /// `policy` now serves: the series of domains it does not define, and of rules
+    /// it does not have, are dropped (a dashboard shows no assignments of a rule
+    /// that is gone). Those of domain "" and rule "" (no policy's domain, no rule)
+    /// stay.
+    pub fn policy_swapped(&self, policy: &Policy) {
+        let domains: HashSet<&str> = policy.domains.keys().map(String::as_str).collect();
+        let rules: HashSet<(&str, &str)> = policy
+            .rules_by_domain()
+            .into_iter()
+            .flat_map(|(d, r)| {
+                std::iter::once(r.id)
+                    .chain(r.also.iter().copied())
+                    .map(move |id| (d, policy.rule(id).path.as_str()))
+            })
+            .collect();
+        let kept = |labels: &[&str]| match labels {
+            [domain, rule, ..] => {
+                domain.is_empty()
+                    || (domains.contains(domain)
+                        && (rule.is_empty() || rules.contains(&(*domain, *rule))))
+            }
+            [domain] => domain.is_empty() || domains.contains(domain),
+            [] => true,
+        };
+        prune(&self.reports, &["domain"], &kept);
+        prune(&self.assignments, &["domain", "rule", "kind"], &|l| {
+            kept(&l[..2])
+        });
+        prune(&self.irregular, &["domain", "reason"], &|l| kept(&l[..1]));
+    }
+}
+
+/// Removes the series of `family` whose values of `labels` (in that order, the
+/// family's own) `kept` refuses.
+fn prune(family: &IntCounterVec, labels: &[&str], kept: &dyn Fn(&[&str]) -> bool) {
+    for mf in family.collect() {
+        for metric in mf.get_metric() {
+            let values: Vec<&str> = labels
+                .iter()
+                .map(|name| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == *name)
+                        .map_or("", |l| l.value())
+                })
+                .collect();
+            if !kept(&values) {
+                let _ = family.remove_label_values(&values);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::{Encoder, TextEncoder};
+
+    fn policy(text: &str) -> Policy {
+        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
+    }
+
+    fn render(registry: &Registry) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut buf)
+            .unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    #[test]
+    fn a_policy_change_drops_the_series_of_rules_and_domains_it_no_longer_has() {
+        let registry = Registry::new();
+        let stats = QuotaStats::new(&registry);
+        let both = "domain: web\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n---\ndomain: old\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+        stats.policy_swapped(&policy(both));
+        for (domain, rule) in [
+            ("web", "route"),
+            ("web", "tenant"),
+            ("web", ""),
+            ("old", "route"),
+            ("", ""),
+        ] {
+            stats.report(domain);
+            stats.assignment(domain, rule, AssignmentKind::TokenBucket);
+            stats.irregular(domain, "no_entries");
+        }
+        let text = render(&registry);
+        assert!(
+            text.contains(r#"rule="tenant""#) && text.contains(r#"domain="old""#),
+            "{text}"
+        );
+
+        stats.policy_swapped(&policy(
+            "domain: web\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        ));
+        let text = render(&registry);
+        assert!(!text.contains(r#"rule="tenant""#), "{text}");
+        assert!(!text.contains(r#"domain="old""#), "{text}");
+        for kept in [
+            r#"sluice_rlqs_assignments_total{domain="web",kind="token_bucket",rule="route"} 1"#,
+            r#"sluice_rlqs_assignments_total{domain="web",kind="token_bucket",rule=""} 1"#,
+            r#"sluice_rlqs_assignments_total{domain="",kind="token_bucket",rule=""} 1"#,
+            r#"sluice_rlqs_reports_total{domain="web"} 3"#,
+            r#"sluice_rlqs_reports_total{domain=""} 1"#,
+            r#"sluice_rlqs_irregular_buckets_total{domain="web",reason="no_entries"} 3"#,
+        ] {
+            assert!(text.contains(kept), "{kept} in\n{text}");
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod contract;
+pub mod otlp;
 pub mod redis;
 pub mod sentinel;
 pub mod tls;
@@ -175,6 +176,17 @@ impl Server {
             }
             startup.push(line);
         }
+    }
+
+    /// The `--prometheus-addr` address, as its start-up line logged it.
+    pub fn prometheus_addr(&self) -> String {
+        self.startup
+            .iter()
+            .find(|l| l.contains("metrics also served"))
+            .and_then(|l| l.split("prometheus=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the --prometheus-addr address logged")
+            .to_string()
     }
 
     pub fn policy_path(&self) -> PathBuf {
@@ -438,11 +450,26 @@ pub fn header<'a>(resp: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 
 /// Minimal HTTP/1.1 client over a TCP stream: (status, body).
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(addr, method, path, &[], body)
+}
+
+/// [`http`] with extra request headers.
+pub fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");

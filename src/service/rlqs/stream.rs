@@ -215,21 +215,27 @@ pub fn serve_traced<S: Store>(
                     Some(n) = inbox.recv() => Event::Nudge(n),
                 };
                 match event {
-                    Event::Message(Ok(m)) => match decode(&m) {
-                        Ok(reports) => {
-                            let Some(t) = &traced else {
-                                break stream.answer(reports).await;
-                            };
-                            let mut call = t.tracer.call_with_parent(REPORT_SPAN, t.parent);
-                            let buckets = reports.bucket_quota_usages.len();
-                            let answer = stream.answer(reports).await;
-                            if call.recording() {
-                                report_span(&mut call, stream.domain.as_deref(), buckets, &answer);
+                    Event::Message(Ok(m)) => {
+                        let Some(t) = &traced else {
+                            match decode(&m) {
+                                Ok(reports) => break stream.answer(reports).await,
+                                Err(e) => break Err(e),
                             }
-                            break answer;
+                        };
+                        // A report that cannot be read gets its span too, an error.
+                        let mut call = t.tracer.call_with_parent(REPORT_SPAN, t.parent);
+                        let (buckets, answer) = match decode(&m) {
+                            Ok(reports) => {
+                                let buckets = reports.bucket_quota_usages.len();
+                                (buckets, stream.answer(reports).await)
+                            }
+                            Err(e) => (0, Err(e)),
+                        };
+                        if call.recording() {
+                            report_span(&mut call, stream.domain.as_deref(), buckets, &answer);
                         }
-                        Err(e) => break Err(e),
-                    },
+                        break answer;
+                    }
                     Event::Message(Err(e)) => break Err(e),
                     Event::Nudge(n) => {
                         if let Some(pushed) = stream.nudged(&n) {
