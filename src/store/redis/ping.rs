@@ -6,11 +6,11 @@
 //! timeout, and tells its health ([`Health::probe_due`], [`Health::probed`] keep the
 //! schedule). Nothing is added to the request path.
 //!
-//! While a cluster master the slot map names is failing, the map is also read again
-//! every [`MAP_WHILE_FAILING`]: a master that died or hangs is replaced by its replica
-//! once the cluster's node timeout passes, and nothing else would tell sluice so
-//! (the old master answers no call to redirect it, and calls to a master backed off
-//! are not sent at all).
+//! While a cluster master the slot map names does not answer, the map is also read
+//! again every [`MAP_WHILE_FAILING`]: a master that died or hangs is replaced by its
+//! replica once the cluster's node timeout passes, and nothing else would tell
+//! sluice so (the old master answers no call to redirect it, and calls to a master
+//! backed off are not sent at all).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -22,13 +22,13 @@ use crate::store::StoreError;
 
 use super::cluster::Cluster;
 use super::health::{Health, PROBE_EVERY};
-
-/// How often the slot map is read while a master it names is failing: a replica
-/// promoted in its place takes that master's slots' calls at most this long (and a
-/// read) after the cluster has promoted it. One `CLUSTER SLOTS` at a time, to a
-/// node that answers.
-pub const MAP_WHILE_FAILING: Duration = Duration::from_millis(200);
 use super::{Backend, Inner, ShardConn};
+
+/// How often the slot map is read while a master it names does not answer: a
+/// replica promoted in its place takes that master's slots' calls at most this long
+/// (and a read) after the cluster has promoted it. One `CLUSTER SLOTS` at a time,
+/// to a node that answers first.
+pub const MAP_WHILE_FAILING: Duration = Duration::from_millis(200);
 
 /// Probes the store's quiet shards until the store is dropped.
 pub(super) async fn watch(inner: Weak<Inner>) {
@@ -119,7 +119,7 @@ async fn watch_cluster(cluster: &Cluster, timeout: Duration) -> Instant {
         cluster.health.probed(&Ok(()), Instant::now());
     }
     let next = next_look(healths.iter().map(|h| &**h));
-    if healths.iter().any(|h| h.is_failing()) {
+    if healths.iter().any(|h| h.unanswering()) {
         // Its replica may have taken its slots by now.
         cluster.router().refresh_soon();
         return next.min(Instant::now() + MAP_WHILE_FAILING);
