@@ -2,8 +2,9 @@
 //! (READONLY), a replica without its master (MASTERDOWN), a busy script (BUSY), no
 //! memory (OOM), a password (NOAUTH), loading (LOADING), a stalled server
 //! (timeout), a key of the wrong type (a script error) and a cluster without its
-//! slots (CLUSTERDOWN); and a shard killed or stopped while no call reaches it,
-//! which its probes find.
+//! slots (CLUSTERDOWN); a shard killed or stopped while no call reaches it,
+//! which its probes find; and a cluster master stopped until its replica is
+//! promoted, which then decides its slots.
 //!
 //! In each, every call is answered within the store timeout and a margin, by the
 //! domain's failure mode (one domain fails open, one closed), the error is counted
