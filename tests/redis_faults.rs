@@ -2,8 +2,9 @@
 //! (READONLY), a replica without its master (MASTERDOWN), a busy script (BUSY), no
 //! memory (OOM), a password (NOAUTH), loading (LOADING), a stalled server
 //! (timeout), a key of the wrong type (a script error) and a cluster without its
-//! slots (CLUSTERDOWN); and a shard killed or stopped while no call reaches it,
-//! which its probes find.
+//! slots (CLUSTERDOWN); a shard killed or stopped while no call reaches it,
+//! which its probes find; and a cluster master stopped until its replica is
+//! promoted, which then decides its slots.
 //!
 //! In each, every call is answered within the store timeout and a margin, by the
 //! domain's failure mode (one domain fails open, one closed), the error is counted
@@ -1228,4 +1229,138 @@ async fn a_shard_backed_off_by_its_calls_reads_up_once_back_with_no_call() {
     f.until_backed_off("connection").await;
     f.redis.restart().await;
     f.until_quiet_up().await;
+}
+
+/// `ROLE` of `node`: `master` or `slave` (or what stood in the way).
+async fn role_of(node: &RedisServer) -> String {
+    let asked = async {
+        let mut conn = node.conn().await;
+        redis::cmd("ROLE").query_async(&mut conn).await
+    };
+    match tokio::time::timeout(Duration::from_secs(1), asked).await {
+        Ok(Ok(redis::Value::Array(items))) => match items.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+/// Waits (a minute at most) until `replica` has been promoted, and says when.
+async fn promoted(replica: &RedisServer) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if role_of(replica).await == "master" {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never promoted",
+            replica.addr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Longest wait, once the cluster has promoted a stopped master's replica, until
+/// sluice's calls for that master's slots are decided by it: the slot map is read
+/// every 200 ms while a master is failing, and room for a loaded 2-core machine.
+/// Sluice would otherwise learn of it only when the stopped master's back-off
+/// (growing to 5 s) let a call through to time out.
+const PROMOTED_BOUND: Duration = Duration::from_millis(600);
+
+/// A master stopped (`SIGSTOP`: connections open, nothing answered, no `MOVED`) is
+/// replaced by its replica once the cluster's node timeout passes; its slots are
+/// decided again soon after, whether no call (a first master) or a steady stream of
+/// them (a second one, backed off meanwhile) reaches sluice.
+#[tokio::test]
+async fn a_stopped_cluster_master_s_promoted_replica_decides_its_slots_soon() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    // Three masters, each with a replica.
+    let mut cluster = common::redis::RedisCluster::start(3).await;
+    for master in 0..3 {
+        cluster.add_replica(master).await;
+    }
+    let urls = cluster.urls()[..3].join(",");
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        POLICY,
+        &["--store-timeout", &timeout, "--redis-cluster", &urls],
+    );
+    let mut client = sluice.client().await;
+    const USERS: usize = 30;
+    for i in 0..USERS {
+        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
+        let code = common::call(&mut client, req).await.overall_code;
+        assert_eq!(code, common::OK, "user c{i}");
+    }
+    let mut call = async |user: usize| {
+        let req = common::request(
+            "closed",
+            vec![common::desc(&[("user", &format!("c{user}"))])],
+        );
+        common::call(&mut client, req).await.overall_code
+    };
+    let masters_named = || {
+        let (_, body) = common::http(&sluice.http, "GET", "/debug/store", "");
+        body
+    };
+
+    // No call: the map names the replica, and the first call is decided by it.
+    let user = users_on(&cluster.nodes[0], USERS).await[0];
+    cluster.nodes[0].freeze();
+    let at = promoted(&cluster.nodes[3]).await;
+    let replica = cluster.nodes[3].addr();
+    while !masters_named().contains(&format!("\"name\":\"{replica}\"")) {
+        assert!(
+            at.elapsed() < PROMOTED_BOUND,
+            "{replica} not taken for a master {:?} after its promotion: {}",
+            at.elapsed(),
+            masters_named()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(call(user).await, common::OK, "user c{user} on {replica}");
+
+    // A call every 10 ms: answered by the failure mode while the master is stopped,
+    // then decided by its replica.
+    let user = users_on(&cluster.nodes[1], USERS).await[0];
+    cluster.nodes[1].freeze();
+    let stopped = Instant::now();
+    let replica = &cluster.nodes[4];
+    let mut at: Option<Instant> = None;
+    let mut role_asked = Instant::now();
+    loop {
+        let code = call(user).await;
+        if let Some(at) = at {
+            if code == common::OK {
+                break;
+            }
+            let waited = at.elapsed();
+            assert!(
+                waited < PROMOTED_BOUND,
+                "user c{user} not decided {waited:?} after {} was promoted",
+                replica.addr()
+            );
+        } else if role_asked.elapsed() >= Duration::from_millis(20) {
+            role_asked = Instant::now();
+            if role_of(replica).await == "master" {
+                at = Some(Instant::now());
+            }
+            assert!(stopped.elapsed() < Duration::from_secs(60), "no promotion");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            call(user).await,
+            common::OK,
+            "user c{user} after the switch"
+        );
+    }
+    cluster.nodes[0].thaw();
+    cluster.nodes[1].thaw();
 }

@@ -206,6 +206,14 @@ impl Health {
         self.failing.load(Relaxed)
     }
 
+    /// Whether the shard's calls (or probes) fail because it does not answer, or
+    /// not in time ([`ErrorKind::fails_ping`]), rather than with an answer (a
+    /// script error, `READONLY`): in a cluster, a master its replica may have
+    /// replaced.
+    pub fn unanswering(&self) -> bool {
+        self.is_failing() && self.lock().streak.kind.is_some_and(ErrorKind::fails_ping)
+    }
+
     pub fn success(&self) {
         // Stored once per look, then only read: calls under load share the line.
         if !self.answered.load(Relaxed) {
@@ -974,5 +982,22 @@ mod tests {
         assert!(h.will_say_up());
         h.probed(&Ok(()), t0 + PROBE_EVERY);
         assert!(!h.will_say_up() && !h.is_failing());
+    }
+
+    #[test]
+    fn only_a_shard_that_does_not_answer_is_unanswering() {
+        let h = Health::new("s".into(), None);
+        let t0 = Instant::now();
+        assert!(!h.unanswering());
+        h.failure_at(&StoreError::failed(ErrorKind::Script, "ERR boom"), t0);
+        assert!(h.is_failing() && !h.unanswering(), "it answered");
+        h.failure_at(&StoreError::failed(ErrorKind::ReadOnly, "READONLY"), t0);
+        assert!(!h.unanswering(), "it answered");
+        h.failure_at(&StoreError::Timeout, t0 + MS);
+        assert!(h.unanswering());
+        h.success();
+        assert!(!h.unanswering());
+        h.probed(&Err(down()), t0 + 2 * MS);
+        assert!(h.unanswering(), "a failed probe");
     }
 }

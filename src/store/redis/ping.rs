@@ -5,6 +5,12 @@
 //! shards, Sentinel masters, a cluster's masters) for a `PING`, bounded by the store
 //! timeout, and tells its health ([`Health::probe_due`], [`Health::probed`] keep the
 //! schedule). Nothing is added to the request path.
+//!
+//! While a cluster master the slot map names does not answer, the map is also read
+//! again every [`MAP_WHILE_FAILING`]: a master that died or hangs is replaced by its
+//! replica once the cluster's node timeout passes, and nothing else would tell
+//! sluice so (the old master answers no call to redirect it, and calls to a master
+//! backed off are not sent at all).
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -17,6 +23,12 @@ use crate::store::StoreError;
 use super::cluster::Cluster;
 use super::health::{Health, PROBE_EVERY};
 use super::{Backend, Inner, ShardConn};
+
+/// How often the slot map is read while a master it names does not answer: a
+/// replica promoted in its place takes that master's slots' calls at most this long
+/// (and a read) after the cluster has promoted it. One `CLUSTER SLOTS` at a time,
+/// to a node that answers first.
+pub const MAP_WHILE_FAILING: Duration = Duration::from_millis(200);
 
 /// Probes the store's quiet shards until the store is dropped.
 pub(super) async fn watch(inner: Weak<Inner>) {
@@ -106,10 +118,16 @@ async fn watch_cluster(cluster: &Cluster, timeout: Duration) -> Instant {
         // A master answers: the cluster is reached (as a call's success says).
         cluster.health.probed(&Ok(()), Instant::now());
     }
-    next_look(healths.iter().map(|h| &**h))
+    let next = next_look(healths.iter().map(|h| &**h));
+    if healths.iter().any(|h| h.unanswering()) {
+        // Its replica may have taken its slots by now.
+        cluster.router().refresh_soon();
+        return next.min(Instant::now() + MAP_WHILE_FAILING);
+    }
+    next
 }
 
-async fn ping_node(router: &Router, node: &Node, timeout: Duration) -> Result<(), StoreError> {
+async fn ping_node(router: &Arc<Router>, node: &Node, timeout: Duration) -> Result<(), StoreError> {
     let sent = router.run_on(node, Arc::new(ping()));
     match tokio::time::timeout(timeout, sent).await {
         Ok(answer) => pong(answer?),

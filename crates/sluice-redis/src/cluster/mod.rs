@@ -2,9 +2,13 @@
 //!
 //! The slot map comes from `CLUSTER SLOTS`, read on first use from a seed or a known
 //! node (so a caller starts while the cluster is down) and again when it is stale:
-//! after a redirect, a connection error or timeout, or an outage reply. Reads are
-//! bounded: one at a time and one per [`REFRESH_EVERY`] at most, and a call that finds
-//! its slot mapped does not wait for one. A call goes to the slot its caller names
+//! after a redirect or an outage reply (at the next call), and at once, in the
+//! background, when a node does not answer (a connection error, or a call or `PING`
+//! its caller stopped waiting for: a master that died or hangs may have been replaced
+//! by its replica, which no redirect will tell, as the old master answers nothing).
+//! Reads are bounded: one at a time and one per [`REFRESH_EVERY`] at most, they ask
+//! the nodes that failed last, and a call that finds its slot mapped does not wait
+//! for one. A call goes to the slot its caller names
 //! ([`slot`] of its first key: the caller keeps every call within one slot); a node
 //! that does not serve it redirects it, `MOVED` (the slot moved: the map is corrected
 //! at once) or `ASK` (the slot is migrating: this call goes there after `ASKING`), at
@@ -80,6 +84,8 @@ pub struct Node {
     /// Connections for calls off the hot path ([`Router::run`] pipelines).
     pub pool: Pool,
     pipe: Pipe,
+    /// Its last call failed or went unanswered: asked last for the slot map.
+    failed: AtomicBool,
 }
 
 impl Node {
@@ -93,7 +99,22 @@ impl Node {
             host,
             pipe: Pipe::spawn(target.clone(), timeout),
             pool: Pool::new(target),
+            failed: AtomicBool::new(false),
         })
+    }
+
+    /// A call to the node failed or went unanswered.
+    fn failed(&self) {
+        if !self.failed.load(Ordering::Relaxed) {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The node answered a call (one load while it keeps answering).
+    fn answered(&self) {
+        if self.failed.load(Ordering::Relaxed) {
+            self.failed.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -133,14 +154,18 @@ pub struct Router {
     timeout: Duration,
 }
 
-/// Marks the map stale if the call it watches is dropped unanswered (its caller's
-/// timeout): the node may be gone.
-struct Watch<'a>(&'a AtomicBool, bool);
+/// Suspects the node ([`Router::suspect`]) if the call it watches is dropped
+/// unanswered (its caller's timeout): the node may be gone or hung.
+struct Watch<'a> {
+    router: &'a Arc<Router>,
+    node: &'a Node,
+    answered: bool,
+}
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        if !self.1 {
-            self.0.store(true, Ordering::Relaxed);
+        if !self.answered {
+            self.router.suspect(self.node);
         }
     }
 }
@@ -172,14 +197,25 @@ impl Router {
         let mut node = self.route(slot).await;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTS {
-            let mut watch = Watch(&self.stale, false);
+            let mut watch = Watch {
+                router: self,
+                node: &node,
+                answered: false,
+            };
             let answer = node.pipe.call(req.clone(), asking).await;
-            watch.1 = true;
+            watch.answered = true;
+            drop(watch);
             let text = match answer {
-                Ok(Value::Error(text)) => text,
-                Ok(v) => return Ok(v),
+                Ok(Value::Error(text)) => {
+                    node.answered();
+                    text
+                }
+                Ok(v) => {
+                    node.answered();
+                    return Ok(v);
+                }
                 Err(e) => {
-                    self.stale.store(true, Ordering::Relaxed);
+                    self.suspect(&node);
                     return Err(e);
                 }
             };
@@ -208,14 +244,46 @@ impl Router {
         ))
     }
 
-    /// Sends `req`, a command without keys (such as `SCRIPT LOAD`), to `node` itself.
-    /// A connection error or timeout marks the map stale, as a routed call's does.
-    pub async fn run_on(&self, node: &Node, req: Arc<Request>) -> Result<Value, Error> {
+    /// Sends `req`, a command without keys (such as `SCRIPT LOAD` or `PING`), to
+    /// `node` itself. A connection error, or the caller's timeout, suspects the node
+    /// ([`Router::suspect`]), as a routed call's does.
+    pub async fn run_on(self: &Arc<Self>, node: &Node, req: Arc<Request>) -> Result<Value, Error> {
+        let mut watch = Watch {
+            router: self,
+            node,
+            answered: false,
+        };
         let answer = node.pipe.call(req, false).await;
-        if answer.is_err() {
-            self.stale.store(true, Ordering::Relaxed);
+        watch.answered = true;
+        drop(watch);
+        match &answer {
+            Ok(_) => node.answered(),
+            Err(_) => self.suspect(node),
         }
         answer
+    }
+
+    /// `node` did not answer a call: it may be dead, or hung, and its slots served
+    /// by a replica promoted meanwhile, which no redirect tells (the node answers
+    /// nothing). The map is read again now, in the background, asking `node` last
+    /// ([`Router::refresh_soon`]).
+    fn suspect(self: &Arc<Self>, node: &Node) {
+        node.failed();
+        self.refresh_soon();
+    }
+
+    /// Reads the slot map again now, in the background, unless a read is under way
+    /// or one was made less than [`REFRESH_EVERY`] ago; the map stays marked stale
+    /// then, so the next call or `refresh_soon` reads it. Needs a Tokio runtime (does
+    /// nothing without one).
+    pub fn refresh_soon(self: &Arc<Self>) {
+        self.stale.store(true, Ordering::Relaxed);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        if let Ok(last) = self.refresh.clone().try_lock_owned() {
+            self.read(last);
+        }
     }
 
     /// The node a call to `slot` goes to first ([`Router::run`]): its master in the
@@ -247,7 +315,7 @@ impl Router {
     /// `wait`, waits for it (or for a read under way, then uses its map); without,
     /// leaves it to run.
     async fn refresh(self: &Arc<Self>, wait: bool) {
-        let mut last = if wait {
+        let last = if wait {
             self.refresh.clone().lock_owned().await
         } else {
             match self.refresh.clone().try_lock_owned() {
@@ -255,25 +323,37 @@ impl Router {
                 Err(_) => return,
             }
         };
+        if let Some(read) = self.read(last) {
+            if wait {
+                let _ = read.await;
+            }
+        }
+    }
+
+    /// Starts a read of the map, holding `last` (the refresh lock) until it ends,
+    /// unless the last one began less than [`REFRESH_EVERY`] ago.
+    fn read(
+        self: &Arc<Self>,
+        mut last: tokio::sync::OwnedMutexGuard<Option<Instant>>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         if last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
-            return;
+            return None;
         }
         *last = Some(Instant::now());
         self.stale.store(false, Ordering::Relaxed);
         let router = self.clone();
-        let read = tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             if let Err(e) = router.load().await {
                 tracing::debug!(error = %e, "cluster slot map not read");
                 router.stale.store(true, Ordering::Relaxed);
             }
             drop(last);
-        });
-        if wait {
-            let _ = read.await;
-        }
+        }))
     }
 
-    /// Asks the known masters, then the seeds, for the slot map, until one answers.
+    /// Asks the known masters, then the seeds, for the slot map, until one answers;
+    /// the nodes whose last call failed last (a hung one would hold the read for
+    /// the whole timeout).
     async fn load(&self) -> Result<(), Error> {
         let old = self.map.load_full();
         let mut asked: Vec<&Arc<Node>> = old.nodes.iter().collect();
@@ -282,6 +362,8 @@ impl Router {
                 asked.push(seed);
             }
         }
+        // Stable: the order stays among those that answer and those that do not.
+        asked.sort_by_key(|n| n.failed.load(Ordering::Relaxed));
         let mut req = Request::default();
         req.start(2);
         req.arg(b"CLUSTER");
