@@ -164,6 +164,50 @@ async fn mutual_tls_requires_a_certificate_the_client_ca_signed() {
     assert!(wrong.is_err(), "a certificate of another CA: {wrong:?}");
 }
 
+/// A client whose certificate the gRPC port refuses fails every call, and Envoy then
+/// fails open: the refusal is logged as a warning with the peer and the reason, not
+/// only counted, so an operator sees why nothing is limited. So is a client that
+/// refuses the port's certificate.
+#[tokio::test]
+async fn a_refused_certificate_is_logged_with_the_peer_and_the_reason() {
+    let ca = Ca::new("test-ca");
+    let clients = Ca::new("client-ca");
+    let other = Ca::new("other-ca");
+    let pair = ca.server();
+    let server = start(&mutual_tls_flags("grpc", &pair, &clients.cert()));
+    let stranger = other.client("stranger");
+    let wrong = call_once(&server, client_config(&ca.cert(), Some(&stranger), b"h2")).await;
+    assert!(wrong.is_err(), "a certificate of another CA: {wrong:?}");
+    let lines = server
+        .wait_line(
+            Duration::from_secs(10),
+            "the refused client certificate",
+            |l| l.contains("WARN") && l.contains("the client's certificate is not accepted"),
+        )
+        .await;
+    let line = lines.last().unwrap();
+    assert!(line.contains("127.0.0.1:"), "the peer is named: {line}");
+    assert!(
+        line.contains("UnknownIssuer"),
+        "the reason is given: {line}"
+    );
+
+    // A client that trusts another CA refuses the port's certificate.
+    let server = start(&tls_flags("grpc", &pair.cert, &pair.key));
+    let distrust = call_once(&server, client_config(&other.cert(), None, b"h2")).await;
+    assert!(
+        distrust.is_err(),
+        "a client trusting another CA: {distrust:?}"
+    );
+    server
+        .wait_line(
+            Duration::from_secs(10),
+            "the client refusing the port's certificate",
+            |l| l.contains("WARN") && l.contains("does not accept this port's certificate"),
+        )
+        .await;
+}
+
 /// The certificate is renewed in place (the `..data` swap of a Secret volume) while
 /// connections old and new make calls: none fails, connections open before the
 /// swap go on, and new ones get the new certificate. Then files that do not load

@@ -108,6 +108,8 @@ pub struct Tls {
     last: Mutex<Last>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
+    /// Handshakes refused over a certificate or protocol, logged.
+    refusals: sluice_grpc::RefusalLog,
 }
 
 /// The files as last read.
@@ -152,6 +154,7 @@ impl Tls {
             config: ArcSwap::from_pointee(config),
             metrics,
             clock,
+            refusals: sluice_grpc::RefusalLog::default(),
         })
     }
 
