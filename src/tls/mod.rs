@@ -7,7 +7,9 @@
 //! named. New connections get the new certificate; connections already open keep
 //! theirs. Files that do not load (a key that is not the certificate's, a file
 //! written half way) leave the last good certificate serving, and are logged and
-//! counted in `sluice_tls_reloads_total{port,result="error"}`.
+//! counted in `sluice_tls_reloads_total{port,result="error"}` once the next check
+//! finds them the same: a certificate and its key written one after the other are
+//! a mismatched pair for a moment, and no refused renewal.
 //!
 //! A certificate out of its validity period is refused the same way, and stops
 //! start-up: served, it would fail every handshake, and Envoy, failing open by
@@ -119,6 +121,9 @@ struct Last {
     fingerprint: u64,
     /// Refused as not yet valid: the time (seconds) from which they would be taken.
     valid_from: Option<i64>,
+    /// Refused as incomplete (see [`TlsError::may_be_mid_update`]) and not reported
+    /// yet: reported if the next check finds the same files.
+    unreported: bool,
 }
 
 impl Last {
@@ -126,7 +131,21 @@ impl Last {
         Last {
             fingerprint,
             valid_from: None,
+            unreported: false,
         }
+    }
+}
+
+impl TlsError {
+    /// Whether files refused so may be in the middle of an update: a certificate
+    /// and its key written one after the other (`cp`, a configuration tool) are a
+    /// mismatched pair in between, and a file being written is incomplete. A
+    /// certificate out of its validity period is refused whole.
+    fn may_be_mid_update(&self) -> bool {
+        !matches!(
+            self,
+            TlsError::Expired { .. } | TlsError::NotYetValid { .. }
+        )
     }
 }
 
@@ -177,11 +196,14 @@ impl Tls {
         // Only the watcher calls this: the lock is never waited on.
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         // The same files, refused as not yet valid, are tried again once their
-        // time has come; that try is counted only if it succeeds.
-        let again = last.fingerprint == fingerprint;
-        if again && last.valid_from.is_none_or(|t| t > now) {
+        // time has come; that try is counted only if it succeeds. The same files
+        // refused as incomplete are reported now: they were not mid-update.
+        let same = last.fingerprint == fingerprint;
+        let settled = same && last.unreported;
+        if same && !settled && last.valid_from.is_none_or(|t| t > now) {
             return false;
         }
+        let again = same && !settled;
         *last = Last::seen(fingerprint);
         match contents.config(&self.files, &self.alpn, now) {
             Ok((config, validity)) => {
@@ -196,7 +218,10 @@ impl Tls {
                 if let TlsError::NotYetValid { not_before, .. } = &e {
                     last.valid_from = Some(not_before - validity::CLOCK_SKEW_SECS);
                 }
-                if !again {
+                if !settled && e.may_be_mid_update() {
+                    // Reported at the next check if the files stay so.
+                    last.unreported = true;
+                } else if !again {
                     tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
                     self.metrics.tls_reload(self.port, false);
                 }
@@ -205,11 +230,15 @@ impl Tls {
         }
     }
 
-    /// A read error, logged and counted once for as long as it stays the same.
+    /// A read error, logged and counted once for as long as it stays the same,
+    /// from the second check that finds it (a file replaced is missing a moment).
     fn refuse(&self, e: &TlsError, fingerprint: u64) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.fingerprint != fingerprint {
             *last = Last::seen(fingerprint);
+            last.unreported = true;
+        } else if last.unreported {
+            last.unreported = false;
             tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
             self.metrics.tls_reload(self.port, false);
         }
@@ -394,6 +423,9 @@ mod tests {
     const KEY: &[u8] = include_bytes!("testdata/localhost.key");
     const JAN_2030: &[u8] = include_bytes!("testdata/2030.crt");
     const YEAR_2051: &[u8] = include_bytes!("testdata/2051.crt");
+    /// Another key, and a certificate of it with the dates of `JAN_2030`.
+    const OTHER_KEY: &[u8] = include_bytes!("testdata/other.key");
+    const OTHER_JAN_2030: &[u8] = include_bytes!("testdata/other-2030.crt");
     const NOT_AFTER_2030: i64 = 1_896_134_400;
     const NOT_BEFORE_2051: i64 = 2_556_144_000;
     const NOT_AFTER_2051: i64 = 2_587_680_000;
@@ -442,6 +474,10 @@ mod tests {
 
         fn write_cert(&self, cert: &[u8]) {
             std::fs::write(self.dir.path().join("tls.crt"), cert).unwrap();
+        }
+
+        fn write_key(&self, key: &[u8]) {
+            std::fs::write(self.dir.path().join("tls.key"), key).unwrap();
         }
 
         /// A line of the metrics page, by its start.
@@ -507,6 +543,41 @@ mod tests {
         // Counted once while the files stay so.
         assert!(!tls.check());
         assert!(f.errors().unwrap().ends_with(" 1"));
+    }
+
+    /// `cp new.crt tls.crt; cp new.key tls.key`: a check between the two finds a
+    /// certificate and a key that do not match. That is no refused renewal: it is
+    /// reported only if the next check finds the files the same.
+    #[test]
+    fn a_certificate_and_key_written_one_after_the_other_are_taken_without_an_error() {
+        let f = Fixture::new(JAN_2030, NOT_AFTER_2030 - 2 * DAY);
+        let tls = f.load().unwrap();
+        let serving = tls.config.load_full();
+        f.write_cert(OTHER_JAN_2030);
+        assert!(!tls.check());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        f.write_key(OTHER_KEY);
+        assert!(tls.check());
+        assert!(!Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 0"), "{:?}", f.errors());
+
+        // Left mismatched, the pair is refused at the next check, and once.
+        let serving = tls.config.load_full();
+        f.write_key(KEY);
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 0"), "{:?}", f.errors());
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        // A file missing a moment (replaced by delete and create) is no error
+        // either.
+        std::fs::remove_file(f.dir.path().join("tls.key")).unwrap();
+        assert!(!tls.check());
+        f.write_key(OTHER_KEY);
+        assert!(tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
     }
 
     #[test]
