@@ -469,6 +469,27 @@ fn an_expired_or_not_yet_valid_certificate_stops_start_up_with_its_date() {
     }
 }
 
+/// A key that is not the certificate's, left so, is refused: reported at a second
+/// look a moment later (a key written after its certificate is no error), not a
+/// whole `--reload-interval` later, after a SIGHUP as after a poll.
+#[tokio::test]
+async fn a_mismatched_key_is_reported_soon_after_a_sighup_despite_a_long_interval() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let other = ca.server();
+    let mut flags = tls_flags("grpc", &pair.cert, &pair.key);
+    flags.extend(["--reload-interval".to_string(), "1h".to_string()]);
+    let server = start(&flags);
+    std::fs::copy(&other.key, &pair.key).unwrap();
+    server.signal(libc::SIGHUP);
+    server
+        .wait_line(Duration::from_secs(10), "the refusal logged", |l| {
+            l.contains("TLS files refused") && l.contains("is not the key of")
+        })
+        .await;
+    assert_eq!(grpc_reloads(&server, "error"), Some(1));
+}
+
 /// A renewal to an expired certificate is refused, logged and counted; the
 /// certificate before it serves on, and the expiry gauge stays with it. A good
 /// renewal after it is taken, and the gauge follows.

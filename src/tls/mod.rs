@@ -7,9 +7,10 @@
 //! named. New connections get the new certificate; connections already open keep
 //! theirs. Files that do not load (a key that is not the certificate's, a file
 //! written half way) leave the last good certificate serving, and are logged and
-//! counted in `sluice_tls_reloads_total{port,result="error"}` once the next check
-//! finds them the same: a certificate and its key written one after the other are
-//! a mismatched pair for a moment, and no refused renewal.
+//! counted in `sluice_tls_reloads_total{port,result="error"}` once they are found
+//! the same at a second check (at most a second later, [`SETTLE`]): a certificate
+//! and its key written one after the other are a mismatched pair for a moment, and
+//! no refused renewal.
 //!
 //! A certificate out of its validity period is refused the same way, and stops
 //! start-up: served, it would fail every handshake, and Envoy, failing open by
@@ -113,6 +114,10 @@ pub struct Tls {
     /// Handshakes refused over a certificate or protocol, logged.
     refusals: sluice_grpc::RefusalLog,
 }
+
+/// How soon files refused as possibly mid-update (a certificate written, its key
+/// not yet) are read again, at most: their refusal is reported if they are the same.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// The files as last read.
 #[derive(Debug, Clone, Copy)]
@@ -256,14 +261,30 @@ impl Tls {
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Files refused as possibly mid-update are checked again soon, not a whole
+        // (perhaps long) interval later, so that a refusal is not reported late.
+        let settle = interval.min(SETTLE);
+        let mut pending = false;
         loop {
             tokio::select! {
                 _ = &mut stop => return,
                 // At once on SIGHUP; without a sender the branch is off.
-                Ok(()) = rereads.changed() => self.check_off_runtime().await,
-                _ = tick.tick() => self.check_off_runtime().await,
+                Ok(()) = rereads.changed() => {}
+                _ = tick.tick() => {}
+                _ = tokio::time::sleep(settle), if pending => {}
             }
+            self.check_off_runtime().await;
+            pending = self.unreported();
         }
+    }
+
+    /// Whether the files as last read were refused as possibly mid-update, and
+    /// not reported yet.
+    fn unreported(&self) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unreported
     }
 
     /// Small files, but a slow volume must not stall a worker thread.
