@@ -179,13 +179,17 @@ pub async fn run(
     metrics.shard_declared("memory", "local");
     let limiter = Limiter::new(policy, store.clone(), settings);
     let service = Arc::new(
-        Service::new(limiter, cfg.header_style(), metrics)
+        Service::new(limiter, cfg.header_style(), metrics.clone())
             .echoing_request(cfg.decisions.response_dynamic_metadata),
     );
     {
         let store = store.clone();
         every_second(stopped(), move || {
             store.sweep();
+            // New keys refused at --max-keys are logged within a second, scraped
+            // or not.
+            let refused = store.evictions().refused;
+            metrics.watch_refusals(store.name(), || store.active_keys(), refused);
             async {}
         });
     }

@@ -164,6 +164,50 @@ async fn mutual_tls_requires_a_certificate_the_client_ca_signed() {
     assert!(wrong.is_err(), "a certificate of another CA: {wrong:?}");
 }
 
+/// A client whose certificate the gRPC port refuses fails every call, and Envoy then
+/// fails open: the refusal is logged as a warning with the peer and the reason, not
+/// only counted, so an operator sees why nothing is limited. So is a client that
+/// refuses the port's certificate.
+#[tokio::test]
+async fn a_refused_certificate_is_logged_with_the_peer_and_the_reason() {
+    let ca = Ca::new("test-ca");
+    let clients = Ca::new("client-ca");
+    let other = Ca::new("other-ca");
+    let pair = ca.server();
+    let server = start(&mutual_tls_flags("grpc", &pair, &clients.cert()));
+    let stranger = other.client("stranger");
+    let wrong = call_once(&server, client_config(&ca.cert(), Some(&stranger), b"h2")).await;
+    assert!(wrong.is_err(), "a certificate of another CA: {wrong:?}");
+    let lines = server
+        .wait_line(
+            Duration::from_secs(10),
+            "the refused client certificate",
+            |l| l.contains("WARN") && l.contains("the client's certificate is not accepted"),
+        )
+        .await;
+    let line = lines.last().unwrap();
+    assert!(line.contains("127.0.0.1:"), "the peer is named: {line}");
+    assert!(
+        line.contains("UnknownIssuer"),
+        "the reason is given: {line}"
+    );
+
+    // A client that trusts another CA refuses the port's certificate.
+    let server = start(&tls_flags("grpc", &pair.cert, &pair.key));
+    let distrust = call_once(&server, client_config(&other.cert(), None, b"h2")).await;
+    assert!(
+        distrust.is_err(),
+        "a client trusting another CA: {distrust:?}"
+    );
+    server
+        .wait_line(
+            Duration::from_secs(10),
+            "the client refusing the port's certificate",
+            |l| l.contains("WARN") && l.contains("does not accept this port's certificate"),
+        )
+        .await;
+}
+
 /// The certificate is renewed in place (the `..data` swap of a Secret volume) while
 /// connections old and new make calls: none fails, connections open before the
 /// swap go on, and new ones get the new certificate. Then files that do not load
@@ -423,6 +467,27 @@ fn an_expired_or_not_yet_valid_certificate_stops_start_up_with_its_date() {
             "{port}: want {named:?} in {stderr}"
         );
     }
+}
+
+/// A key that is not the certificate's, left so, is refused: reported at a second
+/// look a moment later (a key written after its certificate is no error), not a
+/// whole `--reload-interval` later, after a SIGHUP as after a poll.
+#[tokio::test]
+async fn a_mismatched_key_is_reported_soon_after_a_sighup_despite_a_long_interval() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let other = ca.server();
+    let mut flags = tls_flags("grpc", &pair.cert, &pair.key);
+    flags.extend(["--reload-interval".to_string(), "1h".to_string()]);
+    let server = start(&flags);
+    std::fs::copy(&other.key, &pair.key).unwrap();
+    server.signal(libc::SIGHUP);
+    server
+        .wait_line(Duration::from_secs(10), "the refusal logged", |l| {
+            l.contains("TLS files refused") && l.contains("is not the key of")
+        })
+        .await;
+    assert_eq!(grpc_reloads(&server, "error"), Some(1));
 }
 
 /// A renewal to an expired certificate is refused, logged and counted; the

@@ -72,9 +72,9 @@ impl Incoming {
                     let Some(tls) = &self.tls else {
                         return Conn::new(Box::new(tcp), deadline, idle, slot);
                     };
-                    let acceptor = tls.acceptor();
+                    let tls = tls.clone();
                     self.handshakes.spawn(async move {
-                        match handshake(acceptor, tcp, deadline, &peer).await {
+                        match handshake(&tls, tcp, deadline, &peer).await {
                             Ok(tls) => Some(Conn::new(Box::new(tls), deadline, idle, slot)),
                             Err(failure) => {
                                 let stats = slot.stats();

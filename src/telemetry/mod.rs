@@ -321,8 +321,18 @@ pub struct Metrics {
     /// A shard that had failed answered again since the last failure-mode answer:
     /// the store's own word that an outage ended, when no decision came to say so.
     store_answered: AtomicBool,
+    /// The memory store is refusing new keys (logged when it starts and stops).
     refusing: AtomicBool,
+    /// New keys refused by the memory store, as last looked at by
+    /// [`Metrics::watch_refusals`].
+    refusals_seen: AtomicU64,
+    /// Looks since the last refusal, while refusing.
+    quiet_looks: AtomicU64,
 }
+
+/// How many looks (one a second) without a refused key end a run of refusals: a
+/// flood with short pauses is one run, logged once.
+const REFUSALS_QUIET_LOOKS: u64 = 30;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -474,6 +484,8 @@ impl Metrics {
             last_store_failure: AtomicU64::new(0),
             store_answered: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
+            refusals_seen: AtomicU64::new(0),
+            quiet_looks: AtomicU64::new(0),
         }
     }
 
@@ -689,33 +701,46 @@ impl Metrics {
             .inc();
     }
 
-    /// The store's gauges, set at scrape time. Logs when the memory store starts (and
-    /// stops) refusing new keys.
+    /// The store's gauges, set at scrape time.
     pub fn set_store_state(&self, store: &str, active_keys: usize, evictions: &Evictions) {
         self.store
             .active_keys
             .with_label_values(&[store])
             .set(active_keys as i64);
         self.store.store_failures_vec.with_label_values(&[store]);
-        let mut refusing = false;
         for (reason, total) in evictions.by_reason() {
             let counter = self.store.evictions.with_label_values(&[reason]);
             let seen = counter.get();
             if total > seen {
                 counter.inc_by(total - seen);
-                refusing |= reason == "refused";
             }
         }
-        if self.refusing.swap(refusing, Ordering::Relaxed) != refusing {
-            if refusing {
+    }
+
+    /// Called once a second with the memory store's new keys refused so far: logs
+    /// when it starts refusing them, and when it has refused none for
+    /// [`REFUSALS_QUIET_LOOKS`] looks. Whether or not /metrics is scraped.
+    pub fn watch_refusals(&self, store: &str, active_keys: impl Fn() -> usize, refused: u64) {
+        let seen = self.refusals_seen.swap(refused, Ordering::Relaxed);
+        if refused > seen {
+            self.quiet_looks.store(0, Ordering::Relaxed);
+            if !self.refusing.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     store,
-                    active_keys,
+                    active_keys = active_keys(),
+                    refused = refused - seen,
                     "store full (--max-keys) of counters in use: new keys answered by the failure mode"
                 );
-            } else {
-                tracing::info!(store, active_keys, "store no longer refusing new keys");
             }
+        } else if self.refusing.load(Ordering::Relaxed)
+            && self.quiet_looks.fetch_add(1, Ordering::Relaxed) + 1 >= REFUSALS_QUIET_LOOKS
+        {
+            self.refusing.store(false, Ordering::Relaxed);
+            tracing::info!(
+                store,
+                active_keys = active_keys(),
+                "store no longer refusing new keys"
+            );
         }
     }
 

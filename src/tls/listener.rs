@@ -16,7 +16,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
 
 use super::Tls;
 
@@ -35,18 +34,20 @@ pub enum HandshakeFailure {
     TimedOut,
 }
 
-/// The server's side of a TLS handshake on `io`, bounded by `deadline`; a failure
-/// is logged at debug level with `peer`.
+/// The server's side of a TLS handshake on `io` with `tls`'s certificate of the
+/// moment, bounded by `deadline`. A failure over a certificate or protocol (a
+/// refused client certificate, a client refusing the port's) is logged as a
+/// warning with `peer`, at most every ten seconds; any other at debug level.
 pub async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
-    acceptor: TlsAcceptor,
+    tls: &Tls,
     io: IO,
     deadline: Instant,
     peer: &impl Display,
 ) -> Result<TlsStream<IO>, HandshakeFailure> {
-    match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
+    match tokio::time::timeout_at(deadline, tls.acceptor().accept(io)).await {
         Ok(Ok(tls)) => Ok(tls),
         Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            tls.refusals.handshake_failed(tls.port, peer, &e);
             Err(HandshakeFailure::Failed)
         }
         Err(_) => {
@@ -89,10 +90,10 @@ where
             tokio::select! {
                 // The guard under it waits out failed accepts.
                 (io, peer) = self.inner.accept() => {
-                    let acceptor = self.tls.acceptor();
+                    let port = self.tls.clone();
                     let deadline = Instant::now() + self.timeout;
                     self.handshakes.spawn(async move {
-                        let tls = handshake(acceptor, io, deadline, &peer).await.ok()?;
+                        let tls = handshake(&port, io, deadline, &peer).await.ok()?;
                         Some((tls, peer))
                     });
                 }

@@ -7,7 +7,10 @@
 //! named. New connections get the new certificate; connections already open keep
 //! theirs. Files that do not load (a key that is not the certificate's, a file
 //! written half way) leave the last good certificate serving, and are logged and
-//! counted in `sluice_tls_reloads_total{port,result="error"}`.
+//! counted in `sluice_tls_reloads_total{port,result="error"}` once they are found
+//! the same at a second check (at most a second later, [`SETTLE`]): a certificate
+//! and its key written one after the other are a mismatched pair for a moment, and
+//! no refused renewal.
 //!
 //! A certificate out of its validity period is refused the same way, and stops
 //! start-up: served, it would fail every handshake, and Envoy, failing open by
@@ -108,7 +111,13 @@ pub struct Tls {
     last: Mutex<Last>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
+    /// Handshakes refused over a certificate or protocol, logged.
+    refusals: sluice_grpc::RefusalLog,
 }
+
+/// How soon files refused as possibly mid-update (a certificate written, its key
+/// not yet) are read again, at most: their refusal is reported if they are the same.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// The files as last read.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +126,9 @@ struct Last {
     fingerprint: u64,
     /// Refused as not yet valid: the time (seconds) from which they would be taken.
     valid_from: Option<i64>,
+    /// Refused as incomplete (see [`TlsError::may_be_mid_update`]) and not reported
+    /// yet: reported if the next check finds the same files.
+    unreported: bool,
 }
 
 impl Last {
@@ -124,7 +136,21 @@ impl Last {
         Last {
             fingerprint,
             valid_from: None,
+            unreported: false,
         }
+    }
+}
+
+impl TlsError {
+    /// Whether files refused so may be in the middle of an update: a certificate
+    /// and its key written one after the other (`cp`, a configuration tool) are a
+    /// mismatched pair in between, and a file being written is incomplete. A
+    /// certificate out of its validity period is refused whole.
+    fn may_be_mid_update(&self) -> bool {
+        !matches!(
+            self,
+            TlsError::Expired { .. } | TlsError::NotYetValid { .. }
+        )
     }
 }
 
@@ -152,6 +178,7 @@ impl Tls {
             config: ArcSwap::from_pointee(config),
             metrics,
             clock,
+            refusals: sluice_grpc::RefusalLog::default(),
         })
     }
 
@@ -174,11 +201,14 @@ impl Tls {
         // Only the watcher calls this: the lock is never waited on.
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         // The same files, refused as not yet valid, are tried again once their
-        // time has come; that try is counted only if it succeeds.
-        let again = last.fingerprint == fingerprint;
-        if again && last.valid_from.is_none_or(|t| t > now) {
+        // time has come; that try is counted only if it succeeds. The same files
+        // refused as incomplete are reported now: they were not mid-update.
+        let same = last.fingerprint == fingerprint;
+        let settled = same && last.unreported;
+        if same && !settled && last.valid_from.is_none_or(|t| t > now) {
             return false;
         }
+        let again = same && !settled;
         *last = Last::seen(fingerprint);
         match contents.config(&self.files, &self.alpn, now) {
             Ok((config, validity)) => {
@@ -193,7 +223,10 @@ impl Tls {
                 if let TlsError::NotYetValid { not_before, .. } = &e {
                     last.valid_from = Some(not_before - validity::CLOCK_SKEW_SECS);
                 }
-                if !again {
+                if !settled && e.may_be_mid_update() {
+                    // Reported at the next check if the files stay so.
+                    last.unreported = true;
+                } else if !again {
                     tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
                     self.metrics.tls_reload(self.port, false);
                 }
@@ -202,11 +235,15 @@ impl Tls {
         }
     }
 
-    /// A read error, logged and counted once for as long as it stays the same.
+    /// A read error, logged and counted once for as long as it stays the same,
+    /// from the second check that finds it (a file replaced is missing a moment).
     fn refuse(&self, e: &TlsError, fingerprint: u64) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.fingerprint != fingerprint {
             *last = Last::seen(fingerprint);
+            last.unreported = true;
+        } else if last.unreported {
+            last.unreported = false;
             tracing::error!(port = self.port, error = %e, "TLS files refused; the last good certificate keeps serving");
             self.metrics.tls_reload(self.port, false);
         }
@@ -224,14 +261,30 @@ impl Tls {
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Files refused as possibly mid-update are checked again soon, not a whole
+        // (perhaps long) interval later, so that a refusal is not reported late.
+        let settle = interval.min(SETTLE);
+        let mut pending = false;
         loop {
             tokio::select! {
                 _ = &mut stop => return,
                 // At once on SIGHUP; without a sender the branch is off.
-                Ok(()) = rereads.changed() => self.check_off_runtime().await,
-                _ = tick.tick() => self.check_off_runtime().await,
+                Ok(()) = rereads.changed() => {}
+                _ = tick.tick() => {}
+                _ = tokio::time::sleep(settle), if pending => {}
             }
+            self.check_off_runtime().await;
+            pending = self.unreported();
         }
+    }
+
+    /// Whether the files as last read were refused as possibly mid-update, and
+    /// not reported yet.
+    fn unreported(&self) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unreported
     }
 
     /// Small files, but a slow volume must not stall a worker thread.
@@ -391,6 +444,9 @@ mod tests {
     const KEY: &[u8] = include_bytes!("testdata/localhost.key");
     const JAN_2030: &[u8] = include_bytes!("testdata/2030.crt");
     const YEAR_2051: &[u8] = include_bytes!("testdata/2051.crt");
+    /// Another key, and a certificate of it with the dates of `JAN_2030`.
+    const OTHER_KEY: &[u8] = include_bytes!("testdata/other.key");
+    const OTHER_JAN_2030: &[u8] = include_bytes!("testdata/other-2030.crt");
     const NOT_AFTER_2030: i64 = 1_896_134_400;
     const NOT_BEFORE_2051: i64 = 2_556_144_000;
     const NOT_AFTER_2051: i64 = 2_587_680_000;
@@ -439,6 +495,10 @@ mod tests {
 
         fn write_cert(&self, cert: &[u8]) {
             std::fs::write(self.dir.path().join("tls.crt"), cert).unwrap();
+        }
+
+        fn write_key(&self, key: &[u8]) {
+            std::fs::write(self.dir.path().join("tls.key"), key).unwrap();
         }
 
         /// A line of the metrics page, by its start.
@@ -504,6 +564,41 @@ mod tests {
         // Counted once while the files stay so.
         assert!(!tls.check());
         assert!(f.errors().unwrap().ends_with(" 1"));
+    }
+
+    /// `cp new.crt tls.crt; cp new.key tls.key`: a check between the two finds a
+    /// certificate and a key that do not match. That is no refused renewal: it is
+    /// reported only if the next check finds the files the same.
+    #[test]
+    fn a_certificate_and_key_written_one_after_the_other_are_taken_without_an_error() {
+        let f = Fixture::new(JAN_2030, NOT_AFTER_2030 - 2 * DAY);
+        let tls = f.load().unwrap();
+        let serving = tls.config.load_full();
+        f.write_cert(OTHER_JAN_2030);
+        assert!(!tls.check());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        f.write_key(OTHER_KEY);
+        assert!(tls.check());
+        assert!(!Arc::ptr_eq(&serving, &tls.config.load_full()));
+        assert!(f.errors().unwrap().ends_with(" 0"), "{:?}", f.errors());
+
+        // Left mismatched, the pair is refused at the next check, and once.
+        let serving = tls.config.load_full();
+        f.write_key(KEY);
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 0"), "{:?}", f.errors());
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
+        assert!(!tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
+        assert!(Arc::ptr_eq(&serving, &tls.config.load_full()));
+        // A file missing a moment (replaced by delete and create) is no error
+        // either.
+        std::fs::remove_file(f.dir.path().join("tls.key")).unwrap();
+        assert!(!tls.check());
+        f.write_key(OTHER_KEY);
+        assert!(tls.check());
+        assert!(f.errors().unwrap().ends_with(" 1"), "{:?}", f.errors());
     }
 
     #[test]

@@ -15,6 +15,7 @@
 #   - deploy/istio/envoyfilter.yaml's patches, both deploy/envoy-gateway/ options (on an
 #     Envoy Gateway-shaped config) and the Helm chart's sidecar-mode Envoy config, each
 #     in its own Envoy against the same sluice
+#   - an Envoy whose client certificate sluice refuses is named in sluice's log
 #   - with --redis (when this build supports it): the same limits through Redis, then
 #     with Redis killed the domain fails open, and closed once its policy says so
 # Everything listens on 127.0.0.1 (free ports); every process started here is killed on
@@ -29,7 +30,7 @@ W=$(mktemp -d /tmp/sluice-e2e.XXXXXX)
 . tests/e2e/harness.sh
 skipped() { skip=$((skip + 1)); printf 'SKIP %s\n' "$*"; }
 
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN P_TLS_GRPC P_TLS_HTTP < <(free_ports 16)
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_REDIS P_ISTIO P_ISTIO_ADMIN P_EGA P_EGA_ADMIN P_EGB P_EGB_ADMIN P_SC P_SC_ADMIN P_TLS_GRPC P_TLS_HTTP P_EGX P_EGX_ADMIN < <(free_ports 18)
 
 # --- upstream: records arrival time, path and tenant of every request ---------------
 start_upstream "$P_UP" "$W/arrivals.log"
@@ -244,6 +245,15 @@ eg_certs() {
                 -days 2 -extfile "$d/$n.ext" -out "$d/$n/tls.crt" || return 1
         cp "$d/ca.crt" "$d/$n/ca.crt"
     done
+    # An Envoy whose client certificate another CA signed: it trusts sluice's.
+    mkdir -p "$d/stranger"
+    openssl genrsa -traditional -out "$d/other-ca.key" 2048 &&
+        openssl req -x509 -new -key "$d/other-ca.key" -subj /CN=other -days 2 -out "$d/other-ca.crt" &&
+        openssl genrsa -traditional -out "$d/stranger/tls.key" 2048 &&
+        openssl req -new -key "$d/stranger/tls.key" -subj '/CN=*' -out "$d/stranger.csr" &&
+        openssl x509 -req -in "$d/stranger.csr" -CA "$d/other-ca.crt" -CAkey "$d/other-ca.key" -CAcreateserial \
+            -days 2 -extfile "$d/envoy.ext" -out "$d/stranger/tls.crt" || return 1
+    cp "$d/ca.crt" "$d/stranger/ca.crt"
 }
 tls_sluice=""
 if ! eg_certs >"$W/eg-certs.log" 2>&1; then
@@ -284,6 +294,22 @@ if [ -n "$tls_sluice" ] && python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-b
     fi
 else
     bad "Envoy Gateway option B: could not build or start the patched Envoy"; cat "$W/eg-b.err"
+fi
+# The same Envoy with a client certificate of another CA: its calls fail, and sluice's
+# log says why (a warning naming the refused certificate), not only a counter.
+if [ -n "$tls_sluice" ] && python3 tests/e2e/envoy-gateway-bootstrap.py "$W/eg-x.yaml" "$P_EGX" "$P_EGX_ADMIN" "$P_TLS_GRPC" "$P_UP" \
+        --btp deploy/envoy-gateway/backendtrafficpolicy.yaml \
+        --patch deploy/envoy-gateway/envoypatchpolicy-ratelimit-cluster.yaml \
+        --certs "$W/eg-certs/stranger" 2>"$W/eg-x.err" &&
+        start_envoy envoy-eg-x "$W/eg-x.yaml" "$P_EGX_ADMIN"; then
+    code=$(req egx -A 'e2e-crawler-Bot/1.0' "http://127.0.0.1:$P_EGX/")
+    if wait_for "the refusal in sluice's log" 10 grep -q "the client's certificate is not accepted" "$W/sluice-tls.log"; then
+        ok "an Envoy whose client certificate another CA signed: its call answered $code by its failure mode; sluice logs: $(grep -o "TLS handshake refused: the client's certificate is not accepted[^;]*" "$W/sluice-tls.log" | head -n 1)"
+    else
+        bad "an Envoy whose client certificate another CA signed: no warning in sluice's log (its call answered $code)"
+    fi
+else
+    bad "an Envoy with a client certificate of another CA: could not build or start it"; cat "$W/eg-x.err"
 fi
 
 # --- 9. the Helm chart's sidecar mode: its rendered Envoy config ----------------------

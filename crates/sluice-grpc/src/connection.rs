@@ -32,6 +32,7 @@ pub(super) async fn run<H: Handler>(
     let Some(acceptor) = tls else {
         return http2(tcp, deadline, &shared, stop).await;
     };
+    let peer = tcp.peer_addr().ok();
     let accepted = tokio::select! {
         a = tokio::time::timeout_at(deadline, acceptor.accept(tcp)) => a,
         _ = stop.wait_for(|s| *s) => return,
@@ -39,8 +40,10 @@ pub(super) async fn run<H: Handler>(
     match accepted {
         Ok(Ok(io)) => http2(io, deadline, &shared, stop).await,
         Ok(Err(e)) => {
-            // Also every TCP probe that connects and closes: not worth a warning.
-            tracing::debug!(error = %e, "TLS handshake failed");
+            // A refused certificate is logged as a warning; a TCP probe that
+            // connects and closes only at debug level.
+            let peer = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            shared.refusals.handshake_failed("grpc", &peer, &e);
             shared
                 .stats
                 .handshake_failed

@@ -33,11 +33,13 @@ mod call;
 mod connection;
 mod deadline;
 mod message;
+mod refusal;
 mod status;
 
 pub use accept::Accept;
 pub use deadline::Deadline;
 pub use message::{frame, frame_into, Messages};
+pub use refusal::{refusal, Refusal, RefusalLog};
 pub use status::{status_of, Code, GrpcError};
 
 /// A successful call's messages, each framed by [`frame`].
@@ -212,6 +214,8 @@ struct Shared<H> {
     handler: H,
     settings: Settings,
     stats: Arc<Stats>,
+    /// TLS handshakes refused over a certificate or protocol, logged.
+    refusals: RefusalLog,
 }
 
 /// A gRPC server: a handler, its settings, and TLS when configured.
@@ -266,6 +270,7 @@ impl<H: Handler> Server<H> {
             handler: self.handler,
             settings: self.settings,
             stats: self.stats,
+            refusals: RefusalLog::default(),
         });
         let stats = &shared.stats;
         let (stop_tx, stop_rx) = watch::channel(false);

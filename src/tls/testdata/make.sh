@@ -22,3 +22,10 @@ for dates in 2030:300101000000Z:300201000000Z 2051:20510101000000Z:2052010100000
         -in "$work/localhost.csr" -out "$name.crt" -extfile "$work/ext" \
         -startdate "${rest%%:*}" -enddate "${rest#*:}" 2>/dev/null
 done
+# A second key and a 2030 certificate of it: a renewal with a new key, written one
+# file after the other.
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout other.key -out "$work/other.csr" -subj /CN=localhost 2>/dev/null
+openssl ca -batch -notext -config "$work/ca.cnf" -cert "$work/ca.crt" -keyfile "$work/ca.key" \
+    -in "$work/other.csr" -out other-2030.crt -extfile "$work/ext" \
+    -startdate 300101000000Z -enddate 300201000000Z 2>/dev/null
