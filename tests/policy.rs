@@ -752,3 +752,128 @@ fn a_file_that_is_not_utf8_is_refused_with_the_line_and_column_of_its_first_bad_
         )
     );
 }
+
+/// Every policy the book shows loads: each ```yaml block of docs/ (and of the
+/// README) that is a policy, or a piece of one (a `spec:`, a `descriptors:` list, a
+/// descriptor, a one-line `rateLimit:`), is parsed and compiled as `sluice
+/// validate` would, wrapped into a whole document when it is a piece. A reader
+/// copies these first, so one that stops loading is a defect. Blocks of other
+/// configuration (Envoy, Kubernetes, Helm) are left out by their first key.
+#[test]
+fn every_policy_block_of_the_docs_loads() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.sort();
+    files.push(root.join("README.md"));
+    let mut checked = Vec::new();
+    let mut failures = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let rel = file.strip_prefix(root).unwrap().display().to_string();
+        for (line, block) in yaml_blocks(&text) {
+            let Some(doc) = as_policy(&block) else {
+                continue;
+            };
+            let source = format!("{rel}:{line}");
+            let loaded = parse_str(&source, &doc).and_then(compile);
+            if let Err(errors) = loaded {
+                failures.push(format!("{source}:\n{block}\n=> {errors:#?}"));
+            }
+            checked.push(source);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // The reference pages' examples are among them (a change to the fences or to the
+    // wrapping below would otherwise skip them silently).
+    for page in [
+        "docs/policies.md",
+        "docs/rates.md",
+        "docs/calendar.md",
+        "docs/costs.md",
+        "docs/local-share.md",
+        "docs/responses.md",
+        "docs/observability.md",
+    ] {
+        assert!(
+            checked.iter().any(|s| s.starts_with(&format!("{page}:"))),
+            "no policy block checked in {page}: {checked:?}"
+        );
+    }
+}
+
+/// The ```yaml (or ```yml) fenced blocks of a Markdown text, with the line of each
+/// opening fence.
+fn yaml_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let fence = line.trim_start();
+        match &mut open {
+            None if fence.starts_with("```yaml") || fence.starts_with("```yml") => {
+                open = Some((i + 1, String::new()));
+            }
+            Some(_) if fence.starts_with("```") => blocks.extend(open.take()),
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// `block` as a whole policy document, when it is a policy or a piece of one.
+fn as_policy(block: &str) -> Option<String> {
+    let first = block
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))?;
+    let indent = first.len() - first.trim_start().len();
+    let key = first.trim_start();
+    let indented = |by: &str| -> String {
+        block
+            .lines()
+            .map(|l| format!("{by}{}\n", l.get(indent..).unwrap_or(l.trim_start())))
+            .collect()
+    };
+    // A limit says how many: Envoy Gateway's `rateLimit:` settings do not.
+    let limits = ["requestsPerUnit", "requests_per_unit", "unlimited"]
+        .iter()
+        .any(|f| block.contains(f));
+    let resource =
+        "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: doc}\n";
+    if key.starts_with("domain:") {
+        Some(block.to_string())
+    } else if key.starts_with("apiVersion:") {
+        block
+            .contains("kind: RateLimitPolicy")
+            .then(|| block.to_string())
+    } else if key.starts_with("spec:") {
+        Some(format!("{resource}{block}"))
+    } else if key.starts_with("descriptors:") {
+        Some(format!("domain: doc\n{}", indented("")))
+    } else if key.starts_with("- key:") {
+        Some(format!("domain: doc\ndescriptors:\n{}", indented("  ")))
+    } else if key.starts_with("rateLimit:") || key.starts_with("rateLimits:") {
+        limits.then(|| {
+            format!(
+                "{resource}spec:\n  domain: doc\n  descriptors:\n    - key: doc\n{}",
+                indented("      ")
+            )
+        })
+    } else if key.starts_with("rate_limit:") || key.starts_with("rate_limits:") {
+        // Envoy's route `rate_limits` (with `actions`) is no policy.
+        (limits && !block.contains("actions:")).then(|| {
+            format!(
+                "domain: doc\ndescriptors:\n  - key: doc\n{}",
+                indented("    ")
+            )
+        })
+    } else {
+        None
+    }
+}

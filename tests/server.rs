@@ -328,6 +328,35 @@ async fn hits_addend_counts_and_zero_only_checks() {
     assert_eq!(remaining(&r, 0), 0);
 }
 
+/// docs/responses.md: a request of more hits than its limit can ever admit is denied
+/// and spends nothing; its `retry-after` is one window, its header's remaining 0
+/// (an OVER_LIMIT answer), while its status keeps what the limit has left.
+#[tokio::test]
+async fn a_request_larger_than_its_limit_is_told_one_window_and_spends_nothing() {
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let mut req = request("shop", vec![desc(&[("service", "checkout")])]);
+    req.hits_addend = 11;
+    let r = call(&mut c, req).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert_eq!(remaining(&r, 0), 10, "nothing spent: {r:?}");
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
+    let retry: u64 = header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
+    // One window of a minute, jittered by at most 10 %.
+    assert!((60..=66).contains(&retry), "retry-after {retry}");
+    let r = call(
+        &mut c,
+        request("shop", vec![desc(&[("service", "checkout")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(remaining(&r, 0), 9);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("9"));
+}
+
 #[tokio::test]
 async fn quota_mode_denies_only_when_every_quota_is_spent() {
     let server = Server::start(POLICY, &[]);

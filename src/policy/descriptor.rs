@@ -58,7 +58,10 @@ pub(crate) fn describe_path(key: &str, value: Option<&str>) -> String {
 
 fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<DescriptorNode> {
     let mut f = Fields::open(ctx, node, "descriptor")?;
-    let key = f.get(ctx, "key").and_then(|k| string(ctx, k));
+    let key_field = f.get(ctx, "key");
+    // A key that is there but no string has had its error (`string` says why).
+    let key_refused = key_field.is_some();
+    let key = key_field.and_then(|k| string(ctx, k));
     let value = f
         .get(ctx, "value")
         .and_then(|v| value(ctx, v))
@@ -139,6 +142,7 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
     f.finish(ctx, "descriptor");
     let key = match key {
         Some(k) if !k.is_empty() => k,
+        None if key_refused => return None,
         _ => {
             ctx.error(line, "descriptor has an empty or missing 'key'");
             return None;
@@ -1149,6 +1153,11 @@ mod tests {
             let e = resource_errors(descriptor);
             assert!(e.starts_with(message), "{descriptor}:\n  {message}\nnot in\n  {e}");
         }
+        // The key's one error says why; no second one calls it missing.
+        assert_eq!(
+            resource_errors("{key: on}"),
+            "p.yaml:7: 'key': on is read as a boolean by kubectl; quote it: \"on\""
+        );
         let e = errors(
             "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: p}\nspec:\n  domain: 42\n",
         );
