@@ -635,3 +635,57 @@ async fn a_block_longer_than_the_longest_is_refused_and_blocks_nothing() {
     .await;
     assert_eq!(r.overall_code, OVER_LIMIT);
 }
+
+/// Each WatchOffenders snapshot lists the sentences in force at its tick: a block
+/// put between two snapshots is in the second, not a whole interval later.
+#[tokio::test]
+async fn each_offenders_snapshot_lists_the_sentences_in_force_at_its_tick() {
+    let server = Server::start(SIGNALS_POLICY, &[]);
+    let mut admin = server.admin_client().await;
+    let mut feed = admin
+        .watch_offenders(pb::Filter {
+            domain: "edge".into(),
+            interval_ms: 3000,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchOffenders")
+        .into_inner();
+    let first = feed.message().await.unwrap().expect("a first snapshot");
+    assert!(first.bans.is_empty(), "{first:?}");
+    admin
+        .block(pb::BlockRequest {
+            domain: "edge".into(),
+            entries: vec![pb::request_descriptor::Entry {
+                key: "user".into(),
+                value: "mallory".into(),
+            }],
+            for_micros: 0,
+        })
+        .await
+        .expect("Block");
+    let second = tokio::time::timeout(Duration::from_secs(10), feed.message())
+        .await
+        .expect("a second snapshot within the interval")
+        .unwrap()
+        .expect("a second snapshot");
+    let keys: Vec<&str> = second.bans.iter().map(|b| b.key.as_str()).collect();
+    assert_eq!(keys, ["mallory"], "{second:?}");
+}
+
+/// Unblock with neither a counter nor entries says what it takes.
+#[tokio::test]
+async fn unblock_naming_nothing_says_what_it_takes() {
+    let server = Server::start(SIGNALS_POLICY, &[]);
+    let mut admin = server.admin_client().await;
+    let err = admin
+        .unblock(pb::UnblockRequest::default())
+        .await
+        .expect_err("nothing named");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("counter") && err.message().contains("entries"),
+        "{}",
+        err.message()
+    );
+}

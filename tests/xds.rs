@@ -409,6 +409,32 @@ async fn a_restarted_xds_server_is_reconnected_and_its_first_version_taken() {
     );
 }
 
+/// A restarted server whose first version is refused, and whose next version
+/// carries the number last accepted from the server before: that version is sent
+/// and applied. A NACK naming the old server's version would tell the new one it
+/// is already here, and it would never be sent.
+#[tokio::test]
+async fn after_a_restart_and_a_refusal_the_next_version_is_taken_whatever_its_number() {
+    let Some((mut xds, certs)) = gateway_xds() else {
+        return;
+    };
+    let server = sluice(&xds, &certs, &[]);
+    until_ready(&server, "first version in").await;
+    let dir = tempfile::tempdir().unwrap();
+    let five = gateway_limited_to(&dir, 5);
+    assert_eq!(xds.publish_files(&[five]), "2");
+    header_limit_becomes(&server, 5, "version 2 applied").await;
+
+    xds.restart(Some(&[fixture("bad.yaml")]));
+    eventually(WAIT, "the restarted server's version 1 NACKed", || async {
+        nacks(&xds, "1") > 0
+    })
+    .await;
+    let seven = gateway_limited_to(&dir, 7);
+    assert_eq!(xds.publish_files(&[seven]), "2");
+    header_limit_becomes(&server, 7, "the restarted server's version 2 applied").await;
+}
+
 /// Envoy Gateway's certificates renewed under a new authority (the Secret's files
 /// replaced, the server restarted with the new ones) are read at the next
 /// reconnection, without a restart; meanwhile `sluice_xds_connected` shows the

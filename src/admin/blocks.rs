@@ -79,6 +79,11 @@ pub async fn unblock<S: Store>(
     let counter = if !req.counter.is_empty() {
         req.counter
     } else {
+        if req.entries.is_empty() {
+            return Err(Status::invalid_argument(
+                "name the sentence: its counter (as ListBlocks shows it), or its domain and entries",
+            ));
+        }
         let entries = entries(&req.entries)?;
         limiter
             .sentence_key(&req.domain, &entries)

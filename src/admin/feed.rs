@@ -157,18 +157,21 @@ pub fn offenders(
     };
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let bans = Arc::new(bans);
     let feed = futures::stream::unfold(tick, move |mut tick| {
         let f = f.clone();
         let metrics = metrics.clone();
-        let bans = bans();
+        let bans = bans.clone();
         async move {
             tick.tick().await;
+            // Everything is read at the tick, the sentences too: read before the
+            // wait, they would be an interval old.
             Some((
                 Ok(snapshot(
                     &f,
                     metrics.top_offenders(),
                     metrics.signals(),
-                    bans,
+                    bans(),
                 )),
                 tick,
             ))

@@ -98,7 +98,16 @@ async fn local(
     paths: &[PathBuf],
     req: pb::ExplainRequest,
 ) -> Result<pb::Explanation, ExplainError> {
-    let (policy, _) = crate::policy::load_paths(paths).map_err(|errors| {
+    use crate::policy::{DirFiles, Snapshot};
+    let snapshot = Snapshot::read(paths, DirFiles::Yaml);
+    // The wrong directory would explain every request as answered OK by no rule,
+    // as `sluice validate` and `serve` refuse it.
+    if snapshot.has_no_file() {
+        let mut why = snapshot.notes().to_vec();
+        why.push("no policy file to explain against".to_string());
+        return Err(ExplainError::Policy(why.join("\n")));
+    }
+    let (policy, _) = snapshot.load().map_err(|errors| {
         ExplainError::Policy(
             errors
                 .iter()
@@ -246,8 +255,14 @@ pub fn text(e: &pb::Explanation) -> String {
             if c.owed > 0 {
                 let _ = write!(state, ", owes {} hit(s)", c.owed);
             }
-            if c.banned {
-                state.push_str(", banned");
+            for (on, what) in [
+                (c.banned, "banned"),
+                (c.blocked, "blocked"),
+                (c.tightened, "under a tightened limit"),
+            ] {
+                if on {
+                    let _ = write!(state, ", {what}");
+                }
             }
             let _ = writeln!(out, "  state:    {state}");
         }
@@ -388,6 +403,40 @@ mod tests {
             let e = entries(words).expect_err("refused");
             assert!(e.to_string().contains("has no entries"), "{words:?}: {e}");
         }
+    }
+
+    /// The state line names every sentence the key serves, not only a ban.
+    #[test]
+    fn the_state_names_a_block_and_a_tightening() {
+        let e = |counter: pb::CounterState| pb::Explanation {
+            descriptors: vec![pb::DescriptorExplanation {
+                counter: Some(counter),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let blocked = text(&e(pb::CounterState {
+            blocked: true,
+            ..Default::default()
+        }));
+        assert!(blocked.contains(", blocked"), "{blocked}");
+        let tightened = text(&e(pb::CounterState {
+            admitted: true,
+            tightened: true,
+            ..Default::default()
+        }));
+        assert!(
+            tightened.contains(", under a tightened limit"),
+            "{tightened}"
+        );
+        let banned = text(&e(pb::CounterState {
+            banned: true,
+            ..Default::default()
+        }));
+        assert!(
+            banned.contains(", banned") && !banned.contains("blocked"),
+            "{banned}"
+        );
     }
 
     /// Every key anywhere in `v`.

@@ -44,6 +44,8 @@ pub enum TopError {
     Call(String),
     #[error("the terminal: {0}")]
     Terminal(String),
+    #[error("the output is not a terminal: sluice top draws a live screen; for a script, read WatchOffenders (grpcurl) or GET /debug/top")]
+    NotATerminal,
 }
 
 /// How the rules are ordered; `s` moves to the next.
@@ -169,8 +171,16 @@ impl View {
             KeyCode::Char('s') => self.sort = self.sort.next(),
             KeyCode::Char('/') => self.editing = true,
             KeyCode::Char('c') => self.filter.clear(),
-            KeyCode::Down | KeyCode::Char('j') => self.selected = self.selected.saturating_add(1),
-            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
+            // The selection stays on a rule shown, so that up moves from the last
+            // rule however often down was pressed there.
+            KeyCode::Down | KeyCode::Char('j') => {
+                let last = self.rules().len().saturating_sub(1);
+                self.selected = self.selected.saturating_add(1).min(last);
+            }
+            KeyCode::Up | KeyCode::Char('k') => {
+                let last = self.rules().len().saturating_sub(1);
+                self.selected = self.selected.min(last).saturating_sub(1);
+            }
             _ => {}
         }
         true
@@ -300,6 +310,12 @@ impl View {
 
 /// Runs the view until the user quits.
 pub async fn run(args: &TopArgs) -> Result<(), TopError> {
+    use std::io::IsTerminal;
+    // Checked first: drawing into a pipe or a file would fail only after the
+    // connection, with the terminal's bare OS error.
+    if !std::io::stdout().is_terminal() {
+        return Err(TopError::NotATerminal);
+    }
     let mut client = connect(&args.connect).await?;
     let filter = pb::Filter {
         domain: args.domain.clone(),
@@ -413,6 +429,21 @@ mod tests {
     }
 
     /// The filter narrows the bans and blocks panel as it narrows the rules.
+    #[test]
+    fn up_moves_from_the_last_rule_however_often_down_was_pressed() {
+        let mut v = View::new("s".into());
+        v.snapshot = Some(pb::TopSnapshot {
+            rules: vec![rule("a", 100, 10, "k1"), rule("b", 10, 5, "k2")],
+            ..Default::default()
+        });
+        for _ in 0..5 {
+            v.key(KeyCode::Down, KeyModifiers::NONE);
+        }
+        assert_eq!(v.selected, 1, "down stops at the last rule");
+        v.key(KeyCode::Up, KeyModifiers::NONE);
+        assert_eq!(v.selected, 0, "one up selects the rule above");
+    }
+
     #[test]
     fn the_filter_narrows_the_bans_too() {
         let ban = |rule: &str, key: &str| pb::Ban {

@@ -168,6 +168,7 @@ impl XdsSource {
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(self.max_message_bytes);
         let (tx, rx) = futures::channel::mpsc::unbounded();
+        self.subscription.stream_opened();
         let _ = tx.unbounded_send(self.subscription.first_request());
         let mut responses = tokio::select! {
             _ = shutdown.as_mut() => return (None, false),
@@ -362,6 +363,12 @@ pub struct Subscription {
     accepted_digest: Option<u64>,
     /// The last version refused, while the server keeps sending it.
     refused: Option<Refusal>,
+    /// The version accepted on the stream open now, which a NACK names as the one
+    /// kept. Empty on a new stream: the version accepted from a server before a
+    /// restart is no version of the new one, and naming it would tell the new
+    /// server that its own version of that number is already here (go-control-plane
+    /// then never sends it).
+    stream_version: String,
 }
 
 #[derive(Debug, Clone)]
@@ -414,7 +421,13 @@ impl Subscription {
             accepted: String::new(),
             accepted_digest: None,
             refused: None,
+            stream_version: String::new(),
         }
+    }
+
+    /// A new stream opens: nothing is accepted on it yet.
+    pub fn stream_opened(&mut self) {
+        self.stream_version.clear();
     }
 
     /// The request that opens a stream: wildcard, no version, no nonce.
@@ -468,6 +481,7 @@ impl Subscription {
                     || self.accepted_digest != Some(digest)
                     || self.refused.is_some();
                 self.accepted = response.version_info.clone();
+                self.stream_version = response.version_info.clone();
                 self.accepted_digest = Some(digest);
                 self.refused = None;
                 Answer {
@@ -511,7 +525,7 @@ impl Subscription {
 
     fn nack(&self, response: &DiscoveryResponse, message: &str) -> DiscoveryRequest {
         DiscoveryRequest {
-            version_info: self.accepted.clone(),
+            version_info: self.stream_version.clone(),
             response_nonce: response.nonce.clone(),
             error_detail: Some(RpcStatus {
                 code: INVALID_ARGUMENT,
@@ -718,6 +732,27 @@ mod tests {
 
     /// A restarted control plane numbers from 1 again: the number last accepted with
     /// other contents is a new version; the same contents in another order are not.
+    #[test]
+    fn a_nack_on_a_new_stream_names_no_version_of_the_old_one() {
+        let mut s = Subscription::new("n");
+        let a = s.answer(&response("2", "a", vec![config("d1", "k")]), 0, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { .. }));
+        // The server restarts: its version 1 does not compile.
+        s.stream_opened();
+        let bad = response("1", "b", vec![config("d1", "k"), config("d1", "k")]);
+        let a = s.answer(&bad, 0, apply);
+        assert!(matches!(a.verdict, Ack::Refused { first: true, .. }));
+        assert_eq!(
+            a.request.version_info, "",
+            "its version 2 is still to come, not here"
+        );
+        // Once one of its versions is taken, a NACK names that one.
+        let a = s.answer(&response("2", "c", vec![config("d2", "k")]), 0, apply);
+        assert!(matches!(a.verdict, Ack::Accepted { new: true, .. }));
+        let a = s.answer(&response("3", "d", bad.resources.clone()), 0, apply);
+        assert_eq!(a.request.version_info, "2");
+    }
+
     #[test]
     fn the_same_version_number_with_other_contents_is_new() {
         let mut s = Subscription::new("n");
