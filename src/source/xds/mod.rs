@@ -730,8 +730,7 @@ mod tests {
         assert!(matches!(a.verdict, Ack::Accepted { new: false, .. }));
     }
 
-    /// A restarted control plane numbers from 1 again: the number last accepted with
-    /// other contents is a new version; the same contents in another order are not.
+    /// After a restart, a NACK names no version accepted from the server before it.
     #[test]
     fn a_nack_on_a_new_stream_names_no_version_of_the_old_one() {
         let mut s = Subscription::new("n");
@@ -753,6 +752,8 @@ mod tests {
         assert_eq!(a.request.version_info, "2");
     }
 
+    /// A restarted control plane numbers from 1 again: the number last accepted with
+    /// other contents is a new version; the same contents in another order are not.
     #[test]
     fn the_same_version_number_with_other_contents_is_new() {
         let mut s = Subscription::new("n");
