@@ -961,15 +961,7 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
     use opentelemetry_proto::tonic::trace::v1::{span, status::StatusCode, Span};
 
     let receiver = Receiver::start().await;
-    let endpoint = receiver.endpoint();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, POLICY).unwrap();
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ];
-    let server = Server::start_env(dir, &[policy], &[], &env);
+    let server = receiver.serve(POLICY, &[]);
     let parent = |trace: &str| format!("00-{trace}-00f067aa0ba902b7-01");
     const GRPC: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const JSON: &str = "5ce929d0e0e47364bf92f3577b34da6a";

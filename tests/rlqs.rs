@@ -516,20 +516,7 @@ async fn a_report_of_thousands_of_buckets_is_answered_and_a_too_large_one_counte
 #[tokio::test]
 async fn each_report_is_a_span_under_the_streams_traceparent() {
     let receiver = Receiver::start().await;
-    let endpoint = format!("http://{}", receiver.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, POLICY).unwrap();
-    let server = Server::start_env(
-        dir,
-        &[policy],
-        &[],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_SERVICE_NAME", "sluice-rlqs"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
+    let server = receiver.serve(POLICY, &[("OTEL_SERVICE_NAME", "sluice-rlqs")]);
     let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut q = Quota::open_with(&server, &[("traceparent", parent)]).await;
     q.report(10, 1).await;
@@ -598,15 +585,7 @@ async fn each_report_is_a_span_under_the_streams_traceparent() {
 #[tokio::test]
 async fn an_undecodable_report_is_an_error_span() {
     let receiver = Receiver::start().await;
-    let endpoint = receiver.endpoint();
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(&policy, POLICY).unwrap();
-    let env = [
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-    ];
-    let server = Server::start_env(dir, &[policy], &[], &env);
+    let server = receiver.serve(POLICY, &[]);
     let (mut h2, _conn) = server.h2().await;
     let request = server
         .grpc_post("/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas")

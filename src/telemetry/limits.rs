@@ -88,19 +88,7 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus::{Encoder, TextEncoder};
-
-    fn policy(text: &str) -> Policy {
-        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
-    }
-
-    fn render(registry: &Registry) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&registry.gather(), &mut buf)
-            .unwrap();
-        String::from_utf8(buf).unwrap()
-    }
+    use crate::telemetry::testkit::{policy, render};
 
     #[test]
     fn limits_are_exported_per_descriptor_and_removed_with_their_rule() {

@@ -55,6 +55,8 @@ mod record;
 mod render;
 mod store;
 #[cfg(test)]
+mod testkit;
+#[cfg(test)]
 mod tests;
 
 pub mod erl;

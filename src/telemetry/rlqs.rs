@@ -183,19 +183,7 @@ fn prune(family: &IntCounterVec, labels: &[&str], kept: &dyn Fn(&[&str]) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus::{Encoder, TextEncoder};
-
-    fn policy(text: &str) -> Policy {
-        crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
-    }
-
-    fn render(registry: &Registry) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new()
-            .encode(&registry.gather(), &mut buf)
-            .unwrap();
-        String::from_utf8(buf).unwrap()
-    }
+    use crate::telemetry::testkit::{policy, render};
 
     #[test]
     fn a_policy_change_drops_the_series_of_rules_and_domains_it_no_longer_has() {

@@ -111,6 +111,19 @@ impl Receiver {
         format!("http://{}", self.addr)
     }
 
+    /// A sluice serving `policy` that exports its spans here, in batches sent
+    /// every 100 ms; `env` adds to its environment.
+    pub fn serve(&self, policy: &str, env: &[(&str, &str)]) -> super::Server {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("policy.yaml");
+        std::fs::write(&file, policy).unwrap();
+        let endpoint = self.endpoint();
+        let mut env = env.to_vec();
+        env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()));
+        env.push(("OTEL_BSP_SCHEDULE_DELAY", "100"));
+        super::Server::start_env(dir, &[file], &[], &env)
+    }
+
     /// The spans received once `done` holds of them, or panics at `limit`.
     pub async fn wait(
         &self,
