@@ -428,7 +428,7 @@ mod tests {
         assert!(!v.key(KeyCode::Char('c'), KeyModifiers::CONTROL));
     }
 
-    /// The filter narrows the bans and blocks panel as it narrows the rules.
+    /// Down stops at the last rule shown, so one up always moves.
     #[test]
     fn up_moves_from_the_last_rule_however_often_down_was_pressed() {
         let mut v = View::new("s".into());
@@ -444,6 +444,7 @@ mod tests {
         assert_eq!(v.selected, 0, "one up selects the rule above");
     }
 
+    /// The filter narrows the bans and blocks panel as it narrows the rules.
     #[test]
     fn the_filter_narrows_the_bans_too() {
         let ban = |rule: &str, key: &str| pb::Ban {

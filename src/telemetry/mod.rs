@@ -624,8 +624,8 @@ impl Metrics {
     /// A new policy is serving: exports its limits (`sluice_limit`), exports each of
     /// its rules' series at 0 (a series that first appears at 1 is lost to `rate()`
     /// and `increase()`) and drops those of rules it no longer has (their RLQS and
-    /// envoyproxy/ratelimit series too), and marks as sensitive the rule paths where it has a
-    /// `sensitive` descriptor (and only those).
+    /// envoyproxy/ratelimit series too), and marks as sensitive the rule paths where
+    /// it has a `sensitive` descriptor (and only those).
     pub fn policy_swapped(&self, policy: &Policy) {
         self.limits.set(policy);
         self.declare_rules(policy);
