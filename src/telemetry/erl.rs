@@ -570,9 +570,7 @@ mod tests {
 
     #[test]
     fn a_policy_change_drops_the_label_sets_of_limits_it_no_longer_has() {
-        let policy = |text: &str| {
-            crate::policy::compile(crate::policy::parse_str("p.yaml", text).unwrap()).unwrap()
-        };
+        use crate::telemetry::testkit::policy;
         let both = policy(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
         );
