@@ -121,10 +121,11 @@ fn retry_after_secs(outcome: &Outcome) -> u64 {
     jittered(wait, rand::rng().random_range(0.0..=0.1))
 }
 
-/// `wait` in whole seconds rounded up, stretched by `jitter` (0.0 to 0.1).
+/// `wait` in whole seconds rounded up, stretched by `jitter` (0.0 to 0.1). The
+/// stretch is rounded down: rounded to nearest, a 5 s wait could be told 6 s, 20 %.
 pub fn jittered(wait: Micros, jitter: f64) -> u64 {
     let base = ceil_secs(wait).max(1);
-    let extra = (base as f64 * jitter).round() as u64;
+    let extra = (base as f64 * jitter).floor() as u64;
     base + extra
 }
 
@@ -138,6 +139,10 @@ mod tests {
         assert_eq!(jittered(SECOND, 0.0), 1);
         assert_eq!(jittered(SECOND + 1, 0.0), 2);
         assert_eq!(jittered(30 * SECOND, 0.1), 33);
+        for wait in 1..=100 {
+            let s = jittered(wait * SECOND, 0.1);
+            assert!(s >= wait && s * 10 <= wait * 11, "{wait} s told {s} s");
+        }
         for j in [0.0, 0.05, 0.1] {
             let s = jittered(59 * SECOND + 500_000, j);
             assert!((60..=66).contains(&s), "{s}");
