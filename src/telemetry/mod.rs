@@ -721,7 +721,7 @@ impl Metrics {
 
     /// Called once a second with the memory store's new keys refused so far: logs
     /// when it starts refusing them, and when it has refused none for
-    /// [`REFUSALS_QUIET_LOOKS`] looks. Whether or not /metrics is scraped.
+    /// `REFUSALS_QUIET_LOOKS` looks. Whether or not /metrics is scraped.
     pub fn watch_refusals(&self, store: &str, active_keys: impl Fn() -> usize, refused: u64) {
         let seen = self.refusals_seen.swap(refused, Ordering::Relaxed);
         if refused > seen {

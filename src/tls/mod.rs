@@ -8,7 +8,7 @@
 //! theirs. Files that do not load (a key that is not the certificate's, a file
 //! written half way) leave the last good certificate serving, and are logged and
 //! counted in `sluice_tls_reloads_total{port,result="error"}` once they are found
-//! the same at a second check (at most a second later, [`SETTLE`]): a certificate
+//! the same at a second check (at most a second later, `SETTLE`): a certificate
 //! and its key written one after the other are a mismatched pair for a moment, and
 //! no refused renewal.
 //!

@@ -246,7 +246,7 @@ impl Router {
 
     /// Sends `req`, a command without keys (such as `SCRIPT LOAD` or `PING`), to
     /// `node` itself. A connection error, or the caller's timeout, suspects the node
-    /// ([`Router::suspect`]), as a routed call's does.
+    /// (see `Router::suspect`), as a routed call's does.
     pub async fn run_on(self: &Arc<Self>, node: &Node, req: Arc<Request>) -> Result<Value, Error> {
         let mut watch = Watch {
             router: self,
