@@ -599,3 +599,37 @@ fn limits_that_replace_each_other_are_refused() {
         assert!(stderr.contains(&want), "{args:?}: {stderr}");
     }
 }
+
+/// The server's refusal of a bad request and `sluice explain`'s own output count
+/// descriptors alike, from 1: the second descriptor is "descriptor 2" in both.
+#[test]
+fn explain_and_the_server_count_descriptors_from_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(
+        &policy,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let explain = |extra: &[&str]| {
+        let out = sluice()
+            .args(["explain", "--config"])
+            .arg(&policy)
+            .args(["--domain", "d", "k=1", "+"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Refused by the CLI itself, and by the server's request check.
+    assert!(explain(&["+"]).contains("descriptor 2 has no entries"));
+    assert!(
+        explain(&["a=1", "=x"]).contains("descriptor 2 entry 2 has an empty key"),
+        "{}",
+        explain(&["a=1", "=x"])
+    );
+    let many: Vec<String> = (0..33).map(|i| format!("e{i}=1")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert!(explain(&many).contains("descriptor 2 has 33 entries; at most 32 are allowed"));
+}
