@@ -606,6 +606,32 @@ async fn rate_limit_policies_from_a_real_api_server() {
     k.wait_accepted("team-a", "a", "True/Accepted", STATUS)
         .await;
 
+    // Limits that replace each other (a request matching both would be limited by
+    // neither): Invalid with the words `sluice validate` gives for the same
+    // manifest, and the last good version keeps serving.
+    k.apply(&per_minute("team-e", "circle", "circle", "user", 3))
+        .unwrap();
+    wait_limit(&all, "circle", "user", Some(3), TWO_S).await;
+    let circle = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: circle, namespace: team-e}\n\
+                  spec:\n  domain: circle\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 3, name: user_cap, replaces: [{name: ip_cap}]}}\n    - {key: ip, rateLimit: {unit: minute, requestsPerUnit: 5, name: ip_cap, replaces: [{name: user_cap}]}}\n";
+    let words = "limits 'user_cap' (";
+    let rest = ") replace each other: when both match one request neither applies";
+    let refused = validate(circle).expect_err("a circle of replaces");
+    assert!(
+        refused.contains(words) && refused.contains(rest),
+        "{refused}"
+    );
+    k.apply(circle).unwrap();
+    let cond = k
+        .wait_accepted("team-e", "circle", "False/Invalid", STATUS)
+        .await;
+    assert!(
+        cond.contains("limits 'user_cap' (team-e/circle, key 'user' with no value) and 'ip_cap' (team-e/circle, key 'ip' with no value)")
+            && cond.contains(rest),
+        "{cond}"
+    );
+    assert_eq!(limit(&all, "circle", "user").await, Some(3));
+
     // An invalid edit to the older of two policies defining one path: the older
     // one's last good version keeps it, and the newer one stays Conflicted.
     k.apply(&per_minute("team-d", "first", "paths", "user", 3))
