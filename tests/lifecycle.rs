@@ -234,7 +234,7 @@ async fn a_reload_with_two_resources_of_one_name_keeps_the_last_good_policy() {
 /// good policy serves on.
 #[tokio::test]
 async fn a_reload_of_a_bad_policy_logs_what_validate_says_and_keeps_the_last_good() {
-    let mut server = Server::start(&policy(5), &["--reload-interval", "1h"]);
+    let server = Server::start(&policy(5), &["--reload-interval", "1h"]);
     let path = server.policy_path();
     for bad in [
         "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 50, name: x, replaces: [{name: y}]}\n  - key: q\n    rate_limit: {unit: minute, requests_per_unit: 50, name: y, replaces: [{name: x}]}\n",

@@ -400,7 +400,11 @@ fn names_an_integer(written: &str) -> bool {
         None => (body, 0),
     };
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    if !whole.chars().chain(fraction.chars()).all(|c| c.is_ascii_digit()) {
+    if !whole
+        .chars()
+        .chain(fraction.chars())
+        .all(|c| c.is_ascii_digit())
+    {
         return true;
     }
     // The number is DIGITS x 10^scale: an integer when the digits end in at least
@@ -462,10 +466,18 @@ mod tests {
     /// A float is an integer by its written digits, never by the f64 it rounds to.
     #[test]
     fn names_an_integer_reads_the_digits() {
-        for yes in ["5.0", "5.", "1e3", "1.5e1", "10e-1", "-2E+3", "0.0", "0e-9", "1_000.0"] {
+        for yes in [
+            "5.0", "5.", "1e3", "1.5e1", "10e-1", "-2E+3", "0.0", "0e-9", "1_000.0",
+        ] {
             assert!(names_an_integer(yes), "{yes}");
         }
-        for no in ["1.5", "0.99999999999999999", "5.000000000000000001", "15e-1", "1e-1"] {
+        for no in [
+            "1.5",
+            "0.99999999999999999",
+            "5.000000000000000001",
+            "15e-1",
+            "1e-1",
+        ] {
             assert!(!names_an_integer(no), "{no}");
         }
     }

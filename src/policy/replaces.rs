@@ -212,6 +212,8 @@ mod tests {
         let limits = [limit("n", &m, 1), limit("m", &[], 2), limit("m", &n, 3)];
         let found = circles(&limits);
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].1.starts_with("limits 'n' (p.yaml:1) and 'm' (p.yaml:3)"));
+        assert!(found[0]
+            .1
+            .starts_with("limits 'n' (p.yaml:1) and 'm' (p.yaml:3)"));
     }
 }
