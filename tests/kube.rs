@@ -519,6 +519,8 @@ async fn rate_limit_policies_from_a_real_api_server() {
         ("shop", format!("{{key: user, value: true, {per_minute_5}}}"), "'value': true is read as a boolean"),
         ("shop", format!("{{key: user, value: 1.5, {per_minute_5}}}"), "'value': 1.5 is read as a number"),
         ("42", format!("{{key: user, {per_minute_5}}}"), "'domain': 42 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 1.5}}".into(), "'requestsPerUnit' must be an integer, found the number 1.5"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 7.5}}".into(), "'burst' must be an integer, found the number 7.5"),
         ("shop", "{key: user, rateLimit: {unit: Minute, requestsPerUnit: 5}}".into(), "must be all lowercase or all uppercase"),
         ("shop", "{key: user, rateLimit: {window: ' 10s', requestsPerUnit: 5}}".into(), "has spaces around it"),
         ("shop", format!("{{key: user, rateLimit: {{window: {}, requestsPerUnit: 5}}}}", "1s".repeat(17)), "at most 32"),
