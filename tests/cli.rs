@@ -537,21 +537,21 @@ fn output_to_a_reader_that_stops_early_is_not_a_panic() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
 }
 
-/// Two limits that replace each other both drop out, as in envoyproxy/ratelimit;
-/// explain still names, for each, the limit that replaced it.
+/// In a chain of `replaces` (x replaces y, y replaces z) explain names, for each
+/// dropped limit, the limit that replaced it, even one that is replaced itself.
 #[test]
 fn explain_names_the_replacing_limit_when_it_is_replaced_too() {
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("p.yaml");
     std::fs::write(
         &policy,
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: y}]}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, name: y, replaces: [{name: x}]}\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: y}]}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, name: y, replaces: [{name: z}]}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 1, name: z}\n",
     )
     .unwrap();
     let out = sluice()
         .args(["explain", "--config"])
         .arg(&policy)
-        .args(["--domain", "d", "a=1", "+", "b=1", "--json"])
+        .args(["--domain", "d", "a=1", "+", "b=1", "+", "c=1", "--json"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -562,12 +562,74 @@ fn explain_names_the_replacing_limit_when_it_is_replaced_too() {
     );
     let e: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let ds = e["descriptors"].as_array().unwrap();
-    assert_eq!(
-        ds[0]["replacedBy"], "rule 'x' matched and is replaced by 'y'",
-        "{e:#}"
-    );
+    assert_eq!(ds[0]["replacedBy"], "", "{e:#}");
     assert_eq!(
         ds[1]["replacedBy"], "rule 'y' matched and is replaced by 'x'",
         "{e:#}"
     );
+    assert_eq!(
+        ds[2]["replacedBy"], "rule 'z' matched and is replaced by 'y'",
+        "{e:#}"
+    );
+}
+
+/// Two limits that replace each other would both drop out of a request that
+/// matches both, leaving it unlimited: `validate` and `explain` refuse the policy,
+/// naming both limits and their lines, the same words as a refused reload.
+#[test]
+fn limits_that_replace_each_other_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(
+        &policy,
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: y}]}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, name: y, replaces: [{name: x}]}\n",
+    )
+    .unwrap();
+    let p = policy.display().to_string();
+    let want = format!(
+        "{p}:4: limits 'x' ({p}:4) and 'y' ({p}:6) replace each other: when both match one request neither applies, so the request is limited by neither; keep 'replaces' on one of them only"
+    );
+    for args in [
+        vec!["validate", &p],
+        vec!["explain", "--config", &p, "--domain", "d", "a=1"],
+    ] {
+        let out = sluice().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&want), "{args:?}: {stderr}");
+    }
+}
+
+/// The server's refusal of a bad request and `sluice explain`'s own output count
+/// descriptors alike, from 1: the second descriptor is "descriptor 2" in both.
+#[test]
+fn explain_and_the_server_count_descriptors_from_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(
+        &policy,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let explain = |extra: &[&str]| {
+        let out = sluice()
+            .args(["explain", "--config"])
+            .arg(&policy)
+            .args(["--domain", "d", "k=1", "+"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Refused by the CLI itself, and by the server's request check.
+    assert!(explain(&["+"]).contains("descriptor 2 has no entries"));
+    assert!(
+        explain(&["a=1", "=x"]).contains("descriptor 2 entry 2 has an empty key"),
+        "{}",
+        explain(&["a=1", "=x"])
+    );
+    let many: Vec<String> = (0..33).map(|i| format!("e{i}=1")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert!(explain(&many).contains("descriptor 2 has 33 entries; at most 32 are allowed"));
 }

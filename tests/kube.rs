@@ -519,6 +519,8 @@ async fn rate_limit_policies_from_a_real_api_server() {
         ("shop", format!("{{key: user, value: true, {per_minute_5}}}"), "'value': true is read as a boolean"),
         ("shop", format!("{{key: user, value: 1.5, {per_minute_5}}}"), "'value': 1.5 is read as a number"),
         ("42", format!("{{key: user, {per_minute_5}}}"), "'domain': 42 is read as an integer"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 1.5}}".into(), "'requestsPerUnit' must be an integer, found the number 1.5"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 7.5}}".into(), "'burst' must be an integer, found the number 7.5"),
         ("shop", "{key: user, rateLimit: {unit: Minute, requestsPerUnit: 5}}".into(), "must be all lowercase or all uppercase"),
         ("shop", "{key: user, rateLimit: {window: ' 10s', requestsPerUnit: 5}}".into(), "has spaces around it"),
         ("shop", format!("{{key: user, rateLimit: {{window: {}, requestsPerUnit: 5}}}}", "1s".repeat(17)), "at most 32"),
@@ -605,6 +607,32 @@ async fn rate_limit_policies_from_a_real_api_server() {
     wait_limit(&all, "shop", "user", Some(7), TWO_S).await;
     k.wait_accepted("team-a", "a", "True/Accepted", STATUS)
         .await;
+
+    // Limits that replace each other (a request matching both would be limited by
+    // neither): Invalid with the words `sluice validate` gives for the same
+    // manifest, and the last good version keeps serving.
+    k.apply(&per_minute("team-e", "circle", "circle", "user", 3))
+        .unwrap();
+    wait_limit(&all, "circle", "user", Some(3), TWO_S).await;
+    let circle = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: circle, namespace: team-e}\n\
+                  spec:\n  domain: circle\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 3, name: user_cap, replaces: [{name: ip_cap}]}}\n    - {key: ip, rateLimit: {unit: minute, requestsPerUnit: 5, name: ip_cap, replaces: [{name: user_cap}]}}\n";
+    let words = "limits 'user_cap' (";
+    let rest = ") replace each other: when both match one request neither applies";
+    let refused = validate(circle).expect_err("a circle of replaces");
+    assert!(
+        refused.contains(words) && refused.contains(rest),
+        "{refused}"
+    );
+    k.apply(circle).unwrap();
+    let cond = k
+        .wait_accepted("team-e", "circle", "False/Invalid", STATUS)
+        .await;
+    assert!(
+        cond.contains("limits 'user_cap' (team-e/circle, key 'user' with no value) and 'ip_cap' (team-e/circle, key 'ip' with no value)")
+            && cond.contains(rest),
+        "{cond}"
+    );
+    assert_eq!(limit(&all, "circle", "user").await, Some(3));
 
     // An invalid edit to the older of two policies defining one path: the older
     // one's last good version keeps it, and the newer one stays Conflicted.

@@ -229,6 +229,39 @@ async fn a_reload_with_two_resources_of_one_name_keeps_the_last_good_policy() {
     );
 }
 
+/// A reload that brings limits replacing each other, or a fractional count, is
+/// refused with the words `sluice validate` prints for the same file, and the last
+/// good policy serves on.
+#[tokio::test]
+async fn a_reload_of_a_bad_policy_logs_what_validate_says_and_keeps_the_last_good() {
+    let server = Server::start(&policy(5), &["--reload-interval", "1h"]);
+    let path = server.policy_path();
+    for bad in [
+        "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 50, name: x, replaces: [{name: y}]}\n  - key: q\n    rate_limit: {unit: minute, requests_per_unit: 50, name: y, replaces: [{name: x}]}\n",
+        "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 0.99999999999999999}\n",
+    ] {
+        write_atomic(&path, bad);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("validate")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        let said = said.lines().next().unwrap().to_string();
+        server.signal(libc::SIGHUP);
+        server
+            .wait_line(Duration::from_secs(5), "the reload refused", |l| {
+                l.contains("policy refused") && l.contains(&said)
+            })
+            .await;
+        let mut c = server.client().await;
+        let r = call(&mut c, request("cm", vec![desc_hits(&[("k", "v")], 0)])).await;
+        let served = r.statuses[0].current_limit.as_ref();
+        assert_eq!(served.map(|l| l.requests_per_unit), Some(5), "{r:?}");
+    }
+}
+
 /// A poll that cannot open the files because the process is out of file descriptors
 /// says nothing of the files: it is not a refused policy (which would tell the
 /// operator to fix a file that is fine and fire SluicePolicyReloadRefused), and the

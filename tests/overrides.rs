@@ -292,7 +292,7 @@ async fn a_hits_addend_past_the_largest_count_is_refused() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(
             err.message()
-                .contains(&format!("descriptor 1: hits_addend {hits} is more"))
+                .contains(&format!("descriptor 2: hits_addend {hits} is more"))
                 && err.message().contains("at most 1125899906842624"),
             "{}",
             err.message()

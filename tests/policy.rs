@@ -121,6 +121,11 @@ fn reject_fixtures_name_file_line_and_problem() {
             "names this limit itself ('mine')",
         ),
         (
+            "replaces_each_other.yaml",
+            Some(5),
+            "limits 'free_plan' (FILE:5) and 'burst_cap' (FILE:12) replace each other: when both match one request neither applies",
+        ),
+        (
             "unlimited_with_unit.yaml",
             Some(6),
             "should not specify 'unit' when 'unlimited' is true",
@@ -192,11 +197,12 @@ fn reject_fixtures_name_file_line_and_problem() {
     for (name, line, fragment) in cases {
         let path = dir.join(name);
         let errors = errors_of(&[&format!("reject/{name}")]);
+        let fragment = fragment.replace("FILE", &path.display().to_string());
         let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert!(
             errors
                 .iter()
-                .any(|e| e.line == *line && e.message.contains(fragment)),
+                .any(|e| e.line == *line && e.message.contains(&fragment)),
             "{name}: expected line {line:?} with {fragment:?}, got {shown:#?}"
         );
         for text in &shown {
@@ -392,6 +398,24 @@ fn the_same_path_in_two_files_names_both() {
         e.message.contains("key 'user' value 'alice'"),
         "{}",
         e.message
+    );
+}
+
+/// Limits of two files that replace each other are refused, naming both places:
+/// when both matched one request, neither would apply.
+#[test]
+fn limits_of_two_files_that_replace_each_other_name_both() {
+    let errors = errors_of(&["conflict/replaces_a.yaml", "conflict/replaces_b.yaml"]);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let e = &errors[0];
+    let (a, b) = (
+        fixture("conflict/replaces_a.yaml").display().to_string(),
+        fixture("conflict/replaces_b.yaml").display().to_string(),
+    );
+    assert_eq!((e.file.as_str(), e.line), (a.as_str(), Some(4)));
+    assert_eq!(
+        e.message,
+        format!("limits 'plan_cap' ({a}:4) and 'ip_cap' ({b}:4) replace each other: when both match one request neither applies, so the request is limited by neither; keep 'replaces' on one of them only")
     );
 }
 

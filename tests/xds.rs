@@ -335,6 +335,43 @@ async fn a_bad_version_is_nacked_once_in_the_logs_and_the_last_good_keeps_servin
     assert_eq!(debug()["refused"], serde_json::json!([]));
 }
 
+/// A version holding limits that replace each other (both would drop out of a
+/// request matching both) is NACKed with the words `sluice validate` gives for the
+/// same limits in a file, and the last good version keeps serving.
+#[tokio::test]
+async fn a_version_whose_limits_replace_each_other_is_nacked() {
+    let Some((xds, certs)) = gateway_xds() else {
+        return;
+    };
+    let server = sluice(&xds, &certs, &[]);
+    until_ready(&server, "first version in").await;
+
+    let circle = format!(
+        "name: {DOMAIN}\ndomain: {DOMAIN}\ndescriptors:\n  - key: plan\n    rate_limit: {{name: plan_cap, replaces: [{{name: ip_cap}}], requests_per_unit: 60, unit: MINUTE}}\n  - key: ip\n    rate_limit: {{name: ip_cap, replaces: [{{name: plan_cap}}], requests_per_unit: 5, unit: SECOND}}\n"
+    );
+    assert_eq!(xds.publish(&circle), "2");
+    eventually(WAIT, "a NACK of version 2", || async {
+        nacks(&xds, "2") > 0
+    })
+    .await;
+    let refusal = xds
+        .requests()
+        .into_iter()
+        .find(|r| r["error_message"].is_string())
+        .unwrap();
+    let message = refusal["error_message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "limits 'plan_cap' (xds:{DOMAIN}, key 'plan' with no value) and 'ip_cap' (xds:{DOMAIN}, key 'ip' with no value) replace each other: when both match one request neither applies"
+        )),
+        "{message}"
+    );
+    // Version 1 still serves.
+    let mut c = server.client().await;
+    let r = call(&mut c, header_request()).await;
+    assert_eq!(first_limit(&r), Some(3));
+}
+
 /// A restarted server numbers its versions from 1 again: its version 1, with other
 /// contents than the version 1 taken before, is applied, logged and counted as a new
 /// version; sent again with the same contents (the server restarted once more), it is

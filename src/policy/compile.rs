@@ -9,6 +9,7 @@ use crate::algorithm::Limit;
 use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
 use super::model::{DescriptorNode, Document, RateLimit};
+use super::replaces;
 use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit, MAX_ENTRIES};
 
 /// Where something was defined, for messages naming both places of a conflict.
@@ -83,6 +84,7 @@ pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, 
             insert(&mut out, &mut build.domain.root, d, &mut trail);
         }
     }
+    replace_circles(&docs, &mut errors);
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -95,6 +97,27 @@ pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, 
         sources,
         defaults: *defaults,
     })
+}
+
+/// Limits of one domain that replace one another in a circle, across its documents
+/// (the parser has refused a circle within one).
+fn replace_circles(docs: &[Document], errors: &mut Vec<PolicyError>) {
+    let mut by_domain: HashMap<&str, Vec<replaces::Limit<'_>>> = HashMap::new();
+    for doc in docs {
+        let limits = by_domain.entry(doc.domain.as_str()).or_default();
+        replaces::limits(&doc.source, &doc.descriptors, limits);
+    }
+    let mut domains: Vec<_> = by_domain.into_iter().collect();
+    domains.sort_by_key(|(name, _)| *name);
+    for (_, limits) in domains {
+        for (first, message) in replaces::circles(&limits) {
+            errors.push(PolicyError {
+                file: limits[first].source.to_string(),
+                line: limits[first].line,
+                message,
+            });
+        }
+    }
 }
 
 /// `failure_mode` and `shard_by`: documents of one domain may repeat them but not

@@ -1318,7 +1318,14 @@ descriptors:
         assert!(resource("010")
             .unwrap_err()
             .contains("which kubectl reads as an octal number"));
-        for n in ["5.5", "1e30", ".inf", ".nan"] {
+        for n in [
+            "5.5",
+            "1e30",
+            ".inf",
+            ".nan",
+            "0.99999999999999999",
+            "4.0000000000000000001",
+        ] {
             let want = format!("'requests_per_unit' must be an integer, found the number {n}");
             assert!(file(n).unwrap_err().ends_with(&want), "{n}: {:?}", file(n));
             assert!(

@@ -341,8 +341,16 @@ pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> 
             return None;
         }
         Value::Int(value, _) => *value,
-        // 2^53: beyond it a float no longer names one integer.
-        Value::Float(f, _) if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 => *f as i128,
+        // 2^53: beyond it a float no longer names one integer. The written digits
+        // decide, not the rounded f64: `0.99999999999999999` rounds to 1.0 but is
+        // no integer.
+        Value::Float(f, written)
+            if f.fract() == 0.0
+                && f.abs() <= 9_007_199_254_740_992.0
+                && names_an_integer(written) =>
+        {
+            *f as i128
+        }
         _ => {
             ctx.error(
                 field.line(),
@@ -376,6 +384,38 @@ pub(crate) fn integer(ctx: &mut Ctx, field: Field<'_>, min: i128, max: i128) -> 
         return None;
     }
     Some(value)
+}
+
+/// Whether a decimal number as written (`5.0`, `1.5e1`, `-2E+3`) is exactly an
+/// integer: every digit after the point is zero once the exponent has moved it.
+/// Text that is not such a number (`.inf`, a tagged integer) is left to the value.
+fn names_an_integer(written: &str) -> bool {
+    let text = written.replace('_', "");
+    let body = text.trim_start_matches(['-', '+']);
+    let (mantissa, exponent) = match body.split_once(['e', 'E']) {
+        Some((m, e)) => match e.parse::<i64>() {
+            Ok(e) => (m, e),
+            Err(_) => return true,
+        },
+        None => (body, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if !whole
+        .chars()
+        .chain(fraction.chars())
+        .all(|c| c.is_ascii_digit())
+    {
+        return true;
+    }
+    // The number is DIGITS x 10^scale: an integer when the digits end in at least
+    // -scale zeros (or are all zeros).
+    let digits = format!("{whole}{fraction}");
+    let significant = digits.trim_end_matches('0');
+    if significant.trim_start_matches('0').is_empty() {
+        return true;
+    }
+    let trailing_zeros = (digits.len() - significant.len()) as i64;
+    exponent.saturating_sub(fraction.len() as i64) + trailing_zeros >= 0
 }
 
 /// Whether a plain integer's digits start with a zero followed by another digit.
@@ -421,5 +461,24 @@ mod tests {
     fn normalize_ignores_case_and_separators() {
         assert_eq!(normalize("requestsperunit"), normalize("requests_per_unit"));
         assert_eq!(normalize("rateLimit"), normalize("rate_limit"));
+    }
+
+    /// A float is an integer by its written digits, never by the f64 it rounds to.
+    #[test]
+    fn names_an_integer_reads_the_digits() {
+        for yes in [
+            "5.0", "5.", "1e3", "1.5e1", "10e-1", "-2E+3", "0.0", "0e-9", "1_000.0",
+        ] {
+            assert!(names_an_integer(yes), "{yes}");
+        }
+        for no in [
+            "1.5",
+            "0.99999999999999999",
+            "5.000000000000000001",
+            "15e-1",
+            "1e-1",
+        ] {
+            assert!(!names_an_integer(no), "{no}");
+        }
     }
 }

@@ -33,6 +33,7 @@ mod matcher;
 mod model;
 mod node;
 mod parse;
+mod replaces;
 mod yaml;
 
 pub use calendar::{Calendar, Period};

@@ -242,6 +242,13 @@ fn body(ctx: &mut Ctx, node: &Node, what: &str, kind: DocumentKind) -> Option<Do
             return None;
         }
     };
+    // Limits of this document that replace one another in a circle.
+    let source = ctx.source.clone();
+    let mut limits = Vec::new();
+    super::replaces::limits(&source, &tree, &mut limits);
+    for (first, message) in super::replaces::circles(&limits) {
+        ctx.error(limits[first].line, message);
+    }
     Some(Document {
         source: ctx.source.clone(),
         line,

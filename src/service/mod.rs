@@ -84,6 +84,8 @@ pub fn descriptors<'r>(
                 .iter()
                 .position(|d| !d.is_negative_hits && d.hits_addend.is_none())
                 .unwrap_or(0);
+            // Counted from 1, as `sluice explain` numbers descriptors.
+            let (i, j) = (i + 1, j + 1);
             return Err(BadRequest(format!(
                 "descriptor {i}: is_negative_hits gives hits back only in a call whose \
                  every descriptor carries its own hits_addend (a charge or a refund); \
@@ -94,7 +96,10 @@ pub fn descriptors<'r>(
     req.descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| {
+        .map(|(index, d)| {
+            // Messages count descriptors and entries from 1, as `sluice explain`
+            // numbers them.
+            let i = index + 1;
             // A descriptor with no entries matches nothing and is answered OK, not
             // INVALID_ARGUMENT: Envoy sends such descriptors when a
             // `skip_if_absent` action finds no header, and refusing the whole call
@@ -108,7 +113,8 @@ pub fn descriptors<'r>(
             }
             if let Some(j) = entries.iter().position(|e| e.0.is_empty()) {
                 return Err(BadRequest(format!(
-                    "descriptor {i} entry {j} has an empty key"
+                    "descriptor {i} entry {} has an empty key",
+                    j + 1
                 )));
             }
             let hits = d.hits_addend.unwrap_or(request_hits);
@@ -393,7 +399,7 @@ mod tests {
     fn a_refund_in_a_request_is_refused_with_the_reason() {
         let err = spends(&[(Some(5), true), (None, false)]).unwrap_err();
         assert!(
-            err.contains("descriptor 0: is_negative_hits") && err.contains("descriptor 1 has none"),
+            err.contains("descriptor 1: is_negative_hits") && err.contains("descriptor 2 has none"),
             "{err}"
         );
     }
@@ -407,7 +413,7 @@ mod tests {
         for hits in [MAX_HITS + 1, u64::MAX] {
             let err = spends(&[(Some(1), false), (Some(hits), true)]).unwrap_err();
             assert!(
-                err.starts_with(&format!("descriptor 1: hits_addend {hits} is more"))
+                err.starts_with(&format!("descriptor 2: hits_addend {hits} is more"))
                     && err.contains(&format!("at most {MAX_HITS}")),
                 "{err}"
             );
