@@ -832,6 +832,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     let with_tls = [
         "sluice_tls_certificate_expiry_timestamp_seconds",
         "sluice_tls_reloads_total",
+        "sluice_tls_refused",
     ];
     // The RLQS series by domain exist once an Envoy reported; tests/rlqs.rs reads
     // them from a server that had one.

@@ -678,13 +678,15 @@ impl Metrics {
         self.connections.http_refused.clone()
     }
 
-    /// Exports a TLS port's reload counters at 0 before its first reload.
+    /// Exports a TLS port's reload counters, and its refused gauge, at 0 before its
+    /// first reload.
     pub fn declare_tls_port(&self, port: &str) {
         for result in ["ok", "error"] {
             self.connections
                 .tls_reloads
                 .with_label_values(&[port, result]);
         }
+        self.connections.tls_refused.with_label_values(&[port]);
     }
 
     /// The `notAfter` (seconds since the epoch) of the certificate `port` serves.
@@ -695,12 +697,17 @@ impl Metrics {
             .set(not_after);
     }
 
-    /// A change of a port's TLS files, loaded (`ok`) or refused.
+    /// A change of a port's TLS files, loaded (`ok`) or refused: refused, the port
+    /// stays refused (`sluice_tls_refused`) until a change loads.
     pub fn tls_reload(&self, port: &str, ok: bool) {
         self.connections
             .tls_reloads
             .with_label_values(&[port, if ok { "ok" } else { "error" }])
             .inc();
+        self.connections
+            .tls_refused
+            .with_label_values(&[port])
+            .set(i64::from(!ok));
     }
 
     /// The store's gauges, set at scrape time.
