@@ -352,6 +352,7 @@ fn store_state_changes_are_logged_once_each() {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            tighten_ppm: 0,
             answered_by: None,
         }],
         delay: 0,
