@@ -817,9 +817,13 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         assert!(alert_names.contains(needed), "missing alert {needed}");
     }
     // The denial alert looks at many keys, never at one: it needs the top offender's
-    // share to be small and several distinct offenders.
+    // share to be small and several distinct offenders, each counted over replicas.
     let systemic = &alert_exprs[0];
-    assert!(systemic.contains("rank=\"1\"") && systemic.contains("count without"));
+    assert!(
+        systemic.contains("max by (job, domain, rule) (sum by (job, domain, rule, key) (sluice_top_offenders))")
+            && systemic.contains("count by (job, domain, rule) (count by (job, domain, rule, key) (sluice_top_offenders))"),
+        "{systemic}"
+    );
     let alert_metric_names: BTreeSet<String> =
         alert_exprs.iter().flat_map(|e| metric_names(e)).collect();
 
@@ -832,6 +836,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     let with_tls = [
         "sluice_tls_certificate_expiry_timestamp_seconds",
         "sluice_tls_reloads_total",
+        "sluice_tls_refused",
     ];
     // The RLQS series by domain exist once an Envoy reported; tests/rlqs.rs reads
     // them from a server that had one.

@@ -506,8 +506,11 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
         &volume.path("tls.key"),
     ));
     let expiry = r#"sluice_tls_certificate_expiry_timestamp_seconds{port="grpc"}"#;
+    // What SluiceTLSReloadRefused fires on: 1 while the refused files stay.
+    let refused = r#"sluice_tls_refused{port="grpc"}"#;
     // 2099-12-31T23:59:59Z
     assert_eq!(metric(&server, expiry), Some(4_102_444_799));
+    assert_eq!(metric(&server, refused), Some(0));
     let config = client_config(&ca.cert(), None, b"h2");
 
     volume.update(&expired, None);
@@ -527,6 +530,7 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
     );
     assert_eq!(call_once(&server, config.clone()).await, Ok(OK));
     assert_eq!(metric(&server, expiry), Some(4_102_444_799));
+    assert_eq!(metric(&server, refused), Some(1));
 
     volume.update(&second, None);
     eventually(Duration::from_secs(10), "the renewal taken", || async {
@@ -540,6 +544,7 @@ async fn an_expired_renewal_is_refused_and_the_serving_certificate_kept() {
     // 2098-01-01T00:00:00Z
     assert_eq!(metric(&server, expiry), Some(4_039_372_800));
     assert_eq!(grpc_reloads(&server, "error"), Some(1));
+    assert_eq!(metric(&server, refused), Some(0));
 }
 
 /// Connections to an HTTPS port that never send a ClientHello hold a slot of

@@ -213,6 +213,24 @@ fn sluice_top_shows_rules_and_offenders_sorts_filters_and_quits() {
     tmux.keys(&["c"]);
     tmux.wait("the filter cleared", |s| s.contains("42.9%"));
 
+    // A terminal too short for the panes keeps the rules and says what it left out;
+    // grown again, it shows them all.
+    let resize = |rows: &str| {
+        let out = tmux.run(&["resize-window", "-t", "top", "-y", rows]);
+        assert!(out.status.success(), "{out:?}");
+    };
+    resize("8");
+    tmux.wait("the rules and a word on the panes left out", |s| {
+        s.contains("42.9%")
+            && s.contains("terminal too small for the top keys and bans: 8 rows, 9 needed")
+            && !s.contains("top keys of")
+    });
+    resize("32");
+    tmux.wait_for_all(
+        "every pane again",
+        &["top keys of", "bans and blocks", "q quit"],
+    );
+
     tmux.keys(&["q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -186,14 +186,18 @@ impl View {
         true
     }
 
-    /// Draws the whole screen.
+    /// Draws the whole screen. A terminal too short for every pane drops the top
+    /// keys and bans first, then the rules, and says so on its last line.
     pub fn draw(&self, frame: &mut Frame) {
         let rules = self.rules();
         let selected = self.selected.min(rules.len().saturating_sub(1));
-        let [head, table, detail, help] = Layout::vertical([
-            Constraint::Length(1),
-            Constraint::Min(5),
-            Constraint::Length(12),
+        let fit = Fit::of(frame.area().height);
+        // The rows of a table too short to show go unused; the last line stays last.
+        let [head, table, detail, _, help] = Layout::vertical([
+            Constraint::Length(fit.head),
+            Constraint::Length(fit.table),
+            Constraint::Length(fit.detail),
+            Constraint::Fill(1),
             Constraint::Length(1),
         ])
         .areas(frame.area());
@@ -276,9 +280,11 @@ impl View {
                 )));
             }
         }
-        let title = rules.get(selected).map_or("top keys".to_string(), |r| {
+        let inner = usize::from(detail.height.saturating_sub(2));
+        let mut title = rules.get(selected).map_or("top keys".to_string(), |r| {
             format!("top keys of {}/{}", r.domain, r.rule)
         });
+        push_shown(&mut title, inner, lines.len());
         frame.render_widget(
             Paragraph::new(lines).block(Block::bordered().title(title)),
             offenders,
@@ -297,14 +303,80 @@ impl View {
                 ))
             })
             .collect();
+        let mut title = "bans and blocks".to_string();
+        push_shown(&mut title, inner, ban_lines.len());
         frame.render_widget(
-            Paragraph::new(ban_lines).block(Block::bordered().title("bans and blocks")),
+            Paragraph::new(ban_lines).block(Block::bordered().title(title)),
             bans,
         );
-        frame.render_widget(
-            Paragraph::new("q quit  s sort  / filter  c clear filter  up/down select"),
-            help,
-        );
+        let help_text = match fit.dropped() {
+            Some(dropped) => format!(
+                "terminal too small for {dropped}: {} rows, {} needed",
+                fit.rows,
+                Fit::NEEDED
+            ),
+            None => "q quit  s sort  / filter  c clear filter  up/down select".to_string(),
+        };
+        frame.render_widget(Paragraph::new(help_text), help);
+    }
+}
+
+/// How the screen's rows are shared: the head line, the rules table, the panes of
+/// top keys and bans, and the last line (keys, or what did not fit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fit {
+    rows: u16,
+    head: u16,
+    table: u16,
+    detail: u16,
+}
+
+impl Fit {
+    /// The rules table at its smallest: borders, column names and one rule.
+    const TABLE_MIN: u16 = 4;
+    /// The table as tall as it is kept while the panes below shrink.
+    const TABLE_KEPT: u16 = 5;
+    /// The panes at their smallest (borders and one line), and in full (ten keys).
+    const DETAIL_MIN: u16 = 3;
+    const DETAIL_FULL: u16 = 12;
+    /// Rows for every pane: head, table, panes, last line.
+    const NEEDED: u16 = 2 + Self::TABLE_MIN + Self::DETAIL_MIN;
+
+    fn of(rows: u16) -> Fit {
+        let head = u16::from(rows >= 2);
+        let body = rows.saturating_sub(head + 1);
+        let detail = if body >= Self::TABLE_KEPT + Self::DETAIL_MIN {
+            (body - Self::TABLE_KEPT).min(Self::DETAIL_FULL)
+        } else if body >= Self::TABLE_MIN + Self::DETAIL_MIN {
+            body - Self::TABLE_MIN
+        } else {
+            0
+        };
+        let table = body - detail;
+        Fit {
+            rows,
+            head,
+            table: if table >= Self::TABLE_MIN { table } else { 0 },
+            detail,
+        }
+    }
+
+    /// The panes left out, if any.
+    fn dropped(self) -> Option<&'static str> {
+        match (self.table, self.detail) {
+            (0, _) => Some("the rules, top keys and bans"),
+            (_, 0) => Some("the top keys and bans"),
+            _ => None,
+        }
+    }
+}
+
+/// Appends " (n of total)" to a pane's title when its `inner` rows show only part
+/// of its `total` lines.
+fn push_shown(title: &mut String, inner: usize, total: usize) {
+    if inner < total {
+        use std::fmt::Write;
+        let _ = write!(title, " ({inner} of {total})");
     }
 }
 
@@ -442,6 +514,107 @@ mod tests {
         assert_eq!(v.selected, 1, "down stops at the last rule");
         v.key(KeyCode::Up, KeyModifiers::NONE);
         assert_eq!(v.selected, 0, "one up selects the rule above");
+    }
+
+    /// The screen drawn on a terminal of `width` x `height`, a line a row.
+    fn drawn(v: &View, width: u16, height: u16) -> Vec<String> {
+        let mut terminal =
+            ratatui::Terminal::new(ratatui::backend::TestBackend::new(width, height)).unwrap();
+        terminal.draw(|f| v.draw(f)).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..height)
+            .map(|y| {
+                (0..width)
+                    .map(|x| buffer[(x, y)].symbol())
+                    .collect::<String>()
+            })
+            .collect()
+    }
+
+    fn crowded() -> View {
+        let mut v = View::new("s".into());
+        let mut rules: Vec<pb::RuleTop> = (0..8)
+            .map(|i| rule(&format!("r{i}"), 100, 10 + i, "k"))
+            .collect();
+        rules[7].offenders = (1..=10)
+            .map(|i| pb::Offender {
+                key: format!("key{i}"),
+                denials: 100 - i,
+            })
+            .collect();
+        let ban = |key: &str| pb::Ban {
+            kind: "ban".into(),
+            domain: "api".into(),
+            rule: "r7".into(),
+            key: key.into(),
+            ..Default::default()
+        };
+        v.snapshot = Some(pb::TopSnapshot {
+            rules,
+            bans: vec![ban("key1"), ban("key2"), ban("key3")],
+            ..Default::default()
+        });
+        v
+    }
+
+    /// A tall terminal shows every pane in full and the keys' help.
+    #[test]
+    fn a_tall_terminal_shows_every_pane_in_full() {
+        let screen = drawn(&crowded(), 100, 30).join("\n");
+        for text in [
+            "rules (last 60 s)",
+            "r7",
+            "top keys of api/r7─",
+            "10. key10",
+            "bans and blocks─",
+            "q quit",
+        ] {
+            assert!(screen.contains(text), "{text:?} in\n{screen}");
+        }
+        assert!(!screen.contains("too small"), "{screen}");
+    }
+
+    /// Shorter, the panes show what fits and say how much that is; shorter still,
+    /// the last line says which panes did not fit, never a pane cut to its border.
+    #[test]
+    fn a_short_terminal_shows_what_fits_and_says_what_does_not() {
+        let v = crowded();
+        let screen = drawn(&v, 100, 12);
+        let all = screen.join("\n");
+        assert!(all.contains("top keys of api/r7 (3 of 10)"), "{all}");
+        assert!(all.contains("1. key1"), "{all}");
+        assert!(all.contains("bans and blocks─"), "{all}");
+        assert!(!all.contains("too small"), "{all}");
+
+        for rows in [8, 7, 6] {
+            let screen = drawn(&v, 100, rows);
+            let all = screen.join("\n");
+            assert!(
+                all.contains("rules (last 60 s)") && all.contains("r7"),
+                "{rows}: {all}"
+            );
+            assert!(!all.contains("top keys of"), "{rows}: {all}");
+            assert_eq!(
+                screen.last().unwrap().trim_end(),
+                format!("terminal too small for the top keys and bans: {rows} rows, 9 needed"),
+                "{all}"
+            );
+        }
+        for rows in [1, 3, 5] {
+            let screen = drawn(&v, 100, rows);
+            assert_eq!(
+                screen.last().unwrap().trim_end(),
+                format!(
+                    "terminal too small for the rules, top keys and bans: {rows} rows, 9 needed"
+                ),
+                "{}",
+                screen.join("\n")
+            );
+        }
+        // Every pane from 9 rows on.
+        let all = drawn(&v, 100, 9).join("\n");
+        assert!(all.contains("top keys of api/r7 (1 of 10)"), "{all}");
+        assert!(!all.contains("too small"), "{all}");
     }
 
     /// The filter narrows the bans and blocks panel as it narrows the rules.

@@ -162,6 +162,8 @@ pub struct Status {
     pub shed: bool,
     /// Decided against its penalty's tightened limit.
     pub tightened: bool,
+    /// That tightening's factor (millionths): the answer states the limit so scaled.
+    pub tighten_ppm: u32,
     /// When the matched rule carries several limits (`rate_limits`): the one of its
     /// [`Rule::also`] whose verdict this status reports, the one nearest its limit
     /// ([`Outcome::rule`] answers with it). `None` when it is the matched rule's own.
@@ -181,6 +183,7 @@ impl Status {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            tighten_ppm: 0,
             answered_by: None,
         }
     }

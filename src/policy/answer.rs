@@ -32,21 +32,44 @@ pub fn render(rule: &Rule) -> Rendered {
         return Rendered::default();
     };
     let ietf_name = ietf_name(rule);
+    let rpu = rule.requests_per_unit;
+    let mut draft03 = String::new();
+    push_draft03_limit(&mut draft03, rule, rpu, &limit);
+    let mut policy = String::new();
+    push_ietf_policy(&mut policy, &ietf_name, rpu, &limit);
     Rendered {
         current_limit: current_limit(rule).encode_to_vec().into(),
-        draft03_limit: draft03_limit(rule, &limit).into(),
-        ietf_policy: ietf_policy(&ietf_name, rule, &limit).into(),
+        draft03_limit: draft03.into(),
+        ietf_policy: policy.into(),
         ietf_name: ietf_name.into(),
     }
 }
 
 /// `rule`'s `current_limit` as Envoy's message.
 pub fn current_limit(rule: &Rule) -> RateLimit {
+    current_limit_of(rule, rule.requests_per_unit)
+}
+
+/// `rule`'s `current_limit` with `requests_per_unit` in place of its own: a key a
+/// penalty tightened is answered with the limit it was decided against.
+pub fn current_limit_of(rule: &Rule, requests_per_unit: u32) -> RateLimit {
     RateLimit {
         name: rule.name.clone().unwrap_or_default(),
-        requests_per_unit: rule.requests_per_unit,
+        requests_per_unit,
         unit: proto_unit(rule.unit) as i32,
     }
+}
+
+/// `rule`'s requests per unit scaled by a tightening's factor (millionths), as the
+/// tightened key is decided ([`super::tightened`]).
+pub fn tightened_requests(rule: &Rule, factor_ppm: u32) -> u32 {
+    let scaled = super::tightened(u64::from(rule.requests_per_unit), factor_ppm);
+    u32::try_from(scaled).unwrap_or(u32::MAX)
+}
+
+/// `rule`'s `current_limit.unit`, as Envoy's enum value.
+pub fn unit_value(rule: &Rule) -> i32 {
+    proto_unit(rule.unit) as i32
 }
 
 fn proto_unit(unit: Unit) -> ProtoUnit {
@@ -67,17 +90,22 @@ fn window_secs(limit: &Limit) -> u64 {
     limit.window.div_ceil(SECOND)
 }
 
-/// `x-ratelimit-limit`'s value for `rule`: "{rpu}, {rpu};w={window}", then
+/// Writes `x-ratelimit-limit`'s value for `rule` with `rpu` requests per unit (its
+/// own, or a tightened key's) onto `s`: "{rpu}, {rpu};w={window}", then
 /// ";name=\"{name}\"" when the rule is named.
-fn draft03_limit(rule: &Rule, limit: &Limit) -> String {
-    let rpu = rule.requests_per_unit;
-    let mut s = format!("{rpu}, {rpu};w={}", window_secs(limit));
+pub fn push_draft03_limit(s: &mut String, rule: &Rule, rpu: u32, limit: &Limit) {
+    let mut n = itoa::Buffer::new();
+    let rpu = n.format(rpu);
+    s.push_str(rpu);
+    s.push_str(", ");
+    s.push_str(rpu);
+    s.push_str(";w=");
+    s.push_str(itoa::Buffer::new().format(window_secs(limit)));
     if let Some(name) = &rule.name {
         s.push_str(";name=\"");
-        push_sf_escaped(&mut s, name);
+        push_sf_escaped(s, name);
         s.push('"');
     }
-    s
 }
 
 /// The name IETF headers give `rule` (its `name`, else its path), quoted.
@@ -88,13 +116,14 @@ fn ietf_name(rule: &Rule) -> String {
     s
 }
 
-/// `ratelimit-policy`'s value for `rule`: "{ietf_name};q={rpu};w={window}".
-fn ietf_policy(ietf_name: &str, rule: &Rule, limit: &Limit) -> String {
-    format!(
-        "{ietf_name};q={};w={}",
-        rule.requests_per_unit,
-        window_secs(limit)
-    )
+/// Writes `ratelimit-policy`'s value with `rpu` requests per unit (a rule's own, or a
+/// tightened key's) onto `s`: "{ietf_name};q={rpu};w={window}".
+pub fn push_ietf_policy(s: &mut String, ietf_name: &str, rpu: u32, limit: &Limit) {
+    s.push_str(ietf_name);
+    s.push_str(";q=");
+    s.push_str(itoa::Buffer::new().format(rpu));
+    s.push_str(";w=");
+    s.push_str(itoa::Buffer::new().format(window_secs(limit)));
 }
 
 /// A structured-field string (RFC 8941) holds printable ASCII only, with `"` and

@@ -8,6 +8,7 @@ use rand::Rng;
 
 use crate::algorithm::{Micros, SECOND};
 use crate::limiter::Outcome;
+use crate::policy::answer;
 
 /// Which header set to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,12 +59,30 @@ pub fn each_header(
         })
         .min_by_key(|(s, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
 
-    if let Some((_, rule, v)) = closest {
+    if let Some((status, rule, v)) = closest {
         let remaining = if outcome.over_limit { 0 } else { v.remaining };
+        // A key a penalty tightened states the limit it was decided against, which
+        // its remaining counts down from.
+        let tightened = status
+            .tightened
+            .then(|| {
+                (
+                    answer::tightened_requests(rule, status.tighten_ppm),
+                    rule.limit,
+                )
+            })
+            .and_then(|(rpu, limit)| Some((rpu, limit?)));
         let s = &mut *scratch;
         match style {
             HeaderStyle::Draft03 => {
-                emit("x-ratelimit-limit", &rule.rendered.draft03_limit);
+                match tightened {
+                    Some((rpu, limit)) => {
+                        s.clear();
+                        answer::push_draft03_limit(s, rule, rpu, &limit);
+                        emit("x-ratelimit-limit", s);
+                    }
+                    None => emit("x-ratelimit-limit", &rule.rendered.draft03_limit),
+                }
                 s.clear();
                 push_u64(s, remaining);
                 emit("x-ratelimit-remaining", s);
@@ -72,7 +91,14 @@ pub fn each_header(
                 emit("x-ratelimit-reset", s);
             }
             HeaderStyle::Ietf => {
-                emit("ratelimit-policy", &rule.rendered.ietf_policy);
+                match tightened {
+                    Some((rpu, limit)) => {
+                        s.clear();
+                        answer::push_ietf_policy(s, &rule.rendered.ietf_name, rpu, &limit);
+                        emit("ratelimit-policy", s);
+                    }
+                    None => emit("ratelimit-policy", &rule.rendered.ietf_policy),
+                }
                 // "\"{name}\";r={remaining};t={reset}".
                 s.clear();
                 s.push_str(&rule.rendered.ietf_name);

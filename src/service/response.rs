@@ -11,7 +11,7 @@ use prost_types::{self as pbuf, value::Kind};
 
 use crate::algorithm::Micros;
 use crate::limiter::Outcome;
-use crate::policy::answer::current_limit;
+use crate::policy::answer::{current_limit, current_limit_of, tightened_requests, unit_value};
 
 use super::decode::Request;
 use super::headers::{each_header, headers, HeaderStyle};
@@ -52,9 +52,15 @@ pub fn response(
                 };
             }
             let (remaining, reset) = s.verdict.map_or((0, 0), |v| (v.remaining, v.reset));
+            // A key a penalty tightened: the limit it was decided against.
+            let limit = if s.tightened {
+                current_limit_of(rule, tightened_requests(rule, s.tighten_ppm))
+            } else {
+                current_limit(rule)
+            };
             DescriptorStatus {
                 code,
-                current_limit: Some(current_limit(rule)),
+                current_limit: Some(limit),
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(duration(reset)),
                 ..Default::default()
@@ -161,7 +167,19 @@ fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) 
             )
         }
     };
-    let limit = rule.map(|r| &*r.rendered.current_limit);
+    let limit = rule.map(|r| {
+        if s.tightened {
+            // A key a penalty tightened: the limit it was decided against, its
+            // fields written here (the rendered ones are the rule's own).
+            Limit::Tightened {
+                name: r.name.as_deref().unwrap_or(""),
+                rpu: u64::from(tightened_requests(r, s.tighten_ppm)),
+                unit: unit_value(r) as u64,
+            }
+        } else {
+            Limit::Rendered(&r.rendered.current_limit)
+        }
+    });
     let reset = reset.map(|us| {
         let seconds = us / 1_000_000;
         let nanos = (us % 1_000_000) * 1000;
@@ -169,20 +187,47 @@ fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) 
     });
     let duration_len = reset.map(|(s, n)| varint_field_len(s) + varint_field_len(n));
     let len = varint_field_len(code)
-        + limit.map_or(0, |l| nested_len(l.len()))
+        + limit.as_ref().map_or(0, |l| nested_len(l.len()))
         + varint_field_len(u64::from(remaining))
         + duration_len.map_or(0, nested_len);
     put_len_key(buf, 2, len);
     put_varint_field(buf, 1, code);
     if let Some(limit) = limit {
         put_len_key(buf, 2, limit.len());
-        buf.put_slice(limit);
+        match limit {
+            Limit::Rendered(bytes) => buf.put_slice(bytes),
+            // Envoy's field numbers: requests_per_unit 1, unit 2, name 3.
+            Limit::Tightened { name, rpu, unit } => {
+                put_varint_field(buf, 1, rpu);
+                put_varint_field(buf, 2, unit);
+                put_string_field(buf, 3, name);
+            }
+        }
     }
     put_varint_field(buf, 3, u64::from(remaining));
     if let (Some((seconds, nanos)), Some(duration_len)) = (reset, duration_len) {
         put_len_key(buf, 4, duration_len);
         put_varint_field(buf, 1, seconds);
         put_varint_field(buf, 2, nanos);
+    }
+}
+
+/// A status's `current_limit` (field 2): the rule's, encoded when the policy was
+/// compiled, or a tightened key's, written field by field.
+enum Limit<'a> {
+    Rendered(&'a [u8]),
+    Tightened { name: &'a str, rpu: u64, unit: u64 },
+}
+
+impl Limit<'_> {
+    /// The message's length, without its own key and length.
+    fn len(&self) -> usize {
+        match *self {
+            Limit::Rendered(bytes) => bytes.len(),
+            Limit::Tightened { name, rpu, unit } => {
+                string_field_len(name) + varint_field_len(rpu) + varint_field_len(unit)
+            }
+        }
     }
 }
 
@@ -445,6 +490,7 @@ descriptors:
             ban: Ban::None,
             shed: false,
             tightened: false,
+            tighten_ppm: 0,
             answered_by: None,
         }
     }
@@ -522,6 +568,15 @@ descriptors:
                     Some(verdict(true, u64::MAX, u64::MAX, 0)),
                 )],
             ),
+            // A key a penalty tightened to a fifth of 10.
+            (
+                false,
+                vec![Status {
+                    tightened: true,
+                    tighten_ppm: 200_000,
+                    ..status(plain, false, Some(verdict(true, 1, 59 * SECOND, 0)))
+                }],
+            ),
             // The store failed closed: no verdicts.
             (
                 true,
@@ -542,6 +597,78 @@ descriptors:
                 }
             }
         }
+    }
+
+    /// A key a penalty tightened is answered with the limit it is decided against,
+    /// which its remaining counts down from: `current_limit`, `x-ratelimit-limit`
+    /// and `ratelimit-policy` all say 2 (a fifth of 10), on both encodings.
+    #[tokio::test]
+    async fn a_tightened_key_is_answered_with_its_tightened_limit() {
+        use crate::clock::ManualClock;
+        use crate::limiter::{Descriptor, Settings};
+        use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
+        const POLICY: &str = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      algorithm: fixed_window\n      name: per_ip\n      penalty: {violations: 2, within: 1m, tighten: {factor: 0.2, for: 10m}}\n";
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let l = crate::limiter::test_limiter(POLICY, &clock, Settings::default());
+        let ask = || async {
+            let ip = [("ip", "1.1.1.1")];
+            l.decide("d", &[Descriptor::new(&ip[..], 1)]).await
+        };
+        let limit_of = |o: &Outcome| {
+            let r = response(o, HeaderStyle::Draft03, None);
+            assert_eq!(frame(&r), framed_response(o, HeaderStyle::Draft03, None));
+            let ietf = response(o, HeaderStyle::Ietf, None);
+            assert_eq!(frame(&ietf), framed_response(o, HeaderStyle::Ietf, None));
+            let header = |r: &RateLimitResponse, name: &str| {
+                r.response_headers_to_add
+                    .iter()
+                    .find(|h| h.key == name)
+                    .map(|h| h.value.clone())
+                    .unwrap_or_default()
+            };
+            (
+                r.statuses[0].current_limit.clone().unwrap(),
+                r.statuses[0].limit_remaining,
+                header(&r, "x-ratelimit-limit"),
+                header(&r, "x-ratelimit-remaining"),
+                header(&ietf, "ratelimit-policy"),
+            )
+        };
+        let full = ask().await;
+        assert_eq!(
+            limit_of(&full),
+            (
+                RateLimit {
+                    name: "per_ip".into(),
+                    requests_per_unit: 10,
+                    unit: 2
+                },
+                9,
+                "10, 10;w=60;name=\"per_ip\"".to_string(),
+                "9".to_string(),
+                "\"per_ip\";q=10;w=60".to_string(),
+            )
+        );
+        // Two denials past the limit tighten the key to a fifth.
+        while !ask().await.over_limit {}
+        ask().await;
+        clock.advance(61 * SECOND);
+        let tight = ask().await;
+        assert!(tight.statuses[0].tightened && !tight.over_limit);
+        assert_eq!(
+            limit_of(&tight),
+            (
+                RateLimit {
+                    name: "per_ip".into(),
+                    requests_per_unit: 2,
+                    unit: 2
+                },
+                1,
+                "2, 2;w=60;name=\"per_ip\"".to_string(),
+                "1".to_string(),
+                "\"per_ip\";q=2;w=60".to_string(),
+            )
+        );
     }
 
     /// A request of two descriptors, one with its own limit and hits_addend.

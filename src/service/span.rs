@@ -61,12 +61,13 @@ pub(crate) fn outcome_of(outcome: &Outcome, s: &Status) -> &'static str {
         (Some(f), None) if f.mode != FailureMode::Closed => "failed_open",
         (Some(_), None) => "failed_closed",
         (_, Some(v)) if !v.admitted && shadow => "shadow_over_limit",
-        // As `sluice_requests_total`: an over quota in an admitted request is no denial.
+        // As `sluice_requests_total`: an over quota in an admitted request is no
+        // denial, and no `ok` either.
         _ if s.over_limit
             && !outcome.over_limit
             && outcome.rule(s).is_some_and(|r| r.quota_mode) =>
         {
-            "ok"
+            "quota_over_limit"
         }
         _ if s.over_limit => "over_limit",
         _ => "ok",

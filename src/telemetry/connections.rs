@@ -10,6 +10,7 @@ use super::{counter_vec, int_counter, int_gauge_vec, registered};
 pub(super) struct ConnectionStats {
     pub(super) tls_reloads: IntCounterVec,
     pub(super) tls_expiry: IntGaugeVec,
+    pub(super) tls_refused: IntGaugeVec,
     pub(super) grpc_connections: IntGaugeVec,
     pub(super) grpc_closed: IntCounterVec,
     pub(super) http_refused: IntCounter,
@@ -30,6 +31,14 @@ impl ConnectionStats {
             int_gauge_vec(
                 "sluice_tls_certificate_expiry_timestamp_seconds",
                 "When the certificate a TLS port (grpc, http, admin) serves expires (its notAfter), in seconds since the Unix epoch.",
+                &["port"],
+            ),
+        );
+        let tls_refused = registered(
+            registry,
+            int_gauge_vec(
+                "sluice_tls_refused",
+                "1 while the last change of a TLS port's (grpc, http, admin) files was refused and the last good certificate serves on; 0 once a change loads.",
                 &["port"],
             ),
         );
@@ -59,6 +68,7 @@ impl ConnectionStats {
         ConnectionStats {
             tls_reloads,
             tls_expiry,
+            tls_refused,
             grpc_connections,
             grpc_closed,
             http_refused,

@@ -444,6 +444,7 @@ mod tests {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            tighten_ppm: 0,
             answered_by: None,
         }
     }

@@ -33,7 +33,7 @@
 //! `Metrics` holds one of each, inline, so recording costs no extra indirection.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -78,7 +78,7 @@ use striped::{escape_label, Histogram, Stripes, LATENCY_BOUNDS};
 use top::TopOffenders;
 
 /// The `outcome` label values of `sluice_requests_total`.
-pub const OUTCOMES: [&str; 8] = [
+pub const OUTCOMES: [&str; 9] = [
     "ok",
     "over_limit",
     "shadow_over_limit",
@@ -87,6 +87,7 @@ pub const OUTCOMES: [&str; 8] = [
     "banned",
     "shed",
     "blocked",
+    "quota_over_limit",
 ];
 const OK: usize = 0;
 const OVER_LIMIT: usize = 1;
@@ -96,6 +97,8 @@ const FAILED_CLOSED: usize = 4;
 const BANNED: usize = 5;
 const SHED: usize = 6;
 const BLOCKED: usize = 7;
+/// A `quota_mode` limit past its limit in a request another quota limit admitted.
+const QUOTA_OVER_LIMIT: usize = 8;
 
 /// `--near-limit-ratio`'s default, envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
 pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -132,7 +135,7 @@ pub struct RuleStats {
     counts: Stripes<RuleCounts>,
     /// The `outcome`s of [`OUTCOMES`] exported at 0, a bit each: those the serving
     /// policy's rule can have (others show once counted).
-    exported: AtomicU8,
+    exported: AtomicU16,
     ratio: Stripes<DenyWindow>,
     /// Hits spent and refunded over the last minute, for `sluice top`.
     spent: Stripes<SumWindow>,
@@ -678,13 +681,15 @@ impl Metrics {
         self.connections.http_refused.clone()
     }
 
-    /// Exports a TLS port's reload counters at 0 before its first reload.
+    /// Exports a TLS port's reload counters, and its refused gauge, at 0 before its
+    /// first reload.
     pub fn declare_tls_port(&self, port: &str) {
         for result in ["ok", "error"] {
             self.connections
                 .tls_reloads
                 .with_label_values(&[port, result]);
         }
+        self.connections.tls_refused.with_label_values(&[port]);
     }
 
     /// The `notAfter` (seconds since the epoch) of the certificate `port` serves.
@@ -695,12 +700,17 @@ impl Metrics {
             .set(not_after);
     }
 
-    /// A change of a port's TLS files, loaded (`ok`) or refused.
+    /// A change of a port's TLS files, loaded (`ok`) or refused: refused, the port
+    /// stays refused (`sluice_tls_refused`) until a change loads.
     pub fn tls_reload(&self, port: &str, ok: bool) {
         self.connections
             .tls_reloads
             .with_label_values(&[port, if ok { "ok" } else { "error" }])
             .inc();
+        self.connections
+            .tls_refused
+            .with_label_values(&[port])
+            .set(i64::from(!ok));
     }
 
     /// The store's gauges, set at scrape time.

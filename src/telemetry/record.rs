@@ -49,11 +49,11 @@ pub(super) struct RuleTable {
 }
 
 /// Every bit of [`OUTCOMES`]: a rule met outside a swapped-in policy exports them all.
-const ALL_OUTCOMES: u8 = u8::MAX;
+const ALL_OUTCOMES: u16 = (1 << OUTCOMES.len()) - 1;
 
 /// The outcomes `rule` can have in a domain of failure mode `mode` (`None`: the
 /// server's `--failure-mode`, either), a bit of [`OUTCOMES`] each.
-fn possible_outcomes(rule: &Rule, mode: Option<FailureMode>) -> u8 {
+fn possible_outcomes(rule: &Rule, mode: Option<FailureMode>) -> u16 {
     let mut bits = 1 << OK;
     if rule.limit.is_none() {
         return bits;
@@ -61,6 +61,9 @@ fn possible_outcomes(rule: &Rule, mode: Option<FailureMode>) -> u8 {
     bits |= 1 << OVER_LIMIT;
     if rule.shadow_mode {
         bits |= 1 << SHADOW_OVER_LIMIT;
+    }
+    if rule.quota_mode {
+        bits |= 1 << QUOTA_OVER_LIMIT;
     }
     bits |= match mode {
         Some(FailureMode::Closed) => 1 << FAILED_CLOSED,
@@ -81,13 +84,13 @@ fn possible_outcomes(rule: &Rule, mode: Option<FailureMode>) -> u8 {
 }
 
 impl RuleStats {
-    fn new((domain, rule, layer): &StatsKey, exported: u8) -> RuleStats {
+    fn new((domain, rule, layer): &StatsKey, exported: u16) -> RuleStats {
         RuleStats {
             domain: domain.clone(),
             rule: rule.clone(),
             layer,
             counts: Stripes::default(),
-            exported: AtomicU8::new(exported),
+            exported: AtomicU16::new(exported),
             ratio: Stripes::default(),
             spent: Stripes::default(),
             refunded: Stripes::default(),
@@ -185,8 +188,9 @@ impl Metrics {
                 (Some(_), None) => FAILED_CLOSED,
                 (_, Some(v)) if !v.admitted && rule.shadow_mode => SHADOW_OVER_LIMIT,
                 // A quota limit past its limit says OVER_LIMIT, but another quota
-                // limit admitted the request: not a denial.
-                _ if s.over_limit && rule.quota_mode && !outcome.over_limit => OK,
+                // limit admitted the request: not a denial, and not `ok` either
+                // (as a shadow limit's would-be denial is not).
+                _ if s.over_limit && rule.quota_mode && !outcome.over_limit => QUOTA_OVER_LIMIT,
                 _ if s.over_limit => OVER_LIMIT,
                 _ => OK,
             };
@@ -389,7 +393,7 @@ impl Metrics {
     /// Makes the stats of every rule of `policy`, exporting at 0 the outcomes each
     /// can have, and drops those of rules it lacks.
     pub(super) fn declare_rules(&self, policy: &Policy) {
-        let mut wanted: HashMap<StatsKey, u8> = HashMap::new();
+        let mut wanted: HashMap<StatsKey, u16> = HashMap::new();
         for (domain, rule) in policy.rules_by_domain() {
             let mode = policy.domains.get(domain).and_then(|d| d.failure_mode);
             // A descriptor's other limits count under their own rules.

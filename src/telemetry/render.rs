@@ -66,7 +66,7 @@ impl Metrics {
         if !stats.is_empty() {
             out.push_str(
                 "# HELP sluice_requests_total Descriptors decided, by matched rule and outcome \
-                 (ok, over_limit, shadow_over_limit, failed_open, failed_closed, banned, shed).\n\
+                 (ok, over_limit, shadow_over_limit, quota_over_limit, failed_open, failed_closed, banned, blocked, shed).\n\
                  # TYPE sluice_requests_total counter\n",
             );
             for st in &stats {

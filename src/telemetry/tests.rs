@@ -107,6 +107,73 @@ async fn shed_and_near_limit_are_counted_per_rule() {
     }
 }
 
+/// A quota limit past its limit in a request another quota limit admits is counted
+/// apart, as a shadow limit's would-be denial is: neither `ok` (its limit is spent)
+/// nor a denial (the request went through). Only when every quota limit is past
+/// does the request count `over_limit`.
+#[tokio::test]
+async fn a_quota_over_its_limit_in_an_admitted_request_is_counted_apart() {
+    let policy = "domain: d\ndescriptors:\n  - key: plan\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n  - key: team\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}\n  - key: ip\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n";
+    let clock = ManualClock::new(T0);
+    let l = crate::limiter::test_limiter(policy, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone()));
+    m.policy_swapped(&l.policy());
+    let series = |outcome: &str, rule: &str, n: u64| {
+        format!(
+            r#"sluice_requests_total{{domain="d",layer="service",outcome="{outcome}",rule="{rule}"}} {n}"#
+        )
+    };
+    // Declared at 0 for the quota rules only, as shadow_over_limit is for the shadow one.
+    let text = m.render();
+    assert!(
+        text.contains(&series("quota_over_limit", "plan", 0)),
+        "{text}"
+    );
+    assert!(
+        !text.contains(r#"outcome="quota_over_limit",rule="ip""#),
+        "{text}"
+    );
+    assert!(
+        text.contains(&series("shadow_over_limit", "ip", 0)),
+        "{text}"
+    );
+    let (plan, team, ip) = ([("plan", "free")], [("team", "a")], [("ip", "1.2.3.4")]);
+    let mut admitted = 0;
+    for _ in 0..4 {
+        let o = l
+            .decide(
+                "d",
+                &[
+                    Descriptor::new(&plan[..], 1),
+                    Descriptor::new(&team[..], 1),
+                    Descriptor::new(&ip[..], 1),
+                ],
+            )
+            .await;
+        m.record("d", &o, Duration::from_micros(10));
+        admitted += u64::from(!o.over_limit);
+    }
+    // plan: 1 ok, then past its limit while team has room (2), then with team past too (1).
+    assert_eq!(admitted, 3);
+    let text = m.render();
+    for line in [
+        series("ok", "plan", 1),
+        series("quota_over_limit", "plan", 2),
+        series("over_limit", "plan", 1),
+        series("ok", "team", 3),
+        series("over_limit", "team", 1),
+        series("ok", "ip", 1),
+        series("shadow_over_limit", "ip", 3),
+    ] {
+        assert!(text.contains(&line), "{line} in {text}");
+    }
+    // Neither kind of would-be denial is a denial.
+    assert!(
+        text.contains(r#"sluice_recent_denials{domain="d",rule="plan"} 1"#),
+        "{text}"
+    );
+}
+
 /// One client every 20 ms, another with exponential gaps of the same mean
 /// (seeded), through the limiter: only the first is listed, with `--hash-keys`
 /// as its hash.
@@ -352,6 +419,7 @@ fn store_state_changes_are_logged_once_each() {
             ban: Ban::None,
             shed: false,
             tightened: false,
+            tighten_ppm: 0,
             answered_by: None,
         }],
         delay: 0,

@@ -566,6 +566,31 @@ mod tests {
         assert!(f.errors().unwrap().ends_with(" 1"));
     }
 
+    /// `sluice_tls_refused` says 1 for as long as the refused files stay on disk
+    /// (the counter moves once), and 0 once a change loads: what an alert on a
+    /// refused renewal keeps firing on.
+    #[test]
+    fn a_refused_renewal_shows_until_a_change_loads() {
+        let f = Fixture::new(YEAR_2051, NOT_BEFORE_2051 + DAY);
+        let refused = || f.metric(r#"sluice_tls_refused{port="grpc"}"#);
+        let tls = f.load().unwrap();
+        assert_eq!(
+            refused().as_deref(),
+            Some(r#"sluice_tls_refused{port="grpc"} 0"#)
+        );
+        f.write_cert(JAN_2030);
+        assert!(!tls.check());
+        for _ in 0..3 {
+            assert!(refused().unwrap().ends_with(" 1"), "{:?}", refused());
+            f.set_now(NOT_BEFORE_2051 + 2 * DAY);
+            assert!(!tls.check());
+        }
+        assert!(f.errors().unwrap().ends_with(" 1"));
+        f.write_cert(YEAR_2051);
+        assert!(tls.check());
+        assert!(refused().unwrap().ends_with(" 0"), "{:?}", refused());
+    }
+
     /// `cp new.crt tls.crt; cp new.key tls.key`: a check between the two finds a
     /// certificate and a key that do not match. That is no refused renewal: it is
     /// reported only if the next check finds the files the same.
