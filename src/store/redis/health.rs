@@ -19,9 +19,10 @@
 //! not flood the log.
 //!
 //! A shard no call has answered lately is asked whether it answers (a write that
-//! writes nothing, or a PING where an ACL refuses it; see `ping`), so its state follows the server without traffic: the probe's
-//! failures count as a call's do, by the same streak, and its success ends an
-//! outage the probe would have met ([`Asked::sees`]) as a trial's would.
+//! writes nothing, or a PING where an ACL refuses it; see `ping`), so its state
+//! follows the server without traffic: the probe's failures count as a call's do,
+//! by the same streak, and its success ends an outage the probe would have met
+//! ([`Asked::sees`]) as a trial's would.
 //! [`Health::probe_due`] and [`Health::probed`] keep the probe's schedule.
 //!
 //! Logs one line per state change (down, up), never one per request.
@@ -49,7 +50,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const LOUD_EVERY: Duration = Duration::from_secs(10);
 /// How often a shard that no call has answered since the last look is probed: as
 /// long as a failure stays news ([`STALE_FAILURE`]), so what an idle shard reports
-/// is never older than what a failure is trusted for, at one PING a second.
+/// is never older than what a failure is trusted for, at one command a second.
 pub const PROBE_EVERY: Duration = STALE_FAILURE;
 /// The next probe after one that failed while the shard is not backed off: three
 /// failed probes in a row then span [`MIN_FAILING`], the streak that takes a shard
