@@ -216,6 +216,15 @@ impl Fault {
         }
     }
 
+    /// Waits for the line saying the shard is down: it names the shard and
+    /// carries Redis's error `text`.
+    fn logged_down(&self, text: &str) {
+        let line = self.wait_for_line("redis shard");
+        assert!(line.contains("down"), "{line}");
+        assert!(line.contains(&format!("shard={}", self.name)), "{line}");
+        assert!(line.contains(text), "{line}");
+    }
+
     /// Once the fault is lifted: calls are decided by the shard again.
     async fn recovers(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -1228,6 +1237,80 @@ async fn a_shard_backed_off_by_its_calls_reads_up_once_back_with_no_call() {
     f.redis.kill();
     f.until_backed_off("connection").await;
     f.redis.restart().await;
+    f.until_quiet_up().await;
+}
+
+/// A shard that starts refusing sluice's writes while no call reaches it answers
+/// a PING through it: a failover that left the URL on the old master (now a
+/// replica), `maxmemory` reached, a password set. The probe asks as a decide call
+/// does, so the shard reads down with no call, the log naming it and Redis's
+/// error, and up again with no call once the state is undone.
+#[tokio::test]
+async fn an_idle_shard_turned_replica_reads_down_and_back_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    let master = RedisServer::start().await;
+    let port = master.port.to_string();
+    f.admin(&["REPLICAOF", "127.0.0.1", &port]).await.unwrap();
+    f.until_quiet_down("readonly").await;
+    f.logged_down("READONLY You can't write against a read only replica");
+    f.admin(&["REPLICAOF", "NO", "ONE"]).await.unwrap();
+    f.until_quiet_up().await;
+}
+
+#[tokio::test]
+async fn an_idle_shard_out_of_memory_reads_down_and_back_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    f.admin(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await
+        .unwrap();
+    f.admin(&["CONFIG", "SET", "maxmemory", "1"]).await.unwrap();
+    f.until_quiet_down("oom").await;
+    f.logged_down("OOM command not allowed");
+    f.admin(&["CONFIG", "SET", "maxmemory", "0"]).await.unwrap();
+    f.until_quiet_up().await;
+}
+
+#[tokio::test]
+async fn an_idle_shard_that_starts_wanting_a_password_reads_down_and_back_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    // Connections opened before stay authenticated: close sluice's (not this one).
+    f.admin(&["CONFIG", "SET", "requirepass", "rotated"])
+        .await
+        .unwrap();
+    f.admin(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .await
+        .unwrap();
+    f.until_quiet_down("noauth").await;
+    f.logged_down("NOAUTH");
+    f.admin(&["CONFIG", "SET", "requirepass", ""])
+        .await
+        .unwrap();
+    f.until_quiet_up().await;
+}
+
+/// Backed off by its calls' READONLY, the shard comes back within a probe's
+/// interval of being undone, with no trial call (which, after a long outage,
+/// would wait out a back-off of up to 5 s).
+#[tokio::test]
+async fn a_shard_backed_off_as_a_replica_reads_up_once_promoted_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = Fault::start(&[]).await else {
+        return;
+    };
+    let master = RedisServer::start().await;
+    let port = master.port.to_string();
+    f.admin(&["REPLICAOF", "127.0.0.1", &port]).await.unwrap();
+    f.until_backed_off("readonly").await;
+    f.admin(&["REPLICAOF", "NO", "ONE"]).await.unwrap();
     f.until_quiet_up().await;
 }
 

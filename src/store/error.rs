@@ -87,7 +87,8 @@ impl ErrorKind {
     /// time, a TLS handshake refused, a server loading or busy with a script), so a
     /// PING answered says it is over. A replica refusing writes, a server out of
     /// memory, an ACL refusing a script's command: a PING is answered through them
-    /// (`noauth` is left to calls, as a PING cannot tell a password from an ACL).
+    /// (the probe's write sees a replica, a full server and a password refused:
+    /// `Asked::sees` in the Redis store).
     pub fn fails_ping(self) -> bool {
         matches!(
             self,

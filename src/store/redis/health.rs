@@ -18,10 +18,11 @@
 //! [`LOUD_EVERY`] with the number of such errors since, so a flood of them does
 //! not flood the log.
 //!
-//! A shard no call has answered lately is asked whether it answers (a PING, see
-//! `ping`), so its state follows the server without traffic: the probe's
-//! failures count as a call's do, by the same streak, and its success ends an
-//! outage a PING would have met ([`ErrorKind::fails_ping`]) as a trial's would.
+//! A shard no call has answered lately is asked whether it answers (a write that
+//! writes nothing, or a PING where an ACL refuses it; see `ping`), so its state
+//! follows the server without traffic: the probe's failures count as a call's do,
+//! by the same streak, and its success ends an outage the probe would have met
+//! ([`Asked::sees`]) as a trial's would.
 //! [`Health::probe_due`] and [`Health::probed`] keep the probe's schedule.
 //!
 //! Logs one line per state change (down, up), never one per request.
@@ -49,7 +50,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const LOUD_EVERY: Duration = Duration::from_secs(10);
 /// How often a shard that no call has answered since the last look is probed: as
 /// long as a failure stays news ([`STALE_FAILURE`]), so what an idle shard reports
-/// is never older than what a failure is trusted for, at one PING a second.
+/// is never older than what a failure is trusted for, at one command a second.
 pub const PROBE_EVERY: Duration = STALE_FAILURE;
 /// The next probe after one that failed while the shard is not backed off: three
 /// failed probes in a row then span [`MIN_FAILING`], the streak that takes a shard
@@ -67,7 +68,44 @@ struct Streak {
     last: Option<Instant>,
     /// Kind of that failure.
     kind: Option<ErrorKind>,
+    /// The least a probe must ask to see that failure over (`None`: only a call).
+    mended_by: Option<Asked>,
     backoff: Duration,
+}
+
+/// What a probe asked a shard, least first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Asked {
+    /// `PING`: answered by a replica, a server out of memory, and over a
+    /// connection that authenticated before a password changed.
+    Ping,
+    /// A write (that writes nothing): refused as a decide call is by a replica
+    /// (`READONLY`), a server out of memory (`OOM`) or a password missing or
+    /// refused.
+    Write,
+}
+
+impl Asked {
+    /// The least a probe must ask to meet `error` as a call met it, so that its
+    /// answer says the error is over: `None` for what only a call can tell (a
+    /// script error; an ACL refusing one of the script's commands, which the probe
+    /// does not run; a cluster's or a replica's state a write without a slot's
+    /// key or refused as `READONLY` first does not show).
+    pub fn sees(error: &StoreError) -> Option<Asked> {
+        let kind = error.kind()?;
+        match kind {
+            _ if kind.fails_ping() => Some(Asked::Ping),
+            ErrorKind::ReadOnly | ErrorKind::Oom => Some(Asked::Write),
+            ErrorKind::NoAuth if !refused_by_acl(error.message()) => Some(Asked::Write),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a `noauth` error is an ACL refusing a command (which the probe may not
+/// run), not a password missing or refused.
+fn refused_by_acl(message: &str) -> bool {
+    message.starts_with("NOPERM") || message.contains("The user executing the script can't run")
 }
 
 #[derive(Debug, Default)]
@@ -277,6 +315,7 @@ impl Health {
         });
         if kind.is_outage() {
             s.streak.kind = Some(kind);
+            s.streak.mended_by = Asked::sees(error);
             self.outage(&mut s.streak, error, now);
         } else {
             self.log_loudly(&mut s, kind, error, now);
@@ -384,19 +423,20 @@ impl Health {
         self.lock().next_probe
     }
 
-    /// Records a probe that ended at `now`: the shard answered a PING (`Ok`) or
-    /// not. A failure a PING can meet counts as a call's failure; an answer ends an
-    /// outage a PING would have met, as a trial's success does, but not one it
-    /// cannot see (a replica refusing writes, a server out of memory, a script
-    /// error), which waits for a call. Any other error reply (an ACL refusing PING)
-    /// says nothing of the shard.
-    pub fn probed(&self, result: &Result<(), StoreError>, now: Instant) {
+    /// Records a probe that ended at `now`: the shard answered what it was asked
+    /// (`Ok`) or not. A failure the probe met as a call would have
+    /// ([`Asked::sees`]) counts as a call's failure; an answer ends an outage the
+    /// probe would have met, as a trial's success does, but not one it cannot see
+    /// (a replica refusing writes answers a PING; a script error), which waits for
+    /// a call. Any other error reply (an ACL refusing the probe) says nothing of
+    /// the shard.
+    pub fn probed(&self, result: &Result<Asked, StoreError>, now: Instant) {
         let again = match result {
-            Ok(()) => {
-                self.ping_answered();
+            Ok(asked) => {
+                self.probe_answered(*asked);
                 false
             }
-            Err(e) if e.kind().is_some_and(ErrorKind::fails_ping) => {
+            Err(e) if Asked::sees(e).is_some() => {
                 self.failure_at(e, now);
                 !self.is_down()
             }
@@ -406,14 +446,18 @@ impl Health {
         self.lock().next_probe = Some(now + wait);
     }
 
-    fn ping_answered(&self) {
+    fn probe_answered(&self, asked: Asked) {
         if !self.failing.load(Relaxed) {
             return;
         }
         let mended = {
             let s = self.lock();
             let outage = self.is_down() || s.streak.failures > 0 || s.moved_while_down;
-            outage && s.streak.kind.is_none_or(ErrorKind::fails_ping)
+            let seen = match s.streak.kind {
+                None => true,
+                Some(_) => s.streak.mended_by.is_some_and(|least| asked >= least),
+            };
+            outage && seen
         };
         if mended {
             // Not `success`: the shard still had no call answered.
@@ -656,7 +700,7 @@ mod tests {
         h.success();
         // A probe's PONG ends an outage a PING meets, and says so too.
         h.failure(&down());
-        h.probed(&Ok(()), Instant::now());
+        h.probed(&Ok(Asked::Ping), Instant::now());
         h.success();
         assert_eq!(
             *log.0.lock().unwrap(),
@@ -841,7 +885,7 @@ mod tests {
         h: &Health,
         t0: Instant,
         looks: usize,
-        mut ping: impl FnMut(usize) -> Result<(), StoreError>,
+        mut ping: impl FnMut(usize) -> Result<Asked, StoreError>,
     ) -> Instant {
         let mut now = t0;
         for i in 0..looks {
@@ -857,11 +901,11 @@ mod tests {
         let h = Health::new("s".into(), None);
         let t0 = Instant::now();
         assert!(h.probe_due(t0), "the first look probes");
-        h.probed(&Ok(()), t0);
+        h.probed(&Ok(Asked::Ping), t0);
         assert_eq!(h.next_probe(), Some(t0 + PROBE_EVERY));
         assert!(!h.probe_due(t0 + PROBE_EVERY - MS));
         assert!(h.probe_due(t0 + PROBE_EVERY), "nothing answered since");
-        h.probed(&Ok(()), t0 + PROBE_EVERY);
+        h.probed(&Ok(Asked::Ping), t0 + PROBE_EVERY);
         // A call answered since the last look: no probe, the next look an interval on.
         h.success();
         let later = t0 + PROBE_EVERY * 2;
@@ -869,7 +913,7 @@ mod tests {
         assert_eq!(h.next_probe(), Some(later + PROBE_EVERY));
         assert!(h.probe_due(later + PROBE_EVERY), "idle again");
         // A shard whose calls fail is probed though they came back.
-        h.probed(&Ok(()), later + PROBE_EVERY);
+        h.probed(&Ok(Asked::Ping), later + PROBE_EVERY);
         h.success();
         h.failure_at(&down(), later + PROBE_EVERY);
         assert!(h.probe_due(later + PROBE_EVERY * 2));
@@ -898,7 +942,7 @@ mod tests {
         assert_eq!(h.next_probe(), Some(after + PROBE_EVERY));
         // Back: the next probe brings it up, with no call.
         assert!(h.probe_due(after + PROBE_EVERY));
-        h.probed(&Ok(()), after + PROBE_EVERY);
+        h.probed(&Ok(Asked::Ping), after + PROBE_EVERY);
         assert!(!h.is_down() && !h.is_failing());
         assert_eq!(h.status().state, ShardState::Up);
     }
@@ -926,7 +970,7 @@ mod tests {
         // Every other probe times out (a busy machine): never three in a row.
         probe_looks(&h, t0, 20, |i| match i % 2 {
             0 => Err(StoreError::Timeout),
-            _ => Ok(()),
+            _ => Ok(Asked::Ping),
         });
         assert!(!h.is_down());
         assert!(!h.is_failing(), "the answered probe clears the timeout");
@@ -936,7 +980,7 @@ mod tests {
             if i < 2 {
                 Err(StoreError::Timeout)
             } else {
-                Ok(())
+                Ok(Asked::Ping)
             }
         });
         assert!(!h.is_down() && !h.is_failing());
@@ -953,13 +997,13 @@ mod tests {
         h.failure_at(&readonly, t0 + MIN_FAILING);
         assert!(h.is_down());
         assert!(h.probe_due(t0 + MIN_FAILING));
-        h.probed(&Ok(()), t0 + MIN_FAILING);
+        h.probed(&Ok(Asked::Ping), t0 + MIN_FAILING);
         assert!(h.is_down(), "a PING says nothing of writes");
         assert_eq!(h.next_probe(), Some(t0 + MIN_FAILING + PROBE_EVERY));
         // A script error neither.
         let h = Health::new("s".into(), None);
         h.failure_at(&StoreError::failed(ErrorKind::Script, "boom"), t0);
-        h.probed(&Ok(()), t0);
+        h.probed(&Ok(Asked::Ping), t0);
         assert!(h.is_failing());
         // An error reply that is no outage a PING meets (an ACL refusing PING)
         // counts as nothing.
@@ -980,7 +1024,7 @@ mod tests {
         assert!(h.is_down());
         h.retry_now();
         assert!(h.will_say_up());
-        h.probed(&Ok(()), t0 + PROBE_EVERY);
+        h.probed(&Ok(Asked::Ping), t0 + PROBE_EVERY);
         assert!(!h.will_say_up() && !h.is_failing());
     }
 
@@ -999,5 +1043,69 @@ mod tests {
         assert!(!h.unanswering());
         h.probed(&Err(down()), t0 + 2 * MS);
         assert!(h.unanswering(), "a failed probe");
+    }
+
+    /// A replica, a server out of memory, a password refused: a PING is answered
+    /// through them, the probe's script is refused as the calls were. Its answer
+    /// brings the shard back with no call; its refusal takes an idle shard down.
+    #[test]
+    fn a_write_probe_sees_what_a_ping_cannot() {
+        let t0 = Instant::now();
+        for error in [
+            StoreError::failed(ErrorKind::ReadOnly, "READONLY You can't write"),
+            StoreError::failed(ErrorKind::Oom, "OOM command not allowed"),
+            StoreError::failed(ErrorKind::NoAuth, "NOAUTH Authentication required."),
+            StoreError::failed(ErrorKind::NoAuth, "WRONGPASS invalid username-password"),
+        ] {
+            // Backed off by its calls: a PING's answer leaves it down, the
+            // script's brings it up.
+            let h = Health::new("s".into(), None);
+            for at in [t0, t0, t0 + MIN_FAILING] {
+                h.failure_at(&error, at);
+            }
+            assert!(h.is_down(), "{error}");
+            h.probed(&Ok(Asked::Ping), t0 + MIN_FAILING);
+            assert!(h.is_down(), "a PING says nothing of {error}");
+            h.probed(&Ok(Asked::Write), t0 + MIN_FAILING + PROBE_EVERY);
+            assert!(!h.is_down() && !h.is_failing(), "{error}");
+            assert_eq!(h.status().state, ShardState::Up);
+            // Idle and up, the script refused three times: down with no call.
+            let h = Health::new("s".into(), None);
+            probe_looks(&h, t0, 3, |_| Err(error.clone()));
+            assert!(h.is_down(), "{error}");
+            assert_eq!(h.status().last_error.unwrap().message, error.message());
+        }
+    }
+
+    /// What the probe's script does not run (an ACL refusing one of a decide
+    /// call's commands) and a script error wait for a call, whatever answered.
+    #[test]
+    fn a_write_probe_does_not_end_what_only_a_call_can_tell() {
+        let t0 = Instant::now();
+        for error in [
+            StoreError::failed(
+                ErrorKind::NoAuth,
+                "ERR The user executing the script can't run this command or subcommand",
+            ),
+            StoreError::failed(ErrorKind::NoAuth, "NOPERM this user has no permissions"),
+            StoreError::failed(ErrorKind::MasterDown, "MASTERDOWN Link with MASTER is down"),
+        ] {
+            let h = Health::new("s".into(), None);
+            for at in [t0, t0, t0 + MIN_FAILING] {
+                h.failure_at(&error, at);
+            }
+            assert!(h.is_down(), "{error}");
+            h.probed(&Ok(Asked::Write), t0 + MIN_FAILING);
+            assert!(h.is_down(), "{error} waits for a call");
+        }
+        let h = Health::new("s".into(), None);
+        h.failure_at(&StoreError::failed(ErrorKind::Script, "boom"), t0);
+        h.probed(&Ok(Asked::Write), t0);
+        assert!(h.is_failing());
+        // An ACL refusing the probe's script counts as nothing.
+        let h = Health::new("s".into(), None);
+        let refused = StoreError::failed(ErrorKind::NoAuth, "NOPERM no permissions to run 'eval'");
+        probe_looks(&h, t0, 5, |_| Err(refused.clone()));
+        assert!(!h.is_failing());
     }
 }
