@@ -247,6 +247,12 @@ async fn agreement(bin: &Path, server: &Server) {
                         let limit = s.current_limit.as_ref().expect("a limit");
                         assert_eq!(
                             u64::from(limit.requests_per_unit),
+                            u64_of(&counter["limit"]),
+                            "{}: the limit in force, as the answer states it",
+                            c.what
+                        );
+                        assert_eq!(
+                            u64::from(limit.requests_per_unit),
                             u64_of(&rule["requestsPerUnit"]),
                             "{}",
                             c.what
@@ -372,6 +378,66 @@ async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_polic
         "{}",
         text(&out)
     );
+}
+
+/// A bucket of 10 an hour whose key, denied twice, is tightened to a fifth.
+const TIGHTENING: &str = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n      algorithm: token_bucket\n      name: per_ip\n      penalty: {violations: 2, within: 1h, tighten: {factor: 0.2, for: 1h}}\n";
+
+/// A key a penalty tightened is explained with the limit in force for it, as
+/// ShouldRateLimit's `current_limit` states it, the rule's configured one beside it.
+async fn tightened_key_is_explained_with_the_limit_in_force(server: &Server) {
+    let mut rls = server.client().await;
+    let ip = || request("d", vec![desc(&[("ip", "1.1.1.1")])]);
+    // Ten admitted, then denials until the penalty tightens the key.
+    let mut tightened = None;
+    for _ in 0..100 {
+        let r = call(&mut rls, ip()).await;
+        let limit = r.statuses[0].current_limit.as_ref().expect("a limit");
+        if limit.requests_per_unit != 10 {
+            tightened = Some(limit.requests_per_unit);
+            break;
+        }
+    }
+    assert_eq!(tightened, Some(2), "tightened to a fifth of 10");
+    let explain = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["explain", "--domain", "d", "ip=1.1.1.1"])
+            .args(["--server", &server.admin])
+            .args(extra)
+            .output()
+            .expect("run sluice explain");
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let people = explain(&[]);
+    assert!(
+        people.contains(", under a tightened limit of 2 per hour (configured 10)\n"),
+        "{people}"
+    );
+    assert!(
+        people.contains("header x-ratelimit-limit: 2, 2;w=3600;name=\"per_ip\""),
+        "{people}"
+    );
+    let json: Value = serde_json::from_str(&explain(&["--json"])).unwrap();
+    let d = &json["descriptors"][0];
+    assert_eq!(d["counter"]["tightened"], true, "{json}");
+    assert_eq!(d["counter"]["limit"], 2, "{json}");
+    assert_eq!(d["rule"]["requestsPerUnit"], 10, "{json}");
+}
+
+#[tokio::test]
+async fn sluice_explain_states_a_tightened_keys_limit_in_force() {
+    tightened_key_is_explained_with_the_limit_in_force(&Server::start(TIGHTENING, &[])).await;
+}
+
+#[tokio::test]
+async fn sluice_explain_states_a_tightened_keys_limit_in_force_on_redis() {
+    if !common::redis::available() {
+        return;
+    }
+    let redis = common::redis::RedisServer::start().await;
+    let server = Server::start(TIGHTENING, &["--redis", &redis.url()]);
+    tightened_key_is_explained_with_the_limit_in_force(&server).await;
 }
 
 #[tokio::test]

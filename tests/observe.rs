@@ -777,6 +777,7 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "sluice_local_unsettled_counters",
         "sluice_tls_certificate_expiry_timestamp_seconds",
         "sluice_tls_reloads_total",
+        "sluice_tls_refused",
         "sluice_rlqs_streams",
         "sluice_rlqs_assignments_total",
     ] {

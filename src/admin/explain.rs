@@ -3,7 +3,7 @@
 
 use crate::limiter::explain::Explained;
 use crate::limiter::{Ban, Descriptor};
-use crate::policy::{LevelMatch, NoMatch, Policy, Rule, Sentence};
+use crate::policy::{answer, LevelMatch, NoMatch, Policy, Rule, Sentence};
 use crate::service::decode;
 use crate::service::{descriptors, headers, BadRequest, HeaderStyle};
 use crate::store::Mode;
@@ -161,6 +161,15 @@ pub fn to_pb(
             x.replaced_by = format!("rule '{name}' matched and is replaced by '{by}'");
         }
         if let Some(v) = status.verdict {
+            // The limit the key was decided against, as the answer states it: a
+            // tightened key's is its penalty's share of the rule's.
+            let limit = rule.map_or(0, |r| {
+                if status.tightened {
+                    answer::tightened_requests(r, status.tighten_ppm)
+                } else {
+                    r.requests_per_unit
+                }
+            });
             x.counter = Some(pb::CounterState {
                 admitted: v.admitted,
                 remaining: v.remaining,
@@ -170,6 +179,7 @@ pub fn to_pb(
                 blocked: status.ban == Ban::Blocked,
                 tightened: status.tightened,
                 owed: v.owed,
+                limit: u64::from(limit),
             });
         }
         x.reason = reason(

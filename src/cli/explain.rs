@@ -255,13 +255,24 @@ pub fn text(e: &pb::Explanation) -> String {
             if c.owed > 0 {
                 let _ = write!(state, ", owes {} hit(s)", c.owed);
             }
-            for (on, what) in [
-                (c.banned, "banned"),
-                (c.blocked, "blocked"),
-                (c.tightened, "under a tightened limit"),
-            ] {
+            for (on, what) in [(c.banned, "banned"), (c.blocked, "blocked")] {
                 if on {
                     let _ = write!(state, ", {what}");
+                }
+            }
+            if c.tightened {
+                state.push_str(", under a tightened limit");
+                // The rule whose limit the state is of; a server that does not
+                // say the limit in force (0) gets the bare words.
+                if let Some(r) = d.nearest.as_ref().or(d.rule.as_ref()) {
+                    if c.limit > 0 {
+                        let _ = write!(
+                            state,
+                            " of {} (configured {})",
+                            limit_words(c.limit, r),
+                            r.requests_per_unit
+                        );
+                    }
                 }
             }
             let _ = writeln!(out, "  state:    {state}");
@@ -303,6 +314,15 @@ fn push_limit(out: &mut String, r: &pb::Rule) {
         let _ = write!(out, ", burst {}", r.burst);
     }
     out.push(')');
+}
+
+/// `requests` in `r`'s unit: `2 per minute`, or `2 in flight` for concurrency.
+fn limit_words(requests: u64, r: &pb::Rule) -> String {
+    if r.algorithm == "concurrency" {
+        format!("{requests} in flight")
+    } else {
+        format!("{requests} per {}", unit_text(r))
+    }
 }
 
 /// The unit, the calendar window (`calendar_month in Europe/Berlin`), or the
@@ -368,7 +388,7 @@ pub fn to_json(e: &pb::Explanation) -> Value {
             "counter": d.counter.as_ref().map(|c| json!({
                 "admitted": c.admitted, "remaining": c.remaining, "resetMicros": c.reset_micros,
                 "retryAfterMicros": c.retry_after_micros, "owed": c.owed, "banned": c.banned,
-                "blocked": c.blocked, "tightened": c.tightened,
+                "blocked": c.blocked, "tightened": c.tightened, "limit": c.limit,
             })),
             "code": code_name(d.code),
             "reason": d.reason,
@@ -437,6 +457,48 @@ mod tests {
             banned.contains(", banned") && !banned.contains("blocked"),
             "{banned}"
         );
+    }
+
+    /// A key a penalty tightened is explained with the limit in force for it, the
+    /// one its remaining counts down from and its answer states (2, a fifth of 10),
+    /// the rule's configured 10 beside it; in text and in JSON.
+    #[tokio::test]
+    async fn a_tightened_key_is_explained_with_the_limit_in_force() {
+        use crate::algorithm::SECOND;
+        use crate::clock::ManualClock;
+        use crate::limiter::{test_limiter, Descriptor};
+        const POLICY: &str = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      algorithm: fixed_window\n      name: per_ip\n      penalty: {violations: 2, within: 1m, tighten: {factor: 0.2, for: 10m}}\n";
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let l = test_limiter(POLICY, &clock, Settings::default());
+        let ip = [("ip", "1.1.1.1")];
+        let d = [Descriptor::new(&ip[..], 1)];
+        let explained = || async {
+            let e = l.explain("d", &d).await;
+            crate::admin::explain::to_pb("d", &d, &e, HeaderStyle::Draft03, false)
+        };
+        let full = explained().await;
+        assert_eq!(full.descriptors[0].counter.as_ref().unwrap().limit, 10);
+        assert!(!text(&full).contains("tightened"), "{}", text(&full));
+        // Two denials past the limit tighten the key to a fifth.
+        while !l.decide("d", &d).await.over_limit {}
+        l.decide("d", &d).await;
+        clock.advance(61 * SECOND);
+        let tight = explained().await;
+        let shown = text(&tight);
+        assert!(
+            shown.contains("state:    1 hit(s) fit: 1 left, ")
+                && shown.contains(", under a tightened limit of 2 per minute (configured 10)\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("header x-ratelimit-limit: 2, 2;w=60;name=\"per_ip\""),
+            "the answer states the same limit: {shown}"
+        );
+        let json = to_json(&tight);
+        let desc = &json["descriptors"][0];
+        assert_eq!(desc["counter"]["tightened"], true);
+        assert_eq!(desc["counter"]["limit"], 2);
+        assert_eq!(desc["rule"]["requestsPerUnit"], 10);
     }
 
     /// Every key anywhere in `v`.
