@@ -157,3 +157,192 @@ impl<S: Store> Limiter<S> {
         ok
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::algorithm::{Micros, SECOND};
+    use crate::clock::ManualClock;
+    use crate::limiter::{store_wait, Descriptor, Settings, StoreErrorAnswer};
+    use crate::store::Probe;
+
+    const HOUR: Micros = 3_600 * SECOND;
+
+    /// A memory store whose counters with `down` in their key sit on a shard that
+    /// fails: it decides the others alone, as the Redis store does for `open`.
+    struct HalfDown(crate::store::MemoryStore);
+
+    impl crate::store::Board for HalfDown {}
+
+    impl Store for HalfDown {
+        async fn decide(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            let down = |h: &Hit| h.key.contains("down");
+            let up: Vec<Hit> = hits.iter().filter(|h| !down(h)).cloned().collect();
+            let decided = self.0.decide(&up).await?;
+            let mut up_verdicts = decided.verdicts.into_iter();
+            let verdicts = hits
+                .iter()
+                .map(|h| match down(h) {
+                    true => crate::store::Failed::placeholder(),
+                    false => up_verdicts.next().expect("a verdict"),
+                })
+                .collect();
+            let failed = (0..hits.len()).filter(|&i| down(&hits[i])).collect();
+            Ok(crate::store::Verdicts {
+                admitted: decided.admitted,
+                verdicts,
+                now: decided.now,
+                failed: Some(crate::store::Failed {
+                    error: StoreError::BackingOff,
+                    hits: failed,
+                }),
+            })
+        }
+
+        async fn peek(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.peek(hits).await
+        }
+
+        fn active_keys(&self) -> usize {
+            0
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    /// A limiter failing open on [`HalfDown`] (as `wrap` makes it): `down`'s limit
+    /// of 5 an hour on the failing shard, `up`'s of 1 on the healthy one.
+    fn half_down<S: Store>(settings: Settings, wrap: impl FnOnce(HalfDown) -> S) -> Limiter<S> {
+        let policy = "domain: d
+failure_mode: open
+descriptors:
+  - key: down
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: up
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+";
+        let clock = ManualClock::new(1_000 * HOUR);
+        let docs = crate::policy::parse_str("p.yaml", policy).expect("parses");
+        let policy = crate::policy::compile(docs).expect("compiles");
+        let store = wrap(HalfDown(crate::store::MemoryStore::new(
+            Arc::new(clock.clone()),
+            1000,
+        )));
+        Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+            .with_clock(Arc::new(clock))
+    }
+
+    /// A request over a failed and a healthy shard, failing open: the failed
+    /// descriptor is answered as failing open answers, the healthy one still
+    /// denies, is an offender, and answers OVER_LIMIT even where store errors are
+    /// answered with an error.
+    #[tokio::test]
+    async fn a_failed_shard_lifts_its_descriptors_and_the_others_still_deny() {
+        let settings = Settings {
+            store_errors: StoreErrorAnswer::Error,
+            ..Settings::default()
+        };
+        let limiter = half_down(settings, |store| store);
+        let (down, up) = ([("down", "x")], [("up", "y")]);
+        let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
+
+        let o = limiter.decide("d", &both).await;
+        assert!(!o.over_limit);
+        assert_eq!(o.statuses[0].verdict, None, "lifted: no verdict");
+        assert!(!o.statuses[0].over_limit);
+        assert_eq!(o.statuses[1].verdict.unwrap().remaining, 0, "counted");
+        assert!(o.failure.as_ref().is_some_and(|f| f.partial));
+        assert!(o.error_answer().is_some(), "the failure mode's answer");
+
+        let o = limiter.decide("d", &both).await;
+        assert!(o.over_limit, "the healthy limit is full");
+        assert!(o.statuses[1].over_limit && !o.statuses[0].over_limit);
+        assert_eq!(o.statuses[0].verdict, None);
+        assert_eq!(o.error_answer(), None, "decided: OVER_LIMIT, not an error");
+        let offenders: Vec<usize> = o.offenders.iter().map(|(i, _)| *i).collect();
+        assert_eq!(offenders, [1]);
+    }
+
+    /// [`HalfDown`] whose failing shard hangs instead: the request is answered at
+    /// the caller's wait, with the healthy shard's verdicts, when the caller polls
+    /// it then (it sets no timer), as the Redis store answers a request over a hung
+    /// shard and a healthy one.
+    struct HalfHung(HalfDown);
+
+    impl crate::store::Board for HalfHung {}
+
+    impl Store for HalfHung {
+        async fn decide(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.decide(hits).await
+        }
+
+        async fn decide_within(
+            &self,
+            hits: &[Hit],
+            wait: Duration,
+            _: Option<&dyn Probe>,
+        ) -> Result<crate::store::Verdicts, StoreError> {
+            let until = tokio::time::Instant::now() + wait;
+            std::future::poll_fn(|_| {
+                if tokio::time::Instant::now() < until {
+                    std::task::Poll::Pending
+                } else {
+                    std::task::Poll::Ready(())
+                }
+            })
+            .await;
+            let mut decided = self.0.decide(hits).await?;
+            if let Some(failed) = &mut decided.failed {
+                failed.error = StoreError::Timeout;
+            }
+            Ok(decided)
+        }
+
+        async fn peek(&self, hits: &[Hit]) -> Result<crate::store::Verdicts, StoreError> {
+            self.0.peek(hits).await
+        }
+
+        fn active_keys(&self) -> usize {
+            0
+        }
+
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    /// A request over a hung and a healthy shard, failing open, from a caller whose
+    /// deadline is shorter than the store timeout: the store is told that wait and
+    /// answers by it, so the healthy shard's full limit still denies.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_hung_past_the_callers_wait_lifts_only_its_descriptors() {
+        let settings = Settings {
+            store_timeout: Duration::from_millis(100),
+            ..Settings::default()
+        };
+        let limiter = half_down(settings, HalfHung);
+        let (down, up) = ([("down", "x")], [("up", "y")]);
+        let both = [Descriptor::new(&down, 1), Descriptor::new(&up, 1)];
+        let left = Some(Duration::from_millis(20));
+
+        let started = tokio::time::Instant::now();
+        let o = limiter.decide_within("d", &both, left).await;
+        assert_eq!(started.elapsed(), store_wait(Duration::from_millis(20)));
+        assert!(!o.over_limit);
+        assert_eq!(o.statuses[0].verdict, None, "lifted: no verdict");
+        let healthy = o.statuses[1].verdict.expect("the healthy shard's verdict");
+        assert_eq!(healthy.remaining, 0, "counted");
+        assert!(o.failure.as_ref().is_some_and(|f| f.partial));
+
+        let o = limiter.decide_within("d", &both, left).await;
+        assert!(o.over_limit, "the healthy limit is full");
+        assert!(o.statuses[1].over_limit && !o.statuses[0].over_limit);
+    }
+}
