@@ -12,8 +12,11 @@ use std::sync::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::outcome::effective;
+use super::{Limiter, Outcome};
 use crate::algorithm::{Algorithm, Micros, Verdict};
 use crate::policy::Rule;
+use crate::store::{Hit, Mode, Store};
 
 /// A source of uniform draws in `[0, 1)`; injected so tests fix the seed.
 pub trait Chance: Send + Sync + std::fmt::Debug {
@@ -83,6 +86,37 @@ fn drain(algorithm: Algorithm, reset: Micros, used: u64, capacity: u64, from: f6
     let under = (capacity as f64 * from).floor() as u64;
     let excess = used.saturating_sub(under) as f64 / used as f64;
     (reset as f64 * excess).ceil() as Micros
+}
+
+impl<S: Store> Limiter<S> {
+    /// Soft shedding of an admitted request: each enforced limit with `shed` past its
+    /// `from` may deny it. A charge or a refund is no request to shed: it was spent.
+    pub(super) fn shed(&self, order: &[usize], hits: &[Hit], outcome: &mut Outcome) {
+        let policy = &outcome.policy;
+        for (&i, hit) in order.iter().zip(hits) {
+            if hit.mode != Mode::Enforce || hit.spend.always() {
+                continue;
+            }
+            let status = &mut outcome.statuses[i];
+            let Some(rule) = effective(policy, &outcome.overrides, status) else {
+                continue;
+            };
+            if rule.shed.is_none() {
+                continue;
+            }
+            let Some(verdict) = status.verdict.as_mut() else {
+                continue;
+            };
+            if decide(rule, verdict, &*self.chance) {
+                status.shed = true;
+                status.over_limit = true;
+                outcome.over_limit = true;
+            }
+        }
+        if outcome.over_limit {
+            outcome.delay = 0;
+        }
+    }
 }
 
 #[cfg(test)]

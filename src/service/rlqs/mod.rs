@@ -5,7 +5,8 @@
 //! - `bucket.rs`: which rule of the domain's policy governs a `BucketId`;
 //! - `share.rs`: a stream's demand, its share of the limit, and the token bucket;
 //! - `stream.rs`: one stream: reports in, one answer per report out, and an
-//!   assignment unasked when another stream's report moves this one's share;
+//!   assignment unasked when another stream's report moves this one's share (its
+//!   task, its decoding, each bucket's answer and the actions under `stream/`);
 //! - `peers.rs`: the streams of each bucket on this replica, for those nudges.
 //!
 //! Streams of one bucket meet in a [`Demand`] table (this process's memory, or Redis

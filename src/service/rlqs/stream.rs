@@ -15,91 +15,41 @@
 //! share past the hysteresis, the new assignment goes to Envoy at once, unasked
 //! (Envoy applies any response on the open stream), so the shares keep to the limit
 //! while the load shifts instead of overshooting for up to one interval.
+//!
+//! This file holds the stream's state and a report's answer; `task` runs the
+//! stream, `decode` reads a report, `decide` answers one bucket, `bucket` keys a
+//! bucket id and `action` writes an assignment as Envoy's protobuf.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use crate::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    AbandonAction, BucketAction as Action, QuotaAssignmentAction,
-};
+use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
 use crate::pb::envoy::service::rate_limit_quota::v3::{
     RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use bytes::Bytes;
-use futures::StreamExt;
-use opentelemetry::KeyValue;
-use prost_types::Duration as PbDuration;
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Limit, Micros, SECOND};
-use crate::policy::{FailureMode, Policy};
-use crate::quota::share::demand;
+use crate::policy::FailureMode;
 use crate::quota::{self, govern, Assignment, Governed};
-use crate::store::{Share, Store, StoreError};
-use crate::telemetry::rlqs::AssignmentKind;
-use crate::trace::context::Incoming;
-use crate::trace::{Call, Tracer};
-use sluice_grpc::{frame, Code, GrpcError, Messages, Reply};
+use crate::store::Store;
+use sluice_grpc::{Code, GrpcError};
 
 use super::peers::{Nudge, INBOX};
 use super::Quotas;
-use crate::service::MAX_ENTRIES;
 
-/// A bucket's pairs sorted by key: how the stream knows it again.
-type BucketKey = Vec<(String, String)>;
+mod action;
+mod bucket;
+mod decide;
+mod decode;
+mod task;
 
-/// Most bytes (keys and values) of a bucket id the stream keeps as it is. Envoy
-/// builds ids from its matchers' keys and request attributes (a header of up to
-/// 60 KiB), so a larger id is decided all the same, and kept as its digest.
-pub const MAX_BUCKET_ID_BYTES: usize = 4096;
-
-/// Why a bucket is answered apart from the rest of its report. Each is Envoy's
-/// doing for one bucket (one request's long header, an empty header value, a
-/// matcher's configuration): none ends the stream, which would take every other
-/// bucket's assignment with it, at every report Envoy sends again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Irregular {
-    /// Over [`MAX_BUCKET_ID_BYTES`]: decided against its limit, kept under a digest.
-    IdTooLarge,
-    /// More than [`MAX_ENTRIES`], or an empty key: no rule can match, ALLOW_ALL.
-    TooManyEntries,
-    EmptyKey,
-    /// No entries (Envoy leaves out an entry whose value is empty): Envoy takes no
-    /// assignment without an id, so it is left out of the answer.
-    NoEntries,
-}
-
-impl Irregular {
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            Irregular::IdTooLarge => "id_too_large",
-            Irregular::TooManyEntries => "too_many_entries",
-            Irregular::EmptyKey => "empty_key",
-            Irregular::NoEntries => "no_entries",
-        }
-    }
-
-    /// What the bucket gets, for the log.
-    pub(super) fn answer(self) -> &'static str {
-        match self {
-            Irregular::IdTooLarge => "decided against its limit, tracked under a digest of its id",
-            Irregular::TooManyEntries | Irregular::EmptyKey => "ALLOW_ALL: no rule can match it",
-            Irregular::NoEntries => {
-                "left out of the answer: Envoy takes no assignment without an id"
-            }
-        }
-    }
-}
-
-/// The bytes of a bucket's keys and values.
-fn id_bytes<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> usize {
-    pairs.into_iter().map(|(k, v)| k.len() + v.len()).sum()
-}
+use action::{assignment, kind};
+use bucket::BucketKey;
+pub(super) use bucket::Irregular;
+pub use task::{serve, serve_traced, Traced};
 
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
@@ -135,6 +85,8 @@ pub struct Stream<S: Store> {
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
     /// The bytes of the tracked buckets' ids ([`id_bytes`]).
+    ///
+    /// [`id_bytes`]: bucket::id_bytes
     bucket_bytes: usize,
     /// Where peers' nudges arrive; `inbox` is taken by [`serve`].
     nudges: mpsc::Sender<Arc<Nudge>>,
@@ -167,137 +119,6 @@ struct Pending {
     /// The last assignment, to hold while the store is away.
     last: Option<Assignment>,
     failure: FailureMode,
-}
-
-/// What the stream wakes up for.
-enum Event {
-    Message(Result<Bytes, GrpcError>),
-    Nudge(Arc<Nudge>),
-}
-
-/// Serves one stream: each report message is answered with one response, and a
-/// peer's nudge that moves a share with one more; a bad message ends the stream
-/// with INVALID_ARGUMENT.
-pub fn serve<S: Store>(quotas: Arc<Quotas<S>>, messages: Messages) -> Reply {
-    serve_traced(quotas, messages, None)
-}
-
-/// Tracing of a stream's reports: each gets a span, the child of the trace context
-/// the stream opened with.
-#[derive(Debug, Clone)]
-pub struct Traced {
-    pub tracer: Arc<Tracer>,
-    pub parent: Option<Incoming>,
-}
-
-/// The span of one report's answer.
-const REPORT_SPAN: &str =
-    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
-
-/// [`serve`], with a span per report when `traced`.
-pub fn serve_traced<S: Store>(
-    quotas: Arc<Quotas<S>>,
-    messages: Messages,
-    traced: Option<Traced>,
-) -> Reply {
-    let mut stream = Stream::new(quotas);
-    let inbox = stream.inbox.take().expect("a new stream holds its inbox");
-    let start = Some((messages, inbox, stream));
-    let answers = futures::stream::unfold(start, move |state| {
-        let traced = traced.clone();
-        async move {
-            let (mut messages, mut inbox, mut stream) = state?;
-            let answer = loop {
-                // Reports first: a report answers for every bucket anyway.
-                let event = tokio::select! {
-                    biased;
-                    m = messages.next() => Event::Message(m?),
-                    Some(n) = inbox.recv() => Event::Nudge(n),
-                };
-                match event {
-                    Event::Message(Ok(m)) => {
-                        let Some(t) = &traced else {
-                            match decode(&m) {
-                                Ok(reports) => break stream.answer(reports).await,
-                                Err(e) => break Err(e),
-                            }
-                        };
-                        // A report that cannot be read gets its span too, an error.
-                        let mut call = t.tracer.call_with_parent(REPORT_SPAN, t.parent);
-                        let (buckets, answer) = match decode(&m) {
-                            Ok(reports) => {
-                                let buckets = reports.bucket_quota_usages.len();
-                                (buckets, stream.answer(reports).await)
-                            }
-                            Err(e) => (0, Err(e)),
-                        };
-                        if call.recording() {
-                            report_span(&mut call, stream.domain.as_deref(), buckets, &answer);
-                        }
-                        break answer;
-                    }
-                    Event::Message(Err(e)) => break Err(e),
-                    Event::Nudge(n) => {
-                        if let Some(pushed) = stream.nudged(&n) {
-                            break Ok(pushed);
-                        }
-                    }
-                }
-            };
-            Some(match answer {
-                Ok(response) => (Ok(frame(&response)), Some((messages, inbox, stream))),
-                // The error ends the call; nothing is read after it.
-                Err(e) => {
-                    match e.code {
-                        Code::InvalidArgument => stream.quotas.service.metrics.bad_request(),
-                        Code::ResourceExhausted => stream.quotas.oversized(&e),
-                        _ => {}
-                    }
-                    (Err(e), None)
-                }
-            })
-        }
-    });
-    Reply::Stream(answers.boxed())
-}
-
-/// A report's answer on its span: the domain, how many buckets, and one event per
-/// bucket with the assignment it got (the SDK keeps the first 128 and counts the
-/// rest as dropped). Bucket ids are what Envoy's matchers took from
-/// requests (client values), so they stay out, as descriptor values do.
-fn report_span(
-    call: &mut Call,
-    domain: Option<&str>,
-    buckets: usize,
-    answer: &Result<RateLimitQuotaResponse, GrpcError>,
-) {
-    call.set("rpc.system", "grpc");
-    call.set(
-        "rpc.service",
-        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
-    );
-    call.set("rpc.method", "StreamRateLimitQuotas");
-    if let Some(d) = domain {
-        call.set("ratelimit.domain", d.to_string());
-    }
-    call.set("ratelimit.buckets", buckets as i64);
-    match answer {
-        Ok(response) => {
-            for (i, a) in response.bucket_action.iter().enumerate() {
-                let Some(action) = &a.bucket_action else {
-                    continue;
-                };
-                call.event(
-                    "ratelimit.bucket",
-                    vec![
-                        KeyValue::new("ratelimit.bucket.index", i as i64),
-                        KeyValue::new("ratelimit.assignment", kind(action).as_str()),
-                    ],
-                );
-            }
-        }
-        Err(e) => call.error(e.message.clone()),
-    }
 }
 
 impl<S: Store> Stream<S> {
@@ -439,249 +260,6 @@ impl<S: Store> Stream<S> {
             )),
         }
     }
-
-    /// One bucket's action, or what is left to do once its demand is shared, and
-    /// the path of the rule that governs it. `label` is the domain as the metrics
-    /// show it, `index` the bucket's place in its report.
-    fn decide<'p>(
-        &mut self,
-        policy: &'p Policy,
-        domain: &str,
-        label: &str,
-        index: usize,
-        usage: &BucketQuotaUsage,
-        now: Micros,
-    ) -> (Step, Option<&'p str>) {
-        let settings = &self.quotas.settings;
-        let mut ttl = settings.ttl_secs();
-        let quotas = &self.quotas;
-        let Some(id) = usage
-            .bucket_id
-            .as_ref()
-            .map(|b| &b.bucket)
-            .filter(|b| !b.is_empty())
-        else {
-            quotas.irregular(label, Irregular::NoEntries, index, 0, 0);
-            return (Step::Omit, None);
-        };
-        let size = id_bytes(id);
-        // A policy is at most MAX_ENTRIES deep and has no empty key: no rule matches
-        // these, so they are answered so without walking the tree.
-        let unmatchable = if id.len() > MAX_ENTRIES {
-            Some(Irregular::TooManyEntries)
-        } else if id.keys().any(String::is_empty) {
-            Some(Irregular::EmptyKey)
-        } else {
-            None
-        };
-        if let Some(why) = unmatchable {
-            quotas.irregular(label, why, index, id.len(), size);
-            return (Step::Done(assignment(Assignment::AllowAll, ttl)), None);
-        }
-        let mut entries: BucketKey = id.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        entries.sort_unstable();
-        let limiter = &self.quotas.service.limiter;
-        let governed = govern(policy, domain, &entries, limiter.hashing());
-        let rule_path = match &governed {
-            Governed::Free(rule) => rule.map(|r| r.path.as_str()),
-            Governed::Limited { rule, .. } => Some(rule.path.as_str()),
-        };
-        let failure = policy
-            .domain(domain)
-            .and_then(|d| d.failure_mode)
-            .unwrap_or(limiter.failure_mode());
-
-        // An id too large to keep is decided all the same (a padded header escapes
-        // no limit) and tracked under its digest, so it costs the stream no more
-        // than a short one. The answer echoes the id as sent; no share is pushed to
-        // it unasked, which would need the id kept.
-        let large = size > MAX_BUCKET_ID_BYTES;
-        let (entries, size) = if large {
-            quotas.irregular(label, Irregular::IdTooLarge, index, id.len(), size);
-            let digest = digest(&entries);
-            let size = id_bytes(digest.iter().map(|(k, v)| (k, v)));
-            (digest, size)
-        } else {
-            (entries, size)
-        };
-        let known = self.buckets.contains_key(&entries);
-        if !known
-            && (self.buckets.len() >= settings.max_buckets
-                || self.bucket_bytes.saturating_add(size) > settings.max_bucket_bytes)
-        {
-            let a = quota::untracked(&governed, failure);
-            return (Step::Done(assignment(a, ttl)), rule_path);
-        }
-        if !known {
-            self.quotas.service.metrics.rlqs().buckets_changed(1);
-            self.bucket_bytes += size;
-        }
-        let tracked = self
-            .buckets
-            .entry(entries.clone())
-            .or_insert_with(|| Tracked {
-                id: (!large).then(|| usage.bucket_id.clone()).flatten(),
-                ..Tracked::default()
-            });
-        let count = usage
-            .num_requests_allowed
-            .saturating_add(usage.num_requests_denied);
-        if count == 0 {
-            // A report with no requests says none came since the one before it: the
-            // bucket has been idle since then, not since this report.
-            let since = *tracked
-                .idle_since
-                .get_or_insert(tracked.reported.unwrap_or(now));
-            if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
-                let gone = self.buckets.remove(&entries);
-                self.quotas.service.metrics.rlqs().buckets_changed(-1);
-                self.bucket_bytes = self.bucket_bytes.saturating_sub(size);
-                if let Some((key, member)) = gone.and_then(|t| Some((t.demand_key?, t.member))) {
-                    self.quotas.peers.leave(&key, &self.id);
-                    let member = member.unwrap_or_else(|| self.id.clone());
-                    self.quotas.demand.forget(vec![key], member);
-                }
-                return (
-                    Step::Done(Action::AbandonAction(AbandonAction {})),
-                    rule_path,
-                );
-            }
-        } else {
-            tracked.idle_since = None;
-        }
-        let measured = tracked.reported.map(|t| now.saturating_sub(t));
-        tracked.reported = Some(now);
-
-        let chosen = match governed {
-            Governed::Free(_) => Assignment::AllowAll,
-            Governed::Limited {
-                rule,
-                limits,
-                key,
-                shown,
-            } => {
-                if tracked.demand_key.as_deref() != Some(key.as_str()) {
-                    // New, or governed otherwise since a policy change.
-                    if let Some(old) = tracked.demand_key.take() {
-                        self.quotas.peers.leave(&old, &self.id);
-                    }
-                    self.quotas.peers.join(&key, &self.id, &self.nudges);
-                    tracked.demand_key = Some(key.clone());
-                    tracked.member = rule
-                        .shared
-                        .iter()
-                        .any(Option::is_some)
-                        .then(|| format!("{}/{:016x}", self.id, bucket_hash(usage)));
-                }
-                // Envoy's denials count towards the penalty as ShouldRateLimit's do,
-                // but for those under a DENY_ALL this stream sent.
-                let info = || crate::limiter::penalty::BanInfo {
-                    domain: domain.to_string(),
-                    rule: rule.path.clone(),
-                    key: shown.clone(),
-                };
-                let penalized = quota::penalize(
-                    limiter.penalties(),
-                    rule,
-                    &key,
-                    usage.num_requests_denied,
-                    tracked.last,
-                    info,
-                );
-                if penalized.started {
-                    self.quotas.service.metrics.sentence_started(domain, rule);
-                }
-                // A DENY_ALL of a sentence that has since ended is no assignment to
-                // keep while the store is away.
-                let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
-                let from_limit = tracked.limits == limits;
-                if !from_limit {
-                    tracked.limits.clone_from(&limits);
-                }
-                if let Some(left) = penalized.denied_for {
-                    ttl = quota::sentence_ttl(ttl, left);
-                    Assignment::DenyAll
-                } else if limits.iter().any(|l| l.requests == 0) {
-                    Assignment::DenyAll
-                } else {
-                    // Saturating: an absurd span only makes the demand ~0.
-                    let reported = usage
-                        .time_elapsed
-                        .map_or(0, |d| (d.seconds.max(0) as Micros).saturating_mul(SECOND));
-                    let own = demand(
-                        usage.num_requests_allowed,
-                        usage.num_requests_denied,
-                        reported,
-                        measured,
-                    );
-                    return (
-                        Step::Share(Pending {
-                            entries,
-                            key,
-                            member: tracked.member.clone(),
-                            shown,
-                            limits,
-                            own,
-                            kept: last.filter(|_| from_limit),
-                            last,
-                            failure,
-                        }),
-                        rule_path,
-                    );
-                }
-            }
-        };
-        tracked.last = Some(chosen);
-        (Step::Done(assignment(chosen, ttl)), rule_path)
-    }
-
-    /// The action of a bucket [`Stream::decide`] left `pending`, given its demand
-    /// over every stream (`share`).
-    fn shared(&mut self, pending: Pending, share: Result<Share, StoreError>) -> Action {
-        let Pending {
-            entries,
-            key,
-            member: _,
-            shown,
-            limits,
-            own,
-            kept,
-            last,
-            failure,
-        } = pending;
-        let chosen = match share {
-            Ok(all) => {
-                let tracked = self.buckets.get_mut(&entries);
-                // A demand that moved past the hysteresis may move the other
-                // streams' shares: tell them now (but for an id kept as its digest,
-                // which no stream keeps to push to).
-                let moved = quota::moved(tracked.as_ref().and_then(|t| t.own), own);
-                let pushed = tracked.as_ref().is_some_and(|t| t.id.is_some());
-                if let Some(t) = tracked {
-                    t.own = Some(own);
-                }
-                if moved && pushed {
-                    let nudge = Nudge {
-                        entries: entries.clone(),
-                        key,
-                        share: all,
-                    };
-                    self.quotas.peers.nudge(&self.id, nudge);
-                }
-                quota::shared(&limits, own, all, kept)
-            }
-            // The store is away: the last assignment holds; a bucket never assigned
-            // takes the domain's failure mode.
-            Err(e) => {
-                tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
-                quota::unshared(last, failure)
-            }
-        };
-        if let Some(t) = self.buckets.get_mut(&entries) {
-            t.last = Some(chosen);
-        }
-        assignment(chosen, self.quotas.settings.ttl_secs())
-    }
 }
 
 impl<S: Store> Drop for Stream<S> {
@@ -708,192 +286,26 @@ impl<S: Store> Drop for Stream<S> {
     }
 }
 
-/// A hash of a bucket's sorted pairs, to tell its demand record from its
-/// neighbours' under a shared counter.
-fn bucket_hash(usage: &BucketQuotaUsage) -> u64 {
-    let mut bytes = Vec::new();
-    for (k, v) in entries_of(usage) {
-        for part in [k, v] {
-            bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(part.as_bytes());
-        }
-    }
-    crate::hash::stable_hash(&bytes)
-}
-
-/// A bucket's sorted pairs.
-fn entries_of(usage: &BucketQuotaUsage) -> BucketKey {
-    let mut entries: BucketKey = usage
-        .bucket_id
-        .iter()
-        .flat_map(|b| b.bucket.iter())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    entries.sort_unstable();
-    entries
-}
-
-/// How the stream tracks a bucket id too large to keep: one entry whose key is
-/// empty (no bucket kept as it is has one) and whose value is the SHA-256 of the
-/// sorted pairs, each part preceded by its length so no two ids run together.
-fn digest(entries: &BucketKey) -> BucketKey {
-    use std::fmt::Write;
-    let mut sha = ring::digest::Context::new(&ring::digest::SHA256);
-    for (k, v) in entries {
-        for part in [k, v] {
-            sha.update(&(part.len() as u64).to_le_bytes());
-            sha.update(part.as_bytes());
-        }
-    }
-    let mut hex = String::with_capacity(64);
-    for b in sha.finish().as_ref() {
-        let _ = write!(hex, "{b:02x}");
-    }
-    vec![(String::new(), hex)]
-}
-
-/// What an action tells Envoy, for the metrics.
-fn kind(action: &Action) -> AssignmentKind {
-    let Action::QuotaAssignmentAction(q) = action else {
-        return AssignmentKind::Abandon;
-    };
-    match q
-        .rate_limit_strategy
-        .as_ref()
-        .and_then(|s| s.strategy.as_ref())
-    {
-        Some(Strategy::BlanketRule(r)) if *r == BlanketRule::DenyAll as i32 => {
-            AssignmentKind::DenyAll
-        }
-        Some(Strategy::TokenBucket(_)) => AssignmentKind::TokenBucket,
-        _ => AssignmentKind::AllowAll,
-    }
-}
-
-/// The protobuf of an assignment alive for `ttl` seconds.
-fn assignment(a: Assignment, ttl: u64) -> Action {
-    let strategy = match a {
-        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
-        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
-        Assignment::TokenBucket {
-            max_tokens,
-            tokens_per_fill,
-            fill_interval,
-        } => Strategy::TokenBucket(TokenBucket {
-            max_tokens,
-            tokens_per_fill: Some(tokens_per_fill),
-            fill_interval: Some(seconds(fill_interval)),
-        }),
-    };
-    Action::QuotaAssignmentAction(QuotaAssignmentAction {
-        assignment_time_to_live: Some(seconds(ttl)),
-        rate_limit_strategy: Some(RateLimitStrategy {
-            strategy: Some(strategy),
-        }),
-    })
-}
-
-fn seconds(s: u64) -> PbDuration {
-    PbDuration {
-        seconds: s.min(i64::MAX as u64) as i64,
-        nanos: 0,
-    }
-}
-
-/// prost's decoding of a report, except that a string that is not UTF-8 (a bucket
-/// id's key or value, which Envoy's matchers take from requests unchecked, or the
-/// domain) is repaired as `String::from_utf8_lossy` repairs it, as `ShouldRateLimit`
-/// does (`decode::decode_lossy`): refused, it would end the stream, and with it every
-/// assignment of the Envoy, on every report Envoy sends again.
-fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
-    crate::service::decode::decode_repairing(message, raw::Reports::repaired).map_err(|e| {
-        GrpcError::new(
-            Code::InvalidArgument,
-            format!("undecodable RateLimitQuotaUsageReports: {e}"),
-        )
-    })
-}
-
-/// `RateLimitQuotaUsageReports` with its strings as `bytes`: the same wire format
-/// (a map is a repeated message of key 1 and value 2), decoded without the UTF-8
-/// check.
-mod raw {
-    use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use crate::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
-    use crate::service::decode::lossy_string;
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Reports {
-        #[prost(bytes = "vec", tag = "1")]
-        pub domain: Vec<u8>,
-        #[prost(message, repeated, tag = "2")]
-        pub bucket_quota_usages: Vec<Usage>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Usage {
-        #[prost(message, optional, tag = "1")]
-        pub bucket_id: Option<Id>,
-        #[prost(message, optional, tag = "2")]
-        pub time_elapsed: Option<prost_types::Duration>,
-        #[prost(uint64, tag = "3")]
-        pub num_requests_allowed: u64,
-        #[prost(uint64, tag = "4")]
-        pub num_requests_denied: u64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Id {
-        #[prost(message, repeated, tag = "1")]
-        pub bucket: Vec<Pair>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Pair {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub value: Vec<u8>,
-    }
-
-    impl Reports {
-        pub fn repaired(self) -> RateLimitQuotaUsageReports {
-            RateLimitQuotaUsageReports {
-                domain: lossy_string(self.domain),
-                bucket_quota_usages: self
-                    .bucket_quota_usages
-                    .into_iter()
-                    .map(|u| BucketQuotaUsage {
-                        // A key repeated (or two repaired alike): the last one wins,
-                        // as in prost's map.
-                        bucket_id: u.bucket_id.map(|id| BucketId {
-                            bucket: id
-                                .bucket
-                                .into_iter()
-                                .map(|p| (lossy_string(p.key), lossy_string(p.value)))
-                                .collect(),
-                        }),
-                        time_elapsed: u.time_elapsed,
-                        num_requests_allowed: u.num_requests_allowed,
-                        num_requests_denied: u.num_requests_denied,
-                    })
-                    .collect(),
-            }
-        }
-    }
-}
 #[cfg(test)]
 mod tests {
+    use super::bucket::MAX_BUCKET_ID_BYTES;
+    use super::decode::{decode, raw};
     use super::*;
     use crate::clock::ManualClock;
     use crate::limiter::Limiter;
+    use crate::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+    use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
     use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use crate::policy::Policy;
+    use crate::service::MAX_ENTRIES;
     use crate::service::{HeaderStyle, Service};
     use crate::store::{Demand, MemoryDemand, MemoryStore, Share, StoreError};
     use crate::telemetry::Metrics;
+    use bytes::Bytes;
     use futures::executor::block_on;
     use futures::future::BoxFuture;
     use prost::Message;
+    use prost_types::Duration as PbDuration;
 
     const POLICY: &str = "domain: edge\ndescriptors:\n  - key: route\n    value: api\n    rate_limit: {unit: second, requests_per_unit: 20}\n  - key: route\n    value: free\n    rate_limit: {unlimited: true}\n  - key: route\n    value: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 10s, ban: 30s}\n";
 

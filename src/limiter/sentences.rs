@@ -1,0 +1,260 @@
+//! Sentences through the limiter: a denied request's offenders counted towards
+//! their rule's `penalty` (here, or in a store that shares sentences), operators'
+//! blocks and unblocks, and the sync of shared sentences.
+
+use super::outcome::effective;
+use super::{key, penalty, Ban, Descriptor, Limiter, Outcome, Status};
+use crate::algorithm::{Micros, NO_DEADLINE};
+use crate::policy::{Entry, Policy};
+use crate::store::{Hit, Mode, Spend, Store, StoreError};
+
+/// Why a block could not be put or lifted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockError {
+    /// The domain or entries name no limited rule.
+    #[error("{0}")]
+    Unknown(String),
+    /// The entries' rule never denies (shadow or quota mode), so a block there
+    /// would deny nothing.
+    #[error("{0}")]
+    NotEnforced(String),
+    /// The store holding the shared block list failed.
+    #[error("the store did not take it: {0}")]
+    Store(String),
+}
+
+impl<S: Store> Limiter<S> {
+    /// Puts the key `entries` name in `domain` on the block list for `span`: in
+    /// process, and in a store that shares sentences. The entries must match a
+    /// limited rule.
+    pub async fn block<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+        span: Micros,
+    ) -> Result<penalty::ActiveBan, BlockError> {
+        let (key, info, mode) = self.sentence_of(domain, entries)?;
+        if mode != Mode::Enforce {
+            let why = match mode {
+                Mode::Quota => "quota_mode",
+                _ => "shadow mode",
+            };
+            return Err(BlockError::NotEnforced(format!(
+                "rule '{}' of domain '{domain}' is in {why}: it denies nothing, so a block \
+                 there would not be enforced",
+                info.rule
+            )));
+        }
+        let text = penalty::encode_info(&info, penalty::Source::Operator);
+        let shared = self.store.shares_sentences();
+        if shared {
+            let sentence = crate::store::Sentenced {
+                key: key.clone(),
+                kind: crate::store::Kind::Block,
+                remaining: span,
+                factor_ppm: 0,
+                info: text,
+                started: true,
+            };
+            self.store
+                .sentence(&sentence)
+                .await
+                .map_err(|e| BlockError::Store(e.to_string()))?;
+        }
+        self.penalties.put(
+            &key,
+            crate::store::Kind::Block,
+            span,
+            0,
+            info.clone(),
+            penalty::Source::Operator,
+            shared,
+        );
+        let now = self.penalties.now();
+        Ok(penalty::ActiveBan {
+            info,
+            kind: crate::store::Kind::Block,
+            source: penalty::Source::Operator,
+            counter: key,
+            until: now.saturating_add(span),
+            remaining: span,
+            factor_ppm: 0,
+        })
+    }
+
+    /// Lifts the sentence of a counter key, here and in a store that shares
+    /// sentences; whether one was in force.
+    pub async fn unblock(&self, counter: &str) -> Result<bool, BlockError> {
+        let mut lifted = false;
+        if self.store.shares_sentences() {
+            lifted = self
+                .store
+                .pardon(counter)
+                .await
+                .map_err(|e| BlockError::Store(e.to_string()))?;
+        }
+        Ok(self.penalties.lift(counter) || lifted)
+    }
+
+    /// The counter key `entries` name in `domain`, and who it is.
+    pub fn sentence_key<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+    ) -> Result<(String, penalty::BanInfo), BlockError> {
+        self.sentence_of(domain, entries)
+            .map(|(key, info, _)| (key, info))
+    }
+
+    /// [`Limiter::sentence_key`], and whether its rule's denials deny.
+    fn sentence_of<E: Entry>(
+        &self,
+        domain: &str,
+        entries: &[E],
+    ) -> Result<(String, penalty::BanInfo, Mode), BlockError> {
+        let guard = self.policy.load();
+        let policy: &Policy = &guard;
+        let dom = policy
+            .domain(domain)
+            .ok_or_else(|| BlockError::Unknown(format!("no policy has domain '{domain}'")))?;
+        let descriptors = [Descriptor::new(entries, 1)];
+        let mut statuses = [Status::undecided(1, Spend::IfAdmitted)];
+        let (overrides, _order, hits, _) = self.plan(
+            policy,
+            dom,
+            domain,
+            &descriptors,
+            NO_DEADLINE,
+            &mut statuses,
+        );
+        let Some(hit) = hits.into_iter().next() else {
+            return Err(BlockError::Unknown(
+                "the entries match no limited rule of the domain".to_string(),
+            ));
+        };
+        let rule = effective(policy, &overrides, &statuses[0]).ok_or_else(|| {
+            BlockError::Unknown("the entries match no limited rule of the domain".to_string())
+        })?;
+        let mut shown = String::new();
+        key::offender(rule, entries, &self.settings.hashing, &mut shown);
+        Ok((
+            hit.key,
+            penalty::BanInfo {
+                domain: domain.to_string(),
+                rule: rule.path.clone(),
+                key: shown,
+            },
+            hit.mode,
+        ))
+    }
+
+    /// Brings in the sentences of a store that shares them (other replicas'
+    /// bans, operators' blocks and unblocks). The server runs it every second.
+    pub async fn sync_sentences(&self) -> Result<(), StoreError> {
+        if !self.store.shares_sentences() {
+            return Ok(());
+        }
+        let list = self.store.sentences().await?;
+        self.penalties.sync(&list);
+        Ok(())
+    }
+
+    /// Counts denials in a store that shares sentences, and keeps the sentences it
+    /// answers with. A failed count is logged: the denial stands, uncounted.
+    pub(super) async fn strike(&self, pending: Vec<penalty::Pending>, outcome: &mut Outcome) {
+        for p in pending {
+            let strike = p.strike();
+            let call = self.store.strike(&strike);
+            let answer = match tokio::time::timeout(self.settings.store_timeout, call).await {
+                Ok(answer) => answer,
+                Err(_) => Err(StoreError::Timeout),
+            };
+            match answer {
+                Ok(Some(s)) => {
+                    self.penalties.learn(&s);
+                    if s.started {
+                        penalty::mark_started(&mut outcome.statuses[p.status], s.kind, s.remaining);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "penalty count failed"),
+            }
+        }
+    }
+
+    /// Fills `outcome.offenders` for denied descriptors and counts their denials
+    /// towards penalties: here, or (returned) in a store that shares sentences.
+    /// Runs only when the request is denied.
+    pub(super) fn note_offenders<E: Entry>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_, E>],
+        outcome: &mut Outcome,
+        order: &[usize],
+        hits: &[Hit],
+    ) -> Vec<penalty::Pending> {
+        let policy = outcome.policy.clone();
+        let overrides = std::mem::take(&mut outcome.overrides);
+        let shared = self.store.shares_sentences();
+        let mut pending = Vec::new();
+        for (n, (&i, hit)) in order.iter().zip(hits).enumerate() {
+            // A rule's further limits (`rate_limits`) share its status: one offender,
+            // counted under the rule's own key.
+            if n > 0 && order[n - 1] == i {
+                continue;
+            }
+            let status = &mut outcome.statuses[i];
+            let Some(rule) = effective(&policy, &overrides, status) else {
+                continue;
+            };
+            // A descriptor the failure mode answered is no offender.
+            if !status.over_limit || (outcome.failure.is_some() && status.verdict.is_none()) {
+                continue;
+            }
+            let mut shown = String::new();
+            key::offender(
+                rule,
+                descriptors[i].entries,
+                &self.settings.hashing,
+                &mut shown,
+            );
+            // Shedding is soft: it never counts towards a penalty.
+            if status.ban == Ban::None && hit.mode == Mode::Enforce && !status.shed {
+                match (&rule.penalty, shared) {
+                    (Some(p), true) => {
+                        let info = || penalty::BanInfo {
+                            domain: domain.to_string(),
+                            rule: rule.path.clone(),
+                            key: shown.clone(),
+                        };
+                        // A tightened key is still denied often: its further denials
+                        // are counted here, and only a count that reaches `violations`
+                        // goes to the store, so a flood from it is not a flood of
+                        // store calls.
+                        let reached = status.tightened
+                            && self
+                                .penalties
+                                .deny(&hit.key, p, self.penalties.now(), info)
+                                .is_some();
+                        if !status.tightened || reached {
+                            pending.push(penalty::Pending {
+                                status: i,
+                                key: hit.key.clone(),
+                                penalty: *p,
+                                reached,
+                                info: penalty::encode_info(&info(), penalty::Source::Penalty),
+                            });
+                        }
+                    }
+                    (Some(_), false) => {
+                        penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown)
+                    }
+                    (None, _) => {}
+                }
+            }
+            outcome.offenders.push((i, shown));
+        }
+        outcome.overrides = overrides;
+        pending
+    }
+}
