@@ -1228,6 +1228,175 @@ async fn an_idle_cluster_master_stopped_reads_down_and_continued_reads_up() {
     .await;
 }
 
+/// A cluster master at `maxmemory` (with `noeviction`) refuses its slots' decide
+/// calls but answers a PING. Its probe writes to a key in one of its slots, so
+/// idle it reads down with no call, the others staying up, and up again within
+/// a probe's interval once undone.
+#[tokio::test]
+async fn an_idle_cluster_master_out_of_memory_reads_down_and_back_up_with_no_call() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let (cluster, sluice) = cluster_serving_its_survivors(POLICY, STORE_TIMEOUT).await;
+    let mut client = sluice.client().await;
+    const USERS: usize = 30;
+    let mut call = async |i: usize| {
+        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
+        common::call(&mut client, req).await.overall_code
+    };
+    // Calls on every master, so the slot map is known; then none until it is up.
+    for i in 0..USERS {
+        assert_eq!(call(i).await, common::OK, "user c{i} before the fault");
+    }
+    let users = users_on(&cluster.nodes[0], USERS).await;
+    assert!(!users.is_empty(), "no user on the first master");
+    let (full, other) = (cluster.nodes[0].addr(), cluster.nodes[1].addr());
+    let state = |name: &str| sluice.store_shard(name);
+    let degraded = |name: &str| sluice.metric("sluice_degraded", &[("shard", name)]);
+    let mut admin = cluster.nodes[0].conn().await;
+    let mut config_set = async |name: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    };
+    config_set("maxmemory-policy", "noeviction").await;
+    config_set("maxmemory", "1").await;
+    common::eventually(
+        Duration::from_secs(10),
+        "the master out of memory reads down",
+        || {
+            let s = state(&full)["state"].clone();
+            async move { s == "backing_off" || s == "trying" }
+        },
+    )
+    .await;
+    let shard = state(&full);
+    assert_eq!(shard["last_error"]["kind"], "oom", "{shard}");
+    assert_eq!(degraded(&full), Some(1.0));
+    assert_eq!(degraded(&other), Some(0.0));
+    assert_eq!(state(&other)["state"], "up");
+    assert_ne!(state("cluster")["state"], "up");
+
+    config_set("maxmemory", "0").await;
+    let undone = Instant::now();
+    common::eventually(Duration::from_secs(10), "the master reads up again", || {
+        let (s, c) = (
+            state(&full)["state"].clone(),
+            state("cluster")["state"].clone(),
+        );
+        async move { s == "up" && c == "up" }
+    })
+    .await;
+    // A probe's interval (1 s) and room for a loaded machine.
+    let took = undone.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "up {took:?} after undone"
+    );
+    assert_eq!(degraded(&full), Some(0.0));
+    // Decided by the master again (closed would refuse it otherwise).
+    assert_eq!(call(users[0]).await, common::OK);
+}
+
+/// Sends `args` to `node`.
+async fn on(node: &RedisServer, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut node.conn().await).await
+}
+
+/// The slot of a master's probe moved to another master while no call came: its
+/// probe meets `MOVED`, the slot map is read again and the probe goes to a slot
+/// the master still serves, so it still reads down at `maxmemory`.
+#[tokio::test]
+async fn an_idle_cluster_master_whose_probe_slot_moved_reads_down_out_of_memory() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let (cluster, sluice) = cluster_serving_its_survivors(POLICY, STORE_TIMEOUT).await;
+    let mut client = sluice.client().await;
+    for i in 0..30 {
+        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
+        assert_eq!(
+            common::call(&mut client, req).await.overall_code,
+            common::OK
+        );
+    }
+    let (from, to) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // The probe's key: the first tag whose slot the master serves (it does not
+    // redirect a write to it).
+    let mut tag = 0;
+    let mut admin = from.conn().await;
+    loop {
+        let key = format!("sluice:probe{{{tag}}}");
+        let set = redis::cmd("SET").arg(&key).arg("").arg("XX").to_owned();
+        let answer: redis::RedisResult<redis::Value> = set.query_async(&mut admin).await;
+        if answer.is_ok() {
+            break;
+        }
+        tag += 1;
+    }
+    let slot = sluice_redis::cluster::slot(format!("probe{{{tag}}}").as_bytes()).to_string();
+    let id = |v: redis::RedisResult<redis::Value>| match v {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8(b).unwrap(),
+        other => panic!("CLUSTER MYID: {other:?}"),
+    };
+    let (from_id, to_id) = (
+        id(on(from, &["CLUSTER", "MYID"]).await),
+        id(on(to, &["CLUSTER", "MYID"]).await),
+    );
+    // Move it, as a resharding does (any counter in it deleted first).
+    if let Ok(redis::Value::Array(keys)) =
+        on(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]).await
+    {
+        for key in keys {
+            if let redis::Value::BulkString(k) = key {
+                on(from, &["DEL", &String::from_utf8(k).unwrap()])
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    on(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id])
+        .await
+        .unwrap();
+    on(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id])
+        .await
+        .unwrap();
+    for node in [to, from, &cluster.nodes[2]] {
+        on(node, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])
+            .await
+            .unwrap();
+    }
+    on(from, &["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await
+        .unwrap();
+    on(from, &["CONFIG", "SET", "maxmemory", "1"])
+        .await
+        .unwrap();
+    let state = |name: &str| sluice.store_shard(name);
+    common::eventually(
+        Duration::from_secs(10),
+        "the master out of memory reads down",
+        || {
+            let s = state(&from.addr())["state"].clone();
+            async move { s == "backing_off" || s == "trying" }
+        },
+    )
+    .await;
+    let shard = state(&from.addr());
+    assert_eq!(shard["last_error"]["kind"], "oom", "{shard}");
+    assert_eq!(state(&to.addr())["state"], "up");
+}
+
 #[tokio::test]
 async fn a_shard_backed_off_by_its_calls_reads_up_once_back_with_no_call() {
     let _one = ONE_AT_A_TIME.lock().await;

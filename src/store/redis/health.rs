@@ -89,8 +89,9 @@ impl Asked {
     /// The least a probe must ask to meet `error` as a call met it, so that its
     /// answer says the error is over: `None` for what only a call can tell (a
     /// script error; an ACL refusing one of the script's commands, which the probe
-    /// does not run; a cluster's or a replica's state a write without a slot's
-    /// key or refused as `READONLY` first does not show).
+    /// does not run; a cluster's or a replica's state, `CLUSTERDOWN`, `TRYAGAIN`
+    /// or `MASTERDOWN`: a replica refuses the probe as `READONLY` first, and a
+    /// master refusing it so gets a `PING` instead).
     pub fn sees(error: &StoreError) -> Option<Asked> {
         let kind = error.kind()?;
         match kind {
