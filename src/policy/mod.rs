@@ -11,9 +11,9 @@
 //! - `yaml.rs`: YAML text to positioned nodes (`node.rs`), one per document;
 //!   Kubernetes JSON converts to the same nodes, so both share every check.
 //! - `fields.rs`: reading a mapping with precise errors (types, duplicate and unknown
-//!   keys); `parse.rs` (documents, both forms) and `descriptor.rs` (descriptor trees
-//!   and `rate_limit`s, `duration.rs` for durations) build the [`Document`] model
-//!   (`model.rs`).
+//!   keys); `parse.rs` (documents, both forms), `descriptor.rs` (descriptor trees),
+//!   `rate_limit.rs` (their `rate_limit`s, `duration.rs` for durations) and
+//!   `sentence.rs` (`shed` and `penalty`) build the [`Document`] model (`model.rs`).
 //! - `compile.rs` merges documents into a [`Policy`] whose trees (`matcher.rs`)
 //!   answer [`Domain::find`]; `load.rs` reads `--config` files and directories.
 
@@ -33,7 +33,9 @@ mod matcher;
 mod model;
 mod node;
 mod parse;
+mod rate_limit;
 mod replaces;
+mod sentence;
 mod yaml;
 
 pub use calendar::{Calendar, Period};
