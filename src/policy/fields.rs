@@ -428,11 +428,12 @@ fn exponent_of(written: &str) -> Option<i64> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some(written.parse::<i64>().unwrap_or(if written.starts_with('-') {
+    let beyond = if written.starts_with('-') {
         i64::MIN
     } else {
         i64::MAX
-    }))
+    };
+    Some(written.parse::<i64>().unwrap_or(beyond))
 }
 
 /// Whether a plain integer's digits start with a zero followed by another digit.
@@ -533,7 +534,9 @@ mod tests {
         let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
         let digits: Vec<u8> = whole.bytes().chain(fraction.bytes()).collect();
         let negative = exponent.starts_with('-');
-        let magnitude = exponent.trim_start_matches(['-', '+']).trim_start_matches('0');
+        let magnitude = exponent
+            .trim_start_matches(['-', '+'])
+            .trim_start_matches('0');
         // Where the point falls among the digits; an exponent of more digits than
         // there are digits moves it past them all.
         let point: i128 = if magnitude.len() > 30 {
