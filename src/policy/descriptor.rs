@@ -475,6 +475,8 @@ descriptors:
             ".nan",
             "0.99999999999999999",
             "4.0000000000000000001",
+            "1e-400",
+            "1e-99999999999999999999",
         ] {
             let want = format!("'requests_per_unit' must be an integer, found the number {n}");
             assert!(file(n).unwrap_err().ends_with(&want), "{n}: {:?}", file(n));

@@ -393,9 +393,9 @@ fn names_an_integer(written: &str) -> bool {
     let text = written.replace('_', "");
     let body = text.trim_start_matches(['-', '+']);
     let (mantissa, exponent) = match body.split_once(['e', 'E']) {
-        Some((m, e)) => match e.parse::<i64>() {
-            Ok(e) => (m, e),
-            Err(_) => return true,
+        Some((m, e)) => match exponent_of(e) {
+            Some(e) => (m, e),
+            None => return true,
         },
         None => (body, 0),
     };
@@ -414,8 +414,26 @@ fn names_an_integer(written: &str) -> bool {
     if significant.trim_start_matches('0').is_empty() {
         return true;
     }
-    let trailing_zeros = (digits.len() - significant.len()) as i64;
-    exponent.saturating_sub(fraction.len() as i64) + trailing_zeros >= 0
+    // In i128, where an i64 exponent less the length of a string cannot overflow.
+    let trailing_zeros = (digits.len() - significant.len()) as i128;
+    i128::from(exponent) - fraction.len() as i128 + trailing_zeros >= 0
+}
+
+/// The exponent of a decimal as written (`3`, `+3`, `-03`), held at `i64::MIN` or
+/// `i64::MAX` when it is beyond them: a number of that exponent is written in far
+/// fewer digits, so it is still an integer (or not) as with the exponent itself.
+/// `None` for text that is not an exponent.
+fn exponent_of(written: &str) -> Option<i64> {
+    let digits = written.strip_prefix(['-', '+']).unwrap_or(written);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let beyond = if written.starts_with('-') {
+        i64::MIN
+    } else {
+        i64::MAX
+    };
+    Some(written.parse::<i64>().unwrap_or(beyond))
 }
 
 /// Whether a plain integer's digits start with a zero followed by another digit.
@@ -449,6 +467,7 @@ pub(crate) fn list<'n>(ctx: &mut Ctx, field: Field<'n>) -> Option<&'n [Node]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy;
 
     #[test]
     fn camel_case_spelling() {
@@ -479,6 +498,74 @@ mod tests {
             "1e-1",
         ] {
             assert!(!names_an_integer(no), "{no}");
+        }
+    }
+
+    /// Exponents beyond i64 read as what they are: a huge positive one makes any
+    /// number an integer, a huge negative one makes any number but zero a fraction.
+    #[test]
+    fn names_an_integer_reads_exponents_beyond_i64() {
+        for yes in [
+            "10e9223372036854775807",
+            "1e9999999999999999999",
+            "1.5e99999999999999999999999",
+            "0e-9999999999999999999",
+            "0.000e-9223372036854775809",
+        ] {
+            assert!(names_an_integer(yes), "{yes}");
+        }
+        for no in [
+            "1e-9223372036854775808",
+            "1e-9999999999999999999",
+            "10e-99999999999999999999999",
+            "0.5e-9223372036854775809",
+        ] {
+            assert!(!names_an_integer(no), "{no}");
+        }
+    }
+
+    /// The digits of `written` (a decimal as `names_an_integer` takes it) name an
+    /// integer: no digit other than 0 is left after the point once the exponent has
+    /// moved it. Read digit by digit, the exponent only compared, never added.
+    fn integer_by_digits(written: &str) -> bool {
+        let text = written.replace('_', "");
+        let body = text.trim_start_matches(['-', '+']);
+        let (mantissa, exponent) = body.split_once(['e', 'E']).unwrap_or((body, "0"));
+        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let digits: Vec<u8> = whole.bytes().chain(fraction.bytes()).collect();
+        let negative = exponent.starts_with('-');
+        let magnitude = exponent
+            .trim_start_matches(['-', '+'])
+            .trim_start_matches('0');
+        // Where the point falls among the digits; an exponent of more digits than
+        // there are digits moves it past them all.
+        let point: i128 = if magnitude.len() > 30 {
+            if negative {
+                i128::MIN / 2
+            } else {
+                i128::MAX / 2
+            }
+        } else {
+            let e: i128 = magnitude.parse().unwrap_or(0);
+            whole.len() as i128 + if negative { -e } else { e }
+        };
+        digits
+            .iter()
+            .enumerate()
+            .all(|(i, d)| (i as i128) < point || *d == b'0')
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn names_an_integer_agrees_with_the_digits(
+            written in "[-+]?(0|[0-9_]{1,6})?\\.?[0-9]{0,6}([eE][-+]?(0{0,3}[0-9]{1,3}|[0-9]{18,22}|9223372036854775[0-9]{3}))?"
+                .prop_filter("a number has a digit", |w| {
+                    w.split(['e', 'E']).next().is_some_and(|m| m.bytes().any(|b| b.is_ascii_digit()))
+                }),
+        ) {
+            proptest::prop_assert_eq!(names_an_integer(&written), integer_by_digits(&written), "{}", written);
         }
     }
 }
