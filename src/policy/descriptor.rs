@@ -201,7 +201,7 @@ fn parse_layer(s: &str) -> Option<Layer> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::policy::{parse_resource_spec, parse_str, Unit};
 
     /// The errors of a RateLimitPolicy whose one descriptor (line 7) is `descriptor`.
@@ -487,7 +487,8 @@ descriptors:
         }
     }
 
-    fn errors(text: &str) -> String {
+    /// The errors of a policy file `text`, a line each (empty when it loads).
+    pub(in crate::policy) fn errors(text: &str) -> String {
         match parse_str("p.yaml", text) {
             Ok(_) => String::new(),
             Err(e) => e

@@ -489,6 +489,7 @@ fn replaces(ctx: &mut Ctx, field: Field<'_>, own: Option<&str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use crate::algorithm::Algorithm;
+    use crate::policy::descriptor::tests::errors;
     use crate::policy::{compile, parse_resource_spec, parse_str, Period, Unit};
 
     /// A policy's durations are the flags' syntax (`policy::duration`), longer than
@@ -541,17 +542,6 @@ mod tests {
         errors(&format!(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"
         ))
-    }
-
-    fn errors(text: &str) -> String {
-        match parse_str("p.yaml", text) {
-            Ok(_) => String::new(),
-            Err(e) => e
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n"),
-        }
     }
 
     #[test]
