@@ -3,7 +3,7 @@
 
 use crate::limiter::explain::Explained;
 use crate::limiter::{Ban, Descriptor};
-use crate::policy::{answer, LevelMatch, NoMatch, Policy, Rule, Sentence};
+use crate::policy::{LevelMatch, NoMatch, Policy, Rule, Sentence};
 use crate::service::decode;
 use crate::service::{descriptors, headers, BadRequest, HeaderStyle};
 use crate::store::Mode;
@@ -163,13 +163,7 @@ pub fn to_pb(
         if let Some(v) = status.verdict {
             // The limit the key was decided against, as the answer states it: a
             // tightened key's is its penalty's share of the rule's.
-            let limit = rule.map_or(0, |r| {
-                if status.tightened {
-                    answer::tightened_requests(r, status.tighten_ppm)
-                } else {
-                    r.requests_per_unit
-                }
-            });
+            let limit = rule.map_or(0, |r| status.requests_per_unit(r));
             x.counter = Some(pb::CounterState {
                 admitted: v.admitted,
                 remaining: v.remaining,
@@ -177,7 +171,7 @@ pub fn to_pb(
                 retry_after_micros: v.retry_after,
                 banned: status.ban == Ban::Active,
                 blocked: status.ban == Ban::Blocked,
-                tightened: status.tightened,
+                tightened: status.tightened.is_some(),
                 owed: v.owed,
                 limit: u64::from(limit),
             });

@@ -55,10 +55,9 @@ pub struct Status {
     pub ban: Ban,
     /// Denied by soft shedding (`shed`) although its limit had room.
     pub shed: bool,
-    /// Decided against its penalty's tightened limit.
-    pub tightened: bool,
-    /// That tightening's factor (millionths): the answer states the limit so scaled.
-    pub tighten_ppm: u32,
+    /// Decided against its penalty's tightened limit: the tightening's factor
+    /// (millionths), which scales the limit its answer states.
+    pub tightened: Option<u32>,
     /// When the matched rule carries several limits (`rate_limits`): the one of its
     /// [`Rule::also`] whose verdict this status reports, the one nearest its limit
     /// ([`Outcome::rule`] answers with it). `None` when it is the matched rule's own.
@@ -66,6 +65,15 @@ pub struct Status {
 }
 
 impl Status {
+    /// The requests per unit `rule` (this status's) allows it: the rule's own, or
+    /// a tightened key's share of them, which its remaining counts down from.
+    pub fn requests_per_unit(&self, rule: &Rule) -> u32 {
+        match self.tightened {
+            Some(factor_ppm) => crate::policy::answer::tightened_requests(rule, factor_ppm),
+            None => rule.requests_per_unit,
+        }
+    }
+
     /// A descriptor of `hits`, spent as `spend`, not yet matched or decided.
     pub(super) fn undecided(hits: u64, spend: Spend) -> Self {
         Status {
@@ -77,8 +85,7 @@ impl Status {
             spend,
             ban: Ban::None,
             shed: false,
-            tightened: false,
-            tighten_ppm: 0,
+            tightened: None,
             answered_by: None,
         }
     }

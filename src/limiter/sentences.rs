@@ -231,12 +231,12 @@ impl<S: Store> Limiter<S> {
                         // are counted here, and only a count that reaches `violations`
                         // goes to the store, so a flood from it is not a flood of
                         // store calls.
-                        let reached = status.tightened
+                        let reached = status.tightened.is_some()
                             && self
                                 .penalties
                                 .deny(&hit.key, p, self.penalties.now(), info)
                                 .is_some();
-                        if !status.tightened || reached {
+                        if status.tightened.is_none() || reached {
                             pending.push(penalty::Pending {
                                 status: i,
                                 key: hit.key.clone(),

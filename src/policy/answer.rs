@@ -38,21 +38,16 @@ pub fn render(rule: &Rule) -> Rendered {
     let mut policy = String::new();
     push_ietf_policy(&mut policy, &ietf_name, rpu, &limit);
     Rendered {
-        current_limit: current_limit(rule).encode_to_vec().into(),
+        current_limit: current_limit(rule, rpu).encode_to_vec().into(),
         draft03_limit: draft03.into(),
         ietf_policy: policy.into(),
         ietf_name: ietf_name.into(),
     }
 }
 
-/// `rule`'s `current_limit` as Envoy's message.
-pub fn current_limit(rule: &Rule) -> RateLimit {
-    current_limit_of(rule, rule.requests_per_unit)
-}
-
-/// `rule`'s `current_limit` with `requests_per_unit` in place of its own: a key a
-/// penalty tightened is answered with the limit it was decided against.
-pub fn current_limit_of(rule: &Rule, requests_per_unit: u32) -> RateLimit {
+/// `rule`'s `current_limit` as Envoy's message, with `requests_per_unit`: its own,
+/// or a tightened key's share of it.
+pub fn current_limit(rule: &Rule, requests_per_unit: u32) -> RateLimit {
     RateLimit {
         name: rule.name.clone().unwrap_or_default(),
         requests_per_unit,

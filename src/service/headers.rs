@@ -54,29 +54,21 @@ pub fn each_header(
         .iter()
         .filter_map(|s| {
             let rule = outcome.rule(s)?;
-            rule.limit?; // an unlimited rule has no limit to describe
-            Some((s, rule, s.verdict?))
+            // An unlimited rule has no limit to describe.
+            Some((s, rule, rule.limit?, s.verdict?))
         })
-        .min_by_key(|(s, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
+        .min_by_key(|(s, _, _, v)| (!s.over_limit, v.remaining, u64::MAX - v.retry_after));
 
-    if let Some((status, rule, v)) = closest {
+    if let Some((status, rule, limit, v)) = closest {
         let remaining = if outcome.over_limit { 0 } else { v.remaining };
         // A key a penalty tightened states the limit it was decided against, which
         // its remaining counts down from.
-        let tightened = status
-            .tightened
-            .then(|| {
-                (
-                    answer::tightened_requests(rule, status.tighten_ppm),
-                    rule.limit,
-                )
-            })
-            .and_then(|(rpu, limit)| Some((rpu, limit?)));
+        let tightened = status.tightened.map(|_| status.requests_per_unit(rule));
         let s = &mut *scratch;
         match style {
             HeaderStyle::Draft03 => {
                 match tightened {
-                    Some((rpu, limit)) => {
+                    Some(rpu) => {
                         s.clear();
                         answer::push_draft03_limit(s, rule, rpu, &limit);
                         emit("x-ratelimit-limit", s);
@@ -92,7 +84,7 @@ pub fn each_header(
             }
             HeaderStyle::Ietf => {
                 match tightened {
-                    Some((rpu, limit)) => {
+                    Some(rpu) => {
                         s.clear();
                         answer::push_ietf_policy(s, &rule.rendered.ietf_name, rpu, &limit);
                         emit("ratelimit-policy", s);

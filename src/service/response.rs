@@ -11,7 +11,7 @@ use prost_types::{self as pbuf, value::Kind};
 
 use crate::algorithm::Micros;
 use crate::limiter::Outcome;
-use crate::policy::answer::{current_limit, current_limit_of, tightened_requests, unit_value};
+use crate::policy::answer::{current_limit, unit_value};
 
 use super::decode::Request;
 use super::headers::{each_header, headers, HeaderStyle};
@@ -52,15 +52,10 @@ pub fn response(
                 };
             }
             let (remaining, reset) = s.verdict.map_or((0, 0), |v| (v.remaining, v.reset));
-            // A key a penalty tightened: the limit it was decided against.
-            let limit = if s.tightened {
-                current_limit_of(rule, tightened_requests(rule, s.tighten_ppm))
-            } else {
-                current_limit(rule)
-            };
             DescriptorStatus {
                 code,
-                current_limit: Some(limit),
+                // A key a penalty tightened: the limit it was decided against.
+                current_limit: Some(current_limit(rule, s.requests_per_unit(rule))),
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(duration(reset)),
                 ..Default::default()
@@ -167,18 +162,15 @@ fn put_status(buf: &mut Vec<u8>, outcome: &Outcome, s: &crate::limiter::Status) 
             )
         }
     };
-    let limit = rule.map(|r| {
-        if s.tightened {
-            // A key a penalty tightened: the limit it was decided against, its
-            // fields written here (the rendered ones are the rule's own).
-            Limit::Tightened {
-                name: r.name.as_deref().unwrap_or(""),
-                rpu: u64::from(tightened_requests(r, s.tighten_ppm)),
-                unit: unit_value(r) as u64,
-            }
-        } else {
-            Limit::Rendered(&r.rendered.current_limit)
-        }
+    let limit = rule.map(|r| match s.tightened {
+        // A key a penalty tightened: the limit it was decided against, its fields
+        // written here (the rendered ones are the rule's own).
+        Some(_) => Limit::Tightened {
+            name: r.name.as_deref().unwrap_or(""),
+            rpu: u64::from(s.requests_per_unit(r)),
+            unit: unit_value(r) as u64,
+        },
+        None => Limit::Rendered(&r.rendered.current_limit),
     });
     let reset = reset.map(|us| {
         let seconds = us / 1_000_000;
@@ -489,8 +481,7 @@ descriptors:
             spend: crate::store::Spend::IfAdmitted,
             ban: Ban::None,
             shed: false,
-            tightened: false,
-            tighten_ppm: 0,
+            tightened: None,
             answered_by: None,
         }
     }
@@ -572,8 +563,7 @@ descriptors:
             (
                 false,
                 vec![Status {
-                    tightened: true,
-                    tighten_ppm: 200_000,
+                    tightened: Some(200_000),
                     ..status(plain, false, Some(verdict(true, 1, 59 * SECOND, 0)))
                 }],
             ),
@@ -654,7 +644,7 @@ descriptors:
         ask().await;
         clock.advance(61 * SECOND);
         let tight = ask().await;
-        assert!(tight.statuses[0].tightened && !tight.over_limit);
+        assert!(tight.statuses[0].tightened.is_some() && !tight.over_limit);
         assert_eq!(
             limit_of(&tight),
             (

@@ -443,8 +443,7 @@ mod tests {
             spend: crate::store::Spend::IfAdmitted,
             ban: Ban::None,
             shed: false,
-            tightened: false,
-            tighten_ppm: 0,
+            tightened: None,
             answered_by: None,
         }
     }

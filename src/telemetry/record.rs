@@ -235,8 +235,8 @@ impl Metrics {
                 }
             }
             // Slots in use are what the limit no longer has room for. A tightened
-            // key's remaining is against a scaled limit this status does not carry.
-            if let (Some(v), Some(limit), Some(_), false) =
+            // key's remaining is against its scaled limit, not the rule's.
+            if let (Some(v), Some(limit), Some(_), None) =
                 (s.verdict, rule.limit, rule.lease, s.tightened)
             {
                 let now =

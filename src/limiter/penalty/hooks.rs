@@ -35,8 +35,7 @@ pub fn apply_sentences(
             Some(InForce::Tightened { factor_ppm }) => {
                 hit.limit.requests = tightened(hit.limit.requests, factor_ppm);
                 hit.limit.burst = tightened(hit.limit.burst, factor_ppm);
-                outcome.statuses[i].tightened = true;
-                outcome.statuses[i].tighten_ppm = factor_ppm;
+                outcome.statuses[i].tightened = Some(factor_ppm);
             }
             Some(InForce::Denied { .. }) if hit.spend.always() => {}
             Some(InForce::Denied { left, blocked }) => {

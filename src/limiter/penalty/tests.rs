@@ -174,7 +174,7 @@ async fn repeat_violations_tighten_the_limit_then_block_the_key() {
     clock.advance(61 * SECOND);
     assert_eq!(admitted_in_a_row(&l, "1.1.1.1").await, 2);
     let tight = one(&l, "ip", "1.1.1.1").await;
-    assert!(tight.statuses[0].tightened);
+    assert!(tight.statuses[0].tightened.is_some());
     assert_eq!(admitted_in_a_row(&l, "2.2.2.2").await, 10);
 
     // That was the key's second violation under the tighter limit: its second
