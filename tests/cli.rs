@@ -39,23 +39,29 @@ fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
     assert!(err.contains("fortnight"), "{err}");
 }
 
+/// Runs `cmd`, which must refuse: exit status 1 and nothing on stdout. Its stderr.
+fn refused(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
 /// `sluice explain --config` on a directory with no policy file refuses as validate
 /// does, rather than explaining every request as answered OK by no rule.
 #[test]
 fn explain_refuses_a_directory_without_policy_files() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("policy.yaml.bak"), "domain: api\n").unwrap();
-    let out = sluice()
-        .args(["explain", "--domain", "api", "tenant=acme", "--config"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+    let stderr = refused(
+        sluice()
+            .args(["explain", "--domain", "api", "tenant=acme", "--config"])
+            .arg(dir.path()),
     );
     assert!(
         stderr.contains("no policy file to explain against"),
@@ -67,17 +73,10 @@ fn explain_refuses_a_directory_without_policy_files() {
 /// instead, rather than a bare OS error after connecting.
 #[test]
 fn top_into_a_pipe_says_it_needs_a_terminal() {
-    let out = sluice()
-        .args(["top", "--server", "127.0.0.1:1"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+    let stderr = refused(
+        sluice()
+            .args(["top", "--server", "127.0.0.1:1"])
+            .stdin(std::process::Stdio::null()),
     );
     assert!(
         stderr.contains("the output is not a terminal") && stderr.contains("/debug/top"),
