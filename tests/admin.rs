@@ -346,14 +346,8 @@ async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_polic
         Code::OverLimit as i32
     );
     let owing = |extra: &[&str]| {
-        let out = Command::new(sluice)
-            .args(["explain", "--domain", "api", "tenant=zed", "path=/search"])
-            .args(["--server", &server.admin])
-            .args(extra)
-            .output()
-            .expect("run sluice explain");
-        assert!(out.status.success(), "{}", text(&out));
-        String::from_utf8(out.stdout).unwrap()
+        let args = [&["--domain", "api", "tenant=zed", "path=/search"], extra].concat();
+        explained(&server.admin, &args)
     };
     let people = owing(&[]);
     assert!(people.contains("do not fit: 0 left"), "{people}");
@@ -380,6 +374,19 @@ async fn sluice_explain_prints_for_people_and_as_json_from_a_server_or_the_polic
     );
 }
 
+/// `sluice explain ARGS` against the admin API at `admin`, which must succeed: its
+/// output.
+fn explained(admin: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("explain")
+        .args(args)
+        .args(["--server", admin])
+        .output()
+        .expect("run sluice explain");
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A bucket of 10 an hour whose key, denied twice, is tightened to a fifth.
 const TIGHTENING: &str = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n      algorithm: token_bucket\n      name: per_ip\n      penalty: {violations: 2, within: 1h, tighten: {factor: 0.2, for: 1h}}\n";
 
@@ -400,14 +407,10 @@ async fn tightened_key_is_explained_with_the_limit_in_force(server: &Server) {
     }
     assert_eq!(tightened, Some(2), "tightened to a fifth of 10");
     let explain = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["explain", "--domain", "d", "ip=1.1.1.1"])
-            .args(["--server", &server.admin])
-            .args(extra)
-            .output()
-            .expect("run sluice explain");
-        assert!(out.status.success(), "{}", text(&out));
-        String::from_utf8(out.stdout).unwrap()
+        explained(
+            &server.admin,
+            &[&["--domain", "d", "ip=1.1.1.1"], extra].concat(),
+        )
     };
     let people = explain(&[]);
     assert!(
