@@ -5,7 +5,9 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use super::fields::{at_line, flag, list, not_a_string, string, text, Ctx, Field, Fields, Form};
+use super::fields::{
+    at_line, boolean, flag, list, not_a_string, string, text, Ctx, Field, Fields, Form,
+};
 use super::model::DescriptorNode;
 use super::node::{shorten, Value};
 use super::rate_limit::{rate_limit, rate_limits};
@@ -110,7 +112,8 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
     };
     let shadow_mode = flag(ctx, &mut f, "shadow_mode");
     let detailed_metric = flag(ctx, &mut f, "detailed_metric");
-    let share_threshold = flag(ctx, &mut f, "share_threshold");
+    let share_field = f.get(ctx, "share_threshold");
+    let share_threshold = share_field.and_then(|s| boolean(ctx, s)).unwrap_or(false);
     let quota_mode = flag(ctx, &mut f, "quota_mode");
     let value_to_metric = flag(ctx, &mut f, "value_to_metric");
     let sensitive = flag(ctx, &mut f, "sensitive");
@@ -145,6 +148,20 @@ fn descriptor(ctx: &mut Ctx, node: &super::node::Node, parent: Layer) -> Option<
             return None;
         }
     };
+    // envoyproxy/ratelimit refuses this too: without a '*' there is nothing to share,
+    // and loading it would leave the author believing values share one counter.
+    let wildcard = key.contains('*') || value.as_deref().is_some_and(|v| v.contains('*'));
+    if share_threshold && !wildcard {
+        let name = ctx.form.spell("share_threshold");
+        ctx.error(
+            share_field.and_then(|s| s.line()).or(line),
+            format!(
+                "'{name}' shares one counter among the values a wildcard matches, \
+                 but {} has no '*'",
+                describe_path(&key, value.as_deref())
+            ),
+        );
+    }
     Some(DescriptorNode {
         line,
         key,
@@ -403,6 +420,31 @@ pub(super) mod tests {
         let e = parse_str("f.yaml", file).unwrap_err();
         assert!(!e[0].message.starts_with("at "), "{e:?}");
         assert_eq!(e[0].line, Some(4));
+    }
+
+    /// `share_threshold` with nothing to share is refused in both forms, as
+    /// envoyproxy/ratelimit refuses it; a '*' in the value or the key is enough.
+    #[test]
+    fn share_threshold_needs_a_wildcard() {
+        let file = |d: &str| errors(&format!("domain: d\ndescriptors:\n  - {d}\n"));
+        assert_eq!(
+            file("{key: k, value: v, share_threshold: true}"),
+            "p.yaml:3: 'share_threshold' shares one counter among the values a wildcard matches, but key 'k' value 'v' has no '*'"
+        );
+        assert!(
+            file("{key: k, share_threshold: true}").contains("key 'k' with no value has no '*'")
+        );
+        assert_eq!(
+            resource_errors("{key: k, value: v, shareThreshold: true}"),
+            "p.yaml:7: 'shareThreshold' shares one counter among the values a wildcard matches, but key 'k' value 'v' has no '*'"
+        );
+        for fine in [
+            "{key: k, value: v*, share_threshold: true}",
+            "{key: k*, share_threshold: true}",
+            "{key: k, value: v, share_threshold: false}",
+        ] {
+            assert_eq!(file(fine), "", "{fine}");
+        }
     }
 
     /// The file form (envoyproxy/ratelimit's) keeps reading what that service reads:
