@@ -11,11 +11,12 @@
 //! ([`QuotaStats::policy_swapped`]), as the per-rule series of `ShouldRateLimit`
 //! decisions go with their rule, and a report decided on the policy before, answered
 //! after the change (it waited for the store meanwhile), does not bring them back:
-//! each count is taken under the lock the swap holds, against the serving policy's
-//! domains and rules (one uncontended lock per report and per bucket answered).
+//! each count is taken under a read lock the swap takes to write, against the
+//! serving policy's domains and rules (one uncontended read lock per report and per
+//! bucket answered, never per `ShouldRateLimit` call).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::RwLock;
 
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
@@ -55,7 +56,7 @@ pub struct QuotaStats {
     irregular: IntCounterVec,
     /// The serving policy's rule paths by domain; `None` until a policy is swapped
     /// in, when every series may be counted.
-    serving: Mutex<Option<HashMap<String, HashSet<String>>>>,
+    serving: RwLock<Option<HashMap<String, HashSet<String>>>>,
 }
 
 /// Whether the series of `domain` and `rule` ("" for none) belong to the serving
@@ -105,12 +106,13 @@ impl QuotaStats {
                 "Buckets of usage reports answered apart from the rest of their report, by reason: id_too_large (over 4096 bytes: decided against its limit, tracked under a digest), too_many_entries or empty_key (no rule can match: ALLOW_ALL), no_entries (left out of the answer: Envoy takes no assignment without an id).",
                 &["domain", "reason"],
             ),
-            serving: Mutex::new(None),
+            serving: RwLock::new(None),
         }
     }
 
-    fn serving(&self) -> MutexGuard<'_, Option<HashMap<String, HashSet<String>>>> {
-        self.serving.lock().unwrap_or_else(|p| p.into_inner())
+    /// Read by each count (shared), written by a swap.
+    fn serving(&self) -> std::sync::RwLockReadGuard<'_, Option<HashMap<String, HashSet<String>>>> {
+        self.serving.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn stream_opened(&self) {
@@ -173,7 +175,7 @@ impl QuotaStats {
                 paths.insert(policy.rule(id).path.clone());
             }
         }
-        let mut serving = self.serving();
+        let mut serving = self.serving.write().unwrap_or_else(|p| p.into_inner());
         let now = Some(rules);
         let kept = |labels: &[&str]| match labels {
             [domain, rule, ..] => serves(&now, domain, rule),
