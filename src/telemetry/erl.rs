@@ -13,14 +13,16 @@
 //! overrides name request values; sluice counts those under the rule matched). Past
 //! [`MAX_SERIES`] label sets, new ones are counted under `key1="other"`,
 //! `key2="other"`. A policy change drops the label sets no limit of the new policy
-//! has ([`ErlStats::policy_swapped`]), as sluice's own series of a removed rule go.
+//! has ([`ErlStats::policy_swapped`]), as sluice's own series of a removed rule go,
+//! and a decision made on the policy before, recorded after the change, does not
+//! bring them back: a label set is made only for a limit of the policy serving.
 //!
 //! Counts are in hits (`hits_addend`), as there: `total_hits` every hit decided;
 //! `within_limit` the admitted ones; `over_limit` the denied ones (shadow limits
 //! too); `shadow_mode` those a shadow limit would have denied; `near_limit` the
 //! admitted hits past `--near-limit-ratio` of the limit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -95,11 +97,19 @@ pub enum CallError {
     BadRequest,
 }
 
+/// The label sets and their counts, and those the serving policy's limits have.
+#[derive(Debug, Default)]
+struct Series {
+    counts: BTreeMap<Labels, Arc<Counts>>,
+    /// `None` until a policy is swapped in ([`ErlStats::policy_swapped`]).
+    serving: Option<HashSet<Labels>>,
+}
+
 /// Every label set's counts.
 #[derive(Debug)]
 pub struct ErlStats {
     near_limit_ratio: f64,
-    series: Mutex<BTreeMap<Labels, Arc<Counts>>>,
+    series: Mutex<Series>,
     service: Stripes<[AtomicU64; 4]>,
     response_times: Stripes<ResponseTimes>,
 }
@@ -108,7 +118,7 @@ impl ErlStats {
     pub fn new(near_limit_ratio: f64) -> ErlStats {
         ErlStats {
             near_limit_ratio,
-            series: Mutex::new(BTreeMap::new()),
+            series: Mutex::default(),
             service: Stripes::default(),
             response_times: Stripes::default(),
         }
@@ -209,20 +219,26 @@ impl ErlStats {
         );
     }
 
-    /// The counts of `rule` of `domain` (looked up once per rule and policy).
+    /// The counts of `rule` of `domain` (looked up once per rule and policy). A
+    /// rule the serving policy no longer has (a decision made on the policy before
+    /// it, recorded after the swap) gets counts of its own that no series shows:
+    /// its label set, dropped by the swap, is not made again.
     pub fn counts(&self, domain: &str, rule: &Rule) -> Arc<Counts> {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         let mut key = labels(domain, &rule.stat_key);
-        if !series.contains_key(&key) && series.len() >= MAX_SERIES {
+        if series.serving.as_ref().is_some_and(|s| !s.contains(&key)) {
+            return Arc::default();
+        }
+        if !series.counts.contains_key(&key) && series.counts.len() >= MAX_SERIES {
             key = (key.0, "other".into(), "other".into());
         }
-        series.entry(key).or_default().clone()
+        series.counts.entry(key).or_default().clone()
     }
 
     /// `policy` now serves: the label sets of limits it no longer has are dropped,
     /// those it keeps keep their counts (and a domain it keeps, its `other` set).
     pub fn policy_swapped(&self, policy: &Policy) {
-        let wanted: std::collections::HashSet<Labels> = policy
+        let wanted: HashSet<Labels> = policy
             .rules_by_domain()
             .into_iter()
             .flat_map(|(d, r)| {
@@ -232,10 +248,11 @@ impl ErlStats {
             })
             .collect();
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        series.retain(|key, _| {
+        series.counts.retain(|key, _| {
             wanted.contains(key)
                 || (key.1 == "other" && key.2 == "other" && policy.domains.contains_key(&key.0))
         });
+        series.serving = Some(wanted);
     }
 
     /// Counts one decided descriptor: `rule` decided `status`.
@@ -290,7 +307,7 @@ impl ErlStats {
                 "# HELP ratelimit_service_rate_limit_{family} envoyproxy/ratelimit's {family}, in hits, by domain and first two descriptor levels.\n\
                  # TYPE ratelimit_service_rate_limit_{family} counter"
             );
-            for ((domain, key1, key2), counts) in series.iter() {
+            for ((domain, key1, key2), counts) in series.counts.iter() {
                 let n: u64 = counts
                     .0
                     .iter()
@@ -564,8 +581,12 @@ mod tests {
             stats.counts("d", &r);
         }
         let series = stats.series.lock().unwrap();
-        assert_eq!(series.len(), MAX_SERIES + 1);
-        assert!(series.contains_key(&("d".to_string(), "other".to_string(), "other".to_string())));
+        assert_eq!(series.counts.len(), MAX_SERIES + 1);
+        assert!(series.counts.contains_key(&(
+            "d".to_string(),
+            "other".to_string(),
+            "other".to_string()
+        )));
     }
 
     #[test]

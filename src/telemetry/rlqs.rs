@@ -9,9 +9,14 @@
 //!
 //! A policy change drops the series of the domains and rules it no longer has
 //! ([`QuotaStats::policy_swapped`]), as the per-rule series of `ShouldRateLimit`
-//! decisions go with their rule.
+//! decisions go with their rule, and a report decided on the policy before, answered
+//! after the change (it waited for the store meanwhile), does not bring them back:
+//! each count is taken under a read lock the swap takes to write, against the
+//! serving policy's domains and rules (one uncontended read lock per report and per
+//! bucket answered, never per `ShouldRateLimit` call).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::RwLock;
 
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
@@ -49,6 +54,19 @@ pub struct QuotaStats {
     assignments: IntCounterVec,
     oversized: IntCounter,
     irregular: IntCounterVec,
+    /// The serving policy's rule paths by domain; `None` until a policy is swapped
+    /// in, when every series may be counted.
+    serving: RwLock<Option<HashMap<String, HashSet<String>>>>,
+}
+
+/// Whether the series of `domain` and `rule` ("" for none) belong to the serving
+/// policy: those of domain "" always do, and those of rule "" in a domain it has.
+fn serves(serving: &Option<HashMap<String, HashSet<String>>>, domain: &str, rule: &str) -> bool {
+    domain.is_empty()
+        || serving.as_ref().is_none_or(|s| {
+            s.get(domain)
+                .is_some_and(|rules| rule.is_empty() || rules.contains(rule))
+        })
 }
 
 impl QuotaStats {
@@ -88,7 +106,13 @@ impl QuotaStats {
                 "Buckets of usage reports answered apart from the rest of their report, by reason: id_too_large (over 4096 bytes: decided against its limit, tracked under a digest), too_many_entries or empty_key (no rule can match: ALLOW_ALL), no_entries (left out of the answer: Envoy takes no assignment without an id).",
                 &["domain", "reason"],
             ),
+            serving: RwLock::new(None),
         }
+    }
+
+    /// Read by each count (shared), written by a swap.
+    fn serving(&self) -> std::sync::RwLockReadGuard<'_, Option<HashMap<String, HashSet<String>>>> {
+        self.serving.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn stream_opened(&self) {
@@ -106,7 +130,10 @@ impl QuotaStats {
 
     /// One report answered, for `domain` ("" when no policy defines it).
     pub fn report(&self, domain: &str) {
-        self.reports.with_label_values(&[domain]).inc();
+        let serving = self.serving();
+        if serves(&serving, domain, "") {
+            self.reports.with_label_values(&[domain]).inc();
+        }
     }
 
     /// One report refused for its size.
@@ -116,14 +143,20 @@ impl QuotaStats {
 
     /// One bucket of a report for `domain` answered apart, for `reason`.
     pub fn irregular(&self, domain: &str, reason: &str) {
-        self.irregular.with_label_values(&[domain, reason]).inc();
+        let serving = self.serving();
+        if serves(&serving, domain, "") {
+            self.irregular.with_label_values(&[domain, reason]).inc();
+        }
     }
 
     /// One bucket's action, under `domain` and `rule` ("" when none governs it).
     pub fn assignment(&self, domain: &str, rule: &str, kind: AssignmentKind) {
-        self.assignments
-            .with_label_values(&[domain, rule, kind.as_str()])
-            .inc();
+        let serving = self.serving();
+        if serves(&serving, domain, rule) {
+            self.assignments
+                .with_label_values(&[domain, rule, kind.as_str()])
+                .inc();
+        }
     }
 
     /// `policy` now serves: the series of domains it does not define, and of rules
@@ -131,23 +164,22 @@ impl QuotaStats {
     /// that is gone). Those of domain "" and rule "" (no policy's domain, no rule)
     /// stay.
     pub fn policy_swapped(&self, policy: &Policy) {
-        let domains: HashSet<&str> = policy.domains.keys().map(String::as_str).collect();
-        let rules: HashSet<(&str, &str)> = policy
-            .rules_by_domain()
-            .into_iter()
-            .flat_map(|(d, r)| {
-                std::iter::once(r.id)
-                    .chain(r.also.iter().copied())
-                    .map(move |id| (d, policy.rule(id).path.as_str()))
-            })
+        let mut rules: HashMap<String, HashSet<String>> = policy
+            .domains
+            .keys()
+            .map(|d| (d.clone(), HashSet::new()))
             .collect();
-        let kept = |labels: &[&str]| match labels {
-            [domain, rule, ..] => {
-                domain.is_empty()
-                    || (domains.contains(domain)
-                        && (rule.is_empty() || rules.contains(&(*domain, *rule))))
+        for (d, r) in policy.rules_by_domain() {
+            let paths = rules.entry(d.to_string()).or_default();
+            for id in std::iter::once(r.id).chain(r.also.iter().copied()) {
+                paths.insert(policy.rule(id).path.clone());
             }
-            [domain] => domain.is_empty() || domains.contains(domain),
+        }
+        let mut serving = self.serving.write().unwrap_or_else(|p| p.into_inner());
+        let now = Some(rules);
+        let kept = |labels: &[&str]| match labels {
+            [domain, rule, ..] => serves(&now, domain, rule),
+            [domain] => serves(&now, domain, ""),
             [] => true,
         };
         prune(&self.reports, &["domain"], &kept);
@@ -155,6 +187,7 @@ impl QuotaStats {
             kept(&l[..2])
         });
         prune(&self.irregular, &["domain", "reason"], &|l| kept(&l[..1]));
+        *serving = now;
     }
 }
 
@@ -221,6 +254,45 @@ mod tests {
             r#"sluice_rlqs_reports_total{domain="web"} 3"#,
             r#"sluice_rlqs_reports_total{domain=""} 1"#,
             r#"sluice_rlqs_irregular_buckets_total{domain="web",reason="no_entries"} 3"#,
+        ] {
+            assert!(text.contains(kept), "{kept} in\n{text}");
+        }
+    }
+
+    /// A report decided on the policy a reload then replaced, answered after the
+    /// reload (it waited for the store across it), does not bring back the series of
+    /// the rules and domains the new policy removed.
+    #[test]
+    fn a_report_answered_across_a_reload_does_not_bring_back_a_removed_rule() {
+        let registry = Registry::new();
+        let stats = QuotaStats::new(&registry);
+        stats.policy_swapped(&policy(
+            "domain: web\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 5}\n---\ndomain: old\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        ));
+        stats.policy_swapped(&policy(
+            "domain: web\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        ));
+        // What the reports decided on the old policy record now.
+        stats.assignment("web", "tenant", AssignmentKind::TokenBucket);
+        stats.assignment("old", "route", AssignmentKind::TokenBucket);
+        stats.report("old");
+        stats.irregular("old", "no_entries");
+        let text = render(&registry);
+        assert!(!text.contains(r#"rule="tenant""#), "{text}");
+        assert!(!text.contains(r#"domain="old""#), "{text}");
+        // The rules and domains the policy keeps, and those of none, still count.
+        stats.assignment("web", "route", AssignmentKind::AllowAll);
+        stats.assignment("web", "", AssignmentKind::AllowAll);
+        stats.assignment("", "", AssignmentKind::AllowAll);
+        stats.report("web");
+        stats.irregular("", "empty_key");
+        let text = render(&registry);
+        for kept in [
+            r#"sluice_rlqs_assignments_total{domain="web",kind="allow_all",rule="route"} 1"#,
+            r#"sluice_rlqs_assignments_total{domain="web",kind="allow_all",rule=""} 1"#,
+            r#"sluice_rlqs_assignments_total{domain="",kind="allow_all",rule=""} 1"#,
+            r#"sluice_rlqs_reports_total{domain="web"} 1"#,
+            r#"sluice_rlqs_irregular_buckets_total{domain="",reason="empty_key"} 1"#,
         ] {
             assert!(text.contains(kept), "{kept} in\n{text}");
         }

@@ -756,3 +756,44 @@ descriptors:
     );
     assert!(text.contains(&line), "{line} in {text}");
 }
+
+/// A decision made on the policy a reload then replaced, recorded after the reload
+/// (it was in flight across it), does not bring back the series of a rule the new
+/// policy removed: neither sluice's own nor envoyproxy/ratelimit's. A rule the new
+/// policy keeps still counts it.
+#[tokio::test]
+async fn a_decision_in_flight_across_a_reload_does_not_bring_back_a_removed_rule() {
+    const IP: &str =
+        "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let both =
+        format!("{IP}  - key: tenant\n    rate_limit: {{unit: minute, requests_per_unit: 5}}\n");
+    let clock = ManualClock::new(T0);
+    let old = crate::limiter::test_limiter(&both, &clock, Settings::default());
+    let new = crate::limiter::test_limiter(IP, &clock, Settings::default());
+    let m = Metrics::with_clock(Arc::new(clock.clone())).with_erl(0.8);
+    m.policy_swapped(&old.policy());
+    let ip = [("ip", "10.0.0.1")];
+    let tenant = [("tenant", "acme")];
+    let on_old_ip = old.decide("d", &[Descriptor::new(&ip[..], 1)]).await;
+    let on_old_tenant = old.decide("d", &[Descriptor::new(&tenant[..], 1)]).await;
+    // The reload: the new policy has no tenant; a decision on it is recorded first.
+    m.policy_swapped(&new.policy());
+    let on_new = new.decide("d", &[Descriptor::new(&ip[..], 1)]).await;
+    m.record("d", &on_new, Duration::from_micros(10));
+    assert!(!m.render().contains("tenant"));
+    // Then the decisions that started on the old policy.
+    m.record("d", &on_old_tenant, Duration::from_micros(10));
+    m.record("d", &on_old_ip, Duration::from_micros(10));
+    let text = m.render();
+    assert!(!text.contains("tenant"), "{text}");
+    assert!(
+        text.contains(r#"ratelimit_service_rate_limit_total_hits{domain="d",key1="ip",key2=""} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"sluice_requests_total{domain="d",layer="service",outcome="ok",rule="ip"} 2"#
+        ),
+        "{text}"
+    );
+}

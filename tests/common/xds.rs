@@ -130,9 +130,19 @@ impl XdsServer {
         self.publish(&text.join("\n---\n"))
     }
 
-    /// Every DiscoveryRequest received so far.
+    /// Every DiscoveryRequest received so far (with its `stream` and `unix_nanos`).
     pub fn requests(&self) -> Vec<serde_json::Value> {
         let (status, body) = http(&self.control, "GET", "/requests", "");
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    }
+
+    /// Every DiscoveryResponse sent so far (`stream`, `version_info`, `nonce`,
+    /// `unix_nanos`).
+    pub fn responses(&self) -> Vec<serde_json::Value> {
+        let (status, body) = http(&self.control, "GET", "/responses", "");
         assert_eq!(status, 200, "{body}");
         body.lines()
             .map(|l| serde_json::from_str(l).expect("a JSON line"))

@@ -15,6 +15,7 @@
 //	POST /snapshot   body: YAML documents; publishes them as the next version
 //	POST /reload     reads the files again; publishes them as the next version
 //	GET  /requests   every DiscoveryRequest received, as JSON lines
+//	GET  /responses  every DiscoveryResponse sent, as JSON lines
 //
 // SIGHUP does what POST /reload does.
 package main
@@ -36,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -54,9 +56,10 @@ type server struct {
 	nodeID string
 	files  []string
 
-	mu       sync.Mutex
-	version  int64
-	requests []map[string]any
+	mu        sync.Mutex
+	version   int64
+	requests  []map[string]any
+	responses []map[string]any
 }
 
 func main() {
@@ -88,7 +91,7 @@ func main() {
 		opts = append(opts, grpc.Creds(creds))
 	}
 	g := grpc.NewServer(opts...)
-	callbacks := serverv3.CallbackFuncs{StreamRequestFunc: s.record}
+	callbacks := serverv3.CallbackFuncs{StreamRequestFunc: s.record, StreamResponseFunc: s.recordResponse}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(context.Background(), s.cache, callbacks))
 
 	xl, err := net.Listen("tcp", *listen)
@@ -150,8 +153,11 @@ func loopback(addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
-func (s *server) record(_ int64, req *discoveryv3.DiscoveryRequest) error {
+// Each entry names its stream and when it was received or sent (Unix nanoseconds).
+func (s *server) record(stream int64, req *discoveryv3.DiscoveryRequest) error {
 	entry := map[string]any{
+		"stream":         stream,
+		"unix_nanos":     time.Now().UnixNano(),
 		"version_info":   req.GetVersionInfo(),
 		"response_nonce": req.GetResponseNonce(),
 		"type_url":       req.GetTypeUrl(),
@@ -166,6 +172,19 @@ func (s *server) record(_ int64, req *discoveryv3.DiscoveryRequest) error {
 	s.requests = append(s.requests, entry)
 	s.mu.Unlock()
 	return nil
+}
+
+func (s *server) recordResponse(_ context.Context, stream int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+	entry := map[string]any{
+		"stream":       stream,
+		"unix_nanos":   time.Now().UnixNano(),
+		"version_info": resp.GetVersionInfo(),
+		"nonce":        resp.GetNonce(),
+		"type_url":     resp.GetTypeUrl(),
+	}
+	s.mu.Lock()
+	s.responses = append(s.responses, entry)
+	s.mu.Unlock()
 }
 
 func (s *server) mux() *http.ServeMux {
@@ -196,6 +215,14 @@ func (s *server) mux() *http.ServeMux {
 		defer s.mu.Unlock()
 		enc := json.NewEncoder(w)
 		for _, r := range s.requests {
+			_ = enc.Encode(r)
+		}
+	})
+	m.HandleFunc("GET /responses", func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		enc := json.NewEncoder(w)
+		for _, r := range s.responses {
 			_ = enc.Encode(r)
 		}
 	})
