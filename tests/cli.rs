@@ -246,7 +246,10 @@ fn flag_reference() -> String {
                 .iter()
                 .map(|d| format!("`{}`", d.to_string_lossy()))
                 .collect();
-            let default = if !takes_value || arg.get_default_values().is_empty() {
+            let default = if !takes_value
+                || arg.get_default_values().is_empty()
+                || arg.is_hide_default_value_set()
+            {
                 String::new()
             } else {
                 defaults.join(", ")

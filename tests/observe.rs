@@ -149,6 +149,37 @@ async fn metrics_export_every_family_of_the_spec() {
     .await;
 }
 
+/// Every family `/metrics` exports is named in docs/observability.md, the page
+/// operators read to know what a series means: a family added (or renamed) without
+/// its line there fails here. The process families are named there too.
+#[tokio::test]
+async fn every_exported_family_is_in_the_observability_page() {
+    let server = Server::start(POLICY, &[]);
+    assert_eq!(hammer(&server, "6.6.6.6", 4).await, 2);
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/observability.md"),
+    )
+    .unwrap();
+    let text = metrics(&server);
+    let missing: Vec<String> = exported_names(&text)
+        .into_iter()
+        .map(|n| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(&n);
+            family.to_string()
+        })
+        .filter(|family| {
+            !page.contains(&format!("`{family}`")) && !page.contains(&format!("`{family}{{"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "exported but not in docs/observability.md: {missing:?}"
+    );
+}
+
 #[tokio::test]
 async fn banned_keys_are_denied_with_the_ban_as_retry_after() {
     let server = Server::start(POLICY, &["--response-headers", "draft03"]);

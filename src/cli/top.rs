@@ -27,8 +27,8 @@ const WINDOW_SECS: f64 = 60.0;
 pub struct TopArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
-    /// Only this domain.
-    #[arg(long, default_value = "")]
+    /// Only this domain (default: every domain).
+    #[arg(long, default_value = "", hide_default_value = true)]
     pub domain: String,
     /// Time between updates.
     #[arg(long, default_value = "1s", value_parser = crate::config::parse_duration)]

@@ -94,6 +94,22 @@ impl<S: Store> Limiter<S> {
             };
             self.settle(&mut outcome, &order, &hits, peeked, failure_mode);
         }
+        // The state shown is the nearest limit's (`answered_by`, a further limit of
+        // a `rate_limits` list): so is the counter key, `...|~86400s`, not the first
+        // limit's.
+        for (i, detail) in details.iter_mut().enumerate() {
+            let status = &outcome.statuses[i];
+            let (Some(by), Some(own)) = (status.answered_by, status.rule) else {
+                continue;
+            };
+            let Some(k) = policy.rule(own).also.iter().position(|&id| id == by) else {
+                continue;
+            };
+            let nearest = order.iter().zip(&hits).filter(|(&j, _)| j == i).nth(k + 1);
+            if let Some((_, hit)) = nearest {
+                detail.counter_key = Some(hit.key.clone());
+            }
+        }
         for (n, &i) in order.iter().enumerate() {
             if n > 0 && order[n - 1] == i {
                 continue;
@@ -205,6 +221,36 @@ mod tests {
         let e = agree(&[&[("nothing", "here")]]).await;
         let t = e.descriptors[0].trace.as_ref().unwrap();
         assert_eq!(t.result, Err(NoMatch::Key(0)));
+    }
+
+    /// A `rate_limits` list answered by a further limit: the counter key shown is
+    /// that limit's (its window after the key), the one whose state is shown.
+    #[tokio::test]
+    async fn a_list_shows_the_counter_of_the_limit_it_describes() {
+        let clock = ManualClock::new(1_000 * SECOND);
+        let limiter = test_limiter(
+            "domain: api\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 10}\n      - {unit: day, requests_per_unit: 2}\n",
+            &clock,
+            Settings::default(),
+        );
+        let d = [Descriptor::new(&[("k", "a")][..], 1)];
+        let e = limiter.explain("api", &d).await;
+        // Fresh: the per-second limit is the first; 9 left of 10 against 1 of 2, so
+        // the daily one is nearest already.
+        assert!(e.outcome.statuses[0].answered_by.is_some());
+        assert_eq!(
+            e.descriptors[0].counter_key.as_deref(),
+            Some("api|k=a|~86400s")
+        );
+        limiter.decide("api", &d).await;
+        limiter.decide("api", &d).await;
+        let e = limiter.explain("api", &d).await;
+        assert!(e.outcome.over_limit);
+        assert_eq!(e.outcome.statuses[0].verdict.unwrap().remaining, 0);
+        assert_eq!(
+            e.descriptors[0].counter_key.as_deref(),
+            Some("api|k=a|~86400s")
+        );
     }
 
     #[tokio::test]

@@ -10,7 +10,9 @@
 //! `algorithm`, and `descriptor`: envoyproxy/ratelimit's name of the limit (each level
 //! as `key_value`, or `key` alone, joined by `.`). `rule` alone does not name a limit:
 //! `path=/login` and `path=/search` are both rule `path`, with different limits. All
-//! of these come from the policy, never from requests.
+//! of these come from the policy, never from requests. The further limits of a
+//! `rate_limits` list have their window after the descriptor, as in their counter
+//! keys (`api_key|~86400s`).
 //!
 //! Set at each policy swap ([`Limits::set`]); the series of rules no longer loaded
 //! are removed, so a dashboard never shows a limit that is gone.
@@ -23,6 +25,7 @@ use prometheus::{GaugeVec, Registry};
 use super::{gauge_vec, registered};
 
 use crate::algorithm::SECOND;
+use crate::limiter::key::push_window;
 use crate::policy::Policy;
 
 /// (domain, rule, algorithm, descriptor).
@@ -58,22 +61,33 @@ impl Limits {
     /// Exports the limits of `policy` and removes the series of any other.
     pub fn set(&self, policy: &Policy) {
         let mut next = HashSet::new();
-        for (domain, rule) in policy.rules_by_domain() {
-            let Some(limit) = rule.limit else { continue };
-            let labels: Labels = [
-                domain.to_string(),
-                rule.path.clone(),
-                limit.algorithm.as_str().to_string(),
-                rule.stat_key.clone(),
-            ];
-            let refs = labels.each_ref().map(String::as_str);
-            self.requests
-                .with_label_values(&refs)
-                .set(limit.requests as f64);
-            self.window
-                .with_label_values(&refs)
-                .set(limit.window as f64 / SECOND as f64);
-            next.insert(labels);
+        for (domain, first) in policy.rules_by_domain() {
+            // A `rate_limits` list's further limits are rules of their own, which no
+            // tree reaches: each is exported too, its `descriptor` ending in its window
+            // as its counter key does (`api_key|~86400s`), so that two limits of one
+            // algorithm do not share a label set.
+            for id in std::iter::once(first.id).chain(first.also.iter().copied()) {
+                let rule = policy.rule(id);
+                let Some(limit) = rule.limit else { continue };
+                let mut descriptor = rule.stat_key.clone();
+                if id != first.id {
+                    push_window(&mut descriptor, rule);
+                }
+                let labels: Labels = [
+                    domain.to_string(),
+                    rule.path.clone(),
+                    limit.algorithm.as_str().to_string(),
+                    descriptor,
+                ];
+                let refs = labels.each_ref().map(String::as_str);
+                self.requests
+                    .with_label_values(&refs)
+                    .set(limit.requests as f64);
+                self.window
+                    .with_label_values(&refs)
+                    .set(limit.window as f64 / SECOND as f64);
+                next.insert(labels);
+            }
         }
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         for gone in current.difference(&next) {
@@ -145,5 +159,40 @@ descriptors:
         for gone in ["/search", "fixed_window", "edge"] {
             assert!(!text.contains(gone), "{gone} in\n{text}");
         }
+    }
+
+    /// Every limit of a `rate_limits` list is a series: "10 per second and 10,000
+    /// per day" shows both, the further one named by its window, so that two limits
+    /// of one algorithm are two series rather than one overwriting the other.
+    #[test]
+    fn every_limit_of_a_list_is_exported() {
+        let registry = Registry::new();
+        let limits = Limits::new(&registry);
+        limits.set(&policy(
+            r#"
+domain: api
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: day, requests_per_unit: 10000}
+      - {window: calendar_month, time_zone: Europe/Berlin, requests_per_unit: 1000000}
+"#,
+        ));
+        let text = render(&registry);
+        for line in [
+            r#"sluice_limit{algorithm="sliding_window_counter",descriptor="api_key",domain="api",rule="api_key"} 10"#,
+            r#"sluice_limit_window_seconds{algorithm="sliding_window_counter",descriptor="api_key",domain="api",rule="api_key"} 1"#,
+            r#"sluice_limit{algorithm="sliding_window_counter",descriptor="api_key|~86400s",domain="api",rule="api_key"} 10000"#,
+            r#"sluice_limit_window_seconds{algorithm="sliding_window_counter",descriptor="api_key|~86400s",domain="api",rule="api_key"} 86400"#,
+            r#"sluice_limit{algorithm="fixed_window",descriptor="api_key|~calendar_month@Europe/Berlin",domain="api",rule="api_key"} 1000000"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        // A policy without the list drops its further limits' series with the rest.
+        limits.set(&policy(
+            "domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 10}\n",
+        ));
+        assert!(!render(&registry).contains("|~"), "{}", render(&registry));
     }
 }
