@@ -285,11 +285,19 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
     let policy = admin.service.limiter.policy();
     let mut domains: Vec<_> = policy.domains.values().collect();
     domains.sort_by(|a, b| a.name.cmp(&b.name));
+    // Rule paths repeat across domains (each may have a `tenant`): name the domain.
+    let mut domain_of = vec![""; policy.rules.len()];
+    for (domain, first) in policy.rules_by_domain() {
+        for id in std::iter::once(first.id).chain(first.also.iter().copied()) {
+            domain_of[id] = domain;
+        }
+    }
     let rules: Vec<_> = policy
         .rules
         .iter()
         .map(|r| {
             json!({
+                "domain": domain_of[r.id],
                 "path": r.path,
                 "name": r.name,
                 "layer": r.layer.as_str(),

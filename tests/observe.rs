@@ -435,6 +435,15 @@ async fn debug_policies_shows_sources_rules_and_status() {
         .map(|r| r.as_str().unwrap())
         .collect();
     assert_eq!(rules, vec!["remote_address", "tenant", "free"]);
+    // Each rule of the top-level list names its domain: paths repeat across domains.
+    let tops: Vec<(&str, &str)> = p["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["domain"].as_str().unwrap(), r["path"].as_str().unwrap()))
+        .collect();
+    assert!(tops.contains(&("shop", "tenant")), "{tops:?}");
+    assert!(tops.iter().all(|(d, _)| *d == "shop"), "{tops:?}");
 }
 
 /// A refused edit shows: the file's documents serve their last good version, and
