@@ -758,3 +758,57 @@ async fn unblock_naming_nothing_says_what_it_takes() {
         err.message()
     );
 }
+
+/// A block's log line carries its key quoted and escaped: a key holding a newline
+/// (a value a client sent, copied from the top offenders) cannot start a forged
+/// line in the text log, nor can the counter an Unblock names.
+#[tokio::test]
+async fn a_blocked_key_cannot_forge_a_log_line() {
+    let server = Server::start(SIGNALS_POLICY, &[]);
+    let mut admin = server.admin_client().await;
+    // No `=` or `|`: a value holding one is shown hashed.
+    let forged = "ERROR sluice: forged line";
+    let put = admin
+        .block(pb::BlockRequest {
+            domain: "edge".into(),
+            entries: vec![pb::request_descriptor::Entry {
+                key: "user".into(),
+                value: format!("mallory\n{forged}\r"),
+            }],
+            for_micros: 0,
+        })
+        .await
+        .expect("Block")
+        .into_inner();
+    let lifted = admin
+        .unblock(pb::UnblockRequest {
+            counter: put.counter.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("Unblock")
+        .into_inner();
+    assert!(lifted.lifted);
+    let lines = server.lines_until_reload().await;
+    let blocked: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("blocked by an operator"))
+        .collect();
+    assert_eq!(blocked.len(), 1, "{lines:#?}");
+    assert!(
+        blocked[0].contains(r#"key="mallory\nERROR sluice: forged line\r""#),
+        "{blocked:?}"
+    );
+    let lifted: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("sentence lifted by an operator"))
+        .collect();
+    assert_eq!(lifted.len(), 1, "{lines:#?}");
+    assert!(lifted[0].contains(r"\nERROR sluice: forged"), "{lifted:?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with(forged) || l.contains('\r')),
+        "{lines:#?}"
+    );
+}

@@ -291,3 +291,65 @@ fn sluice_top_works_over_mutual_tls() {
     tmux.wait_for_all("the view over mTLS", &["live", "acme"]);
     tmux.keys(&["q"]);
 }
+
+/// Keys clients chose reach the operator's terminal escaped: what `sluice top`
+/// writes (read raw from the pane, before the terminal interprets it) holds no
+/// escape sequence of theirs, no BEL and no line separator, and the screen shows
+/// each key as itself, not as the key it would pose as once its controls dropped.
+#[test]
+fn sluice_top_writes_clients_keys_escaped() {
+    let Some(tmux) = Tmux::new("hostile") else {
+        return;
+    };
+    let server = Server::start(POLICY, &[]);
+    let hostile = [
+        "bob\rcarol",
+        "\u{1b}]52;c;cHduZWQ\u{7}",
+        "\u{1b}]0;title\u{7}\u{1b}[2J",
+        "line\u{2028}sep",
+        "adm\u{200b}in",
+    ];
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let mut rls = server.client().await;
+            for value in hostile {
+                // The tenant rule allows 5 a minute: the sixth is denied.
+                for _ in 0..6 {
+                    call(&mut rls, request("api", vec![desc(&[("tenant", value)])])).await;
+                }
+            }
+        });
+    let raw = tempfile::NamedTempFile::new().expect("temp file");
+    start_top(&tmux, &["--server", &server.admin]);
+    let out = tmux.run(&[
+        "pipe-pane",
+        "-t",
+        "top",
+        &format!("cat >> {}", raw.path().display()),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    tmux.wait_for_all(
+        "the hostile keys, escaped",
+        &[
+            r"bob\rcarol",
+            r"\u{1b}]52;c;cHduZWQ\u{7}",
+            r"\u{1b}]0;title\u{7}\u{1b}[2J",
+            r"line\u{2028}sep",
+            r"adm\u{200b}in",
+        ],
+    );
+    tmux.keys(&["q"]);
+    let written = std::fs::read(raw.path()).expect("the pane's bytes");
+    let text = String::from_utf8_lossy(&written);
+    assert!(text.contains(r"bob\rcarol"), "{text:?}");
+    for (what, bad) in [
+        ("an OSC sequence", "\u{1b}]"),
+        ("a BEL", "\u{7}"),
+        ("a line separator", "\u{2028}"),
+        ("a zero-width space", "\u{200b}"),
+        ("the client's clear screen", "\u{1b}[2J\u{1b}[H"),
+    ] {
+        assert!(!text.contains(bad), "{what} written: {text:?}");
+    }
+}

@@ -10,6 +10,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::connect::{connect, ConnectArgs, ConnectError};
+use super::printable;
 use crate::admin::pb;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, Settings};
@@ -172,30 +173,47 @@ fn span(us: u64) -> String {
 pub fn text(e: &pb::Explanation) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "domain {}: {}", e.domain, code_name(e.overall_code));
+    // Entries, counter keys and reasons carry values clients chose: escaped.
+    let _ = writeln!(
+        out,
+        "domain {}: {}",
+        printable(&e.domain),
+        code_name(e.overall_code)
+    );
     if !e.store_error.is_empty() {
-        let _ = writeln!(out, "store: {}", e.store_error);
+        let _ = writeln!(out, "store: {}", printable(&e.store_error));
     }
     for (i, d) in e.descriptors.iter().enumerate() {
-        let _ = writeln!(out, "descriptor {}: {}", i + 1, d.entries.join(" "));
+        let entries: Vec<_> = d.entries.iter().map(|e| printable(e)).collect();
+        let _ = writeln!(out, "descriptor {}: {}", i + 1, entries.join(" "));
         if !d.levels.is_empty() {
             let levels: Vec<String> = d
                 .levels
                 .iter()
                 .map(|l| match pb::MatchKind::try_from(l.kind) {
                     Ok(pb::MatchKind::Wildcard) => {
-                        format!("{}={} (wildcard {})", l.key, l.value, l.pattern)
+                        format!(
+                            "{}={} (wildcard {})",
+                            printable(&l.key),
+                            printable(&l.value),
+                            printable(&l.pattern)
+                        )
                     }
-                    _ => format!("{}={} ({})", l.key, l.value, kind_name(l.kind)),
+                    _ => format!(
+                        "{}={} ({})",
+                        printable(&l.key),
+                        printable(&l.value),
+                        kind_name(l.kind)
+                    ),
                 })
                 .collect();
             let _ = writeln!(out, "  matched:  {}", levels.join(" > "));
         }
         if !d.no_match.is_empty() {
-            let _ = writeln!(out, "  no match: {}", d.no_match);
+            let _ = writeln!(out, "  no match: {}", printable(&d.no_match));
         }
         if !d.replaced_by.is_empty() {
-            let _ = writeln!(out, "  replaced: {}", d.replaced_by);
+            let _ = writeln!(out, "  replaced: {}", printable(&d.replaced_by));
         }
         if let Some(r) = &d.rule {
             let mut rule = format!("{} ({} layer)", r.path, r.layer);
@@ -232,7 +250,7 @@ pub fn text(e: &pb::Explanation) -> String {
             let _ = writeln!(out, "  nearest:  {nearest} (the state below is its)");
         }
         if !d.counter_key.is_empty() {
-            let _ = writeln!(out, "  counter:  {}", d.counter_key);
+            let _ = writeln!(out, "  counter:  {}", printable(&d.counter_key));
         }
         if d.local {
             let _ = writeln!(
@@ -277,10 +295,15 @@ pub fn text(e: &pb::Explanation) -> String {
             }
             let _ = writeln!(out, "  state:    {state}");
         }
-        let _ = writeln!(out, "  answer:   {} ({})", code_name(d.code), d.reason);
+        let _ = writeln!(
+            out,
+            "  answer:   {} ({})",
+            code_name(d.code),
+            printable(&d.reason)
+        );
     }
     for h in &e.response_headers {
-        let _ = writeln!(out, "header {}: {}", h.key, h.value);
+        let _ = writeln!(out, "header {}: {}", printable(&h.key), printable(&h.value));
     }
     out
 }
@@ -422,6 +445,41 @@ mod tests {
         for words in [&["a=1", "+"][..], &["+", "a=1"], &["a=1", "+", "+", "b=2"]] {
             let e = entries(words).expect_err("refused");
             assert!(e.to_string().contains("has no entries"), "{words:?}: {e}");
+        }
+    }
+
+    /// Values a client chose (the operator pastes them, the server echoes them in
+    /// the counter key and the levels) print escaped: they cannot clear the
+    /// screen, set the title or break the explanation into forged lines.
+    #[test]
+    fn values_print_escaped_one_line_a_field() {
+        let e = pb::Explanation {
+            domain: "h".into(),
+            descriptors: vec![pb::DescriptorExplanation {
+                entries: vec!["user=bob\rcarol\nanswer:   OK".into()],
+                levels: vec![pb::LevelMatch {
+                    key: "user".into(),
+                    value: "\u{1b}]0;title\u{7}\u{202e}".into(),
+                    kind: pb::MatchKind::KeyOnly as i32,
+                    ..Default::default()
+                }],
+                counter_key: "h|user=\u{1b}[2J\u{1b}[H".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let out = text(&e);
+        assert_eq!(out.lines().count(), 5, "{out}");
+        assert!(
+            !out.contains(|c: char| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{out:?}"
+        );
+        for shown in [
+            "descriptor 1: user=bob\\rcarol\\nanswer:   OK",
+            "user=\\u{1b}]0;title\\u{7}\\u{202e}",
+            "counter:  h|user=\\u{1b}[2J\\u{1b}[H",
+        ] {
+            assert!(out.contains(shown), "{shown:?} in\n{out}");
         }
     }
 

@@ -17,6 +17,7 @@ use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
 use super::connect::{chain, connect, ConnectArgs, ConnectError};
+use super::printable;
 use crate::admin::pb;
 
 /// The window the offenders' counts cover (WatchOffenders' 60 s).
@@ -116,7 +117,7 @@ impl View {
             .filter(|r| {
                 f.is_empty()
                     || format!("{}/{}", r.domain, r.rule).contains(f)
-                    || r.offenders.iter().any(|o| o.key.contains(f))
+                    || r.offenders.iter().any(|o| shows(&o.key, f))
             })
             .collect();
         let name = |r: &&pb::RuleTop| (r.domain.clone(), r.rule.clone());
@@ -144,7 +145,7 @@ impl View {
             .iter()
             .flat_map(|s| &s.bans)
             .filter(|b| {
-                f.is_empty() || format!("{}/{}", b.domain, b.rule).contains(f) || b.key.contains(f)
+                f.is_empty() || format!("{}/{}", b.domain, b.rule).contains(f) || shows(&b.key, f)
             })
             .collect()
     }
@@ -202,7 +203,7 @@ impl View {
         ])
         .areas(frame.area());
         let state = match (&self.problem, &self.snapshot) {
-            (Some(p), _) => p.clone(),
+            (Some(p), _) => printable(p).into_owned(),
             (None, None) => "waiting for the first snapshot".to_string(),
             (None, Some(_)) => "live".to_string(),
         };
@@ -226,13 +227,13 @@ impl View {
         let rows = rules.iter().map(|r| {
             let top = r.offenders.first().map(|o| o.key.as_str()).unwrap_or("");
             Row::new(vec![
-                r.domain.clone(),
-                r.rule.clone(),
+                printable(&r.domain).into_owned(),
+                printable(&r.rule).into_owned(),
                 format!("{:.1}", r.decided as f64 / WINDOW_SECS),
                 format!("{:.1}", r.denied as f64 / WINDOW_SECS),
                 format!("{:.1}%", r.deny_ratio * 100.0),
                 format!("{:.1}", r.spent as f64 / WINDOW_SECS),
-                top.to_string(),
+                printable(top).into_owned(),
             ])
         });
         let mut table_state = TableState::default().with_selected(Some(selected));
@@ -275,14 +276,18 @@ impl View {
                 lines.push(Line::from(format!(
                     "{:>2}. {}  {} denied",
                     i + 1,
-                    o.key,
+                    printable(&o.key),
                     o.denials
                 )));
             }
         }
         let inner = usize::from(detail.height.saturating_sub(2));
         let mut title = rules.get(selected).map_or("top keys".to_string(), |r| {
-            format!("top keys of {}/{}", r.domain, r.rule)
+            format!(
+                "top keys of {}/{}",
+                printable(&r.domain),
+                printable(&r.rule)
+            )
         });
         push_shown(&mut title, inner, lines.len());
         frame.render_widget(
@@ -295,10 +300,10 @@ impl View {
             .map(|b| {
                 Line::from(format!(
                     "{} {}/{} {}  {}s left",
-                    b.kind,
-                    b.domain,
-                    b.rule,
-                    b.key,
+                    printable(&b.kind),
+                    printable(&b.domain),
+                    printable(&b.rule),
+                    printable(&b.key),
                     b.remaining_micros.div_ceil(1_000_000)
                 ))
             })
@@ -319,6 +324,13 @@ impl View {
         };
         frame.render_widget(Paragraph::new(help_text), help);
     }
+}
+
+/// Whether `key` holds the filter `f`, as sent or as the screen shows it
+/// ([`printable`]): a key the screen shows as `bob\rcarol` is found by what the
+/// operator reads.
+fn shows(key: &str, f: &str) -> bool {
+    key.contains(f) || printable(key).contains(f)
 }
 
 /// How the screen's rows are shared: the head line, the rules table, the panes of
@@ -615,6 +627,66 @@ mod tests {
         let all = drawn(&v, 100, 9).join("\n");
         assert!(all.contains("top keys of api/r7 (1 of 10)"), "{all}");
         assert!(!all.contains("too small"), "{all}");
+    }
+
+    /// Keys clients chose show escaped, each as itself: a newline or carriage
+    /// return neither hides the rest of the key nor joins it to pose as another, a
+    /// bidirectional override does not reach the terminal to reorder the line, an
+    /// invisible character does not make two keys look alike. The filter finds a
+    /// key by what the screen shows.
+    #[test]
+    fn keys_clients_chose_show_escaped_each_as_itself() {
+        let hostile = [
+            "alice\nforged",
+            "bob\rcarol",
+            "user\u{202e}gnp.exe",
+            "adm\u{200b}in",
+            "\u{1b}]52;c;aGk=\u{7}",
+        ];
+        let mut v = View::new("s".into());
+        let mut r = rule("user", 100, 50, hostile[0]);
+        r.offenders = hostile
+            .iter()
+            .map(|k| pb::Offender {
+                key: k.to_string(),
+                denials: 10,
+            })
+            .collect();
+        v.snapshot = Some(pb::TopSnapshot {
+            rules: vec![r],
+            bans: vec![pb::Ban {
+                kind: "ban".into(),
+                domain: "api".into(),
+                rule: "user".into(),
+                key: "bob\rcarol".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let screen = drawn(&v, 160, 30).join("\n");
+        for shown in [
+            "alice\\nforged  10 denied",
+            "bob\\rcarol  10 denied",
+            "user\\u{202e}gnp.exe",
+            "adm\\u{200b}in",
+            "\\u{1b}]52;c;aGk=\\u{7}",
+            "ban api/user bob\\rcarol",
+        ] {
+            assert!(screen.contains(shown), "{shown:?} in\n{screen}");
+        }
+        assert!(!screen.contains("bobcarol"), "{screen}");
+        assert!(!screen.contains("admin"), "{screen}");
+        assert!(
+            !screen.contains(|c: char| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{screen:?}"
+        );
+        v.key(KeyCode::Char('/'), KeyModifiers::NONE);
+        for c in "bob\\rcarol".chars() {
+            v.key(KeyCode::Char(c), KeyModifiers::NONE);
+        }
+        v.key(KeyCode::Enter, KeyModifiers::NONE);
+        assert_eq!(v.rules().len(), 1);
+        assert_eq!(v.bans().len(), 1);
     }
 
     /// The filter narrows the bans and blocks panel as it narrows the rules.

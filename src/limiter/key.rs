@@ -310,6 +310,84 @@ mod tests {
         assert!(forged.starts_with("edge|route=#"), "{forged}");
     }
 
+    /// Distinct requests never share a counter: over values and request keys with
+    /// separators, newlines, `#`, hash look-alikes (each value's own hash among
+    /// them) and lengths either side of [`MAX_RAW_VALUE`], a rule's counter keys
+    /// and override keys are one-to-one, with every value raw or hashed.
+    #[test]
+    fn distinct_values_and_override_entries_never_share_a_counter() {
+        use proptest::prelude::*;
+        use std::collections::HashMap;
+        // Mostly short strings of separators, so that pairs posing as each other
+        // (`a`, `=b` and `a=`, `b`) turn up in one batch.
+        let text = || {
+            prop_oneof![
+                6 => "[a|=]{0,3}",
+                1 => "[#\n.~]{0,2}",
+                1 => "[ab]{63,66}",
+                1 => "#[0-9a-f]{32}",
+            ]
+        };
+        let units = [Unit::Second, Unit::Minute, Unit::Year];
+        let mut runner = proptest::test_runner::TestRunner::default();
+        let batch = proptest::collection::vec(
+            (
+                proptest::collection::vec((text(), text()), 1..3),
+                0..units.len(),
+            ),
+            1..48,
+        );
+        runner
+            .run(&batch, |batch| {
+                for hashing in [long_only(), every_value()] {
+                    // Each value's own hash, posing as a raw value.
+                    let mut requests = batch.clone();
+                    for (entries, unit) in &batch {
+                        let mut hashed = entries.clone();
+                        for (k, v) in &mut hashed {
+                            let mut h = String::new();
+                            hashing.hash.push_hex(&mut h, v.as_bytes());
+                            *v = h;
+                            h = String::new();
+                            hashing.hash.push_hex(&mut h, k.as_bytes());
+                            *k = h;
+                        }
+                        requests.push((hashed, *unit));
+                    }
+                    let mut rule_keys: HashMap<String, Vec<String>> = HashMap::new();
+                    let mut override_keys: HashMap<String, (Vec<(String, String)>, usize)> =
+                        HashMap::new();
+                    let mut k = String::new();
+                    for (entries, unit) in requests {
+                        // A rule's levels: the entries' keys are the rule's.
+                        let values: Vec<String> = entries.iter().map(|e| e.1.clone()).collect();
+                        let as_rule: Vec<(&str, &str)> = values
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| (["k0", "k1", "k2"][i], v.as_str()))
+                            .collect();
+                        counter_key(
+                            "d",
+                            &rule(vec![None; as_rule.len()]),
+                            &as_rule,
+                            &hashing,
+                            &mut k,
+                        );
+                        if let Some(other) = rule_keys.insert(k.clone(), values.clone()) {
+                            prop_assert_eq!(&other, &values, "one counter: {}", k);
+                        }
+                        override_key("d", &entries, units[unit], &hashing, &mut k);
+                        let this = (entries, unit);
+                        if let Some(other) = override_keys.insert(k.clone(), this.clone()) {
+                            prop_assert_eq!(&other, &this, "one counter: {}", k);
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
     #[test]
     fn key_names_domain_keys_and_values() {
         let mut k = String::new();
