@@ -10,12 +10,12 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::connect::{connect, ConnectArgs, ConnectError};
-use super::printable;
 use crate::admin::pb;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, Settings};
 use crate::service::{HeaderStyle, Service};
 use crate::store::MemoryStore;
+use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
 /// `sluice explain` settings.

@@ -17,8 +17,8 @@ use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
 use super::connect::{chain, connect, ConnectArgs, ConnectError};
-use super::printable;
 use crate::admin::pb;
+use crate::telemetry::printable::printable;
 
 /// The window the offenders' counts cover (WatchOffenders' 60 s).
 const WINDOW_SECS: f64 = 60.0;

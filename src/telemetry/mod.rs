@@ -64,6 +64,7 @@ pub mod exemplar;
 pub mod limits;
 pub mod local;
 pub mod peak;
+pub mod printable;
 pub mod ratio;
 pub mod rlqs;
 pub mod signals;

@@ -1,6 +1,7 @@
 //! The scrape: gauges computed at scrape time, the striped families and the text
 //! exposition.
 
+use super::printable::printable;
 use super::*;
 
 /// Where a rule's windowed maximum of one gauge is, if it has one.
@@ -228,9 +229,12 @@ impl Metrics {
             }
             for (rank, (key, denials)) in t.top.iter().enumerate() {
                 let rank = (rank + 1).to_string();
+                // Clients chose the key: `curl /metrics` on a terminal must not run
+                // the escape sequences it may hold.
+                let key = printable(key);
                 self.denials
                     .top_offenders
-                    .with_label_values(&[&t.domain, &t.rule, key, &rank])
+                    .with_label_values(&[t.domain.as_str(), &t.rule, &key, &rank])
                     .set(*denials as i64);
             }
         }

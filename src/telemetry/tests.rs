@@ -74,6 +74,26 @@ async fn ratio_top_offenders_and_bans_are_exported() {
     assert!(m.top_offenders().is_empty());
 }
 
+/// A key a client chose shows in `sluice_top_offenders` with its control
+/// characters escaped: `curl /metrics` on a terminal does not set its title or
+/// write its clipboard. `/debug/top` keeps the key as it is.
+#[tokio::test]
+async fn top_offenders_label_escapes_what_a_terminal_would_run() {
+    let clock = ManualClock::new(T0);
+    let (l, m) = setup(&clock, false);
+    let key = "x\u{1b}]0;title\u{7}";
+    for _ in 0..4 {
+        ask(&l, &m, key).await;
+    }
+    let text = m.render();
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(
+        text.contains(r#"key="x\\u{1b}]0;title\\u{7}",rank="1""#),
+        "{text}"
+    );
+    assert_eq!(m.top_offenders()[0].top[0].0, key);
+}
+
 #[tokio::test]
 async fn shed_and_near_limit_are_counted_per_rule() {
     let policy = "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, shed: {from: 0.5}}\n";
