@@ -354,3 +354,197 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
         assert_eq!(resp.overall_code, 1, "{resp:?}");
     }
 }
+
+/// A FIFO at `path`'s side, to be renamed over a policy file: sluice's next read
+/// of that file blocks on it until [`feed`] writes it, so a test chooses exactly
+/// what a poll reads and when.
+fn fifo_beside(path: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let fifo = path.with_file_name(name);
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    fifo
+}
+
+/// Waits (up to 10 s) until sluice has the FIFO at `fifo` open to read, runs
+/// `meanwhile` (the rest of an update, which that read will not see), then has the
+/// read return `text`.
+async fn feed(fifo: &std::path::Path, text: &str, meanwhile: impl FnOnce()) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // Opening a FIFO to write without blocking fails until a reader has it open.
+    let mut writer = loop {
+        let open = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo);
+        match open {
+            Ok(f) => break f,
+            Err(_) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "sluice never read {}",
+                    fifo.display()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    meanwhile();
+    writer.write_all(text.as_bytes()).unwrap();
+}
+
+/// An edit written in place (truncated, then written, perhaps in pieces) that a
+/// poll reads half way is neither refused nor served: the empty file used to be
+/// refused (logged as an error, counted, and `SluicePolicyReloadRefused` firing for
+/// ten minutes over an edit that was fine), and a file cut mid-number
+/// (`requests_per_unit: 1000` read as `10`) used to serve until the next poll.
+#[tokio::test]
+async fn an_edit_read_half_written_is_neither_refused_nor_served() {
+    let server = Server::start(&policy(5), &[]);
+    let path = server.policy_path();
+    let full = "domain: cm\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1000\n";
+    let cut = &full[..full.len() - 3];
+    let (empty, half) = (
+        fifo_beside(&path, "empty.fifo"),
+        fifo_beside(&path, "half.fifo"),
+    );
+    std::fs::rename(&empty, &path).unwrap();
+    // The first read finds the file truncated; the next one, half written; the
+    // ones after, whole.
+    feed(&path, "", || std::fs::rename(&half, &path).unwrap()).await;
+    feed(&path, cut, || write_atomic(&path, full)).await;
+    served_limit(
+        &server,
+        Duration::from_secs(5),
+        "the whole edit serves",
+        1000,
+    )
+    .await;
+
+    let reloads = |result| {
+        server.metric(
+            "sluice_policy_reloads_total",
+            &[("source", "file"), ("result", result)],
+        )
+    };
+    assert_eq!(
+        reloads("ok"),
+        Some(2.0),
+        "the start's load and the whole edit's, none for the half-written one"
+    );
+    assert_eq!(
+        reloads("error"),
+        Some(0.0),
+        "a half-written file was refused"
+    );
+    let refused = server.metric("sluice_policy_refused", &[("source", "file")]);
+    assert_eq!(refused, Some(0.0));
+    let logged = server.drain_lines();
+    assert!(
+        !logged.iter().any(|l| l.contains("policy refused")),
+        "{logged:#?}"
+    );
+}
+
+/// A ConfigMap update that drops a key, read between kubelet's swap of `..data`
+/// and its removal of the dropped key's link (which dangles meanwhile), is not
+/// refused: it used to be, as a file that cannot be read.
+#[tokio::test]
+async fn a_configmap_update_read_mid_swap_is_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // Read first: a file sluice's poll blocks on while the test swaps the mount.
+    let other = "domain: other\ndescriptors:\n  - key: o\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let first = dir.path().join("first.yaml");
+    std::fs::write(&first, other).unwrap();
+    // The mount as kubelet makes it: links through `..data` to a dated directory.
+    let mount = dir.path().join("mount");
+    let v1 = mount.join("..2026_01_01_00_00_00.000000001");
+    std::fs::create_dir_all(&v1).unwrap();
+    std::fs::write(v1.join("a.yaml"), policy(5)).unwrap();
+    std::fs::write(v1.join("b.yaml"), other.replace("other", "dropped")).unwrap();
+    symlink(v1.file_name().unwrap(), mount.join("..data")).unwrap();
+    symlink("..data/a.yaml", mount.join("a.yaml")).unwrap();
+    symlink("..data/b.yaml", mount.join("b.yaml")).unwrap();
+    let server = Server::start_with(dir, &[first.clone(), mount.clone()], &[]);
+    served_limit(&server, Duration::from_secs(5), "the mount serves", 5).await;
+
+    let (fifo, next) = (
+        fifo_beside(&first, "first.fifo"),
+        fifo_beside(&first, "next.fifo"),
+    );
+    std::fs::rename(&fifo, &first).unwrap();
+    // kubelet's update, `b.yaml` dropped: the new dated directory and a link to it
+    // renamed over `..data`, made while a poll waits on `first.yaml`, which then
+    // lists the mount with `b.yaml` dangling.
+    let v2 = mount.join("..2026_01_01_00_01_00.000000002");
+    feed(&first, other, || {
+        std::fs::create_dir(&v2).unwrap();
+        std::fs::write(v2.join("a.yaml"), policy(50)).unwrap();
+        symlink(v2.file_name().unwrap(), mount.join("..data_tmp")).unwrap();
+        std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+        std::fs::rename(&next, &first).unwrap();
+    })
+    .await;
+    // The next poll waits on `first.yaml` again, so that one has listed the mount:
+    // kubelet now removes the dropped key's link and the old directory.
+    feed(&first, other, || {
+        std::fs::remove_file(mount.join("b.yaml")).unwrap();
+        std::fs::remove_dir_all(&v1).unwrap();
+        write_atomic(&first, other);
+    })
+    .await;
+    served_limit(&server, Duration::from_secs(5), "the update serves", 50).await;
+    let refused = server.metric(
+        "sluice_policy_reloads_total",
+        &[("source", "file"), ("result", "error")],
+    );
+    assert_eq!(refused, Some(0.0), "{:#?}", server.drain_lines());
+}
+
+/// A policy directory made unreadable (`chmod 000`) is refused with the reason,
+/// not as a directory that holds no policy file (which it does), and the last good
+/// policy serves on; readable again, the refusal is over, and the log says so.
+#[tokio::test]
+async fn a_directory_made_unreadable_is_refused_with_the_reason() {
+    use std::fs::Permissions;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(policies.join("policy.yaml"), policy(5)).unwrap();
+    let mut cmd = Server::command(std::slice::from_ref(&policies), &[], &[]);
+    // Root reads whatever the mode says: sluice runs as nobody then.
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    if unsafe { libc::geteuid() } == 0 {
+        std::fs::set_permissions(dir.path(), Permissions::from_mode(0o755)).unwrap();
+        cmd.uid(65534).gid(65534);
+    }
+    let server = Server::spawn(cmd, dir);
+    served_limit(&server, Duration::from_secs(5), "the policy serves", 5).await;
+
+    std::fs::set_permissions(&policies, Permissions::from_mode(0o000)).unwrap();
+    let lines = server
+        .wait_line(Duration::from_secs(10), "the refusal", |l| {
+            l.contains("policy refused")
+        })
+        .await;
+    let refusal = lines.last().unwrap();
+    assert!(refusal.contains("Permission denied"), "{refusal}");
+    assert!(
+        !lines.iter().any(|l| l.contains("holds no policy file")),
+        "{lines:#?}"
+    );
+    served_limit(&server, Duration::from_secs(1), "the last good policy", 5).await;
+
+    std::fs::set_permissions(&policies, Permissions::from_mode(0o755)).unwrap();
+    server
+        .wait_line(Duration::from_secs(10), "the refusal over", |l| {
+            l.contains("back to the policy serving")
+        })
+        .await;
+    let refused = server.metric("sluice_policy_refused", &[("source", "file")]);
+    assert_eq!(refused, Some(0.0));
+}

@@ -104,6 +104,12 @@ impl Snapshot {
         &self.notes
     }
 
+    /// Why `path` (one of the paths read, as displayed) could not be listed, if it
+    /// could not: missing, or not readable.
+    pub fn listing_error(&self, path: &str) -> Option<&PolicyError> {
+        self.errors.iter().find(|e| e.file == path)
+    }
+
     /// Whether the paths stood for no file at all (empty directories, or only
     /// files that are not policies).
     pub fn has_no_file(&self) -> bool {
@@ -218,9 +224,11 @@ impl Listing {
         }
         let mut found = Vec::new();
         let mut skipped = Vec::new();
-        self.walk(path, dir_files, &mut found, &mut skipped);
+        let listed = self.walk(path, dir_files, &mut found, &mut skipped);
         found.sort();
-        if found.is_empty() {
+        // A directory that could not be listed has its error, not this note: it
+        // may well hold policy files.
+        if found.is_empty() && listed {
             self.notes.push(format!("{source} holds no policy file"));
         }
         if !skipped.is_empty() {
@@ -237,20 +245,21 @@ impl Listing {
     }
 
     /// Adds `dir`'s files to `found` (and with [`DirFiles::All`] those of its
-    /// subdirectories), and what it does not read to `skipped`.
+    /// subdirectories), and what it does not read to `skipped`; false when `dir`
+    /// itself could not be listed.
     fn walk(
         &mut self,
         dir: &Path,
         dir_files: DirFiles,
         found: &mut Vec<PathBuf>,
         skipped: &mut Vec<PathBuf>,
-    ) {
+    ) -> bool {
         let source = dir.display().to_string();
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) => {
                 self.not_listed(&source, &e);
-                return;
+                return false;
             }
         };
         for entry in entries {
@@ -278,12 +287,13 @@ impl Listing {
             match dir_files {
                 DirFiles::All if meta.is_file() => found.push(file),
                 DirFiles::All if meta.is_dir() && !linked => {
-                    self.walk(&file, dir_files, found, skipped)
+                    self.walk(&file, dir_files, found, skipped);
                 }
                 DirFiles::Yaml if meta.is_file() && is_yaml(&file) => found.push(file),
                 DirFiles::Yaml | DirFiles::All => skipped.push(file),
             }
         }
+        true
     }
 
     /// Records that `source` could not be listed.

@@ -4,6 +4,13 @@
 //! including a mounted ConfigMap's, where Kubernetes swaps the `..data` symlink and no
 //! event fires on the file the user named. Policy files are small; reading them every
 //! half second costs nothing next to a missed update.
+//!
+//! A change is loaded, or refused, only once a second read a moment later
+//! ([`SETTLE`]) finds the same contents: a poll that lands mid-update (a file
+//! truncated and not yet written, half copied, deleted before its copy, or a
+//! ConfigMap's `..data` swapped before its stale links go) must neither serve the
+//! half-written policy (a `requests_per_unit: 1000` cut to `1`) nor report a refusal
+//! that pages an operator for an edit that loads a moment later.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +19,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::hub::Hub;
+
+/// How long after a read that found changed contents they are read again, to be
+/// loaded (or refused) only if they are the same; at most `--reload-interval`.
+pub const SETTLE: Duration = Duration::from_millis(100);
 use crate::policy::{DirFiles, PolicyError, Snapshot};
 use crate::telemetry::Metrics;
 
@@ -38,6 +49,9 @@ pub struct FileSource {
     /// Whether the last poll could not read the files for want of descriptors or
     /// memory (warned once, until a poll reads them again).
     starved: bool,
+    /// The fingerprint of changed files read once and not acted on yet: they are
+    /// loaded or refused when the next read ([`SETTLE`] later) finds them the same.
+    unsettled: Option<u64>,
 }
 
 impl FileSource {
@@ -62,6 +76,7 @@ impl FileSource {
             notes: Vec::new(),
             had_files: snapshot.paths_with_files(),
             starved: false,
+            unsettled: None,
         };
         source.warn(&snapshot);
         let (_compiled, docs) = snapshot.load()?;
@@ -95,15 +110,20 @@ impl FileSource {
         tokio::pin!(shutdown);
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A change read once is read again soon, not a whole (perhaps long)
+        // interval later.
+        let settle = self.interval.min(SETTLE);
         let Some(polls) = self.spawn_poller() else {
             return;
         };
+        let mut unsettled = false;
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tick.tick() => {}
                 // Without a sender (no signals here) the branch is off.
                 Ok(()) = rereads.changed() => {}
+                _ = tokio::time::sleep(settle), if unsettled => {}
             }
             let (done, polled) = tokio::sync::oneshot::channel();
             if polls.send(done).is_err() {
@@ -111,14 +131,18 @@ impl FileSource {
             }
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = polled => {}
+                polled = polled => unsettled = polled.unwrap_or(false),
             }
         }
     }
 
     /// Starts the thread that polls whenever asked, until the sender is dropped.
-    fn spawn_poller(mut self) -> Option<std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>> {
-        let (polls, asked) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+    /// Each poll answers whether it left a change to be read again
+    /// ([`FileSource::unsettled`]).
+    fn spawn_poller(
+        mut self,
+    ) -> Option<std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<bool>>> {
+        let (polls, asked) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<bool>>();
         let spawned = std::thread::Builder::new()
             .name("sluice-policy-files".into())
             .spawn(move || {
@@ -129,7 +153,7 @@ impl FileSource {
                             "checking the policy files failed; trying again at the next poll"
                         );
                     }
-                    let _ = done.send(());
+                    let _ = done.send(self.unsettled.is_some());
                 }
             });
         match spawned {
@@ -173,15 +197,26 @@ impl FileSource {
         self.warn(&snapshot);
         let seen = snapshot.fingerprint();
         if seen == self.loaded {
+            self.unsettled = None;
             if self.refused.take().is_some() {
+                tracing::info!(
+                    "policy files are back to the policy serving; nothing is refused any more"
+                );
                 self.hub.clear_refusal("file");
             }
             return false;
         }
         let xds = self.hub.xds_swapped();
         if self.refused == Some((seen, xds)) {
+            self.unsettled = None;
             return false;
         }
+        // Changed files are acted on only when read the same twice: the first read
+        // may have landed mid-update.
+        if self.unsettled.replace(seen) != Some(seen) {
+            return false;
+        }
+        self.unsettled = None;
         // Files that load alone may still clash with the xDS documents; the hub
         // refuses those as a whole.
         // A path that held policy files and now holds none is most likely mid-edit
@@ -189,13 +224,20 @@ impl FileSource {
         // limits, even those of `closed` domains.
         let emptied = self.emptied(&snapshot);
         let loaded = if !emptied.is_empty() {
+            // Said with the reason when there is one: a file deleted, a directory
+            // made unreadable.
             Err(emptied
                 .into_iter()
-                .map(|file| PolicyError {
-                    file,
-                    line: None,
-                    message: "no policy file any more; refused, as it would lift its limits"
-                        .to_string(),
+                .map(|file| {
+                    let why = match snapshot.listing_error(&file) {
+                        Some(e) => e.message.clone(),
+                        None => "no policy file any more".to_string(),
+                    };
+                    PolicyError {
+                        file,
+                        line: None,
+                        message: format!("{why}; refused, as it would lift its limits"),
+                    }
                 })
                 .collect())
         } else {
@@ -255,6 +297,13 @@ mod tests {
         )
         .expect("the files load");
         (files, hub)
+    }
+
+    /// Checks `files` twice, as a change is acted on only when two reads find it
+    /// the same: whether the second check swapped a new policy in.
+    fn settled(files: &mut FileSource) -> bool {
+        assert!(!files.check(), "a change read once is not acted on yet");
+        files.check()
     }
 
     /// Runs `files` on the current runtime until the returned sender is used or
@@ -348,7 +397,7 @@ mod tests {
             policy(2)
         );
         std::fs::write(&path, clash).unwrap();
-        assert!(!files.check(), "the clashing edit is refused");
+        assert!(!settled(&mut files), "the clashing edit is refused");
         assert!(!files.check(), "and refused once");
         assert_eq!(served(&hub), Some(1));
         assert_eq!(reloads(&metrics, "ok"), "1", "only the start-up load");
@@ -357,7 +406,7 @@ mod tests {
         // A new xDS version that still defines `x`: the next poll tries the edit
         // again, once, and it is refused again.
         hub.set_xds(xds("x")).unwrap();
-        assert!(!files.check());
+        assert!(!settled(&mut files));
         assert!(!files.check());
         assert_eq!(reloads(&metrics, "error"), "2");
 
@@ -365,8 +414,39 @@ mod tests {
         // poll does, since it fits now.
         hub.set_xds(xds("y")).unwrap();
         assert_eq!(served(&hub), Some(1), "the last good file keeps serving");
-        assert!(files.check(), "the refused edit is tried again");
+        assert!(settled(&mut files), "the refused edit is tried again");
         assert_eq!(served(&hub), Some(2));
+    }
+
+    /// A file read mid-write, empty or cut short, is neither refused nor served:
+    /// only the contents two reads find the same are loaded.
+    #[test]
+    fn a_file_read_mid_write_is_neither_refused_nor_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy(1)).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
+        let mut files = FileSource::load(
+            vec![path.clone()],
+            DirFiles::Yaml,
+            Duration::from_millis(500),
+            metrics.clone(),
+            hub.clone(),
+        )
+        .unwrap();
+        let full = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000\n";
+        // Truncated, then cut mid-number: `1000` read as `10`.
+        for text in ["", &full[..full.len() - 3]] {
+            std::fs::write(&path, text).unwrap();
+            assert!(!files.check());
+            assert_eq!(served(&hub), Some(1), "{text:?} is not served");
+        }
+        std::fs::write(&path, full).unwrap();
+        assert!(settled(&mut files));
+        assert_eq!(served(&hub), Some(1000));
+        assert_eq!(reloads(&metrics, "error"), "0", "nothing was refused");
+        assert_eq!(reloads(&metrics, "ok"), "2", "the start and the full file");
     }
 
     /// Serves `script` to each reader of the FIFO at `path` in turn, then `last`
@@ -424,13 +504,17 @@ mod tests {
                 .unwrap();
             runtime.block_on(async move {
                 let (stop, _hup) = spawn_run(files);
-                // Once the poll has the FIFO open to read, write it without waiting.
+                // Once the poll has the FIFO open to read, write it without waiting;
+                // the read after it, which confirms the edit, finds a file.
                 for _ in 0..1000 {
                     let writer = std::fs::OpenOptions::new()
                         .write(true)
                         .custom_flags(libc::O_NONBLOCK)
                         .open(&path);
                     if let Ok(mut fifo) = writer {
+                        let file = path.with_extension("new");
+                        std::fs::write(&file, policy(2)).unwrap();
+                        std::fs::rename(&file, &path).unwrap();
                         fifo.write_all(policy(2).as_bytes()).unwrap();
                         break;
                     }
@@ -479,7 +563,7 @@ mod tests {
         let (mut files, hub) = source(vec![dir.path().to_path_buf()]);
         assert_eq!(served(&hub), Some(1));
         std::fs::write(&file, policy(2)).unwrap();
-        assert!(files.check(), "the edit is seen");
+        assert!(settled(&mut files), "the edit is seen");
         assert_eq!(served(&hub), Some(2));
     }
 
@@ -493,7 +577,7 @@ mod tests {
         let (mut files, hub) = source(vec![dir.path().to_path_buf()]);
         let aside = dir.path().join("policy.yaml.bak");
         std::fs::rename(&file, &aside).unwrap();
-        assert!(!files.check(), "refused");
+        assert!(!settled(&mut files), "refused");
         assert_eq!(served(&hub), Some(1), "the last good policy serves on");
         let refused = hub.status().refused;
         assert!(
@@ -503,7 +587,7 @@ mod tests {
             "{refused:?}"
         );
         std::fs::write(dir.path().join("other.yaml"), policy(2)).unwrap();
-        assert!(files.check(), "a policy file loads again");
+        assert!(settled(&mut files), "a policy file loads again");
         assert_eq!(served(&hub), Some(2));
     }
 
@@ -517,7 +601,7 @@ mod tests {
         std::fs::write(b.path().join("b.yaml"), other).unwrap();
         let (mut files, hub) = source(vec![a.path().to_path_buf(), b.path().to_path_buf()]);
         std::fs::remove_file(a.path().join("a.yaml")).unwrap();
-        assert!(!files.check(), "refused");
+        assert!(!settled(&mut files), "refused");
         assert_eq!(served(&hub), Some(1), "domain d keeps its limit");
         let refused = hub.status().refused;
         let why = refused.get("file").cloned().unwrap_or_default();
