@@ -41,3 +41,8 @@ fn json_request_corpus() {
 fn resp_parse_corpus() {
     replay("resp_parse", checks::resp_parse);
 }
+
+#[test]
+fn rlqs_reports_corpus() {
+    replay("rlqs_reports", checks::rlqs_reports);
+}

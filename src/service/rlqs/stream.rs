@@ -51,6 +51,11 @@ use bucket::BucketKey;
 pub(super) use bucket::Irregular;
 pub use task::{serve, serve_traced, Traced};
 
+/// A report message read as [`serve`] reads it, for the fuzz target that drives a
+/// [`Stream`] without a connection.
+#[doc(hidden)]
+pub use decode::decode as decode_report;
+
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
 struct Tracked {
