@@ -46,3 +46,13 @@ fn resp_parse_corpus() {
 fn rlqs_reports_corpus() {
     replay("rlqs_reports", checks::rlqs_reports);
 }
+
+#[test]
+fn resource_spec_corpus() {
+    replay("resource_spec", checks::resource_spec);
+}
+
+#[test]
+fn xds_config_corpus() {
+    replay("xds_config", checks::xds_config);
+}

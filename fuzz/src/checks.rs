@@ -163,8 +163,7 @@ pub fn rlqs_reports(data: &[u8]) {
     let clock = ManualClock::new(1_000 * SECOND);
     let swap = Arc::new(arc_swap::ArcSwap::from_pointee(policy.clone()));
     let store = MemoryStore::new(Arc::new(clock.clone()), 1000);
-    let limiter =
-        Limiter::new(swap, store, Default::default()).with_clock(Arc::new(clock.clone()));
+    let limiter = Limiter::new(swap, store, Default::default()).with_clock(Arc::new(clock.clone()));
     let service = Service::new(limiter, HeaderStyle::Off, Arc::new(Metrics::new()));
     let settings = Settings {
         // Small enough for an input to reach.
@@ -178,8 +177,10 @@ pub fn rlqs_reports(data: &[u8]) {
         Arc::new(clock.clone()),
         settings,
     ));
-    let mut streams: [Option<Stream<MemoryStore>>; 2] =
-        [Some(Stream::new(quotas.clone())), Some(Stream::new(quotas.clone()))];
+    let mut streams: [Option<Stream<MemoryStore>>; 2] = [
+        Some(Stream::new(quotas.clone())),
+        Some(Stream::new(quotas.clone())),
+    ];
     let mut inboxes: Vec<_> = streams
         .iter_mut()
         .map(|s| s.as_mut().and_then(|s| s.inbox.take()).expect("an inbox"))
@@ -260,7 +261,10 @@ fn rlqs_action_within(
     use sluice::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
     use sluice::quota::{govern, Governed};
 
-    let id = action.bucket_id.as_ref().expect("an action names its bucket");
+    let id = action
+        .bucket_id
+        .as_ref()
+        .expect("an action names its bucket");
     let q = match action.bucket_action.as_ref().expect("an action") {
         Action::AbandonAction(_) => {
             assert!(idle, "a bucket with requests abandoned");
@@ -275,8 +279,11 @@ fn rlqs_action_within(
         .as_ref()
         .and_then(|s| s.strategy.as_ref())
         .expect("a strategy");
-    let mut entries: Vec<(String, String)> =
-        id.bucket.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut entries: Vec<(String, String)> = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     entries.sort_unstable();
     // The policy's keys are short and plain: no hashing changes which rule matches.
     let governed = if entries.len() > sluice::policy::MAX_ENTRIES
@@ -299,7 +306,11 @@ fn rlqs_action_within(
     };
     match strategy {
         Strategy::BlanketRule(r) => {
-            assert_eq!(*r, BlanketRule::DenyAll as i32, "a limited bucket let through");
+            assert_eq!(
+                *r,
+                BlanketRule::DenyAll as i32,
+                "a limited bucket let through"
+            );
         }
         Strategy::TokenBucket(tb) => {
             let tokens = u128::from(tb.tokens_per_fill.expect("tokens per fill"));
@@ -321,5 +332,129 @@ fn rlqs_action_within(
             }
         }
         Strategy::RequestsPerTimeUnit(_) => panic!("never sent"),
+    }
+}
+
+/// A RateLimitPolicy's `spec` as the Kubernetes API hands it over (any JSON): a
+/// document or a non-empty list of errors, each naming the object and saying what
+/// is wrong; a document compiles to a policy that serves its domain, or to errors
+/// naming the object. A refused spec still claims its domain when it names one.
+pub fn resource_spec(data: &[u8]) {
+    let Ok(spec) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let place = "shop/checkout";
+    let named = |errors: &[sluice::policy::PolicyError]| {
+        assert!(!errors.is_empty(), "an error result with no error");
+        for e in errors {
+            assert_eq!(e.file, place, "{e}");
+            assert!(!e.message.trim().is_empty(), "{e:?}");
+        }
+    };
+    match sluice::policy::parse_resource_spec("shop", "checkout", &spec) {
+        Ok(doc) => {
+            let domain = doc.domain.clone();
+            match sluice::policy::compile(vec![doc]) {
+                Ok(policy) => assert!(policy.domain(&domain).is_some(), "{domain:?} not served"),
+                Err(errors) => named(&errors),
+            }
+        }
+        Err(errors) => {
+            named(&errors);
+            let claimed = sluice::source::claim::claimed("shop", "checkout", &spec);
+            let domain = spec.get("domain").and_then(serde_json::Value::as_str);
+            assert_eq!(claimed.map(|d| d.domain), domain.map(String::from));
+        }
+    }
+}
+
+/// A `RateLimitConfig` resource from an xDS server, in a response as the xDS
+/// source answers it: ACKed when it converts and compiles, otherwise NACKed with
+/// INVALID_ARGUMENT and a message naming the resource (its name, else its domain)
+/// or saying why it does not decode. The same response again gets the same
+/// verdict, as no news.
+pub fn xds_config(data: &[u8]) {
+    use sluice::pb::envoy::service::discovery::v3::DiscoveryResponse;
+    use sluice::pb::ratelimit::config::ratelimit::v3::RateLimitConfig;
+    use sluice::source::xds::{Ack, Subscription, TYPE_URL};
+
+    let response = DiscoveryResponse {
+        version_info: "7".into(),
+        nonce: "n".into(),
+        type_url: TYPE_URL.into(),
+        resources: vec![prost_types::Any {
+            type_url: TYPE_URL.into(),
+            value: data.to_vec(),
+        }],
+        ..Default::default()
+    };
+    let apply = |docs: Vec<sluice::policy::Document>| sluice::policy::compile(docs).map(|_| ());
+    let mut sub = Subscription::new("node");
+    sub.stream_opened();
+    let first = sub.answer(&response, 0, apply);
+    assert_eq!(first.request.response_nonce, "n");
+    match &first.verdict {
+        Ack::Accepted {
+            version,
+            domains,
+            new,
+        } => {
+            assert!(
+                RateLimitConfig::decode(data).is_ok(),
+                "an undecodable resource taken"
+            );
+            assert_eq!((version.as_str(), *domains, *new), ("7", 1, true));
+            assert_eq!(first.request.version_info, "7");
+            assert_eq!(first.request.error_detail, None);
+        }
+        Ack::Refused {
+            version,
+            message,
+            first: news,
+        } => {
+            assert_eq!((version.as_str(), *news), ("7", true));
+            match RateLimitConfig::decode(data) {
+                Ok(config) => {
+                    let name = if config.name.is_empty() {
+                        &config.domain
+                    } else {
+                        &config.name
+                    };
+                    let place = format!("xds:{name}");
+                    assert!(
+                        message.starts_with(&place),
+                        "{message:?} names no {place:?}"
+                    );
+                }
+                Err(_) => assert!(
+                    message.starts_with("resource 0 does not decode"),
+                    "{message}"
+                ),
+            }
+            let detail = first
+                .request
+                .error_detail
+                .as_ref()
+                .expect("a NACK says why");
+            assert_eq!((detail.code, &detail.message), (3, message));
+            // Nothing accepted on this stream: the NACK names no version.
+            assert_eq!(first.request.version_info, "");
+        }
+    }
+    let again = sub.answer(&response, 0, apply);
+    match (first.verdict, again.verdict) {
+        (Ack::Accepted { .. }, Ack::Accepted { new, .. }) => {
+            assert!(!new, "the same version is news")
+        }
+        (
+            Ack::Refused { message: a, .. },
+            Ack::Refused {
+                message: b, first, ..
+            },
+        ) => {
+            assert!(!first, "the same refusal is news");
+            assert_eq!(a, b);
+        }
+        (a, b) => panic!("{a:?}, then {b:?}"),
     }
 }

@@ -28,9 +28,9 @@ mod peers;
 mod stream;
 
 pub use peers::{Nudge, Peers};
-use stream::Irregular;
 #[doc(hidden)]
 pub use stream::decode_report;
+use stream::Irregular;
 pub use stream::{serve, serve_traced, Stream, Traced};
 
 /// The service's name, as health checks and reflection give it.
