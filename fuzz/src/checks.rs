@@ -153,6 +153,7 @@ pub fn rlqs_reports(data: &[u8]) {
     use sluice::service::{HeaderStyle, Service};
     use sluice::store::{MemoryDemand, MemoryStore};
     use sluice::telemetry::Metrics;
+    use std::collections::HashMap;
     use std::sync::{Arc, OnceLock};
 
     static POLICY: OnceLock<sluice::policy::Policy> = OnceLock::new();
@@ -227,10 +228,35 @@ pub fn rlqs_reports(data: &[u8]) {
             with_id.len(),
             "one action for each bucket with an id"
         );
+        let mut counters: HashMap<String, (f64, f64, Vec<_>)> = HashMap::new();
         for (action, usage) in answer.bucket_action.iter().zip(with_id) {
             assert_eq!(action.bucket_id, usage.bucket_id, "the id echoed");
             let idle = usage.num_requests_allowed == 0 && usage.num_requests_denied == 0;
-            rlqs_action_within(policy, domain, action, idle);
+            if let Some(r) = rlqs_action_within(policy, domain, action, idle) {
+                let (sum, slack, ids) = counters.entry(r.counter).or_insert((0.0, 0.0, vec![]));
+                *sum += r.rate;
+                // A share is rounded up to one token, and one that moved by less than
+                // a tenth is sent unchanged.
+                *slack += r.floor + r.rate * 0.12;
+                ids.push((&action.bucket_id, r.limit));
+            }
+        }
+        // Buckets of one report under one counter (a `share_threshold` wildcard)
+        // share its limit: together, within it. (A bucket twice in one report, which
+        // Envoy never sends, is its own rival.)
+        for (counter, (sum, slack, ids)) in counters {
+            let distinct = ids
+                .iter()
+                .enumerate()
+                .all(|(i, (a, _))| ids[..i].iter().all(|(b, _)| a != b));
+            if distinct {
+                let limit = ids[0].1;
+                assert!(
+                    sum <= limit + slack,
+                    "{counter}: {sum}/s assigned under {limit}/s to {} buckets",
+                    ids.len()
+                );
+            }
         }
         // Nudges the report sent the other streams: each stream's inbox in turn.
         for (i, inbox) in inboxes.iter_mut().enumerate() {
@@ -254,7 +280,7 @@ fn rlqs_action_within(
     domain: &str,
     action: &sluice::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction,
     idle: bool,
-) {
+) -> Option<Refill> {
     use sluice::algorithm::SECOND;
     use sluice::limiter::key::Hashing;
     use sluice::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
@@ -268,7 +294,7 @@ fn rlqs_action_within(
     let q = match action.bucket_action.as_ref().expect("an action") {
         Action::AbandonAction(_) => {
             assert!(idle, "a bucket with requests abandoned");
-            return;
+            return None;
         }
         Action::QuotaAssignmentAction(q) => q,
     };
@@ -300,10 +326,11 @@ fn rlqs_action_within(
                 Strategy::BlanketRule(BlanketRule::AllowAll as i32),
                 "a bucket no limit governs is let through"
             );
-            return;
+            return None;
         }
-        Governed::Limited { limits, .. } => limits,
+        Governed::Limited { limits, key, .. } => (limits, key),
     };
+    let (limits, key) = limits;
     match strategy {
         Strategy::BlanketRule(r) => {
             assert_eq!(
@@ -311,6 +338,7 @@ fn rlqs_action_within(
                 BlanketRule::DenyAll as i32,
                 "a limited bucket let through"
             );
+            None
         }
         Strategy::TokenBucket(tb) => {
             let tokens = u128::from(tb.tokens_per_fill.expect("tokens per fill"));
@@ -330,9 +358,29 @@ fn rlqs_action_within(
                     "{tb:?} holds more than {l:?}"
                 );
             }
+            let per_second = |n: u128, span: u128| n as f64 * SECOND as f64 / span as f64;
+            Some(Refill {
+                counter: key,
+                rate: per_second(tokens, fill),
+                floor: per_second(1, fill),
+                limit: limits
+                    .iter()
+                    .map(|l| per_second(u128::from(l.requests), u128::from(l.window)))
+                    .fold(f64::INFINITY, f64::min),
+            })
         }
         Strategy::RequestsPerTimeUnit(_) => panic!("never sent"),
     }
+}
+
+/// A token bucket assigned to a bucket under a counter, in requests a second.
+struct Refill {
+    counter: String,
+    rate: f64,
+    /// One token per fill: the least a share is rounded up to.
+    floor: f64,
+    /// The tightest of the counter's limits.
+    limit: f64,
 }
 
 /// A RateLimitPolicy's `spec` as the Kubernetes API hands it over (any JSON): a
