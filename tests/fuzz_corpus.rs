@@ -41,3 +41,18 @@ fn json_request_corpus() {
 fn resp_parse_corpus() {
     replay("resp_parse", checks::resp_parse);
 }
+
+#[test]
+fn rlqs_reports_corpus() {
+    replay("rlqs_reports", checks::rlqs_reports);
+}
+
+#[test]
+fn resource_spec_corpus() {
+    replay("resource_spec", checks::resource_spec);
+}
+
+#[test]
+fn xds_config_corpus() {
+    replay("xds_config", checks::xds_config);
+}

@@ -28,6 +28,8 @@ mod peers;
 mod stream;
 
 pub use peers::{Nudge, Peers};
+#[doc(hidden)]
+pub use stream::decode_report;
 use stream::Irregular;
 pub use stream::{serve, serve_traced, Stream, Traced};
 

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use crate::algorithm::{Limit, Micros, SECOND};
 use crate::policy::FailureMode;
 use crate::quota::{self, govern, Assignment, Governed};
-use crate::store::Store;
+use crate::store::{Share, Store, StoreError};
 use sluice_grpc::{Code, GrpcError};
 
 use super::peers::{Nudge, INBOX};
@@ -50,6 +50,11 @@ use action::{assignment, kind};
 use bucket::BucketKey;
 pub(super) use bucket::Irregular;
 pub use task::{serve, serve_traced, Traced};
+
+/// A report message read as [`serve`] reads it, for the fuzz target that drives a
+/// [`Stream`] without a connection.
+#[doc(hidden)]
+pub use decode::decode as decode_report;
 
 /// What the stream remembers of one bucket.
 #[derive(Debug, Default)]
@@ -211,14 +216,16 @@ impl<S: Store> Stream<S> {
         // would take 20 s, past the assignments' TTL).
         let quotas = self.quotas.clone();
         let ttl_us = quotas.settings.ttl_secs() * SECOND;
-        let shares = futures::future::join_all(steps.iter().filter_map(|(step, _)| match step {
-            Step::Share(p) => {
-                let member = p.member.as_deref().unwrap_or(&self.id);
-                Some(quotas.demand.report(&p.key, member, p.own, ttl_us))
-            }
-            Step::Done(_) | Step::Omit => None,
-        }))
-        .await;
+        let mut shares =
+            futures::future::join_all(steps.iter().filter_map(|(step, _)| match step {
+                Step::Share(p) => {
+                    let member = p.member.as_deref().unwrap_or(&self.id);
+                    Some(quotas.demand.report(&p.key, member, p.own, ttl_us))
+                }
+                Step::Done(_) | Step::Omit => None,
+            }))
+            .await;
+        settle_counters(&steps, &mut shares);
         let mut shares = shares.into_iter();
         let mut actions = Vec::with_capacity(steps.len());
         for ((step, rule), usage) in steps.into_iter().zip(reports.bucket_quota_usages) {
@@ -258,6 +265,34 @@ impl<S: Store> Stream<S> {
                 Code::InvalidArgument,
                 format!("the stream's domain is '{d}'; a report names '{domain}'"),
             )),
+        }
+    }
+}
+
+/// Gives the buckets of one report that share a counter (values of a
+/// `share_threshold` wildcard) its total as its last record in the report answered
+/// it. Each record's answer holds only the records written before it: shared from
+/// its own, the first bucket would get the limit as if the others had no demand, and
+/// no nudge reaches buckets of the stream that reported them.
+fn settle_counters(steps: &[(Step, Option<&str>)], shares: &mut [Result<Share, StoreError>]) {
+    let keys = || {
+        steps.iter().filter_map(|(step, _)| match step {
+            Step::Share(p) => Some(p.key.as_str()),
+            Step::Done(_) | Step::Omit => None,
+        })
+    };
+    // Per counter: how many buckets of the report it holds, and its last total.
+    let mut counters: HashMap<&str, (u32, Option<Share>)> = HashMap::new();
+    for (key, share) in keys().zip(shares.iter()) {
+        let (buckets, last) = counters.entry(key).or_default();
+        *buckets += 1;
+        if let Ok(share) = share {
+            *last = Some(*share);
+        }
+    }
+    for (key, share) in keys().zip(shares.iter_mut()) {
+        if let (Ok(share), Some((2.., Some(last)))) = (share, counters.get(key)) {
+            *share = *last;
         }
     }
 }
@@ -567,21 +602,28 @@ mod tests {
         let mut s = Stream::new(f.quotas.clone());
         let (a, b) = (&[("path", "/api/a")], &[("path", "/api/b")]);
         // 30 and 10 requests a second under one counter of 20 a second.
-        let both = || report("edge", vec![usage(a, 150, 0, 5), usage(b, 50, 0, 5)]);
-        block_on(s.answer(both())).unwrap();
+        let mut both = |a_rate: u64, b_rate: u64| {
+            let usages = vec![usage(a, a_rate * 5, 0, 5), usage(b, b_rate * 5, 0, 5)];
+            let answer = block_on(s.answer(report("edge", usages))).unwrap();
+            answer
+                .bucket_action
+                .iter()
+                .map(|a| {
+                    let one = RateLimitQuotaResponse {
+                        bucket_action: vec![a.clone()],
+                    };
+                    only(one).unwrap().0
+                })
+                .collect::<Vec<Assignment>>()
+        };
+        // From the first report on: a is not given the whole limit for reporting
+        // before b.
+        assert_eq!(both(30, 10), [bucket(15), bucket(5)], "3/4 and 1/4 of 20");
         f.clock.advance(5 * SECOND);
-        let answer = block_on(s.answer(both())).unwrap();
-        let shares: Vec<Assignment> = answer
-            .bucket_action
-            .iter()
-            .map(|a| {
-                let one = RateLimitQuotaResponse {
-                    bucket_action: vec![a.clone()],
-                };
-                only(one).unwrap().0
-            })
-            .collect();
-        assert_eq!(shares, [bucket(15), bucket(5)], "3/4 and 1/4 of 20");
+        assert_eq!(both(30, 10), [bucket(15), bucket(5)]);
+        // The load swaps: a's new share counts b's new demand, reported after it.
+        f.clock.advance(5 * SECOND);
+        assert_eq!(both(10, 30), [bucket(5), bucket(15)]);
         drop(s);
         assert_eq!(f.demand.buckets(), 0, "their records go with the stream");
     }

@@ -9,7 +9,7 @@ use sluice_grpc::{Code, GrpcError};
 /// domain) is repaired as `String::from_utf8_lossy` repairs it, as `ShouldRateLimit`
 /// does (`decode::decode_lossy`): refused, it would end the stream, and with it every
 /// assignment of the Envoy, on every report Envoy sends again.
-pub(super) fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
+pub fn decode(message: &Bytes) -> Result<RateLimitQuotaUsageReports, GrpcError> {
     crate::service::decode::decode_repairing(message, raw::Reports::repaired).map_err(|e| {
         GrpcError::new(
             Code::InvalidArgument,
