@@ -327,7 +327,7 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
                 .unwrap_or_default();
             json!({
                 "source": s.source,
-                "origin": origin(s),
+                "origin": crate::source::hub::origin(s),
                 "form": if s.resource.is_some() { "RateLimitPolicy" } else { "envoy" },
                 "resource": s.resource,
                 "line": s.line,
@@ -377,7 +377,7 @@ fn source_status(
     source: &crate::policy::SourceInfo,
     status: &crate::source::hub::Status,
 ) -> serde_json::Value {
-    let origin = origin(source);
+    let origin = crate::source::hub::origin(source);
     if origin == "kubernetes" {
         return match status.outcomes.get(&source.source) {
             Some(outcome) => verdict_status("last_good", &outcome.verdict),
@@ -403,19 +403,6 @@ fn verdict_status(unaccepted: &str, verdict: &crate::source::hub::Acceptance) ->
         Acceptance::Conflicted(m) => {
             json!({"state": unaccepted, "accepted": false, "reason": "Conflicted", "message": m})
         }
-    }
-}
-
-/// `kubernetes` for an object read from the API server (its source is its
-/// `namespace/name`), `xds` for a `RateLimitConfig` taken over xDS, `file`
-/// otherwise (a file may hold RateLimitPolicy manifests too).
-fn origin(source: &crate::policy::SourceInfo) -> &'static str {
-    if source.resource.as_deref() == Some(source.source.as_str()) {
-        "kubernetes"
-    } else if source.source.starts_with("xds:") {
-        "xds"
-    } else {
-        "file"
     }
 }
 

@@ -475,12 +475,11 @@ where
             keepalive_timeout: cfg.connections.grpc_keepalive_timeout,
         };
         let run = crate::admin::serve::run(
-            service.clone(),
+            crate::admin::Admin::new(service.clone(), hub.clone(), stop_tx.subscribe()),
             listener,
             admin_tls.clone(),
             limits,
             admin_connections.clone(),
-            stop_tx.subscribe(),
             tracer.clone(),
         );
         tokio::spawn(async move {

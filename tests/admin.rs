@@ -812,3 +812,54 @@ async fn a_blocked_key_cannot_forge_a_log_line() {
         "{lines:#?}"
     );
 }
+
+/// An edit the server refuses shows in ListPolicies as in `/debug/policies`: the
+/// file's documents serve their last good version, and the refusal says why, until
+/// the file is fixed.
+#[tokio::test]
+async fn list_policies_shows_a_refused_file_edit_until_it_is_fixed() {
+    let server = Server::start(POLICY, &[]);
+    let mut admin = server.admin_client().await;
+    let before = list_policies(&mut admin).await;
+    assert_eq!(before.sources[0].status, "loaded", "{before:?}");
+    assert!(before.refused.is_empty(), "{before:?}");
+    let rules = before.domains[0].rules.len();
+
+    write_atomic(
+        &server.policy_path(),
+        "domain: api\ndescriptors:\n  - key: [\n",
+    );
+    let mut p = before.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.refused.is_empty() {
+        assert!(Instant::now() < deadline, "no refusal listed: {p:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        p = list_policies(&mut admin).await;
+    }
+    assert_eq!(p.refused.len(), 1, "{p:?}");
+    assert_eq!(p.refused[0].source, "file", "{p:?}");
+    assert!(p.refused[0].error.contains("policy.yaml:"), "{p:?}");
+    assert_eq!(p.sources[0].status, "last_good", "{p:?}");
+    assert_eq!(p.sources[0].error, p.refused[0].error, "{p:?}");
+    // The last good rules are what serve, and what is listed.
+    assert_eq!(p.domains[0].rules.len(), rules, "{p:?}");
+
+    write_atomic(&server.policy_path(), POLICY);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.refused.is_empty() || p.sources[0].status != "loaded" {
+        assert!(Instant::now() < deadline, "still refused: {p:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        p = list_policies(&mut admin).await;
+    }
+    assert!(p.sources[0].error.is_empty(), "{p:?}");
+}
+
+async fn list_policies(
+    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+) -> pb::Policies {
+    admin
+        .list_policies(pb::ListPoliciesRequest::default())
+        .await
+        .expect("ListPolicies")
+        .into_inner()
+}

@@ -548,3 +548,30 @@ async fn a_directory_made_unreadable_is_refused_with_the_reason() {
     let refused = server.metric("sluice_policy_refused", &[("source", "file")]);
     assert_eq!(refused, Some(0.0));
 }
+
+/// The start says what it loaded, in the words and fields of a reload's line, so
+/// an operator reading the log of a fresh process sees its domains and rules.
+#[tokio::test]
+async fn the_start_logs_how_many_domains_and_rules_the_files_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(
+        &path,
+        "domain: a\ndescriptors:\n\
+         \x20 - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n\
+         \x20 - key: q\n    rate_limit: {unit: minute, requests_per_unit: 5}\n\
+         ---\ndomain: b\ndescriptors:\n\
+         \x20 - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let server = Server::start_with(dir, &[path], &[]);
+    let line = server
+        .startup
+        .iter()
+        .find(|l| l.contains("policy loaded from files"))
+        .unwrap_or_else(|| panic!("no load logged: {:#?}", server.startup));
+    assert!(
+        line.contains("domains=2") && line.contains("rules=3"),
+        "{line}"
+    );
+}

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::service::{HeaderStyle, Service};
+use crate::source::hub::Hub;
 use crate::store::Store;
 
 mod blocks;
@@ -43,13 +44,15 @@ pub const SERVICE_NAME: &str = "sluice.admin.v1.Admin";
 /// The Admin service over a running [`Service`].
 pub struct Admin<S> {
     service: Arc<Service<S>>,
+    hub: Arc<Hub>,
     stop: watch::Receiver<bool>,
 }
 
 impl<S> Admin<S> {
-    /// Streams end when `stop` turns true.
-    pub fn new(service: Arc<Service<S>>, stop: watch::Receiver<bool>) -> Self {
-        Admin { service, stop }
+    /// Streams end when `stop` turns true. `hub` tells which sources' latest
+    /// changes were refused.
+    pub fn new(service: Arc<Service<S>>, hub: Arc<Hub>, stop: watch::Receiver<bool>) -> Self {
+        Admin { service, hub, stop }
     }
 }
 
@@ -95,6 +98,7 @@ impl<S: Store> pb::admin_server::Admin for Admin<S> {
         let policy = self.service.limiter.policy();
         Ok(Response::new(policies::list(
             &policy,
+            &self.hub.status(),
             &request.into_inner().domain,
         )))
     }

@@ -9,7 +9,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
 
-use crate::service::Service;
 use crate::store::Store;
 use crate::tls::Tls;
 use crate::trace::Tracer;
@@ -19,17 +18,17 @@ use super::incoming::{Incoming, Limits};
 use super::traced::TraceLayer;
 use super::{pb, Admin, DESCRIPTORS, SERVICE_NAME};
 
-/// Serves the admin API on `listener` until `stop` turns true, counting its
+/// Serves `admin` on `listener` until its stop signal turns true, counting its
 /// connections in `stats`.
 pub async fn run<S: Store>(
-    service: Arc<Service<S>>,
+    admin: Admin<S>,
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
     limits: Limits,
     stats: Arc<Stats>,
-    stop: watch::Receiver<bool>,
     tracer: Option<Arc<Tracer>>,
 ) -> Result<(), tonic::transport::Error> {
+    let stop = admin.stop.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
@@ -49,7 +48,7 @@ pub async fn run<S: Store>(
     let v1alpha = reflection()
         .build_v1alpha()
         .expect("the admin descriptors decode");
-    let admin = pb::admin_server::AdminServer::new(Admin::new(service, stop.clone()));
+    let admin = pb::admin_server::AdminServer::new(admin);
     let router = Server::builder()
         .http2_keepalive_interval(limits.keepalive_interval)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))

@@ -79,8 +79,10 @@ impl FileSource {
             unsettled: None,
         };
         source.warn(&snapshot);
-        let (_compiled, docs) = snapshot.load()?;
+        let (compiled, docs) = snapshot.load()?;
+        let (domains, rules) = (compiled.domains.len(), compiled.rules.len());
         source.hub.set_files(docs)?;
+        tracing::info!(domains, rules, "policy loaded from files");
         source.metrics.policy_reload("file", true);
         Ok(source)
     }

@@ -249,6 +249,20 @@ pub struct Status {
     pub outcomes: Arc<Outcomes>,
 }
 
+/// Where a serving document came from: `kubernetes` for an object read from the
+/// API server (its source is its `namespace/name`), `xds` for a `RateLimitConfig`
+/// taken over xDS, `file` otherwise (a file may hold RateLimitPolicy manifests too).
+/// A file or xDS document's refusal is under this name in [`Status::refused`].
+pub fn origin(source: &crate::policy::SourceInfo) -> &'static str {
+    if source.resource.as_deref() == Some(source.source.as_str()) {
+        "kubernetes"
+    } else if source.source.starts_with("xds:") {
+        "xds"
+    } else {
+        "file"
+    }
+}
+
 /// The latest documents of every source, and the one policy compiled from them.
 #[derive(Debug)]
 pub struct Hub {
