@@ -377,16 +377,11 @@ fn source_status(
     source: &crate::policy::SourceInfo,
     status: &crate::source::hub::Status,
 ) -> serde_json::Value {
-    let origin = crate::source::hub::origin(source);
-    if origin == "kubernetes" {
-        return match status.outcomes.get(&source.source) {
-            Some(outcome) => verdict_status("last_good", &outcome.verdict),
-            None => json!({"state": "loaded"}),
-        };
-    }
-    match status.refused.get(origin) {
-        Some(error) => json!({"state": "last_good", "error": error}),
-        None => json!({"state": "loaded"}),
+    use crate::source::hub::{standing, Standing};
+    match standing(source, status) {
+        Standing::Loaded => json!({"state": "loaded"}),
+        Standing::Refused(error) => json!({"state": "last_good", "error": error}),
+        Standing::Verdict(verdict) => verdict_status("last_good", verdict),
     }
 }
 

@@ -2,7 +2,7 @@
 //! whether it is what its source holds now (the same status as `/debug/policies`).
 
 use crate::policy::{Policy, SourceInfo};
-use crate::source::hub::{self, Acceptance, Status};
+use crate::source::hub::{self, Acceptance, Standing, Status};
 
 use super::explain::rule_pb;
 use super::pb;
@@ -83,16 +83,10 @@ pub fn list(policy: &Policy, status: &Status, domain: &str) -> pb::Policies {
 /// A serving document's status and why: `loaded`, or `last_good` when its source's
 /// latest change was refused or its RateLimitPolicy is not Accepted.
 fn source_status(source: &SourceInfo, status: &Status) -> (&'static str, String) {
-    let origin = hub::origin(source);
-    if origin == "kubernetes" {
-        return match status.outcomes.get(&source.source) {
-            Some(outcome) => verdict_status("last_good", &outcome.verdict),
-            None => ("loaded", String::new()),
-        };
-    }
-    match status.refused.get(origin) {
-        Some(error) => ("last_good", error.clone()),
-        None => ("loaded", String::new()),
+    match hub::standing(source, status) {
+        Standing::Loaded => ("loaded", String::new()),
+        Standing::Refused(error) => ("last_good", error.to_string()),
+        Standing::Verdict(verdict) => verdict_status("last_good", verdict),
     }
 }
 

@@ -263,6 +263,34 @@ pub fn origin(source: &crate::policy::SourceInfo) -> &'static str {
     }
 }
 
+/// Whether a serving document is what its source holds now, for `/debug/policies`
+/// and ListPolicies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Standing<'a> {
+    /// It is.
+    Loaded,
+    /// Its source's latest change was refused (why); its last good version serves.
+    Refused(&'a str),
+    /// A RateLimitPolicy's `Accepted` condition; one not accepted serves its last
+    /// good version.
+    Verdict(&'a Acceptance),
+}
+
+/// The [`Standing`] of `source`, a document of the serving policy, in `status`.
+pub fn standing<'a>(source: &crate::policy::SourceInfo, status: &'a Status) -> Standing<'a> {
+    let origin = origin(source);
+    if origin == "kubernetes" {
+        return match status.outcomes.get(&source.source) {
+            Some(outcome) => Standing::Verdict(&outcome.verdict),
+            None => Standing::Loaded,
+        };
+    }
+    match status.refused.get(origin) {
+        Some(error) => Standing::Refused(error),
+        None => Standing::Loaded,
+    }
+}
+
 /// The latest documents of every source, and the one policy compiled from them.
 #[derive(Debug)]
 pub struct Hub {
