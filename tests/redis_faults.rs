@@ -225,12 +225,14 @@ impl Fault {
         assert!(line.contains(text), "{line}");
     }
 
-    /// Once the fault is lifted: calls are decided by the shard again.
+    /// Once the fault is lifted: calls are decided by the shard again. The state is
+    /// read before each call: the probe may bring the shard up while a call made on
+    /// the backed-off shard is being answered by the failure mode.
     async fn recovers(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let (code, _) = self.call("closed").await;
             let shard = self.shard();
+            let (code, _) = self.call("closed").await;
             if shard["state"] == "up" {
                 assert_eq!(code, common::OK, "decided by the shard: {shard}");
                 return;
