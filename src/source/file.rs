@@ -288,17 +288,23 @@ mod tests {
     }
 
     fn source(paths: Vec<PathBuf>) -> (FileSource, Arc<Hub>) {
+        let (files, hub, _) = counted_source(paths);
+        (files, hub)
+    }
+
+    /// [`source`], with the metrics it counts its reloads in.
+    fn counted_source(paths: Vec<PathBuf>) -> (FileSource, Arc<Hub>, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
         let hub = Hub::new(&[], Defaults::default(), metrics.clone());
         let files = FileSource::load(
             paths,
             DirFiles::Yaml,
             Duration::from_millis(500),
-            metrics,
+            metrics.clone(),
             hub.clone(),
         )
         .expect("the files load");
-        (files, hub)
+        (files, hub, metrics)
     }
 
     /// Checks `files` twice, as a change is acted on only when two reads find it
@@ -381,16 +387,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy(1)).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
-        let mut files = FileSource::load(
-            vec![path.clone()],
-            DirFiles::Yaml,
-            Duration::from_millis(500),
-            metrics.clone(),
-            hub.clone(),
-        )
-        .unwrap();
+        let (mut files, hub, metrics) = counted_source(vec![path.clone()]);
         hub.set_xds(xds("x")).unwrap();
 
         // The edit defines `x` too, which xDS already does.
@@ -427,16 +424,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy(1)).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let hub = Hub::new(&[], Defaults::default(), metrics.clone());
-        let mut files = FileSource::load(
-            vec![path.clone()],
-            DirFiles::Yaml,
-            Duration::from_millis(500),
-            metrics.clone(),
-            hub.clone(),
-        )
-        .unwrap();
+        let (mut files, hub, metrics) = counted_source(vec![path.clone()]);
         let full = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1000\n";
         // Truncated, then cut mid-number: `1000` read as `10`.
         for text in ["", &full[..full.len() - 3]] {
