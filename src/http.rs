@@ -288,7 +288,7 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
     // Rule paths repeat across domains (each may have a `tenant`): name the domain.
     let mut domain_of = vec![""; policy.rules.len()];
     for (domain, first) in policy.rules_by_domain() {
-        for id in std::iter::once(first.id).chain(first.also.iter().copied()) {
+        for id in first.limit_ids() {
             domain_of[id] = domain;
         }
     }

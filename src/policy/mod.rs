@@ -423,6 +423,12 @@ impl Policy {
 }
 
 impl Rule {
+    /// This rule's id, then those of its further limits ([`Rule::also`]): every
+    /// limit a request matching it is decided by.
+    pub fn limit_ids(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.id).chain(self.also.iter().copied())
+    }
+
     /// The limit to decide a request at `now` by: [`Rule::limit`], over the calendar
     /// window holding `now` for a calendar rule. `None` for an unlimited rule.
     pub fn limit_at(&self, now: impl FnOnce() -> Micros) -> Option<Limit> {

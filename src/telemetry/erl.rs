@@ -242,8 +242,7 @@ impl ErlStats {
             .rules_by_domain()
             .into_iter()
             .flat_map(|(d, r)| {
-                std::iter::once(r.id)
-                    .chain(r.also.iter().copied())
+                r.limit_ids()
                     .map(move |id| labels(d, &policy.rule(id).stat_key))
             })
             .collect();

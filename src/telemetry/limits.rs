@@ -66,7 +66,7 @@ impl Limits {
             // tree reaches: each is exported too, its `descriptor` ending in its window
             // as its counter key does (`api_key|~86400s`), so that two limits of one
             // algorithm do not share a label set.
-            for id in std::iter::once(first.id).chain(first.also.iter().copied()) {
+            for id in first.limit_ids() {
                 let rule = policy.rule(id);
                 let Some(limit) = rule.limit else { continue };
                 let mut descriptor = rule.stat_key.clone();

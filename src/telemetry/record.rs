@@ -397,7 +397,7 @@ impl Metrics {
         for (domain, rule) in policy.rules_by_domain() {
             let mode = policy.domains.get(domain).and_then(|d| d.failure_mode);
             // A descriptor's other limits count under their own rules.
-            for id in std::iter::once(rule.id).chain(rule.also.iter().copied()) {
+            for id in rule.limit_ids() {
                 let r = policy.rule(id);
                 let key = (domain.to_string(), r.path.clone(), r.layer.as_str());
                 *wanted.entry(key).or_default() |= possible_outcomes(r, mode);

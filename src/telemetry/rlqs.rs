@@ -171,7 +171,7 @@ impl QuotaStats {
             .collect();
         for (d, r) in policy.rules_by_domain() {
             let paths = rules.entry(d.to_string()).or_default();
-            for id in std::iter::once(r.id).chain(r.also.iter().copied()) {
+            for id in r.limit_ids() {
                 paths.insert(policy.rule(id).path.clone());
             }
         }

@@ -275,6 +275,10 @@ impl<S: Store> Stream<S> {
 /// its own, the first bucket would get the limit as if the others had no demand, and
 /// no nudge reaches buckets of the stream that reported them.
 fn settle_counters(steps: &[(Step, Option<&str>)], shares: &mut [Result<Share, StoreError>]) {
+    // One bucket shares with no other of its report: nothing to settle.
+    if shares.len() < 2 {
+        return;
+    }
     let keys = || {
         steps.iter().filter_map(|(step, _)| match step {
             Step::Share(p) => Some(p.key.as_str()),
