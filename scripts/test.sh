@@ -114,6 +114,8 @@ log "tests/e2e/envoy-gateway.sh"
 bash tests/e2e/envoy-gateway.sh
 log "tests/e2e/costs.sh (charges after the response, refunds, streams in flight through Envoy)"
 bash tests/e2e/costs.sh
+log "tests/e2e/envoy-filter.sh (Envoy's own x-ratelimit-* headers; Sluice paused past the filter timeout)"
+bash tests/e2e/envoy-filter.sh
 
 log "tests/e2e/envoy-gateway-real.sh (the real Envoy Gateway; waits for its build first)"
 wait "$eg_install" || { cat "$eg_out.log"; exit 1; }

@@ -104,7 +104,7 @@ pub async fn run(
         store_timeout: cfg.store.store_timeout,
         hashing,
         denied_spend: cfg.decisions.denied_requests_spend,
-        resets: cfg.decisions.reset_resolution,
+        resets: cfg.reset_resolution(),
         store_errors: cfg.decisions.store_error_answer,
         local_replicas: cfg.decisions.local_share_replicas,
         max_keys: cfg.store.max_keys,

@@ -552,3 +552,100 @@ async fn a_slow_store_answers_by_the_failure_mode_before_the_deadline() {
         );
     }
 }
+
+/// An HTTP/2 frame: its header, then `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(9 + payload.len());
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A `ShouldRateLimit` call on `stream` as raw frames: its headers (HPACK literals,
+/// no table, no Huffman) and its message, which ends the stream.
+fn raw_should_rate_limit(stream: u32, message: &[u8]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", "sluice"),
+        (":path", SHOULD_RATE_LIMIT),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("grpc-timeout", "20m"),
+    ] {
+        block.push(0); // a literal header field without indexing, a new name
+        for s in [name, value] {
+            block.push(s.len() as u8);
+            block.extend_from_slice(s.as_bytes());
+        }
+    }
+    let mut data = vec![0];
+    data.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    data.extend_from_slice(message);
+    let mut out = h2_frame(0x1, 0x4, stream, &block); // HEADERS, END_HEADERS
+    out.extend(h2_frame(0x0, 0x1, stream, &data)); // DATA, END_STREAM
+    out
+}
+
+/// Envoy resets a call's stream when its filter `timeout` passes, then answers its
+/// client by `failure_mode_deny`. A sluice that was stalled meanwhile reads the call
+/// and its reset together: the call is not decided, and none of its hits count, so
+/// a client Envoy refused while sluice was paused is not also charged for it.
+#[tokio::test]
+async fn a_call_whose_client_reset_it_before_it_was_read_counts_nothing() {
+    use prost::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(POLICY, &[]);
+    let message = request("d", vec![desc(&[("k", "gave-up")])]).encode_to_vec();
+    // Preface and SETTINGS, then three calls each followed by its RST_STREAM
+    // (CANCEL), all in one write: sluice finds each reset before it reads the call.
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend(h2_frame(0x4, 0, 0, &[]));
+    for stream in [1, 3, 5] {
+        bytes.extend(raw_should_rate_limit(stream, &message));
+        bytes.extend(h2_frame(0x3, 0, stream, &8u32.to_be_bytes()));
+    }
+    let mut tcp = tokio::net::TcpStream::connect(&server.grpc).await.unwrap();
+    tcp.write_all(&bytes).await.unwrap();
+    // Then a call that waits for its answer.
+    tcp.write_all(&raw_should_rate_limit(7, &message))
+        .await
+        .unwrap();
+    let mut got = bytes::BytesMut::new();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            while got.len() >= 9 {
+                let len = u32::from_be_bytes([0, got[0], got[1], got[2]]) as usize;
+                if got.len() < 9 + len {
+                    break;
+                }
+                let frame = got.split_to(9 + len);
+                let stream =
+                    u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & !(1 << 31);
+                if frame[3] == 0x0 && stream == 7 && len > 5 {
+                    return RateLimitResponse::decode(&frame[9 + 5..])
+                        .expect("a RateLimitResponse");
+                }
+            }
+            let mut buf = [0u8; 4096];
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed before the answer");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the fourth call is answered");
+    assert_eq!(
+        answer.statuses[0].limit_remaining, 4,
+        "only the call that was not reset counted (limit 5)"
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the three counted as abandoned",
+        || async { server.metric("sluice_abandoned_calls_total", &[]) == Some(3.0) },
+    )
+    .await;
+}

@@ -634,6 +634,40 @@ async fn ietf_and_off_header_styles() {
     assert_eq!(remaining(&r, 0), 9, "statuses still carry the numbers");
 }
 
+/// With `--response-headers off` Envoy writes the headers itself
+/// (`enable_x_ratelimit_headers`), and its `x-ratelimit-reset` is the reset's whole
+/// seconds alone: a reset of 0.6 s would tell a denied client 0, to come back at
+/// once. So the statuses' resets are then whole seconds, rounded up; sluice's own
+/// headers keep the microseconds, and `--reset-resolution` still decides.
+#[tokio::test]
+async fn with_the_headers_left_to_envoy_resets_are_whole_seconds() {
+    let tenant = || request("shop", vec![desc(&[("tenant", "t-reset")])]);
+    let reset = |r: &sluice::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0].duration_until_reset.expect("a reset")
+    };
+    for (args, whole) in [
+        (&["--response-headers", "off"][..], true),
+        (
+            &["--response-headers", "off", "--reset-resolution", "micros"][..],
+            false,
+        ),
+        (&[][..], false),
+    ] {
+        let server = Server::start(POLICY, args);
+        let mut c = server.client().await;
+        // Two tokens a minute: each hit takes 30 s to come back.
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(call(&mut c, tenant()).await);
+        }
+        let denied = last.unwrap();
+        assert_eq!(denied.overall_code, 2, "{args:?}: the third is denied");
+        let d = reset(&denied);
+        assert!(d.seconds >= 1, "{args:?}: {d:?}");
+        assert_eq!(d.nanos == 0, whole, "{args:?}: {d:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
     let server = Server::start(POLICY, &[]);

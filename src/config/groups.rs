@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::values::*;
 use crate::algorithm::Algorithm;
-use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
+use crate::limiter::{DeniedSpend, StoreErrorAnswer};
 use crate::policy::{DirFiles, FailureMode};
 use crate::tls::TlsFiles;
 
@@ -171,10 +171,12 @@ pub struct DecisionArgs {
     /// envoyproxy/ratelimit counts).
     #[arg(long, env = "SLUICE_DENIED_REQUESTS_SPEND", default_value = "nothing", value_parser = parse_denied_spend)]
     pub denied_requests_spend: DeniedSpend,
-    /// How precisely `duration_until_reset` is answered: `micros`, or `seconds`
-    /// (rounded up, as envoyproxy/ratelimit answers).
-    #[arg(long, env = "SLUICE_RESET_RESOLUTION", default_value = "micros", value_parser = parse_reset_resolution)]
-    pub reset_resolution: ResetResolution,
+    /// How precisely `duration_until_reset` is answered: `micros`, `seconds`
+    /// (rounded up, as envoyproxy/ratelimit answers), or `auto`: `seconds` when
+    /// the response headers are off (Envoy's enable_x_ratelimit_headers writes
+    /// x-ratelimit-reset from the whole seconds alone), `micros` otherwise.
+    #[arg(long, env = "SLUICE_RESET_RESOLUTION", default_value = "auto", value_parser = parse_reset_resolution)]
+    pub reset_resolution: ResetChoice,
     /// How a request is answered when the counter store fails: by the failure mode
     /// (`failure-mode`), or with an error (`error`: gRPC UNKNOWN, HTTP 500, as
     /// envoyproxy/ratelimit answers, so Envoy's failure_mode_deny decides).

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::limiter::ResetResolution;
 use crate::service::HeaderStyle;
 
 mod groups;
@@ -15,8 +16,8 @@ pub use groups::{
     StoreArgs, XdsArgs,
 };
 pub use values::{
-    parse_bytes, parse_duration, parse_whole_seconds, AdminAddr, HeaderChoice, Secret, XdsUrl,
-    DEFAULT_ADMIN_ADDR,
+    parse_bytes, parse_duration, parse_whole_seconds, AdminAddr, HeaderChoice, ResetChoice, Secret,
+    XdsUrl, DEFAULT_ADMIN_ADDR,
 };
 
 /// An external rate-limit service for Envoy.
@@ -112,6 +113,21 @@ impl Serve {
             HeaderChoice::Style(style) => style,
             HeaderChoice::Auto if self.xds.xds_server.is_some() => HeaderStyle::Off,
             HeaderChoice::Auto => HeaderStyle::Draft03,
+        }
+    }
+
+    /// How precisely `duration_until_reset` is answered. `auto` rounds it up to
+    /// whole seconds when sluice adds no headers of its own: Envoy then writes
+    /// them (`enable_x_ratelimit_headers`), and its `x-ratelimit-reset` is the
+    /// reset's whole seconds alone, so a reset under a second would read 0 and a
+    /// denied client would come back at once.
+    pub fn reset_resolution(&self) -> ResetResolution {
+        match self.decisions.reset_resolution {
+            ResetChoice::Resolution(r) => r,
+            ResetChoice::Auto if self.header_style() == HeaderStyle::Off => {
+                ResetResolution::Seconds
+            }
+            ResetChoice::Auto => ResetResolution::Micros,
         }
     }
 }
@@ -428,6 +444,30 @@ mod tests {
             panic!("not serve")
         };
         *s
+    }
+
+    #[test]
+    fn reset_resolution_auto_is_whole_seconds_when_envoy_writes_the_headers() {
+        let xds = ["--xds-server", "https://envoy-gateway:18001"];
+        let files = ["--config", "a.yaml"];
+        assert_eq!(serve(&xds).reset_resolution(), ResetResolution::Seconds);
+        assert_eq!(serve(&files).reset_resolution(), ResetResolution::Micros);
+        let off = serve(&[&files[..], &["--response-headers", "off"]].concat());
+        assert_eq!(off.reset_resolution(), ResetResolution::Seconds);
+        let ietf = serve(&[&xds[..], &["--response-headers", "ietf"]].concat());
+        assert_eq!(ietf.reset_resolution(), ResetResolution::Micros);
+        // A resolution that is asked for wins.
+        for (flag, resolution) in [
+            ("micros", ResetResolution::Micros),
+            ("seconds", ResetResolution::Seconds),
+        ] {
+            for base in [&xds, &files] {
+                let s = serve(&[&base[..], &["--reset-resolution", flag]].concat());
+                assert_eq!(s.reset_resolution(), resolution, "{flag}");
+            }
+        }
+        let bad = Cli::try_parse_from(["sluice", "serve", "--reset-resolution", "millis"]);
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -181,11 +181,20 @@ pub(super) fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {
     }
 }
 
-pub(super) fn parse_reset_resolution(s: &str) -> Result<ResetResolution, String> {
+/// `--reset-resolution`: a resolution, or `auto` to follow the header style
+/// ([`super::Serve::reset_resolution`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetChoice {
+    Auto,
+    Resolution(ResetResolution),
+}
+
+pub(super) fn parse_reset_resolution(s: &str) -> Result<ResetChoice, String> {
     match s {
-        "micros" => Ok(ResetResolution::Micros),
-        "seconds" => Ok(ResetResolution::Seconds),
-        _ => Err(format!("expected micros or seconds, got {s:?}")),
+        "auto" => Ok(ResetChoice::Auto),
+        "micros" => Ok(ResetChoice::Resolution(ResetResolution::Micros)),
+        "seconds" => Ok(ResetChoice::Resolution(ResetResolution::Seconds)),
+        _ => Err(format!("expected auto, micros or seconds, got {s:?}")),
     }
 }
 

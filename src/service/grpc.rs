@@ -136,6 +136,14 @@ impl<S: Store> Handler for Grpc<S> {
         }
     }
 
+    /// A `ShouldRateLimit` whose client had given up before it was read is not
+    /// decided (nothing is counted), only counted here.
+    fn abandoned(&self, method: Method) {
+        if method == Method::ShouldRateLimit {
+            self.service.metrics.abandoned_call();
+        }
+    }
+
     async fn call(
         &self,
         method: Method,

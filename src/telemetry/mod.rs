@@ -288,6 +288,7 @@ pub struct Metrics {
     bad_requests: IntCounter,
     oversized_requests: IntCounter,
     expired_calls: IntCounter,
+    abandoned_calls: IntCounter,
     decision_seconds: Histogram,
     /// Trace ids of sampled calls per `decision_seconds` bucket (OpenMetrics only).
     exemplars: exemplar::Exemplars,
@@ -428,6 +429,13 @@ impl Metrics {
                 "Calls whose grpc-timeout had passed before they were decided (DEADLINE_EXCEEDED, no store call).",
             ),
         );
+        let abandoned_calls = registered(
+            &registry,
+            int_counter(
+                "sluice_abandoned_calls_total",
+                "ShouldRateLimit calls whose client had reset the stream before they were read (Envoy gives up at its filter timeout): not decided, nothing counted.",
+            ),
+        );
         let policy_reloads = registered(
             &registry,
             counter_vec(
@@ -474,6 +482,7 @@ impl Metrics {
             bad_requests,
             oversized_requests,
             expired_calls,
+            abandoned_calls,
             decision_seconds: Histogram::default(),
             exemplars: Default::default(),
             policy_reloads,
@@ -615,6 +624,11 @@ impl Metrics {
     /// decided.
     pub fn expired_call(&self) {
         self.expired_calls.inc();
+    }
+
+    /// A call whose client reset its stream before it was read: not decided.
+    pub fn abandoned_call(&self) {
+        self.abandoned_calls.inc();
     }
 
     /// Makes a policy source's reload series exist (at 0) before its first reload.

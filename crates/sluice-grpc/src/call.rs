@@ -68,6 +68,15 @@ pub(super) async fn call<H: Handler>(
                     return refuse(&mut respond, StatusCode::OK, &e);
                 }
             };
+            // A client that reset the stream before its call was read has given up
+            // on it: Envoy at its filter timeout, while this process was stalled
+            // (paused, CPU-throttled) with the call in its socket. Decided now, it
+            // would count hits for a request Envoy has already answered by its own
+            // failure mode.
+            if poll_fn(|cx| Poll::Ready(respond.poll_reset(cx).is_ready())).await {
+                handler.abandoned(method);
+                return;
+            }
             let deadline = timeout.map(|t| match waited_since {
                 Some(since) => Deadline::since(t, since),
                 None => Deadline::at_once(t),

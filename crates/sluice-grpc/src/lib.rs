@@ -11,7 +11,8 @@
 //! method is answered UNIMPLEMENTED at once, whatever its body does. Messages are
 //! never compressed: a compressed request is refused with UNIMPLEMENTED. A call's
 //! `grpc-timeout` reaches the handler as a [`Deadline`]; a client that gives up
-//! resets its stream, and the call is dropped then.
+//! resets its stream, and the call is dropped then, or never handed to the handler
+//! when the reset came before its request was read ([`Handler::abandoned`]).
 
 #![forbid(unsafe_code)]
 
@@ -83,6 +84,11 @@ pub trait Handler: Send + Sync + 'static {
     /// large, badly framed, compressed), so that the handler may count or log it.
     /// By default nothing is done.
     fn refused(&self, _method: Self::Method, _error: &GrpcError) {}
+
+    /// A [`Kind::Unary`] call whose client reset the stream before its request was
+    /// read (it gave up, at its deadline or otherwise): the handler is not called,
+    /// and this may count it. By default nothing is done.
+    fn abandoned(&self, _method: Self::Method) {}
 
     /// A [`Kind::Unary`] call: `message` is the request without its prefix;
     /// `deadline` comes from its `grpc-timeout`.
