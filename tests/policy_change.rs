@@ -126,6 +126,14 @@ async fn walk<S: Store>(store: &str, w: &Walk<S>) {
         w.set(&rule(alg, "hour", 5, ""));
         assert_eq!(w.admitted(&u, 3).await, 0, "{}", is("shadow mode off"));
 
+        // Shadow mode turned on under a denied key (which Redis's over-limit cache
+        // remembers): admitted at once.
+        let u = format!("{alg}-shadow-on");
+        assert_eq!(w.admitted(&u, 6).await, 5);
+        w.set(&rule(alg, "hour", 5, "\n    shadow_mode: true"));
+        assert_eq!(w.admitted(&u, 3).await, 3, "{}", is("shadow mode on"));
+        w.set(&rule(alg, "hour", 5, ""));
+
         // `unlimited` counts nothing, and the counter is as it was after.
         let u = format!("{alg}-unlimited");
         w.set(&rule(alg, "hour", 5, ""));
