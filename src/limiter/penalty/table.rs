@@ -364,7 +364,7 @@ impl Penalties {
 
     /// The sentence `key` is serving at `now`, if any: of any source when
     /// `penalised` (its rule has a `penalty`), else an operator's only. A reload that
-    /// takes a rule's `penalty` away lifts the sentences it gave, whether or not an
+    /// takes a rule's `penalty` away stops the sentences it gave, whether or not an
     /// operator's block elsewhere has every hit looked up.
     pub fn in_force(&self, key: &str, now: Micros, penalised: bool) -> Option<InForce> {
         let shard = self.shard(key);
