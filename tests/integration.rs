@@ -23,6 +23,7 @@ mod local;
 mod observe;
 mod overrides;
 mod policy;
+mod policy_change;
 mod rates;
 mod redis;
 mod redis_faults;

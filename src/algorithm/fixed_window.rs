@@ -22,10 +22,16 @@ pub struct State {
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
     let window = limit.window.max(1);
     let current = window_start(now, window, limit.phase);
-    // A stored window later than `now` means the clock stepped back: keep counting in
-    // it rather than forget hits already admitted.
     let (start, count) = match state {
-        Some(s) if s.window_start >= current => (s.window_start, s.count),
+        // A stored window later than `now` means the clock stepped back: keep counting
+        // in it rather than forget hits already admitted.
+        Some(s) if s.window_start >= current && s.window_start % window == limit.phase % window => {
+            (s.window_start, s.count)
+        }
+        // A window off this limit's grid is one of another length (the policy's unit
+        // changed) that started in the current window: its hits were admitted in this
+        // one and count here, which ends where this limit's windows end.
+        Some(s) if s.window_start >= current => (current, s.count),
         _ => (current, 0),
     };
     let end = start.saturating_add(window);
@@ -101,6 +107,30 @@ mod tests {
 
     fn limit(requests: u64, window: Micros) -> Limit {
         testkit::limit(A, requests, window, requests)
+    }
+
+    #[test]
+    fn a_shorter_windows_count_carries_into_a_longer_one_that_ends_on_its_own_grid() {
+        // A per-second limit made per-minute mid-minute (T0 is 20 s into a minute, so
+        // the minute ends at T0 + 40 s).
+        let now = T0 + 30 * SECOND + SECOND / 2;
+        let mut s = None;
+        for _ in 0..3 {
+            assert!(hit(&limit(5, SECOND), &mut s, now, 1).admitted);
+        }
+        let minute = limit(5, 60 * SECOND);
+        let v = hit(&minute, &mut s, now, 1);
+        assert!(v.admitted);
+        assert_eq!(v.remaining, 1, "the second's hits count in the minute");
+        assert_eq!(
+            v.reset,
+            9 * SECOND + SECOND / 2,
+            "the minute ends at T0 + 40 s"
+        );
+        let v = hit(&minute, &mut s, now, 2);
+        assert!(!v.admitted);
+        assert_eq!(v.retry_after, 9 * SECOND + SECOND / 2);
+        assert!(hit(&minute, &mut s, T0 + 40 * SECOND, 5).admitted);
     }
 
     #[test]

@@ -37,7 +37,13 @@ fn view(window: Micros, state: Option<&State>, now: Micros) -> View {
     let (start, previous, current) = match state {
         // A stored window later than `now` means the clock stepped back: keep it, with
         // elapsed 0 (the previous window at full weight), rather than forget hits.
-        Some(s) if s.window_start >= start => (s.window_start, s.previous, s.current),
+        Some(s) if s.window_start >= start && s.window_start % window == 0 => {
+            (s.window_start, s.previous, s.current)
+        }
+        // A window off this limit's grid is one of another length (the policy's unit
+        // changed) that started in the current window: its counts weigh as they
+        // did, in the current window, so its reset and retry-after are this limit's.
+        Some(s) if s.window_start >= start => (start, s.previous, s.current),
         Some(s) if s.window_start.checked_add(window) == Some(start) => (start, s.current, 0),
         _ => (start, 0, 0),
     };
@@ -185,6 +191,31 @@ mod tests {
             State::SlidingWindowCounter(s) => s,
             other => panic!("not a sliding_window_counter state: {other:?}"),
         })
+    }
+
+    #[test]
+    fn a_shorter_windows_counts_weigh_in_the_longer_window_they_started_in() {
+        // A per-second limit made per-minute mid-minute (T0 is 20 s into a minute:
+        // this minute runs from T0 - 20 s to T0 + 40 s).
+        let now = T0 + 30 * SECOND + SECOND / 2;
+        let mut s = None;
+        for _ in 0..3 {
+            assert!(hit(&limit(5, SECOND), &mut s, now, 1).admitted);
+        }
+        let minute = limit(5, 60 * SECOND);
+        let v = hit(&minute, &mut s, now, 1);
+        assert!(v.admitted);
+        assert_eq!(v.remaining, 1, "the second's hits count in the minute");
+        // They weigh until the end of the next minute, T0 + 100 s.
+        assert_eq!(v.reset, T0 + 100 * SECOND - now);
+        assert_eq!(
+            own(s.clone()).map(|s| s.window_start),
+            Some(T0 - 20 * SECOND)
+        );
+        let v = hit(&minute, &mut s, now, 2);
+        assert!(!v.admitted);
+        // 4 weigh in the next minute: 2 fit once 4 * (1 - e) <= 3, at e = 15 s.
+        assert_eq!(v.retry_after, T0 + 55 * SECOND - now);
     }
 
     #[test]

@@ -171,6 +171,40 @@ macro_rules! store_contract {
         }
 
         #[tokio::test]
+        async fn a_window_made_longer_keeps_its_hits_and_ends_on_its_own_grid() {
+            // A per-second limit made per-day, as a policy's unit change does: the
+            // second's hit counts in the day, which ends where a fresh key's day
+            // ends, not a day after that second.
+            const SECOND: u64 = sluice::algorithm::SECOND;
+            let store = $make;
+            for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+                let key = format!("contract-longer-{}", alg.as_str());
+                let fresh = format!("contract-longer-fresh-{}", alg.as_str());
+                let with = |key: &str, window| {
+                    let mut h = hit(key, alg, 5, 1);
+                    h.limit.window = window;
+                    h
+                };
+                assert!(store.decide(&[with(&key, SECOND)]).await.unwrap().admitted);
+                let day = 86_400 * SECOND;
+                let v = store
+                    .decide(&[with(&key, day), with(&fresh, day)])
+                    .await
+                    .unwrap();
+                assert!(v.admitted, "{alg:?}");
+                assert_eq!(
+                    v.verdicts[0].remaining, 3,
+                    "{alg:?}: the second's hit counts"
+                );
+                let (changed, fresh) = (v.verdicts[0].reset, v.verdicts[1].reset);
+                assert!(
+                    changed.abs_diff(fresh) < SECOND,
+                    "{alg:?}: resets {changed} and {fresh} µs"
+                );
+            }
+        }
+
+        #[tokio::test]
         async fn a_full_bucket_gives_its_whole_burst_at_one_instant() {
             // 3 a second and 37 a day: intervals of no whole number of microseconds.
             const SECOND: u64 = sluice::algorithm::SECOND;

@@ -26,11 +26,12 @@ pub fn apply_sentences(
         let Some(rule) = outcome.rule(&outcome.statuses[i]) else {
             continue;
         };
-        if (rule.penalty.is_none() && !operators) || hit.mode != Mode::Enforce {
+        let penalised = rule.penalty.is_some();
+        if (!penalised && !operators) || hit.mode != Mode::Enforce {
             continue;
         }
         let now = *now.get_or_insert_with(|| penalties.now());
-        match penalties.in_force(&hit.key, now) {
+        match penalties.in_force(&hit.key, now, penalised) {
             None => {}
             Some(InForce::Tightened { factor_ppm }) => {
                 hit.limit.requests = tightened(hit.limit.requests, factor_ppm);

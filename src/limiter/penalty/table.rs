@@ -362,11 +362,14 @@ impl Penalties {
         self.operator_blocks.load(Ordering::Relaxed)
     }
 
-    /// The sentence `key` is serving at `now`, if any.
-    pub fn in_force(&self, key: &str, now: Micros) -> Option<InForce> {
+    /// The sentence `key` is serving at `now`, if any: of any source when
+    /// `penalised` (its rule has a `penalty`), else an operator's only. A reload that
+    /// takes a rule's `penalty` away stops the sentences it gave, whether or not an
+    /// operator's block elsewhere has every hit looked up.
+    pub fn in_force(&self, key: &str, now: Micros, penalised: bool) -> Option<InForce> {
         let shard = self.shard(key);
         let r = shard.records.get(key)?;
-        if !r.sentenced(now) {
+        if !r.sentenced(now) || !(penalised || r.source == Source::Operator) {
             return None;
         }
         Some(match r.kind {
@@ -382,7 +385,7 @@ impl Penalties {
 
     /// If `key` is denied outright at `now` (a ban or a block), for how much longer.
     pub fn banned(&self, key: &str, now: Micros) -> Option<Micros> {
-        match self.in_force(key, now)? {
+        match self.in_force(key, now, true)? {
             InForce::Denied { left, .. } => Some(left),
             InForce::Tightened { .. } => None,
         }

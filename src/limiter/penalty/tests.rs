@@ -249,6 +249,34 @@ async fn an_operator_blocks_and_unblocks_a_key_of_a_rule_without_penalty() {
     assert!(!l.penalties().operator_blocks());
 }
 
+/// A reload that takes a rule's `penalty` away lifts the bans it gave at once, and
+/// an operator's block of another key, which has every rule's hits looked up, does
+/// not bring them back; the operator's own block still holds.
+#[tokio::test]
+async fn a_reload_without_the_penalty_lifts_its_bans_whatever_operators_block() {
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    assert!(!one(&l, "ip", "a").await.over_limit);
+    for _ in 0..2 {
+        assert!(one(&l, "ip", "a").await.over_limit);
+    }
+    assert_eq!(one(&l, "ip", "a").await.statuses[0].ban, Ban::Active);
+    let lifted = POLICY.replace("      penalty: {violations: 2, within: 10s, ban: 5m}\n", "");
+    let lifted = lifted.replace("requests_per_unit: 1\n", "requests_per_unit: 50\n");
+    let docs = crate::policy::parse_str("p.yaml", &lifted).expect("parses");
+    l.policy
+        .store(Arc::new(crate::policy::compile(docs).expect("compiles")));
+    assert!(!one(&l, "ip", "a").await.over_limit, "the ban went with it");
+    l.block("d", &[("ip", "b")], 60 * SECOND).await.unwrap();
+    assert!(l.penalties().operator_blocks());
+    let o = one(&l, "ip", "a").await;
+    assert!(
+        !o.over_limit,
+        "another key's block brought the ban back: {o:?}"
+    );
+    assert_eq!(one(&l, "ip", "b").await.statuses[0].ban, Ban::Blocked);
+}
+
 /// A rule in shadow or quota mode denies nothing, so a block there would be listed
 /// in force while every request passed: it is refused, saying why.
 #[tokio::test]

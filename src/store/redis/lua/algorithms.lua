@@ -22,7 +22,13 @@ end
 local function fixed_window(r, w, p, st, now, hits)
   local _, off = idiv(now - p, w)
   local start, count = now - off, 0
-  if st ~= nil and st[1] >= start then start, count = st[1], st[2] end
+  if st ~= nil and st[1] >= start then
+    -- Off the grid: a window of another length (the unit changed) that started in
+    -- this one; its hits count here (src/algorithm/fixed_window.rs).
+    local _, stray = idiv(st[1] - p, w)
+    if stray == 0 then start = st[1] end
+    count = st[2]
+  end
   local reset = until_(start + w, now)
   local used = count + hits
   if used <= r then
@@ -153,7 +159,10 @@ local function sliding_window_counter(r, w, _, st, now, hits)
   local _, off = idiv(now, w)
   local start, previous, current = now - off, 0, 0
   if st ~= nil and st[1] >= start then
-    start, previous, current = st[1], st[2], st[3]
+    -- Off the grid: a window of another length, see fixed_window.
+    local _, stray = idiv(st[1], w)
+    if stray == 0 then start = st[1] end
+    previous, current = st[2], st[3]
   elseif st ~= nil and st[1] + w == start then
     previous = st[3]
   end
