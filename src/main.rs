@@ -108,7 +108,7 @@ fn validate(paths: &[std::path::PathBuf], dir_files: sluice::policy::DirFiles) -
         Ok((policy, _docs)) => print_out(&format!(
             "ok: {} domain(s), {} rule(s)\n",
             policy.domains.len(),
-            policy.rules.len()
+            policy.rule_count()
         )),
         Err(errors) => {
             for e in errors {
