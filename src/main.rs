@@ -108,7 +108,7 @@ fn validate(paths: &[std::path::PathBuf], dir_files: sluice::policy::DirFiles) -
         Ok((policy, _docs)) => print_out(&format!(
             "ok: {} domain(s), {} rule(s)\n",
             policy.domains.len(),
-            policy.rules.len()
+            policy.rule_count()
         )),
         Err(errors) => {
             for e in errors {
@@ -153,13 +153,20 @@ fn explain(args: &sluice::cli::explain::ExplainArgs) -> ExitCode {
     let Some(runtime) = client_runtime() else {
         return ExitCode::FAILURE;
     };
-    match runtime.block_on(sluice::cli::explain::run(args)) {
-        Ok(e) if args.json => print_out(&format!("{:#}\n", sluice::cli::explain::to_json(&e))),
-        Ok(e) => print_out(&sluice::cli::explain::text(&e)),
+    let (e, notes) = match runtime.block_on(sluice::cli::explain::run(args)) {
+        Ok(explained) => explained,
         Err(e) => {
             eprintln!("sluice explain: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    for note in notes {
+        eprintln!("warning: {note}");
+    }
+    if args.json {
+        print_out(&format!("{:#}\n", sluice::cli::explain::to_json(&e)))
+    } else {
+        print_out(&sluice::cli::explain::text(&e))
     }
 }
 

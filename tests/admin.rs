@@ -863,3 +863,49 @@ async fn list_policies(
         .expect("ListPolicies")
         .into_inner()
 }
+
+/// `sluice explain` against a server whose policy file's latest edit was refused
+/// says so on stderr, with the refusal's file and line, beside an explanation that
+/// the last good version decided; once the file is fixed, it says nothing more.
+#[tokio::test]
+async fn explain_warns_that_a_refused_edit_leaves_the_last_good_policy_answering() {
+    let server = Server::start(POLICY, &[]);
+    let explain = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["explain", "--server", &server.admin, "--domain", "api"])
+            .arg("tenant=acme")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(stdout.contains("rule:"), "{stdout}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert_eq!(explain(), "");
+
+    write_atomic(
+        &server.policy_path(),
+        "domain: api\ndescriptors:\n  - key: [\n",
+    );
+    let mut admin = server.admin_client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list_policies(&mut admin).await.refused.is_empty() {
+        assert!(Instant::now() < deadline, "no refusal listed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let warned = explain();
+    assert!(
+        warned.starts_with("warning: the server refused the latest change of its file policies")
+            && warned.contains("policy.yaml:"),
+        "{warned}"
+    );
+    assert_eq!(warned.lines().count(), 1, "{warned}");
+
+    write_atomic(&server.policy_path(), POLICY);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !list_policies(&mut admin).await.refused.is_empty() {
+        assert!(Instant::now() < deadline, "still refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(explain(), "");
+}

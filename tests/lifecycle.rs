@@ -550,7 +550,9 @@ async fn a_directory_made_unreadable_is_refused_with_the_reason() {
 }
 
 /// The start says what it loaded, in the words and fields of a reload's line, so
-/// an operator reading the log of a fresh process sees its domains and rules.
+/// an operator reading the log of a fresh process sees its domains and rules. A
+/// rule is a descriptor as written: a `rate_limits` list of two limits is one rule,
+/// and `sluice validate`, the log and `/debug/policies` count alike.
 #[tokio::test]
 async fn the_start_logs_how_many_domains_and_rules_the_files_loaded() {
     let dir = tempfile::tempdir().unwrap();
@@ -559,11 +561,24 @@ async fn the_start_logs_how_many_domains_and_rules_the_files_loaded() {
         &path,
         "domain: a\ndescriptors:\n\
          \x20 - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n\
-         \x20 - key: q\n    rate_limit: {unit: minute, requests_per_unit: 5}\n\
+         \x20 - key: q\n    rate_limits:\n\
+         \x20     - {unit: second, requests_per_unit: 5}\n\
+         \x20     - {unit: day, requests_per_unit: 500}\n\
          ---\ndomain: b\ndescriptors:\n\
          \x20 - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )
     .unwrap();
+    let validate = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&validate.stdout),
+        "ok: 2 domain(s), 3 rule(s)\n",
+        "{}",
+        String::from_utf8_lossy(&validate.stderr)
+    );
     let server = Server::start_with(dir, &[path], &[]);
     let line = server
         .startup
@@ -574,4 +589,14 @@ async fn the_start_logs_how_many_domains_and_rules_the_files_loaded() {
         line.contains("domains=2") && line.contains("rules=3"),
         "{line}"
     );
+    let (status, body) = http(&server.http, "GET", "/debug/policies", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let listed: usize = v["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["rules"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(listed, 3, "{body}");
 }

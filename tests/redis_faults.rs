@@ -991,6 +991,46 @@ async fn one_shard_hung_lifts_only_its_own_limits() {
     lifts_only_the_hung(&sluice, &shards[0], [&shards[1], &shards[2]]).await;
 }
 
+/// Among three shards, the one stopped is the one the "store failing" warning
+/// names, with the error's kind, though the request's first limit lives on a
+/// shard that answers: an operator reads which server to look at from the line
+/// that says the failure mode is answering.
+#[tokio::test]
+async fn the_store_failing_warning_names_the_stopped_shard_and_the_error_kind() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !available() {
+        return;
+    }
+    let shards = [
+        RedisServer::start().await,
+        RedisServer::start().await,
+        RedisServer::start().await,
+    ];
+    let urls: Vec<String> = shards.iter().map(RedisServer::url).collect();
+    let timeout = format!("{}ms", HUNG_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        SPLIT,
+        &["--store-timeout", &timeout, "--redis", &urls.join(",")],
+    );
+    let mut client = sluice.client().await;
+    let (stopped, healthy) = (&shards[1], [&shards[0], &shards[2]]);
+    let (a, [b, _]) = values_by_shard(&mut client, stopped, healthy, "open").await;
+    stopped.freeze();
+    let (code, _) = ask(&mut client, "open", &[("b", &b[0]), ("a", &a)]).await;
+    assert_eq!(code, common::OK, "open, the stopped shard's limit lifted");
+    let lines = sluice
+        .wait_line(Duration::from_secs(10), "store failing", |l| {
+            l.contains("store failing")
+        })
+        .await;
+    let line = lines.last().unwrap();
+    assert!(
+        line.contains(&format!("shard={}", stopped.addr())) && line.contains("kind=timeout"),
+        "{line}"
+    );
+    stopped.thaw();
+}
+
 /// As [`one_shard_hung_lifts_only_its_own_limits`], for a request over masters of
 /// a Redis Cluster, one of them hung.
 #[tokio::test]

@@ -1134,3 +1134,48 @@ async fn default_algorithm_applies_to_limits_that_name_none() {
     assert_eq!(algorithm("plain"), Some("fixed_window".into()));
     assert_eq!(algorithm("named"), Some("sliding_window_log".into()));
 }
+
+/// A limit of 0 never admits: under every algorithm its denial says when to come
+/// back, in `duration_until_reset` and `x-ratelimit-reset` as in `retry-after`: one
+/// window, or the end of the current one for a fixed window, never 0.
+#[tokio::test]
+async fn a_zero_limit_tells_a_reset_under_every_algorithm() {
+    const ALGORITHMS: [&str; 5] = [
+        "fixed_window",
+        "sliding_window_counter",
+        "sliding_window_log",
+        "token_bucket",
+        "leaky_bucket",
+    ];
+    let policy: String = ALGORITHMS
+        .iter()
+        .map(|a| {
+            format!(
+                "  - key: {a}\n    rate_limit: {{unit: minute, requests_per_unit: 0, algorithm: {a}}}\n"
+            )
+        })
+        .collect();
+    let server = Server::start(&format!("domain: zero\ndescriptors:\n{policy}"), &[]);
+    let mut c = server.client().await;
+    for a in ALGORITHMS {
+        let r = call(&mut c, request("zero", vec![desc(&[(a, "x")])])).await;
+        assert_eq!(r.overall_code, OVER_LIMIT, "{a}");
+        let d = r.statuses[0].duration_until_reset.expect("a reset");
+        let reset = d.seconds as u64 + u64::from(d.nanos > 0);
+        if a == "fixed_window" {
+            assert!((1..=60).contains(&reset), "{a}: {d:?}");
+        } else {
+            assert_eq!(reset, 60, "{a}: {d:?}");
+        }
+        assert_eq!(
+            header(&r, "x-ratelimit-reset"),
+            Some(reset.to_string().as_str()),
+            "{a}"
+        );
+        let retry: u64 = header(&r, "retry-after")
+            .expect("retry-after")
+            .parse()
+            .unwrap();
+        assert!(retry >= reset, "{a}: retry-after {retry}, reset {reset}");
+    }
+}

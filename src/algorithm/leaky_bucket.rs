@@ -47,11 +47,13 @@ pub fn decide(
     hits: u64,
     max_delay: Micros,
 ) -> Step<State> {
-    // `requests == 0`: the queue never drains, so no hit is ever admitted.
+    // `requests == 0`: the queue never drains, so no hit is ever admitted; its
+    // reset is one window, as token_bucket's.
     let Some(g) = Gcra::new(limit) else {
         return Step {
             verdict: Verdict {
                 admitted: hits == 0,
+                reset: limit.window.max(1),
                 retry_after: if hits == 0 { 0 } else { u64::MAX },
                 ..Verdict::default()
             },
@@ -286,6 +288,17 @@ mod tests {
 
     // Also: `testkit::run` checks that a fresh counter's first request is not held,
     // and the shared `verdict_fields_are_exact` that a denial is never held.
+    /// A limit of 0 never admits: its reset says one window, as `retry-after` does,
+    /// not "full again now", which would send a client straight back.
+    #[test]
+    fn a_zero_limit_resets_in_one_window() {
+        let zero = limit(0, 10 * SECOND, 3);
+        for hits in [0, 1] {
+            let v = decide(&zero, None, T0, hits).verdict;
+            assert_eq!((v.remaining, v.reset), (0, 10 * SECOND), "{hits} hits");
+        }
+    }
+
     shared_properties!(A);
 
     proptest! {

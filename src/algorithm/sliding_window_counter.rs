@@ -102,7 +102,10 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
     // Back to full once nothing is weighted: the current count stops weighing at the
     // end of the next window, the previous one at the end of this one.
     let start = u128::from(v.start);
-    let reset = if current > 0 {
+    // A limit of 0 is never back to any allowance: one window, as `retry-after`.
+    let reset = if limit.requests == 0 {
+        window
+    } else if current > 0 {
         until(start + 2 * w, now)
     } else if v.previous > 0 {
         until(start + w, now)
@@ -309,6 +312,17 @@ mod tests {
             .filter(|a| a.at >= from && a.at < from + len)
             .map(|a| a.hits)
             .sum()
+    }
+
+    /// A limit of 0 never admits: its reset says one window, as `retry-after` does,
+    /// not "full again now", which would send a client straight back.
+    #[test]
+    fn a_zero_limit_resets_in_one_window() {
+        let zero = limit(0, 10 * SECOND);
+        for hits in [0, 1] {
+            let v = decide(&zero, None, T0, hits).verdict;
+            assert_eq!((v.remaining, v.reset), (0, 10 * SECOND), "{hits} hits");
+        }
     }
 
     shared_properties!(A);

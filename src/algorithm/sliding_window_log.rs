@@ -196,6 +196,16 @@ pub(super) fn verdict(limit: &Limit, state: &State, now: Micros, hits: u64) -> V
     )
 }
 
+/// One window after `newest`, the newest live entry (0 without one); always one
+/// window for a limit of 0, which is never back to any allowance (as `retry-after`).
+fn reset(limit: &Limit, newest: Option<Micros>, now: Micros) -> Micros {
+    let window = limit.window.max(1);
+    if limit.requests == 0 {
+        return window;
+    }
+    newest.map_or(0, |t| until_expiry(t, window, now))
+}
+
 /// The verdict on `hits` at `now` of a log whose live entries start at `from`.
 fn judge(limit: &Limit, s: &State, from: usize, now: Micros, hits: u64) -> Verdict {
     let window = limit.window.max(1);
@@ -214,7 +224,7 @@ fn judge(limit: &Limit, s: &State, from: usize, now: Micros, hits: u64) -> Verdi
         return Verdict {
             admitted: true,
             remaining,
-            reset: at.map_or(0, |t| until_expiry(t, window, now)),
+            reset: reset(limit, at, now),
             ..Verdict::default()
         };
     }
@@ -236,7 +246,7 @@ fn judge(limit: &Limit, s: &State, from: usize, now: Micros, hits: u64) -> Verdi
     Verdict {
         admitted: false,
         remaining: requests.saturating_sub(used) as u64,
-        reset: last.map_or(0, |&(t, _)| until_expiry(t, window, now)),
+        reset: reset(limit, last.map(|&(t, _)| t), now),
         retry_after,
         delay: 0,
         next_room: 0,
@@ -345,6 +355,17 @@ mod tests {
         let v = hit(&big, &mut s, u64::MAX, 1);
         assert!(!v.admitted);
         assert_eq!(v.retry_after, u64::MAX);
+    }
+
+    /// A limit of 0 never admits: its reset says one window, as `retry-after` does,
+    /// not "full again now", which would send a client straight back.
+    #[test]
+    fn a_zero_limit_resets_in_one_window() {
+        let zero = limit(0, 10 * SECOND);
+        for hits in [0, 1] {
+            let v = decide(&zero, None, T0, hits).verdict;
+            assert_eq!((v.remaining, v.reset), (0, 10 * SECOND), "{hits} hits");
+        }
     }
 
     shared_properties!(A);

@@ -20,7 +20,7 @@
 //! limit wrote, nor for one an older sluice wrote (it rounded each cost up and kept
 //! no remainder, so its state reads as rem = 0, the rounded-up time), only for a
 //! state of another limit (a larger burst before a policy change). `requests == 0`
-//! admits nothing.
+//! admits nothing, and its reset is one window.
 //!
 //! The same arithmetic serves leaky_bucket, where the tat is when the queue drains.
 
@@ -160,7 +160,7 @@ impl Gcra {
 /// Decides one request of `hits` at `now`.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
     let Some(g) = Gcra::new(limit) else {
-        return never(hits);
+        return never(hits, limit.window.max(1));
     };
     let start = g.start(state.map(|s| (s.tat, s.rem)), now);
     let next = g.next(&start, hits);
@@ -209,11 +209,14 @@ fn admit(remaining: u64, reset: Micros, next: Option<State>) -> Step<State> {
     }
 }
 
-/// `requests == 0`: checks pass, every hit is denied for good.
-fn never(hits: u64) -> Step<State> {
+/// `requests == 0`: checks pass, every hit is denied for good. The bucket is full
+/// (of nothing) at once, but a client told a reset of 0 would come straight back:
+/// the reset is one window, as `retry-after` says.
+fn never(hits: u64, window: Micros) -> Step<State> {
     Step {
         verdict: Verdict {
             admitted: hits == 0,
+            reset: window,
             retry_after: if hits == 0 { 0 } else { u64::MAX },
             ..Verdict::default()
         },
@@ -423,6 +426,17 @@ mod tests {
             rem: 3,
         });
         assert_eq!(decide(&l, Some(&odd), T0, 1), decide(&l, Some(&old), T0, 1));
+    }
+
+    /// A limit of 0 never admits: its reset says one window, as `retry-after` does,
+    /// not "full again now", which would send a client straight back.
+    #[test]
+    fn a_zero_limit_resets_in_one_window() {
+        let zero = limit(0, 10 * SECOND, 3);
+        for hits in [0, 1] {
+            let v = decide(&zero, None, T0, hits).verdict;
+            assert_eq!((v.remaining, v.reset), (0, 10 * SECOND), "{hits} hits");
+        }
     }
 
     shared_properties!(A);

@@ -86,13 +86,53 @@ pub fn request(args: &ExplainArgs) -> Result<pb::ExplainRequest, ExplainError> {
 }
 
 /// Explains as the arguments say.
-pub async fn run(args: &ExplainArgs) -> Result<pb::Explanation, ExplainError> {
+/// The explanation, and (from a server) what its policy stands on when a change to
+/// it was refused: [`standing`]'s warnings, for stderr.
+pub async fn run(args: &ExplainArgs) -> Result<(pb::Explanation, Vec<String>), ExplainError> {
     let req = request(args)?;
     if args.config.is_empty() {
         remote(args, req).await
     } else {
-        local(&args.config, req).await
+        Ok((local(&args.config, req).await?, Vec::new()))
     }
+}
+
+/// One warning per source whose latest change was refused (its last good documents
+/// answer), and per document of the listing that is not `loaded` for a reason of
+/// its own (a RateLimitPolicy not Accepted): what the explanation was decided by
+/// is not what was last written. Empty when everything loaded.
+pub fn standing(p: &pb::Policies) -> Vec<String> {
+    let mut out: Vec<String> = p
+        .refused
+        .iter()
+        .map(|r| {
+            format!(
+                "the server refused the latest change of its {} policies, and answers by their last good version: {}",
+                printable(&r.source),
+                printable(&r.error)
+            )
+        })
+        .collect();
+    for s in &p.sources {
+        if s.status == "loaded" || s.status.is_empty() {
+            continue;
+        }
+        if p.refused.iter().any(|r| r.error == s.error) {
+            continue;
+        }
+        let what = if s.status == "refused" {
+            "is refused and serves nothing"
+        } else {
+            "serves its last good version"
+        };
+        out.push(format!(
+            "{} (domain {}) {what}: {}",
+            printable(&s.source),
+            printable(&s.domain),
+            printable(&s.error)
+        ));
+    }
+    out
 }
 
 async fn local(
@@ -132,13 +172,21 @@ async fn local(
 async fn remote(
     args: &ExplainArgs,
     req: pb::ExplainRequest,
-) -> Result<pb::Explanation, ExplainError> {
+) -> Result<(pb::Explanation, Vec<String>), ExplainError> {
+    let domain = req.domain.clone();
     let mut client = connect(&args.connect).await?;
-    client
+    let explanation = client
         .explain(req)
         .await
         .map(tonic::Response::into_inner)
-        .map_err(|s| ExplainError::Call(super::connect::status_text(&s)))
+        .map_err(|s| ExplainError::Call(super::connect::status_text(&s)))?;
+    // A server that does not list its policies leaves the explanation as it is.
+    let notes = client
+        .list_policies(pb::ListPoliciesRequest { domain })
+        .await
+        .map(|p| standing(&p.into_inner()))
+        .unwrap_or_default();
+    Ok((explanation, notes))
 }
 
 pub(crate) fn code_name(code: i32) -> &'static str {

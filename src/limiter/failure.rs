@@ -17,21 +17,50 @@ pub struct PeerReach {
 
 impl<S: Store> Limiter<S> {
     /// The failure of `error`, answered by `mode`: for the whole request, or only
-    /// for the hits the store could not decide (`partial`).
+    /// for the hits the store could not decide (`partial`). `failed` is a hit of the
+    /// request whose call failed, when known; otherwise the failing shard is the one
+    /// every hit of `hits` lives on, or the first of theirs that is failing.
     pub(super) fn failure(
         &self,
         error: &StoreError,
         mode: FailureMode,
         partial: bool,
+        hits: &[Hit],
+        failed: Option<&Hit>,
     ) -> StoreFailure {
+        let full = *error == StoreError::Full;
+        let shard = if full {
+            None
+        } else {
+            self.failed_shard(hits, failed)
+        };
         StoreFailure {
             error: error.to_string(),
+            kind: error.kind().map(|k| k.as_str()),
+            shard: shard
+                .and_then(|s| self.store.shard_name(s))
+                .map(str::to_owned),
             mode,
             answer: self.settings.store_errors,
             store: self.store.name(),
             partial,
-            full: *error == StoreError::Full,
+            full,
         }
+    }
+
+    /// The shard whose call failed: `failed`'s, or the one all of `hits` live on,
+    /// or the first of theirs whose calls are failing.
+    fn failed_shard(&self, hits: &[Hit], failed: Option<&Hit>) -> Option<usize> {
+        if let Some(hit) = failed {
+            return Some(self.store.shard_of(hit));
+        }
+        let first = self.store.shard_of(hits.first()?);
+        if hits[1..].iter().all(|h| self.store.shard_of(h) == first) {
+            return Some(first);
+        }
+        hits.iter()
+            .map(|h| self.store.shard_of(h))
+            .find(|&s| self.store.shard_failing(s))
     }
 
     /// Whether some domain (or the flag's default) answers a store outage locally.

@@ -112,6 +112,12 @@ pub enum Ban {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFailure {
     pub error: String,
+    /// The error's kind as `sluice_store_errors_total` labels it (`timeout`,
+    /// `connection`, ...); `None` for a call not tried (back-off, a key not kept).
+    pub kind: Option<&'static str>,
+    /// The shard whose call failed (`host:port`), when the store has shards of its
+    /// own: the first one of the request that failed.
+    pub shard: Option<String>,
     pub mode: FailureMode,
     /// How the request must be answered: by `mode`, or with an error.
     pub answer: StoreErrorAnswer,

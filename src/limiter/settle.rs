@@ -26,7 +26,10 @@ impl<S: Store> Limiter<S> {
                 outcome.over_limit = !decided.admitted;
                 outcome.now = decided.now;
                 if let Some(failed) = &decided.failed {
-                    outcome.failure = Some(self.failure(&failed.error, failure_mode, true));
+                    // Its first undecided hit is of the group whose error it is.
+                    let hit = failed.hits.first().and_then(|&i| hits.get(i));
+                    outcome.failure =
+                        Some(self.failure(&failed.error, failure_mode, true, hits, hit));
                 }
                 // Which of its rule's limits the hit is: 0 for the rule's own, k for
                 // its `also[k - 1]`.
@@ -102,7 +105,7 @@ impl<S: Store> Limiter<S> {
                 for (&i, hit) in order.iter().zip(hits) {
                     outcome.statuses[i].over_limit = outcome.over_limit && hit.mode != Mode::Shadow;
                 }
-                outcome.failure = Some(self.failure(&error, mode, false));
+                outcome.failure = Some(self.failure(&error, mode, false, hits, None));
             }
         }
     }

@@ -408,6 +408,14 @@ impl Policy {
         &self.rules[id]
     }
 
+    /// How many rules the documents wrote: descriptors with a `rate_limit`, a
+    /// `rate_limits` list or `unlimited: true`. A list is one rule however many
+    /// limits it holds ([`Rule::also`]), as `/debug/policies` lists a document's
+    /// rules; [`Policy::rules`] holds every limit.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len() - self.rules.iter().map(|r| r.also.len()).sum::<usize>()
+    }
+
     /// Every rule with the name of its domain, sorted by domain and rule id.
     pub fn rules_by_domain(&self) -> Vec<(&str, &Rule)> {
         let mut out = Vec::with_capacity(self.rules.len());

@@ -312,6 +312,8 @@ mod tests {
             failed.over_limit = failed.statuses[0].over_limit;
             failed.failure = Some(crate::limiter::StoreFailure {
                 error: "store timed out".into(),
+                kind: Some("timeout"),
+                shard: None,
                 mode,
                 answer: Default::default(),
                 store: "redis",

@@ -80,7 +80,7 @@ impl FileSource {
         };
         source.warn(&snapshot);
         let (compiled, docs) = snapshot.load()?;
-        let (domains, rules) = (compiled.domains.len(), compiled.rules.len());
+        let (domains, rules) = (compiled.domains.len(), compiled.rule_count());
         source.hub.set_files(docs)?;
         tracing::info!(domains, rules, "policy loaded from files");
         source.metrics.policy_reload("file", true);
@@ -244,7 +244,7 @@ impl FileSource {
                 .collect())
         } else {
             snapshot.load().and_then(|(p, docs)| {
-                let summary = (p.domains.len(), p.rules.len());
+                let summary = (p.domains.len(), p.rule_count());
                 self.hub.set_files(docs).map(|()| summary)
             })
         };

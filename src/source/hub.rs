@@ -439,7 +439,7 @@ impl Hub {
         tracing::debug!(
             source,
             domains = policy.domains.len(),
-            rules = policy.rules.len(),
+            rules = policy.rule_count(),
             "policy compiled"
         );
         self.metrics.policy_swapped(&policy);

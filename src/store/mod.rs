@@ -301,6 +301,13 @@ pub trait Store: Board + Send + Sync + 'static {
         false
     }
 
+    /// The name of `shard` (as [`Store::shards`] lists it, `host:port`) for a log
+    /// line about a failed call; `None` when the store has no shards of its own (a
+    /// Redis Cluster counts as one). Read only when a call failed.
+    fn shard_name(&self, _shard: usize) -> Option<&str> {
+        None
+    }
+
     /// Asks `shard` now, within the store timeout, whether it answers: its own
     /// clock in milliseconds (what its heartbeat set is scored by). Off the request
     /// path: a peer cut off from the shard asks this replica to check.
@@ -456,6 +463,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn shard_failing(&self, shard: usize) -> bool {
         (**self).shard_failing(shard)
+    }
+
+    fn shard_name(&self, shard: usize) -> Option<&str> {
+        (**self).shard_name(shard)
     }
 
     fn reach(&self, shard: usize) -> impl Future<Output = Result<u64, StoreError>> + Send {

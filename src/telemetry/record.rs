@@ -482,6 +482,9 @@ impl Metrics {
                     // answer by their own.
                     tracing::warn!(
                         store = f.store,
+                        // As the "redis shard down" line and the metrics name them.
+                        shard = f.shard.as_deref().map(tracing::field::display),
+                        kind = f.kind.map(tracing::field::display),
                         error = %f.error,
                         domain,
                         failure_mode = f.mode.as_str(),

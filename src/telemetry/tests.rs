@@ -444,6 +444,8 @@ fn store_state_changes_are_logged_once_each() {
         delay: 0,
         failure: failed.then(|| StoreFailure {
             error: "store timed out".into(),
+            kind: Some("timeout"),
+            shard: None,
             mode: FailureMode::Open,
             answer: Default::default(),
             store: "redis",

@@ -284,6 +284,29 @@ macro_rules! store_contract {
             }
         }
 
+        /// A limit of 0 never admits: its reset is one window (a fixed window's
+        /// end), for a check as for a denial, never 0.
+        #[tokio::test]
+        async fn a_zero_limit_resets_in_one_window() {
+            let store = $make;
+            let window = sluice::algorithm::SECOND * 60;
+            for alg in ALL {
+                for hits in [0, 1] {
+                    let v = store
+                        .decide(&[hit(&format!("contract-never-{alg:?}"), alg, 0, hits)])
+                        .await
+                        .unwrap();
+                    assert_eq!(v.admitted, hits == 0, "{alg:?}");
+                    let reset = v.verdicts[0].reset;
+                    if alg == Algorithm::FixedWindow {
+                        assert!(reset > 0 && reset <= window, "{alg:?}: {reset}");
+                    } else {
+                        assert_eq!(reset, window, "{alg:?} {hits} hits");
+                    }
+                }
+            }
+        }
+
         #[tokio::test]
         async fn a_charge_past_the_limit_is_spent_whole_and_owed() {
             for alg in ALL {

@@ -890,6 +890,13 @@ impl Store for RedisStore {
         }
     }
 
+    fn shard_name(&self, shard: usize) -> Option<&str> {
+        match &self.inner.backend {
+            Backend::Shards(s) => s.get(shard).map(|s| s.health.name.as_str()),
+            Backend::Cluster(_) => None,
+        }
+    }
+
     async fn reach(&self, shard: usize) -> Result<u64, StoreError> {
         self.probe(shard).await
     }

@@ -125,7 +125,7 @@ local function sliding_window_log(r, w, _, st, now, hits)
     local remaining = r - used - hits
     if hits == 0 then
       local reset = 0
-      if last ~= nil then reset = until_(last[1] + w, now) end
+      if r == 0 then reset = w elseif last ~= nil then reset = until_(last[1] + w, now) end
       return 1, remaining, reset, 0, 0, nil, 0
     end
     local nxt = log_add(st, now, hits)
@@ -139,7 +139,7 @@ local function sliding_window_log(r, w, _, st, now, hits)
   local remaining = r - used
   if remaining < 0 then remaining = 0 end
   local reset = 0
-  if last ~= nil then reset = until_(last[1] + w, now) end
+  if r == 0 then reset = w elseif last ~= nil then reset = until_(last[1] + w, now) end
   return 0, remaining, reset, retry, 0, nil, 0
 end
 
@@ -178,7 +178,9 @@ local function sliding_window_counter(r, w, _, st, now, hits)
   local remaining = 0
   if allowed ~= nil and allowed > counted then remaining = allowed - counted end
   local reset = 0
-  if counted > 0 then
+  if r == 0 then
+    reset = w
+  elseif counted > 0 then
     reset = until_(start + 2 * w, now)
   elseif previous > 0 then
     reset = until_(start + w, now)
@@ -233,8 +235,9 @@ end
 
 local function gcra(r, w, b, st, now, hits, leaky, within)
   if r == 0 then
-    if hits == 0 then return 1, 0, 0, 0, 0, nil, 0 end
-    return 0, 0, 0, NEVER, 0, nil, 0
+    -- Never admits: a reset of one window, as retry-after says.
+    if hits == 0 then return 1, 0, w, 0, 0, nil, 0 end
+    return 0, 0, w, NEVER, 0, nil, 0
   end
   -- base = max(exact tat, now) = bt - br / r; the backlog d - br / r, d = bt - now.
   local bt, br = now, 0
