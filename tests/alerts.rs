@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::redis::{available, free_port, RedisServer};
 use common::tls::{tls_flags, Ca, SecretVolume};
+use common::tools;
 use common::*;
 use serde_json::Value;
 
@@ -27,41 +28,81 @@ use serde_json::Value;
 /// traffic that causes it, and a loaded machine.
 const FIRE: Duration = Duration::from_secs(30);
 
-/// Each alert's expression, by name.
-fn alert_exprs() -> BTreeMap<String, String> {
+/// Each alert's expressions, by name: the rule file's, and the Helm chart's when
+/// `helm` renders it (for a release whose job is `sluice` in namespace `default`, as
+/// [`Prometheus`] scrapes).
+fn alert_exprs() -> BTreeMap<String, Vec<String>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("deploy/prometheus/sluice-rules.yaml"))
         .expect("read the rules");
-    let docs = yaml_rust2::YamlLoader::load_from_str(&text).expect("rules are YAML");
     let mut exprs = BTreeMap::new();
-    for group in docs[0]["spec"]["groups"].as_vec().expect("groups") {
-        for rule in group["rules"].as_vec().expect("rules") {
-            exprs.insert(
-                rule["alert"].as_str().expect("alert").to_string(),
-                rule["expr"].as_str().expect("expr").to_string(),
-            );
-        }
-    }
+    add_exprs(&text, &mut exprs);
+    let Some(helm) = binary("helm", "scripts/install-kube.sh installs it") else {
+        return exprs;
+    };
+    let out = Command::new(helm)
+        .args(["template", "sluice"])
+        .arg(root.join("charts/sluice"))
+        .args(["--kube-version", "1.30.0", "--namespace", "default"])
+        .args([
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "fullnameOverride=sluice",
+        ])
+        .output()
+        .expect("run helm");
+    assert!(out.status.success(), "{}", tools::text(&out));
+    let chart = add_exprs(&String::from_utf8_lossy(&out.stdout), &mut exprs);
+    assert!(chart.contains(&"SluiceDown".to_string()), "{chart:?}");
     exprs
 }
 
-/// `prometheus` on PATH; `None` (after a loud message) when it is missing and not
-/// required.
-fn prometheus_binary() -> Option<PathBuf> {
+/// Adds the alerts of the PrometheusRule in the YAML stream `text` to `exprs`;
+/// their names.
+fn add_exprs(text: &str, exprs: &mut BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let docs = yaml_rust2::YamlLoader::load_from_str(text).expect("rules are YAML");
+    let rule = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("PrometheusRule"))
+        .expect("a PrometheusRule");
+    let mut names = Vec::new();
+    for group in rule["spec"]["groups"].as_vec().expect("groups") {
+        for rule in group["rules"].as_vec().expect("rules") {
+            let name = rule["alert"].as_str().expect("alert").to_string();
+            let expr = rule["expr"].as_str().expect("expr").to_string();
+            exprs.entry(name.clone()).or_default().push(expr);
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// `name` on PATH or in the Go bin directory; `None` (after a loud message) when it
+/// is missing and not required.
+fn binary(name: &str, install: &str) -> Option<PathBuf> {
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path)
-        .map(|d| d.join("prometheus"))
+        .chain([home.join("go/bin")])
+        .map(|d| d.join(name))
         .find(|p| p.is_file());
     if found.is_none() {
         assert!(
             std::env::var_os("SLUICE_REQUIRE_TOOLS").is_none(),
-            "SLUICE_REQUIRE_TOOLS is set but prometheus is missing: apt-get install prometheus"
+            "SLUICE_REQUIRE_TOOLS is set but {name} is missing: {install}"
         );
-        eprintln!(
-            "\n*** SKIPPED: prometheus not found; apt-get install prometheus (scripts/test.sh does) ***\n"
-        );
+        eprintln!("\n*** SKIPPED: {name} not found; {install} ***\n");
     }
     found
+}
+
+/// `prometheus`, or `None` after a loud message.
+fn prometheus_binary() -> Option<PathBuf> {
+    binary(
+        "prometheus",
+        "apt-get install prometheus (scripts/test.sh does)",
+    )
 }
 
 /// One series of a query's answer: its labels and value.
@@ -72,7 +113,7 @@ type Sample = (BTreeMap<String, String>, f64);
 struct Prometheus {
     child: Child,
     addr: String,
-    exprs: BTreeMap<String, String>,
+    exprs: BTreeMap<String, Vec<String>>,
     _dir: tempfile::TempDir,
 }
 
@@ -83,7 +124,7 @@ impl Prometheus {
         let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
         let config = format!(
             "global: {{scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}}\n\
-             scrape_configs:\n  - job_name: sluice\n    static_configs:\n      - targets: [{}]\n",
+             scrape_configs:\n  - job_name: sluice\n    static_configs:\n      - targets: [{}]\n        labels: {{namespace: default}}\n",
             list.join(", ")
         );
         // A port bound then released may be taken by another process first: then
@@ -165,13 +206,13 @@ impl Prometheus {
             .collect()
     }
 
-    /// `alert`'s expression now.
-    fn alert(&self, alert: &str) -> Vec<Sample> {
-        let expr = self
+    /// What each expression of `alert` (the rule file's, the chart's) gives now.
+    fn alert(&self, alert: &str) -> Vec<Vec<Sample>> {
+        let exprs = self
             .exprs
             .get(alert)
-            .unwrap_or_else(|| panic!("no alert {alert} in sluice-rules.yaml"));
-        self.query(expr)
+            .unwrap_or_else(|| panic!("no alert {alert} in sluice-rules.yaml or the chart"));
+        exprs.iter().map(|e| self.query(e)).collect()
     }
 
     /// Waits until a scrape of `target` that began after this call is stored, so that
@@ -199,7 +240,7 @@ impl Prometheus {
     /// Asserts that `alert`'s expression has no series now.
     fn silent(&self, alert: &str) {
         let now = self.alert(alert);
-        assert!(now.is_empty(), "{alert} holds: {now:?}");
+        assert!(now.iter().all(Vec::is_empty), "{alert} holds: {now:?}");
     }
 
     /// Asserts that every alert but `except` is silent now.
@@ -223,7 +264,7 @@ impl Prometheus {
                     .iter()
                     .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
             };
-            if now.iter().any(matches) {
+            if now.iter().all(|each| each.iter().any(matches)) {
                 return;
             }
             assert!(
@@ -367,7 +408,8 @@ async fn denial_and_signal_alerts_fire_on_real_traffic() {
     .await;
 }
 
-/// A refused policy edit fires at once, with its source.
+/// A refused policy edit fires at once, with its source; a job with no replica
+/// scraped is down (the chart's SluiceDown).
 #[tokio::test]
 async fn a_refused_policy_edit_fires() {
     let Some(binary) = prometheus_binary() else {
@@ -490,6 +532,33 @@ async fn a_refused_password_fires_store_misconfigured() {
             ("shard", &redis.addr()),
             ("kind", "noauth"),
         ],
+        &mut traffic,
+    )
+    .await;
+    prom.silent("SluiceFailingOverStore");
+    prom.silent("SluiceStoreErrors");
+}
+
+/// A Redis whose certificate sluice does not trust pages as misconfigured, kind
+/// `tls`.
+#[tokio::test]
+async fn an_untrusted_redis_certificate_fires_store_misconfigured() {
+    if !available() {
+        return;
+    }
+    let Some(binary) = prometheus_binary() else {
+        return;
+    };
+    let redis = RedisServer::start_tls().await;
+    let url = format!("rediss://localhost:{}", redis.port);
+    let server = Server::start(STORE, &["--redis", &url]);
+    let prom = Prometheus::start(&binary, &[&server.http]).await;
+    let mut traffic = async || {
+        hits(&server, "web", "ip", 20, 1, |i| format!("a{i}"));
+    };
+    prom.fires(
+        "SluiceStoreMisconfigured",
+        &[("store", "redis"), ("kind", "tls")],
         &mut traffic,
     )
     .await;
