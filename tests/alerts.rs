@@ -410,6 +410,48 @@ async fn denial_and_signal_alerts_fire_on_real_traffic() {
     .await;
 }
 
+/// Clients pinned to two replicas, each seeing twelve addresses of one /24: neither
+/// replica alone has twenty, the job does. The alerts add the replicas' series up
+/// (their `instance` and `rank` differ) and page once for the rule.
+#[tokio::test]
+async fn an_attack_split_over_two_replicas_pages_once() {
+    let Some(binary) = prometheus_binary() else {
+        return;
+    };
+    let a = Server::start(SIGNALS, &[]);
+    let b = Server::start(SIGNALS, &[]);
+    let prom = Prometheus::start(&binary, &[&a.http, &b.http]).await;
+    prom.all_silent_but(&[]);
+    let denied_a = hits(&a, "web", "remote_address", 12, 6, |i| {
+        format!("10.1.2.{}", i + 1)
+    });
+    let denied_b = hits(&b, "web", "remote_address", 12, 6, |i| {
+        format!("10.1.2.{}", i + 13)
+    });
+    assert_eq!((denied_a, denied_b), (60, 60));
+    let subnet = [
+        ("domain", "web"),
+        ("rule", "remote_address"),
+        ("subnet", "10.1.2.0/24"),
+    ];
+    prom.fires("SluiceSubnetDenied", &subnet, idle).await;
+    let rule = [("domain", "web"), ("rule", "remote_address")];
+    prom.fires("SluiceSystemicDenials", &rule, idle).await;
+    prom.fires("SluiceSensitiveDenialSpike", &rule, idle).await;
+    for alert in [
+        "SluiceSubnetDenied",
+        "SluiceSystemicDenials",
+        "SluiceSensitiveDenialSpike",
+    ] {
+        for each in prom.alert(alert) {
+            assert_eq!(each.len(), 1, "{alert}: {each:?}");
+            assert!(!each[0].0.contains_key("instance"), "{alert}: {each:?}");
+        }
+    }
+    let addresses = prom.alert("SluiceSubnetDenied");
+    assert_eq!(addresses[0][0].1, 24.0, "{addresses:?}");
+}
+
 /// A refused policy edit fires at once, with its source; a job with no replica
 /// scraped is down (the chart's SluiceDown).
 #[tokio::test]
