@@ -24,6 +24,11 @@ use common::tools;
 use common::*;
 use serde_json::Value;
 
+/// Left out of the healthy checks: on a loaded test machine a debug build can take
+/// over 10 ms on one of its first few calls, which is the whole p99 of a few calls.
+/// [`a_slow_redis_fires_slow_decisions`] shows it firing when decisions are slow.
+const SLOW: &str = "SluiceSlowDecisions";
+
 /// How long an alert may take to fire once its condition holds: a scrape (1 s), the
 /// traffic that causes it, and a loaded machine.
 const FIRE: Duration = Duration::from_secs(30);
@@ -341,7 +346,7 @@ async fn denial_and_signal_alerts_fire_on_real_traffic() {
         0
     );
     prom.scraped(&server.http).await;
-    prom.all_silent_but(&[]);
+    prom.all_silent_but(&[SLOW]);
 
     // One client: denied, and nobody paged.
     assert_eq!(
@@ -421,7 +426,7 @@ async fn an_attack_split_over_two_replicas_pages_once() {
     let a = Server::start(SIGNALS, &[]);
     let b = Server::start(SIGNALS, &[]);
     let prom = Prometheus::start(&binary, &[&a.http, &b.http]).await;
-    prom.all_silent_but(&[]);
+    prom.all_silent_but(&[SLOW]);
     let denied_a = hits(&a, "web", "remote_address", 12, 6, |i| {
         format!("10.1.2.{}", i + 1)
     });
@@ -461,7 +466,7 @@ async fn a_refused_policy_edit_fires() {
     };
     let mut server = Server::start(SIGNALS, &[]);
     let prom = Prometheus::start(&binary, &[&server.http]).await;
-    prom.all_silent_but(&[]);
+    prom.all_silent_but(&[SLOW]);
     write_atomic(
         &server.policy_path(),
         "domain: web\ndescriptors: [{key: a, oops: 1}]\n",
@@ -510,7 +515,7 @@ async fn a_full_memory_store_fires_its_alerts() {
     let prom = Prometheus::start(&binary, &[&server.http]).await;
     hits(&server, "web", "path", 10, 1, |i| format!("/{i}"));
     prom.scraped(&server.http).await;
-    prom.all_silent_but(&[]);
+    prom.all_silent_but(&[SLOW]);
 
     let mut round = 0;
     let mut flood = async || {
@@ -559,7 +564,7 @@ async fn store_alerts_fire_while_redis_is_down() {
     hits(&server, "web", "ip", 10, 1, |i| format!("a{i}"));
     hits(&server, "local", "user", 10, 1, |i| format!("u{i}"));
     prom.scraped(&server.http).await;
-    prom.all_silent_but(&[]);
+    prom.all_silent_but(&[SLOW]);
 
     redis.kill();
     let mut traffic = async || {
@@ -722,7 +727,7 @@ async fn tls_alerts_fire_on_real_certificates() {
     let now = SystemTime::now();
     let ends = ca.server_dated(
         &asn1_time(now - Duration::from_secs(3600)),
-        &asn1_time(now + Duration::from_secs(10)),
+        &asn1_time(now + Duration::from_secs(25)),
     );
     let volume = SecretVolume::new(&ends, None);
     let flags = tls_flags("grpc", &volume.path("tls.crt"), &volume.path("tls.key"));
