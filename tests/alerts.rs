@@ -324,7 +324,11 @@ domain: web
 descriptors:
   - key: remote_address
     sensitive: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+      # Denials past the third are bans: they count as denials all the same.
+      penalty: {violations: 3, within: 1m, ban: 10m}
   - key: script
     rate_limit: {unit: second, requests_per_unit: 1000}
 "#;
@@ -389,6 +393,9 @@ async fn denial_and_signal_alerts_fire_on_real_traffic() {
         idle,
     )
     .await;
+    // Most of those denials were bans.
+    let bans = prom.query("sum(sluice_penalty_active_bans)");
+    assert_eq!(bans[0].1, 31.0, "{bans:?}");
 
     // Eight keys every 200 ms (five are enough), each on a timer of its own: scripts.
     let mut scripts = Vec::new();
