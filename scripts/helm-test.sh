@@ -171,6 +171,12 @@ for f in (\"--store-timeout=2.5ms\", \"--reload-interval=1d\", \"--rlqs-abandon-
 '"
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
+# In mode helpers the pods, their Service and so their scrape job are the including
+# chart's: alerts on this release's job would never fire, and SluiceDown always would.
+check "prometheusRule is refused in mode helpers, saying why" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'; \
+        ! t --set mode=helpers --set prometheusRule.enabled=true >/dev/null 2>'$work/helpers.err' \
+        && grep -q 'prometheusRule.*mode: helpers' '$work/helpers.err'"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set redis.bundled.enabled=true | grep -q -- '--redis=redis://r-sluice-redis:6379'"
 check "redis.sentinel: --redis-sentinel and --redis-sentinel-master, or the masters from a Secret" \

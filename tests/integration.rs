@@ -9,6 +9,7 @@
 mod common;
 
 mod admin;
+mod alerts;
 mod cli;
 mod connections;
 mod dropin;
