@@ -592,7 +592,7 @@ descriptors:
 
 /// Redis killed: domains answered by their failure mode, the shard failing, the
 /// `local` domain decided in memory, and once its counters reach `--max-keys`, its
-/// new keys refused.
+/// new keys refused, while the `closed` domain's denials still page.
 #[tokio::test]
 async fn store_alerts_fire_while_redis_is_down() {
     if !available() {
@@ -642,7 +642,18 @@ async fn store_alerts_fire_while_redis_is_down() {
     let mut new_keys = async || {
         round += 1;
         hits(&server, "local", "user", 100, 1, |i| format!("{round}-{i}"));
+        hits(&server, "shut", "ip", 20, 1, |i| format!("c{i}"));
     };
+    prom.fires("SluiceLocalRefusingNewKeys", &[], &mut new_keys)
+        .await;
+    // The refused keys explain failed_open answers only: the closed domain, denied
+    // by its failure mode meanwhile, still pages as failing over.
+    prom.fires(
+        "SluiceFailingOverStore",
+        &[("domain", "shut")],
+        &mut new_keys,
+    )
+    .await;
     prom.fires("SluiceLocalRefusingNewKeys", &[], &mut new_keys)
         .await;
 }
