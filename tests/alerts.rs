@@ -398,22 +398,8 @@ async fn denial_and_signal_alerts_fire_on_real_traffic() {
     assert_eq!(bans[0].1, 31.0, "{bans:?}");
 
     // Eight keys every 200 ms (five are enough), each on a timer of its own: scripts.
-    let mut scripts = Vec::new();
-    for k in 0..8 {
-        let mut c = server.client().await;
-        scripts.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            for _ in 0..22 {
-                tick.tick().await;
-                let key = format!("job-{k}");
-                let r = call(&mut c, request("web", vec![desc(&[("script", &key)])])).await;
-                assert_eq!(r.overall_code, OK);
-            }
-        }));
-    }
-    for s in scripts {
-        s.await.expect("script");
-    }
+    let keys: Vec<(&Server, String)> = (0..8).map(|k| (&server, format!("job-{k}"))).collect();
+    scripts(&keys).await;
     prom.fires(
         "SluiceRegularKeys",
         &[("domain", "web"), ("rule", "script")],
@@ -464,6 +450,56 @@ async fn an_attack_split_over_two_replicas_pages_once() {
     assert_eq!(addresses[0][0].1, 24.0, "{addresses:?}");
 }
 
+/// For each of `servers`, 22 requests of its `script` key 200 ms apart, through a
+/// client of its own: a script on a timer, pinned to the replica it calls.
+async fn scripts(servers: &[(&Server, String)]) {
+    let mut running = Vec::new();
+    for (server, key) in servers {
+        let mut c = server.client().await;
+        let key = key.clone();
+        running.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            for _ in 0..22 {
+                tick.tick().await;
+                let r = call(&mut c, request("web", vec![desc(&[("script", &key)])])).await;
+                assert_eq!(r.overall_code, OK);
+            }
+        }));
+    }
+    for r in running {
+        r.await.expect("script");
+    }
+}
+
+/// Five scripts pinned to two replicas, three on one and two on the other: neither
+/// replica alone sees five keys on a timer, the job does. The alert adds the
+/// replicas' counts up and raises one ticket for the rule.
+#[tokio::test]
+async fn scripts_pinned_to_two_replicas_count_once() {
+    let Some(binary) = prometheus_binary() else {
+        return;
+    };
+    let a = Server::start(SIGNALS, &[]);
+    let b = Server::start(SIGNALS, &[]);
+    let prom = Prometheus::start(&binary, &[&a.http, &b.http]).await;
+    prom.all_silent_but(&[SLOW]);
+    let pinned: Vec<(&Server, String)> = (0..5)
+        .map(|k| (if k < 3 { &a } else { &b }, format!("job-{k}")))
+        .collect();
+    scripts(&pinned).await;
+    let rule = [("domain", "web"), ("rule", "script")];
+    prom.fires("SluiceRegularKeys", &rule, idle).await;
+    let by_replica = prom.query("sluice_regular_keys{rule=\"script\"}");
+    let mut counts: Vec<f64> = by_replica.iter().map(|(_, n)| *n).collect();
+    counts.sort_by(f64::total_cmp);
+    assert_eq!(counts, [2.0, 3.0], "{by_replica:?}");
+    for each in prom.alert("SluiceRegularKeys") {
+        assert_eq!(each.len(), 1, "{each:?}");
+        assert!(!each[0].0.contains_key("instance"), "{each:?}");
+        assert_eq!(each[0].1, 5.0, "{each:?}");
+    }
+}
+
 /// A refused policy edit fires at once, with its source; a job with no replica
 /// scraped is down (the chart's SluiceDown).
 #[tokio::test]
@@ -510,7 +546,8 @@ async fn a_refused_policy_edit_fires() {
 }
 
 /// The memory store at `--max-keys`: a flood of new keys is refused while every
-/// counter is in use, and idle counters make room once their window has passed.
+/// counter is in use (answered by the failure mode, which does not page again as
+/// failing over), and idle counters make room once their window has passed.
 #[tokio::test]
 async fn a_full_memory_store_fires_its_alerts() {
     let Some(binary) = prometheus_binary() else {
@@ -530,6 +567,8 @@ async fn a_full_memory_store_fires_its_alerts() {
         hits(&server, "web", "path", 100, 3, |i| format!("/{round}/{i}"));
     };
     prom.fires("SluiceRefusingNewKeys", &[], &mut flood).await;
+    // The refused keys are answered by the failure mode: one cause, one page.
+    prom.silent("SluiceFailingOverStore");
     prom.fires("SluiceDroppingIdleCounters", &[], &mut flood)
         .await;
 }
@@ -556,7 +595,7 @@ descriptors:
 
 /// Redis killed: domains answered by their failure mode, the shard failing, the
 /// `local` domain decided in memory, and once its counters reach `--max-keys`, its
-/// new keys refused.
+/// new keys refused, while the `closed` domain's denials still page.
 #[tokio::test]
 async fn store_alerts_fire_while_redis_is_down() {
     if !available() {
@@ -606,7 +645,18 @@ async fn store_alerts_fire_while_redis_is_down() {
     let mut new_keys = async || {
         round += 1;
         hits(&server, "local", "user", 100, 1, |i| format!("{round}-{i}"));
+        hits(&server, "shut", "ip", 20, 1, |i| format!("c{i}"));
     };
+    prom.fires("SluiceLocalRefusingNewKeys", &[], &mut new_keys)
+        .await;
+    // The refused keys explain failed_open answers only: the closed domain, denied
+    // by its failure mode meanwhile, still pages as failing over.
+    prom.fires(
+        "SluiceFailingOverStore",
+        &[("domain", "shut")],
+        &mut new_keys,
+    )
+    .await;
     prom.fires("SluiceLocalRefusingNewKeys", &[], &mut new_keys)
         .await;
 }
