@@ -60,15 +60,22 @@ fn store(url: &str) -> RedisStore {
 }
 
 fn replica(url: &str) -> Replica {
-    let policy = sluice::policy::compile(sluice::policy::parse_str("p.yaml", POLICY).unwrap())
-        .expect("compiles");
+    replica_of(url, Arc::new(ArcSwap::from_pointee(compiled(POLICY))))
+}
+
+fn compiled(yaml: &str) -> sluice::policy::Policy {
+    sluice::policy::compile(sluice::policy::parse_str("p.yaml", yaml).unwrap()).expect("compiles")
+}
+
+/// A replica on `url` deciding by `policy`, which the test may reload.
+fn replica_of(url: &str, policy: Arc<ArcSwap<sluice::policy::Policy>>) -> Replica {
     let store = store(url);
     let settings = Settings {
         failure_mode: FailureMode::Open,
         store_timeout: STORE_TIMEOUT,
         ..Settings::default()
     };
-    Limiter::new(Arc::new(ArcSwap::from_pointee(policy)), store, settings)
+    Limiter::new(policy, store, settings)
 }
 
 /// Three replicas on `redis`, each knowing that three serve.
@@ -211,6 +218,66 @@ async fn local_spending_reaches_a_restarted_shard_once() {
     }
     assert_eq!(remaining(&all[1], "u2").await, LIMIT - 21);
     assert!(all[2].local().status().counters.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_reloaded_to_another_algorithm_during_the_outage_gets_what_it_admitted() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start().await;
+    let policies: Vec<_> = (0..REPLICAS)
+        .map(|_| Arc::new(ArcSwap::from_pointee(compiled(POLICY))))
+        .collect();
+    let all = policies
+        .iter()
+        .map(|p| replica_of(&redis.url(), p.clone()))
+        .collect();
+    let all = counted(all).await;
+    for r in &all {
+        let (admitted, local, _) = call(r, "warm", 1).await;
+        assert!(admitted && !local);
+    }
+    redis.kill();
+    // Each replica admits a few under the token bucket...
+    for r in &all {
+        for _ in 0..5 {
+            let (admitted, local, _) = call(r, "u5", 1).await;
+            assert!(admitted && local);
+        }
+    }
+    // ...then the rule is reloaded to a sliding window of the same 60 a day: a
+    // counter of its own in the store, fresh, so each replica admits its share.
+    let reloaded = POLICY.replace("token_bucket", "sliding_window_log");
+    for p in &policies {
+        p.store(Arc::new(compiled(&reloaded)));
+    }
+    let mut admitted = 0;
+    for r in &all {
+        for _ in 0..LIMIT {
+            let (ok, local, _) = call(r, "u5", 1).await;
+            assert!(local);
+            if !ok {
+                break;
+            }
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, LIMIT, "each replica's share of the new rule");
+
+    redis.restart().await;
+    settle_until(&all, "the local spending never settled", |all| {
+        all.iter().all(|r| !r.local().has_unsettled())
+    })
+    .await;
+    // The new rule's counter holds what it admitted: spent, it admits nothing
+    // more (charged to the bucket's counter, it would admit its limit again).
+    assert_eq!(remaining(&all[0], "u5").await, 0);
+    for r in &all {
+        let (ok, local, _) = call(r, "u5", 1).await;
+        assert!(!ok && !local, "the store denies the spent key");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

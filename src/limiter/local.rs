@@ -125,7 +125,9 @@ fn capacity(limit: &Limit) -> u64 {
     }
 }
 
-/// What the store last said of counters, by key hash.
+/// What the store last said of counters, by the hash of their key and algorithm
+/// (the store keeps each algorithm's counter apart: a rule reloaded to another
+/// algorithm starts a fresh one there, and so here).
 struct Memo {
     slots: Box<[MemoSlot]>,
     hasher: ahash::RandomState,
@@ -149,12 +151,14 @@ impl Memo {
         }
     }
 
-    fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key).max(1)
+    fn hash(&self, hit: &Hit) -> u64 {
+        self.hasher
+            .hash_one((hit.key.as_str(), hit.limit.algorithm))
+            .max(1)
     }
 
-    fn write(&self, key: &str, used: u64, until: Micros) {
-        let h = self.hash(key);
+    fn write(&self, hit: &Hit, used: u64, until: Micros) {
+        let h = self.hash(hit);
         let slot = &self.slots[h as usize % MEMO_SLOTS];
         // Two counters of one slot may interleave their stores; the read checks the
         // tag on both sides, so a torn pair reads as unknown.
@@ -164,9 +168,10 @@ impl Memo {
         slot.tag.store(h, Relaxed);
     }
 
-    /// How much of `key` was used, if the store said so and it still stands at `now`.
-    fn read(&self, key: &str, now: Micros) -> Option<u64> {
-        let h = self.hash(key);
+    /// How much of `hit`'s counter was used, if the store said so and it still
+    /// stands at `now`.
+    fn read(&self, hit: &Hit, now: Micros) -> Option<u64> {
+        let h = self.hash(hit);
         let slot = &self.slots[h as usize % MEMO_SLOTS];
         if slot.tag.load(Relaxed) != h {
             return None;
@@ -554,7 +559,7 @@ impl Local {
             } else {
                 used
             };
-            self.memo.write(&hit.key, used, now.saturating_add(v.reset));
+            self.memo.write(hit, used, now.saturating_add(v.reset));
         }
     }
 
@@ -569,7 +574,7 @@ impl Local {
         self.counters.decide(hits, replicas, |hit, limit| {
             // What the store last said of the counter, in this replica's part;
             // nothing known at all: the share is spent.
-            match self.memo.read(&hit.key, now) {
+            match self.memo.read(hit, now) {
                 Some(used) => used.div_ceil(u64::from(replicas.max(1))),
                 None if known => 0,
                 None => capacity(limit),
@@ -733,6 +738,23 @@ mod tests {
         store_said(&local, &seen, 30);
         let other = hit("d|k=other", limit(Algorithm::SlidingWindowCounter, 30));
         assert_eq!(admitted_until_denied(&local, &other), 10);
+    }
+
+    #[test]
+    fn a_rule_reloaded_to_another_algorithm_starts_from_the_stores_word_on_that_algorithms_counter()
+    {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let local = Local::new(Arc::new(clock.clone()), 3, 1000);
+        local.tick();
+        // The fixed window is spent in the store...
+        let window = hit("d|k=v", limit(Algorithm::FixedWindow, 30));
+        store_said(&local, &window, 0);
+        // ...and the rule reloaded to a token bucket, whose counter there is fresh:
+        // so is the share.
+        let bucket = hit("d|k=v", limit(Algorithm::TokenBucket, 30));
+        assert_eq!(admitted_until_denied(&local, &bucket), 10);
+        // Reloaded back, the window is still spent.
+        assert_eq!(admitted_until_denied(&local, &window), 0);
     }
 
     #[test]

@@ -20,11 +20,11 @@
 //! would lose its spending and hand its key a fresh share: a flood of new keys
 //! would reset everyone's.
 
-use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::algorithm::{Limit, Micros, NO_DEADLINE};
+use crate::algorithm::{Algorithm, Limit, Micros, NO_DEADLINE};
 use crate::clock::Clock;
 use crate::store::{
     Failed, Fallback, Hit, MemoryStore, Mode, Settlement, Spend, Store, StoreError, Verdicts,
@@ -53,10 +53,61 @@ const SETTLE_PER_TICK: usize = 16_384;
 /// Counters listed by [`Counters::listed`].
 const LISTED: usize = 100;
 
+/// A shared counter: its key, its placement and its algorithm, which together
+/// name it in the store (a policy that changes a rule's algorithm or `shard_by`
+/// starts another counter there, and so here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Id {
+    key: String,
+    placement: u64,
+    algorithm: Algorithm,
+}
+
+/// An [`Id`] borrowed from a hit, to look one up without building it.
+struct IdOf<'a>(&'a Hit);
+
+impl Hash for Id {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.key.as_str(), self.placement, self.algorithm).hash(state);
+    }
+}
+
+impl Hash for IdOf<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (
+            self.0.key.as_str(),
+            self.0.placement,
+            self.0.limit.algorithm,
+        )
+            .hash(state);
+    }
+}
+
+impl hashbrown::Equivalent<Id> for IdOf<'_> {
+    fn equivalent(&self, id: &Id) -> bool {
+        self.0.key == id.key
+            && self.0.placement == id.placement
+            && self.0.limit.algorithm == id.algorithm
+    }
+}
+
+impl Id {
+    fn of(hit: &Hit) -> Id {
+        Id {
+            key: hit.key.clone(),
+            placement: hit.placement,
+            algorithm: hit.limit.algorithm,
+        }
+    }
+}
+
 /// A counter decided locally since its last settlement.
 #[derive(Debug, Clone)]
 struct Pending {
-    /// The shared counter's limit (the whole one) and placement, to settle with.
+    /// The shared counter's limit (the whole one) as its latest local decision
+    /// had it, to settle with: the store charges what was spent under the rule in
+    /// force, as it would have decided it (a reload during the outage may have
+    /// changed the limit or its unit).
     limit: Limit,
     placement: u64,
     /// Names the local counter ([`local_key`]).
@@ -95,7 +146,7 @@ impl Pending {
 /// One shard of the table.
 #[derive(Debug, Default)]
 struct Table {
-    counters: HashMap<String, Pending>,
+    counters: hashbrown::HashMap<Id, Pending, ahash::RandomState>,
 }
 
 impl Table {
@@ -233,8 +284,9 @@ impl Counters {
         for (i, hit) in hits.iter().enumerate() {
             let limit = share(&hit.limit, replicas);
             let mut table = lock(self.table(&hit.key));
-            let known = table.counters.get_mut(&hit.key).map(|p| {
+            let known = table.counters.get_mut(&IdOf(hit)).map(|p| {
                 p.touched = now;
+                p.limit = hit.limit;
                 p.episode
             });
             let episode = match known {
@@ -259,7 +311,7 @@ impl Counters {
                         settling: None,
                         touched: now,
                     };
-                    table.counters.insert(hit.key.clone(), pending);
+                    table.counters.insert(Id::of(hit), pending);
                     episode
                 }
                 None => {
@@ -298,7 +350,7 @@ impl Counters {
                 continue;
             }
             let mut table = lock(self.table(&hit.key));
-            if let Some(p) = table.counters.get_mut(&hit.key) {
+            if let Some(p) = table.counters.get_mut(&IdOf(hit)) {
                 match hit.spend {
                     Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
                     _ => p.spent = p.spent.saturating_add(hit.hits),
@@ -360,10 +412,10 @@ impl Counters {
     fn drop_where(&self, table: &mut Table, go: impl Fn(&Pending) -> bool) -> usize {
         let before = table.counters.len();
         let memory = self.memory.get();
-        table.counters.retain(|key, p| {
+        table.counters.retain(|id, p| {
             let gone = go(p);
             if let (true, Some(memory)) = (gone, memory) {
-                memory.forget(&local_key(p.episode, key));
+                memory.forget(&local_key(p.episode, &id.key));
             }
             !gone
         });
@@ -417,7 +469,7 @@ impl Counters {
             {
                 let mut t = lock(table);
                 self.drop_where(&mut t, |p| !p.owes() && idle_for(p, now) >= IDLE);
-                for (key, p) in t.counters.iter_mut().filter(|(_, p)| p.owes()) {
+                for (id, p) in t.counters.iter_mut().filter(|(_, p)| p.owes()) {
                     let at = store.shard_of(&p.charge(String::new(), 0));
                     if round.down.contains(&at) {
                         round.failed();
@@ -434,7 +486,7 @@ impl Counters {
                         continue;
                     };
                     let settlement = Settlement {
-                        hit: p.charge(key.clone(), amount),
+                        hit: p.charge(id.key.clone(), amount),
                         token: token(replica, seq),
                     };
                     queue.push((at, settlement));
@@ -487,14 +539,14 @@ impl Counters {
                         round.out.already = round.out.already.saturating_add(amount);
                     }
                     let mut t = lock(self.table(&s.hit.key));
-                    let Some(p) = t.counters.get_mut(&s.hit.key) else {
+                    let Some(p) = t.counters.get_mut(&IdOf(&s.hit)) else {
                         continue;
                     };
                     p.spent = p.spent.saturating_sub(amount);
                     p.settling = None;
                     if !p.owes() && idle_for(p, round.now) >= IDLE {
                         let episode = p.episode;
-                        t.counters.remove(&s.hit.key);
+                        t.counters.remove(&IdOf(&s.hit));
                         self.held.fetch_sub(1, Relaxed);
                         if let Some(memory) = self.memory.get() {
                             memory.forget(&local_key(episode, &s.hit.key));
@@ -512,9 +564,15 @@ impl Counters {
         }
     }
 
-    /// The unsettled spending of `key`, while it is decided locally.
+    /// The unsettled spending of `key`, while it is decided locally (of all its
+    /// counters: a reload may have changed its algorithm during the outage).
     pub(super) fn counter(&self, key: &str) -> Option<u64> {
-        lock(self.table(key)).counters.get(key).map(|p| p.spent)
+        lock(self.table(key))
+            .counters
+            .iter()
+            .filter(|(id, _)| id.key == key)
+            .map(|(_, p)| p.spent)
+            .reduce(u64::saturating_add)
     }
 
     /// Counters in the table, all of them.
@@ -538,8 +596,8 @@ impl Counters {
         for table in self.tables.iter() {
             let t = lock(table);
             let room = LISTED - listed.len();
-            listed.extend(t.counters.iter().take(room).map(|(key, p)| LocalCounter {
-                key: key.clone(),
+            listed.extend(t.counters.iter().take(room).map(|(id, p)| LocalCounter {
+                key: id.key.clone(),
                 unsettled: p.spent,
             }));
             if listed.len() == LISTED {
@@ -592,9 +650,10 @@ fn with_lifted(decided: Verdicts, lifted: &[usize], n: usize) -> Verdicts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Algorithm, SECOND};
+    use crate::algorithm::SECOND;
     use crate::clock::ManualClock;
     use crate::store::Board;
+    use std::collections::HashMap;
 
     const MINUTE: Micros = 60 * SECOND;
 
@@ -668,6 +727,9 @@ mod tests {
         tokens: Mutex<std::collections::HashSet<String>>,
         added: Mutex<HashMap<String, u64>>,
         calls: Mutex<Vec<(usize, usize)>>,
+        /// Each amount taken: the counter's key, the limit it was charged with, and
+        /// the amount.
+        charged: Mutex<Vec<(String, Limit, u64)>>,
     }
 
     impl Board for Shared {}
@@ -708,6 +770,7 @@ mod tests {
                         return Ok(false);
                     }
                     *lock(&self.added).entry(s.hit.key.clone()).or_default() += s.hit.hits;
+                    lock(&self.charged).push((s.hit.key.clone(), s.hit.limit, s.hit.hits));
                     Ok(true)
                 })
                 .collect()
@@ -750,6 +813,70 @@ mod tests {
         f.counters.tick();
         assert!(f.admitted(&new));
         assert_eq!(f.counters.held(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_reload_that_changes_the_algorithm_settles_each_rules_spending_on_its_own_counter() {
+        let f = Fixture::new(100);
+        // Two of a fixed window's 4 a minute admitted locally.
+        let window = hit("d|k=a", per_minute(4), 0);
+        assert!(f.admitted(&window));
+        assert!(f.admitted(&window));
+        // Reloaded to a token bucket: the store starts another counter for it, and
+        // so does the replica.
+        let bucket = Limit {
+            algorithm: Algorithm::TokenBucket,
+            ..per_minute(3)
+        };
+        let bucket = hit("d|k=a", bucket, 0);
+        for _ in 0..3 {
+            assert!(f.admitted(&bucket));
+        }
+        assert!(!f.admitted(&bucket));
+        assert_eq!(f.counters.counter("d|k=a"), Some(5));
+        // Each rule's spending goes to its own counter, with its own limit: the
+        // bucket's 3 reach the bucket, which decides from now on.
+        let store = Shared::default();
+        let s = f.counters.settle(&store, "r").await;
+        assert_eq!((s.added, s.failed), (5, 0));
+        let mut charged = lock(&store.charged).clone();
+        charged.sort_by_key(|c| c.2);
+        assert_eq!(
+            charged,
+            vec![
+                ("d|k=a".to_string(), window.limit, 2),
+                ("d|k=a".to_string(), bucket.limit, 3)
+            ]
+        );
+        // Back to the window within the outage: its counter goes on where it was.
+        assert!(f.admitted(&window));
+        assert!(f.admitted(&window));
+        assert!(!f.admitted(&window));
+    }
+
+    #[tokio::test]
+    async fn a_reload_that_changes_the_limit_or_its_unit_settles_with_the_rule_in_force() {
+        let f = Fixture::new(100);
+        let per_second = Limit {
+            window: SECOND,
+            ..per_minute(2)
+        };
+        let h = hit("d|k=a", per_second, 0);
+        assert!(f.admitted(&h));
+        // Reloaded to 3 a minute: the counter (the same in the store) goes on under
+        // the new rule, and what it spent is charged as the store decides it now,
+        // over a minute's window (over a second's, the store would forget it at
+        // the next second, and the minute's counter admit it again).
+        let per_minute = hit("d|k=a", per_minute(3), 0);
+        assert!(f.admitted(&per_minute));
+        assert!(f.admitted(&per_minute));
+        assert!(!f.admitted(&per_minute));
+        let store = Shared::default();
+        f.counters.settle(&store, "r").await;
+        assert_eq!(
+            lock(&store.charged).clone(),
+            vec![("d|k=a".to_string(), per_minute.limit, 3)]
+        );
     }
 
     #[tokio::test]
