@@ -608,6 +608,58 @@ async fn users_on(node: &RedisServer, n: usize) -> Vec<usize> {
     (0..n).filter(|&i| holds(i)).collect()
 }
 
+/// Sluice's store errors by kind (those counted), and its shards, to say why a call
+/// was answered by the failure mode.
+fn store_errors(sluice: &common::Server) -> String {
+    let (_, metrics) = common::http(&sluice.http, "GET", "/metrics", "");
+    let errors: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_store_errors_total") && !l.ends_with(" 0"))
+        .collect();
+    let (_, shards) = common::http(&sluice.http, "GET", "/debug/store", "");
+    format!("store errors {errors:?}; shards {shards}")
+}
+
+/// Store timeouts sluice counted, on every shard but `stopped` (a master the test
+/// stopped, whose timeouts are the fault's).
+fn timeouts(sluice: &common::Server, stopped: Option<&str>) -> f64 {
+    let (_, metrics) = common::http(&sluice.http, "GET", "/metrics", "");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_store_errors_total{kind=\"timeout\","))
+        .filter(|l| stopped.is_none_or(|s| !l.contains(&format!("shard=\"{s}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until a call for user `c{user}` of the fail-closed domain is decided (OK).
+/// A call answered by the failure mode is made again only when it was for a store
+/// timeout on a shard other than `stopped`: the debug binary on a loaded 2-core
+/// machine misses the 50 ms store timeout now and then, the first calls after start
+/// (which connect and load the script) most. Any other failure-mode answer (an
+/// error reply, a timeout on the stopped master, a count over the limit) fails.
+async fn decided(
+    sluice: &common::Server,
+    call: &mut impl AsyncFnMut(usize) -> i32,
+    user: usize,
+    stopped: Option<&str>,
+    what: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = timeouts(sluice, stopped);
+        let code = call(user).await;
+        if code == common::OK {
+            return;
+        }
+        assert!(
+            timeouts(sluice, stopped) > before && Instant::now() < deadline,
+            "user c{user} {what}: answered {code}, not for a store timeout: {}",
+            store_errors(sluice)
+        );
+    }
+}
+
 /// A 3-master cluster whose survivors serve their slots while one master is down
 /// (else the whole cluster refuses after the node timeout), and sluice on it with
 /// `policy` and `store_timeout`.
@@ -648,7 +700,7 @@ async fn one_cluster_master_down_leaves_the_others_deciding() {
         common::call(&mut client, req).await.overall_code
     };
     for i in 0..USERS {
-        assert_eq!(call(i).await, common::OK, "user c{i} before the fault");
+        decided(&sluice, &mut call, i, None, "before the fault").await;
     }
     let down = users_on(&cluster.nodes[0], USERS).await;
     assert!(
@@ -1282,7 +1334,7 @@ async fn an_idle_cluster_master_out_of_memory_reads_down_and_back_up_with_no_cal
     };
     // Calls on every master, so the slot map is known; then none until it is up.
     for i in 0..USERS {
-        assert_eq!(call(i).await, common::OK, "user c{i} before the fault");
+        decided(&sluice, &mut call, i, None, "before the fault").await;
     }
     let users = users_on(&cluster.nodes[0], USERS).await;
     assert!(!users.is_empty(), "no user on the first master");
@@ -1336,13 +1388,12 @@ async fn an_idle_cluster_master_out_of_memory_reads_down_and_back_up_with_no_cal
 /// the slot map is known.
 async fn call_every_master(sluice: &common::Server) {
     let mut client = sluice.client().await;
-    for i in 0..30 {
+    let mut call = async |i: usize| {
         let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
-        assert_eq!(
-            common::call(&mut client, req).await.overall_code,
-            common::OK,
-            "user c{i}"
-        );
+        common::call(&mut client, req).await.overall_code
+    };
+    for i in 0..30 {
+        decided(sluice, &mut call, i, None, "before the fault").await;
     }
 }
 
@@ -1580,11 +1631,6 @@ async fn a_stopped_cluster_master_s_promoted_replica_decides_its_slots_soon() {
     );
     let mut client = sluice.client().await;
     const USERS: usize = 30;
-    for i in 0..USERS {
-        let req = common::request("closed", vec![common::desc(&[("user", &format!("c{i}"))])]);
-        let code = common::call(&mut client, req).await.overall_code;
-        assert_eq!(code, common::OK, "user c{i}");
-    }
     let mut call = async |user: usize| {
         let req = common::request(
             "closed",
@@ -1592,6 +1638,9 @@ async fn a_stopped_cluster_master_s_promoted_replica_decides_its_slots_soon() {
         );
         common::call(&mut client, req).await.overall_code
     };
+    for i in 0..USERS {
+        decided(&sluice, &mut call, i, None, "before the fault").await;
+    }
     let masters_named = || {
         let (_, body) = common::http(&sluice.http, "GET", "/debug/store", "");
         body
@@ -1611,7 +1660,15 @@ async fn a_stopped_cluster_master_s_promoted_replica_decides_its_slots_soon() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(call(user).await, common::OK, "user c{user} on {replica}");
+    let frozen = cluster.nodes[0].addr();
+    decided(
+        &sluice,
+        &mut call,
+        user,
+        Some(&frozen),
+        "on the promoted replica",
+    )
+    .await;
 
     // A call every 10 ms: answered by the failure mode while the master is stopped,
     // then decided by its replica.
@@ -1642,12 +1699,9 @@ async fn a_stopped_cluster_master_s_promoted_replica_decides_its_slots_soon() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let frozen = cluster.nodes[1].addr();
     for _ in 0..10 {
-        assert_eq!(
-            call(user).await,
-            common::OK,
-            "user c{user} after the switch"
-        );
+        decided(&sluice, &mut call, user, Some(&frozen), "after the switch").await;
     }
     cluster.nodes[0].thaw();
     cluster.nodes[1].thaw();

@@ -173,13 +173,17 @@ async fn envoy_gateway_configs_over_mtls_are_answered_and_updates_apply() {
     let r = call(&mut c, request("default/shared", vec![shared])).await;
     assert_eq!(first_limit(&r), Some(1));
 
-    // The ACK names the version and the nonce; the node is Envoy Gateway's.
+    // The ACK names the version and the nonce; the node is Envoy Gateway's. It
+    // leaves once the version is applied, so it may still be on its way.
+    eventually(WAIT, "version 1 ACKed with its nonce", || async {
+        xds.requests().iter().any(|r| {
+            r["version_info"] == "1" && r["response_nonce"] != "" && r["error_message"].is_null()
+        })
+    })
+    .await;
     let requests = xds.requests();
     assert_eq!(requests[0]["node_id"], "envoy-ratelimit");
     assert_eq!(requests[0]["version_info"], "");
-    assert!(requests.iter().any(|r| r["version_info"] == "1"
-        && r["response_nonce"] != ""
-        && r["error_message"].is_null()));
     assert_eq!(
         metric(
             &server,
@@ -633,11 +637,14 @@ async fn a_version_refused_for_a_file_is_taken_once_the_file_is_fixed() {
     let mut c = server.client().await;
     let r = call(&mut c, request("xd", vec![desc(&[("user", "u")])])).await;
     assert_eq!(first_limit(&r), Some(4), "the xDS version serves");
-    assert_eq!(
-        xds.requests().last().map(|r| r["version_info"].clone()),
-        Some("1".into()),
-        "and is ACKed"
-    );
+    // The ACK leaves once the version is applied (readiness comes first), and
+    // reaches the server when the machine gets to it.
+    eventually(WAIT, "version 1 ACKed", || async {
+        xds.requests()
+            .last()
+            .is_some_and(|r| r["version_info"] == "1" && r["error_message"].is_null())
+    })
+    .await;
 }
 
 #[tokio::test]
