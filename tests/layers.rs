@@ -5,8 +5,9 @@
 //!
 //! The rule extends to the workspace's crates: the gRPC server (`sluice-grpc`) and
 //! the Redis client (`sluice-redis`) sit below everything and depend on no crate of
-//! Sluice's; the core never uses the gRPC server, and only the Redis store uses the
-//! Redis client.
+//! Sluice's; the core never uses the gRPC server, and only the store uses the Redis
+//! client (the Redis store, and the error kinds every store reports, which are the
+//! client's).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -142,7 +143,8 @@ const CRATES: &[(&str, &[&str])] = &[
     ("hash", &[]),
     ("clock", &[]),
     ("policy", &[]),
-    // The Redis store is built on the Redis client.
+    // The Redis store is built on the Redis client; the store's error kinds are the
+    // client's.
     ("store", &["sluice_redis"]),
     ("limiter", &[]),
     ("telemetry", &[]),

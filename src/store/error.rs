@@ -1,118 +1,11 @@
 //! Why a store could not decide, in one set of kinds that metrics, logs and
-//! `/debug/store` share, whichever path (and whichever client) met the error.
+//! `/debug/store` share, whichever path met the error.
 
-/// What went wrong with a store call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// Could not connect, or the connection broke.
-    Connection,
-    /// No answer within the call's timeout.
-    Timeout,
-    /// The server is loading its dataset (`LOADING`).
-    Loading,
-    /// The server is running a script past its busy threshold (`BUSY`).
-    Busy,
-    /// A replica lost its master and serves no stale data (`MASTERDOWN`).
-    MasterDown,
-    /// The cluster cannot serve the slot (`CLUSTERDOWN`).
-    ClusterDown,
-    /// The slot is moving between cluster nodes (`TRYAGAIN`).
-    TryAgain,
-    /// The server is a replica: writes refused (`READONLY`, typically after a
-    /// failover when the URL still names the old master).
-    ReadOnly,
-    /// The server is at `maxmemory` and evicts nothing (`OOM`).
-    Oom,
-    /// The server wants a password sluice did not give, or refused it (`NOAUTH`,
-    /// `WRONGPASS`, `NOPERM`).
-    NoAuth,
-    /// The TLS handshake failed over a certificate: the server's was not trusted,
-    /// or the server refused sluice's (or asked for one it was not given); also a
-    /// `tls_ca`, `tls_cert` or `tls_key` file that cannot be used. Configuration:
-    /// waiting does not mend it.
-    Tls,
-    /// The script call failed on a working server: a script error, a key of the
-    /// wrong type, a command the server does not know. A bug or a misconfiguration,
-    /// not an outage.
-    Script,
-    /// A reply sluice cannot read, or an internal failure.
-    Protocol,
-}
-
-impl ErrorKind {
-    pub const ALL: [ErrorKind; 13] = [
-        ErrorKind::Connection,
-        ErrorKind::Timeout,
-        ErrorKind::Loading,
-        ErrorKind::Busy,
-        ErrorKind::MasterDown,
-        ErrorKind::ClusterDown,
-        ErrorKind::TryAgain,
-        ErrorKind::ReadOnly,
-        ErrorKind::Oom,
-        ErrorKind::NoAuth,
-        ErrorKind::Tls,
-        ErrorKind::Script,
-        ErrorKind::Protocol,
-    ];
-
-    /// The `kind` label of `sluice_store_errors_total` and the name in `/debug/store`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Connection => "connection",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Loading => "loading",
-            ErrorKind::Busy => "busy",
-            ErrorKind::MasterDown => "masterdown",
-            ErrorKind::ClusterDown => "clusterdown",
-            ErrorKind::TryAgain => "tryagain",
-            ErrorKind::ReadOnly => "readonly",
-            ErrorKind::Oom => "oom",
-            ErrorKind::NoAuth => "noauth",
-            ErrorKind::Tls => "tls",
-            ErrorKind::Script => "script",
-            ErrorKind::Protocol => "protocol",
-        }
-    }
-
-    /// Whether the server cannot serve for now, so that calls to it are better
-    /// stopped for a while (the shard's back-off) than each one tried. A script or
-    /// protocol error comes from a server that works: it is answered by the failure
-    /// mode and logged loudly, but waiting would not mend it.
-    pub fn is_outage(self) -> bool {
-        !matches!(self, ErrorKind::Script | ErrorKind::Protocol)
-    }
-
-    /// Whether a PING meets the outage as a call does (no connection, no answer in
-    /// time, a TLS handshake refused, a server loading or busy with a script), so a
-    /// PING answered says it is over. A replica refusing writes, a server out of
-    /// memory, an ACL refusing a script's command: a PING is answered through them
-    /// (the probe's write sees a replica, a full server and a password refused:
-    /// `Asked::sees` in the Redis store).
-    pub fn fails_ping(self) -> bool {
-        matches!(
-            self,
-            ErrorKind::Connection
-                | ErrorKind::Timeout
-                | ErrorKind::Tls
-                | ErrorKind::Loading
-                | ErrorKind::Busy
-        )
-    }
-
-    /// Whether the error says sluice's settings do not fit the server (a password,
-    /// a certificate): Redis can never be reached until someone changes them, so
-    /// every failed try is logged as an error.
-    pub fn is_configuration(self) -> bool {
-        matches!(self, ErrorKind::NoAuth | ErrorKind::Tls)
-    }
-}
-
-impl std::fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// What went wrong with a store call: the Redis client's kinds, one enum for the
+/// client that reads the errors and for the metrics, logs and `/debug/store` that
+/// name them (the memory store fails on no server). Its names are the `kind` label
+/// of `sluice_store_errors_total` and the names in `/debug/store`.
+pub use sluice_redis::ErrorKind;
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -171,15 +64,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kinds_have_distinct_names_and_only_script_and_protocol_are_not_outages() {
-        let names: std::collections::HashSet<_> =
-            ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names.len(), ErrorKind::ALL.len());
-        let not_outages: Vec<_> = ErrorKind::ALL
-            .into_iter()
-            .filter(|k| !k.is_outage())
-            .collect();
-        assert_eq!(not_outages, [ErrorKind::Script, ErrorKind::Protocol]);
+    fn kinds_keep_the_names_users_read() {
+        // The `kind` label of `sluice_store_errors_total`, the names in
+        // `/debug/store` and in docs/failure-modes.md: a rename in the Redis client
+        // must not pass unnoticed.
+        let names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "connection",
+                "timeout",
+                "loading",
+                "busy",
+                "masterdown",
+                "clusterdown",
+                "tryagain",
+                "readonly",
+                "oom",
+                "noauth",
+                "tls",
+                "script",
+                "protocol",
+            ]
+        );
     }
 
     #[test]

@@ -21,108 +21,46 @@ const COUNT_BITS: u32 = 24;
 const SEC_MASK: u64 = (1 << SEC_BITS) - 1;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
 
-fn pack(sec: u64, decided: u64, denied: u64) -> u64 {
-    (sec & SEC_MASK) | (decided.min(COUNT_MAX) << SEC_BITS) | (denied.min(COUNT_MAX) << 40)
+fn pack(decided: u64, denied: u64) -> u64 {
+    decided.min(COUNT_MAX) | (denied.min(COUNT_MAX) << COUNT_BITS)
 }
 
-fn unpack(word: u64) -> (u64, u64, u64) {
-    (
-        word & SEC_MASK,
-        (word >> SEC_BITS) & COUNT_MAX,
-        (word >> 40) & COUNT_MAX,
-    )
+fn unpack(count: u64) -> (u64, u64) {
+    (count & COUNT_MAX, (count >> COUNT_BITS) & COUNT_MAX)
 }
 
-/// Per-second decided/denied counts over the last [`WINDOW_SECS`] seconds.
+/// The ring both windows keep: a bucket a second, each one word packing the second
+/// (16 low bits) with what the window counts for it (48 bits).
 #[derive(Debug)]
-pub struct DenyWindow {
+struct Ring {
     buckets: [AtomicU64; WINDOW_SECS as usize],
 }
 
-impl Default for DenyWindow {
+impl Default for Ring {
     fn default() -> Self {
-        DenyWindow {
+        Ring {
             // Second 0 with zero counts: never read as live unless `now` is second 0.
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
-impl DenyWindow {
-    /// Counts one decision at `now`. `owned`: the caller is the window's only
+impl Ring {
+    /// Replaces the count of `now`'s second with `f(count)` (below 2^48), `f(0)`
+    /// when the bucket holds an older second. `owned`: the caller is the ring's only
     /// writer (see [`super::striped::stripe`]), so a plain store does.
-    pub fn record(&self, now: Micros, denied: bool, owned: bool) {
+    fn update(&self, now: Micros, owned: bool, f: impl Fn(u64) -> u64) {
         let sec = now / SECOND;
+        let tag = sec & SEC_MASK;
         let bucket = &self.buckets[(sec % WINDOW_SECS) as usize];
         let mut old = bucket.load(Ordering::Relaxed);
         loop {
-            let (s, decided, d) = unpack(old);
-            let (decided, d) = if s == sec & SEC_MASK {
-                (decided, d)
-            } else {
-                (0, 0)
-            };
-            let new = pack(sec, decided + 1, d + u64::from(denied));
-            if owned {
-                bucket.store(new, Ordering::Relaxed);
-                return;
-            }
-            match bucket.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(actual) => old = actual,
-            }
-        }
-    }
-
-    /// (decided, denied) over the window ending at `now`.
-    pub fn totals(&self, now: Micros) -> (u64, u64) {
-        let sec = now / SECOND;
-        let mut decided = 0;
-        let mut denied = 0;
-        for bucket in &self.buckets {
-            let (s, c, d) = unpack(bucket.load(Ordering::Relaxed));
-            // Age of the bucket in seconds, modulo the 16-bit second tag.
-            let age = (sec & SEC_MASK).wrapping_sub(s) & SEC_MASK;
-            if age < WINDOW_SECS && (c > 0 || d > 0) {
-                decided += c;
-                denied += d;
-            }
-        }
-        (decided, denied)
-    }
-}
-
-/// Hits per second over the last [`WINDOW_SECS`] seconds (a rule's cost spent or
-/// refunded, for `sluice top`), as [`DenyWindow`] keeps its counts: each bucket packs
-/// its second (16 low bits) with a sum that saturates at 2^48 - 1.
-#[derive(Debug)]
-pub struct SumWindow {
-    buckets: [AtomicU64; WINDOW_SECS as usize],
-}
-
-const SUM_MAX: u64 = (1 << (64 - SEC_BITS)) - 1;
-
-impl Default for SumWindow {
-    fn default() -> Self {
-        SumWindow {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-impl SumWindow {
-    /// Adds `n` at `now`; `owned` as in [`DenyWindow::record`].
-    pub fn add(&self, now: Micros, n: u64, owned: bool) {
-        let sec = now / SECOND;
-        let bucket = &self.buckets[(sec % WINDOW_SECS) as usize];
-        let mut old = bucket.load(Ordering::Relaxed);
-        loop {
-            let sum = if old & SEC_MASK == sec & SEC_MASK {
+            let count = if old & SEC_MASK == tag {
                 old >> SEC_BITS
             } else {
                 0
             };
-            let new = (sec & SEC_MASK) | (sum.saturating_add(n).min(SUM_MAX) << SEC_BITS);
+            let new = tag | (f(count) << SEC_BITS);
             if owned {
                 bucket.store(new, Ordering::Relaxed);
                 return;
@@ -134,15 +72,61 @@ impl SumWindow {
         }
     }
 
-    /// The sum over the window ending at `now`.
-    pub fn total(&self, now: Micros) -> u64 {
-        let sec = now / SECOND;
+    /// The counts of the seconds in the window ending at `now`.
+    fn counts(&self, now: Micros) -> impl Iterator<Item = u64> + '_ {
+        let tag = (now / SECOND) & SEC_MASK;
         self.buckets
             .iter()
             .map(|b| b.load(Ordering::Relaxed))
-            .filter(|&w| ((sec & SEC_MASK).wrapping_sub(w & SEC_MASK) & SEC_MASK) < WINDOW_SECS)
+            // Age of the bucket in seconds, modulo the 16-bit second tag.
+            .filter(move |&w| (tag.wrapping_sub(w & SEC_MASK) & SEC_MASK) < WINDOW_SECS)
             .map(|w| w >> SEC_BITS)
-            .sum()
+    }
+}
+
+/// Per-second decided/denied counts over the last [`WINDOW_SECS`] seconds.
+#[derive(Debug, Default)]
+pub struct DenyWindow(Ring);
+
+impl DenyWindow {
+    /// Counts one decision at `now`. `owned`: the caller is the window's only
+    /// writer (see [`super::striped::stripe`]), so a plain store does.
+    pub fn record(&self, now: Micros, denied: bool, owned: bool) {
+        self.0.update(now, owned, |count| {
+            let (decided, d) = unpack(count);
+            pack(decided + 1, d + u64::from(denied))
+        });
+    }
+
+    /// (decided, denied) over the window ending at `now`.
+    pub fn totals(&self, now: Micros) -> (u64, u64) {
+        self.0
+            .counts(now)
+            .map(unpack)
+            .fold((0, 0), |(decided, denied), (c, d)| {
+                (decided + c, denied + d)
+            })
+    }
+}
+
+/// Hits per second over the last [`WINDOW_SECS`] seconds (a rule's cost spent or
+/// refunded, for `sluice top`), in the ring [`DenyWindow`] keeps, with a sum a second
+/// that saturates at 2^48 - 1.
+#[derive(Debug, Default)]
+pub struct SumWindow(Ring);
+
+const SUM_MAX: u64 = (1 << (64 - SEC_BITS)) - 1;
+
+impl SumWindow {
+    /// Adds `n` at `now`; `owned` as in [`DenyWindow::record`].
+    pub fn add(&self, now: Micros, n: u64, owned: bool) {
+        self.0
+            .update(now, owned, |sum| sum.saturating_add(n).min(SUM_MAX));
+    }
+
+    /// The sum over the window ending at `now`.
+    pub fn total(&self, now: Micros) -> u64 {
+        self.0.counts(now).sum()
     }
 }
 
@@ -213,6 +197,6 @@ mod tests {
 
     #[test]
     fn counts_saturate_instead_of_spilling() {
-        assert_eq!(unpack(pack(5, COUNT_MAX + 10, 3)), (5, COUNT_MAX, 3));
+        assert_eq!(unpack(pack(COUNT_MAX + 10, 3)), (COUNT_MAX, 3));
     }
 }

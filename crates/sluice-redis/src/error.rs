@@ -25,7 +25,8 @@ pub enum ErrorKind {
     ClusterDown,
     /// The slot is moving between cluster nodes (`TRYAGAIN`).
     TryAgain,
-    /// The server is a replica: writes refused (`READONLY`).
+    /// The server is a replica: writes refused (`READONLY`, typically after a
+    /// failover when the URL still names the old master).
     ReadOnly,
     /// The server is at `maxmemory` and evicts nothing (`OOM`).
     Oom,
@@ -39,11 +40,28 @@ pub enum ErrorKind {
     /// The call failed on a working server: a script error, a key of the wrong type,
     /// a command the server does not know.
     Script,
-    /// A reply that cannot be read.
+    /// A reply that cannot be read, or an internal failure.
     Protocol,
 }
 
 impl ErrorKind {
+    /// Every kind, for a caller that counts each from zero.
+    pub const ALL: [ErrorKind; 13] = [
+        ErrorKind::Connection,
+        ErrorKind::Timeout,
+        ErrorKind::Loading,
+        ErrorKind::Busy,
+        ErrorKind::MasterDown,
+        ErrorKind::ClusterDown,
+        ErrorKind::TryAgain,
+        ErrorKind::ReadOnly,
+        ErrorKind::Oom,
+        ErrorKind::NoAuth,
+        ErrorKind::Tls,
+        ErrorKind::Script,
+        ErrorKind::Protocol,
+    ];
+
     /// The kind's name: `connection`, `timeout`, `readonly`, ...
     pub fn as_str(self) -> &'static str {
         match self {
@@ -63,8 +81,9 @@ impl ErrorKind {
         }
     }
 
-    /// Whether the server cannot serve for now (calls are better stopped for a
-    /// while), as opposed to a server that works and refuses this call.
+    /// Whether the server cannot serve for now, so that calls to it are better
+    /// stopped for a while than each one tried. A script or protocol error comes
+    /// from a server that works and refuses this call: waiting would not mend it.
     pub fn is_outage(self) -> bool {
         !matches!(self, ErrorKind::Script | ErrorKind::Protocol)
     }
@@ -243,6 +262,18 @@ mod tests {
         ("OOM", ErrorKind::Oom),
         ("", ErrorKind::Script),
     ];
+
+    #[test]
+    fn kinds_have_distinct_names_and_only_script_and_protocol_are_not_outages() {
+        let names: std::collections::HashSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), ErrorKind::ALL.len());
+        let not_outages: Vec<_> = ErrorKind::ALL
+            .into_iter()
+            .filter(|k| !k.is_outage())
+            .collect();
+        assert_eq!(not_outages, [ErrorKind::Script, ErrorKind::Protocol]);
+    }
 
     #[test]
     fn every_reply_text_has_its_kind() {

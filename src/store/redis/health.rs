@@ -95,7 +95,7 @@ impl Asked {
     pub fn sees(error: &StoreError) -> Option<Asked> {
         let kind = error.kind()?;
         match kind {
-            _ if kind.fails_ping() => Some(Asked::Ping),
+            _ if fails_ping(kind) => Some(Asked::Ping),
             ErrorKind::ReadOnly | ErrorKind::Oom => Some(Asked::Write),
             ErrorKind::NoAuth if !refused_by_acl(error.message()) => Some(Asked::Write),
             _ => None,
@@ -246,11 +246,11 @@ impl Health {
     }
 
     /// Whether the shard's calls (or probes) fail because it does not answer, or
-    /// not in time ([`ErrorKind::fails_ping`]), rather than with an answer (a
+    /// not in time ([`fails_ping`]), rather than with an answer (a
     /// script error, `READONLY`): in a cluster, a master its replica may have
     /// replaced.
     pub fn unanswering(&self) -> bool {
-        self.is_failing() && self.lock().streak.kind.is_some_and(ErrorKind::fails_ping)
+        self.is_failing() && self.lock().streak.kind.is_some_and(fails_ping)
     }
 
     pub fn success(&self) {
@@ -503,9 +503,28 @@ impl Health {
     }
 }
 
-/// Whether `error` says the shard refuses sluice's settings ([`ErrorKind::is_configuration`]).
+/// Whether a PING meets the outage as a call does (no connection, no answer in
+/// time, a TLS handshake refused, a server loading or busy with a script), so a
+/// PING answered says it is over. A replica refusing writes, a server out of
+/// memory, an ACL refusing a script's command: a PING is answered through them
+/// (the probe's write sees a replica, a full server and a password refused:
+/// [`Asked::sees`]).
+fn fails_ping(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Connection
+            | ErrorKind::Timeout
+            | ErrorKind::Tls
+            | ErrorKind::Loading
+            | ErrorKind::Busy
+    )
+}
+
+/// Whether `error` says sluice's settings do not fit the shard (a password, a
+/// certificate): Redis can never be reached until someone changes them, so every
+/// failed try is logged as an error.
 fn misconfigured(error: &StoreError) -> bool {
-    error.kind().is_some_and(ErrorKind::is_configuration)
+    matches!(error.kind(), Some(ErrorKind::NoAuth | ErrorKind::Tls))
 }
 
 /// See [`Health::guard`].
