@@ -291,7 +291,11 @@ async fn a_compressed_message_is_refused_with_unimplemented() {
 
 #[tokio::test]
 async fn health_check_and_watch_follow_shutdown() {
-    let server = Server::start(POLICY, &["--drain-delay", "1s"]);
+    // The checks below must all be answered between SIGTERM and the end of the drain
+    // delay, on a machine that may be busy: the delay is the window they have.
+    const DRAIN: Duration = Duration::from_secs(5);
+    let drain = format!("{}s", DRAIN.as_secs());
+    let mut server = Server::start(POLICY, &["--drain-delay", &drain]);
     let channel = Channel::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()
@@ -316,20 +320,28 @@ async fn health_check_and_watch_follow_shutdown() {
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status, SERVING);
 
+    let mut c = server.client().await;
     server.terminate();
-    let next = tokio::time::timeout(Duration::from_secs(1), watch.message())
+    // The change comes as a message on the open watch, before the drain delay ends
+    // and the watch with it (an end instead would fail the unwrap).
+    let next = tokio::time::timeout(DRAIN, watch.message())
         .await
-        .expect("a change within a second")
+        .expect("a change within the drain delay")
         .unwrap()
-        .unwrap();
+        .expect("NOT_SERVING before the watch ends");
     assert_eq!(next.status, NOT_SERVING);
-    // During the drain delay, Check says so too.
+    // During the drain delay, Check says so too, and decisions go on.
     for s in names {
         let r = h.check(check(s)).await.unwrap().into_inner();
         assert_eq!(r.status, NOT_SERVING, "{s:?}");
     }
-    // Once the server stops, the watch ends rather than holding shutdown up.
-    let end = tokio::time::timeout(Duration::from_secs(5), watch.message())
+    let r = call(&mut c, request("d", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.overall_code, OK);
+    // Once the server stops, the watch ends rather than holding shutdown up, and the
+    // process exits cleanly: after the drain delay, within the shutdown grace (10 s by
+    // default) that bounds the wait for calls in flight.
+    let limit = DRAIN + Duration::from_secs(10);
+    let end = tokio::time::timeout(limit, watch.message())
         .await
         .expect("the watch ends when the server stops");
     match end {
@@ -337,6 +349,8 @@ async fn health_check_and_watch_follow_shutdown() {
         Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e:?}"),
         Ok(Some(m)) => panic!("unexpected message {m:?}"),
     }
+    let status = server.wait_exit(limit).await;
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]
