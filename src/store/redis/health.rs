@@ -246,7 +246,7 @@ impl Health {
     }
 
     /// Whether the shard's calls (or probes) fail because it does not answer, or
-    /// not in time ([`fails_ping`]), rather than with an answer (a
+    /// not in time (errors a PING meets too), rather than with an answer (a
     /// script error, `READONLY`): in a cluster, a master its replica may have
     /// replaced.
     pub fn unanswering(&self) -> bool {
