@@ -26,7 +26,7 @@
 //! rounding never adds up); and the hits admitted but not yet released at any
 //! admission, plus the new ones, never exceed `burst`.
 
-use super::token_bucket::Gcra;
+use super::token_bucket::{never, Gcra};
 use super::{Limit, Micros, Step, Verdict};
 
 /// Stored state of one leaky_bucket counter.
@@ -47,18 +47,9 @@ pub fn decide(
     hits: u64,
     max_delay: Micros,
 ) -> Step<State> {
-    // `requests == 0`: the queue never drains, so no hit is ever admitted; its
-    // reset is one window, as token_bucket's.
+    // `requests == 0`: the queue never drains, so no hit is ever admitted.
     let Some(g) = Gcra::new(limit) else {
-        return Step {
-            verdict: Verdict {
-                admitted: hits == 0,
-                reset: limit.window.max(1),
-                retry_after: if hits == 0 { 0 } else { u64::MAX },
-                ..Verdict::default()
-            },
-            next: None,
-        };
+        return never(hits, limit.window.max(1));
     };
     let start = g.start(state.map(|s| (s.tat, s.rem)), now);
     let next = g.next(&start, hits);

@@ -211,8 +211,9 @@ fn admit(remaining: u64, reset: Micros, next: Option<State>) -> Step<State> {
 
 /// `requests == 0`: checks pass, every hit is denied for good. The bucket is full
 /// (of nothing) at once, but a client told a reset of 0 would come straight back:
-/// the reset is one window, as `retry-after` says.
-fn never(hits: u64, window: Micros) -> Step<State> {
+/// the reset is one window, as `retry-after` says. The leaky bucket's queue, which
+/// never drains, answers the same.
+pub(super) fn never<S>(hits: u64, window: Micros) -> Step<S> {
     Step {
         verdict: Verdict {
             admitted: hits == 0,
