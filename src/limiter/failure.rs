@@ -35,11 +35,9 @@ impl<S: Store> Limiter<S> {
             self.failed_shard(hits, failed)
         };
         StoreFailure {
-            error: error.to_string(),
+            error: error.clone(),
             kind: error.kind().map(|k| k.as_str()),
-            shard: shard
-                .and_then(|s| self.store.shard_name(s))
-                .map(str::to_owned),
+            shard: shard.and_then(|s| self.store.shard_name(s)),
             mode,
             answer: self.settings.store_errors,
             store: self.store.name(),

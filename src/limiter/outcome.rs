@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Override, StoreErrorAnswer};
 use crate::algorithm::{Micros, Verdict};
 use crate::policy::{FailureMode, Policy, Rule};
-use crate::store::Spend;
+use crate::store::{Spend, StoreError};
 
 /// One request descriptor as the limiter sees it.
 #[derive(Debug, Clone, Copy)]
@@ -111,13 +111,14 @@ pub enum Ban {
 /// descriptors whose shard failed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFailure {
-    pub error: String,
+    /// Cloned from the store's error: no allocation but a failed call's message.
+    pub error: StoreError,
     /// The error's kind as `sluice_store_errors_total` labels it (`timeout`,
     /// `connection`, ...); `None` for a call not tried (back-off, a key not kept).
     pub kind: Option<&'static str>,
     /// The shard whose call failed (`host:port`), when the store has shards of its
     /// own: the first one of the request that failed.
-    pub shard: Option<String>,
+    pub shard: Option<Arc<str>>,
     pub mode: FailureMode,
     /// How the request must be answered: by `mode`, or with an error.
     pub answer: StoreErrorAnswer,
@@ -216,7 +217,7 @@ impl Outcome {
     /// error rather than by the failure mode ([`StoreErrorAnswer::Error`]). A request
     /// that a decided limit denies is answered OVER_LIMIT all the same: the error
     /// stands only for what the failure mode would have answered.
-    pub fn error_answer(&self) -> Option<&str> {
+    pub fn error_answer(&self) -> Option<&StoreError> {
         let f = self
             .failure
             .as_ref()
@@ -229,7 +230,7 @@ impl Outcome {
         if f.partial && self.over_limit && decided_denial() {
             return None;
         }
-        Some(f.error.as_str())
+        Some(&f.error)
     }
 
     /// Whether the store decided the request, wholly or but for the descriptors whose

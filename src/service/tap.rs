@@ -311,7 +311,7 @@ mod tests {
             failed.statuses[0].over_limit = mode == crate::policy::FailureMode::Closed;
             failed.over_limit = failed.statuses[0].over_limit;
             failed.failure = Some(crate::limiter::StoreFailure {
-                error: "store timed out".into(),
+                error: crate::store::StoreError::Timeout,
                 kind: Some("timeout"),
                 shard: None,
                 mode,

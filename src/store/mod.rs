@@ -7,6 +7,7 @@
 //! scripts that mirror them.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::algorithm::{self, Decision, Limit, Micros, State, Verdict};
 
@@ -303,8 +304,9 @@ pub trait Store: Board + Send + Sync + 'static {
 
     /// The name of `shard` (as [`Store::shards`] lists it, `host:port`) for a log
     /// line about a failed call; `None` when the store has no shards of its own (a
-    /// Redis Cluster counts as one). Read only when a call failed.
-    fn shard_name(&self, _shard: usize) -> Option<&str> {
+    /// Redis Cluster counts as one). Read only when a call failed; shared, so
+    /// naming it allocates nothing.
+    fn shard_name(&self, _shard: usize) -> Option<Arc<str>> {
         None
     }
 
@@ -392,7 +394,7 @@ impl Replicas {
 }
 
 /// A shared store is a store: the server keeps a handle for housekeeping.
-impl<S: Store> Store for std::sync::Arc<S> {
+impl<S: Store> Store for Arc<S> {
     fn decide(&self, hits: &[Hit]) -> impl Future<Output = Result<Verdicts, StoreError>> + Send {
         (**self).decide(hits)
     }
@@ -465,7 +467,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
         (**self).shard_failing(shard)
     }
 
-    fn shard_name(&self, shard: usize) -> Option<&str> {
+    fn shard_name(&self, shard: usize) -> Option<Arc<str>> {
         (**self).shard_name(shard)
     }
 

@@ -443,7 +443,7 @@ fn store_state_changes_are_logged_once_each() {
         }],
         delay: 0,
         failure: failed.then(|| StoreFailure {
-            error: "store timed out".into(),
+            error: crate::store::StoreError::Timeout,
             kind: Some("timeout"),
             shard: None,
             mode: FailureMode::Open,

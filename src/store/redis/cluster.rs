@@ -212,7 +212,7 @@ impl Cluster {
     /// The health of the node `name`, made (and its metrics declared) the first
     /// time the node is met.
     pub fn node_health(&self, name: &str) -> Arc<Health> {
-        if let Some(h) = self.nodes.load().iter().find(|h| h.name == name) {
+        if let Some(h) = self.nodes.load().iter().find(|h| *h.name == *name) {
             return h.clone();
         }
         let made = Arc::new(
@@ -220,7 +220,7 @@ impl Cluster {
         );
         let mut found = None;
         self.nodes.rcu(|nodes| {
-            found = nodes.iter().find(|h| h.name == name).cloned();
+            found = nodes.iter().find(|h| *h.name == *name).cloned();
             let mut nodes = Vec::clone(nodes);
             if found.is_none() {
                 nodes.push(made.clone());

@@ -132,8 +132,9 @@ struct State {
 /// at once unless `failing` is set. A success racing a failure may be ordered either
 /// way, as if it had come just before or just after.
 pub struct Health {
-    /// The shard as logs and metrics name it (host:port, no password).
-    pub name: String,
+    /// The shard as logs and metrics name it (host:port, no password): shared, so a
+    /// failed call names its shard without allocating.
+    pub name: Arc<str>,
     /// Origin of `down_until`.
     base: Instant,
     /// End of the back-off in nanoseconds since `base`; 0 while up. Stays set after
@@ -186,7 +187,7 @@ impl Health {
             r.shard_declared("redis", &name);
         }
         Health {
-            name,
+            name: name.into(),
             base: Instant::now(),
             down_until: AtomicU64::new(0),
             failing: AtomicBool::new(false),
@@ -485,7 +486,7 @@ impl Health {
             ShardState::Up
         };
         ShardStatus {
-            name: self.name.clone(),
+            name: self.name.to_string(),
             nodes: Vec::new(),
             state,
             last_error: s.last_error.clone(),

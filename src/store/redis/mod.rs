@@ -364,8 +364,8 @@ impl RedisStore {
     /// The shards' names (host:port), or `cluster`.
     pub fn shard_names(&self) -> Vec<String> {
         match &self.inner.backend {
-            Backend::Shards(s) => s.iter().map(|s| s.health.name.clone()).collect(),
-            Backend::Cluster(c) => vec![c.health.name.clone()],
+            Backend::Shards(s) => s.iter().map(|s| s.health.name.to_string()).collect(),
+            Backend::Cluster(c) => vec![c.health.name.to_string()],
         }
     }
 
@@ -562,7 +562,7 @@ impl Inner {
             Backend::Shards(s) => {
                 let shard = &s[target.min(s.len() - 1)];
                 let address = match &shard.conn {
-                    ShardConn::Fixed(_) => Some(shard.health.name.as_str()),
+                    ShardConn::Fixed(_) => Some(&*shard.health.name),
                     ShardConn::Sentinel(m) => {
                         sentinel_addr = m.current().map(|r| r.addr);
                         sentinel_addr.as_deref()
@@ -890,9 +890,9 @@ impl Store for RedisStore {
         }
     }
 
-    fn shard_name(&self, shard: usize) -> Option<&str> {
+    fn shard_name(&self, shard: usize) -> Option<Arc<str>> {
         match &self.inner.backend {
-            Backend::Shards(s) => s.get(shard).map(|s| s.health.name.as_str()),
+            Backend::Shards(s) => s.get(shard).map(|s| s.health.name.clone()),
             Backend::Cluster(_) => None,
         }
     }
