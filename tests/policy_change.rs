@@ -45,6 +45,8 @@ fn rule(algorithm: &str, unit: &str, rpu: u64, extra: &str) -> String {
 struct Walk<S: Store> {
     limiter: Limiter<S>,
     policy: Arc<ArcSwap<Policy>>,
+    /// The memory store's clock; Redis decides on its own.
+    clock: Option<ManualClock>,
 }
 
 impl<S: Store> Walk<S> {
@@ -60,10 +62,14 @@ impl<S: Store> Walk<S> {
             ..Settings::default()
         };
         let mut limiter = Limiter::new(policy.clone(), store, settings);
-        if let Some(c) = clock {
-            limiter = limiter.with_clock(Arc::new(c));
+        if let Some(c) = &clock {
+            limiter = limiter.with_clock(Arc::new(c.clone()));
         }
-        Walk { limiter, policy }
+        Walk {
+            limiter,
+            policy,
+            clock,
+        }
     }
 
     fn set(&self, rule: &str) {
@@ -85,6 +91,24 @@ impl<S: Store> Walk<S> {
         }
         ok
     }
+
+    /// How long until a one-hit request of `user` is admitted, polled every 50 ms
+    /// (of the manual clock, or of Redis's); `None` if not within 10 seconds.
+    async fn admitted_within(&self, user: &str) -> Option<Duration> {
+        let step = Duration::from_millis(50);
+        let mut waited = Duration::ZERO;
+        while waited <= Duration::from_secs(10) {
+            if self.admitted(user, 1).await == 1 {
+                return Some(waited);
+            }
+            match &self.clock {
+                Some(c) => c.advance(step.as_micros() as u64),
+                None => tokio::time::sleep(step).await,
+            }
+            waited += step;
+        }
+        None
+    }
 }
 
 async fn walk<S: Store>(store: &str, w: &Walk<S>) {
@@ -92,23 +116,37 @@ async fn walk<S: Store>(store: &str, w: &Walk<S>) {
         let bucket = BUCKETS.contains(alg);
         let is = |what: &str| format!("{store} {alg}: {what}");
 
-        // Lowered from 10 to 5 an hour after 8: a window's count carries, so the key
-        // is over at once; a bucket keeps the share of its burst it used (4 of 5).
+        // Lowered from 10 to 5 an hour after 8: a window's count carries, and a
+        // bucket owes the 8 hits it took, so the key is over at once.
         let u = format!("{alg}-lower");
         w.set(&rule(alg, "hour", 10, ""));
         assert_eq!(w.admitted(&u, 8).await, 8);
         w.set(&rule(alg, "hour", 5, ""));
-        let after = if bucket { 1 } else { 0 };
-        assert_eq!(w.admitted(&u, 3).await, after, "{}", is("lowered"));
+        assert_eq!(w.admitted(&u, 3).await, 0, "{}", is("lowered"));
 
-        // Raised from 5 to 10 after 5: a window's count carries, so 5 more pass at
-        // once; an empty bucket stays empty and refills at the new rate.
+        // Raised from 5 to 10 after 5: a window's count carries, and a bucket owes
+        // the 5 hits it took, so 5 more pass at once.
         let u = format!("{alg}-raise");
         w.set(&rule(alg, "hour", 5, ""));
         assert_eq!(w.admitted(&u, 6).await, 5);
         w.set(&rule(alg, "hour", 10, ""));
-        let after = if bucket { 0 } else { 5 };
-        assert_eq!(w.admitted(&u, 10).await, after, "{}", is("raised"));
+        assert_eq!(w.admitted(&u, 10).await, 5, "{}", is("raised"));
+
+        // Emptied at 5 an hour and made 5 a second, a bucket owes its 5 hits at the
+        // new rate, one second's worth, not the rest of the hour.
+        if bucket {
+            let u = format!("{alg}-faster");
+            w.set(&rule(alg, "hour", 5, ""));
+            assert_eq!(w.admitted(&u, 6).await, 5);
+            w.set(&rule(alg, "second", 5, ""));
+            // Not at once (it still owes), and in well under the hour.
+            let waited = w.admitted_within(&u).await;
+            assert!(
+                waited.is_some_and(|d| d > Duration::ZERO),
+                "{}: {waited:?}",
+                is("made faster")
+            );
+        }
 
         // Another algorithm: its own counter, from nothing.
         for other in WINDOWS.iter().chain(&BUCKETS).filter(|o| *o != alg) {

@@ -203,14 +203,29 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
     let mut owing = 0;
     let mut never = 0;
     let mut late = 0;
-    for step in 0..1_500 {
+    // Each shared key's last rate, and the hits read under another.
+    let mut rates = std::collections::HashMap::new();
+    let mut rescaled = 0;
+    for step in 0..2_000 {
         let n = 1 + rng.next(3) as usize;
         let settle = settles && rng.next(2) == 0;
         let mut batch = Vec::new();
         for _ in 0..n {
             let (r, w, b) = limits[rng.next(limits.len() as u64) as usize];
             let alg = algorithms[rng.next(5) as usize];
-            let key = format!("eq-{}-{}-{}-{}", alg.as_str(), r, w, rng.next(3));
+            // A quarter of the buckets' keys change limits, as a policy change does:
+            // their state is read under another rate.
+            let bucket = matches!(alg, Algorithm::TokenBucket | Algorithm::LeakyBucket);
+            let key = match rng.next(4) {
+                0 if bucket => format!("eq-{}-any-{}", alg.as_str(), rng.next(3)),
+                _ => format!("eq-{}-{}-{}-{}", alg.as_str(), r, w, rng.next(3)),
+            };
+            if rates
+                .insert(key.clone(), (r, w))
+                .is_some_and(|was| was != (r, w))
+            {
+                rescaled += 1;
+            }
             let hits = match rng.next(10) {
                 0 => 0,
                 1 => r.saturating_add(1).min(1 << 41),
@@ -286,6 +301,8 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         clock.advance(dt);
     }
     assert!(compared > 2_000);
+    // Enough buckets read under another rate than they were last used with.
+    assert!(rescaled > 100, "{rescaled} hits under a changed rate");
     // Enough admissions that left no room, so next_room was compared too.
     assert!(full > 100, "{full} full admissions");
     // And enough requests larger than their limit on keys with no room, so the wait
@@ -1939,10 +1956,11 @@ async fn a_bucket_written_by_an_older_sluice_reads_as_its_rounded_up_time() {
     clock.advance(2);
     let v = decide_one(&store, &h).await;
     assert!(v.admitted);
-    // Written in the new form: tat rounded up and its remainder in thirds of a µs.
+    // Written in the new form: tat rounded up, its remainder in thirds of a µs, and
+    // the rate they count in.
     assert_eq!(
         dump(&mut conn, &key).await,
-        [format!("{} 2", t + 1_000_002)]
+        [format!("{} 2 3 1000000", t + 1_000_002)]
     );
 }
 

@@ -26,7 +26,7 @@
 //! rounding never adds up); and the hits admitted but not yet released at any
 //! admission, plus the new ones, never exceed `burst`.
 
-use super::token_bucket::{never, Gcra};
+use super::token_bucket::{never, rebased, Gcra, Rate};
 use super::{Limit, Micros, Step, Verdict};
 
 /// Stored state of one leaky_bucket counter.
@@ -36,6 +36,8 @@ pub struct State {
     pub tat: Micros,
     /// What the rounding up added, in 1 / requests µs (see token_bucket's `State`).
     pub rem: u64,
+    /// The rate `tat` and `rem` count in (see token_bucket's `State`).
+    pub rate: Rate,
 }
 
 /// Decides one request of `hits` at `now` for a caller that waits at most
@@ -51,7 +53,7 @@ pub fn decide(
     let Some(g) = Gcra::new(limit) else {
         return never(hits, limit.window.max(1));
     };
-    let start = g.start(state.map(|s| (s.tat, s.rem)), now);
+    let start = g.start(state.map(|s| (s.tat, s.rem, s.rate)), now);
     let next = g.next(&start, hits);
     let wait = g.wait(start.backlog);
     if g.fits(start.backlog, hits) {
@@ -97,6 +99,7 @@ pub fn decide(
                 next: Some(State {
                     tat: n.tat,
                     rem: n.rem,
+                    rate: g.rate(),
                 }),
             };
         }
@@ -119,6 +122,16 @@ pub fn decide(
         },
         next: None,
     }
+}
+
+/// A state written under another rate than `limit`'s, rewritten in that rate with
+/// the same queue (token_bucket's `rebase`); whether it changed.
+pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
+    let Some((tat, rem, rate)) = rebased(limit, (state.tat, state.rem, state.rate), now) else {
+        return false;
+    };
+    *state = State { tat, rem, rate };
+    true
 }
 
 /// When the state can be dropped: once the queue has drained.

@@ -319,6 +319,18 @@ pub fn expires_at(limit: &Limit, state: &State) -> Micros {
     }
 }
 
+/// Rewrites a bucket's state written under another rate than `limit`'s in that
+/// rate, owing what it owes at `now` ([`token_bucket`]'s module doc): stored
+/// whatever the decision, so that the debt drains at the new rate from the policy
+/// change on. Whether it changed; other algorithms never do.
+pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
+    match state {
+        State::TokenBucket(s) => token_bucket::rebase(limit, s, now),
+        State::LeakyBucket(s) => leaky_bucket::rebase(limit, s, now),
+        _ => false,
+    }
+}
+
 /// An algorithm's own decision, before its state is wrapped in [`State`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step<S> {

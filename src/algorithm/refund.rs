@@ -61,12 +61,13 @@ fn give_back(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Op
             State::SlidingWindowLog(s)
         }
         State::TokenBucket(s) => {
+            // Rolled under `limit`'s rate, which its state now records.
             let (tat, rem) = shorten(limit, now, s.tat, s.rem, hits);
-            State::TokenBucket(token_bucket::State { tat, rem })
+            State::TokenBucket(token_bucket::State { tat, rem, ..s })
         }
         State::LeakyBucket(s) => {
             let (tat, rem) = shorten(limit, now, s.tat, s.rem, hits);
-            State::LeakyBucket(leaky_bucket::State { tat, rem })
+            State::LeakyBucket(leaky_bucket::State { tat, rem, ..s })
         }
     })
 }

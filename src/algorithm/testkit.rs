@@ -169,13 +169,21 @@ pub(crate) fn any_state(a: Algorithm) -> BoxedStrategy<State> {
                 })
             })
             .boxed(),
-        Algorithm::TokenBucket => (edgy(), edgy())
-            .prop_map(|(tat, rem)| State::TokenBucket(token_bucket::State { tat, rem }))
+        Algorithm::TokenBucket => (edgy(), edgy(), any_rate())
+            .prop_map(|(tat, rem, rate)| State::TokenBucket(token_bucket::State { tat, rem, rate }))
             .boxed(),
-        Algorithm::LeakyBucket => (edgy(), edgy())
-            .prop_map(|(tat, rem)| State::LeakyBucket(leaky_bucket::State { tat, rem }))
+        Algorithm::LeakyBucket => (edgy(), edgy(), any_rate())
+            .prop_map(|(tat, rem, rate)| State::LeakyBucket(leaky_bucket::State { tat, rem, rate }))
             .boxed(),
     }
+}
+
+/// A bucket state's rate: none (an older sluice's), or any other.
+fn any_rate() -> impl Strategy<Value = token_bucket::Rate> {
+    prop_oneof![
+        Just(token_bucket::Rate::default()),
+        (edgy(), edgy()).prop_map(|(requests, window)| token_bucket::Rate { requests, window }),
+    ]
 }
 
 /// `parts` of at least one hit each, cut from `sizes` so that they add up to `burst`.
@@ -325,6 +333,11 @@ pub(crate) fn arbitrary_inputs_do_not_panic(
     prop_assert!(d.verdict.admitted || d.verdict.retry_after > 0);
     let _ = decide(l, None, now, hits);
     let _ = expires_at(l, s);
+    // Rebased to the limit's rate, a state owes what it owed: the same verdict.
+    let mut rebased = s.clone();
+    if crate::algorithm::rebase(l, &mut rebased, now) {
+        prop_assert_eq!(decide(l, Some(&rebased), now, hits).verdict, d.verdict);
+    }
     Ok(())
 }
 

@@ -22,6 +22,19 @@
 //! state of another limit (a larger burst before a policy change). `requests == 0`
 //! admits nothing, and its reset is one window.
 //!
+//! A state also names the rate it was written under. Read under another rate (a
+//! policy changed since), the bucket owes the same hits, not the same time: its
+//! backlog is rescaled, exactly, to backlog * window / old window ticks of the new
+//! rate (rounded up to a tick), and the state is rewritten so (`rebase`), whatever
+//! the decision, so that the debt drains at the new rate from the change on. So a
+//! bucket emptied under 5 a minute and made 5 a second owes 5 hits, one second,
+//! not the rest of the minute, and one lowered from 10 to 5 after 8 hits owes 8, as
+//! the window algorithms keep their count. A state without a rate (written by an
+//! older sluice) reads as written under the limit in force. A debt the scripts'
+//! doubles cannot rescale (the old backlog's whole hits reach 2^53) keeps its time;
+//! one whose rescaled tat would reach [`END_OF_TIME`] lasts until just before it;
+//! both as decide.lua does.
+//!
 //! The same arithmetic serves leaky_bucket, where the tat is when the queue drains.
 
 use super::{Limit, Micros, Step, Verdict};
@@ -40,6 +53,26 @@ pub struct State {
     /// requests. Below `requests`; a larger value (a state of another limit) reads as
     /// 0.
     pub rem: u64,
+    /// The rate `tat` and `rem` count in.
+    pub rate: Rate,
+}
+
+/// The rate a bucket's state was written under: `requests` per `window`. Zero
+/// (`Rate::default()`) in a state an older sluice wrote: read as the limit's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rate {
+    pub requests: u64,
+    pub window: Micros,
+}
+
+impl Rate {
+    /// The rate of `limit`, as its states record it.
+    pub fn of(limit: &Limit) -> Rate {
+        Rate {
+            requests: limit.requests,
+            window: limit.window.max(1),
+        }
+    }
 }
 
 /// Admission arithmetic shared with leaky_bucket, in ticks of 1 / requests µs.
@@ -76,19 +109,53 @@ impl Gcra {
         })
     }
 
-    /// The decision's backlog at `now` for a stored (tat, rem).
-    pub(super) fn start(&self, state: Option<(Micros, u64)>, now: Micros) -> Start {
+    /// The decision's backlog at `now` for a stored (tat, rem) written under `rate`.
+    pub(super) fn start(&self, state: Option<(Micros, u64, Rate)>, now: Micros) -> Start {
         let backlog = match state {
-            Some((tat, rem)) if tat > now => {
-                let rem = u128::from(rem);
-                let rem = if rem < self.requests { rem } else { 0 };
-                // (tat - now) * requests >= requests > rem.
-                u128::from(tat - now) * self.requests - rem
+            Some((tat, rem, rate)) if tat > now => {
+                let ours = rate.requests == 0
+                    || rate.window == 0
+                    || (u128::from(rate.requests), u128::from(rate.window))
+                        == (self.requests, self.window);
+                let kept = || backlog(tat - now, rem, self.requests);
+                if ours {
+                    kept()
+                } else {
+                    self.rescaled(tat - now, rem, rate, now)
+                        .unwrap_or_else(kept)
+                }
             }
             // The exact tat is at most `tat`, so not after now.
             _ => 0,
         };
         Start { now, backlog }
+    }
+
+    /// The backlog of a tat `ahead` µs after now less `rem` ticks, both of `rate`,
+    /// as ticks of this limit owing the same hits: old * window / rate.window,
+    /// rounded up, at most that of a tat just before [`END_OF_TIME`]. `None` when
+    /// ahead * rate.requests / rate.window reaches 2^53: decide.lua's doubles count
+    /// no further.
+    fn rescaled(&self, ahead: Micros, rem: u64, rate: Rate, now: Micros) -> Option<u128> {
+        let (requests, window) = (u128::from(rate.requests), u128::from(rate.window));
+        if u128::from(ahead) * requests / window >= 1 << 53 {
+            return None;
+        }
+        let old = backlog(ahead, rem, requests);
+        let (hits, part) = (old / window, old % window);
+        // hits < 2^53 and both windows fit in u64: no overflow.
+        let owed = hits * self.window + (part * self.window).div_ceil(window);
+        let end = u128::from((END_OF_TIME - 1).saturating_sub(now)) * self.requests;
+        Some(owed.min(end))
+    }
+
+    /// The rate this limit's states record.
+    pub(super) fn rate(&self) -> Rate {
+        // Both came from u64s.
+        Rate {
+            requests: self.requests as u64,
+            window: self.window as Micros,
+        }
     }
 
     /// `backlog` ticks in whole microseconds, rounded up: the stored tat - now.
@@ -157,12 +224,21 @@ impl Gcra {
     }
 }
 
+/// The backlog of a stored tat `ahead` µs after now, less `rem` ticks of 1 /
+/// `requests` µs; a remainder not below `requests` (another limit's) reads as 0.
+fn backlog(ahead: Micros, rem: u64, requests: u128) -> u128 {
+    let rem = u128::from(rem);
+    let rem = if rem < requests { rem } else { 0 };
+    // ahead * requests >= requests > rem.
+    u128::from(ahead) * requests - rem
+}
+
 /// Decides one request of `hits` at `now`.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Step<State> {
     let Some(g) = Gcra::new(limit) else {
         return never(hits, limit.window.max(1));
     };
-    let start = g.start(state.map(|s| (s.tat, s.rem)), now);
+    let start = g.start(state.map(|s| (s.tat, s.rem, s.rate)), now);
     let next = g.next(&start, hits);
     if g.fits(start.backlog, hits) {
         if hits == 0 {
@@ -172,6 +248,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             let state = State {
                 tat: n.tat,
                 rem: n.rem,
+                rate: g.rate(),
             };
             return admit(g.remaining(n.backlog), n.tat - now, Some(state));
         }
@@ -223,6 +300,36 @@ pub(super) fn never<S>(hits: u64, window: Micros) -> Step<S> {
         },
         next: None,
     }
+}
+
+/// A state written under another rate than `limit`'s, as (tat, rem) of `limit`'s
+/// rate owing what it owes at `now` (see the module doc); `None` when it already
+/// counts in that rate, has none, is full, or the limit admits nothing. Stored whatever the
+/// decision, so that the debt drains at the new rate from the change on: read
+/// afresh each time, it would drain at the old one.
+pub(super) fn rebased(
+    limit: &Limit,
+    (tat, rem, rate): (Micros, u64, Rate),
+    now: Micros,
+) -> Option<(Micros, u64, Rate)> {
+    let g = Gcra::new(limit)?;
+    let new = g.rate();
+    if tat <= now || rate.requests == 0 || rate.window == 0 || rate == new {
+        return None;
+    }
+    let start = g.start(Some((tat, rem, rate)), now);
+    let n = g.next(&start, 0)?;
+    Some((n.tat, n.rem, new))
+}
+
+/// Rewrites a token_bucket state written under another rate than `limit`'s in
+/// that rate, in place (see the module doc); whether it changed.
+pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
+    let Some((tat, rem, rate)) = rebased(limit, (state.tat, state.rem, state.rate), now) else {
+        return false;
+    };
+    *state = State { tat, rem, rate };
+    true
 }
 
 /// When the state can be dropped: once the bucket is full again.
@@ -278,7 +385,11 @@ mod tests {
         assert!(hit(&l, &mut s, 100, 1).admitted);
         assert_eq!(
             s,
-            Some(State::TokenBucket(super::State { tat: 104, rem: 2 }))
+            Some(State::TokenBucket(super::State {
+                tat: 104,
+                rem: 2,
+                rate: super::Rate::of(&l)
+            }))
         );
         let v = hit(&l, &mut s, 100, 1);
         assert_eq!(v.retry_after, 4);
@@ -379,7 +490,8 @@ mod tests {
             s,
             Some(State::TokenBucket(super::State {
                 tat: T0 + 666_667,
-                rem: 1
+                rem: 1,
+                rate: super::Rate::of(&l)
             }))
         );
         let v = hit(&l, &mut s, T0, 1);
@@ -416,6 +528,7 @@ mod tests {
         let old = State::TokenBucket(super::State {
             tat: T0 + 666_668,
             rem: 0,
+            rate: Default::default(),
         });
         let v = decide(&l, Some(&old), T0, 1).verdict;
         assert!(!v.admitted);
@@ -425,8 +538,100 @@ mod tests {
         let odd = State::TokenBucket(super::State {
             tat: T0 + 666_668,
             rem: 3,
+            rate: Default::default(),
         });
         assert_eq!(decide(&l, Some(&odd), T0, 1), decide(&l, Some(&old), T0, 1));
+    }
+
+    /// A policy change keeps what a bucket owes in hits, not in time: emptied under 5
+    /// an hour and made 5 a second, it owes 5 hits, one second's worth, not the rest
+    /// of the hour. The stores rebase the state at the first read after the change.
+    #[test]
+    fn a_bucket_owes_the_same_hits_at_a_new_rate() {
+        let rebased = |l: &Limit, s: &Option<State>, now: Micros| {
+            let mut st = s.clone().expect("a state");
+            assert!(crate::algorithm::rebase(l, &mut st, now), "{st:?}");
+            assert!(!crate::algorithm::rebase(l, &mut st, now), "once");
+            Some(st)
+        };
+        let hour = limit(5, 3_600 * SECOND, 5);
+        let mut s = None;
+        for _ in 0..5 {
+            assert!(hit(&hour, &mut s, T0, 1).admitted);
+        }
+        let second = limit(5, SECOND, 5);
+        let v = decide(&second, s.as_ref(), T0, 1).verdict;
+        assert!(!v.admitted);
+        assert_eq!((v.remaining, v.retry_after, v.reset), (0, 200_000, SECOND));
+        let mut s = rebased(&second, &s, T0);
+        assert!(!hit(&second, &mut s, T0 + 199_999, 1).admitted);
+        assert!(hit(&second, &mut s, T0 + 200_000, 1).admitted);
+        let Some(State::TokenBucket(st)) = &s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(st.rate, super::Rate::of(&second));
+
+        // Lowered from 10 to 5 a second after 8 hits: 8 owed, more than the 5 the
+        // bucket holds, so it admits again once 4 are owed, 800 ms on.
+        let ten = limit(10, SECOND, 10);
+        let mut s = None;
+        assert!(hit(&ten, &mut s, T0, 8).admitted);
+        let five = limit(5, SECOND, 5);
+        let v = decide(&five, s.as_ref(), T0, 1).verdict;
+        assert_eq!((v.admitted, v.retry_after), (false, 800_000));
+        let s = rebased(&five, &s, T0);
+        assert!(!decide(&five, s.as_ref(), T0 + 799_999, 1).verdict.admitted);
+        assert!(decide(&five, s.as_ref(), T0 + 800_000, 1).verdict.admitted);
+
+        // A share of a hit carries exactly: 100 ms after one hit at 3 a second (a
+        // third of a second each), 0.7 of it is owed; at 6 a second, 116,667 µs, and
+        // at 1 a minute, 42 seconds.
+        let three = limit(3, SECOND, 3);
+        let mut s = None;
+        assert!(hit(&three, &mut s, T0, 1).admitted);
+        let now = T0 + 100_000;
+        for (l, owed) in [
+            (limit(6, SECOND, 1), 116_667),
+            (limit(1, 60 * SECOND, 1), 42 * SECOND),
+        ] {
+            let v = decide(&l, s.as_ref(), now, 0).verdict;
+            assert_eq!((v.remaining, v.reset), (0, owed), "{l:?}");
+            let s = rebased(&l, &s, now);
+            assert!(!decide(&l, s.as_ref(), now + owed - 1, 1).verdict.admitted);
+            assert!(decide(&l, s.as_ref(), now + owed, 1).verdict.admitted);
+        }
+    }
+
+    /// A debt past what the scripts rescale keeps its time; one past the end of time
+    /// at the new rate lasts until just before it. Neither overflows.
+    #[test]
+    fn debts_too_large_to_rescale() {
+        let fast = limit(1 << 40, 1, 1 << 40);
+        let state = State::TokenBucket(super::State {
+            tat: T0 + 5 * SECOND,
+            rem: 0,
+            rate: super::Rate::of(&fast),
+        });
+        let slow = limit(1, SECOND, 1);
+        let v = decide(&slow, Some(&state), T0, 0).verdict;
+        assert_eq!(v.reset, 5 * SECOND);
+        assert_eq!(
+            decide(&slow, Some(&state), T0, 1).verdict.retry_after,
+            5 * SECOND
+        );
+
+        let day = limit(1, 86_400 * SECOND, 1);
+        let owing = State::TokenBucket(super::State {
+            tat: T0 + 1_000_000 * SECOND,
+            rem: 0,
+            rate: super::Rate::of(&slow),
+        });
+        let v = decide(&day, Some(&owing), T0, 0).verdict;
+        assert_eq!(v.reset, super::END_OF_TIME - 1 - T0);
+        assert_eq!(
+            decide(&day, Some(&owing), T0, 1).verdict.retry_after,
+            u64::MAX
+        );
     }
 
     /// A limit of 0 never admits: its reset says one window, as `retry-after` does,

@@ -67,6 +67,17 @@ impl Entry {
         self.keep_until
     }
 
+    /// Rewrites a bucket written under another rate in `limit`'s
+    /// ([`algorithm::rebase`]), whatever the decision; its new `keep_until` then.
+    fn rebase(&mut self, limit: &Limit, now: Micros) -> Option<Micros> {
+        if !algorithm::rebase(limit, &mut self.state, now) {
+            return None;
+        }
+        self.expires_at = algorithm::expires_at(limit, &self.state);
+        self.keep_until = self.keep_until.min(self.expires_at);
+        Some(self.keep_until)
+    }
+
     /// Keeps the counter at least until `until` (a denial's retry time), within its
     /// life; the new `keep_until` when that raised it.
     fn deny_until(&mut self, until: Micros) -> Option<Micros> {
@@ -252,11 +263,24 @@ impl MemoryStore {
                 }
                 (None, None) => {
                     changes.push(None);
-                    let state = slots[i]
-                        .and_then(|b| shard.table.get_bucket(b))
-                        .filter(|s| s.entry.expires_at > now)
-                        .map(|s| &s.entry.state);
-                    hit.decide(state, now)
+                    let slot = slots[i]
+                        .and_then(|b| shard.table.get_bucket_mut(b))
+                        .filter(|s| s.entry.expires_at > now);
+                    // As decide.lua: only the batch's first hit on a key rebases it;
+                    // a later one reads it as it is.
+                    let first = !(0..i).any(|j| hashes[j] == hashes[i] && hits[j].key == hit.key);
+                    match slot {
+                        Some(slot) => {
+                            let rebased =
+                                first.then(|| slot.entry.rebase(&hit.limit, now)).flatten();
+                            let decision = hit.decide(Some(&slot.entry.state), now);
+                            if let Some(keep) = rebased {
+                                shard.kept(keep);
+                            }
+                            decision
+                        }
+                        None => hit.decide(None, now),
+                    }
                 }
             };
             let mut new_key = false;
@@ -406,6 +430,7 @@ impl MemoryStore {
         let shard = &mut *guard;
         if let Some(slot) = shard.table.find_mut(hash, |s| s.holds(&hit.key)) {
             let live = slot.entry.expires_at > now;
+            let rebased = live.then(|| slot.entry.rebase(&hit.limit, now)).flatten();
             let in_place = live
                 .then(|| hit.decide_in_place(&mut slot.entry.state, now))
                 .flatten();
@@ -440,7 +465,7 @@ impl MemoryStore {
                     .deny_until(now.saturating_add(verdict.retry_after)),
                 _ => None,
             };
-            if let Some(keep) = keep {
+            for keep in [keep, rebased].into_iter().flatten() {
                 shard.kept(keep);
             }
             return Verdicts {

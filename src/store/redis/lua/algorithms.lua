@@ -209,11 +209,13 @@ local function sliding_window_counter(r, w, _, st, now, hits)
   return 0, remaining, reset, retry, 0, nil, 0
 end
 
--- token_bucket and leaky_bucket (GCRA): state {tat, rem}, the exact time at which
--- the bucket is full (the queue empty) as whole microseconds rounded up less rem / r
--- (0 <= rem < r), so nothing is rounded per request (src/algorithm/token_bucket.rs
--- works in ticks of 1 / r µs). {tat} alone is rem = 0, as an older sluice (which
--- rounded each cost up) wrote every state. Each product goes through muldiv:
+-- token_bucket and leaky_bucket (GCRA): state {tat, rem, r, w}, the exact time at
+-- which the bucket is full (the queue empty) as whole microseconds rounded up less
+-- rem / r (0 <= rem < r), so nothing is rounded per request
+-- (src/algorithm/token_bucket.rs works in ticks of 1 / r µs), and the rate it was
+-- written under. {tat} alone is rem = 0, as an older sluice (which rounded each cost
+-- up) wrote every state; without a rate, a state reads as the limit's. Each
+-- product goes through muldiv:
 -- (burst - hits) * w = q * r + s compares with a backlog of d - rem / r µs without
 -- forming either side.
 
@@ -233,6 +235,71 @@ local function gcra_remaining(r, w, b, d, rem)
   return b - owed
 end
 
+-- max(exact tat, now) of state `st` at the rate r per w, as (bt, br): bt - br / r.
+-- A state written under another rate (a policy changed since) owes the same hits,
+-- not the same time (token_bucket.rs `rescaled`): its backlog of B ticks of 1 / r0
+-- µs is ceil(B * w / w0) ticks of 1 / r µs, at most a tat just before the end of
+-- time. A debt the doubles cannot count keeps its time.
+local function gcra_base(st, r, w, now)
+  if st == nil or st[1] <= now then return now, 0 end
+  local bt, br, r0, w0 = st[1], st[2], st[3], st[4]
+  local kept = br
+  if kept == nil or kept >= r then kept = 0 end
+  -- No rate, or not one scripts.rs sends (at most 2^50): the limit's.
+  if r0 == nil or w0 == nil or r0 == 0 or w0 == 0 or r0 > 2 ^ 50 or w0 > 2 ^ 50
+    or (r0 == r and w0 == w) then
+    return bt, kept
+  end
+  if br == nil or br >= r0 then br = 0 end
+  -- B = (bt - now) * r0 - br = q * w0 + s, 0 <= s < w0: q + s / w0 hits owed.
+  local q, s = muldiv(bt - now, r0, w0)
+  if q >= HUGE then return bt, kept end
+  if s >= br then
+    s = s - br
+  else
+    local k = idiv(br - s + w0 - 1, w0)
+    q, s = q - k, s + k * w0 - br
+  end
+  -- B' = q * w + ceil(s * w / w0) = q2 * r + s2 + c.
+  local c = muldiv_ceil(s, w, w0)
+  local q2, s2 = muldiv(q, w, r)
+  if q2 >= HUGE then return HUGE - 1, 0 end
+  local q3, s3 = idiv(s2 + c, r)
+  local d, rem = q2 + q3, 0
+  if s3 > 0 then d, rem = d + 1, r - s3 end
+  if d >= HUGE - now then return HUGE - 1, 0 end
+  return now + d, rem
+end
+
+-- A bucket's state `st` written under another rate than r per w, rewritten in it
+-- (token_bucket.rs `rebased`): decide.lua stores it whatever the call decides, so
+-- that the debt drains at the new rate from the change on (read afresh each time,
+-- it would drain at the old one). nil when it needs no rewrite (a full bucket
+-- needs none).
+local function gcra_rebased(st, r, w, now)
+  local r0, w0 = st[3], st[4]
+  if r == 0 or st[1] <= now or w0 == nil or r0 == 0 or w0 == 0 or r0 > 2 ^ 50 or w0 > 2 ^ 50
+    or (r0 == r and w0 == w) then
+    return nil
+  end
+  local bt, br = gcra_base(st, r, w, now)
+  return { bt, br, r, w }
+end
+
+-- decide.lua's read of a committed bucket `st` (read, or left by an earlier group)
+-- under r per w: when written under another rate, rewritten in this one and queued
+-- to be stored whatever the call decides, as each request one after another would
+-- (a group's own later hits read it as it is). Here, not in decide.lua, so that
+-- a function library defines it once, not on every call.
+local function gcra_read(key, st, r, w, now, known, pending, pending_expiry)
+  local re = gcra_rebased(st, r, w, now)
+  if re == nil then return st end
+  known[key] = re
+  if pending_expiry[key] == nil then pending[#pending + 1] = key end
+  pending_expiry[key] = re[1]
+  return re
+end
+
 local function gcra(r, w, b, st, now, hits, leaky, within)
   if r == 0 then
     -- Never admits: a reset of one window, as retry-after says.
@@ -240,12 +307,7 @@ local function gcra(r, w, b, st, now, hits, leaky, within)
     return 0, 0, w, NEVER, 0, nil, 0
   end
   -- base = max(exact tat, now) = bt - br / r; the backlog d - br / r, d = bt - now.
-  local bt, br = now, 0
-  if st ~= nil and st[1] > now then
-    bt = st[1]
-    br = st[2]
-    if br == nil or br >= r then br = 0 end
-  end
+  local bt, br = gcra_base(st, r, w, now)
   local d = bt - now
   -- The room hits leave, q + s / r µs; with hits > burst, none.
   local q, s, fits = 0, 0, false
@@ -274,9 +336,7 @@ local function gcra(r, w, b, st, now, hits, leaky, within)
           return 0, gcra_remaining(r, w, b, d, br), d, d - within, d, nil, 0
         end
       end
-      -- A whole number of µs is stored as the tat alone.
-      local nxt
-      if nr > 0 then nxt = { nt, nr } else nxt = { nt } end
+      local nxt = { nt, nr, r, w }
       return 1, gcra_remaining(r, w, b, nt - now, nr), nt - now, 0, delay, nxt, 0, nt
     end
   end
@@ -363,7 +423,7 @@ local function give_back(code, fn, r, w, b, st, now, hits, leaky)
         local t, rem = rolled[1] - cq, (rolled[2] or 0) + cs
         if rem >= r then t, rem = t - 1, rem - r end
         if t < now or (t == now and rem > 0) then t, rem = now, 0 end
-        if rem > 0 then nxt = { t, rem } else nxt = { t } end
+        nxt = { t, rem, r, w }
         rexpiry = t
       end
       expiry = rexpiry

@@ -78,15 +78,18 @@ end
 -- with one format: gmatch and a format per field cost more, on every hit. Chains of
 -- ifs, not tables of patterns: a table constructor would run on every call.
 local function decode(s, code)
-  local a, b, c
+  local a, b, c, d
   if code == 'sc' then
     a, b, c = string.match(s, '^(%d+) (%d+) (%d+)$')
   elseif code == 'fw' then
     a, b = string.match(s, '^(%d+) (%d+)$')
   elseif code == 'tb' or code == 'lb' then
-    -- "tat rem", or "tat" alone: rem 0 (and what an older sluice wrote).
-    a, b = string.match(s, '^(%d+) ?(%d*)$')
+    -- "tat rem requests window"; an older sluice wrote "tat rem" or "tat" alone
+    -- (rem 0), with no rate: read as the limit's.
+    a, b, c, d = string.match(s, '^(%d+) (%d+) (%d+) (%d+)$')
+    if a == nil then a, b = string.match(s, '^(%d+) ?(%d*)$') end
   end
+  if d ~= nil then return { tonumber(a), tonumber(b), tonumber(c), tonumber(d) } end
   if c ~= nil then return { tonumber(a), tonumber(b), tonumber(c) } end
   if b ~= nil then return { tonumber(a), tonumber(b) } end
   if a ~= nil then return { tonumber(a) } end
@@ -98,6 +101,7 @@ end
 
 local function encode(st)
   local k = #st
+  if k == 4 then return string.format('%d %d %d %d', st[1], st[2], st[3], st[4]) end
   if k == 3 then return string.format('%d %d %d', st[1], st[2], st[3]) end
   if k == 2 then return string.format('%d %d', st[1], st[2]) end
   if k == 1 then return string.format('%d', st[1]) end

@@ -192,6 +192,10 @@ while at <= #ARGV do
       known[key] = st or false
     end
     st = st or nil
+    -- A bucket under another rate is rewritten in this one (gcra_read).
+    if st and (code == 'tb' or code == 'lb') then
+      st = gcra_read(key, st, r, w, now, known, pending, pending_expiry)
+    end
     local admitted, remaining, reset, retry, delay, nxt, token, expiry, owed
     if spend_all == 'refund' then
       admitted, remaining, reset, retry, delay, nxt, token, expiry =
@@ -274,6 +278,9 @@ while at <= #ARGV do
               if server_clock and (code == 'fw' or code == 'sc') then read_start[key] = st[1] end
             end
             known[key] = st or false
+          end
+          if st and (code == 'tb' or code == 'lb') then
+            st = gcra_read(key, st, r, w, now, known, pending, pending_expiry)
           end
         end
         states[key] = st or false

@@ -48,14 +48,17 @@ for i = 1, #KEYS do
           st[2] = math.max(st[2] - hits, 0)
         end
       elseif r > 0 then
-        -- tat - rem / r less cq + cs / r (see gcra in algorithms.lua).
+        -- tat - rem / r less cq + cs / r (see gcra in algorithms.lua), at the rate
+        -- the state counts in: another replica may have written it under a changed
+        -- policy since.
+        if st[4] ~= nil and st[3] > 0 and st[4] > 0 then r, w = st[3], st[4] end
         local cq, cs = muldiv(hits, w, r)
         local rem = st[2]
         if rem == nil or rem >= r then rem = 0 end
         rem = rem + cs
         st[1] = st[1] - cq
         if rem >= r then st[1], rem = st[1] - 1, rem - r end
-        if rem > 0 then st[2] = rem else st[2] = nil end
+        if rem > 0 or st[4] ~= nil then st[2] = rem else st[2] = nil end
       end
       redis.call('SET', key, encode(st), 'KEEPTTL')
     end
