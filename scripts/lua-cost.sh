@@ -100,7 +100,9 @@ full() { echo "$1" 1000 60000000 1000 e; }
 args_of() {
   if [ "$2" = limits ]; then
     case $1 in
-      fw | sc | tb | lb) echo "1 k1 '' 1 $(limit "$1") 1 1" ;;
+      fw | sc | tb) echo "1 k1 '' 1 $(limit "$1") 1 1" ;;
+      # A leaky_bucket hit carries its caller's longest wait: -1, none.
+      lb) echo "1 k1 '' 1 $(limit lb) 1 1 -1" ;;
       sl) echo "1 k1 1700000000000000 1 $(limit sl) 1 1" ;;
       sc3) echo "3 k1 k2 k3 '' 1 $(limit sc) 3 1 1 1" ;;
       fw3) echo "3 k1 k2 k3 '' 1 $(limit fw) 3 1 1 1" ;;
