@@ -221,19 +221,21 @@ async fn with_redis_counters_carry_across_changes_as_documented() {
 }
 
 /// The file source and a real redis-server, end to end: a limit lowered in the file
-/// denies a key already past it as soon as the reload is served, and a change of
-/// algorithm starts the key afresh; no script fails on a key of another algorithm.
+/// denies a key already past it as soon as the reload is served, a change of
+/// algorithm starts the key afresh, and a bucket made faster owes its hits at the
+/// new rate; no script fails on a key of another algorithm.
 #[tokio::test]
 async fn a_file_edit_under_traffic_takes_effect_at_once_with_redis() {
     if !available() {
         return;
     }
     let redis = RedisServer::start().await;
-    let file = |alg: &str, rpu: u32| {
+    let file_per = |alg: &str, unit: &str, rpu: u32| {
         format!(
-            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {rpu}, algorithm: {alg}, name: {alg}}}\n"
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {{unit: {unit}, requests_per_unit: {rpu}, algorithm: {alg}, name: {alg}}}\n"
         )
     };
+    let file = |alg: &str, rpu: u32| file_per(alg, "hour", rpu);
     let server = Server::start(
         &file("fixed_window", 10),
         &[
@@ -265,6 +267,27 @@ async fn a_file_edit_under_traffic_takes_effect_at_once_with_redis() {
     }
     let r = call(&mut c, request("d", vec![desc(&[("user", "u")])])).await;
     assert!(over(&r));
+
+    // Made 6 a second: the bucket owes the 5 hits it took, at the new rate, not the
+    // rest of the hour, so the sixth passes at once and more follow within seconds.
+    std::fs::write(server.policy_path(), file_per("token_bucket", "second", 6)).unwrap();
+    serves(&server, "token_bucket", 6).await;
+    let r = call(&mut c, request("d", vec![desc(&[("user", "u")])])).await;
+    assert!(!over(&r), "5 owed of 6: {r:?}");
+    for _ in 0..3 {
+        eventually(
+            Duration::from_secs(5),
+            "the bucket refills at 6 a second",
+            || {
+                let mut c = c.clone();
+                async move {
+                    let r = call(&mut c, request("d", vec![desc(&[("user", "u")])])).await;
+                    !over(&r)
+                }
+            },
+        )
+        .await;
+    }
     let shard = redis.url().trim_start_matches("redis://").to_string();
     let labels = [
         ("store", "redis"),
