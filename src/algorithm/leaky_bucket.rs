@@ -26,19 +26,12 @@
 //! rounding never adds up); and the hits admitted but not yet released at any
 //! admission, plus the new ones, never exceed `burst`.
 
-use super::token_bucket::{never, rebased, Gcra, Rate};
+use super::token_bucket::{never, Gcra};
 use super::{Limit, Micros, Step, Verdict};
 
-/// Stored state of one leaky_bucket counter.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct State {
-    /// When the queue will have drained, in microseconds rounded up.
-    pub tat: Micros,
-    /// What the rounding up added, in 1 / requests µs (see token_bucket's `State`).
-    pub rem: u64,
-    /// The rate `tat` and `rem` count in (see token_bucket's `State`).
-    pub rate: Rate,
-}
+/// Stored state of one leaky_bucket counter: token_bucket's, whose `tat` is when the
+/// queue will have drained.
+pub type State = super::token_bucket::State;
 
 /// Decides one request of `hits` at `now` for a caller that waits at most
 /// `max_delay` for its turn. A check (`hits == 0`) joins no queue, so its delay is 0.
@@ -99,7 +92,7 @@ pub fn decide(
                 next: Some(State {
                     tat: n.tat,
                     rem: n.rem,
-                    rate: g.rate(),
+                    rate: g.rate,
                 }),
             };
         }
@@ -122,16 +115,6 @@ pub fn decide(
         },
         next: None,
     }
-}
-
-/// A state written under another rate than `limit`'s, rewritten in that rate with
-/// the same queue (token_bucket's `rebase`); whether it changed.
-pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
-    let Some((tat, rem, rate)) = rebased(limit, (state.tat, state.rem, state.rate), now) else {
-        return false;
-    };
-    *state = State { tat, rem, rate };
-    true
 }
 
 /// When the state can be dropped: once the queue has drained.

@@ -325,8 +325,7 @@ pub fn expires_at(limit: &Limit, state: &State) -> Micros {
 /// change on. Whether it changed; other algorithms never do.
 pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
     match state {
-        State::TokenBucket(s) => token_bucket::rebase(limit, s, now),
-        State::LeakyBucket(s) => leaky_bucket::rebase(limit, s, now),
+        State::TokenBucket(s) | State::LeakyBucket(s) => token_bucket::rebase(limit, s, now),
         _ => false,
     }
 }

@@ -12,8 +12,8 @@
 //! follows the same window alignment and roll-over as a decision, whatever they are.
 
 use super::{
-    decide_alone, fixed_window, leaky_bucket, sliding_window_counter, token_bucket, Decision,
-    Limit, Micros, State, Verdict, NO_DEADLINE,
+    decide_alone, fixed_window, sliding_window_counter, token_bucket, Decision, Limit, Micros,
+    State, Verdict, NO_DEADLINE,
 };
 
 /// Gives `hits` back to the counter of `limit` at `now`. The verdict is always
@@ -60,24 +60,18 @@ fn give_back(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> Op
             s.give_back(hits);
             State::SlidingWindowLog(s)
         }
-        State::TokenBucket(s) => {
-            // Rolled under `limit`'s rate, which its state now records.
-            let (tat, rem) = shorten(limit, now, s.tat, s.rem, hits);
-            State::TokenBucket(token_bucket::State { tat, rem, ..s })
-        }
-        State::LeakyBucket(s) => {
-            let (tat, rem) = shorten(limit, now, s.tat, s.rem, hits);
-            State::LeakyBucket(leaky_bucket::State { tat, rem, ..s })
-        }
+        // Rolled under `limit`'s rate, which their states now record.
+        State::TokenBucket(s) => State::TokenBucket(shorten(limit, now, s, hits)),
+        State::LeakyBucket(s) => State::LeakyBucket(shorten(limit, now, s, hits)),
     })
 }
 
-/// A bucket's (tat, rem) with `hits` of its backlog at `now` taken off, at most all
-/// of it. Exact, in ticks of 1 / requests µs as in token_bucket (a hit is `window`
+/// A bucket's state with `hits` of its backlog at `now` taken off, at most all of
+/// it. Exact, in ticks of 1 / requests µs as in token_bucket (a hit is `window`
 /// ticks; exact tat = tat - rem / requests).
-fn shorten(limit: &Limit, now: Micros, tat: Micros, rem: u64, hits: u64) -> (Micros, u64) {
+fn shorten(limit: &Limit, now: Micros, s: token_bucket::State, hits: u64) -> token_bucket::State {
+    let (tat, rem) = (s.tat, u128::from(s.rem));
     let requests = u128::from(limit.requests.max(1));
-    let rem = u128::from(rem);
     let backlog = if tat > now {
         (u128::from(tat - now) * requests).saturating_sub(rem)
     } else {
@@ -86,7 +80,11 @@ fn shorten(limit: &Limit, now: Micros, tat: Micros, rem: u64, hits: u64) -> (Mic
     let left = backlog.saturating_sub(u128::from(hits) * u128::from(limit.window.max(1)));
     let whole = left.div_ceil(requests);
     // At most the old tat - now, so it fits; the remainder is below `requests`.
-    (now + whole as Micros, (whole * requests - left) as u64)
+    token_bucket::State {
+        tat: now + whole as Micros,
+        rem: (whole * requests - left) as u64,
+        ..s
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,8 @@ pub(super) struct Gcra {
     requests: u128,
     window: u128,
     burst: u64,
+    /// The rate this limit's states record.
+    pub(super) rate: Rate,
 }
 
 /// The state after an admission.
@@ -106,19 +108,22 @@ impl Gcra {
             requests: u128::from(limit.requests),
             window: u128::from(limit.window.max(1)),
             burst: limit.burst,
+            rate: Rate::of(limit),
         })
+    }
+
+    /// Whether a state written under `rate` counts in this limit's ticks: its own
+    /// rate, or none (an older sluice's).
+    fn counts_in(&self, rate: Rate) -> bool {
+        rate.requests == 0 || rate.window == 0 || rate == self.rate
     }
 
     /// The decision's backlog at `now` for a stored (tat, rem) written under `rate`.
     pub(super) fn start(&self, state: Option<(Micros, u64, Rate)>, now: Micros) -> Start {
         let backlog = match state {
             Some((tat, rem, rate)) if tat > now => {
-                let ours = rate.requests == 0
-                    || rate.window == 0
-                    || (u128::from(rate.requests), u128::from(rate.window))
-                        == (self.requests, self.window);
                 let kept = || backlog(tat - now, rem, self.requests);
-                if ours {
+                if self.counts_in(rate) {
                     kept()
                 } else {
                     self.rescaled(tat - now, rem, rate, now)
@@ -147,15 +152,6 @@ impl Gcra {
         let owed = hits * self.window + (part * self.window).div_ceil(window);
         let end = u128::from((END_OF_TIME - 1).saturating_sub(now)) * self.requests;
         Some(owed.min(end))
-    }
-
-    /// The rate this limit's states record.
-    pub(super) fn rate(&self) -> Rate {
-        // Both came from u64s.
-        Rate {
-            requests: self.requests as u64,
-            window: self.window as Micros,
-        }
     }
 
     /// `backlog` ticks in whole microseconds, rounded up: the stored tat - now.
@@ -248,7 +244,7 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Micros, hits: u64) -> S
             let state = State {
                 tat: n.tat,
                 rem: n.rem,
-                rate: g.rate(),
+                rate: g.rate,
             };
             return admit(g.remaining(n.backlog), n.tat - now, Some(state));
         }
@@ -302,33 +298,28 @@ pub(super) fn never<S>(hits: u64, window: Micros) -> Step<S> {
     }
 }
 
-/// A state written under another rate than `limit`'s, as (tat, rem) of `limit`'s
-/// rate owing what it owes at `now` (see the module doc); `None` when it already
-/// counts in that rate, has none, is full, or the limit admits nothing. Stored whatever the
-/// decision, so that the debt drains at the new rate from the change on: read
-/// afresh each time, it would drain at the old one.
-pub(super) fn rebased(
-    limit: &Limit,
-    (tat, rem, rate): (Micros, u64, Rate),
-    now: Micros,
-) -> Option<(Micros, u64, Rate)> {
-    let g = Gcra::new(limit)?;
-    let new = g.rate();
-    if tat <= now || rate.requests == 0 || rate.window == 0 || rate == new {
-        return None;
-    }
-    let start = g.start(Some((tat, rem, rate)), now);
-    let n = g.next(&start, 0)?;
-    Some((n.tat, n.rem, new))
-}
-
-/// Rewrites a token_bucket state written under another rate than `limit`'s in
-/// that rate, in place (see the module doc); whether it changed.
+/// Rewrites a bucket's state written under another rate than `limit`'s in that
+/// rate, owing what it owes at `now` (see the module doc), in place; whether it
+/// changed. Not when it already counts in that rate, has none, is full, or the
+/// limit admits nothing. Stored whatever the decision, so that the debt drains at
+/// the new rate from the change on: read afresh each time, it would drain at the
+/// old one. Serves leaky_bucket's state too.
 pub fn rebase(limit: &Limit, state: &mut State, now: Micros) -> bool {
-    let Some((tat, rem, rate)) = rebased(limit, (state.tat, state.rem, state.rate), now) else {
+    let Some(g) = Gcra::new(limit) else {
         return false;
     };
-    *state = State { tat, rem, rate };
+    if state.tat <= now || g.counts_in(state.rate) {
+        return false;
+    }
+    let start = g.start(Some((state.tat, state.rem, state.rate)), now);
+    let Some(n) = g.next(&start, 0) else {
+        return false;
+    };
+    *state = State {
+        tat: n.tat,
+        rem: n.rem,
+        rate: g.rate,
+    };
     true
 }
 

@@ -28,21 +28,18 @@ impl<S: Store> Limiter<S> {
         hits: &[Hit],
         failed: Option<&Hit>,
     ) -> StoreFailure {
-        let full = *error == StoreError::Full;
-        let shard = if full {
+        let shard = if *error == StoreError::Full {
             None
         } else {
             self.failed_shard(hits, failed)
         };
         StoreFailure {
             error: error.clone(),
-            kind: error.kind().map(|k| k.as_str()),
             shard: shard.and_then(|s| self.store.shard_name(s)),
             mode,
             answer: self.settings.store_errors,
             store: self.store.name(),
             partial,
-            full,
         }
     }
 

@@ -112,10 +112,10 @@ pub enum Ban {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreFailure {
     /// Cloned from the store's error: no allocation but a failed call's message.
+    /// Its kind is the one `sluice_store_errors_total` labels; [`StoreError::Full`]
+    /// is no room to keep a key's counter (`--max-keys`), not a failing store (the
+    /// store logs when its refusals start and end).
     pub error: StoreError,
-    /// The error's kind as `sluice_store_errors_total` labels it (`timeout`,
-    /// `connection`, ...); `None` for a call not tried (back-off, a key not kept).
-    pub kind: Option<&'static str>,
     /// The shard whose call failed (`host:port`), when the store has shards of its
     /// own: the first one of the request that failed.
     pub shard: Option<Arc<str>>,
@@ -129,9 +129,6 @@ pub struct StoreFailure {
     /// the descriptors without a verdict were answered by `mode`, and the decided
     /// ones still deny.
     pub partial: bool,
-    /// No room to keep a key's counter (`--max-keys`), not a failing store: the
-    /// store logs when its refusals start and end.
-    pub full: bool,
 }
 
 /// The limiter's answer to one request.

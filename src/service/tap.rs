@@ -312,13 +312,11 @@ mod tests {
             failed.over_limit = failed.statuses[0].over_limit;
             failed.failure = Some(crate::limiter::StoreFailure {
                 error: crate::store::StoreError::Timeout,
-                kind: Some("timeout"),
                 shard: None,
                 mode,
                 answer: Default::default(),
                 store: "redis",
                 partial: false,
-                full: false,
             });
             tap.offer("d", &d, &failed, Duration::ZERO, limiter.hashing());
         }

@@ -268,11 +268,13 @@ impl MemoryStore {
                         .filter(|s| s.entry.expires_at > now);
                     // As decide.lua: only the batch's first hit on a key rebases it;
                     // a later one reads it as it is.
-                    let first = !(0..i).any(|j| hashes[j] == hashes[i] && hits[j].key == hit.key);
+                    let first =
+                        || !(0..i).any(|j| hashes[j] == hashes[i] && hits[j].key == hit.key);
                     match slot {
                         Some(slot) => {
-                            let rebased =
-                                first.then(|| slot.entry.rebase(&hit.limit, now)).flatten();
+                            let rebased = first()
+                                .then(|| slot.entry.rebase(&hit.limit, now))
+                                .flatten();
                             let decision = hit.decide(Some(&slot.entry.state), now);
                             if let Some(keep) = rebased {
                                 shard.kept(keep);

@@ -447,7 +447,7 @@ impl Metrics {
                 self.store_failures
                     .get_or_init(|| self.store.store_failures_vec.with_label_values(&[f.store]))
                     .inc();
-                if f.full {
+                if f.error == crate::store::StoreError::Full {
                     // A key not kept: the store answers, and its refusals are
                     // logged where they are counted.
                     return;
@@ -484,7 +484,7 @@ impl Metrics {
                         store = f.store,
                         // As the "redis shard down" line and the metrics name them.
                         shard = f.shard.as_deref().map(tracing::field::display),
-                        kind = f.kind.map(tracing::field::display),
+                        kind = f.error.kind().map(|k| tracing::field::display(k.as_str())),
                         error = %f.error,
                         domain,
                         failure_mode = f.mode.as_str(),

@@ -444,13 +444,11 @@ fn store_state_changes_are_logged_once_each() {
         delay: 0,
         failure: failed.then(|| StoreFailure {
             error: crate::store::StoreError::Timeout,
-            kind: Some("timeout"),
             shard: None,
             mode: FailureMode::Open,
             answer: Default::default(),
             store: "redis",
             partial: false,
-            full: false,
         }),
         offenders: Vec::new(),
         now: None,

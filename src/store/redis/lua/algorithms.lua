@@ -240,16 +240,20 @@ end
 -- not the same time (token_bucket.rs `rescaled`): its backlog of B ticks of 1 / r0
 -- µs is ceil(B * w / w0) ticks of 1 / r µs, at most a tat just before the end of
 -- time. A debt the doubles cannot count keeps its time.
+-- Whether state `st` counts in the ticks of r per w: its rate, or none (an older
+-- sluice's), or not one scripts.rs sends (at most 2^50): read as the limit's.
+local function gcra_counts_in(st, r, w)
+  local r0, w0 = st[3], st[4]
+  return w0 == nil or r0 == 0 or w0 == 0 or r0 > 2 ^ 50 or w0 > 2 ^ 50
+    or (r0 == r and w0 == w)
+end
+
 local function gcra_base(st, r, w, now)
   if st == nil or st[1] <= now then return now, 0 end
   local bt, br, r0, w0 = st[1], st[2], st[3], st[4]
   local kept = br
   if kept == nil or kept >= r then kept = 0 end
-  -- No rate, or not one scripts.rs sends (at most 2^50): the limit's.
-  if r0 == nil or w0 == nil or r0 == 0 or w0 == 0 or r0 > 2 ^ 50 or w0 > 2 ^ 50
-    or (r0 == r and w0 == w) then
-    return bt, kept
-  end
+  if gcra_counts_in(st, r, w) then return bt, kept end
   if br == nil or br >= r0 then br = 0 end
   -- B = (bt - now) * r0 - br = q * w0 + s, 0 <= s < w0: q + s / w0 hits owed.
   local q, s = muldiv(bt - now, r0, w0)
@@ -277,11 +281,7 @@ end
 -- it would drain at the old one). nil when it needs no rewrite (a full bucket
 -- needs none).
 local function gcra_rebased(st, r, w, now)
-  local r0, w0 = st[3], st[4]
-  if r == 0 or st[1] <= now or w0 == nil or r0 == 0 or w0 == 0 or r0 > 2 ^ 50 or w0 > 2 ^ 50
-    or (r0 == r and w0 == w) then
-    return nil
-  end
+  if r == 0 or st[1] <= now or gcra_counts_in(st, r, w) then return nil end
   local bt, br = gcra_base(st, r, w, now)
   return { bt, br, r, w }
 end
