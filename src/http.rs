@@ -299,6 +299,7 @@ async fn policies<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response 
             json!({
                 "domain": domain_of[r.id],
                 "path": r.path,
+                "stat_key": r.stat_key,
                 "name": r.name,
                 "layer": r.layer.as_str(),
                 "requests_per_unit": r.requests_per_unit,

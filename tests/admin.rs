@@ -88,6 +88,16 @@ fn grpcurl_lists_describes_and_calls_the_admin_api_without_proto_files() {
         let policies: Value = serde_json::from_slice(&out.stdout).expect("JSON");
         let rules = policies["domains"][0]["rules"].as_array().expect("rules");
         assert_eq!(rules.len(), 8, "{policies:#}");
+        // Rules of one path name the value they match.
+        let stat_keys: Vec<&str> = rules.iter().filter_map(|r| r["statKey"].as_str()).collect();
+        for key in [
+            "tenant_acme",
+            "tenant_beta-*",
+            "tenant",
+            "tenant.path_/search",
+        ] {
+            assert!(stat_keys.contains(&key), "{key}: {policies:#}");
+        }
         assert!(policies["sources"][0]["source"]
             .as_str()
             .unwrap()

@@ -446,6 +446,53 @@ async fn debug_policies_shows_sources_rules_and_status() {
     assert!(tops.iter().all(|(d, _)| *d == "shop"), "{tops:?}");
 }
 
+/// Rules of one path (a key's default and a value's own, a list's limits) are told
+/// apart by the descriptor they match, as envoyproxy/ratelimit names it.
+#[tokio::test]
+async fn debug_policies_tells_apart_the_rules_of_one_path() {
+    let server = Server::start(
+        r#"
+domain: shop
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: remote_address
+    value: "10.*"
+    rate_limit: {unlimited: true}
+  - key: tenant
+    descriptors:
+      - key: plan
+        value: free
+        rate_limits:
+          - {unit: second, requests_per_unit: 5}
+          - {unit: day, requests_per_unit: 1000}
+"#,
+        &[],
+    );
+    let p = json_get(&server, "/debug/policies");
+    let mut rules: Vec<(String, String, Value)> = p["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let s = |f: &str| r[f].as_str().unwrap().to_string();
+            (s("path"), s("stat_key"), r["requests_per_unit"].clone())
+        })
+        .collect();
+    rules.sort_by(|a, b| (&a.1, a.2.as_u64()).cmp(&(&b.1, b.2.as_u64())));
+    let want = [
+        ("remote_address", "remote_address", 600),
+        ("remote_address", "remote_address_10.*", 0),
+        ("tenant/plan", "tenant.plan_free", 5),
+        ("tenant/plan", "tenant.plan_free", 1000),
+    ];
+    let got: Vec<(&str, &str, u64)> = rules
+        .iter()
+        .map(|(p, k, n)| (p.as_str(), k.as_str(), n.as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+}
+
 /// A refused edit shows: the file's documents serve their last good version, and
 /// the refusal says why, until the file is fixed.
 #[tokio::test]

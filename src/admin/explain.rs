@@ -267,6 +267,7 @@ pub fn rule_pb(policy: &Policy, rule: &Rule, from_override: bool) -> pb::Rule {
             .map(|&id| rule_pb(policy, policy.rule(id), from_override))
             .collect(),
         path: rule.path.clone(),
+        stat_key: rule.stat_key.clone(),
         name: rule.name.clone().unwrap_or_default(),
         layer: rule.layer.as_str().to_string(),
         unlimited: limit.is_none(),

@@ -417,7 +417,7 @@ fn unit_text(r: &pb::Rule) -> String {
 pub fn to_json(e: &pb::Explanation) -> Value {
     let rule = |r: &pb::Rule| {
         json!({
-            "path": r.path, "name": r.name, "layer": r.layer, "unlimited": r.unlimited,
+            "path": r.path, "statKey": r.stat_key, "name": r.name, "layer": r.layer, "unlimited": r.unlimited,
             "algorithm": r.algorithm, "requestsPerUnit": r.requests_per_unit, "unit": r.unit,
             "windowMicros": r.window_micros, "burst": r.burst, "shadowMode": r.shadow_mode,
             "calendar": r.calendar, "timeZone": r.time_zone,
