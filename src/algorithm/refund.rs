@@ -161,6 +161,30 @@ mod tests {
         }
     }
 
+    /// A sliding counter gives back from its current window first, then from the
+    /// previous one: the newest hits.
+    #[test]
+    fn a_sliding_counter_refund_past_its_current_window_comes_off_the_previous() {
+        let l = testkit::limit(Algorithm::SlidingWindowCounter, 10, 10 * SECOND, 10);
+        let mut s = None;
+        assert!(testkit::hit(&l, &mut s, T0 + 9 * SECOND, 8).admitted);
+        let now = T0 + 10 * SECOND;
+        assert!(testkit::hit(&l, &mut s, now, 1).admitted);
+        assert_eq!(remaining(&l, &s, now), 1);
+        // 1 from the current window, 3 from the previous: 5 and 0 are left.
+        assert_eq!(give(&l, &mut s, now, 4), 5);
+        assert_eq!(
+            s,
+            Some(State::SlidingWindowCounter(
+                crate::algorithm::sliding_window_counter::State {
+                    window_start: now,
+                    previous: 5,
+                    current: 0,
+                }
+            ))
+        );
+    }
+
     /// A fixed window that has ended has nothing to give back to: its hits are
     /// already forgotten, and the new window's count is not lowered below zero.
     #[test]
