@@ -185,6 +185,23 @@ mod tests {
         );
     }
 
+    /// A bucket whose hits cost an uneven interval gives back exactly: the hits
+    /// refunded fit again at the same instant, not one more.
+    #[test]
+    fn a_bucket_refund_at_an_uneven_interval_gives_back_exactly_the_hits() {
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            // 3 a second: a third of a second each, stored rounded up.
+            let l = testkit::limit(a, 3, SECOND, 3);
+            let mut s = None;
+            assert!(testkit::hit(&l, &mut s, T0, 2).admitted, "{a:?}");
+            assert_eq!(give(&l, &mut s, T0, 1), 2, "{a:?}");
+            assert!(testkit::hit(&l, &mut s, T0, 2).admitted, "{a:?}");
+            let v = testkit::hit(&l, &mut s, T0, 1);
+            assert!(!v.admitted, "{a:?}");
+            assert_eq!(v.retry_after, 333_334, "{a:?}");
+        }
+    }
+
     /// A fixed window that has ended has nothing to give back to: its hits are
     /// already forgotten, and the new window's count is not lowered below zero.
     #[test]
