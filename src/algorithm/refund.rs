@@ -202,6 +202,22 @@ mod tests {
         }
     }
 
+    /// A sliding log gives back its newest entries whole: once they are refunded
+    /// the log resets when the entry before them expires, not when they would have.
+    #[test]
+    fn a_sliding_log_refund_of_its_newest_entries_resets_from_the_one_before() {
+        let l = testkit::limit(Algorithm::SlidingWindowLog, 10, 10 * SECOND, 10);
+        let mut s = None;
+        assert!(testkit::hit(&l, &mut s, T0, 3).admitted);
+        assert!(testkit::hit(&l, &mut s, T0 + SECOND, 2).admitted);
+        let now = T0 + 2 * SECOND;
+        let d = refund(&l, s.as_ref(), now, 2);
+        assert_eq!((d.verdict.remaining, d.verdict.reset), (7, 8 * SECOND));
+        let s = d.next;
+        let v = decide(&l, s.as_ref(), now, 0).verdict;
+        assert_eq!((v.remaining, v.reset), (7, 8 * SECOND));
+    }
+
     /// A fixed window that has ended has nothing to give back to: its hits are
     /// already forgotten, and the new window's count is not lowered below zero.
     #[test]
