@@ -224,6 +224,26 @@ mod tests {
     }
 
     #[test]
+    fn a_window_after_a_clock_step_back_resets_when_the_newer_window_ends() {
+        // The count is the newer window's, so the wait is until that window ends:
+        // telling the end of the older one would send the client back while denied.
+        for phase in [0, 3 * SECOND] {
+            let mut l = limit(1, 10 * SECOND);
+            l.phase = phase;
+            let newer = T0 + 10 * SECOND + phase;
+            let mut s = None;
+            assert!(hit(&l, &mut s, newer, 1).admitted);
+            let now = newer - 1;
+            let v = hit(&l, &mut s, now, 1);
+            assert!(!v.admitted);
+            assert_eq!((v.remaining, v.reset), (0, 10 * SECOND + 1), "{phase}");
+            assert_eq!(v.retry_after, 10 * SECOND + 1, "{phase}");
+            assert!(!hit(&l, &mut s, newer + 10 * SECOND - 1, 1).admitted);
+            assert!(hit(&l, &mut s, newer + 10 * SECOND, 1).admitted);
+        }
+    }
+
+    #[test]
     fn a_phase_moves_every_window_start() {
         // Windows of 10 s starting at 3 s past each multiple of 10 s.
         let mut l = limit(1, 10 * SECOND);

@@ -161,6 +161,63 @@ mod tests {
         }
     }
 
+    /// A sliding counter gives back from its current window first, then from the
+    /// previous one: the newest hits.
+    #[test]
+    fn a_sliding_counter_refund_past_its_current_window_comes_off_the_previous() {
+        let l = testkit::limit(Algorithm::SlidingWindowCounter, 10, 10 * SECOND, 10);
+        let mut s = None;
+        assert!(testkit::hit(&l, &mut s, T0 + 9 * SECOND, 8).admitted);
+        let now = T0 + 10 * SECOND;
+        assert!(testkit::hit(&l, &mut s, now, 1).admitted);
+        assert_eq!(remaining(&l, &s, now), 1);
+        // 1 from the current window, 3 from the previous: 5 and 0 are left.
+        assert_eq!(give(&l, &mut s, now, 4), 5);
+        assert_eq!(
+            s,
+            Some(State::SlidingWindowCounter(
+                crate::algorithm::sliding_window_counter::State {
+                    window_start: now,
+                    previous: 5,
+                    current: 0,
+                }
+            ))
+        );
+    }
+
+    /// A bucket whose hits cost an uneven interval gives back exactly: the hits
+    /// refunded fit again at the same instant, not one more.
+    #[test]
+    fn a_bucket_refund_at_an_uneven_interval_gives_back_exactly_the_hits() {
+        for a in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            // 3 a second: a third of a second each, stored rounded up.
+            let l = testkit::limit(a, 3, SECOND, 3);
+            let mut s = None;
+            assert!(testkit::hit(&l, &mut s, T0, 2).admitted, "{a:?}");
+            assert_eq!(give(&l, &mut s, T0, 1), 2, "{a:?}");
+            assert!(testkit::hit(&l, &mut s, T0, 2).admitted, "{a:?}");
+            let v = testkit::hit(&l, &mut s, T0, 1);
+            assert!(!v.admitted, "{a:?}");
+            assert_eq!(v.retry_after, 333_334, "{a:?}");
+        }
+    }
+
+    /// A sliding log gives back its newest entries whole: once they are refunded
+    /// the log resets when the entry before them expires, not when they would have.
+    #[test]
+    fn a_sliding_log_refund_of_its_newest_entries_resets_from_the_one_before() {
+        let l = testkit::limit(Algorithm::SlidingWindowLog, 10, 10 * SECOND, 10);
+        let mut s = None;
+        assert!(testkit::hit(&l, &mut s, T0, 3).admitted);
+        assert!(testkit::hit(&l, &mut s, T0 + SECOND, 2).admitted);
+        let now = T0 + 2 * SECOND;
+        let d = refund(&l, s.as_ref(), now, 2);
+        assert_eq!((d.verdict.remaining, d.verdict.reset), (7, 8 * SECOND));
+        let s = d.next;
+        let v = decide(&l, s.as_ref(), now, 0).verdict;
+        assert_eq!((v.remaining, v.reset), (7, 8 * SECOND));
+    }
+
     /// A fixed window that has ended has nothing to give back to: its hits are
     /// already forgotten, and the new window's count is not lowered below zero.
     #[test]

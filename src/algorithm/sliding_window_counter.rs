@@ -275,6 +275,25 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_after_a_clock_step_back_weighs_its_previous_window_in_full() {
+        let l = limit(10, 10 * SECOND);
+        let mut s = None;
+        assert!(hit(&l, &mut s, T0 + 9 * SECOND, 8).admitted);
+        assert!(hit(&l, &mut s, T0 + 10 * SECOND, 2).admitted);
+        // Back half a second into the older window: the newer one is kept, at the
+        // start of its window, where 8 + 2 fill the limit. Weighing the 8 by the
+        // older window's elapsed time would admit 7 more.
+        let now = T0 + 9 * SECOND + SECOND / 2;
+        let v = hit(&l, &mut s, now, 1);
+        assert!(!v.admitted);
+        assert_eq!(v.remaining, 0);
+        // 1 fits once 8 * (1 - e) + 2 + 1 <= 10, at e = 1.25 s into the newer window.
+        assert_eq!(v.retry_after, T0 + 11_250_000 - now);
+        // The 2 weigh until the end of the window after the newer one.
+        assert_eq!(v.reset, T0 + 30 * SECOND - now);
+    }
+
+    #[test]
     fn checks_do_not_count() {
         let l = limit(2, SECOND);
         let mut s = None;

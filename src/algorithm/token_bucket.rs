@@ -625,6 +625,24 @@ mod tests {
         );
     }
 
+    /// The end-of-time cap counts in ticks of the new rate: with more than one
+    /// request per window, a debt too long to keep still lasts until just before the
+    /// end of time, not a fraction of it.
+    #[test]
+    fn a_bucket_owing_past_the_end_of_time_at_a_faster_rate_owes_until_just_before_it() {
+        let slow = limit(1, SECOND, 1);
+        let owing = State::TokenBucket(super::State {
+            tat: T0 + 1_000_000 * SECOND,
+            rem: 0,
+            rate: super::Rate::of(&slow),
+        });
+        // A million hits at 2 a day: far past the end of time.
+        let two_a_day = limit(2, DAY, 1);
+        let v = decide(&two_a_day, Some(&owing), T0, 0).verdict;
+        assert!(!v.admitted);
+        assert_eq!((v.remaining, v.reset), (0, super::END_OF_TIME - 1 - T0));
+    }
+
     /// A limit of 0 never admits: its reset says one window, as `retry-after` does,
     /// not "full again now", which would send a client straight back.
     #[test]
