@@ -78,10 +78,8 @@ impl Rate {
 /// Admission arithmetic shared with leaky_bucket, in ticks of 1 / requests µs.
 /// `requests > 0` everywhere.
 pub(super) struct Gcra {
-    requests: u128,
-    window: u128,
     burst: u64,
-    /// The rate this limit's states record.
+    /// The limit's rate, which its states record.
     pub(super) rate: Rate,
 }
 
@@ -105,11 +103,19 @@ impl Gcra {
     /// `None` when `requests == 0` (nothing is ever admitted).
     pub(super) fn new(limit: &Limit) -> Option<Gcra> {
         (limit.requests > 0).then(|| Gcra {
-            requests: u128::from(limit.requests),
-            window: u128::from(limit.window.max(1)),
             burst: limit.burst,
             rate: Rate::of(limit),
         })
+    }
+
+    /// Ticks in a microsecond: the limit's requests.
+    fn requests(&self) -> u128 {
+        u128::from(self.rate.requests)
+    }
+
+    /// Ticks in a hit: the limit's window in µs.
+    fn window(&self) -> u128 {
+        u128::from(self.rate.window)
     }
 
     /// Whether a state written under `rate` counts in this limit's ticks: its own
@@ -122,7 +128,7 @@ impl Gcra {
     pub(super) fn start(&self, state: Option<(Micros, u64, Rate)>, now: Micros) -> Start {
         let backlog = match state {
             Some((tat, rem, rate)) if tat > now => {
-                let kept = || backlog(tat - now, rem, self.requests);
+                let kept = || backlog(tat - now, rem, self.requests());
                 if self.counts_in(rate) {
                     kept()
                 } else {
@@ -149,15 +155,15 @@ impl Gcra {
         let old = backlog(ahead, rem, requests);
         let (hits, part) = (old / window, old % window);
         // hits < 2^53 and both windows fit in u64: no overflow.
-        let owed = hits * self.window + (part * self.window).div_ceil(window);
-        let end = u128::from((END_OF_TIME - 1).saturating_sub(now)) * self.requests;
+        let owed = hits * self.window() + (part * self.window()).div_ceil(window);
+        let end = u128::from((END_OF_TIME - 1).saturating_sub(now)) * self.requests();
         Some(owed.min(end))
     }
 
     /// `backlog` ticks in whole microseconds, rounded up: the stored tat - now.
     pub(super) fn wait(&self, backlog: u128) -> Micros {
         // At most the stored tat, so it fits.
-        backlog.div_ceil(self.requests) as Micros
+        backlog.div_ceil(self.requests()) as Micros
     }
 
     /// Whether `hits` fit with `backlog` ticks owed: backlog <= (burst - hits) *
@@ -166,9 +172,9 @@ impl Gcra {
         let Some(room) = self.burst.checked_sub(hits) else {
             return false;
         };
-        let room = u128::from(room) * self.window;
+        let room = u128::from(room) * self.window();
         if hits == 0 {
-            u128::from(self.wait(backlog)) <= room.div_ceil(self.requests)
+            u128::from(self.wait(backlog)) <= room.div_ceil(self.requests())
         } else {
             backlog <= room
         }
@@ -177,13 +183,15 @@ impl Gcra {
     /// The state once `hits` are added at max(exact tat, now). `None` if its tat
     /// is not before [`END_OF_TIME`], as decide.lua's `gcra` counts.
     pub(super) fn next(&self, start: &Start, hits: u64) -> Option<Next> {
-        let backlog = start.backlog.checked_add(u128::from(hits) * self.window)?;
-        let whole = backlog / self.requests;
-        let part = backlog - whole * self.requests;
+        let backlog = start
+            .backlog
+            .checked_add(u128::from(hits) * self.window())?;
+        let whole = backlog / self.requests();
+        let part = backlog - whole * self.requests();
         let (ahead, rem) = if part == 0 {
             (whole, 0)
         } else {
-            (whole + 1, self.requests - part)
+            (whole + 1, self.requests() - part)
         };
         let tat = start.now.checked_add(Micros::try_from(ahead).ok()?)?;
         Some(Next {
@@ -197,7 +205,7 @@ impl Gcra {
     /// Hits that still fit with `backlog` ticks owed: burst - ceil(backlog / window),
     /// at least 0.
     pub(super) fn remaining(&self, backlog: u128) -> u64 {
-        let owed = backlog.div_ceil(self.window);
+        let owed = backlog.div_ceil(self.window());
         // At most `burst`, so it fits in u64.
         u128::from(self.burst).saturating_sub(owed) as u64
     }
@@ -209,11 +217,11 @@ impl Gcra {
         let Some(room) = self.burst.checked_sub(hits) else {
             return u64::MAX;
         };
-        let room = u128::from(room) * self.window;
+        let room = u128::from(room) * self.window();
         let wait = if hits == 0 {
-            u128::from(self.wait(start.backlog)).saturating_sub(room.div_ceil(self.requests))
+            u128::from(self.wait(start.backlog)).saturating_sub(room.div_ceil(self.requests()))
         } else {
-            start.backlog.saturating_sub(room).div_ceil(self.requests)
+            start.backlog.saturating_sub(room).div_ceil(self.requests())
         };
         // At most the stored tat - now, so it fits.
         wait as Micros
@@ -594,7 +602,8 @@ mod tests {
     }
 
     /// A debt past what the scripts rescale keeps its time; one past the end of time
-    /// at the new rate lasts until just before it. Neither overflows.
+    /// at the new rate lasts until just before it, whatever that rate. Neither
+    /// overflows.
     #[test]
     fn debts_too_large_to_rescale() {
         let fast = limit(1 << 40, 1, 1 << 40);
@@ -611,36 +620,21 @@ mod tests {
             5 * SECOND
         );
 
-        let day = limit(1, 86_400 * SECOND, 1);
+        // A million hits at 1 or 2 a day: far past the end of time. The cap counts in
+        // ticks of the new rate, so at 2 a day too it is just before the end of time,
+        // not a fraction of it.
         let owing = State::TokenBucket(super::State {
             tat: T0 + 1_000_000 * SECOND,
             rem: 0,
             rate: super::Rate::of(&slow),
         });
-        let v = decide(&day, Some(&owing), T0, 0).verdict;
-        assert_eq!(v.reset, super::END_OF_TIME - 1 - T0);
-        assert_eq!(
-            decide(&day, Some(&owing), T0, 1).verdict.retry_after,
-            u64::MAX
-        );
-    }
-
-    /// The end-of-time cap counts in ticks of the new rate: with more than one
-    /// request per window, a debt too long to keep still lasts until just before the
-    /// end of time, not a fraction of it.
-    #[test]
-    fn a_bucket_owing_past_the_end_of_time_at_a_faster_rate_owes_until_just_before_it() {
-        let slow = limit(1, SECOND, 1);
-        let owing = State::TokenBucket(super::State {
-            tat: T0 + 1_000_000 * SECOND,
-            rem: 0,
-            rate: super::Rate::of(&slow),
-        });
-        // A million hits at 2 a day: far past the end of time.
-        let two_a_day = limit(2, DAY, 1);
-        let v = decide(&two_a_day, Some(&owing), T0, 0).verdict;
-        assert!(!v.admitted);
-        assert_eq!((v.remaining, v.reset), (0, super::END_OF_TIME - 1 - T0));
+        for per_day in [1, 2] {
+            let l = limit(per_day, DAY, 1);
+            let v = decide(&l, Some(&owing), T0, 0).verdict;
+            assert_eq!((v.remaining, v.reset), (0, super::END_OF_TIME - 1 - T0));
+            let v = decide(&l, Some(&owing), T0, 1).verdict;
+            assert_eq!((v.admitted, v.retry_after), (false, u64::MAX), "{per_day}");
+        }
     }
 
     /// A limit of 0 never admits: its reset says one window, as `retry-after` does,

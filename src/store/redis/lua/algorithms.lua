@@ -235,11 +235,6 @@ local function gcra_remaining(r, w, b, d, rem)
   return b - owed
 end
 
--- max(exact tat, now) of state `st` at the rate r per w, as (bt, br): bt - br / r.
--- A state written under another rate (a policy changed since) owes the same hits,
--- not the same time (token_bucket.rs `rescaled`): its backlog of B ticks of 1 / r0
--- µs is ceil(B * w / w0) ticks of 1 / r µs, at most a tat just before the end of
--- time. A debt the doubles cannot count keeps its time.
 -- Whether state `st` counts in the ticks of r per w: its rate, or none (an older
 -- sluice's), or not one scripts.rs sends (at most 2^50): read as the limit's.
 local function gcra_counts_in(st, r, w)
@@ -248,6 +243,11 @@ local function gcra_counts_in(st, r, w)
     or (r0 == r and w0 == w)
 end
 
+-- max(exact tat, now) of state `st` at the rate r per w, as (bt, br): bt - br / r.
+-- A state written under another rate (a policy changed since) owes the same hits,
+-- not the same time (token_bucket.rs `rescaled`): its backlog of B ticks of 1 / r0
+-- µs is ceil(B * w / w0) ticks of 1 / r µs, at most a tat just before the end of
+-- time. A debt the doubles cannot count keeps its time.
 local function gcra_base(st, r, w, now)
   if st == nil or st[1] <= now then return now, 0 end
   local bt, br, r0, w0 = st[1], st[2], st[3], st[4]
