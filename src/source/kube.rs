@@ -202,9 +202,10 @@ impl KubeSource {
     /// per replica, and never flips back and forth. `lastTransitionTime` is kept when
     /// the status (True/False) does not change, and is left out of the comparison.
     /// A failed patch is retried on the next event or every 5 s. When the API
-    /// server cannot be reached (no answer, or none in time), the round stops there
-    /// rather than wait on every object in turn, and says so once (`unreachable`)
-    /// until a write succeeds; a refusal of one object's patch is that object's.
+    /// server cannot take writes (no answer, none in time, or a refusal of its own:
+    /// see [`server_wide`]), the round stops there rather than wait on every object
+    /// in turn, and says so once (`unreachable`) until a write succeeds; a refusal
+    /// of one object's patch is that object's.
     ///
     /// It runs once the watch has been quiet for [`SETTLE`] (at most [`SETTLE_MAX`]
     /// after a burst began), so a burst of versions is written once, with its end.
@@ -275,7 +276,7 @@ impl KubeSource {
                     t.stored = Some(patch_cond);
                     written = true;
                 }
-                Ok(Err(kube::Error::Api(e))) => {
+                Ok(Err(kube::Error::Api(e))) if !server_wide(&e) => {
                     tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
                 }
                 failed => {
@@ -296,6 +297,17 @@ impl KubeSource {
         }
         false
     }
+}
+
+/// Whether a refused status write says the API server cannot take writes now,
+/// rather than something of this object: an overload or failure of its own (429,
+/// 5xx), or an answer that is not its verdict on an object at all, such as the
+/// plain "404 page not found" a restarting API server gives for a kind it does not
+/// serve yet.
+fn server_wide(status: &kube::core::Status) -> bool {
+    status.code == 429
+        || status.code >= 500
+        || !kube::core::response::reason::is_known(&status.reason)
 }
 
 /// Statuses are written once the watch has sent no event for this long: the events
@@ -656,6 +668,31 @@ mod tests {
         assert!(!same(&a, &condition(&Acceptance::Invalid("x".into()), 4)));
         assert!(!same(&a, &condition(&Acceptance::Accepted, 3)));
         assert!(now_rfc3339().ends_with('Z'));
+    }
+
+    /// A refusal that is the API server's verdict on the object stays the object's;
+    /// overload, failure and answers that are not the API server's own (how kube's
+    /// client reads a plain-text body) stop the round.
+    #[test]
+    fn only_refusals_about_the_object_are_the_object_s() {
+        use kube::core::Status;
+        let own = |reason: &str, code| Status::failure("x", reason).with_code(code);
+        for status in [
+            own("NotFound", 404),
+            own("Conflict", 409),
+            own("Forbidden", 403),
+        ] {
+            assert!(!server_wide(&status), "{status:?}");
+        }
+        let page = Status::failure("404 page not found", "Failed to parse error data");
+        for status in [
+            page.with_code(404),
+            own("ServiceUnavailable", 503),
+            own("TooManyRequests", 429),
+            own("InternalError", 500),
+        ] {
+            assert!(server_wide(&status), "{status:?}");
+        }
     }
 
     /// What a back-off would wait, recorded, without waiting.
