@@ -87,6 +87,19 @@ port_in_use() {
     ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
 }
 
+# await_free PORT...: a port given in the environment (a restart at the same address)
+# may still be held by the instance just stopped: wait up to 15 s for each to be free,
+# and name what holds one that stays taken.
+await_free() {
+    local p deadline=$(( $(date +%s) + 15 ))
+    for p in "$@"; do
+        while port_in_use "$p" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+        if port_in_use "$p"; then
+            log "port $p is still taken: $(ss -Hltnp "sport = :$p" 2>/dev/null | head -1)"
+        fi
+    done
+}
+
 # pick_port VAR: sets VAR to a random port in 20000-29999 (below Linux's ephemeral
 # range, so outgoing connections do not take it) that nothing listens on and that no
 # earlier call in this run has handed out. A value already in VAR (from the
@@ -345,6 +358,8 @@ do_start() {
     # Ports are picked at random, so another process may take one between our check
     # and the bind: such a start is retried with new ports (up to 3 times).
     local etcd_port peer_port api_port attempt rc
+    # shellcheck disable=SC2086  # unset ones are left out on purpose
+    await_free ${SLUICE_ETCD_CLIENT_PORT:-} ${SLUICE_ETCD_PEER_PORT:-} ${SLUICE_KUBE_APISERVER_PORT:-}
     for attempt in 1 2 3; do
         etcd_port=${SLUICE_ETCD_CLIENT_PORT:-} peer_port=${SLUICE_ETCD_PEER_PORT:-}
         handed_out=" "
