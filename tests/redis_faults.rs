@@ -1,8 +1,8 @@
 //! The real binary on a real redis-server put into each fault state: a replica
 //! (READONLY), a replica without its master (MASTERDOWN), a busy script (BUSY), no
 //! memory (OOM), a password (NOAUTH), loading (LOADING), a stalled server
-//! (timeout), a key of the wrong type (a script error) and a cluster without its
-//! slots (CLUSTERDOWN); a shard killed or stopped while no call reaches it,
+//! (timeout), a key of the wrong type (a script error), a cluster without its
+//! slots (CLUSTERDOWN) and a cluster master wanting a password (NOAUTH); a shard killed or stopped while no call reaches it,
 //! which its probes find; and a cluster master stopped until its replica is
 //! promoted, which then decides its slots.
 //!
@@ -467,6 +467,11 @@ async fn a_shard_that_starts_wanting_a_password_answers_noauth_and_is_backed_off
     let Some(mut f) = Fault::start(&[]).await else {
         return;
     };
+    wants_a_password(&mut f).await;
+}
+
+/// The shard starts wanting a password: an outage, `noauth`, until it wants none.
+async fn wants_a_password(f: &mut Fault) {
     // Connections opened before stay authenticated: close sluice's (not this one).
     f.admin(&["CONFIG", "SET", "requirepass", "s3cret"])
         .await
@@ -595,13 +600,12 @@ fn cluster_ok(port: u16) -> bool {
     String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok")
 }
 
-#[tokio::test]
-async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
-    let _one = ONE_AT_A_TIME.lock().await;
+/// A cluster as small as one can be, one node holding every slot, with sluice on
+/// it and deciding; `None` when Redis is not installed.
+async fn one_node_cluster() -> Option<Fault> {
     if !available() {
-        return;
+        return None;
     }
-    // One node holding every slot: a cluster as small as one can be.
     let node = RedisServer::start_with(&[
         "--cluster-enabled",
         "yes",
@@ -623,8 +627,17 @@ async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (url, addr) = (node.url(), node.addr());
-    let mut f = Fault::with(node, &["--redis-cluster", &url], Some("cluster")).await;
+    let f = Fault::with(node, &["--redis-cluster", &url], Some("cluster")).await;
     assert_eq!(f.shard()["nodes"], serde_json::json!([addr]));
+    Some(f)
+}
+
+#[tokio::test]
+async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = one_node_cluster().await else {
+        return;
+    };
     f.admin(&["CLUSTER", "DELSLOTSRANGE", "0", "16383"])
         .await
         .unwrap();
@@ -633,6 +646,17 @@ async fn a_cluster_without_its_slots_answers_clusterdown_and_is_backed_off() {
         .await
         .unwrap();
     f.recovers().await;
+}
+
+/// A cluster master that starts wanting a password refuses the calls, the slot
+/// map's reading and the probes alike: backed off until it takes them again.
+#[tokio::test]
+async fn a_cluster_master_that_starts_wanting_a_password_answers_noauth_and_is_backed_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut f) = one_node_cluster().await else {
+        return;
+    };
+    wants_a_password(&mut f).await;
 }
 
 /// The users `c0..c{n}` whose counters `node` holds (its keys name them).
