@@ -125,7 +125,13 @@ pub struct Wire {
     at: usize,
     /// When the last reply arrived (or the connection opened).
     used: Instant,
+    /// Redis answered a protocol error, after which it closes the connection.
+    closing: bool,
 }
+
+/// How Redis's protocol errors begin (a command too long for a client not
+/// authenticated yet, say): Redis closes the connection after sending one.
+const PROTOCOL_ERROR: &[u8] = b"-ERR Protocol error";
 
 /// Idle this long, a connection is looked at before it is used again
 /// ([`Wire::stale`]). Redis's `timeout` counts whole seconds from the last
@@ -147,6 +153,7 @@ impl Wire {
             read: Vec::with_capacity(4096),
             at: 0,
             used: Instant::now(),
+            closing: false,
         };
         let mut req = Request::default();
         if let Some(password) = &target.password {
@@ -185,13 +192,14 @@ impl Wire {
     }
 
     /// Whether the server closed this connection while it sat idle (its `timeout`,
-    /// or a NAT or load balancer that cuts idle connections), or sent what no call
-    /// asked for: then it must not carry a call. Only a connection idle for a
-    /// quarter of a second is looked at, by one read that does not wait; a call sent
-    /// on a connection already closed would fail, and one closed while a call is
-    /// under way may have run it, so only this moment can tell.
+    /// or a NAT or load balancer that cuts idle connections), is closing it after a
+    /// protocol error, or sent what no call asked for: then it must not carry a
+    /// call. Only a connection idle for a quarter of a second is looked at, by one
+    /// read that does not wait; a call sent on a connection already closed would
+    /// fail, and one closed while a call is under way may have run it, so only this
+    /// moment can tell.
     pub fn stale(&mut self) -> bool {
-        if self.at < self.read.len() {
+        if self.closing || self.at < self.read.len() {
             return true;
         }
         if self.used.elapsed() < IDLE_CHECK {
@@ -250,6 +258,7 @@ impl Wire {
             if need == 0 || (have >= need && self.read[self.at + seen..].contains(&b'\n')) {
                 match read(&self.read[self.at..])? {
                     Parsed::Done(answer, used) => {
+                        self.closing |= self.read[self.at..].starts_with(PROTOCOL_ERROR);
                         self.used = Instant::now();
                         self.at += used;
                         if self.at == self.read.len() {

@@ -178,3 +178,29 @@ async fn a_pool_serves_calls_from_many_tasks() {
         Value::Bulk(b"20".to_vec())
     );
 }
+
+/// Redis closes a connection after a protocol error (here a command too long for a
+/// client that has not authenticated): the next call, made at once, goes over a new
+/// connection and gets Redis's answer, not "connection closed".
+#[tokio::test]
+async fn a_connection_redis_closes_after_a_protocol_error_carries_no_further_call() {
+    let Some(server) = Server::start().await else {
+        return;
+    };
+    let socket = server.dir.path().join("redis.sock");
+    let url = format!("unix://{}", socket.display());
+    let pool = Pool::new(Target::parse(&url, TIMEOUT).unwrap());
+    let mut long = vec![&b"MSET"[..]];
+    long.extend([&b"k"[..], b"v"].repeat(5));
+    let kind = |v: Value| match v {
+        Value::Error(text) => sluice_redis::error::reply(text),
+        other => panic!("answered without a password: {other:?}"),
+    };
+    let refused = kind(pool.query(&Request::command(&long)).await.unwrap());
+    assert!(refused.message().contains("Protocol error"), "{refused}");
+    for _ in 0..3 {
+        let answer = pool.query(&Request::command(&[b"PING"])).await;
+        let answer = kind(answer.expect("a reply, not a closed connection"));
+        assert_eq!(answer.kind(), ErrorKind::NoAuth, "{answer}");
+    }
+}
