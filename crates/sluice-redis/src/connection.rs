@@ -125,13 +125,10 @@ pub struct Wire {
     at: usize,
     /// When the last reply arrived (or the connection opened).
     used: Instant,
-    /// Redis answered a protocol error, after which it closes the connection.
+    /// Redis answered with an error after which it closes the connection
+    /// ([`error::closes_connection`]).
     closing: bool,
 }
-
-/// How Redis's protocol errors begin (a command too long for a client not
-/// authenticated yet, say): Redis closes the connection after sending one.
-const PROTOCOL_ERROR: &[u8] = b"-ERR Protocol error";
 
 /// Idle this long, a connection is looked at before it is used again
 /// ([`Wire::stale`]). Redis's `timeout` counts whole seconds from the last
@@ -192,8 +189,8 @@ impl Wire {
     }
 
     /// Whether the server closed this connection while it sat idle (its `timeout`,
-    /// or a NAT or load balancer that cuts idle connections), is closing it after a
-    /// protocol error, or sent what no call asked for: then it must not carry a
+    /// or a NAT or load balancer that cuts idle connections), is closing it after an
+    /// error reply, or sent what no call asked for: then it must not carry a
     /// call. Only a connection idle for a quarter of a second is looked at, by one
     /// read that does not wait; a call sent on a connection already closed would
     /// fail, and one closed while a call is under way may have run it, so only this
@@ -258,7 +255,8 @@ impl Wire {
             if need == 0 || (have >= need && self.read[self.at + seen..].contains(&b'\n')) {
                 match read(&self.read[self.at..])? {
                     Parsed::Done(answer, used) => {
-                        self.closing |= self.read[self.at..].starts_with(PROTOCOL_ERROR);
+                        self.closing |= self.read[self.at] == b'-'
+                            && error::closes_connection(&self.read[self.at + 1..]);
                         self.used = Instant::now();
                         self.at += used;
                         if self.at == self.read.len() {

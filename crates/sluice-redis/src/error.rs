@@ -146,6 +146,20 @@ const NOAUTH_ERR: [&str; 4] = [
     "The user executing the script can't run this command",
 ];
 
+/// How the `ERR` replies begin that Redis sends just before it closes the
+/// connection: a protocol error (a command too long for a connection that has not
+/// authenticated, say), and a server at its client limit.
+const PROTOCOL_ERROR: &str = "Protocol error";
+const MAX_CLIENTS: &str = "max number of clients reached";
+
+/// Whether Redis closes the connection after sending error reply `text` (without
+/// its leading `-`, and perhaps with more bytes after it).
+pub(crate) fn closes_connection(text: &[u8]) -> bool {
+    text.strip_prefix(b"ERR ").is_some_and(|detail| {
+        detail.starts_with(PROTOCOL_ERROR.as_bytes()) || detail.starts_with(MAX_CLIENTS.as_bytes())
+    })
+}
+
 /// The kind of an error reply's code word and the rest of its text.
 fn code_kind(code: &str, detail: &str) -> ErrorKind {
     match code {
@@ -158,9 +172,9 @@ fn code_kind(code: &str, detail: &str) -> ErrorKind {
         "OOM" => ErrorKind::Oom,
         "NOAUTH" | "WRONGPASS" | "NOPERM" => ErrorKind::NoAuth,
         "ERR" if NOAUTH_ERR.iter().any(|reason| detail.starts_with(reason)) => ErrorKind::NoAuth,
-        "ERR" if detail.starts_with("Protocol error") => ErrorKind::Protocol,
+        "ERR" if detail.starts_with(PROTOCOL_ERROR) => ErrorKind::Protocol,
         // Sent just before the server closes a connection it will not serve.
-        "ERR" if detail.starts_with("max number of clients reached") => ErrorKind::Connection,
+        "ERR" if detail.starts_with(MAX_CLIENTS) => ErrorKind::Connection,
         // ERR from the script itself, WRONGTYPE, NOSCRIPT after EVAL, MOVED from a
         // cluster node given as a standalone shard, ...: the server works, the call
         // does not.
@@ -262,6 +276,27 @@ mod tests {
         ("OOM", ErrorKind::Oom),
         ("", ErrorKind::Script),
     ];
+
+    /// Only the replies Redis closes the connection after mark it: not an error of
+    /// the call, nor one that merely mentions the words.
+    #[test]
+    fn only_replies_redis_closes_after_close_the_connection() {
+        for closes in [
+            "ERR Protocol error: unauthenticated multibulk length\r\n",
+            "ERR Protocol error: invalid bulk length\r\n",
+            "ERR max number of clients reached\r\n",
+        ] {
+            assert!(closes_connection(closes.as_bytes()), "{closes}");
+        }
+        for stays in [
+            "NOAUTH Authentication required.\r\n",
+            "ERR user_script:1: Protocol error in the script\r\n",
+            "WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+            "ERR",
+        ] {
+            assert!(!closes_connection(stays.as_bytes()), "{stays}");
+        }
+    }
 
     #[test]
     fn kinds_have_distinct_names_and_only_script_and_protocol_are_not_outages() {

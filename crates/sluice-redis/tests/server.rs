@@ -192,15 +192,15 @@ async fn a_connection_redis_closes_after_a_protocol_error_carries_no_further_cal
     let pool = Pool::new(Target::parse(&url, TIMEOUT).unwrap());
     let mut long = vec![&b"MSET"[..]];
     long.extend([&b"k"[..], b"v"].repeat(5));
-    let kind = |v: Value| match v {
+    let refusal = |v: Value| match v {
         Value::Error(text) => sluice_redis::error::reply(text),
         other => panic!("answered without a password: {other:?}"),
     };
-    let refused = kind(pool.query(&Request::command(&long)).await.unwrap());
+    let refused = refusal(pool.query(&Request::command(&long)).await.unwrap());
     assert!(refused.message().contains("Protocol error"), "{refused}");
     for _ in 0..3 {
         let answer = pool.query(&Request::command(&[b"PING"])).await;
-        let answer = kind(answer.expect("a reply, not a closed connection"));
+        let answer = refusal(answer.expect("a reply, not a closed connection"));
         assert_eq!(answer.kind(), ErrorKind::NoAuth, "{answer}");
     }
 }
