@@ -37,7 +37,12 @@ trap cleanup EXIT
 
 ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$*"; }
 bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$*"; }
-skipped() { skip=$((skip + 1)); printf 'SKIP %s\n' "$*"; }
+# skipped FLAG WHAT: a check that cannot run here; a failure when the SLUICE_REQUIRE_*
+# variable FLAG is set (scripts/test.sh sets them after installing what they name).
+skipped() {
+    local flag=$1; shift
+    if [ -n "${!flag:-}" ]; then bad "$* ($flag is set)"; else skip=$((skip + 1)); printf 'SKIP %s\n' "$*"; fi
+}
 # check NAME CMD...: runs CMD, output to a log shown only on failure.
 check() {
     local name=$1; shift
@@ -78,11 +83,7 @@ ENVOY=$(command -v envoy || true)
 echo "==> helm: $HELM ($("$HELM" version --short 2>/dev/null)); Kubernetes schemas: $K8S_VERSION"
 
 # --- CRD copy ----------------------------------------------------------------------
-if [ -e crds/ratelimitpolicies.yaml ]; then
-    check "chart crds/ is a copy of crds/ (scripts/sync-chart-crds.sh --check)" bash scripts/sync-chart-crds.sh --check
-else
-    skipped "chart CRD copy: crds/ratelimitpolicies.yaml does not exist in this tree yet"
-fi
+check "chart crds/ is a copy of crds/ (scripts/sync-chart-crds.sh --check)" bash scripts/sync-chart-crds.sh --check
 
 # --- chart: lint, render, validate -------------------------------------------------
 render_and_check() { # NAME VALUES...
@@ -108,7 +109,7 @@ render_and_check() { # NAME VALUES...
             check "sidecar Envoy bootstrap passes envoy --mode validate ($name)" \
                 "$ENVOY" --mode validate -c "$work/envoy-$name.yaml" --log-level warn
         else
-            skipped "envoy not installed: sidecar bootstrap not validated ($name)"
+            skipped SLUICE_REQUIRE_TOOLS "envoy not installed: sidecar bootstrap not validated ($name)"
         fi
     fi
 }
@@ -528,22 +529,18 @@ check "tests/e2e/kind/ manifests valid; its policy loads with sluice validate" b
         tests/e2e/kind/echo.yaml tests/e2e/kind/envoy.yaml && '$SLUICE' validate tests/e2e/kind/policy.yaml"
 
 # --- a real (CRD-only) API server ----------------------------------------------------
-if [ -x scripts/kube-apiserver.sh ] || [ -f scripts/kube-apiserver.sh ]; then
-    crd=$CHART/crds/ratelimitpolicies.yaml
-    if [ ! -e "$crd" ]; then
-        skipped "API server dry-run: $crd does not exist in this tree yet"
-    else
-        apiserver_dir="$work/apiserver"
-        if bash scripts/kube-apiserver.sh start "$apiserver_dir" >"$work/apiserver-start.log" 2>&1; then
-            # shellcheck disable=SC1091
-            . "$apiserver_dir/env"
-            check "kubectl apply --dry-run=server: the chart's CRD" "$KUBECTL" apply --dry-run=server -f "$crd"
-            "$KUBECTL" apply -f "$crd" >/dev/null 2>&1
-            "$KUBECTL" wait --for condition=established --timeout=30s crd/ratelimitpolicies.sluice.dev >/dev/null 2>&1
-            "$KUBECTL" create namespace shop --dry-run=client -o yaml >/dev/null 2>&1
-            # The API server has no namespaces API: custom resources are dry-run in a
-            # namespace it does not check. Core and apps kinds are not served there.
-            python3 - examples/policy.yaml deploy/kubernetes/*.yaml deploy/envoy-gateway/sluice-policy.yaml tests/e2e/kind/policy.yaml >"$work/rlp.yaml" <<'PY'
+crd=$CHART/crds/ratelimitpolicies.yaml
+apiserver_dir="$work/apiserver"
+if bash scripts/kube-apiserver.sh start "$apiserver_dir" >"$work/apiserver-start.log" 2>&1; then
+    # shellcheck disable=SC1091
+    . "$apiserver_dir/env"
+    check "kubectl apply --dry-run=server: the chart's CRD" "$KUBECTL" apply --dry-run=server -f "$crd"
+    "$KUBECTL" apply -f "$crd" >/dev/null 2>&1
+    "$KUBECTL" wait --for condition=established --timeout=30s crd/ratelimitpolicies.sluice.dev >/dev/null 2>&1
+    "$KUBECTL" create namespace shop --dry-run=client -o yaml >/dev/null 2>&1
+    # The API server has no namespaces API: custom resources are dry-run in a
+    # namespace it does not check. Core and apps kinds are not served there.
+    python3 - examples/policy.yaml deploy/kubernetes/*.yaml deploy/envoy-gateway/sluice-policy.yaml tests/e2e/kind/policy.yaml >"$work/rlp.yaml" <<'PY'
 import sys, yaml
 out = []
 for f in sys.argv[1:]:
@@ -552,20 +549,16 @@ for f in sys.argv[1:]:
             out.append(d)
 print(yaml.safe_dump_all(out))
 PY
-            check "kubectl apply --dry-run=server: RateLimitPolicy resources of examples/ and deploy/" \
-                "$KUBECTL" apply --dry-run=server -f "$work/rlp.yaml"
-            refuse "API server refuses a RateLimitPolicy with a bad spec" \
-                "$KUBECTL" apply --dry-run=server -f tests/e2e/bad-policy.yaml
-            # Refused for the bad field, not for a missing file or a dead server.
-            grep -q requestsPerUnit "$work/out" ||
-                bad "the bad spec was refused for another reason: $(tail -n 1 "$work/out")"
-        else
-            skipped "API server dry-run: scripts/kube-apiserver.sh could not start it ($(tail -n 1 "$work/apiserver-start.log"))"
-            apiserver_dir=""
-        fi
-    fi
+    check "kubectl apply --dry-run=server: RateLimitPolicy resources of examples/ and deploy/" \
+        "$KUBECTL" apply --dry-run=server -f "$work/rlp.yaml"
+    refuse "API server refuses a RateLimitPolicy with a bad spec" \
+        "$KUBECTL" apply --dry-run=server -f tests/e2e/bad-policy.yaml
+    # Refused for the bad field, not for a missing file or a dead server.
+    grep -q requestsPerUnit "$work/out" ||
+        bad "the bad spec was refused for another reason: $(tail -n 1 "$work/out")"
 else
-    skipped "API server dry-run: scripts/kube-apiserver.sh is not in this tree"
+    skipped SLUICE_REQUIRE_KUBE "API server dry-run: scripts/kube-apiserver.sh could not start it ($(tail -n 1 "$work/apiserver-start.log"))"
+    apiserver_dir=""
 fi
 
 echo "==> helm-test done in $(( $(date +%s) - start ))s ($skip skipped)"
