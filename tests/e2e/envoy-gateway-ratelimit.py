@@ -50,9 +50,9 @@ def desc(key, value, rate_limit=None, children=()):
 
 
 config = {"name": LISTENER, "domain": LISTENER, "descriptors": [desc(ROUTE, ROUTE, None, [
-    desc("rule-0-match-0", "rule-0-match-0", limit(3, "MINUTE")),
-    desc("rule-1-match-0", "", limit(2, "MINUTE")),
-    desc("rule-2-match-0", "rule-2-match-0", limit(4, "MINUTE")),
+    desc("rule-0-match-0", "rule-0-match-0", limit(3, "DAY")),
+    desc("rule-1-match-0", "", limit(2, "DAY")),
+    desc("rule-2-match-0", "rule-2-match-0", limit(4, "DAY")),
 ])]}
 yaml.safe_dump(config, open(a.config, "w"), sort_keys=False)
 
@@ -60,7 +60,7 @@ lua = """
 function envoy_on_request(h)
   if h:headers():get("x-plan") == "gold" then
     h:streamInfo():dynamicMetadata():set("sluice.e2e", "tenant_rate_limit",
-      {requests_per_unit = 4, unit = "MINUTE"})
+      {requests_per_unit = 4, unit = "DAY"})
   end
 end
 """

@@ -107,7 +107,7 @@ for i in 1 2 3 4; do codes+="$(req user$i -H 'x-user-id: one') "; done
 if [ "$codes" = "200 200 200 429 " ] && [ -n "$(header user4 x-ratelimit-limit)" ] &&
     [ "$(header user4 x-ratelimit-remaining)" = 0 ] && [ -n "$(header user4 x-ratelimit-reset)" ] &&
     [ -z "$(header user4 x-envoy-ratelimited)" ]; then
-    ok "header rule (3 a minute): $codes, 429 with x-ratelimit-limit '$(header user4 x-ratelimit-limit)' and no x-envoy-ratelimited"
+    ok "header rule (3 a day): $codes, 429 with x-ratelimit-limit '$(header user4 x-ratelimit-limit)' and no x-envoy-ratelimited"
 else
     bad "header rule: want '200 200 200 429' with x-ratelimit-* headers, got '$codes'"; cat "$W/user4.h"
 fi
@@ -118,7 +118,7 @@ free=""
 for i in 1 2 3; do free+="$(req free$i -H 'x-tenant: beta') "; done
 if [ "$gold" = "200 200 200 200 429 " ] && [ "$free" = "200 200 429 " ] &&
     header gold1 x-ratelimit-limit | grep -q '^4'; then
-    ok "per-tenant limit from metadata (limit override): gold tenant $gold(4 a minute), other tenant $free(the rule's 2)"
+    ok "per-tenant limit from metadata (limit override): gold tenant $gold(4 a day), other tenant $free(the rule's 2)"
 else
     bad "per-tenant override: want gold '200 200 200 200 429' and other '200 200 429', got '$gold' / '$free'"
     cat "$W/gold1.h"
@@ -127,7 +127,7 @@ fi
 heavy=""
 for i in 1 2 3; do heavy+="$(req heavy$i -H 'x-heavy: yes') "; done
 if [ "$heavy" = "200 200 429 " ] && [ "$(header heavy1 x-ratelimit-remaining)" = 2 ]; then
-    ok "request cost (hits_addend 2) on a limit of 4 a minute: $heavy, 2 left after the first"
+    ok "request cost (hits_addend 2) on a limit of 4 a day: $heavy, 2 left after the first"
 else
     bad "request cost: want '200 200 429' with 2 remaining after the first, got '$heavy' / $(header heavy1 x-ratelimit-remaining)"
 fi

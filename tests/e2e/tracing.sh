@@ -97,7 +97,7 @@ descriptors:
   - key: remote_address
     rate_limit: {unit: minute, requests_per_unit: 1000}
   - key: user_id
-    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+    rate_limit: {unit: day, requests_per_unit: 2, algorithm: fixed_window}
 EOF
 
 SLUICE_ARGS=()
@@ -200,11 +200,20 @@ SLUICE_ARGS=()
 traced_sluice sluice-down OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_DOWN" \
     OTEL_TRACES_SAMPLER=always_on OTEL_BSP_SCHEDULE_DELAY=100 OTEL_EXPORTER_OTLP_TIMEOUT=500 ||
     die "sluice (collector down) did not become ready"
-slow=$(for i in $(seq 1 40); do
-    curl -sS --max-time 10 -o /dev/null -w '%{time_total}\n' -H "x-user-id: carol-$i" "$URL/down"
-done | awk '$1 > 0.5 { n++ } END { print n + 0 }')
-[ "$slow" = 0 ] && ok "collector down: 40 requests through Envoy, none slower than 0.5 s" ||
-    bad "collector down: $slow of 40 requests took over 0.5 s"
+# Each user's first request: a 200 that Sluice decided (a fast error would pass too,
+# as Envoy does not deny when the check fails, so Sluice's decisions are counted).
+user_ok() {
+    curl -fsS "http://127.0.0.1:$P_HTTP/metrics" |
+        awk '/^sluice_requests_total\{.*outcome="ok",rule="user_id"\}/ { s += $NF } END { print s + 0 }'
+}
+decided=$(user_ok)
+read -r slow failed < <(for i in $(seq 1 40); do
+    curl -sS --max-time 10 -o /dev/null -w '%{http_code} %{time_total}\n' -H "x-user-id: carol-$i" "$URL/down"
+done | awk '$2 > 0.5 { n++ } $1 != 200 { f++ } END { print n + 0, f + 0 }')
+now=$(user_ok)
+[ "$slow" = 0 ] && [ "$failed" = 0 ] && [ "$((now - decided))" = 40 ] &&
+    ok "collector down: 40 requests through Envoy, each a 200 that sluice decided, none slower than 0.5 s" ||
+    bad "collector down: of 40 requests $slow took over 0.5 s, $failed were not 200, sluice decided $decided -> $now"
 FAILED_SPANS='sluice_trace_spans_total{result="failed"}'
 if wait_for "failed spans counted" 20 at_least "$FAILED_SPANS" 1; then
     ok "collector down: lost spans counted, $FAILED_SPANS $(metric "$FAILED_SPANS")"
