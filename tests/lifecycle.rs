@@ -9,7 +9,7 @@ use common::*;
 
 fn policy(rpu: u32) -> String {
     format!(
-        "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n  - key: q\n    rate_limit: {{unit: second, requests_per_unit: 2, algorithm: leaky_bucket, burst: 4}}\n"
+        "domain: cm\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n  - key: q\n    rate_limit: {{unit: second, requests_per_unit: 1, algorithm: leaky_bucket, burst: 4}}\n"
     )
 }
 
@@ -70,7 +70,7 @@ async fn a_mounted_configmap_update_is_seen_within_two_seconds() {
 async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
     let server = Server::start(&policy(5), &[]);
     let c = server.client().await;
-    // Fill the leaky queue: the later answers are held for up to 1.5 s.
+    // Fill the leaky queue: the later answers are held for up to 3 s.
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut c = c.clone();
@@ -99,7 +99,7 @@ async fn sigterm_turns_readiness_off_and_lets_in_flight_calls_finish() {
         || async { http(&server.http, "GET", "/readyz", "").0 == 503 },
     )
     .await;
-    // ...while calls are still held (the last one's turn comes 1.5 s after the first).
+    // ...while calls are still held (the last one's turn comes 3 s after the first).
     assert!(
         held.iter().any(|h| !h.is_finished()),
         "readiness went false only after every call was answered"

@@ -1148,19 +1148,25 @@ async fn a_hung_shard_is_backed_off_quickly_then_recovers() {
 
 #[tokio::test]
 async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
-    let Some(mut t) = start(1).await else { return };
+    let Some(mut server) = RedisServer::if_available().await else {
+        return;
+    };
+    // Calls bounded by the store's own timeout, as `--store-timeout` bounds them.
     let timeout = Duration::from_millis(100);
-    let store = Arc::new(t.store.clone());
+    let mut opts = Options::new(vec![server.url()], false);
+    opts.call_timeout = timeout;
+    let store = Arc::new(RedisStore::new(opts, None).expect("store"));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let admitted = Arc::new(AtomicU64::new(0));
-    // Load: 8 callers, each call bounded by the limiter-style timeout.
+    // Load: 8 callers.
     let mut tasks = Vec::new();
     for c in 0..8 {
         let store = store.clone();
         let stop = stop.clone();
         let admitted = admitted.clone();
         tasks.push(tokio::spawn(async move {
-            let (mut ok, mut failed, mut slowest) = (0u64, 0u64, Duration::ZERO);
+            let (mut ok, mut failed, mut backing_off, mut slowest) =
+                (0u64, 0u64, 0u64, Duration::ZERO);
             let mut i = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let h = hit(
@@ -1172,18 +1178,21 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
                 );
                 i += 1;
                 let started = Instant::now();
-                match tokio::time::timeout(timeout, store.decide(&[h])).await {
-                    Ok(Ok(_)) => {
+                match store.decide(&[h]).await {
+                    Ok(_) => {
                         ok += 1;
                         admitted.fetch_add(1, Relaxed);
                     }
-                    Ok(Err(_)) | Err(_) => failed += 1, // the failure mode answers
+                    // Answered at once while the shard is down.
+                    Err(StoreError::BackingOff) => backing_off += 1,
+                    // The failure mode answers.
+                    Err(_) => failed += 1,
                 }
                 slowest = slowest.max(started.elapsed());
                 // Paces the load; not a wait for anything.
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            (ok, failed, slowest)
+            (ok, failed, backing_off, slowest)
         }));
     }
     let answered = |n: u64| {
@@ -1194,9 +1203,9 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
         }
     };
     common::eventually(Duration::from_secs(10), "80 calls answered", answered(80)).await;
-    t.servers[0].kill();
+    server.kill();
     let killed = Instant::now();
-    while !t.store.shard_down(0) {
+    while !store.shard_down(0) {
         assert!(
             killed.elapsed() < Duration::from_millis(800),
             "the shard is not backed off 800 ms after it was killed"
@@ -1204,15 +1213,15 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let started = Instant::now();
-    let err = t
-        .store
+    let err = store
         .decide(&[hit("probe", Algorithm::FixedWindow, 1, SECOND, 1)])
         .await
         .unwrap_err();
+    assert!(matches!(err, StoreError::BackingOff), "{err}");
     assert!(started.elapsed() < Duration::from_millis(100), "{err}");
-    t.servers[0].restart().await;
+    server.restart().await;
     let deadline = Instant::now() + Duration::from_secs(15);
-    while t.store.shard_down(0) {
+    while store.shard_down(0) {
         assert!(Instant::now() < deadline, "did not recover");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1225,20 +1234,24 @@ async fn a_killed_shard_fails_fast_then_recovers_by_itself() {
     )
     .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut ok, mut failed) = (0, 0);
+    let (mut ok, mut failed, mut backing_off) = (0, 0, 0);
     for task in tasks {
-        let (o, f, slowest) = task.await.unwrap();
+        let (o, f, b, slowest) = task.await.unwrap();
         ok += o;
         failed += f;
-        // Every call answered within the timeout (plus scheduling slack).
+        backing_off += b;
+        // Every call answered within the store's timeout (plus scheduling slack).
         assert!(
             slowest < timeout + Duration::from_millis(400),
             "{slowest:?}"
         );
     }
-    assert!(ok > 0 && failed > 0, "ok {ok} failed {failed}");
-    let v = t
-        .store
+    // The load found the shard failing, then answered by the back-off at once.
+    assert!(
+        ok > 0 && failed > 0 && backing_off > 0,
+        "ok {ok} failed {failed} backing off {backing_off}"
+    );
+    let v = store
         .decide(&[hit("after", Algorithm::FixedWindow, 1, SECOND, 1)])
         .await
         .expect("recovered");
@@ -2495,10 +2508,15 @@ async fn a_user_without_functions_decides_by_script_on_the_same_counters() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    let by_function =
-        RedisStore::new(Options::new(vec![server.url()], false), None).expect("store");
-    let url = format!("redis://scripts:pw@127.0.0.1:{}", server.port);
-    let by_script = RedisStore::new(Options::new(vec![url], false), None).expect("store");
+    // Both at one instant: the exact counts below stay in one window.
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_764_000_000 * SECOND));
+    let at_one_instant = |url: String| {
+        let mut opts = Options::new(vec![url], false);
+        opts.fixed_clock = Some(clock.clone());
+        RedisStore::new(opts, None).expect("store")
+    };
+    let by_function = at_one_instant(server.url());
+    let by_script = at_one_instant(format!("redis://scripts:pw@127.0.0.1:{}", server.port));
     // One counter, two replicas calling it differently (as during an upgrade, or
     // with an ACL that forbids functions): together they admit exactly the limit.
     let h = hit("mixed", Algorithm::FixedWindow, 3, 60 * SECOND, 1);

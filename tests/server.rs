@@ -690,7 +690,6 @@ async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
     };
     let edited = POLICY.replace("requests_per_unit: 7}", "requests_per_unit: 70}");
     write_atomic(&server.policy_path(), &edited);
-    let started = Instant::now();
     let mut c2 = c.clone();
     eventually(Duration::from_secs(2), "edited limit is served", || {
         let mut c = c2.clone();
@@ -708,7 +707,6 @@ async fn an_edited_policy_takes_effect_and_a_broken_edit_is_refused() {
         }
     })
     .await;
-    assert!(started.elapsed() < Duration::from_secs(2));
 
     write_atomic(
         &server.policy_path(),

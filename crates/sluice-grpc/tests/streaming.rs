@@ -306,7 +306,16 @@ async fn a_client_that_does_not_read_holds_the_answers_back() {
     send.send_data(Bytes::new(), true).unwrap();
     let mut body = resp.await.unwrap().into_body();
     // Unbounded, the server would take all 200 answers (21 KB) at once and queue
-    // them for the client; the window holds 9 of the 105-byte answers.
+    // them for the client; the window holds 9 of the 105-byte answers. Once it has
+    // filled the window, the server is given time to run further ahead.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while echoed.load(Ordering::Relaxed) < 9 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the window not filled"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let taken = echoed.load(Ordering::Relaxed);
     assert!(taken <= 12, "{taken} answers taken for a window of 1 KiB");
