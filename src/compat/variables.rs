@@ -93,7 +93,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("LOCAL_CACHE_SIZE_IN_BYTES", Ignored, "the over-limit cache is always on and bounded"),
     var!("NEAR_LIMIT_RATIO", Honoured, "`--near-limit-ratio`, for `ratelimit_service_rate_limit_near_limit`"),
     var!("CACHE_KEY_PREFIX", Honoured, "`--redis-key-prefix`"),
-    var!("BACKEND_TYPE", Honoured, "`redis` (the default), which needs `REDIS_URL`; `memcache` is refused"),
+    var!("BACKEND_TYPE", Honoured, "`redis` needs `REDIS_URL`; unset: Redis when `REDIS_URL` is set, otherwise counters in memory; any other value (`memcache`) is refused"),
     var!("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Honoured, "`true`: `--denied-requests-spend nothing`; unset or `false`: `admitting-limits` (a denied request still spends its hits on the limits that admitted it)"),
     var!("LIMIT_RESPONSE_HEADERS_ENABLED", Honoured, "`--response-headers off`, or `draft03` when `true` (`x-ratelimit-*` names)"),
     var!("LIMIT_LIMIT_HEADER", Ignored, "header names are fixed"),
