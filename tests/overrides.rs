@@ -348,3 +348,45 @@ async fn a_request_with_too_many_descriptors_is_refused() {
         "256 are decided, and the refused call spent nothing"
     );
 }
+
+/// Envoy Gateway sends a tenant's limit from metadata on every request: an
+/// operator's block of the tenant still denies it, over gRPC and `/json`.
+#[tokio::test]
+async fn an_operators_block_denies_a_request_that_carries_its_own_limit() {
+    use sluice::admin::pb;
+    let server = Server::start(POLICY, &[]);
+    let mut c = server.client().await;
+    let generous = Some((1_000, HOUR));
+    let r = call(&mut c, request(DOMAIN, vec![tenant("eve", generous)])).await;
+    assert_eq!(r.overall_code, OK);
+    let entry = |key: &str, value: &str| pb::request_descriptor::Entry {
+        key: key.into(),
+        value: value.into(),
+    };
+    server
+        .admin_client()
+        .await
+        .block(pb::BlockRequest {
+            domain: DOMAIN.into(),
+            entries: vec![entry(ROUTE, ROUTE), entry("rule-0-match-0", "eve")],
+            for_micros: 0,
+        })
+        .await
+        .expect("Block");
+    let r = call(&mut c, request(DOMAIN, vec![tenant("eve", generous)])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let wait: u64 = header(&r, "retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
+    assert!(wait > 3_000, "the block's hour, not the limit's: {wait}");
+    let body = format!(
+        r#"{{"domain":"{DOMAIN}","descriptors":[{{"entries":[{{"key":"{ROUTE}","value":"{ROUTE}"}},{{"key":"rule-0-match-0","value":"eve"}}],"limit":{{"requests_per_unit":1000,"unit":"HOUR"}}}}]}}"#
+    );
+    let (status, answer) = http(&server.http, "POST", "/json", &body);
+    assert_eq!(status, 429, "{answer}");
+    // Another tenant under the same override is not blocked.
+    let r = call(&mut c, request(DOMAIN, vec![tenant("bob", generous)])).await;
+    assert_eq!(r.overall_code, OK);
+}

@@ -81,9 +81,17 @@ impl<S: Store> Limiter<S> {
             }
         }
         let mut outcome = Outcome::undecided(policy.clone(), true, statuses, overrides);
-        if !hits.is_empty()
-            && !penalty::apply_sentences(&self.penalties, &order, &mut hits, &mut outcome)
-        {
+        let asked = penalty::Asked {
+            domain,
+            descriptors,
+            hashing: &self.settings.hashing,
+        };
+        let sentenced = if hits.is_empty() {
+            penalty::Sentenced::default()
+        } else {
+            penalty::apply_sentences(&self.penalties, &asked, &order, &mut hits, &mut outcome)
+        };
+        if !hits.is_empty() && !sentenced.denied {
             // What the store would decide on: the limits less missing replicas' shares.
             if failure_mode == crate::policy::FailureMode::Local {
                 self.local.reserve(&mut hits);
@@ -93,6 +101,7 @@ impl<S: Store> Limiter<S> {
                 Err(_) => Err(StoreError::Timeout),
             };
             self.settle(&mut outcome, &order, &hits, peeked, failure_mode);
+            penalty::deny_charges(&sentenced.charges, &mut outcome);
         }
         // The state shown is the nearest limit's (`answered_by`, a further limit of
         // a `rate_limits` list): so is the counter key, `...|~86400s`, not the first

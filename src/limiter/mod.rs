@@ -174,7 +174,14 @@ impl<S: Store> Limiter<S> {
             return outcome;
         }
         // A banned or blocked key is denied at once, without asking the store.
-        if penalty::apply_sentences(&self.penalties, &order, &mut hits, &mut outcome) {
+        let asked = penalty::Asked {
+            domain,
+            descriptors,
+            hashing: &self.settings.hashing,
+        };
+        let sentenced =
+            penalty::apply_sentences(&self.penalties, &asked, &order, &mut hits, &mut outcome);
+        if sentenced.denied {
             self.note_offenders(domain, descriptors, &mut outcome, &order, &hits);
             return outcome;
         }
@@ -194,6 +201,7 @@ impl<S: Store> Limiter<S> {
             decided
         };
         self.settle(&mut outcome, &order, &hits, decided, failure_mode);
+        penalty::deny_charges(&sentenced.charges, &mut outcome);
         if outcome.over_limit
             && outcome.store_decided()
             && !outcome.local

@@ -99,8 +99,11 @@ async fn a_key_denied_n_times_is_banned_without_store_calls() {
     assert!(!ask(&l, "1.1.1.1").await.over_limit);
 }
 
+/// A charge may report a request already served, so a ban spends it; it may also be
+/// a request's cost asked before it is served, so the ban denies it. A refund is
+/// never denied.
 #[tokio::test]
-async fn a_ban_drops_no_charge_or_refund() {
+async fn a_ban_spends_a_charge_and_denies_it_and_drops_no_refund() {
     use crate::store::Spend;
     let clock = ManualClock::new(T0);
     let l = limiter(&clock);
@@ -114,19 +117,61 @@ async fn a_ban_drops_no_charge_or_refund() {
         spend,
         ..Descriptor::new(entries, hits)
     };
-    // A cost reported at stream end: the other key's share is counted.
     let charge = [
         with(&ip[..], 5, Spend::Always),
         with(&user[..], 30, Spend::Always),
     ];
-    l.decide("d", &charge).await;
+    let charged = l.decide("d", &charge).await;
+    assert!(charged.over_limit, "{charged:?}");
+    assert_eq!(charged.statuses[0].ban, Ban::Active);
+    let wait = charged.statuses[0].verdict.expect("decided").retry_after;
+    assert!(
+        wait > 200 * SECOND,
+        "the ban's wait, not the window's: {wait}"
+    );
+    // Both spent: the other key's share is counted...
     let check = l.decide("d", &[Descriptor::new(&user[..], 0)]).await;
     assert_eq!(check.statuses[0].verdict.unwrap().remaining, 70);
-    // A refund is never denied, and gives back what it names.
+    // ...and the refund gives back the one admitted hit and the charge of 5: the
+    // minute is empty.
     let refund = l.decide("d", &[with(&ip[..], 6, Spend::Refund)]).await;
     assert!(!refund.over_limit, "{refund:?}");
-    // The one admitted hit and the charge of 5, given back: the minute is empty.
     assert_eq!(refund.statuses[0].verdict.unwrap().remaining, 1);
+}
+
+/// A `limit` override changes a descriptor's limit, not whose key it is: a ban of
+/// the key, or an operator's block, denies it too.
+#[tokio::test]
+async fn a_limit_override_escapes_no_ban_or_block() {
+    use crate::limiter::Override;
+    use crate::policy::Unit;
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let generous = Some(Override {
+        requests_per_unit: 1_000,
+        unit: Unit::Minute,
+    });
+    let overridden = |entries| Descriptor {
+        limit: generous,
+        ..Descriptor::new(entries, 1)
+    };
+    for _ in 0..3 {
+        ask(&l, "1.1.1.1").await;
+    }
+    let ip = [("ip", "1.1.1.1")];
+    let o = l.decide("d", &[overridden(&ip[..])]).await;
+    assert!(o.over_limit, "{o:?}");
+    assert_eq!(o.statuses[0].ban, Ban::Active);
+    // Another key under the same override is admitted.
+    let other = [("ip", "2.2.2.2")];
+    assert!(!l.decide("d", &[overridden(&other[..])]).await.over_limit);
+
+    let user = [("user", "w")];
+    assert!(!l.decide("d", &[overridden(&user[..])]).await.over_limit);
+    l.block("d", &user, 60 * SECOND).await.expect("blocked");
+    let o = l.decide("d", &[overridden(&user[..])]).await;
+    assert!(o.over_limit, "{o:?}");
+    assert_eq!(o.statuses[0].ban, Ban::Blocked);
 }
 
 const LOOP: &str = r#"
