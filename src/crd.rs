@@ -390,10 +390,11 @@ fn rate_limit_schema(depth: usize) -> Value {
             },
             "lease": duration_schema("With algorithm: concurrency, instead of unit or window, how long a slot is held at most when its refund never comes (longer than the longest stream)"),
             "burst": {
-                "description": "token_bucket: capacity; leaky_bucket: queue length (default requestsPerUnit).",
+                "description": "token_bucket: capacity; leaky_bucket: queue length (default requestsPerUnit). The bucket must fill from empty within 2^50 µs (about 35 years): burst × window / requestsPerUnit at most that.",
                 "type": "integer",
                 "format": "int64",
-                "minimum": 1
+                "minimum": 1,
+                "maximum": crate::algorithm::MAX_BURST
             },
             "penalty": {
                 "description": "A key denied `violations` times within `within` is banned (denied outright) for `ban`, or has its limit tightened by `tighten`; with `block`, a key penalised `bans` times within its span goes on the block list.",

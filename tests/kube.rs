@@ -526,7 +526,7 @@ async fn rate_limit_policies_from_a_real_api_server() {
         ("shop", format!("{{key: user, rateLimit: {{window: {}, requestsPerUnit: 5}}}}", "1s".repeat(17)), "at most 32"),
         ("shop", "{key: user, rateLimit: {algorithm: concurrency, lease: '5m ', requestsPerUnit: 5}}".into(), "has spaces around it"),
         ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, name: 7}}".into(), "'name': 7 is read as an integer"),
-        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 9223372036854775808}}".into(), "'burst' must be at most 9223372036854775807"),
+        ("shop", "{key: user, rateLimit: {unit: minute, requestsPerUnit: 5, algorithm: token_bucket, burst: 1125899906842625}}".into(), "'burst' must be at most 1125899906842624"),
     ] {
         let yaml = descriptor_policy(domain, &descriptor);
         let refused = validate(&yaml).expect_err(&descriptor);

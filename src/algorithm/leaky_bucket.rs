@@ -288,6 +288,11 @@ mod tests {
 
     shared_properties!(A);
 
+    #[test]
+    fn a_bucket_that_takes_the_longest_allowed_to_fill_gives_its_whole_burst() {
+        testkit::longest_fills_give_their_whole_burst(A);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 

@@ -27,6 +27,17 @@ pub type Micros = u64;
 /// Microseconds in one second.
 pub const SECOND: Micros = 1_000_000;
 
+/// The largest `burst`: 2^50, the most a counter holds and the largest number the
+/// Redis scripts are given (they clamp larger ones).
+pub const MAX_BURST: u64 = 1 << 50;
+
+/// The longest a bucket may take to fill from empty, burst × window / requests:
+/// 2^50 µs (about 35 years), as the longest window. A full bucket's state then
+/// reaches at most that far ahead, below [`token_bucket::END_OF_TIME`] (2^53 µs)
+/// until the year 2219 (7 × 2^50 µs), so its whole burst fits at once. A penalty's
+/// tightening at most doubles that (it rounds the rate down): until 2184.
+pub const MAX_FILL: Micros = 1 << 50;
+
 /// Which algorithm a limit uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {

@@ -7,7 +7,7 @@
 
 use super::{
     decide, expires_at, fixed_window, leaky_bucket, sliding_window_counter, sliding_window_log,
-    token_bucket, Algorithm, Limit, Micros, State, Verdict, SECOND,
+    token_bucket, Algorithm, Limit, Micros, State, Verdict, MAX_BURST, MAX_FILL, SECOND,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -223,6 +223,30 @@ pub(crate) fn whole_burst_at_one_instant(
     let interval = u128::from(l.window).div_ceil(u128::from(l.requests));
     prop_assert_eq!(u128::from(v.retry_after), interval);
     Ok(())
+}
+
+/// A bucket that takes the longest a policy allows to fill ([`MAX_FILL`]) gives its
+/// whole burst at one instant, now and up to 7 × 2^50 µs (the year 2219).
+pub(crate) fn longest_fills_give_their_whole_burst(a: Algorithm) {
+    const YEAR: Micros = 365 * 86_400 * SECOND;
+    let late = 7 * MAX_FILL - 1;
+    for (requests, window) in [
+        (1, 1),
+        (1, SECOND),
+        (7, 86_400 * SECOND),
+        (1, YEAR),
+        (u64::from(u32::MAX), YEAR),
+    ] {
+        let most = u128::from(MAX_FILL) * u128::from(requests) / u128::from(window);
+        let burst = u64::try_from(most).unwrap().min(MAX_BURST);
+        let l = limit(a, requests, window, burst);
+        whole_burst_at_one_instant(&l, T0, &[burst]).unwrap();
+        whole_burst_at_one_instant(&l, T0, &[1, burst - 1]).unwrap();
+        let mut s = None;
+        let v = hit(&l, &mut s, late, burst);
+        assert!(v.admitted, "{l:?} late");
+        assert_eq!(v.remaining, 0, "{l:?} late");
+    }
 }
 
 /// Bucket limits with room (requests and burst > 0), windows from 1 µs to a year.

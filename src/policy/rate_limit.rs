@@ -2,7 +2,7 @@
 //! units, windows (calendar ones too), algorithms, bursts, leases and `replaces`,
 //! with envoyproxy/ratelimit's checks and a RateLimitPolicy's schema's.
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Micros, MAX_BURST, MAX_FILL, SECOND};
 
 use super::duration;
 use super::fields::{at_line, boolean, integer, list, string, text, Ctx, Field, Fields, Form};
@@ -124,7 +124,7 @@ pub(super) fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
     let lease = lease_field.and_then(|l| duration_field(ctx, l));
     let burst_field = f.get(ctx, "burst");
     let burst = burst_field
-        .and_then(|b| integer(ctx, b, 1, max_count(ctx)))
+        .and_then(|b| integer(ctx, b, 1, i128::from(MAX_BURST)))
         .and_then(|b| u64::try_from(b).ok());
     let penalty_field = f.get(ctx, "penalty");
     let penalty = penalty_field.and_then(|p| penalty(ctx, p));
@@ -212,7 +212,12 @@ pub(super) fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
                 b.key_line,
                 "'burst' only applies to token_bucket and leaky_bucket, not concurrency",
             ),
-            Some(Algorithm::TokenBucket | Algorithm::LeakyBucket) => {}
+            Some(Algorithm::TokenBucket | Algorithm::LeakyBucket) => {
+                if let (Some(burst), Some(requests)) = (burst, requests_per_unit) {
+                    let window = window.or_else(|| unit.and_then(Unit::micros));
+                    fills_in_time(ctx, b, burst, requests, unit, window);
+                }
+            }
             Some(other) => ctx.error(
                 b.key_line,
                 format!(
@@ -254,6 +259,41 @@ pub(super) fn rate_limit(ctx: &mut Ctx, field: Field<'_>) -> Option<RateLimit> {
         penalty,
         shed,
     })
+}
+
+/// Refuses a bucket that takes longer than [`MAX_FILL`] to fill from empty (burst ×
+/// window / requests): its state would run past the end of time the stores count
+/// to, and a full bucket would no longer give its whole burst.
+fn fills_in_time(
+    ctx: &mut Ctx,
+    field: Field<'_>,
+    burst: u64,
+    requests: u32,
+    unit: Option<Unit>,
+    window: Option<Micros>,
+) {
+    // No rate admits nothing and keeps no state.
+    let (Some(window), true) = (window, requests > 0) else {
+        return;
+    };
+    let (requests, window) = (u128::from(requests), u128::from(window));
+    let longest = u128::from(MAX_FILL);
+    if u128::from(burst) * window <= longest * requests {
+        return;
+    }
+    let years = u128::from(burst) * window / requests / u128::from(YEAR);
+    let most = (longest * requests / window).min(u128::from(MAX_BURST));
+    let per = match unit {
+        Some(u) => u.as_str().to_string(),
+        None => describe_micros(window as Micros),
+    };
+    ctx.error(
+        field.line(),
+        format!(
+            "'{}': a bucket of {burst} at {requests} per {per} takes about {years} years to fill, longer than the longest allowed, {MAX_FILL}us (about 35 years); at this rate '{}' may be at most {most}",
+            field.name, field.name
+        ),
+    );
 }
 
 /// A calendar window (`window: calendar_day`, `calendar_month`) in `time_zone` (UTC
@@ -388,15 +428,24 @@ fn describe_window(rl: &RateLimit) -> String {
         return format!("{} in {}", c.period().as_str(), c.zone_name());
     }
     match rl.window_micros() {
-        Some(w) if w.is_multiple_of(crate::algorithm::SECOND) => {
-            format!("{}s", w / crate::algorithm::SECOND)
-        }
-        Some(w) => format!("{w}us"),
+        Some(w) => describe_micros(w),
         None => "none".to_string(),
     }
 }
 
-/// The largest count (`burst`, `violations`, `bans`) a policy may write: the CRD's
+/// A duration in seconds when whole (`60s`), else in microseconds.
+fn describe_micros(micros: Micros) -> String {
+    if micros.is_multiple_of(SECOND) {
+        format!("{}s", micros / SECOND)
+    } else {
+        format!("{micros}us")
+    }
+}
+
+/// A year of 365 days, for messages.
+const YEAR: Micros = 365 * 86_400 * SECOND;
+
+/// The largest count (`violations`, `bans`) a policy may write: the CRD's
 /// schema has them as int64, the file form as u64.
 pub(super) fn max_count(ctx: &Ctx) -> i128 {
     match ctx.form {
@@ -535,6 +584,93 @@ mod tests {
             err.contains("'ban': duration '213503982d' is longer than the longest allowed"),
             "{err}"
         );
+    }
+
+    /// A bucket whose state would run past the stores' end of time is refused: its
+    /// burst above 2^50, or a fill from empty longer than 2^50 µs (about 35 years).
+    #[test]
+    fn a_bucket_must_fill_within_the_longest_window() {
+        for (rate_limit, why) in [
+            (
+                "{unit: day, requests_per_unit: 1, algorithm: token_bucket, burst: 100000}",
+                "p.yaml:4: 'burst': a bucket of 100000 at 1 per day takes about 273 years to fill, longer than the longest allowed, 1125899906842624us (about 35 years); at this rate 'burst' may be at most 13031",
+            ),
+            (
+                "{unit: year, requests_per_unit: 1, algorithm: leaky_bucket, burst: 300}",
+                "p.yaml:4: 'burst': a bucket of 300 at 1 per year takes about 300 years to fill, longer than the longest allowed, 1125899906842624us (about 35 years); at this rate 'burst' may be at most 35",
+            ),
+            (
+                "{window: 1.5s, requests_per_unit: 1, algorithm: token_bucket, burst: 1000000000}",
+                "p.yaml:4: 'burst': a bucket of 1000000000 at 1 per 1500000us takes about 47 years to fill",
+            ),
+            (
+                "{window: 1us, requests_per_unit: 5, algorithm: token_bucket, burst: 1125899906842625}",
+                "p.yaml:4: 'burst' must be at most 1125899906842624, found 1125899906842625",
+            ),
+            (
+                "{unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 18446744073709551615}",
+                "p.yaml:4: 'burst' must be at most 1125899906842624, found 18446744073709551615",
+            ),
+        ] {
+            let err = rate_limit_errors(rate_limit);
+            assert!(err.starts_with(why), "{rate_limit}: {err}");
+        }
+        // Each limit of a list, and the resource form, alike.
+        let listed = "domain: d
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: day, requests_per_unit: 1, algorithm: token_bucket, burst: 13032}
+";
+        assert!(
+            errors(listed).starts_with("p.yaml:6: 'burst': a bucket of 13032 at 1 per day"),
+            "{}",
+            errors(listed)
+        );
+        let spec = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"key": "k", "rateLimits": [
+                {"unit": "second", "requestsPerUnit": 5},
+                {"unit": "year", "requestsPerUnit": 1, "algorithm": "leaky_bucket", "burst": 36}
+            ]}]
+        });
+        let err = parse_resource_spec("ns", "p", &spec).unwrap_err();
+        assert!(
+            err[0]
+                .message
+                .contains("'burst': a bucket of 36 at 1 per year"),
+            "{err:?}"
+        );
+    }
+
+    /// The largest bucket each rate accepts fills: it admits its whole burst at once.
+    #[test]
+    fn the_largest_bucket_accepted_gives_its_whole_burst() {
+        use crate::algorithm::{decide, MAX_FILL};
+        for (rate_limit, burst) in [
+            ("{unit: day, requests_per_unit: 1, algorithm: token_bucket, burst: 13031}", 13_031),
+            ("{unit: year, requests_per_unit: 1, algorithm: leaky_bucket, burst: 35}", 35),
+            (
+                "{window: 1us, requests_per_unit: 1, algorithm: token_bucket, burst: 1125899906842624}",
+                1 << 50,
+            ),
+            (
+                "{window: 7s, requests_per_unit: 3, algorithm: leaky_bucket, burst: 482528531}",
+                482_528_531,
+            ),
+        ] {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n");
+            let policy = compile(parse_str("p.yaml", &text).unwrap()).unwrap();
+            let limit = policy.rules[0].limit.unwrap();
+            assert_eq!(limit.burst, burst);
+            // Today, and as late as the year 2219.
+            for now in [1_750_000_000 * crate::algorithm::SECOND, 7 * MAX_FILL - 1] {
+                let v = decide(&limit, None, now, burst).verdict;
+                assert!(v.admitted, "{rate_limit} at {now}");
+                assert_eq!(v.remaining, 0, "{rate_limit} at {now}");
+            }
+        }
     }
 
     /// The errors of a policy whose one descriptor has `rate_limit` (line 4).

@@ -52,6 +52,9 @@ pub const MAX_ARG: u64 = 1 << 50;
 // A request's hits are refused past what the scripts are given, not clamped.
 const _: () = assert!(crate::store::MAX_HITS == MAX_ARG);
 
+// A policy's `burst` is refused past it too, so no bucket is clamped.
+const _: () = assert!(crate::algorithm::MAX_BURST == MAX_ARG);
+
 /// Values per hit in the decide reply.
 const REPLY_STRIDE: usize = 7;
 
