@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -48,8 +48,8 @@ pub struct HttpState<S> {
 
 /// The router for `--http-addr`.
 pub fn router<S: Store>(admin: Arc<HttpState<S>>) -> Router {
-    // A body over the limit is refused as soon as its Content-Length says so, or
-    // its bytes go past it.
+    // A body over the limit is refused as soon as its Content-Length says so
+    // (`JsonBody`), or its bytes go past it.
     let json = post(json_request::<S>).layer(DefaultBodyLimit::max(admin.max_request_bytes));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -187,10 +187,42 @@ impl<S: Store> FromRequestParts<Arc<HttpState<S>>> for JsonCall {
     }
 }
 
+/// A `POST /json` body. One whose Content-Length is over `--max-request-bytes` is
+/// refused unread: hyper answers `Expect: 100-continue` only once a body is read,
+/// and axum's `Bytes` would wait for bytes it then refuses.
+enum JsonBody {
+    Read(Bytes),
+    TooLarge,
+    Failed(BytesRejection),
+}
+
+impl<S: Store> FromRequest<Arc<HttpState<S>>> for JsonBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &Arc<HttpState<S>>,
+    ) -> Result<Self, Self::Rejection> {
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > state.max_request_bytes as u64) {
+            return Ok(JsonBody::TooLarge);
+        }
+        Ok(match Bytes::from_request(request, state).await {
+            Ok(body) => JsonBody::Read(body),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => JsonBody::TooLarge,
+            Err(e) => JsonBody::Failed(e),
+        })
+    }
+}
+
 async fn json_request<S: Store>(
     State(admin): State<Arc<HttpState<S>>>,
     JsonCall(call): JsonCall,
-    body: Result<Bytes, BytesRejection>,
+    body: JsonBody,
 ) -> Response {
     let _in_flight = admin.service.enter();
     // Tracing off, or a call not sampled: decided as without tracing.
@@ -225,20 +257,20 @@ fn json_error(status: StatusCode, error: String, call: Option<&mut Call>) -> Res
 /// Decides a `POST /json` body and writes its answer; the decision goes onto `call`.
 async fn json_answer<S: Store>(
     admin: &HttpState<S>,
-    body: Result<Bytes, BytesRejection>,
+    body: JsonBody,
     mut call: Option<&mut Call>,
 ) -> Response {
     let body = match body {
-        Ok(b) => b,
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+        JsonBody::Read(b) => b,
+        JsonBody::TooLarge => {
             admin.service.metrics.oversized_request();
             let error = format!(
                 "request body larger than {} bytes (--max-request-bytes)",
                 admin.max_request_bytes
             );
-            return json_error(e.status(), error, call);
+            return json_error(StatusCode::PAYLOAD_TOO_LARGE, error, call);
         }
-        Err(e) => return json_error(e.status(), e.body_text(), call),
+        JsonBody::Failed(e) => return json_error(e.status(), e.body_text(), call),
     };
     let req = match parse_request(&body) {
         Ok(r) => r,

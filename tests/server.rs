@@ -1106,6 +1106,29 @@ fn a_json_body_over_max_request_bytes_is_refused_before_it_is_all_read() {
     assert_eq!(oversized, Some(3.0));
 }
 
+/// A `POST /json` whose Content-Length is over `--max-request-bytes` is refused
+/// with 413 before any of its body is sent: no `100 Continue` asks for it, and no
+/// wait for bytes that would be refused anyway.
+#[test]
+fn a_json_body_declared_over_max_request_bytes_is_refused_unread() {
+    use std::io::{Read, Write};
+    let server = Server::start(POLICY, &["--max-request-bytes", "1KiB"]);
+    for expect in ["", "Expect: 100-continue\r\n"] {
+        let mut s = std::net::TcpStream::connect(&server.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let head = format!(
+            "POST /json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n{expect}\r\n"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let mut answer = [0u8; 12];
+        s.read_exact(&mut answer)
+            .unwrap_or_else(|e| panic!("{expect:?}: no answer before the body: {e}"));
+        assert_eq!(&answer, b"HTTP/1.1 413", "{expect:?}");
+    }
+    let oversized = server.metric("sluice_oversized_requests_total", &[]);
+    assert_eq!(oversized, Some(2.0));
+}
+
 #[tokio::test]
 async fn default_algorithm_applies_to_limits_that_name_none() {
     let policy = "domain: d\ndescriptors:\n  - key: plain\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: named\n    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}\n";
