@@ -84,6 +84,45 @@ fn top_into_a_pipe_says_it_needs_a_terminal() {
     );
 }
 
+/// `sluice explain` and `sluice top` refuse a `--server` they would not reach as
+/// written (a port out of range dialled port 80), naming the flag, before
+/// connecting.
+#[test]
+fn explain_and_top_refuse_a_bad_server() {
+    let cases = [
+        (
+            vec!["--server", "127.0.0.1:99999"],
+            "invalid value '127.0.0.1:99999' for '--server <SERVER>': port 99999 is out of range: expected 1-65535",
+        ),
+        (
+            vec!["--server", "localhost"],
+            "'localhost' has no port; expected HOST:PORT, http://HOST:PORT or https://HOST:PORT",
+        ),
+    ];
+    for command in [&["explain", "--domain", "d", "k=v"][..], &["top"]] {
+        for (args, says) in &cases {
+            let out = sluice()
+                .args(command)
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{command:?} {args:?}: {stderr}");
+            assert!(stderr.contains(says), "{command:?} {args:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{command:?} {args:?}");
+        }
+    }
+    // The environment's address too.
+    let out = sluice()
+        .args(["explain", "--domain", "d", "k=v"])
+        .env("SLUICE_SERVER", "127.0.0.1:65536")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("port 65536 is out of range"), "{stderr}");
+}
+
 /// A directory with no policy file is most likely the wrong one: validate warns as
 /// serve does, names what it did not read, and fails.
 #[test]

@@ -12,7 +12,12 @@ use crate::admin::pb::admin_client::AdminClient;
 pub struct ConnectArgs {
     /// A running sluice's admin API: HOST:PORT, http://HOST:PORT, or https://HOST:PORT
     /// with --tls-ca.
-    #[arg(long, env = "SLUICE_SERVER", default_value = crate::config::DEFAULT_ADMIN_ADDR)]
+    #[arg(
+        long,
+        env = "SLUICE_SERVER",
+        default_value = crate::config::DEFAULT_ADMIN_ADDR,
+        value_parser = parse_server
+    )]
     pub server: String,
     /// PEM CA that signs the admin port's certificate (TLS).
     #[arg(long)]
@@ -35,6 +40,40 @@ pub enum ConnectError {
         path: PathBuf,
         error: std::io::Error,
     },
+}
+
+/// `--server`: HOST:PORT, http://HOST:PORT or https://HOST:PORT, the port 1-65535.
+/// Checked here: tonic takes a port out of range for no port and dials port 80.
+pub fn parse_server(s: &str) -> Result<String, String> {
+    const HINT: &str = "expected HOST:PORT, http://HOST:PORT or https://HOST:PORT";
+    let rest = match s.split_once("://") {
+        None => s,
+        Some(("http" | "https", rest)) => rest,
+        Some((scheme, _)) => return Err(format!("unknown scheme '{scheme}://'; {HINT}")),
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Err(format!("'{s}' has no port; {HINT}"));
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+        }
+    };
+    if !host_ok {
+        return Err(format!("'{host}' is not a host name or address; {HINT}"));
+    }
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("'{port}' is not a port number; {HINT}"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(format!("port {port} is out of range: expected 1-65535")),
+    }
 }
 
 /// An error and its causes, `: `-separated.
@@ -108,6 +147,37 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_is_host_and_port_with_a_port_in_range() {
+        for good in [
+            "127.0.0.1:8082",
+            "localhost:1",
+            "http://sluice-admin.ns.svc:65535",
+            "https://[::1]:8082/",
+        ] {
+            assert_eq!(parse_server(good).as_deref(), Ok(good), "{good}");
+        }
+        for (bad, says) in [
+            (
+                "127.0.0.1:99999",
+                "port 99999 is out of range: expected 1-65535",
+            ),
+            ("127.0.0.1:0", "port 0 is out of range"),
+            ("http://h:184467440737095516160", "out of range"),
+            ("127.0.0.1", "'127.0.0.1' has no port"),
+            ("http://h:80x", "'80x' is not a port number"),
+            ("http://h:", "'' is not a port number"),
+            ("ftp://h:21", "unknown scheme 'ftp://'"),
+            ("http://h:80/admin", "is not a port number"),
+            ("http://user@h:80", "'user@h' is not a host name or address"),
+            ("::1:8082", "is not a host name or address"),
+            (":8082", "'' is not a host name or address"),
+        ] {
+            let e = parse_server(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_failed_call_names_its_causes() {
