@@ -123,6 +123,42 @@ fn explain_and_top_refuse_a_bad_server() {
     assert!(stderr.contains("port 65536 is out of range"), "{stderr}");
 }
 
+/// `sluice explain` and `sluice top` refuse TLS flags they would not use: with an
+/// http:// server, --tls-ca went unread and the call ran in plain text, and so did
+/// --tls-cert and --tls-key without --tls-ca. Refused before any file is read.
+#[test]
+fn explain_and_top_refuse_tls_flags_they_would_not_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let unread = dir.path().join("unread.pem");
+    let unread = unread.to_str().unwrap();
+    let cases = [
+        (
+            vec!["--server", "http://127.0.0.1:8082", "--tls-ca", unread],
+            "sluice {}: --server http://127.0.0.1:8082: plain http:// takes no --tls-ca, --tls-cert or --tls-key; use https://",
+        ),
+        (
+            vec!["--server", "127.0.0.1:8082", "--tls-cert", unread, "--tls-key", unread],
+            "sluice {}: --tls-cert and --tls-key are for TLS, which needs --tls-ca (the CA that signs the admin port's certificate)",
+        ),
+        (
+            vec!["--server", "https://127.0.0.1:8082"],
+            "sluice {}: --server https://127.0.0.1:8082: https:// needs --tls-ca, the CA that signs the admin port's certificate",
+        ),
+    ];
+    for command in [&["explain", "--domain", "d", "k=v"][..], &["top"]] {
+        for (args, says) in &cases {
+            let stderr = refused(
+                sluice()
+                    .args(command)
+                    .args(args)
+                    .stdin(std::process::Stdio::null()),
+            );
+            let says = says.replace("{}", command[0]);
+            assert_eq!(stderr.trim_end(), says, "{command:?} {args:?}");
+        }
+    }
+}
+
 /// A directory with no policy file is most likely the wrong one: validate warns as
 /// serve does, names what it did not read, and fails.
 #[test]

@@ -22,7 +22,8 @@ pub struct ConnectArgs {
     /// PEM CA that signs the admin port's certificate (TLS).
     #[arg(long)]
     pub tls_ca: Option<PathBuf>,
-    /// PEM client certificate for an admin port with mutual TLS (with --tls-key).
+    /// PEM client certificate for an admin port with mutual TLS (with --tls-key and
+    /// --tls-ca).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
@@ -40,6 +41,9 @@ pub enum ConnectError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// TLS flags that do not fit `--server`: they would go unused.
+    #[error("{0}")]
+    Flags(String),
 }
 
 /// `--server`: HOST:PORT, http://HOST:PORT or https://HOST:PORT, the port 1-65535.
@@ -73,6 +77,31 @@ pub fn parse_server(s: &str) -> Result<String, String> {
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(s.to_string()),
         _ => Err(format!("port {port} is out of range: expected 1-65535")),
+    }
+}
+
+impl ConnectArgs {
+    /// The admin API's URL and whether it is reached over TLS: with https://, or
+    /// with --tls-ca and no scheme. Refuses TLS flags that would go unused, and
+    /// https:// without the CA that would check the server.
+    pub fn url(&self) -> Result<(String, bool), ConnectError> {
+        let server = &self.server;
+        let refuse = |message: String| Err(ConnectError::Flags(message));
+        match server.split_once("://").map(|(scheme, _)| scheme) {
+            Some("http") if self.tls_ca.is_some() || self.tls_cert.is_some() => refuse(format!(
+                "--server {server}: plain http:// takes no --tls-ca, --tls-cert or --tls-key; use https://"
+            )),
+            Some("https") if self.tls_ca.is_none() => refuse(format!(
+                "--server {server}: https:// needs --tls-ca, the CA that signs the admin port's certificate"
+            )),
+            Some(scheme) => Ok((server.clone(), scheme == "https")),
+            None if self.tls_ca.is_some() => Ok((format!("https://{server}"), true)),
+            None if self.tls_cert.is_some() => refuse(
+                "--tls-cert and --tls-key are for TLS, which needs --tls-ca (the CA that signs the admin port's certificate)"
+                    .to_string(),
+            ),
+            None => Ok((format!("http://{server}"), false)),
+        }
     }
 }
 
@@ -117,14 +146,7 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
         server: args.server.clone(),
         message,
     };
-    let tls = args.tls_ca.is_some() || args.server.starts_with("https://");
-    let url = if args.server.contains("://") {
-        args.server.clone()
-    } else if tls {
-        format!("https://{}", args.server)
-    } else {
-        format!("http://{}", args.server)
-    };
+    let (url, tls) = args.url()?;
     let mut endpoint = Endpoint::from_shared(url)
         .map_err(|e| failed(e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(5));
@@ -176,6 +198,40 @@ mod tests {
         ] {
             let e = parse_server(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn tls_flags_must_be_used() {
+        let args = |server: &str, ca: bool, cert: bool| ConnectArgs {
+            server: server.to_string(),
+            tls_ca: ca.then(|| "ca.pem".into()),
+            tls_cert: cert.then(|| "c.pem".into()),
+            tls_key: cert.then(|| "k.pem".into()),
+        };
+        let url = |server: &str, ca: bool, cert: bool| {
+            args(server, ca, cert).url().map_err(|e| e.to_string())
+        };
+        assert_eq!(url("h:1", false, false), Ok(("http://h:1".into(), false)));
+        assert_eq!(url("h:1", true, false), Ok(("https://h:1".into(), true)));
+        assert_eq!(url("h:1", true, true), Ok(("https://h:1".into(), true)));
+        assert_eq!(
+            url("https://h:1", true, true),
+            Ok(("https://h:1".into(), true))
+        );
+        assert_eq!(
+            url("http://h:1", false, false),
+            Ok(("http://h:1".into(), false))
+        );
+        for (server, ca, cert, says) in [
+            ("http://h:1", true, false, "plain http:// takes no --tls-ca"),
+            ("http://h:1", false, true, "plain http:// takes no --tls-ca"),
+            ("https://h:1", false, false, "https:// needs --tls-ca"),
+            ("https://h:1", false, true, "https:// needs --tls-ca"),
+            ("h:1", false, true, "--tls-cert and --tls-key are for TLS"),
+        ] {
+            let e = url(server, ca, cert).unwrap_err();
+            assert!(e.contains(says), "{server} {ca} {cert}: {e}");
         }
     }
 

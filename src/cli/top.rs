@@ -395,8 +395,9 @@ fn push_shown(title: &mut String, inner: usize, total: usize) {
 /// Runs the view until the user quits.
 pub async fn run(args: &TopArgs) -> Result<(), TopError> {
     use std::io::IsTerminal;
-    // Checked first: drawing into a pipe or a file would fail only after the
-    // connection, with the terminal's bare OS error.
+    // The flags first, then the terminal: drawing into a pipe or a file would fail
+    // only after the connection, with the terminal's bare OS error.
+    args.connect.url()?;
     if !std::io::stdout().is_terminal() {
         return Err(TopError::NotATerminal);
     }
