@@ -445,6 +445,7 @@ refuse "schema refuses a policies file not named *.yaml" t --set-string 'policie
 refuse "schema refuses a malformed storeTimeout" t --set-string storeTimeout=15
 refuse "schema refuses a storeTimeout in an unknown unit" t --set-string storeTimeout=1w
 refuse "schema refuses a storeTimeout of a bare dot" t --set-string storeTimeout=.ms
+refuse "schema refuses a storeTimeout of 0s (--store-timeout must be longer than zero)" t --set-string storeTimeout=0s
 refuse "schema refuses a malformed reloadInterval" t --set-string reloadInterval=2.5
 refuse "schema refuses an rlqs.assignmentTtl of less than a whole second" t --set-string rlqs.assignmentTtl=500ms
 refuse "schema refuses an rlqs.assignmentTtl of 0s" t --set-string rlqs.assignmentTtl=0s

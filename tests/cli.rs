@@ -545,6 +545,23 @@ fn a_buffered_bound_below_the_largest_request_is_refused() {
     );
 }
 
+/// A store timeout of zero is refused, from the flag or the environment, as every
+/// other duration flag's zero is: each decision would race Redis's answer.
+#[test]
+fn a_store_timeout_of_zero_is_refused() {
+    for (args, env) in [
+        (&["--store-timeout", "0s"][..], &[][..]),
+        (&[][..], &[("SLUICE_STORE_TIMEOUT", "0ms")][..]),
+    ] {
+        let err = serve_refusal(args, env);
+        assert!(
+            err.contains("for '--store-timeout <STORE_TIMEOUT>'")
+                && err.contains("must be longer than zero"),
+            "{args:?} {env:?}: {err}"
+        );
+    }
+}
+
 /// A key prefix only means something on Redis: without a Redis store it would be
 /// ignored, so it is refused, and a bad one is refused naming its own flag.
 #[test]

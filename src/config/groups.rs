@@ -126,8 +126,9 @@ pub struct StoreArgs {
         value_parser = parse_key_prefix
     )]
     pub redis_key_prefix: String,
-    /// Longest wait for the counter store before the failure mode decides.
-    #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
+    /// Longest wait for the counter store before the failure mode decides; longer
+    /// than zero.
+    #[arg(long, env = "SLUICE_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_nonzero_duration)]
     pub store_timeout: Duration,
     /// Most counters the in-memory store holds (at least one for each of its 64
     /// shards); with Redis, most counters failure_mode local decides in memory

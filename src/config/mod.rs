@@ -192,6 +192,12 @@ mod tests {
         let err = serve("--reload-interval", "0s").unwrap_err();
         assert!(err.contains("--reload-interval"), "{err}");
         assert!(err.contains("must be longer than zero"), "{err}");
+        // Zero would leave each decision to how soon Redis happens to answer.
+        let err = serve("--store-timeout", "0ms").unwrap_err();
+        assert!(
+            err.contains("invalid value '0ms' for '--store-timeout <STORE_TIMEOUT>': \"0ms\" must be longer than zero"),
+            "{err}"
+        );
     }
 
     /// The admin port takes at least one connection; 0 is refused, not read as
