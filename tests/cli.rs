@@ -39,6 +39,40 @@ fn validate_accepts_good_files_and_names_file_and_line_of_bad_ones() {
     assert!(err.contains("fortnight"), "{err}");
 }
 
+/// A file named twice (two spellings, or its directory and itself) is read once:
+/// not refused as a duplicate of itself ("p/base.yaml:4: duplicate descriptor ...
+/// already defined at p/base.yaml:4"). The same for `explain --config`.
+#[test]
+fn a_policy_file_named_twice_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("p")).unwrap();
+    std::fs::write(dir.path().join("p/base.yaml"), ONE_RULE).unwrap();
+    for paths in [
+        &["p/base.yaml", "./p/base.yaml"][..],
+        &["p", "p/base.yaml"],
+        &["p/base.yaml", "p/base.yaml"],
+    ] {
+        let out = sluice()
+            .arg("validate")
+            .args(paths)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{paths:?}: {err}");
+        assert!(!err.contains("duplicate"), "{paths:?}: {err}");
+        let out = sluice()
+            .args([
+                "explain", "--domain", "d", "k=v", "--config", paths[0], "--config", paths[1],
+            ])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{paths:?}: {err}");
+    }
+}
+
 /// Runs `cmd`, which must refuse: exit status 1 and nothing on stdout. Its stderr.
 fn refused(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();

@@ -4,7 +4,7 @@
 //! way: a mounted ConfigMap keeps its real files in `..2024_…` behind a `..data`
 //! link, and its visible files are links through `..data`, which are followed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
@@ -59,15 +59,23 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Lists and reads the files `paths` stand for, taking `dir_files` of each
-    /// directory.
+    /// directory. A file reached twice (`p/a.yaml` and `./p/a.yaml`, or a directory
+    /// and a file in it) is read once, under the name it was first reached by:
+    /// read twice, each of its definitions would clash with itself.
     pub fn read(paths: &[PathBuf], dir_files: DirFiles) -> Snapshot {
         let mut listing = Listing::default();
         let mut files = Vec::new();
         let mut per_path = Vec::with_capacity(paths.len());
+        let mut seen = HashSet::new();
         for path in paths {
             let found = listing.files_of(path, dir_files);
             per_path.push(found.len());
             for file in found {
+                // One that cannot be resolved is read by its name, and fails there.
+                let real = std::fs::canonicalize(&file).unwrap_or_else(|_| file.clone());
+                if !seen.insert(real) {
+                    continue;
+                }
                 let source = file.display().to_string();
                 let text = match std::fs::read(&file) {
                     Ok(bytes) => utf8(&source, bytes),
@@ -426,6 +434,55 @@ mod tests {
             .notes()
             .to_vec();
         assert!(notes.iter().any(|n| n.contains("again")), "{notes:?}");
+    }
+
+    /// The same file named twice, by two spellings or by its directory and itself,
+    /// loads once, under the first name: not as a duplicate of itself.
+    #[test]
+    fn a_file_reached_twice_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("p")).unwrap();
+        std::fs::write(d.join("p/base.yaml"), policy("base")).unwrap();
+        std::fs::write(d.join("p/more.yaml"), policy("more")).unwrap();
+        let base = d.join("p/base.yaml");
+        for paths in [
+            vec![base.clone(), d.join("p/./base.yaml")],
+            vec![base.clone(), d.join("p/../p/base.yaml")],
+            vec![base.clone(), d.join("p")],
+            vec![d.join("p"), base.clone(), d.join("p")],
+            vec![base.clone(), base.clone()],
+        ] {
+            let snapshot = Snapshot::read(&paths, DirFiles::Yaml);
+            let (policy, docs) = snapshot
+                .load()
+                .unwrap_or_else(|e| panic!("{paths:?}: {e:#?}"));
+            assert!(policy.domain("base").is_some(), "{paths:?}");
+            let sources: Vec<&str> = docs.iter().map(|d| d.source.as_str()).collect();
+            let first = paths[0].display().to_string();
+            let base_source = if paths[0] == base {
+                first
+            } else {
+                format!("{first}/base.yaml")
+            };
+            assert_eq!(
+                sources.iter().filter(|s| s.ends_with("base.yaml")).count(),
+                1,
+                "{paths:?}: {sources:?}"
+            );
+            assert!(
+                sources.contains(&base_source.as_str()),
+                "{paths:?}: {sources:?}"
+            );
+            // Each path still stands for its files.
+            assert_eq!(snapshot.paths_with_files(), vec![true; paths.len()]);
+        }
+        // A link to the file is the file.
+        symlink(&base, d.join("link.yaml")).unwrap();
+        let paths = [base.clone(), d.join("link.yaml")];
+        Snapshot::read(&paths, DirFiles::Yaml)
+            .load()
+            .unwrap_or_else(|e| panic!("{e:#?}"));
     }
 
     #[test]
