@@ -3,6 +3,8 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use sluice::telemetry::printable::printable;
+
 /// mimalloc's per-thread free lists suit many short-lived request allocations across
 /// Tokio's worker threads better than glibc malloc's arenas, whose locks showed up
 /// under load (docs/performance-notes.md, "Allocator").
@@ -111,8 +113,9 @@ fn validate(paths: &[std::path::PathBuf], dir_files: sluice::policy::DirFiles) -
             policy.rule_count()
         )),
         Err(errors) => {
+            // A policy's keys and names may hold a terminal's control sequences.
             for e in errors {
-                eprintln!("{e}");
+                eprintln!("{}", printable(&e.to_string()));
             }
             ExitCode::FAILURE
         }

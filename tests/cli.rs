@@ -73,6 +73,43 @@ fn a_policy_file_named_twice_is_read_once() {
     }
 }
 
+/// A policy whose key holds a terminal's control sequence (here one that sets the
+/// window title), defined twice: refused with the key escaped, as `sluice top`
+/// shows clients' keys, by validate, serve and explain --config alike.
+pub(crate) const TITLE_KEY_TWICE: &str = "domain: d
+descriptors:
+  - key: \"k\\e]0;pwn\\a\"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: \"k\\e]0;pwn\\a\"
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+
+#[test]
+fn policy_errors_show_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, TITLE_KEY_TWICE).unwrap();
+    let validated = refused(sluice().arg("validate").arg(&path));
+    let served =
+        String::from_utf8_lossy(&serve_command(&path).output().unwrap().stderr).into_owned();
+    let explained = refused(
+        sluice()
+            .args(["explain", "--domain", "d", "k=v", "--config"])
+            .arg(&path),
+    );
+    for (what, stderr) in [
+        ("validate", validated),
+        ("serve", served),
+        ("explain", explained),
+    ] {
+        assert!(
+            stderr.contains("duplicate descriptor key 'k\\u{1b}]0;pwn\\u{7}' with no value"),
+            "{what}: {stderr}"
+        );
+        assert!(!stderr.contains(['\u{1b}', '\u{7}']), "{what}: {stderr:?}");
+    }
+}
+
 /// Runs `cmd`, which must refuse: exit status 1 and nothing on stdout. Its stderr.
 fn refused(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();

@@ -1056,6 +1056,22 @@ async fn a_full_store_lifts_new_keys_of_an_open_domain_as_failed_open() {
     assert_eq!(refused, not_kept);
 }
 
+/// A reload refused for a key holding a terminal's control sequence logs the key
+/// escaped: the ERROR line sets no window title on the operator's terminal.
+#[tokio::test]
+async fn a_refused_reload_logs_control_characters_escaped() {
+    let server = Server::start(POLICY, &[]);
+    write_atomic(&server.policy_path(), crate::cli::TITLE_KEY_TWICE);
+    let lines = server
+        .wait_line(Duration::from_secs(5), "the refusal", |l| {
+            l.contains("policy refused")
+        })
+        .await;
+    let refusal = lines.last().unwrap();
+    assert!(refusal.contains("'k\\u{1b}]0;pwn\\u{7}'"), "{refusal}");
+    assert!(!refusal.contains(['\u{1b}', '\u{7}']), "{refusal:?}");
+}
+
 /// `POST /json` reads at most `--max-request-bytes`: a larger body is refused with
 /// 413 before the rest of it is sent.
 #[test]

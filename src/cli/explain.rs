@@ -152,7 +152,7 @@ async fn local(
         ExplainError::Policy(
             errors
                 .iter()
-                .map(ToString::to_string)
+                .map(|e| printable(&e.to_string()).into_owned())
                 .collect::<Vec<_>>()
                 .join("\n"),
         )

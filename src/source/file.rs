@@ -24,6 +24,7 @@ use super::hub::Hub;
 /// loaded (or refused) only if they are the same; at most `--reload-interval`.
 pub const SETTLE: Duration = Duration::from_millis(100);
 use crate::policy::{DirFiles, PolicyError, Snapshot};
+use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
 /// Watches policy files and hands each good version to the [`Hub`], which compiles
@@ -259,7 +260,8 @@ impl FileSource {
             }
             Err(errors) => {
                 for e in &errors {
-                    tracing::error!(error = %e, "policy refused; the last good policy keeps serving");
+                    // A policy's keys and names may hold a terminal's control sequences.
+                    tracing::error!(error = %printable(&e.to_string()), "policy refused; the last good policy keeps serving");
                 }
                 self.metrics.policy_reload("file", false);
                 let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();

@@ -37,6 +37,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::policy::{compile, compile_with, Defaults, Document, Policy, PolicyError};
+use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
 /// A `RateLimitPolicy` object as the hub needs it.
@@ -172,7 +173,8 @@ pub fn resolve(
             }
             Err(message) => tracing::warn!(
                 policy = %c.key(),
-                "invalid update, and the last good version no longer fits: {message}"
+                "invalid update, and the last good version no longer fits: {}",
+                printable(&message)
             ),
         }
     }

@@ -32,6 +32,7 @@ use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
 use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
 use crate::policy::{self, Document, PolicyError};
+use crate::telemetry::printable::printable;
 
 /// Watches RateLimitPolicy objects and feeds the hub.
 pub struct KubeSource {
@@ -270,7 +271,7 @@ impl KubeSource {
                             policy = %key,
                             reason = %wanted.reason,
                             "RateLimitPolicy not accepted: {}",
-                            wanted.message
+                            printable(&wanted.message)
                         ),
                     }
                     t.stored = Some(patch_cond);
@@ -528,7 +529,7 @@ fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Trac
                 policy = %key,
                 generation,
                 "RateLimitPolicy is invalid: {}",
-                errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                printable(&errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
             ),
         }
     }

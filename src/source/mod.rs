@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::Serve;
 use crate::policy::Policy;
+use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
 /// Longest start-up wait for the first RateLimitPolicy list.
@@ -63,7 +64,11 @@ where
             hub.clone(),
         )
         .map_err(|errors| {
-            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            // A policy's keys and names may hold a terminal's control sequences.
+            let lines: Vec<String> = errors
+                .iter()
+                .map(|e| printable(&e.to_string()).into_owned())
+                .collect();
             anyhow::anyhow!("policies do not load:\n{}", lines.join("\n"))
         })?;
         tokio::spawn(files.run(stopped(), rereads.clone()));

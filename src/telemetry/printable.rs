@@ -1,4 +1,4 @@
-//! Text that clients chose, made safe to show to an operator.
+//! Text that clients or policy authors chose, made safe to show to an operator.
 
 use std::borrow::Cow;
 

@@ -42,6 +42,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use super::hub::Hub;
 use crate::config::{XdsArgs, XdsUrl};
 use crate::policy::{Document, PolicyError};
+use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
 pub mod convert;
@@ -247,7 +248,7 @@ impl XdsSource {
                 self.metrics.policy_reload("xds", false);
                 self.hub
                     .refuse("xds", format!("version {version}: {message}"));
-                tracing::error!(version = %version, error = %message, "xDS version refused (NACK); the last good policy keeps serving");
+                tracing::error!(version = %version, error = %printable(message), "xDS version refused (NACK); the last good policy keeps serving");
             }
             Ack::Refused { version, .. } => {
                 tracing::debug!(version = %version, pause = ?answer.pause, "xDS version refused again");
