@@ -1049,6 +1049,48 @@ async fn an_edit_after_a_burst_of_policies_takes_effect_within_2_s() {
     wait_limit(&server, "d0", "user", None, TWO_S).await;
 }
 
+/// A policy whose spec nests deeper than a JSON reader builds values for (here
+/// under a descriptor's `metadata`, which the schema leaves open) is `Invalid`
+/// alone: the other policies of the cluster are served, whether it is there when
+/// sluice starts or arrives while it watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_too_deep_to_read_is_invalid_alone() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    let deep = |name: &str| {
+        let nested = format!("{}1{}", "{\"a\":".repeat(200), "}".repeat(200));
+        format!(
+            "{{\"apiVersion\":\"sluice.dev/v1alpha1\",\"kind\":\"RateLimitPolicy\",\
+             \"metadata\":{{\"name\":\"{name}\",\"namespace\":\"ops\"}},\
+             \"spec\":{{\"domain\":\"{name}\",\"descriptors\":[{{\"key\":\"user\",\
+             \"rateLimit\":{{\"unit\":\"minute\",\"requestsPerUnit\":1}},\"metadata\":{nested}}}]}}}}"
+        )
+    };
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "good", "ops", "user", 2),
+    )
+    .await;
+    k.must_with(&["create", "--validate=false", "-f", "-"], &deep("deep1"));
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    wait_limit(&server, "ops", "user", Some(2), Duration::from_secs(15)).await;
+    let status = k
+        .wait_accepted("ops", "deep1", "False/Invalid", STATUS)
+        .await;
+    assert!(status.contains("spec cannot be read"), "{status}");
+    assert_eq!(limit(&server, "deep1", "user").await, None);
+
+    k.must_with(&["create", "--validate=false", "-f", "-"], &deep("deep2"));
+    k.apply(&per_minute("ops", "good", "ops", "user", 3))
+        .expect("the edit applies");
+    wait_limit(&server, "ops", "user", Some(3), TWO_S).await;
+    k.wait_accepted("ops", "deep2", "False/Invalid", STATUS)
+        .await;
+}
+
 /// Statuses sluice cannot write while the API server is away (here: policies a
 /// file now clashes with) are retried until it is back; the log says once that it
 /// cannot reach the API server, not once per policy and retry, and once that it

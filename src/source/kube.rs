@@ -9,9 +9,10 @@
 //! the known objects are replaced only once the list is complete, so limits never
 //! vanish while the API server is away.
 //!
-//! Objects are read as raw JSON ([`DynamicObject`]), not deserialized into
-//! [`crate::crd::RateLimitPolicySpec`]: every spec goes through
-//! [`policy::parse_resource_spec`], and an odd object only makes itself `Invalid`.
+//! Objects are read with their spec as raw JSON text ([`RawPolicy`]), not
+//! deserialized into [`crate::crd::RateLimitPolicySpec`]: every spec goes through
+//! [`policy::parse_resource_spec`], and an odd object, however deep, only makes
+//! itself `Invalid`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, Patch, PatchParams};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -30,6 +31,7 @@ use tokio::time::Instant;
 
 use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
+use super::raw_policy::RawPolicy;
 use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
 use crate::policy::{self, Document, PolicyError};
 use crate::telemetry::printable::printable;
@@ -78,7 +80,7 @@ impl KubeSource {
         })
     }
 
-    fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+    fn api(&self, namespace: Option<&str>) -> Api<RawPolicy> {
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &self.resource),
             None => Api::all_with(self.client.clone(), &self.resource),
@@ -336,7 +338,7 @@ struct Watch<'a> {
 
 impl Watch<'_> {
     /// Takes one event; true when the policies to serve changed.
-    fn take(&mut self, event: Result<Event<DynamicObject>, watcher::Error>) -> bool {
+    fn take(&mut self, event: Result<Event<RawPolicy>, watcher::Error>) -> bool {
         let scope = self.scope;
         let event = match event {
             Ok(event) => event,
@@ -478,7 +480,7 @@ fn same(a: &Condition, b: &Condition) -> bool {
         && a.observed_generation == b.observed_generation
 }
 
-fn key_of(obj: &DynamicObject) -> String {
+fn key_of(obj: &RawPolicy) -> String {
     format!(
         "{}/{}",
         obj.metadata.namespace.as_deref().unwrap_or(""),
@@ -488,7 +490,7 @@ fn key_of(obj: &DynamicObject) -> String {
 
 /// Converts an object, re-using the parse of an unchanged generation and carrying
 /// the last good version of the same object (same uid).
-fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Tracked) {
+fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked) {
     let key = key_of(&obj);
     let namespace = obj.metadata.namespace.clone().unwrap_or_default();
     let name = obj.metadata.name.clone().unwrap_or_default();
@@ -500,21 +502,23 @@ fn track(obj: DynamicObject, known: &BTreeMap<String, Tracked>) -> (String, Trac
         .as_ref()
         .map(|t| t.0.to_string())
         .unwrap_or_default();
-    let spec = obj
-        .data
-        .get("spec")
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
     let stored = obj
-        .data
-        .get("status")
-        .and_then(|s| serde_json::from_value::<RateLimitPolicyStatus>(s.clone()).ok())
+        .status()
         .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == ACCEPTED));
     let previous = known.get(&key).filter(|old| old.uid == uid);
+    let (spec, unreadable) = match obj.spec() {
+        Ok(spec) => (spec, None),
+        Err((why, known)) => (known, Some(why)),
+    };
 
-    let current = match previous {
-        Some(old) if old.candidate.generation == generation => old.candidate.current.clone(),
-        _ => parse(&namespace, &name, &spec),
+    let current = match (previous, unreadable) {
+        (Some(old), _) if old.candidate.generation == generation => old.candidate.current.clone(),
+        (_, Some(why)) => Err(vec![PolicyError {
+            file: format!("{namespace}/{name}"),
+            line: None,
+            message: why,
+        }]),
+        (_, None) => parse(&namespace, &name, &spec),
     };
     let last_good = match &current {
         Ok(doc) => Some(doc.clone()),
@@ -609,7 +613,7 @@ fn log_watch_error(e: &watcher::Error, scope: &str, repeated: bool) {
 /// retry and report the watch restored each time.
 fn backed_off<S, B>(events: S, backoff: B) -> impl Stream<Item = S::Item>
 where
-    S: Stream<Item = Result<Event<DynamicObject>, watcher::Error>>,
+    S: Stream<Item = Result<Event<RawPolicy>, watcher::Error>>,
     B: Backoff,
 {
     // Fused: the loop takes waiting events until none is ready, and may poll it
@@ -723,7 +727,7 @@ mod tests {
     #[tokio::test]
     async fn failed_lists_back_off_doubling_and_a_good_list_restarts_it() {
         let failed = || [Ok(Event::Init), Err(watcher::Error::NoResourceVersion)];
-        let mut script: Vec<Result<Event<DynamicObject>, watcher::Error>> = Vec::new();
+        let mut script: Vec<Result<Event<RawPolicy>, watcher::Error>> = Vec::new();
         for _ in 0..5 {
             script.extend(failed());
         }

@@ -21,6 +21,7 @@ pub mod claim;
 pub mod file;
 pub mod hub;
 pub mod kube;
+pub mod raw_policy;
 pub mod replicas;
 pub mod xds;
 
