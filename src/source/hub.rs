@@ -236,9 +236,33 @@ fn fits(
     ))
 }
 
+/// The longest `Invalid` message: a status holds it, and an object too large for
+/// the API server to store would take the status writes of the policies after it
+/// down with it.
+const MAX_MESSAGE: usize = 4096;
+
 fn invalid_message(errors: &[PolicyError]) -> String {
-    let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
-    format!("spec is invalid: {}", lines.join("; "))
+    let mut out = String::from("spec is invalid: ");
+    for (n, e) in errors.iter().enumerate() {
+        let sep = if n == 0 { "" } else { "; " };
+        if n > 0 && out.len() + sep.len() + e.message.len() > MAX_MESSAGE {
+            let left = errors.len() - n;
+            out.push_str(&format!("{sep}and {left} more error(s)"));
+            break;
+        }
+        out.push_str(sep);
+        out.push_str(&e.message);
+    }
+    if out.len() > MAX_MESSAGE + 64 {
+        // One error longer than the rest allows (a long key quoted): cut on a char.
+        let mut cut = MAX_MESSAGE;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str("...");
+    }
+    out
 }
 
 /// What the sources say beside the serving policy, for `/debug/policies`.
@@ -453,6 +477,33 @@ impl Hub {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_invalid_message_is_bounded_and_counts_what_it_leaves_out() {
+        let error = |message: String| PolicyError {
+            file: "ns/p".into(),
+            line: None,
+            message,
+        };
+        let many: Vec<PolicyError> = (0..9_000)
+            .map(|i| error(format!("descriptor {i:05}: 'lease' is required")))
+            .collect();
+        let m = invalid_message(&many);
+        assert!(m.len() <= MAX_MESSAGE + 64, "{}", m.len());
+        assert!(m.starts_with("spec is invalid: descriptor 00000:"), "{m}");
+        assert!(m.ends_with(" more error(s)"), "{m}");
+        let shown = m.matches("'lease' is required").count();
+        assert!(m.contains(&format!("and {} more", 9_000 - shown)), "{m}");
+        // One long error is cut, not left out.
+        let long = invalid_message(&[error(format!("key '{}' is bad", "é".repeat(5_000)))]);
+        assert!(
+            long.len() <= MAX_MESSAGE + 3 && long.ends_with("..."),
+            "{}",
+            long.len()
+        );
+        let few = invalid_message(&[error("a".into()), error("b".into())]);
+        assert_eq!(few, "spec is invalid: a; b");
+    }
+
     use super::*;
     use crate::policy::parse_str;
 
