@@ -359,15 +359,27 @@ mod tests {
             .collect();
         assert!(p.domain("d").unwrap().find(&entries).is_some());
 
-        let e = compile(docs(&nested(MAX_ENTRIES + 1))).unwrap_err();
+        // Refused as the file is read: the policy is invalid, not in conflict.
+        let e = crate::policy::parse_str("c.yaml", &nested(MAX_ENTRIES + 1)).unwrap_err();
         assert_eq!(e.len(), 1, "{e:?}");
-        let line = 3 + 2 * MAX_ENTRIES;
+        let line = 2 + 2 * MAX_ENTRIES;
         assert_eq!(
             e[0].to_string(),
             format!(
-                "c.yaml:{line}: descriptor key 'k32' with no value in domain 'd' is nested 33 \
-                 deep; a request's descriptor carries at most 32 entries, so none could reach it"
+                "c.yaml:{line}: 'descriptors' nested 33 deep; a request's descriptor carries \
+                 at most 32 entries, so none could reach them"
             )
+        );
+        // A RateLimitPolicy's spec too: Invalid, so its last good version serves.
+        let mut tree = serde_json::json!({"key": "k32"});
+        for i in (0..MAX_ENTRIES).rev() {
+            tree = serde_json::json!({"key": format!("k{i}"), "descriptors": [tree]});
+        }
+        let spec = serde_json::json!({"domain": "d", "descriptors": [tree]});
+        let e = crate::policy::parse_resource_spec("ns", "p", &spec).unwrap_err();
+        assert!(
+            e[0].message.contains("'descriptors' nested 33 deep"),
+            "{e:?}"
         );
     }
 

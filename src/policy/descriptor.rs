@@ -11,7 +11,7 @@ use super::fields::{
 use super::model::DescriptorNode;
 use super::node::{shorten, Value};
 use super::rate_limit::{rate_limit, rate_limits};
-use super::Layer;
+use super::{Layer, MAX_ENTRIES};
 
 /// Reads a `descriptors` list whose items inherit `layer`. Invalid items are left
 /// out after their errors are recorded.
@@ -19,6 +19,19 @@ pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<
     let Some(items) = list(ctx, field) else {
         return Vec::new();
     };
+    // Refused here, not only where the tree is built, so the policy is invalid
+    // (its last good version serves) rather than at odds with others.
+    if ctx.path.len() >= MAX_ENTRIES && !items.is_empty() {
+        ctx.error(
+            field.key_line.or(field.line()),
+            format!(
+                "'descriptors' nested {} deep; a request's descriptor carries at most \
+                 {MAX_ENTRIES} entries, so none could reach them",
+                ctx.path.len() + 1
+            ),
+        );
+        return Vec::new();
+    }
     let mut out: Vec<DescriptorNode> = Vec::with_capacity(items.len());
     // Where each key/value was first defined at this level.
     let mut seen: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
