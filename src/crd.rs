@@ -394,7 +394,7 @@ fn rate_limit_schema(depth: usize) -> Value {
                 "type": "integer",
                 "format": "int64",
                 "minimum": 1,
-                "maximum": crate::algorithm::MAX_BURST
+                "maximum": crate::policy::MAX_BURST
             },
             "penalty": {
                 "description": "A key denied `violations` times within `within` is banned (denied outright) for `ban`, or has its limit tightened by `tighten`; with `block`, a key penalised `bans` times within its span goes on the block list.",

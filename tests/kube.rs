@@ -1165,6 +1165,93 @@ async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_o
     );
 }
 
+/// Status writes the API server refuses for good (here: a 403, as RBAC without
+/// `ratelimitpolicies/status` answers) are retried, but each policy's refusal is
+/// logged once, not at every retry; once a write is taken, a later refusal is
+/// logged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_status_write_is_logged_once_per_policy_however_often_retried() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    let names = ["a", "b"];
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    k.apply(&per_minute("ops", "b", "db", "user", 2)).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let refuse = dir.path().join("refuse");
+    std::fs::write(&refuse, "").unwrap();
+    let mut proxy = Command::new("python3")
+        .arg(repo().join("tests/kube-refusing-proxy.py"))
+        .args([&k.var("KUBE_APISERVER_URL"), &k.var("KUBE_TEST_DIR")])
+        .arg(&refuse)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3");
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
+        &mut port,
+    )
+    .expect("the proxy's port");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n",
+            port.trim()
+        ),
+    )
+    .unwrap();
+    let env = [("KUBECONFIG", kubeconfig.to_str().unwrap())];
+    let server = Server::start_env(dir, &[], &["--kube"], &env);
+    wait_limit(&server, "db", "user", Some(2), Duration::from_secs(15)).await;
+    // Three refused writes of each policy: two retries after the first refusal.
+    let count = refuse.with_extension("count");
+    let refused = |name: &str| {
+        std::fs::read_to_string(&count)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == name)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while names.iter().any(|n| refused(n) < 3) {
+        assert!(Instant::now() < deadline, "status writes not retried");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lines = server.drain_lines();
+    for name in names {
+        let policy = format!("ops/{name}");
+        let logged = lines
+            .iter()
+            .filter(|l| l.contains("cannot write status") && l.contains(&policy))
+            .count();
+        assert_eq!(logged, 1, "{name}: {lines:#?}");
+    }
+
+    // Allowed again: written, and a new refusal is news.
+    std::fs::remove_file(&refuse).unwrap();
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+    std::fs::write(&refuse, "").unwrap();
+    k.apply(&per_minute("ops", "a", "da", "user", 3)).unwrap();
+    server
+        .wait_line(Duration::from_secs(15), "a refusal after a write", |l| {
+            l.contains("cannot write status") && l.contains("ops/a")
+        })
+        .await;
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+}
+
 /// The watch's return after an API server outage is logged when the watch is back,
 /// not at the next change of a policy: here no policy changes at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -219,6 +219,15 @@ impl Outcome {
             .failure
             .as_ref()
             .filter(|f| f.answer == StoreErrorAnswer::Error)?;
+        // A ban or a block denies whatever the store did (a charge on a sentenced
+        // key asked it).
+        if self
+            .statuses
+            .iter()
+            .any(|s| matches!(s.ban, Ban::Active | Ban::Blocked))
+        {
+            return None;
+        }
         let decided_denial = || {
             self.statuses
                 .iter()

@@ -218,6 +218,27 @@ impl<S: Store> Limiter<S> {
                 &self.settings.hashing,
                 &mut shown,
             );
+            // A descriptor with a `limit` override is counted under its matched
+            // rule's key and penalty, where its sentences are looked up.
+            let matched = status
+                .limit_override
+                .and(status.rule)
+                .map(|r| policy.rule(r))
+                .filter(|r| r.penalty.is_some());
+            let mut matched_key = String::new();
+            let (rule, key) = match matched {
+                Some(m) => {
+                    key::counter_key(
+                        domain,
+                        m,
+                        descriptors[i].entries,
+                        &self.settings.hashing,
+                        &mut matched_key,
+                    );
+                    (m, matched_key.as_str())
+                }
+                None => (rule, hit.key.as_str()),
+            };
             // Shedding is soft: it never counts towards a penalty.
             if status.ban == Ban::None && hit.mode == Mode::Enforce && !status.shed {
                 match (&rule.penalty, shared) {
@@ -234,12 +255,12 @@ impl<S: Store> Limiter<S> {
                         let reached = status.tightened.is_some()
                             && self
                                 .penalties
-                                .deny(&hit.key, p, self.penalties.now(), info)
+                                .deny(key, p, self.penalties.now(), info)
                                 .is_some();
                         if status.tightened.is_none() || reached {
                             pending.push(penalty::Pending {
                                 status: i,
-                                key: hit.key.clone(),
+                                key: key.to_string(),
                                 penalty: *p,
                                 reached,
                                 info: penalty::encode_info(&info(), penalty::Source::Penalty),
@@ -247,7 +268,7 @@ impl<S: Store> Limiter<S> {
                         }
                     }
                     (Some(_), false) => {
-                        penalty::count_denial(&self.penalties, domain, rule, hit, status, &shown)
+                        penalty::count_denial(&self.penalties, domain, rule, key, status, &shown)
                     }
                     (None, _) => {}
                 }

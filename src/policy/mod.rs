@@ -49,6 +49,9 @@ pub use parse::{parse_file_json, parse_resource_spec, parse_str, API_VERSION, KI
 /// policy's descriptors may nest: a deeper one could match no request.
 pub const MAX_ENTRIES: usize = 32;
 
+/// The largest `burst` a policy may write (the CRD's schema states it too).
+pub const MAX_BURST: u64 = crate::algorithm::MAX_BURST;
+
 /// The most limits one descriptor's `rate_limits` list may hold: each is a counter
 /// every request of the descriptor touches.
 pub const MAX_RATE_LIMITS: usize = 8;

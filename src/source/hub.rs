@@ -244,23 +244,25 @@ const MAX_MESSAGE: usize = 4096;
 fn invalid_message(errors: &[PolicyError]) -> String {
     let mut out = String::from("spec is invalid: ");
     for (n, e) in errors.iter().enumerate() {
-        let sep = if n == 0 { "" } else { "; " };
-        if n > 0 && out.len() + sep.len() + e.message.len() > MAX_MESSAGE {
-            let left = errors.len() - n;
-            out.push_str(&format!("{sep}and {left} more error(s)"));
+        if n > 0 && out.len() + 2 + e.message.len() > MAX_MESSAGE {
+            out.push_str(&format!("; and {} more error(s)", errors.len() - n));
             break;
         }
-        out.push_str(sep);
-        out.push_str(&e.message);
-    }
-    if out.len() > MAX_MESSAGE + 64 {
-        // One error longer than the rest allows (a long key quoted): cut on a char.
-        let mut cut = MAX_MESSAGE;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
+        if n > 0 {
+            out.push_str("; ");
         }
-        out.truncate(cut);
-        out.push_str("...");
+        if e.message.len() <= MAX_MESSAGE {
+            out.push_str(&e.message);
+        } else {
+            // One error longer than the message may be (a long key quoted): cut on
+            // a char.
+            let mut cut = MAX_MESSAGE - 64;
+            while !e.message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push_str(&e.message[..cut]);
+            out.push_str("...");
+        }
     }
     out
 }
@@ -493,13 +495,11 @@ mod tests {
         assert!(m.ends_with(" more error(s)"), "{m}");
         let shown = m.matches("'lease' is required").count();
         assert!(m.contains(&format!("and {} more", 9_000 - shown)), "{m}");
-        // One long error is cut, not left out.
-        let long = invalid_message(&[error(format!("key '{}' is bad", "é".repeat(5_000)))]);
-        assert!(
-            long.len() <= MAX_MESSAGE + 3 && long.ends_with("..."),
-            "{}",
-            long.len()
-        );
+        // One long error is cut, not left out, and what follows is still counted.
+        let long = error(format!("key '{}' is bad", "é".repeat(5_000)));
+        let cut = invalid_message(&[long, error("b".repeat(100))]);
+        assert!(cut.len() <= MAX_MESSAGE + 64, "{}", cut.len());
+        assert!(cut.ends_with("...; and 1 more error(s)"), "{cut}");
         let few = invalid_message(&[error("a".into()), error("b".into())]);
         assert_eq!(few, "spec is invalid: a; b");
     }

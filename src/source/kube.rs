@@ -53,6 +53,9 @@ struct Tracked {
     candidate: Candidate,
     /// The `Accepted` condition stored in the object, as last seen.
     stored: Option<Condition>,
+    /// The API server refused its last status write: logged once, until a write
+    /// is taken (a refusal such as RBAC's stands until an operator acts).
+    refused: bool,
 }
 
 impl KubeSource {
@@ -277,10 +280,13 @@ impl KubeSource {
                         ),
                     }
                     t.stored = Some(patch_cond);
+                    t.refused = false;
                     written = true;
                 }
                 Ok(Err(kube::Error::Api(e))) if !server_wide(&e) => {
-                    tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
+                    if !std::mem::replace(&mut t.refused, true) {
+                        tracing::warn!(policy = %key, error = %e, "cannot write status; will retry")
+                    }
                 }
                 failed => {
                     if !std::mem::replace(unreachable, true) {
@@ -557,6 +563,7 @@ fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked)
     (
         key,
         Tracked {
+            refused: previous.is_some_and(|old| old.refused),
             uid,
             candidate,
             stored,

@@ -46,6 +46,8 @@ pub fn apply_sentences<E: Entry>(
     let operators = penalties.operator_blocks();
     let mut now = None;
     let mut sentenced = Sentenced::default();
+    // The matched rules' keys, written in turn: one buffer for the request.
+    let mut matched_key = String::new();
     for (&i, hit) in order.iter().zip(hits.iter_mut()) {
         let status = &outcome.statuses[i];
         let matched = status
@@ -63,15 +65,14 @@ pub fn apply_sentences<E: Entry>(
         let now = *now.get_or_insert_with(|| penalties.now());
         let found = match matched {
             Some(rule) => {
-                let mut key = String::with_capacity(hit.key.len());
                 key::counter_key(
                     asked.domain,
                     rule,
                     asked.descriptors[i].entries,
                     asked.hashing,
-                    &mut key,
+                    &mut matched_key,
                 );
-                penalties.in_force(&key, now, penalised)
+                penalties.in_force(&matched_key, now, penalised)
             }
             None => penalties.in_force(&hit.key, now, penalised),
         };
@@ -110,6 +111,8 @@ pub fn deny_charges(charges: &[(usize, Micros, bool)], outcome: &mut Outcome) {
         status.ban = if blocked { Ban::Blocked } else { Ban::Active };
         let mut verdict = denied_for(left);
         if let Some(spent) = status.verdict {
+            // Whether the charge fitted its limit: one that did is not `over`.
+            verdict.admitted = spent.admitted;
             verdict.reset = verdict.reset.max(spent.reset);
             verdict.retry_after = verdict.retry_after.max(spent.retry_after);
             verdict.owed = spent.owed;
@@ -155,14 +158,14 @@ pub fn count_denial(
     penalties: &Penalties,
     domain: &str,
     rule: &Rule,
-    hit: &Hit,
+    key: &str,
     status: &mut Status,
     shown: &str,
 ) {
     let Some(penalty) = &rule.penalty else {
         return;
     };
-    let started = penalties.deny(&hit.key, penalty, penalties.now(), || BanInfo {
+    let started = penalties.deny(key, penalty, penalties.now(), || BanInfo {
         domain: domain.to_string(),
         rule: rule.path.clone(),
         key: shown.to_string(),

@@ -174,6 +174,34 @@ async fn a_limit_override_escapes_no_ban_or_block() {
     assert_eq!(o.statuses[0].ban, Ban::Blocked);
 }
 
+/// Denials under a `limit` override count towards the matched rule's penalty, on
+/// the key its sentences are kept under: a client whose every request carries an
+/// override is banned as any other.
+#[tokio::test]
+async fn denials_under_a_limit_override_start_the_rules_ban() {
+    use crate::limiter::Override;
+    use crate::policy::Unit;
+    let clock = ManualClock::new(T0);
+    let l = limiter(&clock);
+    let ip = [("ip", "3.3.3.3")];
+    let overridden = Descriptor {
+        limit: Some(Override {
+            requests_per_unit: 1,
+            unit: Unit::Minute,
+        }),
+        ..Descriptor::new(&ip[..], 1)
+    };
+    assert!(!l.decide("d", &[overridden]).await.over_limit);
+    assert_eq!(
+        l.decide("d", &[overridden]).await.statuses[0].ban,
+        Ban::None
+    );
+    let started = l.decide("d", &[overridden]).await;
+    assert_eq!(started.statuses[0].ban, Ban::Started, "{started:?}");
+    // The ban is the key's: a request without the override is denied by it too.
+    assert_eq!(ask(&l, "3.3.3.3").await.statuses[0].ban, Ban::Active);
+}
+
 const LOOP: &str = r#"
 domain: d
 descriptors:
