@@ -2488,6 +2488,41 @@ async fn the_decide_function_is_loaded_again_after_a_flush() {
     assert_eq!(command_calls(&mut conn, "evalsha").await, 0);
 }
 
+/// A server or a user that may load functions but not call them (`FCALL` renamed
+/// away, or an ACL without it) is called by script: every decision is Redis's.
+#[tokio::test]
+async fn a_server_or_user_without_fcall_alone_decides_by_script() {
+    if !available() {
+        return;
+    }
+    let renamed = RedisServer::start_with(&["--rename-command", "FCALL", ""]).await;
+    let acl = RedisServer::start().await;
+    let mut admin = acl.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "nofcall", "on", ">pw", "~*", "+@all", "-fcall"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_764_000_000 * SECOND));
+    for (server, url) in [
+        (&renamed, renamed.url()),
+        (&acl, format!("redis://nofcall:pw@127.0.0.1:{}", acl.port)),
+    ] {
+        let mut opts = Options::new(vec![url.clone()], false);
+        opts.fixed_clock = Some(clock.clone());
+        let store = RedisStore::new(opts, None).expect("store");
+        let h = hit("no-fcall", Algorithm::FixedWindow, 3, 60 * SECOND, 1);
+        for n in 0..3 {
+            let v = store.decide(std::slice::from_ref(&h)).await;
+            assert!(v.expect("decided").admitted, "{url}: call {n}");
+        }
+        let v = store.decide(std::slice::from_ref(&h)).await;
+        assert!(!v.expect("decided").admitted, "{url}: the fourth");
+        let mut conn = server.conn().await;
+        assert!(command_calls(&mut conn, "evalsha").await >= 3, "{url}");
+    }
+}
+
 #[tokio::test]
 async fn a_user_without_functions_decides_by_script_on_the_same_counters() {
     let Some(server) = RedisServer::if_available().await else {

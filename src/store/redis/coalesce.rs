@@ -382,6 +382,11 @@ async fn send(
             if load_library(&mut wire, req, scripts, functions).await? {
                 scripts::write_decide(req, by, groups, fixed_now);
                 first = wire.call(req).await?;
+                if matches!(&first, Answer::Error(e) if scripts::Library::missing(e)) {
+                    // Loaded, and still not callable: this server or user has no
+                    // `FCALL` (renamed, or an ACL without it).
+                    *functions = Some(false);
+                }
             }
         }
         if *functions == Some(true) {
