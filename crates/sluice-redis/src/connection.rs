@@ -172,7 +172,15 @@ impl Wire {
             req.start(2);
             req.arg(b"SELECT");
             req.arg_u64(target.db as u64);
-            wire.expect_ok(&req, "SELECT").await?;
+            // A database the server does not have (past its `databases`, or any but
+            // 0 on a cluster node) fails every connection, not a call: a connection
+            // error, so the shard is backed off instead of dialled for every call.
+            wire.expect_ok(&req, "SELECT")
+                .await
+                .map_err(|e| match e.kind() {
+                    ErrorKind::Script => Error::failed(ErrorKind::Connection, e.message()),
+                    _ => e,
+                })?;
         }
         Ok(wire)
     }

@@ -129,6 +129,39 @@ async fn a_wrong_or_missing_password_is_noauth() {
     assert_eq!(sluice_redis::error::reply(text).kind(), ErrorKind::NoAuth);
 }
 
+/// A database the server does not have fails the connection, as a connection
+/// error (the shard is then backed off), not as a call's error; a password refused
+/// first stays noauth.
+#[tokio::test]
+async fn a_database_the_server_lacks_is_a_connection_error() {
+    let Some(server) = Server::start().await else {
+        return;
+    };
+    let socket = server.dir.path().join("redis.sock");
+    let url = format!("unix://{}?pass={PASSWORD}&db=16", socket.display());
+    let e = Wire::connect(&Target::parse(&url, TIMEOUT).unwrap())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(
+        e.message()
+            .starts_with("SELECT: ERR DB index is out of range"),
+        "{e}"
+    );
+    let url = format!("unix://{}?db=16", socket.display());
+    let e = Wire::connect(&Target::parse(&url, TIMEOUT).unwrap())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), ErrorKind::NoAuth, "{e}");
+    // A database it has is selected.
+    let url = format!("unix://{}?pass={PASSWORD}&db=15", socket.display());
+    assert!(Wire::connect(&Target::parse(&url, TIMEOUT).unwrap())
+        .await
+        .is_ok());
+}
+
 #[tokio::test]
 async fn no_server_is_a_connection_error_and_a_silent_one_a_timeout() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
