@@ -54,10 +54,14 @@ pub struct Target {
     pub timeout: Duration,
 }
 
-fn decoded(text: &str) -> String {
+/// `text` percent-decoded; `what` names it in the error when the bytes are not
+/// UTF-8 (sent with their bad bytes replaced, a password would be refused as
+/// wrong, with nothing to say why).
+fn decoded(text: &str, what: &str) -> Result<String, String> {
     percent_encoding::percent_decode_str(text)
-        .decode_utf8_lossy()
-        .into_owned()
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
 }
 
 impl Target {
@@ -124,10 +128,10 @@ impl Target {
                     return Err("a fragment (#insecure) is for rediss:// only".into());
                 }
                 if !url.username().is_empty() {
-                    target.username = Some(decoded(url.username()));
+                    target.username = Some(decoded(url.username(), "user name")?);
                 }
                 if let Some(p) = url.password() {
-                    target.password = Some(decoded(p));
+                    target.password = Some(decoded(p, "password")?);
                 }
                 let path = url.path().trim_matches('/');
                 if !path.is_empty() {
@@ -138,7 +142,7 @@ impl Target {
                 if url.path().is_empty() {
                     return Err("no socket path".into());
                 }
-                target.addr = Addr::Unix(PathBuf::from(decoded(url.path())));
+                target.addr = Addr::Unix(PathBuf::from(decoded(url.path(), "socket path")?));
             }
             other => return Err(format!("unknown scheme {other}://")),
         }
@@ -182,6 +186,16 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_or_password_not_utf8_once_decoded_is_refused() {
+        let e = parse("redis://:ab%FFcd@127.0.0.1:6379").unwrap_err();
+        assert_eq!(e, "the password is not UTF-8 once percent-decoded");
+        let e = parse("redis://us%C3er:pw@127.0.0.1:6379").unwrap_err();
+        assert_eq!(e, "the user name is not UTF-8 once percent-decoded");
+        let t = parse("redis://:%C3%A9t%C3%A9@127.0.0.1:6379").unwrap();
+        assert_eq!(t.password.as_deref(), Some("été"));
+    }
 
     fn parse(url: &str) -> Result<Target, String> {
         Target::parse(url, Duration::from_secs(1))

@@ -126,6 +126,8 @@ pub enum ConfigError {
     Prefix,
     #[error("sentinel master {0} is given twice")]
     DuplicateMaster(String),
+    #[error("redis shard {0} is given twice: each shard must be another server or database")]
+    DuplicateShard(String),
     #[error("Redis Sentinel is for standalone shards, not a cluster")]
     SentinelCluster,
 }
@@ -217,10 +219,13 @@ pub fn shard_name(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     if scheme.ends_with("unix") {
         // A socket's path, without the settings after it.
-        return rest.split('?').next().unwrap_or(rest).to_string();
+        return rest.split(['?', '#']).next().unwrap_or(rest).to_string();
     }
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-    rest.split(['/', '?']).next().unwrap_or(rest).to_string()
+    rest.split(['/', '?', '#'])
+        .next()
+        .unwrap_or(rest)
+        .to_string()
 }
 
 fn bad_url(url: &str, reason: impl std::fmt::Display) -> ConfigError {
@@ -320,8 +325,14 @@ impl RedisStore {
                 }
                 sentinel::listen(&sentinels, masters.iter().map(Arc::downgrade).collect());
             }
+            let mut seen = std::collections::HashSet::new();
             for url in opts.urls.iter().filter(|_| opts.sentinels.is_empty()) {
                 let target = target(url, opts.timeout)?;
+                // Twice on one server and database, a shard would count its share of
+                // keys on the same counters as the other, under two health states.
+                if !seen.insert((shard_name(url), target.db)) {
+                    return Err(ConfigError::DuplicateShard(shard_name(url)));
+                }
                 let health = Arc::new(
                     Health::new(shard_name(url), report.clone())
                         .with_call_timeout(opts.call_timeout),
@@ -940,5 +951,32 @@ mod tests {
             shard_name("unix:///run/redis.sock?db=1&pass=x"),
             "/run/redis.sock"
         );
+        assert_eq!(
+            shard_name("rediss://10.0.0.1:6380#insecure"),
+            "10.0.0.1:6380"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shard_given_twice_is_refused() {
+        for urls in [
+            vec!["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/0"],
+            vec!["redis://127.0.0.1:6379/2", "redis://:pw@127.0.0.1:6379/2"],
+        ] {
+            let urls = urls.into_iter().map(String::from).collect();
+            let Err(e) = RedisStore::new(Options::new(urls, false), None) else {
+                panic!("a shard given twice was taken");
+            };
+            assert!(
+                matches!(e, ConfigError::DuplicateShard(ref s) if s == "127.0.0.1:6379"),
+                "{e}"
+            );
+        }
+        // Two databases of one server are two shards.
+        let urls = vec![
+            "redis://127.0.0.1:6379/1".into(),
+            "redis://127.0.0.1:6379/2".into(),
+        ];
+        assert!(RedisStore::new(Options::new(urls, false), None).is_ok());
     }
 }
