@@ -1186,20 +1186,27 @@ async fn a_refused_status_write_is_logged_once_per_policy_however_often_retried(
     let dir = tempfile::tempdir().unwrap();
     let refuse = dir.path().join("refuse");
     std::fs::write(&refuse, "").unwrap();
+    /// Kills the proxy however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut proxy = Command::new("python3")
         .arg(repo().join("tests/kube-refusing-proxy.py"))
         .args([&k.var("KUBE_APISERVER_URL"), &k.var("KUBE_TEST_DIR")])
         .arg(&refuse)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::null())
         .spawn()
         .expect("python3");
+    let stdout = proxy.stdout.take().unwrap();
+    let _proxy = Killed(proxy);
     let mut port = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(proxy.stdout.take().unwrap()),
-        &mut port,
-    )
-    .expect("the proxy's port");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut port)
+        .expect("the proxy's port");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -1248,8 +1255,6 @@ async fn a_refused_status_write_is_logged_once_per_policy_however_often_retried(
             l.contains("cannot write status") && l.contains("ops/a")
         })
         .await;
-    let _ = proxy.kill();
-    let _ = proxy.wait();
 }
 
 /// The watch's return after an API server outage is logged when the watch is back,
