@@ -56,7 +56,14 @@ pub fn parse_server(s: &str) -> Result<String, String> {
         Some((scheme, _)) => return Err(format!("unknown scheme '{scheme}://'; {HINT}")),
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
-    let Some((host, port)) = authority.rsplit_once(':') else {
+    // An IPv6 address holds colons of its own: its port follows `]:`.
+    let split = match authority.starts_with('[') {
+        true => authority
+            .rsplit_once("]:")
+            .map(|(host, port)| (&authority[..host.len() + 1], port)),
+        false => authority.rsplit_once(':'),
+    };
+    let Some((host, port)) = split else {
         return Err(format!("'{s}' has no port; {HINT}"));
     };
     let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
@@ -194,6 +201,10 @@ mod tests {
             ("http://h:80/admin", "is not a port number"),
             ("http://user@h:80", "'user@h' is not a host name or address"),
             ("::1:8082", "is not a host name or address"),
+            ("[::1]", "'[::1]' has no port"),
+            ("http://[::1]/", "'http://[::1]/' has no port"),
+            ("[::1]:99999", "port 99999 is out of range"),
+            ("[::g]:8082", "'[::g]' is not a host name or address"),
             (":8082", "'' is not a host name or address"),
         ] {
             let e = parse_server(bad).unwrap_err();
