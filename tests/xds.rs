@@ -661,6 +661,12 @@ async fn plain_http_xds_and_bad_flags() {
     })
     .await;
     assert!(!ready(&unknown_node));
+    // The log names the likely mistake.
+    unknown_node
+        .wait_line(WAIT, "the unanswered subscription logged", |l| {
+            l.contains("no answer from the xDS server") && l.contains("node=sluice")
+        })
+        .await;
     let server = Server::start_with(
         tempfile::tempdir().unwrap(),
         &[],

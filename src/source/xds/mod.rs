@@ -47,6 +47,9 @@ use crate::telemetry::Metrics;
 
 pub mod convert;
 
+/// How long a subscription may go unanswered before the log names the node id.
+const QUIET_SUBSCRIPTION: Duration = Duration::from_secs(5);
+
 /// The resource type subscribed to.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
@@ -171,12 +174,32 @@ impl XdsSource {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         self.subscription.stream_opened();
         let _ = tx.unbounded_send(self.subscription.first_request());
-        let mut responses = tokio::select! {
-            _ = shutdown.as_mut() => return (None, false),
-            r = client.stream_aggregated_resources(rx) => match r {
-                Ok(r) => r.into_inner(),
-                Err(status) => return (Some(status.to_string()), false),
-            },
+        // A gRPC server may send nothing, its headers included, until it has a
+        // configuration for the node: the one mistake this wait cannot tell from a
+        // slow server, so it is named once the wait is long.
+        let call = client.stream_aggregated_resources(rx);
+        tokio::pin!(call);
+        let quiet = tokio::time::sleep(QUIET_SUBSCRIPTION);
+        tokio::pin!(quiet);
+        let mut told = false;
+        let mut responses = loop {
+            tokio::select! {
+                _ = shutdown.as_mut() => return (None, false),
+                r = &mut call => match r {
+                    Ok(r) => break r.into_inner(),
+                    Err(status) => return (Some(status.to_string()), false),
+                },
+                _ = &mut quiet, if !told => {
+                    told = true;
+                    tracing::warn!(
+                        server = %self.server.url,
+                        node = %self.subscription.node.id,
+                        "no answer from the xDS server {} s after subscribing: a server sends \
+                         nothing until it has a configuration for this node id (--xds-node-id)",
+                        QUIET_SUBSCRIPTION.as_secs()
+                    );
+                }
+            }
         };
         tracing::info!(server = %self.server.url, "xDS stream open; subscribed to RateLimitConfig");
         self.connected.set(1);
