@@ -86,11 +86,8 @@ impl<S: Store> Limiter<S> {
             descriptors,
             hashing: &self.settings.hashing,
         };
-        let sentenced = if hits.is_empty() {
-            penalty::Sentenced::default()
-        } else {
-            penalty::apply_sentences(&self.penalties, &asked, &order, &mut hits, &mut outcome)
-        };
+        let sentenced =
+            penalty::apply_sentences(&self.penalties, &asked, &order, &mut hits, &mut outcome);
         if !hits.is_empty() && !sentenced.denied {
             // What the store would decide on: the limits less missing replicas' shares.
             if failure_mode == crate::policy::FailureMode::Local {

@@ -220,11 +220,8 @@ impl<S: Store> Limiter<S> {
             );
             // A descriptor with a `limit` override is counted under its matched
             // rule's key and penalty, where its sentences are looked up.
-            let matched = status
-                .limit_override
-                .and(status.rule)
-                .map(|r| policy.rule(r))
-                .filter(|r| r.penalty.is_some());
+            let matched =
+                penalty::matched_under_override(&policy, status).filter(|r| r.penalty.is_some());
             let mut matched_key = String::new();
             let (rule, key) = match matched {
                 Some(m) => {

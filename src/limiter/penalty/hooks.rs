@@ -5,7 +5,7 @@ use super::{BanInfo, InForce, Penalties};
 use crate::algorithm::{Micros, Verdict};
 use crate::limiter::key::{self, Hashing};
 use crate::limiter::{Ban, Descriptor, Outcome, Status};
-use crate::policy::{tightened, Entry, Rule};
+use crate::policy::{tightened, Entry, Policy, Rule};
 use crate::store::{Hit, Kind, Mode, Spend};
 
 /// The request whose keys' sentences are looked up.
@@ -50,11 +50,7 @@ pub fn apply_sentences<E: Entry>(
     let mut matched_key = String::new();
     for (&i, hit) in order.iter().zip(hits.iter_mut()) {
         let status = &outcome.statuses[i];
-        let matched = status
-            .limit_override
-            .and(status.rule)
-            .map(|r| outcome.policy.rule(r))
-            .filter(|r| r.limit.is_some());
+        let matched = matched_under_override(&outcome.policy, status);
         let Some(rule) = matched.or_else(|| outcome.rule(status)) else {
             continue;
         };
@@ -100,6 +96,17 @@ pub fn apply_sentences<E: Entry>(
         outcome.over_limit = true;
     }
     sentenced
+}
+
+/// With a `limit` override, the limited rule the descriptor's entries match: its
+/// key holds the descriptor's sentences and penalty counts (the override changes
+/// the limit, not whose key it is). `None` without an override.
+pub fn matched_under_override<'p>(policy: &'p Policy, status: &Status) -> Option<&'p Rule> {
+    status
+        .limit_override
+        .and(status.rule)
+        .map(|r| policy.rule(r))
+        .filter(|r| r.limit.is_some())
 }
 
 /// Answers the charges on sentenced keys OVER_LIMIT, once the store has spent

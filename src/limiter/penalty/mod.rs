@@ -39,7 +39,10 @@ pub mod table;
 mod tests;
 
 pub use board::{decode_info, encode_info, Pending};
-pub use hooks::{apply_sentences, count_denial, deny_charges, mark_started, Asked, Sentenced};
+pub use hooks::{
+    apply_sentences, count_denial, deny_charges, mark_started, matched_under_override, Asked,
+    Sentenced,
+};
 pub use table::Penalties;
 
 use crate::algorithm::Micros;
