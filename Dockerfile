@@ -42,6 +42,7 @@ RUN mkdir -p src benches crates/sluice-bench/src crates/sluice-grpc/src crates/s
     && touch src/lib.rs crates/sluice-grpc/src/lib.rs crates/sluice-redis/src/lib.rs \
     && echo 'fn main() {}' > benches/metrics.rs \
     && echo 'fn main() {}' > benches/request.rs \
+    && echo 'fn main() {}' > benches/policy.rs \
     && echo 'fn main() {}' > crates/sluice-bench/src/main.rs \
     && cargo build --profile dist --locked -p sluice --bin sluice \
     && rm -rf src benches crates/sluice-bench/src crates/sluice-grpc/src crates/sluice-redis/src

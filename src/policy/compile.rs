@@ -10,13 +10,24 @@ use super::descriptor::describe_path;
 use super::matcher::{self, Pattern};
 use super::model::{DescriptorNode, Document, RateLimit};
 use super::replaces;
-use super::{Defaults, Domain, Policy, PolicyError, Rule, SourceInfo, Unit, MAX_ENTRIES};
+use super::{
+    Defaults, Domain, FailureMode, Policy, PolicyError, Rule, SourceInfo, Unit, MAX_ENTRIES,
+};
 
 /// Where something was defined, for messages naming both places of a conflict.
 #[derive(Debug, Clone)]
-struct Origin {
+pub(super) struct Origin {
     source: String,
     line: Option<usize>,
+}
+
+impl Origin {
+    pub(super) fn new(source: &str, line: Option<usize>) -> Origin {
+        Origin {
+            source: source.to_string(),
+            line,
+        }
+    }
 }
 
 impl std::fmt::Display for Origin {
@@ -28,15 +39,73 @@ impl std::fmt::Display for Origin {
     }
 }
 
-type Path = Vec<(String, Option<String>)>;
+pub(super) type Path = Vec<(String, Option<String>)>;
+
+/// What the documents of one domain taken so far define: its settings and every
+/// key/value path, each with where it was defined first.
+#[derive(Debug, Default)]
+pub(super) struct Defined {
+    failure_mode: Option<(FailureMode, Origin)>,
+    shard_by: Option<(String, Origin)>,
+    pub(super) paths: HashMap<Path, Origin>,
+}
+
+impl Defined {
+    /// `failure_mode` and `shard_by`: documents of one domain may repeat them but
+    /// not disagree. Pushes `doc`'s disagreements with the domain's.
+    pub(super) fn settings_clash(&self, doc: &Document, errors: &mut Vec<PolicyError>) {
+        let here = Origin::new(&doc.source, doc.line);
+        if let (Some(mode), Some((prev, at))) = (doc.failure_mode, &self.failure_mode) {
+            if mode != *prev {
+                errors.push(conflict(
+                    &here,
+                    format!(
+                        "domain '{}': failure mode {} conflicts with {} set at {at}",
+                        doc.domain,
+                        mode.as_str(),
+                        prev.as_str()
+                    ),
+                ));
+            }
+        }
+        if let (Some(key), Some((prev, at))) = (&doc.shard_by, &self.shard_by) {
+            if key != prev {
+                errors.push(conflict(
+                    &here,
+                    format!(
+                        "domain '{}': shard_by '{key}' conflicts with '{prev}' set at {at}",
+                        doc.domain
+                    ),
+                ));
+            }
+        }
+    }
+
+    /// Takes `doc`'s settings where the domain has none yet.
+    pub(super) fn take_settings(&mut self, doc: &Document) {
+        let here = || Origin::new(&doc.source, doc.line);
+        if let (Some(mode), None) = (doc.failure_mode, &self.failure_mode) {
+            self.failure_mode = Some((mode, here()));
+        }
+        if let (Some(key), None) = (&doc.shard_by, &self.shard_by) {
+            self.shard_by = Some((key.clone(), here()));
+        }
+    }
+}
+
+/// The message for descriptor `d` of `domain`, whose path is already defined at
+/// `first`.
+pub(super) fn duplicate(d: &DescriptorNode, domain: &str, first: &Origin) -> String {
+    format!(
+        "duplicate descriptor {} in domain '{domain}': already defined at {first}",
+        describe_path(&d.key, d.value.as_deref())
+    )
+}
 
 #[derive(Default)]
 struct DomainBuild {
     domain: Domain,
-    failure_mode_at: Option<Origin>,
-    shard_by_at: Option<Origin>,
-    /// Every key/value path of the domain and where it was defined.
-    defined: HashMap<Path, Origin>,
+    defined: Defined,
 }
 
 /// What the recursive insertion writes to besides the tree.
@@ -71,11 +140,12 @@ pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, 
         });
         let build = domains.entry(doc.domain.clone()).or_default();
         build.domain.name = doc.domain.clone();
-        settings(build, doc, &mut errors);
+        build.defined.settings_clash(doc, &mut errors);
+        build.defined.take_settings(doc);
         let mut out = Out {
             doc,
             defaults,
-            defined: &mut build.defined,
+            defined: &mut build.defined.paths,
             rules: &mut rules,
             errors: &mut errors,
         };
@@ -91,7 +161,11 @@ pub fn compile_with(docs: Vec<Document>, defaults: &Defaults) -> Result<Policy, 
     Ok(Policy {
         domains: domains
             .into_iter()
-            .map(|(name, b)| (name, b.domain))
+            .map(|(name, mut b)| {
+                b.domain.failure_mode = b.defined.failure_mode.map(|(mode, _)| mode);
+                b.domain.shard_by = b.defined.shard_by.map(|(key, _)| key);
+                (name, b.domain)
+            })
             .collect(),
         rules,
         sources,
@@ -120,54 +194,7 @@ fn replace_circles(docs: &[Document], errors: &mut Vec<PolicyError>) {
     }
 }
 
-/// `failure_mode` and `shard_by`: documents of one domain may repeat them but not
-/// disagree.
-fn settings(build: &mut DomainBuild, doc: &Document, errors: &mut Vec<PolicyError>) {
-    let here = Origin {
-        source: doc.source.clone(),
-        line: doc.line,
-    };
-    if let Some(mode) = doc.failure_mode {
-        match (build.domain.failure_mode, &build.failure_mode_at) {
-            (Some(prev), Some(at)) if prev != mode => errors.push(conflict(
-                &here,
-                format!(
-                    "domain '{}': failure mode {} conflicts with {} set at {at}",
-                    doc.domain,
-                    mode_name(mode),
-                    mode_name(prev)
-                ),
-            )),
-            (Some(_), _) => {}
-            (None, _) => {
-                build.domain.failure_mode = Some(mode);
-                build.failure_mode_at = Some(here.clone());
-            }
-        }
-    }
-    if let Some(key) = &doc.shard_by {
-        match (&build.domain.shard_by, &build.shard_by_at) {
-            (Some(prev), Some(at)) if prev != key => errors.push(conflict(
-                &here,
-                format!(
-                    "domain '{}': shard_by '{key}' conflicts with '{prev}' set at {at}",
-                    doc.domain
-                ),
-            )),
-            (Some(_), _) => {}
-            (None, _) => {
-                build.domain.shard_by = Some(key.clone());
-                build.shard_by_at = Some(here);
-            }
-        }
-    }
-}
-
-fn mode_name(mode: super::FailureMode) -> &'static str {
-    mode.as_str()
-}
-
-fn conflict(at: &Origin, message: String) -> PolicyError {
+pub(super) fn conflict(at: &Origin, message: String) -> PolicyError {
     PolicyError {
         file: at.source.clone(),
         line: at.line,
@@ -202,11 +229,7 @@ fn insert(out: &mut Out<'_>, parent: &mut matcher::Node, d: &DescriptorNode, tra
     }
     trail.path.push((d.key.clone(), d.value.clone()));
     if let Some(first) = out.defined.get(&trail.path) {
-        let message = format!(
-            "duplicate descriptor {} in domain '{}': already defined at {first}",
-            describe_path(&d.key, d.value.as_deref()),
-            out.doc.domain
-        );
+        let message = duplicate(d, &out.doc.domain, first);
         out.errors.push(conflict(&here, message));
         trail.path.pop();
         return;

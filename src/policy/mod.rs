@@ -28,6 +28,7 @@ mod compile;
 mod descriptor;
 pub mod duration;
 mod fields;
+mod fit;
 mod load;
 mod matcher;
 mod model;
@@ -40,6 +41,7 @@ mod yaml;
 
 pub use calendar::{Calendar, Period};
 pub use compile::{compile, compile_with};
+pub use fit::Fit;
 pub use load::{load_paths, read_paths, DirFiles, Snapshot};
 pub use matcher::{LevelMatch, NoMatch, Trace};
 pub use model::{DescriptorNode, Document, DocumentKind, RateLimit};

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use crate::policy::{compile, compile_with, Defaults, Document, Policy, PolicyError};
+use crate::policy::{compile_with, Defaults, Document, Fit, Policy, PolicyError};
 use crate::telemetry::printable::printable;
 use crate::telemetry::Metrics;
 
@@ -108,37 +108,37 @@ pub fn resolve(
         }
     }
 
-    let mut by_domain: HashMap<String, Vec<Document>> = HashMap::new();
+    // What serves (files, then accepted policies), and what serves plus what
+    // invalid policies still claim: newer policies may take neither.
+    let mut served = Fit::default();
+    let mut claimed = Fit::default();
     for doc in files {
-        by_domain
-            .entry(doc.domain.clone())
-            .or_default()
-            .push(doc.clone());
+        served.take(doc);
+        claimed.take(doc);
     }
+    // Which invalid policies claim paths, by domain.
+    let mut claims: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut serving: Vec<Document> = Vec::new();
     let mut outcomes = Outcomes::new();
-    // What invalid policies still claim, by domain: newer policies may not take it.
-    let mut claims: HashMap<String, Vec<Document>> = HashMap::new();
 
     for c in &order {
         let verdict = match &c.current {
             Err(errors) => {
                 if let Some(claim) = &c.claimed {
-                    if fits(claim, c, &owner, shared, &by_domain, &claims).is_ok() {
+                    if fits(claim, c, &owner, shared, &served, &claimed, &claims).is_ok() {
+                        claimed.take(claim);
                         claims
-                            .entry(claim.domain.clone())
+                            .entry(claim.domain.as_str())
                             .or_default()
-                            .push(claim.clone());
+                            .push(claim.source.as_str());
                     }
                 }
                 Acceptance::Invalid(invalid_message(errors))
             }
-            Ok(doc) => match fits(doc, c, &owner, shared, &by_domain, &claims) {
+            Ok(doc) => match fits(doc, c, &owner, shared, &served, &claimed, &claims) {
                 Ok(()) => {
-                    by_domain
-                        .entry(doc.domain.clone())
-                        .or_default()
-                        .push(doc.clone());
+                    served.take(doc);
+                    claimed.take(doc);
                     serving.push(doc.clone());
                     Acceptance::Accepted
                 }
@@ -162,13 +162,10 @@ pub fn resolve(
         let (Err(_), Some(doc)) = (&c.current, &c.last_good) else {
             continue;
         };
-        match fits(doc, c, &owner, shared, &by_domain, &no_claims) {
+        match fits(doc, c, &owner, shared, &served, &served, &no_claims) {
             Ok(()) => {
                 tracing::debug!(policy = %c.key(), "invalid update: the last good version keeps serving");
-                by_domain
-                    .entry(doc.domain.clone())
-                    .or_default()
-                    .push(doc.clone());
+                served.take(doc);
                 serving.push(doc.clone());
             }
             Err(message) => tracing::warn!(
@@ -185,15 +182,16 @@ pub fn resolve(
 }
 
 /// Whether `doc` (of candidate `c`) may join its domain: the domain's owner allows
-/// it and the domain's documents, and what older invalid policies claim, still
-/// compile with it. `Err` says why not.
+/// it, and it compiles with what serves and what older invalid policies claim
+/// (`claimed`, which `claims` names by domain). `Err` says why not.
 fn fits(
     doc: &Document,
     c: &Candidate,
     owner: &HashMap<&str, &Candidate>,
     shared: &HashSet<String>,
-    by_domain: &HashMap<String, Vec<Document>>,
-    claims: &HashMap<String, Vec<Document>>,
+    served: &Fit,
+    claimed: &Fit,
+    claims: &HashMap<&str, Vec<&str>>,
 ) -> Result<(), String> {
     if !shared.contains(&doc.domain) {
         if let Some(first) = owner.get(doc.domain.as_str()) {
@@ -209,25 +207,22 @@ fn fits(
             }
         }
     }
-    let serving = by_domain.get(&doc.domain).map_or(&[][..], Vec::as_slice);
-    let claimed = claims.get(&doc.domain).map_or(&[][..], Vec::as_slice);
-    let with = |claims: &[Document]| -> Vec<Document> {
-        serving.iter().chain(claims).chain([doc]).cloned().collect()
-    };
-    let Err(errors) = compile(with(claimed)) else {
+    let errors = claimed.check(doc);
+    if errors.is_empty() {
         return Ok(());
-    };
+    }
     let lines: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
     // Only an Invalid policy's claim in the way: it may serve nothing here (no last
     // good version seen), so "the older one keeps serving" would mislead.
-    if !claimed.is_empty() && compile(with(&[])).is_ok() {
-        let owners: Vec<&str> = claimed.iter().map(|d| d.source.as_str()).collect();
-        return Err(format!(
-            "conflicts with older policy {} of domain '{}', which is Invalid and keeps its paths until it is fixed or deleted: {}",
-            owners.join(", "),
-            doc.domain,
-            lines.join("; ")
-        ));
+    if let Some(owners) = claims.get(doc.domain.as_str()) {
+        if served.check(doc).is_empty() {
+            return Err(format!(
+                "conflicts with older policy {} of domain '{}', which is Invalid and keeps its paths until it is fixed or deleted: {}",
+                owners.join(", "),
+                doc.domain,
+                lines.join("; ")
+            ));
+        }
     }
     Err(format!(
         "conflicts with an older policy or a policy file of domain '{}' (the older one keeps serving): {}",
@@ -505,7 +500,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::policy::parse_str;
+    use crate::policy::{compile, parse_str};
 
     fn file(text: &str) -> Vec<Document> {
         parse_str("file.yaml", text).unwrap()

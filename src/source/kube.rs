@@ -176,7 +176,13 @@ impl KubeSource {
             }
             if changed {
                 let candidates = objects.values().map(|t| t.candidate.clone()).collect();
-                self.hub.set_policies(candidates);
+                // Compiling many policies takes milliseconds: the runtime moves
+                // this thread's other tasks (requests) to another meanwhile.
+                let compile = || self.hub.set_policies(candidates);
+                match tokio::runtime::Handle::current().runtime_flavor() {
+                    tokio::runtime::RuntimeFlavor::CurrentThread => compile(),
+                    _ => tokio::task::block_in_place(compile),
+                }
             }
             if listed {
                 if let Some(tx) = first.take() {
