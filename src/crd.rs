@@ -198,8 +198,10 @@ pub struct RateLimitPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Accepted`: True when the policy serves; False with reason `Invalid` or
-    /// `Conflicted` and a message saying what to change.
+    /// `Conflicted` and a message saying what to change. Other controllers may
+    /// add conditions of other types; Sluice keeps them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

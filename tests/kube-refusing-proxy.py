@@ -2,8 +2,10 @@
 """A plain-HTTP front for the test API server (tests/kube.rs) that refuses status
 writes as RBAC refuses a role without ratelimitpolicies/status: each PATCH of a
 .../status is answered 403 Forbidden while the file REFUSE exists (and counted as
-a line in REFUSE.count); everything else is passed on, streamed, over TLS with the
-API server's client certificate.
+a line in REFUSE.count). While the file REFUSE.hold exists, each PATCH of a
+.../status waits for it to go before it is passed on (and is counted as a line in
+REFUSE.held as it starts to wait), as a slow network would hold it. Everything else
+is passed on, streamed, over TLS with the API server's client certificate.
 
     kube-refusing-proxy.py API_URL KUBE_TEST_DIR REFUSE
 
@@ -14,6 +16,7 @@ import json
 import os
 import ssl
 import sys
+import time
 import urllib.parse
 
 api, pki, refuse = urllib.parse.urlsplit(sys.argv[1]), sys.argv[2] + "/pki", sys.argv[3]
@@ -49,6 +52,13 @@ class Front(http.server.BaseHTTPRequestHandler):
         if self.command == "PATCH" and self.path.split("?")[0].endswith("/status") \
                 and os.path.exists(refuse):
             return self.forbid()
+        if self.command == "PATCH" and self.path.split("?")[0].endswith("/status") \
+                and os.path.exists(refuse + ".hold"):
+            with open(refuse + ".held", "a") as f:
+                f.write(self.path.split("?")[0].split("/")[-2] + "\n")
+            deadline = time.monotonic() + 60
+            while os.path.exists(refuse + ".hold") and time.monotonic() < deadline:
+                time.sleep(0.02)
         up = http.client.HTTPSConnection(api.hostname, api.port, context=tls, timeout=600)
         skip = ("host", "connection", "content-length")
         up.request(self.command, self.path, body=body,

@@ -265,6 +265,32 @@ impl Cluster {
         }
     }
 
+    /// Adds a `Programmed` condition to the policy's conditions as read, as
+    /// another controller (a gateway's) would.
+    fn add_programmed(&self, ns: &str, name: &str) {
+        let stored = self.jsonpath(ns, name, "{.status.conditions}");
+        let mut conditions: Vec<serde_json::Value> = serde_json::from_str(&stored).unwrap();
+        conditions.push(serde_json::json!({
+            "type": "Programmed",
+            "status": "True",
+            "reason": "Programmed",
+            "message": "routes carry the policy's descriptors",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }));
+        let patch = serde_json::json!({"status": {"conditions": conditions}}).to_string();
+        self.must(&[
+            "patch",
+            "ratelimitpolicies.sluice.dev",
+            name,
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+    }
+
     /// The `Accepted` condition as `status/reason/message`.
     fn accepted(&self, ns: &str, name: &str) -> String {
         let q = |f: &str| {
@@ -1186,37 +1212,7 @@ async fn a_refused_status_write_is_logged_once_per_policy_however_often_retried(
     let dir = tempfile::tempdir().unwrap();
     let refuse = dir.path().join("refuse");
     std::fs::write(&refuse, "").unwrap();
-    /// Kills the proxy however the test ends.
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut proxy = Command::new("python3")
-        .arg(repo().join("tests/kube-refusing-proxy.py"))
-        .args([&k.var("KUBE_APISERVER_URL"), &k.var("KUBE_TEST_DIR")])
-        .arg(&refuse)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let stdout = proxy.stdout.take().unwrap();
-    let _proxy = Killed(proxy);
-    let mut port = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut port)
-        .expect("the proxy's port");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{}\n\
-             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n",
-            port.trim()
-        ),
-    )
-    .unwrap();
+    let (_proxy, kubeconfig) = RefusingProxy::start(&k, &refuse);
     let env = [("KUBECONFIG", kubeconfig.to_str().unwrap())];
     let server = Server::start_env(dir, &[], &["--kube"], &env);
     wait_limit(&server, "db", "user", Some(2), Duration::from_secs(15)).await;
@@ -1404,6 +1400,133 @@ async fn a_resumed_watch_writes_each_status_once_with_its_final_state() {
         writes.len(),
         1,
         "status writes after the edits (observedGeneration of each): {generations:?}"
+    );
+}
+
+/// tests/kube-refusing-proxy.py in front of the test API server, killed however
+/// the test ends.
+struct RefusingProxy(std::process::Child);
+
+impl RefusingProxy {
+    /// Starts it with its control file `refuse`; returns it and a kubeconfig
+    /// (beside `refuse`) that reaches the API server through it.
+    fn start(k: &Cluster, refuse: &Path) -> (RefusingProxy, PathBuf) {
+        let mut proxy = Command::new("python3")
+            .arg(repo().join("tests/kube-refusing-proxy.py"))
+            .args([&k.var("KUBE_APISERVER_URL"), &k.var("KUBE_TEST_DIR")])
+            .arg(refuse)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let stdout = proxy.stdout.take().unwrap();
+        let proxy = RefusingProxy(proxy);
+        let mut port = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut port)
+            .expect("the proxy's port");
+        let kubeconfig = refuse.with_file_name("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{}\n\
+                 contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n",
+                port.trim()
+            ),
+        )
+        .unwrap();
+        (proxy, kubeconfig)
+    }
+}
+
+impl Drop for RefusingProxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Another controller's conditions on a policy (a gateway's `Programmed`, say)
+/// survive Sluice's status writes: Sluice writes its `Accepted` condition only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_controllers_conditions_are_kept() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+
+    // The other controller adds its condition beside Sluice's, as it read them.
+    k.add_programmed("ops", "a");
+    let programmed = "{.status.conditions[?(@.type==\"Programmed\")].status}";
+    assert_eq!(k.jsonpath("ops", "a", programmed), "True");
+
+    // An edit Sluice refuses, then one it takes: two status writes of its own.
+    let dup = "apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {name: a, namespace: ops}\n\
+               spec:\n  domain: da\n  descriptors:\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 9}}\n    - {key: user, rateLimit: {unit: minute, requestsPerUnit: 8}}\n";
+    k.apply(dup).unwrap();
+    k.wait_accepted("ops", "a", "False/Invalid", STATUS).await;
+    assert_eq!(k.jsonpath("ops", "a", programmed), "True", "after Invalid");
+    k.apply(&per_minute("ops", "a", "da", "user", 3)).unwrap();
+    k.wait_accepted("ops", "a", "True/Accepted", STATUS).await;
+    wait_limit(&server, "da", "user", Some(3), TWO_S).await;
+    assert_eq!(k.jsonpath("ops", "a", programmed), "True", "after Accepted");
+    let types = k.jsonpath("ops", "a", "{.status.conditions[*].type}");
+    assert_eq!(types, "Accepted Programmed");
+}
+
+/// A status write made from an older version of the object than the API server
+/// holds (the other controller wrote its condition while Sluice's write was on
+/// its way) does not undo that change: it is refused, and Sluice writes again
+/// from the newer version, quietly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_that_raced_another_is_written_again() {
+    let Some(k) = Cluster::start() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let refuse = dir.path().join("refuse");
+    let (_proxy, kubeconfig) = RefusingProxy::start(&k, &refuse);
+    let env = [("KUBECONFIG", kubeconfig.to_str().unwrap())];
+    let server = Server::start_env(dir, &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+
+    // Sluice's write for an edit is held on its way...
+    let hold = refuse.with_extension("hold");
+    std::fs::write(&hold, "").unwrap();
+    k.apply(&per_minute("ops", "a", "da", "user", 3)).unwrap();
+    wait_limit(&server, "da", "user", Some(3), TWO_S).await;
+    let held = refuse.with_extension("held");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !held.exists() {
+        assert!(Instant::now() < deadline, "no status write held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...while the other controller adds its condition to what it read.
+    k.add_programmed("ops", "a");
+    std::fs::remove_file(&hold).unwrap();
+
+    k.wait_accepted("ops", "a", "True/Accepted", STATUS).await;
+    let programmed = "{.status.conditions[?(@.type==\"Programmed\")].status}";
+    assert_eq!(k.jsonpath("ops", "a", programmed), "True");
+    let lines = server.drain_lines();
+    assert!(
+        !lines.iter().any(|l| l.contains("cannot write status")),
+        "{lines:#?}"
     );
 }
 

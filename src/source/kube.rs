@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use super::claim;
 use super::hub::{Acceptance, Candidate, Hub, Outcomes};
 use super::raw_policy::RawPolicy;
-use crate::crd::{Condition, RateLimitPolicy, RateLimitPolicyStatus, ACCEPTED};
+use crate::crd::{Condition, RateLimitPolicy, ACCEPTED};
 use crate::policy::{self, Document, PolicyError};
 use crate::telemetry::printable::printable;
 
@@ -53,6 +53,12 @@ struct Tracked {
     candidate: Candidate,
     /// The `Accepted` condition stored in the object, as last seen.
     stored: Option<Condition>,
+    /// Every condition stored in the object, as last seen: the others are other
+    /// controllers', written back as they are.
+    conditions: Vec<serde_json::Value>,
+    /// `metadata.resourceVersion`, as last seen: a status write made from an
+    /// older version of the object is refused (409), not applied over a newer.
+    version: Option<String>,
     /// The API server refused its last status write: logged once, until a write
     /// is taken (a refusal such as RBAC's stands until an operator acts).
     refused: bool,
@@ -259,10 +265,20 @@ impl KubeSource {
                 }
                 _ => Some(now_rfc3339()),
             };
+            // A merge patch replaces the whole list: the others go back as read,
+            // and the version makes the API server refuse the write if any
+            // changed since.
+            let ours = serde_json::to_value(&patch_cond).unwrap_or_default();
+            let mut conditions = t.conditions.clone();
+            match conditions.iter_mut().find(|c| c["type"] == ACCEPTED) {
+                Some(c) => *c = ours,
+                None => conditions.push(ours),
+            }
             let patch = json!({
-                "status": RateLimitPolicyStatus {
-                    observed_generation: Some(outcome.generation),
-                    conditions: vec![patch_cond.clone()],
+                "metadata": {"resourceVersion": t.version},
+                "status": {
+                    "observedGeneration": outcome.generation,
+                    "conditions": conditions,
                 }
             });
             let api = self.api(Some(&t.candidate.namespace));
@@ -270,7 +286,7 @@ impl KubeSource {
             let patch = Patch::Merge(&patch);
             let call = api.patch_status(&t.candidate.name, &params, &patch);
             match tokio::time::timeout(Duration::from_secs(10), call).await {
-                Ok(Ok(_)) => {
+                Ok(Ok(written_obj)) => {
                     if std::mem::take(unreachable) {
                         tracing::info!("writing RateLimitPolicy statuses again");
                     }
@@ -286,8 +302,15 @@ impl KubeSource {
                         ),
                     }
                     t.stored = Some(patch_cond);
+                    t.conditions = conditions;
+                    t.version = written_obj.metadata.resource_version;
                     t.refused = false;
                     written = true;
+                }
+                Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
+                    // Written since it was read (another controller's condition,
+                    // an edit): its watch event brings it, and a round after it.
+                    tracing::debug!(policy = %key, "status changed since read; written again after the change arrives");
                 }
                 Ok(Err(kube::Error::Api(e))) if !server_wide(&e) => {
                     if !std::mem::replace(&mut t.refused, true) {
@@ -514,9 +537,12 @@ fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked)
         .as_ref()
         .map(|t| t.0.to_string())
         .unwrap_or_default();
-    let stored = obj
-        .status()
-        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == ACCEPTED));
+    let conditions = obj.conditions();
+    let stored = conditions
+        .iter()
+        .find(|c| c["type"] == ACCEPTED)
+        .and_then(|c| serde_json::from_value(c.clone()).ok());
+    let version = obj.metadata.resource_version.clone();
     let previous = known.get(&key).filter(|old| old.uid == uid);
     let (spec, unreadable) = match obj.spec() {
         Ok(spec) => (spec, None),
@@ -573,6 +599,8 @@ fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked)
             uid,
             candidate,
             stored,
+            conditions,
+            version,
         },
     )
 }

@@ -16,8 +16,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::crd::RateLimitPolicyStatus;
-
 #[derive(Debug, Clone, Deserialize)]
 pub struct RawPolicy {
     pub metadata: ObjectMeta,
@@ -101,9 +99,19 @@ impl RawPolicy {
         })
     }
 
-    /// The status as last written, if it can be read.
-    pub fn status(&self) -> Option<RateLimitPolicyStatus> {
-        serde_json::from_str(self.status.as_ref()?.get()).ok()
+    /// The status's conditions as last written, each as the API server holds it
+    /// (another controller's may carry fields Sluice does not know).
+    pub fn conditions(&self) -> Vec<Value> {
+        let Some(status) = &self.status else {
+            return Vec::new();
+        };
+        match serde_json::from_str::<Value>(status.get()) {
+            Ok(Value::Object(mut status)) => match status.remove("conditions") {
+                Some(Value::Array(conditions)) => conditions,
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
     }
 }
 
