@@ -33,8 +33,8 @@ pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<
         return Vec::new();
     }
     let mut out: Vec<DescriptorNode> = Vec::with_capacity(items.len());
-    // Where each key/value was first defined at this level.
-    let mut seen: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
+    // Where each key/value was first defined at this level: line and index.
+    let mut seen: HashMap<(String, Option<String>), (Option<usize>, usize)> = HashMap::new();
     for (i, item) in items.iter().enumerate() {
         ctx.path.push((i, None));
         let d = descriptor(ctx, item, layer);
@@ -43,16 +43,30 @@ pub(crate) fn descriptors(ctx: &mut Ctx, field: Field<'_>, layer: Layer) -> Vec<
             continue;
         };
         match seen.entry((d.key.clone(), d.value.clone())) {
-            Entry::Occupied(first) => ctx.error(
-                d.line,
-                format!(
-                    "duplicate descriptor {}{}",
-                    describe_path(&d.key, d.value.as_deref()),
-                    at_line(*first.get(), "first defined at")
-                ),
-            ),
+            Entry::Occupied(first) => {
+                let (first_line, first_index) = *first.get();
+                // Without lines (a Kubernetes object), both are named by position.
+                let first_at = match (d.line, first_line) {
+                    (None, None) => {
+                        ctx.path.push((first_index, None));
+                        let at = format!(" (first defined at {})", ctx.location());
+                        ctx.path.pop();
+                        at
+                    }
+                    _ => at_line(first_line, "first defined at"),
+                };
+                ctx.path.push((i, None));
+                ctx.error(
+                    d.line,
+                    format!(
+                        "duplicate descriptor {}{first_at}",
+                        describe_path(&d.key, d.value.as_deref()),
+                    ),
+                );
+                ctx.path.pop();
+            }
             Entry::Vacant(slot) => {
-                slot.insert(d.line);
+                slot.insert((d.line, i));
                 out.push(d);
             }
         }
@@ -409,6 +423,32 @@ pub(super) mod tests {
                 &"at descriptors[0]: 'value' must be a string or an integer, found the number 1.5"
             ),
             "{e:?}"
+        );
+    }
+
+    /// A duplicate in an object is named by place, both of them, as a file's are by
+    /// line.
+    #[test]
+    fn resource_duplicates_name_both_places() {
+        let spec = serde_json::json!({"domain": "d", "descriptors": [
+            {"key": "a", "rateLimit": {"unit": "second", "requestsPerUnit": 1}},
+            {"key": "b", "descriptors": [
+                {"key": "c", "rateLimit": {"unit": "second", "requestsPerUnit": 1}},
+                {"key": "c", "value": "x", "rateLimit": {"unit": "second", "requestsPerUnit": 1}},
+                {"key": "c", "rateLimit": {"unit": "second", "requestsPerUnit": 2}}
+            ]},
+            {"key": "a", "rateLimit": {"unit": "second", "requestsPerUnit": 2}}
+        ]});
+        let e = parse_resource_spec("ns", "p", &spec).unwrap_err();
+        let e: Vec<_> = e.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(
+            e,
+            [
+                "at descriptors[1].descriptors[2]: duplicate descriptor key 'c' with no value \
+                 (first defined at descriptors[1].descriptors[0])",
+                "at descriptors[2]: duplicate descriptor key 'a' with no value \
+                 (first defined at descriptors[0])",
+            ]
         );
     }
 

@@ -75,7 +75,7 @@ impl Ctx {
     }
 
     /// `descriptors[0].descriptors[2] (key 'path' value '/a')`.
-    fn location(&self) -> String {
+    pub(crate) fn location(&self) -> String {
         let list = self.form.spell("descriptors");
         let steps: Vec<String> = self
             .path

@@ -295,10 +295,10 @@ descriptors:
             descriptors: vec![node("k", "v", limit(RateLimitUnit::Second, 1), vec![]); 2],
         };
         let e = document(&dup).unwrap_err();
-        assert!(
-            e[0].to_string()
-                .starts_with("xds:n: duplicate descriptor key 'k' value 'v'"),
-            "{e:?}"
+        assert_eq!(
+            e[0].to_string(),
+            "xds:n: at descriptors[1]: duplicate descriptor key 'k' value 'v' \
+             (first defined at descriptors[0])"
         );
         let no_unit = RateLimitConfig {
             name: "n".into(),
