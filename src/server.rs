@@ -87,6 +87,9 @@ pub async fn run(
              {largest}: it must hold at least one whole request"
         );
     }
+    if let Some(clash) = same_port(&cfg) {
+        bail!("{clash}");
+    }
     raise_open_file_limit();
     let shared = !cfg.store.redis.is_empty()
         || !cfg.store.redis_cluster.is_empty()
@@ -405,8 +408,8 @@ where
     }
     // Bad OTEL_* values stop start-up too; nothing connects to the collector yet.
     let tracer = start_tracing(cfg, metrics)?;
-    let grpc_listener = bind(cfg.listen.grpc_addr).await?;
-    let http_listener = bind(cfg.listen.http_addr).await?;
+    let grpc_listener = bind(cfg.listen.grpc_addr).await.context("--grpc-addr")?;
+    let http_listener = bind(cfg.listen.http_addr).await.context("--http-addr")?;
     let grpc_addr = grpc_listener.local_addr()?;
     let http_addr = http_listener.local_addr()?;
     let admin_listener = bind_admin(cfg.listen.admin_addr).await?;
@@ -500,7 +503,7 @@ where
     });
     let prometheus = match cfg.metrics.prometheus_addr {
         Some(addr) => {
-            let listener = bind(addr).await?;
+            let listener = bind(addr).await.context("--prometheus-addr")?;
             tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.metrics.prometheus_path, "metrics also served");
             let app = metrics_router(admin.clone(), &cfg.metrics.prometheus_path);
             let server = axum::serve(guard.wrap(listener, "prometheus"), app)
@@ -687,6 +690,39 @@ fn tls(
     )?)))
 }
 
+/// Two listening flags naming one port (the same address, or a port on every
+/// address and on one of them): the second could not bind, and "address in use"
+/// would not say it is Sluice's own flag in the way.
+fn same_port(cfg: &Serve) -> Option<String> {
+    let mut given = vec![
+        ("--grpc-addr", cfg.listen.grpc_addr),
+        ("--http-addr", cfg.listen.http_addr),
+    ];
+    if let Some(AdminAddr::At(addr)) = cfg.listen.admin_addr {
+        given.push(("--admin-addr", addr));
+    }
+    if let Some(addr) = cfg.metrics.prometheus_addr {
+        given.push(("--prometheus-addr", addr));
+    }
+    for (i, (first, a)) in given.iter().enumerate() {
+        if let Some((second, b)) = given[i + 1..].iter().find(|(_, b)| overlap(*a, *b)) {
+            return Some(format!(
+                "{first} {a} and {second} {b} name the same port: give each its own"
+            ));
+        }
+    }
+    None
+}
+
+/// Whether listening on `a` and on `b` takes one port twice: 0.0.0.0 takes the
+/// port on every IPv4 address, [::] on every address; port 0 is any free port.
+fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |a: std::net::IpAddr, b: std::net::IpAddr| {
+        a == b || (a.is_unspecified() && (a.is_ipv6() || b.is_ipv4()))
+    };
+    a.port() != 0 && a.port() == b.port() && (covers(a.ip(), b.ip()) || covers(b.ip(), a.ip()))
+}
+
 /// The admin port's listener: `None` when off, or when the default address is taken
 /// (another sluice on this host), with a warning; an address given must bind.
 async fn bind_admin(addr: Option<AdminAddr>) -> anyhow::Result<Option<TcpListener>> {
@@ -785,5 +821,24 @@ async fn next_signal(
     tokio::select! {
         _ = recv(term) => {},
         _ = recv(interrupt) => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn listening_addresses_overlap_as_linux_binds_them() {
+        let o = |a: &str, b: &str| overlap(a.parse().unwrap(), b.parse().unwrap());
+        assert!(o("127.0.0.1:80", "127.0.0.1:80"));
+        assert!(o("0.0.0.0:80", "127.0.0.1:80"));
+        assert!(o("127.0.0.1:80", "0.0.0.0:80"));
+        assert!(o("[::]:80", "127.0.0.1:80"));
+        assert!(o("0.0.0.0:80", "[::]:80"));
+        assert!(!o("0.0.0.0:80", "[::1]:80"));
+        assert!(!o("127.0.0.1:80", "127.0.0.2:80"));
+        assert!(!o("127.0.0.1:80", "127.0.0.1:81"));
+        assert!(!o("127.0.0.1:0", "127.0.0.1:0"));
     }
 }

@@ -616,6 +616,39 @@ fn a_buffered_bound_below_the_largest_request_is_refused() {
     );
 }
 
+/// Two listening flags on one port are refused naming both, rather than the
+/// second failing with "address in use"; a port taken by another process names
+/// the flag whose address it is.
+#[test]
+fn listening_flags_on_one_port_are_refused_naming_both() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let free = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let at = |ip: &str, port: u16| format!("{ip}:{port}");
+    for (args, want) in [
+        (
+            vec!["--grpc-addr".into(), at("127.0.0.1", free), "--admin-addr".into(), at("127.0.0.1", free)],
+            format!("--grpc-addr 127.0.0.1:{free} and --admin-addr 127.0.0.1:{free} name the same port"),
+        ),
+        (
+            vec!["--http-addr".into(), at("0.0.0.0", free), "--prometheus-addr".into(), at("127.0.0.1", free), "--admin-addr".into(), "off".into()],
+            format!("--http-addr 0.0.0.0:{free} and --prometheus-addr 127.0.0.1:{free} name the same port"),
+        ),
+        (
+            vec!["--grpc-addr".into(), at("127.0.0.1", port), "--admin-addr".into(), "off".into()],
+            format!("--grpc-addr: cannot listen on 127.0.0.1:{port}"),
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = serve_refusal(&args, &[]);
+        assert!(err.contains(&want), "{args:?}: {err}");
+    }
+    drop(taken);
+}
+
 /// A store timeout of zero is refused, from the flag or the environment, as every
 /// other duration flag's zero is: each decision would race Redis's answer.
 #[test]

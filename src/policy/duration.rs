@@ -28,7 +28,8 @@ pub fn parse(text: &str) -> Result<Micros, String> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(after.len());
         let (unit, after) = after.split_at(unit_len);
-        if number.is_empty() || unit.is_empty() {
+        let digits = number.chars().any(|c| c.is_ascii_digit());
+        if !digits || unit.is_empty() || number.matches('.').count() > 1 {
             return Err(format!("'{text}' is not a duration: {HINT}"));
         }
         let scale: Micros = match unit {
@@ -158,7 +159,9 @@ mod tests {
             ("10x", "unknown unit 'x' in '10x'"),
             ("10 s", "unknown unit ' s' in '10 s'"),
             ("-1s", "'-1s' is not a duration"),
-            ("1.2.3s", "not a duration of whole microseconds"),
+            ("1.2.3s", "'1.2.3s' is not a duration: expected"),
+            ("1.5.5s", "'1.5.5s' is not a duration: expected"),
+            (".s", "'.s' is not a duration: expected"),
             ("0.5us", "not a duration of whole microseconds"),
             ("99999999999999999d", "is too long"),
             ("99999999999d", "is too long"),

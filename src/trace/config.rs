@@ -120,6 +120,7 @@ pub fn settings(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Settings>, ConfigError> {
     let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let given = checked_flags(args)?;
     if let Some(v) = get("OTEL_SDK_DISABLED") {
         match v.trim().to_ascii_lowercase().as_str() {
             "true" => return Ok(None),
@@ -152,6 +153,12 @@ pub fn settings(
         }
     };
     if !args.tracing && endpoint.is_none() && exporter.is_none() {
+        if !given.is_empty() {
+            tracing::warn!(
+                "{} given, but tracing is off: add --tracing (or an OTLP endpoint) to trace",
+                given.join(", ")
+            );
+        }
         return Ok(None);
     }
 
@@ -270,6 +277,42 @@ pub fn settings(
 }
 
 /// An endpoint URL checked, with `/v1/traces` added to a base URL for HTTP.
+/// The tracing flags given, each checked whether or not tracing is on, so that a
+/// bad value is refused rather than ignored until the day tracing is turned on.
+fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
+    let mut given = Vec::new();
+    if let Some(v) = &args.otlp_protocol {
+        if !matches!(v.trim(), "grpc" | "http/protobuf") {
+            return Err(bad(
+                "--otlp-protocol",
+                v,
+                "expected grpc or http/protobuf (http/json is not supported)",
+            ));
+        }
+        given.push("--otlp-protocol");
+    }
+    if let Some(v) = &args.otlp_headers {
+        header_pairs("--otlp-headers", v)?;
+        given.push("--otlp-headers");
+    }
+    if args.tracing_service_name.is_some() {
+        given.push("--tracing-service-name");
+    }
+    if let Some(v) = &args.tracing_resource_attributes {
+        pairs("--tracing-resource-attributes", v)?;
+        given.push("--tracing-resource-attributes");
+    }
+    if let Some(v) = &args.tracing_sampler_ratio {
+        ratio("--tracing-sampler-ratio", v)?;
+        given.push("--tracing-sampler-ratio");
+    }
+    if let Some(v) = &args.tracing_queue_size {
+        count("--tracing-queue-size", v)?;
+        given.push("--tracing-queue-size");
+    }
+    Ok(given)
+}
+
 fn endpoint(name: &str, v: &str, protocol: Protocol, base: bool) -> Result<String, ConfigError> {
     let v = v.trim();
     let url = url::Url::parse(v).map_err(|e| bad(name, v, format!("not a URL: {e}")))?;
@@ -604,5 +647,46 @@ mod tests {
             ..TracingArgs::default()
         };
         assert_eq!(run(&args, &[]).unwrap_err().name, "--tracing-sampler-ratio");
+    }
+
+    /// A tracing flag's bad value is refused with tracing off too, rather than
+    /// wait for the day tracing is turned on; a good one leaves tracing off.
+    #[test]
+    fn flags_are_checked_with_tracing_off() {
+        let off = |f: fn(&mut TracingArgs)| {
+            let mut args = TracingArgs::default();
+            f(&mut args);
+            run(&args, &[])
+        };
+        type Set = fn(&mut TracingArgs);
+        let cases: [(Set, &str); 5] = [
+            (
+                |a| a.tracing_sampler_ratio = Some("2".into()),
+                "--tracing-sampler-ratio",
+            ),
+            (
+                |a| a.tracing_queue_size = Some("many".into()),
+                "--tracing-queue-size",
+            ),
+            (
+                |a| a.otlp_protocol = Some("http/json".into()),
+                "--otlp-protocol",
+            ),
+            (
+                |a| a.otlp_headers = Some("novalue".into()),
+                "--otlp-headers",
+            ),
+            (
+                |a| a.tracing_resource_attributes = Some("=x".into()),
+                "--tracing-resource-attributes",
+            ),
+        ];
+        for (set, name) in cases {
+            assert_eq!(off(set).unwrap_err().name, name);
+        }
+        assert_eq!(
+            off(|a| a.tracing_sampler_ratio = Some("0.5".into())),
+            Ok(None)
+        );
     }
 }
