@@ -265,7 +265,14 @@ pub fn spec_schema() -> Value {
                 "minLength": 1
             },
             "descriptors": descriptors_schema(1)
-        }
+        },
+        // The oldest policy naming a domain decides which namespace owns it: were
+        // an old policy free to name another domain, its namespace would take that
+        // domain, and the other namespace's policies would stop serving.
+        "x-kubernetes-validations": [{
+            "rule": "self.domain == oldSelf.domain",
+            "message": "spec.domain cannot change: the oldest policy naming a domain decides which namespace owns it; create a new policy for the other domain (and delete this one)"
+        }]
     })
 }
 

@@ -683,6 +683,14 @@ async fn rate_limit_policies_from_a_real_api_server() {
         k.accepted("team-d", "second")
     );
 
+    // A policy cannot move to another domain: an old one would take the domain
+    // from the namespace that owns it. The API server refuses the edit.
+    let moved = k
+        .apply(&per_minute("team-d", "first", "shop", "user", 3))
+        .unwrap_err();
+    assert!(moved.contains("spec.domain cannot change"), "{moved}");
+    assert_eq!(limit(&all, "paths", "user").await, Some(3));
+
     // Another namespace naming the same domain: Conflicted.
     k.apply(&per_minute("team-b", "b", "shop", "other", 11))
         .unwrap();
