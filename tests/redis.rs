@@ -1588,6 +1588,27 @@ async fn rejected_evalsha(node: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
+/// `--redis-cluster` given a standalone Redis: the log says what Redis answered
+/// and which flag a standalone Redis wants, not only that no master is known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_redis_given_as_a_cluster_says_so() {
+    let Some(redis) = RedisServer::if_available().await else {
+        return;
+    };
+    let sluice = common::Server::start(REPLICA_POLICY, &["--redis-cluster", &redis.url()]);
+    sluice
+        .wait_line(
+            Duration::from_secs(20),
+            "the shard down with Redis's reason",
+            |l| {
+                l.contains("redis shard down")
+                    && l.contains("ERR This instance has cluster support disabled")
+                    && l.contains("a standalone Redis: give it with --redis")
+            },
+        )
+        .await;
+}
+
 #[tokio::test]
 async fn a_cluster_s_slot_map_is_read_once_not_per_call() {
     let Some(cluster) = RedisCluster::if_available(3).await else {

@@ -266,7 +266,13 @@ async fn read_map(router: &Arc<Router>, timeout: Duration) -> Result<Asked, Stor
         Ok(masters) if !masters.is_empty() => Ok(Asked::Ping),
         Ok(_) => Err(StoreError::failed(
             crate::store::ErrorKind::Connection,
-            "no node names the cluster's masters",
+            match router.unread() {
+                Some(why) if why.contains("cluster support disabled") => format!(
+                    "no node names the cluster's masters: {why} (a standalone Redis: give it with --redis)"
+                ),
+                Some(why) => format!("no node names the cluster's masters: {why}"),
+                None => "no node names the cluster's masters".to_string(),
+            },
         )),
         Err(_) => Err(StoreError::Timeout),
     }

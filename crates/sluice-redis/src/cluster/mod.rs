@@ -151,6 +151,10 @@ pub struct Router {
     refresh: Arc<tokio::sync::Mutex<Option<Instant>>>,
     /// The map may be wrong: read it again at the next call.
     stale: AtomicBool,
+    /// Why the last read of the map failed, until one succeeds: said where the
+    /// cluster is reported down (a standalone Redis answers that it has cluster
+    /// support disabled). Touched only by reads of the map.
+    unread: std::sync::Mutex<Option<String>>,
     timeout: Duration,
 }
 
@@ -187,6 +191,7 @@ impl Router {
             map: ArcSwap::from_pointee(map),
             refresh: Arc::new(tokio::sync::Mutex::new(None)),
             stale: AtomicBool::new(false),
+            unread: std::sync::Mutex::new(None),
             timeout,
         }))
     }
@@ -343,10 +348,13 @@ impl Router {
         self.stale.store(false, Ordering::Relaxed);
         let router = self.clone();
         Some(tokio::spawn(async move {
-            if let Err(e) = router.load().await {
+            let read = router.load().await;
+            if let Err(e) = &read {
                 tracing::debug!(error = %e, "cluster slot map not read");
                 router.stale.store(true, Ordering::Relaxed);
             }
+            *router.unread.lock().unwrap_or_else(|e| e.into_inner()) =
+                read.err().map(|e| e.to_string());
             drop(last);
         }))
     }
@@ -470,6 +478,14 @@ impl Router {
     }
 
     /// The masters serving slots, the map read first if it never was.
+    /// Why the last read of the slot map failed, while none has succeeded since.
+    pub fn unread(&self) -> Option<String> {
+        self.unread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
         if self.map.load().masters == 0 {
             self.refresh(true).await;
