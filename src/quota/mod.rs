@@ -15,8 +15,8 @@ pub use bucket::{govern, Governed};
 pub use share::{Assignment, HYSTERESIS};
 
 use crate::algorithm::{Limit, Micros, SECOND};
-use crate::limiter::penalty::{BanInfo, Penalties};
-use crate::policy::{FailureMode, Rule};
+use crate::limiter::penalty::{BanInfo, InForce, Penalties};
+use crate::policy::{tightened, FailureMode, Rule};
 use crate::store::Share;
 
 /// What a bucket gets when this stream tracks no more buckets: a free bucket is
@@ -60,12 +60,13 @@ pub struct Penalized {
     pub started: bool,
     /// The key is denied outright (a ban or a block) for this much longer.
     pub denied_for: Option<Micros>,
+    /// The key serves a tightening: its limit scaled by this factor (millionths).
+    pub tightened: Option<u32>,
 }
 
 /// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
 /// ShouldRateLimit's denials are counted (in one step, however many), then says
-/// whether that started a sentence and for how much longer the bucket's key is
-/// denied outright, if it is.
+/// whether that started a sentence and which sentence the bucket's key serves.
 ///
 /// `last` is the assignment Envoy enforced while it denied them: denials under a
 /// `DENY_ALL` Sluice sent (for a ban, a block, a zero limit) are Sluice's own answer
@@ -79,17 +80,43 @@ pub fn penalize(
     last: Option<Assignment>,
     info: impl Fn() -> BanInfo,
 ) -> Penalized {
-    let Some(penalty) = &rule.penalty else {
-        return Penalized::default();
-    };
     let now = penalties.now();
-    let started = last != Some(Assignment::DenyAll)
-        && penalties
-            .deny_many(key, penalty, now, denied, info)
-            .is_some();
-    Penalized {
-        started,
-        denied_for: penalties.banned(key, now),
+    let started = rule.penalty.as_ref().is_some_and(|penalty| {
+        last != Some(Assignment::DenyAll)
+            && penalties
+                .deny_many(key, penalty, now, denied, info)
+                .is_some()
+    });
+    let mut penalized = sentence(penalties, rule, key);
+    penalized.started = started;
+    penalized
+}
+
+/// The sentence `key` serves under `rule`, as ShouldRateLimit looks it up: an
+/// operator's block whatever the rule, a penalty's sentence only while the rule
+/// has a penalty.
+pub fn sentence(penalties: &Penalties, rule: &Rule, key: &str) -> Penalized {
+    let now = penalties.now();
+    match penalties.in_force(key, now, rule.penalty.is_some()) {
+        Some(InForce::Denied { left, .. }) => Penalized {
+            denied_for: Some(left),
+            ..Penalized::default()
+        },
+        Some(InForce::Tightened { factor_ppm }) => Penalized {
+            tightened: Some(factor_ppm),
+            ..Penalized::default()
+        },
+        None => Penalized::default(),
+    }
+}
+
+/// `limits` (a rule's own, then its `rate_limits` list's others) as a tightened key
+/// is held to them: the sentence is kept under the rule's own key, so, as in
+/// ShouldRateLimit, only the rule's own limit is scaled.
+pub fn tighten(limits: &mut [Limit], factor_ppm: u32) {
+    if let Some(own) = limits.first_mut() {
+        own.requests = tightened(own.requests, factor_ppm);
+        own.burst = tightened(own.burst, factor_ppm);
     }
 }
 
@@ -209,7 +236,8 @@ mod tests {
             penalize(&penalties, &rule, "d|k=v", 1, bucket, info),
             Penalized {
                 started: true,
-                denied_for: Some(60 * SECOND)
+                denied_for: Some(60 * SECOND),
+                tightened: None,
             },
             "the third denial bans"
         );
@@ -218,7 +246,8 @@ mod tests {
             penalize(&penalties, &rule, "d|k=v", 5, bucket, info),
             Penalized {
                 started: false,
-                denied_for: Some(60 * SECOND)
+                denied_for: Some(60 * SECOND),
+                tightened: None,
             },
             "banned still, and once"
         );

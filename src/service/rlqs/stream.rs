@@ -160,13 +160,25 @@ impl<S: Store> Stream<S> {
         let policy = self.quotas.service.limiter.policy();
         let hashing = self.quotas.service.limiter.hashing();
         let Governed::Limited {
-            rule, limits, key, ..
+            rule,
+            mut limits,
+            key,
+            ..
         } = govern(&policy, domain, &nudge.entries, hashing)
         else {
             return None;
         };
         if key != nudge.key {
             return None;
+        }
+        // The key's sentence holds between reports too: a denied key waits for its
+        // own report, a tightened one is shared its tightened limit.
+        let sentence = quota::sentence(self.quotas.service.limiter.penalties(), rule, &key);
+        if sentence.denied_for.is_some() {
+            return None;
+        }
+        if let Some(factor_ppm) = sentence.tightened {
+            quota::tighten(&mut limits, factor_ppm);
         }
         let kept = Some(last).filter(|_| tracked.limits == limits);
         let chosen = quota::shared(&limits, own, nudge.share, kept);

@@ -135,7 +135,7 @@ impl<S: Store> Stream<S> {
             Governed::Free(_) => Assignment::AllowAll,
             Governed::Limited {
                 rule,
-                limits,
+                mut limits,
                 key,
                 shown,
             } => {
@@ -173,6 +173,9 @@ impl<S: Store> Stream<S> {
                 // A DENY_ALL of a sentence that has since ended is no assignment to
                 // keep while the store is away.
                 let last = tracked.last.filter(|a| *a != Assignment::DenyAll);
+                if let Some(factor_ppm) = penalized.tightened {
+                    quota::tighten(&mut limits, factor_ppm);
+                }
                 let from_limit = tracked.limits == limits;
                 if !from_limit {
                     tracked.limits.clone_from(&limits);

@@ -409,6 +409,74 @@ fn a_penalty_ban_ends_while_the_client_keeps_sending() {
 }
 
 #[test]
+fn an_operators_block_denies_a_bucket_whose_rule_has_no_penalty() {
+    let f = fixture();
+    let mut s = Stream::new(f.quotas.clone());
+    let a = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+    assert!(matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }));
+    // `route=api` has no penalty; ShouldRateLimit denies a blocked key all the same.
+    let limiter = &f.quotas.service.limiter;
+    block_on(limiter.block("edge", API, 8 * SECOND)).expect("blocked");
+    f.clock.advance(5 * SECOND);
+    let a = block_on(s.answer(report("edge", vec![usage(API, 5, 0, 5)]))).unwrap();
+    assert_eq!(
+        only(a).unwrap(),
+        (Assignment::DenyAll, 3),
+        "3 s of the block left"
+    );
+    f.clock.advance(5 * SECOND);
+    let a = block_on(s.answer(report("edge", vec![usage(API, 0, 9, 5)]))).unwrap();
+    assert!(
+        matches!(only(a).unwrap().0, Assignment::TokenBucket { .. }),
+        "the block is over"
+    );
+}
+
+#[test]
+fn a_tightened_key_gets_its_share_of_the_tightened_limit() {
+    let f = fixture();
+    f.policy.store(Arc::new(compiled(
+        "domain: edge\ndescriptors:\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 20\n      penalty: {violations: 3, within: 10s, tighten: {factor: 0.25, for: 30s}}\n",
+    )));
+    let mut s = Stream::new(f.quotas.clone());
+    let c = &[("client", "10.0.0.1")];
+    let a = block_on(s.answer(report("edge", vec![usage(c, 10, 0, 1)]))).unwrap();
+    assert_eq!(only(a).unwrap().0, bucket(20));
+    // Three denials within 10 s: tightened to a quarter for 30 s.
+    f.clock.advance(5 * SECOND);
+    let a = block_on(s.answer(report("edge", vec![usage(c, 20, 3, 5)]))).unwrap();
+    assert_eq!(only(a).unwrap().0, bucket(5));
+    // Another stream of the same bucket moves the split: what is pushed to this one
+    // is its share of the tightened limit too.
+    let mut other = Stream::new(f.quotas.clone());
+    block_on(other.answer(report("edge", vec![usage(c, 1, 0, 0)]))).unwrap();
+    f.clock.advance(5 * SECOND);
+    block_on(other.answer(report("edge", vec![usage(c, 115, 0, 5)]))).unwrap();
+    let mut inbox = s.inbox.take().expect("inbox");
+    let mut sent = Vec::new();
+    while let Ok(n) = inbox.try_recv() {
+        sent.extend(s.nudged(&n).and_then(only));
+    }
+    assert!(
+        !sent.is_empty(),
+        "the other stream's demand moved this one's share"
+    );
+    for (a, _) in sent {
+        let Assignment::TokenBucket { max_tokens, .. } = a else {
+            panic!("a token bucket: {a:?}");
+        };
+        assert!(max_tokens <= 5, "{a:?}");
+    }
+    // The tightening over, the whole limit is shared again.
+    f.clock.advance(30 * SECOND);
+    let a = block_on(s.answer(report("edge", vec![usage(c, 100, 0, 5)]))).unwrap();
+    let Assignment::TokenBucket { max_tokens, .. } = only(a).unwrap().0 else {
+        panic!("a token bucket");
+    };
+    assert!(max_tokens > 5, "{max_tokens}");
+}
+
+#[test]
 fn a_ban_envoys_denials_start_is_counted_once() {
     let f = fixture();
     let mut s = Stream::new(f.quotas.clone());
