@@ -88,7 +88,22 @@ impl<S: Store> Stream<S> {
             && (self.buckets.len() >= settings.max_buckets
                 || self.bucket_bytes.saturating_add(size) > settings.max_bucket_bytes)
         {
-            let a = quota::untracked(&governed, failure);
+            // Untracked, a bucket still serves its key's block or ban: looking it up
+            // costs no room, and a new bucket (a client back after its bucket was
+            // abandoned) must not pass a block for want of it.
+            let denied = match &governed {
+                Governed::Limited { rule, key, .. } => {
+                    quota::sentence(limiter.penalties(), rule, key).denied_for
+                }
+                Governed::Free(_) => None,
+            };
+            let a = match denied {
+                Some(left) => {
+                    ttl = quota::sentence_ttl(ttl, left);
+                    Assignment::DenyAll
+                }
+                None => quota::untracked(&governed, failure),
+            };
             return (Step::Done(assignment(a, ttl)), rule_path);
         }
         if !known {

@@ -762,6 +762,25 @@ fn past_its_bytes_a_stream_tracks_no_new_buckets() {
 }
 
 #[test]
+fn a_blocked_key_past_the_streams_bounds_is_denied_still() {
+    let mut f = fixture();
+    let quotas = Arc::get_mut(&mut f.quotas).unwrap();
+    quotas.settings.max_buckets = 1;
+    let mut s = Stream::new(f.quotas.clone());
+    block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+    // The stream tracks no more buckets: a new one takes the failure mode (open)...
+    let c = &[("client", "10.0.0.1")];
+    let a = block_on(s.answer(report("edge", vec![usage(c, 1, 0, 0)]))).unwrap();
+    assert_eq!(only(a).unwrap().0, Assignment::AllowAll);
+    // ...but not one an operator blocked, which ShouldRateLimit denies.
+    let limiter = &f.quotas.service.limiter;
+    block_on(limiter.block("edge", c, 8 * SECOND)).expect("blocked");
+    let a = block_on(s.answer(report("edge", vec![usage(c, 1, 0, 1)]))).unwrap();
+    assert_eq!(only(a).unwrap(), (Assignment::DenyAll, 8));
+    assert_eq!(s.buckets.len(), 1, "and it is not tracked");
+}
+
+#[test]
 fn an_ended_ban_is_not_held_while_the_store_is_away() {
     let f = fixture();
     let mut s = Stream::new(f.quotas.clone());
