@@ -488,6 +488,7 @@ pub fn xds_config(data: &[u8]) {
             // Nothing accepted on this stream: the NACK names no version.
             assert_eq!(first.request.version_info, "");
         }
+        Ack::Ignored { type_url } => panic!("a {TYPE_URL} response ignored as {type_url}"),
     }
     let again = sub.answer(&response, 0, apply);
     match (first.verdict, again.verdict) {

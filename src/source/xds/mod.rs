@@ -228,6 +228,9 @@ impl XdsSource {
                 .subscription
                 .answer(&response, context, |docs| hub.set_xds(docs));
             self.report(&answer);
+            if matches!(answer.verdict, Ack::Ignored { .. }) {
+                continue;
+            }
             let again = matches!(answer.verdict, Ack::Refused { first: false, .. });
             if matches!(answer.verdict, Ack::Refused { .. }) {
                 refused = Some(response);
@@ -275,6 +278,9 @@ impl XdsSource {
             }
             Ack::Refused { version, .. } => {
                 tracing::debug!(version = %version, pause = ?answer.pause, "xDS version refused again");
+            }
+            Ack::Ignored { type_url } => {
+                tracing::warn!(type_url = %printable(type_url), "xDS response of a type Sluice did not subscribe to; ignored");
             }
         }
     }
@@ -408,6 +414,7 @@ struct Refusal {
 /// What to send back for one response, and what happened.
 #[derive(Debug)]
 pub struct Answer {
+    /// The ACK or NACK; not sent for [`Ack::Ignored`].
     pub request: DiscoveryRequest,
     pub verdict: Ack,
     /// How long to wait before sending `request` (repeated NACKs only).
@@ -429,6 +436,9 @@ pub enum Ack {
         message: String,
         first: bool,
     },
+    /// A response of a type Sluice did not subscribe to: neither ACKed nor
+    /// NACKed, as Envoy treats one, and no RateLimitConfig version is refused.
+    Ignored { type_url: String },
 }
 
 impl Subscription {
@@ -474,6 +484,15 @@ impl Subscription {
         context: u64,
         apply: impl FnOnce(Vec<Document>) -> Result<(), Vec<PolicyError>>,
     ) -> Answer {
+        if response.type_url != TYPE_URL {
+            return Answer {
+                request: self.first_request(),
+                verdict: Ack::Ignored {
+                    type_url: response.type_url.clone(),
+                },
+                pause: Duration::ZERO,
+            };
+        }
         let digest = digest(response);
         if let Some(r) = self.refused.as_mut() {
             if r.version == response.version_info && r.digest == digest && r.context == context {
@@ -563,12 +582,6 @@ impl Subscription {
 
 /// The response's documents, or every reason it cannot be read.
 fn documents(response: &DiscoveryResponse) -> Result<Vec<Document>, String> {
-    if response.type_url != TYPE_URL {
-        return Err(format!(
-            "unexpected resource type {:?}; subscribed to {TYPE_URL}",
-            response.type_url
-        ));
-    }
     let mut docs = Vec::with_capacity(response.resources.len());
     let mut errors = Vec::new();
     for (i, any) in response.resources.iter().enumerate() {
@@ -839,10 +852,10 @@ mod tests {
     fn unreadable_resources_are_nacked_with_the_reason() {
         let mut s = Subscription::new("n");
         let mut wrong = response("1", "a", vec![config("d", "k")]);
-        wrong.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+        wrong.resources[0].type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
         let a = s.answer(&wrong, 0, apply);
         assert!(
-            matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("unexpected resource type"))
+            matches!(&a.verdict, Ack::Refused { message, .. } if message.contains("resource 0 has type"))
         );
         assert_eq!(a.request.version_info, "");
         let garbage = response(
@@ -861,6 +874,33 @@ mod tests {
         assert!(matches!(
             s.answer(&empty, 0, apply).verdict,
             Ack::Accepted { domains: 0, .. }
+        ));
+    }
+
+    /// A response of another type (a misbehaving server's) is no RateLimitConfig
+    /// version: ignored, as Envoy ignores one, with nothing refused or counted.
+    #[test]
+    fn a_response_of_another_type_is_ignored() {
+        let mut s = Subscription::new("n");
+        let good = response("1", "a", vec![config("d", "k")]);
+        assert!(matches!(
+            s.answer(&good, 0, apply).verdict,
+            Ack::Accepted { new: true, .. }
+        ));
+        let mut other = response("7", "b", vec![config("d", "k")]);
+        other.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+        let a = s.answer(&other, 0, |_| panic!("nothing is applied"));
+        assert_eq!(
+            a.verdict,
+            Ack::Ignored {
+                type_url: other.type_url.clone()
+            }
+        );
+        // What was accepted stands: the same version again is no news.
+        assert!(matches!(
+            s.answer(&response("1", "c", vec![config("d", "k")]), 0, apply)
+                .verdict,
+            Ack::Accepted { new: false, .. }
         ));
     }
 
