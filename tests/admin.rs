@@ -660,6 +660,33 @@ async fn watch_offenders_carries_the_signals_and_the_block_list_takes_operators_
         .await
         .expect_err("no entries");
     assert_eq!(none.code(), tonic::Code::InvalidArgument);
+    // No domain: a wrong argument as in Explain, not a domain that is not found.
+    let mallory = vec![pb::request_descriptor::Entry {
+        key: "user".into(),
+        value: "mallory".into(),
+    }];
+    let no_domain = admin
+        .block(pb::BlockRequest {
+            entries: mallory.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no domain");
+    assert_eq!(
+        (no_domain.code(), no_domain.message()),
+        (
+            tonic::Code::InvalidArgument,
+            "domain: give the policy's domain"
+        )
+    );
+    let no_domain = admin
+        .unblock(pb::UnblockRequest {
+            entries: mallory,
+            ..Default::default()
+        })
+        .await
+        .expect_err("no domain");
+    assert_eq!(no_domain.code(), tonic::Code::InvalidArgument);
 }
 
 /// A block longer than any store keeps is refused, and puts nothing on the list; the

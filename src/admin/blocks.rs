@@ -24,6 +24,17 @@ fn status(e: BlockError) -> Status {
     }
 }
 
+/// The domain and entries naming a key; both must be given, as Explain asks.
+fn named<'a>(
+    domain: &str,
+    list: &'a [pb::request_descriptor::Entry],
+) -> Result<Vec<(&'a str, &'a str)>, Status> {
+    if domain.is_empty() {
+        return Err(Status::invalid_argument("domain: give the policy's domain"));
+    }
+    entries(list)
+}
+
 fn entries(list: &[pb::request_descriptor::Entry]) -> Result<Vec<(&str, &str)>, Status> {
     if list.is_empty() {
         return Err(Status::invalid_argument("entries: give at least one"));
@@ -52,7 +63,7 @@ pub async fn block<S: Store>(
     limiter: &Limiter<S>,
     req: pb::BlockRequest,
 ) -> Result<pb::Sentence, Status> {
-    let entries = entries(&req.entries)?;
+    let entries = named(&req.domain, &req.entries)?;
     if req.for_micros > MAX_SPAN_MICROS {
         return Err(Status::invalid_argument(format!(
             "for_micros: {} is longer than the longest block, {MAX_SPAN_MICROS} (about 35 years)",
@@ -93,7 +104,7 @@ pub async fn unblock<S: Store>(
                 "name the sentence: its counter (as ListBlocks shows it), or its domain and entries",
             ));
         }
-        let entries = entries(&req.entries)?;
+        let entries = named(&req.domain, &req.entries)?;
         limiter
             .sentence_key(&req.domain, &entries)
             .map_err(status)?
