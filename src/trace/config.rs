@@ -172,16 +172,9 @@ pub fn settings(
             ),
         },
     };
-    let protocol = match protocol.as_deref().map(str::trim) {
-        None | Some("http/protobuf") => Protocol::HttpProtobuf,
-        Some("grpc") => Protocol::Grpc,
-        Some(v) => {
-            return Err(bad(
-                protocol_name,
-                v,
-                "expected grpc or http/protobuf (http/json is not supported)",
-            ))
-        }
+    let protocol = match protocol {
+        Some(v) => self::protocol(protocol_name, &v)?,
+        None => Protocol::HttpProtobuf,
     };
     let endpoint = match endpoint {
         Some((name, v, base)) => self::endpoint(name, &v, protocol, base)?,
@@ -282,13 +275,7 @@ pub fn settings(
 fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
     let mut given = Vec::new();
     if let Some(v) = &args.otlp_protocol {
-        if !matches!(v.trim(), "grpc" | "http/protobuf") {
-            return Err(bad(
-                "--otlp-protocol",
-                v,
-                "expected grpc or http/protobuf (http/json is not supported)",
-            ));
-        }
+        protocol("--otlp-protocol", v)?;
         given.push("--otlp-protocol");
     }
     if let Some(v) = &args.otlp_headers {
@@ -311,6 +298,18 @@ fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
         given.push("--tracing-queue-size");
     }
     Ok(given)
+}
+
+fn protocol(name: &str, v: &str) -> Result<Protocol, ConfigError> {
+    match v.trim() {
+        "http/protobuf" => Ok(Protocol::HttpProtobuf),
+        "grpc" => Ok(Protocol::Grpc),
+        _ => Err(bad(
+            name,
+            v,
+            "expected grpc or http/protobuf (http/json is not supported)",
+        )),
+    }
 }
 
 fn endpoint(name: &str, v: &str, protocol: Protocol, base: bool) -> Result<String, ConfigError> {

@@ -477,7 +477,6 @@ impl Router {
         map.nodes[..map.masters].to_vec()
     }
 
-    /// The masters serving slots, the map read first if it never was.
     /// Why the last read of the slot map failed, while none has succeeded since.
     pub fn unread(&self) -> Option<String> {
         self.unread
@@ -486,6 +485,7 @@ impl Router {
             .clone()
     }
 
+    /// The masters serving slots, the map read first if it never was.
     pub async fn masters(self: &Arc<Self>) -> Vec<Arc<Node>> {
         if self.map.load().masters == 0 {
             self.refresh(true).await;
