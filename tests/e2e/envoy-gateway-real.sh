@@ -382,7 +382,9 @@ log "/bin/ratelimit with Envoy Gateway's environment"
 start_sluice_env
 wait_for "xDS version accepted" 30 grep -q "xDS version accepted" "$W/sluice-env.log" ||
     { tail -n 20 "$W/sluice-env.log"; die "/bin/ratelimit took no xDS version"; }
-if [ "$(curl -sS "http://127.0.0.1:$P_HTTP/healthcheck")" = OK ]; then
+# The first version is taken before the ports are bound: the probe waits for them.
+healthcheck() { [ "$(curl -sS "http://127.0.0.1:$P_HTTP/healthcheck")" = OK ]; }
+if wait_for "/healthcheck" 20 healthcheck; then
     ok "/healthcheck (Envoy Gateway's probes) answers OK"
 else
     bad "/healthcheck does not answer OK"
