@@ -421,6 +421,68 @@ async fn replicas_behind_one_redis_share_one_limit() {
     assert_eq!(b.report(90, 1).await.0, Some((5, 50)));
 }
 
+/// A rule with a minute's ban after three denials, and streams' assignments alive
+/// 90 s: an answer alive 60 s is the ban's `DENY_ALL`.
+const MINUTE_BAN: &str = "domain: rlqs\ndescriptors:\n  - key: client\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      penalty: {violations: 3, within: 1m, ban: 1m}\n";
+
+#[tokio::test]
+async fn replicas_behind_one_redis_count_denials_and_ban_as_one() {
+    if !available() {
+        eprintln!("SKIP: redis-server not installed");
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let flags = ["--redis", &url, "--rlqs-assignment-ttl", "90s"];
+    let one = Server::start(MINUTE_BAN, &flags);
+    let two = Server::start(MINUTE_BAN, &flags);
+    let client = BucketId {
+        bucket: [("client".to_string(), "10.0.0.1".to_string())].into(),
+    };
+    let mut a = Quota::open(&one).await;
+    let mut b = Quota::open(&two).await;
+    let (bucket, ttl) = a.report_bucket(&client, 10, 2, 1).await;
+    assert!(bucket.is_some() && ttl == 90, "two denials ban no one");
+    // The third denial, reported to the other replica, reaches the count.
+    assert_eq!(b.report_bucket(&client, 10, 1, 1).await, (None, 60));
+    assert_eq!(
+        two.metric(
+            "sluice_penalty_bans_total",
+            &[("domain", "rlqs"), ("rule", "client")]
+        ),
+        Some(1.0)
+    );
+    // The first replica denies the key too: its streams, and ShouldRateLimit.
+    let mut rls = one.client().await;
+    common::eventually(
+        Duration::from_secs(5),
+        "the ban holds on ShouldRateLimit",
+        || {
+            let mut rls = rls.clone();
+            async move {
+                let asked = common::request("rlqs", vec![common::desc(&[("client", "10.0.0.1")])]);
+                common::call(&mut rls, asked).await.overall_code == common::OVER_LIMIT
+            }
+        },
+    )
+    .await;
+    let (bucket, ttl) = a.report_bucket(&client, 1, 0, 1).await;
+    assert!(
+        bucket.is_none() && ttl <= 60,
+        "the other stream is denied: {ttl}"
+    );
+    assert_eq!(
+        common::call(
+            &mut rls,
+            common::request("rlqs", vec![common::desc(&[("client", "10.0.0.2")])])
+        )
+        .await
+        .overall_code,
+        common::OK,
+        "another client is not"
+    );
+}
+
 #[tokio::test]
 async fn with_redis_hung_a_report_of_many_buckets_is_answered_within_one_store_wait() {
     if !available() {

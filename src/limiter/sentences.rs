@@ -5,8 +5,8 @@
 use super::outcome::effective;
 use super::{key, penalty, Ban, Descriptor, Limiter, Outcome, Status};
 use crate::algorithm::{Micros, NO_DEADLINE};
-use crate::policy::{Entry, Policy};
-use crate::store::{Hit, Mode, Spend, Store, StoreError};
+use crate::policy::{Entry, Penalty, Policy};
+use crate::store::{Hit, Mode, Sentenced, Spend, Store, StoreError, Strike};
 
 /// Why a block could not be put or lifted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -160,24 +160,54 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Counts denials in a store that shares sentences, and keeps the sentences it
-    /// answers with. A failed count is logged: the denial stands, uncounted.
+    /// answers with.
     pub(super) async fn strike(&self, pending: Vec<penalty::Pending>, outcome: &mut Outcome) {
         for p in pending {
-            let strike = p.strike();
-            let call = self.store.strike(&strike);
-            let answer = match tokio::time::timeout(self.settings.store_timeout, call).await {
-                Ok(answer) => answer,
-                Err(_) => Err(StoreError::Timeout),
-            };
-            match answer {
-                Ok(Some(s)) => {
-                    self.penalties.learn(&s);
-                    if s.started {
-                        penalty::mark_started(&mut outcome.statuses[p.status], s.kind, s.remaining);
-                    }
+            if let Some(s) = self.count_shared(&p.strike()).await {
+                if s.started {
+                    penalty::mark_started(&mut outcome.statuses[p.status], s.kind, s.remaining);
                 }
-                Ok(None) => {}
-                Err(e) => tracing::debug!(error = %e, "penalty count failed"),
+            }
+        }
+    }
+
+    /// Whether sentences live in the store, shared by every replica, rather than
+    /// in this process.
+    pub fn shares_sentences(&self) -> bool {
+        self.store.shares_sentences()
+    }
+
+    /// Counts `denials` of `key` at once towards `penalty` in a store that shares
+    /// sentences (an RLQS report's), `info` ([`penalty::encode_info`]) kept with a
+    /// sentence they start; the sentence in force after them, if any, kept here too.
+    pub async fn strike_many(
+        &self,
+        key: &str,
+        penalty: &Penalty,
+        denials: u64,
+        info: &str,
+    ) -> Option<Sentenced> {
+        self.count_shared(&penalty::strike(key, penalty, info, denials, false))
+            .await
+    }
+
+    /// One strike in the store, within the store timeout; the sentence it answers
+    /// with is learned. A failed count is logged: the denials stand, uncounted.
+    async fn count_shared(&self, strike: &Strike<'_>) -> Option<Sentenced> {
+        let call = self.store.strike(strike);
+        let answer = match tokio::time::timeout(self.settings.store_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::Timeout),
+        };
+        match answer {
+            Ok(Some(s)) => {
+                self.penalties.learn(&s);
+                Some(s)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "penalty count failed");
+                None
             }
         }
     }

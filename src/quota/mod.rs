@@ -81,15 +81,25 @@ pub fn penalize(
     info: impl Fn() -> BanInfo,
 ) -> Penalized {
     let now = penalties.now();
+    let denied = counted(rule, denied, last);
     let started = rule.penalty.as_ref().is_some_and(|penalty| {
-        last != Some(Assignment::DenyAll)
-            && penalties
-                .deny_many(key, penalty, now, denied, info)
-                .is_some()
+        penalties
+            .deny_many(key, penalty, now, denied, info)
+            .is_some()
     });
     let mut penalized = sentence(penalties, rule, key);
     penalized.started = started;
     penalized
+}
+
+/// How many of a report's `denied` count towards `rule`'s penalty: none without
+/// one, none under a `DENY_ALL` the stream sent (see [`penalize`]).
+pub fn counted(rule: &Rule, denied: u64, last: Option<Assignment>) -> u64 {
+    if rule.penalty.is_none() || last == Some(Assignment::DenyAll) {
+        0
+    } else {
+        denied
+    }
 }
 
 /// The sentence `key` serves under `rule`, as ShouldRateLimit looks it up: an

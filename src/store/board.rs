@@ -21,8 +21,8 @@ pub trait Board: Send + Sync + 'static {
         false
     }
 
-    /// Counts one denial towards its penalty; the sentence in force afterwards, if
-    /// any (one this strike started, or one another replica did).
+    /// Counts a strike's denials towards its penalty; the sentence in force
+    /// afterwards, if any (one this strike started, or one another replica did).
     fn strike(
         &self,
         _strike: &Strike<'_>,
@@ -123,11 +123,13 @@ impl Kind {
     }
 }
 
-/// One denial of a key whose rule has a penalty.
+/// Denials of a key whose rule has a penalty, counted in one step.
 #[derive(Debug, Clone, Copy)]
 pub struct Strike<'a> {
     /// The counter key.
     pub key: &'a str,
+    /// How many: one request's, or those an RLQS report carries.
+    pub denials: u64,
     pub violations: u64,
     pub within: Micros,
     /// [`Kind::Ban`] or [`Kind::Tighten`].

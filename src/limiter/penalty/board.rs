@@ -44,23 +44,36 @@ pub struct Pending {
 
 impl Pending {
     pub fn strike(&self) -> Strike<'_> {
-        let (kind, span, factor_ppm) = parts(&self.penalty.sentence);
-        Strike {
-            key: &self.key,
-            violations: if self.reached {
-                1
-            } else {
-                self.penalty.violations.max(1)
-            },
-            within: self.penalty.within.max(1),
-            kind,
-            span,
-            factor_ppm,
-            block: self
-                .penalty
-                .block
-                .map(|b| (b.bans.max(1), b.within.max(1), b.span)),
-            info: &self.info,
-        }
+        strike(&self.key, &self.penalty, &self.info, 1, self.reached)
+    }
+}
+
+/// `denials` of `key` to count towards `penalty` in a sharing store, `info`
+/// stored with a sentence they start. `reached`: counted here to `violations`
+/// already, so the store's count is reached with these.
+pub fn strike<'a>(
+    key: &'a str,
+    penalty: &Penalty,
+    info: &'a str,
+    denials: u64,
+    reached: bool,
+) -> Strike<'a> {
+    let (kind, span, factor_ppm) = parts(&penalty.sentence);
+    Strike {
+        key,
+        denials,
+        violations: if reached {
+            1
+        } else {
+            penalty.violations.max(1)
+        },
+        within: penalty.within.max(1),
+        kind,
+        span,
+        factor_ppm,
+        block: penalty
+            .block
+            .map(|b| (b.bans.max(1), b.within.max(1), b.span)),
+        info,
     }
 }

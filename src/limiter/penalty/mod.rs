@@ -38,7 +38,7 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-pub use board::{decode_info, encode_info, Pending};
+pub use board::{decode_info, encode_info, strike, Pending};
 pub use hooks::{
     apply_sentences, count_denial, deny_charges, mark_started, matched_under_override, Asked,
     Sentenced,

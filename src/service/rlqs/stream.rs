@@ -33,7 +33,7 @@ use crate::pb::envoy::service::rate_limit_quota::v3::{
 use tokio::sync::mpsc;
 
 use crate::algorithm::{Limit, Micros, SECOND};
-use crate::policy::FailureMode;
+use crate::policy::{FailureMode, Penalty, Rule};
 use crate::quota::{self, govern, Assignment, Governed};
 use crate::store::{Share, Store, StoreError};
 use sluice_grpc::{Code, GrpcError};
@@ -125,6 +125,17 @@ struct Pending {
     /// The last assignment, to hold while the store is away.
     last: Option<Assignment>,
     failure: FailureMode,
+    /// Its denials, to count towards its penalty in a store that shares sentences.
+    strike: Option<Box<Denials>>,
+}
+
+/// A report's denials of a bucket's key, counted in the store with the other
+/// buckets' demand.
+struct Denials {
+    penalty: Penalty,
+    denials: u64,
+    /// Kept with a sentence they start ([`encode_info`](crate::limiter::penalty::encode_info)).
+    info: String,
 }
 
 impl<S: Store> Stream<S> {
@@ -218,7 +229,7 @@ impl<S: Store> Stream<S> {
         let metrics = self.quotas.service.metrics.clone();
         let stats = metrics.rlqs();
         stats.report(shown);
-        let steps: Vec<(Step, Option<&str>)> = reports
+        let steps: Vec<(Step, Option<&Rule>)> = reports
             .bucket_quota_usages
             .iter()
             .enumerate()
@@ -227,19 +238,29 @@ impl<S: Store> Stream<S> {
         // Every bucket's demand is shared at once: with the store slow or away, the
         // report waits for one store call's timeout, not one per bucket (40 buckets
         // would take 20 s, past the assignments' TTL).
+        // Denials to count in a store that shares sentences go with them.
         let quotas = self.quotas.clone();
         let ttl_us = quotas.settings.ttl_secs() * SECOND;
-        let mut shares =
-            futures::future::join_all(steps.iter().filter_map(|(step, _)| match step {
-                Step::Share(p) => {
-                    let member = p.member.as_deref().unwrap_or(&self.id);
-                    Some(quotas.demand.report(&p.key, member, p.own, ttl_us))
-                }
+        let limiter = &quotas.service.limiter;
+        let pending = || {
+            steps.iter().filter_map(|(step, _)| match step {
+                Step::Share(p) => Some(p),
                 Step::Done(_) | Step::Omit => None,
-            }))
-            .await;
+            })
+        };
+        let (mut shares, struck) = futures::join!(
+            futures::future::join_all(pending().map(|p| {
+                let member = p.member.as_deref().unwrap_or(&self.id);
+                quotas.demand.report(&p.key, member, p.own, ttl_us)
+            })),
+            futures::future::join_all(pending().filter_map(|p| {
+                let d = p.strike.as_ref()?;
+                Some(limiter.strike_many(&p.key, &d.penalty, d.denials, &d.info))
+            })),
+        );
         settle_counters(&steps, &mut shares);
         let mut shares = shares.into_iter();
+        let mut struck = struck.into_iter();
         let mut actions = Vec::with_capacity(steps.len());
         for ((step, rule), usage) in steps.into_iter().zip(reports.bucket_quota_usages) {
             let action = match step {
@@ -247,10 +268,19 @@ impl<S: Store> Stream<S> {
                 Step::Omit => continue,
                 Step::Share(p) => {
                     let share = shares.next().expect("one share per bucket asked");
-                    self.shared(p, share)
+                    let sentence = p.strike.as_ref().and_then(|_| struck.next().flatten());
+                    if let (Some(s), Some(rule)) = (&sentence, rule) {
+                        if s.started {
+                            metrics.sentence_started(&domain, rule);
+                        }
+                    }
+                    match sentence.filter(|s| s.kind.denies()) {
+                        Some(s) => self.sentenced(&p.entries, s.remaining),
+                        None => self.shared(p, share),
+                    }
                 }
             };
-            stats.assignment(shown, rule.unwrap_or(""), kind(&action));
+            stats.assignment(shown, rule.map_or("", |r| r.path.as_str()), kind(&action));
             actions.push(BucketAction {
                 bucket_id: usage.bucket_id,
                 bucket_action: Some(action),
@@ -287,7 +317,7 @@ impl<S: Store> Stream<S> {
 /// it. Each record's answer holds only the records written before it: shared from
 /// its own, the first bucket would get the limit as if the others had no demand, and
 /// no nudge reaches buckets of the stream that reported them.
-fn settle_counters(steps: &[(Step, Option<&str>)], shares: &mut [Result<Share, StoreError>]) {
+fn settle_counters(steps: &[(Step, Option<&Rule>)], shares: &mut [Result<Share, StoreError>]) {
     // One bucket shares with no other of its report: nothing to settle.
     if shares.len() < 2 {
         return;

@@ -91,7 +91,8 @@ impl Inner {
             .arg(bans)
             .arg(bwithin)
             .arg(bspan)
-            .arg(s.info);
+            .arg(s.info)
+            .arg(s.denials);
         let reply = self.board(&call, self.call_timeout).await?;
         let Value::Array(items) = reply else {
             return Err(bad("expected an array"));

@@ -7,7 +7,8 @@ use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 
 use crate::algorithm::{Micros, SECOND};
-use crate::policy::Policy;
+use crate::limiter::penalty::{encode_info, BanInfo, Source};
+use crate::policy::{Policy, Rule};
 use crate::quota::share::demand;
 use crate::quota::{self, govern, Assignment, Governed};
 use crate::service::rlqs::peers::Nudge;
@@ -16,11 +17,11 @@ use crate::store::{Share, Store, StoreError};
 
 use super::action::assignment;
 use super::bucket::{bucket_hash, digest, id_bytes, BucketKey, Irregular, MAX_BUCKET_ID_BYTES};
-use super::{Pending, Step, Stream, Tracked};
+use super::{Denials, Pending, Step, Stream, Tracked};
 
 impl<S: Store> Stream<S> {
     /// One bucket's action, or what is left to do once its demand is shared, and
-    /// the path of the rule that governs it. `label` is the domain as the metrics
+    /// the rule that governs it. `label` is the domain as the metrics
     /// show it, `index` the bucket's place in its report.
     pub(super) fn decide<'p>(
         &mut self,
@@ -30,7 +31,7 @@ impl<S: Store> Stream<S> {
         index: usize,
         usage: &BucketQuotaUsage,
         now: Micros,
-    ) -> (Step, Option<&'p str>) {
+    ) -> (Step, Option<&'p Rule>) {
         let settings = &self.quotas.settings;
         let mut ttl = settings.ttl_secs();
         let quotas = &self.quotas;
@@ -61,9 +62,9 @@ impl<S: Store> Stream<S> {
         entries.sort_unstable();
         let limiter = &self.quotas.service.limiter;
         let governed = govern(policy, domain, &entries, limiter.hashing());
-        let rule_path = match &governed {
-            Governed::Free(rule) => rule.map(|r| r.path.as_str()),
-            Governed::Limited { rule, .. } => Some(rule.path.as_str()),
+        let rule_of = match &governed {
+            Governed::Free(rule) => *rule,
+            Governed::Limited { rule, .. } => Some(*rule),
         };
         let failure = policy
             .domain(domain)
@@ -104,7 +105,7 @@ impl<S: Store> Stream<S> {
                 }
                 None => quota::untracked(&governed, failure),
             };
-            return (Step::Done(assignment(a, ttl)), rule_path);
+            return (Step::Done(assignment(a, ttl)), rule_of);
         }
         if !known {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
@@ -135,10 +136,7 @@ impl<S: Store> Stream<S> {
                     let member = member.unwrap_or_else(|| self.id.clone());
                     self.quotas.demand.forget(vec![key], member);
                 }
-                return (
-                    Step::Done(Action::AbandonAction(AbandonAction {})),
-                    rule_path,
-                );
+                return (Step::Done(Action::AbandonAction(AbandonAction {})), rule_of);
             }
         } else {
             tracked.idle_since = None;
@@ -168,20 +166,33 @@ impl<S: Store> Stream<S> {
                         .then(|| format!("{}/{:016x}", self.id, bucket_hash(usage)));
                 }
                 // Envoy's denials count towards the penalty as ShouldRateLimit's do,
-                // but for those under a DENY_ALL this stream sent.
-                let info = || crate::limiter::penalty::BanInfo {
+                // but for those under a DENY_ALL this stream sent: here, or in a
+                // store that shares sentences once the report is decided.
+                let info = || BanInfo {
                     domain: domain.to_string(),
                     rule: rule.path.clone(),
                     key: shown.clone(),
                 };
+                let counted = quota::counted(rule, usage.num_requests_denied, tracked.last);
+                let shared = limiter.shares_sentences();
                 let penalized = quota::penalize(
                     limiter.penalties(),
                     rule,
                     &key,
-                    usage.num_requests_denied,
+                    if shared { 0 } else { counted },
                     tracked.last,
                     info,
                 );
+                let strike = match &rule.penalty {
+                    Some(penalty) if shared && counted > 0 && penalized.denied_for.is_none() => {
+                        Some(Box::new(Denials {
+                            penalty: *penalty,
+                            denials: counted,
+                            info: encode_info(&info(), Source::Penalty),
+                        }))
+                    }
+                    _ => None,
+                };
                 if penalized.started {
                     self.quotas.service.metrics.sentence_started(domain, rule);
                 }
@@ -222,14 +233,26 @@ impl<S: Store> Stream<S> {
                             kept: last.filter(|_| from_limit),
                             last,
                             failure,
+                            strike,
                         }),
-                        rule_path,
+                        rule_of,
                     );
                 }
             }
         };
         tracked.last = Some(chosen);
-        (Step::Done(assignment(chosen, ttl)), rule_path)
+        (Step::Done(assignment(chosen, ttl)), rule_of)
+    }
+
+    /// The action of a bucket whose key the store says is denied for `left` more
+    /// (a sentence its denials started, or another replica's): `DENY_ALL`, alive
+    /// no longer than the sentence.
+    pub(super) fn sentenced(&mut self, entries: &BucketKey, left: Micros) -> Action {
+        if let Some(t) = self.buckets.get_mut(entries) {
+            t.last = Some(Assignment::DenyAll);
+        }
+        let ttl = quota::sentence_ttl(self.quotas.settings.ttl_secs(), left);
+        assignment(Assignment::DenyAll, ttl)
     }
 
     /// The action of a bucket [`Stream::decide`] left `pending`, given its demand
@@ -245,6 +268,7 @@ impl<S: Store> Stream<S> {
             kept,
             last,
             failure,
+            strike: _,
         } = pending;
         let chosen = match share {
             Ok(all) => {

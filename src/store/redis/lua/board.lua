@@ -9,8 +9,8 @@
 -- ARGV[1]: the operation; ARGV[2]: fixed now in microseconds (tests) or ''.
 --
 -- strike ARGV[3..]: key, violations, within, kind (b/t), span, factor_ppm, bans (0:
---   no block), block within, block span, info. Returns {} or {kind, remaining,
---   factor_ppm, info, started 0/1}.
+--   no block), block within, block span, info, denials (absent: 1, as older
+--   replicas send). Returns {} or {kind, remaining, factor_ppm, info, started 0/1}.
 -- put ARGV[3..]: key, kind, span, factor_ppm, info. Returns 1.
 -- pardon ARGV[3]: key. Returns 1 when a sentence was in force.
 -- list: returns {now, key, until, record, key, until, record, ...}.
@@ -112,7 +112,7 @@ if now >= start + within then
   cur = 0
   start = start + spans * within
 end
-cur = cur + 1
+cur = cur + (tonumber(ARGV[13]) or 1)
 local left = within - (now - start)
 local estimate = math.floor(prev * left / within) + cur
 if estimate < violations then
