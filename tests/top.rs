@@ -329,6 +329,10 @@ fn sluice_top_writes_clients_keys_escaped() {
         &format!("cat >> {}", raw.path().display()),
     ]);
     assert!(out.status.success(), "{out:?}");
+    // The screen may be drawn whole before the pipe joins, and then only its
+    // changes: a new size has it drawn whole again, into the pipe.
+    let out = tmux.run(&["resize-window", "-t", "top", "-x", "121", "-y", "32"]);
+    assert!(out.status.success(), "{out:?}");
     tmux.wait_for_all(
         "the hostile keys, escaped",
         &[
@@ -339,9 +343,16 @@ fn sluice_top_writes_clients_keys_escaped() {
             r"adm\u{200b}in",
         ],
     );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let written = std::fs::read(raw.path()).expect("the pane's bytes");
+        let text = String::from_utf8_lossy(&written).into_owned();
+        if text.contains(r"bob\rcarol") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     tmux.keys(&["q"]);
-    let written = std::fs::read(raw.path()).expect("the pane's bytes");
-    let text = String::from_utf8_lossy(&written);
     assert!(text.contains(r"bob\rcarol"), "{text:?}");
     for (what, bad) in [
         ("an OSC sequence", "\u{1b}]"),
