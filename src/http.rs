@@ -141,7 +141,7 @@ async fn metrics<S: Store>(
     admin
         .service
         .metrics
-        .set_active_bans(penalties.active_count());
+        .set_active_bans(admin.service.limiter.denied_keys());
     // OpenMetrics (with exemplars) to a scraper that asks for it (Prometheus does by
     // default) while tracing is on; otherwise the format every scraper reads.
     let openmetrics = admin.service.metrics.has_exemplars()
@@ -513,7 +513,7 @@ async fn signals<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
 async fn blocks<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     use crate::telemetry::secs;
     let limiter = &admin.service.limiter;
-    let list = limiter.penalties().active();
+    let list = limiter.sentences();
     Json(json!({
         "shared": limiter.store().shares_sentences(),
         "sentences": list.iter().map(|b| json!({
@@ -534,7 +534,7 @@ async fn blocks<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
 /// the last minute, and the keys serving a penalty ban.
 async fn top<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
     use crate::telemetry::secs;
-    let bans = admin.service.limiter.penalties().active();
+    let bans = admin.service.limiter.sentences();
     let mut rules: Vec<serde_json::Value> = Vec::new();
     let tops = admin.service.metrics.top_offenders();
     let mut seen = std::collections::HashSet::new();

@@ -120,8 +120,7 @@ pub async fn unblock<S: Store>(
 pub fn list<S: Store>(limiter: &Limiter<S>, req: &pb::ListBlocksRequest) -> pb::Sentences {
     pb::Sentences {
         sentences: limiter
-            .penalties()
-            .active()
+            .sentences()
             .iter()
             .filter(|b| req.domain.is_empty() || b.info.domain == req.domain)
             .map(to_pb)

@@ -110,7 +110,7 @@ impl<S: Store> pb::admin_server::Admin for Admin<S> {
         request: Request<pb::Filter>,
     ) -> Result<Response<Self::WatchOffendersStream>, Status> {
         let service = self.service.clone();
-        let bans = move || service.limiter.penalties().active();
+        let bans = move || service.limiter.sentences();
         Ok(Response::new(feed::offenders(
             request.into_inner(),
             self.service.metrics.clone(),

@@ -2,6 +2,8 @@
 //! their rule's `penalty` (here, or in a store that shares sentences), operators'
 //! blocks and unblocks, and the sync of shared sentences.
 
+use std::collections::HashSet;
+
 use super::outcome::effective;
 use super::{key, penalty, Ban, Descriptor, Limiter, Outcome, Status};
 use crate::algorithm::{Micros, NO_DEADLINE};
@@ -146,6 +148,25 @@ impl<S: Store> Limiter<S> {
             },
             hit.mode,
         ))
+    }
+
+    /// The sentences in force as requests meet them, longest remaining first: an
+    /// operator's, and a penalty's while the serving policy gives its rule a
+    /// penalty. A reload that takes the penalty (or the rule) away ends what it
+    /// gave, though the record stays, unlisted, until its time.
+    pub fn sentences(&self) -> Vec<penalty::ActiveBan> {
+        let policy = self.policy.load();
+        let penalised = penalised(&policy);
+        self.penalties
+            .active_where(|info, source| served(&penalised, info, source))
+    }
+
+    /// Keys denied outright now, of [`Limiter::sentences`].
+    pub fn denied_keys(&self) -> usize {
+        let policy = self.policy.load();
+        let penalised = penalised(&policy);
+        self.penalties
+            .active_count_where(|info, source| served(&penalised, info, source))
     }
 
     /// Brings in the sentences of a store that shares them (other replicas'
@@ -305,4 +326,25 @@ impl<S: Store> Limiter<S> {
         outcome.overrides = overrides;
         pending
     }
+}
+
+/// The rules of `policy` with a penalty, as (domain, path).
+fn penalised(policy: &Policy) -> HashSet<(&str, &str)> {
+    policy
+        .rules_by_domain()
+        .into_iter()
+        .filter(|(_, rule)| rule.penalty.is_some())
+        .map(|(domain, rule)| (domain, rule.path.as_str()))
+        .collect()
+}
+
+/// Whether a sentence is served: an operator's always, a penalty's while its rule
+/// has one.
+fn served(
+    penalised: &HashSet<(&str, &str)>,
+    info: &penalty::BanInfo,
+    source: penalty::Source,
+) -> bool {
+    source == penalty::Source::Operator
+        || penalised.contains(&(info.domain.as_str(), info.rule.as_str()))
 }

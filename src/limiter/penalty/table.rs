@@ -538,6 +538,11 @@ impl Penalties {
 
     /// Every sentence in force, longest remaining first.
     pub fn active(&self) -> Vec<ActiveBan> {
+        self.active_where(|_, _| true)
+    }
+
+    /// The sentences in force that `keep` keeps, longest remaining first.
+    pub fn active_where(&self, keep: impl Fn(&BanInfo, Source) -> bool) -> Vec<ActiveBan> {
         let now = self.clock.now();
         let mut out: Vec<ActiveBan> = self
             .shards
@@ -548,8 +553,9 @@ impl Penalties {
                     .iter()
                     .filter(|(_, r)| r.sentenced(now))
                     .filter_map(|(k, r)| {
+                        let info = r.info.as_deref().filter(|i| keep(i, r.source))?;
                         Some(ActiveBan {
-                            info: (**r.info.as_ref()?).clone(),
+                            info: info.clone(),
                             kind: r.kind,
                             source: r.source,
                             counter: k.to_string(),
@@ -571,6 +577,11 @@ impl Penalties {
 
     /// Keys denied outright now (banned or blocked).
     pub fn active_count(&self) -> usize {
+        self.active_count_where(|_, _| true)
+    }
+
+    /// Keys denied outright now (banned or blocked), of the sentences `keep` keeps.
+    pub fn active_count_where(&self, keep: impl Fn(&BanInfo, Source) -> bool) -> usize {
         let now = self.clock.now();
         self.shards
             .iter()
@@ -579,6 +590,7 @@ impl Penalties {
                     .records
                     .values()
                     .filter(|r| r.sentenced(now) && r.kind.denies())
+                    .filter(|r| r.info.as_deref().is_some_and(|i| keep(i, r.source)))
                     .count()
             })
             .sum()

@@ -324,7 +324,8 @@ async fn an_operator_blocks_and_unblocks_a_key_of_a_rule_without_penalty() {
 
 /// A reload that takes a rule's `penalty` away lifts the bans it gave at once, and
 /// an operator's block of another key, which has every rule's hits looked up, does
-/// not bring them back; the operator's own block still holds.
+/// not bring them back; the operator's own block still holds. Listings and the
+/// count of denied keys show what holds.
 #[tokio::test]
 async fn a_reload_without_the_penalty_lifts_its_bans_whatever_operators_block() {
     let clock = ManualClock::new(T0);
@@ -334,13 +335,19 @@ async fn a_reload_without_the_penalty_lifts_its_bans_whatever_operators_block() 
         assert!(one(&l, "ip", "a").await.over_limit);
     }
     assert_eq!(one(&l, "ip", "a").await.statuses[0].ban, Ban::Active);
+    assert_eq!((l.sentences().len(), l.denied_keys()), (1, 1));
     let lifted = POLICY.replace("      penalty: {violations: 2, within: 10s, ban: 5m}\n", "");
     let lifted = lifted.replace("requests_per_unit: 1\n", "requests_per_unit: 50\n");
     let docs = crate::policy::parse_str("p.yaml", &lifted).expect("parses");
     l.policy
         .store(Arc::new(crate::policy::compile(docs).expect("compiles")));
     assert!(!one(&l, "ip", "a").await.over_limit, "the ban went with it");
+    assert_eq!(l.sentences(), vec![], "and is not listed");
+    assert_eq!(l.denied_keys(), 0);
     l.block("d", &[("ip", "b")], 60 * SECOND).await.unwrap();
+    let listed: Vec<_> = l.sentences().into_iter().map(|b| b.info.key).collect();
+    assert_eq!(listed, ["b"], "the operator's block is");
+    assert_eq!(l.denied_keys(), 1);
     assert!(l.penalties().operator_blocks());
     let o = one(&l, "ip", "a").await;
     assert!(
