@@ -62,6 +62,11 @@ pub struct Status {
     /// [`Rule::also`] whose verdict this status reports, the one nearest its limit
     /// ([`Outcome::rule`] answers with it). `None` when it is the matched rule's own.
     pub answered_by: Option<usize>,
+    /// Its hits were spent though the request was denied: it admitted them, and
+    /// `--denied-requests-spend admitting-limits` spends them ([`DeniedSpend`]).
+    ///
+    /// [`DeniedSpend`]: super::DeniedSpend
+    pub spent_denied: bool,
 }
 
 impl Status {
@@ -87,6 +92,7 @@ impl Status {
             shed: false,
             tightened: None,
             answered_by: None,
+            spent_denied: false,
         }
     }
 }

@@ -156,6 +156,7 @@ impl<S: Store> Limiter<S> {
             if self.settings.resets == ResetResolution::Seconds {
                 verdict.reset = whole_seconds(verdict.reset);
             }
+            status.spent_denied = verdict.admitted && decided.admitted;
             status.verdict = Some(verdict);
             status.over_limit = !verdict.admitted && hit.mode != Mode::Shadow;
         }

@@ -483,6 +483,7 @@ descriptors:
             shed: false,
             tightened: None,
             answered_by: None,
+            spent_denied: false,
         }
     }
 

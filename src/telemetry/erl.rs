@@ -461,6 +461,7 @@ mod tests {
             shed: false,
             tightened: None,
             answered_by: None,
+            spent_denied: false,
         }
     }
 

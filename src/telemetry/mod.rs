@@ -118,7 +118,8 @@ struct RuleCounts {
     bans: AtomicU64,
     /// Admitted descriptors that left their counter past the near-limit ratio.
     near_limit: AtomicU64,
-    /// Hits spent ([`COST_KINDS`]: admitted requests' and every charge's), given
+    /// Hits spent ([`COST_KINDS`]: admitted requests', a denied request's on the
+    /// limits that admitted it when it spends them, and every charge's), given
     /// back by refunds, and charged past the limit (the cost of charges that did
     /// not fit, spent and owed).
     cost: [AtomicU64; COST_KINDS.len()],
@@ -232,7 +233,7 @@ pub struct RuleTop {
     pub decided: u64,
     /// Of those, denied (over limit or banned).
     pub denied: u64,
-    /// Hits spent (admitted requests' and every charge's) and given back by
+    /// Hits spent (as `sluice_cost_total` counts them) and given back by
     /// refunds over the last minute: the rule's cost, where a call may cost more
     /// than one.
     pub spent: u64,

@@ -204,7 +204,9 @@ impl Metrics {
             }
             if let (Some(v), true) = (s.verdict, s.hits > 0) {
                 let (spent, refunded) = match s.spend {
-                    Spend::IfAdmitted if v.admitted && !outcome.over_limit => (s.hits, 0),
+                    Spend::IfAdmitted if v.admitted && (!outcome.over_limit || s.spent_denied) => {
+                        (s.hits, 0)
+                    }
                     Spend::IfAdmitted => (0, 0),
                     Spend::Always => {
                         if !v.admitted {

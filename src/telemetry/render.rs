@@ -100,7 +100,7 @@ impl Metrics {
                 let _ = writeln!(out, "\"}} {n}");
             }
             out.push_str(
-                "# HELP sluice_cost_total Hits by rule: spent (admitted requests' and every charge's), refunded (given back by is_negative_hits), over (charges that did not fit, spent and owed).\n\
+                "# HELP sluice_cost_total Hits by rule: spent (admitted requests' and every charge's; a denied request's where it spends them), refunded (given back by is_negative_hits), over (charges that did not fit, spent and owed).\n\
                  # TYPE sluice_cost_total counter\n",
             );
             let mut cost: std::collections::BTreeMap<(&str, &str, usize), u64> = Default::default();

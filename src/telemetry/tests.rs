@@ -440,6 +440,7 @@ fn store_state_changes_are_logged_once_each() {
             shed: false,
             tightened: None,
             answered_by: None,
+            spent_denied: false,
         }],
         delay: 0,
         failure: failed.then(|| StoreFailure {
@@ -816,4 +817,43 @@ async fn a_decision_in_flight_across_a_reload_does_not_bring_back_a_removed_rule
         ),
         "{text}"
     );
+}
+
+/// `--denied-requests-spend admitting-limits`: a request denied by one limit spends
+/// its hits on the limits that admitted it, and `spent` counts them there, as it
+/// counts what every counter spent; a request that spends nothing counts nothing.
+#[tokio::test]
+async fn hits_a_denied_request_spent_count_as_spent() {
+    let policy = "domain: d
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+";
+    for (spend, spent) in [
+        (crate::limiter::DeniedSpend::AdmittingLimits, 3),
+        (crate::limiter::DeniedSpend::Nothing, 1),
+    ] {
+        let clock = ManualClock::new(T0);
+        let settings = Settings {
+            denied_spend: spend,
+            ..Settings::default()
+        };
+        let l = crate::limiter::test_limiter(policy, &clock, settings);
+        let m = Metrics::with_clock(Arc::new(clock.clone()));
+        let (ip, tenant) = ([("ip", "a")], [("tenant", "t")]);
+        for _ in 0..3 {
+            let both = [Descriptor::new(&ip[..], 1), Descriptor::new(&tenant[..], 1)];
+            let o = l.decide("d", &both).await;
+            m.record("d", &o, Duration::from_micros(10));
+        }
+        // What the tenant's counter holds: a check sees it.
+        let o = l.decide("d", &[Descriptor::new(&tenant[..], 0)]).await;
+        let left = o.statuses[0].verdict.expect("decided").remaining;
+        assert_eq!(left, 10 - spent, "{spend:?}");
+        let text = m.render();
+        let line = format!(r#"sluice_cost_total{{domain="d",kind="spent",rule="tenant"}} {spent}"#);
+        assert!(text.contains(&line), "{spend:?}: {line} in {text}");
+    }
 }
