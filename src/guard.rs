@@ -15,16 +15,21 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
 use prometheus::IntCounter;
 use sluice_grpc::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+
+use crate::tls::TlsListener;
 
 /// An axum listener guarded by a [`Guard`]: past `max` open connections, new ones
 /// are closed as soon as accepted (counted in `refused`); a connection that
@@ -82,12 +87,55 @@ impl axum::serve::Listener for Guarded {
     }
 }
 
+/// The requests a connection is answering. While one is (a `/json` call held for
+/// its `leaky_bucket` turn), the connection's silence is the server's, not the
+/// client's, and does not close it. axum hands it to each request as connect info
+/// ([`answering`](crate::http)).
+#[derive(Debug, Clone, Default)]
+pub struct Answering(Arc<AtomicUsize>);
+
+impl Answering {
+    /// Marks a request being answered, until the guard is dropped.
+    pub fn begin(&self) -> Answer {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Answer(self.0.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// A request being answered on its connection, until dropped.
+#[derive(Debug)]
+pub struct Answer(Arc<AtomicUsize>);
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Connected<IncomingStream<'_, Guarded>> for Answering {
+    fn connect_info(stream: IncomingStream<'_, Guarded>) -> Self {
+        stream.io().answering.clone()
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener<Guarded>>> for Answering {
+    fn connect_info(stream: IncomingStream<'_, TlsListener<Guarded>>) -> Self {
+        stream.io().get_ref().0.answering.clone()
+    }
+}
+
 /// A connection that ends with an error once it has been silent (no byte read or
-/// written) for its limit; its slot is given back when it is dropped.
+/// written) for its limit while answering no request; its slot is given back when
+/// it is dropped.
 pub struct Quiet<T> {
     io: T,
     silence: Duration,
     deadline: Pin<Box<Sleep>>,
+    answering: Answering,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -97,6 +145,7 @@ impl<T> Quiet<T> {
             io,
             silence,
             deadline: Box::pin(tokio::time::sleep(silence)),
+            answering: Answering::default(),
             _slot: slot,
         }
     }
@@ -106,15 +155,20 @@ impl<T> Quiet<T> {
         self.deadline.as_mut().reset(next);
     }
 
-    /// When the inner I/O waits: an error if the silence has run out.
+    /// When the inner I/O waits: an error if the silence has run out while no
+    /// request was being answered.
     fn waiting<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
-        match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "connection silent too long",
-            ))),
-            Poll::Pending => Poll::Pending,
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            if !self.answering.any() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection silent too long",
+                )));
+            }
+            // The server's silence: counted afresh from here.
+            self.heard();
         }
+        Poll::Pending
     }
 }
 
@@ -197,5 +251,26 @@ mod tests {
         let e = quiet.read(&mut buf).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_answering_a_request_is_not_silent() {
+        let (_client, server) = tokio::io::duplex(64);
+        let mut quiet = Quiet::new(server, Duration::from_secs(10), slot());
+        let answer = quiet.answering.begin();
+        let mut buf = [0u8; 8];
+        // Held for 35 s: the silence is the server's.
+        let read = tokio::time::timeout(Duration::from_secs(35), quiet.read(&mut buf)).await;
+        assert!(read.is_err(), "closed while answering: {read:?}");
+        // Answered: 10 s of silence end it, counted from the last check.
+        drop(answer);
+        let started = Instant::now();
+        let e = quiet.read(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(
+            started.elapsed() <= Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

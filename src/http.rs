@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::clock::rfc3339;
+use crate::guard::Answering;
 use crate::service::decode::Request;
 use crate::service::grpc::SHOULD_RATE_LIMIT_SPAN;
 use crate::service::json::{parse_request, render_response};
@@ -187,6 +188,19 @@ impl<S: Store> FromRequestParts<Arc<HttpState<S>>> for JsonCall {
     }
 }
 
+/// The connection a request came on, to mark it answering the request while the
+/// request is held: `None` on a port served without it (`--prometheus-addr`).
+struct Connection(Option<Answering>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Connection {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let info = parts.extensions.get::<ConnectInfo<Answering>>();
+        Ok(Connection(info.map(|c| c.0.clone())))
+    }
+}
+
 /// A `POST /json` body. One whose Content-Length is over `--max-request-bytes` is
 /// refused unread: hyper answers `Expect: 100-continue` only once a body is read,
 /// and axum's `Bytes` would wait for bytes it then refuses.
@@ -222,8 +236,12 @@ impl<S: Store> FromRequest<Arc<HttpState<S>>> for JsonBody {
 async fn json_request<S: Store>(
     State(admin): State<Arc<HttpState<S>>>,
     JsonCall(call): JsonCall,
+    Connection(connection): Connection,
     body: JsonBody,
 ) -> Response {
+    // Read whole: from here its connection waits on Sluice (a leaky_bucket turn
+    // may be seconds away), and its silence must not close it.
+    let _answer = connection.as_ref().map(Answering::begin);
     let _in_flight = admin.service.enter();
     // Tracing off, or a call not sampled: decided as without tracing.
     let Some(mut call) = call.filter(Call::recording) else {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
-use crate::guard::Guard;
+use crate::guard::{Answering, Guard};
 use crate::hash::ValueHash;
 use crate::http::{metrics_router, router, HttpState};
 use crate::limiter::key::Hashing;
@@ -519,9 +519,12 @@ where
         None => {
             let http_listener = guard.wrap(http_listener, "http");
             tokio::spawn(async move {
-                axum::serve(http_listener, app)
-                    .with_graceful_shutdown(http_stop)
-                    .await
+                axum::serve(
+                    http_listener,
+                    app.into_make_service_with_connect_info::<Answering>(),
+                )
+                .with_graceful_shutdown(http_stop)
+                .await
             })
         }
         Some(t) => {
@@ -529,9 +532,12 @@ where
             // once its handshake is done, so half-open handshakes count too.
             let listener = TlsListener::new(guard.wrap(http_listener, "http"), t, guard.silence);
             tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(http_stop)
-                    .await
+                axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<Answering>(),
+                )
+                .with_graceful_shutdown(http_stop)
+                .await
             })
         }
     };

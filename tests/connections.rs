@@ -227,6 +227,37 @@ async fn http_connections_are_capped_and_silent_ones_closed() {
     assert_eq!(refusals_logged(&server, "--http-max-connections").await, 1);
 }
 
+/// A `/json` call held for its `leaky_bucket` turn is a server that has not yet
+/// answered, not a silent client: it gets its answer however long past
+/// `--handshake-timeout` its turn comes.
+#[tokio::test]
+async fn a_json_call_held_for_its_turn_outlives_the_silence_limit() {
+    let policy = "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky_bucket, burst: 5}\n";
+    let server = Server::start(policy, &["--handshake-timeout", "1s"]);
+    let body = r#"{"domain":"q","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    // The first four turns fall within 3 s of one another; the fourth waits out
+    // most of them.
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let addr = server.http.clone();
+        calls.push(std::thread::spawn(move || {
+            let started = Instant::now();
+            let (status, answer) = http(&addr, "POST", "/json", body);
+            (status, answer, started.elapsed())
+        }));
+    }
+    let mut longest = Duration::ZERO;
+    for call in calls {
+        let (status, answer, took) = call.join().unwrap();
+        assert_eq!(status, 200, "after {took:?}: {answer}");
+        longest = longest.max(took);
+    }
+    assert!(
+        longest > Duration::from_secs(1),
+        "a turn was held: {longest:?}"
+    );
+}
+
 /// How many log lines so far say that connections past `flag` were refused.
 async fn refusals_logged(server: &Server, flag: &str) -> usize {
     let said = format!("connection refused: {flag} are open");
