@@ -253,8 +253,8 @@ fn local_share<S: Store>(
                     _ = &mut stop => return,
                     _ = tick.tick() => {
                         let s = service.limiter.local_tick().await;
-                        if s.added > 0 || s.already > 0 {
-                            tracing::info!(added = s.added, already = s.already, "local spending settled in the store");
+                        if s.added > 0 || s.already > 0 || s.refunded > 0 {
+                            tracing::info!(added = s.added, refunded = s.refunded, already = s.already, "local spending settled in the store");
                         }
                     }
                 }

@@ -1,7 +1,7 @@
 //! `failure_mode: local` on a real redis-server: three limiters (three replicas)
 //! share one shard, count each other through it, and when it hangs or dies each
 //! decides with its third of the limit; when it comes back their local spending
-//! reaches the shared counter once. One replica cut off alone is counted missing by
+//! reaches the shared counter once, their refunds as refunds. One replica cut off alone is counted missing by
 //! the others, which then leave its third to it; with the side channel (servers
 //! that advertise their HTTP ports) they do so from its first call after the cut.
 //!
@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use common::redis::{available, RedisServer};
+use common::redis::{available, RedisCluster, RedisServer};
+use sluice::algorithm::{Algorithm, Limit, NO_DEADLINE, SECOND};
 use sluice::limiter::{Descriptor, Limiter, Settings};
 use sluice::policy::FailureMode;
 use sluice::store::redis::Options;
-use sluice::store::{Beats, RedisStore, Replicas, Store};
+use sluice::store::{Beats, Fallback, Hit, Mode, RedisStore, Replicas, Settlement, Spend, Store};
 
 /// Long enough that a loaded machine's stalls, which other tests and builds cause
 /// here, neither fail a healthy shard's calls nor add up to a second timeout.
@@ -295,6 +296,148 @@ async fn a_replica_started_during_the_outage_starts_with_its_share_spent() {
         local && !admitted,
         "no share to hand out before knowing the counter"
     );
+}
+
+/// One call on `key`=`value`, a descriptor per amount of `hits` spent as its
+/// [`Spend`]: (admitted, decided locally, how long it took).
+async fn spend(
+    r: &Replica,
+    key: &str,
+    value: &str,
+    hits: &[(u64, Spend)],
+) -> (bool, bool, Duration) {
+    let entries = [(key, value)];
+    let descriptors: Vec<_> = hits
+        .iter()
+        .map(|&(hits, spend)| Descriptor {
+            spend,
+            ..Descriptor::new(&entries, hits)
+        })
+        .collect();
+    let started = Instant::now();
+    let o = r.decide("d", &descriptors).await;
+    assert!(o.failure.is_none(), "a local domain never fails: {o:?}");
+    (!o.over_limit, o.local, started.elapsed())
+}
+
+/// Calls `r` on a key of its own until its shard is backed off for at least
+/// another store timeout: a call made then is answered locally at once and never
+/// reaches the shard (the trial calls at the end of a back-off would, and count in
+/// Redis when it wakes: docs/local-share.md, *A call that timed out may still
+/// count*).
+async fn until_backed_off(r: &Replica) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let until = r.store().shards()[0].backoff_until;
+        let left = until.and_then(|u| u.duration_since(std::time::SystemTime::now()).ok());
+        if left.is_some_and(|left| left > STORE_TIMEOUT) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the shard never backed off");
+        let (_, local, _) = call(r, "spare", 1).await;
+        assert!(local);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_made_during_the_outage_reach_the_shared_counter() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    let policy = format!(
+        "{POLICY}  - key: stream\n    rate_limit: {{algorithm: concurrency, requests_per_unit: 1, lease: 5m}}\n"
+    );
+    let r = replica_of(
+        &redis.url(),
+        Arc::new(ArcSwap::from_pointee(compiled(&policy))),
+    );
+    // Before the outage: a reservation of 30 charged, and the one slot taken.
+    let (admitted, local, _) = spend(&r, "user", "u6", &[(30, Spend::Always)]).await;
+    assert!(admitted && !local);
+    let (admitted, local, _) = spend(&r, "stream", "s1", &[(1, Spend::IfAdmitted)]).await;
+    assert!(admitted && !local);
+
+    redis.freeze();
+    until_backed_off(&r).await;
+    // The stream ends while the shard hangs: the 30 given back and the actual 10
+    // charged in one call, and the slot given back. Answered at once, locally.
+    let stream_end = [(30, Spend::Refund), (10, Spend::Always)];
+    let (admitted, local, took) = spend(&r, "user", "u6", &stream_end).await;
+    assert!(admitted && local && took < STORE_TIMEOUT, "{took:?}");
+    let (admitted, local, took) = spend(&r, "stream", "s1", &[(1, Spend::Refund)]).await;
+    assert!(admitted && local && took < STORE_TIMEOUT, "{took:?}");
+
+    redis.thaw();
+    settle_until(
+        std::slice::from_ref(&r),
+        "the local spending never settled",
+        |all| !all[0].local().has_unsettled(),
+    )
+    .await;
+    // What Redis would hold had it answered throughout: only the 10 spent.
+    assert_eq!(remaining(&r, "u6").await, LIMIT - 10);
+    // The slot is free again, long before its lease ends.
+    let (admitted, local, _) = spend(&r, "stream", "s1", &[(1, Spend::IfAdmitted)]).await;
+    assert!(
+        admitted && !local,
+        "the slot given back during the outage is free"
+    );
+}
+
+/// Settles on `store`, on a counter that held 30 of 60, 40 given back then 10
+/// charged under one token, twice: the refund stops at an empty counter before the
+/// charge (charged first, the two would leave it empty), and the retry adds nothing.
+async fn gives_back_then_charges_once(store: &RedisStore) {
+    let limit = Limit {
+        algorithm: Algorithm::TokenBucket,
+        requests: LIMIT,
+        window: 86_400 * SECOND,
+        burst: LIMIT,
+        phase: 0,
+    };
+    let hit = |hits: u64, spend: Spend| Hit {
+        key: "d|user=settled".to_string(),
+        placement: 7,
+        limit,
+        hits,
+        mode: Mode::Enforce,
+        spend,
+        fallback: Fallback::Local,
+        max_delay: NO_DEADLINE,
+    };
+    store
+        .decide(&[hit(30, Spend::Always)])
+        .await
+        .expect("charged");
+    let settlement = Settlement {
+        hit: hit(10, Spend::Always),
+        refund: 40,
+        token: "replica:1".to_string(),
+    };
+    let first = store.settle(std::slice::from_ref(&settlement)).await;
+    assert_eq!(first, vec![Ok(true)]);
+    let again = store.settle(std::slice::from_ref(&settlement)).await;
+    assert_eq!(again, vec![Ok(false)], "one token, taken once");
+    let left = store
+        .decide(&[hit(0, Spend::IfAdmitted)])
+        .await
+        .expect("read");
+    assert_eq!(left.verdicts[0].remaining, LIMIT - 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_gives_back_then_charges_once_on_a_shard_and_a_cluster() {
+    if !available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start().await;
+    gives_back_then_charges_once(&store(&redis.url())).await;
+    let cluster = RedisCluster::start(3).await;
+    let store = RedisStore::new(Options::new(cluster.urls(), true), None).expect("store");
+    gives_back_then_charges_once(&store).await;
 }
 
 /// Polls `ok` every 50 ms until it holds; panics with `why` after 10 s.

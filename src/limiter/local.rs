@@ -228,6 +228,8 @@ pub struct LocalStatus {
 pub struct Settled {
     /// Amounts the store took now.
     pub added: u64,
+    /// Hits given back by the amounts the store took now (refunds made locally).
+    pub refunded: u64,
     /// Amounts the store had already taken (a retry after a lost answer).
     pub already: u64,
     /// Counters whose settlement failed (tried again on the next tick).
@@ -848,7 +850,11 @@ mod tests {
             if !lock(&self.tokens).insert(s.token.clone()) {
                 return Ok(false);
             }
-            assert_eq!(s.hit.spend, Spend::Always, "a settlement is a charge");
+            assert_eq!(
+                (s.hit.spend, s.refund),
+                (Spend::Always, 0),
+                "a charge alone"
+            );
             *lock(&self.added).entry(s.hit.key.clone()).or_default() += s.hit.hits;
             if self.lose.swap(false, Relaxed) {
                 return Err(StoreError::Timeout);
@@ -1042,7 +1048,7 @@ mod tests {
                 out.push(match self.up() {
                     Ok(()) => self
                         .shared
-                        .decide(std::slice::from_ref(&s.hit))
+                        .decide(&s.hits().collect::<Vec<_>>())
                         .await
                         .map(|_| true),
                     Err(e) => Err(e),

@@ -259,10 +259,10 @@ pub trait Store: Board + Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Adds each of `batch` (a charge: spending decided elsewhere, `failure_mode:
-    /// local`) to its counter once per token, answering each in order: `Ok(false)`
-    /// when the store had already taken that token. A store that every replica
-    /// does not share has nothing to add to.
+    /// Adds each of `batch` (a refund then a charge: spending decided elsewhere,
+    /// `failure_mode: local`) to its counter once per token, both or neither,
+    /// answering each in order: `Ok(false)` when the store had already taken that
+    /// token. A store that every replica does not share has nothing to add to.
     fn settle(
         &self,
         batch: &[Settlement],
@@ -319,13 +319,31 @@ pub trait Store: Board + Send + Sync + 'static {
 }
 
 /// Spending decided elsewhere (`failure_mode: local`), to add to its counter once
-/// ([`Store::settle`]).
+/// ([`Store::settle`]): `refund` hits given back first, then the charge.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settlement {
-    /// The charge: the counter's hit, carrying the amount.
+    /// The charge: the counter's hit, carrying the amount (0 for a refund alone).
     pub hit: Hit,
+    /// Hits given back before the charge, as a refund ([`Spend::Refund`]: floored
+    /// at an empty counter). The order matters at that floor, so one token covers
+    /// both and the store applies them together.
+    pub refund: u64,
     /// Marks the amount as taken: the store adds nothing for a token it has seen.
     pub token: String,
+}
+
+impl Settlement {
+    /// The hits the store applies for it, in order: the refund, then the charge;
+    /// none of no hits.
+    pub fn hits(&self) -> impl Iterator<Item = Hit> + '_ {
+        let refund = (self.refund > 0).then(|| Hit {
+            hits: self.refund,
+            spend: Spend::Refund,
+            ..self.hit.clone()
+        });
+        let charge = (self.hit.hits > 0).then(|| self.hit.clone());
+        refund.into_iter().chain(charge)
+    }
 }
 
 /// A heartbeat's member: the replica's id, then `@` and the address where the

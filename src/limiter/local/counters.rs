@@ -7,9 +7,18 @@
 //!   settlement), so a later outage never finds an old episode's state. It is made
 //!   on the first local decision: a replica whose store never fails holds nothing.
 //! - the table: per counter, what it spent locally in its episode until the store
-//!   has taken it. Each amount goes to the store under a token ([`Store::settle`])
-//!   kept until the store confirms it, so a retry after a lost answer is not
-//!   counted twice. Per shard of the store, many amounts go in one call.
+//!   has taken it, and what it gave back beyond that (a refund of what the store
+//!   had counted before). Each amount goes to the store under a token
+//!   ([`Store::settle`]) kept until the store confirms it, so a retry after a lost
+//!   answer is not counted twice. Per shard of the store, many amounts go in one
+//!   call.
+//!
+//! A counter owes the store "give back `refund`, then charge `spent`": a charge
+//! adds to `spent`, a refund takes from `spent` first and owes the rest as
+//! `refund`. That pair leaves the store's counter where the hits one by one would
+//! have, floor at empty included (a refund past what the counter holds, then a
+//! charge, is not the charge less the refund), so it goes as one amount, in that
+//! order. What is on its way is left alone: later hits owe after it.
 //!
 //! The table holds at most `--max-keys` counters, as the memory store does. A
 //! counter that owes nothing (only denied, or settled) may go to make room: its
@@ -112,19 +121,54 @@ struct Pending {
     placement: u64,
     /// Names the local counter ([`local_key`]).
     episode: u64,
-    /// Spent locally and not yet taken by the store.
+    /// Spent locally and not offered to the store yet.
     spent: u64,
-    /// The amount on its way to the store and its token's number, until the
-    /// store confirms.
-    settling: Option<(u64, u64)>,
+    /// Given back locally beyond `spent`, not offered yet: owed to the store as a
+    /// refund, before `spent`.
+    refund: u64,
+    /// The amount on its way to the store, until the store confirms.
+    settling: Option<Offer>,
     /// The latest local decision (limiter clock).
     touched: Micros,
 }
 
+/// An amount offered to the store: `refund` given back, then `charge` spent,
+/// under the token numbered `seq`.
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    refund: u64,
+    charge: u64,
+    seq: u64,
+}
+
 impl Pending {
-    /// Whether the store has yet to take some of its spending.
+    /// Whether the store has yet to take some of its spending or refunds.
     fn owes(&self) -> bool {
-        self.spent > 0 || self.settling.is_some()
+        self.spent > 0 || self.refund > 0 || self.settling.is_some()
+    }
+
+    /// Spent locally and not taken by the store yet, on its way or not.
+    fn unsettled(&self) -> u64 {
+        let offered = self.settling.map_or(0, |o| o.charge);
+        self.spent.saturating_add(offered)
+    }
+
+    /// `hits` given back: off what it spent and has not offered, and the rest owed
+    /// to the store as a refund.
+    fn give_back(&mut self, hits: u64) {
+        let netted = hits.min(self.spent);
+        self.spent -= netted;
+        self.refund = self.refund.saturating_add(hits - netted);
+    }
+
+    /// The amount to offer now: the one on its way, or all it owes under a new
+    /// token numbered by `sequence`.
+    fn offer(&mut self, sequence: &AtomicU64) -> Offer {
+        *self.settling.get_or_insert_with(|| Offer {
+            refund: std::mem::take(&mut self.refund),
+            charge: std::mem::take(&mut self.spent),
+            seq: sequence.fetch_add(1, Relaxed),
+        })
     }
 
     /// `amount` of it on the shared counter `key`: a charge, spent whatever the
@@ -308,6 +352,7 @@ impl Counters {
                         placement: hit.placement,
                         episode,
                         spent: 0,
+                        refund: 0,
                         settling: None,
                         touched: now,
                     };
@@ -352,7 +397,7 @@ impl Counters {
             let mut table = lock(self.table(&hit.key));
             if let Some(p) = table.counters.get_mut(&IdOf(hit)) {
                 match hit.spend {
-                    Spend::Refund => p.spent = p.spent.saturating_sub(hit.hits),
+                    Spend::Refund => p.give_back(hit.hits),
                     _ => p.spent = p.spent.saturating_add(hit.hits),
                 }
             }
@@ -463,7 +508,7 @@ impl Counters {
         let mut queue: Vec<(usize, Settlement)> = Vec::new();
         let mut sent = 0;
         for table in self.tables.iter() {
-            // Give every counter with spending a token for what it has spent so far.
+            // Give every counter that owes a token for what it owes so far.
             // One that spent nothing leaves once no local decision has touched it
             // for a while, so a later outage starts it afresh from the store's word.
             {
@@ -479,15 +524,11 @@ impl Counters {
                         round.left = true;
                         continue;
                     }
-                    if p.settling.is_none() {
-                        p.settling = Some((p.spent, self.sequence.fetch_add(1, Relaxed)));
-                    }
-                    let Some((amount, seq)) = p.settling else {
-                        continue;
-                    };
+                    let offer = p.offer(&self.sequence);
                     let settlement = Settlement {
-                        hit: p.charge(id.key.clone(), amount),
-                        token: token(replica, seq),
+                        hit: p.charge(id.key.clone(), offer.charge),
+                        refund: offer.refund,
+                        token: token(replica, offer.seq),
                     };
                     queue.push((at, settlement));
                     sent += 1;
@@ -535,6 +576,7 @@ impl Counters {
                 Ok(added) => {
                     if added {
                         round.out.added = round.out.added.saturating_add(amount);
+                        round.out.refunded = round.out.refunded.saturating_add(s.refund);
                     } else {
                         round.out.already = round.out.already.saturating_add(amount);
                     }
@@ -542,7 +584,6 @@ impl Counters {
                     let Some(p) = t.counters.get_mut(&IdOf(&s.hit)) else {
                         continue;
                     };
-                    p.spent = p.spent.saturating_sub(amount);
                     p.settling = None;
                     if !p.owes() && idle_for(p, round.now) >= IDLE {
                         let episode = p.episode;
@@ -571,7 +612,7 @@ impl Counters {
             .counters
             .iter()
             .filter(|(id, _)| id.key == key)
-            .map(|(_, p)| p.spent)
+            .map(|(_, p)| p.unsettled())
             .reduce(u64::saturating_add)
     }
 
@@ -598,7 +639,7 @@ impl Counters {
             let room = LISTED - listed.len();
             listed.extend(t.counters.iter().take(room).map(|(id, p)| LocalCounter {
                 key: id.key.clone(),
-                unsettled: p.spent,
+                unsettled: p.unsettled(),
             }));
             if listed.len() == LISTED {
                 break;
@@ -612,7 +653,13 @@ impl Counters {
     pub(super) fn unsettled_hits(&self) -> u64 {
         self.tables
             .iter()
-            .map(|t| lock(t).counters.values().map(|p| p.spent).sum::<u64>())
+            .map(|t| {
+                lock(t)
+                    .counters
+                    .values()
+                    .map(Pending::unsettled)
+                    .sum::<u64>()
+            })
             .sum()
     }
 }
@@ -730,6 +777,29 @@ mod tests {
         /// Each amount taken: the counter's key, the limit it was charged with, and
         /// the amount.
         charged: Mutex<Vec<(String, Limit, u64)>>,
+        /// Each counter's count as the store would hold it: refunds floored at
+        /// empty, as the store floors them.
+        counts: Mutex<HashMap<String, u64>>,
+        /// The next settlement is taken but its answer lost.
+        lose: AtomicBool,
+    }
+
+    impl Shared {
+        /// What `s` leaves on its counter.
+        fn apply(&self, s: &Settlement) {
+            let mut counts = lock(&self.counts);
+            let count = counts.entry(s.hit.key.clone()).or_default();
+            for h in s.hits() {
+                match h.spend {
+                    Spend::Refund => *count = count.saturating_sub(h.hits),
+                    _ => *count += h.hits,
+                }
+            }
+        }
+
+        fn count(&self, key: &str) -> u64 {
+            lock(&self.counts).get(key).copied().unwrap_or(0)
+        }
     }
 
     impl Board for Shared {}
@@ -771,6 +841,10 @@ mod tests {
                     }
                     *lock(&self.added).entry(s.hit.key.clone()).or_default() += s.hit.hits;
                     lock(&self.charged).push((s.hit.key.clone(), s.hit.limit, s.hit.hits));
+                    self.apply(s);
+                    if self.lose.swap(false, Relaxed) {
+                        return Err(StoreError::Timeout);
+                    }
                     Ok(true)
                 })
                 .collect()
@@ -1042,5 +1116,88 @@ mod tests {
         }
         assert_eq!((f.counters.held(), f.kept()), (0, 0));
         assert!(capacity(&f) < 1_000, "{}", capacity(&f));
+    }
+
+    /// `hits` of `spend` on `key` of `limit`, in a `local` domain.
+    fn spend(key: &str, limit: Limit, hits: u64, spend: Spend) -> Hit {
+        Hit {
+            hits,
+            spend,
+            ..hit(key, limit, 0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refund_made_locally_reaches_the_store_as_a_refund_beyond_what_it_nets() {
+        let f = Fixture::new(100);
+        let l = Limit {
+            algorithm: Algorithm::TokenBucket,
+            ..per_minute(100)
+        };
+        let store = Shared::default();
+        // Reservations of 50 spent in the store before the outage.
+        for key in ["d|k=a", "d|k=b"] {
+            lock(&store.counts).insert(key.into(), 50);
+            lock(&f.seeds).insert(key.into(), 50);
+        }
+        // The stream-end calls, during it: the 50 given back and the actual 10
+        // charged, in either order.
+        let a = [
+            spend("d|k=a", l, 50, Spend::Refund),
+            spend("d|k=a", l, 10, Spend::Always),
+        ];
+        let b = [
+            spend("d|k=b", l, 10, Spend::Always),
+            spend("d|k=b", l, 50, Spend::Refund),
+        ];
+        assert!(f.decide(&a).admitted);
+        assert!(f.decide(&b).admitted);
+        // Spent locally, then partly given back: netted here, nothing to refund.
+        let c = hit("d|k=c", l, 0);
+        for _ in 0..5 {
+            assert!(f.admitted(&c));
+        }
+        assert!(f.decide(&[spend("d|k=c", l, 3, Spend::Refund)]).admitted);
+        // A refund of a counter the store holds empty leaves it empty.
+        assert!(f.decide(&[spend("d|k=d", l, 5, Spend::Refund)]).admitted);
+        f.counters.settle(&store, "r").await;
+        // What the store would hold had it answered throughout.
+        let counts: Vec<u64> = ["d|k=a", "d|k=b", "d|k=c", "d|k=d"]
+            .iter()
+            .map(|k| store.count(k))
+            .collect();
+        assert_eq!(counts, vec![10, 10, 2, 0]);
+        // Taken once: more rounds change nothing.
+        f.clock.advance(IDLE);
+        f.counters.settle(&store, "r").await;
+        assert_eq!(store.count("d|k=a"), 10);
+        assert_eq!(f.counters.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refund_made_while_spending_is_on_its_way_is_owed_after_it_once() {
+        let f = Fixture::new(100);
+        let l = Limit {
+            algorithm: Algorithm::TokenBucket,
+            ..per_minute(100)
+        };
+        let h = hit("d|k=a", l, 0);
+        for _ in 0..10 {
+            assert!(f.admitted(&h));
+        }
+        // The store takes the 10, but its answer is lost: they stay on their way.
+        let store = Shared::default();
+        store.lose.store(true, Relaxed);
+        assert_eq!(f.counters.settle(&store, "r").await.failed, 1);
+        assert_eq!(store.count("d|k=a"), 10);
+        // A slot given back meanwhile is not taken off the amount on its way.
+        assert!(f.decide(&[spend("d|k=a", l, 4, Spend::Refund)]).admitted);
+        for _ in 0..3 {
+            f.counters.settle(&store, "r").await;
+        }
+        assert_eq!(store.count("d|k=a"), 6);
+        f.clock.advance(IDLE);
+        f.counters.settle(&store, "r").await;
+        assert_eq!((store.count("d|k=a"), f.counters.held()), (6, 0));
     }
 }

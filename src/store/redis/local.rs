@@ -4,6 +4,9 @@
 //! for a peer cut off from it, and the settlement of local spending, marked by its
 //! token so that it is added once.
 //!
+//! An amount may give hits back before it charges (refunds made while deciding
+//! locally): both go in one decide call after the mark, the refund first.
+//!
 //! The mark and the charge are two calls: a mark whose charge then fails (the shard
 //! fell again between them) loses that amount rather than risk adding it twice, and
 //! the shard is checked healthy before the mark to keep that window small. On a
@@ -171,7 +174,7 @@ impl RedisStore {
         let mut out: Vec<Result<bool, StoreError>> = vec![Ok(false); batch.len()];
         let Backend::Shards(shards) = &self.inner.backend else {
             for (s, result) in batch.iter().zip(out.iter_mut()) {
-                *result = self.settle_once(&s.hit, &s.token).await;
+                *result = self.settle_once(s).await;
             }
             return out;
         };
@@ -236,7 +239,7 @@ impl RedisStore {
             .iter()
             .zip(&marked)
             .filter(|(_, &m)| m == 1)
-            .map(|(&i, _)| batch[i].hit.clone())
+            .flat_map(|(&i, _)| batch[i].hits())
             .collect();
         let charged = if new.is_empty() {
             Ok(())
@@ -252,22 +255,21 @@ impl RedisStore {
             .collect())
     }
 
-    /// One amount: marks `token` on the counter's shard, and charges the counter
-    /// only when the mark is new.
-    async fn settle_once(&self, hit: &Hit, token: &str) -> Result<bool, StoreError> {
-        let target = self.inner.target(hit);
+    /// One amount: marks its token on the counter's shard, and gives back and
+    /// charges the counter (one call, in that order) only when the mark is new.
+    async fn settle_once(&self, s: &Settlement) -> Result<bool, StoreError> {
+        let target = self.inner.target(&s.hit);
         self.inner.health(target).check()?;
         let mut call = MARK.call();
-        call.key(format!("{}settled:{token}", self.inner.prefix))
+        call.key(format!("{}settled:{}", self.inner.prefix, s.token))
             .arg(MARK_TTL.as_millis());
         let wait = self.inner.off_path_wait();
         let marked = self.inner.invoke_at(target, &call, wait).await?;
         if matches!(marked, Value::Nil) {
             return Ok(false);
         }
-        self.inner
-            .decide_one(std::slice::from_ref(hit), None)
-            .await?;
+        let hits: Vec<Hit> = s.hits().collect();
+        self.inner.decide_one(&hits, None).await?;
         Ok(true)
     }
 }
