@@ -1177,3 +1177,44 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
         Some("400")
     );
 }
+
+/// `--otlp-headers` wins over `OTEL_EXPORTER_OTLP_HEADERS`, as each flag wins over
+/// its variable: the collector hears the flag's credentials, and none of the
+/// variable's headers.
+#[tokio::test]
+async fn the_otlp_headers_flag_wins_over_the_variable() {
+    use common::otlp::Receiver;
+
+    let receiver = Receiver::start().await;
+    let server = receiver.serve(
+        POLICY,
+        &[
+            ("SLUICE_OTLP_HEADERS", "authorization=from-flag"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=from-env,x-from-env=1",
+            ),
+        ],
+    );
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"h"}]}]}"#;
+    let (status, _) = http(&server.http, "POST", "/json", body);
+    assert_eq!(status, 200);
+    receiver
+        .wait(Duration::from_secs(10), "the call's span", |s| {
+            !s.is_empty()
+        })
+        .await;
+    for head in receiver.heads() {
+        let named = |name: &str| -> Vec<&String> {
+            head.iter()
+                .filter(|l| l.starts_with(&format!("{name}:")))
+                .collect()
+        };
+        assert_eq!(
+            named("authorization"),
+            ["authorization: from-flag"],
+            "{head:?}"
+        );
+        assert!(named("x-from-env").is_empty(), "{head:?}");
+    }
+}

@@ -16,6 +16,7 @@
 //! one span per call explicit, with its parent set from the headers.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
@@ -30,6 +31,7 @@ use opentelemetry_sdk::Resource;
 pub mod config;
 pub mod context;
 pub mod export;
+pub mod headers;
 
 pub use config::{settings, ConfigError, Settings, TracingArgs};
 pub use export::Counters;
@@ -237,23 +239,25 @@ fn sampler(s: config::Sampler) -> sdk::Sampler {
 }
 
 fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, StartError> {
+    // The exporter reads the headers' variables from the process's environment.
+    let headers = Arc::new(headers::Headers::new(&settings.headers, &|name| {
+        std::env::var(name).ok()
+    }));
     let built = match settings.protocol {
         config::Protocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
             for (k, v) in &settings.headers {
-                let key =
-                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .map_err(|_| StartError(format!("{k:?} is not a gRPC metadata key")))?;
-                let value = v
-                    .parse()
+                tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
+                    k.to_ascii_lowercase().as_bytes(),
+                )
+                .map_err(|_| StartError(format!("{k:?} is not a gRPC metadata key")))?;
+                tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str())
                     .map_err(|_| StartError(format!("the value of {k:?} is not valid metadata")))?;
-                metadata.insert(key, value);
             }
             opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_metadata(metadata)
+                .with_interceptor(move |req| Ok(headers.apply_grpc(req)))
                 .build()
         }
         config::Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
@@ -261,7 +265,13 @@ fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Sta
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_endpoint(settings.endpoint.clone())
             .with_timeout(settings.timeout)
-            .with_headers(settings.headers.iter().cloned().collect())
+            .with_http_client(headers::Client {
+                inner: opentelemetry_http::hyper::HyperClient::with_default_connector(
+                    settings.timeout,
+                    None,
+                ),
+                headers,
+            })
             .build(),
     };
     built.map_err(|e| StartError(format!("the OTLP exporter to {}: {e}", settings.endpoint)))

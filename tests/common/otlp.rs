@@ -11,24 +11,34 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 pub struct Receiver {
     pub addr: std::net::SocketAddr,
     spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
+    /// Each export's header lines, lowercased.
+    heads: Heads,
 }
+
+type Heads = std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>;
 
 impl Receiver {
     pub async fn start() -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = spans.clone();
+        let heads = Heads::default();
+        let (sink, seen) = (spans.clone(), heads.clone());
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve_otlp(conn, sink.clone()));
+                tokio::spawn(serve_otlp(conn, sink.clone(), seen.clone()));
             }
         });
-        Receiver { addr, spans }
+        Receiver { addr, spans, heads }
     }
 
     pub fn spans(&self) -> Vec<(String, Span)> {
         self.spans.lock().unwrap().clone()
+    }
+
+    /// The header lines of each export received, lowercased (`name: value`).
+    pub fn heads(&self) -> Vec<Vec<String>> {
+        self.heads.lock().unwrap().clone()
     }
 }
 
@@ -36,6 +46,7 @@ impl Receiver {
 async fn serve_otlp(
     mut conn: tokio::net::TcpStream,
     sink: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
+    heads: Heads,
 ) {
     use prost::Message;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,6 +75,10 @@ async fn serve_otlp(
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
+        heads
+            .lock()
+            .unwrap()
+            .push(head.lines().skip(1).map(str::to_string).collect());
         let body: Vec<u8> = buf.drain(..head_end + length).skip(head_end).collect();
         if let Ok(req) = ExportTraceServiceRequest::decode(body.as_slice()) {
             let mut spans = sink.lock().unwrap();
