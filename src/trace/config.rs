@@ -413,10 +413,18 @@ fn ratio(name: &str, v: &str) -> Result<f64, ConfigError> {
     }
 }
 
+/// The most spans a queue or batch may hold: far past any collector's batch, and
+/// short of what the queue (tokio's channel) can be made with.
+pub const MAX_SPANS: usize = 1 << 20;
+
 fn count(name: &str, v: &str) -> Result<usize, ConfigError> {
     match v.trim().parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(bad(name, v, "expected a whole number above 0")),
+        Ok(n) if (1..=MAX_SPANS).contains(&n) => Ok(n),
+        _ => Err(bad(
+            name,
+            v,
+            format!("expected a whole number above 0, at most {MAX_SPANS}"),
+        )),
     }
 }
 
@@ -646,6 +654,27 @@ mod tests {
             ..TracingArgs::default()
         };
         assert_eq!(run(&args, &[]).unwrap_err().name, "--tracing-sampler-ratio");
+    }
+
+    /// A queue or batch too large to make is refused at start-up, naming its flag
+    /// or variable, rather than panic (the queue) or ask the allocator for it whole
+    /// (the batch).
+    #[test]
+    fn a_queue_past_the_most_spans_is_refused() {
+        let huge = "18446744073709551615";
+        let args = TracingArgs {
+            tracing: true,
+            tracing_queue_size: Some(huge.into()),
+            ..TracingArgs::default()
+        };
+        assert_eq!(run(&args, &[]).unwrap_err().name, "--tracing-queue-size");
+        for name in ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] {
+            let err = run(&on(), &[(name, "1000000000")]).unwrap_err();
+            assert_eq!(err.name, name);
+            assert!(err.reason.contains("1048576"), "{err}");
+        }
+        let s = run(&on(), &[("OTEL_BSP_MAX_QUEUE_SIZE", "1048576")]);
+        assert_eq!(s.unwrap().unwrap().queue_size, MAX_SPANS);
     }
 
     /// A tracing flag's bad value is refused with tracing off too, rather than

@@ -124,7 +124,8 @@ async fn run<E: SpanExporter>(
     delay: Duration,
     counters: Counters,
 ) {
-    let mut spans: Vec<SpanData> = Vec::with_capacity(batch);
+    // Grown as spans come: a batch seldom fills, and each one sent leaves it empty.
+    let mut spans: Vec<SpanData> = Vec::new();
     let mut warned: Option<Instant> = None;
     loop {
         // Wait for the first span of a batch, then at most `delay` for the rest.
