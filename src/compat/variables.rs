@@ -151,7 +151,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("TRACING_SERVICE_NAMESPACE", Honoured, "the `service.namespace` resource attribute, with `TRACING_ENABLED=true`"),
     var!("TRACING_SERVICE_INSTANCE_ID", Honoured, "the `service.instance.id` resource attribute, with `TRACING_ENABLED=true`"),
     var!("TRACING_EXPORTER_PROTOCOL", Honoured, "`http` (the default): `--otlp-protocol http/protobuf`; `grpc`: `--otlp-protocol grpc`"),
-    var!("TRACING_SAMPLING_RATE", Honoured, "`--tracing-sampler-ratio` (0 to 1): the share of calls without a sampled parent that are traced; a call Envoy sampled always is"),
+    var!("TRACING_SAMPLING_RATE", Honoured, "`--tracing-sampler-ratio` (0 to 1): the share of calls with no parent that are traced; a call Envoy sampled always is, one it did not never is"),
 ];
 
 /// Values of ignored variables that need no warning: envoyproxy/ratelimit's

@@ -434,6 +434,23 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::INVALID, "a root");
     }
 
+    /// `--tracing-sampler-ratio 1` (`parentbased_traceidratio`) traces every call
+    /// that comes with no parent, and none whose parent was not sampled.
+    #[tokio::test]
+    async fn the_ratio_is_of_calls_with_no_parent() {
+        let ratio = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1"),
+        ];
+        let f = fixture(&ratio);
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        call(&f, &headers(&[("traceparent", unsampled)])).await;
+        assert!(exported(&f).await.is_empty());
+        let f = fixture(&ratio);
+        call(&f, &http::HeaderMap::new()).await;
+        assert_eq!(exported(&f).await.len(), 1);
+    }
+
     #[tokio::test]
     async fn without_a_parent_the_root_sampler_decides() {
         let f = fixture(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]);

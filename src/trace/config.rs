@@ -40,8 +40,9 @@ pub struct TracingArgs {
     /// More resource attributes, `key=value,...`, added to OTEL_RESOURCE_ATTRIBUTES.
     #[arg(long, env = "SLUICE_TRACING_RESOURCE_ATTRIBUTES")]
     pub tracing_resource_attributes: Option<String>,
-    /// Sample this share (0 to 1) of the calls that arrive without a sampled parent;
-    /// a call whose parent was sampled is always traced (parentbased_traceidratio).
+    /// Sample this share (0 to 1) of the calls that arrive with no parent; a call
+    /// whose parent was sampled is always traced, one whose parent was not never is
+    /// (parentbased_traceidratio).
     /// Default: OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else
     /// parentbased_always_on.
     #[arg(long, env = "SLUICE_TRACING_SAMPLER_RATIO")]
