@@ -203,6 +203,14 @@ pub fn settings(
         }
     };
 
+    compression(
+        get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
+            .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", v))
+            .or_else(|| {
+                get("OTEL_EXPORTER_OTLP_COMPRESSION").map(|v| ("OTEL_EXPORTER_OTLP_COMPRESSION", v))
+            }),
+    )?;
+
     let timeout = match get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
         .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", v))
         .or_else(|| get("OTEL_EXPORTER_OTLP_TIMEOUT").map(|v| ("OTEL_EXPORTER_OTLP_TIMEOUT", v)))
@@ -411,6 +419,24 @@ fn ratio(name: &str, v: &str) -> Result<f64, ConfigError> {
     match v.trim().parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(bad(name, v, "expected a number from 0 to 1")),
+    }
+}
+
+/// Checks an OTLP compression variable: `none`, or `gzip`, which this build
+/// cannot do, so it says it sends spans uncompressed rather than ignore it.
+fn compression(var: Option<(&str, String)>) -> Result<(), ConfigError> {
+    let Some((name, v)) = var else {
+        return Ok(());
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "none" => Ok(()),
+        "gzip" => {
+            tracing::warn!(
+                "{name}=gzip: sluice sends spans uncompressed (it is built without gzip)"
+            );
+            Ok(())
+        }
+        _ => Err(bad(name, &v, "expected gzip or none")),
     }
 }
 
@@ -655,6 +681,29 @@ mod tests {
             ..TracingArgs::default()
         };
         assert_eq!(run(&args, &[]).unwrap_err().name, "--tracing-sampler-ratio");
+    }
+
+    /// A compression variable is read: an unknown value refused with its name,
+    /// gzip (which this build lacks) taken with a warning, not ignored.
+    #[test]
+    fn compression_variables_are_checked() {
+        for name in [
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        ] {
+            let err = run(&on(), &[(name, "zstd")]).unwrap_err();
+            assert_eq!(err.name, name);
+            assert!(err.reason.contains("gzip or none"), "{err}");
+            for good in ["gzip", "none", "GZIP"] {
+                assert!(run(&on(), &[(name, good)]).unwrap().is_some(), "{good}");
+            }
+        }
+        // The signal's own wins, as the exporter reads them.
+        let both = [
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+        ];
+        assert!(run(&on(), &both).is_ok());
     }
 
     /// A queue or batch too large to make is refused at start-up, naming its flag
