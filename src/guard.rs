@@ -1,7 +1,8 @@
 //! The HTTP ports' guard: a cap on the connections open at once, and a limit on how
-//! long a connection may stay silent. Without them, clients that connect and send
-//! half a request (or nothing) hold a descriptor each until the process runs out,
-//! and then the gRPC port can accept no Envoy either.
+//! long a connection may stay silent (a request Sluice is answering is not a
+//! client's silence). Without them, clients that connect and send half a request
+//! (or nothing) hold a descriptor each until the process runs out, and then the
+//! gRPC port can accept no Envoy either.
 //!
 //! On a port served over TLS the guard is under the TLS listener: a connection holds
 //! its slot from accept, its handshake included, so clients that connect and never
@@ -89,8 +90,8 @@ impl axum::serve::Listener for Guarded {
 
 /// The requests a connection is answering. While one is (a `/json` call held for
 /// its `leaky_bucket` turn), the connection's silence is the server's, not the
-/// client's, and does not close it. axum hands it to each request as connect info
-/// ([`answering`](crate::http)).
+/// client's, and does not close it. axum hands it to each request as connect info,
+/// and the `/json` handler ([`crate::http`]) marks its call once the body is read.
 #[derive(Debug, Clone, Default)]
 pub struct Answering(Arc<AtomicUsize>);
 
