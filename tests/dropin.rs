@@ -574,10 +574,12 @@ async fn a_file_added_to_the_runtime_directory_is_served_and_counted() {
     })
     .await;
     assert_reload_domain(&mut c).await;
-    assert_eq!(
-        d.prometheus("ratelimit_service_config_load_success"),
-        Some(2.0)
-    );
+    // Counted just after the new policy serves: a scrape between the two sees it
+    // served and not yet counted.
+    eventually(WAIT, "the reload counted", || async {
+        d.prometheus("ratelimit_service_config_load_success") == Some(2.0)
+    })
+    .await;
 
     std::fs::remove_file(d.config.join("reload.yaml")).unwrap();
     eventually(WAIT, "the removal loaded", || async {
@@ -718,8 +720,12 @@ async fn a_reload_from_xds_is_served_and_counted() {
     })
     .await;
     assert_reload_domain(&mut c).await;
-    let after = d.prometheus("ratelimit_service_config_load_success");
-    assert!(after.is_some_and(|n| n > loads), "{after:?} after {loads}");
+    // Counted just after the new policy serves.
+    eventually(WAIT, "the xDS load counted", || async {
+        d.prometheus("ratelimit_service_config_load_success")
+            .is_some_and(|n| n > loads)
+    })
+    .await;
 
     xds.publish(XDS_BASIC);
     eventually(WAIT, "the reload domain gone again", || async {
