@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -88,44 +88,76 @@ impl axum::serve::Listener for Guarded {
     }
 }
 
-/// The requests a connection is answering. While one is (a `/json` call held for
-/// its `leaky_bucket` turn), the connection's silence is the server's, not the
-/// client's, and does not close it. axum hands it to each request as connect info,
-/// and the `/json` handler ([`crate::http`]) marks its call once the body is read.
-#[derive(Debug, Clone, Default)]
-pub struct Answering(Arc<AtomicUsize>);
-
-impl Answering {
-    /// Marks a request being answered, until the guard is dropped.
-    pub fn begin(&self) -> Answer {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        Answer(self.0.clone())
-    }
-
-    fn any(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 0
-    }
-}
-
-/// A request being answered on its connection, until dropped.
+/// The calls open on a connection, and since when none has been: the admin port's
+/// idle timeout reads it, and an HTTP port's guard, which takes a connection
+/// answering a call (a `/json` call held for its `leaky_bucket` turn) for no silent
+/// one.
 #[derive(Debug)]
-pub struct Answer(Arc<AtomicUsize>);
+pub struct Activity {
+    born: Instant,
+    open: AtomicUsize,
+    /// Milliseconds from `born` to the end of the last call.
+    idle_since: AtomicU64,
+}
 
-impl Drop for Answer {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            born: Instant::now(),
+            open: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+        })
+    }
+
+    /// Marks a call open, until the returned guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> Call {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        Call(self.clone())
+    }
+
+    fn busy(&self) -> bool {
+        self.open.load(Ordering::SeqCst) > 0
+    }
+
+    /// When the connection will have been idle for `idle`; `None` while a call is
+    /// open.
+    pub fn idle_until(&self, idle: Duration) -> Option<Instant> {
+        if self.busy() {
+            return None;
+        }
+        let since = Duration::from_millis(self.idle_since.load(Ordering::SeqCst));
+        Some(self.born + since + idle)
     }
 }
+
+/// A call open on a connection, until dropped.
+#[derive(Debug)]
+pub struct Call(Arc<Activity>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        let ms = activity.born.elapsed().as_millis() as u64;
+        activity.idle_since.store(ms, Ordering::SeqCst);
+        activity.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A guarded connection's [`Activity`] as axum hands it to each request (connect
+/// info); the `/json` handler ([`crate::http`]) marks its call once the body is
+/// read.
+#[derive(Debug, Clone)]
+pub struct Answering(pub Arc<Activity>);
 
 impl Connected<IncomingStream<'_, Guarded>> for Answering {
     fn connect_info(stream: IncomingStream<'_, Guarded>) -> Self {
-        stream.io().answering.clone()
+        Answering(stream.io().activity.clone())
     }
 }
 
 impl Connected<IncomingStream<'_, TlsListener<Guarded>>> for Answering {
     fn connect_info(stream: IncomingStream<'_, TlsListener<Guarded>>) -> Self {
-        stream.io().get_ref().0.answering.clone()
+        Answering(stream.io().get_ref().0.activity.clone())
     }
 }
 
@@ -136,7 +168,7 @@ pub struct Quiet<T> {
     io: T,
     silence: Duration,
     deadline: Pin<Box<Sleep>>,
-    answering: Answering,
+    activity: Arc<Activity>,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -146,7 +178,7 @@ impl<T> Quiet<T> {
             io,
             silence,
             deadline: Box::pin(tokio::time::sleep(silence)),
-            answering: Answering::default(),
+            activity: Activity::new(),
             _slot: slot,
         }
     }
@@ -160,7 +192,7 @@ impl<T> Quiet<T> {
     /// request was being answered.
     fn waiting<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         while self.deadline.as_mut().poll(cx).is_ready() {
-            if !self.answering.any() {
+            if !self.activity.busy() {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "connection silent too long",
@@ -258,7 +290,7 @@ mod tests {
     async fn a_connection_answering_a_request_is_not_silent() {
         let (_client, server) = tokio::io::duplex(64);
         let mut quiet = Quiet::new(server, Duration::from_secs(10), slot());
-        let answer = quiet.answering.begin();
+        let answer = quiet.activity.begin();
         let mut buf = [0u8; 8];
         // Held for 35 s: the silence is the server's.
         let read = tokio::time::timeout(Duration::from_secs(35), quiet.read(&mut buf)).await;

@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::clock::rfc3339;
-use crate::guard::Answering;
+use crate::guard::{Activity, Answering};
 use crate::service::decode::Request;
 use crate::service::grpc::SHOULD_RATE_LIMIT_SPAN;
 use crate::service::json::{parse_request, render_response};
@@ -190,14 +190,14 @@ impl<S: Store> FromRequestParts<Arc<HttpState<S>>> for JsonCall {
 
 /// The connection a request came on, to mark it answering the request while the
 /// request is held: `None` on a port served without it (`--prometheus-addr`).
-struct Connection(Option<Answering>);
+struct Connection(Option<Arc<Activity>>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Connection {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let info = parts.extensions.get::<ConnectInfo<Answering>>();
-        Ok(Connection(info.map(|c| c.0.clone())))
+        Ok(Connection(info.map(|ConnectInfo(Answering(a))| a.clone())))
     }
 }
 
@@ -241,7 +241,7 @@ async fn json_request<S: Store>(
 ) -> Response {
     // Read whole: from here its connection waits on Sluice (a leaky_bucket turn
     // may be seconds away), and its silence must not close it.
-    let _answer = connection.as_ref().map(Answering::begin);
+    let _answer = connection.as_ref().map(Activity::begin);
     let _in_flight = admin.service.enter();
     // Tracing off, or a call not sampled: decided as without tracing.
     let Some(mut call) = call.filter(Call::recording) else {

@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,6 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
+use crate::guard::{Activity, Call};
+
 /// The client's connection preface and the header of its first frame (SETTINGS):
 /// read in full, the HTTP/2 handshake is the server's to finish.
 const PREFACE_BYTES: usize = 24 + 9;
@@ -30,53 +32,6 @@ const PREFACE_BYTES: usize = 24 + 9;
 /// A socket or a TLS stream over one.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
-
-/// The calls open on a connection, and since when none has been.
-#[derive(Debug)]
-pub struct Activity {
-    born: Instant,
-    open: AtomicUsize,
-    /// Milliseconds from `born` to the end of the last call.
-    idle_since: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Arc<Self> {
-        Arc::new(Activity {
-            born: Instant::now(),
-            open: AtomicUsize::new(0),
-            idle_since: AtomicU64::new(0),
-        })
-    }
-
-    fn begin(self: &Arc<Self>) -> Call {
-        self.open.fetch_add(1, Ordering::SeqCst);
-        Call(self.clone())
-    }
-
-    /// When the connection will have been idle for `idle`; `None` while a call is
-    /// open.
-    fn idle_until(&self, idle: Duration) -> Option<Instant> {
-        if self.open.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let since = Duration::from_millis(self.idle_since.load(Ordering::SeqCst));
-        Some(self.born + since + idle)
-    }
-}
-
-/// A call open on a connection, until dropped.
-#[derive(Debug)]
-struct Call(Arc<Activity>);
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        let activity = &self.0;
-        let ms = activity.born.elapsed().as_millis() as u64;
-        activity.idle_since.store(ms, Ordering::SeqCst);
-        activity.open.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// A connection's place among the admin port's open connections: counted in
 /// `open` while held.

@@ -64,27 +64,20 @@ pub struct Penalized {
     pub tightened: Option<u32>,
 }
 
-/// Counts the requests Envoy denied in a bucket towards its rule's penalty, as
+/// Counts `counted` denials of a bucket's key towards its rule's penalty, as
 /// ShouldRateLimit's denials are counted (in one step, however many), then says
-/// whether that started a sentence and which sentence the bucket's key serves.
-///
-/// `last` is the assignment Envoy enforced while it denied them: denials under a
-/// `DENY_ALL` Sluice sent (for a ban, a block, a zero limit) are Sluice's own answer
-/// carried on until the next report, not requests past the limit. Counted, they
-/// would start a new ban as each one ended, for as long as the client sends at all.
+/// whether that started a sentence and which sentence the key serves.
 pub fn penalize(
     penalties: &Penalties,
     rule: &Rule,
     key: &str,
-    denied: u64,
-    last: Option<Assignment>,
+    counted: u64,
     info: impl Fn() -> BanInfo,
 ) -> Penalized {
     let now = penalties.now();
-    let denied = counted(rule, denied, last);
     let started = rule.penalty.as_ref().is_some_and(|penalty| {
         penalties
-            .deny_many(key, penalty, now, denied, info)
+            .deny_many(key, penalty, now, counted, info)
             .is_some()
     });
     let mut penalized = sentence(penalties, rule, key);
@@ -93,7 +86,11 @@ pub fn penalize(
 }
 
 /// How many of a report's `denied` count towards `rule`'s penalty: none without
-/// one, none under a `DENY_ALL` the stream sent (see [`penalize`]).
+/// one, and none under a `DENY_ALL` the stream sent. `last` is the assignment
+/// Envoy enforced while it denied them: denials under a `DENY_ALL` Sluice sent (for
+/// a ban, a block, a zero limit) are Sluice's own answer carried on until the next
+/// report, not requests past the limit. Counted, they would start a new ban as
+/// each one ended, for as long as the client sends at all.
 pub fn counted(rule: &Rule, denied: u64, last: Option<Assignment>) -> u64 {
     if rule.penalty.is_none() || last == Some(Assignment::DenyAll) {
         0
@@ -145,6 +142,19 @@ mod tests {
     use crate::algorithm::Algorithm;
     use crate::clock::ManualClock;
     use crate::policy::{Penalty, Sentence};
+
+    /// A report of `denied` denials made under `last`, counted as the stream counts
+    /// them.
+    fn report(
+        penalties: &Penalties,
+        rule: &Rule,
+        key: &str,
+        denied: u64,
+        last: Option<Assignment>,
+        info: impl Fn() -> BanInfo,
+    ) -> Penalized {
+        penalize(penalties, rule, key, counted(rule, denied, last), info)
+    }
 
     fn limit(requests: u64) -> Limit {
         Limit {
@@ -230,7 +240,7 @@ mod tests {
         let mut rule = policy.rule(0).clone();
         let bucket = lone_bucket();
         let banned = |rule: &Rule, key: &str, denied: u64| {
-            penalize(&penalties, rule, key, denied, bucket, info)
+            report(&penalties, rule, key, denied, bucket, info)
                 .denied_for
                 .is_some()
         };
@@ -243,7 +253,7 @@ mod tests {
         });
         assert!(!banned(&rule, "d|k=v", 2));
         assert_eq!(
-            penalize(&penalties, &rule, "d|k=v", 1, bucket, info),
+            report(&penalties, &rule, "d|k=v", 1, bucket, info),
             Penalized {
                 started: true,
                 denied_for: Some(60 * SECOND),
@@ -253,7 +263,7 @@ mod tests {
         );
         assert_eq!(penalties.bans_started(), 1);
         assert_eq!(
-            penalize(&penalties, &rule, "d|k=v", 5, bucket, info),
+            report(&penalties, &rule, "d|k=v", 5, bucket, info),
             Penalized {
                 started: false,
                 denied_for: Some(60 * SECOND),
@@ -283,19 +293,19 @@ mod tests {
         let rule = policy.rule(0);
         let deny = Some(Assignment::DenyAll);
         assert_eq!(
-            penalize(&penalties, rule, "d|k=v", 3, None, info).denied_for,
+            report(&penalties, rule, "d|k=v", 3, None, info).denied_for,
             Some(30 * SECOND)
         );
         clock.advance(31 * SECOND);
         // Envoy denied everything until it heard the ban was over: no new ban.
         assert_eq!(
-            penalize(&penalties, rule, "d|k=v", 500, deny, info),
+            report(&penalties, rule, "d|k=v", 500, deny, info),
             Penalized::default()
         );
         assert_eq!(penalties.bans_started(), 1);
         // Denials under its share count again.
         let bucket = lone_bucket();
-        assert!(penalize(&penalties, rule, "d|k=v", 3, bucket, info).started);
+        assert!(report(&penalties, rule, "d|k=v", 3, bucket, info).started);
     }
 
     #[test]

@@ -163,19 +163,16 @@ pub fn settings(
         return Ok(None);
     }
 
-    let (protocol_name, protocol) = match &args.otlp_protocol {
-        Some(v) => ("--otlp-protocol", Some(v.clone())),
-        None => match get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
-            Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", Some(v)),
-            None => (
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-                get("OTEL_EXPORTER_OTLP_PROTOCOL"),
-            ),
+    let protocol = match &args.otlp_protocol {
+        Some(v) => self::protocol("--otlp-protocol", v)?,
+        None => match signal_or_shared(
+            &get,
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ) {
+            Some((name, v)) => self::protocol(name, &v)?,
+            None => Protocol::HttpProtobuf,
         },
-    };
-    let protocol = match protocol {
-        Some(v) => self::protocol(protocol_name, &v)?,
-        None => Protocol::HttpProtobuf,
     };
     let endpoint = match endpoint {
         Some((name, v, base)) => self::endpoint(name, &v, protocol, base)?,
@@ -203,18 +200,17 @@ pub fn settings(
         }
     };
 
-    compression(
-        get("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION")
-            .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", v))
-            .or_else(|| {
-                get("OTEL_EXPORTER_OTLP_COMPRESSION").map(|v| ("OTEL_EXPORTER_OTLP_COMPRESSION", v))
-            }),
-    )?;
+    compression(signal_or_shared(
+        &get,
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ))?;
 
-    let timeout = match get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-        .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", v))
-        .or_else(|| get("OTEL_EXPORTER_OTLP_TIMEOUT").map(|v| ("OTEL_EXPORTER_OTLP_TIMEOUT", v)))
-    {
+    let timeout = match signal_or_shared(
+        &get,
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ) {
         Some((name, v)) => Duration::from_millis(millis(name, &v)?.max(1)),
         None => Duration::from_secs(10),
     };
@@ -307,6 +303,18 @@ fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
         given.push("--tracing-queue-size");
     }
     Ok(given)
+}
+
+/// The signal's own variable if set, else the shared one (as the exporter reads
+/// them), with the name of the one read.
+fn signal_or_shared(
+    get: &dyn Fn(&str) -> Option<String>,
+    signal: &'static str,
+    shared: &'static str,
+) -> Option<(&'static str, String)> {
+    [signal, shared]
+        .into_iter()
+        .find_map(|name| get(name).map(|v| (name, v)))
 }
 
 fn protocol(name: &str, v: &str) -> Result<Protocol, ConfigError> {

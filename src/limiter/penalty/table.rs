@@ -536,7 +536,9 @@ impl Penalties {
         );
     }
 
-    /// Every sentence in force, longest remaining first.
+    /// Every sentence in force, longest remaining first (served or not: the
+    /// limiter lists those served, [`Limiter::sentences`](crate::limiter::Limiter::sentences)).
+    #[cfg(test)]
     pub fn active(&self) -> Vec<ActiveBan> {
         self.active_where(|_, _| true)
     }
@@ -575,7 +577,8 @@ impl Penalties {
         out
     }
 
-    /// Keys denied outright now (banned or blocked).
+    /// Keys denied outright now (banned or blocked), served or not.
+    #[cfg(test)]
     pub fn active_count(&self) -> usize {
         self.active_count_where(|_, _| true)
     }

@@ -238,7 +238,8 @@ impl<S: Store> Stream<S> {
         // Every bucket's demand is shared at once: with the store slow or away, the
         // report waits for one store call's timeout, not one per bucket (40 buckets
         // would take 20 s, past the assignments' TTL).
-        // Denials to count in a store that shares sentences go with them.
+        // A bucket's denials to count in a store that shares sentences go with its
+        // demand.
         let quotas = self.quotas.clone();
         let ttl_us = quotas.settings.ttl_secs() * SECOND;
         let limiter = &quotas.service.limiter;
@@ -253,22 +254,22 @@ impl<S: Store> Stream<S> {
                 let member = p.member.as_deref().unwrap_or(&self.id);
                 quotas.demand.report(&p.key, member, p.own, ttl_us)
             })),
-            futures::future::join_all(pending().filter_map(|p| {
+            futures::future::join_all(pending().map(|p| async move {
                 let d = p.strike.as_ref()?;
-                Some(limiter.strike_many(&p.key, &d.penalty, d.denials, &d.info))
+                limiter
+                    .strike_many(&p.key, &d.penalty, d.denials, &d.info)
+                    .await
             })),
         );
         settle_counters(&steps, &mut shares);
-        let mut shares = shares.into_iter();
-        let mut struck = struck.into_iter();
+        let mut shares = shares.into_iter().zip(struck);
         let mut actions = Vec::with_capacity(steps.len());
         for ((step, rule), usage) in steps.into_iter().zip(reports.bucket_quota_usages) {
             let action = match step {
                 Step::Done(action) => action,
                 Step::Omit => continue,
                 Step::Share(p) => {
-                    let share = shares.next().expect("one share per bucket asked");
-                    let sentence = p.strike.as_ref().and_then(|_| struck.next().flatten());
+                    let (share, sentence) = shares.next().expect("one share per bucket asked");
                     if let (Some(s), Some(rule)) = (&sentence, rule) {
                         if s.started {
                             metrics.sentence_started(&domain, rule);

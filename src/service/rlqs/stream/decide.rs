@@ -175,24 +175,21 @@ impl<S: Store> Stream<S> {
                 };
                 let counted = quota::counted(rule, usage.num_requests_denied, tracked.last);
                 let shared = limiter.shares_sentences();
-                let penalized = quota::penalize(
-                    limiter.penalties(),
-                    rule,
-                    &key,
-                    if shared { 0 } else { counted },
-                    tracked.last,
-                    info,
-                );
-                let strike = match &rule.penalty {
-                    Some(penalty) if shared && counted > 0 && penalized.denied_for.is_none() => {
-                        Some(Box::new(Denials {
-                            penalty: *penalty,
+                let penalized = if shared {
+                    quota::sentence(limiter.penalties(), rule, &key)
+                } else {
+                    quota::penalize(limiter.penalties(), rule, &key, counted, info)
+                };
+                let strike = rule
+                    .penalty
+                    .filter(|_| shared && counted > 0 && penalized.denied_for.is_none())
+                    .map(|penalty| {
+                        Box::new(Denials {
+                            penalty,
                             denials: counted,
                             info: encode_info(&info(), Source::Penalty),
-                        }))
-                    }
-                    _ => None,
-                };
+                        })
+                    });
                 if penalized.started {
                     self.quotas.service.metrics.sentence_started(domain, rule);
                 }
