@@ -9,6 +9,7 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod crd;
+pub mod errors;
 pub mod guard;
 pub mod hash;
 pub mod http;

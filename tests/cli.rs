@@ -155,6 +155,26 @@ fn top_into_a_pipe_says_it_needs_a_terminal() {
     );
 }
 
+/// `sluice explain` with no server listening says where it dialled and why it
+/// failed, each cause once.
+#[test]
+fn explain_without_a_server_says_so_once() {
+    // A port just closed: nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = format!("127.0.0.1:{port}");
+    let stderr = refused(sluice().args(["explain", "--domain", "d", "k=v", "--server", &server]));
+    assert!(
+        stderr.contains(&format!("cannot reach the admin API at {server}"))
+            && stderr.contains("refused"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("tcp connect error").count(), 1, "{stderr}");
+}
+
 /// `sluice explain` and `sluice top` refuse a `--server` they would not reach as
 /// written (a port out of range dialled port 80), naming the flag, before
 /// connecting.

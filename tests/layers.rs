@@ -17,6 +17,8 @@ use std::path::Path;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("algorithm", &[]),
     ("hash", &[]),
+    // Errors as one line, for logs and the command line.
+    ("errors", &[]),
     // Envoy's wire messages, generated: they use nothing of Sluice's.
     ("pb", &[]),
     ("clock", &["algorithm"]),
@@ -66,6 +68,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "telemetry",
             "crd",
             "config",
+            "errors",
             "pb",
         ],
     ),

@@ -112,18 +112,6 @@ impl ConnectArgs {
     }
 }
 
-/// An error and its causes, `: `-separated.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    out
-}
-
 /// What a failed call says: its message, then the causes beneath it. A TLS
 /// handshake the server refused (no client certificate) is only "transport error"
 /// at the top.
@@ -133,7 +121,7 @@ pub fn status_text(s: &tonic::Status) -> String {
         return s.message().to_string();
     };
     // The first cause often repeats the message ("transport error").
-    let causes = chain(cause);
+    let causes = crate::errors::chain(cause);
     if causes.starts_with(s.message()) {
         causes
     } else {
@@ -169,7 +157,10 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
             .tls_config(config)
             .map_err(|e| failed(e.to_string()))?;
     }
-    let channel = endpoint.connect().await.map_err(|e| failed(chain(&e)))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| failed(crate::errors::chain(&e)))?;
     Ok(AdminClient::new(channel))
 }
 

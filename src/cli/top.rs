@@ -16,8 +16,9 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
-use super::connect::{chain, connect, ConnectArgs, ConnectError};
+use super::connect::{connect, ConnectArgs, ConnectError};
 use crate::admin::pb;
+use crate::errors::chain;
 use crate::telemetry::printable::printable;
 
 /// The window the offenders' counts cover (WatchOffenders' 60 s).

@@ -166,7 +166,7 @@ impl XdsSource {
             _ = shutdown.as_mut() => return (None, false),
             c = endpoint.connect() => match c {
                 Ok(c) => c,
-                Err(e) => return (Some(error_chain(&e)), false),
+                Err(e) => return (Some(crate::errors::chain(&e)), false),
             },
         };
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
@@ -322,7 +322,9 @@ fn endpoint(cfg: &XdsArgs, url: &XdsUrl) -> Result<Endpoint, XdsError> {
         let key = read_pem(key, "--xds-tls-key", Pem::Key)?;
         tls = tls.identity(Identity::from_pem(cert, key));
     }
-    endpoint = endpoint.tls_config(tls).map_err(|e| bad(error_chain(&e)))?;
+    endpoint = endpoint
+        .tls_config(tls)
+        .map_err(|e| bad(crate::errors::chain(&e)))?;
     Ok(endpoint)
 }
 
@@ -360,18 +362,6 @@ fn read_pem(path: &std::path::Path, flag: &'static str, what: Pem) -> Result<Vec
         });
     }
     Ok(bytes)
-}
-
-/// An error with its sources, for logs (tonic's transport errors say little alone).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 /// `base` give or take half, so replicas that lost the server together do not
