@@ -40,7 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["algorithm", "clock", "hash", "policy", "store", "limiter"],
     ),
     // Spans and their export know nothing of rate limits either.
-    ("trace", &[]),
+    ("trace", &["errors"]),
     (
         "service",
         &[

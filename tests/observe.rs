@@ -1218,3 +1218,135 @@ async fn the_otlp_headers_flag_wins_over_the_variable() {
         assert!(named("x-from-env").is_empty(), "{head:?}");
     }
 }
+
+/// Spans reach an https:// collector that requires a client certificate, with the
+/// collector's CA and Sluice's certificate given by flags; the same set through
+/// OpenTelemetry's variables works too. A sluice that trusts another authority, or
+/// presents no certificate, sends the collector nothing and counts its spans as
+/// failed; a CA file that cannot be read stops start-up, naming its flag.
+#[tokio::test]
+async fn spans_reach_a_collector_over_mutual_tls() {
+    use common::otlp::{hex, Receiver};
+    use common::tls::Ca;
+
+    let ca = Ca::new("collector-ca");
+    let receiver = Receiver::start_tls(&ca.server(), Some(&ca.cert())).await;
+    let client = ca.client("sluice");
+    let (ca_file, cert, key) = (
+        ca.cert().display().to_string(),
+        client.cert.display().to_string(),
+        client.key.display().to_string(),
+    );
+    let decide = |server: &common::Server, trace: &str| {
+        let body =
+            r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"t"}]}]}"#;
+        let parent = format!("00-{trace}-00f067aa0ba902b7-01");
+        let (status, _) = http_with(
+            &server.http,
+            "POST",
+            "/json",
+            &[("traceparent", &parent)],
+            body,
+        );
+        assert!(status == 200 || status == 429, "{status}");
+    };
+    let exported = |trace: &'static str| {
+        move |spans: &[opentelemetry_proto::tonic::trace::v1::Span]| {
+            spans.iter().any(|s| hex(&s.trace_id) == trace)
+        }
+    };
+
+    const FLAGS: &str = "1bf92f3577b34da6a3ce929d0e0e4736";
+    let server = receiver.serve(
+        POLICY,
+        &[
+            ("SLUICE_OTLP_TLS_CA", &ca_file),
+            ("SLUICE_OTLP_TLS_CERT", &cert),
+            ("SLUICE_OTLP_TLS_KEY", &key),
+        ],
+    );
+    decide(&server, FLAGS);
+    receiver
+        .wait(
+            Duration::from_secs(20),
+            "the span sent with the flags' TLS",
+            exported(FLAGS),
+        )
+        .await;
+    drop(server);
+
+    const VARIABLES: &str = "2bf92f3577b34da6a3ce929d0e0e4736";
+    let server = receiver.serve(
+        POLICY,
+        &[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+        ],
+    );
+    decide(&server, VARIABLES);
+    receiver
+        .wait(
+            Duration::from_secs(20),
+            "the span sent with the variables' TLS",
+            exported(VARIABLES),
+        )
+        .await;
+    drop(server);
+
+    // Trusting another authority, then presenting no certificate: each batch is
+    // lost, and counted.
+    let other = Ca::new("other-ca");
+    let other_ca = other.cert().display().to_string();
+    const REFUSED: &str = "3bf92f3577b34da6a3ce929d0e0e4736";
+    for env in [
+        vec![
+            ("SLUICE_OTLP_TLS_CA", other_ca.as_str()),
+            ("SLUICE_OTLP_TLS_CERT", cert.as_str()),
+            ("SLUICE_OTLP_TLS_KEY", key.as_str()),
+        ],
+        vec![("SLUICE_OTLP_TLS_CA", ca_file.as_str())],
+    ] {
+        let server = receiver.serve(POLICY, &env);
+        decide(&server, REFUSED);
+        let failed = || {
+            server
+                .metric("sluice_trace_spans_total", &[("result", "failed")])
+                .unwrap_or(0.0)
+        };
+        eventually(
+            Duration::from_secs(20),
+            "spans counted as failed",
+            || async { failed() >= 1.0 },
+        )
+        .await;
+        assert!(
+            !receiver
+                .spans()
+                .iter()
+                .any(|(_, s)| hex(&s.trace_id) == REFUSED),
+            "{env:?}: the collector took a span"
+        );
+    }
+
+    // A CA file that is not there stops start-up, naming the flag.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let out = common::Server::command(
+        &[policy],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint()),
+            ("SLUICE_OTLP_TLS_CA", "/nonexistent/ca.pem"),
+        ],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--otlp-tls-ca=/nonexistent/ca.pem"),
+        "{stderr}"
+    );
+}

@@ -9,6 +9,7 @@
 //! `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it off whatever
 //! else is set.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -21,8 +22,8 @@ pub struct TracingArgs {
     /// endpoint is given; see docs/tracing.md).
     #[arg(long, env = "SLUICE_TRACING")]
     pub tracing: bool,
-    /// The collector's OTLP base URL (http://HOST:PORT; `/v1/traces` is added for
-    /// http/protobuf). Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
+    /// The collector's OTLP base URL (http://HOST:PORT, or https:// for TLS;
+    /// `/v1/traces` is added for http/protobuf). Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then
     /// OTEL_EXPORTER_OTLP_ENDPOINT, then localhost:4318 (4317 for grpc).
     #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -34,6 +35,19 @@ pub struct TracingArgs {
     /// `OTEL_EXPORTER_OTLP_[TRACES_]HEADERS`).
     #[arg(long, env = "SLUICE_OTLP_HEADERS", hide_env_values = true)]
     pub otlp_headers: Option<String>,
+    /// PEM certificates of the authorities that sign an https:// collector's
+    /// certificate, in place of the system's (default:
+    /// `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`).
+    #[arg(long, env = "SLUICE_OTLP_TLS_CA")]
+    pub otlp_tls_ca: Option<PathBuf>,
+    /// A PEM certificate (chain) presented to an https:// collector, with
+    /// --otlp-tls-key (default: `OTEL_EXPORTER_OTLP_[TRACES_]CLIENT_CERTIFICATE`).
+    #[arg(long, env = "SLUICE_OTLP_TLS_CERT", requires = "otlp_tls_key")]
+    pub otlp_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --otlp-tls-cert (default:
+    /// `OTEL_EXPORTER_OTLP_[TRACES_]CLIENT_KEY`).
+    #[arg(long, env = "SLUICE_OTLP_TLS_KEY", requires = "otlp_tls_cert")]
+    pub otlp_tls_key: Option<PathBuf>,
     /// The traces' `service.name` (default: OTEL_SERVICE_NAME, else `sluice`).
     #[arg(long, env = "SLUICE_TRACING_SERVICE_NAME")]
     pub tracing_service_name: Option<String>,
@@ -86,6 +100,8 @@ pub struct Settings {
     /// The full URL spans are sent to (for http/protobuf, with its `/v1/traces`).
     pub endpoint: String,
     pub headers: Vec<(String, String)>,
+    /// TLS to the collector: set when the endpoint is https://.
+    pub tls: Option<Tls>,
     /// Longest one export may take.
     pub timeout: Duration,
     /// Resource attributes, `service.name` among them.
@@ -95,6 +111,17 @@ pub struct Settings {
     pub batch_size: usize,
     /// Longest a finished span waits before its batch is sent.
     pub schedule_delay: Duration,
+}
+
+/// The files of TLS to the collector, each with the flag or variable that named it.
+/// Read when tracing starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// Authorities trusted in place of the system's.
+    pub ca: Option<(&'static str, PathBuf)>,
+    /// The client certificate and its key, both or neither.
+    pub cert: Option<(&'static str, PathBuf)>,
+    pub key: Option<(&'static str, PathBuf)>,
 }
 
 /// A setting that cannot be used, named by its flag or variable.
@@ -200,6 +227,8 @@ pub fn settings(
         }
     };
 
+    let tls = tls(args, &get, &endpoint)?;
+
     compression(signal_or_shared(
         &get,
         "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
@@ -265,6 +294,7 @@ pub fn settings(
         protocol,
         endpoint,
         headers,
+        tls,
         timeout,
         resource,
         sampler,
@@ -286,6 +316,15 @@ fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
     if let Some(v) = &args.otlp_headers {
         header_pairs("--otlp-headers", v)?;
         given.push("--otlp-headers");
+    }
+    for (flag, given_path) in [
+        ("--otlp-tls-ca", &args.otlp_tls_ca),
+        ("--otlp-tls-cert", &args.otlp_tls_cert),
+        ("--otlp-tls-key", &args.otlp_tls_key),
+    ] {
+        if given_path.is_some() {
+            given.push(flag);
+        }
     }
     if args.tracing_service_name.is_some() {
         given.push("--tracing-service-name");
@@ -332,16 +371,8 @@ fn protocol(name: &str, v: &str) -> Result<Protocol, ConfigError> {
 fn endpoint(name: &str, v: &str, protocol: Protocol, base: bool) -> Result<String, ConfigError> {
     let v = v.trim();
     let url = url::Url::parse(v).map_err(|e| bad(name, v, format!("not a URL: {e}")))?;
-    match url.scheme() {
-        "http" => {}
-        "https" => {
-            return Err(bad(
-                name,
-                v,
-                "TLS to the collector is not supported: send to a collector or agent on the node or in the pod over http://",
-            ))
-        }
-        _ => return Err(bad(name, v, "expected an http:// URL")),
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(name, v, "expected an http:// or https:// URL"));
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad(name, v, "the URL names no host"));
@@ -352,6 +383,70 @@ fn endpoint(name: &str, v: &str, protocol: Protocol, base: bool) -> Result<Strin
         }
         _ => v.to_string(),
     })
+}
+
+/// TLS to the collector for an https:// `endpoint`: each file from its flag, else
+/// its variable (the signal's own first). A flag with an http:// endpoint would go
+/// unused, so it is refused; the variables are then ignored, as the OpenTelemetry
+/// specification has them apply to secure connections only.
+fn tls(
+    args: &TracingArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+    endpoint: &str,
+) -> Result<Option<Tls>, ConfigError> {
+    let file = |flag: &'static str,
+                given: &Option<PathBuf>,
+                signal: &'static str,
+                shared: &'static str| {
+        match given {
+            Some(path) => Some((flag, path.clone())),
+            None => signal_or_shared(get, signal, shared)
+                .map(|(name, v)| (name, PathBuf::from(v.trim()))),
+        }
+    };
+    if !endpoint.starts_with("https://") {
+        let flags = [
+            ("--otlp-tls-ca", &args.otlp_tls_ca),
+            ("--otlp-tls-cert", &args.otlp_tls_cert),
+            ("--otlp-tls-key", &args.otlp_tls_key),
+        ];
+        if let Some((flag, Some(path))) = flags.into_iter().find(|(_, p)| p.is_some()) {
+            return Err(bad(
+                flag,
+                &path.display().to_string(),
+                format!("TLS needs an https:// endpoint; spans go to {endpoint}"),
+            ));
+        }
+        return Ok(None);
+    }
+    let tls = Tls {
+        ca: file(
+            "--otlp-tls-ca",
+            &args.otlp_tls_ca,
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
+        cert: file(
+            "--otlp-tls-cert",
+            &args.otlp_tls_cert,
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ),
+        key: file(
+            "--otlp-tls-key",
+            &args.otlp_tls_key,
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        ),
+    };
+    match (&tls.cert, &tls.key) {
+        (Some((name, path)), None) | (None, Some((name, path))) => Err(bad(
+            name,
+            &path.display().to_string(),
+            "a client certificate needs its key and a key its certificate",
+        )),
+        _ => Ok(Some(tls)),
+    }
 }
 
 /// `key=value,...` with percent-encoded values, as the OTel variables write them.
@@ -487,6 +582,64 @@ mod tests {
             tracing: true,
             ..TracingArgs::default()
         }
+    }
+
+    #[test]
+    fn an_https_endpoint_takes_tls_files_from_flags_then_variables() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/shared/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/c.key"),
+        ];
+        let s = run(&on(), &vars).unwrap().unwrap();
+        assert_eq!(s.endpoint, "https://collector:4318/v1/traces");
+        let path = |name, p: &str| Some((name, PathBuf::from(p)));
+        assert_eq!(
+            s.tls,
+            Some(Tls {
+                ca: path("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces/ca.pem"),
+                cert: path("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c.pem"),
+                key: path("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/c.key"),
+            })
+        );
+        let flags = TracingArgs {
+            otlp_tls_ca: Some("/flag/ca.pem".into()),
+            ..on()
+        };
+        let s = run(&flags, &vars).unwrap().unwrap();
+        assert_eq!(s.tls.unwrap().ca, path("--otlp-tls-ca", "/flag/ca.pem"));
+        // The system's authorities, no client certificate.
+        let s = run(&on(), &vars[..1]).unwrap().unwrap();
+        assert_eq!(s.tls, Some(Tls::default()));
+        // Plain http: no TLS, and the variables (for secure connections) unread.
+        let mut plain = vars;
+        plain[0].1 = "http://collector:4318";
+        assert_eq!(run(&on(), &plain).unwrap().unwrap().tls, None);
+    }
+
+    #[test]
+    fn tls_files_that_cannot_be_used_are_refused() {
+        // A flag with an http:// endpoint would go unused.
+        let flags = TracingArgs {
+            otlp_tls_ca: Some("/ca.pem".into()),
+            ..on()
+        };
+        let e = run(&flags, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]).unwrap_err();
+        assert_eq!(e.name, "--otlp-tls-ca");
+        assert!(e.reason.contains("needs an https:// endpoint"), "{e}");
+        // A certificate without its key.
+        let e = run(
+            &on(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c.pem"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.name, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE");
+        assert!(e.reason.contains("needs its key"), "{e}");
     }
 
     #[test]
@@ -648,10 +801,9 @@ mod tests {
             (
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 "collector:4318",
-                "http:// URL",
+                "http:// or https:// URL",
             ),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "not a url", "not a URL"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318", "TLS"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "novalue", "key=value"),
             (
                 "OTEL_EXPORTER_OTLP_HEADERS",

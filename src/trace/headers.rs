@@ -69,10 +69,11 @@ impl Headers {
     }
 }
 
-/// The OTLP/HTTP exporter's client: hyper's, with [`Headers`] on each export.
+/// The OTLP/HTTP exporter's client: hyper's (over TLS for https://), with
+/// [`Headers`] on each export.
 #[derive(Debug)]
 pub struct Client {
-    pub inner: opentelemetry_http::hyper::HyperClient,
+    pub inner: Box<dyn HttpClient>,
     pub headers: Arc<Headers>,
 }
 

@@ -32,6 +32,7 @@ pub mod config;
 pub mod context;
 pub mod export;
 pub mod headers;
+mod tls;
 
 pub use config::{settings, ConfigError, Settings, TracingArgs};
 pub use export::Counters;
@@ -253,26 +254,63 @@ fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Sta
                 tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str())
                     .map_err(|_| StartError(format!("the value of {k:?} is not valid metadata")))?;
             }
-            opentelemetry_otlp::SpanExporter::builder()
+            let builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_interceptor(move |req| Ok(headers.apply_grpc(req)))
+                .with_interceptor(move |req| Ok(headers.apply_grpc(req)));
+            match &settings.tls {
+                None => builder,
+                // A channel of Sluice's own: the exporter's TLS setting sits
+                // behind a feature of its own, for what tonic's channel does.
+                Some(t) => {
+                    let tls = tls::tonic_config(t).map_err(StartError)?;
+                    let channel =
+                        tonic::transport::Endpoint::from_shared(settings.endpoint.clone())
+                            .and_then(|e| e.tls_config(tls))
+                            .map_err(|e| {
+                                StartError(format!(
+                                    "TLS to {}: {}",
+                                    settings.endpoint,
+                                    crate::errors::chain(&e)
+                                ))
+                            })?
+                            .timeout(settings.timeout)
+                            .connect_lazy();
+                    builder.with_channel(channel)
+                }
+            }
+            .build()
+        }
+        config::Protocol::HttpProtobuf => {
+            let inner: Box<dyn opentelemetry_http::HttpClient> = match &settings.tls {
+                None => Box::new(
+                    opentelemetry_http::hyper::HyperClient::with_default_connector(
+                        settings.timeout,
+                        None,
+                    ),
+                ),
+                Some(t) => {
+                    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                        .with_tls_config(tls::client_config(t).map_err(StartError)?)
+                        .https_only()
+                        .enable_http1()
+                        .build();
+                    Box::new(opentelemetry_http::hyper::HyperClient::new(
+                        connector,
+                        settings.timeout,
+                        None,
+                    ))
+                }
+            };
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(settings.endpoint.clone())
+                .with_timeout(settings.timeout)
+                .with_http_client(headers::Client { inner, headers })
                 .build()
         }
-        config::Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(settings.endpoint.clone())
-            .with_timeout(settings.timeout)
-            .with_http_client(headers::Client {
-                inner: opentelemetry_http::hyper::HyperClient::with_default_connector(
-                    settings.timeout,
-                    None,
-                ),
-                headers,
-            })
-            .build(),
     };
     built.map_err(|e| StartError(format!("the OTLP exporter to {}: {e}", settings.endpoint)))
 }

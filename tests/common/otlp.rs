@@ -13,23 +13,83 @@ pub struct Receiver {
     spans: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
     /// Each export's header lines, lowercased.
     heads: Heads,
+    /// Served over TLS (https://).
+    tls: bool,
 }
 
 type Heads = std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>;
 
 impl Receiver {
     pub async fn start() -> Receiver {
+        Receiver::start_on(None).await
+    }
+
+    /// A receiver over TLS with `server`'s certificate (for localhost and
+    /// 127.0.0.1), requiring client certificates signed by `client_ca` if given.
+    pub async fn start_tls(
+        server: &super::tls::Pair,
+        client_ca: Option<&std::path::Path>,
+    ) -> Receiver {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots
+                    .add(CertificateDer::from_pem_file(ca).unwrap())
+                    .unwrap();
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .unwrap();
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let chain = CertificateDer::pem_file_iter(&server.cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
+        let config = builder.with_single_cert(chain, key).unwrap();
+        Receiver::start_on(Some(std::sync::Arc::new(config))).await
+    }
+
+    async fn start_on(tls: Option<std::sync::Arc<rustls::ServerConfig>>) -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let spans = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let heads = Heads::default();
         let (sink, seen) = (spans.clone(), heads.clone());
+        let acceptor = tls.clone().map(tokio_rustls::TlsAcceptor::from);
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve_otlp(conn, sink.clone(), seen.clone()));
+                let (sink, seen, acceptor) = (sink.clone(), seen.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    match acceptor {
+                        None => serve_otlp(conn, sink, seen).await,
+                        // A handshake refused (an unknown client) takes no export.
+                        Some(a) => {
+                            if let Ok(conn) = a.accept(conn).await {
+                                serve_otlp(conn, sink, seen).await
+                            }
+                        }
+                    }
+                });
             }
         });
-        Receiver { addr, spans, heads }
+        Receiver {
+            addr,
+            spans,
+            heads,
+            tls: tls.is_some(),
+        }
     }
 
     pub fn spans(&self) -> Vec<(String, Span)> {
@@ -44,7 +104,7 @@ impl Receiver {
 
 /// HTTP/1.1 requests of one connection: each body is an ExportTraceServiceRequest.
 async fn serve_otlp(
-    mut conn: tokio::net::TcpStream,
+    mut conn: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     sink: std::sync::Arc<std::sync::Mutex<Vec<(String, Span)>>>,
     heads: Heads,
 ) {
@@ -123,7 +183,8 @@ pub fn attr(attributes: &[KeyValue], key: &str) -> Option<String> {
 impl Receiver {
     /// Its endpoint, for `OTEL_EXPORTER_OTLP_ENDPOINT`.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// A sluice serving `policy` that exports its spans here, in batches sent

@@ -10,6 +10,9 @@
 #     ShouldRateLimit span, the child of Envoy's span of the rate-limit call, with
 #     ratelimit.* attributes (domain, rule, algorithm, outcome, limit, remaining, hits)
 #     matching the answer Envoy gave (a 429 on the third request)
+#   - over OTLP/gRPC to an https:// receiver that requires a client certificate
+#     (mutual TLS), the CA and Sluice's certificate given by OTEL_EXPORTER_OTLP_*
+#     variables: the same trace
 #   - with Redis as the store (a real redis-server): the decision span's child is the
 #     store call, `EVALSHA decide` (kind client) with db.system.name=redis,
 #     db.operation.name, db.stored_procedure.name, server.address and server.port
@@ -39,7 +42,21 @@ fi
 [ -x "$JAEGER" ] || die "no Jaeger binary at $JAEGER"
 
 command -v redis-server >/dev/null || die "redis-server is not installed"
-read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN P_REDIS < <(free_ports 11)
+read -r P_UP P_GRPC P_HTTP P_ENVOY P_ADMIN P_OTLP_GRPC P_OTLP_HTTP P_QUERY P_QUERY_GRPC P_DOWN P_REDIS P_OTLP_TLS < <(free_ports 12)
+
+# --- Certificates for the mutual-TLS receiver: a CA, Jaeger's (localhost) and Sluice's -----
+(
+    cd "$W" || exit 1
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key \
+        -out ca.crt -days 2 -subj /CN=collector-ca
+    for who in jaeger sluice; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$who.key" \
+            -out "$who.csr" -subj "/CN=$who"
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >"$who.ext"
+        openssl x509 -req -in "$who.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile "$who.ext" -out "$who.crt"
+    done
+) >"$W/certs.log" 2>&1 || { cat "$W/certs.log"; die "could not make the TLS certificates"; }
 
 # --- Jaeger: OTLP in (gRPC and HTTP), traces in memory, the query API -----------------
 cat >"$W/jaeger.yaml" <<EOF
@@ -47,7 +64,7 @@ service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:
     traces:
-      receivers: [otlp]
+      receivers: [otlp, otlp/tls]
       processors: [batch]
       exporters: [jaeger_storage_exporter]
   telemetry:
@@ -75,6 +92,14 @@ receivers:
         endpoint: 127.0.0.1:$P_OTLP_GRPC
       http:
         endpoint: 127.0.0.1:$P_OTLP_HTTP
+  otlp/tls:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:$P_OTLP_TLS
+        tls:
+          cert_file: $W/jaeger.crt
+          key_file: $W/jaeger.key
+          client_ca_file: $W/ca.crt
 processors:
   batch:
     timeout: 100ms
@@ -182,6 +207,15 @@ traced_sluice sluice-otlp-grpc OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$P_
     OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
     die "sluice (OTLP/gRPC) did not become ready"
 check_trace otlp-grpc "bob-4410-secret"
+stop_sluice
+
+# --- 2b. OTLP/gRPC over mutual TLS --------------------------------------------------------
+traced_sluice sluice-otlp-grpc-tls OTEL_EXPORTER_OTLP_ENDPOINT="https://localhost:$P_OTLP_TLS" \
+    OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_CERTIFICATE="$W/ca.crt" \
+    OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE="$W/sluice.crt" OTEL_EXPORTER_OTLP_CLIENT_KEY="$W/sluice.key" \
+    OTEL_SERVICE_NAME=sluice-e2e OTEL_BSP_SCHEDULE_DELAY=100 ||
+    die "sluice (OTLP/gRPC over TLS) did not become ready"
+check_trace otlp-grpc-tls "erin-6620-secret"
 stop_sluice
 
 # --- 3. Redis as the store: the store call is a child span ------------------------------
