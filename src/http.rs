@@ -264,10 +264,14 @@ async fn json_request<S: Store>(
     answer
 }
 
-/// An error answer, written on the call's span when it is traced.
+/// An error answer, written on the call's span when it is traced: an error span
+/// for the server's failure (5xx), the refusal of a request (4xx) otherwise, as
+/// OpenTelemetry's conventions for servers have it.
 fn json_error(status: StatusCode, error: String, call: Option<&mut Call>) -> Response {
-    if let Some(call) = call {
-        call.error(error.clone());
+    match call {
+        Some(call) if status.is_server_error() => call.error(error.clone()),
+        Some(call) => call.set("ratelimit.refusal", error.clone()),
+        None => {}
     }
     (status, Json(json!({ "error": error }))).into_response()
 }
@@ -301,7 +305,6 @@ async fn json_answer<S: Store>(
     let req = Request::of(&req);
     let decided = match call.as_deref_mut() {
         None => admin.service.should_rate_limit(&req, None).await,
-        // The refusal of a bad request is already on the span.
         Some(call) => {
             admin
                 .service
@@ -327,7 +330,7 @@ async fn json_answer<S: Store>(
                 (status, Json(render_response(&resp))).into_response()
             }
         },
-        Err(e) => (StatusCode::BAD_REQUEST, Json(json!({"error": e.0}))).into_response(),
+        Err(e) => json_error(StatusCode::BAD_REQUEST, e.0, call),
     }
 }
 

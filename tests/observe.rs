@@ -1047,7 +1047,7 @@ async fn a_flood_of_distinct_denied_keys_keeps_label_sets_bounded() {
 /// A decision through `POST /json` is traced as a `ShouldRateLimit` call is: the
 /// same span, with the same `ratelimit.*` attributes, the child of the call's
 /// `traceparent`, exported over OTLP; a call whose parent was not sampled exports
-/// nothing, and a refused body is an error span.
+/// nothing, and a refused body's span says why, without an error status.
 #[tokio::test]
 async fn a_json_decision_is_traced_as_a_grpc_one_is() {
     use common::otlp::{attr, hex, Receiver};
@@ -1060,6 +1060,7 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
     const JSON: &str = "5ce929d0e0e47364bf92f3577b34da6a";
     const UNSAMPLED: &str = "6e47364bf92f3577b34da6a5ce929d0e";
     const REFUSED: &str = "7b34da6a5ce929d0e6e47364bf92f357";
+    const GRPC_REFUSED: &str = "8b34da6a5ce929d0e6e47364bf92f357";
 
     // The tenant's limit is 1 a minute: each second call is over it.
     let mut c = server.client().await;
@@ -1069,6 +1070,12 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
         req.metadata_mut().insert("traceparent", traceparent);
         c.should_rate_limit(req).await.expect("ShouldRateLimit");
     }
+    // A request without a domain is refused: INVALID_ARGUMENT.
+    let mut req = tonic::Request::new(request("", vec![desc(&[("tenant", "g")])]));
+    req.metadata_mut()
+        .insert("traceparent", parent(GRPC_REFUSED).parse().unwrap());
+    let refusal = c.should_rate_limit(req).await.unwrap_err();
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument);
     let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"tenant","value":"j"}]}]}"#;
     let unsampled = format!("00-{UNSAMPLED}-00f067aa0ba902b7-00");
     let (status, _) = http_with(
@@ -1107,7 +1114,12 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
         .wait(
             Duration::from_secs(20),
             "spans of both gRPC calls and both traced /json calls",
-            |s| of(s, GRPC).len() == 2 && of(s, JSON).len() == 1 && of(s, REFUSED).len() == 1,
+            |s| {
+                of(s, GRPC).len() == 2
+                    && of(s, JSON).len() == 1
+                    && of(s, REFUSED).len() == 1
+                    && of(s, GRPC_REFUSED).len() == 1
+            },
         )
         .await;
     assert!(
@@ -1166,16 +1178,32 @@ async fn a_json_decision_is_traced_as_a_grpc_one_is() {
     let text = format!("{:?} {:?}", json.attributes, json.events);
     assert!(!text.contains("\"j\""), "{text}");
 
+    // A refused body is the client's fault: no error status (OpenTelemetry's
+    // conventions for a server's 4xx), and the reason on the span.
     let refused = &of(&spans, REFUSED)[0];
     assert_eq!(
-        refused.status.as_ref().map(|s| s.code),
-        Some(StatusCode::Error as i32),
+        refused.status.as_ref().map_or(0, |s| s.code),
+        StatusCode::Unset as i32,
         "{refused:?}"
     );
     assert_eq!(
         attr(&refused.attributes, "http.response.status_code").as_deref(),
         Some("400")
     );
+    let reason = attr(&refused.attributes, "ratelimit.refusal").unwrap_or_default();
+    assert!(reason.contains("JSON"), "{refused:?}");
+    let refused = &of(&spans, GRPC_REFUSED)[0];
+    assert_eq!(
+        refused.status.as_ref().map_or(0, |s| s.code),
+        StatusCode::Unset as i32,
+        "{refused:?}"
+    );
+    assert_eq!(
+        attr(&refused.attributes, "rpc.grpc.status_code").as_deref(),
+        Some("3")
+    );
+    let reason = attr(&refused.attributes, "ratelimit.refusal").unwrap_or_default();
+    assert!(reason.contains("domain"), "{refused:?}");
 }
 
 /// `--otlp-headers` wins over `OTEL_EXPORTER_OTLP_HEADERS`, as each flag wins over

@@ -642,10 +642,10 @@ async fn each_report_is_a_span_under_the_streams_traceparent() {
 }
 
 /// A report that is not a `RateLimitQuotaUsageReports` at all ends its stream with
-/// INVALID_ARGUMENT and, as any report, gets its span: an error, under the stream's
-/// `traceparent`.
+/// INVALID_ARGUMENT and, as any report, gets its span under the stream's
+/// `traceparent`: the refusal, not an error of Sluice's.
 #[tokio::test]
-async fn an_undecodable_report_is_an_error_span() {
+async fn an_undecodable_report_has_a_span_with_its_refusal() {
     let receiver = Receiver::start().await;
     let server = receiver.serve(POLICY, &[]);
     let (mut h2, _conn) = server.h2().await;
@@ -686,9 +686,15 @@ async fn an_undecodable_report_is_an_error_span() {
         span.name,
         "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
     );
+    // INVALID_ARGUMENT is Envoy's fault, not Sluice's: no error status, as
+    // OpenTelemetry's conventions for gRPC servers say, and the reason on the span.
     assert_eq!(
-        span.status.as_ref().map(|s| s.code),
-        Some(opentelemetry_proto::tonic::trace::v1::status::StatusCode::Error as i32),
+        span.status.as_ref().map_or(0, |s| s.code),
+        opentelemetry_proto::tonic::trace::v1::status::StatusCode::Unset as i32,
+        "{span:?}"
+    );
+    assert!(
+        common::otlp::attr(&span.attributes, "ratelimit.refusal").is_some(),
         "{span:?}"
     );
 }

@@ -72,7 +72,7 @@ where
                         .and_then(|v| v.to_str().ok()?.parse::<i64>().ok())
                         .unwrap_or(0);
                     call.set("rpc.grpc.status_code", code);
-                    if code != 0 {
+                    if crate::trace::grpc_server_failed(code) {
                         let message = response
                             .headers()
                             .get("grpc-message")
@@ -172,12 +172,13 @@ mod tests {
         };
         call(None).await.unwrap();
         call(Some("5")).await.unwrap();
+        call(Some("13")).await.unwrap();
         // Without a tracer the layer only passes calls through.
         let mut plain = TraceLayer(None).layer(Answer(None));
         plain.call(http::Request::new(())).await.unwrap();
         tracer.stop(Duration::from_secs(5)).await;
         let spans = spans.0.lock().unwrap().clone();
-        assert_eq!(spans.len(), 2);
+        assert_eq!(spans.len(), 3);
         for s in &spans {
             assert_eq!(s.name, "sluice.admin.v1.Admin/Explain");
             assert_eq!(
@@ -197,6 +198,8 @@ mod tests {
             );
         }
         assert_eq!(spans[0].status, Status::Unset);
-        assert_eq!(spans[1].status, Status::error("no such domain"));
+        // NOT_FOUND is the caller's fault; INTERNAL the server's.
+        assert_eq!(spans[1].status, Status::Unset);
+        assert_eq!(spans[2].status, Status::error("no such domain"));
     }
 }

@@ -274,8 +274,12 @@ impl<S: Store> Grpc<S> {
         };
         let code = match &answer {
             Ok(_) => Code::Ok,
-            Err(e) => {
+            Err(e) if trace::grpc_server_failed(e.code as i64) => {
                 call.error(e.message.clone());
+                e.code
+            }
+            Err(e) => {
+                call.set("ratelimit.refusal", e.message.clone());
                 e.code
             }
         };

@@ -265,9 +265,7 @@ impl<S: Store> Service<S> {
                 self.metrics.bad_request();
                 self.metrics
                     .erl_error(crate::telemetry::erl::CallError::BadRequest);
-                if let Some(call) = call {
-                    call.error(e.0.clone());
-                }
+                // The caller writes the refusal on the span, with its answer.
                 return Err(e);
             }
         };

@@ -463,8 +463,10 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::INVALID);
     }
 
+    /// A refused request is the caller's fault: no error status (OpenTelemetry's
+    /// conventions for a gRPC server), and the reason on the span.
     #[tokio::test]
-    async fn a_refused_call_is_an_error_span() {
+    async fn a_refused_call_says_why_and_is_no_error_span() {
         let f = fixture(&[]);
         let h = headers(&[("traceparent", PARENT)]);
         let bad = RateLimitRequest {
@@ -481,8 +483,9 @@ mod tests {
         assert_eq!(err.code, sluice_grpc::Code::InvalidArgument);
         let spans = exported(&f).await;
         assert_eq!(spans.len(), 1);
-        assert!(matches!(spans[0].status, SpanStatus::Error { .. }));
+        assert_eq!(spans[0].status, SpanStatus::Unset);
         assert_eq!(attr(&spans[0], "rpc.grpc.status_code"), Some(Value::I64(3)));
+        assert!(attr(&spans[0], "ratelimit.refusal").is_some());
     }
 
     /// A memory store that reports one call to a Redis at 10.0.0.7:6379 when

@@ -219,6 +219,15 @@ impl Call {
     }
 }
 
+/// Whether a gRPC server call that answered `code` failed, as OpenTelemetry's
+/// conventions for servers have it: only the server's own faults (UNKNOWN,
+/// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS) are error
+/// spans. A request refused (INVALID_ARGUMENT, NOT_FOUND, ...) is the caller's
+/// fault, and counted as the server's error it would page for a client's bug.
+pub fn grpc_server_failed(code: i64) -> bool {
+    matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
+
 /// Formats a trace id as the 32 hex digits backends show.
 pub fn hex(id: [u8; 16]) -> String {
     format!("{:032x}", u128::from_be_bytes(id))

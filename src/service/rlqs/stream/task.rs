@@ -146,6 +146,7 @@ fn report_span(
                 );
             }
         }
-        Err(e) => call.error(e.message.clone()),
+        Err(e) if crate::trace::grpc_server_failed(e.code as i64) => call.error(e.message.clone()),
+        Err(e) => call.set("ratelimit.refusal", e.message.clone()),
     }
 }
