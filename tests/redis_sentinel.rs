@@ -303,6 +303,146 @@ async fn master_lost_under_load(loss: Loss) {
     drop(master);
 }
 
+/// A sentinel cut off from its peers (here by an ACL that keeps it from their
+/// announcements on the servers) goes on naming the old master after a failover.
+/// Listed first, it is the one sluice asks first; sluice still follows the others
+/// to the new master as soon as one announces it, before the old one is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sentinel_asked_first_does_not_keep_calls_on_the_old_master() {
+    stale_sentinel_first(true).await;
+}
+
+/// As above, with sluice's subscriptions refused (an ACL on the sentinels with no
+/// channel): once the old master is demoted, its `READONLY` sends sluice past the
+/// stale sentinel to the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sentinel_asked_first_is_passed_once_the_old_master_is_demoted() {
+    stale_sentinel_first(false).await;
+}
+
+async fn stale_sentinel_first(announcements: bool) {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start().await;
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).await;
+    // No channel for this user: its sentinel hears no other sentinel's hello. Nor
+    // may it turn the new master back into a replica of the old, as a sentinel cut
+    // off by the network could not either.
+    let user = [
+        "SETUSER",
+        "cutoff",
+        "on",
+        ">pw",
+        "+@all",
+        "-replicaof",
+        "-slaveof",
+    ];
+    for server in [&master, &replica] {
+        let _: () = redis::cmd("ACL")
+            .arg(&user)
+            .arg(&["~*", "resetchannels"])
+            .query_async(&mut server.conn().await)
+            .await
+            .expect("ACL SETUSER");
+    }
+    let sentinels = Sentinels::start(3, MASTER, master.port).await;
+    let cutoff = format!("sentinel auth-user {MASTER} cutoff\nsentinel auth-pass {MASTER} pw");
+    let stale = Sentinels::start_with(1, MASTER, master.port, &cutoff).await;
+    sentinels.wait_settled(1).await;
+    stale.wait_settled(1).await;
+    // Alone, it must never fail over by itself (that would bring it up to date).
+    stale
+        .command(0, &["set", MASTER, "quorum", "2"])
+        .await
+        .expect("SENTINEL SET quorum");
+
+    let mut urls = sentinels.urls();
+    if !announcements {
+        for url in &urls {
+            let user = ["setuser", "deaf", "on", ">pw", "+@all", "resetchannels"];
+            let mut conn = redis::Client::open(url.as_str())
+                .expect("sentinel URL")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("sentinel connection");
+            let _: () = redis::cmd("ACL")
+                .arg(&user)
+                .query_async(&mut conn)
+                .await
+                .expect("ACL SETUSER on a sentinel");
+        }
+        urls = sentinels
+            .ports
+            .iter()
+            .map(|p| format!("redis://deaf:pw@127.0.0.1:{p}"))
+            .collect();
+    }
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let urls = [stale.urls(), urls].concat().join(",");
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--store-timeout",
+            &timeout,
+            "--redis-sentinel",
+            &urls,
+            "--redis-sentinel-master",
+            MASTER,
+        ],
+    );
+    common::eventually(Duration::from_secs(10), "the master found", || async {
+        master_node(&sluice).as_deref() == Some(master.addr().as_str())
+    })
+    .await;
+
+    sentinels.failover().await;
+    common::eventually(
+        Duration::from_secs(30),
+        "the sentinels name the replica",
+        || async { sentinels.master_addr(0).await == Some(replica.addr()) },
+    )
+    .await;
+    let named = Instant::now();
+    common::eventually(
+        Duration::from_secs(30),
+        "sluice on the new master",
+        || async { master_node(&sluice).as_deref() == Some(replica.addr().as_str()) },
+    )
+    .await;
+    let took = named.elapsed();
+    assert_eq!(
+        stale.master_addr(0).await,
+        Some(master.addr()),
+        "the cut-off sentinel still names the old master"
+    );
+    if announcements {
+        // Sooner than the sentinels demote the old master (up to 10 s): no count
+        // lost.
+        assert!(
+            took < Duration::from_secs(5),
+            "moved {took:?} after the switch"
+        );
+    }
+    let mut client = sluice.client().await;
+    for i in 0..20 {
+        let user = format!("after-{i}");
+        let req = common::request("closed", vec![common::desc(&[("user", &user)])]);
+        assert_eq!(
+            common::call(&mut client, req).await.overall_code,
+            common::OK
+        );
+    }
+    let keys = common::redis::keys(&mut replica.conn().await).await;
+    assert!(
+        keys.iter().any(|k| k.contains("after-19")),
+        "decided on the new master: {keys:?}"
+    );
+    assert_eq!(shard(&sluice)["state"], "up");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_with_a_password_is_reached_with_the_password_of_its_url() {
     if !available() || !sentinel::available() {

@@ -11,7 +11,10 @@
 //! for an older one, is dropped and made again to the new master. So calls leave the
 //! old master as soon as one sentinel tells of the switch: after `SENTINEL FAILOVER`
 //! the old master goes on accepting writes for some seconds before it is turned into
-//! a replica, and what it takes meanwhile is lost.
+//! a replica, and what it takes meanwhile is lost. The announcing sentinel is asked
+//! first after its announcement, and while calls fail the current address is kept
+//! only if `ROLE` there still says master: a sentinel cut off from the others goes
+//! on naming the old master.
 //!
 //! While no master is known, calls fail with what stood in the way (sentinels that
 //! do not answer, a refused password, a replica); a new master is told to the
@@ -32,6 +35,8 @@ use crate::{error, Error, ErrorKind, Pool, Request, Target, Value, Wire};
 pub const POLL: Duration = Duration::from_secs(1);
 /// Shortest gap between two questions to the sentinels while calls keep failing.
 pub const MIN_GAP: Duration = Duration::from_millis(50);
+/// No sentinel, for [`Master`]'s `announcer`.
+const NONE: usize = usize::MAX;
 /// A sentinel's channels that say a master moved or is moving.
 const CHANNELS: [&str; 2] = ["+switch-master", "+failover-state-reconf-slaves"];
 
@@ -45,6 +50,9 @@ pub struct Master {
     sentinels: Arc<[Target]>,
     /// The sentinel that answered last, asked first next time.
     first: AtomicUsize,
+    /// The sentinel that announced a failover of this master since the last round
+    /// began ([`NONE`] if none): it knows of it, so the next round asks it first.
+    announcer: AtomicUsize,
     current: Mutex<Option<Resolved>>,
     /// Why the last round found no master, while none is known: what calls fail with.
     problem: Mutex<Option<Error>>,
@@ -59,6 +67,11 @@ pub struct Master {
     pool: Mutex<Option<(u64, Arc<Pool>)>>,
     /// No sentinel answered the last round: said once, until one answers again.
     unheard: AtomicBool,
+    /// A call failed, or a sentinel announced a failover, since the last round: a
+    /// sentinel naming the current address is then believed only if `ROLE` there
+    /// still says master (a sentinel cut off from the others names it after a
+    /// failover).
+    doubted: AtomicBool,
 }
 
 /// A master's address that answered `ROLE` with `master`.
@@ -129,6 +142,7 @@ impl Master {
             template,
             sentinels,
             first: AtomicUsize::new(0),
+            announcer: AtomicUsize::new(NONE),
             current: Mutex::new(None),
             problem: Mutex::new(None),
             generation: AtomicU64::new(0),
@@ -137,6 +151,7 @@ impl Master {
             on_switch: Box::new(on_switch),
             pool: Mutex::new(None),
             unheard: AtomicBool::new(false),
+            doubted: AtomicBool::new(false),
         });
         tokio::spawn(follow(Arc::downgrade(&master)));
         master
@@ -167,7 +182,15 @@ impl Master {
 
     /// A call met an outage: ask the sentinels again soon.
     pub fn suspect(&self) {
+        self.doubted.store(true, Relaxed);
         self.wake.notify_one();
+    }
+
+    /// Sentinel `i` announced a failover of this master: it knows of it, so it is
+    /// asked first (one cut off from the others would name the old master).
+    fn announced_by(&self, i: usize) {
+        self.announcer.store(i, Relaxed);
+        self.suspect();
     }
 
     /// The connections to the current master off the decide path.
@@ -189,8 +212,14 @@ impl Master {
     /// connection per sentinel across calls.
     async fn resolve(&self, conns: &mut [Option<Wire>]) {
         let n = self.sentinels.len();
-        let start = self.first.load(Relaxed) % n;
+        let start = match self.announcer.swap(NONE, Relaxed) {
+            NONE => self.first.load(Relaxed),
+            announcer => announcer,
+        } % n;
         let current = self.current();
+        let doubted = self.doubted.swap(false, Relaxed);
+        // Whether the current address still says master, asked once a round.
+        let mut still_master: Option<Result<bool, Error>> = None;
         let mut problem = None;
         let mut answered = false;
         for i in (0..n).map(|k| (start + k) % n) {
@@ -217,8 +246,31 @@ impl Master {
             };
             self.first.store(i, Relaxed);
             let addr = format!("{host}:{port}");
-            if current.as_ref().is_some_and(|c| c.addr == addr) {
-                return;
+            if let Some(c) = current.as_ref().filter(|c| c.addr == addr) {
+                if !doubted {
+                    return;
+                }
+                if still_master.is_none() {
+                    still_master = Some(self.role(&c.target).await);
+                }
+                match still_master.as_ref().expect("asked above") {
+                    Ok(true) => return,
+                    // Demoted, yet named: this sentinel may not know of the
+                    // failover; another may.
+                    Ok(false) => {
+                        problem = Some(Error::failed(
+                            ErrorKind::ReadOnly,
+                            format!("{addr} is no longer a master"),
+                        ));
+                        continue;
+                    }
+                    // Down or hung: no sign the sentinel is wrong, but another
+                    // may know of a failover already.
+                    Err(e) => {
+                        problem = Some(Error::failed(e.kind(), format!("{addr}: {}", e.message())));
+                        continue;
+                    }
+                }
             }
             let target = self.template.at(&host, port);
             match self.role(&target).await {
@@ -382,8 +434,8 @@ async fn follow(master: Weak<Master>) {
 /// announcement, until all `masters` are dropped. Must run inside a Tokio runtime.
 pub fn listen(sentinels: &[Target], masters: Vec<Weak<Master>>) {
     let masters: Arc<[Weak<Master>]> = masters.into();
-    for target in sentinels {
-        tokio::spawn(subscribe(target.clone(), masters.clone()));
+    for (i, target) in sentinels.iter().enumerate() {
+        tokio::spawn(subscribe(i, target.clone(), masters.clone()));
     }
 }
 
@@ -404,19 +456,28 @@ async fn subscribed(target: &Target) -> Result<Wire, Error> {
     Ok(conn)
 }
 
-/// Whether a pushed value is a published message (not a subscription's
-/// confirmation or an error).
-fn announcement(value: &Value) -> Option<String> {
+/// A pushed value's channel and payload when it is a published message (not a
+/// subscription's confirmation or an error).
+fn announcement(value: &Value) -> Option<(String, String)> {
     let Value::Array(items) = value else {
         return None;
     };
     match items.as_slice() {
-        [kind, channel, _] if kind.as_text().as_deref() == Some("message") => channel.as_text(),
+        [kind, channel, payload] if kind.as_text().as_deref() == Some("message") => {
+            Some((channel.as_text()?, payload.as_text().unwrap_or_default()))
+        }
         _ => None,
     }
 }
 
-async fn subscribe(target: Target, masters: Arc<[Weak<Master>]>) {
+/// Whether an announcement's payload names `master` (`<name> <old ip> <old port>
+/// <new ip> <new port>`, or `<type> <name> <ip> <port> @ <master> ...`).
+fn names(payload: &str, master: &str) -> bool {
+    payload.split(' ').any(|word| word == master)
+}
+
+/// Listens on sentinel `i` (`target`).
+async fn subscribe(i: usize, target: Target, masters: Arc<[Weak<Master>]>) {
     while alive(&masters) {
         let mut conn = match tokio::time::timeout(target.timeout, subscribed(&target)).await {
             Ok(Ok(c)) => c,
@@ -434,10 +495,14 @@ async fn subscribe(target: Target, masters: Arc<[Weak<Master>]>) {
                     break;
                 }
                 Ok(Ok(msg)) => {
-                    if let Some(channel) = announcement(&msg) {
-                        tracing::debug!(%channel, "sentinel announcement");
+                    if let Some((channel, payload)) = announcement(&msg) {
+                        tracing::debug!(%channel, %payload, "sentinel announcement");
                         for m in masters.iter().filter_map(Weak::upgrade) {
-                            m.suspect();
+                            if names(&payload, &m.name) {
+                                m.announced_by(i);
+                            } else {
+                                m.suspect();
+                            }
                         }
                     }
                 }
@@ -525,7 +590,9 @@ mod tests {
             text("+switch-master"),
             text("m 10.0.0.1 6379 10.0.0.2 6379"),
         ]);
-        assert_eq!(announcement(&msg).as_deref(), Some("+switch-master"));
+        let (channel, payload) = announcement(&msg).unwrap();
+        assert_eq!(channel, "+switch-master");
+        assert!(names(&payload, "m") && !names(&payload, "m2"));
         let confirm = Value::Array(vec![
             text("subscribe"),
             text("+switch-master"),
