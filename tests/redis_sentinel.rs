@@ -73,6 +73,9 @@ enum Loss {
     Failover,
     /// The master is killed; the sentinels fail over once they agree it is down.
     Kill,
+    /// The master hangs (`SIGSTOP`): calls time out until the sentinels fail over,
+    /// then it comes back still a master until they turn it into a replica.
+    Stop,
 }
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -85,6 +88,11 @@ async fn a_failover_under_load_answers_by_the_failure_mode_then_from_the_new_mas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_master_is_answered_by_the_failure_mode_until_the_new_one_decides() {
     master_lost_under_load(Loss::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_is_answered_by_the_failure_mode_until_the_new_one_decides() {
+    master_lost_under_load(Loss::Stop).await;
 }
 
 async fn master_lost_under_load(loss: Loss) {
@@ -165,6 +173,7 @@ async fn master_lost_under_load(loss: Loss) {
     match loss {
         Loss::Failover => sentinels.failover().await,
         Loss::Kill => master.kill(),
+        Loss::Stop => master.freeze(),
     }
     common::eventually(
         Duration::from_secs(30),
@@ -179,6 +188,14 @@ async fn master_lost_under_load(loss: Loss) {
     let old_calls = match loss {
         Loss::Failover => Some(script_calls(&mut old_master).await),
         Loss::Kill => None,
+        Loss::Stop => {
+            // Back, it answers what was sent before the switch, then nothing more.
+            master.thaw();
+            // A connection made after it has read what its clients sent while
+            // hung (sluice's calls from before the switch), so its count is read
+            // after theirs.
+            Some(script_calls(&mut master.conn().await).await)
+        }
     };
     common::eventually(
         Duration::from_secs(20),
@@ -239,10 +256,13 @@ async fn master_lost_under_load(loss: Loss) {
         "every denial is the failure mode's ({} calls)",
         answers.len()
     );
-    if loss == Loss::Kill {
+    if loss != Loss::Failover {
         // The sentinels take a second to agree the master is down: meanwhile the
         // failure mode answers.
-        assert!(denied > 0.0, "no failure-mode answer with the master dead");
+        assert!(
+            denied > 0.0,
+            "no failure-mode answer with the master dead or hung"
+        );
         // The log says the shard went down, and came back once on the new master.
         let lines: Vec<String> = sluice.lines.try_iter().collect();
         let at = |text| lines.iter().position(|l: &String| l.contains(text));
