@@ -1284,43 +1284,28 @@ async fn spans_reach_a_collector_over_mutual_tls() {
         }
     };
 
-    const FLAGS: &str = "1bf92f3577b34da6a3ce929d0e0e4736";
-    let server = receiver.serve(
-        POLICY,
-        &[
-            ("SLUICE_OTLP_TLS_CA", &ca_file),
-            ("SLUICE_OTLP_TLS_CERT", &cert),
-            ("SLUICE_OTLP_TLS_KEY", &key),
-        ],
-    );
-    decide(&server, FLAGS);
-    receiver
-        .wait(
-            Duration::from_secs(20),
-            "the span sent with the flags' TLS",
-            exported(FLAGS),
-        )
-        .await;
-    drop(server);
-
-    const VARIABLES: &str = "2bf92f3577b34da6a3ce929d0e0e4736";
-    let server = receiver.serve(
-        POLICY,
-        &[
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca_file),
-            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
-            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
-        ],
-    );
-    decide(&server, VARIABLES);
-    receiver
-        .wait(
-            Duration::from_secs(20),
-            "the span sent with the variables' TLS",
-            exported(VARIABLES),
-        )
-        .await;
-    drop(server);
+    // By flags, then by OpenTelemetry's variables.
+    let by_flags = [
+        ("SLUICE_OTLP_TLS_CA", ca_file.as_str()),
+        ("SLUICE_OTLP_TLS_CERT", cert.as_str()),
+        ("SLUICE_OTLP_TLS_KEY", key.as_str()),
+    ];
+    let by_variables = [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca_file.as_str()),
+        ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
+    ];
+    for (trace, env) in [
+        ("1bf92f3577b34da6a3ce929d0e0e4736", by_flags),
+        ("2bf92f3577b34da6a3ce929d0e0e4736", by_variables),
+    ] {
+        let server = receiver.serve(POLICY, &env);
+        decide(&server, trace);
+        let what = format!("the span sent with {env:?}");
+        receiver
+            .wait(Duration::from_secs(20), &what, exported(trace))
+            .await;
+    }
 
     // Trusting another authority, then presenting no certificate: each batch is
     // lost, and counted.

@@ -51,6 +51,28 @@ fn master_node(sluice: &common::Server) -> Option<String> {
     shard(sluice)["nodes"][0].as_str().map(str::to_string)
 }
 
+/// A sluice on the sentinels at `urls` (master [`MASTER`], the harness's store
+/// timeout), once it has found the master at `addr`.
+async fn on_sentinels(urls: &str, addr: &str) -> common::Server {
+    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--store-timeout",
+            &timeout,
+            "--redis-sentinel",
+            urls,
+            "--redis-sentinel-master",
+            MASTER,
+        ],
+    );
+    common::eventually(Duration::from_secs(10), "the master found", || async {
+        master_node(&sluice).as_deref() == Some(addr)
+    })
+    .await;
+    sluice
+}
+
 async fn role(redis: &RedisServer) -> String {
     let mut conn = redis.conn().await;
     let v: redis::Value = redis::cmd("ROLE")
@@ -107,23 +129,7 @@ async fn master_lost_under_load(loss: Loss) {
     let sentinels = Sentinels::start(3, MASTER, master.port).await;
     sentinels.wait_settled(1).await;
 
-    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
-    let urls = sentinels.urls().join(",");
-    let mut sluice = common::Server::start(
-        POLICY,
-        &[
-            "--store-timeout",
-            &timeout,
-            "--redis-sentinel",
-            &urls,
-            "--redis-sentinel-master",
-            MASTER,
-        ],
-    );
-    common::eventually(Duration::from_secs(10), "the master found", || async {
-        master_node(&sluice).as_deref() == Some(master.addr().as_str())
-    })
-    .await;
+    let mut sluice = on_sentinels(&sentinels.urls().join(","), &master.addr()).await;
 
     // Load: unique users, so no answer but the failure mode's can deny.
     let stop = Arc::new(AtomicBool::new(false));
@@ -400,23 +406,7 @@ async fn stale_sentinel_first(announcements: bool) {
             .map(|p| format!("redis://deaf:pw@127.0.0.1:{p}"))
             .collect();
     }
-    let timeout = format!("{}ms", STORE_TIMEOUT.as_millis());
-    let urls = [stale.urls(), urls].concat().join(",");
-    let sluice = common::Server::start(
-        POLICY,
-        &[
-            "--store-timeout",
-            &timeout,
-            "--redis-sentinel",
-            &urls,
-            "--redis-sentinel-master",
-            MASTER,
-        ],
-    );
-    common::eventually(Duration::from_secs(10), "the master found", || async {
-        master_node(&sluice).as_deref() == Some(master.addr().as_str())
-    })
-    .await;
+    let sluice = on_sentinels(&[stale.urls(), urls].concat().join(","), &master.addr()).await;
 
     sentinels.failover().await;
     common::eventually(
