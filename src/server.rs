@@ -753,9 +753,40 @@ async fn bind_admin(addr: Option<AdminAddr>) -> anyhow::Result<Option<TcpListene
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED {
+        return bind_every_address(addr.port());
+    }
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// `[::]`: every address, IPv4's too (as Go listens on `0.0.0.0` or `:PORT`), on
+/// whatever `net.ipv6.bindv6only` says; a kernel without IPv6 gets `0.0.0.0`.
+fn bind_every_address(port: u16) -> anyhow::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let v6 = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    let socket = match Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)) {
+        Ok(s) => s,
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port));
+            tracing::warn!(%v6, %v4, "no IPv6 on this host: listening on IPv4 only");
+            let listener = std::net::TcpListener::bind(v4)
+                .with_context(|| format!("cannot listen on {v4}"))?;
+            listener.set_nonblocking(true)?;
+            return Ok(TcpListener::from_std(listener)?);
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot listen on {v6}")),
+    };
+    let listen = |socket: Socket| -> std::io::Result<TcpListener> {
+        socket.set_only_v6(false)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&v6.into())?;
+        socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
+        TcpListener::from_std(socket.into())
+    };
+    listen(socket).with_context(|| format!("cannot listen on {v6}"))
 }
 
 /// Changes at each SIGHUP, which has the policy and TLS files read at once rather

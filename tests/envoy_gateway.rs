@@ -55,15 +55,15 @@ fn envoy_gateway_env(xds: &XdsServer, certs: &Certs, redis: &RedisServer) -> Vec
         ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("REDIS_URL", redis.addr()),
         ("USE_PROMETHEUS", "true".into()),
-        ("PROMETHEUS_ADDR", "127.0.0.1:0".into()),
+        // Envoy Gateway's `:19001`, on a port of the kernel's choosing.
+        ("PROMETHEUS_ADDR", ":0".into()),
         (
             "PROMETHEUS_MAPPER_YAML",
             "/etc/statsd-exporter/conf.yaml".into(),
         ),
-        // Not set by Envoy Gateway (whose pod has its own ports): loopback here.
-        ("HOST", "127.0.0.1".into()),
+        // Not set by Envoy Gateway (whose pod has its own ports: 8080 and 8081 on
+        // every address): here every address too, on ports of the kernel's choosing.
         ("PORT", "0".into()),
-        ("GRPC_HOST", "127.0.0.1".into()),
         ("GRPC_PORT", "0".into()),
     ]
     .into_iter()
@@ -116,6 +116,18 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         healthcheck() == (200, "OK".to_string())
     })
     .await;
+    // Every address is IPv6's too, as envoyproxy/ratelimit (Go) listens on
+    // `0.0.0.0`: the probes and Envoy reach a pod of an IPv6 cluster by its IPv6
+    // address.
+    let port = |addr: &str| addr.rsplit(':').next().expect("a port").to_string();
+    for ip in ["127.0.0.1", "[::1]"] {
+        let at = format!("{ip}:{}", port(&server.http));
+        assert_eq!(
+            http(&at, "GET", "/healthcheck", ""),
+            (200, "OK".to_string()),
+            "/healthcheck at {at}"
+        );
+    }
     // Each ignored variable is named once; the honoured ones are not.
     let warned: Vec<&String> = server
         .startup
@@ -160,6 +172,25 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         r.statuses[0].current_limit.is_some()
     })
     .await;
+    // Envoy's calls reach the gRPC port by IPv6 too.
+    let v6 = {
+        use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+        let read = |p: &Path| std::fs::read(p).expect("a certificate file");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&ca)))
+            .domain_name("localhost")
+            .identity(Identity::from_pem(read(&crt), read(&key)));
+        let channel = Channel::from_shared(format!("https://[::1]:{}", port(&server.grpc)))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .expect("the gRPC port at [::1]");
+        RateLimitServiceClient::new(channel)
+    };
+    let r = call(&mut v6.clone(), request(DOMAIN, vec![check()])).await;
+    assert!(r.statuses[0].current_limit.is_some(), "over IPv6: {r:?}");
 
     // PROMETHEUS_ADDR serves the metrics...
     let prometheus = server
@@ -174,6 +205,8 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let (status, text) = http(&prometheus, "GET", "/metrics", "");
     assert_eq!(status, 200);
     assert!(text.contains("sluice_requests_total"), "{text}");
+    let v6 = format!("[::1]:{}", port(&prometheus));
+    assert_eq!(http(&v6, "GET", "/metrics", "").0, 200, "/metrics at {v6}");
     // ...and envoyproxy/ratelimit's series that Envoy Gateway's dashboards read.
     let families = [
         "total_hits",

@@ -229,6 +229,11 @@ mod tests {
         assert_eq!(
             t.args,
             [
+                // Every address, IPv6's too, as Go listens on 0.0.0.0 and :19001.
+                "--http-addr",
+                "[::]:8080",
+                "--grpc-addr",
+                "[::]:8081",
                 "--xds-server",
                 "https://envoy-gateway:18001",
                 "--xds-node-id",
@@ -243,7 +248,7 @@ mod tests {
                 "--redis",
                 "redis://redis.redis.svc:6379",
                 "--prometheus-addr",
-                "0.0.0.0:19001",
+                "[::]:19001",
                 "--response-headers",
                 "off",
                 "--default-algorithm",
@@ -273,8 +278,9 @@ mod tests {
             e.insert(k.into(), v.into());
         }
         let t = translate(&e).unwrap();
+        // After the two addresses.
         assert_eq!(
-            t.args[..4],
+            t.args[4..8],
             [
                 "--grpc-tls-cert",
                 "/certs/tls.crt",
@@ -286,11 +292,11 @@ mod tests {
         // The client authority makes client certificates required.
         e.insert("GRPC_CLIENT_TLS_CACERT".into(), "/certs/ca.crt".into());
         let t = translate(&e).unwrap();
-        assert_eq!(t.args[4..6], ["--grpc-tls-client-ca", "/certs/ca.crt"]);
+        assert_eq!(t.args[8..10], ["--grpc-tls-client-ca", "/certs/ca.crt"]);
         // A SLUICE_* variable of the same setting wins.
         e.insert("SLUICE_GRPC_TLS_CERT".into(), "/mine.crt".into());
         let t = translate(&e).unwrap();
-        assert_eq!(t.args[..2], ["--grpc-tls-key", "/certs/tls.key"]);
+        assert_eq!(t.args[4..6], ["--grpc-tls-key", "/certs/tls.key"]);
     }
 
     #[test]
@@ -355,7 +361,7 @@ mod tests {
         }
         let t = translate(&e).unwrap();
         assert_eq!(
-            t.args[4..8],
+            t.args[8..12],
             [
                 "--grpc-tls-client-ca",
                 "/certs/ca.crt",
@@ -579,6 +585,33 @@ mod tests {
     }
 
     #[test]
+    fn gos_every_address_is_ipv6s_too_and_a_given_address_stays() {
+        let t = translate(&env(&[
+            ("HOST", "0.0.0.0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "0.0.0.0:9091"),
+        ]))
+        .unwrap();
+        for pair in [
+            ["--http-addr", "[::]:8080"],
+            ["--grpc-addr", "127.0.0.1:8081"],
+            ["--prometheus-addr", "[::]:9091"],
+        ] {
+            assert!(t.args.windows(2).any(|w| w == pair), "{pair:?} in {t:?}");
+        }
+        let t = translate(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "10.0.0.1:9091"),
+        ]))
+        .unwrap();
+        assert!(t
+            .args
+            .windows(2)
+            .any(|w| w == ["--prometheus-addr", "10.0.0.1:9091"]));
+    }
+
+    #[test]
     fn file_mode_addresses_headers_and_shadow() {
         let t = translate(&env(&[
             ("RUNTIME_ROOT", "/srv/runtime_data/current"),
@@ -596,7 +629,7 @@ mod tests {
             t.args,
             [
                 "--http-addr",
-                "0.0.0.0:9080",
+                "[::]:9080",
                 "--grpc-addr",
                 "[::]:8081",
                 "--log-format",

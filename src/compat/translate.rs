@@ -96,15 +96,15 @@ impl Translate<'_> {
         Ok(())
     }
 
+    /// envoyproxy/ratelimit's hosts default to `0.0.0.0`, where Go listens on every
+    /// address, IPv6's too: `[::]` here, so that a pod of an IPv6 cluster is reached
+    /// by its probes and Envoy.
     fn addresses(&mut self) {
         for (host, port, flag, default_port) in [
             ("HOST", "PORT", "--http-addr", "8080"),
             ("GRPC_HOST", "GRPC_PORT", "--grpc-addr", "8081"),
         ] {
-            if self.get(host).is_none() && self.get(port).is_none() {
-                continue;
-            }
-            let h = self.get(host).unwrap_or("0.0.0.0").to_string();
+            let h = every_address(self.get(host).unwrap_or("0.0.0.0")).to_string();
             let p = self.get(port).unwrap_or(default_port).to_string();
             self.flag(flag, Some(join_host_port(&h, &p)));
         }
@@ -254,9 +254,11 @@ impl Translate<'_> {
     fn metrics(&mut self) -> Result<(), Refusal> {
         if self.truthy("USE_PROMETHEUS")? {
             let addr = self.get("PROMETHEUS_ADDR").unwrap_or(":9090");
-            let addr = match addr.strip_prefix(':') {
-                Some(port) => format!("0.0.0.0:{port}"),
-                None => addr.to_string(),
+            let addr = match addr.rsplit_once(':') {
+                Some((host, port)) if host.is_empty() || host == "0.0.0.0" => {
+                    format!("[::]:{port}")
+                }
+                _ => addr.to_string(),
             };
             self.flag("--prometheus-addr", Some(addr));
             if let Some(path) = self.get("PROMETHEUS_PATH").map(String::from) {
@@ -379,6 +381,15 @@ impl Translate<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Go's `0.0.0.0` (every address, both families) as a sluice host.
+fn every_address(host: &str) -> &str {
+    if host == "0.0.0.0" {
+        "::"
+    } else {
+        host
     }
 }
 

@@ -37,9 +37,9 @@ macro_rules! var {
 /// Every variable of envoyproxy/ratelimit's settings, and Envoy Gateway's
 /// `GRPC_SERVER_TLS_CA_CERT`.
 pub const VARIABLES: &[Variable] = &[
-    var!("HOST", Honoured, "with `PORT`: `--http-addr HOST:PORT`"),
+    var!("HOST", Honoured, "with `PORT`: `--http-addr HOST:PORT`; unset or `0.0.0.0` is `[::]`, every address of both families, as Go listens"),
     var!("PORT", Honoured, "with `HOST`: `--http-addr HOST:PORT`"),
-    var!("GRPC_HOST", Honoured, "with `GRPC_PORT`: `--grpc-addr HOST:PORT`"),
+    var!("GRPC_HOST", Honoured, "with `GRPC_PORT`: `--grpc-addr HOST:PORT`; unset or `0.0.0.0` is `[::]`, every address of both families, as Go listens"),
     var!("GRPC_PORT", Honoured, "with `GRPC_HOST`: `--grpc-addr HOST:PORT`"),
     var!("DEBUG_HOST", Ignored, "sluice's `/debug/*` is on the HTTP port"),
     var!("DEBUG_PORT", Ignored, "sluice's `/debug/*` is on the HTTP port"),
@@ -80,7 +80,7 @@ pub const VARIABLES: &[Variable] = &[
     var!("STATS_FLUSH_INTERVAL", Ignored, "metrics are read at scrape time"),
     var!("DISABLE_STATS", Ignored, "metrics are always kept"),
     var!("USE_PROMETHEUS", Honoured, "`true`: `--prometheus-addr PROMETHEUS_ADDR`"),
-    var!("PROMETHEUS_ADDR", Honoured, "`--prometheus-addr` (default `:9090`)"),
+    var!("PROMETHEUS_ADDR", Honoured, "`--prometheus-addr` (default `:9090`; `:PORT` and `0.0.0.0:PORT` are `[::]:PORT`, both families)"),
     var!("PROMETHEUS_PATH", Honoured, "`--prometheus-path` (default `/metrics`)"),
     var!("PROMETHEUS_MAPPER_YAML", Ignored, "the series are named as Envoy Gateway's mapping names them"),
     var!("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Ignored, "`ratelimit_service_response_time_seconds` and `sluice_decision_seconds` are in seconds"),
