@@ -15,7 +15,10 @@
 #      Redis URL of this test's own Redis), its certificates at /certs.
 #      Checks: a limit per header value and one per client address (127.0.0.2 and .3)
 #      enforced, with each x-ratelimit-* header once and an `x-ratelimit-reset` no
-#      longer than the limit's unit (envoyproxy/ratelimit's fixed windows); response
+#      longer than the limit's unit (envoyproxy/ratelimit's fixed windows); shared
+#      rules (one budget for two routes), shadowMode (never denies, counted in its
+#      series), inverted header and sourceCIDR matches, methods, a weekly limit per
+#      query value, a rule for all traffic, an empty header value; response
 #      costs (`cost.response`: the upstream's token count charged after the
 #      response, through Envoy Gateway's Lua extension) counted whole, so a client
 #      whose responses overshoot is denied once its budget is spent; the
@@ -219,6 +222,24 @@ spec:
             type: PathPrefix
             value: /
 ---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: other
+  namespace: default
+spec:
+  parentRefs:
+    - name: eg
+  rules:
+    - backendRefs:
+        - group: gateway.envoyproxy.io
+          kind: Backend
+          name: backend
+      matches:
+        - path:
+            type: PathPrefix
+            value: /two
+---
 apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: Backend
 metadata:
@@ -267,6 +288,9 @@ spec:
     - group: gateway.networking.k8s.io
       kind: HTTPRoute
       name: backend
+    - group: gateway.networking.k8s.io
+      kind: HTTPRoute
+      name: other
   rateLimit:
     global:
       rules:
@@ -291,6 +315,43 @@ spec:
             response:
               from: Metadata
               metadata: {namespace: sluice.test, key: tokens}
+        # rule 3: one budget shared by both routes
+        - clientSelectors:
+            - headers: [{name: x-shared, type: Exact, value: "yes"}]
+          limit: {requests: 3, unit: Day}
+          shared: true
+        # rule 4: watched, never enforced
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /shadow}
+          limit: {requests: 1, unit: Day}
+          shadowMode: true
+        # rule 5: every plan but gold
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /invert}
+              headers: [{name: x-plan, type: Exact, value: gold, invert: true}]
+          limit: {requests: 1, unit: Day}
+        # rule 6: clients outside 10.0.0.0/8
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /outside}
+              sourceCIDR: {type: Exact, value: 10.0.0.0/8, invert: true}
+          limit: {requests: 1, unit: Day}
+        # rule 7: POST only
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /method}
+              methods: [{value: POST}]
+          limit: {requests: 1, unit: Day}
+        # rule 8: a weekly limit, per query value
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /week}
+              queryParams: [{name: k, type: Distinct}]
+          limit: {requests: 2, unit: Week}
+        # rule 9: all traffic
+        - limit: {requests: 4294967295, unit: Second}
+        # rule 10: a second shared rule
+        - clientSelectors:
+            - headers: [{name: x-team, type: Distinct}]
+          limit: {requests: 1, unit: Month}
+          shared: true
 EOF
     mv -f "$W/policy.tmp" "$W/resources/policy.yaml"
 }
@@ -414,6 +475,62 @@ if [ "$addr" = "200 200 429 " ] && [ "$addr_other" = 200 ]; then
     ok "per client address (2 a day): 127.0.0.2 $addr, 127.0.0.3 $addr_other"
 else
     bad "per client address: want '200 200 429' from 127.0.0.2 and 200 from 127.0.0.3, got '$addr' / $addr_other"
+fi
+
+# codes N PATH CURL_ARGS...: the status codes of N requests, space-separated.
+codes() {
+    local n=$1 out="" i
+    shift
+    for i in $(seq "$n"); do out+="$(req last "$@") "; done
+    echo "${out% }"
+}
+# The rules envoyproxy/ratelimit's users rely on, each answered as it answers them.
+shared="$(codes 2 /one -H 'x-shared: yes') $(codes 2 /two -H 'x-shared: yes') $(codes 1 /one -H 'x-shared: yes')"
+team="$(codes 1 /one -H 'x-team: t1') $(codes 1 /two -H 'x-team: t1') $(codes 1 /two -H 'x-team: t2')"
+if [ "$shared" = "200 200 200 429 429" ] && [ "$team" = "200 429 200" ]; then
+    ok "shared rules: one budget for both routes (3 a day: $shared; 1 a month per team: $team)"
+else
+    bad "shared rules: want '200 200 200 429 429' and '200 429 200' across both routes, got '$shared' and '$team'"
+fi
+shadow=$(codes 3 /shadow)
+# The rule's series: the routes' own rules are numbered apart from the shared ones.
+shadowed() {
+    curl -s "http://127.0.0.1:$P_PROM/metrics" | grep '^ratelimit_service_rate_limit_shadow_mode{' |
+        grep 'key2="rule-3-path_rule-3-path"' | grep -q ' 2$'
+}
+if [ "$shadow" = "200 200 200" ] && wait_for "the shadow_mode series" 5 shadowed; then
+    ok "shadowMode: 1 a day never denies ($shadow), the two over it counted in ratelimit_service_rate_limit_shadow_mode"
+else
+    bad "shadowMode: want '200 200 200' and shadow_mode 2, got '$shadow':"
+    curl -s "http://127.0.0.1:$P_PROM/metrics" | grep '^ratelimit_service_rate_limit_shadow_mode{'
+fi
+free=$(codes 2 /invert -H 'x-plan: free') gold=$(codes 2 /invert -H 'x-plan: gold')
+outside=$(codes 2 /outside --interface 127.0.0.4)
+post=$(codes 2 /method -X POST) get=$(codes 2 /method)
+if [ "$free" = "200 429" ] && [ "$gold" = "200 200" ] && [ "$outside" = "200 429" ] &&
+    [ "${post#* }" = 429 ] && [ "${post% *}" != 429 ] && [ "$get" = "200 200" ]; then
+    ok "inverted header and sourceCIDR matches, methods: free $free, gold $gold, outside 10/8 $outside, POST $post, GET $get"
+else
+    bad "inverted matches and methods: want free '200 429', gold '200 200', outside '200 429', POST 'x 429', GET '200 200'; got '$free' '$gold' '$outside' '$post' '$get'"
+fi
+week="$(codes 3 '/week?k=a') $(codes 1 '/week?k=b')"
+reset=$(header last x-ratelimit-reset)
+if [ "$week" = "200 200 429 200" ] && [ "$reset" -le 604800 ] 2>/dev/null; then
+    ok "a weekly limit per query value: $week, x-ratelimit-reset $reset s"
+else
+    bad "a weekly limit per query value: want '200 200 429 200' and a reset within the week, got '$week', '$reset'"
+fi
+all=$(req all /plain)
+if [ "$all" = 200 ] && [ "$(header all x-ratelimit-limit)" = "4294967295, 4294967295;w=1" ]; then
+    ok "a rule with no selector limits all traffic, at the largest limit Envoy Gateway takes ($(header all x-ratelimit-limit))"
+else
+    bad "a rule for all traffic: want 200 with x-ratelimit-limit '4294967295, 4294967295;w=1', got $all '$(header all x-ratelimit-limit)'"
+fi
+empty=$(codes 4 /user -H 'x-user-id;')
+if [ "$empty" = "200 200 200 429" ]; then
+    ok "an empty header value is a value of its own: $empty"
+else
+    bad "an empty x-user-id: want '200 200 200 429' (counted as a value, as envoyproxy/ratelimit), got '$empty'"
 fi
 
 # The calls Envoy has made to Sluice so far: a /tokens request makes two, the check
