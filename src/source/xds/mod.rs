@@ -60,6 +60,33 @@ const INVALID_ARGUMENT: i32 = 3;
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// How a server that is gone is noticed. A gRPC server closes a client that sends
+/// HTTP/2 PINGs more often than every 5 minutes (`too_many_pings`: gRPC's default,
+/// which Envoy Gateway's xDS server keeps), so a quiet stream pinged faster would
+/// be cut every few minutes. A vanished host (its node lost, a network cut) is
+/// noticed by TCP keepalive probes, which no server polices; a hung server, which
+/// the kernel still answers for, by PINGs just slower than that.
+struct Keepalive {
+    /// Quiet time before the first TCP probe.
+    idle: Duration,
+    /// Between unanswered TCP probes.
+    interval: Duration,
+    /// Unanswered TCP probes before the connection is given up.
+    retries: u32,
+    /// Between HTTP/2 PINGs while the stream is open.
+    ping: Duration,
+    /// How long a PING may go unanswered.
+    ping_timeout: Duration,
+}
+
+const KEEPALIVE: Keepalive = Keepalive {
+    idle: Duration::from_secs(30),
+    interval: Duration::from_secs(10),
+    retries: 3,
+    ping: Duration::from_secs(330),
+    ping_timeout: Duration::from_secs(20),
+};
+
 /// Repeated NACKs of one refused version: first pause, and the cap.
 const RENACK_FIRST: Duration = Duration::from_millis(250);
 const RENACK_MAX: Duration = Duration::from_secs(4);
@@ -295,9 +322,11 @@ fn endpoint(cfg: &XdsArgs, url: &XdsUrl) -> Result<Endpoint, XdsError> {
     let mut endpoint = Endpoint::from_shared(url.url.clone())
         .map_err(|e| bad(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_keepalive(Some(Duration::from_secs(30)))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10));
+        .tcp_keepalive(Some(KEEPALIVE.idle))
+        .tcp_keepalive_interval(Some(KEEPALIVE.interval))
+        .tcp_keepalive_retries(Some(KEEPALIVE.retries))
+        .http2_keep_alive_interval(KEEPALIVE.ping)
+        .keep_alive_timeout(KEEPALIVE.ping_timeout);
     let any_tls =
         cfg.xds_tls_cert.is_some() || cfg.xds_tls_ca.is_some() || cfg.xds_tls_server_name.is_some();
     if !url.tls {
@@ -892,6 +921,14 @@ mod tests {
                 .verdict,
             Ack::Accepted { new: false, .. }
         ));
+    }
+
+    #[test]
+    fn pings_are_slower_than_grpc_servers_allow_and_a_vanished_host_is_noticed() {
+        let k = KEEPALIVE;
+        // gRPC's default `keepalive.EnforcementPolicy.MinTime`.
+        assert!(k.ping > Duration::from_secs(300));
+        assert!(k.idle + k.interval * k.retries <= Duration::from_secs(60));
     }
 
     #[test]
