@@ -107,6 +107,7 @@ pub async fn run(
         store_timeout: cfg.store.store_timeout,
         hashing,
         denied_spend: cfg.decisions.denied_requests_spend,
+        override_counter: cfg.decisions.override_counter,
         resets: cfg.reset_resolution(),
         store_errors: cfg.decisions.store_error_answer,
         local_replicas: cfg.decisions.local_share_replicas,

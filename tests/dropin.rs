@@ -916,6 +916,69 @@ async fn an_over_quota_descriptor_says_over_limit_in_an_admitted_request() {
     assert_status(&r.statuses[1], Code::OverLimit, 2, Unit::Hour, 0, "q2");
 }
 
+/// A route's limit per tenant, as Envoy Gateway writes a rule with `limit.fromMetadata`.
+const PLANS: &str = "domain: plans
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+
+/// Envoy Gateway's `limit.fromMetadata`: a tenant's plan, when its metadata is there,
+/// replaces the rule's limit for that request. envoyproxy/ratelimit keys a counter by
+/// domain, entries and window whichever limit applies, so a plan in the rule's unit
+/// spends from the count the rule's limit spent (and the rule's limit from the
+/// plan's); a plan in another unit counts apart.
+#[tokio::test]
+async fn a_limit_override_in_the_rules_unit_counts_on_the_rules_counter() {
+    use sluice::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let d = start_with(None, &[], &[("plans.yaml", PLANS)]);
+    let mut c = d.client().await;
+    let tenant = |name: &str, plan: Option<(u32, Unit)>| {
+        let mut t = desc(&[("tenant", name)]);
+        t.limit = plan.map(|(requests_per_unit, unit)| RateLimitOverride {
+            requests_per_unit,
+            unit: unit as i32,
+        });
+        t
+    };
+    let answers = in_one_window(Duration::from_secs(3600), async |_| {
+        let name = fresh("t");
+        let rule = || tenant(&name, None);
+        let plan = |n, unit| tenant(&name, Some((n, unit)));
+        let mut codes = Vec::new();
+        for d in [
+            rule(),                // 1 of the rule's 2
+            rule(),                // 2 of 2
+            plan(3, Unit::Hour),   // 3 of 3
+            plan(3, Unit::Hour),   // denied: 3 spent
+            rule(),                // denied: 3 spent of 2
+            plan(4, Unit::Hour),   // 4 of 4
+            plan(3, Unit::Minute), // 1 of 3 this minute: another window
+        ] {
+            codes.push(call(&mut c, request("plans", vec![d])).await);
+        }
+        codes
+    })
+    .await;
+    let got: Vec<(i32, u32)> = answers
+        .iter()
+        .map(|r| (r.overall_code, r.statuses[0].limit_remaining))
+        .collect();
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        got,
+        [
+            (ok, 1),
+            (ok, 0),
+            (ok, 0),
+            (over, 0),
+            (over, 0),
+            (ok, 0),
+            (ok, 2)
+        ]
+    );
+}
+
 /// Two descriptors with metadata, each allowed once an hour.
 const METADATA: &str = "domain: md
 descriptors:

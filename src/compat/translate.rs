@@ -294,6 +294,7 @@ impl Translate<'_> {
             "admitting-limits"
         };
         self.flag("--denied-requests-spend", Some(spend.into()));
+        self.flag("--override-counter", Some("shared".into()));
         self.flag("--reset-resolution", Some("seconds".into()));
         self.flag("--store-error-answer", Some("error".into()));
         Ok(())

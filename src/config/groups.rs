@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::values::*;
 use crate::algorithm::Algorithm;
-use crate::limiter::{DeniedSpend, StoreErrorAnswer};
+use crate::limiter::{DeniedSpend, OverrideCounter, StoreErrorAnswer};
 use crate::policy::{DirFiles, FailureMode};
 use crate::tls::TlsFiles;
 
@@ -172,6 +172,12 @@ pub struct DecisionArgs {
     /// envoyproxy/ratelimit counts).
     #[arg(long, env = "SLUICE_DENIED_REQUESTS_SPEND", default_value = "nothing", value_parser = parse_denied_spend)]
     pub denied_requests_spend: DeniedSpend,
+    /// Which counter a descriptor's limit override (Envoy Gateway's
+    /// limit.fromMetadata) spends: one of its own per domain, entries and unit
+    /// (`apart`), or the matched rule's when both count the same window the same
+    /// way (`shared`, as envoyproxy/ratelimit counts).
+    #[arg(long, env = "SLUICE_OVERRIDE_COUNTER", default_value = "apart", value_parser = parse_override_counter)]
+    pub override_counter: OverrideCounter,
     /// How precisely `duration_until_reset` is answered: `micros`, `seconds`
     /// (rounded up, as envoyproxy/ratelimit answers), or `auto`: `seconds` when
     /// the response headers are off (Envoy's enable_x_ratelimit_headers writes

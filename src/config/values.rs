@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::limiter::{DeniedSpend, ResetResolution, StoreErrorAnswer};
+use crate::limiter::{DeniedSpend, OverrideCounter, ResetResolution, StoreErrorAnswer};
 use crate::policy::{DirFiles, FailureMode};
 use crate::service::HeaderStyle;
 
@@ -178,6 +178,14 @@ pub(super) fn parse_denied_spend(s: &str) -> Result<DeniedSpend, String> {
         "nothing" => Ok(DeniedSpend::Nothing),
         "admitting-limits" => Ok(DeniedSpend::AdmittingLimits),
         _ => Err(format!("expected nothing or admitting-limits, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_override_counter(s: &str) -> Result<OverrideCounter, String> {
+    match s {
+        "apart" => Ok(OverrideCounter::Apart),
+        "shared" => Ok(OverrideCounter::Shared),
+        _ => Err(format!("expected apart or shared, got {s:?}")),
     }
 }
 

@@ -39,7 +39,7 @@ pub use overrides::Override;
 use overrides::OverrideRules;
 use penalty::Penalties;
 pub use sentences::BlockError;
-pub use settings::{DeniedSpend, ResetResolution, Settings, StoreErrorAnswer};
+pub use settings::{DeniedSpend, OverrideCounter, ResetResolution, Settings, StoreErrorAnswer};
 use shed::Chance;
 
 /// Decides requests against the current policy and a store.

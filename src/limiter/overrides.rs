@@ -6,7 +6,10 @@
 //! rule matches the descriptor, and its counter is keyed by the domain, every entry
 //! and the unit ([`super::key::override_key`]): requests that send different
 //! `requests_per_unit` in one unit share one count (a tenant moved to a larger plan
-//! keeps what it spent this window), apart from the configured limit's counter.
+//! keeps what it spent this window), apart from the configured limit's counter;
+//! with `--override-counter shared`, an override that counts the matched rule's
+//! window the same way spends the rule's counter instead, as envoyproxy/ratelimit
+//! keys both alike.
 //!
 //! The rule an override stands for is built once per shape (keys, layer, limit,
 //! defaults) and kept in a small copy-on-write table read without a lock, so its

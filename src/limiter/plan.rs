@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::outcome::effective;
-use super::{key, Descriptor, Limiter, Status};
+use super::{key, Descriptor, Limiter, OverrideCounter, Status};
 use crate::algorithm::Micros;
 use crate::policy::{Entry, FailureMode, Layer, Policy, Rule};
 use crate::store::{Fallback, Hit, Mode, Store};
@@ -73,19 +73,26 @@ impl<S: Store> Limiter<S> {
                 continue;
             };
             let mut key = String::with_capacity(64);
-            if statuses[i].limit_override.is_some() {
-                key::override_key(
+            let counter = match statuses[i].limit_override {
+                Some(_) => statuses[i]
+                    .rule
+                    .map(|id| policy.rule(id))
+                    .filter(|configured| self.shares_counter(configured, rule)),
+                None => Some(rule),
+            };
+            if let Some(counter) = counter {
+                key::counter_key(
                     domain,
+                    counter,
                     descriptors[i].entries,
-                    rule.unit,
                     &self.settings.hashing,
                     &mut key,
                 );
             } else {
-                key::counter_key(
+                key::override_key(
                     domain,
-                    rule,
                     descriptors[i].entries,
+                    rule.unit,
                     &self.settings.hashing,
                     &mut key,
                 );
@@ -137,6 +144,32 @@ impl<S: Store> Limiter<S> {
         }
 
         (overrides, per_hit, hits, failure_mode)
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Whether an override's `rule` spends the `configured` rule's counter
+    /// (`--override-counter shared`): only where both count the same window the same
+    /// way, so one count means the same under either limit. A bucket's state is
+    /// tokens at a rate, and a shared level's values are its pattern, so neither is
+    /// shared.
+    fn shares_counter(&self, configured: &Rule, rule: &Rule) -> bool {
+        use crate::algorithm::Algorithm::{FixedWindow, SlidingWindowCounter, SlidingWindowLog};
+        let window = |r: &Rule| {
+            r.limit
+                .filter(|l| {
+                    matches!(
+                        l.algorithm,
+                        FixedWindow | SlidingWindowCounter | SlidingWindowLog
+                    )
+                })
+                .map(|l| (l.algorithm, l.window, l.phase))
+        };
+        self.settings.override_counter == OverrideCounter::Shared
+            && configured.calendar.is_none()
+            && configured.shared.iter().all(Option::is_none)
+            && window(configured).is_some()
+            && window(configured) == window(rule)
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Settings {
     /// Most counters a `local` domain decides in memory while the store is away
     /// (`--max-keys`).
     pub max_keys: usize,
+    /// Which counter a descriptor's `limit` override spends.
+    pub override_counter: OverrideCounter,
 }
 
 impl Default for Settings {
@@ -39,6 +41,7 @@ impl Default for Settings {
             store_errors: StoreErrorAnswer::FailureMode,
             local_replicas: 1,
             max_keys: 1_000_000,
+            override_counter: OverrideCounter::Apart,
         }
     }
 }
@@ -55,6 +58,19 @@ pub enum DeniedSpend {
     /// unless `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`: one more store call,
     /// made only for denied requests.
     AdmittingLimits,
+}
+
+/// Which counter a descriptor's `limit` override spends (`--override-counter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverrideCounter {
+    /// One of its own, keyed by the domain, the entries and the unit, apart from
+    /// the matched rule's (sluice's default).
+    #[default]
+    Apart,
+    /// The matched rule's when the override counts the same window the same way
+    /// (its unit and algorithm), as envoyproxy/ratelimit keys both by domain,
+    /// entries and window; its own otherwise.
+    Shared,
 }
 
 /// How `duration_until_reset` is reported (`--reset-resolution`).
