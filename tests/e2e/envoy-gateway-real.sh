@@ -18,7 +18,8 @@
 #      longer than the limit's unit (envoyproxy/ratelimit's fixed windows); shared
 #      rules (one budget for two routes), shadowMode (never denies, counted in its
 #      series), inverted header and sourceCIDR matches, methods, a weekly limit per
-#      query value, a rule for all traffic, an empty header value; response
+#      query value, a rule for all traffic, a tenant's plan from metadata
+#      (limit.fromMetadata) counted with the route's limit, an empty header value; response
 #      costs (`cost.response`: the upstream's token count charged after the
 #      response, through Envoy Gateway's Lua extension) counted whole, so a client
 #      whose responses overshoot is denied once its budget is spent; the
@@ -252,7 +253,8 @@ spec:
         port: $P_UP
 ---
 # The upstream's token count (response header x-tokens) into dynamic metadata, where
-# the rate limit's cost.response reads it.
+# the rate limit's cost.response reads it; a tenant's plan (request header
+# x-plan-limit, so many a day) into the metadata limit.fromMetadata reads.
 apiVersion: gateway.envoyproxy.io/v1alpha1
 kind: EnvoyExtensionPolicy
 metadata:
@@ -266,6 +268,13 @@ spec:
   lua:
     - type: Inline
       inline: |
+        function envoy_on_request(request_handle)
+          local plan = request_handle:headers():get("x-plan-limit")
+          if plan ~= nil then
+            request_handle:streamInfo():dynamicMetadata():set("sluice.test", "plan",
+              {requests_per_unit = tonumber(plan), unit = "DAY"})
+          end
+        end
         function envoy_on_response(response_handle)
           local tokens = response_handle:headers():get("x-tokens")
           if tokens ~= nil then
@@ -352,6 +361,11 @@ spec:
             - headers: [{name: x-team, type: Distinct}]
           limit: {requests: 1, unit: Month}
           shared: true
+        # rule 11: 2 a day per tenant, or the tenant's plan from metadata
+        - clientSelectors:
+            - path: {type: PathPrefix, value: /tenant}
+              headers: [{name: x-tenant, type: Distinct}]
+          limit: {requests: 2, unit: Day, fromMetadata: {namespace: sluice.test, key: plan}}
 EOF
     mv -f "$W/policy.tmp" "$W/resources/policy.yaml"
 }
@@ -525,6 +539,16 @@ if [ "$all" = 200 ] && [ "$(header all x-ratelimit-limit)" = "4294967295, 429496
     ok "a rule with no selector limits all traffic, at the largest limit Envoy Gateway takes ($(header all x-ratelimit-limit))"
 else
     bad "a rule for all traffic: want 200 with x-ratelimit-limit '4294967295, 4294967295;w=1', got $all '$(header all x-ratelimit-limit)'"
+fi
+# A tenant spends 2 of its route's 2 a day, then gets a plan of 3 a day: one more
+# (the same count, as envoyproxy/ratelimit keys both), then denied, also without it.
+plan="$(codes 2 /tenant -H 'x-tenant: a') $(codes 2 /tenant -H 'x-tenant: a' -H 'x-plan-limit: 3') $(codes 1 /tenant -H 'x-tenant: a')"
+planned=$(header last x-ratelimit-limit)
+other="$(codes 4 /tenant -H 'x-tenant: b' -H 'x-plan-limit: 3')"
+if [ "$plan" = "200 200 200 429 429" ] && [ "$other" = "200 200 200 429" ]; then
+    ok "limit.fromMetadata: a plan of 3 a day draws on what the route's 2 a day spent ($plan), another tenant's plan counts apart ($other)"
+else
+    bad "limit.fromMetadata: want '200 200 200 429 429' and '200 200 200 429', got '$plan' and '$other' ($planned)"
 fi
 empty=$(codes 4 /user -H 'x-user-id;')
 if [ "$empty" = "200 200 200 429" ]; then
