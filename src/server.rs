@@ -762,7 +762,7 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
-/// `[::]`: every address, IPv4's too (as Go listens on `0.0.0.0` or `:PORT`), on
+/// `[::]`: every address, IPv4's too (as Go listens on `0.0.0.0` or `:PORT`),
 /// whatever `net.ipv6.bindv6only` says; a kernel without IPv6 gets `0.0.0.0`.
 fn bind_every_address(port: u16) -> anyhow::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};

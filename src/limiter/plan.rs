@@ -77,7 +77,10 @@ impl<S: Store> Limiter<S> {
                 Some(_) => statuses[i]
                     .rule
                     .map(|id| policy.rule(id))
-                    .filter(|configured| self.shares_counter(configured, rule)),
+                    .filter(|configured| {
+                        self.settings.override_counter == OverrideCounter::Shared
+                            && shares_counter(configured, rule)
+                    }),
                 None => Some(rule),
             };
             if let Some(counter) = counter {
@@ -147,30 +150,26 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-impl<S: Store> Limiter<S> {
-    /// Whether an override's `rule` spends the `configured` rule's counter
-    /// (`--override-counter shared`): only where both count the same window the same
-    /// way, so one count means the same under either limit. A bucket's state is
-    /// tokens at a rate, and a shared level's values are its pattern, so neither is
-    /// shared.
-    fn shares_counter(&self, configured: &Rule, rule: &Rule) -> bool {
-        use crate::algorithm::Algorithm::{FixedWindow, SlidingWindowCounter, SlidingWindowLog};
-        let window = |r: &Rule| {
-            r.limit
-                .filter(|l| {
-                    matches!(
-                        l.algorithm,
-                        FixedWindow | SlidingWindowCounter | SlidingWindowLog
-                    )
-                })
-                .map(|l| (l.algorithm, l.window, l.phase))
-        };
-        self.settings.override_counter == OverrideCounter::Shared
-            && configured.calendar.is_none()
-            && configured.shared.iter().all(Option::is_none)
-            && window(configured).is_some()
-            && window(configured) == window(rule)
-    }
+/// Whether an override's `rule` may spend the `configured` rule's counter
+/// (`--override-counter shared`): only where both count the same window the same
+/// way, so one count means the same under either limit. A bucket's state is tokens
+/// at a rate, and a shared level's values are its pattern, so neither is shared.
+fn shares_counter(configured: &Rule, rule: &Rule) -> bool {
+    use crate::algorithm::Algorithm::{FixedWindow, SlidingWindowCounter, SlidingWindowLog};
+    let window = |r: &Rule| {
+        r.limit
+            .filter(|l| {
+                matches!(
+                    l.algorithm,
+                    FixedWindow | SlidingWindowCounter | SlidingWindowLog
+                )
+            })
+            .map(|l| (l.algorithm, l.window, l.phase))
+    };
+    configured.calendar.is_none()
+        && configured.shared.iter().all(Option::is_none)
+        && window(configured).is_some()
+        && window(configured) == window(rule)
 }
 
 /// envoyproxy/ratelimit's `replaces`: a matched limit whose name another matched
@@ -210,4 +209,67 @@ fn placement<E: Entry>(shard_by: Option<&str>, entries: &[E], key: &str) -> u64 
         }
     }
     crate::hash::stable_hash(key.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::policy::{compile, parse_str, Defaults, Unit};
+
+    #[test]
+    fn an_override_shares_only_a_window_counted_alike() {
+        let policy = compile(
+            parse_str(
+                "f.yaml",
+                "domain: d
+descriptors:
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: fixed_window}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
+  - key: shared
+    value: a*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: fixed_window}
+",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let rule = |key: &str, value: &str| {
+            let d = policy.domain("d").unwrap();
+            policy.rule(d.find(&[(key, value)]).unwrap())
+        };
+        let defaults = |algorithm| Defaults {
+            algorithm,
+            shadow_mode: false,
+        };
+        let plan = |n, unit, algorithm| {
+            Rule::overriding("k".into(), Layer::default(), n, unit, &defaults(algorithm)).unwrap()
+        };
+        let fixed = Algorithm::FixedWindow;
+        assert!(shares_counter(
+            rule("fixed", "x"),
+            &plan(5, Unit::Hour, fixed)
+        ));
+        assert!(!shares_counter(
+            rule("fixed", "x"),
+            &plan(5, Unit::Minute, fixed)
+        ));
+        let sliding = Algorithm::SlidingWindowCounter;
+        assert!(!shares_counter(
+            rule("fixed", "x"),
+            &plan(5, Unit::Hour, sliding)
+        ));
+        let bucket = Algorithm::TokenBucket;
+        assert!(!shares_counter(
+            rule("bucket", "x"),
+            &plan(5, Unit::Hour, bucket)
+        ));
+        assert!(!shares_counter(
+            rule("shared", "ab"),
+            &plan(5, Unit::Hour, fixed)
+        ));
+    }
 }
