@@ -129,7 +129,7 @@ p = d[\"spec\"][\"template\"][\"spec\"]; c = p[\"containers\"][0]
 assert c[\"livenessProbe\"][\"httpGet\"] == {\"path\": \"/healthz\", \"port\": \"http\"}, c[\"livenessProbe\"]
 assert c[\"readinessProbe\"][\"httpGet\"] == {\"path\": \"/readyz\", \"port\": \"http\"}, c[\"readinessProbe\"]
 assert \"--shutdown-grace=20s\" in c[\"args\"] and p[\"terminationGracePeriodSeconds\"] == 30
-assert \"--grpc-addr=0.0.0.0:8081\" in c[\"args\"] and \"--kube\" in c[\"args\"]
+assert \"--grpc-addr=[::]:8081\" in c[\"args\"] and \"--kube\" in c[\"args\"]
 assert \"--response-headers=auto\" in c[\"args\"], c[\"args\"]
 assert c[\"securityContext\"][\"readOnlyRootFilesystem\"] and p[\"securityContext\"][\"runAsNonRoot\"]
 '"
@@ -323,7 +323,7 @@ import sys, yaml
 ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
 d = [x for x in ds if x[\"kind\"] == \"Deployment\"][0]
 c = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0]
-assert \"--prometheus-addr=0.0.0.0:19001\" in c[\"args\"], c[\"args\"]
+assert \"--prometheus-addr=[::]:19001\" in c[\"args\"], c[\"args\"]
 assert {\"name\": \"metrics-compat\", \"containerPort\": 19001, \"protocol\": \"TCP\"} in c[\"ports\"], c[\"ports\"]
 s = [x for x in ds if x[\"kind\"] == \"Service\" and x[\"metadata\"][\"name\"] == \"r-sluice\"][0]
 assert {\"name\": \"metrics-compat\", \"port\": 19001, \"targetPort\": \"metrics-compat\", \"protocol\": \"TCP\"} in s[\"spec\"][\"ports\"], s

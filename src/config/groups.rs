@@ -224,12 +224,13 @@ pub struct DecisionArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Ports and TLS")]
 pub struct ListenArgs {
-    /// Address of the RateLimitService (and gRPC health).
-    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    /// Address of the RateLimitService (and gRPC health). `[::]` is every address
+    /// of both families (IPv4 only on a host without IPv6).
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "[::]:8081")]
     pub grpc_addr: SocketAddr,
     /// Address of /healthz, /readyz, /metrics, /json, /debug/* and
     /// /local-share/cut (the replicas' questions to each other, failure_mode local).
-    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "SLUICE_HTTP_ADDR", default_value = "[::]:8080")]
     pub http_addr: SocketAddr,
     /// PEM certificate chain of the gRPC port; with --grpc-tls-key the port serves
     /// TLS only. Re-read when it changes. A certificate past its notAfter, or more

@@ -252,8 +252,8 @@ mod tests {
         let Command::Serve(s) = cli.command else {
             panic!("not serve")
         };
-        assert_eq!(s.listen.grpc_addr.to_string(), "0.0.0.0:8081");
-        assert_eq!(s.listen.http_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(s.listen.grpc_addr.to_string(), "[::]:8081");
+        assert_eq!(s.listen.http_addr.to_string(), "[::]:8080");
         assert_eq!(s.store.store_timeout, Duration::from_millis(15));
         assert_eq!(s.decisions.failure_mode, FailureMode::Open);
         assert_eq!(s.decisions.response_headers, HeaderChoice::Auto);

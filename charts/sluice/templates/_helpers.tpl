@@ -205,12 +205,14 @@ number would leave the second unable to bind, and the pod crash-looping. */}}
 {{/*
 The `sluice serve` arguments for the values in `.values` and the release in `.root`.
 In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod.
+`[::]` is every address of both families, so IPv6-only and dual-stack clusters
+reach the pod too.
 */}}
 {{- define "sluice.args" -}}
 {{- $v := .values -}}
 - serve
-- --grpc-addr={{ if eq $v.mode "deployment" }}0.0.0.0{{ else }}127.0.0.1{{ end }}:{{ $v.ports.grpc }}
-- --http-addr=0.0.0.0:{{ $v.ports.http }}
+- --grpc-addr={{ if eq $v.mode "deployment" }}[::]{{ else }}127.0.0.1{{ end }}:{{ $v.ports.grpc }}
+- --http-addr=[::]:{{ $v.ports.http }}
 {{- if and $v.admin $v.admin.enabled }}
 - --admin-addr={{ $v.admin.address }}:{{ $v.ports.admin | default 8082 }}
 {{- else }}
@@ -290,7 +292,7 @@ In sidecar mode the gRPC port listens on loopback only: Envoy is in the same pod
 {{- end }}
 {{- end }}
 {{- if $v.metrics.compat.enabled }}
-- --prometheus-addr=0.0.0.0:{{ $v.metrics.compat.port }}
+- --prometheus-addr=[::]:{{ $v.metrics.compat.port }}
 {{- end }}
 {{- if $v.hashKeys }}
 {{- if not $v.hashSecret.existingSecret }}
