@@ -742,3 +742,144 @@ fn a_master_given_an_address_is_refused_with_a_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--redis-sentinel-master"), "{stderr}");
 }
+
+/// The closed domain's answer for a fresh user: OVER_LIMIT while no master decides.
+async fn denied_by_the_failure_mode(sluice: &common::Server) {
+    let client = sluice.client().await;
+    common::eventually(Duration::from_secs(10), "the failure mode answered", || {
+        let mut client = client.clone();
+        async move {
+            let req = common::request("closed", vec![common::desc(&[("user", "x")])]);
+            common::call(&mut client, req).await.overall_code == common::OVER_LIMIT
+        }
+    })
+    .await;
+}
+
+/// The log lines up to the first `found` one, from start-up on (the sentinels are
+/// asked before sluice listens).
+async fn logged(sluice: &common::Server, what: &str, found: impl Fn(&str) -> bool) -> Vec<String> {
+    if let Some(at) = sluice.startup.iter().position(|l| found(l)) {
+        return sluice.startup[..=at].to_vec();
+    }
+    let mut lines = sluice.startup.clone();
+    lines.extend(sluice.wait_line(Duration::from_secs(10), what, found).await);
+    lines
+}
+
+/// A master name no sentinel knows (a typo) is not an outage of the sentinels: sluice
+/// starts, the failure mode answers, and the log says once, naming the names the
+/// sentinels do watch, what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_name_no_sentinel_knows_is_said_plainly() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start().await;
+    let sentinels = Sentinels::start(2, MASTER, master.port).await;
+    sentinels.wait_settled(0).await;
+    let urls = sentinels.urls().join(",");
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--redis-sentinel",
+            &urls,
+            "--redis-sentinel-master",
+            "countres",
+        ],
+    );
+    denied_by_the_failure_mode(&sluice).await;
+    let lines = logged(&sluice, "the unknown name", |l| {
+        l.contains("no sentinel knows a master named countres")
+    })
+    .await;
+    let said = lines.last().unwrap();
+    assert!(said.contains("ERROR"), "{said}");
+    assert!(
+        said.contains("--redis-sentinel-master") && said.contains(MASTER),
+        "says what to fix and what the sentinels watch: {said}"
+    );
+    // What calls fail with, in /debug/store (a call made before the sentinels were
+    // first asked fails with "not asked yet").
+    common::eventually(Duration::from_secs(10), "the shard's error", || async {
+        let last = &sluice.store_shard("countres")["last_error"];
+        let message = last["message"].as_str().unwrap_or_default();
+        message.contains("no sentinel knows the name")
+            && message.contains("--redis-sentinel-master")
+    })
+    .await;
+    // Said once, though sluice keeps asking (a sentinel may be told of the name).
+    let later = sluice.lines_until_reload().await;
+    assert!(
+        !later
+            .iter()
+            .any(|l| l.contains("no sentinel knows a master")),
+        "{later:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .chain(&later)
+            .any(|l| l.contains("no sentinel answers")),
+        "the sentinels answer: {lines:#?}"
+    );
+}
+
+/// Sentinels that refuse sluice's password answered: the log says the password was
+/// refused, not that no sentinel answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_password_refused_is_said_plainly() {
+    if !available() || !sentinel::available() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start().await;
+    let sentinels = Sentinels::start(2, MASTER, master.port).await;
+    sentinels.wait_settled(0).await;
+    for url in sentinels.urls() {
+        let client = redis::Client::open(url.as_str()).expect("sentinel URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("sentinel");
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "default", "resetpass", ">s3cret"])
+            .query_async(&mut conn)
+            .await
+            .expect("ACL SETUSER");
+    }
+    let urls: Vec<String> = sentinels
+        .ports
+        .iter()
+        .map(|p| format!("redis://:wrong@127.0.0.1:{p}"))
+        .collect();
+    let sluice = common::Server::start(
+        POLICY,
+        &[
+            "--redis-sentinel",
+            &urls.join(","),
+            "--redis-sentinel-master",
+            MASTER,
+        ],
+    );
+    denied_by_the_failure_mode(&sluice).await;
+    let lines = logged(&sluice, "the refusal", |l| {
+        l.contains("sluice_redis::sentinel")
+    })
+    .await;
+    let said = lines.last().unwrap();
+    assert!(
+        said.contains("refuse") && said.contains("password") && said.contains("WRONGPASS"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("no sentinel answers"),
+        "the sentinels answered: {said}"
+    );
+    // A call made before the first round was answered fails as `connection`.
+    common::eventually(Duration::from_secs(10), "the refusal counted", || async {
+        sluice.store_shard(MASTER)["last_error"]["kind"] == "noauth"
+    })
+    .await;
+}

@@ -17,11 +17,12 @@
 //! on naming the old master.
 //!
 //! While no master is known, calls fail with what stood in the way (sentinels that
-//! do not answer, a refused password, a replica); a new master is told to the
-//! caller at once ([`Master::spawn`]'s `on_switch`), so that a caller backing off
-//! can send its next call to it.
+//! do not answer, a refused password, a name they do not know, a replica), and a
+//! round where no sentinel gave an address is logged by why, once until that
+//! changes; a new master is told to the caller at once ([`Master::spawn`]'s
+//! `on_switch`), so that a caller backing off can send its next call to it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -39,6 +40,51 @@ pub const MIN_GAP: Duration = Duration::from_millis(50);
 const NONE: usize = usize::MAX;
 /// A sentinel's channels that say a master moved or is moving.
 const CHANNELS: [&str; 2] = ["+switch-master", "+failover-state-reconf-slaves"];
+
+/// Why a round of asking the sentinels gave no address at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Trouble {
+    /// A sentinel gave an address (or none was asked yet).
+    None,
+    /// No sentinel answered: down, unreachable, or hung.
+    Silent,
+    /// Sentinels answered only to refuse sluice's password or TLS.
+    Refused,
+    /// The sentinels that answered do not know the master's name.
+    Unknown,
+}
+
+impl Trouble {
+    fn of(v: u8) -> Trouble {
+        [
+            Trouble::None,
+            Trouble::Silent,
+            Trouble::Refused,
+            Trouble::Unknown,
+        ]
+        .into_iter()
+        .find(|t| *t as u8 == v)
+        .unwrap_or(Trouble::None)
+    }
+
+    /// The trouble of a round where no sentinel gave an address: `unknown`
+    /// sentinels answered that they do not know the name, `refused` refused sluice.
+    fn of_round(unknown: usize, refused: usize) -> Trouble {
+        if unknown > 0 {
+            Trouble::Unknown
+        } else if refused > 0 {
+            Trouble::Refused
+        } else {
+            Trouble::Silent
+        }
+    }
+}
+
+/// Whether a sentinel's error is a refusal of sluice's settings (it answered).
+fn refusal(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::NoAuth | ErrorKind::Tls)
+}
 
 /// One master as the sentinels know it, and where it is now.
 pub struct Master {
@@ -65,8 +111,9 @@ pub struct Master {
     /// The connections to the current master off the decide path (refunds, peeks,
     /// key counts), made again when the generation moves on.
     pool: Mutex<Option<(u64, Arc<Pool>)>>,
-    /// No sentinel answered the last round: said once, until one answers again.
-    unheard: AtomicBool,
+    /// What kept the last round from any address ([`Trouble`]): said once, until
+    /// it changes.
+    trouble: AtomicU8,
     /// A call failed, or a sentinel announced a failover, since the last round: a
     /// sentinel naming the current address is then believed only if `ROLE` there
     /// still says master (a sentinel cut off from the others names it after a
@@ -150,7 +197,7 @@ impl Master {
             timeout,
             on_switch: Box::new(on_switch),
             pool: Mutex::new(None),
-            unheard: AtomicBool::new(false),
+            trouble: AtomicU8::new(Trouble::None as u8),
             doubted: AtomicBool::new(false),
         });
         tokio::spawn(follow(Arc::downgrade(&master)));
@@ -221,25 +268,29 @@ impl Master {
         // Whether the current address still says master, asked once a round.
         let mut still_master: Option<Result<bool, Error>> = None;
         let mut problem = None;
-        let mut answered = false;
+        // Sentinels that do not know the name, the last of them, and those that
+        // refused sluice: a round where none gave an address says which.
+        let (mut unknown, mut knows_none) = (0, None);
+        let mut refused: Option<Error> = None;
+        let mut refusals = 0;
+        let mut gave = false;
         for i in (0..n).map(|k| (start + k) % n) {
-            let asked = self.ask(i, &mut conns[i]).await;
-            if asked.is_ok() {
-                answered = true;
-                if self.unheard.swap(false, Relaxed) {
-                    tracing::info!(master = %self.name, sentinel = i + 1, "a sentinel answers again");
+            let (host, port) = match self.ask(i, &mut conns[i]).await {
+                Ok(Some(addr)) => {
+                    gave = true;
+                    self.heard(i);
+                    addr
                 }
-            }
-            let (host, port) = match asked {
-                Ok(Some(addr)) => addr,
                 Ok(None) => {
-                    problem = Some(Error::failed(
-                        ErrorKind::Connection,
-                        format!("sentinel {} does not know the name", i + 1),
-                    ));
+                    unknown += 1;
+                    knows_none = Some(i);
                     continue;
                 }
                 Err(e) => {
+                    if refusal(&e) {
+                        refusals += 1;
+                        refused = Some(e.clone());
+                    }
                     problem = Some(e);
                     continue;
                 }
@@ -294,28 +345,110 @@ impl Master {
                 }
             }
         }
-        // A round where a sentinel answered (naming a replica, or no master) is no
-        // outage of the sentinels; one where none did is, and calls go on to the
-        // last master found without anyone to tell of a failover.
-        if !answered && !self.unheard.swap(true, Relaxed) {
-            let error = problem.as_ref().map(|e| e.message().to_string());
-            match &current {
-                Some(c) => tracing::warn!(
-                    master = %self.name,
-                    error = error.as_deref().unwrap_or_default(),
-                    "no sentinel answers: calls go on to {}, the master last found, and a failover meanwhile is not seen",
-                    c.addr
-                ),
-                None => tracing::warn!(
-                    master = %self.name,
-                    error = error.as_deref().unwrap_or_default(),
-                    "no sentinel answers: no master is known"
-                ),
+        // A round where a sentinel gave an address (a replica, or one that does not
+        // answer) is no trouble with the sentinels; one where none did is, said once
+        // until it changes. Calls meanwhile go on to the last master found, without
+        // anyone to tell of a failover.
+        if !gave {
+            let trouble = Trouble::of_round(unknown, refusals);
+            match trouble {
+                Trouble::Unknown => {
+                    problem = Some(Error::failed(
+                        ErrorKind::Connection,
+                        "no sentinel knows the name: check --redis-sentinel-master",
+                    ));
+                }
+                Trouble::Refused => problem = refused,
+                _ => {}
+            }
+            if self.trouble.swap(trouble as u8, Relaxed) != trouble as u8 {
+                let watched = match (trouble, knows_none) {
+                    (Trouble::Unknown, Some(i)) => self.watched(i, &mut conns[i]).await,
+                    _ => None,
+                };
+                self.tell(trouble, current.as_ref(), problem.as_ref(), watched);
             }
         }
         if current.is_none() {
             *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = problem;
         }
+    }
+
+    /// Sentinel `i` gave an address: whatever kept the rounds before from one is
+    /// over.
+    fn heard(&self, i: usize) {
+        let was = Trouble::of(self.trouble.swap(Trouble::None as u8, Relaxed));
+        if matches!(was, Trouble::Silent | Trouble::Refused) {
+            tracing::info!(master = %self.name, sentinel = i + 1, "a sentinel answers again");
+        }
+    }
+
+    /// Logs why no sentinel gave an address, once when it begins (or changes).
+    fn tell(
+        &self,
+        trouble: Trouble,
+        current: Option<&Resolved>,
+        problem: Option<&Error>,
+        watched: Option<String>,
+    ) {
+        let error = problem.map(|e| e.message().to_string()).unwrap_or_default();
+        let meanwhile = match current {
+            Some(c) => format!(
+                "calls go on to {}, the master last found, and a failover meanwhile is not seen",
+                c.addr
+            ),
+            None => "no master is known, so calls are answered by the failure mode".to_string(),
+        };
+        let name = &self.name;
+        match trouble {
+            Trouble::None => {}
+            Trouble::Silent => tracing::warn!(
+                master = %name, %error, "no sentinel answers: {meanwhile}"
+            ),
+            Trouble::Refused if problem.is_some_and(|e| e.kind() == ErrorKind::Tls) => {
+                tracing::error!(
+                    master = %name,
+                    %error,
+                    "the sentinels refuse sluice's TLS settings: check the rediss:// \
+                     --redis-sentinel URLs and their tls_* files; {meanwhile}"
+                )
+            }
+            Trouble::Refused => tracing::error!(
+                master = %name,
+                %error,
+                "the sentinels refuse sluice's password: give the one they want in the \
+                 --redis-sentinel URLs (redis://:PASSWORD@host:port, or USER:PASSWORD); \
+                 {meanwhile}"
+            ),
+            Trouble::Unknown => tracing::error!(
+                master = %name,
+                "no sentinel knows a master named {name}: check --redis-sentinel-master \
+                 against the names they watch ({}); {meanwhile}",
+                watched.as_deref().unwrap_or("not said")
+            ),
+        }
+    }
+
+    /// The names of the masters sentinel `i` watches (`SENTINEL MASTERS`), if it
+    /// says.
+    async fn watched(&self, i: usize, conn: &mut Option<Wire>) -> Option<String> {
+        let asked = async {
+            if conn.is_none() {
+                *conn = Some(Wire::connect(&self.sentinels[i]).await.ok()?);
+            }
+            let c = conn.as_mut()?;
+            let reply = c
+                .query(&Request::command(&[b"SENTINEL", b"MASTERS"]))
+                .await
+                .ok()?;
+            master_names(reply)
+        };
+        let names = tokio::time::timeout(self.timeout, asked).await.ok()??;
+        Some(if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        })
     }
 
     fn switch(&self, addr: String, target: Target, from: Option<&Resolved>) {
@@ -404,6 +537,22 @@ fn master_addr(reply: Value) -> Result<Option<(String, u16)>, Error> {
         }
         _ => Err(bad("no address")),
     }
+}
+
+/// The `name` of each master in a `SENTINEL MASTERS` reply (an array of flat
+/// field-value arrays); `None` for an error or another shape.
+fn master_names(reply: Value) -> Option<Vec<String>> {
+    let masters = reply.into_array()?;
+    let mut names = Vec::with_capacity(masters.len());
+    for fields in masters {
+        let fields = fields.into_array()?;
+        let name = fields
+            .chunks(2)
+            .find(|kv| kv[0].as_text().as_deref() == Some("name"))
+            .and_then(|kv| kv.get(1)?.as_text())?;
+        names.push(name);
+    }
+    Some(names)
 }
 
 /// Whether a `ROLE` reply starts with `master`.
@@ -545,6 +694,58 @@ mod tests {
         assert!(e.contains("give no port"), "{e}");
         assert!(parse_master("redis://:pw@/0", T).is_err());
         assert!(parse_master("redis+unix:///tmp/x.sock", T).is_err());
+    }
+
+    #[test]
+    fn a_round_without_an_address_says_why() {
+        assert_eq!(Trouble::of_round(0, 0), Trouble::Silent);
+        assert_eq!(Trouble::of_round(0, 2), Trouble::Refused);
+        // A sentinel that answers and does not know the name says more than one
+        // that refuses or does not answer.
+        assert_eq!(Trouble::of_round(1, 1), Trouble::Unknown);
+        for t in [
+            Trouble::None,
+            Trouble::Silent,
+            Trouble::Refused,
+            Trouble::Unknown,
+        ] {
+            assert_eq!(Trouble::of(t as u8), t);
+        }
+        assert!(refusal(&error::reply(
+            "WRONGPASS invalid username-password pair".into()
+        )));
+        assert!(refusal(&error::reply(
+            "NOAUTH Authentication required.".into()
+        )));
+        assert!(!refusal(&Error::failed(
+            ErrorKind::Connection,
+            "connect: refused"
+        )));
+        assert!(!refusal(&Error::Timeout));
+    }
+
+    #[test]
+    fn sentinel_masters_reply_gives_the_names_watched() {
+        let text = |t: &str| Value::Bulk(t.as_bytes().to_vec());
+        let master = |name: &str| {
+            Value::Array(vec![
+                text("name"),
+                text(name),
+                text("ip"),
+                text("127.0.0.1"),
+            ])
+        };
+        let reply = Value::Array(vec![master("counters"), master("other")]);
+        assert_eq!(
+            master_names(reply),
+            Some(vec!["counters".to_string(), "other".to_string()])
+        );
+        assert_eq!(master_names(Value::Array(vec![])), Some(vec![]));
+        assert_eq!(master_names(Value::Error("NOPERM".into())), None);
+        assert_eq!(
+            master_names(Value::Array(vec![Value::Array(vec![text("ip")])])),
+            None
+        );
     }
 
     #[test]
