@@ -342,12 +342,12 @@ impl Health {
                 return;
             }
             s.backoff = FIRST_BACKOFF;
-            if misconfigured(error) {
+            if let Some(what) = misconfigured(error) {
                 tracing::error!(
                     shard = %self.name,
                     %error,
                     backoff_ms = s.backoff.as_millis() as u64,
-                    "redis shard down: it refuses sluice's settings (password or TLS), so \
+                    "redis shard down: it refuses sluice's settings ({what}), so \
                      nothing is counted there until they are fixed; retrying"
                 );
             } else {
@@ -369,13 +369,12 @@ impl Health {
             }
             s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
             // A retry that met the same refusal: said again, once per round.
-            if misconfigured(error) {
+            if let Some(what) = misconfigured(error) {
                 tracing::error!(
                     shard = %self.name,
                     %error,
                     backoff_ms = s.backoff.as_millis() as u64,
-                    "redis shard still down: it refuses sluice's settings (password or TLS); \
-                     retrying"
+                    "redis shard still down: it refuses sluice's settings ({what}); retrying"
                 );
             }
         }
@@ -524,8 +523,24 @@ fn fails_ping(kind: ErrorKind) -> bool {
 /// Whether `error` says sluice's settings do not fit the shard (a password, a
 /// certificate): Redis can never be reached until someone changes them, so every
 /// failed try is logged as an error.
-fn misconfigured(error: &StoreError) -> bool {
-    matches!(error.kind(), Some(ErrorKind::NoAuth | ErrorKind::Tls))
+/// Which of sluice's settings the shard refuses, and what to do, when waiting will
+/// not mend the error: the password, the ACL's grants, or TLS.
+fn misconfigured(error: &StoreError) -> Option<&'static str> {
+    match error.kind()? {
+        ErrorKind::Tls => Some("TLS: check the rediss:// URL and its tls_* files"),
+        ErrorKind::NoAuth if denied_by_acl(error.message()) => Some(
+            "its ACL: the user may not run a command or reach a key sluice needs; \
+             grant what the Redis chapter of the docs lists under ACL",
+        ),
+        ErrorKind::NoAuth => Some("the password: fix the user and password in the URL"),
+        _ => None,
+    }
+}
+
+/// Whether a `noauth` error is an ACL refusing a command or key (`NOPERM`, or a
+/// command a script runs), not a password.
+fn denied_by_acl(message: &str) -> bool {
+    message.contains("NOPERM") || message.contains("can't run this command")
 }
 
 /// See [`Health::guard`].
@@ -558,6 +573,27 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// The log says which setting is refused: an ACL's `NOPERM` is no password
+    /// problem.
+    #[test]
+    fn a_refusal_names_the_setting_refused() {
+        let refused =
+            |text: &str| misconfigured(&StoreError::from(sluice_redis::error::reply(text.into())));
+        let acl = refused("NOPERM this user has no permissions to run the 'evalsha' command");
+        assert!(acl.is_some_and(|w| w.contains("ACL")), "{acl:?}");
+        let acl = refused(
+            "ERR The user executing the script can't run this command or subcommand script: 1",
+        );
+        assert!(acl.is_some_and(|w| w.contains("ACL")), "{acl:?}");
+        let password = refused("WRONGPASS invalid username-password pair or user is disabled.");
+        assert!(password.is_some_and(|w| w.contains("password") && !w.contains("ACL")));
+        assert!(refused("NOAUTH Authentication required.").is_some_and(|w| w.contains("password")));
+        let tls = misconfigured(&StoreError::failed(ErrorKind::Tls, "certificate unknown"));
+        assert!(tls.is_some_and(|w| w.contains("TLS")));
+        assert_eq!(refused("OOM command not allowed"), None);
+        assert_eq!(misconfigured(&StoreError::Timeout), None);
+    }
 
     fn down() -> StoreError {
         StoreError::failed(ErrorKind::Connection, "connect: refused")
