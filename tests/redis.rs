@@ -1429,6 +1429,39 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     );
 }
 
+/// A cluster node given as a standalone shard (`--redis` for `--redis-cluster`)
+/// redirects the keys of the other masters' slots: their calls fail saying to give
+/// the cluster with `--redis-cluster`, not with a bare `MOVED`.
+#[tokio::test]
+async fn a_cluster_node_given_as_a_shard_says_to_use_redis_cluster() {
+    let Some(cluster) = RedisCluster::if_available(3).await else {
+        return;
+    };
+    let store =
+        RedisStore::new(Options::new(vec![cluster.urls()[0].clone()], false), None).expect("store");
+    // Keys spread over the slots: about two in three are the other masters'.
+    let mut moved = None;
+    for i in 0..64 {
+        let h = hit(
+            &format!("moved-{i}"),
+            Algorithm::FixedWindow,
+            5,
+            60 * SECOND,
+            1,
+        );
+        if let Err(e) = store.decide(&[h]).await {
+            moved = Some(e);
+            break;
+        }
+    }
+    let e = moved.expect("a key of another master's slots");
+    assert!(e.message().starts_with("MOVED "), "Redis's reply kept: {e}");
+    assert!(
+        e.message().contains("Redis Cluster") && e.message().contains("--redis-cluster"),
+        "says what to do: {e}"
+    );
+}
+
 #[tokio::test]
 async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     let Some(cluster) = RedisCluster::if_available(3).await else {

@@ -412,7 +412,7 @@ async fn send(
             Ok(values)
         }
         Answer::Error(e) => {
-            let e = StoreError::from(sluice_redis::error::reply(e));
+            let e = super::error::shard_reply(e);
             // Only a script error leaves the connection as good as it was. A shard in
             // an outage gets a fresh one next time, so a URL whose name moved to the
             // new master after a failover reaches it; Redis closes a connection it

@@ -32,6 +32,7 @@ use sluice_redis::{Pool, Request, Value};
 use crate::store::StoreError;
 
 use super::cluster::Cluster;
+use super::error::is_redirect;
 use super::health::{Asked, Health, PROBE_EVERY};
 use super::{Backend, Inner, ShardConn};
 
@@ -208,11 +209,6 @@ async fn run_on(
         Ok(answer) => Ok(answer?),
         Err(_) => Err(StoreError::Timeout),
     }
-}
-
-/// `MOVED` or `ASK`: the key's slot is (being) served by another node.
-fn is_redirect(text: &str) -> bool {
-    text.starts_with("MOVED ") || text.starts_with("ASK ")
 }
 
 /// Tags tried for a master's probe key: the decimal numbers below this place a

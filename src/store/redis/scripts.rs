@@ -246,7 +246,7 @@ where
         value = send(req).await?;
     }
     match value {
-        Value::Error(e) => Err(sluice_redis::error::reply(e).into()),
+        Value::Error(e) => Err(super::error::shard_reply(e)),
         v => Ok(v),
     }
 }
