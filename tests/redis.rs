@@ -1429,6 +1429,27 @@ async fn replicas_sharing_shards_admit_exactly_the_limit() {
     );
 }
 
+/// A database the server does not have (`/99` with `databases 16`) fails every
+/// connection, as an outage (`connection`), with what to fix.
+#[tokio::test]
+async fn a_database_the_server_lacks_says_so() {
+    if !available() {
+        return;
+    }
+    let server = RedisServer::start_with(&["--databases", "16"]).await;
+    let url = format!("{}/99", server.url());
+    let store = RedisStore::new(Options::new(vec![url], false), None).expect("store");
+    let h = hit("db", Algorithm::FixedWindow, 5, 60 * SECOND, 1);
+    let e = store.decide(&[h]).await.expect_err("no database 99");
+    assert_eq!(e.kind(), Some(sluice_redis::ErrorKind::Connection), "{e}");
+    assert!(
+        e.message().contains("DB index is out of range")
+            && e.message().contains("database 99")
+            && e.message().contains("databases"),
+        "{e}"
+    );
+}
+
 /// A cluster node given as a standalone shard (`--redis` for `--redis-cluster`)
 /// redirects the keys of the other masters' slots: their calls fail saying to give
 /// the cluster with `--redis-cluster`, not with a bare `MOVED`.

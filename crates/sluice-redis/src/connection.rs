@@ -178,7 +178,15 @@ impl Wire {
             wire.expect_ok(&req, "SELECT")
                 .await
                 .map_err(|e| match e.kind() {
-                    ErrorKind::Script => Error::failed(ErrorKind::Connection, e.message()),
+                    ErrorKind::Script => Error::failed(
+                        ErrorKind::Connection,
+                        format!(
+                            "{}: the URL names database {}, which this server does not \
+                             have (see its `databases` setting; a cluster node has only 0)",
+                            e.message(),
+                            target.db
+                        ),
+                    ),
                     _ => e,
                 })?;
         }

@@ -67,7 +67,16 @@ fn decoded(text: &str, what: &str) -> Result<String, String> {
 impl Target {
     /// Reads a URL; the error says what is wrong with it.
     pub fn parse(text: &str, timeout: Duration) -> Result<Target, String> {
-        let url = Url::parse(text).map_err(|e| e.to_string())?;
+        // `host:6379` parses as a URL of scheme `host`; `host` or `redis//host` as a
+        // relative one: none is what was meant.
+        const WRITE: &str =
+            "not a URL: write redis://HOST:PORT (rediss:// for TLS, unix:///PATH for a socket)";
+        let url = match Url::parse(text) {
+            Ok(url) if url.cannot_be_a_base() => return Err(WRITE.into()),
+            Ok(url) => url,
+            Err(url::ParseError::RelativeUrlWithoutBase) => return Err(WRITE.into()),
+            Err(e) => return Err(e.to_string()),
+        };
         let mut target = Target {
             addr: Addr::Unix(PathBuf::new()),
             tls: None,
@@ -144,7 +153,11 @@ impl Target {
                 }
                 target.addr = Addr::Unix(PathBuf::from(decoded(url.path(), "socket path")?));
             }
-            other => return Err(format!("unknown scheme {other}://")),
+            other => {
+                return Err(format!(
+                    "unknown scheme {other}://: use redis://, rediss:// (TLS) or unix://"
+                ))
+            }
         }
         if ca.is_some() || cert.is_some() || key.is_some() || skip_hostname.is_some() {
             return Err(
@@ -282,7 +295,8 @@ mod tests {
                 "expected true or false",
             ),
             ("redis://h:99999", "port"),
-            ("not a url", "relative URL"),
+            ("not a url", "not a URL: write redis://HOST:PORT"),
+            ("localhost:6379", "not a URL"),
         ] {
             let e = parse(url).unwrap_err();
             assert!(e.contains(why), "{url}: {e}");

@@ -230,9 +230,20 @@ pub fn shard_name(url: &str) -> String {
 
 fn bad_url(url: &str, reason: impl std::fmt::Display) -> ConfigError {
     ConfigError::Url {
-        url: shard_name(url),
+        url: shown(url),
         reason: reason.to_string(),
     }
+}
+
+/// A URL as a refusal shows it: its `host:port` ([`shard_name`]), or, where it has
+/// no `://` to find that by (a typo), as written after any credentials and before
+/// any settings.
+fn shown(url: &str) -> String {
+    if url.contains("://") {
+        return shard_name(url);
+    }
+    let rest = url.rsplit_once('@').map_or(url, |(_, r)| r);
+    rest.split(['?', '#']).next().unwrap_or(rest).to_string()
 }
 
 /// The sentinels, from their URLs (`redis://[:password@]host:port`, or
@@ -955,6 +966,39 @@ mod tests {
             shard_name("rediss://10.0.0.1:6380#insecure"),
             "10.0.0.1:6380"
         );
+    }
+
+    /// A URL that is no URL is shown as written (without a password), and the
+    /// error says what to write.
+    #[test]
+    fn a_url_typo_is_shown_and_explained() {
+        for (url, shown, says) in [
+            (
+                "redis//127.0.0.1:6379",
+                "redis//127.0.0.1:6379",
+                "redis://HOST:PORT",
+            ),
+            ("127.0.0.1:6379", "127.0.0.1:6379", "redis://HOST:PORT"),
+            ("localhost:6379", "localhost:6379", "redis://HOST:PORT"),
+            ("redis//:secret@h:1", "h:1", "redis://HOST:PORT"),
+            (
+                "http://127.0.0.1:6379",
+                "127.0.0.1:6379",
+                "redis://, rediss://",
+            ),
+            ("redis://127.0.0.1:99999", "127.0.0.1:99999", "port"),
+        ] {
+            let e = target(url, Duration::from_secs(1)).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("invalid Redis URL {shown}: ")),
+                "{url}: {e}"
+            );
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(
+                !e.contains("secret") && !e.contains("without a base"),
+                "{url}: {e}"
+            );
+        }
     }
 
     #[tokio::test]
