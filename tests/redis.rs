@@ -2522,6 +2522,56 @@ async fn a_shard_is_connected_and_its_script_loaded_before_the_first_request() {
     assert_eq!(command_calls(&mut conn, "eval").await, 0);
 }
 
+/// A server that refuses the decide function for a passing reason (out of memory:
+/// `maxmemory` with `noeviction`) when Sluice first connects gets it once the reason
+/// passes: calls go by `FCALL` again, not by script for the life of the process.
+#[tokio::test]
+async fn the_decide_function_is_loaded_once_a_passing_refusal_passes() {
+    use sluice::store::redis::scripts::Scripts;
+    let Some(server) = RedisServer::if_available().await else {
+        return;
+    };
+    let mut conn = server.conn().await;
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", k, v])
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET");
+    }
+    let store = store_on(&server);
+    let h = hit("oom", Algorithm::FixedWindow, 5, 60 * SECOND, 1);
+    let refused = store.decide(std::slice::from_ref(&h)).await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        Some(sluice_redis::ErrorKind::Oom),
+        "{refused}"
+    );
+    let name = Scripts::default().decide_library.name().to_string();
+    assert!(!library_loaded(&mut conn, &name).await);
+
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    // The shard may back off a while after the refusals.
+    common::eventually(
+        Duration::from_secs(20),
+        "a decision once memory is back",
+        || {
+            let (store, h) = (&store, h.clone());
+            async move { store.decide(std::slice::from_ref(&h)).await.is_ok() }
+        },
+    )
+    .await;
+    assert!(library_loaded(&mut conn, &name).await, "the library loaded");
+    assert!(
+        command_calls(&mut conn, "fcall").await >= 1,
+        "decided by FCALL"
+    );
+}
+
 /// Whether the function library `name` is loaded on the server.
 async fn library_loaded(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
     let libraries: redis::Value = redis::cmd("FUNCTION")

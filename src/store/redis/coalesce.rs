@@ -329,7 +329,9 @@ fn route(master: Option<&Master>, link: &mut Link, seen: &mut u64) -> Result<boo
 }
 
 /// Loads the decide function library over `wire` unless `functions` already says
-/// whether the server has it, and records the answer: whether calls go by `FCALL`.
+/// whether the server has it, and records a lasting answer: whether calls go by
+/// `FCALL`. A passing refusal (out of memory, loading) has this call go by script
+/// and the next one ask again.
 async fn load_library(
     wire: &mut Wire,
     req: &mut Request,
@@ -341,8 +343,8 @@ async fn load_library(
     }
     scripts.decide_library.write_load(req);
     let loaded = scripts::Library::loaded(&wire.query(req).await?);
-    *functions = Some(loaded);
-    Ok(loaded)
+    *functions = loaded;
+    Ok(loaded == Some(true))
 }
 
 /// Sends one decide call and returns the script's reply values.

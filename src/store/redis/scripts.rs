@@ -132,14 +132,19 @@ impl Library {
         req.arg(self.text.as_bytes());
     }
 
-    /// Whether a `FUNCTION LOAD` reply means the library is there to call: loaded
-    /// now, or by another replica of the same version before. Any other error (a
-    /// Redis before 7 knows no `FUNCTION`; an ACL may forbid it) means scripts.
-    pub fn loaded(reply: &Value) -> bool {
+    /// What a `FUNCTION LOAD` reply says of calling by function: `Some(true)`, the
+    /// library is there (loaded now, or by another replica of the same version
+    /// before); `Some(false)`, this server or user has none (a Redis before 7 knows
+    /// no `FUNCTION`, an ACL may forbid it: `ERR`, `NOPERM`), so calls go by script;
+    /// `None`, not now (`OOM` at `maxmemory`, `LOADING`, `BUSY`, a replica's
+    /// `READONLY`): ask again with the next call rather than go by script for good.
+    pub fn loaded(reply: &Value) -> Option<bool> {
         match reply {
-            Value::Bulk(_) => true,
-            Value::Error(e) => e.contains("already exists"),
-            _ => false,
+            Value::Bulk(_) => Some(true),
+            Value::Error(e) if e.contains("already exists") => Some(true),
+            Value::Error(e) if e.starts_with("ERR") || e.starts_with("NOPERM") => Some(false),
+            Value::Error(_) => None,
+            _ => Some(false),
         }
     }
 
@@ -738,19 +743,36 @@ mod tests {
     #[test]
     fn only_a_server_or_user_without_functions_falls_back_to_scripts() {
         let error = |e: &str| Value::Error(e.to_string());
-        assert!(Library::loaded(&Value::Bulk(
-            b"sluice_decide_0123".to_vec()
-        )));
+        assert_eq!(
+            Library::loaded(&Value::Bulk(b"sluice_decide_0123".to_vec())),
+            Some(true)
+        );
         // Another replica of the same version loaded it first.
-        assert!(Library::loaded(&error(
-            "ERR Library 'sluice_decide_0123' already exists"
-        )));
-        assert!(!Library::loaded(&error(
-            "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD'"
-        )));
-        assert!(!Library::loaded(&error(
-            "NOPERM this user has no permissions to run the 'function|load' command"
-        )));
+        assert_eq!(
+            Library::loaded(&error("ERR Library 'sluice_decide_0123' already exists")),
+            Some(true)
+        );
+        assert_eq!(
+            Library::loaded(&error(
+                "ERR unknown command 'FUNCTION', with args beginning with: 'LOAD'"
+            )),
+            Some(false)
+        );
+        assert_eq!(
+            Library::loaded(&error(
+                "NOPERM this user has no permissions to run the 'function|load' command"
+            )),
+            Some(false)
+        );
+        // A passing refusal decides nothing: the next call asks again.
+        for passing in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert_eq!(Library::loaded(&error(passing)), None, "{passing}");
+        }
         assert!(Library::missing("ERR Function not found"));
         assert!(Library::missing(
             "ERR unknown command 'FCALL', with args beginning with: "
