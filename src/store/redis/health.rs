@@ -520,11 +520,9 @@ fn fails_ping(kind: ErrorKind) -> bool {
     )
 }
 
-/// Whether `error` says sluice's settings do not fit the shard (a password, a
-/// certificate): Redis can never be reached until someone changes them, so every
-/// failed try is logged as an error.
-/// Which of sluice's settings the shard refuses, and what to do, when waiting will
-/// not mend the error: the password, the ACL's grants, or TLS.
+/// Which of sluice's settings the shard refuses, and what to do, when `error` says
+/// they do not fit it (the password, the ACL's grants, TLS): Redis can never be
+/// reached until someone changes them, so every failed try is logged as an error.
 fn misconfigured(error: &StoreError) -> Option<&'static str> {
     match error.kind()? {
         ErrorKind::Tls => Some("TLS: check the rediss:// URL and its tls_* files"),
