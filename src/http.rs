@@ -22,6 +22,7 @@ use crate::service::decode::Request;
 use crate::service::grpc::SHOULD_RATE_LIMIT_SPAN;
 use crate::service::json::{parse_request, render_response};
 use crate::service::response::response;
+use crate::service::span;
 use crate::service::Service;
 use crate::store::{ShardStatus, Store};
 use crate::trace::{self, Call, Tracer};
@@ -264,14 +265,11 @@ async fn json_request<S: Store>(
     answer
 }
 
-/// An error answer, written on the call's span when it is traced: an error span
-/// for the server's failure (5xx), the refusal of a request (4xx) otherwise, as
-/// OpenTelemetry's conventions for servers have it.
+/// An error answer, written on the call's span when it is traced: the server's
+/// failure (5xx), or the refusal of a request (4xx).
 fn json_error(status: StatusCode, error: String, call: Option<&mut Call>) -> Response {
-    match call {
-        Some(call) if status.is_server_error() => call.error(error.clone()),
-        Some(call) => call.set("ratelimit.refusal", error.clone()),
-        None => {}
+    if let Some(call) = call {
+        span::unanswered(call, status.is_server_error(), error.clone());
     }
     (status, Json(json!({ "error": error }))).into_response()
 }

@@ -229,11 +229,6 @@ mod tests {
         assert_eq!(
             t.args,
             [
-                // Every address, IPv6's too, as Go listens on 0.0.0.0 and :19001.
-                "--http-addr",
-                "[::]:8080",
-                "--grpc-addr",
-                "[::]:8081",
                 "--xds-server",
                 "https://envoy-gateway:18001",
                 "--xds-node-id",
@@ -280,9 +275,8 @@ mod tests {
             e.insert(k.into(), v.into());
         }
         let t = translate(&e).unwrap();
-        // After the two addresses.
         assert_eq!(
-            t.args[4..8],
+            t.args[..4],
             [
                 "--grpc-tls-cert",
                 "/certs/tls.crt",
@@ -294,11 +288,11 @@ mod tests {
         // The client authority makes client certificates required.
         e.insert("GRPC_CLIENT_TLS_CACERT".into(), "/certs/ca.crt".into());
         let t = translate(&e).unwrap();
-        assert_eq!(t.args[8..10], ["--grpc-tls-client-ca", "/certs/ca.crt"]);
+        assert_eq!(t.args[4..6], ["--grpc-tls-client-ca", "/certs/ca.crt"]);
         // A SLUICE_* variable of the same setting wins.
         e.insert("SLUICE_GRPC_TLS_CERT".into(), "/mine.crt".into());
         let t = translate(&e).unwrap();
-        assert_eq!(t.args[4..6], ["--grpc-tls-key", "/certs/tls.key"]);
+        assert_eq!(t.args[..2], ["--grpc-tls-key", "/certs/tls.key"]);
     }
 
     #[test]
@@ -363,7 +357,7 @@ mod tests {
         }
         let t = translate(&e).unwrap();
         assert_eq!(
-            t.args[8..12],
+            t.args[4..8],
             [
                 "--grpc-tls-client-ca",
                 "/certs/ca.crt",
@@ -611,6 +605,14 @@ mod tests {
             .args
             .windows(2)
             .any(|w| w == ["--prometheus-addr", "10.0.0.1:9091"]));
+        // Neither host nor port: sluice's own defaults, `[::]:8080` and `[::]:8081`
+        // (config's `serve_flags_have_spec_defaults`).
+        assert!(
+            !t.args
+                .iter()
+                .any(|a| a == "--http-addr" || a == "--grpc-addr"),
+            "{t:?}"
+        );
     }
 
     #[test]

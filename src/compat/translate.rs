@@ -97,13 +97,16 @@ impl Translate<'_> {
     }
 
     /// envoyproxy/ratelimit's hosts default to `0.0.0.0`, where Go listens on every
-    /// address, IPv6's too: `[::]` here, so that a pod of an IPv6 cluster is reached
-    /// by its probes and Envoy.
+    /// address, IPv6's too: `[::]` here (Sluice's own default when neither is set),
+    /// so that a pod of an IPv6 cluster is reached by its probes and Envoy.
     fn addresses(&mut self) {
         for (host, port, flag, default_port) in [
             ("HOST", "PORT", "--http-addr", "8080"),
             ("GRPC_HOST", "GRPC_PORT", "--grpc-addr", "8081"),
         ] {
+            if self.get(host).is_none() && self.get(port).is_none() {
+                continue;
+            }
             let h = every_address(self.get(host).unwrap_or("0.0.0.0")).to_string();
             let p = self.get(port).unwrap_or(default_port).to_string();
             self.flag(flag, Some(join_host_port(&h, &p)));

@@ -166,10 +166,11 @@ fn shares_counter(configured: &Rule, rule: &Rule) -> bool {
             })
             .map(|l| (l.algorithm, l.window, l.phase))
     };
+    let counted = window(configured);
     configured.calendar.is_none()
         && configured.shared.iter().all(Option::is_none)
-        && window(configured).is_some()
-        && window(configured) == window(rule)
+        && counted.is_some()
+        && counted == window(rule)
 }
 
 /// envoyproxy/ratelimit's `replaces`: a matched limit whose name another matched

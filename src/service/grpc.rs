@@ -274,12 +274,9 @@ impl<S: Store> Grpc<S> {
         };
         let code = match &answer {
             Ok(_) => Code::Ok,
-            Err(e) if trace::grpc_server_failed(e.code as i64) => {
-                call.error(e.message.clone());
-                e.code
-            }
             Err(e) => {
-                call.set("ratelimit.refusal", e.message.clone());
+                let failed = trace::grpc_server_failed(e.code as i64);
+                super::span::unanswered(&mut call, failed, e.message.clone());
                 e.code
             }
         };

@@ -15,6 +15,18 @@ use crate::policy::FailureMode;
 use crate::store::{Probe, StoreCall};
 use crate::trace::Call;
 
+/// A call that ended without a decision, on its span: an error when Sluice failed
+/// (`failed`), else the refusal and why (`ratelimit.refusal`). OpenTelemetry's
+/// conventions for servers hold a caller's bad request no error of the server's,
+/// so a client's bug does not show as Sluice's error rate.
+pub fn unanswered(call: &mut Call, failed: bool, message: String) {
+    if failed {
+        call.error(message);
+    } else {
+        call.set("ratelimit.refusal", message);
+    }
+}
+
 /// Turns each store call of a sampled request into a client span under the
 /// request's, named and attributed as OpenTelemetry's database conventions say
 /// for Redis (`FCALL decide`, `db.system.name`, `db.operation.name`,

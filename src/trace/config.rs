@@ -67,6 +67,18 @@ pub struct TracingArgs {
     pub tracing_queue_size: Option<String>,
 }
 
+impl TracingArgs {
+    /// The TLS files' flags and what each was given.
+    fn tls_files(&self) -> impl Iterator<Item = (&'static str, Option<&PathBuf>)> {
+        [
+            ("--otlp-tls-ca", self.otlp_tls_ca.as_ref()),
+            ("--otlp-tls-cert", self.otlp_tls_cert.as_ref()),
+            ("--otlp-tls-key", self.otlp_tls_key.as_ref()),
+        ]
+        .into_iter()
+    }
+}
+
 /// How spans leave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -317,15 +329,10 @@ fn checked_flags(args: &TracingArgs) -> Result<Vec<&'static str>, ConfigError> {
         header_pairs("--otlp-headers", v)?;
         given.push("--otlp-headers");
     }
-    for (flag, given_path) in [
-        ("--otlp-tls-ca", &args.otlp_tls_ca),
-        ("--otlp-tls-cert", &args.otlp_tls_cert),
-        ("--otlp-tls-key", &args.otlp_tls_key),
-    ] {
-        if given_path.is_some() {
-            given.push(flag);
-        }
-    }
+    given.extend(
+        args.tls_files()
+            .filter_map(|(flag, path)| path.and(Some(flag))),
+    );
     if args.tracing_service_name.is_some() {
         given.push("--tracing-service-name");
     }
@@ -405,12 +412,7 @@ fn tls(
         }
     };
     if !endpoint.starts_with("https://") {
-        let flags = [
-            ("--otlp-tls-ca", &args.otlp_tls_ca),
-            ("--otlp-tls-cert", &args.otlp_tls_cert),
-            ("--otlp-tls-key", &args.otlp_tls_key),
-        ];
-        if let Some((flag, Some(path))) = flags.into_iter().find(|(_, p)| p.is_some()) {
+        if let Some((flag, Some(path))) = args.tls_files().find(|(_, p)| p.is_some()) {
             return Err(bad(
                 flag,
                 &path.display().to_string(),

@@ -146,7 +146,9 @@ fn report_span(
                 );
             }
         }
-        Err(e) if crate::trace::grpc_server_failed(e.code as i64) => call.error(e.message.clone()),
-        Err(e) => call.set("ratelimit.refusal", e.message.clone()),
+        Err(e) => {
+            let failed = crate::trace::grpc_server_failed(e.code as i64);
+            crate::service::span::unanswered(call, failed, e.message.clone());
+        }
     }
 }
