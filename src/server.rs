@@ -553,9 +553,13 @@ where
         max_connections,
         "sluice listening"
     );
+    crate::notify::notify(&format!(
+        "READY=1\nSTATUS=serving gRPC on {grpc_addr}, HTTP on {http_addr}, admin {admin_addr}"
+    ));
 
     shutdown.await;
     tracing::info!("shutting down: readiness off, draining in-flight calls");
+    crate::notify::notify("STOPPING=1\nSTATUS=draining in-flight calls");
     ready.store(false, Ordering::SeqCst);
     serving.send_replace(false);
     tokio::time::sleep(cfg.shutdown.drain_delay).await;

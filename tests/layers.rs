@@ -19,6 +19,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("hash", &[]),
     // Errors as one line, for logs and the command line.
     ("errors", &[]),
+    // Telling systemd the service's state.
+    ("notify", &[]),
     // Envoy's wire messages, generated: they use nothing of Sluice's.
     ("pb", &[]),
     ("clock", &["algorithm"]),

@@ -607,3 +607,139 @@ async fn the_start_logs_how_many_domains_and_rules_the_files_loaded() {
         .sum();
     assert_eq!(listed, 3, "{body}");
 }
+
+/// A datagram socket standing for systemd's, as `NOTIFY_SOCKET` names it.
+fn notify_socket(dir: &std::path::Path) -> (std::os::unix::net::UnixDatagram, String) {
+    let path = dir.join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (socket, path.display().to_string())
+}
+
+/// The next state sent to `socket`, waiting up to its read timeout.
+fn next_state(socket: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buf = [0u8; 512];
+    let n = socket
+        .recv(&mut buf)
+        .expect("a state sent to NOTIFY_SOCKET");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Under a systemd unit of `Type=notify` (deploy/systemd/sluice.service), Sluice
+/// says it is ready once its ports answer, with a status naming them, and says it
+/// is stopping at SIGTERM.
+#[tokio::test]
+async fn systemd_is_told_when_it_is_ready_and_when_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, socket) = notify_socket(dir.path());
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy(5)).unwrap();
+    let mut server = Server::start_env(dir, &[path], &[], &[("NOTIFY_SOCKET", &socket)]);
+    let ready = next_state(&manager);
+    assert!(ready.starts_with("READY=1\n"), "{ready:?}");
+    let status = ready.lines().find_map(|l| l.strip_prefix("STATUS="));
+    let status = status.unwrap_or_else(|| panic!("no STATUS in {ready:?}"));
+    assert!(status.contains(&server.grpc), "{status}");
+    assert!(status.contains(&server.http), "{status}");
+    let mut c = server.client().await;
+    let answer = call(&mut c, request("cm", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(answer.overall_code, OK);
+
+    server.terminate();
+    let stopping = next_state(&manager);
+    assert!(stopping.starts_with("STOPPING=1"), "{stopping:?}");
+    let status = server.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
+}
+
+/// A policy that does not load stops the start before systemd is told it is ready,
+/// so the unit fails rather than counting as started.
+#[test]
+fn a_start_that_fails_never_says_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, socket) = notify_socket(dir.path());
+    manager
+        .set_read_timeout(Some(Duration::from_millis(1)))
+        .unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, "domain: cm\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n").unwrap();
+    let out = serve_command(&path)
+        .env("NOTIFY_SOCKET", &socket)
+        .output()
+        .expect("run sluice");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let mut buf = [0u8; 512];
+    let sent = manager.recv(&mut buf).map(|n| buf[..n].to_vec());
+    assert!(sent.is_err(), "told {:?}", sent.map(String::from_utf8));
+}
+
+/// A `NOTIFY_SOCKET` nobody listens on is warned about; Sluice serves all the same.
+#[tokio::test]
+async fn a_service_manager_that_cannot_be_told_does_not_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("no-such-socket").display().to_string();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, policy(5)).unwrap();
+    let server = Server::start_env(dir, &[path], &[], &[("NOTIFY_SOCKET", &gone)]);
+    server
+        .wait_line(Duration::from_secs(5), "the warning", |l| {
+            l.contains("WARN") && l.contains("NOTIFY_SOCKET") && l.contains(&gone)
+        })
+        .await;
+    let mut c = server.client().await;
+    let answer = call(&mut c, request("cm", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(answer.overall_code, OK);
+}
+
+/// deploy/systemd/sluice.service, as systemd itself reads it: every key known and
+/// well formed (`systemd-analyze verify`, with `ExecStart` pointed at this build),
+/// and its sandbox rated OK by `systemd-analyze security`.
+#[test]
+fn the_systemd_unit_is_one_systemd_accepts_and_rates_well_sandboxed() {
+    let Some(analyze) = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
+        .into_iter()
+        .map(std::path::Path::new)
+        .find(|p| p.is_file())
+    else {
+        return common::tools::missing("systemd-analyze");
+    };
+    let unit = std::fs::read_to_string("deploy/systemd/sluice.service").unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/sluice serve"),
+        "{unit}"
+    );
+    let here = unit.replace("/usr/local/bin/sluice", env!("CARGO_BIN_EXE_sluice"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.service");
+    std::fs::write(&path, here).unwrap();
+
+    let verify = std::process::Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = common::tools::text(&verify);
+    assert!(verify.status.success(), "{said}");
+    // Unknown keys and bad values are only warned about, on stderr.
+    assert!(verify.stderr.is_empty(), "{said}");
+
+    let security = std::process::Command::new(analyze)
+        .args(["security", "--offline=true"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = common::tools::text(&security);
+    let stdout = String::from_utf8_lossy(&security.stdout);
+    let level = stdout
+        .lines()
+        .find_map(|l| {
+            l.split("Overall exposure level for sluice.service: ")
+                .nth(1)
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok());
+    let level = level.unwrap_or_else(|| panic!("no exposure level: {said}"));
+    assert!(level <= 2.0, "exposure {level} of 10: {said}");
+}
