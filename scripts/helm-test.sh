@@ -86,6 +86,34 @@ echo "==> helm: $HELM ($("$HELM" version --short 2>/dev/null)); Kubernetes schem
 check "chart crds/ is a copy of crds/ (scripts/sync-chart-crds.sh --check)" bash scripts/sync-chart-crds.sh --check
 
 # --- chart: lint, render, validate -------------------------------------------------
+# sluice_takes_args RENDER: the args of every sluice container in RENDER's Deployments
+# pass the real binary's flag parsers (each value checked as `sluice serve` checks it
+# at start; the trailing --help then prints instead of serving). $(SLUICE_POD_IP) is
+# given a pod IP, as the kubelet would.
+sluice_takes_args() {
+    local f found=""
+    rm -rf "$work/argv" && mkdir -p "$work/argv"
+    python3 -c '
+import sys, yaml
+n = 0
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d.get("kind") == "Deployment":
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c["name"] == "sluice":
+                n += 1
+                with open(f"{sys.argv[2]}/{n}", "w") as f:
+                    f.writelines(a.replace("$(SLUICE_POD_IP)", "10.1.2.3") + "\n" for a in c["args"])
+' "$1" "$work/argv" || return 1
+    for f in "$work/argv"/*; do
+        [ -e "$f" ] || continue
+        found=1
+        mapfile -t args <"$f"
+        if ! "$SLUICE" "${args[@]}" --help >"$work/argv.out" 2>&1; then
+            echo "sluice refuses its args: ${args[*]}"; head -n 3 "$work/argv.out"; return 1
+        fi
+    done
+    [ -n "$found" ] || { echo "no sluice container in a Deployment of $1"; return 1; }
+}
 render_and_check() { # NAME VALUES...
     local name=$1; shift
     local out="$work/render-$name.yaml" args=()
@@ -103,6 +131,9 @@ render_and_check() { # NAME VALUES...
         --external-configmap edge-policies --external-secret envoy-rate-limit "$out"
     if [ -d "$work/policies-$name" ]; then
         check "inline policies load with sluice validate ($name)" "$SLUICE" validate "$work/policies-$name"
+    fi
+    if grep -q '^kind: Deployment' "$out" && grep -q -- '- serve$' "$out"; then
+        check "sluice takes the rendered args ($name)" sluice_takes_args "$out"
     fi
     if [ -s "$work/envoy-$name.yaml" ]; then
         if [ -n "$ENVOY" ]; then
@@ -463,6 +494,20 @@ refuse "template refuses ports.grpc equal to ports.admin" t --set ports.grpc=808
 refuse "template refuses sluice's http port on the sidecar Envoy's listener port" \
     t -f "$CHART/examples/sidecar.yaml" --set ports.http=10000
 check "ports.admin may reuse a port while the admin API is off" t --set admin.enabled=false --set ports.admin=8080
+# An IPv6 admin.address joined to the port without brackets (`:::8082`) is no
+# address sluice takes: the pod would crash-loop.
+admin_ipv6() {
+    local a want
+    for a in :: ::1 '[::1]' 0.0.0.0; do
+        want=$a
+        case $a in *:*) want="[${a#[}"; want="${want%]}]" ;; esac
+        t --set "admin.address=$a" >"$work/admin.yaml" || return 1
+        grep -qF -- "- --admin-addr=$want:8082" "$work/admin.yaml" ||
+            { echo "admin.address=$a: $(grep -- --admin-addr "$work/admin.yaml")"; return 1; }
+        sluice_takes_args "$work/admin.yaml" || return 1
+    done
+}
+check "admin.address ::, ::1, [::1] or 0.0.0.0: an --admin-addr sluice takes" admin_ipv6
 check "a port collision is named in the message" bash -c "
     $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set ports.grpc=8080 2>&1 >/dev/null |
         grep -q 'ports.grpc and ports.http are both port 8080'"

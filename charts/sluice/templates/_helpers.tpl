@@ -214,7 +214,12 @@ reach the pod too.
 - --grpc-addr={{ if eq $v.mode "deployment" }}[::]{{ else }}127.0.0.1{{ end }}:{{ $v.ports.grpc }}
 - --http-addr=[::]:{{ $v.ports.http }}
 {{- if and $v.admin $v.admin.enabled }}
-- --admin-addr={{ $v.admin.address }}:{{ $v.ports.admin | default 8082 }}
+{{- /* An IPv6 address goes in brackets before its port. */}}
+{{- $addr := $v.admin.address }}
+{{- if and (contains ":" $addr) (not (hasPrefix "[" $addr)) }}
+{{- $addr = printf "[%s]" $addr }}
+{{- end }}
+- --admin-addr={{ $addr }}:{{ $v.ports.admin | default 8082 }}
 {{- else }}
 - --admin-addr=off
 {{- end }}
