@@ -11,7 +11,7 @@
    check; other custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
    server test) are listed as not checked here.
 4. Cross-object checks: a Service selects the pods of a Deployment and its
-   targetPorts name container ports; probes name container ports; the pod's
+   targetPorts name container ports; probes have one handler and name container ports; the pod's
    ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
    (a Secret also as a Certificate's secretName) or are declared external; the sluice container's --config paths are mounted.
 5. --extract-policies writes every policy file of ConfigMaps named *-policies to DIR
@@ -126,6 +126,10 @@ def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
             ports = {p.get("name") for p in c.get("ports") or [] if p.get("name")}
             for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
                 pr = c.get(probe) or {}
+                handlers = [h for h in ("httpGet", "tcpSocket", "grpc", "exec") if pr.get(h)]
+                if len(handlers) > 1:
+                    # The API server's own rule: "may not specify more than 1 handler type".
+                    err(src, w, f"{c['name']}.{probe} has {len(handlers)} handlers ({', '.join(handlers)}); the API server takes one")
                 for h in ("httpGet", "tcpSocket", "grpc"):
                     port = (pr.get(h) or {}).get("port")
                     if isinstance(port, str) and port not in ports:

@@ -546,6 +546,29 @@ refuse "template refuses a cert-manager Certificate without an issuer" \
     t --set tls.http.enabled=true --set tls.http.certManager.enabled=true
 refuse "template refuses tls.http.clientCA with httpGet probes (the kubelet has no client certificate)" \
     t --set tls.http.enabled=true --set tls.http.existingSecret=s --set tls.http.clientCA=true
+# The remedy the message and values.yaml give: probes with another handler. Helm
+# merges them into the default httpGet; a probe with two handlers is refused by the
+# API server.
+grpc_probes() {
+    cat >"$work/grpc-probes.yaml" <<'YAML'
+livenessProbe: {grpc: {port: 8081}}
+readinessProbe: {grpc: {port: 8081}, periodSeconds: 5}
+YAML
+    local extra
+    for extra in '' '--set tls.http.enabled=true --set tls.http.existingSecret=s --set tls.http.clientCA=true'; do
+        # shellcheck disable=SC2086
+        t -f "$work/grpc-probes.yaml" $extra >"$work/grpc-probes-render.yaml" || return 1
+        python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" --external-secret s "$work/grpc-probes-render.yaml" || return 1
+        python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x["kind"] == "Deployment"][0]
+c = d["spec"]["template"]["spec"]["containers"][0]
+assert c["livenessProbe"] == {"grpc": {"port": 8081}, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3}, c["livenessProbe"]
+assert c["readinessProbe"] == {"grpc": {"port": 8081}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}, c["readinessProbe"]
+' "$work/grpc-probes-render.yaml" || return 1
+    done
+}
+check "probes given as grpc replace the default httpGet (one handler each), with tls.http.clientCA too" grpc_probes
 refuse "template refuses tls.grpc in sidecar mode (Envoy calls over loopback)" \
     t -f "$CHART/examples/sidecar.yaml" --set tls.grpc.enabled=true --set tls.grpc.existingSecret=s
 refuse "schema refuses an unknown tls field" t --set tls.grpc.secret=s

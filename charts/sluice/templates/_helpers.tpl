@@ -178,7 +178,7 @@ number would leave the second unable to bind, and the pod crash-looping. */}}
 {{- if and .Values.tls.grpc.enabled (ne .Values.mode "deployment") }}
 {{- fail "sluice: tls.grpc is for mode: deployment; in the other modes Envoy calls Sluice over loopback in plain text" }}
 {{- end }}
-{{- if and .Values.tls.http.enabled .Values.tls.http.clientCA (or .Values.livenessProbe.httpGet .Values.readinessProbe.httpGet) }}
+{{- if and .Values.tls.http.enabled .Values.tls.http.clientCA (or (include "sluice.probeHttpGet" .Values.livenessProbe) (include "sluice.probeHttpGet" .Values.readinessProbe)) }}
 {{- fail "sluice: with tls.http.clientCA the kubelet's httpGet probes cannot pass (it presents no client certificate): give livenessProbe and readinessProbe without httpGet (for example grpc: {port: 8081})" }}
 {{- end }}
 {{- end }}
@@ -193,9 +193,21 @@ number would leave the second unable to bind, and the pod crash-looping. */}}
 {{- end -}}
 {{- end }}
 
-{{/* A probe of the values, over HTTPS when the HTTP port serves TLS (same arguments and "probe"). */}}
+{{/* "true" when a probe of the values gets the HTTP port: Helm merges a probe given
+with grpc, tcpSocket or exec into the default httpGet, and such a handler replaces it. */}}
+{{- define "sluice.probeHttpGet" -}}
+{{- if and .httpGet (not (or .grpc .tcpSocket .exec)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* A probe of the values, with one handler (see "sluice.probeHttpGet"), over HTTPS
+when the HTTP port serves TLS (same arguments and "probe"). */}}
 {{- define "sluice.probe" -}}
 {{- $p := deepCopy .probe -}}
+{{- if not (include "sluice.probeHttpGet" $p) -}}
+{{- $_ := unset $p "httpGet" -}}
+{{- end -}}
 {{- if and .values.tls.http.enabled $p.httpGet -}}
 {{- $_ := set $p.httpGet "scheme" "HTTPS" -}}
 {{- end -}}
