@@ -538,6 +538,15 @@ refuse "template refuses metrics.compat.port on the sidecar Envoy's admin port" 
 refuse "schema refuses metrics.compat.port 0" t --set metrics.compat.enabled=true --set metrics.compat.port=0
 refuse "schema refuses an unknown metrics field" t --set metrics.port=9090
 refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" t --set shutdownGraceSeconds=30
+# The kubelet's grace period runs from the preStop hook: the sleep, then sluice's 2 s
+# --drain-delay and --shutdown-grace must all fit in it, or in-flight calls are killed.
+refuse "template refuses preStopSleepSeconds + drain delay + shutdownGraceSeconds past the grace period (15 + 2 + 20 > 30)" \
+    t --set preStopSleepSeconds=15
+refuse "template refuses shutdownGraceSeconds 28 of 30 (the 2 s drain delay comes first)" t --set shutdownGraceSeconds=28
+check "preStopSleepSeconds 7 + 2 + shutdownGraceSeconds 20 fits 30; the message names the three" bash -c "
+    $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+    t --set preStopSleepSeconds=7 | grep -q -A2 'preStop:' &&
+    t --set preStopSleepSeconds=15 2>&1 >/dev/null | grep -q 'preStopSleepSeconds (15) + 2 s of --drain-delay + shutdownGraceSeconds (20)'"
 refuse "template refuses tls.grpc.enabled without a Secret or a Certificate" t --set tls.grpc.enabled=true
 refuse "template refuses tls.grpc with both existingSecret and certManager" \
     t --set tls.grpc.enabled=true --set tls.grpc.existingSecret=s --set tls.grpc.certManager.enabled=true \

@@ -161,8 +161,11 @@ number would leave the second unable to bind, and the pod crash-looping. */}}
 {{- end }}
 {{- $_ := set $seen $port $name }}
 {{- end }}
-{{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
-{{- fail "sluice: shutdownGraceSeconds must be below terminationGracePeriodSeconds, or the kubelet kills sluice before in-flight calls finish" }}
+{{- /* The grace period runs from the preStop hook: its sleep, then sluice's
+--drain-delay (2 s) and --shutdown-grace. */}}
+{{- $stop := add (int .Values.preStopSleepSeconds) 2 (int .Values.shutdownGraceSeconds) }}
+{{- if ge $stop (int .Values.terminationGracePeriodSeconds) }}
+{{- fail (printf "sluice: preStopSleepSeconds (%d) + 2 s of --drain-delay + shutdownGraceSeconds (%d) must be below terminationGracePeriodSeconds (%d): the kubelet's grace period starts with the preStop hook, and it kills sluice before in-flight calls finish otherwise" (int .Values.preStopSleepSeconds) (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds)) }}
 {{- end }}
 {{- range $port := list "grpc" "http" }}
 {{- $t := index $.Values.tls $port }}
