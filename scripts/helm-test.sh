@@ -201,6 +201,34 @@ a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
 for f in (\"--store-timeout=2.5ms\", \"--reload-interval=1d\", \"--rlqs-abandon-after=1.5m\"):
     assert f in a, (f, a)
 '"
+# notes ARGS...: NOTES.txt as `helm install` prints it (helm template renders no
+# notes: a copy of the chart renders the file into a ConfigMap of its own).
+notes() {
+    local c="$work/notes-chart"
+    if [ ! -d "$c" ]; then
+        cp -r "$CHART" "$c" && cp "$c/templates/NOTES.txt" "$c/notes.txt"
+        printf '%s\n' 'apiVersion: v1' 'kind: ConfigMap' 'metadata: {name: notes}' 'data:' '  notes: |' \
+            '    {{- tpl (.Files.Get "notes.txt") . | nindent 4 }}' >"$c/templates/zz-notes.yaml"
+    fi
+    "$HELM" template r "$c" --kube-version "$K8S_VERSION" --show-only templates/zz-notes.yaml "$@" |
+        python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["notes"])'
+}
+notes_helpers() {
+    local n
+    n=$(notes --set mode=helpers --set kube.enabled=false --set-string 'policies.a\.yaml=domain: a') || return 1
+    echo "$n"
+    # No Service or pods of the release's own to port-forward to, or to count.
+    ! grep -q -e 'svc/' -e 'replicas keep counters' <<<"$n" && grep -q 'sluice.container' <<<"$n"
+}
+check "NOTES in mode helpers: no Service to port-forward to, no replica count; says to include sluice.container" notes_helpers
+notes_https() {
+    local n
+    n=$(notes --set tls.http.enabled=true --set tls.http.existingSecret=s) || return 1
+    echo "$n"
+    grep -qF 'curl -sk https://localhost:8080/debug/policies' <<<"$n" || return 1
+    n=$(notes) && grep -qF 'curl -s localhost:8080/debug/policies' <<<"$n"
+}
+check "NOTES: curl over https:// when the HTTP port serves TLS, plain otherwise" notes_https
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 # In mode helpers the pods, their Service and so their scrape job are the including
