@@ -11,7 +11,8 @@
    check; other custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
    server test) are listed as not checked here.
 4. Cross-object checks: a Service selects the pods of a Deployment and its
-   targetPorts name container ports; probes have one handler and name container ports; the pod's
+   targetPorts name container ports; probes have one handler and name container ports; a
+   pod running --kube has a token of a ServiceAccount bound to read RateLimitPolicies; the pod's
    ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
    (a Secret also as a Certificate's secretName) or are declared external; the sluice container's --config paths are mounted.
 5. --extract-policies writes every policy file of ConfigMaps named *-policies to DIR
@@ -100,6 +101,32 @@ def pod_spec(d):
     return None, None
 
 
+def kube_access(src, w, spec, by_kind):
+    """A pod running `sluice serve --kube` gets a token, of a ServiceAccount bound to a
+    role that lists and watches RateLimitPolicy resources."""
+    sa = spec.get("serviceAccountName") or "default"
+    mount = spec.get("automountServiceAccountToken")
+    if mount is None:
+        mount = (by_kind.get("ServiceAccount", {}).get(sa) or {}).get("automountServiceAccountToken", True)
+    if not mount:
+        err(src, w, f"runs --kube without a service account token (automountServiceAccountToken: false for {sa})")
+
+    def grants(role):
+        for r in (role or {}).get("rules") or []:
+            if ("sluice.dev" in r.get("apiGroups", []) and "ratelimitpolicies" in r.get("resources", [])
+                    and {"list", "watch"} <= set(r.get("verbs", []))):
+                return True
+        return False
+
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        for b in by_kind.get(kind, {}).values():
+            ref = b.get("roleRef") or {}
+            if any(s.get("kind") == "ServiceAccount" and s.get("name") == sa for s in b.get("subjects") or []) \
+                    and grants(by_kind.get(ref.get("kind"), {}).get(ref.get("name"))):
+                return
+    err(src, w, f"runs --kube as ServiceAccount {sa}, which no rendered binding lets list and watch ratelimitpolicies")
+
+
 def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
     by_kind = {}
     for d in docs:
@@ -139,6 +166,8 @@ def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
                 if m["name"] not in vols:
                     err(src, w, f"{c['name']} mounts volume {m['name']}, not in the pod")
             args = c.get("args") or []
+            if "--kube" in args:
+                kube_access(src, w, spec, by_kind)
             for a in args:
                 if isinstance(a, str) and a.startswith("--config="):
                     path = a.split("=", 1)[1]

@@ -475,6 +475,8 @@ spec:
     metadata:
       labels: {app: gateway}
     spec:
+      serviceAccountName: {{ include "sluice.serviceAccountNameFor" (dict "root" . "values" .Values.sluice) }}
+      automountServiceAccountToken: {{ .Values.sluice.kube.enabled }}
       containers:
         - name: envoy
           image: envoyproxy/envoy:v1.33-latest
@@ -491,6 +493,11 @@ if "$HELM" template shop "$parent" --kube-version "$K8S_VERSION" >"$work/parent.
     check "parent chart: no sluice Deployment or Service of its own; sidecar gRPC on loopback" bash -c "
         ! grep -q 'name: shop-sluice\$' <(grep -A2 -E '^kind: (Deployment|Service)\$' '$work/parent.yaml') &&
         grep -q -- '--grpc-addr=127.0.0.1:8081' '$work/parent.yaml'"
+    # kube.enabled is the default: the sidecar then watches RateLimitPolicies, as the
+    # subchart's ServiceAccount, which its RBAC binds.
+    check "parent chart with kube.enabled: the pod runs as the subchart's ServiceAccount, with its token" bash -c "
+        '$HELM' template shop '$parent' --kube-version '$K8S_VERSION' --set sluice.kube.enabled=true >'$work/parent-kube.yaml' &&
+        python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/parent-kube.yaml'"
 else
     bad "parent chart renders with include \"sluice.container\""; sed 's/^/    /' "$work/err"
 fi

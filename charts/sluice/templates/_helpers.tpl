@@ -55,10 +55,17 @@ app.kubernetes.io/component: ratelimit
 {{- end }}
 
 {{- define "sluice.serviceAccountName" -}}
-{{- if .Values.serviceAccount.create }}
-{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- include "sluice.serviceAccountNameFor" (dict "root" . "values" .Values) }}
+{{- end }}
+
+{{/* The ServiceAccount the RBAC binds, from (dict "root" . "values" V): a parent chart
+running "sluice.container" with kube.enabled gives it to its pod. */}}
+{{- define "sluice.serviceAccountNameFor" -}}
+{{- $sa := .values.serviceAccount }}
+{{- if $sa.create }}
+{{- default (include "sluice.fullnameFor" .) $sa.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- default "default" $sa.name }}
 {{- end }}
 {{- end }}
 
@@ -329,6 +336,8 @@ reach the pod too.
 The sluice container. Other charts can run Sluice as a sidecar by depending on this
 chart and including it in their own pod spec:
 
+  serviceAccountName: {{ include "sluice.serviceAccountNameFor" (dict "root" . "values" .Values.sluice) }}
+  automountServiceAccountToken: true   # for kube.enabled: the RBAC binds this account
   containers:
     - name: envoy
       ...
