@@ -333,6 +333,38 @@ set -e
 [ \"\$(deny --set failureMode=closed --set sidecar.envoy.failureModeDeny=false)\" = 'failure_mode_deny: false' ]
 [ \"\$(deny --set sidecar.envoy.failureModeDeny=true)\" = 'failure_mode_deny: true' ]"
 
+# An IPv6-only or IPv6-first cluster sends the Service's traffic to the pod's IPv6
+# address: the sidecar Envoy's listener must take both families, as sluice's ports do.
+sidecar_envoy_families() {
+    local ports listen admin pid code4="" code6 deadline
+    ports=$(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+    read -r listen admin <<<"$ports"
+    t -f "$CHART/examples/sidecar.yaml" --set sidecar.envoy.listenerPort="$listen" \
+        --set sidecar.envoy.adminPort="$admin" --set sidecar.envoy.upstream.host=127.0.0.1 \
+        --show-only templates/envoy-sidecar-config.yaml |
+        python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["envoy.yaml"])' >"$work/sidecar-envoy.yaml" || return 1
+    "$ENVOY" -c "$work/sidecar-envoy.yaml" --use-dynamic-base-id --log-level warn >"$work/sidecar-envoy.log" 2>&1 &
+    pid=$!
+    deadline=$((SECONDS + 30))
+    while [ $SECONDS -lt $deadline ] && kill -0 "$pid" 2>/dev/null; do
+        code4=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$listen/" || true)
+        [ "$code4" != 000 ] && break
+        sleep 0.2
+    done
+    code6=$(curl -s -o /dev/null -w '%{http_code}' "http://[::1]:$listen/" || true)
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "IPv4: $code4, IPv6: $code6"
+    [ "$code4" != 000 ] && [ -n "$code4" ] && [ "$code6" != 000 ] && [ -n "$code6" ]
+}
+if [ -n "$ENVOY" ]; then
+    check "sidecar: the real Envoy's listener takes IPv4 and IPv6 connections" sidecar_envoy_families
+else
+    skipped SLUICE_REQUIRE_TOOLS "envoy not installed: sidecar listener families not checked"
+fi
 check "tls.grpc from Envoy Gateway's Secret: cert, key and client CA flags on the mounted Secret" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t -f $CHART/examples/envoy-gateway-mtls.yaml | python3 -c '
 import sys, yaml
