@@ -655,6 +655,9 @@ if [ -d deploy/kubernetes ]; then
         check "$f: valid against Kubernetes $K8S_VERSION schemas + cross-checks" \
             python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" --allow-kind RateLimitPolicy \
             --extract-policies "$work/plain-policies" "$f"
+        if grep -q -- '- serve$' "$f"; then
+            check "$f: sluice takes its args" sluice_takes_args "$f"
+        fi
     done
     if [ -d "$work/plain-policies" ]; then
         check "deploy/kubernetes policies ConfigMap loads with sluice validate" "$SLUICE" validate "$work/plain-policies"
