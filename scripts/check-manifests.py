@@ -10,7 +10,7 @@
 3. Prometheus Operator and cert-manager kinds (no bundled schema) get a structural
    check; other custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
    server test) are listed as not checked here.
-4. Cross-object checks: a Service selects the pods of a Deployment and its
+4. Cross-object checks: volume names are DNS labels; a Service selects the pods of a Deployment and its
    targetPorts name container ports; probes have one handler and name container ports; a
    pod running --kube has a token of a ServiceAccount bound to read RateLimitPolicies; the pod's
    ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
@@ -24,6 +24,8 @@ import argparse
 import os
 import sys
 
+import re
+
 import yaml
 
 try:
@@ -34,6 +36,7 @@ except ImportError:  # pragma: no cover - reported below
 PROM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 CERT_KINDS = {"Certificate"}
 errors = []
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def err(src, doc, msg):
@@ -141,6 +144,10 @@ def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
         if sa and sa != "default" and sa not in by_kind.get("ServiceAccount", {}):
             err(src, w, f"serviceAccountName {sa} is not in the render")
         vols = {v["name"]: v for v in spec.get("volumes") or []}
+        for v in vols:
+            # The API server's rule (the OpenAPI schema has no pattern for it).
+            if not DNS_LABEL.match(v) or len(v) > 63:
+                err(src, w, f"volume name {v!r} is not a DNS label of at most 63 characters")
         for v in vols.values():
             cm = (v.get("configMap") or {}).get("name")
             if cm and cm not in by_kind.get("ConfigMap", {}) and cm not in external_configmaps:

@@ -201,6 +201,19 @@ a = d[\"spec\"][\"template\"][\"spec\"][\"containers\"][0][\"args\"]
 for f in (\"--store-timeout=2.5ms\", \"--reload-interval=1d\", \"--rlqs-abandon-after=1.5m\"):
     assert f in a, (f, a)
 '"
+# A ConfigMap's name may be as long as a DNS label, or a DNS subdomain; the pod's
+# volume for it must still be a DNS label of at most 63 characters.
+long_configmap_names() {
+    local long
+    long=$(printf 'p%.0s' $(seq 63))
+    t --set "existingPolicyConfigMaps[0]=$long" --set "existingPolicyConfigMaps[1]=edge.policies" >"$work/long-cm.yaml" || return 1
+    python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" --external-configmap "$long" \
+        --external-configmap edge.policies "$work/long-cm.yaml" || return 1
+    grep -qF -- "- --config=/etc/sluice/extra/$long" "$work/long-cm.yaml" &&
+        grep -qF -- '- --config=/etc/sluice/extra/edge.policies' "$work/long-cm.yaml" &&
+        sluice_takes_args "$work/long-cm.yaml"
+}
+check "existingPolicyConfigMaps of 63 characters, or with dots: valid volume names, each mounted and passed" long_configmap_names
 # notes ARGS...: NOTES.txt as `helm install` prints it (helm template renders no
 # notes: a copy of the chart renders the file into a ConfigMap of its own).
 notes() {

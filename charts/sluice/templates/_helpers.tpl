@@ -452,9 +452,10 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
       mountPath: /etc/sluice/policies
       readOnly: true
     {{- end }}
-    {{- range $v.existingPolicyConfigMaps }}
-    - name: sluice-extra-{{ . }}
-      mountPath: /etc/sluice/extra/{{ . }}
+    {{- /* Volumes by index: a ConfigMap's name may be longer than a volume's. */}}
+    {{- range $i, $name := $v.existingPolicyConfigMaps }}
+    - name: sluice-extra-{{ $i }}
+      mountPath: /etc/sluice/extra/{{ $name }}
       readOnly: true
     {{- end }}
     {{- range $port := list "grpc" "http" }}
@@ -483,10 +484,10 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
   configMap:
     name: {{ include "sluice.policiesConfigMapName" . }}
 {{- end }}
-{{- range $v.existingPolicyConfigMaps }}
-- name: sluice-extra-{{ . }}
+{{- range $i, $name := $v.existingPolicyConfigMaps }}
+- name: sluice-extra-{{ $i }}
   configMap:
-    name: {{ . }}
+    name: {{ $name }}
 {{- end }}
 {{- range $port := list "grpc" "http" }}
 {{- if (index $v.tls $port).enabled }}
