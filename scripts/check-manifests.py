@@ -10,7 +10,7 @@
 3. Prometheus Operator and cert-manager kinds (no bundled schema) get a structural
    check; other custom kinds (RateLimitPolicy, CustomResourceDefinition handled by the API
    server test) are listed as not checked here.
-4. Cross-object checks: volume names are DNS labels; a Service selects the pods of a Deployment and its
+4. Cross-object checks: volume and Service names are DNS labels; a Service selects the pods of a Deployment and its
    targetPorts name container ports; probes have one handler and name container ports; a
    pod running --kube has a token of a ServiceAccount bound to read RateLimitPolicies; the pod's
    ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
@@ -189,6 +189,11 @@ def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
                 tp = p.get("targetPort")
                 if isinstance(tp, str) and tp not in all_ports:
                     err(src, svc, f"targetPort {tp!r} is not a port of the pods of {w['metadata']['name']}")
+    for svc in by_kind.get("Service", {}).values():
+        # The API server's rule: a Service's name is a DNS-1035 label.
+        name = svc["metadata"]["name"]
+        if len(name) > 63 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name):
+            err(src, svc, f"Service name of {len(name)} characters is not a DNS-1035 label of at most 63")
     pod_labels = [pod_spec(w)[1] for w in workloads]
     for svc in by_kind.get("Service", {}).values():
         ssel = (svc.get("spec") or {}).get("selector") or {}

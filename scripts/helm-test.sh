@@ -214,6 +214,32 @@ long_configmap_names() {
         sluice_takes_args "$work/long-cm.yaml"
 }
 check "existingPolicyConfigMaps of 63 characters, or with dots: valid volume names, each mounted and passed" long_configmap_names
+# Helm takes release names of up to 53 characters: the Services named after the
+# release (the headless one, the bundled Redis's) must stay within 63, and what
+# names them (--redis, the Certificate, the notes) must follow.
+long_release() {
+    local r
+    r=$(printf 'r%.0s' $(seq 53))
+    "$HELM" template "$r" "$CHART" --kube-version "$K8S_VERSION" --namespace sluice --set redis.bundled.enabled=true \
+        --set tls.grpc.enabled=true --set tls.grpc.certManager.enabled=true --set tls.grpc.certManager.issuerRef.name=ca \
+        >"$work/long-release.yaml" || return 1
+    python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" "$work/long-release.yaml" || return 1
+    python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x]
+svcs = {x["metadata"]["name"] for x in ds if x["kind"] == "Service"}
+headless = [s for s in svcs if s.endswith("-headless")]
+redis = [s for s in svcs if s.endswith("-redis")]
+assert len(headless) == 1 and len(redis) == 1, svcs
+a = [x for x in ds if x["kind"] == "Deployment" and "ratelimit" in x["metadata"]["labels"].values()][0]
+a = a["spec"]["template"]["spec"]["containers"][0]["args"]
+assert "--redis=redis://%s:6379" % redis[0] in a, (redis, a)
+cert = [x for x in ds if x["kind"] == "Certificate"][0]["spec"]["dnsNames"]
+assert "%s.sluice.svc.cluster.local" % headless[0] in cert, (headless, cert)
+' "$work/long-release.yaml" || return 1
+    NOTES_RELEASE=$r notes --namespace sluice >"$work/long-release-notes.txt" || return 1
+    grep -qF "$(grep -o -m 1 "${r:0:20}[a-z-]*-headless" "$work/long-release.yaml" | head -n 1).sluice.svc:8081" "$work/long-release-notes.txt"
+}
 # notes ARGS...: NOTES.txt as `helm install` prints it (helm template renders no
 # notes: a copy of the chart renders the file into a ConfigMap of its own).
 notes() {
@@ -223,7 +249,7 @@ notes() {
         printf '%s\n' 'apiVersion: v1' 'kind: ConfigMap' 'metadata: {name: notes}' 'data:' '  notes: |' \
             '    {{- tpl (.Files.Get "notes.txt") . | nindent 4 }}' >"$c/templates/zz-notes.yaml"
     fi
-    "$HELM" template r "$c" --kube-version "$K8S_VERSION" --show-only templates/zz-notes.yaml "$@" |
+    "$HELM" template "${NOTES_RELEASE:-r}" "$c" --kube-version "$K8S_VERSION" --show-only templates/zz-notes.yaml "$@" |
         python3 -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["data"]["notes"])'
 }
 notes_helpers() {
@@ -242,6 +268,7 @@ notes_https() {
     n=$(notes) && grep -qF 'curl -s localhost:8080/debug/policies' <<<"$n"
 }
 check "NOTES: curl over https:// when the HTTP port serves TLS, plain otherwise" notes_https
+check "a release name of 53 characters: Services within 63, --redis, the Certificate and the notes name them" long_release
 refuse "hashKeys without hashSecret.existingSecret is refused at render" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true"
 # In mode helpers the pods, their Service and so their scrape job are the including

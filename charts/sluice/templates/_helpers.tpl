@@ -86,10 +86,21 @@ that a parent chart including the helpers names things as this chart does.
 {{- end }}
 {{- end }}
 
+{{/* Names of Services beside the main one: the fullname cut so that the suffixed
+name stays a DNS label of at most 63 characters. */}}
+{{- define "sluice.headlessName" -}}
+{{- include "sluice.fullname" . | trunc 54 | trimSuffix "-" }}-headless
+{{- end }}
+
+{{/* The bundled Redis's Service and Deployment, from (dict "root" . "values" V). */}}
+{{- define "sluice.redisNameFor" -}}
+{{- include "sluice.fullnameFor" . | trunc 57 | trimSuffix "-" }}-redis
+{{- end }}
+
 {{/* The Redis URLs sluice is given, from (dict "root" . "values" V): explicit ones, or the bundled Redis. */}}
 {{- define "sluice.redisUrls" -}}
 {{- if .values.redis.bundled.enabled -}}
-redis://{{ include "sluice.fullnameFor" . }}-redis:6379
+redis://{{ include "sluice.redisNameFor" . }}:6379
 {{- else -}}
 {{- join "," .values.redis.urls -}}
 {{- end -}}
