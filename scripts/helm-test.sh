@@ -364,6 +364,18 @@ assert \"--grpc-addr=127.0.0.1:8081\" in cs[\"sluice\"][\"args\"]
 s = [x for x in ds if x[\"kind\"] == \"Service\"][0]
 assert any(p[\"targetPort\"] == \"envoy\" for p in s[\"spec\"][\"ports\"])
 '"
+# preStopSleepSeconds keeps the pod serving while its endpoints are removed; in
+# sidecar mode the pod serves through Envoy, which exits at once on SIGTERM.
+check "sidecar: preStopSleepSeconds holds Envoy's SIGTERM too" bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+set -e
+t -f $CHART/examples/sidecar.yaml --set preStopSleepSeconds=5 | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+cs = {c[\"name\"]: c for c in d[\"spec\"][\"template\"][\"spec\"][\"containers\"]}
+for n in (\"sluice\", \"envoy\"):
+    assert cs[n].get(\"lifecycle\") == {\"preStop\": {\"sleep\": {\"seconds\": 5}}}, (n, cs[n].get(\"lifecycle\"))
+'
+! t -f $CHART/examples/sidecar.yaml | grep -q preStop"
 check "sidecar: Envoy's failure_mode_deny follows failureMode unless set" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
 deny() { t -f $CHART/examples/sidecar.yaml \"\$@\" | grep -o 'failure_mode_deny: [a-z]*'; }
