@@ -582,6 +582,17 @@ if "$HELM" template shop "$parent" --kube-version "$K8S_VERSION" >"$work/parent.
     check "parent chart with kube.enabled: the pod runs as the subchart's ServiceAccount, with its token" bash -c "
         '$HELM' template shop '$parent' --kube-version '$K8S_VERSION' --set sluice.kube.enabled=true >'$work/parent-kube.yaml' &&
         python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/parent-kube.yaml'"
+    # The pod mounts the Secret of tls.http's Certificate: the chart must render it.
+    check "parent chart with tls.http from cert-manager: the Certificate the pod's Secret comes from, for the dnsNames given" bash -c "
+        '$HELM' template shop '$parent' --kube-version '$K8S_VERSION' --set sluice.tls.http.enabled=true \
+            --set sluice.tls.http.certManager.enabled=true --set sluice.tls.http.certManager.issuerRef.name=ca \
+            --set 'sluice.tls.http.certManager.dnsNames={shop-gateway.default.svc}' >'$work/parent-tls.yaml' &&
+        python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' '$work/parent-tls.yaml' &&
+        grep -q -- '- shop-gateway.default.svc' '$work/parent-tls.yaml'"
+    check "parent chart with tls.http from cert-manager and no dnsNames is refused, saying why" bash -c "
+        ! '$HELM' template shop '$parent' --kube-version '$K8S_VERSION' --set sluice.tls.http.enabled=true \
+            --set sluice.tls.http.certManager.enabled=true --set sluice.tls.http.certManager.issuerRef.name=ca \
+            >/dev/null 2>'$work/parent-tls.err' && grep -q 'tls.http.certManager.dnsNames' '$work/parent-tls.err'"
 else
     bad "parent chart renders with include \"sluice.container\""; sed 's/^/    /' "$work/err"
 fi
