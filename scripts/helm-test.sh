@@ -673,6 +673,12 @@ refuse "template refuses shutdownGraceSeconds >= terminationGracePeriodSeconds" 
 refuse "template refuses preStopSleepSeconds + drain delay + shutdownGraceSeconds past the grace period (15 + 2 + 20 > 30)" \
     t --set preStopSleepSeconds=15
 refuse "template refuses shutdownGraceSeconds 28 of 30 (the 2 s drain delay comes first)" t --set shutdownGraceSeconds=28
+# The chart takes Kubernetes from 1.25; the preStop sleep action is served from 1.30.
+check "preStopSleepSeconds on Kubernetes 1.29 is refused, saying why; without it 1.25 renders valid manifests" bash -c "
+    ! '$HELM' template r '$CHART' --kube-version 1.29.0 --set preStopSleepSeconds=5 >/dev/null 2>'$work/prestop.err' &&
+    grep -q 'preStopSleepSeconds needs Kubernetes 1.30' '$work/prestop.err' &&
+    '$HELM' template r '$CHART' --kube-version 1.25.0 >'$work/k125.yaml' &&
+    python3 scripts/check-manifests.py --k8s-version 1.25.0 '$work/k125.yaml'"
 check "preStopSleepSeconds 7 + 2 + shutdownGraceSeconds 20 fits 30; the message names the three" bash -c "
     $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
     t --set preStopSleepSeconds=7 | grep -q -A2 'preStop:' &&

@@ -447,6 +447,9 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
   readinessProbe:
     {{- include "sluice.probe" (merge (dict "probe" $v.readinessProbe) .) | nindent 4 }}
   {{- if gt (int $v.preStopSleepSeconds) 0 }}
+  {{- if semverCompare "<1.30-0" .root.Capabilities.KubeVersion.Version }}
+  {{- fail (printf "sluice: preStopSleepSeconds needs Kubernetes 1.30 or later (the preStop sleep action); this cluster is %s: set it to 0" .root.Capabilities.KubeVersion.Version) }}
+  {{- end }}
   lifecycle:
     preStop:
       sleep:
