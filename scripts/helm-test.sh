@@ -6,7 +6,10 @@
 #     with the kubernetes-validate package (strict: unknown fields fail), plus
 #     cross-object checks (scripts/check-manifests.py)
 #   - inline policies rendered into ConfigMaps load with `sluice validate`; the
-#     sidecar-mode Envoy bootstrap passes `envoy --mode validate`
+#     sidecar-mode Envoy bootstrap passes `envoy --mode validate`, and the real Envoy
+#     run on it takes IPv4 and IPv6; the sluice container's args pass sluice's own
+#     flag parsers
+#   - the notes `helm install` prints, per mode
 #   - the "sluice.container" helper included from a parent chart
 #   - values that must be refused are refused (schema and template checks)
 #   - deploy/kubernetes/*.yaml and tests/e2e/kind/ manifests validated the same way;
