@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::common::{serve_command, stderr_lines};
+use crate::common::{serve_command, stderr_lines, Server};
 
 /// A valid policy of one rule.
 const ONE_RULE: &str =
@@ -247,6 +247,65 @@ fn explain_and_top_refuse_tls_flags_they_would_not_use() {
             let says = says.replace("{}", command[0]);
             assert_eq!(stderr.trim_end(), says, "{command:?} {args:?}");
         }
+    }
+}
+
+/// `sluice explain` says why an admin port over mutual TLS refused it, and that a
+/// port which is not the admin API's is the wrong one: not a broken pipe, a closed
+/// connection or a 404, which is what the refused handshake and the other ports
+/// showed. A TLS 1.3 client learns of its refusal only after its first bytes, so the
+/// refusals are tried a few times.
+#[test]
+fn explain_says_why_the_admin_port_refuses_it() {
+    use crate::common::tls::{admin_over_mutual_tls, Ca};
+    let ca = Ca::new("admin-ca");
+    let other = Ca::new("other-ca");
+    let stranger = other.client("stranger");
+    let server = admin_over_mutual_tls(ONE_RULE, &ca);
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ca_cert, cert, key) = (path(&ca.cert()), path(&stranger.cert), path(&stranger.key));
+    let explain = |server: &str, tls: &[&str]| {
+        refused(
+            sluice()
+                .args(["explain", "--domain", "d", "k=v", "--server", server])
+                .args(tls),
+        )
+    };
+    for _ in 0..5 {
+        let stderr = explain(&server.admin, &[]);
+        assert!(
+            stderr.contains("it answers in TLS") && stderr.contains("--tls-ca"),
+            "{stderr}"
+        );
+        let stderr = explain(&server.admin, &["--tls-ca", &ca_cert]);
+        assert!(
+            stderr.contains("refused the TLS handshake")
+                && stderr.contains("CertificateRequired")
+                && stderr.contains("give --tls-cert and --tls-key"),
+            "{stderr}"
+        );
+        let with_cert = ["--tls-ca", &ca_cert, "--tls-cert", &cert, "--tls-key", &key];
+        let stderr = explain(&server.admin, &with_cert);
+        assert!(
+            stderr.contains("refused the TLS handshake")
+                && stderr.contains("UnknownCA")
+                && stderr.contains("did not accept --tls-cert"),
+            "{stderr}"
+        );
+    }
+    // A plain-text port reached over TLS.
+    let plain = Server::start(ONE_RULE, &[]);
+    let stderr = explain(&plain.admin, &["--tls-ca", &ca_cert]);
+    assert!(stderr.contains("it does not answer in TLS"), "{stderr}");
+    // The gRPC and HTTP ports are not the admin API's.
+    for port in [&plain.grpc, &plain.http] {
+        let stderr = explain(port, &[]);
+        assert!(
+            stderr.contains(&format!(
+                "admin API at {port}: it does not serve sluice's admin API"
+            )) && stderr.contains("--admin-addr"),
+            "{stderr}"
+        );
     }
 }
 

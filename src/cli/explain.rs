@@ -175,11 +175,10 @@ async fn remote(
 ) -> Result<(pb::Explanation, Vec<String>), ExplainError> {
     let domain = req.domain.clone();
     let mut client = connect(&args.connect).await?;
-    let explanation = client
-        .explain(req)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|s| ExplainError::Call(super::connect::status_text(&s)))?;
+    let explanation = match client.explain(req).await {
+        Ok(answer) => answer.into_inner(),
+        Err(s) => return Err(call_failed(&args.connect, &s).await),
+    };
     // A server that does not list its policies leaves the explanation as it is.
     let notes = client
         .list_policies(pb::ListPoliciesRequest { domain })
@@ -187,6 +186,14 @@ async fn remote(
         .map(|p| standing(&p.into_inner()))
         .unwrap_or_default();
     Ok((explanation, notes))
+}
+
+/// A failed call's error: the connection's when it was not the admin API's answer.
+async fn call_failed(args: &ConnectArgs, s: &tonic::Status) -> ExplainError {
+    match super::connect::unanswered(args, s).await {
+        Some(e) => ExplainError::Connect(e),
+        None => ExplainError::Call(super::connect::status_text(s)),
+    }
 }
 
 pub(crate) fn code_name(code: i32) -> &'static str {

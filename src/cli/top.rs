@@ -408,11 +408,15 @@ pub async fn run(args: &TopArgs) -> Result<(), TopError> {
         interval_ms: args.interval.as_millis().clamp(100, u128::from(u32::MAX)) as u32,
         ..Default::default()
     };
-    let mut feed = client
-        .watch_offenders(filter)
-        .await
-        .map_err(|s| TopError::Call(super::connect::status_text(&s)))?
-        .into_inner();
+    let mut feed = match client.watch_offenders(filter).await {
+        Ok(feed) => feed.into_inner(),
+        Err(s) => {
+            return Err(match super::connect::unanswered(&args.connect, &s).await {
+                Some(e) => TopError::Connect(e),
+                None => TopError::Call(super::connect::status_text(&s)),
+            })
+        }
+    };
     let (tx, rx) = mpsc::channel::<Result<pb::TopSnapshot, String>>();
     let reader = tokio::spawn(async move {
         loop {
