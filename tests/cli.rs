@@ -309,6 +309,61 @@ fn explain_says_why_the_admin_port_refuses_it() {
     }
 }
 
+/// `sluice explain` names the TLS file it cannot use, and why, before it connects:
+/// a CA file with no certificate, a certificate file with none, a key file with no
+/// key, a key that is not the certificate's. It said "transport error", or
+/// "UnknownIssuer" as if the server's certificate were at fault.
+#[test]
+fn explain_names_a_tls_file_it_cannot_use() {
+    use crate::common::tls::Ca;
+    let ca = Ca::new("admin-ca");
+    let client = ca.client("operator");
+    let other = ca.client("other");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ca_cert, cert, key, other_key) = (
+        path(&ca.cert()),
+        path(&client.cert),
+        path(&client.key),
+        path(&other.key),
+    );
+    // Nothing listens: the files are refused before any connection.
+    let cases = [
+        (
+            [&key, &cert, &key],
+            format!("--tls-ca {key}: no PEM certificate in the file"),
+        ),
+        (
+            [&ca_cert, &key, &key],
+            format!("--tls-cert {key}: no PEM certificate in the file"),
+        ),
+        (
+            [&ca_cert, &cert, &cert],
+            format!("--tls-key {cert}: no PEM private key"),
+        ),
+        (
+            [&ca_cert, &cert, &other_key],
+            format!("--tls-key {other_key} is not the key of --tls-cert {cert}"),
+        ),
+    ];
+    for ([ca, cert, key], says) in cases {
+        let stderr = refused(sluice().args([
+            "explain",
+            "--domain",
+            "d",
+            "k=v",
+            "--server",
+            "127.0.0.1:1",
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ]));
+        assert!(stderr.contains(&says), "{says}: {stderr}");
+    }
+}
+
 /// A directory with no policy file is most likely the wrong one: validate warns as
 /// serve does, names what it did not read, and fails.
 #[test]

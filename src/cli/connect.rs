@@ -203,7 +203,7 @@ async fn answers_in_tls(url: &str) -> bool {
 async fn tls_refusal(args: &ConnectArgs, url: &str) -> Option<String> {
     use tokio::io::AsyncReadExt;
     let (authority, host) = authority(url);
-    let config = client_config(args)?;
+    let config = client_config(args).ok()?;
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
     let probe = async {
         let tcp = tokio::net::TcpStream::connect(authority).await.ok()?;
@@ -228,32 +228,65 @@ async fn tls_refusal(args: &ConnectArgs, url: &str) -> Option<String> {
     Some(format!("it refused the TLS handshake ({alert}): {hint}"))
 }
 
-/// The TLS client `connect` sets up, as rustls takes it.
-fn client_config(args: &ConnectArgs) -> Option<rustls::ClientConfig> {
+/// The TLS client `connect` sets up, as rustls takes it: the files of `--tls-ca`,
+/// `--tls-cert` and `--tls-key` checked, each named with why it cannot be used
+/// (tonic finds a bad one only when connecting, and says "transport error").
+fn client_config(args: &ConnectArgs) -> Result<rustls::ClientConfig, ConnectError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let refused = |message: String| ConnectError::Flags(message);
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|error| ConnectError::Read {
+            path: p.clone(),
+            error,
+        })
+    };
+    let certificates = |flag: &str, p: &PathBuf| {
+        let certs = CertificateDer::pem_slice_iter(&read(p)?)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| refused(format!("{flag} {}: {e}", p.display())))?;
+        match certs.is_empty() {
+            true => Err(refused(format!(
+                "{flag} {}: no PEM certificate in the file",
+                p.display()
+            ))),
+            false => Ok(certs),
+        }
+    };
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(args.tls_ca.as_ref()?).ok()? {
-        roots.add(cert.ok()?).ok()?;
+    if let Some(ca) = &args.tls_ca {
+        for cert in certificates("--tls-ca", ca)? {
+            roots
+                .add(cert)
+                .map_err(|e| refused(format!("--tls-ca {}: {e}", ca.display())))?;
+        }
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .ok()?
+        .map_err(|e| refused(e.to_string()))?
         .with_root_certificates(roots);
     let mut config = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .ok()?
-                .collect::<Result<Vec<_>, _>>()
-                .ok()?;
-            let key = PrivateKeyDer::from_pem_file(key).ok()?;
-            builder.with_client_auth_cert(chain, key).ok()?
+            let chain = certificates("--tls-cert", cert)?;
+            let private = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
+                refused(format!(
+                    "--tls-key {}: no PEM private key (PKCS#1, PKCS#8 or SEC1): {e}",
+                    key.display()
+                ))
+            })?;
+            builder.with_client_auth_cert(chain, private).map_err(|e| {
+                refused(format!(
+                    "--tls-key {} is not the key of --tls-cert {} ({e})",
+                    key.display(),
+                    cert.display()
+                ))
+            })?
         }
         _ => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Some(config)
+    Ok(config)
 }
 
 /// Whether a TLS connection failed because the port answered in something else.
@@ -290,6 +323,7 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
         .map_err(|e| failed(e.to_string()))?
         .connect_timeout(std::time::Duration::from_secs(5));
     if tls {
+        client_config(args)?;
         let mut config = ClientTlsConfig::new();
         if let Some(ca) = &args.tls_ca {
             config = config.ca_certificate(Certificate::from_pem(read(ca)?));
