@@ -870,6 +870,25 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
     ] {
         assert!(dashboard_names.contains(needed), "dashboard lacks {needed}");
     }
+    // Counts each replica makes of what it decided add up over the job, as the
+    // alerts read them (SluiceSubnetDenied, SluiceRegularKeys): a panel showing the
+    // busiest replica's would show less than the alert that pages on the rule.
+    for e in &exprs {
+        for family in [
+            "sluice_top_offenders",
+            "sluice_top_subnets",
+            "sluice_top_subnet_addresses",
+            "sluice_regular_keys",
+            "sluice_recent_denials",
+        ] {
+            if metric_names(e).contains(family) {
+                assert!(
+                    e.starts_with("sum by ("),
+                    "{family} not summed over replicas: {e}"
+                );
+            }
+        }
+    }
 
     let rules_text =
         std::fs::read_to_string(root.join("deploy/prometheus/sluice-rules.yaml")).unwrap();
