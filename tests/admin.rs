@@ -549,6 +549,61 @@ async fn watch_decisions_samples_live_decisions_within_its_rate() {
     }
 }
 
+/// Watch streams are capped over the admin port, at 16 of either kind: each costs
+/// Envoy's calls (a WatchDecisions watcher takes a sample of each decision, a
+/// WatchOffenders stream a snapshot every 100 ms, on the runtime the calls run on),
+/// and ten connections of 200 streams each slowed ShouldRateLimit past Envoy's
+/// timeout. One past the cap is refused with RESOURCE_EXHAUSTED, saying so; a
+/// stream that ends gives its place back.
+#[tokio::test]
+async fn watch_streams_past_the_cap_are_refused_until_one_ends() {
+    let server = Server::start(POLICY, &[]);
+    let mut admin = server.admin_client().await;
+    let mut decisions = Vec::new();
+    let mut offenders = Vec::new();
+    for _ in 0..8 {
+        let feed = admin.watch_decisions(pb::Filter::default()).await;
+        decisions.push(feed.expect("WatchDecisions under the cap").into_inner());
+        let feed = admin.watch_offenders(pb::Filter::default()).await;
+        offenders.push(feed.expect("WatchOffenders under the cap").into_inner());
+    }
+    let refused = admin
+        .watch_decisions(pb::Filter::default())
+        .await
+        .expect_err("a 17th stream");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("16 watch streams"),
+        "{}",
+        refused.message()
+    );
+    let refused = admin
+        .watch_offenders(pb::Filter::default())
+        .await
+        .expect_err("a 17th stream");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    // The other streams still deliver.
+    let snapshot = tokio::time::timeout(Duration::from_secs(5), offenders[0].message()).await;
+    assert!(matches!(snapshot, Ok(Ok(Some(_)))), "{snapshot:?}");
+    drop(decisions.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let _reopened = loop {
+        if let Ok(feed) = admin.watch_decisions(pb::Filter::default()).await {
+            break feed.into_inner();
+        }
+        assert!(Instant::now() < deadline, "no place given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+}
+
 #[test]
 fn the_admin_port_is_off_on_request_and_an_explicit_address_must_bind() {
     let off = Server::start(POLICY, &["--admin-addr", "off"]);

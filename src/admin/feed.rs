@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use crate::limiter::penalty::ActiveBan;
 use crate::service::tap::{Interest, Sample, Subscription, Tap};
@@ -142,6 +142,15 @@ fn until_stopped<T: Send + 'static>(feed: Feed<T>, mut stop: watch::Receiver<boo
         let _ = stop.wait_for(|s| *s).await;
     };
     Box::pin(feed.take_until(stopped))
+}
+
+/// `feed`, holding `place` until it is dropped (the client left, or the server
+/// stopped).
+pub fn holding<T: Send + 'static>(feed: Feed<T>, place: OwnedSemaphorePermit) -> Feed<T> {
+    Box::pin(feed.map(move |item| {
+        let _held = &place;
+        item
+    }))
 }
 
 /// A snapshot every interval, the first at once.

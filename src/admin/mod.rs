@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 use crate::service::{HeaderStyle, Service};
@@ -41,18 +41,40 @@ pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice_
 /// The fully qualified service name, as health and reflection report it.
 pub const SERVICE_NAME: &str = "sluice.admin.v1.Admin";
 
+/// Most WatchOffenders and WatchDecisions streams open at once, of both kinds, over
+/// all connections: each costs Envoy's calls (a watcher's sample of each decision,
+/// a snapshot every 100 ms on the runtime the calls run on), so the port's clients
+/// cannot slow them by opening streams, and a few operators' `sluice top` fit.
+pub const MAX_WATCHES: usize = 16;
+
 /// The Admin service over a running [`Service`].
 pub struct Admin<S> {
     service: Arc<Service<S>>,
     hub: Arc<Hub>,
     stop: watch::Receiver<bool>,
+    /// Places for watch streams, [`MAX_WATCHES`]; a stream holds one until it ends.
+    watches: Arc<Semaphore>,
 }
 
 impl<S> Admin<S> {
     /// Streams end when `stop` turns true. `hub` tells which sources' latest
     /// changes were refused.
     pub fn new(service: Arc<Service<S>>, hub: Arc<Hub>, stop: watch::Receiver<bool>) -> Self {
-        Admin { service, hub, stop }
+        Admin {
+            service,
+            hub,
+            stop,
+            watches: Arc::new(Semaphore::new(MAX_WATCHES)),
+        }
+    }
+
+    /// A place for one more watch stream, or why there is none.
+    fn watch_place(&self) -> Result<OwnedSemaphorePermit, Status> {
+        self.watches.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{MAX_WATCHES} watch streams (WatchOffenders, WatchDecisions: sluice top) are open, the most at once; end one and ask again"
+            ))
+        })
     }
 }
 
@@ -109,14 +131,16 @@ impl<S: Store> pb::admin_server::Admin for Admin<S> {
         &self,
         request: Request<pb::Filter>,
     ) -> Result<Response<Self::WatchOffendersStream>, Status> {
+        let place = self.watch_place()?;
         let service = self.service.clone();
         let bans = move || service.limiter.sentences();
-        Ok(Response::new(feed::offenders(
+        let feed = feed::offenders(
             request.into_inner(),
             self.service.metrics.clone(),
             bans,
             self.stop.clone(),
-        )))
+        );
+        Ok(Response::new(feed::holding(feed, place)))
     }
 
     type WatchDecisionsStream = feed::Feed<pb::Decision>;
@@ -125,11 +149,9 @@ impl<S: Store> pb::admin_server::Admin for Admin<S> {
         &self,
         request: Request<pb::Filter>,
     ) -> Result<Response<Self::WatchDecisionsStream>, Status> {
-        Ok(Response::new(feed::decisions(
-            request.into_inner(),
-            &self.service.tap,
-            self.stop.clone(),
-        )))
+        let place = self.watch_place()?;
+        let feed = feed::decisions(request.into_inner(), &self.service.tap, self.stop.clone());
+        Ok(Response::new(feed::holding(feed, place)))
     }
 
     async fn block(
