@@ -731,6 +731,29 @@ fn serve_refusal(args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A `--prometheus-path` that axum would read as a pattern is refused with a
+/// message naming the flag: a segment starting with `:` or `*` stopped start-up
+/// with a panic.
+#[test]
+fn a_prometheus_path_that_is_a_pattern_is_refused() {
+    for path in ["/:id", "/a/*rest"] {
+        let stderr = serve_refusal(
+            &[
+                "--prometheus-addr",
+                "127.0.0.1:0",
+                "--prometheus-path",
+                path,
+            ],
+            &[],
+        );
+        assert!(
+            stderr.contains(&format!("invalid value '{path}' for '--prometheus-path"))
+                && !stderr.contains("panicked"),
+            "{stderr}"
+        );
+    }
+}
+
 /// A bound on unfinished request bytes below the largest request would refuse a
 /// legitimate request that comes in several frames, with nothing else held.
 #[test]

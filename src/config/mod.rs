@@ -335,7 +335,7 @@ mod tests {
                 Err(e) => Err(e.to_string()),
             }
         };
-        for path in ["metrics", "", "/m?x=1"] {
+        for path in ["metrics", "", "/m?x=1", "/:id", "/a/*rest", "/{x}", "/m}"] {
             let e = parse(&["--prometheus-path", path]).unwrap_err();
             assert!(e.contains("is not a path"), "{e}");
         }

@@ -38,6 +38,12 @@ pub(super) fn parse_http_path(s: &str) -> Result<String, String> {
     if s.contains(['?', '#', ' ']) {
         return Err(format!("'{s}' is not a path: no query, fragment or space"));
     }
+    // The router reads these as captures and wildcards, not as the path's own.
+    if s.contains(['{', '}']) || s.split('/').any(|seg| seg.starts_with([':', '*'])) {
+        return Err(format!(
+            "'{s}' is not a path: no '{{' or '}}', and no segment starting with ':' or '*'"
+        ));
+    }
     Ok(s.to_string())
 }
 
