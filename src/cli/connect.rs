@@ -129,109 +129,10 @@ pub fn status_text(s: &tonic::Status) -> String {
     }
 }
 
-/// Why a call failed when the failure is the connection's, not an answer of the
-/// admin API: a port that is not the admin API's (the gRPC port answers an unknown
-/// method, the HTTP port a 404), a TLS port reached in plain text, or a TLS
-/// handshake the port refused. TLS 1.3 tells a client its certificate was refused
-/// only after the handshake, and a call's first write can lose that alert to a
-/// broken pipe, so the port is asked again here, reading before writing. `None`:
-/// the admin API answered, or nothing more can be said.
-pub async fn unanswered(args: &ConnectArgs, s: &tonic::Status) -> Option<ConnectError> {
-    let server = &args.server;
-    let failed = |message: String| ConnectError::Connect {
-        server: server.clone(),
-        message,
-    };
-    if s.code() == tonic::Code::Unimplemented {
-        return Some(failed(format!(
-            "it does not serve sluice's admin API ({}): --server names the admin port (--admin-addr, by default {}), not the gRPC or HTTP port",
-            status_text(s),
-            crate::config::DEFAULT_ADMIN_ADDR
-        )));
-    }
-    // A status tonic made of a transport error carries it; the server's do not.
-    std::error::Error::source(s)?;
-    let (url, tls) = args.url().ok()?;
-    let probe = match tls {
-        true => tls_refusal(args, &url).await,
-        false => answers_in_tls(&url).await.then(|| {
-            "it answers in TLS: give --tls-ca, the CA that signs its certificate (and --tls-cert and --tls-key for mutual TLS)".to_string()
-        }),
-    };
-    // The probe's reason alone: the call's own error is a broken pipe or a closed
-    // connection, whichever the race gave.
-    probe.map(failed)
-}
-
-/// HOST:PORT of an http:// or https:// URL, and its host (IPv6 without brackets).
-fn authority(url: &str) -> (&str, &str) {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
-    (
-        authority,
-        host.trim_start_matches('[').trim_end_matches(']'),
-    )
-}
-
-/// How long a probe of the port waits for it to connect or to speak.
-const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Whether the port answers an HTTP/2 preface with a TLS alert record.
-async fn answers_in_tls(url: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (authority, _) = authority(url);
-    let probe = async {
-        let mut stream = tokio::net::TcpStream::connect(authority).await.ok()?;
-        stream
-            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            .await
-            .ok()?;
-        let mut head = [0u8; 2];
-        stream.read_exact(&mut head).await.ok()?;
-        // An alert record (content type 21) of TLS 1.x.
-        Some(head == [0x15, 0x03])
-    };
-    matches!(
-        tokio::time::timeout(PROBE_WAIT, probe).await,
-        Ok(Some(true))
-    )
-}
-
-/// The alert with which the port refused a TLS handshake it seemed to take: read
-/// after the handshake, without writing, so that no broken pipe hides it.
-async fn tls_refusal(args: &ConnectArgs, url: &str) -> Option<String> {
-    use tokio::io::AsyncReadExt;
-    let (authority, host) = authority(url);
-    let config = client_config(args).ok()?;
-    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
-    let probe = async {
-        let tcp = tokio::net::TcpStream::connect(authority).await.ok()?;
-        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-        let mut stream = connector.connect(name, tcp).await.ok()?;
-        let mut byte = [0u8; 1];
-        stream.read(&mut byte).await.err()
-    };
-    let e = tokio::time::timeout(PROBE_WAIT, probe).await.ok()??;
-    let alert = e.get_ref()?.downcast_ref::<rustls::Error>()?;
-    let rustls::Error::AlertReceived(description) = alert else {
-        return None;
-    };
-    let hint = match (description, &args.tls_cert) {
-        (rustls::AlertDescription::CertificateRequired, _) | (_, None) => {
-            "it takes only clients with a certificate; give --tls-cert and --tls-key"
-        }
-        (_, Some(_)) => {
-            "it did not accept --tls-cert; is it signed by the CA of its --admin-tls-client-ca, and within its validity period?"
-        }
-    };
-    Some(format!("it refused the TLS handshake ({alert}): {hint}"))
-}
-
 /// The TLS client `connect` sets up, as rustls takes it: the files of `--tls-ca`,
 /// `--tls-cert` and `--tls-key` checked, each named with why it cannot be used
 /// (tonic finds a bad one only when connecting, and says "transport error").
-fn client_config(args: &ConnectArgs) -> Result<rustls::ClientConfig, ConnectError> {
+pub(super) fn client_config(args: &ConnectArgs) -> Result<rustls::ClientConfig, ConnectError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let refused = |message: String| ConnectError::Flags(message);
@@ -289,23 +190,6 @@ fn client_config(args: &ConnectArgs) -> Result<rustls::ClientConfig, ConnectErro
     Ok(config)
 }
 
-/// Whether a TLS connection failed because the port answered in something else.
-fn not_tls(e: &(dyn std::error::Error + 'static)) -> bool {
-    use rustls::{Error, InvalidMessage};
-    let mut next = Some(e);
-    while let Some(e) = next {
-        let inner = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<Error>());
-        if let Some(Error::InvalidMessage(InvalidMessage::InvalidContentType)) = inner {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
-
 /// A client of the admin API at `args.server`.
 pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, ConnectError> {
     let read = |p: &PathBuf| {
@@ -337,7 +221,7 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
     }
     let channel = endpoint.connect().await.map_err(|e| {
         let mut message = crate::errors::chain(&e);
-        if tls && not_tls(&e) {
+        if tls && super::probe::not_tls(&e) {
             message.push_str(
                 ": it does not answer in TLS (give http://HOST:PORT, or leave out --tls-ca)",
             );

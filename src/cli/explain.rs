@@ -190,7 +190,7 @@ async fn remote(
 
 /// A failed call's error: the connection's when it was not the admin API's answer.
 async fn call_failed(args: &ConnectArgs, s: &tonic::Status) -> ExplainError {
-    match super::connect::unanswered(args, s).await {
+    match super::probe::unanswered(args, s).await {
         Some(e) => ExplainError::Connect(e),
         None => ExplainError::Call(super::connect::status_text(s)),
     }

@@ -2,4 +2,5 @@
 
 pub mod connect;
 pub mod explain;
+pub mod probe;
 pub mod top;

@@ -411,7 +411,7 @@ pub async fn run(args: &TopArgs) -> Result<(), TopError> {
     let mut feed = match client.watch_offenders(filter).await {
         Ok(feed) => feed.into_inner(),
         Err(s) => {
-            return Err(match super::connect::unanswered(&args.connect, &s).await {
+            return Err(match super::probe::unanswered(&args.connect, &s).await {
                 Some(e) => TopError::Connect(e),
                 None => TopError::Call(super::connect::status_text(&s)),
             })
