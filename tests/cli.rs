@@ -309,6 +309,58 @@ fn explain_says_why_the_admin_port_refuses_it() {
     }
 }
 
+/// `sluice explain` against a port that takes the connection and never answers (a
+/// stopped server: the kernel still accepts) gives up and says so, in plain text
+/// and over TLS, where it waited for ever, in the handshake or for the answer.
+#[test]
+fn explain_gives_up_on_a_port_that_never_answers() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = silent.local_addr().unwrap().to_string();
+    // Accepted and held, never read nor answered.
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            open.push(silent.accept().unwrap().0);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    let ca = crate::common::tls::Ca::new("admin-ca");
+    let ca = ca.cert();
+    let runs: Vec<_> = [vec![], vec!["--tls-ca", ca.to_str().unwrap()]]
+        .into_iter()
+        .map(|tls| {
+            sluice()
+                .args(["explain", "--domain", "d", "k=v", "--server", &server])
+                .args(tls)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for mut run in runs {
+        while run.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = run.kill();
+                panic!("sluice explain still waits after 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = run.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!("cannot reach the admin API at {server}"))
+                && stderr.contains("no answer within 10s"),
+            "{stderr}"
+        );
+    }
+    drop(held);
+}
+
 /// `sluice explain` names the TLS file it cannot use, and why, before it connects:
 /// a CA file with no certificate, a certificate file with none, a key file with no
 /// key, a key that is not the certificate's. It said "transport error", or

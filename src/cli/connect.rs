@@ -190,6 +190,22 @@ pub(super) fn client_config(args: &ConnectArgs) -> Result<rustls::ClientConfig, 
     Ok(config)
 }
 
+/// Longest wait for the admin port to connect (its TLS handshake too) and for each
+/// call's answer: a stopped server's port still accepts connections, and a port
+/// that is not the admin API's may never answer.
+pub const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The error of a connection or call that went unanswered for [`ANSWER_WAIT`].
+pub fn unanswered_in_time(server: &str) -> ConnectError {
+    ConnectError::Connect {
+        server: server.to_string(),
+        message: format!(
+            "no answer within {}s (a server stopped or overloaded, or a port that is not its admin API)",
+            ANSWER_WAIT.as_secs()
+        ),
+    }
+}
+
 /// A client of the admin API at `args.server`.
 pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, ConnectError> {
     let read = |p: &PathBuf| {
@@ -219,7 +235,10 @@ pub async fn connect(args: &ConnectArgs) -> Result<AdminClient<Channel>, Connect
             .tls_config(config)
             .map_err(|e| failed(e.to_string()))?;
     }
-    let channel = endpoint.connect().await.map_err(|e| {
+    let connected = tokio::time::timeout(ANSWER_WAIT, endpoint.connect())
+        .await
+        .map_err(|_| unanswered_in_time(&args.server))?;
+    let channel = connected.map_err(|e| {
         let mut message = crate::errors::chain(&e);
         if tls && super::probe::not_tls(&e) {
             message.push_str(

@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::connect::{connect, ConnectArgs, ConnectError};
+use super::connect::{connect, unanswered_in_time, ConnectArgs, ConnectError, ANSWER_WAIT};
 use crate::admin::pb;
 use crate::clock::SystemClock;
 use crate::limiter::{Limiter, Settings};
@@ -175,16 +175,19 @@ async fn remote(
 ) -> Result<(pb::Explanation, Vec<String>), ExplainError> {
     let domain = req.domain.clone();
     let mut client = connect(&args.connect).await?;
-    let explanation = match client.explain(req).await {
+    let answer = tokio::time::timeout(ANSWER_WAIT, client.explain(req))
+        .await
+        .map_err(|_| unanswered_in_time(&args.connect.server))?;
+    let explanation = match answer {
         Ok(answer) => answer.into_inner(),
         Err(s) => return Err(call_failed(&args.connect, &s).await),
     };
     // A server that does not list its policies leaves the explanation as it is.
-    let notes = client
-        .list_policies(pb::ListPoliciesRequest { domain })
-        .await
-        .map(|p| standing(&p.into_inner()))
-        .unwrap_or_default();
+    let listed = client.list_policies(pb::ListPoliciesRequest { domain });
+    let notes = match tokio::time::timeout(ANSWER_WAIT, listed).await {
+        Ok(Ok(p)) => standing(&p.into_inner()),
+        _ => Vec::new(),
+    };
     Ok((explanation, notes))
 }
 

@@ -16,7 +16,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
-use super::connect::{connect, ConnectArgs, ConnectError};
+use super::connect::{connect, unanswered_in_time, ConnectArgs, ConnectError, ANSWER_WAIT};
 use crate::admin::pb;
 use crate::errors::chain;
 use crate::telemetry::printable::printable;
@@ -408,7 +408,10 @@ pub async fn run(args: &TopArgs) -> Result<(), TopError> {
         interval_ms: args.interval.as_millis().clamp(100, u128::from(u32::MAX)) as u32,
         ..Default::default()
     };
-    let mut feed = match client.watch_offenders(filter).await {
+    let answer = tokio::time::timeout(ANSWER_WAIT, client.watch_offenders(filter))
+        .await
+        .map_err(|_| unanswered_in_time(&args.connect.server))?;
+    let mut feed = match answer {
         Ok(feed) => feed.into_inner(),
         Err(s) => {
             return Err(match super::probe::unanswered(&args.connect, &s).await {
