@@ -361,6 +361,31 @@ fn explain_gives_up_on_a_port_that_never_answers() {
     drop(held);
 }
 
+/// `sluice explain` against a port that answers in something other than HTTP/2 (a
+/// Redis port, as here a line of text) says it does not speak gRPC, not that the
+/// admin API answered a frame of an invalid size.
+#[test]
+fn explain_says_a_port_that_does_not_speak_grpc_is_not_the_admin_api() {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = port.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in port.incoming() {
+            let mut conn = conn.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"-ERR unknown command 'PRI'\r\n");
+        }
+    });
+    let stderr = refused(sluice().args(["explain", "--domain", "d", "k=v", "--server", &server]));
+    assert!(
+        stderr.contains(&format!(
+            "cannot reach the admin API at {server}: it does not speak gRPC"
+        )),
+        "{stderr}"
+    );
+}
+
 /// `sluice explain` names the TLS file it cannot use, and why, before it connects:
 /// a CA file with no certificate, a certificate file with none, a key file with no
 /// key, a key that is not the certificate's. It said "transport error", or

@@ -1,6 +1,7 @@
 //! Why a call to the admin API failed, when the connection failed it: the port is
 //! asked again, apart from the call, to tell a TLS port reached in plain text, a
-//! TLS handshake it refused, or a plain-text port reached over TLS.
+//! port that does not speak HTTP/2, a TLS handshake it refused, or a plain-text
+//! port reached over TLS.
 
 use super::connect::{status_text, ConnectArgs, ConnectError};
 
@@ -29,9 +30,7 @@ pub async fn unanswered(args: &ConnectArgs, s: &tonic::Status) -> Option<Connect
     let (url, tls) = args.url().ok()?;
     let probe = match tls {
         true => tls_refusal(args, &url).await,
-        false => answers_in_tls(&url).await.then(|| {
-            "it answers in TLS: give --tls-ca, the CA that signs its certificate (and --tls-cert and --tls-key for mutual TLS)".to_string()
-        }),
+        false => not_h2(&url).await.map(str::to_string),
     };
     // The probe's reason alone: the call's own error is a broken pipe or a closed
     // connection, whichever the race gave.
@@ -52,8 +51,10 @@ fn authority(url: &str) -> (&str, &str) {
 /// How long a probe of the port waits for it to connect or to speak.
 const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Whether the port answers an HTTP/2 preface with a TLS alert record.
-async fn answers_in_tls(url: &str) -> bool {
+/// What the port answers an HTTP/2 preface with, when it is not HTTP/2: a TLS
+/// alert record (a TLS port), or anything but the SETTINGS frame an HTTP/2 server
+/// starts with. `None`: HTTP/2, or no answer in time.
+async fn not_h2(url: &str) -> Option<&'static str> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (authority, _) = authority(url);
     let probe = async {
@@ -62,15 +63,32 @@ async fn answers_in_tls(url: &str) -> bool {
             .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             .await
             .ok()?;
-        let mut head = [0u8; 2];
-        stream.read_exact(&mut head).await.ok()?;
-        // An alert record (content type 21) of TLS 1.x.
-        Some(head == [0x15, 0x03])
+        // A frame header: length (3 bytes), type (4: SETTINGS), flags, stream.
+        let mut head = [0u8; 9];
+        let mut got = 0;
+        while got < head.len() {
+            match stream.read(&mut head[got..]).await.ok()? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        Some(match head {
+            // An alert record (content type 21) of TLS 1.x.
+            [0x15, 0x03, ..] => Some(
+                "it answers in TLS: give --tls-ca, the CA that signs its certificate (and --tls-cert and --tls-key for mutual TLS)",
+            ),
+            _ if got == head.len() && head[3] == 4 => None,
+            _ if got == 0 => None,
+            _ => Some(
+                "it does not speak gRPC (HTTP/2): --server names sluice's admin port (--admin-addr)",
+            ),
+        })
     };
-    matches!(
-        tokio::time::timeout(PROBE_WAIT, probe).await,
-        Ok(Some(true))
-    )
+    tokio::time::timeout(PROBE_WAIT, probe)
+        .await
+        .ok()
+        .flatten()
+        .flatten()
 }
 
 /// The alert with which the port refused a TLS handshake it seemed to take: read
