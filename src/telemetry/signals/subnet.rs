@@ -24,9 +24,9 @@ pub const SUB_WINDOWS: usize = 7;
 /// Subnets reported per rule and ranking.
 pub const TOP: usize = 10;
 
-/// The subnet of a descriptor value, as `a.b.c.0/24` or `x:x:x:x::/64`, and the bit
-/// of the address within it; `None` for a value that is no address (or a network
-/// wider than the subnet).
+/// The subnet of a descriptor value, as `a.b.c.0/24` or `x:x:x:x::/64` (RFC 5952's
+/// shortest form), and the bit of the address within it; `None` for a value that is
+/// no address (or a network wider than the subnet).
 pub fn subnet_of(value: &str) -> Option<(String, u8)> {
     let (addr, prefix) = match value.split_once('/') {
         Some((a, p)) => (a, Some(p.parse::<u8>().ok()?)),
@@ -50,10 +50,10 @@ pub fn subnet_of(value: &str) -> Option<(String, u8)> {
                 | u64::from(s[6]) << 16
                 | u64::from(s[7]);
             let bit = (mix(low) >> 56) as u8;
-            Some((
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]),
-                bit,
-            ))
+            // Written as RFC 5952 writes it (`2001:db8::/64`, `::/64`), as an
+            // operator would type it into a query.
+            let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+            Some((format!("{net}/64"), bit))
         }
     }
 }
@@ -228,6 +228,11 @@ mod tests {
             "2001:db8:1:2::/64"
         );
         assert_eq!(subnet_of("2001:db8::/32"), None);
+        // The shortest form, zeros run together, as operators write it.
+        assert_eq!(subnet_of("2001:db8::5").unwrap().0, "2001:db8::/64");
+        assert_eq!(subnet_of("::1").unwrap().0, "::/64");
+        assert_eq!(subnet_of("fe80:0:0:0:1::1").unwrap().0, "fe80::/64");
+        assert_eq!(subnet_of("0:0:1:2::9").unwrap().0, "0:0:1:2::/64");
         for no in ["", "tenant-a", "10.1.2", "10.1.2.3/x", "/24", "300.1.2.3"] {
             assert_eq!(subnet_of(no), None, "{no}");
         }
