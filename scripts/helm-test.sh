@@ -528,6 +528,26 @@ sm = [x for x in ds if x[\"kind\"] == \"ServiceMonitor\"][0][\"spec\"][\"endpoin
 assert sm[\"scheme\"] == \"https\" and sm[\"tlsConfig\"][\"ca\"][\"secret\"] == {\"name\": \"r-sluice-http-tls\", \"key\": \"ca.crt\"}
 '"
 
+# The notes point STRICT_DNS clusters at <headless>.<ns>.svc: a client that verifies
+# the server's name against that must find it (and its pods' names) in the certificate.
+cert_names_notes() {
+    local name
+    t -f "$CHART/examples/tls-cert-manager.yaml" --namespace sluice >"$work/cert-names.yaml" || return 1
+    name=$(notes -f "$CHART/examples/tls-cert-manager.yaml" --namespace sluice | grep -o '[a-z0-9.-]*-headless[a-z0-9.-]*' | head -n 1)
+    [ -n "$name" ] || { echo "no headless name in the notes"; return 1; }
+    python3 -c '
+import sys, yaml
+name = sys.argv[2]
+ds = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x]
+for c in [x for x in ds if x["kind"] == "Certificate"]:
+    dns = c["spec"]["dnsNames"]
+    for want in (name, name.split(".")[0], ".".join(name.split(".")[:2]), name + ".cluster.local",
+                 "*." + name, "*." + name + ".cluster.local"):
+        assert want in dns, (c["metadata"]["name"], want, dns)
+' "$work/cert-names.yaml" "$name"
+}
+check "cert-manager default dnsNames cover the headless name the notes give (<headless>.<ns>.svc), short forms and pods'" cert_names_notes
+
 # --- the helper template from a parent chart ----------------------------------------
 parent="$work/parent"
 mkdir -p "$parent/templates" "$parent/charts"
