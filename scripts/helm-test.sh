@@ -9,6 +9,8 @@
 #     sidecar-mode Envoy bootstrap passes `envoy --mode validate`, and the real Envoy
 #     run on it takes IPv4 and IPv6; the sluice container's args pass sluice's own
 #     flag parsers
+#   - the bundled Redis's rendered args run by the real redis-server: it evicts
+#     counters below its container's memory limit
 #   - the notes `helm install` prints, per mode
 #   - the "sluice.container" helper included from a parent chart
 #   - values that must be refused are refused (schema and template checks)
@@ -282,6 +284,63 @@ check "prometheusRule is refused in mode helpers, saying why" \
         && grep -q 'prometheusRule.*mode: helpers' '$work/helpers.err'"
 check "redis.bundled: sluice gets --redis pointing at the bundled Service" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set redis.bundled.enabled=true | grep -q -- '--redis=redis://r-sluice-redis:6379'"
+# The bundled Redis's container has a memory limit: Redis must evict counters before
+# reaching it (the kubelet would OOM-kill it, every counter lost), and never the keys
+# without a TTL (the shared penalty board: bans, the block list).
+bundled_redis_args() { # VALUES...: the rendered bundled Redis's args, one a line
+    t --set redis.bundled.enabled=true "$@" | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x["kind"] == "Deployment" and x["metadata"]["name"] == "r-sluice-redis"][0]
+print("\n".join(d["spec"]["template"]["spec"]["containers"][0]["args"]))'
+}
+bundled_redis_evicts() {
+    local port pid limit=$((40 * 1024 * 1024)) used rss evicted policy max
+    mapfile -t args < <(bundled_redis_args --set redis.bundled.resources.limits.memory=40Mi) || return 1
+    printf '%s\n' "${args[@]}" | grep -qx -- --maxmemory || { echo "no --maxmemory in ${args[*]}"; return 1; }
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    mkdir -p "$work/redis-evict"
+    redis-server "${args[@]}" --port "$port" --bind 127.0.0.1 --dir "$work/redis-evict" >"$work/redis-evict/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    redis-cli -p "$port" zadd 'sluice:{sluice-board}:list' 1 k >/dev/null
+    # 55 MB of counters with TTLs, as sluice writes them, past the 40 MiB limit.
+    python3 -c '
+import sys
+v = "x" * 100
+out = sys.stdout.buffer
+for i in range(200000):
+    k = "sluice:{%d}:api:remote_address:10.0.%d.%d:fw" % (i, i // 256 % 256, i % 256)
+    out.write(b"*4\r\n$6\r\nPSETEX\r\n$%d\r\n%s\r\n$7\r\n3600000\r\n$%d\r\n%s\r\n" % (len(k), k.encode(), len(v), v.encode()))
+' | redis-cli -p "$port" --pipe >"$work/redis-evict/pipe" 2>&1
+    used=$(redis-cli -p "$port" info memory | tr -d '\r' | sed -n 's/^used_memory://p')
+    rss=$(redis-cli -p "$port" info memory | tr -d '\r' | sed -n 's/^used_memory_rss://p')
+    max=$(redis-cli -p "$port" config get maxmemory | tail -n 1)
+    policy=$(redis-cli -p "$port" config get maxmemory-policy | tail -n 1)
+    evicted=$(redis-cli -p "$port" info stats | tr -d '\r' | sed -n 's/^evicted_keys://p')
+    board=$(redis-cli -p "$port" exists 'sluice:{sluice-board}:list')
+    kill "$pid"; wait "$pid" 2>/dev/null
+    echo "maxmemory $max ($policy), used_memory $used, resident $rss of a $limit limit, evicted $evicted; board kept: $board; $(tail -n 1 "$work/redis-evict/pipe")"
+    # Redis checks maxmemory before each write: it may pass it by a few bytes.
+    [ "$max" -gt 0 ] && [ "$used" -le $((max + max / 100)) ] && [ "$rss" -lt "$limit" ] && [ "$evicted" -gt 0 ] &&
+        [ "$board" = 1 ] && [ "$policy" = volatile-ttl ] && grep -q 'errors: 0' "$work/redis-evict/pipe"
+}
+check "redis.bundled: the real redis-server given the rendered args evicts counters below the container's memory limit, keeps keys without TTL" bundled_redis_evicts
+check "redis.bundled.maxmemory sets --maxmemory in bytes; 3/4 of the limit (256Mi), at least 16Mi below it (40Mi), by default; none without a limit" bash -c "
+    $(declare -f t bundled_redis_args); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+    bundled_redis_args | grep -qx 201326592 && bundled_redis_args --set-string redis.bundled.maxmemory=100Mi | grep -qx 104857600 &&
+    bundled_redis_args --set redis.bundled.resources.limits.memory=1G | grep -qx 750000000 &&
+    bundled_redis_args --set redis.bundled.resources.limits.memory=40Mi | grep -qx 25165824 &&
+    ! bundled_redis_args --set redis.bundled.resources.limits=null | grep -qx -- --maxmemory"
+check "redis.bundled.maxmemory at or past the memory limit is refused, saying why; without it, a limit in another form or under 32Mi" bash -c "
+    $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+    set -e
+    if t --set redis.bundled.enabled=true --set-string redis.bundled.maxmemory=256Mi >/dev/null 2>'$work/maxmemory.err'; then exit 1; fi
+    grep -q 'redis.bundled.maxmemory (256Mi) must be below the container.s memory limit (256Mi)' '$work/maxmemory.err'
+    if t --set redis.bundled.enabled=true --set redis.bundled.resources.limits.memory=0.5Gi >/dev/null 2>'$work/maxmemory.err'; then exit 1; fi
+    grep -q 'or set redis.bundled.maxmemory' '$work/maxmemory.err'
+    if t --set redis.bundled.enabled=true --set redis.bundled.resources.limits.memory=24Mi >/dev/null 2>'$work/maxmemory.err'; then exit 1; fi
+    grep -q 'limits.memory (24Mi) leaves Redis no room for counters' '$work/maxmemory.err'
+    t --set redis.bundled.enabled=true --set redis.bundled.resources.limits.memory=0.5Gi --set-string redis.bundled.maxmemory=300Mi >/dev/null"
 check "redis.sentinel: --redis-sentinel and --redis-sentinel-master, or the masters from a Secret" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t \
         --set 'redis.sentinel.urls={redis://s-0.s:26379,redis://s-1.s:26379}' --set 'redis.sentinel.masters={a,b}' | python3 -c '
@@ -668,6 +727,7 @@ refuse "template refuses redis.urls together with redis.bundled" \
     t --set 'redis.urls[0]=redis://a:6379' --set redis.bundled.enabled=true
 refuse "template refuses redis.sentinel.urls together with redis.urls" \
     t --set 'redis.urls[0]=redis://a:6379' --set 'redis.sentinel.urls[0]=redis://s:26379' --set 'redis.sentinel.masters[0]=m'
+refuse "schema refuses a redis.bundled.maxmemory in Redis's own units (1gb)" t --set redis.bundled.enabled=true --set-string redis.bundled.maxmemory=1gb
 refuse "template refuses redis.sentinel.urls without masters" t --set 'redis.sentinel.urls[0]=redis://s:26379'
 refuse "template refuses redis.sentinel.masters without sentinels" t --set 'redis.sentinel.masters[0]=m'
 refuse "schema refuses a sentinel URL that is not redis:// or rediss://" \

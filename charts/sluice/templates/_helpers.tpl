@@ -97,6 +97,54 @@ name stays a DNS label of at most 63 characters. */}}
 {{- include "sluice.fullnameFor" . | trunc 57 | trimSuffix "-" }}-redis
 {{- end }}
 
+{{/* Bytes of a Kubernetes memory quantity (dict "q" QUANTITY "name" VALUE_NAME, and
+"hint" added to the message):
+whole numbers with no suffix or one of k M G T Ki Mi Gi Ti; fails naming the value
+otherwise. */}}
+{{- define "sluice.bytes" -}}
+{{- $q := .q -}}
+{{- if or (kindIs "float64" $q) (kindIs "int" $q) (kindIs "int64" $q) }}{{ $q = printf "%d" (int64 $q) }}{{ end -}}
+{{- $q = toString $q -}}
+{{- if not (regexMatch "^[0-9]+(k|M|G|T|Ki|Mi|Gi|Ti)?$" $q) -}}
+{{- fail (printf "sluice: %s is %q: give whole bytes, with no suffix or one of k, M, G, T, Ki, Mi, Gi, Ti (e.g. 192Mi)%s" .name $q (.hint | default "")) -}}
+{{- end -}}
+{{- $n := regexFind "^[0-9]+" $q -}}
+{{- $unit := trimPrefix $n $q -}}
+{{- $mult := get (dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776) $unit -}}
+{{- mul (int64 $n) $mult -}}
+{{- end }}
+
+{{/* The bundled Redis's maxmemory in bytes (same arguments as "sluice.redisNameFor"):
+redis.bundled.maxmemory, else 3/4 of the container's memory limit and at least 16Mi
+below it (the rest is Redis's own: some 10Mi before any key, allocator
+fragmentation, client buffers); empty with neither. */}}
+{{- define "sluice.redisMaxmemory" -}}
+{{- $r := .values.redis.bundled -}}
+{{- $limit := dig "limits" "memory" "" ($r.resources | default dict) -}}
+{{- $limitBytes := 0 -}}
+{{- if $limit -}}
+{{- /* A limit in another form (0.5Gi, 1e9) is no error when maxmemory is given. */}}
+{{- if and $r.maxmemory (not (regexMatch "^[0-9]+(k|M|G|T|Ki|Mi|Gi|Ti)?$" (toString $limit))) -}}
+{{- $limit = "" -}}
+{{- else -}}
+{{- $limitBytes = include "sluice.bytes" (dict "q" $limit "name" "redis.bundled.resources.limits.memory" "hint" ", or set redis.bundled.maxmemory") | int64 -}}
+{{- end -}}
+{{- end -}}
+{{- if $r.maxmemory -}}
+{{- $max := include "sluice.bytes" (dict "q" $r.maxmemory "name" "redis.bundled.maxmemory") | int64 -}}
+{{- if eq $max 0 }}{{ fail "sluice: redis.bundled.maxmemory must be above 0 (Redis reads 0 as no limit)" }}{{ end -}}
+{{- if and $limit (ge $max $limitBytes) -}}
+{{- fail (printf "sluice: redis.bundled.maxmemory (%v) must be below the container's memory limit (%v), with room for Redis's own overhead: at the limit the kubelet kills Redis instead of Redis evicting counters" $r.maxmemory $limit) -}}
+{{- end -}}
+{{- $max -}}
+{{- else if $limit -}}
+{{- if lt $limitBytes 33554432 -}}
+{{- fail (printf "sluice: redis.bundled.resources.limits.memory (%v) leaves Redis no room for counters: give at least 32Mi, or set redis.bundled.maxmemory" $limit) -}}
+{{- end -}}
+{{- min (div (mul $limitBytes 3) 4) (sub $limitBytes 16777216) -}}
+{{- end -}}
+{{- end }}
+
 {{/* The Redis URLs sluice is given, from (dict "root" . "values" V): explicit ones, or the bundled Redis. */}}
 {{- define "sluice.redisUrls" -}}
 {{- if .values.redis.bundled.enabled -}}
