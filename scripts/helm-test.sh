@@ -341,6 +341,27 @@ check "redis.bundled.maxmemory at or past the memory limit is refused, saying wh
     if t --set redis.bundled.enabled=true --set redis.bundled.resources.limits.memory=24Mi >/dev/null 2>'$work/maxmemory.err'; then exit 1; fi
     grep -q 'limits.memory (24Mi) leaves Redis no room for counters' '$work/maxmemory.err'
     t --set redis.bundled.enabled=true --set redis.bundled.resources.limits.memory=0.5Gi --set-string redis.bundled.maxmemory=300Mi >/dev/null"
+# A private registry, or nodes that take only some pods: the bundled Redis's pod
+# must be placeable where the release's is.
+check "redis.bundled: the Redis pod takes imagePullSecrets and its own nodeSelector, tolerations and affinity" bash -c "
+    $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
+    t --set redis.bundled.enabled=true --set 'imagePullSecrets[0].name=regcred' --set nodeSelector.pool=sluice \
+        --set-json 'redis.bundled.nodeSelector={\"kubernetes.io/os\":\"linux\"}' \
+        --set-json 'redis.bundled.tolerations=[{\"key\":\"dedicated\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"}]' \
+        --set-json 'redis.bundled.affinity={\"nodeAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":{\"nodeSelectorTerms\":[{\"matchExpressions\":[{\"key\":\"disk\",\"operator\":\"In\",\"values\":[\"ssd\"]}]}]}}}' \
+        >'$work/redis-placed.yaml' &&
+    python3 scripts/check-manifests.py --k8s-version '$K8S_VERSION' --external-secret regcred '$work/redis-placed.yaml' &&
+    python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x[\"kind\"] == \"Deployment\"]
+p = {d[\"metadata\"][\"name\"]: d[\"spec\"][\"template\"][\"spec\"] for d in ds}
+r = p[\"r-sluice-redis\"]
+assert r.get(\"imagePullSecrets\") == [{\"name\": \"regcred\"}], r
+assert r.get(\"nodeSelector\") == {\"kubernetes.io/os\": \"linux\"}, r
+assert r.get(\"tolerations\") == [{\"key\": \"dedicated\", \"operator\": \"Exists\", \"effect\": \"NoSchedule\"}], r
+assert r[\"affinity\"][\"nodeAffinity\"], r
+assert p[\"r-sluice\"][\"nodeSelector\"] == {\"pool\": \"sluice\"} and \"tolerations\" not in p[\"r-sluice\"], p[\"r-sluice\"]
+' '$work/redis-placed.yaml'"
 check "redis.sentinel: --redis-sentinel and --redis-sentinel-master, or the masters from a Secret" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t \
         --set 'redis.sentinel.urls={redis://s-0.s:26379,redis://s-1.s:26379}' --set 'redis.sentinel.masters={a,b}' | python3 -c '
