@@ -14,7 +14,9 @@
    targetPorts name container ports; probes have one handler and name container ports; a
    pod running --kube has a token of a ServiceAccount bound to read RateLimitPolicies; the pod's
    ServiceAccount, ConfigMaps, Secrets and (Cluster)Role bindings exist in the render
-   (a Secret also as a Certificate's secretName) or are declared external; the sluice container's --config paths are mounted.
+   (a Secret also as a Certificate's secretName) or are declared external; the sluice container's --config paths are mounted;
+   a HorizontalPodAutoscaler's target is rendered without replicas, and its containers
+   request the resources whose utilization it reads.
 5. --extract-policies writes every policy file of ConfigMaps named *-policies to DIR
    (for `sluice validate`); --extract-envoy writes a ConfigMap's envoy.yaml to FILE
    (for `envoy --mode validate`).
@@ -199,6 +201,21 @@ def cross_checks(src, docs, external_configmaps, external_secrets=frozenset()):
         ssel = (svc.get("spec") or {}).get("selector") or {}
         if ssel and not any(all(l.get(k) == v for k, v in ssel.items()) for l in pod_labels):
             err(src, svc, f"selector {ssel} selects no rendered pod")
+    for hpa in by_kind.get("HorizontalPodAutoscaler", {}).values():
+        ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        target = by_kind.get(ref.get("kind"), {}).get(ref.get("name"))
+        if target is None:
+            err(src, hpa, f"scaleTargetRef {ref} is not in the render")
+            continue
+        if "replicas" in (target.get("spec") or {}):
+            err(src, hpa, f"{ref['kind']} {ref['name']} sets replicas: each apply resets the count the autoscaler chose")
+        # The controller's rule: a resource's utilization needs that request on every container.
+        for m in (hpa.get("spec") or {}).get("metrics") or []:
+            res = (m.get("resource") or {}).get("name") if m.get("type") == "Resource" else None
+            if res and (m["resource"].get("target") or {}).get("type") == "Utilization":
+                for c in pod_spec(target)[0].get("containers") or []:
+                    if res not in ((c.get("resources") or {}).get("requests") or {}):
+                        err(src, hpa, f"{res} utilization, but container {c['name']} requests no {res}")
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         for b in by_kind.get(kind, {}).values():
             ref = b.get("roleRef") or {}

@@ -11,6 +11,7 @@
 #     flag parsers
 #   - the bundled Redis's rendered args run by the real redis-server: it evicts
 #     counters below its container's memory limit
+#   - autoscaling: the HPA, the Deployment without replicas, the refusals
 #   - the notes `helm install` prints, per mode
 #   - the "sluice.container" helper included from a parent chart
 #   - values that must be refused are refused (schema and template checks)
@@ -434,6 +435,58 @@ done
 t -f $CHART/examples/redis-bundled.yaml | grep -q -- '- --local-share-service=default/r-sluice'
 if t -f $CHART/examples/sidecar.yaml | grep -q -- '--local-share-service'; then exit 1; fi
 t -f $CHART/examples/sidecar.yaml --set localShare.fromService=true --set rbac.create=true | grep -q -- '- --local-share-service=default/r-sluice'"
+# An autoscaler owns the replica count: a Deployment that sets replicas has it reset
+# by each `helm upgrade`.
+autoscaling() {
+    local mode
+    for mode in "" "-f $CHART/examples/sidecar.yaml"; do
+        # shellcheck disable=SC2086
+        t $mode --set autoscaling.enabled=true --set autoscaling.minReplicas=3 --set autoscaling.maxReplicas=9 \
+            --set autoscaling.targetCPUUtilizationPercentage=60 >"$work/hpa.yaml" || return 1
+        python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" "$work/hpa.yaml" || return 1
+        python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x]
+d = [x for x in ds if x["kind"] == "Deployment"][0]
+assert "replicas" not in d["spec"], d["spec"]
+h = [x for x in ds if x["kind"] == "HorizontalPodAutoscaler"]
+assert len(h) == 1 and h[0]["apiVersion"] == "autoscaling/v2", h
+s = h[0]["spec"]
+assert s["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "r-sluice"}, s
+assert s["minReplicas"] == 3 and s["maxReplicas"] == 9, s
+assert s["metrics"] == [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}], s
+assert [x for x in ds if x["kind"] == "PodDisruptionBudget"]
+' "$work/hpa.yaml" || return 1
+    done
+    t --set autoscaling.enabled=true --set autoscaling.targetCPUUtilizationPercentage=null \
+        --set autoscaling.targetMemoryUtilizationPercentage=80 | grep -q 'name: memory' || return 1
+    t | python3 -c '
+import sys, yaml
+ds = [x for x in yaml.safe_load_all(sys.stdin) if x]
+assert [x for x in ds if x["kind"] == "Deployment"][0]["spec"]["replicas"] == 2
+assert not [x for x in ds if x["kind"] == "HorizontalPodAutoscaler"]
+'
+}
+check "autoscaling: an autoscaling/v2 HPA on the Deployment, which then sets no replicas; the PDB stays; none by default" autoscaling
+refuse "template refuses autoscaling.minReplicas above maxReplicas" \
+    t --set autoscaling.enabled=true --set autoscaling.minReplicas=5 --set autoscaling.maxReplicas=3
+refuse "template refuses autoscaling with no target utilization" \
+    t --set autoscaling.enabled=true --set autoscaling.targetCPUUtilizationPercentage=null
+refuse "template refuses autoscaling on CPU when the sluice container requests no CPU" \
+    t --set autoscaling.enabled=true --set resources.requests.cpu=null
+refuse "template refuses autoscaling on CPU when the sidecar Envoy requests no CPU" \
+    t -f "$CHART/examples/sidecar.yaml" --set autoscaling.enabled=true --set sidecar.envoy.resources.requests.cpu=null
+refuse "template refuses autoscaling in mode helpers (no Deployment of its own)" \
+    t --set mode=helpers --set autoscaling.enabled=true
+refuse "schema refuses autoscaling.minReplicas 0" t --set autoscaling.enabled=true --set autoscaling.minReplicas=0
+notes_autoscaling() {
+    local n
+    n=$(notes --set replicaCount=1 --set autoscaling.enabled=true --set autoscaling.minReplicas=1 --set autoscaling.maxReplicas=4) || return 1
+    echo "$n"
+    grep -q 'up to 4 x N' <<<"$n" || return 1
+    n=$(notes --set replicaCount=1) && ! grep -q 'replicas keep counters' <<<"$n"
+}
+check "NOTES: with autoscaling and in-memory counters, the per-pod warning counts up to maxReplicas" notes_autoscaling
 check "failureMode: local is passed as --failure-mode=local" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set failureMode=local | grep -q -- '- --failure-mode=local'"
 check "sidecar: sluice gRPC on loopback, Service exposes Envoy" \

@@ -244,6 +244,34 @@ number would leave the second unable to bind, and the pod crash-looping. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- with .Values.autoscaling }}
+{{- if .enabled }}
+{{- if eq $.Values.mode "helpers" }}
+{{- fail "sluice: autoscaling is for the chart's own Deployment, which mode: helpers does not render: scale your chart's pods instead" }}
+{{- end }}
+{{- if gt (int .minReplicas) (int .maxReplicas) }}
+{{- fail (printf "sluice: autoscaling.minReplicas (%d) must not be above autoscaling.maxReplicas (%d)" (int .minReplicas) (int .maxReplicas)) }}
+{{- end }}
+{{- if not (or .targetCPUUtilizationPercentage .targetMemoryUtilizationPercentage) }}
+{{- fail "sluice: autoscaling needs a target: autoscaling.targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage" }}
+{{- end }}
+{{- /* The autoscaler reads a resource's utilization against every container's
+request of it, and scales on nothing when one has none. */}}
+{{- $containers := list (list "resources" $.Values.resources) }}
+{{- if eq $.Values.mode "sidecar" }}
+{{- $containers = append $containers (list "sidecar.envoy.resources" $.Values.sidecar.envoy.resources) }}
+{{- end }}
+{{- range $resource, $target := dict "cpu" .targetCPUUtilizationPercentage "memory" .targetMemoryUtilizationPercentage }}
+{{- if $target }}
+{{- range $containers }}
+{{- if not (dig "requests" $resource "" (index . 1 | default dict)) }}
+{{- fail (printf "sluice: autoscaling on %s utilization needs %s.requests.%s (utilization is measured against it)" $resource (index . 0) $resource) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.tls.grpc.enabled (ne .Values.mode "deployment") }}
 {{- fail "sluice: tls.grpc is for mode: deployment; in the other modes Envoy calls Sluice over loopback in plain text" }}
 {{- end }}
