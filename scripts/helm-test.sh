@@ -8,7 +8,7 @@
 #   - inline policies rendered into ConfigMaps load with `sluice validate`; the
 #     sidecar-mode Envoy bootstrap passes `envoy --mode validate`, and the real Envoy
 #     run on it takes IPv4 and IPv6; the sluice container's args pass sluice's own
-#     flag parsers
+#     flag parsers, and its SLUICE_* variables are ones sluice reads
 #   - the bundled Redis's rendered args run by the real redis-server: it evicts
 #     counters below its container's memory limit
 #   - autoscaling: the HPA, the Deployment without replicas, the refusals
@@ -95,13 +95,17 @@ check "chart crds/ is a copy of crds/ (scripts/sync-chart-crds.sh --check)" bash
 # sluice_takes_args RENDER: the args of every sluice container in RENDER's Deployments
 # pass the real binary's flag parsers (each value checked as `sluice serve` checks it
 # at start; the trailing --help then prints instead of serving). $(SLUICE_POD_IP) is
-# given a pod IP, as the kubelet would.
+# given a pod IP, as the kubelet would. Each SLUICE_* variable of the container is
+# one `sluice serve` reads (its --help lists them), or one its args or other
+# variables name as $(NAME).
 sluice_takes_args() {
     local f found=""
     rm -rf "$work/argv" && mkdir -p "$work/argv"
+    [ -s "$work/sluice-env" ] || "$SLUICE" serve --help | grep -o 'env: SLUICE_[A-Z_]*' | cut -c6- >"$work/sluice-env"
     python3 -c '
 import sys, yaml
 n = 0
+known = set(open(sys.argv[3]).read().split())
 for d in yaml.safe_load_all(open(sys.argv[1])):
     if d and d.get("kind") == "Deployment":
         for c in d["spec"]["template"]["spec"]["containers"]:
@@ -109,7 +113,13 @@ for d in yaml.safe_load_all(open(sys.argv[1])):
                 n += 1
                 with open(f"{sys.argv[2]}/{n}", "w") as f:
                     f.writelines(a.replace("$(SLUICE_POD_IP)", "10.1.2.3") + "\n" for a in c["args"])
-' "$1" "$work/argv" || return 1
+                env = c.get("env") or []
+                named = " ".join(c["args"] + [e.get("value", "") for e in env])
+                for e in env:
+                    k = e["name"]
+                    if k.startswith("SLUICE_") and k not in known and "$(%s)" % k not in named:
+                        sys.exit("%s: sluice serve reads no %s" % (d["metadata"]["name"], k))
+' "$1" "$work/argv" "$work/sluice-env" || return 1
     for f in "$work/argv"/*; do
         [ -e "$f" ] || continue
         found=1
@@ -381,6 +391,53 @@ env = {e[\"name\"]: e for e in c[\"env\"]}
 assert env[\"SLUICE_REDIS_SENTINEL_MASTER\"][\"valueFrom\"] == {\"secretKeyRef\": {\"name\": \"masters\", \"key\": \"sentinel-masters\"}}, env
 assert not [x for x in c[\"args\"] if x.startswith(\"--redis-sentinel-master\")], c[\"args\"]
 '"
+# Passwords of a Redis Cluster's nodes or of the sentinels are in their URLs: the
+# Secret must feed whichever list the store is given.
+redis_secret_env() { # VALUES...: prints the sluice container's SLUICE_REDIS* env (NAME=secret/key or NAME=value) and --redis* args
+    t "$@" >"$work/redis-secret.yaml" || return 1
+    sluice_takes_args "$work/redis-secret.yaml" || return 1
+    python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x["kind"] == "Deployment"][0]
+c = d["spec"]["template"]["spec"]["containers"][0]
+for e in c["env"]:
+    if e["name"].startswith("SLUICE_REDIS"):
+        r = (e.get("valueFrom") or {}).get("secretKeyRef")
+        print(e["name"] + "=" + (r["name"] + "/" + r["key"] if r else e["value"]))
+for a in c["args"]:
+    if a.startswith("--redis"):
+        print(a)
+' "$work/redis-secret.yaml"
+}
+redis_secret_modes() {
+    local out
+    out=$(redis_secret_env --set redis.existingSecret=redis) && echo "$out" &&
+        [ "$out" = "SLUICE_REDIS=redis/redis-urls" ] || return 1
+    out=$(redis_secret_env --set redis.existingSecret=redis --set redis.existingSecretFor=clusterUrls \
+        --set redis.existingSecretKey=cluster) && echo "$out" &&
+        [ "$out" = "SLUICE_REDIS_CLUSTER=redis/cluster" ] || return 1
+    out=$(redis_secret_env --set redis.existingSecret=redis --set redis.existingSecretFor=sentinel.urls \
+        --set redis.existingSecretKey=sentinels --set 'redis.sentinel.masters={a,b}') && echo "$out" &&
+        [ "$out" = "$(printf '%s\n' SLUICE_REDIS_SENTINEL=redis/sentinels --redis-sentinel-master=a,b)" ] || return 1
+    out=$(redis_secret_env --set redis.existingSecret=redis --set redis.existingSecretFor=sentinel.urls \
+        --set redis.existingSecretKey=sentinels --set redis.sentinel.existingSecret=redis) && echo "$out" &&
+        [ "$out" = "$(printf '%s\n' SLUICE_REDIS_SENTINEL=redis/sentinels SLUICE_REDIS_SENTINEL_MASTER=redis/sentinel-masters)" ] || return 1
+    # A store from the Secret is a store: the replicas count each other through it.
+    t --set redis.existingSecret=redis --set redis.existingSecretFor=clusterUrls | grep -q -- '- --local-share-service='
+}
+check "redis.existingSecret feeds SLUICE_REDIS, or SLUICE_REDIS_CLUSTER or SLUICE_REDIS_SENTINEL as existingSecretFor says" redis_secret_modes
+refuse "template refuses redis.existingSecretFor: sentinel.urls without masters" \
+    t --set redis.existingSecret=redis --set redis.existingSecretFor=sentinel.urls
+refuse "template refuses redis.existingSecretFor: clusterUrls with redis.clusterUrls too" \
+    t --set redis.existingSecret=redis --set redis.existingSecretFor=clusterUrls --set 'redis.clusterUrls={redis://c:6379}'
+refuse "template refuses redis.existingSecretFor: sentinel.urls with redis.sentinel.urls too" \
+    t --set redis.existingSecret=redis --set redis.existingSecretFor=sentinel.urls --set 'redis.sentinel.urls={redis://s:26379}' \
+    --set 'redis.sentinel.masters={a}'
+refuse "template refuses redis.existingSecretFor: clusterUrls without redis.existingSecret" \
+    t --set redis.existingSecretFor=clusterUrls
+refuse "template refuses redis.sentinel.masters with redis.existingSecretFor: clusterUrls" \
+    t --set redis.existingSecret=redis --set redis.existingSecretFor=clusterUrls --set 'redis.sentinel.masters={a}'
+refuse "schema refuses redis.existingSecretFor: cluster" t --set redis.existingSecret=redis --set redis.existingSecretFor=cluster
 check "localShare: with Redis, --local-share-service names the release's Service; a Role reads its endpointslices; token mounted" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --namespace shop \
         --set redis.bundled.enabled=true --set kube.enabled=false --set-string 'policies.a\.yaml=domain: a' | python3 -c '

@@ -190,11 +190,16 @@ true
 {{- if gt $redisSources 1 }}
 {{- fail "sluice: set only one of redis.urls, redis.clusterUrls, redis.existingSecret, redis.bundled.enabled and redis.sentinel.urls" }}
 {{- end }}
-{{- if and $sentinel.urls (eq (empty $sentinel.masters) (empty $sentinel.existingSecret)) }}
-{{- fail "sluice: redis.sentinel.urls needs its masters: set one of redis.sentinel.masters and redis.sentinel.existingSecret" }}
+{{- $secretFor := .Values.redis.existingSecretFor | default "urls" }}
+{{- if and (ne $secretFor "urls") (not .Values.redis.existingSecret) }}
+{{- fail (printf "sluice: redis.existingSecretFor: %s needs redis.existingSecret (the Secret holding the list)" $secretFor) }}
 {{- end }}
-{{- if and (not $sentinel.urls) (or $sentinel.masters $sentinel.existingSecret) }}
-{{- fail "sluice: redis.sentinel.masters and redis.sentinel.existingSecret need redis.sentinel.urls (the sentinels to ask)" }}
+{{- $sentinels := or $sentinel.urls (and .Values.redis.existingSecret (eq $secretFor "sentinel.urls")) }}
+{{- if and $sentinels (eq (empty $sentinel.masters) (empty $sentinel.existingSecret)) }}
+{{- fail "sluice: the sentinels (redis.sentinel.urls, or redis.existingSecret with existingSecretFor: sentinel.urls) need their masters: set one of redis.sentinel.masters and redis.sentinel.existingSecret" }}
+{{- end }}
+{{- if and (not $sentinels) (or $sentinel.masters $sentinel.existingSecret) }}
+{{- fail "sluice: redis.sentinel.masters and redis.sentinel.existingSecret need the sentinels to ask: redis.sentinel.urls, or redis.existingSecret with existingSecretFor: sentinel.urls" }}
 {{- end }}
 {{- if and (not .Values.kube.enabled) (not .Values.policies) (not .Values.existingPolicyConfigMaps) (not .Values.xds.server) }}
 {{- fail "sluice: give it policies: kube.enabled=true (RateLimitPolicy resources), inline `policies`, existingPolicyConfigMaps, or xds.server" }}
@@ -455,7 +460,8 @@ own (only the policies ConfigMap, ServiceAccount and RBAC); in every mode but
           fieldPath: status.podIP
     {{- end }}
     {{- if $v.redis.existingSecret }}
-    - name: SLUICE_REDIS
+    {{- /* The list the Secret holds, for the flag that takes it. */}}
+    - name: {{ get (dict "urls" "SLUICE_REDIS" "clusterUrls" "SLUICE_REDIS_CLUSTER" "sentinel.urls" "SLUICE_REDIS_SENTINEL") ($v.redis.existingSecretFor | default "urls") }}
       valueFrom:
         secretKeyRef:
           name: {{ $v.redis.existingSecret }}
