@@ -12,6 +12,8 @@
 #   - the bundled Redis's rendered args run by the real redis-server: it evicts
 #     counters below its container's memory limit
 #   - autoscaling: the HPA, the Deployment without replicas, the refusals
+#   - the ServiceMonitor's tlsConfig, followed with curl, scrapes the real sluice
+#     whose HTTP port asks for client certificates
 #   - the notes `helm install` prints, per mode
 #   - the "sluice.container" helper included from a parent chart
 #   - values that must be refused are refused (schema and template checks)
@@ -305,7 +307,7 @@ d = [x for x in yaml.safe_load_all(sys.stdin) if x and x["kind"] == "Deployment"
 print("\n".join(d["spec"]["template"]["spec"]["containers"][0]["args"]))'
 }
 bundled_redis_evicts() {
-    local port pid limit=$((40 * 1024 * 1024)) used rss evicted policy max
+    local port pid limit=$((40 * 1024 * 1024)) used rss evicted policy max board args
     mapfile -t args < <(bundled_redis_args --set redis.bundled.resources.limits.memory=40Mi) || return 1
     printf '%s\n' "${args[@]}" | grep -qx -- --maxmemory || { echo "no --maxmemory in ${args[*]}"; return 1; }
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -738,6 +740,53 @@ for c in [x for x in ds if x["kind"] == "Certificate"]:
 }
 check "cert-manager default dnsNames cover the headless name the notes give (<headless>.<ns>.svc), short forms and pods'" cert_names_notes
 
+# With tls.http.clientCA Prometheus must present a client certificate the port takes:
+# a server certificate without the client auth usage is refused. The ServiceMonitor's
+# tlsConfig is followed with curl against the real sluice, each Secret it names made
+# of files: srv (the port's: server auth only) and prom (a client certificate).
+servicemonitor_client_cert() {
+    local d="$work/sm-tls" port pid code=000 sm name ca cert keyfile
+    mkdir -p "$d/srv" "$d/prom"
+    key() { openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1" -out "$2" -subj "/CN=$3" 2>/dev/null; }
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/ca.key" -out "$d/srv/ca.crt" -subj /CN=ca \
+        -days 2 -addext basicConstraints=critical,CA:TRUE -addext keyUsage=keyCertSign 2>/dev/null || return 1
+    key "$d/srv/tls.key" "$d/srv.csr" sluice && openssl x509 -req -in "$d/srv.csr" -CA "$d/srv/ca.crt" -CAkey "$d/ca.key" \
+        -CAcreateserial -out "$d/srv/tls.crt" -days 2 \
+        -extfile <(printf 'subjectAltName=DNS:r-sluice.sluice.svc\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n') 2>/dev/null || return 1
+    key "$d/prom/tls.key" "$d/prom.csr" prometheus && openssl x509 -req -in "$d/prom.csr" -CA "$d/srv/ca.crt" -CAkey "$d/ca.key" \
+        -CAcreateserial -out "$d/prom/tls.crt" -days 2 \
+        -extfile <(printf 'extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature\n') 2>/dev/null || return 1
+    t --namespace sluice --api-versions monitoring.coreos.com/v1 --set serviceMonitor.enabled=true --set tls.http.enabled=true \
+        --set tls.http.existingSecret=srv --set tls.http.clientCA=true --set serviceMonitor.clientCertSecret=prom \
+        --set-json 'livenessProbe={"grpc":{"port":8081}}' --set-json 'readinessProbe={"grpc":{"port":8081}}' >"$d/render.yaml" || return 1
+    python3 scripts/check-manifests.py --k8s-version "$K8S_VERSION" --external-secret srv "$d/render.yaml" || return 1
+    # The ServiceMonitor's tlsConfig as curl arguments: SECRET/KEY paths and the server name.
+    sm=$(python3 -c '
+import sys, yaml
+sm = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x and x["kind"] == "ServiceMonitor"][0]
+c = sm["spec"]["endpoints"][0]["tlsConfig"]
+f = lambda s: "%s/%s" % (s["name"], s["key"])
+print(c["serverName"], f(c["ca"]["secret"]), f(c["cert"]["secret"]), f(c["keySecret"]))
+' "$d/render.yaml") || return 1
+    read -r name ca cert keyfile <<<"$sm"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n' >"$d/p.yaml"
+    "$SLUICE" serve --grpc-addr 127.0.0.1:0 --http-addr "127.0.0.1:$port" --admin-addr off --config "$d/p.yaml" \
+        --http-tls-cert "$d/srv/tls.crt" --http-tls-key "$d/srv/tls.key" --http-tls-client-ca "$d/srv/ca.crt" >"$d/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --resolve "$name:$port:127.0.0.1" --cacert "$d/$ca" \
+            --cert "$d/$cert" --key "$d/$keyfile" "https://$name:$port/metrics" || true)
+        [ "$code" = 200 ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "scrape of https://$name with ca $ca, cert $cert, key $keyfile: $code"
+    [ "$code" = 200 ]
+}
+check "serviceMonitor.clientCertSecret: the real sluice with tls.http.clientCA takes the client certificate the ServiceMonitor presents" servicemonitor_client_cert
+
 # --- the helper template from a parent chart ----------------------------------------
 parent="$work/parent"
 mkdir -p "$parent/templates" "$parent/charts"
@@ -931,6 +980,8 @@ check "probes given as grpc replace the default httpGet (one handler each), with
 refuse "template refuses tls.grpc in sidecar mode (Envoy calls over loopback)" \
     t -f "$CHART/examples/sidecar.yaml" --set tls.grpc.enabled=true --set tls.grpc.existingSecret=s
 refuse "schema refuses an unknown tls field" t --set tls.grpc.secret=s
+refuse "template refuses serviceMonitor.clientCertSecret without tls.http.clientCA" \
+    t --set serviceMonitor.clientCertSecret=prom --set tls.http.enabled=true --set tls.http.existingSecret=s
 
 # --- plain manifests --------------------------------------------------------------
 if [ -d deploy/kubernetes ]; then

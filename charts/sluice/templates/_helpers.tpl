@@ -277,6 +277,9 @@ request of it, and scales on nothing when one has none. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if and .Values.serviceMonitor.clientCertSecret (not (and .Values.tls.http.enabled .Values.tls.http.clientCA)) }}
+{{- fail "sluice: serviceMonitor.clientCertSecret is the certificate Prometheus presents to a port that asks for one: it needs tls.http.enabled and tls.http.clientCA" }}
+{{- end }}
 {{- if and .Values.tls.grpc.enabled (ne .Values.mode "deployment") }}
 {{- fail "sluice: tls.grpc is for mode: deployment; in the other modes Envoy calls Sluice over loopback in plain text" }}
 {{- end }}
