@@ -21,16 +21,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use prometheus::IntCounter;
 use sluice_grpc::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
-
-use crate::tls::TlsListener;
 
 /// An axum listener guarded by a [`Guard`]: past `max` open connections, new ones
 /// are closed as soon as accepted (counted in `refused`); a connection that
@@ -143,23 +139,11 @@ impl Drop for Call {
     }
 }
 
-/// A guarded connection's [`Activity`] as axum hands it to each request (connect
-/// info); the `/json` handler ([`crate::http`]) marks its call once the body is
-/// read.
+/// A guarded connection's [`Activity`] as each of its requests is handed it
+/// ([`crate::serve_http`]); the `/json` handler ([`crate::http`]) marks its call
+/// once the body is read.
 #[derive(Debug, Clone)]
 pub struct Answering(pub Arc<Activity>);
-
-impl Connected<IncomingStream<'_, Guarded>> for Answering {
-    fn connect_info(stream: IncomingStream<'_, Guarded>) -> Self {
-        Answering(stream.io().activity.clone())
-    }
-}
-
-impl Connected<IncomingStream<'_, TlsListener<Guarded>>> for Answering {
-    fn connect_info(stream: IncomingStream<'_, TlsListener<Guarded>>) -> Self {
-        Answering(stream.io().get_ref().0.activity.clone())
-    }
-}
 
 /// A connection that ends with an error once it has been silent (no byte read or
 /// written) for its limit while answering no request; its slot is given back when
@@ -168,7 +152,7 @@ pub struct Quiet<T> {
     io: T,
     silence: Duration,
     deadline: Pin<Box<Sleep>>,
-    activity: Arc<Activity>,
+    pub(crate) activity: Arc<Activity>,
     _slot: OwnedSemaphorePermit,
 }
 

@@ -35,6 +35,9 @@ pub struct HttpState<S> {
     pub ready: Arc<AtomicBool>,
     /// Largest `POST /json` body read (`--max-request-bytes`).
     pub max_request_bytes: usize,
+    /// How long a `POST /json` body may take to arrive whole (`--handshake-timeout`,
+    /// as a request head).
+    pub body_timeout: std::time::Duration,
     /// The gRPC port's connection counts, for `/metrics`.
     pub connections: Arc<sluice_grpc::Stats>,
     /// The admin port's, when it is on.
@@ -204,10 +207,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Connection {
 
 /// A `POST /json` body. One whose Content-Length is over `--max-request-bytes` is
 /// refused unread: hyper answers `Expect: 100-continue` only once a body is read,
-/// and axum's `Bytes` would wait for bytes it then refuses.
+/// and axum's `Bytes` would wait for bytes it then refuses. One not whole within
+/// its bound is given up: a client sending a byte now and then would hold its
+/// connection for ever.
 enum JsonBody {
     Read(Bytes),
     TooLarge,
+    TimedOut,
     Failed(BytesRejection),
 }
 
@@ -226,10 +232,12 @@ impl<S: Store> FromRequest<Arc<HttpState<S>>> for JsonBody {
         if declared.is_some_and(|n| n > state.max_request_bytes as u64) {
             return Ok(JsonBody::TooLarge);
         }
-        Ok(match Bytes::from_request(request, state).await {
-            Ok(body) => JsonBody::Read(body),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => JsonBody::TooLarge,
-            Err(e) => JsonBody::Failed(e),
+        let read = Bytes::from_request(request, state);
+        Ok(match tokio::time::timeout(state.body_timeout, read).await {
+            Ok(Ok(body)) => JsonBody::Read(body),
+            Ok(Err(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => JsonBody::TooLarge,
+            Ok(Err(e)) => JsonBody::Failed(e),
+            Err(_) => JsonBody::TimedOut,
         })
     }
 }
@@ -289,6 +297,18 @@ async fn json_answer<S: Store>(
                 admin.max_request_bytes
             );
             return json_error(StatusCode::PAYLOAD_TOO_LARGE, error, call);
+        }
+        JsonBody::TimedOut => {
+            admin.service.metrics.body_timed_out();
+            let error = format!(
+                "request body not whole within {:?} (--handshake-timeout)",
+                admin.body_timeout
+            );
+            let mut answer = json_error(StatusCode::REQUEST_TIMEOUT, error, call);
+            // The rest of the body is not read: the connection cannot serve another.
+            let close = header::HeaderValue::from_static("close");
+            answer.headers_mut().insert(header::CONNECTION, close);
+            return answer;
         }
         JsonBody::Failed(e) => return json_error(e.status(), e.body_text(), call),
     };

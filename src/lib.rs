@@ -19,6 +19,7 @@ pub mod pb;
 pub mod peers;
 pub mod policy;
 pub mod quota;
+pub mod serve_http;
 pub mod server;
 pub mod service;
 pub mod source;

@@ -12,11 +12,12 @@ use tokio::sync::watch;
 
 use crate::clock::SystemClock;
 use crate::config::{AdminAddr, Serve, DEFAULT_ADMIN_ADDR};
-use crate::guard::{Answering, Guard};
+use crate::guard::Guard;
 use crate::hash::ValueHash;
 use crate::http::{metrics_router, router, HttpState};
 use crate::limiter::key::Hashing;
 use crate::limiter::{Limiter, Settings};
+use crate::serve_http;
 use crate::service::grpc::Grpc;
 use crate::service::rlqs::{Quotas, Settings as QuotaSettings};
 use crate::service::Service;
@@ -439,6 +440,12 @@ where
         silence: cfg.connections.handshake_timeout,
         refused: metrics.http_refused(),
     };
+    // A request's head (and a /json body) has the bound a handshake has: how long
+    // a client may take to send what it began.
+    let bound = serve_http::Bound {
+        request: cfg.connections.handshake_timeout,
+        timed_out: metrics.http_timed_out(),
+    };
     let quotas = Quotas::new(
         service.clone(),
         demand,
@@ -496,6 +503,7 @@ where
         service: service.clone(),
         ready: ready.clone(),
         max_request_bytes: cfg.connections.max_request_bytes,
+        body_timeout: cfg.connections.handshake_timeout,
         connections,
         admin_connections: admin_task.is_some().then_some(admin_connections),
         loaded,
@@ -507,39 +515,23 @@ where
             let listener = bind(addr).await.context("--prometheus-addr")?;
             tracing::info!(prometheus = %listener.local_addr()?, path = %cfg.metrics.prometheus_path, "metrics also served");
             let app = metrics_router(admin.clone(), &cfg.metrics.prometheus_path);
-            let server = axum::serve(guard.wrap(listener, "prometheus"), app)
-                .with_graceful_shutdown(stopped());
-            Some(tokio::spawn(async move { server.await }))
+            let listener = guard.wrap(listener, "prometheus");
+            let server = serve_http::serve(listener, app, bound.clone(), stopped());
+            Some(tokio::spawn(server))
         }
         None => None,
     };
     let app = router(admin);
     let http_stop = stopped();
     let https = http_tls.is_some();
+    let http_listener = guard.wrap(http_listener, "http");
     let http_task = match http_tls {
-        None => {
-            let http_listener = guard.wrap(http_listener, "http");
-            tokio::spawn(async move {
-                axum::serve(
-                    http_listener,
-                    app.into_make_service_with_connect_info::<Answering>(),
-                )
-                .with_graceful_shutdown(http_stop)
-                .await
-            })
-        }
+        None => tokio::spawn(serve_http::serve(http_listener, app, bound, http_stop)),
         Some(t) => {
             // The guard under TLS: a connection takes its slot when accepted, not
             // once its handshake is done, so half-open handshakes count too.
-            let listener = TlsListener::new(guard.wrap(http_listener, "http"), t, guard.silence);
-            tokio::spawn(async move {
-                axum::serve(
-                    listener,
-                    app.into_make_service_with_connect_info::<Answering>(),
-                )
-                .with_graceful_shutdown(http_stop)
-                .await
-            })
+            let listener = TlsListener::new(http_listener, t, guard.silence);
+            tokio::spawn(serve_http::serve(listener, app, bound, http_stop))
         }
     };
 

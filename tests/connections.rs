@@ -227,6 +227,79 @@ async fn http_connections_are_capped_and_silent_ones_closed() {
     assert_eq!(refusals_logged(&server, "--http-max-connections").await, 1);
 }
 
+/// Clients that send a request head, or a `/json` body, a byte at a time (each
+/// gap well under `--handshake-timeout`) are answered 408 and closed once it has
+/// passed, on the HTTP and the Prometheus port alike, and counted: they cannot hold
+/// the slots the kubelet's probes need. A client that sends whole requests is kept
+/// however long it goes on; one idle between them is closed without an answer.
+#[tokio::test]
+async fn requests_sent_a_byte_at_a_time_are_closed_with_408() {
+    let server = Server::start(
+        POLICY,
+        &[
+            "--http-max-connections",
+            "1",
+            "--handshake-timeout",
+            "1s",
+            "--prometheus-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let gap = Duration::from_millis(200);
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: {}\r\n\r\n",
+        "a".repeat(60)
+    );
+    for addr in [server.http.clone(), server.prometheus_addr()] {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (answer, took) = trickle(tcp, head.as_bytes(), gap, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{addr}: {answer}");
+        assert!(
+            took < Duration::from_secs(3),
+            "{addr}: closed after {took:?}"
+        );
+    }
+    // A /json head sent whole, its body a byte at a time.
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let mut tcp = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+    let json_head = format!(
+        "POST /json HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(json_head.as_bytes()).await.unwrap();
+    let (answer, took) = trickle(tcp, body.as_bytes(), gap, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    // Whole requests, each within the bound, keep a connection past it.
+    let mut tcp = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\nok") {
+            let mut buf = [0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+                .await
+                .expect("answered")
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&buf[..n]);
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200"));
+    }
+    // Then idle: closed, with nothing sent.
+    let (answer, _) = trickle(tcp, b"", gap, Duration::from_secs(10)).await;
+    assert_eq!(answer, "");
+    assert_eq!(http(&server.http, "GET", "/healthz", "").0, 200);
+    let timed_out = [("reason", "request_timeout")];
+    assert_eq!(
+        server.metric("sluice_http_connections_closed_total", &timed_out),
+        Some(3.0)
+    );
+}
+
 /// A `/json` call held for its `leaky_bucket` turn is a server that has not yet
 /// answered, not a silent client: it gets its answer however long past
 /// `--handshake-timeout` its turn comes.

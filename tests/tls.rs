@@ -634,3 +634,24 @@ fn an_expired_redis_client_certificate_is_warned_of_at_start() {
         "{warning}"
     );
 }
+
+/// Over TLS too, a request head sent a byte at a time is answered 408 and closed
+/// once `--handshake-timeout` has passed, however often its bytes come.
+#[tokio::test]
+async fn an_https_request_sent_a_byte_at_a_time_is_closed_with_408() {
+    let ca = Ca::new("test-ca");
+    let pair = ca.server();
+    let mut args = tls_flags("http", &pair.cert, &pair.key);
+    args.extend(["--handshake-timeout", "1s"].map(String::from));
+    let server = start(&args);
+    let config = client_config(&ca.cert(), None, b"http/1.1");
+    let tls = connect(&server.http, config).await.unwrap();
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: {}\r\n\r\n",
+        "a".repeat(60)
+    );
+    let gap = Duration::from_millis(200);
+    let (answer, took) = trickle(tls, head.as_bytes(), gap, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+}

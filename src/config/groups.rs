@@ -314,7 +314,8 @@ pub struct ConnectionArgs {
     /// --prometheus-addr); more are closed as soon as accepted. Counted from accept,
     /// TLS handshakes included. 0: an eighth of the process's open-file limit. A
     /// connection silent for --handshake-timeout (mid request or between requests,
-    /// not while Sluice holds a /json call for its turn) is closed.
+    /// not while Sluice holds a /json call for its turn) is closed, as is one whose
+    /// request head (or /json body) is not whole within it, answered 408.
     #[arg(long, env = "SLUICE_HTTP_MAX_CONNECTIONS", default_value_t = 0)]
     pub http_max_connections: usize,
     /// Most connections open at once on the admin port (--admin-addr); more are

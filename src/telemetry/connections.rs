@@ -14,6 +14,7 @@ pub(super) struct ConnectionStats {
     pub(super) grpc_connections: IntGaugeVec,
     pub(super) grpc_closed: IntCounterVec,
     pub(super) http_refused: IntCounter,
+    pub(super) http_timed_out: IntCounter,
 }
 
 impl ConnectionStats {
@@ -65,6 +66,15 @@ impl ConnectionStats {
                 "Connections to an HTTP port (--http-addr, --prometheus-addr) closed as soon as accepted: --http-max-connections were open.",
             ),
         );
+        let http_closed = registered(
+            registry,
+            counter_vec(
+                "sluice_http_connections_closed_total",
+                "Connections sluice closed on an HTTP port (--http-addr, --prometheus-addr): request_timeout (a request head, or a POST /json body, not whole within --handshake-timeout; answered 408).",
+                &["reason"],
+            ),
+        );
+        let http_timed_out = http_closed.with_label_values(&["request_timeout"]);
         ConnectionStats {
             tls_reloads,
             tls_expiry,
@@ -72,6 +82,7 @@ impl ConnectionStats {
             grpc_connections,
             grpc_closed,
             http_refused,
+            http_timed_out,
         }
     }
 }

@@ -697,6 +697,17 @@ impl Metrics {
         self.connections.http_refused.clone()
     }
 
+    /// Counts the connections an HTTP port closed because a request did not arrive
+    /// whole in time.
+    pub fn http_timed_out(&self) -> IntCounter {
+        self.connections.http_timed_out.clone()
+    }
+
+    /// Counts a `POST /json` body not read whole in time (its connection closes).
+    pub fn body_timed_out(&self) {
+        self.connections.http_timed_out.inc();
+    }
+
     /// Exports a TLS port's reload counters, and its refused gauge, at 0 before its
     /// first reload.
     pub fn declare_tls_port(&self, port: &str) {

@@ -609,3 +609,49 @@ pub fn write_atomic(path: &Path, text: &str) {
     std::fs::write(&tmp, text).expect("write");
     std::fs::rename(&tmp, path).expect("rename");
 }
+
+/// Sends `bytes` one at a time, `gap` apart, reading meanwhile, until the server
+/// closes the connection: what it sent, and when it closed. Panics if it is still
+/// open after `limit`.
+pub async fn trickle<S>(
+    stream: S,
+    bytes: &[u8],
+    gap: Duration,
+    limit: Duration,
+) -> (String, Duration)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = std::time::Instant::now();
+    let deadline = tokio::time::Instant::from_std(started + limit);
+    let (mut read, mut write) = tokio::io::split(stream);
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let mut next = 0;
+    let mut tick = tokio::time::interval(gap);
+    loop {
+        tokio::select! {
+            got = read.read(&mut buf) => match got {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            },
+            _ = tick.tick(), if next < bytes.len() => {
+                if write.write_all(&bytes[next..next + 1]).await.is_err() {
+                    next = bytes.len();
+                }
+                next += 1;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                panic!(
+                    "still open after {limit:?}, {next} bytes sent: {}",
+                    String::from_utf8_lossy(&answer)
+                )
+            }
+        }
+    }
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
