@@ -98,7 +98,7 @@ impl QuotaStats {
                 registry,
                 int_counter(
                     "sluice_rlqs_oversized_reports_total",
-                    "Usage reports refused as larger than a stream takes (RESOURCE_EXHAUSTED: the stream ends).",
+                    "Usage reports refused as larger than a stream takes, or as arriving in pieces while --grpc-max-buffered-request-bytes are held (RESOURCE_EXHAUSTED: the stream ends).",
                 ),
             ),
             irregular: counter(
@@ -296,5 +296,20 @@ mod tests {
         ] {
             assert!(text.contains(kept), "{kept} in\n{text}");
         }
+    }
+
+    /// A scrape's HELP names both refusals the counter counts, as the docs do: an
+    /// operator seeing it rise with small reports needs the buffered-bytes bound.
+    #[test]
+    fn the_oversized_reports_help_names_both_reasons() {
+        let registry = Registry::new();
+        QuotaStats::new(&registry);
+        let text = render(&registry);
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP sluice_rlqs_oversized_reports_total "))
+            .expect("the counter's help");
+        assert!(help.contains("larger than a stream takes"), "{help}");
+        assert!(help.contains("--grpc-max-buffered-request-bytes"), "{help}");
     }
 }
