@@ -786,7 +786,8 @@ async fn a_store_failure_is_a_grpc_error_in_the_drop_in() {
 
 /// envoyproxy/ratelimit's service-wide series: every decoded gRPC call in
 /// `total_requests` and `response_time_seconds` (by method), a refused request in
-/// `should_rate_limit_error{err_type="service_error"}`, from gRPC and /json alike.
+/// `should_rate_limit_error{err_type="service_error"}`, from gRPC and /json alike
+/// (not a /json body that is not JSON, which never reaches its service).
 #[tokio::test]
 async fn calls_errors_and_response_times_are_counted_as_envoyproxy_ratelimit_counts_them() {
     let d = start(None, &[]);
@@ -825,6 +826,14 @@ async fn calls_errors_and_response_times_are_counted_as_envoyproxy_ratelimit_cou
     };
     assert_eq!(error("service_error"), Some(2.0));
     assert_eq!(error("redis_error"), Some(0.0));
+    // A body that is not a request in JSON is refused before the service, as
+    // envoyproxy/ratelimit's /json refuses it: Sluice's own counter has it.
+    assert_eq!(http(&d.server.http, "POST", "/json", "{not json").0, 400);
+    assert_eq!(error("service_error"), Some(2.0));
+    assert_eq!(
+        d.server.metric("sluice_invalid_requests_total", &[]),
+        Some(3.0)
+    );
 }
 
 /// A limit, a limit in its own shadow_mode, and two quota-mode limits, each allowed

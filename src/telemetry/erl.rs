@@ -93,7 +93,8 @@ pub enum CallError {
     /// The counter store failed and the call was answered with an error
     /// (`--store-error-answer error`): `redis_error`.
     Store,
-    /// The request was refused (INVALID_ARGUMENT, HTTP 400): `service_error`.
+    /// The service refused the request (INVALID_ARGUMENT, or HTTP 400 to a `/json`
+    /// body that parsed): `service_error`.
     BadRequest,
 }
 
