@@ -990,3 +990,21 @@ async fn explain_warns_that_a_refused_edit_leaves_the_last_good_policy_answering
     }
     assert_eq!(explain(), "");
 }
+
+/// A message over the admin port's 4 MiB is refused RESOURCE_EXHAUSTED, as the gRPC
+/// port refuses one over --max-request-bytes (gRPC's status codes guide: a message
+/// larger than the configured maximum), not OUT_OF_RANGE.
+#[tokio::test]
+async fn an_admin_message_over_its_limit_is_resource_exhausted() {
+    let server = Server::start("domain: d\n", &[]);
+    let mut admin = server.admin_client().await;
+    let big = pb::ExplainRequest {
+        domain: "d".repeat(5 << 20),
+        ..Default::default()
+    };
+    let err = admin.explain(big).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    // The port serves on.
+    let policies = admin.list_policies(pb::ListPoliciesRequest::default());
+    policies.await.unwrap();
+}

@@ -219,9 +219,24 @@ where
         let call = req.extensions().get::<Arc<Activity>>().map(|a| a.begin());
         self.inner
             .call(req)
-            .map(move |answer| answer.map(|r| r.map(|body| Tracked { body, _call: call })))
+            .map(move |answer| {
+                answer.map(|r| resource_exhausted(r).map(|body| Tracked { body, _call: call }))
+            })
             .boxed()
     }
+}
+
+/// tonic refuses a request message over its limit OUT_OF_RANGE; gRPC's status code
+/// guide gives a message larger than the configured maximum RESOURCE_EXHAUSTED, as
+/// the gRPC port answers. No admin call answers OUT_OF_RANGE of its own, so one in
+/// the headers (a refusal before the call) is tonic's.
+pub(super) fn resource_exhausted<R>(mut answer: http::Response<R>) -> http::Response<R> {
+    let headers = answer.headers_mut();
+    if headers.get("grpc-status").is_some_and(|s| s == "11") {
+        let code = tonic::Code::ResourceExhausted as i32;
+        headers.insert("grpc-status", http::HeaderValue::from(code));
+    }
+    answer
 }
 
 /// A response body that holds its call open.

@@ -58,7 +58,8 @@ where
         let mut call = tracer.call(name, req.headers());
         let answer = self.inner.call(req);
         async move {
-            let answer = answer.await;
+            // The code the client gets (the calls layer outside sets it too).
+            let answer = answer.await.map(super::conn::resource_exhausted);
             if call.recording() {
                 call.set("rpc.system", "grpc");
                 call.set("rpc.service", service);
