@@ -205,11 +205,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Connection {
     }
 }
 
-/// A `POST /json` body. One whose Content-Length is over `--max-request-bytes` is
-/// refused unread: hyper answers `Expect: 100-continue` only once a body is read,
-/// and axum's `Bytes` would wait for bytes it then refuses. One not whole within
-/// its bound is given up: a client sending a byte now and then would hold its
-/// connection for ever.
+/// A `POST /json` body, or a peer's question. One whose Content-Length is over
+/// `--max-request-bytes` is refused unread: hyper answers `Expect: 100-continue`
+/// only once a body is read, and axum's `Bytes` would wait for bytes it then
+/// refuses. One not whole within its bound is given up: a client sending a byte
+/// now and then would hold its connection for ever.
 enum JsonBody {
     Read(Bytes),
     TooLarge,
@@ -282,6 +282,20 @@ fn json_error(status: StatusCode, error: String, call: Option<&mut Call>) -> Res
     (status, Json(json!({ "error": error }))).into_response()
 }
 
+/// The answer to a body not whole in time, which closes its connection: the rest
+/// of the body is not read, so it cannot serve another request.
+fn body_timed_out<S>(admin: &HttpState<S>, call: Option<&mut Call>) -> Response {
+    admin.service.metrics.body_timed_out();
+    let error = format!(
+        "request body not whole within {:?} (--handshake-timeout)",
+        admin.body_timeout
+    );
+    let mut answer = json_error(StatusCode::REQUEST_TIMEOUT, error, call);
+    let close = header::HeaderValue::from_static("close");
+    answer.headers_mut().insert(header::CONNECTION, close);
+    answer
+}
+
 /// Decides a `POST /json` body and writes its answer; the decision goes onto `call`.
 async fn json_answer<S: Store>(
     admin: &HttpState<S>,
@@ -298,18 +312,7 @@ async fn json_answer<S: Store>(
             );
             return json_error(StatusCode::PAYLOAD_TOO_LARGE, error, call);
         }
-        JsonBody::TimedOut => {
-            admin.service.metrics.body_timed_out();
-            let error = format!(
-                "request body not whole within {:?} (--handshake-timeout)",
-                admin.body_timeout
-            );
-            let mut answer = json_error(StatusCode::REQUEST_TIMEOUT, error, call);
-            // The rest of the body is not read: the connection cannot serve another.
-            let close = header::HeaderValue::from_static("close");
-            answer.headers_mut().insert(header::CONNECTION, close);
-            return answer;
-        }
+        JsonBody::TimedOut => return body_timed_out(admin, call),
         JsonBody::Failed(e) => return json_error(e.status(), e.body_text(), call),
     };
     let req = match parse_request(&body) {
@@ -635,13 +638,18 @@ async fn top<S: Store>(State(admin): State<Arc<HttpState<S>>>) -> Response {
 /// replica admit less, for a couple of seconds, and only for a live peer.
 async fn peer_cut_off<S: Store>(
     State(admin): State<Arc<HttpState<S>>>,
-    body: Result<Bytes, BytesRejection>,
+    body: JsonBody,
 ) -> Response {
     let bad =
         |error: String| (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
     let body = match body {
-        Ok(b) => b,
-        Err(e) => return (e.status(), Json(json!({"error": e.body_text()}))).into_response(),
+        JsonBody::Read(b) => b,
+        JsonBody::TooLarge => {
+            let error = format!("a question is at most {} bytes", crate::peers::MAX_BYTES);
+            return json_error(StatusCode::PAYLOAD_TOO_LARGE, error, None);
+        }
+        JsonBody::TimedOut => return body_timed_out(&admin, None),
+        JsonBody::Failed(e) => return json_error(e.status(), e.body_text(), None),
     };
     let question: crate::peers::Question = match serde_json::from_slice(&body) {
         Ok(q) => q,

@@ -227,7 +227,7 @@ async fn http_connections_are_capped_and_silent_ones_closed() {
     assert_eq!(refusals_logged(&server, "--http-max-connections").await, 1);
 }
 
-/// Clients that send a request head, or a `/json` body, a byte at a time (each
+/// Clients that send a request head, or a body, a byte at a time (each
 /// gap well under `--handshake-timeout`) are answered 408 and closed once it has
 /// passed, on the HTTP and the Prometheus port alike, and counted: they cannot hold
 /// the slots the kubelet's probes need. A client that sends whole requests is kept
@@ -237,8 +237,9 @@ async fn requests_sent_a_byte_at_a_time_are_closed_with_408() {
     let server = Server::start(
         POLICY,
         &[
+            // Room for a closed connection whose slot is still being given back.
             "--http-max-connections",
-            "1",
+            "2",
             "--handshake-timeout",
             "1s",
             "--prometheus-addr",
@@ -270,6 +271,17 @@ async fn requests_sent_a_byte_at_a_time_are_closed_with_408() {
     let (answer, took) = trickle(tcp, body.as_bytes(), gap, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    // As is a peer's question to /local-share/cut.
+    let question = format!(r#"{{"replica":"{}","shard":0}}"#, "r".repeat(40));
+    let mut tcp = tokio::net::TcpStream::connect(&server.http).await.unwrap();
+    let cut_head = format!(
+        "POST /local-share/cut HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        question.len()
+    );
+    tcp.write_all(cut_head.as_bytes()).await.unwrap();
+    let (answer, took) = trickle(tcp, question.as_bytes(), gap, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
     // Whole requests, each within the bound, keep a connection past it.
     let mut tcp = tokio::net::TcpStream::connect(&server.http).await.unwrap();
     for _ in 0..5 {
@@ -296,7 +308,7 @@ async fn requests_sent_a_byte_at_a_time_are_closed_with_408() {
     let timed_out = [("reason", "request_timeout")];
     assert_eq!(
         server.metric("sluice_http_connections_closed_total", &timed_out),
-        Some(3.0)
+        Some(4.0)
     );
 }
 

@@ -70,7 +70,7 @@ impl ConnectionStats {
             registry,
             counter_vec(
                 "sluice_http_connections_closed_total",
-                "Connections sluice closed on an HTTP port (--http-addr, --prometheus-addr): request_timeout (a request head, or a POST /json body, not whole within --handshake-timeout; answered 408).",
+                "Connections sluice closed on an HTTP port (--http-addr, --prometheus-addr): request_timeout (a request head, or a POST /json or /local-share/cut body, not whole within --handshake-timeout; answered 408).",
                 &["reason"],
             ),
         );
