@@ -30,7 +30,15 @@ pub async fn unanswered(args: &ConnectArgs, s: &tonic::Status) -> Option<Connect
     let (url, tls) = args.url().ok()?;
     let probe = match tls {
         true => tls_refusal(args, &url).await,
-        false => not_h2(&url).await.map(str::to_string),
+        false => match not_h2(&url).await {
+            Some(why) => Some(why.to_string()),
+            None => http1(&url).await.then(|| {
+                format!(
+                    "it does not serve sluice's admin API (it answers HTTP/1.1, not gRPC): --server names the admin port (--admin-addr, by default {}), not the HTTP port",
+                    crate::config::DEFAULT_ADMIN_ADDR
+                )
+            }),
+        },
     };
     // The probe's reason alone: the call's own error is a broken pipe or a closed
     // connection, whichever the race gave.
@@ -89,6 +97,25 @@ async fn not_h2(url: &str) -> Option<&'static str> {
         .ok()
         .flatten()
         .flatten()
+}
+
+/// Whether the port answers an HTTP/1.1 request in HTTP/1.1, as Sluice's HTTP port
+/// does: it closes an HTTP/2 preface without a word.
+async fn http1(url: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (authority, _) = authority(url);
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+        let request = format!("GET / HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 7];
+        stream.read_exact(&mut head).await.ok()?;
+        Some(&head == b"HTTP/1.")
+    };
+    matches!(
+        tokio::time::timeout(PROBE_WAIT, probe).await,
+        Ok(Some(true))
+    )
 }
 
 /// The alert with which the port refused a TLS handshake it seemed to take: read
