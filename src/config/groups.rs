@@ -374,8 +374,8 @@ pub struct RlqsArgs {
     #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_whole_seconds)]
     pub rlqs_assignment_ttl: Duration,
     /// Rate Limit Quota Service: a bucket reported idle for this long is abandoned
-    /// (Envoy drops it until a request falls into it again); `0s` abandons it at
-    /// its first idle report.
+    /// (Envoy drops it until a request falls into it again), but not before its
+    /// quota has refilled; `0s` abandons it at its first idle report.
     #[arg(long, env = "SLUICE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = parse_duration)]
     pub rlqs_abandon_after: Duration,
 }

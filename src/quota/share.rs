@@ -96,6 +96,22 @@ pub fn token_bucket(limit: &Limit, fraction: f64) -> Assignment {
     }
 }
 
+/// How long Envoy's bucket of `a` takes to fill again once drained. A bucket
+/// abandoned sooner comes back full with the next request, so it is kept idle at
+/// least this long.
+pub fn refill(a: Assignment) -> Micros {
+    match a {
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_interval,
+        } => (u128::from(max_tokens) * u128::from(fill_interval) * u128::from(SECOND))
+            .div_ceil(u128::from(tokens_per_fill.max(1)))
+            .min(u128::from(Micros::MAX)) as Micros,
+        Assignment::AllowAll | Assignment::DenyAll => 0,
+    }
+}
+
 /// The token bucket for `fraction` of each of `limits` (a `rate_limits` list) that
 /// passes none of them: the slowest refill of their buckets and the smallest
 /// capacity. `AllowAll` for no limit at all.
@@ -255,6 +271,15 @@ mod tests {
     fn a_tiny_share_still_refills_and_a_zero_limit_denies() {
         assert_eq!(token_bucket(&per_second(20), 0.001), bucket(1, 1, 10));
         assert_eq!(token_bucket(&per_second(0), 0.5), Assignment::DenyAll);
+    }
+
+    #[test]
+    fn a_bucket_refills_in_its_capacity_over_its_rate() {
+        assert_eq!(refill(bucket(20, 200, 10)), SECOND);
+        assert_eq!(refill(bucket(2, 20, 36_000)), 3_600 * SECOND);
+        assert_eq!(refill(bucket(1, 3, 1)), 333_334);
+        assert_eq!(refill(Assignment::AllowAll), 0);
+        assert_eq!(refill(Assignment::DenyAll), 0);
     }
 
     #[test]

@@ -127,7 +127,11 @@ impl<S: Store> Stream<S> {
             let since = *tracked
                 .idle_since
                 .get_or_insert(tracked.reported.unwrap_or(now));
-            if now.saturating_sub(since) >= settings.abandon_after.as_micros() as Micros {
+            // Not before Envoy's bucket has refilled: abandoned sooner, it would
+            // come back full with the client's next request.
+            let kept = (settings.abandon_after.as_micros() as Micros)
+                .max(tracked.last.map_or(0, quota::share::refill));
+            if now.saturating_sub(since) >= kept {
                 let gone = self.buckets.remove(&entries);
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);
                 self.bucket_bytes = self.bucket_bytes.saturating_sub(size);

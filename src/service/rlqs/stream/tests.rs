@@ -525,6 +525,38 @@ fn an_idle_bucket_is_abandoned_and_comes_back_fresh() {
     assert_eq!(only(a).unwrap().0, bucket(20));
 }
 
+#[test]
+fn a_slow_buckets_abandon_waits_until_envoys_bucket_has_refilled() {
+    // 2 an hour: Envoy's bucket holds 2 and takes an hour to refill. Abandoned
+    // sooner, the client's next request would make Envoy a new bucket, full.
+    let f = fixture();
+    let slow = POLICY.replace(
+        "value: api\n    rate_limit: {unit: second, requests_per_unit: 20}",
+        "value: api\n    rate_limit: {unit: hour, requests_per_unit: 2}",
+    );
+    f.policy.store(Arc::new(compiled(&slow)));
+    let mut s = Stream::new(f.quotas.clone());
+    let hourly = Assignment::TokenBucket {
+        max_tokens: 2,
+        tokens_per_fill: 20,
+        fill_interval: 36_000,
+    };
+    let first = block_on(s.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+    assert_eq!(only(first).unwrap().0, hourly);
+    f.clock.advance(5 * SECOND);
+    block_on(s.answer(report("edge", vec![usage(API, 2, 3, 5)]))).unwrap();
+    let idle = |s: &mut Stream<MemoryStore>| {
+        f.clock.advance(5 * SECOND);
+        let a = block_on(s.answer(report("edge", vec![usage(API, 0, 0, 5)]))).unwrap();
+        only(a).map(|(a, _)| a)
+    };
+    // Idle for --rlqs-abandon-after (60 s) and well past it, short of the hour.
+    for _ in 0..(3_600 / 5 - 1) {
+        assert_eq!(idle(&mut s), Some(hourly), "kept while it refills");
+    }
+    assert_eq!(idle(&mut s), None, "refilled after an hour idle: abandoned");
+}
+
 /// An action as [`only`] reads it, with the id it echoes.
 type Echoed = (Option<BucketId>, Option<(Assignment, i64)>);
 
