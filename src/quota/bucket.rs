@@ -13,7 +13,8 @@ use crate::policy::{Policy, Rule};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Governed<'p> {
     /// No limit applies: the domain is unknown or no rule matches (`None`), or the
-    /// rule is `unlimited` or in `shadow_mode` (which never denies).
+    /// rule is `unlimited`, in `shadow_mode` (which never denies), or `algorithm:
+    /// concurrency` (requests in flight, which RLQS cannot count).
     Free(Option<&'p Rule>),
     /// `rule`'s `limit` applies, and the other limits of its `rate_limits` list
     /// after it (`limits`, never empty); `key` names the bucket's counter (and its
@@ -42,7 +43,12 @@ pub fn govern<'p>(
         return Governed::Free(None);
     };
     let rule = policy.rule(id);
-    let Some(limit) = rule.limit.filter(|_| !rule.shadow_mode) else {
+    // A concurrency rule counts requests in flight: Envoy reports no request's end,
+    // and its slots as a rate (so many per lease) would be another limit entirely.
+    let Some(limit) = rule
+        .limit
+        .filter(|_| !rule.shadow_mode && rule.lease.is_none())
+    else {
         return Governed::Free(Some(rule));
     };
     let mut limits = Vec::with_capacity(1 + rule.also.len());

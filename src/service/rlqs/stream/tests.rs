@@ -323,6 +323,21 @@ fn blanket_rules_for_unlimited_unknown_and_zero_limits() {
     assert_eq!(f.demand.buckets(), 0, "only limited buckets keep demand");
 }
 
+#[test]
+fn a_concurrency_rule_does_not_turn_into_a_rate() {
+    // 3 in flight: RLQS sees no stream end to give a slot back, and 3 per lease
+    // (5 minutes) is no limit the rule's users asked for.
+    let f = fixture();
+    let text = format!(
+        "{POLICY}  - key: upload\n    rate_limit: {{algorithm: concurrency, requests_per_unit: 3, lease: 5m}}\n"
+    );
+    f.policy.store(Arc::new(compiled(&text)));
+    let mut s = Stream::new(f.quotas.clone());
+    let a = block_on(s.answer(report("edge", vec![usage(&[("upload", "u1")], 40, 0, 5)])));
+    assert_eq!(only(a.unwrap()).unwrap().0, Assignment::AllowAll);
+    assert_eq!(f.demand.buckets(), 0);
+}
+
 /// The value of the series `series` (name and labels as rendered).
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
