@@ -69,6 +69,9 @@ struct Tracked {
     own: Option<f64>,
     /// The assignment last sent.
     last: Option<Assignment>,
+    /// Its fraction of the limit when last shared: a reloaded limit is shared by it
+    /// while the store is away.
+    fraction: Option<f64>,
     /// The rule's limits when it was: others (a policy reload) are sent at once,
     /// however little the share moved.
     limits: Vec<Limit>,
@@ -124,6 +127,9 @@ struct Pending {
     kept: Option<Assignment>,
     /// The last assignment, to hold while the store is away.
     last: Option<Assignment>,
+    /// The fraction it was shared, when the limit has changed since: the new limit
+    /// is shared by it while the store is away, rather than the old one held.
+    reshare: Option<f64>,
     failure: FailureMode,
     /// Its denials, to count towards its penalty in a store that shares sentences.
     strike: Option<Box<Denials>>,
@@ -192,6 +198,8 @@ impl<S: Store> Stream<S> {
             quota::tighten(&mut limits, factor_ppm);
         }
         let kept = Some(last).filter(|_| tracked.limits == limits);
+        let fraction = quota::share::fraction(own, nudge.share);
+        tracked.fraction = Some(fraction);
         let chosen = quota::shared(&limits, own, nudge.share, kept);
         if chosen == last {
             return None;

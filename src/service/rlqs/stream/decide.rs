@@ -233,6 +233,7 @@ impl<S: Store> Stream<S> {
                             own,
                             kept: last.filter(|_| from_limit),
                             last,
+                            reshare: tracked.fraction.filter(|_| !from_limit),
                             failure,
                             strike,
                         }),
@@ -268,6 +269,7 @@ impl<S: Store> Stream<S> {
             own,
             kept,
             last,
+            reshare,
             failure,
             strike: _,
         } = pending;
@@ -281,6 +283,7 @@ impl<S: Store> Stream<S> {
                 let pushed = tracked.as_ref().is_some_and(|t| t.id.is_some());
                 if let Some(t) = tracked {
                     t.own = Some(own);
+                    t.fraction = Some(quota::share::fraction(own, all));
                 }
                 if moved && pushed {
                     let nudge = Nudge {
@@ -292,11 +295,15 @@ impl<S: Store> Stream<S> {
                 }
                 quota::shared(&limits, own, all, kept)
             }
-            // The store is away: the last assignment holds; a bucket never assigned
-            // takes the domain's failure mode.
+            // The store is away: the last assignment holds (its share of a reloaded
+            // limit when that changed); a bucket never assigned takes the domain's
+            // failure mode.
             Err(e) => {
                 tracing::debug!(error = %e, bucket = %shown, "rlqs demand not shared");
-                quota::unshared(last, failure)
+                match reshare {
+                    Some(fraction) => quota::share::tightest(&limits, fraction),
+                    None => quota::unshared(last, failure),
+                }
             }
         };
         if let Some(t) = self.buckets.get_mut(&entries) {

@@ -951,3 +951,39 @@ fn with_the_store_down_the_last_assignment_holds_else_the_failure_mode() {
         "failure_mode open"
     );
 }
+
+#[test]
+fn with_the_store_down_a_reloaded_limit_still_reaches_the_stream() {
+    let f = fixture();
+    let mut a = Stream::new(f.quotas.clone());
+    let mut b = Stream::new(f.quotas.clone());
+    block_on(a.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+    block_on(b.answer(report("edge", vec![usage(API, 1, 0, 0)]))).unwrap();
+    f.clock.advance(5 * SECOND);
+    block_on(a.answer(report("edge", vec![usage(API, 150, 75, 4)]))).unwrap();
+    block_on(b.answer(report("edge", vec![usage(API, 75, 0, 4)]))).unwrap();
+    f.clock.advance(5 * SECOND);
+    let steady = block_on(a.answer(report("edge", vec![usage(API, 150, 75, 5)]))).unwrap();
+    assert_eq!(only(steady).unwrap().0, bucket(15), "three quarters of 20");
+    let down = Quotas::new(
+        f.quotas.service.clone(),
+        Arc::new(Down),
+        Arc::new(f.clock.clone()),
+        super::super::Settings::default(),
+    );
+    a.quotas = Arc::new(down);
+    // The operator cuts the limit to 8 a second while Redis is away: a keeps its
+    // three quarters, of the new limit.
+    let cut = POLICY.replace("requests_per_unit: 20}", "requests_per_unit: 8}");
+    f.policy.store(Arc::new(compiled(&cut)));
+    f.clock.advance(5 * SECOND);
+    let a3 = block_on(a.answer(report("edge", vec![usage(API, 150, 75, 5)]))).unwrap();
+    assert_eq!(only(a3).unwrap().0, bucket(6));
+    f.clock.advance(5 * SECOND);
+    let a4 = block_on(a.answer(report("edge", vec![usage(API, 30, 0, 5)]))).unwrap();
+    assert_eq!(
+        only(a4).unwrap().0,
+        bucket(6),
+        "kept until the store is back"
+    );
+}
