@@ -133,8 +133,8 @@ log "tests/e2e/rlqs.sh (two Envoys on the Rate Limit Quota Service, about two mi
 bash tests/e2e/rlqs.sh
 log "tests/e2e/rlqs-header.sh (bucket ids from a request header: a 5,000-byte one, an empty one)"
 bash tests/e2e/rlqs-header.sh
-log "tests/e2e/rlqs-slow.sh (2 an hour: an idle bucket is kept until it refills)"
-bash tests/e2e/rlqs-slow.sh
+log "tests/e2e/rlqs-limits.sh (2 an hour, 5 per 250 ms: an idle bucket kept until it refills, a window's burst)"
+bash tests/e2e/rlqs-limits.sh
 
 # --- Traces: Envoy and Sluice into a real Jaeger --------------------------------------
 log "scripts/install-jaeger.sh (started at the top; waiting for it)"

@@ -63,7 +63,8 @@ pub fn fraction(own: f64, all: Share) -> f64 {
 /// [`WINDOWS_PER_FILL`] of the limit's windows in whole seconds (one window when the
 /// tokens would not fit Envoy's 32 bits), so the rate is the rule's own:
 /// `requests x fraction` per window. `max_tokens` is the same fraction of the burst
-/// (token_bucket's `burst`; one window's requests for the other algorithms). Both
+/// (token_bucket's `burst`; one window's requests for the other algorithms, a
+/// window of less than a second included). Both
 /// round down, so the streams' sum stays within the limit, but never to 0: a bucket
 /// with no tokens never refills, and an idle Envoy must be able to let its first
 /// requests through to show its demand in its next report.
@@ -85,13 +86,12 @@ pub fn token_bucket(limit: &Limit, fraction: f64) -> Assignment {
         1
     };
     // The epsilon keeps 20 x 0.75 at 15 whatever the last bit of the product.
-    let part = |n: u64, windows: u64| {
-        ((n as f64 * scale * windows as f64 * fraction + 1e-9).floor() as u64)
-            .clamp(1, u64::from(u32::MAX)) as u32
-    };
+    let part = |n: f64| ((n * fraction + 1e-9).floor() as u64).clamp(1, u64::from(u32::MAX)) as u32;
     Assignment::TokenBucket {
-        max_tokens: part(burst.max(1), 1),
-        tokens_per_fill: part(limit.requests, windows),
+        // The capacity is not scaled: Envoy refills continuously, so a bucket of
+        // one window's requests keeps a short window's burst at the rule's rate.
+        max_tokens: part(burst.max(1) as f64),
+        tokens_per_fill: part(limit.requests as f64 * scale * windows as f64),
         fill_interval: window.saturating_mul(windows),
     }
 }
@@ -246,12 +246,20 @@ mod tests {
             ..per_second(600)
         };
         assert_eq!(token_bucket(&minute, 0.5), bucket(300, 3000, 600));
-        // 5 per 250 ms is 20 per second: Envoy cannot take 250 ms.
+        // 5 per 250 ms is 20 per second: Envoy cannot take 250 ms. Its bucket
+        // refills continuously, so it holds one window's 5, not a second's 20.
         let quarter = Limit {
             window: 250_000,
             ..per_second(5)
         };
-        assert_eq!(token_bucket(&quarter, 1.0), bucket(20, 200, 10));
+        assert_eq!(token_bucket(&quarter, 1.0), bucket(5, 200, 10));
+        assert_eq!(token_bucket(&quarter, 0.5), bucket(2, 100, 10));
+        // 3 per 1.5 s is 4 per 2 s, and holds 3.
+        let longer = Limit {
+            window: 1_500_000,
+            ..per_second(3)
+        };
+        assert_eq!(token_bucket(&longer, 1.0), bucket(3, 40, 20));
         // token_bucket's burst is its capacity.
         let tb = Limit {
             algorithm: Algorithm::TokenBucket,
