@@ -111,6 +111,9 @@ impl<S: Store> Stream<S> {
             self.quotas.service.metrics.rlqs().buckets_changed(1);
             self.bucket_bytes += size;
         }
+        // The stream at its bounds, this bucket counted.
+        let full = self.buckets.len() + usize::from(!known) >= settings.max_buckets
+            || self.bucket_bytes.saturating_add(MAX_BUCKET_ID_BYTES) > settings.max_bucket_bytes;
         let tracked = self
             .buckets
             .entry(entries.clone())
@@ -128,9 +131,13 @@ impl<S: Store> Stream<S> {
                 .idle_since
                 .get_or_insert(tracked.reported.unwrap_or(now));
             // Not before Envoy's bucket has refilled: abandoned sooner, it would
-            // come back full with the client's next request.
-            let kept = (settings.abandon_after.as_micros() as Micros)
-                .max(tracked.last.map_or(0, quota::share::refill));
+            // come back full with the client's next request. But a stream at its
+            // bounds makes room: a new client would get the failure mode.
+            let refill = tracked
+                .last
+                .filter(|_| !full)
+                .map_or(0, quota::share::refill);
+            let kept = (settings.abandon_after.as_micros() as Micros).max(refill);
             if now.saturating_sub(since) >= kept {
                 let gone = self.buckets.remove(&entries);
                 self.quotas.service.metrics.rlqs().buckets_changed(-1);

@@ -324,6 +324,38 @@ fn blanket_rules_for_unlimited_unknown_and_zero_limits() {
 }
 
 #[test]
+fn at_its_bounds_a_stream_abandons_idle_slow_buckets_to_make_room() {
+    // Kept until they refill, a slow rule's buckets would fill the stream for an
+    // hour, and every new client meanwhile would get the failure mode.
+    let mut f = fixture();
+    Arc::get_mut(&mut f.quotas).unwrap().settings.max_buckets = 2;
+    let text =
+        format!("{POLICY}  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: 2}}\n");
+    f.policy.store(Arc::new(compiled(&text)));
+    let mut s = Stream::new(f.quotas.clone());
+    let users = |counts: [u64; 2]| {
+        let u = ["u1", "u2"].iter().zip(counts);
+        report(
+            "edge",
+            u.map(|(u, n)| usage(&[("user", u)], n, 0, 5)).collect(),
+        )
+    };
+    block_on(s.answer(users([1, 1]))).unwrap();
+    for _ in 0..11 {
+        f.clock.advance(5 * SECOND);
+        block_on(s.answer(users([0, 1]))).unwrap();
+    }
+    // u1 idle for --rlqs-abandon-after: with no room for a new bucket, it goes.
+    f.clock.advance(5 * SECOND);
+    let answer = each(block_on(s.answer(users([0, 1]))).unwrap());
+    assert_eq!(answer[0].1, None, "abandoned");
+    assert!(answer[1].1.is_some());
+    let u3 = report("edge", vec![usage(&[("user", "u3")], 1, 0, 0)]);
+    let a = only(block_on(s.answer(u3)).unwrap()).unwrap().0;
+    assert!(matches!(a, Assignment::TokenBucket { .. }), "{a:?}");
+}
+
+#[test]
 fn a_concurrency_rule_does_not_turn_into_a_rate() {
     // 3 in flight: RLQS sees no stream end to give a slot back, and 3 per lease
     // (5 minutes) is no limit the rule's users asked for.
