@@ -876,6 +876,7 @@ refuse "schema refuses a malformed rlqs.abandonAfter" t --set-string rlqs.abando
 refuse "schema refuses a reloadInterval of 0s (--reload-interval must be longer than zero)" t --set-string reloadInterval=0s
 refuse "schema refuses a reloadInterval of 0.0ms0s" t --set-string reloadInterval=0.0ms0s
 refuse "schema refuses an rlqs.assignmentTtl of 0d" t --set-string rlqs.assignmentTtl=0d
+refuse "schema refuses an rlqs.assignmentTtl under Envoy's 5 s between reports" t --set-string rlqs.assignmentTtl=4s
 check "rlqs.assignmentTtl: 1d and reloadInterval: 0.5s render in the flags' syntax" bash -c "
     $(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION'
     out=\$(t --set-string rlqs.assignmentTtl=1d --set-string reloadInterval=0.5s) &&

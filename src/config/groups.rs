@@ -370,7 +370,7 @@ pub struct MetricsArgs {
 #[command(next_help_heading = "Rate Limit Quota Service")]
 pub struct RlqsArgs {
     /// Rate Limit Quota Service: how long each quota assignment stays in force in
-    /// Envoy (whole seconds; Envoy reports every 5 s).
+    /// Envoy (whole seconds, at least 5s: Envoy reports every 5 s).
     #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_whole_seconds)]
     pub rlqs_assignment_ttl: Duration,
     /// Rate Limit Quota Service: a bucket reported idle for this long is abandoned

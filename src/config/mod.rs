@@ -152,6 +152,10 @@ mod tests {
         assert_eq!(parse_whole_seconds("15s"), Ok(Duration::from_secs(15)));
         assert!(parse_whole_seconds("1500ms").is_err());
         assert!(parse_whole_seconds("0s").is_err());
+        // Envoy reports every 5 s: a shorter TTL lapses before each next report.
+        let short = parse_whole_seconds("4s").unwrap_err();
+        assert!(short.contains("at least 5s"), "{short}");
+        assert_eq!(parse_whole_seconds("5s"), Ok(Duration::from_secs(5)));
     }
 
     /// A flag takes every duration a policy takes (decimals, days), and still zero

@@ -296,13 +296,22 @@ pub fn parse_request_bytes(s: &str) -> Result<usize, String> {
     Ok(b)
 }
 
-/// A duration of whole seconds, at least one: Envoy reads quota TTLs in whole
-/// seconds, so `1500ms` would silently become 1 s there.
+/// Envoy 1.40's time between RLQS reports, whatever its `reporting_interval`.
+const MIN_ASSIGNMENT_TTL: Duration = Duration::from_secs(5);
+
+/// A quota TTL: whole seconds, as Envoy reads them (`1500ms` would silently become
+/// 1 s there), and at least Envoy's 5 s between reports, or every assignment
+/// would lapse before the next one and leave its bucket to Envoy's fallback.
 pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.subsec_nanos() != 0 || d.is_zero() {
         return Err(format!(
             "{s:?} is not a whole number of seconds of at least 1s (Envoy reads it in whole seconds)"
+        ));
+    }
+    if d < MIN_ASSIGNMENT_TTL {
+        return Err(format!(
+            "{s:?} is too short: at least 5s (Envoy reports every 5 s; an assignment that lapses before the next report leaves its bucket to Envoy's fallback)"
         ));
     }
     Ok(d)
