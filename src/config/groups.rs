@@ -371,7 +371,7 @@ pub struct MetricsArgs {
 pub struct RlqsArgs {
     /// Rate Limit Quota Service: how long each quota assignment stays in force in
     /// Envoy (whole seconds, at least 5s: Envoy reports every 5 s).
-    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_whole_seconds)]
+    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_assignment_ttl)]
     pub rlqs_assignment_ttl: Duration,
     /// Rate Limit Quota Service: a bucket reported idle for this long is abandoned
     /// (Envoy drops it until a request falls into it again), but not before its

@@ -16,8 +16,8 @@ pub use groups::{
     StoreArgs, XdsArgs,
 };
 pub use values::{
-    parse_bytes, parse_duration, parse_whole_seconds, AdminAddr, HeaderChoice, ResetChoice, Secret,
-    XdsUrl, DEFAULT_ADMIN_ADDR,
+    parse_assignment_ttl, parse_bytes, parse_duration, AdminAddr, HeaderChoice, ResetChoice,
+    Secret, XdsUrl, DEFAULT_ADMIN_ADDR,
 };
 
 /// An external rate-limit service for Envoy.
@@ -149,13 +149,13 @@ mod tests {
         assert!(parse_duration("15").is_err());
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("5x").is_err());
-        assert_eq!(parse_whole_seconds("15s"), Ok(Duration::from_secs(15)));
-        assert!(parse_whole_seconds("1500ms").is_err());
-        assert!(parse_whole_seconds("0s").is_err());
+        assert_eq!(parse_assignment_ttl("15s"), Ok(Duration::from_secs(15)));
+        assert!(parse_assignment_ttl("1500ms").is_err());
+        assert!(parse_assignment_ttl("0s").is_err());
         // Envoy reports every 5 s: a shorter TTL lapses before each next report.
-        let short = parse_whole_seconds("4s").unwrap_err();
+        let short = parse_assignment_ttl("4s").unwrap_err();
         assert!(short.contains("at least 5s"), "{short}");
-        assert_eq!(parse_whole_seconds("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_assignment_ttl("5s"), Ok(Duration::from_secs(5)));
     }
 
     /// A flag takes every duration a policy takes (decimals, days), and still zero

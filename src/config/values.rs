@@ -302,11 +302,11 @@ const MIN_ASSIGNMENT_TTL: Duration = Duration::from_secs(5);
 /// A quota TTL: whole seconds, as Envoy reads them (`1500ms` would silently become
 /// 1 s there), and at least Envoy's 5 s between reports, or every assignment
 /// would lapse before the next one and leave its bucket to Envoy's fallback.
-pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
+pub fn parse_assignment_ttl(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    if d.subsec_nanos() != 0 || d.is_zero() {
+    if d.subsec_nanos() != 0 {
         return Err(format!(
-            "{s:?} is not a whole number of seconds of at least 1s (Envoy reads it in whole seconds)"
+            "{s:?} is not a whole number of seconds (Envoy reads it in whole seconds)"
         ));
     }
     if d < MIN_ASSIGNMENT_TTL {
