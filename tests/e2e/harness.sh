@@ -71,6 +71,24 @@ wait_for() {
     done
 }
 
+# admitted_before_429 TRIES CMD...: runs CMD (which prints an HTTP status) every 0.1 s
+# until it prints 429, at most TRIES times, as Envoy applies a new quota within tens
+# of milliseconds; prints how many were admitted first, and fails if none was denied.
+admitted_before_429() {
+    local tries=$1 n=0 i
+    shift
+    for ((i = 0; i < tries; i++)); do
+        if [ "$("$@")" = 429 ]; then
+            echo "$n"
+            return 0
+        fi
+        n=$((n + 1))
+        sleep 0.1
+    done
+    echo "$n"
+    return 1
+}
+
 # start_upstream PORT [LOG]: tests/e2e/upstream.py on PORT (LOG: the arrivals it records).
 start_upstream() {
     python3 tests/e2e/upstream.py "$@" >"$W/upstream.out" 2>&1 &

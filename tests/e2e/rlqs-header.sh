@@ -113,19 +113,10 @@ code -H "x-user;" "http://127.0.0.1:$P_ENVOY/anon" >/dev/null
 USER_ASSIGNED='sluice_rlqs_assignments_total{domain="rlqs",kind="token_bucket",rule="route/user"}'
 wait_for "the long x-user's assignment" 15 at_least "$USER_ASSIGNED" 1 ||
     bad "the long x-user's bucket got no assignment"
-# Envoy applies it within tens of milliseconds: ask until the first 429 (a request
-# each 0.1 s, 10 s at most). Its token bucket starts full (3), and refills by one
-# each 20 s.
-admitted=0
-denied=""
-for ((i = 0; i < 100; i++)); do
-    if [ "$(long)" = 429 ]; then
-        denied=yes
-        break
-    fi
-    admitted=$((admitted + 1))
-    sleep 0.1
-done
+# Ask until the first 429 (10 s at most). Its token bucket starts full (3), and
+# refills by one each 20 s.
+denied=yes
+admitted=$(admitted_before_429 100 long) || denied=""
 [ -n "$denied" ] && [ "$admitted" -le 4 ] &&
     ok "a 5,000-byte x-user is held to its 3 a minute ($admitted admitted, then 429)" ||
     bad "a 5,000-byte x-user: $admitted admitted, ${denied:-never} denied; want at most 4, then 429"
