@@ -193,7 +193,8 @@ impl<S: Store> FromRequestParts<Arc<HttpState<S>>> for JsonCall {
 }
 
 /// The connection a request came on, to mark it answering the request while the
-/// request is held: `None` on a port served without it (`--prometheus-addr`).
+/// request is held ([`crate::serve_http`] hands it to each request): `None` for a
+/// router served some other way.
 struct Connection(Option<Arc<Activity>>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Connection {
