@@ -330,7 +330,9 @@ import sys, yaml
 cm = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "ConfigMap" and "envoy.yaml" in d.get("data", {})][0]
 c = yaml.safe_load(cm["data"]["envoy.yaml"])
 for l in c["static_resources"]["listeners"]:
-    l["address"]["socket_address"]["address"] = "127.0.0.1"   # the pod listens on all addresses; here loopback only
+    # The pod listens on every address of both families; here on IPv4 loopback only.
+    l["address"]["socket_address"]["address"] = "127.0.0.1"
+    l["address"]["socket_address"].pop("ipv4_compat", None)
 yaml.safe_dump(c, open(sys.argv[1], "w"))
 ' "$W/sidecar-envoy.yaml" && start_envoy envoy-sidecar "$W/sidecar-envoy.yaml" "$P_SC_ADMIN"; then
     codes=$(requests 3 sc -H 'x-tenant: e2e-sidecar' "http://127.0.0.1:$P_SC/items")
