@@ -230,7 +230,7 @@ where
 /// guide gives a message larger than the configured maximum RESOURCE_EXHAUSTED, as
 /// the gRPC port answers. No admin call answers OUT_OF_RANGE of its own, so one in
 /// the headers (a refusal before the call) is tonic's.
-pub(super) fn resource_exhausted<R>(mut answer: http::Response<R>) -> http::Response<R> {
+fn resource_exhausted<R>(mut answer: http::Response<R>) -> http::Response<R> {
     let headers = answer.headers_mut();
     if headers.get("grpc-status").is_some_and(|s| s == "11") {
         let code = tonic::Code::ResourceExhausted as i32;

@@ -52,8 +52,10 @@ pub async fn run<S: Store>(
     let router = Server::builder()
         .http2_keepalive_interval(limits.keepalive_interval)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .layer(CallsLayer)
+        // The span outside the calls layer, so that it records the code the calls
+        // layer gives the client (a refused message's RESOURCE_EXHAUSTED).
         .layer(TraceLayer(tracer))
+        .layer(CallsLayer)
         .add_service(admin)
         .add_service(health_service)
         .add_service(v1)

@@ -58,8 +58,7 @@ where
         let mut call = tracer.call(name, req.headers());
         let answer = self.inner.call(req);
         async move {
-            // The code the client gets (the calls layer outside sets it too).
-            let answer = answer.await.map(super::conn::resource_exhausted);
+            let answer = answer.await;
             if call.recording() {
                 call.set("rpc.system", "grpc");
                 call.set("rpc.service", service);

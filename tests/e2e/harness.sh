@@ -178,6 +178,22 @@ envoy_routes() {
                       routes:
 YAML
 }
+# envoy_rlqs_filter DOMAIN: http_filters: the quota filter asking the cluster `sluice`
+# for DOMAIN, up to its bucket matchers' list, whose matchers follow.
+envoy_rlqs_filter() {
+    cat <<YAML
+                http_filters:
+                  - name: envoy.filters.http.rate_limit_quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+                      domain: $1
+                      rlqs_server:
+                        envoy_grpc: {cluster_name: sluice}
+                      bucket_matchers:
+                        matcher_list:
+                          matchers:
+YAML
+}
 # envoy_ratelimit_filters DOMAIN FAILURE_MODE_DENY: http_filters: the rate limit filter
 # calling the cluster `sluice` for DOMAIN, then the router.
 envoy_ratelimit_filters() {

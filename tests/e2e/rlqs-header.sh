@@ -79,16 +79,9 @@ user='                                        user:
     cat <<YAML
                         - match: {prefix: /}
                           route: {cluster: backend, timeout: 10s}
-                http_filters:
-                  - name: envoy.filters.http.rate_limit_quota
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-                      domain: rlqs
-                      rlqs_server:
-                        envoy_grpc: {cluster_name: sluice}
-                      bucket_matchers:
-                        matcher_list:
-                          matchers:
+YAML
+    envoy_rlqs_filter rlqs
+    cat <<YAML
 $(matcher /api '                                        route: {string_value: api}')
 $(matcher /user "                                        route: {string_value: user}
 $user")

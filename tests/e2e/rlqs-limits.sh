@@ -70,16 +70,9 @@ YAML
     cat <<YAML
                         - match: {prefix: /}
                           route: {cluster: backend, timeout: 10s}
-                http_filters:
-                  - name: envoy.filters.http.rate_limit_quota
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-                      domain: rlqs
-                      rlqs_server:
-                        envoy_grpc: {cluster_name: sluice}
-                      bucket_matchers:
-                        matcher_list:
-                          matchers:
+YAML
+    envoy_rlqs_filter rlqs
+    cat <<YAML
 $(matcher slow)
 $(matcher quarter)
 YAML
