@@ -27,6 +27,11 @@
 # the limits arrive over xDS; ShouldRateLimit over gRPC and TLS (grpcurl) answers
 # 3 OK then OVER_LIMIT; the process runs as 65534 with no capabilities; the root
 # filesystem is read-only; the image's size.
+# Then as a user runs it: the Dockerfile's `docker run` example (its ports answer
+# /healthz, /readyz, POST /json and gRPC; SIGHUP reads an edited policy; `docker stop`
+# ends it with status 0), and deploy/kubernetes/sluice.yaml's pod (its args, user and
+# security context, probes and ports; its ConfigMap updated by the kubelet's `..data`
+# swap; stopped with status 0 within its terminationGracePeriodSeconds).
 #
 # The Docker engine (Debian's docker.io, installed when missing) is used through a
 # daemon of this script's own when none answers on $SLUICE_DOCKER_HOST: started with
@@ -61,7 +66,7 @@ wait_for() {
 }
 
 cleanup() {
-    [ -n "${DOCKER:-}" ] && "$DOCKER" rm -f "$CONTAINER" "$CONTAINER-file" >/dev/null 2>&1
+    [ -n "${DOCKER:-}" ] && "$DOCKER" rm -f "$CONTAINER" "$CONTAINER-file" "$CONTAINER-pod" >/dev/null 2>&1
     if [ -n "${xds_pid:-}" ]; then
         kill "$xds_pid" 2>/dev/null
         wait "$xds_pid" 2>/dev/null
@@ -99,7 +104,7 @@ fi
 
 # --- tools and the binary ----------------------------------------------------------
 PATH="$(go env GOPATH 2>/dev/null)/bin:$PATH"
-for cmd in grpcurl curl openssl python3 ldd apt-get dpkg-deb; do
+for cmd in grpcurl curl openssl python3 ldd apt-get dpkg-deb nsenter; do
     command -v "$cmd" >/dev/null || die "$cmd is not installed (grpcurl: scripts/install-tools.sh)"
 done
 SLUICE=${SLUICE_BIN:-$ROOT/target/debug/sluice}
@@ -279,29 +284,185 @@ else
     ok "no panic and no write to the read-only root in the container's log"
 fi
 
-# --- run its default command on a mounted policy, as docs/container-image.md does ---
-# (ports by environment, as host networking has no -p; the command is the image's.)
-read -r F_GRPC F_HTTP F_ADMIN < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')
-if "$DOCKER" run -d --name "$CONTAINER-file" --network host \
-    -v "$ROOT/examples/policy.yaml:/etc/sluice/policy.yaml:ro" \
-    -e SLUICE_GRPC_ADDR="127.0.0.1:$F_GRPC" -e SLUICE_HTTP_ADDR="127.0.0.1:$F_HTTP" \
-    -e SLUICE_ADMIN_ADDR="127.0.0.1:$F_ADMIN" sluice:image-test >"$W/run-file.log" 2>&1 &&
-    wait_for "the policy file's sluice" 30 curl -fsS "http://127.0.0.1:$F_HTTP/readyz"; then
-    body='{"domain":"api","descriptors":[{"entries":[{"key":"remote_address","value":"203.0.113.7"}]}]}'
-    answer=$(curl -sS -d "$body" "http://127.0.0.1:$F_HTTP/json")
-    if printf '%s' "$answer" | grep -q '"limitRemaining":599'; then
-        ok "the image's default command serves examples/policy.yaml mounted at /etc/sluice"
+# --- the Dockerfile's `docker run` example ------------------------------------------
+# Its command as the Dockerfile's header and docs/container-image.md give it, in a
+# network namespace of its own (`--network none` for `-p`, which needs a bridge this
+# daemon does not make): its default ports reached from inside that namespace. The
+# policy is a copy of examples/policy.yaml, edited in place as a bind mount needs.
+# POD_PID names the namespace `in_pod` runs in.
+in_pod() { nsenter -t "$POD_PID" -n "$@"; }
+# ask PORT IP: POST /json for one client address of domain api; its limitRemaining.
+ask() {
+    in_pod curl -sS -d "{\"domain\":\"api\",\"descriptors\":[{\"entries\":[{\"key\":\"remote_address\",\"value\":\"$2\"}]}]}" \
+        "http://127.0.0.1:$1/json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["statuses"][0]["limitRemaining"])' 2>/dev/null
+}
+# remaining PORT WANT: a new client address has WANT left after its first request.
+n_asked=0
+remaining() {
+    n_asked=$((n_asked + 1))
+    [ "$(ask "$1" "203.0.113.$n_asked")" = "$2" ]
+}
+# stopped NAME TIMEOUT: `docker stop -t TIMEOUT` (SIGTERM, SIGKILL after TIMEOUT);
+# ok when the container exited of itself with status 0 before that.
+stopped() {
+    local t0 code secs
+    t0=$(date +%s%N)
+    "$DOCKER" stop -t "$2" "$1" >/dev/null 2>&1
+    secs=$(( ($(date +%s%N) - t0) / 1000000 ))
+    code=$("$DOCKER" inspect "$1" --format '{{.State.ExitCode}} {{.State.OOMKilled}}')
+    log "$1: docker stop -t $2 took ${secs} ms, exit status ${code% *}"
+    [ "$code" = "0 false" ]
+}
+
+mkdir -p "$W/file"
+cp examples/policy.yaml "$W/file/policy.yaml"
+chmod 0644 "$W/file/policy.yaml"
+if "$DOCKER" run -d --name "$CONTAINER-file" --network none \
+    -v "$W/file/policy.yaml:/etc/sluice/policy.yaml:ro" -e SLUICE_RELOAD_INTERVAL=1h \
+    sluice:image-test >"$W/run-file.log" 2>&1 &&
+    POD_PID=$("$DOCKER" inspect "$CONTAINER-file" --format '{{.State.Pid}}') &&
+    wait_for "the example's /readyz" 30 in_pod curl -fsS http://127.0.0.1:8080/readyz; then
+    if [ "$(in_pod curl -sS http://127.0.0.1:8080/healthz)" = ok ] && remaining 8080 599; then
+        ok "docker run as the Dockerfile says: /healthz, /readyz and POST /json on 8080 serve examples/policy.yaml (600 a minute)"
     else
-        bad "POST /json to the policy file's sluice: want limitRemaining 599 (the 600 a minute of policy.yaml), got '$answer'"
+        bad "the Dockerfile's example: /healthz or the 600 a minute of examples/policy.yaml not served on 8080"
+    fi
+    answer=$(in_pod grpcurl -plaintext -d '{"domain":"api","descriptors":[{"entries":[{"key":"remote_address","value":"198.51.100.1"}]}]}' \
+        127.0.0.1:8081 envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit 2>&1)
+    if printf '%s' "$answer" | grep -q '"overallCode": "OK"'; then
+        ok "docker run as the Dockerfile says: ShouldRateLimit on 8081 answers OK"
+    else
+        bad "ShouldRateLimit on the example's 8081: want overallCode OK, got '$answer'"
+    fi
+    # An edit, written in place (a file replaced is not seen through its bind mount),
+    # that SIGHUP has read at once: the poll is an hour apart here.
+    sed 's/requestsPerUnit: 600$/requestsPerUnit: 7/' "$W/file/policy.yaml" >"$W/file/edited"
+    cat "$W/file/edited" >"$W/file/policy.yaml"
+    "$DOCKER" kill -s HUP "$CONTAINER-file" >/dev/null
+    if wait_for "the edit after SIGHUP" 10 remaining 8080 6 &&
+        [ "$("$DOCKER" inspect "$CONTAINER-file" --format '{{.State.Running}}')" = true ]; then
+        ok "docker kill -s HUP: the edited policy (7 a minute) is read at once and sluice keeps running"
+    else
+        bad "docker kill -s HUP: the edited policy (7 a minute) was not served"
+        "$DOCKER" logs "$CONTAINER-file" 2>&1 | tail -n 20
+    fi
+    if stopped "$CONTAINER-file" 10; then
+        ok "docker stop: SIGTERM drains and sluice exits with status 0 within docker's 10 s"
+    else
+        bad "docker stop: want exit status 0 before docker's 10 s ran out"
+        "$DOCKER" logs "$CONTAINER-file" 2>&1 | tail -n 20
     fi
 else
-    bad "the image's default command did not serve examples/policy.yaml mounted at /etc/sluice"
+    bad "docker run as the Dockerfile says did not answer /readyz on 8080"
     cat "$W/run-file.log"
     "$DOCKER" logs "$CONTAINER-file" 2>&1 | tail -n 20
+fi
+
+# --- deploy/kubernetes/sluice.yaml's pod ----------------------------------------------
+# The Deployment's container as the kubelet runs it: its args, its user and group,
+# read-only root, capabilities dropped, no privilege escalation; the ConfigMap mounted
+# where it says, laid out as the kubelet's atomic writer lays it out (a dated
+# directory, `..data` linking to it, each key a link through `..data`), and updated
+# as the kubelet updates it (a new dated directory, `..data` swapped by a rename).
+# Its probes and ports are taken from the manifest.
+M=$W/manifest
+mkdir -p "$M"
+python3 - deploy/kubernetes/sluice.yaml "$M" <<'PY' || die "could not read deploy/kubernetes/sluice.yaml"
+import os, shlex, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+out = sys.argv[2]
+dep = next(d for d in docs if d["kind"] == "Deployment")
+pod = dep["spec"]["template"]["spec"]
+c = next(c for c in pod["containers"] if c["name"] == "sluice")
+ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+psc, csc = pod.get("securityContext") or {}, c.get("securityContext") or {}
+sc = {**psc, **csc}
+mount = c["volumeMounts"][0]
+vol = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == vol["configMap"]["name"])
+for k, v in cm["data"].items():
+    open(os.path.join(out, k), "w").write(v)
+open(os.path.join(out, "args"), "w").write("".join(a + "\n" for a in c["args"]))
+probe = lambda p: (c[p]["httpGet"]["path"], ports.get(c[p]["httpGet"]["port"], c[p]["httpGet"]["port"]))
+env = {
+    "M_USER": f'{sc.get("runAsUser", "")}:{sc.get("runAsGroup", "")}',
+    "M_RO": str(sc.get("readOnlyRootFilesystem")).lower(),
+    "M_DROP": " ".join(sc.get("capabilities", {}).get("drop", [])),
+    "M_NOPRIV": str(sc.get("allowPrivilegeEscalation") is False).lower(),
+    "M_MOUNT": mount["mountPath"],
+    "M_GRACE": pod.get("terminationGracePeriodSeconds", 30),
+    "M_READY_PATH": probe("readinessProbe")[0], "M_READY_PORT": probe("readinessProbe")[1],
+    "M_LIVE_PATH": probe("livenessProbe")[0], "M_LIVE_PORT": probe("livenessProbe")[1],
+    "M_GRPC": ports["grpc"], "M_HTTP": ports["http"],
+    "M_ENV": " ".join(f'-e {e["name"]}={e["value"]}' for e in c.get("env") or []),
+}
+open(os.path.join(out, "env"), "w").write("".join(f"{k}={shlex.quote(str(v))}\n" for k, v in env.items()))
+PY
+# shellcheck disable=SC1091
+. "$M/env"
+mapfile -t m_args <"$M/args"
+# The kubelet's layout: ..<time>/KEY, ..data -> ..<time>, KEY -> ..data/KEY.
+CM=$W/configmap
+mkdir -p "$CM/..2026_12_07_12_00_00.000000001"
+for f in "$M"/*.yaml; do
+    cp "$f" "$CM/..2026_12_07_12_00_00.000000001/"
+    ln -s "..data/$(basename "$f")" "$CM/$(basename "$f")"
+done
+chmod -R a+rX "$CM"
+ln -s ..2026_12_07_12_00_00.000000001 "$CM/..data"
+[ "$M_RO $M_NOPRIV $M_DROP" = "true true ALL" ] ||
+    bad "deploy/kubernetes/sluice.yaml: want readOnlyRootFilesystem, no privilege escalation and every capability dropped, got '$M_RO $M_NOPRIV $M_DROP'"
+img_user=$("$DOCKER" image inspect sluice:image-test --format '{{.Config.User}}')
+if [ "$M_USER" = "$img_user" ]; then
+    ok "deploy/kubernetes/sluice.yaml runs the image as its own user ($img_user)"
+else
+    bad "deploy/kubernetes/sluice.yaml runs as $M_USER, the image's USER is $img_user"
+fi
+# shellcheck disable=SC2086  # M_ENV is -e NAME=VALUE words
+if "$DOCKER" run -d --name "$CONTAINER-pod" --network none --user "$M_USER" --read-only \
+    --cap-drop "$M_DROP" --security-opt no-new-privileges $M_ENV \
+    -v "$CM:$M_MOUNT:ro" sluice:image-test "${m_args[@]}" >"$W/run-pod.log" 2>&1 &&
+    POD_PID=$("$DOCKER" inspect "$CONTAINER-pod" --format '{{.State.Pid}}') &&
+    wait_for "the manifest's readiness probe" 30 in_pod curl -fsS "http://127.0.0.1:$M_READY_PORT$M_READY_PATH"; then
+    if in_pod curl -fsS "http://127.0.0.1:$M_LIVE_PORT$M_LIVE_PATH" >/dev/null &&
+        in_pod grpcurl -plaintext "127.0.0.1:$M_GRPC" list >/dev/null && remaining "$M_HTTP" 599; then
+        ok "the manifest's pod: probes $M_READY_PATH, $M_LIVE_PATH answer, gRPC on $M_GRPC, the ConfigMap's 600 a minute on $M_HTTP"
+    else
+        bad "the manifest's pod: a probe, the gRPC port $M_GRPC or the ConfigMap's 600 a minute on $M_HTTP did not answer"
+    fi
+    ids=$(awk '/^Uid:|^Gid:/ {print $2}' "/proc/$POD_PID/status" | tr '\n' ':')
+    [ "$ids" = "${M_USER}:" ] || bad "the manifest's pod runs as '$ids', want $M_USER"
+    # The kubelet's update: a new dated directory, `..data` swapped by a rename.
+    new=..2026_12_07_12_01_00.000000002
+    mkdir "$CM/$new"
+    for f in "$CM"/..data/*.yaml; do
+        sed 's/requests_per_unit: 600}/requests_per_unit: 7}/' "$f" >"$CM/$new/$(basename "$f")"
+    done
+    chmod -R a+rX "$CM/$new"
+    ln -s "$new" "$CM/..data_tmp" && mv -T "$CM/..data_tmp" "$CM/..data"
+    rm -rf "$CM/..2026_12_07_12_00_00.000000001"
+    if wait_for "the swapped ConfigMap" 10 remaining "$M_HTTP" 6; then
+        ok "the manifest's pod: a ConfigMap update (the kubelet's ..data swap) is served without a restart"
+    else
+        bad "the manifest's pod: the ConfigMap update (7 a minute) was not served after the ..data swap"
+        "$DOCKER" logs "$CONTAINER-pod" 2>&1 | tail -n 20
+    fi
+    # The kubelet's stop: SIGTERM, SIGKILL after terminationGracePeriodSeconds.
+    if stopped "$CONTAINER-pod" "$M_GRACE"; then
+        ok "the manifest's pod stops with status 0 within terminationGracePeriodSeconds ($M_GRACE)"
+    else
+        bad "the manifest's pod: want exit status 0 within terminationGracePeriodSeconds ($M_GRACE)"
+    fi
+    if "$DOCKER" logs "$CONTAINER-pod" 2>&1 | python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin]' 2>/dev/null; then
+        ok "the manifest's pod logs JSON lines only (--log-format=json)"
+    else
+        bad "the manifest's pod: a log line is not JSON"
+        "$DOCKER" logs "$CONTAINER-pod" 2>&1 | tail -n 5
+    fi
+else
+    bad "deploy/kubernetes/sluice.yaml's pod did not answer its readiness probe"
+    cat "$W/run-pod.log"
+    "$DOCKER" logs "$CONTAINER-pod" 2>&1 | tail -n 20
 fi
 
 echo "$pass passed, $fail failed"
