@@ -27,6 +27,8 @@
 //! answered the cut-off replica admits nothing of that shard's counters
 //! ([`peers`]).
 
+#[cfg(test)]
+mod concurrent;
 mod counters;
 pub mod held;
 pub mod peers;

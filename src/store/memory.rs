@@ -7,6 +7,8 @@
 //! multi-key decisions atomic without deadlock. At `--max-keys` a shard drops only
 //! counters that are expired or idle, never one in use or denying (`shard`).
 
+#[cfg(test)]
+mod concurrent;
 mod shard;
 
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -19,7 +19,7 @@ pub mod probe;
 pub mod redis;
 mod report;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
 pub use self::redis::RedisStore;
 pub use board::{Board, Kind, Sentenced, Strike};
