@@ -25,7 +25,7 @@ use super::{
 
 /// Shards of the key space; a power of two well above the core count keeps
 /// contention low without wasting memory on empty maps.
-const SHARDS: usize = 64;
+pub(crate) const SHARDS: usize = 64;
 
 /// Hits a batch may carry with its scratch on the stack.
 const SMALL: usize = 8;

@@ -173,3 +173,23 @@ fn overlapping_requests_over_many_keys_spend_only_when_admitted() {
     assert_eq!(local.counters.counter("d|a"), Some(50));
     assert_eq!(local.counters.counter("d|b"), Some(50));
 }
+
+#[test]
+fn the_local_counters_keep_every_key_below_max_keys() {
+    // However the keys of a full table spread over the local counters' shards,
+    // each is kept and counted: none is lifted before --max-keys counters owe.
+    for round in 0..40 {
+        let local = local(1, 512);
+        let limit = hourly(Algorithm::FixedWindow, 5);
+        for i in 0..512 {
+            let v = local.decide(&[hit(&format!("d|k={i}"), limit, 1, Spend::IfAdmitted)]);
+            assert!(
+                v.admitted && v.failed.is_none(),
+                "round {round}: key {i} of 512 not kept"
+            );
+        }
+        let v = local.decide(&[hit("d|k=one-more", limit, 1, Spend::IfAdmitted)]);
+        assert!(v.failed.is_some(), "the 513th is not kept");
+        assert_eq!(local.unsettled_hits(), 512);
+    }
+}

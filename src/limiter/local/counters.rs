@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::algorithm::{Algorithm, Limit, Micros, NO_DEADLINE};
 use crate::clock::Clock;
+use crate::store::memory;
 use crate::store::{
     Failed, Fallback, Hit, MemoryStore, Mode, Settlement, Spend, Store, StoreError, Verdicts,
 };
@@ -296,11 +297,12 @@ impl Counters {
         }
     }
 
-    /// The local counters' store. Its bound is twice the table's, so that however
-    /// the table's keys spread over its shards, it keeps every one of them.
+    /// The local counters' store. Each of its shards has room for the whole table,
+    /// so that however the table's keys spread over them, it keeps every one: the
+    /// table bounds what it holds.
     fn memory(&self) -> &MemoryStore {
         self.memory.get_or_init(|| {
-            let room = self.max_keys.saturating_mul(2).max(1024);
+            let room = self.max_keys.saturating_mul(memory::SHARDS);
             MemoryStore::new(self.clock.clone(), room)
         })
     }
