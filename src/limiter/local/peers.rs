@@ -13,9 +13,9 @@
 //! others anyway ([`NOTICE`]). With no peer to ask, the share at once.
 //!
 //! The request path comes here only when a call failed ([`Peers::may_share`]), and
-//! once the peers have answered it reads one word there, without the lock; the
-//! questions go out from a task of the server's ([`Peers::due`],
-//! [`Peers::answered`]).
+//! once an episode has started it reads a word or two there, without the lock,
+//! whether it waits for the peers or shares; the questions go out from a task of
+//! the server's ([`Peers::due`], [`Peers::answered`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -198,14 +198,25 @@ pub struct Peers {
     known: Mutex<Vec<Peer>>,
     /// By shard; `Reaching` for shards never cut off.
     cuts: Mutex<Vec<Option<Cut>>>,
-    /// Per shard below [`FAST`], for the failed calls to read without the lock:
-    /// 0 unless it is cut off and shares (as `cuts` says), else its latest failed
-    /// call (within [`FAILED_STEP`]).
-    sharing: Box<[AtomicU64]>,
+    /// Per shard below [`FAST`], for the failed calls to read without the lock.
+    fast: Box<[Fast]>,
     /// Episodes started so far, to number the next.
     episodes: AtomicU64,
     /// Wakes the asking task when an episode starts.
     wake: tokio::sync::Notify,
+}
+
+/// A shard's standing as its failed calls read it without the lock (as `cuts`
+/// says, published under its lock).
+#[derive(Debug, Default)]
+struct Fast {
+    /// 0 unless it is cut off and shares, else its latest failed call (within
+    /// [`FAILED_STEP`]).
+    sharing: AtomicU64,
+    /// 0 unless it is cut off and waits for the peers, else when the wait began.
+    waiting: AtomicU64,
+    /// The latest failed call while it waits (within [`FAILED_STEP`]).
+    failed: AtomicU64,
 }
 
 impl Default for Peers {
@@ -214,7 +225,7 @@ impl Default for Peers {
             asking: AtomicBool::new(false),
             known: Mutex::default(),
             cuts: Mutex::default(),
-            sharing: (0..FAST).map(|_| AtomicU64::new(0)).collect(),
+            fast: (0..FAST).map(|_| Fast::default()).collect(),
             episodes: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
         }
@@ -231,20 +242,31 @@ impl Peers {
         self.asking.load(Relaxed)
     }
 
-    /// Sets `shard`'s entry of `sharing` from its cut (under the `cuts` lock):
-    /// whether it shares, and since when it last failed.
+    /// Sets `shard`'s entry of `fast` from its cut (under the `cuts` lock):
+    /// whether it shares, and since when it last failed; whether it waits, and
+    /// since when.
     fn publish(&self, shard: usize, cut: Option<&Cut>) {
-        if let Some(slot) = self.sharing.get(shard) {
-            match cut.filter(|c| c.shares()) {
-                Some(c) => _ = slot.fetch_max(c.failed.max(1), Relaxed),
-                None => slot.store(0, Relaxed),
-            }
+        let Some(fast) = self.fast.get(shard) else {
+            return;
+        };
+        match cut.filter(|c| c.shares()) {
+            Some(c) => _ = fast.sharing.fetch_max(c.failed.max(1), Relaxed),
+            None => fast.sharing.store(0, Relaxed),
+        }
+        let waits = cut.filter(|c| c.standing == Standing::Waiting);
+        fast.waiting
+            .store(waits.map_or(0, |c| c.since.max(1)), Relaxed);
+        if cut.is_none() {
+            fast.failed.store(0, Relaxed);
         }
     }
 
     /// The latest failed call on `shard`, whichever path saw it.
     fn last_failed(&self, shard: usize, cut: &Cut) -> Micros {
-        let fast = self.sharing.get(shard).map_or(0, |f| f.load(Relaxed));
+        let fast = self
+            .fast
+            .get(shard)
+            .map_or(0, |f| f.sharing.load(Relaxed).max(f.failed.load(Relaxed)));
         cut.failed.max(fast)
     }
 
@@ -268,14 +290,27 @@ impl Peers {
     pub fn may_share(&self, shard: usize, now: Micros) -> bool {
         // Once the peers have answered, a lost shard's calls read one word (and now
         // and then write the time): no lock while the outage lasts.
-        if let Some(slot) = self.sharing.get(shard) {
-            let failed = slot.load(Relaxed);
+        if let Some(fast) = self.fast.get(shard) {
+            let failed = fast.sharing.load(Relaxed);
             if failed != 0 {
                 if since(now, failed) >= FAILED_STEP {
                     // Not over a 0 that the end of the episode wrote meanwhile.
-                    let _ = slot.compare_exchange(failed, now.max(1), Relaxed, Relaxed);
+                    let _ = fast
+                        .sharing
+                        .compare_exchange(failed, now.max(1), Relaxed, Relaxed);
                 }
                 return true;
+            }
+            // Nor while it waits for them: their answers are reviewed as they come
+            // (`answered`), and the wait's end by the asking task's ticks (`due`)
+            // or by the first call past it, below.
+            let began = fast.waiting.load(Relaxed);
+            if began != 0 && since(now, began) < NOTICE {
+                let failed = fast.failed.load(Relaxed);
+                if since(now, failed) >= FAILED_STEP {
+                    let _ = fast.failed.compare_exchange(failed, now, Relaxed, Relaxed);
+                }
+                return false;
             }
         }
         let mut cuts = lock(&self.cuts);
@@ -490,6 +525,36 @@ mod tests {
         assert_eq!(s.reached_by, 1);
         // Other shards are untouched.
         assert_eq!(standing(&peers, 0, t), Standing::Reaching);
+    }
+
+    #[test]
+    fn a_call_waiting_for_the_peers_takes_no_lock_shared_by_every_shard() {
+        let peers = two_peers();
+        let t = 1_000_000;
+        assert!(!peers.may_share(1, t), "waiting for the peers");
+        // The table of every shard's standing held (a round being sent, the admin
+        // page being read): the waiting shard's calls are answered all the same.
+        let answered = std::thread::scope(|s| {
+            let held = lock(&peers.cuts);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let peers = &peers;
+            s.spawn(move || {
+                let _ = tx.send(peers.may_share(1, t + MS));
+            });
+            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(held);
+            answered
+        });
+        assert_eq!(answered, Ok(false), "withheld at once");
+        // The failure it saw keeps the episode open, as one seen under the lock does.
+        peers.back(1, t + MS + ASK_EVERY - 1);
+        assert_eq!(standing(&peers, 1, t + MS), Standing::Waiting);
+        peers.back(1, t + MS + ASK_EVERY);
+        assert_eq!(standing(&peers, 1, t + MS), Standing::Reaching);
+        // Past the wait, the first call gives the share, as before.
+        assert!(!peers.may_share(1, t + 2 * ASK_EVERY));
+        assert!(!peers.may_share(1, t + 2 * ASK_EVERY + NOTICE - 1));
+        assert!(peers.may_share(1, t + 2 * ASK_EVERY + NOTICE));
     }
 
     #[test]
