@@ -62,6 +62,9 @@ struct Tracked {
     /// The API server refused its last status write: logged once, until a write
     /// is taken (a refusal such as RBAC's stands until an operator acts).
     refused: bool,
+    /// When its spec last changed, in the order the watch saw changes: the latest
+    /// change's status is written first (see [`KubeSource::write_statuses`]).
+    changed: u64,
 }
 
 impl KubeSource {
@@ -134,6 +137,7 @@ impl KubeSource {
         // While events keep coming (a burst, or a resumed watch's missed versions):
         // when its first came, and when statuses are written if no other comes.
         let mut burst: Option<(Instant, Instant)> = None;
+        let mut changes = 0;
         loop {
             let mut changed = false;
             let settled = burst.map(|(_, at)| at);
@@ -155,6 +159,7 @@ impl KubeSource {
                         listed: &mut listed,
                         first: &mut first,
                         scope: &scope,
+                        changes: &mut changes,
                     };
                     changed = watch.take(event);
                     // Every event already waiting is taken before compiling: a
@@ -229,7 +234,8 @@ impl KubeSource {
     /// after a burst began), so a burst of versions is written once, with its end.
     /// Writing stops after [`STATUS_ROUND`] so that waiting events are taken first;
     /// it returns true when statuses are left to write (and the API server is
-    /// taking them), to be called again at once.
+    /// taking them), to be called again at once. The latest spec change is
+    /// written first ([`latest_first`]).
     ///
     /// This holds for replicas of one Deployment, which share their flags and
     /// files (at the same paths: a `Conflicted` message may name a file). Two differently configured instances watching the same objects (say,
@@ -244,7 +250,7 @@ impl KubeSource {
     ) -> bool {
         let started = Instant::now();
         let mut written = false;
-        for (key, t) in objects.iter_mut() {
+        for (key, t) in latest_first(objects) {
             let Some(outcome) = outcomes.get(key) else {
                 continue;
             };
@@ -337,6 +343,15 @@ impl KubeSource {
     }
 }
 
+/// The objects, the one whose spec changed last first: an edit made during a burst
+/// of others (a team's manifests applied, a namespace deleted) gets its status
+/// without waiting for theirs, as its effect does not wait for their compiling.
+fn latest_first(objects: &mut BTreeMap<String, Tracked>) -> Vec<(&String, &mut Tracked)> {
+    let mut order: Vec<_> = objects.iter_mut().collect();
+    order.sort_by_key(|(_, t)| std::cmp::Reverse(t.changed));
+    order
+}
+
 /// Whether a refused status write says the API server cannot take writes now,
 /// rather than something of this object: an overload or failure of its own (429,
 /// 5xx), or an answer that is not its verdict on an object at all, such as the
@@ -369,6 +384,8 @@ struct Watch<'a> {
     listed: &'a mut bool,
     first: &'a mut Option<oneshot::Sender<()>>,
     scope: &'a str,
+    /// Spec changes seen so far, to number the next ([`Tracked::changed`]).
+    changes: &'a mut u64,
 }
 
 impl Watch<'_> {
@@ -399,7 +416,7 @@ impl Watch<'_> {
                 false
             }
             Event::InitApply(obj) => {
-                let (key, t) = track(obj, self.objects);
+                let (key, t) = track(obj, self.objects, self.changes);
                 self.listing
                     .get_or_insert_with(BTreeMap::new)
                     .insert(key, t);
@@ -414,7 +431,7 @@ impl Watch<'_> {
                 changed
             }
             Event::Apply(obj) => {
-                let (key, t) = track(obj, self.objects);
+                let (key, t) = track(obj, self.objects, self.changes);
                 let changed = self
                     .objects
                     .get(&key)
@@ -525,7 +542,11 @@ fn key_of(obj: &RawPolicy) -> String {
 
 /// Converts an object, re-using the parse of an unchanged generation and carrying
 /// the last good version of the same object (same uid).
-fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked) {
+fn track(
+    obj: RawPolicy,
+    known: &BTreeMap<String, Tracked>,
+    changes: &mut u64,
+) -> (String, Tracked) {
     let key = key_of(&obj);
     let namespace = obj.metadata.namespace.clone().unwrap_or_default();
     let name = obj.metadata.name.clone().unwrap_or_default();
@@ -557,6 +578,13 @@ fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked)
             message: why,
         }]),
         (_, None) => parse(&namespace, &name, &spec),
+    };
+    let changed = match previous {
+        Some(old) if old.candidate.generation == generation => old.changed,
+        _ => {
+            *changes += 1;
+            *changes
+        }
     };
     let last_good = match &current {
         Ok(doc) => Some(doc.clone()),
@@ -601,6 +629,7 @@ fn track(obj: RawPolicy, known: &BTreeMap<String, Tracked>) -> (String, Tracked)
             stored,
             conditions,
             version,
+            changed,
         },
     )
 }
@@ -714,6 +743,47 @@ mod tests {
         assert!(!same(&a, &condition(&Acceptance::Invalid("x".into()), 4)));
         assert!(!same(&a, &condition(&Acceptance::Accepted, 3)));
         assert!(now_rfc3339().ends_with('Z'));
+    }
+
+    fn policy(name: &str, generation: i64, limit: u32) -> RawPolicy {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "uid": name, "generation": generation},
+            "spec": {"domain": name, "descriptors": [
+                {"key": "user", "rateLimit": {"unit": "minute", "requestsPerUnit": limit}}
+            ]},
+        }))
+        .unwrap()
+    }
+
+    /// A burst of policies and then an edit of one older than them: the edit's
+    /// status is written first; a status written back (same generation) moves
+    /// nothing.
+    #[test]
+    fn the_latest_spec_change_is_written_first() {
+        let mut objects = BTreeMap::new();
+        let mut changes = 0;
+        let mut take = |objects: &mut BTreeMap<String, Tracked>, p: RawPolicy| {
+            let (key, t) = track(p, objects, &mut changes);
+            objects.insert(key, t);
+        };
+        take(&mut objects, policy("zeta", 1, 2));
+        for i in 0..5 {
+            take(&mut objects, policy(&format!("p{i}"), 1, 5));
+        }
+        take(&mut objects, policy("zeta", 2, 3));
+        take(&mut objects, policy("p4", 1, 5));
+        let order = |objects: &mut BTreeMap<String, Tracked>| -> Vec<String> {
+            latest_first(objects)
+                .into_iter()
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        assert_eq!(
+            order(&mut objects),
+            ["ns/zeta", "ns/p4", "ns/p3", "ns/p2", "ns/p1", "ns/p0"]
+        );
+        take(&mut objects, policy("p0", 2, 6));
+        assert_eq!(order(&mut objects)[..2], ["ns/p0", "ns/zeta"]);
     }
 
     /// A refusal that is the API server's verdict on the object stays the object's;
