@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::tls::{admin_over_mutual_tls, Ca};
+use common::tls::{admin_over_mutual_tls, mutual_tls_flags, Ca};
 use common::tools::{grpcurl, text, tool};
 use common::*;
 use serde_json::Value;
@@ -608,6 +608,66 @@ fn the_admin_port_is_off_on_request_and_an_explicit_address_must_bind() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--admin-addr") && err.contains(&addr), "{err}");
+}
+
+/// `--admin-tls-client-san` (here as `SLUICE_ADMIN_TLS_CLIENT_SAN`): of the client
+/// certificates the admin CA signs, only one carrying the name may call the port,
+/// which can block keys; another is refused in its handshake, which `sluice explain`
+/// reports, and logged and counted as the gRPC port's refusals are.
+#[tokio::test]
+async fn the_admin_port_takes_only_client_certificates_with_its_name() {
+    let ca = Ca::new("admin-ca");
+    let flags = mutual_tls_flags("admin", &ca.server(), &ca.cert());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let env = [("SLUICE_ADMIN_TLS_CLIENT_SAN", "ops.example.com")];
+    let server = Server::start_env(dir, &[policy], &flags, &env);
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let explain = |client: &common::tls::Pair| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["explain", "--domain", "api", "tenant=acme"])
+            .args(["--server", &server.admin, "--tls-ca", &path(&ca.cert())])
+            .args([
+                "--tls-cert",
+                &path(&client.cert),
+                "--tls-key",
+                &path(&client.key),
+            ])
+            .output()
+            .expect("run sluice explain")
+    };
+    let out = explain(&ca.client_for("ops.example.com"));
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("matched:  tenant=acme (exact)"), "{said}");
+
+    let out = explain(&ca.client_for("intruder.example.com"));
+    assert!(!out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("refused the TLS handshake") && said.contains("--admin-tls-client-san"),
+        "{said}"
+    );
+    let lines = server
+        .wait_line(Duration::from_secs(10), "the refused certificate", |l| {
+            l.contains("WARN") && l.contains("the client's certificate is not accepted")
+        })
+        .await;
+    let line = lines.last().unwrap();
+    assert!(
+        line.contains("admin") && line.contains("NotValidForName"),
+        "the port and the reason are given: {line}"
+    );
+    let closed = ("port", "admin");
+    eventually(Duration::from_secs(10), "the refusal counted", || async {
+        let labels = [closed, ("reason", "handshake_failed")];
+        server
+            .metric("sluice_grpc_connections_closed_total", &labels)
+            .is_some_and(|n| n >= 1.0)
+    })
+    .await;
 }
 
 const SIGNALS_POLICY: &str = r#"

@@ -142,7 +142,7 @@ async fn tls_refusal(args: &ConnectArgs, url: &str) -> Option<String> {
             ": it takes only clients with a certificate; give --tls-cert and --tls-key"
         }
         (_, Some(_)) => {
-            ": it did not accept --tls-cert; is it signed by the CA of its --admin-tls-client-ca, and within its validity period?"
+            ": it did not accept --tls-cert; is it signed by the CA of its --admin-tls-client-ca, named as its --admin-tls-client-san asks (if it has one), and within its validity period?"
         }
         (_, None) => "",
     };

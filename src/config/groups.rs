@@ -271,6 +271,14 @@ pub struct ListenArgs {
     /// sign (mutual TLS).
     #[arg(long, env = "SLUICE_ADMIN_TLS_CLIENT_CA", requires = "admin_tls_cert")]
     pub admin_tls_client_ca: Option<PathBuf>,
+    /// A DNS name the client certificates of --admin-tls-client-ca must also carry
+    /// among their subject alternative names.
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN_TLS_CLIENT_SAN",
+        requires = "admin_tls_client_ca"
+    )]
+    pub admin_tls_client_san: Option<String>,
     /// PEM certificate chain of the HTTP port; with --http-tls-key the port serves
     /// HTTPS only. Re-read when it changes.
     #[arg(long, env = "SLUICE_HTTP_TLS_CERT", requires = "http_tls_key")]
@@ -408,11 +416,13 @@ impl ListenArgs {
 
     /// The admin port's TLS files, when it serves TLS.
     pub fn admin_tls(&self) -> Option<TlsFiles> {
-        tls_files(
+        let mut files = tls_files(
             &self.admin_tls_cert,
             &self.admin_tls_key,
             &self.admin_tls_client_ca,
-        )
+        )?;
+        files.client_san = self.admin_tls_client_san.clone();
+        Some(files)
     }
 
     /// The HTTP port's TLS files, when it serves TLS.

@@ -448,6 +448,44 @@ mod tests {
         assert_eq!(s.listen.http_tls(), None);
     }
 
+    #[test]
+    fn a_client_san_needs_its_ports_client_ca() {
+        let admin = ["--admin-tls-cert", "c.pem", "--admin-tls-key", "k.pem"];
+        for port in ["grpc", "admin"] {
+            let args = [
+                "sluice".to_string(),
+                "serve".into(),
+                "--config".into(),
+                "a.yaml".into(),
+                format!("--{port}-tls-cert"),
+                "c.pem".into(),
+                format!("--{port}-tls-key"),
+                "k.pem".into(),
+                format!("--{port}-tls-client-san"),
+                "ops.example.com".into(),
+            ];
+            let e = Cli::try_parse_from(&args).unwrap_err().to_string();
+            assert!(e.contains(&format!("--{port}-tls-client-ca")), "{e}");
+        }
+        let with_ca = [
+            &admin[..],
+            &["--admin-tls-client-ca", "ca.pem"],
+            &["--admin-tls-client-san", "ops.example.com"],
+        ]
+        .concat();
+        let s = serve(&[&["--config", "a.yaml"][..], &with_ca].concat());
+        assert_eq!(
+            s.listen.admin_tls(),
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+                client_san: Some("ops.example.com".into()),
+            })
+        );
+        assert_eq!(s.listen.grpc_tls(), None);
+    }
+
     fn serve(args: &[&str]) -> Serve {
         let cli = Cli::try_parse_from([&["sluice", "serve"], args].concat()).unwrap();
         let Command::Serve(s) = cli.command else {

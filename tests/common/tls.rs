@@ -18,6 +18,9 @@ pub struct Ca {
     serial: std::cell::Cell<u32>,
 }
 
+/// The names of the certificates but [`Ca::client_for`]'s.
+const LOCALHOST: &str = "DNS:localhost,IP:127.0.0.1";
+
 /// A certificate and its key, as PEM files.
 #[derive(Debug, Clone)]
 pub struct Pair {
@@ -75,12 +78,17 @@ impl Ca {
 
     /// A server certificate for localhost and 127.0.0.1 (EC P-256).
     pub fn server(&self) -> Pair {
-        self.issue("localhost", "serverAuth", false)
+        self.issue("localhost", "serverAuth", false, LOCALHOST)
     }
 
     /// A client certificate named `name`.
     pub fn client(&self, name: &str) -> Pair {
-        self.issue(name, "clientAuth", false)
+        self.issue(name, "clientAuth", false, LOCALHOST)
+    }
+
+    /// A client certificate whose one subject alternative name is the DNS name `dns`.
+    pub fn client_for(&self, dns: &str) -> Pair {
+        self.issue(dns, "clientAuth", false, &format!("DNS:{dns}"))
     }
 
     /// A server certificate for localhost and 127.0.0.1 valid from `not_before` to
@@ -93,7 +101,7 @@ impl Ca {
             csr,
             cert,
             ext,
-        } = self.csr("localhost", "serverAuth", false);
+        } = self.csr("localhost", "serverAuth", false, LOCALHOST);
         let d = self.dir.path();
         let db = format!("{n}.db");
         std::fs::write(d.join(&db), "").expect("write the CA database");
@@ -139,13 +147,13 @@ impl Ca {
 
     /// As Envoy Gateway makes them: RSA 2048 with a PKCS#1 key, for both uses.
     pub fn rsa_pkcs1(&self) -> Pair {
-        self.issue("localhost", "serverAuth,clientAuth", true)
+        self.issue("localhost", "serverAuth,clientAuth", true, LOCALHOST)
     }
 
     /// A new key (RSA 2048 with a PKCS#1 key, else P-256) and its signing request for
-    /// `cn`, and the extensions for `usage`, in the CA's directory under the next
-    /// serial.
-    fn csr(&self, cn: &str, usage: &str, rsa: bool) -> Csr {
+    /// `cn`, and the extensions for `usage` and the names `san`, in the CA's directory
+    /// under the next serial.
+    fn csr(&self, cn: &str, usage: &str, rsa: bool, san: &str) -> Csr {
         let n = self.serial.get() + 1;
         self.serial.set(n);
         let d = self.dir.path();
@@ -191,7 +199,7 @@ impl Ca {
         }
         std::fs::write(
             d.join(&ext),
-            format!("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+            format!("subjectAltName={san}\nextendedKeyUsage={usage}\n"),
         )
         .expect("write extensions");
         Csr {
@@ -203,14 +211,14 @@ impl Ca {
         }
     }
 
-    fn issue(&self, cn: &str, usage: &str, rsa: bool) -> Pair {
+    fn issue(&self, cn: &str, usage: &str, rsa: bool, san: &str) -> Pair {
         let Csr {
             n,
             key,
             csr,
             cert,
             ext,
-        } = self.csr(cn, usage, rsa);
+        } = self.csr(cn, usage, rsa, san);
         let d = self.dir.path();
         openssl(
             d,
