@@ -190,7 +190,9 @@ kinds = {x[\"kind\"] for x in ds}
 assert \"ClusterRole\" not in kinds and \"Role\" in kinds and \"RoleBinding\" in kinds, kinds
 r = [x for x in ds if x[\"kind\"] == \"Role\"][0]
 assert r[\"metadata\"][\"namespace\"] == \"shop\"
-assert {\"apiGroups\": [\"sluice.dev\"], \"resources\": [\"ratelimitpolicies/status\"], \"verbs\": [\"patch\", \"update\"]} in r[\"rules\"]
+assert {\"apiGroups\": [\"sluice.dev\"], \"resources\": [\"ratelimitpolicies\"], \"verbs\": [\"list\", \"watch\"]} in r[\"rules\"], r[\"rules\"]
+assert {\"apiGroups\": [\"sluice.dev\"], \"resources\": [\"ratelimitpolicies/status\"], \"verbs\": [\"patch\"]} in r[\"rules\"], r[\"rules\"]
+assert len(r[\"rules\"]) == 2, r[\"rules\"]
 '"
 check "hashKeys with hashSecret: --hash-keys, SLUICE_HASH_SECRET from the Secret" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set hashKeys=true --set hashSecret.existingSecret=sluice-hash | python3 -c '
