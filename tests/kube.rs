@@ -75,6 +75,16 @@ impl Cluster {
     /// Starts the API server, or returns `None` (after a loud message) when its
     /// binaries are absent and `SLUICE_REQUIRE_KUBE` is unset.
     fn start() -> Option<Cluster> {
+        Self::start_with(false)
+    }
+
+    /// As [`Cluster::start`], the API server writing the metadata of every request
+    /// to its audit log, [`Cluster::audit`].
+    fn start_audited() -> Option<Cluster> {
+        Self::start_with(true)
+    }
+
+    fn start_with(audited: bool) -> Option<Cluster> {
         if let Err(missing) = binaries_present() {
             if std::env::var_os("SLUICE_REQUIRE_KUBE").is_some() {
                 panic!("SLUICE_REQUIRE_KUBE is set but {missing} is missing: run scripts/install-kube.sh");
@@ -103,8 +113,32 @@ impl Cluster {
             kubectl: String::new(),
             env: Vec::new(),
         };
-        cluster.run_script(&[]);
+        if !audited {
+            cluster.run_script(&[]);
+            return Some(cluster);
+        }
+        let d = cluster.dir.path();
+        let policy = d.join("audit-policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n  - level: Metadata\n",
+        )
+        .expect("write the audit policy");
+        let args = format!(
+            "--audit-policy-file={} --audit-log-path={}",
+            policy.display(),
+            d.join("audit.log").display()
+        );
+        cluster.run_script(&[("KUBE_APISERVER_EXTRA_ARGS", &args)]);
         Some(cluster)
+    }
+
+    /// The events of the audit log so far (with [`Cluster::start_audited`]).
+    fn audit(&self) -> Vec<serde_json::Value> {
+        let log = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        log.lines()
+            .map(|l| serde_json::from_str(l).expect("an audit event"))
+            .collect()
     }
 
     /// `kube-apiserver.sh start`, with extra environment; reads DIR/env.
@@ -1488,6 +1522,81 @@ async fn other_controllers_conditions_are_kept() {
     assert_eq!(k.jsonpath("ops", "a", programmed), "True", "after Accepted");
     let types = k.jsonpath("ops", "a", "{.status.conditions[*].type}");
     assert_eq!(types, "Accepted Programmed");
+}
+
+/// Sluice's requests to the API server say who makes them: the audit log records
+/// the User-Agent `sluice/VERSION` with each list, watch and status write of
+/// RateLimitPolicies, where an operator would otherwise find a blank. And those are
+/// all the rights it takes: deploy/rbac.yaml grants exactly these verbs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_servers_audit_log_names_sluice_and_the_verbs_its_role_grants() {
+    let Some(k) = Cluster::start_audited() else {
+        return;
+    };
+    k.install_crd().await;
+    k.apply_new_kind(
+        &["--validate=false"],
+        &per_minute("ops", "a", "da", "user", 2),
+    )
+    .await;
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let _server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+        .await;
+    // Every request but kubectl's (the test's own) on the policies is Sluice's.
+    let sluices = || {
+        k.audit()
+            .into_iter()
+            .filter(|e| e["objectRef"]["resource"] == "ratelimitpolicies")
+            .filter(|e| {
+                let agent = e["userAgent"].as_str().unwrap_or("");
+                !agent.starts_with("kubectl")
+            })
+            .collect::<Vec<_>>()
+    };
+    let verbs = |events: &[serde_json::Value]| {
+        ["list", "watch", "patch"]
+            .iter()
+            .all(|v| events.iter().any(|e| e["verb"] == *v))
+    };
+    eventually(
+        STATUS,
+        "the list, watch and status write audited",
+        || async { verbs(&sluices()) },
+    )
+    .await;
+    let agent = format!("sluice/{}", env!("CARGO_PKG_VERSION"));
+    let mut used = std::collections::BTreeSet::new();
+    for e in sluices() {
+        assert_eq!(e["userAgent"], agent.as_str(), "{e}");
+        let resource = match e["objectRef"]["subresource"].as_str() {
+            Some(sub) => format!("ratelimitpolicies/{sub}"),
+            None => "ratelimitpolicies".to_string(),
+        };
+        used.insert((resource, e["verb"].as_str().unwrap().to_string()));
+    }
+    assert_eq!(used, granted_by_deploy_rbac());
+}
+
+/// The (resource, verb) pairs deploy/rbac.yaml's ClusterRole grants.
+fn granted_by_deploy_rbac() -> std::collections::BTreeSet<(String, String)> {
+    use yaml_rust2::YamlLoader;
+    let text = std::fs::read_to_string(repo().join("deploy/rbac.yaml")).unwrap();
+    let docs = YamlLoader::load_from_str(&text).expect("deploy/rbac.yaml is YAML");
+    let role = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("ClusterRole"))
+        .expect("a ClusterRole");
+    let mut granted = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_vec().expect("rules") {
+        for resource in rule["resources"].as_vec().expect("resources") {
+            for verb in rule["verbs"].as_vec().expect("verbs") {
+                let pair = (resource.as_str().unwrap(), verb.as_str().unwrap());
+                granted.insert((pair.0.to_string(), pair.1.to_string()));
+            }
+        }
+    }
+    granted
 }
 
 /// A status write made from an older version of the object than the API server

@@ -67,6 +67,21 @@ struct Tracked {
     changed: u64,
 }
 
+/// The User-Agent of Sluice's requests to the API server, which its audit log
+/// records with each.
+pub const USER_AGENT: &str = concat!("sluice/", env!("CARGO_PKG_VERSION"));
+
+/// The API server and its credentials, from the in-cluster service account or
+/// `KUBECONFIG`, with Sluice's [`USER_AGENT`].
+pub async fn config() -> kube::Result<kube::Config> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let agent = http::HeaderValue::from_static(USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, agent));
+    Ok(config)
+}
+
 impl KubeSource {
     /// Connects with in-cluster config or `KUBECONFIG`.
     pub async fn connect(namespace: Option<String>, hub: Arc<Hub>) -> anyhow::Result<KubeSource> {
@@ -75,9 +90,7 @@ impl KubeSource {
                 "--kube: cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG): {e}"
             )
         };
-        let config = kube::Config::infer()
-            .await
-            .map_err(|e| failed(kube::Error::InferConfig(e)))?;
+        let config = config().await.map_err(failed)?;
         let (opened_tx, opened) = tokio::sync::watch::channel(0);
         let client = kube::client::ClientBuilder::try_from(config)
             .map_err(failed)?

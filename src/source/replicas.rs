@@ -95,7 +95,7 @@ impl ReplicaWatch {
     /// Connects with in-cluster config or `KUBECONFIG`. A failure is the caller's
     /// to log: it leaves the count to the store or the configured one.
     pub async fn connect(service: &ServiceRef, metrics: Arc<Metrics>) -> kube::Result<Self> {
-        let client = Client::try_default().await?;
+        let client = Client::try_from(super::kube::config().await?)?;
         let namespace = service
             .namespace
             .clone()
