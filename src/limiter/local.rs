@@ -6,7 +6,7 @@
 //! Two pieces, each off the healthy path but for the first:
 //! - `Memo`: what the store last said of a counter (how much of it was used, and
 //!   until when that holds). Written for `local` domains on every store answer, with
-//!   relaxed atomic stores into a fixed table: no lock, no allocation, no clock read
+//!   atomic stores into a fixed table (`memo`): no lock, no allocation, no clock read
 //!   (the time is the ticker's, [`Local::tick`]). A local counter starts from it, so
 //!   an outage does not hand out a fresh window.
 //! - the counters decided locally, and what each spent until the store has taken
@@ -31,6 +31,7 @@
 mod concurrent;
 mod counters;
 pub mod held;
+mod memo;
 pub mod peers;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -42,11 +43,8 @@ use crate::store::{member, parse_member, Beats, Heard, Hit, Replicas, Spend, Sto
 
 use counters::Counters;
 use held::{Held, HeldPeer};
+use memo::Memo;
 use peers::{CutStatus, Peer, Peers};
-
-/// Slots of the memo: a direct-mapped table, so a busy replica remembers its most
-/// recent counters and an idle one loses nothing that matters.
-const MEMO_SLOTS: usize = 1 << 13;
 
 /// How heartbeats (sent every second) count: a replica is live for 3 s after its
 /// latest beat (two beats may be late), then missing for up to 30 s: long enough to
@@ -124,63 +122,6 @@ fn capacity(limit: &Limit) -> u64 {
     match limit.algorithm {
         Algorithm::TokenBucket | Algorithm::LeakyBucket => limit.burst,
         _ => limit.requests,
-    }
-}
-
-/// What the store last said of counters, by the hash of their key and algorithm
-/// (the store keeps each algorithm's counter apart: a rule reloaded to another
-/// algorithm starts a fresh one there, and so here).
-struct Memo {
-    slots: Box<[MemoSlot]>,
-    hasher: ahash::RandomState,
-}
-
-#[derive(Default)]
-struct MemoSlot {
-    /// The key's hash; 0 for an empty slot.
-    tag: AtomicU64,
-    /// How much of the counter was used.
-    used: AtomicU64,
-    /// Until when (limiter clock, µs) that stands: the counter's reset.
-    until: AtomicU64,
-}
-
-impl Memo {
-    fn new() -> Memo {
-        Memo {
-            slots: (0..MEMO_SLOTS).map(|_| MemoSlot::default()).collect(),
-            hasher: ahash::RandomState::new(),
-        }
-    }
-
-    fn hash(&self, hit: &Hit) -> u64 {
-        self.hasher
-            .hash_one((hit.key.as_str(), hit.limit.algorithm))
-            .max(1)
-    }
-
-    fn write(&self, hit: &Hit, used: u64, until: Micros) {
-        let h = self.hash(hit);
-        let slot = &self.slots[h as usize % MEMO_SLOTS];
-        // Two counters of one slot may interleave their stores; the read checks the
-        // tag on both sides, so a torn pair reads as unknown.
-        slot.tag.store(h, Relaxed);
-        slot.used.store(used, Relaxed);
-        slot.until.store(until, Relaxed);
-        slot.tag.store(h, Relaxed);
-    }
-
-    /// How much of `hit`'s counter was used, if the store said so and it still
-    /// stands at `now`.
-    fn read(&self, hit: &Hit, now: Micros) -> Option<u64> {
-        let h = self.hash(hit);
-        let slot = &self.slots[h as usize % MEMO_SLOTS];
-        if slot.tag.load(Relaxed) != h {
-            return None;
-        }
-        let used = slot.used.load(Relaxed);
-        let until = slot.until.load(Relaxed);
-        (slot.tag.load(Relaxed) == h && until > now).then_some(used)
     }
 }
 
