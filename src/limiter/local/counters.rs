@@ -131,6 +131,9 @@ struct Pending {
     settling: Option<Offer>,
     /// The latest local decision (limiter clock).
     touched: Micros,
+    /// Decisions between finding it and recording what they spent: until they
+    /// have, it stays, whatever it owes and however long they take.
+    deciding: u32,
 }
 
 /// An amount offered to the store: `refund` given back, then `charge` spent,
@@ -146,6 +149,12 @@ impl Pending {
     /// Whether the store has yet to take some of its spending or refunds.
     fn owes(&self) -> bool {
         self.spent > 0 || self.refund > 0 || self.settling.is_some()
+    }
+
+    /// Whether it may leave the table at `now`: it owes nothing, no decision is
+    /// under way on it, and none has been for `idle`.
+    fn may_go(&self, now: Micros, idle: Micros) -> bool {
+        !self.owes() && self.deciding == 0 && idle_for(self, now) >= idle
     }
 
     /// Spent locally and not taken by the store yet, on its way or not.
@@ -226,8 +235,7 @@ impl Round {
 }
 
 /// How long `p` has gone undecided at `now`. One decided after `now` was read (a
-/// request racing the caller) has not: until its request has counted what it
-/// spent, it owes nothing and must stay.
+/// request racing the caller) has not.
 fn idle_for(p: &Pending, now: Micros) -> Micros {
     now.saturating_sub(p.touched)
 }
@@ -254,6 +262,13 @@ fn local_hit(hit: &Hit, key: String, limit: Limit) -> Hit {
         fallback: hit.fallback,
         max_delay: hit.max_delay,
     }
+}
+
+/// A decision begun ([`Counters::begin`]): the hits on the local counters, and
+/// those of `hits` whose counters the table cannot keep, ascending.
+struct Begun {
+    local: Vec<Hit>,
+    lifted: Vec<usize>,
 }
 
 /// The counters decided locally, at most `--max-keys` of them.
@@ -322,8 +337,20 @@ impl Counters {
         replicas: u32,
         seed: impl Fn(&Hit, &Limit) -> u64,
     ) -> Verdicts {
-        let memory = self.memory();
         let now = self.clock.now();
+        let begun = self.begin(hits, replicas, now, seed);
+        self.finish(hits, begun, now)
+    }
+
+    /// A decision's first half: finds or makes each hit's counter in the table.
+    fn begin(
+        &self,
+        hits: &[Hit],
+        replicas: u32,
+        now: Micros,
+        seed: impl Fn(&Hit, &Limit) -> u64,
+    ) -> Begun {
+        let memory = self.memory();
         let mut local: Vec<Hit> = Vec::with_capacity(hits.len());
         // The hits whose counters the table cannot keep, ascending.
         let mut lifted: Vec<usize> = Vec::new();
@@ -333,6 +360,7 @@ impl Counters {
             let known = table.counters.get_mut(&IdOf(hit)).map(|p| {
                 p.touched = now;
                 p.limit = hit.limit;
+                p.deciding = p.deciding.saturating_add(1);
                 p.episode
             });
             let episode = match known {
@@ -357,6 +385,7 @@ impl Counters {
                         refund: 0,
                         settling: None,
                         touched: now,
+                        deciding: 1,
                     };
                     table.counters.insert(Id::of(hit), pending);
                     episode
@@ -369,6 +398,14 @@ impl Counters {
             drop(table);
             local.push(local_hit(hit, local_key(episode, &hit.key), limit));
         }
+        Begun { local, lifted }
+    }
+
+    /// A decision's second half: decides the kept hits on the local counters and
+    /// records what each spent in the table.
+    fn finish(&self, hits: &[Hit], begun: Begun, now: Micros) -> Verdicts {
+        let Begun { mut local, lifted } = begun;
+        let memory = self.memory();
         if lifted.iter().any(|&i| hits[i].mode == Mode::Quota) {
             // A lifted quota limit admits: the others can no longer deny by quota.
             for h in local.iter_mut().filter(|h| h.mode == Mode::Quota) {
@@ -392,12 +429,17 @@ impl Counters {
         };
         self.unsettled.store(true, Relaxed);
         for (i, hit) in hits.iter().enumerate() {
-            let not_kept = decided.failed.as_ref().is_some_and(|f| f.contains(i));
-            if not_kept || !hit.spent(decided.admitted) || hit.hits == 0 {
+            if lifted.binary_search(&i).is_ok() {
                 continue;
             }
+            let not_kept = decided.failed.as_ref().is_some_and(|f| f.contains(i));
+            let spent = !not_kept && hit.spent(decided.admitted) && hit.hits > 0;
             let mut table = lock(self.table(&hit.key));
-            if let Some(p) = table.counters.get_mut(&IdOf(hit)) {
+            let Some(p) = table.counters.get_mut(&IdOf(hit)) else {
+                continue;
+            };
+            p.deciding = p.deciding.saturating_sub(1);
+            if spent {
                 match hit.spend {
                     Spend::Refund => p.give_back(hit.hits),
                     _ => p.spent = p.spent.saturating_add(hit.hits),
@@ -410,8 +452,8 @@ impl Counters {
     /// Takes room for a new counter in `table` (its lock held): below the bound,
     /// or once the counters that owe nothing have gone (searched for at most every
     /// [`CLEAR_EVERY`]: this shard, and every other not locked at the moment, which
-    /// cannot deadlock). One decided within that time stays: a request deciding it
-    /// now must find it. A refusal is counted, and logged when the refusals start.
+    /// cannot deadlock). One decided within that time stays, and one a request is
+    /// deciding: the request must find it to record what it spent. A refusal is counted, and logged when the refusals start.
     fn room(&self, table: &mut Table, now: Micros) -> bool {
         if self.take() {
             return true;
@@ -423,7 +465,7 @@ impl Counters {
                 .compare_exchange(cleared, now, Relaxed, Relaxed)
                 .is_ok()
         {
-            let owes_nothing = |p: &Pending| !p.owes() && idle_for(p, now) >= CLEAR_EVERY;
+            let owes_nothing = |p: &Pending| p.may_go(now, CLEAR_EVERY);
             let mut gone = self.drop_where(table, owes_nothing);
             for other in self.tables.iter() {
                 if let Ok(mut other) = other.try_lock() {
@@ -515,7 +557,7 @@ impl Counters {
             // for a while, so a later outage starts it afresh from the store's word.
             {
                 let mut t = lock(table);
-                self.drop_where(&mut t, |p| !p.owes() && idle_for(p, now) >= IDLE);
+                self.drop_where(&mut t, |p| p.may_go(now, IDLE));
                 for (id, p) in t.counters.iter_mut().filter(|(_, p)| p.owes()) {
                     let at = store.shard_of(&p.charge(String::new(), 0));
                     if round.down.contains(&at) {
@@ -587,7 +629,7 @@ impl Counters {
                         continue;
                     };
                     p.settling = None;
-                    if !p.owes() && idle_for(p, round.now) >= IDLE {
+                    if p.may_go(round.now, IDLE) {
                         let episode = p.episode;
                         t.counters.remove(&IdOf(&s.hit));
                         self.held.fetch_sub(1, Relaxed);
@@ -984,6 +1026,71 @@ mod tests {
         f.counters.settle(&Shared::default(), "r").await;
         assert_eq!(f.counters.held(), 0);
         assert!(!f.admitted(&spent));
+    }
+
+    impl Fixture {
+        /// A decision of `h` whose thread stalls between its halves while `meanwhile`
+        /// runs: its verdict.
+        async fn stalled<F: std::future::Future<Output = ()>>(
+            &self,
+            h: &Hit,
+            meanwhile: impl FnOnce() -> F,
+        ) -> Verdicts {
+            let hits = std::slice::from_ref(h);
+            let now = self.clock.now();
+            let begun = self.counters.begin(hits, 1, now, |_, _| 0);
+            meanwhile().await;
+            self.counters.finish(hits, begun, now)
+        }
+    }
+
+    #[tokio::test]
+    async fn spending_decided_across_a_stall_is_settled_though_a_full_table_was_cleared_meanwhile()
+    {
+        let f = Fixture::new(2);
+        let l = per_minute(5);
+        let slow = hit("d|k=slow", l, 0);
+        // A new key's request finds room for its counter (which owes nothing yet)
+        // and stalls; meanwhile the table fills, and another new key searches it for
+        // counters that owe nothing.
+        let (b, c) = (hit("d|k=b", l, 0), hit("d|k=c", l, 0));
+        let mut new = None;
+        let decided = f
+            .stalled(&slow, || async {
+                f.clock.advance(CLEAR_EVERY);
+                assert!(f.admitted(&b));
+                new = Some(f.decide(std::slice::from_ref(&c)));
+            })
+            .await;
+        assert!(decided.admitted);
+        let store = Shared::default();
+        f.counters.settle(&store, "r").await;
+        let added = lock(&store.added).clone();
+        assert_eq!(added.get("d|k=slow"), Some(&1), "{added:?}");
+        // The stalled request's counter was in use: the new key had no room.
+        let new = new.expect("decided");
+        assert_eq!(new.failed.map(|f| f.hits), Some(vec![0]));
+        assert_eq!(f.counters.held(), 2);
+    }
+
+    #[tokio::test]
+    async fn spending_decided_across_a_stall_is_settled_though_a_settlement_ran_meanwhile() {
+        let f = Fixture::new(100);
+        let h = hit("d|k=a", per_minute(5), 0);
+        assert!(f.admitted(&h));
+        let store = Shared::default();
+        f.counters.settle(&store, "r").await;
+        // Settled, its counter owes nothing; a request on it stalls for a second,
+        // while a settlement runs.
+        let decided = f
+            .stalled(&h, || async {
+                f.clock.advance(IDLE);
+                f.counters.settle(&store, "r").await;
+            })
+            .await;
+        assert!(decided.admitted);
+        f.counters.settle(&store, "r").await;
+        assert_eq!(lock(&store.added).get("d|k=a"), Some(&2));
     }
 
     #[test]
