@@ -247,6 +247,13 @@ impl Local {
         }
     }
 
+    /// For a store of `shards` shards: a lost shard's calls take no lock shared by
+    /// every shard, however many there are.
+    pub fn with_shards(mut self, shards: usize) -> Local {
+        self.peers = Peers::new(shards);
+        self
+    }
+
     /// Where the peers reach this replica's HTTP server (`None`: nowhere, and this
     /// replica asks no peer). Set once, before the first heartbeat; later calls
     /// change nothing.
@@ -956,6 +963,8 @@ mod tests {
     struct Reach {
         shared: Arc<MemoryStore>,
         cut: AtomicBool,
+        /// Its shards (none listed: one), every counter on the last.
+        shards: usize,
     }
 
     impl Reach {
@@ -984,6 +993,12 @@ mod tests {
         }
         fn name(&self) -> &'static str {
             "reach"
+        }
+        fn shards(&self) -> Vec<crate::store::ShardStatus> {
+            vec![crate::store::ShardStatus::in_memory(); self.shards]
+        }
+        fn shard_of(&self, _: &Hit) -> usize {
+            self.shards.saturating_sub(1)
         }
         async fn settle(&self, batch: &[Settlement]) -> Vec<Result<bool, StoreError>> {
             let mut out = Vec::new();
@@ -1016,11 +1031,17 @@ descriptors:
     type Replica = crate::limiter::Limiter<Reach>;
 
     fn replica(clock: &ManualClock, shared: &Arc<MemoryStore>) -> Replica {
+        replica_of(clock, shared, 0)
+    }
+
+    /// A replica over a store of `shards` shards.
+    fn replica_of(clock: &ManualClock, shared: &Arc<MemoryStore>, shards: usize) -> Replica {
         let docs = crate::policy::parse_str("p.yaml", SHARED).expect("parses");
         let policy = crate::policy::compile(docs).expect("compiles");
         let store = Reach {
             shared: shared.clone(),
             cut: AtomicBool::new(false),
+            shards,
         };
         let settings = crate::limiter::Settings::default();
         crate::limiter::Limiter::new(
@@ -1049,6 +1070,36 @@ descriptors:
         for r in all {
             r.local().learn(Replicas { live, missing });
         }
+    }
+
+    #[tokio::test]
+    async fn with_many_shards_a_lost_shards_calls_take_no_lock_shared_by_every_shard() {
+        let clock = ManualClock::new(1_000 * MINUTE);
+        let shared = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
+        let one = [replica_of(&clock, &shared, 100)];
+        count(&one, 1, 0);
+        one[0].local().tick();
+        one[0].store().cut.store(true, Relaxed);
+        // Shard 99 lost: with no peer to ask, the share at once.
+        assert_eq!(admitted(&one, "d", "u", 1).await, 1);
+        // Its next calls are answered while the lock over every shard's standing is
+        // held (a round being sent, the admin page being read).
+        let answered = std::thread::scope(|s| {
+            let held = one[0].local().peers().hold_lock();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let one = &one;
+            s.spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                let _ = tx.send(runtime.block_on(admitted(one, "d", "u", 2)));
+            });
+            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(held);
+            answered
+        });
+        assert_eq!(answered, Ok(2));
     }
 
     #[tokio::test]

@@ -59,6 +59,7 @@ pub struct Limiter<S> {
 
 impl<S: Store> Limiter<S> {
     pub fn new(policy: Arc<ArcSwap<Policy>>, store: S, settings: Settings) -> Self {
+        let shards = store.shards().len();
         Limiter {
             policy,
             store,
@@ -70,7 +71,8 @@ impl<S: Store> Limiter<S> {
                 Arc::new(SystemClock),
                 settings.local_replicas,
                 settings.max_keys,
-            ),
+            )
+            .with_shards(shards),
             settings,
         }
     }
@@ -89,7 +91,8 @@ impl<S: Store> Limiter<S> {
             clock.clone(),
             self.settings.local_replicas,
             self.settings.max_keys,
-        );
+        )
+        .with_shards(self.store.shards().len());
         self.clock = clock;
         self
     }

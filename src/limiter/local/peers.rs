@@ -33,8 +33,8 @@ pub const ASK_EVERY: Micros = 500_000;
 /// their next beat. After that their heartbeat reserves its share anyway.
 pub const NOTICE: Micros = super::BEATS.live.as_micros() as Micros + 1_000_000;
 
-/// Shards below this are answered without the lock once they share (a deployment
-/// has far fewer); the others take it on every failed call.
+/// Shards whose failed calls are answered without the lock, at least: a store of
+/// more shards has a word for each ([`Peers::new`]).
 const FAST: usize = 64;
 
 /// A failed call on the lock-free path writes its time at most this often per
@@ -198,7 +198,7 @@ pub struct Peers {
     known: Mutex<Vec<Peer>>,
     /// By shard; `Reaching` for shards never cut off.
     cuts: Mutex<Vec<Option<Cut>>>,
-    /// Per shard below [`FAST`], for the failed calls to read without the lock.
+    /// Per shard, for the failed calls to read without the lock.
     fast: Box<[Fast]>,
     /// Episodes started so far, to number the next.
     episodes: AtomicU64,
@@ -221,18 +221,30 @@ struct Fast {
 
 impl Default for Peers {
     fn default() -> Peers {
-        Peers {
-            asking: AtomicBool::new(false),
-            known: Mutex::default(),
-            cuts: Mutex::default(),
-            fast: (0..FAST).map(|_| Fast::default()).collect(),
-            episodes: AtomicU64::new(0),
-            wake: tokio::sync::Notify::new(),
-        }
+        Peers::new(FAST)
     }
 }
 
 impl Peers {
+    /// For a store of `shards` shards: the failed calls of each are answered
+    /// without a lock shared by every shard, however many there are.
+    pub fn new(shards: usize) -> Peers {
+        Peers {
+            asking: AtomicBool::new(false),
+            known: Mutex::default(),
+            cuts: Mutex::default(),
+            fast: (0..shards.max(FAST)).map(|_| Fast::default()).collect(),
+            episodes: AtomicU64::new(0),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Holds the lock over every shard's standing until the guard drops.
+    #[cfg(test)]
+    pub(crate) fn hold_lock(&self) -> impl Sized + '_ {
+        lock(&self.cuts)
+    }
+
     /// Turns asking on: this replica advertises where it is reached.
     pub fn ask(&self, on: bool) {
         self.asking.store(on, Relaxed);
@@ -527,24 +539,33 @@ mod tests {
         assert_eq!(standing(&peers, 0, t), Standing::Reaching);
     }
 
+    /// `peers.may_share(shard, now)` asked from another thread while the lock over
+    /// every shard's standing is held (a round being sent, the admin page being
+    /// read): its answer, if it came.
+    fn while_locked(
+        peers: &Peers,
+        shard: usize,
+        now: Micros,
+    ) -> Result<bool, std::sync::mpsc::RecvTimeoutError> {
+        std::thread::scope(|s| {
+            let held = peers.hold_lock();
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let _ = tx.send(peers.may_share(shard, now));
+            });
+            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(held);
+            answered
+        })
+    }
+
     #[test]
     fn a_call_waiting_for_the_peers_takes_no_lock_shared_by_every_shard() {
         let peers = two_peers();
         let t = 1_000_000;
         assert!(!peers.may_share(1, t), "waiting for the peers");
-        // The table of every shard's standing held (a round being sent, the admin
-        // page being read): the waiting shard's calls are answered all the same.
-        let answered = std::thread::scope(|s| {
-            let held = lock(&peers.cuts);
-            let (tx, rx) = std::sync::mpsc::channel();
-            let peers = &peers;
-            s.spawn(move || {
-                let _ = tx.send(peers.may_share(1, t + MS));
-            });
-            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
-            drop(held);
-            answered
-        });
+        // The waiting shard's calls are answered all the same.
+        let answered = while_locked(&peers, 1, t + MS);
         assert_eq!(answered, Ok(false), "withheld at once");
         // The failure it saw keeps the episode open, as one seen under the lock does.
         peers.back(1, t + MS + ASK_EVERY - 1);
@@ -555,6 +576,23 @@ mod tests {
         assert!(!peers.may_share(1, t + 2 * ASK_EVERY));
         assert!(!peers.may_share(1, t + 2 * ASK_EVERY + NOTICE - 1));
         assert!(peers.may_share(1, t + 2 * ASK_EVERY + NOTICE));
+    }
+
+    #[test]
+    fn with_many_shards_the_last_ones_calls_take_no_lock_shared_by_every_shard() {
+        let peers = Peers::new(100);
+        peers.ask(true);
+        peers.learn(vec![peer("a"), peer("bb")]);
+        let t = 1_000_000;
+        assert!(!peers.may_share(99, t), "waiting for the peers");
+        assert_eq!(while_locked(&peers, 99, t + MS), Ok(false));
+        let episode = peers.due(t + MS)[0].episode;
+        let both = [
+            ("a".to_string(), Answer::NotReached),
+            ("bb".to_string(), Answer::NotReached),
+        ];
+        peers.answered(99, episode, &both, t + 2 * MS);
+        assert_eq!(while_locked(&peers, 99, t + 3 * MS), Ok(true), "its share");
     }
 
     #[test]
