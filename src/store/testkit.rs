@@ -1,8 +1,36 @@
 //! Builders for the stores' unit tests.
 
-use crate::algorithm::{Algorithm, Limit, SECOND};
+use crate::algorithm::{Algorithm, Limit, Micros, SECOND};
 
-use super::{Hit, Mode, Spend};
+use super::{Fallback, Hit, Mode, Spend};
+
+pub const HOUR: Micros = 3600 * SECOND;
+
+/// A limit of `requests` an hour.
+pub fn hourly(algorithm: Algorithm, requests: u64) -> Limit {
+    Limit {
+        algorithm,
+        requests,
+        window: HOUR,
+        burst: requests,
+        phase: 0,
+    }
+}
+
+/// A hit of `hits` on `key` under `limit`, spent as `spend`, denied while its
+/// store is away.
+pub fn hit_of(key: &str, limit: Limit, hits: u64, spend: Spend) -> Hit {
+    Hit {
+        key: key.to_string(),
+        placement: 0,
+        limit,
+        hits,
+        mode: Mode::Enforce,
+        spend,
+        fallback: Fallback::Deny,
+        max_delay: crate::algorithm::NO_DEADLINE,
+    }
+}
 
 /// A hit on `key` with a per-minute limit of `requests`.
 pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {

@@ -6,35 +6,19 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::Local;
-use crate::algorithm::{Algorithm, Limit, Micros, SECOND};
+use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
-use crate::store::testkit::{on_workers, ALL};
+use crate::store::testkit::{hit_of, hourly, on_workers, ALL, HOUR};
 use crate::store::{
-    Board, Fallback, Hit, Mode, Replicas, Settlement, Spend, Store, StoreError, Verdicts,
+    Board, Fallback, Hit, Replicas, Settlement, Spend, Store, StoreError, Verdicts,
 };
 
-const HOUR: Micros = 3600 * SECOND;
-
-fn hourly(algorithm: Algorithm, requests: u64) -> Limit {
-    Limit {
-        algorithm,
-        requests,
-        window: HOUR,
-        burst: requests,
-        phase: 0,
-    }
-}
-
+/// A hit decided locally while its shard (3) is away.
 fn hit(key: &str, limit: Limit, hits: u64, spend: Spend) -> Hit {
     Hit {
-        key: key.to_string(),
         placement: 3,
-        limit,
-        hits,
-        mode: Mode::Enforce,
-        spend,
         fallback: Fallback::Local,
-        max_delay: crate::algorithm::NO_DEADLINE,
+        ..hit_of(key, limit, hits, spend)
     }
 }
 

@@ -11,36 +11,11 @@ use rand::{Rng, SeedableRng};
 use crate::algorithm::{Algorithm, Limit, Micros, SECOND};
 use crate::clock::{Clock, ManualClock};
 use crate::store::memory::{MemoryStore, SHARDS};
-use crate::store::testkit::{on_workers, ALL};
-use crate::store::{Fallback, Hit, Mode, Spend, Store};
-
-const HOUR: Micros = 3600 * SECOND;
+use crate::store::testkit::{hit_of as hit, hourly, on_workers, ALL, HOUR};
+use crate::store::{Hit, Spend, Store};
 
 /// A multiple of every window used here.
 const T0: Micros = 10_000 * HOUR;
-
-fn hourly(algorithm: Algorithm, requests: u64) -> Limit {
-    Limit {
-        algorithm,
-        requests,
-        window: HOUR,
-        burst: requests,
-        phase: 0,
-    }
-}
-
-fn hit(key: &str, limit: Limit, hits: u64, spend: Spend) -> Hit {
-    Hit {
-        key: key.to_string(),
-        placement: 0,
-        limit,
-        hits,
-        mode: Mode::Enforce,
-        spend,
-        fallback: Fallback::Deny,
-        max_delay: crate::algorithm::NO_DEADLINE,
-    }
-}
 
 /// What `key` has left of `limit`, read without spending.
 fn remaining(store: &MemoryStore, key: &str, limit: Limit) -> u64 {

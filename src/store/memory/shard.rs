@@ -222,7 +222,7 @@ mod tests {
     use crate::algorithm::{Algorithm, Limit, Micros, Verdict, SECOND};
     use crate::clock::{Clock, ManualClock};
     use crate::store::memory::{MemoryStore, SHARDS};
-    use crate::store::{Evictions, Failed, Fallback, Hit, Mode, Spend, Store, StoreError};
+    use crate::store::{Evictions, Failed, Fallback, Hit, Spend, Store, StoreError};
 
     const HOUR: Micros = 3600 * SECOND;
 
@@ -245,14 +245,8 @@ mod tests {
 
     fn hit(key: &str, limit: Limit, hits: u64) -> Hit {
         Hit {
-            key: key.to_string(),
-            placement: 0,
-            limit,
-            hits,
-            mode: Mode::Enforce,
-            spend: Spend::IfAdmitted,
             fallback: Fallback::Admit,
-            max_delay: crate::algorithm::NO_DEADLINE,
+            ..crate::store::testkit::hit_of(key, limit, hits, Spend::IfAdmitted)
         }
     }
 
