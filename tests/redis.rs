@@ -196,7 +196,7 @@ async fn lua_matches_rust(seed: u64, settles: bool) {
         (10, 7 * DAY, 4),
         (0, SECOND, 3),
     ];
-    let algorithms = common::contract::ALL;
+    let algorithms = sluice::algorithm::Algorithm::ALL;
     let mut rng = Lcg(seed);
     let mut compared = 0;
     let mut full = 0;
@@ -679,7 +679,7 @@ async fn each_key_lives_on_exactly_the_shard_its_placement_picks() {
 #[tokio::test]
 async fn keys_expire_when_idle() {
     let Some(t) = start(1).await else { return };
-    for alg in common::contract::ALL {
+    for alg in sluice::algorithm::Algorithm::ALL {
         let h = hit(&format!("ttl-{}", alg.as_str()), alg, 5, 60 * SECOND, 1);
         assert!(t.store.decide(&[h]).await.expect("decide").admitted);
     }
@@ -1494,7 +1494,7 @@ async fn a_cluster_decides_by_slot_and_gives_back_across_slots() {
     // and no fixed window's key expires before the keys are counted.
     opts.fixed_clock = Some(Arc::new(ManualClock::new(1_764_000_000 * SECOND)));
     let store = RedisStore::new(opts, None).expect("store");
-    for alg in common::contract::ALL {
+    for alg in sluice::algorithm::Algorithm::ALL {
         let key = format!("cluster-{}", alg.as_str());
         for i in 0..5 {
             let v = store.decide(&[hit(&key, alg, 5, 60 * SECOND, 1)]).await;

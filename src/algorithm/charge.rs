@@ -144,14 +144,6 @@ mod tests {
     use crate::algorithm::{decide, Algorithm, Limit, Micros, State, SECOND};
     use proptest::prelude::*;
 
-    const ALL: [Algorithm; 5] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-    ];
-
     /// Charges `hits` and stores the state, as a store does whatever the verdict.
     fn spend(l: &Limit, s: &mut Option<State>, now: Micros, hits: u64) -> bool {
         let d = charge(l, s.as_ref(), now, hits);
@@ -174,7 +166,7 @@ mod tests {
     /// as plain requests would all have been refused and spent nothing.
     #[test]
     fn a_client_that_always_overshoots_is_denied_after_its_budget() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let mut s = None;
             assert!(check(&l, &s, T0), "{a:?}");
@@ -331,7 +323,7 @@ mod tests {
         let day = 86_400 * SECOND;
         // 7 s into a day.
         let t = T0 - T0 % day + 7 * SECOND;
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 100, day, 100);
             let d = charge(&l, None, t, 1_000);
             let v = d.verdict;
@@ -375,7 +367,7 @@ mod tests {
     /// that fits and for a check.
     #[test]
     fn owed_adds_up_over_charges() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let first = charge(&l, None, T0, 4);
             assert_eq!(first.verdict.owed, 0, "{a:?}: 4 of 10 fitted");
@@ -415,7 +407,7 @@ mod tests {
     /// A charge that fits is an ordinary admission; a check charges nothing.
     #[test]
     fn a_charge_that_fits_is_an_admission_and_zero_is_a_check() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let as_charge = charge(&l, None, T0, 4);
             let mut as_request = decide(&l, None, T0, 4);

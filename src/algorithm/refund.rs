@@ -93,14 +93,6 @@ mod tests {
     use crate::algorithm::testkit::{self, T0};
     use crate::algorithm::{charge, decide, Algorithm, Limit, State, SECOND};
 
-    const ALL: [Algorithm; 5] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-    ];
-
     fn give(l: &Limit, s: &mut Option<State>, now: u64, hits: u64) -> u64 {
         let d = refund(l, s.as_ref(), now, hits);
         assert!(d.verdict.admitted, "a refund was refused");
@@ -118,7 +110,7 @@ mod tests {
     /// Hits taken and given back leave the counter where it was, in every algorithm.
     #[test]
     fn a_refund_gives_back_what_was_taken() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let mut s = None;
             testkit::hit(&l, &mut s, T0, 7);
@@ -133,7 +125,7 @@ mod tests {
     /// than the limit, never OVER_LIMIT, and a refund to a fresh counter is a no-op.
     #[test]
     fn refunds_are_floored_at_zero() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let mut s = None;
             assert_eq!(give(&l, &mut s, T0, 5), 10, "{a:?}: fresh");
@@ -150,7 +142,7 @@ mod tests {
     /// A refund also repays debt: a charge past the limit and its refund cancel out.
     #[test]
     fn a_refund_repays_what_a_charge_owes() {
-        for a in ALL {
+        for a in Algorithm::ALL {
             let l = testkit::limit(a, 10, 10 * SECOND, 10);
             let mut s = charge(&l, None, T0, 25).next;
             assert!(!decide(&l, s.as_ref(), T0, 0).verdict.admitted, "{a:?}");

@@ -52,15 +52,6 @@ pub fn hit(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
     }
 }
 
-/// Every algorithm, for tests that must hold for all of them.
-pub const ALL: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket,
-];
-
 /// Runs `tasks` futures made by `task` (given their number) on a multi-thread
 /// runtime of four workers, as several Envoy workers' calls arrive; their outputs.
 /// Panics as a task did, or if they have not all finished within a minute (a

@@ -41,15 +41,6 @@ pub fn refund(key: &str, algorithm: Algorithm, requests: u64, hits: u64) -> Hit 
     }
 }
 
-/// Every algorithm, for tests that must hold for all of them.
-pub const ALL: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket,
-];
-
 /// Expands the contract tests for `$make`, an async expression giving a fresh store
 /// whose keys do not collide with other tests (`$prefix` is prepended to keys).
 // Each test binary includes `common`; only the store tests expand the suite.
@@ -58,11 +49,11 @@ macro_rules! store_contract {
     ($make:expr) => {
         use sluice::algorithm::Algorithm;
         use sluice::store::{Mode, Store};
-        use $crate::common::contract::{charge, hit, refund, ALL};
+        use $crate::common::contract::{charge, hit, refund};
 
         #[tokio::test]
         async fn admits_up_to_the_limit_then_denies() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-limit-{}", alg.as_str());
                 for i in 0..5 {
@@ -78,7 +69,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_peek_answers_like_a_decision_and_spends_nothing() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-peek-{}", alg.as_str());
                 let one = [hit(&key, alg, 3, 1)];
@@ -106,7 +97,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_denied_batch_consumes_nothing() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let a = format!("contract-a-{}", alg.as_str());
                 let b = format!("contract-b-{}", alg.as_str());
@@ -290,7 +281,7 @@ macro_rules! store_contract {
         async fn a_zero_limit_resets_in_one_window() {
             let store = $make;
             let window = sluice::algorithm::SECOND * 60;
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 for hits in [0, 1] {
                     let v = store
                         .decide(&[hit(&format!("contract-never-{alg:?}"), alg, 0, hits)])
@@ -309,7 +300,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_charge_past_the_limit_is_spent_whole_and_owed() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-charge-{}", alg.as_str());
                 let check = [hit(&key, alg, 5, 0)];
@@ -351,7 +342,7 @@ macro_rules! store_contract {
         /// its retry-after is made of), the same a one-hit request is told.
         #[tokio::test]
         async fn a_cost_larger_than_the_limit_is_told_when_the_key_admits_again() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-never-{}", alg.as_str());
                 let v = store.decide(&[charge(&key, alg, 5, 12)]).await.unwrap();
@@ -374,7 +365,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_batch_of_charges_spends_every_one_though_one_is_over() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let roomy = format!("contract-charges-a-{}", alg.as_str());
                 let tight = format!("contract-charges-b-{}", alg.as_str());
@@ -396,7 +387,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_refund_gives_hits_back_floored_at_empty_and_never_denies() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-refund-{}", alg.as_str());
                 let check = [hit(&key, alg, 10, 0)];
@@ -427,7 +418,7 @@ macro_rules! store_contract {
 
         #[tokio::test]
         async fn a_reservation_settles_its_estimate_and_the_actual_in_one_call() {
-            for alg in ALL {
+            for alg in Algorithm::ALL {
                 let store = $make;
                 let key = format!("contract-reserve-{}", alg.as_str());
                 // Reserve 5 at the request; at its end give the 5 back and charge the

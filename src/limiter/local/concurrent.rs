@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::Local;
 use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
-use crate::store::testkit::{hit_of, hourly, on_workers, ALL, HOUR};
+use crate::store::testkit::{hit_of, hourly, on_workers, HOUR};
 use crate::store::{
     Board, Fallback, Hit, Replicas, Settlement, Spend, Store, StoreError, Verdicts,
 };
@@ -71,7 +71,7 @@ impl Store for Taken {
 
 #[test]
 fn many_tasks_on_one_key_admit_the_share_and_settle_each_hit_once() {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         // 300 an hour over 3 replicas: a share of 100.
         let limit = hourly(algorithm, 300);
         let local = local(3, 1000);

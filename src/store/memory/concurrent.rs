@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use crate::algorithm::{Algorithm, Limit, Micros, SECOND};
 use crate::clock::{Clock, ManualClock};
 use crate::store::memory::{MemoryStore, SHARDS};
-use crate::store::testkit::{hit_of as hit, hourly, on_workers, ALL, HOUR};
+use crate::store::testkit::{hit_of as hit, hourly, on_workers, HOUR};
 use crate::store::{Hit, Spend, Store};
 
 /// A multiple of every window used here.
@@ -27,7 +27,7 @@ fn remaining(store: &MemoryStore, key: &str, limit: Limit) -> u64 {
 
 #[test]
 fn one_key_hit_by_many_tasks_admits_what_one_caller_would() {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let limit = hourly(algorithm, 100);
         let clock = ManualClock::new(T0);
         let store = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
@@ -88,7 +88,7 @@ fn overlapping_requests_over_shards_in_any_order_spend_only_when_admitted() {
     // Six keys on six shards, each of its own algorithm and limit.
     let keys = on_distinct_shards(&store, 6);
     let limits: Vec<Limit> = (0..keys.len())
-        .map(|i| hourly(ALL[i % ALL.len()], 40 + 10 * i as u64))
+        .map(|i| hourly(Algorithm::ALL[i % Algorithm::ALL.len()], 40 + 10 * i as u64))
         .collect();
     let (k, l) = (keys.clone(), limits.clone());
     let s = store.clone();
@@ -141,7 +141,7 @@ fn overlapping_requests_over_shards_in_any_order_spend_only_when_admitted() {
 
 #[test]
 fn slots_given_back_while_others_ask_leave_the_counter_whole() {
-    for algorithm in ALL {
+    for algorithm in Algorithm::ALL {
         let limit = hourly(algorithm, 20);
         let clock = ManualClock::new(T0);
         let store = Arc::new(MemoryStore::new(Arc::new(clock.clone()), 1000));
