@@ -56,10 +56,10 @@ heartbeats stopped listing sluice-3 live (its share was reserved long before, on
 its question). `--tail F` lets a fraction F of a phase's calls
 run past the bound (the latency is the load host's, so a loaded machine's
 scheduling shows in it); they are counted in the table either way. A call in
-flight while the whole machine stalled (a watcher sleeping 2 ms at a time at
-nice -15 woke 10 ms or more late: the hypervisor or the kernel held the CPUs) is
-not held to the bound or to the p99; the stalls and such late calls are
-printed. The load host and the relays run at nice -10, ahead of Sluice and Redis,
+flight while a CPU stalled (a watcher pinned to it, sleeping 2 ms at a time at
+nice -15, woke 10 ms or more late: the hypervisor or the kernel held that CPU) is
+not held to the bound or to the p99; the stalls, such late calls and the steal
+time are printed. The load host and the relays run at nice -10, ahead of Sluice and Redis,
 so what they measure is not their own wait for a CPU. It prints a
 table of the phases and exits non-zero on a failed assertion. Traffic stays inside
 the namespaces it makes; they are deleted on exit. Needs root, iproute2, iptables,
@@ -89,7 +89,7 @@ SLACK_MS = 10
 # The harness's own processes (the load host, the relays standing for the network)
 # run ahead of the hosts under test, so their scheduling is not counted as Sluice's.
 HARNESS = ["nice", "-n", "-10"]
-# A machine stall: the watcher, at a high priority, woke this much later than asked.
+# A CPU stall: its watcher, at a high priority, woke this much later than asked.
 STALL_MS = 10
 LIMIT = 20
 KEYS = 8
@@ -208,19 +208,37 @@ async def load(args):
 
 
 def watch_stalls(args):
-    """Records when this machine stopped running even a high-priority sleeper.
+    """Records when a CPU of this machine stopped running even a high-priority sleeper.
 
-    Sleeps 2 ms at a time at nice -15, so the load of the hosts (Sluice included)
-    cannot delay it; a wake-up STALL_MS late means nothing ran (the hypervisor took
-    the CPUs, or the kernel held them). Each stall is a line `START END`."""
+    One sleeper per CPU, pinned to it, sleeps 2 ms at a time at nice -15, so the
+    load of the hosts (Sluice included) cannot delay it; a wake-up STALL_MS late
+    means nothing ran on that CPU (the hypervisor took it, or the kernel held it),
+    and whatever was running there waited as long. One sleeper alone would miss a
+    stall of the CPU it was not on. Each stall is a line `START END`."""
     os.nice(-15)
-    with open(args.out, "w", buffering=1) as f:
+    cpus = sorted(os.sched_getaffinity(0))
+    for cpu in cpus[1:]:
+        if os.fork() == 0:
+            cpus = [cpu]
+            break
+    os.sched_setaffinity(0, {cpus[0]})
+    with open(f"{args.out}.{cpus[0]}", "w", buffering=1) as f:
         while True:
             asleep = time.monotonic()
             time.sleep(0.002)
             woke = time.monotonic()
             if (woke - asleep) * 1000 > 2 + STALL_MS:
                 f.write(f"{asleep:.6f} {woke:.6f}\n")
+
+
+def steal_ms():
+    """Time the hypervisor gave this machine's CPUs to others, summed, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * 1000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 # --- the hosts ----------------------------------------------------------------------
@@ -437,6 +455,7 @@ def run(args, net, sluice, work):
     out = os.path.join(work, "calls.jsonl")
     targets = [f"{net.ip(s)}:8081" for s in replicas]
     stalls = os.path.join(work, "stalls")
+    stolen = steal_ms()
     net.procs.append(subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "stalls", "--out", stalls],
         start_new_session=True))
@@ -559,6 +578,7 @@ def run(args, net, sluice, work):
     phase("14-heal-uneven-local", "exact", heal=lambda: flush("r1"))
     set_phase("stop")
     loader.wait(timeout=30)
+    print(f"CPU time the hypervisor gave to others during the run (steal): {steal_ms() - stolen} ms")
     return report(out, phases, mode_counts, args.tail, healthy_keys,
                   {name: note() for name, note in notes.items()}, withheld_counts, waits,
                   read_stalls(stalls))
@@ -570,15 +590,18 @@ def share(limit, replicas):
 
 
 def read_stalls(path):
-    try:
-        with open(path) as f:
-            return [tuple(map(float, line.split())) for line in f if len(line.split()) == 2]
-    except OSError:
-        return []
+    """Every CPU's stalls (the files `path.CPU`)."""
+    stalls = []
+    folder, name = os.path.split(path)
+    for each in sorted(os.listdir(folder)):
+        if each.startswith(name + "."):
+            with open(os.path.join(folder, each)) as f:
+                stalls += [tuple(map(float, line.split())) for line in f if len(line.split()) == 2]
+    return stalls
 
 
 def in_stall(record, stalls):
-    """Whether a call was in flight while the machine stalled."""
+    """Whether a call was in flight while a CPU stalled."""
     start = record[6]
     end = start + record[3] / 1000
     return any(s < end and e > start for s, e in stalls)
@@ -590,7 +613,7 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
     bound = STORE_TIMEOUT_MS + SLACK_MS
     if stalls:
         longest = max(e - s for s, e in stalls) * 1000
-        print(f"machine stalls (a nice -15 sleeper woke {STALL_MS}+ ms late): {len(stalls)}, "
+        print(f"CPU stalls (a nice -15 sleeper pinned to each CPU woke {STALL_MS}+ ms late): {len(stalls)}, "
               f"longest {longest:.0f} ms; calls in flight during one are not held to the bound")
     failures = []
     print(f"{'phase':<21}{'calls':>7}{'admitted':>10}{'denied':>8}{'failure mode':>15}"
@@ -601,7 +624,7 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
             continue
         rs = [r for r in records if r[0] == name]
         lat = sorted(r[3] for r in rs)
-        # The bound is Sluice's: a call the machine's stall held up is counted apart.
+        # The bound is Sluice's: a call a CPU stall held up is counted apart.
         timed = sorted(r[3] for r in rs if not in_stall(r, stalls))
         p99 = timed[int(0.99 * (len(timed) - 1))] if timed else 0
         errors = sum(1 for r in rs if r[4] != "OK")
@@ -640,7 +663,7 @@ def report(out, phases, mode_counts, tail, healthy_keys, notes, withheld_counts,
             failures.append(f"{name}: p99 {p99:.1f} ms over {bound} ms")
         if late > tail * len(timed):
             failures.append(f"{name}: {late} of {len(timed)} calls took over {bound} ms "
-                            f"outside machine stalls (max {timed[-1]:.1f})")
+                            f"outside CPU stalls (max {timed[-1]:.1f})")
         if over:
             failures.append(f"{name}: {over} admitted beyond the limit")
         if kind == "local":
