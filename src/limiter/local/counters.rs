@@ -31,7 +31,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use crate::algorithm::{Algorithm, Limit, Micros, NO_DEADLINE};
 use crate::clock::Clock;
@@ -274,7 +274,11 @@ struct Begun {
 /// The counters decided locally, at most `--max-keys` of them.
 pub(super) struct Counters {
     clock: Arc<dyn Clock>,
-    memory: OnceLock<MemoryStore>,
+    /// The local counters' store. Each of its shards has room for the whole table,
+    /// so that however the table's keys spread over them, it keeps every one: the
+    /// table bounds what it holds. Made with the table, not by the first local
+    /// decision: that comes in an outage, which is no time to wait.
+    memory: MemoryStore,
     tables: Box<[Mutex<Table>]>,
     hasher: ahash::RandomState,
     /// Counters in the tables, all shards.
@@ -297,9 +301,10 @@ pub(super) struct Counters {
 impl Counters {
     /// Counters on `clock`, at most `max_keys` (at least one).
     pub(super) fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Counters {
+        let room = max_keys.max(1).saturating_mul(memory::SHARDS);
         Counters {
+            memory: MemoryStore::new(clock.clone(), room),
             clock,
-            memory: OnceLock::new(),
             tables: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: ahash::RandomState::new(),
             held: AtomicUsize::new(0),
@@ -310,16 +315,6 @@ impl Counters {
             refused: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
         }
-    }
-
-    /// The local counters' store. Each of its shards has room for the whole table,
-    /// so that however the table's keys spread over them, it keeps every one: the
-    /// table bounds what it holds.
-    fn memory(&self) -> &MemoryStore {
-        self.memory.get_or_init(|| {
-            let room = self.max_keys.saturating_mul(memory::SHARDS);
-            MemoryStore::new(self.clock.clone(), room)
-        })
     }
 
     fn table(&self, key: &str) -> &Mutex<Table> {
@@ -350,7 +345,7 @@ impl Counters {
         now: Micros,
         seed: impl Fn(&Hit, &Limit) -> u64,
     ) -> Begun {
-        let memory = self.memory();
+        let memory = &self.memory;
         let mut local: Vec<Hit> = Vec::with_capacity(hits.len());
         // The hits whose counters the table cannot keep, ascending.
         let mut lifted: Vec<usize> = Vec::new();
@@ -405,7 +400,7 @@ impl Counters {
     /// records what each spent in the table.
     fn finish(&self, hits: &[Hit], begun: Begun, now: Micros) -> Verdicts {
         let Begun { mut local, lifted } = begun;
-        let memory = self.memory();
+        let memory = &self.memory;
         if lifted.iter().any(|&i| hits[i].mode == Mode::Quota) {
             // A lifted quota limit admits: the others can no longer deny by quota.
             for h in local.iter_mut().filter(|h| h.mode == Mode::Quota) {
@@ -500,11 +495,10 @@ impl Counters {
     /// many.
     fn drop_where(&self, table: &mut Table, go: impl Fn(&Pending) -> bool) -> usize {
         let before = table.counters.len();
-        let memory = self.memory.get();
         table.counters.retain(|id, p| {
             let gone = go(p);
-            if let (true, Some(memory)) = (gone, memory) {
-                memory.forget(&local_key(p.episode, &id.key));
+            if gone {
+                self.memory.forget(&local_key(p.episode, &id.key));
             }
             !gone
         });
@@ -516,9 +510,7 @@ impl Counters {
     /// Drops expired local counters, and logs when a full table has room again;
     /// every tick.
     pub(super) fn tick(&self) {
-        if let Some(memory) = self.memory.get() {
-            memory.sweep();
-        }
+        self.memory.sweep();
         if self.refusing.load(Relaxed)
             && self.held.load(Relaxed) < self.max_keys
             && self.refusing.swap(false, Relaxed)
@@ -633,9 +625,7 @@ impl Counters {
                         let episode = p.episode;
                         t.counters.remove(&IdOf(&s.hit));
                         self.held.fetch_sub(1, Relaxed);
-                        if let Some(memory) = self.memory.get() {
-                            memory.forget(&local_key(episode, &s.hit.key));
-                        }
+                        self.memory.forget(&local_key(episode, &s.hit.key));
                     }
                 }
                 Err(e) => {
@@ -805,7 +795,7 @@ mod tests {
 
         /// Counters in the local counters' store.
         fn kept(&self) -> usize {
-            self.counters.memory.get().map_or(0, |m| m.active_keys())
+            self.counters.memory.active_keys()
         }
     }
 

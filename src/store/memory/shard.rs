@@ -43,6 +43,9 @@ pub(super) struct Shard {
     /// soonest last. An entry whose bucket no longer holds that `keep_until` (the
     /// counter was used since, or dropped) is skipped.
     victims: Vec<(Micros, usize)>,
+    /// Most counters a scan lists. The list is allocated by the first scan (a
+    /// shard that never fills never needs it), so a store is cheap to create.
+    listed: usize,
     /// No counter keeps less long than this unless it is listed in `victims` with
     /// its current `keep_until`: the least `keep_until` the last scan left unlisted,
     /// lowered by every one written since. 0 before the first scan.
@@ -56,7 +59,8 @@ impl Shard {
         Shard {
             table: hashbrown::HashTable::new(),
             cap,
-            victims: Vec::with_capacity((cap / SCAN_SHARE).clamp(LISTED.0, LISTED.1)),
+            victims: Vec::new(),
+            listed: (cap / SCAN_SHARE).clamp(LISTED.0, LISTED.1),
             free_at: 0,
             evictions: Evictions::default(),
         }
@@ -145,9 +149,10 @@ impl Shard {
     /// Drops every expired counter (but `busy` ones) and lists those that keep least
     /// long, with the bound on the rest.
     fn scan(&mut self, now: Micros, busy: &impl Fn(usize) -> bool) {
-        let most = self.victims.capacity();
+        let most = self.listed;
         let mut list = std::mem::take(&mut self.victims);
         list.clear();
+        list.reserve_exact(most);
         // A max-heap of the `most` least: its top is the first to give way.
         let mut heap = BinaryHeap::from(list);
         let mut rest = Micros::MAX;
