@@ -182,6 +182,15 @@ assert \"--grpc-addr=[::]:8081\" in c[\"args\"] and \"--kube\" in c[\"args\"]
 assert \"--response-headers=auto\" in c[\"args\"], c[\"args\"]
 assert c[\"securityContext\"][\"readOnlyRootFilesystem\"] and p[\"securityContext\"][\"runAsNonRoot\"]
 '"
+check "default: the pod runs as the image's user and group (the Dockerfile's USER)" \
+    bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t | python3 -c '
+import sys, yaml
+d = [x for x in yaml.safe_load_all(sys.stdin) if x and x[\"kind\"] == \"Deployment\"][0]
+s = d[\"spec\"][\"template\"][\"spec\"][\"securityContext\"]
+user = [l.split()[1] for l in open(\"Dockerfile\") if l.startswith(\"USER \")][-1]
+pod = \"%s:%s\" % (s[\"runAsUser\"], s[\"runAsGroup\"])
+assert pod == user == \"%s:%s\" % (s[\"fsGroup\"], s[\"fsGroup\"]), (s, user)
+'"
 check "kube.namespace: a Role and RoleBinding in that namespace, no ClusterRole" \
     bash -c "$(declare -f t); HELM='$HELM' CHART='$CHART' K8S_VERSION='$K8S_VERSION' t --set kube.namespace=shop | python3 -c '
 import sys, yaml
