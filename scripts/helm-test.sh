@@ -463,7 +463,7 @@ a = p[\"containers\"][0][\"args\"]
 assert \"--local-share-service=shop/r-sluice\" in a, a
 assert p[\"automountServiceAccountToken\"] is True
 role = named(\"Role\", \"r-sluice-endpointslices\")[0]
-assert role[\"rules\"] == [{\"apiGroups\": [\"discovery.k8s.io\"], \"resources\": [\"endpointslices\"], \"verbs\": [\"get\", \"list\", \"watch\"]}], role
+assert role[\"rules\"] == [{\"apiGroups\": [\"discovery.k8s.io\"], \"resources\": [\"endpointslices\"], \"verbs\": [\"list\", \"watch\"]}], role
 b = named(\"RoleBinding\", \"r-sluice-endpointslices\")[0]
 assert b[\"roleRef\"] == {\"apiGroup\": \"rbac.authorization.k8s.io\", \"kind\": \"Role\", \"name\": \"r-sluice-endpointslices\"}, b
 assert b[\"subjects\"] == [{\"kind\": \"ServiceAccount\", \"name\": p[\"serviceAccountName\"], \"namespace\": \"shop\"}], b

@@ -1599,6 +1599,66 @@ fn granted_by_deploy_rbac() -> std::collections::BTreeSet<(String, String)> {
     granted
 }
 
+/// With `--local-share-service`, Sluice only lists and watches the Service's
+/// EndpointSlices: the Role the chart gives it for them grants exactly that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_slices_are_read_with_the_verbs_the_charts_role_grants() {
+    let Some(k) = Cluster::start_audited() else {
+        return;
+    };
+    if !common::redis::available() {
+        return;
+    }
+    let redis = common::redis::RedisServer::start().await;
+    let crd = repo().join("tests/kube/crd-endpointslice.yaml");
+    k.must(&["apply", "-f", crd.to_str().unwrap()]);
+    k.wait_established("endpointslices.discovery.k8s.io").await;
+    let two = [
+        ("p1", "10.0.0.1", Some(true)),
+        ("p2", "10.0.0.2", Some(true)),
+    ];
+    k.apply_new_kind(
+        &["--server-side"],
+        &endpoint_slice("sluice-a", "sluice", &two),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, "domain: d\nfailure_mode: local\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n").unwrap();
+    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
+    let args = ["--redis", &redis.url(), "--local-share-service", "sluice"];
+    let sluice = Server::start_env(dir, &[file], &args, &env);
+    wait_share(&sluice, (2, "kubernetes"), Duration::from_secs(15)).await;
+    let agent = format!("sluice/{}", env!("CARGO_PKG_VERSION"));
+    let verbs = || {
+        k.audit()
+            .into_iter()
+            .filter(|e| e["objectRef"]["resource"] == "endpointslices")
+            .filter(|e| e["userAgent"] == agent.as_str())
+            .map(|e| e["verb"].as_str().unwrap_or_default().to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    eventually(STATUS, "the list and the watch audited", || async {
+        verbs().len() >= 2
+    })
+    .await;
+    assert_eq!(verbs(), granted_by_chart_endpointslice_role());
+}
+
+/// The verbs the chart's Role for EndpointSlices grants (its one `verbs:` line).
+fn granted_by_chart_endpointslice_role() -> std::collections::BTreeSet<String> {
+    let path = repo().join("charts/sluice/templates/rbac-endpointslices.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("verbs:"))
+        .expect("a verbs: line");
+    serde_json::from_str::<Vec<String>>(line.trim())
+        .expect("verbs as a flow list")
+        .into_iter()
+        .collect()
+}
+
 /// A status write made from an older version of the object than the API server
 /// holds (the other controller wrote its condition while Sluice's write was on
 /// its way) does not undo that change: it is refused, and Sluice writes again
