@@ -256,6 +256,23 @@ impl Cluster {
     }
 
     /// Applies the repository's RateLimitPolicy CRD and waits until it is served.
+    /// Installs the CRD and applies `policy`, the first of its kind (retried
+    /// while the API server does not serve the kind yet).
+    async fn install_crd_with(&self, policy: &str) {
+        self.install_crd().await;
+        self.apply_new_kind(&["--validate=false"], policy).await;
+    }
+
+    /// Starts Sluice with `--kube` on this cluster, once it has accepted the
+    /// policy `namespace/name`.
+    async fn serve_accepted(&self, namespace: &str, name: &str) -> Server {
+        let env = [("KUBECONFIG", self.kubeconfig.as_str())];
+        let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
+        self.wait_accepted(namespace, name, "True/Accepted", Duration::from_secs(15))
+            .await;
+        server
+    }
+
     async fn install_crd(&self) {
         let crd = repo().join("crds/ratelimitpolicies.yaml");
         self.must(&["apply", "--validate=false", "-f", crd.to_str().unwrap()]);
@@ -1064,12 +1081,8 @@ async fn an_edit_after_a_burst_of_policies_takes_effect_within_2_s() {
     let Some(k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "edit", "ops", "user", 2),
-    )
-    .await;
+    k.install_crd_with(&per_minute("ops", "edit", "ops", "user", 2))
+        .await;
     let env = [("KUBECONFIG", k.kubeconfig.as_str())];
     let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
     wait_limit(&server, "ops", "user", Some(2), Duration::from_secs(15)).await;
@@ -1168,13 +1181,9 @@ async fn statuses_the_api_server_cannot_take_are_retried_and_the_outage_logged_o
     let Some(mut k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
     let names = ["a", "b", "c"];
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
+        .await;
     for name in &names[1..] {
         k.apply(&per_minute("ops", name, &format!("d{name}"), "user", 2))
             .unwrap();
@@ -1242,13 +1251,9 @@ async fn a_refused_status_write_is_logged_once_per_policy_however_often_retried(
     let Some(k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
     let names = ["a", "b"];
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
+        .await;
     k.apply(&per_minute("ops", "b", "db", "user", 2)).unwrap();
 
     let dir = tempfile::tempdir().unwrap();
@@ -1302,16 +1307,9 @@ async fn a_restored_watch_is_logged_when_it_is_back_without_a_change() {
     let Some(mut k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
-    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
-    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
-    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
         .await;
+    let server = k.serve_accepted("ops", "a").await;
 
     let port = k.var("KUBE_APISERVER_PORT");
     let etcd = k.var("ETCD_CLIENT_PORT");
@@ -1390,12 +1388,8 @@ async fn a_resumed_watch_writes_each_status_once_with_its_final_state() {
     let Some(k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
+        .await;
     let port = k.var("KUBE_APISERVER_PORT");
     let proxy = Cut::start(format!("127.0.0.1:{port}")).await;
     let kubeconfig = std::fs::read_to_string(&k.kubeconfig).unwrap().replace(
@@ -1494,16 +1488,9 @@ async fn other_controllers_conditions_are_kept() {
     let Some(k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
-    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
-    let server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
-    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
         .await;
+    let server = k.serve_accepted("ops", "a").await;
 
     // The other controller adds its condition beside Sluice's, as it read them.
     k.add_programmed("ops", "a");
@@ -1533,16 +1520,9 @@ async fn the_api_servers_audit_log_names_sluice_and_the_verbs_its_role_grants() 
     let Some(k) = Cluster::start_audited() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
-    let env = [("KUBECONFIG", k.kubeconfig.as_str())];
-    let _server = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--kube"], &env);
-    k.wait_accepted("ops", "a", "True/Accepted", Duration::from_secs(15))
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
         .await;
+    let _server = k.serve_accepted("ops", "a").await;
     // Every request but kubectl's (the test's own) on the policies is Sluice's.
     let sluices = || {
         k.audit()
@@ -1668,12 +1648,8 @@ async fn a_status_write_that_raced_another_is_written_again() {
     let Some(k) = Cluster::start() else {
         return;
     };
-    k.install_crd().await;
-    k.apply_new_kind(
-        &["--validate=false"],
-        &per_minute("ops", "a", "da", "user", 2),
-    )
-    .await;
+    k.install_crd_with(&per_minute("ops", "a", "da", "user", 2))
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let refuse = dir.path().join("refuse");
     let (_proxy, kubeconfig) = RefusingProxy::start(&k, &refuse);
