@@ -447,18 +447,12 @@ async fn an_attack_split_over_two_replicas_pages_once() {
         }
     }
     // It fires at twenty addresses; the scrape that brings the last four may come later.
-    let deadline = Instant::now() + FIRE;
-    loop {
-        let addresses = prom.alert("SluiceSubnetDenied");
-        if addresses
+    eventually(FIRE, "SluiceSubnetDenied at 24 addresses", || async {
+        prom.alert("SluiceSubnetDenied")
             .iter()
             .all(|each| each.len() == 1 && each[0].1 == 24.0)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{addresses:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
 }
 
 /// For each of `servers`, 22 requests of its `script` key 200 ms apart, through a

@@ -256,6 +256,15 @@ impl Cluster {
     }
 
     /// Applies the repository's RateLimitPolicy CRD and waits until it is served.
+    /// Has the API server serve EndpointSlices (this one does not build them in:
+    /// tests/kube/crd-endpointslice.yaml stands for the built-in kind).
+    async fn serve_endpoint_slices(&self) {
+        let crd = repo().join("tests/kube/crd-endpointslice.yaml");
+        self.must(&["apply", "-f", crd.to_str().unwrap()]);
+        self.wait_established("endpointslices.discovery.k8s.io")
+            .await;
+    }
+
     /// Installs the CRD and applies `policy`, the first of its kind (retried
     /// while the API server does not serve the kind yet).
     async fn install_crd_with(&self, policy: &str) {
@@ -471,6 +480,9 @@ fn repo_file(server: &Server) -> PathBuf {
 
 const TWO_S: Duration = Duration::from_secs(2);
 /// For status conditions, read with several kubectl calls per poll.
+/// A `failure_mode: local` domain, for the replica count's tests.
+const LOCAL_POLICY: &str = "domain: d\nfailure_mode: local\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+
 const STATUS: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -939,11 +951,10 @@ async fn the_replica_count_follows_the_services_endpoint_slices() {
     }
     let redis = common::redis::RedisServer::start().await;
     let env = [("KUBECONFIG", k.kubeconfig.as_str())];
-    let policy = "domain: d\nfailure_mode: local\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
     let serve = |redis: &str, extra: &[&str]| {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("policy.yaml");
-        std::fs::write(&file, policy).unwrap();
+        std::fs::write(&file, LOCAL_POLICY).unwrap();
         let mut args = vec!["--redis", redis];
         args.extend_from_slice(extra);
         Server::start_env(dir, &[file], &args, &env)
@@ -965,15 +976,7 @@ async fn the_replica_count_follows_the_services_endpoint_slices() {
     wait_share(&sluice, (1, "store"), Duration::from_secs(10)).await;
     wait_metric(&sluice, FAILING, 1.0).await;
 
-    k.must(&[
-        "apply",
-        "-f",
-        repo()
-            .join("tests/kube/crd-endpointslice.yaml")
-            .to_str()
-            .unwrap(),
-    ]);
-    k.wait_established("endpointslices.discovery.k8s.io").await;
+    k.serve_endpoint_slices().await;
     // Three ready pods (one without conditions), and another Service's slice.
     let three = [
         ("p1", "10.0.0.1", Some(true)),
@@ -1590,9 +1593,7 @@ async fn endpoint_slices_are_read_with_the_verbs_the_charts_role_grants() {
         return;
     }
     let redis = common::redis::RedisServer::start().await;
-    let crd = repo().join("tests/kube/crd-endpointslice.yaml");
-    k.must(&["apply", "-f", crd.to_str().unwrap()]);
-    k.wait_established("endpointslices.discovery.k8s.io").await;
+    k.serve_endpoint_slices().await;
     let two = [
         ("p1", "10.0.0.1", Some(true)),
         ("p2", "10.0.0.2", Some(true)),
@@ -1604,7 +1605,7 @@ async fn endpoint_slices_are_read_with_the_verbs_the_charts_role_grants() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
-    std::fs::write(&file, "domain: d\nfailure_mode: local\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n").unwrap();
+    std::fs::write(&file, LOCAL_POLICY).unwrap();
     let env = [("KUBECONFIG", k.kubeconfig.as_str())];
     let args = ["--redis", &redis.url(), "--local-share-service", "sluice"];
     let sluice = Server::start_env(dir, &[file], &args, &env);

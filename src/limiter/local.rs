@@ -1084,20 +1084,12 @@ descriptors:
         assert_eq!(admitted(&one, "d", "u", 1).await, 1);
         // Its next calls are answered while the lock over every shard's standing is
         // held (a round being sent, the admin page being read).
-        let answered = std::thread::scope(|s| {
-            let held = one[0].local().peers().hold_lock();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let one = &one;
-            s.spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime");
-                let _ = tx.send(runtime.block_on(admitted(one, "d", "u", 2)));
-            });
-            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
-            drop(held);
-            answered
+        let answered = one[0].local().peers().while_locked(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(admitted(&one, "d", "u", 2))
         });
         assert_eq!(answered, Ok(2));
     }

@@ -57,22 +57,22 @@ pub struct Limiter<S> {
     local: local::Local,
 }
 
+/// The `failure_mode: local` state of a limiter on `store`, with `settings`.
+fn local_for<S: Store>(clock: Arc<dyn Clock>, settings: &Settings, store: &S) -> local::Local {
+    local::Local::new(clock, settings.local_replicas, settings.max_keys)
+        .with_shards(store.shards().len())
+}
+
 impl<S: Store> Limiter<S> {
     pub fn new(policy: Arc<ArcSwap<Policy>>, store: S, settings: Settings) -> Self {
-        let shards = store.shards().len();
         Limiter {
+            local: local_for(Arc::new(SystemClock), &settings, &store),
             policy,
             store,
             penalties: Penalties::new(Arc::new(SystemClock), penalty::DEFAULT_MAX_TRACKED),
             overrides: OverrideRules::default(),
             chance: Arc::new(shed::ThreadChance),
             clock: Arc::new(SystemClock),
-            local: local::Local::new(
-                Arc::new(SystemClock),
-                settings.local_replicas,
-                settings.max_keys,
-            )
-            .with_shards(shards),
             settings,
         }
     }
@@ -87,12 +87,7 @@ impl<S: Store> Limiter<S> {
     /// its own clock to decide by).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.penalties = Penalties::new(clock.clone(), penalty::DEFAULT_MAX_TRACKED);
-        self.local = local::Local::new(
-            clock.clone(),
-            self.settings.local_replicas,
-            self.settings.max_keys,
-        )
-        .with_shards(self.store.shards().len());
+        self.local = local_for(clock.clone(), &self.settings, &self.store);
         self.clock = clock;
         self
     }

@@ -239,10 +239,24 @@ impl Peers {
         }
     }
 
-    /// Holds the lock over every shard's standing until the guard drops.
+    /// Runs `f` on another thread while the lock over every shard's standing is
+    /// held (a round being sent, the admin page being read): its output, if it
+    /// came within 5 s.
     #[cfg(test)]
-    pub(crate) fn hold_lock(&self) -> impl Sized + '_ {
-        lock(&self.cuts)
+    pub(crate) fn while_locked<T: Send>(
+        &self,
+        f: impl FnOnce() -> T + Send,
+    ) -> Result<T, std::sync::mpsc::RecvTimeoutError> {
+        std::thread::scope(|s| {
+            let held = lock(&self.cuts);
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.spawn(move || {
+                let _ = tx.send(f());
+            });
+            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(held);
+            answered
+        })
     }
 
     /// Turns asking on: this replica advertises where it is reached.
@@ -539,24 +553,14 @@ mod tests {
         assert_eq!(standing(&peers, 0, t), Standing::Reaching);
     }
 
-    /// `peers.may_share(shard, now)` asked from another thread while the lock over
-    /// every shard's standing is held (a round being sent, the admin page being
-    /// read): its answer, if it came.
+    /// `peers.may_share(shard, now)` asked while the lock over every shard's
+    /// standing is held: its answer, if it came.
     fn while_locked(
         peers: &Peers,
         shard: usize,
         now: Micros,
     ) -> Result<bool, std::sync::mpsc::RecvTimeoutError> {
-        std::thread::scope(|s| {
-            let held = peers.hold_lock();
-            let (tx, rx) = std::sync::mpsc::channel();
-            s.spawn(move || {
-                let _ = tx.send(peers.may_share(shard, now));
-            });
-            let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
-            drop(held);
-            answered
-        })
+        peers.while_locked(|| peers.may_share(shard, now))
     }
 
     #[test]
